@@ -1,0 +1,153 @@
+"""Profiles, paths and input checks.
+
+Two profiles exist:
+
+- ``quick``: for CPU machines and CI. Small data subsets and few steps, so the whole
+  lab runs in minutes on two cores. Every table it produces says ``quick``.
+- ``full``: the assignment as written (all 50,000 CIFAR-10 training images, the spec's
+  batch sizes and epochs). Meant for a GPU node.
+
+The profile is chosen automatically (``full`` when CUDA is available, else ``quick``);
+the environment variable ``LAB_PROFILE`` or an explicit argument overrides the choice.
+Experiment modules keep their own per-profile knobs (a dict keyed by profile name);
+this module holds what every experiment shares.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab_utils.errors import LabError
+
+PROFILE_ENV = "LAB_PROFILE"
+RESULTS_ENV = "LAB_RESULTS_DIR"
+DATA_ENV = "LAB_DATA_DIR"
+DATASET_ENV = "LAB_DATASET"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Knobs shared by every experiment of one profile.
+
+    ``train_images`` / ``test_images`` of ``None`` mean the whole CIFAR-10 split.
+    """
+
+    name: str
+    description: str
+    train_images: int | None
+    test_images: int | None
+    num_workers: int
+    train_batch_size: int = 128
+    test_batch_size: int = 100
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(
+        name="quick",
+        description="CPU/CI profile: small data subsets and few steps, minutes on 2 cores",
+        train_images=1024,
+        test_images=500,
+        num_workers=0,
+    ),
+    "full": Profile(
+        name="full",
+        description="the assignment as written: all of CIFAR-10, spec batch sizes and epochs",
+        train_images=None,
+        test_images=None,
+        num_workers=2,
+    ),
+}
+
+
+def cuda_available() -> bool:
+    """True when torch sees at least one CUDA device (imports torch lazily)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_profile_name(name: str | None = None) -> tuple[str, str]:
+    """Return ``(profile name, why it was chosen)``.
+
+    Precedence: explicit ``name`` > ``$LAB_PROFILE`` > automatic (``full`` with CUDA,
+    else ``quick``). ``"auto"`` anywhere means the automatic choice.
+    """
+    if name is not None and name != "auto":
+        return _checked(name, "given explicitly"), "given explicitly"
+    env = os.environ.get(PROFILE_ENV, "").strip()
+    if env and env != "auto":
+        return _checked(env, f"${PROFILE_ENV}"), f"set by ${PROFILE_ENV}={env}"
+    if cuda_available():
+        return "full", "automatic: CUDA is available"
+    return "quick", "automatic: no CUDA device, so the CPU profile"
+
+
+def _checked(name: str, source: str) -> str:
+    if name not in PROFILES:
+        valid = ", ".join(sorted(PROFILES))
+        raise LabError(
+            f"Unknown profile {name!r} ({source}); use one of: {valid} (or 'auto')."
+        )
+    return name
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The :class:`Profile` for ``name`` (or the automatic / ``$LAB_PROFILE`` choice)."""
+    return PROFILES[resolve_profile_name(name)[0]]
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (the folder holding ``labs/``)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def labs_dir() -> Path:
+    return repo_root() / "labs"
+
+
+def data_dir() -> Path:
+    """Where datasets live: ``$LAB_DATA_DIR`` or ``<repo>/data``."""
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser().resolve() if env else repo_root() / "data"
+
+
+def results_root() -> Path:
+    """Where results live: ``$LAB_RESULTS_DIR`` or ``<repo>/results``."""
+    env = os.environ.get(RESULTS_ENV)
+    return Path(env).expanduser().resolve() if env else repo_root() / "results"
+
+
+def results_dir(profile: str | Profile | None = None) -> Path:
+    """``results/<profile>``: runs/, tables/, figures/, executed/ live below it."""
+    name = profile.name if isinstance(profile, Profile) else resolve_profile_name(profile)[0]
+    return results_root() / name
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_positive_int(value: object, what: str) -> int:
+    """Reject anything but a whole number >= 1, naming the parameter."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LabError(f"{what} must be a whole number of at least 1, got {value!r}.")
+    return value
+
+
+def check_batch_size(value: object, what: str = "batch size") -> int:
+    """A batch size must be a positive whole number."""
+    return check_positive_int(value, what)
+
+
+def check_batch_sizes(values: object, what: str = "batch sizes") -> tuple[int, ...]:
+    """A non-empty sequence of positive batch sizes."""
+    if isinstance(values, int) or not hasattr(values, "__iter__"):
+        raise LabError(f"{what} must be a list of whole numbers, got {values!r}.")
+    out = tuple(check_batch_size(v, f"each of the {what}") for v in values)  # type: ignore[union-attr]
+    if not out:
+        raise LabError(f"{what} must not be empty; give at least one, e.g. [32, 128].")
+    return out

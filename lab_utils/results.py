@@ -1,0 +1,303 @@
+"""The result store: records are the unit of truth.
+
+Every measured configuration becomes one JSON record appended as one line to
+``results/<profile>/runs/<experiment>.jsonl``. A record carries its configuration, the
+profile, the hardware, the software versions, whether the data was synthetic, a
+timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when the
+status is not ``ok``, and the measured metrics.
+
+A configuration already in the store is not measured again unless ``force=True``, so a
+notebook restarted after a dead kernel resumes where it stopped. Appends are one
+``write`` of a whole line followed by ``fsync`` under an exclusive lock, so a crash
+never leaves a half record that is taken for a whole one (a torn last line is skipped
+when reading, with a warning).
+
+Tables are built from records with pandas and saved as Markdown (through tabulate) and
+CSV under ``tables/``; figures as PNG under ``figures/``. Both carry a provenance label
+(profile, data, device) so that a pasted table cannot pass for something it is not.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import platform
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from lab_utils import config
+from lab_utils.errors import LabError
+
+STATUSES = ("ok", "oom", "skipped", "error")
+
+
+def canonical_key(cfg: Mapping[str, Any]) -> str:
+    """The configuration as canonical JSON: equal configs give equal keys."""
+    return json.dumps(_jsonable(dict(cfg)), sort_keys=True, separators=(",", ":"))
+
+
+def _jsonable(obj: Any) -> Any:
+    """Convert dataclasses, tuples, paths and numpy/torch scalars to JSON types."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return _jsonable(asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, float) and obj != obj:  # NaN is not valid JSON
+        return None
+    return obj
+
+
+def software_versions() -> dict[str, str | None]:
+    """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
+    import torch
+
+    try:
+        import torchvision
+
+        tv = torchvision.__version__
+    except Exception:  # a broken torchvision must not stop a record being written
+        tv = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": tv,
+        "cuda": torch.version.cuda,
+        "cudnn": str(cudnn) if cudnn else None,
+    }
+
+
+@dataclass
+class Record:
+    """One measured (or deliberately not measured) configuration."""
+
+    experiment: str
+    config: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"
+    reason: str | None = None
+    profile: str = ""
+    synthetic: bool | None = None
+    dataset: str | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    timestamp: str = ""
+
+    @property
+    def key(self) -> str:
+        return canonical_key(self.config)
+
+    def to_json(self) -> str:
+        return json.dumps(_jsonable(asdict(self)), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Record:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class ResultStore:
+    """Append-only JSONL records under ``results/<profile>/runs/``.
+
+    >>> store = ResultStore("quick")
+    >>> rec = store.run("batch_sweep", {"batch_size": 32}, measure)  # doctest: +SKIP
+
+    ``measure`` returns a dict of metrics, or a :class:`Record` when it needs to set
+    status/reason/synthetic itself. Nothing is measured when the config is stored.
+    """
+
+    def __init__(self, profile: str | config.Profile | None = None, root: Path | None = None):
+        name = profile.name if isinstance(profile, config.Profile) else None
+        self.profile = name or config.resolve_profile_name(profile)[0]  # type: ignore[arg-type]
+        self.root = Path(root) if root is not None else config.results_dir(self.profile)
+
+    # -- paths
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / "tables"
+
+    @property
+    def figures_dir(self) -> Path:
+        return self.root / "figures"
+
+    def path(self, experiment: str) -> Path:
+        if not experiment or "/" in experiment or experiment.startswith("."):
+            raise LabError(f"Experiment name {experiment!r} must be a plain file name like 'batch_sweep'.")
+        return self.runs_dir / f"{experiment}.jsonl"
+
+    # -- reading
+    def records(self, experiment: str) -> list[Record]:
+        """All records of an experiment in the order they were written."""
+        p = self.path(experiment)
+        if not p.exists():
+            return []
+        out: list[Record] = []
+        with p.open("r", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.endswith("\n"):
+                    warnings.warn(f"{p}:{lineno}: skipping a torn last line (an interrupted write).")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Record.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, TypeError):
+                    warnings.warn(f"{p}:{lineno}: skipping a line that is not a record.")
+        return out
+
+    def latest(self, experiment: str) -> list[Record]:
+        """One record per configuration: the most recent one."""
+        by_key: dict[str, Record] = {}
+        for r in self.records(experiment):
+            by_key.pop(r.key, None)  # keep insertion order of the newest
+            by_key[r.key] = r
+        return list(by_key.values())
+
+    def get(self, experiment: str, cfg: Mapping[str, Any]) -> Record | None:
+        """The most recent record for exactly this configuration, if any."""
+        key = canonical_key(cfg)
+        found = None
+        for r in self.records(experiment):
+            if r.key == key:
+                found = r
+        return found
+
+    # -- writing
+    def append(self, record: Record) -> Record:
+        """Append one whole line atomically (lock, single write, fsync)."""
+        if record.status not in STATUSES:
+            raise LabError(f"Record status {record.status!r} is not one of {STATUSES}.")
+        record.profile = record.profile or self.profile
+        record.timestamp = record.timestamp or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        if not record.software:
+            record.software = software_versions()
+        if not record.hardware:
+            from lab_utils.hardware import hardware_summary
+
+            record.hardware = hardware_summary()
+        line = record.to_json() + "\n"
+        p = self.path(record.experiment)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+        return record
+
+    def add(self, experiment: str, cfg: Mapping[str, Any], metrics: Mapping[str, Any] | None = None,
+            **fields: Any) -> Record:
+        """Build a :class:`Record` from parts and append it."""
+        rec = Record(experiment=experiment, config=_jsonable(dict(cfg)),
+                     metrics=_jsonable(dict(metrics or {})), **fields)
+        return self.append(rec)
+
+    def run(self, experiment: str, cfg: Mapping[str, Any],
+            measure: Callable[[], Mapping[str, Any] | Record], force: bool = False) -> Record:
+        """Return the stored record for ``cfg``, or measure it, store it and return it."""
+        if not force:
+            existing = self.get(experiment, cfg)
+            if existing is not None:
+                return existing
+        result = measure()
+        if isinstance(result, Record):
+            result.experiment = experiment
+            result.config = _jsonable(dict(cfg))
+            return self.append(result)
+        return self.add(experiment, cfg, result)
+
+    # -- tables and figures
+    def frame(self, experiment: str, latest: bool = True):
+        """Records flattened into a pandas DataFrame (``config.*`` and metrics as columns)."""
+        recs = self.latest(experiment) if latest else self.records(experiment)
+        return records_frame(recs)
+
+    def save_table(self, df, name: str, records: Iterable[Record] | None = None,
+                   title: str | None = None, notes: Iterable[str] = (), floatfmt: str = ".4g") -> Path:
+        """Save ``df`` as ``tables/<name>.md`` (with title, provenance and notes) and ``.csv``."""
+        self.tables_dir.mkdir(parents=True, exist_ok=True)
+        label = provenance_label(records, self.profile)
+        md_path = self.tables_dir / f"{name}.md"
+        body = df.to_markdown(index=False, floatfmt=floatfmt)
+        parts = [f"### {title or name}", "", f"_{label}_", "", body]
+        notes = list(notes)
+        if notes:
+            parts += [""] + [f"- {n}" for n in notes]
+        _atomic_write_text(md_path, "\n".join(parts) + "\n")
+        csv = df.copy()
+        csv.insert(0, "provenance", label)
+        _atomic_write_text(self.tables_dir / f"{name}.csv", csv.to_csv(index=False))
+        return md_path
+
+    def save_figure(self, fig, name: str, records: Iterable[Record] | None = None) -> Path:
+        """Save a matplotlib figure as ``figures/<name>.png`` with the provenance label on it."""
+        self.figures_dir.mkdir(parents=True, exist_ok=True)
+        fig.text(0.99, 0.005, provenance_label(records, self.profile), ha="right", va="bottom",
+                 fontsize=7, color="0.35")
+        path = self.figures_dir / f"{name}.png"
+        tmp = path.with_suffix(".png.tmp")
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+        os.replace(tmp, path)
+        return path
+
+
+def records_frame(records: Iterable[Record]):
+    """Flatten records into a DataFrame: one row per record."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        row: dict[str, Any] = {"experiment": r.experiment, "status": r.status, "reason": r.reason,
+                               "profile": r.profile, "synthetic": r.synthetic, "dataset": r.dataset,
+                               "device": r.hardware.get("device_name"),
+                               "device_count": r.hardware.get("device_count")}
+        row.update(r.config)
+        row.update(r.metrics)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def provenance_label(records: Iterable[Record] | None, profile: str) -> str:
+    """A one-line label: profile, data (synthetic or real), devices, from the records."""
+    recs = list(records or [])
+    parts = [f"profile: {profile}" + (" (CPU/CI, reduced sizes)" if profile == "quick" else "")]
+    datasets = sorted({r.dataset or "?" for r in recs if r.dataset or r.synthetic is not None})
+    if any(r.synthetic for r in recs):
+        parts.append("data: SYNTHETIC stand-in" + (f" ({', '.join(datasets)})" if datasets else ""))
+    elif datasets:
+        parts.append(f"data: {', '.join(datasets)}")
+    devices = sorted({str(r.hardware.get("device_name")) for r in recs if r.hardware})
+    if devices:
+        parts.append(f"device: {', '.join(devices)}")
+    return " · ".join(parts)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file, fsync, rename: readers never see half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
