@@ -153,14 +153,14 @@ class ResultStore:
         with p.open("r", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.endswith("\n"):
-                    warnings.warn(f"{p}:{lineno}: skipping a torn last line (an interrupted write).")
+                    warnings.warn(f"{p}:{lineno}: skipping a torn last line (an interrupted write).", stacklevel=2)
                     continue
                 if not line.strip():
                     continue
                 try:
                     out.append(Record.from_dict(json.loads(line)))
                 except (json.JSONDecodeError, TypeError):
-                    warnings.warn(f"{p}:{lineno}: skipping a line that is not a record.")
+                    warnings.warn(f"{p}:{lineno}: skipping a line that is not a record.", stacklevel=2)
         return out
 
     def latest(self, experiment: str) -> list[Record]:
@@ -186,7 +186,8 @@ class ResultStore:
         if record.status not in STATUSES:
             raise LabError(f"Record status {record.status!r} is not one of {STATUSES}.")
         record.profile = record.profile or self.profile
-        record.timestamp = record.timestamp or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        now = _dt.datetime.now(_dt.timezone.utc)  # noqa: UP017 (Python 3.10 has no datetime.UTC)
+        record.timestamp = record.timestamp or now.isoformat(timespec="seconds")
         if not record.software:
             record.software = software_versions()
         if not record.hardware:

@@ -1,0 +1,258 @@
+"""CIFAR-10 with the assignment's transforms, and a synthetic stand-in for offline use.
+
+Train transforms, in this order (the order matters: ``Normalize`` needs a tensor, so
+putting it before ``ToTensor`` crashes): RandomCrop(32, padding=4),
+RandomHorizontalFlip(0.5), ToTensor, Normalize(mean, std). Test: ToTensor, Normalize.
+
+Where the data come from (``dataset=``, or ``$LAB_DATASET``):
+
+- ``"auto"`` (default): CIFAR-10 from ``data/`` when it was prepared there, otherwise
+  the synthetic stand-in, with a warning that says how to prepare the real one;
+- ``"cifar10"``: the real data set, or a :class:`LabError` naming ``make prepare``;
+- ``"synthetic"``: always the stand-in.
+
+No download is attempted at training time (compute nodes are often offline);
+``python -m lab_utils prepare`` downloads on a machine that has internet.
+
+The synthetic stand-in has CIFAR's shapes and types (32x32 RGB uint8 images as PIL,
+10 classes, 50,000 / 10,000 images) and is deterministic. Each class is a smooth random
+colour pattern; every image is its class pattern under a random contrast, brightness
+and pixel noise, so a network learns it well above chance but not instantly. Every
+record built from it says ``synthetic``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from lab_utils import config
+from lab_utils.config import check_batch_size
+from lab_utils.errors import LabError
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+CIFAR10_TRAIN_SIZE = 50_000
+CIFAR10_TEST_SIZE = 10_000
+DATASET_CHOICES = ("auto", "cifar10", "synthetic")
+
+
+def train_transform():
+    """The spec's training transforms, in the spec's order."""
+    from torchvision import transforms as T
+
+    return T.Compose([
+        T.RandomCrop(32, padding=4),
+        T.RandomHorizontalFlip(p=0.5),
+        T.ToTensor(),
+        T.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+    ])
+
+
+def test_transform():
+    """The spec's test transforms: ToTensor, then the same Normalize."""
+    from torchvision import transforms as T
+
+    return T.Compose([T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def synthetic_arrays(n: int, train: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` deterministic CIFAR-shaped images (N, 32, 32, 3 uint8) and labels (N,).
+
+    Image ``i`` of a split is the same whatever ``n`` is, so subsets are prefixes.
+    """
+    # Class patterns: a 4x4 grid of random colours, upsampled smoothly to 32x32.
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0, 255, size=(10, 3, 4, 4)).astype(np.float32)
+    t = torch.nn.functional.interpolate(torch.from_numpy(coarse), size=(32, 32),
+                                        mode="bilinear", align_corners=False)
+    patterns = t.permute(0, 2, 3, 1).numpy()  # (10, 32, 32, 3)
+    mean_pattern = patterns.mean(axis=0, keepdims=True)
+
+    # Per-image randomness in fixed-size chunks so image i does not depend on n.
+    chunk = 1000
+    split_seed = seed + (1 if train else 2)
+    images = np.empty((n, 32, 32, 3), dtype=np.uint8)
+    labels = np.empty(n, dtype=np.int64)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        r = np.random.default_rng([split_seed, start // chunk])
+        m = chunk
+        lab = r.integers(0, 10, size=m)
+        contrast = r.uniform(0.35, 0.8, size=(m, 1, 1, 1)).astype(np.float32)
+        brightness = r.normal(0, 20, size=(m, 1, 1, 3)).astype(np.float32)
+        noise = r.normal(0, 45, size=(m, 32, 32, 3)).astype(np.float32)
+        img = mean_pattern + contrast * (patterns[lab] - mean_pattern) + brightness + noise
+        k = stop - start
+        images[start:stop] = np.clip(img[:k], 0, 255).astype(np.uint8)
+        labels[start:stop] = lab[:k]
+    return images, labels
+
+
+class SyntheticCIFAR10(Dataset):
+    """A deterministic, learnable stand-in with CIFAR-10's interface (PIL images, int labels)."""
+
+    classes = [f"class_{i}" for i in range(10)]
+
+    def __init__(self, train: bool = True, transform=None, size: int | None = None, seed: int = 0):
+        n = size if size is not None else (CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE)
+        self.data, labels = synthetic_arrays(n, train, seed)
+        self.targets = labels.tolist()
+        self.transform = transform
+        self.train = train
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.fromarray(self.data[i])
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[i]
+
+
+# --------------------------------------------------------------------------- real data
+
+
+def cifar10_present(root: Path | None = None) -> bool:
+    """True when ``python -m lab_utils prepare`` has put CIFAR-10 under ``root``."""
+    root = Path(root) if root else config.data_dir()
+    folder = root / "cifar-10-batches-py"
+    return (folder / "data_batch_1").exists() and (folder / "test_batch").exists()
+
+
+def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
+    """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
+    choice = dataset or os.environ.get(config.DATASET_ENV) or "auto"
+    if choice not in DATASET_CHOICES:
+        raise LabError(f"Unknown dataset {choice!r}; use one of: {', '.join(DATASET_CHOICES)}.")
+    present = cifar10_present(root)
+    if choice == "cifar10" and not present:
+        raise LabError(
+            f"CIFAR-10 is not in {root or config.data_dir()} and compute nodes cannot download it; "
+            "run `make prepare` (or `python -m lab_utils prepare`) on a machine with internet first, "
+            "or use dataset='synthetic'.")
+    if choice == "auto":
+        return "cifar10" if present else "synthetic"
+    return choice
+
+
+def cifar10_dataset(train: bool, dataset: str | None = None, transform=None,
+                    root: Path | None = None) -> tuple[Dataset, bool]:
+    """A CIFAR-10 split (real or synthetic) and whether it is synthetic."""
+    kind = resolve_dataset(dataset, root)
+    if kind == "synthetic":
+        return SyntheticCIFAR10(train=train, transform=transform), True
+    from torchvision.datasets import CIFAR10
+
+    return CIFAR10(str(root or config.data_dir()), train=train, transform=transform, download=False), False
+
+
+_warned_synthetic = False
+
+
+@dataclass
+class CifarLoaders:
+    """Train/test loaders and what they hold."""
+
+    train: DataLoader
+    test: DataLoader
+    synthetic: bool
+    train_images: int
+    test_images: int
+
+    @property
+    def dataset_name(self) -> str:
+        return "synthetic CIFAR-10 stand-in" if self.synthetic else "CIFAR-10"
+
+
+def _subset(ds: Dataset, n: int | None) -> Dataset:
+    if n is None or n >= len(ds):  # type: ignore[arg-type]
+        return ds
+    return Subset(ds, range(n))
+
+
+def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers: int = 2,
+                 train_images: int | None = None, test_images: int | None = None,
+                 dataset: str | None = None, sampler=None, seed: int = 0,
+                 pin_memory: bool | None = None, drop_last: bool = False) -> CifarLoaders:
+    """CIFAR-10 loaders with the spec's transforms.
+
+    ``train_images`` / ``test_images`` take the first N images (None: the whole split).
+    ``sampler`` replaces shuffling (for ``DistributedSampler``). The shuffle order is
+    seeded, so two runs see the same batches.
+    """
+    check_batch_size(batch_size, "train batch size")
+    check_batch_size(test_batch_size, "test batch size")
+    if num_workers < 0:
+        raise LabError(f"num_workers must be 0 or more, got {num_workers}.")
+    global _warned_synthetic
+    train_ds, synthetic = cifar10_dataset(True, dataset, train_transform())
+    test_ds, _ = cifar10_dataset(False, dataset, test_transform())
+    if synthetic and not _warned_synthetic and (dataset or "auto") == "auto":
+        warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
+                      "(run `make prepare` on a machine with internet for the real data).",
+                      stacklevel=2)
+        _warned_synthetic = True
+    train_ds, test_ds = _subset(train_ds, train_images), _subset(test_ds, test_images)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    g = torch.Generator()
+    g.manual_seed(seed)
+    common = {"num_workers": num_workers, "pin_memory": pin_memory,
+              "persistent_workers": num_workers > 0}
+    train = DataLoader(train_ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
+                       generator=g if sampler is None else None, drop_last=drop_last, **common)
+    test = DataLoader(test_ds, batch_size=test_batch_size, shuffle=False, **common)
+    return CifarLoaders(train=train, test=test, synthetic=synthetic,
+                        train_images=len(train_ds), test_images=len(test_ds))  # type: ignore[arg-type]
+
+
+def profile_loaders(profile: config.Profile, batch_size: int | None = None, **kw) -> CifarLoaders:
+    """:func:`make_loaders` with a profile's subset sizes, workers and default batch sizes."""
+    kw.setdefault("num_workers", profile.num_workers)
+    kw.setdefault("train_images", profile.train_images)
+    kw.setdefault("test_images", profile.test_images)
+    kw.setdefault("test_batch_size", profile.test_batch_size)
+    return make_loaders(batch_size=batch_size or profile.train_batch_size, **kw)
+
+
+def dataset_status(root: Path | None = None) -> dict:
+    """For notebook 00: is real CIFAR-10 here, and what to run if not."""
+    present = cifar10_present(root)
+    return {
+        "cifar10_present": present,
+        "data_dir": str(root or config.data_dir()),
+        "used": "CIFAR-10" if present else "synthetic stand-in",
+        "to_prepare": None if present else "make prepare   (on a machine with internet)",
+    }
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare_cifar10(root: Path | None = None) -> Path:
+    """Download CIFAR-10 (both splits) into ``root`` (default ``data/``); verifies its MD5."""
+    from torchvision.datasets import CIFAR10
+
+    root = Path(root) if root else config.data_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        CIFAR10(str(root), train=True, download=True)
+        CIFAR10(str(root), train=False, download=True)
+    except Exception as e:  # URLError, socket errors, ...: one sentence with the fix
+        raise LabError(f"Could not download CIFAR-10 into {root} ({e.__class__.__name__}: {e}); "
+                       "run this on a machine with internet (e.g. a cluster login node), "
+                       "or copy cifar-10-batches-py/ into data/ by hand.") from None
+    return root / "cifar-10-batches-py"

@@ -1,0 +1,273 @@
+"""Start a multi-process (DDP) run under ``torchrun`` from a notebook or a script.
+
+A notebook cannot spawn DDP workers defined in its own cells (they cannot be pickled
+into new processes), so every DDP worker lives in a ``lab_utils`` module and is started
+here as ``python -m torch.distributed.run ... -m <module> <args>``:
+
+- on a free local port (or a given rendezvous endpoint),
+- with each rank's stdout/stderr captured into ``<log_dir>/rank<R>.log``,
+- with a timeout, after which the *whole process tree* is terminated,
+- and when any rank dies, the group is torn down and a :class:`LaunchError` quotes
+  the failing rank's last log lines.
+
+Worker protocol: the launcher appends ``--out <file>`` to the worker's arguments; rank 0
+writes a JSON list of records there (:func:`write_worker_output`). The launcher returns
+that list. No zombie or orphaned processes are left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab_utils.config import check_positive_int
+from lab_utils.errors import LabError, LaunchError
+
+TAIL_LINES = 25
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LaunchResult:
+    """What a finished run left: rank 0's records, per-rank logs, wall seconds."""
+
+    records: list[dict[str, Any]]
+    log_dir: Path
+    wall_seconds: float
+    logs: dict[int, Path] = field(default_factory=dict)
+
+    def log(self, rank: int) -> str:
+        return self.logs[rank].read_text(errors="replace") if rank in self.logs else ""
+
+
+def torchrun_command(module: str, args: Sequence[str], nproc: int, port: int,
+                     nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None) -> list[str]:
+    """The ``torchrun`` command line (as ``python -m torch.distributed.run``)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if rdzv is not None:  # multi-node: c10d rendezvous at host:port
+        cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}",
+                "--rdzv-id=lab", f"--node-rank={node_rank}"]
+    else:
+        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    return cmd + ["-m", module, *args]
+
+
+def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: float = 600,
+           log_dir: str | Path | None = None, env: dict[str, str] | None = None,
+           threads_per_rank: int | None = None) -> LaunchResult:
+    """Run ``module`` on ``nproc`` ranks under torchrun and return rank 0's records.
+
+    ``timeout_s`` bounds the whole run (start-up included). ``threads_per_rank`` sets
+    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default the cores are shared evenly.
+    Raises :class:`LaunchError` when a rank fails or the run times out.
+    """
+    check_positive_int(nproc, "number of processes (nproc)")
+    if timeout_s <= 0:
+        raise LabError(f"timeout_s must be positive, got {timeout_s!r}.")
+    log_root = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lab_ddp_"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    out_file = log_root / "records.json"
+    out_file.unlink(missing_ok=True)
+    port = free_port()
+    cmd = torchrun_command(module, [*args, "--out", str(out_file)], nproc, port)
+    run_env = dict(os.environ)
+    run_env.update(env or {})
+    if threads_per_rank is None:
+        from lab_utils.hardware import cpu_cores
+
+        threads_per_rank = max(1, cpu_cores() // nproc)
+    run_env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
+    run_env["PYTHONUNBUFFERED"] = "1"
+    run_env["LAB_RANK_LOG_DIR"] = str(log_root)
+    run_env["LAB_HEADLESS"] = "1"
+
+    agent_log = log_root / "torchrun.log"
+    start = time.perf_counter()
+    with agent_log.open("wb") as agent_out:
+        # A new session makes the agent and its workers one group we can signal.
+        proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, env=run_env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+            logs = rank_logs(log_root, nproc)
+            raise LaunchError(
+                f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
+                f"was stopped; raise timeout_s or shrink the run. "
+                + _quote_failure(None, logs, agent_log)) from None
+        except BaseException:  # KeyboardInterrupt in a notebook: leave nothing behind
+            kill_tree(proc)
+            raise
+        finally:
+            kill_tree(proc)  # stragglers, if any, after a normal exit too
+    wall = time.perf_counter() - start
+    logs = rank_logs(log_root, nproc)
+    if rc != 0:
+        rank = failing_rank(agent_log.read_text(errors="replace"), logs)
+        raise LaunchError(
+            f"The {nproc}-process run of {module} failed (torchrun exit code {rc}); "
+            f"fix the error below and re-run (records already stored are kept). "
+            + _quote_failure(rank, logs, agent_log))
+    if not out_file.exists():
+        raise LaunchError(f"The run of {module} finished but rank 0 wrote no records to {out_file}; "
+                          "check that the worker calls write_worker_output. "
+                          + _quote_failure(0, logs, agent_log))
+    records = json.loads(out_file.read_text())
+    return LaunchResult(records=records, log_dir=log_root, wall_seconds=wall, logs=logs)
+
+
+def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
+    """The per-rank log files the workers wrote (see :func:`setup_rank_logging`)."""
+    return {r: log_root / f"rank{r}.log" for r in range(nproc) if (log_root / f"rank{r}.log").exists()}
+
+
+def failing_rank(agent_text: str, logs: dict[int, Path]) -> int | None:
+    """Which rank failed first: from torchrun's 'Root Cause' summary, else from the logs."""
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", agent_text, re.S)
+    if m:
+        return int(m.group(1))
+    for r, p in sorted(logs.items()):
+        if "Traceback" in p.read_text(errors="replace"):
+            return r
+    return None
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:]) if lines else "(empty log)"
+
+
+def _quote_failure(rank: int | None, logs: dict[int, Path], agent_log: Path) -> str:
+    if rank is not None and rank in logs:
+        return f"Last lines of rank {rank} ({logs[rank]}):\n{_tail(logs[rank])}"
+    return f"Last lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` from /proc (Linux); empty elsewhere."""
+    kids = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return kids
+    for e in entries:
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            kids.append(int(e))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (workers may start sessions of their own)."""
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(_children(p))
+    return tree
+
+
+def kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM the process, its group and every descendant; SIGKILL what remains; reap."""
+    if proc.poll() is not None and not _children(proc.pid):
+        return
+    pids = process_tree(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            try:
+                proc.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        if not any(_alive(p) for p in pids):
+            break
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie whose parent will reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def setup_rank_logging() -> Path | None:
+    """In a worker: send this rank's stdout and stderr to ``$LAB_RANK_LOG_DIR/rank<R>.log``.
+
+    Redirects the file descriptors themselves, so a crash in C code is captured too.
+    Returns the log path, or None when not started by :func:`launch`.
+    """
+    log_dir = os.environ.get("LAB_RANK_LOG_DIR")
+    rank = os.environ.get("RANK")
+    if not log_dir or rank is None:
+        return None
+    path = Path(log_dir) / f"rank{rank}.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
+
+
+def write_worker_output(records: list[dict[str, Any]], out: str | Path | None) -> None:
+    """In rank 0 of a worker: write the records the launcher returns (atomically)."""
+    if not out:
+        return
+    from lab_utils.results import _jsonable
+
+    path = Path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(records)))
+    os.replace(tmp, path)

@@ -1,0 +1,67 @@
+"""Learning-rate rules and schedules for large-batch training (Goyal et al. 2017).
+
+- Linear scaling rule: ``lr = base_lr x global_batch / base_batch`` (base 0.1 at 128).
+- Gradual warm-up: the lr rises linearly from ``base_lr`` (the small-batch value) to
+  the scaled lr over the first ``warmup_steps`` optimizer steps.
+- After warm-up: constant, cosine decay to 0, or step decay (x0.1 at given fractions).
+
+Schedules are functions of the optimizer step (0-based) returning the lr for that step,
+so they are exact per iteration and easy to test against hand-computed values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lab_utils.errors import LabError
+
+DECAYS = ("constant", "cosine", "step")
+
+
+def scaled_lr(base_lr: float, global_batch: int, base_batch: int = 128) -> float:
+    """The linear scaling rule: lr grows in proportion to the global batch."""
+    if global_batch <= 0 or base_batch <= 0:
+        raise LabError(f"Batch sizes must be positive, got global={global_batch}, base={base_batch}.")
+    return base_lr * global_batch / base_batch
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """Peak lr, linear warm-up from ``warmup_start_lr`` over ``warmup_steps``, then a decay.
+
+    ``total_steps`` is the number of optimizer steps of the whole run (for cosine/step).
+    """
+
+    peak_lr: float
+    total_steps: int
+    warmup_steps: int = 0
+    warmup_start_lr: float | None = None
+    decay: str = "constant"
+    step_milestones: tuple[float, ...] = (0.5, 0.75)  # fractions of the post-warm-up steps
+    step_gamma: float = 0.1
+
+    def __post_init__(self):
+        if self.decay not in DECAYS:
+            raise LabError(f"Unknown decay {self.decay!r}; use one of: {', '.join(DECAYS)}.")
+        if self.total_steps <= 0 or self.warmup_steps < 0 or self.warmup_steps > self.total_steps:
+            raise LabError(f"Need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps "
+                           f"({self.total_steps}) and total_steps > 0.")
+
+    def lr_at(self, step: int) -> float:
+        """The lr used by optimizer step ``step`` (0-based)."""
+        if step < self.warmup_steps:
+            start = self.peak_lr if self.warmup_start_lr is None else self.warmup_start_lr
+            return start + (self.peak_lr - start) * step / self.warmup_steps
+        if self.decay == "constant":
+            return self.peak_lr
+        span = max(self.total_steps - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        if self.decay == "cosine":
+            return 0.5 * self.peak_lr * (1 + math.cos(math.pi * progress))
+        factor = sum(1 for m in self.step_milestones if progress >= m)
+        return self.peak_lr * self.step_gamma ** factor
+
+    def lambda_for(self, base_lr: float):
+        """A multiplier function for ``torch.optim.lr_scheduler.LambdaLR`` (optimizer lr = base_lr)."""
+        return lambda step: self.lr_at(step) / base_lr

@@ -1,0 +1,178 @@
+"""Timers that are correct under CUDA asynchrony.
+
+A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around
+GPU work measures the *launch*, not the work, unless the host waits for the device.
+Every timer here calls :func:`synchronize` at its boundaries (a no-op on the CPU), so a
+phase's time includes all device work queued inside it. The price is that the phases do
+not overlap each other; that is what a per-phase breakdown means.
+
+- :class:`PhaseTimer` splits a training step into the four phases the lab reports:
+  ``data_loading`` (waiting on the loader), ``data_movement`` (host to device),
+  ``compute`` (forward, loss, backward, optimizer step) and ``communication``.
+- :class:`NestedTimers` keeps named, nested timers ("epoch/train/forward") with count,
+  total and mean, for the GPT notebook's breakdown.
+
+All times are in seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+PHASES = ("data_loading", "data_movement", "compute", "communication")
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until all queued work on ``device`` has finished (CPU: nothing to wait for)."""
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+@dataclass
+class Stat:
+    """Count, total and mean of one named timer, in seconds."""
+
+    count: int = 0
+    total_seconds: float = 0.0
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.total_seconds / self.count if self.count else 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total_seconds += seconds
+
+
+@dataclass
+class PhaseTimer:
+    """Per-phase wall time of a training loop, synchronized with the device.
+
+    Usage::
+
+        timer = PhaseTimer(device)
+        for x, y in timer.iterate(loader):          # time blocked on the loader
+            with timer.phase("data_movement"):
+                x, y = x.to(device), y.to(device)
+            with timer.phase("compute"):
+                ...forward, backward, step...
+
+    ``enabled=False`` turns every call into a cheap no-op (used to measure the timers'
+    own overhead).
+    """
+
+    device: torch.device | str | None = None
+    enabled: bool = True
+    stats: dict[str, Stat] = field(default_factory=lambda: {p: Stat() for p in PHASES})
+
+    def iterate(self, iterable: Iterable) -> Iterator:
+        """Yield from ``iterable``, timing each ``next()`` as ``data_loading``."""
+        it = iter(iterable)
+        while True:
+            if self.enabled:
+                synchronize(self.device)
+                t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            if self.enabled:
+                self.stats["data_loading"].add(time.perf_counter() - t0)
+            yield item
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the enclosed block as phase ``name`` (synchronized at both ends)."""
+        if not self.enabled:
+            yield
+            return
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.stats.setdefault(name, Stat()).add(time.perf_counter() - t0)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Record time measured elsewhere (for example by CUDA events) under ``name``."""
+        self.stats.setdefault(name, Stat()).add(seconds)
+
+    def seconds(self, name: str) -> float:
+        return self.stats[name].total_seconds if name in self.stats else 0.0
+
+    @property
+    def training_seconds(self) -> float:
+        """Everything but waiting on the loader: movement + compute + communication."""
+        return sum(s.total_seconds for n, s in self.stats.items() if n != "data_loading")
+
+    def totals(self) -> dict[str, float]:
+        """``{phase}_seconds`` for every phase, for a record."""
+        return {f"{n}_seconds": s.total_seconds for n, s in self.stats.items()}
+
+
+class NestedTimers:
+    """Named timers that nest: ``with t("epoch"): with t("forward"): ...``.
+
+    The full name of an inner timer is its path (``"epoch/forward"``). Each name keeps a
+    :class:`Stat`. Synchronizes ``device`` at both ends of each block.
+    """
+
+    def __init__(self, device: torch.device | str | None = None, enabled: bool = True):
+        self.device = device
+        self.enabled = enabled
+        self.stats: dict[str, Stat] = {}
+        self._stack: list[str] = []
+
+    @contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        self._stack.append(name)
+        full = "/".join(self._stack)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.stats.setdefault(full, Stat()).add(time.perf_counter() - t0)
+            self._stack.pop()
+
+    def table(self) -> list[dict]:
+        """Rows of name, count, total and mean seconds, in first-seen order."""
+        return [{"timer": n, "count": s.count, "total_seconds": s.total_seconds,
+                 "mean_seconds": s.mean_seconds} for n, s in self.stats.items()]
+
+
+def measure_overhead(fn_with, fn_without, repeats: int = 5) -> dict[str, float]:
+    """Run two variants of the same work alternately and compare their median times.
+
+    Returns ``{"with_seconds", "without_seconds", "ratio"}`` where ratio is
+    with/without. Alternating cancels slow drifts (thermal, other load).
+    """
+    with_t, without_t = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn_without()
+        without_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fn_with()
+        with_t.append(time.perf_counter() - t0)
+    w, wo = _median(with_t), _median(without_t)
+    return {"with_seconds": w, "without_seconds": wo, "ratio": w / wo}
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
