@@ -1,0 +1,203 @@
+"""Execute the lab's notebooks headless and collate the report.
+
+``python -m lab_utils run [NOTEBOOK ...] [--profile quick|full] [--timeout SECONDS]``
+
+- Each notebook runs under nbclient in a kernel started from *this* interpreter
+  (``sys.executable -m ipykernel_launcher``), so the kernel sees the same ``.venv`` and
+  ``lab_utils`` as the command, whatever kernels the user has installed.
+- The working directory is ``labs/``; ``LAB_PROFILE`` and ``LAB_HEADLESS=1`` are
+  exported to the kernel.
+- The executed copy is saved under ``results/<profile>/executed/`` even when a cell
+  fails, and one line per notebook says its status and seconds.
+- ``results/<profile>/report.md`` collates the machine description, the notebooks'
+  statuses and every table in ``results/<profile>/tables/``.
+- On failure: notebook, cell number and error are printed; the exit code is non-zero.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab_utils import config
+from lab_utils.errors import LabError
+
+KERNEL_NAME = "lab-utils-python"
+
+
+@dataclass
+class NotebookResult:
+    notebook: str
+    ok: bool
+    seconds: float
+    executed_path: Path
+    cell: int | None = None  # 1-based index among code cells, when a cell failed
+    error: str | None = None
+
+    def line(self) -> str:
+        status = "ok    " if self.ok else "FAILED"
+        tail = "" if self.ok else f"  cell {self.cell}: {self.error}"
+        return f"{status} {self.notebook:<34} {self.seconds:8.1f} s{tail}"
+
+
+def all_notebooks() -> list[Path]:
+    """The lab's notebooks in order (``labs/NN_*.ipynb``)."""
+    return sorted(config.labs_dir().glob("[0-9][0-9]_*.ipynb"))
+
+
+def resolve_notebooks(names: Sequence[str]) -> list[Path]:
+    """Paths for the given names (a path, a file in labs/, or a prefix like ``01``)."""
+    if not names:
+        return all_notebooks()
+    out = []
+    for name in names:
+        p = Path(name)
+        candidates = [p, config.labs_dir() / p.name]
+        candidates += sorted(config.labs_dir().glob(f"{name}*.ipynb")) if not p.suffix else []
+        found = next((c for c in candidates if c.is_file()), None)
+        if found is None:
+            known = ", ".join(n.name for n in all_notebooks()) or "none"
+            raise LabError(f"Notebook {name!r} does not exist; give a path or one of: {known}.")
+        out.append(found.resolve())
+    return out
+
+
+def _kernelspec_dir() -> Path:
+    """A temporary Jupyter data dir whose kernel runs ``sys.executable``."""
+    root = Path(tempfile.mkdtemp(prefix="lab_kernels_"))
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "lab_utils (this interpreter)",
+        "language": "python",
+    }))
+    return root
+
+
+def _failing_cell(nb) -> tuple[int | None, str | None]:
+    """1-based code-cell number and 'Ename: evalue' of the first error output."""
+    n = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        n += 1
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                return n, f"{out.get('ename')}: {out.get('evalue')}"
+    return None, None
+
+
+def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) -> NotebookResult:
+    """Run one notebook; save the executed copy whatever happens."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+    nb = nbformat.read(str(path), as_version=4)
+    client = NotebookClient(nb, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
+                            resources={"metadata": {"path": str(config.labs_dir())}},
+                            record_timing=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    executed = out_dir / path.name
+    t0 = time.perf_counter()
+    error = None
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+        error = e
+    except Exception as e:  # kernel failed to start, etc.: still save and report
+        error = e
+    seconds = time.perf_counter() - t0
+    nbformat.write(nb, str(executed))
+    if error is None:
+        return NotebookResult(path.name, True, seconds, executed)
+    cell, message = _failing_cell(nb)
+    if message is None:
+        message = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+    return NotebookResult(path.name, False, seconds, executed, cell=cell, error=message)
+
+
+def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float = 3600,
+        stream=sys.stdout) -> list[NotebookResult]:
+    """Execute notebooks headless, print one line each, write the report; return results."""
+    profile_name, why = config.resolve_profile_name(profile)
+    paths = resolve_notebooks(names)  # bad names fail here, before any kernel starts
+    if timeout_s <= 0:
+        raise LabError(f"--timeout must be a positive number of seconds, got {timeout_s}.")
+    out_dir = config.results_dir(profile_name) / "executed"
+    saved = {k: os.environ.get(k) for k in ("LAB_PROFILE", "LAB_HEADLESS", "JUPYTER_PATH",
+                                            "MPLBACKEND")}
+    os.environ["LAB_PROFILE"] = profile_name
+    os.environ["LAB_HEADLESS"] = "1"
+    os.environ["MPLBACKEND"] = "agg"
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        p for p in (str(_kernelspec_dir()), saved["JUPYTER_PATH"]) if p)
+    print(f"profile {profile_name} ({why}); executed notebooks -> {out_dir}", file=stream, flush=True)
+    results = []
+    try:
+        for p in paths:
+            r = execute_notebook(p, profile_name, timeout_s, out_dir)
+            results.append(r)
+            print(r.line(), file=stream, flush=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    report = write_report(profile_name, results)
+    print(f"report: {report}", file=stream, flush=True)
+    return results
+
+
+def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
+    """``results/<profile>/report.md``: machine, notebook statuses, then every table."""
+    from lab_utils.hardware import describe_machine
+
+    root = config.results_dir(profile)
+    root.mkdir(parents=True, exist_ok=True)
+    m = describe_machine()
+    gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none"
+    sw = m["software"]
+    lines = [
+        f"# Lab report: profile `{profile}`", "",
+        f"Generated {_dt.datetime.now().isoformat(timespec='seconds')}.", "",
+        f"- GPUs: {gpus}",
+        f"- CPU: {m['cpu']} ({m['cpu_cores']} cores)",
+        f"- torch {sw['torch']}, torchvision {sw['torchvision']}, CUDA {sw['cuda']}, Python {sw['python']}",
+    ]
+    if profile == "quick":
+        lines.append("- **quick profile**: reduced data and models for CPU/CI; not the assignment's numbers.")
+    if results:
+        lines += ["", "## Notebooks", "", "| notebook | status | seconds | error |", "|---|---|---|---|"]
+        for r in results:
+            err = (f"cell {r.cell}: {r.error}" if not r.ok else "").replace("|", "\\|")
+            lines.append(f"| {r.notebook} | {'ok' if r.ok else 'FAILED'} | {r.seconds:.1f} | {err} |")
+    tables = sorted((root / "tables").glob("*.md"))
+    lines += ["", "## Tables", ""]
+    if not tables:
+        lines.append("No tables yet: run the notebooks.")
+    for t in tables:
+        lines += [t.read_text().rstrip(), ""]
+    path = root / "report.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def main(names: Sequence[str], profile: str | None, timeout_s: float) -> int:
+    results = run(names, profile, timeout_s)
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        print(f"error: {r.notebook}, code cell {r.cell}: {r.error} (executed copy: {r.executed_path})",
+              file=sys.stderr)
+    return 1 if failed else 0
