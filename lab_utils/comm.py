@@ -1,0 +1,864 @@
+"""Ring all-reduce from first principles: bytes, time models, a benchmark, projections.
+
+Everything notebook 04 computes lives here, in four parts.
+
+**Bytes.** The gradient of a model is ``S = sum(numel x element_size)`` bytes over the
+parameters that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; the
+parameter *count* is not a size). A ring all-reduce over ``P`` ranks is a reduce-scatter
+followed by an all-gather, ``P-1`` steps each, every step sending one ``S/P`` chunk, so
+each rank sends (and receives) ``2(P-1)/P x S`` bytes per all-reduce. Per epoch that is
+multiplied by the iterations each rank runs: ``DistributedSampler`` (``drop_last=False``)
+pads the data set by repeating samples until it divides evenly, giving every rank
+``ceil(N/P)`` samples, and the ``DataLoader`` keeps the last partial batch, so a rank runs
+``ceil(ceil(N/P)/b)`` iterations (which equals ``ceil(N/(P b))``).
+
+**Time models** (alpha: seconds per message step, B: bytes/s of one link direction):
+
+- ring: ``T = 2(P-1) alpha + 2(P-1)/P x S / B``: the bandwidth term hardly grows with P
+  (bandwidth-optimal), the latency term grows linearly (small messages, many ranks);
+- binary tree (reduce then broadcast, whole message per hop, no pipelining):
+  ``2 ceil(log2 P) (alpha + S/B)``;
+- recursive doubling: ``ceil(log2 P) (alpha + S/B)``: few steps, but the whole message
+  on every step;
+- recursive halving + doubling (Rabenseifner): ``2 log2 P alpha + 2(P-1)/P x S/B``;
+- the formula of an earlier report, ``(transfer + compute) x log2(P)``, kept only to be
+  compared: it is neither a ring nor a correct tree model.
+
+**nccl-tests definitions** (``doc/PERFORMANCE.md``): ``algbw = S / t`` and, for
+all-reduce, ``busbw = algbw x 2(n-1)/n``, both in decimal GB/s (1e9 bytes/s). In the
+bandwidth-dominated regime busbw approaches B, so busbw is comparable across rank counts
+and with a link's nominal bandwidth.
+
+**Benchmark, fit, projections.** :func:`run_allreduce_bench` runs
+:mod:`lab_utils.allreduce_bench` under torchrun (NCCL on GPUs, gloo on CPU processes),
+:func:`fit_alpha_beta` fits alpha and B by least squares on relative error, and
+:func:`project_scaling` predicts epoch time, speedup and efficiency on 8..1024 devices
+from the fit and a measured compute time per step, under assumptions that
+:data:`PROJECTION_ASSUMPTIONS` writes out. ``python -m lab_utils bench allreduce`` is
+:func:`bench_main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lab_utils.config import check_positive_int
+from lab_utils.errors import LabError
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+GB = 1e9  # decimal, as nccl-tests reports GB/s
+
+BENCH_EXPERIMENT = "allreduce_bench"
+BENCH_MODULE = "lab_utils.allreduce_bench"
+
+# DDP's default bucket_cap_mb=25, which torch turns into 25 * 1024 * 1024 bytes; the first
+# bucket (the last layers' gradients, ready first) is capped at 1 MiB so that
+# communication can start early.
+DDP_BUCKET_BYTES = 25 * MIB
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+
+# The spec's device counts for projections past the hardware at hand.
+PROJECTION_DEVICES = tuple(2**k for k in range(3, 11))  # 8, 16, ..., 1024
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def _check_world_size(world_size: object) -> int:
+    return check_positive_int(world_size, "world size (number of ranks P)")
+
+
+def _is_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def _check_nonneg(value: float, what: str) -> float:
+    if not _is_number(value) or value < 0:
+        raise LabError(f"{what} must be a finite number of at least 0, got {value!r}.")
+    return float(value)
+
+
+def _check_pos(value: float, what: str) -> float:
+    if not _is_number(value) or value <= 0:
+        raise LabError(f"{what} must be a finite number above 0, got {value!r}.")
+    return float(value)
+
+
+def gradient_bytes(model) -> int:
+    """Bytes of the gradients DDP all-reduces: sum of numel x element size over params requiring grad."""
+    return int(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
+
+
+def bus_factor(world_size: int) -> float:
+    """``2(P-1)/P``: the fraction of S each rank sends in a ring all-reduce (0 for one rank)."""
+    p = _check_world_size(world_size)
+    return 2 * (p - 1) / p
+
+
+def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
+    """Bytes each rank sends in one ring all-reduce of ``size_bytes``: ``2(P-1)/P x S``."""
+    s = _check_nonneg(size_bytes, "message size in bytes")
+    p = _check_world_size(world_size)
+    return 2 * (p - 1) * s / p
+
+
+def samples_per_rank(dataset_size: int, world_size: int) -> int:
+    """Samples one rank sees per epoch under ``DistributedSampler(drop_last=False)``: ``ceil(N/P)``.
+
+    The sampler pads the index list with repeated samples up to ``P x ceil(N/P)`` so that
+    every rank gets the same count (and runs the same number of all-reduces).
+    """
+    n = check_positive_int(dataset_size, "data set size")
+    p = _check_world_size(world_size)
+    return -(-n // p)
+
+
+def iterations_per_epoch(dataset_size: int, per_device_batch: int, world_size: int = 1) -> int:
+    """Iterations (all-reduces) per epoch on each rank, the last partial batch included.
+
+    ``ceil(ceil(N/P) / b)``: the sampler's padded share, cut into batches of ``b`` by a
+    ``DataLoader(drop_last=False)``. Equal to ``ceil(N / (P x b))``.
+    """
+    b = check_positive_int(per_device_batch, "per-device batch size")
+    return -(-samples_per_rank(dataset_size, world_size) // b)
+
+
+def ring_bytes_per_epoch(size_bytes: float, world_size: int, dataset_size: int,
+                         per_device_batch: int) -> float:
+    """Bytes each rank sends in one epoch: iterations x ``2(P-1)/P x S``."""
+    return iterations_per_epoch(dataset_size, per_device_batch, world_size) * ring_bytes_per_rank(
+        size_bytes, world_size)
+
+
+# --------------------------------------------------------------------------- time models
+
+
+def _log2_ceil(p: int) -> int:
+    return (p - 1).bit_length()  # ceil(log2 p) for p >= 1
+
+
+def ring_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
+                           bandwidth_bytes_per_s: float) -> float:
+    """Ring all-reduce time: ``2(P-1) alpha + 2(P-1)/P x S / B`` seconds."""
+    p = _check_world_size(world_size)
+    a = _check_nonneg(alpha_seconds, "alpha (seconds per step)")
+    bw = _check_pos(bandwidth_bytes_per_s, "bandwidth B (bytes/s)")
+    return 2 * (p - 1) * a + ring_bytes_per_rank(size_bytes, p) / bw
+
+
+def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
+                          bandwidth_bytes_per_s: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
+    """All-reduce of ``size_bytes`` split into ``ceil(S / bucket)`` ring all-reduces (as DDP does).
+
+    The bandwidth term is unchanged; the latency term is paid once per bucket:
+    ``k x 2(P-1) alpha + 2(P-1)/P x S / B`` with ``k = ceil(S / bucket_bytes)``.
+    (Real DDP buckets follow parameter boundaries and a 1 MiB first bucket; this counts
+    the ideal split.)
+    """
+    s = _check_nonneg(size_bytes, "message size in bytes")
+    cap = _check_pos(bucket_bytes, "bucket size in bytes")
+    k = max(1, math.ceil(s / cap))
+    p = _check_world_size(world_size)
+    return k * 2 * (p - 1) * _check_nonneg(alpha_seconds, "alpha") + ring_bytes_per_rank(s, p) / _check_pos(
+        bandwidth_bytes_per_s, "bandwidth B (bytes/s)")
+
+
+def tree_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
+                           bandwidth_bytes_per_s: float) -> float:
+    """Binary-tree reduce then broadcast, whole message per hop: ``2 ceil(log2 P) (alpha + S/B)``."""
+    p = _check_world_size(world_size)
+    s = _check_nonneg(size_bytes, "message size in bytes")
+    hop = _check_nonneg(alpha_seconds, "alpha") + s / _check_pos(bandwidth_bytes_per_s, "bandwidth B")
+    return 2 * _log2_ceil(p) * hop
+
+
+def recursive_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
+                               bandwidth_bytes_per_s: float) -> float:
+    """Recursive doubling (pairwise exchange of the whole message): ``ceil(log2 P) (alpha + S/B)``."""
+    p = _check_world_size(world_size)
+    s = _check_nonneg(size_bytes, "message size in bytes")
+    hop = _check_nonneg(alpha_seconds, "alpha") + s / _check_pos(bandwidth_bytes_per_s, "bandwidth B")
+    return _log2_ceil(p) * hop
+
+
+def halving_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
+                             bandwidth_bytes_per_s: float) -> float:
+    """Recursive halving + doubling (Rabenseifner): ``2 ceil(log2 P) alpha + 2(P-1)/P x S / B``."""
+    p = _check_world_size(world_size)
+    a = _check_nonneg(alpha_seconds, "alpha")
+    return 2 * _log2_ceil(p) * a + ring_bytes_per_rank(size_bytes, p) / _check_pos(
+        bandwidth_bytes_per_s, "bandwidth B")
+
+
+def spec_log2_seconds(transfer_seconds: float, compute_seconds: float, world_size: int) -> float:
+    """The earlier report's ``(transfer + compute) x log2(P)``: shown for comparison only.
+
+    It treats the all-reduce as log2(P) rounds that each move the *whole* gradient and
+    redo the compute, which is a tree at best, and is zero for P=1 but grows without
+    bound with P even for a bandwidth-optimal ring whose per-rank traffic is below 2S.
+    """
+    p = _check_world_size(world_size)
+    return (_check_nonneg(transfer_seconds, "transfer seconds")
+            + _check_nonneg(compute_seconds, "compute seconds")) * math.log2(p)
+
+
+ALGORITHMS = {
+    "ring": ring_allreduce_seconds,
+    "tree (reduce+broadcast)": tree_allreduce_seconds,
+    "recursive doubling": recursive_doubling_seconds,
+    "halving+doubling": halving_doubling_seconds,
+}
+
+
+def compare_algorithms(size_bytes: float, world_sizes: Iterable[int], alpha_seconds: float,
+                       bandwidth_bytes_per_s: float):
+    """A DataFrame: modelled all-reduce seconds of each algorithm (and the spec formula) per P.
+
+    The spec formula is evaluated with ``transfer = S / B`` and ``compute = 0`` (its most
+    favourable reading), so the difference to the ring is the model, not a compute term.
+    """
+    import pandas as pd
+
+    rows = []
+    for p in world_sizes:
+        row: dict[str, Any] = {"devices": p, "message_bytes": int(size_bytes)}
+        for name, fn in ALGORITHMS.items():
+            row[f"{name} (ms)"] = 1e3 * fn(size_bytes, p, alpha_seconds, bandwidth_bytes_per_s)
+        row["spec (S/B)*log2(P) (ms)"] = 1e3 * spec_log2_seconds(size_bytes / bandwidth_bytes_per_s, 0.0, p)
+        row["ring bytes sent per rank"] = ring_bytes_per_rank(size_bytes, p)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- nccl-tests metrics
+
+
+def algbw_gb_per_s(size_bytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth ``S / t`` in decimal GB/s."""
+    return _check_nonneg(size_bytes, "message size in bytes") / _check_pos(seconds, "time in seconds") / GB
+
+
+def busbw_gb_per_s(algbw: float, world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth ``algbw x 2(n-1)/n`` (same units as ``algbw``)."""
+    n = _check_world_size(world_size)
+    return algbw * 2 * (n - 1) / n
+
+
+# --------------------------------------------------------------------------- fit
+
+
+@dataclass
+class AlphaBetaFit:
+    """Fitted ring model ``T(S, P) = 2(P-1) alpha + 2(P-1)/P x S / B`` for one rank count.
+
+    ``alpha_seconds``: latency per ring step; ``bandwidth_bytes_per_s``: B, the busbw the
+    model approaches for large messages. Errors: standard errors of the two parameters
+    (from the least-squares covariance) and the relative residuals of the timings.
+    """
+
+    world_size: int
+    alpha_seconds: float
+    bandwidth_bytes_per_s: float
+    alpha_stderr_seconds: float
+    bandwidth_stderr_bytes_per_s: float
+    rms_relative_error: float
+    max_relative_error: float
+    n_points: int
+    latency_clamped: bool = False
+
+    @property
+    def bandwidth_gb_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s / GB
+
+    def predict_seconds(self, size_bytes: float, world_size: int | None = None) -> float:
+        """Modelled ring all-reduce time of ``size_bytes`` on ``world_size`` ranks (default: fitted P)."""
+        return ring_allreduce_seconds(size_bytes, world_size or self.world_size, self.alpha_seconds,
+                                      self.bandwidth_bytes_per_s)
+
+    def predict_busbw_gb_per_s(self, size_bytes: float, world_size: int | None = None) -> float:
+        p = world_size or self.world_size
+        return busbw_gb_per_s(algbw_gb_per_s(size_bytes, self.predict_seconds(size_bytes, p)), p)
+
+    def summary(self) -> str:
+        clamp = " (clamped at 0: the timings show no latency floor)" if self.latency_clamped else ""
+        return (f"P={self.world_size}: alpha = {self.alpha_seconds * 1e6:.2f} +/- "
+                f"{self.alpha_stderr_seconds * 1e6:.2f} us per step{clamp}, "
+                f"B = {self.bandwidth_gb_per_s:.3f} "
+                f"+/- {self.bandwidth_stderr_bytes_per_s / GB:.3f} GB/s; timings fit to "
+                f"{100 * self.rms_relative_error:.1f}% rms (max {100 * self.max_relative_error:.1f}%) "
+                f"over {self.n_points} sizes")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bandwidth_gb_per_s"] = self.bandwidth_gb_per_s
+        return d
+
+
+def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world_size: int) -> AlphaBetaFit:
+    """Least-squares fit of alpha and B to all-reduce timings on ``world_size`` ranks.
+
+    The model is linear in ``(a0, a1) = (2(P-1) alpha, 2(P-1)/P / B)``: ``t = a0 + a1 S``.
+    Sizes span eight orders of magnitude, so the residuals are *relative*
+    (``(model - t) / t``): each size counts equally, not only the largest. If the
+    intercept comes out negative (noise, no visible latency floor) it is clamped at 0 and
+    the slope refitted. Standard errors come from ``sigma^2 (A^T A)^-1`` with
+    ``sigma^2 = RSS / (n - 2)``, propagated to alpha and B.
+    """
+    p = _check_world_size(world_size)
+    if p < 2:
+        raise LabError("An all-reduce on one rank moves no data; fit timings measured on at least 2 ranks.")
+    s = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if s.shape != t.shape or s.ndim != 1:
+        raise LabError("sizes_bytes and seconds must be two lists of the same length.")
+    if len(s) < 3:
+        raise LabError(f"Fitting alpha and B needs timings at 3 or more message sizes, got {len(s)}.")
+    if np.any(~np.isfinite(t)) or np.any(t <= 0) or np.any(s < 0):
+        raise LabError("Every timing must be a positive number of seconds and every size >= 0 bytes.")
+    if len(np.unique(s)) < 2:
+        raise LabError("Fitting alpha and B needs at least two different message sizes.")
+    w = 1.0 / t
+    design = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
+    target = t * w  # = 1
+    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+    clamped = False
+    if coef[0] < 0:
+        clamped = True
+        a1 = float(np.dot(design[:, 1], target) / np.dot(design[:, 1], design[:, 1]))
+        coef = np.array([0.0, a1])
+    a0, a1 = float(coef[0]), float(coef[1])
+    if a1 <= 0:
+        raise LabError("The timings do not grow with message size, so B cannot be fitted; "
+                       "benchmark up to larger messages (raise --max-bytes).")
+    resid = (a0 + a1 * s - t) / t
+    n = len(s)
+    dof = max(n - (1 if clamped else 2), 1)
+    sigma2 = float(np.sum(resid**2)) / dof
+    if clamped:
+        var_a0 = 0.0
+        var_a1 = sigma2 / float(np.dot(design[:, 1], design[:, 1]))
+    else:
+        cov = sigma2 * np.linalg.pinv(design.T @ design)
+        var_a0, var_a1 = float(cov[0, 0]), float(cov[1, 1])
+    steps = 2 * (p - 1)
+    factor = steps / p
+    bandwidth = factor / a1
+    return AlphaBetaFit(
+        world_size=p,
+        alpha_seconds=a0 / steps,
+        bandwidth_bytes_per_s=bandwidth,
+        alpha_stderr_seconds=math.sqrt(max(var_a0, 0.0)) / steps,
+        bandwidth_stderr_bytes_per_s=bandwidth * math.sqrt(max(var_a1, 0.0)) / a1,
+        rms_relative_error=float(np.sqrt(np.mean(resid**2))),
+        max_relative_error=float(np.max(np.abs(resid))),
+        n_points=n,
+        latency_clamped=clamped,
+    )
+
+
+# --------------------------------------------------------------------------- nominal links
+
+# Nominal NVLink bandwidth per GPU, one direction, decimal GB/s (data sheets: total
+# bidirectional / 2). busbw is compared with one direction: a ring sends and receives at once.
+NVLINK_GB_PER_S: list[tuple[str, float]] = [
+    ("H100 NVL", 300.0),   # NVLink bridge, 600 GB/s bidirectional
+    ("H100 PCIe", 300.0),  # NVLink bridge, 600 GB/s bidirectional
+    ("H100", 450.0),       # SXM5, NVLink 4, 900 GB/s bidirectional
+    ("H200", 450.0),
+    ("A100", 300.0),       # NVLink 3, 600 GB/s bidirectional
+    ("V100", 150.0),       # SXM2, NVLink 2, 300 GB/s bidirectional
+]
+# PCIe, per lane and direction, decimal GB/s after line encoding.
+PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def classify_interconnect(topo_text: str | None, n_gpus: int) -> str | None:
+    """From ``nvidia-smi topo -m``: ``"nvlink"`` when every pair of the first ``n_gpus`` GPUs
+    has an ``NV#`` link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown."""
+    if not topo_text or n_gpus < 2:
+        return None
+    links: dict[int, list[str]] = {}
+    for raw in topo_text.splitlines():
+        line = _ANSI.sub("", raw).strip()
+        m = re.match(r"GPU(\d+)\s+(.*)$", line)
+        if not m:
+            continue
+        tokens = m.group(2).split()
+        links[int(m.group(1))] = tokens[:n_gpus]
+    if any(i not in links or len(links[i]) < n_gpus for i in range(n_gpus)):
+        return None
+    pairs = [links[i][j] for i in range(n_gpus) for j in range(n_gpus) if i != j]
+    nv = [tok.upper().startswith("NV") for tok in pairs]
+    if all(nv):
+        return "nvlink"
+    if not any(nv):
+        return "pcie"
+    return "mixed"
+
+
+@dataclass
+class LinkPeak:
+    """A nominal per-direction link bandwidth, or why there is none."""
+
+    gb_per_s: float | None
+    description: str
+
+
+def nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
+                      pcie_width: int | None = None) -> LinkPeak:
+    """The nominal one-direction bandwidth of the link a ring uses, when it is known.
+
+    ``kind`` comes from :func:`classify_interconnect`. CPU processes (gloo over shared
+    memory / loopback), mixed topologies and unknown GPUs get no number.
+    """
+    if kind == "nvlink" and device_name:
+        for pattern, gbps in NVLINK_GB_PER_S:
+            if pattern.lower() in device_name.lower():
+                return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)")
+        return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak")
+    if kind == "pcie" and pcie_gen in PCIE_LANE_GB_PER_S and pcie_width:
+        gbps = PCIE_LANE_GB_PER_S[pcie_gen] * pcie_width
+        return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)")
+    if kind == "mixed":
+        return LinkPeak(None, "mixed NVLink/PCIe topology: the ring's slowest hop is unknown, "
+                              "no nominal peak")
+    if kind is None and (device_name or "").startswith("cpu"):
+        return LinkPeak(None, "CPU processes (gloo over shared memory): no nominal link peak")
+    return LinkPeak(None, "interconnect unknown: no nominal peak")
+
+
+def _pcie_link() -> tuple[int | None, int | None]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None, None
+    try:
+        out = subprocess.run([exe, "--query-gpu=pcie.link.gen.max,pcie.link.width.max",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+        gen, width = out.stdout.strip().splitlines()[0].split(",")
+        return int(gen), int(width)
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None, None
+
+
+def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
+    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width)."""
+    from lab_utils import hardware
+
+    count = hardware.gpu_count() if n_gpus is None else n_gpus
+    if count < 2:
+        return nominal_link_peak(hardware.device_name("cpu") if count == 0 else hardware.device_name(),
+                                 None)
+    kind = classify_interconnect(hardware.interconnect(), count)
+    gen, width = _pcie_link() if kind == "pcie" else (None, None)
+    return nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """Per-profile knobs of the all-reduce benchmark.
+
+    Sizes double from ``min_bytes`` to ``max_bytes`` (fp32 messages); each size gets one
+    correctness check, ``warmup`` untimed all-reduces, then ``iters`` timed ones.
+    ``timeout_s`` bounds one launch (start-up included).
+    """
+
+    max_bytes: int
+    iters: int
+    warmup: int
+    min_bytes: int = 8
+    timeout_s: float = 600.0
+
+
+BENCH_SETTINGS: dict[str, BenchSettings] = {
+    "quick": BenchSettings(max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0),
+    "full": BenchSettings(max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0),
+}
+
+ELEMENT_BYTES = 4  # the benchmark all-reduces float32 tensors, like DDP's fp32 gradients
+
+
+def message_sizes(min_bytes: int = 8, max_bytes: int = 8 * MIB) -> list[int]:
+    """Message sizes in bytes doubling from ``min_bytes`` up to at most ``max_bytes``."""
+    lo = check_positive_int(min_bytes, "smallest message size (bytes)")
+    hi = check_positive_int(max_bytes, "largest message size (bytes)")
+    if lo % ELEMENT_BYTES:
+        raise LabError(f"The smallest message must be a multiple of {ELEMENT_BYTES} bytes (one fp32), "
+                       f"got {lo}; use e.g. 8.")
+    if hi < lo:
+        raise LabError(f"The largest message ({hi} B) is below the smallest ({lo} B); raise --max-bytes.")
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Which backend and how many ranks a benchmark runs, and on what."""
+
+    backend: str
+    nproc: int
+    device_type: str
+    note: str = ""
+
+
+def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
+    """NCCL on GPUs when there are at least 2 (one rank per GPU), else gloo on CPU processes.
+
+    Two NCCL ranks cannot share one GPU, so a one-GPU machine benchmarks gloo between
+    CPU processes and says so.
+    """
+    from lab_utils.hardware import gpu_count
+
+    if backend not in ("auto", "nccl", "gloo"):
+        raise LabError(f"Unknown backend {backend!r}; use auto, nccl or gloo.")
+    gpus = gpu_count()
+    if nproc is not None:
+        check_positive_int(nproc, "--nproc")
+    if backend == "auto":
+        backend = "nccl" if gpus >= 2 and (nproc is None or nproc <= gpus) else "gloo"
+    if backend == "nccl":
+        if gpus == 0:
+            raise LabError("The nccl backend needs CUDA GPUs; use --backend gloo on this machine.")
+        n = nproc or gpus
+        if n > gpus:
+            raise LabError(f"NCCL runs one rank per GPU: {n} ranks need {n} GPUs, this machine has {gpus}; "
+                           f"use --nproc {gpus} or --backend gloo.")
+        return BenchPlan("nccl", n, "cuda")
+    n = nproc or 2
+    note = ""
+    if gpus == 1:
+        note = "one GPU only: NCCL needs a GPU per rank, so this benchmarks gloo between CPU processes"
+    elif gpus == 0:
+        note = "no GPU: gloo between CPU processes (shared memory), not a GPU interconnect"
+    return BenchPlan("gloo", n, "cpu", note)
+
+
+def bench_config(plan: BenchPlan, settings: BenchSettings, size_bytes: int) -> dict[str, Any]:
+    """The stored configuration of one benchmark point."""
+    return {"world_size": plan.nproc, "backend": plan.backend, "size_bytes": int(size_bytes),
+            "dtype": "float32", "iters": settings.iters, "warmup": settings.warmup}
+
+
+def worker_args(settings: BenchSettings, backend: str) -> list[str]:
+    """Arguments for :mod:`lab_utils.allreduce_bench` (the launcher adds ``--out``)."""
+    return ["--min-bytes", str(settings.min_bytes), "--max-bytes", str(settings.max_bytes),
+            "--iters", str(settings.iters), "--warmup", str(settings.warmup), "--backend", backend]
+
+
+def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings | None = None,
+                        backend: str = "auto", force: bool = False, log_dir: str | Path | None = None,
+                        verbose: bool = True) -> list:
+    """Run (or reuse) the benchmark on ``nproc`` ranks; return one stored Record per message size.
+
+    Every size already in ``store`` for this plan and settings is reused unless ``force``;
+    otherwise one torchrun launch measures all sizes and each becomes a record of
+    experiment ``allreduce_bench`` (metrics: ``time_us`` = mean microseconds per
+    all-reduce of the slowest rank, ``algbw_gb_per_s``, ``busbw_gb_per_s``, ``correct``).
+    """
+    from lab_utils.hardware import hardware_summary
+    from lab_utils.launcher import launch
+    from lab_utils.results import Record
+
+    settings = settings or BENCH_SETTINGS[store.profile]
+    sizes = message_sizes(settings.min_bytes, settings.max_bytes)
+    check_positive_int(settings.iters, "benchmark iterations")
+    if settings.warmup < 0:
+        raise LabError(f"Warm-up iterations must be 0 or more, got {settings.warmup}.")
+    plan = plan_bench(nproc, backend)
+    if plan.nproc < 2:
+        raise LabError("An all-reduce benchmark needs at least 2 ranks; use --nproc 2 or more.")
+    cfgs = [bench_config(plan, settings, s) for s in sizes]
+    if not force:
+        stored = [store.get(BENCH_EXPERIMENT, c) for c in cfgs]
+        if all(r is not None and r.status == "ok" for r in stored):
+            if verbose:
+                print(f"all-reduce benchmark ({plan.backend}, {plan.nproc} ranks): reusing {len(stored)} "
+                      f"stored sizes (force=True to re-measure)")
+            return stored  # type: ignore[return-value]
+    if verbose:
+        print(f"all-reduce benchmark: {plan.backend}, {plan.nproc} ranks, {len(sizes)} sizes "
+              f"{sizes[0]} B .. {sizes[-1]} B" + (f" ({plan.note})" if plan.note else ""))
+    result = launch(BENCH_MODULE, worker_args(settings, plan.backend), nproc=plan.nproc,
+                    timeout_s=settings.timeout_s, log_dir=log_dir)
+    by_size = {int(r["size_bytes"]): r for r in result.records}
+    out = []
+    hw = hardware_summary(plan.device_type, plan.nproc)
+    for cfg in cfgs:
+        r = by_size.get(cfg["size_bytes"])
+        if r is None:
+            rec = Record(BENCH_EXPERIMENT, cfg, status="error", reason="the worker returned no timing for it",
+                         hardware=hw)
+        else:
+            metrics = {k: r[k] for k in ("count", "time_us", "time_us_min_rank", "algbw_gb_per_s",
+                                         "busbw_gb_per_s", "correct")}
+            rec = Record(BENCH_EXPERIMENT, cfg, metrics=metrics, hardware=hw,
+                         status="ok" if r["correct"] else "error",
+                         reason=None if r["correct"] else "the all-reduce returned a wrong sum")
+            if plan.note:
+                rec.metrics["note"] = plan.note
+        out.append(store.append(rec))
+    return out
+
+
+def bench_frame(records: Iterable):
+    """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        if r.status != "ok":
+            continue
+        rows.append({"ranks": r.config["world_size"], "backend": r.config["backend"],
+                     "size_bytes": r.config["size_bytes"], "count": r.metrics["count"],
+                     "type": r.config["dtype"], "time_us": r.metrics["time_us"],
+                     "algbw_gb_per_s": r.metrics["algbw_gb_per_s"],
+                     "busbw_gb_per_s": r.metrics["busbw_gb_per_s"]})
+    df = pd.DataFrame(rows, columns=["ranks", "backend", "size_bytes", "count", "type", "time_us",
+                                     "algbw_gb_per_s", "busbw_gb_per_s"])
+    return df.sort_values(["ranks", "size_bytes"]).reset_index(drop=True)
+
+
+def format_bench(df) -> str:
+    """The benchmark as nccl-tests prints it: fixed-width columns, one line per size."""
+    lines = [f"{'size(B)':>12} {'count':>11} {'type':>7} {'time(us)':>10} {'algbw(GB/s)':>12} "
+             f"{'busbw(GB/s)':>12}"]
+    for _, r in df.iterrows():
+        lines.append(f"{int(r.size_bytes):>12d} {int(r['count']):>11d} {r.type:>7} {r.time_us:>10.1f} "
+                     f"{r.algbw_gb_per_s:>12.3f} {r.busbw_gb_per_s:>12.3f}")
+    return "\n".join(lines)
+
+
+def fit_records(records: Iterable) -> dict[int, AlphaBetaFit]:
+    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records."""
+    df = bench_frame(records)
+    fits = {}
+    for p, g in df.groupby("ranks"):
+        if int(p) >= 2 and len(g) >= 3:
+            fits[int(p)] = fit_alpha_beta(g.size_bytes.to_numpy(float), g.time_us.to_numpy(float) * 1e-6,
+                                          int(p))
+    return fits
+
+
+def peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> float | None:
+    """The highest busbw the benchmark measured (on ``world_size`` ranks when given), or None."""
+    df = bench_frame(records)
+    if world_size is not None:
+        df = df[df.ranks == world_size]
+    return float(df.busbw_gb_per_s.max()) if len(df) else None
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    """``python -m lab_utils bench allreduce``: run the benchmark, print and record it, fit alpha and B."""
+    from lab_utils.results import ResultStore
+
+    p = argparse.ArgumentParser(prog="python -m lab_utils bench allreduce",
+                                description="All-reduce bandwidth with nccl-tests' columns, under torchrun "
+                                            "(NCCL on >= 2 GPUs, else gloo between CPU processes).")
+    p.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: all GPUs, or 2 CPU processes)")
+    p.add_argument("--max-bytes", type=int, default=None, help="largest message (default: the profile's)")
+    p.add_argument("--min-bytes", type=int, default=None, help="smallest message (default 8)")
+    p.add_argument("--iters", type=int, default=None, help="timed all-reduces per size")
+    p.add_argument("--warmup", type=int, default=None, help="untimed all-reduces per size")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--force", action="store_true", help="re-measure sizes already in the store")
+    a = p.parse_args(argv)
+    store = ResultStore(a.profile)
+    base = BENCH_SETTINGS[store.profile]
+    settings = BenchSettings(
+        max_bytes=a.max_bytes if a.max_bytes is not None else base.max_bytes,
+        min_bytes=a.min_bytes if a.min_bytes is not None else base.min_bytes,
+        iters=a.iters if a.iters is not None else base.iters,
+        warmup=a.warmup if a.warmup is not None else base.warmup,
+        timeout_s=base.timeout_s,
+    )
+    records = run_allreduce_bench(store, a.nproc, settings, a.backend, force=a.force)
+    df = bench_frame(records)
+    if df.empty:
+        raise LabError("The benchmark produced no valid timing; see the records' reasons.")
+    ranks = int(df.ranks.iloc[0])
+    print(f"# all-reduce, {ranks} ranks, backend {df.backend.iloc[0]}, profile {store.profile}; "
+          f"time = mean per all-reduce of the slowest rank; GB/s decimal")
+    print(format_bench(df))
+    bad = [r for r in records if r.status != "ok"]
+    for r in bad:
+        print(f"size {r.config['size_bytes']} B: {r.status}: {r.reason}")
+    fit = fit_records(records).get(ranks)
+    if fit is not None:
+        print("# fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B")
+        print("# " + fit.summary())
+    print(f"# peak busbw {df.busbw_gb_per_s.max():.3f} GB/s; records in {store.path(BENCH_EXPERIMENT)}")
+    return 1 if bad else 0
+
+
+# --------------------------------------------------------------------------- projections
+
+PROJECTION_ASSUMPTIONS = (
+    "Weak scaling as in the assignment: the per-device batch b is fixed, the global batch is P x b, "
+    "and an epoch is ceil(ceil(N/P)/b) steps per device (DistributedSampler padding, last partial "
+    "batch kept).",
+    "Compute time per step is the measured single-device step time at batch b; the last partial "
+    "step costs its share (samples/b) of it. Every device computes at that speed (no stragglers).",
+    "Every step all-reduces the whole gradient S with a ring, at the fitted alpha and B measured on this "
+    "machine, for every P: no slower inter-node links, no hierarchical or tree algorithms, no contention.",
+    "DDP buckets: the gradient is sent as ceil(S / 25 MiB) ring all-reduces (each pays the latency term).",
+    "Two bounds on overlap: 'no overlap' adds communication after compute; 'full overlap' hides it "
+    "behind compute (step = max of the two). Real DDP lies between.",
+    "Data loading, evaluation, start-up and the optimizer's own cost beyond the measured step are ignored.",
+)
+
+
+@dataclass
+class ProjectionRow:
+    """Predicted epoch on ``devices`` ranks at per-device batch ``per_device_batch`` (seconds)."""
+
+    per_device_batch: int
+    devices: int
+    global_batch: int
+    steps_per_epoch: int
+    compute_seconds: float
+    comm_seconds_per_step: float
+    comm_seconds: float
+    epoch_seconds: float
+    epoch_seconds_full_overlap: float
+    speedup: float
+    efficiency: float
+    speedup_full_overlap: float
+    efficiency_full_overlap: float
+    comm_fraction: float
+
+
+def epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size: int,
+                          step_seconds: float) -> float:
+    """Compute seconds of one rank's epoch: full steps at ``step_seconds``, the partial one pro rata."""
+    n = samples_per_rank(dataset_size, world_size)
+    b = check_positive_int(per_device_batch, "per-device batch size")
+    t = _check_pos(step_seconds, "compute seconds per step")
+    full, rest = divmod(n, b)
+    return full * t + (rest / b) * t
+
+
+def project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
+                    compute_seconds_per_step: Mapping[int, float],
+                    devices: Sequence[int] = PROJECTION_DEVICES,
+                    bucket_bytes: float | None = DDP_BUCKET_BYTES) -> list[ProjectionRow]:
+    """Predicted epoch time, speedup and efficiency on each device count (see PROJECTION_ASSUMPTIONS).
+
+    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one training
+    step on one device. Speedup is ``T_epoch(1) / T_epoch(P)`` (one device: no
+    communication), efficiency ``speedup / P``.
+    """
+    check_positive_int(grad_bytes, "gradient bytes")
+    if not compute_seconds_per_step:
+        raise LabError("Projections need a measured compute time per step for at least one batch size.")
+    rows = []
+    for b, t_step in sorted(compute_seconds_per_step.items()):
+        base = epoch_compute_seconds(dataset_size, b, 1, t_step)
+        for p in devices:
+            _check_world_size(p)
+            steps = iterations_per_epoch(dataset_size, b, p)
+            compute = epoch_compute_seconds(dataset_size, b, p, t_step)
+            if p == 1:
+                comm_step = 0.0
+            elif bucket_bytes:
+                comm_step = bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
+                                                  bucket_bytes)
+            else:
+                comm_step = fit.predict_seconds(grad_bytes, p)
+            comm = steps * comm_step
+            epoch = compute + comm
+            # Full overlap: each step costs max(compute, comm); the partial step is pro rata.
+            per_step_compute = compute / steps
+            overlap = steps * max(per_step_compute, comm_step)
+            rows.append(ProjectionRow(
+                per_device_batch=b, devices=p, global_batch=b * p, steps_per_epoch=steps,
+                compute_seconds=compute, comm_seconds_per_step=comm_step, comm_seconds=comm,
+                epoch_seconds=epoch, epoch_seconds_full_overlap=overlap,
+                speedup=base / epoch, efficiency=base / epoch / p,
+                speedup_full_overlap=base / overlap, efficiency_full_overlap=base / overlap / p,
+                comm_fraction=comm / epoch if epoch else 0.0))
+    return rows
+
+
+def projection_frame(rows: Iterable[ProjectionRow]):
+    import pandas as pd
+
+    return pd.DataFrame([asdict(r) for r in rows])
+
+
+# --------------------------------------------------------------------------- Table 3
+
+
+@dataclass
+class CommMeasurement:
+    """Communication seconds for one (devices, per-GPU batch) from notebook 03, by source.
+
+    ``source`` names how the seconds were obtained (derived ``T(N) - T(1)/N``, exposed,
+    hook all-reduce total); ``seconds`` is per epoch; None with a ``reason`` when missing.
+    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to.
+    """
+
+    devices: int
+    per_device_batch: int
+    source: str
+    seconds: float | None
+    grad_bytes: int
+    dataset_size: int
+    reason: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
+                     link: LinkPeak | None = None) -> list[dict[str, Any]]:
+    """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
+
+    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds): the
+    same quantity as nccl-tests' busbw, so it is compared with the benchmark's peak busbw
+    (``peak_busbw``: one number, or a mapping ranks -> peak) and with the link's nominal
+    one-direction bandwidth when known. A missing or non-positive time gives no rate.
+    """
+    rows = []
+    for m in measurements:
+        bytes_epoch = ring_bytes_per_epoch(m.grad_bytes, m.devices, m.dataset_size, m.per_device_batch)
+        if isinstance(peak_busbw, Mapping):
+            peak = peak_busbw.get(m.devices)
+        else:
+            peak = peak_busbw
+        row: dict[str, Any] = {
+            "devices": m.devices, "per_gpu_batch": m.per_device_batch, "comm_source": m.source,
+            "grad_bytes": m.grad_bytes,
+            "steps_per_epoch": iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices),
+            "bytes_per_rank_per_epoch": bytes_epoch, "comm_seconds": m.seconds,
+            "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
+            "note": m.reason or "",
+        }
+        if m.seconds is not None and m.seconds > 0:
+            achieved = bytes_epoch / m.seconds / GB
+            row["achieved_gb_per_s"] = achieved
+            if peak:
+                row["pct_of_bench_peak_busbw"] = 100 * achieved / peak
+            if link is not None and link.gb_per_s:
+                row["pct_of_link_nominal"] = 100 * achieved / link.gb_per_s
+        elif m.seconds is not None and not m.reason:
+            row["note"] = "communication time <= 0 (within noise): no rate"
+        rows.append(row)
+    return rows

@@ -1,0 +1,360 @@
+"""Ring all-reduce formulas, the fit, projections, Table 3 rows and the gloo benchmark.
+
+Every expected value below was computed by hand (the arithmetic is in the comments).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from lab_utils import comm
+from lab_utils.errors import LabError
+
+S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def test_gradient_bytes_resnet18_fp32():
+    from lab_utils.models import ResNet18
+
+    assert comm.gradient_bytes(ResNet18()) == S_RESNET18
+
+
+def test_gradient_bytes_skips_frozen_and_counts_element_size():
+    import torch
+
+    model = torch.nn.Linear(10, 4)  # weight 40 + bias 4 elements
+    assert comm.gradient_bytes(model) == 44 * 4
+    model.bias.requires_grad_(False)
+    assert comm.gradient_bytes(model) == 40 * 4
+    assert comm.gradient_bytes(model.to(torch.bfloat16)) == 40 * 2
+
+
+def test_ring_bytes_per_rank_by_hand():
+    assert comm.bus_factor(4) == 1.5  # 2*3/4
+    assert comm.bus_factor(1) == 0.0
+    assert comm.ring_bytes_per_rank(S_RESNET18, 2) == S_RESNET18  # 2*1/2 = 1
+    assert comm.ring_bytes_per_rank(S_RESNET18, 4) == 67_043_772  # 1.5 * 44,695,848
+    assert comm.ring_bytes_per_rank(1000, 8) == 1750  # 2*7/8 * 1000
+    assert comm.ring_bytes_per_rank(1000, 1) == 0
+
+
+def test_iterations_follow_distributed_sampler_padding():
+    assert comm.iterations_per_epoch(50_000, 128, 1) == 391  # 390.6 -> 391, partial batch kept
+    assert comm.iterations_per_epoch(50_000, 128, 4) == 98  # 12,500 per rank / 128 = 97.7
+    assert comm.iterations_per_epoch(50_000, 512, 4) == 25  # 12,500 / 512 = 24.4
+    assert comm.samples_per_rank(10, 4) == 3  # padded to 12 = 4 x 3
+    assert comm.iterations_per_epoch(10, 2, 4) == 2  # 3 samples -> batches of 2 and 1
+
+
+def test_iterations_match_a_real_distributed_sampler_and_loader():
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    ds = TensorDataset(torch.arange(103))
+    for world, batch in [(2, 8), (3, 10), (4, 7)]:
+        for rank in range(world):
+            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
+            steps = len(list(DataLoader(ds, batch_size=batch, sampler=sampler)))
+            assert steps == comm.iterations_per_epoch(len(ds), batch, world)
+            assert len(sampler) == comm.samples_per_rank(len(ds), world)
+
+
+def test_ring_bytes_per_epoch_by_hand():
+    # 98 iterations x 67,043,772 bytes
+    assert comm.ring_bytes_per_epoch(S_RESNET18, 4, 50_000, 128) == 6_570_289_656
+    # parameter counts are not bytes: the fp32 answer is 4x the count-based one
+    count_based = comm.ring_bytes_per_epoch(S_RESNET18 // 4, 4, 50_000, 128)
+    assert comm.ring_bytes_per_epoch(S_RESNET18, 4, 50_000, 128) == 4 * count_based
+
+
+# --------------------------------------------------------------------------- time models
+
+A, B, S = 1e-5, 1e11, 1e9  # 10 us per step, 100 GB/s, 1 GB
+
+
+def test_ring_time_by_hand():
+    # 2*3*1e-5 + 1.5 * 1e9 / 1e11 = 6e-5 + 0.015
+    assert comm.ring_allreduce_seconds(S, 4, A, B) == pytest.approx(0.01506, rel=1e-12)
+    assert comm.ring_allreduce_seconds(S, 1, A, B) == 0.0
+
+
+def test_alternatives_by_hand():
+    # tree: 2 * ceil(log2 4) * (1e-5 + 0.01) = 4 * 0.01001
+    assert comm.tree_allreduce_seconds(S, 4, A, B) == pytest.approx(0.04004, rel=1e-12)
+    # tree on 5 ranks: ceil(log2 5) = 3 levels -> 6 hops
+    assert comm.tree_allreduce_seconds(S, 5, A, B) == pytest.approx(0.06006, rel=1e-12)
+    # recursive doubling on 8: 3 * 0.01001
+    assert comm.recursive_doubling_seconds(S, 8, A, B) == pytest.approx(0.03003, rel=1e-12)
+    # halving+doubling on 8: 2*3*1e-5 + 1.75 * 0.01
+    assert comm.halving_doubling_seconds(S, 8, A, B) == pytest.approx(0.01756, rel=1e-12)
+    # the spec's formula: (0.01 + 0.005) * log2 8
+    assert comm.spec_log2_seconds(0.01, 0.005, 8) == pytest.approx(0.045, rel=1e-12)
+
+
+def test_ring_is_bandwidth_optimal_and_latency_grows_linearly():
+    big = [comm.ring_allreduce_seconds(S, p, 0.0, B) for p in (2, 16, 1024)]
+    assert big[0] < big[1] < big[2] < 2 * S / B  # bandwidth term bounded by 2S/B
+    # the spec's log2 formula keeps growing: at 1024 ranks it is 10x the transfer time
+    assert comm.spec_log2_seconds(S / B, 0.0, 1024) == pytest.approx(10 * S / B)
+    small = [comm.ring_allreduce_seconds(8, p, A, B) for p in (2, 1024)]
+    assert small[1] / small[0] == pytest.approx(2046 / 2, rel=1e-4)  # 2(P-1) alpha dominates
+
+
+def test_bucketed_ring_by_hand():
+    # 44,695,848 B in 25 MiB buckets -> 2 buckets: 2 * 6e-5 + 1.5 * 44,695,848 / 1e11
+    expected = 2 * 6e-5 + 1.5 * S_RESNET18 / 1e11
+    assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B) == pytest.approx(expected, rel=1e-12)
+    assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B, bucket_bytes=1e12) == pytest.approx(
+        comm.ring_allreduce_seconds(S_RESNET18, 4, A, B), rel=1e-12)
+
+
+def test_compare_algorithms_frame():
+    df = comm.compare_algorithms(S, [2, 8], A, B)
+    assert list(df.devices) == [2, 8]
+    assert df.loc[1, "ring (ms)"] == pytest.approx(1e3 * (14 * A + 1.75 * S / B))
+    assert df.loc[1, "spec (S/B)*log2(P) (ms)"] == pytest.approx(1e3 * 3 * S / B)
+
+
+# --------------------------------------------------------------------------- nccl-tests
+
+
+def test_algbw_busbw_by_hand():
+    assert comm.algbw_gb_per_s(1e9, 0.5) == 2.0  # 1e9 B / 0.5 s = 2 GB/s (decimal)
+    assert comm.busbw_gb_per_s(2.0, 4) == 3.0  # x 2*3/4
+    assert comm.busbw_gb_per_s(2.0, 8) == 3.5  # x 2*7/8
+    assert comm.busbw_gb_per_s(2.0, 2) == 2.0
+    assert comm.algbw_gb_per_s(2**30, 1.0) == pytest.approx(1.073741824)
+
+
+def test_bad_inputs_raise_lab_error():
+    with pytest.raises(LabError, match="world size"):
+        comm.ring_bytes_per_rank(10, 0)
+    with pytest.raises(LabError, match="time in seconds"):
+        comm.algbw_gb_per_s(10, 0)
+    with pytest.raises(LabError, match="per-device batch"):
+        comm.iterations_per_epoch(100, 0, 2)
+    with pytest.raises(LabError, match="multiple of 4"):
+        comm.message_sizes(6, 64)
+    with pytest.raises(LabError, match="max-bytes"):
+        comm.message_sizes(64, 8)
+
+
+def test_message_sizes_double():
+    assert comm.message_sizes(8, 64) == [8, 16, 32, 64]
+    assert comm.message_sizes(8, 100) == [8, 16, 32, 64]
+    assert len(comm.message_sizes(8, comm.GIB)) == 28  # 2^3 .. 2^30
+    assert comm.message_sizes(8, comm.BENCH_SETTINGS["full"].max_bytes)[-1] == 2**30
+
+
+# --------------------------------------------------------------------------- fit
+
+
+def _synthetic(alpha, bw, p, noise=0.0, seed=0):
+    sizes = np.array(comm.message_sizes(8, comm.GIB), dtype=float)
+    t = np.array([comm.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
+    if noise:
+        t = t * (1 + noise * np.random.default_rng(seed).standard_normal(len(t)))
+    return sizes, t
+
+
+def test_fit_recovers_exact_model():
+    sizes, t = _synthetic(5e-6, 50e9, 4)
+    fit = comm.fit_alpha_beta(sizes, t, 4)
+    assert fit.alpha_seconds == pytest.approx(5e-6, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(50e9, rel=1e-9)
+    assert fit.rms_relative_error < 1e-9 and fit.max_relative_error < 1e-9
+    assert fit.predict_seconds(1e6) == pytest.approx(comm.ring_allreduce_seconds(1e6, 4, 5e-6, 50e9))
+    # busbw of the model tends to B for large messages
+    assert fit.predict_busbw_gb_per_s(1e12) == pytest.approx(50.0, rel=1e-3)
+
+
+def test_fit_recovers_model_under_noise_with_honest_errors():
+    sizes, t = _synthetic(20e-6, 2e9, 2, noise=0.03, seed=1)
+    fit = comm.fit_alpha_beta(sizes, t, 2)
+    assert fit.alpha_seconds == pytest.approx(20e-6, rel=0.05)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.05)
+    assert 0.01 < fit.rms_relative_error < 0.06
+    assert abs(fit.alpha_seconds - 20e-6) < 4 * fit.alpha_stderr_seconds
+    assert abs(fit.bandwidth_bytes_per_s - 2e9) < 4 * fit.bandwidth_stderr_bytes_per_s
+    assert "alpha" in fit.summary() and "GB/s" in fit.summary()
+
+
+def test_fit_clamps_negative_latency():
+    sizes = np.array([1e6, 2e6, 4e6, 8e6])
+    t = sizes / 1e9 - 1e-5  # a negative intercept
+    fit = comm.fit_alpha_beta(sizes, t, 2)
+    assert fit.latency_clamped and fit.alpha_seconds == 0.0
+    assert fit.bandwidth_bytes_per_s > 0
+
+
+def test_fit_rejects_bad_input():
+    with pytest.raises(LabError, match="3 or more"):
+        comm.fit_alpha_beta([8, 16], [1e-5, 1e-5], 2)
+    with pytest.raises(LabError, match="at least 2 ranks"):
+        comm.fit_alpha_beta([8, 16, 32], [1e-5] * 3, 1)
+    with pytest.raises(LabError, match="do not grow"):
+        comm.fit_alpha_beta([8, 16, 32], [3e-5, 2e-5, 1e-5], 2)
+
+
+# --------------------------------------------------------------------------- projections
+
+
+def test_epoch_compute_prorates_partial_step():
+    # 10 samples on 4 ranks -> 3 per rank; b=2: one full step + half a step
+    assert comm.epoch_compute_seconds(10, 2, 4, 0.2) == pytest.approx(0.3)
+
+
+def test_projection_by_hand():
+    fit = comm.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
+                            alpha_stderr_seconds=0, bandwidth_stderr_bytes_per_s=0, rms_relative_error=0,
+                            max_relative_error=0, n_points=3)
+    rows = comm.project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
+                                compute_seconds_per_step={100: 0.1}, devices=[1, 8], bucket_bytes=None)
+    one, eight = rows
+    assert one.epoch_seconds == pytest.approx(1.0) and one.speedup == pytest.approx(1.0)
+    # 8 ranks: 125 samples each -> 2 steps (100 + 25); compute 0.1 + 0.025 = 0.125 s
+    assert eight.steps_per_epoch == 2 and eight.compute_seconds == pytest.approx(0.125)
+    # comm per step: 2*7*1e-3 + 1.75 * 1e8 / 1e9 = 0.014 + 0.175 = 0.189 s; 2 steps -> 0.378
+    assert eight.comm_seconds_per_step == pytest.approx(0.189)
+    assert eight.epoch_seconds == pytest.approx(0.503)
+    assert eight.speedup == pytest.approx(1 / 0.503)
+    assert eight.efficiency == pytest.approx(1 / 0.503 / 8)
+    # full overlap: 2 steps x max(0.0625, 0.189)
+    assert eight.epoch_seconds_full_overlap == pytest.approx(0.378)
+    assert eight.efficiency_full_overlap >= eight.efficiency
+
+
+def test_projection_default_devices_and_buckets():
+    fit = comm.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
+    rows = comm.project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
+    assert [r.devices for r in rows[:8]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    expected = comm.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
+    assert rows[0].comm_seconds_per_step == pytest.approx(expected)
+    df = comm.projection_frame(rows)
+    assert len(df) == 16 and (df.efficiency <= df.efficiency_full_overlap + 1e-12).all()
+    with pytest.raises(LabError, match="compute time"):
+        comm.project_scaling(fit, S_RESNET18, 50_000, {})
+
+
+# --------------------------------------------------------------------------- Table 3 and links
+
+
+def test_utilization_rows_by_hand():
+    m = comm.CommMeasurement(devices=2, per_device_batch=10, source="hook", seconds=1e-6, grad_bytes=1000,
+                             dataset_size=100)
+    link = comm.LinkPeak(20.0, "test link")
+    (row,) = comm.utilization_rows([m], {2: 10.0}, link)
+    # 50 samples per rank / 10 = 5 steps x 1000 bytes (2 ranks: factor 1) = 5000 bytes in 1 us = 5 GB/s
+    assert row["bytes_per_rank_per_epoch"] == 5000
+    assert row["achieved_gb_per_s"] == pytest.approx(5.0)
+    assert row["pct_of_bench_peak_busbw"] == pytest.approx(50.0)
+    assert row["pct_of_link_nominal"] == pytest.approx(25.0)
+
+
+def test_utilization_rows_missing_data_give_no_numbers():
+    missing = comm.CommMeasurement(4, 32, "derived", None, 1000, 100, reason="run notebook 03 first")
+    negative = comm.CommMeasurement(2, 32, "exposed", -0.01, 1000, 100)
+    rows = comm.utilization_rows([missing, negative], {2: 10.0}, comm.LinkPeak(None, "unknown"))
+    assert rows[0]["achieved_gb_per_s"] is None and rows[0]["note"] == "run notebook 03 first"
+    assert rows[0]["pct_of_bench_peak_busbw"] is None
+    assert rows[1]["achieved_gb_per_s"] is None and "noise" in rows[1]["note"]
+    assert rows[1]["pct_of_link_nominal"] is None
+
+
+TOPO_NVLINK = """\x1b[4m\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\x1b[0m
+GPU0\t X \tNV18\tNV18\tNV18\tPXB\t0-47\t0
+GPU1\tNV18\t X \tNV18\tNV18\tPXB\t0-47\t0
+GPU2\tNV18\tNV18\t X \tNV18\tSYS\t48-95\t1
+GPU3\tNV18\tNV18\tNV18\t X \tSYS\t48-95\t1
+NIC0\tPXB\tPXB\tSYS\tSYS\t X
+"""
+
+TOPO_PCIE = """\tGPU0\tGPU1\tCPU Affinity
+GPU0\t X \tPHB\t0-15
+GPU1\tPHB\t X \t0-15
+"""
+
+
+def test_classify_interconnect_and_nominal_peaks():
+    assert comm.classify_interconnect(TOPO_NVLINK, 4) == "nvlink"
+    assert comm.classify_interconnect(TOPO_PCIE, 2) == "pcie"
+    mixed = TOPO_NVLINK.replace("GPU3\tNV18", "GPU3\tSYS", 1).replace("GPU0\t X \tNV18\tNV18\tNV18",
+                                                                      "GPU0\t X \tNV18\tNV18\tSYS")
+    assert comm.classify_interconnect(mixed, 4) == "mixed"
+    assert comm.classify_interconnect(None, 2) is None
+    assert comm.classify_interconnect(TOPO_PCIE, 4) is None  # fewer GPUs listed than asked
+    assert comm.nominal_link_peak("NVIDIA H100 80GB HBM3", "nvlink").gb_per_s == 450.0
+    assert comm.nominal_link_peak("NVIDIA A100-SXM4-40GB", "nvlink").gb_per_s == 300.0
+    assert comm.nominal_link_peak("Tesla T4", "nvlink").gb_per_s is None
+    assert comm.nominal_link_peak("x", "pcie", 4, 16).gb_per_s == pytest.approx(31.504)
+    assert comm.nominal_link_peak("cpu (x)", None).gb_per_s is None
+    assert comm.nominal_link_peak("x", "mixed").gb_per_s is None
+
+
+def test_plan_bench_on_cpu():
+    plan = comm.plan_bench()
+    if plan.backend == "gloo":
+        assert plan.nproc == 2 and plan.device_type == "cpu" and plan.note
+    with pytest.raises(LabError):
+        comm.plan_bench(backend="mpi")
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def _check_bench(records, n):
+    df = comm.bench_frame(records)
+    assert list(df.size_bytes) == sorted(df.size_bytes) and df.size_bytes.is_unique
+    assert list(df.size_bytes) == comm.message_sizes(8, int(df.size_bytes.max()))
+    assert (df.time_us > 0).all() and (df.algbw_gb_per_s > 0).all() and (df.busbw_gb_per_s > 0).all()
+    for r in records:
+        assert r.status == "ok" and r.metrics["correct"] is True
+        assert r.metrics["busbw_gb_per_s"] == r.metrics["algbw_gb_per_s"] * 2 * (n - 1) / n
+        algbw = r.config["size_bytes"] / r.metrics["time_us"] / 1e3  # B/us -> GB/s
+        assert r.metrics["algbw_gb_per_s"] == pytest.approx(algbw, rel=1e-12)
+        assert r.hardware["device_count"] == n
+    return df
+
+
+@pytest.mark.slow
+def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys):
+    settings = comm.BenchSettings(max_bytes=64 * comm.KIB, iters=3, warmup=1, timeout_s=180)
+    records = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
+    df = _check_bench(records, 2)
+    assert len(df) == 14  # 8 B .. 64 KiB
+    assert comm.peak_busbw_gb_per_s(records, 2) == df.busbw_gb_per_s.max()
+
+    def no_launch(*a, **k):
+        raise AssertionError("stored sizes must be reused, not re-measured")
+
+    monkeypatch.setattr("lab_utils.launcher.launch", no_launch)
+    again = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
+    assert [r.timestamp for r in again] == [r.timestamp for r in records]
+    rc = comm.bench_main(["--profile", "quick", "--nproc", "2", "--backend", "gloo", "--max-bytes",
+                          str(64 * comm.KIB), "--iters", "3", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "busbw(GB/s)" in out and "alpha" in out and "65536" in out
+
+
+@pytest.mark.slow
+def test_benchmark_three_gloo_ranks_bus_factor(store):
+    settings = comm.BenchSettings(max_bytes=4 * comm.KIB, iters=2, warmup=1, timeout_s=180)
+    records = comm.run_allreduce_bench(store, nproc=3, settings=settings, backend="gloo", verbose=False)
+    df = _check_bench(records, 3)
+    assert (df.busbw_gb_per_s > df.algbw_gb_per_s).all()  # factor 4/3
+    assert math.isclose(df.busbw_gb_per_s.iloc[0] / df.algbw_gb_per_s.iloc[0], 4 / 3)
+
+
+def test_bench_rejects_bad_settings_before_launch(store):
+    with pytest.raises(LabError, match="at least 2 ranks"):
+        comm.run_allreduce_bench(store, nproc=1, settings=comm.BENCH_SETTINGS["quick"], backend="gloo")
+    with pytest.raises(LabError, match="iterations"):
+        comm.run_allreduce_bench(store, nproc=2, settings=comm.BenchSettings(64, iters=0, warmup=0),
+                                 backend="gloo")
