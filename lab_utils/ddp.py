@@ -1,0 +1,663 @@
+"""The DDP training worker for ResNet-18 on CIFAR-10, run by ``torchrun``.
+
+Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
+
+    python -m torch.distributed.run --nproc-per-node N -m lab_utils.ddp
+      --experiment NAME        rank 0 appends the records to ResultStore(profile) under NAME
+      --profile quick|full     (default: $LAB_PROFILE or automatic)
+      --batch-size B           per device (per rank); global batch = B x world size
+      --epochs E               (default 2)
+      --width W                ResNet-18 width (64 = the spec model; smaller for CPU runs)
+      --train-images N --test-images N   (default: the profile's; 0 or less = whole split)
+      --dataset auto|cifar10|synthetic   --num-workers K (default: the profile's)
+      --lr 0.1 --lr-rule fixed|linear    (linear: peak lr = lr x global_batch / base_batch)
+      --base-batch 128
+      --warmup-epochs F        gradual warm-up from --lr to the peak lr, per step (F may be fractional)
+      --decay constant|cosine|step
+      --eval                   test loss/accuracy after every epoch
+      --measure-comm           time each bucket's all-reduce with a comm hook, split each step
+                               into compute and exposed communication, and run the no_sync probe
+      --comm-steps K           batches in the no_sync probe (default 8, plus 1 warm-up)
+      --backend auto|nccl|gloo (auto: NCCL when every rank has its own GPU, else gloo on CPU)
+      --seed 0 --tag STR       --out FILE
+
+Without torchrun (no ``RANK`` in the environment) it runs as a one-process group.
+
+What a run does: ``setup_rank_logging()`` first (each rank logs to its own file), then
+the process group (NCCL with ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` when each rank has its
+own GPU; gloo on CPU otherwise), the data (train set sharded by ``DistributedSampler``
+with ``set_epoch(epoch)`` every epoch; test set split evenly by rank, no padding), the
+model (same seed on every rank; DDP broadcasts rank 0's parameters anyway), SGD with the
+spec's hyper-parameters and the lr schedule of :class:`lab_utils.schedules.LRSchedule`
+stepped every optimizer step. Each epoch every rank times its phases with
+:class:`lab_utils.timing.PhaseTimer`. At the end the per-rank results are gathered on
+rank 0 with ``all_gather_object``; rank 0 builds the records, appends them to the store
+(when ``--experiment`` is given) and writes them for the launcher.
+
+Record schema (stable: notebooks 02, 03, 05 and the Table 3 code read it)
+------------------------------------------------------------------------
+One **aggregate** record and one record **per rank**, all under the same experiment.
+
+``config`` (identical in all of them except ``record`` and ``rank``; see
+:meth:`WorkerArgs.record_config`): ``method`` ("DDP"), ``record`` ("aggregate" |
+"rank"), ``rank`` (None | r), ``devices`` (world size), ``backend`` ("nccl" | "gloo"),
+``device_type`` ("cuda" | "cpu"), ``batch_size`` (per device), ``global_batch``,
+``epochs``, ``width``, ``train_images``, ``test_images`` (resolved numbers),
+``dataset`` ("cifar10" | "synthetic", resolved), ``num_workers``, ``lr``, ``lr_rule``,
+``base_batch``, ``warmup_epochs``, ``decay``, ``eval``, ``measure_comm``,
+``comm_steps``, ``seed``, ``tag``.
+
+Aggregate ``metrics``:
+
+- ``epochs``: the per-epoch history, a list of dicts, one per epoch:
+  ``epoch`` (1-based), ``steps`` (per rank, max), ``images`` (all ranks),
+  ``epoch_seconds`` (SLOWEST rank's wall time of the epoch, loader waits included),
+  ``epoch_seconds_mean``, ``epoch_seconds_min``, ``slowest_rank``,
+  ``train_seconds`` (slowest rank's data movement + compute + communication, no
+  loader wait: the spec's reported time), ``train_seconds_mean``,
+  ``{data_loading,data_movement,compute,communication}_seconds_mean`` and ``..._max``,
+  ``images_per_s`` (images / train_seconds), ``train_loss``, ``train_accuracy``
+  (over all ranks' images), ``lr`` (lr of the epoch's last step), ``lr_first``,
+  ``elapsed_seconds`` (slowest rank: wall time from the start of epoch 1 to the end
+  of this epoch, evaluation included: for accuracy-vs-wall-clock plots),
+  ``cumulative_train_seconds`` (sum of ``train_seconds`` up to this epoch);
+  with ``--eval``: ``test_loss``, ``test_accuracy``, ``eval_seconds``;
+  with ``--measure-comm``: ``allreduce_seconds_mean`` / ``_max`` (method (c) summed
+  over the epoch's steps).
+- the reported (last) epoch's entries copied to the top level (``train_seconds``,
+  ``epoch_seconds``, ``test_accuracy``, ...), with ``reported_epoch``.
+- ``time_rule``: says that epoch/train times are the slowest rank's and ``*_mean``
+  are means over ranks.
+- ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``,
+  ``gradient_bytes`` (parameters x 4, fp32), ``steps_per_epoch``, ``global_batch``,
+  ``peak_lr``, ``warmup_steps``, ``startup_seconds`` (process group + data + model,
+  slowest rank), ``worker_seconds`` (rank 0, whole worker).
+- with ``--measure-comm``, from the probe after the last epoch (see
+  :mod:`lab_utils.comm_hooks`), means over ranks of per-step values:
+  ``comm_probe`` (dict of :class:`~lab_utils.comm_hooks.CommProbe` fields, rank means)
+  and per-epoch figures for the reported epoch:
+  ``exposed_comm_seconds`` (b: exposed per step x steps_per_epoch),
+  ``allreduce_seconds`` (c: hook all-reduce per step x steps_per_epoch, same probe steps),
+  ``overlap_seconds`` (c - b, >= 0), ``overlap_fraction``, ``exposed_tail_seconds``
+  (the hook's in-step estimate of b, summed over the reported epoch, rank mean),
+  ``allreduce_buckets``.
+
+Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's per-epoch phases:
+``epoch_seconds``, ``train_seconds``, ``{phase}_seconds``, ``steps``, ``images``,
+``train_loss`` / ``train_accuracy`` over that rank's images, ``sample_order_head``
+(first sampler indices of the epoch, to check ``set_epoch``), and with
+``--measure-comm`` ``allreduce_seconds``), the reported epoch's values at the top
+level, and ``comm_probe`` (that rank's probe) with ``--measure-comm``.
+
+Per-rank breakdown: ``data_loading`` = waiting on the loader; ``data_movement`` =
+host-to-device copies; ``compute`` = forward + loss + backward + optimizer step;
+``communication`` = the exposed wait for the gradient all-reduce at the end of
+backward (only with ``--measure-comm``; without it that wait stays inside ``compute``)
+plus the end-of-epoch reduction of the loss/accuracy sums. All times in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+LR_RULES = ("fixed", "linear")
+BACKENDS = ("auto", "nccl", "gloo")
+SAMPLE_ORDER_HEAD = 8
+TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
+             "cannot finish before every rank's all-reduce); *_mean are means over ranks")
+
+
+@dataclass
+class WorkerArgs:
+    """The worker's command-line arguments (defaults as documented in the module docstring)."""
+
+    experiment: str | None = None
+    profile: str | None = None
+    batch_size: int = 128
+    epochs: int = 2
+    width: int = 64
+    train_images: int | None = None
+    test_images: int | None = None
+    dataset: str = "auto"
+    num_workers: int | None = None
+    lr: float = 0.1
+    lr_rule: str = "fixed"
+    base_batch: int = 128
+    warmup_epochs: float = 0.0
+    decay: str = "constant"
+    eval: bool = False
+    measure_comm: bool = False
+    comm_steps: int = 8
+    backend: str = "auto"
+    seed: int = 0
+    tag: str = ""
+    out: str | None = None
+
+    def validate(self) -> WorkerArgs:
+        """Raise :class:`LabError` on bad values (before any process group or data)."""
+        from lab_utils.config import check_batch_size, check_positive_int
+        from lab_utils.data import DATASET_CHOICES
+        from lab_utils.errors import LabError
+        from lab_utils.schedules import DECAYS
+
+        check_batch_size(self.batch_size, "--batch-size")
+        check_positive_int(self.epochs, "--epochs")
+        check_positive_int(self.width, "--width")
+        check_positive_int(self.base_batch, "--base-batch")
+        check_positive_int(self.comm_steps, "--comm-steps")
+        if self.dataset not in DATASET_CHOICES:
+            raise LabError(f"--dataset {self.dataset!r} is unknown; use one of {', '.join(DATASET_CHOICES)}.")
+        if self.lr_rule not in LR_RULES:
+            raise LabError(f"--lr-rule {self.lr_rule!r} is unknown; use one of {', '.join(LR_RULES)}.")
+        if self.decay not in DECAYS:
+            raise LabError(f"--decay {self.decay!r} is unknown; use one of {', '.join(DECAYS)}.")
+        if self.backend not in BACKENDS:
+            raise LabError(f"--backend {self.backend!r} is unknown; use one of {', '.join(BACKENDS)}.")
+        if not self.lr > 0:
+            raise LabError(f"--lr must be positive, got {self.lr}.")
+        if not 0 <= self.warmup_epochs <= self.epochs:
+            raise LabError(f"--warmup-epochs must be between 0 and --epochs ({self.epochs}), "
+                           f"got {self.warmup_epochs}.")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise LabError(f"--num-workers must be 0 or more, got {self.num_workers}.")
+        return self
+
+    def to_argv(self) -> list[str]:
+        """The command-line arguments that reproduce these settings (``--out`` left to the launcher)."""
+        argv: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "out" or value is None:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                if value:
+                    argv.append(flag)
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+    def resolved(self) -> WorkerArgs:
+        """A copy with profile, image counts, workers and dataset filled in from the profile."""
+        from lab_utils import config
+        from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, resolve_dataset
+
+        prof = config.get_profile(self.profile)
+        out = WorkerArgs(**asdict(self))
+        out.profile = prof.name
+        train = self.train_images if self.train_images is not None else prof.train_images
+        test = self.test_images if self.test_images is not None else prof.test_images
+        out.train_images = CIFAR10_TRAIN_SIZE if not train or train <= 0 else min(train, CIFAR10_TRAIN_SIZE)
+        out.test_images = CIFAR10_TEST_SIZE if not test or test <= 0 else min(test, CIFAR10_TEST_SIZE)
+        out.num_workers = self.num_workers if self.num_workers is not None else prof.num_workers
+        out.dataset = resolve_dataset(self.dataset)
+        return out
+
+    def record_config(self, world_size: int, backend: str, record: str = "aggregate",
+                      rank: int | None = None) -> dict[str, Any]:
+        """The record's ``config`` (call on :meth:`resolved` args). Stable: used for resume."""
+        device_type = "cuda" if backend == "nccl" else "cpu"
+        return {
+            "method": "DDP", "record": record, "rank": rank, "devices": world_size,
+            "backend": backend, "device_type": device_type,
+            "batch_size": self.batch_size, "global_batch": self.batch_size * world_size,
+            "epochs": self.epochs, "width": self.width, "train_images": self.train_images,
+            "test_images": self.test_images, "dataset": self.dataset, "num_workers": self.num_workers,
+            "lr": self.lr, "lr_rule": self.lr_rule, "base_batch": self.base_batch,
+            "warmup_epochs": self.warmup_epochs, "decay": self.decay, "eval": self.eval,
+            "measure_comm": self.measure_comm, "comm_steps": self.comm_steps if self.measure_comm else None,
+            "seed": self.seed, "tag": self.tag,
+        }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = WorkerArgs()
+    p = argparse.ArgumentParser(prog="python -m lab_utils.ddp",
+                                description="DDP training worker: ResNet-18 on CIFAR-10, under torchrun.")
+    p.add_argument("--experiment", default=None)
+    p.add_argument("--profile", default=None)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--width", type=int, default=d.width)
+    p.add_argument("--train-images", type=int, default=None)
+    p.add_argument("--test-images", type=int, default=None)
+    p.add_argument("--dataset", default=d.dataset)
+    p.add_argument("--num-workers", type=int, default=None)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr-rule", default=d.lr_rule)
+    p.add_argument("--base-batch", type=int, default=d.base_batch)
+    p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
+    p.add_argument("--decay", default=d.decay)
+    p.add_argument("--eval", action="store_true")
+    p.add_argument("--measure-comm", action="store_true")
+    p.add_argument("--comm-steps", type=int, default=d.comm_steps)
+    p.add_argument("--backend", default=d.backend)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--tag", default=d.tag)
+    p.add_argument("--out", default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> WorkerArgs:
+    ns = build_parser().parse_args(argv)
+    return WorkerArgs(**vars(ns)).validate()
+
+
+# --------------------------------------------------------------------------- process group
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str
+    device: Any  # torch.device
+
+
+def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
+    """NCCL when every local rank can have its own GPU (and NCCL exists), else gloo."""
+    import torch
+    import torch.distributed as dist
+
+    if requested != "auto":
+        return requested
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= local_world_size and gpus > 0 and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed(backend: str = "auto") -> DistContext:
+    """Join the torchrun process group (or make a one-process group without torchrun)."""
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:  # plain `python -m lab_utils.ddp`: a group of one
+        from lab_utils.launcher import free_port
+
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    backend = choose_backend(backend, local_world)
+    if backend == "nccl":
+        if torch.cuda.device_count() <= local_rank:
+            from lab_utils.errors import LabError
+
+            raise LabError(f"Rank {rank} has LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                           "GPUs are visible; start at most one process per GPU or use --backend gloo.")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return DistContext(rank, world, local_rank, local_world, backend, device)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def train_dataset(args: WorkerArgs):
+    """The (resolved) training subset with the spec's train transforms."""
+    from torch.utils.data import Subset
+
+    from lab_utils.data import SyntheticCIFAR10, cifar10_dataset, train_transform
+
+    if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
+        return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
+    ds, _ = cifar10_dataset(True, "cifar10", train_transform())
+    return Subset(ds, range(args.train_images)) if args.train_images < len(ds) else ds
+
+
+def test_shard(args: WorkerArgs, rank: int, world: int):
+    """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
+    from torch.utils.data import Subset
+
+    from lab_utils.data import SyntheticCIFAR10, cifar10_dataset, test_transform
+
+    if args.dataset == "synthetic":
+        ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
+    else:
+        ds, _ = cifar10_dataset(False, "cifar10", test_transform())
+    return Subset(ds, range(rank, args.test_images, world))
+
+
+def sample_order_head(sampler, n: int = SAMPLE_ORDER_HEAD) -> list[int]:
+    """The first ``n`` indices the sampler yields this epoch (after ``set_epoch``)."""
+    out = []
+    for i, idx in enumerate(iter(sampler)):
+        if i >= n:
+            break
+        out.append(int(idx))
+    return out
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | None:
+    """Train, measure, gather; return the records on rank 0 (None elsewhere)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from lab_utils.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.config import get_profile
+    from lab_utils.models import ResNet18, count_parameters
+    from lab_utils.schedules import LRSchedule, scaled_lr
+    from lab_utils.timing import PhaseTimer, synchronize
+    from lab_utils.train import make_optimizer
+
+    t_worker = time.perf_counter()
+    device = ctx.device
+    profile = get_profile(args.profile)
+    cuda = device.type == "cuda"
+
+    # data
+    train_ds = train_dataset(args)
+    sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                 seed=args.seed, drop_last=False)
+    common = {"num_workers": args.num_workers, "pin_memory": cuda,
+              "persistent_workers": args.num_workers > 0}
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, **common)
+    test_loader = None
+    if args.eval:
+        test_loader = DataLoader(test_shard(args, ctx.rank, ctx.world_size),
+                                 batch_size=profile.test_batch_size, shuffle=False, **common)
+
+    # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
+    torch.manual_seed(args.seed)
+    model = ResNet18(width=args.width).to(device)
+    n_params = count_parameters(model)
+    ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
+    comm_timer = AllReduceTimer(ddp) if args.measure_comm else None
+
+    # optimizer and lr schedule (per optimizer step)
+    steps_per_epoch = len(train_loader)
+    global_batch = args.batch_size * ctx.world_size
+    peak = args.lr if args.lr_rule == "fixed" else scaled_lr(args.lr, global_batch, args.base_batch)
+    total_steps = steps_per_epoch * args.epochs
+    warmup_steps = min(total_steps, round(args.warmup_epochs * steps_per_epoch))
+    schedule = LRSchedule(peak_lr=peak, total_steps=total_steps, warmup_steps=warmup_steps,
+                          warmup_start_lr=args.lr, decay=args.decay)
+    optimizer = make_optimizer(ddp, lr=peak)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lambda_for(peak))
+    loss_fn = nn.CrossEntropyLoss()
+    non_blocking = cuda
+    synchronize(device)
+    startup = time.perf_counter() - t_worker
+
+    epochs: list[dict[str, Any]] = []
+    step = 0
+    t_train0 = time.perf_counter()
+    for epoch in range(1, args.epochs + 1):
+        sampler.set_epoch(epoch - 1)  # a different shuffle every epoch, the same on every rank
+        head = sample_order_head(sampler)
+        timer = PhaseTimer(device)
+        ddp.train()
+        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        correct = torch.zeros((), device=device, dtype=torch.float64)
+        images = steps = 0
+        allreduce = tail = 0.0
+        lr_first = schedule.lr_at(step)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for x, y in timer.iterate(train_loader):
+            with timer.phase("data_movement"):
+                x = x.to(device, non_blocking=non_blocking)
+                y = y.to(device, non_blocking=non_blocking)
+            if comm_timer is not None:
+                comm_timer.begin_step()
+            with timer.phase("compute"):
+                optimizer.zero_grad(set_to_none=True)
+                out = ddp(x)
+                loss = loss_fn(out, y)
+                loss.backward()
+                if comm_timer is not None:
+                    comm_timer.end_backward()
+                optimizer.step()
+                scheduler.step()
+                loss_sum += loss.detach().double() * y.shape[0]
+                correct += (out.detach().argmax(1) == y).sum().double()
+            if comm_timer is not None:
+                sc = comm_timer.finish_step()
+                allreduce += sc.allreduce_busy_seconds
+                tail += sc.exposed_tail_seconds
+                # the exposed wait happened inside the compute phase: move it to communication
+                timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
+                timer.add("communication", sc.exposed_tail_seconds)
+            images += int(y.shape[0])
+            steps += 1
+            step += 1
+        with timer.phase("communication"):  # global loss/accuracy: an all-reduce of three numbers
+            sums = torch.stack([loss_sum, correct, torch.tensor(float(images), device=device,
+                                                                dtype=torch.float64)])
+            local = sums.tolist()
+            dist.all_reduce(sums)
+        synchronize(device)
+        epoch_s = time.perf_counter() - t0
+        g_loss, g_correct, g_images = sums.tolist()
+        rec: dict[str, Any] = {
+            "epoch": epoch, "steps": steps, "images": images, "epoch_seconds": epoch_s,
+            "train_seconds": timer.training_seconds, **timer.totals(),
+            "train_loss_rank": local[0] / max(images, 1), "train_accuracy_rank": local[1] / max(images, 1),
+            "train_loss": g_loss / max(g_images, 1), "train_accuracy": g_correct / max(g_images, 1),
+            "global_images": int(g_images), "lr_first": lr_first, "lr": schedule.lr_at(max(step - 1, 0)),
+            "sample_order_head": head,
+        }
+        if comm_timer is not None:
+            rec["allreduce_seconds"] = allreduce
+            rec["exposed_tail_seconds"] = tail
+        if test_loader is not None:
+            rec.update(_evaluate(ddp, test_loader, device))
+        rec["elapsed_seconds"] = time.perf_counter() - t_train0
+        epochs.append(rec)
+        if ctx.rank == 0:
+            print(f"epoch {epoch}/{args.epochs}: {epoch_s:.2f} s (rank 0), train loss {rec['train_loss']:.4f}"
+                  + (f", test acc {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""), flush=True)
+
+    probe = None
+    if comm_timer is not None:
+        batches = []
+        for x, y in train_loader:
+            batches.append((x.to(device), y.to(device)))
+            if len(batches) >= args.comm_steps + 1:
+                break
+        # every rank must run the same number of probe steps
+        counts = [None] * ctx.world_size
+        dist.all_gather_object(counts, len(batches))
+        batches = batches[:min(counts)]
+        if len(batches) >= 2:
+            probe = probe_exposed_comm(ddp, batches, comm_timer, loss_fn).as_dict()
+
+    mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
+            "threads": torch.get_num_threads()}
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, mine)
+    if ctx.rank != 0:
+        return None
+    summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
+               "peak_lr": peak, "warmup_steps": warmup_steps,
+               "worker_seconds": time.perf_counter() - t_worker}
+    return build_records(args, ctx, gathered, summary)
+
+
+def _evaluate(ddp, loader, device) -> dict[str, float]:
+    """Test loss/accuracy over all ranks' shards; rank 0's BatchNorm statistics first broadcast."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from lab_utils.timing import synchronize
+
+    synchronize(device)
+    t0 = time.perf_counter()
+    model = ddp.module
+    with torch.no_grad():
+        for b in model.buffers():  # running mean/var differ slightly per rank: use rank 0's
+            dist.broadcast(b, src=0)
+        model.eval()
+        loss_fn = nn.CrossEntropyLoss(reduction="sum")
+        sums = torch.zeros(3, device=device, dtype=torch.float64)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            out = model(x)
+            sums[0] += loss_fn(out, y).double()
+            sums[1] += (out.argmax(1) == y).sum().double()
+            sums[2] += y.shape[0]
+        dist.all_reduce(sums)
+    model.train()
+    loss, correct, n = sums.tolist()
+    synchronize(device)
+    return {"test_loss": loss / max(n, 1), "test_accuracy": correct / max(n, 1), "test_images": int(n),
+            "eval_seconds": time.perf_counter() - t0}
+
+
+PHASE_NAMES = ("data_loading", "data_movement", "compute", "communication")
+
+
+def aggregate_epoch(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """One epoch's aggregate over ranks: the slowest rank's times, with means beside them."""
+    first = per_rank[0]
+    ep = [r["epoch_seconds"] for r in per_rank]
+    tr = [r["train_seconds"] for r in per_rank]
+    slowest = max(range(len(per_rank)), key=lambda i: ep[i])
+    out: dict[str, Any] = {
+        "epoch": first["epoch"], "steps": max(r["steps"] for r in per_rank),
+        "images": sum(r["images"] for r in per_rank),
+        "epoch_seconds": max(ep), "epoch_seconds_mean": statistics.fmean(ep), "epoch_seconds_min": min(ep),
+        "slowest_rank": per_rank[slowest].get("rank", slowest),
+        "train_seconds": max(tr), "train_seconds_mean": statistics.fmean(tr),
+    }
+    for ph in PHASE_NAMES:
+        vals = [r.get(f"{ph}_seconds", 0.0) for r in per_rank]
+        out[f"{ph}_seconds_mean"] = statistics.fmean(vals)
+        out[f"{ph}_seconds_max"] = max(vals)
+    out["images_per_s"] = out["images"] / out["train_seconds"] if out["train_seconds"] > 0 else math.nan
+    for k in ("train_loss", "train_accuracy", "lr", "lr_first", "test_loss", "test_accuracy", "test_images"):
+        if k in first:
+            out[k] = first[k]  # already global (all-reduced) or identical on every rank
+    if "eval_seconds" in first:
+        out["eval_seconds"] = max(r["eval_seconds"] for r in per_rank)
+    for k in ("allreduce_seconds", "exposed_tail_seconds"):
+        if k in first:
+            vals = [r[k] for r in per_rank]
+            out[f"{k}_mean"] = statistics.fmean(vals)
+            out[f"{k}_max"] = max(vals)
+    out["elapsed_seconds"] = max(r["elapsed_seconds"] for r in per_rank)
+    return out
+
+
+def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, Any]],
+                  summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rank 0: the aggregate record and one record per rank (as dicts), stored when asked."""
+    from lab_utils.comm_hooks import overlap_figures
+    from lab_utils.hardware import hardware_summary
+    from lab_utils.results import Record, ResultStore, software_versions
+
+    synthetic = args.dataset == "synthetic"
+    dataset_name = "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10"
+    hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)
+    hardware["processes"] = ctx.world_size
+    hardware["backend"] = ctx.backend
+    threads = gathered[0].get("threads")
+    if ctx.device.type == "cpu":
+        hardware["threads_per_process"] = threads
+    n_epochs = len(gathered[0]["epochs"])
+    history = []
+    cumulative = 0.0
+    for e in range(n_epochs):
+        agg = aggregate_epoch([{**g["epochs"][e], "rank": g["rank"]} for g in gathered])
+        cumulative += agg["train_seconds"]
+        agg["cumulative_train_seconds"] = cumulative
+        history.append(agg)
+    reported = history[-1]
+    metrics: dict[str, Any] = {k: v for k, v in reported.items() if k != "epoch"}
+    metrics.update({
+        "reported_epoch": reported["epoch"], "epochs": history, "time_rule": TIME_RULE,
+        "world_size": ctx.world_size, "backend": ctx.backend, "device_type": ctx.device.type,
+        "threads_per_rank": threads, "parameters": summary["n_params"],
+        "gradient_bytes": summary["n_params"] * 4, "steps_per_epoch": summary["steps_per_epoch"],
+        "global_batch": summary["global_batch"], "peak_lr": summary["peak_lr"],
+        "warmup_steps": summary["warmup_steps"],
+        "startup_seconds": max(g["startup_seconds"] for g in gathered),
+        "worker_seconds": summary["worker_seconds"],
+    })
+    probes = [g["comm_probe"] for g in gathered if g.get("comm_probe")]
+    if probes:
+        probe = {k: _mean([p[k] for p in probes]) for k in probes[0]}
+        probe["buckets"] = max(p["buckets"] for p in probes)
+        steps = reported["steps"]
+        exposed = probe["exposed_per_step_seconds"] * steps
+        allreduce = probe["allreduce_per_step_seconds"] * steps
+        overlap, fraction = overlap_figures(exposed, allreduce)
+        metrics.update({
+            "comm_probe": probe, "exposed_comm_seconds": exposed, "allreduce_seconds": allreduce,
+            "overlap_seconds": overlap, "overlap_fraction": fraction,
+            "exposed_tail_seconds": reported.get("exposed_tail_seconds_mean"),
+            "allreduce_buckets": probe["buckets"],
+        })
+    cfg = args.record_config(ctx.world_size, ctx.backend)
+    common = {"profile": args.profile, "synthetic": synthetic, "dataset": dataset_name,
+              "hardware": hardware}
+    records = [Record(experiment=args.experiment or "ddp", config=cfg, metrics=metrics, **common)]
+    for g in gathered:
+        last = g["epochs"][-1]
+        rmetrics = {k: v for k, v in last.items() if k not in ("epoch", "sample_order_head")}
+        rmetrics.update({"rank": g["rank"], "reported_epoch": last["epoch"], "epochs": g["epochs"],
+                         "startup_seconds": g["startup_seconds"], "comm_probe": g.get("comm_probe")})
+        records.append(Record(experiment=args.experiment or "ddp",
+                              config=args.record_config(ctx.world_size, ctx.backend, "rank", g["rank"]),
+                              metrics=rmetrics, **common))
+    if args.experiment:
+        store = ResultStore(args.profile)
+        for r in records:
+            store.append(r)
+    else:
+        for r in records:
+            r.software = software_versions()
+    return [asdict(r) for r in records]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lab_utils.launcher import setup_rank_logging, write_worker_output
+
+    setup_rank_logging()
+    args = parse_args(argv).resolved()
+
+    import torch.distributed as dist
+
+    ctx = init_distributed(args.backend)
+    try:
+        records = run_worker(args, ctx)
+        if ctx.rank == 0:
+            write_worker_output(records or [], args.out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
