@@ -5,7 +5,9 @@ Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
     python -m torch.distributed.run --nproc-per-node N -m lab_utils.ddp
       --experiment NAME        rank 0 appends the records to ResultStore(profile) under NAME
       --profile quick|full     (default: $LAB_PROFILE or automatic)
-      --batch-size B           per device (per rank); global batch = B x world size
+      --batch-size B[,B2,...]  per device (per rank); global batch = B x world size. Several
+                               values run one after another in the same process group (one
+                               start-up for all), each with a fresh model; records per value
       --epochs E               (default 2)
       --width W                ResNet-18 width (64 = the spec model; smaller for CPU runs)
       --train-images N --test-images N   (default: the profile's; 0 or less = whole split)
@@ -19,6 +21,8 @@ Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
                                into compute and exposed communication, and run the no_sync probe
       --comm-steps K           batches in the no_sync probe (default 8, plus 1 warm-up)
       --backend auto|nccl|gloo (auto: NCCL when every rank has its own GPU, else gloo on CPU)
+      --bucket-cap-mb M        DDP gradient bucket size in MB (default: DDP's 25; smaller models
+                               need smaller buckets to have several, i.e. any overlap at all)
       --seed 0 --tag STR       --out FILE
 
 Without torchrun (no ``RANK`` in the environment) it runs as a one-process group.
@@ -45,7 +49,7 @@ One **aggregate** record and one record **per rank**, all under the same experim
 ``epochs``, ``width``, ``train_images``, ``test_images`` (resolved numbers),
 ``dataset`` ("cifar10" | "synthetic", resolved), ``num_workers``, ``lr``, ``lr_rule``,
 ``base_batch``, ``warmup_epochs``, ``decay``, ``eval``, ``measure_comm``,
-``comm_steps``, ``seed``, ``tag``.
+``comm_steps``, ``bucket_cap_mb``, ``seed``, ``tag``.
 
 Aggregate ``metrics``:
 
@@ -70,8 +74,10 @@ Aggregate ``metrics``:
   are means over ranks.
 - ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``,
   ``gradient_bytes`` (parameters x 4, fp32), ``steps_per_epoch``, ``global_batch``,
-  ``peak_lr``, ``warmup_steps``, ``startup_seconds`` (process group + data + model,
-  slowest rank), ``worker_seconds`` (rank 0, whole worker).
+  ``peak_lr``, ``warmup_steps``, ``startup_seconds`` (slowest rank: building the data
+  sets + this configuration's loaders, model, DDP wrapper and optimizer; the process
+  start-up and ``import torch`` are not included), ``worker_seconds`` (rank 0: the data
+  sets plus this configuration from set-up to the gathered results).
 - with ``--measure-comm``, from the probe after the last epoch (see
   :mod:`lab_utils.comm_hooks`), means over ranks of per-step values:
   ``comm_probe`` (dict of :class:`~lab_utils.comm_hooks.CommProbe` fields, rank means)
@@ -120,7 +126,7 @@ class WorkerArgs:
 
     experiment: str | None = None
     profile: str | None = None
-    batch_size: int = 128
+    batch_size: int | tuple[int, ...] = 128
     epochs: int = 2
     width: int = 64
     train_images: int | None = None
@@ -136,6 +142,7 @@ class WorkerArgs:
     measure_comm: bool = False
     comm_steps: int = 8
     backend: str = "auto"
+    bucket_cap_mb: float | None = None
     seed: int = 0
     tag: str = ""
     out: str | None = None
@@ -147,7 +154,10 @@ class WorkerArgs:
         from lab_utils.errors import LabError
         from lab_utils.schedules import DECAYS
 
-        check_batch_size(self.batch_size, "--batch-size")
+        for b in self.batch_sizes:
+            check_batch_size(b, "--batch-size")
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise LabError(f"--bucket-cap-mb must be positive, got {self.bucket_cap_mb}.")
         check_positive_int(self.epochs, "--epochs")
         check_positive_int(self.width, "--width")
         check_positive_int(self.base_batch, "--base-batch")
@@ -169,6 +179,18 @@ class WorkerArgs:
             raise LabError(f"--num-workers must be 0 or more, got {self.num_workers}.")
         return self
 
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The per-device batch sizes to run (one or several)."""
+        b = self.batch_size
+        return tuple(b) if isinstance(b, tuple | list) else (b,)
+
+    def for_batch(self, batch_size: int) -> WorkerArgs:
+        """A copy with a single per-device batch size."""
+        out = WorkerArgs(**asdict(self))
+        out.batch_size = int(batch_size)
+        return out
+
     def to_argv(self) -> list[str]:
         """The command-line arguments that reproduce these settings (``--out`` left to the launcher)."""
         argv: list[str] = []
@@ -180,6 +202,8 @@ class WorkerArgs:
             if isinstance(value, bool):
                 if value:
                     argv.append(flag)
+            elif isinstance(value, tuple | list):
+                argv += [flag, ",".join(str(v) for v in value)]
             else:
                 argv += [flag, str(value)]
         return argv
@@ -202,7 +226,9 @@ class WorkerArgs:
 
     def record_config(self, world_size: int, backend: str, record: str = "aggregate",
                       rank: int | None = None) -> dict[str, Any]:
-        """The record's ``config`` (call on :meth:`resolved` args). Stable: used for resume."""
+        """The record's ``config`` (call on :meth:`resolved` single-batch args). Stable: used for resume."""
+        if not isinstance(self.batch_size, int):
+            raise ValueError("record_config needs a single batch size: use for_batch(b) first")
         device_type = "cuda" if backend == "nccl" else "cpu"
         return {
             "method": "DDP", "record": record, "rank": rank, "devices": world_size,
@@ -213,6 +239,7 @@ class WorkerArgs:
             "lr": self.lr, "lr_rule": self.lr_rule, "base_batch": self.base_batch,
             "warmup_epochs": self.warmup_epochs, "decay": self.decay, "eval": self.eval,
             "measure_comm": self.measure_comm, "comm_steps": self.comm_steps if self.measure_comm else None,
+            "bucket_cap_mb": self.bucket_cap_mb,
             "seed": self.seed, "tag": self.tag,
         }
 
@@ -223,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="DDP training worker: ResNet-18 on CIFAR-10, under torchrun.")
     p.add_argument("--experiment", default=None)
     p.add_argument("--profile", default=None)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--batch-size", type=_int_list, default=d.batch_size)
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--width", type=int, default=d.width)
     p.add_argument("--train-images", type=int, default=None)
@@ -239,10 +266,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-comm", action="store_true")
     p.add_argument("--comm-steps", type=int, default=d.comm_steps)
     p.add_argument("--backend", default=d.backend)
+    p.add_argument("--bucket-cap-mb", type=float, default=None)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--tag", default=d.tag)
     p.add_argument("--out", default=None)
     return p
+
+
+def _int_list(text: str) -> int | tuple[int, ...]:
+    """``"32"`` -> 32, ``"32,128"`` -> (32, 128)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas: {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one batch size")
+    return values[0] if len(values) == 1 else values
 
 
 def parse_args(argv: list[str] | None = None) -> WorkerArgs:
@@ -353,7 +392,27 @@ def _mean(xs):
 
 
 def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | None:
-    """Train, measure, gather; return the records on rank 0 (None elsewhere)."""
+    """Run every requested batch size; return all records on rank 0 (None elsewhere).
+
+    The data sets are built once; each batch size gets a fresh model, optimizer, loaders
+    and schedule. Rank 0 stores each batch size's records as soon as they exist, so a
+    later failure (e.g. out of memory at a larger batch) keeps the earlier results.
+    """
+    t_worker = time.perf_counter()
+    train_ds = train_dataset(args)
+    test_ds = test_shard(args, ctx.rank, ctx.world_size) if args.eval else None
+    data_seconds = time.perf_counter() - t_worker
+    out: list[dict[str, Any]] = []
+    for b in args.batch_sizes:
+        records = run_config(args.for_batch(b), ctx, train_ds, test_ds, data_seconds)
+        if records is not None:
+            out += records
+    return out if ctx.rank == 0 else None
+
+
+def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
+               data_seconds: float = 0.0) -> list[dict[str, Any]] | None:
+    """Train one configuration (one per-device batch size), measure, gather, build records."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -368,28 +427,30 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
     from lab_utils.timing import PhaseTimer, synchronize
     from lab_utils.train import make_optimizer
 
-    t_worker = time.perf_counter()
+    t_config = time.perf_counter()
     device = ctx.device
     profile = get_profile(args.profile)
     cuda = device.type == "cuda"
+    if ctx.rank == 0:
+        print(f"config: {ctx.world_size} x {ctx.backend} ({device.type}), batch {args.batch_size} per device",
+              flush=True)
 
-    # data
-    train_ds = train_dataset(args)
+    # data: the sampler shards the training set; each rank sees 1/world of it per epoch
     sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
     common = {"num_workers": args.num_workers, "pin_memory": cuda,
               "persistent_workers": args.num_workers > 0}
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, **common)
     test_loader = None
-    if args.eval:
-        test_loader = DataLoader(test_shard(args, ctx.rank, ctx.world_size),
-                                 batch_size=profile.test_batch_size, shuffle=False, **common)
+    if test_ds is not None:
+        test_loader = DataLoader(test_ds, batch_size=profile.test_batch_size, shuffle=False, **common)
 
     # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
     torch.manual_seed(args.seed)
     model = ResNet18(width=args.width).to(device)
     n_params = count_parameters(model)
-    ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+    ddp = DDP(model, device_ids=[device.index] if cuda else None, **ddp_kw)
     torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
     comm_timer = AllReduceTimer(ddp) if args.measure_comm else None
 
@@ -406,7 +467,7 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
     loss_fn = nn.CrossEntropyLoss()
     non_blocking = cuda
     synchronize(device)
-    startup = time.perf_counter() - t_worker
+    startup = data_seconds + time.perf_counter() - t_config
 
     epochs: list[dict[str, Any]] = []
     step = 0
@@ -451,8 +512,8 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
             steps += 1
             step += 1
         with timer.phase("communication"):  # global loss/accuracy: an all-reduce of three numbers
-            sums = torch.stack([loss_sum, correct, torch.tensor(float(images), device=device,
-                                                                dtype=torch.float64)])
+            sums = torch.stack([loss_sum, correct,
+                                torch.tensor(float(images), device=device, dtype=torch.float64)])
             local = sums.tolist()
             dist.all_reduce(sums)
         synchronize(device)
@@ -484,22 +545,25 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
             batches.append((x.to(device), y.to(device)))
             if len(batches) >= args.comm_steps + 1:
                 break
-        # every rank must run the same number of probe steps
-        counts = [None] * ctx.world_size
+        counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps
         dist.all_gather_object(counts, len(batches))
         batches = batches[:min(counts)]
         if len(batches) >= 2:
             probe = probe_exposed_comm(ddp, batches, comm_timer, loss_fn).as_dict()
+        del batches
 
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, mine)
+    del ddp, model, optimizer
+    if cuda:
+        torch.cuda.empty_cache()
     if ctx.rank != 0:
         return None
     summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
                "peak_lr": peak, "warmup_steps": warmup_steps,
-               "worker_seconds": time.perf_counter() - t_worker}
+               "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(args, ctx, gathered, summary)
 
 
@@ -641,10 +705,15 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lab_utils.errors import LabError
     from lab_utils.launcher import setup_rank_logging, write_worker_output
 
     setup_rank_logging()
-    args = parse_args(argv).resolved()
+    try:
+        args = parse_args(argv).resolved()
+    except LabError as e:  # bad input: one line in the rank's log, before any process group
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
 
     import torch.distributed as dist
 

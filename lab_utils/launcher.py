@@ -10,6 +10,10 @@ here as ``python -m torch.distributed.run ... -m <module> <args>``:
 - and when any rank dies, the group is torn down and a :class:`LaunchError` quotes
   the failing rank's last log lines.
 
+Every process of a launch carries ``LAB_LAUNCH_ID=<unique id>`` in its environment, so
+that processes which left the tree (reparented after their parent died) are found in
+``/proc`` and stopped too.
+
 Worker protocol: the launcher appends ``--out <file>`` to the worker's arguments; rank 0
 writes a JSON list of records there (:func:`write_worker_output`). The launcher returns
 that list. No zombie or orphaned processes are left behind.
@@ -26,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,7 @@ from lab_utils.config import check_positive_int
 from lab_utils.errors import LabError, LaunchError
 
 TAIL_LINES = 25
+LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
 
 
 def free_port() -> int:
@@ -52,6 +58,7 @@ class LaunchResult:
     log_dir: Path
     wall_seconds: float
     logs: dict[int, Path] = field(default_factory=dict)
+    launch_id: str = ""
 
     def log(self, rank: int) -> str:
         return self.logs[rank].read_text(errors="replace") if rank in self.logs else ""
@@ -75,8 +82,9 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     """Run ``module`` on ``nproc`` ranks under torchrun and return rank 0's records.
 
     ``timeout_s`` bounds the whole run (start-up included). ``threads_per_rank`` sets
-    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default the cores are shared evenly.
-    Raises :class:`LaunchError` when a rank fails or the run times out.
+    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default ``$OMP_NUM_THREADS`` when set,
+    else the cores are shared evenly. Logs of an earlier run in the same ``log_dir`` are
+    removed first. Raises :class:`LaunchError` when a rank fails or the run times out.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:
@@ -85,18 +93,24 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     log_root.mkdir(parents=True, exist_ok=True)
     out_file = log_root / "records.json"
     out_file.unlink(missing_ok=True)
+    for old in [*log_root.glob("rank*.log"), log_root / "torchrun.log"]:
+        old.unlink(missing_ok=True)  # rank logs are appended to: never quote a previous run
     port = free_port()
     cmd = torchrun_command(module, [*args, "--out", str(out_file)], nproc, port)
     run_env = dict(os.environ)
     run_env.update(env or {})
-    if threads_per_rank is None:
+    if threads_per_rank is not None:
+        check_positive_int(threads_per_rank, "threads_per_rank")
+        run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
+    elif "OMP_NUM_THREADS" not in run_env:
         from lab_utils.hardware import cpu_cores
 
-        threads_per_rank = max(1, cpu_cores() // nproc)
-    run_env.setdefault("OMP_NUM_THREADS", str(threads_per_rank))
+        run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
     run_env["PYTHONUNBUFFERED"] = "1"
     run_env["LAB_RANK_LOG_DIR"] = str(log_root)
     run_env["LAB_HEADLESS"] = "1"
+    launch_id = uuid.uuid4().hex
+    run_env[LAUNCH_ID_ENV] = launch_id
 
     agent_log = log_root / "torchrun.log"
     start = time.perf_counter()
@@ -107,17 +121,17 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            kill_tree(proc)
+            kill_tree(proc, launch_id=launch_id)
             logs = rank_logs(log_root, nproc)
             raise LaunchError(
                 f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
                 f"was stopped; raise timeout_s or shrink the run. "
-                + _quote_failure(None, logs, agent_log)) from None
+                + _quote_all(logs, agent_log)) from None
         except BaseException:  # KeyboardInterrupt in a notebook: leave nothing behind
-            kill_tree(proc)
+            kill_tree(proc, launch_id=launch_id)
             raise
         finally:
-            kill_tree(proc)  # stragglers, if any, after a normal exit too
+            kill_tree(proc, launch_id=launch_id)  # stragglers, if any, after a normal exit too
     wall = time.perf_counter() - start
     logs = rank_logs(log_root, nproc)
     if rc != 0:
@@ -131,7 +145,7 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
                           "check that the worker calls write_worker_output. "
                           + _quote_failure(0, logs, agent_log))
     records = json.loads(out_file.read_text())
-    return LaunchResult(records=records, log_dir=log_root, wall_seconds=wall, logs=logs)
+    return LaunchResult(records=records, log_dir=log_root, wall_seconds=wall, logs=logs, launch_id=launch_id)
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
@@ -145,8 +159,11 @@ def failing_rank(agent_text: str, logs: dict[int, Path]) -> int | None:
     if m:
         return int(m.group(1))
     for r, p in sorted(logs.items()):
-        if "Traceback" in p.read_text(errors="replace"):
-            return r
+        try:
+            if "Traceback" in p.read_text(errors="replace"):
+                return r
+        except OSError:
+            continue
     return None
 
 
@@ -159,9 +176,21 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 
 
 def _quote_failure(rank: int | None, logs: dict[int, Path], agent_log: Path) -> str:
+    """The failing rank's last lines; torchrun's too when that log shows no error."""
     if rank is not None and rank in logs:
-        return f"Last lines of rank {rank} ({logs[rank]}):\n{_tail(logs[rank])}"
+        text = f"Last lines of rank {rank} ({logs[rank]}):\n{_tail(logs[rank])}"
+        body = logs[rank].read_text(errors="replace")
+        if not any(w in body for w in ("Traceback", "Error", "error:")):
+            text += f"\nLast lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+        return text
     return f"Last lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+
+
+def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8) -> str:
+    """Every rank's last ``n`` lines (where each one was when the run was stopped)."""
+    if not logs:
+        return f"Last lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+    return "\n".join(f"Last lines of rank {r} ({p}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
 
 
 def _children(pid: int) -> list[int]:
@@ -195,11 +224,38 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """SIGTERM the process, its group and every descendant; SIGKILL what remains; reap."""
-    if proc.poll() is not None and not _children(proc.pid):
+def tagged_processes(launch_id: str) -> list[int]:
+    """Live processes of this user whose environment holds ``LAB_LAUNCH_ID=<launch_id>``."""
+    if not launch_id:
+        return []
+    needle = f"{LAUNCH_ID_ENV}={launch_id}".encode()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for e in entries:
+        if not e.isdigit() or int(e) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{e}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # another user's process, or gone
+            continue
+        if needle in env.split(b"\0") and _alive(int(e)):
+            found.append(int(e))
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, grace_s: float = 5.0, launch_id: str = "") -> None:
+    """SIGTERM the process, its group, every descendant and every process tagged with
+    ``launch_id`` (orphans included); SIGKILL what remains; reap."""
+    tagged = tagged_processes(launch_id)
+    if proc.poll() is not None and not _children(proc.pid) and not tagged:
         return
-    pids = process_tree(proc.pid)
+    pids = sorted(set(process_tree(proc.pid)) | set(tagged))
+    if proc.poll() is not None:  # reaped: its pid may belong to someone else by now
+        pids = [p for p in pids if p != proc.pid]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in pids:
             try:

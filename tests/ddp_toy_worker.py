@@ -1,0 +1,150 @@
+"""A small torchrun worker for the launcher and DDP tests (run with PYTHONPATH=tests/).
+
+``python -m torch.distributed.run --nproc-per-node N -m ddp_toy_worker --mode MODE ... --out FILE``
+
+Modes:
+- ``ok``: write one record per rank (rank, world size, OMP threads) and exit.
+- ``sleep``: print a line, then sleep (for the timeout path).
+- ``fail``: rank ``--fail-rank`` prints a marker line and raises; the others wait in a
+  barrier that never completes (torchrun must tear them down).
+- ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps, each rank on its
+  contiguous shard of a seeded global batch; rank 0 writes the final parameters.
+- ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, plus
+  rank 0's one-process step on the global batch (for method (a)); rank 0 writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+from lab_utils.launcher import setup_rank_logging, write_worker_output
+
+FAIL_MARKER = "TOY-WORKER-FAILS-HERE"
+
+
+def toy_mlp(inputs: int = 12, hidden: int = 16, outputs: int = 4, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, outputs))
+
+
+def toy_batches(steps: int, global_batch: int, inputs: int = 12, outputs: int = 4, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(steps, global_batch, inputs, generator=g)
+    y = torch.randint(0, outputs, (steps, global_batch), generator=g)
+    return x, y
+
+
+def main() -> int:
+    setup_rank_logging()
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", required=True)
+    p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=8, help="per rank")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--bucket-cap-mb", type=float, default=0.25)
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    print(f"toy worker rank {rank}/{world} mode {a.mode}", flush=True)
+
+    if a.mode == "sleep":
+        time.sleep(600)
+        return 0
+
+    import torch.distributed as dist
+
+    from lab_utils.ddp import init_distributed
+
+    ctx = init_distributed("gloo")
+    try:
+        if a.mode == "ok":
+            out: list = [None] * world
+            dist.all_gather_object(out, {"rank": rank, "world": world,
+                                         "omp": os.environ.get("OMP_NUM_THREADS")})
+            if rank == 0:
+                write_worker_output(out, a.out)
+        elif a.mode == "fail":
+            if rank == a.fail_rank:
+                print(f"rank {rank}: {FAIL_MARKER}", flush=True)
+                raise RuntimeError(f"deliberate failure on rank {rank} ({FAIL_MARKER})")
+            dist.barrier()  # never completes: the failing rank does not arrive
+        elif a.mode == "equality":
+            equality(a, rank, world)
+        elif a.mode == "comm":
+            comm(a, rank, world, ctx.device)
+        else:
+            raise SystemExit(f"unknown mode {a.mode}")
+    finally:
+        if a.mode != "fail":
+            dist.destroy_process_group()
+    return 0
+
+
+def equality(a, rank: int, world: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lab_utils.train import make_optimizer
+
+    model = toy_mlp()
+    ddp = DDP(model)
+    opt = make_optimizer(ddp, lr=a.lr)
+    x, y = toy_batches(a.steps, a.batch * world)
+    loss_fn = nn.CrossEntropyLoss()
+    for s in range(a.steps):
+        shard = slice(rank * a.batch, (rank + 1) * a.batch)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(x[s, shard]), y[s, shard]).backward()
+        opt.step()
+    params = [p.detach().tolist() for p in model.parameters()]
+    if rank == 0:
+        write_worker_output([{"params": params}], a.out)
+
+
+def comm(a, rank: int, world: int, device) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lab_utils.comm_hooks import AllReduceTimer, probe_exposed_comm
+
+    torch.set_num_threads(1)
+    inputs, outputs = 256, 10
+    model = toy_mlp(inputs, a.width, outputs)
+    x, y = toy_batches(a.steps, a.batch * world, inputs, outputs)
+    loss_fn = nn.CrossEntropyLoss()
+
+    # T(1): rank 0 alone does each step on the whole global batch (the others wait)
+    t1 = None
+    if rank == 0:
+        single = toy_mlp(inputs, a.width, outputs)
+        times = []
+        for s in range(a.steps):
+            t0 = time.perf_counter()
+            single.zero_grad(set_to_none=True)
+            loss_fn(single(x[s]), y[s]).backward()
+            times.append(time.perf_counter() - t0)
+        t1 = sorted(times[1:])[len(times[1:]) // 2]
+    dist.barrier()
+
+    ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
+    timer = AllReduceTimer(ddp)
+    shard = slice(rank * a.batch, (rank + 1) * a.batch)
+    batches = [(x[s, shard], y[s, shard]) for s in range(a.steps)]
+    probe = probe_exposed_comm(ddp, batches, timer, loss_fn)
+    out: list = [None] * world
+    dist.all_gather_object(out, probe.as_dict())
+    if rank == 0:
+        write_worker_output([{"t1_step_seconds": t1, "probes": out}], a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

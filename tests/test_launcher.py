@@ -1,0 +1,124 @@
+"""The torchrun launcher: records come back, a dead rank or a timeout raises a LaunchError
+that quotes the right log, and no process of the launch survives it (checked in /proc)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lab_utils.errors import LabError, LaunchError
+from lab_utils.launcher import LAUNCH_ID_ENV, failing_rank, launch, tagged_processes
+
+TESTS = Path(__file__).resolve().parent
+TOY = "ddp_toy_worker"
+
+
+def toy_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
+
+
+def launch_ids_in_proc() -> set[str]:
+    """Launch ids of every live process of this user that carries one."""
+    ids = set()
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{e}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith(LAUNCH_ID_ENV.encode() + b"="):
+                ids.add(item.split(b"=", 1)[1].decode())
+    return ids
+
+
+def zombie_children() -> list[int]:
+    """Children of this test process that exited but were never reaped."""
+    me = os.getpid()
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{e}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == me and fields[0] == "Z":
+            out.append(int(e))
+    return out
+
+
+def assert_nothing_left(before: set[str]) -> None:
+    left = launch_ids_in_proc() - before
+    assert not left, f"processes of launch(es) {left} are still running"
+    assert not zombie_children(), "the launcher left unreaped (zombie) children"
+
+
+@pytest.mark.slow
+def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
+    before = launch_ids_in_proc()
+    res = launch(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(),
+                 threads_per_rank=1)
+    assert [r["rank"] for r in res.records] == [0, 1]
+    assert all(r["world"] == 2 and r["omp"] == "1" for r in res.records)
+    assert "toy worker rank 1/2" in res.log(1)
+    assert res.launch_id and not tagged_processes(res.launch_id)
+    assert_nothing_left(before)
+
+
+@pytest.mark.slow
+def test_dead_rank_raises_with_its_log_and_leaves_nothing(tmp_path):
+    from ddp_toy_worker import FAIL_MARKER  # noqa: E402 (tests/ is on sys.path under pytest)
+
+    (tmp_path / "rank0.log").write_text("Traceback: a stale log of an earlier run\n")
+    before = launch_ids_in_proc()
+    with pytest.raises(LaunchError) as info:
+        launch(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, log_dir=tmp_path,
+               env=toy_env(), threads_per_rank=1)
+    msg = str(info.value)
+    assert "rank 1" in msg and FAIL_MARKER in msg
+    assert "deliberate failure on rank 1" in msg
+    assert "stale log" not in (tmp_path / "rank0.log").read_text()
+    assert_nothing_left(before)
+
+
+@pytest.mark.slow
+def test_timeout_stops_every_process(tmp_path):
+    before = launch_ids_in_proc()
+    with pytest.raises(LaunchError, match="did not finish within 8 s") as info:
+        launch(TOY, ["--mode", "sleep"], nproc=2, timeout_s=8, log_dir=tmp_path, env=toy_env(),
+               threads_per_rank=1)
+    # the message shows where each rank was when it was stopped (if it got that far)
+    assert "Last lines of" in str(info.value)
+    assert_nothing_left(before)
+
+
+def test_bad_arguments_fail_before_starting_anything(tmp_path):
+    with pytest.raises(LabError, match="nproc"):
+        launch(TOY, nproc=0, log_dir=tmp_path)
+    with pytest.raises(LabError, match="timeout_s"):
+        launch(TOY, nproc=1, timeout_s=0, log_dir=tmp_path)
+    with pytest.raises(LabError, match="threads_per_rank"):
+        launch(TOY, nproc=1, threads_per_rank=0, log_dir=tmp_path)
+    assert not (tmp_path / "torchrun.log").exists()
+
+
+def test_failing_rank_is_read_from_torchrun_summary(tmp_path):
+    agent = """
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-01-01_00:00:00
+  host      : node
+  rank      : 3 (local_rank: 3)
+  exitcode  : 1 (pid: 123)
+"""
+    assert failing_rank(agent, {}) == 3
+    log = tmp_path / "rank2.log"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: x\n")
+    assert failing_rank("no summary", {0: tmp_path / "missing.log", 2: log}) == 2
+    assert failing_rank("no summary", {}) is None
