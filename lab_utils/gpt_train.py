@@ -1,0 +1,602 @@
+"""Train the GPT in one process or under ``torchrun`` (DDP), timing every rank.
+
+Command line (one process, or ``N`` ranks through :func:`lab_utils.launcher.launch`)::
+
+    python -m lab_utils.gpt_train --size tiny --batch-size 16 --accumulation-steps 4 \\
+        --epochs 2 --steps-per-epoch 20 --dtype fp32 --out records.json
+    python -m torch.distributed.run --nproc-per-node 4 -m lab_utils.gpt_train --batch-size 64 ...
+
+``--batch-size`` is the micro-batch *per rank* in sequences; one optimizer step sees
+``batch_size x accumulation_steps x world_size`` sequences of ``block_size`` tokens.
+
+Gradient accumulation done right: every micro-step but the last runs its forward *and*
+backward inside ``DDP.no_sync()`` (DDP decides at forward time whether the coming
+backward all-reduces), so gradients cross the network once per optimizer step; each
+micro-batch loss is divided by ``accumulation_steps`` so the accumulated gradient is the
+gradient of the mean loss over all micro-batches (tested against one big batch).
+
+What is timed, per rank and per epoch (seconds; ``timing.PhaseTimer`` and
+``timing.NestedTimers`` synchronize the device at every boundary):
+
+- ``epoch_seconds``: the training loop plus validation;
+- ``train_seconds``: the training loop (loader waits included);
+- ``data_loading_seconds`` (waiting on the DataLoader), ``data_movement_seconds``
+  (host to device), ``compute_seconds`` and ``communication_seconds``;
+- communication is *measured*, as exposed communication: after each epoch, untimed
+  probe steps alternate a synchronizing forward+backward with one under ``no_sync`` on
+  the same micro-batch; ``exposed_comm_per_step_seconds`` is the difference of their
+  medians (the part of the all-reduce that backward did not hide, plus waiting for the
+  slowest rank). ``communication_seconds`` = that x optimizer steps (0 with one rank),
+  and ``compute_seconds`` = the timed forward/backward/optimizer time minus it;
+- ``tokens_per_s`` = tokens this rank trained on / ``train_seconds``;
+- ``mfu``: FLOPs per token (counted by ``FlopCounterMode``) x tokens/s / the device's
+  peak FLOP/s for the dtype (``lab_utils.hardware``); ``None`` on CPUs and unknown GPUs.
+
+The aggregate of an epoch takes the *slowest* rank's times (``slowest_rank``) since
+every step waits for it, and also reports the mean over ranks and the imbalance
+(max / min epoch time) to show what averaging hides.
+
+Output (``--out``; rank 0 writes it): a JSON list of one ``{"kind": "epoch", ...}``
+dict per epoch (aggregate fields plus ``"ranks"``: the per-rank dicts) and a final
+``{"kind": "run", ...}`` dict (configuration, corpus, device, FLOPs per token, memory,
+nested timers of every rank, status ``ok`` or ``oom``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from lab_utils.config import check_positive_int
+from lab_utils.errors import LabError
+from lab_utils.models.gpt import (
+    GPT,
+    GPT_SIZES,
+    count_parameters,
+    gpt_config,
+    lm_loss,
+    measure_train_flops_per_token,
+    save_checkpoint,
+    train_flops_per_token,
+    unwrap,
+)
+from lab_utils.progress import progress
+from lab_utils.schedules import LRSchedule
+from lab_utils.text_data import CORPUS_CHOICES, TokenWindows, load_splits
+from lab_utils.timing import NestedTimers, PhaseTimer, synchronize
+
+DTYPES = ("fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Batch sizes are in sequences per rank; lr is AdamW's peak."""
+
+    size: str = "small"
+    batch_size: int = 64
+    accumulation_steps: int = 1
+    epochs: int = 1
+    max_steps: int | None = None          # optimizer steps over the whole run
+    steps_per_epoch: int | None = None    # cap on optimizer steps per epoch
+    dtype: str = "fp32"
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    dropout: float = 0.0
+    corpus: str = "auto"
+    max_chars: int | None = None
+    stride: int | None = None             # tokens between training windows (default block_size)
+    val_batches: int | None = 20          # per rank; None: the whole validation split
+    probe_steps: int = 3                  # pairs of sync/no_sync probe steps per epoch (DDP)
+    seed: int = 0
+    num_workers: int = 0
+    device: str = "auto"
+    save: str | None = None               # checkpoint path (rank 0 writes it)
+
+    def validate(self) -> TrainConfig:
+        """Raise :class:`LabError` for bad values, before any expensive work."""
+        if self.size not in GPT_SIZES:
+            raise LabError(f"Unknown GPT size {self.size!r}; use one of: {', '.join(GPT_SIZES)}.")
+        check_positive_int(self.batch_size, "batch size (--batch-size)")
+        check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
+        check_positive_int(self.epochs, "epochs (--epochs)")
+        for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
+            v = getattr(self, name)
+            if v is not None:
+                check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
+        if self.dtype not in DTYPES:
+            raise LabError(f"Unknown dtype {self.dtype!r}; use one of: {', '.join(DTYPES)}.")
+        if self.device not in DEVICES:
+            raise LabError(f"Unknown device {self.device!r}; use one of: {', '.join(DEVICES)}.")
+        if self.corpus not in CORPUS_CHOICES:
+            raise LabError(f"Unknown corpus {self.corpus!r}; use one of: {', '.join(CORPUS_CHOICES)}.")
+        if not self.lr > 0:
+            raise LabError(f"lr must be positive, got {self.lr!r}.")
+        if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:
+            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
+        return self
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+@dataclass
+class DistContext:
+    """Who this process is. ``ddp`` is True when there is more than one rank."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str | None = None
+    initialized_here: bool = False
+
+    @property
+    def ddp(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_pref: str = "auto") -> DistContext:
+    """Join the process group when started by torchrun (``RANK`` set); else one process.
+
+    Backend: NCCL with one GPU per rank (``LOCAL_RANK``) when CUDA is used, else gloo.
+    """
+    use_cuda = torch.cuda.is_available() and device_pref != "cpu"
+    if device_pref == "cuda" and not torch.cuda.is_available():
+        raise LabError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu.")
+    if "RANK" not in os.environ:
+        return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if use_cuda:
+        if local >= torch.cuda.device_count():
+            raise LabError(f"Rank {rank} needs GPU {local} but only {torch.cuda.device_count()} are visible; "
+                           "start at most that many processes per node.")
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if use_cuda else "gloo"
+    here = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+        here = True
+    return DistContext(rank=rank, local_rank=local, world_size=world, device=device,
+                       backend=backend, initialized_here=here)
+
+
+def gather(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj`` on every rank (a list of one without a process group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# --------------------------------------------------------------------------- one step
+
+
+def autocast_context(device: torch.device, dtype: str):
+    """bf16 autocast for ``dtype="bf16"``; nothing for fp32."""
+    if dtype == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, accumulation_steps: int,
+               sync: bool, dtype: str = "fp32", timers: NestedTimers | None = None) -> torch.Tensor:
+    """Forward, loss and backward of one micro-batch; returns the unscaled loss (detached).
+
+    ``sync=False`` runs forward and backward under ``DDP.no_sync()`` (no all-reduce, the
+    gradient accumulates locally); the loss is divided by ``accumulation_steps`` before
+    backward so ``k`` micro-steps sum to the gradient of the mean loss.
+    """
+    t = timers or NestedTimers(enabled=False)
+    is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    ctx = model.no_sync() if (is_ddp and not sync) else nullcontext()
+    with ctx:
+        with t("forward"), autocast_context(x.device, dtype):
+            logits = model(x)
+        with t("loss"):
+            loss = lm_loss(logits, y)
+        with t("backward"):
+            (loss / accumulation_steps).backward()
+    return loss.detach()
+
+
+def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32") -> int:
+    """Bytes of tensors autograd keeps for backward after one forward on ``x``.
+
+    Measured with ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted
+    once; parameters excluded). Device-independent, so it shows on a CPU too how the
+    activation memory grows with the micro-batch. Bytes.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in params:
+            seen[ptr] = max(seen.get(ptr, 0), st.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_context(x.device, dtype):
+        out = unwrap(model)(x)
+    del out
+    return int(sum(seen.values()))
+
+
+def probe_exposed_communication(model: nn.Module, x: torch.Tensor, y: torch.Tensor, pairs: int,
+                                dtype: str = "fp32") -> dict[str, float]:
+    """Median time of a synchronizing forward+backward vs one under ``no_sync``.
+
+    Runs ``pairs + 1`` alternating pairs on the same micro-batch (the first pair is a
+    warm-up and dropped) and clears the gradients afterwards. Every rank must call it
+    (the synchronizing steps are collective). Seconds.
+    """
+    sync_s, local_s = [], []
+    for i in range(pairs + 1):
+        for sync in (False, True):
+            synchronize(x.device)
+            t0 = time.perf_counter()
+            micro_step(model, x, y, 1, sync=sync, dtype=dtype)
+            synchronize(x.device)
+            dt = time.perf_counter() - t0
+            if i:
+                (sync_s if sync else local_s).append(dt)
+        model.zero_grad(set_to_none=True)
+    s, n = statistics.median(sync_s), statistics.median(local_s)
+    return {"probe_sync_step_seconds": s, "probe_no_sync_step_seconds": n,
+            "exposed_comm_per_step_seconds": s - n}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, max_batches: int | None,
+             dtype: str = "fp32") -> tuple[float, int]:
+    """Summed validation loss (nats) and token count over this rank's share of ``loader``."""
+    gpt = unwrap(model)
+    was = gpt.training
+    gpt.eval()
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    tokens = 0
+    for i, (x, y) in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        x, y = x.to(device), y.to(device)
+        with autocast_context(device, dtype):
+            logits = gpt(x)
+        loss_sum += lm_loss(logits, y).double() * y.numel()
+        tokens += y.numel()
+    gpt.train(was)
+    return float(loss_sum), tokens
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    """Sum floats over ranks (identity with one process)."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def device_peak(device: torch.device, dtype: str) -> tuple[str, float | None, str]:
+    """Device name, its peak FLOP/s for this dtype (None if unknown), precision used."""
+    from lab_utils.hardware import device_name, fp32_training_precision, peak_flops_per_s
+
+    name = device_name(str(device))
+    if device.type != "cuda":
+        return name, None, dtype
+    precision = "bf16" if dtype == "bf16" else fp32_training_precision(name)
+    return name, peak_flops_per_s(name, precision), precision
+
+
+def plan_steps(cfg: TrainConfig, windows: int, world: int) -> tuple[int, int, int]:
+    """(micro-batches per rank per epoch, optimizer steps per epoch, total steps)."""
+    micro = windows // world // cfg.batch_size  # DistributedSampler(drop_last) + DataLoader(drop_last)
+    per_epoch = micro // cfg.accumulation_steps
+    if cfg.steps_per_epoch is not None:
+        per_epoch = min(per_epoch, cfg.steps_per_epoch)
+    if per_epoch == 0:
+        raise LabError(f"An optimizer step needs {cfg.batch_size} x {cfg.accumulation_steps} sequences on "
+                       f"each of {world} ranks but the training split has only {windows} windows; lower "
+                       "--batch-size or --accumulation-steps, use a smaller --stride, or a longer corpus.")
+    total = per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total = min(total, cfg.max_steps)
+    return micro, per_epoch, total
+
+
+def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Train as configured; every rank returns the same list of records (see module doc)."""
+    cfg.validate()
+    ctx = init_distributed(cfg.device)
+    try:
+        return _train(cfg, ctx)
+    finally:
+        if ctx.initialized_here and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
+    device = ctx.device
+    timers = NestedTimers(device)
+    run_timer = timers("run")
+    run_timer.__enter__()
+    # -- data and plan (cheap checks first)
+    splits = load_splits(cfg.corpus, max_chars=cfg.max_chars)
+    mcfg = gpt_config(cfg.size, vocab_size=splits.vocab.size, dropout=cfg.dropout)
+    stride = cfg.stride or mcfg.block_size
+    train_ds = TokenWindows(splits.train, mcfg.block_size, stride)
+    val_ds = TokenWindows(splits.val, mcfg.block_size, mcfg.block_size)
+    micro_per_epoch, steps_per_epoch, total_steps = plan_steps(cfg, len(train_ds), ctx.world_size)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+    model: nn.Module = GPT(mcfg).to(device)
+    n_params = count_parameters(model)
+    flops_per_token = measure_train_flops_per_token(model)
+    name, peak, precision = device_peak(device, cfg.dtype)
+    base: dict[str, Any] = {
+        "config": asdict(cfg), "model_config": mcfg.to_dict(), "world_size": ctx.world_size,
+        "backend": ctx.backend, "device_type": device.type, "device_name": name, "precision": precision,
+        "peak_flops_per_s": peak, "corpus": splits.corpus_name, "synthetic": splits.synthetic,
+        "vocab_size": splits.vocab.size, "train_tokens": splits.train_tokens, "val_tokens": splits.val_tokens,
+        "train_windows": len(train_ds), "parameters": n_params, "flops_per_token": flops_per_token,
+        "flops_per_token_formula": train_flops_per_token(mcfg), "steps_per_epoch": steps_per_epoch,
+        "total_steps": total_steps, "tokens_per_step": cfg.batch_size * cfg.accumulation_steps
+        * ctx.world_size * mcfg.block_size,
+    }
+    try:
+        records = _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps,
+                          timers, base)
+        status, reason = "ok", None
+    except torch.cuda.OutOfMemoryError as e:
+        records, status, reason = [], "oom", f"OOM: {str(e).splitlines()[0][:200]}"
+        model = None
+        torch.cuda.empty_cache()
+    run_timer.__exit__(None, None, None)
+    rank_timers = gather(timers.table(), ctx)
+    peaks = gather(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None, ctx)
+    summary = {"kind": "run", "status": status, "reason": reason, **base,
+               "run_seconds": timers.stats["run"].total_seconds,
+               "peak_memory_bytes": max(peaks) if all(p is not None for p in peaks) else None,
+               "timers_by_rank": rank_timers}
+    if status == "ok":
+        summary.update(records[-1]["final"])
+    if status == "ok" and cfg.save and ctx.is_main:
+        final = records[-1]
+        save_checkpoint(cfg.save, model, splits.vocab.chars, splits.corpus_name,
+                        {"val_loss": final["val_loss"], "train_loss": final["train_loss"],
+                         "steps": summary["steps_done"], "synthetic": splits.synthetic})
+        summary["checkpoint"] = cfg.save
+    for r in records:
+        r.pop("final", None)
+    return [*records, summary]
+
+
+def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps, timers, base):
+    device = ctx.device
+    k = cfg.accumulation_steps
+    # Activation memory of one micro-batch, measured once before training (untimed).
+    x0 = torch.stack([train_ds[i][0] for i in range(min(cfg.batch_size, len(train_ds)))]).to(device)
+    base["saved_activation_bytes"] = saved_activation_bytes(model, x0, cfg.dtype)
+    del x0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    if ctx.ddp:
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr, betas=(0.9, 0.99),
+                                  weight_decay=cfg.weight_decay)
+    schedule = LRSchedule(peak_lr=cfg.lr, total_steps=total_steps,
+                          warmup_steps=min(cfg.warmup_steps, total_steps), warmup_start_lr=cfg.lr / 10,
+                          decay="cosine")
+    sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=True)
+    pin = device.type == "cuda"
+    loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                        num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
+    val_sampler = DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=False)
+    val_loader = DataLoader(val_ds, batch_size=cfg.batch_size, sampler=val_sampler, num_workers=0)
+    peak = base["peak_flops_per_s"]
+    fpt = base["flops_per_token"]
+    tokens_per_micro = cfg.batch_size * mcfg.block_size
+
+    records: list[dict[str, Any]] = []
+    step = 0
+    before = {"epoch": 0.0, "epoch/training": 0.0, "epoch/validation": 0.0}
+    for epoch in range(1, cfg.epochs + 1):
+        if step >= total_steps:
+            break
+        sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
+        phases = PhaseTimer(device)
+        n_steps = min(steps_per_epoch, total_steps - step)
+        loss_sum = torch.zeros((), device=device)
+        micro_done = 0
+        model.train()
+        with timers("epoch"):
+            with timers("training"):
+                batches = phases.iterate(loader)
+                for _ in progress(range(n_steps), desc=f"rank {ctx.rank} epoch {epoch}"):
+                    lr = schedule.lr_at(step)
+                    for g in optimizer.param_groups:
+                        g["lr"] = lr
+                    for m in range(k):
+                        x, y = next(batches)
+                        with phases.phase("data_movement"):
+                            x = x.to(device, non_blocking=pin)
+                            y = y.to(device, non_blocking=pin)
+                        with phases.phase("compute"):
+                            loss_sum += micro_step(model, x, y, k, sync=(m == k - 1), dtype=cfg.dtype,
+                                                   timers=timers)
+                        micro_done += 1
+                    with phases.phase("compute"), timers("optimizer"):
+                        if cfg.grad_clip:
+                            nn.utils.clip_grad_norm_(unwrap(model).parameters(), cfg.grad_clip)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    step += 1
+                del batches
+            with timers("validation"):
+                v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, cfg.dtype)
+        totals = {n: timers.stats[f"run/{n}"].total_seconds
+                  for n in ("epoch", "epoch/training", "epoch/validation")}
+        epoch_seconds, train_seconds, val_seconds = (totals[n] - before[n] for n in totals)
+        before = totals
+        # Exposed communication, measured on this epoch's last micro-batch (untimed probe).
+        probe = {"probe_sync_step_seconds": None, "probe_no_sync_step_seconds": None,
+                 "exposed_comm_per_step_seconds": 0.0}
+        if ctx.ddp and cfg.probe_steps > 0:
+            with timers("comm_probe"):
+                probe = probe_exposed_communication(model, x, y, cfg.probe_steps, cfg.dtype)
+        comm = max(0.0, probe["exposed_comm_per_step_seconds"]) * n_steps if ctx.ddp else 0.0
+        compute_total = phases.seconds("compute")
+        tokens = micro_done * tokens_per_micro
+        tps = tokens / train_seconds if train_seconds > 0 else math.nan
+        mine = {
+            "rank": ctx.rank, "epoch": epoch, "steps": n_steps, "micro_steps": micro_done,
+            "sequences": micro_done * cfg.batch_size, "tokens": tokens,
+            "epoch_seconds": epoch_seconds, "train_seconds": train_seconds, "validation_seconds": val_seconds,
+            "data_loading_seconds": phases.seconds("data_loading"),
+            "data_movement_seconds": phases.seconds("data_movement"),
+            "compute_seconds": compute_total - comm, "communication_seconds": comm,
+            "compute_and_exposed_comm_seconds": compute_total, **probe,
+            "train_loss": float(loss_sum) / max(micro_done, 1), "tokens_per_s": tps,
+            "mfu": fpt * tps / peak if peak else None,
+            "peak_memory_bytes": (int(torch.cuda.max_memory_allocated(device))
+                                  if device.type == "cuda" else None),
+            "lr": lr,
+        }
+        v_sum, v_tok = all_reduce_sum([v_sum, float(v_tok)], ctx)
+        ranks = gather(mine, ctx)
+        records.append(aggregate_epoch(ranks, v_sum / max(v_tok, 1), peak, fpt))
+    records[-1]["final"] = {"steps_done": step, "final_val_loss": records[-1]["val_loss"],
+                            "final_train_loss": records[-1]["train_loss"]}
+    return records
+
+
+def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | None,
+                    flops_per_token: float) -> dict[str, Any]:
+    """One epoch over all ranks: the slowest rank's times, means, imbalance, global rates.
+
+    ``epoch_seconds`` is the maximum over ranks (everyone waits for the slowest);
+    ``epoch_seconds_mean`` is what averaging would report. ``tokens_per_s`` is all
+    ranks' tokens / the slowest rank's training time. ``mfu`` divides by the peak of
+    all ``world_size`` devices.
+    """
+    world = len(ranks)
+    slow = max(ranks, key=lambda r: r["epoch_seconds"])
+    fast = min(ranks, key=lambda r: r["epoch_seconds"])
+    tokens = sum(r["tokens"] for r in ranks)
+    train_max = max(r["train_seconds"] for r in ranks)
+    tps = tokens / train_max if train_max > 0 else math.nan
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in ranks) / world
+
+    out = {
+        "kind": "epoch", "epoch": slow["epoch"], "world_size": world, "slowest_rank": slow["rank"],
+        "fastest_rank": fast["rank"], "steps": slow["steps"], "tokens": tokens,
+        "epoch_seconds": slow["epoch_seconds"], "epoch_seconds_mean": mean("epoch_seconds"),
+        "epoch_seconds_min": fast["epoch_seconds"],
+        "imbalance": slow["epoch_seconds"] / fast["epoch_seconds"] if fast["epoch_seconds"] > 0 else None,
+        "train_seconds": train_max, "train_seconds_mean": mean("train_seconds"),
+        "train_loss": mean("train_loss"), "val_loss": val_loss, "tokens_per_s": tps,
+        "mfu": flops_per_token * tps / (peak * world) if peak else None,
+        "ranks": ranks,
+    }
+    for key in ("data_loading_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
+                "validation_seconds", "exposed_comm_per_step_seconds"):
+        out[key] = slow[key]              # the slowest rank's breakdown: it sums to its epoch time
+        out[f"{key[:-8]}_mean_seconds" if key.endswith("_seconds") else f"{key}_mean"] = mean(key)
+    return out
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog="python -m lab_utils.gpt_train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default=d.size, help=f"model size: {', '.join(GPT_SIZES)}")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="micro-batch per rank (sequences)")
+    p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps over the whole run")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="cap on optimizer steps per epoch")
+    p.add_argument("--dtype", default=d.dtype, help=f"{', '.join(DTYPES)} (bf16: autocast)")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
+    p.add_argument("--dropout", type=float, default=d.dropout)
+    p.add_argument("--corpus", default=d.corpus, help=f"{', '.join(CORPUS_CHOICES)}")
+    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
+    p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
+    p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")
+    p.add_argument("--probe-steps", type=int, default=d.probe_steps)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--num-workers", type=int, default=d.num_workers)
+    p.add_argument("--device", default=d.device, help=f"{', '.join(DEVICES)}")
+    p.add_argument("--save", default=None, help="write the trained checkpoint here (rank 0)")
+    p.add_argument("--out", default=None, help="rank 0 writes the JSON records here")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    kw = {k: v for k, v in vars(ns).items() if k != "out"}
+    if kw.get("val_batches") == 0:
+        kw["val_batches"] = None
+    return TrainConfig(**kw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lab_utils.launcher import setup_rank_logging, write_worker_output
+
+    setup_rank_logging()
+    ns = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(ns)
+        records = run_training(cfg)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_worker_output(records, ns.out)
+        if not ns.out:
+            for r in records:
+                print(json.dumps({k: v for k, v in r.items() if k not in ("ranks", "timers_by_rank")},
+                                 default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

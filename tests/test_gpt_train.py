@@ -1,0 +1,218 @@
+"""GPT training: gradient accumulation equivalences, aggregation over ranks, the worker."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lab_utils import gpt_train
+from lab_utils.errors import LabError
+from lab_utils.gpt_train import TrainConfig, aggregate_epoch, micro_step, plan_steps, saved_activation_bytes
+from lab_utils.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
+
+VOCAB, K, B, T = 11, 4, 3, 16
+
+
+def _model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(gpt_config("tiny", vocab_size=VOCAB, block_size=T))
+
+
+def _batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (n, T), generator=g), torch.randint(0, VOCAB, (n, T), generator=g)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def _reference_grads(n: int) -> dict[str, torch.Tensor]:
+    """Gradient of the mean loss over one batch of ``n`` sequences."""
+    model = _model()
+    x, y = _batch(n)
+    lm_loss(model(x), y).backward()
+    return _grads(model)
+
+
+def _assert_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for n in a:
+        torch.testing.assert_close(a[n], b[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
+# --------------------------------------------------------------------------- accumulation
+
+
+def test_k_micro_batches_equal_one_big_batch_single_process():
+    model = _model()
+    x, y = _batch(K * B)
+    for m in range(K):
+        s = slice(m * B, (m + 1) * B)
+        micro_step(model, x[s], y[s], K, sync=(m == K - 1))
+    _assert_close(_grads(model), _reference_grads(K * B))
+
+
+def test_without_loss_scaling_the_gradient_is_k_times_too_large():
+    model = _model()
+    x, y = _batch(K * B)
+    for m in range(K):
+        s = slice(m * B, (m + 1) * B)
+        micro_step(model, x[s], y[s], 1, sync=True)  # forgot to divide by K
+    ref = _reference_grads(K * B)
+    g = _grads(model)
+    torch.testing.assert_close(g["wte.weight"], K * ref["wte.weight"], rtol=1e-4, atol=1e-6)
+
+
+def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(_model())
+        calls = []
+
+        def counting_allreduce(state, bucket):
+            calls.append(1)
+            buf = bucket.buffer().div_(world)
+            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        model.register_comm_hook(None, counting_allreduce)
+        x, y = _batch(world * K * B)
+        mine = slice(rank * K * B, (rank + 1) * K * B)
+        x, y = x[mine], y[mine]
+        after_first = None
+        for m in range(K):
+            s = slice(m * B, (m + 1) * B)
+            micro_step(model, x[s], y[s], K, sync=(m == K - 1))
+            if m == 0:
+                after_first = _grads(model.module)
+        torch.save({"calls": len(calls), "first": after_first, "final": _grads(model.module)},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_with_sync_on_last_micro_step_equals_one_big_batch(tmp_path):
+    from lab_utils.launcher import free_port
+
+    world = 2
+    mp.spawn(_ddp_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    ref = _reference_grads(world * K * B)  # one process, the whole global batch
+    for r in res:
+        assert r["calls"] == 1              # one all-reduce (one bucket), on the last micro-step only
+        _assert_close(r["final"], ref)
+    # Before the last micro-step nothing was synchronized: the ranks' gradients differ.
+    assert not torch.allclose(res[0]["first"]["wte.weight"], res[1]["first"]["wte.weight"])
+
+
+# --------------------------------------------------------------------------- bookkeeping
+
+
+def test_activation_memory_grows_with_the_micro_batch():
+    model = _model()
+    a1 = saved_activation_bytes(model, _batch(2)[0])
+    a2 = saved_activation_bytes(model, _batch(4)[0])
+    assert a1 > 0
+    assert a2 == pytest.approx(2 * a1, rel=0.05)
+
+
+def test_plan_steps_by_hand():
+    cfg = TrainConfig(batch_size=8, accumulation_steps=3, epochs=2)
+    # 1000 windows over 2 ranks = 500 each -> 62 micro-batches -> 20 optimizer steps per epoch
+    assert plan_steps(cfg, 1000, 2) == (62, 20, 40)
+    cfg = TrainConfig(batch_size=8, accumulation_steps=3, epochs=2, steps_per_epoch=5, max_steps=7)
+    assert plan_steps(cfg, 1000, 2) == (62, 5, 7)
+    with pytest.raises(LabError, match="batch-size"):
+        plan_steps(TrainConfig(batch_size=400, accumulation_steps=2), 1000, 2)
+
+
+def test_config_is_checked_before_work():
+    with pytest.raises(LabError, match="dtype"):
+        TrainConfig(dtype="fp8").validate()
+    with pytest.raises(LabError, match="accumulation"):
+        TrainConfig(accumulation_steps=0).validate()
+    assert gpt_train.main(["--size", "nano", "--out", os.devnull]) == 2
+
+
+def _rank(rank, epoch_s, train_s, tokens=1000, comm=0.5):
+    return {"rank": rank, "epoch": 1, "steps": 10, "tokens": tokens, "epoch_seconds": epoch_s,
+            "train_seconds": train_s, "train_loss": 2.0 + rank, "data_loading_seconds": 0.1,
+            "data_movement_seconds": 0.2, "compute_seconds": train_s - 0.8, "communication_seconds": comm,
+            "validation_seconds": epoch_s - train_s, "exposed_comm_per_step_seconds": comm / 10}
+
+
+def test_aggregate_takes_the_slowest_rank_and_reports_the_mean():
+    ranks = [_rank(0, 10.0, 9.0), _rank(1, 12.0, 11.0, comm=0.3), _rank(2, 8.0, 7.0)]
+    agg = aggregate_epoch(ranks, val_loss=1.9, peak=1e6, flops_per_token=100.0)
+    assert agg["slowest_rank"] == 1 and agg["fastest_rank"] == 2
+    assert agg["epoch_seconds"] == 12.0
+    assert agg["epoch_seconds_mean"] == pytest.approx(10.0)
+    assert agg["imbalance"] == pytest.approx(1.5)
+    assert agg["communication_seconds"] == 0.3          # the slowest rank's breakdown
+    assert agg["communication_mean_seconds"] == pytest.approx((0.5 + 0.3 + 0.5) / 3)
+    assert agg["tokens_per_s"] == pytest.approx(3000 / 11.0)   # all tokens / slowest training time
+    assert agg["mfu"] == pytest.approx(100.0 * 3000 / 11.0 / (3 * 1e6))
+    assert agg["train_loss"] == pytest.approx(3.0)
+    assert aggregate_epoch(ranks, 1.9, None, 100.0)["mfu"] is None
+
+
+# --------------------------------------------------------------------------- training
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads; on a loaded CPU extra threads only spin."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_loss_falls_on_the_offline_corpus(one_thread):
+    cfg = TrainConfig(size="tiny", batch_size=16, epochs=2, steps_per_epoch=75, corpus="stdlib",
+                      max_chars=200_000, lr=3e-3, warmup_steps=10, val_batches=4)
+    recs = gpt_train.run_training(cfg)
+    epochs = [r for r in recs if r["kind"] == "epoch"]
+    run = recs[-1]
+    assert run["status"] == "ok" and run["synthetic"] is True
+    assert run["corpus"].startswith("python-stdlib")
+    assert run["steps_done"] == 150 and run["parameters"] > 0
+    initial = math.log(run["vocab_size"])                 # an untrained model is near uniform
+    assert epochs[-1]["val_loss"] < 0.6 * initial
+    assert epochs[-1]["val_loss"] < epochs[0]["val_loss"]
+    names = {t["timer"] for t in run["timers_by_rank"][0]}
+    assert {"run", "run/epoch", "run/epoch/training", "run/epoch/validation",
+            "run/epoch/training/forward", "run/epoch/training/loss", "run/epoch/training/backward"} <= names
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_under_torchrun_report_every_rank(tmp_path):
+    from lab_utils.launcher import launch
+
+    ckpt = tmp_path / "gpt.pt"
+    res = launch("lab_utils.gpt_train",
+                 ["--size", "tiny", "--batch-size", "8", "--accumulation-steps", "2", "--epochs", "2",
+                  "--steps-per-epoch", "3", "--corpus", "stdlib", "--max-chars", "60000",
+                  "--val-batches", "2", "--probe-steps", "2", "--save", str(ckpt)],
+                 nproc=2, timeout_s=300, log_dir=tmp_path / "logs")
+    epochs = [r for r in res.records if r["kind"] == "epoch"]
+    run = res.records[-1]
+    assert len(epochs) == 2 and run["world_size"] == 2 and run["backend"] == "gloo"
+    for e in epochs:
+        assert sorted(r["rank"] for r in e["ranks"]) == [0, 1]
+        assert e["epoch_seconds"] == max(r["epoch_seconds"] for r in e["ranks"])
+        assert e["tokens"] == 2 * 3 * 2 * 8 * 64       # ranks x steps x micro-steps x batch x block
+        for r in e["ranks"]:
+            assert r["probe_sync_step_seconds"] > 0 and r["communication_seconds"] >= 0
+            assert r["compute_seconds"] + r["communication_seconds"] == pytest.approx(
+                r["compute_and_exposed_comm_seconds"])
+    model, payload = load_checkpoint(ckpt)
+    assert payload["metrics"]["steps"] == 6 and payload["corpus"].startswith("python-stdlib")
