@@ -862,3 +862,327 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
             row["note"] = "communication time <= 0 (within noise): no rate"
         rows.append(row)
     return rows
+
+
+# --------------------------------------------------------------------------- DDP buckets
+
+
+def ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
+                     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
+    """Bytes of each gradient bucket DDP all-reduces per step, in the order they are sent.
+
+    After its first iteration DDP rebuilds its buckets in the order gradients become
+    ready, which for a feed-forward network is the reverse of ``model.parameters()``:
+    tensors are added to the current bucket until it holds at least the cap (1 MiB for
+    the first bucket, 25 MiB after), then a new bucket starts. A bucket may therefore
+    exceed its cap by its last tensor; a tensor is never split.
+    """
+    caps = [check_positive_int(first_bucket_bytes, "first bucket bytes"),
+            check_positive_int(bucket_bytes, "bucket bytes")]
+    sizes, current, k = [], 0, 0
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        current += p.numel() * p.element_size()
+        if current >= caps[min(k, len(caps) - 1)]:
+            sizes.append(current)
+            current, k = 0, k + 1
+    if current:
+        sizes.append(current)
+    return sizes
+
+
+def bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit]):
+    """Per DDP bucket: bytes and the fitted ring time / busbw on each benchmarked rank count."""
+    import pandas as pd
+
+    rows = []
+    for i, s in enumerate(bucket_sizes):
+        row: dict[str, Any] = {"bucket": i, "bytes": int(s)}
+        for p, fit in sorted(fits.items()):
+            t = fit.predict_seconds(s)
+            row[f"P={p} modelled ms"] = 1e3 * t
+            row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
+        rows.append(row)
+    total = int(sum(bucket_sizes))
+    row = {"bucket": "one message", "bytes": total}
+    for p, fit in sorted(fits.items()):
+        t = fit.predict_seconds(total)
+        row[f"P={p} modelled ms"] = 1e3 * t
+        row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
+    rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- compute per step
+
+
+COMPUTE_EXPERIMENT = "compute_step"
+
+
+def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int, warmup: int,
+                                 seed: int = 0) -> float:
+    """Mean seconds of one training step on one device (forward, loss, backward, SGD step).
+
+    Random inputs already on the device (no loader, no host-to-device copy); the device
+    is synchronized before the clock starts and after the last step. ``warmup`` steps
+    (allocator, cuDNN autotuning) are not timed.
+    """
+    import time
+
+    import torch
+
+    from lab_utils.models import ResNet18
+    from lab_utils.timing import synchronize
+    from lab_utils.train import make_optimizer
+
+    check_positive_int(width, "model width")
+    check_positive_int(batch_size, "batch size")
+    check_positive_int(steps, "timed steps")
+    torch.manual_seed(seed)
+    dev = torch.device(device)
+    model = ResNet18(width=width).to(dev)
+    opt = make_optimizer(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x = torch.randn(batch_size, 3, 32, 32, device=dev)
+    y = torch.randint(0, 10, (batch_size,), device=dev)
+    start = 0.0
+    for i in range(warmup + steps):
+        if i == warmup:
+            synchronize(dev)
+            start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    synchronize(dev)
+    return (time.perf_counter() - start) / steps
+
+
+def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, steps: int, warmup: int,
+                         force: bool = False) -> list:
+    """Measure (or reuse) the compute seconds per step at each batch size; one record each."""
+    import torch
+
+    from lab_utils.hardware import hardware_summary
+
+    dev = torch.device(device)
+    out = []
+    for b in batch_sizes:
+        cfg = {"model": "resnet18", "width": width, "batch_size": b, "device_type": dev.type,
+               "steps": steps, "warmup": warmup}
+
+        def measure(b=b):
+            from lab_utils.results import Record
+
+            seconds = measure_compute_step_seconds(width, b, dev, steps, warmup)
+            return Record(COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
+                          synthetic=True, dataset="random tensors", hardware=hardware_summary(dev.type, 1))
+
+        out.append(store.run(COMPUTE_EXPERIMENT, cfg, measure, force=force))
+    return out
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def plot_busbw(records: Iterable, fits: Mapping[int, AlphaBetaFit], link: LinkPeak | None = None):
+    """Log-log busbw (GB/s) against message size per rank count, with the fitted model overlaid."""
+    import matplotlib.pyplot as plt
+
+    df = bench_frame(records)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p, g in df.groupby("ranks"):
+        line, = ax.loglog(g.size_bytes, g.busbw_gb_per_s, "o", ms=4, label=f"measured, {p} ranks")
+        fit = fits.get(int(p))
+        if fit is not None:
+            xs = np.geomspace(g.size_bytes.min(), g.size_bytes.max(), 200)
+            label = (f"fit {p} ranks: alpha={fit.alpha_seconds * 1e6:.1f} us, "
+                     f"B={fit.bandwidth_gb_per_s:.2f} GB/s")
+            model = [fit.predict_busbw_gb_per_s(x) for x in xs]
+            ax.loglog(xs, model, "-", color=line.get_color(), label=label)
+    if link is not None and link.gb_per_s:
+        ax.axhline(link.gb_per_s, color="0.4", ls="--", lw=1,
+                   label=f"nominal link {link.gb_per_s:g} GB/s")
+    ax.set_xlabel("message size S (bytes)")
+    ax.set_ylabel("busbw (GB/s, decimal)")
+    ax.set_title("All-reduce bus bandwidth vs message size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_projection(rows: Iterable[ProjectionRow]):
+    """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds)."""
+    import matplotlib.pyplot as plt
+
+    df = projection_frame(rows)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for b, g in df.groupby("per_device_batch"):
+        line, = ax.semilogx(g.devices, g.efficiency, "o-", base=2, label=f"batch {b}/device, no overlap")
+        ax.semilogx(g.devices, g.efficiency_full_overlap, "--", base=2, color=line.get_color(),
+                    label=f"batch {b}/device, full overlap")
+    ax.set_xlabel("devices P")
+    ax.set_ylabel("predicted efficiency = speedup / P")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Projected weak-scaling efficiency (ring all-reduce, fitted alpha and B)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+# --------------------------------------------------------------------------- notebook 04
+
+
+@dataclass(frozen=True)
+class CommLabSettings:
+    """Per-profile knobs of notebook 04 (besides :data:`BENCH_SETTINGS`).
+
+    ``bench_ranks``: rank counts to benchmark (capped by the GPUs present; CPU processes
+    when there are fewer than 2 GPUs). ``batch_sizes`` / ``width`` / ``compute_*``: the
+    per-device batches and the model for the projection's compute time per step, used
+    only when notebook 03's single-device records are missing. ``table_devices``: the
+    device counts of Table 3.
+    """
+
+    bench_ranks: tuple[int, ...]
+    batch_sizes: tuple[int, ...]
+    width: int
+    compute_steps: int
+    compute_warmup: int
+    table_devices: tuple[int, ...] = (2, 4)
+    projection_devices: tuple[int, ...] = PROJECTION_DEVICES
+    label: str = ""
+
+
+COMM_LAB_SETTINGS: dict[str, CommLabSettings] = {
+    "quick": CommLabSettings(bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2,
+                             compute_warmup=1,
+                             label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8"),
+    "full": CommLabSettings(bench_ranks=(2, 4), batch_sizes=(32, 128, 512), width=64, compute_steps=20,
+                            compute_warmup=5,
+                            label="full: NCCL on the GPUs (gloo CPU processes with fewer than 2), "
+                                  "messages up to 1 GiB, the spec ResNet-18"),
+}
+
+
+def bench_rank_counts(wanted: Sequence[int], gpus: int) -> list[int]:
+    """The rank counts to benchmark: ``wanted`` capped by the GPUs, plus all GPUs when more.
+
+    With fewer than 2 GPUs the benchmark runs CPU processes, and ``wanted`` is kept as is.
+    """
+    ranks = sorted({check_positive_int(p, "benchmark rank count") for p in wanted})
+    if gpus < 2:
+        return [p for p in ranks if p >= 2]
+    out = sorted({p for p in ranks if 2 <= p <= gpus} | {gpus})
+    return out
+
+
+def gradient_bytes_table(grad_bytes: int, parameters: int, dataset_size: int, batch_sizes: Sequence[int],
+                         devices: Sequence[int]):
+    """Per (devices, per-device batch): iterations and ring bytes per rank per step and per epoch."""
+    import pandas as pd
+
+    rows = []
+    for p in devices:
+        for b in batch_sizes:
+            rows.append({"devices": p, "per_gpu_batch": b, "parameters": parameters, "grad_bytes": grad_bytes,
+                         "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
+                         "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
+                         "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
+                         "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)})
+    return pd.DataFrame(rows)
+
+
+def bench_table(records: Iterable):
+    """The benchmark table for the report: nccl-tests columns plus the fitted model's time."""
+    df = bench_frame(records)
+    fits = fit_records(records)
+    df["model_time_us"] = [fits[int(r.ranks)].predict_seconds(r.size_bytes) * 1e6 if int(r.ranks) in fits
+                           else None for r in df.itertuples()]
+    return df
+
+
+def fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None]):
+    import pandas as pd
+
+    rows = []
+    for p, f in sorted(fits.items()):
+        rows.append({"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
+                     "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
+                     "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
+                     "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
+                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points})
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class ProjectionCompute:
+    """The compute side of a projection: seconds per step per batch, and the model and data behind them."""
+
+    seconds_per_step: dict[int, float]
+    grad_bytes: int
+    dataset_size: int
+    width: int
+    source: str
+    measured: bool
+    records: list = field(default_factory=list)
+
+    @property
+    def description(self) -> str:
+        per = ", ".join(f"batch {b}: {t * 1e3:.1f} ms" for b, t in sorted(self.seconds_per_step.items()))
+        return (f"compute per step ({self.source}): {per}; ResNet-18 width {self.width}, "
+                f"{self.grad_bytes:,} gradient bytes; projected data set {self.dataset_size:,} images")
+
+
+def measured_compute_inputs(store, device, settings: CommLabSettings,
+                            batch_sizes: Sequence[int] | None = None, force: bool = False,
+                            dataset_size: int | None = None) -> ProjectionCompute:
+    """Compute seconds per step measured in this process (one device, random tensors)."""
+    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.models import ResNet18
+
+    sizes = tuple(batch_sizes or settings.batch_sizes)
+    recs = compute_step_records(store, settings.width, sizes, device, settings.compute_steps,
+                                settings.compute_warmup, force=force)
+    per = {int(r.config["batch_size"]): float(r.metrics["compute_seconds_per_step"])
+           for r in recs if r.status == "ok"}
+    return ProjectionCompute(
+        seconds_per_step=per, grad_bytes=gradient_bytes(ResNet18(width=settings.width)),
+        dataset_size=dataset_size or CIFAR10_TRAIN_SIZE, width=settings.width,
+        source=f"measured here on one {device} device: forward+backward+SGD step on random tensors, "
+               f"{settings.compute_steps} timed steps after {settings.compute_warmup} warm-up",
+        measured=True, records=recs)
+
+
+def inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
+                 compute: ProjectionCompute | None, link: LinkPeak, bench_records: Sequence):
+    """Which inputs of notebook 04 were measured, and which were assumed."""
+    import pandas as pd
+
+    df = bench_frame(bench_records)
+    backend = ", ".join(sorted(set(df.backend))) if len(df) else "none"
+    rows = [
+        {"input": "gradient bytes S", "value": "sum numel x element size over trainable params",
+         "kind": "computed exactly", "source": "model definition"},
+        {"input": "all-reduce time per size", "value": f"{len(df)} points, ranks {sorted(set(df.ranks))}",
+         "kind": "measured", "source": f"benchmark ({backend}), slowest rank, after warm-up"},
+    ]
+    for p, f in sorted(fits.items()):
+        rows.append({"input": f"alpha, B ({p} ranks)",
+                     "value": f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
+                     "kind": "fitted to measurements",
+                     "source": f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%"})
+    rows.append({"input": "link nominal bandwidth", "value": link.gb_per_s if link.gb_per_s else "unknown",
+                 "kind": "data sheet" if link.gb_per_s else "not available", "source": link.description})
+    if compute is not None:
+        steps = sorted(compute.seconds_per_step.items())
+        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in steps)
+        rows.append({"input": "compute seconds per step", "value": per,
+                     "kind": "measured", "source": compute.source})
+        rows.append({"input": "data set size for the projection", "value": compute.dataset_size,
+                     "kind": "assumed", "source": "CIFAR-10 training set"})
+    if ref_fit is not None:
+        rows.append({"input": "alpha, B at 8..1024 devices",
+                     "value": f"those fitted on {ref_fit.world_size} ranks",
+                     "kind": "assumed", "source": "no measurement beyond this machine exists"})
+    rows += [{"input": f"projection assumption {i + 1}", "value": a, "kind": "assumed",
+              "source": "comm.PROJECTION_ASSUMPTIONS"} for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
+    return pd.DataFrame(rows)

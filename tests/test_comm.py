@@ -358,3 +358,70 @@ def test_bench_rejects_bad_settings_before_launch(store):
     with pytest.raises(LabError, match="iterations"):
         comm.run_allreduce_bench(store, nproc=2, settings=comm.BenchSettings(64, iters=0, warmup=0),
                                  backend="gloo")
+
+
+# --------------------------------------------------------------------------- DDP buckets and notebook helpers
+
+
+@pytest.mark.parametrize("width,caps", [(64, (comm.MIB, 25 * comm.MIB)), (64, (1000, 50_000)),
+                                        (16, (comm.MIB, comm.MIB))])
+def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
+    import torch.distributed as dist
+
+    from lab_utils.models import ResNet18
+
+    model = ResNet18(width=width)
+    ready_order = list(reversed([p for p in model.parameters() if p.requires_grad]))
+    idx, _ = dist._compute_bucket_assignment_by_size(ready_order, list(caps), [False] * len(ready_order))
+    expected = [sum(ready_order[i].numel() * ready_order[i].element_size() for i in b) for b in idx]
+    sizes = comm.ddp_bucket_sizes(model, bucket_bytes=caps[1], first_bucket_bytes=caps[0])
+    assert sizes == expected and sum(sizes) == comm.gradient_bytes(model)
+
+
+def test_resnet18_default_buckets():
+    from lab_utils.models import ResNet18
+
+    # layer4's 3x3x512x512 convs are 9.4 MB each: the first bucket passes 1 MiB with one of them
+    assert comm.ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
+    fit = comm.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
+    df = comm.bucket_table([9_461_800, 26_494_976, 8_739_072], {2: fit})
+    assert list(df.bucket) == [0, 1, 2, "one message"] and df.bytes.iloc[-1] == S_RESNET18
+    # 2 ranks: T = 2e-5 + S / 1e10; latency share = 2e-5 / T
+    t0 = 2e-5 + 9_461_800 / 1e10
+    assert df["P=2 modelled ms"].iloc[0] == pytest.approx(1e3 * t0)
+    assert df["P=2 latency share"].iloc[0] == pytest.approx(2e-5 / t0)
+
+
+def test_bench_rank_counts():
+    assert comm.bench_rank_counts((2, 4), gpus=0) == [2, 4]  # CPU processes
+    assert comm.bench_rank_counts((2, 4), gpus=1) == [2, 4]
+    assert comm.bench_rank_counts((2, 4), gpus=2) == [2]
+    assert comm.bench_rank_counts((2, 4), gpus=8) == [2, 4, 8]
+
+
+def test_gradient_bytes_table_by_hand():
+    df = comm.gradient_bytes_table(S_RESNET18, 11_173_962, 50_000, [128], [4])
+    (row,) = df.to_dict("records")
+    assert row["steps_per_epoch"] == 98 and row["bytes_per_rank_per_step"] == 67_043_772
+    assert row["bytes_per_rank_per_epoch"] == 6_570_289_656
+    assert row["if_params_were_bytes"] * 4 == pytest.approx(row["bytes_per_rank_per_epoch"])
+
+
+def test_measured_compute_inputs_and_inputs_table(store):
+    settings = comm.CommLabSettings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
+                                    compute_warmup=0)
+    compute = comm.measured_compute_inputs(store, "cpu", settings)
+    assert set(compute.seconds_per_step) == {4} and compute.seconds_per_step[4] > 0
+    assert compute.dataset_size == 50_000 and compute.measured
+    from lab_utils.models import ResNet18
+
+    assert compute.grad_bytes == comm.gradient_bytes(ResNet18(width=4))
+    again = comm.measured_compute_inputs(store, "cpu", settings)  # stored: not re-measured
+    assert again.records[0].timestamp == compute.records[0].timestamp
+    fit = comm.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
+    df = comm.inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
+    kinds = dict(zip(df.input, df.kind))
+    assert kinds["compute seconds per step"] == "measured"
+    assert kinds["alpha, B at 8..1024 devices"] == "assumed"
+    assert kinds["link nominal bandwidth"] == "not available"
+    assert (df.kind == "assumed").sum() >= len(comm.PROJECTION_ASSUMPTIONS)
