@@ -22,12 +22,17 @@ What is timed, per rank and per epoch (seconds; ``timing.PhaseTimer`` and
 - ``train_seconds``: the training loop (loader waits included);
 - ``data_loading_seconds`` (waiting on the DataLoader), ``data_movement_seconds``
   (host to device), ``compute_seconds`` and ``communication_seconds``;
-- communication is *measured*, as exposed communication: after each epoch, untimed
-  probe steps alternate a synchronizing forward+backward with one under ``no_sync`` on
-  the same micro-batch; ``exposed_comm_per_step_seconds`` is the difference of their
-  medians (the part of the all-reduce that backward did not hide, plus waiting for the
-  slowest rank). ``communication_seconds`` = that x optimizer steps (0 with one rank),
-  and ``compute_seconds`` = the timed forward/backward/optimizer time minus it;
+- communication is *measured* with :mod:`lab_utils.comm_hooks`, as in notebook 03: a
+  timing communication hook (:class:`~lab_utils.comm_hooks.AllReduceTimer`) sees every
+  bucket's all-reduce on the synchronizing micro-step. ``communication_seconds`` is the
+  exposed wait at the end of backward (last bucket ready -> backward returned), moved
+  out of ``compute_seconds``; ``allreduce_seconds`` is the time any all-reduce was in
+  flight (mostly hidden behind backward). After each epoch an untimed probe
+  (:func:`~lab_utils.comm_hooks.probe_exposed_comm`) alternates synchronizing
+  forward+backward steps with ``no_sync`` ones on the same micro-batch:
+  ``exposed_comm_per_step_seconds`` (their difference, >= 0; it includes waiting for the
+  slowest rank), ``exposed_comm_seconds`` (that x optimizer steps), ``overlap_seconds``
+  and ``overlap_fraction``. With one process all of these are 0 / None;
 - ``tokens_per_s`` = tokens this rank trained on / ``train_seconds``;
 - ``mfu``: FLOPs per token (counted by ``FlopCounterMode``) x tokens/s / the device's
   peak FLOP/s for the dtype (``lab_utils.hardware``); ``None`` on CPUs and unknown GPUs.
@@ -48,9 +53,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -77,7 +80,7 @@ from lab_utils.models.gpt import (
 from lab_utils.progress import progress
 from lab_utils.schedules import LRSchedule
 from lab_utils.text_data import CORPUS_CHOICES, TokenWindows, load_splits
-from lab_utils.timing import NestedTimers, PhaseTimer, synchronize
+from lab_utils.timing import NestedTimers, PhaseTimer
 
 DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -103,7 +106,7 @@ class TrainConfig:
     max_chars: int | None = None
     stride: int | None = None             # tokens between training windows (default block_size)
     val_batches: int | None = 20          # per rank; None: the whole validation split
-    probe_steps: int = 3                  # pairs of sync/no_sync probe steps per epoch (DDP)
+    probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
     seed: int = 0
     num_workers: int = 0
     device: str = "auto"
@@ -248,30 +251,6 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32
     return int(sum(seen.values()))
 
 
-def probe_exposed_communication(model: nn.Module, x: torch.Tensor, y: torch.Tensor, pairs: int,
-                                dtype: str = "fp32") -> dict[str, float]:
-    """Median time of a synchronizing forward+backward vs one under ``no_sync``.
-
-    Runs ``pairs + 1`` alternating pairs on the same micro-batch (the first pair is a
-    warm-up and dropped) and clears the gradients afterwards. Every rank must call it
-    (the synchronizing steps are collective). Seconds.
-    """
-    sync_s, local_s = [], []
-    for i in range(pairs + 1):
-        for sync in (False, True):
-            synchronize(x.device)
-            t0 = time.perf_counter()
-            micro_step(model, x, y, 1, sync=sync, dtype=dtype)
-            synchronize(x.device)
-            dt = time.perf_counter() - t0
-            if i:
-                (sync_s if sync else local_s).append(dt)
-        model.zero_grad(set_to_none=True)
-    s, n = statistics.median(sync_s), statistics.median(local_s)
-    return {"probe_sync_step_seconds": s, "probe_no_sync_step_seconds": n,
-            "exposed_comm_per_step_seconds": s - n}
-
-
 # --------------------------------------------------------------------------- evaluation
 
 
@@ -411,9 +390,13 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
     del x0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    comm_timer = None
     if ctx.ddp:
+        from lab_utils.comm_hooks import AllReduceTimer
+
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
+        comm_timer = AllReduceTimer(model)  # the hook all-reduces like DDP's default, and times it
     optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr, betas=(0.9, 0.99),
                                   weight_decay=cfg.weight_decay)
     schedule = LRSchedule(peak_lr=cfg.lr, total_steps=total_steps,
@@ -441,6 +424,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         n_steps = min(steps_per_epoch, total_steps - step)
         loss_sum = torch.zeros((), device=device)
         micro_done = 0
+        allreduce = 0.0
         model.train()
         with timers("epoch"):
             with timers("training"):
@@ -454,9 +438,19 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
                         with phases.phase("data_movement"):
                             x = x.to(device, non_blocking=pin)
                             y = y.to(device, non_blocking=pin)
+                        sync = m == k - 1
+                        if sync and comm_timer is not None:
+                            comm_timer.begin_step()
                         with phases.phase("compute"):
-                            loss_sum += micro_step(model, x, y, k, sync=(m == k - 1), dtype=cfg.dtype,
-                                                   timers=timers)
+                            loss_sum += micro_step(model, x, y, k, sync=sync, dtype=cfg.dtype, timers=timers)
+                            if sync and comm_timer is not None:
+                                comm_timer.end_backward()
+                        if sync and comm_timer is not None:
+                            sc = comm_timer.finish_step()
+                            allreduce += sc.allreduce_busy_seconds
+                            # the exposed wait happened inside the compute phase: move it to communication
+                            phases.stats["compute"].total_seconds -= sc.exposed_tail_seconds
+                            phases.add("communication", sc.exposed_tail_seconds)
                         micro_done += 1
                     with phases.phase("compute"), timers("optimizer"):
                         if cfg.grad_clip:
@@ -471,14 +465,18 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
                   for n in ("epoch", "epoch/training", "epoch/validation")}
         epoch_seconds, train_seconds, val_seconds = (totals[n] - before[n] for n in totals)
         before = totals
-        # Exposed communication, measured on this epoch's last micro-batch (untimed probe).
-        probe = {"probe_sync_step_seconds": None, "probe_no_sync_step_seconds": None,
-                 "exposed_comm_per_step_seconds": 0.0}
-        if ctx.ddp and cfg.probe_steps > 0:
-            with timers("comm_probe"):
-                probe = probe_exposed_communication(model, x, y, cfg.probe_steps, cfg.dtype)
-        comm = max(0.0, probe["exposed_comm_per_step_seconds"]) * n_steps if ctx.ddp else 0.0
-        compute_total = phases.seconds("compute")
+        probe = {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
+                 "overlap_fraction": None, "probe": None}
+        if comm_timer is not None and cfg.probe_steps > 0:
+            from lab_utils.comm_hooks import overlap_figures, probe_exposed_comm
+
+            with timers("comm_probe"), autocast_context(device, cfg.dtype):
+                pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
+            exposed = pr.exposed_per_step_seconds * n_steps
+            overlap, fraction = overlap_figures(exposed, pr.allreduce_per_step_seconds * n_steps)
+            probe = {"exposed_comm_per_step_seconds": pr.exposed_per_step_seconds,
+                     "exposed_comm_seconds": exposed, "overlap_seconds": overlap,
+                     "overlap_fraction": fraction, "probe": pr.as_dict()}
         tokens = micro_done * tokens_per_micro
         tps = tokens / train_seconds if train_seconds > 0 else math.nan
         mine = {
@@ -487,8 +485,9 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
             "epoch_seconds": epoch_seconds, "train_seconds": train_seconds, "validation_seconds": val_seconds,
             "data_loading_seconds": phases.seconds("data_loading"),
             "data_movement_seconds": phases.seconds("data_movement"),
-            "compute_seconds": compute_total - comm, "communication_seconds": comm,
-            "compute_and_exposed_comm_seconds": compute_total, **probe,
+            "compute_seconds": phases.seconds("compute"),
+            "communication_seconds": phases.seconds("communication"), "allreduce_seconds": allreduce,
+            **probe,
             "train_loss": float(loss_sum) / max(micro_done, 1), "tokens_per_s": tps,
             "mfu": fpt * tps / peak if peak else None,
             "peak_memory_bytes": (int(torch.cuda.max_memory_allocated(device))
@@ -534,7 +533,7 @@ def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | 
         "ranks": ranks,
     }
     for key in ("data_loading_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
-                "validation_seconds", "exposed_comm_per_step_seconds"):
+                "validation_seconds", "allreduce_seconds", "exposed_comm_seconds", "overlap_seconds"):
         out[key] = slow[key]              # the slowest rank's breakdown: it sums to its epoch time
         out[f"{key[:-8]}_mean_seconds" if key.endswith("_seconds") else f"{key}_mean"] = mean(key)
     return out
