@@ -1,0 +1,925 @@
+"""Int8 quantization of a trained language model for inference, measured honestly.
+
+Each *variant* is one way of storing and running the model's ``nn.Linear`` layers:
+
+==========================  =====================================================================
+``fp32``                    the trained model as it is (the baseline of every speedup)
+``bf16``                    weights and activations in bfloat16 (2 bytes per weight)
+``ao_dynamic_int8``         ``torch.ao.quantization.quantize_dynamic``: int8 weights (per tensor),
+                            activations quantized to 8 bits on the fly per call, int8 GEMM from
+                            the CPU quantized engine (fbgemm/x86 or qnnpack). CPU only, and
+                            deprecated upstream: the warning torch emits is detected and shown.
+``torchao_int8_weight_only``  torchao ``quantize_(model, Int8WeightOnlyConfig())``: int8 weights
+                            with one fp32 scale per output row; activations stay in float.
+``torchao_int8_dynamic``    torchao ``quantize_(model, Int8DynamicActivationInt8WeightConfig())``:
+                            int8 weights per row and activations quantized per token on the fly.
+==========================  =====================================================================
+
+A variant that this stack cannot run (module missing, class missing, CPU-only kernel on a
+GPU, disabled by configuration) becomes a row with status ``skipped`` and the reason;
+one that fails while running becomes ``error`` (or ``oom``) with the first line of the
+exception. No number is ever filled in for them.
+
+What is measured per (variant, device), all on the same held-out tokens and prompts:
+
+- ``size_bytes``: length of ``torch.save(model.state_dict())`` (:func:`serialized_size_bytes`;
+  :func:`save_state_dict` writes the same bytes to a file), and ``payload_bytes``: the
+  bytes of the tensor storages in it (:func:`payload_bytes`), so the container overhead
+  is visible;
+- ``val_loss`` (mean next-token cross-entropy, nats per token, computed in fp32 from the
+  variant's logits) and ``perplexity = exp(val_loss)`` (:func:`evaluate_lm`);
+- decoding speed (:func:`time_decode`): greedy generation of ``new_tokens`` tokens after a
+  ``prompt_tokens`` prompt, ``warmup`` untimed repetitions then ``repeats`` timed ones,
+  each bracketed by a device synchronize. ``ms_per_token`` = repetition seconds x 1000 /
+  new tokens at batch 1 (latency); ``tokens_per_s`` = batch x new tokens / repetition
+  seconds at the larger batch (throughput). Median, min and max over repetitions.
+- speedups over fp32 *on the same device* (:func:`quantization_table`): fp32 latency /
+  variant latency, variant tokens/s / fp32 tokens/s.
+
+The GPT of this lab has no KV cache: every generated token re-runs the model over the
+whole context (cropped to ``block_size``), so a decoding step multiplies each weight
+matrix by ``batch x context`` rows. :func:`weight_flops_per_byte` turns that into the
+arithmetic intensity against the weights (2 x rows / bytes per weight) that decides
+whether a step is memory-bound (few rows: reading the weights dominates, fewer bytes per
+weight helps) or compute-bound (many rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import importlib
+import io
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lab_utils.config import check_positive_int
+from lab_utils.errors import LabError
+from lab_utils.timing import synchronize
+
+EXPERIMENT = "quantization"
+
+VARIANTS: tuple[str, ...] = ("fp32", "bf16", "ao_dynamic_int8", "torchao_int8_weight_only",
+                             "torchao_int8_dynamic")
+
+#: torchao configuration class of each torchao variant (looked up by name at run time).
+TORCHAO_CONFIGS = {
+    "torchao_int8_weight_only": "Int8WeightOnlyConfig",
+    "torchao_int8_dynamic": "Int8DynamicActivationInt8WeightConfig",
+}
+
+
+@dataclass(frozen=True)
+class VariantInfo:
+    """How a variant stores weights and what it does to activations."""
+
+    label: str
+    method: str             # "float", "weight-only", "dynamic"
+    bytes_per_weight: int   # bytes per Linear weight element as stored (scales not counted)
+
+
+VARIANT_INFO: dict[str, VariantInfo] = {
+    "fp32": VariantInfo("fp32 (baseline)", "float", 4),
+    "bf16": VariantInfo("bf16", "float", 2),
+    "ao_dynamic_int8": VariantInfo("int8 dynamic, torch.ao quantize_dynamic", "dynamic", 1),
+    "torchao_int8_weight_only": VariantInfo("int8 weight-only, torchao Int8WeightOnlyConfig",
+                                            "weight-only", 1),
+    "torchao_int8_dynamic": VariantInfo("int8 dynamic act. + int8 weight, torchao "
+                                        "Int8DynamicActivationInt8WeightConfig", "dynamic", 1),
+}
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    """Per-profile knobs of notebook 07.
+
+    ``eval_tokens``: held-out tokens scored per variant (``None``: the whole validation
+    split). ``prompt_tokens`` / ``new_tokens``: prompt length and tokens generated per
+    timed repetition. ``large_batch`` / ``cpu_large_batch``: sequences decoded together for
+    the throughput measurement on a GPU / on the CPU. ``disabled``: variants treated as
+    unavailable (to see, or test, what an unavailable path looks like). ``compile``: wrap
+    every variant (the fp32 baseline too) in ``torch.compile`` before measuring.
+    ``fallback_*``: the GPT trained here when notebook 06's checkpoint is absent.
+    """
+
+    eval_tokens: int | None
+    eval_batch_size: int
+    prompt_tokens: int
+    new_tokens: int
+    large_batch: int
+    cpu_large_batch: int
+    warmup: int
+    repeats: int
+    fallback_size: str
+    fallback_steps: int
+    fallback_batch_size: int
+    fallback_max_chars: int | None
+    variants: tuple[str, ...] = VARIANTS
+    devices: tuple[str, ...] | None = None   # None: "cpu", plus "cuda" when one is visible
+    disabled: tuple[str, ...] = ()
+    compile: bool = False
+
+    def validate(self) -> QuantSettings:
+        """Raise :class:`LabError` on a bad knob, before anything is measured."""
+        for name in ("eval_batch_size", "prompt_tokens", "new_tokens", "large_batch", "cpu_large_batch",
+                     "repeats", "fallback_steps", "fallback_batch_size"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("eval_tokens", "fallback_max_chars"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name)
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise LabError(f"warmup must be a whole number of repetitions (0 or more), got {self.warmup!r}.")
+        for group, values in (("variants", self.variants), ("disabled", self.disabled)):
+            unknown = [v for v in values if v not in VARIANTS]
+            if unknown:
+                raise LabError(f"Unknown {group} {unknown}; use names from: {', '.join(VARIANTS)}.")
+        if not self.variants:
+            raise LabError("variants must not be empty; keep at least 'fp32' (the baseline).")
+        if self.devices is not None:
+            for d in self.devices:
+                if d not in ("cpu", "cuda"):
+                    raise LabError(f"Unknown device {d!r} in devices; use 'cpu' and/or 'cuda'.")
+        return self
+
+    def measure_key(self) -> dict[str, Any]:
+        """The knobs a measured row depends on (part of its stored configuration)."""
+        names = ("eval_tokens", "eval_batch_size", "prompt_tokens", "new_tokens", "large_batch",
+                 "cpu_large_batch", "warmup", "repeats", "compile")
+        return {k: getattr(self, k) for k in names}
+
+
+QUANT_SETTINGS: dict[str, QuantSettings] = {
+    "quick": QuantSettings(eval_tokens=8192, eval_batch_size=32, prompt_tokens=8, new_tokens=16,
+                           large_batch=16, cpu_large_batch=16, warmup=1, repeats=5,
+                           fallback_size="tiny", fallback_steps=150, fallback_batch_size=16,
+                           fallback_max_chars=200_000),
+    "full": QuantSettings(eval_tokens=65_536, eval_batch_size=32, prompt_tokens=32, new_tokens=64,
+                          large_batch=64, cpu_large_batch=8, warmup=2, repeats=7,
+                          fallback_size="small", fallback_steps=500, fallback_batch_size=32,
+                          fallback_max_chars=None),
+}
+
+
+def settings_for(profile: str, **overrides: Any) -> QuantSettings:
+    """The profile's :data:`QUANT_SETTINGS` with the non-``None`` ``overrides`` applied."""
+    if profile not in QUANT_SETTINGS:
+        raise LabError(f"No quantization settings for profile {profile!r}; use one of: "
+                       f"{', '.join(QUANT_SETTINGS)}.")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for k in ("variants", "devices", "disabled"):
+        if k in given and isinstance(given[k], str):
+            given[k] = (given[k],)
+        elif k in given:
+            given[k] = tuple(given[k])
+    try:
+        s = replace(QUANT_SETTINGS[profile], **given)
+    except TypeError as e:
+        raise LabError(f"Unknown quantization setting ({e}); use fields of QuantSettings.") from None
+    return s.validate()
+
+
+# --------------------------------------------------------------------------- availability
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a variant can run on a device here; ``kernel`` says what would run it."""
+
+    ok: bool
+    reason: str | None = None
+    kernel: str = ""
+    note: str | None = None
+
+
+@contextlib.contextmanager
+def _quiet_torchao_import():
+    """torchao's import logs a pytree registration warning through torch's logger; hide it."""
+    log = logging.getLogger("torch.utils._pytree")
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
+def torchao_version() -> str | None:
+    """The installed torchao's version, or ``None`` when it cannot be imported."""
+    try:
+        with _quiet_torchao_import():
+            mod = importlib.import_module("torchao")
+    except ImportError:
+        return None
+    return str(getattr(mod, "__version__", "unknown"))
+
+
+def _torchao_config_class(variant: str):
+    """``(class, None)`` or ``(None, reason)`` for a torchao variant's configuration class."""
+    cls_name = TORCHAO_CONFIGS[variant]
+    try:
+        with _quiet_torchao_import():
+            tq = importlib.import_module("torchao.quantization")
+    except ImportError as e:
+        return None, f"torchao is not installed ({e.__class__.__name__}); `pip install torchao` adds this row"
+    cls = getattr(tq, cls_name, None)
+    if cls is None or not hasattr(tq, "quantize_"):
+        return None, (f"torchao {torchao_version()} has no torchao.quantization.{cls_name} / quantize_; "
+                      "install the torchao release that requirements.txt names")
+    return cls, None
+
+
+def ao_dynamic_status() -> Availability:
+    """Whether ``torch.ao.quantization.quantize_dynamic`` works here, and its deprecation.
+
+    Probes it on a tiny Linear with all warnings recorded: a ``DeprecationWarning`` (or a
+    warning that says "deprecated") becomes the row's note, quoting torch's first line.
+    """
+    try:
+        aq = importlib.import_module("torch.ao.quantization")
+    except ImportError as e:
+        return Availability(False, f"torch {torch.__version__} has no torch.ao.quantization ({e}); "
+                                   "it was removed upstream, use the torchao rows")
+    fn = getattr(aq, "quantize_dynamic", None)
+    if fn is None:
+        return Availability(False, f"torch {torch.__version__} has no torch.ao.quantization.quantize_dynamic "
+                                   "(removed upstream); use the torchao rows")
+    engines = [e for e in torch.backends.quantized.supported_engines if e != "none"]
+    if not engines:
+        return Availability(False, "this torch build has no quantized CPU engine (fbgemm, x86 or qnnpack)")
+    engine = torch.backends.quantized.engine
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            probe = fn(nn.Sequential(nn.Linear(8, 8)), {nn.Linear}, dtype=torch.qint8)
+            with torch.no_grad():
+                probe(torch.randn(2, 8))
+        except Exception as e:  # a missing engine or kernel: the row says so
+            return Availability(False, f"quantize_dynamic fails here: {e.__class__.__name__}: "
+                                       f"{str(e).splitlines()[0][:160]}")
+    dep = [w for w in caught if issubclass(w.category, DeprecationWarning | FutureWarning)
+           or "deprecated" in str(w.message).lower()]
+    note = None
+    if dep:
+        first = str(dep[0].message).strip().splitlines()[0][:120]
+        note = f"deprecated upstream: torch {torch.__version__} warns '{first}'"
+    return Availability(True, kernel=f"torch.ao dynamic quantized Linear, '{engine}' engine int8 GEMM",
+                        note=note)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU flags list bf16 dot-product instructions (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Availability:
+    """Can ``variant`` run on ``device`` ("cpu" or "cuda") with this stack? Never raises for
+    a missing path: the :class:`Availability` carries the reason."""
+    if variant not in VARIANTS:
+        raise LabError(f"Unknown variant {variant!r}; use one of: {', '.join(VARIANTS)}.")
+    dev = torch.device(device).type
+    if variant in tuple(disabled):
+        return Availability(False, "disabled by configuration (the notebook's DISABLE parameter)")
+    if dev == "cuda" and not torch.cuda.is_available():
+        return Availability(False, "no CUDA device visible")
+    if variant == "fp32":
+        return Availability(True, kernel="cuBLAS fp32 GEMM" if dev == "cuda" else "aten fp32 GEMM (CPU BLAS)")
+    if variant == "bf16":
+        if dev == "cuda":
+            if not torch.cuda.is_bf16_supported():
+                return Availability(False, f"{torch.cuda.get_device_name()} has no bf16 support")
+            return Availability(True, kernel="cuBLAS bf16 GEMM (tensor cores)")
+        try:
+            torch.ones(4, 4, dtype=torch.bfloat16) @ torch.ones(4, 4, dtype=torch.bfloat16)
+        except RuntimeError as e:
+            return Availability(False, f"bf16 matmul fails on this CPU build: {str(e).splitlines()[0][:120]}")
+        slow = ("this CPU lacks bf16 instructions (no avx512_bf16/amx_bf16): bf16 is converted to fp32 "
+                "inside the kernels")
+        return Availability(True, kernel="aten bf16 GEMM (CPU)", note=None if cpu_has_native_bf16() else slow)
+    if variant == "ao_dynamic_int8":
+        if dev == "cuda":
+            return Availability(False, "CPU only: torch.ao dynamic quantized Linear has no CUDA kernels")
+        return ao_dynamic_status()
+    cls, reason = _torchao_config_class(variant)
+    if cls is None:
+        return Availability(False, reason)
+    ver = torchao_version()
+    if variant == "torchao_int8_weight_only":
+        kernel = f"torchao {ver} Int8Tensor, eager: int8 weight cast to the activation dtype, then float mm"
+    elif dev == "cuda":
+        kernel = f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via torch._int_mm (cuBLAS)"
+    else:
+        kernel = f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via its decomposed CPU path"
+    return Availability(True, kernel=kernel)
+
+
+# --------------------------------------------------------------------------- quantize
+
+
+def quantize_model(model: nn.Module, variant: str, device: str | torch.device = "cpu") -> nn.Module:
+    """A copy of ``model`` (eval mode) converted to ``variant`` on ``device``.
+
+    The input model is not modified. ``ao_dynamic_int8`` is CPU only. Raises
+    :class:`LabError` when the variant is unavailable (see :func:`check_variant`).
+    """
+    dev = torch.device(device)
+    avail = check_variant(variant, dev.type)
+    if not avail.ok:
+        raise LabError(f"Variant {variant!r} cannot run on {dev.type}: {avail.reason}.")
+    m = copy.deepcopy(model).eval()
+    if variant == "fp32":
+        return m.to(device=dev, dtype=torch.float32)
+    if variant == "bf16":
+        return m.to(device=dev, dtype=torch.bfloat16)
+    if variant == "ao_dynamic_int8":
+        aq = importlib.import_module("torch.ao.quantization")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the deprecation is reported by ao_dynamic_status()
+            return aq.quantize_dynamic(m.float().cpu(), {nn.Linear}, dtype=torch.qint8)
+    cls, _ = _torchao_config_class(variant)
+    with _quiet_torchao_import():
+        tq = importlib.import_module("torchao.quantization")
+    m = m.to(device=dev, dtype=torch.float32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tq.quantize_(m, cls())
+    return m
+
+
+# --------------------------------------------------------------------------- size accounting
+
+
+def _leaf_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    """Plain tensors inside a state dict: tensor subclasses are opened up, containers walked."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(obj, torch.Tensor):
+        if is_traceable_wrapper_subclass(obj):
+            names, _ = obj.__tensor_flatten__()
+            for n in names:
+                yield from _leaf_tensors(getattr(obj, n))
+        else:
+            yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaf_tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _leaf_tensors(v)
+
+
+def payload_bytes(state: Any) -> int:
+    """Bytes of the distinct tensor storages in ``state`` (a state dict, or any nesting).
+
+    A storage shared by several entries (tied weights) counts once, and a view counts its
+    whole storage, as ``torch.save`` writes them. Quantized and torchao tensors count their
+    int8 data, scales and zero points. Bytes.
+    """
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    for t in _leaf_tensors(state):
+        st = t.untyped_storage()
+        key = (str(t.device), st.data_ptr())
+        if key in seen and st.data_ptr() != 0:
+            continue
+        seen.add(key)
+        total += st.nbytes()
+    return total
+
+
+def _state_dict(model: nn.Module) -> dict[str, Any]:
+    return getattr(model, "_orig_mod", model).state_dict()
+
+
+def serialized_state_dict(model: nn.Module) -> bytes:
+    """The bytes of ``torch.save(model.state_dict())`` written to an in-memory buffer.
+
+    (``torch.save`` to a *path* names the archive's top folder after the file, so its size
+    varies by a few bytes with the file name; writing these bytes instead keeps the file
+    and the count identical.)
+    """
+    buf = io.BytesIO()
+    torch.save(_state_dict(model), buf)
+    return buf.getvalue()
+
+
+def serialized_size_bytes(model: nn.Module) -> int:
+    """Length in bytes of :func:`serialized_state_dict` (what a checkpoint file holds)."""
+    return len(serialized_state_dict(model))
+
+
+def save_state_dict(model: nn.Module, path: str | Path) -> int:
+    """Write :func:`serialized_state_dict` to ``path`` (atomically); returns the file's size in bytes.
+
+    The file loads back with ``torch.load`` like any ``torch.save`` file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(serialized_state_dict(model))
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+# --------------------------------------------------------------------------- quality
+
+
+@dataclass
+class EvalResult:
+    """Mean next-token cross-entropy (nats per token) over ``tokens`` predicted positions."""
+
+    loss: float
+    perplexity: float
+    tokens: int
+    windows: int
+
+
+def _logits(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    out = model(idx)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def evaluate_lm(model: nn.Module, tokens: torch.Tensor, block_size: int, batch_size: int,
+                device: str | torch.device, max_tokens: int | None = None) -> EvalResult:
+    """Score ``model`` on non-overlapping windows of the 1-D token tensor ``tokens``.
+
+    Windows of ``block_size + 1`` tokens start every ``block_size`` tokens within the first
+    ``max_tokens`` tokens (all when ``None``); every position of a window is predicted.
+    The loss is the sum of per-token cross-entropies (computed in fp32 from the logits)
+    divided by the number of predicted tokens; perplexity is ``exp(loss)``.
+    """
+    check_positive_int(block_size, "block_size")
+    check_positive_int(batch_size, "eval batch size")
+    data = tokens if max_tokens is None else tokens[:max_tokens]
+    n_win = (data.numel() - 1) // block_size
+    if n_win < 1:
+        raise LabError(f"{data.numel()} held-out tokens are fewer than block_size + 1 = {block_size + 1}; "
+                       "evaluate on more tokens (eval_tokens) or use a smaller model.")
+    windows = data[: n_win * block_size + 1]
+    xs = windows[:-1].view(n_win, block_size)
+    ys = windows[1:].view(n_win, block_size)
+    dev = torch.device(device)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, n_win, batch_size):
+            x = xs[i: i + batch_size].to(dev)
+            y = ys[i: i + batch_size].to(dev)
+            logits = _logits(model, x).float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                     reduction="sum")
+            total += float(loss)
+            count += y.numel()
+    mean = total / count
+    return EvalResult(loss=mean, perplexity=math.exp(mean), tokens=count, windows=n_win)
+
+
+# --------------------------------------------------------------------------- speed
+
+
+def greedy_decode(model: nn.Module, prompt: torch.Tensor, new_tokens: int, block_size: int) -> torch.Tensor:
+    """Append ``new_tokens`` greedy (argmax) tokens to ``prompt`` (B, T0); returns (B, T0 + new).
+
+    Each step runs the model on the last ``block_size`` tokens (no KV cache) and takes the
+    last position's logits.
+    """
+    idx = prompt
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = _logits(model, idx[:, -block_size:])[:, -1, :]
+            idx = torch.cat([idx, logits.argmax(dim=-1, keepdim=True).to(idx.dtype)], dim=1)
+    return idx
+
+
+def mean_context_tokens(prompt_tokens: int, new_tokens: int, block_size: int) -> float:
+    """Mean tokens the model sees per decoding step: mean of min(prompt + i, block) over i < new."""
+    return sum(min(prompt_tokens + i, block_size) for i in range(new_tokens)) / new_tokens
+
+
+def weight_flops_per_byte(rows: float, bytes_per_weight: float) -> float:
+    """Arithmetic intensity of ``y = x W^T`` against its weights: 2 x rows / bytes per weight.
+
+    A (rows x K) by (K x N) product does 2 x rows x K x N FLOPs and reads K x N weights of
+    ``bytes_per_weight`` bytes each (activations ignored). FLOP per byte.
+    """
+    if rows <= 0 or bytes_per_weight <= 0:
+        raise LabError("rows and bytes_per_weight must be positive.")
+    return 2.0 * rows / bytes_per_weight
+
+
+@dataclass
+class DecodeTiming:
+    """Timed greedy decoding. ``seconds``: one entry per timed repetition (wall clock,
+    synchronized, includes every forward pass, argmax and concatenation of the repetition)."""
+
+    batch_size: int
+    new_tokens: int
+    seconds: list[float] = field(default_factory=list)
+
+    def _ms_per_token(self) -> list[float]:
+        return [s * 1000.0 / self.new_tokens for s in self.seconds]
+
+    def _tokens_per_s(self) -> list[float]:
+        return [self.batch_size * self.new_tokens / s for s in self.seconds]
+
+    @property
+    def ms_per_token_median(self) -> float:
+        return statistics.median(self._ms_per_token())
+
+    @property
+    def ms_per_token_min(self) -> float:
+        return min(self._ms_per_token())
+
+    @property
+    def ms_per_token_max(self) -> float:
+        return max(self._ms_per_token())
+
+    @property
+    def tokens_per_s_median(self) -> float:
+        return statistics.median(self._tokens_per_s())
+
+    @property
+    def tokens_per_s_min(self) -> float:
+        return min(self._tokens_per_s())
+
+    @property
+    def tokens_per_s_max(self) -> float:
+        return max(self._tokens_per_s())
+
+
+def make_prompts(tokens: torch.Tensor, batch_size: int, prompt_tokens: int) -> torch.Tensor:
+    """``batch_size`` consecutive, distinct prompts of ``prompt_tokens`` tokens from ``tokens``."""
+    need = batch_size * prompt_tokens
+    if tokens.numel() < need:
+        raise LabError(f"Need {need} tokens for {batch_size} prompts of {prompt_tokens}, have "
+                       f"{tokens.numel()}; lower the batch or the prompt length.")
+    return tokens[:need].view(batch_size, prompt_tokens).clone()
+
+
+def time_decode(model: nn.Module, prompts: torch.Tensor, new_tokens: int, block_size: int,
+                device: str | torch.device, warmup: int = 1, repeats: int = 5,
+                clock: Callable[[], float] = time.perf_counter) -> DecodeTiming:
+    """Time :func:`greedy_decode` of ``new_tokens`` tokens after ``prompts`` (B, T0) on ``device``.
+
+    ``warmup`` untimed repetitions first (allocator, caches, lazy kernels, compilation),
+    then ``repeats`` timed ones; the device is synchronized before starting and before
+    stopping the clock of each repetition. Seconds per repetition.
+    """
+    check_positive_int(new_tokens, "new_tokens")
+    check_positive_int(repeats, "repeats")
+    dev = torch.device(device)
+    p = prompts.to(dev)
+    for _ in range(warmup):
+        greedy_decode(model, p, new_tokens, block_size)
+    timing = DecodeTiming(batch_size=int(p.shape[0]), new_tokens=new_tokens)
+    for _ in range(repeats):
+        synchronize(dev)
+        t0 = clock()
+        greedy_decode(model, p, new_tokens, block_size)
+        synchronize(dev)
+        timing.seconds.append(clock() - t0)
+    return timing
+
+
+# --------------------------------------------------------------------------- one row
+
+
+@dataclass
+class ModelUnderTest:
+    """The fp32 model to quantize and the held-out text it is scored on."""
+
+    model: nn.Module
+    val_tokens: torch.Tensor          # 1-D int64
+    block_size: int
+    model_id: str                     # identifies the weights (e.g. checkpoint SHA-256 prefix)
+    dataset: str | None = None
+    synthetic: bool | None = None
+    source: str = ""                  # where the weights came from, in words
+
+
+def devices_to_run(settings: QuantSettings) -> list[str]:
+    """``settings.devices``, or the CPU plus CUDA when a GPU is visible."""
+    if settings.devices is not None:
+        return list(settings.devices)
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def row_config(mut: ModelUnderTest, variant: str, device: str, settings: QuantSettings) -> dict[str, Any]:
+    """The stored configuration of one row: what it measured and with which stack."""
+    cfg: dict[str, Any] = {"variant": variant, "device": device, "model_id": mut.model_id,
+                           "settings": settings.measure_key(),
+                           "stack": {"torch": torch.__version__, "torchao": torchao_version()}}
+    if device == "cpu":
+        cfg["cpu_threads"] = torch.get_num_threads()
+    return cfg
+
+
+def measure_variant(mut: ModelUnderTest, variant: str, device: str, settings: QuantSettings,
+                    avail: Availability | None = None):
+    """Quantize, size, score and time one variant on one device; returns a :class:`Record`."""
+    from lab_utils.hardware import hardware_summary
+    from lab_utils.results import Record
+
+    avail = avail or check_variant(variant, device, settings.disabled)
+    info = VARIANT_INFO[variant]
+    base_metrics: dict[str, Any] = {"label": info.label, "method": info.method, "kernel": avail.kernel,
+                                    "note": avail.note}
+    rec = Record(experiment=EXPERIMENT, config={}, metrics=base_metrics, dataset=mut.dataset,
+                 synthetic=mut.synthetic, hardware=hardware_summary(device, 1))
+    if not avail.ok:
+        rec.status, rec.reason = "skipped", avail.reason
+        return rec
+    dev = torch.device(device)
+    try:
+        model = quantize_model(mut.model, variant, dev)
+        size = serialized_size_bytes(model)
+        payload = payload_bytes(_state_dict(model))
+        if settings.compile:
+            model = torch.compile(model)
+        ev = evaluate_lm(model, mut.val_tokens, mut.block_size, settings.eval_batch_size, dev,
+                         settings.eval_tokens)
+        big = settings.cpu_large_batch if dev.type == "cpu" else settings.large_batch
+        t1, tb = (time_decode(model, make_prompts(mut.val_tokens, b, settings.prompt_tokens),
+                              settings.new_tokens, mut.block_size, dev, settings.warmup, settings.repeats)
+                  for b in (1, big))
+    except torch.cuda.OutOfMemoryError as e:
+        torch.cuda.empty_cache()
+        rec.status, rec.reason = "oom", f"OOM: {str(e).splitlines()[0][:160]}"
+        return rec
+    except Exception as e:  # a kernel missing on this machine: the row says which error
+        rec.status, rec.reason = "error", f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"
+        return rec
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, mut.block_size)
+    rec.metrics.update({
+        "size_bytes": size, "payload_bytes": payload,
+        "val_loss": ev.loss, "perplexity": ev.perplexity, "eval_tokens": ev.tokens,
+        "ms_per_token_b1": t1.ms_per_token_median, "ms_per_token_b1_min": t1.ms_per_token_min,
+        "ms_per_token_b1_max": t1.ms_per_token_max, "tokens_per_s_b1": t1.tokens_per_s_median,
+        "large_batch": big, "tokens_per_s_large": tb.tokens_per_s_median,
+        "tokens_per_s_large_min": tb.tokens_per_s_min, "tokens_per_s_large_max": tb.tokens_per_s_max,
+        "seconds_b1": t1.seconds, "seconds_large": tb.seconds,
+        "mean_context_tokens": ctx,
+        "weight_flops_per_byte_b1": weight_flops_per_byte(ctx, info.bytes_per_weight),
+        "weight_flops_per_byte_large": weight_flops_per_byte(big * ctx, info.bytes_per_weight),
+    })
+    return rec
+
+
+def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force: bool = False,
+                     show_progress: bool = True) -> list:
+    """Measure every (variant, device) of ``settings`` into ``store`` (experiment ``quantization``).
+
+    A row already stored with status ``ok`` for the same configuration (same weights,
+    knobs, torch/torchao versions, CPU threads) is reused unless ``force``; an unavailable
+    or failed row is always re-checked, so installing torchao later fills its row in.
+    Returns the records in measuring order.
+    """
+    from lab_utils.progress import progress
+
+    settings.validate()
+    jobs = [(d, v) for d in devices_to_run(settings) for v in settings.variants]
+    out = []
+    for device, variant in (progress(jobs, desc="variants") if show_progress else jobs):
+        cfg = row_config(mut, variant, device, settings)
+        old = store.get(EXPERIMENT, cfg)
+        avail = check_variant(variant, device, settings.disabled)
+        if old is not None and old.status == "ok" and avail.ok and not force:
+            out.append(old)
+            continue
+        rec = measure_variant(mut, variant, device, settings, avail)
+        rec.config = cfg
+        out.append(store.append(rec))
+    return out
+
+
+# --------------------------------------------------------------------------- table and figure
+
+
+def quantization_table(records: Sequence) -> Any:
+    """One row per (device, variant) with speedups and loss increase over fp32 on the same device.
+
+    Columns: sizes in bytes and as a fraction of fp32's file, val loss, its increase over
+    fp32 (nats per token), perplexity, batch-1 latency (median ms per token and min-max),
+    throughput at the large batch (median tokens/s and min-max), both speedups, status,
+    and a note (kernel, deprecation, or the reason a row was not measured).
+    """
+    import pandas as pd
+
+    base: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.config.get("variant") == "fp32" and r.status == "ok":
+            base[r.config["device"]] = r.metrics
+    rows = []
+    for r in records:
+        m, dev = r.metrics, r.config.get("device")
+        b = base.get(dev)
+        ok = r.status == "ok"
+
+        def ratio(num, den):
+            return num / den if (num is not None and den) else None
+
+        note = r.reason if not ok else "; ".join(x for x in (m.get("kernel"), m.get("note")) if x)
+        rows.append({
+            "device": dev,
+            "variant": r.config.get("variant"),
+            "method": m.get("method"),
+            "size_bytes": m.get("size_bytes") if ok else None,
+            "size_vs_fp32": ratio(m.get("size_bytes"), b and b.get("size_bytes")) if ok else None,
+            "val_loss": m.get("val_loss") if ok else None,
+            "loss_increase": (m["val_loss"] - b["val_loss"]) if ok and b else None,
+            "perplexity": m.get("perplexity") if ok else None,
+            "ms_per_token_b1": m.get("ms_per_token_b1") if ok else None,
+            "b1_min_max_ms": f"{m['ms_per_token_b1_min']:.3g}-{m['ms_per_token_b1_max']:.3g}" if ok else "",
+            "speedup_b1": ratio(b and b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
+            "large_batch": m.get("large_batch") if ok else None,
+            "tokens_per_s_large": m.get("tokens_per_s_large") if ok else None,
+            "large_min_max_tok_s": (f"{m['tokens_per_s_large_min']:.4g}-{m['tokens_per_s_large_max']:.4g}"
+                                    if ok else ""),
+            "speedup_large": (ratio(m.get("tokens_per_s_large"), b and b.get("tokens_per_s_large"))
+                              if ok else None),
+            "status": r.status,
+            "note": note or "",
+        })
+    df = pd.DataFrame(rows)
+    # Whole numbers stay whole in the Markdown/CSV (missing values as empty cells).
+    for col in ("size_bytes", "large_batch"):
+        df[col] = df[col].astype("Int64").astype(object).where(df[col].notna(), "")
+    return df
+
+
+def table_notes(records: Sequence, settings: QuantSettings, block_size: int) -> list[str]:
+    """Notes under the table: what each timing means, with this run's knobs."""
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
+    reps = f"{settings.warmup} warm-up + {settings.repeats} timed repetitions, median and min-max"
+    notes = [
+        f"val_loss: mean next-token cross-entropy (nats/token) on the same {settings.eval_tokens or 'all'} "
+        "held-out tokens for every row; perplexity = exp(val_loss); loss_increase is over fp32 on the same "
+        "device.",
+        "size_bytes: length of torch.save(state_dict); size_vs_fp32 against fp32's file.",
+        f"ms_per_token_b1: greedy decoding of {settings.new_tokens} tokens after a "
+        f"{settings.prompt_tokens}-token prompt at batch 1, wall time / tokens ({reps}; device "
+        "synchronized).",
+        "tokens_per_s_large: the same decoding at the large batch (column large_batch): "
+        "batch x tokens / time.",
+        f"No KV cache: each step re-reads the whole context (mean {ctx:.1f} tokens), so a batch-B step "
+        f"multiplies each weight by B x {ctx:.1f} rows.",
+        "speedups are over fp32 on the same device and the same settings; a row without numbers says why.",
+    ]
+    if settings.compile:
+        notes.append("Every row, fp32 included, ran under torch.compile (compile time is in the warm-up).")
+    return notes
+
+
+def plot_quality_vs_speed(df):
+    """Two panels: perplexity against batch-1 latency and against large-batch throughput."""
+    import matplotlib.pyplot as plt
+
+    ok = df[df["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = {"cpu": "o", "cuda": "s"}
+    for (dev, variant), g in ok.groupby(["device", "variant"], sort=False):
+        for ax, col in zip(axes, ("ms_per_token_b1", "tokens_per_s_large")):
+            x, y = float(g[col].iloc[0]), float(g["perplexity"].iloc[0])
+            ax.scatter([x], [y], marker=markers.get(dev, "^"), s=50)
+            ax.annotate(f"{variant} ({dev})", (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    axes[0].set_xlabel("latency at batch 1 (ms per generated token, median; lower is better)")
+    big = ", ".join(sorted({str(v) for v in ok["large_batch"]})) if len(ok) else "?"
+    axes[1].set_xlabel(f"throughput at batch {big} (tokens/s, median; higher is better)")
+    for ax in axes:
+        ax.set_ylabel("validation perplexity (lower is better)")
+        ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Quality against speed of each int8 / bf16 variant (o: CPU, s: GPU)")
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- the GPT to quantize
+
+
+def file_sha256(path: str | Path, prefix: int = 16) -> str:
+    """The first ``prefix`` hex digits of a file's SHA-256 (identifies the weights measured)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:prefix]
+
+
+def corpus_kind(name: str) -> str:
+    """The ``corpus=`` choice of :mod:`lab_utils.text_data` that produces the corpus ``name``."""
+    if name == "tiny-shakespeare":
+        return "shakespeare"
+    if name.startswith("python-stdlib"):
+        return "stdlib"
+    raise LabError(f"Unknown corpus {name!r} in the checkpoint; re-run notebook 06 to write a fresh one.")
+
+
+def held_out_tokens(payload: dict[str, Any]) -> tuple[torch.Tensor, str, bool, int]:
+    """The validation text of the checkpoint's corpus, encoded with the checkpoint's vocabulary.
+
+    The corpus is cut to ``metrics["max_chars"]`` when the checkpoint records it (the
+    exact split it trained on), else taken whole: its last 10 % lies after any prefix's
+    first 90 %, so it is held out either way. Characters absent from the vocabulary are
+    dropped (counted). Returns ``(tokens, corpus name, synthetic, dropped characters)``.
+    """
+    from lab_utils.text_data import TRAIN_FRACTION, CharVocab, load_corpus
+
+    max_chars = (payload.get("metrics") or {}).get("max_chars")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the stand-in warning: the provenance label says it
+        corpus = load_corpus(corpus_kind(payload["corpus"]), max_chars=max_chars)
+    text = corpus.text[int(TRAIN_FRACTION * len(corpus.text)):]
+    vocab = CharVocab(payload["vocab"])
+    allowed = set(vocab.chars)
+    kept = "".join(ch for ch in text if ch in allowed)
+    return vocab.encode(kept), corpus.name, corpus.synthetic, len(text) - len(kept)
+
+
+def fallback_checkpoint_path(profile: str) -> Path:
+    """Where notebook 07 keeps the GPT it trains itself when notebook 06's checkpoint is absent."""
+    from lab_utils import config
+
+    return config.results_dir(profile) / "checkpoints" / "gpt_trained_in_07.pt"
+
+
+def train_fallback(path: Path, settings: QuantSettings, device: str = "auto") -> Path:
+    """Train the settings' fallback GPT briefly (one process) and save it to ``path``."""
+    from lab_utils.gpt_train import TrainConfig, run_training
+
+    cfg = TrainConfig(size=settings.fallback_size, batch_size=settings.fallback_batch_size,
+                      epochs=1, max_steps=settings.fallback_steps, steps_per_epoch=settings.fallback_steps,
+                      max_chars=settings.fallback_max_chars, val_batches=4, probe_steps=0, device=device,
+                      save=str(path))
+    records = run_training(cfg)
+    summary = records[-1]
+    if summary.get("status") != "ok" or not Path(path).exists():
+        raise LabError(f"Training the fallback GPT failed ({summary.get('reason')}); run notebook 06 first "
+                       "so that its checkpoint exists.")
+    return Path(path)
+
+
+def load_model_under_test(profile: str, settings: QuantSettings, checkpoint: str | Path | None = None,
+                          train_if_missing: bool = True) -> ModelUnderTest:
+    """Notebook 06's GPT (``results/<profile>/checkpoints/gpt.pt``), or one trained here.
+
+    ``checkpoint`` overrides the path. When the file is absent and ``train_if_missing``,
+    the fallback GPT of ``settings`` is trained briefly (and kept, so a re-run reuses it);
+    :attr:`ModelUnderTest.source` says which happened.
+    """
+    from lab_utils.models.gpt import checkpoint_path, load_checkpoint
+
+    path = Path(checkpoint) if checkpoint is not None else checkpoint_path(profile)
+    if path.exists():
+        source = f"notebook 06's checkpoint {path}"
+    elif checkpoint is not None:
+        raise LabError(f"No checkpoint at {path}; give the path notebook 06 printed, or checkpoint=None.")
+    else:
+        fb = fallback_checkpoint_path(profile)
+        if fb.exists():
+            source = f"no checkpoint from notebook 06 at {path}: using the GPT trained here before ({fb})"
+        elif train_if_missing:
+            t0 = time.perf_counter()
+            train_fallback(fb, settings)
+            source = (f"no checkpoint from notebook 06 at {path}: trained the '{settings.fallback_size}' GPT "
+                      f"here for {settings.fallback_steps} steps ({time.perf_counter() - t0:.0f} s), "
+                      f"saved to {fb}")
+        else:
+            raise LabError(f"No checkpoint at {path}; run notebook 06 first (or allow training here).")
+        path = fb
+    model, payload = load_checkpoint(path, "cpu")
+    model = model.float().eval()
+    tokens, corpus, synthetic, dropped = held_out_tokens(payload)
+    if dropped:
+        source += f"; {dropped} held-out characters outside the model's vocabulary were dropped"
+    return ModelUnderTest(model=model, val_tokens=tokens, block_size=model.config.block_size,
+                          model_id=file_sha256(path), dataset=corpus, synthetic=synthetic, source=source)
+
+
+def describe(mut: ModelUnderTest) -> dict[str, Any]:
+    """A small summary of the model under test for the notebook to print."""
+    n = sum(p.numel() for p in mut.model.parameters())
+    cfg = getattr(mut.model, "config", None)
+    return {"source": mut.source, "parameters": n, "config": asdict(cfg) if cfg is not None else None,
+            "held_out_tokens": int(mut.val_tokens.numel()), "dataset": mut.dataset,
+            "synthetic": mut.synthetic,
+            "cpu_threads": torch.get_num_threads(), "torchao": torchao_version(), "torch": torch.__version__,
+            "quantized_engine": torch.backends.quantized.engine, "cpu_native_bf16": cpu_has_native_bf16()}

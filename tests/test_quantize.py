@@ -1,0 +1,371 @@
+"""Tests of lab_utils.quantize: accuracy of each int8/bf16 path, size accounting, unavailable rows.
+
+Tolerances (stated here, asserted below), for a small trained language model whose
+largest fp32 logit is a few units:
+
+- bf16 and int8 weight-only: max |logit - fp32 logit| <= 2 % of max |fp32 logit|.
+  Why: per-row symmetric int8 rounds each weight by at most scale/2 = max|w_row| / 254
+  (0.4 % of the row's largest weight); bf16 keeps 8 significant bits (relative rounding
+  <= 2^-9 = 0.2 %). Rounding errors of mixed signs partly cancel in a dot product; 2 %
+  leaves a margin of about 5x over those per-element bounds (measured: about 0.3 %).
+- int8 dynamic (activations quantized too, per tensor in torch.ao with 7-bit range on
+  x86, per token in torchao): <= 5 % (measured: 0.5-1 %).
+- validation loss increase over fp32: <= 0.01 nats per token for every variant
+  (measured: below 1e-4).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from lab_utils import quantize as Q
+from lab_utils.errors import LabError
+
+LOGIT_TOL = {"fp32": 0.0, "bf16": 0.02, "torchao_int8_weight_only": 0.02,
+             "ao_dynamic_int8": 0.05, "torchao_int8_dynamic": 0.05}
+LOSS_INCREASE_BOUND = 0.01  # nats per token
+V, C, T = 32, 32, 32
+
+
+class ToyLM(nn.Module):
+    """Token embedding, a residual MLP, LayerNorm and a Linear head: (B, T) ids -> (B, T, V) logits."""
+
+    def __init__(self, vocab: int = V, dim: int = C):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.proj = nn.Linear(4 * dim, dim)
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        x = x + self.proj(torch.nn.functional.gelu(self.fc(x)))
+        return self.head(self.ln(x))
+
+
+def pattern_tokens(n: int, seed: int) -> torch.Tensor:
+    """next = (3 * current + 1) mod V, with 10 % of tokens replaced by random ones."""
+    g = torch.Generator().manual_seed(seed)
+    noise, rnd = torch.rand(n, generator=g), torch.randint(0, V, (n,), generator=g)
+    out = [0]
+    for i in range(1, n):
+        out.append(int(rnd[i]) if noise[i] < 0.1 else (3 * out[-1] + 1) % V)
+    return torch.tensor(out, dtype=torch.long)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """A ToyLM trained for a few dozen steps on the pattern (val loss well below ln V)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster and immune to contention
+    try:
+        torch.manual_seed(0)
+        train, val = pattern_tokens(8000, 0), pattern_tokens(2049, 1)
+        model = ToyLM()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for _ in range(80):
+            i = torch.randint(0, train.numel() - T - 1, (16,))
+            x = torch.stack([train[j: j + T] for j in i])
+            y = torch.stack([train[j + 1: j + T + 1] for j in i])
+            loss = nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        yield model, val
+    finally:
+        torch.set_num_threads(threads)
+
+
+def available_cpu_variants() -> list[str]:
+    return [v for v in Q.VARIANTS if Q.check_variant(v, "cpu").ok]
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+def test_toy_model_learned_the_pattern(toy):
+    model, val = toy
+    ev = Q.evaluate_lm(model, val, T, 16, "cpu")
+    assert ev.loss < 0.5 * math.log(V)  # far better than guessing: the comparison below means something
+
+
+@pytest.mark.parametrize("variant", Q.VARIANTS)
+def test_quantized_logits_and_loss_close_to_fp32(toy, variant):
+    model, val = toy
+    avail = Q.check_variant(variant, "cpu")
+    if not avail.ok:
+        pytest.skip(f"{variant} unavailable here: {avail.reason}")
+    x = val[: 8 * T].view(8, T)
+    with torch.no_grad():
+        ref = model(x)
+        out = Q.quantize_model(model, variant, "cpu")(x).float()
+    assert out.shape == ref.shape
+    err = (out - ref).abs().max().item()
+    assert err <= LOGIT_TOL[variant] * ref.abs().max().item() + 1e-6, (variant, err)
+    base = Q.evaluate_lm(model, val, T, 16, "cpu")
+    q = Q.evaluate_lm(Q.quantize_model(model, variant, "cpu"), val, T, 16, "cpu")
+    assert q.tokens == base.tokens
+    assert q.loss - base.loss <= LOSS_INCREASE_BOUND, (variant, q.loss - base.loss)
+
+
+def test_quantize_model_leaves_the_input_untouched(toy):
+    model, _ = toy
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for variant in available_cpu_variants():
+        Q.quantize_model(model, variant, "cpu")
+    after = model.state_dict()
+    assert all(type(after[k]) is torch.Tensor and torch.equal(before[k], after[k]) for k in before)
+
+
+def test_weight_only_int8_error_within_hand_bound():
+    """One Linear: |y_q - y|_j <= sum_k |x_k| * scale_j / 2, scale_j = max_k |W_jk| / 127."""
+    if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
+        pytest.skip("torchao unavailable")
+    torch.manual_seed(1)
+    lin = nn.Linear(48, 24, bias=False).eval()
+    x = torch.randn(5, 48)
+    q = Q.quantize_model(nn.Sequential(lin), "torchao_int8_weight_only", "cpu")
+    with torch.no_grad():
+        err = (q(x) - lin(x)).abs()
+    scale = lin.weight.detach().abs().amax(dim=1) / 127          # (24,)
+    bound = x.abs().sum(dim=1, keepdim=True) * scale / 2            # (5, 24)
+    assert (err <= bound * (1 + 1e-4) + 1e-6).all()
+    assert err.max() > 0  # it really was rounded
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def test_payload_bytes_by_hand():
+    lin = nn.Sequential(nn.Linear(64, 32))
+    assert Q.payload_bytes(lin.state_dict()) == (64 * 32 + 32) * 4  # 8320 bytes of fp32
+    tied = nn.Module()
+    tied.a = nn.Linear(16, 8, bias=False)
+    tied.b = nn.Linear(16, 8, bias=False)
+    tied.b.weight = tied.a.weight
+    assert Q.payload_bytes(tied.state_dict()) == 16 * 8 * 4  # one storage, counted once
+    if Q.check_variant("torchao_int8_weight_only", "cpu").ok:
+        q = Q.quantize_model(lin, "torchao_int8_weight_only", "cpu")
+        # int8 weight + fp32 scale per row + int8 zero point per row + fp32 bias
+        assert Q.payload_bytes(q.state_dict()) == 64 * 32 + 32 * 4 + 32 + 32 * 4
+
+
+@pytest.mark.parametrize("variant", Q.VARIANTS)
+def test_serialized_size_matches_the_file(tmp_path, variant):
+    avail = Q.check_variant(variant, "cpu")
+    if not avail.ok:
+        pytest.skip(avail.reason)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128))
+    q = Q.quantize_model(model, variant, "cpu")
+    size = Q.serialized_size_bytes(q)
+    path = tmp_path / f"{variant}.pt"
+    assert Q.save_state_dict(q, path) == size == path.stat().st_size
+    if variant in ("fp32", "bf16"):  # the file is an ordinary torch.save file
+        loaded = torch.load(path, weights_only=True)
+        assert all(torch.equal(loaded[k], v) for k, v in q.state_dict().items())
+    payload = Q.payload_bytes(q.state_dict())
+    assert payload <= size <= payload + 8192  # the container adds headers, never fewer bytes
+    fp32 = Q.serialized_size_bytes(model)
+    expected = {"fp32": 1.0, "bf16": 0.5}.get(variant, 0.25)  # bytes per weight / 4
+    assert size / fp32 == pytest.approx(expected, abs=0.06)
+
+
+# --------------------------------------------------------------------------- evaluation, timing
+
+
+class ZeroLM(nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+        self.dummy = nn.Linear(1, 1)
+
+    def forward(self, idx):
+        return torch.zeros(*idx.shape, self.vocab)
+
+
+def test_uniform_logits_give_log_vocab_loss_and_vocab_perplexity():
+    tokens = torch.arange(101) % 7
+    ev = Q.evaluate_lm(ZeroLM(7), tokens, block_size=10, batch_size=3, device="cpu")
+    assert ev.windows == 10 and ev.tokens == 100  # (101 - 1) // 10 windows of 10 predictions
+    assert ev.loss == pytest.approx(math.log(7))
+    assert ev.perplexity == pytest.approx(7.0)
+    assert Q.evaluate_lm(ZeroLM(7), tokens, 10, 3, "cpu", max_tokens=31).tokens == 30
+    with pytest.raises(LabError):
+        Q.evaluate_lm(ZeroLM(7), tokens[:5], 10, 3, "cpu")
+
+
+def test_time_decode_statistics_with_a_fake_clock():
+    ticks = iter([0.0, 2.0, 10.0, 13.0, 20.0, 24.0])  # repetitions of 2, 3 and 4 s
+    t = Q.time_decode(ZeroLM(5), torch.zeros(4, 3, dtype=torch.long), new_tokens=8, block_size=16,
+                      device="cpu", warmup=1, repeats=3, clock=lambda: next(ticks))
+    assert t.seconds == [2.0, 3.0, 4.0]
+    assert t.ms_per_token_median == pytest.approx(3.0 * 1000 / 8)
+    assert (t.ms_per_token_min, t.ms_per_token_max) == (pytest.approx(250.0), pytest.approx(500.0))
+    assert t.tokens_per_s_median == pytest.approx(4 * 8 / 3.0)
+
+
+def test_greedy_decode_shape_and_block_crop():
+    out = Q.greedy_decode(ZeroLM(5), torch.ones(2, 3, dtype=torch.long), new_tokens=6, block_size=4)
+    assert out.shape == (2, 9) and (out[:, 3:] == 0).all()  # argmax of equal logits is id 0
+
+
+def test_context_and_intensity_formulas():
+    assert Q.mean_context_tokens(8, 16, 64) == pytest.approx(15.5)  # mean of 8..23
+    assert Q.mean_context_tokens(60, 8, 64) == pytest.approx((60 + 61 + 62 + 63 + 64 * 4) / 8)
+    assert Q.weight_flops_per_byte(10, 4) == 5.0     # fp32, 10 rows: 2*10 FLOPs per 4 bytes
+    assert Q.weight_flops_per_byte(10, 1) == 20.0    # int8 weights: 4x the intensity
+    with pytest.raises(LabError):
+        Q.weight_flops_per_byte(0, 1)
+
+
+# --------------------------------------------------------------------------- unavailable paths
+
+
+def test_disabled_variant_is_a_row_that_says_why(toy, store):
+    model, val = toy
+    mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
+    s = Q.settings_for("quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
+                       disabled=("torchao_int8_dynamic",), eval_tokens=512, prompt_tokens=4, new_tokens=2,
+                       cpu_large_batch=2, warmup=0, repeats=1)
+    recs = Q.run_quantization(store, mut, s, show_progress=False)
+    assert [r.status for r in recs] == ["ok", "skipped"]
+    assert "disabled by configuration" in recs[1].reason
+    df = Q.quantization_table(recs)
+    row = df[df["variant"] == "torchao_int8_dynamic"].iloc[0]
+    assert row["status"] == "skipped" and "disabled" in row["note"]
+    assert row["size_bytes"] == "" and pd.isna(row["val_loss"]) and pd.isna(row["ms_per_token_b1"])
+    fp = df[df["variant"] == "fp32"].iloc[0]
+    assert fp["speedup_b1"] == pytest.approx(1.0) and fp["size_vs_fp32"] == pytest.approx(1.0)
+    # stored: a re-run measures nothing new for the ok row and re-checks the skipped one
+    again = Q.run_quantization(store, mut, s, show_progress=False)
+    assert again[0].timestamp == recs[0].timestamp
+    assert len(store.records("quantization")) == 3
+
+
+def test_missing_torchao_module_gives_a_reason(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    for variant in Q.TORCHAO_CONFIGS:
+        a = Q.check_variant(variant, "cpu")
+        assert not a.ok and "torchao is not installed" in a.reason
+    assert Q.torchao_version() is None
+
+
+def test_missing_quantize_dynamic_and_cuda_only_rows(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", types.ModuleType("torch.ao.quantization"))
+    a = Q.check_variant("ao_dynamic_int8", "cpu")
+    assert not a.ok and "removed upstream" in a.reason
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    a = Q.check_variant("ao_dynamic_int8", "cuda")
+    assert not a.ok and "CPU only" in a.reason
+
+
+def test_deprecation_is_detected_and_labelled(monkeypatch):
+    real = Q.importlib.import_module("torch.ao.quantization")
+
+    def warns(model, *args, **kw):
+        warnings.warn("quantize_dynamic is deprecated, use torchao", DeprecationWarning, stacklevel=2)
+        return model
+
+    def silent(model, *args, **kw):
+        return model
+
+    for fn, expect in ((warns, "deprecated upstream"), (silent, None)):
+        fake = types.ModuleType("torch.ao.quantization")
+        fake.quantize_dynamic = fn
+        monkeypatch.setitem(sys.modules, "torch.ao.quantization", fake)
+        a = Q.ao_dynamic_status()
+        assert a.ok
+        assert (a.note is None) if expect is None else (expect in a.note and "use torchao" in a.note)
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", real)
+
+
+def test_no_cuda_row_and_unknown_variant():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    a = Q.check_variant("fp32", "cuda")
+    assert not a.ok and "no CUDA device" in a.reason
+    with pytest.raises(LabError):
+        Q.check_variant("int3", "cpu")
+
+
+# --------------------------------------------------------------------------- table, settings
+
+
+def _rec(variant, status="ok", **m):
+    from lab_utils.results import Record
+
+    return Record(experiment="quantization", config={"variant": variant, "device": "cpu"}, metrics=m,
+                  status=status, reason=None if status == "ok" else "needs torchao")
+
+
+def test_table_speedups_by_hand():
+    common = {"ms_per_token_b1_min": 1.0, "ms_per_token_b1_max": 2.0, "tokens_per_s_large_min": 1.0,
+              "tokens_per_s_large_max": 2.0, "large_batch": 16}
+    recs = [_rec("fp32", size_bytes=4000, val_loss=1.50, perplexity=math.exp(1.5), ms_per_token_b1=10.0,
+                 tokens_per_s_large=100.0, **common),
+            _rec("torchao_int8_weight_only", size_bytes=1100, val_loss=1.52, perplexity=math.exp(1.52),
+                 ms_per_token_b1=5.0, tokens_per_s_large=150.0, **common),
+            _rec("torchao_int8_dynamic", status="skipped")]
+    df = Q.quantization_table(recs).set_index("variant")
+    assert df.loc["torchao_int8_weight_only", "speedup_b1"] == pytest.approx(2.0)
+    assert df.loc["torchao_int8_weight_only", "speedup_large"] == pytest.approx(1.5)
+    assert df.loc["torchao_int8_weight_only", "size_vs_fp32"] == pytest.approx(0.275)
+    assert df.loc["torchao_int8_weight_only", "loss_increase"] == pytest.approx(0.02)
+    assert df.loc["torchao_int8_dynamic", "note"] == "needs torchao"
+    assert df.loc["fp32", "size_bytes"] == 4000
+
+
+def test_settings_validation():
+    assert Q.settings_for("quick").repeats >= 1
+    with pytest.raises(LabError):
+        Q.settings_for("quick", variants=("int4",))
+    with pytest.raises(LabError):
+        Q.settings_for("quick", repeats=0)
+    with pytest.raises(LabError):
+        Q.settings_for("quick", devices=("tpu",))
+    with pytest.raises(LabError):
+        Q.settings_for("nope")
+    assert Q.settings_for("quick", disabled="bf16").disabled == ("bf16",)
+
+
+# --------------------------------------------------------------------------- the GPT
+
+
+def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
+    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.text_data import load_corpus
+
+    corpus = load_corpus("stdlib", max_chars=20_000)
+    vocab = "".join(sorted(set(corpus.text)))
+    torch.manual_seed(0)
+    gpt = GPT(gpt_config("tiny", vocab_size=len(vocab)))
+    path = save_checkpoint(tmp_path / "gpt.pt", gpt, vocab, corpus.name, {"max_chars": 20_000})
+    mut = Q.load_model_under_test("quick", Q.settings_for("quick"), checkpoint=path)
+    assert mut.val_tokens.numel() == 2_000 and mut.synthetic is True
+    assert mut.model_id == Q.file_sha256(path) and "notebook 06" in mut.source
+    x = mut.val_tokens[:64].view(1, 64)
+    with torch.no_grad():
+        ref = mut.model(x)
+    fp32_size = Q.serialized_size_bytes(mut.model)
+    for variant in available_cpu_variants():
+        q = Q.quantize_model(mut.model, variant, "cpu")  # the tied head must not break anything
+        with torch.no_grad():
+            out = q(x).float()
+        assert torch.isfinite(out).all() and out.shape == ref.shape
+        assert (out - ref).abs().max() <= 0.05 * ref.abs().max() + 1e-3
+        if variant != "fp32":
+            assert Q.serialized_size_bytes(q) < 0.6 * fp32_size
+    with pytest.raises(LabError):
+        Q.load_model_under_test("quick", Q.settings_for("quick"), checkpoint=tmp_path / "absent.pt")
