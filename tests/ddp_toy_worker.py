@@ -9,8 +9,10 @@ Modes:
   barrier that never completes (torchrun must tear them down).
 - ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps, each rank on its
   contiguous shard of a seeded global batch; rank 0 writes the final parameters.
-- ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, plus
-  rank 0's one-process step on the global batch (for method (a)); rank 0 writes them.
+- ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, once per
+  ``--bucket-cap-mb`` value (default one bucket, then several), plus rank 0's one-process
+  step on the global batch (for method (a)); rank 0 writes them.
+- ``equality,comm``: both, in one start-up; rank 0 writes both results in this order.
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ def main() -> int:
     p.add_argument("--mode", required=True)
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=8, help="per rank")
+    p.add_argument("--batch", type=int, default=8, help="per rank (equality)")
+    p.add_argument("--comm-steps", type=int, default=12)
+    p.add_argument("--comm-batch", type=int, default=64, help="per rank (comm)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--width", type=int, default=512)
-    p.add_argument("--bucket-cap-mb", type=float, default=0.25)
+    p.add_argument("--bucket-cap-mb", default="25,0.25", help="one probe per value (comm)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     rank = int(os.environ["RANK"])
@@ -65,7 +69,7 @@ def main() -> int:
 
     from lab_utils.ddp import init_distributed
 
-    ctx = init_distributed("gloo")
+    init_distributed("gloo")
     try:
         if a.mode == "ok":
             out: list = [None] * world
@@ -78,10 +82,12 @@ def main() -> int:
                 print(f"rank {rank}: {FAIL_MARKER}", flush=True)
                 raise RuntimeError(f"deliberate failure on rank {rank} ({FAIL_MARKER})")
             dist.barrier()  # never completes: the failing rank does not arrive
-        elif a.mode == "equality":
-            equality(a, rank, world)
-        elif a.mode == "comm":
-            comm(a, rank, world, ctx.device)
+        elif set(a.mode.split(",")) <= {"equality", "comm"}:
+            results = []
+            for mode in a.mode.split(","):
+                results.append(equality(a, rank, world) if mode == "equality" else comm(a, rank, world))
+            if rank == 0:
+                write_worker_output(results, a.out)
         else:
             raise SystemExit(f"unknown mode {a.mode}")
     finally:
@@ -90,7 +96,7 @@ def main() -> int:
     return 0
 
 
-def equality(a, rank: int, world: int) -> None:
+def equality(a, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from lab_utils.train import make_optimizer
@@ -105,12 +111,10 @@ def equality(a, rank: int, world: int) -> None:
         opt.zero_grad(set_to_none=True)
         loss_fn(ddp(x[s, shard]), y[s, shard]).backward()
         opt.step()
-    params = [p.detach().tolist() for p in model.parameters()]
-    if rank == 0:
-        write_worker_output([{"params": params}], a.out)
+    return {"params": [p.detach().tolist() for p in model.parameters()]}
 
 
-def comm(a, rank: int, world: int, device) -> None:
+def comm(a, rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -118,8 +122,7 @@ def comm(a, rank: int, world: int, device) -> None:
 
     torch.set_num_threads(1)
     inputs, outputs = 256, 10
-    model = toy_mlp(inputs, a.width, outputs)
-    x, y = toy_batches(a.steps, a.batch * world, inputs, outputs)
+    x, y = toy_batches(a.comm_steps, a.comm_batch * world, inputs, outputs)
     loss_fn = nn.CrossEntropyLoss()
 
     # T(1): rank 0 alone does each step on the whole global batch (the others wait)
@@ -127,7 +130,7 @@ def comm(a, rank: int, world: int, device) -> None:
     if rank == 0:
         single = toy_mlp(inputs, a.width, outputs)
         times = []
-        for s in range(a.steps):
+        for s in range(a.comm_steps):
             t0 = time.perf_counter()
             single.zero_grad(set_to_none=True)
             loss_fn(single(x[s]), y[s]).backward()
@@ -135,15 +138,17 @@ def comm(a, rank: int, world: int, device) -> None:
         t1 = sorted(times[1:])[len(times[1:]) // 2]
     dist.barrier()
 
-    ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
-    timer = AllReduceTimer(ddp)
-    shard = slice(rank * a.batch, (rank + 1) * a.batch)
-    batches = [(x[s, shard], y[s, shard]) for s in range(a.steps)]
-    probe = probe_exposed_comm(ddp, batches, timer, loss_fn)
-    out: list = [None] * world
-    dist.all_gather_object(out, probe.as_dict())
-    if rank == 0:
-        write_worker_output([{"t1_step_seconds": t1, "probes": out}], a.out)
+    shard = slice(rank * a.comm_batch, (rank + 1) * a.comm_batch)
+    batches = [(x[s, shard], y[s, shard]) for s in range(a.comm_steps)]
+    probes = {}
+    for cap in (float(c) for c in a.bucket_cap_mb.split(",")):
+        ddp = DDP(toy_mlp(inputs, a.width, outputs), bucket_cap_mb=cap)
+        timer = AllReduceTimer(ddp)
+        probe = probe_exposed_comm(ddp, batches, timer, loss_fn)
+        out: list = [None] * world
+        dist.all_gather_object(out, probe.as_dict())
+        probes[str(cap)] = out
+    return {"t1_step_seconds": t1, "probes": probes}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,288 @@
+"""The DDP worker and the communication measurements, on CPU with gloo.
+
+- 2-rank DDP ends with the parameters of one process trained on the same global batch;
+- ``set_epoch`` changes the shard order between epochs, and without it the order repeats;
+- the worker's records: aggregate = slowest rank, means beside it, per-epoch history,
+  lr rules, evaluation, the comm probe; the store gets them; bad input fails early;
+- the three communication figures on a toy model: non-negative and (b) <= (c) within noise;
+- hand-computed values for the interval union, overlap and the derived split (a).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lab_utils.comm_hooks import derived_comm, overlap_figures, union_length
+from lab_utils.ddp import WorkerArgs, aggregate_epoch, parse_args, sample_order_head
+from lab_utils.errors import LabError
+from lab_utils.launcher import launch
+
+TESTS = Path(__file__).resolve().parent
+
+
+def toy_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+def test_union_length_counts_overlaps_once():
+    assert union_length([]) == 0.0
+    assert union_length([(0.0, 1.0)]) == 1.0
+    assert union_length([(0.0, 1.0), (0.5, 2.0)]) == pytest.approx(2.0)      # overlapping
+    assert union_length([(3.0, 4.0), (0.0, 1.0)]) == pytest.approx(2.0)      # disjoint, unsorted
+    assert union_length([(0.0, 3.0), (1.0, 2.0)]) == pytest.approx(3.0)      # nested
+    assert union_length([(0.0, 1.0), (1.0, 1.5), (2.0, 2.0)]) == pytest.approx(1.5)  # touching, empty
+
+
+def test_overlap_figures_by_hand():
+    assert overlap_figures(0.25, 1.0) == (pytest.approx(0.75), pytest.approx(0.75))
+    assert overlap_figures(0.0, 0.4) == (pytest.approx(0.4), pytest.approx(1.0))
+    assert overlap_figures(1.2, 1.0) == (0.0, 0.0)           # exposed above total: no overlap
+    assert overlap_figures(-0.1, 1.0)[0] == pytest.approx(1.0)  # negative (noise) exposed counts as 0
+    assert overlap_figures(0.0, 0.0) == (0.0, None)
+
+
+def test_derived_comm_is_the_assignments_formula():
+    # T(1) = 40 s, T(2) = 23 s: compute 20 s, communication 3 s
+    assert derived_comm(40.0, 23.0, 2) == (pytest.approx(20.0), pytest.approx(3.0))
+    # T(4) = 9 s: compute 10 s, communication -1 s (super-linear: kept, not hidden)
+    assert derived_comm(40.0, 9.0, 4) == (pytest.approx(10.0), pytest.approx(-1.0))
+    with pytest.raises(ValueError):
+        derived_comm(1.0, 1.0, 0)
+
+
+def test_aggregate_epoch_takes_slowest_rank_and_means():
+    ranks = [
+        {"rank": 0, "epoch": 2, "steps": 4, "images": 100, "epoch_seconds": 10.0, "train_seconds": 8.0,
+         "data_loading_seconds": 2.0, "data_movement_seconds": 1.0, "compute_seconds": 6.0,
+         "communication_seconds": 1.0, "train_loss": 1.5, "lr": 0.1, "elapsed_seconds": 20.0},
+        {"rank": 1, "epoch": 2, "steps": 4, "images": 96, "epoch_seconds": 12.0, "train_seconds": 7.0,
+         "data_loading_seconds": 5.0, "data_movement_seconds": 1.0, "compute_seconds": 5.0,
+         "communication_seconds": 1.0, "train_loss": 1.5, "lr": 0.1, "elapsed_seconds": 23.0},
+    ]
+    agg = aggregate_epoch(ranks)
+    assert agg["epoch_seconds"] == 12.0 and agg["slowest_rank"] == 1
+    assert agg["epoch_seconds_mean"] == pytest.approx(11.0) and agg["epoch_seconds_min"] == 10.0
+    assert agg["train_seconds"] == 8.0 and agg["train_seconds_mean"] == pytest.approx(7.5)
+    assert agg["data_loading_seconds_mean"] == pytest.approx(3.5) and agg["data_loading_seconds_max"] == 5.0
+    assert agg["images"] == 196 and agg["images_per_s"] == pytest.approx(196 / 8.0)
+    assert agg["elapsed_seconds"] == 23.0 and agg["train_loss"] == 1.5
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_set_epoch_changes_the_order_and_without_it_the_order_repeats():
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = list(range(64))
+    s0 = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True, seed=0)
+    s1 = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=0)
+    e0 = list(iter(s0))
+    assert list(iter(s0)) == e0                       # no set_epoch: the same order again
+    s0.set_epoch(1)
+    e1 = list(iter(s0))
+    assert e1 != e0 and sorted(e1) != e1              # set_epoch: a new shuffle
+    s1.set_epoch(1)
+    assert set(e1).isdisjoint(iter(s1))               # shards of one epoch do not overlap
+    assert set(e1) | set(iter(s1)) == set(data)       # and cover the data set
+    assert sample_order_head(s0, 5) == e1[:5]
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def test_worker_args_round_trip_and_validation():
+    a = WorkerArgs(experiment="x", batch_size=(32, 128), width=8, eval=True, lr_rule="linear",
+                   warmup_epochs=0.5, bucket_cap_mb=0.5)
+    back = parse_args(a.to_argv())
+    assert back == a
+    assert back.batch_sizes == (32, 128) and back.for_batch(128).batch_size == 128
+    cfg = a.for_batch(32).record_config(world_size=2, backend="gloo")
+    assert cfg["global_batch"] == 64 and cfg["device_type"] == "cpu" and cfg["record"] == "aggregate"
+    with pytest.raises(ValueError):
+        a.record_config(2, "gloo")  # several batch sizes: not one configuration
+    for bad in (["--batch-size", "0"], ["--lr-rule", "sqrt"], ["--decay", "linear"], ["--dataset", "x"],
+                ["--warmup-epochs", "5", "--epochs", "2"], ["--backend", "mpi"], ["--lr", "-1"]):
+        with pytest.raises(LabError):
+            parse_args(bad)
+
+
+def test_resolved_fills_profile_sizes(monkeypatch):
+    monkeypatch.setenv("LAB_PROFILE", "quick")
+    r = WorkerArgs(train_images=100, dataset="synthetic").resolved()
+    assert r.profile == "quick" and r.train_images == 100 and r.test_images == 500
+    assert r.num_workers == 0 and r.dataset == "synthetic"
+    assert WorkerArgs(train_images=0, dataset="synthetic").resolved().train_images == 50_000
+
+
+# --------------------------------------------------------------------------- multi-process
+
+
+def single_process_reference(steps: int, batch: int, world: int, lr: float) -> list[torch.Tensor]:
+    from ddp_toy_worker import toy_batches, toy_mlp  # noqa: E402
+
+    from lab_utils.train import make_optimizer
+
+    model = toy_mlp()
+    opt = make_optimizer(model, lr=lr)
+    x, y = toy_batches(steps, batch * world)
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        nn.CrossEntropyLoss()(model(x[s]), y[s]).backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
+EQ_STEPS, EQ_BATCH, EQ_LR = 4, 8, 0.1
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """One 2-rank launch of the toy worker: the equality run, then the comm probe."""
+    args = ["--mode", "equality,comm", "--steps", str(EQ_STEPS), "--batch", str(EQ_BATCH), "--lr", str(EQ_LR),
+            "--comm-steps", "12", "--comm-batch", "64", "--width", "512", "--bucket-cap-mb", "25,0.25"]
+    res = launch("ddp_toy_worker", args, nproc=2, timeout_s=240, log_dir=tmp_path_factory.mktemp("toy"),
+                 env=toy_env(), threads_per_rank=1)
+    return res.records
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_equals_one_process_on_the_global_batch(toy_run):
+    steps, batch, lr = EQ_STEPS, EQ_BATCH, EQ_LR
+    ddp_params = [torch.tensor(p) for p in toy_run[0]["params"]]
+    ref = single_process_reference(steps, batch, 2, lr)
+    start = [p.detach() for p in __import__("ddp_toy_worker").toy_mlp().parameters()]
+    assert any(not torch.allclose(a, b) for a, b in zip(ref, start))  # training moved the weights
+    assert len(ddp_params) == len(ref)
+    for a, b in zip(ddp_params, ref):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+    # and it is not trivially equal: one rank's half batch alone gives different weights
+    half = single_process_reference(steps, batch, 1, lr)
+    assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(ddp_params, half))
+
+
+@pytest.mark.slow
+def test_three_comm_figures_on_a_toy_model(toy_run):
+    """(a), (b), (c) are non-negative; (b) <= (c) within noise.
+
+    With one bucket the all-reduce cannot overlap backward, so the exposed time (b) is
+    the all-reduce (c) plus DDP's small bookkeeping (copies into and out of the bucket).
+    With several buckets the overlap shows as (c) > (b) on a GPU; on CPU the all-reduce
+    thread competes with backward for the same core, so it may slow the overlapped
+    computation down and (b) may exceed (c) by up to that computation's time: the bound
+    is looser there, and the test says so.
+    """
+    out = toy_run[1]
+    t1 = out["t1_step_seconds"]
+    one, several = out["probes"]["25.0"], out["probes"]["0.25"]
+    for p in one + several:
+        tn = p["sync_step_seconds"]
+        compute_a, comm_a = derived_comm(t1, tn, 2)
+        b, c = p["exposed_per_step_seconds"], p["allreduce_per_step_seconds"]
+        assert compute_a > 0 and comm_a >= 0, (t1, tn)       # (a)
+        assert b >= 0 and c > 0                               # (b), (c)
+        assert p["allreduce_sum_per_step_seconds"] >= c - 1e-9
+        overlap, frac = overlap_figures(b, c)
+        assert overlap == pytest.approx(p["overlap_per_step_seconds"])
+        assert frac is None or 0 <= frac <= 1
+    for p in one:
+        assert p["buckets"] == 1
+        tolerance = 3 * p["noise_seconds"] + 0.1 * p["sync_step_seconds"] + 5e-4
+        assert p["exposed_raw_per_step_seconds"] <= p["allreduce_per_step_seconds"] + tolerance, p
+    for p in several:
+        assert p["buckets"] >= 2
+        tolerance = 3 * p["noise_seconds"] + p["nosync_step_seconds"] + 5e-4
+        assert p["exposed_raw_per_step_seconds"] <= p["allreduce_per_step_seconds"] + tolerance, p
+
+
+@pytest.fixture(scope="module")
+def worker_run(tmp_path_factory):
+    """One small 2-rank run of the real worker: two batch sizes, eval, comm, linear lr + warm-up."""
+    root = tmp_path_factory.mktemp("ddp_worker")
+    env = {"LAB_RESULTS_DIR": str(root / "results"), "LAB_PROFILE": "quick"}
+    args = WorkerArgs(experiment="ddp_test", profile="quick", batch_size=(16, 32), epochs=2, width=4,
+                      train_images=128, test_images=40, dataset="synthetic", eval=True, measure_comm=True,
+                      comm_steps=2, lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
+    res = launch("lab_utils.ddp", args.to_argv(), nproc=2, timeout_s=300, log_dir=root / "logs",
+                 threads_per_rank=1, env=env)
+    return res, args, root
+
+
+@pytest.mark.slow
+def test_worker_records_aggregate_and_per_rank(worker_run):
+    res, args, _ = worker_run
+    recs = res.records
+    assert len(recs) == 2 * 3  # per batch size: aggregate + 2 ranks
+    for b in (16, 32):
+        agg = [r for r in recs if r["config"]["batch_size"] == b and r["config"]["record"] == "aggregate"]
+        ranks = [r for r in recs if r["config"]["batch_size"] == b and r["config"]["record"] == "rank"]
+        assert len(agg) == 1 and sorted(r["config"]["rank"] for r in ranks) == [0, 1]
+        m = agg[0]["metrics"]
+        assert agg[0]["config"] == args.resolved().for_batch(b).record_config(2, "gloo")
+        assert agg[0]["synthetic"] is True and agg[0]["hardware"]["device_count"] == 2
+        assert agg[0]["hardware"]["backend"] == "gloo" and agg[0]["hardware"]["device_type"] == "cpu"
+        assert m["world_size"] == 2 and m["global_batch"] == 2 * b and "SLOWEST" in m["time_rule"]
+        assert len(m["epochs"]) == 2 and m["reported_epoch"] == 2
+        for e, hist in enumerate(m["epochs"]):
+            per_rank = [r["metrics"]["epochs"][e] for r in ranks]
+            assert hist["epoch_seconds"] == max(p["epoch_seconds"] for p in per_rank)
+            assert hist["train_seconds"] == max(p["train_seconds"] for p in per_rank)
+            assert hist["epoch_seconds_mean"] == pytest.approx(sum(p["epoch_seconds"] for p in per_rank) / 2)
+            assert hist["images"] == 128  # 64 per rank: the sampler splits the data
+            assert 0 <= hist["test_accuracy"] <= 1 and hist["test_images"] == 40
+            assert math.isfinite(hist["train_loss"]) and math.isfinite(hist["test_loss"])
+            for p in per_rank:  # the phases add up to the training time
+                total = sum(p[f"{ph}_seconds"] for ph in ("data_movement", "compute", "communication"))
+                assert total == pytest.approx(p["train_seconds"])
+        assert m["train_seconds"] == m["epochs"][-1]["train_seconds"]
+        assert m["epochs"][1]["elapsed_seconds"] > m["epochs"][0]["elapsed_seconds"]
+        # linear rule: peak = 0.1 x 2b / 32; warm-up over epoch 1 starts from 0.1
+        assert m["peak_lr"] == pytest.approx(0.1 * 2 * b / 32)
+        assert m["epochs"][0]["lr_first"] == pytest.approx(0.1)
+        assert m["epochs"][1]["lr"] == pytest.approx(m["peak_lr"])
+        # communication: probe figures and per-epoch (b), (c)
+        assert m["exposed_comm_seconds"] >= 0 and m["allreduce_seconds"] > 0
+        assert m["comm_probe"]["buckets"] >= 2 and m["gradient_bytes"] == 4 * m["parameters"]
+
+
+@pytest.mark.slow
+def test_worker_calls_set_epoch_and_shards_disjointly(worker_run):
+    res, _, _ = worker_run
+    ranks = [r for r in res.records if r["config"]["record"] == "rank" and r["config"]["batch_size"] == 16]
+    heads = {r["config"]["rank"]: [e["sample_order_head"] for e in r["metrics"]["epochs"]] for r in ranks}
+    assert heads[0][0] != heads[0][1] and heads[1][0] != heads[1][1]   # a new order every epoch
+    assert set(heads[0][0]).isdisjoint(heads[1][0])                      # ranks see different images
+
+
+@pytest.mark.slow
+def test_worker_appends_to_the_store(worker_run):
+    from lab_utils.results import ResultStore
+
+    res, args, root = worker_run
+    store = ResultStore("quick", root=root / "results" / "quick")
+    stored = store.records("ddp_test")
+    assert len(stored) == len(res.records)
+    cfg = args.resolved().for_batch(32).record_config(2, "gloo")
+    assert store.get("ddp_test", cfg).metrics["global_batch"] == 64
+
+
+def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypatch):
+    import torch.distributed as dist
+
+    from lab_utils import ddp
+
+    monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
+    assert ddp.main(["--lr-rule", "sqrt"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --lr-rule 'sqrt' is unknown") and "\n" not in err
+    assert not dist.is_initialized()
