@@ -1,0 +1,1256 @@
+"""The fast path: CIFAR-10 resident on the device, and switchable training options.
+
+Notebooks 01-03 train with the assignment's pipeline: a ``DataLoader`` whose worker
+processes decode every image into PIL, pad, crop, flip, convert and normalize it one
+image at a time. This module keeps the whole uint8 data set on the device instead
+(moved there once) and does the same augmentation for a whole batch in a few tensor
+operations, so that the loader stops being the bottleneck. It then adds the usual
+training speed-ups one at a time, each switchable and recorded in the results:
+
+- ``loader="device"``: :class:`DeviceLoader` instead of the spec ``DataLoader``;
+- ``channels_last``: NHWC memory layout for the model and its input;
+- ``bf16``: ``torch.autocast`` with bfloat16 (the loss and optimizer stay fp32);
+- ``sgd="fused"`` (or ``"foreach"``): the multi-tensor / fused SGD kernels;
+- ``compile``: ``torch.compile`` of the model. Compilation happens in the warm-up
+  steps, whose time is reported separately (``warmup_seconds``), never inside an epoch.
+
+Everything runs on the CPU too (the "device" is then the CPU).
+
+Same augmentation as the spec
+-----------------------------
+``RandomCrop(32, padding=4)`` pads with zeros and picks the top-left corner uniformly
+in 0..8 for rows and columns; ``RandomHorizontalFlip(0.5)`` flips with probability
+1/2; ``ToTensor`` divides by 255; ``Normalize`` subtracts the mean and divides by the
+std per channel. :class:`DeviceLoader` draws the same offsets and flips (uniform over
+0..8, probability 1/2, independent per image), gathers the crop (and flip) as one
+index operation on the zero-padded uint8 images, and applies
+``(x / 255 - mean) / std`` in float32. For a given offset and flip the result equals
+torchvision's to float rounding (tested), and the distributions are compared
+statistically in the tests.
+
+Benchmarks (``python -m lab_utils bench data|train``)
+-----------------------------------------------------
+- :func:`bench_data`: images/s of the spec pipeline (``DataLoader`` with PIL
+  transforms, ``num_workers=2``) and of :class:`DeviceLoader`, no model, measured
+  side by side in one run; the ratio is device / spec.
+- :func:`bench_train`: the waterfall. One epoch of the same model on the same number
+  of images for the spec configuration and for each fast-path step added on top of
+  the previous ones; images/s, epoch seconds, achieved TFLOP/s (FLOPs counted with
+  :mod:`lab_utils.flops`), percent of the device's peak (:mod:`lab_utils.hardware`;
+  none when the peak is unknown, e.g. on a CPU) and the speed-up over the spec row.
+
+What an epoch time includes: the wall time from the first batch request to the last
+optimizer step of one pass over the images, the device synchronized at both ends and
+nowhere in between (so the host can queue work ahead, as in real training). Waiting on
+the loader is included, which is the point. Warm-up steps (and compilation) are not.
+Records go to the experiments ``bench_data`` and ``bench_train``; the profiler trace
+and the accuracy check to ``fastpath_trace`` and ``fastpath_accuracy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import math
+import time
+import uuid
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lab_utils import config, data
+from lab_utils.config import check_batch_size, check_positive_int
+from lab_utils.errors import LabError
+from lab_utils.results import Record, ResultStore
+from lab_utils.timing import synchronize
+
+SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
+LOADERS = ("spec", "device")
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class ArraySplit:
+    """One CIFAR-10 split as arrays: images (N, 32, 32, 3) uint8 HWC, labels (N,) int64."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    synthetic: bool
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def dataset_name(self) -> str:
+        return "synthetic CIFAR-10 stand-in" if self.synthetic else "CIFAR-10"
+
+
+_warned_synthetic = False
+
+
+def load_split(train: bool, images: int | None = None, dataset: str | None = None,
+               root: Path | None = None) -> ArraySplit:
+    """The first ``images`` images of a split (None: all), from the same sources as :mod:`lab_utils.data`.
+
+    Real CIFAR-10 when it was prepared in ``data/`` (or ``dataset="cifar10"``), else the
+    synthetic stand-in's arrays (:func:`lab_utils.data.synthetic_arrays`, identical to
+    ``SyntheticCIFAR10.data``), marked ``synthetic``.
+    """
+    if images is not None:
+        check_positive_int(images, "number of images")
+    kind = data.resolve_dataset(dataset, root)
+    size = data.CIFAR10_TRAIN_SIZE if train else data.CIFAR10_TEST_SIZE
+    n = size if images is None else min(images, size)
+    if kind == "synthetic":
+        global _warned_synthetic
+        if not _warned_synthetic and (dataset or "auto") == "auto":
+            warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
+                          "(run `make prepare` on a machine with internet for the real data).",
+                          stacklevel=2)
+            _warned_synthetic = True
+        x, y = data.synthetic_arrays(n, train)
+        return ArraySplit(images=x, labels=y.astype(np.int64), synthetic=True)
+    from torchvision.datasets import CIFAR10
+
+    ds = CIFAR10(str(root or config.data_dir()), train=train, download=False)
+    return ArraySplit(images=np.ascontiguousarray(ds.data[:n]),
+                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=False)
+
+
+def _check_workers(num_workers: object) -> int:
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise LabError(f"num_workers must be a whole number >= 0, got {num_workers!r}.")
+    return num_workers
+
+
+class ArrayDataset(torch.utils.data.Dataset):
+    """Per-image access exactly as ``torchvision.datasets.CIFAR10`` does it.
+
+    ``__getitem__`` turns the uint8 HWC array into a PIL image and applies the
+    transform, so a ``DataLoader`` over it does the spec pipeline's per-image work.
+    """
+
+    def __init__(self, split: ArraySplit, transform=None):
+        self.data = split.images
+        self.targets = split.labels.tolist()
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        img = Image.fromarray(self.data[i])
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[i]
+
+
+def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, seed: int = 0,
+                pin_memory: bool | None = None) -> torch.utils.data.DataLoader:
+    """The assignment's training loader: PIL transforms in ``num_workers`` processes, shuffled."""
+    check_batch_size(batch_size)
+    _check_workers(num_workers)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    return torch.utils.data.DataLoader(
+        ArrayDataset(split, data.train_transform()), batch_size=batch_size, shuffle=True, generator=g,
+        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0)
+
+
+class DeviceLoader:
+    """CIFAR-10 resident on ``device``: shuffling, crop, flip and normalization batched there.
+
+    The uint8 images are moved to the device once, zero-padded by ``padding`` pixels
+    and kept as one int32 per pixel (the C <= 4 channel bytes packed; 50,000 padded
+    CIFAR images: 320 MB). Each epoch draws a device permutation and, for every image,
+    a crop offset (rows and columns uniform over 0..2p) and a flip (probability 1/2),
+    from a generator on the device.
+    Each batch is then one ``index_select`` of pixels (crop and flip together), a
+    conversion to float32 and a per-channel multiply-add: ``(x/255 - mean) / std``
+    (the same ``ToTensor`` + ``Normalize`` arithmetic up to float rounding).
+
+    Iterating yields ``(x, y)`` on the device: x float32 (B, C, H, W), in channels_last
+    layout when ``channels_last``; y int64 (B,). ``augment=False`` gives the test
+    pipeline (ToTensor + Normalize, no padding); ``shuffle=False`` keeps the order.
+    """
+
+    def __init__(self, images: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor | Sequence[int],
+                 batch_size: int = 128, device: torch.device | str = "cpu", augment: bool = True,
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, channels_last: bool = False,
+                 padding: int = 4, mean: Sequence[float] = data.CIFAR10_MEAN,
+                 std: Sequence[float] = data.CIFAR10_STD):
+        check_batch_size(batch_size)
+        x = torch.as_tensor(images)
+        if x.dtype != torch.uint8 or x.dim() != 4:
+            raise LabError(f"DeviceLoader needs uint8 images shaped (N, H, W, C) like CIFAR10.data, "
+                           f"got {x.dtype} {tuple(x.shape)}.")
+        y = (labels.long() if isinstance(labels, torch.Tensor)
+             else torch.as_tensor(np.asarray(labels), dtype=torch.long))
+        if y.shape != (x.shape[0],):
+            raise LabError(f"Need one label per image: {x.shape[0]} images but labels of shape "
+                           f"{tuple(y.shape)}.")
+        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+            raise LabError(f"padding must be a whole number >= 0, got {padding!r}.")
+        if x.shape[0] == 0:
+            raise LabError("DeviceLoader got no images; give at least one.")
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.augment = augment
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.channels_last = channels_last
+        self.padding = padding if augment else 0
+        n, h, w, c = x.shape
+        self.num_images, self.height, self.width, self.channels = int(n), int(h), int(w), int(c)
+        if len(mean) != c or len(std) != c:
+            raise LabError(f"mean and std need {c} values (one per channel), got {len(mean)} and {len(std)}.")
+        if c > 4:
+            raise LabError(f"DeviceLoader packs a pixel into 4 bytes, so at most 4 channels, got {c}.")
+        p = self.padding
+        hp, wp = h + 2 * p, w + 2 * p
+        self._plane = hp * wp  # pixels per padded image
+        # Moved once; padded on the device (zeros, as RandomCrop's default fill). Each pixel's
+        # channels are packed into one int32 (4 bytes, unused ones zero), so that cropping is one
+        # 1-D index_select of whole pixels: far faster than gathering rows of 3 bytes.
+        x = x.to(self.device)
+        packed = torch.zeros((n, hp, wp, 4), dtype=torch.uint8, device=self.device)
+        packed[:, p:p + h, p:p + w, :c] = x
+        self._pixels = packed.view(torch.int32).reshape(n * self._plane)
+        del packed, x
+        self.labels = y.to(self.device)
+        # Pixel index tables: for offset (dy, dx) and flip f, output pixel (i, j) reads padded
+        # pixel (dy + i, dx + j) unflipped, (dy + i, dx + W-1 - j) flipped (crop, then flip).
+        k = 2 * p + 1
+        rows = torch.arange(k)[:, None] + torch.arange(h)[None, :]                 # (k, H)
+        cols = torch.arange(k)[:, None] + torch.arange(w)[None, :]                 # (k, W)
+        cols = torch.stack([cols, cols.flip(1)], dim=1)                           # (k, 2, W)
+        table = rows[:, None, None, :, None] * wp + cols[None, :, :, None, :]     # (k, k, 2, H, W)
+        self._table = table.reshape(k * k * 2, h * w).to(self.device)
+        self._offsets = k
+        scale = 1.0 / (255.0 * torch.tensor(std, dtype=torch.float32))
+        self._scale = scale.view(1, c, 1, 1).to(self.device)
+        self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std, dtype=torch.float32)
+                       ).view(1, c, 1, 1).to(self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.num_images // self.batch_size
+        return math.ceil(self.num_images / self.batch_size)
+
+    def draw_epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One epoch's random choices: (order, dy, dx, flip), each of length N, on the device."""
+        n, g, dev = self.num_images, self.generator, self.device
+        order = (torch.randperm(n, generator=g, device=dev) if self.shuffle
+                 else torch.arange(n, device=dev))
+        if not self.augment:
+            zeros = torch.zeros(n, dtype=torch.long, device=dev)
+            return order, zeros, zeros, zeros
+        dy = torch.randint(0, self._offsets, (n,), generator=g, device=dev)
+        dx = torch.randint(0, self._offsets, (n,), generator=g, device=dev)
+        flip = torch.randint(0, 2, (n,), generator=g, device=dev)
+        return order, dy, dx, flip
+
+    def batch(self, idx: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor,
+              flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``idx`` cropped at (``dy``, ``dx``) of the padded image, flipped where ``flip``, normalized.
+
+        All arguments are int64 tensors of shape (B,) on the device. Returns (x, y).
+        """
+        table_row = (dy * self._offsets + dx) * 2 + flip
+        pix = self._table.index_select(0, table_row) + (idx * self._plane)[:, None]   # (B, H*W)
+        b = idx.shape[0]
+        packed = self._pixels.index_select(0, pix.reshape(-1))                     # (B*H*W,) int32
+        u8 = packed.view(torch.uint8).view(b, self.height, self.width, 4)
+        u8 = u8.permute(0, 3, 1, 2)[:, :self.channels]  # NCHW view of the bytes, channels_last strides
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = u8.to(torch.float32, memory_format=fmt)
+        x.mul_(self._scale).add_(self._shift)
+        return x, self.labels.index_select(0, idx)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order, dy, dx, flip = self.draw_epoch()
+        n, bs = self.num_images, self.batch_size
+        stop = (n // bs) * bs if self.drop_last else n
+        for start in range(0, stop, bs):
+            sl = slice(start, min(start + bs, n))
+            yield self.batch(order[sl], dy[sl], dx[sl], flip[sl])
+
+
+def device_loader(split: ArraySplit, device: torch.device | str, batch_size: int = 128,
+                  augment: bool = True, shuffle: bool = True, seed: int = 0,
+                  channels_last: bool = False) -> DeviceLoader:
+    """A :class:`DeviceLoader` over an :class:`ArraySplit`."""
+    return DeviceLoader(split.images, split.labels, batch_size=batch_size, device=device, augment=augment,
+                        shuffle=shuffle, seed=seed, channels_last=channels_last)
+
+
+# --------------------------------------------------------------------------- training options
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """One training configuration of the waterfall; every field is recorded."""
+
+    loader: str = "spec"           # "spec": DataLoader + PIL transforms; "device": DeviceLoader
+    channels_last: bool = False
+    bf16: bool = False             # torch.autocast(dtype=bfloat16) around forward and loss
+    compile: bool = False          # torch.compile(model), compiled during warm-up
+    sgd: str = "default"           # "default" (torch's choice), "for-loop", "foreach", "fused"
+    num_workers: int = 2           # spec loader's worker processes (unused by the device loader)
+
+    def __post_init__(self):
+        if self.loader not in LOADERS:
+            raise LabError(f"Unknown loader {self.loader!r}; use one of: {', '.join(LOADERS)}.")
+        if self.sgd not in SGD_IMPLS:
+            raise LabError(f"Unknown SGD implementation {self.sgd!r}; use one of: {', '.join(SGD_IMPLS)}.")
+        _check_workers(self.num_workers)
+
+    def as_config(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.loader == "device":
+            d["num_workers"] = 0
+        return d
+
+    def describe(self) -> str:
+        parts = [f"DataLoader (PIL, {self.num_workers} workers)" if self.loader == "spec"
+                 else "device-resident loader"]
+        parts.append("channels_last" if self.channels_last else "NCHW")
+        parts.append("bf16 autocast" if self.bf16 else "fp32")
+        parts.append(f"SGD {self.sgd}")
+        if self.compile:
+            parts.append("torch.compile")
+        return ", ".join(parts)
+
+
+# (step name, what it adds, change applied to the previous step's options)
+WATERFALL: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("spec", "the assignment: DataLoader with PIL transforms, fp32, eager", {}),
+    ("device_loader", "+ data resident on the device, augmentation batched there", {"loader": "device"}),
+    ("channels_last", "+ channels_last (NHWC) layout", {"channels_last": True}),
+    ("bf16", "+ bf16 autocast", {"bf16": True}),
+    ("fused_sgd", "+ fused SGD", {"sgd": "fused"}),
+    ("compile", "+ torch.compile", {"compile": True}),
+)
+STEP_NAMES = tuple(s[0] for s in WATERFALL)
+
+
+def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None
+                    ) -> list[tuple[str, str, TrainOptions]]:
+    """The cumulative waterfall: each step's options are the previous step's plus one change."""
+    chosen = list(STEP_NAMES if steps is None else steps)
+    unknown = [s for s in chosen if s not in STEP_NAMES]
+    if unknown:
+        raise LabError(f"Unknown waterfall step(s) {unknown}; choose from: {', '.join(STEP_NAMES)}.")
+    if "spec" not in chosen:
+        chosen.insert(0, "spec")  # every ratio is relative to the spec row
+    opts = TrainOptions(num_workers=num_workers)
+    out = []
+    for name, what, change in WATERFALL:
+        if name not in chosen:
+            continue
+        opts = replace(opts, **change)
+        out.append((name, what, opts))
+    return out
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bf16 autocast is available on this device (any CPU; CUDA GPUs from Ampere on)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu"
+
+
+def make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
+    """The spec's SGD (momentum 0.9, weight decay 5e-4) with the chosen implementation."""
+    from lab_utils.train import make_optimizer
+
+    kw = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+          "fused": {"fused": True}}
+    if impl not in kw:
+        raise LabError(f"Unknown SGD implementation {impl!r}; use one of: {', '.join(SGD_IMPLS)}.")
+    return make_optimizer(model, lr=lr, **kw[impl])
+
+
+def resolved_sgd(impl: str, device: torch.device) -> str:
+    """What ``impl`` runs as: torch's default is foreach on CUDA and the for-loop on CPU."""
+    if impl != "default":
+        return impl
+    return "foreach" if device.type == "cuda" else "for-loop"
+
+
+@dataclass
+class Trainer:
+    """A model, its optimizer and a training step built from :class:`TrainOptions`."""
+
+    model: nn.Module            # the parameters (eager module)
+    forward: Any                # the callable used in training (compiled or not)
+    optimizer: torch.optim.SGD
+    options: TrainOptions
+    device: torch.device
+
+    def autocast(self):
+        if self.options.bf16:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (summed loss, correct count) as device tensors (no sync)."""
+        with self.autocast():
+            out = self.forward(x)
+            loss = F.cross_entropy(out, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach().float() * y.shape[0], (out.detach().argmax(1) == y).sum()
+
+
+def build_trainer(options: TrainOptions, width: int, device: torch.device | str, seed: int = 0,
+                  lr: float = 0.1) -> Trainer:
+    """ResNet-18 of ``width`` on ``device`` (seeded, so every option starts from the same weights)."""
+    from lab_utils.models import ResNet18
+
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model = ResNet18(width=width).to(device)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    forward = torch.compile(model) if options.compile else model
+    return Trainer(model=model, forward=forward, optimizer=make_sgd(model, options.sgd, lr=lr),
+                   options=options, device=device)
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device,
+              channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host batch to the device (non-blocking from pinned memory), in the model's layout."""
+    if x.device != device:
+        nb = device.type == "cuda"
+        x, y = x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
+    if channels_last and not x.is_contiguous(memory_format=torch.channels_last):
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y
+
+
+@dataclass
+class EpochResult:
+    """One timed pass. Seconds are wall time, device synchronized at both ends only."""
+
+    seconds: float
+    images: int
+    steps: int
+    loss: float        # mean training loss over the pass
+    accuracy: float    # training accuracy over the pass
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else math.nan
+
+
+def run_epoch(trainer: Trainer, loader, max_steps: int | None = None,
+              schedule=None, first_step: int = 0) -> EpochResult:
+    """Train one pass over ``loader`` (or its first ``max_steps`` batches) and time it.
+
+    ``schedule`` (optional, a :class:`lab_utils.schedules.LRSchedule`) sets the lr of
+    each step; ``first_step`` is the global index of this pass's first step.
+    """
+    dev = trainer.device
+    trainer.model.train()
+    loss_sum = torch.zeros((), device=dev)
+    correct = torch.zeros((), device=dev, dtype=torch.long)
+    images = steps = 0
+    synchronize(dev)
+    t0 = time.perf_counter()
+    for x, y in loader:
+        x, y = to_device(x, y, dev, trainer.options.channels_last)
+        if schedule is not None:
+            for group in trainer.optimizer.param_groups:
+                group["lr"] = schedule.lr_at(first_step + steps)
+        ls, c = trainer.step(x, y)
+        loss_sum += ls
+        correct += c
+        images += int(y.shape[0])
+        steps += 1
+        if max_steps is not None and steps >= max_steps:
+            break
+    synchronize(dev)
+    seconds = time.perf_counter() - t0
+    return EpochResult(seconds=seconds, images=images, steps=steps, loss=float(loss_sum) / max(images, 1),
+                       accuracy=float(correct) / max(images, 1))
+
+
+def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
+    """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0); return seconds.
+
+    This is where ``torch.compile`` compiles (both the full and the last, smaller batch
+    shape), where cuDNN picks algorithms and the allocator grows, so none of it lands
+    in a timed epoch.
+    """
+    synchronize(trainer.device)
+    t0 = time.perf_counter()
+    done = 0
+    if steps > 0:
+        done = run_epoch(trainer, loader, max_steps=steps).steps
+    if remainder > 0:
+        for x, y in loader:
+            x, y = to_device(x[:remainder], y[:remainder], trainer.device, trainer.options.channels_last)
+            trainer.step(x, y)
+            break
+    synchronize(trainer.device)
+    del done
+    return time.perf_counter() - t0
+
+
+@functools.lru_cache(maxsize=8)
+def train_flops_per_image(width: int) -> float:
+    """FLOPs of one training step per image (forward + backward, FlopCounterMode) for ResNet-18 ``width``."""
+    from lab_utils.flops import count_flops
+    from lab_utils.models import ResNet18
+
+    model = ResNet18(width=width)
+    return count_flops(model, torch.zeros(2, 3, 32, 32)).train_flops_per_sample
+
+
+def peak_precision(options: TrainOptions, device_name: str) -> str:
+    """The precision whose peak a run is compared with: bf16, else fp32 (tf32 where cuDNN uses it)."""
+    from lab_utils.hardware import fp32_training_precision
+
+    return "bf16" if options.bf16 else fp32_training_precision(device_name)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class FastSettings:
+    """Per-profile knobs of notebook 08 and the two benchmarks.
+
+    ``train_images`` / ``data_images`` of None mean the whole training split.
+    """
+
+    width: int                      # ResNet-18 width (64: the spec model)
+    train_images: int | None        # images per timed epoch in bench train
+    data_images: int | None         # images per pass in bench data
+    batch_size: int = 128
+    num_workers: int = 2            # the spec pipeline's DataLoader workers
+    warmup_steps: int = 2           # untimed steps before each timed epoch (compilation happens here)
+    data_min_seconds: float = 1.0   # the device loader repeats passes until at least this long
+    compile: bool = True            # run the torch.compile step (else a row "skipped in quick profile")
+    trace_steps: int = 3            # profiler: steps traced
+    top_ops: int = 12               # rows of the top-operator table
+    accuracy_epochs: int = 0        # short-schedule accuracy check (0: not run)
+    test_images: int | None = None
+    steps: tuple[str, ...] = STEP_NAMES
+    dataset: str | None = None      # "auto" | "cifar10" | "synthetic" (None: $LAB_DATASET or auto)
+    seed: int = 0
+
+    def check(self) -> FastSettings:
+        check_positive_int(self.width, "width")
+        check_batch_size(self.batch_size)
+        for name in ("train_images", "data_images", "test_images"):
+            v = getattr(self, name)
+            if v is not None:
+                check_positive_int(v, name)
+        _check_workers(self.num_workers)
+        for name in ("warmup_steps", "accuracy_epochs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise LabError(f"{name} must be a whole number >= 0, got {v!r}.")
+        check_positive_int(self.trace_steps, "trace_steps")
+        check_positive_int(self.top_ops, "top_ops")
+        if not self.data_min_seconds >= 0:
+            raise LabError(f"data_min_seconds must be >= 0, got {self.data_min_seconds!r}.")
+        waterfall_steps(self.num_workers, self.steps)  # validates step names
+        return self
+
+
+FAST_SETTINGS: dict[str, FastSettings] = {
+    # CPU/CI: a width-8 ResNet-18 on 1024 images; compile skipped (minutes on a CPU).
+    "quick": FastSettings(width=8, train_images=1024, data_images=2048, warmup_steps=1,
+                          data_min_seconds=0.5, compile=False, trace_steps=2, accuracy_epochs=2,
+                          test_images=500),
+    # The assignment's model on all 50,000 images, every step, and an 8-epoch accuracy check.
+    "full": FastSettings(width=64, train_images=None, data_images=None, warmup_steps=3,
+                         data_min_seconds=2.0, compile=True, trace_steps=5, accuracy_epochs=8,
+                         test_images=None),
+}
+
+
+def settings_for(profile: str | config.Profile | None = None, **overrides: Any) -> FastSettings:
+    """The profile's :class:`FastSettings`, with ``overrides`` whose value is not None applied."""
+    name = profile.name if isinstance(profile, config.Profile) else config.resolve_profile_name(profile)[0]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(given) - set(FastSettings.__dataclass_fields__))
+    if unknown:
+        raise LabError(f"Unknown fast-path setting(s) {unknown}; "
+                       f"use: {', '.join(FastSettings.__dataclass_fields__)}.")
+    if "steps" in given:
+        given["steps"] = tuple(given["steps"])
+    return replace(FAST_SETTINGS[name], **given).check()
+
+
+def _device(device: torch.device | str | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LabError("device='cuda' was asked for but torch sees no GPU; use device='cpu'.")
+    return dev
+
+
+def _hardware(device: torch.device) -> dict:
+    from lab_utils.hardware import hardware_summary
+
+    return hardware_summary(str(device), 1)
+
+
+def _stored_group(store: ResultStore, experiment: str, cfgs: list[dict]) -> list[Record] | None:
+    """The stored records of all ``cfgs`` if they come from one run (same run_id), else None."""
+    recs = [store.get(experiment, c) for c in cfgs]
+    if any(r is None for r in recs):
+        return None
+    runs = {r.metrics.get("run_id") for r in recs}  # type: ignore[union-attr]
+    return recs if len(runs) == 1 else None  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- bench data
+
+
+def time_loader(loader, device: torch.device, min_seconds: float = 0.0, warmup_batches: int = 1
+                ) -> dict[str, float]:
+    """Images/s of iterating ``loader`` (no model): full passes until ``min_seconds`` have elapsed.
+
+    ``warmup_batches`` are taken first and not timed (worker start-up). Each batch is
+    touched on the device (nothing else), and the device is synchronized at the end.
+    """
+    it = iter(loader)
+    for _ in range(warmup_batches):
+        next(it, None)
+    del it
+    images = passes = 0
+    synchronize(device)
+    t0 = time.perf_counter()
+    while True:
+        for _x, y in loader:
+            images += int(y.shape[0])
+        passes += 1
+        synchronize(device)
+        seconds = time.perf_counter() - t0
+        if seconds >= min_seconds:
+            break
+    return {"images": images, "passes": passes, "seconds": seconds, "images_per_s": images / seconds}
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run the block with ``n`` intra-op torch threads (None: leave as is), then restore."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def bench_data(store: ResultStore, settings: FastSettings, device: torch.device | str | None = None,
+               force: bool = False) -> list[Record]:
+    """Spec pipeline vs device-resident loader, images/s, measured side by side; two records.
+
+    Both read the same images (``settings.data_images``) with batch ``settings.batch_size``.
+    The spec row iterates one pass of the ``DataLoader`` (``num_workers`` processes,
+    PIL transforms) after one untimed batch that starts the workers; the device row
+    repeats passes until ``data_min_seconds``. On a CPU the device loader runs with one
+    torch thread (one core, against the spec loader's ``num_workers`` processes, so the
+    ratio is conservative; its tensor operations are too small to gain from threads,
+    and threads of a busy machine stall each other). Stored records are reused only
+    when both come from the same run (``force=True`` always measures).
+    """
+    settings.check()
+    dev = _device(device)
+    common = {"images": settings.data_images or data.CIFAR10_TRAIN_SIZE, "batch_size": settings.batch_size,
+              "device": dev.type}
+    threads = 1 if dev.type == "cpu" else None
+    cfgs = [{"pipeline": "spec", "num_workers": settings.num_workers, **common},
+            {"pipeline": "device", "num_workers": 0, "cpu_threads": threads, **common}]
+    if not force:
+        stored = _stored_group(store, "bench_data", cfgs)
+        if stored is not None:
+            return stored
+    split = load_split(True, settings.data_images, settings.dataset)
+    run_id = uuid.uuid4().hex[:12]
+    spec = spec_loader(split, settings.batch_size, settings.num_workers, seed=settings.seed)
+    m_spec = time_loader(spec, dev, min_seconds=0.0, warmup_batches=1)
+    del spec
+    dl = device_loader(split, dev, settings.batch_size, seed=settings.seed)
+    with torch_threads(threads):
+        m_dev = time_loader(dl, dev, min_seconds=settings.data_min_seconds, warmup_batches=1)
+    m_dev["ratio_to_spec"] = m_dev["images_per_s"] / m_spec["images_per_s"]
+    m_spec["ratio_to_spec"] = 1.0
+    out = []
+    for cfg, m in zip(cfgs, (m_spec, m_dev)):
+        m["run_id"] = run_id
+        out.append(store.add("bench_data", cfg, m, synthetic=split.synthetic, dataset=split.dataset_name,
+                             hardware=_hardware(dev)))
+    return out
+
+
+def data_table(records: Sequence[Record]):
+    """The bench data table: pipeline, images/s, ratio."""
+    import pandas as pd
+
+    names = {"spec": "spec: DataLoader, PIL transforms", "device": "device-resident loader"}
+    rows = []
+    for r in records:
+        c, m = r.config, r.metrics
+        label = names.get(c["pipeline"], c["pipeline"])
+        if c["pipeline"] == "spec":
+            label += f" ({c['num_workers']} workers)"
+        rows.append({"pipeline": label, "device": c["device"], "images": m.get("images"),
+                     "seconds": m.get("seconds"), "images_per_s": m.get("images_per_s"),
+                     "ratio_to_spec": m.get("ratio_to_spec")})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- bench train
+
+
+def _train_cfg(step: str, position: int, options: TrainOptions, settings: FastSettings, images: int,
+               device: torch.device) -> dict[str, Any]:
+    return {"step": step, "position": position, **options.as_config(), "width": settings.width,
+            "images": images, "batch_size": settings.batch_size, "warmup_steps": settings.warmup_steps,
+            "device": device.type}
+
+
+def _skip_reason(step: str, options: TrainOptions, settings: FastSettings, device: torch.device,
+                 profile: str) -> str | None:
+    if options.bf16 and not bf16_supported(device):
+        return "this GPU has no bf16 (needs Ampere or newer)"
+    if step == "compile" and not settings.compile:
+        return f"skipped in {profile} profile (torch.compile of ResNet-18 takes minutes on a CPU)"
+    return None
+
+
+def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySplit,
+                   device: torch.device) -> dict[str, Any]:
+    """Warm up, then time one epoch of ``split`` with ``options``; the metrics of one waterfall row."""
+    from lab_utils.hardware import device_name, fraction_of_peak
+    from lab_utils.train import peak_memory, reset_peak_memory
+
+    trainer = build_trainer(options, settings.width, device, seed=settings.seed)
+    if options.loader == "spec":
+        loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
+    else:
+        loader = device_loader(split, device, settings.batch_size, seed=settings.seed,
+                               channels_last=options.channels_last)
+    remainder = len(split) % settings.batch_size if options.compile else 0
+    warm_s = warm_up(trainer, loader, settings.warmup_steps, remainder)
+    reset_peak_memory(device)
+    ep = run_epoch(trainer, loader)
+    name = device_name(str(device))
+    flops = train_flops_per_image(settings.width)
+    achieved = flops * ep.images_per_s
+    precision = peak_precision(options, name)
+    frac = fraction_of_peak(achieved, name, precision)
+    return {"epoch_seconds": ep.seconds, "images": ep.images, "steps": ep.steps,
+            "images_per_s": ep.images_per_s, "warmup_seconds": warm_s,
+            "compile_seconds": warm_s if options.compile else None,
+            "train_flops_per_image": flops, "achieved_tflops_per_s": achieved / 1e12,
+            "peak_precision": precision, "percent_of_peak": None if frac is None else 100 * frac,
+            "loss": ep.loss, "sgd_resolved": resolved_sgd(options.sgd, device),
+            "peak_memory_bytes": peak_memory(device)}
+
+
+def bench_train(store: ResultStore, settings: FastSettings, device: torch.device | str | None = None,
+                force: bool = False, verbose: bool = False) -> list[Record]:
+    """The waterfall: spec configuration, then each fast-path step added on top; one record per row.
+
+    Every row trains the same ResNet-18 (same initial weights) for one timed epoch on
+    the same ``train_images`` images after ``warmup_steps`` untimed steps. A row that
+    cannot run says why (status ``skipped``/``oom``/``error``). ``ratio_to_spec`` is
+    images/s over the spec row's, measured in the same run. Stored rows are reused
+    only when all come from one run (``force=True`` always measures).
+    """
+    settings.check()
+    dev = _device(device)
+    images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
+    plan = plan_waterfall(settings, dev, store.profile)
+    cfgs = [_train_cfg(name, i, opts, settings, images, dev) for i, (name, _, opts, _) in enumerate(plan)]
+    if not force:
+        stored = _stored_group(store, "bench_train", cfgs)
+        if stored is not None:
+            return stored
+    split = load_split(True, images, settings.dataset)
+    run_id = uuid.uuid4().hex[:12]
+    spec_ips = None
+    out = []
+    for (name, what, opts, reason), cfg in zip(plan, cfgs):
+        common = {"synthetic": split.synthetic, "dataset": split.dataset_name, "hardware": _hardware(dev)}
+        metrics: dict[str, Any] = {"run_id": run_id, "adds": what, "description": opts.describe()}
+        if reason is not None:
+            out.append(store.add("bench_train", cfg, metrics, status="skipped", reason=reason, **common))
+            if verbose:
+                print(f"{name:<14} skipped: {reason}")
+            continue
+        try:
+            metrics.update(measure_config(opts, settings, split, dev))
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            out.append(store.add("bench_train", cfg, metrics, status="oom", reason="OOM", **common))
+            continue
+        except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, triton)
+            if not opts.compile:
+                raise
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            out.append(store.add("bench_train", cfg, metrics, status="error",
+                                 reason=f"torch.compile failed: {type(e).__name__}: {msg}", **common))
+            continue
+        if name == "spec":
+            spec_ips = metrics["images_per_s"]
+        metrics["ratio_to_spec"] = metrics["images_per_s"] / spec_ips if spec_ips else None
+        out.append(store.add("bench_train", cfg, metrics, **common))
+        if verbose:
+            print(f"{name:<14} {metrics['images_per_s']:>10.0f} images/s  {metrics['epoch_seconds']:.3f} s"
+                  f"  x{metrics['ratio_to_spec'] or math.nan:.2f}")
+    return out
+
+
+def plan_waterfall(settings: FastSettings, device: torch.device, profile: str
+                   ) -> list[tuple[str, str, TrainOptions, str | None]]:
+    """(step, what it adds, options, skip reason or None) for each row, cumulative.
+
+    A step that cannot run here (bf16 on a GPU without it, compile where the profile
+    skips it) is a row with its reason, and later steps build on the last step that runs.
+    """
+    chosen = [name for name, _, _ in waterfall_steps(settings.num_workers, settings.steps)]
+    opts = TrainOptions(num_workers=settings.num_workers)
+    plan = []
+    for name, what, change in WATERFALL:
+        if name not in chosen:
+            continue
+        candidate = replace(opts, **change)
+        reason = _skip_reason(name, candidate, settings, device, profile)
+        plan.append((name, what, candidate, reason))
+        if reason is None:
+            opts = candidate
+    return plan
+
+
+def _fmt_pct(v) -> str:
+    return "none (peak unknown)" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+
+def waterfall_table(records: Sequence[Record]):
+    """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec."""
+    import pandas as pd
+
+    rows = []
+    for r in sorted(records, key=lambda r: r.config.get("position", 0)):
+        m = r.metrics
+        ok = r.status == "ok"
+        rows.append({
+            "step": r.config["step"], "adds": m.get("adds"),
+            "images_per_s": m.get("images_per_s") if ok else None,
+            "epoch_seconds": m.get("epoch_seconds") if ok else None,
+            "warmup_seconds": m.get("warmup_seconds") if ok else None,
+            "compile_seconds": m.get("compile_seconds") if ok else None,
+            "achieved_tflops_per_s": m.get("achieved_tflops_per_s") if ok else None,
+            "percent_of_peak": _fmt_pct(m.get("percent_of_peak")) if ok else None,
+            "ratio_to_spec": m.get("ratio_to_spec") if ok else None,
+            "status": r.status if ok else f"{r.status}: {r.reason}",
+        })
+    return pd.DataFrame(rows)
+
+
+def waterfall_figure(records: Sequence[Record]):
+    """Bars of epoch seconds per cumulative step, annotated with images/s and the speed-up."""
+    import matplotlib.pyplot as plt
+
+    recs = sorted(records, key=lambda r: r.config.get("position", 0))
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(recs) + 1.6))
+    names = [r.config["step"] for r in recs]
+    secs = [r.metrics.get("epoch_seconds") if r.status == "ok" else 0.0 for r in recs]
+    ypos = list(range(len(recs)))[::-1]
+    ax.barh(ypos, secs, color=["#999999" if n == "spec" else "#3b75af" for n in names])
+    ax.set_yticks(ypos, names)
+    top = max(secs) if any(secs) else 1.0
+    for y, r, s in zip(ypos, recs, secs):
+        if r.status == "ok":
+            txt = f" {r.metrics['images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
+        else:
+            txt = f" {r.status}: {r.reason}"
+        ax.text(s, y, txt, va="center", fontsize=8)
+    ax.set_xlim(0, top * 1.6)
+    images = recs[0].config.get("images") if recs else "?"
+    ax.set_xlabel(f"seconds per epoch of {images} images (lower is better)")
+    ax.set_title("From the spec configuration to the fast path, one step at a time")
+    fig.tight_layout()
+    return fig
+
+
+def fastest_options(records: Sequence[Record], num_workers: int = 2) -> tuple[str, TrainOptions]:
+    """The step (and its options) with the most images/s among the rows that ran."""
+    ok = [r for r in records if r.status == "ok"]
+    if not ok:
+        raise LabError("No waterfall row ran; run bench_train first (or fix the errors it recorded).")
+    best = max(ok, key=lambda r: r.metrics["images_per_s"])
+    c = best.config
+    opts = TrainOptions(loader=c["loader"], channels_last=c["channels_last"], bf16=c["bf16"],
+                        compile=c["compile"], sgd=c["sgd"],
+                        num_workers=c["num_workers"] if c["loader"] == "spec" else num_workers)
+    return c["step"], opts
+
+
+def waterfall_notes(settings: FastSettings, records: Sequence[Record]) -> list[str]:
+    """What the waterfall's numbers mean, for the saved table."""
+    images = records[0].config.get("images") if records else settings.train_images
+    return [
+        f"Each row: one epoch of {images} images, ResNet-18 width {settings.width}, "
+        f"batch {settings.batch_size}, same initial weights; each step keeps the changes of the rows "
+        "above it.",
+        "epoch_seconds: wall time of the pass, device synchronized at both ends only; waiting on the loader "
+        f"is included. warmup_seconds: the {settings.warmup_steps} untimed step(s) before it "
+        "(compile_seconds: the same, torch.compile's compilation included); never part of an epoch.",
+        "achieved TFLOP/s = FLOPs per image (FlopCounterMode: convolutions and matmuls, forward + backward) "
+        "x images/s. percent_of_peak divides by the device's dense peak for the row's precision "
+        "(bf16 rows: bf16; fp32 rows: TF32 where cuDNN uses it); none when the peak is unknown (CPUs).",
+        "ratio_to_spec: images/s over the spec row's, measured in the same run.",
+    ]
+
+
+def loader_bound_summary(data_records: Sequence[Record], train_records: Sequence[Record]) -> str:
+    """One paragraph, from the measurements: is the spec configuration limited by its loader here?"""
+    spec_loader_ips = next((r.metrics["images_per_s"] for r in data_records
+                            if r.config.get("pipeline") == "spec" and r.status == "ok"), None)
+    rows = {r.config["step"]: r for r in train_records if r.status == "ok"}
+    if spec_loader_ips is None or "spec" not in rows or "device_loader" not in rows:
+        return "Not enough rows were measured to say whether the loader is the bottleneck here."
+    spec_ips = rows["spec"].metrics["images_per_s"]
+    model_ips = rows["device_loader"].metrics["images_per_s"]
+    fastest = max(rows.values(), key=lambda r: r.metrics["images_per_s"])
+    fast_ips = fastest.metrics["images_per_s"]
+    head = (f"The spec loader alone delivers {spec_loader_ips:,.0f} images/s; the spec training runs at "
+            f"{spec_ips:,.0f} images/s; the same model with the data already on the device at "
+            f"{model_ips:,.0f}, and the fastest path ('{fastest.config['step']}') at {fast_ips:,.0f}. ")
+    if spec_loader_ips < fast_ips:
+        return head + (
+            "The loader is slower than the model can train, so on this device the spec configuration "
+            "measures the loader: a larger batch or more GPUs cannot push it past "
+            f"{spec_loader_ips:,.0f} images/s. Batch-size sweeps and scaling curves taken with this "
+            "loader (notebooks 01-03) then describe the CPU workers feeding the GPU, not the GPU or the "
+            "interconnect.")
+    return head + (
+        "Here the model is the slower part (the loader could deliver more), so the spec numbers measure "
+        "compute, and moving the data to the device changes little. On a GPU the model is far faster "
+        "and the order can flip: check this table on the GPU before trusting batch-size or scaling numbers.")
+
+
+def targets_summary(data_records: Sequence[Record], train_records: Sequence[Record],
+                    accuracy_records: Sequence[Record] = ()) -> list[str]:
+    """The issue's targets next to what was measured here (nothing claimed that was not measured)."""
+    lines = []
+    dev = next((r for r in data_records if r.config.get("pipeline") == "device" and r.status == "ok"), None)
+    if dev is not None:
+        lines.append(f"device-resident loader / spec loader: {dev.metrics['ratio_to_spec']:.1f}x on "
+                     f"{dev.hardware.get('device_name')} (target on a CPU: at least 10x)")
+    ok = [r for r in train_records if r.status == "ok"]
+    if ok:
+        best = max(ok, key=lambda r: r.metrics["images_per_s"])
+        full = best.config.get("images") == data.CIFAR10_TRAIN_SIZE and best.config.get("width") == 64
+        lines.append(f"fastest step '{best.config['step']}': {best.metrics['epoch_seconds']:.2f} s for "
+                     f"{best.config['images']} images on {best.hardware.get('device_name')} "
+                     "(target on one H100, full profile: under 2.5 s for 50,000 images"
+                     + ("" if full else "; not comparable: not the full epoch of the spec model") + ")")
+    acc = [r for r in accuracy_records if r.status == "ok"]
+    if len(acc) == 2:
+        d = 100 * (acc[1].metrics["test_accuracy"] - acc[0].metrics["test_accuracy"])
+        lines.append(f"test accuracy, fast path minus spec after {acc[0].config['epochs']} epochs: {d:+.1f} "
+                     "points (target: within 1 point)")
+    return lines
+
+
+# --------------------------------------------------------------------------- profiler trace
+
+
+@dataclass
+class TraceResult:
+    record: Record
+    path: Path
+    top_ops: Any  # pandas DataFrame
+
+
+def trace_dir(store: ResultStore) -> Path:
+    """``results/<profile>/traces``."""
+    return store.root / "traces"
+
+
+def top_operators(prof, n: int = 12, device_type: str = "cpu") -> list[dict[str, Any]]:
+    """The ``n`` operators with the most self time (device time on a GPU, CPU time otherwise).
+
+    Times in milliseconds over all traced steps; ``percent`` is of the total self time.
+    """
+    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    on_gpu = device_type == "cuda"
+
+    def self_us(e) -> float:
+        return float(e.self_device_time_total if on_gpu else e.self_cpu_time_total)
+
+    total = sum(self_us(e) for e in events) or 1.0
+    rows = []
+    for e in sorted(events, key=self_us, reverse=True)[:n]:
+        rows.append({"operator": e.key, "calls": int(e.count),
+                     "self_ms": self_us(e) / 1e3, "percent": 100 * self_us(e) / total,
+                     "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                     "self_device_ms": (e.self_device_time_total / 1e3) if on_gpu else None})
+    return rows
+
+
+def trace_fast_path(store: ResultStore, settings: FastSettings, options: TrainOptions, step: str = "",
+                    device: torch.device | str | None = None, force: bool = False) -> TraceResult:
+    """Profile ``settings.trace_steps`` training steps with ``options`` and save a Chrome/Perfetto trace.
+
+    The steps run after ``warmup_steps`` untimed ones (compilation included), under
+    ``torch.profiler`` (CPU, plus CUDA when on a GPU). The trace is written to
+    ``results/<profile>/traces/fastpath_<step>.json`` (open it at https://ui.perfetto.dev).
+    The loader's work shows up as ``data_loader`` ranges and each step as ``train_step``.
+    """
+    import pandas as pd
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    settings.check()
+    dev = _device(device)
+    images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
+    name = step or ("fast" if options.loader == "device" else "spec")
+    path = trace_dir(store) / f"fastpath_{name}.json"
+    cfg = {"step": name, **options.as_config(), "width": settings.width, "images": images,
+           "batch_size": settings.batch_size, "trace_steps": settings.trace_steps, "device": dev.type}
+    if not force:
+        rec = store.get("fastpath_trace", cfg)
+        if rec is not None and rec.status == "ok" and path.exists():
+            return TraceResult(rec, path, pd.DataFrame(rec.metrics["top_ops"]))
+    split = load_split(True, images, settings.dataset)
+    trainer = build_trainer(options, settings.width, dev, seed=settings.seed)
+    if options.loader == "spec":
+        loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
+    else:
+        loader = device_loader(split, dev, settings.batch_size, seed=settings.seed,
+                               channels_last=options.channels_last)
+    warm_s = warm_up(trainer, loader, max(settings.warmup_steps, 1))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    done = 0
+    with profile(activities=activities) as prof:
+        while done < settings.trace_steps:
+            it = iter(loader)
+            while done < settings.trace_steps:
+                with record_function("data_loader"):
+                    batch = next(it, None)
+                if batch is None:
+                    break
+                with record_function("train_step"):
+                    x, y = to_device(*batch, dev, options.channels_last)
+                    trainer.step(x, y)
+                done += 1
+        synchronize(dev)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    prof.export_chrome_trace(str(tmp))
+    tmp.replace(path)
+    ops = top_operators(prof, settings.top_ops, dev.type)
+    metrics = {"trace_path": str(path), "trace_bytes": path.stat().st_size, "warmup_seconds": warm_s,
+               "steps_traced": done, "top_ops": ops, "description": options.describe()}
+    rec = store.add("fastpath_trace", cfg, metrics, synthetic=split.synthetic, dataset=split.dataset_name,
+                    hardware=_hardware(dev))
+    return TraceResult(rec, path, pd.DataFrame(ops))
+
+
+# --------------------------------------------------------------------------- accuracy check
+
+
+def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOptions, fast_step: str = "fast",
+                   device: torch.device | str | None = None, force: bool = False) -> list[Record]:
+    """Train the spec configuration and ``fast`` for ``accuracy_epochs`` with the same short schedule.
+
+    Same initial weights, same images, batch ``batch_size``, lr warm-up over the first
+    epoch from 0.01 to 0.1 then cosine decay to 0 (a schedule that ends converged, so
+    the comparison is not dominated by the noise of a constant lr). Test accuracy is
+    measured in fp32 on the eager model with the device loader's test pipeline
+    (ToTensor + Normalize, numerically the spec's) for both. Returns two records; a
+    single ``skipped`` record when ``accuracy_epochs`` is 0.
+    """
+    from lab_utils.schedules import LRSchedule
+
+    settings.check()
+    dev = _device(device)
+    images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
+    test_images = min(settings.test_images or data.CIFAR10_TEST_SIZE, data.CIFAR10_TEST_SIZE)
+    spec = TrainOptions(num_workers=settings.num_workers)
+    runs = [("spec", spec), (fast_step, fast)]
+    base = {"width": settings.width, "images": images, "test_images": test_images,
+            "batch_size": settings.batch_size, "epochs": settings.accuracy_epochs, "device": dev.type,
+            "schedule": "warm-up 1 epoch 0.01->0.1, cosine to 0"}
+    cfgs = [{"run": name, **opts.as_config(), **base} for name, opts in runs]
+    if settings.accuracy_epochs == 0:
+        return [store.add("fastpath_accuracy", {"run": "both", **base}, {}, status="skipped",
+                          reason="accuracy_epochs is 0 in this profile")]
+    if not force:
+        stored = _stored_group(store, "fastpath_accuracy", cfgs)
+        if stored is not None:
+            return stored
+    train = load_split(True, images, settings.dataset)
+    test = load_split(False, test_images, settings.dataset)
+    run_id = uuid.uuid4().hex[:12]
+    steps_per_epoch = math.ceil(images / settings.batch_size)
+    total = steps_per_epoch * settings.accuracy_epochs
+    sched = LRSchedule(peak_lr=0.1, total_steps=total, warmup_steps=min(steps_per_epoch, total),
+                       warmup_start_lr=0.01, decay="cosine")
+    out = []
+    for (_, opts), cfg in zip(runs, cfgs):
+        if opts.bf16 and not bf16_supported(dev):
+            opts = replace(opts, bf16=False)
+        trainer = build_trainer(opts, settings.width, dev, seed=settings.seed)
+        loader = (spec_loader(train, settings.batch_size, opts.num_workers, seed=settings.seed)
+                  if opts.loader == "spec" else
+                  device_loader(train, dev, settings.batch_size, seed=settings.seed,
+                                channels_last=opts.channels_last))
+        synchronize(dev)
+        t0 = time.perf_counter()
+        last = None
+        for e in range(settings.accuracy_epochs):
+            last = run_epoch(trainer, loader, schedule=sched, first_step=e * steps_per_epoch)
+        synchronize(dev)
+        train_s = time.perf_counter() - t0
+        test_loss, test_acc = evaluate_arrays(trainer.model, test, dev, settings.batch_size)
+        metrics = {"run_id": run_id, "train_seconds": train_s, "train_loss": last.loss if last else None,
+                   "test_loss": test_loss, "test_accuracy": test_acc, "description": opts.describe()}
+        out.append(store.add("fastpath_accuracy", cfg, metrics, synthetic=train.synthetic,
+                             dataset=train.dataset_name, hardware=_hardware(dev)))
+    return out
+
+
+@torch.no_grad()
+def evaluate_arrays(model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = 100
+                    ) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` (eval mode, fp32) on ``split``."""
+    model.eval()
+    loader = device_loader(split, device, batch_size, augment=False, shuffle=False)
+    loss = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    for x, y in loader:
+        out = model(x)
+        loss += F.cross_entropy(out.float(), y, reduction="sum")
+        correct += (out.argmax(1) == y).sum()
+    model.train()
+    n = len(split)
+    return float(loss) / n, float(correct) / n
+
+
+def accuracy_table(records: Sequence[Record]):
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        m = r.metrics
+        rows.append({"run": r.config.get("run"), "description": m.get("description"),
+                     "epochs": r.config.get("epochs"), "train_seconds": m.get("train_seconds"),
+                     "test_loss": m.get("test_loss"),
+                     "test_accuracy_percent": None if m.get("test_accuracy") is None
+                     else 100 * m["test_accuracy"],
+                     "status": r.status if r.status == "ok" else f"{r.status}: {r.reason}"})
+    df = pd.DataFrame(rows)
+    ok = [r for r in records if r.status == "ok"]
+    if len(ok) == 2:
+        diff = 100 * (ok[1].metrics["test_accuracy"] - ok[0].metrics["test_accuracy"])
+        df["difference_points"] = [None, diff]
+    return df
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--num-workers", type=int, default=None, help="spec DataLoader workers (default 2)")
+    p.add_argument("--dataset", default=None, help="auto | cifar10 | synthetic")
+
+
+def _print_table(df) -> None:
+    print(df.to_markdown(index=False, floatfmt=".4g"))
+
+
+def bench_data_main(argv: list[str] | None = None) -> int:
+    """``python -m lab_utils bench data``: spec DataLoader vs device-resident loader, images/s."""
+    p = argparse.ArgumentParser(prog="python -m lab_utils bench data",
+                                description="images/s of the spec DataLoader (PIL transforms) vs the "
+                                            "device-resident loader, no model; prints the ratio.")
+    _common_args(p)
+    p.add_argument("--images", type=int, default=None, help="images per pass (quick: 2048, full: 50000)")
+    p.add_argument("--min-seconds", type=float, default=None,
+                   help="the device loader repeats passes until this long (quick 0.5, full 2)")
+    a = p.parse_args(argv)
+    store = ResultStore(a.profile)
+    s = settings_for(store.profile, data_images=a.images, batch_size=a.batch_size, num_workers=a.num_workers,
+                     data_min_seconds=a.min_seconds, dataset=a.dataset)
+    dev = _device(a.device)
+    recs = bench_data(store, s, dev, force=True)
+    print(f"profile {store.profile}, device {dev}, {recs[0].dataset}, batch {s.batch_size}, "
+          f"cpu cores {recs[0].hardware.get('cpu_cores')}")
+    _print_table(data_table(recs))
+    print(f"ratio device / spec: {recs[1].metrics['ratio_to_spec']:.1f}x  "
+          f"(recorded in {store.path('bench_data')})")
+    return 0
+
+
+def bench_train_main(argv: list[str] | None = None) -> int:
+    """``python -m lab_utils bench train``: the spec configuration vs each fast-path step added."""
+    p = argparse.ArgumentParser(prog="python -m lab_utils bench train",
+                                description="epoch time of the spec configuration vs each fast-path step "
+                                            "added one at a time; images/s, TFLOP/s, %% of peak, ratio.")
+    _common_args(p)
+    p.add_argument("--images", type=int, default=None, help="images per timed epoch (quick 1024, full 50000)")
+    p.add_argument("--width", type=int, default=None, help="ResNet-18 width (quick 8, full 64 = spec)")
+    p.add_argument("--warmup-steps", type=int, default=None)
+    p.add_argument("--steps", default=None, help=f"comma-separated subset of: {','.join(STEP_NAMES)}")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="run the torch.compile step even in the quick profile")
+    g.add_argument("--no-compile", dest="compile", action="store_false")
+    a = p.parse_args(argv)
+    store = ResultStore(a.profile)
+    steps = tuple(s.strip() for s in a.steps.split(",") if s.strip()) if a.steps else None
+    s = settings_for(store.profile, train_images=a.images, width=a.width, batch_size=a.batch_size,
+                     num_workers=a.num_workers, warmup_steps=a.warmup_steps, steps=steps, compile=a.compile,
+                     dataset=a.dataset)
+    dev = _device(a.device)
+    print(f"profile {store.profile}, device {dev}, ResNet-18 width {s.width}, batch {s.batch_size}, "
+          f"{s.train_images or data.CIFAR10_TRAIN_SIZE} images per epoch, {s.warmup_steps} warm-up steps")
+    recs = bench_train(store, s, dev, force=True)
+    print(f"data: {recs[0].dataset}")
+    _print_table(waterfall_table(recs).drop(columns=["adds"]))
+    print(f"recorded in {store.path('bench_train')}")
+    return 0
+
+
+__all__ = [
+    "ArraySplit", "ArrayDataset", "DeviceLoader", "FastSettings", "FAST_SETTINGS", "TrainOptions", "Trainer",
+    "WATERFALL", "STEP_NAMES", "load_split", "spec_loader", "device_loader", "waterfall_steps",
+    "build_trainer", "run_epoch", "warm_up", "bench_data", "bench_train", "data_table", "waterfall_table",
+    "waterfall_figure", "fastest_options", "trace_fast_path", "accuracy_check", "accuracy_table",
+    "settings_for", "bench_data_main", "bench_train_main",
+]

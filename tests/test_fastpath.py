@@ -1,0 +1,374 @@
+"""The fast path: device-resident loader (same augmentation as the spec), options, benchmarks.
+
+The statistical tests are seeded, so they are deterministic; their thresholds are the
+chi-square critical values at p = 0.001, so a correct implementation passes with any
+seed with probability 0.999 and a wrong distribution (e.g. offsets 0..7, flip rate
+0.4, a missing flip) fails by a wide margin.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.functional as TF
+from PIL import Image
+
+from lab_utils import data, fastpath
+from lab_utils.errors import LabError
+from lab_utils.fastpath import DeviceLoader, FastSettings, TrainOptions
+
+MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
+STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
+CHI2_CRIT_DF8 = 26.12    # chi-square, 8 degrees of freedom, p = 0.001
+CHI2_CRIT_DF80 = 124.84  # 80 degrees of freedom, p = 0.001
+
+
+def tiny(**kw) -> FastSettings:
+    """Settings small enough for a test on two cores."""
+    base = dict(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0, warmup_steps=1,
+                data_min_seconds=0.0, compile=False, trace_steps=2, top_ops=5, accuracy_epochs=1,
+                test_images=40, dataset="synthetic")
+    base.update(kw)
+    return FastSettings(**base).check()
+
+
+# --------------------------------------------------------------------------- exactness
+
+
+def spec_augment(img: np.ndarray, dy: int, dx: int, flip: bool) -> torch.Tensor:
+    """torchvision's pipeline, random choices fixed: pad 4, crop at (dy, dx), flip, ToTensor, Normalize."""
+    pil = TF.pad(Image.fromarray(img), 4)  # fill 0, as RandomCrop(padding=4)
+    pil = TF.crop(pil, dy, dx, 32, 32)
+    if flip:
+        pil = TF.hflip(pil)
+    return TF.normalize(TF.to_tensor(pil), data.CIFAR10_MEAN, data.CIFAR10_STD)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_equals_torchvision_for_fixed_offsets(channels_last):
+    imgs, labels = data.synthetic_arrays(6, True)
+    dl = DeviceLoader(imgs, labels, batch_size=6, channels_last=channels_last)
+    cases = [(0, 0, 0), (8, 8, 1), (4, 4, 0), (0, 8, 1), (8, 0, 0), (3, 6, 1)]  # corners, centre, mixed
+    idx = torch.arange(6)
+    dy, dx, fl = (torch.tensor(c) for c in zip(*cases))
+    x, y = dl.batch(idx, dy, dx, fl)
+    assert x.shape == (6, 3, 32, 32) and x.dtype == torch.float32
+    assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    assert torch.equal(y, torch.as_tensor(labels))
+    for i, (a, b, f) in enumerate(cases):
+        ref = spec_augment(imgs[i], a, b, bool(f))
+        assert torch.allclose(x[i], ref, atol=1e-5), (a, b, f)
+
+
+def test_test_pipeline_equals_spec_test_transform():
+    imgs, labels = data.synthetic_arrays(10, False)
+    dl = DeviceLoader(imgs, labels, batch_size=4, augment=False, shuffle=False)
+    xs, ys = zip(*dl)
+    x, y = torch.cat(xs), torch.cat(ys)
+    ref = torch.stack([data.test_transform()(Image.fromarray(im)) for im in imgs])
+    assert torch.allclose(x, ref, atol=1e-5)
+    assert y.tolist() == labels.tolist()  # order kept without shuffling
+    assert [len(b) for b in xs] == [4, 4, 2]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def position_image() -> np.ndarray:
+    """R = 8 x row, G = 8 x column, B = 255: each output pixel says where it came from."""
+    r, c = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    return np.stack([8 * r, 8 * c, np.full_like(r, 255)], axis=-1).astype(np.uint8)
+
+
+def decode(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Crop offsets (dy, dx) and flips of a batch of augmented position images."""
+    v = torch.round((x * STD + MEAN) * 255).long()  # back to uint8 values
+    red, green = v[:, 0, 16, 16], v[:, 1, 16, 16]    # (16, 16) is inside the image for every offset
+    flip = v[:, 1, 16, 17] < green                      # columns run backwards when flipped
+    dy = red // 8 - 12                                  # output row 16 <- original row dy - 4 + 16
+    dx = torch.where(flip, green // 8 - 11, green // 8 - 12)
+    return dy.numpy(), dx.numpy(), flip.numpy()
+
+
+def chi2_uniform(counts: np.ndarray) -> float:
+    expected = counts.sum() / counts.size
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def chi2_two_sample(a: np.ndarray, b: np.ndarray) -> float:
+    """Chi-square homogeneity statistic of two histograms over the same bins."""
+    total = a + b
+    ea, eb = total * a.sum() / total.sum(), total * b.sum() / total.sum()
+    keep = total > 0
+    return float((((a - ea) ** 2 / ea)[keep]).sum() + (((b - eb) ** 2 / eb)[keep]).sum())
+
+
+def test_augmentation_distribution_matches_torchvision():
+    n = 3000
+    img = position_image()
+    torch.manual_seed(0)
+    tf = data.train_transform()
+    pil = Image.fromarray(img)
+    spec = decode(torch.stack([tf(pil) for _ in range(n)]))
+    dl = DeviceLoader(np.repeat(img[None], n, axis=0), np.zeros(n, dtype=np.int64), batch_size=512, seed=1)
+    dev = decode(torch.cat([x for x, _ in dl]))
+    for name, (dy, dx, flip) in {"spec": spec, "device": dev}.items():
+        assert dy.min() == 0 and dy.max() == 8 and dx.min() == 0 and dx.max() == 8, name  # 9 offsets, 0..8
+        hy, hx = np.bincount(dy, minlength=9), np.bincount(dx, minlength=9)
+        assert chi2_uniform(hy) < CHI2_CRIT_DF8 and chi2_uniform(hx) < CHI2_CRIT_DF8, name
+        assert chi2_uniform(np.bincount(dy * 9 + dx, minlength=81)) < CHI2_CRIT_DF80, name  # jointly
+        assert abs(flip.mean() - 0.5) < 4 * math.sqrt(0.25 / n), name  # flip rate 1/2 within 4 sigma
+    for k in range(2):  # the two pipelines' offset histograms agree with each other
+        a, b = np.bincount(spec[k], minlength=9), np.bincount(dev[k], minlength=9)
+        assert chi2_two_sample(a, b) < CHI2_CRIT_DF8
+
+
+def test_statistics_catch_a_wrong_distribution():
+    # the same checks reject offsets 0..7 and a flip rate of 0.4 (so the test above can fail)
+    rng = np.random.default_rng(0)
+    wrong = rng.integers(0, 8, 3000)
+    assert chi2_uniform(np.bincount(wrong, minlength=9)) > CHI2_CRIT_DF8
+    assert abs((rng.random(3000) < 0.4).mean() - 0.5) > 4 * math.sqrt(0.25 / 3000)
+
+
+def test_normalized_channel_mean_and_std_match_spec():
+    split = fastpath.load_split(True, 512, "synthetic")
+    torch.manual_seed(0)
+    spec = torch.stack([data.train_transform()(Image.fromarray(im)) for im in split.images])
+    dev = torch.cat([x for x, _ in fastpath.device_loader(split, "cpu", 128, seed=3)])
+    assert dev.shape == spec.shape
+    m_spec, m_dev = spec.mean(dim=(0, 2, 3)), dev.mean(dim=(0, 2, 3))
+    s_spec, s_dev = spec.std(dim=(0, 2, 3)), dev.std(dim=(0, 2, 3))
+    assert torch.allclose(m_spec, m_dev, atol=0.02), (m_spec, m_dev)
+    assert torch.allclose(s_spec, s_dev, rtol=0.02), (s_spec, s_dev)
+    # zero padding shows up in both as the same per-channel value -mean/std
+    pad_value = (-MEAN / STD).view(3)
+    for x in (spec, dev):
+        frac = (x[:, :, 0, :] - pad_value[None, :, None]).abs().lt(1e-4).float().mean()
+        assert 0.3 < frac < 0.6  # top row is padding whenever dy < 4, i.e. 4/9 of the time
+
+
+# --------------------------------------------------------------------------- loader mechanics
+
+
+def test_epoch_visits_every_image_once_and_reshuffles():
+    imgs, _ = data.synthetic_arrays(100, True)
+    labels = np.arange(100)  # label = index, to track images
+    dl = DeviceLoader(imgs, labels, batch_size=32, seed=5)
+    assert len(dl) == 4
+    e1 = torch.cat([y for _, y in dl])
+    e2 = torch.cat([y for _, y in dl])
+    assert sorted(e1.tolist()) == list(range(100)) and sorted(e2.tolist()) == list(range(100))
+    assert not torch.equal(e1, e2)  # a new permutation each epoch
+    again = torch.cat([y for _, y in DeviceLoader(imgs, labels, batch_size=32, seed=5)])
+    assert torch.equal(e1, again)  # seeded
+    dropped = DeviceLoader(imgs, labels, batch_size=32, drop_last=True)
+    assert len(dropped) == 3 and sum(len(y) for _, y in dropped) == 96
+
+
+def test_bad_input_is_one_clear_error():
+    imgs, labels = data.synthetic_arrays(4, True)
+    with pytest.raises(LabError, match="uint8"):
+        DeviceLoader(imgs.astype(np.float32), labels)
+    with pytest.raises(LabError, match="one label per image"):
+        DeviceLoader(imgs, labels[:3])
+    with pytest.raises(LabError, match="batch size"):
+        DeviceLoader(imgs, labels, batch_size=0)
+    with pytest.raises(LabError, match="loader"):
+        TrainOptions(loader="gpu")
+    with pytest.raises(LabError, match="SGD"):
+        TrainOptions(sgd="adam")
+    with pytest.raises(LabError, match="waterfall step"):
+        fastpath.waterfall_steps(2, ["spec", "cudagraphs"])
+    with pytest.raises(LabError, match="Unknown fast-path setting"):
+        fastpath.settings_for("quick", widht=8)
+    with pytest.raises(LabError, match="width"):
+        fastpath.settings_for("quick", width=0)
+
+
+def test_load_split_uses_synthetic_arrays_without_cifar():
+    split = fastpath.load_split(True, 300)  # no CIFAR-10 in the test data dir
+    ref, labels = data.synthetic_arrays(300, True)
+    assert split.synthetic and np.array_equal(split.images, ref) and np.array_equal(split.labels, labels)
+    assert split.images.shape == (300, 32, 32, 3) and split.images.dtype == np.uint8
+    assert len(fastpath.load_split(False, 10**6, "synthetic")) == data.CIFAR10_TEST_SIZE  # capped
+
+
+# --------------------------------------------------------------------------- options and training
+
+
+def test_waterfall_is_cumulative_and_plans_skips():
+    steps = fastpath.waterfall_steps(2)
+    assert [s[0] for s in steps] == list(fastpath.STEP_NAMES)
+    fields = ("loader", "channels_last", "bf16", "sgd", "compile")
+    for (_, _, prev), (_, _, cur) in zip(steps, steps[1:]):
+        changed = [f for f in fields if getattr(prev, f) != getattr(cur, f)]
+        assert len(changed) == 1  # exactly one change per step
+    last = steps[-1][2]
+    assert last == TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused", compile=True)
+    plan = fastpath.plan_waterfall(fastpath.settings_for("quick"), torch.device("cpu"), "quick")
+    reasons = {name: reason for name, _, _, reason in plan}
+    assert reasons["compile"].startswith("skipped in quick profile")
+    assert all(reasons[n] is None for n in fastpath.STEP_NAMES if n != "compile")
+    assert [s[0] for s in fastpath.waterfall_steps(2, ["bf16"])] == ["spec", "bf16"]  # spec always first
+
+
+@pytest.mark.parametrize("opts", [
+    TrainOptions(loader="device"),
+    TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused"),
+    TrainOptions(loader="device", sgd="foreach"),
+], ids=["fp32", "cl-bf16-fused", "foreach"])
+def test_training_options_learn_on_cpu(opts):
+    torch.manual_seed(0)
+    split = fastpath.load_split(True, 64, "synthetic")
+    trainer = fastpath.build_trainer(opts, width=4, device="cpu", lr=0.05)
+    x, y = next(iter(fastpath.device_loader(split, "cpu", 32, augment=False,
+                                            channels_last=opts.channels_last)))
+    losses = [float(trainer.step(x, y)[0]) / 32 for _ in range(5)]
+    assert losses[-1] < losses[0]  # the same batch, fitted: loss goes down
+    if opts.channels_last:
+        assert trainer.model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fused_and_foreach_sgd_equal_the_for_loop():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    params = {}
+    for impl in ("for-loop", "foreach", "fused"):
+        t = fastpath.build_trainer(TrainOptions(loader="device", sgd=impl), width=4, device="cpu", seed=1)
+        for _ in range(2):
+            t.step(x, y)
+        params[impl] = torch.cat([p.detach().flatten() for p in t.model.parameters()])
+    assert torch.allclose(params["for-loop"], params["foreach"], atol=1e-5)
+    assert torch.allclose(params["for-loop"], params["fused"], atol=1e-5)
+    assert fastpath.resolved_sgd("default", torch.device("cpu")) == "for-loop"
+    assert fastpath.resolved_sgd("default", torch.device("cuda")) == "foreach"
+
+
+def test_peak_precision_per_row():
+    assert fastpath.peak_precision(TrainOptions(bf16=True), "NVIDIA H100 80GB HBM3") == "bf16"
+    assert fastpath.peak_precision(TrainOptions(), "cpu (some cpu)") == "fp32"
+
+
+# --------------------------------------------------------------------------- benchmarks and records
+
+
+def test_bench_data_records_ratio_and_resumes(store):
+    s = tiny(num_workers=2)  # the spec pipeline's worker processes, as in the assignment
+    recs = fastpath.bench_data(store, s, "cpu")
+    spec, dev = recs
+    assert spec.config["pipeline"] == "spec" and dev.config["pipeline"] == "device"
+    assert spec.synthetic and dev.dataset == "synthetic CIFAR-10 stand-in"
+    assert spec.metrics["images"] == 128 and dev.metrics["images"] % 128 == 0
+    ratio = dev.metrics["images_per_s"] / spec.metrics["images_per_s"]
+    assert dev.metrics["ratio_to_spec"] == pytest.approx(ratio)
+    assert dev.metrics["run_id"] == spec.metrics["run_id"]
+    again = fastpath.bench_data(store, s, "cpu")  # stored together: not measured again
+    assert [r.metrics["run_id"] for r in again] == [spec.metrics["run_id"]] * 2
+    table = fastpath.data_table(again)
+    assert list(table["ratio_to_spec"]) == [1.0, pytest.approx(ratio)]
+
+
+def test_bench_train_rows_metrics_and_skips(store):
+    s = tiny(steps=("spec", "device_loader", "bf16", "compile"))
+    recs = fastpath.bench_train(store, s, "cpu")
+    by = {r.config["step"]: r for r in recs}
+    assert list(by) == ["spec", "device_loader", "bf16", "compile"]
+    assert by["compile"].status == "skipped" and "skipped in quick profile" in by["compile"].reason
+    for name in ("spec", "device_loader", "bf16"):
+        r = by[name]
+        m = r.metrics
+        assert r.status == "ok" and m["images"] == 64 and m["steps"] == 2 and r.synthetic
+        assert m["images_per_s"] == pytest.approx(64 / m["epoch_seconds"])
+        achieved = m["train_flops_per_image"] * m["images_per_s"]
+        assert m["achieved_tflops_per_s"] * 1e12 == pytest.approx(achieved)
+        assert m["percent_of_peak"] is None  # a CPU has no peak in the table: no percentage
+        assert m["ratio_to_spec"] == pytest.approx(m["images_per_s"] / by["spec"].metrics["images_per_s"])
+        assert m["compile_seconds"] is None and m["warmup_seconds"] > 0
+    assert by["bf16"].config["bf16"] and by["bf16"].config["loader"] == "device"  # cumulative
+    assert by["spec"].metrics["peak_precision"] == "fp32" and by["bf16"].metrics["peak_precision"] == "bf16"
+    table = fastpath.waterfall_table(recs)
+    assert list(table["step"]) == ["spec", "device_loader", "bf16", "compile"]
+    assert table["percent_of_peak"].iloc[0] == "none (peak unknown)"
+    assert table["status"].iloc[-1].startswith("skipped: skipped in quick profile")
+    fig = fastpath.waterfall_figure(recs)
+    assert store.save_figure(fig, "fastpath_waterfall", recs).exists()
+    step, opts = fastpath.fastest_options(recs)
+    assert step in ("spec", "device_loader", "bf16") and not opts.compile
+    text = fastpath.loader_bound_summary([], recs)
+    assert "Not enough" in text
+
+
+@pytest.mark.slow
+def test_compile_step_runs_and_reports_compile_time(store):
+    # 48 images at batch 32: the warm-up compiles both batch shapes (32 and the last 16)
+    s = tiny(steps=("spec", "compile"), compile=True, train_images=48, batch_size=32, width=2)
+    recs = fastpath.bench_train(store, s, "cpu")
+    comp = recs[-1]
+    assert comp.config["compile"] and comp.config["loader"] == "spec"  # compile on top of spec only
+    if comp.status == "error":  # no working compiler here: the row says why, nothing is made up
+        assert comp.reason.startswith("torch.compile failed")
+        return
+    assert comp.status == "ok"
+    assert comp.metrics["compile_seconds"] == comp.metrics["warmup_seconds"] > 0
+    assert comp.metrics["images"] == 48 and comp.metrics["steps"] == 2
+
+
+def test_trace_is_perfetto_json_with_top_operators(store):
+    s = tiny()
+    res = fastpath.trace_fast_path(store, s, TrainOptions(loader="device"), "device_loader", "cpu")
+    assert res.path.parent == store.root / "traces" and res.path.exists()
+    trace = json.loads(res.path.read_text())
+    assert trace["traceEvents"]  # Chrome trace format, which Perfetto opens
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert "train_step" in names and "data_loader" in names
+    ops = res.top_ops
+    assert 0 < len(ops) <= 5 and (ops["self_ms"] >= 0).all()
+    assert ops["percent"].sum() <= 100.0 + 1e-6
+    assert list(ops["self_ms"]) == sorted(ops["self_ms"], reverse=True)
+    assert any(str(o).startswith("aten::") for o in ops["operator"])
+    again = fastpath.trace_fast_path(store, s, TrainOptions(loader="device"), "device_loader", "cpu")
+    assert again.record.timestamp == res.record.timestamp  # resumed from the store
+
+
+def test_accuracy_check_compares_two_runs(store):
+    s = tiny()
+    fast = TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused")
+    recs = fastpath.accuracy_check(store, s, fast, "fused_sgd", "cpu")
+    assert [r.config["run"] for r in recs] == ["spec", "fused_sgd"]
+    for r in recs:
+        assert r.status == "ok" and 0.0 <= r.metrics["test_accuracy"] <= 1.0
+        assert math.isfinite(r.metrics["test_loss"]) and r.config["test_images"] == 40
+    table = fastpath.accuracy_table(recs)
+    diff = 100 * (recs[1].metrics["test_accuracy"] - recs[0].metrics["test_accuracy"])
+    assert table["difference_points"].iloc[1] == pytest.approx(diff)
+    lines = fastpath.targets_summary([], [], recs)
+    assert "within 1 point" in lines[-1]
+    skipped = fastpath.accuracy_check(store, tiny(accuracy_epochs=0), fast, "fused_sgd", "cpu")
+    assert skipped[0].status == "skipped"
+
+
+def test_cli_bench_data_and_bad_input(results_dir, capsys):
+    from lab_utils.__main__ import main
+
+    rc = main(["bench", "data", "--profile", "quick", "--images", "128", "--min-seconds", "0",
+               "--num-workers", "0", "--dataset", "synthetic"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "ratio device / spec" in out and "device-resident loader" in out
+    assert (results_dir / "quick" / "runs" / "bench_data.jsonl").exists()
+    assert main(["bench", "train", "--profile", "quick", "--images", "0"]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cli_bench_train_small(results_dir, capsys):
+    rc = fastpath.bench_train_main(["--profile", "quick", "--images", "32", "--batch-size", "16",
+                                    "--width", "2", "--num-workers", "0", "--steps", "spec,device_loader",
+                                    "--dataset", "synthetic"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "device_loader" in out and "ratio_to_spec" in out
+    lines = (results_dir / "quick" / "runs" / "bench_train.jsonl").read_text().splitlines()
+    assert len(lines) == 2
