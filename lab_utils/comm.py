@@ -1006,6 +1006,8 @@ def plot_busbw(records: Iterable, fits: Mapping[int, AlphaBetaFit], link: LinkPe
     ax.set_title("All-reduce bus bandwidth vs message size")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.subplots_adjust(bottom=0.16)  # room for the store's provenance label
     return fig
 
 
@@ -1025,6 +1027,8 @@ def plot_projection(rows: Iterable[ProjectionRow]):
     ax.set_title("Projected weak-scaling efficiency (ring all-reduce, fitted alpha and B)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.subplots_adjust(bottom=0.16)  # room for the store's provenance label
     return fig
 
 
@@ -1186,3 +1190,179 @@ def inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
     rows += [{"input": f"projection assumption {i + 1}", "value": a, "kind": "assumed",
               "source": "comm.PROJECTION_ASSUMPTIONS"} for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- notebook 04's tables
+
+SPEC_BATCH_SIZES = (32, 128, 512)
+
+
+def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence[int] = SPEC_BATCH_SIZES,
+                 devices: Sequence[int] = (2, 4, 8)):
+    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` (saved, returned)."""
+    from lab_utils.models import count_parameters
+
+    df = gradient_bytes_table(gradient_bytes(model), count_parameters(model), dataset_size, batch_sizes,
+                              devices)
+    store.save_table(df, "allreduce_bytes",
+                     title=f"Ring all-reduce bytes per rank ({dataset_size:,} images)",
+                     notes=["bytes_per_rank = steps x 2(P-1)/P x grad_bytes; steps = ceil(ceil(N/P)/b).",
+                            "if_params_were_bytes: the same formula fed the parameter count "
+                            "(the 4x mistake)."])
+    return df
+
+
+@dataclass
+class BenchReport:
+    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count) and figure."""
+
+    table: Any
+    fits: dict[int, AlphaBetaFit]
+    peaks: dict[int, float | None]
+    fit_table: Any
+    figure: Any
+
+    @property
+    def reference_fit(self) -> AlphaBetaFit | None:
+        """The fit on the most ranks (the closest to the projections' regime)."""
+        return self.fits[max(self.fits)] if self.fits else None
+
+
+def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
+    """Tables ``allreduce_bench`` and ``allreduce_fit`` and figure ``allreduce_busbw`` (saved)."""
+    import matplotlib.pyplot as plt
+
+    df = bench_table(records)
+    fits = fit_records(records)
+    peaks = {int(p): peak_busbw_gb_per_s(records, int(p)) for p in sorted(set(df.ranks))}
+    store.save_table(df, "allreduce_bench", records, title="All-reduce benchmark (nccl-tests columns)",
+                     notes=["time_us: mean per all-reduce over the timed loop, slowest rank; GB/s decimal.",
+                            "busbw = algbw x 2(n-1)/n; model_time_us: the fitted ring model at that size."])
+    ft = fit_table(fits, peaks)
+    store.save_table(ft, "allreduce_fit", records, title="Fitted ring model T = 2(P-1) alpha + 2(P-1)/P S/B",
+                     notes=[f"link: {link.description}"])
+    fig = plot_busbw(records, fits, link)
+    store.save_figure(fig, "allreduce_busbw", records)
+    plt.close(fig)
+    return BenchReport(df, fits, peaks, ft, fig)
+
+
+def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence,
+                  world_sizes: Sequence[int] = (2, 4, 8, 64, 1024)):
+    """Table ``allreduce_models``: ring vs tree vs the spec's formula at the fitted alpha, B (or None)."""
+    if fit is None:
+        return None
+    df = compare_algorithms(size_bytes, world_sizes, fit.alpha_seconds, fit.bandwidth_bytes_per_s)
+    store.save_table(df, "allreduce_models", records,
+                     title=f"Modelled all-reduce of {size_bytes:,} B "
+                           f"(alpha, B fitted on {fit.world_size} ranks)",
+                     notes=["spec formula evaluated with transfer = S/B and compute = 0."])
+    return df
+
+
+def report_buckets(store, model, fits: Mapping[int, AlphaBetaFit], records: Sequence):
+    """Table ``allreduce_buckets``: DDP's default buckets for ``model`` and their modelled times."""
+    sizes = ddp_bucket_sizes(model)
+    if not fits:
+        return sizes, None
+    df = bucket_table(sizes, fits)
+    store.save_table(df, "allreduce_buckets", records,
+                     title="DDP's default gradient buckets, modelled ring time",
+                     notes=["buckets in gradient-ready order: first capped at 1 MiB, then 25 MiB."])
+    return sizes, df
+
+
+def report_projection(store, fit: AlphaBetaFit | None, compute: ProjectionCompute,
+                      records: Sequence, devices: Sequence[int] = PROJECTION_DEVICES):
+    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved).
+
+    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time.
+    """
+    import matplotlib.pyplot as plt
+
+    if fit is None or not compute.seconds_per_step:
+        return None, None
+    rows = project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
+                           devices=devices)
+    df = projection_frame(rows)
+    recs = list(records) + list(compute.records)
+    store.save_table(df, "allreduce_projection", recs,
+                     title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)",
+                     notes=list(PROJECTION_ASSUMPTIONS) + [compute.description])
+    fig = plot_projection(rows)
+    store.save_figure(fig, "allreduce_projection_efficiency", recs)
+    plt.close(fig)
+    return df, fig
+
+
+def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
+                  compute: ProjectionCompute | None, link: LinkPeak, records: Sequence):
+    """Table ``allreduce_inputs``: which inputs were measured and which assumed (saved, returned)."""
+    df = inputs_table(fits, ref_fit, compute, link, records)
+    store.save_table(df, "allreduce_inputs", list(records) + list(compute.records if compute else []),
+                     title="Notebook 04's inputs: measured, fitted or assumed")
+    return df
+
+
+# --------------------------------------------------------------------------- notebook 03's records
+
+NB03_MISSING = "run notebook 03 first"
+NB03_EXPERIMENTS: tuple[str, ...] = ("scaling",)
+COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c) hook all-reduce")
+
+
+def nb03_records(store) -> list:
+    """Notebook 03's aggregate DDP records (possibly none)."""
+    out = []
+    for exp in NB03_EXPERIMENTS:
+        out += [r for r in store.latest(exp) if r.config.get("record", "aggregate") == "aggregate"]
+    return out
+
+
+def nb03_measurements(store, devices: Sequence[int] = (2, 4),
+                      batch_sizes: Sequence[int] = SPEC_BATCH_SIZES) -> list[CommMeasurement]:
+    """Table 3's communication seconds from notebook 03, three per (devices, batch).
+
+    Without notebook 03's records: one row per (devices, batch) for the spec model on
+    CIFAR-10 with its bytes (a formula) and no seconds, saying "run notebook 03 first".
+    """
+    recs = [r for r in nb03_records(store) if r.status == "ok"]
+    if not recs:
+        from lab_utils.data import CIFAR10_TRAIN_SIZE
+        from lab_utils.models import ResNet18
+
+        s = gradient_bytes(ResNet18())
+        return [CommMeasurement(p, b, "none", None, s, CIFAR10_TRAIN_SIZE, reason=NB03_MISSING)
+                for p in devices for b in batch_sizes]
+    raise NotImplementedError
+
+
+def nb03_compute_inputs(store) -> ProjectionCompute | None:
+    """Compute seconds per step from notebook 03's single-device runs, or None when there are none."""
+    return None
+
+
+def projection_compute_inputs(store, device, settings: CommLabSettings,
+                              batch_sizes: Sequence[int] | None = None,
+                              force: bool = False) -> ProjectionCompute:
+    """The projection's compute side: notebook 03's single-device runs when stored, else measured here."""
+    if batch_sizes is None:
+        found = nb03_compute_inputs(store)
+        if found is not None and found.seconds_per_step:
+            return found
+    return measured_compute_inputs(store, device, settings, batch_sizes, force=force)
+
+
+def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float | None], link: LinkPeak,
+                       bench_records: Sequence):
+    """Table 3 ``allreduce_utilization`` from notebook 03's records and the benchmark (saved, returned)."""
+    import pandas as pd
+
+    df = pd.DataFrame(utilization_rows(nb03_measurements(store, devices), peaks, link))
+    store.save_table(df, "allreduce_utilization", nb03_records(store) + list(bench_records),
+                     title="Table 3: all-reduce bandwidth utilization",
+                     notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",
+                            "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "
+                            "pct_of_bench_peak_busbw uses the benchmark on the same number of ranks.",
+                            f"link: {link.description}"])
+    return df
