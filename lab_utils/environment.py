@@ -29,5 +29,6 @@ def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:
         rows.append({"item": k, "value": str(sw.get(k))})
     st = data.dataset_status()
     rows.append({"item": "CIFAR-10", "value": "present in " + st["data_dir"] if st["cifar10_present"]
-                 else f"missing from {st['data_dir']}: using the SYNTHETIC stand-in; to fix: {st['to_prepare']}"})
+                 else f"missing from {st['data_dir']}: using the SYNTHETIC stand-in; "
+                      f"to fix: {st['to_prepare']}"})
     return rows

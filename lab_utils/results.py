@@ -153,7 +153,8 @@ class ResultStore:
         with p.open("r", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.endswith("\n"):
-                    warnings.warn(f"{p}:{lineno}: skipping a torn last line (an interrupted write).", stacklevel=2)
+                    warnings.warn(f"{p}:{lineno}: skipping a torn last line (an interrupted write).",
+                                  stacklevel=2)
                     continue
                 if not line.strip():
                     continue

@@ -121,13 +121,15 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) 
         return NotebookResult(path.name, True, seconds, executed)
     cell, message = _failing_cell(nb)
     if message is None:
-        message = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+        last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+        message = f"{type(error).__name__}: {last}"
     return NotebookResult(path.name, False, seconds, executed, cell=cell, error=message)
 
 
 def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float = 3600,
-        stream=sys.stdout) -> list[NotebookResult]:
+        stream=None) -> list[NotebookResult]:
     """Execute notebooks headless, print one line each, write the report; return results."""
+    stream = stream or sys.stdout
     profile_name, why = config.resolve_profile_name(profile)
     paths = resolve_notebooks(names)  # bad names fail here, before any kernel starts
     if timeout_s <= 0:

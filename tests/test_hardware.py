@@ -1,0 +1,27 @@
+from lab_utils import hardware
+
+
+def test_peak_table_by_name():
+    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert hardware.peak_flops_per_s("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert hardware.peak_flops_per_s("NVIDIA H200", "bf16") == 989e12
+    assert hardware.peak_flops_per_s("NVIDIA A100-SXM4-40GB", "bf16") == 312e12
+    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "tf32") == 495e12
+    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32") == 67e12
+
+
+def test_unknown_device_has_no_peak():
+    assert hardware.peak_flops_per_s("cpu (AMD EPYC)", "fp32") is None
+    assert hardware.peak_flops_per_s("Mystery GPU 9000", "bf16") is None
+    assert hardware.peak_flops_per_s(None) is None
+    assert hardware.peak_flops_per_s("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
+    assert hardware.fraction_of_peak(1e12, "cpu (x)", "fp32") is None
+
+
+def test_fraction_of_peak():
+    assert hardware.fraction_of_peak(494.5e12, "NVIDIA H100 80GB HBM3", "bf16") == 0.5
+
+
+def test_summary_on_cpu():
+    s = hardware.hardware_summary("cpu", 2)
+    assert s["device_type"] == "cpu" and s["device_count"] == 2 and s["device_name"].startswith("cpu")

@@ -1,0 +1,103 @@
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from lab_utils.errors import LabError
+from lab_utils.results import Record, ResultStore, canonical_key
+
+
+def test_canonical_key_ignores_order():
+    assert canonical_key({"a": 1, "b": (2, 3)}) == canonical_key({"b": [2, 3], "a": 1})
+
+
+def test_record_carries_provenance(store):
+    r = store.add("exp", {"batch_size": 32}, {"seconds": 1.5}, synthetic=True, dataset="synthetic")
+    got = store.records("exp")[0]
+    assert got.config == {"batch_size": 32} and got.metrics == {"seconds": 1.5}
+    assert got.profile == "quick" and got.synthetic is True
+    assert got.software["torch"] and got.hardware["device_name"] and got.timestamp
+    assert r.status == "ok"
+
+
+def test_resume_measures_only_missing(store):
+    calls = []
+
+    def measure(bs):
+        def f():
+            calls.append(bs)
+            return {"seconds": bs / 10}
+        return f
+
+    for bs in (32, 128):
+        store.run("sweep", {"bs": bs}, measure(bs))
+    # "kernel died": a new store object on the same folder
+    again = ResultStore("quick")
+    for bs in (32, 128, 512):
+        again.run("sweep", {"bs": bs}, measure(bs))
+    assert calls == [32, 128, 512]
+    again.run("sweep", {"bs": 32}, measure(32), force=True)
+    assert calls[-1] == 32 and len(again.records("sweep")) == 4
+    assert len(again.latest("sweep")) == 3
+
+
+def test_measure_may_return_a_record(store):
+    rec = store.run("sweep", {"bs": 8192}, lambda: Record("", {}, status="oom", reason="OOM at 8192"))
+    assert rec.status == "oom" and store.get("sweep", {"bs": 8192}).reason == "OOM at 8192"
+
+
+def test_torn_last_line_is_skipped_and_not_lost(store):
+    store.add("exp", {"k": 1}, {"v": 1})
+    with open(store.path("exp"), "a") as f:
+        f.write('{"experiment": "exp", "config": {"k": 2')  # a crash mid-write
+    with pytest.warns(UserWarning, match="torn"):
+        recs = store.records("exp")
+    assert [r.config["k"] for r in recs] == [1]
+
+
+def test_concurrent_appends_stay_whole(store, tmp_path):
+    # two processes appending 200 records each: every line is a whole record
+    code = (
+        "import sys; from lab_utils.results import ResultStore\n"
+        "s = ResultStore('quick')\n"
+        "for i in range(200): s.add('race', {'who': sys.argv[1], 'i': i}, {'pad': 'x' * 2000},"
+        " hardware={'device_name': 'cpu'}, software={'torch': 'x'})\n"
+    )
+    env = dict(os.environ)
+    procs = [subprocess.Popen([sys.executable, "-c", code, w], env=env) for w in "ab"]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    lines = store.path("race").read_text().splitlines()
+    assert len(lines) == 400
+    assert all(json.loads(line)["experiment"] == "race" for line in lines)
+
+
+def test_bad_experiment_name(store):
+    with pytest.raises(LabError):
+        store.path("../escape")
+    with pytest.raises(LabError, match="status"):
+        store.append(Record("exp", {}, status="great"))
+
+
+def test_tables_and_figures_are_labelled(store):
+    recs = [store.add("exp", {"bs": 32}, {"t": 1.0}, synthetic=True, dataset="synthetic CIFAR-10 stand-in")]
+    df = store.frame("exp")
+    assert list(df["bs"]) == [32] and list(df["t"]) == [1.0]
+    md = store.save_table(pd.DataFrame({"bs": [32], "t": [1.0]}), "exp_table", recs, title="T",
+                          notes=["a note"])
+    text = md.read_text()
+    assert "SYNTHETIC" in text and "profile: quick" in text and "a note" in text
+    assert re.search(r"\|\s+32 \|", text)
+    csv = pd.read_csv(md.with_suffix(".csv"))
+    assert "SYNTHETIC" in csv["provenance"][0]
+    import matplotlib
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2])
+    png = store.save_figure(fig, "exp_fig", recs)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert any("SYNTHETIC" in t.get_text() for t in fig.texts)
