@@ -814,7 +814,8 @@ class CommMeasurement:
 
     ``source`` names how the seconds were obtained (derived ``T(N) - T(1)/N``, exposed,
     hook all-reduce total); ``seconds`` is per epoch; None with a ``reason`` when missing.
-    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to.
+    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to;
+    ``steps_per_epoch`` (the run's measured steps) overrides the formula's iterations.
     """
 
     devices: int
@@ -824,7 +825,7 @@ class CommMeasurement:
     grad_bytes: int
     dataset_size: int
     reason: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    steps_per_epoch: int | None = None
 
 
 def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
@@ -838,7 +839,8 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
     """
     rows = []
     for m in measurements:
-        bytes_epoch = ring_bytes_per_epoch(m.grad_bytes, m.devices, m.dataset_size, m.per_device_batch)
+        steps = m.steps_per_epoch or iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices)
+        bytes_epoch = steps * ring_bytes_per_rank(m.grad_bytes, m.devices)
         if isinstance(peak_busbw, Mapping):
             peak = peak_busbw.get(m.devices)
         else:
@@ -846,7 +848,7 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
         row: dict[str, Any] = {
             "devices": m.devices, "per_gpu_batch": m.per_device_batch, "comm_source": m.source,
             "grad_bytes": m.grad_bytes,
-            "steps_per_epoch": iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices),
+            "steps_per_epoch": steps,
             "bytes_per_rank_per_epoch": bytes_epoch, "comm_seconds": m.seconds,
             "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
             "note": m.reason or "",
@@ -1067,14 +1069,18 @@ COMM_LAB_SETTINGS: dict[str, CommLabSettings] = {
 }
 
 
-def bench_rank_counts(wanted: Sequence[int], gpus: int) -> list[int]:
+def bench_rank_counts(wanted: Sequence[int], gpus: int, cpu_cores: int | None = None) -> list[int]:
     """The rank counts to benchmark: ``wanted`` capped by the GPUs, plus all GPUs when more.
 
-    With fewer than 2 GPUs the benchmark runs CPU processes, and ``wanted`` is kept as is.
+    With fewer than 2 GPUs the benchmark runs CPU processes: ``wanted`` capped by the
+    cores (``cpu_cores``, None: no cap; at least 2 ranks), since more processes than
+    cores would measure the scheduler, not the all-reduce.
     """
     ranks = sorted({check_positive_int(p, "benchmark rank count") for p in wanted})
     if gpus < 2:
-        return [p for p in ranks if p >= 2]
+        cap = max(cpu_cores, 2) if cpu_cores is not None else None
+        kept = [p for p in ranks if p >= 2 and (cap is None or p <= cap)]
+        return kept or ([2] if cap is not None else [])
     out = sorted({p for p in ranks if 2 <= p <= gpus} | {gpus})
     return out
 
@@ -1307,39 +1313,107 @@ def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit
 # --------------------------------------------------------------------------- notebook 03's records
 
 NB03_MISSING = "run notebook 03 first"
-NB03_EXPERIMENTS: tuple[str, ...] = ("scaling",)
 COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c) hook all-reduce")
 
 
+def _scaling():
+    """:mod:`lab_utils.scaling` (notebooks 02/03), or None in a checkout without it."""
+    try:
+        from lab_utils import scaling
+    except ImportError:
+        return None
+    return scaling
+
+
 def nb03_records(store) -> list:
-    """Notebook 03's aggregate DDP records (possibly none)."""
-    out = []
-    for exp in NB03_EXPERIMENTS:
-        out += [r for r in store.latest(exp) if r.config.get("record", "aggregate") == "aggregate"]
+    """Notebook 03's aggregate DDP records (``compute_vs_comm``), possibly none."""
+    scaling = _scaling()
+    if scaling is None:
+        return []
+    return [r for r in store.latest(scaling.COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+
+
+def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
+                      batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
+    """Table 3's communication seconds from notebook 03: three rows per (devices, per-device batch).
+
+    Uses :func:`lab_utils.scaling.comm_measurements` (DDP only: DataParallel is no ring).
+    A configuration notebook 03 has not stored gets one row with its bytes (a formula,
+    for the model and data set notebook 03 uses in this profile) and no seconds, saying
+    "run notebook 03 first" when it stored nothing at all, or that it was not measured.
+    """
+    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.models import ResNet18
+
+    scaling = _scaling()
+    if scaling is None:
+        grid_devices, grid_batches, width, images = (2, 4), SPEC_BATCH_SIZES, 64, None
+        found = []
+    else:
+        st = scaling.settings_for(profile or store.profile)
+        grid_devices, grid_batches, width, images = st.comm_devices, st.batch_sizes, st.width, st.train_images
+        found = scaling.comm_measurements(store, devices=None, methods=(scaling.DDP,))
+    devices = tuple(devices or grid_devices)
+    batch_sizes = tuple(batch_sizes or grid_batches)
+    dataset_size = images or CIFAR10_TRAIN_SIZE
+    default_bytes = gradient_bytes(ResNet18(width=width))
+    by_key = {(r.devices, r.per_device_batch): r for r in found}
+    out: list[CommMeasurement] = []
+    for p in devices:
+        for b in batch_sizes:
+            r = by_key.get((p, b))
+            if r is None:
+                reason = NB03_MISSING if not found else (
+                    f"not measured by notebook 03 (its Table 2 says why, e.g. needs {p} devices or skipped "
+                    "in this profile)")
+                out.append(CommMeasurement(p, b, "none", None, default_bytes, dataset_size, reason=reason))
+                continue
+            grad = int(r.gradient_bytes or default_bytes)
+            if r.tn_seconds is None:  # not ok (OOM, error): one row with its reason
+                out.append(CommMeasurement(p, b, "none", None, grad, dataset_size, reason=r.status))
+                continue
+            no_probe = "no comm probe in this record (measure_comm off)"
+            for source, seconds, missing in (
+                    (COMM_SOURCES[0], r.comm_a_seconds, r.status),
+                    (COMM_SOURCES[1], r.exposed_b_seconds, no_probe),
+                    (COMM_SOURCES[2], r.allreduce_c_seconds, no_probe)):
+                out.append(CommMeasurement(p, b, source, seconds, grad, dataset_size,
+                                           reason=None if seconds is not None else missing,
+                                           steps_per_epoch=r.steps_per_epoch))
     return out
 
 
-def nb03_measurements(store, devices: Sequence[int] = (2, 4),
-                      batch_sizes: Sequence[int] = SPEC_BATCH_SIZES) -> list[CommMeasurement]:
-    """Table 3's communication seconds from notebook 03, three per (devices, batch).
-
-    Without notebook 03's records: one row per (devices, batch) for the spec model on
-    CIFAR-10 with its bytes (a formula) and no seconds, saying "run notebook 03 first".
-    """
-    recs = [r for r in nb03_records(store) if r.status == "ok"]
-    if not recs:
-        from lab_utils.data import CIFAR10_TRAIN_SIZE
-        from lab_utils.models import ResNet18
-
-        s = gradient_bytes(ResNet18())
-        return [CommMeasurement(p, b, "none", None, s, CIFAR10_TRAIN_SIZE, reason=NB03_MISSING)
-                for p in devices for b in batch_sizes]
-    raise NotImplementedError
-
-
 def nb03_compute_inputs(store) -> ProjectionCompute | None:
-    """Compute seconds per step from notebook 03's single-device runs, or None when there are none."""
-    return None
+    """Compute seconds per step from notebook 02/03's one-device DDP runs, or None when there are none.
+
+    Seconds per step = the reported epoch's training time (host-to-device copies, forward,
+    backward, optimizer step; loader waits excluded) / its steps. With several widths
+    stored, the widest model's runs are used.
+    """
+    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.models import ResNet18
+
+    scaling = _scaling()
+    if scaling is None:
+        return None
+    ones = [r for r in store.latest(scaling.SCALING)
+            if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
+            and r.config.get("method") == scaling.DDP and r.status == "ok"
+            and r.metrics.get("train_seconds") and r.metrics.get("steps")]
+    if not ones:
+        return None
+    width = max(int(r.config["width"]) for r in ones)
+    ones = [r for r in ones if int(r.config["width"]) == width]
+    per = {int(r.config["batch_size"]): float(r.metrics["train_seconds"]) / int(r.metrics["steps"])
+           for r in ones}
+    device = ones[0].config.get("device_type", "?")
+    return ProjectionCompute(
+        seconds_per_step=per,
+        grad_bytes=int(ones[0].metrics.get("gradient_bytes") or gradient_bytes(ResNet18(width=width))),
+        dataset_size=CIFAR10_TRAIN_SIZE, width=width,
+        source=f"measured by notebook 02/03: one-device DDP runs ({device}), reported epoch's training "
+               "seconds / steps (copies + forward + backward + optimizer, loader waits excluded)",
+        measured=True, records=ones)
 
 
 def projection_compute_inputs(store, device, settings: CommLabSettings,
@@ -1358,7 +1432,7 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
     """Table 3 ``allreduce_utilization`` from notebook 03's records and the benchmark (saved, returned)."""
     import pandas as pd
 
-    df = pd.DataFrame(utilization_rows(nb03_measurements(store, devices), peaks, link))
+    df = pd.DataFrame(utilization_rows(nb03_measurements(store, devices=devices), peaks, link))
     store.save_table(df, "allreduce_utilization", nb03_records(store) + list(bench_records),
                      title="Table 3: all-reduce bandwidth utilization",
                      notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",

@@ -397,6 +397,8 @@ def test_bench_rank_counts():
     assert comm.bench_rank_counts((2, 4), gpus=1) == [2, 4]
     assert comm.bench_rank_counts((2, 4), gpus=2) == [2]
     assert comm.bench_rank_counts((2, 4), gpus=8) == [2, 4, 8]
+    assert comm.bench_rank_counts((2, 4), gpus=0, cpu_cores=2) == [2]  # no oversubscription
+    assert comm.bench_rank_counts((4,), gpus=0, cpu_cores=1) == [2]
 
 
 def test_gradient_bytes_table_by_hand():
@@ -425,3 +427,63 @@ def test_measured_compute_inputs_and_inputs_table(store):
     assert kinds["alpha, B at 8..1024 devices"] == "assumed"
     assert kinds["link nominal bandwidth"] == "not available"
     assert (df.kind == "assumed").sum() >= len(comm.PROJECTION_ASSUMPTIONS)
+
+
+# --------------------------------------------------------------------------- notebook 03's records -> Table 3
+
+
+def _nb03_store(store):
+    scaling = pytest.importorskip("lab_utils.scaling")
+    base = {"method": "DDP", "record": "aggregate", "rank": None, "backend": "gloo", "device_type": "cpu",
+            "width": 8, "train_images": 1024, "epochs": 2, "batch_size": 32}
+    grad = 705_608
+    store.add(scaling.SCALING, {**base, "devices": 1, "global_batch": 32, "measure_comm": False},
+              {"train_seconds": 10.0, "steps": 32, "gradient_bytes": grad})
+    store.add(scaling.COMPUTE_VS_COMM, {**base, "devices": 2, "global_batch": 64, "measure_comm": True},
+              {"train_seconds": 6.0, "steps": 16, "gradient_bytes": grad, "exposed_comm_seconds": 0.5,
+               "allreduce_seconds": 0.8})
+    return grad
+
+
+def test_table3_from_notebook03_records_by_hand(store):
+    grad = _nb03_store(store)
+    ms = comm.nb03_measurements(store, devices=(2, 4), batch_sizes=(32, 128))
+    assert len(ms) == 3 + 3  # three sources for (2, 32); one "not measured" row for each other pair
+    rows = comm.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
+    measured = {r["comm_source"]: r for r in rows if r["devices"] == 2 and r["per_gpu_batch"] == 32}
+    bytes_epoch = 16 * grad  # 16 steps x 2(2-1)/2 x S
+    assert all(r["bytes_per_rank_per_epoch"] == bytes_epoch for r in measured.values())
+    a, b, c = (measured[s] for s in comm.COMM_SOURCES)
+    assert a["comm_seconds"] == pytest.approx(1.0)  # T(2) - T(1)/2 = 6 - 10/2
+    assert a["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 1.0 / 1e9)
+    assert b["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 0.5 / 1e9)
+    assert c["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 0.8 / 1e9)
+    assert c["pct_of_bench_peak_busbw"] == pytest.approx(100 * bytes_epoch / 0.8 / 1e9 / 0.1)
+    assert c["pct_of_link_nominal"] is None
+    others = [r for r in rows if (r["devices"], r["per_gpu_batch"]) != (2, 32)]
+    assert len(others) == 3 and all(r["comm_seconds"] is None and "not measured" in r["note"] for r in others)
+
+
+def test_table3_without_notebook03_says_run_it_first(store):
+    rows = comm.utilization_rows(comm.nb03_measurements(store, devices=(2, 4), batch_sizes=(32,)), {2: 1.0})
+    assert len(rows) == 2
+    assert all(r["note"] == comm.NB03_MISSING and r["achieved_gb_per_s"] is None for r in rows)
+    assert all(r["bytes_per_rank_per_epoch"] > 0 for r in rows)  # bytes are a formula, seconds are not
+
+
+def test_report_utilization_saves_table3(store):
+    _nb03_store(store)
+    df = comm.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    assert (store.tables_dir / "allreduce_utilization.md").exists()
+    assert (store.tables_dir / "allreduce_utilization.csv").exists()
+    assert set(df.comm_source) >= set(comm.COMM_SOURCES)
+
+
+def test_projection_compute_prefers_notebook03_records(store):
+    grad = _nb03_store(store)
+    settings = comm.CommLabSettings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
+                                    compute_warmup=0)
+    compute = comm.projection_compute_inputs(store, "cpu", settings)
+    assert compute.seconds_per_step == {32: pytest.approx(10.0 / 32)}
+    assert compute.grad_bytes == grad and compute.width == 8 and "notebook 02/03" in compute.source
+    assert not store.records(comm.COMPUTE_EXPERIMENT)  # nothing measured here
