@@ -632,81 +632,156 @@ def row_config(mut: ModelUnderTest, variant: str, device: str, settings: QuantSe
     return cfg
 
 
-def measure_variant(mut: ModelUnderTest, variant: str, device: str, settings: QuantSettings,
-                    avail: Availability | None = None):
-    """Quantize, size, score and time one variant on one device; returns a :class:`Record`."""
-    from lab_utils.hardware import hardware_summary
-    from lab_utils.results import Record
+def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_tokens: int, block_size: int,
+                     device: str | torch.device, warmup: int = 1, repeats: int = 5,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, DecodeTiming | Exception]:
+    """:func:`time_decode` for several models, their repetitions interleaved.
 
-    avail = avail or check_variant(variant, device, settings.disabled)
-    info = VARIANT_INFO[variant]
-    base_metrics: dict[str, Any] = {"label": info.label, "method": info.method, "kernel": avail.kernel,
-                                    "note": avail.note}
-    rec = Record(experiment=EXPERIMENT, config={}, metrics=base_metrics, dataset=mut.dataset,
-                 synthetic=mut.synthetic, hardware=hardware_summary(device, 1))
-    if not avail.ok:
-        rec.status, rec.reason = "skipped", avail.reason
-        return rec
+    Repetition ``r`` times every model once, in an order rotated by ``r``, so a change in
+    machine load or clock speed during the measurement hits every model alike instead of
+    whichever happened to be measured at the time (on a shared machine that matters more
+    than the number of repetitions). ``warmup`` untimed repetitions per model come first.
+    A model whose decoding raises gets the exception instead of a timing. Seconds.
+    """
+    check_positive_int(new_tokens, "new_tokens")
+    check_positive_int(repeats, "repeats")
     dev = torch.device(device)
-    try:
-        model = quantize_model(mut.model, variant, dev)
-        size = serialized_size_bytes(model)
-        payload = payload_bytes(_state_dict(model))
-        if settings.compile:
-            model = torch.compile(model)
-        ev = evaluate_lm(model, mut.val_tokens, mut.block_size, settings.eval_batch_size, dev,
-                         settings.eval_tokens)
-        big = settings.cpu_large_batch if dev.type == "cpu" else settings.large_batch
-        t1, tb = (time_decode(model, make_prompts(mut.val_tokens, b, settings.prompt_tokens),
-                              settings.new_tokens, mut.block_size, dev, settings.warmup, settings.repeats)
-                  for b in (1, big))
-    except torch.cuda.OutOfMemoryError as e:
+    p = prompts.to(dev)
+    out: dict[str, DecodeTiming | Exception] = {}
+    for name, m in models.items():
+        try:
+            for _ in range(warmup):
+                greedy_decode(m, p, new_tokens, block_size)
+            out[name] = DecodeTiming(batch_size=int(p.shape[0]), new_tokens=new_tokens)
+        except Exception as e:  # reported in the row; the other models carry on
+            out[name] = e
+    names = [n for n in models if isinstance(out[n], DecodeTiming)]
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)] if names else []
+        for name in order:
+            timing = out[name]
+            if not isinstance(timing, DecodeTiming):
+                continue
+            try:
+                synchronize(dev)
+                t0 = clock()
+                greedy_decode(models[name], p, new_tokens, block_size)
+                synchronize(dev)
+                timing.seconds.append(clock() - t0)
+            except Exception as e:
+                out[name] = e
+    return out
+
+
+def _failure(rec, e: BaseException):
+    """Mark ``rec`` as ``oom`` or ``error`` with the exception's first line."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
         torch.cuda.empty_cache()
         rec.status, rec.reason = "oom", f"OOM: {str(e).splitlines()[0][:160]}"
-        return rec
-    except Exception as e:  # a kernel missing on this machine: the row says which error
+    else:  # a kernel missing on this machine: the row says which error
         rec.status, rec.reason = "error", f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"
-        return rec
-    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, mut.block_size)
-    rec.metrics.update({
-        "size_bytes": size, "payload_bytes": payload,
-        "val_loss": ev.loss, "perplexity": ev.perplexity, "eval_tokens": ev.tokens,
-        "ms_per_token_b1": t1.ms_per_token_median, "ms_per_token_b1_min": t1.ms_per_token_min,
-        "ms_per_token_b1_max": t1.ms_per_token_max, "tokens_per_s_b1": t1.tokens_per_s_median,
-        "large_batch": big, "tokens_per_s_large": tb.tokens_per_s_median,
-        "tokens_per_s_large_min": tb.tokens_per_s_min, "tokens_per_s_large_max": tb.tokens_per_s_max,
-        "seconds_b1": t1.seconds, "seconds_large": tb.seconds,
-        "mean_context_tokens": ctx,
-        "weight_flops_per_byte_b1": weight_flops_per_byte(ctx, info.bytes_per_weight),
-        "weight_flops_per_byte_large": weight_flops_per_byte(big * ctx, info.bytes_per_weight),
-    })
     return rec
 
 
-def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force: bool = False,
-                     show_progress: bool = True) -> list:
-    """Measure every (variant, device) of ``settings`` into ``store`` (experiment ``quantization``).
+def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, settings: QuantSettings,
+                   show_progress: bool = False) -> list:
+    """Measure ``variants`` on ``device`` in one session; returns one :class:`Record` each.
 
-    A row already stored with status ``ok`` for the same configuration (same weights,
-    knobs, torch/torchao versions, CPU threads) is reused unless ``force``; an unavailable
-    or failed row is always re-checked, so installing torchao later fills its row in.
-    Returns the records in measuring order.
+    For each available variant: quantize a copy, measure its size, score it on the held-out
+    tokens. Then time all of them together with :func:`time_interleaved`, at batch 1 and at
+    the large batch. Unavailable variants give ``skipped`` records, failures ``error``/``oom``.
     """
+    from lab_utils.hardware import hardware_summary
     from lab_utils.progress import progress
+    from lab_utils.results import Record
+
+    dev = torch.device(device)
+    big = settings.cpu_large_batch if dev.type == "cpu" else settings.large_batch
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, mut.block_size)
+    records: dict[str, Any] = {}
+    models: dict[str, nn.Module] = {}
+    for variant in (progress(variants, desc=f"quantize+score ({device})") if show_progress else variants):
+        avail = check_variant(variant, device, settings.disabled)
+        info = VARIANT_INFO[variant]
+        rec = Record(experiment=EXPERIMENT, config={}, dataset=mut.dataset, synthetic=mut.synthetic,
+                     hardware=hardware_summary(device, 1),
+                     metrics={"label": info.label, "method": info.method, "kernel": avail.kernel,
+                              "note": avail.note})
+        records[variant] = rec
+        if not avail.ok:
+            rec.status, rec.reason = "skipped", avail.reason
+            continue
+        try:
+            model = quantize_model(mut.model, variant, dev)
+            rec.metrics.update(size_bytes=serialized_size_bytes(model),
+                               payload_bytes=payload_bytes(_state_dict(model)))
+            if settings.compile:
+                model = torch.compile(model)
+            ev = evaluate_lm(model, mut.val_tokens, mut.block_size, settings.eval_batch_size, dev,
+                             settings.eval_tokens)
+        except Exception as e:
+            _failure(rec, e)
+            continue
+        bpw = info.bytes_per_weight
+        rec.metrics.update(val_loss=ev.loss, perplexity=ev.perplexity, eval_tokens=ev.tokens,
+                           mean_context_tokens=ctx, large_batch=big,
+                           weight_flops_per_byte_b1=weight_flops_per_byte(ctx, bpw),
+                           weight_flops_per_byte_large=weight_flops_per_byte(big * ctx, bpw))
+        models[variant] = model
+    if models:
+        s = settings
+        t1, tb = (time_interleaved(models, make_prompts(mut.val_tokens, batch, s.prompt_tokens), s.new_tokens,
+                                   mut.block_size, dev, s.warmup, s.repeats) for batch in (1, big))
+        for variant in models:
+            rec, a, b = records[variant], t1[variant], tb[variant]
+            if isinstance(a, Exception) or isinstance(b, Exception):
+                _failure(rec, a if isinstance(a, Exception) else b)
+                continue
+            rec.metrics.update({
+                "ms_per_token_b1": a.ms_per_token_median, "ms_per_token_b1_min": a.ms_per_token_min,
+                "ms_per_token_b1_max": a.ms_per_token_max, "tokens_per_s_b1": a.tokens_per_s_median,
+                "tokens_per_s_large": b.tokens_per_s_median, "tokens_per_s_large_min": b.tokens_per_s_min,
+                "tokens_per_s_large_max": b.tokens_per_s_max, "seconds_b1": a.seconds,
+                "seconds_large": b.seconds,
+            })
+    return [records[v] for v in variants]
+
+
+def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force: bool = False,
+                     show_progress: bool | None = None) -> list:
+    """Measure every (device, variant) of ``settings`` into ``store`` (experiment ``quantization``).
+
+    Per device, when every available variant already has an ``ok`` row stored for the same
+    configuration (same weights, knobs, torch/torchao versions, CPU threads) the stored
+    rows are reused, unless ``force``. Otherwise *all* available variants of that device
+    are measured again in one session (:func:`measure_device`), so that their timings are
+    interleaved and every speedup compares rows measured side by side. Unavailable rows are
+    re-checked on every call, so installing torchao later fills its row in.
+    Returns the current record of every (device, variant), devices in order.
+    """
+    from lab_utils.progress import headless
 
     settings.validate()
-    jobs = [(d, v) for d in devices_to_run(settings) for v in settings.variants]
+    show = (not headless()) if show_progress is None else show_progress
     out = []
-    for device, variant in (progress(jobs, desc="variants") if show_progress else jobs):
-        cfg = row_config(mut, variant, device, settings)
-        old = store.get(EXPERIMENT, cfg)
-        avail = check_variant(variant, device, settings.disabled)
-        if old is not None and old.status == "ok" and avail.ok and not force:
-            out.append(old)
+    for device in devices_to_run(settings):
+        cfgs = {v: row_config(mut, v, device, settings) for v in settings.variants}
+        avail = {v: check_variant(v, device, settings.disabled) for v in settings.variants}
+        stored = {v: store.get(EXPERIMENT, cfgs[v]) for v in settings.variants}
+        reuse = not force and all(stored[v] is not None and stored[v].status == "ok"
+                                  for v in settings.variants if avail[v].ok)
+        if reuse:
+            for v in settings.variants:
+                if avail[v].ok:
+                    out.append(stored[v])
+                else:
+                    rec = measure_device(mut, [v], device, settings)[0]
+                    rec.config = cfgs[v]
+                    out.append(store.append(rec))
             continue
-        rec = measure_variant(mut, variant, device, settings, avail)
-        rec.config = cfg
-        out.append(store.append(rec))
+        for v, rec in zip(settings.variants, measure_device(mut, settings.variants, device, settings, show)):
+            rec.config = cfgs[v]
+            out.append(store.append(rec))
     return out
 
 
@@ -810,6 +885,86 @@ def plot_quality_vs_speed(df):
     fig.suptitle("Quality against speed of each int8 / bf16 variant (o: CPU, s: GPU)")
     fig.tight_layout()
     return fig
+
+
+def availability_frame(settings: QuantSettings):
+    """What this stack offers: one row per (device, variant) with kernel, note or reason."""
+    import pandas as pd
+
+    rows = []
+    for device in devices_to_run(settings):
+        for variant in settings.variants:
+            a = check_variant(variant, device, settings.disabled)
+            rows.append({"device": device, "variant": variant, "method": VARIANT_INFO[variant].method,
+                         "available": a.ok, "kernel / reason": a.kernel if a.ok else a.reason,
+                         "note": a.note or ""})
+    return pd.DataFrame(rows)
+
+
+def intensity_frame(settings: QuantSettings, block_size: int):
+    """Weight arithmetic intensity (FLOP per weight byte) of one decoding step, per storage format.
+
+    Rows: batch 1 and the large batches of the CPU and the GPU; columns: fp32, bf16, int8.
+    Uses the mean context of the timed decoding (no KV cache).
+    """
+    import pandas as pd
+
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
+    rows = []
+    for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
+                        ("large batch, GPU", settings.large_batch)):
+        rows.append({"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
+                     **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)
+                        for fmt, b in (("fp32", 4), ("bf16", 2), ("int8", 1))}})
+    return pd.DataFrame(rows)
+
+
+def _fmt_x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def findings(records: Sequence) -> list[str]:
+    """Sentences that state what *these* measurements show (nothing is asserted unmeasured).
+
+    Per device: each variant's size, loss increase and both speedups; the two int8
+    *dynamic* implementations side by side (the same arithmetic, different kernels);
+    the same variant on CPU and GPU; and a warning when repetitions varied a lot.
+    """
+    df = quantization_table(records)
+    ok = df[df["status"] == "ok"]
+    out: list[str] = []
+    for dev, sub in ok.groupby("device", sort=False):
+        if "fp32" not in set(sub["variant"]):
+            out.append(f"On {dev} the fp32 baseline was not measured, so no speedups are stated.")
+            continue
+        for _, r in sub[sub["variant"] != "fp32"].iterrows():
+            out.append(f"On {dev}, {r['variant']}: file {_fmt_x(r['size_vs_fp32'])} of fp32's, val loss "
+                       f"{r['loss_increase']:+.4f} nats/token, batch-1 decoding {_fmt_x(r['speedup_b1'])} "
+                       f"fp32's speed, batch-{r['large_batch']} throughput {_fmt_x(r['speedup_large'])}.")
+        dyn = sub[sub["method"] == "dynamic"]
+        if len(dyn) >= 2:
+            parts = [f"{r['variant']} {_fmt_x(r['speedup_large'])} (batch {r['large_batch']}) and "
+                     f"{_fmt_x(r['speedup_b1'])} (batch 1)" for _, r in dyn.iterrows()]
+            faster = (dyn["speedup_large"] > 1).any() and (dyn["speedup_large"] < 1).any()
+            out.append(f"Same scheme, different kernels, on {dev}: int8 dynamic activation + int8 weight "
+                       "ran at " + "; ".join(parts) + " of fp32's speed"
+                       + (": one implementation beats fp32, the other loses to it." if faster else "."))
+    for variant, sub in ok.groupby("variant", sort=False):
+        if variant != "fp32" and sub["device"].nunique() > 1:
+            parts = [f"{_fmt_x(r['speedup_b1'])} at batch 1 and {_fmt_x(r['speedup_large'])} at batch "
+                     f"{r['large_batch']} on {r['device']}" for _, r in sub.iterrows()]
+            out.append(f"{variant} across devices: " + "; ".join(parts) + ".")
+    spreads = []
+    for r in records:
+        if r.status == "ok" and r.metrics.get("ms_per_token_b1_min"):
+            spreads.append(r.metrics["ms_per_token_b1_max"] / r.metrics["ms_per_token_b1_min"])
+    if spreads and max(spreads) > 1.5:
+        out.append(f"Repetitions varied by up to {max(spreads):.1f}x (slowest / fastest at batch 1): the "
+                   "machine was busy or clocks changed; trust only differences well beyond that spread, and "
+                   "re-run on an idle machine before drawing conclusions.")
+    if not out:
+        out.append("No variant was measured successfully; the table says why for each row.")
+    return out
 
 
 # --------------------------------------------------------------------------- the GPT to quantize

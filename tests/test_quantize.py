@@ -215,6 +215,29 @@ def test_time_decode_statistics_with_a_fake_clock():
     assert t.tokens_per_s_median == pytest.approx(4 * 8 / 3.0)
 
 
+class LoggingLM(ZeroLM):
+    def __init__(self, name: str, log: list, fail: bool = False):
+        super().__init__(5)
+        self.name, self.log, self.fail = name, log, fail
+
+    def forward(self, idx):
+        if self.fail:
+            raise RuntimeError("no kernel for this")
+        self.log.append(self.name)
+        return super().forward(idx)
+
+
+def test_time_interleaved_rotates_the_order_and_isolates_failures():
+    log: list[str] = []
+    models = {"a": LoggingLM("a", log), "b": LoggingLM("b", log), "bad": LoggingLM("bad", log, fail=True)}
+    ticks = iter(range(100))
+    out = Q.time_interleaved(models, torch.zeros(1, 2, dtype=torch.long), new_tokens=1, block_size=8,
+                             device="cpu", warmup=1, repeats=3, clock=lambda: float(next(ticks)))
+    assert isinstance(out["bad"], RuntimeError)
+    assert log == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then rotated repetitions
+    assert out["a"].seconds == [1.0, 1.0, 1.0] and len(out["b"].seconds) == 3
+
+
 def test_greedy_decode_shape_and_block_crop():
     out = Q.greedy_decode(ZeroLM(5), torch.ones(2, 3, dtype=torch.long), new_tokens=6, block_size=4)
     assert out.shape == (2, 9) and (out[:, 3:] == 0).all()  # argmax of equal logits is id 0
@@ -251,6 +274,21 @@ def test_disabled_variant_is_a_row_that_says_why(toy, store):
     again = Q.run_quantization(store, mut, s, show_progress=False)
     assert again[0].timestamp == recs[0].timestamp
     assert len(store.records("quantization")) == 3
+
+
+def test_a_missing_row_remeasures_the_whole_device_session(toy, store):
+    model, val = toy
+    mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
+    kw = dict(devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
+              repeats=1)
+    first = Q.run_quantization(store, mut, Q.settings_for("quick", variants=("fp32",), **kw))
+    both = Q.run_quantization(store, mut, Q.settings_for("quick", variants=("fp32", "bf16"), **kw))
+    assert [r.config["variant"] for r in both] == ["fp32", "bf16"]
+    # fp32 is measured again, side by side with bf16
+    assert both[0] is not first[0] and len(store.records("quantization")) == 3
+    s2 = Q.settings_for("quick", variants=("fp32", "bf16"), **kw)
+    forced = Q.run_quantization(store, mut, s2, force=True)
+    assert len(forced) == 2 and len(store.records("quantization")) == 5
 
 
 def test_missing_torchao_module_gives_a_reason(monkeypatch):
@@ -325,6 +363,23 @@ def test_table_speedups_by_hand():
     assert df.loc["torchao_int8_weight_only", "loss_increase"] == pytest.approx(0.02)
     assert df.loc["torchao_int8_dynamic", "note"] == "needs torchao"
     assert df.loc["fp32", "size_bytes"] == 4000
+
+
+def test_findings_state_the_measured_numbers():
+    common = {"ms_per_token_b1_min": 1.0, "ms_per_token_b1_max": 1.2, "tokens_per_s_large_min": 1.0,
+              "tokens_per_s_large_max": 2.0, "large_batch": 16, "size_bytes": 1000}
+    recs = [_rec("fp32", val_loss=1.5, perplexity=4.5, ms_per_token_b1=10.0, tokens_per_s_large=100.0,
+                 method="float", **common),
+            _rec("ao_dynamic_int8", val_loss=1.51, perplexity=4.6, ms_per_token_b1=8.0,
+                 tokens_per_s_large=180.0, method="dynamic", **common),
+            _rec("torchao_int8_dynamic", val_loss=1.51, perplexity=4.6, ms_per_token_b1=20.0,
+                 tokens_per_s_large=50.0, method="dynamic", **common)]
+    text = "\n".join(Q.findings(recs))
+    assert "ao_dynamic_int8 1.80x (batch 16)" in text and "torchao_int8_dynamic 0.50x (batch 16)" in text
+    assert "one implementation beats fp32, the other loses to it" in text
+    assert "+0.0100 nats/token" in text and "varied" not in text  # spreads of 1.2x: no warning
+    recs[1].metrics["ms_per_token_b1_max"] = 3.0
+    assert "varied by up to 3.0x" in "\n".join(Q.findings(recs))
 
 
 def test_settings_validation():
