@@ -19,7 +19,8 @@ Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
       --eval                   test loss/accuracy after every epoch
       --measure-comm           time each bucket's all-reduce with a comm hook, split each step
                                into compute and exposed communication, and run the no_sync probe
-      --comm-steps K           batches in the no_sync probe (default 8, plus 1 warm-up)
+      --comm-steps K           batches in the no_sync probe (default 8, plus 1 warm-up; the
+                               epoch's first batches, repeated when the epoch is shorter)
       --backend auto|nccl|gloo (auto: NCCL when every rank has its own GPU, else gloo on CPU)
       --bucket-cap-mb M        DDP gradient bucket size in MB (default: DDP's 25; smaller models
                                need smaller buckets to have several, i.e. any overlap at all)
@@ -545,6 +546,8 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
             batches.append((x.to(device), y.to(device)))
             if len(batches) >= args.comm_steps + 1:
                 break
+        if batches:  # an epoch of one step: time its batch again (the probe does not train)
+            batches = [batches[i % len(batches)] for i in range(args.comm_steps + 1)]
         counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps
         dist.all_gather_object(counts, len(batches))
         batches = batches[:min(counts)]

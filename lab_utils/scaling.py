@@ -1,0 +1,747 @@
+"""Questions 2 and 3: scaling over 1/2/4 devices, and compute vs communication.
+
+Notebook 02 (:func:`run_scaling`, :func:`scaling_table`, :func:`speedup_figure`)
+---------------------------------------------------------------------------
+For each device count N and per-device batch b (global batch N x b), ResNet-18 trains
+``epochs`` epochs; epoch ``epochs`` (2 of 2) is reported, as in notebook 01: its
+*training* time (host-to-device copies, forward, backward, all-reduce, optimizer step;
+waiting on the loader excluded), of the SLOWEST rank.
+
+- **DDP** (``method="DDP"``): :mod:`lab_utils.ddp` under ``torchrun`` through
+  :func:`lab_utils.launcher.launch`, one process per GPU with NCCL. All per-device batch
+  sizes of one N run in one launch (one start-up). T(1) is the same worker with one
+  process, so T(1) and T(N) go through the same code. Without enough GPUs the lab runs
+  DDP with **gloo over CPU processes** (one CPU thread each: a "device" is one core),
+  labelled so in the table (``backend`` gloo, ``device_type`` cpu).
+- **DataParallel** (``method="DataParallel"``): in this process with
+  ``nn.DataParallel`` over N GPUs and the global batch N x b (it splits each batch).
+  Only with GPUs.
+- A configuration that needs more GPUs than exist is a row ``needs N GPUs`` (status
+  ``skipped``), one that does not fit is ``OOM``; never a number. Those rows are not
+  stored, so a later run on a bigger node measures them.
+
+Notebook 03 (:func:`run_compute_vs_comm`, :func:`compute_vs_comm_table`)
+-----------------------------------------------------------------------
+DDP on N = 2 and 4 with ``--measure-comm``: communication measured three ways (see
+:mod:`lab_utils.comm_hooks`): (a) the assignment's derivation compute = T(1)/N,
+communication = T(N) - T(1)/N (T(1) from notebook 02's one-device run, run here when
+missing); (b) exposed communication from the ``no_sync`` probe; (c) total all-reduce
+time from the timing hook; overlap = (c) - (b).
+
+Record schema (stable; notebook 04's Table 3 reads it)
+------------------------------------------------------
+Experiments: ``scaling`` (notebook 02) and ``compute_vs_comm`` (notebook 03). Each
+holds the DDP worker's records (one aggregate + one per rank per configuration; the
+full schema is in :mod:`lab_utils.ddp`'s docstring) and, with GPUs, DataParallel
+records. Select the aggregates with ``config["record"] == "aggregate"``. Keys used here:
+
+- ``config``: ``method`` ("DDP" | "DataParallel"), ``devices``, ``batch_size`` (per
+  device), ``global_batch``, ``backend`` ("nccl" | "gloo" | "single process"),
+  ``device_type`` ("cuda" | "cpu"), ``width``, ``train_images``, ``epochs``,
+  ``measure_comm`` (True in ``compute_vs_comm``), ``record``, ``rank``.
+- ``metrics``: ``train_seconds`` (reported epoch, slowest rank, seconds),
+  ``epoch_seconds``, ``steps`` (per rank in the reported epoch), ``steps_per_epoch``,
+  ``parameters``, ``gradient_bytes`` (fp32 gradient size S in bytes),
+  ``epochs`` (per-epoch history), and in ``compute_vs_comm``: ``exposed_comm_seconds``
+  (b, per epoch), ``allreduce_seconds`` (c, per epoch), ``overlap_seconds``,
+  ``overlap_fraction``, ``comm_probe`` (per-step values).
+
+:func:`comm_measurements` turns those records into one row per (devices, per-device
+batch) with the three communication figures in seconds per epoch, the steps per epoch
+and the gradient bytes: the stable interface for Table 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lab_utils import config
+from lab_utils.comm_hooks import derived_comm, overlap_figures
+from lab_utils.config import check_batch_sizes, check_positive_int
+from lab_utils.ddp import WorkerArgs
+from lab_utils.errors import LabError, LaunchError
+from lab_utils.results import Record, ResultStore
+
+SCALING = "scaling"
+COMPUTE_VS_COMM = "compute_vs_comm"
+DDP = "DDP"
+DP = "DataParallel"
+DP_BACKEND = "single process"
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    """The knobs of notebooks 02 and 03 for one profile.
+
+    ``devices``: device counts of Table 1; ``comm_devices``: those of Table 2.
+    ``batch_sizes``: per-device batch sizes of the tables; ``run_batch_sizes`` (None:
+    all) those actually run in this profile, the others are rows "skipped in quick
+    profile". ``max_cpu_processes``: without enough GPUs, DDP runs with gloo over at most
+    this many CPU processes of ``cpu_threads`` threads each (0: never). ``bucket_cap_mb``:
+    DDP's bucket size (None: DDP's 25 MB); the quick profile scales it with the smaller
+    model so that it, too, has several buckets. ``timeout_s`` bounds one launch (seconds).
+    """
+
+    devices: tuple[int, ...] = (1, 2, 4)
+    comm_devices: tuple[int, ...] = (2, 4)
+    batch_sizes: tuple[int, ...] = (32, 128, 512, 2048)
+    run_batch_sizes: tuple[int, ...] | None = None
+    epochs: int = 2
+    width: int = 64
+    train_images: int | None = None
+    num_workers: int | None = None
+    max_cpu_processes: int = 2
+    cpu_threads: int = 1
+    bucket_cap_mb: float | None = None
+    comm_steps: int = 10
+    timeout_s: float = 3600
+    seed: int = 0
+    label: str = ""
+
+    def validate(self) -> ScalingSettings:
+        check_batch_sizes(self.batch_sizes, "per-device batch sizes")
+        check_batch_sizes(self.devices, "device counts")
+        check_batch_sizes(self.comm_devices, "device counts of Table 2")
+        if self.run_batch_sizes is not None:
+            check_batch_sizes(self.run_batch_sizes, "batch sizes to run")
+        check_positive_int(self.epochs, "epochs")
+        check_positive_int(self.width, "width")
+        check_positive_int(self.cpu_threads, "cpu_threads")
+        check_positive_int(self.comm_steps, "comm_steps")
+        if self.max_cpu_processes < 0:
+            raise LabError(f"max_cpu_processes must be 0 or more, got {self.max_cpu_processes}.")
+        if self.timeout_s <= 0:
+            raise LabError(f"timeout_s must be positive, got {self.timeout_s}.")
+        return self
+
+
+SETTINGS: dict[str, ScalingSettings] = {
+    # CPU/CI: ResNet-18 at width 8 (1/64 of the FLOPs, 176k parameters) on 1,024 images,
+    # gloo over 1 and 2 single-thread processes; 4 processes would share 2 cores, so 4 is
+    # a "needs 4 GPUs" row unless the machine has 4 cores. 2048 per device needs more
+    # images than the subset has: skipped. Buckets of 0.4 MB (25 MB x 176k / 11.2M) give the
+    # small model several buckets, as the full model has.
+    "quick": ScalingSettings(
+        run_batch_sizes=(32, 128, 512), width=8, train_images=1024, max_cpu_processes=4,
+        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600,
+        label="quick: ResNet-18 width 8 on 1,024 images; gloo over single-thread CPU processes"),
+    # The assignment: the spec model on all of CIFAR-10, 1/2/4 GPUs, 32 ... 2048 per GPU.
+    "full": ScalingSettings(
+        width=64, train_images=None, max_cpu_processes=0, comm_steps=10, timeout_s=3600,
+        label="full: spec ResNet-18 (width 64) on all of CIFAR-10"),
+}
+
+
+def settings_for(profile: str | config.Profile, **overrides: Any) -> ScalingSettings:
+    """The profile's settings with notebook parameters that are not None applied."""
+    name = profile.name if isinstance(profile, config.Profile) else config.resolve_profile_name(profile)[0]
+    s = SETTINGS[name]
+    given = {k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items() if v is not None}
+    unknown = set(given) - set(ScalingSettings.__dataclass_fields__)
+    if unknown:
+        raise LabError(f"Unknown scaling setting(s) {sorted(unknown)}; use fields of ScalingSettings.")
+    return replace(s, **given).validate()
+
+
+# --------------------------------------------------------------------------- where each config runs
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a (method, N devices) configuration runs here, or why it cannot."""
+
+    method: str
+    devices: int
+    backend: str | None       # "nccl", "gloo", DP_BACKEND; None when it cannot run
+    device_type: str | None   # "cuda" | "cpu"
+    reason: str | None = None  # why not, e.g. "needs 4 GPUs"
+
+    @property
+    def runs(self) -> bool:
+        return self.reason is None
+
+
+def place(method: str, devices: int, gpus: int, settings: ScalingSettings, cores: int) -> Placement:
+    """Where ``method`` on ``devices`` devices runs, given ``gpus`` GPUs and ``cores`` CPU cores."""
+    if method == DP:
+        if gpus >= devices:
+            return Placement(DP, devices, DP_BACKEND, "cuda")
+        return Placement(DP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
+    if gpus >= devices:
+        return Placement(DDP, devices, "nccl", "cuda")
+    if gpus == 0 and devices <= settings.max_cpu_processes and devices * settings.cpu_threads <= cores:
+        return Placement(DDP, devices, "gloo", "cpu")
+    return Placement(DDP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
+
+
+def methods_here(gpus: int) -> tuple[str, ...]:
+    """DataParallel and DDP side by side with GPUs; DDP (gloo, CPU) alone without."""
+    return (DP, DDP) if gpus else (DDP,)
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+def worker_args(settings: ScalingSettings, profile: str, experiment: str, backend: str,
+                batch_sizes: Sequence[int], measure_comm: bool = False,
+                dataset: str | None = None) -> WorkerArgs:
+    """The DDP worker's arguments for some batch sizes (resolved: image counts, dataset)."""
+    b = tuple(batch_sizes)
+    return WorkerArgs(
+        experiment=experiment, profile=profile, batch_size=b[0] if len(b) == 1 else b,
+        epochs=settings.epochs, width=settings.width,
+        train_images=settings.train_images if settings.train_images is not None else 0,
+        test_images=None, dataset=dataset or "auto", num_workers=settings.num_workers,
+        measure_comm=measure_comm, comm_steps=settings.comm_steps, backend=backend,
+        bucket_cap_mb=settings.bucket_cap_mb, seed=settings.seed,
+    ).validate().resolved()
+
+
+def dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
+    """A DataParallel record's config: the DDP keys, with the method and backend changed."""
+    cfg = args.record_config(devices, "nccl")
+    cfg.update({"method": DP, "backend": DP_BACKEND, "device_type": "cuda", "comm_steps": None,
+                "bucket_cap_mb": None, "measure_comm": False})
+    return cfg
+
+
+def unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
+    """Config of a row that could not run (as it would have run on GPUs)."""
+    cfg = args.record_config(p.devices, "nccl") if p.method == DDP else dp_config(args, p.devices)
+    return cfg
+
+
+def _reusable(rec: Record | None, device: str) -> bool:
+    """A stored record counts when it was measured (ok, or OOM) on a device of the same name."""
+    return rec is not None and rec.status in ("ok", "oom") and rec.hardware.get("device_name") == device
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class ScalingResult:
+    """Aggregate records of one notebook's configurations, in table order."""
+
+    records: list[Record]
+    settings: ScalingSettings
+    profile: str
+    experiment: str
+    measured: list[tuple[str, int, int]]  # (method, devices, batch) measured by this call
+
+    def ok(self) -> list[Record]:
+        return [r for r in self.records if r.status == "ok"]
+
+
+def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = False,
+                devices: Sequence[int] | None = None, methods: Sequence[str] | None = None,
+                experiment: str = SCALING, measure_comm: bool = False,
+                dataset: str | None = None) -> ScalingResult:
+    """Notebook 02: every (method, devices, per-device batch); resumes from the store.
+
+    ``lab`` is the notebook's :class:`~lab_utils.session.LabSession` (profile, store,
+    GPU count). Returns one aggregate record per configuration (measured, stored,
+    OOM, or a not-stored row saying why it did not run).
+    """
+    from lab_utils.hardware import cpu_cores, device_name
+
+    s = (settings or settings_for(lab.profile)).validate()
+    store: ResultStore = lab.store
+    profile = lab.profile.name
+    gpus = int(lab.gpu_count)
+    cores = cpu_cores()
+    devs = tuple(devices) if devices is not None else s.devices
+    meths = tuple(methods) if methods is not None else methods_here(gpus)
+    run_b = [b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes]
+    out: dict[tuple[str, int, int], Record] = {}
+    measured: list[tuple[str, int, int]] = []
+    for method in meths:
+        for n in devs:
+            p = place(method, n, gpus, s, cores)
+            backend = p.backend if p.runs and method == DDP else ("gloo" if not gpus else "nccl")
+            args = worker_args(s, profile, experiment, backend, s.batch_sizes, measure_comm, dataset)
+            if not p.runs:
+                for b in s.batch_sizes:
+                    out[(method, n, b)] = _row(args.for_batch(b), p, experiment, "skipped", p.reason)
+                continue
+            dev_name = device_name("cuda" if p.device_type == "cuda" else "cpu")
+            todo = []
+            for b in s.batch_sizes:
+                one = args.for_batch(b)
+                cfg = one.record_config(n, p.backend) if method == DDP else dp_config(one, n)
+                if b not in run_b or b * n > one.train_images:
+                    why = ("skipped in quick profile" if b not in run_b
+                           else f"global batch {b * n} > {one.train_images} training images")
+                    out[(method, n, b)] = Record(experiment, cfg, status="skipped", reason=why,
+                                                 profile=profile)
+                    continue
+                stored = store.get(experiment, cfg)
+                if not force and _reusable(stored, dev_name):
+                    out[(method, n, b)] = stored  # type: ignore[assignment]
+                else:
+                    todo.append(b)
+            if not todo:
+                continue
+            if method == DDP:
+                got = _run_ddp(store, s, args, n, p, todo)
+            else:
+                got = {b: _run_dp(store, s, args.for_batch(b), n) for b in todo}
+            for b, rec in got.items():
+                out[(method, n, b)] = rec
+                if rec.status == "ok":
+                    measured.append((method, n, b))
+    order = [(m, n, b) for m in meths for n in devs for b in s.batch_sizes]
+    return ScalingResult([out[k] for k in order if k in out], s, profile, experiment, measured)
+
+
+def _row(args: WorkerArgs, p: Placement, experiment: str, status: str, reason: str | None) -> Record:
+    return Record(experiment, unavailable_config(args, p), status=status, reason=reason, profile=args.profile,
+                  hardware={"device_type": p.device_type or "cuda", "device_name": None,
+                            "device_count": p.devices})
+
+
+def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
+             todo: list[int]) -> dict[int, Record]:
+    """Launch the DDP worker for the batch sizes in ``todo``; an OOM ends the list there.
+
+    Rank 0 stores each batch size's records as soon as they exist, so after a failure the
+    records appended by this launch say which batch sizes finished. Any failure other than
+    running out of memory is raised (with the failing rank's log).
+    """
+    from lab_utils.launcher import launch
+    from lab_utils.results import canonical_key
+
+    experiment = args.experiment or SCALING
+    env = {"LAB_RESULTS_DIR": str(store.root.parent), config.PROFILE_ENV: store.profile}
+    threads = s.cpu_threads if p.device_type == "cpu" else None
+    got: dict[int, Record] = {}
+    remaining = sorted(todo)
+    cfgs = {b: args.for_batch(b).record_config(n, p.backend) for b in remaining}
+    while remaining:
+        before = len(store.records(experiment))
+        run_args = replace(args, batch_size=tuple(remaining) if len(remaining) > 1 else remaining[0])
+        failure: LaunchError | None = None
+        try:
+            launch("lab_utils.ddp", run_args.to_argv(), nproc=n, timeout_s=s.timeout_s,
+                   threads_per_rank=threads, env=env)
+        except LaunchError as e:
+            failure = e
+        new = {r.key: r for r in store.records(experiment)[before:]}
+        for b in list(remaining):
+            rec = new.get(canonical_key(cfgs[b]))
+            if rec is not None:
+                got[b] = rec
+                remaining.remove(b)
+        if failure is None:
+            if remaining:
+                raise LaunchError(f"The DDP worker finished but stored no record for per-device batch "
+                                  f"{remaining}; check its log.")
+            break
+        if not remaining or not _is_oom(str(failure)):
+            raise failure
+        b = remaining.pop(0)
+        got[b] = store.add(experiment, cfgs[b], status="oom", reason="OOM", profile=store.profile,
+                           synthetic=args.dataset == "synthetic", dataset=args.dataset, hardware=_hardware(p))
+        for bigger in remaining:  # a larger per-device batch needs more memory still: not tried
+            got[bigger] = Record(experiment, cfgs[bigger], status="skipped",
+                                 reason=f"OOM at per-device batch {b}", profile=store.profile)
+        break
+    return got
+
+
+def _is_oom(text: str) -> bool:
+    return any(k in text for k in ("OutOfMemoryError", "CUDA out of memory", "out of memory"))
+
+
+def _hardware(p: Placement) -> dict:
+    from lab_utils.hardware import hardware_summary
+
+    return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
+
+
+def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
+    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored."""
+    import torch
+
+    from lab_utils.data import make_loaders
+    from lab_utils.hardware import hardware_summary
+    from lab_utils.models import ResNet18, count_parameters
+    from lab_utils.train import make_optimizer, train_epoch, wrap_data_parallel
+
+    cfg = dp_config(args, n)
+    synthetic = args.dataset == "synthetic"
+    common = {"profile": store.profile, "synthetic": synthetic,
+              "dataset": "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10",
+              "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
+    model = opt = loaders = None
+    try:
+        loaders = make_loaders(batch_size=args.batch_size * n, num_workers=args.num_workers,
+                               train_images=args.train_images, test_images=args.test_images,
+                               dataset=args.dataset, seed=args.seed)
+        torch.manual_seed(args.seed)
+        model = ResNet18(width=args.width).cuda()
+        params = count_parameters(model)
+        dp = wrap_data_parallel(model, device_ids=list(range(n)))
+        opt = make_optimizer(dp, lr=args.lr)
+        history = []
+        for epoch in range(1, args.epochs + 1):
+            history.append(train_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict())
+    except torch.OutOfMemoryError:
+        del model, opt, loaders
+        torch.cuda.empty_cache()
+        return store.add(SCALING if args.experiment is None else args.experiment, cfg, status="oom",
+                         reason="OOM", **common)
+    last = history[-1]
+    metrics = {k: v for k, v in last.items() if k != "epoch"}
+    metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
+                    "backend": DP_BACKEND, "device_type": "cuda", "parameters": params,
+                    "gradient_bytes": 4 * params, "steps_per_epoch": last["steps"],
+                    "global_batch": args.batch_size * n,
+                    "time_rule": "one process: epoch and training times of the whole DataParallel step"})
+    del model, opt, loaders
+    torch.cuda.empty_cache()
+    return store.add(args.experiment or SCALING, cfg, metrics, **common)
+
+
+def run_compute_vs_comm(lab, settings: ScalingSettings | None = None, force: bool = False,
+                        dataset: str | None = None) -> tuple[ScalingResult, ScalingResult]:
+    """Notebook 03: T(1) (from notebook 02's store, or run now) and DDP on ``comm_devices`` with comm
+    measurement; DataParallel on the same device counts when GPUs exist (method (a) only).
+
+    Returns ``(one_device, n_devices)`` results.
+    """
+    s = (settings or settings_for(lab.profile)).validate()
+    gpus = int(lab.gpu_count)
+    one = run_scaling(lab, s, force=False, devices=(1,), dataset=dataset)
+    ddp = run_scaling(lab, s, force=force, devices=s.comm_devices, methods=(DDP,),
+                      experiment=COMPUTE_VS_COMM, measure_comm=True, dataset=dataset)
+    if gpus:
+        dp = run_scaling(lab, s, force=False, devices=s.comm_devices, methods=(DP,), dataset=dataset)
+        ddp = replace(ddp, records=dp.records + ddp.records, measured=dp.measured + ddp.measured)
+    return one, ddp
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _t(rec: Record | None) -> float | None:
+    if rec is None or rec.status != "ok":
+        return None
+    v = rec.metrics.get("train_seconds")
+    return float(v) if v is not None else None
+
+
+def _label(method: str, backend: str | None, device_type: str | None) -> str:
+    if method == DP:
+        return "DataParallel (1 process, GPUs)"
+    if backend == "gloo" or device_type == "cpu":
+        return "DDP (gloo, CPU processes)"
+    return "DDP (NCCL, GPUs)"
+
+
+def _none_for_nan(df):
+    """Object columns with None for missing numbers: the tables show an empty cell, never 'nan'."""
+    for c in df.columns:
+        if df[c].dtype.kind == "f":
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    return df
+
+
+def scaling_frame(records: Sequence[Record]):
+    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
+
+    ``epoch2_train_seconds`` T(N) is the reported epoch's training time (slowest rank);
+    ``step_seconds`` t(N) = T(N) / steps. speedup = T(1)/T(N) (strong scaling of one
+    epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
+    per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
+    same method's one-device run with the same per-device batch.
+    """
+    import pandas as pd
+
+    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
+    base = {}
+    for r in aggs:
+        if r.config["devices"] == 1 and r.status == "ok":
+            base[(r.config["method"], r.config["batch_size"])] = r
+    rows = []
+    for r in aggs:
+        c, m = r.config, r.metrics
+        n = int(c["devices"])
+        tn = _t(r)
+        steps = m.get("steps") if r.status == "ok" else None
+        b1 = base.get((c["method"], c["batch_size"]))
+        t1 = _t(b1)
+        row = {"method": _label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
+               "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
+               "status": "ok" if r.status == "ok" else (r.reason or r.status),
+               "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
+               "speedup": None, "scaled_speedup": None, "efficiency": None}
+        if tn and t1:
+            row["speedup"] = t1 / tn
+            row["efficiency"] = row["speedup"] / n
+            s1 = b1.metrics.get("steps")
+            if steps and s1:
+                row["scaled_speedup"] = n * (t1 / s1) / (tn / steps)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
+                                     "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
+                                     "efficiency"])
+    return df
+
+
+TABLE1_NOTES = [
+    "epoch2_train_seconds T(N): training time of epoch 2 of 2 (host-to-device copies, forward, backward, "
+    "all-reduce, optimizer step; loader waits excluded), the SLOWEST rank's; seconds.",
+    "speedup = T(1)/T(N) on epoch time (strong scaling: the epoch's data set is fixed); "
+    "efficiency = speedup / N.",
+    "scaled_speedup = N x t(1)/t(N), t = time per step (weak scaling, Gustafson: per-device batch fixed). "
+    "It equals the speedup up to the last partial batch; N x T(1)/T(N) on EPOCH times would count N twice.",
+    "T(1): the same method with one device and the same per-device batch.",
+    "A row whose status is not ok did not run: it has no numbers.",
+]
+
+
+def scaling_table(store: ResultStore, result: ScalingResult):
+    """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
+    df = scaling_frame(result.records)
+    notes = list(TABLE1_NOTES)
+    if any(r.config.get("backend") == "gloo" for r in result.records):
+        notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
+                     "process, so these numbers show the mechanics, not GPU performance.")
+    notes.append(f"settings: {result.settings.label}")
+    store.save_table(_none_for_nan(df.copy()), "scaling", [r for r in result.records if r.status == "ok"],
+                     title="Table 1: epoch-2 training time and speedup over devices", notes=notes)
+    return df
+
+
+def speedup_figure(store: ResultStore, result: ScalingResult, name: str = "scaling_speedup"):
+    """Speedup T(1)/T(N) against devices, one line per (method, per-device batch), with the ideal line."""
+    import matplotlib.pyplot as plt
+
+    df = scaling_frame(result.records)
+    df = df[df["speedup"].notna()]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    top = max([1, *result.settings.devices])
+    ax.plot([1, top], [1, top], "k--", lw=1, label="ideal (speedup = N)")
+    for (method, b), g in df.groupby(["method", "per_device_batch"], sort=False):
+        g = g.sort_values("devices")
+        ax.plot(g["devices"], g["speedup"].astype(float), "o-", label=f"{method}, {b}/device")
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("speedup T(1)/T(N), epoch 2")
+    ax.set_xticks(sorted(set(result.settings.devices)))
+    ax.set_title("Speedup over devices (per-device batch fixed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path = store.save_figure(fig, name, result.ok())
+    return fig, path
+
+
+# ----- Table 2
+
+
+@dataclass
+class CommRow:
+    """Communication of one (method, devices, per-device batch) configuration, seconds per epoch."""
+
+    method: str
+    devices: int
+    per_device_batch: int
+    status: str
+    t1_seconds: float | None = None
+    tn_seconds: float | None = None
+    compute_a_seconds: float | None = None
+    comm_a_seconds: float | None = None
+    exposed_b_seconds: float | None = None
+    allreduce_c_seconds: float | None = None
+    overlap_seconds: float | None = None
+    overlap_fraction: float | None = None
+    steps_per_epoch: int | None = None
+    gradient_bytes: int | None = None
+    backend: str | None = None
+
+
+def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
+                      methods: Sequence[str] = (DDP,)) -> list[CommRow]:
+    """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface).
+
+    (a) uses T(1) from ``scaling`` (same method, same per-device batch, one device) and
+    T(N) from ``compute_vs_comm`` (DDP) or ``scaling`` (DataParallel); (b) and (c) come
+    from the DDP worker's probe, scaled to the reported epoch's steps.
+    """
+    ones = {}
+    for r in store.latest(SCALING):
+        if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
+            ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
+    recs = [r for r in store.latest(COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+    if DP in methods:
+        recs += [r for r in store.latest(SCALING) if r.config.get("record") == "aggregate"
+                 and r.config["method"] == DP and r.config["devices"] > 1]
+    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
+            for r in recs if r.config["method"] in methods
+            and (devices is None or r.config["devices"] in devices)]
+
+
+def comm_row(rec: Record, one: Record | None) -> CommRow:
+    """Table 2's figures for one N-device record and its one-device counterpart."""
+    c, m = rec.config, rec.metrics
+    row = CommRow(method=_label(c["method"], c.get("backend"), c.get("device_type")),
+                  devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),
+                  status="ok" if rec.status == "ok" else (rec.reason or rec.status))
+    if rec.status != "ok":
+        return row
+    row.tn_seconds = _t(rec)
+    row.t1_seconds = _t(one)
+    row.steps_per_epoch = m.get("steps")
+    row.gradient_bytes = m.get("gradient_bytes")
+    if row.t1_seconds is None:
+        row.status = "T(1) missing: run the one-device configuration (notebook 02)"
+    else:
+        row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
+    if "exposed_comm_seconds" in m:
+        row.exposed_b_seconds = m["exposed_comm_seconds"]
+        row.allreduce_c_seconds = m["allreduce_seconds"]
+        row.overlap_seconds, row.overlap_fraction = overlap_figures(row.exposed_b_seconds,
+                                                                    row.allreduce_c_seconds)
+    return row
+
+
+def compute_vs_comm_frame(rows: Sequence[CommRow]):
+    """Table 2 as a DataFrame (seconds per epoch; ratios unitless)."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
+             "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
+             "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
+             "compute_to_comm_a": None,
+             "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
+             "overlap_c_minus_b_seconds": r.overlap_seconds,
+             "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
+             "compute_to_comm_b": None}
+        if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
+            d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
+        if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
+            d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
+        out.append(d)
+    cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
+            "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
+            "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b"]
+    return pd.DataFrame(out, columns=cols)
+
+
+TABLE2_NOTES = [
+    "All seconds are per epoch (epoch 2 of 2, slowest rank). (a) the assignment's derivation: "
+    "compute = T(1)/N, comm = T(N) - T(1)/N (negative: faster than a perfect split, the assumption fails).",
+    "(b) exposed comm = (step with gradient sync - the same step under no_sync) x steps per epoch.",
+    "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
+    "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
+    "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
+]
+
+
+def compute_vs_comm_rows(lab, one: ScalingResult, many: ScalingResult) -> list[CommRow]:
+    """Table 2's rows in table order, including rows that did not run (with their reason)."""
+    s = many.settings
+    ones = {(r.config["method"], r.config["batch_size"]): r for r in one.records
+            if r.config.get("record", "aggregate") == "aggregate"}
+    rows = []
+    for r in many.records:
+        if r.config.get("record", "aggregate") != "aggregate":
+            continue
+        if r.config["devices"] not in s.comm_devices:
+            continue
+        rows.append(comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))))
+    return rows
+
+
+def compute_vs_comm_table(store: ResultStore, lab, one: ScalingResult, many: ScalingResult):
+    """Save Table 2 (``tables/compute_vs_comm.md`` + ``.csv``) and return it."""
+    rows = compute_vs_comm_rows(lab, one, many)
+    df = compute_vs_comm_frame(rows)
+    notes = list(TABLE2_NOTES)
+    if any(r.backend == "gloo" for r in rows):
+        notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
+                     "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
+    notes.append(f"settings: {many.settings.label}")
+    recs = [r for r in one.records + many.records if r.status == "ok"]
+    store.save_table(_none_for_nan(df.copy()), "compute_vs_comm", recs,
+                     title="Table 2: compute vs communication per epoch", notes=notes)
+    return df
+
+
+def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
+    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = df[df["TN_seconds"].notna()]
+    labels, comp, comm, kinds, allreduce = [], [], [], [], []
+    for _, r in ok.iterrows():
+        short = "DP" if r["method"].startswith("DataParallel") else "DDP"
+        base = f"{short} N={r['devices']}\nb={r['per_device_batch']}"
+        if r["compute_a_seconds"] is not None and not _isnan(r["compute_a_seconds"]):
+            labels.append(base + "\n(a)")
+            comp.append(float(r["compute_a_seconds"]))
+            comm.append(float(r["comm_a_seconds"]))
+            kinds.append("a")
+            allreduce.append(None)
+        if r["exposed_comm_b_seconds"] is not None and not _isnan(r["exposed_comm_b_seconds"]):
+            labels.append(base + "\n(b)")
+            comp.append(float(r["TN_seconds"]) - float(r["exposed_comm_b_seconds"]))
+            comm.append(float(r["exposed_comm_b_seconds"]))
+            kinds.append("b")
+            allreduce.append(None if _isnan(r["allreduce_c_seconds"]) else float(r["allreduce_c_seconds"]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.4))
+    x = np.arange(len(labels))
+    ax.bar(x, comp, color="#4c72b0", label="compute")
+    ax.bar(x, comm, bottom=comp, color="#dd8452", label="communication")
+    for i, (k, c) in enumerate(zip(kinds, allreduce)):
+        if k == "b" and c is not None:
+            ax.annotate(f"(c) {c:.3g} s", (x[i], comp[i] + comm[i]), ha="center", va="bottom", fontsize=6)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("seconds per epoch (epoch 2)")
+    ax.set_title("Compute vs communication per epoch: (a) T(1)/N split; (b) measured exposed, (c) all-reduce")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    path = store.save_figure(fig, name, records)
+    return fig, path
+
+
+def _isnan(v) -> bool:
+    try:
+        return math.isnan(float(v))
+    except (TypeError, ValueError):
+        return True
+
+
+def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
+    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        c = r.config
+        if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
+            continue
+        m = r.metrics
+        if c.get("record") == "rank":
+            rows.append({"rank": c["rank"], "epoch_seconds": m["epoch_seconds"],
+                         "train_seconds": m["train_seconds"],
+                         "data_loading_seconds": m["data_loading_seconds"],
+                         "data_movement_seconds": m["data_movement_seconds"],
+                         "compute_seconds": m["compute_seconds"],
+                         "communication_seconds": m["communication_seconds"]})
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows).sort_values("rank")
+    mean = df.drop(columns="rank").mean()
+    slow = df.drop(columns="rank").max()
+    df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean}, {"rank": "max (reported)", **slow}])],
+                   ignore_index=True)
+    return df
