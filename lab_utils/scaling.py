@@ -357,8 +357,13 @@ def _is_oom(text: str) -> bool:
 
 
 def _hardware(p: Placement) -> dict:
+    """What a record says about the devices of ``p`` (no device name where CUDA is absent)."""
+    import torch
+
     from lab_utils.hardware import hardware_summary
 
+    if p.device_type == "cuda" and not torch.cuda.is_available():
+        return {"device_type": "cuda", "device_name": None, "device_count": p.devices}
     return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
 
 

@@ -1,0 +1,204 @@
+"""Notebooks 02/03: where each configuration runs, Table 1 and Table 2 arithmetic by hand,
+the rows that did not run, OOM handling, and one small end-to-end run over gloo."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from lab_utils import config, scaling
+from lab_utils.errors import LabError, LaunchError
+from lab_utils.results import Record
+
+QUICK = scaling.SETTINGS["quick"]
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_placement_without_gpus_uses_gloo_processes_up_to_the_cores():
+    s = scaling.settings_for("quick", max_cpu_processes=4, cpu_threads=1)
+    p1, p2, p4 = (scaling.place(scaling.DDP, n, gpus=0, settings=s, cores=2) for n in (1, 2, 4))
+    assert (p1.backend, p1.device_type, p1.runs) == ("gloo", "cpu", True)
+    assert p2.runs and p2.backend == "gloo"
+    assert not p4.runs and p4.reason == "needs 4 GPUs"        # 4 processes on 2 cores: not run
+    assert scaling.place(scaling.DDP, 4, gpus=0, settings=s, cores=4).runs
+    for n in (1, 2):
+        dp = scaling.place(scaling.DP, n, gpus=0, settings=s, cores=2)
+        assert not dp.runs and dp.reason == ("needs 1 GPU" if n == 1 else "needs 2 GPUs")
+    assert scaling.methods_here(0) == (scaling.DDP,)
+
+
+def test_placement_with_two_gpus():
+    s = scaling.SETTINGS["full"]
+    assert scaling.place(scaling.DDP, 2, gpus=2, settings=s, cores=16).backend == "nccl"
+    assert scaling.place(scaling.DP, 2, gpus=2, settings=s, cores=16).backend == scaling.DP_BACKEND
+    four = scaling.place(scaling.DDP, 4, gpus=2, settings=s, cores=16)
+    assert not four.runs and four.reason == "needs 4 GPUs"   # never gloo beside GPUs
+    assert scaling.methods_here(2) == (scaling.DP, scaling.DDP)
+
+
+def test_settings_overrides_and_bad_values():
+    s = scaling.settings_for("quick", batch_sizes=[32, 128], width=None)
+    assert s.batch_sizes == (32, 128) and s.width == QUICK.width
+    with pytest.raises(LabError, match="Unknown scaling setting"):
+        scaling.settings_for("quick", colour="red")
+    with pytest.raises(LabError):
+        scaling.settings_for("quick", batch_sizes=[0])
+    with pytest.raises(LabError):
+        scaling.settings_for("quick", timeout_s=0)
+
+
+# --------------------------------------------------------------------------- tables by hand
+
+
+def agg(method, n, b, t, steps, status="ok", reason=None, backend="nccl", **metrics):
+    cfg = {"method": method, "record": "aggregate", "rank": None, "devices": n, "batch_size": b,
+           "backend": backend, "device_type": "cuda"}
+    m = {"train_seconds": t, "steps": steps, **metrics} if status == "ok" else {}
+    return Record("scaling", cfg, m, status=status, reason=reason, synthetic=False, dataset="CIFAR-10",
+                  hardware={"device_name": "GPU X", "device_count": n})
+
+
+def test_table1_speedups_and_efficiency_by_hand():
+    recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 12.5, 4),
+            agg("DDP", 4, 512, None, None, status="skipped", reason="needs 4 GPUs"),
+            agg("DataParallel", 2, 128, 30.0, 8, backend=scaling.DP_BACKEND)]  # no DP T(1): no speedup
+    df = scaling.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
+    two = df.loc[("DDP (NCCL, GPUs)", 2, 128)]
+    assert two["speedup"] == pytest.approx(40 / 23)
+    assert two["efficiency"] == pytest.approx(40 / 23 / 2)
+    # per-step times: t(1) = 40/16 = 2.5 s, t(2) = 23/8 = 2.875 s -> 2 x 2.5 / 2.875
+    assert two["step_seconds"] == pytest.approx(2.875)
+    assert two["scaled_speedup"] == pytest.approx(2 * 2.5 / 2.875)
+    four = df.loc[("DDP (NCCL, GPUs)", 4, 128)]
+    assert four["speedup"] == pytest.approx(3.2) and four["efficiency"] == pytest.approx(0.8)
+    skipped = df.loc[("DDP (NCCL, GPUs)", 4, 512)]
+    assert skipped["status"] == "needs 4 GPUs"
+    assert all(pd_missing(skipped[c]) for c in ("epoch2_train_seconds", "speedup", "efficiency"))
+    dp = df.loc[("DataParallel (1 process, GPUs)", 2, 128)]
+    assert dp["epoch2_train_seconds"] == 30.0 and pd_missing(dp["speedup"])
+
+
+def pd_missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def test_table1_saved_rows_say_why_and_show_no_number(store):
+    recs = [agg("DDP", 1, 32, 10.0, 4), agg("DDP", 2, 32, 6.0, 2),
+            agg("DDP", 4, 32, None, None, status="skipped", reason="needs 4 GPUs")]
+    result = scaling.ScalingResult(recs, QUICK, "quick", "scaling", [])
+    scaling.scaling_table(store, result)
+    md = (store.tables_dir / "scaling.md").read_text()
+    row4 = [line for line in md.splitlines() if "needs 4 GPUs" in line]
+    assert len(row4) == 1 and "nan" not in md.lower()
+    cells = [c.strip() for c in row4[0].strip("|").split("|")]
+    assert all(c == "" for c in cells[5:])  # no time, no speedup, no efficiency
+    csv = (store.tables_dir / "scaling.csv").read_text()
+    assert "needs 4 GPUs" in csv and "provenance" in csv.splitlines()[0]
+    fig, path = scaling.speedup_figure(store, result)
+    assert path.exists() and path.suffix == ".png"
+
+
+def test_table2_three_methods_by_hand():
+    one = agg("DDP", 1, 128, 40.0, 16)
+    two = agg("DDP", 2, 128, 23.0, 8, exposed_comm_seconds=1.0, allreduce_seconds=2.5,
+              gradient_bytes=44_695_848)
+    row = scaling.comm_row(two, one)
+    assert (row.compute_a_seconds, row.comm_a_seconds) == (pytest.approx(20.0), pytest.approx(3.0))
+    assert row.overlap_seconds == pytest.approx(1.5) and row.overlap_fraction == pytest.approx(0.6)
+    df = scaling.compute_vs_comm_frame([row])
+    r = df.iloc[0]
+    assert r["compute_to_comm_a"] == pytest.approx(20 / 3)
+    assert r["hidden_percent"] == pytest.approx(60.0)
+    assert r["compute_to_comm_b"] == pytest.approx((23 - 1) / 1)
+    # without T(1) the derived split is not made up
+    lonely = scaling.comm_row(two, None)
+    assert lonely.compute_a_seconds is None and "T(1) missing" in lonely.status
+    # a row that did not run stays a reason
+    skipped = scaling.comm_row(agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs"), one)
+    assert skipped.status == "needs 4 GPUs" and skipped.tn_seconds is None
+
+
+# --------------------------------------------------------------------------- OOM and failures
+
+
+def fake_lab(store, gpus=0):
+    return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
+
+
+def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
+    import lab_utils.launcher as launcher
+
+    s = scaling.settings_for("quick")
+    args = scaling.worker_args(s, "quick", "scaling", "nccl", (32, 128, 512), dataset="synthetic")
+    p = scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
+
+    def fake_launch(module, argv, nproc, **kw):
+        store.add("scaling", args.for_batch(32).record_config(2, "nccl"), {"train_seconds": 1.0})
+        raise LaunchError("rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    got = scaling._run_ddp(store, s, args, 2, p, [32, 128, 512])
+    assert got[32].status == "ok"
+    assert got[128].status == "oom" and got[128].reason == "OOM"
+    assert got[512].status == "skipped" and "OOM at per-device batch 128" in got[512].reason
+    assert store.get("scaling", args.for_batch(128).record_config(2, "nccl")).status == "oom"
+
+    def broken(module, argv, nproc, **kw):
+        raise LaunchError("rank 1 failed: ImportError: no module")
+
+    monkeypatch.setattr(launcher, "launch", broken)
+    with pytest.raises(LaunchError, match="ImportError"):
+        scaling._run_ddp(store, s, args, 2, p, [32])
+
+
+def test_rows_needing_gpus_are_not_stored(store, monkeypatch):
+    s = scaling.settings_for("quick", devices=(4,), max_cpu_processes=2)
+    res = scaling.run_scaling(fake_lab(store), s, dataset="synthetic")
+    assert [r.reason for r in res.records] == ["needs 4 GPUs"] * len(s.batch_sizes)
+    assert store.records("scaling") == []
+
+
+# --------------------------------------------------------------------------- end to end (gloo)
+
+
+@pytest.mark.slow
+def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
+    s = scaling.settings_for("quick", batch_sizes=(8, 16, 32), run_batch_sizes=(8, 16), devices=(1, 2),
+                             comm_devices=(2, 4), width=2, train_images=64, comm_steps=2,
+                             max_cpu_processes=2, bucket_cap_mb=0.01, timeout_s=300)
+    lab = fake_lab(store)
+    one, many = scaling.run_compute_vs_comm(lab, s, dataset="synthetic")
+    assert {r.metrics.get("world_size") for r in one.ok()} == {1}
+    assert [(r.config["devices"], r.config["batch_size"], r.status) for r in many.records] == [
+        (2, 8, "ok"), (2, 16, "ok"), (2, 32, "skipped"), (4, 8, "skipped"), (4, 16, "skipped"),
+        (4, 32, "skipped")]
+    df = scaling.compute_vs_comm_table(store, lab, one, many)
+    ok = df[df["status"] == "ok"]
+    assert len(ok) == 2
+    for _, r in ok.iterrows():
+        assert r["compute_a_seconds"] == pytest.approx(r["T1_seconds"] / 2)
+        assert r["comm_a_seconds"] == pytest.approx(r["TN_seconds"] - r["T1_seconds"] / 2)
+        assert r["exposed_comm_b_seconds"] >= 0 and r["allreduce_c_seconds"] > 0
+    assert set(df[df["devices"] == 4]["status"]) == {"needs 4 GPUs"}
+    assert (store.tables_dir / "compute_vs_comm.md").exists()
+    fig, path = scaling.compute_vs_comm_figure(store, df, many.ok())
+    assert path.exists()
+    # Table 3's interface reads the same records
+    rows = scaling.comm_measurements(store)
+    assert sorted(r.per_device_batch for r in rows) == [8, 16]
+    assert all(r.gradient_bytes > 0 and r.steps_per_epoch > 0 and r.t1_seconds for r in rows)
+    # per-rank breakdown: two ranks, then mean and max; the max is the aggregate's time
+    br = scaling.rank_breakdown_frame(store.latest(scaling.COMPUTE_VS_COMM), 2, 8)
+    assert list(br["rank"]) == [0, 1, "mean", "max (reported)"]
+    aggregate = next(r for r in many.records if r.config["batch_size"] == 8)
+    assert br.iloc[-1]["train_seconds"] == pytest.approx(aggregate.metrics["train_seconds"])
+    # resume: nothing is measured again, and Table 1 is built from the stored records
+    again = scaling.run_scaling(lab, s, devices=(1,), dataset="synthetic")
+    assert again.measured == [] and [r.status for r in again.records] == ["ok", "ok", "skipped"]
+    t1 = scaling.scaling_frame(one.records + many.records)
+    two = t1[(t1["devices"] == 2) & (t1["status"] == "ok")]
+    assert (two["speedup"] > 0).all() and (two["efficiency"] == two["speedup"] / 2).all()
