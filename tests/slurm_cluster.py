@@ -35,6 +35,8 @@ PACKAGES = ("slurm-wlm", "munge")
 APT_TIMEOUT_S = 300
 START_TIMEOUT_S = 60
 MULTI_NODES = ("labn1", "labn2")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "BOOT_FAIL", "DEADLINE")
 
 
 class SlurmUnavailable(RuntimeError):
@@ -116,13 +118,28 @@ class SlurmCluster:
         p = self.root / f"{name}.log"
         return p.read_text(errors="replace") if p.exists() else f"(no {p})"
 
+    def job_info(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as a dict (JobState, ExitCode, StdOut, ...); empty if unknown."""
+        out = self.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
+        return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
     def job_state(self, job_id: str) -> str:
         """The job's state (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...)."""
-        out = self.run("scontrol", "show", "job", "-o", job_id, check=False).stdout
-        for item in out.split():
-            if item.startswith("JobState="):
-                return item.split("=", 1)[1]
-        return "UNKNOWN"
+        return self.job_info(job_id).get("JobState", "UNKNOWN")
+
+    def wait_job(self, job_id: str, timeout_s: float) -> tuple[str, int] | None:
+        """Poll (every 0.5 s) until the job ends; ``(state, exit code)``, or None on timeout.
+
+        Faster than ``sbatch --wait``, whose polling interval grows to tens of seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = self.job_info(job_id)
+            state = info.get("JobState", "UNKNOWN")
+            if state in ENDED:
+                return state, int(info.get("ExitCode", "0:0").split(":")[0])
+            time.sleep(0.5)
+        return None
 
     def wait_idle(self, nodes: tuple[str, ...], timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until every node in ``nodes`` reports idle; raise SlurmUnavailable if not."""

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
 JOB_TIMEOUT_S = 240
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# Tests that submit jobs are marked slurm and slow; the static checks are neither.
 
 
 @pytest.fixture(scope="module")
@@ -49,28 +49,31 @@ def job_env(tmp_path, cluster) -> tuple[Path, dict[str, str]]:
     job_dir = tmp_path / "jobs"
     job_dir.mkdir()
     env = cluster.env
-    env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(tmp_path / "results"), LAB_PROFILE="quick")
+    env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(tmp_path / "results"), LAB_PROFILE="quick",
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter_runtime"))
     return job_dir, env
 
 
 def submit(cluster: SlurmCluster, script: str, *args: str, env: dict[str, str], cwd: Path,
-           wait: bool = True, timeout: float = JOB_TIMEOUT_S) -> tuple[str, subprocess.CompletedProcess]:
-    """``sbatch [--wait] OPTIONS slurm/SCRIPT SCRIPT_ARGS`` (``args`` = OPTIONS [``--`` SCRIPT_ARGS]).
+           wait: bool = True, timeout: float = JOB_TIMEOUT_S) -> tuple[str, int | None]:
+    """``sbatch OPTIONS slurm/SCRIPT SCRIPT_ARGS`` (``args`` = OPTIONS [``--`` SCRIPT_ARGS]).
 
-    Returns the job id and sbatch's result (with ``--wait``, its exit code is the job's).
+    Returns the job id and, with ``wait``, the job's exit code once it has ended (the
+    test fails if it does not end within ``timeout``).
     """
     split = args.index("--") if "--" in args else len(args)
-    cmd = ["sbatch", "--parsable", *(["--wait"] if wait else []), *args[:split],
-           str(REPO / "slurm" / script), *args[split + 1:]]
-    try:
-        res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        cluster.run("scancel", "--user", str(os.getuid()), check=False)
-        pytest.fail(f"{script} did not finish in {timeout} s; job outputs: {_outputs(cwd)}")
-    job_id = res.stdout.strip().split(";")[0].splitlines()[0] if res.stdout.strip() else ""
-    if not job_id:
+    cmd = ["sbatch", "--parsable", *args[:split], str(REPO / "slurm" / script), *args[split + 1:]]
+    res = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+    job_id = res.stdout.strip().split(";")[0]
+    if res.returncode != 0 or not job_id.isdigit():
         pytest.fail(f"sbatch {script} failed ({res.returncode}): {res.stderr}")
-    return job_id, res
+    if not wait:
+        return job_id, None
+    ended = cluster.wait_job(job_id, timeout)
+    if ended is None:
+        cluster.run("scancel", job_id, check=False)
+        pytest.fail(f"{script} (job {job_id}) did not finish in {timeout} s; outputs:\n{_outputs(cwd)}")
+    return job_id, ended[1]
 
 
 def _outputs(cwd: Path) -> str:
@@ -113,21 +116,50 @@ def test_scripts_take_account_partition_time_from_the_command_line():
         assert re.search(r"^#SBATCH --error=\S*%j", text, re.M), script.name
 
 
+def test_unavailable_slurm_gives_a_reason(monkeypatch, tmp_path):
+    """Not root: start_cluster raises SlurmUnavailable saying why (the fixture skips with it)."""
+    import slurm_cluster
+
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 1000)
+    with pytest.raises(SlurmUnavailable, match="not root"):
+        start_cluster(tmp_path / "c")
+    monkeypatch.setattr(slurm_cluster, "_missing", lambda commands: list(commands))
+    with pytest.raises(SlurmUnavailable, match="not installed and not root"):
+        apt_install(("slurm-wlm",), ("sbatch",))
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm_cluster.shutil, "which", lambda name: None)
+    with pytest.raises(SlurmUnavailable, match="no apt-get"):
+        apt_install(("slurm-wlm",), ("sbatch",))
+
+
+def test_conf_describes_this_machine(tmp_path):
+    from slurm_cluster import write_conf
+
+    conf = write_conf(tmp_path, "host1", 2, 24105).read_text()
+    assert "NodeName=host1 NodeAddr=127.0.0.1" in conf and "CPUs=2 RealMemory=21694" in conf
+    assert "Gres" not in conf and "PartitionName=lab Nodes=host1 Default=YES" in conf
+    assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
+
+
 # ----------------------------------------------------------------- jobs on the cluster
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_cluster_runs_a_job(cluster, tmp_path):
     """The fixture's cluster itself: a one-line job on each partition."""
     script = tmp_path / "hello.sh"
     script.write_text("#!/bin/bash\nsrun hostname\n")
     for extra in ([], ["--partition=multi", "--nodes=2", "--ntasks-per-node=1"]):
-        res = cluster.run("sbatch", "--wait", "--parsable", f"--output={tmp_path}/%j.out", *extra,
-                          str(script), timeout=60)
+        res = cluster.run("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *extra, str(script))
         job_id = res.stdout.strip()
+        assert cluster.wait_job(job_id, 60) == ("COMPLETED", 0)
         lines = (tmp_path / f"{job_id}.out").read_text().split()
         assert len(lines) == (2 if extra else 1) and cluster.job_state(job_id) == "COMPLETED"
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
     job_dir, env = job_env
     job_id, _ = submit(cluster, "jupyter.sbatch", "--gpus-per-node=0", "--cpus-per-task=1",
@@ -176,13 +208,15 @@ def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
         urllib.request.urlopen(url, timeout=5)
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_run_all_executes_a_notebook_and_leaves_the_report(cluster, job_env):
     job_dir, env = job_env
     env["PROFILE"] = "quick"
-    job_id, res = submit(cluster, "run_all.sbatch", "--gpus-per-node=0", f"--cpus-per-task={cluster.cpus}",
+    job_id, code = submit(cluster, "run_all.sbatch", "--gpus-per-node=0", f"--cpus-per-task={cluster.cpus}",
                          "--", "labs/00_environment.ipynb", env=env, cwd=job_dir)
     out, err = job_files(job_dir, "lab-run-all", job_id)
-    assert res.returncode == 0 and cluster.job_state(job_id) == "COMPLETED", out + err
+    assert code == 0 and cluster.job_state(job_id) == "COMPLETED", out + err
     results = Path(env["LAB_RESULTS_DIR"]) / "quick"
     assert (results / "executed" / "00_environment.ipynb").is_file()
     report = (results / "report.md").read_text()
@@ -192,11 +226,125 @@ def test_run_all_executes_a_notebook_and_leaves_the_report(cluster, job_env):
     assert "exit code 0" in job_txt
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_run_all_fails_clearly_outside_the_lab(cluster, job_env, tmp_path):
     job_dir, env = job_env
     env["LAB_DIR"] = str(tmp_path)
-    job_id, res = submit(cluster, "run_all.sbatch", "--gpus-per-node=0", "--cpus-per-task=1",
+    job_id, code = submit(cluster, "run_all.sbatch", "--gpus-per-node=0", "--cpus-per-task=1",
                          env=env, cwd=job_dir)
     out, err = job_files(job_dir, "lab-run-all", job_id)
-    assert res.returncode != 0 and cluster.job_state(job_id) == "FAILED"
+    assert code != 0 and cluster.job_state(job_id) == "FAILED"
     assert "is not the lab's folder" in err
+
+
+# ----------------------------------------------------------------- DDP jobs (CPU, gloo)
+
+# A tiny run: narrow ResNet-18, synthetic images, evaluation; the same in every DDP job
+# below so that their records can be compared.
+WORKER_ARGS = ["--width", "8", "--train-images", "96", "--test-images", "40", "--eval", "--seed", "3"]
+EXPERIMENT = "ddp_scaling"
+
+
+def aggregates(results: Path) -> list[dict]:
+    """The aggregate records of the DDP experiment in a results folder, in order."""
+    path = results / "quick" / "runs" / f"{EXPERIMENT}.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in recs if r["config"]["record"] == "aggregate"]
+
+
+@pytest.fixture(scope="module")
+def two_process_job(cluster, tmp_path_factory):
+    """experiment.sbatch with GPUS=2 (environment) on CPU: one batch size, 2 epochs."""
+    tmp = tmp_path_factory.mktemp("exp2")
+    job_dir = tmp / "jobs"
+    job_dir.mkdir()
+    env = cluster.env
+    env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(tmp / "results"), LAB_PROFILE="quick", GPUS="2")
+    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=2", "--",
+                         "--batch-sizes", "16", "--epochs", "2", "--", *WORKER_ARGS, env=env, cwd=job_dir)
+    return {"job_id": job_id, "code": code, "job_dir": job_dir, "env": env, "results": tmp / "results"}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_experiment_job_with_gpus_from_the_environment(cluster, two_process_job):
+    job = two_process_job
+    out, err = job_files(job["job_dir"], "lab-ddp", job["job_id"])
+    assert job["code"] == 0 and cluster.job_state(job["job_id"]) == "COMPLETED", out + err
+    assert "2 x gloo" in out and "to measure now: 16" in out
+    [agg] = aggregates(job["results"])
+    cfg, m = agg["config"], agg["metrics"]
+    assert (cfg["devices"], cfg["batch_size"], cfg["global_batch"], cfg["epochs"]) == (2, 16, 32, 2)
+    assert (agg["status"], agg["profile"], agg["synthetic"], m["backend"]) == ("ok", "quick", True, "gloo")
+    assert m["world_size"] == 2 and len(m["epochs"]) == 2 and m["train_seconds"] > 0
+    assert m["threads_per_rank"] == 1  # the job's 2 CPUs shared by its 2 processes
+    per_job = job["results"] / "jobs" / job["job_id"]
+    assert len(json.loads((per_job / "records.json").read_text())) == 3  # aggregate + 2 ranks
+    assert "exit code 0" in (per_job / "job.txt").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_experiment_resubmitted_measures_only_what_is_missing(cluster, two_process_job):
+    """After a time limit, the same job submitted again continues: stored sizes are skipped."""
+    job = two_process_job
+    env = dict(job["env"])
+    del env["GPUS"]  # this time from the script's --gpus argument
+    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=2", "--",
+                         "--gpus", "2", "--batch-sizes", "16,32", "--epochs", "2", "--", *WORKER_ARGS,
+                         env=env, cwd=job["job_dir"])
+    out, err = job_files(job["job_dir"], "lab-ddp", job_id)
+    assert code == 0, out + err
+    assert "to measure now: 32" in out
+    sizes = [r["config"]["batch_size"] for r in aggregates(job["results"])]
+    assert sizes == [16, 32]
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_experiment_job_on_one_and_four_processes(cluster, job_env, gpus):
+    job_dir, env = job_env
+    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0",
+                          f"--cpus-per-task={cluster.cpus}", "--", "--gpus", str(gpus), "--batch-sizes", "8",
+                          "--epochs", "1", "--", *WORKER_ARGS, env=env, cwd=job_dir)
+    out, err = job_files(job_dir, "lab-ddp", job_id)
+    assert code == 0, out + err
+    [agg] = aggregates(Path(env["LAB_RESULTS_DIR"]))
+    assert (agg["config"]["devices"], agg["config"]["global_batch"]) == (gpus, 8 * gpus)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_experiment_job_rejects_bad_input_before_work(cluster, job_env):
+    job_dir, env = job_env
+    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=1", "--",
+                         "--gpus", "two", env=env, cwd=job_dir)
+    out, err = job_files(job_dir, "lab-ddp", job_id)
+    assert code != 0 and "--gpus (GPUS) must be a positive whole number" in err
+    assert "make" not in out  # failed before the set-up
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_multinode_job_matches_two_processes_on_one_node(cluster, two_process_job, tmp_path):
+    """Two SLURM nodes x 1 process (c10d rendezvous on the first node) = 1 node x 2 processes."""
+    job_dir = tmp_path / "jobs"
+    job_dir.mkdir()
+    env = dict(two_process_job["env"], LAB_RESULTS_DIR=str(tmp_path / "results"))
+    del env["GPUS"]
+    job_id, code = submit(cluster, "multinode.sbatch", "--partition=multi", "--nodes=2", "--gpus-per-node=0",
+                         "--cpus-per-task=1", "--", "--batch-sizes", "16", "--epochs", "2", "--",
+                         *WORKER_ARGS, env=env, cwd=job_dir)
+    out, err = job_files(job_dir, "lab-multinode", job_id)
+    assert code == 0 and cluster.job_state(job_id) == "COMPLETED", out + err
+    assert "2 nodes (labn[1-2]) x 1 gloo processes = 2" in out
+    assert re.search(r"rendezvous: c10d at 127\.0\.0\.1:\d+ \(first node labn1\)", out)
+    [multi] = aggregates(tmp_path / "results")
+    single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 16)
+    assert multi["config"]["tag"] == "nodes=2"
+    assert {**multi["config"], "tag": ""} == single["config"]
+    for a, b in zip(multi["metrics"]["epochs"], single["metrics"]["epochs"], strict=True):
+        for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "images", "steps"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6), k
