@@ -713,9 +713,9 @@ def bench_main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- projections
 
 PROJECTION_ASSUMPTIONS = (
-    "Weak scaling as in the assignment: the per-device batch b is fixed, the global batch is P x b, "
-    "and an epoch is ceil(ceil(N/P)/b) steps per device (DistributedSampler padding, last partial "
-    "batch kept).",
+    "As in the assignment, the per-device batch b is fixed (global batch P x b) and an epoch is the "
+    "whole data set, ceil(ceil(N/P)/b) steps per device (DistributedSampler padding, last partial "
+    "batch kept): each step is weak-scaled, the epoch time strong-scaled (speedup T(1)/T(P)).",
     "Compute time per step is the measured single-device step time at batch b; the last partial "
     "step costs its share (samples/b) of it. Every device computes at that speed (no stragglers).",
     "Every step all-reduces the whole gradient S with a ring, at the fitted alpha and B measured on this "
@@ -1026,7 +1026,7 @@ def plot_projection(rows: Iterable[ProjectionRow]):
     ax.set_xlabel("devices P")
     ax.set_ylabel("predicted efficiency = speedup / P")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Projected weak-scaling efficiency (ring all-reduce, fitted alpha and B)")
+    ax.set_title("Projected efficiency per epoch (ring all-reduce, fitted alpha and B)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -1372,7 +1372,7 @@ def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] 
             if r.tn_seconds is None:  # not ok (OOM, error): one row with its reason
                 out.append(CommMeasurement(p, b, "none", None, grad, dataset_size, reason=r.status))
                 continue
-            no_probe = "no comm probe in this record (measure_comm off)"
+            no_probe = "no no_sync/hook probe for this configuration in notebook 03 (see its Table 2)"
             for source, seconds, missing in (
                     (COMM_SOURCES[0], r.comm_a_seconds, r.status),
                     (COMM_SOURCES[1], r.exposed_b_seconds, no_probe),
@@ -1433,6 +1433,7 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
     import pandas as pd
 
     df = pd.DataFrame(utilization_rows(nb03_measurements(store, devices=devices), peaks, link))
+    df = df.astype(object).where(df.notna(), None)  # missing numbers print as blanks, not "nan"
     store.save_table(df, "allreduce_utilization", nb03_records(store) + list(bench_records),
                      title="Table 3: all-reduce bandwidth utilization",
                      notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",
