@@ -106,6 +106,7 @@ class TrainConfig:
     max_chars: int | None = None
     stride: int | None = None             # tokens between training windows (default block_size)
     val_batches: int | None = 20          # per rank; None: the whole validation split
+    val_batch_size: int = 32              # sequences per validation batch (independent of --batch-size)
     probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
     seed: int = 0
     num_workers: int = 0
@@ -119,6 +120,7 @@ class TrainConfig:
         check_positive_int(self.batch_size, "batch size (--batch-size)")
         check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
         check_positive_int(self.epochs, "epochs (--epochs)")
+        check_positive_int(self.val_batch_size, "validation batch size (--val-batch-size)")
         for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
             v = getattr(self, name)
             if v is not None:
@@ -408,7 +410,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
     loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
                         num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
     val_sampler = DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=False)
-    val_loader = DataLoader(val_ds, batch_size=cfg.batch_size, sampler=val_sampler, num_workers=0)
+    val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, sampler=val_sampler, num_workers=0)
     peak = base["peak_flops_per_s"]
     fpt = base["flops_per_token"]
     tokens_per_micro = cfg.batch_size * mcfg.block_size
@@ -561,6 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
     p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
     p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")
+    p.add_argument("--val-batch-size", type=int, default=d.val_batch_size)
     p.add_argument("--probe-steps", type=int, default=d.probe_steps)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--num-workers", type=int, default=d.num_workers)
@@ -568,6 +571,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", default=None, help="write the trained checkpoint here (rank 0)")
     p.add_argument("--out", default=None, help="rank 0 writes the JSON records here")
     return p
+
+
+def config_to_args(cfg: TrainConfig) -> list[str]:
+    """The command-line arguments that reproduce ``cfg`` (for the launcher)."""
+    args: list[str] = []
+    for name, value in asdict(cfg).items():
+        if name == "val_batches" and value is None:
+            value = 0  # the command line's "all"
+        if value is None:
+            continue
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:

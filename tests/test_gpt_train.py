@@ -219,3 +219,58 @@ def test_two_gloo_ranks_under_torchrun_report_every_rank(tmp_path):
             assert 0.5 * r["train_seconds"] < phases <= r["train_seconds"] * (1 + 1e-9)
     model, payload = load_checkpoint(ckpt)
     assert payload["metrics"]["steps"] == 6 and payload["corpus"].startswith("python-stdlib")
+
+
+# --------------------------------------------------------------------------- notebook tables
+
+
+def _scaling_record(n: int, bs: int, slowest: float, mean: float, comm: float = 0.1):
+    from lab_utils.results import Record
+
+    ranks = [{"rank": r, "epoch_seconds": slowest if r == n - 1 else mean, "train_seconds": 1.0,
+              "data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.8,
+              "communication_seconds": comm, "validation_seconds": 0.1, "train_loss": 2.0,
+              "tokens_per_s": 100.0} for r in range(n)]
+    m = {"epoch_seconds": slowest, "epoch_seconds_mean": mean, "backend": "gloo" if n > 1 else None,
+         "slowest_rank": n - 1, "imbalance": slowest / mean, "tokens_per_s": 1.0, "mfu": None,
+         "val_loss": 2.0, "compute_seconds": 0.8, "communication_seconds": comm, "allreduce_seconds": 0.3,
+         "exposed_comm_seconds": 0.2, "overlap_fraction": 1 / 3, "ranks": ranks, "train_seconds_mean": 1.0,
+         "data_loading_mean_seconds": 0.0, "data_movement_mean_seconds": 0.0, "compute_mean_seconds": 0.8,
+         "communication_mean_seconds": comm, "validation_mean_seconds": 0.1, "train_loss": 2.0}
+    return Record(experiment="gpt_scaling", config={"batch_size": bs, "devices": n}, metrics=m)
+
+
+def test_scaling_tables_by_hand():
+    from lab_utils import gpt_experiments as gx
+    from lab_utils.results import Record
+
+    recs = [_scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0),
+            Record(experiment="gpt_scaling", config={"batch_size": 64, "devices": 4}, status="skipped",
+                   reason="needs 4 GPUs")]
+    result = gx.GPTResult(recs, gx.GPT_SETTINGS["quick"])
+    t = gx.scaling_table(result)
+    two = t[t["devices"] == 2].iloc[0]
+    assert two["speedup T1/TN"] == pytest.approx(10 / 6)
+    assert two["efficiency"] == pytest.approx(10 / 6 / 2)
+    assert two["speedup if averaged over ranks"] == pytest.approx(2.0)  # averaging flatters: 2.0 > 1.67
+    assert t[t["devices"] == 4].iloc[0]["reason"] == "needs 4 GPUs"
+    c = gx.compute_comm_table(result).iloc[0]
+    assert c["comm / compute"] == pytest.approx(0.1 / 0.8)
+    assert c["derived compute T1/N (s)"] == pytest.approx(5.0)
+    assert c["derived comm TN - T1/N (s)"] == pytest.approx(1.0)
+    ranks = gx.rank_table(result)
+    assert list(ranks["rank"]) == [0, 1, "mean"] and list(ranks["slowest"]) == ["", "yes", ""]
+
+
+def test_settings_are_checked():
+    from lab_utils import gpt_experiments as gx
+
+    with pytest.raises(LabError, match="divide"):
+        gx.resolve_settings("quick", effective_batch=100, micro_batches=[3])
+    with pytest.raises(LabError, match="Unknown GPT setting"):
+        gx.resolve_settings("quick", colour="red")
+    s = gx.resolve_settings("quick", micro_batches=[4, 8])
+    assert s.micro_batches == (4, 8) and s.size == "tiny"
+    cpu = gx.Devices("cpu", 2, 0, threads_per_process=1)
+    assert cpu.reason(2) is None and "needs 4 GPUs" in cpu.reason(4)
+    assert gx.Devices("cuda", 2, 2).reason(4) == "needs 4 GPUs (this machine has 2)"

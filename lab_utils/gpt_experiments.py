@@ -1,0 +1,677 @@
+"""Notebook 06's experiments: GPT scaling over devices, gradient accumulation, the final model.
+
+Every run goes through :mod:`lab_utils.gpt_train` (one process in the notebook's kernel
+for one device, ``torchrun`` through :func:`lab_utils.launcher.launch` for more) and
+becomes one record in the result store:
+
+- ``gpt_scaling``: one record per (devices, per-device batch). Without GPUs the lab runs
+  gloo *CPU processes* (labelled ``backend gloo`` / ``cpu``); a device count the machine
+  cannot provide gets a ``skipped`` row saying ``needs N GPUs``. The metrics are the
+  reported (last) epoch's aggregate (slowest rank's times, means over ranks, imbalance),
+  ``ranks`` (per-rank dicts of that epoch) and ``epochs`` (every epoch's aggregate).
+- ``gpt_accumulation``: one record per micro-batch at a constant effective batch
+  (micro-batch x accumulation steps per device), with rank 0's nested timers (whole
+  run, epoch, training, validation; forward, loss, backward), tokens/s, and memory:
+  ``peak_memory_bytes`` on a GPU (``torch.cuda.max_memory_allocated``) and everywhere
+  ``saved_activation_bytes`` (what autograd keeps for backward for one micro-batch).
+- ``gpt_train``: the run whose model is saved for notebook 07
+  (:func:`lab_utils.models.gpt.checkpoint_path`).
+
+Epoch = one pass over the training windows (the 90 % split, windows every ``stride``
+tokens), shared among the ranks by ``DistributedSampler``: with N devices each does 1/N
+of the steps, so epoch time answers a *strong scaling* question about the epoch (the
+global batch grows with N, so the optimization is not the same). Epoch 1 warms up
+(allocator, kernels, caches); the last epoch is reported.
+
+Knobs per profile are in :data:`GPT_SETTINGS`.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from lab_utils.config import check_batch_sizes, check_positive_int
+from lab_utils.errors import LabError
+from lab_utils.gpt_train import TrainConfig, config_to_args, evaluate, run_training
+from lab_utils.hardware import cpu_cores, hardware_summary
+from lab_utils.models.gpt import GPT, checkpoint_path, gpt_config, load_checkpoint, parameter_count
+from lab_utils.results import Record, ResultStore
+from lab_utils.text_data import TextSplits, TokenWindows, load_splits
+
+SCALING = "gpt_scaling"
+ACCUMULATION = "gpt_accumulation"
+TRAIN = "gpt_train"
+
+
+@dataclass(frozen=True)
+class GPTSettings:
+    """Notebook 06's knobs for one profile. Batch sizes are sequences per device."""
+
+    size: str
+    dtype: str
+    lr: float
+    corpus: str = "auto"
+    max_chars: int | None = None          # characters of the corpus used (None: all)
+    stride: int | None = None             # tokens between training windows (None: block_size)
+    val_batches: int | None = None        # per rank, per evaluation (None: the whole split)
+    # scaling
+    scaling_devices: tuple[int, ...] = (1, 2, 4)
+    scaling_batch_sizes: tuple[int, ...] = (64, 128)
+    scaling_epochs: int = 2
+    cpu_processes: int = 2                # gloo processes at most, when there is no GPU
+    # accumulation
+    effective_batch: int = 1024           # micro-batch x accumulation steps, per device
+    micro_batches: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024)
+    accumulation_epochs: int = 2
+    accumulation_steps_per_epoch: int | None = None
+    accumulation_devices: int | None = None   # None: every GPU up to 4; 1 process on a CPU
+    # the model saved for notebook 07
+    train_batch_size: int = 64
+    train_epochs: int = 1
+    train_max_steps: int | None = None
+    sample_chars: int = 300
+    timeout_s: float = 3600.0
+
+    @property
+    def label(self) -> str:
+        return f"GPT {self.size}, {self.dtype}"
+
+
+GPT_SETTINGS: dict[str, GPTSettings] = {
+    "quick": GPTSettings(
+        size="tiny", dtype="fp32", lr=3e-3, max_chars=60_000,
+        scaling_epochs=2, effective_batch=128, micro_batches=(2, 4, 8, 16, 32, 64, 128),
+        accumulation_epochs=2, accumulation_steps_per_epoch=2,
+        train_batch_size=16, train_epochs=100, train_max_steps=150, sample_chars=200, timeout_s=600.0),
+    "full": GPTSettings(
+        size="small", dtype="bf16", lr=1e-3, stride=32,
+        train_batch_size=64, train_epochs=2, sample_chars=500),
+}
+
+
+def resolve_settings(profile: str, settings: GPTSettings | None = None, **overrides: Any) -> GPTSettings:
+    """The profile's :class:`GPTSettings` with the non-``None`` overrides applied, checked."""
+    base = settings or GPT_SETTINGS[profile]
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    unknown = set(changes) - set(GPTSettings.__dataclass_fields__)
+    if unknown:
+        raise LabError(f"Unknown GPT setting(s) {sorted(unknown)}; use fields of GPTSettings.")
+    for k in ("scaling_devices", "scaling_batch_sizes", "micro_batches"):
+        if k in changes:
+            changes[k] = tuple(changes[k])
+    s = replace(base, **changes)
+    check_batch_sizes(s.scaling_batch_sizes, "scaling batch sizes")
+    check_batch_sizes(s.scaling_devices, "scaling device counts")
+    check_batch_sizes(s.micro_batches, "micro-batches")
+    check_positive_int(s.effective_batch, "effective batch")
+    bad = [m for m in s.micro_batches if s.effective_batch % m]
+    if bad:
+        raise LabError(f"Micro-batches {bad} do not divide the effective batch {s.effective_batch}; "
+                       "use divisors of it (e.g. powers of two).")
+    TrainConfig(size=s.size, dtype=s.dtype, lr=s.lr, corpus=s.corpus, max_chars=s.max_chars, stride=s.stride,
+                batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps).validate()
+    return s
+
+
+def _train_config(s: GPTSettings, **kw: Any) -> TrainConfig:
+    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": s.corpus, "max_chars": s.max_chars,
+            "stride": s.stride, "val_batches": s.val_batches}
+    base.update(kw)
+    return TrainConfig(**base).validate()
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class Devices:
+    """What this machine can run: GPUs, or gloo CPU processes."""
+
+    kind: str          # "cuda" or "cpu"
+    available: int     # GPUs, or CPU processes allowed
+    gpus: int
+    threads_per_process: int | None = None   # CPU: one "device" = this many cores, whatever N is
+
+    def reason(self, n: int) -> str | None:
+        """Why ``n`` devices cannot run here, or None."""
+        if n <= self.available:
+            return None
+        if self.kind == "cuda":
+            return f"needs {n} GPUs (this machine has {self.gpus})"
+        return f"needs {n} GPUs (no GPU here; at most {self.available} gloo CPU processes)"
+
+
+def available_devices(settings: GPTSettings) -> Devices:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus:
+        return Devices("cuda", gpus, gpus)
+    procs = max(1, min(settings.cpu_processes, cpu_cores()))
+    return Devices("cpu", procs, 0, threads_per_process=max(1, cpu_cores() // procs))
+
+
+def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
+            timeout_s: float) -> tuple[list[dict], float]:
+    """Run ``cfg`` on ``nproc`` ranks; returns the worker's records and the wall seconds.
+
+    One rank runs in this process (no process start-up; the same code path without
+    DDP); more go through ``torchrun``. Wall seconds include start-up for launched runs.
+    On a CPU every process, the in-process one included, gets the same number of
+    threads (cores / the most processes used), so a "device" is the same compute
+    whatever the device count.
+    """
+    threads = None
+    if devices.kind == "cpu":
+        cfg = replace(cfg, device="cpu")
+        threads = devices.threads_per_process
+    t0 = time.perf_counter()
+    if nproc == 1:
+        before = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            records = run_training(cfg)
+        finally:
+            torch.set_num_threads(before)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        return records, time.perf_counter() - t0
+    from lab_utils.launcher import launch
+
+    res = launch("lab_utils.gpt_train", config_to_args(cfg), nproc=nproc, timeout_s=timeout_s,
+                 log_dir=log_dir, threads_per_rank=threads)
+    return res.records, res.wall_seconds
+
+
+def _record(experiment: str, config: dict, records: list[dict], wall: float, nproc: int,
+            devices: Devices) -> Record:
+    run = records[-1]
+    hw = hardware_summary(devices.kind, nproc)
+    common = {"synthetic": run["synthetic"], "dataset": run["corpus"], "hardware": hw}
+    if run["status"] != "ok":
+        return Record(experiment=experiment, config=config, status=run["status"], reason=run["reason"],
+                      metrics={"saved_activation_bytes": run.get("saved_activation_bytes")}, **common)
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    last = epochs[-1]
+    metrics = {k: v for k, v in last.items() if k not in ("kind", "ranks")}
+    metrics["reported_epoch"] = last["epoch"]
+    metrics["ranks"] = last["ranks"]
+    metrics["epochs"] = [{k: v for k, v in e.items() if k != "ranks"} for e in epochs]
+    for k in ("parameters", "flops_per_token", "flops_per_token_formula", "steps_per_epoch", "total_steps",
+              "tokens_per_step", "saved_activation_bytes", "peak_memory_bytes", "run_seconds", "backend",
+              "device_type", "device_name", "precision", "peak_flops_per_s", "train_windows", "corpus",
+              "steps_done", "checkpoint"):
+        if k in run:
+            metrics[k] = run[k]
+    metrics["timers"] = run["timers_by_rank"][0]            # rank 0's nested timers
+    metrics["timers_slowest_rank"] = run["timers_by_rank"][last["slowest_rank"]]
+    metrics["wall_seconds"] = wall                          # includes process start-up when launched
+    metrics["threads_per_process"] = devices.threads_per_process
+    return Record(experiment=experiment, config=config, metrics=metrics, **common)
+
+
+def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
+             store: ResultStore, settings: GPTSettings) -> Record:
+    log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
+    try:
+        records, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
+    except torch.cuda.OutOfMemoryError as e:
+        return Record(experiment=experiment, config=cfg_key, status="oom", reason=f"OOM: {str(e)[:160]}",
+                      hardware=hardware_summary(devices.kind, nproc))
+    return _record(experiment, cfg_key, records, wall, nproc, devices)
+
+
+def _key(cfg: TrainConfig, devices: int, kind: str, **extra: Any) -> dict[str, Any]:
+    d = asdict(cfg)
+    d.pop("save", None)
+    return {"devices": devices, "device_type": kind, **d, **extra}
+
+
+@dataclass
+class GPTResult:
+    records: list[Record]
+    settings: GPTSettings
+
+    @property
+    def ok(self) -> list[Record]:
+        return [r for r in self.records if r.status == "ok"]
+
+
+def _unpack(lab: Any) -> tuple[str, ResultStore]:
+    if hasattr(lab, "profile") and hasattr(lab, "store"):
+        return lab.profile.name, lab.store
+    if isinstance(lab, str) or lab is None:
+        store = ResultStore(lab)
+        return store.profile, store
+    raise LabError(f"Pass the notebook's session (lab = start(PROFILE)), got {type(lab).__name__}.")
+
+
+def _say(rec: Record, what: str) -> None:
+    if rec.status != "ok":
+        print(f"{what}: {rec.status} ({rec.reason})")
+        return
+    m = rec.metrics
+    print(f"{what}: epoch {m['reported_epoch']} {m['epoch_seconds']:.2f} s "
+          f"(slowest rank {m['slowest_rank']}), {m['tokens_per_s']:.0f} tokens/s, "
+          f"val loss {m['val_loss']:.3f}")
+
+
+def run_scaling(lab: Any, settings: GPTSettings | None = None, force: bool = False,
+                verbose: bool = True, **overrides: Any) -> GPTResult:
+    """Per-device batch x device count: one record each in ``gpt_scaling`` (resumable)."""
+    profile, store = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    devs = available_devices(s)
+    out = []
+    for bs in s.scaling_batch_sizes:
+        for n in s.scaling_devices:
+            cfg = _train_config(s, batch_size=bs, epochs=s.scaling_epochs)
+            key = _key(cfg, n, devs.kind)
+            why = devs.reason(n)
+            if why is not None:
+                rec = Record(experiment=SCALING, config=key, status="skipped", reason=why, profile=profile,
+                             hardware=hardware_summary(devs.kind, n))
+            else:
+                rec = store.run(SCALING, key, lambda cfg=cfg, n=n, key=key: _measure(
+                    SCALING, key, cfg, n, devs, store, s), force=force)
+            if verbose:
+                _say(rec, f"batch {bs}/device x {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
+            out.append(rec)
+    return GPTResult(out, s)
+
+
+def run_accumulation(lab: Any, settings: GPTSettings | None = None, force: bool = False,
+                     verbose: bool = True, **overrides: Any) -> GPTResult:
+    """Constant effective batch, micro-batch x accumulation steps; stops after the first OOM."""
+    profile, store = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    devs = available_devices(s)
+    n = s.accumulation_devices or (min(devs.gpus, 4) if devs.kind == "cuda" else 1)
+    out: list[Record] = []
+    oom = False
+    for mb in s.micro_batches:
+        k = s.effective_batch // mb
+        cfg = _train_config(s, batch_size=mb, accumulation_steps=k, epochs=s.accumulation_epochs,
+                            steps_per_epoch=s.accumulation_steps_per_epoch)
+        key = _key(cfg, n, devs.kind, effective_batch=s.effective_batch)
+        why = devs.reason(n)
+        if oom or why:
+            rec = Record(experiment=ACCUMULATION, config=key, status="skipped", profile=profile,
+                         reason=why or "a smaller micro-batch already ran out of memory",
+                         hardware=hardware_summary(devs.kind, n))
+        else:
+            rec = store.run(ACCUMULATION, key, lambda cfg=cfg, key=key: _measure(
+                ACCUMULATION, key, cfg, n, devs, store, s), force=force)
+            oom = rec.status == "oom"
+        if verbose:
+            _say(rec, f"micro-batch {mb} x {k} steps")
+        out.append(rec)
+    return GPTResult(out, s)
+
+
+def train_final(lab: Any, settings: GPTSettings | None = None, force: bool = False,
+                verbose: bool = True, **overrides: Any) -> Record:
+    """Train the model notebook 07 uses, on every available device, and save the checkpoint."""
+    profile, store = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    devs = available_devices(s)
+    n = devs.available
+    path = checkpoint_path(profile)
+    cfg = _train_config(s, batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps,
+                        save=str(path))
+    key = _key(cfg, n, devs.kind)
+    if not path.exists():
+        force = True
+    rec = store.run(TRAIN, key, lambda: _measure(TRAIN, key, cfg, n, devs, store, s), force=force)
+    if verbose:
+        _say(rec, f"final training on {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
+        if rec.status == "ok":
+            print(f"checkpoint: {path}")
+    return rec
+
+
+# --------------------------------------------------------------------------- text samples
+
+
+def corpus_splits(lab: Any, settings: GPTSettings | None = None, **overrides: Any) -> TextSplits:
+    profile, _ = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    return load_splits(s.corpus, max_chars=s.max_chars)
+
+
+def sample_text(model: GPT, splits: TextSplits, n_chars: int, prompt_chars: int = 40, seed: int = 0,
+                temperature: float = 0.8) -> tuple[str, str]:
+    """``(prompt, continuation)``: the model continues the start of the validation text."""
+    prompt = splits.val[:prompt_chars].unsqueeze(0)
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    out = model.generate(prompt.to(dev), n_chars, temperature=temperature, top_k=None, generator=g)
+    return splits.vocab.decode(prompt[0]), splits.vocab.decode(out[0, prompt_chars:].cpu())
+
+
+def validation_loss(model: GPT, splits: TextSplits, batches: int | None, batch_size: int = 32) -> float:
+    """Mean next-character loss (nats/char) over the first ``batches`` validation batches."""
+    from torch.utils.data import DataLoader
+
+    dev = next(model.parameters()).device
+    ds = TokenWindows(splits.val, model.config.block_size, model.config.block_size)
+    total, tokens = evaluate(model, DataLoader(ds, batch_size=batch_size), dev, batches)
+    return total / max(tokens, 1)
+
+
+def samples_before_after(lab: Any, settings: GPTSettings | None = None, **overrides: Any):
+    """A table: the untrained model and the trained checkpoint continuing the same prompt."""
+    import pandas as pd
+
+    profile, _ = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    splits = corpus_splits(lab, s)
+    torch.manual_seed(0)
+    untrained = GPT(gpt_config(s.size, vocab_size=splits.vocab.size)).eval()
+    trained, payload = load_checkpoint(checkpoint_path(profile))
+    if payload["vocab"] != splits.vocab.chars:
+        raise LabError("The checkpoint was trained on another corpus than this notebook now uses; "
+                       "re-run the final training with FORCE = True.")
+    rows = []
+    for stage, model in (("before training", untrained), ("after training", trained)):
+        prompt, text = sample_text(model, splits, s.sample_chars)
+        rows.append({"model": stage, "val_loss_nats_per_char": validation_loss(model, splits, s.val_batches),
+                     "prompt": prompt, "generated": text})
+    df = pd.DataFrame(rows)
+    df.attrs["vocab_size"] = splits.vocab.size
+    df.attrs["corpus"] = splits.corpus_name
+    return df
+
+
+def print_samples(df) -> None:
+    """The samples as plain text (newlines kept), prompt and continuation marked."""
+    for _, row in df.iterrows():
+        print(f"--- {row['model']} (validation loss {row['val_loss_nats_per_char']:.3f} nats/char) ---")
+        print(f"[prompt] {row['prompt']}[model] {row['generated']}\n")
+
+
+def markdown_safe(text: str) -> str:
+    """One-line text for a Markdown table cell: newlines shown as ⏎, pipes escaped."""
+    return text.replace("|", "\\|").replace("\n", " ⏎ ")
+
+
+def save_samples(store: ResultStore, df, record: Record | None = None):
+    """Save the samples table as ``gpt_samples`` (newlines shown as ⏎)."""
+    vocab_size = df.attrs["vocab_size"]
+    table = df.copy()
+    for c in ("prompt", "generated"):
+        table[c] = table[c].map(markdown_safe)
+    store.save_table(table, "gpt_samples", [record] if record else None, title="GPT text samples",
+                     notes=["Same prompt (the start of the validation text), temperature 0.8, seed 0.",
+                            "Loss: mean next-character cross-entropy on validation batches (nats/char); "
+                            f"guessing uniformly among the {vocab_size} characters gives "
+                            f"ln({vocab_size}) = {math.log(vocab_size):.2f}."])
+    return table
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _num(v: Any) -> Any:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def scaling_table(result: GPTResult):
+    """gpt_scaling: time (slowest rank), speedup T(1)/T(N), efficiency, and what averaging would say."""
+    import pandas as pd
+
+    base: dict[int, Record] = {r.config["batch_size"]: r for r in result.ok if r.config["devices"] == 1}
+    rows = []
+    for r in result.records:
+        bs, n = r.config["batch_size"], r.config["devices"]
+        row: dict[str, Any] = {"per-device batch": bs, "devices": n, "status": r.status}
+        if r.status == "ok":
+            m = r.metrics
+            t = m["epoch_seconds"]
+            one = base.get(bs)
+            t1 = one.metrics["epoch_seconds"] if one else None
+            speed = t1 / t if t1 else None
+            mean_speed = t1 / m["epoch_seconds_mean"] if t1 else None
+            row.update({
+                "backend": m["backend"] or "one process", "epoch (s), slowest rank": t,
+                "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
+                "speedup if averaged over ranks": mean_speed, "slowest rank": m["slowest_rank"],
+                "imbalance max/min": m["imbalance"], "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]),
+                "val loss": m["val_loss"], "reason": None})
+        else:
+            row["reason"] = r.reason
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def compute_comm_table(result: GPTResult):
+    """gpt_compute_vs_comm: measured compute and communication (hook and probe), and the derived method."""
+    import pandas as pd
+
+    from lab_utils.comm_hooks import derived_comm
+
+    base = {r.config["batch_size"]: r for r in result.ok if r.config["devices"] == 1}
+    rows = []
+    for r in result.ok:
+        n = r.config["devices"]
+        if n == 1:
+            continue
+        m = r.metrics
+        one = base.get(r.config["batch_size"])
+        d_comp, d_comm = (derived_comm(one.metrics["epoch_seconds"], m["epoch_seconds"], n) if one
+                          else (None, None))
+        comp, comm = m["compute_seconds"], m["communication_seconds"]
+        rows.append({
+            "per-device batch": r.config["batch_size"], "devices": n,
+            "compute (s)": comp, "communication (s), exposed wait": comm,
+            "comm / compute": comm / comp if comp else None,
+            "all-reduce in flight (s)": m["allreduce_seconds"],
+            "exposed by no_sync probe (s)": m["exposed_comm_seconds"],
+            "overlap fraction": _num(m.get("overlap_fraction")),
+            "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
+        })
+    return pd.DataFrame(rows)
+
+
+def rank_table(result: GPTResult):
+    """gpt_rank_breakdown: every rank's phases in the reported epoch, the slowest marked."""
+    import pandas as pd
+
+    rows = []
+    for r in result.ok:
+        m = r.metrics
+        if r.config["devices"] == 1:
+            continue
+        for rk in m["ranks"]:
+            rows.append({
+                "per-device batch": r.config["batch_size"], "devices": r.config["devices"],
+                "rank": rk["rank"],
+                "slowest": "yes" if rk["rank"] == m["slowest_rank"] else "",
+                "epoch (s)": rk["epoch_seconds"], "training (s)": rk["train_seconds"],
+                "data loading (s)": rk["data_loading_seconds"],
+                "data movement (s)": rk["data_movement_seconds"],
+                "compute (s)": rk["compute_seconds"], "communication (s)": rk["communication_seconds"],
+                "validation (s)": rk["validation_seconds"], "train loss": rk["train_loss"],
+                "tokens/s": rk["tokens_per_s"]})
+        rows.append({"per-device batch": r.config["batch_size"], "devices": r.config["devices"],
+                     "rank": "mean", "slowest": "", "epoch (s)": m["epoch_seconds_mean"],
+                     "training (s)": m["train_seconds_mean"],
+                     "data loading (s)": m["data_loading_mean_seconds"],
+                     "data movement (s)": m["data_movement_mean_seconds"],
+                     "compute (s)": m["compute_mean_seconds"],
+                     "communication (s)": m["communication_mean_seconds"],
+                     "validation (s)": m["validation_mean_seconds"], "train loss": m["train_loss"],
+                     "tokens/s": None})
+    return pd.DataFrame(rows)
+
+
+def _timer(m: dict, name: str) -> dict:
+    for row in m.get("timers", []):
+        if row["timer"] == name:
+            return row
+    return {"count": 0, "total_seconds": None, "mean_seconds": None}
+
+
+def accumulation_table(result: GPTResult):
+    """gpt_accumulation: nested timers, tokens/s and memory per micro-batch."""
+    import pandas as pd
+
+    rows = []
+    for r in result.records:
+        c = r.config
+        row: dict[str, Any] = {"micro-batch": c["batch_size"], "accumulation steps": c["accumulation_steps"],
+                               "devices": c["devices"], "status": r.status}
+        if r.status == "ok":
+            m = r.metrics
+            tr = "run/epoch/training"
+            row.update({
+                "whole run (s)": _timer(m, "run")["total_seconds"],
+                "epochs (s)": _timer(m, "run/epoch")["total_seconds"],
+                "training (s)": _timer(m, tr)["total_seconds"],
+                "validation (s)": _timer(m, "run/epoch/validation")["total_seconds"],
+                "forward total (s)": _timer(m, f"{tr}/forward")["total_seconds"],
+                "forward mean (ms)": _ms(_timer(m, f"{tr}/forward")["mean_seconds"]),
+                "loss total (s)": _timer(m, f"{tr}/loss")["total_seconds"],
+                "loss mean (ms)": _ms(_timer(m, f"{tr}/loss")["mean_seconds"]),
+                "backward total (s)": _timer(m, f"{tr}/backward")["total_seconds"],
+                "backward mean (ms)": _ms(_timer(m, f"{tr}/backward")["mean_seconds"]),
+                f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
+                "peak memory (GiB)": _gib(m.get("peak_memory_bytes")),
+                "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
+                                                      if m.get("saved_activation_bytes") else None),
+                "val loss": m["val_loss"], "reason": None})
+        else:
+            row["reason"] = r.reason
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else 1e3 * s
+
+
+def _gib(b: int | None) -> float | None:
+    return None if b is None else b / 2**30
+
+
+def plot_accumulation(result: GPTResult):
+    """Tokens/s and memory against micro-batch (log x), constant effective batch."""
+    import matplotlib.pyplot as plt
+
+    ok = result.ok
+    xs = [r.config["batch_size"] for r in ok]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(xs, [r.metrics["tokens_per_s"] for r in ok], "o-")
+    ax1.set_ylabel("training tokens/s (reported epoch)")
+    gpu = [r.metrics.get("peak_memory_bytes") for r in ok]
+    if ok and all(g is not None for g in gpu):
+        ax2.plot(xs, [g / 2**30 for g in gpu], "o-", color="tab:red", label="peak GPU memory")
+    ax2.plot(xs, [(r.metrics.get("saved_activation_bytes") or 0) / 2**30 for r in ok], "s--",
+             color="tab:purple", label="activations kept for backward (one micro-batch)")
+    ax2.set_ylabel("GiB")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(f"micro-batch (x steps = {result.settings.effective_batch} sequences per device)")
+        ax.grid(True, which="both", alpha=0.3)
+        if xs:
+            ax.set_xticks(xs)
+            ax.set_xticklabels([str(x) for x in xs])
+        for r in result.records:
+            if r.status == "oom":
+                ax.axvline(r.config["batch_size"], color="tab:red", ls=":")
+    fig.suptitle(f"Gradient accumulation at a constant effective batch ({result.settings.label})")
+    fig.tight_layout()
+    return fig
+
+
+def save_scaling_tables(store: ResultStore, result: GPTResult):
+    """Save gpt_scaling, gpt_compute_vs_comm and gpt_rank_breakdown (md + csv); return them."""
+    recs = result.records
+    ep = result.settings.scaling_epochs
+    scaling = scaling_table(result)
+    cpu = any(r.metrics.get("device_type") == "cpu" for r in result.ok)
+    notes = [f"{result.settings.label}; epoch {ep} of {ep} reported (epoch 1 warms up); an epoch is one pass "
+             "over the training windows shared among the devices (strong scaling of the epoch).",
+             "Epoch time = the SLOWEST rank's training loop + validation; 'if averaged' divides by the mean "
+             "over ranks instead, which flatters the speedup.",
+             "speedup = T(1)/T(N); efficiency = speedup / N."]
+    if cpu:
+        threads = {r.metrics.get("threads_per_process") for r in result.ok}
+        notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, sorted(threads)))} "
+                     "thread(s) (gloo between processes) on a shared machine; the numbers show the mechanics "
+                     "of DDP, not GPU scaling.")
+    store.save_table(scaling, "gpt_scaling", recs, title="GPT: DDP scaling at a fixed per-device batch",
+                     notes=notes)
+    comm = compute_comm_table(result)
+    store.save_table(comm, "gpt_compute_vs_comm", result.ok, title="GPT: compute vs communication (measured)",
+                     notes=["compute = forward + loss + backward + optimizer minus the exposed wait; "
+                            "communication = the wait at the end of backward for all-reduces still running "
+                            "(timing comm hook, lab_utils.comm_hooks), summed over the epoch, slowest rank.",
+                            "all-reduce in flight: time any bucket's all-reduce was running (mostly hidden "
+                            "behind backward); no_sync probe: sync step minus no_sync step x steps.",
+                            "derived: the assignment's method, compute = T(1)/N and comm = T(N) - T(1)/N; "
+                            "it calls every inefficiency communication and goes negative when "
+                            "T(N) < T(1)/N."])
+    ranks = rank_table(result)
+    store.save_table(ranks, "gpt_rank_breakdown", result.ok,
+                     title="GPT: per-rank breakdown of the reported epoch",
+                     notes=["Every rank's phases (seconds); 'mean' is the average over ranks, which hides "
+                            "the slowest rank that everyone waits for."])
+    return scaling, comm, ranks
+
+
+def save_accumulation_table(store: ResultStore, result: GPTResult):
+    table = accumulation_table(result)
+    s = result.settings
+    notes = [f"{s.label}; effective batch {s.effective_batch} sequences per device = micro-batch x "
+             "accumulation steps; gradients are all-reduced once per optimizer step (no_sync on the other "
+             "micro-steps).",
+             "Nested timers of rank 0 over the whole run (both epochs): run > epoch > training (forward, "
+             "loss, backward per micro-step) and validation; means are per micro-step.",
+             "Peak memory: torch.cuda.max_memory_allocated (GPU only); activations: bytes autograd keeps for "
+             "backward for one micro-batch (measured with saved-tensor hooks, any device)."]
+    store.save_table(table, "gpt_accumulation", result.records, title="GPT: gradient accumulation trade-off",
+                     notes=notes)
+    return table
+
+
+def save_accumulation_figure(store: ResultStore, result: GPTResult):
+    """Plot tokens/s and memory against micro-batch, save it as ``gpt_accumulation.png``; return it."""
+    fig = plot_accumulation(result)
+    store.save_figure(fig, "gpt_accumulation", result.records)
+    return fig
+
+
+def model_summary(lab: Any, settings: GPTSettings | None = None, **overrides: Any):
+    """A small table: the model's shape, parameters (formula and counted) and FLOPs per token."""
+    import pandas as pd
+
+    from lab_utils.models.gpt import count_parameters, measure_train_flops_per_token, train_flops_per_token
+
+    profile, _ = _unpack(lab)
+    s = resolve_settings(profile, settings, **overrides)
+    splits = corpus_splits(lab, s)
+    cfg = gpt_config(s.size, vocab_size=splits.vocab.size)
+    model = GPT(cfg)
+    return pd.DataFrame([{
+        "size": s.size, "layers": cfg.n_layer, "heads": cfg.n_head, "width": cfg.n_embd,
+        "context (tokens)": cfg.block_size, "vocabulary": cfg.vocab_size,
+        "parameters (formula)": parameter_count(cfg), "parameters (counted)": count_parameters(model),
+        "train FLOPs/token (6N+12LCT)": train_flops_per_token(cfg),
+        "train FLOPs/token (FlopCounterMode)": measure_train_flops_per_token(model),
+        "corpus": splits.corpus_name, "train tokens": splits.train_tokens, "val tokens": splits.val_tokens,
+    }])
+
+
+__all__ = ["GPT_SETTINGS", "GPTSettings", "run_scaling", "run_accumulation", "train_final",
+           "samples_before_after", "save_samples", "save_scaling_tables", "save_accumulation_table",
+           "save_accumulation_figure", "print_samples",
+           "model_summary", "scaling_table", "compute_comm_table", "rank_table", "accumulation_table",
+           "plot_accumulation"]
