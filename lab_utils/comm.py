@@ -455,13 +455,15 @@ def _pcie_link() -> tuple[int | None, int | None]:
 
 
 def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
-    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width)."""
+    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width).
+
+    With fewer than 2 GPUs there is no GPU link to use: the benchmark runs CPU processes.
+    """
     from lab_utils import hardware
 
     count = hardware.gpu_count() if n_gpus is None else n_gpus
-    if count < 2:
-        return nominal_link_peak(hardware.device_name("cpu") if count == 0 else hardware.device_name(),
-                                 None)
+    if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
+        return nominal_link_peak("cpu", None)
     kind = classify_interconnect(hardware.interconnect(), count)
     gen, width = _pcie_link() if kind == "pcie" else (None, None)
     return nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)

@@ -297,6 +297,12 @@ def test_classify_interconnect_and_nominal_peaks():
     assert comm.nominal_link_peak("x", "mixed").gb_per_s is None
 
 
+def test_detect_link_peak_without_gpu_link():
+    for n in (0, 1):
+        peak = comm.detect_link_peak(n_gpus=n)
+        assert peak.gb_per_s is None and "CPU processes" in peak.description
+
+
 def test_plan_bench_on_cpu():
     plan = comm.plan_bench()
     if plan.backend == "gloo":
