@@ -349,7 +349,9 @@ def test_accuracy_check_compares_two_runs(store):
     lines = fastpath.targets_summary([], [], recs)
     assert "within 1 point" in lines[-1]
     skipped = fastpath.accuracy_check(store, tiny(accuracy_epochs=0), fast, "fused_sgd", "cpu")
-    assert skipped[0].status == "skipped"
+    assert skipped[0].status == "skipped" and "accuracy_epochs is 0" in skipped[0].reason
+    same = fastpath.accuracy_check(store, s, TrainOptions(num_workers=0), "spec", "cpu")
+    assert same[0].status == "skipped" and "nothing to compare" in same[0].reason
 
 
 def test_cli_bench_data_and_bad_input(results_dir, capsys):
