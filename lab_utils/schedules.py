@@ -65,3 +65,27 @@ class LRSchedule:
     def lambda_for(self, base_lr: float):
         """A multiplier function for ``torch.optim.lr_scheduler.LambdaLR`` (optimizer lr = base_lr)."""
         return lambda step: self.lr_at(step) / base_lr
+
+
+LR_RULES = ("fixed", "linear")
+
+
+def make_schedule(base_lr: float, lr_rule: str, global_batch: int, base_batch: int, steps_per_epoch: int,
+                  epochs: int, warmup_epochs: float = 0.0, decay: str = "constant") -> LRSchedule:
+    """The schedule of a run, in epochs: what the DDP worker builds from its arguments.
+
+    Peak lr = ``base_lr`` (``fixed``) or ``scaled_lr(base_lr, global_batch, base_batch)``
+    (``linear``); warm-up from ``base_lr`` over ``round(warmup_epochs x steps_per_epoch)``
+    steps (Goyal et al. 2017 start the ramp at the small-batch lr); then ``decay``.
+    """
+    if lr_rule not in LR_RULES:
+        raise LabError(f"Unknown lr rule {lr_rule!r}; use one of: {', '.join(LR_RULES)}.")
+    if steps_per_epoch <= 0 or epochs <= 0:
+        raise LabError(f"steps_per_epoch ({steps_per_epoch}) and epochs ({epochs}) must be positive.")
+    if not 0 <= warmup_epochs <= epochs:
+        raise LabError(f"warmup_epochs must be between 0 and epochs ({epochs}), got {warmup_epochs}.")
+    peak = base_lr if lr_rule == "fixed" else scaled_lr(base_lr, global_batch, base_batch)
+    total = steps_per_epoch * epochs
+    warmup = min(total, round(warmup_epochs * steps_per_epoch))
+    return LRSchedule(peak_lr=peak, total_steps=total, warmup_steps=warmup, warmup_start_lr=base_lr,
+                      decay=decay)
