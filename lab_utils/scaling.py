@@ -455,6 +455,95 @@ def _none_for_nan(df):
     return df
 
 
+def karp_flatt(speedup: float, devices: int) -> float | None:
+    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
+
+    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points
+    at overhead that grows with N (communication), not at a fixed serial part.
+    """
+    if devices <= 1 or not speedup or speedup <= 0:
+        return None
+    return (1 / speedup - 1 / devices) / (1 - 1 / devices)
+
+
+def amdahl_speedup(serial_fraction: float, devices: int) -> float:
+    """Amdahl (fixed problem): S(N) = 1 / (e + (1 - e)/N)."""
+    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
+
+
+def gustafson_speedup(serial_fraction: float, devices: int) -> float:
+    """Gustafson (problem grows with N, serial share e measured on N devices): S(N) = N - e (N - 1)."""
+    return devices - serial_fraction * (devices - 1)
+
+
+# Earlier cohorts' reports (../shared/SPEC.md), hardware unknown (V100 / RTX 8000 class):
+# DDP epoch-2 seconds by (GPUs, per-GPU batch), and another cohort's DataParallel at batch 32.
+ANCHOR_DDP_SECONDS = {(1, 32): 41.3, (1, 128): 33.6, (1, 512): 34.0,
+                      (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
+                      (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
+ANCHOR_DP_SECONDS = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
+
+
+def anchor_frame():
+    """The earlier cohorts' numbers with their speedups T(1)/T(N) (sanity anchors, not targets)."""
+    import pandas as pd
+
+    rows = []
+    for label, table in (("DDP (earlier cohort)", ANCHOR_DDP_SECONDS),
+                         ("DataParallel (another cohort)", ANCHOR_DP_SECONDS)):
+        for (n, b), t in table.items():
+            t1 = table.get((1, b))
+            rows.append({"method": label, "gpus": n, "per_gpu_batch": b, "epoch2_seconds": t,
+                         "speedup": t1 / t if t1 else None, "efficiency": t1 / t / n if t1 else None})
+    return pd.DataFrame(rows)
+
+
+def serial_fraction_frame(table, project_to: int = 8):
+    """From Table 1: each N > 1 row's Karp-Flatt serial fraction e and what Amdahl and
+    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) is
+    flagged instead of projected: no serial fraction explains it."""
+    import pandas as pd
+
+    rows = []
+    ok = table[table["speedup"].notna() & (table["devices"] > 1)]
+    for _, r in ok.iterrows():
+        e = r["serial_fraction"]
+        row = {"method": r["method"], "devices": r["devices"], "per_device_batch": r["per_device_batch"],
+               "speedup": r["speedup"], "serial_fraction": e,
+               f"amdahl_speedup_at_{project_to}": None, f"gustafson_speedup_at_{project_to}": None,
+               "note": ""}
+        if e is not None and 0 <= e <= 1:
+            row[f"amdahl_speedup_at_{project_to}"] = amdahl_speedup(e, project_to)
+            row[f"gustafson_speedup_at_{project_to}"] = gustafson_speedup(e, project_to)
+        else:
+            row["note"] = "speedup > N (super-linear): question the measurement before projecting"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comm_volume_frame(records: Sequence[Record]):
+    """Why small per-device batches scale badly: per stored N-device DDP run, the ring all-reduce
+    bytes each rank sends per step and per epoch (2(N-1)/N x S, S = fp32 gradient bytes), next to
+    the images each device computes per step. Bytes are decimal (MB = 1e6)."""
+    import pandas as pd
+
+    from lab_utils.comm import ring_bytes_per_rank
+
+    rows = []
+    for r in records:
+        c, m = r.config, r.metrics
+        if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
+            continue
+        per_step = ring_bytes_per_rank(m["gradient_bytes"], c["devices"])
+        rows.append({"method": _label(c["method"], c.get("backend"), c.get("device_type")),
+                     "devices": c["devices"], "per_device_batch": c["batch_size"],
+                     "steps_per_epoch": m["steps"], "images_per_device_per_step": c["batch_size"],
+                     "allreduce_mb_per_step_per_rank": per_step / 1e6,
+                     "allreduce_mb_per_epoch_per_rank": per_step * m["steps"] / 1e6,
+                     "bytes_per_image": per_step / c["batch_size"]})
+    return pd.DataFrame(rows)
+
+
 def scaling_frame(records: Sequence[Record]):
     """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
 
@@ -483,17 +572,18 @@ def scaling_frame(records: Sequence[Record]):
                "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
-               "speedup": None, "scaled_speedup": None, "efficiency": None}
+               "speedup": None, "scaled_speedup": None, "efficiency": None, "serial_fraction": None}
         if tn and t1:
             row["speedup"] = t1 / tn
             row["efficiency"] = row["speedup"] / n
+            row["serial_fraction"] = karp_flatt(row["speedup"], n)
             s1 = b1.metrics.get("steps")
             if steps and s1:
                 row["scaled_speedup"] = n * (t1 / s1) / (tn / steps)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
-                                     "efficiency"])
+                                     "efficiency", "serial_fraction"])
     return df
 
 
@@ -505,6 +595,8 @@ TABLE1_NOTES = [
     "scaled_speedup = N x t(1)/t(N), t = time per step (weak scaling, Gustafson: per-device batch fixed). "
     "It equals the speedup up to the last partial batch; N x T(1)/T(N) on EPOCH times would count N twice.",
     "T(1): the same method with one device and the same per-device batch.",
+    "serial_fraction: Karp-Flatt e = (1/speedup - 1/N) / (1 - 1/N), the non-parallel share Amdahl's law "
+    "would need to explain the speedup (empty for N = 1).",
     "A row whose status is not ok did not run: it has no numbers.",
 ]
 
@@ -540,6 +632,7 @@ def speedup_figure(store: ResultStore, result: ScalingResult, name: str = "scali
     ax.set_title("Speedup over devices (per-device batch fixed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the axis
     path = store.save_figure(fig, name, result.ok())
     return fig, path
 
@@ -679,7 +772,11 @@ def compute_vs_comm_table(store: ResultStore, lab, one: ScalingResult, many: Sca
 
 
 def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
-    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP."""
+    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP.
+
+    A negative communication by (a) (T(N) < T(1)/N) is drawn as 0 and labelled, not
+    subtracted from the compute bar. DDP's (b) bars carry the all-reduce time (c) as a label.
+    """
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -702,18 +799,26 @@ def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], na
             allreduce.append(None if _isnan(r["allreduce_c_seconds"]) else float(r["allreduce_c_seconds"]))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.4))
     x = np.arange(len(labels))
+    shown = [max(0.0, v) for v in comm]
     ax.bar(x, comp, color="#4c72b0", label="compute")
-    ax.bar(x, comm, bottom=comp, color="#dd8452", label="communication")
+    ax.bar(x, shown, bottom=comp, color="#dd8452", label="communication")
     for i, (k, c) in enumerate(zip(kinds, allreduce)):
+        top = comp[i] + shown[i]
         if k == "b" and c is not None:
-            ax.annotate(f"(c) {c:.3g} s", (x[i], comp[i] + comm[i]), ha="center", va="bottom", fontsize=6)
+            ax.annotate(f"(c) {c:.3g} s", (x[i], top), ha="center", va="bottom", fontsize=6)
+        if comm[i] < 0:
+            ax.annotate(f"comm (a) = {comm[i]:.3g} s < 0", (x[i], top), ha="center", va="bottom",
+                        fontsize=6, color="#a03000")
     ax.axhline(0, color="k", lw=0.8)
+    if comp:
+        ax.set_ylim(0, 1.15 * max(c + v for c, v in zip(comp, shown)))  # head-room for the labels
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("seconds per epoch (epoch 2)")
     ax.set_title("Compute vs communication per epoch: (a) T(1)/N split; (b) measured exposed, (c) all-reduce")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
     path = store.save_figure(fig, name, records)
     return fig, path
 

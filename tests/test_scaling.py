@@ -73,6 +73,8 @@ def test_table1_speedups_and_efficiency_by_hand():
     # per-step times: t(1) = 40/16 = 2.5 s, t(2) = 23/8 = 2.875 s -> 2 x 2.5 / 2.875
     assert two["step_seconds"] == pytest.approx(2.875)
     assert two["scaled_speedup"] == pytest.approx(2 * 2.5 / 2.875)
+    assert two["serial_fraction"] == pytest.approx((23 / 40 - 0.5) / 0.5)  # 0.15 by hand
+    assert pd_missing(df.loc[("DDP (NCCL, GPUs)", 1, 128)]["serial_fraction"])
     four = df.loc[("DDP (NCCL, GPUs)", 4, 128)]
     assert four["speedup"] == pytest.approx(3.2) and four["efficiency"] == pytest.approx(0.8)
     skipped = df.loc[("DDP (NCCL, GPUs)", 4, 512)]
@@ -80,6 +82,33 @@ def test_table1_speedups_and_efficiency_by_hand():
     assert all(pd_missing(skipped[c]) for c in ("epoch2_train_seconds", "speedup", "efficiency"))
     dp = df.loc[("DataParallel (1 process, GPUs)", 2, 128)]
     assert dp["epoch2_train_seconds"] == 30.0 and pd_missing(dp["speedup"])
+
+
+def test_amdahl_gustafson_karp_flatt_by_hand():
+    assert scaling.amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
+    assert scaling.gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
+    assert scaling.karp_flatt(scaling.amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
+    assert scaling.karp_flatt(4.0, 4) == pytest.approx(0.0) and scaling.karp_flatt(1.0, 1) is None
+
+
+def test_serial_fraction_frame_projects_only_sensible_fractions():
+    recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 9.0, 4)]
+    sf = scaling.serial_fraction_frame(scaling.scaling_frame(recs), project_to=8)
+    two, four = sf.iloc[0], sf.iloc[1]
+    assert two["serial_fraction"] == pytest.approx(0.15)
+    assert two["amdahl_speedup_at_8"] == pytest.approx(1 / (0.15 + 0.85 / 8))
+    assert two["gustafson_speedup_at_8"] == pytest.approx(8 - 0.15 * 7)
+    assert four["speedup"] > 4 and pd_missing(four["amdahl_speedup_at_8"]) and "super-linear" in four["note"]
+
+
+def test_comm_volume_by_hand():
+    rec = agg("DDP", 4, 32, 10.0, 391, gradient_bytes=44_695_848)
+    df = scaling.comm_volume_frame([rec, agg("DDP", 1, 32, 40.0, 1563, gradient_bytes=44_695_848)])
+    assert len(df) == 1  # one device sends nothing
+    r = df.iloc[0]
+    assert r["allreduce_mb_per_step_per_rank"] == pytest.approx(2 * 3 / 4 * 44.695848)
+    assert r["allreduce_mb_per_epoch_per_rank"] == pytest.approx(2 * 3 / 4 * 44.695848 * 391)
+    assert r["bytes_per_image"] == pytest.approx(2 * 3 / 4 * 44_695_848 / 32)
 
 
 def pd_missing(v) -> bool:
