@@ -158,8 +158,8 @@ class AllReduceTimer:
         """The step's communication figures (synchronizes the device first)."""
         if self._ref is None or self._backward_end is None:
             raise RuntimeError("call begin_step() before the forward and end_backward() after backward()")
-        if self.cuda:
-            self._backward_end.synchronize()
+        if self.cuda:  # every event (compute stream and the callbacks' streams) must have completed
+            torch.cuda.synchronize(self.device)
         if not self._ready:
             return StepComm(0, 0.0, 0.0, 0.0)
         ready = [self._since_ref(s) for s in self._ready]
