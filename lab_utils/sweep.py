@@ -617,6 +617,7 @@ def plot_sweep(result: SweepResult):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch size")
         ax.grid(True, which="both", alpha=0.3)
+        ax.set_ylim(bottom=0)  # a zero baseline: small differences are not blown up
         for r in result.records:
             if r.status == "oom":
                 ax.axvline(r.config["batch_size"], color="tab:red", ls=":")
@@ -704,3 +705,36 @@ def save_flop_table(store: ResultStore, result: SweepResult, flops: FlopsPerImag
     store.save_table(table, f"{EXPERIMENT}_flops", result.ok, title="Batch-size sweep against the FLOP limit",
                      notes=notes)
     return table, why
+
+
+# --------------------------------------------------------------------------- sanity anchors
+
+# Epoch-2 training seconds an earlier cohort reported for the spec run on one GPU
+# (V100/RTX 8000 class, hardware not recorded): SPEC.md, "sanity anchors".
+SPEC_ANCHORS_SECONDS: dict[int, float] = {32: 41.3, 128: 33.6, 512: 34.0}
+
+
+def anchor_table(result: SweepResult):
+    """This run's epoch-2 training seconds next to the cohort's, for the anchor batch sizes.
+
+    The ratio (anchor / this run, >1 means faster here) is given only when this run is the
+    spec configuration (width 64, all 50,000 images); otherwise the column says why not.
+    """
+    import pandas as pd
+
+    s = result.settings
+    comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
+    by_bs = {r.config["batch_size"]: r for r in result.records}
+    rows = []
+    for bs, anchor in SPEC_ANCHORS_SECONDS.items():
+        r = by_bs.get(bs)
+        mine = r.metrics["train_seconds"] if r is not None and r.status == "ok" else None
+        if not comparable:
+            ratio: Any = "not comparable: reduced model/data"
+        elif mine is None:
+            ratio = f"not measured ({r.status if r is not None else 'not in this sweep'})"
+        else:
+            ratio = anchor / mine
+        rows.append({"batch size": bs, "cohort epoch-2 training (s)": anchor,
+                     "this run (s)": "" if mine is None else mine, "cohort / this run": ratio})
+    return pd.DataFrame(rows, dtype=object)

@@ -49,29 +49,47 @@ def cached_loaders():
     return make
 
 
+class Spy:
+    """Wraps ``train_epoch``: counts calls per batch size, keeps weak references to the
+    models, and can inject a failure for a batch size before running the real epoch."""
+
+    def __init__(self, real):
+        self.real = real
+        self.calls: list[int] = []
+        self.fail: dict[int, object] = {}
+        self.models: list = []
+
+    def __call__(self, model, loader, *args, **kw):
+        bs = loader.batch_size
+        self.calls.append(bs)
+        self.models.append(weakref.ref(model))
+        if bs in self.fail:
+            self.fail[bs]()
+        return self.real(model, loader, *args, **kw)
+
+
+def _install_spy(mp: pytest.MonkeyPatch, cached_loaders) -> Spy:
+    mp.setattr(sweep, "make_loaders", cached_loaders)
+    spy = Spy(sweep.train_epoch)
+    mp.setattr(sweep, "train_epoch", spy)
+    return spy
+
+
 @pytest.fixture
 def spy(monkeypatch, cached_loaders):
-    """Count ``train_epoch`` calls per batch size; optionally inject a failure per batch size."""
-    monkeypatch.setattr(sweep, "make_loaders", cached_loaders)
-    real = sweep.train_epoch
+    return _install_spy(monkeypatch, cached_loaders)
 
-    class Spy:
-        calls: list[int] = []
-        fail: dict[int, object] = {}
-        models: list = []
 
-        def __call__(self, model, loader, *args, **kw):
-            bs = loader.batch_size
-            self.calls.append(bs)
-            self.models.append(weakref.ref(model))
-            if bs in self.fail:
-                self.fail[bs]()
-            return real(model, loader, *args, **kw)
+@pytest.fixture(scope="module")
+def oom_sweep(tmp_path_factory, cached_loaders):
+    """One standard sweep (ok, ok, oom, skipped), shared by the tests that only read it."""
+    from lab_utils.results import ResultStore
 
-    s = Spy()
-    s.calls, s.fail, s.models = [], {}, []
-    monkeypatch.setattr(sweep, "train_epoch", s)
-    return s
+    with pytest.MonkeyPatch.context() as mp:
+        store = ResultStore("quick", root=tmp_path_factory.mktemp("oom_sweep") / "quick")
+        spy = _install_spy(mp, cached_loaders)
+        result = small_sweep(store)
+    return store, spy, result
 
 
 def activation_bytes_per_image(width: int = WIDTH, batch: int = 8) -> float:
@@ -98,8 +116,8 @@ def small_sweep(store, **kw):
     return sweep.run_sweep("quick", **args)
 
 
-def test_sweep_stops_growing_after_oom_and_frees_the_model(store, spy):
-    result = small_sweep(store)
+def test_sweep_stops_growing_after_oom_and_frees_the_model(oom_sweep):
+    store, spy, result = oom_sweep
     statuses = [r.status for r in result.records]
     assert statuses == ["ok", "ok", "oom", "skipped"]
     # 2 epochs at 8 and 32, then batch 128 fails in its first epoch; 512 is never tried.
@@ -159,8 +177,8 @@ def test_resume_measures_nothing_new(store, spy):
     assert forced.measured == [8] and spy.calls[-2:] == [8, 8]
 
 
-def test_table_has_one_row_per_batch_size(store, spy):
-    result = small_sweep(store)
+def test_table_has_one_row_per_batch_size(oom_sweep):
+    store, _, result = oom_sweep
     table = sweep.save_tables(store, result)
     assert list(table["batch size"]) == list(SIZES)
     assert list(table["status"]) == ["ok", "ok", "oom", "skipped"]
@@ -176,8 +194,8 @@ def test_table_has_one_row_per_batch_size(store, spy):
     assert store.save_figure(fig, "batch_sweep", result.records).exists()
 
 
-def test_flop_table_on_cpu_has_no_percentage(store, spy):
-    result = small_sweep(store, batch_sizes=(8, 32))
+def test_flop_table_on_cpu_has_no_percentage(oom_sweep):
+    store, _, result = oom_sweep
     flops = sweep.FlopsPerImage(width=WIDTH, forward_flops=1e6, train_flops=3e6)
     table, why = sweep.save_flop_table(store, result, flops)
     ips = result.records[1].metrics["images_per_s"]
@@ -249,3 +267,22 @@ def test_profiles_follow_the_spec():
     quick = sweep.SWEEP_SETTINGS["quick"]
     assert quick.memory_cap_bytes and quick.width < 64 and quick.batch_sizes[0] == 32
     assert sweep.growing_batch_sizes(32, 4, 2048) == (32, 128, 512, 2048)
+
+
+def test_anchor_table_compares_only_the_spec_configuration():
+    from lab_utils.results import Record
+
+    def rec(bs, seconds=None, status="ok"):
+        metrics = {"train_seconds": seconds} if seconds is not None else {}
+        return Record(experiment="batch_sweep", config={"batch_size": bs}, metrics=metrics, status=status)
+
+    full = sweep.SweepResult(records=[rec(32, 20.65), rec(128, 16.8), rec(512, None, "oom")],
+                             settings=sweep.SWEEP_SETTINGS["full"], profile="full", device="x", measured=[])
+    t = sweep.anchor_table(full)
+    assert list(t["batch size"]) == [32, 128, 512]
+    assert t["cohort / this run"][0] == pytest.approx(41.3 / 20.65)  # 2.0: twice as fast here
+    assert t["cohort / this run"][1] == pytest.approx(2.0)
+    assert t["cohort / this run"][2].startswith("not measured (oom")
+    quick = sweep.SweepResult(records=full.records, settings=sweep.SWEEP_SETTINGS["quick"], profile="quick",
+                              device="x", measured=[])
+    assert set(sweep.anchor_table(quick)["cohort / this run"]) == {"not comparable: reduced model/data"}
