@@ -1,0 +1,753 @@
+"""Questions 5 and 6: large-batch training, what it costs in accuracy, and how to win it back.
+
+The experiment (:func:`run_large_batch`) trains ResNet-18 for the same number of epochs
+in several configurations, each a DDP run of :mod:`lab_utils.ddp` under ``torchrun``
+(through :func:`lab_utils.launcher.launch`), evaluated on the test split after every epoch:
+
+1. **small batch (reference)**: ``small_batch`` on 1 device, lr 0.1 (the spec's recipe);
+2. **large batch, same lr**: ``large_batch_per_device`` on each of ``devices`` devices
+   (the assignment: 512 x 4 GPUs = 2048), lr 0.1;
+3. **+ linear scaling**: peak lr = 0.1 x global batch / ``small_batch`` (Goyal et al. 2017);
+4. **+ warm-up**: the same peak, reached by a linear ramp from 0.1 over the first
+   ``warmup_epochs`` epochs (per optimizer step);
+5. **+ decay**: warm-up, then cosine (or step) decay to the end of the run.
+
+Every run has the same budget: the same epochs, i.e. the same number of images seen. A
+large batch therefore takes *fewer optimizer steps* (global batch / small batch times
+fewer): at a fixed lr the model moves less far and reaches a worse loss. The remedies
+change only the learning-rate rule.
+
+Where the machine has fewer devices than asked (fewer than 4 GPUs), the large runs use
+all it has, and every table and figure says so (``devices`` column, notes). On a CPU the
+ranks are gloo processes.
+
+Records go to the store under ``large_batch`` (the worker's schema: one aggregate record
+per run, plus one per rank; see :mod:`lab_utils.ddp`). A run already stored with status
+``ok`` is not trained again unless ``force=True``.
+
+Also here: the ``set_epoch`` demonstration (:func:`sampler_epoch_orders`) and the
+communication accounting of :mod:`lab_utils.comm_accounting` (:func:`run_comm_accounting`,
+:func:`comm_table`, :func:`wire_table`): what DDP communicates besides gradients, in bytes.
+Times are seconds; bytes are bytes; accuracy is a fraction in records and a percentage
+in tables.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lab_utils import config
+from lab_utils.config import check_positive_int
+from lab_utils.errors import LabError, LaunchError
+from lab_utils.results import Record, ResultStore
+from lab_utils.schedules import DECAYS, LRSchedule, scaled_lr
+
+EXPERIMENT = "large_batch"
+COMM_EXPERIMENT = "comm_accounting"
+SPEC_LR = 0.1
+
+# Earlier cohort's numbers (SPEC.md), for the notes: hardware unknown, real CIFAR-10.
+ANCHORS = ("earlier cohort (V100/RTX8000 class, real CIFAR-10): 128 x 1 GPU: loss 0.514, accuracy 82.2%; "
+           "512 x 4 GPUs, lr 0.1: loss 1.016, accuracy 63.4% after 5 epochs")
+
+
+@dataclass(frozen=True)
+class LargeBatchSettings:
+    """Knobs of the large-batch experiment for one profile.
+
+    ``train_images`` / ``test_images`` of ``None`` mean the profile's (``full``: all).
+    ``devices`` is how many devices the large runs want; fewer GPUs -> as many as there
+    are (labelled). ``warmup_epochs`` may be fractional. ``decay`` is the last remedy's
+    schedule after warm-up (``cosine`` or ``step``).
+    """
+
+    epochs: int = 5
+    small_batch: int = 128
+    large_batch_per_device: int = 512
+    devices: int = 4
+    width: int = 64
+    train_images: int | None = None
+    test_images: int | None = None
+    warmup_epochs: float = 2.0
+    decay: str = "cosine"
+    lr: float = SPEC_LR
+    dataset: str = "auto"
+    num_workers: int | None = None
+    seed: int = 0
+    timeout_s: float = 3600.0
+    label: str = ""
+    # communication accounting (a few DDP steps; bytes do not depend on batch or data)
+    comm_width: int = 64
+    comm_batch: int = 8
+    comm_steps: int = 3
+    comm_timeout_s: float = 900.0
+
+
+LARGE_BATCH_SETTINGS: dict[str, LargeBatchSettings] = {
+    # CPU/CI: a width-8 ResNet-18 on 2,048 synthetic images. Reference: batch 32 on one
+    # process; large: 2 gloo processes x 128 = 256 (8x the reference, as 2048 is 16x 128).
+    # 64 vs 8 optimizer steps per epoch: enough for the effect, ~2-3 min on 2 idle cores.
+    "quick": LargeBatchSettings(
+        epochs=5, small_batch=32, large_batch_per_device=128, devices=2, width=8,
+        train_images=2048, test_images=500, warmup_epochs=2.0, decay="cosine", timeout_s=600,
+        comm_width=8, comm_batch=8, comm_steps=3, comm_timeout_s=300,
+        label="quick: ResNet-18 width 8, 2,048 training images, batch 32 x 1 vs 128 x 2 gloo processes"),
+    # The assignment: the spec model on all of CIFAR-10, 128 x 1 vs 512 x 4 GPUs.
+    "full": LargeBatchSettings(
+        epochs=5, small_batch=128, large_batch_per_device=512, devices=4, width=64,
+        train_images=None, test_images=None, warmup_epochs=2.0, decay="cosine", timeout_s=3600,
+        label="full: spec ResNet-18 on all of CIFAR-10, batch 128 x 1 vs 512 x 4 GPUs"),
+}
+
+
+def resolve_settings(profile: str, settings: LargeBatchSettings | None = None,
+                     **overrides: Any) -> LargeBatchSettings:
+    """The profile's settings with the non-``None`` overrides applied, checked."""
+    base = settings or LARGE_BATCH_SETTINGS[profile]
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    unknown = set(changes) - set(LargeBatchSettings.__dataclass_fields__)
+    if unknown:
+        raise LabError(f"Unknown large-batch setting(s) {sorted(unknown)}; use fields of LargeBatchSettings.")
+    s = replace(base, **changes)
+    check_settings(s)
+    return s
+
+
+def check_settings(s: LargeBatchSettings) -> None:
+    """Reject settings that cannot run, with one sentence naming the fix."""
+    for what, v in (("epochs", s.epochs), ("small batch", s.small_batch),
+                    ("large batch per device", s.large_batch_per_device), ("devices", s.devices),
+                    ("model width", s.width), ("comm width", s.comm_width), ("comm batch", s.comm_batch),
+                    ("comm steps", s.comm_steps)):
+        check_positive_int(v, what)
+    for what, v in (("train images", s.train_images), ("test images", s.test_images)):
+        if v is not None:
+            check_positive_int(v, what)
+    if s.decay not in DECAYS or s.decay == "constant":
+        raise LabError(f"The last remedy's decay must be 'cosine' or 'step', got {s.decay!r}.")
+    if not 0 <= s.warmup_epochs <= s.epochs:
+        raise LabError(f"warmup_epochs must be between 0 and epochs ({s.epochs}), got {s.warmup_epochs}.")
+    if not s.lr > 0:
+        raise LabError(f"lr must be positive, got {s.lr}.")
+    if s.large_batch_per_device * s.devices <= s.small_batch:
+        raise LabError(f"The large global batch ({s.large_batch_per_device} x {s.devices}) must exceed the "
+                       f"small batch ({s.small_batch}); raise large_batch_per_device or devices.")
+    if s.train_images is not None and s.train_images < s.large_batch_per_device * s.devices:
+        raise LabError(f"train_images ({s.train_images}) is less than one large global batch "
+                       f"({s.large_batch_per_device * s.devices}); use more images or a smaller batch.")
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training configuration of the experiment."""
+
+    name: str
+    devices: int
+    batch_per_device: int
+    lr_rule: str          # "fixed" | "linear"
+    warmup_epochs: float
+    decay: str            # "constant" | "cosine" | "step"
+
+    @property
+    def global_batch(self) -> int:
+        return self.devices * self.batch_per_device
+
+    def rule_text(self, base_lr: float, base_batch: int) -> str:
+        """The learning-rate rule in words, e.g. ``linear 0.1 x 2048/128, warm-up 2 ep, cosine``."""
+        if self.lr_rule == "fixed":
+            parts = [f"fixed {base_lr:g}"]
+        else:
+            parts = [f"linear {base_lr:g} x {self.global_batch}/{base_batch}"]
+        if self.warmup_epochs:
+            parts.append(f"warm-up {self.warmup_epochs:g} ep from {base_lr:g}")
+        if self.decay != "constant":
+            parts.append(f"{self.decay} decay")
+        return ", ".join(parts)
+
+    def peak_lr(self, base_lr: float, base_batch: int) -> float:
+        return base_lr if self.lr_rule == "fixed" else scaled_lr(base_lr, self.global_batch, base_batch)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """How many ranks the large runs use here, on what, and a note when it is not the ask."""
+
+    large_devices: int
+    backend: str          # "nccl" | "gloo"
+    device_kind: str      # "GPU" | "gloo CPU process"
+    note: str | None
+
+
+def plan_devices(settings: LargeBatchSettings, gpus: int | None = None) -> DevicePlan:
+    """Ranks for the large runs: the settings' count, or every GPU when there are fewer."""
+    if gpus is None:
+        from lab_utils.hardware import gpu_count
+
+        gpus = gpu_count()
+    want = settings.devices
+    if gpus >= 1:
+        have = min(want, gpus)
+        note = None
+        if have < want:
+            note = (f"this machine has {gpus} GPU(s): the large-batch runs use {have} x "
+                    f"{settings.large_batch_per_device} = {have * settings.large_batch_per_device} "
+                    f"instead of {want} x {settings.large_batch_per_device} = "
+                    f"{want * settings.large_batch_per_device}")
+        return DevicePlan(have, "nccl", "GPU", note)
+    note = (f"no GPU: every rank is a gloo process on the CPU ({want} for the large runs, "
+            f"1 for the reference)")
+    return DevicePlan(want, "gloo", "gloo CPU process", note)
+
+
+def plan_runs(settings: LargeBatchSettings, large_devices: int) -> list[RunSpec]:
+    """The reference, the large batch at the same lr, and the three remedies (same epochs)."""
+    b = settings.large_batch_per_device
+    w = settings.warmup_epochs
+    return [
+        RunSpec("small batch (reference)", 1, settings.small_batch, "fixed", 0.0, "constant"),
+        RunSpec("large batch, same lr", large_devices, b, "fixed", 0.0, "constant"),
+        RunSpec("+ linear lr scaling", large_devices, b, "linear", 0.0, "constant"),
+        RunSpec("+ warm-up", large_devices, b, "linear", w, "constant"),
+        RunSpec(f"+ warm-up + {settings.decay} decay", large_devices, b, "linear", w, settings.decay),
+    ]
+
+
+def worker_args(settings: LargeBatchSettings, run: RunSpec, profile: str):
+    """The :class:`lab_utils.ddp.WorkerArgs` of one run (before ``resolved()``)."""
+    from lab_utils.ddp import WorkerArgs
+
+    return WorkerArgs(
+        experiment=EXPERIMENT, profile=profile, batch_size=run.batch_per_device, epochs=settings.epochs,
+        width=settings.width, train_images=settings.train_images, test_images=settings.test_images,
+        dataset=settings.dataset, num_workers=settings.num_workers, lr=settings.lr, lr_rule=run.lr_rule,
+        base_batch=settings.small_batch, warmup_epochs=run.warmup_epochs, decay=run.decay, eval=True,
+        seed=settings.seed, tag=run.name).validate()
+
+
+@dataclass
+class LargeBatchResult:
+    """One aggregate record per run (in :func:`plan_runs` order), the plan, and what was measured now."""
+
+    records: list[Record]
+    runs: list[RunSpec]
+    settings: LargeBatchSettings
+    plan: DevicePlan
+    profile: str
+    measured: list[str]
+
+    @property
+    def ok(self) -> list[tuple[RunSpec, Record]]:
+        return [(s, r) for s, r in zip(self.runs, self.records) if r.status == "ok"]
+
+
+def _store_of(lab_or_profile: Any) -> tuple[str, ResultStore]:
+    if lab_or_profile is None or isinstance(lab_or_profile, str):
+        name = config.resolve_profile_name(lab_or_profile)[0]
+        return name, ResultStore(name)
+    return lab_or_profile.profile.name, lab_or_profile.store
+
+
+def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | None = None, *,
+                    force: bool = False, gpus: int | None = None, verbose: bool = True,
+                    **overrides: Any) -> LargeBatchResult:
+    """Train every configuration of :func:`plan_runs` (unless stored) and return their records.
+
+    ``lab_or_profile``: a :class:`lab_utils.session.LabSession`, a profile name or None.
+    ``overrides``: fields of :class:`LargeBatchSettings` (None keeps the profile's value).
+    A failed run (a dead rank, a timeout) is stored as an ``error`` record with the reason
+    and the other runs go on; it is tried again next time.
+    """
+    from lab_utils.ddp import choose_backend
+    from lab_utils.launcher import launch
+
+    profile, store = _store_of(lab_or_profile)
+    s = resolve_settings(profile, settings, **overrides)
+    plan = plan_devices(s, gpus)
+    runs = plan_runs(s, plan.large_devices)
+    records: list[Record] = []
+    measured: list[str] = []
+    for run in runs:
+        args = worker_args(s, run, profile).resolved()
+        backend = choose_backend("auto", run.devices)
+        cfg = args.record_config(run.devices, backend)
+        existing = store.get(EXPERIMENT, cfg)
+        if existing is not None and existing.status == "ok" and not force:
+            records.append(existing)
+            if verbose:
+                print(f"{run.name}: from the store ({_summary(existing)})")
+            continue
+        if verbose:
+            print(f"{run.name}: training {run.devices} x {run.batch_per_device} on {backend} ...", flush=True)
+        try:
+            launch("lab_utils.ddp", args.to_argv(), nproc=run.devices, timeout_s=s.timeout_s)
+            rec = store.get(EXPERIMENT, cfg)
+            if rec is None:
+                raise LaunchError(f"the run of {run.name} finished but stored no record under {EXPERIMENT}.")
+        except LaunchError as e:
+            reason = str(e).splitlines()[0][:300]
+            rec = store.add(EXPERIMENT, cfg, {}, status="error", reason=reason,
+                            synthetic=args.dataset == "synthetic", dataset=args.dataset)
+        measured.append(run.name)
+        records.append(rec)
+        if verbose:
+            print(f"{run.name}: {_summary(rec)}", flush=True)
+    return LargeBatchResult(records, runs, s, plan, profile, measured)
+
+
+def _summary(rec: Record) -> str:
+    if rec.status != "ok":
+        return f"{rec.status}: {rec.reason}"
+    m = rec.metrics
+    return (f"epoch {m.get('reported_epoch')}: train loss {m.get('train_loss', math.nan):.3f}, "
+            f"test accuracy {100 * m.get('test_accuracy', math.nan):.1f}%")
+
+
+# --------------------------------------------------------------------------- tables and figures
+
+
+def history(rec: Record) -> list[dict[str, Any]]:
+    """The per-epoch history of an aggregate record (empty for a failed run)."""
+    return list(rec.metrics.get("epochs") or [])
+
+
+def mean_epoch_seconds(rec: Record) -> float | None:
+    """Mean epoch wall time (slowest rank, seconds) over epochs 2..E (epoch 1 includes warm-up)."""
+    eps = history(rec)
+    later = eps[1:] if len(eps) > 1 else eps
+    vals = [e["epoch_seconds"] for e in later if e.get("epoch_seconds") is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def large_batch_table(result: LargeBatchResult):
+    """The ``large_batch`` table: one row per run (failed runs say why)."""
+    import pandas as pd
+
+    s = result.settings
+    rows = []
+    for run, rec in zip(result.runs, result.records):
+        m = rec.metrics
+        row: dict[str, Any] = {
+            "configuration": run.name,
+            "devices": f"{run.devices} x {'GPU' if rec.config.get('backend') == 'nccl' else 'CPU process'}",
+            "batch per device": run.batch_per_device,
+            "global batch": run.global_batch,
+            "lr rule": run.rule_text(s.lr, s.small_batch),
+            "peak lr": run.peak_lr(s.lr, s.small_batch),
+        }
+        if rec.status == "ok":
+            steps = m.get("steps_per_epoch")
+            row.update({
+                "optimizer steps": steps * s.epochs if steps else None,
+                f"epoch-{s.epochs} train loss": m.get("train_loss"),
+                f"epoch-{s.epochs} test loss": m.get("test_loss"),
+                f"epoch-{s.epochs} test accuracy %": (100 * m["test_accuracy"]
+                                                      if "test_accuracy" in m else None),
+                "epoch time s": mean_epoch_seconds(rec),
+                "wall time s": history(rec)[-1].get("elapsed_seconds") if history(rec) else None,
+                "status": "ok",
+            })
+        else:
+            row["status"] = f"{rec.status}: {rec.reason}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table_notes(result: LargeBatchResult) -> list[str]:
+    s = result.settings
+    notes = [f"{s.label}." if s.label else f"profile {result.profile}.",
+             f"Every run: {s.epochs} epochs (the same images seen), SGD momentum 0.9, weight decay 5e-4; "
+             f"test loss/accuracy after epoch {s.epochs} on the test split; train loss = mean over "
+             f"epoch {s.epochs}'s images.",
+             "lr rule: linear = lr x global batch / reference batch (Goyal et al. 2017); warm-up ramps the "
+             "lr linearly per step from the reference lr to that peak; decay starts after warm-up.",
+             "epoch time: mean wall time of epochs 2..E (slowest rank; loader waits included, evaluation "
+             "excluded); wall time: from the start of epoch 1 to the end of the last, evaluations included.",
+             ANCHORS + "."]
+    if result.plan.note:
+        notes.insert(1, result.plan.note + ".")
+    return notes
+
+
+def save_large_batch_table(store: ResultStore, result: LargeBatchResult):
+    """Save ``tables/large_batch.md`` and ``.csv``; return the DataFrame."""
+    table = large_batch_table(result)
+    store.save_table(table, EXPERIMENT, result.records,
+                     title=f"Large-batch training: {result.settings.epochs} epochs, same budget",
+                     notes=table_notes(result))
+    return table
+
+
+def plot_accuracy(result: LargeBatchResult, against: str = "epoch"):
+    """Test accuracy per epoch of every run, against ``epoch`` or wall-clock ``time``."""
+    import matplotlib.pyplot as plt
+
+    if against not in ("epoch", "time"):
+        raise LabError(f"against must be 'epoch' or 'time', got {against!r}.")
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for run, rec in result.ok:
+        eps = [e for e in history(rec) if e.get("test_accuracy") is not None]
+        if not eps:
+            continue
+        xs = [e["epoch"] for e in eps] if against == "epoch" else [e["elapsed_seconds"] for e in eps]
+        style = "o--" if run.devices == 1 else "o-"
+        ax.plot(xs, [100 * e["test_accuracy"] for e in eps], style,
+                label=f"{run.name} ({run.devices}x{run.batch_per_device})")
+    ax.set_xlabel("epoch" if against == "epoch" else "wall-clock time since the start of training (s)")
+    ax.set_ylabel("test accuracy (%)")
+    if against == "epoch":
+        ax.set_xticks(range(1, result.settings.epochs + 1))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    title = "Test accuracy per epoch" if against == "epoch" else "Test accuracy against wall-clock time"
+    ax.set_title(title + (f" ({result.plan.note.split(':')[0]})" if result.plan.note else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def lr_curves(result: LargeBatchResult) -> dict[str, list[float]]:
+    """The lr of every optimizer step of every run (from the same LRSchedule the worker uses)."""
+    s = result.settings
+    out = {}
+    for run, rec in zip(result.runs, result.records):
+        steps = rec.metrics.get("steps_per_epoch") if rec.status == "ok" else None
+        if not steps:
+            images = rec.config.get("train_images") or s.train_images
+            if not images:
+                continue
+            steps = math.ceil(math.ceil(images / run.devices) / run.batch_per_device)
+        sched = run_schedule(run, s, steps)
+        out[run.name] = [sched.lr_at(i) for i in range(sched.total_steps)]
+    return out
+
+
+def run_schedule(run: RunSpec, s: LargeBatchSettings, steps_per_epoch: int) -> LRSchedule:
+    """The run's schedule, built exactly as the worker builds it."""
+    from lab_utils.schedules import make_schedule
+
+    return make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps_per_epoch, s.epochs,
+                         run.warmup_epochs, run.decay)
+
+
+def plot_lr(result: LargeBatchResult):
+    """The learning rate against the fraction of the run, for every configuration."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for name, lrs in lr_curves(result).items():
+        n = len(lrs)
+        ax.plot([(i + 1) * result.settings.epochs / n for i in range(n)], lrs,
+                drawstyle="steps-pre", label=f"{name} ({n} steps)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("learning rate")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Learning rate per optimizer step", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_figures(store: ResultStore, result: LargeBatchResult) -> list:
+    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures; return the figures."""
+    import matplotlib.pyplot as plt
+
+    figs = []
+    for name, fig in (("large_batch_accuracy_epoch", plot_accuracy(result, "epoch")),
+                      ("large_batch_accuracy_time", plot_accuracy(result, "time")),
+                      ("large_batch_lr", plot_lr(result))):
+        store.save_figure(fig, name, result.records)
+        figs.append(fig)
+        plt.close(fig)
+    return figs
+
+
+# --------------------------------------------------------------------------- set_epoch
+
+
+def sampler_epoch_orders(dataset_size: int = 16, num_replicas: int = 2, rank: int = 0, epochs: int = 2,
+                         call_set_epoch: bool = True, seed: int = 0) -> list[list[int]]:
+    """The indices ``DistributedSampler`` gives ``rank`` in each of ``epochs`` epochs.
+
+    Exactly what a training loop does: one sampler, iterated once per epoch, with
+    ``sampler.set_epoch(epoch)`` before each pass when ``call_set_epoch``. The sampler
+    shuffles with a generator seeded by ``seed + epoch``; without ``set_epoch`` the
+    epoch stays 0 and every epoch repeats the first one's order.
+    """
+    from torch.utils.data.distributed import DistributedSampler
+
+    check_positive_int(dataset_size, "dataset size")
+    check_positive_int(num_replicas, "number of replicas")
+    check_positive_int(epochs, "epochs")
+    if not 0 <= rank < num_replicas:
+        raise LabError(f"rank must be in 0..{num_replicas - 1}, got {rank}.")
+    sampler = DistributedSampler(range(dataset_size), num_replicas=num_replicas, rank=rank, shuffle=True,
+                                 seed=seed)
+    orders = []
+    for epoch in range(epochs):
+        if call_set_epoch:
+            sampler.set_epoch(epoch)
+        orders.append([int(i) for i in sampler])
+    return orders
+
+
+def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int = 2, seed: int = 0):
+    """Each rank's index order per epoch, with and without ``set_epoch`` (a DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for call in (True, False):
+        for epoch in range(epochs):
+            row: dict[str, Any] = {"set_epoch called": "yes" if call else "no", "epoch": epoch}
+            for r in range(num_replicas):
+                order = sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)[epoch]
+                row[f"rank {r} indices"] = " ".join(str(i) for i in order)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]]:
+    """The first sampler indices each rank drew per epoch in a stored run (the worker calls set_epoch)."""
+    rows = []
+    for r in store.latest(EXPERIMENT):
+        same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
+        if r.config.get("record") != "rank" or not same_run:
+            continue
+        for e in r.metrics.get("epochs", []):
+            rows.append({"rank": r.config.get("rank"), "epoch": e.get("epoch"),
+                         "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))})
+    return rows
+
+
+# --------------------------------------------------------------------------- communication accounting
+
+
+def comm_plan(settings: LargeBatchSettings, gpus: int | None = None) -> tuple[int, str]:
+    """Ranks and backend of the accounting run: NCCL on 2+ GPUs (up to ``devices``), else 2 gloo processes."""
+    if gpus is None:
+        from lab_utils.hardware import gpu_count
+
+        gpus = gpu_count()
+    if gpus >= 2:
+        return min(settings.devices, gpus), "nccl"
+    return 2, "gloo"
+
+
+def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings | None = None, *,
+                        force: bool = False, gpus: int | None = None, broadcast_buffers: bool = True,
+                        zero: bool = True, verbose: bool = True, **overrides: Any) -> Record:
+    """Run :mod:`lab_utils.comm_accounting` (a few DDP steps) unless stored; return its record."""
+    from lab_utils.comm_accounting import AccountingArgs
+    from lab_utils.launcher import launch
+
+    profile, store = _store_of(lab_or_profile)
+    s = resolve_settings(profile, settings, **overrides)
+    nproc, backend = comm_plan(s, gpus)
+    args = AccountingArgs(width=s.comm_width, batch_size=s.comm_batch, steps=s.comm_steps,
+                          broadcast_buffers=broadcast_buffers, zero=zero, backend=backend, profile=profile,
+                          experiment=COMM_EXPERIMENT, seed=s.seed).validate()
+    cfg = args.record_config(nproc, backend)
+    existing = store.get(COMM_EXPERIMENT, cfg)
+    if existing is not None and existing.status == "ok" and not force:
+        if verbose:
+            print(f"communication accounting: from the store ({nproc} x {backend})")
+        return existing
+    if verbose:
+        print(f"communication accounting: {nproc} x {backend}, width {s.comm_width}, "
+              f"{s.comm_steps} steps ...", flush=True)
+    launch("lab_utils.comm_accounting", args.to_argv(), nproc=nproc, timeout_s=s.comm_timeout_s)
+    rec = store.get(COMM_EXPERIMENT, cfg)
+    if rec is None:
+        raise LaunchError(f"The accounting run finished but stored no record under {COMM_EXPERIMENT}.")
+    return rec
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """One row of the accounting: what, when, how, bytes per occurrence, and what it should equal."""
+
+    what: str
+    when: str
+    collective: str
+    calls_per_occurrence: float | None
+    payload_bytes: float | None       # per occurrence, what each rank hands to the collective
+    expected_bytes: int | None        # from the model's parameter/buffer sizes
+    expected_from: str
+
+    @property
+    def matches(self) -> bool | None:
+        if self.payload_bytes is None or self.expected_bytes is None:
+            return None
+        return self.payload_bytes == self.expected_bytes
+
+
+def _ledger(rank_entry: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(row["phase"], row["kind"]): row for row in rank_entry["ledger"]}
+
+
+def comm_items(rec: Record) -> list[CommItem]:
+    """The accounting of rank 0 (payloads are the same on every rank), item by item."""
+    from lab_utils import comm_accounting as ca
+
+    m = rec.metrics
+    mb = m["model_bytes"]
+    steps = rec.config["steps"]
+    world = m["world_size"]
+    led = _ledger(m["ranks"][0])
+
+    def per(phase: str, kind: str, n: int = 1) -> tuple[float | None, float | None]:
+        row = led.get((phase, kind))
+        if row is None:
+            return None, None
+        return row["calls"] / n, row["bytes"] / n
+
+    params, bufs = mb["parameter_bytes"], mb["buffer_bytes"]
+    items = []
+    c, b = per("construction", ca.SHAPE_CHECK)
+    items.append(CommItem("parameter shape check", "once, DDP construction",
+                          "all-gather of shape metadata (C++; bytes seen on the wire only)",
+                          c, None, None, ""))
+    c, b = per("construction", ca.BROADCAST_COALESCED)
+    items.append(CommItem("initial parameter + buffer broadcast", "once, DDP construction",
+                          "broadcast from rank 0, coalesced into buckets", c, b, params + bufs,
+                          "parameter bytes + buffer bytes"))
+    c, b = per("step", ca.BROADCAST_COALESCED, steps)
+    on = rec.config.get("broadcast_buffers", True)
+    items.append(CommItem(f"BatchNorm buffers (broadcast_buffers={on})", "every training step (forward)",
+                          "broadcast from rank 0, coalesced", c if on else 0,
+                          b if b is not None else (None if on else 0.0),
+                          bufs if on else 0, "buffer bytes" if on else "nothing"))
+    c, b = per("step", ca.GRAD_BUCKET, steps)
+    items.append(CommItem("gradients", "every training step (backward)", "all-reduce per bucket (comm hook)",
+                          c, b, mb["trainable_parameter_bytes"], "trainable parameter bytes"))
+    c, b = per("loss_logging", ca.ALL_REDUCE, steps)
+    items.append(CommItem("global loss for logging", "every step, if logged", "all-reduce of one float32",
+                          c, b, 4, "one float32"))
+    c, b = per("evaluation", ca.BROADCAST)
+    items.append(CommItem("rank 0's BatchNorm statistics before evaluating", "every evaluation",
+                          "broadcast per buffer", c, b, bufs, "buffer bytes"))
+    c, b = per("evaluation", ca.ALL_REDUCE)
+    items.append(CommItem("test metric sums (loss, correct, count)", "every evaluation",
+                          "all-reduce of three float64", c, b, 24, "three float64"))
+    if rec.config.get("zero"):
+        c, b = per("zero_step", ca.GRAD_BUCKET, steps)
+        items.append(CommItem("ZeRO-1: gradients (still all of them)", "every step",
+                              "all-reduce per bucket (DDP)", c, b, mb["trainable_parameter_bytes"],
+                              "trainable parameter bytes"))
+        c, b = per("zero_step", ca.BROADCAST, steps)
+        items.append(CommItem(f"ZeRO-1: updated parameter shards, each owner to the other {world - 1}",
+                              "every step (after optimizer.step)", "broadcast per parameter from its owner",
+                              c, b, params, "parameter bytes (sum over owners)"))
+        c, b = per("zero_checkpoint", ca.BROADCAST)
+        items.append(CommItem("ZeRO-1: optimizer state gathered on rank 0 (consolidate_state_dict)",
+                              "each checkpoint", "broadcast of pickled state from each owner", c, b, None,
+                              "pickled momentum of the other ranks' shards (+ header)"))
+    return items
+
+
+def comm_table(rec: Record):
+    """The accounting as a DataFrame: what, when, collective, calls, bytes, expected, equal."""
+    import pandas as pd
+
+    rows = []
+    for it in comm_items(rec):
+        rows.append({"what": it.what, "when": it.when, "collective": it.collective,
+                     "calls": it.calls_per_occurrence,
+                     "payload bytes": None if it.payload_bytes is None else int(round(it.payload_bytes)),
+                     "expected bytes": it.expected_bytes, "expected from": it.expected_from,
+                     "equal": {True: "yes", False: "NO", None: ""}[it.matches]})
+    return pd.DataFrame(rows)
+
+
+def optimizer_state_rows(rec: Record) -> list[dict[str, Any]]:
+    """Optimizer state (SGD momentum) each rank holds: plain DDP vs ZeRO-1 (bytes)."""
+    rows = []
+    for g in rec.metrics["ranks"]:
+        rows.append({"rank": g["rank"], "DDP + SGD: momentum bytes held": g.get("sgd_state_bytes"),
+                     "ZeRO-1: momentum bytes held": g.get("zero_state_bytes")})
+    return rows
+
+
+PHASE_LABELS = {
+    "construction": "DDP construction (shape check + initial broadcast)",
+    "step": "one training step (buffers + gradients + logged loss)",
+    "evaluation": "one evaluation (buffers + metric sums)",
+    "zero_step": "one ZeRO-1 step (buffers + gradients + parameter shards)",
+    "zero_checkpoint": "ZeRO-1 checkpoint (consolidate_state_dict)",
+}
+LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
+
+
+def wire_table(rec: Record):
+    """Cross-check (gloo only): payload counted vs bytes each rank wrote to its sockets, per phase.
+
+    ``written`` is the mean over the phase's occurrences of the change in ``wchar`` of
+    ``/proc/self/io``; a ring all-reduce of S bytes writes about 2(P-1)/P x S per rank, a
+    broadcast about S on the root. The difference is protocol overhead and control
+    messages the payload count cannot see. Returns None when not measured (NCCL).
+    """
+    import pandas as pd
+
+    ranks = rec.metrics["ranks"]
+    if not all(g.get("wire_measured") for g in ranks):
+        return None
+    rows = []
+    for phase, label in PHASE_LABELS.items():
+        per_rank = []
+        for g in ranks:
+            vals = [v for k, vs in g["wire_bytes"].items() if k.split(":")[0] == phase for v in vs]
+            per_rank.append(statistics.fmean(vals) if vals else None)
+        if all(v is None for v in per_rank):
+            continue
+        n = max(1, len([k for k in ranks[0]["wire_bytes"] if k.split(":")[0] == phase]))
+        led = _ledger(ranks[0])
+        phases = LEDGER_PHASES.get(phase, (phase,))
+        payload = sum(row["bytes"] for (p, _k), row in led.items() if p in phases) / n
+        row: dict[str, Any] = {"phase": label, "payload counted (bytes)": int(round(payload))}
+        for g, v in zip(ranks, per_rank):
+            row[f"rank {g['rank']} wrote (bytes)"] = None if v is None else int(round(v))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def accounting_checks(rec: Record) -> dict[str, bool]:
+    """Each accounted item with an expected size: does the payload equal it (on every rank)?"""
+    out = {}
+    for g in rec.metrics["ranks"]:
+        one = Record(experiment=rec.experiment, config=rec.config,
+                     metrics={**rec.metrics, "ranks": [g]})
+        for it in comm_items(one):
+            if it.matches is not None:
+                out[f"rank {g['rank']}: {it.what}"] = it.matches
+    return out
+
+
+def save_comm_tables(store: ResultStore, rec: Record):
+    """Save ``comm_accounting`` (and ``comm_accounting_wire`` when measured); return the main table."""
+    table = comm_table(rec)
+    mb = rec.metrics["model_bytes"]
+    cfg = rec.config
+    notes = [f"Measured on a real DDP run: {cfg['devices']} x {cfg['backend']}, "
+             f"ResNet-18 width {cfg['width']} "
+             f"({mb['parameters']:,} parameters = {mb['parameter_bytes']:,} bytes fp32; buffers "
+             f"{mb['buffer_bytes']:,} bytes), batch {cfg['batch_size']} per rank, {cfg['steps']} steps; "
+             "random inputs (bytes do not depend on the data).",
+             "payload bytes: numel x element size of what each rank hands to the collective, per "
+             "occurrence (per step: total / steps), counted by wrapping torch.distributed's entry points "
+             "(_broadcast_coalesced, broadcast, all_reduce) and a gradient comm hook.",
+             "Bytes on the wire depend on the algorithm: ring all-reduce sends 2(P-1)/P x payload per rank; "
+             "a broadcast sends the payload from the root.",
+             "ZeRO-1 = torch.distributed.optim.ZeroRedundancyOptimizer over SGD with momentum."]
+    store.save_table(table, COMM_EXPERIMENT, [rec], title="What DDP communicates besides gradients",
+                     notes=notes)
+    wire = wire_table(rec)
+    if wire is not None:
+        store.save_table(wire, f"{COMM_EXPERIMENT}_wire", [rec],
+                         title="Cross-check: payload counted vs bytes written to the sockets (gloo)",
+                         notes=["written: change of wchar in /proc/self/io over the phase (mean over "
+                                "occurrences); includes gloo's headers and C++ control messages."])
+    return table

@@ -1,0 +1,229 @@
+"""Notebook 05's package code: runs and their plan, set_epoch, tables/figures, communicated bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_utils import large_batch as lb
+from lab_utils.errors import LabError
+
+# --------------------------------------------------------------------------- set_epoch
+
+
+def test_set_epoch_changes_the_order_and_without_it_epochs_repeat():
+    with_it = lb.sampler_epoch_orders(dataset_size=16, num_replicas=2, rank=0, epochs=2, call_set_epoch=True)
+    without = lb.sampler_epoch_orders(dataset_size=16, num_replicas=2, rank=0, epochs=2, call_set_epoch=False)
+    assert with_it[0] != with_it[1]          # a new shuffle every epoch
+    assert without[0] == without[1]          # the same order again
+    assert without[0] == with_it[0]          # epoch 0 is the same either way (seed + 0)
+    for orders in (with_it, without):
+        assert all(len(o) == 8 for o in orders)
+
+
+def test_ranks_split_each_epoch_without_overlap():
+    for call in (True, False):
+        r0 = lb.sampler_epoch_orders(16, 2, 0, 3, call)
+        r1 = lb.sampler_epoch_orders(16, 2, 1, 3, call)
+        for a, b in zip(r0, r1):
+            assert set(a).isdisjoint(b) and set(a) | set(b) == set(range(16))
+
+
+def test_set_epoch_table_has_a_row_per_case_and_epoch():
+    t = lb.set_epoch_table(dataset_size=12, num_replicas=3, epochs=2)
+    assert len(t) == 4 and list(t.columns) == ["set_epoch called", "epoch", "rank 0 indices",
+                                               "rank 1 indices", "rank 2 indices"]
+    no = t[t["set_epoch called"] == "no"]
+    assert no.iloc[0]["rank 1 indices"] == no.iloc[1]["rank 1 indices"]
+    with pytest.raises(LabError, match="rank"):
+        lb.sampler_epoch_orders(16, 2, rank=2)
+
+
+# --------------------------------------------------------------------------- plan and settings
+
+
+def test_plan_devices_uses_what_the_machine_has_and_says_so():
+    full = lb.LARGE_BATCH_SETTINGS["full"]
+    assert lb.plan_devices(full, gpus=8) == lb.DevicePlan(4, "nccl", "GPU", None)
+    one = lb.plan_devices(full, gpus=1)
+    assert one.large_devices == 1 and "1 x 512 = 512" in one.note and "4 x 512 = 2048" in one.note
+    cpu = lb.plan_devices(lb.LARGE_BATCH_SETTINGS["quick"], gpus=0)
+    assert (cpu.large_devices, cpu.backend) == (2, "gloo") and "gloo" in cpu.note
+
+
+def test_plan_runs_same_budget_and_lr_rules():
+    s = lb.LARGE_BATCH_SETTINGS["full"]
+    runs = lb.plan_runs(s, 4)
+    assert [r.global_batch for r in runs] == [128, 2048, 2048, 2048, 2048]
+    assert [r.peak_lr(s.lr, s.small_batch) for r in runs] == pytest.approx([0.1, 0.1, 1.6, 1.6, 1.6])
+    assert [r.warmup_epochs for r in runs] == [0, 0, 0, s.warmup_epochs, s.warmup_epochs]
+    assert [r.decay for r in runs][-1] == s.decay and {r.decay for r in runs[:-1]} == {"constant"}
+    assert runs[-1].rule_text(0.1, 128) == "linear 0.1 x 2048/128, warm-up 2 ep from 0.1, cosine decay"
+
+
+def test_worker_args_round_trip_through_the_worker_cli():
+    from lab_utils.ddp import parse_args
+
+    s = lb.LARGE_BATCH_SETTINGS["quick"]
+    for run in lb.plan_runs(s, 2):
+        args = lb.worker_args(s, run, "quick")
+        back = parse_args(args.to_argv())
+        got = (back.batch_size, back.lr_rule, back.warmup_epochs, back.decay, back.base_batch, back.eval)
+        assert got == (run.batch_per_device, run.lr_rule, run.warmup_epochs, run.decay, s.small_batch, True)
+        assert back.tag == run.name and back.experiment == lb.EXPERIMENT
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"decay": "constant"}, "cosine"),
+    ({"warmup_epochs": 9}, "warmup_epochs"),
+    ({"small_batch": 0}, "small batch"),
+    ({"large_batch_per_device": 8, "devices": 2, "small_batch": 32}, "must exceed"),
+    ({"train_images": 100}, "less than one large global batch"),
+    ({"colour": "red"}, "Unknown large-batch setting"),
+])
+def test_bad_settings_are_refused_before_any_work(overrides, match):
+    with pytest.raises(LabError, match=match):
+        lb.resolve_settings("quick", **overrides)
+
+
+def test_quick_settings_stay_small():
+    s = lb.LARGE_BATCH_SETTINGS["quick"]
+    assert s.devices == 2 and s.width <= 16 and s.train_images <= 4096
+    full = lb.LARGE_BATCH_SETTINGS["full"]
+    assert (full.epochs, full.small_batch, full.large_batch_per_device, full.devices, full.width) == (
+        5, 128, 512, 4, 64)
+    assert full.train_images is None and full.lr == 0.1
+
+
+# --------------------------------------------------------------------------- tables and figures
+
+
+def _history(accs, seconds=2.0):
+    return [{"epoch": i + 1, "test_accuracy": a, "test_loss": 2 - a, "train_loss": 2.2 - a,
+             "epoch_seconds": seconds + (1.0 if i == 0 else 0.0), "elapsed_seconds": (i + 1) * seconds}
+            for i, a in enumerate(accs)]
+
+
+def _fake_result(store, failed: bool = False) -> lb.LargeBatchResult:
+    """Records shaped like the DDP worker's aggregate records (test input, not results)."""
+    s = lb.resolve_settings("quick", epochs=3)
+    plan = lb.plan_devices(s, gpus=0)
+    runs = lb.plan_runs(s, plan.large_devices)
+    recs = []
+    for i, run in enumerate(runs):
+        cfg = {"record": "aggregate", "backend": "gloo", "global_batch": run.global_batch, "tag": run.name,
+               "train_images": s.train_images}
+        if failed and i == 1:
+            recs.append(store.add(lb.EXPERIMENT, cfg, {}, status="error", reason="rank 1 died",
+                                  synthetic=True))
+            continue
+        hist = _history([0.2 + 0.1 * i, 0.3 + 0.1 * i, 0.4 + 0.1 * i])
+        metrics = {**hist[-1], "epochs": hist, "reported_epoch": 3,
+                   "steps_per_epoch": s.train_images // run.global_batch}
+        recs.append(store.add(lb.EXPERIMENT, cfg, metrics, synthetic=True, dataset="synthetic"))
+    return lb.LargeBatchResult(recs, runs, s, plan, "quick", [])
+
+
+def test_table_rows_and_columns(store):
+    res = _fake_result(store, failed=True)
+    t = lb.large_batch_table(res)
+    assert list(t["configuration"]) == [r.name for r in res.runs]
+    assert list(t["global batch"]) == [32, 256, 256, 256, 256]
+    assert t.loc[0, "epoch-3 test accuracy %"] == pytest.approx(40.0)
+    assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epochs 2..3: the warm-up epoch is left out
+    assert t.loc[0, "optimizer steps"] == 3 * 2048 // 32
+    assert t.loc[1, "status"] == "error: rank 1 died"
+    lb.save_large_batch_table(store, res)
+    text = (store.tables_dir / "large_batch.md").read_text()
+    assert "large batch, same lr" in text and "SYNTHETIC" in text and "gloo" in text
+
+
+def test_figures_are_saved(store):
+    res = _fake_result(store)
+    figs = lb.save_figures(store, res)
+    assert len(figs) == 3
+    for name in ("large_batch_accuracy_epoch", "large_batch_accuracy_time", "large_batch_lr"):
+        assert (store.figures_dir / f"{name}.png").stat().st_size > 0
+    curves = lb.lr_curves(res)
+    warm = curves[res.runs[3].name]
+    assert warm[0] == pytest.approx(0.1) and max(warm) == pytest.approx(0.8)
+    assert len(curves[res.runs[0].name]) == 3 * 64
+
+
+def test_worker_sample_orders_reads_rank_records(store):
+    cfg = {"record": "aggregate", "rank": None, "tag": "x"}
+    agg = store.add(lb.EXPERIMENT, cfg, {})
+    store.add(lb.EXPERIMENT, {**cfg, "record": "rank", "rank": 1},
+              {"epochs": [{"epoch": 1, "sample_order_head": [3, 1]},
+                          {"epoch": 2, "sample_order_head": [0, 2]}]})
+    rows = lb.worker_sample_orders(store, agg)
+    assert rows == [{"rank": 1, "epoch": 1, "first indices": "3 1"},
+                    {"rank": 1, "epoch": 2, "first indices": "0 2"}]
+
+
+# --------------------------------------------------------------------------- communication accounting
+
+
+def test_model_bytes_by_hand():
+    import torch
+
+    from lab_utils.comm_accounting import model_bytes, tensor_bytes
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    b = model_bytes(m)
+    # Linear: 3*2 + 2 = 8 fp32; BN: weight 2 + bias 2 = 4 fp32 -> 12 x 4 = 48 bytes
+    # buffers: running_mean 2 + running_var 2 fp32 = 16 bytes, num_batches_tracked 1 int64 = 8 bytes
+    assert (b.parameters, b.parameter_bytes, b.buffer_bytes, b.floating_buffer_bytes, b.buffers) == (
+        12, 48, 24, 16, 3)
+    assert tensor_bytes(torch.zeros(5, dtype=torch.float16)) == 10
+
+
+def test_ledger_counts_by_phase_and_mutes():
+    from lab_utils.comm_accounting import CommLedger
+
+    led = CommLedger()
+    with led.in_phase("step"):
+        led.add("all_reduce", 100)
+        led.add("all_reduce", 100)
+        with led.mute():
+            led.add("all_reduce", 999)
+        led.add("broadcast", 8, src=1)
+    assert led.get("step", "all_reduce") == (200, 2)
+    assert led.get("step", "broadcast") == (8, 1)
+    assert led.get("other", "broadcast") == (0, 0)
+    assert led.as_rows()[1]["bytes_by_src"] == {1: 8}
+
+
+@pytest.mark.slow
+def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
+    """Launch 2 gloo ranks: every payload equals the parameter/buffer bytes of the model."""
+    from lab_utils.models import ResNet18
+
+    rec = lb.run_comm_accounting("quick", comm_width=2, comm_batch=4, comm_steps=2, gpus=0, verbose=False)
+    assert rec.status == "ok" and rec.config["devices"] == 2 and rec.config["backend"] == "gloo"
+    model = ResNet18(width=2)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    items = {it.what: it for it in lb.comm_items(rec)}
+    assert items["initial parameter + buffer broadcast"].payload_bytes == params + buffers
+    assert items["BatchNorm buffers (broadcast_buffers=True)"].payload_bytes == buffers
+    assert items["gradients"].payload_bytes == params
+    assert items["ZeRO-1: gradients (still all of them)"].payload_bytes == params
+    shards = [w for w in items if w.startswith("ZeRO-1: updated parameter shards")]
+    assert items[shards[0]].payload_bytes == params
+    checks = lb.accounting_checks(rec)
+    assert len(checks) >= 2 * 7 and all(checks.values())
+    ranks = rec.metrics["ranks"]
+    assert all(g["parameters_equal_after_init"] for g in ranks)
+    # ZeRO-1 halves the momentum each rank holds (two ranks), plain SGD holds all of it
+    assert [g["sgd_state_bytes"] for g in ranks] == [params, params]
+    assert sum(g["zero_state_bytes"] for g in ranks) == params
+    # the table and the wire cross-check (gloo): a training step writes at least the payload
+    table = lb.comm_table(rec)
+    assert set(table["equal"]) <= {"yes", ""} and len(table) == len(items)
+    wire = lb.wire_table(rec)
+    if wire is not None:
+        step = wire[wire["phase"].str.startswith("one training step")].iloc[0]
+        assert step["rank 1 wrote (bytes)"] >= params  # ring all-reduce, P=2: 2(P-1)/P x S = S per rank
+    # stored: a second call reads the store instead of launching
+    again = lb.run_comm_accounting("quick", comm_width=2, comm_batch=4, comm_steps=2, gpus=0, verbose=False)
+    assert again.timestamp == rec.timestamp
