@@ -30,11 +30,11 @@ Making the out-of-memory path reachable on purpose:
   ``torch.autograd.graph.saved_tensors_hooks`` that add up the bytes of the tensors
   autograd keeps for backward (the activations: the part of training memory that grows
   with the batch), on top of the model state (parameters, gradients, momentum). When
-  the running total of a forward pass passes the cap, the hook raises
-  ``torch.OutOfMemoryError`` at that point of the forward pass, with the graph half
-  built, as the GPU allocator does when its per-process limit is hit. The bytes are the
-  real sizes of the real tensors; only the limit is a policy, exactly as with
-  ``set_per_process_memory_fraction``. The quick profile sets a cap so that its table
+  the running total of a forward pass passes the cap, a forward hook on the module that
+  just ran raises ``torch.OutOfMemoryError`` at that point of the forward pass, with the
+  graph half built, as the GPU allocator does when its per-process limit is hit. The
+  bytes are the real sizes of the real tensors; only the limit is a policy, exactly as
+  with ``set_per_process_memory_fraction``. The quick profile sets a cap so that its table
   shows an ``oom`` row and every code path runs on two CPU cores.
 
 Peak device memory is ``torch.cuda.max_memory_allocated`` for the reported epoch (bytes);
