@@ -104,7 +104,8 @@ class SyntheticCIFAR10(Dataset):
     classes = [f"class_{i}" for i in range(10)]
 
     def __init__(self, train: bool = True, transform=None, size: int | None = None, seed: int = 0):
-        n = size if size is not None else (CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE)
+        full = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
+        n = full if size is None else min(size, full)
         self.data, labels = synthetic_arrays(n, train, seed)
         self.targets = labels.tolist()
         self.transform = transform
@@ -149,11 +150,15 @@ def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str
 
 
 def cifar10_dataset(train: bool, dataset: str | None = None, transform=None,
-                    root: Path | None = None) -> tuple[Dataset, bool]:
-    """A CIFAR-10 split (real or synthetic) and whether it is synthetic."""
+                    root: Path | None = None, size: int | None = None) -> tuple[Dataset, bool]:
+    """A CIFAR-10 split (real or synthetic) and whether it is synthetic.
+
+    ``size`` only limits how many synthetic images are generated (a prefix of the full
+    split, so subsets are the same either way); the real split is always read whole.
+    """
     kind = resolve_dataset(dataset, root)
     if kind == "synthetic":
-        return SyntheticCIFAR10(train=train, transform=transform), True
+        return SyntheticCIFAR10(train=train, transform=transform, size=size), True
     from torchvision.datasets import CIFAR10
 
     return CIFAR10(str(root or config.data_dir()), train=train, transform=transform, download=False), False
@@ -198,8 +203,8 @@ def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers:
     if num_workers < 0:
         raise LabError(f"num_workers must be 0 or more, got {num_workers}.")
     global _warned_synthetic
-    train_ds, synthetic = cifar10_dataset(True, dataset, train_transform())
-    test_ds, _ = cifar10_dataset(False, dataset, test_transform())
+    train_ds, synthetic = cifar10_dataset(True, dataset, train_transform(), size=train_images)
+    test_ds, _ = cifar10_dataset(False, dataset, test_transform(), size=test_images)
     if synthetic and not _warned_synthetic and (dataset or "auto") == "auto":
         warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
                       "(run `make prepare` on a machine with internet for the real data).",

@@ -21,7 +21,15 @@ def headless() -> bool:
 
 
 def progress(iterable, total: int | None = None, desc: str | None = None, **kw):
-    """``tqdm.auto.tqdm`` over ``iterable``, disabled when :func:`headless`."""
+    """``tqdm.auto.tqdm`` over ``iterable``; a disabled plain ``tqdm`` when :func:`headless`.
+
+    (The notebook flavour would warn about missing widgets in headless runs even when
+    disabled, so headless runs never construct it.)
+    """
+    if headless():
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, disable=True, **kw)
     from tqdm.auto import tqdm
 
-    return tqdm(iterable, total=total, desc=desc, disable=headless(), leave=False, **kw)
+    return tqdm(iterable, total=total, desc=desc, leave=False, **kw)
