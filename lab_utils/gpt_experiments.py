@@ -422,6 +422,11 @@ def _num(v: Any) -> Any:
     return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
+def _blanks(df):
+    """Missing numbers print as blanks in the Markdown tables, not as 'nan'."""
+    return df.astype(object).where(df.notna(), None)
+
+
 def scaling_table(result: GPTResult):
     """gpt_scaling: time (slowest rank), speedup T(1)/T(N), efficiency, and what averaging would say."""
     import pandas as pd
@@ -447,7 +452,7 @@ def scaling_table(result: GPTResult):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return pd.DataFrame(rows)
+    return _blanks(pd.DataFrame(rows))
 
 
 def compute_comm_table(result: GPTResult):
@@ -473,10 +478,10 @@ def compute_comm_table(result: GPTResult):
             "comm / compute": comm / comp if comp else None,
             "all-reduce in flight (s)": m["allreduce_seconds"],
             "exposed by no_sync probe (s)": m["exposed_comm_seconds"],
-            "overlap fraction": _num(m.get("overlap_fraction")),
+            "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("buckets"),
             "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
         })
-    return pd.DataFrame(rows)
+    return _blanks(pd.DataFrame(rows))
 
 
 def rank_table(result: GPTResult):
@@ -508,7 +513,7 @@ def rank_table(result: GPTResult):
                      "communication (s)": m["communication_mean_seconds"],
                      "validation (s)": m["validation_mean_seconds"], "train loss": m["train_loss"],
                      "tokens/s": None})
-    return pd.DataFrame(rows)
+    return _blanks(pd.DataFrame(rows))
 
 
 def _timer(m: dict, name: str) -> dict:
@@ -549,7 +554,7 @@ def accumulation_table(result: GPTResult):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return pd.DataFrame(rows)
+    return _blanks(pd.DataFrame(rows))
 
 
 def _ms(s: float | None) -> float | None:

@@ -50,6 +50,7 @@ nested timers of every rank, status ``ok`` or ``oom``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -291,12 +292,16 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
 
 def device_peak(device: torch.device, dtype: str) -> tuple[str, float | None, str]:
     """Device name, its peak FLOP/s for this dtype (None if unknown), precision used."""
-    from lab_utils.hardware import device_name, fp32_training_precision, peak_flops_per_s
+    from lab_utils.hardware import device_name, peak_flops_per_s
 
     name = device_name(str(device))
     if device.type != "cuda":
         return name, None, dtype
-    precision = "bf16" if dtype == "bf16" else fp32_training_precision(name)
+    if dtype == "bf16":
+        precision = "bf16"
+    else:  # a GPT is matmuls: TF32 only when torch allows it for matmuls (off by default)
+        tf32 = torch.backends.cuda.matmul.allow_tf32 and peak_flops_per_s(name, "tf32") is not None
+        precision = "tf32" if tf32 else "fp32"
     return name, peak_flops_per_s(name, precision), precision
 
 
@@ -355,13 +360,16 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
         "total_steps": total_steps, "tokens_per_step": cfg.batch_size * cfg.accumulation_steps
         * ctx.world_size * mcfg.block_size,
     }
+    records: list[dict[str, Any]] = []
+    status, reason = "ok", None
     try:
         records = _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps,
                           timers, base)
-        status, reason = "ok", None
     except torch.cuda.OutOfMemoryError as e:
-        records, status, reason = [], "oom", f"OOM: {str(e).splitlines()[0][:200]}"
+        status, reason = "oom", f"OOM: {str(e).splitlines()[0][:200]}"
+    if status == "oom":  # outside the except block: the traceback (and its tensors) are gone
         model = None
+        gc.collect()
         torch.cuda.empty_cache()
     run_timer.__exit__(None, None, None)
     rank_timers = gather(timers.table(), ctx)
@@ -531,6 +539,8 @@ def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | 
         "imbalance": slow["epoch_seconds"] / fast["epoch_seconds"] if fast["epoch_seconds"] > 0 else None,
         "train_seconds": train_max, "train_seconds_mean": mean("train_seconds"),
         "train_loss": mean("train_loss"), "val_loss": val_loss, "tokens_per_s": tps,
+        "overlap_fraction": slow.get("overlap_fraction"),
+        "buckets": (slow.get("probe") or {}).get("buckets"),
         "mfu": flops_per_token * tps / (peak * world) if peak else None,
         "ranks": ranks,
     }
