@@ -4,36 +4,47 @@ that quotes the right log, and no process of the launch survives it (checked in 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 
 from lab_utils.errors import LabError, LaunchError
-from lab_utils.launcher import LAUNCH_ID_ENV, failing_rank, launch, tagged_processes
+from lab_utils.launcher import failing_rank, launch, tagged_processes
 
 TESTS = Path(__file__).resolve().parent
 TOY = "ddp_toy_worker"
 
 
-def toy_env() -> dict[str, str]:
+TOKEN_ENV = "LAB_TEST_TOKEN"
+
+
+def toy_env(token: str = "") -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
-    return {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
+    env = {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
+    if token:
+        env[TOKEN_ENV] = token  # every process of the launch inherits it
+    return env
 
 
-def launch_ids_in_proc() -> set[str]:
-    """Launch ids of every live process of this user that carries one."""
-    ids = set()
+def processes_with(token: str) -> list[int]:
+    """Live (non-zombie) processes whose environment holds this test's token.
+
+    Other programs of the same user may be launching too: only this token counts.
+    """
+    needle = f"{TOKEN_ENV}={token}".encode()
+    found = []
     for e in os.listdir("/proc"):
         if not e.isdigit():
             continue
         try:
             env = Path(f"/proc/{e}/environ").read_bytes().split(b"\0")
-        except OSError:
+            state = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             continue
-        for item in env:
-            if item.startswith(LAUNCH_ID_ENV.encode() + b"="):
-                ids.add(item.split(b"=", 1)[1].decode())
-    return ids
+        if needle in env and state != "Z":
+            found.append(int(e))
+    return found
 
 
 def zombie_children() -> list[int]:
@@ -53,22 +64,22 @@ def zombie_children() -> list[int]:
     return out
 
 
-def assert_nothing_left(before: set[str]) -> None:
-    left = launch_ids_in_proc() - before
-    assert not left, f"processes of launch(es) {left} are still running"
+def assert_nothing_left(token: str) -> None:
+    left = processes_with(token)
+    assert not left, f"processes {left} of the launch are still running"
     assert not zombie_children(), "the launcher left unreaped (zombie) children"
 
 
 @pytest.mark.slow
 def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
-    before = launch_ids_in_proc()
-    res = launch(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(),
+    token = uuid.uuid4().hex
+    res = launch(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
                  threads_per_rank=1)
     assert [r["rank"] for r in res.records] == [0, 1]
     assert all(r["world"] == 2 and r["omp"] == "1" for r in res.records)
     assert "toy worker rank 1/2" in res.log(1)
     assert res.launch_id and not tagged_processes(res.launch_id)
-    assert_nothing_left(before)
+    assert_nothing_left(token)
 
 
 @pytest.mark.slow
@@ -76,26 +87,26 @@ def test_dead_rank_raises_with_its_log_and_leaves_nothing(tmp_path):
     from ddp_toy_worker import FAIL_MARKER  # noqa: E402 (tests/ is on sys.path under pytest)
 
     (tmp_path / "rank0.log").write_text("Traceback: a stale log of an earlier run\n")
-    before = launch_ids_in_proc()
+    token = uuid.uuid4().hex
     with pytest.raises(LaunchError) as info:
         launch(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, log_dir=tmp_path,
-               env=toy_env(), threads_per_rank=1)
+               env=toy_env(token), threads_per_rank=1)
     msg = str(info.value)
     assert "rank 1" in msg and FAIL_MARKER in msg
     assert "deliberate failure on rank 1" in msg
     assert "stale log" not in (tmp_path / "rank0.log").read_text()
-    assert_nothing_left(before)
+    assert_nothing_left(token)
 
 
 @pytest.mark.slow
 def test_timeout_stops_every_process(tmp_path):
-    before = launch_ids_in_proc()
+    token = uuid.uuid4().hex
     with pytest.raises(LaunchError, match="did not finish within 8 s") as info:
-        launch(TOY, ["--mode", "sleep"], nproc=2, timeout_s=8, log_dir=tmp_path, env=toy_env(),
+        launch(TOY, ["--mode", "sleep"], nproc=2, timeout_s=8, log_dir=tmp_path, env=toy_env(token),
                threads_per_rank=1)
     # the message shows where each rank was when it was stopped (if it got that far)
     assert "Last lines of" in str(info.value)
-    assert_nothing_left(before)
+    assert_nothing_left(token)
 
 
 def test_bad_arguments_fail_before_starting_anything(tmp_path):
