@@ -40,6 +40,10 @@ in-step estimate of (b) that needs no extra steps). The DDP worker reports it as
 **Overlap** = (c) - (b): all-reduce time that was hidden behind backward computation;
 ``overlap_fraction`` = overlap / (c). With perfect overlap (b) is 0; with none, (b) is
 (c) (plus the small synchronization costs above, so (b) <= (c) holds within noise).
+On a CPU (gloo) the all-reduce runs in a gloo thread that competes with backward for the
+same core, so with several buckets the "hidden" all-reduce slows the computation down and
+(b) can exceed (c) by up to that computation's time (``tests/test_ddp.py`` measures this:
+with one bucket (b) = (c) within noise, with several the bound is looser on CPU).
 
 Neither figure includes DDP's one-off parameter broadcast at construction, nor the
 metric reductions of the training loop; those are counted by the worker separately.

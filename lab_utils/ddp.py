@@ -68,7 +68,8 @@ Aggregate ``metrics``:
   ``cumulative_train_seconds`` (sum of ``train_seconds`` up to this epoch);
   with ``--eval``: ``test_loss``, ``test_accuracy``, ``eval_seconds``;
   with ``--measure-comm``: ``allreduce_seconds_mean`` / ``_max`` (method (c) summed
-  over the epoch's steps).
+  over the epoch's steps) and ``exposed_tail_seconds_mean`` / ``_max`` (the hook's
+  in-step estimate of (b), summed over the epoch's steps).
 - the reported (last) epoch's entries copied to the top level (``train_seconds``,
   ``epoch_seconds``, ``test_accuracy``, ...), with ``reported_epoch``.
 - ``time_rule``: says that epoch/train times are the slowest rank's and ``*_mean``
