@@ -478,6 +478,7 @@ def compute_comm_table(result: GPTResult):
             "comm / compute": comm / comp if comp else None,
             "all-reduce in flight (s)": m["allreduce_seconds"],
             "exposed by no_sync probe (s)": m["exposed_comm_seconds"],
+            "probe noise ± (s)": _num(m.get("exposed_comm_noise_seconds")),
             "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("buckets"),
             "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
         })
@@ -620,7 +621,8 @@ def save_scaling_tables(store: ResultStore, result: GPTResult):
                             "communication = the wait at the end of backward for all-reduces still running "
                             "(timing comm hook, lab_utils.comm_hooks), summed over the epoch, slowest rank.",
                             "all-reduce in flight: time any bucket's all-reduce was running (mostly hidden "
-                            "behind backward); no_sync probe: sync step minus no_sync step x steps.",
+                            "behind backward); no_sync probe: sync step minus no_sync step x steps, with "
+                            "the standard error of that difference (x steps) as its noise.",
                             "derived: the assignment's method, compute = T(1)/N and comm = T(N) - T(1)/N; "
                             "it calls every inefficiency communication and goes negative when "
                             "T(N) < T(1)/N."])

@@ -476,7 +476,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         epoch_seconds, train_seconds, val_seconds = (totals[n] - before[n] for n in totals)
         before = totals
         probe = {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
-                 "overlap_fraction": None, "probe": None}
+                 "overlap_fraction": None, "exposed_comm_noise_seconds": None, "probe": None}
         if comm_timer is not None and cfg.probe_steps > 0:
             from lab_utils.comm_hooks import overlap_figures, probe_exposed_comm
 
@@ -486,7 +486,10 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
             overlap, fraction = overlap_figures(exposed, pr.allreduce_per_step_seconds * n_steps)
             probe = {"exposed_comm_per_step_seconds": pr.exposed_per_step_seconds,
                      "exposed_comm_seconds": exposed, "overlap_seconds": overlap,
-                     "overlap_fraction": fraction, "probe": pr.as_dict()}
+                     "overlap_fraction": fraction, "probe": pr.as_dict(),
+                     # standard error of the probe's mean difference, scaled like exposed_comm_seconds
+                     "exposed_comm_noise_seconds": (pr.noise_seconds * n_steps
+                                                    if math.isfinite(pr.noise_seconds) else None)}
         tokens = micro_done * tokens_per_micro
         tps = tokens / train_seconds if train_seconds > 0 else math.nan
         mine = {
@@ -540,6 +543,7 @@ def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | 
         "train_seconds": train_max, "train_seconds_mean": mean("train_seconds"),
         "train_loss": mean("train_loss"), "val_loss": val_loss, "tokens_per_s": tps,
         "overlap_fraction": slow.get("overlap_fraction"),
+        "exposed_comm_noise_seconds": slow.get("exposed_comm_noise_seconds"),
         "buckets": (slow.get("probe") or {}).get("buckets"),
         "mfu": flops_per_token * tps / (peak * world) if peak else None,
         "ranks": ranks,
