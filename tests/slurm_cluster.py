@@ -21,6 +21,7 @@ tests turn it into ``pytest.skip(reason)``.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -257,6 +258,7 @@ def start_cluster(root: Path) -> SlurmCluster:
         cluster.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, start_new_session=True)
 
+    atexit.register(cluster.stop)  # also when the test session is interrupted
     try:
         spawn("munged", ["munged", "--foreground", "--force", f"--socket={root}/munge.socket",
                          f"--key-file={key}", f"--pid-file={root}/munged.pid",

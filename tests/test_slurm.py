@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -177,7 +178,11 @@ def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
                 port, host = m_ssh.group(1), m_ssh.group(2)
                 assert m_ssh.group(3) == port == m_url.group(1)
                 # What the tunnel does: connect to the node, with the browser's Host header.
-                url = urllib.request.Request(f"http://{host}:{port}/api/status?token={m_url.group(2)}",
+                try:
+                    addr = socket.gethostbyname(host)
+                except OSError:  # a node name this machine cannot resolve: JupyterLab listens everywhere
+                    addr = "127.0.0.1"
+                url = urllib.request.Request(f"http://{addr}:{port}/api/status?token={m_url.group(2)}",
                                              headers={"Host": f"localhost:{port}"})
             else:
                 assert cluster.job_state(job_id) in ("PENDING", "RUNNING", "CONFIGURING"), \
