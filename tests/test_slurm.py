@@ -142,6 +142,42 @@ def test_conf_describes_this_machine(tmp_path):
     assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
 
 
+def plan_py(script: str) -> str:
+    """The Python the DDP job scripts run to plan their launches (the PLAN_PY heredoc)."""
+    text = (REPO / "slurm" / script).read_text()
+    m = re.search(r"read -r -d '' PLAN_PY <<'EOF' \|\| true\n(.*?)\nEOF\n", text, re.S)
+    assert m, f"no PLAN_PY in {script}"
+    return m.group(1)
+
+
+def test_job_plan_is_the_same_in_both_ddp_scripts():
+    assert plan_py("experiment.sbatch") == plan_py("multinode.sbatch")
+
+
+def test_job_plan_skips_what_is_stored_and_stops_at_an_oom(results_dir):
+    """The plan: notebook 02's worker options; stored sizes skipped; after an OOM row, nothing larger."""
+    code = plan_py("experiment.sbatch")
+
+    def plan(mode: str, sizes: str, *extra: str) -> list[str]:
+        res = subprocess.run([sys.executable, "-c", code, mode, "scaling", "quick", "2", "gloo", sizes, "0",
+                              "", "--", *extra], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.splitlines()
+
+    lines = plan("plan", "")
+    assert lines[0] == "32 128 512" and lines[1] == "-" and lines[-1] == "end"
+    argv = lines[2:-1]
+    assert "--batch-size" not in argv  # given per launch
+    assert argv[argv.index("--width") + 1] == "8" and argv[argv.index("--bucket-cap-mb") + 1] == "0.4"
+    plan("oom", "128")  # as the job does when the launch for 128 ran out of memory
+    lines = plan("plan", "32,128,512,1024")
+    assert lines[0] == "32"
+    assert lines[1] == "128: in the store (oom)"  # 512 and larger not tried after an OOM
+    lines = plan("plan", "32,1024")
+    assert lines[0] == "32" and "1024: global batch 2048 > 1024 training images" in lines[1]
+    assert plan("plan", "32", "--epochs", "1")[2:-1][-2:] == ["--epochs", "1"]  # worker options last
+
+
 # ----------------------------------------------------------------- jobs on the cluster
 
 
