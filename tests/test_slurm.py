@@ -169,6 +169,7 @@ def test_job_plan_skips_what_is_stored_and_stops_at_an_oom(results_dir):
     argv = lines[2:-1]
     assert "--batch-size" not in argv  # given per launch
     assert argv[argv.index("--width") + 1] == "8" and argv[argv.index("--bucket-cap-mb") + 1] == "0.4"
+    assert plan("plan", "128,32")[0] == "32 128"  # smallest first, whatever the order given
     plan("oom", "128")  # as the job does when the launch for 128 ran out of memory
     lines = plan("plan", "32,128,512,1024")
     assert lines[0] == "32"
