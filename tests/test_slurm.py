@@ -142,24 +142,11 @@ def test_conf_describes_this_machine(tmp_path):
     assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
 
 
-def plan_py(script: str) -> str:
-    """The Python the DDP job scripts run to plan their launches (the PLAN_PY heredoc)."""
-    text = (REPO / "slurm" / script).read_text()
-    m = re.search(r"read -r -d '' PLAN_PY <<'EOF' \|\| true\n(.*?)\nEOF\n", text, re.S)
-    assert m, f"no PLAN_PY in {script}"
-    return m.group(1)
-
-
-def test_job_plan_is_the_same_in_both_ddp_scripts():
-    assert plan_py("experiment.sbatch") == plan_py("multinode.sbatch")
-
-
 def test_job_plan_skips_what_is_stored_and_stops_at_an_oom(results_dir):
     """The plan: notebook 02's worker options; stored sizes skipped; after an OOM row, nothing larger."""
-    code = plan_py("experiment.sbatch")
-
     def plan(mode: str, sizes: str, *extra: str) -> list[str]:
-        res = subprocess.run([sys.executable, "-c", code, mode, "scaling", "quick", "2", "gloo", sizes, "0",
+        res = subprocess.run([sys.executable, "-m", "lab_utils.job_plan", mode, "scaling", "quick", "2",
+                              "gloo", sizes, "0",
                               "", "--", *extra], capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         return res.stdout.splitlines()
