@@ -166,7 +166,7 @@ class QuantSettings:
 QUANT_SETTINGS: dict[str, QuantSettings] = {
     "quick": QuantSettings(eval_tokens=8192, eval_batch_size=32, prompt_tokens=8, new_tokens=16,
                            large_batch=16, cpu_large_batch=16, warmup=1, repeats=5,
-                           fallback_size="tiny", fallback_steps=150, fallback_batch_size=16,
+                           fallback_size="tiny", fallback_steps=100, fallback_batch_size=16,
                            fallback_max_chars=200_000),
     "full": QuantSettings(eval_tokens=65_536, eval_batch_size=32, prompt_tokens=32, new_tokens=64,
                           large_batch=64, cpu_large_batch=8, warmup=2, repeats=7,
