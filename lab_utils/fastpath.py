@@ -501,17 +501,26 @@ def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
     """
     synchronize(trainer.device)
     t0 = time.perf_counter()
-    done = 0
     if steps > 0:
-        done = run_epoch(trainer, loader, max_steps=steps).steps
+        run_epoch(trainer, loader, max_steps=steps)
     if remainder > 0:
-        for x, y in loader:
-            x, y = to_device(x[:remainder], y[:remainder], trainer.device, trainer.options.channels_last)
-            trainer.step(x, y)
-            break
+        x, y = to_device(*next(iter(loader)), trainer.device, trainer.options.channels_last)
+        trainer.step(x[:remainder], y[:remainder])
+        trainer.step(x, y)  # the full shape again: its first call after the switch is slow too
     synchronize(trainer.device)
-    del done
     return time.perf_counter() - t0
+
+
+def compiled_graphs() -> int | None:
+    """How many graphs torch.compile (dynamo) has compiled in this process; None if unknown.
+
+    Read before and after a timed epoch to show that no compilation happened inside it.
+    """
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # an internal API: absent or moved in some torch version
+        return None
+    return int(counters["stats"].get("unique_graphs", 0))
 
 
 @functools.lru_cache(maxsize=8)
@@ -711,19 +720,23 @@ def bench_data(store: ResultStore, settings: FastSettings, device: torch.device 
 
 
 def data_table(records: Sequence[Record]):
-    """The bench data table: pipeline, images/s, ratio."""
+    """The bench data table: pipeline, where it runs, images (all passes), seconds, images/s, ratio."""
     import pandas as pd
 
     names = {"spec": "spec: DataLoader, PIL transforms", "device": "device-resident loader"}
     rows = []
     for r in records:
         c, m = r.config, r.metrics
-        label = names.get(c["pipeline"], c["pipeline"])
         if c["pipeline"] == "spec":
-            label += f" ({c['num_workers']} workers)"
-        rows.append({"pipeline": label, "device": c["device"], "images": m.get("images"),
-                     "seconds": m.get("seconds"), "images_per_s": m.get("images_per_s"),
-                     "ratio_to_spec": m.get("ratio_to_spec")})
+            runs_in = (f"{c['num_workers']} worker processes" if c["num_workers"]
+                       else "the main process (num_workers=0)")
+        elif c["device"] == "cpu":
+            runs_in = f"the main process, {c.get('cpu_threads') or 'all'} torch thread(s)"
+        else:
+            runs_in = f"the GPU ({c['device']})"
+        rows.append({"pipeline": names.get(c["pipeline"], c["pipeline"]), "runs_in": runs_in,
+                     "images": m.get("images"), "seconds": m.get("seconds"),
+                     "images_per_s": m.get("images_per_s"), "ratio_to_spec": m.get("ratio_to_spec")})
     return pd.DataFrame(rows)
 
 
@@ -761,7 +774,10 @@ def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySp
     remainder = len(split) % settings.batch_size if options.compile else 0
     warm_s = warm_up(trainer, loader, settings.warmup_steps, remainder)
     reset_peak_memory(device)
+    graphs_before = compiled_graphs()
     ep = run_epoch(trainer, loader)
+    graphs_after = compiled_graphs()
+    in_epoch = None if graphs_before is None or graphs_after is None else graphs_after - graphs_before
     name = device_name(str(device))
     flops = train_flops_per_image(settings.width)
     achieved = flops * ep.images_per_s
@@ -773,6 +789,7 @@ def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySp
             "train_flops_per_image": flops, "achieved_tflops_per_s": achieved / 1e12,
             "peak_precision": precision, "percent_of_peak": None if frac is None else 100 * frac,
             "loss": ep.loss, "sgd_resolved": resolved_sgd(options.sgd, device),
+            "graphs_compiled_in_epoch": in_epoch if options.compile else None,
             "peak_memory_bytes": peak_memory(device)}
 
 
@@ -935,7 +952,9 @@ def waterfall_notes(settings: FastSettings, records: Sequence[Record]) -> list[s
         "x images/s. percent_of_peak divides by the device's dense peak for the row's precision "
         "(bf16 rows: bf16; fp32 rows: TF32 where cuDNN uses it); none when the peak is unknown (CPUs).",
         "ratio_to_spec: images/s over the spec row's, measured in the same run.",
-    ]
+    ] + [f"'{r.config['step']}': {r.metrics['graphs_compiled_in_epoch']} graph(s) compiled inside the timed "
+         "epoch (0: all compilation happened in the warm-up)."
+         for r in records if r.status == "ok" and r.metrics.get("graphs_compiled_in_epoch") is not None]
 
 
 def loader_bound_summary(data_records: Sequence[Record], train_records: Sequence[Record]) -> str:
