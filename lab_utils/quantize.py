@@ -302,7 +302,10 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
     if dev == "cuda" and not torch.cuda.is_available():
         return Availability(False, "no CUDA device visible")
     if variant == "fp32":
-        return Availability(True, kernel="cuBLAS fp32 GEMM" if dev == "cuda" else "aten fp32 GEMM (CPU BLAS)")
+        if dev == "cuda":
+            mode = "(TF32 allowed)" if torch.backends.cuda.matmul.allow_tf32 else "(true fp32)"
+            return Availability(True, kernel=f"cuBLAS fp32 GEMM {mode}")
+        return Availability(True, kernel="aten fp32 GEMM (CPU BLAS)")
     if variant == "bf16":
         if dev == "cuda":
             if not torch.cuda.is_bf16_supported():
@@ -878,9 +881,15 @@ def plot_quality_vs_speed(df):
     axes[0].set_xlabel("latency at batch 1 (ms per generated token, median; lower is better)")
     big = ", ".join(sorted({str(v) for v in ok["large_batch"]})) if len(ok) else "?"
     axes[1].set_xlabel(f"throughput at batch {big} (tokens/s, median; higher is better)")
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
     for ax in axes:
         ax.set_ylabel("validation perplexity (lower is better)")
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.grid(alpha=0.3)
     fig.suptitle("Quality against speed of each int8 / bf16 variant (o: CPU, s: GPU)")
     fig.tight_layout()
