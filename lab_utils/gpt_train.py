@@ -384,7 +384,8 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
         final = records[-1]
         save_checkpoint(cfg.save, model, splits.vocab.chars, splits.corpus_name,
                         {"val_loss": final["val_loss"], "train_loss": final["train_loss"],
-                         "steps": summary["steps_done"], "synthetic": splits.synthetic})
+                         "steps": summary["steps_done"], "synthetic": splits.synthetic,
+                         "max_chars": cfg.max_chars})  # so notebook 07 evaluates on the same split
         summary["checkpoint"] = cfg.save
     for r in records:
         r.pop("final", None)
