@@ -868,6 +868,14 @@ def plan_waterfall(settings: FastSettings, device: torch.device, profile: str
     return plan
 
 
+def status_text(r: Record) -> str:
+    """``ok``, or the status with its reason ("skipped in quick profile (...)", "oom: OOM")."""
+    if r.status == "ok":
+        return "ok"
+    reason = r.reason or ""
+    return reason if reason.startswith(r.status) else f"{r.status}: {reason}"
+
+
 def _blank(v: Any) -> Any:
     """None/NaN as an empty cell (tabulate keeps the column numeric and prints nothing)."""
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
@@ -894,7 +902,7 @@ def waterfall_table(records: Sequence[Record]):
             "achieved_tflops_per_s": _blank(m.get("achieved_tflops_per_s")),
             "percent_of_peak": pct if pct is not None else ("none (peak unknown)" if m else ""),
             "ratio_to_spec": _blank(m.get("ratio_to_spec")),
-            "status": r.status if r.status == "ok" else f"{r.status}: {r.reason}",
+            "status": status_text(r),
         })
     return pd.DataFrame(rows)
 
@@ -915,7 +923,7 @@ def waterfall_figure(records: Sequence[Record]):
         if r.status == "ok":
             txt = f" {r.metrics['images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
         else:
-            txt = f" {r.status}: {r.reason}"
+            txt = f" {status_text(r)}"
         ax.text(s, y, txt, va="center", fontsize=8)
     ax.set_xlim(0, top * 1.6)
     images = recs[0].config.get("images") if recs else "?"
@@ -1216,7 +1224,7 @@ def accuracy_table(records: Sequence[Record]):
                      "test_loss": m.get("test_loss"),
                      "test_accuracy_percent": None if m.get("test_accuracy") is None
                      else 100 * m["test_accuracy"],
-                     "status": r.status if r.status == "ok" else f"{r.status}: {r.reason}"})
+                     "status": status_text(r)})
     df = pd.DataFrame(rows)
     ok = [r for r in records if r.status == "ok"]
     if len(ok) == 2:
@@ -1292,11 +1300,3 @@ def bench_train_main(argv: list[str] | None = None) -> int:
     print(f"recorded in {store.path('bench_train')}")
     return 0
 
-
-__all__ = [
-    "ArraySplit", "ArrayDataset", "DeviceLoader", "FastSettings", "FAST_SETTINGS", "TrainOptions", "Trainer",
-    "WATERFALL", "STEP_NAMES", "load_split", "spec_loader", "device_loader", "waterfall_steps",
-    "build_trainer", "run_epoch", "warm_up", "bench_data", "bench_train", "data_table", "waterfall_table",
-    "waterfall_figure", "fastest_options", "trace_fast_path", "accuracy_check", "accuracy_table",
-    "settings_for", "bench_data_main", "bench_train_main",
-]

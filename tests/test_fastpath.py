@@ -294,7 +294,7 @@ def test_bench_train_rows_metrics_and_skips(store):
     table = fastpath.waterfall_table(recs)
     assert list(table["step"]) == ["spec", "device_loader", "bf16", "compile"]
     assert table["percent_of_peak"].iloc[0] == "none (peak unknown)"
-    assert table["status"].iloc[-1].startswith("skipped: skipped in quick profile")
+    assert table["status"].iloc[-1].startswith("skipped in quick profile")
     fig = fastpath.waterfall_figure(recs)
     assert store.save_figure(fig, "fastpath_waterfall", recs).exists()
     step, opts = fastpath.fastest_options(recs)
