@@ -98,18 +98,17 @@ def synthetic_arrays(n: int, train: bool, seed: int = 0) -> tuple[np.ndarray, np
     return images, labels
 
 
-class SyntheticCIFAR10(Dataset):
-    """A deterministic, learnable stand-in with CIFAR-10's interface (PIL images, int labels)."""
+class ArrayDataset(Dataset):
+    """Images held as a uint8 (N, 32, 32, 3) array, served as ``torchvision``'s CIFAR10 does.
 
-    classes = [f"class_{i}" for i in range(10)]
+    ``__getitem__`` turns one image into a PIL image and applies the transform, so a
+    ``DataLoader`` over it does exactly the spec pipeline's per-image work.
+    """
 
-    def __init__(self, train: bool = True, transform=None, size: int | None = None, seed: int = 0):
-        full = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
-        n = full if size is None else min(size, full)
-        self.data, labels = synthetic_arrays(n, train, seed)
-        self.targets = labels.tolist()
+    def __init__(self, images: np.ndarray, labels, transform=None):
+        self.data = images
+        self.targets = [int(t) for t in labels]
         self.transform = transform
-        self.train = train
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -121,6 +120,19 @@ class SyntheticCIFAR10(Dataset):
         if self.transform is not None:
             img = self.transform(img)
         return img, self.targets[i]
+
+
+class SyntheticCIFAR10(ArrayDataset):
+    """A deterministic, learnable stand-in with CIFAR-10's interface (PIL images, int labels)."""
+
+    classes = [f"class_{i}" for i in range(10)]
+
+    def __init__(self, train: bool = True, transform=None, size: int | None = None, seed: int = 0):
+        full = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
+        n = full if size is None else min(size, full)
+        images, labels = synthetic_arrays(n, train, seed)
+        super().__init__(images, labels, transform)
+        self.train = train
 
 
 # --------------------------------------------------------------------------- real data

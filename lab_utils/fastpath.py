@@ -132,30 +132,6 @@ def _check_workers(num_workers: object) -> int:
     return num_workers
 
 
-class ArrayDataset(torch.utils.data.Dataset):
-    """Per-image access exactly as ``torchvision.datasets.CIFAR10`` does it.
-
-    ``__getitem__`` turns the uint8 HWC array into a PIL image and applies the
-    transform, so a ``DataLoader`` over it does the spec pipeline's per-image work.
-    """
-
-    def __init__(self, split: ArraySplit, transform=None):
-        self.data = split.images
-        self.targets = split.labels.tolist()
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-
-        img = Image.fromarray(self.data[i])
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, self.targets[i]
-
-
 def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, seed: int = 0,
                 pin_memory: bool | None = None) -> torch.utils.data.DataLoader:
     """The assignment's training loader: PIL transforms in ``num_workers`` processes, shuffled."""
@@ -166,8 +142,9 @@ def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, 
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     return torch.utils.data.DataLoader(
-        ArrayDataset(split, data.train_transform()), batch_size=batch_size, shuffle=True, generator=g,
-        num_workers=num_workers, pin_memory=pin_memory, persistent_workers=num_workers > 0)
+        data.ArrayDataset(split.images, split.labels, data.train_transform()), batch_size=batch_size,
+        shuffle=True, generator=g, num_workers=num_workers, pin_memory=pin_memory,
+        persistent_workers=num_workers > 0)
 
 
 class DeviceLoader:
