@@ -421,7 +421,7 @@ def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> d
     metrics = {"ranks": gathered, "model_bytes": gathered[0]["model_bytes"], "world_size": ctx.world_size}
     rec = Record(experiment=args.experiment or "comm_accounting",
                  config=args.record_config(ctx.world_size, ctx.backend), metrics=metrics, profile=profile,
-                 synthetic=True, dataset="random tensors (bytes do not depend on the data)",
+                 synthetic=True, dataset="random tensors",
                  hardware=hardware)
     if args.experiment:
         ResultStore(profile).append(rec)

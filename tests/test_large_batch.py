@@ -127,10 +127,10 @@ def test_table_rows_and_columns(store):
     res = _fake_result(store, failed=True)
     t = lb.large_batch_table(res)
     assert list(t["configuration"]) == [r.name for r in res.runs]
-    assert list(t["global batch"]) == [32, 256, 256, 256, 256]
+    assert list(t["global batch"]) == [16, 256, 256, 256, 256]
     assert t.loc[0, "epoch-3 test accuracy %"] == pytest.approx(40.0)
     assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epochs 2..3: the warm-up epoch is left out
-    assert t.loc[0, "optimizer steps"] == 3 * 2048 // 32
+    assert t.loc[0, "optimizer steps"] == 3 * 3072 // 16
     assert t.loc[1, "status"] == "error: rank 1 died"
     lb.save_large_batch_table(store, res)
     text = (store.tables_dir / "large_batch.md").read_text()
@@ -139,14 +139,19 @@ def test_table_rows_and_columns(store):
 
 def test_figures_are_saved(store):
     res = _fake_result(store)
+    import matplotlib.pyplot as plt
+
     figs = lb.save_figures(store, res)
-    assert len(figs) == 3
+    assert len(figs) == 3 and len(figs[0].axes) == 2
+    plt.close("all")
     for name in ("large_batch_accuracy_epoch", "large_batch_accuracy_time", "large_batch_lr"):
         assert (store.figures_dir / f"{name}.png").stat().st_size > 0
     curves = lb.lr_curves(res)
     warm = curves[res.runs[3].name]
-    assert warm[0] == pytest.approx(0.1) and max(warm) == pytest.approx(0.8)
-    assert len(curves[res.runs[0].name]) == 3 * 64
+    # quick: reference lr 0.0125 at batch 16, linear rule x 256/16 = 0.2, 12 steps per epoch
+    assert warm[0] == pytest.approx(0.0125) and max(warm) == pytest.approx(0.2)
+    assert warm[6] == pytest.approx(0.0125 + (0.2 - 0.0125) * 6 / 12)  # half-way through 1 warm-up epoch
+    assert len(curves[res.runs[0].name]) == 3 * 192 and len(warm) == 3 * 12
 
 
 def test_worker_sample_orders_reads_rank_records(store):
