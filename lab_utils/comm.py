@@ -649,14 +649,23 @@ def format_bench(df) -> str:
     return "\n".join(lines)
 
 
-def fit_records(records: Iterable) -> dict[int, AlphaBetaFit]:
-    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records."""
+def fit_records(records: Iterable, failures: dict[int, str] | None = None) -> dict[int, AlphaBetaFit]:
+    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records.
+
+    A rank count whose timings cannot be fitted (too few sizes, or timings that do not
+    grow with size, as happens when the largest message is still latency-bound on a
+    noisy machine) gets no fit; its reason goes into ``failures`` when given.
+    """
     df = bench_frame(records)
     fits = {}
     for p, g in df.groupby("ranks"):
         if int(p) >= 2 and len(g) >= 3:
-            fits[int(p)] = fit_alpha_beta(g.size_bytes.to_numpy(float), g.time_us.to_numpy(float) * 1e-6,
-                                          int(p))
+            try:
+                fits[int(p)] = fit_alpha_beta(g.size_bytes.to_numpy(float),
+                                              g.time_us.to_numpy(float) * 1e-6, int(p))
+            except LabError as e:
+                if failures is not None:
+                    failures[int(p)] = str(e)
     return fits
 
 
@@ -704,10 +713,13 @@ def bench_main(argv: list[str] | None = None) -> int:
     bad = [r for r in records if r.status != "ok"]
     for r in bad:
         print(f"size {r.config['size_bytes']} B: {r.status}: {r.reason}")
-    fit = fit_records(records).get(ranks)
+    failures: dict[int, str] = {}
+    fit = fit_records(records, failures).get(ranks)
     if fit is not None:
         print("# fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B")
         print("# " + fit.summary())
+    elif ranks in failures:
+        print(f"# no fitted alpha/B: {failures[ranks]}")
     print(f"# peak busbw {df.busbw_gb_per_s.max():.3f} GB/s; records in {store.path(BENCH_EXPERIMENT)}")
     return 1 if bad else 0
 
@@ -1241,14 +1253,16 @@ def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
     import matplotlib.pyplot as plt
 
     df = bench_table(records)
-    fits = fit_records(records)
+    failures: dict[int, str] = {}
+    fits = fit_records(records, failures)
     peaks = {int(p): peak_busbw_gb_per_s(records, int(p)) for p in sorted(set(df.ranks))}
     store.save_table(df, "allreduce_bench", records, title="All-reduce benchmark (nccl-tests columns)",
                      notes=["time_us: mean per all-reduce over the timed loop, slowest rank; GB/s decimal.",
                             "busbw = algbw x 2(n-1)/n; model_time_us: the fitted ring model at that size."])
     ft = fit_table(fits, peaks)
     store.save_table(ft, "allreduce_fit", records, title="Fitted ring model T = 2(P-1) alpha + 2(P-1)/P S/B",
-                     notes=[f"link: {link.description}"])
+                     notes=[f"link: {link.description}"]
+                     + [f"{p} ranks: no fit: {why}" for p, why in sorted(failures.items())])
     fig = plot_busbw(records, fits, link)
     store.save_figure(fig, "allreduce_busbw", records)
     plt.close(fig)

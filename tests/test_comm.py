@@ -493,3 +493,21 @@ def test_projection_compute_prefers_notebook03_records(store):
     assert compute.seconds_per_step == {32: pytest.approx(10.0 / 32)}
     assert compute.grad_bytes == grad and compute.width == 8 and "notebook 02/03" in compute.source
     assert not store.records(comm.COMPUTE_EXPERIMENT)  # nothing measured here
+
+
+def test_unfittable_timings_give_a_reason_not_an_exception():
+    """Latency-bound timings that shrink with size (noise) leave that rank count without a fit."""
+    from lab_utils.results import Record
+
+    def rec(p, size, t_us):
+        return Record("allreduce_bench", {"world_size": p, "backend": "gloo", "size_bytes": size,
+                                          "dtype": "float32"},
+                      {"count": size // 4, "time_us": t_us, "algbw_gb_per_s": size / t_us / 1e3,
+                       "busbw_gb_per_s": size / t_us / 1e3})
+
+    records = [rec(2, s, t) for s, t in [(8, 30.0), (16, 20.0), (32, 10.0)]]
+    records += [rec(4, s, 10.0 + s / 1e3) for s in (8, 1024, 65536)]
+    failures: dict[int, str] = {}
+    fits = comm.fit_records(records, failures)
+    assert set(fits) == {4} and set(failures) == {2}
+    assert "do not grow with message size" in failures[2]
