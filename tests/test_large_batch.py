@@ -141,16 +141,19 @@ def test_figures_are_saved(store):
     res = _fake_result(store)
     import matplotlib.pyplot as plt
 
-    figs = lb.save_figures(store, res)
-    assert len(figs) == 3 and len(figs[0].axes) == 2
+    paths = lb.save_figures(store, res)
+    assert [p.name for p in paths] == ["large_batch_accuracy_epoch.png", "large_batch_accuracy_time.png",
+                                       "large_batch_lr.png"]
+    assert all(p.stat().st_size > 0 for p in paths) and not plt.get_fignums()
+    assert len(lb.plot_accuracy(res, "time").axes) == 2  # test accuracy and training loss
     plt.close("all")
-    for name in ("large_batch_accuracy_epoch", "large_batch_accuracy_time", "large_batch_lr"):
-        assert (store.figures_dir / f"{name}.png").stat().st_size > 0
+    with pytest.raises(LabError, match="epoch"):
+        lb.plot_accuracy(res, "steps")
     curves = lb.lr_curves(res)
     warm = curves[res.runs[3].name]
-    # quick: reference lr 0.0125 at batch 16, linear rule x 256/16 = 0.2, 12 steps per epoch
-    assert warm[0] == pytest.approx(0.0125) and max(warm) == pytest.approx(0.2)
-    assert warm[6] == pytest.approx(0.0125 + (0.2 - 0.0125) * 6 / 12)  # half-way through 1 warm-up epoch
+    # quick: reference lr 0.00625 at batch 16, linear rule x 256/16 = 0.1, 12 steps per epoch
+    assert warm[0] == pytest.approx(0.00625) and max(warm) == pytest.approx(0.1)
+    assert warm[6] == pytest.approx(0.00625 + (0.1 - 0.00625) * 6 / 12)  # half-way through the warm-up
     assert len(curves[res.runs[0].name]) == 3 * 192 and len(warm) == 3 * 12
 
 
