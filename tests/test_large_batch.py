@@ -235,3 +235,63 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     # stored: a second call reads the store instead of launching
     again = lb.run_comm_accounting("quick", comm_width=2, comm_batch=4, comm_steps=2, gpus=0, verbose=False)
     assert again.timestamp == rec.timestamp
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
+    from lab_utils import launcher
+    from lab_utils.errors import LaunchError
+
+    calls = []
+
+    def failing_launch(module, args, nproc, **kw):
+        calls.append((module, nproc))
+        raise LaunchError("The 2-process run of lab_utils.ddp failed (torchrun exit code 1).\nlast log lines")
+
+    monkeypatch.setattr(launcher, "launch", failing_launch)
+    tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
+            "large_batch_per_device": 16}
+    res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    assert [r.status for r in res.records] == ["error"] * 5 and len(res.measured) == 5
+    assert res.records[1].reason.startswith("The 2-process run") and "\n" not in res.records[1].reason
+    assert calls == [("lab_utils.ddp", 1)] + [("lab_utils.ddp", 2)] * 4
+    t = lb.large_batch_table(res)
+    assert all(s.startswith("error: ") for s in t["status"])
+    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)  # error rows are not final: tried again
+    assert len(calls) == 10
+
+
+@pytest.mark.slow
+def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch):
+    """Five tiny DDP runs (1 and 2 gloo ranks): records found under the worker's config, then resumed."""
+    tiny = {"epochs": 2, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
+            "large_batch_per_device": 16, "warmup_epochs": 1.0}
+    res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    assert [r.status for r in res.records] == ["ok"] * 5, [r.reason for r in res.records]
+    assert [r.config["global_batch"] for r in res.records] == [8, 32, 32, 32, 32]
+    # quick's reference lr 0.00625 at batch 8; linear rule x 32/8 = 0.025
+    peaks = [r.metrics["peak_lr"] for r in res.records]
+    assert peaks == pytest.approx([0.00625, 0.00625, 0.025, 0.025, 0.025])
+    for run, rec in res.ok:
+        assert len(lb.history(rec)) == 2 and rec.config["tag"] == run.name
+        steps = rec.metrics["steps_per_epoch"]
+        assert steps == -(-(64 // run.devices) // run.batch_per_device)
+        # the worker's lr per epoch is the schedule's (warm-up over epoch 1 for the remedies)
+        sched = lb.run_schedule(run, res.settings, steps)
+        last_lrs = [e["lr"] for e in lb.history(rec)]
+        assert last_lrs == pytest.approx([sched.lr_at(steps - 1), sched.lr_at(2 * steps - 1)])
+    orders = lb.worker_sample_orders(store, res.records[1])
+    assert {o["rank"] for o in orders} == {0, 1} and len(orders) == 4
+    r0 = [o["first indices"] for o in orders if o["rank"] == 0]
+    assert r0[0] != r0[1]  # the worker calls set_epoch: a new order every epoch
+
+    from lab_utils import launcher
+
+    def no_launch(*a, **kw):
+        raise AssertionError("a stored run was launched again")
+
+    monkeypatch.setattr(launcher, "launch", no_launch)
+    again = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    assert again.measured == [] and [r.timestamp for r in again.records] == [r.timestamp for r in res.records]
