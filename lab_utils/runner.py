@@ -139,7 +139,8 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
                                             "MPLBACKEND")}
     os.environ["LAB_PROFILE"] = profile_name
     os.environ["LAB_HEADLESS"] = "1"
-    os.environ["MPLBACKEND"] = "agg"
+    # Figures go into the executed notebook (the inline backend), whatever the caller uses.
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     os.environ["JUPYTER_PATH"] = os.pathsep.join(
         p for p in (str(_kernelspec_dir()), saved["JUPYTER_PATH"]) if p)
     print(f"profile {profile_name} ({why}); executed notebooks -> {out_dir}", file=stream, flush=True)
