@@ -138,6 +138,13 @@ def check_positive_int(value: object, what: str) -> int:
     return value
 
 
+def check_choice(value: object, choices, what: str):
+    """Reject a value that is not one of ``choices``, naming the valid ones."""
+    if value not in choices:
+        raise LabError(f"Unknown {what} {value!r}; use one of: {', '.join(map(str, choices))}.")
+    return value
+
+
 def check_batch_size(value: object, what: str = "batch size") -> int:
     """A batch size must be a positive whole number."""
     return check_positive_int(value, what)

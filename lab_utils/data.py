@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lab_utils import config
-from lab_utils.config import check_batch_size
+from lab_utils.config import check_batch_size, check_choice
 from lab_utils.errors import LabError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -148,8 +148,7 @@ def cifar10_present(root: Path | None = None) -> bool:
 def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
     """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
     choice = dataset or os.environ.get(config.DATASET_ENV) or "auto"
-    if choice not in DATASET_CHOICES:
-        raise LabError(f"Unknown dataset {choice!r}; use one of: {', '.join(DATASET_CHOICES)}.")
+    check_choice(choice, DATASET_CHOICES, "dataset")
     present = cifar10_present(root)
     if choice == "cifar10" and not present:
         raise LabError(

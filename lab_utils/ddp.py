@@ -151,7 +151,7 @@ class WorkerArgs:
 
     def validate(self) -> WorkerArgs:
         """Raise :class:`LabError` on bad values (before any process group or data)."""
-        from lab_utils.config import check_batch_size, check_positive_int
+        from lab_utils.config import check_batch_size, check_choice, check_positive_int
         from lab_utils.data import DATASET_CHOICES
         from lab_utils.errors import LabError
         from lab_utils.schedules import DECAYS
@@ -164,14 +164,10 @@ class WorkerArgs:
         check_positive_int(self.width, "--width")
         check_positive_int(self.base_batch, "--base-batch")
         check_positive_int(self.comm_steps, "--comm-steps")
-        if self.dataset not in DATASET_CHOICES:
-            raise LabError(f"--dataset {self.dataset!r} is unknown; use one of {', '.join(DATASET_CHOICES)}.")
-        if self.lr_rule not in LR_RULES:
-            raise LabError(f"--lr-rule {self.lr_rule!r} is unknown; use one of {', '.join(LR_RULES)}.")
-        if self.decay not in DECAYS:
-            raise LabError(f"--decay {self.decay!r} is unknown; use one of {', '.join(DECAYS)}.")
-        if self.backend not in BACKENDS:
-            raise LabError(f"--backend {self.backend!r} is unknown; use one of {', '.join(BACKENDS)}.")
+        check_choice(self.dataset, DATASET_CHOICES, "--dataset")
+        check_choice(self.lr_rule, LR_RULES, "--lr-rule")
+        check_choice(self.decay, DECAYS, "--decay")
+        check_choice(self.backend, BACKENDS, "--backend")
         if not self.lr > 0:
             raise LabError(f"--lr must be positive, got {self.lr}.")
         if not 0 <= self.warmup_epochs <= self.epochs:

@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils import config, data
-from lab_utils.config import check_batch_size, check_positive_int
+from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.results import Record, ResultStore
 from lab_utils.timing import synchronize
@@ -291,10 +291,8 @@ class TrainOptions:
     num_workers: int = 2           # spec loader's worker processes (unused by the device loader)
 
     def __post_init__(self):
-        if self.loader not in LOADERS:
-            raise LabError(f"Unknown loader {self.loader!r}; use one of: {', '.join(LOADERS)}.")
-        if self.sgd not in SGD_IMPLS:
-            raise LabError(f"Unknown SGD implementation {self.sgd!r}; use one of: {', '.join(SGD_IMPLS)}.")
+        check_choice(self.loader, LOADERS, "loader")
+        check_choice(self.sgd, SGD_IMPLS, "SGD implementation")
         _check_workers(self.num_workers)
 
     def as_config(self) -> dict[str, Any]:

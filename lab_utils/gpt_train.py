@@ -65,7 +65,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from lab_utils.config import check_positive_int
+from lab_utils.config import check_choice, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.models.gpt import (
     GPT,
@@ -116,8 +116,7 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Raise :class:`LabError` for bad values, before any expensive work."""
-        if self.size not in GPT_SIZES:
-            raise LabError(f"Unknown GPT size {self.size!r}; use one of: {', '.join(GPT_SIZES)}.")
+        check_choice(self.size, GPT_SIZES, "GPT size")
         check_positive_int(self.batch_size, "batch size (--batch-size)")
         check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
         check_positive_int(self.epochs, "epochs (--epochs)")
@@ -126,12 +125,9 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None:
                 check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
-        if self.dtype not in DTYPES:
-            raise LabError(f"Unknown dtype {self.dtype!r}; use one of: {', '.join(DTYPES)}.")
-        if self.device not in DEVICES:
-            raise LabError(f"Unknown device {self.device!r}; use one of: {', '.join(DEVICES)}.")
-        if self.corpus not in CORPUS_CHOICES:
-            raise LabError(f"Unknown corpus {self.corpus!r}; use one of: {', '.join(CORPUS_CHOICES)}.")
+        check_choice(self.dtype, DTYPES, "dtype")
+        check_choice(self.device, DEVICES, "device")
+        check_choice(self.corpus, CORPUS_CHOICES, "corpus")
         if not self.lr > 0:
             raise LabError(f"lr must be positive, got {self.lr!r}.")
         if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:

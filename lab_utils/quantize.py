@@ -65,7 +65,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab_utils.config import check_positive_int
+from lab_utils.config import check_choice, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.timing import synchronize
 
@@ -294,8 +294,7 @@ def cpu_has_native_bf16() -> bool:
 def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Availability:
     """Can ``variant`` run on ``device`` ("cpu" or "cuda") with this stack? Never raises for
     a missing path: the :class:`Availability` carries the reason."""
-    if variant not in VARIANTS:
-        raise LabError(f"Unknown variant {variant!r}; use one of: {', '.join(VARIANTS)}.")
+    check_choice(variant, VARIANTS, "variant")
     dev = torch.device(device).type
     if variant in tuple(disabled):
         return Availability(False, "disabled by configuration (the notebook's DISABLE parameter)")

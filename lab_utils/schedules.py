@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lab_utils.config import check_choice
 from lab_utils.errors import LabError
 
 DECAYS = ("constant", "cosine", "step")
@@ -42,8 +43,7 @@ class LRSchedule:
     step_gamma: float = 0.1
 
     def __post_init__(self):
-        if self.decay not in DECAYS:
-            raise LabError(f"Unknown decay {self.decay!r}; use one of: {', '.join(DECAYS)}.")
+        check_choice(self.decay, DECAYS, "decay")
         if self.total_steps <= 0 or self.warmup_steps < 0 or self.warmup_steps > self.total_steps:
             raise LabError(f"Need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps "
                            f"({self.total_steps}) and total_steps > 0.")
@@ -78,8 +78,7 @@ def make_schedule(base_lr: float, lr_rule: str, global_batch: int, base_batch: i
     (``linear``); warm-up from ``base_lr`` over ``round(warmup_epochs x steps_per_epoch)``
     steps (Goyal et al. 2017 start the ramp at the small-batch lr); then ``decay``.
     """
-    if lr_rule not in LR_RULES:
-        raise LabError(f"Unknown lr rule {lr_rule!r}; use one of: {', '.join(LR_RULES)}.")
+    check_choice(lr_rule, LR_RULES, "lr rule")
     if steps_per_epoch <= 0 or epochs <= 0:
         raise LabError(f"steps_per_epoch ({steps_per_epoch}) and epochs ({epochs}) must be positive.")
     if not 0 <= warmup_epochs <= epochs:

@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lab_utils import config
+from lab_utils.config import check_choice
 from lab_utils.errors import LabError
 
 CORPUS_ENV = "LAB_CORPUS"
@@ -165,8 +166,7 @@ _warned_stand_in = False
 def resolve_corpus(corpus: str | None = None, root: Path | None = None) -> str:
     """``"shakespeare"`` or ``"stdlib"``: what ``corpus`` (or ``$LAB_CORPUS``) means here."""
     choice = corpus or os.environ.get(CORPUS_ENV) or "auto"
-    if choice not in CORPUS_CHOICES:
-        raise LabError(f"Unknown corpus {choice!r}; use one of: {', '.join(CORPUS_CHOICES)}.")
+    check_choice(choice, CORPUS_CHOICES, "corpus")
     if choice == "auto":
         return "shakespeare" if shakespeare_present(root) else "stdlib"
     return choice

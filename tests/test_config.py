@@ -55,3 +55,9 @@ def test_paths_follow_env(monkeypatch, tmp_path):
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "r"))
     assert config.results_dir("quick") == (tmp_path / "r" / "quick").resolve()
     assert (config.labs_dir() / "00_environment.ipynb").exists()
+
+
+def test_check_choice_names_the_valid_values():
+    assert config.check_choice("cosine", ("constant", "cosine"), "decay") == "cosine"
+    with pytest.raises(LabError, match=r"Unknown decay 'linear'; use one of: constant, cosine\."):
+        config.check_choice("linear", ("constant", "cosine"), "decay")

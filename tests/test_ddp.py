@@ -284,5 +284,5 @@ def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypat
     monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
     assert ddp.main(["--lr-rule", "sqrt"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --lr-rule 'sqrt' is unknown") and "\n" not in err
+    assert err.startswith("error: Unknown --lr-rule 'sqrt'; use one of: fixed, linear.") and "\n" not in err
     assert not dist.is_initialized()
