@@ -141,6 +141,7 @@ def test_figures_are_saved(store):
     res = _fake_result(store)
     import matplotlib.pyplot as plt
 
+    plt.close("all")  # figures other tests left open are not this test's business
     paths = lb.save_figures(store, res)
     assert [p.name for p in paths] == ["large_batch_accuracy_epoch.png", "large_batch_accuracy_time.png",
                                        "large_batch_lr.png"]
