@@ -272,3 +272,15 @@ def prepare_cifar10(root: Path | None = None) -> Path:
                        "run this on a machine with internet (e.g. a cluster login node), "
                        "or copy cifar-10-batches-py/ into data/ by hand.") from None
     return root / "cifar-10-batches-py"
+
+
+def __getattr__(name: str):
+    """``data.DeviceLoader``: the fast, device-resident loader lives in :mod:`lab_utils.fastpath`.
+
+    Resolved lazily because fastpath itself builds on this module.
+    """
+    if name == "DeviceLoader":
+        from lab_utils.fastpath import DeviceLoader
+
+        return DeviceLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
