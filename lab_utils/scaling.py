@@ -572,9 +572,11 @@ def scaling_frame(records: Sequence[Record]):
                "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
-               "speedup": None, "scaled_speedup": None, "efficiency": None, "serial_fraction": None}
+               "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
+               "serial_fraction": None}
         if tn and t1:
             row["speedup"] = t1 / tn
+            row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
             row["efficiency"] = row["speedup"] / n
             row["serial_fraction"] = karp_flatt(row["speedup"], n)
             s1 = b1.metrics.get("steps")
@@ -583,7 +585,7 @@ def scaling_frame(records: Sequence[Record]):
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
-                                     "efficiency", "serial_fraction"])
+                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction"])
     return df
 
 
@@ -593,7 +595,10 @@ TABLE1_NOTES = [
     "speedup = T(1)/T(N) on epoch time (strong scaling: the epoch's data set is fixed); "
     "efficiency = speedup / N.",
     "scaled_speedup = N x t(1)/t(N), t = time per step (weak scaling, Gustafson: per-device batch fixed). "
-    "It equals the speedup up to the last partial batch; N x T(1)/T(N) on EPOCH times would count N twice.",
+    "It equals the speedup up to the last partial batch.",
+    "n_t1_over_tn_epoch = N x T(1)/T(N) on EPOCH times, the second definition in earlier reports: with the "
+    "per-device batch fixed, each epoch already has N times fewer steps, so this counts N twice "
+    "(about N x the real speedup). Shown so that it can be recognised, not used.",
     "T(1): the same method with one device and the same per-device batch.",
     "serial_fraction: Karp-Flatt e = (1/speedup - 1/N) / (1 - 1/N), the non-parallel share Amdahl's law "
     "would need to explain the speedup (empty for N = 1).",

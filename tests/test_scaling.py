@@ -73,6 +73,7 @@ def test_table1_speedups_and_efficiency_by_hand():
     # per-step times: t(1) = 40/16 = 2.5 s, t(2) = 23/8 = 2.875 s -> 2 x 2.5 / 2.875
     assert two["step_seconds"] == pytest.approx(2.875)
     assert two["scaled_speedup"] == pytest.approx(2 * 2.5 / 2.875)
+    assert two["n_t1_over_tn_epoch"] == pytest.approx(80 / 23)  # 2 x 40 / 23: N counted twice
     assert two["serial_fraction"] == pytest.approx((23 / 40 - 0.5) / 0.5)  # 0.15 by hand
     assert pd_missing(df.loc[("DDP (NCCL, GPUs)", 1, 128)]["serial_fraction"])
     four = df.loc[("DDP (NCCL, GPUs)", 4, 128)]
