@@ -36,6 +36,18 @@ def synchronize(device: torch.device | str | None) -> None:
         torch.cuda.synchronize(dev)
 
 
+@contextmanager
+def timed(device: torch.device | str | None, stat: Stat):
+    """Add the enclosed block's wall time to ``stat``, synchronizing ``device`` at both ends."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        synchronize(device)
+        stat.add(time.perf_counter() - t0)
+
+
 @dataclass
 class Stat:
     """Count, total and mean of one named timer, in seconds."""
@@ -94,13 +106,8 @@ class PhaseTimer:
         if not self.enabled:
             yield
             return
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        try:
+        with timed(self.device, self.stats.setdefault(name, Stat())):
             yield
-        finally:
-            synchronize(self.device)
-            self.stats.setdefault(name, Stat()).add(time.perf_counter() - t0)
 
     def add(self, name: str, seconds: float) -> None:
         """Record time measured elsewhere (for example by CUDA events) under ``name``."""
@@ -138,14 +145,10 @@ class NestedTimers:
             yield
             return
         self._stack.append(name)
-        full = "/".join(self._stack)
-        synchronize(self.device)
-        t0 = time.perf_counter()
         try:
-            yield
+            with timed(self.device, self.stats.setdefault("/".join(self._stack), Stat())):
+                yield
         finally:
-            synchronize(self.device)
-            self.stats.setdefault(full, Stat()).add(time.perf_counter() - t0)
             self._stack.pop()
 
     def table(self) -> list[dict]:
