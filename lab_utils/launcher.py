@@ -193,24 +193,26 @@ def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8) -> str:
     return "\n".join(f"Last lines of rank {r} ({p}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
 
 
+def _proc_pids() -> list[int]:
+    """Every process id listed in /proc (Linux); empty elsewhere."""
+    try:
+        return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+
+
 def _children(pid: int) -> list[int]:
     """Direct children of ``pid`` from /proc (Linux); empty elsewhere."""
     kids = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return kids
-    for e in entries:
-        if not e.isdigit():
-            continue
+    for p in _proc_pids():
         try:
-            with open(f"/proc/{e}/stat", encoding="utf-8", errors="replace") as f:
+            with open(f"/proc/{p}/stat", encoding="utf-8", errors="replace") as f:
                 stat = f.read()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         if ppid == pid:
-            kids.append(int(e))
+            kids.append(p)
     return kids
 
 
@@ -230,20 +232,16 @@ def tagged_processes(launch_id: str) -> list[int]:
         return []
     needle = f"{LAUNCH_ID_ENV}={launch_id}".encode()
     found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for e in entries:
-        if not e.isdigit() or int(e) == os.getpid():
+    for p in _proc_pids():
+        if p == os.getpid():
             continue
         try:
-            with open(f"/proc/{e}/environ", "rb") as f:
+            with open(f"/proc/{p}/environ", "rb") as f:
                 env = f.read()
         except OSError:  # another user's process, or gone
             continue
-        if needle in env.split(b"\0") and _alive(int(e)):
-            found.append(int(e))
+        if needle in env.split(b"\0") and _alive(p):
+            found.append(p)
     return found
 
 
