@@ -24,7 +24,13 @@ Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
       --backend auto|nccl|gloo (auto: NCCL when every rank has its own GPU, else gloo on CPU)
       --bucket-cap-mb M        DDP gradient bucket size in MB (default: DDP's 25; smaller models
                                need smaller buckets to have several, i.e. any overlap at all)
+      --accumulation-steps K   gradient accumulation: one optimizer step per K batches (the first
+                               K-1 under no_sync), so global batch = B x world size x K (default 1)
       --seed 0 --tag STR       --out FILE
+      --debug-slow-rank R --debug-slow-loader-seconds S
+                               TEST KNOB: rank R sleeps S seconds in every batch fetch (its loader
+                               is slow by a known amount); recorded in the config and a
+                               ``debug_note``, so a slowed run is never taken for a normal one
 
 Without torchrun (no ``RANK`` in the environment) it runs as a one-process group.
 
@@ -50,7 +56,10 @@ One **aggregate** record and one record **per rank**, all under the same experim
 ``epochs``, ``width``, ``train_images``, ``test_images`` (resolved numbers),
 ``dataset`` ("cifar10" | "synthetic", resolved), ``num_workers``, ``lr``, ``lr_rule``,
 ``base_batch``, ``warmup_epochs``, ``decay``, ``eval``, ``measure_comm``,
-``comm_steps``, ``bucket_cap_mb``, ``seed``, ``tag``.
+``comm_steps``, ``bucket_cap_mb``, ``seed``, ``tag``; ``global_batch`` = ``batch_size`` x
+``devices`` x accumulation steps. Only when used: ``accumulation_steps`` (> 1),
+``debug_slow_rank`` and ``debug_slow_loader_seconds`` (absent otherwise, so the configs of
+ordinary runs and of records written before these options existed are unchanged).
 
 Aggregate ``metrics``:
 
@@ -58,9 +67,12 @@ Aggregate ``metrics``:
   ``epoch`` (1-based), ``steps`` (per rank, max), ``images`` (all ranks),
   ``epoch_seconds`` (SLOWEST rank's wall time of the epoch, loader waits included),
   ``epoch_seconds_mean``, ``epoch_seconds_min``, ``slowest_rank``,
-  ``train_seconds`` (slowest rank's data movement + compute + communication, no
-  loader wait: the spec's reported time), ``train_seconds_mean``,
-  ``{data_loading,data_movement,compute,communication}_seconds_mean`` and ``..._max``,
+  ``train_seconds`` (slowest rank's data movement + compute + communication, neither
+  its own loader wait nor its skew wait: the spec's reported time), ``train_seconds_mean``,
+  ``train_plus_skew_wait_seconds`` (max over ranks of train + skew wait: about what
+  ``train_seconds`` was before the skew phase existed),
+  ``{data_loading,data_movement,compute,communication,skew_wait}_seconds_mean`` and ``..._max``,
+  ``micro_steps`` (batches per rank; = ``steps`` without accumulation),
   ``images_per_s`` (images / train_seconds), ``train_loss``, ``train_accuracy``
   (over all ranks' images), ``lr`` (lr of the epoch's last step), ``lr_first``,
   ``elapsed_seconds`` (slowest rank: wall time from the start of epoch 1 to the end
@@ -76,7 +88,10 @@ Aggregate ``metrics``:
   are means over ranks.
 - ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``,
   ``gradient_bytes`` (parameters x 4, fp32), ``steps_per_epoch``, ``global_batch``,
-  ``peak_lr``, ``warmup_steps``, ``startup_seconds`` (slowest rank: building the data
+  ``peak_lr``, ``warmup_steps``, ``accumulation_steps``, ``batches_per_epoch`` (per rank),
+  ``accumulation_note`` (only with accumulation: "4 x 512 emulated with 2 devices x 2
+  accumulation steps ..."), ``debug_note`` (only with the test knob),
+  ``startup_seconds`` (slowest rank: building the data
   sets + this configuration's loaders, model, DDP wrapper and optimizer; the process
   start-up and ``import torch`` are not included), ``worker_seconds`` (rank 0: the data
   sets plus this configuration from set-up to the gathered results).
@@ -97,11 +112,18 @@ Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's per-epoch phases:
 ``--measure-comm`` ``allreduce_seconds``), the reported epoch's values at the top
 level, and ``comm_probe`` (that rank's probe) with ``--measure-comm``.
 
-Per-rank breakdown: ``data_loading`` = waiting on the loader; ``data_movement`` =
-host-to-device copies; ``compute`` = forward + loss + backward + optimizer step;
-``communication`` = the exposed wait for the gradient all-reduce at the end of
-backward (only with ``--measure-comm``; without it that wait stays inside ``compute``)
-plus the end-of-epoch reduction of the loss/accuracy sums. All times in seconds.
+Per-rank breakdown (see :func:`train_steps`): ``data_loading`` = waiting on this rank's
+loader; ``data_movement`` = host-to-device copies; ``skew_wait`` = waiting, in a barrier
+right after the data movement, for the slowest rank's loader (one all-reduce of one
+float32 per optimizer step, whose own latency is counted here too; 0 with one rank);
+``compute`` = forward + loss + backward + optimizer step; ``communication`` = the exposed
+wait for the gradient all-reduce at the end of backward (only with ``--measure-comm``;
+without it that wait stays inside ``compute``) plus the end-of-epoch reduction of the
+loss/accuracy sums. ``train_seconds`` = data movement + compute + communication. Without
+the barrier a rank whose batch is ready early would wait for the slow loader inside
+backward's all-reduce, i.e. in ``compute``; T(1) has no peers and is unaffected. Records
+written before the skew phase existed have no ``skew_wait_seconds`` (tables show it blank)
+and their ``compute``/``train_seconds`` include that wait. All times in seconds.
 """
 
 from __future__ import annotations
@@ -145,8 +167,11 @@ class WorkerArgs:
     comm_steps: int = 8
     backend: str = "auto"
     bucket_cap_mb: float | None = None
+    accumulation_steps: int = 1
     seed: int = 0
     tag: str = ""
+    debug_slow_rank: int | None = None
+    debug_slow_loader_seconds: float | None = None
     out: str | None = None
 
     def validate(self) -> WorkerArgs:
@@ -164,6 +189,15 @@ class WorkerArgs:
         check_positive_int(self.width, "--width")
         check_positive_int(self.base_batch, "--base-batch")
         check_positive_int(self.comm_steps, "--comm-steps")
+        check_positive_int(self.accumulation_steps, "--accumulation-steps")
+        if (self.debug_slow_rank is None) != (self.debug_slow_loader_seconds is None):
+            raise LabError("--debug-slow-rank and --debug-slow-loader-seconds go together; give both or "
+                           "neither.")
+        if self.debug_slow_rank is not None and self.debug_slow_rank < 0:
+            raise LabError(f"--debug-slow-rank must be a rank (0 or more), got {self.debug_slow_rank}.")
+        if self.debug_slow_loader_seconds is not None and not self.debug_slow_loader_seconds > 0:
+            raise LabError("--debug-slow-loader-seconds must be positive, got "
+                           f"{self.debug_slow_loader_seconds}.")
         check_choice(self.dataset, DATASET_CHOICES, "--dataset")
         check_choice(self.lr_rule, LR_RULES, "--lr-rule")
         check_choice(self.decay, DECAYS, "--decay")
@@ -228,10 +262,11 @@ class WorkerArgs:
         if not isinstance(self.batch_size, int):
             raise ValueError("record_config needs a single batch size: use for_batch(b) first")
         device_type = "cuda" if backend == "nccl" else "cpu"
-        return {
+        cfg = {
             "method": "DDP", "record": record, "rank": rank, "devices": world_size,
             "backend": backend, "device_type": device_type,
-            "batch_size": self.batch_size, "global_batch": self.batch_size * world_size,
+            "batch_size": self.batch_size,
+            "global_batch": self.batch_size * world_size * self.accumulation_steps,
             "epochs": self.epochs, "width": self.width, "train_images": self.train_images,
             "test_images": self.test_images, "dataset": self.dataset, "num_workers": self.num_workers,
             "lr": self.lr, "lr_rule": self.lr_rule, "base_batch": self.base_batch,
@@ -240,6 +275,14 @@ class WorkerArgs:
             "bucket_cap_mb": self.bucket_cap_mb,
             "seed": self.seed, "tag": self.tag,
         }
+        # Present only when used, so that the configs (and store keys) of ordinary runs, and
+        # of records written before these options existed, stay what they were.
+        if self.accumulation_steps != 1:
+            cfg["accumulation_steps"] = self.accumulation_steps
+        if self.debug_slow_rank is not None:
+            cfg["debug_slow_rank"] = self.debug_slow_rank
+            cfg["debug_slow_loader_seconds"] = self.debug_slow_loader_seconds
+        return cfg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,8 +308,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-steps", type=int, default=d.comm_steps)
     p.add_argument("--backend", default=d.backend)
     p.add_argument("--bucket-cap-mb", type=float, default=None)
+    p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--tag", default=d.tag)
+    p.add_argument("--debug-slow-rank", type=int, default=None)
+    p.add_argument("--debug-slow-loader-seconds", type=float, default=None)
     p.add_argument("--out", default=None)
     return p
 
@@ -452,9 +498,17 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
     comm_timer = AllReduceTimer(ddp) if args.measure_comm else None
 
-    # optimizer and lr schedule (per optimizer step)
-    steps_per_epoch = len(train_loader)
-    global_batch = args.batch_size * ctx.world_size
+    if args.debug_slow_rank is not None and args.debug_slow_rank >= ctx.world_size:
+        from lab_utils.errors import LabError
+
+        raise LabError(f"--debug-slow-rank {args.debug_slow_rank} is not a rank of this run "
+                       f"(0..{ctx.world_size - 1}).")
+
+    # optimizer and lr schedule (per optimizer step; one step = accumulation_steps batches)
+    batches_per_epoch = len(train_loader)
+    accum = args.accumulation_steps
+    steps_per_epoch = math.ceil(batches_per_epoch / accum)
+    global_batch = args.batch_size * ctx.world_size * accum
     peak = args.lr if args.lr_rule == "fixed" else scaled_lr(args.lr, global_batch, args.base_batch)
     total_steps = steps_per_epoch * args.epochs
     warmup_steps = min(total_steps, round(args.warmup_epochs * steps_per_epoch))
@@ -463,7 +517,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     optimizer = make_optimizer(ddp, lr=peak)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lambda_for(peak))
     loss_fn = nn.CrossEntropyLoss()
-    non_blocking = cuda
+    slow = args.debug_slow_loader_seconds if args.debug_slow_rank == ctx.rank else None
     synchronize(device)
     startup = data_seconds + time.perf_counter() - t_config
 
@@ -475,42 +529,17 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
         head = sample_order_head(sampler)
         timer = PhaseTimer(device)
         ddp.train()
-        loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-        correct = torch.zeros((), device=device, dtype=torch.float64)
-        images = steps = 0
-        allreduce = tail = 0.0
         lr_first = schedule.lr_at(step)
         synchronize(device)
         t0 = time.perf_counter()
-        for x, y in timer.iterate(train_loader):
-            with timer.phase("data_movement"):
-                x = x.to(device, non_blocking=non_blocking)
-                y = y.to(device, non_blocking=non_blocking)
-            if comm_timer is not None:
-                comm_timer.begin_step()
-            with timer.phase("compute"):
-                optimizer.zero_grad(set_to_none=True)
-                out = ddp(x)
-                loss = loss_fn(out, y)
-                loss.backward()
-                if comm_timer is not None:
-                    comm_timer.end_backward()
-                optimizer.step()
-                scheduler.step()
-                loss_sum += loss.detach().double() * y.shape[0]
-                correct += (out.detach().argmax(1) == y).sum().double()
-            if comm_timer is not None:
-                sc = comm_timer.finish_step()
-                allreduce += sc.allreduce_busy_seconds
-                tail += sc.exposed_tail_seconds
-                # the exposed wait happened inside the compute phase: move it to communication
-                timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
-                timer.add("communication", sc.exposed_tail_seconds)
-            images += int(y.shape[0])
-            steps += 1
-            step += 1
+        batches = train_loader if slow is None else _slowed(train_loader, slow)
+        ep = train_steps(ddp, batches, batches_per_epoch, optimizer, loss_fn, timer, device,
+                         accumulation_steps=accum, scheduler=scheduler, comm_timer=comm_timer,
+                         skew_barrier=ctx.world_size > 1)
+        images, steps = ep.images, ep.steps
+        step += steps
         with timer.phase("communication"):  # global loss/accuracy: an all-reduce of three numbers
-            sums = torch.stack([loss_sum, correct,
+            sums = torch.stack([ep.loss_sum, ep.correct,
                                 torch.tensor(float(images), device=device, dtype=torch.float64)])
             local = sums.tolist()
             dist.all_reduce(sums)
@@ -518,16 +547,17 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
         epoch_s = time.perf_counter() - t0
         g_loss, g_correct, g_images = sums.tolist()
         rec: dict[str, Any] = {
-            "epoch": epoch, "steps": steps, "images": images, "epoch_seconds": epoch_s,
-            "train_seconds": timer.training_seconds, **timer.totals(),
+            "epoch": epoch, "steps": steps, "micro_steps": ep.micro_steps, "images": images,
+            "epoch_seconds": epoch_s, "train_seconds": timer.training_seconds,
+            "skew_wait_seconds": 0.0, **timer.totals(),
             "train_loss_rank": local[0] / max(images, 1), "train_accuracy_rank": local[1] / max(images, 1),
             "train_loss": g_loss / max(g_images, 1), "train_accuracy": g_correct / max(g_images, 1),
             "global_images": int(g_images), "lr_first": lr_first, "lr": schedule.lr_at(max(step - 1, 0)),
             "sample_order_head": head,
         }
         if comm_timer is not None:
-            rec["allreduce_seconds"] = allreduce
-            rec["exposed_tail_seconds"] = tail
+            rec["allreduce_seconds"] = ep.allreduce_seconds
+            rec["exposed_tail_seconds"] = ep.exposed_tail_seconds
         if test_loader is not None:
             rec.update(_evaluate(ddp, test_loader, device))
         rec["elapsed_seconds"] = time.perf_counter() - t_train0
@@ -562,9 +592,117 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     if ctx.rank != 0:
         return None
     summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
+               "accumulation_steps": accum, "batches_per_epoch": batches_per_epoch,
                "peak_lr": peak, "warmup_steps": warmup_steps,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(args, ctx, gathered, summary)
+
+
+@dataclass
+class EpochSums:
+    """What :func:`train_steps` counted in one pass: images, optimizer steps, micro-steps
+    (forward/backward passes, = batches), the loss and correct-prediction sums of this rank
+    (float64 tensors on the device) and, with a comm timer, the all-reduce seconds."""
+
+    images: int
+    steps: int
+    micro_steps: int
+    loss_sum: Any
+    correct: Any
+    allreduce_seconds: float = 0.0
+    exposed_tail_seconds: float = 0.0
+
+
+def train_steps(ddp, batches, n_batches: int, optimizer, loss_fn, timer, device, *,
+                accumulation_steps: int = 1, scheduler=None, comm_timer=None,
+                skew_barrier: bool = True) -> EpochSums:
+    """THE worker's training loop over one pass of ``batches`` (``n_batches`` of them).
+
+    Per batch, timed by ``timer`` (a :class:`lab_utils.timing.PhaseTimer`; seconds):
+
+    - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
+    - ``data_movement``: host-to-device copies of the batch;
+    - ``skew_wait`` (with ``skew_barrier``, before the micro-step that all-reduces): a
+      barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
+      timer synchronizes the device, so on CUDA it is waited for). A rank whose batch is
+      ready early waits here for the slowest rank's loader, instead of inside backward's
+      gradient all-reduce, where that wait used to be counted as compute. It costs one
+      tiny collective per optimizer step; its own latency is in this phase too;
+    - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
+      exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
+
+    Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k
+    batches (the epoch's last group may be shorter). The first k - 1 micro-steps run
+    under ``ddp.no_sync()`` (gradients accumulate locally, nothing is communicated), the
+    last one all-reduces the sum; each micro-step's loss is divided by the group's size, so
+    the gradient is the mean over world x k micro-batches: that of one step on the global
+    batch world x k x batch, as long as each micro-batch is normalized on its own, which is
+    what DDP's per-rank BatchNorm does anyway. BatchNorm running statistics are not equal:
+    they get k updates per step (one per micro-batch) instead of one.
+    """
+    from contextlib import nullcontext
+
+    import torch
+    import torch.distributed as dist
+
+    non_blocking = device.type == "cuda"
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.float64)
+    token = torch.zeros(1, device=device) if skew_barrier else None
+    out = EpochSums(0, 0, 0, loss_sum, correct)
+    group_start, group_size = 0, 1
+    for i, (x, y) in enumerate(timer.iterate(batches)):
+        with timer.phase("data_movement"):
+            x = x.to(device, non_blocking=non_blocking)
+            y = y.to(device, non_blocking=non_blocking)
+        pos = i - group_start
+        if pos == 0:
+            group_size = max(1, min(accumulation_steps, n_batches - i))
+        last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
+        if last and token is not None:
+            with timer.phase("skew_wait"):
+                dist.all_reduce(token)
+        if last and comm_timer is not None:
+            comm_timer.begin_step()
+        with timer.phase("compute"):
+            if pos == 0:
+                optimizer.zero_grad(set_to_none=True)
+            with nullcontext() if last else ddp.no_sync():
+                logits = ddp(x)
+                loss = loss_fn(logits, y)
+                (loss / group_size if group_size > 1 else loss).backward()
+            if last:
+                if comm_timer is not None:
+                    comm_timer.end_backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+            loss_sum += loss.detach().double() * y.shape[0]
+            correct += (logits.detach().argmax(1) == y).sum().double()
+        if last and comm_timer is not None:
+            sc = comm_timer.finish_step()
+            out.allreduce_seconds += sc.allreduce_busy_seconds
+            out.exposed_tail_seconds += sc.exposed_tail_seconds
+            # the exposed wait happened inside the compute phase: move it to communication
+            timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
+            timer.add("communication", sc.exposed_tail_seconds)
+        out.images += int(y.shape[0])
+        out.micro_steps += 1
+        if last:
+            out.steps += 1
+            group_start = i + 1
+    if out.micro_steps != group_start:
+        raise RuntimeError(f"train_steps: {out.micro_steps} batches arrived, {n_batches} announced; "
+                           "the last gradients were never applied")
+    return out
+
+
+def _slowed(loader, seconds: float):
+    """Test knob (``--debug-slow-rank``): ``loader``'s batches, each ``seconds`` late (a sleep in
+    the fetch, so it counts as this rank's loader wait)."""
+    for batch in loader:
+        time.sleep(seconds)
+        yield batch
 
 
 def _evaluate(ddp, loader, device) -> dict[str, float]:
@@ -598,14 +736,23 @@ def _evaluate(ddp, loader, device) -> dict[str, float]:
             "eval_seconds": time.perf_counter() - t0}
 
 
-PHASE_NAMES = ("data_loading", "data_movement", "compute", "communication")
+PHASE_NAMES = ("data_loading", "data_movement", "compute", "communication", "skew_wait")
 
 
 def aggregate_epoch(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One epoch's aggregate over ranks: the slowest rank's times, with means beside them."""
+    """One epoch's aggregate over ranks: the slowest rank's times, with means beside them.
+
+    ``train_seconds`` is the max over ranks of each rank's training time, which leaves out
+    both its loader wait and its ``skew_wait`` (the wait for the other ranks' loaders).
+    ``train_plus_skew_wait_seconds`` is the max over ranks of training + skew wait: about
+    what T(N) was before the skew phase existed, when that wait sat inside compute. A
+    per-rank entry without ``skew_wait_seconds`` (written before the phase existed) counts
+    it as 0.
+    """
     first = per_rank[0]
     ep = [r["epoch_seconds"] for r in per_rank]
     tr = [r["train_seconds"] for r in per_rank]
+    skew = [r.get("skew_wait_seconds", 0.0) for r in per_rank]
     slowest = max(range(len(per_rank)), key=lambda i: ep[i])
     out: dict[str, Any] = {
         "epoch": first["epoch"], "steps": max(r["steps"] for r in per_rank),
@@ -613,7 +760,10 @@ def aggregate_epoch(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         "epoch_seconds": max(ep), "epoch_seconds_mean": statistics.fmean(ep), "epoch_seconds_min": min(ep),
         "slowest_rank": per_rank[slowest].get("rank", slowest),
         "train_seconds": max(tr), "train_seconds_mean": statistics.fmean(tr),
+        "train_plus_skew_wait_seconds": max(t + w for t, w in zip(tr, skew)),
     }
+    if "micro_steps" in first:
+        out["micro_steps"] = max(r["micro_steps"] for r in per_rank)
     for ph in PHASE_NAMES:
         vals = [r.get(f"{ph}_seconds", 0.0) for r in per_rank]
         out[f"{ph}_seconds_mean"] = statistics.fmean(vals)
@@ -631,6 +781,15 @@ def aggregate_epoch(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{k}_max"] = max(vals)
     out["elapsed_seconds"] = max(r["elapsed_seconds"] for r in per_rank)
     return out
+
+
+def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) -> str:
+    """E.g. ``4 x 512 emulated with 2 devices x 2 accumulation steps (...)``."""
+    total = devices * accumulation_steps
+    return (f"{total} x {batch_size} emulated with {devices} device{'s' if devices > 1 else ''} x "
+            f"{accumulation_steps} accumulation steps (global batch {total * batch_size}; BatchNorm "
+            f"normalizes each micro-batch of {batch_size} as each of {total} devices would, but its "
+            f"running statistics get {accumulation_steps} updates per step)")
 
 
 def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, Any]],
@@ -665,6 +824,8 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
         "gradient_bytes": summary["n_params"] * 4, "steps_per_epoch": summary["steps_per_epoch"],
         "global_batch": summary["global_batch"], "peak_lr": summary["peak_lr"],
         "warmup_steps": summary["warmup_steps"],
+        "accumulation_steps": summary["accumulation_steps"],
+        "batches_per_epoch": summary["batches_per_epoch"],
         "startup_seconds": max(g["startup_seconds"] for g in gathered),
         "worker_seconds": summary["worker_seconds"],
     })
@@ -682,6 +843,12 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
             "exposed_tail_seconds": reported.get("exposed_tail_seconds_mean"),
             "allreduce_buckets": probe["buckets"],
         })
+    if summary["accumulation_steps"] > 1:
+        metrics["accumulation_note"] = accumulation_note(args.batch_size, ctx.world_size,
+                                                         summary["accumulation_steps"])
+    if args.debug_slow_rank is not None:
+        metrics["debug_note"] = (f"TEST KNOB: rank {args.debug_slow_rank}'s loader was slowed by "
+                                 f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")
     cfg = args.record_config(ctx.world_size, ctx.backend)
     common = {"profile": args.profile, "synthetic": synthetic, "dataset": dataset_name,
               "hardware": hardware}

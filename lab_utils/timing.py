@@ -8,7 +8,9 @@ not overlap each other; that is what a per-phase breakdown means.
 
 - :class:`PhaseTimer` splits a training step into the four phases the lab reports:
   ``data_loading`` (waiting on the loader), ``data_movement`` (host to device),
-  ``compute`` (forward, loss, backward, optimizer step) and ``communication``.
+  ``compute`` (forward, loss, backward, optimizer step) and ``communication``; the DDP
+  worker adds a fifth, ``skew_wait`` (waiting for the other ranks' loaders), which like
+  ``data_loading`` is not training time.
 - :class:`NestedTimers` keeps named, nested timers ("epoch/train/forward") with count,
   total and mean, for the GPT notebook's breakdown.
 
@@ -25,6 +27,10 @@ from dataclasses import dataclass, field
 import torch
 
 PHASES = ("data_loading", "data_movement", "compute", "communication")
+# Phases that are waiting for data, not training: this rank's loader, and (DDP) the other
+# ranks' loaders, seen as the wait in a barrier right after the data movement (``skew_wait``,
+# recorded only by the DDP worker). :attr:`PhaseTimer.training_seconds` leaves both out.
+WAIT_PHASES = ("data_loading", "skew_wait")
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -118,8 +124,9 @@ class PhaseTimer:
 
     @property
     def training_seconds(self) -> float:
-        """Everything but waiting on the loader: movement + compute + communication."""
-        return sum(s.total_seconds for n, s in self.stats.items() if n != "data_loading")
+        """Everything but waiting for data (:data:`WAIT_PHASES`: this rank's loader and, in DDP,
+        the other ranks' loaders): movement + compute + communication."""
+        return sum(s.total_seconds for n, s in self.stats.items() if n not in WAIT_PHASES)
 
     def totals(self) -> dict[str, float]:
         """``{phase}_seconds`` for every phase, for a record."""

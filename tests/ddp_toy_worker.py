@@ -13,6 +13,10 @@ Modes:
   ``--bucket-cap-mb`` value (default one bucket, then several), plus rank 0's one-process
   step on the global batch (for method (a)); rank 0 writes them.
 - ``equality,comm``: both, in one start-up; rank 0 writes both results in this order.
+- ``accum``: one optimizer step of the lab's own loop (:func:`lab_utils.ddp.train_steps`)
+  on a width-2 ResNet-18 with ``--accum`` micro-batches of ``--batch`` images per rank:
+  rank r takes blocks r x accum ... r x accum + accum - 1 of a seeded set of world x accum
+  blocks. Rank 0 writes the parameters and the loop's step counts.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--bucket-cap-mb", default="25,0.25", help="one probe per value (comm)")
+    p.add_argument("--accum", type=int, default=1, help="accumulation steps (accum)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     rank = int(os.environ["RANK"])
@@ -82,6 +87,10 @@ def main() -> int:
                 print(f"rank {rank}: {FAIL_MARKER}", flush=True)
                 raise RuntimeError(f"deliberate failure on rank {rank} ({FAIL_MARKER})")
             dist.barrier()  # never completes: the failing rank does not arrive
+        elif a.mode == "accum":
+            result = accum(a, rank, world)
+            if rank == 0:
+                write_worker_output([result], a.out)
         elif set(a.mode.split(",")) <= {"equality", "comm"}:
             results = []
             for mode in a.mode.split(","):
@@ -112,6 +121,37 @@ def equality(a, rank: int, world: int) -> dict:
         loss_fn(ddp(x[s, shard]), y[s, shard]).backward()
         opt.step()
     return {"params": [p.detach().tolist() for p in model.parameters()]}
+
+
+def accum_blocks(blocks: int, batch: int, seed: int = 3):
+    """``blocks`` seeded CIFAR-shaped micro-batches of ``batch`` images (inputs, labels)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(blocks, batch, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (blocks, batch), generator=g)
+    return [(x[i], y[i]) for i in range(blocks)]
+
+
+def accum(a, rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from lab_utils.ddp import train_steps
+    from lab_utils.models import ResNet18
+    from lab_utils.timing import PhaseTimer
+    from lab_utils.train import make_optimizer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = ResNet18(width=2)
+    ddp = DDP(model)
+    opt = make_optimizer(ddp, lr=a.lr)
+    blocks = accum_blocks(world * a.accum, a.batch)
+    mine = blocks[rank * a.accum:(rank + 1) * a.accum]
+    timer = PhaseTimer(torch.device("cpu"))
+    sums = train_steps(ddp, mine, len(mine), opt, nn.CrossEntropyLoss(), timer, torch.device("cpu"),
+                       accumulation_steps=a.accum, skew_barrier=world > 1)
+    return {"params": [p.detach().tolist() for p in model.parameters()], "steps": sums.steps,
+            "micro_steps": sums.micro_steps, "images": sums.images,
+            "skew_wait_count": timer.stats["skew_wait"].count if "skew_wait" in timer.stats else 0}
 
 
 def comm(a, rank: int, world: int) -> dict:

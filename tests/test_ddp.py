@@ -286,3 +286,166 @@ def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypat
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: Unknown --lr-rule 'sqrt'; use one of: fixed, linear.") and "\n" not in err
     assert not dist.is_initialized()
+
+
+# --------------------------------------------------------------------------- loader skew (issue 14 b)
+
+SLOW_S = 0.3       # seconds rank 1 sleeps per batch fetch
+SKEW_IMAGES, SKEW_BATCH = 192, 16   # 96 images per rank: k = 6 batches per epoch
+
+
+def _skew_launch(root: Path, slowed: bool) -> dict:
+    knob = {"debug_slow_rank": 1, "debug_slow_loader_seconds": SLOW_S} if slowed else {}
+    args = WorkerArgs(profile="quick", batch_size=SKEW_BATCH, epochs=2, width=4, train_images=SKEW_IMAGES,
+                      dataset="synthetic", num_workers=0, **knob)
+    res = launch("lab_utils.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
+                 log_dir=root / ("slow" if slowed else "normal"))
+    out = {"args": args}
+    for r in res.records:
+        out["agg" if r["config"]["record"] == "aggregate" else r["config"]["rank"]] = r
+    return out
+
+
+@pytest.fixture(scope="module")
+def skew_runs(tmp_path_factory):
+    """The same tiny 2-rank run twice: as is, and with rank 1's loader slowed by SLOW_S per batch."""
+    root = tmp_path_factory.mktemp("skew")
+    return _skew_launch(root, False), _skew_launch(root, True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
+    """Rank 1 sleeps SLOW_S in each of its k batch fetches of epoch 2 (k x SLOW_S = 1.8 s).
+
+    - rank 1 bills the sleep to its own ``data_loading`` (at least k x SLOW_S);
+    - rank 0, whose batches are ready, waits for rank 1 in the barrier after the data
+      movement: its ``skew_wait`` is about k x SLOW_S. Lower bound 0.7 k S: rank 0's own
+      loader and movement time per batch (milliseconds here) is subtracted from the wait;
+      upper bound 1.5 k S + 0.3 s: scheduling noise of two processes on a shared machine;
+    - the reported time T(N) (``train_seconds``, slowest rank) and the slowest compute do
+      not grow by anything like k x S: before the skew phase that wait sat inside rank 0's
+      compute (its backward all-reduce). Tolerance 0.25 k S (0.45 s): more than twice this
+      epoch's whole training time (~0.2 s), so noise cannot fail it, while a leak of the wait
+      would exceed it four times over.
+    """
+    normal, slowed = skew_runs
+    k = slowed["agg"]["metrics"]["steps"]
+    assert k == SKEW_IMAGES // 2 // SKEW_BATCH
+    wait = k * SLOW_S
+    cfg = slowed["agg"]["config"]
+    assert cfg["debug_slow_rank"] == 1 and cfg["debug_slow_loader_seconds"] == SLOW_S
+    assert "TEST KNOB" in slowed["agg"]["metrics"]["debug_note"]
+    assert "debug_slow_rank" not in normal["agg"]["config"] and "debug_note" not in normal["agg"]["metrics"]
+    r0, r1 = slowed[0]["metrics"], slowed[1]["metrics"]
+    assert r1["data_loading_seconds"] >= wait
+    assert 0.7 * wait <= r0["skew_wait_seconds"] <= 1.5 * wait + 0.3, r0
+    m, m0 = slowed["agg"]["metrics"], normal["agg"]["metrics"]
+    assert m["skew_wait_seconds_max"] == max(r0["skew_wait_seconds"], r1["skew_wait_seconds"])
+    assert m["train_seconds"] - m0["train_seconds"] < 0.25 * wait, (m["train_seconds"], m0["train_seconds"])
+    assert m["compute_seconds_max"] - m0["compute_seconds_max"] < 0.25 * wait
+    # what T(N) would have been with the wait counted as training (the old bill)
+    assert m["train_plus_skew_wait_seconds"] >= m["train_seconds"] + 0.7 * wait
+    for run in skew_runs:
+        for r in (0, 1):
+            p = run[r]["metrics"]
+            total = sum(p[f"{ph}_seconds"] for ph in ("data_movement", "compute", "communication"))
+            assert total == pytest.approx(p["train_seconds"])   # skew_wait and loading are outside
+            assert p["skew_wait_seconds"] >= 0
+
+
+def test_aggregate_reads_per_rank_entries_without_skew_wait():
+    """Entries written before the skew phase have no ``skew_wait_seconds``: counted as 0."""
+    old = {"rank": 0, "epoch": 2, "steps": 4, "images": 64, "epoch_seconds": 2.0, "train_seconds": 1.5,
+           "data_loading_seconds": 0.5, "data_movement_seconds": 0.1, "compute_seconds": 1.4,
+           "communication_seconds": 0.0, "elapsed_seconds": 4.0}
+    new = {**old, "rank": 1, "train_seconds": 1.2, "skew_wait_seconds": 0.4}
+    agg = aggregate_epoch([old, new])
+    assert agg["skew_wait_seconds_max"] == 0.4 and agg["skew_wait_seconds_mean"] == pytest.approx(0.2)
+    assert agg["train_seconds"] == 1.5 and agg["train_plus_skew_wait_seconds"] == pytest.approx(1.6)
+
+
+def test_debug_knob_and_accumulation_arguments():
+    a = WorkerArgs(batch_size=8, accumulation_steps=2, debug_slow_rank=1, debug_slow_loader_seconds=0.25)
+    assert parse_args(a.to_argv()) == a
+    cfg = a.record_config(world_size=2, backend="gloo")
+    assert cfg["global_batch"] == 32 and cfg["accumulation_steps"] == 2
+    assert cfg["debug_slow_rank"] == 1 and cfg["debug_slow_loader_seconds"] == 0.25
+    plain = WorkerArgs(batch_size=8).record_config(world_size=2, backend="gloo")
+    assert not {"accumulation_steps", "debug_slow_rank", "debug_slow_loader_seconds"} & set(plain)
+    for bad in (["--debug-slow-rank", "1"], ["--debug-slow-loader-seconds", "0.1"],
+                ["--debug-slow-rank", "-1", "--debug-slow-loader-seconds", "0.1"],
+                ["--debug-slow-rank", "0", "--debug-slow-loader-seconds", "0"],
+                ["--accumulation-steps", "0"]):
+        with pytest.raises(LabError):
+            parse_args(bad)
+
+
+# --------------------------------------------------------------------------- accumulation (issue 14 g)
+
+ACC_BATCH, ACC_LR = 4, 0.1
+
+
+def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
+    args = ["--mode", "accum", "--accum", str(steps), "--batch", str(ACC_BATCH), "--lr", str(ACC_LR)]
+    return launch("ddp_toy_worker", args, nproc=nproc, timeout_s=120, log_dir=root / f"{nproc}x{steps}",
+                  env=toy_env(), threads_per_rank=1).records[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_accumulation_on_one_device_equals_two_devices(tmp_path):
+    """1 rank x 2 accumulation steps x batch b == 2 ranks x batch b, after one optimizer step.
+
+    Both runs go through the worker's own loop (:func:`lab_utils.ddp.train_steps`) on a
+    width-2 ResNet-18 *with* BatchNorm in training mode, and see the same two blocks of b
+    images (rank r / micro-step r takes block r). That is a fair comparison despite
+    BatchNorm: DDP's BatchNorm is per rank, so in the 2-rank run each block is normalized
+    with its own statistics, exactly as each micro-batch is in the accumulated run. The
+    gradients are then the same mean (loss / 2 per micro-step vs DDP's average over 2
+    ranks) up to float summation order, hence allclose (atol 1e-6, rtol 1e-5) rather than
+    equal. Only BatchNorm's running statistics (buffers, not compared) differ. Not trivially
+    equal: a step on block 0 alone gives other parameters.
+    """
+    from ddp_toy_worker import accum_blocks
+
+    from lab_utils.models import ResNet18
+    from lab_utils.train import make_optimizer
+
+    two = _accum_launch(tmp_path, 2, 1)
+    one = _accum_launch(tmp_path, 1, 2)
+    counts = ("steps", "micro_steps", "images", "skew_wait_count")
+    assert tuple(two[k] for k in counts) == (1, 1, ACC_BATCH, 1)       # one barrier per step
+    assert tuple(one[k] for k in counts) == (1, 2, 2 * ACC_BATCH, 0)   # one rank: no barrier
+    a = [torch.tensor(p) for p in two["params"]]
+    b = [torch.tensor(p) for p in one["params"]]
+    assert len(a) == len(b)
+    for pa, pb in zip(a, b):
+        assert torch.allclose(pa, pb, atol=1e-6, rtol=1e-5), (pa - pb).abs().max()
+    torch.manual_seed(0)
+    model = ResNet18(width=2)
+    opt = make_optimizer(model, lr=ACC_LR)
+    x, y = accum_blocks(2, ACC_BATCH)[0]
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    opt.step()
+    assert any(not torch.allclose(p.detach(), pb, atol=1e-6) for p, pb in zip(model.parameters(), b))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_worker_with_accumulation_records_it(tmp_path):
+    """The real worker, one gloo process x 2 accumulation steps x batch 8: half the optimizer steps,
+    global batch 16 in config and metrics, the linear lr rule on that global batch, and the label."""
+    args = WorkerArgs(profile="quick", batch_size=8, epochs=1, width=4, train_images=64, dataset="synthetic",
+                      num_workers=0, accumulation_steps=2, lr_rule="linear", base_batch=8)
+    recs = launch("lab_utils.ddp", args.to_argv(), nproc=1, timeout_s=120, threads_per_rank=1,
+                  log_dir=tmp_path).records
+    agg = next(r for r in recs if r["config"]["record"] == "aggregate")
+    c, m = agg["config"], agg["metrics"]
+    assert c == args.resolved().record_config(1, "gloo")
+    assert c["accumulation_steps"] == 2 and c["global_batch"] == 16 and m["global_batch"] == 16
+    assert m["accumulation_steps"] == 2 and m["steps_per_epoch"] == 4 and m["batches_per_epoch"] == 8
+    assert m["steps"] == 4 and m["micro_steps"] == 8 and m["images"] == 64
+    assert m["peak_lr"] == pytest.approx(0.1 * 16 / 8)
+    assert m["accumulation_note"].startswith("2 x 8 emulated with 1 device x 2 accumulation steps")
+    assert m["skew_wait_seconds_max"] == 0.0  # one rank: no peers, no barrier
