@@ -5,7 +5,8 @@ Notebook 02 (:func:`run_scaling`, :func:`scaling_table`, :func:`speedup_figure`)
 For each device count N and per-device batch b (global batch N x b), ResNet-18 trains
 ``epochs`` epochs; epoch ``epochs`` (2 of 2) is reported, as in notebook 01: its
 *training* time (host-to-device copies, forward, backward, all-reduce, optimizer step;
-waiting on the loader excluded), of the SLOWEST rank.
+waiting on the loader excluded, this rank's and, through the barrier after the data
+movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
 
 - **DDP** (``method="DDP"``): :mod:`lab_utils.ddp` under ``torchrun`` through
   :func:`lab_utils.launcher.launch`, one process per GPU with NCCL. All per-device batch
@@ -39,7 +40,9 @@ records. Select the aggregates with ``config["record"] == "aggregate"``. Keys us
   device), ``global_batch``, ``backend`` ("nccl" | "gloo" | "single process"),
   ``device_type`` ("cuda" | "cpu"), ``width``, ``train_images``, ``epochs``,
   ``measure_comm`` (True in ``compute_vs_comm``), ``record``, ``rank``.
-- ``metrics``: ``train_seconds`` (reported epoch, slowest rank, seconds),
+- ``metrics``: ``train_seconds`` (reported epoch, slowest rank, seconds; neither loader
+  waits nor ``skew_wait``, the wait for the other ranks' loaders), ``skew_wait_seconds_max``
+  (absent in records written before the skew barrier: the tables show it blank),
   ``epoch_seconds``, ``steps`` (per rank in the reported epoch), ``steps_per_epoch``,
   ``parameters``, ``gradient_bytes`` (fp32 gradient size S in bytes),
   ``epochs`` (per-epoch history), and in ``compute_vs_comm``: ``exposed_comm_seconds``
@@ -439,6 +442,21 @@ def _t(rec: Record | None) -> float | None:
     return float(v) if v is not None else None
 
 
+def _metric(rec: Record | None, key: str) -> float | None:
+    """A number from an ok record's metrics; None (a blank cell) when missing."""
+    if rec is None or rec.status != "ok":
+        return None
+    v = rec.metrics.get(key)
+    return float(v) if v is not None else None
+
+
+def _skew(rec: Record | None) -> float | None:
+    """The slowest rank's skew wait in the reported epoch (seconds): the time it waited in the
+    barrier after the data movement for the other ranks' loaders. None (blank) for DataParallel
+    and for DDP records written before the barrier existed (their T(N) includes the wait)."""
+    return _metric(rec, "skew_wait_seconds_max")
+
+
 def _label(method: str, backend: str | None, device_type: str | None) -> str:
     if method == DP:
         return "DataParallel (1 process, GPUs)"
@@ -573,7 +591,8 @@ def scaling_frame(records: Sequence[Record]):
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
-               "serial_fraction": None}
+               "serial_fraction": None, "skew_wait_seconds": _skew(r),
+               "train_plus_skew_wait_seconds": _metric(r, "train_plus_skew_wait_seconds")}
         if tn and t1:
             row["speedup"] = t1 / tn
             row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
@@ -585,7 +604,8 @@ def scaling_frame(records: Sequence[Record]):
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
-                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction"])
+                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction",
+                                     "skew_wait_seconds", "train_plus_skew_wait_seconds"])
     return df
 
 
@@ -603,6 +623,12 @@ TABLE1_NOTES = [
     "serial_fraction: Karp-Flatt e = (1/speedup - 1/N) / (1 - 1/N), the non-parallel share Amdahl's law "
     "would need to explain the speedup (empty for N = 1).",
     "A row whose status is not ok did not run: it has no numbers.",
+    "skew_wait_seconds: the slowest rank's wait, in a barrier right after each step's data movement, for "
+    "the other ranks' loaders (DDP only; 0 with one device). It is NOT in T(N): without the barrier it "
+    "would sit inside compute (backward's all-reduce waits for the slowest loader). "
+    "train_plus_skew_wait_seconds: max over ranks of training + skew wait, about what T(N) was before "
+    "the barrier existed. Both are blank for DataParallel and for records written before the barrier "
+    "existed, whose T(N) still includes that wait.",
 ]
 
 
@@ -664,6 +690,7 @@ class CommRow:
     steps_per_epoch: int | None = None
     gradient_bytes: int | None = None
     backend: str | None = None
+    skew_wait_seconds: float | None = None
 
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
@@ -697,6 +724,7 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
         return row
     row.tn_seconds = _t(rec)
     row.t1_seconds = _t(one)
+    row.skew_wait_seconds = _skew(rec)
     row.steps_per_epoch = m.get("steps")
     row.gradient_bytes = m.get("gradient_bytes")
     if row.t1_seconds is None:
@@ -724,7 +752,7 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
              "overlap_c_minus_b_seconds": r.overlap_seconds,
              "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
-             "compute_to_comm_b": None}
+             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds}
         if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
             d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
         if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
@@ -732,7 +760,8 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
         out.append(d)
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
             "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
-            "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b"]
+            "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
+            "skew_wait_seconds"]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -743,6 +772,10 @@ TABLE2_NOTES = [
     "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
     "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
     "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
+    "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
+    "by a barrier after the data movement; shown as skew_wait_seconds, slowest rank), so a slow loader "
+    "is not counted as communication by (a). Blank skew_wait_seconds: a record from before the barrier "
+    "existed, whose T(N) includes that wait.",
 ]
 
 
@@ -836,7 +869,11 @@ def _isnan(v) -> bool:
 
 
 def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
-    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row."""
+    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row.
+
+    ``skew_wait_seconds`` (the rank's wait for the other ranks' loaders, not part of
+    ``train_seconds``) is NaN for records written before the skew barrier existed.
+    """
     import pandas as pd
 
     rows = []
@@ -851,10 +888,13 @@ def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: in
                          "data_loading_seconds": m["data_loading_seconds"],
                          "data_movement_seconds": m["data_movement_seconds"],
                          "compute_seconds": m["compute_seconds"],
-                         "communication_seconds": m["communication_seconds"]})
+                         "communication_seconds": m["communication_seconds"],
+                         # None (blank) in records written before the skew barrier existed
+                         "skew_wait_seconds": m.get("skew_wait_seconds")})
     if not rows:
         return pd.DataFrame()
     df = pd.DataFrame(rows).sort_values("rank")
+    df["skew_wait_seconds"] = pd.to_numeric(df["skew_wait_seconds"])  # None -> NaN
     mean = df.drop(columns="rank").mean()
     slow = df.drop(columns="rank").max()
     df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean}, {"rank": "max (reported)", **slow}])],

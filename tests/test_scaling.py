@@ -85,6 +85,29 @@ def test_table1_speedups_and_efficiency_by_hand():
     assert dp["epoch2_train_seconds"] == 30.0 and pd_missing(dp["speedup"])
 
 
+def test_skew_wait_columns_new_and_old_records():
+    """T(N) is ``train_seconds`` (loader and skew waits excluded); the skew wait is its own column,
+    blank for records written before the barrier existed and for DataParallel."""
+    recs = [agg("DDP", 1, 128, 40.0, 16, skew_wait_seconds_max=0.0, train_plus_skew_wait_seconds=40.0),
+            agg("DDP", 2, 128, 21.0, 8, skew_wait_seconds_max=3.0, train_plus_skew_wait_seconds=24.0),
+            agg("DDP", 2, 32, 30.0, 32),                                  # an old record: no field
+            agg("DataParallel", 2, 128, 30.0, 8, backend=scaling.DP_BACKEND)]
+    df = scaling.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
+    new = df.loc[("DDP (NCCL, GPUs)", 2, 128)]
+    assert new["epoch2_train_seconds"] == 21.0 and new["speedup"] == pytest.approx(40 / 21)
+    assert new["skew_wait_seconds"] == 3.0 and new["train_plus_skew_wait_seconds"] == 24.0
+    assert df.loc[("DDP (NCCL, GPUs)", 1, 128)]["skew_wait_seconds"] == 0.0
+    for key in (("DDP (NCCL, GPUs)", 2, 32), ("DataParallel (1 process, GPUs)", 2, 128)):
+        assert pd_missing(df.loc[key]["skew_wait_seconds"])
+        assert pd_missing(df.loc[key]["train_plus_skew_wait_seconds"])
+    row = scaling.comm_row(recs[1], recs[0])
+    assert row.skew_wait_seconds == 3.0 and row.tn_seconds == 21.0
+    assert row.comm_a_seconds == pytest.approx(21.0 - 20.0)  # the 3 s loader skew is not communication
+    assert scaling.comm_row(recs[2], None).skew_wait_seconds is None
+    t2 = scaling.compute_vs_comm_frame([row])
+    assert t2.iloc[0]["skew_wait_seconds"] == 3.0
+
+
 def test_amdahl_gustafson_karp_flatt_by_hand():
     assert scaling.amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
     assert scaling.gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
@@ -226,6 +249,8 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
     assert list(br["rank"]) == [0, 1, "mean", "max (reported)"]
     aggregate = next(r for r in many.records if r.config["batch_size"] == 8)
     assert br.iloc[-1]["train_seconds"] == pytest.approx(aggregate.metrics["train_seconds"])
+    assert (br["skew_wait_seconds"] >= 0).all()
+    assert br.iloc[-1]["skew_wait_seconds"] == pytest.approx(aggregate.metrics["skew_wait_seconds_max"])
     # resume: nothing is measured again, and Table 1 is built from the stored records
     again = scaling.run_scaling(lab, s, devices=(1,), dataset="synthetic")
     assert again.measured == [] and [r.status for r in again.records] == ["ok", "ok", "skipped"]
