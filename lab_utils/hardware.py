@@ -14,13 +14,19 @@ from dataclasses import asdict, dataclass
 
 # Dense peak throughput in TFLOP/s per precision. "tf32" is what cuDNN uses for fp32
 # convolutions on Ampere and later unless torch.backends.cudnn.allow_tf32 is False.
-# Order matters: the first pattern found in the device name wins (H100 NVL/PCIe before
-# the generic H100, which is the SXM part).
+# Data sheets quote tensor-core figures "with sparsity": the dense figure is half.
+# The most specific pattern found in the device name wins (the longest: "H200 NVL"
+# over "H200"), and the table lists specific names first as well (NVL/PCIe before the
+# generic name, which is the SXM part).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
     ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
     ("H100", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),  # SXM5
-    ("H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),
+    # NVIDIA H200 data sheet (nvidia.com/en-us/data-center/h200, "H200 NVL" column):
+    # FP32 60 TFLOPS; TF32 835 and BF16/FP16 1,671 TFLOPS with sparsity -> 418 / 835 dense.
+    # The same figures as the H100 NVL row (a PCIe card, below the 700 W SXM part).
+    ("H200 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
+    ("H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),  # SXM
     ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
     ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
     ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
@@ -34,15 +40,18 @@ def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float 
     """Dense peak FLOP/s of a GPU by its torch name, or ``None`` when unknown.
 
     ``precision`` is one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. Returns ``None`` for
-    CPUs, for GPUs not in the table, and for precisions the GPU lacks.
+    CPUs, for GPUs not in the table, and for precisions the GPU lacks. When several
+    patterns of :data:`PEAK_TFLOPS` occur in the name, the longest (most specific) wins.
     """
     if not device_name:
         return None
-    for pattern, peaks in PEAK_TFLOPS:
-        if pattern.lower() in device_name.lower():
-            tflops = peaks.get(precision)
-            return tflops * 1e12 if tflops is not None else None
-    return None
+    name = device_name.lower()
+    found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if pattern.lower() in name]
+    if not found:
+        return None
+    _, peaks = max(found, key=lambda item: len(item[0]))  # "H200 NVL" beats "H200"
+    tflops = peaks.get(precision)
+    return tflops * 1e12 if tflops is not None else None
 
 
 def fp32_training_precision(device_name: str | None) -> str:

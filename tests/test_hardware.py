@@ -10,6 +10,25 @@ def test_peak_table_by_name():
     assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32") == 67e12
 
 
+def test_h200_nvl_is_not_the_sxm_part():
+    assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "bf16") == 835e12
+    assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "tf32") == 418e12
+    assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "fp32") == 60e12
+    assert hardware.peak_flops_per_s("NVIDIA H200", "bf16") == 989e12
+    assert hardware.peak_flops_per_s("NVIDIA H100 NVL", "bf16") == 835e12
+
+
+def test_the_most_specific_pattern_wins_and_comes_first():
+    """A name containing two patterns gets the longer one's peak, and the table lists the
+    more specific pattern before any pattern it contains."""
+    patterns = [p for p, _ in hardware.PEAK_TFLOPS]
+    for i, general in enumerate(patterns):
+        for specific in patterns[i + 1:]:
+            assert general.lower() not in specific.lower(), f"{specific!r} must come before {general!r}"
+    for pattern, peaks in hardware.PEAK_TFLOPS:
+        assert hardware.peak_flops_per_s(f"NVIDIA {pattern}", "fp32") == peaks["fp32"] * 1e12
+
+
 def test_unknown_device_has_no_peak():
     assert hardware.peak_flops_per_s("cpu (AMD EPYC)", "fp32") is None
     assert hardware.peak_flops_per_s("Mystery GPU 9000", "bf16") is None
