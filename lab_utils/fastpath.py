@@ -1015,7 +1015,10 @@ class TraceResult:
         on_gpu = self.record.config.get("device") == "cuda"
         return [self.record.metrics.get("description", ""),
                 f"self time = {'GPU kernel' if on_gpu else 'CPU'} time spent in the operator itself (ms, "
-                "all traced steps); percent of the total self time.",
+                "all traced steps); percent of the "
+                f"{'GPU total kernel time' if on_gpu else 'self CPU time of all operators'}. "
+                "The lab's record_function ranges (data_loader, train_step) are annotations, not operators: "
+                "they are neither rows nor part of the total.",
                 f"trace: results/{self.record.profile}/traces/{self.path.name} "
                 "(Chrome trace JSON: open in https://ui.perfetto.dev)"]
 
@@ -1025,26 +1028,72 @@ def trace_dir(store: ResultStore) -> Path:
     return store.root / "traces"
 
 
-def top_operators(prof, n: int = 12, device_type: str = "cpu") -> list[dict[str, Any]]:
-    """The ``n`` operators with the most self time (device time on a GPU, CPU time otherwise).
+#: The ``record_function`` labels the lab puts around its own code in a trace.
+TRACE_LABELS: tuple[str, ...] = ("data_loader", "train_step")
 
-    Times in milliseconds over all traced steps; ``percent`` is of the total self time.
+
+def is_annotation(event) -> bool:
+    """Whether a profiler event (or its ``key_averages`` row) is a user annotation, not an operator.
+
+    True for ``record_function`` ranges (``FunctionEvent.is_user_annotation``, set by
+    torch's profiler for CPU ranges and their ``gpu_user_annotation`` copies), for the
+    lab's own :data:`TRACE_LABELS` (in case a torch version does not set that flag) and
+    for the ``ProfilerStep#N`` ranges of a profiler schedule.
     """
-    events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    key = getattr(event, "key", None) or getattr(event, "name", "")
+    return bool(getattr(event, "is_user_annotation", False)) or key in TRACE_LABELS \
+        or key.startswith("ProfilerStep")
+
+
+def top_operators(prof, n: int = 12, device_type: str = "cpu") -> list[dict[str, Any]]:
+    """The ``n`` operators with the most self time (kernel time on a GPU, CPU time otherwise).
+
+    Times in milliseconds over all traced steps. User annotations are not operators and
+    are left out of the rows *and* of the total (:func:`is_annotation`): the lab's own
+    ``record_function`` ranges (``data_loader``, ``train_step``; on a GPU their
+    ``gpu_user_annotation`` copies span every kernel they enclose, so counting them would
+    count that time twice) and ``ProfilerStep#N``.
+
+    - CPU: ``self_ms`` is an operator's self CPU time; ``percent`` is of the self CPU
+      time of all operators, so the percentages of all operators (shown or not) add up
+      to 100.
+    - GPU: the rows are the host-side operators (``aten::...``), ``self_ms`` the time of
+      the kernels each launched itself, with the host's ``self_cpu_ms`` next to it;
+      ``percent`` is of the GPU's total kernel time (the device events, as torch's own
+      ``key_averages().table()`` sums them), so a kernel is counted once, not once for
+      its operator and again for itself. Kernels launched outside any operator are in
+      the total without a row, so the percentages add up to at most 100. (If no
+      operator carries kernel time, the kernels themselves are the rows.)
+    """
+    events = [e for e in prof.key_averages() if not is_annotation(e)]
     on_gpu = device_type == "cuda"
 
     def self_us(e) -> float:
         return float(e.self_device_time_total if on_gpu else e.self_cpu_time_total)
 
-    total = sum(self_us(e) for e in events) or 1.0
+    if on_gpu:
+        kernels = [e for e in events if _device_type_name(e) != "CPU"]
+        total = sum(self_us(e) for e in kernels)
+        ops = [e for e in events if _device_type_name(e) == "CPU"]
+        if not any(self_us(e) > 0 for e in ops):
+            ops = kernels
+    else:
+        ops = events
+        total = sum(self_us(e) for e in ops)
+    total = total or 1.0
     rows = []
-    for e in sorted(events, key=self_us, reverse=True)[:n]:
+    for e in sorted(ops, key=self_us, reverse=True)[:n]:
         row = {"operator": e.key, "calls": int(e.count), "self_ms": self_us(e) / 1e3,
                "percent": 100 * self_us(e) / total}
         if on_gpu:  # the host time the operator cost, next to its kernel time
             row["self_cpu_ms"] = e.self_cpu_time_total / 1e3
         rows.append(row)
     return rows
+
+
+def _device_type_name(event) -> str:
+    """``"CPU"``, ``"CUDA"``, ... of a profiler event (``DeviceType.CUDA`` -> ``"CUDA"``)."""
+    return str(getattr(event, "device_type", "CPU")).rsplit(".", 1)[-1]
 
 
 def trace_fast_path(store: ResultStore, settings: FastSettings, options: TrainOptions, step: str = "",

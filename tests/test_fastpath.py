@@ -336,6 +336,64 @@ def test_trace_is_perfetto_json_with_top_operators(store):
     assert again.record.timestamp == res.record.timestamp  # resumed from the store
 
 
+def test_top_operators_leave_out_record_function_ranges():
+    """CPU: a real profile of two tiny steps, each inside the lab's record_function ranges."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(16, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function("data_loader"):
+                batch = x * 1.0
+            with record_function("train_step"):
+                model(batch).sum().backward()
+    assert any(e.key == "train_step" and e.is_user_annotation for e in prof.key_averages())
+    rows = fastpath.top_operators(prof, n=1000, device_type="cpu")
+    names = {r["operator"] for r in rows}
+    assert not names & {"data_loader", "train_step"} and "aten::addmm" in names
+    # percent is of the operators' total self CPU time: over all operators it adds up to 100
+    assert sum(r["percent"] for r in rows) == pytest.approx(100.0)
+    top = fastpath.top_operators(prof, n=3, device_type="cpu")
+    assert [r["operator"] for r in top] == [r["operator"] for r in rows[:3]]
+
+
+def _event(key, device_type, self_device_us, self_cpu_us=0.0, annotation=False):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    return SimpleNamespace(key=key, device_type=getattr(DeviceType, device_type), count=2,
+                           self_device_time_total=self_device_us, self_cpu_time_total=self_cpu_us,
+                           is_user_annotation=annotation)
+
+
+def test_top_operators_on_a_gpu_count_each_kernel_once():
+    """GPU (simulated key_averages rows): the host operator carries the time of the kernel it
+    launched, the kernel is also a device row, and the range's GPU copy spans all kernels."""
+    from types import SimpleNamespace
+
+    events = [
+        _event("train_step", "CPU", 0.0, 50.0, annotation=True),
+        _event("train_step", "CUDA", 1000.0, annotation=True),         # gpu_user_annotation
+        _event("aten::convolution", "CPU", 600.0, 30.0),
+        _event("aten::addmm", "CPU", 300.0, 20.0),
+        _event("cudaLaunchKernel", "CPU", 0.0, 40.0),
+        _event("sm90_xmma_fprop_kernel", "CUDA", 600.0),
+        _event("ampere_sgemm_kernel", "CUDA", 300.0),
+        _event("Memcpy HtoD", "CUDA", 100.0),                          # no operator launched it
+    ]
+    prof = SimpleNamespace(key_averages=lambda: events)
+    rows = fastpath.top_operators(prof, n=10, device_type="cuda")
+    assert [r["operator"] for r in rows[:2]] == ["aten::convolution", "aten::addmm"]
+    assert "train_step" not in {r["operator"] for r in rows}
+    assert "sm90_xmma_fprop_kernel" not in {r["operator"] for r in rows}  # not counted twice
+    # percent of the 1000 us of kernel time (600 + 300 + 100), not of 3000 with duplicates
+    assert rows[0]["percent"] == pytest.approx(60.0) and rows[1]["percent"] == pytest.approx(30.0)
+    assert rows[0]["self_ms"] == pytest.approx(0.6) and rows[0]["self_cpu_ms"] == pytest.approx(0.03)
+    assert sum(r["percent"] for r in rows) == pytest.approx(90.0)  # the memcpy had no operator
+
+
 def test_accuracy_check_compares_two_runs(store):
     s = tiny()
     fast = TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused")
