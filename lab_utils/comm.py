@@ -946,6 +946,7 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
 
     import torch
 
+    from lab_utils.backends import apply_training_backends
     from lab_utils.models import ResNet18
     from lab_utils.timing import synchronize
     from lab_utils.train import make_optimizer
@@ -953,6 +954,7 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
     check_positive_int(width, "model width")
     check_positive_int(batch_size, "batch size")
     check_positive_int(steps, "timed steps")
+    apply_training_backends()  # the same cuDNN settings as the runs this step time is compared with
     torch.manual_seed(seed)
     dev = torch.device(device)
     model = ResNet18(width=width).to(dev)

@@ -288,9 +288,11 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from lab_utils.backends import apply_training_backends
     from lab_utils.models import ResNet18
     from lab_utils.train import make_optimizer
 
+    apply_training_backends()  # as every training path (bytes do not depend on it; the record says it)
     device = ctx.device
     cuda = device.type == "cuda"
     ledger = CommLedger()

@@ -442,6 +442,9 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
     and schedule. Rank 0 stores each batch size's records as soon as they exist, so a
     later failure (e.g. out of memory at a larger batch) keeps the earlier results.
     """
+    from lab_utils.backends import apply_training_backends
+
+    apply_training_backends()  # the cuDNN settings of every training path; each record states them
     t_worker = time.perf_counter()
     train_ds = train_dataset(args)
     test_ds = test_shard(args, ctx.rank, ctx.world_size) if args.eval else None

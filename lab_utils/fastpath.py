@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils import config, data
+from lab_utils.backends import apply_training_backends
 from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.results import Record, ResultStore
@@ -396,9 +397,14 @@ class Trainer:
 
 def build_trainer(options: TrainOptions, width: int, device: torch.device | str, seed: int = 0,
                   lr: float = 0.1) -> Trainer:
-    """ResNet-18 of ``width`` on ``device`` (seeded, so every option starts from the same weights)."""
+    """ResNet-18 of ``width`` on ``device`` (seeded, so every option starts from the same weights).
+
+    Applies the lab's training backend settings (:func:`lab_utils.backends.apply_training_backends`:
+    autotuned cuDNN convolutions), as every training path does.
+    """
     from lab_utils.models import ResNet18
 
+    apply_training_backends()
     device = torch.device(device)
     torch.manual_seed(seed)
     model = ResNet18(width=width).to(device)

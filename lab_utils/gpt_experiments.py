@@ -194,6 +194,8 @@ def _record(experiment: str, config: dict, records: list[dict], wall: float, npr
     run = records[-1]
     hw = hardware_summary(devices.kind, nproc)
     common = {"synthetic": run["synthetic"], "dataset": run["corpus"], "hardware": hw}
+    if "backends" in run:  # the settings of the worker that trained, not of this process
+        common["backends"] = run["backends"]
     if run["status"] != "ok":
         return Record(experiment=experiment, config=config, status=run["status"], reason=run["reason"],
                       metrics={"saved_activation_bytes": run.get("saved_activation_bytes")}, **common)

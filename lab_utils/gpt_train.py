@@ -44,7 +44,8 @@ every step waits for it, and also reports the mean over ranks and the imbalance
 Output (``--out``; rank 0 writes it): a JSON list of one ``{"kind": "epoch", ...}``
 dict per epoch (aggregate fields plus ``"ranks"``: the per-rank dicts) and a final
 ``{"kind": "run", ...}`` dict (configuration, corpus, device, FLOPs per token, memory,
-nested timers of every rank, status ``ok`` or ``oom``).
+nested timers of every rank, the cuDNN / matmul ``backends`` settings, status ``ok`` or
+``oom``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
+from lab_utils.backends import apply_training_backends, backend_settings
 from lab_utils.config import check_choice, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.models.gpt import (
@@ -330,6 +332,7 @@ def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
 
 def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
     device = ctx.device
+    apply_training_backends()
     timers = NestedTimers(device)
     run_timer = timers("run")
     run_timer.__enter__()
@@ -370,7 +373,7 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
     run_timer.__exit__(None, None, None)
     rank_timers = gather(timers.table(), ctx)
     peaks = gather(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None, ctx)
-    summary = {"kind": "run", "status": status, "reason": reason, **base,
+    summary = {"kind": "run", "status": status, "reason": reason, **base, "backends": backend_settings(),
                "run_seconds": timers.stats["run"].total_seconds,
                "peak_memory_bytes": max(peaks) if all(p is not None for p in peaks) else None,
                "timers_by_rank": rank_timers}

@@ -2,7 +2,8 @@
 
 Every measured configuration becomes one JSON record appended as one line to
 ``results/<profile>/runs/<experiment>.jsonl``. A record carries its configuration, the
-profile, the hardware, the software versions, whether the data was synthetic, a
+profile, the hardware, the software versions, the cuDNN / matmul settings
+(:mod:`lab_utils.backends`), whether the data was synthetic, a
 timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when the
 status is not ``ok``, and the measured metrics.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils import config
+from lab_utils.backends import backend_settings
 from lab_utils.errors import LabError
 
 STATUSES = ("ok", "oom", "skipped", "error")
@@ -96,6 +98,9 @@ class Record:
     hardware: dict[str, Any] = field(default_factory=dict)
     software: dict[str, Any] = field(default_factory=dict)
     timestamp: str = ""
+    #: cuDNN / matmul settings in force when the record was built (in the measuring
+    #: process): see :mod:`lab_utils.backends`. ``{}`` for records stored before this field.
+    backends: dict[str, Any] = field(default_factory=backend_settings)
 
     @property
     def key(self) -> str:
@@ -107,7 +112,9 @@ class Record:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        # A stored record without ``backends`` predates the field: its settings are unknown,
+        # not those of the process reading it.
+        return cls(**{"backends": {}, **{k: v for k, v in d.items() if k in known}})
 
 
 class ResultStore:

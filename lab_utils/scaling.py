@@ -374,6 +374,7 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
     """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored."""
     import torch
 
+    from lab_utils.backends import apply_training_backends
     from lab_utils.data import make_loaders
     from lab_utils.hardware import hardware_summary
     from lab_utils.models import ResNet18, count_parameters
@@ -385,6 +386,7 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
               "dataset": "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10",
               "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
     model = opt = loaders = None
+    apply_training_backends()
     try:
         loaders = make_loaders(batch_size=args.batch_size * n, num_workers=args.num_workers,
                                train_images=args.train_images, test_images=args.test_images,

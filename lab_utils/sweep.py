@@ -55,6 +55,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lab_utils import config
+from lab_utils.backends import apply_training_backends
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
 from lab_utils.errors import LabError
@@ -367,12 +368,11 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
     records: list[Record] = []
     measured: list[int] = []
     stop_reason: str | None = None
-    saved_benchmark = torch.backends.cudnn.benchmark
     fraction = _gpu_memory_fraction(dev, s) if dev.type == "cuda" else None
+    apply_training_backends(cudnn_benchmark=s.cudnn_benchmark)
     try:
         if fraction is not None:
             torch.cuda.set_per_process_memory_fraction(fraction, dev)
-        torch.backends.cudnn.benchmark = s.cudnn_benchmark
         for bs in s.batch_sizes:
             cfg = sweep_config(s, bs, train_images=n_train, test_images=n_test,
                                dataset=ds_kind, device=dev_name, num_workers=workers)
@@ -399,7 +399,6 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
             if rec.status == "oom":
                 stop_reason = f"not tried: batch {bs} already ran out of memory"
     finally:
-        torch.backends.cudnn.benchmark = saved_benchmark
         if fraction is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
     return SweepResult(records=records, settings=s, profile=profile_name, device=dev_name, measured=measured)
