@@ -70,6 +70,7 @@ from lab_utils import config, data
 from lab_utils.backends import apply_training_backends
 from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
+from lab_utils.memory import catch_oom, free_device_memory
 from lab_utils.results import Record, ResultStore
 from lab_utils.timing import synchronize
 
@@ -805,18 +806,23 @@ def bench_train(store: ResultStore, settings: FastSettings, device: torch.device
             if verbose:
                 print(f"{name:<14} skipped: {reason}")
             continue
+        failure: str | None = None
         try:
-            metrics.update(measure_config(opts, settings, split, dev))
-        except torch.OutOfMemoryError:
-            torch.cuda.empty_cache()
-            out.append(store.add("bench_train", cfg, metrics, status="oom", reason="OOM", **common))
-            continue
+            # catch_oom swallows out-of-memory (and keeps only its reason), so the memory
+            # the failed step held is freed below, outside any except block.
+            with catch_oom() as oom:
+                metrics.update(measure_config(opts, settings, split, dev))
         except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, triton)
             if not opts.compile:
                 raise
             msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            out.append(store.add("bench_train", cfg, metrics, status="error",
-                                 reason=f"torch.compile failed: {type(e).__name__}: {msg}", **common))
+            failure = f"torch.compile failed: {type(e).__name__}: {msg}"
+        if oom or failure is not None:
+            free_device_memory(dev)
+            status, why = ("oom", oom.reason) if oom else ("error", failure)
+            out.append(store.add("bench_train", cfg, metrics, status=status, reason=why, **common))
+            if verbose:
+                print(f"{name:<14} {status}: {why}")
             continue
         if name == "spec":
             spec_ips = metrics["images_per_s"]
@@ -854,7 +860,7 @@ def status_text(r: Record) -> str:
     if r.status == "ok":
         return "ok"
     reason = r.reason or ""
-    return reason if reason.startswith(r.status) else f"{r.status}: {reason}"
+    return reason if reason.lower().startswith(r.status) else f"{r.status}: {reason}"
 
 
 def _blank(v: Any) -> Any:

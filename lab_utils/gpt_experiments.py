@@ -28,7 +28,6 @@ Knobs per profile are in :data:`GPT_SETTINGS`.
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +39,7 @@ from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.gpt_train import TrainConfig, config_to_args, evaluate, run_training
 from lab_utils.hardware import cpu_cores, hardware_summary
+from lab_utils.memory import catch_oom, free_device_memory
 from lab_utils.models.gpt import GPT, checkpoint_path, gpt_config, load_checkpoint, parameter_count
 from lab_utils.results import Record, ResultStore
 from lab_utils.text_data import TextSplits, TokenWindows, load_splits
@@ -178,9 +178,7 @@ def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
             records = run_training(cfg)
         finally:
             torch.set_num_threads(before)
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
         return records, time.perf_counter() - t0
     from lab_utils.launcher import launch
 
@@ -221,10 +219,13 @@ def _record(experiment: str, config: dict, records: list[dict], wall: float, npr
 def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
              store: ResultStore, settings: GPTSettings) -> Record:
     log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
-    try:
+    # Out of memory outside the worker's training loop (building the model, counting its
+    # FLOPs) in this process: a row, and the memory is freed after the with statement.
+    with catch_oom() as oom:
         records, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
-    except torch.cuda.OutOfMemoryError as e:
-        return Record(experiment=experiment, config=cfg_key, status="oom", reason=f"OOM: {str(e)[:160]}",
+    if oom:
+        free_device_memory()
+        return Record(experiment=experiment, config=cfg_key, status="oom", reason=oom.reason,
                       hardware=hardware_summary(devices.kind, nproc))
     return _record(experiment, cfg_key, records, wall, nproc, devices)
 

@@ -51,7 +51,6 @@ nested timers of every rank, the cuDNN / matmul ``backends`` settings, status ``
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -69,6 +68,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lab_utils.backends import apply_training_backends, backend_settings
 from lab_utils.config import check_choice, check_positive_int
 from lab_utils.errors import LabError
+from lab_utils.memory import catch_oom, free_device_memory
 from lab_utils.models.gpt import (
     GPT,
     GPT_SIZES,
@@ -360,16 +360,13 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
         * ctx.world_size * mcfg.block_size,
     }
     records: list[dict[str, Any]] = []
-    status, reason = "ok", None
-    try:
+    with catch_oom() as oom:  # keeps only the reason: the traceback (and its tensors) is dropped
         records = _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps,
                           timers, base)
-    except torch.cuda.OutOfMemoryError as e:
-        status, reason = "oom", f"OOM: {str(e).splitlines()[0][:200]}"
-    if status == "oom":  # outside the except block: the traceback (and its tensors) are gone
+    status, reason = ("oom", oom.reason) if oom else ("ok", None)
+    if oom:  # after the with statement, so the failed step's memory can be given back
         model = None
-        gc.collect()
-        torch.cuda.empty_cache()
+        free_device_memory(device)
     run_timer.__exit__(None, None, None)
     rank_timers = gather(timers.table(), ctx)
     peaks = gather(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None, ctx)

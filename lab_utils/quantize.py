@@ -67,6 +67,7 @@ from torch import nn
 
 from lab_utils.config import check_choice, check_positive_int
 from lab_utils.errors import LabError
+from lab_utils.memory import free_device_memory, is_out_of_memory, oom_reason
 from lab_utils.timing import synchronize
 
 EXPERIMENT = "quantization"
@@ -656,7 +657,7 @@ def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_to
                 greedy_decode(m, p, new_tokens, block_size)
             out[name] = DecodeTiming(batch_size=int(p.shape[0]), new_tokens=new_tokens)
         except Exception as e:  # reported in the row; the other models carry on
-            out[name] = e
+            out[name] = e.with_traceback(None)  # without the frames (and tensors) of the failed call
     names = [n for n in models if isinstance(out[n], DecodeTiming)]
     for r in range(repeats):
         order = names[r % len(names):] + names[: r % len(names)] if names else []
@@ -671,17 +672,20 @@ def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_to
                 synchronize(dev)
                 timing.seconds.append(clock() - t0)
             except Exception as e:
-                out[name] = e
+                out[name] = e.with_traceback(None)
+    if any(isinstance(v, Exception) for v in out.values()):
+        free_device_memory(dev)  # after the except blocks: what the failed calls held is gone
     return out
 
 
 def _failure(rec, e: BaseException):
-    """Mark ``rec`` as ``oom`` or ``error`` with the exception's first line."""
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        torch.cuda.empty_cache()
-        rec.status, rec.reason = "oom", f"OOM: {str(e).splitlines()[0][:160]}"
+    """Mark ``rec`` as ``oom`` (:func:`lab_utils.memory.is_out_of_memory`) or ``error``, with
+    the exception's first line. Frees nothing: callers free memory after their ``except``."""
+    if is_out_of_memory(e):
+        rec.status, rec.reason = "oom", oom_reason(e, limit=200)
     else:  # a kernel missing on this machine: the row says which error
-        rec.status, rec.reason = "error", f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        rec.status, rec.reason = "error", f"{e.__class__.__name__}: {first}"
     return rec
 
 
@@ -713,6 +717,7 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
         if not avail.ok:
             rec.status, rec.reason = "skipped", avail.reason
             continue
+        model = None
         try:
             model = quantize_model(mut.model, variant, dev)
             rec.metrics.update(size_bytes=serialized_size_bytes(model),
@@ -721,8 +726,11 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
                 model = torch.compile(model)
             ev = evaluate_lm(model, mut.val_tokens, mut.block_size, settings.eval_batch_size, dev,
                              settings.eval_tokens)
-        except Exception as e:
+        except Exception as e:  # out of memory or a missing kernel: the row says which
             _failure(rec, e)
+        if rec.status != "ok":  # outside the except block, so the failed call's tensors can go
+            model = None
+            free_device_memory(dev)
             continue
         bpw = info.bytes_per_weight
         rec.metrics.update(val_loss=ev.loss, perplexity=ev.perplexity, eval_tokens=ev.tokens,
@@ -736,7 +744,7 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
                                    mut.block_size, dev, s.warmup, s.repeats) for batch in (1, big))
         for variant in models:
             rec, a, b = records[variant], t1[variant], tb[variant]
-            if isinstance(a, Exception) or isinstance(b, Exception):
+            if isinstance(a, Exception) or isinstance(b, Exception):  # freed in time_interleaved
                 _failure(rec, a if isinstance(a, Exception) else b)
                 continue
             rec.metrics.update({

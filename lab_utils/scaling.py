@@ -291,7 +291,7 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
             if method == DDP:
                 got = _run_ddp(store, s, args, n, p, todo)
             else:
-                got = {b: _run_dp(store, s, args.for_batch(b), n) for b in todo}
+                got = _run_dp_sizes(store, s, args, n, todo, out, method)
             for b, rec in got.items():
                 out[(method, n, b)] = rec
                 if rec.status == "ok":
@@ -356,7 +356,10 @@ def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p
 
 
 def _is_oom(text: str) -> bool:
-    return any(k in text for k in ("OutOfMemoryError", "CUDA out of memory", "out of memory"))
+    """Whether a failed rank's log reports running out of memory (:mod:`lab_utils.memory`)."""
+    from lab_utils.memory import mentions_out_of_memory
+
+    return mentions_out_of_memory(text)
 
 
 def _hardware(p: Placement) -> dict:
@@ -370,40 +373,55 @@ def _hardware(p: Placement) -> dict:
     return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
 
 
-def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
-    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored."""
-    import torch
+def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, todo: list[int],
+                  done: dict[tuple[str, int, int], Record], method: str = DP) -> dict[int, Record]:
+    """:func:`_run_dp` for the per-GPU batch sizes in ``todo``, smallest first, on ``n`` GPUs.
 
+    After the first out-of-memory (measured now, or a stored OOM row in ``done`` for a
+    smaller batch on the same ``n``), larger batch sizes are not tried: they would need
+    more memory still. Their rows (status ``skipped``, not stored) say so.
+    """
+    got: dict[int, Record] = {}
+    oom_at = min((b for (m, k, b), r in done.items() if m == method and k == n and r.status == "oom"),
+                 default=None)
+    for b in sorted(todo):
+        if oom_at is not None and b > oom_at:
+            one = args.for_batch(b)
+            got[b] = Record(args.experiment or SCALING, dp_config(one, n), status="skipped",
+                            reason=f"not tried: per-GPU batch {oom_at} already ran out of memory",
+                            profile=store.profile)
+            continue
+        got[b] = rec = _run_dp(store, s, args.for_batch(b), n)
+        if rec.status == "oom":
+            oom_at = b if oom_at is None else min(oom_at, b)
+    return got
+
+
+def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
+    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored.
+
+    Out of memory (:func:`lab_utils.memory.catch_oom`) gives a stored ``oom`` row with the
+    allocator's message; the model, optimizer and loaders are dropped and the cache is
+    emptied after the ``with`` statement, once the traceback that holds them is gone.
+    """
     from lab_utils.backends import apply_training_backends
-    from lab_utils.data import make_loaders
     from lab_utils.hardware import hardware_summary
-    from lab_utils.models import ResNet18, count_parameters
-    from lab_utils.train import make_optimizer, train_epoch, wrap_data_parallel
+    from lab_utils.memory import catch_oom, free_device_memory
 
     cfg = dp_config(args, n)
+    experiment = args.experiment or SCALING
     synthetic = args.dataset == "synthetic"
     common = {"profile": store.profile, "synthetic": synthetic,
               "dataset": "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10",
               "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
-    model = opt = loaders = None
     apply_training_backends()
-    try:
-        loaders = make_loaders(batch_size=args.batch_size * n, num_workers=args.num_workers,
-                               train_images=args.train_images, test_images=args.test_images,
-                               dataset=args.dataset, seed=args.seed)
-        torch.manual_seed(args.seed)
-        model = ResNet18(width=args.width).cuda()
-        params = count_parameters(model)
-        dp = wrap_data_parallel(model, device_ids=list(range(n)))
-        opt = make_optimizer(dp, lr=args.lr)
-        history = []
-        for epoch in range(1, args.epochs + 1):
-            history.append(train_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict())
-    except torch.OutOfMemoryError:
-        del model, opt, loaders
-        torch.cuda.empty_cache()
-        return store.add(SCALING if args.experiment is None else args.experiment, cfg, status="oom",
-                         reason="OOM", **common)
+    held: dict[str, Any] = {}  # what holds device memory, dropped before the cache is emptied
+    with catch_oom() as oom:
+        history, params = _train_dp(args, n, held)
+    held.clear()
+    free_device_memory("cuda")
+    if oom:
+        return store.add(experiment, cfg, status="oom", reason=oom.reason, **common)
     last = history[-1]
     metrics = {k: v for k, v in last.items() if k != "epoch"}
     metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
@@ -411,9 +429,32 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
                     "gradient_bytes": 4 * params, "steps_per_epoch": last["steps"],
                     "global_batch": args.batch_size * n,
                     "time_rule": "one process: epoch and training times of the whole DataParallel step"})
-    del model, opt, loaders
-    torch.cuda.empty_cache()
-    return store.add(args.experiment or SCALING, cfg, metrics, **common)
+    return store.add(experiment, cfg, metrics, **common)
+
+
+def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    """Train ``args.epochs`` epochs with DataParallel on ``n`` GPUs; (per-epoch history, parameters).
+
+    Everything that holds device memory is also put in ``held`` (and is otherwise local to
+    this frame), so that the caller can drop it all after an out-of-memory failure.
+    """
+    import torch
+
+    from lab_utils.data import make_loaders
+    from lab_utils.models import ResNet18, count_parameters
+    from lab_utils.train import make_optimizer, train_epoch, wrap_data_parallel
+
+    held["loaders"] = loaders = make_loaders(
+        batch_size=args.batch_size * n, num_workers=args.num_workers, train_images=args.train_images,
+        test_images=args.test_images, dataset=args.dataset, seed=args.seed)
+    torch.manual_seed(args.seed)
+    held["model"] = model = ResNet18(width=args.width).cuda()
+    params = count_parameters(model)
+    held["dp"] = dp = wrap_data_parallel(model, device_ids=list(range(n)))
+    held["optimizer"] = opt = make_optimizer(dp, lr=args.lr)
+    history = [train_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict()
+               for epoch in range(1, args.epochs + 1)]
+    return history, params
 
 
 def run_compute_vs_comm(lab, settings: ScalingSettings | None = None, force: bool = False,

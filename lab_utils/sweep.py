@@ -13,11 +13,12 @@ host-to-device copies, forward, loss, backward and the optimizer step, each sync
 with the device. What it excludes: waiting on the data loader (``data_loading_seconds``,
 reported next to it) and the evaluation pass.
 
-Out of memory is an expected result, not an error: the sweep catches
-``torch.OutOfMemoryError`` (and the CPU allocator's ``can't allocate memory``
-``RuntimeError``), drops every reference to the model, optimizer, loaders and batch,
-runs ``gc.collect()`` and ``torch.cuda.empty_cache()``, stores a row with status
-``oom`` and the reason, and stops growing: larger batch sizes get a ``skipped`` row
+Out of memory is an expected result, not an error: the sweep catches it with
+:func:`lab_utils.memory.catch_oom` (``torch.OutOfMemoryError``, the cuDNN/cuBLAS
+allocation failures and the CPU allocator's ``can't allocate memory``), then, outside
+the handler, drops every reference to the model, optimizer, loaders and batch, runs
+:func:`lab_utils.memory.free_device_memory` (``gc.collect()``, ``torch.cuda.empty_cache()``),
+stores a row with status ``oom`` and the reason, and stops growing: larger batch sizes get a ``skipped`` row
 that says why (these are not stored; they are a consequence, not a measurement).
 
 Making the out-of-memory path reachable on purpose:
@@ -43,7 +44,6 @@ on the CPU it is not tracked and the table says so.
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -60,6 +60,7 @@ from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
 from lab_utils.errors import LabError
 from lab_utils.hardware import device_name, fp32_training_precision, hardware_summary, peak_flops_per_s
+from lab_utils.memory import catch_oom, free_device_memory
 from lab_utils.models import ResNet18
 from lab_utils.results import Record, ResultStore
 from lab_utils.train import evaluate, make_optimizer, train_epoch
@@ -148,24 +149,15 @@ class SweepResult:
 # --------------------------------------------------------------------------- memory
 
 
-def is_oom_error(exc: BaseException) -> bool:
-    """True for an out-of-memory failure of the GPU or CPU allocator (not for other errors)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    if isinstance(exc, RuntimeError):
-        msg = str(exc)
-        return any(s in msg for s in ("can't allocate memory", "CUDA out of memory",
-                                      "CUDA error: out of memory", "CUDNN_STATUS_ALLOC_FAILED",
-                                      "CUBLAS_STATUS_ALLOC_FAILED"))
-    return False
-
-
 def free_memory(device: torch.device) -> None:
-    """Collect garbage and hand cached GPU blocks back (call after dropping references)."""
-    gc.collect()
+    """:func:`lab_utils.memory.free_device_memory`, then a fresh peak-memory counter on a GPU.
+
+    Call after dropping references, outside any ``except`` block.
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+    free_device_memory(device)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
@@ -436,31 +428,18 @@ def _measure_batch(bs: int, s: SweepSettings, base, dev: torch.device, workers: 
     common = {"synthetic": base.synthetic, "dataset": base.dataset_name,
               "hardware": hardware_summary(str(dev), 1)}
     held: dict[str, Any] = {}  # everything that holds memory, so that it can be dropped on OOM
-    oom: str | None = None
     free_memory(dev)
-    try:
+    # Only out-of-memory is expected (everything else propagates). catch_oom keeps the
+    # reason and drops the exception and its traceback, whose frames hold the batch and
+    # the half-built autograd graph, so free_memory below can give that memory back.
+    with catch_oom() as oom:
         metrics = _train_and_evaluate(bs, s, base, dev, workers, held)
-    except Exception as exc:  # only out-of-memory is expected; everything else propagates
-        if not is_oom_error(exc):
-            raise
-        oom = _oom_reason(exc)
-        # Leaving this block drops ``exc`` and its traceback, whose frames hold the batch
-        # and the half-built autograd graph.
-    if oom is not None:
-        held.clear()
-        free_memory(dev)
-        return Record(experiment=EXPERIMENT, config={}, status="oom", reason=oom,
-                      metrics={"batch_size": bs}, **common)
     held.clear()
     free_memory(dev)
+    if oom:
+        return Record(experiment=EXPERIMENT, config={}, status="oom", reason=oom.reason,
+                      metrics={"batch_size": bs}, **common)
     return Record(experiment=EXPERIMENT, config={}, metrics=metrics, **common)
-
-
-def _oom_reason(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if len(first) > 300:
-        first = first[:297] + "..."
-    return f"OOM: {first}"
 
 
 def _train_and_evaluate(bs: int, s: SweepSettings, base, dev: torch.device, workers: int,

@@ -182,6 +182,50 @@ def fake_lab(store, gpus=0):
     return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
 
 
+def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch):
+    """_run_dp with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated)."""
+    import weakref
+
+    import torch
+
+    import lab_utils.hardware as hardware
+
+    monkeypatch.setattr(hardware, "hardware_summary",
+                        lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
+                                                     "device_count": n})
+    monkeypatch.setattr(hardware, "device_name", lambda device=None: "Fake GPU")
+    tried, held_refs = [], []
+
+    def fake_train(args, n, held):
+        tried.append(args.batch_size)
+        held["model"] = torch.zeros(64, 64)             # what the model would hold
+        activations = torch.ones(128, 128)              # only in this frame and the traceback
+        held_refs.extend([weakref.ref(held["model"]), weakref.ref(activations)])
+        if args.batch_size >= 128:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
+        return [epoch, {**epoch, "epoch": 2}], 1234
+
+    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    s = scaling.settings_for("quick", batch_sizes=(32, 128, 512), run_batch_sizes=(32, 128, 512),
+                             devices=(1,))
+    res = scaling.run_scaling(fake_lab(store, gpus=1), s, devices=(1,), methods=(scaling.DP,),
+                              dataset="synthetic")
+    assert tried == [32, 128]                           # 512 was never tried
+    ok, oom, skipped = res.records
+    assert ok.status == "ok" and ok.metrics["train_seconds"] == 1.0
+    assert oom.status == "oom" and oom.reason == "OOM: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert skipped.status == "skipped" and "per-GPU batch 128 already ran out of memory" in skipped.reason
+    stored = {r.config["batch_size"]: r.status for r in store.latest(scaling.SCALING)}
+    assert stored == {32: "ok", 128: "oom"}             # the skipped row follows from the OOM row
+    assert all(ref() is None for ref in held_refs)      # nothing of the failed run is kept alive
+    # A stored OOM row stops larger batches on the next run too.
+    tried.clear()
+    again = scaling.run_scaling(fake_lab(store, gpus=1), s, devices=(1,), methods=(scaling.DP,),
+                                dataset="synthetic")
+    assert tried == [] and [r.status for r in again.records] == ["ok", "oom", "skipped"]
+
+
 def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
     import lab_utils.launcher as launcher
 

@@ -1,0 +1,112 @@
+"""Device memory: running out of it, and cleaning up after it.
+
+Out of memory is an expected result in this lab (the batch-size sweep grows the batch
+until it no longer fits), so every path that can hit it handles it the same way, here:
+
+- :func:`is_out_of_memory` says whether an exception is an allocation failure:
+  ``torch.OutOfMemoryError`` (the caching allocator), and the ``RuntimeError`` s that
+  other allocators raise for the same reason (``CUDNN_STATUS_ALLOC_FAILED`` and
+  ``CUBLAS_STATUS_ALLOC_FAILED`` when cuDNN or cuBLAS cannot get their workspace,
+  ``CUDA error: out of memory`` from a raw ``cudaMalloc``, the CPU allocator's
+  ``can't allocate memory``). Anything else is a bug and propagates.
+- :func:`catch_oom` is the one way to catch it: a context manager that swallows an
+  out-of-memory exception, keeps only its first line (``reason``) and lets everything
+  else through. The cleanup then runs *after* the ``with`` statement, never inside an
+  ``except`` block: while an ``except`` block runs, the exception's traceback holds
+  every frame of the failed call, and with them the batch, the activations and the
+  half-built autograd graph, so ``empty_cache()`` there cannot give that memory back.
+- :func:`free_device_memory` is that cleanup: ``gc.collect()`` (reference cycles of
+  the dropped model/optimizer) and, when CUDA is in use, ``torch.cuda.empty_cache()``
+  (hand the cached blocks back, so the next attempt starts from an empty allocator).
+
+The usual shape::
+
+    with catch_oom() as oom:
+        metrics = train(...)
+    if oom:                          # outside the with: the traceback is gone
+        model = optimizer = None     # drop what the caller still holds
+        free_device_memory(device)
+        return oom_record(oom.reason)
+
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import torch
+
+#: Substrings of an error message (or of a failed rank's log) that mean "out of memory".
+OOM_MARKERS: tuple[str, ...] = (
+    "CUDA out of memory",           # torch.OutOfMemoryError from the caching allocator
+    "CUDA error: out of memory",    # cudaErrorMemoryAllocation from a raw CUDA call
+    "CUDNN_STATUS_ALLOC_FAILED",    # cuDNN could not allocate its workspace
+    "CUBLAS_STATUS_ALLOC_FAILED",   # cuBLAS could not allocate its workspace / handle
+    "can't allocate memory",        # the CPU allocator (DefaultCPUAllocator)
+)
+
+
+def mentions_out_of_memory(text: str) -> bool:
+    """True when ``text`` (an error message or a rank's log) reports an allocation failure."""
+    return "OutOfMemoryError" in text or any(m in text for m in OOM_MARKERS)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for an out-of-memory failure of the GPU or CPU allocators, cuDNN or cuBLAS.
+
+    ``torch.OutOfMemoryError`` always; a ``RuntimeError`` when its message carries one of
+    :data:`OOM_MARKERS`; never any other exception type (a ``ValueError`` that mentions
+    memory is still a bug).
+    """
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+
+
+def oom_reason(exc: BaseException, limit: int = 300) -> str:
+    """``"OOM: <first line of the message>"`` (at most ``limit`` characters of it), for a row."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if len(first) > limit:
+        first = first[: limit - 3] + "..."
+    return f"OOM: {first}"
+
+
+class catch_oom:  # lower case: used like a function, ``with catch_oom() as oom``
+    """Swallow an out-of-memory exception raised in the ``with`` body; let others propagate.
+
+    After the body, ``bool(oom)`` says whether memory ran out and ``oom.reason`` is the
+    row's reason (:func:`oom_reason`). Only that string is kept: the exception and its
+    traceback are dropped when the ``with`` statement ends, so the frames of the failed
+    call (and the tensors they hold) can be freed by :func:`free_device_memory` after it.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+    def __enter__(self) -> catch_oom:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not is_out_of_memory(exc):
+            return False
+        self.reason = oom_reason(exc)
+        return True
+
+
+def free_device_memory(device: torch.device | str | None = None) -> None:
+    """Collect garbage, then give the CUDA caching allocator's free blocks back.
+
+    Call it after the references to the model, optimizer and batch are dropped and
+    outside any ``except`` block (see the module docstring). ``device`` ``None`` or a
+    CUDA device empties the cache when CUDA has been initialized; a CPU device only
+    collects garbage.
+    """
+    gc.collect()
+    on_cuda = device is None or torch.device(device).type == "cuda"
+    if on_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,0 +1,96 @@
+"""lab_utils.memory: out-of-memory detection and cleanup outside the handler."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from lab_utils import memory
+
+# --------------------------------------------------------------------------- is_out_of_memory
+
+
+@pytest.mark.parametrize("exc", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("cuDNN error: CUDNN_STATUS_ALLOC_FAILED"),
+    RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+])
+def test_out_of_memory_is_recognised(exc):
+    assert memory.is_out_of_memory(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("mat1 and mat2 shapes cannot be multiplied (8x10 and 5x3)"),
+    RuntimeError("CUDNN_STATUS_NOT_SUPPORTED"),
+    ValueError("out of memory"),           # not an allocator's exception type
+    KeyError("CUDA out of memory"),
+])
+def test_other_errors_are_not_out_of_memory(exc):
+    assert not memory.is_out_of_memory(exc)
+
+
+def test_the_cpu_allocator_failure_is_out_of_memory():
+    try:
+        torch.empty(1 << 62, dtype=torch.uint8)
+    except RuntimeError as e:
+        assert memory.is_out_of_memory(e)
+
+
+def test_oom_reason_keeps_the_first_line_only():
+    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB\nmore details " + "x" * 500)
+    assert memory.oom_reason(exc) == "OOM: CUDA out of memory. Tried to allocate 2 GiB"
+    assert len(memory.oom_reason(RuntimeError("y" * 1000))) == len("OOM: ") + 300
+    assert memory.oom_reason(torch.OutOfMemoryError()) == "OOM: OutOfMemoryError"
+
+
+def test_log_text_of_a_failed_rank():
+    assert memory.mentions_out_of_memory("rank 1: torch.OutOfMemoryError: CUDA out of memory.")
+    assert memory.mentions_out_of_memory("RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED")
+    assert not memory.mentions_out_of_memory("RuntimeError: NCCL error: unhandled system error")
+
+
+# --------------------------------------------------------------------------- catch_oom
+
+
+def _fails_holding(refs: list, exc: BaseException):
+    activations = torch.ones(256, 256)  # lives only in this frame and in the traceback
+    refs.append(weakref.ref(activations))
+    raise exc
+
+
+def test_catch_oom_drops_the_frames_of_the_failed_call():
+    refs: list = []
+    with memory.catch_oom() as oom:
+        _fails_holding(refs, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB"))
+    assert oom and oom.reason == "OOM: CUDA out of memory. Tried to allocate 1 GiB"
+    # After the with statement nothing holds the tensor: not the exception, not its
+    # traceback, not the catch_oom object (it kept the reason string only).
+    memory.free_device_memory("cpu")
+    assert refs[0]() is None
+    assert not hasattr(oom, "exception") and vars(oom) == {"reason": oom.reason}
+
+
+def test_cleanup_inside_except_would_still_see_the_tensor():
+    """Why the cleanup belongs after the handler: inside it the traceback keeps the frame."""
+    refs: list = []
+    try:
+        _fails_holding(refs, torch.OutOfMemoryError("CUDA out of memory."))
+    except torch.OutOfMemoryError:
+        gc.collect()
+        alive_in_handler = refs[0]() is not None
+    assert alive_in_handler
+    gc.collect()
+    assert refs[0]() is None
+
+
+def test_catch_oom_lets_other_errors_through_and_is_false_without_error():
+    with pytest.raises(RuntimeError, match="shapes"), memory.catch_oom():
+        raise RuntimeError("shapes do not match")
+    with memory.catch_oom() as oom:
+        pass
+    assert not oom and oom.reason is None
