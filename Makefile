@@ -7,15 +7,30 @@ STAMP       := $(VENV)/.installed
 PROFILE     ?=
 NOTEBOOKS   ?=
 PYTEST_ARGS ?=
+# Which torch build `make venv` installs (lab_utils/cuda_wheels.py; README "Running on a
+# cluster"): by default the one this machine's NVIDIA driver runs (PyPI's without a driver).
+#   make venv TORCH_VARIANT=cu126      force a build (cu126, cu130, cu132, cpu, pypi, an index URL;
+#                                      it sticks to .venv until TORCH_VARIANT=auto)
+#   make venv SYSTEM_TORCH=1           use the torch the interpreter already has (a cluster module):
+#                                      .venv with --system-site-packages, no torch installed
+TORCH_VARIANT ?=
+SYSTEM_TORCH  ?=
+USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
 .PHONY: venv lab test prepare kernel lint report clean-results
 
 venv: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+# A build asked for on the command line is installed even when .venv is up to date.
+ifneq ($(strip $(TORCH_VARIANT)$(USE_SYSTEM)),)
+.PHONY: $(STAMP)
+endif
+
+$(STAMP): requirements.txt constraints.txt pyproject.toml lab_utils/cuda_wheels.py
+	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(if $(USE_SYSTEM),--system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt -c constraints.txt
+	$(PY) lab_utils/cuda_wheels.py install --python $(PY) --requirements requirements.txt \
+		--constraints constraints.txt --variant "$(TORCH_VARIANT)" $(if $(USE_SYSTEM),--system-torch)
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 

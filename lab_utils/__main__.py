@@ -7,7 +7,9 @@
   (``timers``, ``allreduce``, ``data``, ``train``).
 - ``info``: the machine, versions, chosen profile and data status.
 
-Bad input is reported as one ``error:`` line (exit code 2), without a traceback.
+Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
+node whose GPUs this torch cannot use: ``info`` and ``run`` stop before any work instead of
+running on the CPU (``lab_utils.environment.check_gpu_node``).
 """
 
 from __future__ import annotations
@@ -54,9 +56,18 @@ def _prepare(args) -> int:
     return 0
 
 
+def _gpu_node_guard(profile: str | None) -> None:
+    """Stop before any work when the driver reports GPUs that torch cannot use (LabError)."""
+    from lab_utils import config
+    from lab_utils.environment import check_gpu_node
+
+    check_gpu_node(*config.resolve_profile_name(profile))
+
+
 def _info(args) -> int:
     from lab_utils import config, data, hardware
 
+    _gpu_node_guard(args.profile)
     name, why = config.resolve_profile_name(args.profile)
     out = {"profile": name, "why": why, "machine": hardware.describe_machine(),
            "dataset": data.dataset_status()}
@@ -92,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             from lab_utils import runner
 
+            _gpu_node_guard(args.profile)
             return runner.main(args.notebooks, args.profile, args.timeout)
         if args.command == "prepare":
             return _prepare(args)

@@ -1,34 +1,222 @@
-"""What notebook 00 reports: the machine, the versions, the profile and the data."""
+"""What notebook 00 reports, and the check that a GPU node never runs the lab on its CPU.
+
+- :func:`environment_rows`: the machine, the software stack every GPU number depends on
+  (NVIDIA driver, torch's CUDA, cuDNN and NCCL), the GPUs and how they are connected
+  (NVLink or only PCIe: notebook 04's projections depend on it), the profile and the
+  data. A piece that cannot be known says why (no driver, not in this container).
+- :func:`check_gpu_node`: when the NVIDIA driver reports GPUs but torch cannot use
+  them (a torch built for a newer CUDA than the driver runs, or a CPU-only build), the
+  lab would silently fall back to the CPU. ``session.start``, ``python -m lab_utils
+  info`` and ``run`` call it first: it raises a :class:`LabError` naming the driver,
+  torch's CUDA and the fix, unless the quick profile was asked for explicitly, which
+  then runs on the CPU with a warning.
+"""
 
 from __future__ import annotations
 
-from lab_utils import data
-from lab_utils.hardware import describe_machine, peak_flops_per_s
+import os
+import re
+import sys
+
+from lab_utils import comm, cuda_wheels, data
+from lab_utils.errors import LabError
+from lab_utils.hardware import describe_machine, interconnect, peak_flops_per_s
+
+NO_DRIVER = "no NVIDIA driver on this machine (no nvidia-smi, no /proc/driver/nvidia/version)"
+
+
+# --------------------------------------------------------------------------- GPU node check
+
+
+def _torch_build() -> tuple[str, str | None]:
+    import torch
+
+    return torch.__version__, torch.version.cuda
+
+
+def _cuda_phrase(torch_version: str, torch_cuda: str | None, driver: cuda_wheels.Driver) -> str:
+    """How torch's build relates to the driver, as a phrase after 'torch X'."""
+    if not torch_cuda:
+        return f"torch {torch_version} is a CPU-only build (no CUDA)"
+    need = cuda_wheels.min_driver_for_cuda(torch_cuda)
+    if need and driver.version and not cuda_wheels.driver_at_least(driver.version, need):
+        return f"torch {torch_version} is built for CUDA {torch_cuda}, which needs driver >= {need}"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1", "none", "NoDevFiles"):
+        return f"torch {torch_version} (CUDA {torch_cuda}) is shown no GPU (CUDA_VISIBLE_DEVICES={hidden!r})"
+    return f"torch {torch_version} (CUDA {torch_cuda}) cannot initialise CUDA"
+
+
+def _fix(torch_cuda: str | None, driver: cuda_wheels.Driver) -> str:
+    """The way out, for a torch that cannot use this driver's GPUs."""
+    system = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
+    try:
+        choice = cuda_wheels.select_variant(driver.version)
+    except cuda_wheels.NoVariant:
+        return (f"this driver is too old for the lab's torch, so ask for a newer driver or {system}")
+    need = cuda_wheels.min_driver_for_cuda(torch_cuda)
+    fits = need is None or not driver.version or cuda_wheels.driver_at_least(driver.version, need)
+    if torch_cuda and fits:
+        return ("check that the job was given GPUs and CUDA_VISIBLE_DEVICES names them (a driver/library "
+                "mismatch shows in `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'`), "
+                f"or {system}")
+    return (f"install the build for this driver with `make venv TORCH_VARIANT={choice.variant}` (on a "
+            f"machine with internet, such as the login node), or {system}")
+
+
+def gpu_node_problem(driver: cuda_wheels.Driver | None | str = "detect") -> tuple[str, str] | None:
+    """``(what is wrong, the fix)`` when the driver reports GPUs that torch cannot use, else None.
+
+    Cheap where it does not apply: nothing is asked when torch sees a GPU, and without
+    ``nvidia-smi`` and ``/proc/driver/nvidia/version`` there is no driver to ask.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if driver == "detect":
+        driver = cuda_wheels.query_driver()
+    if driver is None or not driver.gpus:
+        return None
+    version, cuda = _torch_build()
+    return f"This node's {driver.describe()}, but {_cuda_phrase(version, cuda, driver)}", _fix(cuda, driver)
+
+
+def check_gpu_node(profile: str, why: str, driver: cuda_wheels.Driver | None | str = "detect") -> str | None:
+    """Refuse a CPU run on a GPU node whose GPUs torch cannot use (see the module's doc).
+
+    ``profile``/``why`` as :func:`config.resolve_profile_name` returns them. Raises
+    :class:`LabError`; an explicitly requested quick profile gets the warning (printed
+    to stderr and returned) instead.
+    """
+    found = gpu_node_problem(driver)
+    if found is None:
+        return None
+    problem, fix = found
+    if profile == "quick" and not why.startswith("automatic"):
+        warning = (f"warning: {problem}; running the quick profile on the CPU as asked ({why}); "
+                   f"to use the GPUs: {fix}.")
+        print(warning, file=sys.stderr, flush=True)
+        return warning
+    raise LabError(f"{problem}, so the lab would run on the CPU; {fix}; or set LAB_PROFILE=quick to run the "
+                   f"quick profile on the CPU on purpose.")
+
+
+# --------------------------------------------------------------------------- what notebook 00 shows
+
+
+def cudnn_version(raw: int | None) -> str | None:
+    """cuDNN's integer version as text: 92400 -> ``9.24.0``, 8907 -> ``8.9.7``."""
+    if not raw:
+        return None
+    if raw >= 90000:  # cuDNN 9: major*10000 + minor*100 + patch
+        return f"{raw // 10000}.{raw % 10000 // 100}.{raw % 100}"
+    return f"{raw // 1000}.{raw % 1000 // 100}.{raw % 100}"  # cuDNN 8: major*1000 + minor*100 + patch
+
+
+def software_stack(driver: cuda_wheels.Driver | None | str = "detect") -> dict[str, str]:
+    """Driver, torch's CUDA, cuDNN and NCCL versions: each a version or the reason it is missing."""
+    import torch
+
+    if driver == "detect":
+        driver = cuda_wheels.query_driver()
+    cpu_build = "this torch is a CPU-only build"
+    out = {}
+    if driver is None:
+        out["NVIDIA driver"] = f"none: {NO_DRIVER}"
+    elif not driver.version:
+        out["NVIDIA driver"] = f"unknown: {driver.note or 'the driver did not say'}"
+    else:
+        where = ("nvidia-smi" if driver.source == "nvidia-smi" else
+                 f"{driver.source}; nvidia-smi is not available in this container ({driver.note})")
+        out["NVIDIA driver"] = f"{driver.version} (from {where})"
+    out["torch CUDA"] = torch.version.cuda or f"none: {cpu_build}"
+    cudnn = cudnn_version(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
+    out["cuDNN"] = cudnn or (f"none: {cpu_build}" if not torch.version.cuda
+                             else "none: this torch has no cuDNN")
+    try:
+        raw = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
+    except Exception as e:  # CPU-only builds have no NCCL
+        nccl = f"not available: this torch has no NCCL ({e.__class__.__name__})"
+    out["NCCL"] = nccl
+    return out
+
+
+def topology_summary(topo: str | None, driver: cuda_wheels.Driver | None) -> str:
+    """NVLink, only PCIe, or mixed, between the GPUs of ``nvidia-smi topo -m``; or why unknown."""
+    if driver is None:
+        return f"no GPUs: {NO_DRIVER}; DDP runs as gloo processes on the CPU"
+    n_listed = len(driver.gpus)
+    if n_listed == 0:
+        return "no GPUs: the driver lists none here (e.g. a job given no GPU)"
+    if topo is None:
+        if n_listed == 1:
+            return "one GPU: no GPU-to-GPU link"
+        why = driver.note or "no output"
+        return f"unknown: `nvidia-smi topo -m` is not available in this container ({why})"
+    links: dict[str, list[str]] = {}  # GPU name -> its row; the header (also "GPU0 ...") is overwritten
+    for line in topo.splitlines():
+        r = re.sub(r"\x1b\[[0-9;]*m", "", line).split()
+        if r and re.fullmatch(r"GPU\d+", r[0]):
+            links[r[0]] = r[1:]
+    gpu_rows = list(links.values())
+    n = len(gpu_rows)
+    if n < 2:
+        return "one GPU: no GPU-to-GPU link" if n == 1 else "unknown: `nvidia-smi topo -m` listed no GPUs"
+    kind = comm.classify_interconnect(topo, n)
+    codes = sorted({r[j] for i, r in enumerate(gpu_rows) for j in range(n) if i != j and len(r) >= n})
+    shown = ", ".join(codes)
+    if kind == "nvlink":
+        return f"NVLink between every pair of the {n} GPUs ({shown})"
+    if kind == "pcie":
+        return f"PCIe only: no NVLink between the {n} GPUs ({shown})"
+    if kind == "mixed":
+        return f"mixed: NVLink between some pairs of the {n} GPUs only ({shown})"
+    return "unknown: the `nvidia-smi topo -m` matrix could not be read"
 
 
 def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:
     """Rows of (item, value) describing this machine and set-up, for a table."""
     m = describe_machine()
+    driver = cuda_wheels.query_driver()
     sw = m["software"]
     rows = [{"item": "profile", "value": f"{profile} ({why_profile})"}]
+    for item, value in software_stack(driver).items():
+        rows.append({"item": item, "value": value})
     if m["gpus"]:
         for g in m["gpus"]:
             peak = peak_flops_per_s(g["name"], "bf16")
             peak_s = f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "peak unknown (no % of peak shown)"
             rows.append({"item": f"GPU {g['index']}",
                          "value": f"{g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB, {peak_s}"})
+    elif driver is not None and driver.gpus:
+        for g in driver.gpus:
+            mem = f"{g.memory_mib / 1024:.1f} GiB" if g.memory_mib else "memory unknown"
+            rows.append({"item": f"GPU {g.index}",
+                         "value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"})
     else:
         rows.append({"item": "GPUs", "value": "none: CPU only; DDP runs as gloo processes"})
+    rows.append({"item": "GPU topology", "value": topology_summary(m["interconnect"], driver)})
     rows.append({"item": "CPU", "value": f"{m['cpu']} ({m['cpu_cores']} cores usable)"})
-    topo = m["interconnect"]
-    rows.append({"item": "interconnect",
-                 "value": "see `nvidia-smi topo -m` below" if topo else "unknown (no nvidia-smi)"})
     backends = [k for k, v in m["distributed_backends"].items() if v]
     rows.append({"item": "distributed backends", "value": ", ".join(backends) or "none"})
-    for k in ("python", "torch", "torchvision", "cuda", "cudnn"):
+    for k in ("python", "torch", "torchvision"):
         rows.append({"item": k, "value": str(sw.get(k))})
     st = data.dataset_status()
     rows.append({"item": "CIFAR-10", "value": "present in " + st["data_dir"] if st["cifar10_present"]
                  else f"missing from {st['data_dir']}: using the SYNTHETIC stand-in; "
                       f"to fix: {st['to_prepare']}"})
     return rows
+
+
+def topology_text() -> str:
+    """``nvidia-smi topo -m``, or one line saying why it cannot be shown (for notebook 00)."""
+    topo = interconnect()
+    if topo:
+        return topo
+    driver = cuda_wheels.query_driver()
+    if driver is None:
+        return f"No GPU topology to show: {NO_DRIVER}."
+    return ("No GPU topology to show: `nvidia-smi topo -m` is not available in this container "
+            f"({driver.note}).")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from lab_utils import config
+from lab_utils.environment import check_gpu_node
 from lab_utils.results import ResultStore
 
 
@@ -29,8 +30,13 @@ class LabSession:
 
 
 def start(profile: str | None = None, seed: int = 0, verbose: bool = True) -> LabSession:
-    """Resolve the profile, seed torch, and return the notebook's :class:`LabSession`."""
+    """Resolve the profile, seed torch, and return the notebook's :class:`LabSession`.
+
+    On a GPU node whose GPUs this torch cannot use, raises :class:`LabError` saying why and
+    how to fix it, instead of running on the CPU (an explicit quick profile only warns).
+    """
     name, why = config.resolve_profile_name(profile)
+    check_gpu_node(name, why)
     torch.manual_seed(seed)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = torch.device("cuda" if gpus else "cpu")

@@ -1,0 +1,628 @@
+#!/usr/bin/env python3
+"""Which torch build a node can run: the NVIDIA driver, and the CUDA variant that fits it.
+
+Standard library only: ``make venv`` runs this file with the bare interpreter before the
+lab's packages exist (``python3 lab_utils/cuda_wheels.py install ...``), and the lab
+imports it at run time (``lab_utils.cuda_wheels``) to read the driver with the same code.
+
+``requirements.txt`` and ``constraints.txt`` stay the source of truth: they give the
+ranges and the tested torch/torchvision pair; this module only decides *which build* of
+that pair to install:
+
+- no NVIDIA driver here (no ``nvidia-smi``, no ``/proc/driver/nvidia/version``): what
+  ``pip install -r requirements.txt -c constraints.txt`` gets from PyPI, as always (a
+  build already in ``.venv`` is kept);
+- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs
+  (PyPI's build when it fits, else PyTorch's wheel index for that variant);
+- ``TORCH_VARIANT=cu126|cu130|cu132|cpu|pypi|<index URL>|auto`` forces one (``auto``
+  forgets an earlier forced choice, which otherwise sticks to ``.venv``);
+- ``SYSTEM_TORCH=1``: no torch is installed; the torch/torchvision pair the interpreter
+  already sees (a cluster module or container) is checked against requirements.txt's
+  ranges and only the other packages are installed.
+
+Commands::
+
+    python3 lab_utils/cuda_wheels.py select [--driver 535.183.01] [--variant cu126]
+    python3 lab_utils/cuda_wheels.py install --python .venv/bin/python [--variant V] [--system-torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PYTORCH_INDEX = "https://download.pytorch.org/whl"
+NVIDIA_SMI_TIMEOUT_S = 10.0
+PIP_TIMEOUT_S = 3600.0
+VARIANT_FILE = ".torch-variant"  # in .venv: a forced TORCH_VARIANT, reused until `auto`
+TORCH_PAIR = ("torch", "torchvision")
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the tested torch release, as PyTorch publishes it.
+
+    ``name`` is both the folder of PyTorch's wheel index (``<PYTORCH_INDEX>/<name>``) and
+    the local version label of its wheels (``torch==2.14.1+cu126``). ``min_driver`` is
+    the oldest Linux driver that runs it (CUDA minor-version compatibility: the floor of
+    its CUDA major); ``toolkit_driver`` the driver its CUDA release shipped with, where
+    known. ``auto``: chosen automatically (only these are picked by driver version).
+    """
+
+    name: str
+    cuda: str | None
+    min_driver: str | None
+    toolkit_driver: str | None = None
+    auto: bool = False
+    on_pypi: bool = False
+
+
+# The one table of builds and driver minimums, newest CUDA first.
+# Sources (checked while writing it; download.pytorch.org itself was not reachable, so the
+# index contents for torch 2.14.1 could not be listed):
+# - Which CUDA builds exist for torch 2.14: PyTorch's RELEASE.md, "Release Compatibility
+#   Matrix": 2.14 -> stable CUDA 12.6 (cuDNN 9.10.2.21, NCCL 2.29.3), CUDA 13.0 (cuDNN
+#   9.24.0.43, NCCL 2.30.7), CUDA 13.2. PyPI's torch 2.14.1 is the CUDA 13.0 build (its
+#   dependencies are nvidia-*-cu13, nvidia-nccl-cu13 2.30.7).
+# - min_driver: NVIDIA, "CUDA Compatibility", section Minor Version Compatibility, table
+#   "CUDA Toolkit 11.x, 12.x, and 13.x Driver Version Ranges": CUDA 13.x needs >= 580,
+#   CUDA 12.x >= 525 (525.60.13 on Linux in the CUDA 12 release notes' minor-version table).
+# - toolkit_driver: NVIDIA CUDA Toolkit Release Notes, table "CUDA Toolkit and
+#   Corresponding Driver Versions": CUDA 12.6 GA >= 560.28.03, CUDA 13.0 GA >= 580.65.06.
+# cu132 is published but not tested here: used only when forced (TORCH_VARIANT=cu132).
+VARIANTS: tuple[Variant, ...] = (
+    Variant("cu132", "13.2", "580", None, auto=False),
+    Variant("cu130", "13.0", "580", "580.65.06", auto=True, on_pypi=True),
+    Variant("cu126", "12.6", "525.60.13", "560.28.03", auto=True),
+    Variant("cpu", None, None, None, auto=False),
+)
+# The floor of each CUDA major (minor-version compatibility), for torch builds not in the table.
+CUDA_MAJOR_MIN_DRIVER = {"13": "580", "12": "525.60.13", "11": "450.80.02"}
+
+
+def variant_named(name: str) -> Variant | None:
+    return next((v for v in VARIANTS if v.name == name), None)
+
+
+def min_driver_for_cuda(cuda: str | None) -> str | None:
+    """The oldest driver that runs a torch built for ``cuda`` (e.g. ``"13.0"``), if known."""
+    if not cuda:
+        return None
+    for v in VARIANTS:
+        if v.cuda == cuda:
+            return v.min_driver
+    return CUDA_MAJOR_MIN_DRIVER.get(cuda.split(".")[0])
+
+
+# --------------------------------------------------------------------------- versions
+
+
+_VERSION = re.compile(
+    r"^\s*v?(?:\d+!)?(?P<release>\d+(?:\.\d+)*)"
+    r"(?P<pre>[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?P<post>[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+    r"(?P<dev>[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$", re.I)
+
+
+@dataclass(frozen=True)
+class Version:
+    """A PEP 440 version reduced to what these checks need (release, pre-release, local)."""
+
+    release: tuple[int, ...]
+    pre: bool = False
+    post: bool = False
+    local: str = ""
+
+    def key(self, width: int = 4) -> tuple:
+        rel = self.release + (0,) * max(0, width - len(self.release))
+        return (*rel, 0 if self.pre else (2 if self.post else 1))
+
+
+def parse_version(text: str) -> Version:
+    """``"2.14.1+cu126"`` -> Version((2, 14, 1), local="cu126"); ValueError if unreadable."""
+    m = _VERSION.match(str(text))
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return Version(tuple(int(p) for p in m["release"].split(".")), pre=bool(m["pre"] or m["dev"]),
+                   post=bool(m["post"]), local=(m["local"] or "").lower())
+
+
+def _width(*versions: Version) -> int:
+    return max(len(v.release) for v in versions)
+
+
+def version_satisfies(version: str, spec: str) -> bool:
+    """True when ``version`` meets every clause of ``spec`` (``">=2.4,<2.16"``, ``"==2.14.1"``).
+
+    Enough of PEP 440 for requirement ranges: ``== != >= <= > < ~=``, ``==X.*``; a local
+    label (``+cu126``) is ignored unless the clause names one; ``<V`` excludes V's
+    pre-releases. An empty spec accepts everything.
+    """
+    v = parse_version(version)
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        m = re.match(r"^(===|==|!=|~=|>=|<=|>|<)\s*(\S+)$", clause)
+        if not m:
+            raise ValueError(f"cannot read the version clause {clause!r}")
+        op, target = m.groups()
+        if not _clause_holds(v, op, target):
+            return False
+    return True
+
+
+def _clause_holds(v: Version, op: str, target: str) -> bool:
+    if op in ("==", "!=", "===") and target.endswith(".*"):
+        prefix = tuple(int(p) for p in target[:-2].split("."))
+        equal = v.release[:len(prefix)] + (0,) * max(0, len(prefix) - len(v.release)) == prefix
+        return equal if op != "!=" else not equal
+    t = parse_version(target)
+    w = _width(v, t)
+    if op in ("==", "===", "!="):
+        equal = v.key(w) == t.key(w) and (not t.local or v.local == t.local)
+        return equal if op != "!=" else not equal
+    if op == ">=":
+        return v.key(w) >= t.key(w)
+    if op == "<=":
+        return v.key(w) <= t.key(w)
+    if op == ">":
+        return v.key(w) > t.key(w)
+    if op == "<":
+        same_release = v.key(w)[:-1] == t.key(w)[:-1]
+        return v.key(w) < t.key(w) and not (v.pre and same_release and not t.pre)
+    # ~=X.Y.Z: >= X.Y.Z and == X.Y.*
+    prefix = t.release[:-1] if len(t.release) > 1 else t.release
+    return v.key(w) >= t.key(w) and v.release[:len(prefix)] == prefix
+
+
+def driver_at_least(driver: str, minimum: str) -> bool:
+    """Compare NVIDIA driver versions (``"535.183.01" >= "525.60.13"``)."""
+    return version_satisfies(driver, f">={minimum}")
+
+
+# --------------------------------------------------------------------------- requirements
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_requirements(path: str | Path) -> dict[str, str]:
+    """``{normalized name: version spec}`` from a requirements or constraints file.
+
+    Comments, options (``-r``, ``--index-url``) and environment markers are skipped; a
+    name without a version gets ``""``.
+    """
+    out: dict[str, str] = {}
+    for raw in Path(path).read_text(encoding="utf-8").splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        if not line or line.startswith("-"):
+            continue
+        line = line.split(";", 1)[0].strip()
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$", line)
+        if m:
+            out[normalize(m.group(1))] = m.group(2).replace(" ", "")
+    return out
+
+
+def pinned_version(constraints: dict[str, str], name: str) -> str | None:
+    """The ``==`` pin of ``name`` in a constraints mapping, or None."""
+    m = re.fullmatch(r"==([^,*]+)", constraints.get(normalize(name), ""))
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+@dataclass
+class DriverGPU:
+    index: int
+    name: str
+    memory_mib: int | None = None
+
+
+@dataclass
+class Driver:
+    """The NVIDIA driver of this machine and the GPUs it reports."""
+
+    version: str | None
+    gpus: list[DriverGPU] = field(default_factory=list)
+    source: str = "nvidia-smi"
+    note: str = ""  # e.g. why nvidia-smi could not be used
+
+    def gpu_list(self) -> str:
+        names = sorted({g.name for g in self.gpus})
+        return f"{len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}" + (
+            f" ({', '.join(names)})" if names else "")
+
+    def describe(self) -> str:
+        """``NVIDIA driver 535.183.01 reports 4 GPUs (NVIDIA A100-SXM4-80GB)``."""
+        return f"NVIDIA driver {self.version or 'of unknown version'} reports {self.gpu_list()}"
+
+
+SMI_QUERY = ["--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+
+
+def _from_nvidia_smi(exe: str, timeout_s: float) -> tuple[Driver | None, str]:
+    try:
+        res = subprocess.run([exe, *SMI_QUERY], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"nvidia-smi did not answer within {timeout_s:.0f} s"
+    except OSError as e:
+        return None, f"nvidia-smi could not be run ({e.strerror or e})"
+    if res.returncode != 0:
+        first = (res.stdout + res.stderr).strip().splitlines()[:1] or [f"exit code {res.returncode}"]
+        if "no devices were found" in first[0].lower():
+            return Driver(None, [], "nvidia-smi", note="nvidia-smi: no devices were found"), ""
+        return None, f"nvidia-smi failed: {first[0]}"
+    gpus, version = [], None
+    for line in res.stdout.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        try:
+            index = int(parts[0])
+        except ValueError:
+            continue
+        mem = int(parts[2]) if parts[2].isdigit() else None
+        gpus.append(DriverGPU(index=index, name=parts[1], memory_mib=mem))
+        version = version or parts[3]
+    if not gpus:
+        return Driver(version=None, gpus=[], source="nvidia-smi", note="nvidia-smi listed no GPUs"), ""
+    return Driver(version=version, gpus=gpus, source="nvidia-smi"), ""
+
+
+def _from_proc(proc_root: Path) -> Driver | None:
+    try:
+        text = (proc_root / "version").read_text(errors="replace")
+    except OSError:
+        return None
+    m = (re.search(r"Kernel Module[^\d]*?(\d+\.\d+(?:\.\d+)?)", text)
+         or re.search(r"\b(\d{3}\.\d+(?:\.\d+)?)\b", text))
+    gpus = []
+    for i, info in enumerate(sorted((proc_root / "gpus").glob("*/information"))):
+        try:
+            model = re.search(r"^Model:\s*(.+)$", info.read_text(errors="replace"), re.M)
+        except OSError:
+            model = None
+        gpus.append(DriverGPU(index=i, name=model.group(1).strip() if model else "unknown GPU"))
+    return Driver(version=m.group(1) if m else None, gpus=gpus, source=str(proc_root / "version"))
+
+
+def query_driver(timeout_s: float = NVIDIA_SMI_TIMEOUT_S,
+                 proc_root: str | Path = "/proc/driver/nvidia") -> Driver | None:
+    """This machine's NVIDIA driver and GPUs, or None when there is no driver at all.
+
+    Asks ``nvidia-smi`` (bounded by ``timeout_s``); where it is missing or fails (a
+    container without it), reads ``/proc/driver/nvidia/version`` and ``gpus/*/information``.
+    """
+    note = "nvidia-smi is not on PATH"
+    exe = shutil.which("nvidia-smi")
+    if exe:
+        driver, note = _from_nvidia_smi(exe, timeout_s)
+        if driver is not None and (driver.version or not Path(proc_root, "version").exists()):
+            return driver
+    proc = _from_proc(Path(proc_root))
+    if proc is not None:
+        proc.note = note
+    return proc
+
+
+# --------------------------------------------------------------------------- the choice
+
+
+class NoVariant(ValueError):
+    """No build of the tested torch release runs on this driver (message says what to do)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which torch build to install, from where, and why (one sentence)."""
+
+    variant: str                # "cu126", "cu130", "cpu", "pypi" (no driver here), "custom"
+    index_url: str | None       # None: PyPI, as `pip install -r requirements.txt` does
+    label: str | None           # local label the installed torch must carry ("" = PyPI's); None: unknown
+    reason: str
+    forced: bool = False
+
+
+def _oldest_auto() -> Variant:
+    auto = (v for v in VARIANTS if v.auto and v.min_driver)
+    return min(auto, key=lambda v: parse_version(v.min_driver).key())
+
+
+def _by_name(name: str, reason: str, forced: bool) -> Choice:
+    v = variant_named(name)
+    if v is not None and v.on_pypi and not forced:
+        return Choice(name, None, "", reason, forced)
+    return Choice(name, f"{PYTORCH_INDEX}/{name}", name, reason, forced)
+
+
+def select_variant(driver_version: str | None, forced: str | None = None, tested: str = "2.14.1") -> Choice:
+    """Driver version (or a forced value) -> the build to install; :class:`NoVariant` if none fits.
+
+    ``forced``: a variant name from :data:`VARIANTS` (or another ``cuXYZ``/``rocmX.Y``
+    folder of PyTorch's index), ``pypi``, an index URL, or ``auto``/empty (choose by driver).
+    """
+    forced = (forced or "").strip()
+    if forced and forced != "auto":
+        why = f"forced by TORCH_VARIANT={forced}"
+        if "://" in forced:
+            return Choice("custom", forced.rstrip("/"), None, why, True)
+        if forced == "pypi":
+            return Choice("pypi", None, "", why, True)
+        if variant_named(forced) or re.fullmatch(r"cu\d{3}|rocm\d+(\.\d+)*|xpu", forced):
+            return _by_name(forced, why, True)
+        names = ", ".join(v.name for v in VARIANTS)
+        raise NoVariant(f"TORCH_VARIANT={forced} is not a build this lab knows; use one of {names}, pypi, "
+                        f"auto, or an index URL (https://...).")
+    if driver_version is None:
+        pypi, oldest = next(v for v in VARIANTS if v.on_pypi), _oldest_auto()
+        return Choice("pypi", None, "", f"no NVIDIA driver on this machine, so PyPI's build as always: "
+                      f"CUDA {pypi.cuda}, which needs driver >= {pypi.min_driver} on the GPU nodes; for "
+                      f"drivers from {oldest.min_driver} there use TORCH_VARIANT={oldest.name}")
+    for v in VARIANTS:
+        if v.auto and v.min_driver and driver_at_least(driver_version, v.min_driver):
+            full = v.toolkit_driver and driver_at_least(driver_version, v.toolkit_driver)
+            how = ("" if full else
+                   f" through CUDA minor-version compatibility (the CUDA {v.cuda} toolkit shipped with "
+                   f"driver {v.toolkit_driver})" if v.toolkit_driver else "")
+            newer = [w for w in VARIANTS if w.auto and w.cuda and w.min_driver
+                     and parse_version(w.cuda).key() > parse_version(v.cuda).key()]
+            skipped = "".join(f"; CUDA {w.cuda} ({w.name}) needs driver >= {w.min_driver}" for w in newer)
+            reason = (f"NVIDIA driver {driver_version} runs CUDA {v.cuda} builds (needs >= {v.min_driver})"
+                      f"{how}{skipped}")
+            return _by_name(v.name, reason, False)
+    oldest = _oldest_auto()
+    raise NoVariant(f"NVIDIA driver {driver_version} is older than any CUDA build of torch {tested} supports "
+                    f"(the oldest, {oldest.name}, needs >= {oldest.min_driver}); ask your admins for a newer "
+                    f"driver, or load the cluster's PyTorch module and run `make venv SYSTEM_TORCH=1`, "
+                    f"or force a build with `make venv TORCH_VARIANT=cpu`.")
+
+
+# --------------------------------------------------------------------------- installing
+
+
+class InstallError(RuntimeError):
+    """The install cannot go on; the message says why and what to do."""
+
+
+_PROBE = r"""
+import json, sys
+from importlib import metadata
+out = {"prefix": sys.prefix, "base_prefix": sys.base_prefix, "dists": {}}
+for name in sys.argv[1:]:
+    try:
+        d = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        continue
+    out["dists"][name] = {"version": d.version, "location": str(d.locate_file("")),
+                          "requires": list(d.requires or [])}
+print(json.dumps(out))
+"""
+
+
+def probe(python: str, names=("torch", "torchvision", "torchao")) -> dict:
+    """What ``python`` sees: its prefix and the named distributions (version, location, requires)."""
+    res = subprocess.run([python, "-c", _PROBE, *names], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise InstallError(f"{python} could not be asked what it has installed: {res.stderr.strip()[-500:]}")
+    return json.loads(res.stdout)
+
+
+def _inside(path: str, prefix: str) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(Path(prefix).resolve())
+    except OSError:
+        return False
+
+
+def system_site_packages(prefix: str | Path) -> bool:
+    """True when the venv at ``prefix`` was made with ``--system-site-packages``."""
+    try:
+        text = (Path(prefix) / "pyvenv.cfg").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"^\s*include-system-site-packages\s*=\s*true\s*$", text, re.M | re.I))
+
+
+def check_system_pair(seen: dict, requirements: dict[str, str]) -> list[str]:
+    """Problems with the torch/torchvision pair an interpreter sees, against requirements' ranges."""
+    problems, dists = [], seen["dists"]
+    for name in TORCH_PAIR:
+        spec = requirements.get(name, "")
+        d = dists.get(name)
+        if d is None:
+            problems.append(f"{name} is not visible to {seen['prefix']} (required: {name}{spec})")
+        elif spec and not version_satisfies(d["version"], spec):
+            problems.append(f"{name} {d['version']} (in {d['location']}) is outside requirements.txt's "
+                            f"range {name}{spec}")
+        elif _inside(d["location"], seen["prefix"]) and seen["prefix"] != seen["base_prefix"]:
+            problems.append(f"{name} {d['version']} is installed inside {seen['prefix']} itself, "
+                            f"not provided by the system")
+    if not problems:  # the pair must belong together: torchvision names the torch it was built for
+        torch_v = dists["torch"]["version"]
+        for req in dists["torchvision"]["requires"]:
+            m = re.match(r"^torch\s*\(?\s*([^;)]*)\)?\s*(;.*)?$", req.strip())
+            if m and m.group(1).strip() and not version_satisfies(torch_v, m.group(1).replace(" ", "")):
+                problems.append(f"torchvision {dists['torchvision']['version']} was built for torch "
+                                f"{m.group(1).strip()}, not torch {torch_v}")
+    return problems
+
+
+def _pip(python: str, *args: str, dry_run: bool = False) -> None:
+    cmd = [python, "-m", "pip", "install", *args]
+    print("+ " + " ".join(cmd), flush=True)
+    if dry_run:
+        return
+    res = subprocess.run(cmd, timeout=PIP_TIMEOUT_S)
+    if res.returncode != 0:
+        raise InstallError(f"`{' '.join(cmd)}` failed with exit code {res.returncode} "
+                           f"(see pip's output above)")
+
+
+def _filtered(src: Path, drop: set[str], directory: str) -> Path:
+    """A copy of a requirements/constraints file without the lines naming ``drop``."""
+    keep = []
+    for raw in src.read_text(encoding="utf-8").splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+        if m and normalize(m.group(1)) in drop:
+            continue
+        keep.append(raw)
+    out = Path(directory) / src.name
+    out.write_text("\n".join(keep) + "\n", encoding="utf-8")
+    return out
+
+
+def install_system_torch(python: str, requirements: Path, constraints: Path, dry_run: bool = False) -> None:
+    """SYSTEM_TORCH=1: check the pair the interpreter sees, install everything else, never a torch."""
+    seen = probe(python)
+    if not system_site_packages(seen["prefix"]):
+        raise InstallError(f"{seen['prefix']} was made without --system-site-packages, so it cannot use "
+                           f"the system's torch; remove it (rm -rf {seen['prefix']}) and run "
+                           f"`make venv SYSTEM_TORCH=1`.")
+    reqs = read_requirements(requirements)
+    problems = check_system_pair(seen, reqs)
+    if problems:
+        raise InstallError("SYSTEM_TORCH=1 needs a torch/torchvision pair from the system within "
+                           "requirements.txt's ranges (load your cluster's PyTorch module first): "
+                           + "; ".join(problems) + ".")
+    d = seen["dists"]
+    print(f"torch build: the system's torch {d['torch']['version']} + torchvision "
+          f"{d['torchvision']['version']} (from {d['torch']['location']}; SYSTEM_TORCH=1): no torch is "
+          f"installed into {seen['prefix']}", flush=True)
+    drop = {"torch", "torchvision", "torchao"}
+    with tempfile.TemporaryDirectory(prefix="lab_reqs_") as tmp:
+        _pip(python, "-q", "-r", str(_filtered(requirements, drop, tmp)),
+             "-c", str(_filtered(constraints, drop, tmp)), dry_run=dry_run)
+    if "torchao" in reqs and "torchao" not in d:  # optional; --no-deps so that it can never pull a torch
+        pin = pinned_version(read_requirements(constraints), "torchao")
+        spec = f"torchao=={pin}" if pin else f"torchao{reqs['torchao']}"
+        try:
+            _pip(python, "-q", "--no-deps", spec, dry_run=dry_run)
+        except InstallError as e:
+            print(f"warning: torchao (optional, notebook 07) was not installed: {e}", file=sys.stderr)
+    if not dry_run:
+        after = probe(python, TORCH_PAIR)["dists"]
+        for name in TORCH_PAIR:
+            if name not in after or _inside(after[name]["location"], seen["prefix"]):
+                raise InstallError(f"{name} was installed into {seen['prefix']} although SYSTEM_TORCH=1 "
+                                   f"should use the system's; remove {seen['prefix']} and try again.")
+
+
+def _forced_value(prefix: str, given: str | None) -> str | None:
+    """TORCH_VARIANT given now, else the one recorded in the venv; records or forgets it."""
+    record = Path(prefix) / VARIANT_FILE
+    given = (given or "").strip()
+    if given == "auto":
+        record.unlink(missing_ok=True)
+        return None
+    if given:
+        record.write_text(given + "\n")
+        return given
+    return record.read_text().strip() if record.exists() else None
+
+
+def install(python: str, requirements: Path, constraints: Path, variant: str | None = None,
+            system_torch: bool = False, dry_run: bool = False,
+            driver: Driver | None | str = "detect") -> Choice | None:
+    """The venv's packages: the torch build this machine runs, then requirements.txt."""
+    seen = probe(python)
+    prefix = seen["prefix"]
+    own = {n for n, d in seen["dists"].items() if _inside(d["location"], prefix)}
+    if system_torch or (not (variant or "").strip() and system_site_packages(prefix) and "torch" not in own):
+        install_system_torch(python, requirements, constraints, dry_run=dry_run)
+        return None
+    forced = _forced_value(prefix, variant) if not dry_run else (variant or None)
+    if driver == "detect":
+        driver = None if forced else query_driver()
+    if driver is not None and driver.version is None:  # nvidia-smi without GPUs: as without a driver
+        driver = None
+    try:
+        choice = select_variant(driver.version if driver else None, forced,
+                                pinned_version(read_requirements(constraints), "torch") or "?")
+    except NoVariant as e:
+        raise InstallError(str(e)) from None
+    found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not forced else ""
+    source = choice.index_url or "PyPI"
+    print(f"torch build: {choice.variant} from {source} ({choice.reason}{found}); "
+          f"force another with `make venv TORCH_VARIANT=...`", flush=True)
+
+    cons = read_requirements(constraints)
+    pins = {n: pinned_version(cons, n) for n in TORCH_PAIR}
+    ours = seen["dists"].get("torch") if "torch" in seen["dists"] and _inside(
+        seen["dists"]["torch"]["location"], prefix) else None
+    have = parse_version(ours["version"]).local if ours else None
+    deliberate = choice.forced or driver is not None
+    if ours and deliberate and (choice.label is None or have != choice.label):
+        print(f"replacing the installed torch {ours['version']} by the {choice.variant} build", flush=True)
+        if not dry_run:
+            subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", *TORCH_PAIR],
+                           timeout=600, check=False)
+    elif ours and have and not deliberate:
+        print(f"no driver here: keeping the installed torch {ours['version']} "
+              f"(`make venv TORCH_VARIANT=pypi` replaces it)", flush=True)
+    if choice.index_url:
+        if not all(pins.values()):
+            raise InstallError(f"{constraints} must pin torch and torchvision (==) to install the "
+                               f"{choice.variant} build.")
+        suffix = f"+{choice.label}" if choice.label else ""
+        _pip(python, "-q", "--index-url", choice.index_url,
+             *(f"{n}=={pins[n]}{suffix}" for n in TORCH_PAIR), dry_run=dry_run)
+    _pip(python, "-q", "-r", str(requirements), "-c", str(constraints), dry_run=dry_run)
+    if not dry_run and choice.label is not None:
+        now = probe(python, ("torch",))["dists"].get("torch")
+        label = parse_version(now["version"]).local if now else None
+        if now and deliberate and label != choice.label:
+            raise InstallError(f"torch {now['version']} is installed, not the {choice.variant} build "
+                               f"(+{choice.label or 'PyPI'}); remove .venv and run `make venv` again.")
+    return choice
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 lab_utils/cuda_wheels.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("select", help="print the build this machine would get, and why")
+    s.add_argument("--driver", default=None, help="a driver version instead of this machine's")
+    s.add_argument("--variant", default=os.environ.get("TORCH_VARIANT"), help="TORCH_VARIANT")
+    i = sub.add_parser("install", help="install the venv's packages with the right torch build")
+    i.add_argument("--python", required=True, help="the venv's python")
+    i.add_argument("--requirements", default="requirements.txt")
+    i.add_argument("--constraints", default="constraints.txt")
+    i.add_argument("--variant", default=os.environ.get("TORCH_VARIANT"), help="TORCH_VARIANT")
+    i.add_argument("--system-torch", action="store_true", help="SYSTEM_TORCH=1: use the interpreter's torch")
+    i.add_argument("--dry-run", action="store_true", help="print the pip commands, run none")
+    args = p.parse_args(argv)
+    try:
+        if args.command == "select":
+            driver = Driver(args.driver, source="--driver") if args.driver else query_driver()
+            cons = Path(__file__).resolve().parent.parent / "constraints.txt"
+            tested = pinned_version(read_requirements(cons), "torch") if cons.exists() else None
+            c = select_variant(driver.version if driver else None, args.variant, tested or "?")
+            found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not args.driver else ""
+            print(f"{c.variant} from {c.index_url or 'PyPI'} ({c.reason}{found})")
+        else:
+            install(args.python, Path(args.requirements), Path(args.constraints), args.variant,
+                    args.system_torch, args.dry_run)
+    except (NoVariant, InstallError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
