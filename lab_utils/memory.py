@@ -1,4 +1,4 @@
-"""Device memory: running out of it, and cleaning up after it.
+"""Device memory: running out of it, cleaning up after it, and capping it on purpose.
 
 Out of memory is an expected result in this lab (the batch-size sweep grows the batch
 until it no longer fits), so every path that can hit it handles it the same way, here:
@@ -28,14 +28,21 @@ The usual shape::
         free_device_memory(device)
         return oom_record(oom.reason)
 
+:func:`set_memory_fraction` caps the GPU memory this process may use
+(``torch.cuda.set_per_process_memory_fraction``), so that the OOM path can be reached on
+purpose with a small model.
 """
 
 from __future__ import annotations
 
 import gc
+import math
+import numbers
 from typing import Any
 
 import torch
+
+from lab_utils.errors import LabError
 
 #: Substrings of an error message (or of a failed rank's log) that mean "out of memory".
 OOM_MARKERS: tuple[str, ...] = (
@@ -110,3 +117,55 @@ def free_device_memory(device: torch.device | str | None = None) -> None:
     on_cuda = device is None or torch.device(device).type == "cuda"
     if on_cuda and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- memory cap
+
+
+def resolve_cuda_device(device: torch.device | str | int | None = None) -> torch.device:
+    """A CUDA device *with* an index: ``cuda`` and ``None`` become the current device.
+
+    ``torch.cuda.set_per_process_memory_fraction`` (and other per-device calls) reject
+    ``torch.device("cuda")`` with a ``ValueError`` because it names no device.
+    """
+    if isinstance(device, bool):
+        raise LabError(f"Expected a CUDA device such as 'cuda' or 'cuda:0', got {device!r}.")
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    dev = torch.device("cuda") if device is None else torch.device(device)
+    if dev.type != "cuda":
+        raise LabError(f"A GPU memory fraction needs a CUDA device, got {str(dev)!r}; "
+                       "on the CPU use memory_cap_bytes instead.")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def check_memory_fraction(fraction: object) -> float:
+    """``fraction`` as a ``float`` in (0, 1]; a :class:`LabError` naming the fix otherwise.
+
+    Ints (``1``) and numpy scalars are accepted and converted: torch itself raises
+    ``TypeError`` for anything that is not a Python ``float``.
+    """
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+        raise LabError(f"memory_fraction must be a number in (0, 1], got {fraction!r}; "
+                       "e.g. 0.5 for half of the GPU.")
+    value = float(fraction)
+    if not math.isfinite(value) or not 0 < value <= 1:
+        raise LabError(f"memory_fraction must be in (0, 1], got {fraction!r}; e.g. 0.5 for half of the GPU.")
+    return value
+
+
+def set_memory_fraction(fraction: object, device: torch.device | str | int | None = None
+                        ) -> tuple[float, torch.device]:
+    """Cap this process's CUDA caching allocator at ``fraction`` of ``device``'s memory.
+
+    The one place that calls ``torch.cuda.set_per_process_memory_fraction``: the fraction
+    is checked and made a ``float`` (:func:`check_memory_fraction`) and the device given
+    an index (:func:`resolve_cuda_device`). ``1.0`` lifts the cap. Returns
+    ``(fraction, device)`` as passed to torch, so the caller can lift the same cap later.
+    """
+    value = check_memory_fraction(fraction)
+    dev = resolve_cuda_device(device)
+    torch.cuda.set_per_process_memory_fraction(value, dev)
+    return value, dev

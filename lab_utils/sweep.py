@@ -24,7 +24,8 @@ that says why (these are not stored; they are a consequence, not a measurement).
 Making the out-of-memory path reachable on purpose:
 
 - GPU: ``memory_fraction`` (or ``memory_cap_bytes``, converted to a fraction of the
-  device's memory) is passed to ``torch.cuda.set_per_process_memory_fraction``; the
+  device's memory) is passed to ``torch.cuda.set_per_process_memory_fraction`` (through
+  :func:`lab_utils.memory.set_memory_fraction`, which gives the device an index); the
   caching allocator then raises the real ``torch.OutOfMemoryError`` once the process
   would hold more than that share of the GPU. The limit is lifted when the sweep ends.
 - CPU: ``memory_cap_bytes`` plays the same role. Every training step is run under
@@ -60,7 +61,7 @@ from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
 from lab_utils.errors import LabError
 from lab_utils.hardware import device_name, fp32_training_precision, hardware_summary, peak_flops_per_s
-from lab_utils.memory import catch_oom, free_device_memory
+from lab_utils.memory import catch_oom, check_memory_fraction, free_device_memory, set_memory_fraction
 from lab_utils.models import ResNet18
 from lab_utils.results import Record, ResultStore
 from lab_utils.train import evaluate, make_optimizer, train_epoch
@@ -251,7 +252,7 @@ def _gpu_memory_fraction(device: torch.device, settings: SweepSettings) -> float
     """The per-process fraction to set on a GPU from ``memory_fraction`` / ``memory_cap_bytes``."""
     fractions = []
     if settings.memory_fraction is not None:
-        fractions.append(settings.memory_fraction)
+        fractions.append(check_memory_fraction(settings.memory_fraction))
     if settings.memory_cap_bytes:
         total = torch.cuda.get_device_properties(device).total_memory
         fractions.append(min(1.0, settings.memory_cap_bytes / total))
@@ -297,10 +298,8 @@ def check_settings(s: SweepSettings) -> None:
             check_positive_int(v, what)
     if s.memory_cap_bytes is not None:
         check_positive_int(s.memory_cap_bytes, "memory cap (bytes)")
-    if s.memory_fraction is not None and not (isinstance(s.memory_fraction, int | float)
-                                              and 0 < s.memory_fraction <= 1):
-        raise LabError(f"memory_fraction must be in (0, 1], got {s.memory_fraction!r}; "
-                       "e.g. 0.5 for half of the GPU.")
+    if s.memory_fraction is not None:
+        check_memory_fraction(s.memory_fraction)
     if s.num_workers is not None and (not isinstance(s.num_workers, int) or s.num_workers < 0):
         raise LabError(f"num_workers must be 0 or more, got {s.num_workers!r}.")
 
@@ -361,10 +360,11 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
     measured: list[int] = []
     stop_reason: str | None = None
     fraction = _gpu_memory_fraction(dev, s) if dev.type == "cuda" else None
+    capped: torch.device | None = None
     apply_training_backends(cudnn_benchmark=s.cudnn_benchmark)
     try:
         if fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(fraction, dev)
+            capped = set_memory_fraction(fraction, dev)[1]
         for bs in s.batch_sizes:
             cfg = sweep_config(s, bs, train_images=n_train, test_images=n_test,
                                dataset=ds_kind, device=dev_name, num_workers=workers)
@@ -391,8 +391,8 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
             if rec.status == "oom":
                 stop_reason = f"not tried: batch {bs} already ran out of memory"
     finally:
-        if fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(1.0, dev)
+        if capped is not None:
+            set_memory_fraction(1.0, capped)
     return SweepResult(records=records, settings=s, profile=profile_name, device=dev_name, measured=measured)
 
 

@@ -1,4 +1,5 @@
-"""lab_utils.memory: out-of-memory detection and cleanup outside the handler."""
+"""lab_utils.memory: out-of-memory detection, cleanup outside the handler, and the GPU
+memory cap (simulated on CPU by recording what torch.cuda would be called with)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from lab_utils import memory
+from lab_utils.errors import LabError
 
 # --------------------------------------------------------------------------- is_out_of_memory
 
@@ -94,3 +96,65 @@ def test_catch_oom_lets_other_errors_through_and_is_false_without_error():
     with memory.catch_oom() as oom:
         pass
     assert not oom and oom.reason is None
+
+
+# --------------------------------------------------------------------------- memory fraction
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Record the arguments torch.cuda.set_per_process_memory_fraction is called with."""
+    calls: list[tuple] = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, device=None: calls.append((fraction, device)))
+    return calls
+
+
+@pytest.mark.parametrize("device", [None, "cuda", torch.device("cuda")])
+def test_a_device_without_index_gets_the_current_one(fake_cuda, device):
+    assert memory.set_memory_fraction(0.25, device) == (0.25, torch.device("cuda", 3))
+    (fraction, dev), = fake_cuda
+    assert isinstance(dev, torch.device) and dev.type == "cuda" and dev.index == 3
+    assert type(fraction) is float and fraction == 0.25
+
+
+def test_an_indexed_device_and_an_int_fraction(fake_cuda):
+    memory.set_memory_fraction(1, "cuda:1")   # torch itself raises TypeError for the int 1
+    memory.set_memory_fraction(0.5, 2)
+    assert fake_cuda == [(1.0, torch.device("cuda", 1)), (0.5, torch.device("cuda", 2))]
+    assert all(type(f) is float for f, _ in fake_cuda)
+
+
+@pytest.mark.parametrize("fraction", [0, 0.0, -0.1, 1.5, float("nan"), True, "0.5", None])
+def test_bad_fractions_are_a_lab_error(fake_cuda, fraction):
+    with pytest.raises(LabError, match="memory_fraction"):
+        memory.set_memory_fraction(fraction, "cuda")
+    assert fake_cuda == []
+
+
+def test_a_cpu_device_is_a_lab_error(fake_cuda):
+    with pytest.raises(LabError, match="CUDA device"):
+        memory.set_memory_fraction(0.5, "cpu")
+    assert fake_cuda == []
+
+
+def test_the_sweep_sets_and_lifts_the_cap_on_an_indexed_device(fake_cuda, monkeypatch, store):
+    """Notebook 01's MEMORY_FRACTION path on a GPU node, with torch.cuda simulated."""
+    from lab_utils import sweep
+
+    seen = []
+
+    def no_training(bs, s, base, dev, workers):
+        seen.append(bs)
+        return sweep.Record(experiment=sweep.EXPERIMENT, config={}, status="oom", reason="OOM: simulated",
+                            metrics={"batch_size": bs})
+
+    monkeypatch.setattr(sweep, "_measure_batch", no_training)
+    monkeypatch.setattr(sweep, "device_name", lambda d=None: "Fake GPU")
+    monkeypatch.setattr(sweep, "hardware_summary", lambda d=None, n=None: {"device_type": "cuda"})
+    res = sweep.run_sweep("quick", batch_sizes=(8, 32), width=2, train_images=64, test_images=16,
+                          dataset="synthetic", device="cuda", memory_fraction=0.5, memory_cap_bytes=0,
+                          store=store, verbose=False)
+    assert seen == [8] and [r.status for r in res.records] == ["oom", "skipped"]
+    assert fake_cuda == [(0.5, torch.device("cuda", 3)), (1.0, torch.device("cuda", 3))]  # set, lifted
