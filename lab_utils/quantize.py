@@ -337,12 +337,65 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
 
 # --------------------------------------------------------------------------- quantize
 
+#: torchao's int8 x int8 matmul on CUDA (``torchao.kernel.intmm.safe_int_mm``, used by
+#: ``Int8DynamicActivationInt8WeightConfig`` through ``int_scaled_matmul``, torchao 0.18)
+#: takes the cuBLAS ``torch._int_mm`` path only when K (``in_features``) and N
+#: (``out_features``) are non-zero multiples of this; otherwise it copies both operands to
+#: the CPU, multiplies them there in int32 and copies the result back, on every call.
+#: The weight-only variant casts the int8 weight to the activation dtype and runs a float
+#: matmul (no ``_int_mm``), and on the CPU ``_int_mm`` takes any shape, so neither needs this.
+INT8_MM_MULTIPLE = 8
+
+
+def int8_mm_shape_problem(in_features: int, out_features: int) -> str | None:
+    """Why a Linear of this shape cannot use torchao's cuBLAS int8 matmul, or ``None`` when it can.
+
+    >>> int8_mm_shape_problem(384, 65)
+    '(N=65) kept in fp32: int8 mm needs N % 8 == 0'
+    """
+    bad = [(dim, v) for dim, v in (("K", in_features), ("N", out_features))
+           if v <= 0 or v % INT8_MM_MULTIPLE]
+    if not bad:
+        return None
+    shape = ", ".join(f"{dim}={v}" for dim, v in bad)
+    need = " and ".join(f"{dim} % {INT8_MM_MULTIPLE} == 0" for dim, _ in bad)
+    return f"({shape}) kept in fp32: int8 mm needs {need}"
+
+
+def float_layers(model: nn.Module, variant: str, device: str | torch.device) -> dict[str, str]:
+    """The ``nn.Linear`` layers ``variant`` leaves in fp32 on ``device``, each with the reason.
+
+    Only ``torchao_int8_dynamic`` on CUDA leaves any: a layer whose shape fails
+    :func:`int8_mm_shape_problem` (this GPT's ``lm_head``, N = the 65-character
+    vocabulary) would make torchao fall back to a CPU int32 matmul and a device round
+    trip every step, while the row claims cuBLAS. Keeping it in fp32 keeps the claim
+    true; the row lists it (``kept_in_float``, and in its note).
+    """
+    if variant != "torchao_int8_dynamic" or torch.device(device).type != "cuda":
+        return {}
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear):
+            problem = int8_mm_shape_problem(mod.in_features, mod.out_features)
+            if problem is not None:
+                out[name] = problem
+    return out
+
+
+def float_layers_note(kept: dict[str, str]) -> str | None:
+    """``"lm_head (N=65) kept in fp32: int8 mm needs N % 8 == 0"`` for the row, or ``None``."""
+    if not kept:
+        return None
+    return "; ".join(f"{name} {why}" for name, why in kept.items()) + \
+        " (torchao would run it as a CPU int32 matmul)"
+
 
 def quantize_model(model: nn.Module, variant: str, device: str | torch.device = "cpu") -> nn.Module:
     """A copy of ``model`` (eval mode) converted to ``variant`` on ``device``.
 
-    The input model is not modified. ``ao_dynamic_int8`` is CPU only. Raises
-    :class:`LabError` when the variant is unavailable (see :func:`check_variant`).
+    The input model is not modified. ``ao_dynamic_int8`` is CPU only. Layers that
+    :func:`float_layers` names stay in fp32. Raises :class:`LabError` when the variant is
+    unavailable (see :func:`check_variant`).
     """
     dev = torch.device(device)
     avail = check_variant(variant, dev.type)
@@ -362,10 +415,21 @@ def quantize_model(model: nn.Module, variant: str, device: str | torch.device = 
     with _quiet_torchao_import():
         tq = importlib.import_module("torchao.quantization")
     m = m.to(device=dev, dtype=torch.float32)
+    kept = float_layers(m, variant, dev)
+    extra = {"filter_fn": _quantize_filter(kept)} if kept else {}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tq.quantize_(m, cls())
+        tq.quantize_(m, cls(), **extra)
     return m
+
+
+def _quantize_filter(kept: dict[str, str]):
+    """torchao's default choice of layers (every ``nn.Linear`` but MultiheadAttention's
+    out-projection), less the layers named in ``kept``."""
+    def quantize_this(mod: nn.Module, fqn: str) -> bool:
+        return (isinstance(mod, nn.Linear) and fqn not in kept
+                and not isinstance(mod, nn.modules.linear.NonDynamicallyQuantizableLinear))
+    return quantize_this
 
 
 # --------------------------------------------------------------------------- size accounting
@@ -718,6 +782,10 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
             rec.status, rec.reason = "skipped", avail.reason
             continue
         model = None
+        kept = float_layers(mut.model, variant, dev)
+        if kept:
+            rec.metrics["kept_in_float"] = kept
+            rec.metrics["note"] = "; ".join(x for x in (float_layers_note(kept), avail.note) if x)
         try:
             model = quantize_model(mut.model, variant, dev)
             rec.metrics.update(size_bytes=serialized_size_bytes(model),

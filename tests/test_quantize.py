@@ -424,3 +424,49 @@ def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
             assert Q.serialized_size_bytes(q) < 0.6 * fp32_size
     with pytest.raises(LabError):
         Q.load_model_under_test("quick", Q.settings_for("quick"), checkpoint=tmp_path / "absent.pt")
+
+
+# --------------------------------------------------------------------------- int8 mm shapes
+
+
+def test_int8_mm_shape_rule():
+    assert Q.int8_mm_shape_problem(384, 1536) is None
+    assert Q.int8_mm_shape_problem(384, 65) == "(N=65) kept in fp32: int8 mm needs N % 8 == 0"
+    assert Q.int8_mm_shape_problem(60, 65) == ("(K=60, N=65) kept in fp32: int8 mm needs K % 8 == 0 "
+                                               "and N % 8 == 0")
+
+
+def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, monkeypatch):
+    """torchao's CUDA int8 mm would run lm_head (N = 65) as a CPU int32 matmul: the layer is
+    kept in fp32 and the row says so. CUDA is simulated: the layer choice for "cuda" is
+    applied to a run on the CPU."""
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    if not Q.check_variant("torchao_int8_dynamic", "cpu").ok:
+        pytest.skip("torchao int8 dynamic is not available on this CPU")
+    torch.manual_seed(0)
+    gpt = GPT(gpt_config("tiny", vocab_size=65)).eval()
+    want = {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
+    assert Q.float_layers(gpt, "torchao_int8_dynamic", "cuda") == want
+    assert Q.float_layers(gpt, "torchao_int8_dynamic", "cpu") == {}          # CPU _int_mm takes any N
+    assert Q.float_layers(gpt, "torchao_int8_weight_only", "cuda") == {}     # float mm, no _int_mm
+
+    real = Q.float_layers
+    monkeypatch.setattr(Q, "float_layers", lambda model, variant, device: real(model, variant, "cuda"))
+    q = Q.quantize_model(gpt, "torchao_int8_dynamic", "cpu")
+    assert type(q.lm_head.weight.data) is torch.Tensor                      # left in fp32
+    assert type(q.blocks[0].mlp.fc.weight.data) is not torch.Tensor         # quantized (Int8Tensor)
+    x = torch.randint(0, 65, (1, 16))
+    with torch.no_grad():
+        assert torch.isfinite(q(x)).all()
+
+    val = torch.randint(0, 65, (600,))
+    mut = Q.ModelUnderTest(gpt, val, 64, "tiny65", dataset="random", synthetic=True)
+    s = Q.settings_for("quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",), eval_tokens=256,
+                       prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0, repeats=1)
+    recs = Q.measure_device(mut, s.variants, "cpu", s)
+    assert [r.status for r in recs] == ["ok", "ok"]
+    assert "kept_in_float" not in recs[0].metrics
+    assert recs[1].metrics["kept_in_float"] == want
+    note = Q.quantization_table(recs).iloc[1]["note"]
+    assert "lm_head (N=65) kept in fp32: int8 mm needs N % 8 == 0" in note
