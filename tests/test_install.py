@@ -1,0 +1,208 @@
+"""``make venv``: the torch build it picks, and ``SYSTEM_TORCH=1`` (the cluster's own torch).
+
+The selection itself (driver version -> build) is tested in ``tests/test_gpu_node.py``;
+here: what the install step does with it (pip commands, run dry), the Makefile's wiring,
+and one real ``make venv SYSTEM_TORCH=1`` offline.
+
+How the "interpreter that already has torch" is built, cheaply and soundly: a venv made
+from inside another venv is based on the *base* interpreter (``sys._base_executable``), so
+a fake torch in a parent venv would not be seen. Instead the fake torch and torchvision
+(tiny wheels: dist-info with version metadata and a package folder) are unpacked into the
+base interpreter's *user* site-packages, moved to a temporary folder with
+``PYTHONUSERBASE``. Python adds the user site to a venv's path only when the venv was made
+with ``--system-site-packages``, exactly like the interpreter's own site-packages, so the
+test also shows that the flag is what makes the torch visible (a plain venv does not see
+it). Nothing outside the temporary folder is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from lab_utils import cuda_wheels
+from lab_utils.cuda_wheels import Driver, DriverGPU
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fake_wheels import make_wheel  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+A100 = [DriverGPU(0, "NVIDIA A100-SXM4-80GB", 81920)]
+
+
+# ----------------------------------------------------------------- what the install step runs
+
+
+def _dry(capsys, **kw) -> str:
+    cuda_wheels.install(sys.executable, REPO / "requirements.txt", REPO / "constraints.txt",
+                        dry_run=True, **kw)
+    return capsys.readouterr().out
+
+
+def test_driver_535_installs_the_cu126_pair_from_pytorchs_index(capsys):
+    out = _dry(capsys, driver=Driver("535.183.01", A100))
+    cons = cuda_wheels.read_requirements(REPO / "constraints.txt")
+    torch, tv = cuda_wheels.pinned_version(cons, "torch"), cuda_wheels.pinned_version(cons, "torchvision")
+    assert "torch build: cu126 from https://download.pytorch.org/whl/cu126 (NVIDIA driver 535.183.01" in out
+    assert "1 GPU (NVIDIA A100-SXM4-80GB) found by nvidia-smi" in out
+    assert (f"-m pip install -q --index-url https://download.pytorch.org/whl/cu126 torch=={torch}+cu126 "
+            f"torchvision=={tv}+cu126") in out
+    assert out.index("--index-url") < out.index("-r ")  # the pair first, then requirements.txt (pins kept)
+    assert f"-r {REPO / 'requirements.txt'} -c {REPO / 'constraints.txt'}" in out
+
+
+def test_driver_580_and_no_driver_install_as_before(capsys):
+    out = _dry(capsys, driver=Driver("580.95.05", A100))
+    assert "torch build: cu130 from PyPI (NVIDIA driver 580.95.05 runs CUDA 13.0" in out
+    assert "--index-url" not in out
+    out = _dry(capsys, driver=None)
+    assert "torch build: pypi from PyPI (no NVIDIA driver on this machine" in out and "--index-url" not in out
+
+
+def test_a_forced_variant_or_index_url(capsys):
+    out = _dry(capsys, variant="cpu", driver=Driver("535.183.01", A100))
+    assert "torch build: cpu from https://download.pytorch.org/whl/cpu (forced by TORCH_VARIANT=cpu)" in out
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==" in out and "+cpu" in out
+    out = _dry(capsys, variant="https://mirror.example.org/simple", driver=None)
+    assert "--index-url https://mirror.example.org/simple torch==" in out and "+cu" not in out
+
+
+def test_too_old_a_driver_stops_the_install(capsys):
+    with pytest.raises(cuda_wheels.InstallError, match="driver 470.256.02 is older.*SYSTEM_TORCH=1"):
+        _dry(capsys, driver=Driver("470.256.02", A100))
+
+
+def test_makefile_wiring():
+    """`make venv` runs the selection; TORCH_VARIANT and SYSTEM_TORCH reach it (and force a re-run)."""
+    def dry(*args: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in ("TORCH_VARIANT", "SYSTEM_TORCH")}
+        res = subprocess.run(["make", "-n", *args, "venv"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+    plain = dry("-B")
+    assert "lab_utils/cuda_wheels.py install --python .venv/bin/python" in plain
+    assert "--system-site-packages" not in plain and "--system-torch" not in plain
+    forced = dry("TORCH_VARIANT=cu126")  # no -B: a build asked for is installed even on an up-to-date .venv
+    assert '--variant "cu126"' in forced
+    system = dry("-B", "SYSTEM_TORCH=1")
+    assert "-m venv --system-site-packages .venv" in system and "--system-torch" in system
+
+
+def test_a_system_pair_outside_the_ranges_is_refused():
+    reqs = {"torch": ">=2.4,<2.16", "torchvision": ">=0.19,<0.31"}
+
+    def seen(torch="2.11.0", tv="0.26.0", tv_needs="torch==2.11.0", where="/opt/site"):
+        dists = {"torch": {"version": torch, "location": where, "requires": []}}
+        if tv:
+            dists["torchvision"] = {"version": tv, "location": where, "requires": ["numpy", tv_needs]}
+        return {"prefix": "/lab/.venv", "base_prefix": "/opt", "dists": dists}
+
+    assert cuda_wheels.check_system_pair(seen(), reqs) == []
+    assert "torch 2.3.0 (in /opt/site) is outside requirements.txt's range torch>=2.4,<2.16" in \
+        cuda_wheels.check_system_pair(seen(torch="2.3.0", tv_needs="torch==2.3.0"), reqs)[0]
+    assert "torchvision is not visible" in cuda_wheels.check_system_pair(seen(tv=None), reqs)[0]
+    assert "was built for torch ==2.12.0, not torch 2.11.0" in \
+        cuda_wheels.check_system_pair(seen(tv_needs="torch (==2.12.0)"), reqs)[0]
+    assert "installed inside /lab/.venv itself" in \
+        cuda_wheels.check_system_pair(seen(where="/lab/.venv/lib/python3.11/site-packages"), reqs)[0]
+
+
+def test_system_torch_needs_a_venv_made_for_it():
+    """This suite's own .venv has no --system-site-packages: SYSTEM_TORCH=1 says to remake it."""
+    if cuda_wheels.system_site_packages(sys.prefix):
+        pytest.skip("this .venv was made with --system-site-packages")
+    with pytest.raises(cuda_wheels.InstallError, match="without --system-site-packages.*SYSTEM_TORCH=1"):
+        cuda_wheels.install_system_torch(sys.executable, REPO / "requirements.txt", REPO / "constraints.txt",
+                                         dry_run=True)
+
+
+# ----------------------------------------------------------------- make venv SYSTEM_TORCH=1, for real
+
+
+def _base_python() -> str:
+    return getattr(sys, "_base_executable", None) or shutil.which("python3") or sys.executable
+
+
+@pytest.fixture
+def lab_copy(tmp_path) -> tuple[Path, dict[str, str], Path]:
+    """A copy of the lab's install machinery, an offline wheel folder, and a user site with torch."""
+    proj = tmp_path / "lab"
+    (proj / "lab_utils").mkdir(parents=True)
+    shutil.copy(REPO / "Makefile", proj / "Makefile")
+    shutil.copy(REPO / "lab_utils" / "cuda_wheels.py", proj / "lab_utils" / "cuda_wheels.py")
+    (proj / "lab_utils" / "__init__.py").write_text("")
+    shutil.copy(Path(__file__).with_name("fake_wheels.py"), proj / "fake_wheels.py")
+    (proj / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "fake_wheels"\n'
+                                         'backend-path = ["."]\n')
+    (proj / "requirements.txt").write_text("torch>=2.4,<2.16\ntorchvision>=0.19,<0.31\nlabtiny>=1.0\n"
+                                           "torchao>=0.10   # optional\n")
+    (proj / "constraints.txt").write_text("torch==2.14.1\ntorchvision==0.29.2\ntorchao==0.18.0\n"
+                                          "labtiny==1.0\n")
+
+    wheels = tmp_path / "wheels"  # what pip may install; a torch is there, so one pulled in would show
+    make_wheel(wheels, "labtiny", "1.0")
+    make_wheel(wheels, "torch", "2.14.1")
+    make_wheel(wheels, "torchvision", "0.29.2", requires=("torch==2.14.1",))
+    make_wheel(wheels, "torchao", "0.18.0", requires=("torch>=2.14",))  # --no-deps must keep torch out
+
+    userbase = tmp_path / "userbase"  # the "cluster module": torch 2.11 + torchvision 0.26
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS",
+                        "TORCH_VARIANT", "SYSTEM_TORCH", "PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL")}
+    env.update(PYTHONUSERBASE=str(userbase), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels),
+               PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONNOUSERSITE", None)
+    site = subprocess.run([_base_python(), "-c", "import site; print(site.getusersitepackages())"], env=env,
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    assert site.startswith(str(userbase)), site
+    for name, version, requires in (("torch", "2.11.0", ()), ("torchvision", "0.26.0", ("torch==2.11.0",))):
+        with zipfile.ZipFile(make_wheel(tmp_path / "system", name, version, requires=requires)) as z:
+            z.extractall(site)
+    return proj, env, Path(site)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_make_venv_system_torch_installs_no_torch(lab_copy):
+    proj, env, site = lab_copy
+    make = ["make", "-C", str(proj), f"PYTHON_BOOT={_base_python()}", "venv"]
+    res = subprocess.run([*make, "SYSTEM_TORCH=1"], env=env, capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    venv = proj / ".venv"
+    assert (venv / ".installed").exists() and cuda_wheels.system_site_packages(venv)
+    assert "torch build: the system's torch 2.11.0 + torchvision 0.26.0" in out
+    assert "no torch is installed" in out
+
+    own = next(venv.glob("lib/python3*/site-packages"))
+    names = {p.name.split("-")[0].lower() for p in own.iterdir()}
+    assert "labtiny" in names and "torchao" in names  # the rest was installed, torchao without its deps
+    assert not names & {"torch", "torchvision"}, sorted(names)
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import torch, torchvision; print(torch.__version__, torch.__file__)"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert where.stdout.split() == ["2.11.0", str(site / "torch" / "__init__.py")], where.stderr
+
+    plain = proj / "plain"  # control: without --system-site-packages the same torch is not there
+    subprocess.run([_base_python(), "-m", "venv", "--without-pip", str(plain)], env=env, timeout=120,
+                   check=True)
+    res = subprocess.run([str(plain / "bin" / "python"), "-c", "import torch"], env=env, capture_output=True,
+                         timeout=60)
+    assert res.returncode != 0
+
+    # The module's torch moves out of the requirements' range: a clear error, still no install.
+    for dist in site.glob("torch-2.11.0.dist-info"):
+        meta = dist / "METADATA"
+        meta.write_text(meta.read_text().replace("Version: 2.11.0", "Version: 2.3.0"))
+    res = subprocess.run([*make, "SYSTEM_TORCH=1"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "error: SYSTEM_TORCH=1 needs a torch/torchvision pair" in res.stderr
+    assert "torch 2.3.0" in res.stderr and "outside requirements.txt's range torch>=2.4,<2.16" in res.stderr
+    assert not any(p.name.lower().startswith("torch-") for p in own.iterdir())
