@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from lab_utils import large_batch as lb
@@ -45,9 +47,18 @@ def test_plan_devices_uses_what_the_machine_has_and_says_so():
     full = lb.LARGE_BATCH_SETTINGS["full"]
     assert lb.plan_devices(full, gpus=8) == lb.DevicePlan(4, "nccl", "GPU", None)
     one = lb.plan_devices(full, gpus=1)
-    assert one.large_devices == 1 and "1 x 512 = 512" in one.note and "4 x 512 = 2048" in one.note
+    assert (one.large_devices, one.accumulation_steps) == (1, 4)
+    assert "4 x 512 emulated with 1 device x 4 accumulation steps (global batch 2048" in one.note
+    for gpus in (2, 3):  # 3 GPUs: 2 x 2 steps, the largest divisor of 4 that fits
+        two = lb.plan_devices(full, gpus=gpus)
+        assert (two.large_devices, two.accumulation_steps) == (2, 2)
+        assert "4 x 512 emulated with 2 devices x 2 accumulation steps" in two.note
     cpu = lb.plan_devices(lb.LARGE_BATCH_SETTINGS["quick"], gpus=0)
-    assert (cpu.large_devices, cpu.backend) == (2, "gloo") and "gloo" in cpu.note
+    assert (cpu.large_devices, cpu.backend, cpu.accumulation_steps) == (2, "gloo", 2) and "gloo" in cpu.note
+    assert "4 x 64 emulated with 2 processes x 2 accumulation steps" in cpu.note
+    runs = lb.plan_runs(full, one.large_devices, one.accumulation_steps)
+    assert [r.global_batch for r in runs] == [128, 2048, 2048, 2048, 2048]
+    assert [r.accumulation_steps for r in runs] == [1, 4, 4, 4, 4] and runs[1].shape_text == "1x512 x 4 acc"
 
 
 def test_plan_runs_same_budget_and_lr_rules():
@@ -64,11 +75,14 @@ def test_worker_args_round_trip_through_the_worker_cli():
     from lab_utils.ddp import parse_args
 
     s = lb.LARGE_BATCH_SETTINGS["quick"]
-    for run in lb.plan_runs(s, 2):
+    for run in lb.plan_runs(s, 2, 2):
         args = lb.worker_args(s, run, "quick")
         back = parse_args(args.to_argv())
-        got = (back.batch_size, back.lr_rule, back.warmup_epochs, back.decay, back.base_batch, back.eval)
-        assert got == (run.batch_per_device, run.lr_rule, run.warmup_epochs, run.decay, s.small_batch, True)
+        got = (back.batch_size, back.lr_rule, back.warmup_epochs, back.decay, back.base_batch, back.eval,
+               back.accumulation_steps)
+        assert got == (run.batch_per_device, run.lr_rule, run.warmup_epochs, run.decay, s.small_batch, True,
+                       run.accumulation_steps)
+        assert back.resolved().record_config(run.devices, "gloo")["global_batch"] == run.global_batch
         assert back.tag == run.name and back.experiment == lb.EXPERIMENT
 
 
@@ -87,8 +101,11 @@ def test_bad_settings_are_refused_before_any_work(overrides, match):
 
 def test_quick_settings_stay_small():
     s = lb.LARGE_BATCH_SETTINGS["quick"]
-    assert s.devices == 2 and s.width <= 16 and s.train_images <= 4096
+    assert s.width <= 16 and s.train_images <= 4096
     full = lb.LARGE_BATCH_SETTINGS["full"]
+    # the same rule in both profiles: global batch = per-device batch x 4, 16x the reference batch
+    assert s.devices == full.devices == 4
+    assert s.large_batch_per_device * s.devices == 16 * s.small_batch
     assert (full.epochs, full.small_batch, full.large_batch_per_device, full.devices, full.width) == (
         5, 128, 512, 4, 64)
     assert full.train_images is None and full.lr == 0.1
@@ -107,7 +124,7 @@ def _fake_result(store, failed: bool = False) -> lb.LargeBatchResult:
     """Records shaped like the DDP worker's aggregate records (test input, not results)."""
     s = lb.resolve_settings("quick", epochs=3)
     plan = lb.plan_devices(s, gpus=0)
-    runs = lb.plan_runs(s, plan.large_devices)
+    runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
     recs = []
     for i, run in enumerate(runs):
         cfg = {"record": "aggregate", "backend": "gloo", "global_batch": run.global_batch, "tag": run.name,
@@ -268,17 +285,22 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
 def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch):
     """Five tiny DDP runs (1 and 2 gloo ranks): records found under the worker's config, then resumed."""
     tiny = {"epochs": 2, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
-            "large_batch_per_device": 16, "warmup_epochs": 1.0}
+            "large_batch_per_device": 8, "warmup_epochs": 1.0}
     res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
     assert [r.status for r in res.records] == ["ok"] * 5, [r.reason for r in res.records]
+    # quick: 4 x 8 emulated with 2 gloo processes x 2 accumulation steps
     assert [r.config["global_batch"] for r in res.records] == [8, 32, 32, 32, 32]
+    assert [r.config.get("accumulation_steps", 1) for r in res.records] == [1, 2, 2, 2, 2]
+    assert [r.metrics["accumulation_steps"] for r in res.records] == [1, 2, 2, 2, 2]
+    assert res.records[1].metrics["accumulation_note"].startswith("4 x 8 emulated with 2 devices x 2")
     # quick's reference lr 0.00625 at batch 8; linear rule x 32/8 = 0.025
     peaks = [r.metrics["peak_lr"] for r in res.records]
     assert peaks == pytest.approx([0.00625, 0.00625, 0.025, 0.025, 0.025])
     for run, rec in res.ok:
         assert len(lb.history(rec)) == 2 and rec.config["tag"] == run.name
         steps = rec.metrics["steps_per_epoch"]
-        assert steps == -(-(64 // run.devices) // run.batch_per_device)
+        batches = math.ceil(64 / run.devices / run.batch_per_device)
+        assert steps == math.ceil(batches / run.accumulation_steps)
         # the worker's lr per epoch is the schedule's (warm-up over epoch 1 for the remedies)
         sched = lb.run_schedule(run, res.settings, steps)
         last_lrs = [e["lr"] for e in lb.history(rec)]
