@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils import config, data
+from lab_utils import config, data, onednn
 from lab_utils.backends import apply_training_backends
 from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
@@ -379,6 +379,9 @@ class Trainer:
     optimizer: torch.optim.SGD
     options: TrainOptions
     device: torch.device
+    # Set when the model was rewritten to avoid a oneDNN defect on this CPU: the row stores
+    # the sentence (see lab_utils.onednn).
+    onednn_workaround: str | None = None
 
     def autocast(self):
         if self.options.bf16:
@@ -411,9 +414,10 @@ def build_trainer(options: TrainOptions, width: int, device: torch.device | str,
     model = ResNet18(width=width).to(device)
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    workaround = onednn.apply_workaround(model, device, options.channels_last or options.compile)
     forward = torch.compile(model) if options.compile else model
     return Trainer(model=model, forward=forward, optimizer=make_sgd(model, options.sgd, lr=lr),
-                   options=options, device=device)
+                   options=options, device=device, onednn_workaround=workaround)
 
 
 def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device,
@@ -772,7 +776,7 @@ def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySp
             "peak_precision": precision, "percent_of_peak": None if frac is None else 100 * frac,
             "loss": ep.loss, "sgd_resolved": resolved_sgd(options.sgd, device),
             "graphs_compiled_in_epoch": in_epoch if options.compile else None,
-            "peak_memory_bytes": peak_memory(device)}
+            "peak_memory_bytes": peak_memory(device), "onednn_workaround": trainer.onednn_workaround}
 
 
 def bench_train(store: ResultStore, settings: FastSettings, device: torch.device | str | None = None,
@@ -949,7 +953,9 @@ def waterfall_notes(settings: FastSettings, records: Sequence[Record]) -> list[s
         "ratio_to_spec: images/s over the spec row's, measured in the same run.",
     ] + [f"'{r.config['step']}': {r.metrics['graphs_compiled_in_epoch']} graph(s) compiled inside the timed "
          "epoch (0: all compilation happened in the warm-up)."
-         for r in records if r.status == "ok" and r.metrics.get("graphs_compiled_in_epoch") is not None]
+         for r in records if r.status == "ok" and r.metrics.get("graphs_compiled_in_epoch") is not None
+         ] + [f"'{r.config['step']}': {r.metrics['onednn_workaround']}."
+              for r in records if r.status == "ok" and r.metrics.get("onednn_workaround")]
 
 
 def loader_bound_summary(data_records: Sequence[Record], train_records: Sequence[Record]) -> str:
