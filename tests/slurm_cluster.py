@@ -201,7 +201,9 @@ def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int) -> Path:
         f"SlurmdPidFile={root}/slurmd-%n.pid",
         # No cgroups (containers rarely allow them): processes are tracked by parentage.
         "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # task/affinity binds each step to the CPUs it was given, as on real clusters, so that
+        # a step confined to fewer CPUs than its job asked for shows (os.sched_getaffinity).
+        "TaskPlugin=task/affinity",
         "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
         "JobCompType=jobcomp/none",

@@ -117,6 +117,24 @@ def test_scripts_take_account_partition_time_from_the_command_line():
         assert re.search(r"^#SBATCH --error=\S*%j", text, re.M), script.name
 
 
+def test_every_srun_step_is_given_the_jobs_cpus():
+    """Slurm 22.05-23.02 do not hand SLURM_CPUS_PER_TASK on to srun, so a step started without
+    --cpus-per-task may be confined to one core (all ranks and their loader workers on it)."""
+    started = 0
+    for script in SCRIPTS:
+        lines = [line for line in script.read_text().splitlines() if not line.lstrip().startswith("#")]
+        for i, line in enumerate(lines):
+            if not re.search(r"(^|[\s(])srun\s", line):
+                continue
+            started += 1
+            command = line
+            while command.rstrip().endswith("\\") and i + 1 < len(lines):
+                i += 1
+                command += lines[i]
+            assert re.search(r"--cpus-per-task=\S+", command), f"{script.name}: {line.strip()}"
+    assert started >= 2  # experiment.sbatch and multinode.sbatch
+
+
 def test_unavailable_slurm_gives_a_reason(monkeypatch, tmp_path):
     """Not root: start_cluster raises SlurmUnavailable saying why (the fixture skips with it)."""
     import slurm_cluster
@@ -138,6 +156,7 @@ def test_conf_describes_this_machine(tmp_path):
 
     conf = write_conf(tmp_path, "host1", 2, 24105).read_text()
     assert "NodeName=host1 NodeAddr=127.0.0.1" in conf and "CPUs=2 RealMemory=21694" in conf
+    assert "TaskPlugin=task/affinity" in conf  # steps are bound to their CPUs, as on real clusters
     assert "Gres" not in conf and "PartitionName=lab Nodes=host1 Default=YES" in conf
     assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
 
@@ -251,6 +270,7 @@ def test_run_all_executes_a_notebook_and_leaves_the_report(cluster, job_env):
     report = (results / "report.md").read_text()
     assert "| 00_environment.ipynb | ok |" in report
     assert f"report:    {results / 'report.md'}" in out
+    assert f"({cluster.cpus} cores usable)" in report  # notebook 00 ran on the CPUs the job asked for
     job_txt = (Path(env["LAB_RESULTS_DIR"]) / "jobs" / job_id / "job.txt").read_text()
     assert "exit code 0" in job_txt
 
@@ -310,7 +330,25 @@ def test_experiment_job_with_gpus_from_the_environment(cluster, two_process_job)
     assert m["threads_per_rank"] == 1  # the job's 2 CPUs shared by its 2 processes
     per_job = job["results"] / "jobs" / job["job_id"]
     assert len(json.loads((per_job / "records-batch32.json").read_text())) == 3  # aggregate + 2 ranks
+    assert json.loads((per_job / "machine.json").read_text())["profile"] == "quick"  # `lab_utils info`
     assert "exit code 0" in (per_job / "job.txt").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_experiment_step_gets_the_cpus_the_job_asked_for(two_process_job):
+    """Inside the srun step, every rank's os.sched_getaffinity(0) (its record's hardware.cpu_cores)
+    holds the 2 CPUs the job asked for (--cpus-per-task=2): the step is not confined to one core.
+
+    The fixture's cluster binds steps with TaskPlugin=task/affinity, so a step given fewer CPUs
+    than its job would show here.
+    """
+    job = two_process_job
+    assert job["code"] == 0
+    records = json.loads((job["results"] / "jobs" / job["job_id"] / "records-batch32.json").read_text())
+    assert len(records) == 3
+    assert {r["hardware"]["cpu_cores"] for r in records} == {2}, [r["hardware"] for r in records]
 
 
 @pytest.mark.slurm
@@ -360,6 +398,29 @@ def test_experiment_job_on_one_and_four_processes(cluster, job_env, gpus):
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_experiment_job_stops_on_a_gpu_node_its_torch_cannot_use(cluster, job_env, tmp_path):
+    """A fake nvidia-smi (driver 535, two A100s) on the job's PATH and this CPU machine's torch:
+    the full-profile job stops before any launch with the one sentence, instead of running on the CPU."""
+    import torch
+    from test_gpu_node import fake_nvidia_smi
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a GPU here")
+    job_dir, env = job_env
+    env["PATH"] = f"{fake_nvidia_smi(tmp_path / 'bin')}{os.pathsep}{env['PATH']}"
+    env["LAB_PROFILE"] = "full"
+    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=1", "--",
+                          "--gpus", "1", "--batch-sizes", "8", env=env, cwd=job_dir)
+    out, err = job_files(job_dir, "lab-ddp", job_id)
+    assert code != 0 and cluster.job_state(job_id) == "FAILED"
+    assert "error: This node's NVIDIA driver 535.183.01 reports 2 GPUs" in err
+    assert "TORCH_VARIANT=cu126" in err
+    assert "to measure now" not in out  # stopped before the plan and any launch
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_experiment_job_rejects_bad_input_before_work(cluster, job_env):
     job_dir, env = job_env
     job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=1", "--",
@@ -386,6 +447,7 @@ def test_multinode_job_matches_two_processes_on_one_node(cluster, two_process_jo
     [multi] = aggregates(tmp_path / "results")
     single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 32)
     assert multi["config"]["tag"] == "nodes=2"
+    assert multi["hardware"]["cpu_cores"] == 1  # each node's step: the 1 CPU per task the job asked for
     assert {**multi["config"], "tag": ""} == single["config"]
     for a, b in zip(multi["metrics"]["epochs"], single["metrics"]["epochs"], strict=True):
         for k in ("train_loss", "train_accuracy", "images", "steps"):
