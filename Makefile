@@ -21,8 +21,9 @@ USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
 venv: $(STAMP)
 
-# A build asked for on the command line is installed even when .venv is up to date.
-ifneq ($(strip $(TORCH_VARIANT)$(USE_SYSTEM)),)
+# A build asked for on the command line is installed even when .venv is up to date (not one
+# set in the environment: jobs on offline nodes must keep finding .venv up to date).
+ifneq ($(filter command,$(origin TORCH_VARIANT) $(origin SYSTEM_TORCH)),)
 .PHONY: $(STAMP)
 endif
 

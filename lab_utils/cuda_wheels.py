@@ -522,16 +522,21 @@ def install_system_torch(python: str, requirements: Path, constraints: Path, dry
 
 
 def _forced_value(prefix: str, given: str | None) -> str | None:
-    """TORCH_VARIANT given now, else the one recorded in the venv; records or forgets it."""
-    record = Path(prefix) / VARIANT_FILE
+    """TORCH_VARIANT given now (``auto``: none), else the one recorded in the venv."""
     given = (given or "").strip()
+    if given:
+        return None if given == "auto" else given
+    record = Path(prefix) / VARIANT_FILE
+    return (record.read_text().strip() or None) if record.exists() else None
+
+
+def _record_forced(prefix: str, given: str | None) -> None:
+    """Remember a valid TORCH_VARIANT in the venv (jobs' own `make venv` keep it); ``auto`` forgets."""
+    given, record = (given or "").strip(), Path(prefix) / VARIANT_FILE
     if given == "auto":
         record.unlink(missing_ok=True)
-        return None
-    if given:
+    elif given:
         record.write_text(given + "\n")
-        return given
-    return record.read_text().strip() if record.exists() else None
 
 
 def install(python: str, requirements: Path, constraints: Path, variant: str | None = None,
@@ -544,7 +549,7 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
     if system_torch or (not (variant or "").strip() and system_site_packages(prefix) and "torch" not in own):
         install_system_torch(python, requirements, constraints, dry_run=dry_run)
         return None
-    forced = _forced_value(prefix, variant) if not dry_run else (variant or None)
+    forced = _forced_value(prefix, variant)
     if driver == "detect":
         driver = None if forced else query_driver()
     if driver is not None and driver.version is None:  # nvidia-smi without GPUs: as without a driver
@@ -554,6 +559,8 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
                                 pinned_version(read_requirements(constraints), "torch") or "?")
     except NoVariant as e:
         raise InstallError(str(e)) from None
+    if not dry_run:
+        _record_forced(prefix, variant)
     found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not forced else ""
     source = choice.index_url or "PyPI"
     print(f"torch build: {choice.variant} from {source} ({choice.reason}{found}); "

@@ -206,3 +206,39 @@ def test_make_venv_system_torch_installs_no_torch(lab_copy):
     assert "error: SYSTEM_TORCH=1 needs a torch/torchvision pair" in res.stderr
     assert "torch 2.3.0" in res.stderr and "outside requirements.txt's range torch>=2.4,<2.16" in res.stderr
     assert not any(p.name.lower().startswith("torch-") for p in own.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_forced_index_installs_that_build_and_sticks(tmp_path, monkeypatch):
+    """TORCH_VARIANT=<index URL> on a fresh venv: the pair comes from that index (a local one here),
+    the rest from requirements.txt; the choice is recorded, and `auto` without a driver keeps the build."""
+    idx, wheels = tmp_path / "index", tmp_path / "wheels"
+    pair = (("torch", "2.14.1+cu126", ()), ("torchvision", "0.29.2+cu126", ("torch==2.14.1",)))
+    for name, version, req in pair:
+        whl = make_wheel(idx / name, name, version, requires=req)
+        (idx / name / "index.html").write_text(f'<a href="{whl.name}">{whl.name}</a>\n')
+    make_wheel(wheels, "labtiny", "1.0")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "index.html").write_text("")
+    reqs, cons = tmp_path / "requirements.txt", tmp_path / "constraints.txt"
+    reqs.write_text("torch>=2.4,<2.16\ntorchvision>=0.19,<0.31\nlabtiny>=1.0\n")
+    cons.write_text("torch==2.14.1\ntorchvision==0.29.2\nlabtiny==1.0\n")
+    venv = tmp_path / "venv"
+    subprocess.run([_base_python(), "-m", "venv", str(venv)], timeout=180, check=True)
+    py = str(venv / "bin" / "python")
+    for k, v in dict(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=(tmp_path / "empty").as_uri(),
+                     PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    choice = cuda_wheels.install(py, reqs, cons, variant=idx.as_uri(), driver=None)
+    assert (choice.variant, choice.index_url) == ("custom", idx.as_uri())
+    seen = cuda_wheels.probe(py)["dists"]
+    assert (seen["torch"]["version"], seen["torchvision"]["version"]) == ("2.14.1+cu126", "0.29.2+cu126")
+    assert (venv / cuda_wheels.VARIANT_FILE).read_text().strip() == idx.as_uri()
+    assert cuda_wheels._forced_value(str(venv), None) == idx.as_uri()  # a job's plain `make venv`
+    choice = cuda_wheels.install(py, reqs, cons, variant="auto", driver=None)
+    assert choice.variant == "pypi" and not (venv / cuda_wheels.VARIANT_FILE).exists()
+    assert cuda_wheels.probe(py)["dists"]["torch"]["version"] == "2.14.1+cu126"  # kept: no driver here
+    own = next(venv.glob("lib/python3*/site-packages"))
+    assert "labtiny" in {p.name.split("-")[0] for p in own.iterdir()}
