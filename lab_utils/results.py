@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -36,6 +37,9 @@ from lab_utils.backends import backend_settings
 from lab_utils.errors import LabError
 
 STATUSES = ("ok", "oom", "skipped", "error")
+
+#: Significant digits shown in notebook tables and in the saved ``.md`` tables.
+SIGNIFICANT_DIGITS = 4
 
 
 def canonical_key(cfg: Mapping[str, Any]) -> str:
@@ -243,12 +247,17 @@ class ResultStore:
         return records_frame(recs)
 
     def save_table(self, df, name: str, records: Iterable[Record] | None = None,
-                   title: str | None = None, notes: Iterable[str] = (), floatfmt: str = ".4g") -> Path:
-        """Save ``df`` as ``tables/<name>.md`` (with title, provenance and notes) and ``.csv``."""
+                   title: str | None = None, notes: Iterable[str] = (),
+                   digits: int = SIGNIFICANT_DIGITS) -> Path:
+        """Save ``df`` as ``tables/<name>.md`` (with title, provenance and notes) and ``.csv``.
+
+        The ``.md`` uses :func:`display_table`'s formatting (``digits`` significant digits,
+        ``%`` on percent columns, no index); the ``.csv`` keeps the full numbers.
+        """
         self.tables_dir.mkdir(parents=True, exist_ok=True)
         label = provenance_label(records, self.profile)
         md_path = self.tables_dir / f"{name}.md"
-        body = df.to_markdown(index=False, floatfmt=floatfmt)
+        body = markdown_table(df, digits)
         parts = [f"### {title or name}", "", f"_{label}_", "", body]
         notes = list(notes)
         if notes:
@@ -285,6 +294,101 @@ def records_frame(records: Iterable[Record]):
         row.update(r.metrics)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def is_percent_column(name: Any) -> bool:
+    """True for a column holding percentages: its name has ``percent`` or ``pct`` or ends in ``%``.
+
+    Such a column holds numbers already in percent (0.8629 means 0.8629 %), so they are
+    shown with a ``%`` sign rather than multiplied by 100.
+    """
+    text = str(name).strip().lower()
+    tokens = [t for t in re.split(r"[^a-z0-9]+", text) if t]
+    return text.endswith("%") or "pct" in tokens or any(t.startswith("percent") for t in tokens)
+
+
+def format_number(value: Any, digits: int = SIGNIFICANT_DIGITS, percent: bool = False) -> str:
+    """One table cell as text: floats to ``digits`` significant digits, no exponent for usual sizes.
+
+    ``40390.372158`` -> ``40390`` (whole numbers keep every integer digit), ``33.6449`` ->
+    ``33.64``, ``0.0123456`` -> ``0.01235``; trailing zeros are dropped (``32.0`` -> ``32``),
+    tiny or huge values use an exponent (``1.235e-07``). Integers, strings and booleans print as
+    they are; a missing value (None, NaN) is an empty cell. ``percent`` appends ``%`` to numbers.
+    """
+    import math
+    import numbers
+
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        text = str(int(value))
+    elif isinstance(value, numbers.Real):
+        x = float(value)
+        if math.isnan(x):
+            return ""
+        if math.isinf(x):
+            text = "inf" if x > 0 else "-inf"
+        elif x == 0:
+            text = "0"
+        else:
+            magnitude = math.floor(math.log10(abs(x)))
+            if magnitude >= 12 or magnitude < -4:
+                mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+                text = mantissa.rstrip("0").rstrip(".") + "e" + exponent
+            elif magnitude >= digits - 1:
+                text = f"{x:.0f}"
+            else:
+                text = f"{x:.{digits - 1 - magnitude}f}"
+                if "." in text:
+                    text = text.rstrip("0").rstrip(".")
+            if text in ("-0", "-0.0"):
+                text = "0"
+    else:
+        return str(value)
+    return text + "%" if percent else text
+
+
+def formatted_frame(df, digits: int = SIGNIFICANT_DIGITS):
+    """``df`` with every cell as display text (:func:`format_number`; ``%`` on percent columns)."""
+    out = df.copy().astype(object)
+    for col in out.columns:
+        pct = is_percent_column(col)
+        out[col] = [format_number(v, digits, percent=pct) for v in df[col].tolist()]
+    return out.reset_index(drop=True)
+
+
+def display_table(df, digits: int = SIGNIFICANT_DIGITS):
+    """A table for a notebook: ``digits`` significant digits, no index, ``%`` on percent columns.
+
+    The same formatting rule as the saved ``tables/<name>.md`` (:meth:`ResultStore.save_table`),
+    so what a notebook shows and what the report holds agree. Returns a pandas ``Styler``
+    (numbers right-aligned, the index hidden); a notebook cell ending with it renders HTML.
+    """
+    text = formatted_frame(df, digits)
+    try:
+        styler = text.style.hide(axis="index")
+    except ImportError:  # Styler needs jinja2; without it the formatted frame still reads well
+        return text
+    numeric = [c for c in df.columns if _mostly_numeric(df[c])]
+    if numeric:
+        styler = styler.set_properties(subset=numeric, **{"text-align": "right"})
+    return styler
+
+
+def _mostly_numeric(series) -> bool:
+    import numbers
+
+    vals = [v for v in series.tolist() if v is not None and v == v]
+    return bool(vals) and all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in vals)
+
+
+def markdown_table(df, digits: int = SIGNIFICANT_DIGITS) -> str:
+    """``df`` as a Markdown table with :func:`display_table`'s number formatting."""
+    text = formatted_frame(df, digits)
+    align = ["right" if _mostly_numeric(df[c]) else "left" for c in df.columns]
+    return text.to_markdown(index=False, disable_numparse=True, colalign=align or None)
 
 
 def provenance_label(records: Iterable[Record] | None, profile: str) -> str:

@@ -101,3 +101,46 @@ def test_tables_and_figures_are_labelled(store):
     png = store.save_figure(fig, "exp_fig", recs)
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert any("SYNTHETIC" in t.get_text() for t in fig.texts)
+
+
+def test_format_number_significant_digits():
+    from lab_utils.results import format_number
+
+    assert format_number(40390.372158) == "40390"
+    assert format_number(33.6449) == "33.64"
+    assert format_number(33.95) == "33.95"
+    assert format_number(0.0123456) == "0.01235"
+    assert format_number(32.0) == "32"
+    assert format_number(1e-9) == "1e-09"
+    assert format_number(128) == "128"
+    assert format_number(None) == "" and format_number(float("nan")) == ""
+    assert format_number("OOM") == "OOM"
+    assert format_number(0.8629, percent=True) == "0.8629%"
+
+
+def test_percent_columns_are_recognised():
+    from lab_utils.results import is_percent_column
+
+    for name in ("hidden_percent", "percent_of_peak", "pct_of_bench_peak_busbw", "util_pct",
+                 "epoch-5 test accuracy %"):
+        assert is_percent_column(name), name
+    for name in ("seconds", "speedup", "compute_seconds", "impact"):
+        assert not is_percent_column(name), name
+
+
+def test_display_table_and_markdown_agree():
+    from lab_utils.results import display_table
+
+    df = pd.DataFrame({"batch_size": [32, 128], "seconds": [40390.372158, 0.123456789],
+                       "hidden_percent": [0.8629, None], "note": ["a", "b"]}, index=[7, 9])
+    html = display_table(df).to_html()
+    for cell in ("40390", "0.1235", "0.8629%", ">32<"):
+        assert cell in html, cell
+    assert "40390.372158" not in html and ">7<" not in html and ">9<" not in html  # no raw floats, no index
+
+
+def test_saved_markdown_uses_the_display_format(store):
+    df = pd.DataFrame({"batch_size": [32], "seconds": [40390.372158], "hidden_percent": [0.8629]})
+    text = store.save_table(df, "fmt", title="T").read_text()
+    assert "40390 " in text and "40390.37" not in text and "0.8629%" in text
+    assert pd.read_csv(store.tables_dir / "fmt.csv")["seconds"][0] == pytest.approx(40390.372158)
