@@ -26,6 +26,22 @@ RESULTS_ENV = "LAB_RESULTS_DIR"
 DATA_ENV = "LAB_DATA_DIR"
 DATASET_ENV = "LAB_DATASET"
 
+# The longest the lab waits for one batch from DataLoader worker processes. A worker that
+# hangs (a stuck file system, a deadlocked transform) then raises "DataLoader timed out
+# after 300 seconds" instead of blocking the run forever.
+LOADER_TIMEOUT_S = 300.0
+
+
+def loader_worker_options(num_workers: int, pin_memory: bool) -> dict:
+    """The ``DataLoader`` keyword arguments every loader of the lab shares.
+
+    Worker processes persist across epochs (no re-spawn cost in a timed epoch), and each
+    batch wait is bounded by :data:`LOADER_TIMEOUT_S` (only meaningful with workers).
+    """
+    return {"num_workers": num_workers, "pin_memory": pin_memory,
+            "persistent_workers": num_workers > 0,
+            "timeout": LOADER_TIMEOUT_S if num_workers > 0 else 0}
+
 
 @dataclass(frozen=True)
 class Profile:

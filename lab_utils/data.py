@@ -226,8 +226,7 @@ def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers:
         pin_memory = torch.cuda.is_available()
     g = torch.Generator()
     g.manual_seed(seed)
-    common = {"num_workers": num_workers, "pin_memory": pin_memory,
-              "persistent_workers": num_workers > 0}
+    common = config.loader_worker_options(num_workers, pin_memory)
     train = DataLoader(train_ds, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                        generator=g if sampler is None else None, drop_last=drop_last, **common)
     test = DataLoader(test_ds, batch_size=test_batch_size, shuffle=False, **common)

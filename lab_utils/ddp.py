@@ -468,7 +468,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     from torch.utils.data.distributed import DistributedSampler
 
     from lab_utils.comm_hooks import AllReduceTimer, probe_exposed_comm
-    from lab_utils.config import get_profile
+    from lab_utils.config import get_profile, loader_worker_options
     from lab_utils.models import ResNet18, count_parameters
     from lab_utils.schedules import LRSchedule, scaled_lr
     from lab_utils.timing import PhaseTimer, synchronize
@@ -485,8 +485,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     # data: the sampler shards the training set; each rank sees 1/world of it per epoch
     sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
-    common = {"num_workers": args.num_workers, "pin_memory": cuda,
-              "persistent_workers": args.num_workers > 0}
+    common = loader_worker_options(args.num_workers, cuda)
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, **common)
     test_loader = None
     if test_ds is not None:

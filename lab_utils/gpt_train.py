@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.backends import apply_training_backends, backend_settings
-from lab_utils.config import check_choice, check_positive_int
+from lab_utils.config import check_choice, check_positive_int, loader_worker_options
 from lab_utils.errors import LabError
 from lab_utils.memory import catch_oom, free_device_memory
 from lab_utils.models.gpt import (
@@ -413,7 +413,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
                                  seed=cfg.seed, drop_last=True)
     pin = device.type == "cuda"
     loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                        num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
+                        **loader_worker_options(cfg.num_workers, pin))
     val_sampler = DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=False)
     val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, sampler=val_sampler, num_workers=0)
     peak = base["peak_flops_per_s"]
