@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils import config, data, onednn
+from lab_utils import config, data, onednn, watchdog
 from lab_utils.backends import apply_training_backends
 from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
@@ -145,8 +145,7 @@ def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, 
         pin_memory = torch.cuda.is_available()
     return torch.utils.data.DataLoader(
         data.ArrayDataset(split.images, split.labels, data.train_transform()), batch_size=batch_size,
-        shuffle=True, generator=g, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=num_workers > 0)
+        shuffle=True, generator=g, **config.loader_worker_options(num_workers, pin_memory))
 
 
 class DeviceLoader:
@@ -551,6 +550,9 @@ class FastSettings:
     steps: tuple[str, ...] = STEP_NAMES
     dataset: str | None = None      # "auto" | "cifar10" | "synthetic" (None: $LAB_DATASET or auto)
     seed: int = 0
+    # The longest one waterfall row (warm-up, compilation, timed epoch) may take, in seconds;
+    # past it the row is stored as an error and the process stops (lab_utils.watchdog).
+    row_timeout_s: float | None = 1800.0
 
     def check(self) -> FastSettings:
         check_positive_int(self.width, "width")
@@ -568,6 +570,9 @@ class FastSettings:
         check_positive_int(self.top_ops, "top_ops")
         if not self.data_min_seconds >= 0:
             raise LabError(f"data_min_seconds must be >= 0, got {self.data_min_seconds!r}.")
+        if self.row_timeout_s is not None and not self.row_timeout_s > 0:
+            raise LabError(f"row_timeout_s must be a positive number of seconds (or None), "
+                           f"got {self.row_timeout_s!r}.")
         waterfall_steps(self.num_workers, self.steps)  # validates step names
         return self
 
@@ -576,7 +581,7 @@ FAST_SETTINGS: dict[str, FastSettings] = {
     # CPU/CI: a width-8 ResNet-18 on 1024 images; compile skipped (minutes on a CPU).
     "quick": FastSettings(width=8, train_images=1024, data_images=2048, warmup_steps=1,
                           data_min_seconds=0.5, compile=False, trace_steps=2, accuracy_epochs=1,
-                          test_images=500),
+                          test_images=500, row_timeout_s=900.0),
     # The assignment's model on all 50,000 images, every step, and an 8-epoch accuracy check.
     "full": FastSettings(width=64, train_images=None, data_images=None, warmup_steps=3,
                          data_min_seconds=2.0, compile=True, trace_steps=5, accuracy_epochs=8,
@@ -811,10 +816,19 @@ def bench_train(store: ResultStore, settings: FastSettings, device: torch.device
                 print(f"{name:<14} skipped: {reason}")
             continue
         failure: str | None = None
+
+        def record_expiry(message: str, cfg=cfg, metrics=metrics, common=common) -> None:
+            store.add("bench_train", cfg, metrics, status="error", reason=message.removeprefix("error: "),
+                      **common)
+
         try:
             # catch_oom swallows out-of-memory (and keeps only its reason), so the memory
-            # the failed step held is freed below, outside any except block.
-            with catch_oom() as oom:
+            # the failed step held is freed below, outside any except block. The deadline
+            # ends the process if the row hangs in native code (see lab_utils.watchdog).
+            with catch_oom() as oom, watchdog.deadline(
+                    settings.row_timeout_s, f"waterfall row '{name}' (warm-up, compilation and timed epoch)",
+                    "rows stored before it are kept; raise --row-timeout, or leave the step out with --steps",
+                    on_expiry=record_expiry):
                 metrics.update(measure_config(opts, settings, split, dev))
         except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, triton)
             if not opts.compile:
@@ -1327,12 +1341,15 @@ def bench_train_main(argv: list[str] | None = None) -> int:
     g.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="run the torch.compile step even in the quick profile")
     g.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--row-timeout", type=float, default=None,
+                   help="seconds one row may take before it is recorded as an error and the process "
+                        "stops (quick 900, full 1800)")
     a = p.parse_args(argv)
     store = ResultStore(a.profile)
     steps = tuple(s.strip() for s in a.steps.split(",") if s.strip()) if a.steps else None
     s = settings_for(store.profile, train_images=a.images, width=a.width, batch_size=a.batch_size,
                      num_workers=a.num_workers, warmup_steps=a.warmup_steps, steps=steps, compile=a.compile,
-                     dataset=a.dataset)
+                     dataset=a.dataset, row_timeout_s=a.row_timeout)
     dev = _device(a.device)
     print(f"profile {store.profile}, device {dev}, ResNet-18 width {s.width}, batch {s.batch_size}, "
           f"{s.train_images or data.CIFAR10_TRAIN_SIZE} images per epoch, {s.warmup_steps} warm-up steps")
