@@ -1,4 +1,4 @@
-"""Questions 2 and 3: scaling over 1/2/4 devices, and compute vs communication.
+"""Questions Q2 and Q3.1: scaling over 1/2/4 devices, and compute vs communication.
 
 Notebook 02 (:func:`run_scaling`, :func:`scaling_table`, :func:`speedup_figure`)
 ---------------------------------------------------------------------------
@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,7 +84,9 @@ class ScalingSettings:
     ``batch_sizes``: per-device batch sizes of the tables; ``run_batch_sizes`` (None:
     all) those actually run in this profile, the others are rows "skipped in quick
     profile". ``max_cpu_processes``: without enough GPUs, DDP runs with gloo over at most
-    this many CPU processes of ``cpu_threads`` threads each (0: never). ``bucket_cap_mb``:
+    this many CPU processes of ``cpu_threads`` threads each (0: never). ``pin_threads``: the
+    in-process DataParallel path also runs with ``cpu_threads`` torch threads (set, then
+    restored), so that its timings compare with the DDP workers' (quick). ``bucket_cap_mb``:
     DDP's bucket size (None: DDP's 25 MB); the quick profile scales it with the smaller
     model so that it, too, has several buckets. ``timeout_s`` bounds one launch (seconds).
     """
@@ -98,6 +101,7 @@ class ScalingSettings:
     num_workers: int | None = None
     max_cpu_processes: int = 2
     cpu_threads: int = 1
+    pin_threads: bool = False
     bucket_cap_mb: float | None = None
     comm_steps: int = 10
     timeout_s: float = 3600
@@ -129,7 +133,7 @@ SETTINGS: dict[str, ScalingSettings] = {
     # small model several buckets, as the full model has.
     "quick": ScalingSettings(
         run_batch_sizes=(32, 128, 512), width=8, train_images=1024, max_cpu_processes=4,
-        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600,
+        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True,
         label="quick: ResNet-18 width 8 on 1,024 images; gloo over single-thread CPU processes"),
     # The assignment: the spec model on all of CIFAR-10, 1/2/4 GPUs, 32 ... 2048 per GPU.
     "full": ScalingSettings(
@@ -212,9 +216,12 @@ def dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
 
 
 def unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
-    """Config of a row that could not run (as it would have run on GPUs)."""
-    cfg = args.record_config(p.devices, "nccl") if p.method == DDP else dp_config(args, p.devices)
-    return cfg
+    """Config of a row that could not run, with the backend it would have used here: DDP with
+    ``args.backend`` (gloo on a machine without GPUs, so the row is labelled "DDP (gloo, CPU
+    processes)", never "NCCL, GPUs"; NCCL when GPUs exist), DataParallel on GPUs."""
+    if p.method == DDP:
+        return args.record_config(p.devices, args.backend if args.backend in ("nccl", "gloo") else "nccl")
+    return dp_config(args, p.devices)
 
 
 def _reusable(rec: Record | None, device: str) -> bool:
@@ -301,9 +308,10 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
 
 
 def _row(args: WorkerArgs, p: Placement, experiment: str, status: str, reason: str | None) -> Record:
-    return Record(experiment, unavailable_config(args, p), status=status, reason=reason, profile=args.profile,
-                  hardware={"device_type": p.device_type or "cuda", "device_name": None,
-                            "device_count": p.devices})
+    cfg = unavailable_config(args, p)
+    return Record(experiment, cfg, status=status, reason=reason, profile=args.profile,
+                  hardware={"device_type": p.device_type or cfg.get("device_type") or "cuda",
+                            "device_name": None, "device_count": p.devices})
 
 
 def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
@@ -416,7 +424,8 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
               "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
     apply_training_backends()
     held: dict[str, Any] = {}  # what holds device memory, dropped before the cache is emptied
-    with catch_oom() as oom:
+    threads = s.cpu_threads if s.pin_threads else None
+    with pinned_threads(threads) as used, catch_oom() as oom:
         history, params = _train_dp(args, n, held)
     held.clear()
     free_device_memory("cuda")
@@ -426,10 +435,33 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
     metrics = {k: v for k, v in last.items() if k != "epoch"}
     metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
                     "backend": DP_BACKEND, "device_type": "cuda", "parameters": params,
+                    "threads_per_rank": used, "threads_pinned": threads is not None,
                     "gradient_bytes": 4 * params, "steps_per_epoch": last["steps"],
                     "global_batch": args.batch_size * n,
                     "time_rule": "one process: epoch and training times of the whole DataParallel step"})
     return store.add(experiment, cfg, metrics, **common)
+
+
+@contextmanager
+def pinned_threads(threads: int | None):
+    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then
+    restore the previous count. Yields the count in effect inside the block.
+
+    The DDP workers of the quick profile run ``cpu_threads`` threads per process
+    (``OMP_NUM_THREADS`` through the launcher); DataParallel runs in the notebook's process,
+    whose default is one thread per core. Pinning it the same way keeps their timings comparable.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        check_positive_int(threads, "threads")
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if threads is not None:
+            torch.set_num_threads(before)
 
 
 def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
@@ -538,19 +570,23 @@ def gustafson_speedup(serial_fraction: float, devices: int) -> float:
 
 
 # Earlier cohorts' reports (../shared/SPEC.md), hardware unknown (V100 / RTX 8000 class):
-# DDP epoch-2 seconds by (GPUs, per-GPU batch), and another cohort's DataParallel at batch 32.
-ANCHOR_DDP_SECONDS = {(1, 32): 41.3, (1, 128): 33.6, (1, 512): 34.0,
-                      (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
-                      (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
+# epoch-2 seconds by (GPUs, per-GPU batch). Both cohorts ran nn.DataParallel, as the
+# assignment asks (not DDP): the first scaled well, the other got slower at batch 32.
+ANCHOR_COHORT_SECONDS = {(1, 32): 41.3, (1, 128): 33.6, (1, 512): 34.0,
+                         (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
+                         (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
+ANCHOR_DDP_SECONDS = ANCHOR_COHORT_SECONDS  # old name, kept for code that imported it (it was never DDP)
 ANCHOR_DP_SECONDS = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
+ANCHOR_COHORT_LABEL = "DataParallel (earlier cohort)"
 
 
 def anchor_frame():
-    """The earlier cohorts' numbers with their speedups T(1)/T(N) (sanity anchors, not targets)."""
+    """The earlier cohorts' numbers with their speedups T(1)/T(N) (sanity anchors, not targets).
+    Both cohorts used DataParallel (the assignment's method), so both rows say so."""
     import pandas as pd
 
     rows = []
-    for label, table in (("DDP (earlier cohort)", ANCHOR_DDP_SECONDS),
+    for label, table in ((ANCHOR_COHORT_LABEL, ANCHOR_COHORT_SECONDS),
                          ("DataParallel (another cohort)", ANCHOR_DP_SECONDS)):
         for (n, b), t in table.items():
             t1 = table.get((1, b))
@@ -559,10 +595,27 @@ def anchor_frame():
     return pd.DataFrame(rows)
 
 
+def karp_flatt_note(speedup: float | None, devices: int) -> str:
+    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it).
+
+    e < 0 exactly when the speedup exceeds N (super-linear); e > 1 exactly when the speedup
+    is below 1: N devices took LONGER than one. Neither is a serial fraction.
+    """
+    if speedup is None or devices <= 1 or _isnan(speedup):
+        return ""
+    if speedup > devices:
+        return "speedup > N (super-linear): question the measurement before projecting"
+    if speedup < 1:
+        return (f"speedup {speedup:.3g} < 1: {devices} devices were SLOWER than one (e > 1 is no serial "
+                "fraction); nothing to project")
+    return ""
+
+
 def serial_fraction_frame(table, project_to: int = 8):
     """From Table 1: each N > 1 row's Karp-Flatt serial fraction e and what Amdahl and
-    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) is
-    flagged instead of projected: no serial fraction explains it."""
+    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
+    below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
+    fraction explains it."""
     import pandas as pd
 
     rows = []
@@ -577,9 +630,139 @@ def serial_fraction_frame(table, project_to: int = 8):
             row[f"amdahl_speedup_at_{project_to}"] = amdahl_speedup(e, project_to)
             row[f"gustafson_speedup_at_{project_to}"] = gustafson_speedup(e, project_to)
         else:
-            row["note"] = "speedup > N (super-linear): question the measurement before projecting"
+            row["note"] = karp_flatt_note(float(r["speedup"]), int(r["devices"]))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+# ----- Q2's second half: the other type of scaling (fixed global batch) from rows already measured
+
+FIXED_GLOBAL_COLUMNS = ["method", "devices", "global_batch", "status", "T1_seconds",
+                        "strong_per_device_batch", "strong_TN_seconds", "strong_speedup", "strong_efficiency",
+                        "weak_per_device_batch", "weak_TN_seconds", "weak_speedup", "weak_efficiency",
+                        "better"]
+
+
+def fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
+                            reasons: dict[tuple[int, int], str] | None = None,
+                            method: str = "") -> list[dict]:
+    """Strong vs weak scaling from the same starting point, using only measured (devices, per-device
+    batch) -> epoch seconds.
+
+    Start from one device at batch G (time T(1, G)). Strong scaling keeps the GLOBAL batch G and
+    splits it: N devices x G/N, speedup T(1, G) / T(N, G/N). Weak scaling (what Table 1 ran)
+    keeps G PER DEVICE: N x G, speedup T(1, G) / T(N, G) (Table 1's speedup of that row). Both
+    are epoch times over the same data set, so the speedups compare directly. One row per
+    (N > 1, G) whose strong split G/N is a per-device batch of the grid (``seconds`` and
+    ``reasons`` keys); a row with a missing time says which run is missing and why.
+    """
+    reasons = dict(reasons or {})
+    grid = set(seconds) | set(reasons)
+    ones = sorted(b for n, b in grid if n == 1)
+    rows = []
+    for n in sorted({n for n, _ in grid if n > 1}):
+        for g in ones:
+            if g % n or (n, g // n) not in grid:
+                continue
+            row = dict.fromkeys(FIXED_GLOBAL_COLUMNS)
+            row.update({"method": method, "devices": n, "global_batch": g, "strong_per_device_batch": g // n,
+                        "weak_per_device_batch": g})
+            t1, ts, tw = seconds.get((1, g)), seconds.get((n, g // n)), seconds.get((n, g))
+            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw})
+            missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
+                       for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
+            if t1 and ts:
+                row["strong_speedup"] = t1 / ts
+                row["strong_efficiency"] = t1 / ts / n
+            if t1 and tw:
+                row["weak_speedup"] = t1 / tw
+                row["weak_efficiency"] = t1 / tw / n
+            if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
+                row["status"] = "ok"
+                row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
+                                 else "weak" if row["strong_speedup"] < row["weak_speedup"] else "equal")
+            elif missing:
+                row["status"] = "no strong-scaling comparison: " + "; ".join(missing)
+            else:
+                row["status"] = (f"strong only: {n} x {g}: {reasons.get((n, g)) or 'not measured'}")
+            rows.append(row)
+    return rows
+
+
+def fixed_global_batch_frame(records: Sequence[Record] | None = None,
+                             seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
+    """:func:`fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
+    or from a ``seconds`` table such as :data:`ANCHOR_COHORT_SECONDS`."""
+    import pandas as pd
+
+    rows: list[dict] = []
+    if seconds is not None:
+        rows += fixed_global_batch_rows(seconds, method=method)
+    if records is not None:
+        t1 = scaling_frame(records)
+        for m, g in t1.groupby("method", sort=False):
+            times, why = {}, {}
+            for _, r in g.iterrows():
+                key = (int(r["devices"]), int(r["per_device_batch"]))
+                if r["status"] == "ok" and not _isnan(r["epoch2_train_seconds"]):
+                    times[key] = float(r["epoch2_train_seconds"])
+                else:
+                    why[key] = str(r["status"])
+            rows += fixed_global_batch_rows(times, why, method=m)
+    return pd.DataFrame(rows, columns=FIXED_GLOBAL_COLUMNS)
+
+
+def fixed_global_batch_verdict(df) -> str:
+    """The one-line answer to "would the other type of scaling be better or worse?", computed from
+    the comparable rows of :func:`fixed_global_batch_frame` (never assumed)."""
+    ok = df[df["status"] == "ok"] if len(df) else df
+    if not len(ok):
+        return ("No verdict: no fixed-global-batch pair was measured here (each row says which run is "
+                "missing).")
+    worse = int((ok["better"] == "weak").sum())
+    better = int((ok["better"] == "strong").sum())
+    pairs = "; ".join(f"N={r['devices']}, global {r['global_batch']}: strong {r['strong_speedup']:.3g}x "
+                      f"vs weak {r['weak_speedup']:.3g}x" for _, r in ok.iterrows())
+    if worse == len(ok):
+        head = "Strong scaling (fixed global batch) would be WORSE than the weak scaling measured"
+    elif better == len(ok):
+        head = "Strong scaling (fixed global batch) would be BETTER than the weak scaling measured"
+    else:
+        head = (f"Mixed: strong scaling is worse in {worse} and better in {better} of {len(ok)} pairs "
+                "(differences this small are within run-to-run noise)")
+    return f"{head} ({pairs})."
+
+
+FIXED_GLOBAL_EXPLANATION = (
+    "Why strong scaling usually loses: splitting a fixed global batch G over N devices gives each "
+    "device G/N images per step, but every step still all-reduces the WHOLE gradient (S bytes, "
+    "2(N-1)/N x S per rank) and pays the same fixed per-step costs (kernel launches, optimizer over all "
+    "parameters). Compute per step shrinks N-fold, communication and overhead do not, so they take a "
+    "larger share, and a small per-device batch also uses each GPU less efficiently. Weak scaling keeps "
+    "the per-device work, so the compute that hides the all-reduce stays the same.")
+
+
+def fixed_global_batch_table(store: ResultStore, result: ScalingResult, include_anchors: bool = True):
+    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
+    run's rows, then the earlier cohort's anchors through the same arithmetic; returns
+    (DataFrame, verdict for this run, verdict for the anchors)."""
+    import pandas as pd
+
+    here = fixed_global_batch_frame(result.records)
+    anchors = fixed_global_batch_frame(seconds=ANCHOR_COHORT_SECONDS, method=ANCHOR_COHORT_LABEL)
+    df = pd.concat([here, anchors], ignore_index=True) if include_anchors else here
+    verdict, anchor_verdict = fixed_global_batch_verdict(here), fixed_global_batch_verdict(anchors)
+    notes = ["T1_seconds = T(1, G): one device at batch G. strong: N x G/N (global batch fixed), speedup "
+             "T(1, G)/T(N, G/N); weak: N x G (per-device batch fixed, as Table 1), speedup T(1, G)/T(N, G). "
+             "Epoch-2 training seconds, slowest rank; efficiency = speedup / N.",
+             "Only pairs whose split G/N is one of the per-device batch sizes appear (with batch sizes "
+             "growing x4, that is N = 4; N = 2 would need a 2 x 64 run).",
+             f"This run: {verdict}", f"{ANCHOR_COHORT_LABEL}: {anchor_verdict}", FIXED_GLOBAL_EXPLANATION]
+    store.save_table(_none_for_nan(df.copy()), "scaling_fixed_global_batch",
+                     [r for r in result.records if r.status == "ok"],
+                     title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
+                     notes=notes)
+    return df, verdict, anchor_verdict
 
 
 def comm_volume_frame(records: Sequence[Record]):
@@ -864,16 +1047,15 @@ def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], na
     ok = df[df["TN_seconds"].notna()]
     labels, comp, comm, kinds, allreduce = [], [], [], [], []
     for _, r in ok.iterrows():
-        short = "DP" if r["method"].startswith("DataParallel") else "DDP"
-        base = f"{short} N={r['devices']}\nb={r['per_device_batch']}"
+        base = f"{_short_method(r['method'])} N={r['devices']}\n{r['per_device_batch']}/device"
         if r["compute_a_seconds"] is not None and not _isnan(r["compute_a_seconds"]):
-            labels.append(base + "\n(a)")
+            labels.append(base + "\nmethod (a)")
             comp.append(float(r["compute_a_seconds"]))
             comm.append(float(r["comm_a_seconds"]))
             kinds.append("a")
             allreduce.append(None)
         if r["exposed_comm_b_seconds"] is not None and not _isnan(r["exposed_comm_b_seconds"]):
-            labels.append(base + "\n(b)")
+            labels.append(base + "\nmethod (b)")
             comp.append(float(r["TN_seconds"]) - float(r["exposed_comm_b_seconds"]))
             comm.append(float(r["exposed_comm_b_seconds"]))
             kinds.append("b")
@@ -896,12 +1078,20 @@ def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], na
     ax.set_xticks(x)
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylabel("seconds per epoch (epoch 2)")
-    ax.set_title("Compute vs communication per epoch: (a) T(1)/N split; (b) measured exposed, (c) all-reduce")
+    ax.set_title("Compute vs communication per epoch\n"
+                 "(a) T(1)/N split   (b) measured exposed   (c) all-reduce in flight", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
     path = store.save_figure(fig, name, records)
     return fig, path
+
+
+def _short_method(label: str) -> str:
+    """A tick label's method from a table's method label: "DP", "DDP" (NCCL) or "DDP gloo/CPU"."""
+    if label.startswith("DataParallel"):
+        return "DP"
+    return "DDP gloo/CPU" if "gloo" in label else "DDP"
 
 
 def _isnan(v) -> bool:

@@ -301,3 +301,103 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
     t1 = scaling.scaling_frame(one.records + many.records)
     two = t1[(t1["devices"] == 2) & (t1["status"] == "ok")]
     assert (two["speedup"] > 0).all() and (two["efficiency"] == two["speedup"] / 2).all()
+
+
+# ------------------------------------------------------------------------ issue 18 (Q2, Karp-Flatt, labels)
+
+
+def test_karp_flatt_on_a_slowdown_is_not_super_linear():
+    """Speedups 0.741 and 0.987 on 2 devices: e = (1/S - 1/2)/(1 - 1/2) = 1.699 and 1.026 (> 1:
+    slower than one device), flagged as a slowdown, not as 'super-linear'."""
+    assert scaling.karp_flatt(0.741, 2) == pytest.approx(1.699, abs=5e-4)   # (1.3495 - 0.5) / 0.5
+    assert scaling.karp_flatt(0.987, 2) == pytest.approx(1.026, abs=5e-4)
+    recs = [agg("DDP", 1, 32, 7.41, 8), agg("DDP", 2, 32, 10.0, 4),        # speedup 0.741
+            agg("DDP", 1, 128, 9.87, 2), agg("DDP", 2, 128, 10.0, 1),      # speedup 0.987
+            agg("DDP", 1, 512, 10.0, 1), agg("DDP", 2, 512, 4.0, 1)]       # speedup 2.5 > N
+    sf = scaling.serial_fraction_frame(scaling.scaling_frame(recs)).set_index("per_device_batch")
+    for b, e in ((32, 1.699), (128, 1.026)):
+        assert sf.loc[b, "serial_fraction"] == pytest.approx(e, abs=5e-4)
+        assert "SLOWER than one" in sf.loc[b, "note"] and "super-linear" not in sf.loc[b, "note"]
+        assert pd_missing(sf.loc[b, "amdahl_speedup_at_8"])
+    assert "super-linear" in sf.loc[512, "note"]
+
+
+def test_fixed_global_batch_comparison_from_the_spec_anchors():
+    """1 GPU bs128 33.6 s vs 4 GPUs x 32 11.65 s: strong 33.6/11.65 = 2.884; weak (4 x 128, 9.23 s)
+    33.6/9.23 = 3.640. 1 x 512 34.0 s vs 4 x 128 9.23 s: 3.684; weak 4 x 512 9.01 s: 3.774."""
+    df = scaling.fixed_global_batch_frame(seconds=scaling.ANCHOR_COHORT_SECONDS, method="anchors")
+    df = df.set_index("global_batch")
+    assert list(df.index) == [128, 512] and set(df["devices"]) == {4}
+    assert df.loc[128, "strong_speedup"] == pytest.approx(2.884, abs=1e-3)
+    assert df.loc[128, "weak_speedup"] == pytest.approx(3.640, abs=1e-3)
+    assert df.loc[128, "strong_efficiency"] == pytest.approx(2.884 / 4, abs=1e-3)
+    assert df.loc[512, "strong_speedup"] == pytest.approx(3.684, abs=1e-3)
+    assert df.loc[512, "weak_speedup"] == pytest.approx(3.774, abs=1e-3)
+    assert set(df["better"]) == {"weak"}
+    verdict = scaling.fixed_global_batch_verdict(df.reset_index())
+    assert verdict.startswith("Strong scaling (fixed global batch) would be WORSE") and "2.88x" in verdict
+    # the verdict follows the numbers, it is not written in advance
+    flipped = scaling.fixed_global_batch_frame(seconds={(1, 128): 40.0, (4, 32): 8.0, (4, 128): 12.0})
+    assert "BETTER" in scaling.fixed_global_batch_verdict(flipped)
+
+
+def test_fixed_global_batch_rows_that_were_not_measured_say_why(store):
+    recs = [agg("DDP", 1, 32, 4.0, 32, backend="gloo"), agg("DDP", 1, 128, 3.0, 8, backend="gloo"),
+            agg("DDP", 4, 32, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo"),
+            agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo")]
+    df = scaling.fixed_global_batch_frame(recs)
+    assert len(df) == 1 and df.iloc[0]["global_batch"] == 128
+    assert df.iloc[0]["status"] == "no strong-scaling comparison: 4 x 32: needs 4 GPUs"
+    assert pd_missing(df.iloc[0]["strong_speedup"])
+    assert scaling.fixed_global_batch_verdict(df).startswith("No verdict")
+    result = scaling.ScalingResult(recs, QUICK, "quick", "scaling", [])
+    full, here, anchors = scaling.fixed_global_batch_table(store, result)
+    assert here.startswith("No verdict") and "WORSE" in anchors
+    assert (store.tables_dir / "scaling_fixed_global_batch.md").exists()
+
+
+def test_anchor_timings_are_labelled_dataparallel():
+    df = scaling.anchor_frame()
+    assert set(df["method"]) == {"DataParallel (earlier cohort)", "DataParallel (another cohort)"}
+    assert not df["method"].str.contains("DDP").any()
+
+
+def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
+    s = scaling.settings_for("quick", devices=(4,), max_cpu_processes=2)
+    res = scaling.run_scaling(fake_lab(store), s, dataset="synthetic")
+    df = scaling.scaling_frame(res.records)
+    assert set(df["method"]) == {"DDP (gloo, CPU processes)"}
+    assert set(df["status"]) == {"needs 4 GPUs"}
+
+
+def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatch):
+    """The in-process DataParallel path runs with cpu_threads torch threads in quick, as the DDP
+    workers do, and restores the notebook's setting afterwards."""
+    import torch
+
+    import lab_utils.hardware as hardware
+
+    monkeypatch.setattr(hardware, "hardware_summary",
+                        lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
+                                                     "device_count": n})
+    seen = []
+
+    def fake_train(args, n, held):
+        seen.append(torch.get_num_threads())
+        epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
+        return [epoch], 10
+
+    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        s = scaling.settings_for("quick")
+        assert s.pin_threads and s.cpu_threads == 1 and not scaling.SETTINGS["full"].pin_threads
+        args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,), dataset="synthetic")
+        rec = scaling._run_dp(store, s, args.for_batch(32), 1)
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
+        scaling._run_dp(store, scaling.settings_for("full"), args.for_batch(32), 1)
+        assert seen[-1] == 2   # full: torch's setting is left alone
+    finally:
+        torch.set_num_threads(before)
