@@ -21,8 +21,9 @@ pads the data set by repeating samples until it divides evenly, giving every ran
 - recursive doubling: ``ceil(log2 P) (alpha + S/B)``: few steps, but the whole message
   on every step;
 - recursive halving + doubling (Rabenseifner): ``2 log2 P alpha + 2(P-1)/P x S/B``;
-- the formula of an earlier report, ``(transfer + compute) x log2(P)``, kept only to be
-  compared: it is neither a ring nor a correct tree model.
+- an earlier student's formula, ``(transfer + compute) x log2(P)`` (not the
+  assignment's: the assignment asks for the ring), kept only to be compared: it is
+  neither a ring nor a correct tree model.
 
 **nccl-tests definitions** (``doc/PERFORMANCE.md``): ``algbw = S / t`` and, for
 all-reduce, ``busbw = algbw x 2(n-1)/n``, both in decimal GB/s (1e9 bytes/s). In the
@@ -52,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from lab_utils.comm_hooks import noise_flag
 from lab_utils.config import check_positive_int
 from lab_utils.errors import LabError
 
@@ -840,6 +842,30 @@ class CommMeasurement:
     dataset_size: int
     reason: str | None = None
     steps_per_epoch: int | None = None
+    method: str = "DDP"
+    noise_seconds: float | None = None  # standard error of ``seconds`` where it was repeated (probe (b))
+
+
+# Which Table 3 GB/s answers Q3.2, and why (one entry per source; the table's ``q3_2`` column).
+Q32_ROLE = {
+    "(a) derived T(N)-T(1)/N": "Q3.2 answer (the assignment's comm time, Q3.1's T(N) - T(1)/N)",
+    "(b) exposed (sync - no_sync)": "not a rate: only the exposed part of the all-reduce",
+    "(c) hook all-reduce": "check: the all-reduce's own measured time (the network's real rate)",
+}
+Q32_NOTE = (
+    "Which GB/s answers Q3.2: (a). The assignment defines communication time as Q3.1's T(N) - T(1)/N and "
+    "utilization as ring bytes / that time, so (a) is the number the question asks for. It is not the "
+    "all-reduce's speed: (a) bills every inefficiency as communication and misses the all-reduce time hidden "
+    "behind backward. (c), the time an all-reduce was really in flight, is the honest rate of the network; "
+    "report it beside (a) and explain the difference. (b) counts only the exposed part, so its GB/s is no "
+    "rate of anything (it can exceed the link).")
+DP_ASSUMED_RING = "DataParallel (ASSUMED ring, as the assignment says; it is not one)"
+DP_ASSUMED_NOTE = (
+    "DataParallel rows: the assignment says to assume DataParallel uses a ring all-reduce. It does not "
+    "(one process scatters the batch, replicates the model from GPU 0 every step and reduces the gradients "
+    "onto GPU 0), so these GB/s are the assignment's exercise under a false premise: bytes = steps x "
+    "2(N-1)/N x S as if it were a ring, seconds = (a) T(N) - T(1)/N of the DataParallel runs. Only (a) "
+    "exists for DataParallel (no DDP hook, no no_sync).")
 
 
 def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
@@ -860,12 +886,14 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
         else:
             peak = peak_busbw
         row: dict[str, Any] = {
+            "method": m.method,
             "devices": m.devices, "per_gpu_batch": m.per_device_batch, "comm_source": m.source,
             "grad_bytes": m.grad_bytes,
             "steps_per_epoch": steps,
             "bytes_per_rank_per_epoch": bytes_epoch, "comm_seconds": m.seconds,
             "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
             "note": m.reason or "",
+            "q3_2": Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
         }
         if m.seconds is not None and m.seconds > 0:
             achieved = bytes_epoch / m.seconds / GB
@@ -1029,8 +1057,24 @@ def plot_busbw(records: Iterable, fits: Mapping[int, AlphaBetaFit], link: LinkPe
     return fig
 
 
-def plot_projection(rows: Iterable[ProjectionRow]):
-    """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds)."""
+MAX_FIT_RMS_ERROR = 0.25  # a fit whose rms relative error exceeds 25 % projects nothing that counts
+
+
+def fit_verdict(fit: AlphaBetaFit | None, threshold: float = MAX_FIT_RMS_ERROR) -> str:
+    """"" when ``fit`` is good enough to project from, else the label every projected row carries:
+    ``not a result: fit error X% rms > Y%`` (the alpha-beta model does not describe the
+    measurements, so extrapolating it to 1,024 devices would only extrapolate its error)."""
+    if fit is None:
+        return "not a result: no fit"
+    if fit.rms_relative_error > threshold:
+        return (f"not a result: fit error {100 * fit.rms_relative_error:.1f}% rms > "
+                f"{100 * threshold:.0f}%")
+    return ""
+
+
+def plot_projection(rows: Iterable[ProjectionRow], verdict: str = ""):
+    """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds).
+    A non-empty ``verdict`` (:func:`fit_verdict`) is written across the axes and into the title."""
     import matplotlib.pyplot as plt
 
     df = projection_frame(rows)
@@ -1042,7 +1086,14 @@ def plot_projection(rows: Iterable[ProjectionRow]):
     ax.set_xlabel("devices P")
     ax.set_ylabel("predicted efficiency = speedup / P")
     ax.set_ylim(0, 1.05)
-    ax.set_title("Projected efficiency per epoch (ring all-reduce, fitted alpha and B)")
+    title = "Projected efficiency per epoch (ring all-reduce, fitted alpha and B)"
+    if verdict:
+        ax.set_title(f"{title}\n{verdict.upper()}", fontsize=10, color="#a03000")
+    else:
+        ax.set_title(title)
+    if verdict:
+        ax.text(0.5, 0.5, verdict.upper(), transform=ax.transAxes, ha="center", va="center", fontsize=14,
+                color="#a03000", alpha=0.35, rotation=20)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -1135,7 +1186,8 @@ def fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None
                      "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
                      "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
                      "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
-                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points})
+                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
+                     "projection": fit_verdict(f) or "ok to project"})
     return pd.DataFrame(rows)
 
 
@@ -1297,10 +1349,13 @@ def report_buckets(store, model, fits: Mapping[int, AlphaBetaFit], records: Sequ
 
 
 def report_projection(store, fit: AlphaBetaFit | None, compute: ProjectionCompute,
-                      records: Sequence, devices: Sequence[int] = PROJECTION_DEVICES):
+                      records: Sequence, devices: Sequence[int] = PROJECTION_DEVICES,
+                      max_rms_error: float = MAX_FIT_RMS_ERROR):
     """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved).
 
-    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time.
+    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time. With a
+    fit whose rms relative error exceeds ``max_rms_error`` every row's ``status`` (and the
+    figure) says ``not a result: fit error X% rms > Y%``.
     """
     import matplotlib.pyplot as plt
 
@@ -1309,11 +1364,18 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: ProjectionComput
     rows = project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
                            devices=devices)
     df = projection_frame(rows)
+    verdict = fit_verdict(fit, max_rms_error)
+    df.insert(0, "status", verdict or "ok")
     recs = list(records) + list(compute.records)
+    fit_note = (f"Fit quality: rms relative error {100 * fit.rms_relative_error:.1f}% (threshold "
+                f"{100 * max_rms_error:.0f}%). " + (f"Every row is {verdict}: the model does not describe "
+                                                   "this machine's measurements, so projecting it is not a "
+                                                   "result." if verdict else "Within the threshold."))
     store.save_table(df, "allreduce_projection", recs,
-                     title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)",
-                     notes=list(PROJECTION_ASSUMPTIONS) + [compute.description])
-    fig = plot_projection(rows)
+                     title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
+                           + (f": {verdict.upper()}" if verdict else ""),
+                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
+    fig = plot_projection(rows, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
     return df, fig
@@ -1391,13 +1453,74 @@ def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] 
                 out.append(CommMeasurement(p, b, "none", None, grad, dataset_size, reason=r.status))
                 continue
             no_probe = "no no_sync/hook probe for this configuration in notebook 03 (see its Table 2)"
-            for source, seconds, missing in (
-                    (COMM_SOURCES[0], r.comm_a_seconds, r.status),
-                    (COMM_SOURCES[1], r.exposed_b_seconds, no_probe),
-                    (COMM_SOURCES[2], r.allreduce_c_seconds, no_probe)):
+            for source, seconds, missing, noise in (
+                    (COMM_SOURCES[0], r.comm_a_seconds, r.status, None),
+                    (COMM_SOURCES[1], r.exposed_b_seconds, no_probe, r.exposed_noise_b_seconds),
+                    (COMM_SOURCES[2], r.allreduce_c_seconds, no_probe, None)):
                 out.append(CommMeasurement(p, b, source, seconds, grad, dataset_size,
                                            reason=None if seconds is not None else missing,
-                                           steps_per_epoch=r.steps_per_epoch))
+                                           steps_per_epoch=r.steps_per_epoch, method=r.method,
+                                           noise_seconds=noise))
+    return out
+
+
+def dp_assumed_ring_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
+                                 batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
+    """Q3.2 for DataParallel under the assignment's assumption that it is a ring: one (a) row per
+    (devices, per-GPU batch) from notebook 02's DataParallel runs (T(N) - T(1)/N), labelled
+    :data:`DP_ASSUMED_RING`. DataParallel runs only on GPUs: without them each row says so."""
+    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.models import ResNet18
+
+    scaling = _scaling()
+    if scaling is None:
+        return []
+    st = scaling.settings_for(profile or store.profile)
+    devices = tuple(devices or st.comm_devices)
+    batch_sizes = tuple(batch_sizes or st.batch_sizes)
+    dataset_size = st.train_images or CIFAR10_TRAIN_SIZE
+    default_bytes = gradient_bytes(ResNet18(width=st.width))
+    found = {(r.devices, r.per_device_batch): r
+             for r in scaling.comm_measurements(store, methods=(scaling.DP,))}
+    out = []
+    for p in devices:
+        for b in batch_sizes:
+            r = found.get((p, b))
+            if r is None or r.tn_seconds is None:
+                why = (r.status if r is not None else
+                       f"no DataParallel run stored (it needs {p} GPUs; notebook 02 runs it where they "
+                       "exist)")
+                out.append(CommMeasurement(p, b, COMM_SOURCES[0], None, default_bytes, dataset_size,
+                                           reason=why, method=DP_ASSUMED_RING))
+                continue
+            out.append(CommMeasurement(p, b, COMM_SOURCES[0], r.comm_a_seconds,
+                                       int(r.gradient_bytes or default_bytes), dataset_size,
+                                       reason=None if r.comm_a_seconds is not None else r.status,
+                                       steps_per_epoch=r.steps_per_epoch, method=DP_ASSUMED_RING))
+    return out
+
+
+SPEC_GRADIENT_BYTES = 44_695_848  # 11,173,962 fp32 gradients of the spec ResNet-18
+SPEC_TRAIN_IMAGES = 50_000
+
+
+def anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] | None = None,
+                                     grad_bytes: int = SPEC_GRADIENT_BYTES,
+                                     dataset_size: int = SPEC_TRAIN_IMAGES) -> list[CommMeasurement]:
+    """The earlier cohort's DataParallel timings through Q3.1 and Q3.2 as the assignment asks
+    (ring assumed, S = 44.7 MB, 50,000 images): comm (a) = T(N) - T(1)/N, steps per epoch =
+    ceil(50,000 / (N x b)) (one process, global batch N x b). A worked example, not a measurement here."""
+    if seconds is None:
+        scaling = _scaling()
+        seconds = scaling.ANCHOR_COHORT_SECONDS if scaling else {}
+    out = []
+    for (p, b), tn in sorted(seconds.items()):
+        t1 = seconds.get((1, b))
+        if p < 2 or t1 is None:
+            continue
+        out.append(CommMeasurement(p, b, COMM_SOURCES[0], tn - t1 / p, grad_bytes, dataset_size,
+                                   steps_per_epoch=math.ceil(dataset_size / (p * b)),
+                                   method=f"{DP_ASSUMED_RING}: earlier cohort's timings"))
     return out
 
 
@@ -1450,12 +1573,20 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
     """Table 3 ``allreduce_utilization`` from notebook 03's records and the benchmark (saved, returned)."""
     import pandas as pd
 
-    df = pd.DataFrame(utilization_rows(nb03_measurements(store, devices=devices), peaks, link))
+    measurements = (nb03_measurements(store, devices=devices)
+                    + dp_assumed_ring_measurements(store, devices=devices))
+    rows = utilization_rows(measurements, peaks, link)
+    rows += utilization_rows(anchor_assumed_ring_measurements(), None, None)  # their hardware: no peak here
+    df = pd.DataFrame(rows)
     df = df.astype(object).where(df.notna(), None)  # missing numbers print as blanks, not "nan"
     store.save_table(df, "allreduce_utilization", nb03_records(store) + list(bench_records),
-                     title="Table 3: all-reduce bandwidth utilization",
+                     title="Table 3: all-reduce bandwidth utilization (Q3.2)",
                      notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",
                             "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "
                             "pct_of_bench_peak_busbw uses the benchmark on the same number of ranks.",
+                            Q32_NOTE, DP_ASSUMED_NOTE,
+                            "The earlier cohort's rows use its published DataParallel timings (hardware "
+                            "unknown): no benchmark peak of theirs exists, so no percentage.",
+                            "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
                             f"link: {link.description}"])
     return df

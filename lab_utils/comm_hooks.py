@@ -309,3 +309,25 @@ def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[fl
         raise ValueError(f"devices must be at least 1, got {devices}")
     compute = t1_seconds / devices
     return compute, tn_seconds - compute
+
+
+NOISE_FLAG = "noise >= effect: not a result"
+NOISE_SIGMAS = 2.0  # an effect counts when it exceeds 2 standard errors (about a 95 % interval)
+
+
+def noise_flag(effect: float | None, noise: float | None, sigmas: float = NOISE_SIGMAS) -> str:
+    """:data:`NOISE_FLAG` when ``sigmas`` x ``noise`` (a standard error, same units) is as large as
+    ``|effect|``; "" when the effect stands out, or when there is no noise estimate to judge by.
+
+    A row whose noise is as large as the effect it shows is not a result: repeat the
+    measurement, or report the spread instead of the number.
+    """
+    if effect is None or noise is None:
+        return ""
+    try:
+        e, n = abs(float(effect)), float(noise)
+    except (TypeError, ValueError):
+        return ""
+    if math.isnan(e) or math.isnan(n):
+        return ""
+    return NOISE_FLAG if sigmas * n >= e else ""

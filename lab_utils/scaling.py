@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lab_utils import config
-from lab_utils.comm_hooks import derived_comm, overlap_figures
+from lab_utils.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.ddp import WorkerArgs
 from lab_utils.errors import LabError, LaunchError
@@ -917,6 +917,7 @@ class CommRow:
     gradient_bytes: int | None = None
     backend: str | None = None
     skew_wait_seconds: float | None = None
+    exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
 
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
@@ -962,6 +963,10 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
         row.allreduce_c_seconds = m["allreduce_seconds"]
         row.overlap_seconds, row.overlap_fraction = overlap_figures(row.exposed_b_seconds,
                                                                     row.allreduce_c_seconds)
+        probe = m.get("comm_probe") or {}
+        se = probe.get("noise_seconds")
+        if se is not None and not _isnan(se) and row.steps_per_epoch:
+            row.exposed_noise_b_seconds = float(se) * int(row.steps_per_epoch)
     return row
 
 
@@ -978,7 +983,9 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
              "overlap_c_minus_b_seconds": r.overlap_seconds,
              "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
-             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds}
+             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
+             "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
+             "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds)}
         if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
             d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
         if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
@@ -987,7 +994,7 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
             "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
             "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
-            "skew_wait_seconds"]
+            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag"]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -997,6 +1004,10 @@ TABLE2_NOTES = [
     "(b) exposed comm = (step with gradient sync - the same step under no_sync) x steps per epoch.",
     "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
     "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
+    f"exposed_noise_b_seconds: standard error of (b) over the probe's sync/no_sync pairs, per epoch. "
+    f"noise_flag 'noise >= effect: not a result' when {NOISE_SIGMAS:g} x that error >= (b): then (b), the "
+    "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
+    "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
     "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
     "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
     "by a barrier after the data movement; shown as skew_wait_seconds, slowest rank), so a slow loader "

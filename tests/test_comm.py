@@ -511,3 +511,71 @@ def test_unfittable_timings_give_a_reason_not_an_exception():
     fits = comm.fit_records(records, failures)
     assert set(fits) == {4} and set(failures) == {2}
     assert "do not grow with message size" in failures[2]
+
+
+# --------------------------------------------------------------------------- issue 18: Q3.2, noise, fit error
+
+
+def test_q32_dataparallel_under_the_ring_assumption_by_hand():
+    """The earlier cohort's DataParallel timings through Q3.1/Q3.2 with the spec's S = 44,695,848 B:
+    4 GPUs x 32: comm = 11.65 - 41.3/4 = 1.325 s; steps = ceil(50,000/128) = 391; bytes per rank =
+    391 x 2(3)/4 x 44,695,848 = 26,214,114,852 B; 26.214e9 / 1.325 = 19.78 GB/s.
+    2 GPUs x 32: comm = 23.15 - 41.3/2 = 2.5 s; 782 x 44,695,848 = 34,952,153,136 B -> 13.98 GB/s."""
+    assert comm.SPEC_GRADIENT_BYTES == 11_173_962 * 4
+    rows = {(r["devices"], r["per_gpu_batch"]): r
+            for r in comm.utilization_rows(comm.anchor_assumed_ring_measurements(), None)}
+    four = rows[(4, 32)]
+    assert four["steps_per_epoch"] == 391 and four["comm_seconds"] == pytest.approx(1.325)
+    assert four["bytes_per_rank_per_epoch"] == pytest.approx(26_214_114_852)
+    assert four["achieved_gb_per_s"] == pytest.approx(19.784, abs=1e-3)
+    two = rows[(2, 32)]
+    assert two["bytes_per_rank_per_epoch"] == pytest.approx(34_952_153_136)
+    assert two["achieved_gb_per_s"] == pytest.approx(13.981, abs=1e-3)
+    assert all("ASSUMED ring" in r["method"] and r["comm_source"] == comm.COMM_SOURCES[0]
+               for r in rows.values())
+    assert all(r["q3_2"].startswith("Q3.2 answer") for r in rows.values())
+
+
+def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store):
+    _nb03_store(store)
+    df = comm.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    ddp = df[df["method"].str.startswith("DDP") & (df["per_gpu_batch"] == 32)].set_index("comm_source")
+    assert ddp.loc[comm.COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
+    assert ddp.loc[comm.COMM_SOURCES[1], "q3_2"].startswith("not a rate")
+    assert ddp.loc[comm.COMM_SOURCES[2], "q3_2"].startswith("check")
+    dp_here = df[df["method"] == comm.DP_ASSUMED_RING]
+    assert len(dp_here) and dp_here["achieved_gb_per_s"].isna().all()      # no GPUs: no DataParallel run
+    assert all("needs 2 GPUs" in n for n in dp_here["note"])
+    anchors = df[df["method"].str.contains("earlier cohort")]
+    assert len(anchors) == 6 and anchors["pct_of_bench_peak_busbw"].isna().all()  # not this machine's peak
+    md = (store.tables_dir / "allreduce_utilization.md").read_text()
+    assert "Which GB/s answers Q3.2: (a)" in md
+
+
+def test_noise_flag_marks_effects_within_two_standard_errors():
+    from lab_utils.comm_hooks import NOISE_FLAG, noise_flag
+
+    assert noise_flag(0.5, 0.25) == NOISE_FLAG      # 2 x 0.25 >= 0.5
+    assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out
+    assert noise_flag(0.0, 0.01) == NOISE_FLAG      # clamped to 0 with noise: not a result
+    assert noise_flag(0.5, None) == "" and noise_flag(None, 0.1) == ""
+    m = comm.CommMeasurement(2, 32, comm.COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
+    (row,) = comm.utilization_rows([m], None)
+    assert row["noise_flag"] == NOISE_FLAG
+
+
+def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
+    sizes, t = _synthetic(20e-6, 2e9, 2)
+    good = comm.fit_alpha_beta(sizes, t, 2)
+    assert comm.fit_verdict(good) == ""
+    from dataclasses import replace
+    bad = replace(good, rms_relative_error=0.485)
+    assert comm.fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
+    compute = comm.ProjectionCompute({32: 0.01}, comm.SPEC_GRADIENT_BYTES, 50_000, 64, "test", True)
+    df, fig = comm.report_projection(store, bad, compute, [], devices=(8, 1024))
+    assert set(df["status"]) == {"not a result: fit error 48.5% rms > 25%"}
+    assert "NOT A RESULT" in (store.tables_dir / "allreduce_projection.md").read_text()
+    df, _ = comm.report_projection(store, good, compute, [], devices=(8,))
+    assert set(df["status"]) == {"ok"}
+    ft = comm.fit_table({2: bad, 4: good}, {})
+    assert list(ft["projection"]) == ["not a result: fit error 48.5% rms > 25%", "ok to project"]

@@ -401,3 +401,20 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
         assert seen[-1] == 2   # full: torch's setting is left alone
     finally:
         torch.set_num_threads(before)
+
+
+def test_table2_flags_exposed_comm_within_its_noise():
+    """(b) = 0.01 s/step x 16 steps = 0.16 s with a standard error of 0.006 s/step (0.096 s/epoch):
+    2 x 0.096 >= 0.16, so (b), the overlap and hidden_percent are flagged; 0.002 s/step is not."""
+    one = agg("DDP", 1, 32, 10.0, 32)
+    rows = []
+    for se in (0.006, 0.002):
+        rec = agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.16, allreduce_seconds=0.5,
+                  comm_probe={"noise_seconds": se, "exposed_raw_per_step_seconds": 0.01})
+        rows.append(scaling.comm_row(rec, one))
+    assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
+    df = scaling.compute_vs_comm_frame(rows)
+    assert list(df["noise_flag"]) == ["noise >= effect: not a result", ""]
+    old = scaling.compute_vs_comm_frame([scaling.comm_row(agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1,
+                                                              allreduce_seconds=0.5), one)])
+    assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])
