@@ -10,7 +10,8 @@
 - The executed copy is saved under ``results/<profile>/executed/`` even when a cell
   fails, and one line per notebook says its status and seconds.
 - ``results/<profile>/report.md`` collates the machine description, the notebooks'
-  statuses and every table in ``results/<profile>/tables/``.
+  statuses and every table and figure in ``results/<profile>/``, ordered by question
+  (:mod:`lab_utils.questions`), figures embedded as images.
 - On failure: notebook, cell number and error are printed; the exit code is non-zero.
 """
 
@@ -162,7 +163,7 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
 
 
 def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
-    """``results/<profile>/report.md``: machine, notebook statuses, then every table."""
+    """``results/<profile>/report.md``: machine, notebook statuses, then tables and figures by question."""
     from lab_utils.hardware import describe_machine
 
     root = config.results_dir(profile)
@@ -184,17 +185,50 @@ def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
         for r in results:
             err = (f"cell {r.cell}: {r.error}" if not r.ok else "").replace("|", "\\|")
             lines.append(f"| {r.notebook} | {'ok' if r.ok else 'FAILED'} | {r.seconds:.1f} | {err} |")
-    tables = sorted((root / "tables").glob("*.md"))
-    lines += ["", "## Tables", ""]
-    if not tables:
-        lines.append("No tables yet: run the notebooks.")
-    for t in tables:
-        lines += [t.read_text().rstrip(), ""]
+    lines += report_sections(root)
     path = root / "report.md"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def report_sections(root: Path) -> list[str]:
+    """The report's body: tables and figures by question (:data:`lab_utils.questions.SECTIONS`).
+
+    Q1 ... Q7, then the Part 2 project, then the extras; each section holds its tables
+    (``tables/<name>.md``) and embeds its figures (``figures/<name>.png``, linked relative to
+    ``report.md``). Tables and figures no section names follow under "Other tables and
+    figures", so nothing a notebook saved is left out.
+    """
+    from lab_utils.questions import SECTIONS
+
+    tables = {p.stem: p for p in sorted((root / "tables").glob("*.md"))}
+    figures = {p.stem: p for p in sorted((root / "figures").glob("*.png"))}
+    if not tables and not figures:
+        return ["", "No tables yet: run the notebooks."]
+    lines: list[str] = []
+    used_t: set[str] = set()
+    used_f: set[str] = set()
+    for s in SECTIONS:
+        mine_t = [t for t in s.tables if t in tables and t not in used_t]
+        mine_f = [f for f in s.figures if f in figures and f not in used_f]
+        if not mine_t and not mine_f:
+            continue
+        lines += ["", f"## {s.heading}", "", f"_{s.asks}_ (section: {s.cell})", ""]
+        for t in mine_t:
+            lines += [tables[t].read_text().rstrip(), ""]
+            used_t.add(t)
+        for f in mine_f:
+            lines += [f"![{f}](figures/{f}.png)", ""]
+            used_f.add(f)
+    rest_t = [t for t in tables if t not in used_t]
+    rest_f = [f for f in figures if f not in used_f]
+    if rest_t or rest_f:
+        lines += ["", "## Other tables and figures", ""]
+        lines += [x for t in rest_t for x in (tables[t].read_text().rstrip(), "")]
+        lines += [x for f in rest_f for x in (f"![{f}](figures/{f}.png)", "")]
+    return lines
 
 
 def main(names: Sequence[str], profile: str | None, timeout_s: float) -> int:

@@ -1,0 +1,74 @@
+"""report.md is ordered by question and embeds the figures; the README map and template follow the code."""
+
+import re
+
+import pandas as pd
+
+from lab_utils import questions, runner
+from lab_utils.config import repo_root
+from lab_utils.results import ResultStore
+
+
+def _figure(store, name):
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2])
+    store.save_figure(fig, name)
+    plt.close(fig)
+
+
+def test_report_is_ordered_by_question_and_embeds_figures(results_dir):
+    store = ResultStore("quick")
+    # written in an order that alphabetical sorting would get wrong (Table 3 before Table 1)
+    for name, title in (("allreduce_utilization", "Table 3"), ("scaling", "Table 1"),
+                        ("batch_sweep", "Sweep"), ("quantization", "Quant"), ("zz_unmapped", "Stray"),
+                        ("compute_vs_comm", "Table 2"), ("large_batch", "Large batch")):
+        store.save_table(pd.DataFrame({"x": [1.23456]}), name, title=title)
+    for name in ("batch_sweep", "scaling_speedup", "large_batch_lr"):
+        _figure(store, name)
+    text = runner.write_report("quick").read_text()
+    order = [text.index(f"### {t}") for t in ("Sweep", "Table 1", "Table 2", "Table 3", "Large batch",
+                                                "Quant", "Stray")]
+    assert order == sorted(order)
+    assert text.index("## Q1 ") < text.index("## Q2 ") < text.index("## Q3.1 ") < text.index("## Q3.2 ")
+    assert text.index("## Q4.1 ") < text.index("## Q5 ") < text.index(f"## {questions.PART2}")
+    for f in ("batch_sweep", "scaling_speedup", "large_batch_lr"):
+        assert f"![{f}](figures/{f}.png)" in text
+        assert (store.figures_dir / f"{f}.png").exists()  # the link resolves relative to report.md
+    assert text.index("![batch_sweep]") < text.index("### Table 1")  # each figure in its section
+    assert text.count("### Large batch") == 1  # a table shared by Q4.1 and Q5 appears once
+    assert "## Other tables and figures" in text and "1.235" in text
+
+
+def test_empty_report_says_so(results_dir):
+    assert "No tables yet" in runner.write_report("quick").read_text()
+
+
+def test_every_question_has_a_section_and_a_notebook():
+    keys = [s.key for s in questions.SECTIONS]
+    for q in ("Q1", "Q2", "Q3.1", "Q3.2", "Q4.1", "Q4.2", "Q5", "Q6", "Q7"):
+        assert q in keys
+    nbs = {p.stem for p in runner.all_notebooks()}
+    assert all(s.notebook in nbs for s in questions.SECTIONS)
+    assert questions.labels_for("05") == "Q4.1, Q4.2, Q5, Q6, Q7"
+
+
+def test_template_has_a_slot_per_answer():
+    text = questions.report_template()
+    assert text.count("**Answer:**") == len(questions.SECTIONS)
+
+
+def _block(name):
+    readme = (repo_root() / "README.md").read_text(encoding="utf-8")
+    m = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", readme, re.S)
+    assert m, f"README.md lacks the block <!-- {name}:start --> ... <!-- {name}:end -->"
+    return m.group(1).strip()
+
+
+def test_readme_question_map_and_template_match_the_code():
+    assert _block("question-map") == questions.question_map_markdown().strip()
+    assert _block("report-template") == "```markdown\n" + questions.report_template().strip() + "\n```"
