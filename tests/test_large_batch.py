@@ -318,3 +318,32 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch):
     monkeypatch.setattr(launcher, "launch", no_launch)
     again = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
     assert again.measured == [] and [r.timestamp for r in again.records] == [r.timestamp for r in res.records]
+
+
+# ----------------------------------------------------------------- issue 18: Q4.1 comparable numbers
+
+
+def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
+    """Train accuracy (what the earlier cohort printed) next to test accuracy; every run that is not
+    4 GPUs x 512 (reference: 1 GPU x 128) says how it differs."""
+    res = _fake_result(store)
+    res.records[1].metrics["train_accuracy"] = 0.634
+    t = lb.large_batch_table(res)
+    assert t.loc[1, "epoch-3 train accuracy %"] == pytest.approx(63.4)
+    assert t.loc[1, "epoch-3 test accuracy %"] == pytest.approx(50.0)
+    # quick on a CPU: 2 gloo processes x 2 accumulation steps x 64 = 256
+    assert t.loc[1, "vs assignment"] == (
+        "NOT 4 x 512: global batch 256, not 2048; 64 per device, not 512; 2 device(s) x 2 accumulation steps "
+        "EMULATE 4 devices; CPU processes, not GPUs")
+    assert t.loc[0, "vs assignment"].startswith("NOT 1 x 128: global batch 16, not 128")
+    # the assignment's layouts on GPUs are not flagged; an emulation with the right batch still is
+    assert lb.layout_flag(lb.RunSpec("large batch, same lr", 4, 512, "fixed", 0, "constant"), True) == ""
+    assert lb.layout_flag(lb.RunSpec("small batch (reference)", 1, 128, "fixed", 0, "constant"), True) == ""
+    emulated = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant", 2)
+    assert lb.layout_flag(emulated, True) == (
+        "NOT 4 x 512: 2 device(s) x 2 accumulation steps EMULATE 4 devices")
+    fewer = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant")
+    assert lb.layout_flag(fewer, True) == "NOT 4 x 512: global batch 1024, not 2048; 2 device(s), not 4"
+    anchors = lb.anchor_frame()
+    assert list(anchors["train accuracy %"]) == [82.2, 63.4] and anchors["test accuracy %"].isna().all()
+    assert "TRAINING" in lb.ANCHORS and "train accuracy 63.4%" in lb.ANCHORS
