@@ -1,5 +1,8 @@
 """Notebook 06's experiments: GPT scaling over devices, gradient accumulation, the final model.
 
+This is the SPEC's *Part 2: an earlier project* (a GPT trained with DDP), not a question of
+the assignment (whose questions Q1-Q7 are notebooks 01-05).
+
 Every run goes through :mod:`lab_utils.gpt_train` (one process in the notebook's kernel
 for one device, ``torchrun`` through :func:`lab_utils.launcher.launch` for more) and
 becomes one record in the result store:
@@ -35,6 +38,7 @@ from typing import Any
 
 import torch
 
+from lab_utils.comm_hooks import noise_flag
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.errors import LabError
 from lab_utils.gpt_train import TrainConfig, config_to_args, evaluate, run_training
@@ -430,8 +434,42 @@ def _blanks(df):
     return df.astype(object).where(df.notna(), None)
 
 
+# The earlier project's GPT tables (SPEC.md, Part 2): total seconds of one epoch, AVERAGED over
+# ranks, by (per-GPU batch, GPUs); and the one slowest-rank time its logs give (4 GPUs, batch 128).
+EARLIER_GPT_SECONDS_MEAN = {(64, 1): 2233.5, (64, 2): 1095.7, (64, 4): 824.5,
+                            (128, 1): 2082.29, (128, 2): 941.4, (128, 4): 489.6}
+EARLIER_GPT_SECONDS_SLOWEST = {(128, 4): 706.41}
+
+
+def earlier_report_frame():
+    """The earlier project's speedups recomputed: T(1)/T(N) with its rank-AVERAGED times (as it
+    reported, e.g. 2082.29 / 489.6 = 4.25x on 4 GPUs, above N) and with the SLOWEST rank's time
+    where known (2082.29 / 706.41 = 2.95x). Every step waits for the slowest rank, so that is the
+    epoch's real length."""
+    import pandas as pd
+
+    rows = []
+    for (b, n), t in EARLIER_GPT_SECONDS_MEAN.items():
+        t1 = EARLIER_GPT_SECONDS_MEAN[(b, 1)]
+        slow = EARLIER_GPT_SECONDS_SLOWEST.get((b, n), t if n == 1 else None)
+        rows.append({"per-GPU batch": b, "GPUs": n, "epoch (s), mean over ranks (as reported)": t,
+                     "speedup on the mean (as reported)": t1 / t,
+                     "epoch (s), slowest rank": slow,
+                     "speedup on the slowest rank": t1 / slow if slow else None,
+                     "note": "; ".join(x for x in (
+                         "super-linear: speedup > N on the mean" if n > 1 and t1 / t > n else "",
+                         "slowest rank not in the report" if not slow else "") if x)})
+    return _blanks(pd.DataFrame(rows))
+
+
 def scaling_table(result: GPTResult):
-    """gpt_scaling: time (slowest rank), speedup T(1)/T(N), efficiency, and what averaging would say."""
+    """gpt_scaling: time (slowest rank), speedup T(1)/T(N), efficiency, and what averaging would say.
+
+    Runs on different device counts need not do the same work: ``drop_last`` batches per rank
+    make, e.g., 13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the
+    epoch-time speedup the table gives the tokens each run trained and the speedup on
+    training tokens/s (work-equalized), and flags unequal work.
+    """
     import pandas as pd
 
     base: dict[int, Record] = {r.config["batch_size"]: r for r in result.ok if r.config["devices"] == 1}
@@ -446,16 +484,46 @@ def scaling_table(result: GPTResult):
             t1 = one.metrics["epoch_seconds"] if one else None
             speed = t1 / t if t1 else None
             mean_speed = t1 / m["epoch_seconds_mean"] if t1 else None
+            tokens, tokens1 = m.get("tokens"), (one.metrics.get("tokens") if one else None)
+            tps1 = one.metrics.get("tokens_per_s") if one else None
+            tps_speed = m["tokens_per_s"] / tps1 if tps1 and m.get("tokens_per_s") else None
             row.update({
                 "backend": m["backend"] or "one process", "epoch (s), slowest rank": t,
                 "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
                 "speedup if averaged over ranks": mean_speed, "slowest rank": m["slowest_rank"],
                 "imbalance max/min": m["imbalance"], "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]),
-                "val loss": m["val_loss"], "reason": None})
+                "val loss": m["val_loss"], "reason": None,
+                "tokens trained (epoch)": tokens,
+                "work vs 1 device": tokens / tokens1 if tokens and tokens1 else None,
+                "speedup on tokens/s (equal work)": tps_speed,
+                "efficiency on tokens/s": tps_speed / n if tps_speed else None,
+                "work note": unequal_work_note(tokens, tokens1, n)})
         else:
             row["reason"] = r.reason
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
+
+
+def unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int) -> str:
+    """"" when an N-device epoch trained as many tokens as the one-device epoch, else a flag
+    saying by how much they differ and which speedup to use."""
+    if devices == 1 or not tokens or not tokens_one or tokens == tokens_one:
+        return ""
+    return (f"unequal work: {tokens:,} tokens vs {tokens_one:,} on 1 device ({tokens / tokens_one:.3f}x); "
+            "T1/TN compares different work, use the tokens/s speedup")
+
+
+SCALING_TIME_BASIS = [
+    "Time basis of each column. 'epoch (s), slowest rank': the slowest rank's training loop + validation "
+    "of the reported epoch (wall seconds). 'speedup T1/TN' and 'efficiency': ratios of those epoch times "
+    "(they compare different work when the token counts differ). 'speedup if averaged over ranks': T1 over "
+    "the MEAN over ranks of that epoch time. 'tokens/s': all ranks' training tokens / the slowest rank's "
+    "training-loop seconds (validation excluded). 'speedup on tokens/s (equal work)': tokens/s(N) / "
+    "tokens/s(1), the same training-loop basis, independent of how many tokens each run did.",
+    "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
+    "one-device run's (drop_last batches per rank: e.g. 13 steps x 4,096 = 53,248 tokens on 1 device, "
+    "2 x 6 x 4,096 = 49,152 on 2).",
+]
 
 
 def compute_comm_table(result: GPTResult):
@@ -482,6 +550,7 @@ def compute_comm_table(result: GPTResult):
             "all-reduce in flight (s)": m["allreduce_seconds"],
             "exposed by no_sync probe (s)": m["exposed_comm_seconds"],
             "probe noise ± (s)": _num(m.get("exposed_comm_noise_seconds")),
+            "noise flag": noise_flag(m["exposed_comm_seconds"], _num(m.get("exposed_comm_noise_seconds"))),
             "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("buckets"),
             "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
         })
@@ -610,7 +679,9 @@ def save_scaling_tables(store: ResultStore, result: GPTResult):
              "over the training windows shared among the devices (strong scaling of the epoch).",
              "Epoch time = the SLOWEST rank's training loop + validation; 'if averaged' divides by the mean "
              "over ranks instead, which flatters the speedup.",
-             "speedup = T(1)/T(N); efficiency = speedup / N."]
+             "speedup = T(1)/T(N); efficiency = speedup / N.", *SCALING_TIME_BASIS,
+             "Earlier project (SPEC Part 2): 4.25x on 4 GPUs at batch 128 was 2082.29 / 489.6 s, the MEAN "
+             "over ranks; its slowest rank took 706.41 s: 2082.29 / 706.41 = 2.95x (earlier_report_frame)."]
     if cpu:
         threads = {r.metrics.get("threads_per_process") for r in result.ok}
         notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, sorted(threads)))} "
@@ -626,6 +697,9 @@ def save_scaling_tables(store: ResultStore, result: GPTResult):
                             "all-reduce in flight: time any bucket's all-reduce was running (mostly hidden "
                             "behind backward); no_sync probe: sync step minus no_sync step x steps, with "
                             "the standard error of that difference (x steps) as its noise.",
+                            "noise flag 'noise >= effect: not a result': 2 x the probe noise >= the probe's "
+                            "exposed time; then that time and the overlap fraction are not results (repeat "
+                            "with more probe steps).",
                             "derived: the assignment's method, compute = T(1)/N and comm = T(N) - T(1)/N; "
                             "it calls every inefficiency communication and goes negative when "
                             "T(N) < T(1)/N."])

@@ -274,3 +274,47 @@ def test_settings_are_checked():
     cpu = gx.Devices("cpu", 2, 0, threads_per_process=1)
     assert cpu.reason(2) is None and "needs 4 GPUs" in cpu.reason(4)
     assert gx.Devices("cuda", 2, 2).reason(4) == "needs 4 GPUs (this machine has 2)"
+
+
+def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
+    """1 device: 13 steps x 4,096 = 53,248 tokens in 10 s of training loop (5,324.8 tokens/s); 2 devices:
+    2 x 6 x 4,096 = 49,152 tokens in 5 s (9,830.4 tokens/s). Epoch-time speedup 10/6 = 1.667 compares
+    different work; the tokens/s speedup is 9,830.4 / 5,324.8 = 1.846."""
+    from lab_utils import gpt_experiments as gx
+
+    one, two = _scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0)
+    one.metrics.update(tokens=53_248, tokens_per_s=53_248 / 10.0)
+    two.metrics.update(tokens=49_152, tokens_per_s=49_152 / 5.0)
+    t = gx.scaling_table(gx.GPTResult([one, two], gx.GPT_SETTINGS["quick"]))
+    r2 = t[t["devices"] == 2].iloc[0]
+    assert r2["speedup T1/TN"] == pytest.approx(10 / 6)
+    assert r2["work vs 1 device"] == pytest.approx(49_152 / 53_248)          # 0.923
+    assert r2["speedup on tokens/s (equal work)"] == pytest.approx(1.846, abs=1e-3)
+    assert r2["efficiency on tokens/s"] == pytest.approx(0.923, abs=1e-3)
+    assert r2["work note"].startswith("unequal work: 49,152 tokens vs 53,248 on 1 device (0.923x)")
+    assert t[t["devices"] == 1].iloc[0]["work note"] == ""
+
+
+def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
+    """The earlier project's 4.25x on 4 GPUs (batch 128) is 2082.29 / 489.6 on rank-averaged times; on
+    the slowest rank it is 2082.29 / 706.41 = 2.948x."""
+    from lab_utils import gpt_experiments as gx
+
+    df = gx.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
+    row = df.loc[(128, 4)]
+    assert row["speedup on the mean (as reported)"] == pytest.approx(4.253, abs=1e-3)
+    assert row["speedup on the slowest rank"] == pytest.approx(2.948, abs=1e-3)
+    assert "super-linear" in row["note"]
+    assert df.loc[(64, 4)]["note"] == "slowest rank not in the report"
+
+
+def test_gpt_probe_noise_flag():
+    """Probe exposed 0.2 s with noise 0.1 s: 2 x 0.1 >= 0.2 -> flagged; noise 0.05 s -> a result."""
+    from lab_utils import gpt_experiments as gx
+
+    flagged, clear = _scaling_record(2, 64, 6.0, 5.0), _scaling_record(2, 128, 6.0, 5.0)
+    flagged.metrics["exposed_comm_noise_seconds"] = 0.1
+    clear.metrics["exposed_comm_noise_seconds"] = 0.05
+    c = gx.compute_comm_table(gx.GPTResult([_scaling_record(1, 64, 10.0, 10.0), flagged, clear],
+                                           gx.GPT_SETTINGS["quick"]))
+    assert list(c["noise flag"]) == ["noise >= effect: not a result", ""]
