@@ -38,6 +38,9 @@ from lab_utils.errors import LabError
 
 STATUSES = ("ok", "oom", "skipped", "error")
 
+#: Drawn across every figure saved in the quick profile.
+QUICK_WATERMARK = "quick profile: mechanics, not results"
+
 #: Significant digits shown in notebook tables and in the saved ``.md`` tables.
 SIGNIFICANT_DIGITS = 4
 
@@ -87,6 +90,16 @@ def software_versions() -> dict[str, str | None]:
     }
 
 
+def torch_threads() -> int | None:
+    """torch's intra-op thread count in this process (None when torch cannot say)."""
+    try:
+        import torch
+
+        return int(torch.get_num_threads())
+    except Exception:  # a record must be writable even where torch misbehaves
+        return None
+
+
 @dataclass
 class Record:
     """One measured (or deliberately not measured) configuration."""
@@ -105,6 +118,10 @@ class Record:
     #: cuDNN / matmul settings in force when the record was built (in the measuring
     #: process): see :mod:`lab_utils.backends`. ``{}`` for records stored before this field.
     backends: dict[str, Any] = field(default_factory=backend_settings)
+    #: torch intra-op threads of the process that built the record (``torch.get_num_threads()``,
+    #: taken at build time like ``backends``). CPU timings depend on it. ``None``: stored before
+    #: the field existed.
+    threads: int | None = field(default_factory=torch_threads)
 
     @property
     def key(self) -> str:
@@ -118,7 +135,7 @@ class Record:
         known = {f for f in cls.__dataclass_fields__}
         # A stored record without ``backends`` predates the field: its settings are unknown,
         # not those of the process reading it.
-        return cls(**{"backends": {}, **{k: v for k, v in d.items() if k in known}})
+        return cls(**{"backends": {}, "threads": None, **{k: v for k, v in d.items() if k in known}})
 
 
 class ResultStore:
@@ -269,10 +286,18 @@ class ResultStore:
         return md_path
 
     def save_figure(self, fig, name: str, records: Iterable[Record] | None = None) -> Path:
-        """Save a matplotlib figure as ``figures/<name>.png`` with the provenance label on it."""
+        """Save a matplotlib figure as ``figures/<name>.png`` with the provenance label on it.
+
+        In the quick profile the figure also gets a large diagonal watermark,
+        :data:`QUICK_WATERMARK`: its numbers show the mechanics, not the assignment's results.
+        """
         self.figures_dir.mkdir(parents=True, exist_ok=True)
         fig.text(0.99, 0.005, provenance_label(records, self.profile), ha="right", va="bottom",
                  fontsize=7, color="0.35")
+        if self.profile == "quick" and not any(t.get_text() == QUICK_WATERMARK for t in fig.texts):
+            fig.text(0.5, 0.5, QUICK_WATERMARK, ha="center", va="center", rotation=28,
+                     fontsize=max(14.0, 2.6 * fig.get_figwidth()), color="red", alpha=0.18,
+                     fontweight="bold", zorder=1000)
         path = self.figures_dir / f"{name}.png"
         tmp = path.with_suffix(".png.tmp")
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
@@ -289,7 +314,7 @@ def records_frame(records: Iterable[Record]):
         row: dict[str, Any] = {"experiment": r.experiment, "status": r.status, "reason": r.reason,
                                "profile": r.profile, "synthetic": r.synthetic, "dataset": r.dataset,
                                "device": r.hardware.get("device_name"),
-                               "device_count": r.hardware.get("device_count")}
+                               "device_count": r.hardware.get("device_count"), "threads": r.threads}
         row.update(r.config)
         row.update(r.metrics)
         rows.append(row)
@@ -403,6 +428,9 @@ def provenance_label(records: Iterable[Record] | None, profile: str) -> str:
     devices = sorted({str(r.hardware.get("device_name")) for r in recs if r.hardware})
     if devices:
         parts.append(f"device: {', '.join(devices)}")
+    threads = sorted({r.threads for r in recs if r.threads is not None})
+    if threads:
+        parts.append(f"torch threads/process: {', '.join(map(str, threads))}")
     return " · ".join(parts)
 
 

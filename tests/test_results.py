@@ -144,3 +144,47 @@ def test_saved_markdown_uses_the_display_format(store):
     text = store.save_table(df, "fmt", title="T").read_text()
     assert "40390 " in text and "40390.37" not in text and "0.8629%" in text
     assert pd.read_csv(store.tables_dir / "fmt.csv")["seconds"][0] == pytest.approx(40390.372158)
+
+
+def test_records_carry_the_torch_thread_count(store):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        rec = store.add("exp", {"bs": 1}, {"t": 1.0})
+    finally:
+        torch.set_num_threads(before)
+    assert rec.threads == 1 and store.records("exp")[0].threads == 1
+    assert Record.from_dict({"experiment": "old", "config": {}}).threads is None  # stored before the field
+    md = store.save_table(pd.DataFrame({"t": [1.0]}), "thr", [rec])
+    assert "torch threads/process: 1" in md.read_text()
+
+
+def _saved_figure(store):
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2])
+    store.save_figure(fig, "wm")
+    store.save_figure(fig, "wm")  # saving twice draws one watermark
+    return fig
+
+
+def test_quick_figures_are_watermarked(store):
+    from lab_utils.results import QUICK_WATERMARK
+
+    fig = _saved_figure(store)
+    marks = [t for t in fig.texts if t.get_text() == QUICK_WATERMARK]
+    assert len(marks) == 1 and marks[0].get_rotation() != 0 and marks[0].get_alpha() < 0.5
+    assert marks[0].get_fontsize() >= 14
+
+
+def test_full_figures_are_not_watermarked(tmp_path):
+    from lab_utils.results import QUICK_WATERMARK
+
+    fig = _saved_figure(ResultStore("full", root=tmp_path / "full"))
+    assert not any(t.get_text() == QUICK_WATERMARK for t in fig.texts)

@@ -270,9 +270,34 @@ def test_anchor_table_compares_only_the_spec_configuration():
                              settings=sweep.SWEEP_SETTINGS["full"], profile="full", device="x", measured=[])
     t = sweep.anchor_table(full)
     assert list(t["batch size"]) == [32, 128, 512]
-    assert t["cohort / this run"][0] == pytest.approx(41.3 / 20.65)  # 2.0: twice as fast here
-    assert t["cohort / this run"][1] == pytest.approx(2.0)
+    assert t["cohort / this run"][0] == pytest.approx(43.42 / 20.65)  # the cohort's own sweep
+    assert t["cohort / this run"][1] == pytest.approx(36.85 / 16.8)
+    # both of the cohort's sources, unrounded; its sweep rises after 128
+    assert list(t["cohort Table 1, 1-GPU row (s)"]) == [41.3, 33.64, 33.95]
+    sweep_s = list(t["cohort batch sweep, Q1 (s)"])
+    assert sweep_s == [43.42, 36.85, 40.25] and sweep_s[2] > sweep_s[1]
     assert t["cohort / this run"][2].startswith("not measured (oom")
     quick = sweep.SweepResult(records=full.records, settings=sweep.SWEEP_SETTINGS["quick"], profile="quick",
                               device="x", measured=[])
     assert set(sweep.anchor_table(quick)["cohort / this run"]) == {"not comparable: reduced model/data"}
+
+
+def test_quick_sweep_pins_threads_like_the_ddp_workers(store, monkeypatch):
+    from lab_utils import scaling
+
+    assert sweep.SWEEP_SETTINGS["quick"].cpu_threads == scaling.SETTINGS["quick"].cpu_threads
+    assert sweep.SWEEP_SETTINGS["full"].cpu_threads is None  # GPUs: torch's default
+    before = torch.get_num_threads()
+    seen = []
+    real = sweep._measure_batch
+
+    def spy(*a, **k):
+        seen.append(torch.get_num_threads())
+        return real(*a, **k)
+
+    monkeypatch.setattr(sweep, "_measure_batch", spy)
+    result = sweep.run_sweep("quick", batch_sizes=(32,), train_images=64, test_images=32, dataset="synthetic",
+                             device="cpu", store=store, verbose=False)
+    assert seen == [1] and torch.get_num_threads() == before  # pinned inside, restored after
+    rec = result.records[0]
+    assert rec.config["cpu_threads"] == 1 and rec.threads == 1
