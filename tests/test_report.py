@@ -72,3 +72,26 @@ def _block(name):
 def test_readme_question_map_and_template_match_the_code():
     assert _block("question-map") == questions.question_map_markdown().strip()
     assert _block("report-template") == "```markdown\n" + questions.report_template().strip() + "\n```"
+
+
+# Notebooks whose title cell is checked against the question map (part B adds 02, 04, 05, 06).
+LABELLED = ("01", "03", "07", "08")
+
+
+def test_notebook_titles_name_their_questions_and_show_their_budget():
+    import nbformat
+
+    for path in runner.all_notebooks():
+        nb = nbformat.read(str(path), as_version=4)
+        number = path.name[:2]
+        budget = [c for c in nb.cells if "budget_line(" in c.source]
+        for c in budget:
+            assert f'budget_line("{number}")' in c.source, f"{path.name} shows another notebook's budget"
+        if number not in LABELLED:
+            continue
+        first_code = next(c for c in nb.cells if c.cell_type == "code")
+        assert "budget_line(" in first_code.source, f"{path.name}: the first code cell shows the time budget"
+        title = nb.cells[0].source
+        for key in questions.labels_for(number).split(", "):
+            word = {"Extra": "Extra", questions.PART2: "Part 2 project"}.get(key, key)
+            assert word in title, f"{path.name}'s title does not name {key}"
