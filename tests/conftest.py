@@ -1,5 +1,11 @@
 """Test-wide settings: results and data go to temporary folders, never into the repo.
 
+Every test has a time limit (pytest-timeout, ``timeout`` in pyproject.toml for plain
+tests). Tests marked ``slow`` (processes, launches, notebooks) get :data:`SLOW_TIMEOUT_S`
+and ``slurm`` ones :data:`SLURM_TIMEOUT_S` (the first installs and starts SLURM), unless
+they carry their own ``@pytest.mark.timeout``. Inside those limits, every subprocess and
+launch has its own, shorter timeout, so it fails with its own message first.
+
 Tests run offline on CPU. ``LAB_DATA_DIR`` points at an empty folder so the synthetic
 CIFAR-10 stand-in is used even where real data was prepared; ``LAB_RESULTS_DIR`` points
 at a per-session folder. Each test that needs a clean store uses the ``store`` fixture.
@@ -21,6 +27,20 @@ os.environ["LAB_HEADLESS"] = "1"
 os.environ.setdefault("MPLBACKEND", "agg")
 os.environ.pop("LAB_DATASET", None)
 (_SESSION_DIR / "data").mkdir(parents=True, exist_ok=True)
+
+
+SLOW_TIMEOUT_S = 420
+SLURM_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout"):
+            continue
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.timeout(SLURM_TIMEOUT_S))
+        elif item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
 
 
 @pytest.fixture

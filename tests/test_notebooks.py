@@ -38,6 +38,7 @@ def lab_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # the fixture runs every notebook (its own limit: 1800 s)
 def test_every_notebook_runs_in_quick_profile(lab_run):
     proc, root = lab_run
     print(proc.stdout)
@@ -50,6 +51,7 @@ def test_every_notebook_runs_in_quick_profile(lab_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)
 def test_report_holds_every_promised_table(lab_run):
     proc, root = lab_run
     report = (root / "report.md").read_text()

@@ -93,7 +93,7 @@ def job_files(cwd: Path, name: str, job_id: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_bash_syntax(script):
-    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
 
 
@@ -103,7 +103,8 @@ def test_shellcheck_clean():
     except SlurmUnavailable as e:
         pytest.skip(f"shellcheck cannot be installed: {e}")
     assert SCRIPTS, "no slurm/*.sbatch scripts"
-    res = subprocess.run(["shellcheck", "--shell=bash", *map(str, SCRIPTS)], capture_output=True, text=True)
+    res = subprocess.run(["shellcheck", "--shell=bash", *map(str, SCRIPTS)], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
