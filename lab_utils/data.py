@@ -20,12 +20,19 @@ The synthetic stand-in has CIFAR's shapes and types (32x32 RGB uint8 images as P
 convolutional network learns it well above chance within an epoch or two, while
 neighbouring frequencies under noise keep it from being trivial. Every record built
 from it says ``synthetic``.
+
+The fast path (:mod:`lab_utils.fastpath`, notebook 08) reads a split as arrays
+(:func:`load_split`) and trains either from the spec loader (:func:`spec_loader`) or from
+:class:`DeviceLoader`, which keeps the uint8 images on the device and does the same
+augmentation batched there (its docstring says how it matches torchvision's).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +41,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lab_utils import config
-from lab_utils.config import check_batch_size, check_choice
+from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.errors import LabError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -211,8 +218,7 @@ def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers:
     """
     check_batch_size(batch_size, "train batch size")
     check_batch_size(test_batch_size, "test batch size")
-    if num_workers < 0:
-        raise LabError(f"num_workers must be 0 or more, got {num_workers}.")
+    check_num_workers(num_workers)
     global _warned_synthetic
     train_ds, synthetic = cifar10_dataset(True, dataset, train_transform(), size=train_images)
     test_ds, _ = cifar10_dataset(False, dataset, test_transform(), size=test_images)
@@ -273,13 +279,201 @@ def prepare_cifar10(root: Path | None = None) -> Path:
     return root / "cifar-10-batches-py"
 
 
-def __getattr__(name: str):
-    """``data.DeviceLoader``: the fast, device-resident loader lives in :mod:`lab_utils.fastpath`.
 
-    Resolved lazily because fastpath itself builds on this module.
+# ---------------------------------------------------- arrays and the device-resident loader
+
+
+@dataclass
+class ArraySplit:
+    """One CIFAR-10 split as arrays: images (N, 32, 32, 3) uint8 HWC, labels (N,) int64."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    synthetic: bool
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def dataset_name(self) -> str:
+        return "synthetic CIFAR-10 stand-in" if self.synthetic else "CIFAR-10"
+
+
+
+def load_split(train: bool, images: int | None = None, dataset: str | None = None,
+               root: Path | None = None) -> ArraySplit:
+    """The first ``images`` images of a split (None: all), from the same sources as :mod:`lab_utils.data`.
+
+    Real CIFAR-10 when it was prepared in ``data/`` (or ``dataset="cifar10"``), else the
+    synthetic stand-in's arrays (:func:`lab_utils.synthetic_arrays`, identical to
+    ``SyntheticCIFAR10.data``), marked ``synthetic``.
     """
-    if name == "DeviceLoader":
-        from lab_utils.fastpath import DeviceLoader
+    if images is not None:
+        check_positive_int(images, "number of images")
+    kind = resolve_dataset(dataset, root)
+    size = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
+    n = size if images is None else min(images, size)
+    if kind == "synthetic":
+        global _warned_synthetic
+        if not _warned_synthetic and (dataset or "auto") == "auto":
+            warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
+                          "(run `make prepare` on a machine with internet for the real data).",
+                          stacklevel=2)
+            _warned_synthetic = True
+        x, y = synthetic_arrays(n, train)
+        return ArraySplit(images=x, labels=y.astype(np.int64), synthetic=True)
+    from torchvision.datasets import CIFAR10
 
-        return DeviceLoader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    ds = CIFAR10(str(root or config.data_dir()), train=train, download=False)
+    return ArraySplit(images=np.ascontiguousarray(ds.data[:n]),
+                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=False)
+
+
+def check_num_workers(num_workers: object) -> int:
+    """``num_workers`` for a DataLoader: a whole number >= 0, or a LabError naming it."""
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise LabError(f"num_workers must be a whole number >= 0, got {num_workers!r}.")
+    return num_workers
+
+
+def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, seed: int = 0,
+                pin_memory: bool | None = None) -> torch.utils.data.DataLoader:
+    """The assignment's training loader: PIL transforms in ``num_workers`` processes, shuffled."""
+    check_batch_size(batch_size)
+    check_num_workers(num_workers)
+    g = torch.Generator()
+    g.manual_seed(seed)
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    return DataLoader(
+        ArrayDataset(split.images, split.labels, train_transform()), batch_size=batch_size,
+        shuffle=True, generator=g, **config.loader_worker_options(num_workers, pin_memory))
+
+
+class DeviceLoader:
+    """CIFAR-10 resident on ``device``: shuffling, crop, flip and normalization batched there.
+
+    The uint8 images are moved to the device once, zero-padded by ``padding`` pixels
+    and kept as one int32 per pixel (the C <= 4 channel bytes packed; 50,000 padded
+    CIFAR images: 320 MB). Each epoch draws a device permutation and, for every image,
+    a crop offset (rows and columns uniform over 0..2p) and a flip (probability 1/2),
+    from a generator on the device.
+    Each batch is then one ``index_select`` of pixels (crop and flip together), a
+    conversion to float32 and a per-channel multiply-add: ``(x/255 - mean) / std``
+    (the same ``ToTensor`` + ``Normalize`` arithmetic up to float rounding).
+
+    Iterating yields ``(x, y)`` on the device: x float32 (B, C, H, W), in channels_last
+    layout when ``channels_last``; y int64 (B,). ``augment=False`` gives the test
+    pipeline (ToTensor + Normalize, no padding); ``shuffle=False`` keeps the order.
+    """
+
+    def __init__(self, images: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor | Sequence[int],
+                 batch_size: int = 128, device: torch.device | str = "cpu", augment: bool = True,
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, channels_last: bool = False,
+                 padding: int = 4, mean: Sequence[float] = CIFAR10_MEAN,
+                 std: Sequence[float] = CIFAR10_STD):
+        check_batch_size(batch_size)
+        x = torch.as_tensor(images)
+        if x.dtype != torch.uint8 or x.dim() != 4:
+            raise LabError(f"DeviceLoader needs uint8 images shaped (N, H, W, C) like CIFAR10.data, "
+                           f"got {x.dtype} {tuple(x.shape)}.")
+        y = (labels.long() if isinstance(labels, torch.Tensor)
+             else torch.as_tensor(np.asarray(labels), dtype=torch.long))
+        if y.shape != (x.shape[0],):
+            raise LabError(f"Need one label per image: {x.shape[0]} images but labels of shape "
+                           f"{tuple(y.shape)}.")
+        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+            raise LabError(f"padding must be a whole number >= 0, got {padding!r}.")
+        if x.shape[0] == 0:
+            raise LabError("DeviceLoader got no images; give at least one.")
+        self.device = torch.device(device)
+        self.batch_size = batch_size
+        self.augment = augment
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.channels_last = channels_last
+        self.padding = padding if augment else 0
+        n, h, w, c = x.shape
+        self.num_images, self.height, self.width, self.channels = int(n), int(h), int(w), int(c)
+        if len(mean) != c or len(std) != c:
+            raise LabError(f"mean and std need {c} values (one per channel), got {len(mean)} and {len(std)}.")
+        if c > 4:
+            raise LabError(f"DeviceLoader packs a pixel into 4 bytes, so at most 4 channels, got {c}.")
+        p = self.padding
+        hp, wp = h + 2 * p, w + 2 * p
+        self._plane = hp * wp  # pixels per padded image
+        # Moved once; padded on the device (zeros, as RandomCrop's default fill). Each pixel's
+        # channels are packed into one int32 (4 bytes, unused ones zero), so that cropping is one
+        # 1-D index_select of whole pixels: far faster than gathering rows of 3 bytes.
+        x = x.to(self.device)
+        packed = torch.zeros((n, hp, wp, 4), dtype=torch.uint8, device=self.device)
+        packed[:, p:p + h, p:p + w, :c] = x
+        self._pixels = packed.view(torch.int32).reshape(n * self._plane)
+        del packed, x
+        self.labels = y.to(self.device)
+        # Pixel index tables: for offset (dy, dx) and flip f, output pixel (i, j) reads padded
+        # pixel (dy + i, dx + j) unflipped, (dy + i, dx + W-1 - j) flipped (crop, then flip).
+        k = 2 * p + 1
+        rows = torch.arange(k)[:, None] + torch.arange(h)[None, :]                 # (k, H)
+        cols = torch.arange(k)[:, None] + torch.arange(w)[None, :]                 # (k, W)
+        cols = torch.stack([cols, cols.flip(1)], dim=1)                           # (k, 2, W)
+        table = rows[:, None, None, :, None] * wp + cols[None, :, :, None, :]     # (k, k, 2, H, W)
+        self._table = table.reshape(k * k * 2, h * w).to(self.device)
+        self._offsets = k
+        scale = 1.0 / (255.0 * torch.tensor(std, dtype=torch.float32))
+        self._scale = scale.view(1, c, 1, 1).to(self.device)
+        self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std, dtype=torch.float32)
+                       ).view(1, c, 1, 1).to(self.device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return self.num_images // self.batch_size
+        return math.ceil(self.num_images / self.batch_size)
+
+    def draw_epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One epoch's random choices: (order, dy, dx, flip), each of length N, on the device."""
+        n, g, dev = self.num_images, self.generator, self.device
+        order = (torch.randperm(n, generator=g, device=dev) if self.shuffle
+                 else torch.arange(n, device=dev))
+        if not self.augment:
+            zeros = torch.zeros(n, dtype=torch.long, device=dev)
+            return order, zeros, zeros, zeros
+        dy = torch.randint(0, self._offsets, (n,), generator=g, device=dev)
+        dx = torch.randint(0, self._offsets, (n,), generator=g, device=dev)
+        flip = torch.randint(0, 2, (n,), generator=g, device=dev)
+        return order, dy, dx, flip
+
+    def batch(self, idx: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor,
+              flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images ``idx`` cropped at (``dy``, ``dx``) of the padded image, flipped where ``flip``, normalized.
+
+        All arguments are int64 tensors of shape (B,) on the device. Returns (x, y).
+        """
+        table_row = (dy * self._offsets + dx) * 2 + flip
+        pix = self._table.index_select(0, table_row) + (idx * self._plane)[:, None]   # (B, H*W)
+        b = idx.shape[0]
+        packed = self._pixels.index_select(0, pix.reshape(-1))                     # (B*H*W,) int32
+        u8 = packed.view(torch.uint8).view(b, self.height, self.width, 4)
+        u8 = u8.permute(0, 3, 1, 2)[:, :self.channels]  # NCHW view of the bytes, channels_last strides
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        x = u8.to(torch.float32, memory_format=fmt)
+        x.mul_(self._scale).add_(self._shift)
+        return x, self.labels.index_select(0, idx)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order, dy, dx, flip = self.draw_epoch()
+        n, bs = self.num_images, self.batch_size
+        stop = (n // bs) * bs if self.drop_last else n
+        for start in range(0, stop, bs):
+            sl = slice(start, min(start + bs, n))
+            yield self.batch(order[sl], dy[sl], dx[sl], flip[sl])
+
+
+def device_loader(split: ArraySplit, device: torch.device | str, batch_size: int = 128,
+                  augment: bool = True, shuffle: bool = True, seed: int = 0,
+                  channels_last: bool = False) -> DeviceLoader:
+    """A :class:`DeviceLoader` over an :class:`ArraySplit`."""
+    return DeviceLoader(split.images, split.labels, batch_size=batch_size, device=device, augment=augment,
+                        shuffle=shuffle, seed=seed, channels_last=channels_last)

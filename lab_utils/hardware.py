@@ -8,6 +8,7 @@ then shows no percentage of peak rather than a guessed one.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -100,8 +101,6 @@ def cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
 
 
@@ -161,11 +160,29 @@ def hardware_summary(device: str | None = None, device_count: int | None = None)
             "device_count": int(device_count), "cpu_cores": cpu_cores()}
 
 
+def software_versions() -> dict[str, str | None]:
+    """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
+    import torch
+
+    try:
+        import torchvision
+
+        tv = torchvision.__version__
+    except Exception:  # a broken torchvision must not stop a record being written
+        tv = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": tv,
+        "cuda": torch.version.cuda,
+        "cudnn": str(cudnn) if cudnn else None,
+    }
+
+
 def describe_machine() -> dict:
     """Everything notebook 00 shows: GPUs, interconnect, CPU, versions."""
     import torch
-
-    from lab_utils.results import software_versions
 
     return {
         "gpus": [asdict(g) for g in gpus()],

@@ -24,7 +24,6 @@ import datetime as _dt
 import fcntl
 import json
 import os
-import platform
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -35,6 +34,7 @@ from typing import Any
 from lab_utils import config
 from lab_utils.backends import backend_settings
 from lab_utils.errors import LabError
+from lab_utils.hardware import hardware_summary, software_versions
 
 STATUSES = ("ok", "oom", "skipped", "error")
 
@@ -68,26 +68,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and obj != obj:  # NaN is not valid JSON
         return None
     return obj
-
-
-def software_versions() -> dict[str, str | None]:
-    """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
-    import torch
-
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:  # a broken torchvision must not stop a record being written
-        tv = None
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torchvision": tv,
-        "cuda": torch.version.cuda,
-        "cudnn": str(cudnn) if cudnn else None,
-    }
 
 
 def torch_threads() -> int | None:
@@ -220,8 +200,6 @@ class ResultStore:
         if not record.software:
             record.software = software_versions()
         if not record.hardware:
-            from lab_utils.hardware import hardware_summary
-
             record.hardware = hardware_summary()
         line = record.to_json() + "\n"
         p = self.path(record.experiment)

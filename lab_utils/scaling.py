@@ -68,6 +68,7 @@ from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.ddp import WorkerArgs
 from lab_utils.errors import LabError, LaunchError
 from lab_utils.results import Record, ResultStore
+from lab_utils.ring import ring_bytes_per_rank
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -771,7 +772,6 @@ def comm_volume_frame(records: Sequence[Record]):
     the images each device computes per step. Bytes are decimal (MB = 1e6)."""
     import pandas as pd
 
-    from lab_utils.comm import ring_bytes_per_rank
 
     rows = []
     for r in records:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from lab_utils import comm
+from lab_utils import comm, ring
 from lab_utils.errors import LabError
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
@@ -36,8 +36,8 @@ def test_gradient_bytes_skips_frozen_and_counts_element_size():
 
 
 def test_ring_bytes_per_rank_by_hand():
-    assert comm.bus_factor(4) == 1.5  # 2*3/4
-    assert comm.bus_factor(1) == 0.0
+    assert ring.bus_factor(4) == 1.5  # 2*3/4
+    assert ring.bus_factor(1) == 0.0
     assert comm.ring_bytes_per_rank(S_RESNET18, 2) == S_RESNET18  # 2*1/2 = 1
     assert comm.ring_bytes_per_rank(S_RESNET18, 4) == 67_043_772  # 1.5 * 44,695,848
     assert comm.ring_bytes_per_rank(1000, 8) == 1750  # 2*7/8 * 1000
@@ -80,29 +80,29 @@ A, B, S = 1e-5, 1e11, 1e9  # 10 us per step, 100 GB/s, 1 GB
 
 def test_ring_time_by_hand():
     # 2*3*1e-5 + 1.5 * 1e9 / 1e11 = 6e-5 + 0.015
-    assert comm.ring_allreduce_seconds(S, 4, A, B) == pytest.approx(0.01506, rel=1e-12)
-    assert comm.ring_allreduce_seconds(S, 1, A, B) == 0.0
+    assert ring.ring_allreduce_seconds(S, 4, A, B) == pytest.approx(0.01506, rel=1e-12)
+    assert ring.ring_allreduce_seconds(S, 1, A, B) == 0.0
 
 
 def test_alternatives_by_hand():
     # tree: 2 * ceil(log2 4) * (1e-5 + 0.01) = 4 * 0.01001
-    assert comm.tree_allreduce_seconds(S, 4, A, B) == pytest.approx(0.04004, rel=1e-12)
+    assert ring.tree_allreduce_seconds(S, 4, A, B) == pytest.approx(0.04004, rel=1e-12)
     # tree on 5 ranks: ceil(log2 5) = 3 levels -> 6 hops
-    assert comm.tree_allreduce_seconds(S, 5, A, B) == pytest.approx(0.06006, rel=1e-12)
+    assert ring.tree_allreduce_seconds(S, 5, A, B) == pytest.approx(0.06006, rel=1e-12)
     # recursive doubling on 8: 3 * 0.01001
-    assert comm.recursive_doubling_seconds(S, 8, A, B) == pytest.approx(0.03003, rel=1e-12)
+    assert ring.recursive_doubling_seconds(S, 8, A, B) == pytest.approx(0.03003, rel=1e-12)
     # halving+doubling on 8: 2*3*1e-5 + 1.75 * 0.01
-    assert comm.halving_doubling_seconds(S, 8, A, B) == pytest.approx(0.01756, rel=1e-12)
+    assert ring.halving_doubling_seconds(S, 8, A, B) == pytest.approx(0.01756, rel=1e-12)
     # the earlier student's formula: (0.01 + 0.005) * log2 8
-    assert comm.spec_log2_seconds(0.01, 0.005, 8) == pytest.approx(0.045, rel=1e-12)
+    assert ring.spec_log2_seconds(0.01, 0.005, 8) == pytest.approx(0.045, rel=1e-12)
 
 
 def test_ring_is_bandwidth_optimal_and_latency_grows_linearly():
-    big = [comm.ring_allreduce_seconds(S, p, 0.0, B) for p in (2, 16, 1024)]
+    big = [ring.ring_allreduce_seconds(S, p, 0.0, B) for p in (2, 16, 1024)]
     assert big[0] < big[1] < big[2] < 2 * S / B  # bandwidth term bounded by 2S/B
     # the earlier student's log2 formula keeps growing: at 1024 ranks it is 10x the transfer time
-    assert comm.spec_log2_seconds(S / B, 0.0, 1024) == pytest.approx(10 * S / B)
-    small = [comm.ring_allreduce_seconds(8, p, A, B) for p in (2, 1024)]
+    assert ring.spec_log2_seconds(S / B, 0.0, 1024) == pytest.approx(10 * S / B)
+    small = [ring.ring_allreduce_seconds(8, p, A, B) for p in (2, 1024)]
     assert small[1] / small[0] == pytest.approx(2046 / 2, rel=1e-4)  # 2(P-1) alpha dominates
 
 
@@ -111,32 +111,32 @@ def test_bucketed_ring_by_hand():
     expected = 2 * 6e-5 + 1.5 * S_RESNET18 / 1e11
     assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B) == pytest.approx(expected, rel=1e-12)
     assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B, bucket_bytes=1e12) == pytest.approx(
-        comm.ring_allreduce_seconds(S_RESNET18, 4, A, B), rel=1e-12)
+        ring.ring_allreduce_seconds(S_RESNET18, 4, A, B), rel=1e-12)
 
 
 def test_compare_algorithms_frame():
-    df = comm.compare_algorithms(S, [2, 8], A, B)
+    df = ring.compare_algorithms(S, [2, 8], A, B)
     assert list(df.devices) == [2, 8]
     assert df.loc[1, "ring (ms)"] == pytest.approx(1e3 * (14 * A + 1.75 * S / B))
-    assert df.loc[1, comm.EARLIER_LOG2_COLUMN] == pytest.approx(1e3 * 3 * S / B)
+    assert df.loc[1, ring.EARLIER_LOG2_COLUMN] == pytest.approx(1e3 * 3 * S / B)
 
 
 # --------------------------------------------------------------------------- nccl-tests
 
 
 def test_algbw_busbw_by_hand():
-    assert comm.algbw_gb_per_s(1e9, 0.5) == 2.0  # 1e9 B / 0.5 s = 2 GB/s (decimal)
-    assert comm.busbw_gb_per_s(2.0, 4) == 3.0  # x 2*3/4
-    assert comm.busbw_gb_per_s(2.0, 8) == 3.5  # x 2*7/8
-    assert comm.busbw_gb_per_s(2.0, 2) == 2.0
-    assert comm.algbw_gb_per_s(2**30, 1.0) == pytest.approx(1.073741824)
+    assert ring.algbw_gb_per_s(1e9, 0.5) == 2.0  # 1e9 B / 0.5 s = 2 GB/s (decimal)
+    assert ring.busbw_gb_per_s(2.0, 4) == 3.0  # x 2*3/4
+    assert ring.busbw_gb_per_s(2.0, 8) == 3.5  # x 2*7/8
+    assert ring.busbw_gb_per_s(2.0, 2) == 2.0
+    assert ring.algbw_gb_per_s(2**30, 1.0) == pytest.approx(1.073741824)
 
 
 def test_bad_inputs_raise_lab_error():
     with pytest.raises(LabError, match="world size"):
         comm.ring_bytes_per_rank(10, 0)
     with pytest.raises(LabError, match="time in seconds"):
-        comm.algbw_gb_per_s(10, 0)
+        ring.algbw_gb_per_s(10, 0)
     with pytest.raises(LabError, match="per-device batch"):
         comm.iterations_per_epoch(100, 0, 2)
     with pytest.raises(LabError, match="multiple of 4"):
@@ -157,7 +157,7 @@ def test_message_sizes_double():
 
 def _synthetic(alpha, bw, p, noise=0.0, seed=0):
     sizes = np.array(comm.message_sizes(8, comm.GIB), dtype=float)
-    t = np.array([comm.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
+    t = np.array([ring.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
     if noise:
         t = t * (1 + noise * np.random.default_rng(seed).standard_normal(len(t)))
     return sizes, t
@@ -169,7 +169,7 @@ def test_fit_recovers_exact_model():
     assert fit.alpha_seconds == pytest.approx(5e-6, rel=1e-9)
     assert fit.bandwidth_bytes_per_s == pytest.approx(50e9, rel=1e-9)
     assert fit.rms_relative_error < 1e-9 and fit.max_relative_error < 1e-9
-    assert fit.predict_seconds(1e6) == pytest.approx(comm.ring_allreduce_seconds(1e6, 4, 5e-6, 50e9))
+    assert fit.predict_seconds(1e6) == pytest.approx(ring.ring_allreduce_seconds(1e6, 4, 5e-6, 50e9))
     # busbw of the model tends to B for large messages
     assert fit.predict_busbw_gb_per_s(1e12) == pytest.approx(50.0, rel=1e-3)
 
@@ -330,7 +330,7 @@ def _check_bench(records, n):
 
 @pytest.mark.slow
 def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys):
-    settings = comm.BenchSettings(max_bytes=64 * comm.KIB, iters=3, warmup=1, timeout_s=180)
+    settings = comm.BenchSettings(max_bytes=64 * ring.KIB, iters=3, warmup=1, timeout_s=180)
     records = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
     df = _check_bench(records, 2)
     assert len(df) == 14  # 8 B .. 64 KiB
@@ -343,7 +343,7 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
     again = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
     assert [r.timestamp for r in again] == [r.timestamp for r in records]
     rc = comm.bench_main(["--profile", "quick", "--nproc", "2", "--backend", "gloo", "--max-bytes",
-                          str(64 * comm.KIB), "--iters", "3", "--warmup", "1"])
+                          str(64 * ring.KIB), "--iters", "3", "--warmup", "1"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "busbw(GB/s)" in out and "alpha" in out and "65536" in out
@@ -351,7 +351,7 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
 
 @pytest.mark.slow
 def test_benchmark_three_gloo_ranks_bus_factor(store):
-    settings = comm.BenchSettings(max_bytes=4 * comm.KIB, iters=2, warmup=1, timeout_s=180)
+    settings = comm.BenchSettings(max_bytes=4 * ring.KIB, iters=2, warmup=1, timeout_s=180)
     records = comm.run_allreduce_bench(store, nproc=3, settings=settings, backend="gloo", verbose=False)
     df = _check_bench(records, 3)
     assert (df.busbw_gb_per_s > df.algbw_gb_per_s).all()  # factor 4/3

@@ -22,8 +22,9 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 
 from lab_utils import data, fastpath
+from lab_utils.data import DeviceLoader
 from lab_utils.errors import LabError
-from lab_utils.fastpath import DeviceLoader, FastSettings, TrainOptions
+from lab_utils.fastpath import FastSettings, TrainOptions
 
 MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
