@@ -99,23 +99,31 @@ def _failing_cell(nb) -> tuple[int | None, str | None]:
 def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) -> NotebookResult:
     """Run one notebook; save the executed copy whatever happens."""
     import nbformat
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(str(path), as_version=4)
-    client = NotebookClient(nb, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
-                            resources={"metadata": {"path": str(config.labs_dir())}},
-                            record_timing=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / path.name
     t0 = time.perf_counter()
     error = None
-    try:
-        client.execute()
-    except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
-        error = e
-    except Exception as e:  # kernel failed to start, etc.: still save and report
-        error = e
+    # The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
+    # nothing listens on the (shared) node, and the kernel has no "unencrypted TCP" warning to print.
+    with tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
+        km = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(Path(sockets) / "kernel"))
+        client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
+                                resources={"metadata": {"path": str(config.labs_dir())}},
+                                record_timing=True)
+        try:
+            client.execute()
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+            error = e
+        except Exception as e:  # kernel failed to start, etc.: still save and report
+            error = e
+        finally:  # nbclient leaves a kernel it did not create running
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
     seconds = time.perf_counter() - t0
     nbformat.write(nb, str(executed))
     if error is None:
