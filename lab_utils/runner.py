@@ -111,7 +111,11 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) 
     # The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
     # nothing listens on the (shared) node, and the kernel has no "unencrypted TCP" warning to print.
     with tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
-        km = KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=str(Path(sockets) / "kernel"))
+        base = str(Path(sockets) / "kernel")
+        # A Unix socket path must fit in 108 bytes (with the "-<port>" suffix); a long $TMPDIR
+        # (some clusters set one per job) falls back to TCP on the loopback interface.
+        km = (KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base) if len(base) < 90
+              else KernelManager(kernel_name=KERNEL_NAME))
         client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
                                 resources={"metadata": {"path": str(config.labs_dir())}},
                                 record_timing=True)
