@@ -53,6 +53,7 @@ import argparse
 import contextlib
 import functools
 import math
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -948,6 +949,12 @@ def trace_fast_path(store: ResultStore, settings: FastSettings, options: TrainOp
 
     settings.check()
     dev = _device(device)
+    if dev.type == "cpu":
+        # Without a GPU, kineto (the profiler's C++ side) prints its stage markers and an ERROR
+        # line, "gpuGetDeviceCount failed", that only says there is no GPU: noise under the
+        # cell. Level 6 silences it (5 would still print the USDT start/stop markers). On a
+        # GPU its errors (e.g. no CUPTI permission) matter, so they stay. A user's value wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
     name = step or ("fast" if options.loader == "device" else "spec")
     path = trace_dir(store) / f"fastpath_{name}.json"

@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -457,3 +458,25 @@ def test_cli_bench_train_small(results_dir, capsys):
     assert rc == 0 and "device_loader" in out and "ratio_to_spec" in out
     lines = (results_dir / "quick" / "runs" / "bench_train.jsonl").read_text().splitlines()
     assert len(lines) == 2
+
+
+@pytest.mark.timeout(120)
+def test_trace_prints_no_profiler_noise(tmp_path):
+    """What a student reads under the trace cell: none of kineto's start/stop markers or its
+    "gpuGetDeviceCount failed" on a machine without a GPU (a fresh process: kineto reads its
+    log level once)."""
+    code = textwrap.dedent("""
+        from lab_utils import fastpath
+        from lab_utils.results import ResultStore
+        s = fastpath.FastSettings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
+                                  warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic").check()
+        fastpath.trace_fast_path(ResultStore("quick"), s, fastpath.TrainOptions(loader="device"), "dl", "cpu")
+        print("traced")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["LAB_RESULTS_DIR"] = str(tmp_path)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=100)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "traced" in res.stdout
+    for noise in ("gpuGetDeviceCount", "profiler_start", "profiler_stop"):
+        assert noise not in res.stderr
