@@ -7,8 +7,9 @@ Modes:
 - ``sleep``: print a line, then sleep (for the timeout path).
 - ``fail``: rank ``--fail-rank`` prints a marker line and raises; the others wait in a
   barrier that never completes (torchrun must tear them down).
-- ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps, each rank on its
-  contiguous shard of a seeded global batch; rank 0 writes the final parameters.
+- ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps through the lab's
+  own worker loop (``lab_utils.ddp.train_steps``), each rank on its contiguous shard of a
+  seeded global batch; rank 0 writes the final parameters.
 - ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, once per
   ``--bucket-cap-mb`` value (default one bucket, then several), plus rank 0's one-process
   step on the global batch (for method (a)); rank 0 writes them.
@@ -106,21 +107,25 @@ def main() -> int:
 
 
 def equality(a, rank: int, world: int) -> dict:
+    """``--steps`` optimizer steps of the lab's own worker loop (:func:`lab_utils.ddp.train_steps`,
+    skew barrier included) on a BatchNorm-free MLP, each rank on its contiguous shard of a seeded
+    global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from lab_utils.ddp import train_steps
+    from lab_utils.timing import PhaseTimer
     from lab_utils.train import make_optimizer
 
     model = toy_mlp()
     ddp = DDP(model)
     opt = make_optimizer(ddp, lr=a.lr)
     x, y = toy_batches(a.steps, a.batch * world)
-    loss_fn = nn.CrossEntropyLoss()
-    for s in range(a.steps):
-        shard = slice(rank * a.batch, (rank + 1) * a.batch)
-        opt.zero_grad(set_to_none=True)
-        loss_fn(ddp(x[s, shard]), y[s, shard]).backward()
-        opt.step()
-    return {"params": [p.detach().tolist() for p in model.parameters()]}
+    shard = slice(rank * a.batch, (rank + 1) * a.batch)
+    batches = [(x[s, shard], y[s, shard]) for s in range(a.steps)]
+    cpu = torch.device("cpu")
+    sums = train_steps(ddp, batches, len(batches), opt, nn.CrossEntropyLoss(), PhaseTimer(cpu), cpu,
+                       skew_barrier=world > 1)
+    return {"params": [p.detach().tolist() for p in model.parameters()], "steps": sums.steps}
 
 
 def accum_blocks(blocks: int, batch: int, seed: int = 3):

@@ -131,15 +131,18 @@ def test_resolved_fills_profile_sizes(monkeypatch):
 def single_process_reference(steps: int, batch: int, world: int, lr: float) -> list[torch.Tensor]:
     from ddp_toy_worker import toy_batches, toy_mlp  # noqa: E402
 
+    from lab_utils.ddp import train_steps
+    from lab_utils.timing import PhaseTimer
     from lab_utils.train import make_optimizer
 
+    # one process, the same loop as the workers, each step on the whole global batch
     model = toy_mlp()
     opt = make_optimizer(model, lr=lr)
     x, y = toy_batches(steps, batch * world)
-    for s in range(steps):
-        opt.zero_grad(set_to_none=True)
-        nn.CrossEntropyLoss()(model(x[s]), y[s]).backward()
-        opt.step()
+    cpu = torch.device("cpu")
+    sums = train_steps(model, [(x[s], y[s]) for s in range(steps)], steps, opt, nn.CrossEntropyLoss(),
+                       PhaseTimer(cpu), cpu, skew_barrier=False)
+    assert sums.steps == steps
     return [p.detach() for p in model.parameters()]
 
 
@@ -158,7 +161,10 @@ def toy_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_rank_ddp_equals_one_process_on_the_global_batch(toy_run):
+    """Two gloo ranks through the DDP worker's own loop (``ddp.train_steps``, skew barrier
+    included) end with the parameters one process gets from the same loop on the global batch."""
     steps, batch, lr = EQ_STEPS, EQ_BATCH, EQ_LR
+    assert toy_run[0]["steps"] == steps  # the workers ran the lab's loop, one optimizer step per batch
     ddp_params = [torch.tensor(p) for p in toy_run[0]["params"]]
     ref = single_process_reference(steps, batch, 2, lr)
     start = [p.detach() for p in __import__("ddp_toy_worker").toy_mlp().parameters()]
