@@ -17,7 +17,7 @@ TORCH_VARIANT ?=
 SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
-.PHONY: venv lab test prepare kernel lint report clean-results
+.PHONY: venv lab test prepare kernel lint report clean-results student grade
 
 venv: $(STAMP)
 
@@ -46,6 +46,18 @@ prepare: venv  ## download CIFAR-10 and the text corpus into data/ (needs intern
 
 kernel: venv   ## register .venv as a Jupyter kernel for JupyterLab
 	$(PY) -m ipykernel install --user --name dl-perf-lab --display-name "DL performance lab (.venv)"
+
+# Instructor (README "Instructor: exercises and grading"):
+#   make student                         student edition -> dist/student/, grading bundle -> dist/grading/
+#   make grade SUBMISSIONS=handed_in/    gradebook -> grades/gradebook.csv, grades/feedback/<student>.md
+SUBMISSIONS ?=
+GRADE_ARGS  ?=
+student: venv  ## build the student edition and the grading bundle (otter assign)
+	$(PY) -m lab_utils student --out dist
+
+grade: venv    ## grade a folder of submitted notebooks headless (otter run)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder_of_submissions"; exit 2; }
+	$(PY) -m lab_utils grade "$(SUBMISSIONS)" --bundle dist/grading --out grades $(GRADE_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,6 +6,9 @@
 - ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
   (``timers``, ``allreduce``, ``data``, ``train``).
 - ``info``: the machine, versions, chosen profile and data status.
+- ``student [--out DIR]``: build the student edition and the grading bundle (otter assign).
+- ``grade SUBMISSIONS_DIR [--bundle DIR] [--out DIR] [--timeout S] [--jobs N]``: grade handed-in
+  notebooks headless (otter run, no Docker) into a gradebook and feedback files.
 
 Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
 node whose GPUs this torch cannot use: ``info`` and ``run`` stop before any work instead of
@@ -94,7 +97,52 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("info", help="machine, versions, profile and data status")
     i.add_argument("--profile", default=None)
+
+    st = sub.add_parser("student", help="build the student edition and the grading bundle (otter assign)",
+                        description=STUDENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("--out", default="dist", help="output folder (default: dist): student/ and grading/")
+    st.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 01 02; default: every "
+                                                 "notebook with an '# ASSIGNMENT CONFIG' cell)")
+
+    g = sub.add_parser("grade", help="grade a folder of submitted notebooks headless (otter run)",
+                       description=GRADE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("submissions", metavar="SUBMISSIONS_DIR",
+                   help="<student>/NN_*.ipynb (one folder per student) or <student>.ipynb")
+    g.add_argument("--bundle", default="dist/grading", help="the grading bundle (default: dist/grading)")
+    g.add_argument("--out", default="grades", help="where gradebook.csv and feedback/ go (default: grades)")
+    g.add_argument("--timeout", type=float, default=120,
+                   help="seconds one submission may take before it is stopped (default: 120)")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default: 1)")
     return p
+
+
+STUDENT_HELP = """Build the student edition and the grading bundle from the notebooks in labs/.
+
+Every labs/NN_*.ipynb with an '# ASSIGNMENT CONFIG' cell is a master notebook (otter assign v7
+format). For each, otter assign writes:
+  DIR/student/NN_*.ipynb            solutions and hidden tests stripped, outputs cleared; public
+                                    tests inside the notebook for grader.check(); stamped with
+                                    the notebook's lab version (metadata dl_perf_lab)
+  DIR/grading/NN_*-autograder.zip   otter's autograder with all tests (public and hidden)
+  DIR/grading/manifest.json         versions, questions and points
+The build fails if any solution or hidden-test text is left in a student notebook.
+Hand out DIR/student/ (students open the notebooks with the lab's kernel: they import lab_utils).
+Keep DIR/grading/ for `python -m lab_utils grade`."""
+
+GRADE_HELP = """Grade handed-in notebooks headless with otter run (no Docker, no GPU needed).
+
+Build the bundle first (make student). Collect the submissions in one folder, either
+  SUBMISSIONS_DIR/<student>/NN_*.ipynb   one folder per student (student = folder name), or
+  SUBMISSIONS_DIR/<student>.ipynb        one notebook per student (student = file stem).
+The lab notebook is recognized from the notebook's metadata (else its file name).
+Every notebook runs in its own subprocess with a time limit (--timeout); the experiment cells
+(tagged otter_ignore) are skipped, so only imports and exercises run.
+
+Writes OUT/gradebook.csv (student, notebook, question, points, max_points, error) and
+OUT/feedback/<student>.md (scores, failed test messages, answers of the hand-graded questions).
+Hand-graded questions have empty points. A broken submission (syntax error, endless loop,
+deleted check cells, a notebook from another lab version, not a notebook) gets rows whose
+error says why; the batch always goes on. About 12 s per notebook on 2 cores."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             return _call(BENCHES[args.name][0], args.args)
         if args.command == "info":
             return _info(args)
+        if args.command == "student":
+            from lab_utils import grading
+
+            grading.build(args.out, notebooks=args.notebooks or None)
+            return 0
+        if args.command == "grade":
+            from lab_utils import grading
+
+            grading.grade(args.submissions, args.bundle, args.out, args.timeout, args.jobs)
+            return 0
     except LabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
