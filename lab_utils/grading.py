@@ -195,6 +195,7 @@ class MasterParts:
     questions: list[dict] = field(default_factory=list)   # name, points, manual
     secret_lines: set[str] = field(default_factory=set)   # solution and hidden-test lines
     public_text: str = ""                                  # everything a student may see
+    public_tests: dict[str, int] = field(default_factory=dict)  # question -> public test cells
 
 
 def parse_master(path: Path) -> MasterParts:
@@ -225,6 +226,10 @@ def parse_master(path: Path) -> MasterParts:
         elif block and block[-1] == "TESTS" and src.lstrip().startswith("#") and \
                 re.search(r"\bhidden\b", src.lstrip().split("\n", 1)[0], re.I):
             secret = src.split("\n")
+        elif block and block[-1] == "TESTS":
+            name = parts.questions[-1]["name"]
+            parts.public_tests[name] = parts.public_tests.get(name, 0) + 1
+            public.extend(src.split("\n"))
         elif c["cell_type"] == "code" and "# BEGIN SOLUTION" in src:
             inside = False
             for line in src.split("\n"):
@@ -248,14 +253,24 @@ def parse_master(path: Path) -> MasterParts:
 
 
 def find_leaks(student_nb_text: str, parts: MasterParts) -> list[str]:
-    """Solution or hidden-test text found in a student notebook (its JSON text, metadata included)."""
-    text = json.loads(student_nb_text)
-    flat = json.dumps(text, ensure_ascii=False)
-    sources = "\n".join(_source(c) for c in text["cells"]) + "\n" + \
-        json.dumps(text.get("metadata", {}), ensure_ascii=False)
-    found = [m for m in LEAK_MARKERS if m in flat]
-    found += [line for line in sorted(parts.secret_lines) if line in sources
-              or json.dumps(line, ensure_ascii=False)[1:-1] in flat]
+    """Solution or hidden-test text found in a student notebook (its JSON text).
+
+    Cell sources are searched for otter's markers and every solution / hidden-test line of the
+    master; the public tests otter stores in the metadata (rewritten as doctests) must be
+    exactly the master's public test cells, none hidden.
+    """
+    nb = json.loads(student_nb_text)
+    sources = "\n".join(_source(c) for c in nb["cells"])
+    found = [m for m in LEAK_MARKERS if m in sources]
+    found += [line for line in sorted(parts.secret_lines) if line in sources]
+    tests = nb.get("metadata", {}).get("otter", {}).get("tests", {})
+    for name, t in tests.items():
+        cases = [c for suite in t.get("suites", []) for c in suite.get("cases", [])]
+        if any(c.get("hidden") for c in cases) or len(cases) != parts.public_tests.get(name, 0):
+            found.append(f"{name}: {len(cases)} test cases in the student notebook, "
+                         f"{parts.public_tests.get(name, 0)} public ones in the master")
+    meta = json.dumps(nb.get("metadata", {}), ensure_ascii=False)
+    found += [m for m in LEAK_MARKERS if m in meta]
     return found
 
 
