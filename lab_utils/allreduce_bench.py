@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from lab_utils.comm import ELEMENT_BYTES, message_sizes
-from lab_utils.ring import algbw_gb_per_s, busbw_gb_per_s
 from lab_utils.launcher import setup_rank_logging, write_worker_output
+from lab_utils.ring import algbw_gb_per_s, busbw_gb_per_s
 
 
 def _sync(device: torch.device) -> None:
