@@ -1,34 +1,9 @@
-"""Ring all-reduce from first principles: bytes, time models, a benchmark, projections.
+"""Notebook 04's measurements: the all-reduce benchmark, Table 3, the fit and the projections.
 
-Everything notebook 04 computes lives here, in four parts.
-
-**Bytes.** The gradient of a model is ``S = sum(numel x element_size)`` bytes over the
-parameters that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; the
-parameter *count* is not a size). A ring all-reduce over ``P`` ranks is a reduce-scatter
-followed by an all-gather, ``P-1`` steps each, every step sending one ``S/P`` chunk, so
-each rank sends (and receives) ``2(P-1)/P x S`` bytes per all-reduce. Per epoch that is
-multiplied by the iterations each rank runs: ``DistributedSampler`` (``drop_last=False``)
-pads the data set by repeating samples until it divides evenly, giving every rank
-``ceil(N/P)`` samples, and the ``DataLoader`` keeps the last partial batch, so a rank runs
-``ceil(ceil(N/P)/b)`` iterations (which equals ``ceil(N/(P b))``).
-
-**Time models** (alpha: seconds per message step, B: bytes/s of one link direction):
-
-- ring: ``T = 2(P-1) alpha + 2(P-1)/P x S / B``: the bandwidth term hardly grows with P
-  (bandwidth-optimal), the latency term grows linearly (small messages, many ranks);
-- binary tree (reduce then broadcast, whole message per hop, no pipelining):
-  ``2 ceil(log2 P) (alpha + S/B)``;
-- recursive doubling: ``ceil(log2 P) (alpha + S/B)``: few steps, but the whole message
-  on every step;
-- recursive halving + doubling (Rabenseifner): ``2 log2 P alpha + 2(P-1)/P x S/B``;
-- an earlier student's formula, ``(transfer + compute) x log2(P)`` (not the
-  assignment's: the assignment asks for the ring), kept only to be compared: it is
-  neither a ring nor a correct tree model.
-
-**nccl-tests definitions** (``doc/PERFORMANCE.md``): ``algbw = S / t`` and, for
-all-reduce, ``busbw = algbw x 2(n-1)/n``, both in decimal GB/s (1e9 bytes/s). In the
-bandwidth-dominated regime busbw approaches B, so busbw is comparable across rank counts
-and with a link's nominal bandwidth.
+The formulas (the gradient's bytes, what a ring all-reduce sends per rank and per epoch,
+the time models of ring, tree, recursive doubling and halving-doubling, nccl-tests' algbw
+and busbw, the alpha-beta fit) live in :mod:`lab_utils.ring`; this module measures and
+projects with them, and still exposes the ones it uses (``comm.ring_bytes_per_rank``).
 
 **Benchmark, fit, projections.** :func:`run_allreduce_bench` runs
 :mod:`lab_utils.allreduce_bench` under torchrun (NCCL on GPUs, gloo on CPU processes),
