@@ -110,6 +110,8 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) 
     error = None
     # The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
     # nothing listens on the (shared) node, and the kernel has no "unencrypted TCP" warning to print.
+    # The kernel runs in the notebook's own folder, as in JupyterLab (a student edition's
+    # check cells read their notebook from there).
     with tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
         base = str(Path(sockets) / "kernel")
         # A Unix socket path must fit in 108 bytes (with the "-<port>" suffix); a long $TMPDIR
@@ -117,7 +119,7 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) 
         km = (KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base) if len(base) < 90
               else KernelManager(kernel_name=KERNEL_NAME))
         client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
-                                resources={"metadata": {"path": str(config.labs_dir())}},
+                                resources={"metadata": {"path": str(path.resolve().parent)}},
                                 record_timing=True)
         try:
             client.execute()

@@ -78,3 +78,16 @@ def test_committed_notebooks_have_parameters_cell_and_no_outputs():
         assert len(tagged) == 1, f"{path.name} needs exactly one cell tagged 'parameters'"
         assert "PROFILE" in tagged[0].source
         assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), path.name
+
+
+@pytest.mark.slow
+def test_a_notebook_runs_in_its_own_folder(results_dir, tmp_path):
+    """As in JupyterLab: the kernel's working directory is the notebook's folder (a student
+    edition's check cells read their own notebook file from there)."""
+    folder = tmp_path / "student"
+    folder.mkdir()
+    nb = _notebook(folder / "98_where.ipynb", [
+        "import os, pathlib\npathlib.Path('cwd.txt').write_text(os.getcwd())"])
+    [res] = runner.run([str(nb)], profile="quick", timeout_s=120)
+    assert res.ok, res.error
+    assert (folder / "cwd.txt").read_text() == str(folder)
