@@ -112,7 +112,7 @@ Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's per-epoch phases:
 ``--measure-comm`` ``allreduce_seconds``), the reported epoch's values at the top
 level, and ``comm_probe`` (that rank's probe) with ``--measure-comm``.
 
-Per-rank breakdown (see :func:`train_steps`): ``data_loading`` = waiting on this rank's
+Per-rank breakdown (see :func:`lab_utils.train.train_steps`): ``data_loading`` = waiting on this rank's
 loader; ``data_movement`` = host-to-device copies; ``skew_wait`` = waiting, in a barrier
 right after the data movement, for the slowest rank's loader (one all-reduce of one
 float32 per optimizer step, whose own latency is counted here too; 0 with one rank);
@@ -472,7 +472,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     from lab_utils.models import ResNet18, count_parameters
     from lab_utils.schedules import LRSchedule, scaled_lr
     from lab_utils.timing import PhaseTimer, synchronize
-    from lab_utils.train import make_optimizer
+    from lab_utils.train import make_optimizer, train_steps
 
     t_config = time.perf_counter()
     device = ctx.device
@@ -598,105 +598,6 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
                "peak_lr": peak, "warmup_steps": warmup_steps,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(args, ctx, gathered, summary)
-
-
-@dataclass
-class EpochSums:
-    """What :func:`train_steps` counted in one pass: images, optimizer steps, micro-steps
-    (forward/backward passes, = batches), the loss and correct-prediction sums of this rank
-    (float64 tensors on the device) and, with a comm timer, the all-reduce seconds."""
-
-    images: int
-    steps: int
-    micro_steps: int
-    loss_sum: Any
-    correct: Any
-    allreduce_seconds: float = 0.0
-    exposed_tail_seconds: float = 0.0
-
-
-def train_steps(ddp, batches, n_batches: int, optimizer, loss_fn, timer, device, *,
-                accumulation_steps: int = 1, scheduler=None, comm_timer=None,
-                skew_barrier: bool = True) -> EpochSums:
-    """THE worker's training loop over one pass of ``batches`` (``n_batches`` of them).
-
-    Per batch, timed by ``timer`` (a :class:`lab_utils.timing.PhaseTimer`; seconds):
-
-    - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
-    - ``data_movement``: host-to-device copies of the batch;
-    - ``skew_wait`` (with ``skew_barrier``, before the micro-step that all-reduces): a
-      barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
-      timer synchronizes the device, so on CUDA it is waited for). A rank whose batch is
-      ready early waits here for the slowest rank's loader, instead of inside backward's
-      gradient all-reduce, where that wait used to be counted as compute. It costs one
-      tiny collective per optimizer step; its own latency is in this phase too;
-    - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
-      exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
-
-    Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k
-    batches (the epoch's last group may be shorter). The first k - 1 micro-steps run
-    under ``ddp.no_sync()`` (gradients accumulate locally, nothing is communicated), the
-    last one all-reduces the sum; each micro-step's loss is divided by the group's size, so
-    the gradient is the mean over world x k micro-batches: that of one step on the global
-    batch world x k x batch, as long as each micro-batch is normalized on its own, which is
-    what DDP's per-rank BatchNorm does anyway. BatchNorm running statistics are not equal:
-    they get k updates per step (one per micro-batch) instead of one.
-    """
-    from contextlib import nullcontext
-
-    import torch
-    import torch.distributed as dist
-
-    non_blocking = device.type == "cuda"
-    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    correct = torch.zeros((), device=device, dtype=torch.float64)
-    token = torch.zeros(1, device=device) if skew_barrier else None
-    out = EpochSums(0, 0, 0, loss_sum, correct)
-    group_start, group_size = 0, 1
-    for i, (x, y) in enumerate(timer.iterate(batches)):
-        with timer.phase("data_movement"):
-            x = x.to(device, non_blocking=non_blocking)
-            y = y.to(device, non_blocking=non_blocking)
-        pos = i - group_start
-        if pos == 0:
-            group_size = max(1, min(accumulation_steps, n_batches - i))
-        last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
-        if last and token is not None:
-            with timer.phase("skew_wait"):
-                dist.all_reduce(token)
-        if last and comm_timer is not None:
-            comm_timer.begin_step()
-        with timer.phase("compute"):
-            if pos == 0:
-                optimizer.zero_grad(set_to_none=True)
-            with nullcontext() if last else ddp.no_sync():
-                logits = ddp(x)
-                loss = loss_fn(logits, y)
-                (loss / group_size if group_size > 1 else loss).backward()
-            if last:
-                if comm_timer is not None:
-                    comm_timer.end_backward()
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-            loss_sum += loss.detach().double() * y.shape[0]
-            correct += (logits.detach().argmax(1) == y).sum().double()
-        if last and comm_timer is not None:
-            sc = comm_timer.finish_step()
-            out.allreduce_seconds += sc.allreduce_busy_seconds
-            out.exposed_tail_seconds += sc.exposed_tail_seconds
-            # the exposed wait happened inside the compute phase: move it to communication
-            timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
-            timer.add("communication", sc.exposed_tail_seconds)
-        out.images += int(y.shape[0])
-        out.micro_steps += 1
-        if last:
-            out.steps += 1
-            group_start = i + 1
-    if out.micro_steps != group_start:
-        raise RuntimeError(f"train_steps: {out.micro_steps} batches arrived, {n_batches} announced; "
-                           "the last gradients were never applied")
-    return out
 
 
 def _slowed(loader, seconds: float):

@@ -11,11 +11,15 @@ backward and the optimizer step (``data_movement`` + ``compute`` +
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from lab_utils.progress import progress
@@ -88,11 +92,112 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+@dataclass
+class EpochSums:
+    """What :func:`train_steps` counted in one pass: images, optimizer steps, micro-steps
+    (forward/backward passes, = batches), the loss and correct-prediction sums of this rank
+    (float64 tensors on the device) and, with a comm timer, the all-reduce seconds."""
+
+    images: int
+    steps: int
+    micro_steps: int
+    loss_sum: Any
+    correct: Any
+    allreduce_seconds: float = 0.0
+    exposed_tail_seconds: float = 0.0
+
+
+def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, device, *,
+                accumulation_steps: int = 1, scheduler=None, comm_timer=None,
+                skew_barrier: bool = True) -> EpochSums:
+    """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
+
+    Every path that trains a ResNet goes through it: the DDP worker (:mod:`lab_utils.ddp`,
+    notebooks 02, 03 and 05) and, through :func:`train_epoch`, the batch-size sweep and
+    DataParallel (notebooks 01 and 02). ``model`` is a DDP module or a plain one (a plain
+    one cannot accumulate gradients with ``no_sync``, nor take the skew barrier).
+
+    Per batch, timed by ``timer`` (a :class:`lab_utils.timing.PhaseTimer`; seconds):
+
+    - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
+    - ``data_movement``: host-to-device copies of the batch;
+    - ``skew_wait`` (with ``skew_barrier``, before the micro-step that all-reduces): a
+      barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
+      timer synchronizes the device, so on CUDA it is waited for). A rank whose batch is
+      ready early waits here for the slowest rank's loader, instead of inside backward's
+      gradient all-reduce, where that wait used to be counted as compute. It costs one
+      tiny collective per optimizer step; its own latency is in this phase too;
+    - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
+      exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
+
+    Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k
+    batches (the epoch's last group may be shorter). The first k - 1 micro-steps run
+    under ``ddp.no_sync()`` (gradients accumulate locally, nothing is communicated), the
+    last one all-reduces the sum; each micro-step's loss is divided by the group's size, so
+    the gradient is the mean over world x k micro-batches: that of one step on the global
+    batch world x k x batch, as long as each micro-batch is normalized on its own, which is
+    what DDP's per-rank BatchNorm does anyway. BatchNorm running statistics are not equal:
+    they get k updates per step (one per micro-batch) instead of one.
+    """
+    non_blocking = device.type == "cuda"
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.float64)
+    token = torch.zeros(1, device=device) if skew_barrier else None
+    out = EpochSums(0, 0, 0, loss_sum, correct)
+    group_start, group_size = 0, 1
+    for i, (x, y) in enumerate(timer.iterate(batches)):
+        with timer.phase("data_movement"):
+            x = x.to(device, non_blocking=non_blocking)
+            y = y.to(device, non_blocking=non_blocking)
+        pos = i - group_start
+        if pos == 0:
+            left = accumulation_steps if n_batches is None else n_batches - i
+            group_size = max(1, min(accumulation_steps, left))
+        last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
+        if last and token is not None:
+            with timer.phase("skew_wait"):
+                dist.all_reduce(token)
+        if last and comm_timer is not None:
+            comm_timer.begin_step()
+        with timer.phase("compute"):
+            if pos == 0:
+                optimizer.zero_grad(set_to_none=True)
+            with nullcontext() if last else ddp.no_sync():
+                logits = ddp(x)
+                loss = loss_fn(logits, y)
+                (loss / group_size if group_size > 1 else loss).backward()
+            if last:
+                if comm_timer is not None:
+                    comm_timer.end_backward()
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+            loss_sum += loss.detach().double() * y.shape[0]
+            correct += (logits.detach().argmax(1) == y).sum().double()
+        if last and comm_timer is not None:
+            sc = comm_timer.finish_step()
+            out.allreduce_seconds += sc.allreduce_busy_seconds
+            out.exposed_tail_seconds += sc.exposed_tail_seconds
+            # the exposed wait happened inside the compute phase: move it to communication
+            timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
+            timer.add("communication", sc.exposed_tail_seconds)
+        out.images += int(y.shape[0])
+        out.micro_steps += 1
+        if last:
+            out.steps += 1
+            group_start = i + 1
+    if out.micro_steps != group_start:
+        raise RuntimeError(f"train_steps: {out.micro_steps} batches arrived, {n_batches} announced; "
+                           "the last gradients were never applied")
+    return out
+
+
 def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, device: torch.device | str,
                 epoch: int = 1, timer: PhaseTimer | None = None, scheduler=None,
                 loss_fn: nn.Module | None = None, max_steps: int | None = None,
                 desc: str | None = None) -> EpochRecord:
-    """Train for one pass over ``loader`` (or ``max_steps`` batches) and measure it.
+    """Train for one pass over ``loader`` (or ``max_steps`` batches) with :func:`train_steps`
+    on one device (or ``nn.DataParallel``), and measure it as an :class:`EpochRecord`.
 
     ``scheduler`` (optional) is stepped after every optimizer step (per-iteration
     schedules such as warm-up). The timer synchronizes the device at phase boundaries,
@@ -103,45 +208,26 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
     timer = timer or PhaseTimer(device)
     model.train()
     reset_peak_memory(device)
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    images = steps = 0
-    non_blocking = device.type == "cuda"
+    n = _len_or_none(loader, max_steps)
+    batches = loader if max_steps is None else itertools.islice(loader, max_steps)
     synchronize(device)
     t_start = time.perf_counter()
-    for x, y in progress(timer.iterate(loader), total=_len_or_none(loader, max_steps),
-                         desc=desc or f"epoch {epoch}"):
-        with timer.phase("data_movement"):
-            x = x.to(device, non_blocking=non_blocking)
-            y = y.to(device, non_blocking=non_blocking)
-        with timer.phase("compute"):
-            optimizer.zero_grad(set_to_none=True)
-            out = model(x)
-            loss = loss_fn(out, y)
-            loss.backward()
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            # accumulate on device: no host sync inside the step
-            loss_sum += loss.detach() * y.shape[0]
-            correct += (out.detach().argmax(1) == y).sum()
-        images += y.shape[0]
-        steps += 1
-        if max_steps is not None and steps >= max_steps:
-            break
+    sums = train_steps(model, progress(batches, total=n, desc=desc or f"epoch {epoch}"), n, optimizer,
+                       loss_fn, timer, device, scheduler=scheduler, skew_barrier=False)
     synchronize(device)
     epoch_seconds = time.perf_counter() - t_start
     train_s = timer.training_seconds
+    images = sums.images
     return EpochRecord(
-        epoch=epoch, images=images, steps=steps, epoch_seconds=epoch_seconds,
+        epoch=epoch, images=images, steps=sums.steps, epoch_seconds=epoch_seconds,
         train_seconds=train_s,
         data_loading_seconds=timer.seconds("data_loading"),
         data_movement_seconds=timer.seconds("data_movement"),
         compute_seconds=timer.seconds("compute"),
         communication_seconds=timer.seconds("communication"),
         images_per_s=images / train_s if train_s > 0 else math.nan,
-        loss=float(loss_sum) / max(images, 1),
-        accuracy=float(correct) / max(images, 1),
+        loss=float(sums.loss_sum) / max(images, 1),
+        accuracy=float(sums.correct) / max(images, 1),
         peak_memory_bytes=peak_memory(device),
         lr=float(optimizer.param_groups[0]["lr"]),
     )

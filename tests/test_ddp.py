@@ -131,9 +131,8 @@ def test_resolved_fills_profile_sizes(monkeypatch):
 def single_process_reference(steps: int, batch: int, world: int, lr: float) -> list[torch.Tensor]:
     from ddp_toy_worker import toy_batches, toy_mlp  # noqa: E402
 
-    from lab_utils.ddp import train_steps
     from lab_utils.timing import PhaseTimer
-    from lab_utils.train import make_optimizer
+    from lab_utils.train import make_optimizer, train_steps
 
     # one process, the same loop as the workers, each step on the whole global batch
     model = toy_mlp()
@@ -161,7 +160,7 @@ def toy_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_rank_ddp_equals_one_process_on_the_global_batch(toy_run):
-    """Two gloo ranks through the DDP worker's own loop (``ddp.train_steps``, skew barrier
+    """Two gloo ranks through the DDP worker's own loop (``train.train_steps``, skew barrier
     included) end with the parameters one process gets from the same loop on the global batch."""
     steps, batch, lr = EQ_STEPS, EQ_BATCH, EQ_LR
     assert toy_run[0]["steps"] == steps  # the workers ran the lab's loop, one optimizer step per batch
@@ -403,7 +402,7 @@ def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
 def test_accumulation_on_one_device_equals_two_devices(tmp_path):
     """1 rank x 2 accumulation steps x batch b == 2 ranks x batch b, after one optimizer step.
 
-    Both runs go through the worker's own loop (:func:`lab_utils.ddp.train_steps`) on a
+    Both runs go through the worker's own loop (:func:`lab_utils.train.train_steps`) on a
     width-2 ResNet-18 *with* BatchNorm in training mode, and see the same two blocks of b
     images (rank r / micro-step r takes block r). That is a fair comparison despite
     BatchNorm: DDP's BatchNorm is per rank, so in the 2-rank run each block is normalized

@@ -8,7 +8,7 @@ from lab_utils import ddp, showcode, train
 def test_source_markdown_is_the_functions_own_code_with_file_and_line():
     md = showcode.source_markdown(train.train_epoch)
     assert md.startswith("**`lab_utils.train.train_epoch`** (lab_utils/train.py, line ")
-    assert "def train_epoch(" in md and "loss.backward()" in md
+    assert "def train_epoch(" in md and "train_steps(" in md
     assert md.rstrip().endswith("```")
     line = int(md.split("line ", 1)[1].split(")", 1)[0])
     src = (showcode.Path(train.__file__)).read_text().splitlines()
@@ -18,6 +18,6 @@ def test_source_markdown_is_the_functions_own_code_with_file_and_line():
 def test_show_source_displays_every_function(monkeypatch):
     shown = []
     monkeypatch.setattr(showcode, "display", shown.append)
-    showcode.show_source(ddp.train_steps, train.evaluate)
+    showcode.show_source(train.train_steps, ddp.aggregate_epoch)
     [md] = shown
-    assert "lab_utils.ddp.train_steps" in md.data and "lab_utils.train.evaluate" in md.data
+    assert "lab_utils.train.train_steps" in md.data and "lab_utils.ddp.aggregate_epoch" in md.data
