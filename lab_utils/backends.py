@@ -16,6 +16,9 @@ same configuration. Hence:
   fills its ``backends`` field with it when a record is built, so every record says
   which settings its numbers were measured under.
 
+:func:`pinned_threads` is the one way a path sets torch's CPU thread count for a block (the
+sweep, DataParallel, the fast path's benchmarks, the in-process GPT run), restoring it after.
+
 The first steps after a new shape include cuDNN's autotuning, which is why every timed
 epoch or step in the lab comes after untimed warm-up work.
 
@@ -25,8 +28,11 @@ importing the result store stays cheap for the command line.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from lab_utils.config import check_positive_int
 
 
 def _read(get: Callable[[], Any]) -> Any:
@@ -67,3 +73,25 @@ def apply_training_backends(cudnn_benchmark: bool = True) -> dict[str, Any]:
 
     torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
     return backend_settings()
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int | None) -> Iterator[int]:
+    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then
+    restore the previous count. Yields the count in effect inside the block.
+
+    The DDP workers of the quick profile run ``cpu_threads`` threads per process
+    (``OMP_NUM_THREADS`` through the launcher); DataParallel runs in the notebook's process,
+    whose default is one thread per core. Pinning it the same way keeps their timings comparable.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is not None:
+        check_positive_int(threads, "threads")
+        torch.set_num_threads(threads)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if threads is not None:
+            torch.set_num_threads(before)

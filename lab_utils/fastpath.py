@@ -66,7 +66,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lab_utils import config, data, onednn, watchdog
-from lab_utils.backends import apply_training_backends
+from lab_utils.backends import apply_training_backends, pinned_threads
 from lab_utils.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.data import (  # the fast path's loaders live with the other loaders
     ArraySplit,
@@ -460,20 +460,6 @@ def time_loader(loader, device: torch.device, min_seconds: float = 0.0, warmup_b
     return {"images": images, "passes": passes, "seconds": seconds, "images_per_s": images / seconds}
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None):
-    """Run the block with ``n`` intra-op torch threads (None: leave as is), then restore."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def bench_data(store: ResultStore, settings: FastSettings, device: torch.device | str | None = None,
                force: bool = False) -> list[Record]:
     """Spec pipeline vs device-resident loader, images/s, measured side by side; two records.
@@ -504,7 +490,7 @@ def bench_data(store: ResultStore, settings: FastSettings, device: torch.device 
     m_spec = time_loader(spec, dev, min_seconds=0.0, warmup_batches=1)
     del spec
     dl = device_loader(split, dev, settings.batch_size, seed=settings.seed)
-    with torch_threads(threads):
+    with pinned_threads(threads):
         m_dev = time_loader(dl, dev, min_seconds=settings.data_min_seconds, warmup_batches=1)
     m_dev["ratio_to_spec"] = m_dev["images_per_s"] / m_spec["images_per_s"]
     m_spec["ratio_to_spec"] = 1.0

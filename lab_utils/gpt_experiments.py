@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from lab_utils.backends import pinned_threads
 from lab_utils.comm_hooks import noise_flag
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.errors import LabError
@@ -175,13 +176,8 @@ def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
         threads = devices.threads_per_process
     t0 = time.perf_counter()
     if nproc == 1:
-        before = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
-        try:
+        with pinned_threads(threads):
             records = run_training(cfg)
-        finally:
-            torch.set_num_threads(before)
         free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
         return records, time.perf_counter() - t0
     from lab_utils.launcher import launch

@@ -58,15 +58,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from lab_utils import config
+from lab_utils.backends import pinned_threads
 from lab_utils.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.ddp import WorkerArgs
 from lab_utils.errors import LabError, LaunchError
+from lab_utils.memory import catch_oom, free_device_memory, mentions_out_of_memory
 from lab_utils.results import Record, ResultStore
 from lab_utils.ring import ring_bytes_per_rank
 
@@ -352,7 +353,7 @@ def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p
                 raise LaunchError(f"The DDP worker finished but stored no record for per-device batch "
                                   f"{remaining}; check its log.")
             break
-        if not remaining or not _is_oom(str(failure)):
+        if not remaining or not mentions_out_of_memory(str(failure)):
             raise failure
         b = remaining.pop(0)
         got[b] = store.add(experiment, cfgs[b], status="oom", reason="OOM", profile=store.profile,
@@ -362,13 +363,6 @@ def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p
                                  reason=f"OOM at per-device batch {b}", profile=store.profile)
         break
     return got
-
-
-def _is_oom(text: str) -> bool:
-    """Whether a failed rank's log reports running out of memory (:mod:`lab_utils.memory`)."""
-    from lab_utils.memory import mentions_out_of_memory
-
-    return mentions_out_of_memory(text)
 
 
 def _hardware(p: Placement) -> dict:
@@ -415,7 +409,6 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
     """
     from lab_utils.backends import apply_training_backends
     from lab_utils.hardware import hardware_summary
-    from lab_utils.memory import catch_oom, free_device_memory
 
     cfg = dp_config(args, n)
     experiment = args.experiment or SCALING
@@ -441,28 +434,6 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
                     "global_batch": args.batch_size * n,
                     "time_rule": "one process: epoch and training times of the whole DataParallel step"})
     return store.add(experiment, cfg, metrics, **common)
-
-
-@contextmanager
-def pinned_threads(threads: int | None):
-    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then
-    restore the previous count. Yields the count in effect inside the block.
-
-    The DDP workers of the quick profile run ``cpu_threads`` threads per process
-    (``OMP_NUM_THREADS`` through the launcher); DataParallel runs in the notebook's process,
-    whose default is one thread per core. Pinning it the same way keeps their timings comparable.
-    """
-    import torch
-
-    before = torch.get_num_threads()
-    if threads is not None:
-        check_positive_int(threads, "threads")
-        torch.set_num_threads(threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        if threads is not None:
-            torch.set_num_threads(before)
 
 
 def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:

@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lab_utils import config
-from lab_utils.backends import apply_training_backends
+from lab_utils.backends import apply_training_backends, pinned_threads
 from lab_utils.config import check_batch_sizes, check_positive_int
 from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
 from lab_utils.errors import LabError
@@ -64,7 +64,6 @@ from lab_utils.hardware import device_name, fp32_training_precision, hardware_su
 from lab_utils.memory import catch_oom, check_memory_fraction, free_device_memory, set_memory_fraction
 from lab_utils.models import ResNet18
 from lab_utils.results import Record, ResultStore
-from lab_utils.scaling import pinned_threads
 from lab_utils.train import evaluate, make_optimizer, train_epoch
 
 EXPERIMENT = "batch_sweep"
