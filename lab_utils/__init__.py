@@ -1,18 +1,20 @@
 """lab_utils: the tested package behind the deep-learning training-performance lab.
 
-Notebooks in ``labs/`` stay thin and call into these modules:
+Notebooks in ``labs/`` stay thin and call into it. Its folders are its layers; each
+imports only the layers listed before it (``tests/test_architecture.py`` checks):
 
-- :mod:`lab_utils.config`   profiles (``quick`` / ``full``), paths, input checks
-- :mod:`lab_utils.hardware` device discovery and peak FLOP/s by GPU name
-- :mod:`lab_utils.data`     CIFAR-10 with the spec's transforms, and a synthetic stand-in
-- :mod:`lab_utils.models`   the CIFAR ResNet-18 (and the GPT of part 2)
-- :mod:`lab_utils.timing`   phase timers that are correct under CUDA asynchrony
-- :mod:`lab_utils.train`    one epoch of training / evaluation, as a typed record
-- :mod:`lab_utils.results`  the append-only result store, tables and figures
-- :mod:`lab_utils.runner`   headless notebook execution and the report
+- :mod:`lab_utils.core`         what a student reads: the one training loop and evaluate,
+                                timers, the distributed context, ring formulas, data, machine
+- :mod:`lab_utils.models`       the CIFAR ResNet-18 and the GPT of part 2
+- :mod:`lab_utils.store`, :mod:`lab_utils.launcher`, :mod:`lab_utils.profiles`
+                                the result store, torchrun launching, every notebook's quick/full values
+- :mod:`lab_utils.workers`      torchrun entry points (argv -> settings -> core loop -> records)
+- :mod:`lab_utils.experiments`  one module per notebook
+- the top: :mod:`lab_utils.runner` (headless execution, the report), ``python -m lab_utils``,
+  grading, the question map, time estimates
 """
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 __all__ = ["LabError"]
 __version__ = "0.1.0"

@@ -12,7 +12,7 @@
 
 Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
 node whose GPUs this torch cannot use: ``info`` and ``run`` stop before any work instead of
-running on the CPU (``lab_utils.environment.check_gpu_node``).
+running on the CPU (``lab_utils.core.environment.check_gpu_node``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,18 @@ import importlib
 import json
 import sys
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 # Benchmarks live next to what they measure; each entry is "module:function(argv) -> int".
 BENCHES = {
-    "timers": ("lab_utils.bench_timers:main", "overhead of the phase timers on a training loop"),
-    "allreduce": ("lab_utils.comm:bench_main", "all-reduce bandwidth (nccl-tests columns) under torchrun"),
-    "data": ("lab_utils.fastpath:bench_data_main", "spec DataLoader vs device-resident loader, images/s"),
-    "train": ("lab_utils.fastpath:bench_train_main", "spec training vs each fast-path step, images/s"),
+    "timers": ("lab_utils.experiments.bench_timers:main",
+               "overhead of the phase timers on a training loop"),
+    "allreduce": ("lab_utils.experiments.comm:bench_main",
+                  "all-reduce bandwidth (nccl-tests columns) under torchrun"),
+    "data": ("lab_utils.experiments.fastpath:bench_data_main",
+             "spec DataLoader vs device-resident loader, images/s"),
+    "train": ("lab_utils.experiments.fastpath:bench_train_main",
+              "spec training vs each fast-path step, images/s"),
 }
 
 
@@ -45,13 +49,13 @@ def _call(target: str, argv: list[str]) -> int:
 def _prepare(args) -> int:
     from pathlib import Path
 
-    from lab_utils import data
+    from lab_utils.core import data
 
     root = Path(args.data_dir) if args.data_dir else None
     path = data.prepare_cifar10(root)
     print(f"CIFAR-10 ready in {path}")
     try:
-        text_data = importlib.import_module("lab_utils.text_data")
+        text_data = importlib.import_module("lab_utils.core.text_data")
     except ModuleNotFoundError:
         return 0
     corpus = text_data.prepare_corpus(root)
@@ -61,14 +65,14 @@ def _prepare(args) -> int:
 
 def _gpu_node_guard(profile: str | None) -> None:
     """Stop before any work when the driver reports GPUs that torch cannot use (LabError)."""
-    from lab_utils import config
-    from lab_utils.environment import check_gpu_node
+    from lab_utils.core import config
+    from lab_utils.core.environment import check_gpu_node
 
     check_gpu_node(*config.resolve_profile_name(profile))
 
 
 def _info(args) -> int:
-    from lab_utils import config, data, hardware
+    from lab_utils.core import config, data, hardware
 
     _gpu_node_guard(args.profile)
     name, why = config.resolve_profile_name(args.profile)

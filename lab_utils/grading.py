@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 # --------------------------------------------------------------------------------------------
 # Exercise helpers (imported by the tests in the notebooks)
@@ -109,7 +109,7 @@ class FakeAsyncDevice:
 def diagnose_speedup(result, t1_seconds: float, tn_seconds: float, n_devices: int) -> str:
     """A readable sentence on what is wrong with ``result = (speedup, efficiency)`` ("" if right).
 
-    The reference is the lab's (``lab_utils.scaling``): speedup = T(1)/T(N) and
+    The reference is the lab's (``lab_utils.experiments.scaling``): speedup = T(1)/T(N) and
     efficiency = speedup / N, on unrounded epoch times.
     """
     if result is None:

@@ -14,11 +14,11 @@ per-GPU batch SIZE ran out of memory.
 
 import sys
 
-from lab_utils import scaling
-from lab_utils.ddp import parse_args
-from lab_utils.errors import LabError
-from lab_utils.hardware import device_name, hardware_summary
-from lab_utils.results import ResultStore
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import device_name, hardware_summary
+from lab_utils.experiments import scaling
+from lab_utils.store import ResultStore
+from lab_utils.workers.ddp import parse_args
 
 
 def main(mode, experiment, profile, world, backend, sizes, force, tag, _dash, *extra):

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab_utils.config import check_positive_int
-from lab_utils.errors import LabError, LaunchError
+from lab_utils.core.config import check_positive_int
+from lab_utils.core.errors import LabError, LaunchError
 
 TAIL_LINES = 25
 LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
@@ -103,7 +103,7 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
         check_positive_int(threads_per_rank, "threads_per_rank")
         run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
     elif "OMP_NUM_THREADS" not in run_env:
-        from lab_utils.hardware import cpu_cores
+        from lab_utils.core.hardware import cpu_cores
 
         run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
     run_env["PYTHONUNBUFFERED"] = "1"
@@ -319,7 +319,7 @@ def write_worker_output(records: list[dict[str, Any]], out: str | Path | None) -
     """In rank 0 of a worker: write the records the launcher returns (atomically)."""
     if not out:
         return
-    from lab_utils.results import _jsonable
+    from lab_utils.store import _jsonable
 
     path = Path(out)
     tmp = path.with_name(path.name + ".tmp")

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab_utils import config
-from lab_utils.errors import LabError
+from lab_utils.core import config
+from lab_utils.core.errors import LabError
 
 KERNEL_NAME = "lab-utils-python"
 
@@ -178,7 +178,7 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
 
 def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
     """``results/<profile>/report.md``: machine, notebook statuses, then tables and figures by question."""
-    from lab_utils.hardware import describe_machine
+    from lab_utils.core.hardware import describe_machine
 
     root = config.results_dir(profile)
     root.mkdir(parents=True, exist_ok=True)

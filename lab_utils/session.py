@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lab_utils import config
-from lab_utils.environment import check_gpu_node
-from lab_utils.results import ResultStore
+from lab_utils.core import config
+from lab_utils.core.environment import check_gpu_node
+from lab_utils.store import ResultStore
 
 
 @dataclass

@@ -7,7 +7,7 @@ No full-profile run of the lab on a GPU exists yet, so every number here is an
   settings tables of the experiment modules (``SWEEP_SETTINGS``, ``scaling.SETTINGS``, ...),
   so the estimate follows the settings when they change;
 - *how long one spec-path ResNet-18 epoch takes*: the larger of a FLOP estimate
-  (training FLOPs / an assumed fraction of the GPU's peak, :mod:`lab_utils.hardware`) and
+  (training FLOPs / an assumed fraction of the GPU's peak, :mod:`lab_utils.core.hardware`) and
   the epoch times earlier cohorts published (V100 / RTX 8000 class, SPEC.md). The spec
   path feeds the GPU from a 2-worker PIL ``DataLoader``; a faster GPU does not make that
   loader faster, so the published times are kept as a floor: an H100 is not assumed to
@@ -27,10 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lab_utils import comm, fastpath, gpt_experiments, large_batch, quantize, questions, scaling, sweep
-from lab_utils.data import CIFAR10_TRAIN_SIZE
-from lab_utils.errors import LabError
-from lab_utils.hardware import peak_flops_per_s
+from lab_utils import questions
+from lab_utils.core.data import CIFAR10_TRAIN_SIZE
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import peak_flops_per_s
+from lab_utils.experiments import comm, fastpath, gpt, large_batch, quantize, scaling, sweep
 from lab_utils.models.gpt import gpt_config, train_flops_per_token
 
 #: The label every estimate carries until a full-profile GPU run replaces it.
@@ -68,7 +69,7 @@ LAUNCH_S = 40.0           # one torchrun: process start, NCCL init, data per ran
 COMPILE_S = 90.0          # torch.compile of ResNet-18 (mode default), once per compiled run
 
 ASSUMPTIONS: tuple[str, ...] = (
-    f"Node: {NODE} (dense peaks from lab_utils.hardware: bf16 989, TF32 495 TFLOP/s). "
+    f"Node: {NODE} (dense peaks from lab_utils.core.hardware: bf16 989, TF32 495 TFLOP/s). "
     "Notebooks run in order, so a later notebook reuses what an earlier one stored.",
     "Spec-path ResNet-18 epoch = the larger of (a) 50,000 images x 3.33 GFLOP "
     f"/ ({RESNET_PEAK_FRACTION:.0%} of the TF32 peak x GPUs), about 1 s, and (b) the epoch times "
@@ -182,7 +183,7 @@ def notebook_parts(notebook: str) -> list[Part]:
                                                      + _test_pass(n)), n))
         parts.append(Part("communication accounting (a few steps on 2 and 4 ranks)", 2 * LAUNCH_S, s.devices))
     elif nb == "06":
-        s = gpt_experiments.GPT_SETTINGS["full"]
+        s = gpt.GPT_SETTINGS["full"]
         for n in s.scaling_devices:
             for b in s.scaling_batch_sizes:
                 parts.append(Part(f"scaling {n} x {b}", LAUNCH_S + s.scaling_epochs * 1.1

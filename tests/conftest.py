@@ -54,6 +54,6 @@ def results_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def store(results_dir):
     """A ResultStore for the quick profile under a fresh results root."""
-    from lab_utils.results import ResultStore
+    from lab_utils.store import ResultStore
 
     return ResultStore("quick")

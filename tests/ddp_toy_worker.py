@@ -8,13 +8,13 @@ Modes:
 - ``fail``: rank ``--fail-rank`` prints a marker line and raises; the others wait in a
   barrier that never completes (torchrun must tear them down).
 - ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps through the lab's
-  own worker loop (``lab_utils.train.train_steps``), each rank on its contiguous shard of a
+  own worker loop (``lab_utils.core.loop.train_steps``), each rank on its contiguous shard of a
   seeded global batch; rank 0 writes the final parameters.
 - ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, once per
   ``--bucket-cap-mb`` value (default one bucket, then several), plus rank 0's one-process
   step on the global batch (for method (a)); rank 0 writes them.
 - ``equality,comm``: both, in one start-up; rank 0 writes both results in this order.
-- ``accum``: one optimizer step of the lab's own loop (:func:`lab_utils.train.train_steps`)
+- ``accum``: one optimizer step of the lab's own loop (:func:`lab_utils.core.loop.train_steps`)
   on a width-2 ResNet-18 with ``--accum`` micro-batches of ``--batch`` images per rank:
   rank r takes blocks r x accum ... r x accum + accum - 1 of a seeded set of world x accum
   blocks. Rank 0 writes the parameters and the loop's step counts.
@@ -73,7 +73,7 @@ def main() -> int:
 
     import torch.distributed as dist
 
-    from lab_utils.ddp import init_distributed
+    from lab_utils.workers.ddp import init_distributed
 
     init_distributed("gloo")
     try:
@@ -107,13 +107,13 @@ def main() -> int:
 
 
 def equality(a, rank: int, world: int) -> dict:
-    """``--steps`` optimizer steps of the lab's own worker loop (:func:`lab_utils.train.train_steps`,
+    """``--steps`` optimizer steps of the lab's own worker loop (:func:`lab_utils.core.loop.train_steps`,
     skew barrier included) on a BatchNorm-free MLP, each rank on its contiguous shard of a seeded
     global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.timing import PhaseTimer
-    from lab_utils.train import make_optimizer, train_steps
+    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.timing import PhaseTimer
 
     model = toy_mlp()
     ddp = DDP(model)
@@ -138,9 +138,9 @@ def accum_blocks(blocks: int, batch: int, seed: int = 3):
 def accum(a, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.timing import PhaseTimer
     from lab_utils.models import ResNet18
-    from lab_utils.timing import PhaseTimer
-    from lab_utils.train import make_optimizer, train_steps
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -161,7 +161,7 @@ def comm(a, rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
 
     torch.set_num_threads(1)
     inputs, outputs = 256, 10

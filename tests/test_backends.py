@@ -1,4 +1,4 @@
-"""lab_utils.backends: the training paths set cuDNN's autotuning, and every record states
+"""lab_utils.core.backends: the training paths set cuDNN's autotuning, and every record states
 the cuDNN / matmul settings it was measured under."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from lab_utils import backends
-from lab_utils.results import Record
+from lab_utils.core import backends
+from lab_utils.store import Record
 
 KEYS = {"cudnn_benchmark", "cudnn_deterministic", "cudnn_allow_tf32", "matmul_allow_tf32",
         "float32_matmul_precision"}
@@ -47,7 +47,7 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
 
 
 def test_training_paths_apply_the_settings(benchmark_off):
-    from lab_utils import comm, fastpath
+    from lab_utils.experiments import comm, fastpath
 
     comm.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
     assert torch.backends.cudnn.benchmark is True
@@ -57,7 +57,7 @@ def test_training_paths_apply_the_settings(benchmark_off):
 
 
 def test_sweep_records_state_the_settings(benchmark_off, store):
-    from lab_utils import sweep
+    from lab_utils.experiments import sweep
 
     res = sweep.run_sweep("quick", batch_sizes=(16,), width=2, train_images=32, test_images=16,
                           dataset="synthetic", device="cpu", memory_cap_bytes=0, store=store, verbose=False)

@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from lab_utils import comm, ring
-from lab_utils.errors import LabError
+from lab_utils.core import ring
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import classify_interconnect
+from lab_utils.experiments import comm
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
 
@@ -282,13 +284,13 @@ GPU1\tPHB\t X \t0-15
 
 
 def test_classify_interconnect_and_nominal_peaks():
-    assert comm.classify_interconnect(TOPO_NVLINK, 4) == "nvlink"
-    assert comm.classify_interconnect(TOPO_PCIE, 2) == "pcie"
+    assert classify_interconnect(TOPO_NVLINK, 4) == "nvlink"
+    assert classify_interconnect(TOPO_PCIE, 2) == "pcie"
     mixed = TOPO_NVLINK.replace("GPU3\tNV18", "GPU3\tSYS", 1).replace("GPU0\t X \tNV18\tNV18\tNV18",
                                                                       "GPU0\t X \tNV18\tNV18\tSYS")
-    assert comm.classify_interconnect(mixed, 4) == "mixed"
-    assert comm.classify_interconnect(None, 2) is None
-    assert comm.classify_interconnect(TOPO_PCIE, 4) is None  # fewer GPUs listed than asked
+    assert classify_interconnect(mixed, 4) == "mixed"
+    assert classify_interconnect(None, 2) is None
+    assert classify_interconnect(TOPO_PCIE, 4) is None  # fewer GPUs listed than asked
     assert comm.nominal_link_peak("NVIDIA H100 80GB HBM3", "nvlink").gb_per_s == 450.0
     assert comm.nominal_link_peak("NVIDIA A100-SXM4-40GB", "nvlink").gb_per_s == 300.0
     assert comm.nominal_link_peak("Tesla T4", "nvlink").gb_per_s is None
@@ -439,7 +441,7 @@ def test_measured_compute_inputs_and_inputs_table(store):
 
 
 def _nb03_store(store):
-    scaling = pytest.importorskip("lab_utils.scaling")
+    scaling = pytest.importorskip("lab_utils.experiments.scaling")
     base = {"method": "DDP", "record": "aggregate", "rank": None, "backend": "gloo", "device_type": "cpu",
             "width": 8, "train_images": 1024, "epochs": 2, "batch_size": 32}
     grad = 705_608
@@ -497,7 +499,7 @@ def test_projection_compute_prefers_notebook03_records(store):
 
 def test_unfittable_timings_give_a_reason_not_an_exception():
     """Latency-bound timings that shrink with size (noise) leave that rank count without a fit."""
-    from lab_utils.results import Record
+    from lab_utils.store import Record
 
     def rec(p, size, t_us):
         return Record("allreduce_bench", {"world_size": p, "backend": "gloo", "size_bytes": size,
@@ -553,7 +555,7 @@ def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store)
 
 
 def test_noise_flag_marks_effects_within_two_standard_errors():
-    from lab_utils.comm_hooks import NOISE_FLAG, noise_flag
+    from lab_utils.core.comm_hooks import NOISE_FLAG, noise_flag
 
     assert noise_flag(0.5, 0.25) == NOISE_FLAG      # 2 x 0.25 >= 0.5
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out

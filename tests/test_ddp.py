@@ -18,10 +18,10 @@ import pytest
 import torch
 from torch import nn
 
-from lab_utils.comm_hooks import derived_comm, overlap_figures, union_length
-from lab_utils.ddp import WorkerArgs, aggregate_epoch, parse_args, sample_order_head
-from lab_utils.errors import LabError
+from lab_utils.core.comm_hooks import derived_comm, overlap_figures, union_length
+from lab_utils.core.errors import LabError
 from lab_utils.launcher import launch
+from lab_utils.workers.ddp import WorkerArgs, aggregate_epoch, parse_args, sample_order_head
 
 TESTS = Path(__file__).resolve().parent
 
@@ -131,8 +131,8 @@ def test_resolved_fills_profile_sizes(monkeypatch):
 def single_process_reference(steps: int, batch: int, world: int, lr: float) -> list[torch.Tensor]:
     from ddp_toy_worker import toy_batches, toy_mlp  # noqa: E402
 
-    from lab_utils.timing import PhaseTimer
-    from lab_utils.train import make_optimizer, train_steps
+    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.timing import PhaseTimer
 
     # one process, the same loop as the workers, each step on the whole global batch
     model = toy_mlp()
@@ -218,7 +218,7 @@ def worker_run(tmp_path_factory):
     args = WorkerArgs(experiment="ddp_test", profile="quick", batch_size=(16, 32), epochs=2, width=4,
                       train_images=128, test_images=40, dataset="synthetic", eval=True, measure_comm=True,
                       comm_steps=2, lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
-    res = launch("lab_utils.ddp", args.to_argv(), nproc=2, timeout_s=300, log_dir=root / "logs",
+    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=300, log_dir=root / "logs",
                  threads_per_rank=1, env=env)
     return res, args, root
 
@@ -271,7 +271,7 @@ def test_worker_calls_set_epoch_and_shards_disjointly(worker_run):
 
 @pytest.mark.slow
 def test_worker_appends_to_the_store(worker_run):
-    from lab_utils.results import ResultStore
+    from lab_utils.store import ResultStore
 
     res, args, root = worker_run
     store = ResultStore("quick", root=root / "results" / "quick")
@@ -284,7 +284,7 @@ def test_worker_appends_to_the_store(worker_run):
 def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypatch):
     import torch.distributed as dist
 
-    from lab_utils import ddp
+    from lab_utils.workers import ddp
 
     monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
     assert ddp.main(["--lr-rule", "sqrt"]) == 2
@@ -303,7 +303,7 @@ def _skew_launch(root: Path, slowed: bool) -> dict:
     knob = {"debug_slow_rank": 1, "debug_slow_loader_seconds": SLOW_S} if slowed else {}
     args = WorkerArgs(profile="quick", batch_size=SKEW_BATCH, epochs=2, width=4, train_images=SKEW_IMAGES,
                       dataset="synthetic", num_workers=0, **knob)
-    res = launch("lab_utils.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
+    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
                  log_dir=root / ("slow" if slowed else "normal"))
     out = {"args": args}
     for r in res.records:
@@ -402,7 +402,7 @@ def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
 def test_accumulation_on_one_device_equals_two_devices(tmp_path):
     """1 rank x 2 accumulation steps x batch b == 2 ranks x batch b, after one optimizer step.
 
-    Both runs go through the worker's own loop (:func:`lab_utils.train.train_steps`) on a
+    Both runs go through the worker's own loop (:func:`lab_utils.core.loop.train_steps`) on a
     width-2 ResNet-18 *with* BatchNorm in training mode, and see the same two blocks of b
     images (rank r / micro-step r takes block r). That is a fair comparison despite
     BatchNorm: DDP's BatchNorm is per rank, so in the 2-rank run each block is normalized
@@ -414,8 +414,8 @@ def test_accumulation_on_one_device_equals_two_devices(tmp_path):
     """
     from ddp_toy_worker import accum_blocks
 
+    from lab_utils.core.loop import make_optimizer
     from lab_utils.models import ResNet18
-    from lab_utils.train import make_optimizer
 
     two = _accum_launch(tmp_path, 2, 1)
     one = _accum_launch(tmp_path, 1, 2)
@@ -443,7 +443,7 @@ def test_worker_with_accumulation_records_it(tmp_path):
     global batch 16 in config and metrics, the linear lr rule on that global batch, and the label."""
     args = WorkerArgs(profile="quick", batch_size=8, epochs=1, width=4, train_images=64, dataset="synthetic",
                       num_workers=0, accumulation_steps=2, lr_rule="linear", base_batch=8)
-    recs = launch("lab_utils.ddp", args.to_argv(), nproc=1, timeout_s=120, threads_per_rank=1,
+    recs = launch("lab_utils.workers.ddp", args.to_argv(), nproc=1, timeout_s=120, threads_per_rank=1,
                   log_dir=tmp_path).records
     agg = next(r for r in recs if r["config"]["record"] == "aggregate")
     c, m = agg["config"], agg["metrics"]

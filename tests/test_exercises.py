@@ -162,7 +162,7 @@ def test_points_public_zero_and_total_as_titled(parsed, notebook, name):
 
 
 def _check_q03(f):
-    from lab_utils.comm_hooks import derived_comm
+    from lab_utils.core.comm_hooks import derived_comm
 
     for t1, tn, n in ((33.6, 17.87, 2), (41.3, 11.65, 4), (2233.5, 1095.7, 2), (10.0, 10.0, 1),
                       (90.0, 2.0, 64)):
@@ -173,7 +173,7 @@ def _check_q03(f):
 def _check_q04_gradient_bytes(f):
     import torch
 
-    from lab_utils import comm
+    from lab_utils.experiments import comm
     from lab_utils.models import ResNet18
 
     for m in (ResNet18(), ResNet18(width=4).to(torch.float64), ResNet18(width=8).half()):
@@ -182,7 +182,7 @@ def _check_q04_gradient_bytes(f):
 
 
 def _check_q04_ring_bytes(f):
-    from lab_utils import comm
+    from lab_utils.experiments import comm
 
     for s in (44_695_848, 1, 12_345_679):
         for p in (1, 2, 3, 4, 7, 8, 1024):
@@ -191,7 +191,7 @@ def _check_q04_ring_bytes(f):
 
 
 def _check_q04_utilization(f):
-    from lab_utils import comm
+    from lab_utils.experiments import comm
 
     for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3)):
         m = comm.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce", seconds=t,
@@ -201,7 +201,7 @@ def _check_q04_utilization(f):
 
 
 def _check_q05_lr_schedule(f):
-    from lab_utils import schedules
+    from lab_utils.core import schedules
 
     for base, gb, bb, w in ((0.1, 2048, 128, 100), (0.1, 2048, 128, 0), (0.02, 96, 32, 5)):
         ref = schedules.make_schedule(base, "linear", gb, bb, steps_per_epoch=max(w, 1), epochs=3,
@@ -214,7 +214,7 @@ def _check_q05_lr_schedule(f):
 def _check_q05_set_epoch(f):
     from torch.utils.data.distributed import DistributedSampler
 
-    from lab_utils import large_batch as lb
+    from lab_utils.experiments import large_batch as lb
 
     for n, p, r, e, seed in ((16, 2, 0, 2, 0), (16, 2, 1, 3, 0), (33, 4, 2, 2, 5)):
         got = f(DistributedSampler(range(n), num_replicas=p, rank=r, shuffle=True, seed=seed), e)
@@ -231,7 +231,7 @@ def _check_q06_flops_per_token(f):
 
 
 def _check_q06_mfu(f):
-    from lab_utils.hardware import fraction_of_peak, peak_flops_per_s
+    from lab_utils.core.hardware import fraction_of_peak, peak_flops_per_s
 
     for fpt, tps, n, gpu, prec in ((6.1e7, 2.4e6, 4, "NVIDIA H100 80GB HBM3", "bf16"),
                                    (8.5e8, 3.0e5, 8, "NVIDIA A100-SXM4-40GB", "bf16"),
@@ -243,7 +243,7 @@ def _check_q06_mfu(f):
 def _check_q07_int8_size(f):
     import torch
 
-    from lab_utils import quantize as Q
+    from lab_utils.experiments import quantize as Q
     from lab_utils.models.gpt import GPT, gpt_config
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:

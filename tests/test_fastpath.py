@@ -22,10 +22,11 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
 
-from lab_utils import data, fastpath
-from lab_utils.data import DeviceLoader
-from lab_utils.errors import LabError
-from lab_utils.fastpath import FastSettings, TrainOptions
+from lab_utils.core import data
+from lab_utils.core.data import DeviceLoader
+from lab_utils.core.errors import LabError
+from lab_utils.experiments import fastpath
+from lab_utils.experiments.fastpath import FastSettings, TrainOptions
 
 MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
@@ -466,8 +467,8 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     "gpuGetDeviceCount failed" on a machine without a GPU (a fresh process: kineto reads its
     log level once)."""
     code = textwrap.dedent("""
-        from lab_utils import fastpath
-        from lab_utils.results import ResultStore
+        from lab_utils.experiments import fastpath
+        from lab_utils.store import ResultStore
         s = fastpath.FastSettings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
                                   warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic").check()
         fastpath.trace_fast_path(ResultStore("quick"), s, fastpath.TrainOptions(loader="device"), "dl", "cpu")

@@ -9,8 +9,8 @@ import urllib.error
 import pytest
 import torch
 
-from lab_utils import text_data
-from lab_utils.errors import LabError
+from lab_utils.core import text_data
+from lab_utils.core.errors import LabError
 from lab_utils.models.gpt import (
     GPT,
     GPTConfig,

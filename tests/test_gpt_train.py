@@ -10,10 +10,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lab_utils import gpt_train
-from lab_utils.errors import LabError
-from lab_utils.gpt_train import TrainConfig, aggregate_epoch, micro_step, plan_steps, saved_activation_bytes
+from lab_utils.core.errors import LabError
 from lab_utils.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
+from lab_utils.workers import gpt_train
+from lab_utils.workers.gpt_train import (
+    TrainConfig,
+    aggregate_epoch,
+    micro_step,
+    plan_steps,
+    saved_activation_bytes,
+)
 
 VOCAB, K, B, T = 11, 4, 3, 16
 
@@ -199,7 +205,7 @@ def test_two_gloo_ranks_under_torchrun_report_every_rank(tmp_path):
     from lab_utils.launcher import launch
 
     ckpt = tmp_path / "gpt.pt"
-    res = launch("lab_utils.gpt_train",
+    res = launch("lab_utils.workers.gpt_train",
                  ["--size", "tiny", "--batch-size", "8", "--accumulation-steps", "2", "--epochs", "2",
                   "--steps-per-epoch", "3", "--corpus", "stdlib", "--max-chars", "60000",
                   "--val-batches", "2", "--probe-steps", "2", "--save", str(ckpt)],
@@ -225,7 +231,7 @@ def test_two_gloo_ranks_under_torchrun_report_every_rank(tmp_path):
 
 
 def _scaling_record(n: int, bs: int, slowest: float, mean: float, comm: float = 0.1):
-    from lab_utils.results import Record
+    from lab_utils.store import Record
 
     ranks = [{"rank": r, "epoch_seconds": slowest if r == n - 1 else mean, "train_seconds": 1.0,
               "data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.8,
@@ -241,8 +247,8 @@ def _scaling_record(n: int, bs: int, slowest: float, mean: float, comm: float = 
 
 
 def test_scaling_tables_by_hand():
-    from lab_utils import gpt_experiments as gx
-    from lab_utils.results import Record
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.store import Record
 
     recs = [_scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0),
             Record(experiment="gpt_scaling", config={"batch_size": 64, "devices": 4}, status="skipped",
@@ -263,7 +269,7 @@ def test_scaling_tables_by_hand():
 
 
 def test_settings_are_checked():
-    from lab_utils import gpt_experiments as gx
+    from lab_utils.experiments import gpt as gx
 
     with pytest.raises(LabError, match="divide"):
         gx.resolve_settings("quick", effective_batch=100, micro_batches=[3])
@@ -280,7 +286,7 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
     """1 device: 13 steps x 4,096 = 53,248 tokens in 10 s of training loop (5,324.8 tokens/s); 2 devices:
     2 x 6 x 4,096 = 49,152 tokens in 5 s (9,830.4 tokens/s). Epoch-time speedup 10/6 = 1.667 compares
     different work; the tokens/s speedup is 9,830.4 / 5,324.8 = 1.846."""
-    from lab_utils import gpt_experiments as gx
+    from lab_utils.experiments import gpt as gx
 
     one, two = _scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0)
     one.metrics.update(tokens=53_248, tokens_per_s=53_248 / 10.0)
@@ -298,7 +304,7 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
 def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
     """The earlier project's 4.25x on 4 GPUs (batch 128) is 2082.29 / 489.6 on rank-averaged times; on
     the slowest rank it is 2082.29 / 706.41 = 2.948x."""
-    from lab_utils import gpt_experiments as gx
+    from lab_utils.experiments import gpt as gx
 
     df = gx.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
     row = df.loc[(128, 4)]
@@ -310,7 +316,7 @@ def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
 
 def test_gpt_probe_noise_flag():
     """Probe exposed 0.2 s with noise 0.1 s: 2 x 0.1 >= 0.2 -> flagged; noise 0.05 s -> a result."""
-    from lab_utils import gpt_experiments as gx
+    from lab_utils.experiments import gpt as gx
 
     flagged, clear = _scaling_record(2, 64, 6.0, 5.0), _scaling_record(2, 128, 6.0, 5.0)
     flagged.metrics["exposed_comm_noise_seconds"] = 0.1

@@ -1,8 +1,8 @@
 """A GPU node gets a GPU build or a clear refusal, never a silent CPU run.
 
-- The install-time choice (``lab_utils/cuda_wheels.py``): driver version -> torch build,
-  from the one table :data:`lab_utils.cuda_wheels.VARIANTS` (sources cited there).
-- The run-time refusal (``lab_utils.environment.check_gpu_node``), tested on this CPU
+- The install-time choice (``lab_utils/core/cuda_wheels.py``): driver version -> torch build,
+  from the one table :data:`lab_utils.core.cuda_wheels.VARIANTS` (sources cited there).
+- The run-time refusal (``lab_utils.core.environment.check_gpu_node``), tested on this CPU
   machine with a fake ``nvidia-smi`` on PATH that reports driver 535 and two A100s, and
   the installed torch, which sees no GPU here: ``python -m lab_utils info`` and ``run``
   stop with one ``error:`` line, ``session.start`` raises, an explicit quick profile
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import cuda_wheels, environment
-from lab_utils.cuda_wheels import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
-from lab_utils.errors import LabError
+from lab_utils.core import cuda_wheels, environment
+from lab_utils.core.cuda_wheels import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
+from lab_utils.core.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -231,7 +231,7 @@ def test_a_hanging_nvidia_smi_is_bounded(tmp_path, monkeypatch):
 
 def test_auto_profile_on_a_gpu_node_is_refused(fake_smi, cpu_torch, monkeypatch):
     monkeypatch.delenv("LAB_PROFILE", raising=False)
-    from lab_utils import config
+    from lab_utils.core import config
 
     name, why = config.resolve_profile_name(None)
     with pytest.raises(LabError) as e:

@@ -58,7 +58,7 @@ def solve(student_nb: dict, book: str) -> dict:
 
 def hard_code(student_nb: dict, book: str) -> dict:
     """Answers that return the public tests' expected values and nothing else."""
-    from lab_utils import scaling
+    from lab_utils.experiments import scaling
 
     nb = json.loads(json.dumps(student_nb))
     (cell,) = _answer_cells(nb)

@@ -1,4 +1,4 @@
-from lab_utils import hardware
+from lab_utils.core import hardware
 
 
 def test_peak_table_by_name():

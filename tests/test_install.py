@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import cuda_wheels
-from lab_utils.cuda_wheels import Driver, DriverGPU
+from lab_utils.core import cuda_wheels
+from lab_utils.core.cuda_wheels import Driver, DriverGPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_wheels import make_wheel  # noqa: E402
@@ -87,7 +87,7 @@ def test_makefile_wiring():
         assert res.returncode == 0, res.stderr
         return res.stdout
     plain = dry("-B")
-    assert "lab_utils/cuda_wheels.py install --python .venv/bin/python" in plain
+    assert "lab_utils/core/cuda_wheels.py install --python .venv/bin/python" in plain
     assert "--system-site-packages" not in plain and "--system-torch" not in plain
     forced = dry("TORCH_VARIANT=cu126")  # no -B: a build asked for is installed even on an up-to-date .venv
     assert '--variant "cu126"' in forced

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lab_utils import large_batch as lb
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
+from lab_utils.experiments import large_batch as lb
 
 # --------------------------------------------------------------------------- set_epoch
 
@@ -72,7 +72,7 @@ def test_plan_runs_same_budget_and_lr_rules():
 
 
 def test_worker_args_round_trip_through_the_worker_cli():
-    from lab_utils.ddp import parse_args
+    from lab_utils.workers.ddp import parse_args
 
     s = lb.LARGE_BATCH_SETTINGS["quick"]
     for run in lb.plan_runs(s, 2, 2):
@@ -192,7 +192,7 @@ def test_worker_sample_orders_reads_rank_records(store):
 def test_model_bytes_by_hand():
     import torch
 
-    from lab_utils.comm_accounting import model_bytes, tensor_bytes
+    from lab_utils.workers.comm_accounting import model_bytes, tensor_bytes
 
     m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     b = model_bytes(m)
@@ -204,7 +204,7 @@ def test_model_bytes_by_hand():
 
 
 def test_ledger_counts_by_phase_and_mutes():
-    from lab_utils.comm_accounting import CommLedger
+    from lab_utils.workers.comm_accounting import CommLedger
 
     led = CommLedger()
     with led.in_phase("step"):
@@ -260,13 +260,14 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
 
 def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
     from lab_utils import launcher
-    from lab_utils.errors import LaunchError
+    from lab_utils.core.errors import LaunchError
 
     calls = []
 
     def failing_launch(module, args, nproc, **kw):
         calls.append((module, nproc))
-        raise LaunchError("The 2-process run of lab_utils.ddp failed (torchrun exit code 1).\nlast log lines")
+        raise LaunchError("The 2-process run of lab_utils.workers.ddp failed (torchrun exit code 1).\n"
+                          "last log lines")
 
     monkeypatch.setattr(launcher, "launch", failing_launch)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
@@ -274,7 +275,7 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
     res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
     assert [r.status for r in res.records] == ["error"] * 5 and len(res.measured) == 5
     assert res.records[1].reason.startswith("The 2-process run") and "\n" not in res.records[1].reason
-    assert calls == [("lab_utils.ddp", 1)] + [("lab_utils.ddp", 2)] * 4
+    assert calls == [("lab_utils.workers.ddp", 1)] + [("lab_utils.workers.ddp", 2)] * 4
     t = lb.large_batch_table(res)
     assert all(s.startswith("error: ") for s in t["status"])
     lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)  # error rows are not final: tried again

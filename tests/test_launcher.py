@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.errors import LabError, LaunchError
+from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.launcher import failing_rank, launch, tagged_processes
 
 TESTS = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""lab_utils.memory: out-of-memory detection, cleanup outside the handler, and the GPU
+"""lab_utils.core.memory: out-of-memory detection, cleanup outside the handler, and the GPU
 memory cap (simulated on CPU by recording what torch.cuda would be called with)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import weakref
 import pytest
 import torch
 
-from lab_utils import memory
-from lab_utils.errors import LabError
+from lab_utils.core import memory
+from lab_utils.core.errors import LabError
 
 # --------------------------------------------------------------------------- is_out_of_memory
 
@@ -141,7 +141,7 @@ def test_a_cpu_device_is_a_lab_error(fake_cuda):
 
 def test_the_sweep_sets_and_lifts_the_cap_on_an_indexed_device(fake_cuda, monkeypatch, store):
     """Notebook 01's MEMORY_FRACTION path on a GPU node, with torch.cuda simulated."""
-    from lab_utils import sweep
+    from lab_utils.experiments import sweep
 
     seen = []
 

@@ -1,6 +1,6 @@
 import torch
 
-from lab_utils.flops import count_flops
+from lab_utils.core.flops import count_flops
 from lab_utils.models import ResNet18, count_parameters
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from lab_utils.launcher import free_port, kill_tree, launch, torchrun_command
-from lab_utils.results import ResultStore
+from lab_utils.store import ResultStore
 
 pytestmark = pytest.mark.slow
 
-WORKER = "lab_utils.ddp"
+WORKER = "lab_utils.workers.ddp"
 EXPERIMENT = "multinode_check"
 TIMEOUT_S = 240
 # Tiny run: a narrow ResNet-18 on synthetic images, with evaluation, two epochs.

@@ -18,7 +18,8 @@ import textwrap
 import pytest
 import torch
 
-from lab_utils import fastpath, onednn
+from lab_utils.core import onednn
+from lab_utils.experiments import fastpath
 from lab_utils.models import ResNet18
 
 
@@ -59,7 +60,7 @@ def test_workaround_only_where_the_defect_can_strike():
 
 _STEP = textwrap.dedent("""
     import torch
-    from lab_utils import fastpath
+    from lab_utils.experiments import fastpath
     t = fastpath.build_trainer(fastpath.TrainOptions(channels_last=True), width=2, device="cpu")
     x = torch.randn(32, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (32,))

@@ -1,4 +1,4 @@
-"""Tests of lab_utils.quantize: accuracy of each int8/bf16 path, size accounting, unavailable rows.
+"""Tests of experiments.quantize: accuracy of each int8/bf16 path, size accounting, unavailable rows.
 
 Tolerances (stated here, asserted below), for a small trained language model whose
 largest fp32 logit is a few units:
@@ -26,8 +26,8 @@ import pytest
 import torch
 from torch import nn
 
-from lab_utils import quantize as Q
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
+from lab_utils.experiments import quantize as Q
 
 LOGIT_TOL = {"fp32": 0.0, "bf16": 0.02, "torchao_int8_weight_only": 0.02,
              "ao_dynamic_int8": 0.05, "torchao_int8_dynamic": 0.05}
@@ -342,7 +342,7 @@ def test_no_cuda_row_and_unknown_variant():
 
 
 def _rec(variant, status="ok", **m):
-    from lab_utils.results import Record
+    from lab_utils.store import Record
 
     return Record(experiment="quantization", config={"variant": variant, "device": "cpu"}, metrics=m,
                   status=status, reason=None if status == "ok" else "needs torchao")
@@ -399,8 +399,8 @@ def test_settings_validation():
 
 
 def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
+    from lab_utils.core.text_data import load_corpus
     from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
-    from lab_utils.text_data import load_corpus
 
     corpus = load_corpus("stdlib", max_chars=20_000)
     vocab = "".join(sorted(set(corpus.text)))

@@ -5,8 +5,8 @@ import re
 import pandas as pd
 
 from lab_utils import questions, runner
-from lab_utils.config import repo_root
-from lab_utils.results import ResultStore
+from lab_utils.core.config import repo_root
+from lab_utils.store import ResultStore
 
 
 def _figure(store, name):

@@ -7,8 +7,8 @@ import sys
 import pandas as pd
 import pytest
 
-from lab_utils.errors import LabError
-from lab_utils.results import Record, ResultStore, canonical_key
+from lab_utils.core.errors import LabError
+from lab_utils.store import Record, ResultStore, canonical_key
 
 
 def test_canonical_key_ignores_order():
@@ -62,7 +62,7 @@ def test_torn_last_line_is_skipped_and_not_lost(store):
 def test_concurrent_appends_stay_whole(store, tmp_path):
     # two processes appending 200 records each: every line is a whole record
     code = (
-        "import sys; from lab_utils.results import ResultStore\n"
+        "import sys; from lab_utils.store import ResultStore\n"
         "s = ResultStore('quick')\n"
         "for i in range(200): s.add('race', {'who': sys.argv[1], 'i': i}, {'pad': 'x' * 2000},"
         " hardware={'device_name': 'cpu'}, software={'torch': 'x'})\n"
@@ -104,7 +104,7 @@ def test_tables_and_figures_are_labelled(store):
 
 
 def test_format_number_significant_digits():
-    from lab_utils.results import format_number
+    from lab_utils.store import format_number
 
     assert format_number(40390.372158) == "40390"
     assert format_number(33.6449) == "33.64"
@@ -119,7 +119,7 @@ def test_format_number_significant_digits():
 
 
 def test_percent_columns_are_recognised():
-    from lab_utils.results import is_percent_column
+    from lab_utils.store import is_percent_column
 
     for name in ("hidden_percent", "percent_of_peak", "pct_of_bench_peak_busbw", "util_pct",
                  "epoch-5 test accuracy %"):
@@ -129,7 +129,7 @@ def test_percent_columns_are_recognised():
 
 
 def test_display_table_and_markdown_agree():
-    from lab_utils.results import display_table
+    from lab_utils.store import display_table
 
     df = pd.DataFrame({"batch_size": [32, 128], "seconds": [40390.372158, 0.123456789],
                        "hidden_percent": [0.8629, None], "note": ["a", "b"]}, index=[7, 9])
@@ -175,7 +175,7 @@ def _saved_figure(store):
 
 
 def test_quick_figures_are_watermarked(store):
-    from lab_utils.results import QUICK_WATERMARK
+    from lab_utils.store import QUICK_WATERMARK
 
     fig = _saved_figure(store)
     marks = [t for t in fig.texts if t.get_text() == QUICK_WATERMARK]
@@ -184,7 +184,7 @@ def test_quick_figures_are_watermarked(store):
 
 
 def test_full_figures_are_not_watermarked(tmp_path):
-    from lab_utils.results import QUICK_WATERMARK
+    from lab_utils.store import QUICK_WATERMARK
 
     fig = _saved_figure(ResultStore("full", root=tmp_path / "full"))
     assert not any(t.get_text() == QUICK_WATERMARK for t in fig.texts)

@@ -7,7 +7,7 @@ import nbformat
 import pytest
 
 from lab_utils import runner
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 
 def _notebook(path, sources):

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab_utils import config, scaling
-from lab_utils.errors import LabError, LaunchError
-from lab_utils.results import Record
+from lab_utils.core import config
+from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.experiments import scaling
+from lab_utils.store import Record
 
 QUICK = scaling.SETTINGS["quick"]
 
@@ -188,7 +189,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
 
     import torch
 
-    import lab_utils.hardware as hardware
+    import lab_utils.core.hardware as hardware
 
     monkeypatch.setattr(hardware, "hardware_summary",
                         lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
@@ -375,7 +376,7 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
     workers do, and restores the notebook's setting afterwards."""
     import torch
 
-    import lab_utils.hardware as hardware
+    import lab_utils.core.hardware as hardware
 
     monkeypatch.setattr(hardware, "hardware_summary",
                         lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",

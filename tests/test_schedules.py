@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from lab_utils.errors import LabError
-from lab_utils.schedules import LRSchedule, make_schedule, scaled_lr
+from lab_utils.core.errors import LabError
+from lab_utils.core.schedules import LRSchedule, make_schedule, scaled_lr
 
 
 def test_linear_scaling_rule_by_hand():

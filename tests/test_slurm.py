@@ -356,7 +356,7 @@ def test_experiment_step_gets_the_cpus_the_job_asked_for(two_process_job):
 @pytest.mark.slow
 def test_notebook_02_reuses_the_jobs_records(two_process_job, monkeypatch):
     """The job ran exactly what notebook 02 would: run_scaling finds it stored, measures nothing."""
-    from lab_utils import scaling
+    from lab_utils.experiments import scaling
     from lab_utils.session import start
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(two_process_job["results"]))

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from lab_utils import sweep
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
+from lab_utils.experiments import sweep
 from lab_utils.models import ResNet18
 
 WIDTH = 2
@@ -83,7 +83,7 @@ def spy(monkeypatch, cached_loaders):
 @pytest.fixture(scope="module")
 def oom_sweep(tmp_path_factory, cached_loaders):
     """One standard sweep (ok, ok, oom, skipped), shared by the tests that only read it."""
-    from lab_utils.results import ResultStore
+    from lab_utils.store import ResultStore
 
     with pytest.MonkeyPatch.context() as mp:
         store = ResultStore("quick", root=tmp_path_factory.mktemp("oom_sweep") / "quick")
@@ -260,7 +260,7 @@ def test_profiles_follow_the_spec():
 
 
 def test_anchor_table_compares_only_the_spec_configuration():
-    from lab_utils.results import Record
+    from lab_utils.store import Record
 
     def rec(bs, seconds=None, status="ok"):
         metrics = {"train_seconds": seconds} if seconds is not None else {}
@@ -283,7 +283,7 @@ def test_anchor_table_compares_only_the_spec_configuration():
 
 
 def test_quick_sweep_pins_threads_like_the_ddp_workers(store, monkeypatch):
-    from lab_utils import scaling
+    from lab_utils.experiments import scaling
 
     assert sweep.SWEEP_SETTINGS["quick"].cpu_threads == scaling.SETTINGS["quick"].cpu_threads
     assert sweep.SWEEP_SETTINGS["full"].cpu_threads is None  # GPUs: torch's default

@@ -5,8 +5,8 @@ import re
 import pytest
 
 from lab_utils import time_budget as tb
-from lab_utils.config import repo_root
-from lab_utils.errors import LabError
+from lab_utils.core.config import repo_root
+from lab_utils.core.errors import LabError
 
 
 def test_table_has_every_notebook_and_a_total():
@@ -18,7 +18,7 @@ def test_table_has_every_notebook_and_a_total():
 
 
 def test_flop_constant_matches_the_counter():
-    from lab_utils.sweep import flops_per_image
+    from lab_utils.experiments.sweep import flops_per_image
 
     assert tb.RESNET_TRAIN_FLOPS_PER_IMAGE == pytest.approx(flops_per_image(64).train_flops, rel=1e-3)
 

@@ -3,8 +3,8 @@ import time
 import pytest
 import torch
 
-from lab_utils import timing
-from lab_utils.timing import NestedTimers, PhaseTimer
+from lab_utils.core import timing
+from lab_utils.core.timing import NestedTimers, PhaseTimer
 
 
 def slow_loader(n, delay):

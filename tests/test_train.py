@@ -2,9 +2,9 @@ import math
 
 import torch
 
-from lab_utils.data import make_loaders
+from lab_utils.core.data import make_loaders
+from lab_utils.core.loop import evaluate, make_optimizer, train_epoch, wrap_data_parallel
 from lab_utils.models import ResNet18
-from lab_utils.train import evaluate, make_optimizer, train_epoch, wrap_data_parallel
 
 
 def test_spec_optimizer():

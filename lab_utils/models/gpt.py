@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 CHECKPOINT_FORMAT = "lab-gpt-v1"
 
@@ -298,7 +298,7 @@ def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from lab_utils.flops import count_flops
+    from lab_utils.core.flops import count_flops
 
     gpt = unwrap(model)
     cfg = gpt.config
@@ -315,7 +315,7 @@ def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
 
 def checkpoint_path(profile: str | None = None) -> Path:
     """``results/<profile>/checkpoints/gpt.pt``: where notebook 06 saves the trained GPT."""
-    from lab_utils import config
+    from lab_utils.core import config
 
     return config.results_dir(profile) / "checkpoints" / "gpt.pt"
 

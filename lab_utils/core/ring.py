@@ -3,7 +3,7 @@
 The formulas behind notebooks 02-04 (Tables 1-3): what a gradient weighs, what a ring
 all-reduce sends, how long it should take, and the alpha-beta model fitted to a
 benchmark. Pure arithmetic on numbers, tested against values computed by hand;
-:mod:`lab_utils.comm` runs the benchmark and the projections on top of it.
+:mod:`lab_utils.experiments.comm` runs the benchmark and the projections on top of it.
 
 **Bytes.** The gradient of a model is ``S = sum(numel x element_size)`` bytes over the
 parameters that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; the
@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from lab_utils.config import check_positive_int
-from lab_utils.errors import LabError
+from lab_utils.core.config import check_positive_int
+from lab_utils.core.errors import LabError
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -361,3 +361,25 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
         n_points=n,
         latency_clamped=clamped,
     )
+
+
+# --------------------------------------------------------------------------- benchmark message sizes
+
+
+ELEMENT_BYTES = 4  # the benchmark all-reduces float32 tensors, like DDP's fp32 gradients
+
+
+def message_sizes(min_bytes: int = 8, max_bytes: int = 8 * MIB) -> list[int]:
+    """Message sizes in bytes doubling from ``min_bytes`` up to at most ``max_bytes``."""
+    lo = check_positive_int(min_bytes, "smallest message size (bytes)")
+    hi = check_positive_int(max_bytes, "largest message size (bytes)")
+    if lo % ELEMENT_BYTES:
+        raise LabError(f"The smallest message must be a multiple of {ELEMENT_BYTES} bytes (one fp32), "
+                       f"got {lo}; use e.g. 8.")
+    if hi < lo:
+        raise LabError(f"The largest message ({hi} B) is below the smallest ({lo} B); raise --max-bytes.")
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 2
+    return out

@@ -36,7 +36,7 @@ Benchmarks (``python -m lab_utils bench data|train``)
 - :func:`bench_train`: the waterfall. One epoch of the same model on the same number
   of images for the spec configuration and for each fast-path step added on top of
   the previous ones; images/s, epoch seconds, achieved TFLOP/s (FLOPs counted with
-  :mod:`lab_utils.flops`), percent of the device's peak (:mod:`lab_utils.hardware`;
+  :mod:`lab_utils.core.flops`), percent of the device's peak (:mod:`lab_utils.core.hardware`;
   none when the peak is unknown, e.g. on a CPU) and the speed-up over the spec row.
 
 What an epoch time includes: the wall time from the first batch request to the last
@@ -65,20 +65,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils import config, data, onednn, watchdog
-from lab_utils.backends import apply_training_backends, pinned_threads
-from lab_utils.config import check_batch_size, check_choice, check_positive_int
-from lab_utils.data import (  # the fast path's loaders live with the other loaders
+from lab_utils.core import config, data, onednn, watchdog
+from lab_utils.core.backends import apply_training_backends, pinned_threads
+from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
+from lab_utils.core.data import (  # the fast path's loaders live with the other loaders
     ArraySplit,
     check_num_workers,
     device_loader,
     load_split,
     spec_loader,
 )
-from lab_utils.errors import LabError
-from lab_utils.memory import catch_oom, free_device_memory
-from lab_utils.results import Record, ResultStore
-from lab_utils.timing import synchronize
+from lab_utils.core.errors import LabError
+from lab_utils.core.memory import catch_oom, free_device_memory
+from lab_utils.core.timing import synchronize
+from lab_utils.store import Record, ResultStore
 
 SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
 LOADERS = ("spec", "device")
@@ -159,7 +159,7 @@ def bf16_supported(device: torch.device) -> bool:
 
 def make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
     """The spec's SGD (momentum 0.9, weight decay 5e-4) with the chosen implementation."""
-    from lab_utils.train import make_optimizer
+    from lab_utils.core.loop import make_optimizer
 
     kw = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
           "fused": {"fused": True}}
@@ -185,7 +185,7 @@ class Trainer:
     options: TrainOptions
     device: torch.device
     # Set when the model was rewritten to avoid a oneDNN defect on this CPU: the row stores
-    # the sentence (see lab_utils.onednn).
+    # the sentence (see lab_utils.core.onednn).
     onednn_workaround: str | None = None
 
     def autocast(self):
@@ -208,7 +208,7 @@ def build_trainer(options: TrainOptions, width: int, device: torch.device | str,
                   lr: float = 0.1) -> Trainer:
     """ResNet-18 of ``width`` on ``device`` (seeded, so every option starts from the same weights).
 
-    Applies the lab's training backend settings (:func:`lab_utils.backends.apply_training_backends`:
+    Applies the lab's training backend settings (:func:`lab_utils.core.backends.apply_training_backends`:
     autotuned cuDNN convolutions), as every training path does.
     """
     from lab_utils.models import ResNet18
@@ -255,7 +255,7 @@ def run_epoch(trainer: Trainer, loader, max_steps: int | None = None,
               schedule=None, first_step: int = 0) -> EpochResult:
     """Train one pass over ``loader`` (or its first ``max_steps`` batches) and time it.
 
-    ``schedule`` (optional, a :class:`lab_utils.schedules.LRSchedule`) sets the lr of
+    ``schedule`` (optional, a :class:`lab_utils.core.schedules.LRSchedule`) sets the lr of
     each step; ``first_step`` is the global index of this pass's first step.
     """
     dev = trainer.device
@@ -317,7 +317,7 @@ def compiled_graphs() -> int | None:
 @functools.lru_cache(maxsize=8)
 def train_flops_per_image(width: int) -> float:
     """FLOPs of one training step per image (forward + backward, FlopCounterMode) for ResNet-18 ``width``."""
-    from lab_utils.flops import count_flops
+    from lab_utils.core.flops import count_flops
     from lab_utils.models import ResNet18
 
     model = ResNet18(width=width)
@@ -326,7 +326,7 @@ def train_flops_per_image(width: int) -> float:
 
 def peak_precision(options: TrainOptions, device_name: str) -> str:
     """The precision whose peak a run is compared with: bf16, else fp32 (tf32 where cuDNN uses it)."""
-    from lab_utils.hardware import fp32_training_precision
+    from lab_utils.core.hardware import fp32_training_precision
 
     return "bf16" if options.bf16 else fp32_training_precision(device_name)
 
@@ -357,7 +357,7 @@ class FastSettings:
     dataset: str | None = None      # "auto" | "cifar10" | "synthetic" (None: $LAB_DATASET or auto)
     seed: int = 0
     # The longest one waterfall row (warm-up, compilation, timed epoch) may take, in seconds;
-    # past it the row is stored as an error and the process stops (lab_utils.watchdog).
+    # past it the row is stored as an error and the process stops (lab_utils.core.watchdog).
     row_timeout_s: float | None = 1800.0
 
     def check(self) -> FastSettings:
@@ -418,7 +418,7 @@ def _device(device: torch.device | str | None) -> torch.device:
 
 
 def _hardware(device: torch.device) -> dict:
-    from lab_utils.hardware import hardware_summary
+    from lab_utils.core.hardware import hardware_summary
 
     return hardware_summary(str(device), 1)
 
@@ -545,8 +545,8 @@ def _skip_reason(step: str, options: TrainOptions, settings: FastSettings, devic
 def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySplit,
                    device: torch.device) -> dict[str, Any]:
     """Warm up, then time one epoch of ``split`` with ``options``; the metrics of one waterfall row."""
-    from lab_utils.hardware import device_name, fraction_of_peak
-    from lab_utils.train import peak_memory, reset_peak_memory
+    from lab_utils.core.hardware import device_name, fraction_of_peak
+    from lab_utils.core.loop import peak_memory, reset_peak_memory
 
     trainer = build_trainer(options, settings.width, device, seed=settings.seed)
     if options.loader == "spec":
@@ -616,7 +616,7 @@ def bench_train(store: ResultStore, settings: FastSettings, device: torch.device
         try:
             # catch_oom swallows out-of-memory (and keeps only its reason), so the memory
             # the failed step held is freed below, outside any except block. The deadline
-            # ends the process if the row hangs in native code (see lab_utils.watchdog).
+            # ends the process if the row hangs in native code (see lab_utils.core.watchdog).
             with catch_oom() as oom, watchdog.deadline(
                     settings.row_timeout_s, f"waterfall row '{name}' (warm-up, compilation and timed epoch)",
                     "rows stored before it are kept; raise --row-timeout, or leave the step out with --steps",
@@ -682,7 +682,7 @@ def waterfall_table(records: Sequence[Record]):
     """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec.
 
     ``percent_of_peak`` says ``none (peak unknown)`` where the device has no peak in
-    :mod:`lab_utils.hardware`; rows that did not run have empty cells and their reason.
+    :mod:`lab_utils.core.hardware`; rows that did not run have empty cells and their reason.
     """
     import pandas as pd
 
@@ -999,7 +999,7 @@ def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOption
     (ToTensor + Normalize, numerically the spec's) for both. Returns two records; a
     single ``skipped`` record when ``accuracy_epochs`` is 0.
     """
-    from lab_utils.schedules import LRSchedule
+    from lab_utils.core.schedules import LRSchedule
 
     settings.check()
     dev = _device(device)

@@ -3,7 +3,7 @@
 Every measured configuration becomes one JSON record appended as one line to
 ``results/<profile>/runs/<experiment>.jsonl``. A record carries its configuration, the
 profile, the hardware, the software versions, the cuDNN / matmul settings
-(:mod:`lab_utils.backends`), whether the data was synthetic, a
+(:mod:`lab_utils.core.backends`), whether the data was synthetic, a
 timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when the
 status is not ``ok``, and the measured metrics.
 
@@ -31,10 +31,10 @@ from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from lab_utils import config
-from lab_utils.backends import backend_settings
-from lab_utils.errors import LabError
-from lab_utils.hardware import hardware_summary, software_versions
+from lab_utils.core import config
+from lab_utils.core.backends import backend_settings
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import hardware_summary, software_versions
 
 STATUSES = ("ok", "oom", "skipped", "error")
 
@@ -96,7 +96,7 @@ class Record:
     software: dict[str, Any] = field(default_factory=dict)
     timestamp: str = ""
     #: cuDNN / matmul settings in force when the record was built (in the measuring
-    #: process): see :mod:`lab_utils.backends`. ``{}`` for records stored before this field.
+    #: process): see :mod:`lab_utils.core.backends`. ``{}`` for records stored before this field.
     backends: dict[str, Any] = field(default_factory=backend_settings)
     #: torch intra-op threads of the process that built the record (``torch.get_num_threads()``,
     #: taken at build time like ``backends``). CPU timings depend on it. ``None``: stored before

@@ -12,7 +12,7 @@ same configuration. Hence:
   the per-step compute measurement). It sets ``cudnn.benchmark`` (``True`` unless a
   caller, e.g. the sweep's ``cudnn_benchmark`` setting, asks otherwise) and leaves the
   TF32 switches at torch's defaults, which :func:`backend_settings` records.
-- :func:`backend_settings` reads the settings in force; :class:`lab_utils.results.Record`
+- :func:`backend_settings` reads the settings in force; :class:`lab_utils.store.Record`
   fills its ``backends`` field with it when a record is built, so every record says
   which settings its numbers were measured under.
 
@@ -22,7 +22,7 @@ sweep, DataParallel, the fast path's benchmarks, the in-process GPT run), restor
 The first steps after a new shape include cuDNN's autotuning, which is why every timed
 epoch or step in the lab comes after untimed warm-up work.
 
-``torch`` is imported inside the functions, as in :mod:`lab_utils.results`, so that
+``torch`` is imported inside the functions, as in :mod:`lab_utils.store`, so that
 importing the result store stays cheap for the command line.
 """
 
@@ -32,7 +32,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lab_utils.config import check_positive_int
+from lab_utils.core.config import check_positive_int
 
 
 def _read(get: Callable[[], Any]) -> Any:

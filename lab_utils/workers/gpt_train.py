@@ -2,9 +2,9 @@
 
 Command line (one process, or ``N`` ranks through :func:`lab_utils.launcher.launch`)::
 
-    python -m lab_utils.gpt_train --size tiny --batch-size 16 --accumulation-steps 4 \\
+    python -m lab_utils.workers.gpt_train --size tiny --batch-size 16 --accumulation-steps 4 \\
         --epochs 2 --steps-per-epoch 20 --dtype fp32 --out records.json
-    python -m torch.distributed.run --nproc-per-node 4 -m lab_utils.gpt_train --batch-size 64 ...
+    python -m torch.distributed.run --nproc-per-node 4 -m lab_utils.workers.gpt_train --batch-size 64 ...
 
 ``--batch-size`` is the micro-batch *per rank* in sequences; one optimizer step sees
 ``batch_size x accumulation_steps x world_size`` sequences of ``block_size`` tokens.
@@ -22,20 +22,20 @@ What is timed, per rank and per epoch (seconds; ``timing.PhaseTimer`` and
 - ``train_seconds``: the training loop (loader waits included);
 - ``data_loading_seconds`` (waiting on the DataLoader), ``data_movement_seconds``
   (host to device), ``compute_seconds`` and ``communication_seconds``;
-- communication is *measured* with :mod:`lab_utils.comm_hooks`, as in notebook 03: a
-  timing communication hook (:class:`~lab_utils.comm_hooks.AllReduceTimer`) sees every
+- communication is *measured* with :mod:`lab_utils.core.comm_hooks`, as in notebook 03: a
+  timing communication hook (:class:`~lab_utils.core.comm_hooks.AllReduceTimer`) sees every
   bucket's all-reduce on the synchronizing micro-step. ``communication_seconds`` is the
   exposed wait at the end of backward (last bucket ready -> backward returned), moved
   out of ``compute_seconds``; ``allreduce_seconds`` is the time any all-reduce was in
   flight (mostly hidden behind backward). After each epoch an untimed probe
-  (:func:`~lab_utils.comm_hooks.probe_exposed_comm`) alternates synchronizing
+  (:func:`~lab_utils.core.comm_hooks.probe_exposed_comm`) alternates synchronizing
   forward+backward steps with ``no_sync`` ones on the same micro-batch:
   ``exposed_comm_per_step_seconds`` (their difference, >= 0; it includes waiting for the
   slowest rank), ``exposed_comm_seconds`` (that x optimizer steps), ``overlap_seconds``
   and ``overlap_fraction``. With one process all of these are 0 / None;
 - ``tokens_per_s`` = tokens this rank trained on / ``train_seconds``;
 - ``mfu``: FLOPs per token (counted by ``FlopCounterMode``) x tokens/s / the device's
-  peak FLOP/s for the dtype (``lab_utils.hardware``); ``None`` on CPUs and unknown GPUs.
+  peak FLOP/s for the dtype (``lab_utils.core.hardware``); ``None`` on CPUs and unknown GPUs.
 
 The aggregate of an epoch takes the *slowest* rank's times (``slowest_rank``) since
 every step waits for it, and also reports the mean over ranks and the imbalance
@@ -65,10 +65,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from lab_utils.backends import apply_training_backends, backend_settings
-from lab_utils.config import check_choice, check_positive_int, loader_worker_options
-from lab_utils.errors import LabError
-from lab_utils.memory import catch_oom, free_device_memory
+from lab_utils.core.backends import apply_training_backends, backend_settings
+from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
+from lab_utils.core.errors import LabError
+from lab_utils.core.memory import catch_oom, free_device_memory
+from lab_utils.core.progress import progress
+from lab_utils.core.schedules import LRSchedule
+from lab_utils.core.text_data import CORPUS_CHOICES, TokenWindows, load_splits
+from lab_utils.core.timing import NestedTimers, PhaseTimer
 from lab_utils.models.gpt import (
     GPT,
     GPT_SIZES,
@@ -80,10 +84,6 @@ from lab_utils.models.gpt import (
     train_flops_per_token,
     unwrap,
 )
-from lab_utils.progress import progress
-from lab_utils.schedules import LRSchedule
-from lab_utils.text_data import CORPUS_CHOICES, TokenWindows, load_splits
-from lab_utils.timing import NestedTimers, PhaseTimer
 
 DTYPES = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -290,7 +290,7 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
 
 def device_peak(device: torch.device, dtype: str) -> tuple[str, float | None, str]:
     """Device name, its peak FLOP/s for this dtype (None if unknown), precision used."""
-    from lab_utils.hardware import device_name, peak_flops_per_s
+    from lab_utils.core.hardware import device_name, peak_flops_per_s
 
     name = device_name(str(device))
     if device.type != "cuda":
@@ -399,7 +399,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         torch.cuda.reset_peak_memory_stats(device)
     comm_timer = None
     if ctx.ddp:
-        from lab_utils.comm_hooks import AllReduceTimer
+        from lab_utils.core.comm_hooks import AllReduceTimer
 
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
@@ -475,7 +475,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         probe = {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
                  "overlap_fraction": None, "exposed_comm_noise_seconds": None, "probe": None}
         if comm_timer is not None and cfg.probe_steps > 0:
-            from lab_utils.comm_hooks import overlap_figures, probe_exposed_comm
+            from lab_utils.core.comm_hooks import overlap_figures, probe_exposed_comm
 
             with timers("comm_probe"), autocast_context(device, cfg.dtype):
                 pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
@@ -557,7 +557,8 @@ def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | 
 
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = argparse.ArgumentParser(prog="python -m lab_utils.gpt_train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.gpt_train",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default=d.size, help=f"model size: {', '.join(GPT_SIZES)}")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="micro-batch per rank (sequences)")
     p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)

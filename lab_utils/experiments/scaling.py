@@ -8,7 +8,7 @@ For each device count N and per-device batch b (global batch N x b), ResNet-18 t
 waiting on the loader excluded, this rank's and, through the barrier after the data
 movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
 
-- **DDP** (``method="DDP"``): :mod:`lab_utils.ddp` under ``torchrun`` through
+- **DDP** (``method="DDP"``): :mod:`lab_utils.workers.ddp` under ``torchrun`` through
   :func:`lab_utils.launcher.launch`, one process per GPU with NCCL. All per-device batch
   sizes of one N run in one launch (one start-up). T(1) is the same worker with one
   process, so T(1) and T(N) go through the same code. Without enough GPUs the lab runs
@@ -24,7 +24,7 @@ movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
 Notebook 03 (:func:`run_compute_vs_comm`, :func:`compute_vs_comm_table`)
 -----------------------------------------------------------------------
 DDP on N = 2 and 4 with ``--measure-comm``: communication measured three ways (see
-:mod:`lab_utils.comm_hooks`): (a) the assignment's derivation compute = T(1)/N,
+:mod:`lab_utils.core.comm_hooks`): (a) the assignment's derivation compute = T(1)/N,
 communication = T(N) - T(1)/N (T(1) from notebook 02's one-device run, run here when
 missing); (b) exposed communication from the ``no_sync`` probe; (c) total all-reduce
 time from the timing hook; overlap = (c) - (b).
@@ -33,7 +33,7 @@ Record schema (stable; notebook 04's Table 3 reads it)
 ------------------------------------------------------
 Experiments: ``scaling`` (notebook 02) and ``compute_vs_comm`` (notebook 03). Each
 holds the DDP worker's records (one aggregate + one per rank per configuration; the
-full schema is in :mod:`lab_utils.ddp`'s docstring) and, with GPUs, DataParallel
+full schema is in :mod:`lab_utils.workers.ddp`'s docstring) and, with GPUs, DataParallel
 records. Select the aggregates with ``config["record"] == "aggregate"``. Keys used here:
 
 - ``config``: ``method`` ("DDP" | "DataParallel"), ``devices``, ``batch_size`` (per
@@ -61,15 +61,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lab_utils import config
-from lab_utils.backends import pinned_threads
-from lab_utils.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
-from lab_utils.config import check_batch_sizes, check_positive_int
-from lab_utils.ddp import WorkerArgs
-from lab_utils.errors import LabError, LaunchError
-from lab_utils.memory import catch_oom, free_device_memory, mentions_out_of_memory
-from lab_utils.results import Record, ResultStore
-from lab_utils.ring import ring_bytes_per_rank
+from lab_utils.core import config
+from lab_utils.core.backends import pinned_threads
+from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
+from lab_utils.core.config import check_batch_sizes, check_positive_int
+from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory
+from lab_utils.core.ring import ring_bytes_per_rank
+from lab_utils.store import Record, ResultStore
+from lab_utils.workers.ddp import WorkerArgs
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -258,7 +258,7 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
     GPU count). Returns one aggregate record per configuration (measured, stored,
     OOM, or a not-stored row saying why it did not run).
     """
-    from lab_utils.hardware import cpu_cores, device_name
+    from lab_utils.core.hardware import cpu_cores, device_name
 
     s = (settings or settings_for(lab.profile)).validate()
     store: ResultStore = lab.store
@@ -325,7 +325,7 @@ def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p
     running out of memory is raised (with the failing rank's log).
     """
     from lab_utils.launcher import launch
-    from lab_utils.results import canonical_key
+    from lab_utils.store import canonical_key
 
     experiment = args.experiment or SCALING
     env = {"LAB_RESULTS_DIR": str(store.root.parent), config.PROFILE_ENV: store.profile}
@@ -338,7 +338,7 @@ def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p
         run_args = replace(args, batch_size=tuple(remaining) if len(remaining) > 1 else remaining[0])
         failure: LaunchError | None = None
         try:
-            launch("lab_utils.ddp", run_args.to_argv(), nproc=n, timeout_s=s.timeout_s,
+            launch("lab_utils.workers.ddp", run_args.to_argv(), nproc=n, timeout_s=s.timeout_s,
                    threads_per_rank=threads, env=env)
         except LaunchError as e:
             failure = e
@@ -369,7 +369,7 @@ def _hardware(p: Placement) -> dict:
     """What a record says about the devices of ``p`` (no device name where CUDA is absent)."""
     import torch
 
-    from lab_utils.hardware import hardware_summary
+    from lab_utils.core.hardware import hardware_summary
 
     if p.device_type == "cuda" and not torch.cuda.is_available():
         return {"device_type": "cuda", "device_name": None, "device_count": p.devices}
@@ -403,12 +403,12 @@ def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: i
 def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
     """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored.
 
-    Out of memory (:func:`lab_utils.memory.catch_oom`) gives a stored ``oom`` row with the
+    Out of memory (:func:`lab_utils.core.memory.catch_oom`) gives a stored ``oom`` row with the
     allocator's message; the model, optimizer and loaders are dropped and the cache is
     emptied after the ``with`` statement, once the traceback that holds them is gone.
     """
-    from lab_utils.backends import apply_training_backends
-    from lab_utils.hardware import hardware_summary
+    from lab_utils.core.backends import apply_training_backends
+    from lab_utils.core.hardware import hardware_summary
 
     cfg = dp_config(args, n)
     experiment = args.experiment or SCALING
@@ -444,9 +444,9 @@ def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict
     """
     import torch
 
-    from lab_utils.data import make_loaders
+    from lab_utils.core.data import make_loaders
+    from lab_utils.core.loop import make_optimizer, train_epoch, wrap_data_parallel
     from lab_utils.models import ResNet18, count_parameters
-    from lab_utils.train import make_optimizer, train_epoch, wrap_data_parallel
 
     held["loaders"] = loaders = make_loaders(
         batch_size=args.batch_size * n, num_workers=args.num_workers, train_images=args.train_images,

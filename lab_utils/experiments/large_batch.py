@@ -7,7 +7,7 @@ learning-rate scaling, warm-up, decay); Q6 ``DistributedSampler.set_epoch``
 (:func:`run_comm_accounting`).
 
 The experiment (:func:`run_large_batch`) trains ResNet-18 for the same number of epochs
-in several configurations, each a DDP run of :mod:`lab_utils.ddp` under ``torchrun``
+in several configurations, each a DDP run of :mod:`lab_utils.workers.ddp` under ``torchrun``
 (through :func:`lab_utils.launcher.launch`), evaluated on the test split after every epoch:
 
 1. **small batch (reference)**: ``small_batch`` on 1 device, lr 0.1 (the spec's recipe);
@@ -38,11 +38,11 @@ CPU the ranks are gloo processes, at most ``cpu_processes`` of them, with accumu
 the rest.
 
 Records go to the store under ``large_batch`` (the worker's schema: one aggregate record
-per run, plus one per rank; see :mod:`lab_utils.ddp`). A run already stored with status
+per run, plus one per rank; see :mod:`lab_utils.workers.ddp`). A run already stored with status
 ``ok`` is not trained again unless ``force=True``.
 
 Also here: the ``set_epoch`` demonstration (:func:`sampler_epoch_orders`) and the
-communication accounting of :mod:`lab_utils.comm_accounting` (:func:`run_comm_accounting`,
+communication accounting of :mod:`lab_utils.workers.comm_accounting` (:func:`run_comm_accounting`,
 :func:`comm_table`, :func:`wire_table`): what DDP communicates besides gradients, in bytes.
 Times are seconds; bytes are bytes; accuracy is a fraction in records and a percentage
 in tables.
@@ -55,11 +55,11 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lab_utils import config
-from lab_utils.config import check_positive_int
-from lab_utils.errors import LabError, LaunchError
-from lab_utils.results import Record, ResultStore
-from lab_utils.schedules import DECAYS, LRSchedule, scaled_lr
+from lab_utils.core import config
+from lab_utils.core.config import check_positive_int
+from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
+from lab_utils.store import Record, ResultStore
 
 EXPERIMENT = "large_batch"
 COMM_EXPERIMENT = "comm_accounting"
@@ -248,7 +248,7 @@ def plan_devices(settings: LargeBatchSettings, gpus: int | None = None) -> Devic
     ``devices`` / d' accumulation steps: the same global batch (e.g. 3 GPUs: 2 x 2 steps).
     """
     if gpus is None:
-        from lab_utils.hardware import gpu_count
+        from lab_utils.core.hardware import gpu_count
 
         gpus = gpu_count()
     want, b = settings.devices, settings.large_batch_per_device
@@ -291,8 +291,8 @@ def plan_runs(settings: LargeBatchSettings, large_devices: int,
 
 
 def worker_args(settings: LargeBatchSettings, run: RunSpec, profile: str):
-    """The :class:`lab_utils.ddp.WorkerArgs` of one run (before ``resolved()``)."""
-    from lab_utils.ddp import WorkerArgs
+    """The :class:`lab_utils.workers.ddp.WorkerArgs` of one run (before ``resolved()``)."""
+    from lab_utils.workers.ddp import WorkerArgs
 
     return WorkerArgs(
         experiment=EXPERIMENT, profile=profile, batch_size=run.batch_per_device, epochs=settings.epochs,
@@ -335,8 +335,8 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
     A failed run (a dead rank, a timeout) is stored as an ``error`` record with the reason
     and the other runs go on; it is tried again next time.
     """
-    from lab_utils.ddp import choose_backend
     from lab_utils.launcher import launch
+    from lab_utils.workers.ddp import choose_backend
 
     profile, store = _store_of(lab_or_profile)
     s = resolve_settings(profile, settings, **overrides)
@@ -358,7 +358,7 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
             print(f"{run.name}: training {run.shape_text} on {backend} ...", flush=True)
         try:
             threads = s.threads_per_rank if backend == "gloo" else None
-            launch("lab_utils.ddp", args.to_argv(), nproc=run.devices, timeout_s=s.timeout_s,
+            launch("lab_utils.workers.ddp", args.to_argv(), nproc=run.devices, timeout_s=s.timeout_s,
                    threads_per_rank=threads)
             rec = store.get(EXPERIMENT, cfg)
             if rec is None:
@@ -559,7 +559,7 @@ def lr_curves(result: LargeBatchResult) -> dict[str, list[float]]:
 
 def run_schedule(run: RunSpec, s: LargeBatchSettings, steps_per_epoch: int) -> LRSchedule:
     """The run's schedule, built exactly as the worker builds it."""
-    from lab_utils.schedules import make_schedule
+    from lab_utils.core.schedules import make_schedule
 
     return make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps_per_epoch, s.epochs,
                          run.warmup_epochs, run.decay)
@@ -668,7 +668,7 @@ def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]
 def comm_plan(settings: LargeBatchSettings, gpus: int | None = None) -> tuple[int, str]:
     """Ranks and backend of the accounting run: NCCL on 2+ GPUs (up to ``devices``), else 2 gloo processes."""
     if gpus is None:
-        from lab_utils.hardware import gpu_count
+        from lab_utils.core.hardware import gpu_count
 
         gpus = gpu_count()
     if gpus >= 2:
@@ -679,9 +679,9 @@ def comm_plan(settings: LargeBatchSettings, gpus: int | None = None) -> tuple[in
 def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings | None = None, *,
                         force: bool = False, gpus: int | None = None, broadcast_buffers: bool = True,
                         zero: bool = True, verbose: bool = True, **overrides: Any) -> Record:
-    """Run :mod:`lab_utils.comm_accounting` (a few DDP steps) unless stored; return its record."""
-    from lab_utils.comm_accounting import AccountingArgs
+    """Run :mod:`lab_utils.workers.comm_accounting` (a few DDP steps) unless stored; return its record."""
     from lab_utils.launcher import launch
+    from lab_utils.workers.comm_accounting import AccountingArgs
 
     profile, store = _store_of(lab_or_profile)
     s = resolve_settings(profile, settings, **overrides)
@@ -698,7 +698,7 @@ def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings
     if verbose:
         print(f"communication accounting: {nproc} x {backend}, width {s.comm_width}, "
               f"{s.comm_steps} steps ...", flush=True)
-    launch("lab_utils.comm_accounting", args.to_argv(), nproc=nproc, timeout_s=s.comm_timeout_s)
+    launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=nproc, timeout_s=s.comm_timeout_s)
     rec = store.get(COMM_EXPERIMENT, cfg)
     if rec is None:
         raise LaunchError(f"The accounting run finished but stored no record under {COMM_EXPERIMENT}.")
@@ -730,7 +730,7 @@ def _ledger(rank_entry: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]
 
 def comm_items(rec: Record) -> list[CommItem]:
     """The accounting of rank 0 (payloads are the same on every rank), item by item."""
-    from lab_utils import comm_accounting as ca
+    from lab_utils.workers import comm_accounting as ca
 
     m = rec.metrics
     mb = m["model_bytes"]
@@ -838,7 +838,7 @@ LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
 def _expected_written(rows: list[dict[str, Any]], rank: int, world: int) -> float:
     """Bytes ``rank`` should write for these ledger rows with 2 ranks: ring all-reduce 2(P-1)/P x S,
     broadcast S from the root (to its P-1 = 1 peer)."""
-    from lab_utils import comm_accounting as ca
+    from lab_utils.workers import comm_accounting as ca
 
     total = 0.0
     for row in rows:

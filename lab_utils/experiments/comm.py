@@ -2,11 +2,11 @@
 
 The formulas (the gradient's bytes, what a ring all-reduce sends per rank and per epoch,
 the time models of ring, tree, recursive doubling and halving-doubling, nccl-tests' algbw
-and busbw, the alpha-beta fit) live in :mod:`lab_utils.ring`; this module measures and
+and busbw, the alpha-beta fit) live in :mod:`lab_utils.core.ring`; this module measures and
 projects with them, and still exposes the ones it uses (``comm.ring_bytes_per_rank``).
 
 **Benchmark, fit, projections.** :func:`run_allreduce_bench` runs
-:mod:`lab_utils.allreduce_bench` under torchrun (NCCL on GPUs, gloo on CPU processes),
+:mod:`lab_utils.workers.allreduce_bench` under torchrun (NCCL on GPUs, gloo on CPU processes),
 :func:`fit_alpha_beta` fits alpha and B by least squares on relative error, and
 :func:`project_scaling` predicts epoch time, speedup and efficiency on 8..1024 devices
 from the fit and a measured compute time per step, under assumptions that
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,11 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from lab_utils import scaling
-from lab_utils.comm_hooks import noise_flag
-from lab_utils.config import check_positive_int
-from lab_utils.errors import LabError
-from lab_utils.ring import (  # the formulas; re-exported, so comm.<name> works too
+from lab_utils.core.comm_hooks import noise_flag
+from lab_utils.core.config import check_positive_int
+from lab_utils.core.errors import LabError
+from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     GB,
@@ -46,16 +44,18 @@ from lab_utils.ring import (  # the formulas; re-exported, so comm.<name> works 
     fit_alpha_beta,
     gradient_bytes,
     iterations_per_epoch,
+    message_sizes,  # the formulas; re-exported, so comm.<name> works too
     ring_bytes_per_epoch,
     ring_bytes_per_rank,
     samples_per_rank,
 )
-from lab_utils.ring import (
+from lab_utils.core.ring import (
     spec_log2_seconds as spec_log2_seconds,
 )
+from lab_utils.experiments import scaling
 
 BENCH_EXPERIMENT = "allreduce_bench"
-BENCH_MODULE = "lab_utils.allreduce_bench"
+BENCH_MODULE = "lab_utils.workers.allreduce_bench"
 
 
 # The spec's device counts for projections past the hardware at hand.
@@ -77,33 +77,6 @@ NVLINK_GB_PER_S: list[tuple[str, float]] = [
 # PCIe, per lane and direction, decimal GB/s after line encoding.
 PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def classify_interconnect(topo_text: str | None, n_gpus: int) -> str | None:
-    """From ``nvidia-smi topo -m``: ``"nvlink"`` when every pair of the first ``n_gpus`` GPUs
-    has an ``NV#`` link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown."""
-    if not topo_text or n_gpus < 2:
-        return None
-    links: dict[int, list[str]] = {}
-    for raw in topo_text.splitlines():
-        line = _ANSI.sub("", raw).strip()
-        m = re.match(r"GPU(\d+)\s+(.*)$", line)
-        if not m:
-            continue
-        tokens = m.group(2).split()
-        links[int(m.group(1))] = tokens[:n_gpus]
-    if any(i not in links or len(links[i]) < n_gpus for i in range(n_gpus)):
-        return None
-    pairs = [links[i][j] for i in range(n_gpus) for j in range(n_gpus) if i != j]
-    nv = [tok.upper().startswith("NV") for tok in pairs]
-    if all(nv):
-        return "nvlink"
-    if not any(nv):
-        return "pcie"
-    return "mixed"
-
-
 @dataclass
 class LinkPeak:
     """A nominal per-direction link bandwidth, or why there is none."""
@@ -116,7 +89,7 @@ def nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int |
                       pcie_width: int | None = None) -> LinkPeak:
     """The nominal one-direction bandwidth of the link a ring uses, when it is known.
 
-    ``kind`` comes from :func:`classify_interconnect`. CPU processes (gloo over shared
+    ``kind`` comes from :func:`lab_utils.core.hardware.classify_interconnect`. CPU processes (gloo over shared
     memory / loopback), mixed topologies and unknown GPUs get no number.
     """
     if kind == "nvlink" and device_name:
@@ -153,12 +126,12 @@ def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
 
     With fewer than 2 GPUs there is no GPU link to use: the benchmark runs CPU processes.
     """
-    from lab_utils import hardware
+    from lab_utils.core import hardware
 
     count = hardware.gpu_count() if n_gpus is None else n_gpus
     if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
         return nominal_link_peak("cpu", None)
-    kind = classify_interconnect(hardware.interconnect(), count)
+    kind = hardware.classify_interconnect(hardware.interconnect(), count)
     gen, width = _pcie_link() if kind == "pcie" else (None, None)
     return nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)
 
@@ -187,25 +160,6 @@ BENCH_SETTINGS: dict[str, BenchSettings] = {
     "full": BenchSettings(max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0),
 }
 
-ELEMENT_BYTES = 4  # the benchmark all-reduces float32 tensors, like DDP's fp32 gradients
-
-
-def message_sizes(min_bytes: int = 8, max_bytes: int = 8 * MIB) -> list[int]:
-    """Message sizes in bytes doubling from ``min_bytes`` up to at most ``max_bytes``."""
-    lo = check_positive_int(min_bytes, "smallest message size (bytes)")
-    hi = check_positive_int(max_bytes, "largest message size (bytes)")
-    if lo % ELEMENT_BYTES:
-        raise LabError(f"The smallest message must be a multiple of {ELEMENT_BYTES} bytes (one fp32), "
-                       f"got {lo}; use e.g. 8.")
-    if hi < lo:
-        raise LabError(f"The largest message ({hi} B) is below the smallest ({lo} B); raise --max-bytes.")
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s *= 2
-    return out
-
-
 @dataclass(frozen=True)
 class BenchPlan:
     """Which backend and how many ranks a benchmark runs, and on what."""
@@ -222,7 +176,7 @@ def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
     Two NCCL ranks cannot share one GPU, so a one-GPU machine benchmarks gloo between
     CPU processes and says so.
     """
-    from lab_utils.hardware import gpu_count
+    from lab_utils.core.hardware import gpu_count
 
     if backend not in ("auto", "nccl", "gloo"):
         raise LabError(f"Unknown backend {backend!r}; use auto, nccl or gloo.")
@@ -255,7 +209,7 @@ def bench_config(plan: BenchPlan, settings: BenchSettings, size_bytes: int) -> d
 
 
 def worker_args(settings: BenchSettings, backend: str) -> list[str]:
-    """Arguments for :mod:`lab_utils.allreduce_bench` (the launcher adds ``--out``)."""
+    """Arguments for :mod:`lab_utils.workers.allreduce_bench` (the launcher adds ``--out``)."""
     return ["--min-bytes", str(settings.min_bytes), "--max-bytes", str(settings.max_bytes),
             "--iters", str(settings.iters), "--warmup", str(settings.warmup), "--backend", backend]
 
@@ -270,9 +224,9 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     experiment ``allreduce_bench`` (metrics: ``time_us`` = mean microseconds per
     all-reduce of the slowest rank, ``algbw_gb_per_s``, ``busbw_gb_per_s``, ``correct``).
     """
-    from lab_utils.hardware import hardware_summary
+    from lab_utils.core.hardware import hardware_summary
     from lab_utils.launcher import launch
-    from lab_utils.results import Record
+    from lab_utils.store import Record
 
     settings = settings or BENCH_SETTINGS[store.profile]
     sizes = message_sizes(settings.min_bytes, settings.max_bytes)
@@ -373,7 +327,7 @@ def peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> flo
 
 def bench_main(argv: list[str] | None = None) -> int:
     """``python -m lab_utils bench allreduce``: run the benchmark, print and record it, fit alpha and B."""
-    from lab_utils.results import ResultStore
+    from lab_utils.store import ResultStore
 
     p = argparse.ArgumentParser(prog="python -m lab_utils bench allreduce",
                                 description="All-reduce bandwidth with nccl-tests' columns, under torchrun "
@@ -666,10 +620,10 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
 
     import torch
 
-    from lab_utils.backends import apply_training_backends
+    from lab_utils.core.backends import apply_training_backends
+    from lab_utils.core.loop import make_optimizer
+    from lab_utils.core.timing import synchronize
     from lab_utils.models import ResNet18
-    from lab_utils.timing import synchronize
-    from lab_utils.train import make_optimizer
 
     check_positive_int(width, "model width")
     check_positive_int(batch_size, "batch size")
@@ -699,7 +653,7 @@ def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, 
     """Measure (or reuse) the compute seconds per step at each batch size; one record each."""
     import torch
 
-    from lab_utils.hardware import hardware_summary
+    from lab_utils.core.hardware import hardware_summary
 
     dev = torch.device(device)
     out = []
@@ -708,7 +662,7 @@ def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, 
                "steps": steps, "warmup": warmup}
 
         def measure(b=b):
-            from lab_utils.results import Record
+            from lab_utils.store import Record
 
             seconds = measure_compute_step_seconds(width, b, dev, steps, warmup)
             return Record(COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
@@ -906,7 +860,7 @@ def measured_compute_inputs(store, device, settings: CommLabSettings,
                             batch_sizes: Sequence[int] | None = None, force: bool = False,
                             dataset_size: int | None = None) -> ProjectionCompute:
     """Compute seconds per step measured in this process (one device, random tensors)."""
-    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
     from lab_utils.models import ResNet18
 
     sizes = tuple(batch_sizes or settings.batch_sizes)
@@ -1100,12 +1054,12 @@ def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] 
                       batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
     """Table 3's communication seconds from notebook 03: three rows per (devices, per-device batch).
 
-    Uses :func:`lab_utils.scaling.comm_measurements` (DDP only: DataParallel is no ring).
+    Uses :func:`lab_utils.experiments.scaling.comm_measurements` (DDP only: DataParallel is no ring).
     A configuration notebook 03 has not stored gets one row with its bytes (a formula,
     for the model and data set notebook 03 uses in this profile) and no seconds, saying
     "run notebook 03 first" when it stored nothing at all, or that it was not measured.
     """
-    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
     from lab_utils.models import ResNet18
 
     st = scaling.settings_for(profile or store.profile)
@@ -1147,7 +1101,7 @@ def dp_assumed_ring_measurements(store, profile: str | None = None, devices: Seq
     """Q3.2 for DataParallel under the assignment's assumption that it is a ring: one (a) row per
     (devices, per-GPU batch) from notebook 02's DataParallel runs (T(N) - T(1)/N), labelled
     :data:`DP_ASSUMED_RING`. DataParallel runs only on GPUs: without them each row says so."""
-    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
     from lab_utils.models import ResNet18
 
     st = scaling.settings_for(profile or store.profile)
@@ -1205,7 +1159,7 @@ def nb03_compute_inputs(store) -> ProjectionCompute | None:
     backward, optimizer step; loader waits excluded) / its steps. With several widths
     stored, the widest model's runs are used.
     """
-    from lab_utils.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
     from lab_utils.models import ResNet18
 
     ones = [r for r in store.latest(scaling.SCALING)

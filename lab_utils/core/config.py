@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 PROFILE_ENV = "LAB_PROFILE"
 RESULTS_ENV = "LAB_RESULTS_DIR"
@@ -119,7 +119,7 @@ def get_profile(name: str | None = None) -> Profile:
 
 def repo_root() -> Path:
     """The checkout this package lives in (the folder holding ``labs/``)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def labs_dir() -> Path:

@@ -65,10 +65,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab_utils.config import check_choice, check_positive_int
-from lab_utils.errors import LabError
-from lab_utils.memory import free_device_memory, is_out_of_memory, oom_reason
-from lab_utils.timing import synchronize
+from lab_utils.core.config import check_choice, check_positive_int
+from lab_utils.core.errors import LabError
+from lab_utils.core.memory import free_device_memory, is_out_of_memory, oom_reason
+from lab_utils.core.timing import synchronize
 
 EXPERIMENT = "quantization"
 
@@ -743,7 +743,7 @@ def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_to
 
 
 def _failure(rec, e: BaseException):
-    """Mark ``rec`` as ``oom`` (:func:`lab_utils.memory.is_out_of_memory`) or ``error``, with
+    """Mark ``rec`` as ``oom`` (:func:`lab_utils.core.memory.is_out_of_memory`) or ``error``, with
     the exception's first line. Frees nothing: callers free memory after their ``except``."""
     if is_out_of_memory(e):
         rec.status, rec.reason = "oom", oom_reason(e, limit=200)
@@ -761,9 +761,9 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
     tokens. Then time all of them together with :func:`time_interleaved`, at batch 1 and at
     the large batch. Unavailable variants give ``skipped`` records, failures ``error``/``oom``.
     """
-    from lab_utils.hardware import hardware_summary
-    from lab_utils.progress import progress
-    from lab_utils.results import Record
+    from lab_utils.core.hardware import hardware_summary
+    from lab_utils.core.progress import progress
+    from lab_utils.store import Record
 
     dev = torch.device(device)
     big = settings.cpu_large_batch if dev.type == "cpu" else settings.large_batch
@@ -837,7 +837,7 @@ def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force:
     re-checked on every call, so installing torchao later fills its row in.
     Returns the current record of every (device, variant), devices in order.
     """
-    from lab_utils.progress import headless
+    from lab_utils.core.progress import headless
 
     settings.validate()
     show = (not headless()) if show_progress is None else show_progress
@@ -1064,7 +1064,7 @@ def file_sha256(path: str | Path, prefix: int = 16) -> str:
 
 
 def corpus_kind(name: str) -> str:
-    """The ``corpus=`` choice of :mod:`lab_utils.text_data` that produces the corpus ``name``."""
+    """The ``corpus=`` choice of :mod:`lab_utils.core.text_data` that produces the corpus ``name``."""
     if name == "tiny-shakespeare":
         return "shakespeare"
     if name.startswith("python-stdlib"):
@@ -1080,7 +1080,7 @@ def held_out_tokens(payload: dict[str, Any]) -> tuple[torch.Tensor, str, bool, i
     first 90 %, so it is held out either way. Characters absent from the vocabulary are
     dropped (counted). Returns ``(tokens, corpus name, synthetic, dropped characters)``.
     """
-    from lab_utils.text_data import TRAIN_FRACTION, CharVocab, load_corpus
+    from lab_utils.core.text_data import TRAIN_FRACTION, CharVocab, load_corpus
 
     max_chars = (payload.get("metrics") or {}).get("max_chars")
     with warnings.catch_warnings():
@@ -1095,14 +1095,14 @@ def held_out_tokens(payload: dict[str, Any]) -> tuple[torch.Tensor, str, bool, i
 
 def fallback_checkpoint_path(profile: str) -> Path:
     """Where notebook 07 keeps the GPT it trains itself when notebook 06's checkpoint is absent."""
-    from lab_utils import config
+    from lab_utils.core import config
 
     return config.results_dir(profile) / "checkpoints" / "gpt_trained_in_07.pt"
 
 
 def train_fallback(path: Path, settings: QuantSettings, device: str = "auto") -> Path:
     """Train the settings' fallback GPT briefly (one process) and save it to ``path``."""
-    from lab_utils.gpt_train import TrainConfig, run_training
+    from lab_utils.workers.gpt_train import TrainConfig, run_training
 
     cfg = TrainConfig(size=settings.fallback_size, batch_size=settings.fallback_batch_size,
                       epochs=1, max_steps=settings.fallback_steps, steps_per_epoch=settings.fallback_steps,

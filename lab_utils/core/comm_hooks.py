@@ -62,7 +62,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lab_utils.timing import synchronize
+from lab_utils.core.timing import synchronize
 
 
 def union_length(intervals: Sequence[tuple[float, float]]) -> float:

@@ -21,7 +21,7 @@ convolutional network learns it well above chance within an epoch or two, while
 neighbouring frequencies under noise keep it from being trivial. Every record built
 from it says ``synthetic``.
 
-The fast path (:mod:`lab_utils.fastpath`, notebook 08) reads a split as arrays
+The fast path (:mod:`lab_utils.experiments.fastpath`, notebook 08) reads a split as arrays
 (:func:`load_split`) and trains either from the spec loader (:func:`spec_loader`) or from
 :class:`DeviceLoader`, which keeps the uint8 images on the device and does the same
 augmentation batched there (its docstring says how it matches torchvision's).
@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from lab_utils import config
-from lab_utils.config import check_batch_size, check_choice, check_positive_int
-from lab_utils.errors import LabError
+from lab_utils.core import config
+from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
+from lab_utils.core.errors import LabError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
@@ -302,7 +302,8 @@ class ArraySplit:
 
 def load_split(train: bool, images: int | None = None, dataset: str | None = None,
                root: Path | None = None) -> ArraySplit:
-    """The first ``images`` images of a split (None: all), from the same sources as :mod:`lab_utils.data`.
+    """The first ``images`` images of a split (None: all), from the same sources as
+    :mod:`lab_utils.core.data`.
 
     Real CIFAR-10 when it was prepared in ``data/`` (or ``dataset="cifar10"``), else the
     synthetic stand-in's arrays (:func:`lab_utils.synthetic_arrays`, identical to

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lab_utils.config import check_choice
-from lab_utils.errors import LabError
+from lab_utils.core.config import check_choice
+from lab_utils.core.errors import LabError
 
 DECAYS = ("constant", "cosine", "step")
 

@@ -2,7 +2,7 @@
 
 For each batch size (32, 128, 512, ... growing x4) :func:`run_sweep` builds a fresh
 ResNet-18 with the spec's SGD, trains ``epochs`` epochs with
-:func:`lab_utils.train.train_epoch` (epoch 1 is warm-up, epoch ``reported_epoch`` is
+:func:`lab_utils.core.loop.train_epoch` (epoch 1 is warm-up, epoch ``reported_epoch`` is
 reported), evaluates on the test split and stores **one record per batch size** in the
 experiment ``batch_sweep`` of the result store. A batch size already in the store is not
 measured again (``force=True`` re-measures), so a re-run after a dead kernel measures only
@@ -14,10 +14,10 @@ with the device. What it excludes: waiting on the data loader (``data_loading_se
 reported next to it) and the evaluation pass.
 
 Out of memory is an expected result, not an error: the sweep catches it with
-:func:`lab_utils.memory.catch_oom` (``torch.OutOfMemoryError``, the cuDNN/cuBLAS
+:func:`lab_utils.core.memory.catch_oom` (``torch.OutOfMemoryError``, the cuDNN/cuBLAS
 allocation failures and the CPU allocator's ``can't allocate memory``), then, outside
 the handler, drops every reference to the model, optimizer, loaders and batch, runs
-:func:`lab_utils.memory.free_device_memory` (``gc.collect()``, ``torch.cuda.empty_cache()``),
+:func:`lab_utils.core.memory.free_device_memory` (``gc.collect()``, ``torch.cuda.empty_cache()``),
 stores a row with status ``oom`` and the reason, and stops growing: larger batch sizes get a ``skipped`` row
 that says why (these are not stored; they are a consequence, not a measurement).
 
@@ -25,7 +25,7 @@ Making the out-of-memory path reachable on purpose:
 
 - GPU: ``memory_fraction`` (or ``memory_cap_bytes``, converted to a fraction of the
   device's memory) is passed to ``torch.cuda.set_per_process_memory_fraction`` (through
-  :func:`lab_utils.memory.set_memory_fraction`, which gives the device an index); the
+  :func:`lab_utils.core.memory.set_memory_fraction`, which gives the device an index); the
   caching allocator then raises the real ``torch.OutOfMemoryError`` once the process
   would hold more than that share of the GPU. The limit is lifted when the sweep ends.
 - CPU: ``memory_cap_bytes`` plays the same role. Every training step is run under
@@ -55,16 +55,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lab_utils import config
-from lab_utils.backends import apply_training_backends, pinned_threads
-from lab_utils.config import check_batch_sizes, check_positive_int
-from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
-from lab_utils.errors import LabError
-from lab_utils.hardware import device_name, fp32_training_precision, hardware_summary, peak_flops_per_s
-from lab_utils.memory import catch_oom, check_memory_fraction, free_device_memory, set_memory_fraction
+from lab_utils.core import config
+from lab_utils.core.backends import apply_training_backends, pinned_threads
+from lab_utils.core.config import check_batch_sizes, check_positive_int
+from lab_utils.core.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import device_name, fp32_training_precision, hardware_summary, peak_flops_per_s
+from lab_utils.core.loop import evaluate, make_optimizer, train_epoch
+from lab_utils.core.memory import catch_oom, check_memory_fraction, free_device_memory, set_memory_fraction
 from lab_utils.models import ResNet18
-from lab_utils.results import Record, ResultStore
-from lab_utils.train import evaluate, make_optimizer, train_epoch
+from lab_utils.store import Record, ResultStore
 
 EXPERIMENT = "batch_sweep"
 SPEC_LR = 0.1
@@ -156,7 +156,7 @@ class SweepResult:
 
 
 def free_memory(device: torch.device) -> None:
-    """:func:`lab_utils.memory.free_device_memory`, then a fresh peak-memory counter on a GPU.
+    """:func:`lab_utils.core.memory.free_device_memory`, then a fresh peak-memory counter on a GPU.
 
     Call after dropping references, outside any ``except`` block.
     """
@@ -410,7 +410,7 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
 
 
 def _unpack_lab(lab_or_profile: Any) -> tuple[str, ResultStore | None, torch.device]:
-    from lab_utils.train import default_device
+    from lab_utils.core.loop import default_device
 
     if lab_or_profile is None or isinstance(lab_or_profile, str | config.Profile):
         name = lab_or_profile.name if isinstance(lab_or_profile, config.Profile) else lab_or_profile
@@ -641,7 +641,7 @@ def flops_per_image(width: int = 64, batch: int = 2) -> FlopsPerImage:
     The model runs on the ``meta`` device: shapes propagate and the counter sees every
     convolution and matmul, but no arithmetic is done, so this is instant at any width.
     """
-    from lab_utils.flops import count_flops
+    from lab_utils.core.flops import count_flops
 
     check_positive_int(width, "model width")
     check_positive_int(batch, "batch")
@@ -656,7 +656,7 @@ def flop_table(result: SweepResult, flops: FlopsPerImage | None = None):
     """Achieved training FLOP/s per batch size and, on a known GPU, the fraction of its peak.
 
     Achieved = training FLOPs per image x images/s. The peak comes from
-    :mod:`lab_utils.hardware` at the precision an fp32 run may use (TF32 where cuDNN allows
+    :mod:`lab_utils.core.hardware` at the precision an fp32 run may use (TF32 where cuDNN allows
     it); on an unknown device (any CPU) the fraction is left empty, never guessed.
     """
     import pandas as pd
@@ -683,7 +683,7 @@ def save_flop_table(store: ResultStore, result: SweepResult, flops: FlopsPerImag
     flops = flops or flops_per_image(result.settings.width)
     table, peak, precision = flop_table(result, flops)
     if peak is None:
-        why = (f"No % of peak: {result.device} is not in the peak-FLOP/s table of lab_utils.hardware "
+        why = (f"No % of peak: {result.device} is not in the peak-FLOP/s table of lab_utils.core.hardware "
                "(CPUs never are), and a guessed peak would be a made-up number.")
     else:
         why = (f"Peak {peak / 1e12:.0f} TFLOP/s is the data-sheet dense {precision} figure for "

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lab_utils.progress import progress
-from lab_utils.timing import PhaseTimer, synchronize
+from lab_utils.core.progress import progress
+from lab_utils.core.timing import PhaseTimer, synchronize
 
 
 def make_optimizer(model: nn.Module, lr: float = 0.1, momentum: float = 0.9,
@@ -112,12 +112,12 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
                 skew_barrier: bool = True) -> EpochSums:
     """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
 
-    Every path that trains a ResNet goes through it: the DDP worker (:mod:`lab_utils.ddp`,
+    Every path that trains a ResNet goes through it: the DDP worker (:mod:`lab_utils.workers.ddp`,
     notebooks 02, 03 and 05) and, through :func:`train_epoch`, the batch-size sweep and
     DataParallel (notebooks 01 and 02). ``model`` is a DDP module or a plain one (a plain
     one cannot accumulate gradients with ``no_sync``, nor take the skew barrier).
 
-    Per batch, timed by ``timer`` (a :class:`lab_utils.timing.PhaseTimer`; seconds):
+    Per batch, timed by ``timer`` (a :class:`lab_utils.core.timing.PhaseTimer`; seconds):
 
     - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
     - ``data_movement``: host-to-device copies of the batch;

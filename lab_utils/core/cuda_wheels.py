@@ -2,8 +2,8 @@
 """Which torch build a node can run: the NVIDIA driver, and the CUDA variant that fits it.
 
 Standard library only: ``make venv`` runs this file with the bare interpreter before the
-lab's packages exist (``python3 lab_utils/cuda_wheels.py install ...``), and the lab
-imports it at run time (``lab_utils.cuda_wheels``) to read the driver with the same code.
+lab's packages exist (``python3 lab_utils/core/cuda_wheels.py install ...``), and the lab
+imports it at run time (``lab_utils.core.cuda_wheels``) to read the driver with the same code.
 
 ``requirements.txt`` and ``constraints.txt`` stay the source of truth: they give the
 ranges and the tested torch/torchvision pair; this module only decides *which build* of
@@ -22,8 +22,8 @@ that pair to install:
 
 Commands::
 
-    python3 lab_utils/cuda_wheels.py select [--driver 535.183.01] [--variant cu126]
-    python3 lab_utils/cuda_wheels.py install --python .venv/bin/python [--variant V] [--system-torch]
+    python3 lab_utils/core/cuda_wheels.py select [--driver 535.183.01] [--variant cu126]
+    python3 lab_utils/core/cuda_wheels.py install --python .venv/bin/python [--variant V] [--system-torch]
 """
 
 from __future__ import annotations
@@ -601,7 +601,8 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 lab_utils/cuda_wheels.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python3 lab_utils/core/cuda_wheels.py",
+                                description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("select", help="print the build this machine would get, and why")
     s.add_argument("--driver", default=None, help="a driver version instead of this machine's")
@@ -617,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "select":
             driver = Driver(args.driver, source="--driver") if args.driver else query_driver()
-            cons = Path(__file__).resolve().parent.parent / "constraints.txt"
+            cons = Path(__file__).resolve().parents[2] / "constraints.txt"
             tested = pinned_version(read_requirements(cons), "torch") if cons.exists() else None
             c = select_variant(driver.version if driver else None, args.variant, tested or "?")
             found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not args.driver else ""

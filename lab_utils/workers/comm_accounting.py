@@ -1,8 +1,8 @@
 """What a DDP run communicates besides gradients, counted byte by byte on a real run.
 
-Run under ``torchrun`` (the notebook uses :func:`lab_utils.large_batch.run_comm_accounting`)::
+Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.run_comm_accounting`)::
 
-    python -m torch.distributed.run --nproc-per-node 2 -m lab_utils.comm_accounting
+    python -m torch.distributed.run --nproc-per-node 2 -m lab_utils.workers.comm_accounting
         --width 8 --batch-size 8 --steps 3 [--no-broadcast-buffers] [--no-zero]
         [--backend auto|nccl|gloo] [--profile P] [--experiment NAME] --out FILE
 
@@ -219,7 +219,7 @@ class AccountingArgs:
     out: str | None = None
 
     def validate(self) -> AccountingArgs:
-        from lab_utils.config import check_positive_int
+        from lab_utils.core.config import check_positive_int
 
         check_positive_int(self.width, "--width")
         check_positive_int(self.batch_size, "--batch-size")
@@ -246,7 +246,7 @@ class AccountingArgs:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lab_utils.comm_accounting",
+    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.comm_accounting",
                                 description="Count the bytes a DDP run communicates, by kind.")
     d = AccountingArgs()
     p.add_argument("--width", type=int, default=d.width)
@@ -288,9 +288,9 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.backends import apply_training_backends
+    from lab_utils.core.backends import apply_training_backends
+    from lab_utils.core.loop import make_optimizer
     from lab_utils.models import ResNet18
-    from lab_utils.train import make_optimizer
 
     apply_training_backends()  # as every training path (bytes do not depend on it; the record says it)
     device = ctx.device
@@ -386,9 +386,9 @@ def _parameters_equal_across_ranks(model) -> bool:
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
-    from lab_utils.ddp import init_distributed
-    from lab_utils.errors import LabError
+    from lab_utils.core.errors import LabError
     from lab_utils.launcher import setup_rank_logging, write_worker_output
+    from lab_utils.workers.ddp import init_distributed
 
     setup_rank_logging()
     try:
@@ -412,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> dict[str, Any]:
     """Rank 0: one record with every rank's ledger; stored when ``--experiment`` is given."""
-    from lab_utils import config
-    from lab_utils.hardware import hardware_summary
-    from lab_utils.results import Record, ResultStore, software_versions
+    from lab_utils.core import config
+    from lab_utils.core.hardware import hardware_summary
+    from lab_utils.store import Record, ResultStore, software_versions
 
     profile = config.resolve_profile_name(args.profile)[0]
     hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)

@@ -18,9 +18,9 @@ import os
 import re
 import sys
 
-from lab_utils import comm, cuda_wheels, data
-from lab_utils.errors import LabError
-from lab_utils.hardware import describe_machine, interconnect, peak_flops_per_s
+from lab_utils.core import cuda_wheels, data
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import classify_interconnect, describe_machine, interconnect, peak_flops_per_s
 
 NO_DRIVER = "no NVIDIA driver on this machine (no nvidia-smi, no /proc/driver/nvidia/version)"
 
@@ -164,7 +164,7 @@ def topology_summary(topo: str | None, driver: cuda_wheels.Driver | None) -> str
     n = len(gpu_rows)
     if n < 2:
         return "one GPU: no GPU-to-GPU link" if n == 1 else "unknown: `nvidia-smi topo -m` listed no GPUs"
-    kind = comm.classify_interconnect(topo, n)
+    kind = classify_interconnect(topo, n)
     codes = sorted({r[j] for i, r in enumerate(gpu_rows) for j in range(n) if i != j and len(r) >= n})
     shown = ", ".join(codes)
     if kind == "nvlink":

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from lab_utils.errors import LabError
+from lab_utils.core.errors import LabError
 
 #: Substrings of an error message (or of a failed rank's log) that mean "out of memory".
 OOM_MARKERS: tuple[str, ...] = (

@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from lab_utils import config
-from lab_utils.config import check_choice
-from lab_utils.errors import LabError
+from lab_utils.core import config
+from lab_utils.core.config import check_choice
+from lab_utils.core.errors import LabError
 
 CORPUS_ENV = "LAB_CORPUS"
 CORPUS_CHOICES = ("auto", "shakespeare", "stdlib")

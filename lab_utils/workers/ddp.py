@@ -2,7 +2,7 @@
 
 Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
 
-    python -m torch.distributed.run --nproc-per-node N -m lab_utils.ddp
+    python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.ddp
       --experiment NAME        rank 0 appends the records to ResultStore(profile) under NAME
       --profile quick|full     (default: $LAB_PROFILE or automatic)
       --batch-size B[,B2,...]  per device (per rank); global batch = B x world size. Several
@@ -39,9 +39,9 @@ the process group (NCCL with ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` when each ran
 own GPU; gloo on CPU otherwise), the data (train set sharded by ``DistributedSampler``
 with ``set_epoch(epoch)`` every epoch; test set split evenly by rank, no padding), the
 model (same seed on every rank; DDP broadcasts rank 0's parameters anyway), SGD with the
-spec's hyper-parameters and the lr schedule of :class:`lab_utils.schedules.LRSchedule`
+spec's hyper-parameters and the lr schedule of :class:`lab_utils.core.schedules.LRSchedule`
 stepped every optimizer step. Each epoch every rank times its phases with
-:class:`lab_utils.timing.PhaseTimer`. At the end the per-rank results are gathered on
+:class:`lab_utils.core.timing.PhaseTimer`. At the end the per-rank results are gathered on
 rank 0 with ``all_gather_object``; rank 0 builds the records, appends them to the store
 (when ``--experiment`` is given) and writes them for the launcher.
 
@@ -96,8 +96,8 @@ Aggregate ``metrics``:
   start-up and ``import torch`` are not included), ``worker_seconds`` (rank 0: the data
   sets plus this configuration from set-up to the gathered results).
 - with ``--measure-comm``, from the probe after the last epoch (see
-  :mod:`lab_utils.comm_hooks`), means over ranks of per-step values:
-  ``comm_probe`` (dict of :class:`~lab_utils.comm_hooks.CommProbe` fields, rank means)
+  :mod:`lab_utils.core.comm_hooks`), means over ranks of per-step values:
+  ``comm_probe`` (dict of :class:`~lab_utils.core.comm_hooks.CommProbe` fields, rank means)
   and per-epoch figures for the reported epoch:
   ``exposed_comm_seconds`` (b: exposed per step x steps_per_epoch),
   ``allreduce_seconds`` (c: hook all-reduce per step x steps_per_epoch, same probe steps),
@@ -112,7 +112,7 @@ Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's per-epoch phases:
 ``--measure-comm`` ``allreduce_seconds``), the reported epoch's values at the top
 level, and ``comm_probe`` (that rank's probe) with ``--measure-comm``.
 
-Per-rank breakdown (see :func:`lab_utils.train.train_steps`): ``data_loading`` = waiting on this rank's
+Per-rank breakdown (see :func:`lab_utils.core.loop.train_steps`): ``data_loading`` = waiting on this rank's
 loader; ``data_movement`` = host-to-device copies; ``skew_wait`` = waiting, in a barrier
 right after the data movement, for the slowest rank's loader (one all-reduce of one
 float32 per optimizer step, whose own latency is counted here too; 0 with one rank);
@@ -176,10 +176,10 @@ class WorkerArgs:
 
     def validate(self) -> WorkerArgs:
         """Raise :class:`LabError` on bad values (before any process group or data)."""
-        from lab_utils.config import check_batch_size, check_choice, check_positive_int
-        from lab_utils.data import DATASET_CHOICES
-        from lab_utils.errors import LabError
-        from lab_utils.schedules import DECAYS
+        from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
+        from lab_utils.core.data import DATASET_CHOICES
+        from lab_utils.core.errors import LabError
+        from lab_utils.core.schedules import DECAYS
 
         for b in self.batch_sizes:
             check_batch_size(b, "--batch-size")
@@ -242,8 +242,8 @@ class WorkerArgs:
 
     def resolved(self) -> WorkerArgs:
         """A copy with profile, image counts, workers and dataset filled in from the profile."""
-        from lab_utils import config
-        from lab_utils.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, resolve_dataset
+        from lab_utils.core import config
+        from lab_utils.core.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, resolve_dataset
 
         prof = config.get_profile(self.profile)
         out = WorkerArgs(**asdict(self))
@@ -287,7 +287,7 @@ class WorkerArgs:
 
 def build_parser() -> argparse.ArgumentParser:
     d = WorkerArgs()
-    p = argparse.ArgumentParser(prog="python -m lab_utils.ddp",
+    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.ddp",
                                 description="DDP training worker: ResNet-18 on CIFAR-10, under torchrun.")
     p.add_argument("--experiment", default=None)
     p.add_argument("--profile", default=None)
@@ -364,7 +364,7 @@ def init_distributed(backend: str = "auto") -> DistContext:
     import torch
     import torch.distributed as dist
 
-    if "RANK" not in os.environ:  # plain `python -m lab_utils.ddp`: a group of one
+    if "RANK" not in os.environ:  # plain `python -m lab_utils.workers.ddp`: a group of one
         from lab_utils.launcher import free_port
 
         os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
@@ -376,7 +376,7 @@ def init_distributed(backend: str = "auto") -> DistContext:
     backend = choose_backend(backend, local_world)
     if backend == "nccl":
         if torch.cuda.device_count() <= local_rank:
-            from lab_utils.errors import LabError
+            from lab_utils.core.errors import LabError
 
             raise LabError(f"Rank {rank} has LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
                            "GPUs are visible; start at most one process per GPU or use --backend gloo.")
@@ -396,7 +396,7 @@ def train_dataset(args: WorkerArgs):
     """The (resolved) training subset with the spec's train transforms."""
     from torch.utils.data import Subset
 
-    from lab_utils.data import SyntheticCIFAR10, cifar10_dataset, train_transform
+    from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, train_transform
 
     if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
         return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
@@ -408,7 +408,7 @@ def test_shard(args: WorkerArgs, rank: int, world: int):
     """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
     from torch.utils.data import Subset
 
-    from lab_utils.data import SyntheticCIFAR10, cifar10_dataset, test_transform
+    from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform
 
     if args.dataset == "synthetic":
         ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
@@ -442,7 +442,7 @@ def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | Non
     and schedule. Rank 0 stores each batch size's records as soon as they exist, so a
     later failure (e.g. out of memory at a larger batch) keeps the earlier results.
     """
-    from lab_utils.backends import apply_training_backends
+    from lab_utils.core.backends import apply_training_backends
 
     apply_training_backends()  # the cuDNN settings of every training path; each record states them
     t_worker = time.perf_counter()
@@ -467,12 +467,12 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    from lab_utils.comm_hooks import AllReduceTimer, probe_exposed_comm
-    from lab_utils.config import get_profile, loader_worker_options
+    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.core.config import get_profile, loader_worker_options
+    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.schedules import LRSchedule, scaled_lr
+    from lab_utils.core.timing import PhaseTimer, synchronize
     from lab_utils.models import ResNet18, count_parameters
-    from lab_utils.schedules import LRSchedule, scaled_lr
-    from lab_utils.timing import PhaseTimer, synchronize
-    from lab_utils.train import make_optimizer, train_steps
 
     t_config = time.perf_counter()
     device = ctx.device
@@ -501,7 +501,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     comm_timer = AllReduceTimer(ddp) if args.measure_comm else None
 
     if args.debug_slow_rank is not None and args.debug_slow_rank >= ctx.world_size:
-        from lab_utils.errors import LabError
+        from lab_utils.core.errors import LabError
 
         raise LabError(f"--debug-slow-rank {args.debug_slow_rank} is not a rank of this run "
                        f"(0..{ctx.world_size - 1}).")
@@ -614,7 +614,7 @@ def _evaluate(ddp, loader, device) -> dict[str, float]:
     import torch.distributed as dist
     from torch import nn
 
-    from lab_utils.timing import synchronize
+    from lab_utils.core.timing import synchronize
 
     synchronize(device)
     t0 = time.perf_counter()
@@ -698,9 +698,9 @@ def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) ->
 def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, Any]],
                   summary: dict[str, Any]) -> list[dict[str, Any]]:
     """Rank 0: the aggregate record and one record per rank (as dicts), stored when asked."""
-    from lab_utils.comm_hooks import overlap_figures
-    from lab_utils.hardware import hardware_summary
-    from lab_utils.results import Record, ResultStore, software_versions
+    from lab_utils.core.comm_hooks import overlap_figures
+    from lab_utils.core.hardware import hardware_summary
+    from lab_utils.store import Record, ResultStore, software_versions
 
     synthetic = args.dataset == "synthetic"
     dataset_name = "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10"
@@ -775,7 +775,7 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab_utils.errors import LabError
+    from lab_utils.core.errors import LabError
     from lab_utils.launcher import setup_rank_logging, write_worker_output
 
     setup_rank_logging()

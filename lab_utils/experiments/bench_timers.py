@@ -1,7 +1,7 @@
 """``python -m lab_utils bench timers``: what the phase timers cost.
 
 Trains the same steps (same model, same batches, in memory so the loader is not
-measured) with the :class:`~lab_utils.timing.PhaseTimer` enabled and disabled,
+measured) with the :class:`~lab_utils.core.timing.PhaseTimer` enabled and disabled,
 alternating the two variants several times, and prints the ratio of the median times
 (target: under 1.02). On a GPU the enabled timer synchronizes at phase boundaries,
 which is the cost it is meant to expose.
@@ -13,10 +13,10 @@ import argparse
 
 import torch
 
-from lab_utils.config import check_positive_int
+from lab_utils.core.config import check_positive_int
+from lab_utils.core.loop import default_device, make_optimizer, train_epoch
+from lab_utils.core.timing import PhaseTimer, measure_overhead
 from lab_utils.models import ResNet18
-from lab_utils.timing import PhaseTimer, measure_overhead
-from lab_utils.train import default_device, make_optimizer, train_epoch
 
 
 def main(argv: list[str] | None = None) -> int:

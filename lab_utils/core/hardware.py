@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
@@ -195,3 +196,33 @@ def describe_machine() -> dict:
             "gloo": torch.distributed.is_available() and torch.distributed.is_gloo_available(),
         },
     }
+
+
+# --------------------------------------------------------------------------- interconnect
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def classify_interconnect(topo_text: str | None, n_gpus: int) -> str | None:
+    """From ``nvidia-smi topo -m``: ``"nvlink"`` when every pair of the first ``n_gpus`` GPUs
+    has an ``NV#`` link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown."""
+    if not topo_text or n_gpus < 2:
+        return None
+    links: dict[int, list[str]] = {}
+    for raw in topo_text.splitlines():
+        line = _ANSI.sub("", raw).strip()
+        m = re.match(r"GPU(\d+)\s+(.*)$", line)
+        if not m:
+            continue
+        tokens = m.group(2).split()
+        links[int(m.group(1))] = tokens[:n_gpus]
+    if any(i not in links or len(links[i]) < n_gpus for i in range(n_gpus)):
+        return None
+    pairs = [links[i][j] for i in range(n_gpus) for j in range(n_gpus) if i != j]
+    nv = [tok.upper().startswith("NV") for tok in pairs]
+    if all(nv):
+        return "nvlink"
+    if not any(nv):
+        return "pcie"
+    return "mixed"

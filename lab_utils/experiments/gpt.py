@@ -3,7 +3,7 @@
 This is the SPEC's *Part 2: an earlier project* (a GPT trained with DDP), not a question of
 the assignment (whose questions Q1-Q7 are notebooks 01-05).
 
-Every run goes through :mod:`lab_utils.gpt_train` (one process in the notebook's kernel
+Every run goes through :mod:`lab_utils.workers.gpt_train` (one process in the notebook's kernel
 for one device, ``torchrun`` through :func:`lab_utils.launcher.launch` for more) and
 becomes one record in the result store:
 
@@ -38,16 +38,16 @@ from typing import Any
 
 import torch
 
-from lab_utils.backends import pinned_threads
-from lab_utils.comm_hooks import noise_flag
-from lab_utils.config import check_batch_sizes, check_positive_int
-from lab_utils.errors import LabError
-from lab_utils.gpt_train import TrainConfig, config_to_args, evaluate, run_training
-from lab_utils.hardware import cpu_cores, hardware_summary
-from lab_utils.memory import catch_oom, free_device_memory
+from lab_utils.core.backends import pinned_threads
+from lab_utils.core.comm_hooks import noise_flag
+from lab_utils.core.config import check_batch_sizes, check_positive_int
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import cpu_cores, hardware_summary
+from lab_utils.core.memory import catch_oom, free_device_memory
+from lab_utils.core.text_data import TextSplits, TokenWindows, load_splits
 from lab_utils.models.gpt import GPT, checkpoint_path, gpt_config, load_checkpoint, parameter_count
-from lab_utils.results import Record, ResultStore
-from lab_utils.text_data import TextSplits, TokenWindows, load_splits
+from lab_utils.store import Record, ResultStore
+from lab_utils.workers.gpt_train import TrainConfig, config_to_args, evaluate, run_training
 
 SCALING = "gpt_scaling"
 ACCUMULATION = "gpt_accumulation"
@@ -182,7 +182,7 @@ def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
         return records, time.perf_counter() - t0
     from lab_utils.launcher import launch
 
-    res = launch("lab_utils.gpt_train", config_to_args(cfg), nproc=nproc, timeout_s=timeout_s,
+    res = launch("lab_utils.workers.gpt_train", config_to_args(cfg), nproc=nproc, timeout_s=timeout_s,
                  log_dir=log_dir, threads_per_rank=threads)
     return res.records, res.wall_seconds
 
@@ -526,7 +526,7 @@ def compute_comm_table(result: GPTResult):
     """gpt_compute_vs_comm: measured compute and communication (hook and probe), and the derived method."""
     import pandas as pd
 
-    from lab_utils.comm_hooks import derived_comm
+    from lab_utils.core.comm_hooks import derived_comm
 
     base = {r.config["batch_size"]: r for r in result.ok if r.config["devices"] == 1}
     rows = []
@@ -689,7 +689,8 @@ def save_scaling_tables(store: ResultStore, result: GPTResult):
     store.save_table(comm, "gpt_compute_vs_comm", result.ok, title="GPT: compute vs communication (measured)",
                      notes=["compute = forward + loss + backward + optimizer minus the exposed wait; "
                             "communication = the wait at the end of backward for all-reduces still running "
-                            "(timing comm hook, lab_utils.comm_hooks), summed over the epoch, slowest rank.",
+                            "(timing comm hook, lab_utils.core.comm_hooks), summed over the epoch, "
+                            "slowest rank.",
                             "all-reduce in flight: time any bucket's all-reduce was running (mostly hidden "
                             "behind backward); no_sync probe: sync step minus no_sync step x steps, with "
                             "the standard error of that difference (x steps) as its noise.",

@@ -1,8 +1,8 @@
 """The all-reduce benchmark worker, run on every rank under torchrun.
 
-Started by :func:`lab_utils.comm.run_allreduce_bench` through
+Started by :func:`lab_utils.experiments.comm.run_allreduce_bench` through
 :func:`lab_utils.launcher.launch` as ``python -m torch.distributed.run ... -m
-lab_utils.allreduce_bench --min-bytes 8 --max-bytes N --iters I --warmup W --backend B
+lab_utils.workers.allreduce_bench --min-bytes 8 --max-bytes N --iters I --warmup W --backend B
 --out FILE``. NCCL runs one rank per GPU (``LOCAL_RANK`` selects it); gloo runs CPU
 processes.
 
@@ -30,9 +30,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from lab_utils.comm import ELEMENT_BYTES, message_sizes
+from lab_utils.core.ring import ELEMENT_BYTES, algbw_gb_per_s, busbw_gb_per_s, message_sizes
 from lab_utils.launcher import setup_rank_logging, write_worker_output
-from lab_utils.ring import algbw_gb_per_s, busbw_gb_per_s
 
 
 def _sync(device: torch.device) -> None:
