@@ -150,7 +150,7 @@ def test_bad_inputs_raise_lab_error():
 def test_message_sizes_double():
     assert comm.message_sizes(8, 64) == [8, 16, 32, 64]
     assert comm.message_sizes(8, 100) == [8, 16, 32, 64]
-    assert len(comm.message_sizes(8, comm.GIB)) == 28  # 2^3 .. 2^30
+    assert len(comm.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
     assert comm.message_sizes(8, comm.BENCH_SETTINGS["full"].max_bytes)[-1] == 2**30
 
 
@@ -158,7 +158,7 @@ def test_message_sizes_double():
 
 
 def _synthetic(alpha, bw, p, noise=0.0, seed=0):
-    sizes = np.array(comm.message_sizes(8, comm.GIB), dtype=float)
+    sizes = np.array(comm.message_sizes(8, ring.GIB), dtype=float)
     t = np.array([ring.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
     if noise:
         t = t * (1 + noise * np.random.default_rng(seed).standard_normal(len(t)))
@@ -371,8 +371,8 @@ def test_bench_rejects_bad_settings_before_launch(store):
 # --------------------------------------------------------------------------- DDP buckets and notebook helpers
 
 
-@pytest.mark.parametrize("width,caps", [(64, (comm.MIB, 25 * comm.MIB)), (64, (1000, 50_000)),
-                                        (16, (comm.MIB, comm.MIB))])
+@pytest.mark.parametrize("width,caps", [(64, (ring.MIB, 25 * ring.MIB)), (64, (1000, 50_000)),
+                                        (16, (ring.MIB, ring.MIB))])
 def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
     import torch.distributed as dist
 

@@ -9,7 +9,7 @@ Two profiles exist:
 
 The profile is chosen automatically (``full`` when CUDA is available, else ``quick``);
 the environment variable ``LAB_PROFILE`` or an explicit argument overrides the choice.
-Experiment modules keep their own per-profile knobs (a dict keyed by profile name);
+Every notebook's per-profile values live in :mod:`lab_utils.core.profiles`;
 this module holds what every experiment shares.
 """
 
@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
 
 PROFILE_ENV = "LAB_PROFILE"
@@ -59,22 +60,8 @@ class Profile:
     test_batch_size: int = 100
 
 
-PROFILES: dict[str, Profile] = {
-    "quick": Profile(
-        name="quick",
-        description="CPU/CI profile: small data subsets and few steps, minutes on 2 cores",
-        train_images=1024,
-        test_images=500,
-        num_workers=0,
-    ),
-    "full": Profile(
-        name="full",
-        description="the assignment as written: all of CIFAR-10, spec batch sizes and epochs",
-        train_images=None,
-        test_images=None,
-        num_workers=2,
-    ),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+PROFILES: dict[str, Profile] = profiles.table(Profile)
 
 
 def cuda_available() -> bool:

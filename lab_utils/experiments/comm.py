@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lab_utils.core import profiles
 from lab_utils.core.comm_hooks import noise_flag
 from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError
@@ -34,8 +35,6 @@ from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     GB,
-    GIB,
-    MIB,
     AlphaBetaFit,
     _check_pos,
     _check_world_size,
@@ -155,10 +154,8 @@ class BenchSettings:
     timeout_s: float = 600.0
 
 
-BENCH_SETTINGS: dict[str, BenchSettings] = {
-    "quick": BenchSettings(max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0),
-    "full": BenchSettings(max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+BENCH_SETTINGS: dict[str, BenchSettings] = profiles.table(BenchSettings)
 
 @dataclass(frozen=True)
 class BenchPlan:
@@ -771,15 +768,8 @@ class CommLabSettings:
     label: str = ""
 
 
-COMM_LAB_SETTINGS: dict[str, CommLabSettings] = {
-    "quick": CommLabSettings(bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2,
-                             compute_warmup=1,
-                             label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8"),
-    "full": CommLabSettings(bench_ranks=(2, 4), batch_sizes=(32, 128, 512), width=64, compute_steps=20,
-                            compute_warmup=5,
-                            label="full: NCCL on the GPUs (gloo CPU processes with fewer than 2), "
-                                  "messages up to 1 GiB, the spec ResNet-18"),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+COMM_LAB_SETTINGS: dict[str, CommLabSettings] = profiles.table(CommLabSettings)
 
 
 def bench_rank_counts(wanted: Sequence[int], gpus: int, cpu_cores: int | None = None) -> list[int]:

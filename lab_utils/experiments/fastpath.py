@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lab_utils.core import config, data, onednn, watchdog
+from lab_utils.core import config, data, onednn, profiles, watchdog
 from lab_utils.core.backends import apply_training_backends, pinned_threads
 from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
 from lab_utils.core.data import (  # the fast path's loaders live with the other loaders
@@ -383,29 +383,14 @@ class FastSettings:
         return self
 
 
-FAST_SETTINGS: dict[str, FastSettings] = {
-    # CPU/CI: a width-8 ResNet-18 on 1024 images; compile skipped (minutes on a CPU).
-    "quick": FastSettings(width=8, train_images=1024, data_images=2048, warmup_steps=1,
-                          data_min_seconds=0.5, compile=False, trace_steps=2, accuracy_epochs=1,
-                          test_images=500, row_timeout_s=900.0),
-    # The assignment's model on all 50,000 images, every step, and an 8-epoch accuracy check.
-    "full": FastSettings(width=64, train_images=None, data_images=None, warmup_steps=3,
-                         data_min_seconds=2.0, compile=True, trace_steps=5, accuracy_epochs=8,
-                         test_images=None),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+FAST_SETTINGS: dict[str, FastSettings] = profiles.table(FastSettings)
 
 
 def settings_for(profile: str | config.Profile | None = None, **overrides: Any) -> FastSettings:
     """The profile's :class:`FastSettings`, with ``overrides`` whose value is not None applied."""
     name = profile.name if isinstance(profile, config.Profile) else config.resolve_profile_name(profile)[0]
-    given = {k: v for k, v in overrides.items() if v is not None}
-    unknown = sorted(set(given) - set(FastSettings.__dataclass_fields__))
-    if unknown:
-        raise LabError(f"Unknown fast-path setting(s) {unknown}; "
-                       f"use: {', '.join(FastSettings.__dataclass_fields__)}.")
-    if "steps" in given:
-        given["steps"] = tuple(given["steps"])
-    return replace(FAST_SETTINGS[name], **given).check()
+    return profiles.override(FAST_SETTINGS[name], "fast-path", **overrides).check()
 
 
 def _device(device: torch.device | str | None) -> torch.device:

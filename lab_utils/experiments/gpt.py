@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from lab_utils.core import profiles
 from lab_utils.core.backends import pinned_threads
 from lab_utils.core.comm_hooks import noise_flag
 from lab_utils.core.config import check_batch_sizes, check_positive_int
@@ -88,29 +89,13 @@ class GPTSettings:
         return f"GPT {self.size}, {self.dtype}"
 
 
-GPT_SETTINGS: dict[str, GPTSettings] = {
-    "quick": GPTSettings(
-        size="tiny", dtype="fp32", lr=3e-3, max_chars=60_000,
-        scaling_epochs=2, effective_batch=128, micro_batches=(2, 4, 8, 16, 32, 64, 128),
-        accumulation_epochs=2, accumulation_steps_per_epoch=2,
-        train_batch_size=16, train_epochs=100, train_max_steps=150, sample_chars=200, timeout_s=600.0),
-    "full": GPTSettings(
-        size="small", dtype="bf16", lr=1e-3, stride=32,
-        train_batch_size=64, train_epochs=2, sample_chars=500),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+GPT_SETTINGS: dict[str, GPTSettings] = profiles.table(GPTSettings)
 
 
 def resolve_settings(profile: str, settings: GPTSettings | None = None, **overrides: Any) -> GPTSettings:
     """The profile's :class:`GPTSettings` with the non-``None`` overrides applied, checked."""
-    base = settings or GPT_SETTINGS[profile]
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    unknown = set(changes) - set(GPTSettings.__dataclass_fields__)
-    if unknown:
-        raise LabError(f"Unknown GPT setting(s) {sorted(unknown)}; use fields of GPTSettings.")
-    for k in ("scaling_devices", "scaling_batch_sizes", "micro_batches"):
-        if k in changes:
-            changes[k] = tuple(changes[k])
-    s = replace(base, **changes)
+    s = profiles.override(settings or GPT_SETTINGS[profile], "GPT", **overrides)
     check_batch_sizes(s.scaling_batch_sizes, "scaling batch sizes")
     check_batch_sizes(s.scaling_devices, "scaling device counts")
     check_batch_sizes(s.micro_batches, "micro-batches")

@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
@@ -119,42 +119,14 @@ class LargeBatchSettings:
     comm_timeout_s: float = 900.0
 
 
-LARGE_BATCH_SETTINGS: dict[str, LargeBatchSettings] = {
-    # CPU/CI: a width-8 ResNet-18 on 3,072 synthetic images; the reference is batch 16 on one
-    # gloo process, the large runs 4 x 64 = 256 (per-device batch x 4, as 4 x 512 in the
-    # assignment; 16x the reference, as 2048 = 16 x 128), emulated on 2 gloo processes x 2
-    # accumulation steps. 192 vs 12 optimizer steps per epoch. The reference lr is 0.00625, so
-    # that the linear rule gives the large runs lr 0.1 (x 256/16), the spec's value; lr 0.1 at
-    # batch 16 would be far above what this small model tolerates (scaled x16 it could only
-    # diverge). Checked with this layout (seed 0, 2 gloo ranks x 2 accumulation steps, one core
-    # per rank): the reference ends at train loss 0.012 / 100% test accuracy, the large batch at
-    # the same lr at 0.86 / 92.2%, linear scaling 0.017 / 99.8%, + warm-up 0.053 / 100%,
-    # + warm-up + cosine 0.051 / 100%; the five runs took ~3.5 min on 2 busy cores. (The earlier
-    # layout, 2 processes x 128 without accumulation, gave 59% / 75% test accuracy for the large
-    # batch at the same lr with seeds 0 / 1, train loss 0.87 / 0.98.)
-    "quick": LargeBatchSettings(
-        epochs=5, small_batch=16, large_batch_per_device=64, devices=4, width=8, lr=0.00625,
-        train_images=3072, test_images=500, warmup_epochs=1.0, decay="cosine", timeout_s=600,
-        comm_width=8, comm_batch=8, comm_steps=3, comm_timeout_s=300,
-        label="quick: ResNet-18 width 8, 3,072 training images, batch 16 x 1 vs 4 x 64 = 256 "
-              "(16x, as 2048 = 16 x 128); reference lr 0.00625, so that the linear rule gives 0.1"),
-    # The assignment: the spec model on all of CIFAR-10, 128 x 1 vs 512 x 4 GPUs.
-    "full": LargeBatchSettings(
-        epochs=5, small_batch=128, large_batch_per_device=512, devices=4, width=64,
-        train_images=None, test_images=None, warmup_epochs=2.0, decay="cosine", timeout_s=3600,
-        label="full: spec ResNet-18 on all of CIFAR-10, batch 128 x 1 vs 512 x 4 GPUs"),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+LARGE_BATCH_SETTINGS: dict[str, LargeBatchSettings] = profiles.table(LargeBatchSettings)
 
 
 def resolve_settings(profile: str, settings: LargeBatchSettings | None = None,
                      **overrides: Any) -> LargeBatchSettings:
     """The profile's settings with the non-``None`` overrides applied, checked."""
-    base = settings or LARGE_BATCH_SETTINGS[profile]
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    unknown = set(changes) - set(LargeBatchSettings.__dataclass_fields__)
-    if unknown:
-        raise LabError(f"Unknown large-batch setting(s) {sorted(unknown)}; use fields of LargeBatchSettings.")
-    s = replace(base, **changes)
+    s = profiles.override(settings or LARGE_BATCH_SETTINGS[profile], "large-batch", **overrides)
     check_settings(s)
     return s
 

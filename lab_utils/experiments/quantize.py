@@ -58,13 +58,14 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from lab_utils.core import profiles
 from lab_utils.core.config import check_choice, check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.memory import free_device_memory, is_out_of_memory, oom_reason
@@ -164,16 +165,8 @@ class QuantSettings:
         return {k: getattr(self, k) for k in names}
 
 
-QUANT_SETTINGS: dict[str, QuantSettings] = {
-    "quick": QuantSettings(eval_tokens=8192, eval_batch_size=32, prompt_tokens=8, new_tokens=16,
-                           large_batch=16, cpu_large_batch=16, warmup=1, repeats=5,
-                           fallback_size="tiny", fallback_steps=100, fallback_batch_size=16,
-                           fallback_max_chars=200_000),
-    "full": QuantSettings(eval_tokens=65_536, eval_batch_size=32, prompt_tokens=32, new_tokens=64,
-                          large_batch=64, cpu_large_batch=8, warmup=2, repeats=7,
-                          fallback_size="small", fallback_steps=500, fallback_batch_size=32,
-                          fallback_max_chars=None),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+QUANT_SETTINGS: dict[str, QuantSettings] = profiles.table(QuantSettings)
 
 
 def settings_for(profile: str, **overrides: Any) -> QuantSettings:
@@ -181,17 +174,7 @@ def settings_for(profile: str, **overrides: Any) -> QuantSettings:
     if profile not in QUANT_SETTINGS:
         raise LabError(f"No quantization settings for profile {profile!r}; use one of: "
                        f"{', '.join(QUANT_SETTINGS)}.")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    for k in ("variants", "devices", "disabled"):
-        if k in given and isinstance(given[k], str):
-            given[k] = (given[k],)
-        elif k in given:
-            given[k] = tuple(given[k])
-    try:
-        s = replace(QUANT_SETTINGS[profile], **given)
-    except TypeError as e:
-        raise LabError(f"Unknown quantization setting ({e}); use fields of QuantSettings.") from None
-    return s.validate()
+    return profiles.override(QUANT_SETTINGS[profile], "quantization", **overrides)
 
 
 # --------------------------------------------------------------------------- availability

@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.backends import pinned_threads
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
 from lab_utils.core.config import check_batch_sizes, check_positive_int
@@ -127,32 +127,14 @@ class ScalingSettings:
         return self
 
 
-SETTINGS: dict[str, ScalingSettings] = {
-    # CPU/CI: ResNet-18 at width 8 (1/64 of the FLOPs, 176k parameters) on 1,024 images,
-    # gloo over 1 and 2 single-thread processes; 4 processes would share 2 cores, so 4 is
-    # a "needs 4 GPUs" row unless the machine has 4 cores. 2048 per device needs more
-    # images than the subset has: skipped. Buckets of 0.4 MB (25 MB x 176k / 11.2M) give the
-    # small model several buckets, as the full model has.
-    "quick": ScalingSettings(
-        run_batch_sizes=(32, 128, 512), width=8, train_images=1024, max_cpu_processes=4,
-        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True,
-        label="quick: ResNet-18 width 8 on 1,024 images; gloo over single-thread CPU processes"),
-    # The assignment: the spec model on all of CIFAR-10, 1/2/4 GPUs, 32 ... 2048 per GPU.
-    "full": ScalingSettings(
-        width=64, train_images=None, max_cpu_processes=0, comm_steps=10, timeout_s=3600,
-        label="full: spec ResNet-18 (width 64) on all of CIFAR-10"),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+SETTINGS: dict[str, ScalingSettings] = profiles.table(ScalingSettings)
 
 
 def settings_for(profile: str | config.Profile, **overrides: Any) -> ScalingSettings:
     """The profile's settings with notebook parameters that are not None applied."""
     name = profile.name if isinstance(profile, config.Profile) else config.resolve_profile_name(profile)[0]
-    s = SETTINGS[name]
-    given = {k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items() if v is not None}
-    unknown = set(given) - set(ScalingSettings.__dataclass_fields__)
-    if unknown:
-        raise LabError(f"Unknown scaling setting(s) {sorted(unknown)}; use fields of ScalingSettings.")
-    return replace(s, **given).validate()
+    return profiles.override(SETTINGS[name], "scaling", **overrides)
 
 
 # --------------------------------------------------------------------------- where each config runs

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.backends import apply_training_backends, pinned_threads
 from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
@@ -112,20 +112,8 @@ def growing_batch_sizes(start: int = 32, factor: int = 4, largest: int = 32768) 
     return tuple(out)
 
 
-SWEEP_SETTINGS: dict[str, SweepSettings] = {
-    # CPU/CI: a width-8 ResNet-18 (same family, 1/64 of the FLOPs) on 1,024 images; the
-    # 160 MB cap lets 32 and 128 fit and makes 512 run out of memory (~0.6 MB of saved
-    # activations per image at width 8), so the table shows the OOM row.
-    "quick": SweepSettings(
-        batch_sizes=growing_batch_sizes(32, 4, 2048), width=8, train_images=1024, test_images=500,
-        memory_cap_bytes=160_000_000, cpu_threads=1,
-        label="quick: ResNet-18 width 8 on 1,024 images, 160 MB memory cap on CPU, 1 torch thread "
-              "(as each DDP worker of notebook 02)"),
-    # The assignment: the spec model on all of CIFAR-10, 32 ... 32768 until it does not fit.
-    "full": SweepSettings(
-        batch_sizes=growing_batch_sizes(32, 4, 32768), width=64, train_images=None, test_images=None,
-        label="full: spec ResNet-18 (width 64) on all of CIFAR-10"),
-}
+# Per-profile values: lab_utils.core.profiles (one table for every notebook).
+SWEEP_SETTINGS: dict[str, SweepSettings] = profiles.table(SweepSettings)
 
 
 @dataclass
@@ -272,14 +260,7 @@ def resolve_settings(profile: str, settings: SweepSettings | None = None, **over
 
     ``memory_cap_bytes=0`` removes the profile's cap. Raises :class:`LabError` on bad input.
     """
-    base = settings or SWEEP_SETTINGS[profile]
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    if "batch_sizes" in changes:
-        changes["batch_sizes"] = tuple(changes["batch_sizes"])
-    unknown = set(changes) - set(SweepSettings.__dataclass_fields__)
-    if unknown:
-        raise LabError(f"Unknown sweep setting(s) {sorted(unknown)}; use fields of SweepSettings.")
-    s = replace(base, **changes)
+    s = profiles.override(settings or SWEEP_SETTINGS[profile], "sweep", **overrides)
     if s.memory_cap_bytes == 0:
         s = replace(s, memory_cap_bytes=None)
     check_settings(s)
