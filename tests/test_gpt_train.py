@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lab_utils.core.errors import LabError
+from lab_utils.core.loop import train_steps
 from lab_utils.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
 from lab_utils.workers import gpt_train
 from lab_utils.workers.gpt_train import (
     TrainConfig,
     aggregate_epoch,
-    micro_step,
     plan_steps,
     saved_activation_bytes,
 )
@@ -46,6 +46,15 @@ def _reference_grads(n: int) -> dict[str, torch.Tensor]:
     return _grads(model)
 
 
+def _accumulate(model, batches, k: int) -> None:
+    """One optimizer step of the lab's loop over ``k`` micro-batches (lr 0: the weights stay,
+    the accumulated gradients stay on the parameters to be compared)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    cpu = torch.device("cpu")
+    train_steps(model, batches, k, opt, lm_loss, None, cpu, accumulation_steps=k, skew_barrier=False,
+                count_correct=False)
+
+
 def _assert_close(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for n in a:
@@ -58,18 +67,16 @@ def _assert_close(a: dict, b: dict) -> None:
 def test_k_micro_batches_equal_one_big_batch_single_process():
     model = _model()
     x, y = _batch(K * B)
-    for m in range(K):
-        s = slice(m * B, (m + 1) * B)
-        micro_step(model, x[s], y[s], K, sync=(m == K - 1))
+    _accumulate(model, [(x[m * B:(m + 1) * B], y[m * B:(m + 1) * B]) for m in range(K)], K)
     _assert_close(_grads(model), _reference_grads(K * B))
 
 
 def test_without_loss_scaling_the_gradient_is_k_times_too_large():
     model = _model()
     x, y = _batch(K * B)
-    for m in range(K):
+    for m in range(K):  # what the loop would do if it forgot to divide each micro-batch loss by K
         s = slice(m * B, (m + 1) * B)
-        micro_step(model, x[s], y[s], 1, sync=True)  # forgot to divide by K
+        lm_loss(model(x[s]), y[s]).backward()
     ref = _reference_grads(K * B)
     g = _grads(model)
     torch.testing.assert_close(g["wte.weight"], K * ref["wte.weight"], rtol=1e-4, atol=1e-6)
@@ -92,13 +99,16 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         x, y = _batch(world * K * B)
         mine = slice(rank * K * B, (rank + 1) * K * B)
         x, y = x[mine], y[mine]
-        after_first = None
-        for m in range(K):
-            s = slice(m * B, (m + 1) * B)
-            micro_step(model, x[s], y[s], K, sync=(m == K - 1))
-            if m == 0:
-                after_first = _grads(model.module)
-        torch.save({"calls": len(calls), "first": after_first, "final": _grads(model.module)},
+        snap: dict = {}
+
+        def batches():  # the loop asks for micro-batch m + 1 after micro-step m's backward
+            for m in range(K):
+                if m == 1:
+                    snap["first"] = _grads(model.module)
+                yield x[m * B:(m + 1) * B], y[m * B:(m + 1) * B]
+
+        _accumulate(model, batches(), K)
+        torch.save({"calls": len(calls), "first": snap["first"], "final": _grads(model.module)},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()

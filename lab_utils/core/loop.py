@@ -14,16 +14,19 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from lab_utils.core.progress import progress
-from lab_utils.core.timing import PhaseTimer, synchronize
+from lab_utils.core.timing import NestedTimers, PhaseTimer, synchronize
 
 
 def make_optimizer(model: nn.Module, lr: float = 0.1, momentum: float = 0.9,
@@ -109,13 +112,29 @@ class EpochSums:
 
 def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, device, *,
                 accumulation_steps: int = 1, scheduler=None, comm_timer=None,
-                skew_barrier: bool = True) -> EpochSums:
+                skew_barrier: bool = True, autocast_dtype: torch.dtype | None = None,
+                count_correct: bool = True, lr_at: Callable[[int], float] | None = None,
+                first_step: int = 0, max_steps: int | None = None, grad_clip: float | None = None,
+                channels_last: bool = False, step_timers: NestedTimers | None = None) -> EpochSums:
     """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
 
-    Every path that trains a ResNet goes through it: the DDP worker (:mod:`lab_utils.workers.ddp`,
-    notebooks 02, 03 and 05) and, through :func:`train_epoch`, the batch-size sweep and
-    DataParallel (notebooks 01 and 02). ``model`` is a DDP module or a plain one (a plain
-    one cannot accumulate gradients with ``no_sync``, nor take the skew barrier).
+    Every path that trains goes through it: the DDP ResNet worker
+    (:mod:`lab_utils.workers.ddp`, notebooks 02, 03 and 05), the batch-size sweep and
+    DataParallel (notebooks 01 and 02, through :func:`train_epoch`), the compute-step timing
+    of notebook 04, the communication ledger, the GPT worker (notebook 06) and the fast path
+    (notebook 08). ``ddp`` is a DDP module or a plain one (or any callable model, e.g. a
+    compiled one); a plain one accumulates gradients locally (there is nothing to
+    synchronize) and cannot take the skew barrier.
+
+    ``timer=None`` runs untimed: no phase boundaries, so no device synchronization inside
+    the loop (the fast path synchronizes only at the ends of a pass). The options:
+    ``autocast_dtype`` (forward and loss under autocast, e.g. ``torch.bfloat16``),
+    ``count_correct`` (argmax accuracy; off for language models), ``lr_at(step)`` (the lr
+    set before each optimizer step, ``step`` counted from ``first_step``), ``max_steps``
+    (stop after that many optimizer steps), ``grad_clip`` (max gradient norm),
+    ``channels_last`` (the batch in the model's memory format), ``step_timers`` (a
+    :class:`~lab_utils.core.timing.NestedTimers` for a forward/loss/backward/optimizer
+    breakdown inside ``compute``; it synchronizes at each of those boundaries).
 
     Per batch, timed by ``timer`` (a :class:`lab_utils.core.timing.PhaseTimer`; seconds):
 
@@ -140,6 +159,11 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     they get k updates per step (one per micro-batch) instead of one.
     """
     non_blocking = device.type == "cuda"
+    timer = timer if timer is not None else PhaseTimer(device, enabled=False)
+    sub = step_timers if step_timers is not None else NestedTimers(enabled=False)
+    autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)
+                if autocast_dtype is not None else nullcontext)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.float64)
     token = torch.zeros(1, device=device) if skew_barrier else None
@@ -149,6 +173,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         with timer.phase("data_movement"):
             x = x.to(device, non_blocking=non_blocking)
             y = y.to(device, non_blocking=non_blocking)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
         pos = i - group_start
         if pos == 0:
             left = accumulation_steps if n_batches is None else n_batches - i
@@ -162,18 +188,29 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         with timer.phase("compute"):
             if pos == 0:
                 optimizer.zero_grad(set_to_none=True)
-            with nullcontext() if last else ddp.no_sync():
-                logits = ddp(x)
-                loss = loss_fn(logits, y)
-                (loss / group_size if group_size > 1 else loss).backward()
+            # DDP all-reduces in the backward of a forward run outside no_sync: only the last micro-step's
+            with ddp.no_sync() if not last and isinstance(ddp, DistributedDataParallel) else nullcontext():
+                with sub("forward"), autocast():
+                    logits = ddp(x)
+                with sub("loss"), autocast():
+                    loss = loss_fn(logits, y)
+                with sub("backward"):
+                    (loss / group_size if group_size > 1 else loss).backward()
             if last:
                 if comm_timer is not None:
                     comm_timer.end_backward()
-                optimizer.step()
+                with sub("optimizer"):
+                    if lr_at is not None:
+                        for g in optimizer.param_groups:
+                            g["lr"] = lr_at(first_step + out.steps)
+                    if grad_clip:
+                        nn.utils.clip_grad_norm_(params, grad_clip)
+                    optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
             loss_sum += loss.detach().double() * y.shape[0]
-            correct += (logits.detach().argmax(1) == y).sum().double()
+            if count_correct:
+                correct += (logits.detach().argmax(1) == y).sum().double()
         if last and comm_timer is not None:
             sc = comm_timer.finish_step()
             out.allreduce_seconds += sc.allreduce_busy_seconds
@@ -186,6 +223,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         if last:
             out.steps += 1
             group_start = i + 1
+            if max_steps is not None and out.steps >= max_steps:
+                break
     if out.micro_steps != group_start:
         raise RuntimeError(f"train_steps: {out.micro_steps} batches arrived, {n_batches} announced; "
                            "the last gradients were never applied")

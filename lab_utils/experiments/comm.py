@@ -613,12 +613,13 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
     is synchronized before the clock starts and after the last step. ``warmup`` steps
     (allocator, cuDNN autotuning) are not timed.
     """
+    import itertools
     import time
 
     import torch
 
     from lab_utils.core.backends import apply_training_backends
-    from lab_utils.core.loop import make_optimizer
+    from lab_utils.core.loop import make_optimizer, train_steps
     from lab_utils.core.timing import synchronize
     from lab_utils.models import ResNet18
 
@@ -633,14 +634,14 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
     loss_fn = torch.nn.CrossEntropyLoss()
     x = torch.randn(batch_size, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (batch_size,), device=dev)
-    start = 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            synchronize(dev)
-            start = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
+    def run(n: int) -> None:  # n steps of the lab's one loop, untimed inside (no per-step sync)
+        train_steps(model, itertools.repeat((x, y), n), n, opt, loss_fn, None, dev, skew_barrier=False)
+
+    if warmup:
+        run(warmup)
+    synchronize(dev)
+    start = time.perf_counter()
+    run(steps)
     synchronize(dev)
     return (time.perf_counter() - start) / steps
 

@@ -50,7 +50,6 @@ and the accuracy check to ``fastpath_trace`` and ``fastpath_accuracy``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import math
 import os
@@ -76,6 +75,7 @@ from lab_utils.core.data import (  # the fast path's loaders live with the other
     spec_loader,
 )
 from lab_utils.core.errors import LabError
+from lab_utils.core.loop import EpochSums, train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
 from lab_utils.core.timing import synchronize
 from lab_utils.store import Record, ResultStore
@@ -188,20 +188,18 @@ class Trainer:
     # the sentence (see lab_utils.core.onednn).
     onednn_workaround: str | None = None
 
-    def autocast(self):
-        if self.options.bf16:
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def train(self, batches, max_steps: int | None = None, lr_at=None, first_step: int = 0) -> EpochSums:
+        """Optimizer steps over ``batches`` through the lab's one loop, untimed (no device
+        synchronization inside: whoever times it synchronizes at the ends)."""
+        return train_steps(self.forward, batches, None, self.optimizer, F.cross_entropy, None, self.device,
+                           skew_barrier=False, autocast_dtype=torch.bfloat16 if self.options.bf16 else None,
+                           channels_last=self.options.channels_last, lr_at=lr_at, first_step=first_step,
+                           max_steps=max_steps)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (summed loss, correct count) as device tensors (no sync)."""
-        with self.autocast():
-            out = self.forward(x)
-            loss = F.cross_entropy(out, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        return loss.detach().float() * y.shape[0], (out.detach().argmax(1) == y).sum()
+        sums = self.train([(x, y)])
+        return sums.loss_sum, sums.correct
 
 
 def build_trainer(options: TrainOptions, width: int, device: torch.device | str, seed: int = 0,
@@ -260,27 +258,16 @@ def run_epoch(trainer: Trainer, loader, max_steps: int | None = None,
     """
     dev = trainer.device
     trainer.model.train()
-    loss_sum = torch.zeros((), device=dev)
-    correct = torch.zeros((), device=dev, dtype=torch.long)
-    images = steps = 0
     synchronize(dev)
     t0 = time.perf_counter()
-    for x, y in loader:
-        x, y = to_device(x, y, dev, trainer.options.channels_last)
-        if schedule is not None:
-            for group in trainer.optimizer.param_groups:
-                group["lr"] = schedule.lr_at(first_step + steps)
-        ls, c = trainer.step(x, y)
-        loss_sum += ls
-        correct += c
-        images += int(y.shape[0])
-        steps += 1
-        if max_steps is not None and steps >= max_steps:
-            break
+    sums = trainer.train(loader, max_steps=max_steps, first_step=first_step,
+                         lr_at=schedule.lr_at if schedule is not None else None)
     synchronize(dev)
     seconds = time.perf_counter() - t0
-    return EpochResult(seconds=seconds, images=images, steps=steps, loss=float(loss_sum) / max(images, 1),
-                       accuracy=float(correct) / max(images, 1))
+    images = sums.images
+    n = max(images, 1)
+    return EpochResult(seconds=seconds, images=images, steps=sums.steps, loss=float(sums.loss_sum) / n,
+                       accuracy=float(sums.correct) / n)
 
 
 def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:

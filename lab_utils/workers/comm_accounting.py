@@ -288,6 +288,7 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from lab_utils.core import loop
     from lab_utils.core.backends import apply_training_backends
     from lab_utils.core.loop import make_optimizer
     from lab_utils.models import ResNet18
@@ -310,16 +311,16 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
         return DDP(m, device_ids=[device.index] if cuda else None, broadcast_buffers=args.broadcast_buffers)
 
     def train_steps(ddp, optimizer, phase: str, log_loss: bool):
+        """One optimizer step per batch through the lab's one loop, each counted on its own."""
         for i, (x, y) in enumerate(batches):
             dist.barrier()
             with ledger.in_phase(phase), wire.measure(f"{phase}:{i + 1}"):
-                optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(ddp(x), y)
-                loss.backward()
-                optimizer.step()
-                if log_loss:  # the global loss for logging: one float all-reduced
+                # no skew barrier: its all-reduce would be counted; the barrier above aligns the ranks
+                sums = loop.train_steps(ddp, [(x, y)], 1, optimizer, loss_fn, None, device,
+                                        skew_barrier=False, count_correct=False)
+                if log_loss:  # the global loss for logging: one fp32 float all-reduced
                     with ledger.in_phase("loss_logging"):
-                        dist.all_reduce(loss.detach().clone())
+                        dist.all_reduce((sums.loss_sum / y.shape[0]).float())
                 if cuda:
                     torch.cuda.synchronize(device)
 

@@ -51,6 +51,7 @@ nested timers of every rank, the cuDNN / matmul ``backends`` settings, status ``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -68,6 +69,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lab_utils.core.backends import apply_training_backends, backend_settings
 from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
 from lab_utils.core.errors import LabError
+from lab_utils.core.loop import train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
 from lab_utils.core.progress import progress
 from lab_utils.core.schedules import LRSchedule
@@ -208,25 +210,11 @@ def autocast_context(device: torch.device, dtype: str):
     return nullcontext()
 
 
-def micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, accumulation_steps: int,
-               sync: bool, dtype: str = "fp32", timers: NestedTimers | None = None) -> torch.Tensor:
-    """Forward, loss and backward of one micro-batch; returns the unscaled loss (detached).
-
-    ``sync=False`` runs forward and backward under ``DDP.no_sync()`` (no all-reduce, the
-    gradient accumulates locally); the loss is divided by ``accumulation_steps`` before
-    backward so ``k`` micro-steps sum to the gradient of the mean loss.
-    """
-    t = timers or NestedTimers(enabled=False)
-    is_ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    ctx = model.no_sync() if (is_ddp and not sync) else nullcontext()
-    with ctx:
-        with t("forward"), autocast_context(x.device, dtype):
-            logits = model(x)
-        with t("loss"):
-            loss = lm_loss(logits, y)
-        with t("backward"):
-            (loss / accumulation_steps).backward()
-    return loss.detach()
+def _keeping_last(batches, slot: list):
+    """Yield ``batches``, keeping the latest one in ``slot[0]``."""
+    for b in batches:
+        slot[0] = b
+        yield b
 
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32") -> int:
@@ -429,43 +417,23 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
         phases = PhaseTimer(device)
         n_steps = min(steps_per_epoch, total_steps - step)
-        loss_sum = torch.zeros((), device=device)
-        micro_done = 0
-        allreduce = 0.0
         model.train()
         with timers("epoch"):
             with timers("training"):
-                batches = phases.iterate(loader)
-                for _ in progress(range(n_steps), desc=f"rank {ctx.rank} epoch {epoch}"):
-                    lr = schedule.lr_at(step)
-                    for g in optimizer.param_groups:
-                        g["lr"] = lr
-                    for m in range(k):
-                        x, y = next(batches)
-                        with phases.phase("data_movement"):
-                            x = x.to(device, non_blocking=pin)
-                            y = y.to(device, non_blocking=pin)
-                        sync = m == k - 1
-                        if sync and comm_timer is not None:
-                            comm_timer.begin_step()
-                        with phases.phase("compute"):
-                            loss_sum += micro_step(model, x, y, k, sync=sync, dtype=cfg.dtype, timers=timers)
-                            if sync and comm_timer is not None:
-                                comm_timer.end_backward()
-                        if sync and comm_timer is not None:
-                            sc = comm_timer.finish_step()
-                            allreduce += sc.allreduce_busy_seconds
-                            # the exposed wait happened inside the compute phase: move it to communication
-                            phases.stats["compute"].total_seconds -= sc.exposed_tail_seconds
-                            phases.add("communication", sc.exposed_tail_seconds)
-                        micro_done += 1
-                    with phases.phase("compute"), timers("optimizer"):
-                        if cfg.grad_clip:
-                            nn.utils.clip_grad_norm_(unwrap(model).parameters(), cfg.grad_clip)
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    step += 1
-                del batches
+                n_micro = n_steps * k
+                last: list = [None]  # the last micro-batch, for the communication probe below
+                batches = _keeping_last(itertools.islice(loader, n_micro), last)
+                sums = train_steps(
+                    model, progress(batches, total=n_micro, desc=f"rank {ctx.rank} epoch {epoch}"),
+                    n_micro, optimizer, lm_loss, phases, device, accumulation_steps=k, comm_timer=comm_timer,
+                    skew_barrier=False, autocast_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
+                    count_correct=False, lr_at=schedule.lr_at, first_step=step,
+                    grad_clip=cfg.grad_clip or None, step_timers=timers)
+                x, y = (v.to(device) for v in last[0])
+                step += sums.steps
+                micro_done, allreduce = sums.micro_steps, sums.allreduce_seconds
+                loss_sum = sums.loss_sum / cfg.batch_size  # the sum of the micro-steps' mean losses
+                lr = optimizer.param_groups[0]["lr"]
             with timers("validation"):
                 v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, cfg.dtype)
         totals = {n: timers.stats[f"run/{n}"].total_seconds
