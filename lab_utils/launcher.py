@@ -25,7 +25,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,17 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils.core.config import check_positive_int
+from lab_utils.core.dist import free_port  # noqa: F401  (also launcher.free_port for callers)
 from lab_utils.core.errors import LabError, LaunchError
 
 TAIL_LINES = 25
 LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

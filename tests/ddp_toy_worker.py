@@ -73,7 +73,7 @@ def main() -> int:
 
     import torch.distributed as dist
 
-    from lab_utils.workers.ddp import init_distributed
+    from lab_utils.core.dist import init_distributed
 
     init_distributed("gloo")
     try:

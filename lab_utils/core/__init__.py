@@ -5,6 +5,7 @@ It imports nothing of the lab above it (``tests/test_architecture.py`` checks):
 - :mod:`~lab_utils.core.loop`         THE training loop (``train_steps``/``train_epoch``) and THE ``evaluate``
 - :mod:`~lab_utils.core.timing`       phase timers that are correct under CUDA asynchrony
 - :mod:`~lab_utils.core.comm_hooks`   DDP's gradient all-reduce timed by a comm hook, the ``no_sync`` probe
+- :mod:`~lab_utils.core.dist`         one distributed context: init, backend, gather across ranks
 - :mod:`~lab_utils.core.ring`         ring all-reduce bytes, the alpha-beta time model and its fit
 - :mod:`~lab_utils.core.data`         the spec's CIFAR-10 loaders, the synthetic stand-in,
                                       the device-resident loader

@@ -307,8 +307,8 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
     A failed run (a dead rank, a timeout) is stored as an ``error`` record with the reason
     and the other runs go on; it is tried again next time.
     """
+    from lab_utils.core.dist import choose_backend
     from lab_utils.launcher import launch
-    from lab_utils.workers.ddp import choose_backend
 
     profile, store = _store_of(lab_or_profile)
     s = resolve_settings(profile, settings, **overrides)

@@ -387,9 +387,9 @@ def _parameters_equal_across_ranks(model) -> bool:
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
+    from lab_utils.core.dist import init_distributed
     from lab_utils.core.errors import LabError
     from lab_utils.launcher import setup_rank_logging, write_worker_output
-    from lab_utils.workers.ddp import init_distributed
 
     setup_rank_logging()
     try:

@@ -130,12 +130,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported inside the worker only: orchestration code imports this module
+    from lab_utils.core.dist import DistContext
 
 LR_RULES = ("fixed", "linear")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -334,59 +336,6 @@ def parse_args(argv: list[str] | None = None) -> WorkerArgs:
 
 
 # --------------------------------------------------------------------------- process group
-
-
-@dataclass
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    backend: str
-    device: Any  # torch.device
-
-
-def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
-    """NCCL when every local rank can have its own GPU (and NCCL exists), else gloo."""
-    import torch
-    import torch.distributed as dist
-
-    if requested != "auto":
-        return requested
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus >= local_world_size and gpus > 0 and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def init_distributed(backend: str = "auto") -> DistContext:
-    """Join the torchrun process group (or make a one-process group without torchrun)."""
-    import torch
-    import torch.distributed as dist
-
-    if "RANK" not in os.environ:  # plain `python -m lab_utils.workers.ddp`: a group of one
-        from lab_utils.launcher import free_port
-
-        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    backend = choose_backend(backend, local_world)
-    if backend == "nccl":
-        if torch.cuda.device_count() <= local_rank:
-            from lab_utils.core.errors import LabError
-
-            raise LabError(f"Rank {rank} has LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
-                           "GPUs are visible; start at most one process per GPU or use --backend gloo.")
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return DistContext(rank, world, local_rank, local_world, backend, device)
 
 
 # --------------------------------------------------------------------------- data
@@ -786,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import torch.distributed as dist
+
+    from lab_utils.core.dist import init_distributed
 
     ctx = init_distributed(args.backend)
     try:

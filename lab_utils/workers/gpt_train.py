@@ -57,7 +57,7 @@ import math
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -68,6 +68,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.core.backends import apply_training_backends, backend_settings
 from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
+from lab_utils.core.dist import DistContext, gather, init_distributed
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
@@ -140,64 +141,6 @@ class TrainConfig:
 
 
 # --------------------------------------------------------------------------- distributed
-
-
-@dataclass
-class DistContext:
-    """Who this process is. ``ddp`` is True when there is more than one rank."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    backend: str | None = None
-    initialized_here: bool = False
-
-    @property
-    def ddp(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed(device_pref: str = "auto") -> DistContext:
-    """Join the process group when started by torchrun (``RANK`` set); else one process.
-
-    Backend: NCCL with one GPU per rank (``LOCAL_RANK``) when CUDA is used, else gloo.
-    """
-    use_cuda = torch.cuda.is_available() and device_pref != "cpu"
-    if device_pref == "cuda" and not torch.cuda.is_available():
-        raise LabError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu.")
-    if "RANK" not in os.environ:
-        return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    if use_cuda:
-        if local >= torch.cuda.device_count():
-            raise LabError(f"Rank {rank} needs GPU {local} but only {torch.cuda.device_count()} are visible; "
-                           "start at most that many processes per node.")
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    backend = "nccl" if use_cuda else "gloo"
-    here = False
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
-        here = True
-    return DistContext(rank=rank, local_rank=local, world_size=world, device=device,
-                       backend=backend, initialized_here=here)
-
-
-def gather(obj: Any, ctx: DistContext) -> list[Any]:
-    """Every rank's ``obj`` on every rank (a list of one without a process group)."""
-    if not dist.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(out, obj)
-    return out
 
 
 # --------------------------------------------------------------------------- one step
@@ -310,7 +253,7 @@ def plan_steps(cfg: TrainConfig, windows: int, world: int) -> tuple[int, int, in
 def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Train as configured; every rank returns the same list of records (see module doc)."""
     cfg.validate()
-    ctx = init_distributed(cfg.device)
+    ctx = init_distributed(device=cfg.device, group_of_one=False)
     try:
         return _train(cfg, ctx)
     finally:

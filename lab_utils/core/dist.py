@@ -1,0 +1,110 @@
+"""One distributed context for every torchrun worker: who this process is, and how to join.
+
+``torchrun`` (or :func:`lab_utils.launcher.launch`) starts one process per rank and sets
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``. :func:`init_distributed` reads them, picks the backend (NCCL with one
+GPU per local rank, else gloo between CPU processes) and the device, and joins the
+process group. :func:`gather` brings every rank's Python object to every rank (the
+workers gather their per-rank records this way, then aggregate with the slowest rank).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lab_utils.core.errors import LabError
+
+
+@dataclass
+class DistContext:
+    """Who this process is. ``ddp`` is True when there is more than one rank."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str | None = None        # "nccl" | "gloo"; None without a process group
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    initialized_here: bool = False    # this call created the process group
+
+    @property
+    def ddp(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous on this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
+    """NCCL when every local rank can have its own GPU (and NCCL exists), else gloo."""
+    if requested != "auto":
+        return requested
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= local_world_size and gpus > 0 and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed(backend: str = "auto", device: str = "auto", group_of_one: bool = True) -> DistContext:
+    """Join the torchrun process group and return this rank's :class:`DistContext`.
+
+    ``backend``: "auto" (:func:`choose_backend`), "nccl" or "gloo". ``device``: "auto",
+    "cuda" (NCCL required) or "cpu" (gloo). Without torchrun (no ``RANK``), one process:
+    with ``group_of_one`` it makes a process group of one on a free local port (so the
+    DDP code paths run unchanged); without, it returns a context with no group.
+    """
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LabError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu.")
+    if device == "cpu":
+        backend = "gloo"
+    elif device == "cuda":
+        backend = "nccl"
+    if "RANK" not in os.environ:
+        if not group_of_one:
+            use_cuda = device != "cpu" and torch.cuda.is_available()
+            return DistContext(device=torch.device("cuda" if use_cuda else "cpu"))
+        os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    backend = choose_backend(backend, local_world)
+    here = not dist.is_initialized()
+    if backend == "nccl":
+        if torch.cuda.device_count() <= local_rank:
+            raise LabError(f"Rank {rank} has LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} "
+                           "GPUs are visible; start at most one process per GPU or use --backend gloo.")
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+        if here:
+            dist.init_process_group("nccl", device_id=dev)
+    else:
+        dev = torch.device("cpu")
+        if here:
+            dist.init_process_group("gloo")
+    return DistContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+                       backend=backend, device=dev, initialized_here=here)
+
+
+def gather(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj`` on every rank, in rank order (a list of one without a group)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
