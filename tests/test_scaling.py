@@ -19,17 +19,33 @@ QUICK = scaling.SETTINGS["quick"]
 # --------------------------------------------------------------------------- placement
 
 
-def test_placement_without_gpus_uses_gloo_processes_up_to_the_cores():
+def test_placement_without_gpus_uses_gloo_processes_up_to_max_cpu_processes():
     s = scaling.settings_for("quick", max_cpu_processes=4, cpu_threads=1)
     p1, p2, p4 = (scaling.place(scaling.DDP, n, gpus=0, settings=s, cores=2) for n in (1, 2, 4))
     assert (p1.backend, p1.device_type, p1.runs) == ("gloo", "cpu", True)
     assert p2.runs and p2.backend == "gloo"
-    assert not p4.runs and p4.reason == "needs 4 GPUs"        # 4 processes on 2 cores: not run
-    assert scaling.place(scaling.DDP, 4, gpus=0, settings=s, cores=4).runs
+    assert p4.runs and p4.backend == "gloo"                     # 4 processes on 2 cores: run, labelled
+    assert p4.oversubscribed == "4 processes x 1 thread on 2 cores" and p2.oversubscribed is None
+    assert scaling.place(scaling.DDP, 4, gpus=0, settings=s, cores=4).oversubscribed is None
+    assert not scaling.place(scaling.DDP, 8, gpus=0, settings=s, cores=16).runs  # above max_cpu_processes
     for n in (1, 2):
         dp = scaling.place(scaling.DP, n, gpus=0, settings=s, cores=2)
         assert not dp.runs and dp.reason == ("needs 1 GPU" if n == 1 else "needs 2 GPUs")
     assert scaling.methods_here(0) == (scaling.DDP,)
+
+
+def test_oversubscribed_rows_say_so():
+    from lab_utils.store import Record
+
+    def rec(devices, threads, cores, device_type="cpu"):
+        return Record("scaling", {"devices": devices, "device_type": device_type}, threads=threads,
+                      hardware={"cpu_cores": cores})
+
+    assert scaling.oversubscribed(rec(4, 1, 2)) == "4 processes x 1 thread on 2 cores"
+    assert scaling.oversubscribed(rec(2, 2, 2)) == "2 processes x 2 threads on 2 cores"
+    assert scaling.oversubscribed(rec(2, 1, 2)) is None            # one core each
+    assert scaling.oversubscribed(rec(4, None, 2)) is None         # stored before threads were recorded
+    assert scaling.oversubscribed(rec(4, 1, 2, "cuda")) is None
 
 
 def test_placement_with_two_gpus():

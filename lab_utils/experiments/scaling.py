@@ -149,6 +149,7 @@ class Placement:
     backend: str | None       # "nccl", "gloo", DP_BACKEND; None when it cannot run
     device_type: str | None   # "cuda" | "cpu"
     reason: str | None = None  # why not, e.g. "needs 4 GPUs"
+    oversubscribed: str | None = None  # e.g. "4 processes x 1 thread on 2 cores": rows say so
 
     @property
     def runs(self) -> bool:
@@ -163,8 +164,13 @@ def place(method: str, devices: int, gpus: int, settings: ScalingSettings, cores
         return Placement(DP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
     if gpus >= devices:
         return Placement(DDP, devices, "nccl", "cuda")
-    if gpus == 0 and devices <= settings.max_cpu_processes and devices * settings.cpu_threads <= cores:
-        return Placement(DDP, devices, "gloo", "cpu")
+    if gpus == 0 and devices <= settings.max_cpu_processes:
+        # More threads than cores (4 single-thread ranks on 2 cores in quick) still runs, so that
+        # every 4-device path is exercised, but its times measure time-sharing: the rows say so.
+        k = settings.cpu_threads
+        over = (f"{devices} processes x {k} thread{'s' if k > 1 else ''} on {cores} cores"
+                if devices * k > cores else None)
+        return Placement(DDP, devices, "gloo", "cpu", oversubscribed=over)
     return Placement(DDP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
 
 
@@ -486,6 +492,18 @@ def _skew(rec: Record | None) -> float | None:
     return _metric(rec, "skew_wait_seconds_max")
 
 
+def oversubscribed(rec: Record | None) -> str | None:
+    """"4 processes x 1 thread on 2 cores" for a measured gloo run whose ranks had more torch
+    threads than the machine had cores (they time-share the cores, so its times do not show
+    scaling); None otherwise, or where the record does not say (cores or threads unknown)."""
+    if rec is None or rec.status != "ok" or rec.config.get("device_type") != "cpu":
+        return None
+    n, threads, cores = int(rec.config.get("devices", 1)), rec.threads, rec.hardware.get("cpu_cores")
+    if not threads or not cores or n * threads <= cores:
+        return None
+    return f"{n} processes x {threads} thread{'s' if threads > 1 else ''} on {cores} cores"
+
+
 def _label(method: str, backend: str | None, device_type: str | None) -> str:
     if method == DP:
         return "DataParallel (1 process, GPUs)"
@@ -771,7 +789,8 @@ def scaling_frame(records: Sequence[Record]):
                "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": _skew(r),
-               "train_plus_skew_wait_seconds": _metric(r, "train_plus_skew_wait_seconds")}
+               "train_plus_skew_wait_seconds": _metric(r, "train_plus_skew_wait_seconds"),
+               "oversubscribed": oversubscribed(r)}
         if tn and t1:
             row["speedup"] = t1 / tn
             row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
@@ -784,11 +803,14 @@ def scaling_frame(records: Sequence[Record]):
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
                                      "n_t1_over_tn_epoch", "efficiency", "serial_fraction",
-                                     "skew_wait_seconds", "train_plus_skew_wait_seconds"])
+                                     "skew_wait_seconds", "train_plus_skew_wait_seconds", "oversubscribed"])
     return df
 
 
 TABLE1_NOTES = [
+    "oversubscribed: the gloo ranks had more threads than the machine has cores (quick: 4 single-thread "
+    "processes on 2 cores), so they took turns on the cores: the row exercises the 4-device path, its "
+    "times do not measure scaling.",
     "epoch2_train_seconds T(N): training time of epoch 2 of 2 (host-to-device copies, forward, backward, "
     "all-reduce, optimizer step; loader waits excluded), the SLOWEST rank's; seconds.",
     "speedup = T(1)/T(N) on epoch time (strong scaling: the epoch's data set is fixed); "
@@ -871,6 +893,7 @@ class CommRow:
     backend: str | None = None
     skew_wait_seconds: float | None = None
     exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
+    oversubscribed: str | None = None  # see :func:`oversubscribed`
 
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
@@ -905,6 +928,7 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
     row.tn_seconds = _t(rec)
     row.t1_seconds = _t(one)
     row.skew_wait_seconds = _skew(rec)
+    row.oversubscribed = oversubscribed(rec)
     row.steps_per_epoch = m.get("steps")
     row.gradient_bytes = m.get("gradient_bytes")
     if row.t1_seconds is None:
@@ -938,7 +962,8 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
              "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
              "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
-             "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds)}
+             "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
+             "oversubscribed": r.oversubscribed}
         if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
             d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
         if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
@@ -947,7 +972,7 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
             "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
             "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
-            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag"]
+            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed"]
     return pd.DataFrame(out, columns=cols)
 
 
@@ -962,6 +987,8 @@ TABLE2_NOTES = [
     "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
     "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
     "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
+    "oversubscribed: more gloo threads than cores (quick: 4 single-thread ranks on 2 cores); the ranks took "
+    "turns on the cores, so the row exercises the path and its split is not a measurement of the network.",
     "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
     "by a barrier after the data movement; shown as skew_wait_seconds, slowest rank), so a slow loader "
     "is not counted as communication by (a). Blank skew_wait_seconds: a record from before the barrier "
