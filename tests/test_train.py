@@ -3,7 +3,7 @@ import math
 import torch
 
 from lab_utils.core.data import make_loaders
-from lab_utils.core.loop import evaluate, make_optimizer, train_epoch, wrap_data_parallel
+from lab_utils.core.loop import evaluate, make_optimizer, train_epoch, train_steps, wrap_data_parallel
 from lab_utils.models import ResNet18
 
 
@@ -38,3 +38,96 @@ def test_max_steps_and_data_parallel_wrapper_on_cpu():
     batches = [(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(5)]
     r = train_epoch(model, batches, make_optimizer(model), "cpu", max_steps=2)
     assert r.steps == 2 and r.images == 8
+
+
+# --------------------------------------------------------------------------- the loop's options
+
+
+class _TinyLM(torch.nn.Module):
+    """Logits (B, T, V) from tokens (B, T): the shape of the GPT's output."""
+
+    def __init__(self, vocab: int = 7):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, x):
+        return self.emb(x)
+
+
+def _lm_loss(logits, y):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
+def _lm_batches(n: int, b: int = 2, t: int = 5):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, 7, (b, t), generator=g), torch.randint(0, 7, (b, t), generator=g))
+            for _ in range(n)]
+
+
+def test_untimed_loop_never_synchronizes(monkeypatch):
+    from lab_utils.core import timing
+
+    calls = []
+    monkeypatch.setattr(timing, "synchronize", lambda *a: calls.append(a))
+    model = ResNet18(width=8)
+    batches = [(torch.randn(2, 3, 32, 32), torch.randint(0, 10, (2,))) for _ in range(3)]
+    sums = train_steps(model, batches, 3, make_optimizer(model), torch.nn.CrossEntropyLoss(), None,
+                       torch.device("cpu"), skew_barrier=False)
+    assert calls == [] and sums.steps == 3 and sums.images == 6
+    train_steps(model, batches, 3, make_optimizer(model), torch.nn.CrossEntropyLoss(),
+                timing.PhaseTimer(torch.device("cpu")), torch.device("cpu"), skew_barrier=False)
+    assert len(calls) > 3  # a timed pass synchronizes at every phase boundary
+
+
+def test_lr_at_max_steps_and_language_model_logits():
+    model = _TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    seen = []
+
+    def lr_at(step):
+        seen.append(step)
+        return 0.1 * (step + 1)
+
+    sums = train_steps(model, _lm_batches(6), 6, opt, _lm_loss, None, torch.device("cpu"), skew_barrier=False,
+                       count_correct=False, lr_at=lr_at, first_step=10, max_steps=4, accumulation_steps=1)
+    assert sums.steps == 4 and seen == [10, 11, 12, 13]
+    assert math.isclose(opt.param_groups[0]["lr"], 1.4)
+    assert float(sums.correct) == 0.0  # not counted for a language model
+
+
+def test_autocast_bf16_reaches_the_loss():
+    dtypes = []
+
+    def loss_fn(logits, y):
+        dtypes.append(logits.dtype)
+        return _lm_loss(logits.float(), y)
+
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 8), torch.nn.Linear(8, 7))
+    train_steps(model, _lm_batches(1), 1, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, None,
+                torch.device("cpu"), skew_barrier=False, count_correct=False, autocast_dtype=torch.bfloat16)
+    assert dtypes == [torch.bfloat16]
+
+
+def test_accumulation_on_a_plain_model_equals_one_big_batch():
+    torch.manual_seed(0)
+    a, b = _TinyLM(), _TinyLM()
+    b.load_state_dict(a.state_dict())
+    batches = _lm_batches(4)
+    cpu = torch.device("cpu")
+    train_steps(a, batches, 4, torch.optim.SGD(a.parameters(), lr=0.5), _lm_loss, None, cpu,
+                skew_barrier=False, count_correct=False, accumulation_steps=4)
+    big = (torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))
+    train_steps(b, [big], 1, torch.optim.SGD(b.parameters(), lr=0.5), _lm_loss, None, cpu,
+                skew_barrier=False, count_correct=False)
+    torch.testing.assert_close(a.emb.weight, b.emb.weight)
+
+
+def test_evaluate_counts_tokens_stops_early_and_restores_training_mode():
+    model = _TinyLM()
+    model.train()
+    batches = _lm_batches(5)
+    ev = evaluate(model, batches, "cpu", loss_fn=_lm_loss, count_correct=False, max_batches=2)
+    assert model.training and ev.images == 2 * 2 * 5 and math.isnan(ev.accuracy)
+    with torch.no_grad():
+        want = sum(float(_lm_loss(model(x), y)) for x, y in batches[:2]) / 2
+    assert math.isclose(ev.loss, want, rel_tol=1e-6)

@@ -273,24 +273,45 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device | str) -> EvalRecord:
-    """Mean cross-entropy and accuracy over ``loader`` in eval mode (BatchNorm uses running stats)."""
+def evaluate(model: nn.Module, loader, device: torch.device | str, *, loss_fn=None,
+             autocast_dtype: torch.dtype | None = None, max_batches: int | None = None,
+             count_correct: bool = True) -> EvalRecord:
+    """THE evaluation pass: mean loss and accuracy of ``model`` over ``loader`` in eval mode.
+
+    BatchNorm uses its running statistics, dropout is off; the model's training mode is
+    restored afterwards. ``loss_fn`` is a mean-reduced loss (default: cross-entropy); each
+    batch counts with ``y.numel()`` predictions (images, or tokens for a language model), so
+    ``loss`` is the mean over every prediction and ``images`` their number. Sums stay on the
+    device (one synchronization at the end). ``max_batches`` stops early; ``count_correct``
+    off skips the argmax accuracy (``nan``). ``seconds``: wall time, device synchronized.
+    """
     device = torch.device(device)
-    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    loss_fn = loss_fn or nn.CrossEntropyLoss()
+    autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)
+                if autocast_dtype is not None else nullcontext)
+    was_training = model.training
     model.eval()
-    loss_sum = 0.0
-    correct = images = 0
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
     synchronize(device)
     t0 = time.perf_counter()
-    for x, y in loader:
+    for i, (x, y) in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
         x, y = x.to(device), y.to(device)
-        out = model(x)
-        loss_sum += float(loss_fn(out, y))
-        correct += int((out.argmax(1) == y).sum())
-        images += y.shape[0]
+        with autocast():
+            out = model(x)
+            loss = loss_fn(out, y)
+        loss_sum += loss.double() * y.numel()
+        if count_correct:
+            correct += (out.argmax(-1) == y).sum().double()
+        count += y.numel()
     synchronize(device)
-    return EvalRecord(loss=loss_sum / max(images, 1), accuracy=correct / max(images, 1),
-                      images=images, seconds=time.perf_counter() - t0)
+    model.train(was_training)
+    n = max(count, 1)
+    return EvalRecord(loss=float(loss_sum) / n, accuracy=float(correct) / n if count_correct else math.nan,
+                      images=count, seconds=time.perf_counter() - t0)
 
 
 def _len_or_none(loader, max_steps: int | None) -> int | None:

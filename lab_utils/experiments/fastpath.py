@@ -75,7 +75,7 @@ from lab_utils.core.data import (  # the fast path's loaders live with the other
     spec_loader,
 )
 from lab_utils.core.errors import LabError
-from lab_utils.core.loop import EpochSums, train_steps
+from lab_utils.core.loop import EpochSums, evaluate, train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
 from lab_utils.core.timing import synchronize
 from lab_utils.store import Record, ResultStore
@@ -1026,17 +1026,8 @@ def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOption
 def evaluate_arrays(model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = 100
                     ) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` (eval mode, fp32) on ``split``."""
-    model.eval()
-    loader = device_loader(split, device, batch_size, augment=False, shuffle=False)
-    loss = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    for x, y in loader:
-        out = model(x)
-        loss += F.cross_entropy(out.float(), y, reduction="sum")
-        correct += (out.argmax(1) == y).sum()
-    model.train()
-    n = len(split)
-    return float(loss) / n, float(correct) / n
+    ev = evaluate(model, device_loader(split, device, batch_size, augment=False, shuffle=False), device)
+    return ev.loss, ev.accuracy
 
 
 def accuracy_table(records: Sequence[Record]):

@@ -561,29 +561,19 @@ def _evaluate(ddp, loader, device) -> dict[str, float]:
     """Test loss/accuracy over all ranks' shards; rank 0's BatchNorm statistics first broadcast."""
     import torch
     import torch.distributed as dist
-    from torch import nn
 
-    from lab_utils.core.timing import synchronize
+    from lab_utils.core.loop import evaluate
 
-    synchronize(device)
     t0 = time.perf_counter()
     model = ddp.module
     with torch.no_grad():
         for b in model.buffers():  # running mean/var differ slightly per rank: use rank 0's
             dist.broadcast(b, src=0)
-        model.eval()
-        loss_fn = nn.CrossEntropyLoss(reduction="sum")
-        sums = torch.zeros(3, device=device, dtype=torch.float64)
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            out = model(x)
-            sums[0] += loss_fn(out, y).double()
-            sums[1] += (out.argmax(1) == y).sum().double()
-            sums[2] += y.shape[0]
-        dist.all_reduce(sums)
-    model.train()
+    ev = evaluate(model, loader, device)  # this rank's shard, synchronized at its ends
+    n = ev.images
+    sums = torch.tensor([ev.loss * n, ev.accuracy * n, n], device=device, dtype=torch.float64)
+    dist.all_reduce(sums)
     loss, correct, n = sums.tolist()
-    synchronize(device)
     return {"test_loss": loss / max(n, 1), "test_accuracy": correct / max(n, 1), "test_images": int(n),
             "eval_seconds": time.perf_counter() - t0}
 

@@ -70,6 +70,7 @@ from lab_utils.core.backends import apply_training_backends, backend_settings
 from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
 from lab_utils.core.dist import DistContext, gather, init_distributed
 from lab_utils.core.errors import LabError
+from lab_utils.core.loop import evaluate as loop_evaluate
 from lab_utils.core.loop import train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
 from lab_utils.core.progress import progress
@@ -189,22 +190,11 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, max_batches: int | None,
              dtype: str = "fp32") -> tuple[float, int]:
-    """Summed validation loss (nats) and token count over this rank's share of ``loader``."""
-    gpt = unwrap(model)
-    was = gpt.training
-    gpt.eval()
-    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    tokens = 0
-    for i, (x, y) in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
-            break
-        x, y = x.to(device), y.to(device)
-        with autocast_context(device, dtype):
-            logits = gpt(x)
-        loss_sum += lm_loss(logits, y).double() * y.numel()
-        tokens += y.numel()
-    gpt.train(was)
-    return float(loss_sum), tokens
+    """Summed validation loss (nats) and token count over this rank's share of ``loader``
+    (the lab's one evaluation pass, :func:`lab_utils.core.loop.evaluate`, over tokens)."""
+    ev = loop_evaluate(unwrap(model), loader, device, loss_fn=lm_loss, max_batches=max_batches,
+                       autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False)
+    return ev.loss * ev.images, ev.images
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
