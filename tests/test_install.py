@@ -134,10 +134,11 @@ def _base_python() -> str:
 def lab_copy(tmp_path) -> tuple[Path, dict[str, str], Path]:
     """A copy of the lab's install machinery, an offline wheel folder, and a user site with torch."""
     proj = tmp_path / "lab"
-    (proj / "lab_utils").mkdir(parents=True)
+    (proj / "lab_utils" / "core").mkdir(parents=True)
     shutil.copy(REPO / "Makefile", proj / "Makefile")
-    shutil.copy(REPO / "lab_utils" / "cuda_wheels.py", proj / "lab_utils" / "cuda_wheels.py")
+    shutil.copy(REPO / "lab_utils" / "core" / "cuda_wheels.py", proj / "lab_utils" / "core")
     (proj / "lab_utils" / "__init__.py").write_text("")
+    (proj / "lab_utils" / "core" / "__init__.py").write_text("")
     shutil.copy(Path(__file__).with_name("fake_wheels.py"), proj / "fake_wheels.py")
     (proj / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "fake_wheels"\n'
                                          'backend-path = ["."]\n')
