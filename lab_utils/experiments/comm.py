@@ -157,6 +157,7 @@ class BenchSettings:
 # Per-profile values: lab_utils.core.profiles (one table for every notebook).
 BENCH_SETTINGS: dict[str, BenchSettings] = profiles.table(BenchSettings)
 
+
 @dataclass(frozen=True)
 class BenchPlan:
     """Which backend and how many ranks a benchmark runs, and on what."""

@@ -68,6 +68,7 @@ from torch import nn
 from lab_utils.core import profiles
 from lab_utils.core.config import check_choice, check_positive_int
 from lab_utils.core.errors import LabError
+from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory, is_out_of_memory, oom_reason
 from lab_utils.core.timing import synchronize
 
@@ -527,19 +528,27 @@ def evaluate_lm(model: nn.Module, tokens: torch.Tensor, block_size: int, batch_s
     windows = data[: n_win * block_size + 1]
     xs = windows[:-1].view(n_win, block_size)
     ys = windows[1:].view(n_win, block_size)
-    dev = torch.device(device)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, n_win, batch_size):
-            x = xs[i: i + batch_size].to(dev)
-            y = ys[i: i + batch_size].to(dev)
-            logits = _logits(model, x).float()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
-                                                     reduction="sum")
-            total += float(loss)
-            count += y.numel()
-    mean = total / count
-    return EvalResult(loss=mean, perplexity=math.exp(mean), tokens=count, windows=n_win)
+    batches = ((xs[i: i + batch_size], ys[i: i + batch_size]) for i in range(0, n_win, batch_size))
+    # the lab's one evaluation pass (it counts every predicted token), on the logits in fp32
+    ev = evaluate(_LogitsOf(model), batches, device, loss_fn=_token_loss_fp32, count_correct=False)
+    return EvalResult(loss=ev.loss, perplexity=math.exp(ev.loss), tokens=ev.images, windows=n_win)
+
+
+class _LogitsOf(nn.Module):
+    """``model``'s logits alone (some language models return ``(logits, loss)``)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.training = model.training  # so that evaluate restores the model's own mode
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return _logits(self.model, idx)
+
+
+def _token_loss_fp32(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy per token, from the logits cast to fp32 (int8 and bf16 rows alike)."""
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
 
 
 # --------------------------------------------------------------------------- speed
