@@ -163,7 +163,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     sub = step_timers if step_timers is not None else NestedTimers(enabled=False)
     autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)
                 if autocast_dtype is not None else nullcontext)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]] if grad_clip else []
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.float64)
     token = torch.zeros(1, device=device) if skew_barrier else None

@@ -362,7 +362,6 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
                     skew_barrier=False, autocast_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
                     count_correct=False, lr_at=schedule.lr_at, first_step=step,
                     grad_clip=cfg.grad_clip or None, step_timers=timers)
-                x, y = (v.to(device) for v in last[0])
                 step += sums.steps
                 micro_done, allreduce = sums.micro_steps, sums.allreduce_seconds
                 loss_sum = sums.loss_sum / cfg.batch_size  # the sum of the micro-steps' mean losses
@@ -378,6 +377,7 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
         if comm_timer is not None and cfg.probe_steps > 0:
             from lab_utils.core.comm_hooks import overlap_figures, probe_exposed_comm
 
+            x, y = (v.to(device) for v in last[0])  # the epoch's last micro-batch
             with timers("comm_probe"), autocast_context(device, cfg.dtype):
                 pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
             exposed = pr.exposed_per_step_seconds * n_steps
