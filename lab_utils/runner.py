@@ -17,16 +17,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
+import errno
 import json
+import math
 import os
+import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab_utils import proctree
 from lab_utils.core import config
 from lab_utils.core.errors import LabError
 
@@ -35,17 +43,41 @@ KERNEL_NAME = "lab-utils-python"
 
 @dataclass
 class NotebookResult:
+    """One notebook's outcome: status, wall seconds, and where its executed copy is."""
+
     notebook: str
     ok: bool
     seconds: float
-    executed_path: Path
-    cell: int | None = None  # 1-based index among code cells, when a cell failed
+    executed_path: Path | None  # None when the copy could not be saved
+    cell: int | None = None  # 1-based index among code cells: the one that failed or was running
     error: str | None = None
+    interrupted: str | None = None  # "SIGINT" or "SIGTERM" when a signal stopped this notebook
+    save_error: str | None = None  # one sentence, when the executed copy could not be written
 
     def line(self) -> str:
-        status = "ok    " if self.ok else "FAILED"
-        tail = "" if self.ok else f"  cell {self.cell}: {self.error}"
+        status = "ok    " if self.ok else ("STOPPED" if self.interrupted else "FAILED")
+        where = f"cell {self.cell}: " if self.cell is not None else ""
+        tail = "" if self.ok else f"  {where}{self.error}"
         return f"{status} {self.notebook:<34} {self.seconds:8.1f} s{tail}"
+
+
+class RunResults(list):
+    """The results of one ``run``, in order; ``interrupted`` names the signal that ended it early."""
+
+    interrupted: str | None = None
+    save_error: str | None = None  # why an executed copy or the report could not be written
+
+
+class SaveError(LabError):
+    """An executed copy or the report could not be written (a full disk, no permission)."""
+
+
+# How a signal that stopped the run is named to the user, and the exit status shells expect.
+SIGNAL_WORDS = {"SIGINT": "Ctrl-C", "SIGTERM": "SIGTERM"}
+SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+# After a signal or a cell timeout: how long nbclient gets to notice the dead kernel (it checks
+# about once a second) before the runner stops waiting for it.
+STOP_WAIT_S = 8.0
 
 
 def all_notebooks() -> list[Path]:
@@ -96,54 +128,227 @@ def _failing_cell(nb) -> tuple[int | None, str | None]:
     return None, None
 
 
-def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path) -> NotebookResult:
-    """Run one notebook; save the executed copy whatever happens."""
+class _StopSignals:
+    """SIGINT/SIGTERM handlers for the length of a run: they only note the signal.
+
+    The run acts on it (:func:`_watch`): it stops the kernel and everything it started, saves
+    the executed copy and ends with the shell's status (130, 143). Installed only in the main
+    thread (Python delivers signals there); elsewhere the caller's handlers stay.
+    """
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+class _RunningCell:
+    """Which code cell the kernel is running (nbclient's ``on_cell_execute`` hook)."""
+
+    def __init__(self, nb) -> None:
+        code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        self._number = {index: n for n, index in enumerate(code, start=1)}
+        self.number: int | None = None
+
+    def hook(self, cell, cell_index: int, **_) -> None:
+        self.number = self._number.get(cell_index)
+
+
+def describe_exit(returncode: int | None) -> str:
+    """How a kernel process ended, in words: ``-9`` -> 'killed (signal 9): out of memory?'."""
+    if returncode is None:
+        return "its exit status is unknown"
+    if returncode >= 0:
+        return f"it exited with code {returncode}"
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    if number == signal.SIGKILL:  # what the out-of-memory killer (and SLURM's cgroup) sends
+        return f"killed (signal {number}): out of memory?"
+    if number == signal.SIGSEGV:
+        return f"crashed (signal {number}, {name})"
+    return f"stopped by {name} (signal {number})"
+
+
+def _kernel_manager(sockets: str):
+    """An asynchronous kernel manager (what nbclient's event loop expects) on private sockets.
+
+    The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
+    nothing listens on the (shared) node, and the kernel has no "unencrypted TCP" warning to
+    print. A Unix socket path must fit in 108 bytes (with the "-<port>" suffix); a long $TMPDIR
+    (some clusters set one per job) falls back to TCP on the loopback interface.
+    """
+    from jupyter_client.manager import AsyncKernelManager
+
+    base = str(Path(sockets) / "kernel")
+    if len(base) < 90:
+        return AsyncKernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base)
+    return AsyncKernelManager(kernel_name=KERNEL_NAME)
+
+
+def _kernel_process(km):
+    """The kernel's ``subprocess.Popen`` (jupyter_client's local provisioner), or None."""
+    return getattr(getattr(km, "provisioner", None), "process", None)
+
+
+def _drive(client, env: dict[str, str], outcome: dict) -> None:
+    """Worker thread: nbclient executes the notebook in this thread's own event loop."""
+
+    async def execute() -> None:
+        try:
+            await client.async_execute(env=env)
+        finally:
+            if client.kc is not None:
+                client.kc.stop_channels()
+
+    try:
+        # asyncio.run also cancels what nbclient leaves pending after a timeout or a dead kernel
+        # (its output poller), so nothing is left running and no "Task was destroyed" warning.
+        asyncio.run(execute())
+    except BaseException as e:  # noqa: BLE001 - handed to the watching thread, which reports it
+        outcome["error"] = e
+
+
+def _watch(worker: threading.Thread, stop: _StopSignals | None, token: str, km) -> str | None:
+    """Wait for the worker; on SIGINT/SIGTERM stop the kernel's processes and return the signal."""
+    while worker.is_alive():
+        worker.join(0.2)
+        if stop is not None and stop.signal is not None:
+            kernel = _kernel_process(km)
+            proctree.stop(token, root_pid=kernel.pid if kernel else None, grace_s=2.0)
+            worker.join(STOP_WAIT_S)  # nbclient notices the dead kernel within about a second
+            return stop.signal
+    return None
+
+
+def _save_notebook(nb, path: Path) -> None:
+    """Write ``nb`` to ``path`` atomically (temp file, fsync, rename): a full disk leaves the old copy."""
     import nbformat
-    from jupyter_client.manager import KernelManager
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SaveError(_save_failure(e, path.parent, f"the executed copy of {path.name}")) from None
+
+
+def _save_failure(e: OSError, folder: Path, what: str) -> str:
+    """One sentence for a failed write, naming the folder and the fix."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"No space left on the device holding {folder} ({e.strerror}): {what} was not saved. "
+                f"Free space there, or set LAB_RESULTS_DIR to a folder on a larger disk, then run "
+                f"again; records already stored are kept.")
+    return f"Could not write {what} in {folder} ({e.strerror}); check that folder, then run again."
+
+
+def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
+                     stop: _StopSignals | None = None) -> NotebookResult:
+    """Run one notebook in a fresh kernel; save the executed copy whatever happens.
+
+    - nbclient drives the kernel from a worker thread, with the asynchronous kernel manager
+      its event loop expects: its per-cell timeout (``timeout_s``) and its check that the
+      kernel is alive (about once a second) run there. This thread only watches, so a signal
+      (``stop``) is acted on within a fraction of a second.
+    - Every process the kernel started (torchrun and its ranks included, even those in a
+      session of their own or orphaned by a dead kernel) carries a marker in its environment,
+      and is stopped when the notebook ends, however it ends (:mod:`lab_utils.proctree`).
+    - When the executed copy cannot be written (a full disk), the result says so in
+      ``save_error`` (one sentence naming the folder); an older copy is left whole.
+    """
+    import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    from nbclient.exceptions import CellTimeoutError
 
     nb = nbformat.read(str(path), as_version=4)
-    out_dir.mkdir(parents=True, exist_ok=True)
     executed = out_dir / path.name
+    token = proctree.new_token()
+    env = {**os.environ, proctree.TOKEN_ENV: token}
+    running = _RunningCell(nb)
+    outcome: dict = {}
     t0 = time.perf_counter()
-    error = None
-    # The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
-    # nothing listens on the (shared) node, and the kernel has no "unencrypted TCP" warning to print.
-    # The kernel runs in the notebook's own folder, as in JupyterLab (a student edition's
-    # check cells read their notebook from there).
     with tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
-        base = str(Path(sockets) / "kernel")
-        # A Unix socket path must fit in 108 bytes (with the "-<port>" suffix); a long $TMPDIR
-        # (some clusters set one per job) falls back to TCP on the loopback interface.
-        km = (KernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base) if len(base) < 90
-              else KernelManager(kernel_name=KERNEL_NAME))
-        client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name=KERNEL_NAME,
+        km = _kernel_manager(sockets)
+        # The kernel runs in the notebook's own folder, as in JupyterLab (a student edition's
+        # check cells read their notebook from there).
+        client = NotebookClient(nb, km=km, timeout=max(1, math.ceil(timeout_s)), kernel_name=KERNEL_NAME,
                                 resources={"metadata": {"path": str(path.resolve().parent)}},
-                                record_timing=True)
-        try:
-            client.execute()
-        except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
-            error = e
-        except Exception as e:  # kernel failed to start, etc.: still save and report
-            error = e
-        finally:  # nbclient leaves a kernel it did not create running
-            if km.has_kernel:
-                km.shutdown_kernel(now=True)
+                                record_timing=True, on_cell_execute=running.hook)
+        worker = threading.Thread(target=_drive, args=(client, env, outcome), daemon=True,
+                                  name=f"nbclient {path.name}")
+        worker.start()
+        interrupted = _watch(worker, stop, token, km)
+        kernel = _kernel_process(km)
+        kernel_exit = kernel.poll() if kernel is not None else None  # read before we stop anything
+        proctree.stop(token, root_pid=kernel.pid if kernel else None)
+        if kernel is not None:
+            try:
+                kernel.wait(timeout=5)  # reap it: no zombie left behind
+            except subprocess.TimeoutExpired:
+                pass
+        km.cleanup_connection_file()
     seconds = time.perf_counter() - t0
-    nbformat.write(nb, str(executed))
-    if error is None:
-        return NotebookResult(path.name, True, seconds, executed)
-    cell, message = _failing_cell(nb)
+    error = outcome.get("error")
+    cell = running.number
+    if interrupted is not None:
+        word = SIGNAL_WORDS.get(interrupted, interrupted)
+        message = f"interrupted by {word}; the kernel and its processes were stopped"
+    elif isinstance(error, CellTimeoutError):
+        message = (f"timed out after {timeout_s:g} s (--timeout {timeout_s:g}); the kernel and its "
+                   f"processes were stopped")
+    elif error is not None and kernel_exit is not None:  # DeadKernelError, or death during start-up
+        message = f"the kernel died: {describe_exit(kernel_exit)}"
+    elif error is not None:
+        cell, message = _failing_cell(nb)
+        if message is None:
+            last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+            message = f"{type(error).__name__}: {last}"
+            cell = running.number
+    else:
+        message = None
+    try:
+        _save_notebook(nb, executed)
+    except SaveError as e:  # the outcome still counts; the copy is what is missing
+        why = "no space left on the device" if "No space" in str(e) else "could not be written"
+        return NotebookResult(path.name, False, seconds, None, cell=cell,
+                              error=f"{message + '; ' if message else ''}executed copy not saved: {why}",
+                              interrupted=interrupted, save_error=str(e))
     if message is None:
-        last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
-        message = f"{type(error).__name__}: {last}"
-    return NotebookResult(path.name, False, seconds, executed, cell=cell, error=message)
+        return NotebookResult(path.name, True, seconds, executed)
+    return NotebookResult(path.name, False, seconds, executed, cell=cell, error=message,
+                          interrupted=interrupted)
 
 
 def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float = 3600,
-        stream=None) -> list[NotebookResult]:
-    """Execute notebooks headless, print one line each, write the report; return results."""
+        stream=None) -> RunResults:
+    """Execute notebooks headless, print one line each, write the report; return results.
+
+    SIGINT (Ctrl-C) and SIGTERM (``scancel``, a SLURM time limit) stop the notebook that is
+    running within seconds: its kernel and every process it started are stopped, its executed
+    copy is saved and the report written; ``RunResults.interrupted`` names the signal and no
+    further notebook starts. A copy or report that cannot be written (a full disk) ends the
+    run too, with ``RunResults.save_error`` saying why in one sentence.
+    """
     stream = stream or sys.stdout
     profile_name, why = config.resolve_profile_name(profile)
     paths = resolve_notebooks(names)  # bad names fail here, before any kernel starts
@@ -156,23 +361,35 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
     os.environ["LAB_HEADLESS"] = "1"
     # Figures go into the executed notebook (the inline backend), whatever the caller uses.
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(
-        p for p in (str(_kernelspec_dir()), saved["JUPYTER_PATH"]) if p)
+    kernels = _kernelspec_dir()
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernels), saved["JUPYTER_PATH"]) if p)
     print(f"profile {profile_name} ({why}); executed notebooks -> {out_dir}", file=stream, flush=True)
-    results = []
+    results = RunResults()
     try:
-        for p in paths:
-            r = execute_notebook(p, profile_name, timeout_s, out_dir)
-            results.append(r)
-            print(r.line(), file=stream, flush=True)
+        with _StopSignals() as stop:
+            for p in paths:
+                if stop.signal is not None:
+                    break
+                r = execute_notebook(p, profile_name, timeout_s, out_dir, stop)
+                results.append(r)
+                print(r.line(), file=stream, flush=True)
+                if r.save_error is not None:  # the next notebooks could not be saved either
+                    results.save_error = r.save_error
+                    break
+            results.interrupted = stop.signal
     finally:
+        shutil.rmtree(kernels, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    report = write_report(profile_name, results)
-    print(f"report: {report}", file=stream, flush=True)
+    try:
+        report = write_report(profile_name, results)
+        print(f"report: {report}", file=stream, flush=True)
+    except OSError as e:
+        results.save_error = results.save_error or _save_failure(
+            e, config.results_dir(profile_name), "the report (report.md)")
     return results
 
 
@@ -246,7 +463,21 @@ def report_sections(root: Path) -> list[str]:
 
 
 def main(names: Sequence[str], profile: str | None, timeout_s: float) -> int:
+    """``python -m lab_utils run``: 0 when every notebook ran, 1 when one failed or could not be
+    saved, 130 / 143 when Ctrl-C / SIGTERM stopped the run (as shells expect)."""
     results = run(names, profile, timeout_s)
+    if results.save_error is not None and results.interrupted is None:
+        print(f"error: {results.save_error}", file=sys.stderr)
+        return 1
+    if results.interrupted is not None:
+        word = SIGNAL_WORDS.get(results.interrupted, results.interrupted)
+        last = results[-1] if results and results[-1].interrupted else None
+        where = f" in {last.notebook}, code cell {last.cell}" if last and last.cell else (
+            f" in {last.notebook}" if last else " between notebooks")
+        copy = f"; executed copy: {last.executed_path}" if last else ""
+        print(f"interrupted by {word}{where}: the kernel and its processes were stopped{copy}; "
+              f"records already stored are kept (run again to resume).", file=sys.stderr)
+        return SIGNAL_EXIT.get(results.interrupted, 1)
     failed = [r for r in results if not r.ok]
     for r in failed:
         print(f"error: {r.notebook}, code cell {r.cell}: {r.error} (executed copy: {r.executed_path})",

@@ -1,13 +1,23 @@
 """The headless runner: executes notebooks, saves executed copies, reports failures."""
 
+import errno
+import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
+from pathlib import Path
 
 import nbformat
 import pytest
 
-from lab_utils import runner
+from lab_utils import proctree, runner
 from lab_utils.core.errors import LabError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _notebook(path, sources):
@@ -91,3 +101,172 @@ def test_a_notebook_runs_in_its_own_folder(results_dir, tmp_path):
     [res] = runner.run([str(nb)], profile="quick", timeout_s=120)
     assert res.ok, res.error
     assert (folder / "cwd.txt").read_text() == str(folder)
+
+
+# ------------------------------------------------------------------------------------------
+# Faults under the runner, through the command a user types (issue: a dead kernel hung the run)
+# ------------------------------------------------------------------------------------------
+
+def _start_run(tmp_path, notebooks, *args, results=None):
+    """`python -m lab_utils run NOTEBOOKS --profile quick ARGS` from the repository root, marked
+    with a variable of its own so that the test can find every process of the run afterwards."""
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "LAB_TEST_RUN": mark, "LAB_RESULTS_DIR": str(results or tmp_path / "results")}
+    proc = subprocess.Popen([sys.executable, "-m", "lab_utils", "run", *map(str, notebooks),
+                             "--profile", "quick", *args], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, mark
+
+
+def _finish(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def _leftovers(mark):
+    """Processes of the run (the kernel, its children) still alive a moment after it ended."""
+    return proctree.leftover(mark, wait_s=3, var="LAB_TEST_RUN")
+
+
+def _line_seconds(out, name):
+    line = next(ln for ln in out.splitlines() if name in ln)
+    return float(line.split(name)[1].split()[0]), line
+
+
+def _wait_for(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+# A cell that starts a child in a session of its own (as the launcher starts torchrun), so that
+# killing the kernel's process group would miss it; it writes its pid where the test sees it.
+SPAWN_CHILD = ("import pathlib, subprocess, sys, time\n"
+               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+               " start_new_session=True)\n"
+               "pathlib.Path('child.pid').write_text(str(child.pid))")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_dead_kernel_fails_its_notebook_within_seconds_and_the_next_runs(tmp_path):
+    die = _notebook(tmp_path / "97_die.ipynb", [
+        SPAWN_CHILD, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "print('after')"])
+    ok = _notebook(tmp_path / "98_ok.ipynb", ["print(6 * 7)"])
+    proc, mark = _start_run(tmp_path, [die, ok])
+    code, out, err = _finish(proc)
+    assert code == 1, (out, err)
+    seconds, line = _line_seconds(out, "97_die.ipynb")
+    assert line.startswith("FAILED") and seconds < 10, line
+    assert "cell 2: the kernel died: killed (signal 9): out of memory?" in line
+    assert "ok     98_ok.ipynb" in out  # the next notebook ran
+    assert err.strip().splitlines() == [
+        f"error: 97_die.ipynb, code cell 2: the kernel died: killed (signal 9): out of memory? "
+        f"(executed copy: {tmp_path / 'results' / 'quick' / 'executed' / '97_die.ipynb'})"]
+    executed = nbformat.read(str(tmp_path / "results" / "quick" / "executed" / "97_die.ipynb"), as_version=4)
+    assert not executed.cells[2].get("outputs")
+    assert _leftovers(mark) == []  # the child in its own session is gone too
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_cell_timeout_stops_a_long_cell_and_its_children(tmp_path):
+    slow = _notebook(tmp_path / "97_slow.ipynb", [SPAWN_CHILD, "time.sleep(6)", "print('after')"])
+    proc, mark = _start_run(tmp_path, [slow], "--timeout", "2")
+    code, out, err = _finish(proc)
+    assert code == 1, (out, err)
+    seconds, line = _line_seconds(out, "97_slow.ipynb")
+    assert "cell 2: timed out after 2 s (--timeout 2); the kernel and its processes were stopped" in line
+    assert 1.9 < seconds < 5.5, line  # about 2 s, not the cell's 6 s
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert _leftovers(mark) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig, word, status",
+                         [(signal.SIGTERM, "SIGTERM", 143), (signal.SIGINT, "Ctrl-C", 130)])
+def test_a_signal_stops_the_run_within_seconds(tmp_path, sig, word, status):
+    hang = _notebook(tmp_path / "97_hang.ipynb", [SPAWN_CHILD, "time.sleep(600)", "print('never')"])
+    after = _notebook(tmp_path / "98_after.ipynb", ["print('never started')"])
+    proc, mark = _start_run(tmp_path, [hang, after])
+    _wait_for(tmp_path / "child.pid")
+    time.sleep(0.5)  # the kernel is inside the sleeping cell
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    code, out, err = _finish(proc, timeout=60)
+    stopped_in = time.monotonic() - t0
+    assert code == status, (out, err)
+    assert stopped_in < 10, stopped_in
+    assert f"cell 2: interrupted by {word}" in out and "98_after" not in out
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"interrupted by {word} in 97_hang.ipynb, code cell 2: the kernel and its "
+                           f"processes were stopped; executed copy: "), line
+    assert (tmp_path / "results" / "quick" / "executed" / "97_hang.ipynb").is_file()
+    assert _leftovers(mark) == []
+
+
+def test_a_failed_write_leaves_the_old_copy_and_names_the_folder(tmp_path, monkeypatch):
+    """ENOSPC simulated: the sentence names the folder, and the earlier executed copy stays whole."""
+    target = tmp_path / "executed" / "01_x.ipynb"
+    old = nbformat.v4.new_notebook()
+    runner._save_notebook(old, target)
+    before = target.read_text()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(nbformat, "write", full)
+    folder = tmp_path / "executed"
+    with pytest.raises(runner.SaveError, match=rf"No space left on the device holding {folder}"):
+        runner._save_notebook(nbformat.v4.new_notebook(), target)
+    assert target.read_text() == before
+    assert [p.name for p in target.parent.iterdir()] == ["01_x.ipynb"]  # no temp file left
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs (root only: CI runs as root; skipped elsewhere)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_full_disk_is_one_sentence_and_keeps_stored_records(tmp_path, tiny_disk):
+    runs = tiny_disk / "quick" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "sweep.jsonl").write_text('{"kept": true}\n')
+    ok = _notebook(tmp_path / "97_ok.ipynb", ["print(6 * 7)"])
+    big = _notebook(tmp_path / "98_big.ipynb", ["print('x' * 2_000_000)"])  # 2 MB of output
+    never = _notebook(tmp_path / "99_never.ipynb", ["print(1)"])
+    t0 = time.monotonic()
+    proc, mark = _start_run(tmp_path, [ok, big, never], results=tiny_disk)
+    code, out, err = _finish(proc)
+    assert code == 1, (out, err)
+    assert time.monotonic() - t0 < 60
+    assert "ok     97_ok.ipynb" in out and "executed copy not saved: no space left" in out
+    assert "99_never" not in out  # the run stops: nothing after could be saved either
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"error: No space left on the device holding {tiny_disk / 'quick' / 'executed'}")
+    assert "Traceback" not in err and "LAB_RESULTS_DIR" in line
+    assert json.loads((runs / "sweep.jsonl").read_text()) == {"kept": True}
+    assert (tiny_disk / "quick" / "executed" / "97_ok.ipynb").is_file()
+    assert _leftovers(mark) == []
+
+
+def test_exit_signals_are_described():
+    assert runner.describe_exit(-9) == "killed (signal 9): out of memory?"
+    assert runner.describe_exit(-11) == "crashed (signal 11, SIGSEGV)"
+    assert runner.describe_exit(-15) == "stopped by SIGTERM (signal 15)"
+    assert runner.describe_exit(3) == "it exited with code 3"
+    assert runner.describe_exit(None) == "its exit status is unknown"
