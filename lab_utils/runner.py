@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
-import errno
 import json
 import math
 import os
@@ -36,7 +35,7 @@ from pathlib import Path
 
 from lab_utils import proctree
 from lab_utils.core import config
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, write_failure
 
 KERNEL_NAME = "lab-utils-python"
 
@@ -250,16 +249,7 @@ def _save_notebook(nb, path: Path) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise SaveError(_save_failure(e, path.parent, f"the executed copy of {path.name}")) from None
-
-
-def _save_failure(e: OSError, folder: Path, what: str) -> str:
-    """One sentence for a failed write, naming the folder and the fix."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (f"No space left on the device holding {folder} ({e.strerror}): {what} was not saved. "
-                f"Free space there, or set LAB_RESULTS_DIR to a folder on a larger disk, then run "
-                f"again; records already stored are kept.")
-    return f"Could not write {what} in {folder} ({e.strerror}); check that folder, then run again."
+        raise SaveError(write_failure(e, path.parent, f"the executed copy of {path.name}")) from None
 
 
 def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
@@ -330,7 +320,7 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
         _save_notebook(nb, executed)
     except SaveError as e:  # the outcome still counts; the copy is what is missing
         why = "no space left on the device" if "No space" in str(e) else "could not be written"
-        return NotebookResult(path.name, False, seconds, None, cell=cell,
+        return NotebookResult(path.name, False, seconds, None, cell=cell if message else None,
                               error=f"{message + '; ' if message else ''}executed copy not saved: {why}",
                               interrupted=interrupted, save_error=str(e))
     if message is None:
@@ -364,6 +354,11 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
     kernels = _kernelspec_dir()
     os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernels), saved["JUPYTER_PATH"]) if p)
     print(f"profile {profile_name} ({why}); executed notebooks -> {out_dir}", file=stream, flush=True)
+    # Described now (importing torch takes seconds), so that a run stopped by a signal writes its
+    # report at once.
+    from lab_utils.core.hardware import describe_machine
+
+    machine = describe_machine()
     results = RunResults()
     try:
         with _StopSignals() as stop:
@@ -385,21 +380,24 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
             else:
                 os.environ[k] = v
     try:
-        report = write_report(profile_name, results)
+        report = write_report(profile_name, results, machine)
         print(f"report: {report}", file=stream, flush=True)
     except OSError as e:
-        results.save_error = results.save_error or _save_failure(
+        results.save_error = results.save_error or write_failure(
             e, config.results_dir(profile_name), "the report (report.md)")
     return results
 
 
-def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
-    """``results/<profile>/report.md``: machine, notebook statuses, then tables and figures by question."""
+def write_report(profile: str, results: Sequence[NotebookResult] = (), machine: dict | None = None) -> Path:
+    """``results/<profile>/report.md``: machine, notebook statuses, then tables and figures by question.
+
+    ``machine`` is :func:`lab_utils.core.hardware.describe_machine`'s answer (taken now if not given).
+    """
     from lab_utils.core.hardware import describe_machine
 
     root = config.results_dir(profile)
     root.mkdir(parents=True, exist_ok=True)
-    m = describe_machine()
+    m = machine or describe_machine()
     gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none"
     sw = m["software"]
     lines = [
@@ -419,8 +417,12 @@ def write_report(profile: str, results: Sequence[NotebookResult] = ()) -> Path:
     lines += report_sections(root)
     path = root / "report.md"
     tmp = path.with_suffix(".md.tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError:  # the caller says why in one sentence; an older report.md stays whole
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

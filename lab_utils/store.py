@@ -21,6 +21,7 @@ CSV under ``tables/``; figures as PNG under ``figures/``. Both carry a provenanc
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import json
 import os
@@ -33,7 +34,7 @@ from typing import Any
 
 from lab_utils.core import config
 from lab_utils.core.backends import backend_settings
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, WriteError, write_failure
 from lab_utils.core.hardware import hardware_summary, software_versions
 
 STATUSES = ("ok", "oom", "skipped", "error")
@@ -204,11 +205,26 @@ class ResultStore:
         line = record.to_json() + "\n"
         p = self.path(record.experiment)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        data = line.encode("utf-8")
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise WriteError(write_failure(e, p.parent, f"the {record.experiment} record")) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line.encode("utf-8"))
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                if os.write(fd, data) != len(data):  # a short write: the disk filled up under us
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(fd)
+            except OSError as e:
+                # Cut the torn line off again, so that the next append after space is freed
+                # starts on a fresh line and every record stored before stays readable.
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+                raise WriteError(write_failure(e, p.parent, f"the {record.experiment} record")) from None
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -278,8 +294,12 @@ class ResultStore:
                      fontweight="bold", zorder=1000)
         path = self.figures_dir / f"{name}.png"
         tmp = path.with_suffix(".png.tmp")
-        fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
-        os.replace(tmp, path)
+        try:
+            fig.savefig(tmp, dpi=120, bbox_inches="tight", format="png")
+            os.replace(tmp, path)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise WriteError(write_failure(e, path.parent, f"the figure {path.name}")) from None
         return path
 
 
@@ -415,8 +435,12 @@ def provenance_label(records: Iterable[Record] | None, profile: str) -> str:
 def _atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file, fsync, rename: readers never see half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # the old file, if any, is left whole
+        tmp.unlink(missing_ok=True)
+        raise WriteError(write_failure(e, path.parent, path.name)) from None

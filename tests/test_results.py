@@ -188,3 +188,48 @@ def test_full_figures_are_not_watermarked(tmp_path):
 
     fig = _saved_figure(ResultStore("full", root=tmp_path / "full"))
     assert not any(t.get_text() == QUICK_WATERMARK for t in fig.texts)
+
+
+def test_a_full_disk_mid_append_is_one_sentence_and_loses_no_record(store, monkeypatch):
+    """ENOSPC after half a line (simulated): the torn half is cut off again, the error names the
+    folder and the fix, and once space is back the next record appends on a line of its own."""
+    import errno
+
+    from lab_utils import store as store_mod
+    from lab_utils.core.errors import WriteError
+
+    store.add("exp", {"bs": 32}, {"seconds": 1.0})
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_mod.os, "write", half_then_full)
+    with pytest.raises(WriteError, match=r"^No space left on the device holding .*runs .*: the exp record "
+                                         r"was not saved\. Free space there, or set LAB_RESULTS_DIR"):
+        store.add("exp", {"bs": 128}, {"seconds": 2.0})
+    monkeypatch.setattr(store_mod.os, "write", real_write)
+    store.add("exp", {"bs": 512}, {"seconds": 3.0})
+    assert [r.config["bs"] for r in store.records("exp")] == [32, 512]
+    assert store.path("exp").read_text().count("\n") == 2
+
+
+def test_a_table_on_a_full_disk_keeps_the_old_one(store, monkeypatch):
+    import errno
+    import pathlib
+
+    from lab_utils.core.errors import WriteError
+
+    store.save_table(pd.DataFrame({"a": [1]}), "t")
+    before = (store.tables_dir / "t.md").read_text()
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "open", full)
+    with pytest.raises(WriteError, match="No space left on the device holding .*tables"):
+        store.save_table(pd.DataFrame({"a": [2]}), "t")
+    monkeypatch.undo()
+    assert (store.tables_dir / "t.md").read_text() == before
+    assert sorted(p.name for p in store.tables_dir.iterdir()) == ["t.csv", "t.md"]

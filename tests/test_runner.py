@@ -270,3 +270,26 @@ def test_exit_signals_are_described():
     assert runner.describe_exit(-15) == "stopped by SIGTERM (signal 15)"
     assert runner.describe_exit(3) == "it exited with code 3"
     assert runner.describe_exit(None) == "its exit status is unknown"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_record_that_fills_the_disk_is_one_sentence_and_the_store_stays_readable(tmp_path, tiny_disk):
+    """The disk fills while a cell appends a record (in the kernel): the cell fails with the one
+    sentence naming the runs folder, the torn line is cut off, and earlier records stay readable."""
+    fill = _notebook(tmp_path / "97_fill.ipynb", [
+        "from lab_utils.store import ResultStore\nstore = ResultStore('quick')\n"
+        "store.add('exp', {'bs': 1}, {'x': 1})",
+        "store.add('exp', {'bs': 2}, {'x': 'y' * 2_000_000})",
+        "print('never')"])
+    proc, mark = _start_run(tmp_path, [fill], results=tiny_disk)
+    code, out, err = _finish(proc)
+    assert code == 1, (out, err)
+    runs = tiny_disk / "quick" / "runs"
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"error: 97_fill.ipynb, code cell 2: WriteError: No space left on the device "
+                           f"holding {runs} "), line
+    assert "Traceback" not in err
+    assert [json.loads(x)["config"] for x in (runs / "exp.jsonl").read_text().splitlines()] == [{"bs": 1}]
+    assert (tiny_disk / "quick" / "executed" / "97_fill.ipynb").is_file()
+    assert _leftovers(mark) == []

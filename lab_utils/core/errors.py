@@ -14,3 +14,22 @@ class LabError(ValueError):
 
 class LaunchError(LabError):
     """A distributed run failed: a rank died, or the run exceeded its timeout."""
+
+
+class WriteError(LabError):
+    """A result could not be written (a full disk, a quota, no permission); one sentence says where."""
+
+
+def write_failure(e: OSError, folder, what: str) -> str:
+    """One sentence for a failed write of ``what`` into ``folder``, naming the fix.
+
+    A full disk (ENOSPC) or an exceeded quota (EDQUOT) is the common case on a cluster's shared
+    file system; anything else names the OS error and the folder.
+    """
+    import errno
+
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"No space left on the device holding {folder} ({e.strerror}): {what} was not saved. "
+                f"Free space there, or set LAB_RESULTS_DIR to a folder on a larger disk, then run "
+                f"again; records already stored are kept.")
+    return f"Could not write {what} in {folder} ({e.strerror}); check that folder, then run again."
