@@ -285,3 +285,21 @@ def test_q7_ledger_at_4_x_512_by_hand():
     off, _ = lb.gradients_only_table(_ledger_record(broadcast_buffers=False), epochs=5)
     assert off.set_index("what")["spec payload in the run (bytes)"]["BatchNorm buffers (rank 0's running "
                                                                    "mean/var)"] == 0
+
+
+def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_path):
+    """README, "Handing in the report": report.md and figures/ travel in the student's folder; grading finds
+    the notebooks there and raises no problem for the report."""
+    from lab_utils.grading import find_submissions
+
+    alice = tmp_path / "alice"
+    (alice / "figures").mkdir(parents=True)
+    (alice / "report.md").write_text("# Report\n")
+    (alice / "figures" / "batch_sweep.png").write_bytes(b"\x89PNG")
+    (alice / "01_batch_size_sweep.ipynb").write_text("{}")
+    (alice / "02_multi_gpu_scaling.ipynb").write_text("{}")
+    subs = find_submissions(tmp_path)
+    assert [(s.student, s.path.name, s.problem) for s in subs] == [
+        ("alice", "01_batch_size_sweep.ipynb", ""), ("alice", "02_multi_gpu_scaling.ipynb", "")]
+    readme = README.read_text(encoding="utf-8")
+    assert "handed_in/<student>/report.md" in readme and "**Handing in the report.**" in readme
