@@ -49,14 +49,9 @@ RESNET_TRAIN_FLOPS_PER_IMAGE = 3.329e9
 RESNET_PEAK_FRACTION = 0.30
 #: A 10M-parameter character GPT is kernel-launch bound: a small fraction of the bf16 peak.
 GPT_PEAK_FRACTION = 0.05
-#: Earlier cohorts' epoch-2 training seconds of the spec path, (GPUs, per-GPU batch) -> s (SPEC.md).
-SPEC_EPOCH_SECONDS: dict[tuple[int, int], float] = {
-    (1, 32): 41.3, (1, 128): 33.6, (1, 512): 34.0,
-    (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
-    (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01,
-}
-#: Another cohort's DataParallel epochs at batch 32 per GPU (slower with more GPUs), SPEC.md.
-DP_EPOCH_SECONDS: dict[tuple[int, int], float] = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
+# The earlier cohorts' published epoch-2 seconds of the spec path, (GPUs, per-GPU batch) -> s, are
+# scaling.ANCHOR_COHORT_SECONDS (the first cohort) and scaling.ANCHOR_DP_SECONDS (another cohort's
+# DataParallel at batch 32, slower with more GPUs): one copy each, read here.
 #: Earlier GPT study: tokens/s grew ~7.6x from micro-batch 16 to 1024 (2.1k -> 16k): as mb^0.49.
 GPT_MICRO_BATCH_EXPONENT = math.log(16 / 2.1) / math.log(1024 / 16)
 GPT_REFERENCE_MICRO_BATCH = 1024
@@ -73,7 +68,7 @@ ASSUMPTIONS: tuple[str, ...] = (
     "Notebooks run in order, so a later notebook reuses what an earlier one stored.",
     "Spec-path ResNet-18 epoch = the larger of (a) 50,000 images x 3.33 GFLOP "
     f"/ ({RESNET_PEAK_FRACTION:.0%} of the TF32 peak x GPUs), about 1 s, and (b) the epoch times "
-    "earlier cohorts published (SPEC.md: 41.3 / 33.6 / 34.0 s on 1 GPU, 9.0-11.7 s on 4; V100 class). "
+    "earlier cohorts published (SPEC.md: 41.3 / 33.64 / 33.95 s on 1 GPU, 9.0-11.7 s on 4; V100 class). "
     "(b) wins: the spec path's 2-worker loader, not the GPU, sets the pace, so an H100 is not "
     "assumed faster. Batches above 512 take the 512 time.",
     "DataParallel: the published 38 / 67 / 121 s at batch 32 on 1 / 2 / 4 GPUs; other batches "
@@ -112,12 +107,12 @@ class Part:
 
 def spec_epoch_seconds(devices: int, batch: int) -> float:
     """Estimated seconds of one spec-path ResNet-18 epoch: ``devices`` GPUs, ``batch`` per GPU."""
-    known = sorted(b for d, b in SPEC_EPOCH_SECONDS if d == devices)
+    known = sorted(b for d, b in scaling.ANCHOR_COHORT_SECONDS if d == devices)
     flop_s = CIFAR10_TRAIN_SIZE * RESNET_TRAIN_FLOPS_PER_IMAGE / (
         devices * RESNET_PEAK_FRACTION * peak_flops_per_s(GPU_NAME, "tf32"))
     if known:
         nearest = max([b for b in known if b <= batch] or [known[0]])
-        anchor = SPEC_EPOCH_SECONDS[(devices, nearest)]
+        anchor = scaling.ANCHOR_COHORT_SECONDS[(devices, nearest)]
     else:  # more GPUs than the cohorts had: the 1-GPU time split evenly
         anchor = spec_epoch_seconds(1, batch) / devices
     return max(anchor, flop_s)
@@ -125,7 +120,7 @@ def spec_epoch_seconds(devices: int, batch: int) -> float:
 
 def dp_epoch_seconds(devices: int, batch: int) -> float:
     """Estimated DataParallel epoch: the published batch-32 times, else the 1-GPU spec time."""
-    return DP_EPOCH_SECONDS.get((devices, batch), spec_epoch_seconds(1, batch))
+    return scaling.ANCHOR_DP_SECONDS.get((devices, batch), spec_epoch_seconds(1, batch))
 
 
 def fast_epoch_seconds(precision: str) -> float:

@@ -1,10 +1,11 @@
 """Q4.1-Q7: large-batch training, what it costs in accuracy, and how to win it back.
 
-Question map (notebook 05): Q4.1 loss and accuracy after 5 epochs at 4 x 512 vs 1 x 128
-(:func:`large_batch_table`); Q4.2 why the large batch falls behind; Q5 the remedies (linear
-learning-rate scaling, warm-up, decay); Q6 ``DistributedSampler.set_epoch``
-(:func:`set_epoch_table`); Q7 what DDP communicates besides the gradients
-(:func:`run_comm_accounting`).
+Question map (notebook 05, :mod:`lab_utils.questions`): Q4.1 loss and accuracy after 5 epochs at
+4 x 512 vs 1 x 128 (:func:`large_batch_table`); Q4.2 why the large batch falls behind and how to
+improve it (linear learning-rate scaling, warm-up, decay); Q5 ``DistributedSampler.set_epoch``
+(:func:`set_epoch_table`); Q6 what DDP communicates besides the gradients
+(:func:`run_comm_accounting`, :func:`comm_table`); Q7 whether, at 4 x 512, communicating only the
+gradients is enough (:func:`gradients_only_table`, from the same ledger).
 
 The experiment (:func:`run_large_batch`) trains ResNet-18 for the same number of epochs
 in several configurations, each a DDP run of :mod:`lab_utils.workers.ddp` under ``torchrun``
@@ -899,3 +900,132 @@ def save_comm_tables(store: ResultStore, rec: Record):
                                 "expected (2 ranks): ring all-reduce 2(P-1)/P x payload = payload per rank; "
                                 "broadcast: the payload, written by its root only."])
     return table
+
+
+# --------------------------------------------------------------------------- Q7: are the gradients enough?
+
+GRADIENTS_ONLY_TABLE = "comm_gradients_only"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing the replicas must agree on, how the ledger calls it, and what it costs in a run."""
+
+    what: str
+    when: str
+    ledger_item: str | None    # prefix of the :func:`comm_items` row that carries it; None: no message
+    spec_bytes: str            # "gradients" | "parameters+buffers" | "buffers" | a number of bytes
+    per: str                   # "run" | "step" | "epoch" | "evaluation"
+    why: str
+
+
+# What a DDP run at 4 x 512 needs, besides and including the gradients (notebook 05, Q7).
+NEEDS: tuple[Need, ...] = (
+    Need("gradients", "every step (backward)", "gradients", "gradients", "step",
+         "the same averaged gradient on every rank, so every rank makes the same update"),
+    Need("initial parameter + buffer broadcast", "once, DDP construction", "initial parameter + buffer",
+         "parameters+buffers", "run",
+         "replicas start identical; without it the same update moves different weights forever"),
+    Need("BatchNorm buffers (rank 0's running mean/var)", "every step (forward)", "BatchNorm buffers",
+         "buffers", "step",
+         "running statistics are not gradients: each rank's come from its own 512 images; without the "
+         "broadcast the 4 replicas evaluate (and save) 4 different models"),
+    Need("global loss for logging", "every step, if logged", "global loss", "4", "step",
+         "the loss of the whole 2,048-image batch; without it each rank logs its own 512"),
+    Need("rank 0's BatchNorm statistics before evaluating", "every evaluation", "rank 0's BatchNorm",
+         "buffers", "evaluation", "every rank evaluates the same model"),
+    Need("test metric sums (loss, correct, count)", "every evaluation", "test metric sums", "24",
+         "evaluation", "accuracy over the whole test set; without it each rank reports its own shard"),
+    Need("learning rate (linear scaling, warm-up, decay)", "every step", None, "0", "step",
+         "no message: every rank computes the same lr from the step number (lab_utils.core.schedules)"),
+    Need("data order (DistributedSampler + set_epoch)", "every epoch", None, "0", "epoch",
+         "no message: every rank draws the same permutation from seed + epoch (Q5) and keeps its shard"),
+    Need("optimizer state (SGD momentum)", "every step", None, "0", "step",
+         "no message: replicated, identical because every update is (ZeRO shards it and then broadcasts "
+         "parameters, Q6)"),
+)
+
+
+def gradients_only_table(rec: Record, epochs: int = 5, devices: int = ASKED_LARGE[0],
+                         per_device_batch: int = ASKED_LARGE[1], dataset_size: int | None = None):
+    """Q7 from the communication ledger: what a ``devices`` x ``per_device_batch`` run of ``epochs``
+    epochs (one evaluation each) hands to collectives, item by item, for the spec ResNet-18.
+
+    Each ledger item's payload was measured in ``rec`` (the accounting run, its own model) and
+    compared with the model's sizes; the spec column applies those sizes to the spec ResNet-18
+    (width 64). Bytes per item do not depend on the batch; only the number of steps does:
+    epochs x ceil(ceil(N / devices) / per_device_batch). Payload bytes (what each rank hands to the
+    collective; a ring all-reduce sends 2(P-1)/P of it per rank). Returns (DataFrame, verdict).
+    """
+    import pandas as pd
+
+    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
+    from lab_utils.models import ResNet18
+    from lab_utils.workers import comm_accounting as ca
+
+    n = dataset_size or CIFAR10_TRAIN_SIZE
+    steps = epochs * math.ceil(math.ceil(n / devices) / per_device_batch)
+    times = {"run": 1, "step": steps, "epoch": epochs, "evaluation": epochs}
+    spec = ca.model_bytes(ResNet18())
+    buffers_on = rec.config.get("broadcast_buffers", True)
+    sizes = {"gradients": spec.trainable_parameter_bytes, "buffers": spec.buffer_bytes,
+             "parameters+buffers": spec.parameter_bytes + spec.buffer_bytes}
+    items = comm_items(rec)
+    equal = {True: "yes", False: "NO", None: "not measured"}
+    measured_col = "payload per time, measured here (bytes)"
+    spec_col = "payload per time, spec ResNet-18 (bytes)"
+    rows = []
+    for need in NEEDS:
+        item = next((it for it in items if need.ledger_item and it.what.startswith(need.ledger_item)), None)
+        per_time = sizes[need.spec_bytes] if need.spec_bytes in sizes else int(need.spec_bytes)
+        if need.ledger_item == "BatchNorm buffers" and not buffers_on:
+            per_time = 0
+        rows.append({"what": need.what, "when": need.when,
+                     f"times in the run ({devices} x {per_device_batch})": times[need.per],
+                     measured_col: None if item is None else item.payload_bytes,
+                     "measured = model's sizes": "" if item is None else equal[item.matches],
+                     spec_col: per_time, "spec payload in the run (bytes)": per_time * times[need.per],
+                     "why": need.why})
+    df = pd.DataFrame(rows)
+    total = float(df["spec payload in the run (bytes)"].sum())
+    df["share of the run's bytes %"] = 100 * df["spec payload in the run (bytes)"] / total if total else None
+    df = df[[c for c in df.columns if c != "why"] + ["why"]]
+    grads = float(df.loc[df["what"] == "gradients", "spec payload in the run (bytes)"].iloc[0])
+    other = total - grads
+    checked = [r for r in rows if r["measured = model's sizes"] in ("yes", "NO")]
+    wrong = [r["what"] for r in checked if r["measured = model's sizes"] == "NO"]
+    c = rec.config
+    if wrong:
+        measured = ("The ledger of this run found payloads that differ from the model's sizes: "
+                    + ", ".join(wrong))
+    else:
+        measured = (f"The ledger of this run ({c['devices']} x {c['backend']}, ResNet-18 width "
+                    f"{c['width']}) found every payload equal to the model's sizes ({len(checked)} of "
+                    f"{len(checked)} items)")
+    verdict = (f"**No: gradients alone are not enough.** At {devices} x {per_device_batch} for {epochs} "
+               f"epochs ({steps} steps, spec ResNet-18), the gradient all-reduces carry {grads / 1e9:.3f} GB "
+               f"({grads / total:.1%} of the run's payload); the other {other / 1e6:.1f} MB "
+               f"({other / total:.2%}) are what keeps the replicas one model: the initial broadcast, rank "
+               "0's BatchNorm buffers before every forward, and the loss and metric reductions. Few bytes, "
+               "but without them the replicas start apart, evaluate different BatchNorm statistics, and "
+               "report their own shard's numbers. The large-batch remedies (linear scaling, warm-up) and the "
+               "data order need no message: every rank computes them from the step and the epoch. "
+               f"{measured}; the spec column applies those sizes to the spec ResNet-18.")
+    return _object_columns(df, [measured_col, spec_col, "spec payload in the run (bytes)"]), verdict
+
+
+def save_gradients_only_table(store: ResultStore, rec: Record, epochs: int = 5):
+    """Save ``comm_gradients_only`` (md + csv), Q7's table; return (table, verdict)."""
+    table, verdict = gradients_only_table(rec, epochs)
+    n, b = ASKED_LARGE
+    store.save_table(table, GRADIENTS_ONLY_TABLE, [rec],
+                     title=f"Q7: at {n} GPUs x {b} per GPU, are the gradients enough?",
+                     notes=["payload: bytes each rank hands to the collective (a ring all-reduce sends "
+                            "2(P-1)/P x payload per rank, a broadcast sends it from rank 0).",
+                            "measured here: the accounting run's own model (the ledger of notebook 05, Q6); "
+                            "spec ResNet-18: the same items sized from the spec model (11,173,962 "
+                            "parameters, 20 BatchNorm layers), times the occurrences in the assignment's "
+                            "run (one evaluation per epoch).",
+                            verdict.replace("**", "")])
+    return table, verdict
+
