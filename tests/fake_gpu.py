@@ -24,7 +24,8 @@ with a model of the device that is small enough to reason about:
   ``time.perf_counter`` with :attr:`FakeGPU.clock` and a timer that forgets to
   synchronize measures the launch, not the work, exactly like on a GPU.
 - **memory**: :meth:`FakeGPU.allocate` / :meth:`FakeGPU.release` move a per-device
-  counter; allocating past ``set_per_process_memory_fraction`` x total raises
+  counter (:meth:`FakeGPU.tensor` holds memory while referenced, as a tensor does);
+  allocating past ``set_per_process_memory_fraction`` x total raises
   ``torch.OutOfMemoryError`` with the caching allocator's message. ``memory_allocated``,
   ``max_memory_allocated``, ``reset_peak_memory_stats``, ``memory_reserved``,
   ``mem_get_info``, ``empty_cache`` (gives the cached blocks back) follow those counters.
@@ -132,6 +133,19 @@ class FakeEvent:
         return (end.at - self.at) * 1e3
 
 
+class DeviceMemory:
+    """Memory on the fake device, given back to its caching allocator when this object goes."""
+
+    def __init__(self, gpu: FakeGPU, nbytes: int, index: int):
+        self.gpu, self.index, self.nbytes = gpu, index, 0
+        gpu.allocate(nbytes, index)   # torch.OutOfMemoryError past the cap: nothing is held then
+        self.nbytes = nbytes
+
+    def __del__(self) -> None:
+        if self.nbytes:
+            self.gpu.release(self.nbytes, self.index)
+
+
 @dataclass
 class FakeGPU:
     """The model of the device(s); :meth:`patch` applies it to ``torch.cuda``."""
@@ -225,6 +239,10 @@ class FakeGPU:
         self.allocated[i] = used + nbytes
         self.peak[i] = max(self.peak.get(i, 0), self.allocated[i])
         self.reserved[i] = max(self.reserved.get(i, 0), self.allocated[i])
+
+    def tensor(self, nbytes: int, device: Any = None) -> DeviceMemory:
+        """``nbytes`` of device memory held while the returned object lives (as a tensor holds it)."""
+        return DeviceMemory(self, nbytes, self.index(device))
 
     def release(self, nbytes: int, device: Any = None) -> None:
         """Free ``nbytes``: back to the caching allocator (reserved until ``empty_cache``)."""
