@@ -503,12 +503,25 @@ def step_02_ddp(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 
 
 def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
+    """Notebook 05: the large batch with accumulation and evaluation, then (2+ GPUs) the
+    communication ledger of Q7 (its own DDP worker), each a launch of its own."""
     from lab_utils.experiments.large_batch import LARGE_BATCH_SETTINGS
+    from lab_utils.launcher import launch
+    from lab_utils.workers.comm_accounting import AccountingArgs
 
     s = LARGE_BATCH_SETTINGS["full"]
     ranks = min(m.gpus, s.devices)
-    return _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
-                       accumulation=2, evaluate=True)
+    t0 = time.monotonic()
+    out = _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
+                      accumulation=2, evaluate=True)
+    if m.gpus >= 2:
+        args = AccountingArgs(width=s.comm_width, batch_size=s.comm_batch, steps=1, backend="nccl",
+                              profile="full").validate()
+        left = max(10.0, timeout_s - (time.monotonic() - t0))
+        rec = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=min(m.gpus, s.devices),
+                     timeout_s=left).records[0]
+        out["config"] += f"; communication ledger on {rec['metrics']['world_size']} GPUs"
+    return out
 
 
 def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
@@ -579,6 +592,10 @@ def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
     split = load_split(True, 2 * s.batch_size, "synthetic")
     loader = device_loader(split, dev, s.batch_size, seed=0, channels_last=True)
     fastpath.warm_up(trainer, loader, 1)
+    host = torch.zeros(s.batch_size, 3, 32, 32)
+    host = host.pin_memory() if dev.type == "cuda" else host
+    x, y = fastpath.to_device(host, torch.zeros(s.batch_size, dtype=torch.long), dev, True)  # as spec batches
+    trainer.step(x, y)
     ep = fastpath.run_epoch(trainer, loader)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
