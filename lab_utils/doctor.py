@@ -476,8 +476,8 @@ def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
             "seconds_per_step": measure_compute_step_seconds(s.width, b, device, steps=2, warmup=1)}
 
 
-def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int,
-                accumulation: int = 1, measure_comm: bool = False, evaluate: bool = False) -> dict[str, Any]:
+def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
+                measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
     """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
     from lab_utils.launcher import launch
     from lab_utils.workers.ddp import WorkerArgs
@@ -485,7 +485,7 @@ def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: 
     args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
                       train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
                       dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
-                      backend="nccl", eval=evaluate, accumulation_steps=accumulation).validate()
+                      backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
     res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
     agg = next(r for r in res.records if r["config"]["record"] == "aggregate")["metrics"]
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
@@ -506,8 +506,6 @@ def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
     """Notebook 05: the large batch with accumulation and evaluation, then (2+ GPUs) the
     communication ledger of Q7 (its own DDP worker), each a launch of its own."""
     from lab_utils.experiments.large_batch import LARGE_BATCH_SETTINGS
-    from lab_utils.launcher import launch
-    from lab_utils.workers.comm_accounting import AccountingArgs
 
     s = LARGE_BATCH_SETTINGS["full"]
     ranks = min(m.gpus, s.devices)
@@ -515,30 +513,44 @@ def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
     out = _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
                       accumulation=2, evaluate=True)
     if m.gpus >= 2:
-        args = AccountingArgs(width=s.comm_width, batch_size=s.comm_batch, steps=1, backend="nccl",
-                              profile="full").validate()
         left = max(10.0, timeout_s - (time.monotonic() - t0))
-        rec = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=min(m.gpus, s.devices),
-                     timeout_s=left).records[0]
-        out["config"] += f"; communication ledger on {rec['metrics']['world_size']} GPUs"
+        world = _ledger_launch(left, width=s.comm_width, batch=s.comm_batch, ranks=min(m.gpus, s.devices))
+        out["config"] += f"; communication ledger on {world} GPUs"
     return out
+
+
+def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
+    """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
+    from lab_utils.launcher import launch
+    from lab_utils.workers.comm_accounting import AccountingArgs
+
+    args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
+    res = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    return int(res.records[0]["metrics"]["world_size"])
 
 
 def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
     from lab_utils.experiments.gpt import GPT_SETTINGS
+
+    s = GPT_SETTINGS["full"]
+    dtype = "fp32" if s.dtype == "bf16" and not _native_bf16_here() else s.dtype
+    return _gpt_launch(timeout_s, size=s.size, batch=_smallest(s.scaling_batch_sizes),
+                       ranks=min(m.gpus, max(s.scaling_devices)), dtype=dtype, lr=s.lr)
+
+
+def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: str, lr: float,
+                device: str = "cuda") -> dict[str, Any]:
+    """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
     from lab_utils.launcher import launch
     from lab_utils.workers.gpt_train import TrainConfig, config_to_args
 
-    s = GPT_SETTINGS["full"]
-    ranks = min(m.gpus, max(s.scaling_devices))
-    dtype = "fp32" if s.dtype == "bf16" and not _native_bf16_here() else s.dtype
-    cfg = TrainConfig(size=s.size, batch_size=_smallest(s.scaling_batch_sizes), epochs=1, max_steps=2,
-                      steps_per_epoch=2, dtype=dtype, lr=s.lr, stride=16, val_batches=1, probe_steps=1,
-                      device="cuda").validate()
+    cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
+                      lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
     res = launch("lab_utils.workers.gpt_train", config_to_args(cfg), nproc=ranks, timeout_s=timeout_s)
     run = res.records[-1]
-    return {"config": f"GPT {s.size} {dtype}, {ranks} x {cfg.batch_size}", "status": run["status"],
-            "reason": run.get("reason"), "tokens_per_s": run.get("tokens_per_s"), "mfu": run.get("mfu"),
+    epoch = next((r for r in reversed(res.records) if r.get("kind") == "epoch"), {})
+    return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run["status"],
+            "reason": run.get("reason"), "tokens_per_s": epoch.get("tokens_per_s"), "mfu": epoch.get("mfu"),
             "peak_memory_bytes": run.get("peak_memory_bytes")}
 
 

@@ -285,3 +285,20 @@ def test_the_doctors_table_under_the_fake_gpu(two_a100, tmp_path):
     md, js = doctor.write_report(rows, m, 1.0, tmp_path)
     assert "lab doctor: 2 GPU(s) x NVIDIA A100-SXM4-80GB, driver 550.127.05" in md.read_text()
     assert json.loads(js.read_text())["rows"][3]["details"]["event_seconds"] == pytest.approx(0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_launched_notebook_steps_run_over_gloo_here(tmp_path):
+    """The doctor's DDP, ledger and GPT steps, as launched on a node, with gloo and tiny sizes in
+    place of NCCL and the full profile's: the launches start, run and their records are read."""
+    m = doctor.Machine(gpus=2, names=["x", "x"], mig=[], driver="1", problem=None, profile="quick")
+    d = doctor._ddp_launch(m, 150, width=2, batch=4, ranks=2, accumulation=2, measure_comm=True,
+                           evaluate=True, backend="gloo")
+    assert d["config"] == "DDP 2 x 4 x 2 accumulation" and d["steps"] == 2 and d["train_seconds"] > 0
+    assert d["test_accuracy"] is not None and d["allreduce_seconds"] is not None
+    assert doctor._ledger_launch(150, width=2, batch=2, ranks=2, backend="gloo") == 2
+    g = doctor._gpt_launch(150, size="tiny", batch=2, ranks=2, dtype="fp32", lr=1e-3, device="cpu")
+    assert g["status"] == "ok" and g["tokens_per_s"] > 0 and g["config"] == "GPT tiny fp32, 2 x 2"
+    measured, _, verdict = doctor.judge_step(g, m)
+    assert verdict == "ok" and measured.startswith("GPT tiny fp32, 2 x 2")
