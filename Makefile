@@ -17,7 +17,7 @@ TORCH_VARIANT ?=
 SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
-.PHONY: venv lab test prepare kernel lint report clean-results student grade
+.PHONY: venv lab test prepare kernel lint report clean-results student grade doctor
 
 venv: $(STAMP)
 
@@ -40,6 +40,9 @@ lab: venv      ## execute every notebook headless, then print where the report i
 
 test: venv     ## the test suite (CPU, offline)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
+	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))
 
 prepare: venv  ## download CIFAR-10 and the text corpus into data/ (needs internet)
 	$(PY) -m lab_utils prepare

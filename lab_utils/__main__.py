@@ -6,6 +6,8 @@
 - ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
   (``timers``, ``allreduce``, ``data``, ``train``).
 - ``info``: the machine, versions, chosen profile and data status.
+- ``doctor [--profile P] [--budget S] [--only NAMES]``: the first session on a new GPU node: checks
+  on the real machine what no CPU test can (``lab_utils.doctor``); exit 1 when a check fails.
 - ``student [--out DIR]``: build the student edition and the grading bundle (otter assign).
 - ``grade SUBMISSIONS_DIR [--bundle DIR] [--out DIR] [--timeout S] [--jobs N]``: grade handed-in
   notebooks headless (otter run, no Docker) into a gradebook and feedback files.
@@ -102,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="machine, versions, profile and data status")
     i.add_argument("--profile", default=None)
 
+    d = sub.add_parser("doctor", help="first session on a GPU node: check what no CPU test can (<= 10 min)",
+                       add_help=False)
+    d.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the doctor (--help)")
+
     st = sub.add_parser("student", help="build the student edition and the grading bundle (otter assign)",
                         description=STUDENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--out", default="dist", help="output folder (default: dist): student/ and grading/")
@@ -150,7 +156,11 @@ error says why; the batch always goes on. About 12 s per notebook on 2 cores."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["doctor"]:  # its options (--only, --help) are the doctor's own parser's
+        args = argparse.Namespace(command="doctor", args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         if args.command == "run":
             from lab_utils import runner
@@ -163,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             return _call(BENCHES[args.name][0], args.args)
         if args.command == "info":
             return _info(args)
+        if args.command == "doctor":
+            from lab_utils import doctor
+
+            return doctor.main(args.args)
         if args.command == "student":
             from lab_utils import grading
 

@@ -15,7 +15,7 @@ per-GPU batch SIZE ran out of memory.
 import sys
 
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import device_name, hardware_summary
+from lab_utils.core.hardware import hardware_summary
 from lab_utils.experiments import scaling
 from lab_utils.store import ResultStore
 from lab_utils.workers.ddp import parse_args
@@ -39,14 +39,14 @@ def main(mode, experiment, profile, world, backend, sizes, force, tag, _dash, *e
         return
     wanted = sorted({int(b) for b in sizes.split(",") if b} if sizes else
                     {b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes})
-    todo, notes, name = [], [], device_name(device)
+    todo, notes, here = [], [], hardware_summary(device, world)
     for b in wanted:
         if b * world > args.train_images:
             notes.append(f"{b}: global batch {b * world} > {args.train_images} training images")
             continue
-        rec = store.get(experiment, args.for_batch(b).record_config(world, backend))
-        if force != "1" and rec is not None and rec.status in ("ok", "oom") \
-                and rec.hardware.get("device_name") == name:
+        # the store's one reuse check: measured on this machine's devices (same name and count)
+        rec = store.reusable(experiment, args.for_batch(b).record_config(world, backend), here)
+        if force != "1" and rec is not None and rec.status in ("ok", "oom"):
             notes.append(f"{b}: in the store ({rec.status})")
             if rec.status == "oom":
                 break  # a larger batch needs more memory still

@@ -8,7 +8,10 @@ timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when t
 status is not ``ok``, and the measured metrics.
 
 A configuration already in the store is not measured again unless ``force=True``, so a
-notebook restarted after a dead kernel resumes where it stopped. Appends are one
+notebook restarted after a dead kernel resumes where it stopped; but only when it was
+measured on this machine's devices (:meth:`ResultStore.reusable`: the same device name and
+count), so a results folder shared by A100, H100 and V100 partitions never mixes GPUs in
+one table: a record from another GPU model is measured again here. Appends are one
 ``write`` of a whole line followed by ``fsync`` under an exclusive lock, so a crash
 never leaves a half record that is taken for a whole one (a torn last line is skipped
 when reading, with a warning).
@@ -119,6 +122,17 @@ class Record:
         return cls(**{"backends": {}, "threads": None, **{k: v for k, v in d.items() if k in known}})
 
 
+def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
+    """A stored record's ``hardware`` is ``here``'s: the same device name and device count.
+
+    A record without a device name (stored before the field existed, or a row that never
+    ran) does not match: its measurement cannot be tied to these devices.
+    """
+    name = stored.get("device_name")
+    return bool(name) and name == here.get("device_name") and stored.get("device_count") == here.get(
+        "device_count")
+
+
 class ResultStore:
     """Append-only JSONL records under ``results/<profile>/runs/``.
 
@@ -190,6 +204,22 @@ class ResultStore:
                 found = r
         return found
 
+    def reusable(self, experiment: str, cfg: Mapping[str, Any],
+                 hardware: Mapping[str, Any] | None = None) -> Record | None:
+        """The most recent record for ``cfg`` if it was measured on these devices, else None.
+
+        THE reuse check of the lab: every experiment that resumes from the store asks this
+        (:meth:`run` does). ``hardware`` is what a measurement of ``cfg`` would record here
+        (:func:`~lab_utils.core.hardware.hardware_summary` of its device type and count;
+        default: this machine's default device, as :meth:`append` records it). A record
+        whose device name or count differs (:func:`same_devices`) is not reused.
+        """
+        rec = self.get(experiment, cfg)
+        if rec is None:
+            return None
+        here = hardware if hardware is not None else hardware_summary()
+        return rec if same_devices(rec.hardware, here) else None
+
     # -- writing
     def append(self, record: Record) -> Record:
         """Append one whole line atomically (lock, single write, fsync)."""
@@ -238,10 +268,16 @@ class ResultStore:
         return self.append(rec)
 
     def run(self, experiment: str, cfg: Mapping[str, Any],
-            measure: Callable[[], Mapping[str, Any] | Record], force: bool = False) -> Record:
-        """Return the stored record for ``cfg``, or measure it, store it and return it."""
+            measure: Callable[[], Mapping[str, Any] | Record], force: bool = False,
+            hardware: Mapping[str, Any] | None = None) -> Record:
+        """Return the stored record for ``cfg`` measured on these devices (:meth:`reusable`, with
+        ``hardware``), or measure it, store it and return it.
+
+        ``measure`` returns metrics (stored with ``hardware``, default this machine's) or a
+        whole :class:`Record` (its own ``hardware`` is kept).
+        """
         if not force:
-            existing = self.get(experiment, cfg)
+            existing = self.reusable(experiment, cfg, hardware)
             if existing is not None:
                 return existing
         result = measure()
@@ -249,7 +285,7 @@ class ResultStore:
             result.experiment = experiment
             result.config = _jsonable(dict(cfg))
             return self.append(result)
-        return self.add(experiment, cfg, result)
+        return self.add(experiment, cfg, result, **({"hardware": dict(hardware)} if hardware else {}))
 
     # -- tables and figures
     def frame(self, experiment: str, latest: bool = True):

@@ -57,3 +57,17 @@ def store(results_dir):
     from lab_utils.store import ResultStore
 
     return ResultStore("quick")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch, tmp_path):
+    """Make a :class:`fake_gpu.FakeGPU` (keyword arguments: its fields) and apply it: ``torch.cuda``
+    patched, and its ``nvidia-smi`` first on PATH. Undone after the test."""
+    from fake_gpu import FakeGPU
+
+    def make(**fields) -> FakeGPU:
+        gpu = FakeGPU(**fields).patch(monkeypatch)
+        gpu.install_nvidia_smi(tmp_path / "fake_gpu_bin", monkeypatch)
+        return gpu
+
+    return make

@@ -299,12 +299,12 @@ SLOW_S = 0.3       # seconds rank 1 sleeps per batch fetch
 SKEW_IMAGES, SKEW_BATCH = 192, 16   # 96 images per rank: k = 6 batches per epoch
 
 
-def _skew_launch(root: Path, slowed: bool) -> dict:
+def _skew_launch(root: Path, slowed: bool, accumulation_steps: int = 1) -> dict:
     knob = {"debug_slow_rank": 1, "debug_slow_loader_seconds": SLOW_S} if slowed else {}
     args = WorkerArgs(profile="quick", batch_size=SKEW_BATCH, epochs=2, width=4, train_images=SKEW_IMAGES,
-                      dataset="synthetic", num_workers=0, **knob)
+                      dataset="synthetic", num_workers=0, accumulation_steps=accumulation_steps, **knob)
     res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
-                 log_dir=root / ("slow" if slowed else "normal"))
+                 log_dir=root / (("slow" if slowed else "normal") + f"_acc{accumulation_steps}"))
     out = {"args": args}
     for r in res.records:
         out["agg" if r["config"]["record"] == "aggregate" else r["config"]["rank"]] = r
@@ -357,6 +357,43 @@ def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
             total = sum(p[f"{ph}_seconds"] for ph in ("data_movement", "compute", "communication"))
             assert total == pytest.approx(p["train_seconds"])   # skew_wait and loading are outside
             assert p["skew_wait_seconds"] >= 0
+
+
+@pytest.fixture(scope="module")
+def skew_accumulation_run(tmp_path_factory):
+    """The slowed run again, with 2 accumulation steps (3 optimizer steps of 2 micro-batches per epoch)."""
+    return _skew_launch(tmp_path_factory.mktemp("skew_accumulation"), True, accumulation_steps=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_slow_loader_with_accumulation_shows_as_skew_wait_not_compute(skew_runs, skew_accumulation_run):
+    """Issue 25 (7): with accumulation, DDP broadcasts the BatchNorm buffers in the forward of each
+    group's first micro-step (the one after a synchronizing forward). That collective sat outside
+    the skew barrier (which came only before the all-reducing micro-step), so rank 0 waited there
+    for rank 1's slow fetch of that batch, inside compute: about half of k x SLOW_S.
+
+    Now the barrier also comes before the group's first micro-step: rank 0's whole wait for rank
+    1's k fetches is ``skew_wait`` (bounds as in the test above), and its compute stays within
+    0.25 k S of the run without accumulation and without the slow loader.
+    """
+    normal, _ = skew_runs
+    run = skew_accumulation_run
+    m = run["agg"]["metrics"]
+    k = m["micro_steps"]
+    assert k == SKEW_IMAGES // 2 // SKEW_BATCH and m["steps"] == k // 2 and m["accumulation_steps"] == 2
+    wait = k * SLOW_S
+    r0, r1 = run[0]["metrics"], run[1]["metrics"]
+    assert r1["data_loading_seconds"] >= wait
+    assert 0.7 * wait <= r0["skew_wait_seconds"] <= 1.5 * wait + 0.3, r0
+    m0 = normal["agg"]["metrics"]
+    assert m["compute_seconds_max"] - m0["compute_seconds_max"] < 0.25 * wait, (m["compute_seconds_max"],
+                                                                               m0["compute_seconds_max"])
+    assert m["train_seconds"] - m0["train_seconds"] < 0.25 * wait
+    for r in (0, 1):
+        p = run[r]["metrics"]
+        total = sum(p[f"{ph}_seconds"] for ph in ("data_movement", "compute", "communication"))
+        assert total == pytest.approx(p["train_seconds"])
 
 
 def test_aggregate_reads_per_rank_entries_without_skew_wait():

@@ -199,18 +199,13 @@ def fake_lab(store, gpus=0):
     return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
 
 
-def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch):
-    """_run_dp with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated)."""
+def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch, fake_gpu):
+    """_run_dp with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated: tests/fake_gpu.py)."""
     import weakref
 
     import torch
 
-    import lab_utils.core.hardware as hardware
-
-    monkeypatch.setattr(hardware, "hardware_summary",
-                        lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
-                                                     "device_count": n})
-    monkeypatch.setattr(hardware, "device_name", lambda device=None: "Fake GPU")
+    fake_gpu(count=1, name="Fake GPU")
     tried, held_refs = [], []
 
     def fake_train(args, n, held):

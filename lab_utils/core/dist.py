@@ -10,15 +10,20 @@ workers gather their per-rank records this way, then aggregate with the slowest 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
+import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from lab_utils.core.errors import LabError
+from lab_utils.core.memory import is_out_of_memory, oom_reason
 
 
 @dataclass
@@ -108,3 +113,43 @@ def gather(obj: Any, ctx: DistContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+#: Exit code of a rank that ended itself after running out of memory (:func:`oom_ends_rank`).
+OOM_EXIT_CODE = 3
+
+
+def end_rank(message: str, code: int = 1) -> NoReturn:
+    """End this process now: ``message`` to stderr, then ``os._exit(code)``.
+
+    No ``finally`` block, no ``destroy_process_group``: with a peer waiting in a collective,
+    tearing the group down cleanly can block (NCCL waits for the pending work). torchrun sees
+    the rank exit and stops the other ranks at once.
+    """
+    sys.stdout.flush()
+    print(message, file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+@contextlib.contextmanager
+def oom_ends_rank(ctx: DistContext) -> Iterator[None]:
+    """Under DDP (more than one rank), an out-of-memory error raised in the block ends this rank.
+
+    A rank that swallowed its own out-of-memory error and went on to its next collective
+    (``all_gather_object`` of its records) would no longer match its peers, one of which
+    may still be inside DDP's bucket all-reduce: the run would wait for the NCCL timeout
+    (30 minutes by default). So the rank prints the traceback and one line carrying
+    ``torch.OutOfMemoryError`` (which :func:`lab_utils.core.memory.mentions_out_of_memory`
+    finds in its log) and exits with :data:`OOM_EXIT_CODE`; the launcher's
+    :class:`~lab_utils.core.errors.LaunchError` then says out of memory, and the experiment
+    turns it into an ``oom`` row. With one process the error propagates unchanged.
+    """
+    try:
+        yield
+    except Exception as e:
+        if not (ctx.ddp and is_out_of_memory(e)):
+            raise
+        traceback.print_exc()
+        end_rank(f"torch.OutOfMemoryError on rank {ctx.rank} of {ctx.world_size}: {oom_reason(e)}; "
+                 "this rank ends so that torchrun stops the others (no collective left unmatched)",
+                 OOM_EXIT_CODE)

@@ -20,7 +20,13 @@ import sys
 
 from lab_utils.core import cuda_wheels, data
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import classify_interconnect, describe_machine, interconnect, peak_flops_per_s
+from lab_utils.core.hardware import (
+    classify_interconnect,
+    describe_machine,
+    interconnect,
+    peak_flops_per_s,
+    peak_note,
+)
 
 NO_DRIVER = "no NVIDIA driver on this machine (no nvidia-smi, no /proc/driver/nvidia/version)"
 
@@ -187,7 +193,8 @@ def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:
     if m["gpus"]:
         for g in m["gpus"]:
             peak = peak_flops_per_s(g["name"], "bf16")
-            peak_s = f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "peak unknown (no % of peak shown)"
+            peak_s = (f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak
+                      else peak_note(g["name"]) or "peak unknown (no % of peak shown)")
             rows.append({"item": f"GPU {g['index']}",
                          "value": f"{g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB, {peak_s}"})
     elif driver is not None and driver.gpus:

@@ -2,7 +2,14 @@
 
 Peak FLOP/s are *dense* (no structured sparsity) figures from the vendors' data sheets,
 keyed by the name torch reports for the GPU. An unknown device has no peak: the lab
-then shows no percentage of peak rather than a guessed one.
+then shows no percentage of peak rather than a guessed one. Neither has a MIG slice
+(``NVIDIA A100-SXM4-40GB MIG 1g.5gb``): it holds only part of the GPU's SMs, so the full
+GPU's peak would make MFU and % of peak come out up to 7x too low (:func:`peak_note` says so).
+
+GPU names for the result store are read without opening a CUDA context where possible
+(:func:`device_name` asks ``nvidia-smi -L`` while CUDA is not initialized in this
+process): a notebook kernel that only *names* its GPU must not take memory on GPU 0 before
+it launches DDP ranks, one of which would then have less memory than its peers.
 """
 
 from __future__ import annotations
@@ -42,10 +49,11 @@ def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float 
     """Dense peak FLOP/s of a GPU by its torch name, or ``None`` when unknown.
 
     ``precision`` is one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. Returns ``None`` for
-    CPUs, for GPUs not in the table, and for precisions the GPU lacks. When several
+    CPUs, for GPUs not in the table, for MIG slices (:func:`peak_note`) and for precisions
+    the GPU lacks. When several
     patterns of :data:`PEAK_TFLOPS` occur in the name, the longest (most specific) wins.
     """
-    if not device_name:
+    if not device_name or mig_profile(device_name):  # a MIG slice: see peak_note
         return None
     name = device_name.lower()
     found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if pattern.lower() in name]
@@ -54,6 +62,55 @@ def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float 
     _, peaks = max(found, key=lambda item: len(item[0]))  # "H200 NVL" beats "H200"
     tflops = peaks.get(precision)
     return tflops * 1e12 if tflops is not None else None
+
+
+_MIG = re.compile(r"\bMIG\s+(\d+g\.\d+gb)\b", re.IGNORECASE)
+
+
+def mig_profile(device_name: str | None) -> str | None:
+    """The MIG profile (``"1g.5gb"``) when ``device_name`` is a MIG slice, else ``None``."""
+    m = _MIG.search(device_name or "")
+    return m.group(1).lower() if m else None
+
+
+def peak_note(device_name: str | None) -> str | None:
+    """Why a GPU has no peak in this lab, in one phrase (``None`` when it has one, or is a CPU).
+
+    A MIG slice gets *no* peak (not the whole GPU's, not a guessed share): it has only
+    some of the GPU's SMs (1g is 14 of an A100's 108), and its exact share of the peak is
+    not in any data sheet the lab cites.
+    """
+    profile = mig_profile(device_name)
+    if profile:
+        return (f"MIG slice {profile}: no peak (a slice has only part of the GPU's SMs; the full "
+                "GPU's peak would understate MFU up to 7x), so no MFU or % of peak")
+    if device_name and not device_name.startswith("cpu") and peak_flops_per_s(device_name, "fp32") is None:
+        return f"{device_name} is not in the lab's peak table: no MFU or % of peak"
+    return None
+
+
+def bf16_supported(device) -> bool:
+    """bf16 runs *natively* on ``device``: any CPU; a CUDA GPU with bf16 units (compute capability 8.0+).
+
+    ``torch.cuda.is_bf16_supported()`` defaults to ``including_emulation=True`` and answers
+    True on a V100 (sm70), where bf16 is emulated and slower than fp32; the lab asks
+    ``including_emulation=False``. torch before 2.5 has no such argument (requirements admit
+    2.4): there the device's compute capability decides.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return True
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return False
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch < 2.5: is_bf16_supported() counts emulation and takes no argument
+        if torch.version.hip:
+            return True
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return torch.cuda.get_device_capability(index)[0] >= 8
 
 
 def fp32_training_precision(device_name: str | None) -> str:
@@ -82,15 +139,98 @@ class GPUInfo:
 
 
 def device_name(device: str | None = None) -> str:
-    """Human name of the compute device: the GPU's name, or ``cpu (<model>)``."""
+    """Human name of the compute device: the GPU's name, or ``cpu (<model>)``.
+
+    A GPU's name comes from torch when CUDA is initialized in this process; otherwise from
+    ``nvidia-smi -L`` (:func:`visible_gpu_names`, the names torch would give), so that
+    naming a GPU does not open a CUDA context on it. Without nvidia-smi, torch answers.
+    """
     import torch
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda":
+        if not torch.cuda.is_initialized():
+            names = visible_gpu_names()
+            index = dev.index or 0  # no CUDA context yet: the current device is 0
+            if names and index < len(names) and names[index]:
+                return names[index]
         return torch.cuda.get_device_name(dev)
     return f"cpu ({cpu_model()})"
+
+
+def _nvidia_smi(*args: str, timeout_s: float = 20) -> str | None:
+    """``nvidia-smi ARGS``'s output, or None (no nvidia-smi, an error, or no answer in ``timeout_s``)."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+_GPU_LINE = re.compile(r"^GPU\s+(\d+):\s+(.+?)\s+\(UUID:\s*(\S+?)\)\s*$")
+_MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*(\S+?)\)\s*$")
+
+
+@dataclass(frozen=True)
+class SmiDevice:
+    """One entry of ``nvidia-smi -L``: a GPU, or a MIG slice of one (``gpu_index`` its parent)."""
+
+    gpu_index: int
+    name: str            # as torch names it: "NVIDIA A100-SXM4-40GB" or "... MIG 1g.5gb"
+    uuid: str
+    mig: str | None = None
+
+
+def smi_devices(text: str | None = None) -> list[SmiDevice] | None:
+    """GPUs and MIG slices listed by ``nvidia-smi -L`` (``text``: its output; None asks it).
+
+    ``None`` when nvidia-smi is missing or fails. A GPU in MIG mode is followed by its slices.
+    """
+    text = _nvidia_smi("-L") if text is None else text
+    if text is None:
+        return None
+    out: list[SmiDevice] = []
+    gpu: SmiDevice | None = None
+    for line in text.splitlines():
+        if m := _GPU_LINE.match(line.rstrip()):
+            gpu = SmiDevice(int(m.group(1)), m.group(2).strip(), m.group(3))
+            out.append(gpu)
+        elif (m := _MIG_LINE.match(line.rstrip())) and gpu is not None:
+            out.append(SmiDevice(gpu.gpu_index, f"{gpu.name} MIG {m.group(1)}", m.group(3), m.group(1)))
+    return out
+
+
+def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
+    """The names of the CUDA devices this process sees, in CUDA's order, without a CUDA context.
+
+    From ``nvidia-smi -L`` and ``CUDA_VISIBLE_DEVICES``: a GPU in MIG mode shows as its slices
+    (CUDA enumerates the slices, not the GPU); an index or UUID in ``CUDA_VISIBLE_DEVICES``
+    picks the entry it names (``None`` for one it cannot resolve). ``None`` without nvidia-smi.
+    """
+    devices = smi_devices(text)
+    if devices is None:
+        return None
+    gpus = [d for d in devices if d.mig is None]
+    migs = {g.gpu_index: [d for d in devices if d.mig and d.gpu_index == g.gpu_index] for g in gpus}
+    default = [x for g in gpus for x in (migs[g.gpu_index] or [g])]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [d.name for d in default]
+    names: list[str | None] = []
+    for token in (t.strip() for t in visible.split(",")):
+        if not token:
+            continue
+        if token.isdigit():
+            g = next((d for d in gpus if d.gpu_index == int(token)), None)
+            names.append(None if g is None else (migs[g.gpu_index][0].name if migs[g.gpu_index] else g.name))
+        else:
+            names.append(next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None))
+    return names
 
 
 def cpu_model() -> str:
@@ -134,14 +274,8 @@ def cpu_cores() -> int:
 
 def interconnect() -> str | None:
     """``nvidia-smi topo -m`` output (NVLink / PCIe matrix), or None without nvidia-smi."""
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
+    out = _nvidia_smi("topo", "-m")
+    return (out or "").strip() or None
 
 
 def hardware_summary(device: str | None = None, device_count: int | None = None) -> dict:

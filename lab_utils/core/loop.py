@@ -65,8 +65,11 @@ class EpochRecord:
     images_per_s: float             # images / train_seconds
     loss: float                     # mean training loss over the epoch's images
     accuracy: float                 # training accuracy over the epoch's images
-    peak_memory_bytes: int | None   # device memory high-water mark; None on CPU
+    peak_memory_bytes: int | None   # device memory high-water mark (the fullest GPU); None on CPU
     lr: float
+    # DataParallel: each GPU's high-water mark, in device_ids order (GPU 0 holds the gathered
+    # outputs and the master copy, the others their replicas); None for one device
+    peak_memory_bytes_per_device: list[int] | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +96,14 @@ def peak_memory(device: torch.device) -> int | None:
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+
+
+def model_devices(model: nn.Module, device: torch.device) -> list[torch.device]:
+    """The devices a model's step allocates on: every GPU of an ``nn.DataParallel`` (its
+    ``device_ids``), else ``device`` alone."""
+    if isinstance(model, nn.DataParallel) and device.type == "cuda" and model.device_ids:
+        return [torch.device("cuda", i) for i in model.device_ids]  # DataParallel keeps them as ints
+    return [device]
 
 
 @dataclass
@@ -140,12 +151,15 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
 
     - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
     - ``data_movement``: host-to-device copies of the batch;
-    - ``skew_wait`` (with ``skew_barrier``, before the micro-step that all-reduces): a
-      barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
+    - ``skew_wait`` (with ``skew_barrier``, before each micro-step that starts a collective):
+      a barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
       timer synchronizes the device, so on CUDA it is waited for). A rank whose batch is
       ready early waits here for the slowest rank's loader, instead of inside backward's
-      gradient all-reduce, where that wait used to be counted as compute. It costs one
-      tiny collective per optimizer step; its own latency is in this phase too;
+      gradient all-reduce, where that wait used to be counted as compute. The micro-step
+      that all-reduces gets it, and with accumulation also the group's first micro-step:
+      its DDP forward broadcasts the BatchNorm buffers, a collective that would otherwise
+      absorb the wait for that batch. It costs one or two tiny collectives per optimizer
+      step; their own latency is in this phase too;
     - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
       exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
 
@@ -180,7 +194,10 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             left = accumulation_steps if n_batches is None else n_batches - i
             group_size = max(1, min(accumulation_steps, left))
         last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
-        if last and token is not None:
+        # the barrier comes before each micro-step that starts a collective: the last one (the
+        # gradient all-reduce in backward) and, with accumulation, the first one, whose forward
+        # DDP opens with a broadcast of the BatchNorm buffers
+        if token is not None and (last or (pos == 0 and _forward_syncs_buffers(ddp))):
             with timer.phase("skew_wait"):
                 dist.all_reduce(token)
         if last and comm_timer is not None:
@@ -231,6 +248,15 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     return out
 
 
+def _forward_syncs_buffers(ddp) -> bool:
+    """Whether ``ddp``'s next forward starts with a collective (DDP broadcasts module buffers,
+    e.g. BatchNorm statistics, in a forward that follows a synchronizing one)."""
+    if not isinstance(ddp, DistributedDataParallel):
+        return False
+    will_sync = getattr(ddp, "will_sync_module_buffers", None)  # a DDP method since torch 1.10
+    return bool(will_sync()) if callable(will_sync) else bool(getattr(ddp, "broadcast_buffers", True))
+
+
 def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, device: torch.device | str,
                 epoch: int = 1, timer: PhaseTimer | None = None, scheduler=None,
                 loss_fn: nn.Module | None = None, max_steps: int | None = None,
@@ -246,7 +272,9 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     timer = timer or PhaseTimer(device)
     model.train()
-    reset_peak_memory(device)
+    devices = model_devices(model, device)  # DataParallel: the peak of every GPU, not GPU 0's alone
+    for d in devices:
+        reset_peak_memory(d)
     n = _len_or_none(loader, max_steps)
     batches = loader if max_steps is None else itertools.islice(loader, max_steps)
     synchronize(device)
@@ -257,6 +285,7 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
     epoch_seconds = time.perf_counter() - t_start
     train_s = timer.training_seconds
     images = sums.images
+    peaks = [peak_memory(d) for d in devices]
     return EpochRecord(
         epoch=epoch, images=images, steps=sums.steps, epoch_seconds=epoch_seconds,
         train_seconds=train_s,
@@ -267,8 +296,9 @@ def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, devi
         images_per_s=images / train_s if train_s > 0 else math.nan,
         loss=float(sums.loss_sum) / max(images, 1),
         accuracy=float(sums.correct) / max(images, 1),
-        peak_memory_bytes=peak_memory(device),
+        peak_memory_bytes=max(peaks) if None not in peaks else None,
         lr=float(optimizer.param_groups[0]["lr"]),
+        peak_memory_bytes_per_device=peaks if len(peaks) > 1 and None not in peaks else None,
     )
 
 
@@ -294,12 +324,13 @@ def evaluate(model: nn.Module, loader, device: torch.device | str, *, loss_fn=No
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.float64)
     count = 0
+    non_blocking = device.type == "cuda"  # from pinned memory the copy overlaps; the kernels wait for it
     synchronize(device)
     t0 = time.perf_counter()
     for i, (x, y) in enumerate(loader):
         if max_batches is not None and i >= max_batches:
             break
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
         with autocast():
             out = model(x)
             loss = loss_fn(out, y)

@@ -5,8 +5,10 @@ until it no longer fits), so every path that can hit it handles it the same way,
 
 - :func:`is_out_of_memory` says whether an exception is an allocation failure:
   ``torch.OutOfMemoryError`` (the caching allocator), and the ``RuntimeError`` s that
-  other allocators raise for the same reason (``CUDNN_STATUS_ALLOC_FAILED`` and
-  ``CUBLAS_STATUS_ALLOC_FAILED`` when cuDNN or cuBLAS cannot get their workspace,
+  other allocators raise for the same reason (cuDNN 9's
+  ``CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED`` / ``..._HOST_ALLOCATION_FAILED``,
+  cuDNN 8's ``CUDNN_STATUS_ALLOC_FAILED`` and ``CUBLAS_STATUS_ALLOC_FAILED`` when cuDNN or
+  cuBLAS cannot get their workspace,
   ``CUDA error: out of memory`` from a raw ``cudaMalloc``, the CPU allocator's
   ``can't allocate memory``). Anything else is a bug and propagates.
 - :func:`catch_oom` is the one way to catch it: a context manager that swallows an
@@ -48,7 +50,10 @@ from lab_utils.core.errors import LabError
 OOM_MARKERS: tuple[str, ...] = (
     "CUDA out of memory",           # torch.OutOfMemoryError from the caching allocator
     "CUDA error: out of memory",    # cudaErrorMemoryAllocation from a raw CUDA call
-    "CUDNN_STATUS_ALLOC_FAILED",    # cuDNN could not allocate its workspace
+    # cuDNN 9 (cudnn_graph.h): a device or host allocation failure is a sub-code of INTERNAL_ERROR
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",    # cuDNN 8 could not allocate its workspace
     "CUBLAS_STATUS_ALLOC_FAILED",   # cuBLAS could not allocate its workspace / handle
     "can't allocate memory",        # the CPU allocator (DefaultCPUAllocator)
 )
@@ -57,6 +62,19 @@ OOM_MARKERS: tuple[str, ...] = (
 def mentions_out_of_memory(text: str) -> bool:
     """True when ``text`` (an error message or a rank's log) reports an allocation failure."""
     return "OutOfMemoryError" in text or any(m in text for m in OOM_MARKERS)
+
+
+def oom_reason_from_log(text: str, limit: int = 300) -> str:
+    """``"OOM: <the first log line that reports it>"`` for a row, from a failed rank's log.
+
+    ``"OOM"`` alone when no single line carries a marker (the caller has already decided,
+    with :func:`mentions_out_of_memory`, that the text reports an allocation failure).
+    """
+    for line in text.splitlines():
+        if "OutOfMemoryError" in line or any(m in line for m in OOM_MARKERS):
+            line = line.strip()
+            return f"OOM: {line[: limit - 3] + '...' if len(line) > limit else line}"
+    return "OOM"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -169,3 +187,29 @@ def set_memory_fraction(fraction: object, device: torch.device | str | int | Non
     dev = resolve_cuda_device(device)
     torch.cuda.set_per_process_memory_fraction(value, dev)
     return value, dev
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lab_utils.core.memory LOG``: exit 0 when the log reports out of memory, else 1.
+
+    The SLURM job scripts call this on a failed launch's log, so that they recognise an
+    allocation failure by the same markers as the lab (:data:`OOM_MARKERS`), not by a grep
+    of their own. A log that cannot be read counts as "no" (exit 1), with one line saying why.
+    """
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m lab_utils.core.memory LOG_FILE", file=sys.stderr)
+        return 2
+    try:
+        with open(args[0], encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        print(f"cannot read {args[0]}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0 if mentions_out_of_memory(text) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

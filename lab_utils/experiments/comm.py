@@ -235,8 +235,9 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     if plan.nproc < 2:
         raise LabError("An all-reduce benchmark needs at least 2 ranks; use --nproc 2 or more.")
     cfgs = [bench_config(plan, settings, s) for s in sizes]
-    if not force:
-        stored = [store.get(BENCH_EXPERIMENT, c) for c in cfgs]
+    hw = hardware_summary(plan.device_type, plan.nproc)
+    if not force:  # reused only when measured on this machine's devices (same name and count)
+        stored = [store.reusable(BENCH_EXPERIMENT, c, hw) for c in cfgs]
         if all(r is not None and r.status == "ok" for r in stored):
             if verbose:
                 print(f"all-reduce benchmark ({plan.backend}, {plan.nproc} ranks): reusing {len(stored)} "
@@ -249,7 +250,6 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
                     timeout_s=settings.timeout_s, log_dir=log_dir)
     by_size = {int(r["size_bytes"]): r for r in result.records}
     out = []
-    hw = hardware_summary(plan.device_type, plan.nproc)
     for cfg in cfgs:
         r = by_size.get(cfg["size_bytes"])
         if r is None:
@@ -667,7 +667,8 @@ def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, 
             return Record(COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
                           synthetic=True, dataset="random tensors", hardware=hardware_summary(dev.type, 1))
 
-        out.append(store.run(COMPUTE_EXPERIMENT, cfg, measure, force=force))
+        out.append(store.run(COMPUTE_EXPERIMENT, cfg, measure, force=force,
+                             hardware=hardware_summary(dev.type, 1)))
     return out
 
 

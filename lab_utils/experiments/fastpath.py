@@ -151,10 +151,11 @@ def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None
 
 
 def bf16_supported(device: torch.device) -> bool:
-    """bf16 autocast is available on this device (any CPU; CUDA GPUs from Ampere on)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu"
+    """bf16 autocast runs natively on this device (any CPU; CUDA GPUs from Ampere on, not
+    emulated: :func:`lab_utils.core.hardware.bf16_supported`)."""
+    from lab_utils.core.hardware import bf16_supported as native_bf16
+
+    return native_bf16(device)
 
 
 def make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
@@ -218,7 +219,10 @@ def build_trainer(options: TrainOptions, width: int, device: torch.device | str,
     if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
     workaround = onednn.apply_workaround(model, device, options.channels_last or options.compile)
-    forward = torch.compile(model) if options.compile else model
+    # dynamic=False: one static graph per batch shape. Without it the warm-up's second shape (the
+    # last, partial batch) makes dynamo recompile with a symbolic batch size, and every batch of
+    # the timed epoch would then run that dynamic-shape graph instead of the full batch's own.
+    forward = torch.compile(model, dynamic=False) if options.compile else model
     return Trainer(model=model, forward=forward, optimizer=make_sgd(model, options.sgd, lr=lr),
                    options=options, device=device, onednn_workaround=workaround)
 
@@ -274,8 +278,8 @@ def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
     """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0); return seconds.
 
     This is where ``torch.compile`` compiles (both the full and the last, smaller batch
-    shape), where cuDNN picks algorithms and the allocator grows, so none of it lands
-    in a timed epoch.
+    shape, each its own static graph: :func:`build_trainer` compiles with ``dynamic=False``),
+    where cuDNN picks algorithms and the allocator grows, so none of it lands in a timed epoch.
     """
     synchronize(trainer.device)
     t0 = time.perf_counter()
@@ -395,9 +399,11 @@ def _hardware(device: torch.device) -> dict:
     return hardware_summary(str(device), 1)
 
 
-def _stored_group(store: ResultStore, experiment: str, cfgs: list[dict]) -> list[Record] | None:
-    """The stored records of all ``cfgs`` if they come from one run (same run_id), else None."""
-    recs = [store.get(experiment, c) for c in cfgs]
+def _stored_group(store: ResultStore, experiment: str, cfgs: list[dict], device: torch.device
+                  ) -> list[Record] | None:
+    """The stored records of all ``cfgs`` if they come from one run (same run_id) on this
+    machine's device (:meth:`~lab_utils.store.ResultStore.reusable`), else None."""
+    recs = [store.reusable(experiment, c, _hardware(device)) for c in cfgs]
     if any(r is None for r in recs):
         return None
     runs = {r.metrics.get("run_id") for r in recs}  # type: ignore[union-attr]
@@ -453,7 +459,7 @@ def bench_data(store: ResultStore, settings: FastSettings, device: torch.device 
     cfgs = [{"pipeline": "spec", "num_workers": settings.num_workers, **common},
             {"pipeline": "device", "num_workers": 0, "cpu_threads": threads, **common}]
     if not force:
-        stored = _stored_group(store, "bench_data", cfgs)
+        stored = _stored_group(store, "bench_data", cfgs, dev)
         if stored is not None:
             return stored
     split = load_split(True, settings.data_images, settings.dataset)
@@ -564,7 +570,7 @@ def bench_train(store: ResultStore, settings: FastSettings, device: torch.device
     plan = plan_waterfall(settings, dev, store.profile)
     cfgs = [_train_cfg(name, i, opts, settings, images, dev) for i, (name, _, opts, _) in enumerate(plan)]
     if not force:
-        stored = _stored_group(store, "bench_train", cfgs)
+        stored = _stored_group(store, "bench_train", cfgs, dev)
         if stored is not None:
             return stored
     split = load_split(True, images, settings.dataset)
@@ -669,11 +675,18 @@ def waterfall_table(records: Sequence[Record]):
             "warmup_seconds": _blank(m.get("warmup_seconds")),
             "compile_seconds": _blank(m.get("compile_seconds")),
             "achieved_tflops_per_s": _blank(m.get("achieved_tflops_per_s")),
-            "percent_of_peak": pct if pct is not None else ("none (peak unknown)" if m else ""),
+            "percent_of_peak": pct if pct is not None else (_no_peak(r) if m else ""),
             "ratio_to_spec": _blank(m.get("ratio_to_spec")),
             "status": status_text(r),
         })
     return pd.DataFrame(rows)
+
+
+def _no_peak(r: Record) -> str:
+    """The percent-of-peak cell of a row whose device has no peak: why (a MIG slice, or unknown)."""
+    from lab_utils.core.hardware import mig_profile
+
+    return "none (MIG slice)" if mig_profile(r.hardware.get("device_name")) else "none (peak unknown)"
 
 
 def waterfall_figure(records: Sequence[Record]):
@@ -919,7 +932,7 @@ def trace_fast_path(store: ResultStore, settings: FastSettings, options: TrainOp
     cfg = {"step": name, **options.as_config(), "width": settings.width, "images": images,
            "batch_size": settings.batch_size, "trace_steps": settings.trace_steps, "device": dev.type}
     if not force:
-        rec = store.get("fastpath_trace", cfg)
+        rec = store.reusable("fastpath_trace", cfg, _hardware(dev))
         if rec is not None and rec.status == "ok" and path.exists():
             return TraceResult(rec, path, pd.DataFrame(rec.metrics["top_ops"]))
     split = load_split(True, images, settings.dataset)
@@ -988,7 +1001,7 @@ def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOption
                else "the fastest configuration here is the spec one: nothing to compare")
         return [store.add("fastpath_accuracy", {"run": "both", **base}, {}, status="skipped", reason=why)]
     if not force:
-        stored = _stored_group(store, "fastpath_accuracy", cfgs)
+        stored = _stored_group(store, "fastpath_accuracy", cfgs, dev)
         if stored is not None:
             return stored
     train = load_split(True, images, settings.dataset)

@@ -42,9 +42,9 @@ from lab_utils.core import profiles
 from lab_utils.core.backends import pinned_threads
 from lab_utils.core.comm_hooks import noise_flag
 from lab_utils.core.config import check_batch_sizes, check_positive_int
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
-from lab_utils.core.memory import catch_oom, free_device_memory
+from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory, oom_reason_from_log
 from lab_utils.core.text_data import TextSplits, TokenWindows, load_splits
 from lab_utils.models.gpt import GPT, checkpoint_path, gpt_config, load_checkpoint, parameter_count
 from lab_utils.store import Record, ResultStore
@@ -206,11 +206,20 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
     log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
     # Out of memory outside the worker's training loop (building the model, counting its
     # FLOPs) in this process: a row, and the memory is freed after the with statement.
+    # Under DDP a rank that runs out of memory ends itself (core.dist.oom_ends_rank) and the
+    # launch fails with that rank's log: a LaunchError that says out of memory is a row too,
+    # as in scaling._run_ddp; any other failure propagates.
+    launch_oom: str | None = None
     with catch_oom() as oom:
-        records, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
-    if oom:
+        try:
+            records, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
+        except LaunchError as e:
+            if not mentions_out_of_memory(str(e)):
+                raise
+            launch_oom = oom_reason_from_log(str(e))
+    if oom or launch_oom:
         free_device_memory()
-        return Record(experiment=experiment, config=cfg_key, status="oom", reason=oom.reason,
+        return Record(experiment=experiment, config=cfg_key, status="oom", reason=oom.reason or launch_oom,
                       hardware=hardware_summary(devices.kind, nproc))
     return _record(experiment, cfg_key, records, wall, nproc, devices)
 
@@ -267,7 +276,8 @@ def run_scaling(lab: Any, settings: GPTSettings | None = None, force: bool = Fal
                              hardware=hardware_summary(devs.kind, n))
             else:
                 rec = store.run(SCALING, key, lambda cfg=cfg, n=n, key=key: _measure(
-                    SCALING, key, cfg, n, devs, store, s), force=force)
+                    SCALING, key, cfg, n, devs, store, s), force=force,
+                    hardware=hardware_summary(devs.kind, n))
             if verbose:
                 _say(rec, f"batch {bs}/device x {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
             out.append(rec)
@@ -295,7 +305,8 @@ def run_accumulation(lab: Any, settings: GPTSettings | None = None, force: bool 
                          hardware=hardware_summary(devs.kind, n))
         else:
             rec = store.run(ACCUMULATION, key, lambda cfg=cfg, key=key: _measure(
-                ACCUMULATION, key, cfg, n, devs, store, s), force=force)
+                ACCUMULATION, key, cfg, n, devs, store, s), force=force,
+                hardware=hardware_summary(devs.kind, n))
             oom = rec.status == "oom"
         if verbose:
             _say(rec, f"micro-batch {mb} x {k} steps")
@@ -316,7 +327,8 @@ def train_final(lab: Any, settings: GPTSettings | None = None, force: bool = Fal
     key = _key(cfg, n, devs.kind)
     if not path.exists():
         force = True
-    rec = store.run(TRAIN, key, lambda: _measure(TRAIN, key, cfg, n, devs, store, s), force=force)
+    rec = store.run(TRAIN, key, lambda: _measure(TRAIN, key, cfg, n, devs, store, s), force=force,
+                    hardware=hardware_summary(devs.kind, n))
     if verbose:
         _say(rec, f"final training on {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
         if rec.status == "ok":

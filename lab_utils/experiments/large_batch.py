@@ -321,7 +321,7 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
         args = worker_args(s, run, profile).resolved()
         backend = choose_backend("auto", run.devices)
         cfg = args.record_config(run.devices, backend)
-        existing = store.get(EXPERIMENT, cfg)
+        existing = store.reusable(EXPERIMENT, cfg, _hardware(backend, run.devices))  # same GPUs only
         if existing is not None and existing.status == "ok" and not force:
             records.append(existing)
             if verbose:
@@ -345,6 +345,14 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
         if verbose:
             print(f"{run.name}: {_summary(rec)}", flush=True)
     return LargeBatchResult(records, runs, s, plan, profile, measured)
+
+
+def _hardware(backend: str, devices: int) -> dict[str, Any]:
+    """What a run on ``devices`` ranks of ``backend`` records as its hardware (GPUs for NCCL,
+    else CPU processes): the store reuses a record only when it matches."""
+    from lab_utils.core.hardware import hardware_summary
+
+    return hardware_summary("cuda" if backend == "nccl" else "cpu", devices)
 
 
 def _summary(rec: Record) -> str:
@@ -663,7 +671,7 @@ def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings
                           broadcast_buffers=broadcast_buffers, zero=zero, backend=backend, profile=profile,
                           experiment=COMM_EXPERIMENT, seed=s.seed).validate()
     cfg = args.record_config(nproc, backend)
-    existing = store.get(COMM_EXPERIMENT, cfg)
+    existing = store.reusable(COMM_EXPERIMENT, cfg, _hardware(backend, nproc))  # same GPUs only
     if existing is not None and existing.status == "ok" and not force:
         if verbose:
             print(f"communication accounting: from the store ({nproc} x {backend})")

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import importlib
 import io
@@ -292,8 +293,11 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
         return Availability(True, kernel="aten fp32 GEMM (CPU BLAS)")
     if variant == "bf16":
         if dev == "cuda":
-            if not torch.cuda.is_bf16_supported():
-                return Availability(False, f"{torch.cuda.get_device_name()} has no bf16 support")
+            from lab_utils.core.hardware import bf16_supported
+
+            if not bf16_supported("cuda"):  # not counting emulation: a V100 emulates bf16, slowly
+                return Availability(False, f"{torch.cuda.get_device_name()} has no native bf16 "
+                                           "(needs compute capability 8.0+; emulated bf16 is not measured)")
             return Availability(True, kernel="cuBLAS bf16 GEMM (tensor cores)")
         try:
             torch.ones(4, 4, dtype=torch.bfloat16) @ torch.ones(4, 4, dtype=torch.bfloat16)
@@ -313,7 +317,8 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
     if variant == "torchao_int8_weight_only":
         kernel = f"torchao {ver} Int8Tensor, eager: int8 weight cast to the activation dtype, then float mm"
     elif dev == "cuda":
-        kernel = f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via torch._int_mm (cuBLAS)"
+        kernel = (f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via torch._int_mm (cuBLAS); "
+                  f"{INT_MM_PAD_NOTE}")
     else:
         kernel = f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via its decomposed CPU path"
     return Availability(True, kernel=kernel)
@@ -344,6 +349,57 @@ def int8_mm_shape_problem(in_features: int, out_features: int) -> str | None:
     shape = ", ".join(f"{dim}={v}" for dim, v in bad)
     need = " and ".join(f"{dim} % {INT8_MM_MULTIPLE} == 0" for dim, _ in bad)
     return f"({shape}) kept in fp32: int8 mm needs {need}"
+
+
+#: ``torch._int_mm`` on CUDA needs more than 16 rows in its first operand (M > 16); with
+#: fewer, torchao's ``safe_int_mm`` catches the error and multiplies in fp32 instead, while
+#: the row would claim cuBLAS int8. Decoding at batch 1 after a short prompt has M <= 16.
+INT_MM_MIN_ROWS = 17
+INT_MM_PAD_NOTE = (f"matmuls of <= 16 rows (batch-1 decoding) padded to {INT_MM_MIN_ROWS} rows, as "
+                   "torch._int_mm needs M > 16 (else torchao silently falls back to fp32)")
+
+
+def pad_int8_matmul_rows(model: nn.Module, variant: str, device: str | torch.device,
+                         kept: Iterable[str] = ()) -> int:
+    """Make every int8 ``nn.Linear`` of ``model`` see at least :data:`INT_MM_MIN_ROWS` rows.
+
+    Only for ``torchao_int8_dynamic`` on CUDA (elsewhere nothing is changed, 0 returned).
+    A forward pre-hook flattens the input to rows and repeats its last row up to 17 rows;
+    the forward hook drops the extra rows and restores the shape. Repeating a real row
+    (not zeros) leaves every quantization scale as it was (per-token and per-tensor alike),
+    so the kept rows' results are unchanged. ``kept`` names layers left in float
+    (:func:`float_layers`). Returns the number of layers hooked.
+    """
+    if variant != "torchao_int8_dynamic" or torch.device(device).type != "cuda":
+        return 0
+    kept = set(kept)
+    hooked = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.Linear) and name not in kept:
+            rows: list[int | None] = []
+            mod.register_forward_pre_hook(functools.partial(_pad_rows, rows))
+            mod.register_forward_hook(functools.partial(_unpad_rows, rows))
+            hooked += 1
+    return hooked
+
+
+def _pad_rows(rows: list, module: nn.Module, args: tuple):
+    x = args[0]
+    n = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if n == 0 or n >= INT_MM_MIN_ROWS:
+        rows.append(None)
+        return None
+    flat = x.reshape(n, x.shape[-1])
+    rows.append((n, tuple(x.shape[:-1])))
+    return (torch.cat([flat, flat[-1:].expand(INT_MM_MIN_ROWS - n, -1)]), *args[1:])
+
+
+def _unpad_rows(rows: list, module: nn.Module, args: tuple, out: torch.Tensor):
+    padded = rows.pop()
+    if padded is None:
+        return None
+    n, lead = padded
+    return out[:n].reshape(*lead, out.shape[-1])
 
 
 def float_layers(model: nn.Module, variant: str, device: str | torch.device) -> dict[str, str]:
@@ -378,8 +434,9 @@ def quantize_model(model: nn.Module, variant: str, device: str | torch.device = 
     """A copy of ``model`` (eval mode) converted to ``variant`` on ``device``.
 
     The input model is not modified. ``ao_dynamic_int8`` is CPU only. Layers that
-    :func:`float_layers` names stay in fp32. Raises :class:`LabError` when the variant is
-    unavailable (see :func:`check_variant`).
+    :func:`float_layers` names stay in fp32; on CUDA the int8 layers of ``torchao_int8_dynamic``
+    pad small matmuls to :data:`INT_MM_MIN_ROWS` rows (:func:`pad_int8_matmul_rows`). Raises
+    :class:`LabError` when the variant is unavailable (see :func:`check_variant`).
     """
     dev = torch.device(device)
     avail = check_variant(variant, dev.type)
@@ -404,6 +461,7 @@ def quantize_model(model: nn.Module, variant: str, device: str | torch.device = 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tq.quantize_(m, cls(), **extra)
+    pad_int8_matmul_rows(m, variant, dev, kept)  # cuBLAS int8 needs M > 16 rows
     return m
 
 
@@ -829,6 +887,7 @@ def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force:
     re-checked on every call, so installing torchao later fills its row in.
     Returns the current record of every (device, variant), devices in order.
     """
+    from lab_utils.core.hardware import hardware_summary
     from lab_utils.core.progress import headless
 
     settings.validate()
@@ -837,7 +896,8 @@ def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force:
     for device in devices_to_run(settings):
         cfgs = {v: row_config(mut, v, device, settings) for v in settings.variants}
         avail = {v: check_variant(v, device, settings.disabled) for v in settings.variants}
-        stored = {v: store.get(EXPERIMENT, cfgs[v]) for v in settings.variants}
+        here = hardware_summary(device, 1)  # reuse only rows measured on this machine's device
+        stored = {v: store.reusable(EXPERIMENT, cfgs[v], here) for v in settings.variants}
         reuse = not force and all(stored[v] is not None and stored[v].status == "ok"
                                   for v in settings.variants if avail[v].ok)
         if reuse:

@@ -214,9 +214,12 @@ def unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
     return dp_config(args, p.devices)
 
 
-def _reusable(rec: Record | None, device: str) -> bool:
-    """A stored record counts when it was measured (ok, or OOM) on a device of the same name."""
-    return rec is not None and rec.status in ("ok", "oom") and rec.hardware.get("device_name") == device
+def _reusable(store: ResultStore, experiment: str, cfg: dict[str, Any], p: Placement) -> Record | None:
+    """The stored record of ``cfg`` when it was measured (ok, or OOM) on this machine's devices:
+    the store's one check (:meth:`~lab_utils.store.ResultStore.reusable`: same device name and
+    count), with the name read without opening a CUDA context in this process."""
+    rec = store.reusable(experiment, cfg, _hardware(p))
+    return rec if rec is not None and rec.status in ("ok", "oom") else None
 
 
 # --------------------------------------------------------------------------- running
@@ -246,7 +249,7 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
     GPU count). Returns one aggregate record per configuration (measured, stored,
     OOM, or a not-stored row saying why it did not run).
     """
-    from lab_utils.core.hardware import cpu_cores, device_name
+    from lab_utils.core.hardware import cpu_cores
 
     s = (settings or settings_for(lab.profile)).validate()
     store: ResultStore = lab.store
@@ -258,7 +261,9 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
     run_b = [b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes]
     out: dict[tuple[str, int, int], Record] = {}
     measured: list[tuple[str, int, int]] = []
-    for method in meths:
+    # DDP's launches first: DataParallel trains in this process and opens a CUDA context on
+    # each GPU it uses, which would leave the DDP ranks less memory (the table order is kept).
+    for method in sorted(meths, key=lambda m: m != DDP):
         for n in devs:
             p = place(method, n, gpus, s, cores)
             backend = p.backend if p.runs and method == DDP else ("gloo" if not gpus else "nccl")
@@ -267,7 +272,6 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
                 for b in s.batch_sizes:
                     out[(method, n, b)] = _row(args.for_batch(b), p, experiment, "skipped", p.reason)
                 continue
-            dev_name = device_name("cuda" if p.device_type == "cuda" else "cpu")
             todo = []
             for b in s.batch_sizes:
                 one = args.for_batch(b)
@@ -278,9 +282,9 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
                     out[(method, n, b)] = Record(experiment, cfg, status="skipped", reason=why,
                                                  profile=profile)
                     continue
-                stored = store.get(experiment, cfg)
-                if not force and _reusable(stored, dev_name):
-                    out[(method, n, b)] = stored  # type: ignore[assignment]
+                stored = None if force else _reusable(store, experiment, cfg, p)
+                if stored is not None:
+                    out[(method, n, b)] = stored
                 else:
                     todo.append(b)
             if not todo:

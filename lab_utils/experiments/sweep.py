@@ -370,7 +370,8 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
                 records.append(_skipped(cfg, reason, synthetic, ds_label, dev, profile_name))
                 stop_reason = reason
                 continue
-            stored = None if force else store.get(EXPERIMENT, cfg)
+            # the store's one reuse check (same device name and count); the config names the device too
+            stored = None if force else store.reusable(EXPERIMENT, cfg, hardware_summary(str(dev), 1))
             if stored is not None:
                 rec = stored
                 where = "from the store"

@@ -419,6 +419,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
     from lab_utils.core.config import get_profile, loader_worker_options
     from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.memory import free_device_memory
     from lab_utils.core.schedules import LRSchedule, scaled_lr
     from lab_utils.core.timing import PhaseTimer, synchronize
     from lab_utils.models import ResNet18, count_parameters
@@ -537,9 +538,11 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
             "threads": torch.get_num_threads()}
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, mine)
-    del ddp, model, optimizer
-    if cuda:
-        torch.cuda.empty_cache()
+    # Everything that holds the model's memory goes before the cache is emptied: the LR
+    # scheduler holds the optimizer (and through it the parameters and momentum buffers), the
+    # comm timer and the loaders' iterators the DDP module and pinned batches.
+    del ddp, model, optimizer, scheduler, comm_timer, train_loader, test_loader
+    free_device_memory(device)  # gc.collect(), then empty_cache() on a GPU
     if ctx.rank != 0:
         return None
     summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
@@ -726,11 +729,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from lab_utils.core.dist import init_distributed
+    from lab_utils.core.dist import init_distributed, oom_ends_rank
 
     ctx = init_distributed(args.backend)
     try:
-        records = run_worker(args, ctx)
+        with oom_ends_rank(ctx):  # out of memory on one rank ends it: no collective left waiting
+            records = run_worker(args, ctx)
         if ctx.rank == 0:
             write_worker_output(records or [], args.out)
         dist.barrier()

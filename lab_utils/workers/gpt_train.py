@@ -45,7 +45,9 @@ Output (``--out``; rank 0 writes it): a JSON list of one ``{"kind": "epoch", ...
 dict per epoch (aggregate fields plus ``"ranks"``: the per-rank dicts) and a final
 ``{"kind": "run", ...}`` dict (configuration, corpus, device, FLOPs per token, memory,
 nested timers of every rank, the cuDNN / matmul ``backends`` settings, status ``ok`` or
-``oom``).
+``oom``). Under DDP an out-of-memory error is not a status: it ends the rank
+(:func:`lab_utils.core.dist.oom_ends_rank`), torchrun stops the others, and the caller
+(:func:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.core.backends import apply_training_backends, backend_settings
 from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
-from lab_utils.core.dist import DistContext, gather, init_distributed
+from lab_utils.core.dist import DistContext, gather, init_distributed, oom_ends_rank
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import evaluate as loop_evaluate
 from lab_utils.core.loop import train_steps
@@ -245,7 +247,8 @@ def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
     cfg.validate()
     ctx = init_distributed(device=cfg.device, group_of_one=False)
     try:
-        return _train(cfg, ctx)
+        with oom_ends_rank(ctx):  # under DDP an out-of-memory error ends the rank (see there)
+            return _train(cfg, ctx)
     finally:
         if ctx.initialized_here and dist.is_initialized():
             dist.destroy_process_group()
@@ -281,7 +284,12 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
         * ctx.world_size * mcfg.block_size,
     }
     records: list[dict[str, Any]] = []
-    with catch_oom() as oom:  # keeps only the reason: the traceback (and its tensors) is dropped
+    # One process: out of memory becomes the run's status (catch_oom keeps only the reason, so the
+    # traceback and its tensors are dropped). Under DDP it is not caught here: it ends the rank
+    # (run_training), because this rank must not go on to the gathers below while a peer is still
+    # inside DDP's bucket all-reduce.
+    oom = catch_oom()
+    with oom if not ctx.ddp else nullcontext():
         records = _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps,
                           timers, base)
     status, reason = ("oom", oom.reason) if oom else ("ok", None)

@@ -1,0 +1,895 @@
+"""``python -m lab_utils doctor``: the first session on a new GPU node, checked in minutes.
+
+No machine of this project has a GPU: the tests run the lab's CUDA-only branches against a
+fake (tests/fake_gpu.py), which cannot show what only a real node can: that CUDA events
+agree with the host clock, that an out-of-memory error under a memory cap is caught and
+its memory given back, that bf16 is native, that NCCL moves data at the speed of the links,
+that ``torch.compile`` (Inductor/Triton) works, that the profiler sees GPU kernels (CUPTI),
+and that each notebook's smallest full-profile configuration takes a step. This command
+checks exactly those, on the node, in at most about 10 minutes on 1-4 GPUs
+(``--budget``, default 600 s), and prints one table:
+
+    | check | measured | expected | verdict |
+
+A verdict is ``ok``, ``warn`` (works, but a number to look at), ``fail`` (the lab would
+give wrong numbers or crash here: exit code 1) or ``skipped: <why>`` ("no GPU", "needs 2
+GPUs", ...). The table and every measured detail go to ``results/<profile>/doctor.md`` and
+``doctor.json`` for a bug report.
+
+Every check has a time limit. Those that touch CUDA run in a child process
+(``python -m lab_utils.doctor --child NAME``) that is killed at its limit, with every
+process it started, so a hung driver, NCCL or compiler ends as a ``fail`` row and the
+doctor goes on; multi-GPU runs go through :func:`lab_utils.launcher.launch`, whose timeout
+stops the whole ``torchrun`` tree. The doctor's own process never opens a CUDA context.
+The checks that run in-process read ``nvidia-smi`` (bounded by its timeout) and time a
+fixed number of empty timer phases.
+
+On a machine without a GPU it runs what applies (versions, the timers' overhead), marks the
+rest ``skipped: no GPU`` and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab_utils.core import config
+from lab_utils.core.errors import LabError, LaunchError
+
+DEFAULT_BUDGET_S = 600.0
+NO_GPU = "skipped: no GPU"
+
+
+# --------------------------------------------------------------------------- rows and the machine
+
+
+@dataclass
+class Row:
+    """One line of the doctor's table."""
+
+    check: str
+    measured: str
+    expected: str
+    verdict: str                      # "ok" | "warn" | "fail" | "skipped: <why>"
+    seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+
+@dataclass
+class Machine:
+    """What the doctor knows before any check, read without opening a CUDA context."""
+
+    gpus: int                          # torch.cuda.device_count() (NVML: no context)
+    names: list[str | None]            # the visible devices' names, from nvidia-smi -L
+    mig: list[str]                     # MIG profiles of the visible devices ("1g.5gb"), if any
+    driver: str | None                 # NVIDIA driver version, or None
+    problem: str | None                # the driver reports GPUs this torch cannot use: why
+    profile: str
+
+    @property
+    def name(self) -> str | None:
+        return next((n for n in self.names if n), None)
+
+
+def read_machine(profile: str | None = None) -> Machine:
+    """This machine's GPUs, driver and MIG slices, from NVML and ``nvidia-smi`` (no CUDA context)."""
+    import torch
+
+    from lab_utils.core import cuda_wheels, hardware
+    from lab_utils.core.environment import gpu_node_problem
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = hardware.visible_gpu_names() or []
+    driver = cuda_wheels.query_driver()
+    found = gpu_node_problem(driver)
+    name = config.resolve_profile_name(profile)[0]
+    return Machine(gpus=gpus, names=names[:gpus] if gpus else names,
+                   mig=[p for n in names[:max(gpus, 1)] if (p := hardware.mig_profile(n))],
+                   driver=driver.version if driver else None,
+                   problem=f"{found[0]}; {found[1]}" if found else None, profile=name)
+
+
+# --------------------------------------------------------------------------- the checks' measurements
+# Each ``measure_*`` returns a dict of plain values (JSON): in a child process for CUDA work.
+# Each ``judge_*`` turns it into (measured, expected, verdict) text, in the doctor's process.
+
+
+def measure_versions(m: Machine) -> dict[str, Any]:
+    from lab_utils.core.environment import software_stack
+
+    return {"stack": software_stack(), "driver": m.driver, "problem": m.problem}
+
+
+def judge_versions(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    stack = d["stack"]
+    import torch
+
+    measured = (f"driver {d['driver'] or 'none'}, torch {torch.__version__}, CUDA {stack.get('torch CUDA')}, "
+                f"cuDNN {stack.get('cuDNN')}, NCCL {stack.get('NCCL')}")
+    expected = "a torch build whose CUDA this driver runs"
+    if d["problem"]:
+        return measured, expected, "fail"
+    return measured, expected, "ok"
+
+
+def measure_mig(m: Machine) -> dict[str, Any]:
+    return {"mig": m.mig, "names": m.names}
+
+
+def judge_mig(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    expected = "whole GPUs (a MIG slice has no peak FLOP/s and no NCCL between slices)"
+    if not d["mig"]:
+        return f"no MIG slice among {len(d['names'])} GPU(s)", expected, "ok"
+    return (f"MIG slice(s): {', '.join(d['mig'])}: no % of peak (MFU) in any table; multi-GPU runs "
+            "need whole GPUs", expected, "warn")
+
+
+def measure_cuda_init(m: Machine) -> dict[str, Any]:
+    """Initialize CUDA on every visible GPU: torch's names, capability and memory (a child)."""
+    import torch
+
+    from lab_utils.core import hardware
+
+    smi = hardware.visible_gpu_names() or []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        out.append({"index": i, "torch_name": p.name, "smi_name": smi[i] if i < len(smi) else None,
+                    "capability": f"{p.major}.{p.minor}", "total_bytes": int(total), "free_bytes": int(free)})
+    return {"gpus": out}
+
+
+def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    gpus = d["gpus"]
+    names = sorted({g["torch_name"] for g in gpus})
+    free = min((g["free_bytes"] for g in gpus), default=0) / 2**30
+    measured = (f"{len(gpus)} x {', '.join(names)} (sm {gpus[0]['capability']}), "
+                f"{gpus[0]['total_bytes'] / 2**30:.0f} GiB, free {free:.1f} GiB" if gpus else "no device")
+    expected = (f"{m.gpus} device(s); names from nvidia-smi -L = torch's (the store's reuse check "
+                "names GPUs without a CUDA context)")
+    if len(gpus) != m.gpus or not gpus:
+        return measured, expected, "fail"
+    differ = [g for g in gpus if g["smi_name"] is not None and g["smi_name"] != g["torch_name"]]
+    if differ:
+        g = differ[0]
+        return f"{measured}; GPU {g['index']}: nvidia-smi says {g['smi_name']!r}", expected, "fail"
+    low = [g for g in gpus if g["free_bytes"] < 0.8 * g["total_bytes"]]
+    if low:  # another process (or a stray context) holds memory on this GPU
+        used = 1 - low[0]["free_bytes"] / low[0]["total_bytes"]
+        return f"{measured}; GPU {low[0]['index']} already {used:.0%} used", expected, "warn"
+    return measured, expected, "ok"
+
+
+def _matmul_workload(device: str, n: int = 2048, repeats: int = 20) -> tuple[Callable[[], None], float]:
+    """A known workload: ``repeats`` fp32 matmuls of n x n (2 n^3 FLOPs each). Returns (run, FLOPs)."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+
+    def run() -> None:
+        for _ in range(repeats):
+            torch.mm(a, b)
+
+    return run, 2.0 * n ** 3 * repeats
+
+
+def measure_clock(m: Machine, workload: Callable[[], None] | None = None, flops: float | None = None,
+                  device: str = "cuda", repeats: int = 5,
+                  clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """CUDA events vs the host clock (synchronized) around the same workload; seconds, medians.
+
+    ``workload`` (default: fp32 matmuls with known FLOPs) runs once untimed, then ``repeats``
+    times under each clock, alternating.
+    """
+    import torch
+
+    from lab_utils.core.timing import synchronize
+
+    if workload is None:
+        workload, flops = _matmul_workload(device)
+    workload()
+    synchronize(device)
+    events, host = [], []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        workload()
+        end.record()
+        end.synchronize()
+        events.append(start.elapsed_time(end) / 1e3)  # ms -> s
+        synchronize(device)
+        t0 = clock()
+        workload()
+        synchronize(device)
+        host.append(clock() - t0)
+    return {"event_seconds": statistics.median(events), "host_seconds": statistics.median(host),
+            "flops": flops, "device_name": _device_name(device)}
+
+
+def _device_name(device: str) -> str:
+    from lab_utils.core.hardware import device_name
+
+    return device_name(device)
+
+
+def judge_clock(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    ev, host = d["event_seconds"], d["host_seconds"]
+    measured = f"events {ev * 1e3:.2f} ms, host clock {host * 1e3:.2f} ms"
+    expected = "equal within 5 % + 0.5 ms"
+    if d.get("flops"):
+        from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
+
+        rate = d["flops"] / ev if ev > 0 else math.inf
+        measured += f" ({rate / 1e12:.1f} TFLOP/s)"
+        peak = peak_flops_per_s(d.get("device_name"), fp32_training_precision(d.get("device_name")))
+        if peak and rate > 1.05 * peak:  # faster than the hardware: the clock missed work
+            return measured + f" > peak {peak / 1e12:.0f}", expected, "fail"
+    if ev <= 0 or abs(ev - host) > 0.05 * host + 5e-4:
+        return measured, expected, "fail"
+    return measured, expected, "ok"
+
+
+def measure_timer_overhead(m: Machine, device: str | None = None, phases: int = 2000,
+                           clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Seconds one empty :class:`~lab_utils.core.timing.PhaseTimer` phase costs (its two
+    device synchronizations and clock reads), on an idle device."""
+    from lab_utils.core.timing import PhaseTimer, synchronize
+
+    device = device or ("cuda" if m.gpus else "cpu")
+    timer = PhaseTimer(device)
+    synchronize(device)
+    t0 = clock()
+    for _ in range(phases):
+        with timer.phase("compute"):
+            pass
+    total = clock() - t0
+    return {"per_phase_seconds": total / phases, "phases": phases, "device": str(device),
+            "timed_phases": timer.stats["compute"].count}
+
+
+def judge_timer_overhead(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    us = d["per_phase_seconds"] * 1e6
+    limit = 100.0 if d["device"].startswith("cuda") else 50.0
+    measured = f"{us:.1f} us per timed phase on {d['device']}"
+    expected = f"< {limit:.0f} us a phase (< {limit / 100:.1f} % of a 10 ms step)"
+    if d["timed_phases"] != d["phases"]:
+        return measured, expected, "fail"
+    return measured, expected, "ok" if us < limit else "warn"
+
+
+def measure_oom(m: Machine, device: str = "cuda", fraction: float = 0.05,
+                allocate: Callable[[int], Any] | None = None) -> dict[str, Any]:
+    """Cap the caching allocator at ``fraction`` of the GPU, allocate twice that: the lab's OOM path
+    (:func:`~lab_utils.core.memory.catch_oom`) must turn it into a reason, and
+    :func:`~lab_utils.core.memory.free_device_memory` must give the memory back. Bytes."""
+    import torch
+
+    from lab_utils.core.memory import catch_oom, free_device_memory, resolve_cuda_device, set_memory_fraction
+
+    dev = resolve_cuda_device(device)
+    if allocate is None:
+        def allocate(nbytes: int) -> Any:
+            return torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    base_alloc = torch.cuda.memory_allocated(dev)
+    capped = set_memory_fraction(fraction, dev)[1]
+    try:
+        keep = allocate(int(total * fraction / 4))      # fits under the cap
+        with catch_oom() as oom:
+            big = allocate(int(total * fraction * 2))   # does not
+            del big
+        held = torch.cuda.memory_allocated(dev)
+        del keep
+        free_device_memory(dev)
+        after_alloc = torch.cuda.memory_allocated(dev)
+        after_reserved = torch.cuda.memory_reserved(dev)
+    finally:
+        set_memory_fraction(1.0, capped)
+    return {"oom": bool(oom), "reason": oom.reason, "total_bytes": int(total), "fraction": fraction,
+            "base_allocated_bytes": int(base_alloc), "held_after_oom_bytes": int(held),
+            "allocated_after_free_bytes": int(after_alloc), "reserved_after_free_bytes": int(after_reserved)}
+
+
+def judge_oom(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    expected = "an 'oom' row with the allocator's reason; memory back to where it was"
+    if not d["oom"]:
+        what = f"allocating {2 * d['fraction']:.0%} of the GPU under a {d['fraction']:.0%} cap did not fail"
+        return what, expected, "fail"
+    leaked = d["allocated_after_free_bytes"] - d["base_allocated_bytes"]
+    slack = 2 * 2 ** 20
+    measured = (f"oom: {d['reason'][:60]}...; after free: {d['allocated_after_free_bytes'] / 2**20:.1f} MiB "
+                f"allocated, {d['reserved_after_free_bytes'] / 2**20:.1f} MiB reserved")
+    if leaked > slack or d["reserved_after_free_bytes"] > d["base_allocated_bytes"] + slack:
+        return measured, expected, "fail"
+    return measured, expected, "ok"
+
+
+def measure_bf16(m: Machine, device: str = "cuda", math_device: str | None = None) -> dict[str, Any]:
+    """Whether bf16 is native here (not emulated), and a bf16 matmul's error against fp32."""
+    import torch
+
+    from lab_utils.core.hardware import bf16_supported
+
+    native = bf16_supported(device)
+    out: dict[str, Any] = {"native": native, "device_name": _device_name(device)}
+    if not native:
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        out["capability"] = f"{cap[0]}.{cap[1]}"
+        return out
+    dev = math_device or device
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.randn(256, 256, generator=g).to(dev) for _ in range(2))
+    ref = a @ b
+    got = (a.bfloat16() @ b.bfloat16()).float()
+    out["relative_error"] = float((got - ref).norm() / ref.norm())
+    return out
+
+
+def judge_bf16(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    expected = "native bf16 (sm 8.0+), bf16 matmul within 1 % of fp32; else its rows are skipped"
+    if not d["native"]:
+        return (f"{d['device_name']}: no native bf16 (sm {d.get('capability')}): the bf16 rows say so",
+                expected, "skipped: no native bf16 on this GPU")
+    err = d["relative_error"]
+    return f"native; bf16 matmul relative error {err:.2e}", expected, "ok" if err < 1e-2 else "fail"
+
+
+def measure_int8_mm(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    """``torch._int_mm`` (cuBLAS int8) at 17 rows against an int32 matmul; whether 8 rows are refused."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randint(-100, 100, (17, 64), dtype=torch.int8, generator=g)
+    b = torch.randint(-100, 100, (64, 64), dtype=torch.int8, generator=g)
+    got = torch._int_mm(a.to(device), b.to(device)).cpu()
+    exact = bool(torch.equal(got, a.int() @ b.int()))
+    try:
+        torch._int_mm(a[:8].to(device), b.to(device))
+        small = "accepted"
+    except RuntimeError as e:
+        small = str(e).splitlines()[0][:120]
+    return {"exact": exact, "eight_rows": small}
+
+
+def judge_int8_mm(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    expected = "int8 x int8 -> int32 exact at 17 rows (notebook 07 pads smaller matmuls to 17)"
+    measured = f"17 rows: {'exact' if d['exact'] else 'WRONG'}; 8 rows: {d['eight_rows']}"
+    return measured, expected, "ok" if d["exact"] else "fail"
+
+
+# --------------------------------------------------------------------------- NCCL
+
+
+def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = None,
+                 max_bytes: int = 256 * 2 ** 20) -> dict[str, Any]:
+    """All-reduce on every GPU (the lab's benchmark worker under torchrun, nccl-tests' busbw).
+
+    ``backend`` replaces the planned one (tests: gloo standing in for NCCL); the plan's own
+    answer is kept in ``planned_backend``.
+    """
+    from lab_utils.experiments.comm import BENCH_MODULE, detect_link_peak, plan_bench
+    from lab_utils.launcher import launch
+
+    plan = plan_bench(m.gpus, "auto")
+    use = backend or plan.backend
+    args = ["--min-bytes", str(2 ** 20), "--max-bytes", str(max_bytes), "--iters", "5", "--warmup", "2",
+            "--backend", use]
+    res = launch(BENCH_MODULE, args, nproc=plan.nproc, timeout_s=timeout_s)
+    best = max(res.records, key=lambda r: r["busbw_gb_per_s"])
+    link = detect_link_peak(m.gpus)
+    return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
+            "busbw_gb_per_s": best["busbw_gb_per_s"], "size_bytes": best["size_bytes"],
+            "correct": all(r["correct"] for r in res.records), "link_gb_per_s": link.gb_per_s,
+            "link": link.description}
+
+
+def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    busbw, link = d["busbw_gb_per_s"], d["link_gb_per_s"]
+    measured = (f"busbw {busbw:.1f} GB/s at {d['size_bytes'] / 2**20:.0f} MiB, {d['ranks']} x "
+                f"{d['backend']}" + (f" = {busbw / link:.0%} of the link" if link else ""))
+    expected = f">= 40 % of {d['link']}" if link else d["link"]
+    if not d["correct"]:
+        return measured + "; WRONG sums", expected, "fail"
+    if not link:
+        return measured, expected, "ok"
+    share = busbw / link
+    return measured, expected, "ok" if share >= 0.4 else ("warn" if share >= 0.1 else "fail")
+
+
+# --------------------------------------------------------------------------- one step of each notebook
+
+
+def _smallest(values) -> int:
+    return min(int(v) for v in values)
+
+
+def _resnet_steps(width: int, batch: int, device: str, steps: int = 2,
+                  data_parallel: int = 0) -> dict[str, Any]:
+    """``steps`` training steps of ResNet-18 through :func:`~lab_utils.core.loop.train_epoch` on a
+    synthetic loader (pinned memory on a GPU), then an evaluation pass."""
+    import torch
+
+    from lab_utils.core.backends import apply_training_backends
+    from lab_utils.core.data import make_loaders
+    from lab_utils.core.loop import evaluate, make_optimizer, train_epoch, wrap_data_parallel
+    from lab_utils.models import ResNet18
+
+    apply_training_backends()
+    n = max(data_parallel, 1)
+    loaders = make_loaders(batch_size=batch * n, test_batch_size=100, num_workers=0,
+                           train_images=batch * n * steps, test_images=100, dataset="synthetic", seed=0)
+    torch.manual_seed(0)
+    model = ResNet18(width=width).to(device)
+    run = wrap_data_parallel(model, list(range(n))) if data_parallel else model
+    opt = make_optimizer(run)
+    rec = train_epoch(run, loaders.train, opt, device, max_steps=steps)
+    ev = evaluate(model, loaders.test, device)
+    return {"train_seconds": rec.train_seconds, "images": rec.images, "loss": rec.loss,
+            "peak_memory_bytes": rec.peak_memory_bytes, "peak_per_device": rec.peak_memory_bytes_per_device,
+            "test_loss": ev.loss}
+
+
+def step_01_sweep(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    from lab_utils.experiments.sweep import SWEEP_SETTINGS
+
+    s = SWEEP_SETTINGS["full"]
+    return {"config": f"ResNet-18 width {s.width}, batch {_smallest(s.batch_sizes)}",
+            **_resnet_steps(s.width, _smallest(s.batch_sizes), device)}
+
+
+def step_02_dataparallel(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    from lab_utils.experiments.scaling import SETTINGS
+
+    s = SETTINGS["full"]
+    n = min(m.gpus, max(s.devices))
+    b = _smallest(s.batch_sizes)
+    return {"config": f"DataParallel on {n} GPUs, {b} per GPU", **_resnet_steps(s.width, b, "cuda:0",
+                                                                               data_parallel=n)}
+
+
+def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    from lab_utils.experiments.comm import measure_compute_step_seconds
+    from lab_utils.experiments.scaling import SETTINGS
+
+    s = SETTINGS["full"]
+    b = _smallest(s.batch_sizes)
+    return {"config": f"compute step, width {s.width}, batch {b}",
+            "seconds_per_step": measure_compute_step_seconds(s.width, b, device, steps=2, warmup=1)}
+
+
+def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
+                measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
+    """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
+    from lab_utils.launcher import launch
+    from lab_utils.workers.ddp import WorkerArgs
+
+    args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
+                      train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
+                      dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
+                      backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
+    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    agg = next(r for r in res.records if r["config"]["record"] == "aggregate")["metrics"]
+    keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
+            "test_accuracy")
+    accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
+    return {"config": f"DDP {ranks} x {batch}{accumulated}", **{k: agg.get(k) for k in keep}}
+
+
+def step_02_ddp(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
+    from lab_utils.experiments.scaling import SETTINGS
+
+    s = SETTINGS["full"]
+    return _ddp_launch(m, timeout_s, width=s.width, batch=_smallest(s.batch_sizes),
+                       ranks=min(m.gpus, max(s.devices)), measure_comm=True)
+
+
+def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
+    """Notebook 05: the large batch with accumulation and evaluation, then (2+ GPUs) the
+    communication ledger of Q7 (its own DDP worker), each a launch of its own."""
+    from lab_utils.experiments.large_batch import LARGE_BATCH_SETTINGS
+
+    s = LARGE_BATCH_SETTINGS["full"]
+    ranks = min(m.gpus, s.devices)
+    t0 = time.monotonic()
+    out = _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
+                      accumulation=2, evaluate=True)
+    if m.gpus >= 2:
+        left = max(10.0, timeout_s - (time.monotonic() - t0))
+        world = _ledger_launch(left, width=s.comm_width, batch=s.comm_batch, ranks=min(m.gpus, s.devices))
+        out["config"] += f"; communication ledger on {world} GPUs"
+    return out
+
+
+def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
+    """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
+    from lab_utils.launcher import launch
+    from lab_utils.workers.comm_accounting import AccountingArgs
+
+    args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
+    res = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    return int(res.records[0]["metrics"]["world_size"])
+
+
+def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
+    from lab_utils.experiments.gpt import GPT_SETTINGS
+
+    s = GPT_SETTINGS["full"]
+    dtype = "fp32" if s.dtype == "bf16" and not _native_bf16_here() else s.dtype
+    return _gpt_launch(timeout_s, size=s.size, batch=_smallest(s.scaling_batch_sizes),
+                       ranks=min(m.gpus, max(s.scaling_devices)), dtype=dtype, lr=s.lr)
+
+
+def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: str, lr: float,
+                device: str = "cuda") -> dict[str, Any]:
+    """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
+    from lab_utils.launcher import launch
+    from lab_utils.workers.gpt_train import TrainConfig, config_to_args
+
+    cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
+                      lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
+    res = launch("lab_utils.workers.gpt_train", config_to_args(cfg), nproc=ranks, timeout_s=timeout_s)
+    run = res.records[-1]
+    epoch = next((r for r in reversed(res.records) if r.get("kind") == "epoch"), {})
+    return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run["status"],
+            "reason": run.get("reason"), "tokens_per_s": epoch.get("tokens_per_s"), "mfu": epoch.get("mfu"),
+            "peak_memory_bytes": run.get("peak_memory_bytes")}
+
+
+def _native_bf16_here() -> bool:
+    """bf16 native on GPU 0, asked in a child process (this process opens no CUDA context)."""
+    out = subprocess.run([sys.executable, "-c", "from lab_utils.core.hardware import bf16_supported; "
+                          "print(int(bf16_supported('cuda')))"], capture_output=True, text=True, timeout=120)
+    return out.stdout.strip() == "1"
+
+
+def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    import torch
+
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.experiments.gpt import GPT_SETTINGS
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    s = GPT_SETTINGS["full"]
+    torch.manual_seed(0)
+    model = GPT(gpt_config(s.size, vocab_size=65)).eval()
+    block = model.config.block_size
+    tokens = torch.randint(0, 65, (4 * block + 1,))
+    out: dict[str, Any] = {"config": f"GPT {s.size}, every variant on {device}", "variants": {}}
+    for variant in Q.VARIANTS:
+        avail = Q.check_variant(variant, device)
+        if not avail.ok:
+            out["variants"][variant] = f"skipped: {avail.reason}"
+            continue
+        try:
+            qm = Q.quantize_model(model, variant, device)
+            ev = Q.evaluate_lm(qm, tokens, block, 2, device)
+            Q.greedy_decode(qm, tokens[:8].view(1, 8).to(device), 2, block)
+            out["variants"][variant] = f"ok (loss {ev.loss:.2f})"
+        except Exception as e:  # the row of this variant would say the same
+            out["variants"][variant] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+    return out
+
+
+def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lab_utils.core.data import device_loader, load_split
+    from lab_utils.experiments import fastpath
+
+    s = fastpath.FAST_SETTINGS["full"]
+    dev = torch.device(device)
+    opts = fastpath.TrainOptions(loader="device", channels_last=True, bf16=fastpath.bf16_supported(dev),
+                                 sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
+    trainer = fastpath.build_trainer(opts, s.width, dev)
+    split = load_split(True, 2 * s.batch_size, "synthetic")
+    loader = device_loader(split, dev, s.batch_size, seed=0, channels_last=True)
+    fastpath.warm_up(trainer, loader, 1)
+    host = torch.zeros(s.batch_size, 3, 32, 32)
+    host = host.pin_memory() if dev.type == "cuda" else host
+    x, y = fastpath.to_device(host, torch.zeros(s.batch_size, dtype=torch.long), dev, True)  # as spec batches
+    trainer.step(x, y)
+    ep = fastpath.run_epoch(trainer, loader)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fastpath.run_epoch(trainer, loader, max_steps=1)
+    kernels = sum(1 for e in prof.key_averages() if str(getattr(e, "device_type", "CPU")).endswith("CUDA"))
+    return {"config": opts.describe(), "images_per_s": ep.images_per_s, "profiled_gpu_kernels": kernels}
+
+
+def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    """One ``torch.compile`` warm-up (Inductor/Triton) and a compiled step of the fast path."""
+    import torch
+
+    from lab_utils.core.data import device_loader, load_split
+    from lab_utils.experiments import fastpath
+
+    dev = torch.device(device)
+    trainer = fastpath.build_trainer(fastpath.TrainOptions(loader="device", compile=True), 8, dev)
+    split = load_split(True, 256, "synthetic")
+    loader = device_loader(split, dev, 128, seed=0)
+    warm = fastpath.warm_up(trainer, loader, 1)
+    before = fastpath.compiled_graphs()
+    ep = fastpath.run_epoch(trainer, loader)
+    after = fastpath.compiled_graphs()
+    return {"compile_seconds": warm, "loss": ep.loss,
+            "graphs_in_timed_epoch": None if before is None or after is None else after - before}
+
+
+def judge_compile(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    measured = f"compiled in {d['compile_seconds']:.0f} s; loss {d['loss']:.3f}"
+    expected = "compiles; no recompilation inside the timed epoch; finite loss"
+    ok = math.isfinite(d["loss"]) and d["graphs_in_timed_epoch"] in (0, None)
+    return measured, expected, "ok" if ok else "fail"
+
+
+def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    """A notebook step ran: what it measured, in one line."""
+    parts = [d.get("config", "")]
+    for key, fmt in (("train_seconds", "{:.2f} s"), ("seconds_per_step", "{:.3f} s/step"),
+                     ("peak_memory_bytes", "peak {:.2f} GiB"), ("images_per_s", "{:,.0f} img/s"),
+                     ("tokens_per_s", "{:,.0f} tok/s")):
+        v = d.get(key)
+        if isinstance(v, int | float):
+            parts.append(fmt.format(v / 2**30 if key == "peak_memory_bytes" else v))
+    expected = "one short step of the full profile's smallest configuration runs"
+    verdict = "ok"
+    if d.get("status") not in (None, "ok"):
+        parts.append(f"{d['status']}: {d.get('reason')}")
+        verdict = "fail"
+    for variant, text in (d.get("variants") or {}).items():
+        if text.startswith("error"):
+            parts.append(f"{variant} {text}")
+            verdict = "fail"
+    ok_variants = [v for v, t in (d.get("variants") or {}).items() if t.startswith("ok")]
+    if ok_variants:
+        parts.append("ran: " + ", ".join(ok_variants))
+    losses = [d.get(k) for k in ("loss", "test_loss") if d.get(k) is not None]
+    if any(not math.isfinite(v) for v in losses):
+        parts.append("loss not finite")
+        verdict = "fail"
+    if d.get("profiled_gpu_kernels") == 0:
+        parts.append("the profiler saw no GPU kernel (CUPTI not permitted?)")
+        verdict = "warn" if verdict == "ok" else verdict
+    return "; ".join(p for p in parts if p), expected, verdict
+
+
+# --------------------------------------------------------------------------- the list
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the doctor: where it runs, its time limit, how it measures and judges."""
+
+    name: str
+    measure: Callable[..., dict[str, Any]]
+    judge: Callable[[dict[str, Any], Machine], tuple[str, str, str]]
+    expected: str                  # shown when skipped
+    # "here" (no CUDA: this process), "child" (CUDA: a subprocess), "launch" (torchrun through the
+    # launcher), "auto" (a child with GPUs, here without)
+    where: str = "child"
+    gpus: int = 1                  # GPUs it needs (0: runs anywhere)
+    timeout_s: float = 120.0
+    no_mig: bool = False           # cannot run on MIG slices
+
+
+CHECKS: tuple[Check, ...] = (
+    Check("versions", measure_versions, judge_versions, "driver, torch, CUDA, cuDNN, NCCL", "here", 0, 60),
+    Check("mig", measure_mig, judge_mig, "whole GPUs", "here", 1, 60),
+    Check("cuda_init", measure_cuda_init, judge_cuda_init, "each GPU starts, names agree", timeout_s=90),
+    Check("event_vs_host_clock", measure_clock, judge_clock, "equal within 5 % + 0.5 ms", timeout_s=90),
+    Check("timer_overhead", measure_timer_overhead, judge_timer_overhead, "< 100 us a phase", "auto", 0, 60),
+    Check("oom_under_memory_fraction", measure_oom, judge_oom, "an 'oom' row, memory freed", timeout_s=90),
+    Check("bf16", measure_bf16, judge_bf16, "native bf16, or its rows skipped", timeout_s=90),
+    Check("int8_matmul", measure_int8_mm, judge_int8_mm, "cuBLAS int8 exact at 17 rows", timeout_s=90),
+    Check("nccl_allreduce", measure_nccl, judge_nccl, "busbw >= 40 % of the link's nominal peak", "launch",
+          2, 240, no_mig=True),
+    Check("01_batch_size_sweep", step_01_sweep, judge_step, "one step runs", timeout_s=150),
+    Check("02_dataparallel", step_02_dataparallel, judge_step, "one step runs", gpus=2, timeout_s=150,
+          no_mig=True),
+    Check("02_03_ddp_with_comm_probe", step_02_ddp, judge_step, "one step runs", "launch", 1, 240),
+    Check("04_compute_step", step_04_compute, judge_step, "one step runs", timeout_s=150),
+    Check("05_large_batch_accumulation", step_05_large_batch, judge_step, "one step runs", "launch", 1, 240),
+    Check("06_gpt_ddp", step_06_gpt, judge_step, "one step runs", "launch", 1, 240),
+    Check("07_quantization", step_07_quantize, judge_step, "every variant runs or says why", timeout_s=240),
+    Check("08_fast_path_and_profiler", step_08_fastpath, judge_step, "one step runs; profiler sees kernels",
+          timeout_s=200),
+    # last: a first Inductor/Triton compilation can take minutes; it must not crowd out the steps above
+    Check("torch_compile", measure_compile, judge_compile, "compiles and steps", timeout_s=360),
+)
+BY_NAME = {c.name: c for c in CHECKS}
+
+
+def skip_reason(check: Check, m: Machine) -> str | None:
+    """``skipped: <why>`` when ``check`` cannot run on ``m``, else None."""
+    if check.gpus and m.gpus == 0:
+        return NO_GPU
+    if check.gpus > m.gpus:
+        return f"skipped: needs {check.gpus} GPUs (this machine has {m.gpus})"
+    if check.no_mig and m.mig:
+        return "skipped: MIG slices (NCCL and DataParallel need whole GPUs)"
+    return None
+
+
+# --------------------------------------------------------------------------- running them
+
+
+class ChildTimeout(Exception):
+    """A check's process did not finish within its time limit (it was killed)."""
+
+
+def run_child(cmd: list[str], timeout_s: float, out_file: Path) -> dict[str, Any]:
+    """Run ``cmd`` (it writes JSON to ``out_file``) in a new session; kill the session at ``timeout_s``.
+
+    Raises :class:`ChildTimeout` at the limit and ``RuntimeError`` (the child's last error line)
+    when it fails.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
+        proc.communicate()
+        raise ChildTimeout(f"did not finish within {timeout_s:.0f} s and was stopped") from None
+    if proc.returncode != 0 or not out_file.exists():
+        lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+        raise RuntimeError(lines[-1][:200] if lines else f"exit code {proc.returncode}")
+    return json.loads(out_file.read_text())
+
+
+def _measure(check: Check, m: Machine, timeout_s: float) -> dict[str, Any]:
+    if check.where == "here" or (check.where == "auto" and m.gpus == 0):
+        return check.measure(m)
+    if check.where == "launch":  # launcher.launch bounds the torchrun tree by timeout_s
+        return check.measure(m, timeout_s=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_") as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, "-m", "lab_utils.doctor", "--child", check.name, "--out", str(out),
+               "--profile", m.profile]
+        return run_child(cmd, timeout_s, out)
+
+
+def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float = DEFAULT_BUDGET_S,
+               measure: Callable[[Check, Machine, float], dict[str, Any]] = _measure,
+               echo: Callable[[Row], None] | None = None) -> list[Row]:
+    """Run ``checks`` on ``m`` in order within ``budget_s`` seconds; one :class:`Row` each."""
+    deadline = time.monotonic() + budget_s
+    rows = []
+    for c in checks:
+        why = skip_reason(c, m)
+        left = deadline - time.monotonic()
+        if why is None and left < 5:
+            why = f"skipped: the doctor's time budget ({budget_s:.0f} s) is used up"
+        t0 = time.monotonic()
+        if why is not None:
+            row = Row(c.name, "", c.expected, why)
+        else:
+            limit = min(c.timeout_s, left)
+            try:
+                data = measure(c, m, limit)
+                measured, expected, verdict = c.judge(data, m)
+                row = Row(c.name, measured, expected, verdict, details=data)
+            except ChildTimeout as e:
+                row = Row(c.name, str(e), c.expected, "fail")
+            except LaunchError as e:
+                first = str(e).strip().splitlines()[0][:200]
+                row = Row(c.name, f"launch failed: {first}", c.expected, "fail", details={"error": str(e)})
+            except Exception as e:  # a broken check is a failed check, never a traceback
+                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                row = Row(c.name, f"{type(e).__name__}: {first}", c.expected, "fail")
+        row.seconds = time.monotonic() - t0
+        rows.append(row)
+        if echo is not None:
+            echo(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table: check, measured, expected, verdict, seconds."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| check | measured | expected | verdict | seconds |", "|---|---|---|---|---:|"]
+    for r in rows:
+        lines.append(f"| {' | '.join(cell(x) for x in (r.check, r.measured, r.expected, r.verdict))} "
+                     f"| {r.seconds:.1f} |")
+    return "\n".join(lines)
+
+
+def write_report(rows: list[Row], m: Machine, seconds: float, root: Path) -> tuple[Path, Path]:
+    """``doctor.md`` and ``doctor.json`` under ``root`` (``results/<profile>/``), each written atomically."""
+    from lab_utils.core.hardware import software_versions
+    from lab_utils.store import _atomic_write_text
+
+    root.mkdir(parents=True, exist_ok=True)
+    failed = [r.check for r in rows if r.failed]
+    head = (f"# lab doctor: {m.gpus} GPU(s){' x ' + m.name if m.name else ''}, driver {m.driver or 'none'}, "
+            f"profile {m.profile}\n\n{len(rows)} checks in {seconds:.0f} s; "
+            + (f"FAILED: {', '.join(failed)}" if failed else "no check failed") + "\n\n")
+    md, js = root / "doctor.md", root / "doctor.json"
+    _atomic_write_text(md, head + table(rows) + "\n")
+    payload = {"machine": asdict(m), "software": software_versions(), "seconds": seconds,
+               "failed": failed, "rows": [asdict(r) for r in rows]}
+    _atomic_write_text(js, json.dumps(payload, indent=2, default=str) + "\n")
+    return md, js
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lab_utils doctor [--profile P] [--budget S] [--only NAMES]``; 1 if a check failed."""
+    p = argparse.ArgumentParser(prog="python -m lab_utils doctor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default=None, help="the report goes to results/<profile>/ (default: auto)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for all checks (600)")
+    p.add_argument("--only", default=None, help=f"comma-separated subset of: {', '.join(BY_NAME)}")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)   # one check, in a child process
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default=None, help=argparse.SUPPRESS)  # a notebook step on another device
+    a = p.parse_args(argv)
+    if a.child:
+        return _child(a.child, a.out, a.profile, a.device)
+    checks = CHECKS
+    if a.only:
+        names = [n.strip() for n in a.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in BY_NAME]
+        if unknown:
+            raise LabError(f"Unknown doctor check(s) {unknown}; choose from: {', '.join(BY_NAME)}.")
+        checks = tuple(BY_NAME[n] for n in names)
+    if not a.budget > 0:
+        raise LabError(f"--budget must be a positive number of seconds, got {a.budget!r}.")
+    t0 = time.monotonic()
+    m = read_machine(a.profile)
+    print(f"lab doctor: {m.gpus} GPU(s){' (' + m.name + ')' if m.name else ''}, driver {m.driver or 'none'}, "
+          f"{len(checks)} checks within {a.budget:.0f} s", flush=True)
+
+    def echo(row: Row) -> None:
+        print(f"  {row.check:<30} {row.verdict:<8} {row.measured}"[:160], flush=True)
+
+    rows = run_checks(m, checks, a.budget, echo=echo)
+    seconds = time.monotonic() - t0
+    md, js = write_report(rows, m, seconds, config.results_dir(m.profile))
+    print()
+    print(table(rows))
+    failed = [r.check for r in rows if r.failed]
+    print(f"\n{len(rows)} checks in {seconds:.0f} s; "
+          + (f"FAILED: {', '.join(failed)}" if failed else "no check failed")
+          + f". Report: {md} and {js.name}")
+    return 1 if failed else 0
+
+
+def _child(name: str, out: str | None, profile: str | None, device: str | None) -> int:
+    """Run one check's measurement here and write its JSON to ``out``."""
+    check = BY_NAME.get(name)
+    if check is None or out is None:
+        print(f"error: unknown doctor check {name!r} or no --out", file=sys.stderr)
+        return 2
+    m = read_machine(profile)
+    data = check.measure(m, device=device) if device else check.measure(m)
+    Path(out).write_text(json.dumps(data, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""Test worker (tests/test_gpu_defects.py): the GPT worker, with rank 1 out of memory in its first step.
+
+Launched under torchrun in place of ``lab_utils.workers.gpt_train``: rank 1's training loop
+raises the caching allocator's ``torch.OutOfMemoryError`` before its first backward, while
+rank 0 goes on into DDP's gradient all-reduce and waits for it there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from lab_utils.workers import gpt_train
+
+_real_train_steps = gpt_train.train_steps
+
+
+def _train_steps(*args, **kwargs):
+    if int(os.environ.get("RANK", "0")) == 1:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (test: rank 1)")
+    return _real_train_steps(*args, **kwargs)
+
+
+gpt_train.train_steps = _train_steps
+
+if __name__ == "__main__":
+    sys.exit(gpt_train.main())

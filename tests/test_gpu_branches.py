@@ -1,0 +1,532 @@
+"""The CUDA-only branches of the lab, run on this CPU machine against tests/fake_gpu.py.
+
+Each test runs branches listed in tests/gpu_branches.py (the inventory) and asserts what the
+code does with the fake's values: the argument types torch requires (a device *with* an
+index, a ``float`` fraction), the device or backend chosen, the row or text written, the
+time measured on the fake's clock. The last tests keep the inventory equal to the code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import gpu_branches as inventory
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lab_utils.core import dist as labdist
+from lab_utils.core import hardware, loop, memory, timing
+from lab_utils.core.errors import LabError
+from lab_utils.store import Record
+
+A100 = "NVIDIA A100-SXM4-80GB"
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """torchrun's environment of a 1-rank job; the process group (if made) is destroyed afterwards."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- device queries
+
+
+def test_device_queries_name_count_and_default_device(fake_gpu):
+    gpu = fake_gpu(count=2, name=A100)
+    assert hardware.gpu_count() == 2 and loop.default_device() == torch.device("cuda")
+    assert [(g.index, g.name, g.memory_bytes) for g in hardware.gpus()] == [(0, A100, 80 * 2 ** 30),
+                                                                             (1, A100, 80 * 2 ** 30)]
+    gpu.initialized = False
+    s = hardware.hardware_summary()
+    assert s == {"device_type": "cuda", "device_name": A100, "device_count": 2,
+                 "cpu_cores": hardware.cpu_cores()}
+    assert hardware.hardware_summary("cuda:1", 1)["device_count"] == 1
+    assert hardware.device_name() == A100 and not gpu.initialized      # named by nvidia-smi -L: no context
+    gpu.initialized = True
+    assert hardware.device_name("cuda:1") == A100                       # torch's name once CUDA is up
+    machine = hardware.describe_machine()
+    assert [g["name"] for g in machine["gpus"]] == [A100] * 2 and "GPU1" in machine["interconnect"]
+    assert hardware.classify_interconnect(machine["interconnect"], 2) == "nvlink"
+
+
+def test_visible_gpu_names_follow_cuda_visible_devices(fake_gpu, monkeypatch):
+    fake_gpu(count=4, name=A100)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert hardware.visible_gpu_names() == [A100, A100]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert hardware.visible_gpu_names() == [None]
+    listing = ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-aaaa)\n"
+               "  MIG 3g.20gb     Device  0: (UUID: MIG-1111)\n"
+               "  MIG 1g.5gb      Device  1: (UUID: MIG-2222)\n"
+               "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-bbbb)\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-2222,GPU-bbbb")
+    mig = "NVIDIA A100-SXM4-40GB MIG "
+    assert hardware.visible_gpu_names(listing) == [mig + "1g.5gb", "NVIDIA H100 80GB HBM3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert hardware.visible_gpu_names(listing) == [mig + "3g.20gb", mig + "1g.5gb", "NVIDIA H100 80GB HBM3"]
+
+
+def test_a_session_on_a_gpu_node(fake_gpu, capsys):
+    from lab_utils import session
+
+    fake_gpu(count=2)
+    lab = session.start("quick")
+    assert lab.device == torch.device("cuda") and lab.gpu_count == 2
+    assert "device: cuda x2" in capsys.readouterr().out
+    from lab_utils.core.environment import gpu_node_problem
+
+    assert gpu_node_problem() is None   # torch sees the GPUs: nothing to refuse
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def test_timers_synchronize_so_a_phase_includes_its_queued_device_work(fake_gpu, monkeypatch):
+    """A kernel launch returns at once; the phase must still last as long as the device works."""
+    gpu = fake_gpu(count=2)
+    monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
+    timer = timing.PhaseTimer(torch.device("cuda", 1))
+    with timer.phase("compute"):
+        gpu.launch(0.300)                     # returns immediately, like a kernel launch
+    assert timer.seconds("compute") == pytest.approx(0.300)
+    assert gpu.synchronize_calls[-2:] == [1, 1]   # both ends, on the timer's device
+    nested = timing.NestedTimers("cuda")
+    with nested("epoch"), nested("forward"):
+        gpu.launch(0.05)
+    assert nested.stats["epoch/forward"].total_seconds == pytest.approx(0.05)
+    timing.synchronize(None)   # no device: nothing to wait for
+    n = len(gpu.synchronize_calls)
+    timing.synchronize("cpu")
+    assert len(gpu.synchronize_calls) == n
+
+
+def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkeypatch):
+    """The DDP communication hook's clock on a GPU: CUDA events (ms) turned into seconds, after a
+    device synchronization. The model is on the CPU (gloo); the timer takes its CUDA branch."""
+    from lab_utils.core.comm_hooks import AllReduceTimer
+
+    gpu = fake_gpu()
+    labdist.init_distributed("gloo")
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    timer = AllReduceTimer(ddp)
+    timer.cuda, timer.device = True, torch.device("cuda", 0)
+    model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work after the first bucket
+    timer.begin_step()
+    gpu.launch(0.010)                                                   # forward
+    ddp(torch.ones(2, 4)).sum().backward()
+    gpu.launch(0.004)                                                   # the tail DDP waits for
+    timer.end_backward()
+    step = timer.finish_step()
+    assert gpu.synchronize_calls[-1] == 0 and gpu.events_recorded >= 4
+    # the bucket was ready when the first layer's gradient was (0.012 s after the start; the
+    # all-reduce done at once on gloo); the tail is the 4 ms after it: seconds, not milliseconds
+    assert step.buckets == 1
+    assert step.exposed_tail_seconds == pytest.approx(0.004, abs=1e-9)
+    assert step.allreduce_busy_seconds == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatch):
+    """NCCL's barrier needs ``device_ids=[index]`` (an int): without it NCCL guesses a device."""
+    from lab_utils.core import comm_hooks
+
+    gpu = fake_gpu(count=2).gloo_for_nccl(monkeypatch)
+    labdist.init_distributed("auto")
+    assert gpu.nccl_requests[-1]["backend"] == "nccl"
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")   # what the NCCL group answers
+    calls = []
+    real = dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw) or real())
+    comm_hooks._barrier(torch.device("cuda", 1))
+    comm_hooks._barrier(torch.device("cuda"))      # no index: the current device
+    assert calls == [{"device_ids": [1]}, {"device_ids": [0]}]
+    assert all(isinstance(i, int) for c in calls for i in c["device_ids"])
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+def test_choose_backend_answers_nccl_with_a_gpu_per_rank(fake_gpu):
+    fake_gpu(count=2)
+    assert labdist.choose_backend("auto", 2) == "nccl"
+    assert labdist.choose_backend("auto", 4) == "gloo"    # two ranks would share a GPU
+    assert labdist.choose_backend("gloo", 2) == "gloo"
+
+
+def test_init_distributed_joins_nccl_on_its_own_gpu(fake_gpu, one_rank, monkeypatch):
+    """gloo stands in for NCCL (the request is recorded); the code takes its CUDA branch."""
+    gpu = fake_gpu(count=2).gloo_for_nccl(monkeypatch)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ctx = labdist.init_distributed(device="cuda")
+    assert (ctx.backend, ctx.device, gpu.current) == ("nccl", torch.device("cuda", 1), 1)
+    assert gpu.nccl_requests == [{"backend": "nccl", "device_id": torch.device("cuda", 1)}]
+    assert dist.get_backend() == "gloo"          # what really runs here
+    dist.destroy_process_group()
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(LabError, match="LOCAL_RANK 2 but only 2 GPUs are visible"):
+        labdist.init_distributed("nccl")
+
+
+def test_init_distributed_without_torchrun_on_a_gpu(fake_gpu, monkeypatch):
+    fake_gpu()
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    ctx = labdist.init_distributed(group_of_one=False)
+    assert ctx.device == torch.device("cuda") and ctx.backend is None and not ctx.ddp
+    assert labdist.init_distributed(device="cpu", group_of_one=False).device == torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_memory_cap_and_cleanup_on_a_gpu(fake_gpu):
+    gpu = fake_gpu(count=2)
+    assert memory.resolve_cuda_device("cuda") == torch.device("cuda", 0)
+    assert memory.resolve_cuda_device(1) == torch.device("cuda", 1)
+    value, dev = memory.set_memory_fraction(1, "cuda:1")          # an int 1 is given to torch as 1.0
+    assert (value, dev) == (1.0, torch.device("cuda", 1)) and gpu.fraction_calls == [(1.0, 1)]
+    with pytest.raises(ValueError, match="specified index"):
+        torch.cuda.set_per_process_memory_fraction(0.5, torch.device("cuda"))  # resolve_cuda_device avoids it
+    gpu.allocate(2 ** 30)
+    gpu.release(2 ** 30)
+    assert torch.cuda.memory_reserved(0) == 2 ** 30
+    memory.free_device_memory("cpu")
+    assert gpu.empty_cache_calls == 0
+    memory.free_device_memory("cuda")
+    assert gpu.empty_cache_calls == 1 and torch.cuda.memory_reserved(0) == 0
+    gpu.initialized = False
+    memory.free_device_memory()       # CUDA never initialized in this process: no context opened for it
+    assert gpu.empty_cache_calls == 1 and not gpu.initialized
+
+
+def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
+    from lab_utils.experiments import sweep
+
+    gpu = fake_gpu(count=2)
+    gpu.allocate(3 * 2 ** 30, 1)
+    gpu.release(2 * 2 ** 30, 1)
+    dev = torch.device("cuda", 1)
+    assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
+    loop.reset_peak_memory(dev)
+    assert loop.peak_memory(dev) == 2 ** 30
+    gpu.allocate(2 ** 30, 1)
+    sweep.free_memory(dev)           # synchronize, empty the cache, fresh peak counter
+    assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
+    assert loop.peak_memory(dev) == 2 * 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
+
+
+def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
+    """run_sweep on a (fake) GPU with a memory fraction: torch gets a float and an indexed device,
+    every measured batch is recorded with the GPU's name, and the cap is lifted afterwards."""
+    from lab_utils.experiments import sweep
+
+    gpu = fake_gpu(count=1, name=A100)
+    measured = []
+
+    def measure_batch(bs, s, base, dev, workers):
+        measured.append((bs, gpu.fraction.get(0)))
+        return Record(sweep.EXPERIMENT, {}, metrics={"batch_size": bs, "train_seconds": 1.0},
+                      hardware=hardware.hardware_summary(str(dev), 1))
+
+    monkeypatch.setattr(sweep, "_measure_batch", measure_batch)
+    monkeypatch.setattr(sweep, "make_loaders", lambda **kw: None)
+    res = sweep.run_sweep("full", batch_sizes=(32, 128), memory_fraction=0.25, train_images=512,
+                          device="cuda", store=store, verbose=False)
+    assert measured == [(32, 0.25), (128, 0.25)]
+    assert gpu.fraction_calls == [(0.25, 0), (1.0, 0)]
+    assert [r.hardware["device_name"] for r in res.records] == [A100, A100] and res.device == A100
+    loader = sweep._loader(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4)), 2, False, 0, 0)
+    assert loader.pin_memory   # pinned host memory for non-blocking copies to the GPU
+    with pytest.raises(LabError, match="memory_fraction limits a GPU's memory"):
+        sweep.run_sweep("quick", memory_fraction=0.5, device="cpu", verbose=False)
+
+
+def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
+    from lab_utils.core import data
+
+    fake_gpu()
+    loaders = data.make_loaders(batch_size=4, num_workers=0, train_images=8, test_images=8,
+                                dataset="synthetic")
+    assert loaders.train.pin_memory and loaders.test.pin_memory
+    split = data.ArraySplit(*data.synthetic_arrays(8, True), synthetic=True)
+    assert data.spec_loader(split, 4, 0).pin_memory
+
+
+# --------------------------------------------------------------------------- experiments' plans on GPUs
+
+
+def test_fast_path_choices_on_a_gpu(fake_gpu):
+    from lab_utils.experiments import fastpath
+
+    fake_gpu(name=A100)
+    assert fastpath._device(None) == torch.device("cuda")
+    assert fastpath.resolved_sgd("default", torch.device("cuda")) == "foreach"
+    assert fastpath.resolved_sgd("default", torch.device("cpu")) == "for-loop"
+    rec = Record("fastpath_trace", {"step": "fast", "device": "cuda", "trace_steps": 3}, profile="full",
+                 metrics={"description": "d"})
+    notes = fastpath.TraceResult(rec, Path("results/full/traces/fastpath_fast.json"), None).notes
+    assert "self time = GPU kernel time" in notes[1] and "GPU total kernel time" in notes[1]
+
+
+def test_comm_plans_on_gpus(fake_gpu):
+    from lab_utils.experiments import comm
+
+    gpu = fake_gpu(count=4)
+    assert comm.plan_bench() == comm.BenchPlan("nccl", 4, "cuda")
+    assert comm.plan_bench(2) == comm.BenchPlan("nccl", 2, "cuda")
+    with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
+        comm.plan_bench(8, "nccl")
+    gpu.count = 1
+    one = comm.plan_bench()
+    assert (one.backend, one.nproc) == ("gloo", 2) and "one GPU only" in one.note
+    gpu.count = 2
+    assert comm.plan_bench(backend="gloo").note == ""    # 2 GPUs, gloo asked for: no note
+    link = comm.detect_link_peak()
+    assert link.gb_per_s == 300.0 and "NVLink" in link.description
+
+
+def test_gpt_runs_on_gpus(fake_gpu, store, monkeypatch, capsys):
+    from lab_utils.experiments import gpt
+
+    fake_gpu(count=2, name=A100)
+    seen = []
+
+    def measure(experiment, key, cfg, n, devs, store_, s):
+        seen.append((experiment, n, devs.kind))
+        return Record(experiment, key, metrics={"reported_epoch": 1, "epoch_seconds": 1.0, "slowest_rank": 0,
+                                                "tokens_per_s": 1.0, "val_loss": 1.0},
+                      hardware=hardware.hardware_summary(devs.kind, n))
+
+    monkeypatch.setattr(gpt, "_measure", measure)
+    devs = gpt.available_devices(gpt.resolve_settings("quick"))
+    assert (devs.kind, devs.available, devs.gpus) == ("cuda", 2, 2)
+    assert devs.reason(4) == "needs 4 GPUs (this machine has 2)"
+    gpt.run_scaling("quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,))
+    gpt.run_accumulation("quick", micro_batches=(512,), effective_batch=1024)
+    monkeypatch.setattr(gpt, "checkpoint_path", lambda profile: store.root / "ckpt.pt")
+    gpt.train_final("quick")
+    out = capsys.readouterr().out
+    assert seen == [(gpt.SCALING, 1, "cuda"), (gpt.SCALING, 2, "cuda"), (gpt.ACCUMULATION, 2, "cuda"),
+                    (gpt.TRAIN, 2, "cuda")]
+    assert "batch 8/device x 2 GPU(es)" in out and "final training on 2 GPU(es)" in out
+    assert "skipped (needs 4 GPUs (this machine has 2))" in out
+
+
+def test_gpt_device_peak_on_a_gpu(fake_gpu):
+    from lab_utils.workers.gpt_train import device_peak
+
+    fake_gpu(name="NVIDIA H100 80GB HBM3", major=9)
+    assert device_peak(torch.device("cuda", 0), "bf16") == ("NVIDIA H100 80GB HBM3", 989e12, "bf16")
+    name, peak, precision = device_peak(torch.device("cuda", 0), "fp32")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    assert (precision, peak) == (("tf32", 495e12) if tf32 else ("fp32", 67e12))
+
+
+def test_large_batch_and_accounting_on_gpus(fake_gpu, store):
+    from lab_utils.experiments import large_batch as lb
+
+    fake_gpu(count=2, name=A100)
+    assert lb._hardware("nccl", 2)["device_name"] == A100 and lb._hardware("nccl", 2)["device_type"] == "cuda"
+    assert lb.comm_plan(lb.LARGE_BATCH_SETTINGS["full"]) == (2, "nccl")
+    plan = lb.plan_devices(lb.LARGE_BATCH_SETTINGS["full"])
+    assert (plan.large_devices, plan.backend, plan.accumulation_steps) == (2, "nccl", 2)
+    assert "this machine has 2 GPU(s)" in plan.note
+
+
+def test_the_large_batch_table_says_gpu(fake_gpu):
+    """Runs on (fake) 4 GPUs, NCCL records: 'N x GPU' rows, and the full layout is 'as asked'."""
+    from lab_utils.experiments import large_batch as lb
+
+    fake_gpu(count=4)
+    s = lb.LARGE_BATCH_SETTINGS["full"]
+    plan = lb.plan_devices(s, gpus=4)
+    runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
+    recs = [Record(lb.EXPERIMENT, {"backend": "nccl", "tag": r.name}, status="skipped", reason="not run here")
+            for r in runs]
+    t = lb.large_batch_table(lb.LargeBatchResult(recs, runs, s, plan, "full", []))
+    assert list(t["devices"]) == ["1 x GPU"] + ["4 x GPU"] * 4
+    assert list(t["vs assignment"]) == ["as asked"] * 5
+
+
+def test_asking_for_cuda_without_a_gpu_is_one_sentence():
+    from lab_utils.experiments import fastpath
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(LabError, match="--device cuda was asked for but no CUDA device is visible"):
+        labdist.init_distributed(device="cuda")
+    with pytest.raises(LabError, match="device='cuda' was asked for but torch sees no GPU"):
+        fastpath._device("cuda")
+
+
+def test_quantization_variants_on_a_gpu(fake_gpu):
+    from lab_utils.experiments import quantize as Q
+
+    fake_gpu(name=A100)
+    assert Q.devices_to_run(Q.settings_for("quick")) == ["cpu", "cuda"]
+    fp32 = Q.check_variant("fp32", "cuda")
+    assert fp32.ok and fp32.kernel.startswith("cuBLAS fp32 GEMM")
+    assert Q.check_variant("bf16", "cuda").kernel == "cuBLAS bf16 GEMM (tensor cores)"
+    ao = Q.check_variant("ao_dynamic_int8", "cuda")
+    assert not ao.ok and "CPU only" in ao.reason
+    dyn = Q.check_variant("torchao_int8_dynamic", "cuda")
+    if dyn.ok:   # torchao installed
+        assert "torch._int_mm (cuBLAS)" in dyn.kernel
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    kept = Q.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
+    assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
+
+
+def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
+    from lab_utils.core import config
+    from lab_utils.experiments import scaling
+
+    fake_gpu(count=2, name=A100)
+    s = scaling.settings_for("quick")
+    p = scaling.place(scaling.DDP, 2, 2, s, 16)
+    dp = scaling.place(scaling.DP, 2, 2, s, 16)
+    assert dp == scaling.Placement(scaling.DP, 2, scaling.DP_BACKEND, "cuda")
+    assert scaling._hardware(p) == hardware.hardware_summary("cuda", 2)
+    assert scaling._hardware(p)["device_name"] == A100
+    args = scaling.worker_args(s, "quick", scaling.SCALING, "nccl", (32,), dataset="synthetic")
+    row = scaling.unavailable_config(args, scaling.place(scaling.DDP, 4, 2, s, 16))
+    assert row["backend"] == "nccl" and row["device_type"] == "cuda"
+    calls = []
+    def run_scaling(lab, s, **kw):
+        calls.append(kw)
+        return scaling.ScalingResult([], s, "quick", kw.get("experiment", scaling.SCALING), [])
+
+    monkeypatch.setattr(scaling, "run_scaling", run_scaling)
+    lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
+    scaling.run_compute_vs_comm(lab)
+    assert [c.get("methods") for c in calls] == [None, (scaling.DDP,), (scaling.DP,)]   # DataParallel too
+
+
+def test_worker_records_name_the_gpu(fake_gpu):
+    from lab_utils.workers import comm_accounting, ddp
+
+    fake_gpu(count=2, name=A100)
+    ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
+    args = ddp.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=32,
+                          dataset="synthetic").validate().resolved()
+    assert args.record_config(2, "nccl")["device_type"] == "cuda"
+    epoch = {"epoch": 1, "steps": 1, "images": 16, "epoch_seconds": 1.0, "train_seconds": 0.5,
+             "elapsed_seconds": 1.0, "sample_order_head": []}
+    gathered = [{"rank": r, "epochs": [epoch], "startup_seconds": 0.1, "comm_probe": None, "threads": 1}
+                for r in (0, 1)]
+    summary = {"n_params": 10, "steps_per_epoch": 1, "global_batch": 16, "accumulation_steps": 1,
+               "batches_per_epoch": 1, "peak_lr": 0.1, "warmup_steps": 0, "worker_seconds": 1.0}
+    rec = ddp.build_records(args, ctx, gathered, summary)[0]
+    assert rec["hardware"]["device_name"] == A100 and rec["hardware"]["backend"] == "nccl"
+    assert "threads_per_process" not in rec["hardware"]
+    acc = comm_accounting.AccountingArgs(width=2, batch_size=2, steps=1, backend="nccl",
+                                         profile="quick").validate()
+    rec = comm_accounting.build_record(acc, ctx, [{"model_bytes": {"parameters": 1}}] * 2)
+    assert rec["hardware"]["device_name"] == A100 and rec["hardware"]["device_count"] == 2
+
+
+def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
+    from lab_utils.workers import allreduce_bench
+
+    gpu = fake_gpu(count=2)
+    allreduce_bench._sync(torch.device("cuda", 1))
+    allreduce_bench._sync(torch.device("cpu"))
+    assert gpu.synchronize_calls == [1]
+
+
+def test_job_plan_on_a_gpu_node(fake_gpu, results_dir, capsys):
+    from lab_utils import job_plan
+
+    fake_gpu(count=2, name=A100)
+    job_plan.main("plan", "scaling", "quick", "2", "nccl", "", "0", "", "--")
+    assert capsys.readouterr().out.splitlines()[0] == "32 128 512"
+    job_plan.main("oom", "scaling", "quick", "2", "nccl", "128", "0", "", "--")
+    from lab_utils.store import ResultStore
+
+    rec = ResultStore("quick").records("scaling")[-1]
+    assert rec.status == "oom" and rec.hardware["device_name"] == A100 and rec.config["device_type"] == "cuda"
+
+
+def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
+    """The benchmark's GPU defaults are chosen (model moving to the GPU is stopped there: no device here)."""
+    from lab_utils.experiments import bench_timers
+
+    fake_gpu()
+    chosen = {}
+
+    def stop(width):
+        chosen["width"] = width
+        raise RuntimeError("stop: no device memory in the fake")
+
+    monkeypatch.setattr(bench_timers, "ResNet18", stop)
+    with pytest.raises(RuntimeError, match="stop"):
+        bench_timers.main([])
+    assert chosen == {"width": 64}
+
+
+# --------------------------------------------------------------------------- the inventory
+
+
+def test_every_cuda_branch_is_in_the_inventory_and_nothing_else():
+    """tests/gpu_branches.py lists exactly the decision sites the scanner finds in lab_utils/."""
+    found = {s.key for s in inventory.scan()}
+    listed = {b.key for b in inventory.INVENTORY}
+    assert not found - listed, "not in the inventory: " + "; ".join(map(str, sorted(found - listed)))
+    assert not listed - found, "no longer in the code: " + "; ".join(map(str, sorted(listed - found)))
+    assert len(listed) == len(inventory.INVENTORY)
+
+
+def test_every_branch_names_an_existing_test_or_a_reason_and_a_doctor_check():
+    from lab_utils import doctor
+
+    for b in inventory.INVENTORY:
+        if b.test:
+            file, _, name = b.test.partition("::")
+            path = TESTS / file
+            assert path.exists() and f"def {name}(" in path.read_text(), b.test
+        else:
+            assert b.reason in inventory.REASONS and b.doctor in doctor.BY_NAME, b
+        assert b.what, b
+
+
+def test_the_target_is_met_and_the_markdown_is_current():
+    counts = inventory.counts()
+    assert counts["cuda_only"] >= 48 and counts["run"] >= 0.86 * counts["cuda_only"], counts
+    md = (TESTS / "GPU_BRANCHES.md").read_text()
+    assert md == inventory.markdown(), "regenerate: python tests/gpu_branches.py > tests/GPU_BRANCHES.md"
+
+
+def test_the_scanner_finds_flags_negations_and_nested_functions(tmp_path):
+    code = '''
+import torch
+def f(device, x):
+    cuda = device.type == "cuda"
+    nb = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    if device.type != "cuda":
+        return 1
+    y = 2
+    def inner():
+        if cuda:
+            return 3
+    return x.to(device, non_blocking=nb) if x else [g for g in range(3) if gpus]
+'''
+    (tmp_path / "m.py").write_text(code)
+    sites = {(s.function, s.condition, s.kind): s for s in inventory.scan(tmp_path)}
+    assert set(sites) == {("f", "cuda", "if"), ("f", "device.type != 'cuda'", "if"), ("f", "gpus", "expr"),
+                          ("f", "torch.cuda.is_available()", "flag"), ("f.inner", "cuda", "if")}
+    assert sites[("f", "cuda", "if")].arm_line == 7
+    negated = sites[("f", "device.type != 'cuda'", "if")]
+    assert negated.arm_line == 10 and negated.negated

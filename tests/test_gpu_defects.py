@@ -1,0 +1,521 @@
+"""Issue 25: the defects a read of the CUDA-only branches found, each run on this CPU machine.
+
+Every test here failed on the code before the fix (09a7bdf) and passes after it; the
+fake GPU (tests/fake_gpu.py, the ``fake_gpu`` fixture) stands in for the device where a
+branch is only taken with CUDA. The slow-rank test with accumulation (defect 7) is in
+tests/test_ddp.py next to the one without.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from lab_utils.core import hardware, memory
+from lab_utils.core.errors import LaunchError
+from lab_utils.store import Record, ResultStore
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+OTHER_GPU = "NVIDIA A100-SXM4-80GB"
+
+# --------------------------------------------------------------------------- 1. cuDNN 9 out of memory
+
+CUDNN9 = ["cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+          "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"]
+
+
+@pytest.mark.parametrize("message", CUDNN9)
+def test_a_cudnn9_allocation_failure_becomes_an_oom_row_not_a_crash(message):
+    """cuDNN 9 (cudnn_graph.h) reports an allocation failure as a sub-code of INTERNAL_ERROR."""
+    assert memory.is_out_of_memory(RuntimeError(message))
+    with memory.catch_oom() as oom:   # what every training path uses
+        raise RuntimeError(message + "\nmore lines")
+    assert oom.reason == f"OOM: {message}"
+    log = f"[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: {message}\n"
+    assert memory.mentions_out_of_memory(log)
+    assert memory.oom_reason_from_log(log) == f"OOM: [rank1]: RuntimeError: {message}"
+
+
+def _oom_check_of(script: str) -> str:
+    """The shell condition a job script uses to decide that a failed launch ran out of memory."""
+    lines = (REPO / "slurm" / script).read_text().splitlines()
+    i = next(i for i, line in enumerate(lines) if "lab_utils.job_plan oom" in line)
+    cond = lines[i - 1].strip()
+    assert cond.startswith("if ") and "; then" in cond, cond
+    return cond[3:].split("; then")[0]
+
+
+@pytest.mark.parametrize("script", ["experiment.sbatch", "multinode.sbatch"])
+@pytest.mark.timeout(120)
+def test_the_job_scripts_recognise_cudnn9_out_of_memory(script, tmp_path):
+    """The condition is run as the job runs it (bash, $PY = this interpreter, $log = a rank's log)."""
+    cond = _oom_check_of(script)
+    cases = {CUDNN9[0]: 0, CUDNN9[1]: 0, "RuntimeError: NCCL error: unhandled system error": 1}
+    for text, expected in cases.items():
+        log = tmp_path / "ddp-batch32.log"
+        log.write_text(f"[rank0]: Traceback (most recent call last):\n[rank0]: {text}\n")
+        rc = subprocess.run(["bash", "-c", cond], env={**os.environ, "PY": sys.executable, "log": str(log)},
+                            capture_output=True, timeout=60).returncode
+        assert rc == expected, (text, rc)
+
+
+# --------------------------------------------------------------------------- 2. GPT out of memory under DDP
+
+
+def _launch_swapping_module(real_launch, module: str):
+    """``launcher.launch`` that starts ``module`` (a test wrapper of the GPT worker) instead."""
+    def launch(_module, args, nproc=2, **kw):
+        path = os.environ.get("PYTHONPATH", "")
+        kw["env"] = {**(kw.get("env") or {}), "PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
+        return real_launch(module, args, nproc=nproc, **{**kw, "timeout_s": 120})
+    return launch
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monkeypatch):
+    """2 gloo ranks of the GPT worker; rank 1 runs out of memory in its first step (tests/gpt_oom_worker.py).
+
+    Before: rank 1 swallowed the error and went on to all_gather_object while rank 0 sat in
+    DDP's bucket all-reduce: mismatched collectives, a hang until the NCCL timeout (here the
+    launch timeout), and ``_measure`` did not catch the LaunchError anyway. Now rank 1 ends
+    itself, torchrun stops rank 0 at once, and the row says OOM with the allocator's words.
+    """
+    from lab_utils import launcher
+    from lab_utils.experiments import gpt
+
+    monkeypatch.setattr(launcher, "launch", _launch_swapping_module(launcher.launch, "gpt_oom_worker"))
+    s = gpt.resolve_settings("quick", scaling_devices=(2,), scaling_batch_sizes=(4,), scaling_epochs=1,
+                             max_chars=20_000, val_batches=1)
+    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
+    cfg = gpt._train_config(s, batch_size=4, epochs=1, steps_per_epoch=2, device="cpu")
+    t0 = time.perf_counter()
+    rec = gpt._measure(gpt.SCALING, gpt._key(cfg, 2, "cpu"), cfg, 2, devs, store, s)
+    assert time.perf_counter() - t0 < 100      # no wait for a collective timeout
+    assert rec.status == "oom", rec.reason
+    assert rec.reason.startswith("OOM: ") and "CUDA out of memory. Tried to allocate 20.00 GiB" in rec.reason
+    rank1 = [p.read_text() for p in (store.root / "logs").rglob("rank1.log")]
+    assert rank1 and "torch.OutOfMemoryError on rank 1 of 2" in rank1[0] and "this rank ends" in rank1[0]
+
+
+def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatch):
+    from lab_utils.experiments import gpt
+
+    s = gpt.resolve_settings("quick")
+    cfg = gpt._train_config(s, batch_size=4)
+    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
+    log = ("The 2-process run of lab_utils.workers.gpt_train failed (torchrun exit code 1); ...\n"
+           "rank 1: torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory. Tried to allocate 2G\n")
+
+    def oom(*a, **kw):
+        raise LaunchError(log)
+
+    monkeypatch.setattr(gpt, "execute", oom)
+    rec = gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
+    assert rec.status == "oom" and rec.reason.startswith("OOM: rank 1: torch.OutOfMemoryError on rank 1")
+    assert rec.hardware["device_count"] == 2
+
+    def broken(*a, **kw):
+        raise LaunchError("rank 0 failed: ImportError: no module named x")
+
+    monkeypatch.setattr(gpt, "execute", broken)
+    with pytest.raises(LaunchError, match="ImportError"):
+        gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
+
+
+def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
+    from lab_utils.core import dist
+
+    exits = []
+
+    def fake_exit(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(dist.os, "_exit", fake_exit)
+    with pytest.raises(SystemExit), dist.oom_ends_rank(dist.DistContext(rank=1, world_size=2)):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+    assert exits == [dist.OOM_EXIT_CODE]
+    err = capsys.readouterr().err
+    assert "torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory" in err
+    assert memory.mentions_out_of_memory(err)
+    with pytest.raises(torch.OutOfMemoryError), dist.oom_ends_rank(dist.DistContext()):  # one process
+        raise torch.OutOfMemoryError("x")
+    with pytest.raises(ValueError), dist.oom_ends_rank(dist.DistContext(rank=0, world_size=2)):
+        raise ValueError("not memory")
+    assert exits == [dist.OOM_EXIT_CODE]
+
+
+# --------------------------------------------------------------------------- 3. bf16 on V100
+
+
+def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
+    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import quantize as Q
+
+    gpu = fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
+    assert torch.cuda.is_bf16_supported()            # torch's default counts emulation
+    assert not fastpath.bf16_supported(torch.device("cuda"))
+    plan = fastpath.plan_waterfall(fastpath.settings_for("quick"), torch.device("cuda"), "quick")
+    bf16 = next(p for p in plan if p[0] == "bf16")
+    assert bf16[3] == "this GPU has no bf16 (needs Ampere or newer)" and not plan[-1][2].bf16
+    a = Q.check_variant("bf16", "cuda")
+    assert not a.ok and "Tesla V100-SXM2-16GB has no native bf16" in a.reason
+    assert not hardware.bf16_supported("cuda")
+    assert gpu.initialized  # asking torch about bf16 initializes CUDA; no tensor was made
+
+
+@pytest.mark.parametrize("old_torch", [False, True])
+def test_bf16_on_ampere_and_with_torch_24s_signature(fake_gpu, old_torch):
+    """torch 2.4 (admitted by requirements.txt) has no including_emulation: capability decides."""
+    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import quantize as Q
+
+    fake_gpu(name=OTHER_GPU, major=8, old_torch=old_torch)
+    assert Q.check_variant("bf16", "cuda").ok and fastpath.bf16_supported(torch.device("cuda"))
+    assert hardware.bf16_supported("cuda") and hardware.bf16_supported(torch.device("cuda", 0))
+    fake_gpu(name="Tesla V100-SXM2-16GB", major=7, old_torch=old_torch)
+    assert not fastpath.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
+    assert not hardware.bf16_supported("cuda")
+    assert hardware.bf16_supported("cpu")
+
+
+# --------------------------------------------------------------------------- 4. reuse across GPU models
+
+
+def relabel(store: ResultStore, experiment: str, name: str = OTHER_GPU) -> None:
+    """Rewrite every stored record of ``experiment`` as if measured on another GPU model."""
+    p = store.path(experiment)
+    rows = [json.loads(line) for line in p.read_text().splitlines()]
+    for d in rows:
+        d["hardware"]["device_name"] = name
+    p.write_text("".join(json.dumps(d) + "\n" for d in rows))
+
+
+def test_the_store_reuses_a_record_only_on_the_same_devices(store):
+    here = hardware.hardware_summary("cpu", 1)
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return {"x": len(calls)}
+
+    first = store.run("e", {"a": 1}, measure, hardware=here)
+    assert store.run("e", {"a": 1}, measure, hardware=here).metrics == first.metrics == {"x": 1}
+    assert first.hardware == here
+    relabel(store, "e")
+    assert store.reusable("e", {"a": 1}, here) is None
+    assert store.run("e", {"a": 1}, measure, hardware=here).metrics == {"x": 2}   # measured again
+    two = {**here, "device_count": 2}
+    assert store.reusable("e", {"a": 1}, two) is None                              # another count
+    assert store.reusable("e", {"a": 1}) is not None   # default: this machine's device, as append records it
+
+
+def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
+    from lab_utils.experiments import fastpath
+
+    s = fastpath.FastSettings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
+                              data_min_seconds=0.0, compile=False, dataset="synthetic").check()
+    first = fastpath.bench_data(store, s, "cpu")
+    assert [r.metrics["run_id"] for r in fastpath.bench_data(store, s, "cpu")] == [r.metrics["run_id"]
+                                                                                  for r in first]
+    relabel(store, "bench_data")
+    again = fastpath.bench_data(store, s, "cpu")
+    assert again[0].metrics["run_id"] != first[0].metrics["run_id"]
+    assert {r.hardware["device_name"] for r in again} == {hardware.device_name("cpu")}
+
+
+def test_compute_step_is_measured_again_on_another_gpu_model(store):
+    from lab_utils.experiments import comm
+
+    def step():
+        return comm.compute_step_records(store, 2, [2], "cpu", steps=1, warmup=0)[0]
+
+    first = step()
+    assert step().timestamp == first.timestamp
+    relabel(store, comm.COMPUTE_EXPERIMENT)
+    step()
+    assert len(store.records(comm.COMPUTE_EXPERIMENT)) == 2
+
+
+def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
+    from lab_utils.experiments import gpt
+
+    calls = []
+
+    def measure(experiment, key, cfg, n, devs, store_, s):
+        calls.append(n)
+        return Record(experiment, key, metrics={"m": 1}, hardware=hardware.hardware_summary(devs.kind, n))
+
+    monkeypatch.setattr(gpt, "_measure", measure)
+    kw = dict(scaling_devices=(1,), scaling_batch_sizes=(4,), verbose=False)
+    gpt.run_scaling("quick", **kw)
+    gpt.run_scaling("quick", **kw)
+    assert calls == [1]
+    relabel(store, gpt.SCALING)
+    gpt.run_scaling("quick", **kw)
+    assert calls == [1, 1]
+
+
+def test_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    calls = []
+
+    def measure_device(mut, variants, device, settings, show_progress=False):
+        calls.append(device)
+        return [Record(Q.EXPERIMENT, {}, metrics={"v": v}, hardware=hardware.hardware_summary(device, 1))
+                for v in variants]
+
+    monkeypatch.setattr(Q, "measure_device", measure_device)
+    tokens = torch.zeros(200, dtype=torch.long)
+    mut = Q.ModelUnderTest(GPT(gpt_config("tiny", vocab_size=16)), tokens, 64, "m")
+    s = Q.settings_for("quick", variants=("fp32",), devices=("cpu",))
+    Q.run_quantization(store, mut, s, show_progress=False)
+    Q.run_quantization(store, mut, s, show_progress=False)
+    assert calls == ["cpu"]
+    relabel(store, Q.EXPERIMENT)
+    Q.run_quantization(store, mut, s, show_progress=False)
+    assert calls == ["cpu", "cpu"]
+
+
+def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
+    from lab_utils import launcher
+    from lab_utils.experiments import comm
+    from lab_utils.experiments import large_batch as lb
+    from lab_utils.workers.ddp import parse_args
+
+    launched = []
+
+    def fake_launch(module, args, nproc=2, **kw):
+        launched.append(module)
+        if module == "lab_utils.workers.ddp":   # what the worker stores: the record of its config
+            a = parse_args(list(args)).resolved()
+            store.add(lb.EXPERIMENT, a.record_config(nproc, "gloo"), {"train_loss": 1.0},
+                      hardware=hardware.hardware_summary("cpu", nproc))
+            return SimpleNamespace(records=[])
+        one = {"time_us": 1.0, "time_us_min_rank": 1.0, "algbw_gb_per_s": 1.0, "busbw_gb_per_s": 1.0,
+               "correct": True}
+        return SimpleNamespace(records=[{"size_bytes": b, "count": b // 4, **one}
+                                        for b in comm.message_sizes(8, 16)])
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
+            "large_batch_per_device": 16}
+    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    assert len(launched) == 5
+    relabel(store, lb.EXPERIMENT)
+    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    assert len(launched) == 10
+
+    bs = comm.BenchSettings(max_bytes=16, iters=1, warmup=0, min_bytes=8)
+    launched.clear()
+    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
+    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
+    assert launched == [comm.BENCH_MODULE]
+    relabel(store, comm.BENCH_EXPERIMENT)
+    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
+    assert launched == [comm.BENCH_MODULE] * 2
+
+
+# --------------------------------------------------------------------------- 5. MIG slices
+
+MIG_NAME = "NVIDIA A100-SXM4-40GB MIG 1g.5gb"
+
+
+def test_a_mig_slice_gets_no_peak_and_says_why():
+    assert hardware.peak_flops_per_s("NVIDIA A100-SXM4-40GB", "bf16") == 312e12
+    for precision in ("fp32", "tf32", "bf16", "fp16"):
+        assert hardware.peak_flops_per_s(MIG_NAME, precision) is None
+    assert hardware.fraction_of_peak(10e12, MIG_NAME, "bf16") is None
+    assert hardware.mig_profile(MIG_NAME) == "1g.5gb"
+    assert "MIG slice 1g.5gb: no peak" in hardware.peak_note(MIG_NAME)
+    assert hardware.peak_note("NVIDIA A100-SXM4-40GB") is None and hardware.peak_note("cpu (x)") is None
+
+
+def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
+    from lab_utils.core import environment
+    from lab_utils.experiments import fastpath
+    from lab_utils.workers.gpt_train import device_peak
+
+    gpu = fake_gpu(name="NVIDIA A100-SXM4-40GB", mig="1g.5gb", total_memory=5 * 2 ** 30)
+    name, peak, precision = device_peak(torch.device("cuda", 0), "bf16")
+    assert (name, peak, precision) == (MIG_NAME, None, "bf16")   # MFU None, not 7x too low
+    gpu.initialized = False
+    assert hardware.device_name("cuda") == MIG_NAME and not gpu.initialized  # nvidia-smi -L: no context
+    assert hardware.visible_gpu_names() == [MIG_NAME]
+    rows = environment.environment_rows("quick", "test")
+    gpu_rows = [r for r in rows if str(r.get("item", "")).startswith("GPU 0")]
+    assert gpu_rows and "MIG slice 1g.5gb: no peak" in gpu_rows[0]["value"]
+    rec = Record("bench_train", {"step": "spec", "position": 0}, metrics={"images_per_s": 1.0},
+                 hardware={"device_name": MIG_NAME})
+    assert fastpath.waterfall_table([rec])["percent_of_peak"][0] == "none (MIG slice)"
+
+
+# --------------------------------------------------------------------------- 6. int8 with M <= 16 on CUDA
+
+
+def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, fake_gpu):
+    """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
+    Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
+    model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    torch.manual_seed(0)
+    model = GPT(gpt_config("tiny", vocab_size=64)).eval()
+    qm = Q.quantize_model(model, "torchao_int8_dynamic", "cpu")
+    prompt = torch.randint(0, 64, (1, 8))
+    reference = Q.greedy_decode(qm, prompt, 3, 64)   # unpadded, on the CPU's _int_mm
+    ref_logits = Q._logits(qm, prompt)
+    rows, real = [], torch._int_mm
+
+    def cublas_int_mm(a, b):
+        rows.append(a.shape[0])
+        if a.shape[0] <= 16:
+            raise RuntimeError(f"self.size(0) needs to be greater than 16, but got {a.shape[0]}")
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "_int_mm", cublas_int_mm)
+    hooked = Q.pad_int8_matmul_rows(qm, "torchao_int8_dynamic", torch.device("cuda"))
+    assert hooked == sum(isinstance(m, nn.Linear) for m in qm.modules())
+    assert torch.equal(Q.greedy_decode(qm, prompt, 3, 64), reference)   # same tokens
+    assert torch.equal(Q._logits(qm, prompt), ref_logits)                # bit-identical logits
+    assert rows and min(rows) == Q.INT_MM_MIN_ROWS                      # every int8 matmul ran padded
+    assert Q.pad_int8_matmul_rows(model, "torchao_int8_dynamic", "cpu") == 0   # the CPU takes any M
+    assert Q.pad_int8_matmul_rows(model, "torchao_int8_weight_only", "cuda") == 0
+    fake_gpu()
+    assert "padded to 17 rows" in Q.check_variant("torchao_int8_dynamic", "cuda").kernel
+
+
+# --------------------------------------------------------------------------- 8. compiled timed epoch
+
+
+@pytest.mark.timeout(180)
+def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
+    """The warm-up compiles the full and the last, partial batch shape. Without dynamic=False the
+    second compile is a dynamic-shape graph (symbolic batch size), which the timed epoch then runs
+    for every batch. A backend that records each graph's input shapes tells them apart."""
+    from lab_utils.core import data
+    from lab_utils.experiments import fastpath
+
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        dynamic = any(isinstance(s, torch.SymInt) for n in gm.graph.nodes if n.op == "placeholder"
+                      for v in [n.meta.get("example_value")] if v is not None
+                      for s in (v.shape if isinstance(v, torch.Tensor) else [v]))
+        graphs.append(dynamic)
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend=recording_backend, **kw))
+    torch._dynamo.reset()
+    trainer = fastpath.build_trainer(fastpath.TrainOptions(loader="device", compile=True), 4, "cpu")
+    split = fastpath.load_split(True, 40, "synthetic")
+    loader = data.device_loader(split, torch.device("cpu"), 16, seed=0)
+    fastpath.warm_up(trainer, loader, 1, len(split) % 16)
+    before = fastpath.compiled_graphs()
+    fastpath.run_epoch(trainer, loader)
+    assert fastpath.compiled_graphs() == before          # nothing compiled inside the timed epoch
+    assert graphs == [False, False]                       # one static graph per shape
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- 9. smaller ones
+
+
+def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatch):
+    """The LR scheduler holds the optimizer (and the parameters and momentum through it): deleting
+    the model and the optimizer alone left all of it alive when the cache was emptied."""
+    import torch.distributed as dist
+
+    from lab_utils.core import dist as labdist
+    from lab_utils.core import loop
+    from lab_utils.core import memory as mem
+    from lab_utils.workers import ddp
+
+    refs, alive_at_free = [], []
+    real_make = loop.make_optimizer
+
+    def make_optimizer(model, **kw):
+        opt = real_make(model, **kw)
+        refs.append(weakref.ref(opt))
+        return opt
+
+    def free_device_memory(device=None):
+        gc.collect()
+        alive_at_free.append([r() is not None for r in refs])
+
+    monkeypatch.setattr(loop, "make_optimizer", make_optimizer)
+    monkeypatch.setattr(mem, "free_device_memory", free_device_memory)
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
+        monkeypatch.setenv(k, v)
+    args = ddp.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=16,
+                          dataset="synthetic", num_workers=0).validate().resolved()
+    ctx = labdist.init_distributed("gloo")
+    try:
+        recs = ddp.run_config(args, ctx, ddp.train_dataset(args), None)
+    finally:
+        dist.destroy_process_group()
+    assert recs and recs[0]["status"] == "ok"
+    assert alive_at_free == [[False]]
+
+
+def test_dataparallel_peak_memory_is_every_gpus(fake_gpu):
+    from lab_utils.core import loop
+
+    gpu = fake_gpu(count=2)
+    dp = nn.DataParallel(nn.Linear(2, 2))
+    devices = loop.model_devices(dp, torch.device("cuda", 0))
+    assert devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    gpu.allocate(3 * 2 ** 30, 0)
+    gpu.allocate(5 * 2 ** 30, 1)
+    assert [loop.peak_memory(d) for d in devices] == [3 * 2 ** 30, 5 * 2 ** 30]
+    assert loop.model_devices(nn.Linear(2, 2), torch.device("cuda", 0)) == [torch.device("cuda", 0)]
+
+
+def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch, fake_gpu):
+    """Notebook 02 on 2 GPUs: the kernel names the GPU for the store's reuse check (nvidia-smi -L)
+    and launches DDP before DataParallel trains in-process; at launch time CUDA is not initialized
+    in the kernel, so rank 0 has as much memory as rank 1."""
+    from lab_utils import launcher
+    from lab_utils.core import config
+    from lab_utils.experiments import scaling
+
+    gpu = fake_gpu(count=2, name="Fake GPU")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def launch(module, args, nproc=2, **kw):
+        seen.append((module, nproc, gpu.initialized, set(gpu.contexts)))
+        raise Stop
+
+    def dp_sizes(*a, **kw):
+        seen.append(("DataParallel", None, gpu.initialized, set(gpu.contexts)))
+        return {}
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(scaling, "_run_dp_sizes", dp_sizes)
+    lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
+    s = scaling.settings_for("quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,))
+    with pytest.raises(Stop):
+        scaling.run_scaling(lab, s, devices=(2,), dataset="synthetic")
+    assert seen == [("lab_utils.workers.ddp", 2, False, set())]
