@@ -7,7 +7,7 @@ STAMP       := $(VENV)/.installed
 PROFILE     ?=
 NOTEBOOKS   ?=
 PYTEST_ARGS ?=
-# Which torch build `make venv` installs (lab_utils/core/cuda_wheels.py; README "Running on a
+# Which torch build `make venv` installs (tools/cuda_wheels.py; README "Running on a
 # cluster"): by default the one this machine's NVIDIA driver runs (PyPI's without a driver).
 #   make venv TORCH_VARIANT=cu126      force a build (cu126, cu130, cu132, cpu, pypi, an index URL;
 #                                      it sticks to .venv until TORCH_VARIANT=auto)
@@ -27,10 +27,10 @@ ifneq ($(filter command,$(origin TORCH_VARIANT) $(origin SYSTEM_TORCH)),)
 .PHONY: $(STAMP)
 endif
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml lab_utils/core/cuda_wheels.py
+$(STAMP): requirements.txt constraints.txt pyproject.toml tools/cuda_wheels.py lab_utils/core/cuda_builds.py
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(if $(USE_SYSTEM),--system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) lab_utils/core/cuda_wheels.py install --python $(PY) --requirements requirements.txt \
+	$(PY) tools/cuda_wheels.py install --python $(PY) --requirements requirements.txt \
 		--constraints constraints.txt --variant "$(TORCH_VARIANT)" $(if $(USE_SYSTEM),--system-torch)
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)

@@ -92,12 +92,12 @@ def read_machine(profile: str | None = None) -> Machine:
     """This machine's GPUs, driver and MIG slices, from NVML and ``nvidia-smi`` (no CUDA context)."""
     import torch
 
-    from lab_utils.core import cuda_wheels, hardware
+    from lab_utils.core import cuda_builds, hardware
     from lab_utils.core.environment import gpu_node_problem
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = hardware.visible_gpu_names() or []
-    driver = cuda_wheels.query_driver()
+    driver = cuda_builds.query_driver()
     found = gpu_node_problem(driver)
     name = config.resolve_profile_name(profile)[0]
     return Machine(gpus=gpus, names=names[:gpus] if gpus else names,
@@ -388,17 +388,17 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     """
     from lab_utils.experiments.comm import BENCH_MODULE, detect_link_peak, plan_bench
     from lab_utils.launcher import launch
+    from lab_utils.workers.args import BenchArgs
 
     plan = plan_bench(m.gpus, "auto")
     use = backend or plan.backend
-    args = ["--min-bytes", str(2 ** 20), "--max-bytes", str(max_bytes), "--iters", "5", "--warmup", "2",
-            "--backend", use]
-    res = launch(BENCH_MODULE, args, nproc=plan.nproc, timeout_s=timeout_s)
-    best = max(res.records, key=lambda r: r["busbw_gb_per_s"])
+    args = BenchArgs(min_bytes=2 ** 20, max_bytes=max_bytes, iters=5, warmup=2, backend=use).validate()
+    res = launch(BENCH_MODULE, args.to_argv(), nproc=plan.nproc, timeout_s=timeout_s)
+    best = max(res.records, key=lambda r: r.metrics["busbw_gb_per_s"])
     link = detect_link_peak(m.gpus)
     return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
-            "busbw_gb_per_s": best["busbw_gb_per_s"], "size_bytes": best["size_bytes"],
-            "correct": all(r["correct"] for r in res.records), "link_gb_per_s": link.gb_per_s,
+            "busbw_gb_per_s": best.metrics["busbw_gb_per_s"], "size_bytes": best.config["size_bytes"],
+            "correct": all(r.metrics["correct"] for r in res.records), "link_gb_per_s": link.gb_per_s,
             "link": link.description}
 
 
@@ -424,13 +424,13 @@ def _smallest(values) -> int:
 
 def _resnet_steps(width: int, batch: int, device: str, steps: int = 2,
                   data_parallel: int = 0) -> dict[str, Any]:
-    """``steps`` training steps of ResNet-18 through :func:`~lab_utils.core.loop.train_epoch` on a
+    """``steps`` training steps of ResNet-18 through :func:`~lab_utils.core.loop.run_epoch` on a
     synthetic loader (pinned memory on a GPU), then an evaluation pass."""
     import torch
 
     from lab_utils.core.backends import apply_training_backends
     from lab_utils.core.data import make_loaders
-    from lab_utils.core.loop import evaluate, make_optimizer, train_epoch, wrap_data_parallel
+    from lab_utils.core.loop import StepOptions, evaluate, make_optimizer, run_epoch, wrap_data_parallel
     from lab_utils.models import ResNet18
 
     apply_training_backends()
@@ -441,7 +441,7 @@ def _resnet_steps(width: int, batch: int, device: str, steps: int = 2,
     model = ResNet18(width=width).to(device)
     run = wrap_data_parallel(model, list(range(n))) if data_parallel else model
     opt = make_optimizer(run)
-    rec = train_epoch(run, loaders.train, opt, device, max_steps=steps)
+    rec = run_epoch(run, loaders.train, opt, device, options=StepOptions(max_steps=steps))
     ev = evaluate(model, loaders.test, device)
     return {"train_seconds": rec.train_seconds, "images": rec.images, "loss": rec.loss,
             "peak_memory_bytes": rec.peak_memory_bytes, "peak_per_device": rec.peak_memory_bytes_per_device,
@@ -480,14 +480,14 @@ def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: 
                 measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
     """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
     from lab_utils.launcher import launch
-    from lab_utils.workers.ddp import WorkerArgs
+    from lab_utils.workers.args import WorkerArgs
 
     args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
                       train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
                       dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
                       backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
     res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
-    agg = next(r for r in res.records if r["config"]["record"] == "aggregate")["metrics"]
+    agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
             "test_accuracy")
     accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
@@ -522,11 +522,11 @@ def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
     """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
     from lab_utils.launcher import launch
-    from lab_utils.workers.comm_accounting import AccountingArgs
+    from lab_utils.workers.args import AccountingArgs
 
     args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
     res = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
-    return int(res.records[0]["metrics"]["world_size"])
+    return int(res.records[0].metrics["world_size"])
 
 
 def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
@@ -542,16 +542,16 @@ def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: s
                 device: str = "cuda") -> dict[str, Any]:
     """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
     from lab_utils.launcher import launch
-    from lab_utils.workers.gpt_train import TrainConfig, config_to_args
+    from lab_utils.workers.args import TrainConfig
 
     cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
                       lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
-    res = launch("lab_utils.workers.gpt_train", config_to_args(cfg), nproc=ranks, timeout_s=timeout_s)
+    res = launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
     run = res.records[-1]
-    epoch = next((r for r in reversed(res.records) if r.get("kind") == "epoch"), {})
-    return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run["status"],
-            "reason": run.get("reason"), "tokens_per_s": epoch.get("tokens_per_s"), "mfu": epoch.get("mfu"),
-            "peak_memory_bytes": run.get("peak_memory_bytes")}
+    m = run.metrics
+    return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run.status, "reason": run.reason,
+            "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"),
+            "peak_memory_bytes": m.get("peak_memory_bytes")}
 
 
 def _native_bf16_here() -> bool:
@@ -608,12 +608,13 @@ def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
     host = host.pin_memory() if dev.type == "cuda" else host
     x, y = fastpath.to_device(host, torch.zeros(s.batch_size, dtype=torch.long), dev, True)  # as spec batches
     trainer.step(x, y)
-    ep = fastpath.run_epoch(trainer, loader)
+    ep = trainer.epoch(loader)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        fastpath.run_epoch(trainer, loader, max_steps=1)
+        trainer.epoch(loader, max_steps=1)
     kernels = sum(1 for e in prof.key_averages() if str(getattr(e, "device_type", "CPU")).endswith("CUDA"))
-    return {"config": opts.describe(), "images_per_s": ep.images_per_s, "profiled_gpu_kernels": kernels}
+    return {"config": opts.describe(), "images_per_s": ep.images / ep.epoch_seconds,
+            "profiled_gpu_kernels": kernels}
 
 
 def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
@@ -629,7 +630,7 @@ def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
     loader = device_loader(split, dev, 128, seed=0)
     warm = fastpath.warm_up(trainer, loader, 1)
     before = fastpath.compiled_graphs()
-    ep = fastpath.run_epoch(trainer, loader)
+    ep = trainer.epoch(loader)
     after = fastpath.compiled_graphs()
     return {"compile_seconds": warm, "loss": ep.loss,
             "graphs_in_timed_epoch": None if before is None or after is None else after - before}

@@ -10,36 +10,54 @@ stored OOM nothing larger is planned.
 
 ``python -m lab_utils.job_plan oom ... SIZE ...`` records the row saying that the launch for
 per-GPU batch SIZE ran out of memory.
+
+``python -m lab_utils.job_plan store ... SIZE ... -- [WORKER ARGS] RECORDS_FILE`` stores the records the
+worker's rank 0 appended to RECORDS_FILE (its ``--out``): the job script is the parent, and, as
+everywhere in the lab, the parent writes the result store (through
+:meth:`lab_utils.store.ResultStore.run_many`), the worker never does.
 """
 
 import sys
 
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import hardware_summary
+from lab_utils.core.records import Record, RecordsReader, canonical_key
 from lab_utils.experiments import scaling
 from lab_utils.store import ResultStore
-from lab_utils.workers.ddp import parse_args
+from lab_utils.workers.args import WorkerArgs
 
 
 def main(mode, experiment, profile, world, backend, sizes, force, tag, _dash, *extra):
     world = int(world)
+    records_file = None
+    if mode == "store":
+        *extra, records_file = extra
     s = scaling.settings_for(profile)
     base = scaling.worker_args(s, profile, experiment, backend, (1,),
                                measure_comm=experiment == scaling.COMPUTE_VS_COMM).to_argv()
     i = base.index("--batch-size")
     del base[i:i + 2]  # the batch size is given per launch
     argv = base + (["--tag", tag] if tag else []) + list(extra)
-    args = parse_args(argv).resolved()
+    args = WorkerArgs.from_argv(argv).resolved()
     store = ResultStore(args.profile)
     device = "cuda" if backend == "nccl" else "cpu"
-    if mode == "oom":  # the launch for batch `sizes` ran out of memory: a row that says so
-        store.add(experiment, args.for_batch(int(sizes)).record_config(world, backend), status="oom",
-                  reason="OOM", profile=args.profile, synthetic=args.dataset == "synthetic",
-                  dataset=args.dataset, hardware=hardware_summary(device, world))
+    here = hardware_summary(device, world)
+    if mode in ("oom", "store"):
+        cfg = args.for_batch(int(sizes)).record_config(world, backend)
+        if mode == "oom":  # the launch for batch `sizes` ran out of memory: a row that says so
+            got = [Record(experiment, cfg, status="oom", reason="OOM", profile=args.profile,
+                          synthetic=args.dataset == "synthetic", dataset=args.dataset, hardware=here)]
+        else:
+            got = RecordsReader(records_file).new()
+            if not any(r.key == canonical_key(cfg) for r in got):
+                raise LabError(f"{records_file} holds no record of per-GPU batch {sizes}; check the job's "
+                               "log.")
+        store.run_many(experiment, [cfg], lambda todo: got, force=True, hardware=here)
+        print(f"stored {len(got)} record(s) of per-GPU batch {sizes} in {store.path(experiment)}")
         return
     wanted = sorted({int(b) for b in sizes.split(",") if b} if sizes else
                     {b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes})
-    todo, notes, here = [], [], hardware_summary(device, world)
+    todo, notes = [], []
     for b in wanted:
         if b * world > args.train_images:
             notes.append(f"{b}: global batch {b * world} > {args.train_images} training images")

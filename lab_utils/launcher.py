@@ -14,14 +14,18 @@ Every process of a launch carries ``LAB_LAUNCH_ID=<unique id>`` in its environme
 that processes which left the tree (reparented after their parent died) are found in
 ``/proc`` and stopped too.
 
-Worker protocol: the launcher appends ``--out <file>`` to the worker's arguments; rank 0
-writes a JSON list of records there (:func:`write_worker_output`). The launcher returns
-that list. No zombie or orphaned processes are left behind.
+Worker protocol (the one way back from a worker): the launcher appends ``--out <file>`` to
+the worker's arguments; rank 0 appends its records there as whole JSON lines, one call per
+finished configuration (:func:`lab_utils.core.records.append_records`). :func:`stream` yields
+each record as soon as its line is whole, while the run goes on, and :func:`launch` returns
+them all (:class:`LaunchResult`). A failed run raises :class:`LaunchError` after yielding
+the records that were finished, so the caller can store them. Workers never write the
+result store: the parent does, through :meth:`lab_utils.store.ResultStore.run`. No zombie
+or orphaned processes are left behind.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -30,14 +34,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from lab_utils.core.config import check_positive_int
 from lab_utils.core.dist import free_port  # noqa: F401  (also launcher.free_port for callers)
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.hardware import cpu_cores
+from lab_utils.core.records import Record, RecordsReader
 
 TAIL_LINES = 25
 LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
@@ -47,7 +52,7 @@ LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
 class LaunchResult:
     """What a finished run left: rank 0's records, per-rank logs, wall seconds."""
 
-    records: list[dict[str, Any]]
+    records: list[Record]
     log_dir: Path
     wall_seconds: float
     logs: dict[int, Path] = field(default_factory=dict)
@@ -74,17 +79,35 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
            threads_per_rank: int | None = None) -> LaunchResult:
     """Run ``module`` on ``nproc`` ranks under torchrun and return rank 0's records.
 
+    :func:`stream`, collected: the same arguments, the same errors.
+    """
+    info: dict = {}
+    records = list(stream(module, args, nproc, timeout_s, log_dir, env, threads_per_rank, info))
+    return LaunchResult(records=records, **info)
+
+
+POLL_S = 0.2  # how often a running launch's records file is read
+
+
+def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: float = 600,
+           log_dir: str | Path | None = None, env: dict[str, str] | None = None,
+           threads_per_rank: int | None = None, info: dict | None = None) -> Iterator[Record]:
+    """Run ``module`` on ``nproc`` ranks under torchrun; yield rank 0's records as they are written.
+
     ``timeout_s`` bounds the whole run (start-up included). ``threads_per_rank`` sets
     ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default ``$OMP_NUM_THREADS`` when set,
     else the cores are shared evenly. Logs of an earlier run in the same ``log_dir`` are
-    removed first. Raises :class:`LaunchError` when a rank fails or the run times out.
+    removed first. After the run, raises :class:`LaunchError` when a rank failed or the run
+    timed out (the records yielded before are whole: store them). ``info`` (a dict) receives
+    the log folder, the rank logs, the wall seconds and the launch id. Leaving the loop early
+    (or an interrupt) stops the whole process tree.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:
         raise LabError(f"timeout_s must be positive, got {timeout_s!r}.")
     log_root = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lab_ddp_"))
     log_root.mkdir(parents=True, exist_ok=True)
-    out_file = log_root / "records.json"
+    out_file = log_root / "records.jsonl"
     out_file.unlink(missing_ok=True)
     for old in [*log_root.glob("rank*.log"), log_root / "torchrun.log"]:
         old.unlink(missing_ok=True)  # rank logs are appended to: never quote a previous run
@@ -96,8 +119,6 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
         check_positive_int(threads_per_rank, "threads_per_rank")
         run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
     elif "OMP_NUM_THREADS" not in run_env:
-        from lab_utils.core.hardware import cpu_cores
-
         run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
     run_env["PYTHONUNBUFFERED"] = "1"
     run_env["LAB_RANK_LOG_DIR"] = str(log_root)
@@ -106,27 +127,37 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     run_env[LAUNCH_ID_ENV] = launch_id
 
     agent_log = log_root / "torchrun.log"
+    reader = RecordsReader(out_file)
+    got = 0
     start = time.perf_counter()
     with agent_log.open("wb") as agent_out:
         # A new session makes the agent and its workers one group we can signal.
         proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, env=run_env,
                                 start_new_session=True)
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+            while True:
+                try:
+                    rc = proc.wait(timeout=POLL_S)
+                except subprocess.TimeoutExpired:
+                    rc = None
+                for rec in reader.new():
+                    got += 1
+                    yield rec
+                if rc is not None:
+                    break
+                if time.perf_counter() - start > timeout_s:
+                    kill_tree(proc, launch_id=launch_id)
+                    logs = rank_logs(log_root, nproc)
+                    raise LaunchError(
+                        f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
+                        f"was stopped; raise timeout_s or shrink the run. "
+                        + _quote_all(logs, agent_log))
+        finally:  # normal exit, failure, interrupt, or the caller leaving the loop: nothing stays
             kill_tree(proc, launch_id=launch_id)
-            logs = rank_logs(log_root, nproc)
-            raise LaunchError(
-                f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
-                f"was stopped; raise timeout_s or shrink the run. "
-                + _quote_all(logs, agent_log)) from None
-        except BaseException:  # KeyboardInterrupt in a notebook: leave nothing behind
-            kill_tree(proc, launch_id=launch_id)
-            raise
-        finally:
-            kill_tree(proc, launch_id=launch_id)  # stragglers, if any, after a normal exit too
     wall = time.perf_counter() - start
     logs = rank_logs(log_root, nproc)
+    if info is not None:
+        info.update(log_dir=log_root, wall_seconds=wall, logs=logs, launch_id=launch_id)
     if rc != 0:
         rank = failing_rank(agent_log.read_text(errors="replace"), logs)
         raise LaunchError(
@@ -135,10 +166,8 @@ def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
             + _quote_failure(rank, logs, agent_log))
     if not out_file.exists():
         raise LaunchError(f"The run of {module} finished but rank 0 wrote no records to {out_file}; "
-                          "check that the worker calls write_worker_output. "
+                          "check that the worker calls lab_utils.core.records.append_records. "
                           + _quote_failure(0, logs, agent_log))
-    records = json.loads(out_file.read_text())
-    return LaunchResult(records=records, log_dir=log_root, wall_seconds=wall, logs=logs, launch_id=launch_id)
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
@@ -306,15 +335,3 @@ def setup_rank_logging() -> Path | None:
     os.dup2(fd, 2)
     os.close(fd)
     return path
-
-
-def write_worker_output(records: list[dict[str, Any]], out: str | Path | None) -> None:
-    """In rank 0 of a worker: write the records the launcher returns (atomically)."""
-    if not out:
-        return
-    from lab_utils.store import _jsonable
-
-    path = Path(out)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(records)))
-    os.replace(tmp, path)

@@ -7,6 +7,9 @@ profile, the hardware, the software versions, the cuDNN / matmul settings
 timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when the
 status is not ``ok``, and the measured metrics.
 
+:meth:`ResultStore.run` (and :meth:`ResultStore.run_many`, for configurations measured by one
+call) is the only way a record is written: the parent process writes, workers never do (they
+hand their records back through the launcher's records file, :mod:`lab_utils.core.records`).
 A configuration already in the store is not measured again unless ``force=True``, so a
 notebook restarted after a dead kernel resumes where it stopped; but only when it was
 measured on this machine's devices (:meth:`ResultStore.reusable`: the same device name and
@@ -29,18 +32,26 @@ import fcntl
 import json
 import os
 import re
+import uuid
 import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lab_utils.core import config
-from lab_utils.core.backends import backend_settings
 from lab_utils.core.errors import LabError, WriteError, write_failure
 from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.records import (  # the record and its key live in core: workers build records too
+    STATUSES,
+    Record,
+    canonical_key,
+    jsonable,
+    same_devices,
+)
 
-STATUSES = ("ok", "oom", "skipped", "error")
+__all__ = ["QUICK_WATERMARK", "REUSED", "SIGNIFICANT_DIGITS", "STATUSES", "Record", "ResultStore",
+           "canonical_key", "display_table", "format_number", "formatted_frame", "is_percent_column",
+           "markdown_table", "provenance_label", "records_frame"]
 
 #: Drawn across every figure saved in the quick profile.
 QUICK_WATERMARK = "quick profile: mechanics, not results"
@@ -48,89 +59,10 @@ QUICK_WATERMARK = "quick profile: mechanics, not results"
 #: Significant digits shown in notebook tables and in the saved ``.md`` tables.
 SIGNIFICANT_DIGITS = 4
 
-
-def canonical_key(cfg: Mapping[str, Any]) -> str:
-    """The configuration as canonical JSON: equal configs give equal keys."""
-    return json.dumps(_jsonable(dict(cfg)), sort_keys=True, separators=(",", ":"))
-
-
-def _jsonable(obj: Any) -> Any:
-    """Convert dataclasses, tuples, paths and numpy/torch scalars to JSON types."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return _jsonable(asdict(obj))
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, float) and obj != obj:  # NaN is not valid JSON
-        return None
-    return obj
-
-
-def torch_threads() -> int | None:
-    """torch's intra-op thread count in this process (None when torch cannot say)."""
-    try:
-        import torch
-
-        return int(torch.get_num_threads())
-    except Exception:  # a record must be writable even where torch misbehaves
-        return None
-
-
-@dataclass
-class Record:
-    """One measured (or deliberately not measured) configuration."""
-
-    experiment: str
-    config: dict[str, Any]
-    metrics: dict[str, Any] = field(default_factory=dict)
-    status: str = "ok"
-    reason: str | None = None
-    profile: str = ""
-    synthetic: bool | None = None
-    dataset: str | None = None
-    hardware: dict[str, Any] = field(default_factory=dict)
-    software: dict[str, Any] = field(default_factory=dict)
-    timestamp: str = ""
-    #: cuDNN / matmul settings in force when the record was built (in the measuring
-    #: process): see :mod:`lab_utils.core.backends`. ``{}`` for records stored before this field.
-    backends: dict[str, Any] = field(default_factory=backend_settings)
-    #: torch intra-op threads of the process that built the record (``torch.get_num_threads()``,
-    #: taken at build time like ``backends``). CPU timings depend on it. ``None``: stored before
-    #: the field existed.
-    threads: int | None = field(default_factory=torch_threads)
-
-    @property
-    def key(self) -> str:
-        return canonical_key(self.config)
-
-    def to_json(self) -> str:
-        return json.dumps(_jsonable(asdict(self)), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Record:
-        known = {f for f in cls.__dataclass_fields__}
-        # A stored record without ``backends`` predates the field: its settings are unknown,
-        # not those of the process reading it.
-        return cls(**{"backends": {}, "threads": None, **{k: v for k, v in d.items() if k in known}})
-
-
-def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
-    """A stored record's ``hardware`` is ``here``'s: the same device name and device count.
-
-    A record without a device name (stored before the field existed, or a row that never
-    ran) does not match: its measurement cannot be tied to these devices.
-    """
-    name = stored.get("device_name")
-    return bool(name) and name == here.get("device_name") and stored.get("device_count") == here.get(
-        "device_count")
+#: Statuses of a stored record that :meth:`ResultStore.run` reuses: a measurement, an
+#: out-of-memory result, a row deliberately not measured for a reason that holds for its
+#: configuration. An ``error`` record (a failed run) is measured again next time.
+REUSED = ("ok", "oom", "skipped")
 
 
 class ResultStore:
@@ -139,8 +71,10 @@ class ResultStore:
     >>> store = ResultStore("quick")
     >>> rec = store.run("batch_sweep", {"batch_size": 32}, measure)  # doctest: +SKIP
 
-    ``measure`` returns a dict of metrics, or a :class:`Record` when it needs to set
-    status/reason/synthetic itself. Nothing is measured when the config is stored.
+    :meth:`run` (one configuration) and :meth:`run_many` (several, measured by one call)
+    are the only ways a record is written, in every experiment, so resuming after a dead
+    kernel works the same everywhere: a configuration already stored (and reusable here) is
+    not measured again unless ``force=True``.
     """
 
     def __init__(self, profile: str | config.Profile | None = None, root: Path | None = None):
@@ -206,23 +140,90 @@ class ResultStore:
 
     def reusable(self, experiment: str, cfg: Mapping[str, Any],
                  hardware: Mapping[str, Any] | None = None) -> Record | None:
-        """The most recent record for ``cfg`` if it was measured on these devices, else None.
+        """The most recent record for ``cfg`` if :meth:`run` would reuse it, else None.
 
-        THE reuse check of the lab: every experiment that resumes from the store asks this
-        (:meth:`run` does). ``hardware`` is what a measurement of ``cfg`` would record here
+        THE reuse check of the lab (:meth:`run` asks it for every configuration): the record's
+        status is one of :data:`REUSED` (an ``error`` is measured again) and it was measured
+        on these devices (:func:`same_devices`: the same device name and count). ``hardware``
+        is what a measurement of ``cfg`` would record here
         (:func:`~lab_utils.core.hardware.hardware_summary` of its device type and count;
-        default: this machine's default device, as :meth:`append` records it). A record
-        whose device name or count differs (:func:`same_devices`) is not reused.
+        default: this machine's default device).
         """
         rec = self.get(experiment, cfg)
-        if rec is None:
+        if rec is None or rec.status not in REUSED:
             return None
         here = hardware if hardware is not None else hardware_summary()
         return rec if same_devices(rec.hardware, here) else None
 
-    # -- writing
-    def append(self, record: Record) -> Record:
-        """Append one whole line atomically (lock, single write, fsync)."""
+    # -- writing: run() is the only way in
+    def run(self, experiment: str, cfg: Mapping[str, Any],
+            measure: Callable[[], Mapping[str, Any] | Record], force: bool = False,
+            hardware: Mapping[str, Any] | None = None) -> Record:
+        """Return the stored record for ``cfg`` (:meth:`reusable`, with ``hardware``), or measure
+        it, store it and return it.
+
+        ``measure()`` returns metrics (stored with ``hardware``, default this machine's) or a
+        whole :class:`Record` (its own ``hardware`` is kept; its config becomes ``cfg``).
+        """
+        def one(todo: list[dict[str, Any]]) -> list[Record]:
+            result = measure()
+            if not isinstance(result, Record):
+                result = Record(experiment, dict(cfg), jsonable(dict(result)),
+                                hardware=dict(hardware) if hardware else {})
+            result.config = jsonable(dict(cfg))
+            return [result]
+
+        rec = self.run_many(experiment, [cfg], one, force=force, hardware=hardware)[0]
+        assert rec is not None  # one() always returns the record of cfg
+        return rec
+
+    def run_many(self, experiment: str, cfgs: Sequence[Mapping[str, Any]],
+                 measure: Callable[[list[dict[str, Any]]], Iterable[Record]], force: bool = False,
+                 hardware: Mapping[str, Any] | None = None, together: bool = False) -> list[Record | None]:
+        """:meth:`run` for several configurations measured by one call (one launch, one run).
+
+        ``measure(todo)`` measures the configurations of ``todo`` (those not reusable, in
+        order) and yields their records; each is stored the moment it is yielded, so a
+        failure later in ``measure`` keeps it. A yielded record whose config is not in
+        ``todo`` (e.g. a DDP run's per-rank records beside its aggregate) is stored too.
+        Returns, per configuration of ``cfgs``, its reused or new record, or None when
+        ``measure`` yielded none for it (the caller says why in a row it does not store).
+
+        ``together=True``: the configurations are one comparison measured side by side (a
+        benchmark's rows): they are reused only when every one is reusable and all come
+        from one call (the same ``run_id``, which the store writes into their metrics);
+        otherwise all are measured again.
+        """
+        cfgs = [jsonable(dict(c)) for c in cfgs]
+        keys = [canonical_key(c) for c in cfgs]
+        found: dict[str, Record] = {}
+        if not force:
+            for k, c in zip(keys, cfgs):
+                rec = self.reusable(experiment, c, hardware)
+                if rec is not None:
+                    found[k] = rec
+            runs = {r.metrics.get("run_id") for r in found.values()}
+            if together and (len(found) < len(keys) or len(runs) != 1):
+                found = {}
+        todo = [c for k, c in zip(keys, cfgs) if k not in found]
+        if todo:
+            run_id = uuid.uuid4().hex[:12] if together else None
+            wanted = {canonical_key(c) for c in todo}
+            for rec in measure(todo):
+                rec.experiment = experiment
+                rec.config = jsonable(dict(rec.config))
+                rec.metrics = jsonable(dict(rec.metrics))
+                if run_id is not None:
+                    rec.metrics["run_id"] = run_id
+                if not rec.hardware and hardware:
+                    rec.hardware = dict(hardware)
+                self._append(rec)
+                if rec.key in wanted:
+                    found[rec.key] = rec
+        return [found.get(k) for k in keys]
+
+    def _append(self, record: Record) -> Record:
+        """Append one whole line atomically (lock, single write, fsync). Only :meth:`run_many` calls it."""
         if record.status not in STATUSES:
             raise LabError(f"Record status {record.status!r} is not one of {STATUSES}.")
         record.profile = record.profile or self.profile
@@ -259,33 +260,6 @@ class ResultStore:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
         return record
-
-    def add(self, experiment: str, cfg: Mapping[str, Any], metrics: Mapping[str, Any] | None = None,
-            **fields: Any) -> Record:
-        """Build a :class:`Record` from parts and append it."""
-        rec = Record(experiment=experiment, config=_jsonable(dict(cfg)),
-                     metrics=_jsonable(dict(metrics or {})), **fields)
-        return self.append(rec)
-
-    def run(self, experiment: str, cfg: Mapping[str, Any],
-            measure: Callable[[], Mapping[str, Any] | Record], force: bool = False,
-            hardware: Mapping[str, Any] | None = None) -> Record:
-        """Return the stored record for ``cfg`` measured on these devices (:meth:`reusable`, with
-        ``hardware``), or measure it, store it and return it.
-
-        ``measure`` returns metrics (stored with ``hardware``, default this machine's) or a
-        whole :class:`Record` (its own ``hardware`` is kept).
-        """
-        if not force:
-            existing = self.reusable(experiment, cfg, hardware)
-            if existing is not None:
-                return existing
-        result = measure()
-        if isinstance(result, Record):
-            result.experiment = experiment
-            result.config = _jsonable(dict(cfg))
-            return self.append(result)
-        return self.add(experiment, cfg, result, **({"hardware": dict(hardware)} if hardware else {}))
 
     # -- tables and figures
     def frame(self, experiment: str, latest: bool = True):

@@ -30,9 +30,15 @@ import time
 import torch
 from torch import nn
 
-from lab_utils.launcher import setup_rank_logging, write_worker_output
+from lab_utils.core.records import Record, append_records
+from lab_utils.launcher import setup_rank_logging
 
 FAIL_MARKER = "TOY-WORKER-FAILS-HERE"
+
+
+def hand_back(results: list[dict], out: str | None) -> None:
+    """Rank 0: each result dict as the metrics of one record, through the lab's records file."""
+    append_records(out, [Record("toy", {"i": i}, r) for i, r in enumerate(results)])
 
 
 def toy_mlp(inputs: int = 12, hidden: int = 16, outputs: int = 4, seed: int = 0) -> nn.Module:
@@ -82,7 +88,7 @@ def main() -> int:
             dist.all_gather_object(out, {"rank": rank, "world": world,
                                          "omp": os.environ.get("OMP_NUM_THREADS")})
             if rank == 0:
-                write_worker_output(out, a.out)
+                hand_back(out, a.out)
         elif a.mode == "fail":
             if rank == a.fail_rank:
                 print(f"rank {rank}: {FAIL_MARKER}", flush=True)
@@ -91,13 +97,13 @@ def main() -> int:
         elif a.mode == "accum":
             result = accum(a, rank, world)
             if rank == 0:
-                write_worker_output([result], a.out)
+                hand_back([result], a.out)
         elif set(a.mode.split(",")) <= {"equality", "comm"}:
             results = []
             for mode in a.mode.split(","):
                 results.append(equality(a, rank, world) if mode == "equality" else comm(a, rank, world))
             if rank == 0:
-                write_worker_output(results, a.out)
+                hand_back(results, a.out)
         else:
             raise SystemExit(f"unknown mode {a.mode}")
     finally:
@@ -112,7 +118,7 @@ def equality(a, rank: int, world: int) -> dict:
     global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
     from lab_utils.core.timing import PhaseTimer
 
     model = toy_mlp()
@@ -123,7 +129,7 @@ def equality(a, rank: int, world: int) -> dict:
     batches = [(x[s, shard], y[s, shard]) for s in range(a.steps)]
     cpu = torch.device("cpu")
     sums = train_steps(ddp, batches, len(batches), opt, nn.CrossEntropyLoss(), PhaseTimer(cpu), cpu,
-                       skew_barrier=world > 1)
+                       StepOptions(skew_barrier=world > 1))
     return {"params": [p.detach().tolist() for p in model.parameters()], "steps": sums.steps}
 
 
@@ -138,7 +144,7 @@ def accum_blocks(blocks: int, batch: int, seed: int = 3):
 def accum(a, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
     from lab_utils.core.timing import PhaseTimer
     from lab_utils.models import ResNet18
 
@@ -151,7 +157,7 @@ def accum(a, rank: int, world: int) -> dict:
     mine = blocks[rank * a.accum:(rank + 1) * a.accum]
     timer = PhaseTimer(torch.device("cpu"))
     sums = train_steps(ddp, mine, len(mine), opt, nn.CrossEntropyLoss(), timer, torch.device("cpu"),
-                       accumulation_steps=a.accum, skew_barrier=world > 1)
+                       StepOptions(accumulation_steps=a.accum, skew_barrier=world > 1))
     return {"params": [p.detach().tolist() for p in model.parameters()], "steps": sums.steps,
             "micro_steps": sums.micro_steps, "images": sums.images,
             "skew_wait_count": timer.stats["skew_wait"].count if "skew_wait" in timer.stats else 0}

@@ -35,7 +35,7 @@ with a model of the device that is small enough to reason about:
   (True on sm70 through emulation, False there with ``including_emulation=False``);
   ``old_torch=True`` gives torch 2.4's signature, which takes no argument.
 - **nvidia-smi** (:meth:`FakeGPU.install_nvidia_smi`): a script on ``PATH`` that prints
-  the driver (``--query-gpu=...`` as :mod:`lab_utils.core.cuda_wheels` asks, and the
+  the driver (``--query-gpu=...`` as :mod:`lab_utils.core.cuda_builds` asks, and the
   banner), the GPUs and MIG slices (``-L``) and the topology (``topo -m``).
 - **collectives**: :meth:`FakeGPU.gloo_for_nccl` makes ``init_process_group("nccl", ...)``
   create a gloo group instead and records what was asked (:attr:`FakeGPU.nccl_requests`):

@@ -1,7 +1,7 @@
 """Test worker (tests/test_gpu_defects.py): the GPT worker, with rank 1 out of memory in its first step.
 
 Launched under torchrun in place of ``lab_utils.workers.gpt_train``: rank 1's training loop
-raises the caching allocator's ``torch.OutOfMemoryError`` before its first backward, while
+raises the caching allocator's ``torch.OutOfMemoryError`` as its first epoch starts, while
 rank 0 goes on into DDP's gradient all-reduce and waits for it there.
 """
 
@@ -14,16 +14,16 @@ import torch
 
 from lab_utils.workers import gpt_train
 
-_real_train_steps = gpt_train.train_steps
+_real_run_epoch = gpt_train.run_epoch
 
 
-def _train_steps(*args, **kwargs):
+def _run_epoch(*args, **kwargs):
     if int(os.environ.get("RANK", "0")) == 1:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (test: rank 1)")
-    return _real_train_steps(*args, **kwargs)
+    return _real_run_epoch(*args, **kwargs)
 
 
-gpt_train.train_steps = _train_steps
+gpt_train.run_epoch = _run_epoch
 
 if __name__ == "__main__":
     sys.exit(gpt_train.main())

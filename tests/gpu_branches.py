@@ -15,7 +15,7 @@ How branches are counted (:func:`scan`, by parsing ``lab_utils/``): a *decision 
 - a CUDA flag that never reaches a condition but is passed on as a value (``non_blocking =
   device.type == "cuda"``, ``pin_memory=torch.cuda.is_available()``).
 
-``lab_utils/core/cuda_wheels.py`` (install-time: driver -> torch build; tests/test_gpu_node.py
+``lab_utils/core/cuda_builds.py`` (the driver -> torch build table; tests/test_gpu_node.py
 and tests/test_install.py) and ``lab_utils/doctor.py`` (the node's checks themselves;
 tests/test_doctor.py) are not counted. Each site is then *CUDA-only* (one arm runs only with
 a GPU, NCCL or CUDA initialized) or not (both arms run on any machine: input checks, a
@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "lab_utils"
-NOT_COUNTED = ("core/cuda_wheels.py", "doctor.py")
+NOT_COUNTED = ("core/cuda_builds.py", "doctor.py")
 GPU_COUNT_NAMES = {"gpus"}
 
 # Reasons a branch cannot be run honestly by a fake (the doctor check that covers it is named per row).
@@ -443,7 +443,8 @@ INVENTORY: tuple[Branch, ...] = (
       "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
     B("experiments/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
       "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
-    B("experiments/fastpath.py", "trace_fast_path", "dev.type == 'cuda'", "the profiler's CUDA activity",
+    B("experiments/fastpath.py", "trace_fast_path.measure", "dev.type == 'cuda'",
+      "the profiler's CUDA activity",
       reason=CUPTI, doctor="08_fast_path_and_profiler"),
     # experiments/gpt.py
     B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
@@ -527,13 +528,14 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/comm_accounting.py
     B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="05_large_batch_accumulation"),
-    B("workers/comm_accounting.py", "run_accounting.train_steps", "cuda", "synchronize after each step",
+    B("workers/comm_accounting.py", "run_accounting.steps", "cuda", "synchronize after each step",
       reason=NCCL, doctor="05_large_batch_accumulation"),
     B("workers/comm_accounting.py", "build_record", "ctx.device.type == 'cuda'", "the record names the GPU",
       BR + "test_worker_records_name_the_gpu"),
-    # workers/ddp.py
-    B("workers/ddp.py", "WorkerArgs.record_config", "backend == 'nccl'", "device_type cuda in the key",
+    # workers/args.py
+    B("workers/args.py", "WorkerArgs.record_config", "backend == 'nccl'", "device_type cuda in the key",
       BR + "test_worker_records_name_the_gpu"),
+    # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_03_ddp_with_comm_probe"),
     B("workers/ddp.py", "build_records", "ctx.device.type == 'cuda'", "the record names the GPU",
@@ -541,16 +543,12 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
-    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "every rank's peak memory, gathered",
-      reason=TENSORS, doctor="06_gpt_ddp"),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "reset the peak after the activation probe",
+    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "the record names the GPU",
       reason=TENSORS, doctor="06_gpt_ddp"),
     B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
-      reason=NCCL, doctor="06_gpt_ddp", n=2),
+      reason=NCCL, doctor="06_gpt_ddp"),
     B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "pinned loader memory",
-      reason=TENSORS, doctor="06_gpt_ddp", n=3),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "the epoch's peak memory",
-      reason=TENSORS, doctor="06_gpt_ddp", n=4),
+      reason=TENSORS, doctor="06_gpt_ddp", n=2),
 )
 
 
@@ -576,7 +574,8 @@ def markdown() -> str:
         "**Method.** A decision site is an `if`/`while`, a conditional expression or a comprehension's `if`",
         "whose condition depends on CUDA (`torch.cuda`, `\"cuda\"`, `\"nccl\"`, a GPU count, or a local",
         "flag set from such a test), or such a flag passed on as a value (`non_blocking=`, `pin_memory=`).",
-        "`core/cuda_wheels.py` (install time) and `doctor.py` (the node's checks) are not counted. The",
+        "`core/cuda_builds.py` (the driver -> build table) and `doctor.py` (the node's checks) are not "
+        "counted. The",
         f"scanner found 108 sites at {base} (this issue's fixes added and removed some).",
         "",
         f"**Count.** {c['sites']} sites, {c['cuda_only']} CUDA-only (one arm runs only with a GPU, NCCL or",

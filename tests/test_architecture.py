@@ -122,3 +122,99 @@ def test_profile_values_in_one_module():
 @pytest.mark.parametrize("mod", sorted(m for m in GRAPH if layer(m) == "core"))
 def test_core_module_imports_only_core(mod):
     assert {d for d in GRAPH[mod] if layer(d) != "core"} == set()
+
+
+# --------------------------------------------------------------------------- one data path (issue 26)
+
+
+def test_workers_import_nothing_of_the_store():
+    """Workers hand their records back through the launcher's file; they never touch the store."""
+    bad = {m: sorted(d for d in GRAPH[m] if d == "lab_utils.store")
+           for m in GRAPH if layer(m) == "workers"}
+    assert not {m: d for m, d in bad.items() if d}, bad
+
+
+def _store_writes(path: Path) -> list[str]:
+    """Calls that write records outside :meth:`ResultStore.run`: ``<...store...>.append/add(...)``
+    and any ``._append(...)``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = ast.unparse(node.func.value)
+        writes = node.func.attr in ("append", "add") and "store" in receiver.lower()
+        if node.func.attr == "_append" or writes:
+            out.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}")
+    return out
+
+
+def test_no_append_to_a_store_outside_store_py():
+    """store.run / run_many is the only way a record is written: nothing else appends to a store."""
+    from lab_utils.store import ResultStore
+
+    bad = [w for m, p in modules().items() if m != "lab_utils.store" for w in _store_writes(p)]
+    assert not bad, bad
+    assert not hasattr(ResultStore, "append") and not hasattr(ResultStore, "add")
+
+
+def test_train_steps_takes_at_most_ten_parameters():
+    import inspect
+
+    from lab_utils.core.loop import run_epoch, train_steps
+
+    assert len(inspect.signature(train_steps).parameters) <= 10
+    assert "run_epoch" in (PKG / "workers" / "ddp.py").read_text()  # the DDP worker's epochs go through it
+    assert run_epoch is not None
+
+
+def test_every_training_path_goes_through_the_one_epoch_driver():
+    """The DDP worker, the GPT worker, the sweep, DataParallel (scaling) and the fast path call
+    ``run_epoch``; none of them calls ``train_steps`` for an epoch of its own."""
+    def calls(path: Path, name: str) -> bool:
+        return any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == name
+                   for n in ast.walk(ast.parse(path.read_text())))
+
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py",
+                "experiments/fastpath.py"):
+        assert calls(PKG / rel, "run_epoch"), rel
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py"):
+        assert not calls(PKG / rel, "train_steps"), rel
+
+
+def test_one_rank_aggregation():
+    """Both DDP workers aggregate their ranks with core.ranks; no aggregate_epoch of their own."""
+    for rel in ("workers/ddp.py", "workers/gpt_train.py"):
+        tree = ast.parse((PKG / rel).read_text())
+        defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert "aggregate_epoch" not in defs, rel
+        assert "lab_utils.core.ranks" in GRAPH[module_name(PKG / rel)]
+
+
+def test_install_script_is_not_importable():
+    """cuda_wheels is run by the Makefile with the bare interpreter, from tools/."""
+    assert not (PKG / "core" / "cuda_wheels.py").exists()
+    assert (PKG.parent / "tools" / "cuda_wheels.py").exists()
+
+
+def function_local_lab_imports(path: Path) -> int:
+    """``import``/``from ... import`` statements of lab modules inside a function body (any depth)."""
+    count = 0
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        nonlocal count
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import) and inside:
+                count += any(a.name.split(".")[0] == "lab_utils" for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and inside and child.level == 0:
+                count += (child.module or "").split(".")[0] == "lab_utils"
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(ast.parse(path.read_text()), False)
+    return count
+
+
+def test_at_most_sixty_function_local_imports_of_lab_modules():
+    counts = {m: function_local_lab_imports(p) for m, p in modules().items()}
+    assert sum(counts.values()) <= 60, sorted(((n, m) for m, n in counts.items() if n), reverse=True)
+    # workers and experiments import what they use at the top (no import hidden to dodge a cycle)
+    assert {m: n for m, n in counts.items() if n and layer(m) in ("workers", "experiments")} == {}

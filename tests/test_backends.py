@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from store_helpers import put
 
 from lab_utils.core import backends
 from lab_utils.store import Record
@@ -34,7 +35,7 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
     bare = Record("anything", {"a": 1})
     assert set(bare.backends) == KEYS and bare.backends["cudnn_benchmark"] is False
     backends.apply_training_backends()
-    stored = store.add("anything", {"a": 2}, {"seconds": 1.0})
+    stored = put(store, "anything", {"a": 2}, {"seconds": 1.0})
     assert stored.backends["cudnn_benchmark"] is True
     line = json.loads(store.path("anything").read_text().splitlines()[-1])
     assert line["backends"] == stored.backends

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from store_helpers import put
 
 from lab_utils.core import ring
 from lab_utils.core.errors import LabError
@@ -445,9 +446,9 @@ def _nb03_store(store):
     base = {"method": "DDP", "record": "aggregate", "rank": None, "backend": "gloo", "device_type": "cpu",
             "width": 8, "train_images": 1024, "epochs": 2, "batch_size": 32}
     grad = 705_608
-    store.add(scaling.SCALING, {**base, "devices": 1, "global_batch": 32, "measure_comm": False},
+    put(store, scaling.SCALING, {**base, "devices": 1, "global_batch": 32, "measure_comm": False},
               {"train_seconds": 10.0, "steps": 32, "gradient_bytes": grad})
-    store.add(scaling.COMPUTE_VS_COMM, {**base, "devices": 2, "global_batch": 64, "measure_comm": True},
+    put(store, scaling.COMPUTE_VS_COMM, {**base, "devices": 2, "global_batch": 64, "measure_comm": True},
               {"train_seconds": 6.0, "steps": 16, "gradient_bytes": grad, "exposed_comm_seconds": 0.5,
                "allreduce_seconds": 0.8})
     return grad

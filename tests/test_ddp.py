@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,13 @@ from torch import nn
 
 from lab_utils.core.comm_hooks import derived_comm, overlap_figures, union_length
 from lab_utils.core.errors import LabError
+from lab_utils.core.ranks import aggregate_epoch
+from lab_utils.core.records import canonical_key
 from lab_utils.launcher import launch
-from lab_utils.workers.ddp import WorkerArgs, aggregate_epoch, parse_args, sample_order_head
+from lab_utils.workers.args import WorkerArgs
+from lab_utils.workers.ddp import sample_order_head
+
+parse_args = WorkerArgs.from_argv
 
 TESTS = Path(__file__).resolve().parent
 
@@ -140,7 +146,7 @@ def single_process_reference(steps: int, batch: int, world: int, lr: float) -> l
     x, y = toy_batches(steps, batch * world)
     cpu = torch.device("cpu")
     sums = train_steps(model, [(x[s], y[s]) for s in range(steps)], steps, opt, nn.CrossEntropyLoss(),
-                       PhaseTimer(cpu), cpu, skew_barrier=False)
+                       PhaseTimer(cpu), cpu)
     assert sums.steps == steps
     return [p.detach() for p in model.parameters()]
 
@@ -155,7 +161,7 @@ def toy_run(tmp_path_factory):
             "--comm-steps", "12", "--comm-batch", "64", "--width", "512", "--bucket-cap-mb", "25,0.25"]
     res = launch("ddp_toy_worker", args, nproc=2, timeout_s=240, log_dir=tmp_path_factory.mktemp("toy"),
                  env=toy_env(), threads_per_rank=1)
-    return res.records
+    return [r.metrics for r in res.records]
 
 
 @pytest.mark.slow
@@ -220,6 +226,7 @@ def worker_run(tmp_path_factory):
                       comm_steps=2, lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
     res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=300, log_dir=root / "logs",
                  threads_per_rank=1, env=env)
+    res.records = [asdict(r) for r in res.records]  # as they are read back from the file (JSON)
     return res, args, root
 
 
@@ -270,15 +277,18 @@ def test_worker_calls_set_epoch_and_shards_disjointly(worker_run):
 
 
 @pytest.mark.slow
-def test_worker_appends_to_the_store(worker_run):
+def test_worker_hands_records_back_and_never_writes_the_store(worker_run):
+    """Rank 0 appends each record once to the launcher's file; the store stays untouched (the
+    parent stores, through store.run)."""
+    from lab_utils.core.records import RecordsReader
     from lab_utils.store import ResultStore
 
     res, args, root = worker_run
-    store = ResultStore("quick", root=root / "results" / "quick")
-    stored = store.records("ddp_test")
-    assert len(stored) == len(res.records)
+    assert ResultStore("quick", root=root / "results" / "quick").records("ddp_test") == []
+    in_file = RecordsReader(res.log_dir / "records.jsonl").new()
+    assert [r.key for r in in_file] == [canonical_key(r["config"]) for r in res.records]
     cfg = args.resolved().for_batch(32).record_config(2, "gloo")
-    assert store.get("ddp_test", cfg).metrics["global_batch"] == 64
+    assert next(r for r in in_file if r.key == canonical_key(cfg)).metrics["global_batch"] == 64
 
 
 def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypatch):
@@ -306,7 +316,7 @@ def _skew_launch(root: Path, slowed: bool, accumulation_steps: int = 1) -> dict:
     res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
                  log_dir=root / (("slow" if slowed else "normal") + f"_acc{accumulation_steps}"))
     out = {"args": args}
-    for r in res.records:
+    for r in map(asdict, res.records):
         out["agg" if r["config"]["record"] == "aggregate" else r["config"]["rank"]] = r
     return out
 
@@ -431,7 +441,7 @@ ACC_BATCH, ACC_LR = 4, 0.1
 def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
     args = ["--mode", "accum", "--accum", str(steps), "--batch", str(ACC_BATCH), "--lr", str(ACC_LR)]
     return launch("ddp_toy_worker", args, nproc=nproc, timeout_s=120, log_dir=root / f"{nproc}x{steps}",
-                  env=toy_env(), threads_per_rank=1).records[0]
+                  env=toy_env(), threads_per_rank=1).records[0].metrics
 
 
 @pytest.mark.slow
@@ -480,8 +490,8 @@ def test_worker_with_accumulation_records_it(tmp_path):
     global batch 16 in config and metrics, the linear lr rule on that global batch, and the label."""
     args = WorkerArgs(profile="quick", batch_size=8, epochs=1, width=4, train_images=64, dataset="synthetic",
                       num_workers=0, accumulation_steps=2, lr_rule="linear", base_batch=8)
-    recs = launch("lab_utils.workers.ddp", args.to_argv(), nproc=1, timeout_s=120, threads_per_rank=1,
-                  log_dir=tmp_path).records
+    recs = [asdict(r) for r in launch("lab_utils.workers.ddp", args.to_argv(), nproc=1, timeout_s=120,
+                                      threads_per_rank=1, log_dir=tmp_path).records]
     agg = next(r for r in recs if r["config"]["record"] == "aggregate")
     c, m = agg["config"], agg["metrics"]
     assert c == args.resolved().record_config(1, "gloo")

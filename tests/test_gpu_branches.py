@@ -414,11 +414,12 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
 
 
 def test_worker_records_name_the_gpu(fake_gpu):
+    from lab_utils.workers import args as ddp_args
     from lab_utils.workers import comm_accounting, ddp
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
-    args = ddp.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=32,
+    args = ddp_args.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=32,
                           dataset="synthetic").validate().resolved()
     assert args.record_config(2, "nccl")["device_type"] == "cuda"
     epoch = {"epoch": 1, "steps": 1, "images": 16, "epoch_seconds": 1.0, "train_seconds": 0.5,
@@ -428,12 +429,11 @@ def test_worker_records_name_the_gpu(fake_gpu):
     summary = {"n_params": 10, "steps_per_epoch": 1, "global_batch": 16, "accumulation_steps": 1,
                "batches_per_epoch": 1, "peak_lr": 0.1, "warmup_steps": 0, "worker_seconds": 1.0}
     rec = ddp.build_records(args, ctx, gathered, summary)[0]
-    assert rec["hardware"]["device_name"] == A100 and rec["hardware"]["backend"] == "nccl"
-    assert "threads_per_process" not in rec["hardware"]
-    acc = comm_accounting.AccountingArgs(width=2, batch_size=2, steps=1, backend="nccl",
-                                         profile="quick").validate()
+    assert rec.hardware["device_name"] == A100 and rec.hardware["backend"] == "nccl"
+    assert "threads_per_process" not in rec.hardware
+    acc = ddp_args.AccountingArgs(width=2, batch_size=2, steps=1, backend="nccl", profile="quick").validate()
     rec = comm_accounting.build_record(acc, ctx, [{"model_bytes": {"parameters": 1}}] * 2)
-    assert rec["hardware"]["device_name"] == A100 and rec["hardware"]["device_count"] == 2
+    assert rec.hardware["device_name"] == A100 and rec.hardware["device_count"] == 2
 
 
 def test_allreduce_worker_waits_for_the_gpu(fake_gpu):

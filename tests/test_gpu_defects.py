@@ -296,23 +296,27 @@ def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(
     from lab_utils import launcher
     from lab_utils.experiments import comm
     from lab_utils.experiments import large_batch as lb
-    from lab_utils.workers.ddp import parse_args
+    from lab_utils.workers.args import BenchArgs, WorkerArgs
+
+    parse_args = WorkerArgs.from_argv
 
     launched = []
 
-    def fake_launch(module, args, nproc=2, **kw):
+    def fake_launch(module, args, nproc=2, **kw):  # what the worker's rank 0 hands back
         launched.append(module)
-        if module == "lab_utils.workers.ddp":   # what the worker stores: the record of its config
+        if module == "lab_utils.workers.ddp":   # the record of its config
             a = parse_args(list(args)).resolved()
-            store.add(lb.EXPERIMENT, a.record_config(nproc, "gloo"), {"train_loss": 1.0},
-                      hardware=hardware.hardware_summary("cpu", nproc))
-            return SimpleNamespace(records=[])
+            yield Record(lb.EXPERIMENT, a.record_config(nproc, "gloo"), {"train_loss": 1.0},
+                         hardware=hardware.hardware_summary("cpu", nproc))
+            return
         one = {"time_us": 1.0, "time_us_min_rank": 1.0, "algbw_gb_per_s": 1.0, "busbw_gb_per_s": 1.0,
                "correct": True}
-        return SimpleNamespace(records=[{"size_bytes": b, "count": b // 4, **one}
-                                        for b in comm.message_sizes(8, 16)])
+        a = BenchArgs.from_argv(list(args))
+        for b in comm.message_sizes(8, 16):
+            yield Record(comm.BENCH_EXPERIMENT, a.record_config(nproc, b), {"count": b // 4, **one},
+                         hardware=hardware.hardware_summary("cpu", nproc))
 
-    monkeypatch.setattr(launcher, "launch", fake_launch)
+    monkeypatch.setattr(launcher, "stream", fake_launch)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
     lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
@@ -430,7 +434,7 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     loader = data.device_loader(split, torch.device("cpu"), 16, seed=0)
     fastpath.warm_up(trainer, loader, 1, len(split) % 16)
     before = fastpath.compiled_graphs()
-    fastpath.run_epoch(trainer, loader)
+    trainer.epoch(loader)
     assert fastpath.compiled_graphs() == before          # nothing compiled inside the timed epoch
     assert graphs == [False, False]                       # one static graph per shape
     torch._dynamo.reset()
@@ -446,7 +450,7 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
 
     from lab_utils.core import dist as labdist
     from lab_utils.core import loop
-    from lab_utils.core import memory as mem
+    from lab_utils.workers import args as ddp_args
     from lab_utils.workers import ddp
 
     refs, alive_at_free = [], []
@@ -461,19 +465,19 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
         gc.collect()
         alive_at_free.append([r() is not None for r in refs])
 
-    monkeypatch.setattr(loop, "make_optimizer", make_optimizer)
-    monkeypatch.setattr(mem, "free_device_memory", free_device_memory)
+    monkeypatch.setattr(ddp, "make_optimizer", make_optimizer)
+    monkeypatch.setattr(ddp, "free_device_memory", free_device_memory)
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
         monkeypatch.setenv(k, v)
-    args = ddp.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=16,
+    args = ddp_args.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=16,
                           dataset="synthetic", num_workers=0).validate().resolved()
     ctx = labdist.init_distributed("gloo")
     try:
         recs = ddp.run_config(args, ctx, ddp.train_dataset(args), None)
     finally:
         dist.destroy_process_group()
-    assert recs and recs[0]["status"] == "ok"
+    assert recs and recs[0].status == "ok"
     assert alive_at_free == [[False]]
 
 
@@ -507,12 +511,13 @@ def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch
     def launch(module, args, nproc=2, **kw):
         seen.append((module, nproc, gpu.initialized, set(gpu.contexts)))
         raise Stop
+        yield
 
     def dp_sizes(*a, **kw):
         seen.append(("DataParallel", None, gpu.initialized, set(gpu.contexts)))
-        return {}
+        return {}, []
 
-    monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(launcher, "stream", launch)
     monkeypatch.setattr(scaling, "_run_dp_sizes", dp_sizes)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
     s = scaling.settings_for("quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,))

@@ -1,7 +1,8 @@
 """A GPU node gets a GPU build or a clear refusal, never a silent CPU run.
 
-- The install-time choice (``lab_utils/core/cuda_wheels.py``): driver version -> torch build,
-  from the one table :data:`lab_utils.core.cuda_wheels.VARIANTS` (sources cited there).
+- The choice of build (``lab_utils/core/cuda_builds.py``, used by ``tools/cuda_wheels.py`` at install
+  time): driver version -> torch build, from the one table :data:`lab_utils.core.cuda_builds.VARIANTS`
+  (sources cited there).
 - The run-time refusal (``lab_utils.core.environment.check_gpu_node``), tested on this CPU
   machine with a fake ``nvidia-smi`` on PATH that reports driver 535 and two A100s, and
   the installed torch, which sees no GPU here: ``python -m lab_utils info`` and ``run``
@@ -20,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core import cuda_wheels, environment
-from lab_utils.core.cuda_wheels import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
+from lab_utils.core import cuda_builds as cuda_wheels  # the table and the driver query
+from lab_utils.core import environment
+from lab_utils.core.cuda_builds import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
 from lab_utils.core.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent

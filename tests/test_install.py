@@ -26,8 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core import cuda_wheels
-from lab_utils.core.cuda_wheels import Driver, DriverGPU
+from lab_utils.core.cuda_builds import Driver, DriverGPU
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # the install script (no package)
+import cuda_wheels  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fake_wheels import make_wheel  # noqa: E402
@@ -87,7 +89,7 @@ def test_makefile_wiring():
         assert res.returncode == 0, res.stderr
         return res.stdout
     plain = dry("-B")
-    assert "lab_utils/core/cuda_wheels.py install --python .venv/bin/python" in plain
+    assert "tools/cuda_wheels.py install --python .venv/bin/python" in plain
     assert "--system-site-packages" not in plain and "--system-torch" not in plain
     forced = dry("TORCH_VARIANT=cu126")  # no -B: a build asked for is installed even on an up-to-date .venv
     assert '--variant "cu126"' in forced
@@ -135,8 +137,10 @@ def lab_copy(tmp_path) -> tuple[Path, dict[str, str], Path]:
     """A copy of the lab's install machinery, an offline wheel folder, and a user site with torch."""
     proj = tmp_path / "lab"
     (proj / "lab_utils" / "core").mkdir(parents=True)
+    (proj / "tools").mkdir()
     shutil.copy(REPO / "Makefile", proj / "Makefile")
-    shutil.copy(REPO / "lab_utils" / "core" / "cuda_wheels.py", proj / "lab_utils" / "core")
+    shutil.copy(REPO / "tools" / "cuda_wheels.py", proj / "tools")
+    shutil.copy(REPO / "lab_utils" / "core" / "cuda_builds.py", proj / "lab_utils" / "core")
     (proj / "lab_utils" / "__init__.py").write_text("")
     (proj / "lab_utils" / "core" / "__init__.py").write_text("")
     shutil.copy(Path(__file__).with_name("fake_wheels.py"), proj / "fake_wheels.py")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from store_helpers import put
 
 from lab_utils.core.errors import LabError
 from lab_utils.experiments import large_batch as lb
@@ -72,7 +73,9 @@ def test_plan_runs_same_budget_and_lr_rules():
 
 
 def test_worker_args_round_trip_through_the_worker_cli():
-    from lab_utils.workers.ddp import parse_args
+    from lab_utils.workers.args import WorkerArgs
+
+    parse_args = WorkerArgs.from_argv
 
     s = lb.LARGE_BATCH_SETTINGS["quick"]
     for run in lb.plan_runs(s, 2, 2):
@@ -130,13 +133,13 @@ def _fake_result(store, failed: bool = False) -> lb.LargeBatchResult:
         cfg = {"record": "aggregate", "backend": "gloo", "global_batch": run.global_batch, "tag": run.name,
                "train_images": s.train_images}
         if failed and i == 1:
-            recs.append(store.add(lb.EXPERIMENT, cfg, {}, status="error", reason="rank 1 died",
+            recs.append(put(store, lb.EXPERIMENT, cfg, {}, status="error", reason="rank 1 died",
                                   synthetic=True))
             continue
         hist = _history([0.2 + 0.1 * i, 0.3 + 0.1 * i, 0.4 + 0.1 * i])
         metrics = {**hist[-1], "epochs": hist, "reported_epoch": 3,
                    "steps_per_epoch": s.train_images // run.global_batch}
-        recs.append(store.add(lb.EXPERIMENT, cfg, metrics, synthetic=True, dataset="synthetic"))
+        recs.append(put(store, lb.EXPERIMENT, cfg, metrics, synthetic=True, dataset="synthetic"))
     return lb.LargeBatchResult(recs, runs, s, plan, "quick", [])
 
 
@@ -177,8 +180,8 @@ def test_figures_are_saved(store):
 
 def test_worker_sample_orders_reads_rank_records(store):
     cfg = {"record": "aggregate", "rank": None, "tag": "x"}
-    agg = store.add(lb.EXPERIMENT, cfg, {})
-    store.add(lb.EXPERIMENT, {**cfg, "record": "rank", "rank": 1},
+    agg = put(store, lb.EXPERIMENT, cfg, {})
+    put(store, lb.EXPERIMENT, {**cfg, "record": "rank", "rank": 1},
               {"epochs": [{"epoch": 1, "sample_order_head": [3, 1]},
                           {"epoch": 2, "sample_order_head": [0, 2]}]})
     rows = lb.worker_sample_orders(store, agg)
@@ -268,8 +271,9 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
         calls.append((module, nproc))
         raise LaunchError("The 2-process run of lab_utils.workers.ddp failed (torchrun exit code 1).\n"
                           "last log lines")
+        yield
 
-    monkeypatch.setattr(launcher, "launch", failing_launch)
+    monkeypatch.setattr(launcher, "stream", failing_launch)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
     res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
@@ -283,11 +287,24 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
 
 
 @pytest.mark.slow
-def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch):
-    """Five tiny DDP runs (1 and 2 gloo ranks): records found under the worker's config, then resumed."""
+def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
+    """Five tiny DDP runs (1 and 2 gloo ranks): records found under the worker's config, then resumed.
+
+    The store is built on another folder than $LAB_RESULTS_DIR names (as a script may build one):
+    every record lands in it (the workers hand them back; the parent stores them), none in the
+    default folder (issue 26: the workers used to write there, and the parent found nothing)."""
+    from types import SimpleNamespace
+
+    from lab_utils.core import config
+    from lab_utils.store import ResultStore
+
+    default = store
+    store = ResultStore("quick", root=tmp_path / "elsewhere" / "quick")
+    lab = SimpleNamespace(profile=config.PROFILES["quick"], store=store)
     tiny = {"epochs": 2, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 8, "warmup_epochs": 1.0}
-    res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    res = lb.run_large_batch(lab, gpus=0, verbose=False, **tiny)
+    assert len(store.latest(lb.EXPERIMENT)) == 5 + 1 + 4 * 2 and default.records(lb.EXPERIMENT) == []
     assert [r.status for r in res.records] == ["ok"] * 5, [r.reason for r in res.records]
     # quick: 4 x 8 emulated with 2 gloo processes x 2 accumulation steps
     assert [r.config["global_batch"] for r in res.records] == [8, 32, 32, 32, 32]
@@ -316,8 +333,8 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch):
     def no_launch(*a, **kw):
         raise AssertionError("a stored run was launched again")
 
-    monkeypatch.setattr(launcher, "launch", no_launch)
-    again = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    monkeypatch.setattr(launcher, "stream", no_launch)
+    again = lb.run_large_batch(lab, gpus=0, verbose=False, **tiny)
     assert again.measured == [] and [r.timestamp for r in again.records] == [r.timestamp for r in res.records]
 
 

@@ -75,8 +75,8 @@ def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
     token = uuid.uuid4().hex
     res = launch(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
                  threads_per_rank=1)
-    assert [r["rank"] for r in res.records] == [0, 1]
-    assert all(r["world"] == 2 and r["omp"] == "1" for r in res.records)
+    assert [r.metrics["rank"] for r in res.records] == [0, 1]
+    assert all(r.metrics["world"] == 2 and r.metrics["omp"] == "1" for r in res.records)
     assert "toy worker rank 1/2" in res.log(1)
     assert res.launch_id and not tagged_processes(res.launch_id)
     assert_nothing_left(token)

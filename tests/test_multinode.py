@@ -9,15 +9,16 @@ parameter-derived figures, same sampler order per rank. Only timings may differ.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from lab_utils.core.records import RecordsReader
 from lab_utils.launcher import free_port, kill_tree, launch, torchrun_command
 from lab_utils.store import ResultStore
 
@@ -48,7 +49,7 @@ def run_two_agents(tmp: Path) -> tuple[list[dict], list[str]]:
     """Two torchrun agents, one worker each, meeting at a c10d rendezvous on 127.0.0.1."""
     results, logs = tmp / "results", tmp / "logs"
     logs.mkdir(parents=True)
-    out = tmp / "records.json"
+    out = tmp / "records.jsonl"
     rdzv = f"127.0.0.1:{free_port()}"
     procs, agent_logs = [], []
     try:
@@ -70,7 +71,7 @@ def run_two_agents(tmp: Path) -> tuple[list[dict], list[str]]:
             kill_tree(p)
     codes = [p.returncode for p in procs]
     assert codes == [0, 0], f"agents exited with {codes}:\n" + _tails(logs)
-    return json.loads(out.read_text()), [p.read_text(errors="replace") for p in agent_logs]
+    return [asdict(r) for r in RecordsReader(out).new()], [p.read_text(errors="replace") for p in agent_logs]
 
 
 def _tails(logs: Path) -> str:
@@ -88,7 +89,8 @@ def both(tmp_path_factory):
     two_agents, agent_logs = run_two_agents(tmp / "nodes")
     one = launch(WORKER, ARGS, nproc=2, timeout_s=TIMEOUT_S, log_dir=tmp / "single" / "logs",
                  env={"LAB_RESULTS_DIR": str(tmp / "single" / "results"), "OMP_NUM_THREADS": "1"})
-    return {"nodes": two_agents, "single": one.records, "agent_logs": agent_logs, "tmp": tmp}
+    return {"nodes": two_agents, "single": [asdict(r) for r in one.records], "agent_logs": agent_logs,
+            "tmp": tmp, "files": [tmp / "nodes" / "records.jsonl", one.log_dir / "records.jsonl"]}
 
 
 def test_two_agents_form_one_group_of_two(both):
@@ -123,8 +125,10 @@ def test_same_records_as_one_agent_with_two_processes(both):
     assert all(x > 0 for x in loss)
 
 
-def test_records_are_stored_by_rank_zero_only_once(both, monkeypatch):
-    for name in ("nodes", "single"):
+def test_records_are_handed_back_by_rank_zero_only_once(both, monkeypatch):
+    """Global rank 0 (on whichever node) appends the records to the file once; no worker writes the
+    store (the parent does)."""
+    for name, path in zip(("nodes", "single"), both["files"]):
+        assert len(RecordsReader(path).new()) == 3, name  # aggregate + one per rank, written once
         monkeypatch.setenv("LAB_RESULTS_DIR", str(both["tmp"] / name / "results"))
-        stored = ResultStore("quick").records(EXPERIMENT)
-        assert len(stored) == 3, name  # aggregate + one per rank, written once
+        assert ResultStore("quick").records(EXPERIMENT) == [], name

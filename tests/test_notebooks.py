@@ -52,6 +52,46 @@ def test_every_notebook_runs_in_quick_profile(lab_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1900)
+def test_every_metric_a_notebook_run_writes_is_in_the_glossary(lab_run):
+    """One meaning per metric name (issue 26): every metric key of every record the run stored (top
+    level, and in each record's per-epoch and per-rank entries) is defined in lab_utils.core.metrics."""
+    import json
+
+    from lab_utils.core.metrics import unknown
+
+    _, root = lab_run
+    where: dict[str, set[str]] = {}
+    for path in sorted((root / "runs").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            metrics = json.loads(line)["metrics"] or {}
+            entries = [metrics] + [e for k in ("epochs", "ranks") for e in metrics.get(k) or []
+                                   if isinstance(e, dict)]
+            for key in {k for e in entries for k in e}:
+                where.setdefault(key, set()).add(path.stem)
+    assert len(where) > 100  # the run wrote records of every notebook
+    missing = unknown(where)
+    assert missing == [], {k: sorted(where[k]) for k in missing}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1900)
+def test_tables_keep_their_names_and_columns(lab_run):
+    """The quick run writes the same tables, with the same columns in the same order, as before the
+    data path was rebuilt (issue 26): tests/table_columns.json, the CSV headers of a quick run at
+    d4e9c98. A table or column added later goes into that file with the change that adds it."""
+    import csv
+    import json
+    from pathlib import Path
+
+    _, root = lab_run
+    want = json.loads((Path(__file__).with_name("table_columns.json")).read_text())
+    got = {p.stem: next(csv.reader(p.open())) for p in sorted((root / "tables").glob("*.csv"))}
+    assert sorted(got) == sorted(want)
+    assert {k: v for k, v in got.items() if v != want[k]} == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1900)
 def test_report_holds_every_promised_table(lab_run):
     proc, root = lab_run
     report = (root / "report.md").read_text()

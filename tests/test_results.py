@@ -6,6 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
+from store_helpers import put
 
 from lab_utils.core.errors import LabError
 from lab_utils.store import Record, ResultStore, canonical_key
@@ -16,7 +17,7 @@ def test_canonical_key_ignores_order():
 
 
 def test_record_carries_provenance(store):
-    r = store.add("exp", {"batch_size": 32}, {"seconds": 1.5}, synthetic=True, dataset="synthetic")
+    r = put(store, "exp", {"batch_size": 32}, {"seconds": 1.5}, synthetic=True, dataset="synthetic")
     got = store.records("exp")[0]
     assert got.config == {"batch_size": 32} and got.metrics == {"seconds": 1.5}
     assert got.profile == "quick" and got.synthetic is True
@@ -51,7 +52,7 @@ def test_measure_may_return_a_record(store):
 
 
 def test_torn_last_line_is_skipped_and_not_lost(store):
-    store.add("exp", {"k": 1}, {"v": 1})
+    put(store, "exp", {"k": 1}, {"v": 1})
     with open(store.path("exp"), "a") as f:
         f.write('{"experiment": "exp", "config": {"k": 2')  # a crash mid-write
     with pytest.warns(UserWarning, match="torn"):
@@ -62,10 +63,10 @@ def test_torn_last_line_is_skipped_and_not_lost(store):
 def test_concurrent_appends_stay_whole(store, tmp_path):
     # two processes appending 200 records each: every line is a whole record
     code = (
-        "import sys; from lab_utils.store import ResultStore\n"
+        "import sys; from lab_utils.store import Record, ResultStore\n"
         "s = ResultStore('quick')\n"
-        "for i in range(200): s.add('race', {'who': sys.argv[1], 'i': i}, {'pad': 'x' * 2000},"
-        " hardware={'device_name': 'cpu'}, software={'torch': 'x'})\n"
+        "for i in range(200): s.run('race', {'who': sys.argv[1], 'i': i}, lambda: Record('race', {},"
+        " {'pad': 'x' * 2000}, hardware={'device_name': 'cpu'}, software={'torch': 'x'}), force=True)\n"
     )
     env = dict(os.environ)
     procs = [subprocess.Popen([sys.executable, "-c", code, w], env=env) for w in "ab"]
@@ -79,11 +80,11 @@ def test_bad_experiment_name(store):
     with pytest.raises(LabError):
         store.path("../escape")
     with pytest.raises(LabError, match="status"):
-        store.append(Record("exp", {}, status="great"))
+        store.run("exp", {}, lambda: Record("exp", {}, status="great"), force=True)
 
 
 def test_tables_and_figures_are_labelled(store):
-    recs = [store.add("exp", {"bs": 32}, {"t": 1.0}, synthetic=True, dataset="synthetic CIFAR-10 stand-in")]
+    recs = [put(store, "exp", {"bs": 32}, {"t": 1.0}, synthetic=True, dataset="synthetic CIFAR-10 stand-in")]
     df = store.frame("exp")
     assert list(df["bs"]) == [32] and list(df["t"]) == [1.0]
     md = store.save_table(pd.DataFrame({"bs": [32], "t": [1.0]}), "exp_table", recs, title="T",
@@ -152,7 +153,7 @@ def test_records_carry_the_torch_thread_count(store):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        rec = store.add("exp", {"bs": 1}, {"t": 1.0})
+        rec = put(store, "exp", {"bs": 1}, {"t": 1.0})
     finally:
         torch.set_num_threads(before)
     assert rec.threads == 1 and store.records("exp")[0].threads == 1
@@ -198,7 +199,7 @@ def test_a_full_disk_mid_append_is_one_sentence_and_loses_no_record(store, monke
     from lab_utils import store as store_mod
     from lab_utils.core.errors import WriteError
 
-    store.add("exp", {"bs": 32}, {"seconds": 1.0})
+    put(store, "exp", {"bs": 32}, {"seconds": 1.0})
     real_write = os.write
 
     def half_then_full(fd, data):
@@ -208,9 +209,9 @@ def test_a_full_disk_mid_append_is_one_sentence_and_loses_no_record(store, monke
     monkeypatch.setattr(store_mod.os, "write", half_then_full)
     with pytest.raises(WriteError, match=r"^No space left on the device holding .*runs .*: the exp record "
                                          r"was not saved\. Free space there, or set LAB_RESULTS_DIR"):
-        store.add("exp", {"bs": 128}, {"seconds": 2.0})
+        put(store, "exp", {"bs": 128}, {"seconds": 2.0})
     monkeypatch.setattr(store_mod.os, "write", real_write)
-    store.add("exp", {"bs": 512}, {"seconds": 3.0})
+    put(store, "exp", {"bs": 512}, {"seconds": 3.0})
     assert [r.config["bs"] for r in store.records("exp")] == [32, 512]
     assert store.path("exp").read_text().count("\n") == 2
 

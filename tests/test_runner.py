@@ -279,8 +279,8 @@ def test_a_record_that_fills_the_disk_is_one_sentence_and_the_store_stays_readab
     sentence naming the runs folder, the torn line is cut off, and earlier records stay readable."""
     fill = _notebook(tmp_path / "97_fill.ipynb", [
         "from lab_utils.store import ResultStore\nstore = ResultStore('quick')\n"
-        "store.add('exp', {'bs': 1}, {'x': 1})",
-        "store.add('exp', {'bs': 2}, {'x': 'y' * 2_000_000})",
+        "store.run('exp', {'bs': 1}, lambda: {'x': 1})",
+        "store.run('exp', {'bs': 2}, lambda: {'x': 'y' * 2_000_000})",
         "print('never')"])
     proc, mark = _start_run(tmp_path, [fill], results=tiny_disk)
     code, out, err = _finish(proc)

@@ -245,23 +245,28 @@ def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypat
     args = scaling.worker_args(s, "quick", "scaling", "nccl", (32, 128, 512), dataset="synthetic")
     p = scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
 
-    def fake_launch(module, argv, nproc, **kw):
-        store.add("scaling", args.for_batch(32).record_config(2, "nccl"), {"train_seconds": 1.0})
+    cfgs = {b: args.for_batch(b).record_config(2, "nccl") for b in (32, 128, 512)}
+
+    def fake_stream(module, argv, nproc, **kw):  # rank 0 hands back batch 32, then a rank runs out of memory
+        yield Record("scaling", cfgs[32], {"train_seconds": 1.0})
         raise LaunchError("rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
 
-    monkeypatch.setattr(launcher, "launch", fake_launch)
-    got = scaling._run_ddp(store, s, args, 2, p, [32, 128, 512])
-    assert got[32].status == "ok"
+    monkeypatch.setattr(launcher, "stream", fake_stream)
+    got, measured = scaling._run_ddp(store, s, args, 2, p, cfgs, force=False)
+    assert got[32].status == "ok" and measured == [32, 128]
     assert got[128].status == "oom" and got[128].reason == "OOM"
     assert got[512].status == "skipped" and "OOM at per-device batch 128" in got[512].reason
-    assert store.get("scaling", args.for_batch(128).record_config(2, "nccl")).status == "oom"
+    assert store.get("scaling", cfgs[128]).status == "oom"
+    assert store.get("scaling", cfgs[32]).metrics == {"train_seconds": 1.0}  # stored by the parent
+    assert store.get("scaling", cfgs[512]) is None  # a consequence, not a measurement
 
     def broken(module, argv, nproc, **kw):
         raise LaunchError("rank 1 failed: ImportError: no module")
+        yield
 
-    monkeypatch.setattr(launcher, "launch", broken)
+    monkeypatch.setattr(launcher, "stream", broken)
     with pytest.raises(LaunchError, match="ImportError"):
-        scaling._run_ddp(store, s, args, 2, p, [32])
+        scaling._run_ddp(store, s, args, 2, p, {32: cfgs[32]}, force=True)
 
 
 def test_rows_needing_gpus_are_not_stored(store, monkeypatch):
@@ -387,9 +392,7 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
     workers do, and restores the notebook's setting afterwards."""
     import torch
 
-    import lab_utils.core.hardware as hardware
-
-    monkeypatch.setattr(hardware, "hardware_summary",
+    monkeypatch.setattr(scaling, "hardware_summary",
                         lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
                                                      "device_count": n})
     seen = []
@@ -406,10 +409,10 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
         s = scaling.settings_for("quick")
         assert s.pin_threads and s.cpu_threads == 1 and not scaling.SETTINGS["full"].pin_threads
         args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,), dataset="synthetic")
-        rec = scaling._run_dp(store, s, args.for_batch(32), 1)
+        rec = scaling._run_dp(store.profile, s, args.for_batch(32), 1)
         assert seen == [1] and torch.get_num_threads() == 2
         assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
-        scaling._run_dp(store, scaling.settings_for("full"), args.for_batch(32), 1)
+        scaling._run_dp(store.profile, scaling.settings_for("full"), args.for_batch(32), 1)
         assert seen[-1] == 2   # full: torch's setting is left alone
     finally:
         torch.set_num_threads(before)

@@ -1,7 +1,7 @@
 """Notebook 01's batch-size sweep: stop at OOM, resume, table rows, FLOP count, input checks.
 
 The sweeps here are real (a width-2 ResNet-18 on a few hundred synthetic images, on CPU);
-``train_epoch`` is wrapped by a spy that counts the calls and then runs the real one.
+``run_epoch`` is wrapped by a spy that counts the calls and then runs the real one.
 The out-of-memory row comes from the sweep's CPU memory cap (``CpuMemoryCap``), whose
 limit is derived from the measured activation bytes of a small batch, and in one test
 from the CPU allocator itself refusing a real allocation.
@@ -50,7 +50,7 @@ def cached_loaders():
 
 
 class Spy:
-    """Wraps ``train_epoch``: counts calls per batch size, keeps weak references to the
+    """Wraps ``run_epoch``: counts calls per batch size, keeps weak references to the
     models, and can inject a failure for a batch size before running the real epoch."""
 
     def __init__(self, real):
@@ -70,8 +70,8 @@ class Spy:
 
 def _install_spy(mp: pytest.MonkeyPatch, cached_loaders) -> Spy:
     mp.setattr(sweep, "make_loaders", cached_loaders)
-    spy = Spy(sweep.train_epoch)
-    mp.setattr(sweep, "train_epoch", spy)
+    spy = Spy(sweep.run_epoch)
+    mp.setattr(sweep, "run_epoch", spy)
     return spy
 
 
@@ -164,7 +164,7 @@ def test_resume_measures_nothing_new(store, spy):
     first = small_sweep(store, batch_sizes=(8, 32))
     assert first.measured == [8, 32] and len(spy.calls) == 4
     again = small_sweep(store, batch_sizes=(8, 32))
-    assert again.measured == [] and len(spy.calls) == 4  # no train_epoch call at all
+    assert again.measured == [] and len(spy.calls) == 4  # no run_epoch call at all
     assert [r.metrics for r in again.records] == [r.metrics for r in first.records]
     # A stored OOM also stops the resumed sweep without training.
     small_sweep(store, batch_sizes=(8, 32, 128))

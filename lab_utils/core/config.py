@@ -27,6 +27,13 @@ RESULTS_ENV = "LAB_RESULTS_DIR"
 DATA_ENV = "LAB_DATA_DIR"
 DATASET_ENV = "LAB_DATASET"
 
+# The data sets' sizes and the choices of data (torch-free here, so that argument types such as
+# :mod:`lab_utils.workers.args` can check and resolve them without importing torch).
+CIFAR10_TRAIN_SIZE = 50_000
+CIFAR10_TEST_SIZE = 10_000
+DATASET_CHOICES = ("auto", "cifar10", "synthetic")
+CORPUS_CHOICES = ("auto", "shakespeare", "stdlib")
+
 # The longest the lab waits for one batch from DataLoader worker processes. A worker that
 # hangs (a stuck file system, a deadlocked transform) then raises "DataLoader timed out
 # after 300 seconds" instead of blocking the run forever.
@@ -161,3 +168,28 @@ def check_batch_sizes(values: object, what: str = "batch sizes") -> tuple[int, .
     if not out:
         raise LabError(f"{what} must not be empty; give at least one, e.g. [32, 128].")
     return out
+
+
+# --------------------------------------------------------------------------- data choices
+
+
+def cifar10_present(root: Path | None = None) -> bool:
+    """True when ``python -m lab_utils prepare`` has put CIFAR-10 under ``root``."""
+    root = Path(root) if root else data_dir()
+    folder = root / "cifar-10-batches-py"
+    return (folder / "data_batch_1").exists() and (folder / "test_batch").exists()
+
+
+def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
+    """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
+    choice = dataset or os.environ.get(DATASET_ENV) or "auto"
+    check_choice(choice, DATASET_CHOICES, "dataset")
+    present = cifar10_present(root)
+    if choice == "cifar10" and not present:
+        raise LabError(
+            f"CIFAR-10 is not in {root or data_dir()} and compute nodes cannot download it; "
+            "run `make prepare` (or `python -m lab_utils prepare`) on a machine with internet first, "
+            "or use dataset='synthetic'.")
+    if choice == "auto":
+        return "cifar10" if present else "synthetic"
+    return choice

@@ -30,7 +30,6 @@ augmentation batched there (its docstring says how it matches torchvision's).
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,14 +40,20 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lab_utils.core import config
-from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
+from lab_utils.core.config import (  # noqa: F401  (defined torch-free in config; data.<name> works too)
+    CIFAR10_TEST_SIZE,
+    CIFAR10_TRAIN_SIZE,
+    DATASET_CHOICES,
+    check_batch_size,
+    check_choice,
+    check_positive_int,
+    cifar10_present,
+    resolve_dataset,
+)
 from lab_utils.core.errors import LabError
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
-CIFAR10_TRAIN_SIZE = 50_000
-CIFAR10_TEST_SIZE = 10_000
-DATASET_CHOICES = ("auto", "cifar10", "synthetic")
 
 
 def train_transform():
@@ -143,28 +148,6 @@ class SyntheticCIFAR10(ArrayDataset):
 
 
 # --------------------------------------------------------------------------- real data
-
-
-def cifar10_present(root: Path | None = None) -> bool:
-    """True when ``python -m lab_utils prepare`` has put CIFAR-10 under ``root``."""
-    root = Path(root) if root else config.data_dir()
-    folder = root / "cifar-10-batches-py"
-    return (folder / "data_batch_1").exists() and (folder / "test_batch").exists()
-
-
-def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
-    """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
-    choice = dataset or os.environ.get(config.DATASET_ENV) or "auto"
-    check_choice(choice, DATASET_CHOICES, "dataset")
-    present = cifar10_present(root)
-    if choice == "cifar10" and not present:
-        raise LabError(
-            f"CIFAR-10 is not in {root or config.data_dir()} and compute nodes cannot download it; "
-            "run `make prepare` (or `python -m lab_utils prepare`) on a machine with internet first, "
-            "or use dataset='synthetic'.")
-    if choice == "auto":
-        return "cifar10" if present else "synthetic"
-    return choice
 
 
 def cifar10_dataset(train: bool, dataset: str | None = None, transform=None,

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 
-from lab_utils.core import cuda_wheels, data
+from lab_utils.core import cuda_builds, data
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import (
     classify_interconnect,
@@ -40,12 +40,12 @@ def _torch_build() -> tuple[str, str | None]:
     return torch.__version__, torch.version.cuda
 
 
-def _cuda_phrase(torch_version: str, torch_cuda: str | None, driver: cuda_wheels.Driver) -> str:
+def _cuda_phrase(torch_version: str, torch_cuda: str | None, driver: cuda_builds.Driver) -> str:
     """How torch's build relates to the driver, as a phrase after 'torch X'."""
     if not torch_cuda:
         return f"torch {torch_version} is a CPU-only build (no CUDA)"
-    need = cuda_wheels.min_driver_for_cuda(torch_cuda)
-    if need and driver.version and not cuda_wheels.driver_at_least(driver.version, need):
+    need = cuda_builds.min_driver_for_cuda(torch_cuda)
+    if need and driver.version and not cuda_builds.driver_at_least(driver.version, need):
         return f"torch {torch_version} is built for CUDA {torch_cuda}, which needs driver >= {need}"
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     if hidden is not None and hidden.strip() in ("", "-1", "none", "NoDevFiles"):
@@ -53,15 +53,15 @@ def _cuda_phrase(torch_version: str, torch_cuda: str | None, driver: cuda_wheels
     return f"torch {torch_version} (CUDA {torch_cuda}) cannot initialise CUDA"
 
 
-def _fix(torch_cuda: str | None, driver: cuda_wheels.Driver) -> str:
+def _fix(torch_cuda: str | None, driver: cuda_builds.Driver) -> str:
     """The way out, for a torch that cannot use this driver's GPUs."""
     system = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
     try:
-        choice = cuda_wheels.select_variant(driver.version)
-    except cuda_wheels.NoVariant:
+        choice = cuda_builds.select_variant(driver.version)
+    except cuda_builds.NoVariant:
         return (f"this driver is too old for the lab's torch, so ask for a newer driver or {system}")
-    need = cuda_wheels.min_driver_for_cuda(torch_cuda)
-    fits = need is None or not driver.version or cuda_wheels.driver_at_least(driver.version, need)
+    need = cuda_builds.min_driver_for_cuda(torch_cuda)
+    fits = need is None or not driver.version or cuda_builds.driver_at_least(driver.version, need)
     if torch_cuda and fits:
         return ("check that the job was given GPUs and CUDA_VISIBLE_DEVICES names them (a driver/library "
                 "mismatch shows in `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'`), "
@@ -70,7 +70,7 @@ def _fix(torch_cuda: str | None, driver: cuda_wheels.Driver) -> str:
             f"machine with internet, such as the login node), or {system}")
 
 
-def gpu_node_problem(driver: cuda_wheels.Driver | None | str = "detect") -> tuple[str, str] | None:
+def gpu_node_problem(driver: cuda_builds.Driver | None | str = "detect") -> tuple[str, str] | None:
     """``(what is wrong, the fix)`` when the driver reports GPUs that torch cannot use, else None.
 
     Cheap where it does not apply: nothing is asked when torch sees a GPU, and without
@@ -81,14 +81,14 @@ def gpu_node_problem(driver: cuda_wheels.Driver | None | str = "detect") -> tupl
     if torch.cuda.is_available():
         return None
     if driver == "detect":
-        driver = cuda_wheels.query_driver()
+        driver = cuda_builds.query_driver()
     if driver is None or not driver.gpus:
         return None
     version, cuda = _torch_build()
     return f"This node's {driver.describe()}, but {_cuda_phrase(version, cuda, driver)}", _fix(cuda, driver)
 
 
-def check_gpu_node(profile: str, why: str, driver: cuda_wheels.Driver | None | str = "detect") -> str | None:
+def check_gpu_node(profile: str, why: str, driver: cuda_builds.Driver | None | str = "detect") -> str | None:
     """Refuse a CPU run on a GPU node whose GPUs torch cannot use (see the module's doc).
 
     ``profile``/``why`` as :func:`config.resolve_profile_name` returns them. Raises
@@ -120,12 +120,12 @@ def cudnn_version(raw: int | None) -> str | None:
     return f"{raw // 1000}.{raw % 1000 // 100}.{raw % 100}"  # cuDNN 8: major*1000 + minor*100 + patch
 
 
-def software_stack(driver: cuda_wheels.Driver | None | str = "detect") -> dict[str, str]:
+def software_stack(driver: cuda_builds.Driver | None | str = "detect") -> dict[str, str]:
     """Driver, torch's CUDA, cuDNN and NCCL versions: each a version or the reason it is missing."""
     import torch
 
     if driver == "detect":
-        driver = cuda_wheels.query_driver()
+        driver = cuda_builds.query_driver()
     cpu_build = "this torch is a CPU-only build"
     out = {}
     if driver is None:
@@ -149,7 +149,7 @@ def software_stack(driver: cuda_wheels.Driver | None | str = "detect") -> dict[s
     return out
 
 
-def topology_summary(topo: str | None, driver: cuda_wheels.Driver | None) -> str:
+def topology_summary(topo: str | None, driver: cuda_builds.Driver | None) -> str:
     """NVLink, only PCIe, or mixed, between the GPUs of ``nvidia-smi topo -m``; or why unknown."""
     if driver is None:
         return f"no GPUs: {NO_DRIVER}; DDP runs as gloo processes on the CPU"
@@ -185,7 +185,7 @@ def topology_summary(topo: str | None, driver: cuda_wheels.Driver | None) -> str
 def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:
     """Rows of (item, value) describing this machine and set-up, for a table."""
     m = describe_machine()
-    driver = cuda_wheels.query_driver()
+    driver = cuda_builds.query_driver()
     sw = m["software"]
     rows = [{"item": "profile", "value": f"{profile} ({why_profile})"}]
     for item, value in software_stack(driver).items():
@@ -222,7 +222,7 @@ def topology_text() -> str:
     topo = interconnect()
     if topo:
         return topo
-    driver = cuda_wheels.query_driver()
+    driver = cuda_builds.query_driver()
     if driver is None:
         return f"No GPU topology to show: {NO_DRIVER}."
     return ("No GPU topology to show: `nvidia-smi topo -m` is not available in this container "

@@ -1,22 +1,28 @@
-"""One epoch of training and one evaluation pass, each returning a typed record.
+"""THE step loop, THE epoch driver and THE evaluation: every path that trains goes through them.
+
+- :func:`train_steps` runs one pass of optimizer steps over some batches (its options, in
+  :class:`StepOptions`, cover gradient accumulation, the DDP skew barrier and comm timing,
+  autocast, lr per step, gradient clipping, channels_last, nested step timers);
+- :func:`run_epoch` is the clock around it: one epoch of one process, measured as an
+  :class:`EpochRecord` (the DDP worker, the GPT worker, the batch-size sweep, DataParallel
+  and the fast path all call it; :mod:`lab_utils.core.ranks` then aggregates the ranks'
+  records, the slowest rank defining T(N));
+- :func:`evaluate` is the one evaluation pass.
 
 The recipe is the assignment's: SGD (lr 0.1, momentum 0.9, weight decay 5e-4) and
-cross-entropy. ``train_epoch`` works for a model on one device and for a model wrapped
-in ``nn.DataParallel`` (which scatters each batch over the visible GPUs itself).
-
-What the reported training time includes: host-to-device copies, forward, loss,
-backward and the optimizer step (``data_movement`` + ``compute`` +
-``communication``). What it excludes: waiting on the data loader (``data_loading``).
+cross-entropy. What the reported training time (``train_seconds``) includes: host-to-device
+copies, forward, loss, backward and the optimizer step (``data_movement`` + ``compute`` +
+``communication``). What it excludes: waiting on the data loader (``data_loading``) and, in
+DDP, on the other ranks' loaders (``skew_wait``). Definitions: :mod:`lab_utils.core.metrics`.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -51,25 +57,34 @@ def wrap_data_parallel(model: nn.Module, device_ids: list[int] | None = None) ->
 
 @dataclass
 class EpochRecord:
-    """What one training epoch measured. Times are seconds, memory bytes."""
+    """What one training epoch of one process measured (:func:`run_epoch`). Times are seconds,
+    memory bytes; every name is defined in :mod:`lab_utils.core.metrics`."""
 
     epoch: int
-    images: int
-    steps: int
-    epoch_seconds: float            # wall time of the whole epoch, loader included
-    train_seconds: float            # movement + compute + communication (no loader wait)
+    images: int                     # samples this process trained on (images, or sequences for a GPT)
+    steps: int                      # optimizer steps
+    epoch_seconds: float            # wall time of the whole pass, loader waits included, device synced
+    train_seconds: float | None     # movement + compute + communication (no loader wait); None untimed
     data_loading_seconds: float
     data_movement_seconds: float
     compute_seconds: float
     communication_seconds: float
-    images_per_s: float             # images / train_seconds
-    loss: float                     # mean training loss over the epoch's images
-    accuracy: float                 # training accuracy over the epoch's images
+    images_per_s: float | None      # images / train_seconds (None untimed)
+    loss: float                     # mean training loss over this process's samples
+    accuracy: float                 # training accuracy over this process's samples (nan: not counted)
     peak_memory_bytes: int | None   # device memory high-water mark (the fullest GPU); None on CPU
     lr: float
     # DataParallel: each GPU's high-water mark, in device_ids order (GPU 0 holds the gathered
     # outputs and the master copy, the others their replicas); None for one device
     peak_memory_bytes_per_device: list[int] | None = None
+    micro_steps: int = 0            # forward/backward passes (= batches); = steps without accumulation
+    skew_wait_seconds: float = 0.0  # DDP: waiting in the barrier for the other ranks' loaders
+    allreduce_seconds: float | None = None     # with a comm timer: all-reduce in flight, summed over steps
+    exposed_tail_seconds: float | None = None  # with a comm timer: exposed all-reduce wait, summed
+    # with global_sums: loss, accuracy and samples over ALL ranks (an all-reduce at the epoch's end)
+    global_loss: float | None = None
+    global_accuracy: float | None = None
+    global_images: int | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,31 +136,54 @@ class EpochSums:
     exposed_tail_seconds: float = 0.0
 
 
-def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, device, *,
-                accumulation_steps: int = 1, scheduler=None, comm_timer=None,
-                skew_barrier: bool = True, autocast_dtype: torch.dtype | None = None,
-                count_correct: bool = True, lr_at: Callable[[int], float] | None = None,
-                first_step: int = 0, max_steps: int | None = None, grad_clip: float | None = None,
-                channels_last: bool = False, step_timers: NestedTimers | None = None) -> EpochSums:
+@dataclass(frozen=True)
+class StepOptions:
+    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop.
+
+    ``accumulation_steps``: micro-batches per optimizer step. ``scheduler``: stepped after
+    every optimizer step. ``comm_timer``: a :class:`~lab_utils.core.comm_hooks.AllReduceTimer`
+    (moves the exposed all-reduce wait from compute to communication). ``skew_barrier``:
+    DDP's barrier before each micro-step that starts a collective (needs a process group).
+    ``autocast_dtype``: forward and loss under autocast, e.g. ``torch.bfloat16``.
+    ``count_correct``: argmax accuracy (off for language models). ``lr_at(step)``: the lr set
+    before each optimizer step, ``step`` counted from ``first_step``. ``max_steps``: stop after
+    that many optimizer steps. ``grad_clip``: max gradient norm. ``channels_last``: the
+    batch in the model's memory format. ``step_timers``: a
+    :class:`~lab_utils.core.timing.NestedTimers` for a forward/loss/backward/optimizer
+    breakdown inside ``compute`` (it synchronizes at each of those boundaries).
+    """
+
+    accumulation_steps: int = 1
+    scheduler: Any = None
+    comm_timer: Any = None
+    skew_barrier: bool = False
+    autocast_dtype: torch.dtype | None = None
+    count_correct: bool = True
+    lr_at: Callable[[int], float] | None = None
+    first_step: int = 0
+    max_steps: int | None = None
+    grad_clip: float | None = None
+    channels_last: bool = False
+    step_timers: NestedTimers | None = None
+
+
+PLAIN = StepOptions()
+
+
+def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, device,
+                options: StepOptions = PLAIN) -> EpochSums:
     """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
 
-    Every path that trains goes through it: the DDP ResNet worker
-    (:mod:`lab_utils.workers.ddp`, notebooks 02, 03 and 05), the batch-size sweep and
-    DataParallel (notebooks 01 and 02, through :func:`train_epoch`), the compute-step timing
-    of notebook 04, the communication ledger, the GPT worker (notebook 06) and the fast path
-    (notebook 08). ``ddp`` is a DDP module or a plain one (or any callable model, e.g. a
-    compiled one); a plain one accumulates gradients locally (there is nothing to
-    synchronize) and cannot take the skew barrier.
+    Every path that trains goes through it, most through :func:`run_epoch`: the DDP ResNet
+    worker (notebooks 02, 03 and 05), the batch-size sweep and DataParallel (notebooks 01 and
+    02), the compute-step timing of notebook 04, the communication ledger, the GPT worker
+    (notebook 06) and the fast path (notebook 08). ``ddp`` is a DDP module or a plain one
+    (or any callable model, e.g. a compiled one); a plain one accumulates gradients locally
+    (there is nothing to synchronize) and cannot take the skew barrier. ``options``: see
+    :class:`StepOptions`.
 
     ``timer=None`` runs untimed: no phase boundaries, so no device synchronization inside
-    the loop (the fast path synchronizes only at the ends of a pass). The options:
-    ``autocast_dtype`` (forward and loss under autocast, e.g. ``torch.bfloat16``),
-    ``count_correct`` (argmax accuracy; off for language models), ``lr_at(step)`` (the lr
-    set before each optimizer step, ``step`` counted from ``first_step``), ``max_steps``
-    (stop after that many optimizer steps), ``grad_clip`` (max gradient norm),
-    ``channels_last`` (the batch in the model's memory format), ``step_timers`` (a
-    :class:`~lab_utils.core.timing.NestedTimers` for a forward/loss/backward/optimizer
-    breakdown inside ``compute``; it synchronizes at each of those boundaries).
+    the loop (the fast path synchronizes only at the ends of a pass).
 
     Per batch, timed by ``timer`` (a :class:`lab_utils.core.timing.PhaseTimer`; seconds):
 
@@ -172,27 +210,29 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     what DDP's per-rank BatchNorm does anyway. BatchNorm running statistics are not equal:
     they get k updates per step (one per micro-batch) instead of one.
     """
+    o = options
+    comm_timer = o.comm_timer
     non_blocking = device.type == "cuda"
     timer = timer if timer is not None else PhaseTimer(device, enabled=False)
-    sub = step_timers if step_timers is not None else NestedTimers(enabled=False)
-    autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)
-                if autocast_dtype is not None else nullcontext)
-    params = [p for g in optimizer.param_groups for p in g["params"]] if grad_clip else []
+    sub = o.step_timers if o.step_timers is not None else NestedTimers(enabled=False)
+    autocast = (partial(torch.autocast, device_type=device.type, dtype=o.autocast_dtype)
+                if o.autocast_dtype is not None else nullcontext)
+    params = [p for g in optimizer.param_groups for p in g["params"]] if o.grad_clip else []
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     correct = torch.zeros((), device=device, dtype=torch.float64)
-    token = torch.zeros(1, device=device) if skew_barrier else None
+    token = torch.zeros(1, device=device) if o.skew_barrier else None
     out = EpochSums(0, 0, 0, loss_sum, correct)
     group_start, group_size = 0, 1
     for i, (x, y) in enumerate(timer.iterate(batches)):
         with timer.phase("data_movement"):
             x = x.to(device, non_blocking=non_blocking)
             y = y.to(device, non_blocking=non_blocking)
-            if channels_last:
+            if o.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
         pos = i - group_start
         if pos == 0:
-            left = accumulation_steps if n_batches is None else n_batches - i
-            group_size = max(1, min(accumulation_steps, left))
+            left = o.accumulation_steps if n_batches is None else n_batches - i
+            group_size = max(1, min(o.accumulation_steps, left))
         last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
         # the barrier comes before each micro-step that starts a collective: the last one (the
         # gradient all-reduce in backward) and, with accumulation, the first one, whose forward
@@ -217,16 +257,16 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
                 if comm_timer is not None:
                     comm_timer.end_backward()
                 with sub("optimizer"):
-                    if lr_at is not None:
+                    if o.lr_at is not None:
                         for g in optimizer.param_groups:
-                            g["lr"] = lr_at(first_step + out.steps)
-                    if grad_clip:
-                        nn.utils.clip_grad_norm_(params, grad_clip)
+                            g["lr"] = o.lr_at(o.first_step + out.steps)
+                    if o.grad_clip:
+                        nn.utils.clip_grad_norm_(params, o.grad_clip)
                     optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
+                if o.scheduler is not None:
+                    o.scheduler.step()
             loss_sum += loss.detach().double() * y.shape[0]
-            if count_correct:
+            if o.count_correct:
                 correct += (logits.detach().argmax(1) == y).sum().double()
         if last and comm_timer is not None:
             sc = comm_timer.finish_step()
@@ -240,7 +280,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         if last:
             out.steps += 1
             group_start = i + 1
-            if max_steps is not None and out.steps >= max_steps:
+            if o.max_steps is not None and out.steps >= o.max_steps:
                 break
     if out.micro_steps != group_start:
         raise RuntimeError(f"train_steps: {out.micro_steps} batches arrived, {n_batches} announced; "
@@ -257,49 +297,83 @@ def _forward_syncs_buffers(ddp) -> bool:
     return bool(will_sync()) if callable(will_sync) else bool(getattr(ddp, "broadcast_buffers", True))
 
 
-def train_epoch(model: nn.Module, loader, optimizer: torch.optim.Optimizer, device: torch.device | str,
-                epoch: int = 1, timer: PhaseTimer | None = None, scheduler=None,
-                loss_fn: nn.Module | None = None, max_steps: int | None = None,
-                desc: str | None = None) -> EpochRecord:
-    """Train for one pass over ``loader`` (or ``max_steps`` batches) with :func:`train_steps`
-    on one device (or ``nn.DataParallel``), and measure it as an :class:`EpochRecord`.
+def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: int = 1,
+              n_batches: int | None = None, loss_fn=None, options: StepOptions = PLAIN, timed: bool = True,
+              global_sums: bool = False, desc: str | None = None) -> EpochRecord:
+    """THE epoch driver: one pass of :func:`train_steps` over ``batches``, clocked; this process's
+    :class:`EpochRecord`.
 
-    ``scheduler`` (optional) is stepped after every optimizer step (per-iteration
-    schedules such as warm-up). The timer synchronizes the device at phase boundaries,
-    so every phase includes the GPU work it queued.
+    The clock: peak memory reset on every device the model uses (all GPUs of an
+    ``nn.DataParallel``), the device synchronized, then ``epoch_seconds`` runs from the first
+    batch request to the end of the last step (device synchronized again), loader waits
+    included. ``train_seconds`` is the sum of the phases that are training
+    (:attr:`~lab_utils.core.timing.PhaseTimer.training_seconds`: data movement, compute,
+    communication; this rank's loader wait and, in DDP, its ``skew_wait`` for the other ranks'
+    loaders left out), each synchronized with the device at its ends. ``images_per_s`` =
+    images / ``train_seconds``.
+
+    ``timed=False``: no phase boundaries inside the pass (the fast path: the host queues work
+    ahead as in real training); only ``epoch_seconds`` is measured, ``train_seconds`` is None.
+    ``global_sums``: at the end, the loss sum, correct count and samples are all-reduced over
+    the process group (one all-reduce of three float64, timed as ``communication``), giving
+    ``global_loss``, ``global_accuracy`` and ``global_images`` over all ranks. ``n_batches``
+    defaults to ``len(batches)`` (capped by ``options.max_steps`` x accumulation steps).
     """
     device = torch.device(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
-    timer = timer or PhaseTimer(device)
+    timer = PhaseTimer(device, enabled=timed)
     model.train()
     devices = model_devices(model, device)  # DataParallel: the peak of every GPU, not GPU 0's alone
     for d in devices:
         reset_peak_memory(d)
-    n = _len_or_none(loader, max_steps)
-    batches = loader if max_steps is None else itertools.islice(loader, max_steps)
+    if n_batches is None:
+        n_batches = _len_or_none(batches)
+        if n_batches is not None and options.max_steps is not None:
+            n_batches = min(n_batches, options.max_steps * options.accumulation_steps)
+    batches = progress(batches, total=n_batches, desc=desc or f"epoch {epoch}")
     synchronize(device)
     t_start = time.perf_counter()
-    sums = train_steps(model, progress(batches, total=n, desc=desc or f"epoch {epoch}"), n, optimizer,
-                       loss_fn, timer, device, scheduler=scheduler, skew_barrier=False)
+    sums = train_steps(model, batches, n_batches, optimizer, loss_fn, timer if timed else None, device,
+                       options)
+    glob: list[float] | None = None
+    if global_sums and dist.is_available() and dist.is_initialized():
+        with timer.phase("communication"):  # the global loss/accuracy: an all-reduce of three numbers
+            t = torch.stack([sums.loss_sum, sums.correct,
+                             torch.tensor(float(sums.images), device=device, dtype=torch.float64)])
+            dist.all_reduce(t)
+            glob = t.tolist()
     synchronize(device)
     epoch_seconds = time.perf_counter() - t_start
-    train_s = timer.training_seconds
+    train_s = timer.training_seconds if timed else None
     images = sums.images
     peaks = [peak_memory(d) for d in devices]
-    return EpochRecord(
-        epoch=epoch, images=images, steps=sums.steps, epoch_seconds=epoch_seconds,
-        train_seconds=train_s,
+    rec = EpochRecord(
+        epoch=epoch, images=images, steps=sums.steps, micro_steps=sums.micro_steps,
+        epoch_seconds=epoch_seconds, train_seconds=train_s,
         data_loading_seconds=timer.seconds("data_loading"),
         data_movement_seconds=timer.seconds("data_movement"),
         compute_seconds=timer.seconds("compute"),
         communication_seconds=timer.seconds("communication"),
-        images_per_s=images / train_s if train_s > 0 else math.nan,
+        skew_wait_seconds=timer.seconds("skew_wait"),
+        images_per_s=images / train_s if train_s else None,
         loss=float(sums.loss_sum) / max(images, 1),
-        accuracy=float(sums.correct) / max(images, 1),
+        accuracy=float(sums.correct) / max(images, 1) if options.count_correct else math.nan,
         peak_memory_bytes=max(peaks) if None not in peaks else None,
         lr=float(optimizer.param_groups[0]["lr"]),
         peak_memory_bytes_per_device=peaks if len(peaks) > 1 and None not in peaks else None,
     )
+    if options.comm_timer is not None:
+        rec.allreduce_seconds, rec.exposed_tail_seconds = sums.allreduce_seconds, sums.exposed_tail_seconds
+    if glob is not None:
+        g_loss, g_correct, g_images = glob
+        rec.global_loss, rec.global_images = g_loss / max(g_images, 1), int(g_images)
+        rec.global_accuracy = g_correct / max(g_images, 1) if options.count_correct else math.nan
+    return rec
+
+
+def next_epoch(options: StepOptions, steps_done: int) -> StepOptions:
+    """``options`` for the next epoch of a run: the lr schedule continues from ``steps_done``."""
+    return replace(options, first_step=steps_done)
 
 
 @torch.no_grad()
@@ -345,9 +419,8 @@ def evaluate(model: nn.Module, loader, device: torch.device | str, *, loss_fn=No
                       images=count, seconds=time.perf_counter() - t0)
 
 
-def _len_or_none(loader, max_steps: int | None) -> int | None:
+def _len_or_none(loader) -> int | None:
     try:
-        n = len(loader)
+        return len(loader)
     except TypeError:
-        return max_steps
-    return min(n, max_steps) if max_steps else n
+        return None

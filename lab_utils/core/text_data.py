@@ -37,11 +37,10 @@ import torch
 from torch.utils.data import Dataset
 
 from lab_utils.core import config
-from lab_utils.core.config import check_choice
+from lab_utils.core.config import CORPUS_CHOICES, check_choice
 from lab_utils.core.errors import LabError
 
 CORPUS_ENV = "LAB_CORPUS"
-CORPUS_CHOICES = ("auto", "shakespeare", "stdlib")
 SHAKESPEARE_FILE = "tinyshakespeare.txt"
 SHAKESPEARE_BYTES = 1_115_394
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"

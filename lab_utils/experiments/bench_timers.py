@@ -1,7 +1,7 @@
 """``python -m lab_utils bench timers``: what the phase timers cost.
 
 Trains the same steps (same model, same batches, in memory so the loader is not
-measured) with the :class:`~lab_utils.core.timing.PhaseTimer` enabled and disabled,
+measured) through :func:`~lab_utils.core.loop.run_epoch` with its phase timers on and off,
 alternating the two variants several times, and prints the ratio of the median times
 (target: under 1.02). On a GPU the enabled timer synchronizes at phase boundaries,
 which is the cost it is meant to expose.
@@ -14,8 +14,8 @@ import argparse
 import torch
 
 from lab_utils.core.config import check_positive_int
-from lab_utils.core.loop import default_device, make_optimizer, train_epoch
-from lab_utils.core.timing import PhaseTimer, measure_overhead
+from lab_utils.core.loop import default_device, make_optimizer, run_epoch
+from lab_utils.core.timing import measure_overhead
 from lab_utils.models import ResNet18
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = [(torch.randn(bs, 3, 32, 32), torch.randint(0, 10, (bs,))) for _ in range(steps)]
 
     def variant(enabled: bool):
-        return lambda: train_epoch(model, batches, opt, device, timer=PhaseTimer(device, enabled=enabled))
+        return lambda: run_epoch(model, batches, opt, device, timed=enabled)
 
     variant(True)()  # warm-up: allocator, cuDNN autotuning
     r = measure_overhead(variant(True), variant(False), repeats=a.repeats)

@@ -27,10 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from lab_utils.core import profiles
+from lab_utils import launcher
+from lab_utils.core import hardware, profiles
+from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.comm_hooks import noise_flag
 from lab_utils.core.config import check_positive_int
+from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import gpu_count, hardware_summary
+from lab_utils.core.loop import make_optimizer, train_steps
 from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -51,7 +56,11 @@ from lab_utils.core.ring import (
 from lab_utils.core.ring import (
     spec_log2_seconds as spec_log2_seconds,
 )
+from lab_utils.core.timing import synchronize
 from lab_utils.experiments import scaling
+from lab_utils.models import ResNet18, count_parameters
+from lab_utils.store import Record, ResultStore
+from lab_utils.workers.args import BenchArgs
 
 BENCH_EXPERIMENT = "allreduce_bench"
 BENCH_MODULE = "lab_utils.workers.allreduce_bench"
@@ -125,8 +134,6 @@ def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
 
     With fewer than 2 GPUs there is no GPU link to use: the benchmark runs CPU processes.
     """
-    from lab_utils.core import hardware
-
     count = hardware.gpu_count() if n_gpus is None else n_gpus
     if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
         return nominal_link_peak("cpu", None)
@@ -174,8 +181,6 @@ def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
     Two NCCL ranks cannot share one GPU, so a one-GPU machine benchmarks gloo between
     CPU processes and says so.
     """
-    from lab_utils.core.hardware import gpu_count
-
     if backend not in ("auto", "nccl", "gloo"):
         raise LabError(f"Unknown backend {backend!r}; use auto, nccl or gloo.")
     gpus = gpu_count()
@@ -200,16 +205,11 @@ def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
     return BenchPlan("gloo", n, "cpu", note)
 
 
-def bench_config(plan: BenchPlan, settings: BenchSettings, size_bytes: int) -> dict[str, Any]:
-    """The stored configuration of one benchmark point."""
-    return {"world_size": plan.nproc, "backend": plan.backend, "size_bytes": int(size_bytes),
-            "dtype": "float32", "iters": settings.iters, "warmup": settings.warmup}
-
-
-def worker_args(settings: BenchSettings, backend: str) -> list[str]:
-    """Arguments for :mod:`lab_utils.workers.allreduce_bench` (the launcher adds ``--out``)."""
-    return ["--min-bytes", str(settings.min_bytes), "--max-bytes", str(settings.max_bytes),
-            "--iters", str(settings.iters), "--warmup", str(settings.warmup), "--backend", backend]
+def bench_args(settings: BenchSettings, backend: str) -> BenchArgs:
+    """The benchmark worker's arguments, :class:`lab_utils.workers.args.BenchArgs` (the launcher
+    adds ``--out``)."""
+    return BenchArgs(max_bytes=settings.max_bytes, min_bytes=settings.min_bytes, iters=settings.iters,
+                     warmup=settings.warmup, backend=backend).validate()
 
 
 def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings | None = None,
@@ -217,15 +217,12 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
                         verbose: bool = True) -> list:
     """Run (or reuse) the benchmark on ``nproc`` ranks; return one stored Record per message size.
 
-    Every size already in ``store`` for this plan and settings is reused unless ``force``;
-    otherwise one torchrun launch measures all sizes and each becomes a record of
-    experiment ``allreduce_bench`` (metrics: ``time_us`` = mean microseconds per
-    all-reduce of the slowest rank, ``algbw_gb_per_s``, ``busbw_gb_per_s``, ``correct``).
+    The sizes are one benchmark, measured side by side: all are reused (unless ``force``) when
+    every one is stored from one run on this machine's devices; otherwise one torchrun launch
+    measures all sizes and each becomes a record of experiment ``allreduce_bench`` (metrics:
+    ``time_us`` = mean microseconds per all-reduce of the slowest rank, ``algbw_gb_per_s``,
+    ``busbw_gb_per_s``, ``correct``), stored through :meth:`~lab_utils.store.ResultStore.run_many`.
     """
-    from lab_utils.core.hardware import hardware_summary
-    from lab_utils.launcher import launch
-    from lab_utils.store import Record
-
     settings = settings or BENCH_SETTINGS[store.profile]
     sizes = message_sizes(settings.min_bytes, settings.max_bytes)
     check_positive_int(settings.iters, "benchmark iterations")
@@ -234,37 +231,29 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     plan = plan_bench(nproc, backend)
     if plan.nproc < 2:
         raise LabError("An all-reduce benchmark needs at least 2 ranks; use --nproc 2 or more.")
-    cfgs = [bench_config(plan, settings, s) for s in sizes]
+    args = bench_args(settings, plan.backend)
+    cfgs = [args.record_config(plan.nproc, s) for s in sizes]
     hw = hardware_summary(plan.device_type, plan.nproc)
-    if not force:  # reused only when measured on this machine's devices (same name and count)
-        stored = [store.reusable(BENCH_EXPERIMENT, c, hw) for c in cfgs]
-        if all(r is not None and r.status == "ok" for r in stored):
-            if verbose:
-                print(f"all-reduce benchmark ({plan.backend}, {plan.nproc} ranks): reusing {len(stored)} "
-                      f"stored sizes (force=True to re-measure)")
-            return stored  # type: ignore[return-value]
-    if verbose:
-        print(f"all-reduce benchmark: {plan.backend}, {plan.nproc} ranks, {len(sizes)} sizes "
-              f"{sizes[0]} B .. {sizes[-1]} B" + (f" ({plan.note})" if plan.note else ""))
-    result = launch(BENCH_MODULE, worker_args(settings, plan.backend), nproc=plan.nproc,
-                    timeout_s=settings.timeout_s, log_dir=log_dir)
-    by_size = {int(r["size_bytes"]): r for r in result.records}
-    out = []
-    for cfg in cfgs:
-        r = by_size.get(cfg["size_bytes"])
-        if r is None:
-            rec = Record(BENCH_EXPERIMENT, cfg, status="error", reason="the worker returned no timing for it",
-                         hardware=hw)
-        else:
-            metrics = {k: r[k] for k in ("count", "time_us", "time_us_min_rank", "algbw_gb_per_s",
-                                         "busbw_gb_per_s", "correct")}
-            rec = Record(BENCH_EXPERIMENT, cfg, metrics=metrics, hardware=hw,
-                         status="ok" if r["correct"] else "error",
-                         reason=None if r["correct"] else "the all-reduce returned a wrong sum")
+    measured = []
+
+    def measure(todo):
+        if verbose:
+            print(f"all-reduce benchmark: {plan.backend}, {plan.nproc} ranks, {len(sizes)} sizes "
+                  f"{sizes[0]} B .. {sizes[-1]} B" + (f" ({plan.note})" if plan.note else ""))
+        for rec in launcher.stream(BENCH_MODULE, args.to_argv(), nproc=plan.nproc,
+                                   timeout_s=settings.timeout_s, log_dir=log_dir):
             if plan.note:
                 rec.metrics["note"] = plan.note
-        out.append(store.append(rec))
-    return out
+            measured.append(rec)
+            yield rec
+
+    out = store.run_many(BENCH_EXPERIMENT, cfgs, measure, force=force, hardware=hw, together=True)
+    if verbose and not measured:
+        print(f"all-reduce benchmark ({plan.backend}, {plan.nproc} ranks): reusing {len(out)} "
+              f"stored sizes (force=True to re-measure)")
+    return [r if r is not None else Record(BENCH_EXPERIMENT, c, status="error", hardware=hw,
+                                           reason="the worker returned no timing for it")
+            for r, c in zip(out, cfgs)]
 
 
 def bench_frame(records: Iterable):
@@ -325,8 +314,6 @@ def peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> flo
 
 def bench_main(argv: list[str] | None = None) -> int:
     """``python -m lab_utils bench allreduce``: run the benchmark, print and record it, fit alpha and B."""
-    from lab_utils.store import ResultStore
-
     p = argparse.ArgumentParser(prog="python -m lab_utils bench allreduce",
                                 description="All-reduce bandwidth with nccl-tests' columns, under torchrun "
                                             "(NCCL on >= 2 GPUs, else gloo between CPU processes).")
@@ -619,10 +606,6 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
 
     import torch
 
-    from lab_utils.core.backends import apply_training_backends
-    from lab_utils.core.loop import make_optimizer, train_steps
-    from lab_utils.core.timing import synchronize
-    from lab_utils.models import ResNet18
 
     check_positive_int(width, "model width")
     check_positive_int(batch_size, "batch size")
@@ -636,7 +619,7 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
     x = torch.randn(batch_size, 3, 32, 32, device=dev)
     y = torch.randint(0, 10, (batch_size,), device=dev)
     def run(n: int) -> None:  # n steps of the lab's one loop, untimed inside (no per-step sync)
-        train_steps(model, itertools.repeat((x, y), n), n, opt, loss_fn, None, dev, skew_barrier=False)
+        train_steps(model, itertools.repeat((x, y), n), n, opt, loss_fn, None, dev)
 
     if warmup:
         run(warmup)
@@ -652,7 +635,6 @@ def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, 
     """Measure (or reuse) the compute seconds per step at each batch size; one record each."""
     import torch
 
-    from lab_utils.core.hardware import hardware_summary
 
     dev = torch.device(device)
     out = []
@@ -661,8 +643,6 @@ def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, 
                "steps": steps, "warmup": warmup}
 
         def measure(b=b):
-            from lab_utils.store import Record
-
             seconds = measure_compute_step_seconds(width, b, dev, steps, warmup)
             return Record(COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
                           synthetic=True, dataset="random tensors", hardware=hardware_summary(dev.type, 1))
@@ -853,9 +833,6 @@ def measured_compute_inputs(store, device, settings: CommLabSettings,
                             batch_sizes: Sequence[int] | None = None, force: bool = False,
                             dataset_size: int | None = None) -> ProjectionCompute:
     """Compute seconds per step measured in this process (one device, random tensors)."""
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
-    from lab_utils.models import ResNet18
-
     sizes = tuple(batch_sizes or settings.batch_sizes)
     recs = compute_step_records(store, settings.width, sizes, device, settings.compute_steps,
                                 settings.compute_warmup, force=force)
@@ -913,8 +890,6 @@ SPEC_BATCH_SIZES = (32, 128, 512)
 def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence[int] = SPEC_BATCH_SIZES,
                  devices: Sequence[int] = (2, 4, 8)):
     """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` (saved, returned)."""
-    from lab_utils.models import count_parameters
-
     df = gradient_bytes_table(gradient_bytes(model), count_parameters(model), dataset_size, batch_sizes,
                               devices)
     store.save_table(df, "allreduce_bytes",
@@ -1052,9 +1027,6 @@ def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] 
     for the model and data set notebook 03 uses in this profile) and no seconds, saying
     "run notebook 03 first" when it stored nothing at all, or that it was not measured.
     """
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
-    from lab_utils.models import ResNet18
-
     st = scaling.settings_for(profile or store.profile)
     grid_devices, grid_batches, width, images = st.comm_devices, st.batch_sizes, st.width, st.train_images
     found = scaling.comm_measurements(store, devices=None, methods=(scaling.DDP,))
@@ -1094,9 +1066,6 @@ def dp_assumed_ring_measurements(store, profile: str | None = None, devices: Seq
     """Q3.2 for DataParallel under the assignment's assumption that it is a ring: one (a) row per
     (devices, per-GPU batch) from notebook 02's DataParallel runs (T(N) - T(1)/N), labelled
     :data:`DP_ASSUMED_RING`. DataParallel runs only on GPUs: without them each row says so."""
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
-    from lab_utils.models import ResNet18
-
     st = scaling.settings_for(profile or store.profile)
     devices = tuple(devices or st.comm_devices)
     batch_sizes = tuple(batch_sizes or st.batch_sizes)
@@ -1152,9 +1121,6 @@ def nb03_compute_inputs(store) -> ProjectionCompute | None:
     backward, optimizer step; loader waits excluded) / its steps. With several widths
     stored, the widest model's runs are used.
     """
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
-    from lab_utils.models import ResNet18
-
     ones = [r for r in store.latest(scaling.SCALING)
             if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
             and r.config.get("method") == scaling.DDP and r.status == "ok"

@@ -54,7 +54,6 @@ import functools
 import math
 import os
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -75,12 +74,37 @@ from lab_utils.core.data import (  # the fast path's loaders live with the other
     spec_loader,
 )
 from lab_utils.core.errors import LabError
-from lab_utils.core.loop import EpochSums, evaluate, train_steps
+from lab_utils.core.flops import count_flops
+from lab_utils.core.hardware import bf16_supported as native_bf16
+from lab_utils.core.hardware import (
+    device_name,
+    fp32_training_precision,
+    fraction_of_peak,
+    hardware_summary,
+    mig_profile,
+)
+from lab_utils.core.loop import (
+    EpochRecord,
+    StepOptions,
+    evaluate,
+    make_optimizer,
+    peak_memory,
+    reset_peak_memory,
+    run_epoch,
+    train_steps,
+)
 from lab_utils.core.memory import catch_oom, free_device_memory
+from lab_utils.core.schedules import LRSchedule
 from lab_utils.core.timing import synchronize
+from lab_utils.models import ResNet18
 from lab_utils.store import Record, ResultStore
 
 SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
+METRICS_VERSION = 2
+#: In every resume key of this module: bumped when a metric changes meaning, so that records of the
+#: old meaning are measured again, not reused. 2 (issue 26): images/s of a waterfall row is
+#: ``epoch_images_per_s`` (over epoch_seconds), the loader's ``loader_images_per_s``; the accuracy
+#: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase).
 LOADERS = ("spec", "device")
 
 # --------------------------------------------------------------------------- training options
@@ -153,15 +177,11 @@ def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None
 def bf16_supported(device: torch.device) -> bool:
     """bf16 autocast runs natively on this device (any CPU; CUDA GPUs from Ampere on, not
     emulated: :func:`lab_utils.core.hardware.bf16_supported`)."""
-    from lab_utils.core.hardware import bf16_supported as native_bf16
-
     return native_bf16(device)
 
 
 def make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
     """The spec's SGD (momentum 0.9, weight decay 5e-4) with the chosen implementation."""
-    from lab_utils.core.loop import make_optimizer
-
     kw = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
           "fused": {"fused": True}}
     if impl not in kw:
@@ -189,17 +209,26 @@ class Trainer:
     # the sentence (see lab_utils.core.onednn).
     onednn_workaround: str | None = None
 
-    def train(self, batches, max_steps: int | None = None, lr_at=None, first_step: int = 0) -> EpochSums:
-        """Optimizer steps over ``batches`` through the lab's one loop, untimed (no device
-        synchronization inside: whoever times it synchronizes at the ends)."""
-        return train_steps(self.forward, batches, None, self.optimizer, F.cross_entropy, None, self.device,
-                           skew_barrier=False, autocast_dtype=torch.bfloat16 if self.options.bf16 else None,
-                           channels_last=self.options.channels_last, lr_at=lr_at, first_step=first_step,
-                           max_steps=max_steps)
+    def step_options(self, schedule=None, first_step: int = 0, max_steps: int | None = None) -> StepOptions:
+        """The lab's one loop with these options: bf16 autocast, channels_last batches, the lr of
+        ``schedule`` (a :class:`lab_utils.core.schedules.LRSchedule`) from ``first_step`` on."""
+        return StepOptions(autocast_dtype=torch.bfloat16 if self.options.bf16 else None,
+                           channels_last=self.options.channels_last, first_step=first_step,
+                           max_steps=max_steps, lr_at=schedule.lr_at if schedule is not None else None)
+
+    def epoch(self, loader, max_steps: int | None = None, schedule=None, first_step: int = 0,
+              timed: bool = False) -> EpochRecord:
+        """One pass over ``loader`` (or its first ``max_steps`` batches) through THE epoch driver,
+        :func:`lab_utils.core.loop.run_epoch`. ``timed=False`` (the waterfall): no phase boundaries,
+        so the device is synchronized only at the pass's ends and the host queues work ahead, as
+        in real training: ``epoch_seconds`` includes the loader waits, which is the point."""
+        return run_epoch(self.forward, loader, self.optimizer, self.device, loss_fn=F.cross_entropy,
+                         options=self.step_options(schedule, first_step, max_steps), timed=timed)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step; returns (summed loss, correct count) as device tensors (no sync)."""
-        sums = self.train([(x, y)])
+        sums = train_steps(self.forward, [(x, y)], 1, self.optimizer, F.cross_entropy, None, self.device,
+                           self.step_options())
         return sums.loss_sum, sums.correct
 
 
@@ -210,8 +239,6 @@ def build_trainer(options: TrainOptions, width: int, device: torch.device | str,
     Applies the lab's training backend settings (:func:`lab_utils.core.backends.apply_training_backends`:
     autotuned cuDNN convolutions), as every training path does.
     """
-    from lab_utils.models import ResNet18
-
     apply_training_backends()
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -238,42 +265,6 @@ def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device,
     return x, y
 
 
-@dataclass
-class EpochResult:
-    """One timed pass. Seconds are wall time, device synchronized at both ends only."""
-
-    seconds: float
-    images: int
-    steps: int
-    loss: float        # mean training loss over the pass
-    accuracy: float    # training accuracy over the pass
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.seconds if self.seconds > 0 else math.nan
-
-
-def run_epoch(trainer: Trainer, loader, max_steps: int | None = None,
-              schedule=None, first_step: int = 0) -> EpochResult:
-    """Train one pass over ``loader`` (or its first ``max_steps`` batches) and time it.
-
-    ``schedule`` (optional, a :class:`lab_utils.core.schedules.LRSchedule`) sets the lr of
-    each step; ``first_step`` is the global index of this pass's first step.
-    """
-    dev = trainer.device
-    trainer.model.train()
-    synchronize(dev)
-    t0 = time.perf_counter()
-    sums = trainer.train(loader, max_steps=max_steps, first_step=first_step,
-                         lr_at=schedule.lr_at if schedule is not None else None)
-    synchronize(dev)
-    seconds = time.perf_counter() - t0
-    images = sums.images
-    n = max(images, 1)
-    return EpochResult(seconds=seconds, images=images, steps=sums.steps, loss=float(sums.loss_sum) / n,
-                       accuracy=float(sums.correct) / n)
-
-
 def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
     """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0); return seconds.
 
@@ -284,7 +275,7 @@ def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
     synchronize(trainer.device)
     t0 = time.perf_counter()
     if steps > 0:
-        run_epoch(trainer, loader, max_steps=steps)
+        trainer.epoch(loader, max_steps=steps)
     if remainder > 0:
         x, y = to_device(*next(iter(loader)), trainer.device, trainer.options.channels_last)
         trainer.step(x[:remainder], y[:remainder])
@@ -308,17 +299,12 @@ def compiled_graphs() -> int | None:
 @functools.lru_cache(maxsize=8)
 def train_flops_per_image(width: int) -> float:
     """FLOPs of one training step per image (forward + backward, FlopCounterMode) for ResNet-18 ``width``."""
-    from lab_utils.core.flops import count_flops
-    from lab_utils.models import ResNet18
-
     model = ResNet18(width=width)
     return count_flops(model, torch.zeros(2, 3, 32, 32)).train_flops_per_sample
 
 
 def peak_precision(options: TrainOptions, device_name: str) -> str:
     """The precision whose peak a run is compared with: bf16, else fp32 (tf32 where cuDNN uses it)."""
-    from lab_utils.core.hardware import fp32_training_precision
-
     return "bf16" if options.bf16 else fp32_training_precision(device_name)
 
 
@@ -394,20 +380,7 @@ def _device(device: torch.device | str | None) -> torch.device:
 
 
 def _hardware(device: torch.device) -> dict:
-    from lab_utils.core.hardware import hardware_summary
-
     return hardware_summary(str(device), 1)
-
-
-def _stored_group(store: ResultStore, experiment: str, cfgs: list[dict], device: torch.device
-                  ) -> list[Record] | None:
-    """The stored records of all ``cfgs`` if they come from one run (same run_id) on this
-    machine's device (:meth:`~lab_utils.store.ResultStore.reusable`), else None."""
-    recs = [store.reusable(experiment, c, _hardware(device)) for c in cfgs]
-    if any(r is None for r in recs):
-        return None
-    runs = {r.metrics.get("run_id") for r in recs}  # type: ignore[union-attr]
-    return recs if len(runs) == 1 else None  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- bench data
@@ -435,7 +408,7 @@ def time_loader(loader, device: torch.device, min_seconds: float = 0.0, warmup_b
         seconds = time.perf_counter() - t0
         if seconds >= min_seconds:
             break
-    return {"images": images, "passes": passes, "seconds": seconds, "images_per_s": images / seconds}
+    return {"images": images, "passes": passes, "seconds": seconds, "loader_images_per_s": images / seconds}
 
 
 def bench_data(store: ResultStore, settings: FastSettings, device: torch.device | str | None = None,
@@ -454,30 +427,26 @@ def bench_data(store: ResultStore, settings: FastSettings, device: torch.device 
     settings.check()
     dev = _device(device)
     common = {"images": settings.data_images or data.CIFAR10_TRAIN_SIZE, "batch_size": settings.batch_size,
-              "device": dev.type}
+              "device": dev.type, "metrics_version": METRICS_VERSION}
     threads = 1 if dev.type == "cpu" else None
     cfgs = [{"pipeline": "spec", "num_workers": settings.num_workers, **common},
             {"pipeline": "device", "num_workers": 0, "cpu_threads": threads, **common}]
-    if not force:
-        stored = _stored_group(store, "bench_data", cfgs, dev)
-        if stored is not None:
-            return stored
-    split = load_split(True, settings.data_images, settings.dataset)
-    run_id = uuid.uuid4().hex[:12]
-    spec = spec_loader(split, settings.batch_size, settings.num_workers, seed=settings.seed)
-    m_spec = time_loader(spec, dev, min_seconds=0.0, warmup_batches=1)
-    del spec
-    dl = device_loader(split, dev, settings.batch_size, seed=settings.seed)
-    with pinned_threads(threads):
-        m_dev = time_loader(dl, dev, min_seconds=settings.data_min_seconds, warmup_batches=1)
-    m_dev["ratio_to_spec"] = m_dev["images_per_s"] / m_spec["images_per_s"]
-    m_spec["ratio_to_spec"] = 1.0
-    out = []
-    for cfg, m in zip(cfgs, (m_spec, m_dev)):
-        m["run_id"] = run_id
-        out.append(store.add("bench_data", cfg, m, synthetic=split.synthetic, dataset=split.dataset_name,
-                             hardware=_hardware(dev)))
-    return out
+
+    def measure(todo):
+        split = load_split(True, settings.data_images, settings.dataset)
+        spec = spec_loader(split, settings.batch_size, settings.num_workers, seed=settings.seed)
+        m_spec = time_loader(spec, dev, min_seconds=0.0, warmup_batches=1)
+        del spec
+        dl = device_loader(split, dev, settings.batch_size, seed=settings.seed)
+        with pinned_threads(threads):
+            m_dev = time_loader(dl, dev, min_seconds=settings.data_min_seconds, warmup_batches=1)
+        m_dev["ratio_to_spec"] = m_dev["loader_images_per_s"] / m_spec["loader_images_per_s"]
+        m_spec["ratio_to_spec"] = 1.0
+        for cfg, m in zip(cfgs, (m_spec, m_dev)):
+            yield Record("bench_data", cfg, m, synthetic=split.synthetic, dataset=split.dataset_name,
+                         hardware=_hardware(dev))
+
+    return store.run_many("bench_data", cfgs, measure, force=force, hardware=_hardware(dev), together=True)
 
 
 def data_table(records: Sequence[Record]):
@@ -497,7 +466,7 @@ def data_table(records: Sequence[Record]):
             runs_in = f"the GPU ({c['device']})"
         rows.append({"pipeline": names.get(c["pipeline"], c["pipeline"]), "runs_in": runs_in,
                      "images": m.get("images"), "seconds": m.get("seconds"),
-                     "images_per_s": m.get("images_per_s"), "ratio_to_spec": m.get("ratio_to_spec")})
+                     "images_per_s": m.get("loader_images_per_s"), "ratio_to_spec": m.get("ratio_to_spec")})
     return pd.DataFrame(rows)
 
 
@@ -508,7 +477,7 @@ def _train_cfg(step: str, position: int, options: TrainOptions, settings: FastSe
                device: torch.device) -> dict[str, Any]:
     return {"step": step, "position": position, **options.as_config(), "width": settings.width,
             "images": images, "batch_size": settings.batch_size, "warmup_steps": settings.warmup_steps,
-            "device": device.type}
+            "device": device.type, "metrics_version": METRICS_VERSION}
 
 
 def _skip_reason(step: str, options: TrainOptions, settings: FastSettings, device: torch.device,
@@ -523,9 +492,6 @@ def _skip_reason(step: str, options: TrainOptions, settings: FastSettings, devic
 def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySplit,
                    device: torch.device) -> dict[str, Any]:
     """Warm up, then time one epoch of ``split`` with ``options``; the metrics of one waterfall row."""
-    from lab_utils.core.hardware import device_name, fraction_of_peak
-    from lab_utils.core.loop import peak_memory, reset_peak_memory
-
     trainer = build_trainer(options, settings.width, device, seed=settings.seed)
     if options.loader == "spec":
         loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
@@ -536,16 +502,17 @@ def measure_config(options: TrainOptions, settings: FastSettings, split: ArraySp
     warm_s = warm_up(trainer, loader, settings.warmup_steps, remainder)
     reset_peak_memory(device)
     graphs_before = compiled_graphs()
-    ep = run_epoch(trainer, loader)
+    ep = trainer.epoch(loader)
     graphs_after = compiled_graphs()
     in_epoch = None if graphs_before is None or graphs_after is None else graphs_after - graphs_before
     name = device_name(str(device))
     flops = train_flops_per_image(settings.width)
-    achieved = flops * ep.images_per_s
+    rate = ep.images / ep.epoch_seconds if ep.epoch_seconds > 0 else math.nan
+    achieved = flops * rate
     precision = peak_precision(options, name)
     frac = fraction_of_peak(achieved, name, precision)
-    return {"epoch_seconds": ep.seconds, "images": ep.images, "steps": ep.steps,
-            "images_per_s": ep.images_per_s, "warmup_seconds": warm_s,
+    return {"epoch_seconds": ep.epoch_seconds, "images": ep.images, "steps": ep.steps,
+            "epoch_images_per_s": rate, "warmup_seconds": warm_s,
             "compile_seconds": warm_s if options.compile else None,
             "train_flops_per_image": flops, "achieved_tflops_per_s": achieved / 1e12,
             "peak_precision": precision, "percent_of_peak": None if frac is None else 100 * frac,
@@ -569,57 +536,58 @@ def bench_train(store: ResultStore, settings: FastSettings, device: torch.device
     images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
     plan = plan_waterfall(settings, dev, store.profile)
     cfgs = [_train_cfg(name, i, opts, settings, images, dev) for i, (name, _, opts, _) in enumerate(plan)]
-    if not force:
-        stored = _stored_group(store, "bench_train", cfgs, dev)
-        if stored is not None:
-            return stored
-    split = load_split(True, images, settings.dataset)
-    run_id = uuid.uuid4().hex[:12]
-    spec_ips = None
-    out = []
-    for (name, what, opts, reason), cfg in zip(plan, cfgs):
-        common = {"synthetic": split.synthetic, "dataset": split.dataset_name, "hardware": _hardware(dev)}
-        metrics: dict[str, Any] = {"run_id": run_id, "adds": what, "description": opts.describe()}
-        if reason is not None:
-            out.append(store.add("bench_train", cfg, metrics, status="skipped", reason=reason, **common))
-            if verbose:
-                print(f"{name:<14} skipped: {reason}")
-            continue
-        failure: str | None = None
+    hw = _hardware(dev)
 
-        def record_expiry(message: str, cfg=cfg, metrics=metrics, common=common) -> None:
-            store.add("bench_train", cfg, metrics, status="error", reason=message.removeprefix("error: "),
-                      **common)
+    def measure(todo):
+        split = load_split(True, images, settings.dataset)
+        common = {"synthetic": split.synthetic, "dataset": split.dataset_name, "hardware": hw}
+        spec_ips = None
+        for (name, what, opts, reason), cfg in zip(plan, cfgs):
+            metrics: dict[str, Any] = {"adds": what, "description": opts.describe()}
+            if reason is not None:
+                if verbose:
+                    print(f"{name:<14} skipped: {reason}")
+                yield Record("bench_train", cfg, metrics, status="skipped", reason=reason, **common)
+                continue
+            failure: str | None = None
 
-        try:
-            # catch_oom swallows out-of-memory (and keeps only its reason), so the memory
-            # the failed step held is freed below, outside any except block. The deadline
-            # ends the process if the row hangs in native code (see lab_utils.core.watchdog).
-            with catch_oom() as oom, watchdog.deadline(
-                    settings.row_timeout_s, f"waterfall row '{name}' (warm-up, compilation and timed epoch)",
-                    "rows stored before it are kept; raise --row-timeout, or leave the step out with --steps",
-                    on_expiry=record_expiry):
-                metrics.update(measure_config(opts, settings, split, dev))
-        except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, triton)
-            if not opts.compile:
-                raise
-            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            failure = f"torch.compile failed: {type(e).__name__}: {msg}"
-        if oom or failure is not None:
-            free_device_memory(dev)
-            status, why = ("oom", oom.reason) if oom else ("error", failure)
-            out.append(store.add("bench_train", cfg, metrics, status=status, reason=why, **common))
+            def record_expiry(message: str, cfg=cfg, metrics=metrics, common=common) -> None:
+                # from the watchdog's thread, just before it ends the process: a row saying why
+                why = message.removeprefix("error: ")
+                store.run("bench_train", cfg, lambda: Record("bench_train", cfg, metrics, status="error",
+                                                             reason=why, **common), force=True, hardware=hw)
+
+            try:
+                # catch_oom swallows out-of-memory (and keeps only its reason), so the memory
+                # the failed step held is freed below, outside any except block. The deadline
+                # ends the process if the row hangs in native code (see lab_utils.core.watchdog).
+                with catch_oom() as oom, watchdog.deadline(
+                        settings.row_timeout_s,
+                        f"waterfall row '{name}' (warm-up, compilation and timed epoch)",
+                        "rows stored before it are kept; raise --row-timeout, or leave the step out with "
+                        "--steps", on_expiry=record_expiry):
+                    metrics.update(measure_config(opts, settings, split, dev))
+            except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, triton)
+                if not opts.compile:
+                    raise
+                msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+                failure = f"torch.compile failed: {type(e).__name__}: {msg}"
+            if oom or failure is not None:
+                free_device_memory(dev)
+                status, why = ("oom", oom.reason) if oom else ("error", failure)
+                if verbose:
+                    print(f"{name:<14} {status}: {why}")
+                yield Record("bench_train", cfg, metrics, status=status, reason=why, **common)
+                continue
+            if name == "spec":
+                spec_ips = metrics["epoch_images_per_s"]
+            metrics["ratio_to_spec"] = metrics["epoch_images_per_s"] / spec_ips if spec_ips else None
             if verbose:
-                print(f"{name:<14} {status}: {why}")
-            continue
-        if name == "spec":
-            spec_ips = metrics["images_per_s"]
-        metrics["ratio_to_spec"] = metrics["images_per_s"] / spec_ips if spec_ips else None
-        out.append(store.add("bench_train", cfg, metrics, **common))
-        if verbose:
-            print(f"{name:<14} {metrics['images_per_s']:>10.0f} images/s  {metrics['epoch_seconds']:.3f} s"
-                  f"  x{metrics['ratio_to_spec'] or math.nan:.2f}")
-    return out
+                print(f"{name:<14} {metrics['epoch_images_per_s']:>10.0f} images/s  "
+                      f"{metrics['epoch_seconds']:.3f} s  x{metrics['ratio_to_spec'] or math.nan:.2f}")
+            yield Record("bench_train", cfg, metrics, **common)
+
+    return store.run_many("bench_train", cfgs, measure, force=force, hardware=hw, together=True)
 
 
 def plan_waterfall(settings: FastSettings, device: torch.device, profile: str
@@ -670,7 +638,7 @@ def waterfall_table(records: Sequence[Record]):
         pct = m.get("percent_of_peak")
         rows.append({
             "step": r.config["step"], "adds": r.metrics.get("adds", ""),
-            "images_per_s": _blank(m.get("images_per_s")),
+            "images_per_s": _blank(m.get("epoch_images_per_s")),
             "epoch_seconds": _blank(m.get("epoch_seconds")),
             "warmup_seconds": _blank(m.get("warmup_seconds")),
             "compile_seconds": _blank(m.get("compile_seconds")),
@@ -684,8 +652,6 @@ def waterfall_table(records: Sequence[Record]):
 
 def _no_peak(r: Record) -> str:
     """The percent-of-peak cell of a row whose device has no peak: why (a MIG slice, or unknown)."""
-    from lab_utils.core.hardware import mig_profile
-
     return "none (MIG slice)" if mig_profile(r.hardware.get("device_name")) else "none (peak unknown)"
 
 
@@ -703,7 +669,7 @@ def waterfall_figure(records: Sequence[Record]):
     top = max(secs) if any(secs) else 1.0
     for y, r, s in zip(ypos, recs, secs):
         if r.status == "ok":
-            txt = f" {r.metrics['images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
+            txt = f" {r.metrics['epoch_images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
         else:
             txt = f" {status_text(r)}"
         ax.text(s, y, txt, va="center", fontsize=8)
@@ -720,7 +686,7 @@ def fastest_options(records: Sequence[Record], num_workers: int = 2) -> tuple[st
     ok = [r for r in records if r.status == "ok"]
     if not ok:
         raise LabError("No waterfall row ran; run bench_train first (or fix the errors it recorded).")
-    best = max(ok, key=lambda r: r.metrics["images_per_s"])
+    best = max(ok, key=lambda r: r.metrics["epoch_images_per_s"])
     c = best.config
     opts = TrainOptions(loader=c["loader"], channels_last=c["channels_last"], bf16=c["bf16"],
                         compile=c["compile"], sgd=c["sgd"],
@@ -741,6 +707,8 @@ def waterfall_notes(settings: FastSettings, records: Sequence[Record]) -> list[s
         "achieved TFLOP/s = FLOPs per image (FlopCounterMode: convolutions and matmuls, forward + backward) "
         "x images/s. percent_of_peak divides by the device's dense peak for the row's precision "
         "(bf16 rows: bf16; fp32 rows: TF32 where cuDNN uses it); none when the peak is unknown (CPUs).",
+        "images_per_s: training images / epoch_seconds (the record's epoch_images_per_s: loader waits "
+        "included, unlike images_per_s of notebooks 01-02, which divides by train_seconds).",
         "ratio_to_spec: images/s over the spec row's, measured in the same run.",
     ] + [f"'{r.config['step']}': {r.metrics['graphs_compiled_in_epoch']} graph(s) compiled inside the timed "
          "epoch (0: all compilation happened in the warm-up)."
@@ -751,15 +719,15 @@ def waterfall_notes(settings: FastSettings, records: Sequence[Record]) -> list[s
 
 def loader_bound_summary(data_records: Sequence[Record], train_records: Sequence[Record]) -> str:
     """One paragraph, from the measurements: is the spec configuration limited by its loader here?"""
-    spec_loader_ips = next((r.metrics["images_per_s"] for r in data_records
+    spec_loader_ips = next((r.metrics["loader_images_per_s"] for r in data_records
                             if r.config.get("pipeline") == "spec" and r.status == "ok"), None)
     rows = {r.config["step"]: r for r in train_records if r.status == "ok"}
     if spec_loader_ips is None or "spec" not in rows or "device_loader" not in rows:
         return "Not enough rows were measured to say whether the loader is the bottleneck here."
-    spec_ips = rows["spec"].metrics["images_per_s"]
-    model_ips = rows["device_loader"].metrics["images_per_s"]
-    fastest = max(rows.values(), key=lambda r: r.metrics["images_per_s"])
-    fast_ips = fastest.metrics["images_per_s"]
+    spec_ips = rows["spec"].metrics["epoch_images_per_s"]
+    model_ips = rows["device_loader"].metrics["epoch_images_per_s"]
+    fastest = max(rows.values(), key=lambda r: r.metrics["epoch_images_per_s"])
+    fast_ips = fastest.metrics["epoch_images_per_s"]
     head = (f"The spec loader alone delivers {spec_loader_ips:,.0f} images/s; the spec training runs at "
             f"{spec_ips:,.0f} images/s; the same model with the data already on the device at "
             f"{model_ips:,.0f}, and the fastest path ('{fastest.config['step']}') at {fast_ips:,.0f}. ")
@@ -786,7 +754,7 @@ def targets_summary(data_records: Sequence[Record], train_records: Sequence[Reco
                      f"{dev.hardware.get('device_name')} (target on a CPU: at least 10x)")
     ok = [r for r in train_records if r.status == "ok"]
     if ok:
-        best = max(ok, key=lambda r: r.metrics["images_per_s"])
+        best = max(ok, key=lambda r: r.metrics["epoch_images_per_s"])
         full = best.config.get("images") == data.CIFAR10_TRAIN_SIZE and best.config.get("width") == 64
         lines.append(f"fastest step '{best.config['step']}': {best.metrics['epoch_seconds']:.2f} s for "
                      f"{best.config['images']} images on {best.hardware.get('device_name')} "
@@ -931,43 +899,43 @@ def trace_fast_path(store: ResultStore, settings: FastSettings, options: TrainOp
     path = trace_dir(store) / f"fastpath_{name}.json"
     cfg = {"step": name, **options.as_config(), "width": settings.width, "images": images,
            "batch_size": settings.batch_size, "trace_steps": settings.trace_steps, "device": dev.type}
-    if not force:
-        rec = store.reusable("fastpath_trace", cfg, _hardware(dev))
-        if rec is not None and rec.status == "ok" and path.exists():
-            return TraceResult(rec, path, pd.DataFrame(rec.metrics["top_ops"]))
-    split = load_split(True, images, settings.dataset)
-    trainer = build_trainer(options, settings.width, dev, seed=settings.seed)
-    if options.loader == "spec":
-        loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
-    else:
-        loader = device_loader(split, dev, settings.batch_size, seed=settings.seed,
-                               channels_last=options.channels_last)
-    warm_s = warm_up(trainer, loader, max(settings.warmup_steps, 1))
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    done = 0
-    with profile(activities=activities) as prof:
-        while done < settings.trace_steps:
-            it = iter(loader)
+    def measure() -> Record:
+        split = load_split(True, images, settings.dataset)
+        trainer = build_trainer(options, settings.width, dev, seed=settings.seed)
+        if options.loader == "spec":
+            loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
+        else:
+            loader = device_loader(split, dev, settings.batch_size, seed=settings.seed,
+                                   channels_last=options.channels_last)
+        warm_s = warm_up(trainer, loader, max(settings.warmup_steps, 1))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+        done = 0
+        with profile(activities=activities) as prof:
             while done < settings.trace_steps:
-                with record_function("data_loader"):
-                    batch = next(it, None)
-                if batch is None:
-                    break
-                with record_function("train_step"):
-                    x, y = to_device(*batch, dev, options.channels_last)
-                    trainer.step(x, y)
-                done += 1
-        synchronize(dev)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    prof.export_chrome_trace(str(tmp))
-    tmp.replace(path)
-    ops = top_operators(prof, settings.top_ops, dev.type)
-    metrics = {"trace_path": str(path), "trace_bytes": path.stat().st_size, "warmup_seconds": warm_s,
-               "steps_traced": done, "top_ops": ops, "description": options.describe()}
-    rec = store.add("fastpath_trace", cfg, metrics, synthetic=split.synthetic, dataset=split.dataset_name,
-                    hardware=_hardware(dev))
-    return TraceResult(rec, path, pd.DataFrame(ops))
+                it = iter(loader)
+                while done < settings.trace_steps:
+                    with record_function("data_loader"):
+                        batch = next(it, None)
+                    if batch is None:
+                        break
+                    with record_function("train_step"):
+                        x, y = to_device(*batch, dev, options.channels_last)
+                        trainer.step(x, y)
+                    done += 1
+            synchronize(dev)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        prof.export_chrome_trace(str(tmp))
+        tmp.replace(path)
+        ops = top_operators(prof, settings.top_ops, dev.type)
+        metrics = {"trace_path": str(path), "trace_bytes": path.stat().st_size, "warmup_seconds": warm_s,
+                   "steps_traced": done, "top_ops": ops, "description": options.describe()}
+        return Record("fastpath_trace", cfg, metrics, synthetic=split.synthetic, dataset=split.dataset_name,
+                      hardware=_hardware(dev))
+
+    # a stored record is reused only while its trace file is still there
+    rec = store.run("fastpath_trace", cfg, measure, force=force or not path.exists(), hardware=_hardware(dev))
+    return TraceResult(rec, path, pd.DataFrame(rec.metrics["top_ops"]))
 
 
 # --------------------------------------------------------------------------- accuracy check
@@ -984,8 +952,6 @@ def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOption
     (ToTensor + Normalize, numerically the spec's) for both. Returns two records; a
     single ``skipped`` record when ``accuracy_epochs`` is 0.
     """
-    from lab_utils.core.schedules import LRSchedule
-
     settings.check()
     dev = _device(device)
     images = min(settings.train_images or data.CIFAR10_TRAIN_SIZE, data.CIFAR10_TRAIN_SIZE)
@@ -994,45 +960,41 @@ def accuracy_check(store: ResultStore, settings: FastSettings, fast: TrainOption
     runs = [("spec", spec), (fast_step, fast)]
     base = {"width": settings.width, "images": images, "test_images": test_images,
             "batch_size": settings.batch_size, "epochs": settings.accuracy_epochs, "device": dev.type,
-            "schedule": "warm-up 1 epoch 0.01->0.1, cosine to 0"}
+            "schedule": "warm-up 1 epoch 0.01->0.1, cosine to 0", "metrics_version": METRICS_VERSION}
     cfgs = [{"run": name, **opts.as_config(), **base} for name, opts in runs]
     if settings.accuracy_epochs == 0 or fast == spec:
         why = ("accuracy_epochs is 0 in this profile" if settings.accuracy_epochs == 0
                else "the fastest configuration here is the spec one: nothing to compare")
-        return [store.add("fastpath_accuracy", {"run": "both", **base}, {}, status="skipped", reason=why)]
-    if not force:
-        stored = _stored_group(store, "fastpath_accuracy", cfgs, dev)
-        if stored is not None:
-            return stored
-    train = load_split(True, images, settings.dataset)
-    test = load_split(False, test_images, settings.dataset)
-    run_id = uuid.uuid4().hex[:12]
+        both = {"run": "both", **base}
+        skipped = Record("fastpath_accuracy", both, status="skipped", reason=why)
+        return [store.run("fastpath_accuracy", both, lambda: skipped, force=True)]
     steps_per_epoch = math.ceil(images / settings.batch_size)
     total = steps_per_epoch * settings.accuracy_epochs
     sched = LRSchedule(peak_lr=0.1, total_steps=total, warmup_steps=min(steps_per_epoch, total),
                        warmup_start_lr=0.01, decay="cosine")
-    out = []
-    for (_, opts), cfg in zip(runs, cfgs):
-        if opts.bf16 and not bf16_supported(dev):
-            opts = replace(opts, bf16=False)
-        trainer = build_trainer(opts, settings.width, dev, seed=settings.seed)
-        loader = (spec_loader(train, settings.batch_size, opts.num_workers, seed=settings.seed)
-                  if opts.loader == "spec" else
-                  device_loader(train, dev, settings.batch_size, seed=settings.seed,
-                                channels_last=opts.channels_last))
-        synchronize(dev)
-        t0 = time.perf_counter()
-        last = None
-        for e in range(settings.accuracy_epochs):
-            last = run_epoch(trainer, loader, schedule=sched, first_step=e * steps_per_epoch)
-        synchronize(dev)
-        train_s = time.perf_counter() - t0
-        test_loss, test_acc = evaluate_arrays(trainer.model, test, dev, settings.batch_size)
-        metrics = {"run_id": run_id, "train_seconds": train_s, "train_loss": last.loss if last else None,
-                   "test_loss": test_loss, "test_accuracy": test_acc, "description": opts.describe()}
-        out.append(store.add("fastpath_accuracy", cfg, metrics, synthetic=train.synthetic,
-                             dataset=train.dataset_name, hardware=_hardware(dev)))
-    return out
+
+    def measure(todo):
+        train = load_split(True, images, settings.dataset)
+        test = load_split(False, test_images, settings.dataset)
+        for (_, opts), cfg in zip(runs, cfgs):
+            if opts.bf16 and not bf16_supported(dev):
+                opts = replace(opts, bf16=False)
+            trainer = build_trainer(opts, settings.width, dev, seed=settings.seed)
+            loader = (spec_loader(train, settings.batch_size, opts.num_workers, seed=settings.seed)
+                      if opts.loader == "spec" else
+                      device_loader(train, dev, settings.batch_size, seed=settings.seed,
+                                    channels_last=opts.channels_last))
+            # timed epochs (phases synchronized): train_seconds as everywhere, loader waits excluded
+            eps = [trainer.epoch(loader, schedule=sched, first_step=e * steps_per_epoch, timed=True)
+                   for e in range(settings.accuracy_epochs)]
+            test_loss, test_acc = evaluate_arrays(trainer.model, test, dev, settings.batch_size)
+            metrics = {"train_seconds": sum(e.train_seconds for e in eps), "train_loss": eps[-1].loss,
+                       "test_loss": test_loss, "test_accuracy": test_acc, "description": opts.describe()}
+            yield Record("fastpath_accuracy", cfg, metrics, synthetic=train.synthetic,
+                         dataset=train.dataset_name, hardware=_hardware(dev))
+
+    return store.run_many("fastpath_accuracy", cfgs, measure, force=force, hardware=_hardware(dev),
+                          together=True)
 
 
 @torch.no_grad()

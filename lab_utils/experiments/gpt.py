@@ -38,17 +38,28 @@ from typing import Any
 
 import torch
 
+from lab_utils import launcher
 from lab_utils.core import profiles
 from lab_utils.core.backends import pinned_threads
-from lab_utils.core.comm_hooks import noise_flag
+from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
 from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory, oom_reason_from_log
 from lab_utils.core.text_data import TextSplits, TokenWindows, load_splits
-from lab_utils.models.gpt import GPT, checkpoint_path, gpt_config, load_checkpoint, parameter_count
+from lab_utils.models.gpt import (
+    GPT,
+    checkpoint_path,
+    count_parameters,
+    gpt_config,
+    load_checkpoint,
+    measure_train_flops_per_token,
+    parameter_count,
+    train_flops_per_token,
+)
 from lab_utils.store import Record, ResultStore
-from lab_utils.workers.gpt_train import TrainConfig, config_to_args, evaluate, run_training
+from lab_utils.workers.args import TrainConfig
+from lab_utils.workers.gpt_train import evaluate, run_training
 
 SCALING = "gpt_scaling"
 ACCUMULATION = "gpt_accumulation"
@@ -104,6 +115,7 @@ def resolve_settings(profile: str, settings: GPTSettings | None = None, **overri
     if bad:
         raise LabError(f"Micro-batches {bad} do not divide the effective batch {s.effective_batch}; "
                        "use divisors of it (e.g. powers of two).")
+    gpt_config(s.size)  # an unknown size: one sentence naming the sizes
     TrainConfig(size=s.size, dtype=s.dtype, lr=s.lr, corpus=s.corpus, max_chars=s.max_chars, stride=s.stride,
                 batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps).validate()
     return s
@@ -146,8 +158,8 @@ def available_devices(settings: GPTSettings) -> Devices:
 
 
 def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
-            timeout_s: float) -> tuple[list[dict], float]:
-    """Run ``cfg`` on ``nproc`` ranks; returns the worker's records and the wall seconds.
+            timeout_s: float) -> tuple[Record, float]:
+    """Run ``cfg`` on ``nproc`` ranks; returns the worker's record and the wall seconds.
 
     One rank runs in this process (no process start-up; the same code path without
     DDP); more go through ``torchrun``. Wall seconds include start-up for launched runs.
@@ -164,41 +176,10 @@ def execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
         with pinned_threads(threads):
             records = run_training(cfg)
         free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
-        return records, time.perf_counter() - t0
-    from lab_utils.launcher import launch
-
-    res = launch("lab_utils.workers.gpt_train", config_to_args(cfg), nproc=nproc, timeout_s=timeout_s,
-                 log_dir=log_dir, threads_per_rank=threads)
-    return res.records, res.wall_seconds
-
-
-def _record(experiment: str, config: dict, records: list[dict], wall: float, nproc: int,
-            devices: Devices) -> Record:
-    run = records[-1]
-    hw = hardware_summary(devices.kind, nproc)
-    common = {"synthetic": run["synthetic"], "dataset": run["corpus"], "hardware": hw}
-    if "backends" in run:  # the settings of the worker that trained, not of this process
-        common["backends"] = run["backends"]
-    if run["status"] != "ok":
-        return Record(experiment=experiment, config=config, status=run["status"], reason=run["reason"],
-                      metrics={"saved_activation_bytes": run.get("saved_activation_bytes")}, **common)
-    epochs = [r for r in records if r["kind"] == "epoch"]
-    last = epochs[-1]
-    metrics = {k: v for k, v in last.items() if k not in ("kind", "ranks")}
-    metrics["reported_epoch"] = last["epoch"]
-    metrics["ranks"] = last["ranks"]
-    metrics["epochs"] = [{k: v for k, v in e.items() if k != "ranks"} for e in epochs]
-    for k in ("parameters", "flops_per_token", "flops_per_token_formula", "steps_per_epoch", "total_steps",
-              "tokens_per_step", "saved_activation_bytes", "peak_memory_bytes", "run_seconds", "backend",
-              "device_type", "device_name", "precision", "peak_flops_per_s", "train_windows", "corpus",
-              "steps_done", "checkpoint"):
-        if k in run:
-            metrics[k] = run[k]
-    metrics["timers"] = run["timers_by_rank"][0]            # rank 0's nested timers
-    metrics["timers_slowest_rank"] = run["timers_by_rank"][last["slowest_rank"]]
-    metrics["wall_seconds"] = wall                          # includes process start-up when launched
-    metrics["threads_per_process"] = devices.threads_per_process
-    return Record(experiment=experiment, config=config, metrics=metrics, **common)
+        return records[-1], time.perf_counter() - t0
+    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
+                          log_dir=log_dir, threads_per_rank=threads)
+    return res.records[-1], res.wall_seconds
 
 
 def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
@@ -212,7 +193,7 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
     launch_oom: str | None = None
     with catch_oom() as oom:
         try:
-            records, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
+            rec, wall = execute(cfg, nproc, devices, log_dir, settings.timeout_s)
         except LaunchError as e:
             if not mentions_out_of_memory(str(e)):
                 raise
@@ -221,13 +202,24 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
         free_device_memory()
         return Record(experiment=experiment, config=cfg_key, status="oom", reason=oom.reason or launch_oom,
                       hardware=hardware_summary(devices.kind, nproc))
-    return _record(experiment, cfg_key, records, wall, nproc, devices)
+    rec.hardware = hardware_summary(devices.kind, nproc)
+    if rec.status == "ok":
+        rec.metrics["wall_seconds"] = wall                  # includes process start-up when launched
+        rec.metrics["threads_per_process"] = devices.threads_per_process
+    return rec
+
+
+#: Bumped when a metric of these records changes meaning, so that records measured under the old
+#: meaning are measured again instead of reused (it is part of every resume key). 2 (issue 26):
+#: ``train_seconds`` and ``tokens_per_s`` exclude loader waits, ``epoch_seconds`` is the training
+#: pass alone (validation in ``validation_seconds``), ``*_mean_seconds`` became ``*_seconds_mean``.
+METRICS_VERSION = 2
 
 
 def _key(cfg: TrainConfig, devices: int, kind: str, **extra: Any) -> dict[str, Any]:
     d = asdict(cfg)
     d.pop("save", None)
-    return {"devices": devices, "device_type": kind, **d, **extra}
+    return {"devices": devices, "device_type": kind, **d, **extra, "metrics_version": METRICS_VERSION}
 
 
 @dataclass
@@ -544,7 +536,6 @@ def compute_comm_table(result: GPTResult):
     """gpt_compute_vs_comm: measured compute and communication (hook and probe), and the derived method."""
     import pandas as pd
 
-    from lab_utils.core.comm_hooks import derived_comm
 
     base = {r.config["batch_size"]: r for r in result.ok if r.config["devices"] == 1}
     rows = []
@@ -589,16 +580,16 @@ def rank_table(result: GPTResult):
                 "data loading (s)": rk["data_loading_seconds"],
                 "data movement (s)": rk["data_movement_seconds"],
                 "compute (s)": rk["compute_seconds"], "communication (s)": rk["communication_seconds"],
-                "validation (s)": rk["validation_seconds"], "train loss": rk["train_loss"],
+                "validation (s)": rk["validation_seconds"], "train loss": rk["train_loss_rank"],
                 "tokens/s": rk["tokens_per_s"]})
         rows.append({"per-device batch": r.config["batch_size"], "devices": r.config["devices"],
                      "rank": "mean", "slowest": "", "epoch (s)": m["epoch_seconds_mean"],
                      "training (s)": m["train_seconds_mean"],
-                     "data loading (s)": m["data_loading_mean_seconds"],
-                     "data movement (s)": m["data_movement_mean_seconds"],
-                     "compute (s)": m["compute_mean_seconds"],
-                     "communication (s)": m["communication_mean_seconds"],
-                     "validation (s)": m["validation_mean_seconds"], "train loss": m["train_loss"],
+                     "data loading (s)": m["data_loading_seconds_mean"],
+                     "data movement (s)": m["data_movement_seconds_mean"],
+                     "compute (s)": m["compute_seconds_mean"],
+                     "communication (s)": m["communication_seconds_mean"],
+                     "validation (s)": m["validation_seconds_mean"], "train loss": m["train_loss"],
                      "tokens/s": None})
     return _blanks(pd.DataFrame(rows))
 
@@ -750,7 +741,6 @@ def model_summary(lab: Any, settings: GPTSettings | None = None, **overrides: An
     """A small table: the model's shape, parameters (formula and counted) and FLOPs per token."""
     import pandas as pd
 
-    from lab_utils.models.gpt import count_parameters, measure_train_flops_per_token, train_flops_per_token
 
     profile, _ = _unpack(lab)
     s = resolve_settings(profile, settings, **overrides)

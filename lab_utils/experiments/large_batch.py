@@ -56,11 +56,18 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from lab_utils import launcher
 from lab_utils.core import config, profiles
 from lab_utils.core.config import check_positive_int
+from lab_utils.core.data import CIFAR10_TRAIN_SIZE
+from lab_utils.core.dist import choose_backend
 from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
+from lab_utils.core.hardware import gpu_count, hardware_summary
+from lab_utils.core.schedules import DECAYS, LRSchedule, make_schedule, scaled_lr
+from lab_utils.models import ResNet18
 from lab_utils.store import Record, ResultStore
+from lab_utils.workers import comm_accounting as ca
+from lab_utils.workers.args import AccountingArgs, WorkerArgs
 
 EXPERIMENT = "large_batch"
 COMM_EXPERIMENT = "comm_accounting"
@@ -221,8 +228,6 @@ def plan_devices(settings: LargeBatchSettings, gpus: int | None = None) -> Devic
     ``devices`` / d' accumulation steps: the same global batch (e.g. 3 GPUs: 2 x 2 steps).
     """
     if gpus is None:
-        from lab_utils.core.hardware import gpu_count
-
         gpus = gpu_count()
     want, b = settings.devices, settings.large_batch_per_device
     if gpus >= 1:
@@ -263,10 +268,8 @@ def plan_runs(settings: LargeBatchSettings, large_devices: int,
     ]
 
 
-def worker_args(settings: LargeBatchSettings, run: RunSpec, profile: str):
-    """The :class:`lab_utils.workers.ddp.WorkerArgs` of one run (before ``resolved()``)."""
-    from lab_utils.workers.ddp import WorkerArgs
-
+def worker_args(settings: LargeBatchSettings, run: RunSpec, profile: str) -> WorkerArgs:
+    """The :class:`lab_utils.workers.args.WorkerArgs` of one run (before ``resolved()``)."""
     return WorkerArgs(
         experiment=EXPERIMENT, profile=profile, batch_size=run.batch_per_device, epochs=settings.epochs,
         width=settings.width, train_images=settings.train_images, test_images=settings.test_images,
@@ -308,9 +311,6 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
     A failed run (a dead rank, a timeout) is stored as an ``error`` record with the reason
     and the other runs go on; it is tried again next time.
     """
-    from lab_utils.core.dist import choose_backend
-    from lab_utils.launcher import launch
-
     profile, store = _store_of(lab_or_profile)
     s = resolve_settings(profile, settings, **overrides)
     plan = plan_devices(s, gpus)
@@ -321,37 +321,35 @@ def run_large_batch(lab_or_profile: Any = None, settings: LargeBatchSettings | N
         args = worker_args(s, run, profile).resolved()
         backend = choose_backend("auto", run.devices)
         cfg = args.record_config(run.devices, backend)
-        existing = store.reusable(EXPERIMENT, cfg, _hardware(backend, run.devices))  # same GPUs only
-        if existing is not None and existing.status == "ok" and not force:
-            records.append(existing)
+
+        def measure(todo, run=run, args=args, backend=backend, cfg=cfg):
             if verbose:
-                print(f"{run.name}: from the store ({_summary(existing)})")
-            continue
-        if verbose:
-            print(f"{run.name}: training {run.shape_text} on {backend} ...", flush=True)
-        try:
+                print(f"{run.name}: training {run.shape_text} on {backend} ...", flush=True)
+            measured.append(run.name)
             threads = s.threads_per_rank if backend == "gloo" else None
-            launch("lab_utils.workers.ddp", args.to_argv(), nproc=run.devices, timeout_s=s.timeout_s,
-                   threads_per_rank=threads)
-            rec = store.get(EXPERIMENT, cfg)
-            if rec is None:
-                raise LaunchError(f"the run of {run.name} finished but stored no record under {EXPERIMENT}.")
-        except LaunchError as e:
-            reason = str(e).splitlines()[0][:300]
-            rec = store.add(EXPERIMENT, cfg, {}, status="error", reason=reason,
-                            synthetic=args.dataset == "synthetic", dataset=args.dataset)
-        measured.append(run.name)
+            try:
+                yield from launcher.stream("lab_utils.workers.ddp", args.to_argv(), nproc=run.devices,
+                                           timeout_s=s.timeout_s, threads_per_rank=threads)
+            except LaunchError as e:  # the run is a row that says why; the next call tries it again
+                yield Record(EXPERIMENT, cfg, status="error", reason=str(e).splitlines()[0][:300],
+                             synthetic=args.dataset == "synthetic", dataset=args.dataset)
+
+        # the store's one door: reused when stored on these devices (same GPUs only), else measured
+        hw = _hardware(backend, run.devices)
+        rec = store.run_many(EXPERIMENT, [cfg], measure, force=force, hardware=hw)[0]
+        if rec is None:
+            rec = Record(EXPERIMENT, cfg, status="error", profile=profile,
+                         reason=f"the run of {run.name} finished but returned no record")
         records.append(rec)
         if verbose:
-            print(f"{run.name}: {_summary(rec)}", flush=True)
+            text = _summary(rec) if run.name in measured else f"from the store ({_summary(rec)})"
+            print(f"{run.name}: {text}", flush=True)
     return LargeBatchResult(records, runs, s, plan, profile, measured)
 
 
 def _hardware(backend: str, devices: int) -> dict[str, Any]:
     """What a run on ``devices`` ranks of ``backend`` records as its hardware (GPUs for NCCL,
     else CPU processes): the store reuses a record only when it matches."""
-    from lab_utils.core.hardware import hardware_summary
-
     return hardware_summary("cuda" if backend == "nccl" else "cpu", devices)
 
 
@@ -540,8 +538,6 @@ def lr_curves(result: LargeBatchResult) -> dict[str, list[float]]:
 
 def run_schedule(run: RunSpec, s: LargeBatchSettings, steps_per_epoch: int) -> LRSchedule:
     """The run's schedule, built exactly as the worker builds it."""
-    from lab_utils.core.schedules import make_schedule
-
     return make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps_per_epoch, s.epochs,
                          run.warmup_epochs, run.decay)
 
@@ -649,8 +645,6 @@ def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]
 def comm_plan(settings: LargeBatchSettings, gpus: int | None = None) -> tuple[int, str]:
     """Ranks and backend of the accounting run: NCCL on 2+ GPUs (up to ``devices``), else 2 gloo processes."""
     if gpus is None:
-        from lab_utils.core.hardware import gpu_count
-
         gpus = gpu_count()
     if gpus >= 2:
         return min(settings.devices, gpus), "nccl"
@@ -661,9 +655,6 @@ def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings
                         force: bool = False, gpus: int | None = None, broadcast_buffers: bool = True,
                         zero: bool = True, verbose: bool = True, **overrides: Any) -> Record:
     """Run :mod:`lab_utils.workers.comm_accounting` (a few DDP steps) unless stored; return its record."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.comm_accounting import AccountingArgs
-
     profile, store = _store_of(lab_or_profile)
     s = resolve_settings(profile, settings, **overrides)
     nproc, backend = comm_plan(s, gpus)
@@ -671,18 +662,17 @@ def run_comm_accounting(lab_or_profile: Any = None, settings: LargeBatchSettings
                           broadcast_buffers=broadcast_buffers, zero=zero, backend=backend, profile=profile,
                           experiment=COMM_EXPERIMENT, seed=s.seed).validate()
     cfg = args.record_config(nproc, backend)
-    existing = store.reusable(COMM_EXPERIMENT, cfg, _hardware(backend, nproc))  # same GPUs only
-    if existing is not None and existing.status == "ok" and not force:
+
+    def measure(todo):
         if verbose:
-            print(f"communication accounting: from the store ({nproc} x {backend})")
-        return existing
-    if verbose:
-        print(f"communication accounting: {nproc} x {backend}, width {s.comm_width}, "
-              f"{s.comm_steps} steps ...", flush=True)
-    launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=nproc, timeout_s=s.comm_timeout_s)
-    rec = store.get(COMM_EXPERIMENT, cfg)
+            print(f"communication accounting: {nproc} x {backend}, width {s.comm_width}, "
+                  f"{s.comm_steps} steps ...", flush=True)
+        yield from launcher.stream("lab_utils.workers.comm_accounting", args.to_argv(), nproc=nproc,
+                                   timeout_s=s.comm_timeout_s)
+
+    rec = store.run_many(COMM_EXPERIMENT, [cfg], measure, force=force, hardware=_hardware(backend, nproc))[0]
     if rec is None:
-        raise LaunchError(f"The accounting run finished but stored no record under {COMM_EXPERIMENT}.")
+        raise LaunchError(f"The accounting run finished but returned no record for {COMM_EXPERIMENT}.")
     return rec
 
 
@@ -711,8 +701,6 @@ def _ledger(rank_entry: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]
 
 def comm_items(rec: Record) -> list[CommItem]:
     """The accounting of rank 0 (payloads are the same on every rank), item by item."""
-    from lab_utils.workers import comm_accounting as ca
-
     m = rec.metrics
     mb = m["model_bytes"]
     steps = rec.config["steps"]
@@ -819,8 +807,6 @@ LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
 def _expected_written(rows: list[dict[str, Any]], rank: int, world: int) -> float:
     """Bytes ``rank`` should write for these ledger rows with 2 ranks: ring all-reduce 2(P-1)/P x S,
     broadcast S from the root (to its P-1 = 1 peer)."""
-    from lab_utils.workers import comm_accounting as ca
-
     total = 0.0
     for row in rows:
         if row["kind"] in (ca.ALL_REDUCE, ca.GRAD_BUCKET):
@@ -967,9 +953,6 @@ def gradients_only_table(rec: Record, epochs: int = 5, devices: int = ASKED_LARG
     """
     import pandas as pd
 
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
-    from lab_utils.models import ResNet18
-    from lab_utils.workers import comm_accounting as ca
 
     n = dataset_size or CIFAR10_TRAIN_SIZE
     steps = epochs * math.ceil(math.ceil(n / devices) / per_device_batch)

@@ -66,12 +66,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from lab_utils.core import profiles
+from lab_utils.core import config, profiles
 from lab_utils.core.config import check_choice, check_positive_int
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import bf16_supported, hardware_summary
 from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory, is_out_of_memory, oom_reason
+from lab_utils.core.progress import headless, progress
+from lab_utils.core.text_data import TRAIN_FRACTION, CharVocab, load_corpus
 from lab_utils.core.timing import synchronize
+from lab_utils.models.gpt import checkpoint_path, load_checkpoint
+from lab_utils.store import Record
+from lab_utils.workers.args import TrainConfig
+from lab_utils.workers.gpt_train import run_training
 
 EXPERIMENT = "quantization"
 
@@ -293,8 +300,6 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
         return Availability(True, kernel="aten fp32 GEMM (CPU BLAS)")
     if variant == "bf16":
         if dev == "cuda":
-            from lab_utils.core.hardware import bf16_supported
-
             if not bf16_supported("cuda"):  # not counting emulation: a V100 emulates bf16, slowly
                 return Availability(False, f"{torch.cuda.get_device_name()} has no native bf16 "
                                            "(needs compute capability 8.0+; emulated bf16 is not measured)")
@@ -811,10 +816,6 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str, se
     tokens. Then time all of them together with :func:`time_interleaved`, at batch 1 and at
     the large batch. Unavailable variants give ``skipped`` records, failures ``error``/``oom``.
     """
-    from lab_utils.core.hardware import hardware_summary
-    from lab_utils.core.progress import progress
-    from lab_utils.store import Record
-
     dev = torch.device(device)
     big = settings.cpu_large_batch if dev.type == "cpu" else settings.large_batch
     ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, mut.block_size)
@@ -879,17 +880,15 @@ def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force:
                      show_progress: bool | None = None) -> list:
     """Measure every (device, variant) of ``settings`` into ``store`` (experiment ``quantization``).
 
-    Per device, when every available variant already has an ``ok`` row stored for the same
-    configuration (same weights, knobs, torch/torchao versions, CPU threads) the stored
-    rows are reused, unless ``force``. Otherwise *all* available variants of that device
-    are measured again in one session (:func:`measure_device`), so that their timings are
-    interleaved and every speedup compares rows measured side by side. Unavailable rows are
+    Per device, when every available variant already has a row stored for the same
+    configuration (same weights, knobs, torch/torchao versions, CPU threads) from one session,
+    the stored rows are reused, unless ``force``. Otherwise *all* available variants of that
+    device are measured again in one session (:func:`measure_device`), so that their timings
+    are interleaved and every speedup compares rows measured side by side
+    (:meth:`~lab_utils.store.ResultStore.run_many` with ``together``). Unavailable rows are
     re-checked on every call, so installing torchao later fills its row in.
     Returns the current record of every (device, variant), devices in order.
     """
-    from lab_utils.core.hardware import hardware_summary
-    from lab_utils.core.progress import headless
-
     settings.validate()
     show = (not headless()) if show_progress is None else show_progress
     out = []
@@ -897,21 +896,21 @@ def run_quantization(store, mut: ModelUnderTest, settings: QuantSettings, force:
         cfgs = {v: row_config(mut, v, device, settings) for v in settings.variants}
         avail = {v: check_variant(v, device, settings.disabled) for v in settings.variants}
         here = hardware_summary(device, 1)  # reuse only rows measured on this machine's device
-        stored = {v: store.reusable(EXPERIMENT, cfgs[v], here) for v in settings.variants}
-        reuse = not force and all(stored[v] is not None and stored[v].status == "ok"
-                                  for v in settings.variants if avail[v].ok)
-        if reuse:
-            for v in settings.variants:
-                if avail[v].ok:
-                    out.append(stored[v])
-                else:
-                    rec = measure_device(mut, [v], device, settings)[0]
-                    rec.config = cfgs[v]
-                    out.append(store.append(rec))
-            continue
-        for v, rec in zip(settings.variants, measure_device(mut, settings.variants, device, settings, show)):
-            rec.config = cfgs[v]
-            out.append(store.append(rec))
+        ready = [v for v in settings.variants if avail[v].ok]
+
+        def measure(todo, device=device, cfgs=cfgs, ready=ready):
+            for v, rec in zip(ready, measure_device(mut, ready, device, settings, show)):
+                rec.config = cfgs[v]
+                yield rec
+
+        got = dict(zip(ready, store.run_many(EXPERIMENT, [cfgs[v] for v in ready], measure, force=force,
+                                             hardware=here, together=True)))
+        for v in settings.variants:
+            if v not in got:  # unavailable: checked again on every call (installing torchao fills it in)
+                got[v] = store.run(EXPERIMENT, cfgs[v],
+                                   lambda v=v, device=device: measure_device(mut, [v], device, settings)[0],
+                                   force=True, hardware=here)
+            out.append(got[v])
     return out
 
 
@@ -1132,8 +1131,6 @@ def held_out_tokens(payload: dict[str, Any]) -> tuple[torch.Tensor, str, bool, i
     first 90 %, so it is held out either way. Characters absent from the vocabulary are
     dropped (counted). Returns ``(tokens, corpus name, synthetic, dropped characters)``.
     """
-    from lab_utils.core.text_data import TRAIN_FRACTION, CharVocab, load_corpus
-
     max_chars = (payload.get("metrics") or {}).get("max_chars")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the stand-in warning: the provenance label says it
@@ -1147,23 +1144,18 @@ def held_out_tokens(payload: dict[str, Any]) -> tuple[torch.Tensor, str, bool, i
 
 def fallback_checkpoint_path(profile: str) -> Path:
     """Where notebook 07 keeps the GPT it trains itself when notebook 06's checkpoint is absent."""
-    from lab_utils.core import config
-
     return config.results_dir(profile) / "checkpoints" / "gpt_trained_in_07.pt"
 
 
 def train_fallback(path: Path, settings: QuantSettings, device: str = "auto") -> Path:
     """Train the settings' fallback GPT briefly (one process) and save it to ``path``."""
-    from lab_utils.workers.gpt_train import TrainConfig, run_training
-
     cfg = TrainConfig(size=settings.fallback_size, batch_size=settings.fallback_batch_size,
                       epochs=1, max_steps=settings.fallback_steps, steps_per_epoch=settings.fallback_steps,
                       max_chars=settings.fallback_max_chars, val_batches=4, probe_steps=0, device=device,
                       save=str(path))
-    records = run_training(cfg)
-    summary = records[-1]
-    if summary.get("status") != "ok" or not Path(path).exists():
-        raise LabError(f"Training the fallback GPT failed ({summary.get('reason')}); run notebook 06 first "
+    run = run_training(cfg)[-1]
+    if run.status != "ok" or not Path(path).exists():
+        raise LabError(f"Training the fallback GPT failed ({run.reason}); run notebook 06 first "
                        "so that its checkpoint exists.")
     return Path(path)
 
@@ -1176,8 +1168,6 @@ def load_model_under_test(profile: str, settings: QuantSettings, checkpoint: str
     the fallback GPT of ``settings`` is trained briefly (and kept, so a re-run reuses it);
     :attr:`ModelUnderTest.source` says which happened.
     """
-    from lab_utils.models.gpt import checkpoint_path, load_checkpoint
-
     path = Path(checkpoint) if checkpoint is not None else checkpoint_path(profile)
     if path.exists():
         source = f"notebook 06's checkpoint {path}"

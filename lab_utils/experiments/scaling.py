@@ -61,15 +61,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
+from lab_utils import launcher
 from lab_utils.core import config, profiles
-from lab_utils.core.backends import pinned_threads
+from lab_utils.core.backends import apply_training_backends, pinned_threads
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
-from lab_utils.core.config import check_batch_sizes, check_positive_int
+from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_batch_sizes, check_positive_int
+from lab_utils.core.data import make_loaders
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.hardware import cpu_cores, hardware_summary
+from lab_utils.core.loop import make_optimizer, run_epoch, wrap_data_parallel
 from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory
 from lab_utils.core.ring import ring_bytes_per_rank
-from lab_utils.store import Record, ResultStore
-from lab_utils.workers.ddp import WorkerArgs
+from lab_utils.models import ResNet18, count_parameters
+from lab_utils.store import Record, ResultStore, canonical_key
+from lab_utils.workers.args import WorkerArgs
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -214,14 +221,6 @@ def unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
     return dp_config(args, p.devices)
 
 
-def _reusable(store: ResultStore, experiment: str, cfg: dict[str, Any], p: Placement) -> Record | None:
-    """The stored record of ``cfg`` when it was measured (ok, or OOM) on this machine's devices:
-    the store's one check (:meth:`~lab_utils.store.ResultStore.reusable`: same device name and
-    count), with the name read without opening a CUDA context in this process."""
-    rec = store.reusable(experiment, cfg, _hardware(p))
-    return rec if rec is not None and rec.status in ("ok", "oom") else None
-
-
 # --------------------------------------------------------------------------- running
 
 
@@ -249,8 +248,6 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
     GPU count). Returns one aggregate record per configuration (measured, stored,
     OOM, or a not-stored row saying why it did not run).
     """
-    from lab_utils.core.hardware import cpu_cores
-
     s = (settings or settings_for(lab.profile)).validate()
     store: ResultStore = lab.store
     profile = lab.profile.name
@@ -272,7 +269,7 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
                 for b in s.batch_sizes:
                     out[(method, n, b)] = _row(args.for_batch(b), p, experiment, "skipped", p.reason)
                 continue
-            todo = []
+            cfgs: dict[int, dict[str, Any]] = {}
             for b in s.batch_sizes:
                 one = args.for_batch(b)
                 cfg = one.record_config(n, p.backend) if method == DDP else dp_config(one, n)
@@ -282,21 +279,14 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
                     out[(method, n, b)] = Record(experiment, cfg, status="skipped", reason=why,
                                                  profile=profile)
                     continue
-                stored = None if force else _reusable(store, experiment, cfg, p)
-                if stored is not None:
-                    out[(method, n, b)] = stored
-                else:
-                    todo.append(b)
-            if not todo:
+                cfgs[b] = cfg
+            if not cfgs:
                 continue
-            if method == DDP:
-                got = _run_ddp(store, s, args, n, p, todo)
-            else:
-                got = _run_dp_sizes(store, s, args, n, todo, out, method)
+            run = _run_ddp if method == DDP else _run_dp_sizes
+            got, now = run(store, s, args, n, p, cfgs, force)
             for b, rec in got.items():
                 out[(method, n, b)] = rec
-                if rec.status == "ok":
-                    measured.append((method, n, b))
+            measured += [(method, n, b) for b in now]
     order = [(m, n, b) for m in meths for n in devs for b in s.batch_sizes]
     return ScalingResult([out[k] for k in order if k in out], s, profile, experiment, measured)
 
@@ -309,103 +299,101 @@ def _row(args: WorkerArgs, p: Placement, experiment: str, status: str, reason: s
 
 
 def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
-             todo: list[int]) -> dict[int, Record]:
-    """Launch the DDP worker for the batch sizes in ``todo``; an OOM ends the list there.
+             cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
+    """The records of the per-device batch sizes ``cfgs`` on ``n`` DDP ranks: stored ones reused,
+    the others measured by ONE launch of the DDP worker (every size, one start-up) and stored
+    through :meth:`~lab_utils.store.ResultStore.run_many` as rank 0 hands each size's records back.
 
-    Rank 0 stores each batch size's records as soon as they exist, so after a failure the
-    records appended by this launch say which batch sizes finished. Any failure other than
-    running out of memory is raised (with the failing rank's log).
+    Out of memory ends the launch: the first size without records gets a stored ``oom`` row,
+    larger ones a row (not stored) saying why they were not tried. Any other failure is
+    raised (with the failing rank's log); the sizes that finished before it stay stored.
+    Returns ``({batch: record}, batch sizes measured now)``.
     """
-    from lab_utils.launcher import launch
-    from lab_utils.store import canonical_key
-
     experiment = args.experiment or SCALING
-    env = {"LAB_RESULTS_DIR": str(store.root.parent), config.PROFILE_ENV: store.profile}
     threads = s.cpu_threads if p.device_type == "cpu" else None
-    got: dict[int, Record] = {}
-    remaining = sorted(todo)
-    cfgs = {b: args.for_batch(b).record_config(n, p.backend) for b in remaining}
-    while remaining:
-        before = len(store.records(experiment))
-        run_args = replace(args, batch_size=tuple(remaining) if len(remaining) > 1 else remaining[0])
-        failure: LaunchError | None = None
+    by_key = {canonical_key(c): b for b, c in cfgs.items()}
+    measured: list[int] = []
+    oom_at: list[int] = []
+
+    def measure(todo: list[dict[str, Any]]):
+        sizes = sorted(by_key[canonical_key(c)] for c in todo)
+        run_args = replace(args, batch_size=tuple(sizes) if len(sizes) > 1 else sizes[0])
         try:
-            launch("lab_utils.workers.ddp", run_args.to_argv(), nproc=n, timeout_s=s.timeout_s,
-                   threads_per_rank=threads, env=env)
+            for rec in launcher.stream("lab_utils.workers.ddp", run_args.to_argv(), nproc=n,
+                                       timeout_s=s.timeout_s, threads_per_rank=threads):
+                if rec.key in by_key:
+                    measured.append(by_key[rec.key])
+                yield rec
         except LaunchError as e:
-            failure = e
-        new = {r.key: r for r in store.records(experiment)[before:]}
-        for b in list(remaining):
-            rec = new.get(canonical_key(cfgs[b]))
-            if rec is not None:
-                got[b] = rec
-                remaining.remove(b)
-        if failure is None:
-            if remaining:
-                raise LaunchError(f"The DDP worker finished but stored no record for per-device batch "
-                                  f"{remaining}; check its log.")
-            break
-        if not remaining or not mentions_out_of_memory(str(failure)):
-            raise failure
-        b = remaining.pop(0)
-        got[b] = store.add(experiment, cfgs[b], status="oom", reason="OOM", profile=store.profile,
-                           synthetic=args.dataset == "synthetic", dataset=args.dataset, hardware=_hardware(p))
-        for bigger in remaining:  # a larger per-device batch needs more memory still: not tried
-            got[bigger] = Record(experiment, cfgs[bigger], status="skipped",
-                                 reason=f"OOM at per-device batch {b}", profile=store.profile)
-        break
-    return got
+            left = [b for b in sizes if b not in measured]
+            if not left or not mentions_out_of_memory(str(e)):
+                raise
+            oom_at.append(left[0])
+            yield Record(experiment, cfgs[left[0]], status="oom", reason="OOM", profile=store.profile,
+                         synthetic=args.dataset == "synthetic", dataset=args.dataset, hardware=_hardware(p))
+
+    recs = store.run_many(experiment, list(cfgs.values()), measure, force=force, hardware=_hardware(p))
+    got: dict[int, Record] = {}
+    for (b, cfg), rec in zip(cfgs.items(), recs):
+        if rec is None:
+            if not oom_at:
+                raise LaunchError(f"The DDP worker finished but returned no record for per-device batch {b}; "
+                                  "check its log.")
+            # a larger per-device batch needs more memory still: not tried
+            rec = Record(experiment, cfg, status="skipped", reason=f"OOM at per-device batch {oom_at[0]}",
+                         profile=store.profile)
+        got[b] = rec
+    return got, measured + oom_at
 
 
 def _hardware(p: Placement) -> dict:
     """What a record says about the devices of ``p`` (no device name where CUDA is absent)."""
-    import torch
-
-    from lab_utils.core.hardware import hardware_summary
-
     if p.device_type == "cuda" and not torch.cuda.is_available():
         return {"device_type": "cuda", "device_name": None, "device_count": p.devices}
     return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
 
 
-def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, todo: list[int],
-                  done: dict[tuple[str, int, int], Record], method: str = DP) -> dict[int, Record]:
-    """:func:`_run_dp` for the per-GPU batch sizes in ``todo``, smallest first, on ``n`` GPUs.
+def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
+                  cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
+    """:func:`_run_dp` for the per-GPU batch sizes of ``cfgs``, smallest first, on ``n`` GPUs, each
+    through :meth:`~lab_utils.store.ResultStore.run` (a stored one is reused).
 
-    After the first out-of-memory (measured now, or a stored OOM row in ``done`` for a
-    smaller batch on the same ``n``), larger batch sizes are not tried: they would need
-    more memory still. Their rows (status ``skipped``, not stored) say so.
+    After the first out-of-memory (measured now, or stored for a smaller batch), larger batch
+    sizes are not tried: they would need more memory still. Their rows (status ``skipped``,
+    not stored) say so. Returns ``({batch: record}, batch sizes measured now)``.
     """
+    experiment = args.experiment or SCALING
     got: dict[int, Record] = {}
-    oom_at = min((b for (m, k, b), r in done.items() if m == method and k == n and r.status == "oom"),
-                 default=None)
-    for b in sorted(todo):
-        if oom_at is not None and b > oom_at:
-            one = args.for_batch(b)
-            got[b] = Record(args.experiment or SCALING, dp_config(one, n), status="skipped",
+    measured: list[int] = []
+    oom_at: int | None = None
+    for b in sorted(cfgs):
+        if oom_at is not None:
+            got[b] = Record(experiment, cfgs[b], status="skipped",
                             reason=f"not tried: per-GPU batch {oom_at} already ran out of memory",
                             profile=store.profile)
             continue
-        got[b] = rec = _run_dp(store, s, args.for_batch(b), n)
+
+        def measure(b=b) -> Record:
+            measured.append(b)
+            return _run_dp(store.profile, s, args.for_batch(b), n)
+
+        got[b] = rec = store.run(experiment, cfgs[b], measure, force=force, hardware=_hardware(p))
         if rec.status == "oom":
-            oom_at = b if oom_at is None else min(oom_at, b)
-    return got
+            oom_at = b
+    return got, measured
 
 
-def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
-    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch; stored.
+def _run_dp(profile: str, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
+    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch: the record.
 
-    Out of memory (:func:`lab_utils.core.memory.catch_oom`) gives a stored ``oom`` row with the
+    Out of memory (:func:`lab_utils.core.memory.catch_oom`) gives an ``oom`` record with the
     allocator's message; the model, optimizer and loaders are dropped and the cache is
     emptied after the ``with`` statement, once the traceback that holds them is gone.
     """
-    from lab_utils.core.backends import apply_training_backends
-    from lab_utils.core.hardware import hardware_summary
-
     cfg = dp_config(args, n)
     experiment = args.experiment or SCALING
     synthetic = args.dataset == "synthetic"
-    common = {"profile": store.profile, "synthetic": synthetic,
+    common = {"profile": profile, "synthetic": synthetic,
               "dataset": "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10",
               "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
     apply_training_backends()
@@ -416,7 +404,7 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
     held.clear()
     free_device_memory("cuda")
     if oom:
-        return store.add(experiment, cfg, status="oom", reason=oom.reason, **common)
+        return Record(experiment, cfg, status="oom", reason=oom.reason, **common)
     last = history[-1]
     metrics = {k: v for k, v in last.items() if k != "epoch"}
     metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
@@ -425,7 +413,7 @@ def _run_dp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int) ->
                     "gradient_bytes": 4 * params, "steps_per_epoch": last["steps"],
                     "global_batch": args.batch_size * n,
                     "time_rule": "one process: epoch and training times of the whole DataParallel step"})
-    return store.add(experiment, cfg, metrics, **common)
+    return Record(experiment, cfg, metrics, **common)
 
 
 def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
@@ -434,12 +422,6 @@ def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict
     Everything that holds device memory is also put in ``held`` (and is otherwise local to
     this frame), so that the caller can drop it all after an out-of-memory failure.
     """
-    import torch
-
-    from lab_utils.core.data import make_loaders
-    from lab_utils.core.loop import make_optimizer, train_epoch, wrap_data_parallel
-    from lab_utils.models import ResNet18, count_parameters
-
     held["loaders"] = loaders = make_loaders(
         batch_size=args.batch_size * n, num_workers=args.num_workers, train_images=args.train_images,
         test_images=args.test_images, dataset=args.dataset, seed=args.seed)
@@ -448,7 +430,7 @@ def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict
     params = count_parameters(model)
     held["dp"] = dp = wrap_data_parallel(model, device_ids=list(range(n)))
     held["optimizer"] = opt = make_optimizer(dp, lr=args.lr)
-    history = [train_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict()
+    history = [run_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict()
                for epoch in range(1, args.epochs + 1)]
     return history, params
 
@@ -604,8 +586,6 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
     earlier cohort's published DataParallel epochs, whose steps per epoch are ceil(N_images / (N x b))
     (one loader feeding N x b images per step)."""
     import pandas as pd
-
-    from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 
     rows = []
     if table is not None and len(table):

@@ -2,7 +2,7 @@
 
 For each batch size (32, 128, 512, ... growing x4) :func:`run_sweep` builds a fresh
 ResNet-18 with the spec's SGD, trains ``epochs`` epochs with
-:func:`lab_utils.core.loop.train_epoch` (epoch 1 is warm-up, epoch ``reported_epoch`` is
+:func:`lab_utils.core.loop.run_epoch` (epoch 1 is warm-up, epoch ``reported_epoch`` is
 reported), evaluates on the test split and stores **one record per batch size** in the
 experiment ``batch_sweep`` of the result store. A batch size already in the store is not
 measured again (``force=True`` re-measures), so a re-run after a dead kernel measures only
@@ -60,8 +60,9 @@ from lab_utils.core.backends import apply_training_backends, pinned_threads
 from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, make_loaders, resolve_dataset
 from lab_utils.core.errors import LabError
+from lab_utils.core.flops import count_flops
 from lab_utils.core.hardware import device_name, fp32_training_precision, hardware_summary, peak_flops_per_s
-from lab_utils.core.loop import evaluate, make_optimizer, train_epoch
+from lab_utils.core.loop import default_device, evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import catch_oom, check_memory_fraction, free_device_memory, set_memory_fraction
 from lab_utils.experiments import scaling
 from lab_utils.models import ResNet18
@@ -69,6 +70,8 @@ from lab_utils.store import Record, ResultStore
 
 EXPERIMENT = "batch_sweep"
 SPEC_LR = 0.1
+ONE_PROCESS_ABSENT = ("lr", "skew_wait_seconds", "allreduce_seconds", "exposed_tail_seconds", "global_loss",
+                      "global_accuracy", "global_images")
 
 
 @dataclass(frozen=True)
@@ -393,8 +396,6 @@ def run_sweep(lab_or_profile: Any = None, settings: SweepSettings | None = None,
 
 
 def _unpack_lab(lab_or_profile: Any) -> tuple[str, ResultStore | None, torch.device]:
-    from lab_utils.core.loop import default_device
-
     if lab_or_profile is None or isinstance(lab_or_profile, str | config.Profile):
         name = lab_or_profile.name if isinstance(lab_or_profile, config.Profile) else lab_or_profile
         return config.resolve_profile_name(name)[0], None, default_device()
@@ -450,13 +451,14 @@ def _train_and_evaluate(bs: int, s: SweepSettings, base, dev: torch.device, work
         use_cap = bool(s.memory_cap_bytes) and dev.type == "cpu"
         cap = CpuMemoryCap(model, s.memory_cap_bytes, bs) if use_cap else None
         with cap if cap is not None else nullcontext():
-            rec = train_epoch(model, held["train"], optimizer, dev, epoch=epoch,
-                              desc=f"batch {bs}, epoch {epoch}")
+            rec = run_epoch(model, held["train"], optimizer, dev, epoch=epoch,
+                            desc=f"batch {bs}, epoch {epoch}")
         epochs.append((rec, cap))
     ev = evaluate(model, held["test"], dev)
     rep, rep_cap = epochs[s.reported_epoch - 1]
     warm = epochs[0][0]
-    metrics = {k: v for k, v in asdict(rep).items() if k != "lr"}
+    # the epoch's record, less what one process without a process group never has
+    metrics = {k: v for k, v in asdict(rep).items() if k not in ONE_PROCESS_ABSENT}
     metrics.update({
         "batch_size": bs,
         "reported_epoch": s.reported_epoch,
@@ -624,8 +626,6 @@ def flops_per_image(width: int = 64, batch: int = 2) -> FlopsPerImage:
     The model runs on the ``meta`` device: shapes propagate and the counter sees every
     convolution and matmul, but no arithmetic is done, so this is instant at any width.
     """
-    from lab_utils.core.flops import count_flops
-
     check_positive_int(width, "model width")
     check_positive_int(batch, "batch")
     with torch.device("meta"):

@@ -16,22 +16,26 @@ For each fp32 message size (doubling from ``--min-bytes`` to ``--max-bytes``):
    device synchronize, stop the clock. Time per all-reduce = elapsed / iters (seconds),
    then the MAX over ranks (the slowest rank sets the pace, as in a training step).
 
-Rank 0 writes one record per size: ``size_bytes``, ``count`` (elements), ``time_us``
-(slowest rank, microseconds per all-reduce), ``time_us_min_rank``, ``algbw_gb_per_s`` and
-``busbw_gb_per_s`` (nccl-tests' definitions, decimal GB/s), ``correct``.
+Rank 0 appends one record per size to ``--out`` (its config:
+:meth:`lab_utils.workers.args.BenchArgs.record_config`; status ``error`` when the sum was wrong),
+metrics ``count`` (elements), ``time_us`` (slowest rank, microseconds per all-reduce),
+``time_us_min_rank``, ``algbw_gb_per_s`` and ``busbw_gb_per_s`` (nccl-tests' definitions,
+decimal GB/s), ``correct``. The parent stores them.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.records import Record, append_records
 from lab_utils.core.ring import ELEMENT_BYTES, algbw_gb_per_s, busbw_gb_per_s, message_sizes
-from lab_utils.launcher import setup_rank_logging, write_worker_output
+from lab_utils.launcher import setup_rank_logging
+from lab_utils.workers.args import BenchArgs
 
 
 def _sync(device: torch.device) -> None:
@@ -73,14 +77,7 @@ def measure_size(size_bytes: int, iters: int, warmup: int, device: torch.device,
 
 def main(argv: list[str] | None = None) -> int:
     setup_rank_logging()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--min-bytes", type=int, default=8)
-    p.add_argument("--max-bytes", type=int, required=True)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="gloo")
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv)
+    a = BenchArgs.from_argv(argv)
     sizes = message_sizes(a.min_bytes, a.max_bytes)
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -95,17 +92,22 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"rank {rank}/{world}: backend {a.backend}, device {device} ({name}), {len(sizes)} sizes",
           flush=True)
-    records = []
+    hardware = hardware_summary(device.type, world) if rank == 0 else {}
     try:
+        records = []
         for s in sizes:
-            rec = measure_size(s, a.iters, a.warmup, device, rank, world)
-            rec["backend"] = a.backend
-            records.append(rec)
+            m = measure_size(s, a.iters, a.warmup, device, rank, world)
+            records.append(Record(
+                "allreduce_bench", a.record_config(world, s),
+                {k: m[k] for k in ("count", "time_us", "time_us_min_rank", "algbw_gb_per_s", "busbw_gb_per_s",
+                                   "correct")},
+                status="ok" if m["correct"] else "error",
+                reason=None if m["correct"] else "the all-reduce returned a wrong sum",
+                hardware=hardware, software=software_versions() if rank == 0 else {}))
             if rank == 0:
-                print(f"{s:>12d} B {rec['time_us']:>12.1f} us {rec['busbw_gb_per_s']:>10.3f} GB/s",
-                      flush=True)
+                print(f"{s:>12d} B {m['time_us']:>12.1f} us {m['busbw_gb_per_s']:>10.3f} GB/s", flush=True)
         if rank == 0:
-            write_worker_output(records, a.out)
+            append_records(a.out, records)
         dist.barrier()
     finally:
         dist.destroy_process_group()

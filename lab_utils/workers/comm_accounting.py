@@ -1,10 +1,13 @@
 """What a DDP run communicates besides gradients, counted byte by byte on a real run.
 
-Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.run_comm_accounting`)::
+Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.run_comm_accounting`;
+the arguments are :class:`lab_utils.workers.args.AccountingArgs`)::
 
     python -m torch.distributed.run --nproc-per-node 2 -m lab_utils.workers.comm_accounting
         --width 8 --batch-size 8 --steps 3 [--no-broadcast-buffers] [--no-zero]
         [--backend auto|nccl|gloo] [--profile P] [--experiment NAME] --out FILE
+
+Rank 0 appends one record (every rank's ledger) to ``--out``; the parent stores it.
 
 How DDP really communicates (``torch/nn/parallel/distributed.py`` and
 ``torch/distributed/utils.py`` of the installed torch), and how each item is counted:
@@ -46,7 +49,6 @@ Bytes are bytes (not parameter counts); no timing is done here.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from contextlib import contextmanager
@@ -54,6 +56,22 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from lab_utils.core import config
+from lab_utils.core.backends import apply_training_backends
+from lab_utils.core.dist import init_distributed
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
+from lab_utils.core.records import Record, append_records
+from lab_utils.launcher import setup_rank_logging
+from lab_utils.models import ResNet18
+from lab_utils.workers.args import AccountingArgs
 
 # Ledger kinds: which collective entry point carried the bytes.
 BROADCAST_COALESCED = "broadcast_coalesced"
@@ -156,8 +174,6 @@ class CommLedger:
 @contextmanager
 def instrument_collectives(ledger: CommLedger):
     """Wrap the ``torch.distributed`` entry points DDP and ZeRO use; restore them on exit."""
-    import torch.distributed as dist
-
     names = ("_broadcast_coalesced", "_verify_params_across_processes", "broadcast", "all_reduce")
     orig = {n: getattr(dist, n) for n in names}
 
@@ -191,8 +207,6 @@ def instrument_collectives(ledger: CommLedger):
 
 def counting_allreduce_hook(ledger: CommLedger):
     """A DDP comm hook: count the bucket's bytes, then average it like DDP's default hook."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
     def hook(state, bucket):  # no annotations: DDP inspects them
         buf = bucket.buffer()
         ledger.add(GRAD_BUCKET, tensor_bytes(buf))
@@ -203,63 +217,6 @@ def counting_allreduce_hook(ledger: CommLedger):
 
 
 # --------------------------------------------------------------------------- the worker
-
-
-@dataclass
-class AccountingArgs:
-    width: int = 8
-    batch_size: int = 8
-    steps: int = 3
-    broadcast_buffers: bool = True
-    zero: bool = True
-    backend: str = "auto"
-    profile: str | None = None
-    experiment: str | None = None
-    seed: int = 0
-    out: str | None = None
-
-    def validate(self) -> AccountingArgs:
-        from lab_utils.core.config import check_positive_int
-
-        check_positive_int(self.width, "--width")
-        check_positive_int(self.batch_size, "--batch-size")
-        check_positive_int(self.steps, "--steps")
-        return self
-
-    def record_config(self, world_size: int, backend: str) -> dict[str, Any]:
-        return {"width": self.width, "batch_size": self.batch_size, "steps": self.steps,
-                "broadcast_buffers": self.broadcast_buffers, "zero": self.zero,
-                "devices": world_size, "backend": backend, "seed": self.seed}
-
-    def to_argv(self) -> list[str]:
-        argv = ["--width", str(self.width), "--batch-size", str(self.batch_size), "--steps", str(self.steps),
-                "--backend", self.backend, "--seed", str(self.seed)]
-        if not self.broadcast_buffers:
-            argv.append("--no-broadcast-buffers")
-        if not self.zero:
-            argv.append("--no-zero")
-        if self.profile:
-            argv += ["--profile", self.profile]
-        if self.experiment:
-            argv += ["--experiment", self.experiment]
-        return argv
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.comm_accounting",
-                                description="Count the bytes a DDP run communicates, by kind.")
-    d = AccountingArgs()
-    p.add_argument("--width", type=int, default=d.width)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false")
-    p.add_argument("--no-zero", dest="zero", action="store_false")
-    p.add_argument("--backend", default=d.backend)
-    p.add_argument("--profile", default=None)
-    p.add_argument("--experiment", default=None)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--out", default=None)
-    return p
 
 
 class WireMeter:
@@ -284,15 +241,6 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
 
     Returns this rank's ledger rows, wire bytes per phase and optimizer-state bytes.
     """
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from lab_utils.core import loop
-    from lab_utils.core.backends import apply_training_backends
-    from lab_utils.core.loop import make_optimizer
-    from lab_utils.models import ResNet18
-
     apply_training_backends()  # as every training path (bytes do not depend on it; the record says it)
     device = ctx.device
     cuda = device.type == "cuda"
@@ -310,14 +258,14 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
     def ddp_wrap(m):
         return DDP(m, device_ids=[device.index] if cuda else None, broadcast_buffers=args.broadcast_buffers)
 
-    def train_steps(ddp, optimizer, phase: str, log_loss: bool):
+    def steps(ddp, optimizer, phase: str, log_loss: bool):
         """One optimizer step per batch through the lab's one loop, each counted on its own."""
         for i, (x, y) in enumerate(batches):
             dist.barrier()
             with ledger.in_phase(phase), wire.measure(f"{phase}:{i + 1}"):
                 # no skew barrier: its all-reduce would be counted; the barrier above aligns the ranks
-                sums = loop.train_steps(ddp, [(x, y)], 1, optimizer, loss_fn, None, device,
-                                        skew_barrier=False, count_correct=False)
+                sums = train_steps(ddp, [(x, y)], 1, optimizer, loss_fn, None, device,
+                                   StepOptions(count_correct=False))
                 if log_loss:  # the global loss for logging: one fp32 float all-reduced
                     with ledger.in_phase("loss_logging"):
                         dist.all_reduce((sums.loss_sum / y.shape[0]).float())
@@ -331,7 +279,7 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
         ddp.register_comm_hook(None, counting_allreduce_hook(ledger))
         same = _parameters_equal_across_ranks(model)
         opt = make_optimizer(ddp, lr=0.01)
-        train_steps(ddp, opt, "step", log_loss=True)
+        steps(ddp, opt, "step", log_loss=True)
         sgd_state = tensor_bytes([s["momentum_buffer"] for s in opt.state.values()
                                   if s.get("momentum_buffer") is not None])
 
@@ -350,14 +298,12 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
 
         zero_state = zero_full_state = None
         if args.zero:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
             with ledger.in_phase("zero_construction"):
                 ddp2 = ddp_wrap(ResNet18(width=args.width).to(device))
             ddp2.register_comm_hook(None, counting_allreduce_hook(ledger))
             zero = ZeroRedundancyOptimizer(ddp2.parameters(), optimizer_class=torch.optim.SGD, lr=0.01,
                                            momentum=0.9, weight_decay=5e-4)
-            train_steps(ddp2, zero, "zero_step", log_loss=False)
+            steps(ddp2, zero, "zero_step", log_loss=False)
             zero_state = tensor_bytes([s["momentum_buffer"] for s in zero.optim.state.values()
                                        if s.get("momentum_buffer") is not None])
             dist.barrier()
@@ -375,8 +321,6 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
 
 def _parameters_equal_across_ranks(model) -> bool:
     """True when every rank holds rank 0's parameters (checked after DDP's broadcast; not counted)."""
-    import torch.distributed as dist
-
     flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
     digest = float(flat.double().sum()), float((flat.double() ** 2).sum())
     gathered: list[Any] = [None] * dist.get_world_size()
@@ -385,15 +329,9 @@ def _parameters_equal_across_ranks(model) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-
-    from lab_utils.core.dist import init_distributed
-    from lab_utils.core.errors import LabError
-    from lab_utils.launcher import setup_rank_logging, write_worker_output
-
     setup_rank_logging()
     try:
-        args = AccountingArgs(**vars(build_parser().parse_args(argv))).validate()
+        args = AccountingArgs.from_argv(argv)
     except LabError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -403,34 +341,23 @@ def main(argv: list[str] | None = None) -> int:
         gathered: list[Any] = [None] * ctx.world_size
         dist.all_gather_object(gathered, mine)
         if ctx.rank == 0:
-            records = [build_record(args, ctx, gathered)]
-            write_worker_output(records, args.out)
+            append_records(args.out, [build_record(args, ctx, gathered)])
         dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
 
 
-def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> dict[str, Any]:
-    """Rank 0: one record with every rank's ledger; stored when ``--experiment`` is given."""
-    from lab_utils.core import config
-    from lab_utils.core.hardware import hardware_summary
-    from lab_utils.store import Record, ResultStore, software_versions
-
+def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> Record:
+    """Rank 0: one record with every rank's ledger."""
     profile = config.resolve_profile_name(args.profile)[0]
     hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)
     hardware["processes"] = ctx.world_size
     hardware["backend"] = ctx.backend
     metrics = {"ranks": gathered, "model_bytes": gathered[0]["model_bytes"], "world_size": ctx.world_size}
-    rec = Record(experiment=args.experiment or "comm_accounting",
-                 config=args.record_config(ctx.world_size, ctx.backend), metrics=metrics, profile=profile,
-                 synthetic=True, dataset="random tensors",
-                 hardware=hardware)
-    if args.experiment:
-        ResultStore(profile).append(rec)
-    else:
-        rec.software = software_versions()
-    return asdict(rec)
+    return Record(experiment=args.experiment or "comm_accounting",
+                  config=args.record_config(ctx.world_size, ctx.backend), metrics=metrics, profile=profile,
+                  synthetic=True, dataset="random tensors", hardware=hardware, software=software_versions())
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The DDP training worker for ResNet-18 on CIFAR-10, run by ``torchrun``.
 
-Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
+Command line (:class:`lab_utils.workers.args.WorkerArgs`; the launcher,
+:func:`lab_utils.launcher.launch`, adds ``--out``)::
 
     python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.ddp
-      --experiment NAME        rank 0 appends the records to ResultStore(profile) under NAME
+      --experiment NAME        the records' experiment name
       --profile quick|full     (default: $LAB_PROFILE or automatic)
       --batch-size B[,B2,...]  per device (per rank); global batch = B x world size. Several
                                values run one after another in the same process group (one
@@ -26,13 +27,15 @@ Command line (the launcher, :func:`lab_utils.launcher.launch`, adds ``--out``)::
                                need smaller buckets to have several, i.e. any overlap at all)
       --accumulation-steps K   gradient accumulation: one optimizer step per K batches (the first
                                K-1 under no_sync), so global batch = B x world size x K (default 1)
-      --seed 0 --tag STR       --out FILE
+      --seed 0 --tag STR       --out FILE (rank 0 appends the records there, JSON lines)
       --debug-slow-rank R --debug-slow-loader-seconds S
                                TEST KNOB: rank R sleeps S seconds in every batch fetch (its loader
                                is slow by a known amount); recorded in the config and a
                                ``debug_note``, so a slowed run is never taken for a normal one
 
-Without torchrun (no ``RANK`` in the environment) it runs as a one-process group.
+Without torchrun (no ``RANK`` in the environment) it runs as a one-process group. The
+argument types live in :mod:`lab_utils.workers.args` (torch-free, so a parent plans a
+launch without importing torch).
 
 What a run does: ``setup_rank_logging()`` first (each rank logs to its own file), then
 the process group (NCCL with ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` when each rank has its
@@ -40,10 +43,13 @@ own GPU; gloo on CPU otherwise), the data (train set sharded by ``DistributedSam
 with ``set_epoch(epoch)`` every epoch; test set split evenly by rank, no padding), the
 model (same seed on every rank; DDP broadcasts rank 0's parameters anyway), SGD with the
 spec's hyper-parameters and the lr schedule of :class:`lab_utils.core.schedules.LRSchedule`
-stepped every optimizer step. Each epoch every rank times its phases with
-:class:`lab_utils.core.timing.PhaseTimer`. At the end the per-rank results are gathered on
-rank 0 with ``all_gather_object``; rank 0 builds the records, appends them to the store
-(when ``--experiment`` is given) and writes them for the launcher.
+stepped every optimizer step. Each epoch of each rank is THE epoch driver,
+:func:`lab_utils.core.loop.run_epoch` (phases timed by :class:`lab_utils.core.timing.PhaseTimer`).
+At the end the per-rank results are gathered on every rank (``all_gather_object``); rank 0
+aggregates each epoch with :func:`lab_utils.core.ranks.aggregate_epoch` (the slowest rank
+defines T(N)), builds the records and appends them to ``--out``
+(:func:`lab_utils.core.records.append_records`), one batch size at a time. The worker never
+writes the result store: the parent stores what the launcher hands back.
 
 Record schema (stable: notebooks 02, 03, 05 and the Table 3 code read it)
 ------------------------------------------------------------------------
@@ -63,7 +69,8 @@ ordinary runs and of records written before these options existed are unchanged)
 
 Aggregate ``metrics``:
 
-- ``epochs``: the per-epoch history, a list of dicts, one per epoch:
+- ``epochs``: the per-epoch history, a list of dicts, one per epoch
+  (:func:`lab_utils.core.ranks.aggregate_epoch`):
   ``epoch`` (1-based), ``steps`` (per rank, max), ``images`` (all ranks),
   ``epoch_seconds`` (SLOWEST rank's wall time of the epoch, loader waits included),
   ``epoch_seconds_mean``, ``epoch_seconds_min``, ``slowest_rank``,
@@ -71,7 +78,8 @@ Aggregate ``metrics``:
   its own loader wait nor its skew wait: the spec's reported time), ``train_seconds_mean``,
   ``train_plus_skew_wait_seconds`` (max over ranks of train + skew wait: about what
   ``train_seconds`` was before the skew phase existed),
-  ``{data_loading,data_movement,compute,communication,skew_wait}_seconds_mean`` and ``..._max``,
+  ``{data_loading,data_movement,compute,communication,skew_wait}_seconds`` (the slowest rank's),
+  ``..._mean`` and ``..._max``, ``fastest_rank``, ``imbalance`` (max / min epoch time),
   ``micro_steps`` (batches per rank; = ``steps`` without accumulation),
   ``images_per_s`` (images / train_seconds), ``train_loss``, ``train_accuracy``
   (over all ranks' images), ``lr`` (lr of the epoch's last step), ``lr_first``,
@@ -128,214 +136,39 @@ and their ``compute``/``train_seconds`` include that wait. All times in seconds.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # torch is imported inside the worker only: orchestration code imports this module
-    from lab_utils.core.dist import DistContext
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Subset
+from torch.utils.data.distributed import DistributedSampler
 
-LR_RULES = ("fixed", "linear")
-BACKENDS = ("auto", "nccl", "gloo")
+from lab_utils.core.backends import apply_training_backends
+from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
+from lab_utils.core.config import get_profile, loader_worker_options
+from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
+from lab_utils.core.dist import DistContext, init_distributed, oom_ends_rank
+from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
+from lab_utils.core.memory import free_device_memory
+from lab_utils.core.ranks import aggregate_epoch
+from lab_utils.core.records import Record, append_records
+from lab_utils.core.schedules import LRSchedule, scaled_lr
+from lab_utils.core.timing import synchronize
+from lab_utils.launcher import setup_rank_logging
+from lab_utils.models import ResNet18, count_parameters
+from lab_utils.workers.args import WorkerArgs
+
 SAMPLE_ORDER_HEAD = 8
 TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
              "cannot finish before every rank's all-reduce); *_mean are means over ranks")
-
-
-@dataclass
-class WorkerArgs:
-    """The worker's command-line arguments (defaults as documented in the module docstring)."""
-
-    experiment: str | None = None
-    profile: str | None = None
-    batch_size: int | tuple[int, ...] = 128
-    epochs: int = 2
-    width: int = 64
-    train_images: int | None = None
-    test_images: int | None = None
-    dataset: str = "auto"
-    num_workers: int | None = None
-    lr: float = 0.1
-    lr_rule: str = "fixed"
-    base_batch: int = 128
-    warmup_epochs: float = 0.0
-    decay: str = "constant"
-    eval: bool = False
-    measure_comm: bool = False
-    comm_steps: int = 8
-    backend: str = "auto"
-    bucket_cap_mb: float | None = None
-    accumulation_steps: int = 1
-    seed: int = 0
-    tag: str = ""
-    debug_slow_rank: int | None = None
-    debug_slow_loader_seconds: float | None = None
-    out: str | None = None
-
-    def validate(self) -> WorkerArgs:
-        """Raise :class:`LabError` on bad values (before any process group or data)."""
-        from lab_utils.core.config import check_batch_size, check_choice, check_positive_int
-        from lab_utils.core.data import DATASET_CHOICES
-        from lab_utils.core.errors import LabError
-        from lab_utils.core.schedules import DECAYS
-
-        for b in self.batch_sizes:
-            check_batch_size(b, "--batch-size")
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise LabError(f"--bucket-cap-mb must be positive, got {self.bucket_cap_mb}.")
-        check_positive_int(self.epochs, "--epochs")
-        check_positive_int(self.width, "--width")
-        check_positive_int(self.base_batch, "--base-batch")
-        check_positive_int(self.comm_steps, "--comm-steps")
-        check_positive_int(self.accumulation_steps, "--accumulation-steps")
-        if (self.debug_slow_rank is None) != (self.debug_slow_loader_seconds is None):
-            raise LabError("--debug-slow-rank and --debug-slow-loader-seconds go together; give both or "
-                           "neither.")
-        if self.debug_slow_rank is not None and self.debug_slow_rank < 0:
-            raise LabError(f"--debug-slow-rank must be a rank (0 or more), got {self.debug_slow_rank}.")
-        if self.debug_slow_loader_seconds is not None and not self.debug_slow_loader_seconds > 0:
-            raise LabError("--debug-slow-loader-seconds must be positive, got "
-                           f"{self.debug_slow_loader_seconds}.")
-        check_choice(self.dataset, DATASET_CHOICES, "--dataset")
-        check_choice(self.lr_rule, LR_RULES, "--lr-rule")
-        check_choice(self.decay, DECAYS, "--decay")
-        check_choice(self.backend, BACKENDS, "--backend")
-        if not self.lr > 0:
-            raise LabError(f"--lr must be positive, got {self.lr}.")
-        if not 0 <= self.warmup_epochs <= self.epochs:
-            raise LabError(f"--warmup-epochs must be between 0 and --epochs ({self.epochs}), "
-                           f"got {self.warmup_epochs}.")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise LabError(f"--num-workers must be 0 or more, got {self.num_workers}.")
-        return self
-
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        """The per-device batch sizes to run (one or several)."""
-        b = self.batch_size
-        return tuple(b) if isinstance(b, tuple | list) else (b,)
-
-    def for_batch(self, batch_size: int) -> WorkerArgs:
-        """A copy with a single per-device batch size."""
-        out = WorkerArgs(**asdict(self))
-        out.batch_size = int(batch_size)
-        return out
-
-    def to_argv(self) -> list[str]:
-        """The command-line arguments that reproduce these settings (``--out`` left to the launcher)."""
-        argv: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "out" or value is None:
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                if value:
-                    argv.append(flag)
-            elif isinstance(value, tuple | list):
-                argv += [flag, ",".join(str(v) for v in value)]
-            else:
-                argv += [flag, str(value)]
-        return argv
-
-    def resolved(self) -> WorkerArgs:
-        """A copy with profile, image counts, workers and dataset filled in from the profile."""
-        from lab_utils.core import config
-        from lab_utils.core.data import CIFAR10_TEST_SIZE, CIFAR10_TRAIN_SIZE, resolve_dataset
-
-        prof = config.get_profile(self.profile)
-        out = WorkerArgs(**asdict(self))
-        out.profile = prof.name
-        train = self.train_images if self.train_images is not None else prof.train_images
-        test = self.test_images if self.test_images is not None else prof.test_images
-        out.train_images = CIFAR10_TRAIN_SIZE if not train or train <= 0 else min(train, CIFAR10_TRAIN_SIZE)
-        out.test_images = CIFAR10_TEST_SIZE if not test or test <= 0 else min(test, CIFAR10_TEST_SIZE)
-        out.num_workers = self.num_workers if self.num_workers is not None else prof.num_workers
-        out.dataset = resolve_dataset(self.dataset)
-        return out
-
-    def record_config(self, world_size: int, backend: str, record: str = "aggregate",
-                      rank: int | None = None) -> dict[str, Any]:
-        """The record's ``config`` (call on :meth:`resolved` single-batch args). Stable: used for resume."""
-        if not isinstance(self.batch_size, int):
-            raise ValueError("record_config needs a single batch size: use for_batch(b) first")
-        device_type = "cuda" if backend == "nccl" else "cpu"
-        cfg = {
-            "method": "DDP", "record": record, "rank": rank, "devices": world_size,
-            "backend": backend, "device_type": device_type,
-            "batch_size": self.batch_size,
-            "global_batch": self.batch_size * world_size * self.accumulation_steps,
-            "epochs": self.epochs, "width": self.width, "train_images": self.train_images,
-            "test_images": self.test_images, "dataset": self.dataset, "num_workers": self.num_workers,
-            "lr": self.lr, "lr_rule": self.lr_rule, "base_batch": self.base_batch,
-            "warmup_epochs": self.warmup_epochs, "decay": self.decay, "eval": self.eval,
-            "measure_comm": self.measure_comm, "comm_steps": self.comm_steps if self.measure_comm else None,
-            "bucket_cap_mb": self.bucket_cap_mb,
-            "seed": self.seed, "tag": self.tag,
-        }
-        # Present only when used, so that the configs (and store keys) of ordinary runs, and
-        # of records written before these options existed, stay what they were.
-        if self.accumulation_steps != 1:
-            cfg["accumulation_steps"] = self.accumulation_steps
-        if self.debug_slow_rank is not None:
-            cfg["debug_slow_rank"] = self.debug_slow_rank
-            cfg["debug_slow_loader_seconds"] = self.debug_slow_loader_seconds
-        return cfg
-
-
-def build_parser() -> argparse.ArgumentParser:
-    d = WorkerArgs()
-    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.ddp",
-                                description="DDP training worker: ResNet-18 on CIFAR-10, under torchrun.")
-    p.add_argument("--experiment", default=None)
-    p.add_argument("--profile", default=None)
-    p.add_argument("--batch-size", type=_int_list, default=d.batch_size)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--width", type=int, default=d.width)
-    p.add_argument("--train-images", type=int, default=None)
-    p.add_argument("--test-images", type=int, default=None)
-    p.add_argument("--dataset", default=d.dataset)
-    p.add_argument("--num-workers", type=int, default=None)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--lr-rule", default=d.lr_rule)
-    p.add_argument("--base-batch", type=int, default=d.base_batch)
-    p.add_argument("--warmup-epochs", type=float, default=d.warmup_epochs)
-    p.add_argument("--decay", default=d.decay)
-    p.add_argument("--eval", action="store_true")
-    p.add_argument("--measure-comm", action="store_true")
-    p.add_argument("--comm-steps", type=int, default=d.comm_steps)
-    p.add_argument("--backend", default=d.backend)
-    p.add_argument("--bucket-cap-mb", type=float, default=None)
-    p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--tag", default=d.tag)
-    p.add_argument("--debug-slow-rank", type=int, default=None)
-    p.add_argument("--debug-slow-loader-seconds", type=float, default=None)
-    p.add_argument("--out", default=None)
-    return p
-
-
-def _int_list(text: str) -> int | tuple[int, ...]:
-    """``"32"`` -> 32, ``"32,128"`` -> (32, 128)."""
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers separated by commas: {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one batch size")
-    return values[0] if len(values) == 1 else values
-
-
-def parse_args(argv: list[str] | None = None) -> WorkerArgs:
-    ns = build_parser().parse_args(argv)
-    return WorkerArgs(**vars(ns)).validate()
-
-
-# --------------------------------------------------------------------------- process group
 
 
 # --------------------------------------------------------------------------- data
@@ -343,10 +176,6 @@ def parse_args(argv: list[str] | None = None) -> WorkerArgs:
 
 def train_dataset(args: WorkerArgs):
     """The (resolved) training subset with the spec's train transforms."""
-    from torch.utils.data import Subset
-
-    from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, train_transform
-
     if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
         return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
     ds, _ = cifar10_dataset(True, "cifar10", train_transform())
@@ -355,10 +184,6 @@ def train_dataset(args: WorkerArgs):
 
 def test_shard(args: WorkerArgs, rank: int, world: int):
     """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
-    from torch.utils.data import Subset
-
-    from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform
-
     if args.dataset == "synthetic":
         ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
     else:
@@ -379,88 +204,60 @@ def sample_order_head(sampler, n: int = SAMPLE_ORDER_HEAD) -> list[int]:
 # --------------------------------------------------------------------------- training
 
 
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
-
-
-def run_worker(args: WorkerArgs, ctx: DistContext) -> list[dict[str, Any]] | None:
-    """Run every requested batch size; return all records on rank 0 (None elsewhere).
+def run_worker(args: WorkerArgs, ctx: DistContext) -> list[Record]:
+    """Run every requested batch size; rank 0 returns all records (the other ranks an empty list).
 
     The data sets are built once; each batch size gets a fresh model, optimizer, loaders
-    and schedule. Rank 0 stores each batch size's records as soon as they exist, so a
-    later failure (e.g. out of memory at a larger batch) keeps the earlier results.
+    and schedule. Rank 0 appends each batch size's records to ``args.out`` as soon as they
+    exist, so a later failure (e.g. out of memory at a larger batch) keeps the earlier ones.
     """
-    from lab_utils.core.backends import apply_training_backends
-
     apply_training_backends()  # the cuDNN settings of every training path; each record states them
     t_worker = time.perf_counter()
     train_ds = train_dataset(args)
     test_ds = test_shard(args, ctx.rank, ctx.world_size) if args.eval else None
     data_seconds = time.perf_counter() - t_worker
-    out: list[dict[str, Any]] = []
+    out: list[Record] = []
     for b in args.batch_sizes:
         records = run_config(args.for_batch(b), ctx, train_ds, test_ds, data_seconds)
-        if records is not None:
+        if ctx.rank == 0:
+            append_records(args.out, records)
             out += records
-    return out if ctx.rank == 0 else None
+    return out
 
 
 def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
-               data_seconds: float = 0.0) -> list[dict[str, Any]] | None:
-    """Train one configuration (one per-device batch size), measure, gather, build records."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader
-    from torch.utils.data.distributed import DistributedSampler
-
-    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
-    from lab_utils.core.config import get_profile, loader_worker_options
-    from lab_utils.core.loop import make_optimizer, train_steps
-    from lab_utils.core.memory import free_device_memory
-    from lab_utils.core.schedules import LRSchedule, scaled_lr
-    from lab_utils.core.timing import PhaseTimer, synchronize
-    from lab_utils.models import ResNet18, count_parameters
-
+               data_seconds: float = 0.0) -> list[Record]:
+    """Train one configuration (one per-device batch size): every epoch through
+    :func:`~lab_utils.core.loop.run_epoch`, then the records (rank 0; an empty list elsewhere)."""
     t_config = time.perf_counter()
     device = ctx.device
-    profile = get_profile(args.profile)
     cuda = device.type == "cuda"
+    if args.debug_slow_rank is not None and args.debug_slow_rank >= ctx.world_size:
+        raise LabError(f"--debug-slow-rank {args.debug_slow_rank} is not a rank of this run "
+                       f"(0..{ctx.world_size - 1}).")
     if ctx.rank == 0:
         print(f"config: {ctx.world_size} x {ctx.backend} ({device.type}), batch {args.batch_size} per device",
               flush=True)
-
     # data: the sampler shards the training set; each rank sees 1/world of it per epoch
     sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
     common = loader_worker_options(args.num_workers, cuda)
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, **common)
-    test_loader = None
-    if test_ds is not None:
-        test_loader = DataLoader(test_ds, batch_size=profile.test_batch_size, shuffle=False, **common)
-
+    test_loader = (None if test_ds is None else
+                   DataLoader(test_ds, batch_size=get_profile(args.profile).test_batch_size, shuffle=False,
+                              **common))
     # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
     torch.manual_seed(args.seed)
     model = ResNet18(width=args.width).to(device)
     n_params = count_parameters(model)
-    ddp_kw = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
-    ddp = DDP(model, device_ids=[device.index] if cuda else None, **ddp_kw)
+    ddp = DDP(model, device_ids=[device.index] if cuda else None,
+              **({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}))
     torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
     comm_timer = AllReduceTimer(ddp) if args.measure_comm else None
-
-    if args.debug_slow_rank is not None and args.debug_slow_rank >= ctx.world_size:
-        from lab_utils.core.errors import LabError
-
-        raise LabError(f"--debug-slow-rank {args.debug_slow_rank} is not a rank of this run "
-                       f"(0..{ctx.world_size - 1}).")
-
     # optimizer and lr schedule (per optimizer step; one step = accumulation_steps batches)
     batches_per_epoch = len(train_loader)
-    accum = args.accumulation_steps
-    steps_per_epoch = math.ceil(batches_per_epoch / accum)
-    global_batch = args.batch_size * ctx.world_size * accum
+    steps_per_epoch = math.ceil(batches_per_epoch / args.accumulation_steps)
+    global_batch = args.batch_size * ctx.world_size * args.accumulation_steps
     peak = args.lr if args.lr_rule == "fixed" else scaled_lr(args.lr, global_batch, args.base_batch)
     total_steps = steps_per_epoch * args.epochs
     warmup_steps = min(total_steps, round(args.warmup_epochs * steps_per_epoch))
@@ -468,7 +265,8 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
                           warmup_start_lr=args.lr, decay=args.decay)
     optimizer = make_optimizer(ddp, lr=peak)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lambda_for(peak))
-    loss_fn = nn.CrossEntropyLoss()
+    options = StepOptions(accumulation_steps=args.accumulation_steps, scheduler=scheduler,
+                          comm_timer=comm_timer, skew_barrier=ctx.world_size > 1)
     slow = args.debug_slow_loader_seconds if args.debug_slow_rank == ctx.rank else None
     synchronize(device)
     startup = data_seconds + time.perf_counter() - t_config
@@ -479,61 +277,21 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     for epoch in range(1, args.epochs + 1):
         sampler.set_epoch(epoch - 1)  # a different shuffle every epoch, the same on every rank
         head = sample_order_head(sampler)
-        timer = PhaseTimer(device)
-        ddp.train()
         lr_first = schedule.lr_at(step)
-        synchronize(device)
-        t0 = time.perf_counter()
-        batches = train_loader if slow is None else _slowed(train_loader, slow)
-        ep = train_steps(ddp, batches, batches_per_epoch, optimizer, loss_fn, timer, device,
-                         accumulation_steps=accum, scheduler=scheduler, comm_timer=comm_timer,
-                         skew_barrier=ctx.world_size > 1)
-        images, steps = ep.images, ep.steps
-        step += steps
-        with timer.phase("communication"):  # global loss/accuracy: an all-reduce of three numbers
-            sums = torch.stack([ep.loss_sum, ep.correct,
-                                torch.tensor(float(images), device=device, dtype=torch.float64)])
-            local = sums.tolist()
-            dist.all_reduce(sums)
-        synchronize(device)
-        epoch_s = time.perf_counter() - t0
-        g_loss, g_correct, g_images = sums.tolist()
-        rec: dict[str, Any] = {
-            "epoch": epoch, "steps": steps, "micro_steps": ep.micro_steps, "images": images,
-            "epoch_seconds": epoch_s, "train_seconds": timer.training_seconds,
-            "skew_wait_seconds": 0.0, **timer.totals(),
-            "train_loss_rank": local[0] / max(images, 1), "train_accuracy_rank": local[1] / max(images, 1),
-            "train_loss": g_loss / max(g_images, 1), "train_accuracy": g_correct / max(g_images, 1),
-            "global_images": int(g_images), "lr_first": lr_first, "lr": schedule.lr_at(max(step - 1, 0)),
-            "sample_order_head": head,
-        }
-        if comm_timer is not None:
-            rec["allreduce_seconds"] = ep.allreduce_seconds
-            rec["exposed_tail_seconds"] = ep.exposed_tail_seconds
+        ep = run_epoch(ddp, train_loader if slow is None else _slowed(train_loader, slow), optimizer, device,
+                       epoch=epoch, n_batches=batches_per_epoch, options=options, global_sums=True,
+                       desc=f"rank {ctx.rank} epoch {epoch}")
+        step += ep.steps
+        rec = rank_epoch(ep, head, lr_first, schedule.lr_at(max(step - 1, 0)))
         if test_loader is not None:
             rec.update(_evaluate(ddp, test_loader, device))
         rec["elapsed_seconds"] = time.perf_counter() - t_train0
         epochs.append(rec)
         if ctx.rank == 0:
-            print(f"epoch {epoch}/{args.epochs}: {epoch_s:.2f} s (rank 0), train loss {rec['train_loss']:.4f}"
-                  + (f", test acc {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""), flush=True)
-
-    probe = None
-    if comm_timer is not None:
-        batches = []
-        for x, y in train_loader:
-            batches.append((x.to(device), y.to(device)))
-            if len(batches) >= args.comm_steps + 1:
-                break
-        if batches:  # an epoch of one step: time its batch again (the probe does not train)
-            batches = [batches[i % len(batches)] for i in range(args.comm_steps + 1)]
-        counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps
-        dist.all_gather_object(counts, len(batches))
-        batches = batches[:min(counts)]
-        if len(batches) >= 2:
-            probe = probe_exposed_comm(ddp, batches, comm_timer, loss_fn).as_dict()
-        del batches
-
+            acc = f", test acc {rec['test_accuracy']:.4f}" if "test_accuracy" in rec else ""
+            print(f"epoch {epoch}/{args.epochs}: {ep.epoch_seconds:.2f} s (rank 0), train loss "
+                  f"{rec['train_loss']:.4f}{acc}", flush=True)
+    probe = _probe(ddp, train_loader, comm_timer, args.comm_steps, ctx) if comm_timer is not None else None
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
     gathered: list[Any] = [None] * ctx.world_size
@@ -541,15 +299,50 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     # Everything that holds the model's memory goes before the cache is emptied: the LR
     # scheduler holds the optimizer (and through it the parameters and momentum buffers), the
     # comm timer and the loaders' iterators the DDP module and pinned batches.
-    del ddp, model, optimizer, scheduler, comm_timer, train_loader, test_loader
+    del ddp, model, optimizer, scheduler, comm_timer, options, train_loader, test_loader
     free_device_memory(device)  # gc.collect(), then empty_cache() on a GPU
     if ctx.rank != 0:
-        return None
+        return []
     summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
-               "accumulation_steps": accum, "batches_per_epoch": batches_per_epoch,
+               "accumulation_steps": args.accumulation_steps, "batches_per_epoch": batches_per_epoch,
                "peak_lr": peak, "warmup_steps": warmup_steps,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(args, ctx, gathered, summary)
+
+
+def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> dict[str, Any]:
+    """One rank's per-epoch entry of the records (see the schema above) from its :class:`EpochRecord`."""
+    rec: dict[str, Any] = {
+        "epoch": ep.epoch, "steps": ep.steps, "micro_steps": ep.micro_steps, "images": ep.images,
+        "epoch_seconds": ep.epoch_seconds, "train_seconds": ep.train_seconds,
+        "data_loading_seconds": ep.data_loading_seconds, "data_movement_seconds": ep.data_movement_seconds,
+        "compute_seconds": ep.compute_seconds, "communication_seconds": ep.communication_seconds,
+        "skew_wait_seconds": ep.skew_wait_seconds,
+        "train_loss_rank": ep.loss, "train_accuracy_rank": ep.accuracy,
+        "train_loss": ep.global_loss, "train_accuracy": ep.global_accuracy, "global_images": ep.global_images,
+        "lr_first": lr_first, "lr": lr, "sample_order_head": head,
+    }
+    if ep.allreduce_seconds is not None:
+        rec["allreduce_seconds"] = ep.allreduce_seconds
+        rec["exposed_tail_seconds"] = ep.exposed_tail_seconds
+    return rec
+
+
+def _probe(ddp, train_loader, comm_timer, comm_steps: int, ctx: DistContext) -> dict[str, Any] | None:
+    """The ``no_sync`` probe after the last epoch, on the epoch's first batches (see comm_hooks)."""
+    device = ctx.device
+    batches = []
+    for x, y in train_loader:
+        batches.append((x.to(device), y.to(device)))
+        if len(batches) >= comm_steps + 1:
+            break
+    if batches:  # an epoch of one step: time its batch again (the probe does not train)
+        batches = [batches[i % len(batches)] for i in range(comm_steps + 1)]
+    counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps
+    dist.all_gather_object(counts, len(batches))
+    batches = batches[:min(counts)]
+    return (probe_exposed_comm(ddp, batches, comm_timer, nn.CrossEntropyLoss()).as_dict()
+            if len(batches) >= 2 else None)
 
 
 def _slowed(loader, seconds: float):
@@ -562,11 +355,6 @@ def _slowed(loader, seconds: float):
 
 def _evaluate(ddp, loader, device) -> dict[str, float]:
     """Test loss/accuracy over all ranks' shards; rank 0's BatchNorm statistics first broadcast."""
-    import torch
-    import torch.distributed as dist
-
-    from lab_utils.core.loop import evaluate
-
     t0 = time.perf_counter()
     model = ddp.module
     with torch.no_grad():
@@ -581,51 +369,9 @@ def _evaluate(ddp, loader, device) -> dict[str, float]:
             "eval_seconds": time.perf_counter() - t0}
 
 
-PHASE_NAMES = ("data_loading", "data_movement", "compute", "communication", "skew_wait")
-
-
-def aggregate_epoch(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One epoch's aggregate over ranks: the slowest rank's times, with means beside them.
-
-    ``train_seconds`` is the max over ranks of each rank's training time, which leaves out
-    both its loader wait and its ``skew_wait`` (the wait for the other ranks' loaders).
-    ``train_plus_skew_wait_seconds`` is the max over ranks of training + skew wait: about
-    what T(N) was before the skew phase existed, when that wait sat inside compute. A
-    per-rank entry without ``skew_wait_seconds`` (written before the phase existed) counts
-    it as 0.
-    """
-    first = per_rank[0]
-    ep = [r["epoch_seconds"] for r in per_rank]
-    tr = [r["train_seconds"] for r in per_rank]
-    skew = [r.get("skew_wait_seconds", 0.0) for r in per_rank]
-    slowest = max(range(len(per_rank)), key=lambda i: ep[i])
-    out: dict[str, Any] = {
-        "epoch": first["epoch"], "steps": max(r["steps"] for r in per_rank),
-        "images": sum(r["images"] for r in per_rank),
-        "epoch_seconds": max(ep), "epoch_seconds_mean": statistics.fmean(ep), "epoch_seconds_min": min(ep),
-        "slowest_rank": per_rank[slowest].get("rank", slowest),
-        "train_seconds": max(tr), "train_seconds_mean": statistics.fmean(tr),
-        "train_plus_skew_wait_seconds": max(t + w for t, w in zip(tr, skew)),
-    }
-    if "micro_steps" in first:
-        out["micro_steps"] = max(r["micro_steps"] for r in per_rank)
-    for ph in PHASE_NAMES:
-        vals = [r.get(f"{ph}_seconds", 0.0) for r in per_rank]
-        out[f"{ph}_seconds_mean"] = statistics.fmean(vals)
-        out[f"{ph}_seconds_max"] = max(vals)
-    out["images_per_s"] = out["images"] / out["train_seconds"] if out["train_seconds"] > 0 else math.nan
-    for k in ("train_loss", "train_accuracy", "lr", "lr_first", "test_loss", "test_accuracy", "test_images"):
-        if k in first:
-            out[k] = first[k]  # already global (all-reduced) or identical on every rank
-    if "eval_seconds" in first:
-        out["eval_seconds"] = max(r["eval_seconds"] for r in per_rank)
-    for k in ("allreduce_seconds", "exposed_tail_seconds"):
-        if k in first:
-            vals = [r[k] for r in per_rank]
-            out[f"{k}_mean"] = statistics.fmean(vals)
-            out[f"{k}_max"] = max(vals)
-    out["elapsed_seconds"] = max(r["elapsed_seconds"] for r in per_rank)
-    return out
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
 
 
 def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) -> str:
@@ -638,12 +384,8 @@ def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) ->
 
 
 def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, Any]],
-                  summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rank 0: the aggregate record and one record per rank (as dicts), stored when asked."""
-    from lab_utils.core.comm_hooks import overlap_figures
-    from lab_utils.core.hardware import hardware_summary
-    from lab_utils.store import Record, ResultStore, software_versions
-
+                  summary: dict[str, Any]) -> list[Record]:
+    """Rank 0: the aggregate record and one record per rank."""
     synthetic = args.dataset == "synthetic"
     dataset_name = "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10"
     hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)
@@ -652,10 +394,9 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
     threads = gathered[0].get("threads")
     if ctx.device.type == "cpu":
         hardware["threads_per_process"] = threads
-    n_epochs = len(gathered[0]["epochs"])
     history = []
     cumulative = 0.0
-    for e in range(n_epochs):
+    for e in range(len(gathered[0]["epochs"])):
         agg = aggregate_epoch([{**g["epochs"][e], "rank": g["rank"]} for g in gathered])
         cumulative += agg["train_seconds"]
         agg["cumulative_train_seconds"] = cumulative
@@ -694,49 +435,31 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
     if args.debug_slow_rank is not None:
         metrics["debug_note"] = (f"TEST KNOB: rank {args.debug_slow_rank}'s loader was slowed by "
                                  f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")
-    cfg = args.record_config(ctx.world_size, ctx.backend)
+    experiment = args.experiment or "ddp"
     common = {"profile": args.profile, "synthetic": synthetic, "dataset": dataset_name,
-              "hardware": hardware}
-    records = [Record(experiment=args.experiment or "ddp", config=cfg, metrics=metrics, **common)]
+              "hardware": hardware, "software": software_versions()}
+    records = [Record(experiment, args.record_config(ctx.world_size, ctx.backend), metrics, **common)]
     for g in gathered:
         last = g["epochs"][-1]
         rmetrics = {k: v for k, v in last.items() if k not in ("epoch", "sample_order_head")}
         rmetrics.update({"rank": g["rank"], "reported_epoch": last["epoch"], "epochs": g["epochs"],
                          "startup_seconds": g["startup_seconds"], "comm_probe": g.get("comm_probe")})
-        records.append(Record(experiment=args.experiment or "ddp",
-                              config=args.record_config(ctx.world_size, ctx.backend, "rank", g["rank"]),
-                              metrics=rmetrics, **common))
-    if args.experiment:
-        store = ResultStore(args.profile)
-        for r in records:
-            store.append(r)
-    else:
-        for r in records:
-            r.software = software_versions()
-    return [asdict(r) for r in records]
+        records.append(Record(experiment, args.record_config(ctx.world_size, ctx.backend, "rank", g["rank"]),
+                              rmetrics, **common))
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab_utils.core.errors import LabError
-    from lab_utils.launcher import setup_rank_logging, write_worker_output
-
     setup_rank_logging()
     try:
-        args = parse_args(argv).resolved()
+        args = WorkerArgs.from_argv(argv).resolved()
     except LabError as e:  # bad input: one line in the rank's log, before any process group
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-
-    import torch.distributed as dist
-
-    from lab_utils.core.dist import init_distributed, oom_ends_rank
-
     ctx = init_distributed(args.backend)
     try:
         with oom_ends_rank(ctx):  # out of memory on one rank ends it: no collective left waiting
-            records = run_worker(args, ctx)
-        if ctx.rank == 0:
-            write_worker_output(records or [], args.out)
+            run_worker(args, ctx)  # rank 0 appends the records to args.out as they exist
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -3,7 +3,7 @@
 Command line (one process, or ``N`` ranks through :func:`lab_utils.launcher.launch`)::
 
     python -m lab_utils.workers.gpt_train --size tiny --batch-size 16 --accumulation-steps 4 \\
-        --epochs 2 --steps-per-epoch 20 --dtype fp32 --out records.json
+        --epochs 2 --steps-per-epoch 20 --dtype fp32 --out records.jsonl
     python -m torch.distributed.run --nproc-per-node 4 -m lab_utils.workers.gpt_train --batch-size 64 ...
 
 ``--batch-size`` is the micro-batch *per rank* in sequences; one optimizer step sees
@@ -15,11 +15,15 @@ backward all-reduces), so gradients cross the network once per optimizer step; e
 micro-batch loss is divided by ``accumulation_steps`` so the accumulated gradient is the
 gradient of the mean loss over all micro-batches (tested against one big batch).
 
-What is timed, per rank and per epoch (seconds; ``timing.PhaseTimer`` and
-``timing.NestedTimers`` synchronize the device at every boundary):
+What is timed, per rank and per epoch (seconds; every training epoch is THE epoch driver,
+:func:`lab_utils.core.loop.run_epoch`, whose ``timing.PhaseTimer`` synchronizes the device at
+every phase boundary; ``timing.NestedTimers`` keeps the run > epoch > training / validation
+> forward / loss / backward tree). The names mean what :mod:`lab_utils.core.metrics` says, as
+in every other record of the lab:
 
-- ``epoch_seconds``: the training loop plus validation;
-- ``train_seconds``: the training loop (loader waits included);
+- ``epoch_seconds``: the training pass, loader waits included (validation is not in it:
+  ``validation_seconds``);
+- ``train_seconds``: data movement + compute + communication, loader waits EXCLUDED;
 - ``data_loading_seconds`` (waiting on the DataLoader), ``data_movement_seconds``
   (host to device), ``compute_seconds`` and ``communication_seconds``;
 - communication is *measured* with :mod:`lab_utils.core.comm_hooks`, as in notebook 03: a
@@ -33,33 +37,33 @@ What is timed, per rank and per epoch (seconds; ``timing.PhaseTimer`` and
   ``exposed_comm_per_step_seconds`` (their difference, >= 0; it includes waiting for the
   slowest rank), ``exposed_comm_seconds`` (that x optimizer steps), ``overlap_seconds``
   and ``overlap_fraction``. With one process all of these are 0 / None;
-- ``tokens_per_s`` = tokens this rank trained on / ``train_seconds``;
+- ``tokens_per_s`` = tokens this rank trained on / its ``train_seconds`` (training time,
+  loader waits excluded; the aggregate: all ranks' tokens / the slowest rank's);
 - ``mfu``: FLOPs per token (counted by ``FlopCounterMode``) x tokens/s / the device's
   peak FLOP/s for the dtype (``lab_utils.core.hardware``); ``None`` on CPUs and unknown GPUs.
 
-The aggregate of an epoch takes the *slowest* rank's times (``slowest_rank``) since
-every step waits for it, and also reports the mean over ranks and the imbalance
-(max / min epoch time) to show what averaging hides.
+The aggregate of an epoch is :func:`lab_utils.core.ranks.aggregate_epoch` (as the ResNet
+DDP worker's): the *slowest* rank's times (``slowest_rank``) since every step waits for it,
+the means over ranks (``*_seconds_mean``) and the imbalance (max / min epoch time) to show
+what averaging hides.
 
-Output (``--out``; rank 0 writes it): a JSON list of one ``{"kind": "epoch", ...}``
-dict per epoch (aggregate fields plus ``"ranks"``: the per-rank dicts) and a final
-``{"kind": "run", ...}`` dict (configuration, corpus, device, FLOPs per token, memory,
-nested timers of every rank, the cuDNN / matmul ``backends`` settings, status ``ok`` or
-``oom``). Under DDP an out-of-memory error is not a status: it ends the rank
+Output: one :class:`~lab_utils.core.records.Record` (rank 0 appends it to ``--out``): the
+reported (last) epoch's aggregate at the top level of ``metrics``, ``ranks`` (its per-rank
+dicts), ``epochs`` (every epoch's aggregate), the run's configuration, corpus, device, FLOPs
+per token, memory and nested timers (``timers``: rank 0's, ``timers_slowest_rank``); status
+``ok`` or ``oom``. Under DDP an out-of-memory error is not a status: it ends the rank
 (:func:`lab_utils.core.dist.oom_ends_rank`), torchrun stops the others, and the caller
-(:func:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
+(:mod:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -68,20 +72,23 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from lab_utils.core.backends import apply_training_backends, backend_settings
-from lab_utils.core.config import check_choice, check_positive_int, loader_worker_options
+from lab_utils.core.backends import apply_training_backends
+from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
+from lab_utils.core.config import loader_worker_options
 from lab_utils.core.dist import DistContext, gather, init_distributed, oom_ends_rank
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import device_name, hardware_summary, peak_flops_per_s, software_versions
+from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
-from lab_utils.core.loop import train_steps
 from lab_utils.core.memory import catch_oom, free_device_memory
-from lab_utils.core.progress import progress
+from lab_utils.core.ranks import aggregate_epoch
+from lab_utils.core.records import Record, append_records
 from lab_utils.core.schedules import LRSchedule
-from lab_utils.core.text_data import CORPUS_CHOICES, TokenWindows, load_splits
-from lab_utils.core.timing import NestedTimers, PhaseTimer
+from lab_utils.core.text_data import TokenWindows, load_splits
+from lab_utils.core.timing import NestedTimers
+from lab_utils.launcher import setup_rank_logging
 from lab_utils.models.gpt import (
     GPT,
-    GPT_SIZES,
     count_parameters,
     gpt_config,
     lm_loss,
@@ -90,63 +97,13 @@ from lab_utils.models.gpt import (
     train_flops_per_token,
     unwrap,
 )
+from lab_utils.workers.args import TrainConfig
 
-DTYPES = ("fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
-
-
-@dataclass
-class TrainConfig:
-    """One training run. Batch sizes are in sequences per rank; lr is AdamW's peak."""
-
-    size: str = "small"
-    batch_size: int = 64
-    accumulation_steps: int = 1
-    epochs: int = 1
-    max_steps: int | None = None          # optimizer steps over the whole run
-    steps_per_epoch: int | None = None    # cap on optimizer steps per epoch
-    dtype: str = "fp32"
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    dropout: float = 0.0
-    corpus: str = "auto"
-    max_chars: int | None = None
-    stride: int | None = None             # tokens between training windows (default block_size)
-    val_batches: int | None = 20          # per rank; None: the whole validation split
-    val_batch_size: int = 32              # sequences per validation batch (independent of --batch-size)
-    probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
-    seed: int = 0
-    num_workers: int = 0
-    device: str = "auto"
-    save: str | None = None               # checkpoint path (rank 0 writes it)
-
-    def validate(self) -> TrainConfig:
-        """Raise :class:`LabError` for bad values, before any expensive work."""
-        check_choice(self.size, GPT_SIZES, "GPT size")
-        check_positive_int(self.batch_size, "batch size (--batch-size)")
-        check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
-        check_positive_int(self.epochs, "epochs (--epochs)")
-        check_positive_int(self.val_batch_size, "validation batch size (--val-batch-size)")
-        for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
-            v = getattr(self, name)
-            if v is not None:
-                check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
-        check_choice(self.dtype, DTYPES, "dtype")
-        check_choice(self.device, DEVICES, "device")
-        check_choice(self.corpus, CORPUS_CHOICES, "corpus")
-        if not self.lr > 0:
-            raise LabError(f"lr must be positive, got {self.lr!r}.")
-        if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:
-            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
-        return self
-
-
-# --------------------------------------------------------------------------- distributed
-
-
-# --------------------------------------------------------------------------- one step
+#: The run-level keys copied into the record's metrics next to the reported epoch's aggregate.
+RUN_KEYS = ("parameters", "flops_per_token", "flops_per_token_formula", "steps_per_epoch", "total_steps",
+            "tokens_per_step", "saved_activation_bytes", "peak_memory_bytes", "run_seconds", "backend",
+            "device_type", "device_name", "precision", "peak_flops_per_s", "train_windows", "corpus",
+            "steps_done", "checkpoint", "final_val_loss", "final_train_loss")
 
 
 def autocast_context(device: torch.device, dtype: str):
@@ -186,9 +143,6 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32
     return int(sum(seen.values()))
 
 
-# --------------------------------------------------------------------------- evaluation
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, max_batches: int | None,
              dtype: str = "fp32") -> tuple[float, int]:
@@ -208,13 +162,8 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     return t.tolist()
 
 
-# --------------------------------------------------------------------------- the run
-
-
 def device_peak(device: torch.device, dtype: str) -> tuple[str, float | None, str]:
     """Device name, its peak FLOP/s for this dtype (None if unknown), precision used."""
-    from lab_utils.core.hardware import device_name, peak_flops_per_s
-
     name = device_name(str(device))
     if device.type != "cuda":
         return name, None, dtype
@@ -242,19 +191,19 @@ def plan_steps(cfg: TrainConfig, windows: int, world: int) -> tuple[int, int, in
     return micro, per_epoch, total
 
 
-def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Train as configured; every rank returns the same list of records (see module doc)."""
+def run_training(cfg: TrainConfig) -> list[Record]:
+    """Train as configured; every rank returns the run's record (one :class:`Record`, in a list)."""
     cfg.validate()
     ctx = init_distributed(device=cfg.device, group_of_one=False)
     try:
         with oom_ends_rank(ctx):  # under DDP an out-of-memory error ends the rank (see there)
-            return _train(cfg, ctx)
+            return [_train(cfg, ctx)]
     finally:
         if ctx.initialized_here and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
+def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
     device = ctx.device
     apply_training_backends()
     timers = NestedTimers(device)
@@ -274,62 +223,65 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> list[dict[str, Any]]:
     flops_per_token = measure_train_flops_per_token(model)
     name, peak, precision = device_peak(device, cfg.dtype)
     base: dict[str, Any] = {
-        "config": asdict(cfg), "model_config": mcfg.to_dict(), "world_size": ctx.world_size,
+        "model_config": mcfg.to_dict(), "world_size": ctx.world_size,
         "backend": ctx.backend, "device_type": device.type, "device_name": name, "precision": precision,
-        "peak_flops_per_s": peak, "corpus": splits.corpus_name, "synthetic": splits.synthetic,
+        "peak_flops_per_s": peak, "corpus": splits.corpus_name,
         "vocab_size": splits.vocab.size, "train_tokens": splits.train_tokens, "val_tokens": splits.val_tokens,
         "train_windows": len(train_ds), "parameters": n_params, "flops_per_token": flops_per_token,
         "flops_per_token_formula": train_flops_per_token(mcfg), "steps_per_epoch": steps_per_epoch,
         "total_steps": total_steps, "tokens_per_step": cfg.batch_size * cfg.accumulation_steps
         * ctx.world_size * mcfg.block_size,
     }
-    records: list[dict[str, Any]] = []
+    epochs: list[dict[str, Any]] = []
     # One process: out of memory becomes the run's status (catch_oom keeps only the reason, so the
     # traceback and its tensors are dropped). Under DDP it is not caught here: it ends the rank
     # (run_training), because this rank must not go on to the gathers below while a peer is still
     # inside DDP's bucket all-reduce.
     oom = catch_oom()
     with oom if not ctx.ddp else nullcontext():
-        records = _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps,
-                          timers, base)
-    status, reason = ("oom", oom.reason) if oom else ("ok", None)
+        epochs = _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base)
     if oom:  # after the with statement, so the failed step's memory can be given back
         model = None
         free_device_memory(device)
     run_timer.__exit__(None, None, None)
     rank_timers = gather(timers.table(), ctx)
-    peaks = gather(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None, ctx)
-    summary = {"kind": "run", "status": status, "reason": reason, **base, "backends": backend_settings(),
-               "run_seconds": timers.stats["run"].total_seconds,
-               "peak_memory_bytes": max(peaks) if all(p is not None for p in peaks) else None,
-               "timers_by_rank": rank_timers}
-    if status == "ok":
-        summary.update(records[-1]["final"])
-    if status == "ok" and cfg.save and ctx.is_main:
-        final = records[-1]
+    hardware = hardware_summary(str(device) if device.type == "cuda" else "cpu", ctx.world_size)
+    common = {"synthetic": splits.synthetic, "dataset": splits.corpus_name, "hardware": hardware,
+              "software": software_versions()}
+    if oom:
+        return Record("gpt", asdict(cfg), {"saved_activation_bytes": base.get("saved_activation_bytes")},
+                      status="oom", reason=oom.reason, **common)
+    last = epochs[-1]
+    peaks = [r["peak_memory_bytes"] for e in epochs for r in e["ranks"]]
+    base.update({"run_seconds": timers.stats["run"].total_seconds,
+                 "peak_memory_bytes": max(peaks) if peaks and None not in peaks else None,
+                 "steps_done": sum(e["steps"] for e in epochs),
+                 "final_val_loss": last["val_loss"], "final_train_loss": last["train_loss"]})
+    if cfg.save and ctx.is_main:
         save_checkpoint(cfg.save, model, splits.vocab.chars, splits.corpus_name,
-                        {"val_loss": final["val_loss"], "train_loss": final["train_loss"],
-                         "steps": summary["steps_done"], "synthetic": splits.synthetic,
+                        {"val_loss": last["val_loss"], "train_loss": last["train_loss"],
+                         "steps": base["steps_done"], "synthetic": splits.synthetic,
                          "max_chars": cfg.max_chars})  # so notebook 07 evaluates on the same split
-        summary["checkpoint"] = cfg.save
-    for r in records:
-        r.pop("final", None)
-    return [*records, summary]
+        base["checkpoint"] = cfg.save
+    metrics = {k: v for k, v in last.items() if k != "ranks"}
+    metrics.update({"reported_epoch": last["epoch"], "ranks": last["ranks"],
+                    "epochs": [{k: v for k, v in e.items() if k != "ranks"} for e in epochs]})
+    metrics.update({k: base[k] for k in RUN_KEYS if k in base})
+    metrics["timers"] = rank_timers[0]                        # rank 0's nested timers
+    metrics["timers_slowest_rank"] = rank_timers[last["slowest_rank"]]
+    return Record("gpt", asdict(cfg), metrics, **common)
 
 
-def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, total_steps, timers, base):
+def _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base) -> list[dict[str, Any]]:
+    """Every epoch through :func:`~lab_utils.core.loop.run_epoch`, then validated and probed; one
+    aggregate per epoch (:func:`gpt_epoch`)."""
     device = ctx.device
-    k = cfg.accumulation_steps
     # Activation memory of one micro-batch, measured once before training (untimed).
     x0 = torch.stack([train_ds[i][0] for i in range(min(cfg.batch_size, len(train_ds)))]).to(device)
     base["saved_activation_bytes"] = saved_activation_bytes(model, x0, cfg.dtype)
     del x0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     comm_timer = None
     if ctx.ddp:
-        from lab_utils.core.comm_hooks import AllReduceTimer
-
         model = nn.parallel.DistributedDataParallel(
             model, device_ids=[ctx.local_rank] if device.type == "cuda" else None)
         comm_timer = AllReduceTimer(model)  # the hook all-reduces like DDP's default, and times it
@@ -345,191 +297,110 @@ def _epochs(cfg, ctx, model, mcfg, splits, train_ds, val_ds, steps_per_epoch, to
                         **loader_worker_options(cfg.num_workers, pin))
     val_sampler = DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=False)
     val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, sampler=val_sampler, num_workers=0)
-    peak = base["peak_flops_per_s"]
-    fpt = base["flops_per_token"]
-    tokens_per_micro = cfg.batch_size * mcfg.block_size
-
-    records: list[dict[str, Any]] = []
+    options = StepOptions(accumulation_steps=cfg.accumulation_steps, comm_timer=comm_timer,
+                          autocast_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, count_correct=False,
+                          lr_at=schedule.lr_at, grad_clip=cfg.grad_clip or None, step_timers=timers)
+    out: list[dict[str, Any]] = []
     step = 0
-    before = {"epoch": 0.0, "epoch/training": 0.0, "epoch/validation": 0.0}
     for epoch in range(1, cfg.epochs + 1):
         if step >= total_steps:
             break
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
-        phases = PhaseTimer(device)
-        n_steps = min(steps_per_epoch, total_steps - step)
-        model.train()
+        n_steps = min(base["steps_per_epoch"], total_steps - step)
+        n_micro = n_steps * cfg.accumulation_steps
+        last: list = [None]  # the last micro-batch, for the communication probe below
+        batches = _keeping_last(itertools.islice(loader, n_micro), last)
+        val_before = _total(timers, "run/epoch/validation")
         with timers("epoch"):
             with timers("training"):
-                n_micro = n_steps * k
-                last: list = [None]  # the last micro-batch, for the communication probe below
-                batches = _keeping_last(itertools.islice(loader, n_micro), last)
-                sums = train_steps(
-                    model, progress(batches, total=n_micro, desc=f"rank {ctx.rank} epoch {epoch}"),
-                    n_micro, optimizer, lm_loss, phases, device, accumulation_steps=k, comm_timer=comm_timer,
-                    skew_barrier=False, autocast_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None,
-                    count_correct=False, lr_at=schedule.lr_at, first_step=step,
-                    grad_clip=cfg.grad_clip or None, step_timers=timers)
-                step += sums.steps
-                micro_done, allreduce = sums.micro_steps, sums.allreduce_seconds
-                loss_sum = sums.loss_sum / cfg.batch_size  # the sum of the micro-steps' mean losses
-                lr = optimizer.param_groups[0]["lr"]
+                ep = run_epoch(model, batches, optimizer, device, epoch=epoch, n_batches=n_micro,
+                               loss_fn=lm_loss, options=next_epoch(options, step), global_sums=True,
+                               desc=f"rank {ctx.rank} epoch {epoch}")
             with timers("validation"):
                 v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, cfg.dtype)
-        totals = {n: timers.stats[f"run/{n}"].total_seconds
-                  for n in ("epoch", "epoch/training", "epoch/validation")}
-        epoch_seconds, train_seconds, val_seconds = (totals[n] - before[n] for n in totals)
-        before = totals
-        probe = {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
-                 "overlap_fraction": None, "exposed_comm_noise_seconds": None, "probe": None}
-        if comm_timer is not None and cfg.probe_steps > 0:
-            from lab_utils.core.comm_hooks import overlap_figures, probe_exposed_comm
-
-            x, y = (v.to(device) for v in last[0])  # the epoch's last micro-batch
-            with timers("comm_probe"), autocast_context(device, cfg.dtype):
-                pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
-            exposed = pr.exposed_per_step_seconds * n_steps
-            overlap, fraction = overlap_figures(exposed, pr.allreduce_per_step_seconds * n_steps)
-            probe = {"exposed_comm_per_step_seconds": pr.exposed_per_step_seconds,
-                     "exposed_comm_seconds": exposed, "overlap_seconds": overlap,
-                     "overlap_fraction": fraction, "probe": pr.as_dict(),
-                     # standard error of the probe's mean difference, scaled like exposed_comm_seconds
-                     "exposed_comm_noise_seconds": (pr.noise_seconds * n_steps
-                                                    if math.isfinite(pr.noise_seconds) else None)}
-        tokens = micro_done * tokens_per_micro
-        tps = tokens / train_seconds if train_seconds > 0 else math.nan
-        mine = {
-            "rank": ctx.rank, "epoch": epoch, "steps": n_steps, "micro_steps": micro_done,
-            "sequences": micro_done * cfg.batch_size, "tokens": tokens,
-            "epoch_seconds": epoch_seconds, "train_seconds": train_seconds, "validation_seconds": val_seconds,
-            "data_loading_seconds": phases.seconds("data_loading"),
-            "data_movement_seconds": phases.seconds("data_movement"),
-            "compute_seconds": phases.seconds("compute"),
-            "communication_seconds": phases.seconds("communication"), "allreduce_seconds": allreduce,
-            **probe,
-            "train_loss": float(loss_sum) / max(micro_done, 1), "tokens_per_s": tps,
-            "mfu": fpt * tps / peak if peak else None,
-            "peak_memory_bytes": (int(torch.cuda.max_memory_allocated(device))
-                                  if device.type == "cuda" else None),
-            "lr": lr,
-        }
+        step += ep.steps
+        mine = rank_epoch(ep, ctx.rank, mcfg.block_size, _total(timers, "run/epoch/validation") - val_before)
+        mine.update(_probe(model, comm_timer, last[0], cfg, n_steps, timers, device))
+        mine["mfu"] = base["flops_per_token"] * mine["tokens_per_s"] / base["peak_flops_per_s"] \
+            if base["peak_flops_per_s"] and mine["tokens_per_s"] else None
         v_sum, v_tok = all_reduce_sum([v_sum, float(v_tok)], ctx)
-        ranks = gather(mine, ctx)
-        records.append(aggregate_epoch(ranks, v_sum / max(v_tok, 1), peak, fpt))
-    records[-1]["final"] = {"steps_done": step, "final_val_loss": records[-1]["val_loss"],
-                            "final_train_loss": records[-1]["train_loss"]}
-    return records
-
-
-def aggregate_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | None,
-                    flops_per_token: float) -> dict[str, Any]:
-    """One epoch over all ranks: the slowest rank's times, means, imbalance, global rates.
-
-    ``epoch_seconds`` is the maximum over ranks (everyone waits for the slowest);
-    ``epoch_seconds_mean`` is what averaging would report. ``tokens_per_s`` is all
-    ranks' tokens / the slowest rank's training time. ``mfu`` divides by the peak of
-    all ``world_size`` devices.
-    """
-    world = len(ranks)
-    slow = max(ranks, key=lambda r: r["epoch_seconds"])
-    fast = min(ranks, key=lambda r: r["epoch_seconds"])
-    tokens = sum(r["tokens"] for r in ranks)
-    train_max = max(r["train_seconds"] for r in ranks)
-    tps = tokens / train_max if train_max > 0 else math.nan
-
-    def mean(key: str) -> float:
-        return sum(r[key] for r in ranks) / world
-
-    out = {
-        "kind": "epoch", "epoch": slow["epoch"], "world_size": world, "slowest_rank": slow["rank"],
-        "fastest_rank": fast["rank"], "steps": slow["steps"], "tokens": tokens,
-        "epoch_seconds": slow["epoch_seconds"], "epoch_seconds_mean": mean("epoch_seconds"),
-        "epoch_seconds_min": fast["epoch_seconds"],
-        "imbalance": slow["epoch_seconds"] / fast["epoch_seconds"] if fast["epoch_seconds"] > 0 else None,
-        "train_seconds": train_max, "train_seconds_mean": mean("train_seconds"),
-        "train_loss": mean("train_loss"), "val_loss": val_loss, "tokens_per_s": tps,
-        "overlap_fraction": slow.get("overlap_fraction"),
-        "exposed_comm_noise_seconds": slow.get("exposed_comm_noise_seconds"),
-        "buckets": (slow.get("probe") or {}).get("buckets"),
-        "mfu": flops_per_token * tps / (peak * world) if peak else None,
-        "ranks": ranks,
-    }
-    for key in ("data_loading_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
-                "validation_seconds", "allreduce_seconds", "exposed_comm_seconds", "overlap_seconds"):
-        out[key] = slow[key]              # the slowest rank's breakdown: it sums to its epoch time
-        out[f"{key[:-8]}_mean_seconds" if key.endswith("_seconds") else f"{key}_mean"] = mean(key)
+        out.append(gpt_epoch(gather(mine, ctx), v_sum / max(v_tok, 1), base["peak_flops_per_s"],
+                             base["flops_per_token"]))
     return out
 
 
-# --------------------------------------------------------------------------- command line
+def _total(timers: NestedTimers, name: str) -> float:
+    return timers.stats[name].total_seconds if name in timers.stats else 0.0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    d = TrainConfig()
-    p = argparse.ArgumentParser(prog="python -m lab_utils.workers.gpt_train",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", default=d.size, help=f"model size: {', '.join(GPT_SIZES)}")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="micro-batch per rank (sequences)")
-    p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps over the whole run")
-    p.add_argument("--steps-per-epoch", type=int, default=None, help="cap on optimizer steps per epoch")
-    p.add_argument("--dtype", default=d.dtype, help=f"{', '.join(DTYPES)} (bf16: autocast)")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip)
-    p.add_argument("--dropout", type=float, default=d.dropout)
-    p.add_argument("--corpus", default=d.corpus, help=f"{', '.join(CORPUS_CHOICES)}")
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
-    p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
-    p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")
-    p.add_argument("--val-batch-size", type=int, default=d.val_batch_size)
-    p.add_argument("--probe-steps", type=int, default=d.probe_steps)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--num-workers", type=int, default=d.num_workers)
-    p.add_argument("--device", default=d.device, help=f"{', '.join(DEVICES)}")
-    p.add_argument("--save", default=None, help="write the trained checkpoint here (rank 0)")
-    p.add_argument("--out", default=None, help="rank 0 writes the JSON records here")
-    return p
+def rank_epoch(ep: EpochRecord, rank: int, block_size: int, validation_seconds: float) -> dict[str, Any]:
+    """One rank's entry for one epoch, from its :class:`EpochRecord` (tokens = sequences x block)."""
+    tokens = ep.images * block_size
+    return {
+        "rank": rank, "epoch": ep.epoch, "steps": ep.steps, "micro_steps": ep.micro_steps,
+        "sequences": ep.images, "tokens": tokens,
+        "epoch_seconds": ep.epoch_seconds, "train_seconds": ep.train_seconds,
+        "validation_seconds": validation_seconds,
+        "data_loading_seconds": ep.data_loading_seconds, "data_movement_seconds": ep.data_movement_seconds,
+        "compute_seconds": ep.compute_seconds, "communication_seconds": ep.communication_seconds,
+        "allreduce_seconds": ep.allreduce_seconds or 0.0,
+        "train_loss": ep.global_loss if ep.global_loss is not None else ep.loss,
+        "train_loss_rank": ep.loss,
+        "tokens_per_s": tokens / ep.train_seconds if ep.train_seconds else math.nan,
+        "peak_memory_bytes": ep.peak_memory_bytes, "lr": ep.lr,
+    }
 
 
-def config_to_args(cfg: TrainConfig) -> list[str]:
-    """The command-line arguments that reproduce ``cfg`` (for the launcher)."""
-    args: list[str] = []
-    for name, value in asdict(cfg).items():
-        if name == "val_batches" and value is None:
-            value = 0  # the command line's "all"
-        if value is None:
-            continue
-        args += [f"--{name.replace('_', '-')}", str(value)]
-    return args
+def _probe(model, comm_timer, batch, cfg: TrainConfig, n_steps: int, timers, device) -> dict[str, Any]:
+    """The untimed sync / no_sync probe on the epoch's last micro-batch (DDP only; zeros otherwise)."""
+    if comm_timer is None or cfg.probe_steps <= 0 or batch is None:
+        return {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
+                "overlap_fraction": None, "exposed_comm_noise_seconds": None, "probe": None}
+    x, y = (v.to(device) for v in batch)
+    with timers("comm_probe"), autocast_context(device, cfg.dtype):
+        pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
+    exposed = pr.exposed_per_step_seconds * n_steps
+    overlap, fraction = overlap_figures(exposed, pr.allreduce_per_step_seconds * n_steps)
+    return {"exposed_comm_per_step_seconds": pr.exposed_per_step_seconds,
+            "exposed_comm_seconds": exposed, "overlap_seconds": overlap,
+            "overlap_fraction": fraction, "probe": pr.as_dict(),
+            # standard error of the probe's mean difference, scaled like exposed_comm_seconds
+            "exposed_comm_noise_seconds": (pr.noise_seconds * n_steps
+                                           if math.isfinite(pr.noise_seconds) else None)}
 
 
-def config_from_args(ns: argparse.Namespace) -> TrainConfig:
-    kw = {k: v for k, v in vars(ns).items() if k != "out"}
-    if kw.get("val_batches") == 0:
-        kw["val_batches"] = None
-    return TrainConfig(**kw)
+def gpt_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | None,
+              flops_per_token: float) -> dict[str, Any]:
+    """One epoch over all ranks: :func:`lab_utils.core.ranks.aggregate_epoch` (the slowest rank's times,
+    means over ranks, imbalance, all ranks' tokens / the slowest rank's training seconds) plus the
+    GPT's own: validation loss, MFU over all ``world_size`` devices' peak, the probe's overlap
+    fraction, noise and buckets (the slowest rank's), and the per-rank dicts."""
+    out = aggregate_epoch(ranks)
+    slow = next(r for r in ranks if r["rank"] == out["slowest_rank"])
+    out.update({
+        "kind": "epoch", "val_loss": val_loss,
+        "overlap_fraction": slow.get("overlap_fraction"),
+        "exposed_comm_noise_seconds": slow.get("exposed_comm_noise_seconds"),
+        "buckets": (slow.get("probe") or {}).get("buckets"),
+        "mfu": flops_per_token * out["tokens_per_s"] / (peak * len(ranks)) if peak else None,
+        "ranks": ranks,
+    })
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab_utils.launcher import setup_rank_logging, write_worker_output
-
     setup_rank_logging()
-    ns = build_parser().parse_args(argv)
     try:
-        cfg = config_from_args(ns)
+        cfg, out = TrainConfig.from_argv(argv)
         records = run_training(cfg)
     except LabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) == 0:
-        write_worker_output(records, ns.out)
-        if not ns.out:
+        append_records(out, records)
+        if not out:
             for r in records:
-                print(json.dumps({k: v for k, v in r.items() if k not in ("ranks", "timers_by_rank")},
-                                 default=str))
+                print(r.to_json())
     return 0
 
 

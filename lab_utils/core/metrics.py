@@ -1,0 +1,270 @@
+"""The glossary: every metric name a record holds, its one definition, and its unit.
+
+One meaning per name, everywhere in the lab (a sweep record, a DDP rank, a GPT epoch, a
+table's note). A name that would mean something else gets another name: ``images_per_s``
+is always over ``train_seconds`` (loader waits excluded), the fast path's rate over the
+whole epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s``.
+
+Aggregates over the ranks of a DDP run (:mod:`lab_utils.core.ranks`) add a suffix to a time
+of this glossary: ``<name>_mean`` (the mean over ranks), ``<name>_max`` (the maximum),
+``<name>_min`` (the minimum); :func:`define` resolves them. ``tests/test_notebooks.py`` checks
+that every metric key a notebook run writes (top level, and in the ``epochs`` and ``ranks``
+lists) is defined here.
+
+Units: ``s`` seconds, ``us`` microseconds, ``bytes`` (decimal multiples in tables: MB = 1e6),
+``GB/s`` decimal (1e9, as nccl-tests), ``count``, ``fraction`` (0..1), ``%`` (0..100),
+``nats`` (natural-log cross-entropy), ``lr`` (a learning rate), ``-`` (text, a flag, or a
+nested structure described in the definition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name, what it is (what it includes and excludes), its unit."""
+
+    name: str
+    definition: str
+    unit: str
+
+
+_ENTRIES: tuple[tuple[str, str, str], ...] = (
+    # ---------------------------------------------------------------- one epoch (core.loop.run_epoch)
+    ("epoch", "1-based index of the epoch a value belongs to", "count"),
+    ("reported_epoch", "the epoch whose values the record reports at its top level (the last one; epoch 1 "
+     "warms up)", "count"),
+    ("epoch_seconds", "wall time of one training pass over the epoch's batches, from the first batch "
+     "request to the end of the last step, device synchronized at both ends; loader waits INCLUDED, "
+     "evaluation and validation excluded. An aggregate over ranks: the slowest rank's (max)", "s"),
+    ("train_seconds", "training time of the epoch: data movement + compute + communication, each a "
+     "synchronized phase; waiting on the loader EXCLUDED (this rank's, and in DDP the wait for the other "
+     "ranks' loaders, skew_wait_seconds). The spec's reported time. An aggregate over ranks: the slowest "
+     "rank's (max): T(N)", "s"),
+    ("data_loading_seconds", "time blocked on this process's data loader (the next() of each batch)", "s"),
+    ("data_movement_seconds", "host-to-device copies of the batches", "s"),
+    ("compute_seconds", "forward, loss, backward and optimizer step (DDP's exposed gradient all-reduce wait "
+     "moved out to communication when a comm hook times it)", "s"),
+    ("communication_seconds", "exposed communication inside training: the wait at the end of backward for "
+     "all-reduces still running (with a comm hook) plus the end-of-epoch reduction of the loss sums", "s"),
+    ("skew_wait_seconds", "DDP: time in the barrier before each synchronizing micro-step, waiting for the "
+     "slowest rank's loader; not training time (0 with one rank)", "s"),
+    ("train_plus_skew_wait_seconds", "max over ranks of train_seconds + skew_wait_seconds: about what T(N) "
+     "was before the skew barrier existed", "s"),
+    ("images", "training samples (images; sequences for a GPT) the epoch went through (all ranks for an "
+     "aggregate); for the loader benchmark, the images its passes delivered", "count"),
+    ("images_per_s", "training images / train_seconds (loader waits excluded); aggregate: all ranks' images "
+     "/ the slowest rank's train_seconds", "images/s"),
+    ("epoch_images_per_s", "training images / epoch_seconds (loader waits INCLUDED): the fast path's rate"
+     "training images / epoch_seconds (loader waits INCLUDED): the fast path's rate", "images/s"),
+    ("loader_images_per_s", "images the data loader alone delivers per second of wall time (no model)"
+     "images the data loader alone delivers per second of wall time (no model)", "images/s"),
+    ("steps", "optimizer steps in the epoch (per rank; the maximum over ranks for an aggregate)", "count"),
+    ("micro_steps", "forward/backward passes in the epoch (= batches; = steps without accumulation)"
+     "forward/backward passes in the epoch (= batches; = steps without accumulation)", "count"),
+    ("loss", "mean training loss over the samples this process trained on in the epoch", "nats"),
+    ("accuracy", "training accuracy over the samples this process trained on in the epoch", "fraction"),
+    ("train_loss", "mean training loss over the epoch's samples of ALL ranks (all-reduced)", "nats"),
+    ("train_accuracy", "training accuracy over the epoch's samples of all ranks (all-reduced)", "fraction"),
+    ("train_loss_rank", "mean training loss over this rank's samples of the epoch", "nats"),
+    ("train_accuracy_rank", "training accuracy over this rank's samples of the epoch", "fraction"),
+    ("global_loss", "run_epoch with global_sums: mean training loss over all ranks' samples (as train_loss)",
+     "nats"),
+    ("global_accuracy", "run_epoch with global_sums: training accuracy over all ranks' samples", "fraction"),
+    ("global_images", "samples all ranks trained on in the epoch (the all-reduced count)", "count"),
+    ("lr", "learning rate of the epoch's last optimizer step", "lr"),
+    ("sample_order_head", "the first indices the rank's DistributedSampler gave in the epoch (set_epoch "
+     "check)", "-"),
+    ("lr_first", "learning rate of the epoch's first optimizer step", "lr"),
+    ("peak_memory_bytes", "device memory high-water mark (torch.cuda.max_memory_allocated) over the "
+     "measured training pass(es), the fullest GPU; None on a CPU", "bytes"),
+    ("peak_memory_bytes_per_device", "DataParallel: each GPU's high-water mark, in device_ids order"
+     "DataParallel: each GPU's high-water mark, in device_ids order", "bytes"),
+    ("elapsed_seconds", "wall time from the start of epoch 1 to the end of this epoch, evaluation included "
+     "(slowest rank): for accuracy-against-wall-clock plots", "s"),
+    ("cumulative_train_seconds", "sum of train_seconds up to this epoch", "s"),
+    ("warmup_train_seconds", "train_seconds of the warm-up epoch (epoch 1)", "s"),
+    ("warmup_data_loading_seconds", "data_loading_seconds of the warm-up epoch (epoch 1)", "s"),
+    ("warmup_epoch_seconds", "epoch_seconds of the warm-up epoch (epoch 1)", "s"),
+    ("steps_per_epoch", "optimizer steps per epoch (per rank)", "count"),
+    ("batches_per_epoch", "batches per epoch per rank (= steps_per_epoch x accumulation steps)", "count"),
+    ("batch_size", "samples per batch (per device)", "count"),
+    ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step"
+     "CPU memory cap: the largest model state + saved activations of one step", "bytes"),
+    # ---------------------------------------------------------------- over ranks (core.ranks)
+    ("world_size", "processes (ranks) of the run", "count"),
+    ("slowest_rank", "the rank with the longest epoch_seconds: its breakdown is the aggregate's", "-"),
+    ("fastest_rank", "the rank with the shortest epoch_seconds", "-"),
+    ("imbalance", "slowest / fastest rank's epoch_seconds", "ratio"),
+    ("rank", "the process's rank in the group", "-"),
+    ("ranks", "per-rank entries (their keys are in this glossary), or, in the ledger, each rank's counts"
+     "per-rank entries (their keys are in this glossary), or, in the ledger, each rank's counts", "-"),
+    ("epochs", "the per-epoch history: one entry per epoch (keys in this glossary)", "-"),
+    ("time_rule", "how the record's times were taken over ranks, in words", "-"),
+    # ---------------------------------------------------------------- evaluation (core.loop.evaluate)
+    ("test_loss", "mean loss over the test split (all ranks' shards for DDP)", "nats"),
+    ("test_accuracy", "accuracy over the test split (all ranks' shards for DDP)", "fraction"),
+    ("test_images", "test samples evaluated", "count"),
+    ("test_seconds", "wall time of one evaluation pass, device synchronized", "s"),
+    ("eval_seconds", "DDP: wall time of the evaluation (rank 0's BatchNorm broadcast, every shard, the sums "
+     "all-reduced), slowest rank", "s"),
+    ("val_loss", "GPT: mean next-token loss on the validation split (all ranks' shards)", "nats"),
+    ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)"
+     "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)", "s"),
+    # ---------------------------------------------------------------- communication (core.comm_hooks)
+    ("allreduce_seconds", "(c): time during which a gradient all-reduce was in flight (DDP comm hook, union "
+     "over buckets), per epoch: summed over the epoch's steps, or the probe's per-step value x steps", "s"),
+    ("exposed_tail_seconds", "the hook's in-step estimate of (b): last bucket ready -> backward returned, "
+     "summed over the epoch's steps", "s"),
+    ("exposed_comm_seconds", "(b): exposed communication per epoch = (step with gradient sync - the same "
+     "step under no_sync) x steps (the probe)", "s"),
+    ("exposed_comm_per_step_seconds", "(b) per optimizer step (the probe's mean difference)", "s"),
+    ("exposed_comm_noise_seconds", "standard error of (b), scaled like exposed_comm_seconds", "s"),
+    ("overlap_seconds", "(c) - (b), at least 0: all-reduce time hidden behind backward", "s"),
+    ("overlap_fraction", "overlap_seconds / (c)", "fraction"),
+    ("comm_probe", "the no_sync probe's per-step values (lab_utils.core.comm_hooks.CommProbe fields)", "-"),
+    ("probe", "GPT: one rank's no_sync probe (CommProbe fields)", "-"),
+    ("allreduce_buckets", "DDP gradient buckets seen by the comm hook", "count"),
+    ("buckets", "GPT: DDP gradient buckets seen by the comm hook (slowest rank)", "count"),
+    ("gradient_bytes", "fp32 gradient size S = parameters x 4", "bytes"),
+    ("parameters", "trainable parameters of the model", "count"),
+    # ---------------------------------------------------------------- a DDP run (workers.ddp)
+    ("startup_seconds", "slowest rank: building the data sets and this configuration's loaders, model, DDP "
+     "wrapper and optimizer (process start-up and import torch not included)", "s"),
+    ("worker_seconds", "rank 0: the data sets plus this configuration from set-up to the gathered results"
+     "rank 0: the data sets plus this configuration from set-up to the gathered results", "s"),
+    ("global_batch", "samples per optimizer step over all ranks = per-device batch x ranks x accumulation"
+     "samples per optimizer step over all ranks = per-device batch x ranks x accumulation", "count"),
+    ("peak_lr", "the learning rate at the end of warm-up (linear rule: lr x global batch / base batch)"
+     "the learning rate at the end of warm-up (linear rule: lr x global batch / base batch)", "lr"),
+    ("warmup_steps", "optimizer steps of the linear warm-up", "count"),
+    ("accumulation_steps", "micro-batches per optimizer step on each device", "count"),
+    ("accumulation_note", "how an accumulation run emulates more devices, in words", "-"),
+    ("debug_note", "TEST KNOB: says a rank's loader was slowed on purpose", "-"),
+    ("backend", "process-group backend: nccl | gloo | single process (DataParallel) | None (one process)"
+     "process-group backend: nccl | gloo | single process (DataParallel) | None (one process)", "-"),
+    ("device_type", "cuda | cpu", "-"),
+    ("threads_per_rank", "torch intra-op threads of each rank", "count"),
+    ("threads_pinned", "DataParallel: the torch thread count was set for the run (and restored)", "-"),
+    ("threads_per_process", "GPT on a CPU: torch threads of each process", "count"),
+    # ---------------------------------------------------------------- the GPT (workers.gpt_train)
+    ("tokens", "training tokens of the epoch (all ranks for an aggregate) = sequences x block size", "count"),
+    ("sequences", "training sequences of the epoch (this rank)", "count"),
+    ("tokens_per_s", "training tokens / train_seconds (loader waits EXCLUDED); aggregate: all ranks' tokens "
+     "/ the slowest rank's train_seconds", "tokens/s"),
+    ("mfu", "model FLOPs utilization: flops_per_token x tokens_per_s / (devices x peak FLOP/s); None where "
+     "the peak is unknown (CPUs)", "fraction"),
+    ("flops_per_token", "training FLOPs per token, counted by FlopCounterMode", "FLOP"),
+    ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
+    ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
+    ("precision", "the precision the peak is taken at: fp32 | tf32 | bf16", "-"),
+    ("device_name", "the device's name (the GPU model, or cpu)", "-"),
+    ("corpus", "the text corpus trained on", "-"),
+    ("train_windows", "training windows of block-size tokens", "count"),
+    ("tokens_per_step", "tokens per optimizer step over all ranks", "count"),
+    ("total_steps", "optimizer steps planned for the run", "count"),
+    ("steps_done", "optimizer steps the run took", "count"),
+    ("saved_activation_bytes", "bytes autograd keeps for backward after one micro-batch's forward", "bytes"),
+    ("run_seconds", "GPT worker: wall time of the whole run (rank 0's nested 'run' timer)", "s"),
+    ("wall_seconds", "GPT: wall time of the run as the parent saw it, process start-up included", "s"),
+    ("final_val_loss", "val_loss after the last epoch", "nats"),
+    ("final_train_loss", "train_loss of the last epoch", "nats"),
+    ("checkpoint", "path of the saved model", "-"),
+    ("timers", "rank 0's nested timers: rows of timer, count, total_seconds, mean_seconds (per call)", "-"),
+    ("timers_slowest_rank", "the slowest rank's nested timers (as timers)", "-"),
+    ("kind", "GPT epoch entries: 'epoch'", "-"),
+    # ---------------------------------------------------------------- the all-reduce benchmark
+    ("time_us", "microseconds per all-reduce of one message, the slowest rank", "us"),
+    ("time_us_min_rank", "microseconds per all-reduce, the fastest rank", "us"),
+    ("algbw_gb_per_s", "algorithm bandwidth S / t (nccl-tests)", "GB/s"),
+    ("busbw_gb_per_s", "bus bandwidth algbw x 2(n-1)/n (nccl-tests)", "GB/s"),
+    ("correct", "the all-reduce's sum was right on every rank", "-"),
+    ("count", "fp32 elements in the message", "count"),
+    ("note", "why a row runs where it runs, or what limits it, in words", "-"),
+    ("run_id", "the store's id of one measurement session: rows compared side by side share it", "-"),
+    # ---------------------------------------------------------------- the communication ledger
+    ("model_bytes", "the model's parameter and buffer sizes (ModelBytes fields)", "-"),
+    ("ledger", "payload bytes and calls per (phase, collective)", "-"),
+    ("wire_bytes", "bytes this process wrote per phase (wchar of /proc/self/io)", "-"),
+    ("wire_measured", "wire_bytes could be read (gloo on Linux)", "-"),
+    ("parameters_equal_after_init", "every rank held rank 0's parameters after DDP's broadcast", "-"),
+    ("sgd_state_bytes", "SGD momentum bytes this rank holds", "bytes"),
+    ("zero_state_bytes", "ZeRO-1: momentum bytes this rank holds (its shard)", "bytes"),
+    ("zero_consolidated_state_bytes", "ZeRO-1: momentum bytes consolidated onto rank 0", "bytes"),
+    # ---------------------------------------------------------------- the fast path
+    ("seconds", "the loader benchmark's wall time over its passes", "s"),
+    ("passes", "full passes over the images", "count"),
+    ("ratio_to_spec", "rate over the spec row's rate, measured in the same session", "ratio"),
+    ("adds", "what a waterfall step adds, in words", "-"),
+    ("description", "the training options of the row, in words", "-"),
+    ("warmup_seconds", "untimed warm-up steps before the timed epoch (compilation included)", "s"),
+    ("compile_seconds", "the warm-up of a torch.compile row: compilation included", "s"),
+    ("train_flops_per_image", "training FLOPs per image (forward + backward, FlopCounterMode)", "FLOP"),
+    ("achieved_tflops_per_s", "train_flops_per_image x epoch_images_per_s / 1e12", "TFLOP/s"),
+    ("peak_precision", "the precision the row's peak is taken at", "-"),
+    ("percent_of_peak", "achieved / the device's dense peak at peak_precision", "%"),
+    ("sgd_resolved", "the SGD implementation that ran", "-"),
+    ("graphs_compiled_in_epoch", "graphs torch.compile compiled inside the timed epoch", "count"),
+    ("onednn_workaround", "the oneDNN defect workaround applied, in words", "-"),
+    ("trace_path", "the Chrome/Perfetto trace file", "-"),
+    ("trace_bytes", "size of the trace file", "bytes"),
+    ("steps_traced", "training steps under the profiler", "count"),
+    ("top_ops", "the profiler's top operators (rows)", "-"),
+    # ---------------------------------------------------------------- quantization
+    ("payload_bytes", "bytes of the serialized weights (tensors only)", "bytes"),
+    ("size_bytes", "bytes of the saved model file", "bytes"),
+    ("eval_tokens", "held-out tokens the loss is measured on", "count"),
+    ("perplexity", "exp(val_loss)", "ratio"),
+    ("ms_per_token_b1", "batch-1 decoding: median milliseconds per generated token", "ms"),
+    ("ms_per_token_b1_min", "batch-1 decoding: fastest repetition, ms per token", "ms"),
+    ("ms_per_token_b1_max", "batch-1 decoding: slowest repetition, ms per token", "ms"),
+    ("tokens_per_s_b1", "batch-1 decoding: generated tokens per second of decoding wall time (median)"
+     "batch-1 decoding: generated tokens per second of decoding wall time (median)", "tokens/s"),
+    ("tokens_per_s_large", "large-batch decoding: generated tokens per second of decoding wall time "
+     "(median)", "tokens/s"),
+    ("tokens_per_s_large_min", "large-batch decoding: slowest repetition", "tokens/s"),
+    ("tokens_per_s_large_max", "large-batch decoding: fastest repetition", "tokens/s"),
+    ("seconds_b1", "batch-1 decoding: total timed wall time", "s"),
+    ("seconds_large", "large-batch decoding: total timed wall time", "s"),
+    ("large_batch", "the batch of the throughput measurement", "count"),
+    ("mean_context_tokens", "mean context length while decoding", "count"),
+    ("weight_flops_per_byte_b1", "arithmetic intensity of the weight matmuls at batch 1", "FLOP/byte"),
+    ("weight_flops_per_byte_large", "arithmetic intensity of the weight matmuls at the large batch"
+     "arithmetic intensity of the weight matmuls at the large batch", "FLOP/byte"),
+    ("kernel", "the matmul kernel the variant runs, in words", "-"),
+    ("label", "the variant's label in tables", "-"),
+    ("method", "how the variant was made, in words", "-"),
+)
+
+GLOSSARY: dict[str, Metric] = {n: Metric(n, d, u) for n, d, u in _ENTRIES}
+
+#: Suffixes an aggregate over ranks adds to a time of the glossary (lab_utils.core.ranks).
+RANK_SUFFIXES = {"_mean": "mean over ranks", "_max": "maximum over ranks", "_min": "minimum over ranks"}
+
+
+def define(name: str) -> Metric | None:
+    """The glossary's entry for ``name`` (an aggregate's ``<time>_mean`` / ``_max`` / ``_min`` too)."""
+    if name in GLOSSARY:
+        return GLOSSARY[name]
+    for suffix, what in RANK_SUFFIXES.items():
+        base = name.removesuffix(suffix)
+        if base != name and base in GLOSSARY and GLOSSARY[base].unit == "s":
+            m = GLOSSARY[base]
+            return Metric(name, f"{what} of {base}: {m.definition}", m.unit)
+    return None
+
+
+def unknown(names: Iterable[str]) -> list[str]:
+    """The names that are not in the glossary (sorted)."""
+    return sorted({n for n in names if define(n) is None})
+
+
+def note(name: str) -> str:
+    """``name: definition (unit)``, for a table's notes."""
+    m = define(name)
+    if m is None:
+        raise KeyError(f"{name!r} is not in lab_utils.core.metrics; define it there first")
+    return f"{m.name}: {m.definition} ({m.unit})"

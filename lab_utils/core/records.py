@@ -1,0 +1,157 @@
+"""The record, the unit of truth, and the one file protocol by which records travel.
+
+A :class:`Record` is one measured (or deliberately not measured) configuration: its
+``config`` (the resume key), ``metrics`` (named in :mod:`lab_utils.core.metrics`), a
+status (``ok``, ``oom``, ``skipped``, ``error``), the reason when not ``ok``, and where it
+was measured (profile, hardware, software, cuDNN/matmul settings, torch threads, data).
+
+Records travel one way (``DESIGN.md``, "Architecture"): a worker process builds them and
+rank 0 appends them to the file named by ``--out`` (:func:`append_records`: whole JSON
+lines, flushed and fsynced, one call per finished configuration, so a later failure keeps
+the earlier ones); the launcher reads that file while the run goes on
+(:class:`RecordsReader`) and hands the records to the parent, which alone writes the result
+store (:meth:`lab_utils.store.ResultStore.run`). A torn last line (rank 0 killed during a
+write) is not a record yet: it is read only once whole.
+
+Nothing here imports the store, so the workers can build records without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from lab_utils.core.backends import backend_settings
+
+STATUSES = ("ok", "oom", "skipped", "error")
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert dataclasses, tuples, paths and numpy/torch scalars to JSON types (NaN -> None)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, float) and obj != obj:  # NaN is not valid JSON
+        return None
+    return obj
+
+
+def canonical_key(cfg: Mapping[str, Any]) -> str:
+    """The configuration as canonical JSON: equal configs give equal keys."""
+    return json.dumps(jsonable(dict(cfg)), sort_keys=True, separators=(",", ":"))
+
+
+def torch_threads() -> int | None:
+    """torch's intra-op thread count in this process (None when torch cannot say)."""
+    try:
+        import torch
+
+        return int(torch.get_num_threads())
+    except Exception:  # a record must be buildable even where torch misbehaves
+        return None
+
+
+@dataclass
+class Record:
+    """One measured (or deliberately not measured) configuration."""
+
+    experiment: str
+    config: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    status: str = "ok"
+    reason: str | None = None
+    profile: str = ""
+    synthetic: bool | None = None
+    dataset: str | None = None
+    hardware: dict[str, Any] = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    timestamp: str = ""
+    #: cuDNN / matmul settings in force when the record was built (in the measuring
+    #: process): see :mod:`lab_utils.core.backends`. ``{}`` for records stored before this field.
+    backends: dict[str, Any] = field(default_factory=backend_settings)
+    #: torch intra-op threads of the process that built the record (``torch.get_num_threads()``,
+    #: taken at build time like ``backends``). CPU timings depend on it. ``None``: stored before
+    #: the field existed.
+    threads: int | None = field(default_factory=torch_threads)
+
+    @property
+    def key(self) -> str:
+        return canonical_key(self.config)
+
+    def to_json(self) -> str:
+        return json.dumps(jsonable(asdict(self)), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Record:
+        known = {f for f in cls.__dataclass_fields__}
+        # A stored record without ``backends`` predates the field: its settings are unknown,
+        # not those of the process reading it.
+        return cls(**{"backends": {}, "threads": None, **{k: v for k, v in d.items() if k in known}})
+
+
+def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
+    """A stored record's ``hardware`` is ``here``'s: the same device name and device count.
+
+    A record without a device name (stored before the field existed, or a row that never
+    ran) does not match: its measurement cannot be tied to these devices.
+    """
+    name = stored.get("device_name")
+    return bool(name) and name == here.get("device_name") and stored.get("device_count") == here.get(
+        "device_count")
+
+
+# --------------------------------------------------------------------------- the file protocol
+
+
+def append_records(path: str | Path | None, records: Iterable[Record]) -> None:
+    """Append ``records`` to ``path`` as whole JSON lines, flushed and fsynced (a worker's rank 0).
+
+    Called once per finished configuration, so the records of the configurations that
+    finished survive a failure of a later one. No ``path`` (a worker run by hand): nothing.
+    """
+    if not path:
+        return
+    data = "".join(r.to_json() + "\n" for r in records).encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordsReader:
+    """Reads the records appended to a file so far, each one once (the launcher's side).
+
+    :meth:`new` returns the records whose lines are whole since the last call; a line
+    still being written is left for the next call.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._offset = 0
+
+    def new(self) -> list[Record]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        return [Record.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
