@@ -30,11 +30,11 @@ from lab_utils.core.errors import LabError
 BENCHES = {
     "timers": ("lab_utils.experiments.bench_timers:main",
                "overhead of the phase timers on a training loop"),
-    "allreduce": ("lab_utils.experiments.comm:bench_main",
+    "allreduce": ("lab_utils.experiments.comm_tables:bench_main",
                   "all-reduce bandwidth (nccl-tests columns) under torchrun"),
-    "data": ("lab_utils.experiments.fastpath:bench_data_main",
+    "data": ("lab_utils.experiments.fastpath_tables:bench_data_main",
              "spec DataLoader vs device-resident loader, images/s"),
-    "train": ("lab_utils.experiments.fastpath:bench_train_main",
+    "train": ("lab_utils.experiments.fastpath_tables:bench_train_main",
               "spec training vs each fast-path step, images/s"),
 }
 

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
 
 DEFAULT_BUDGET_S = 600.0
@@ -386,14 +386,14 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     ``backend`` replaces the planned one (tests: gloo standing in for NCCL); the plan's own
     answer is kept in ``planned_backend``.
     """
-    from lab_utils.experiments.comm import BENCH_MODULE, detect_link_peak, plan_bench
+    from lab_utils.experiments.comm import detect_link_peak, plan_bench
     from lab_utils.launcher import launch
     from lab_utils.workers.args import BenchArgs
 
     plan = plan_bench(m.gpus, "auto")
     use = backend or plan.backend
     args = BenchArgs(min_bytes=2 ** 20, max_bytes=max_bytes, iters=5, warmup=2, backend=use).validate()
-    res = launch(BENCH_MODULE, args.to_argv(), nproc=plan.nproc, timeout_s=timeout_s)
+    res = launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc, timeout_s=timeout_s)
     best = max(res.records, key=lambda r: r.metrics["busbw_gb_per_s"])
     link = detect_link_peak(m.gpus)
     return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
@@ -449,17 +449,17 @@ def _resnet_steps(width: int, batch: int, device: str, steps: int = 2,
 
 
 def step_01_sweep(m: Machine, device: str = "cuda") -> dict[str, Any]:
-    from lab_utils.experiments.sweep import SWEEP_SETTINGS
+    from lab_utils.experiments import sweep
 
-    s = SWEEP_SETTINGS["full"]
+    s = profiles.settings(sweep.Settings, "full")
     return {"config": f"ResNet-18 width {s.width}, batch {_smallest(s.batch_sizes)}",
             **_resnet_steps(s.width, _smallest(s.batch_sizes), device)}
 
 
 def step_02_dataparallel(m: Machine, device: str = "cuda") -> dict[str, Any]:
-    from lab_utils.experiments.scaling import SETTINGS
+    from lab_utils.experiments import scaling
 
-    s = SETTINGS["full"]
+    s = profiles.settings(scaling.Settings, "full")
     n = min(m.gpus, max(s.devices))
     b = _smallest(s.batch_sizes)
     return {"config": f"DataParallel on {n} GPUs, {b} per GPU", **_resnet_steps(s.width, b, "cuda:0",
@@ -467,10 +467,10 @@ def step_02_dataparallel(m: Machine, device: str = "cuda") -> dict[str, Any]:
 
 
 def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    from lab_utils.experiments import scaling
     from lab_utils.experiments.comm import measure_compute_step_seconds
-    from lab_utils.experiments.scaling import SETTINGS
 
-    s = SETTINGS["full"]
+    s = profiles.settings(scaling.Settings, "full")
     b = _smallest(s.batch_sizes)
     return {"config": f"compute step, width {s.width}, batch {b}",
             "seconds_per_step": measure_compute_step_seconds(s.width, b, device, steps=2, warmup=1)}
@@ -495,9 +495,9 @@ def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: 
 
 
 def step_02_ddp(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
-    from lab_utils.experiments.scaling import SETTINGS
+    from lab_utils.experiments import scaling
 
-    s = SETTINGS["full"]
+    s = profiles.settings(scaling.Settings, "full")
     return _ddp_launch(m, timeout_s, width=s.width, batch=_smallest(s.batch_sizes),
                        ranks=min(m.gpus, max(s.devices)), measure_comm=True)
 
@@ -505,9 +505,9 @@ def step_02_ddp(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
     """Notebook 05: the large batch with accumulation and evaluation, then (2+ GPUs) the
     communication ledger of Q7 (its own DDP worker), each a launch of its own."""
-    from lab_utils.experiments.large_batch import LARGE_BATCH_SETTINGS
+    from lab_utils.experiments import large_batch
 
-    s = LARGE_BATCH_SETTINGS["full"]
+    s = profiles.settings(large_batch.Settings, "full")
     ranks = min(m.gpus, s.devices)
     t0 = time.monotonic()
     out = _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
@@ -530,9 +530,9 @@ def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, back
 
 
 def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
-    from lab_utils.experiments.gpt import GPT_SETTINGS
+    from lab_utils.experiments import gpt
 
-    s = GPT_SETTINGS["full"]
+    s = profiles.settings(gpt.Settings, "full")
     dtype = "fp32" if s.dtype == "bf16" and not _native_bf16_here() else s.dtype
     return _gpt_launch(timeout_s, size=s.size, batch=_smallest(s.scaling_batch_sizes),
                        ranks=min(m.gpus, max(s.scaling_devices)), dtype=dtype, lr=s.lr)
@@ -564,11 +564,11 @@ def _native_bf16_here() -> bool:
 def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
     import torch
 
+    from lab_utils.experiments import gpt, quant_timing
     from lab_utils.experiments import quantize as Q
-    from lab_utils.experiments.gpt import GPT_SETTINGS
     from lab_utils.models.gpt import GPT, gpt_config
 
-    s = GPT_SETTINGS["full"]
+    s = profiles.settings(gpt.Settings, "full")
     torch.manual_seed(0)
     model = GPT(gpt_config(s.size, vocab_size=65)).eval()
     block = model.config.block_size
@@ -581,8 +581,8 @@ def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
             continue
         try:
             qm = Q.quantize_model(model, variant, device)
-            ev = Q.evaluate_lm(qm, tokens, block, 2, device)
-            Q.greedy_decode(qm, tokens[:8].view(1, 8).to(device), 2, block)
+            ev = quant_timing.evaluate_lm(qm, tokens, block, 2, device)
+            quant_timing.greedy_decode(qm, tokens[:8].view(1, 8).to(device), 2, block)
             out["variants"][variant] = f"ok (loss {ev.loss:.2f})"
         except Exception as e:  # the row of this variant would say the same
             out["variants"][variant] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
@@ -594,19 +594,20 @@ def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from lab_utils.core.data import device_loader, load_split
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train, fastpath
 
-    s = fastpath.FAST_SETTINGS["full"]
+    s = profiles.settings(fastpath.Settings, "full")
     dev = torch.device(device)
-    opts = fastpath.TrainOptions(loader="device", channels_last=True, bf16=fastpath.bf16_supported(dev),
+    opts = fast_train.TrainOptions(loader="device", channels_last=True, bf16=fast_train.bf16_supported(dev),
                                  sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
-    trainer = fastpath.build_trainer(opts, s.width, dev)
+    trainer = fast_train.build_trainer(opts, s.width, dev)
     split = load_split(True, 2 * s.batch_size, "synthetic")
     loader = device_loader(split, dev, s.batch_size, seed=0, channels_last=True)
-    fastpath.warm_up(trainer, loader, 1)
+    fast_train.warm_up(trainer, loader, 1)
     host = torch.zeros(s.batch_size, 3, 32, 32)
     host = host.pin_memory() if dev.type == "cuda" else host
-    x, y = fastpath.to_device(host, torch.zeros(s.batch_size, dtype=torch.long), dev, True)  # as spec batches
+    labels = torch.zeros(s.batch_size, dtype=torch.long)
+    x, y = fast_train.to_device(host, labels, dev, True)  # as spec batches
     trainer.step(x, y)
     ep = trainer.epoch(loader)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -622,16 +623,16 @@ def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
     import torch
 
     from lab_utils.core.data import device_loader, load_split
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train
 
     dev = torch.device(device)
-    trainer = fastpath.build_trainer(fastpath.TrainOptions(loader="device", compile=True), 8, dev)
+    trainer = fast_train.build_trainer(fast_train.TrainOptions(loader="device", compile=True), 8, dev)
     split = load_split(True, 256, "synthetic")
     loader = device_loader(split, dev, 128, seed=0)
-    warm = fastpath.warm_up(trainer, loader, 1)
-    before = fastpath.compiled_graphs()
+    warm = fast_train.warm_up(trainer, loader, 1)
+    before = fast_train.compiled_graphs()
     ep = trainer.epoch(loader)
-    after = fastpath.compiled_graphs()
+    after = fast_train.compiled_graphs()
     return {"compile_seconds": warm, "loss": ep.loss,
             "graphs_in_timed_epoch": None if before is None or after is None else after - before}
 

@@ -19,6 +19,7 @@ everywhere in the lab, the parent writes the result store (through
 
 import sys
 
+from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.records import Record, RecordsReader, canonical_key
@@ -32,7 +33,7 @@ def main(mode, experiment, profile, world, backend, sizes, force, tag, _dash, *e
     records_file = None
     if mode == "store":
         *extra, records_file = extra
-    s = scaling.settings_for(profile)
+    s = profiles.settings(scaling.Settings, profile)
     base = scaling.worker_args(s, profile, experiment, backend, (1,),
                                measure_comm=experiment == scaling.COMPUTE_VS_COMM).to_argv()
     i = base.index("--batch-size")

@@ -3,17 +3,26 @@
 ``lab = start(PROFILE)`` resolves the profile (explicit value, ``$LAB_PROFILE``, or
 automatic), prints one line saying which and why, and returns a :class:`LabSession`
 holding the profile, the result store and the device the notebook should use.
+
+Every experiment has the same shape (``lab_utils/experiments``): a ``Settings`` dataclass,
+``measure(lab, settings) -> list[Record]``, then tables, then figures. ``lab.settings(Settings,
+...)`` is the one way to get a profile's settings with the parameters cell's overrides, and
+:func:`session_for` the one way code that is not a notebook (a command line, a test, the
+doctor) gets a session.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.environment import check_gpu_node
 from lab_utils.store import ResultStore
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -28,6 +37,11 @@ class LabSession:
     def quick(self) -> bool:
         return self.profile.name == "quick"
 
+    def settings(self, cls: type[T], /, **overrides: Any) -> T:
+        """This profile's ``cls`` settings (an experiment's ``Settings``) with the overrides that are
+        not None applied, checked (:func:`lab_utils.core.profiles.settings`)."""
+        return profiles.settings(cls, self.profile.name, **overrides)
+
 
 def start(profile: str | None = None, seed: int = 0, verbose: bool = True) -> LabSession:
     """Resolve the profile, seed torch, and return the notebook's :class:`LabSession`.
@@ -38,11 +52,24 @@ def start(profile: str | None = None, seed: int = 0, verbose: bool = True) -> La
     name, why = config.resolve_profile_name(profile)
     check_gpu_node(name, why)
     torch.manual_seed(seed)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = torch.device("cuda" if gpus else "cpu")
-    session = LabSession(profile=config.PROFILES[name], why=why, store=ResultStore(name),
-                         device=device, gpu_count=gpus)
+    session = session_for(name, why=why)
     if verbose:
-        print(f"profile: {name} ({why}); device: {device}"
+        gpus = session.gpu_count
+        print(f"profile: {name} ({why}); device: {session.device}"
               f"{f' x{gpus}' if gpus else ''}; results: {session.store.root}")
     return session
+
+
+def session_for(lab: Any = None, *, why: str | None = None) -> Any:
+    """THE session helper: ``lab`` itself when it is a session (anything with a profile and a store,
+    e.g. a test's stand-in), else a quiet :class:`LabSession` for a profile name, a
+    :class:`~lab_utils.core.config.Profile` or None (``$LAB_PROFILE``, else automatic), with the
+    profile's default store and this machine's device."""
+    if hasattr(lab, "profile") and hasattr(lab, "store"):
+        return lab
+    if isinstance(lab, config.Profile):
+        lab = lab.name
+    name, chosen = config.resolve_profile_name(lab)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return LabSession(profile=config.PROFILES[name], why=why or chosen, store=ResultStore(name),
+                      device=torch.device("cuda" if gpus else "cpu"), gpu_count=gpus)

@@ -4,7 +4,7 @@ No full-profile run of the lab on a GPU exists yet, so every number here is an
 **estimate (no GPU run yet)**, built from what the lab knows without one:
 
 - *what the full profile runs*: batch sizes, epochs, device counts and runs, read from the
-  settings tables of the experiment modules (``SWEEP_SETTINGS``, ``scaling.SETTINGS``, ...),
+  full-profile settings of the experiment modules (``profiles.settings(sweep.Settings, "full")``, ...),
   so the estimate follows the settings when they change;
 - *how long one spec-path ResNet-18 epoch takes*: the larger of a FLOP estimate
   (training FLOPs / an assumed fraction of the GPU's peak, :mod:`lab_utils.core.hardware`) and
@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from lab_utils import questions
+from lab_utils.core import profiles
 from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import peak_flops_per_s
@@ -148,29 +149,29 @@ def notebook_parts(notebook: str) -> list[Part]:
     nb = _check(notebook)
     parts = [Part("start-up", NOTEBOOK_START_S, 0)]
     if nb == "01":
-        s = sweep.SWEEP_SETTINGS["full"]
+        s = profiles.settings(sweep.Settings, "full")
         for b in s.batch_sizes:
             parts.append(Part(f"batch {b}: {s.epochs} epochs",
                               IN_PROCESS_RUN_S + s.epochs * spec_epoch_seconds(1, b)))
     elif nb == "02":
-        s = scaling.SETTINGS["full"]
+        s = profiles.settings(scaling.Settings, "full")
         for n in s.devices:
             for b in s.batch_sizes:
                 parts.append(Part(f"DDP {n} x {b}", LAUNCH_S + s.epochs * spec_epoch_seconds(n, b), n))
                 parts.append(Part(f"DataParallel {n} x {b}",
                                   IN_PROCESS_RUN_S + s.epochs * dp_epoch_seconds(n, b), n))
     elif nb == "03":  # T(1) and DataParallel from notebook 02's store; DDP with comm probes runs again
-        s = scaling.SETTINGS["full"]
+        s = profiles.settings(scaling.Settings, "full")
         for n in s.comm_devices:
             for b in s.batch_sizes:
                 parts.append(Part(f"DDP {n} x {b} with comm probes",
                                   LAUNCH_S + (s.epochs + 0.1) * spec_epoch_seconds(n, b), n))
     elif nb == "04":
-        s = comm.COMM_LAB_SETTINGS["full"]
+        s = profiles.settings(comm.Settings, "full")
         for p in s.bench_ranks:
             parts.append(Part(f"all-reduce benchmark, {p} ranks, 8 B ... 1 GiB", LAUNCH_S + 30.0, p))
     elif nb == "05":
-        s = large_batch.LARGE_BATCH_SETTINGS["full"]
+        s = profiles.settings(large_batch.Settings, "full")
         for run in large_batch.plan_runs(s, s.devices):
             n = run.devices
             parts.append(Part(f"{run.name}: {n} x {run.batch_per_device}, {s.epochs} epochs + tests",
@@ -178,7 +179,7 @@ def notebook_parts(notebook: str) -> list[Part]:
                                                      + _test_pass(n)), n))
         parts.append(Part("communication accounting (a few steps on 2 and 4 ranks)", 2 * LAUNCH_S, s.devices))
     elif nb == "06":
-        s = gpt.GPT_SETTINGS["full"]
+        s = profiles.settings(gpt.Settings, "full")
         for n in s.scaling_devices:
             for b in s.scaling_batch_sizes:
                 parts.append(Part(f"scaling {n} x {b}", LAUNCH_S + s.scaling_epochs * 1.1
@@ -190,12 +191,12 @@ def notebook_parts(notebook: str) -> list[Part]:
         parts.append(Part("final model for notebook 07", LAUNCH_S + s.train_epochs * 1.1
                           * gpt_epoch_seconds(s.size, s.stride, 4, s.train_batch_size), 4))
     elif nb == "07":
-        s = quantize.QUANT_SETTINGS["full"]
+        s = profiles.settings(quantize.Settings, "full")
         for device in ("cpu", "cuda"):
             per = 45.0 if device == "cpu" else 10.0  # evaluation tokens + timed generation, per variant
             parts.append(Part(f"{len(s.variants)} variants on {device}", len(s.variants) * per))
     elif nb == "08":
-        s = fastpath.FAST_SETTINGS["full"]
+        s = profiles.settings(fastpath.Settings, "full")
         spec = spec_epoch_seconds(1, s.batch_size)
         fast = fast_epoch_seconds("bf16")
         parts.append(Part("loader alone (2 pipelines)", 2 * (IN_PROCESS_RUN_S + s.data_min_seconds)))

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "lab_utils"
 
 # Lowest first. A module may import its own layer and the layers below it.
 LAYERS = ["core", "models", "middle", "workers", "experiments", "top"]
-MIDDLE = {"store", "launcher"}
+MIDDLE = {"store", "launcher", "session"}
 
 
 def module_name(path: Path) -> str:
@@ -175,7 +176,7 @@ def test_every_training_path_goes_through_the_one_epoch_driver():
                    for n in ast.walk(ast.parse(path.read_text())))
 
     for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py",
-                "experiments/fastpath.py"):
+                "experiments/fast_train.py"):  # the fast path's Trainer.epoch
         assert calls(PKG / rel, "run_epoch"), rel
     for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py"):
         assert not calls(PKG / rel, "train_steps"), rel
@@ -218,3 +219,114 @@ def test_at_most_sixty_function_local_imports_of_lab_modules():
     assert sum(counts.values()) <= 60, sorted(((n, m) for m, n in counts.items() if n), reverse=True)
     # workers and experiments import what they use at the top (no import hidden to dodge a cycle)
     assert {m: n for m, n in counts.items() if n and layer(m) in ("workers", "experiments")} == {}
+
+
+def test_profiles_are_keyed_by_class_not_by_name():
+    """The per-profile values are registered under the settings class itself (profiles.register),
+    never looked up by the class's name."""
+    tree = ast.parse((PKG / "core" / "profiles.py").read_text())
+    by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+               and any(isinstance(a, ast.Attribute) and a.attr == "__name__" for a in ast.walk(n.slice))]
+    assert by_name == []
+    for mod, path in modules().items():  # nor by a name elsewhere: settings(cls, ...), not ("GPTSettings")
+        assert "profiles.PROFILES[" not in path.read_text() or mod.endswith("profiles"), mod
+
+
+def public_names(path: Path) -> list[str]:
+    """``__all__`` when the module defines it, else its top-level names without a leading underscore."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return [ast.literal_eval(e) for e in node.value.elts]
+    return [n for n in top_level_names(tree) if not n.startswith("_")]
+
+
+def top_level_names(tree: ast.Module) -> list[str]:
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return names
+
+
+SHAPED = sorted(m for m in GRAPH if layer(m) in ("experiments", "workers"))
+
+
+@pytest.mark.parametrize("mod", SHAPED)
+def test_at_most_fifteen_public_names(mod):
+    names = public_names(modules()[mod])
+    assert len(set(names)) <= 15, (len(names), names)
+
+
+@functools.cache
+def _sources() -> dict[str, ast.Module]:
+    """Every lab module and every notebook's code cells, parsed once."""
+    import json
+
+    out = {m: ast.parse(p.read_text()) for m, p in modules().items()}
+    for nb in sorted((PKG.parent / "labs").glob("*.ipynb")):
+        cells = ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]
+                 if c["cell_type"] == "code"]
+        try:
+            out[nb.name] = ast.parse("\n".join(c for c in cells if not c.lstrip().startswith(("%", "!"))))
+        except SyntaxError:
+            continue
+    return out
+
+
+def _uses_of(mod: str) -> dict[str, set[str]]:
+    """name -> the other lab modules and notebooks that use ``mod.name`` or ``from mod import name``."""
+    package, _, short = mod.rpartition(".")
+    out: dict[str, set[str]] = {}
+    for where, tree in _sources().items():
+        if where == mod:
+            continue
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == mod:
+                for a in node.names:
+                    out.setdefault(a.name, set()).add(where)
+            elif isinstance(node, ast.ImportFrom) and node.module == package:
+                aliases |= {a.asname or a.name for a in node.names if a.name == short}
+        if aliases:
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                        and node.value.id in aliases):
+                    out.setdefault(node.attr, set()).add(where)
+    return out
+
+
+@pytest.mark.parametrize("mod", SHAPED)
+def test_names_left_out_of_the_count_are_not_used_elsewhere(mod):
+    """Honest counting: whatever another lab module or a notebook uses of ``mod`` (``mod.name``,
+    ``from mod import name``) is among its counted public names (``__all__``, else its top-level
+    names without a leading underscore, which then holds no re-export); tests may use the rest."""
+    public = set(public_names(modules()[mod]))
+    submodules = {m.rpartition(".")[2] for m in modules() if m.rpartition(".")[0] == mod}
+    used = {n: sorted(w) for n, w in _uses_of(mod).items() if n not in public | submodules}
+    assert used == {}, used
+
+
+def test_experiments_and_workers_build_no_store_of_their_own():
+    """Every measurement writes into the store of the session it is given (``lab.store``), so a store
+    built on another folder than $LAB_RESULTS_DIR gets every record: no experiment or worker builds a
+    ResultStore, except a command's ``main`` (``python -m lab_utils bench ...``)."""
+    def builds(node: ast.AST, where: str, out: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else where
+            if (isinstance(child, ast.Call) and ast.unparse(child.func).split(".")[-1] == "ResultStore"
+                    and not where.endswith("main")):
+                out.append(where or "<module>")
+            builds(child, name, out)
+
+    found = {}
+    for mod in SHAPED:
+        out: list[str] = []
+        builds(ast.parse(modules()[mod].read_text()), "", out)
+        if out:
+            found[mod] = out
+    assert found == {}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
-from store_helpers import put
+from store_helpers import lab_for, put
 
-from lab_utils.core import backends
+from lab_utils.core import backends, profiles
 from lab_utils.store import Record
 
 KEYS = {"cudnn_benchmark", "cudnn_deterministic", "cudnn_allow_tf32", "matmul_allow_tf32",
@@ -48,20 +48,20 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
 
 
 def test_training_paths_apply_the_settings(benchmark_off):
-    from lab_utils.experiments import comm, fastpath
+    from lab_utils.experiments import comm, fast_train
 
     comm.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
     assert torch.backends.cudnn.benchmark is True
     torch.backends.cudnn.benchmark = False
-    fastpath.build_trainer(fastpath.TrainOptions(), width=2, device="cpu")
+    fast_train.build_trainer(fast_train.TrainOptions(), width=2, device="cpu")
     assert torch.backends.cudnn.benchmark is True
 
 
 def test_sweep_records_state_the_settings(benchmark_off, store):
     from lab_utils.experiments import sweep
 
-    res = sweep.run_sweep("quick", batch_sizes=(16,), width=2, train_images=32, test_images=16,
-                          dataset="synthetic", device="cpu", memory_cap_bytes=0, store=store, verbose=False)
-    rec = res.records[0]
+    s = profiles.settings(sweep.Settings, "quick", batch_sizes=(16,), width=2, train_images=32,
+                          test_images=16, dataset="synthetic", memory_cap_bytes=0)
+    rec = sweep.measure(lab_for(store), s, verbose=False)[0]
     assert rec.status == "ok" and rec.backends["cudnn_benchmark"] is True
     assert store.latest(sweep.EXPERIMENT)[0].backends == rec.backends

@@ -9,12 +9,12 @@ import math
 
 import numpy as np
 import pytest
-from store_helpers import put
+from store_helpers import lab_for, put
 
-from lab_utils.core import ring
+from lab_utils.core import profiles, ring
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import classify_interconnect
-from lab_utils.experiments import comm
+from lab_utils.experiments import comm, comm_tables
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
 
@@ -41,18 +41,18 @@ def test_gradient_bytes_skips_frozen_and_counts_element_size():
 def test_ring_bytes_per_rank_by_hand():
     assert ring.bus_factor(4) == 1.5  # 2*3/4
     assert ring.bus_factor(1) == 0.0
-    assert comm.ring_bytes_per_rank(S_RESNET18, 2) == S_RESNET18  # 2*1/2 = 1
-    assert comm.ring_bytes_per_rank(S_RESNET18, 4) == 67_043_772  # 1.5 * 44,695,848
-    assert comm.ring_bytes_per_rank(1000, 8) == 1750  # 2*7/8 * 1000
-    assert comm.ring_bytes_per_rank(1000, 1) == 0
+    assert ring.ring_bytes_per_rank(S_RESNET18, 2) == S_RESNET18  # 2*1/2 = 1
+    assert ring.ring_bytes_per_rank(S_RESNET18, 4) == 67_043_772  # 1.5 * 44,695,848
+    assert ring.ring_bytes_per_rank(1000, 8) == 1750  # 2*7/8 * 1000
+    assert ring.ring_bytes_per_rank(1000, 1) == 0
 
 
 def test_iterations_follow_distributed_sampler_padding():
-    assert comm.iterations_per_epoch(50_000, 128, 1) == 391  # 390.6 -> 391, partial batch kept
-    assert comm.iterations_per_epoch(50_000, 128, 4) == 98  # 12,500 per rank / 128 = 97.7
-    assert comm.iterations_per_epoch(50_000, 512, 4) == 25  # 12,500 / 512 = 24.4
-    assert comm.samples_per_rank(10, 4) == 3  # padded to 12 = 4 x 3
-    assert comm.iterations_per_epoch(10, 2, 4) == 2  # 3 samples -> batches of 2 and 1
+    assert ring.iterations_per_epoch(50_000, 128, 1) == 391  # 390.6 -> 391, partial batch kept
+    assert ring.iterations_per_epoch(50_000, 128, 4) == 98  # 12,500 per rank / 128 = 97.7
+    assert ring.iterations_per_epoch(50_000, 512, 4) == 25  # 12,500 / 512 = 24.4
+    assert ring.samples_per_rank(10, 4) == 3  # padded to 12 = 4 x 3
+    assert ring.iterations_per_epoch(10, 2, 4) == 2  # 3 samples -> batches of 2 and 1
 
 
 def test_iterations_match_a_real_distributed_sampler_and_loader():
@@ -64,8 +64,8 @@ def test_iterations_match_a_real_distributed_sampler_and_loader():
         for rank in range(world):
             sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False)
             steps = len(list(DataLoader(ds, batch_size=batch, sampler=sampler)))
-            assert steps == comm.iterations_per_epoch(len(ds), batch, world)
-            assert len(sampler) == comm.samples_per_rank(len(ds), world)
+            assert steps == ring.iterations_per_epoch(len(ds), batch, world)
+            assert len(sampler) == ring.samples_per_rank(len(ds), world)
 
 
 def test_ring_bytes_per_epoch_by_hand():
@@ -112,8 +112,8 @@ def test_ring_is_bandwidth_optimal_and_latency_grows_linearly():
 def test_bucketed_ring_by_hand():
     # 44,695,848 B in 25 MiB buckets -> 2 buckets: 2 * 6e-5 + 1.5 * 44,695,848 / 1e11
     expected = 2 * 6e-5 + 1.5 * S_RESNET18 / 1e11
-    assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B) == pytest.approx(expected, rel=1e-12)
-    assert comm.bucketed_ring_seconds(S_RESNET18, 4, A, B, bucket_bytes=1e12) == pytest.approx(
+    assert ring.bucketed_ring_seconds(S_RESNET18, 4, A, B) == pytest.approx(expected, rel=1e-12)
+    assert ring.bucketed_ring_seconds(S_RESNET18, 4, A, B, bucket_bytes=1e12) == pytest.approx(
         ring.ring_allreduce_seconds(S_RESNET18, 4, A, B), rel=1e-12)
 
 
@@ -137,29 +137,29 @@ def test_algbw_busbw_by_hand():
 
 def test_bad_inputs_raise_lab_error():
     with pytest.raises(LabError, match="world size"):
-        comm.ring_bytes_per_rank(10, 0)
+        ring.ring_bytes_per_rank(10, 0)
     with pytest.raises(LabError, match="time in seconds"):
         ring.algbw_gb_per_s(10, 0)
     with pytest.raises(LabError, match="per-device batch"):
-        comm.iterations_per_epoch(100, 0, 2)
+        ring.iterations_per_epoch(100, 0, 2)
     with pytest.raises(LabError, match="multiple of 4"):
-        comm.message_sizes(6, 64)
+        ring.message_sizes(6, 64)
     with pytest.raises(LabError, match="max-bytes"):
-        comm.message_sizes(64, 8)
+        ring.message_sizes(64, 8)
 
 
 def test_message_sizes_double():
-    assert comm.message_sizes(8, 64) == [8, 16, 32, 64]
-    assert comm.message_sizes(8, 100) == [8, 16, 32, 64]
-    assert len(comm.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
-    assert comm.message_sizes(8, comm.BENCH_SETTINGS["full"].max_bytes)[-1] == 2**30
+    assert ring.message_sizes(8, 64) == [8, 16, 32, 64]
+    assert ring.message_sizes(8, 100) == [8, 16, 32, 64]
+    assert len(ring.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
+    assert ring.message_sizes(8, profiles.settings(comm.BenchSettings, "full").max_bytes)[-1] == 2**30
 
 
 # --------------------------------------------------------------------------- fit
 
 
 def _synthetic(alpha, bw, p, noise=0.0, seed=0):
-    sizes = np.array(comm.message_sizes(8, ring.GIB), dtype=float)
+    sizes = np.array(ring.message_sizes(8, ring.GIB), dtype=float)
     t = np.array([ring.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
     if noise:
         t = t * (1 + noise * np.random.default_rng(seed).standard_normal(len(t)))
@@ -168,7 +168,7 @@ def _synthetic(alpha, bw, p, noise=0.0, seed=0):
 
 def test_fit_recovers_exact_model():
     sizes, t = _synthetic(5e-6, 50e9, 4)
-    fit = comm.fit_alpha_beta(sizes, t, 4)
+    fit = ring.fit_alpha_beta(sizes, t, 4)
     assert fit.alpha_seconds == pytest.approx(5e-6, rel=1e-9)
     assert fit.bandwidth_bytes_per_s == pytest.approx(50e9, rel=1e-9)
     assert fit.rms_relative_error < 1e-9 and fit.max_relative_error < 1e-9
@@ -179,7 +179,7 @@ def test_fit_recovers_exact_model():
 
 def test_fit_recovers_model_under_noise_with_honest_errors():
     sizes, t = _synthetic(20e-6, 2e9, 2, noise=0.03, seed=1)
-    fit = comm.fit_alpha_beta(sizes, t, 2)
+    fit = ring.fit_alpha_beta(sizes, t, 2)
     assert fit.alpha_seconds == pytest.approx(20e-6, rel=0.05)
     assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.05)
     assert 0.01 < fit.rms_relative_error < 0.06
@@ -191,18 +191,18 @@ def test_fit_recovers_model_under_noise_with_honest_errors():
 def test_fit_clamps_negative_latency():
     sizes = np.array([1e6, 2e6, 4e6, 8e6])
     t = sizes / 1e9 - 1e-5  # a negative intercept
-    fit = comm.fit_alpha_beta(sizes, t, 2)
+    fit = ring.fit_alpha_beta(sizes, t, 2)
     assert fit.latency_clamped and fit.alpha_seconds == 0.0
     assert fit.bandwidth_bytes_per_s > 0
 
 
 def test_fit_rejects_bad_input():
     with pytest.raises(LabError, match="3 or more"):
-        comm.fit_alpha_beta([8, 16], [1e-5, 1e-5], 2)
+        ring.fit_alpha_beta([8, 16], [1e-5, 1e-5], 2)
     with pytest.raises(LabError, match="at least 2 ranks"):
-        comm.fit_alpha_beta([8, 16, 32], [1e-5] * 3, 1)
+        ring.fit_alpha_beta([8, 16, 32], [1e-5] * 3, 1)
     with pytest.raises(LabError, match="do not grow"):
-        comm.fit_alpha_beta([8, 16, 32], [3e-5, 2e-5, 1e-5], 2)
+        ring.fit_alpha_beta([8, 16, 32], [3e-5, 2e-5, 1e-5], 2)
 
 
 # --------------------------------------------------------------------------- projections
@@ -210,14 +210,14 @@ def test_fit_rejects_bad_input():
 
 def test_epoch_compute_prorates_partial_step():
     # 10 samples on 4 ranks -> 3 per rank; b=2: one full step + half a step
-    assert comm.epoch_compute_seconds(10, 2, 4, 0.2) == pytest.approx(0.3)
+    assert comm_tables._epoch_compute_seconds(10, 2, 4, 0.2) == pytest.approx(0.3)
 
 
 def test_projection_by_hand():
-    fit = comm.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
+    fit = ring.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
                             alpha_stderr_seconds=0, bandwidth_stderr_bytes_per_s=0, rms_relative_error=0,
                             max_relative_error=0, n_points=3)
-    rows = comm.project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
+    rows = comm_tables._project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
                                 compute_seconds_per_step={100: 0.1}, devices=[1, 8], bucket_bytes=None)
     one, eight = rows
     assert one.epoch_seconds == pytest.approx(1.0) and one.speedup == pytest.approx(1.0)
@@ -234,15 +234,15 @@ def test_projection_by_hand():
 
 
 def test_projection_default_devices_and_buckets():
-    fit = comm.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
-    rows = comm.project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
+    fit = ring.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
+    rows = comm_tables._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
     assert [r.devices for r in rows[:8]] == [8, 16, 32, 64, 128, 256, 512, 1024]
-    expected = comm.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
+    expected = ring.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
     assert rows[0].comm_seconds_per_step == pytest.approx(expected)
-    df = comm.projection_frame(rows)
+    df = comm_tables._projection_frame(rows)
     assert len(df) == 16 and (df.efficiency <= df.efficiency_full_overlap + 1e-12).all()
     with pytest.raises(LabError, match="compute time"):
-        comm.project_scaling(fit, S_RESNET18, 50_000, {})
+        comm_tables._project_scaling(fit, S_RESNET18, 50_000, {})
 
 
 # --------------------------------------------------------------------------- Table 3 and links
@@ -292,12 +292,12 @@ def test_classify_interconnect_and_nominal_peaks():
     assert classify_interconnect(mixed, 4) == "mixed"
     assert classify_interconnect(None, 2) is None
     assert classify_interconnect(TOPO_PCIE, 4) is None  # fewer GPUs listed than asked
-    assert comm.nominal_link_peak("NVIDIA H100 80GB HBM3", "nvlink").gb_per_s == 450.0
-    assert comm.nominal_link_peak("NVIDIA A100-SXM4-40GB", "nvlink").gb_per_s == 300.0
-    assert comm.nominal_link_peak("Tesla T4", "nvlink").gb_per_s is None
-    assert comm.nominal_link_peak("x", "pcie", 4, 16).gb_per_s == pytest.approx(31.504)
-    assert comm.nominal_link_peak("cpu (x)", None).gb_per_s is None
-    assert comm.nominal_link_peak("x", "mixed").gb_per_s is None
+    assert comm._nominal_link_peak("NVIDIA H100 80GB HBM3", "nvlink").gb_per_s == 450.0
+    assert comm._nominal_link_peak("NVIDIA A100-SXM4-40GB", "nvlink").gb_per_s == 300.0
+    assert comm._nominal_link_peak("Tesla T4", "nvlink").gb_per_s is None
+    assert comm._nominal_link_peak("x", "pcie", 4, 16).gb_per_s == pytest.approx(31.504)
+    assert comm._nominal_link_peak("cpu (x)", None).gb_per_s is None
+    assert comm._nominal_link_peak("x", "mixed").gb_per_s is None
 
 
 def test_detect_link_peak_without_gpu_link():
@@ -318,9 +318,9 @@ def test_plan_bench_on_cpu():
 
 
 def _check_bench(records, n):
-    df = comm.bench_frame(records)
+    df = comm_tables._bench_frame(records)
     assert list(df.size_bytes) == sorted(df.size_bytes) and df.size_bytes.is_unique
-    assert list(df.size_bytes) == comm.message_sizes(8, int(df.size_bytes.max()))
+    assert list(df.size_bytes) == ring.message_sizes(8, int(df.size_bytes.max()))
     assert (df.time_us > 0).all() and (df.algbw_gb_per_s > 0).all() and (df.busbw_gb_per_s > 0).all()
     for r in records:
         assert r.status == "ok" and r.metrics["correct"] is True
@@ -334,18 +334,18 @@ def _check_bench(records, n):
 @pytest.mark.slow
 def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys):
     settings = comm.BenchSettings(max_bytes=64 * ring.KIB, iters=3, warmup=1, timeout_s=180)
-    records = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
+    records = comm.measure_bench(lab_for(store), nproc=2, settings=settings, backend="gloo", verbose=False)
     df = _check_bench(records, 2)
     assert len(df) == 14  # 8 B .. 64 KiB
-    assert comm.peak_busbw_gb_per_s(records, 2) == df.busbw_gb_per_s.max()
+    assert comm_tables._peak_busbw_gb_per_s(records, 2) == df.busbw_gb_per_s.max()
 
     def no_launch(*a, **k):
         raise AssertionError("stored sizes must be reused, not re-measured")
 
     monkeypatch.setattr("lab_utils.launcher.launch", no_launch)
-    again = comm.run_allreduce_bench(store, nproc=2, settings=settings, backend="gloo", verbose=False)
+    again = comm.measure_bench(lab_for(store), nproc=2, settings=settings, backend="gloo", verbose=False)
     assert [r.timestamp for r in again] == [r.timestamp for r in records]
-    rc = comm.bench_main(["--profile", "quick", "--nproc", "2", "--backend", "gloo", "--max-bytes",
+    rc = comm_tables.bench_main(["--profile", "quick", "--nproc", "2", "--backend", "gloo", "--max-bytes",
                           str(64 * ring.KIB), "--iters", "3", "--warmup", "1"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -355,7 +355,7 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
 @pytest.mark.slow
 def test_benchmark_three_gloo_ranks_bus_factor(store):
     settings = comm.BenchSettings(max_bytes=4 * ring.KIB, iters=2, warmup=1, timeout_s=180)
-    records = comm.run_allreduce_bench(store, nproc=3, settings=settings, backend="gloo", verbose=False)
+    records = comm.measure_bench(lab_for(store), nproc=3, settings=settings, backend="gloo", verbose=False)
     df = _check_bench(records, 3)
     assert (df.busbw_gb_per_s > df.algbw_gb_per_s).all()  # factor 4/3
     assert math.isclose(df.busbw_gb_per_s.iloc[0] / df.algbw_gb_per_s.iloc[0], 4 / 3)
@@ -363,9 +363,10 @@ def test_benchmark_three_gloo_ranks_bus_factor(store):
 
 def test_bench_rejects_bad_settings_before_launch(store):
     with pytest.raises(LabError, match="at least 2 ranks"):
-        comm.run_allreduce_bench(store, nproc=1, settings=comm.BENCH_SETTINGS["quick"], backend="gloo")
+        comm.measure_bench(lab_for(store), nproc=1, settings=profiles.settings(comm.BenchSettings, "quick"),
+                           backend="gloo")
     with pytest.raises(LabError, match="iterations"):
-        comm.run_allreduce_bench(store, nproc=2, settings=comm.BenchSettings(64, iters=0, warmup=0),
+        comm.measure_bench(lab_for(store), nproc=2, settings=comm.BenchSettings(64, iters=0, warmup=0),
                                  backend="gloo")
 
 
@@ -383,7 +384,7 @@ def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
     ready_order = list(reversed([p for p in model.parameters() if p.requires_grad]))
     idx, _ = dist._compute_bucket_assignment_by_size(ready_order, list(caps), [False] * len(ready_order))
     expected = [sum(ready_order[i].numel() * ready_order[i].element_size() for i in b) for b in idx]
-    sizes = comm.ddp_bucket_sizes(model, bucket_bytes=caps[1], first_bucket_bytes=caps[0])
+    sizes = comm_tables._ddp_bucket_sizes(model, bucket_bytes=caps[1], first_bucket_bytes=caps[0])
     assert sizes == expected and sum(sizes) == comm.gradient_bytes(model)
 
 
@@ -391,9 +392,9 @@ def test_resnet18_default_buckets():
     from lab_utils.models import ResNet18
 
     # layer4's 3x3x512x512 convs are 9.4 MB each: the first bucket passes 1 MiB with one of them
-    assert comm.ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
-    fit = comm.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
-    df = comm.bucket_table([9_461_800, 26_494_976, 8_739_072], {2: fit})
+    assert comm_tables._ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
+    fit = ring.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
+    df = comm_tables._bucket_table([9_461_800, 26_494_976, 8_739_072], {2: fit})
     assert list(df.bucket) == [0, 1, 2, "one message"] and df.bytes.iloc[-1] == S_RESNET18
     # 2 ranks: T = 2e-5 + S / 1e10; latency share = 2e-5 / T
     t0 = 2e-5 + 9_461_800 / 1e10
@@ -411,7 +412,7 @@ def test_bench_rank_counts():
 
 
 def test_gradient_bytes_table_by_hand():
-    df = comm.gradient_bytes_table(S_RESNET18, 11_173_962, 50_000, [128], [4])
+    df = comm_tables._gradient_bytes_table(S_RESNET18, 11_173_962, 50_000, [128], [4])
     (row,) = df.to_dict("records")
     assert row["steps_per_epoch"] == 98 and row["bytes_per_rank_per_step"] == 67_043_772
     assert row["bytes_per_rank_per_epoch"] == 6_570_289_656
@@ -419,23 +420,23 @@ def test_gradient_bytes_table_by_hand():
 
 
 def test_measured_compute_inputs_and_inputs_table(store):
-    settings = comm.CommLabSettings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
+    settings = comm.Settings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
                                     compute_warmup=0)
-    compute = comm.measured_compute_inputs(store, "cpu", settings)
+    compute = comm_tables._measured_compute_inputs(lab_for(store), settings)
     assert set(compute.seconds_per_step) == {4} and compute.seconds_per_step[4] > 0
     assert compute.dataset_size == 50_000 and compute.measured
     from lab_utils.models import ResNet18
 
     assert compute.grad_bytes == comm.gradient_bytes(ResNet18(width=4))
-    again = comm.measured_compute_inputs(store, "cpu", settings)  # stored: not re-measured
+    again = comm_tables._measured_compute_inputs(lab_for(store), settings)  # stored: not re-measured
     assert again.records[0].timestamp == compute.records[0].timestamp
-    fit = comm.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
-    df = comm.inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
+    fit = ring.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
+    df = comm_tables._inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
     kinds = dict(zip(df.input, df.kind))
     assert kinds["compute seconds per step"] == "measured"
     assert kinds["alpha, B at 8..1024 devices"] == "assumed"
     assert kinds["link nominal bandwidth"] == "not available"
-    assert (df.kind == "assumed").sum() >= len(comm.PROJECTION_ASSUMPTIONS)
+    assert (df.kind == "assumed").sum() >= len(comm_tables.PROJECTION_ASSUMPTIONS)
 
 
 # --------------------------------------------------------------------------- notebook 03's records -> Table 3
@@ -456,13 +457,13 @@ def _nb03_store(store):
 
 def test_table3_from_notebook03_records_by_hand(store):
     grad = _nb03_store(store)
-    ms = comm.nb03_measurements(store, devices=(2, 4), batch_sizes=(32, 128))
+    ms = comm_tables._nb03_measurements(store, devices=(2, 4), batch_sizes=(32, 128))
     assert len(ms) == 3 + 3  # three sources for (2, 32); one "not measured" row for each other pair
     rows = comm.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
     measured = {r["comm_source"]: r for r in rows if r["devices"] == 2 and r["per_gpu_batch"] == 32}
     bytes_epoch = 16 * grad  # 16 steps x 2(2-1)/2 x S
     assert all(r["bytes_per_rank_per_epoch"] == bytes_epoch for r in measured.values())
-    a, b, c = (measured[s] for s in comm.COMM_SOURCES)
+    a, b, c = (measured[s] for s in comm_tables._COMM_SOURCES)
     assert a["comm_seconds"] == pytest.approx(1.0)  # T(2) - T(1)/2 = 6 - 10/2
     assert a["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 1.0 / 1e9)
     assert b["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 0.5 / 1e9)
@@ -474,28 +475,29 @@ def test_table3_from_notebook03_records_by_hand(store):
 
 
 def test_table3_without_notebook03_says_run_it_first(store):
-    rows = comm.utilization_rows(comm.nb03_measurements(store, devices=(2, 4), batch_sizes=(32,)), {2: 1.0})
+    found = comm_tables._nb03_measurements(store, devices=(2, 4), batch_sizes=(32,))
+    rows = comm.utilization_rows(found, {2: 1.0})
     assert len(rows) == 2
-    assert all(r["note"] == comm.NB03_MISSING and r["achieved_gb_per_s"] is None for r in rows)
+    assert all(r["note"] == comm_tables._NB03_MISSING and r["achieved_gb_per_s"] is None for r in rows)
     assert all(r["bytes_per_rank_per_epoch"] > 0 for r in rows)  # bytes are a formula, seconds are not
 
 
 def test_report_utilization_saves_table3(store):
     _nb03_store(store)
-    df = comm.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    df = comm_tables.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
     assert (store.tables_dir / "allreduce_utilization.md").exists()
     assert (store.tables_dir / "allreduce_utilization.csv").exists()
-    assert set(df.comm_source) >= set(comm.COMM_SOURCES)
+    assert set(df.comm_source) >= set(comm_tables._COMM_SOURCES)
 
 
 def test_projection_compute_prefers_notebook03_records(store):
     grad = _nb03_store(store)
-    settings = comm.CommLabSettings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
+    settings = comm.Settings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
                                     compute_warmup=0)
-    compute = comm.projection_compute_inputs(store, "cpu", settings)
+    compute = comm_tables.projection_compute_inputs(lab_for(store), settings)
     assert compute.seconds_per_step == {32: pytest.approx(10.0 / 32)}
     assert compute.grad_bytes == grad and compute.width == 8 and "notebook 02/03" in compute.source
-    assert not store.records(comm.COMPUTE_EXPERIMENT)  # nothing measured here
+    assert not store.records(comm._COMPUTE_EXPERIMENT)  # nothing measured here
 
 
 def test_unfittable_timings_give_a_reason_not_an_exception():
@@ -511,7 +513,7 @@ def test_unfittable_timings_give_a_reason_not_an_exception():
     records = [rec(2, s, t) for s, t in [(8, 30.0), (16, 20.0), (32, 10.0)]]
     records += [rec(4, s, 10.0 + s / 1e3) for s in (8, 1024, 65536)]
     failures: dict[int, str] = {}
-    fits = comm.fit_records(records, failures)
+    fits = comm_tables._fit_records(records, failures)
     assert set(fits) == {4} and set(failures) == {2}
     assert "do not grow with message size" in failures[2]
 
@@ -524,9 +526,9 @@ def test_q32_dataparallel_under_the_ring_assumption_by_hand():
     4 GPUs x 32: comm = 11.65 - 41.3/4 = 1.325 s; steps = ceil(50,000/128) = 391; bytes per rank =
     391 x 2(3)/4 x 44,695,848 = 26,214,114,852 B; 26.214e9 / 1.325 = 19.78 GB/s.
     2 GPUs x 32: comm = 23.15 - 41.3/2 = 2.5 s; 782 x 44,695,848 = 34,952,153,136 B -> 13.98 GB/s."""
-    assert comm.SPEC_GRADIENT_BYTES == 11_173_962 * 4
+    assert comm_tables._SPEC_GRADIENT_BYTES == 11_173_962 * 4
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm.utilization_rows(comm.anchor_assumed_ring_measurements(), None)}
+            for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
     four = rows[(4, 32)]
     assert four["steps_per_epoch"] == 391 and four["comm_seconds"] == pytest.approx(1.325)
     assert four["bytes_per_rank_per_epoch"] == pytest.approx(26_214_114_852)
@@ -534,19 +536,19 @@ def test_q32_dataparallel_under_the_ring_assumption_by_hand():
     two = rows[(2, 32)]
     assert two["bytes_per_rank_per_epoch"] == pytest.approx(34_952_153_136)
     assert two["achieved_gb_per_s"] == pytest.approx(13.981, abs=1e-3)
-    assert all("ASSUMED ring" in r["method"] and r["comm_source"] == comm.COMM_SOURCES[0]
+    assert all("ASSUMED ring" in r["method"] and r["comm_source"] == comm_tables._COMM_SOURCES[0]
                for r in rows.values())
     assert all(r["q3_2"].startswith("Q3.2 answer") for r in rows.values())
 
 
 def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store):
     _nb03_store(store)
-    df = comm.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    df = comm_tables.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
     ddp = df[df["method"].str.startswith("DDP") & (df["per_gpu_batch"] == 32)].set_index("comm_source")
-    assert ddp.loc[comm.COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
-    assert ddp.loc[comm.COMM_SOURCES[1], "q3_2"].startswith("not a rate")
-    assert ddp.loc[comm.COMM_SOURCES[2], "q3_2"].startswith("check")
-    dp_here = df[df["method"] == comm.DP_ASSUMED_RING]
+    assert ddp.loc[comm_tables._COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
+    assert ddp.loc[comm_tables._COMM_SOURCES[1], "q3_2"].startswith("not a rate")
+    assert ddp.loc[comm_tables._COMM_SOURCES[2], "q3_2"].startswith("check")
+    dp_here = df[df["method"] == comm_tables._DP_ASSUMED_RING]
     assert len(dp_here) and dp_here["achieved_gb_per_s"].isna().all()      # no GPUs: no DataParallel run
     assert all("needs 2 GPUs" in n for n in dp_here["note"])
     anchors = df[df["method"].str.contains("earlier cohort")]
@@ -562,23 +564,24 @@ def test_noise_flag_marks_effects_within_two_standard_errors():
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out
     assert noise_flag(0.0, 0.01) == NOISE_FLAG      # clamped to 0 with noise: not a result
     assert noise_flag(0.5, None) == "" and noise_flag(None, 0.1) == ""
-    m = comm.CommMeasurement(2, 32, comm.COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
+    m = comm.CommMeasurement(2, 32, comm_tables._COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
     (row,) = comm.utilization_rows([m], None)
     assert row["noise_flag"] == NOISE_FLAG
 
 
 def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     sizes, t = _synthetic(20e-6, 2e9, 2)
-    good = comm.fit_alpha_beta(sizes, t, 2)
-    assert comm.fit_verdict(good) == ""
+    good = ring.fit_alpha_beta(sizes, t, 2)
+    assert comm_tables._fit_verdict(good) == ""
     from dataclasses import replace
     bad = replace(good, rms_relative_error=0.485)
-    assert comm.fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
-    compute = comm.ProjectionCompute({32: 0.01}, comm.SPEC_GRADIENT_BYTES, 50_000, 64, "test", True)
-    df, fig = comm.report_projection(store, bad, compute, [], devices=(8, 1024))
+    assert comm_tables._fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
+    compute = comm_tables._ProjectionCompute({32: 0.01}, comm_tables._SPEC_GRADIENT_BYTES, 50_000, 64, "test",
+                                             True)
+    df, fig = comm_tables.report_projection(store, bad, compute, [], devices=(8, 1024))
     assert set(df["status"]) == {"not a result: fit error 48.5% rms > 25%"}
     assert "NOT A RESULT" in (store.tables_dir / "allreduce_projection.md").read_text()
-    df, _ = comm.report_projection(store, good, compute, [], devices=(8,))
+    df, _ = comm_tables.report_projection(store, good, compute, [], devices=(8,))
     assert set(df["status"]) == {"ok"}
-    ft = comm.fit_table({2: bad, 4: good}, {})
+    ft = comm_tables._fit_table({2: bad, 4: good}, {})
     assert list(ft["projection"]) == ["not a result: fit error 48.5% rms > 25%", "ok to project"]

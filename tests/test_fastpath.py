@@ -21,12 +21,14 @@ import pytest
 import torch
 import torchvision.transforms.functional as TF
 from PIL import Image
+from store_helpers import lab_for
 
-from lab_utils.core import data
+from lab_utils.core import data, profiles
 from lab_utils.core.data import DeviceLoader
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import fastpath
-from lab_utils.experiments.fastpath import FastSettings, TrainOptions
+from lab_utils.experiments import fast_train, fastpath, fastpath_tables
+from lab_utils.experiments.fast_train import TrainOptions
+from lab_utils.experiments.fastpath import Settings
 
 MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
@@ -34,13 +36,13 @@ CHI2_CRIT_DF8 = 26.12    # chi-square, 8 degrees of freedom, p = 0.001
 CHI2_CRIT_DF80 = 124.84  # 80 degrees of freedom, p = 0.001
 
 
-def tiny(**kw) -> FastSettings:
+def tiny(**kw) -> Settings:
     """Settings small enough for a test on two cores."""
     base = dict(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0, warmup_steps=1,
                 data_min_seconds=0.0, compile=False, trace_steps=2, top_ops=5, accuracy_epochs=1,
                 test_images=40, dataset="synthetic")
     base.update(kw)
-    return FastSettings(**base).check()
+    return Settings(**base).validate()
 
 
 # --------------------------------------------------------------------------- exactness
@@ -143,10 +145,10 @@ def test_statistics_catch_a_wrong_distribution():
 
 
 def test_normalized_channel_mean_and_std_match_spec():
-    split = fastpath.load_split(True, 512, "synthetic")
+    split = data.load_split(True, 512, "synthetic")
     torch.manual_seed(0)
     spec = torch.stack([data.train_transform()(Image.fromarray(im)) for im in split.images])
-    dev = torch.cat([x for x, _ in fastpath.device_loader(split, "cpu", 128, seed=3)])
+    dev = torch.cat([x for x, _ in data.device_loader(split, "cpu", 128, seed=3)])
     assert dev.shape == spec.shape
     m_spec, m_dev = spec.mean(dim=(0, 2, 3)), dev.mean(dim=(0, 2, 3))
     s_spec, s_dev = spec.std(dim=(0, 2, 3)), dev.std(dim=(0, 2, 3))
@@ -190,38 +192,39 @@ def test_bad_input_is_one_clear_error():
     with pytest.raises(LabError, match="SGD"):
         TrainOptions(sgd="adam")
     with pytest.raises(LabError, match="waterfall step"):
-        fastpath.waterfall_steps(2, ["spec", "cudagraphs"])
+        fast_train.waterfall_steps(2, ["spec", "cudagraphs"])
     with pytest.raises(LabError, match="Unknown fast-path setting"):
-        fastpath.settings_for("quick", widht=8)
+        profiles.settings(fastpath.Settings, "quick", widht=8)
     with pytest.raises(LabError, match="width"):
-        fastpath.settings_for("quick", width=0)
+        profiles.settings(fastpath.Settings, "quick", width=0)
 
 
 def test_load_split_uses_synthetic_arrays_without_cifar():
-    split = fastpath.load_split(True, 300)  # no CIFAR-10 in the test data dir
+    split = data.load_split(True, 300)  # no CIFAR-10 in the test data dir
     ref, labels = data.synthetic_arrays(300, True)
     assert split.synthetic and np.array_equal(split.images, ref) and np.array_equal(split.labels, labels)
     assert split.images.shape == (300, 32, 32, 3) and split.images.dtype == np.uint8
-    assert len(fastpath.load_split(False, 10**6, "synthetic")) == data.CIFAR10_TEST_SIZE  # capped
+    assert len(data.load_split(False, 10**6, "synthetic")) == data.CIFAR10_TEST_SIZE  # capped
 
 
 # --------------------------------------------------------------------------- options and training
 
 
 def test_waterfall_is_cumulative_and_plans_skips():
-    steps = fastpath.waterfall_steps(2)
-    assert [s[0] for s in steps] == list(fastpath.STEP_NAMES)
+    steps = fast_train.waterfall_steps(2)
+    assert [s[0] for s in steps] == list(fast_train.STEP_NAMES)
     fields = ("loader", "channels_last", "bf16", "sgd", "compile")
     for (_, _, prev), (_, _, cur) in zip(steps, steps[1:]):
         changed = [f for f in fields if getattr(prev, f) != getattr(cur, f)]
         assert len(changed) == 1  # exactly one change per step
     last = steps[-1][2]
     assert last == TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused", compile=True)
-    plan = fastpath.plan_waterfall(fastpath.settings_for("quick"), torch.device("cpu"), "quick")
+    quick = profiles.settings(fastpath.Settings, "quick")
+    plan = fastpath.plan_waterfall(quick, torch.device("cpu"), "quick")
     reasons = {name: reason for name, _, _, reason in plan}
     assert reasons["compile"].startswith("skipped in quick profile")
-    assert all(reasons[n] is None for n in fastpath.STEP_NAMES if n != "compile")
-    assert [s[0] for s in fastpath.waterfall_steps(2, ["bf16"])] == ["spec", "bf16"]  # spec always first
+    assert all(reasons[n] is None for n in fast_train.STEP_NAMES if n != "compile")
+    assert [s[0] for s in fast_train.waterfall_steps(2, ["bf16"])] == ["spec", "bf16"]  # spec always first
 
 
 @pytest.mark.parametrize("opts", [
@@ -231,9 +234,9 @@ def test_waterfall_is_cumulative_and_plans_skips():
 ], ids=["fp32", "cl-bf16-fused", "foreach"])
 def test_training_options_learn_on_cpu(opts):
     torch.manual_seed(0)
-    split = fastpath.load_split(True, 64, "synthetic")
-    trainer = fastpath.build_trainer(opts, width=4, device="cpu", lr=0.05)
-    x, y = next(iter(fastpath.device_loader(split, "cpu", 32, augment=False,
+    split = data.load_split(True, 64, "synthetic")
+    trainer = fast_train.build_trainer(opts, width=4, device="cpu", lr=0.05)
+    x, y = next(iter(data.device_loader(split, "cpu", 32, augment=False,
                                             channels_last=opts.channels_last)))
     losses = [float(trainer.step(x, y)[0]) / 32 for _ in range(5)]
     assert losses[-1] < losses[0]  # the same batch, fitted: loss goes down
@@ -246,19 +249,19 @@ def test_fused_and_foreach_sgd_equal_the_for_loop():
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     params = {}
     for impl in ("for-loop", "foreach", "fused"):
-        t = fastpath.build_trainer(TrainOptions(loader="device", sgd=impl), width=4, device="cpu", seed=1)
+        t = fast_train.build_trainer(TrainOptions(loader="device", sgd=impl), width=4, device="cpu", seed=1)
         for _ in range(2):
             t.step(x, y)
         params[impl] = torch.cat([p.detach().flatten() for p in t.model.parameters()])
     assert torch.allclose(params["for-loop"], params["foreach"], atol=1e-5)
     assert torch.allclose(params["for-loop"], params["fused"], atol=1e-5)
-    assert fastpath.resolved_sgd("default", torch.device("cpu")) == "for-loop"
-    assert fastpath.resolved_sgd("default", torch.device("cuda")) == "foreach"
+    assert fast_train.resolved_sgd("default", torch.device("cpu")) == "for-loop"
+    assert fast_train.resolved_sgd("default", torch.device("cuda")) == "foreach"
 
 
 def test_peak_precision_per_row():
-    assert fastpath.peak_precision(TrainOptions(bf16=True), "NVIDIA H100 80GB HBM3") == "bf16"
-    assert fastpath.peak_precision(TrainOptions(), "cpu (some cpu)") == "fp32"
+    assert fast_train.peak_precision(TrainOptions(bf16=True), "NVIDIA H100 80GB HBM3") == "bf16"
+    assert fast_train.peak_precision(TrainOptions(), "cpu (some cpu)") == "fp32"
 
 
 # --------------------------------------------------------------------------- benchmarks and records
@@ -266,7 +269,7 @@ def test_peak_precision_per_row():
 
 def test_bench_data_records_ratio_and_resumes(store):
     s = tiny(num_workers=2)  # the spec pipeline's worker processes, as in the assignment
-    recs = fastpath.bench_data(store, s, "cpu")
+    recs = fastpath.measure_data(lab_for(store), s)
     spec, dev = recs
     assert spec.config["pipeline"] == "spec" and dev.config["pipeline"] == "device"
     assert spec.synthetic and dev.dataset == "synthetic CIFAR-10 stand-in"
@@ -274,15 +277,15 @@ def test_bench_data_records_ratio_and_resumes(store):
     ratio = dev.metrics["loader_images_per_s"] / spec.metrics["loader_images_per_s"]
     assert dev.metrics["ratio_to_spec"] == pytest.approx(ratio)
     assert dev.metrics["run_id"] == spec.metrics["run_id"]
-    again = fastpath.bench_data(store, s, "cpu")  # stored together: not measured again
+    again = fastpath.measure_data(lab_for(store), s)  # stored together: not measured again
     assert [r.metrics["run_id"] for r in again] == [spec.metrics["run_id"]] * 2
-    table = fastpath.data_table(again)
+    table = fastpath_tables.data_table(again)
     assert list(table["ratio_to_spec"]) == [1.0, pytest.approx(ratio)]
 
 
 def test_bench_train_rows_metrics_and_skips(store):
     s = tiny(steps=("spec", "device_loader", "bf16", "compile"))
-    recs = fastpath.bench_train(store, s, "cpu")
+    recs = fastpath.measure(lab_for(store), s)
     by = {r.config["step"]: r for r in recs}
     assert list(by) == ["spec", "device_loader", "bf16", "compile"]
     assert by["compile"].status == "skipped" and "skipped in quick profile" in by["compile"].reason
@@ -299,15 +302,15 @@ def test_bench_train_rows_metrics_and_skips(store):
         assert m["compile_seconds"] is None and m["warmup_seconds"] > 0
     assert by["bf16"].config["bf16"] and by["bf16"].config["loader"] == "device"  # cumulative
     assert by["spec"].metrics["peak_precision"] == "fp32" and by["bf16"].metrics["peak_precision"] == "bf16"
-    table = fastpath.waterfall_table(recs)
+    table = fastpath_tables.waterfall_table(recs)
     assert list(table["step"]) == ["spec", "device_loader", "bf16", "compile"]
     assert table["percent_of_peak"].iloc[0] == "none (peak unknown)"
     assert table["status"].iloc[-1].startswith("skipped in quick profile")
-    fig = fastpath.waterfall_figure(recs)
+    fig = fastpath_tables.waterfall_figure(recs)
     assert store.save_figure(fig, "fastpath_waterfall", recs).exists()
-    step, opts = fastpath.fastest_options(recs)
+    step, opts = fastpath_tables.fastest_options(recs)
     assert step in ("spec", "device_loader", "bf16") and not opts.compile
-    text = fastpath.loader_bound_summary([], recs)
+    text = fastpath_tables.loader_bound_summary([], recs)
     assert "Not enough" in text
 
 
@@ -348,7 +351,7 @@ def test_compile_step_runs_and_reports_compile_time(tmp_path):
 
 def test_trace_is_perfetto_json_with_top_operators(store):
     s = tiny()
-    res = fastpath.trace_fast_path(store, s, TrainOptions(loader="device"), "device_loader", "cpu")
+    res = fastpath.measure_trace(lab_for(store), s, TrainOptions(loader="device"), "device_loader")
     assert res.path.parent == store.root / "traces" and res.path.exists()
     trace = json.loads(res.path.read_text())
     assert trace["traceEvents"]  # Chrome trace format, which Perfetto opens
@@ -359,7 +362,7 @@ def test_trace_is_perfetto_json_with_top_operators(store):
     assert ops["percent"].sum() <= 100.0 + 1e-6
     assert list(ops["self_ms"]) == sorted(ops["self_ms"], reverse=True)
     assert any(str(o).startswith("aten::") for o in ops["operator"])
-    again = fastpath.trace_fast_path(store, s, TrainOptions(loader="device"), "device_loader", "cpu")
+    again = fastpath.measure_trace(lab_for(store), s, TrainOptions(loader="device"), "device_loader")
     assert again.record.timestamp == res.record.timestamp  # resumed from the store
 
 
@@ -424,19 +427,19 @@ def test_top_operators_on_a_gpu_count_each_kernel_once():
 def test_accuracy_check_compares_two_runs(store):
     s = tiny()
     fast = TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused")
-    recs = fastpath.accuracy_check(store, s, fast, "fused_sgd", "cpu")
+    recs = fastpath.measure_accuracy(lab_for(store), s, fast, "fused_sgd")
     assert [r.config["run"] for r in recs] == ["spec", "fused_sgd"]
     for r in recs:
         assert r.status == "ok" and 0.0 <= r.metrics["test_accuracy"] <= 1.0
         assert math.isfinite(r.metrics["test_loss"]) and r.config["test_images"] == 40
-    table = fastpath.accuracy_table(recs)
+    table = fastpath_tables.accuracy_table(recs)
     diff = 100 * (recs[1].metrics["test_accuracy"] - recs[0].metrics["test_accuracy"])
     assert table["difference_points"].iloc[1] == pytest.approx(diff)
-    lines = fastpath.targets_summary([], [], recs)
+    lines = fastpath_tables.targets_summary([], [], recs)
     assert "within 1 point" in lines[-1]
-    skipped = fastpath.accuracy_check(store, tiny(accuracy_epochs=0), fast, "fused_sgd", "cpu")
+    skipped = fastpath.measure_accuracy(lab_for(store), tiny(accuracy_epochs=0), fast, "fused_sgd")
     assert skipped[0].status == "skipped" and "accuracy_epochs is 0" in skipped[0].reason
-    same = fastpath.accuracy_check(store, s, TrainOptions(num_workers=0), "spec", "cpu")
+    same = fastpath.measure_accuracy(lab_for(store), s, TrainOptions(num_workers=0), "spec")
     assert same[0].status == "skipped" and "nothing to compare" in same[0].reason
 
 
@@ -453,7 +456,7 @@ def test_cli_bench_data_and_bad_input(results_dir, capsys):
 
 
 def test_cli_bench_train_small(results_dir, capsys):
-    rc = fastpath.bench_train_main(["--profile", "quick", "--images", "32", "--batch-size", "16",
+    rc = fastpath_tables.bench_train_main(["--profile", "quick", "--images", "32", "--batch-size", "16",
                                     "--width", "2", "--num-workers", "0", "--steps", "spec,device_loader",
                                     "--dataset", "synthetic"])
     out = capsys.readouterr().out
@@ -468,11 +471,10 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     "gpuGetDeviceCount failed" on a machine without a GPU (a fresh process: kineto reads its
     log level once)."""
     code = textwrap.dedent("""
-        from lab_utils.experiments import fastpath
-        from lab_utils.store import ResultStore
-        s = fastpath.FastSettings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
-                                  warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic").check()
-        fastpath.trace_fast_path(ResultStore("quick"), s, fastpath.TrainOptions(loader="device"), "dl", "cpu")
+        from lab_utils.experiments import fast_train, fastpath
+        s = fastpath.Settings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
+                                  warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic").validate()
+        fastpath.measure_trace("quick", s, fast_train.TrainOptions(loader="device"), "dl", device="cpu")
         print("traced")
     """)
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}

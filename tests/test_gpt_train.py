@@ -260,35 +260,35 @@ def _scaling_record(n: int, bs: int, slowest: float, mean: float, comm: float = 
 
 
 def test_scaling_tables_by_hand():
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.experiments import gpt_tables as gt
     from lab_utils.store import Record
 
     recs = [_scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0),
             Record(experiment="gpt_scaling", config={"batch_size": 64, "devices": 4}, status="skipped",
                    reason="needs 4 GPUs")]
-    result = gx.GPTResult(recs, gx.GPT_SETTINGS["quick"])
-    t = gx.scaling_table(result)
+    t = gt.scaling_table(recs)
     two = t[t["devices"] == 2].iloc[0]
     assert two["speedup T1/TN"] == pytest.approx(10 / 6)
     assert two["efficiency"] == pytest.approx(10 / 6 / 2)
     assert two["speedup if averaged over ranks"] == pytest.approx(2.0)  # averaging flatters: 2.0 > 1.67
     assert t[t["devices"] == 4].iloc[0]["reason"] == "needs 4 GPUs"
-    c = gx.compute_comm_table(result).iloc[0]
+    c = gt.compute_comm_table(recs).iloc[0]
     assert c["comm / compute"] == pytest.approx(0.1 / 0.8)
     assert c["derived compute T1/N (s)"] == pytest.approx(5.0)
     assert c["derived comm TN - T1/N (s)"] == pytest.approx(1.0)
-    ranks = gx.rank_table(result)
+    ranks = gt.rank_table(recs)
     assert list(ranks["rank"]) == [0, 1, "mean"] and list(ranks["slowest"]) == ["", "yes", ""]
 
 
 def test_settings_are_checked():
+    from lab_utils.core import profiles
     from lab_utils.experiments import gpt as gx
 
     with pytest.raises(LabError, match="divide"):
-        gx.resolve_settings("quick", effective_batch=100, micro_batches=[3])
+        profiles.settings(gx.Settings, "quick", effective_batch=100, micro_batches=[3])
     with pytest.raises(LabError, match="Unknown GPT setting"):
-        gx.resolve_settings("quick", colour="red")
-    s = gx.resolve_settings("quick", micro_batches=[4, 8])
+        profiles.settings(gx.Settings, "quick", colour="red")
+    s = profiles.settings(gx.Settings, "quick", micro_batches=[4, 8])
     assert s.micro_batches == (4, 8) and s.size == "tiny"
     cpu = gx.Devices("cpu", 2, 0, threads_per_process=1)
     assert cpu.reason(2) is None and "needs 4 GPUs" in cpu.reason(4)
@@ -299,12 +299,12 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
     """1 device: 13 steps x 4,096 = 53,248 tokens in 10 s of training loop (5,324.8 tokens/s); 2 devices:
     2 x 6 x 4,096 = 49,152 tokens in 5 s (9,830.4 tokens/s). Epoch-time speedup 10/6 = 1.667 compares
     different work; the tokens/s speedup is 9,830.4 / 5,324.8 = 1.846."""
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.experiments import gpt_tables as gt
 
     one, two = _scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0)
     one.metrics.update(tokens=53_248, tokens_per_s=53_248 / 10.0)
     two.metrics.update(tokens=49_152, tokens_per_s=49_152 / 5.0)
-    t = gx.scaling_table(gx.GPTResult([one, two], gx.GPT_SETTINGS["quick"]))
+    t = gt.scaling_table([one, two])
     r2 = t[t["devices"] == 2].iloc[0]
     assert r2["speedup T1/TN"] == pytest.approx(10 / 6)
     assert r2["work vs 1 device"] == pytest.approx(49_152 / 53_248)          # 0.923
@@ -317,9 +317,9 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
 def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
     """The earlier project's 4.25x on 4 GPUs (batch 128) is 2082.29 / 489.62 on rank-averaged times; on
     the slowest rank it is 2082.29 / 706.41 = 2.95x (every configuration: tests/test_questions_anchors.py)."""
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.experiments import gpt_tables as gt
 
-    df = gx.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
+    df = gt.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
     row = df.loc[(128, 4)]
     assert row["speedup on the mean (as reported)"] == 4.25
     assert row["speedup on the slowest rank"] == 2.95
@@ -329,11 +329,10 @@ def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
 
 def test_gpt_probe_noise_flag():
     """Probe exposed 0.2 s with noise 0.1 s: 2 x 0.1 >= 0.2 -> flagged; noise 0.05 s -> a result."""
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.experiments import gpt_tables as gt
 
     flagged, clear = _scaling_record(2, 64, 6.0, 5.0), _scaling_record(2, 128, 6.0, 5.0)
     flagged.metrics["exposed_comm_noise_seconds"] = 0.1
     clear.metrics["exposed_comm_noise_seconds"] = 0.05
-    c = gx.compute_comm_table(gx.GPTResult([_scaling_record(1, 64, 10.0, 10.0), flagged, clear],
-                                           gx.GPT_SETTINGS["quick"]))
+    c = gt.compute_comm_table([_scaling_record(1, 64, 10.0, 10.0), flagged, clear])
     assert list(c["noise flag"]) == ["noise >= effect: not a result", ""]

@@ -15,10 +15,11 @@ import gpu_branches as inventory
 import pytest
 import torch
 import torch.distributed as dist
+from store_helpers import lab_for
 from torch import nn
 
 from lab_utils.core import dist as labdist
-from lab_utils.core import hardware, loop, memory, timing
+from lab_utils.core import hardware, loop, memory, profiles, timing
 from lab_utils.core.errors import LabError
 from lab_utils.store import Record
 
@@ -220,13 +221,13 @@ def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
     loop.reset_peak_memory(dev)
     assert loop.peak_memory(dev) == 2 ** 30
     gpu.allocate(2 ** 30, 1)
-    sweep.free_memory(dev)           # synchronize, empty the cache, fresh peak counter
+    sweep._free_memory(dev)           # synchronize, empty the cache, fresh peak counter
     assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
     assert loop.peak_memory(dev) == 2 * 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
 
 
 def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
-    """run_sweep on a (fake) GPU with a memory fraction: torch gets a float and an indexed device,
+    """sweep.measure on a (fake) GPU with a memory fraction: torch gets a float and an indexed device,
     every measured batch is recorded with the GPU's name, and the cap is lifted afterwards."""
     from lab_utils.experiments import sweep
 
@@ -240,15 +241,17 @@ def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkey
 
     monkeypatch.setattr(sweep, "_measure_batch", measure_batch)
     monkeypatch.setattr(sweep, "make_loaders", lambda **kw: None)
-    res = sweep.run_sweep("full", batch_sizes=(32, 128), memory_fraction=0.25, train_images=512,
-                          device="cuda", store=store, verbose=False)
+    s = profiles.settings(sweep.Settings, "full", batch_sizes=(32, 128), memory_fraction=0.25,
+                          train_images=512)
+    records = sweep.measure(lab_for(store, "cuda", 1), s, verbose=False)
     assert measured == [(32, 0.25), (128, 0.25)]
     assert gpu.fraction_calls == [(0.25, 0), (1.0, 0)]
-    assert [r.hardware["device_name"] for r in res.records] == [A100, A100] and res.device == A100
+    assert [r.hardware["device_name"] for r in records] == [A100, A100]
     loader = sweep._loader(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4)), 2, False, 0, 0)
     assert loader.pin_memory   # pinned host memory for non-blocking copies to the GPU
     with pytest.raises(LabError, match="memory_fraction limits a GPU's memory"):
-        sweep.run_sweep("quick", memory_fraction=0.5, device="cpu", verbose=False)
+        sweep.measure(lab_for(store), profiles.settings(sweep.Settings, "quick", memory_fraction=0.5),
+                      verbose=False)
 
 
 def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
@@ -266,12 +269,12 @@ def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
 
 
 def test_fast_path_choices_on_a_gpu(fake_gpu):
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train, fastpath
 
     fake_gpu(name=A100)
     assert fastpath._device(None) == torch.device("cuda")
-    assert fastpath.resolved_sgd("default", torch.device("cuda")) == "foreach"
-    assert fastpath.resolved_sgd("default", torch.device("cpu")) == "for-loop"
+    assert fast_train.resolved_sgd("default", torch.device("cuda")) == "foreach"
+    assert fast_train.resolved_sgd("default", torch.device("cpu")) == "for-loop"
     rec = Record("fastpath_trace", {"step": "fast", "device": "cuda", "trace_steps": 3}, profile="full",
                  metrics={"description": "d"})
     notes = fastpath.TraceResult(rec, Path("results/full/traces/fastpath_fast.json"), None).notes
@@ -282,8 +285,8 @@ def test_comm_plans_on_gpus(fake_gpu):
     from lab_utils.experiments import comm
 
     gpu = fake_gpu(count=4)
-    assert comm.plan_bench() == comm.BenchPlan("nccl", 4, "cuda")
-    assert comm.plan_bench(2) == comm.BenchPlan("nccl", 2, "cuda")
+    assert comm.plan_bench() == comm._BenchPlan("nccl", 4, "cuda")
+    assert comm.plan_bench(2) == comm._BenchPlan("nccl", 2, "cuda")
     with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
         comm.plan_bench(8, "nccl")
     gpu.count = 1
@@ -308,13 +311,18 @@ def test_gpt_runs_on_gpus(fake_gpu, store, monkeypatch, capsys):
                       hardware=hardware.hardware_summary(devs.kind, n))
 
     monkeypatch.setattr(gpt, "_measure", measure)
-    devs = gpt.available_devices(gpt.resolve_settings("quick"))
+    from lab_utils.core import profiles
+
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,),
+                          micro_batches=(512,), effective_batch=1024)
+    devs = gpt.available_devices(s)
     assert (devs.kind, devs.available, devs.gpus) == ("cuda", 2, 2)
     assert devs.reason(4) == "needs 4 GPUs (this machine has 2)"
-    gpt.run_scaling("quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,))
-    gpt.run_accumulation("quick", micro_batches=(512,), effective_batch=1024)
+    lab = lab_for(store, "cuda", 2)
+    gpt.measure(lab, s)
+    gpt.measure_accumulation(lab, s)
     monkeypatch.setattr(gpt, "checkpoint_path", lambda profile: store.root / "ckpt.pt")
-    gpt.train_final("quick")
+    gpt.measure_final(lab, s)
     out = capsys.readouterr().out
     assert seen == [(gpt.SCALING, 1, "cuda"), (gpt.SCALING, 2, "cuda"), (gpt.ACCUMULATION, 2, "cuda"),
                     (gpt.TRAIN, 2, "cuda")]
@@ -337,23 +345,28 @@ def test_large_batch_and_accounting_on_gpus(fake_gpu, store):
 
     fake_gpu(count=2, name=A100)
     assert lb._hardware("nccl", 2)["device_name"] == A100 and lb._hardware("nccl", 2)["device_type"] == "cuda"
-    assert lb.comm_plan(lb.LARGE_BATCH_SETTINGS["full"]) == (2, "nccl")
-    plan = lb.plan_devices(lb.LARGE_BATCH_SETTINGS["full"])
+    from lab_utils.core import profiles
+
+    full = profiles.settings(lb.Settings, "full")
+    assert lb._comm_plan(full, 2) == (2, "nccl")
+    plan = lb.plan_devices(full)
     assert (plan.large_devices, plan.backend, plan.accumulation_steps) == (2, "nccl", 2)
     assert "this machine has 2 GPU(s)" in plan.note
 
 
 def test_the_large_batch_table_says_gpu(fake_gpu):
     """Runs on (fake) 4 GPUs, NCCL records: 'N x GPU' rows, and the full layout is 'as asked'."""
+    from lab_utils.core import profiles
     from lab_utils.experiments import large_batch as lb
+    from lab_utils.experiments import large_batch_tables as lbt
 
     fake_gpu(count=4)
-    s = lb.LARGE_BATCH_SETTINGS["full"]
+    s = profiles.settings(lb.Settings, "full")
     plan = lb.plan_devices(s, gpus=4)
     runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
-    recs = [Record(lb.EXPERIMENT, {"backend": "nccl", "tag": r.name}, status="skipped", reason="not run here")
-            for r in runs]
-    t = lb.large_batch_table(lb.LargeBatchResult(recs, runs, s, plan, "full", []))
+    recs = [Record(lb.EXPERIMENT, lb.worker_args(s, r, "full").record_config(r.devices, "nccl"),
+                   status="skipped", reason="not run here") for r in runs]
+    t = lbt.large_batch_table(recs, s)
     assert list(t["devices"]) == ["1 x GPU"] + ["4 x GPU"] * 4
     assert list(t["vs assignment"]) == ["as asked"] * 5
 
@@ -370,10 +383,11 @@ def test_asking_for_cuda_without_a_gpu_is_one_sentence():
 
 
 def test_quantization_variants_on_a_gpu(fake_gpu):
+    from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=A100)
-    assert Q.devices_to_run(Q.settings_for("quick")) == ["cpu", "cuda"]
+    assert Q.devices_to_run(profiles.settings(Q.Settings, "quick")) == ["cpu", "cuda"]
     fp32 = Q.check_variant("fp32", "cuda")
     assert fp32.ok and fp32.kernel.startswith("cuBLAS fp32 GEMM")
     assert Q.check_variant("bf16", "cuda").kernel == "cuBLAS bf16 GEMM (tensor cores)"
@@ -393,24 +407,28 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
     from lab_utils.experiments import scaling
 
     fake_gpu(count=2, name=A100)
-    s = scaling.settings_for("quick")
-    p = scaling.place(scaling.DDP, 2, 2, s, 16)
-    dp = scaling.place(scaling.DP, 2, 2, s, 16)
+    from lab_utils.core import profiles
+
+    s = profiles.settings(scaling.Settings, "quick")
+    p = scaling._place(scaling.DDP, 2, 2, s, 16)
+    dp = scaling._place(scaling.DP, 2, 2, s, 16)
     assert dp == scaling.Placement(scaling.DP, 2, scaling.DP_BACKEND, "cuda")
     assert scaling._hardware(p) == hardware.hardware_summary("cuda", 2)
     assert scaling._hardware(p)["device_name"] == A100
-    args = scaling.worker_args(s, "quick", scaling.SCALING, "nccl", (32,), dataset="synthetic")
-    row = scaling.unavailable_config(args, scaling.place(scaling.DDP, 4, 2, s, 16))
+    args = scaling.worker_args(profiles.settings(scaling.Settings, "quick", dataset="synthetic"), "quick",
+                               scaling.SCALING, "nccl", (32,))
+    row = scaling._unavailable_config(args, scaling._place(scaling.DDP, 4, 2, s, 16))
     assert row["backend"] == "nccl" and row["device_type"] == "cuda"
     calls = []
-    def run_scaling(lab, s, **kw):
-        calls.append(kw)
-        return scaling.ScalingResult([], s, "quick", kw.get("experiment", scaling.SCALING), [])
 
-    monkeypatch.setattr(scaling, "run_scaling", run_scaling)
+    def grid(lab, s, force, verbose, devs, methods, experiment, measure_comm):
+        calls.append(methods)
+        return []
+
+    monkeypatch.setattr(scaling, "_measure_grid", grid)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
-    scaling.run_compute_vs_comm(lab)
-    assert [c.get("methods") for c in calls] == [None, (scaling.DDP,), (scaling.DP,)]   # DataParallel too
+    scaling.measure_compute_vs_comm(lab, s)
+    assert calls == [None, (scaling.DP,), (scaling.DDP,)]   # DataParallel too
 
 
 def test_worker_records_name_the_gpu(fake_gpu):

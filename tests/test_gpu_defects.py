@@ -20,9 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import hardware, memory
+from lab_utils.core import hardware, memory, profiles, ring
 from lab_utils.core.errors import LaunchError
 from lab_utils.store import Record, ResultStore
 
@@ -97,8 +98,8 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
     from lab_utils.experiments import gpt
 
     monkeypatch.setattr(launcher, "launch", _launch_swapping_module(launcher.launch, "gpt_oom_worker"))
-    s = gpt.resolve_settings("quick", scaling_devices=(2,), scaling_batch_sizes=(4,), scaling_epochs=1,
-                             max_chars=20_000, val_batches=1)
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(2,), scaling_batch_sizes=(4,),
+                          scaling_epochs=1, max_chars=20_000, val_batches=1)
     devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
     cfg = gpt._train_config(s, batch_size=4, epochs=1, steps_per_epoch=2, device="cpu")
     t0 = time.perf_counter()
@@ -113,7 +114,7 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
 def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatch):
     from lab_utils.experiments import gpt
 
-    s = gpt.resolve_settings("quick")
+    s = profiles.settings(gpt.Settings, "quick")
     cfg = gpt._train_config(s, batch_size=4)
     devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
     log = ("The 2-process run of lab_utils.workers.gpt_train failed (torchrun exit code 1); ...\n"
@@ -122,7 +123,7 @@ def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatc
     def oom(*a, **kw):
         raise LaunchError(log)
 
-    monkeypatch.setattr(gpt, "execute", oom)
+    monkeypatch.setattr(gpt, "_execute", oom)
     rec = gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
     assert rec.status == "oom" and rec.reason.startswith("OOM: rank 1: torch.OutOfMemoryError on rank 1")
     assert rec.hardware["device_count"] == 2
@@ -130,7 +131,7 @@ def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatc
     def broken(*a, **kw):
         raise LaunchError("rank 0 failed: ImportError: no module named x")
 
-    monkeypatch.setattr(gpt, "execute", broken)
+    monkeypatch.setattr(gpt, "_execute", broken)
     with pytest.raises(LaunchError, match="ImportError"):
         gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
 
@@ -162,13 +163,14 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
 
 
 def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train, fastpath
     from lab_utils.experiments import quantize as Q
 
     gpu = fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
     assert torch.cuda.is_bf16_supported()            # torch's default counts emulation
-    assert not fastpath.bf16_supported(torch.device("cuda"))
-    plan = fastpath.plan_waterfall(fastpath.settings_for("quick"), torch.device("cuda"), "quick")
+    assert not fast_train.bf16_supported(torch.device("cuda"))
+    quick = profiles.settings(fastpath.Settings, "quick")
+    plan = fastpath.plan_waterfall(quick, torch.device("cuda"), "quick")
     bf16 = next(p for p in plan if p[0] == "bf16")
     assert bf16[3] == "this GPU has no bf16 (needs Ampere or newer)" and not plan[-1][2].bf16
     a = Q.check_variant("bf16", "cuda")
@@ -180,14 +182,14 @@ def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
 @pytest.mark.parametrize("old_torch", [False, True])
 def test_bf16_on_ampere_and_with_torch_24s_signature(fake_gpu, old_torch):
     """torch 2.4 (admitted by requirements.txt) has no including_emulation: capability decides."""
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=OTHER_GPU, major=8, old_torch=old_torch)
-    assert Q.check_variant("bf16", "cuda").ok and fastpath.bf16_supported(torch.device("cuda"))
+    assert Q.check_variant("bf16", "cuda").ok and fast_train.bf16_supported(torch.device("cuda"))
     assert hardware.bf16_supported("cuda") and hardware.bf16_supported(torch.device("cuda", 0))
     fake_gpu(name="Tesla V100-SXM2-16GB", major=7, old_torch=old_torch)
-    assert not fastpath.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
+    assert not fast_train.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
     assert not hardware.bf16_supported("cuda")
     assert hardware.bf16_supported("cpu")
 
@@ -226,13 +228,13 @@ def test_the_store_reuses_a_record_only_on_the_same_devices(store):
 def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
     from lab_utils.experiments import fastpath
 
-    s = fastpath.FastSettings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
-                              data_min_seconds=0.0, compile=False, dataset="synthetic").check()
-    first = fastpath.bench_data(store, s, "cpu")
-    assert [r.metrics["run_id"] for r in fastpath.bench_data(store, s, "cpu")] == [r.metrics["run_id"]
+    s = fastpath.Settings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
+                              data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
+    first = fastpath.measure_data(lab_for(store), s)
+    assert [r.metrics["run_id"] for r in fastpath.measure_data(lab_for(store), s)] == [r.metrics["run_id"]
                                                                                   for r in first]
     relabel(store, "bench_data")
-    again = fastpath.bench_data(store, s, "cpu")
+    again = fastpath.measure_data(lab_for(store), s)
     assert again[0].metrics["run_id"] != first[0].metrics["run_id"]
     assert {r.hardware["device_name"] for r in again} == {hardware.device_name("cpu")}
 
@@ -241,13 +243,14 @@ def test_compute_step_is_measured_again_on_another_gpu_model(store):
     from lab_utils.experiments import comm
 
     def step():
-        return comm.compute_step_records(store, 2, [2], "cpu", steps=1, warmup=0)[0]
+        s = comm.Settings(bench_ranks=(2,), batch_sizes=(2,), width=2, compute_steps=1, compute_warmup=0)
+        return comm.measure_compute_steps(lab_for(store), s)[0]
 
     first = step()
     assert step().timestamp == first.timestamp
-    relabel(store, comm.COMPUTE_EXPERIMENT)
+    relabel(store, comm._COMPUTE_EXPERIMENT)
     step()
-    assert len(store.records(comm.COMPUTE_EXPERIMENT)) == 2
+    assert len(store.records(comm._COMPUTE_EXPERIMENT)) == 2
 
 
 def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
@@ -260,12 +263,12 @@ def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
         return Record(experiment, key, metrics={"m": 1}, hardware=hardware.hardware_summary(devs.kind, n))
 
     monkeypatch.setattr(gpt, "_measure", measure)
-    kw = dict(scaling_devices=(1,), scaling_batch_sizes=(4,), verbose=False)
-    gpt.run_scaling("quick", **kw)
-    gpt.run_scaling("quick", **kw)
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1,), scaling_batch_sizes=(4,))
+    gpt.measure(lab_for(store), s, verbose=False)
+    gpt.measure(lab_for(store), s, verbose=False)
     assert calls == [1]
     relabel(store, gpt.SCALING)
-    gpt.run_scaling("quick", **kw)
+    gpt.measure(lab_for(store), s, verbose=False)
     assert calls == [1, 1]
 
 
@@ -283,12 +286,12 @@ def test_quantization_rows_are_measured_again_on_another_gpu_model(store, monkey
     monkeypatch.setattr(Q, "measure_device", measure_device)
     tokens = torch.zeros(200, dtype=torch.long)
     mut = Q.ModelUnderTest(GPT(gpt_config("tiny", vocab_size=16)), tokens, 64, "m")
-    s = Q.settings_for("quick", variants=("fp32",), devices=("cpu",))
-    Q.run_quantization(store, mut, s, show_progress=False)
-    Q.run_quantization(store, mut, s, show_progress=False)
+    s = profiles.settings(Q.Settings, "quick", variants=("fp32",), devices=("cpu",))
+    Q.measure(lab_for(store), s, mut, show_progress=False)
+    Q.measure(lab_for(store), s, mut, show_progress=False)
     assert calls == ["cpu"]
     relabel(store, Q.EXPERIMENT)
-    Q.run_quantization(store, mut, s, show_progress=False)
+    Q.measure(lab_for(store), s, mut, show_progress=False)
     assert calls == ["cpu", "cpu"]
 
 
@@ -312,28 +315,29 @@ def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(
         one = {"time_us": 1.0, "time_us_min_rank": 1.0, "algbw_gb_per_s": 1.0, "busbw_gb_per_s": 1.0,
                "correct": True}
         a = BenchArgs.from_argv(list(args))
-        for b in comm.message_sizes(8, 16):
+        for b in ring.message_sizes(8, 16):
             yield Record(comm.BENCH_EXPERIMENT, a.record_config(nproc, b), {"count": b // 4, **one},
                          hardware=hardware.hardware_summary("cpu", nproc))
 
     monkeypatch.setattr(launcher, "stream", fake_launch)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
-    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
-    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    s = profiles.settings(lb.Settings, "quick", **tiny)
+    lb.measure(lab_for(store), s, verbose=False)
+    lb.measure(lab_for(store), s, verbose=False)
     assert len(launched) == 5
     relabel(store, lb.EXPERIMENT)
-    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
+    lb.measure(lab_for(store), s, verbose=False)
     assert len(launched) == 10
 
     bs = comm.BenchSettings(max_bytes=16, iters=1, warmup=0, min_bytes=8)
     launched.clear()
-    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
-    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
-    assert launched == [comm.BENCH_MODULE]
+    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
+    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
+    assert launched == [comm._BENCH_MODULE]
     relabel(store, comm.BENCH_EXPERIMENT)
-    comm.run_allreduce_bench(store, 2, bs, "gloo", verbose=False)
-    assert launched == [comm.BENCH_MODULE] * 2
+    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
+    assert launched == [comm._BENCH_MODULE] * 2
 
 
 # --------------------------------------------------------------------------- 5. MIG slices
@@ -353,7 +357,7 @@ def test_a_mig_slice_gets_no_peak_and_says_why():
 
 def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
     from lab_utils.core import environment
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fastpath_tables
     from lab_utils.workers.gpt_train import device_peak
 
     gpu = fake_gpu(name="NVIDIA A100-SXM4-40GB", mig="1g.5gb", total_memory=5 * 2 ** 30)
@@ -367,7 +371,7 @@ def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
     assert gpu_rows and "MIG slice 1g.5gb: no peak" in gpu_rows[0]["value"]
     rec = Record("bench_train", {"step": "spec", "position": 0}, metrics={"images_per_s": 1.0},
                  hardware={"device_name": MIG_NAME})
-    assert fastpath.waterfall_table([rec])["percent_of_peak"][0] == "none (MIG slice)"
+    assert fastpath_tables.waterfall_table([rec])["percent_of_peak"][0] == "none (MIG slice)"
 
 
 # --------------------------------------------------------------------------- 6. int8 with M <= 16 on CUDA
@@ -377,6 +381,9 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""
+    from lab_utils.experiments import quant_model as QM
+    from lab_utils.experiments import quant_timing as QT
+    from lab_utils.experiments import quant_variants as QV
     from lab_utils.experiments import quantize as Q
     from lab_utils.models.gpt import GPT, gpt_config
 
@@ -384,8 +391,8 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     model = GPT(gpt_config("tiny", vocab_size=64)).eval()
     qm = Q.quantize_model(model, "torchao_int8_dynamic", "cpu")
     prompt = torch.randint(0, 64, (1, 8))
-    reference = Q.greedy_decode(qm, prompt, 3, 64)   # unpadded, on the CPU's _int_mm
-    ref_logits = Q._logits(qm, prompt)
+    reference = QT.greedy_decode(qm, prompt, 3, 64)   # unpadded, on the CPU's _int_mm
+    ref_logits = QT._logits(qm, prompt)
     rows, real = [], torch._int_mm
 
     def cublas_int_mm(a, b):
@@ -395,13 +402,13 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
         return real(a, b)
 
     monkeypatch.setattr(torch, "_int_mm", cublas_int_mm)
-    hooked = Q.pad_int8_matmul_rows(qm, "torchao_int8_dynamic", torch.device("cuda"))
+    hooked = QM.pad_int8_matmul_rows(qm, "torchao_int8_dynamic", torch.device("cuda"))
     assert hooked == sum(isinstance(m, nn.Linear) for m in qm.modules())
-    assert torch.equal(Q.greedy_decode(qm, prompt, 3, 64), reference)   # same tokens
-    assert torch.equal(Q._logits(qm, prompt), ref_logits)                # bit-identical logits
-    assert rows and min(rows) == Q.INT_MM_MIN_ROWS                      # every int8 matmul ran padded
-    assert Q.pad_int8_matmul_rows(model, "torchao_int8_dynamic", "cpu") == 0   # the CPU takes any M
-    assert Q.pad_int8_matmul_rows(model, "torchao_int8_weight_only", "cuda") == 0
+    assert torch.equal(QT.greedy_decode(qm, prompt, 3, 64), reference)   # same tokens
+    assert torch.equal(QT._logits(qm, prompt), ref_logits)                # bit-identical logits
+    assert rows and min(rows) == QV.INT_MM_MIN_ROWS                      # every int8 matmul ran padded
+    assert QM.pad_int8_matmul_rows(model, "torchao_int8_dynamic", "cpu") == 0   # the CPU takes any M
+    assert QM.pad_int8_matmul_rows(model, "torchao_int8_weight_only", "cuda") == 0
     fake_gpu()
     assert "padded to 17 rows" in Q.check_variant("torchao_int8_dynamic", "cuda").kernel
 
@@ -415,7 +422,7 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     second compile is a dynamic-shape graph (symbolic batch size), which the timed epoch then runs
     for every batch. A backend that records each graph's input shapes tells them apart."""
     from lab_utils.core import data
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fast_train
 
     graphs = []
 
@@ -429,13 +436,13 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend=recording_backend, **kw))
     torch._dynamo.reset()
-    trainer = fastpath.build_trainer(fastpath.TrainOptions(loader="device", compile=True), 4, "cpu")
-    split = fastpath.load_split(True, 40, "synthetic")
+    trainer = fast_train.build_trainer(fast_train.TrainOptions(loader="device", compile=True), 4, "cpu")
+    split = data.load_split(True, 40, "synthetic")
     loader = data.device_loader(split, torch.device("cpu"), 16, seed=0)
-    fastpath.warm_up(trainer, loader, 1, len(split) % 16)
-    before = fastpath.compiled_graphs()
+    fast_train.warm_up(trainer, loader, 1, len(split) % 16)
+    before = fast_train.compiled_graphs()
     trainer.epoch(loader)
-    assert fastpath.compiled_graphs() == before          # nothing compiled inside the timed epoch
+    assert fast_train.compiled_graphs() == before          # nothing compiled inside the timed epoch
     assert graphs == [False, False]                       # one static graph per shape
     torch._dynamo.reset()
 
@@ -520,7 +527,8 @@ def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch
     monkeypatch.setattr(launcher, "stream", launch)
     monkeypatch.setattr(scaling, "_run_dp_sizes", dp_sizes)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
-    s = scaling.settings_for("quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,))
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,),
+                          dataset="synthetic")
     with pytest.raises(Stop):
-        scaling.run_scaling(lab, s, devices=(2,), dataset="synthetic")
+        scaling.measure(lab, s)
     assert seen == [("lab_utils.workers.ddp", 2, False, set())]

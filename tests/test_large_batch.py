@@ -5,10 +5,18 @@ from __future__ import annotations
 import math
 
 import pytest
-from store_helpers import put
+from store_helpers import lab_for, put
 
+from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
+from lab_utils.core.schedules import make_schedule
+from lab_utils.experiments import accounting_tables as at
 from lab_utils.experiments import large_batch as lb
+from lab_utils.experiments import large_batch_tables as lbt
+
+
+def _settings(profile: str = "quick", **overrides) -> lb.Settings:
+    return profiles.settings(lb.Settings, profile, **overrides)
 
 # --------------------------------------------------------------------------- set_epoch
 
@@ -32,7 +40,7 @@ def test_ranks_split_each_epoch_without_overlap():
 
 
 def test_set_epoch_table_has_a_row_per_case_and_epoch():
-    t = lb.set_epoch_table(dataset_size=12, num_replicas=3, epochs=2)
+    t = lbt.set_epoch_table(dataset_size=12, num_replicas=3, epochs=2)
     assert len(t) == 4 and list(t.columns) == ["set_epoch called", "epoch", "rank 0 indices",
                                                "rank 1 indices", "rank 2 indices"]
     no = t[t["set_epoch called"] == "no"]
@@ -45,7 +53,7 @@ def test_set_epoch_table_has_a_row_per_case_and_epoch():
 
 
 def test_plan_devices_uses_what_the_machine_has_and_says_so():
-    full = lb.LARGE_BATCH_SETTINGS["full"]
+    full = _settings("full")
     assert lb.plan_devices(full, gpus=8) == lb.DevicePlan(4, "nccl", "GPU", None)
     one = lb.plan_devices(full, gpus=1)
     assert (one.large_devices, one.accumulation_steps) == (1, 4)
@@ -54,7 +62,7 @@ def test_plan_devices_uses_what_the_machine_has_and_says_so():
         two = lb.plan_devices(full, gpus=gpus)
         assert (two.large_devices, two.accumulation_steps) == (2, 2)
         assert "4 x 512 emulated with 2 devices x 2 accumulation steps" in two.note
-    cpu = lb.plan_devices(lb.LARGE_BATCH_SETTINGS["quick"], gpus=0)
+    cpu = lb.plan_devices(_settings("quick"), gpus=0)
     assert (cpu.large_devices, cpu.backend, cpu.accumulation_steps) == (2, "gloo", 2) and "gloo" in cpu.note
     assert "4 x 64 emulated with 2 processes x 2 accumulation steps" in cpu.note
     runs = lb.plan_runs(full, one.large_devices, one.accumulation_steps)
@@ -63,7 +71,7 @@ def test_plan_devices_uses_what_the_machine_has_and_says_so():
 
 
 def test_plan_runs_same_budget_and_lr_rules():
-    s = lb.LARGE_BATCH_SETTINGS["full"]
+    s = _settings("full")
     runs = lb.plan_runs(s, 4)
     assert [r.global_batch for r in runs] == [128, 2048, 2048, 2048, 2048]
     assert [r.peak_lr(s.lr, s.small_batch) for r in runs] == pytest.approx([0.1, 0.1, 1.6, 1.6, 1.6])
@@ -77,7 +85,7 @@ def test_worker_args_round_trip_through_the_worker_cli():
 
     parse_args = WorkerArgs.from_argv
 
-    s = lb.LARGE_BATCH_SETTINGS["quick"]
+    s = _settings("quick")
     for run in lb.plan_runs(s, 2, 2):
         args = lb.worker_args(s, run, "quick")
         back = parse_args(args.to_argv())
@@ -99,13 +107,13 @@ def test_worker_args_round_trip_through_the_worker_cli():
 ])
 def test_bad_settings_are_refused_before_any_work(overrides, match):
     with pytest.raises(LabError, match=match):
-        lb.resolve_settings("quick", **overrides)
+        _settings("quick", **overrides).validate()
 
 
 def test_quick_settings_stay_small():
-    s = lb.LARGE_BATCH_SETTINGS["quick"]
+    s = _settings("quick")
     assert s.width <= 16 and s.train_images <= 4096
-    full = lb.LARGE_BATCH_SETTINGS["full"]
+    full = _settings("full")
     # the same rule in both profiles: global batch = per-device batch x 4, 16x the reference batch
     assert s.devices == full.devices == 4
     assert s.large_batch_per_device * s.devices == 16 * s.small_batch
@@ -123,15 +131,15 @@ def _history(accs, seconds=2.0):
             for i, a in enumerate(accs)]
 
 
-def _fake_result(store, failed: bool = False) -> lb.LargeBatchResult:
-    """Records shaped like the DDP worker's aggregate records (test input, not results)."""
-    s = lb.resolve_settings("quick", epochs=3)
+def _fake_result(store, failed: bool = False):
+    """Records shaped like the DDP worker's aggregate records (test input, not results): (records,
+    settings, plan, runs)."""
+    s = _settings("quick", epochs=3)
     plan = lb.plan_devices(s, gpus=0)
     runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
     recs = []
     for i, run in enumerate(runs):
-        cfg = {"record": "aggregate", "backend": "gloo", "global_batch": run.global_batch, "tag": run.name,
-               "train_images": s.train_images}
+        cfg = lb.worker_args(s, run, "quick").record_config(run.devices, "gloo")
         if failed and i == 1:
             recs.append(put(store, lb.EXPERIMENT, cfg, {}, status="error", reason="rank 1 died",
                                   synthetic=True))
@@ -140,42 +148,43 @@ def _fake_result(store, failed: bool = False) -> lb.LargeBatchResult:
         metrics = {**hist[-1], "epochs": hist, "reported_epoch": 3,
                    "steps_per_epoch": s.train_images // run.global_batch}
         recs.append(put(store, lb.EXPERIMENT, cfg, metrics, synthetic=True, dataset="synthetic"))
-    return lb.LargeBatchResult(recs, runs, s, plan, "quick", [])
+    assert [lb.run_of(r) for r in recs] == runs  # a record names its run
+    return recs, s, plan, runs
 
 
 def test_table_rows_and_columns(store):
-    res = _fake_result(store, failed=True)
-    t = lb.large_batch_table(res)
-    assert list(t["configuration"]) == [r.name for r in res.runs]
+    recs, s, plan, runs = _fake_result(store, failed=True)
+    t = lbt.large_batch_table(recs, s)
+    assert list(t["configuration"]) == [r.name for r in runs]
     assert list(t["global batch"]) == [16, 256, 256, 256, 256]
     assert t.loc[0, "epoch-3 test accuracy %"] == pytest.approx(40.0)
     assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epochs 2..3: the warm-up epoch is left out
     assert t.loc[0, "optimizer steps"] == 3 * 3072 // 16
     assert t.loc[1, "status"] == "error: rank 1 died"
-    lb.save_large_batch_table(store, res)
+    lbt.save_large_batch_table(store, recs, s, plan)
     text = (store.tables_dir / "large_batch.md").read_text()
     assert "large batch, same lr" in text and "SYNTHETIC" in text and "gloo" in text
 
 
 def test_figures_are_saved(store):
-    res = _fake_result(store)
+    recs, s, plan, runs = _fake_result(store)
     import matplotlib.pyplot as plt
 
     plt.close("all")  # figures other tests left open are not this test's business
-    paths = lb.save_figures(store, res)
+    paths = lbt.save_figures(store, recs, s, plan)
     assert [p.name for p in paths] == ["large_batch_accuracy_epoch.png", "large_batch_accuracy_time.png",
                                        "large_batch_lr.png"]
     assert all(p.stat().st_size > 0 for p in paths) and not plt.get_fignums()
-    assert len(lb.plot_accuracy(res, "time").axes) == 2  # test accuracy and training loss
+    assert len(lbt.plot_accuracy(recs, s, "time", plan).axes) == 2  # test accuracy and training loss
     plt.close("all")
     with pytest.raises(LabError, match="epoch"):
-        lb.plot_accuracy(res, "steps")
-    curves = lb.lr_curves(res)
-    warm = curves[res.runs[3].name]
+        lbt.plot_accuracy(recs, s, "steps")
+    curves = lbt.lr_curves(recs, s)
+    warm = curves[runs[3].name]
     # quick: reference lr 0.00625 at batch 16, linear rule x 256/16 = 0.1, 12 steps per epoch
     assert warm[0] == pytest.approx(0.00625) and max(warm) == pytest.approx(0.1)
     assert warm[6] == pytest.approx(0.00625 + (0.1 - 0.00625) * 6 / 12)  # half-way through the warm-up
-    assert len(curves[res.runs[0].name]) == 3 * 192 and len(warm) == 3 * 12
+    assert len(curves[runs[0].name]) == 3 * 192 and len(warm) == 3 * 12
 
 
 def test_worker_sample_orders_reads_rank_records(store):
@@ -184,7 +193,7 @@ def test_worker_sample_orders_reads_rank_records(store):
     put(store, lb.EXPERIMENT, {**cfg, "record": "rank", "rank": 1},
               {"epochs": [{"epoch": 1, "sample_order_head": [3, 1]},
                           {"epoch": 2, "sample_order_head": [0, 2]}]})
-    rows = lb.worker_sample_orders(store, agg)
+    rows = lbt.worker_sample_orders(store, agg)
     assert rows == [{"rank": 1, "epoch": 1, "first indices": "3 1"},
                     {"rank": 1, "epoch": 2, "first indices": "0 2"}]
 
@@ -227,19 +236,20 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     """Launch 2 gloo ranks: every payload equals the parameter/buffer bytes of the model."""
     from lab_utils.models import ResNet18
 
-    rec = lb.run_comm_accounting("quick", comm_width=2, comm_batch=4, comm_steps=2, gpus=0, verbose=False)
+    s = _settings("quick", comm_width=2, comm_batch=4, comm_steps=2)
+    [rec] = lb.measure_comm_accounting(lab_for(store), s, verbose=False)
     assert rec.status == "ok" and rec.config["devices"] == 2 and rec.config["backend"] == "gloo"
     model = ResNet18(width=2)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    items = {it.what: it for it in lb.comm_items(rec)}
+    items = {it.what: it for it in at.comm_items(rec)}
     assert items["initial parameter + buffer broadcast"].payload_bytes == params + buffers
     assert items["BatchNorm buffers (broadcast_buffers=True)"].payload_bytes == buffers
     assert items["gradients"].payload_bytes == params
     assert items["ZeRO-1: gradients (still all of them)"].payload_bytes == params
     shards = [w for w in items if w.startswith("ZeRO-1: updated parameter shards")]
     assert items[shards[0]].payload_bytes == params
-    checks = lb.accounting_checks(rec)
+    checks = at.accounting_checks(rec)
     assert len(checks) >= 2 * 7 and all(checks.values())
     ranks = rec.metrics["ranks"]
     assert all(g["parameters_equal_after_init"] for g in ranks)
@@ -247,14 +257,14 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     assert [g["sgd_state_bytes"] for g in ranks] == [params, params]
     assert sum(g["zero_state_bytes"] for g in ranks) == params
     # the table and the wire cross-check (gloo): a training step writes at least the payload
-    table = lb.comm_table(rec)
+    table = at.comm_table(rec)
     assert set(table["equal"]) <= {"yes", ""} and len(table) == len(items)
-    wire = lb.wire_table(rec)
+    wire = at.wire_table(rec)
     if wire is not None:
         step = wire[wire["phase"].str.startswith("one training step")].iloc[0]
         assert step["rank 1 wrote (bytes)"] >= params  # ring all-reduce, P=2: 2(P-1)/P x S = S per rank
     # stored: a second call reads the store instead of launching
-    again = lb.run_comm_accounting("quick", comm_width=2, comm_batch=4, comm_steps=2, gpus=0, verbose=False)
+    [again] = lb.measure_comm_accounting(lab_for(store), s, verbose=False)
     assert again.timestamp == rec.timestamp
 
 
@@ -276,13 +286,14 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
     monkeypatch.setattr(launcher, "stream", failing_launch)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
-    res = lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)
-    assert [r.status for r in res.records] == ["error"] * 5 and len(res.measured) == 5
-    assert res.records[1].reason.startswith("The 2-process run") and "\n" not in res.records[1].reason
+    s = _settings("quick", **tiny)
+    recs = lb.measure(lab_for(store), s, verbose=False)
+    assert [r.status for r in recs] == ["error"] * 5
+    assert recs[1].reason.startswith("The 2-process run") and "\n" not in recs[1].reason
     assert calls == [("lab_utils.workers.ddp", 1)] + [("lab_utils.workers.ddp", 2)] * 4
-    t = lb.large_batch_table(res)
-    assert all(s.startswith("error: ") for s in t["status"])
-    lb.run_large_batch("quick", gpus=0, verbose=False, **tiny)  # error rows are not final: tried again
+    t = lbt.large_batch_table(recs, s)
+    assert all(x.startswith("error: ") for x in t["status"])
+    lb.measure(lab_for(store), s, verbose=False)  # error rows are not final: tried again
     assert len(calls) == 10
 
 
@@ -293,37 +304,37 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
     The store is built on another folder than $LAB_RESULTS_DIR names (as a script may build one):
     every record lands in it (the workers hand them back; the parent stores them), none in the
     default folder (issue 26: the workers used to write there, and the parent found nothing)."""
-    from types import SimpleNamespace
-
-    from lab_utils.core import config
     from lab_utils.store import ResultStore
 
     default = store
     store = ResultStore("quick", root=tmp_path / "elsewhere" / "quick")
-    lab = SimpleNamespace(profile=config.PROFILES["quick"], store=store)
+    lab = lab_for(store)
     tiny = {"epochs": 2, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 8, "warmup_epochs": 1.0}
-    res = lb.run_large_batch(lab, gpus=0, verbose=False, **tiny)
+    s = _settings("quick", **tiny)
+    recs = lb.measure(lab, s, verbose=False)
     assert len(store.latest(lb.EXPERIMENT)) == 5 + 1 + 4 * 2 and default.records(lb.EXPERIMENT) == []
-    assert [r.status for r in res.records] == ["ok"] * 5, [r.reason for r in res.records]
+    assert [r.status for r in recs] == ["ok"] * 5, [r.reason for r in recs]
     # quick: 4 x 8 emulated with 2 gloo processes x 2 accumulation steps
-    assert [r.config["global_batch"] for r in res.records] == [8, 32, 32, 32, 32]
-    assert [r.config.get("accumulation_steps", 1) for r in res.records] == [1, 2, 2, 2, 2]
-    assert [r.metrics["accumulation_steps"] for r in res.records] == [1, 2, 2, 2, 2]
-    assert res.records[1].metrics["accumulation_note"].startswith("4 x 8 emulated with 2 devices x 2")
+    assert [r.config["global_batch"] for r in recs] == [8, 32, 32, 32, 32]
+    assert [r.config.get("accumulation_steps", 1) for r in recs] == [1, 2, 2, 2, 2]
+    assert [r.metrics["accumulation_steps"] for r in recs] == [1, 2, 2, 2, 2]
+    assert recs[1].metrics["accumulation_note"].startswith("4 x 8 emulated with 2 devices x 2")
     # quick's reference lr 0.00625 at batch 8; linear rule x 32/8 = 0.025
-    peaks = [r.metrics["peak_lr"] for r in res.records]
+    peaks = [r.metrics["peak_lr"] for r in recs]
     assert peaks == pytest.approx([0.00625, 0.00625, 0.025, 0.025, 0.025])
-    for run, rec in res.ok:
-        assert len(lb.history(rec)) == 2 and rec.config["tag"] == run.name
+    for rec in recs:
+        run = lb.run_of(rec)
+        assert len(rec.metrics["epochs"]) == 2 and rec.config["tag"] == run.name
         steps = rec.metrics["steps_per_epoch"]
         batches = math.ceil(64 / run.devices / run.batch_per_device)
         assert steps == math.ceil(batches / run.accumulation_steps)
         # the worker's lr per epoch is the schedule's (warm-up over epoch 1 for the remedies)
-        sched = lb.run_schedule(run, res.settings, steps)
-        last_lrs = [e["lr"] for e in lb.history(rec)]
+        sched = make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps, s.epochs,
+                              run.warmup_epochs, run.decay)
+        last_lrs = [e["lr"] for e in rec.metrics["epochs"]]
         assert last_lrs == pytest.approx([sched.lr_at(steps - 1), sched.lr_at(2 * steps - 1)])
-    orders = lb.worker_sample_orders(store, res.records[1])
+    orders = lbt.worker_sample_orders(store, recs[1])
     assert {o["rank"] for o in orders} == {0, 1} and len(orders) == 4
     r0 = [o["first indices"] for o in orders if o["rank"] == 0]
     assert r0[0] != r0[1]  # the worker calls set_epoch: a new order every epoch
@@ -334,8 +345,8 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
         raise AssertionError("a stored run was launched again")
 
     monkeypatch.setattr(launcher, "stream", no_launch)
-    again = lb.run_large_batch(lab, gpus=0, verbose=False, **tiny)
-    assert again.measured == [] and [r.timestamp for r in again.records] == [r.timestamp for r in res.records]
+    again = lb.measure(lab, s, verbose=False)
+    assert [r.timestamp for r in again] == [r.timestamp for r in recs]
 
 
 # ----------------------------------------------------------------- issue 18: Q4.1 comparable numbers
@@ -344,9 +355,9 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
 def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
     """Train accuracy (what the earlier cohort printed) next to test accuracy; every run that is not
     4 GPUs x 512 (reference: 1 GPU x 128) says how it differs."""
-    res = _fake_result(store)
-    res.records[1].metrics["train_accuracy"] = 0.634
-    t = lb.large_batch_table(res)
+    recs, s, plan, runs = _fake_result(store)
+    recs[1].metrics["train_accuracy"] = 0.634
+    t = lbt.large_batch_table(recs, s)
     assert t.loc[1, "epoch-3 train accuracy %"] == pytest.approx(63.4)
     assert t.loc[1, "epoch-3 test accuracy %"] == pytest.approx(50.0)
     # quick on a CPU: 2 gloo processes x 2 accumulation steps x 64 = 256
@@ -355,13 +366,13 @@ def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
         "EMULATE 4 devices; CPU processes, not GPUs")
     assert t.loc[0, "vs assignment"].startswith("NOT 1 x 128: global batch 16, not 128")
     # the assignment's layouts on GPUs are not flagged; an emulation with the right batch still is
-    assert lb.layout_flag(lb.RunSpec("large batch, same lr", 4, 512, "fixed", 0, "constant"), True) == ""
-    assert lb.layout_flag(lb.RunSpec("small batch (reference)", 1, 128, "fixed", 0, "constant"), True) == ""
+    assert lbt.layout_flag(lb.RunSpec("large batch, same lr", 4, 512, "fixed", 0, "constant"), True) == ""
+    assert lbt.layout_flag(lb.RunSpec("small batch (reference)", 1, 128, "fixed", 0, "constant"), True) == ""
     emulated = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant", 2)
-    assert lb.layout_flag(emulated, True) == (
+    assert lbt.layout_flag(emulated, True) == (
         "NOT 4 x 512: 2 device(s) x 2 accumulation steps EMULATE 4 devices")
     fewer = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant")
-    assert lb.layout_flag(fewer, True) == "NOT 4 x 512: global batch 1024, not 2048; 2 device(s), not 4"
-    anchors = lb.anchor_frame()
+    assert lbt.layout_flag(fewer, True) == "NOT 4 x 512: global batch 1024, not 2048; 2 device(s), not 4"
+    anchors = lbt.anchor_frame()
     assert list(anchors["train accuracy %"]) == [82.2, 63.4] and anchors["test accuracy %"].isna().all()
-    assert "TRAINING" in lb.ANCHORS and "train accuracy 63.4%" in lb.ANCHORS
+    assert "TRAINING" in lbt.ANCHORS and "train accuracy 63.4%" in lbt.ANCHORS

@@ -8,8 +8,9 @@ import weakref
 
 import pytest
 import torch
+from store_helpers import lab_for
 
-from lab_utils.core import memory
+from lab_utils.core import memory, profiles
 from lab_utils.core.errors import LabError
 
 # --------------------------------------------------------------------------- is_out_of_memory
@@ -153,8 +154,8 @@ def test_the_sweep_sets_and_lifts_the_cap_on_an_indexed_device(fake_cuda, monkey
     monkeypatch.setattr(sweep, "_measure_batch", no_training)
     monkeypatch.setattr(sweep, "device_name", lambda d=None: "Fake GPU")
     monkeypatch.setattr(sweep, "hardware_summary", lambda d=None, n=None: {"device_type": "cuda"})
-    res = sweep.run_sweep("quick", batch_sizes=(8, 32), width=2, train_images=64, test_images=16,
-                          dataset="synthetic", device="cuda", memory_fraction=0.5, memory_cap_bytes=0,
-                          store=store, verbose=False)
-    assert seen == [8] and [r.status for r in res.records] == ["oom", "skipped"]
+    s = profiles.settings(sweep.Settings, "quick", batch_sizes=(8, 32), width=2, train_images=64,
+                          test_images=16, dataset="synthetic", memory_fraction=0.5, memory_cap_bytes=0)
+    records = sweep.measure(lab_for(store, "cuda", 1), s, verbose=False)
+    assert seen == [8] and [r.status for r in records] == ["oom", "skipped"]
     assert fake_cuda == [(0.5, torch.device("cuda", 3)), (1.0, torch.device("cuda", 3))]  # set, lifted

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from lab_utils.core import onednn
-from lab_utils.experiments import fastpath
+from lab_utils.experiments import fast_train
 from lab_utils.models import ResNet18
 
 
@@ -53,15 +53,16 @@ def test_workaround_only_where_the_defect_can_strike():
     assert onednn.apply_workaround(ResNet18(width=2), "cuda", channels_last_possible=True) is None
     assert onednn.apply_workaround(ResNet18(width=2), "cpu", channels_last_possible=False) is None
     assert onednn.apply_workaround(ResNet18(width=8), "cpu", channels_last_possible=True) is None
-    t = fastpath.build_trainer(fastpath.TrainOptions(channels_last=True), width=2, device="cpu")
+    t = fast_train.build_trainer(fast_train.TrainOptions(channels_last=True), width=2, device="cpu")
     assert t.onednn_workaround is not None
-    assert fastpath.build_trainer(fastpath.TrainOptions(), width=2, device="cpu").onednn_workaround is None
+    plain = fast_train.build_trainer(fast_train.TrainOptions(), width=2, device="cpu")
+    assert plain.onednn_workaround is None
 
 
 _STEP = textwrap.dedent("""
     import torch
-    from lab_utils.experiments import fastpath
-    t = fastpath.build_trainer(fastpath.TrainOptions(channels_last=True), width=2, device="cpu")
+    from lab_utils.experiments import fast_train, fastpath, fastpath_tables
+    t = fast_train.build_trainer(fast_train.TrainOptions(channels_last=True), width=2, device="cpu")
     x = torch.randn(32, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (32,))
     for _ in range(2):

@@ -16,6 +16,7 @@ largest fp32 logit is a few units:
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import types
@@ -24,10 +25,16 @@ import warnings
 import pandas as pd
 import pytest
 import torch
+from store_helpers import lab_for
 from torch import nn
 
+from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
+from lab_utils.experiments import quant_model as QM
+from lab_utils.experiments import quant_timing as QT
+from lab_utils.experiments import quant_variants as QV
 from lab_utils.experiments import quantize as Q
+from lab_utils.experiments import quantize_tables as QTab
 
 LOGIT_TOL = {"fp32": 0.0, "bf16": 0.02, "torchao_int8_weight_only": 0.02,
              "ao_dynamic_int8": 0.05, "torchao_int8_dynamic": 0.05}
@@ -95,7 +102,7 @@ def available_cpu_variants() -> list[str]:
 
 def test_toy_model_learned_the_pattern(toy):
     model, val = toy
-    ev = Q.evaluate_lm(model, val, T, 16, "cpu")
+    ev = QT.evaluate_lm(model, val, T, 16, "cpu")
     assert ev.loss < 0.5 * math.log(V)  # far better than guessing: the comparison below means something
 
 
@@ -112,8 +119,8 @@ def test_quantized_logits_and_loss_close_to_fp32(toy, variant):
     assert out.shape == ref.shape
     err = (out - ref).abs().max().item()
     assert err <= LOGIT_TOL[variant] * ref.abs().max().item() + 1e-6, (variant, err)
-    base = Q.evaluate_lm(model, val, T, 16, "cpu")
-    q = Q.evaluate_lm(Q.quantize_model(model, variant, "cpu"), val, T, 16, "cpu")
+    base = QT.evaluate_lm(model, val, T, 16, "cpu")
+    q = QT.evaluate_lm(Q.quantize_model(model, variant, "cpu"), val, T, 16, "cpu")
     assert q.tokens == base.tokens
     assert q.loss - base.loss <= LOSS_INCREASE_BOUND, (variant, q.loss - base.loss)
 
@@ -168,15 +175,15 @@ def test_serialized_size_matches_the_file(tmp_path, variant):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128))
     q = Q.quantize_model(model, variant, "cpu")
-    size = Q.serialized_size_bytes(q)
+    size = QM.serialized_size_bytes(q)
     path = tmp_path / f"{variant}.pt"
-    assert Q.save_state_dict(q, path) == size == path.stat().st_size
+    assert QM.save_state_dict(q, path) == size == path.stat().st_size
     if variant in ("fp32", "bf16"):  # the file is an ordinary torch.save file
         loaded = torch.load(path, weights_only=True)
         assert all(torch.equal(loaded[k], v) for k, v in q.state_dict().items())
     payload = Q.payload_bytes(q.state_dict())
     assert payload <= size <= payload + 8192  # the container adds headers, never fewer bytes
-    fp32 = Q.serialized_size_bytes(model)
+    fp32 = QM.serialized_size_bytes(model)
     expected = {"fp32": 1.0, "bf16": 0.5}.get(variant, 0.25)  # bytes per weight / 4
     assert size / fp32 == pytest.approx(expected, abs=0.06)
 
@@ -196,18 +203,18 @@ class ZeroLM(nn.Module):
 
 def test_uniform_logits_give_log_vocab_loss_and_vocab_perplexity():
     tokens = torch.arange(101) % 7
-    ev = Q.evaluate_lm(ZeroLM(7), tokens, block_size=10, batch_size=3, device="cpu")
+    ev = QT.evaluate_lm(ZeroLM(7), tokens, block_size=10, batch_size=3, device="cpu")
     assert ev.windows == 10 and ev.tokens == 100  # (101 - 1) // 10 windows of 10 predictions
     assert ev.loss == pytest.approx(math.log(7))
     assert ev.perplexity == pytest.approx(7.0)
-    assert Q.evaluate_lm(ZeroLM(7), tokens, 10, 3, "cpu", max_tokens=31).tokens == 30
+    assert QT.evaluate_lm(ZeroLM(7), tokens, 10, 3, "cpu", max_tokens=31).tokens == 30
     with pytest.raises(LabError):
-        Q.evaluate_lm(ZeroLM(7), tokens[:5], 10, 3, "cpu")
+        QT.evaluate_lm(ZeroLM(7), tokens[:5], 10, 3, "cpu")
 
 
 def test_time_decode_statistics_with_a_fake_clock():
     ticks = iter([0.0, 2.0, 10.0, 13.0, 20.0, 24.0])  # repetitions of 2, 3 and 4 s
-    t = Q.time_decode(ZeroLM(5), torch.zeros(4, 3, dtype=torch.long), new_tokens=8, block_size=16,
+    t = QT.time_decode(ZeroLM(5), torch.zeros(4, 3, dtype=torch.long), new_tokens=8, block_size=16,
                       device="cpu", warmup=1, repeats=3, clock=lambda: next(ticks))
     assert t.seconds == [2.0, 3.0, 4.0]
     assert t.ms_per_token_median == pytest.approx(3.0 * 1000 / 8)
@@ -231,7 +238,7 @@ def test_time_interleaved_rotates_the_order_and_isolates_failures():
     log: list[str] = []
     models = {"a": LoggingLM("a", log), "b": LoggingLM("b", log), "bad": LoggingLM("bad", log, fail=True)}
     ticks = iter(range(100))
-    out = Q.time_interleaved(models, torch.zeros(1, 2, dtype=torch.long), new_tokens=1, block_size=8,
+    out = QT.time_interleaved(models, torch.zeros(1, 2, dtype=torch.long), new_tokens=1, block_size=8,
                              device="cpu", warmup=1, repeats=3, clock=lambda: float(next(ticks)))
     assert isinstance(out["bad"], RuntimeError)
     assert log == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-ups, then rotated repetitions
@@ -239,17 +246,17 @@ def test_time_interleaved_rotates_the_order_and_isolates_failures():
 
 
 def test_greedy_decode_shape_and_block_crop():
-    out = Q.greedy_decode(ZeroLM(5), torch.ones(2, 3, dtype=torch.long), new_tokens=6, block_size=4)
+    out = QT.greedy_decode(ZeroLM(5), torch.ones(2, 3, dtype=torch.long), new_tokens=6, block_size=4)
     assert out.shape == (2, 9) and (out[:, 3:] == 0).all()  # argmax of equal logits is id 0
 
 
 def test_context_and_intensity_formulas():
-    assert Q.mean_context_tokens(8, 16, 64) == pytest.approx(15.5)  # mean of 8..23
-    assert Q.mean_context_tokens(60, 8, 64) == pytest.approx((60 + 61 + 62 + 63 + 64 * 4) / 8)
-    assert Q.weight_flops_per_byte(10, 4) == 5.0     # fp32, 10 rows: 2*10 FLOPs per 4 bytes
-    assert Q.weight_flops_per_byte(10, 1) == 20.0    # int8 weights: 4x the intensity
+    assert QT.mean_context_tokens(8, 16, 64) == pytest.approx(15.5)  # mean of 8..23
+    assert QT.mean_context_tokens(60, 8, 64) == pytest.approx((60 + 61 + 62 + 63 + 64 * 4) / 8)
+    assert QT.weight_flops_per_byte(10, 4) == 5.0     # fp32, 10 rows: 2*10 FLOPs per 4 bytes
+    assert QT.weight_flops_per_byte(10, 1) == 20.0    # int8 weights: 4x the intensity
     with pytest.raises(LabError):
-        Q.weight_flops_per_byte(0, 1)
+        QT.weight_flops_per_byte(0, 1)
 
 
 # --------------------------------------------------------------------------- unavailable paths
@@ -258,20 +265,20 @@ def test_context_and_intensity_formulas():
 def test_disabled_variant_is_a_row_that_says_why(toy, store):
     model, val = toy
     mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
-    s = Q.settings_for("quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
+    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
                        disabled=("torchao_int8_dynamic",), eval_tokens=512, prompt_tokens=4, new_tokens=2,
                        cpu_large_batch=2, warmup=0, repeats=1)
-    recs = Q.run_quantization(store, mut, s, show_progress=False)
+    recs = Q.measure(lab_for(store), s, mut, show_progress=False)
     assert [r.status for r in recs] == ["ok", "skipped"]
     assert "disabled by configuration" in recs[1].reason
-    df = Q.quantization_table(recs)
+    df = QTab.quantization_table(recs)
     row = df[df["variant"] == "torchao_int8_dynamic"].iloc[0]
     assert row["status"] == "skipped" and "disabled" in row["note"]
     assert row["size_bytes"] == "" and pd.isna(row["val_loss"]) and pd.isna(row["ms_per_token_b1"])
     fp = df[df["variant"] == "fp32"].iloc[0]
     assert fp["speedup_b1"] == pytest.approx(1.0) and fp["size_vs_fp32"] == pytest.approx(1.0)
     # stored: a re-run measures nothing new for the ok row and re-checks the skipped one
-    again = Q.run_quantization(store, mut, s, show_progress=False)
+    again = Q.measure(lab_for(store), s, mut, show_progress=False)
     assert again[0].timestamp == recs[0].timestamp
     assert len(store.records("quantization")) == 3
 
@@ -281,23 +288,24 @@ def test_a_missing_row_remeasures_the_whole_device_session(toy, store):
     mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
     kw = dict(devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
               repeats=1)
-    first = Q.run_quantization(store, mut, Q.settings_for("quick", variants=("fp32",), **kw))
-    both = Q.run_quantization(store, mut, Q.settings_for("quick", variants=("fp32", "bf16"), **kw))
+    first = Q.measure(lab_for(store), profiles.settings(Q.Settings, "quick", variants=("fp32",), **kw), mut)
+    both = Q.measure(lab_for(store), profiles.settings(Q.Settings, "quick", variants=("fp32", "bf16"), **kw),
+                     mut)
     assert [r.config["variant"] for r in both] == ["fp32", "bf16"]
     # fp32 is measured again, side by side with bf16
     assert both[0] is not first[0] and len(store.records("quantization")) == 3
-    s2 = Q.settings_for("quick", variants=("fp32", "bf16"), **kw)
-    forced = Q.run_quantization(store, mut, s2, force=True)
+    s2 = profiles.settings(Q.Settings, "quick", variants=("fp32", "bf16"), **kw)
+    forced = Q.measure(lab_for(store), s2, mut, force=True)
     assert len(forced) == 2 and len(store.records("quantization")) == 5
 
 
 def test_missing_torchao_module_gives_a_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
-    for variant in Q.TORCHAO_CONFIGS:
+    for variant in QV.TORCHAO_CONFIGS:
         a = Q.check_variant(variant, "cpu")
         assert not a.ok and "torchao is not installed" in a.reason
-    assert Q.torchao_version() is None
+    assert QV.torchao_version() is None
 
 
 def test_missing_quantize_dynamic_and_cuda_only_rows(monkeypatch):
@@ -310,7 +318,7 @@ def test_missing_quantize_dynamic_and_cuda_only_rows(monkeypatch):
 
 
 def test_deprecation_is_detected_and_labelled(monkeypatch):
-    real = Q.importlib.import_module("torch.ao.quantization")
+    real = importlib.import_module("torch.ao.quantization")
 
     def warns(model, *args, **kw):
         warnings.warn("quantize_dynamic is deprecated, use torchao", DeprecationWarning, stacklevel=2)
@@ -323,7 +331,7 @@ def test_deprecation_is_detected_and_labelled(monkeypatch):
         fake = types.ModuleType("torch.ao.quantization")
         fake.quantize_dynamic = fn
         monkeypatch.setitem(sys.modules, "torch.ao.quantization", fake)
-        a = Q.ao_dynamic_status()
+        a = QV.ao_dynamic_status()
         assert a.ok
         assert (a.note is None) if expect is None else (expect in a.note and "use torchao" in a.note)
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", real)
@@ -356,7 +364,7 @@ def test_table_speedups_by_hand():
             _rec("torchao_int8_weight_only", size_bytes=1100, val_loss=1.52, perplexity=math.exp(1.52),
                  ms_per_token_b1=5.0, tokens_per_s_large=150.0, **common),
             _rec("torchao_int8_dynamic", status="skipped")]
-    df = Q.quantization_table(recs).set_index("variant")
+    df = QTab.quantization_table(recs).set_index("variant")
     assert df.loc["torchao_int8_weight_only", "speedup_b1"] == pytest.approx(2.0)
     assert df.loc["torchao_int8_weight_only", "speedup_large"] == pytest.approx(1.5)
     assert df.loc["torchao_int8_weight_only", "size_vs_fp32"] == pytest.approx(0.275)
@@ -374,25 +382,25 @@ def test_findings_state_the_measured_numbers():
                  tokens_per_s_large=180.0, method="dynamic", **common),
             _rec("torchao_int8_dynamic", val_loss=1.51, perplexity=4.6, ms_per_token_b1=20.0,
                  tokens_per_s_large=50.0, method="dynamic", **common)]
-    text = "\n".join(Q.findings(recs))
+    text = "\n".join(QTab.findings(recs))
     assert "ao_dynamic_int8 1.80x (batch 16)" in text and "torchao_int8_dynamic 0.50x (batch 16)" in text
     assert "one implementation beats fp32, the other loses to it" in text
     assert "+0.0100 nats/token" in text and "varied" not in text  # spreads of 1.2x: no warning
     recs[1].metrics["ms_per_token_b1_max"] = 3.0
-    assert "varied by up to 3.0x" in "\n".join(Q.findings(recs))
+    assert "varied by up to 3.0x" in "\n".join(QTab.findings(recs))
 
 
 def test_settings_validation():
-    assert Q.settings_for("quick").repeats >= 1
+    assert profiles.settings(Q.Settings, "quick").repeats >= 1
     with pytest.raises(LabError):
-        Q.settings_for("quick", variants=("int4",))
+        profiles.settings(Q.Settings, "quick", variants=("int4",))
     with pytest.raises(LabError):
-        Q.settings_for("quick", repeats=0)
+        profiles.settings(Q.Settings, "quick", repeats=0)
     with pytest.raises(LabError):
-        Q.settings_for("quick", devices=("tpu",))
+        profiles.settings(Q.Settings, "quick", devices=("tpu",))
     with pytest.raises(LabError):
-        Q.settings_for("nope")
-    assert Q.settings_for("quick", disabled="bf16").disabled == ("bf16",)
+        profiles.settings(Q.Settings, "nope")
+    assert profiles.settings(Q.Settings, "quick", disabled="bf16").disabled == ("bf16",)
 
 
 # --------------------------------------------------------------------------- the GPT
@@ -407,13 +415,13 @@ def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
     torch.manual_seed(0)
     gpt = GPT(gpt_config("tiny", vocab_size=len(vocab)))
     path = save_checkpoint(tmp_path / "gpt.pt", gpt, vocab, corpus.name, {"max_chars": 20_000})
-    mut = Q.load_model_under_test("quick", Q.settings_for("quick"), checkpoint=path)
+    mut = Q.load_model_under_test("quick", profiles.settings(Q.Settings, "quick"), checkpoint=path)
     assert mut.val_tokens.numel() == 2_000 and mut.synthetic is True
     assert mut.model_id == Q.file_sha256(path) and "notebook 06" in mut.source
     x = mut.val_tokens[:64].view(1, 64)
     with torch.no_grad():
         ref = mut.model(x)
-    fp32_size = Q.serialized_size_bytes(mut.model)
+    fp32_size = QM.serialized_size_bytes(mut.model)
     for variant in available_cpu_variants():
         q = Q.quantize_model(mut.model, variant, "cpu")  # the tied head must not break anything
         with torch.no_grad():
@@ -421,18 +429,19 @@ def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
         assert torch.isfinite(out).all() and out.shape == ref.shape
         assert (out - ref).abs().max() <= 0.05 * ref.abs().max() + 1e-3
         if variant != "fp32":
-            assert Q.serialized_size_bytes(q) < 0.6 * fp32_size
+            assert QM.serialized_size_bytes(q) < 0.6 * fp32_size
     with pytest.raises(LabError):
-        Q.load_model_under_test("quick", Q.settings_for("quick"), checkpoint=tmp_path / "absent.pt")
+        Q.load_model_under_test("quick", profiles.settings(Q.Settings, "quick"),
+                                checkpoint=tmp_path / "absent.pt")
 
 
 # --------------------------------------------------------------------------- int8 mm shapes
 
 
 def test_int8_mm_shape_rule():
-    assert Q.int8_mm_shape_problem(384, 1536) is None
-    assert Q.int8_mm_shape_problem(384, 65) == "(N=65) kept in fp32: int8 mm needs N % 8 == 0"
-    assert Q.int8_mm_shape_problem(60, 65) == ("(K=60, N=65) kept in fp32: int8 mm needs K % 8 == 0 "
+    assert QM.int8_mm_shape_problem(384, 1536) is None
+    assert QM.int8_mm_shape_problem(384, 65) == "(N=65) kept in fp32: int8 mm needs N % 8 == 0"
+    assert QM.int8_mm_shape_problem(60, 65) == ("(K=60, N=65) kept in fp32: int8 mm needs K % 8 == 0 "
                                                "and N % 8 == 0")
 
 
@@ -451,8 +460,10 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
     assert Q.float_layers(gpt, "torchao_int8_dynamic", "cpu") == {}          # CPU _int_mm takes any N
     assert Q.float_layers(gpt, "torchao_int8_weight_only", "cuda") == {}     # float mm, no _int_mm
 
-    real = Q.float_layers
-    monkeypatch.setattr(Q, "float_layers", lambda model, variant, device: real(model, variant, "cuda"))
+    real = QM.float_layers
+    on_cuda = lambda model, variant, device: real(model, variant, "cuda")  # noqa: E731
+    monkeypatch.setattr(QM, "float_layers", on_cuda)  # quantize_model's
+    monkeypatch.setattr(Q, "float_layers", on_cuda)   # measure_device's
     q = Q.quantize_model(gpt, "torchao_int8_dynamic", "cpu")
     assert type(q.lm_head.weight.data) is torch.Tensor                      # left in fp32
     assert type(q.blocks[0].mlp.fc.weight.data) is not torch.Tensor         # quantized (Int8Tensor)
@@ -462,11 +473,12 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
 
     val = torch.randint(0, 65, (600,))
     mut = Q.ModelUnderTest(gpt, val, 64, "tiny65", dataset="random", synthetic=True)
-    s = Q.settings_for("quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",), eval_tokens=256,
-                       prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0, repeats=1)
+    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
+                          eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
+                          repeats=1)
     recs = Q.measure_device(mut, s.variants, "cpu", s)
     assert [r.status for r in recs] == ["ok", "ok"]
     assert "kept_in_float" not in recs[0].metrics
     assert recs[1].metrics["kept_in_float"] == want
-    note = Q.quantization_table(recs).iloc[1]["note"]
+    note = QTab.quantization_table(recs).iloc[1]["note"]
     assert "lm_head (N=65) kept in fp32: int8 mm needs N % 8 == 0" in note

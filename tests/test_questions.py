@@ -261,9 +261,9 @@ def test_q7_ledger_at_4_x_512_by_hand():
     per epoch, 125 in 5 epochs. Gradients 125 x 44,695,848 = 5,586,981,000 B; initial broadcast 44,734,408;
     buffers 125 x 38,560 = 4,820,000; logged loss 125 x 4 = 500; 5 evaluations x (38,560 + 24) = 192,920.
     Not gradients: 49,747,828 of 5,636,728,828 B = 0.883 %."""
-    from lab_utils.experiments import large_batch as lb
+    from lab_utils.experiments import accounting_tables as at
 
-    table, verdict = lb.gradients_only_table(_ledger_record(), epochs=5)
+    table, verdict = at.gradients_only_table(_ledger_record(), epochs=5)
     rows = table.set_index("what")
     spec = rows["spec payload in the run (bytes)"]
     assert spec["gradients"] == 5_586_981_000 and spec["initial parameter + buffer broadcast"] == 44_734_408
@@ -280,9 +280,9 @@ def test_q7_ledger_at_4_x_512_by_hand():
     assert verdict.startswith("**No: gradients alone are not enough.**")
     assert "5.587 GB" in verdict and "(0.88%)" in verdict and "6 of 6 items" in verdict
     # a payload that differs from the model's sizes is said, not hidden; broadcast_buffers=False sends none
-    _, wrong = lb.gradients_only_table(_ledger_record(grad_bytes=705_600), epochs=5)
+    _, wrong = at.gradients_only_table(_ledger_record(grad_bytes=705_600), epochs=5)
     assert "differ from the model's sizes: gradients" in wrong
-    off, _ = lb.gradients_only_table(_ledger_record(broadcast_buffers=False), epochs=5)
+    off, _ = at.gradients_only_table(_ledger_record(broadcast_buffers=False), epochs=5)
     assert off.set_index("what")["spec payload in the run (bytes)"]["BatchNorm buffers (rank 0's running "
                                                                    "mean/var)"] == 0
 

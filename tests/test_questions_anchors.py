@@ -19,7 +19,7 @@ import pytest
 
 from lab_utils import time_budget
 from lab_utils.core.config import repo_root
-from lab_utils.experiments import comm, gpt, scaling, sweep
+from lab_utils.experiments import comm, comm_tables, gpt_tables, scaling, scaling_tables, sweep_tables
 
 # SPEC.md, "Numbers earlier cohorts reported": (GPUs, per-GPU batch) -> epoch-2 seconds as printed there.
 SPEC_COHORT = {(1, 32): 41.3, (1, 128): 33.6, (1, 512): 34.0,
@@ -56,9 +56,9 @@ def test_one_copy_of_each_anchor():
     for value in (33.64, 33.95, 23.15, 17.87, 11.65, 9.23, 9.01):
         assert where.get(value) == {"scaling.py"}, (value, where.get(value))
     for value in (1384.64, 806.75, 1188.86, 693.97, 706.41, 489.62, 824.49, 941.42):
-        assert where.get(value) == {"gpt.py"}, (value, where.get(value))
+        assert where.get(value) == {"gpt_tables.py"}, (value, where.get(value))
     assert 33.6 not in where and 34.0 not in where  # the rounded values are gone
-    assert sweep.COHORT_TABLE1_ONE_GPU_SECONDS == REPORT_ONE_GPU
+    assert sweep_tables.COHORT_TABLE1_ONE_GPU_SECONDS == REPORT_ONE_GPU
     assert time_budget.spec_epoch_seconds(1, 128) == 33.64 and time_budget.spec_epoch_seconds(1, 512) == 33.95
     assert time_budget.dp_epoch_seconds(4, 32) == 121.0
 
@@ -67,7 +67,7 @@ def test_table3_earlier_cohort_row_at_2_x_128_is_8_34_gb_per_s():
     """comm (a) = 17.87 - 33.64 / 2 = 1.05 s; steps = ceil(50,000 / 256) = 196; bytes per rank =
     196 x 2(1)/2 x 44,695,848 = 8,760,386,208 B; / 1.05 s = 8.343 GB/s (8.19 with the rounded 33.6)."""
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm.utilization_rows(comm.anchor_assumed_ring_measurements(), None)}
+            for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
     row = rows[(2, 128)]
     assert row["comm_seconds"] == pytest.approx(1.05)
     assert row["bytes_per_rank_per_epoch"] == 8_760_386_208
@@ -75,14 +75,14 @@ def test_table3_earlier_cohort_row_at_2_x_128_is_8_34_gb_per_s():
 
 
 def test_gpt_per_rank_table_is_the_reports():
-    assert {(n, b): (ranks, gpt.EARLIER_GPT_SECONDS_MEAN[(b, n)])
-            for (b, n), ranks in gpt.EARLIER_GPT_RANK_SECONDS.items()} == SPEC_GPT
+    assert {(n, b): (ranks, gpt_tables.EARLIER_GPT_SECONDS_MEAN[(b, n)])
+            for (b, n), ranks in gpt_tables.EARLIER_GPT_RANK_SECONDS.items()} == SPEC_GPT
     for (_n, _b), (ranks, mean) in SPEC_GPT.items():
         assert abs(sum(ranks) / len(ranks) - mean) <= 0.005 + 1e-9  # its mean is the mean, to the cent
 
 
 def test_gpt_earlier_report_frame_shows_mean_and_slowest_rank_side_by_side():
-    df = gpt.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
+    df = gpt_tables.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
     for (b, n), (reported, slowest) in SPEC_GPT_SPEEDUPS.items():
         row = df.loc[(b, n)]
         assert row["speedup on the mean (as reported)"] == reported
@@ -94,13 +94,13 @@ def test_gpt_earlier_report_frame_shows_mean_and_slowest_rank_side_by_side():
     assert 2233.50 / 1384.64 == pytest.approx(1.613, abs=1e-3)
     assert 2082.29 / 706.41 == pytest.approx(2.948, abs=1e-3)
     assert df.loc[(128, 4)]["note"].startswith("super-linear")
-    note = gpt.earlier_report_note()
+    note = gpt_tables.earlier_report_note()
     assert "2.04 / 2.71 on the mean over ranks, 1.61 / 2.68 on the slowest rank" in note
     assert "2.21 / 4.25 on the mean over ranks, 1.75 / 2.95 on the slowest rank" in note
 
 
 def test_no_slowest_rank_is_missing_any_more():
-    texts = [(repo_root() / "lab_utils" / "experiments" / "gpt.py").read_text(encoding="utf-8"),
+    texts = [(repo_root() / "lab_utils" / "experiments" / "gpt_tables.py").read_text(encoding="utf-8"),
              (repo_root() / "labs" / "06_gpt_ddp.ipynb").read_text(encoding="utf-8")]
     assert not any("slowest rank not in the report" in t for t in texts)
     nb06 = texts[1]
@@ -112,7 +112,7 @@ def test_speedup_definitions_side_by_side_by_hand():
     """The earlier cohort at 2 x 128: lab T(1)/T(N) = 33.64 / 17.87 = 1.8825; the forum's N x t(1)/t(N) on
     step times (391 and 196 steps of 128 and 256 images) = 2 x (33.64/391) / (17.87/196) = 1.8873; the
     forum's formula on epoch times = 2 x 1.8825 = 3.765, N counted twice."""
-    df = scaling.speedup_definitions_frame().set_index(["devices", "per_device_batch"])
+    df = scaling_tables.speedup_definitions_frame().set_index(["devices", "per_device_batch"])
     row = df.loc[(2, 128)]
     assert row["lab: T(1)/T(N), epoch (strong)"] == pytest.approx(1.8825, abs=1e-4)
     assert row["forum: N x t(1)/t(N), step (scaled, weak)"] == pytest.approx(1.8873, abs=1e-4)

@@ -46,6 +46,29 @@ def test_resume_measures_only_missing(store):
     assert len(again.latest("sweep")) == 3
 
 
+def test_a_run_stopped_midway_keeps_what_it_handed_back_and_resumes_with_the_rest(store):
+    """One launch for two configurations (a worker handing back its records as it goes): the kernel
+    stops after the first. Its record is stored; the re-run, in a new session, measures only the second."""
+    cfgs, calls = [{"bs": 32}, {"bs": 128}], []
+
+    def stopped(todo):
+        calls.append([c["bs"] for c in todo])
+        yield Record("", todo[0], {"seconds": 1.0})
+        raise KeyboardInterrupt  # the kernel was stopped mid-launch
+
+    with pytest.raises(KeyboardInterrupt):
+        store.run_many("scaling", cfgs, stopped)
+
+    def rest(todo):
+        calls.append([c["bs"] for c in todo])
+        for c in todo:
+            yield Record("", c, {"seconds": 2.0})
+
+    got = ResultStore("quick").run_many("scaling", cfgs, rest)
+    assert calls == [[32, 128], [128]]
+    assert [r.metrics["seconds"] for r in got] == [1.0, 2.0]
+
+
 def test_measure_may_return_a_record(store):
     rec = store.run("sweep", {"bs": 8192}, lambda: Record("", {}, status="oom", reason="OOM at 8192"))
     assert rec.status == "oom" and store.get("sweep", {"bs": 8192}).reason == "OOM at 8192"

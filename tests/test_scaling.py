@@ -8,30 +8,30 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab_utils.core import config
+from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.experiments import scaling
+from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
 from lab_utils.store import Record
 
-QUICK = scaling.SETTINGS["quick"]
+QUICK = profiles.settings(scaling.Settings, "quick")
 
 
 # --------------------------------------------------------------------------- placement
 
 
 def test_placement_without_gpus_uses_gloo_processes_up_to_max_cpu_processes():
-    s = scaling.settings_for("quick", max_cpu_processes=4, cpu_threads=1)
-    p1, p2, p4 = (scaling.place(scaling.DDP, n, gpus=0, settings=s, cores=2) for n in (1, 2, 4))
+    s = profiles.settings(scaling.Settings, "quick", max_cpu_processes=4, cpu_threads=1)
+    p1, p2, p4 = (scaling._place(scaling.DDP, n, gpus=0, settings=s, cores=2) for n in (1, 2, 4))
     assert (p1.backend, p1.device_type, p1.runs) == ("gloo", "cpu", True)
     assert p2.runs and p2.backend == "gloo"
     assert p4.runs and p4.backend == "gloo"                     # 4 processes on 2 cores: run, labelled
     assert p4.oversubscribed == "4 processes x 1 thread on 2 cores" and p2.oversubscribed is None
-    assert scaling.place(scaling.DDP, 4, gpus=0, settings=s, cores=4).oversubscribed is None
-    assert not scaling.place(scaling.DDP, 8, gpus=0, settings=s, cores=16).runs  # above max_cpu_processes
+    assert scaling._place(scaling.DDP, 4, gpus=0, settings=s, cores=4).oversubscribed is None
+    assert not scaling._place(scaling.DDP, 8, gpus=0, settings=s, cores=16).runs  # above max_cpu_processes
     for n in (1, 2):
-        dp = scaling.place(scaling.DP, n, gpus=0, settings=s, cores=2)
+        dp = scaling._place(scaling.DP, n, gpus=0, settings=s, cores=2)
         assert not dp.runs and dp.reason == ("needs 1 GPU" if n == 1 else "needs 2 GPUs")
-    assert scaling.methods_here(0) == (scaling.DDP,)
+    assert scaling._methods_here(0) == (scaling.DDP,)
 
 
 def test_oversubscribed_rows_say_so():
@@ -41,31 +41,31 @@ def test_oversubscribed_rows_say_so():
         return Record("scaling", {"devices": devices, "device_type": device_type}, threads=threads,
                       hardware={"cpu_cores": cores})
 
-    assert scaling.oversubscribed(rec(4, 1, 2)) == "4 processes x 1 thread on 2 cores"
-    assert scaling.oversubscribed(rec(2, 2, 2)) == "2 processes x 2 threads on 2 cores"
-    assert scaling.oversubscribed(rec(2, 1, 2)) is None            # one core each
-    assert scaling.oversubscribed(rec(4, None, 2)) is None         # stored before threads were recorded
-    assert scaling.oversubscribed(rec(4, 1, 2, "cuda")) is None
+    assert scaling_tables.oversubscribed(rec(4, 1, 2)) == "4 processes x 1 thread on 2 cores"
+    assert scaling_tables.oversubscribed(rec(2, 2, 2)) == "2 processes x 2 threads on 2 cores"
+    assert scaling_tables.oversubscribed(rec(2, 1, 2)) is None            # one core each
+    assert scaling_tables.oversubscribed(rec(4, None, 2)) is None         # stored before threads were kept
+    assert scaling_tables.oversubscribed(rec(4, 1, 2, "cuda")) is None
 
 
 def test_placement_with_two_gpus():
-    s = scaling.SETTINGS["full"]
-    assert scaling.place(scaling.DDP, 2, gpus=2, settings=s, cores=16).backend == "nccl"
-    assert scaling.place(scaling.DP, 2, gpus=2, settings=s, cores=16).backend == scaling.DP_BACKEND
-    four = scaling.place(scaling.DDP, 4, gpus=2, settings=s, cores=16)
+    s = profiles.settings(scaling.Settings, "full")
+    assert scaling._place(scaling.DDP, 2, gpus=2, settings=s, cores=16).backend == "nccl"
+    assert scaling._place(scaling.DP, 2, gpus=2, settings=s, cores=16).backend == scaling.DP_BACKEND
+    four = scaling._place(scaling.DDP, 4, gpus=2, settings=s, cores=16)
     assert not four.runs and four.reason == "needs 4 GPUs"   # never gloo beside GPUs
-    assert scaling.methods_here(2) == (scaling.DP, scaling.DDP)
+    assert scaling._methods_here(2) == (scaling.DP, scaling.DDP)
 
 
 def test_settings_overrides_and_bad_values():
-    s = scaling.settings_for("quick", batch_sizes=[32, 128], width=None)
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=[32, 128], width=None)
     assert s.batch_sizes == (32, 128) and s.width == QUICK.width
     with pytest.raises(LabError, match="Unknown scaling setting"):
-        scaling.settings_for("quick", colour="red")
+        profiles.settings(scaling.Settings, "quick", colour="red")
     with pytest.raises(LabError):
-        scaling.settings_for("quick", batch_sizes=[0])
+        profiles.settings(scaling.Settings, "quick", batch_sizes=[0])
     with pytest.raises(LabError):
-        scaling.settings_for("quick", timeout_s=0)
+        profiles.settings(scaling.Settings, "quick", timeout_s=0)
 
 
 # --------------------------------------------------------------------------- tables by hand
@@ -83,7 +83,7 @@ def test_table1_speedups_and_efficiency_by_hand():
     recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 12.5, 4),
             agg("DDP", 4, 512, None, None, status="skipped", reason="needs 4 GPUs"),
             agg("DataParallel", 2, 128, 30.0, 8, backend=scaling.DP_BACKEND)]  # no DP T(1): no speedup
-    df = scaling.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
+    df = scaling_tables.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
     two = df.loc[("DDP (NCCL, GPUs)", 2, 128)]
     assert two["speedup"] == pytest.approx(40 / 23)
     assert two["efficiency"] == pytest.approx(40 / 23 / 2)
@@ -109,7 +109,7 @@ def test_skew_wait_columns_new_and_old_records():
             agg("DDP", 2, 128, 21.0, 8, skew_wait_seconds_max=3.0, train_plus_skew_wait_seconds=24.0),
             agg("DDP", 2, 32, 30.0, 32),                                  # an old record: no field
             agg("DataParallel", 2, 128, 30.0, 8, backend=scaling.DP_BACKEND)]
-    df = scaling.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
+    df = scaling_tables.scaling_frame(recs).set_index(["method", "devices", "per_device_batch"])
     new = df.loc[("DDP (NCCL, GPUs)", 2, 128)]
     assert new["epoch2_train_seconds"] == 21.0 and new["speedup"] == pytest.approx(40 / 21)
     assert new["skew_wait_seconds"] == 3.0 and new["train_plus_skew_wait_seconds"] == 24.0
@@ -117,24 +117,25 @@ def test_skew_wait_columns_new_and_old_records():
     for key in (("DDP (NCCL, GPUs)", 2, 32), ("DataParallel (1 process, GPUs)", 2, 128)):
         assert pd_missing(df.loc[key]["skew_wait_seconds"])
         assert pd_missing(df.loc[key]["train_plus_skew_wait_seconds"])
-    row = scaling.comm_row(recs[1], recs[0])
+    row = compute_vs_comm.comm_row(recs[1], recs[0])
     assert row.skew_wait_seconds == 3.0 and row.tn_seconds == 21.0
     assert row.comm_a_seconds == pytest.approx(21.0 - 20.0)  # the 3 s loader skew is not communication
-    assert scaling.comm_row(recs[2], None).skew_wait_seconds is None
-    t2 = scaling.compute_vs_comm_frame([row])
+    assert compute_vs_comm.comm_row(recs[2], None).skew_wait_seconds is None
+    t2 = compute_vs_comm.compute_vs_comm_frame([row])
     assert t2.iloc[0]["skew_wait_seconds"] == 3.0
 
 
 def test_amdahl_gustafson_karp_flatt_by_hand():
-    assert scaling.amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
-    assert scaling.gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
-    assert scaling.karp_flatt(scaling.amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
-    assert scaling.karp_flatt(4.0, 4) == pytest.approx(0.0) and scaling.karp_flatt(1.0, 1) is None
+    assert scaling_tables._amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
+    assert scaling_tables._gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
+    karp_flatt = scaling_tables.karp_flatt
+    assert karp_flatt(scaling_tables._amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
+    assert karp_flatt(4.0, 4) == pytest.approx(0.0) and karp_flatt(1.0, 1) is None
 
 
 def test_serial_fraction_frame_projects_only_sensible_fractions():
     recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 9.0, 4)]
-    sf = scaling.serial_fraction_frame(scaling.scaling_frame(recs), project_to=8)
+    sf = scaling_tables.serial_fraction_frame(scaling_tables.scaling_frame(recs), project_to=8)
     two, four = sf.iloc[0], sf.iloc[1]
     assert two["serial_fraction"] == pytest.approx(0.15)
     assert two["amdahl_speedup_at_8"] == pytest.approx(1 / (0.15 + 0.85 / 8))
@@ -144,7 +145,7 @@ def test_serial_fraction_frame_projects_only_sensible_fractions():
 
 def test_comm_volume_by_hand():
     rec = agg("DDP", 4, 32, 10.0, 391, gradient_bytes=44_695_848)
-    df = scaling.comm_volume_frame([rec, agg("DDP", 1, 32, 40.0, 1563, gradient_bytes=44_695_848)])
+    df = scaling_tables.comm_volume_frame([rec, agg("DDP", 1, 32, 40.0, 1563, gradient_bytes=44_695_848)])
     assert len(df) == 1  # one device sends nothing
     r = df.iloc[0]
     assert r["allreduce_mb_per_step_per_rank"] == pytest.approx(2 * 3 / 4 * 44.695848)
@@ -159,8 +160,7 @@ def pd_missing(v) -> bool:
 def test_table1_saved_rows_say_why_and_show_no_number(store):
     recs = [agg("DDP", 1, 32, 10.0, 4), agg("DDP", 2, 32, 6.0, 2),
             agg("DDP", 4, 32, None, None, status="skipped", reason="needs 4 GPUs")]
-    result = scaling.ScalingResult(recs, QUICK, "quick", "scaling", [])
-    scaling.scaling_table(store, result)
+    scaling_tables.scaling_table(store, recs, QUICK)
     md = (store.tables_dir / "scaling.md").read_text()
     row4 = [line for line in md.splitlines() if "needs 4 GPUs" in line]
     assert len(row4) == 1 and "nan" not in md.lower()
@@ -168,7 +168,7 @@ def test_table1_saved_rows_say_why_and_show_no_number(store):
     assert all(c == "" for c in cells[5:])  # no time, no speedup, no efficiency
     csv = (store.tables_dir / "scaling.csv").read_text()
     assert "needs 4 GPUs" in csv and "provenance" in csv.splitlines()[0]
-    fig, path = scaling.speedup_figure(store, result)
+    fig, path = scaling_tables.speedup_figure(store, recs, QUICK)
     assert path.exists() and path.suffix == ".png"
 
 
@@ -176,19 +176,20 @@ def test_table2_three_methods_by_hand():
     one = agg("DDP", 1, 128, 40.0, 16)
     two = agg("DDP", 2, 128, 23.0, 8, exposed_comm_seconds=1.0, allreduce_seconds=2.5,
               gradient_bytes=44_695_848)
-    row = scaling.comm_row(two, one)
+    row = compute_vs_comm.comm_row(two, one)
     assert (row.compute_a_seconds, row.comm_a_seconds) == (pytest.approx(20.0), pytest.approx(3.0))
     assert row.overlap_seconds == pytest.approx(1.5) and row.overlap_fraction == pytest.approx(0.6)
-    df = scaling.compute_vs_comm_frame([row])
+    df = compute_vs_comm.compute_vs_comm_frame([row])
     r = df.iloc[0]
     assert r["compute_to_comm_a"] == pytest.approx(20 / 3)
     assert r["hidden_percent"] == pytest.approx(60.0)
     assert r["compute_to_comm_b"] == pytest.approx((23 - 1) / 1)
     # without T(1) the derived split is not made up
-    lonely = scaling.comm_row(two, None)
+    lonely = compute_vs_comm.comm_row(two, None)
     assert lonely.compute_a_seconds is None and "T(1) missing" in lonely.status
     # a row that did not run stays a reason
-    skipped = scaling.comm_row(agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs"), one)
+    row = agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs")
+    skipped = compute_vs_comm.comm_row(row, one)
     assert skipped.status == "needs 4 GPUs" and skipped.tn_seconds is None
 
 
@@ -219,12 +220,12 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
         return [epoch, {**epoch, "epoch": 2}], 1234
 
     monkeypatch.setattr(scaling, "_train_dp", fake_train)
-    s = scaling.settings_for("quick", batch_sizes=(32, 128, 512), run_batch_sizes=(32, 128, 512),
-                             devices=(1,))
-    res = scaling.run_scaling(fake_lab(store, gpus=1), s, devices=(1,), methods=(scaling.DP,),
-                              dataset="synthetic")
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32, 128, 512),
+                          run_batch_sizes=(32, 128, 512), devices=(1,), dataset="synthetic")
+    grid = (False, False, (1,), (scaling.DP,), scaling.SCALING, False)
+    res = scaling._measure_grid(fake_lab(store, gpus=1), s, *grid)
     assert tried == [32, 128]                           # 512 was never tried
-    ok, oom, skipped = res.records
+    ok, oom, skipped = res
     assert ok.status == "ok" and ok.metrics["train_seconds"] == 1.0
     assert oom.status == "oom" and oom.reason == "OOM: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert skipped.status == "skipped" and "per-GPU batch 128 already ran out of memory" in skipped.reason
@@ -233,16 +234,15 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
     assert all(ref() is None for ref in held_refs)      # nothing of the failed run is kept alive
     # A stored OOM row stops larger batches on the next run too.
     tried.clear()
-    again = scaling.run_scaling(fake_lab(store, gpus=1), s, devices=(1,), methods=(scaling.DP,),
-                                dataset="synthetic")
-    assert tried == [] and [r.status for r in again.records] == ["ok", "oom", "skipped"]
+    again = scaling._measure_grid(fake_lab(store, gpus=1), s, *grid)
+    assert tried == [] and [r.status for r in again] == ["ok", "oom", "skipped"]
 
 
 def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
     import lab_utils.launcher as launcher
 
-    s = scaling.settings_for("quick")
-    args = scaling.worker_args(s, "quick", "scaling", "nccl", (32, 128, 512), dataset="synthetic")
+    s = profiles.settings(scaling.Settings, "quick")
+    args = scaling.worker_args(s, "quick", "scaling", "nccl", (32, 128, 512))
     p = scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
 
     cfgs = {b: args.for_batch(b).record_config(2, "nccl") for b in (32, 128, 512)}
@@ -270,9 +270,9 @@ def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypat
 
 
 def test_rows_needing_gpus_are_not_stored(store, monkeypatch):
-    s = scaling.settings_for("quick", devices=(4,), max_cpu_processes=2)
-    res = scaling.run_scaling(fake_lab(store), s, dataset="synthetic")
-    assert [r.reason for r in res.records] == ["needs 4 GPUs"] * len(s.batch_sizes)
+    s = profiles.settings(scaling.Settings, "quick", devices=(4,), max_cpu_processes=2, dataset="synthetic")
+    res = scaling.measure(fake_lab(store), s)
+    assert [r.reason for r in res] == ["needs 4 GPUs"] * len(s.batch_sizes)
     assert store.records("scaling") == []
 
 
@@ -281,16 +281,18 @@ def test_rows_needing_gpus_are_not_stored(store, monkeypatch):
 
 @pytest.mark.slow
 def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
-    s = scaling.settings_for("quick", batch_sizes=(8, 16, 32), run_batch_sizes=(8, 16), devices=(1, 2),
-                             comm_devices=(2, 4), width=2, train_images=64, comm_steps=2,
-                             max_cpu_processes=2, bucket_cap_mb=0.01, timeout_s=300)
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(8, 16, 32), run_batch_sizes=(8, 16),
+                          devices=(1, 2), comm_devices=(2, 4), width=2, train_images=64, comm_steps=2,
+                          max_cpu_processes=2, bucket_cap_mb=0.01, timeout_s=300, dataset="synthetic")
     lab = fake_lab(store)
-    one, many = scaling.run_compute_vs_comm(lab, s, dataset="synthetic")
-    assert {r.metrics.get("world_size") for r in one.ok()} == {1}
-    assert [(r.config["devices"], r.config["batch_size"], r.status) for r in many.records] == [
+    records = scaling.measure_compute_vs_comm(lab, s)
+    one = [r for r in records if r.config["devices"] == 1]
+    many = [r for r in records if r.config["devices"] > 1]
+    assert {r.metrics.get("world_size") for r in one if r.status == "ok"} == {1}
+    assert [(r.config["devices"], r.config["batch_size"], r.status) for r in many] == [
         (2, 8, "ok"), (2, 16, "ok"), (2, 32, "skipped"), (4, 8, "skipped"), (4, 16, "skipped"),
         (4, 32, "skipped")]
-    df = scaling.compute_vs_comm_table(store, lab, one, many)
+    df = compute_vs_comm.compute_vs_comm_table(store, records, s)
     ok = df[df["status"] == "ok"]
     assert len(ok) == 2
     for _, r in ok.iterrows():
@@ -299,23 +301,25 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
         assert r["exposed_comm_b_seconds"] >= 0 and r["allreduce_c_seconds"] > 0
     assert set(df[df["devices"] == 4]["status"]) == {"needs 4 GPUs"}
     assert (store.tables_dir / "compute_vs_comm.md").exists()
-    fig, path = scaling.compute_vs_comm_figure(store, df, many.ok())
+    fig, path = compute_vs_comm.compute_vs_comm_figure(store, df, many)
     assert path.exists()
     # Table 3's interface reads the same records
-    rows = scaling.comm_measurements(store)
+    rows = compute_vs_comm.comm_measurements(store)
     assert sorted(r.per_device_batch for r in rows) == [8, 16]
     assert all(r.gradient_bytes > 0 and r.steps_per_epoch > 0 and r.t1_seconds for r in rows)
     # per-rank breakdown: two ranks, then mean and max; the max is the aggregate's time
-    br = scaling.rank_breakdown_frame(store.latest(scaling.COMPUTE_VS_COMM), 2, 8)
+    br = compute_vs_comm.rank_breakdown_frame(store.latest(scaling.COMPUTE_VS_COMM), 2, 8)
     assert list(br["rank"]) == [0, 1, "mean", "max (reported)"]
-    aggregate = next(r for r in many.records if r.config["batch_size"] == 8)
+    aggregate = next(r for r in many if r.config["batch_size"] == 8)
     assert br.iloc[-1]["train_seconds"] == pytest.approx(aggregate.metrics["train_seconds"])
     assert (br["skew_wait_seconds"] >= 0).all()
     assert br.iloc[-1]["skew_wait_seconds"] == pytest.approx(aggregate.metrics["skew_wait_seconds_max"])
     # resume: nothing is measured again, and Table 1 is built from the stored records
-    again = scaling.run_scaling(lab, s, devices=(1,), dataset="synthetic")
-    assert again.measured == [] and [r.status for r in again.records] == ["ok", "ok", "skipped"]
-    t1 = scaling.scaling_frame(one.records + many.records)
+    stored = len(store.records(scaling.SCALING))
+    again = scaling.measure(lab, profiles.override(s, devices=(1,)))
+    assert len(store.records(scaling.SCALING)) == stored  # nothing measured again
+    assert [r.status for r in again] == ["ok", "ok", "skipped"]
+    t1 = scaling_tables.scaling_frame(records)
     two = t1[(t1["devices"] == 2) & (t1["status"] == "ok")]
     assert (two["speedup"] > 0).all() and (two["efficiency"] == two["speedup"] / 2).all()
 
@@ -326,12 +330,13 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
 def test_karp_flatt_on_a_slowdown_is_not_super_linear():
     """Speedups 0.741 and 0.987 on 2 devices: e = (1/S - 1/2)/(1 - 1/2) = 1.699 and 1.026 (> 1:
     slower than one device), flagged as a slowdown, not as 'super-linear'."""
-    assert scaling.karp_flatt(0.741, 2) == pytest.approx(1.699, abs=5e-4)   # (1.3495 - 0.5) / 0.5
-    assert scaling.karp_flatt(0.987, 2) == pytest.approx(1.026, abs=5e-4)
+    assert scaling_tables.karp_flatt(0.741, 2) == pytest.approx(1.699, abs=5e-4)   # (1.3495 - 0.5) / 0.5
+    assert scaling_tables.karp_flatt(0.987, 2) == pytest.approx(1.026, abs=5e-4)
     recs = [agg("DDP", 1, 32, 7.41, 8), agg("DDP", 2, 32, 10.0, 4),        # speedup 0.741
             agg("DDP", 1, 128, 9.87, 2), agg("DDP", 2, 128, 10.0, 1),      # speedup 0.987
             agg("DDP", 1, 512, 10.0, 1), agg("DDP", 2, 512, 4.0, 1)]       # speedup 2.5 > N
-    sf = scaling.serial_fraction_frame(scaling.scaling_frame(recs)).set_index("per_device_batch")
+    sf = scaling_tables.serial_fraction_frame(scaling_tables.scaling_frame(recs))
+    sf = sf.set_index("per_device_batch")
     for b, e in ((32, 1.699), (128, 1.026)):
         assert sf.loc[b, "serial_fraction"] == pytest.approx(e, abs=5e-4)
         assert "SLOWER than one" in sf.loc[b, "note"] and "super-linear" not in sf.loc[b, "note"]
@@ -342,7 +347,7 @@ def test_karp_flatt_on_a_slowdown_is_not_super_linear():
 def test_fixed_global_batch_comparison_from_the_spec_anchors():
     """1 GPU bs128 33.64 s vs 4 GPUs x 32 11.65 s: strong 33.64/11.65 = 2.888; weak (4 x 128, 9.23 s)
     33.64/9.23 = 3.645. 1 x 512 33.95 s vs 4 x 128 9.23 s: 3.678; weak 4 x 512 9.01 s: 3.768."""
-    df = scaling.fixed_global_batch_frame(seconds=scaling.ANCHOR_COHORT_SECONDS, method="anchors")
+    df = scaling_tables.fixed_global_batch_frame(seconds=scaling.ANCHOR_COHORT_SECONDS, method="anchors")
     df = df.set_index("global_batch")
     assert list(df.index) == [128, 512] and set(df["devices"]) == {4}
     assert df.loc[128, "strong_speedup"] == pytest.approx(2.888, abs=1e-3)
@@ -351,24 +356,23 @@ def test_fixed_global_batch_comparison_from_the_spec_anchors():
     assert df.loc[512, "strong_speedup"] == pytest.approx(3.678, abs=1e-3)
     assert df.loc[512, "weak_speedup"] == pytest.approx(3.768, abs=1e-3)
     assert set(df["better"]) == {"weak"}
-    verdict = scaling.fixed_global_batch_verdict(df.reset_index())
+    verdict = scaling_tables.fixed_global_batch_verdict(df.reset_index())
     assert verdict.startswith("Strong scaling (fixed global batch) would be WORSE") and "2.89x" in verdict
     # the verdict follows the numbers, it is not written in advance
-    flipped = scaling.fixed_global_batch_frame(seconds={(1, 128): 40.0, (4, 32): 8.0, (4, 128): 12.0})
-    assert "BETTER" in scaling.fixed_global_batch_verdict(flipped)
+    flipped = scaling_tables.fixed_global_batch_frame(seconds={(1, 128): 40.0, (4, 32): 8.0, (4, 128): 12.0})
+    assert "BETTER" in scaling_tables.fixed_global_batch_verdict(flipped)
 
 
 def test_fixed_global_batch_rows_that_were_not_measured_say_why(store):
     recs = [agg("DDP", 1, 32, 4.0, 32, backend="gloo"), agg("DDP", 1, 128, 3.0, 8, backend="gloo"),
             agg("DDP", 4, 32, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo"),
             agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo")]
-    df = scaling.fixed_global_batch_frame(recs)
+    df = scaling_tables.fixed_global_batch_frame(recs)
     assert len(df) == 1 and df.iloc[0]["global_batch"] == 128
     assert df.iloc[0]["status"] == "no strong-scaling comparison: 4 x 32: needs 4 GPUs"
     assert pd_missing(df.iloc[0]["strong_speedup"])
-    assert scaling.fixed_global_batch_verdict(df).startswith("No verdict")
-    result = scaling.ScalingResult(recs, QUICK, "quick", "scaling", [])
-    full, here, anchors = scaling.fixed_global_batch_table(store, result)
+    assert scaling_tables.fixed_global_batch_verdict(df).startswith("No verdict")
+    full, here, anchors = scaling_tables.fixed_global_batch_table(store, recs)
     assert here.startswith("No verdict") and "WORSE" in anchors
     assert (store.tables_dir / "scaling_fixed_global_batch.md").exists()
 
@@ -380,9 +384,8 @@ def test_anchor_timings_are_labelled_dataparallel():
 
 
 def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
-    s = scaling.settings_for("quick", devices=(4,), max_cpu_processes=2)
-    res = scaling.run_scaling(fake_lab(store), s, dataset="synthetic")
-    df = scaling.scaling_frame(res.records)
+    s = profiles.settings(scaling.Settings, "quick", devices=(4,), max_cpu_processes=2, dataset="synthetic")
+    df = scaling_tables.scaling_frame(scaling.measure(fake_lab(store), s))
     assert set(df["method"]) == {"DDP (gloo, CPU processes)"}
     assert set(df["status"]) == {"needs 4 GPUs"}
 
@@ -406,13 +409,14 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        s = scaling.settings_for("quick")
-        assert s.pin_threads and s.cpu_threads == 1 and not scaling.SETTINGS["full"].pin_threads
-        args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,), dataset="synthetic")
+        s = profiles.settings(scaling.Settings, "quick")
+        assert s.pin_threads and s.cpu_threads == 1
+        assert not profiles.settings(scaling.Settings, "full").pin_threads
+        args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,))
         rec = scaling._run_dp(store.profile, s, args.for_batch(32), 1)
         assert seen == [1] and torch.get_num_threads() == 2
         assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
-        scaling._run_dp(store.profile, scaling.settings_for("full"), args.for_batch(32), 1)
+        scaling._run_dp(store.profile, profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
         assert seen[-1] == 2   # full: torch's setting is left alone
     finally:
         torch.set_num_threads(before)
@@ -426,10 +430,10 @@ def test_table2_flags_exposed_comm_within_its_noise():
     for se in (0.006, 0.002):
         rec = agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.16, allreduce_seconds=0.5,
                   comm_probe={"noise_seconds": se, "exposed_raw_per_step_seconds": 0.01})
-        rows.append(scaling.comm_row(rec, one))
+        rows.append(compute_vs_comm.comm_row(rec, one))
     assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
-    df = scaling.compute_vs_comm_frame(rows)
+    df = compute_vs_comm.compute_vs_comm_frame(rows)
     assert list(df["noise_flag"]) == ["noise >= effect: not a result", ""]
-    old = scaling.compute_vs_comm_frame([scaling.comm_row(agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1,
-                                                              allreduce_seconds=0.5), one)])
+    old = compute_vs_comm.compute_vs_comm_frame([compute_vs_comm.comm_row(
+        agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5), one)])
     assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])

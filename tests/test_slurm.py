@@ -330,7 +330,8 @@ def test_experiment_job_with_gpus_from_the_environment(cluster, two_process_job)
     assert m["world_size"] == 2 and len(m["epochs"]) == 2 and m["train_seconds"] > 0
     assert m["threads_per_rank"] == 1  # the job's 2 CPUs shared by its 2 processes
     per_job = job["results"] / "jobs" / job["job_id"]
-    assert len(json.loads((per_job / "records-batch32.json").read_text())) == 3  # aggregate + 2 ranks
+    lines = (per_job / "records-batch32.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # aggregate + 2 ranks, one JSON line each
     assert json.loads((per_job / "machine.json").read_text())["profile"] == "quick"  # `lab_utils info`
     assert "exit code 0" in (per_job / "job.txt").read_text()
 
@@ -347,7 +348,8 @@ def test_experiment_step_gets_the_cpus_the_job_asked_for(two_process_job):
     """
     job = two_process_job
     assert job["code"] == 0
-    records = json.loads((job["results"] / "jobs" / job["job_id"] / "records-batch32.json").read_text())
+    path = job["results"] / "jobs" / job["job_id"] / "records-batch32.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(records) == 3
     assert {r["hardware"]["cpu_cores"] for r in records} == {2}, [r["hardware"] for r in records]
 
@@ -355,15 +357,16 @@ def test_experiment_step_gets_the_cpus_the_job_asked_for(two_process_job):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_notebook_02_reuses_the_jobs_records(two_process_job, monkeypatch):
-    """The job ran exactly what notebook 02 would: run_scaling finds it stored, measures nothing."""
+    """The job ran exactly what notebook 02 would: scaling.measure finds it stored, measures nothing."""
     from lab_utils.experiments import scaling
     from lab_utils.session import start
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(two_process_job["results"]))
     lab = start("quick")
-    result = scaling.run_scaling(lab, scaling.settings_for("quick", batch_sizes=(32,)), devices=(2,),
-                                 methods=(scaling.DDP,))
-    assert result.measured == [] and [r.status for r in result.records] == ["ok"]
+    stored = len(lab.store.records("scaling"))
+    settings = lab.settings(scaling.Settings, batch_sizes=(32,), devices=(2,))
+    records = [r for r in scaling.measure(lab, settings) if r.config["method"] == scaling.DDP]
+    assert [r.status for r in records] == ["ok"] and len(lab.store.records("scaling")) == stored
 
 
 @pytest.mark.slurm

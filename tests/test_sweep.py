@@ -13,10 +13,12 @@ import weakref
 
 import pytest
 import torch
+from store_helpers import lab_for
 from torch import nn
 
+from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import sweep
+from lab_utils.experiments import sweep, sweep_tables
 from lab_utils.models import ResNet18
 
 WIDTH = 2
@@ -108,38 +110,43 @@ def cap_between(fits: int, fails: int) -> int:
     return int(state + per_image * (fits + fails) / 2)
 
 
-def small_sweep(store, **kw):
+def small_sweep(store, force=False, device="cpu", **kw):
+    """A sweep through notebook 01's door: settings from the quick profile with overrides, then measure."""
     args = dict(batch_sizes=SIZES, width=WIDTH, train_images=TRAIN_IMAGES, test_images=TEST_IMAGES,
-                memory_cap_bytes=cap_between(32, 128), dataset="synthetic", device="cpu", store=store,
-                verbose=False)
+                memory_cap_bytes=cap_between(32, 128), dataset="synthetic")
     args.update(kw)
-    return sweep.run_sweep("quick", **args)
+    lab = lab_for(store, device)
+    return sweep.measure(lab, lab.settings(sweep.Settings, **args), force=force, verbose=False)
+
+
+def ok(records):
+    return [r for r in records if r.status == "ok"]
 
 
 def test_sweep_stops_growing_after_oom_and_frees_the_model(oom_sweep):
     store, spy, result = oom_sweep
-    statuses = [r.status for r in result.records]
+    statuses = [r.status for r in result]
     assert statuses == ["ok", "ok", "oom", "skipped"]
     # 2 epochs at 8 and 32, then batch 128 fails in its first epoch; 512 is never tried.
     assert spy.calls == [8, 8, 32, 32, 128]
-    oom = result.records[2]
+    oom = result[2]
     assert oom.reason.startswith("OOM:") and "memory cap" in oom.reason
-    assert "128" in result.records[3].reason
-    assert result.largest_fitting_batch == 32
+    assert "128" in result[3].reason
+    assert sweep_tables.largest_fitting_batch(result) == 32
     # The OOM row is stored (a measurement); the skipped row is not (it follows from it).
     stored = {r.config["batch_size"]: r.status for r in store.latest("batch_sweep")}
     assert stored == {8: "ok", 32: "ok", 128: "oom"}
     # Every model, including the one that ran out of memory mid-forward, has been freed.
     assert all(ref() is None for ref in spy.models)
     # Measured rows carry the real training result.
-    for r in result.ok:
+    for r in ok(result):
         m = r.metrics
         assert m["images"] == TRAIN_IMAGES and m["steps"] == -(-TRAIN_IMAGES // r.config["batch_size"])
         assert m["train_seconds"] > 0 and m["images_per_s"] == pytest.approx(m["images"] / m["train_seconds"])
         assert m["peak_memory_bytes"] is None  # not tracked on CPU
         assert m["cpu_cap_peak_step_bytes"] <= r.config["memory_cap_bytes"]
         assert 0 <= m["test_accuracy"] <= 1 and m["loss"] > 0
-    assert result.records[0].synthetic is True
+    assert result[0].synthetic is True
 
 
 def test_real_cpu_allocator_oom_is_caught_and_other_errors_are_not(store, spy):
@@ -148,8 +155,8 @@ def test_real_cpu_allocator_oom_is_caught_and_other_errors_are_not(store, spy):
 
     spy.fail[32] = huge_allocation
     result = small_sweep(store, memory_cap_bytes=0)  # 0: no cap, so only the allocator can fail
-    assert [r.status for r in result.records] == ["ok", "oom", "skipped", "skipped"]
-    assert "can't allocate memory" in result.records[1].reason
+    assert [r.status for r in result] == ["ok", "oom", "skipped", "skipped"]
+    assert "can't allocate memory" in result[1].reason
     assert spy.calls == [8, 8, 32]
 
     def boom():
@@ -162,24 +169,24 @@ def test_real_cpu_allocator_oom_is_caught_and_other_errors_are_not(store, spy):
 
 def test_resume_measures_nothing_new(store, spy):
     first = small_sweep(store, batch_sizes=(8, 32))
-    assert first.measured == [8, 32] and len(spy.calls) == 4
+    assert len(spy.calls) == 4 and len(store.records("batch_sweep")) == 2
     again = small_sweep(store, batch_sizes=(8, 32))
-    assert again.measured == [] and len(spy.calls) == 4  # no run_epoch call at all
-    assert [r.metrics for r in again.records] == [r.metrics for r in first.records]
+    assert len(spy.calls) == 4 and len(store.records("batch_sweep")) == 2  # no run_epoch call, nothing stored
+    assert [r.metrics for r in again] == [r.metrics for r in first]
     # A stored OOM also stops the resumed sweep without training.
     small_sweep(store, batch_sizes=(8, 32, 128))
     assert spy.calls[4:] == [128]
     resumed = small_sweep(store, batch_sizes=SIZES)
-    assert resumed.measured == [] and spy.calls[4:] == [128]
-    assert [r.status for r in resumed.records] == ["ok", "ok", "oom", "skipped"]
+    assert spy.calls[4:] == [128]
+    assert [r.status for r in resumed] == ["ok", "ok", "oom", "skipped"]
     # force re-measures.
-    forced = small_sweep(store, batch_sizes=(8,), force=True)
-    assert forced.measured == [8] and spy.calls[-2:] == [8, 8]
+    small_sweep(store, batch_sizes=(8,), force=True)
+    assert spy.calls[-2:] == [8, 8]
 
 
 def test_table_has_one_row_per_batch_size(oom_sweep):
     store, _, result = oom_sweep
-    table = sweep.save_tables(store, result)
+    table = sweep_tables.save_tables(store, result, sweep.Settings(SIZES, WIDTH, TRAIN_IMAGES, TEST_IMAGES))
     assert list(table["batch size"]) == list(SIZES)
     assert list(table["status"]) == ["ok", "ok", "oom", "skipped"]
     assert list(table["peak memory (GiB)"][:2]) == ["not tracked on CPU"] * 2
@@ -190,15 +197,16 @@ def test_table_has_one_row_per_batch_size(oom_sweep):
     assert len(csv) == 1 + len(SIZES)
     phases = (store.tables_dir / "batch_sweep_phases.csv").read_text().strip().splitlines()
     assert len(phases) == 1 + 2  # measured batch sizes only
-    fig = sweep.plot_sweep(result)
-    assert store.save_figure(fig, "batch_sweep", result.records).exists()
+    fig = sweep_tables.plot_sweep(result, sweep.Settings(SIZES, WIDTH, TRAIN_IMAGES, TEST_IMAGES))
+    assert store.save_figure(fig, "batch_sweep", result).exists()
 
 
 def test_flop_table_on_cpu_has_no_percentage(oom_sweep):
     store, _, result = oom_sweep
     flops = sweep.FlopsPerImage(width=WIDTH, forward_flops=1e6, train_flops=3e6)
-    table, why = sweep.save_flop_table(store, result, flops)
-    ips = result.records[1].metrics["images_per_s"]
+    table, why = sweep_tables.save_flop_table(store, result, sweep.Settings(SIZES, WIDTH, TRAIN_IMAGES,
+                                                                            TEST_IMAGES), flops)
+    ips = result[1].metrics["images_per_s"]
     assert table["achieved TFLOP/s"][1] == pytest.approx(3e6 * ips / 1e12)
     assert list(table["% of peak"]) == ["", ""]
     assert "No % of peak" in why
@@ -246,15 +254,16 @@ def test_memory_cap_counts_model_state_and_activations_by_hand():
 ])
 def test_bad_input_is_rejected_before_training(store, spy, kw, match):
     with pytest.raises(LabError, match=match):
-        sweep.run_sweep("quick", device="cpu", store=store, verbose=False, **kw)
+        lab = lab_for(store)
+        sweep.measure(lab, lab.settings(sweep.Settings, **kw), verbose=False)
     assert spy.calls == []
 
 
 def test_profiles_follow_the_spec():
-    full = sweep.SWEEP_SETTINGS["full"]
+    full = profiles.settings(sweep.Settings, "full")
     assert full.batch_sizes[:5] == (32, 128, 512, 2048, 8192) and full.width == 64
     assert full.train_images is None and full.epochs == 2 and full.reported_epoch == 2
-    quick = sweep.SWEEP_SETTINGS["quick"]
+    quick = profiles.settings(sweep.Settings, "quick")
     assert quick.memory_cap_bytes and quick.width < 64 and quick.batch_sizes[0] == 32
     assert sweep.growing_batch_sizes(32, 4, 2048) == (32, 128, 512, 2048)
 
@@ -266,9 +275,8 @@ def test_anchor_table_compares_only_the_spec_configuration():
         metrics = {"train_seconds": seconds} if seconds is not None else {}
         return Record(experiment="batch_sweep", config={"batch_size": bs}, metrics=metrics, status=status)
 
-    full = sweep.SweepResult(records=[rec(32, 20.65), rec(128, 16.8), rec(512, None, "oom")],
-                             settings=sweep.SWEEP_SETTINGS["full"], profile="full", device="x", measured=[])
-    t = sweep.anchor_table(full)
+    full = [rec(32, 20.65), rec(128, 16.8), rec(512, None, "oom")]
+    t = sweep_tables.anchor_table(full, profiles.settings(sweep.Settings, "full"))
     assert list(t["batch size"]) == [32, 128, 512]
     assert t["cohort / this run"][0] == pytest.approx(43.42 / 20.65)  # the cohort's own sweep
     assert t["cohort / this run"][1] == pytest.approx(36.85 / 16.8)
@@ -277,16 +285,17 @@ def test_anchor_table_compares_only_the_spec_configuration():
     sweep_s = list(t["cohort batch sweep, Q1 (s)"])
     assert sweep_s == [43.42, 36.85, 40.25] and sweep_s[2] > sweep_s[1]
     assert t["cohort / this run"][2].startswith("not measured (oom")
-    quick = sweep.SweepResult(records=full.records, settings=sweep.SWEEP_SETTINGS["quick"], profile="quick",
-                              device="x", measured=[])
-    assert set(sweep.anchor_table(quick)["cohort / this run"]) == {"not comparable: reduced model/data"}
+    quick = profiles.settings(sweep.Settings, "quick")
+    assert set(sweep_tables.anchor_table(full, quick)["cohort / this run"]) == {
+        "not comparable: reduced model/data"}
 
 
 def test_quick_sweep_pins_threads_like_the_ddp_workers(store, monkeypatch):
     from lab_utils.experiments import scaling
 
-    assert sweep.SWEEP_SETTINGS["quick"].cpu_threads == scaling.SETTINGS["quick"].cpu_threads
-    assert sweep.SWEEP_SETTINGS["full"].cpu_threads is None  # GPUs: torch's default
+    assert profiles.settings(sweep.Settings, "quick").cpu_threads == profiles.settings(
+        scaling.Settings, "quick").cpu_threads
+    assert profiles.settings(sweep.Settings, "full").cpu_threads is None  # GPUs: torch's default
     before = torch.get_num_threads()
     seen = []
     real = sweep._measure_batch
@@ -296,8 +305,7 @@ def test_quick_sweep_pins_threads_like_the_ddp_workers(store, monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(sweep, "_measure_batch", spy)
-    result = sweep.run_sweep("quick", batch_sizes=(32,), train_images=64, test_images=32, dataset="synthetic",
-                             device="cpu", store=store, verbose=False)
+    result = small_sweep(store, batch_sizes=(32,), train_images=64, test_images=32, memory_cap_bytes=0)
     assert seen == [1] and torch.get_num_threads() == before  # pinned inside, restored after
-    rec = result.records[0]
+    rec = result[0]
     assert rec.config["cpu_threads"] == 1 and rec.threads == 1

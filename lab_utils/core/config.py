@@ -68,7 +68,7 @@ class Profile:
 
 
 # Per-profile values: lab_utils.core.profiles (one table for every notebook).
-PROFILES: dict[str, Profile] = profiles.table(Profile)
+PROFILES: dict[str, Profile] = profiles.table(profiles.register(Profile, profiles.PROFILE, "profile"))
 
 
 def cuda_available() -> bool:

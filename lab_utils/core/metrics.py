@@ -19,8 +19,10 @@ nested structure described in the definition).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("eval_seconds", "DDP: wall time of the evaluation (rank 0's BatchNorm broadcast, every shard, the sums "
      "all-reduced), slowest rank", "s"),
     ("val_loss", "GPT: mean next-token loss on the validation split (all ranks' shards)", "nats"),
-    ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)"
-     "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)", "s"),
+    ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)",
+     "s"),
     # ---------------------------------------------------------------- communication (core.comm_hooks)
     ("allreduce_seconds", "(c): time during which a gradient all-reduce was in flight (DDP comm hook, union "
      "over buckets), per epoch: summed over the epoch's steps, or the probe's per-step value x steps", "s"),
@@ -268,3 +270,33 @@ def note(name: str) -> str:
     if m is None:
         raise KeyError(f"{name!r} is not in lab_utils.core.metrics; define it there first")
     return f"{m.name}: {m.definition} ({m.unit})"
+
+
+#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
+#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
+T_N = "train_seconds"
+
+
+def value(record: Any, name: str) -> float | None:
+    """The number ``name`` of an ``ok`` record's metrics; None (a blank table cell) when the record
+    is missing, not ok, or does not hold it. ``value(rec, T_N)`` is T(N)."""
+    if record is None or getattr(record, "status", None) != "ok":
+        return None
+    v = record.metrics.get(name)
+    return float(v) if v is not None else None
+
+
+def is_missing(v: Any) -> bool:
+    """None, NaN or not a number: a blank cell."""
+    try:
+        return math.isnan(float(v))
+    except (TypeError, ValueError):
+        return True
+
+
+def blank_missing(df):
+    """Float columns as objects with None for missing numbers: the tables show an empty cell, not 'nan'."""
+    for c in df.columns:
+        if df[c].dtype.kind == "f":
+            df[c] = df[c].astype(object).where(df[c].notna(), None)
+    return df

@@ -6,22 +6,25 @@ assignment as written, for a GPU node. Each table below holds the keyword values
 settings dataclass, keyed by profile; the comments say why each quick value was chosen.
 The dataclasses themselves (and their checks) live with the code that uses them:
 
-=====================  ====================================================  ========
-table                  dataclass                                             notebook
-=====================  ====================================================  ========
-``Profile``            :class:`lab_utils.core.config.Profile` (shared knobs)  all
-``SweepSettings``      :class:`lab_utils.experiments.sweep.SweepSettings`     01
-``ScalingSettings``    :class:`lab_utils.experiments.scaling.ScalingSettings` 02, 03
-``BenchSettings``      :class:`lab_utils.experiments.comm.BenchSettings`      04
-``CommLabSettings``    :class:`lab_utils.experiments.comm.CommLabSettings`    04
-``LargeBatchSettings`` :class:`lab_utils.experiments.large_batch.LargeBatchSettings` 05
-``GPTSettings``        :class:`lab_utils.experiments.gpt.GPTSettings`         06
-``QuantSettings``      :class:`lab_utils.experiments.quantize.QuantSettings`  07
-``FastSettings``       :class:`lab_utils.experiments.fastpath.FastSettings`   08
-=====================  ====================================================  ========
+===============  ====================================================  ========
+table            dataclass                                             notebook
+===============  ====================================================  ========
+``PROFILE``      :class:`lab_utils.core.config.Profile` (shared knobs)  all
+``SWEEP``        :class:`lab_utils.experiments.sweep.Settings`          01
+``SCALING``      :class:`lab_utils.experiments.scaling.Settings`        02, 03
+``BENCH``        :class:`lab_utils.experiments.comm.BenchSettings`      04
+``COMM_LAB``     :class:`lab_utils.experiments.comm.Settings`           04
+``LARGE_BATCH``  :class:`lab_utils.experiments.large_batch.Settings`    05
+``GPT``          :class:`lab_utils.experiments.gpt.Settings`            06
+``QUANT``        :class:`lab_utils.experiments.quantize.Settings`       07
+``FAST``         :class:`lab_utils.experiments.fastpath.Settings`       08
+===============  ====================================================  ========
 
-Two functions use them: :func:`table` builds a module's ``{profile: settings}`` from its
-dataclass, and :func:`override` is the one way a notebook's parameters cell changes them.
+Each module registers its dataclass with its table (:func:`register`: keyed by the class,
+so the module's import of this table is a dependency the architecture test sees);
+:func:`settings` (``lab.settings(cls, ...)`` in a notebook) gives a profile's values with the
+parameters cell's overrides (:func:`override`, the one way a notebook changes them), and
+:func:`table` all profiles' values of a class.
 This module imports nothing of the lab but the core's errors and units, so every layer can
 read it.
 """
@@ -36,7 +39,7 @@ from lab_utils.core.errors import LabError
 T = TypeVar("T")
 MIB, GIB = 1024**2, 1024**3  # bytes, as lab_utils.core.ring counts them
 
-Profile = {
+PROFILE = {
     "quick": dict(
         name="quick",
         description="CPU/CI profile: small data subsets and few steps, minutes on 2 cores",
@@ -54,7 +57,7 @@ Profile = {
 }
 
 
-SweepSettings = {
+SWEEP = {
     # CPU/CI: a width-8 ResNet-18 (same family, 1/64 of the FLOPs) on 1,024 images; the
     # 160 MB cap lets 32 and 128 fit and makes 512 run out of memory (~0.6 MB of saved
     # activations per image at width 8), so the table shows the OOM row.
@@ -70,7 +73,7 @@ SweepSettings = {
 }
 
 
-ScalingSettings = {
+SCALING = {
     # CPU/CI: ResNet-18 at width 8 (1/64 of the FLOPs, 176k parameters) on 1,024 images,
     # gloo over 1, 2 and 4 single-thread processes; on 2 cores the 4 processes take turns
     # (oversubscribed, and Table 1 says so), which still runs every 4-device path. 2048 per device needs more
@@ -87,7 +90,7 @@ ScalingSettings = {
 }
 
 
-LargeBatchSettings = {
+LARGE_BATCH = {
     # CPU/CI: a width-8 ResNet-18 on 3,072 synthetic images; the reference is batch 16 on one
     # gloo process, the large runs 4 x 64 = 256 (per-device batch x 4, as 4 x 512 in the
     # assignment; 16x the reference, as 2048 = 16 x 128), emulated on 2 gloo processes x 2
@@ -114,7 +117,7 @@ LargeBatchSettings = {
 }
 
 
-GPTSettings = {
+GPT = {
     "quick": dict(
         size="tiny", dtype="fp32", lr=3e-3, max_chars=60_000,
         scaling_epochs=2, effective_batch=128, micro_batches=(2, 4, 8, 16, 32, 64, 128),
@@ -126,7 +129,7 @@ GPTSettings = {
 }
 
 
-QuantSettings = {
+QUANT = {
     "quick": dict(eval_tokens=8192, eval_batch_size=32, prompt_tokens=8, new_tokens=16,
                            large_batch=16, cpu_large_batch=16, warmup=1, repeats=5,
                            fallback_size="tiny", fallback_steps=100, fallback_batch_size=16,
@@ -138,7 +141,7 @@ QuantSettings = {
 }
 
 
-FastSettings = {
+FAST = {
     # CPU/CI: a width-8 ResNet-18 on 1024 images; compile skipped (minutes on a CPU).
     "quick": dict(width=8, train_images=1024, data_images=2048, warmup_steps=1,
                           data_min_seconds=0.5, compile=False, trace_steps=2, accuracy_epochs=1,
@@ -150,13 +153,13 @@ FastSettings = {
 }
 
 
-BenchSettings = {
+BENCH = {
     "quick": dict(max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0),
     "full": dict(max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0),
 }
 
 
-CommLabSettings = {
+COMM_LAB = {
     "quick": dict(bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2,
                              compute_warmup=1,
                              label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8"),
@@ -168,22 +171,37 @@ CommLabSettings = {
 
 
 
-VALUES: dict[str, dict[str, dict[str, Any]]] = {
-    "Profile": Profile,
-    "SweepSettings": SweepSettings,
-    "ScalingSettings": ScalingSettings,
-    "LargeBatchSettings": LargeBatchSettings,
-    "GPTSettings": GPTSettings,
-    "QuantSettings": QuantSettings,
-    "FastSettings": FastSettings,
-    "BenchSettings": BenchSettings,
-    "CommLabSettings": CommLabSettings,
-}
+
+# The settings of every class, keyed by the class itself (not its name): filled by register(),
+# which each module calls for its own dataclass with its table above, so the dependency is an
+# import the architecture test sees.
+_REGISTRY: dict[type, tuple[dict[str, Any], str]] = {}
+
+
+def register(cls: type[T], values: dict[str, dict[str, Any]], what: str = "") -> type[T]:
+    """Key ``values`` (one of the tables above) by the settings class ``cls``; ``what`` names the
+    settings in error messages ("sweep", "GPT", ...). Returns ``cls``."""
+    for kw in values.values():
+        cls(**kw)  # every profile's values build the class (a typo fails at import)
+    _REGISTRY[cls] = (values, what or cls.__name__)
+    return cls
 
 
 def table(cls: type[T]) -> dict[str, T]:
-    """``{profile name: cls(**that profile's values)}`` for the settings dataclass ``cls``."""
-    return {profile: cls(**values) for profile, values in VALUES[cls.__name__].items()}
+    """``{profile name: cls(**that profile's values)}`` for a registered settings class."""
+    if cls not in _REGISTRY:
+        raise LabError(f"{cls.__qualname__} has no profile values; register it with profiles.register.")
+    return {profile: cls(**values) for profile, values in _REGISTRY[cls][0].items()}
+
+
+def settings(cls: type[T], profile: str, /, **overrides: Any) -> T:
+    """THE settings function: the profile's values of ``cls`` with the notebook's overrides
+    (:func:`override`: None keeps the profile's value), checked. ``LabSession.settings`` calls it."""
+    base = table(cls).get(profile)
+    if base is None:
+        raise LabError(f"No {_REGISTRY[cls][1]} settings for profile {profile!r}; "
+                       f"use one of: {', '.join(table(cls))}.")
+    return override(base, _REGISTRY[cls][1], **overrides)
 
 
 def override(base: T, what: str | None = None, /, **overrides: Any) -> T:

@@ -1,13 +1,19 @@
-"""One module per notebook: its settings, what one measurement runs, tables and figures.
+"""One experiment per notebook, each of one shape: a ``Settings`` dataclass (its quick and full values
+registered in :mod:`lab_utils.core.profiles`), ``measure(lab, settings) -> list[Record]`` (through the
+store's one door, so a re-run measures only what is missing), then tables and figures from those
+records in a module of their own.
 
-- :mod:`~lab_utils.experiments.sweep`        01 batch-size sweep on one device
-- :mod:`~lab_utils.experiments.scaling`      02 DataParallel/DDP scaling, 03 compute vs communication
-- :mod:`~lab_utils.experiments.comm`         04 all-reduce bandwidth and the ring model
-- :mod:`~lab_utils.experiments.large_batch`  05 large-batch accuracy and the communication ledger
+- :mod:`~lab_utils.experiments.sweep`        01 batch-size sweep on one device (tables: ``sweep_tables``)
+- :mod:`~lab_utils.experiments.scaling`      02 DataParallel/DDP scaling (``scaling_tables``), 03 compute
+                                             vs communication (``compute_vs_comm``)
+- :mod:`~lab_utils.experiments.comm`         04 all-reduce bandwidth and the ring model (``comm_tables``)
+- :mod:`~lab_utils.experiments.large_batch`  05 large-batch accuracy (``large_batch_tables``) and the
+                                             communication ledger (``accounting_tables``)
 - :mod:`~lab_utils.experiments.gpt`          06 the GPT trained with DDP and gradient accumulation
-- :mod:`~lab_utils.experiments.quantize`     07 int8 quantization
+                                             (``gpt_tables``, ``gpt_samples``)
+- :mod:`~lab_utils.experiments.quantize`     07 int8 quantization (``quant_variants``, ``quant_model``,
+                                             ``quant_timing``, ``quantize_tables``)
 - :mod:`~lab_utils.experiments.fastpath`, :mod:`~lab_utils.experiments.bench_timers`
-                                             08 speed limits: the fast path and timer overhead
-
-Every notebook's quick and full values live in :mod:`lab_utils.profiles`.
+                                             08 speed limits: the fast path (``fast_train``,
+                                             ``fastpath_tables``) and timer overhead
 """

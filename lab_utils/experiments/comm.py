@@ -3,78 +3,65 @@
 The formulas (the gradient's bytes, what a ring all-reduce sends per rank and per epoch,
 the time models of ring, tree, recursive doubling and halving-doubling, nccl-tests' algbw
 and busbw, the alpha-beta fit) live in :mod:`lab_utils.core.ring`; this module measures and
-projects with them, and still exposes the ones it uses (``comm.ring_bytes_per_rank``).
+projects with them, and re-exports the two notebook 04 calls (``comm.gradient_bytes``,
+``comm.ring_bytes_per_epoch``).
 
-**Benchmark, fit, projections.** :func:`run_allreduce_bench` runs
-:mod:`lab_utils.workers.allreduce_bench` under torchrun (NCCL on GPUs, gloo on CPU processes),
-:func:`fit_alpha_beta` fits alpha and B by least squares on relative error, and
-:func:`project_scaling` predicts epoch time, speedup and efficiency on 8..1024 devices
-from the fit and a measured compute time per step, under assumptions that
-:data:`PROJECTION_ASSUMPTIONS` writes out. ``python -m lab_utils bench allreduce`` is
-:func:`bench_main`.
+The experiment's shape: :class:`Settings` (and the benchmark's :class:`BenchSettings`),
+:func:`measure` (lab, settings) -> the benchmark's records; the tables, the fit, the projections
+and the figures are in :mod:`lab_utils.experiments.comm_tables`.
+
+**Benchmark.** :func:`measure_bench` runs :mod:`lab_utils.workers.allreduce_bench` under torchrun
+(NCCL on GPUs, gloo on CPU processes); the worker hands its records back, the store keeps them.
+**Table 3** (:func:`utilization_rows`): bytes a ring moves per rank and epoch over measured
+communication seconds (:class:`CommMeasurement`).
 """
 
 from __future__ import annotations
 
-import argparse
-import math
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from lab_utils import launcher
 from lab_utils.core import hardware, profiles
 from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.comm_hooks import noise_flag
 from lab_utils.core.config import check_positive_int
-from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import gpu_count, hardware_summary
+from lab_utils.core.hardware import cpu_cores, gpu_count, hardware_summary
 from lab_utils.core.loop import make_optimizer, train_steps
-from lab_utils.core.ring import (
-    DDP_BUCKET_BYTES,
-    DDP_FIRST_BUCKET_BYTES,
-    GB,
-    AlphaBetaFit,
-    _check_pos,
-    _check_world_size,
-    bucketed_ring_seconds,
-    compare_algorithms,
-    fit_alpha_beta,
-    gradient_bytes,
-    iterations_per_epoch,
-    message_sizes,  # the formulas; re-exported, so comm.<name> works too
-    ring_bytes_per_epoch,
-    ring_bytes_per_rank,
-    samples_per_rank,
-)
-from lab_utils.core.ring import (
-    spec_log2_seconds as spec_log2_seconds,
-)
+from lab_utils.core.ring import GB, iterations_per_epoch, message_sizes, ring_bytes_per_rank
+
+# The formulas notebook 04 and its exercises call as comm.<name> (re-exported from core.ring).
+from lab_utils.core.ring import gradient_bytes as gradient_bytes
+from lab_utils.core.ring import ring_bytes_per_epoch as ring_bytes_per_epoch
 from lab_utils.core.timing import synchronize
-from lab_utils.experiments import scaling
-from lab_utils.models import ResNet18, count_parameters
-from lab_utils.store import Record, ResultStore
+from lab_utils.models import ResNet18
+from lab_utils.session import session_for
+from lab_utils.store import Record
 from lab_utils.workers.args import BenchArgs
 
+__all__ = ["BENCH_EXPERIMENT", "BenchSettings", "CommMeasurement", "LinkPeak", "Settings",
+           "bench_rank_counts", "detect_link_peak", "gradient_bytes", "measure", "measure_bench",
+           "measure_compute_step_seconds", "measure_compute_steps", "plan_bench", "ring_bytes_per_epoch",
+           "utilization_rows"]
+
 BENCH_EXPERIMENT = "allreduce_bench"
-BENCH_MODULE = "lab_utils.workers.allreduce_bench"
+_BENCH_MODULE = "lab_utils.workers.allreduce_bench"
 
 
 # The spec's device counts for projections past the hardware at hand.
-PROJECTION_DEVICES = tuple(2**k for k in range(3, 11))  # 8, 16, ..., 1024
+_PROJECTION_DEVICES = tuple(2**k for k in range(3, 11))  # 8, 16, ..., 1024
 
 
 # --------------------------------------------------------------------------- nominal links
 
 # Nominal NVLink bandwidth per GPU, one direction, decimal GB/s (data sheets: total
 # bidirectional / 2). busbw is compared with one direction: a ring sends and receives at once.
-NVLINK_GB_PER_S: list[tuple[str, float]] = [
+_NVLINK_GB_PER_S: list[tuple[str, float]] = [
     ("H100 NVL", 300.0),   # NVLink bridge, 600 GB/s bidirectional
     ("H100 PCIe", 300.0),  # NVLink bridge, 600 GB/s bidirectional
     ("H100", 450.0),       # SXM5, NVLink 4, 900 GB/s bidirectional
@@ -83,7 +70,7 @@ NVLINK_GB_PER_S: list[tuple[str, float]] = [
     ("V100", 150.0),       # SXM2, NVLink 2, 300 GB/s bidirectional
 ]
 # PCIe, per lane and direction, decimal GB/s after line encoding.
-PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+_PCIE_LANE_GB_PER_S = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
 
 @dataclass
 class LinkPeak:
@@ -93,7 +80,7 @@ class LinkPeak:
     description: str
 
 
-def nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
+def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
                       pcie_width: int | None = None) -> LinkPeak:
     """The nominal one-direction bandwidth of the link a ring uses, when it is known.
 
@@ -101,12 +88,12 @@ def nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int |
     memory / loopback), mixed topologies and unknown GPUs get no number.
     """
     if kind == "nvlink" and device_name:
-        for pattern, gbps in NVLINK_GB_PER_S:
+        for pattern, gbps in _NVLINK_GB_PER_S:
             if pattern.lower() in device_name.lower():
                 return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)")
         return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak")
-    if kind == "pcie" and pcie_gen in PCIE_LANE_GB_PER_S and pcie_width:
-        gbps = PCIE_LANE_GB_PER_S[pcie_gen] * pcie_width
+    if kind == "pcie" and pcie_gen in _PCIE_LANE_GB_PER_S and pcie_width:
+        gbps = _PCIE_LANE_GB_PER_S[pcie_gen] * pcie_width
         return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)")
     if kind == "mixed":
         return LinkPeak(None, "mixed NVLink/PCIe topology: the ring's slowest hop is unknown, "
@@ -136,10 +123,10 @@ def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
     """
     count = hardware.gpu_count() if n_gpus is None else n_gpus
     if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
-        return nominal_link_peak("cpu", None)
+        return _nominal_link_peak("cpu", None)
     kind = hardware.classify_interconnect(hardware.interconnect(), count)
     gen, width = _pcie_link() if kind == "pcie" else (None, None)
-    return nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)
+    return _nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -161,12 +148,11 @@ class BenchSettings:
     timeout_s: float = 600.0
 
 
-# Per-profile values: lab_utils.core.profiles (one table for every notebook).
-BENCH_SETTINGS: dict[str, BenchSettings] = profiles.table(BenchSettings)
+profiles.register(BenchSettings, profiles.BENCH, "all-reduce benchmark")
 
 
 @dataclass(frozen=True)
-class BenchPlan:
+class _BenchPlan:
     """Which backend and how many ranks a benchmark runs, and on what."""
 
     backend: str
@@ -175,7 +161,7 @@ class BenchPlan:
     note: str = ""
 
 
-def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
+def plan_bench(nproc: int | None = None, backend: str = "auto") -> _BenchPlan:
     """NCCL on GPUs when there are at least 2 (one rank per GPU), else gloo on CPU processes.
 
     Two NCCL ranks cannot share one GPU, so a one-GPU machine benchmarks gloo between
@@ -195,26 +181,26 @@ def plan_bench(nproc: int | None = None, backend: str = "auto") -> BenchPlan:
         if n > gpus:
             raise LabError(f"NCCL runs one rank per GPU: {n} ranks need {n} GPUs, this machine has {gpus}; "
                            f"use --nproc {gpus} or --backend gloo.")
-        return BenchPlan("nccl", n, "cuda")
+        return _BenchPlan("nccl", n, "cuda")
     n = nproc or 2
     note = ""
     if gpus == 1:
         note = "one GPU only: NCCL needs a GPU per rank, so this benchmarks gloo between CPU processes"
     elif gpus == 0:
         note = "no GPU: gloo between CPU processes (shared memory), not a GPU interconnect"
-    return BenchPlan("gloo", n, "cpu", note)
+    return _BenchPlan("gloo", n, "cpu", note)
 
 
-def bench_args(settings: BenchSettings, backend: str) -> BenchArgs:
+def _bench_args(settings: BenchSettings, backend: str) -> BenchArgs:
     """The benchmark worker's arguments, :class:`lab_utils.workers.args.BenchArgs` (the launcher
     adds ``--out``)."""
     return BenchArgs(max_bytes=settings.max_bytes, min_bytes=settings.min_bytes, iters=settings.iters,
                      warmup=settings.warmup, backend=backend).validate()
 
 
-def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings | None = None,
-                        backend: str = "auto", force: bool = False, log_dir: str | Path | None = None,
-                        verbose: bool = True) -> list:
+def measure_bench(lab, nproc: int | None = None, settings: BenchSettings | None = None,
+                  backend: str = "auto", force: bool = False, log_dir: str | Path | None = None,
+                  verbose: bool = True) -> list[Record]:
     """Run (or reuse) the benchmark on ``nproc`` ranks; return one stored Record per message size.
 
     The sizes are one benchmark, measured side by side: all are reused (unless ``force``) when
@@ -223,7 +209,8 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     ``time_us`` = mean microseconds per all-reduce of the slowest rank, ``algbw_gb_per_s``,
     ``busbw_gb_per_s``, ``correct``), stored through :meth:`~lab_utils.store.ResultStore.run_many`.
     """
-    settings = settings or BENCH_SETTINGS[store.profile]
+    store = session_for(lab).store
+    settings = settings or profiles.settings(BenchSettings, store.profile)
     sizes = message_sizes(settings.min_bytes, settings.max_bytes)
     check_positive_int(settings.iters, "benchmark iterations")
     if settings.warmup < 0:
@@ -231,7 +218,7 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     plan = plan_bench(nproc, backend)
     if plan.nproc < 2:
         raise LabError("An all-reduce benchmark needs at least 2 ranks; use --nproc 2 or more.")
-    args = bench_args(settings, plan.backend)
+    args = _bench_args(settings, plan.backend)
     cfgs = [args.record_config(plan.nproc, s) for s in sizes]
     hw = hardware_summary(plan.device_type, plan.nproc)
     measured = []
@@ -240,7 +227,7 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
         if verbose:
             print(f"all-reduce benchmark: {plan.backend}, {plan.nproc} ranks, {len(sizes)} sizes "
                   f"{sizes[0]} B .. {sizes[-1]} B" + (f" ({plan.note})" if plan.note else ""))
-        for rec in launcher.stream(BENCH_MODULE, args.to_argv(), nproc=plan.nproc,
+        for rec in launcher.stream(_BENCH_MODULE, args.to_argv(), nproc=plan.nproc,
                                    timeout_s=settings.timeout_s, log_dir=log_dir):
             if plan.note:
                 rec.metrics["note"] = plan.note
@@ -254,202 +241,6 @@ def run_allreduce_bench(store, nproc: int | None = None, settings: BenchSettings
     return [r if r is not None else Record(BENCH_EXPERIMENT, c, status="error", hardware=hw,
                                            reason="the worker returned no timing for it")
             for r, c in zip(out, cfgs)]
-
-
-def bench_frame(records: Iterable):
-    """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        if r.status != "ok":
-            continue
-        rows.append({"ranks": r.config["world_size"], "backend": r.config["backend"],
-                     "size_bytes": r.config["size_bytes"], "count": r.metrics["count"],
-                     "type": r.config["dtype"], "time_us": r.metrics["time_us"],
-                     "algbw_gb_per_s": r.metrics["algbw_gb_per_s"],
-                     "busbw_gb_per_s": r.metrics["busbw_gb_per_s"]})
-    df = pd.DataFrame(rows, columns=["ranks", "backend", "size_bytes", "count", "type", "time_us",
-                                     "algbw_gb_per_s", "busbw_gb_per_s"])
-    return df.sort_values(["ranks", "size_bytes"]).reset_index(drop=True)
-
-
-def format_bench(df) -> str:
-    """The benchmark as nccl-tests prints it: fixed-width columns, one line per size."""
-    lines = [f"{'size(B)':>12} {'count':>11} {'type':>7} {'time(us)':>10} {'algbw(GB/s)':>12} "
-             f"{'busbw(GB/s)':>12}"]
-    for _, r in df.iterrows():
-        lines.append(f"{int(r.size_bytes):>12d} {int(r['count']):>11d} {r.type:>7} {r.time_us:>10.1f} "
-                     f"{r.algbw_gb_per_s:>12.3f} {r.busbw_gb_per_s:>12.3f}")
-    return "\n".join(lines)
-
-
-def fit_records(records: Iterable, failures: dict[int, str] | None = None) -> dict[int, AlphaBetaFit]:
-    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records.
-
-    A rank count whose timings cannot be fitted (too few sizes, or timings that do not
-    grow with size, as happens when the largest message is still latency-bound on a
-    noisy machine) gets no fit; its reason goes into ``failures`` when given.
-    """
-    df = bench_frame(records)
-    fits = {}
-    for p, g in df.groupby("ranks"):
-        if int(p) >= 2 and len(g) >= 3:
-            try:
-                fits[int(p)] = fit_alpha_beta(g.size_bytes.to_numpy(float),
-                                              g.time_us.to_numpy(float) * 1e-6, int(p))
-            except LabError as e:
-                if failures is not None:
-                    failures[int(p)] = str(e)
-    return fits
-
-
-def peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> float | None:
-    """The highest busbw the benchmark measured (on ``world_size`` ranks when given), or None."""
-    df = bench_frame(records)
-    if world_size is not None:
-        df = df[df.ranks == world_size]
-    return float(df.busbw_gb_per_s.max()) if len(df) else None
-
-
-def bench_main(argv: list[str] | None = None) -> int:
-    """``python -m lab_utils bench allreduce``: run the benchmark, print and record it, fit alpha and B."""
-    p = argparse.ArgumentParser(prog="python -m lab_utils bench allreduce",
-                                description="All-reduce bandwidth with nccl-tests' columns, under torchrun "
-                                            "(NCCL on >= 2 GPUs, else gloo between CPU processes).")
-    p.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: all GPUs, or 2 CPU processes)")
-    p.add_argument("--max-bytes", type=int, default=None, help="largest message (default: the profile's)")
-    p.add_argument("--min-bytes", type=int, default=None, help="smallest message (default 8)")
-    p.add_argument("--iters", type=int, default=None, help="timed all-reduces per size")
-    p.add_argument("--warmup", type=int, default=None, help="untimed all-reduces per size")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
-    p.add_argument("--force", action="store_true", help="re-measure sizes already in the store")
-    a = p.parse_args(argv)
-    store = ResultStore(a.profile)
-    base = BENCH_SETTINGS[store.profile]
-    settings = BenchSettings(
-        max_bytes=a.max_bytes if a.max_bytes is not None else base.max_bytes,
-        min_bytes=a.min_bytes if a.min_bytes is not None else base.min_bytes,
-        iters=a.iters if a.iters is not None else base.iters,
-        warmup=a.warmup if a.warmup is not None else base.warmup,
-        timeout_s=base.timeout_s,
-    )
-    records = run_allreduce_bench(store, a.nproc, settings, a.backend, force=a.force)
-    df = bench_frame(records)
-    if df.empty:
-        raise LabError("The benchmark produced no valid timing; see the records' reasons.")
-    ranks = int(df.ranks.iloc[0])
-    print(f"# all-reduce, {ranks} ranks, backend {df.backend.iloc[0]}, profile {store.profile}; "
-          f"time = mean per all-reduce of the slowest rank; GB/s decimal")
-    print(format_bench(df))
-    bad = [r for r in records if r.status != "ok"]
-    for r in bad:
-        print(f"size {r.config['size_bytes']} B: {r.status}: {r.reason}")
-    failures: dict[int, str] = {}
-    fit = fit_records(records, failures).get(ranks)
-    if fit is not None:
-        print("# fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B")
-        print("# " + fit.summary())
-    elif ranks in failures:
-        print(f"# no fitted alpha/B: {failures[ranks]}")
-    print(f"# peak busbw {df.busbw_gb_per_s.max():.3f} GB/s; records in {store.path(BENCH_EXPERIMENT)}")
-    return 1 if bad else 0
-
-
-# --------------------------------------------------------------------------- projections
-
-PROJECTION_ASSUMPTIONS = (
-    "As in the assignment, the per-device batch b is fixed (global batch P x b) and an epoch is the "
-    "whole data set, ceil(ceil(N/P)/b) steps per device (DistributedSampler padding, last partial "
-    "batch kept): each step is weak-scaled, the epoch time strong-scaled (speedup T(1)/T(P)).",
-    "Compute time per step is the measured single-device step time at batch b; the last partial "
-    "step costs its share (samples/b) of it. Every device computes at that speed (no stragglers).",
-    "Every step all-reduces the whole gradient S with a ring, at the fitted alpha and B measured on this "
-    "machine, for every P: no slower inter-node links, no hierarchical or tree algorithms, no contention.",
-    "DDP buckets: the gradient is sent as ceil(S / 25 MiB) ring all-reduces (each pays the latency term).",
-    "Two bounds on overlap: 'no overlap' adds communication after compute; 'full overlap' hides it "
-    "behind compute (step = max of the two). Real DDP lies between.",
-    "Data loading, evaluation, start-up and the optimizer's own cost beyond the measured step are ignored.",
-)
-
-
-@dataclass
-class ProjectionRow:
-    """Predicted epoch on ``devices`` ranks at per-device batch ``per_device_batch`` (seconds)."""
-
-    per_device_batch: int
-    devices: int
-    global_batch: int
-    steps_per_epoch: int
-    compute_seconds: float
-    comm_seconds_per_step: float
-    comm_seconds: float
-    epoch_seconds: float
-    epoch_seconds_full_overlap: float
-    speedup: float
-    efficiency: float
-    speedup_full_overlap: float
-    efficiency_full_overlap: float
-    comm_fraction: float
-
-
-def epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size: int,
-                          step_seconds: float) -> float:
-    """Compute seconds of one rank's epoch: full steps at ``step_seconds``, the partial one pro rata."""
-    n = samples_per_rank(dataset_size, world_size)
-    b = check_positive_int(per_device_batch, "per-device batch size")
-    t = _check_pos(step_seconds, "compute seconds per step")
-    full, rest = divmod(n, b)
-    return full * t + (rest / b) * t
-
-
-def project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
-                    compute_seconds_per_step: Mapping[int, float],
-                    devices: Sequence[int] = PROJECTION_DEVICES,
-                    bucket_bytes: float | None = DDP_BUCKET_BYTES) -> list[ProjectionRow]:
-    """Predicted epoch time, speedup and efficiency on each device count (see PROJECTION_ASSUMPTIONS).
-
-    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one training
-    step on one device. Speedup is ``T_epoch(1) / T_epoch(P)`` (one device: no
-    communication), efficiency ``speedup / P``.
-    """
-    check_positive_int(grad_bytes, "gradient bytes")
-    if not compute_seconds_per_step:
-        raise LabError("Projections need a measured compute time per step for at least one batch size.")
-    rows = []
-    for b, t_step in sorted(compute_seconds_per_step.items()):
-        base = epoch_compute_seconds(dataset_size, b, 1, t_step)
-        for p in devices:
-            _check_world_size(p)
-            steps = iterations_per_epoch(dataset_size, b, p)
-            compute = epoch_compute_seconds(dataset_size, b, p, t_step)
-            if p == 1:
-                comm_step = 0.0
-            elif bucket_bytes:
-                comm_step = bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
-                                                  bucket_bytes)
-            else:
-                comm_step = fit.predict_seconds(grad_bytes, p)
-            comm = steps * comm_step
-            epoch = compute + comm
-            # Full overlap: each step costs max(compute, comm); the partial step is pro rata.
-            per_step_compute = compute / steps
-            overlap = steps * max(per_step_compute, comm_step)
-            rows.append(ProjectionRow(
-                per_device_batch=b, devices=p, global_batch=b * p, steps_per_epoch=steps,
-                compute_seconds=compute, comm_seconds_per_step=comm_step, comm_seconds=comm,
-                epoch_seconds=epoch, epoch_seconds_full_overlap=overlap,
-                speedup=base / epoch, efficiency=base / epoch / p,
-                speedup_full_overlap=base / overlap, efficiency_full_overlap=base / overlap / p,
-                comm_fraction=comm / epoch if epoch else 0.0))
-    return rows
-
-
-def projection_frame(rows: Iterable[ProjectionRow]):
-    import pandas as pd
-
-    return pd.DataFrame([asdict(r) for r in rows])
 
 
 # --------------------------------------------------------------------------- Table 3
@@ -478,25 +269,11 @@ class CommMeasurement:
 
 
 # Which Table 3 GB/s answers Q3.2, and why (one entry per source; the table's ``q3_2`` column).
-Q32_ROLE = {
+_Q32_ROLE = {
     "(a) derived T(N)-T(1)/N": "Q3.2 answer (the assignment's comm time, Q3.1's T(N) - T(1)/N)",
     "(b) exposed (sync - no_sync)": "not a rate: only the exposed part of the all-reduce",
     "(c) hook all-reduce": "check: the all-reduce's own measured time (the network's real rate)",
 }
-Q32_NOTE = (
-    "Which GB/s answers Q3.2: (a). The assignment defines communication time as Q3.1's T(N) - T(1)/N and "
-    "utilization as ring bytes / that time, so (a) is the number the question asks for. It is not the "
-    "all-reduce's speed: (a) bills every inefficiency as communication and misses the all-reduce time hidden "
-    "behind backward. (c), the time an all-reduce was really in flight, is the honest rate of the network; "
-    "report it beside (a) and explain the difference. (b) counts only the exposed part, so its GB/s is no "
-    "rate of anything (it can exceed the link).")
-DP_ASSUMED_RING = "DataParallel (ASSUMED ring, as the assignment says; it is not one)"
-DP_ASSUMED_NOTE = (
-    "DataParallel rows: the assignment says to assume DataParallel uses a ring all-reduce. It does not "
-    "(one process scatters the batch, replicates the model from GPU 0 every step and reduces the gradients "
-    "onto GPU 0), so these GB/s are the assignment's exercise under a false premise: bytes = steps x "
-    "2(N-1)/N x S as if it were a ring, seconds = (a) T(N) - T(1)/N of the DataParallel runs. Only (a) "
-    "exists for DataParallel (no DDP hook, no no_sync).")
 
 
 def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
@@ -524,7 +301,7 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
             "bytes_per_rank_per_epoch": bytes_epoch, "comm_seconds": m.seconds,
             "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
             "note": m.reason or "",
-            "q3_2": Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
+            "q3_2": _Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
         }
         if m.seconds is not None and m.seconds > 0:
             achieved = bytes_epoch / m.seconds / GB
@@ -542,55 +319,10 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
 # --------------------------------------------------------------------------- DDP buckets
 
 
-def ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
-                     first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
-    """Bytes of each gradient bucket DDP all-reduces per step, in the order they are sent.
-
-    After its first iteration DDP rebuilds its buckets in the order gradients become
-    ready, which for a feed-forward network is the reverse of ``model.parameters()``:
-    tensors are added to the current bucket until it holds at least the cap (1 MiB for
-    the first bucket, 25 MiB after), then a new bucket starts. A bucket may therefore
-    exceed its cap by its last tensor; a tensor is never split.
-    """
-    caps = [check_positive_int(first_bucket_bytes, "first bucket bytes"),
-            check_positive_int(bucket_bytes, "bucket bytes")]
-    sizes, current, k = [], 0, 0
-    for p in reversed([p for p in model.parameters() if p.requires_grad]):
-        current += p.numel() * p.element_size()
-        if current >= caps[min(k, len(caps) - 1)]:
-            sizes.append(current)
-            current, k = 0, k + 1
-    if current:
-        sizes.append(current)
-    return sizes
-
-
-def bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit]):
-    """Per DDP bucket: bytes and the fitted ring time / busbw on each benchmarked rank count."""
-    import pandas as pd
-
-    rows = []
-    for i, s in enumerate(bucket_sizes):
-        row: dict[str, Any] = {"bucket": i, "bytes": int(s)}
-        for p, fit in sorted(fits.items()):
-            t = fit.predict_seconds(s)
-            row[f"P={p} modelled ms"] = 1e3 * t
-            row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
-        rows.append(row)
-    total = int(sum(bucket_sizes))
-    row = {"bucket": "one message", "bytes": total}
-    for p, fit in sorted(fits.items()):
-        t = fit.predict_seconds(total)
-        row[f"P={p} modelled ms"] = 1e3 * t
-        row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
-    rows.append(row)
-    return pd.DataFrame(rows)
-
-
 # --------------------------------------------------------------------------- compute per step
 
 
-COMPUTE_EXPERIMENT = "compute_step"
+_COMPUTE_EXPERIMENT = "compute_step"
 
 
 def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int, warmup: int,
@@ -630,109 +362,38 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
     return (time.perf_counter() - start) / steps
 
 
-def compute_step_records(store, width: int, batch_sizes: Sequence[int], device, steps: int, warmup: int,
-                         force: bool = False) -> list:
-    """Measure (or reuse) the compute seconds per step at each batch size; one record each."""
+def measure_compute_steps(lab, settings: Settings, batch_sizes: Sequence[int] | None = None,
+                          force: bool = False) -> list[Record]:
+    """The projection's compute side, measured in this process on ``lab.device`` (one device, random
+    tensors): seconds per forward+backward+SGD step of ResNet-18 (``settings.width``) at each batch
+    size (default ``settings.batch_sizes``), ``compute_steps`` timed after ``compute_warmup``; one
+    record each (experiment ``compute_step``), reused from ``lab.store`` unless ``force``."""
     import torch
 
-
-    dev = torch.device(device)
+    lab = session_for(lab)
+    dev = torch.device(lab.device)
     out = []
-    for b in batch_sizes:
-        cfg = {"model": "resnet18", "width": width, "batch_size": b, "device_type": dev.type,
-               "steps": steps, "warmup": warmup}
+    for b in tuple(batch_sizes or settings.batch_sizes):
+        cfg = {"model": "resnet18", "width": settings.width, "batch_size": b, "device_type": dev.type,
+               "steps": settings.compute_steps, "warmup": settings.compute_warmup}
 
         def measure(b=b):
-            seconds = measure_compute_step_seconds(width, b, dev, steps, warmup)
-            return Record(COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
+            seconds = measure_compute_step_seconds(settings.width, b, dev, settings.compute_steps,
+                                                   settings.compute_warmup)
+            return Record(_COMPUTE_EXPERIMENT, {}, metrics={"compute_seconds_per_step": seconds},
                           synthetic=True, dataset="random tensors", hardware=hardware_summary(dev.type, 1))
 
-        out.append(store.run(COMPUTE_EXPERIMENT, cfg, measure, force=force,
-                             hardware=hardware_summary(dev.type, 1)))
+        out.append(lab.store.run(_COMPUTE_EXPERIMENT, cfg, measure, force=force,
+                                 hardware=hardware_summary(dev.type, 1)))
     return out
-
-
-# --------------------------------------------------------------------------- figures
-
-
-def plot_busbw(records: Iterable, fits: Mapping[int, AlphaBetaFit], link: LinkPeak | None = None):
-    """Log-log busbw (GB/s) against message size per rank count, with the fitted model overlaid."""
-    import matplotlib.pyplot as plt
-
-    df = bench_frame(records)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p, g in df.groupby("ranks"):
-        line, = ax.loglog(g.size_bytes, g.busbw_gb_per_s, "o", ms=4, label=f"measured, {p} ranks")
-        fit = fits.get(int(p))
-        if fit is not None:
-            xs = np.geomspace(g.size_bytes.min(), g.size_bytes.max(), 200)
-            label = (f"fit {p} ranks: alpha={fit.alpha_seconds * 1e6:.1f} us, "
-                     f"B={fit.bandwidth_gb_per_s:.2f} GB/s")
-            model = [fit.predict_busbw_gb_per_s(x) for x in xs]
-            ax.loglog(xs, model, "-", color=line.get_color(), label=label)
-    if link is not None and link.gb_per_s:
-        ax.axhline(link.gb_per_s, color="0.4", ls="--", lw=1,
-                   label=f"nominal link {link.gb_per_s:g} GB/s")
-    ax.set_xlabel("message size S (bytes)")
-    ax.set_ylabel("busbw (GB/s, decimal)")
-    ax.set_title("All-reduce bus bandwidth vs message size")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.subplots_adjust(bottom=0.16)  # room for the store's provenance label
-    return fig
-
-
-MAX_FIT_RMS_ERROR = 0.25  # a fit whose rms relative error exceeds 25 % projects nothing that counts
-
-
-def fit_verdict(fit: AlphaBetaFit | None, threshold: float = MAX_FIT_RMS_ERROR) -> str:
-    """"" when ``fit`` is good enough to project from, else the label every projected row carries:
-    ``not a result: fit error X% rms > Y%`` (the alpha-beta model does not describe the
-    measurements, so extrapolating it to 1,024 devices would only extrapolate its error)."""
-    if fit is None:
-        return "not a result: no fit"
-    if fit.rms_relative_error > threshold:
-        return (f"not a result: fit error {100 * fit.rms_relative_error:.1f}% rms > "
-                f"{100 * threshold:.0f}%")
-    return ""
-
-
-def plot_projection(rows: Iterable[ProjectionRow], verdict: str = ""):
-    """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds).
-    A non-empty ``verdict`` (:func:`fit_verdict`) is written across the axes and into the title."""
-    import matplotlib.pyplot as plt
-
-    df = projection_frame(rows)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for b, g in df.groupby("per_device_batch"):
-        line, = ax.semilogx(g.devices, g.efficiency, "o-", base=2, label=f"batch {b}/device, no overlap")
-        ax.semilogx(g.devices, g.efficiency_full_overlap, "--", base=2, color=line.get_color(),
-                    label=f"batch {b}/device, full overlap")
-    ax.set_xlabel("devices P")
-    ax.set_ylabel("predicted efficiency = speedup / P")
-    ax.set_ylim(0, 1.05)
-    title = "Projected efficiency per epoch (ring all-reduce, fitted alpha and B)"
-    if verdict:
-        ax.set_title(f"{title}\n{verdict.upper()}", fontsize=10, color="#a03000")
-    else:
-        ax.set_title(title)
-    if verdict:
-        ax.text(0.5, 0.5, verdict.upper(), transform=ax.transAxes, ha="center", va="center", fontsize=14,
-                color="#a03000", alpha=0.35, rotation=20)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.subplots_adjust(bottom=0.16)  # room for the store's provenance label
-    return fig
 
 
 # --------------------------------------------------------------------------- notebook 04
 
 
 @dataclass(frozen=True)
-class CommLabSettings:
-    """Per-profile knobs of notebook 04 (besides :data:`BENCH_SETTINGS`).
+class Settings:
+    """Per-profile knobs of notebook 04 (the benchmark's own are :class:`BenchSettings`).
 
     ``bench_ranks``: rank counts to benchmark (capped by the GPUs present; CPU processes
     when there are fewer than 2 GPUs). ``batch_sizes`` / ``width`` / ``compute_*``: the
@@ -747,12 +408,24 @@ class CommLabSettings:
     compute_steps: int
     compute_warmup: int
     table_devices: tuple[int, ...] = (2, 4)
-    projection_devices: tuple[int, ...] = PROJECTION_DEVICES
+    projection_devices: tuple[int, ...] = _PROJECTION_DEVICES
     label: str = ""
 
 
-# Per-profile values: lab_utils.core.profiles (one table for every notebook).
-COMM_LAB_SETTINGS: dict[str, CommLabSettings] = profiles.table(CommLabSettings)
+profiles.register(Settings, profiles.COMM_LAB, "notebook 04")
+
+
+def measure(lab, settings: Settings, bench: BenchSettings | None = None, force: bool = False,
+            verbose: bool = True) -> list[Record]:
+    """Notebook 04: the all-reduce benchmark on every rank count of :func:`bench_rank_counts` (the
+    settings' ``bench_ranks`` on this machine); every message size's record, rank counts in order.
+    ``bench`` (default: the profile's :class:`BenchSettings`) sets the sizes and repetitions."""
+    lab = session_for(lab)
+    bench = bench or profiles.settings(BenchSettings, lab.profile.name)
+    out: list[Record] = []
+    for p in bench_rank_counts(settings.bench_ranks, gpu_count(), cpu_cores()):
+        out += measure_bench(lab, nproc=p, settings=bench, force=force, verbose=verbose)
+    return out
 
 
 def bench_rank_counts(wanted: Sequence[int], gpus: int, cpu_cores: int | None = None) -> list[int]:
@@ -771,406 +444,3 @@ def bench_rank_counts(wanted: Sequence[int], gpus: int, cpu_cores: int | None = 
     return out
 
 
-def gradient_bytes_table(grad_bytes: int, parameters: int, dataset_size: int, batch_sizes: Sequence[int],
-                         devices: Sequence[int]):
-    """Per (devices, per-device batch): iterations and ring bytes per rank per step and per epoch."""
-    import pandas as pd
-
-    rows = []
-    for p in devices:
-        for b in batch_sizes:
-            rows.append({"devices": p, "per_gpu_batch": b, "parameters": parameters, "grad_bytes": grad_bytes,
-                         "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
-                         "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
-                         "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
-                         "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)})
-    return pd.DataFrame(rows)
-
-
-def bench_table(records: Iterable):
-    """The benchmark table for the report: nccl-tests columns plus the fitted model's time."""
-    df = bench_frame(records)
-    fits = fit_records(records)
-    df["model_time_us"] = [fits[int(r.ranks)].predict_seconds(r.size_bytes) * 1e6 if int(r.ranks) in fits
-                           else None for r in df.itertuples()]
-    return df
-
-
-def fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None]):
-    import pandas as pd
-
-    rows = []
-    for p, f in sorted(fits.items()):
-        rows.append({"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
-                     "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
-                     "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
-                     "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
-                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
-                     "projection": fit_verdict(f) or "ok to project"})
-    return pd.DataFrame(rows)
-
-
-@dataclass
-class ProjectionCompute:
-    """The compute side of a projection: seconds per step per batch, and the model and data behind them."""
-
-    seconds_per_step: dict[int, float]
-    grad_bytes: int
-    dataset_size: int
-    width: int
-    source: str
-    measured: bool
-    records: list = field(default_factory=list)
-
-    @property
-    def description(self) -> str:
-        per = ", ".join(f"batch {b}: {t * 1e3:.1f} ms" for b, t in sorted(self.seconds_per_step.items()))
-        return (f"compute per step ({self.source}): {per}; ResNet-18 width {self.width}, "
-                f"{self.grad_bytes:,} gradient bytes; projected data set {self.dataset_size:,} images")
-
-
-def measured_compute_inputs(store, device, settings: CommLabSettings,
-                            batch_sizes: Sequence[int] | None = None, force: bool = False,
-                            dataset_size: int | None = None) -> ProjectionCompute:
-    """Compute seconds per step measured in this process (one device, random tensors)."""
-    sizes = tuple(batch_sizes or settings.batch_sizes)
-    recs = compute_step_records(store, settings.width, sizes, device, settings.compute_steps,
-                                settings.compute_warmup, force=force)
-    per = {int(r.config["batch_size"]): float(r.metrics["compute_seconds_per_step"])
-           for r in recs if r.status == "ok"}
-    return ProjectionCompute(
-        seconds_per_step=per, grad_bytes=gradient_bytes(ResNet18(width=settings.width)),
-        dataset_size=dataset_size or CIFAR10_TRAIN_SIZE, width=settings.width,
-        source=f"measured here on one {device} device: forward+backward+SGD step on random tensors, "
-               f"{settings.compute_steps} timed steps after {settings.compute_warmup} warm-up",
-        measured=True, records=recs)
-
-
-def inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
-                 compute: ProjectionCompute | None, link: LinkPeak, bench_records: Sequence):
-    """Which inputs of notebook 04 were measured, and which were assumed."""
-    import pandas as pd
-
-    df = bench_frame(bench_records)
-    backend = ", ".join(sorted(set(df.backend))) if len(df) else "none"
-    rows = [
-        {"input": "gradient bytes S", "value": "sum numel x element size over trainable params",
-         "kind": "computed exactly", "source": "model definition"},
-        {"input": "all-reduce time per size", "value": f"{len(df)} points, ranks {sorted(set(df.ranks))}",
-         "kind": "measured", "source": f"benchmark ({backend}), slowest rank, after warm-up"},
-    ]
-    for p, f in sorted(fits.items()):
-        rows.append({"input": f"alpha, B ({p} ranks)",
-                     "value": f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
-                     "kind": "fitted to measurements",
-                     "source": f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%"})
-    rows.append({"input": "link nominal bandwidth", "value": link.gb_per_s if link.gb_per_s else "unknown",
-                 "kind": "data sheet" if link.gb_per_s else "not available", "source": link.description})
-    if compute is not None:
-        steps = sorted(compute.seconds_per_step.items())
-        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in steps)
-        rows.append({"input": "compute seconds per step", "value": per,
-                     "kind": "measured", "source": compute.source})
-        rows.append({"input": "data set size for the projection", "value": compute.dataset_size,
-                     "kind": "assumed", "source": "CIFAR-10 training set"})
-    if ref_fit is not None:
-        rows.append({"input": "alpha, B at 8..1024 devices",
-                     "value": f"those fitted on {ref_fit.world_size} ranks",
-                     "kind": "assumed", "source": "no measurement beyond this machine exists"})
-    rows += [{"input": f"projection assumption {i + 1}", "value": a, "kind": "assumed",
-              "source": "comm.PROJECTION_ASSUMPTIONS"} for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
-    return pd.DataFrame(rows)
-
-
-# --------------------------------------------------------------------------- notebook 04's tables
-
-SPEC_BATCH_SIZES = (32, 128, 512)
-
-
-def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence[int] = SPEC_BATCH_SIZES,
-                 devices: Sequence[int] = (2, 4, 8)):
-    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` (saved, returned)."""
-    df = gradient_bytes_table(gradient_bytes(model), count_parameters(model), dataset_size, batch_sizes,
-                              devices)
-    store.save_table(df, "allreduce_bytes",
-                     title=f"Ring all-reduce bytes per rank ({dataset_size:,} images)",
-                     notes=["bytes_per_rank = steps x 2(P-1)/P x grad_bytes; steps = ceil(ceil(N/P)/b).",
-                            "if_params_were_bytes: the same formula fed the parameter count "
-                            "(the 4x mistake)."])
-    return df
-
-
-@dataclass
-class BenchReport:
-    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count) and figure."""
-
-    table: Any
-    fits: dict[int, AlphaBetaFit]
-    peaks: dict[int, float | None]
-    fit_table: Any
-    figure: Any
-
-    @property
-    def reference_fit(self) -> AlphaBetaFit | None:
-        """The fit on the most ranks (the closest to the projections' regime)."""
-        return self.fits[max(self.fits)] if self.fits else None
-
-
-def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
-    """Tables ``allreduce_bench`` and ``allreduce_fit`` and figure ``allreduce_busbw`` (saved)."""
-    import matplotlib.pyplot as plt
-
-    df = bench_table(records)
-    failures: dict[int, str] = {}
-    fits = fit_records(records, failures)
-    peaks = {int(p): peak_busbw_gb_per_s(records, int(p)) for p in sorted(set(df.ranks))}
-    store.save_table(df, "allreduce_bench", records, title="All-reduce benchmark (nccl-tests columns)",
-                     notes=["time_us: mean per all-reduce over the timed loop, slowest rank; GB/s decimal.",
-                            "busbw = algbw x 2(n-1)/n; model_time_us: the fitted ring model at that size."])
-    ft = fit_table(fits, peaks)
-    store.save_table(ft, "allreduce_fit", records, title="Fitted ring model T = 2(P-1) alpha + 2(P-1)/P S/B",
-                     notes=[f"link: {link.description}"]
-                     + [f"{p} ranks: no fit: {why}" for p, why in sorted(failures.items())])
-    fig = plot_busbw(records, fits, link)
-    store.save_figure(fig, "allreduce_busbw", records)
-    plt.close(fig)
-    return BenchReport(df, fits, peaks, ft, fig)
-
-
-def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence,
-                  world_sizes: Sequence[int] = (2, 4, 8, 64, 1024)):
-    """Table ``allreduce_models``: ring vs tree vs an earlier student's log2 formula at the fitted
-    alpha, B (or None)."""
-    if fit is None:
-        return None
-    df = compare_algorithms(size_bytes, world_sizes, fit.alpha_seconds, fit.bandwidth_bytes_per_s)
-    store.save_table(df, "allreduce_models", records,
-                     title=f"Modelled all-reduce of {size_bytes:,} B "
-                           f"(alpha, B fitted on {fit.world_size} ranks)",
-                     notes=["earlier student's formula (transfer + compute) x log2(P), not the "
-                            "assignment's (which asks for the ring), evaluated with transfer = S/B and "
-                            "compute = 0."])
-    return df
-
-
-def report_buckets(store, model, fits: Mapping[int, AlphaBetaFit], records: Sequence):
-    """Table ``allreduce_buckets``: DDP's default buckets for ``model`` and their modelled times."""
-    sizes = ddp_bucket_sizes(model)
-    if not fits:
-        return sizes, None
-    df = bucket_table(sizes, fits)
-    store.save_table(df, "allreduce_buckets", records,
-                     title="DDP's default gradient buckets, modelled ring time",
-                     notes=["buckets in gradient-ready order: first capped at 1 MiB, then 25 MiB."])
-    return sizes, df
-
-
-def report_projection(store, fit: AlphaBetaFit | None, compute: ProjectionCompute,
-                      records: Sequence, devices: Sequence[int] = PROJECTION_DEVICES,
-                      max_rms_error: float = MAX_FIT_RMS_ERROR):
-    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved).
-
-    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time. With a
-    fit whose rms relative error exceeds ``max_rms_error`` every row's ``status`` (and the
-    figure) says ``not a result: fit error X% rms > Y%``.
-    """
-    import matplotlib.pyplot as plt
-
-    if fit is None or not compute.seconds_per_step:
-        return None, None
-    rows = project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
-                           devices=devices)
-    df = projection_frame(rows)
-    verdict = fit_verdict(fit, max_rms_error)
-    df.insert(0, "status", verdict or "ok")
-    recs = list(records) + list(compute.records)
-    fit_note = (f"Fit quality: rms relative error {100 * fit.rms_relative_error:.1f}% (threshold "
-                f"{100 * max_rms_error:.0f}%). " + (f"Every row is {verdict}: the model does not describe "
-                                                   "this machine's measurements, so projecting it is not a "
-                                                   "result." if verdict else "Within the threshold."))
-    store.save_table(df, "allreduce_projection", recs,
-                     title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
-                           + (f": {verdict.upper()}" if verdict else ""),
-                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
-    fig = plot_projection(rows, verdict)
-    store.save_figure(fig, "allreduce_projection_efficiency", recs)
-    plt.close(fig)
-    return df, fig
-
-
-def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
-                  compute: ProjectionCompute | None, link: LinkPeak, records: Sequence):
-    """Table ``allreduce_inputs``: which inputs were measured and which assumed (saved, returned)."""
-    df = inputs_table(fits, ref_fit, compute, link, records)
-    store.save_table(df, "allreduce_inputs", list(records) + list(compute.records if compute else []),
-                     title="Notebook 04's inputs: measured, fitted or assumed")
-    return df
-
-
-# --------------------------------------------------------------------------- notebook 03's records
-
-NB03_MISSING = "run notebook 03 first"
-COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c) hook all-reduce")
-
-
-def nb03_records(store) -> list:
-    """Notebook 03's aggregate DDP records (``compute_vs_comm``), possibly none."""
-    return [r for r in store.latest(scaling.COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
-
-
-def nb03_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
-                      batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
-    """Table 3's communication seconds from notebook 03: three rows per (devices, per-device batch).
-
-    Uses :func:`lab_utils.experiments.scaling.comm_measurements` (DDP only: DataParallel is no ring).
-    A configuration notebook 03 has not stored gets one row with its bytes (a formula,
-    for the model and data set notebook 03 uses in this profile) and no seconds, saying
-    "run notebook 03 first" when it stored nothing at all, or that it was not measured.
-    """
-    st = scaling.settings_for(profile or store.profile)
-    grid_devices, grid_batches, width, images = st.comm_devices, st.batch_sizes, st.width, st.train_images
-    found = scaling.comm_measurements(store, devices=None, methods=(scaling.DDP,))
-    devices = tuple(devices or grid_devices)
-    batch_sizes = tuple(batch_sizes or grid_batches)
-    dataset_size = images or CIFAR10_TRAIN_SIZE
-    default_bytes = gradient_bytes(ResNet18(width=width))
-    by_key = {(r.devices, r.per_device_batch): r for r in found}
-    out: list[CommMeasurement] = []
-    for p in devices:
-        for b in batch_sizes:
-            r = by_key.get((p, b))
-            if r is None:
-                reason = NB03_MISSING if not found else (
-                    f"not measured by notebook 03 (its Table 2 says why, e.g. needs {p} devices or skipped "
-                    "in this profile)")
-                out.append(CommMeasurement(p, b, "none", None, default_bytes, dataset_size, reason=reason))
-                continue
-            grad = int(r.gradient_bytes or default_bytes)
-            if r.tn_seconds is None:  # not ok (OOM, error): one row with its reason
-                out.append(CommMeasurement(p, b, "none", None, grad, dataset_size, reason=r.status))
-                continue
-            no_probe = "no no_sync/hook probe for this configuration in notebook 03 (see its Table 2)"
-            for source, seconds, missing, noise in (
-                    (COMM_SOURCES[0], r.comm_a_seconds, r.status, None),
-                    (COMM_SOURCES[1], r.exposed_b_seconds, no_probe, r.exposed_noise_b_seconds),
-                    (COMM_SOURCES[2], r.allreduce_c_seconds, no_probe, None)):
-                out.append(CommMeasurement(p, b, source, seconds, grad, dataset_size,
-                                           reason=None if seconds is not None else missing,
-                                           steps_per_epoch=r.steps_per_epoch, method=r.method,
-                                           noise_seconds=noise))
-    return out
-
-
-def dp_assumed_ring_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
-                                 batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
-    """Q3.2 for DataParallel under the assignment's assumption that it is a ring: one (a) row per
-    (devices, per-GPU batch) from notebook 02's DataParallel runs (T(N) - T(1)/N), labelled
-    :data:`DP_ASSUMED_RING`. DataParallel runs only on GPUs: without them each row says so."""
-    st = scaling.settings_for(profile or store.profile)
-    devices = tuple(devices or st.comm_devices)
-    batch_sizes = tuple(batch_sizes or st.batch_sizes)
-    dataset_size = st.train_images or CIFAR10_TRAIN_SIZE
-    default_bytes = gradient_bytes(ResNet18(width=st.width))
-    found = {(r.devices, r.per_device_batch): r
-             for r in scaling.comm_measurements(store, methods=(scaling.DP,))}
-    out = []
-    for p in devices:
-        for b in batch_sizes:
-            r = found.get((p, b))
-            if r is None or r.tn_seconds is None:
-                why = (r.status if r is not None else
-                       f"no DataParallel run stored (it needs {p} GPUs; notebook 02 runs it where they "
-                       "exist)")
-                out.append(CommMeasurement(p, b, COMM_SOURCES[0], None, default_bytes, dataset_size,
-                                           reason=why, method=DP_ASSUMED_RING))
-                continue
-            out.append(CommMeasurement(p, b, COMM_SOURCES[0], r.comm_a_seconds,
-                                       int(r.gradient_bytes or default_bytes), dataset_size,
-                                       reason=None if r.comm_a_seconds is not None else r.status,
-                                       steps_per_epoch=r.steps_per_epoch, method=DP_ASSUMED_RING))
-    return out
-
-
-SPEC_GRADIENT_BYTES = 44_695_848  # 11,173,962 fp32 gradients of the spec ResNet-18
-SPEC_TRAIN_IMAGES = 50_000
-
-
-def anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] | None = None,
-                                     grad_bytes: int = SPEC_GRADIENT_BYTES,
-                                     dataset_size: int = SPEC_TRAIN_IMAGES) -> list[CommMeasurement]:
-    """The earlier cohort's DataParallel timings through Q3.1 and Q3.2 as the assignment asks
-    (ring assumed, S = 44.7 MB, 50,000 images): comm (a) = T(N) - T(1)/N, steps per epoch =
-    ceil(50,000 / (N x b)) (one process, global batch N x b). A worked example, not a measurement here."""
-    if seconds is None:
-        seconds = scaling.ANCHOR_COHORT_SECONDS
-    out = []
-    for (p, b), tn in sorted(seconds.items()):
-        t1 = seconds.get((1, b))
-        if p < 2 or t1 is None:
-            continue
-        out.append(CommMeasurement(p, b, COMM_SOURCES[0], tn - t1 / p, grad_bytes, dataset_size,
-                                   steps_per_epoch=math.ceil(dataset_size / (p * b)),
-                                   method=f"{DP_ASSUMED_RING}: earlier cohort's timings"))
-    return out
-
-
-def nb03_compute_inputs(store) -> ProjectionCompute | None:
-    """Compute seconds per step from notebook 02/03's one-device DDP runs, or None when there are none.
-
-    Seconds per step = the reported epoch's training time (host-to-device copies, forward,
-    backward, optimizer step; loader waits excluded) / its steps. With several widths
-    stored, the widest model's runs are used.
-    """
-    ones = [r for r in store.latest(scaling.SCALING)
-            if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
-            and r.config.get("method") == scaling.DDP and r.status == "ok"
-            and r.metrics.get("train_seconds") and r.metrics.get("steps")]
-    if not ones:
-        return None
-    width = max(int(r.config["width"]) for r in ones)
-    ones = [r for r in ones if int(r.config["width"]) == width]
-    per = {int(r.config["batch_size"]): float(r.metrics["train_seconds"]) / int(r.metrics["steps"])
-           for r in ones}
-    device = ones[0].config.get("device_type", "?")
-    return ProjectionCompute(
-        seconds_per_step=per,
-        grad_bytes=int(ones[0].metrics.get("gradient_bytes") or gradient_bytes(ResNet18(width=width))),
-        dataset_size=CIFAR10_TRAIN_SIZE, width=width,
-        source=f"measured by notebook 02/03: one-device DDP runs ({device}), reported epoch's training "
-               "seconds / steps (copies + forward + backward + optimizer, loader waits excluded)",
-        measured=True, records=ones)
-
-
-def projection_compute_inputs(store, device, settings: CommLabSettings,
-                              batch_sizes: Sequence[int] | None = None,
-                              force: bool = False) -> ProjectionCompute:
-    """The projection's compute side: notebook 03's single-device runs when stored, else measured here."""
-    if batch_sizes is None:
-        found = nb03_compute_inputs(store)
-        if found is not None and found.seconds_per_step:
-            return found
-    return measured_compute_inputs(store, device, settings, batch_sizes, force=force)
-
-
-def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float | None], link: LinkPeak,
-                       bench_records: Sequence):
-    """Table 3 ``allreduce_utilization`` from notebook 03's records and the benchmark (saved, returned)."""
-    import pandas as pd
-
-    measurements = (nb03_measurements(store, devices=devices)
-                    + dp_assumed_ring_measurements(store, devices=devices))
-    rows = utilization_rows(measurements, peaks, link)
-    rows += utilization_rows(anchor_assumed_ring_measurements(), None, None)  # their hardware: no peak here
-    df = pd.DataFrame(rows)
-    df = df.astype(object).where(df.notna(), None)  # missing numbers print as blanks, not "nan"
-    store.save_table(df, "allreduce_utilization", nb03_records(store) + list(bench_records),
-                     title="Table 3: all-reduce bandwidth utilization (Q3.2)",
-                     notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",
-                            "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "
-                            "pct_of_bench_peak_busbw uses the benchmark on the same number of ranks.",
-                            Q32_NOTE, DP_ASSUMED_NOTE,
-                            "The earlier cohort's rows use its published DataParallel timings (hardware "
-                            "unknown): no benchmark peak of theirs exists, so no percentage.",
-                            "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
-                            f"link: {link.description}"])
-    return df

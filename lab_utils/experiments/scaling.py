@@ -1,7 +1,12 @@
-"""Questions Q2 and Q3.1: scaling over 1/2/4 devices, and compute vs communication.
+"""Questions Q2 and Q3.1: scaling over 1/2/4 devices, and compute vs communication: the measurements.
 
-Notebook 02 (:func:`run_scaling`, :func:`scaling_table`, :func:`speedup_figure`)
----------------------------------------------------------------------------
+The shape of every experiment: :class:`Settings`, :func:`measure` (notebook 02) and
+:func:`measure_compute_vs_comm` (notebook 03) take the session and the settings and return
+records; the tables and figures are in :mod:`lab_utils.experiments.scaling_tables` (notebook
+02) and :mod:`lab_utils.experiments.compute_vs_comm` (notebook 03).
+
+Notebook 02 (:func:`measure`)
+-----------------------------
 For each device count N and per-device batch b (global batch N x b), ResNet-18 trains
 ``epochs`` epochs; epoch ``epochs`` (2 of 2) is reported, as in notebook 01: its
 *training* time (host-to-device copies, forward, backward, all-reduce, optimizer step;
@@ -21,8 +26,8 @@ movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
   ``skipped``), one that does not fit is ``OOM``; never a number. Those rows are not
   stored, so a later run on a bigger node measures them.
 
-Notebook 03 (:func:`run_compute_vs_comm`, :func:`compute_vs_comm_table`)
------------------------------------------------------------------------
+Notebook 03 (:func:`measure_compute_vs_comm`)
+---------------------------------------------
 DDP on N = 2 and 4 with ``--measure-comm``: communication measured three ways (see
 :mod:`lab_utils.core.comm_hooks`): (a) the assignment's derivation compute = T(1)/N,
 communication = T(N) - T(1)/N (T(1) from notebook 02's one-device run, run here when
@@ -49,14 +54,13 @@ records. Select the aggregates with ``config["record"] == "aggregate"``. Keys us
   (b, per epoch), ``allreduce_seconds`` (c, per epoch), ``overlap_seconds``,
   ``overlap_fraction``, ``comm_probe`` (per-step values).
 
-:func:`comm_measurements` turns those records into one row per (devices, per-device
-batch) with the three communication figures in seconds per epoch, the steps per epoch
-and the gradient bytes: the stable interface for Table 3.
+:func:`lab_utils.experiments.compute_vs_comm.comm_measurements` turns those records into one
+row per (devices, per-device batch) with the three communication figures in seconds per epoch,
+the steps per epoch and the gradient bytes: the stable interface for Table 3.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,19 +68,21 @@ from typing import Any
 import torch
 
 from lab_utils import launcher
-from lab_utils.core import config, profiles
+from lab_utils.core import profiles
 from lab_utils.core.backends import apply_training_backends, pinned_threads
-from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
-from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_batch_sizes, check_positive_int
+from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.data import make_loaders
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
 from lab_utils.core.loop import make_optimizer, run_epoch, wrap_data_parallel
 from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory
-from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.models import ResNet18, count_parameters
 from lab_utils.store import Record, ResultStore, canonical_key
 from lab_utils.workers.args import WorkerArgs
+
+__all__ = ["ANCHOR_COHORT_LABEL", "ANCHOR_COHORT_SECONDS", "ANCHOR_DP_SECONDS", "COMPUTE_VS_COMM", "DDP",
+           "DP", "SCALING", "Placement", "Settings", "anchor_frame", "measure", "measure_compute_vs_comm",
+           "worker_args"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -86,7 +92,7 @@ DP_BACKEND = "single process"
 
 
 @dataclass(frozen=True)
-class ScalingSettings:
+class Settings:
     """The knobs of notebooks 02 and 03 for one profile.
 
     ``devices``: device counts of Table 1; ``comm_devices``: those of Table 2.
@@ -116,8 +122,9 @@ class ScalingSettings:
     timeout_s: float = 3600
     seed: int = 0
     label: str = ""
+    dataset: str = "auto"   # auto | cifar10 | synthetic
 
-    def validate(self) -> ScalingSettings:
+    def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
         check_batch_sizes(self.devices, "device counts")
         check_batch_sizes(self.comm_devices, "device counts of Table 2")
@@ -134,14 +141,7 @@ class ScalingSettings:
         return self
 
 
-# Per-profile values: lab_utils.core.profiles (one table for every notebook).
-SETTINGS: dict[str, ScalingSettings] = profiles.table(ScalingSettings)
-
-
-def settings_for(profile: str | config.Profile, **overrides: Any) -> ScalingSettings:
-    """The profile's settings with notebook parameters that are not None applied."""
-    name = profile.name if isinstance(profile, config.Profile) else config.resolve_profile_name(profile)[0]
-    return profiles.override(SETTINGS[name], "scaling", **overrides)
+profiles.register(Settings, profiles.SCALING, "scaling")
 
 
 # --------------------------------------------------------------------------- where each config runs
@@ -163,7 +163,7 @@ class Placement:
         return self.reason is None
 
 
-def place(method: str, devices: int, gpus: int, settings: ScalingSettings, cores: int) -> Placement:
+def _place(method: str, devices: int, gpus: int, settings: Settings, cores: int) -> Placement:
     """Where ``method`` on ``devices`` devices runs, given ``gpus`` GPUs and ``cores`` CPU cores."""
     if method == DP:
         if gpus >= devices:
@@ -181,7 +181,7 @@ def place(method: str, devices: int, gpus: int, settings: ScalingSettings, cores
     return Placement(DDP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
 
 
-def methods_here(gpus: int) -> tuple[str, ...]:
+def _methods_here(gpus: int) -> tuple[str, ...]:
     """DataParallel and DDP side by side with GPUs; DDP (gloo, CPU) alone without."""
     return (DP, DDP) if gpus else (DDP,)
 
@@ -189,22 +189,21 @@ def methods_here(gpus: int) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- configurations
 
 
-def worker_args(settings: ScalingSettings, profile: str, experiment: str, backend: str,
-                batch_sizes: Sequence[int], measure_comm: bool = False,
-                dataset: str | None = None) -> WorkerArgs:
+def worker_args(settings: Settings, profile: str, experiment: str, backend: str,
+                batch_sizes: Sequence[int], measure_comm: bool = False) -> WorkerArgs:
     """The DDP worker's arguments for some batch sizes (resolved: image counts, dataset)."""
     b = tuple(batch_sizes)
     return WorkerArgs(
         experiment=experiment, profile=profile, batch_size=b[0] if len(b) == 1 else b,
         epochs=settings.epochs, width=settings.width,
         train_images=settings.train_images if settings.train_images is not None else 0,
-        test_images=None, dataset=dataset or "auto", num_workers=settings.num_workers,
+        test_images=None, dataset=settings.dataset, num_workers=settings.num_workers,
         measure_comm=measure_comm, comm_steps=settings.comm_steps, backend=backend,
         bucket_cap_mb=settings.bucket_cap_mb, seed=settings.seed,
     ).validate().resolved()
 
 
-def dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
+def _dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
     """A DataParallel record's config: the DDP keys, with the method and backend changed."""
     cfg = args.record_config(devices, "nccl")
     cfg.update({"method": DP, "backend": DP_BACKEND, "device_type": "cuda", "comm_steps": None,
@@ -212,49 +211,51 @@ def dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
     return cfg
 
 
-def unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
+def _unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
     """Config of a row that could not run, with the backend it would have used here: DDP with
     ``args.backend`` (gloo on a machine without GPUs, so the row is labelled "DDP (gloo, CPU
     processes)", never "NCCL, GPUs"; NCCL when GPUs exist), DataParallel on GPUs."""
     if p.method == DDP:
         return args.record_config(p.devices, args.backend if args.backend in ("nccl", "gloo") else "nccl")
-    return dp_config(args, p.devices)
+    return _dp_config(args, p.devices)
 
 
 # --------------------------------------------------------------------------- running
 
 
-@dataclass
-class ScalingResult:
-    """Aggregate records of one notebook's configurations, in table order."""
+def measure(lab, settings: Settings, force: bool = False, verbose: bool = True) -> list[Record]:
+    """Notebook 02: every (method, devices, per-device batch) of ``settings``; one aggregate record each,
+    in table order (measured now, stored, OOM, or a row not stored saying why it did not run).
 
-    records: list[Record]
-    settings: ScalingSettings
-    profile: str
-    experiment: str
-    measured: list[tuple[str, int, int]]  # (method, devices, batch) measured by this call
-
-    def ok(self) -> list[Record]:
-        return [r for r in self.records if r.status == "ok"]
-
-
-def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = False,
-                devices: Sequence[int] | None = None, methods: Sequence[str] | None = None,
-                experiment: str = SCALING, measure_comm: bool = False,
-                dataset: str | None = None) -> ScalingResult:
-    """Notebook 02: every (method, devices, per-device batch); resumes from the store.
-
-    ``lab`` is the notebook's :class:`~lab_utils.session.LabSession` (profile, store,
-    GPU count). Returns one aggregate record per configuration (measured, stored,
-    OOM, or a not-stored row saying why it did not run).
+    ``lab`` is the notebook's :class:`~lab_utils.session.LabSession` (profile, store, GPU count).
+    Every measurement goes through the store's one door (:meth:`~lab_utils.store.ResultStore.run`
+    / ``run_many``): a configuration stored on these devices is reused unless ``force``.
     """
-    s = (settings or settings_for(lab.profile)).validate()
+    return _measure_grid(lab, settings.validate(), force, verbose, settings.devices, None, SCALING, False)
+
+
+def measure_compute_vs_comm(lab, settings: Settings, force: bool = False,
+                            verbose: bool = True) -> list[Record]:
+    """Notebook 03: T(1) (from notebook 02's store, or measured now; experiment ``scaling``), DDP on
+    ``comm_devices`` with communication measured (experiment ``compute_vs_comm``) and, with GPUs,
+    DataParallel on the same device counts (method (a) only; experiment ``scaling``). The
+    aggregate records of all three, T(1) first."""
+    s = settings.validate()
+    gpus = int(lab.gpu_count)
+    out = _measure_grid(lab, s, False, verbose, (1,), None, SCALING, False)
+    if gpus:
+        out += _measure_grid(lab, s, False, verbose, s.comm_devices, (DP,), SCALING, False)
+    return out + _measure_grid(lab, s, force, verbose, s.comm_devices, (DDP,), COMPUTE_VS_COMM, True)
+
+
+def _measure_grid(lab, s: Settings, force: bool, verbose: bool, devs: Sequence[int],
+                  methods: Sequence[str] | None, experiment: str, measure_comm: bool) -> list[Record]:
+    """(method, devices, per-device batch) of ``devs`` x ``s.batch_sizes``: the records in table order."""
     store: ResultStore = lab.store
     profile = lab.profile.name
     gpus = int(lab.gpu_count)
     cores = cpu_cores()
-    devs = tuple(devices) if devices is not None else s.devices
-    meths = tuple(methods) if methods is not None else methods_here(gpus)
+    meths = tuple(methods) if methods is not None else _methods_here(gpus)
     run_b = [b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes]
     out: dict[tuple[str, int, int], Record] = {}
     measured: list[tuple[str, int, int]] = []
@@ -262,9 +263,9 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
     # each GPU it uses, which would leave the DDP ranks less memory (the table order is kept).
     for method in sorted(meths, key=lambda m: m != DDP):
         for n in devs:
-            p = place(method, n, gpus, s, cores)
+            p = _place(method, n, gpus, s, cores)
             backend = p.backend if p.runs and method == DDP else ("gloo" if not gpus else "nccl")
-            args = worker_args(s, profile, experiment, backend, s.batch_sizes, measure_comm, dataset)
+            args = worker_args(s, profile, experiment, backend, s.batch_sizes, measure_comm)
             if not p.runs:
                 for b in s.batch_sizes:
                     out[(method, n, b)] = _row(args.for_batch(b), p, experiment, "skipped", p.reason)
@@ -272,7 +273,7 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
             cfgs: dict[int, dict[str, Any]] = {}
             for b in s.batch_sizes:
                 one = args.for_batch(b)
-                cfg = one.record_config(n, p.backend) if method == DDP else dp_config(one, n)
+                cfg = one.record_config(n, p.backend) if method == DDP else _dp_config(one, n)
                 if b not in run_b or b * n > one.train_images:
                     why = ("skipped in quick profile" if b not in run_b
                            else f"global batch {b * n} > {one.train_images} training images")
@@ -287,18 +288,21 @@ def run_scaling(lab, settings: ScalingSettings | None = None, force: bool = Fals
             for b, rec in got.items():
                 out[(method, n, b)] = rec
             measured += [(method, n, b) for b in now]
+    if verbose:
+        now = ", ".join(f"{m} {n} x {b}" for m, n, b in measured) or "nothing (all from the store)"
+        print(f"{experiment}: measured now: {now}", flush=True)
     order = [(m, n, b) for m in meths for n in devs for b in s.batch_sizes]
-    return ScalingResult([out[k] for k in order if k in out], s, profile, experiment, measured)
+    return [out[k] for k in order if k in out]
 
 
 def _row(args: WorkerArgs, p: Placement, experiment: str, status: str, reason: str | None) -> Record:
-    cfg = unavailable_config(args, p)
+    cfg = _unavailable_config(args, p)
     return Record(experiment, cfg, status=status, reason=reason, profile=args.profile,
                   hardware={"device_type": p.device_type or cfg.get("device_type") or "cuda",
                             "device_name": None, "device_count": p.devices})
 
 
-def _run_ddp(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
+def _run_ddp(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: Placement,
              cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
     """The records of the per-device batch sizes ``cfgs`` on ``n`` DDP ranks: stored ones reused,
     the others measured by ONE launch of the DDP worker (every size, one start-up) and stored
@@ -353,7 +357,7 @@ def _hardware(p: Placement) -> dict:
     return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
 
 
-def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: int, p: Placement,
+def _run_dp_sizes(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: Placement,
                   cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
     """:func:`_run_dp` for the per-GPU batch sizes of ``cfgs``, smallest first, on ``n`` GPUs, each
     through :meth:`~lab_utils.store.ResultStore.run` (a stored one is reused).
@@ -383,14 +387,14 @@ def _run_dp_sizes(store: ResultStore, s: ScalingSettings, args: WorkerArgs, n: i
     return got, measured
 
 
-def _run_dp(profile: str, s: ScalingSettings, args: WorkerArgs, n: int) -> Record:
+def _run_dp(profile: str, s: Settings, args: WorkerArgs, n: int) -> Record:
     """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch: the record.
 
     Out of memory (:func:`lab_utils.core.memory.catch_oom`) gives an ``oom`` record with the
     allocator's message; the model, optimizer and loaders are dropped and the cache is
     emptied after the ``with`` statement, once the traceback that holds them is gone.
     """
-    cfg = dp_config(args, n)
+    cfg = _dp_config(args, n)
     experiment = args.experiment or SCALING
     synthetic = args.dataset == "synthetic"
     common = {"profile": profile, "synthetic": synthetic,
@@ -435,96 +439,7 @@ def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict
     return history, params
 
 
-def run_compute_vs_comm(lab, settings: ScalingSettings | None = None, force: bool = False,
-                        dataset: str | None = None) -> tuple[ScalingResult, ScalingResult]:
-    """Notebook 03: T(1) (from notebook 02's store, or run now) and DDP on ``comm_devices`` with comm
-    measurement; DataParallel on the same device counts when GPUs exist (method (a) only).
-
-    Returns ``(one_device, n_devices)`` results.
-    """
-    s = (settings or settings_for(lab.profile)).validate()
-    gpus = int(lab.gpu_count)
-    one = run_scaling(lab, s, force=False, devices=(1,), dataset=dataset)
-    ddp = run_scaling(lab, s, force=force, devices=s.comm_devices, methods=(DDP,),
-                      experiment=COMPUTE_VS_COMM, measure_comm=True, dataset=dataset)
-    if gpus:
-        dp = run_scaling(lab, s, force=False, devices=s.comm_devices, methods=(DP,), dataset=dataset)
-        ddp = replace(ddp, records=dp.records + ddp.records, measured=dp.measured + ddp.measured)
-    return one, ddp
-
-
-# --------------------------------------------------------------------------- tables
-
-
-def _t(rec: Record | None) -> float | None:
-    if rec is None or rec.status != "ok":
-        return None
-    v = rec.metrics.get("train_seconds")
-    return float(v) if v is not None else None
-
-
-def _metric(rec: Record | None, key: str) -> float | None:
-    """A number from an ok record's metrics; None (a blank cell) when missing."""
-    if rec is None or rec.status != "ok":
-        return None
-    v = rec.metrics.get(key)
-    return float(v) if v is not None else None
-
-
-def _skew(rec: Record | None) -> float | None:
-    """The slowest rank's skew wait in the reported epoch (seconds): the time it waited in the
-    barrier after the data movement for the other ranks' loaders. None (blank) for DataParallel
-    and for DDP records written before the barrier existed (their T(N) includes the wait)."""
-    return _metric(rec, "skew_wait_seconds_max")
-
-
-def oversubscribed(rec: Record | None) -> str | None:
-    """"4 processes x 1 thread on 2 cores" for a measured gloo run whose ranks had more torch
-    threads than the machine had cores (they time-share the cores, so its times do not show
-    scaling); None otherwise, or where the record does not say (cores or threads unknown)."""
-    if rec is None or rec.status != "ok" or rec.config.get("device_type") != "cpu":
-        return None
-    n, threads, cores = int(rec.config.get("devices", 1)), rec.threads, rec.hardware.get("cpu_cores")
-    if not threads or not cores or n * threads <= cores:
-        return None
-    return f"{n} processes x {threads} thread{'s' if threads > 1 else ''} on {cores} cores"
-
-
-def _label(method: str, backend: str | None, device_type: str | None) -> str:
-    if method == DP:
-        return "DataParallel (1 process, GPUs)"
-    if backend == "gloo" or device_type == "cpu":
-        return "DDP (gloo, CPU processes)"
-    return "DDP (NCCL, GPUs)"
-
-
-def _none_for_nan(df):
-    """Object columns with None for missing numbers: the tables show an empty cell, never 'nan'."""
-    for c in df.columns:
-        if df[c].dtype.kind == "f":
-            df[c] = df[c].astype(object).where(df[c].notna(), None)
-    return df
-
-
-def karp_flatt(speedup: float, devices: int) -> float | None:
-    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
-
-    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points
-    at overhead that grows with N (communication), not at a fixed serial part.
-    """
-    if devices <= 1 or not speedup or speedup <= 0:
-        return None
-    return (1 / speedup - 1 / devices) / (1 - 1 / devices)
-
-
-def amdahl_speedup(serial_fraction: float, devices: int) -> float:
-    """Amdahl (fixed problem): S(N) = 1 / (e + (1 - e)/N)."""
-    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
-
-
-def gustafson_speedup(serial_fraction: float, devices: int) -> float:
-    """Gustafson (problem grows with N, serial share e measured on N devices): S(N) = N - e (N - 1)."""
-    return devices - serial_fraction * (devices - 1)
+# --------------------------------------------------------------------------- the earlier cohorts' numbers
 
 
 # Earlier cohorts' reports (SPEC.md), hardware unknown (V100 / RTX 8000 class): epoch-2 seconds
@@ -535,7 +450,6 @@ def gustafson_speedup(serial_fraction: float, devices: int) -> float:
 ANCHOR_COHORT_SECONDS = {(1, 32): 41.3, (1, 128): 33.64, (1, 512): 33.95,
                          (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
                          (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
-ANCHOR_DDP_SECONDS = ANCHOR_COHORT_SECONDS  # old name, kept for code that imported it (it was never DDP)
 ANCHOR_DP_SECONDS = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
 ANCHOR_COHORT_LABEL = "DataParallel (earlier cohort)"
 
@@ -553,624 +467,3 @@ def anchor_frame():
             rows.append({"method": label, "gpus": n, "per_gpu_batch": b, "epoch2_seconds": t,
                          "speedup": t1 / t if t1 else None, "efficiency": t1 / t / n if t1 else None})
     return pd.DataFrame(rows)
-
-
-# ----- Q2: the speedup definitions side by side (the course forum's and the lab's)
-
-SPEEDUP_DEFINITIONS: tuple[str, ...] = (
-    "lab: T(1)/T(N) on epoch times. One epoch is a fixed amount of work (the whole training set, split "
-    "over the N devices), so this is STRONG scaling of the epoch (Amdahl): ideal N, efficiency = "
-    "speedup / N.",
-    "forum: N x T(1)/T(N), the definition a course forum suggested and an earlier report quotes, is "
-    "Gustafson's SCALED speedup (WEAK scaling): how much more work per second N devices do, valid when "
-    "T(N) is the time of N times the work of T(1), each device keeping its own share. Per step at a "
-    "fixed per-device batch that holds: N x t(1)/t(N), t = seconds per step (Table 1's scaled_speedup).",
-    "The forum's formula on this lab's EPOCH times counts N twice: an epoch's work does not grow with N "
-    "(it already has N times fewer steps), so N x T(1)/T(N) on epoch times is N x the speedup, a "
-    "'super-linear' figure that never happened (Table 1's n_t1_over_tn_epoch).",
-    "Why the lab reports T(1)/T(N): the assignment times an epoch of the fixed data set, that is the "
-    "time a user waits for the same training, and with the per-device batch fixed it EQUALS the forum's "
-    "scaled speedup on step times (up to the last partial batch). Each definition, applied to its own "
-    "T, gives the same number: an answer in either form is correct when it says which T it divides.",
-)
-
-SPEEDUP_DEFINITION_COLUMNS = ["method", "devices", "per_device_batch",
-                              "lab: T(1)/T(N), epoch (strong)", "forum: N x t(1)/t(N), step (scaled, weak)",
-                              "forum's formula on epoch times: N x T(1)/T(N)"]
-
-
-def speedup_definitions_frame(table=None, dataset_size: int | None = None):
-    """Q2's two speedup definitions side by side, per (method, N > 1, per-device batch): the lab's
-    T(1)/T(N) on epoch times, the forum's N x t(1)/t(N) on step times (the scaled speedup), and the
-    forum's formula applied to epoch times. From Table 1 (:func:`scaling_frame`) when given, then the
-    earlier cohort's published DataParallel epochs, whose steps per epoch are ceil(N_images / (N x b))
-    (one loader feeding N x b images per step)."""
-    import pandas as pd
-
-    rows = []
-    if table is not None and len(table):
-        ok = table[table["speedup"].notna() & (table["devices"] > 1)]
-        for _, r in ok.iterrows():
-            rows.append(dict(zip(SPEEDUP_DEFINITION_COLUMNS,
-                                 (r["method"], r["devices"], r["per_device_batch"], r["speedup"],
-                                  r["scaled_speedup"], r["n_t1_over_tn_epoch"]), strict=True)))
-    images = dataset_size or CIFAR10_TRAIN_SIZE
-    for (n, b), tn in ANCHOR_COHORT_SECONDS.items():
-        if n == 1:
-            continue
-        t1 = ANCHOR_COHORT_SECONDS[(1, b)]
-        step1, step_n = t1 / math.ceil(images / b), tn / math.ceil(images / (n * b))
-        values = (ANCHOR_COHORT_LABEL, n, b, t1 / tn, n * step1 / step_n, n * t1 / tn)
-        rows.append(dict(zip(SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
-    return pd.DataFrame(rows, columns=SPEEDUP_DEFINITION_COLUMNS)
-
-
-def save_speedup_definitions(store: ResultStore, result: ScalingResult):
-    """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
-    Table 1 and the earlier cohort, with :data:`SPEEDUP_DEFINITIONS` as its notes; return it."""
-    df = speedup_definitions_frame(scaling_frame(result.records))
-    store.save_table(_none_for_nan(df.copy()), "scaling_definitions",
-                     [r for r in result.records if r.status == "ok"],
-                     title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
-                     notes=list(SPEEDUP_DEFINITIONS))
-    return df
-
-
-def karp_flatt_note(speedup: float | None, devices: int) -> str:
-    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it).
-
-    e < 0 exactly when the speedup exceeds N (super-linear); e > 1 exactly when the speedup
-    is below 1: N devices took LONGER than one. Neither is a serial fraction.
-    """
-    if speedup is None or devices <= 1 or _isnan(speedup):
-        return ""
-    if speedup > devices:
-        return "speedup > N (super-linear): question the measurement before projecting"
-    if speedup < 1:
-        return (f"speedup {speedup:.3g} < 1: {devices} devices were SLOWER than one (e > 1 is no serial "
-                "fraction); nothing to project")
-    return ""
-
-
-def serial_fraction_frame(table, project_to: int = 8):
-    """From Table 1: each N > 1 row's Karp-Flatt serial fraction e and what Amdahl and
-    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
-    below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
-    fraction explains it."""
-    import pandas as pd
-
-    rows = []
-    ok = table[table["speedup"].notna() & (table["devices"] > 1)]
-    for _, r in ok.iterrows():
-        e = r["serial_fraction"]
-        row = {"method": r["method"], "devices": r["devices"], "per_device_batch": r["per_device_batch"],
-               "speedup": r["speedup"], "serial_fraction": e,
-               f"amdahl_speedup_at_{project_to}": None, f"gustafson_speedup_at_{project_to}": None,
-               "note": ""}
-        if e is not None and 0 <= e <= 1:
-            row[f"amdahl_speedup_at_{project_to}"] = amdahl_speedup(e, project_to)
-            row[f"gustafson_speedup_at_{project_to}"] = gustafson_speedup(e, project_to)
-        else:
-            row["note"] = karp_flatt_note(float(r["speedup"]), int(r["devices"]))
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-# ----- Q2's second half: the other type of scaling (fixed global batch) from rows already measured
-
-FIXED_GLOBAL_COLUMNS = ["method", "devices", "global_batch", "status", "T1_seconds",
-                        "strong_per_device_batch", "strong_TN_seconds", "strong_speedup", "strong_efficiency",
-                        "weak_per_device_batch", "weak_TN_seconds", "weak_speedup", "weak_efficiency",
-                        "better"]
-
-
-def fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
-                            reasons: dict[tuple[int, int], str] | None = None,
-                            method: str = "") -> list[dict]:
-    """Strong vs weak scaling from the same starting point, using only measured (devices, per-device
-    batch) -> epoch seconds.
-
-    Start from one device at batch G (time T(1, G)). Strong scaling keeps the GLOBAL batch G and
-    splits it: N devices x G/N, speedup T(1, G) / T(N, G/N). Weak scaling (what Table 1 ran)
-    keeps G PER DEVICE: N x G, speedup T(1, G) / T(N, G) (Table 1's speedup of that row). Both
-    are epoch times over the same data set, so the speedups compare directly. One row per
-    (N > 1, G) whose strong split G/N is a per-device batch of the grid (``seconds`` and
-    ``reasons`` keys); a row with a missing time says which run is missing and why.
-    """
-    reasons = dict(reasons or {})
-    grid = set(seconds) | set(reasons)
-    ones = sorted(b for n, b in grid if n == 1)
-    rows = []
-    for n in sorted({n for n, _ in grid if n > 1}):
-        for g in ones:
-            if g % n or (n, g // n) not in grid:
-                continue
-            row = dict.fromkeys(FIXED_GLOBAL_COLUMNS)
-            row.update({"method": method, "devices": n, "global_batch": g, "strong_per_device_batch": g // n,
-                        "weak_per_device_batch": g})
-            t1, ts, tw = seconds.get((1, g)), seconds.get((n, g // n)), seconds.get((n, g))
-            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw})
-            missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
-                       for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
-            if t1 and ts:
-                row["strong_speedup"] = t1 / ts
-                row["strong_efficiency"] = t1 / ts / n
-            if t1 and tw:
-                row["weak_speedup"] = t1 / tw
-                row["weak_efficiency"] = t1 / tw / n
-            if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
-                row["status"] = "ok"
-                row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
-                                 else "weak" if row["strong_speedup"] < row["weak_speedup"] else "equal")
-            elif missing:
-                row["status"] = "no strong-scaling comparison: " + "; ".join(missing)
-            else:
-                row["status"] = (f"strong only: {n} x {g}: {reasons.get((n, g)) or 'not measured'}")
-            rows.append(row)
-    return rows
-
-
-def fixed_global_batch_frame(records: Sequence[Record] | None = None,
-                             seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
-    """:func:`fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
-    or from a ``seconds`` table such as :data:`ANCHOR_COHORT_SECONDS`."""
-    import pandas as pd
-
-    rows: list[dict] = []
-    if seconds is not None:
-        rows += fixed_global_batch_rows(seconds, method=method)
-    if records is not None:
-        t1 = scaling_frame(records)
-        for m, g in t1.groupby("method", sort=False):
-            times, why = {}, {}
-            for _, r in g.iterrows():
-                key = (int(r["devices"]), int(r["per_device_batch"]))
-                if r["status"] == "ok" and not _isnan(r["epoch2_train_seconds"]):
-                    times[key] = float(r["epoch2_train_seconds"])
-                else:
-                    why[key] = str(r["status"])
-            rows += fixed_global_batch_rows(times, why, method=m)
-    return pd.DataFrame(rows, columns=FIXED_GLOBAL_COLUMNS)
-
-
-def fixed_global_batch_verdict(df) -> str:
-    """The one-line answer to "would the other type of scaling be better or worse?", computed from
-    the comparable rows of :func:`fixed_global_batch_frame` (never assumed)."""
-    ok = df[df["status"] == "ok"] if len(df) else df
-    if not len(ok):
-        return ("No verdict: no fixed-global-batch pair was measured here (each row says which run is "
-                "missing).")
-    worse = int((ok["better"] == "weak").sum())
-    better = int((ok["better"] == "strong").sum())
-    pairs = "; ".join(f"N={r['devices']}, global {r['global_batch']}: strong {r['strong_speedup']:.3g}x "
-                      f"vs weak {r['weak_speedup']:.3g}x" for _, r in ok.iterrows())
-    if worse == len(ok):
-        head = "Strong scaling (fixed global batch) would be WORSE than the weak scaling measured"
-    elif better == len(ok):
-        head = "Strong scaling (fixed global batch) would be BETTER than the weak scaling measured"
-    else:
-        head = (f"Mixed: strong scaling is worse in {worse} and better in {better} of {len(ok)} pairs "
-                "(differences this small are within run-to-run noise)")
-    return f"{head} ({pairs})."
-
-
-FIXED_GLOBAL_EXPLANATION = (
-    "Why strong scaling usually loses: splitting a fixed global batch G over N devices gives each "
-    "device G/N images per step, but every step still all-reduces the WHOLE gradient (S bytes, "
-    "2(N-1)/N x S per rank) and pays the same fixed per-step costs (kernel launches, optimizer over all "
-    "parameters). Compute per step shrinks N-fold, communication and overhead do not, so they take a "
-    "larger share, and a small per-device batch also uses each GPU less efficiently. Weak scaling keeps "
-    "the per-device work, so the compute that hides the all-reduce stays the same.")
-
-
-def fixed_global_batch_table(store: ResultStore, result: ScalingResult, include_anchors: bool = True):
-    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
-    run's rows, then the earlier cohort's anchors through the same arithmetic; returns
-    (DataFrame, verdict for this run, verdict for the anchors)."""
-    import pandas as pd
-
-    here = fixed_global_batch_frame(result.records)
-    anchors = fixed_global_batch_frame(seconds=ANCHOR_COHORT_SECONDS, method=ANCHOR_COHORT_LABEL)
-    df = pd.concat([here, anchors], ignore_index=True) if include_anchors else here
-    verdict, anchor_verdict = fixed_global_batch_verdict(here), fixed_global_batch_verdict(anchors)
-    notes = ["T1_seconds = T(1, G): one device at batch G. strong: N x G/N (global batch fixed), speedup "
-             "T(1, G)/T(N, G/N); weak: N x G (per-device batch fixed, as Table 1), speedup T(1, G)/T(N, G). "
-             "Epoch-2 training seconds, slowest rank; efficiency = speedup / N.",
-             "Only pairs whose split G/N is one of the per-device batch sizes appear (with batch sizes "
-             "growing x4, that is N = 4; N = 2 would need a 2 x 64 run).",
-             f"This run: {verdict}", f"{ANCHOR_COHORT_LABEL}: {anchor_verdict}", FIXED_GLOBAL_EXPLANATION]
-    store.save_table(_none_for_nan(df.copy()), "scaling_fixed_global_batch",
-                     [r for r in result.records if r.status == "ok"],
-                     title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
-                     notes=notes)
-    return df, verdict, anchor_verdict
-
-
-def comm_volume_frame(records: Sequence[Record]):
-    """Why small per-device batches scale badly: per stored N-device DDP run, the ring all-reduce
-    bytes each rank sends per step and per epoch (2(N-1)/N x S, S = fp32 gradient bytes), next to
-    the images each device computes per step. Bytes are decimal (MB = 1e6)."""
-    import pandas as pd
-
-
-    rows = []
-    for r in records:
-        c, m = r.config, r.metrics
-        if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
-            continue
-        per_step = ring_bytes_per_rank(m["gradient_bytes"], c["devices"])
-        rows.append({"method": _label(c["method"], c.get("backend"), c.get("device_type")),
-                     "devices": c["devices"], "per_device_batch": c["batch_size"],
-                     "steps_per_epoch": m["steps"], "images_per_device_per_step": c["batch_size"],
-                     "allreduce_mb_per_step_per_rank": per_step / 1e6,
-                     "allreduce_mb_per_epoch_per_rank": per_step * m["steps"] / 1e6,
-                     "bytes_per_image": per_step / c["batch_size"]})
-    return pd.DataFrame(rows)
-
-
-def scaling_frame(records: Sequence[Record]):
-    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
-
-    ``epoch2_train_seconds`` T(N) is the reported epoch's training time (slowest rank);
-    ``step_seconds`` t(N) = T(N) / steps. speedup = T(1)/T(N) (strong scaling of one
-    epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
-    per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
-    same method's one-device run with the same per-device batch.
-    """
-    import pandas as pd
-
-    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
-    base = {}
-    for r in aggs:
-        if r.config["devices"] == 1 and r.status == "ok":
-            base[(r.config["method"], r.config["batch_size"])] = r
-    rows = []
-    for r in aggs:
-        c, m = r.config, r.metrics
-        n = int(c["devices"])
-        tn = _t(r)
-        steps = m.get("steps") if r.status == "ok" else None
-        b1 = base.get((c["method"], c["batch_size"]))
-        t1 = _t(b1)
-        row = {"method": _label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
-               "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
-               "status": "ok" if r.status == "ok" else (r.reason or r.status),
-               "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
-               "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
-               "serial_fraction": None, "skew_wait_seconds": _skew(r),
-               "train_plus_skew_wait_seconds": _metric(r, "train_plus_skew_wait_seconds"),
-               "oversubscribed": oversubscribed(r)}
-        if tn and t1:
-            row["speedup"] = t1 / tn
-            row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
-            row["efficiency"] = row["speedup"] / n
-            row["serial_fraction"] = karp_flatt(row["speedup"], n)
-            s1 = b1.metrics.get("steps")
-            if steps and s1:
-                row["scaled_speedup"] = n * (t1 / s1) / (tn / steps)
-        rows.append(row)
-    df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
-                                     "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
-                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction",
-                                     "skew_wait_seconds", "train_plus_skew_wait_seconds", "oversubscribed"])
-    return df
-
-
-TABLE1_NOTES = [
-    "oversubscribed: the gloo ranks had more threads than the machine has cores (quick: 4 single-thread "
-    "processes on 2 cores), so they took turns on the cores: the row exercises the 4-device path, its "
-    "times do not measure scaling.",
-    "epoch2_train_seconds T(N): training time of epoch 2 of 2 (host-to-device copies, forward, backward, "
-    "all-reduce, optimizer step; loader waits excluded), the SLOWEST rank's; seconds.",
-    "speedup = T(1)/T(N) on epoch time (strong scaling: the epoch's data set is fixed); "
-    "efficiency = speedup / N.",
-    "scaled_speedup = N x t(1)/t(N), t = time per step (weak scaling, Gustafson: per-device batch fixed). "
-    "It equals the speedup up to the last partial batch.",
-    "n_t1_over_tn_epoch = N x T(1)/T(N) on EPOCH times: the course forum's scaled-speedup formula (an "
-    "earlier report's second definition) applied to epoch times. With the per-device batch fixed each epoch "
-    "already has N times fewer steps, so this counts N twice (about N x the speedup); the same formula on "
-    "STEP times is scaled_speedup. Both definitions side by side: tables/scaling_definitions.",
-    "T(1): the same method with one device and the same per-device batch.",
-    "serial_fraction: Karp-Flatt e = (1/speedup - 1/N) / (1 - 1/N), the non-parallel share Amdahl's law "
-    "would need to explain the speedup (empty for N = 1).",
-    "A row whose status is not ok did not run: it has no numbers.",
-    "skew_wait_seconds: the slowest rank's wait, in a barrier right after each step's data movement, for "
-    "the other ranks' loaders (DDP only; 0 with one device). It is NOT in T(N): without the barrier it "
-    "would sit inside compute (backward's all-reduce waits for the slowest loader). "
-    "train_plus_skew_wait_seconds: max over ranks of training + skew wait, about what T(N) was before "
-    "the barrier existed. Both are blank for DataParallel and for records written before the barrier "
-    "existed, whose T(N) still includes that wait.",
-]
-
-
-def scaling_table(store: ResultStore, result: ScalingResult):
-    """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
-    df = scaling_frame(result.records)
-    notes = list(TABLE1_NOTES)
-    if any(r.config.get("backend") == "gloo" for r in result.records):
-        notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
-                     "process, so these numbers show the mechanics, not GPU performance.")
-    notes.append(f"settings: {result.settings.label}")
-    store.save_table(_none_for_nan(df.copy()), "scaling", [r for r in result.records if r.status == "ok"],
-                     title="Table 1: epoch-2 training time and speedup over devices", notes=notes)
-    return df
-
-
-def speedup_figure(store: ResultStore, result: ScalingResult, name: str = "scaling_speedup"):
-    """Speedup T(1)/T(N) against devices, one line per (method, per-device batch), with the ideal line."""
-    import matplotlib.pyplot as plt
-
-    df = scaling_frame(result.records)
-    df = df[df["speedup"].notna()]
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    top = max([1, *result.settings.devices])
-    ax.plot([1, top], [1, top], "k--", lw=1, label="ideal (speedup = N)")
-    for (method, b), g in df.groupby(["method", "per_device_batch"], sort=False):
-        g = g.sort_values("devices")
-        ax.plot(g["devices"], g["speedup"].astype(float), "o-", label=f"{method}, {b}/device")
-    ax.set_xlabel("devices N")
-    ax.set_ylabel("speedup T(1)/T(N), epoch 2")
-    ax.set_xticks(sorted(set(result.settings.devices)))
-    ax.set_title("Speedup over devices (per-device batch fixed)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the axis
-    path = store.save_figure(fig, name, result.ok())
-    return fig, path
-
-
-# ----- Table 2
-
-
-@dataclass
-class CommRow:
-    """Communication of one (method, devices, per-device batch) configuration, seconds per epoch."""
-
-    method: str
-    devices: int
-    per_device_batch: int
-    status: str
-    t1_seconds: float | None = None
-    tn_seconds: float | None = None
-    compute_a_seconds: float | None = None
-    comm_a_seconds: float | None = None
-    exposed_b_seconds: float | None = None
-    allreduce_c_seconds: float | None = None
-    overlap_seconds: float | None = None
-    overlap_fraction: float | None = None
-    steps_per_epoch: int | None = None
-    gradient_bytes: int | None = None
-    backend: str | None = None
-    skew_wait_seconds: float | None = None
-    exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
-    oversubscribed: str | None = None  # see :func:`oversubscribed`
-
-
-def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
-                      methods: Sequence[str] = (DDP,)) -> list[CommRow]:
-    """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface).
-
-    (a) uses T(1) from ``scaling`` (same method, same per-device batch, one device) and
-    T(N) from ``compute_vs_comm`` (DDP) or ``scaling`` (DataParallel); (b) and (c) come
-    from the DDP worker's probe, scaled to the reported epoch's steps.
-    """
-    ones = {}
-    for r in store.latest(SCALING):
-        if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
-            ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
-    recs = [r for r in store.latest(COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
-    if DP in methods:
-        recs += [r for r in store.latest(SCALING) if r.config.get("record") == "aggregate"
-                 and r.config["method"] == DP and r.config["devices"] > 1]
-    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
-            for r in recs if r.config["method"] in methods
-            and (devices is None or r.config["devices"] in devices)]
-
-
-def comm_row(rec: Record, one: Record | None) -> CommRow:
-    """Table 2's figures for one N-device record and its one-device counterpart."""
-    c, m = rec.config, rec.metrics
-    row = CommRow(method=_label(c["method"], c.get("backend"), c.get("device_type")),
-                  devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),
-                  status="ok" if rec.status == "ok" else (rec.reason or rec.status))
-    if rec.status != "ok":
-        return row
-    row.tn_seconds = _t(rec)
-    row.t1_seconds = _t(one)
-    row.skew_wait_seconds = _skew(rec)
-    row.oversubscribed = oversubscribed(rec)
-    row.steps_per_epoch = m.get("steps")
-    row.gradient_bytes = m.get("gradient_bytes")
-    if row.t1_seconds is None:
-        row.status = "T(1) missing: run the one-device configuration (notebook 02)"
-    else:
-        row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
-    if "exposed_comm_seconds" in m:
-        row.exposed_b_seconds = m["exposed_comm_seconds"]
-        row.allreduce_c_seconds = m["allreduce_seconds"]
-        row.overlap_seconds, row.overlap_fraction = overlap_figures(row.exposed_b_seconds,
-                                                                    row.allreduce_c_seconds)
-        probe = m.get("comm_probe") or {}
-        se = probe.get("noise_seconds")
-        if se is not None and not _isnan(se) and row.steps_per_epoch:
-            row.exposed_noise_b_seconds = float(se) * int(row.steps_per_epoch)
-    return row
-
-
-def compute_vs_comm_frame(rows: Sequence[CommRow]):
-    """Table 2 as a DataFrame (seconds per epoch; ratios unitless)."""
-    import pandas as pd
-
-    out = []
-    for r in rows:
-        d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
-             "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
-             "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
-             "compute_to_comm_a": None,
-             "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
-             "overlap_c_minus_b_seconds": r.overlap_seconds,
-             "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
-             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
-             "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
-             "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
-             "oversubscribed": r.oversubscribed}
-        if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
-            d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
-        if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
-            d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
-        out.append(d)
-    cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
-            "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
-            "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
-            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed"]
-    return pd.DataFrame(out, columns=cols)
-
-
-TABLE2_NOTES = [
-    "All seconds are per epoch (epoch 2 of 2, slowest rank). (a) the assignment's derivation: "
-    "compute = T(1)/N, comm = T(N) - T(1)/N (negative: faster than a perfect split, the assumption fails).",
-    "(b) exposed comm = (step with gradient sync - the same step under no_sync) x steps per epoch.",
-    "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
-    "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
-    f"exposed_noise_b_seconds: standard error of (b) over the probe's sync/no_sync pairs, per epoch. "
-    f"noise_flag 'noise >= effect: not a result' when {NOISE_SIGMAS:g} x that error >= (b): then (b), the "
-    "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
-    "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
-    "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
-    "oversubscribed: more gloo threads than cores (quick: 4 single-thread ranks on 2 cores); the ranks took "
-    "turns on the cores, so the row exercises the path and its split is not a measurement of the network.",
-    "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
-    "by a barrier after the data movement; shown as skew_wait_seconds, slowest rank), so a slow loader "
-    "is not counted as communication by (a). Blank skew_wait_seconds: a record from before the barrier "
-    "existed, whose T(N) includes that wait.",
-]
-
-
-def compute_vs_comm_rows(lab, one: ScalingResult, many: ScalingResult) -> list[CommRow]:
-    """Table 2's rows in table order, including rows that did not run (with their reason)."""
-    s = many.settings
-    ones = {(r.config["method"], r.config["batch_size"]): r for r in one.records
-            if r.config.get("record", "aggregate") == "aggregate"}
-    rows = []
-    for r in many.records:
-        if r.config.get("record", "aggregate") != "aggregate":
-            continue
-        if r.config["devices"] not in s.comm_devices:
-            continue
-        rows.append(comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))))
-    return rows
-
-
-def compute_vs_comm_table(store: ResultStore, lab, one: ScalingResult, many: ScalingResult):
-    """Save Table 2 (``tables/compute_vs_comm.md`` + ``.csv``) and return it."""
-    rows = compute_vs_comm_rows(lab, one, many)
-    df = compute_vs_comm_frame(rows)
-    notes = list(TABLE2_NOTES)
-    if any(r.backend == "gloo" for r in rows):
-        notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
-                     "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
-    notes.append(f"settings: {many.settings.label}")
-    recs = [r for r in one.records + many.records if r.status == "ok"]
-    store.save_table(_none_for_nan(df.copy()), "compute_vs_comm", recs,
-                     title="Table 2: compute vs communication per epoch", notes=notes)
-    return df
-
-
-def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
-    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP.
-
-    A negative communication by (a) (T(N) < T(1)/N) is drawn as 0 and labelled, not
-    subtracted from the compute bar. DDP's (b) bars carry the all-reduce time (c) as a label.
-    """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    ok = df[df["TN_seconds"].notna()]
-    labels, comp, comm, kinds, allreduce = [], [], [], [], []
-    for _, r in ok.iterrows():
-        base = f"{_short_method(r['method'])} N={r['devices']}\n{r['per_device_batch']}/device"
-        if r["compute_a_seconds"] is not None and not _isnan(r["compute_a_seconds"]):
-            labels.append(base + "\nmethod (a)")
-            comp.append(float(r["compute_a_seconds"]))
-            comm.append(float(r["comm_a_seconds"]))
-            kinds.append("a")
-            allreduce.append(None)
-        if r["exposed_comm_b_seconds"] is not None and not _isnan(r["exposed_comm_b_seconds"]):
-            labels.append(base + "\nmethod (b)")
-            comp.append(float(r["TN_seconds"]) - float(r["exposed_comm_b_seconds"]))
-            comm.append(float(r["exposed_comm_b_seconds"]))
-            kinds.append("b")
-            allreduce.append(None if _isnan(r["allreduce_c_seconds"]) else float(r["allreduce_c_seconds"]))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.4))
-    x = np.arange(len(labels))
-    shown = [max(0.0, v) for v in comm]
-    ax.bar(x, comp, color="#4c72b0", label="compute")
-    ax.bar(x, shown, bottom=comp, color="#dd8452", label="communication")
-    for i, (k, c) in enumerate(zip(kinds, allreduce)):
-        top = comp[i] + shown[i]
-        if k == "b" and c is not None:
-            ax.annotate(f"(c) {c:.3g} s", (x[i], top), ha="center", va="bottom", fontsize=6)
-        if comm[i] < 0:
-            ax.annotate(f"comm (a) = {comm[i]:.3g} s < 0", (x[i], top), ha="center", va="bottom",
-                        fontsize=6, color="#a03000")
-    ax.axhline(0, color="k", lw=0.8)
-    if comp:
-        ax.set_ylim(0, 1.15 * max(c + v for c, v in zip(comp, shown)))  # head-room for the labels
-    ax.set_xticks(x)
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_ylabel("seconds per epoch (epoch 2)")
-    ax.set_title("Compute vs communication per epoch\n"
-                 "(a) T(1)/N split   (b) measured exposed   (c) all-reduce in flight", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
-    path = store.save_figure(fig, name, records)
-    return fig, path
-
-
-def _short_method(label: str) -> str:
-    """A tick label's method from a table's method label: "DP", "DDP" (NCCL) or "DDP gloo/CPU"."""
-    if label.startswith("DataParallel"):
-        return "DP"
-    return "DDP gloo/CPU" if "gloo" in label else "DDP"
-
-
-def _isnan(v) -> bool:
-    try:
-        return math.isnan(float(v))
-    except (TypeError, ValueError):
-        return True
-
-
-def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
-    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row.
-
-    ``skew_wait_seconds`` (the rank's wait for the other ranks' loaders, not part of
-    ``train_seconds``) is NaN for records written before the skew barrier existed.
-    """
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        c = r.config
-        if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
-            continue
-        m = r.metrics
-        if c.get("record") == "rank":
-            rows.append({"rank": c["rank"], "epoch_seconds": m["epoch_seconds"],
-                         "train_seconds": m["train_seconds"],
-                         "data_loading_seconds": m["data_loading_seconds"],
-                         "data_movement_seconds": m["data_movement_seconds"],
-                         "compute_seconds": m["compute_seconds"],
-                         "communication_seconds": m["communication_seconds"],
-                         # None (blank) in records written before the skew barrier existed
-                         "skew_wait_seconds": m.get("skew_wait_seconds")})
-    if not rows:
-        return pd.DataFrame()
-    df = pd.DataFrame(rows).sort_values("rank")
-    df["skew_wait_seconds"] = pd.to_numeric(df["skew_wait_seconds"])  # None -> NaN
-    mean = df.drop(columns="rank").mean()
-    slow = df.drop(columns="rank").max()
-    df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean}, {"rank": "max (reported)", **slow}])],
-                   ignore_index=True)
-    return df

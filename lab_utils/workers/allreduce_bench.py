@@ -1,6 +1,6 @@
 """The all-reduce benchmark worker, run on every rank under torchrun.
 
-Started by :func:`lab_utils.experiments.comm.run_allreduce_bench` through
+Started by :func:`lab_utils.experiments.comm.measure_bench` through
 :func:`lab_utils.launcher.launch` as ``python -m torch.distributed.run ... -m
 lab_utils.workers.allreduce_bench --min-bytes 8 --max-bytes N --iters I --warmup W --backend B
 --out FILE``. NCCL runs one rank per GPU (``LOCAL_RANK`` selects it); gloo runs CPU

@@ -1,6 +1,6 @@
 """What a DDP run communicates besides gradients, counted byte by byte on a real run.
 
-Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.run_comm_accounting`;
+Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.measure_comm_accounting`;
 the arguments are :class:`lab_utils.workers.args.AccountingArgs`)::
 
     python -m torch.distributed.run --nproc-per-node 2 -m lab_utils.workers.comm_accounting
@@ -114,7 +114,7 @@ def model_bytes(model: torch.nn.Module) -> ModelBytes:
     )
 
 
-def io_written_bytes() -> int | None:
+def _io_written_bytes() -> int | None:
     """Bytes this process has written so far (``wchar`` of ``/proc/self/io``); None where unavailable."""
     try:
         with open("/proc/self/io", encoding="ascii") as f:
@@ -223,17 +223,17 @@ class WireMeter:
     """Bytes written by this process over named phases (gloo on CPU only; None otherwise)."""
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled and io_written_bytes() is not None
+        self.enabled = enabled and _io_written_bytes() is not None
         self.bytes: dict[str, list[int]] = defaultdict(list)
 
     @contextmanager
     def measure(self, name: str):
-        start = io_written_bytes() if self.enabled else None
+        start = _io_written_bytes() if self.enabled else None
         try:
             yield
         finally:
             if start is not None:
-                self.bytes[name].append(io_written_bytes() - start)  # type: ignore[operator]
+                self.bytes[name].append(_io_written_bytes() - start)  # type: ignore[operator]
 
 
 def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:

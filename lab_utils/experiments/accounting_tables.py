@@ -1,0 +1,369 @@
+"""Notebook 05's tables for Q6 and Q7, from the record of
+:func:`lab_utils.experiments.large_batch.measure_comm_accounting` (the ledger of a few DDP steps,
+:mod:`lab_utils.workers.comm_accounting`): what DDP communicates besides the gradients, in bytes
+(``comm_accounting``, ``comm_accounting_wire``), and whether at 4 x 512 the gradients alone would be
+enough (``comm_gradients_only``). Payload bytes are what each rank hands to a collective.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from lab_utils.core.data import CIFAR10_TRAIN_SIZE
+from lab_utils.experiments.large_batch import COMM_EXPERIMENT
+from lab_utils.experiments.large_batch_tables import ASKED_LARGE
+from lab_utils.models import ResNet18
+from lab_utils.store import Record, ResultStore
+from lab_utils.workers import comm_accounting as ca
+
+__all__ = ["GRADIENTS_ONLY_TABLE", "NEEDS", "CommItem", "Need", "accounting_checks", "comm_items",
+           "comm_table", "gradients_only_table", "optimizer_state_rows", "save_comm_tables",
+           "save_gradients_only_table", "wire_table"]
+
+
+@dataclass(frozen=True)
+class CommItem:
+    """One row of the accounting: what, when, how, bytes per occurrence, and what it should equal."""
+
+    what: str
+    when: str
+    collective: str
+    calls_per_occurrence: float | None
+    payload_bytes: float | None       # per occurrence, what each rank hands to the collective
+    expected_bytes: int | None        # from the model's parameter/buffer sizes
+    expected_from: str
+
+    @property
+    def matches(self) -> bool | None:
+        if self.payload_bytes is None or self.expected_bytes is None:
+            return None
+        return self.payload_bytes == self.expected_bytes
+
+
+def _ledger(rank_entry: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(row["phase"], row["kind"]): row for row in rank_entry["ledger"]}
+
+
+def comm_items(rec: Record) -> list[CommItem]:
+    """The accounting of rank 0 (payloads are the same on every rank), item by item."""
+    m = rec.metrics
+    mb = m["model_bytes"]
+    steps = rec.config["steps"]
+    world = m["world_size"]
+    led = _ledger(m["ranks"][0])
+
+    def per(phase: str, kind: str, n: int = 1) -> tuple[float | None, float | None]:
+        row = led.get((phase, kind))
+        if row is None:
+            return None, None
+        return row["calls"] / n, row["bytes"] / n
+
+    params, bufs = mb["parameter_bytes"], mb["buffer_bytes"]
+    items = []
+    c, b = per("construction", ca.SHAPE_CHECK)
+    items.append(CommItem("parameter shape check", "once, DDP construction",
+                          "all-gather of shape metadata (C++; bytes seen on the wire only)",
+                          c, None, None, ""))
+    c, b = per("construction", ca.BROADCAST_COALESCED)
+    items.append(CommItem("initial parameter + buffer broadcast", "once, DDP construction",
+                          "broadcast from rank 0, coalesced into buckets", c, b, params + bufs,
+                          "parameter bytes + buffer bytes"))
+    c, b = per("step", ca.BROADCAST_COALESCED, steps)
+    on = rec.config.get("broadcast_buffers", True)
+    items.append(CommItem(f"BatchNorm buffers (broadcast_buffers={on})", "every training step (forward)",
+                          "broadcast from rank 0, coalesced", c if on else 0,
+                          b if b is not None else (None if on else 0.0),
+                          bufs if on else 0, "buffer bytes" if on else "nothing"))
+    c, b = per("step", ca.GRAD_BUCKET, steps)
+    items.append(CommItem("gradients", "every training step (backward)", "all-reduce per bucket (comm hook)",
+                          c, b, mb["trainable_parameter_bytes"], "trainable parameter bytes"))
+    c, b = per("loss_logging", ca.ALL_REDUCE, steps)
+    items.append(CommItem("global loss for logging", "every step, if logged", "all-reduce of one float32",
+                          c, b, 4, "one float32"))
+    c, b = per("evaluation", ca.BROADCAST)
+    items.append(CommItem("rank 0's BatchNorm statistics before evaluating", "every evaluation",
+                          "broadcast per buffer", c, b, bufs, "buffer bytes"))
+    c, b = per("evaluation", ca.ALL_REDUCE)
+    items.append(CommItem("test metric sums (loss, correct, count)", "every evaluation",
+                          "all-reduce of three float64", c, b, 24, "three float64"))
+    if rec.config.get("zero"):
+        c, b = per("zero_step", ca.GRAD_BUCKET, steps)
+        items.append(CommItem("ZeRO-1: gradients (still all of them)", "every step",
+                              "all-reduce per bucket (DDP)", c, b, mb["trainable_parameter_bytes"],
+                              "trainable parameter bytes"))
+        c, b = per("zero_step", ca.BROADCAST, steps)
+        items.append(CommItem(f"ZeRO-1: updated parameter shards, each owner to the other {world - 1}",
+                              "every step (after optimizer.step)", "broadcast per parameter from its owner",
+                              c, b, params, "parameter bytes (sum over owners)"))
+        c, b = per("zero_checkpoint", ca.BROADCAST)
+        items.append(CommItem("ZeRO-1: optimizer state gathered on rank 0 (consolidate_state_dict)",
+                              "each checkpoint", "broadcast of pickled state from each owner", c, b, None,
+                              "pickled momentum of the other ranks' shards (+ header)"))
+    return items
+
+
+def _whole(v: Any) -> Any:
+    """Whole numbers as int, missing as None (so tables print 705608, not 7.056e+05)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return int(round(v)) if float(v).is_integer() or abs(v) >= 100 else v
+
+
+def _object_columns(df, columns):
+    import pandas as pd
+
+    for c in columns:
+        df[c] = pd.Series([_whole(v) for v in df[c]], index=df.index, dtype=object)
+    return df
+
+
+def comm_table(rec: Record):
+    """The accounting as a DataFrame: what, when, collective, calls, bytes, expected, equal."""
+    import pandas as pd
+
+    rows = []
+    for it in comm_items(rec):
+        rows.append({"what": it.what, "when": it.when, "collective": it.collective,
+                     "calls": it.calls_per_occurrence, "payload bytes": it.payload_bytes,
+                     "expected bytes": it.expected_bytes, "expected from": it.expected_from,
+                     "equal": {True: "yes", False: "NO", None: ""}[it.matches]})
+    return _object_columns(pd.DataFrame(rows), ["calls", "payload bytes", "expected bytes"])
+
+
+def optimizer_state_rows(rec: Record) -> list[dict[str, Any]]:
+    """Optimizer state (SGD momentum) each rank holds: plain DDP vs ZeRO-1 (bytes)."""
+    rows = []
+    for g in rec.metrics["ranks"]:
+        rows.append({"rank": g["rank"], "DDP + SGD: momentum bytes held": g.get("sgd_state_bytes"),
+                     "ZeRO-1: momentum bytes held": g.get("zero_state_bytes")})
+    return rows
+
+
+_PHASE_LABELS = {
+    "construction": "DDP construction (shape check + initial broadcast)",
+    "step": "one training step (buffers + gradients + logged loss)",
+    "evaluation": "one evaluation (buffers + metric sums)",
+    "zero_step": "one ZeRO-1 step (buffers + gradients + parameter shards)",
+    "zero_checkpoint": "ZeRO-1 checkpoint (consolidate_state_dict)",
+}
+
+
+_LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
+
+
+def _expected_written(rows: list[dict[str, Any]], rank: int, world: int) -> float:
+    """Bytes ``rank`` should write for these ledger rows with 2 ranks: ring all-reduce 2(P-1)/P x S,
+    broadcast S from the root (to its P-1 = 1 peer)."""
+    total = 0.0
+    for row in rows:
+        if row["kind"] in (ca.ALL_REDUCE, ca.GRAD_BUCKET):
+            total += row["bytes"] * 2 * (world - 1) / world
+        elif row["kind"] in (ca.BROADCAST, ca.BROADCAST_COALESCED):
+            sent = {int(k): v for k, v in (row.get("bytes_by_src") or {}).items()}
+            total += sent.get(rank, 0) * (world - 1)
+    return total
+
+
+def wire_table(rec: Record):
+    """Cross-check (gloo only): payload counted vs bytes each rank wrote to its sockets, per phase.
+
+    ``wrote`` is the mean over the phase's occurrences of the change in ``wchar`` of
+    ``/proc/self/io``. With 2 ranks, ``expected`` is what the algorithms imply: a ring
+    all-reduce of S bytes writes 2(P-1)/P x S = S per rank, a broadcast writes S on the
+    root and nothing elsewhere. The excess is gloo's per-message headers and the control
+    messages the payload count cannot see (shape check, bucket-order sync). Returns None
+    when not measured (NCCL).
+    """
+    import pandas as pd
+
+    ranks = rec.metrics["ranks"]
+    world = rec.metrics["world_size"]
+    if not all(g.get("wire_measured") for g in ranks):
+        return None
+    rows = []
+    for phase, label in _PHASE_LABELS.items():
+        occurrences = [k for k in ranks[0]["wire_bytes"] if k.split(":")[0] == phase]
+        if not occurrences:
+            continue
+        n = len(occurrences)
+        phases = _LEDGER_PHASES.get(phase, (phase,))
+        row: dict[str, Any] = {"phase": label}
+        for g in ranks:
+            vals = [v for k, vs in g["wire_bytes"].items() if k.split(":")[0] == phase for v in vs]
+            ledger_rows = [r for r in g["ledger"] if r["phase"] in phases]
+            if g["rank"] == 0:
+                row["payload counted (bytes)"] = sum(r["bytes"] for r in ledger_rows) / n
+            if world == 2:
+                expected = _expected_written(ledger_rows, g["rank"], world) / n
+                row[f"rank {g['rank']} expected (bytes)"] = expected
+            row[f"rank {g['rank']} wrote (bytes)"] = statistics.fmean(vals) if vals else None
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    return _object_columns(df, [c for c in df.columns if c != "phase"])
+
+
+def accounting_checks(rec: Record) -> dict[str, bool]:
+    """Each accounted item with an expected size: does the payload equal it (on every rank)?"""
+    out = {}
+    for g in rec.metrics["ranks"]:
+        one = Record(experiment=rec.experiment, config=rec.config,
+                     metrics={**rec.metrics, "ranks": [g]})
+        for it in comm_items(one):
+            if it.matches is not None:
+                out[f"rank {g['rank']}: {it.what}"] = it.matches
+    return out
+
+
+def save_comm_tables(store: ResultStore, rec: Record):
+    """Save ``comm_accounting`` (and ``comm_accounting_wire`` when measured); return the main table."""
+    table = comm_table(rec)
+    mb = rec.metrics["model_bytes"]
+    cfg = rec.config
+    notes = [f"Measured on a real DDP run: {cfg['devices']} x {cfg['backend']}, "
+             f"ResNet-18 width {cfg['width']} "
+             f"({mb['parameters']:,} parameters = {mb['parameter_bytes']:,} bytes fp32; buffers "
+             f"{mb['buffer_bytes']:,} bytes), batch {cfg['batch_size']} per rank, {cfg['steps']} steps; "
+             "random inputs (bytes do not depend on the data).",
+             "payload bytes: numel x element size of what each rank hands to the collective, per "
+             "occurrence (per step: total / steps), counted by wrapping torch.distributed's entry points "
+             "(_broadcast_coalesced, broadcast, all_reduce) and a gradient comm hook.",
+             "Bytes on the wire depend on the algorithm: ring all-reduce sends 2(P-1)/P x payload per rank; "
+             "a broadcast sends the payload from the root.",
+             "ZeRO-1 = torch.distributed.optim.ZeroRedundancyOptimizer over SGD with momentum."]
+    store.save_table(table, COMM_EXPERIMENT, [rec], title="What DDP communicates besides gradients",
+                     notes=notes)
+    wire = wire_table(rec)
+    if wire is not None:
+        store.save_table(wire, f"{COMM_EXPERIMENT}_wire", [rec],
+                         title="Cross-check: payload counted vs bytes written to the sockets (gloo)",
+                         notes=["wrote: change of wchar in /proc/self/io over the phase (mean over "
+                                "occurrences); includes gloo's headers and C++ control messages.",
+                                "expected (2 ranks): ring all-reduce 2(P-1)/P x payload = payload per rank; "
+                                "broadcast: the payload, written by its root only."])
+    return table
+
+
+GRADIENTS_ONLY_TABLE = "comm_gradients_only"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing the replicas must agree on, how the ledger calls it, and what it costs in a run."""
+
+    what: str
+    when: str
+    ledger_item: str | None    # prefix of the :func:`comm_items` row that carries it; None: no message
+    spec_bytes: str            # "gradients" | "parameters+buffers" | "buffers" | a number of bytes
+    per: str                   # "run" | "step" | "epoch" | "evaluation"
+    why: str
+
+
+# What a DDP run at 4 x 512 needs, besides and including the gradients (notebook 05, Q7).
+NEEDS: tuple[Need, ...] = (
+    Need("gradients", "every step (backward)", "gradients", "gradients", "step",
+         "the same averaged gradient on every rank, so every rank makes the same update"),
+    Need("initial parameter + buffer broadcast", "once, DDP construction", "initial parameter + buffer",
+         "parameters+buffers", "run",
+         "replicas start identical; without it the same update moves different weights forever"),
+    Need("BatchNorm buffers (rank 0's running mean/var)", "every step (forward)", "BatchNorm buffers",
+         "buffers", "step",
+         "running statistics are not gradients: each rank's come from its own 512 images; without the "
+         "broadcast the 4 replicas evaluate (and save) 4 different models"),
+    Need("global loss for logging", "every step, if logged", "global loss", "4", "step",
+         "the loss of the whole 2,048-image batch; without it each rank logs its own 512"),
+    Need("rank 0's BatchNorm statistics before evaluating", "every evaluation", "rank 0's BatchNorm",
+         "buffers", "evaluation", "every rank evaluates the same model"),
+    Need("test metric sums (loss, correct, count)", "every evaluation", "test metric sums", "24",
+         "evaluation", "accuracy over the whole test set; without it each rank reports its own shard"),
+    Need("learning rate (linear scaling, warm-up, decay)", "every step", None, "0", "step",
+         "no message: every rank computes the same lr from the step number (lab_utils.core.schedules)"),
+    Need("data order (DistributedSampler + set_epoch)", "every epoch", None, "0", "epoch",
+         "no message: every rank draws the same permutation from seed + epoch (Q5) and keeps its shard"),
+    Need("optimizer state (SGD momentum)", "every step", None, "0", "step",
+         "no message: replicated, identical because every update is (ZeRO shards it and then broadcasts "
+         "parameters, Q6)"),
+)
+
+
+def gradients_only_table(rec: Record, epochs: int = 5, devices: int = ASKED_LARGE[0],
+                         per_device_batch: int = ASKED_LARGE[1], dataset_size: int | None = None):
+    """Q7 from the communication ledger: what a ``devices`` x ``per_device_batch`` run of ``epochs``
+    epochs (one evaluation each) hands to collectives, item by item, for the spec ResNet-18.
+
+    Each ledger item's payload was measured in ``rec`` (the accounting run, its own model) and
+    compared with the model's sizes; the spec column applies those sizes to the spec ResNet-18
+    (width 64). Bytes per item do not depend on the batch; only the number of steps does:
+    epochs x ceil(ceil(N / devices) / per_device_batch). Payload bytes (what each rank hands to the
+    collective; a ring all-reduce sends 2(P-1)/P of it per rank). Returns (DataFrame, verdict).
+    """
+    import pandas as pd
+
+
+    n = dataset_size or CIFAR10_TRAIN_SIZE
+    steps = epochs * math.ceil(math.ceil(n / devices) / per_device_batch)
+    times = {"run": 1, "step": steps, "epoch": epochs, "evaluation": epochs}
+    spec = ca.model_bytes(ResNet18())
+    buffers_on = rec.config.get("broadcast_buffers", True)
+    sizes = {"gradients": spec.trainable_parameter_bytes, "buffers": spec.buffer_bytes,
+             "parameters+buffers": spec.parameter_bytes + spec.buffer_bytes}
+    items = comm_items(rec)
+    equal = {True: "yes", False: "NO", None: "not measured"}
+    measured_col = "payload per time, measured here (bytes)"
+    spec_col = "payload per time, spec ResNet-18 (bytes)"
+    rows = []
+    for need in NEEDS:
+        item = next((it for it in items if need.ledger_item and it.what.startswith(need.ledger_item)), None)
+        per_time = sizes[need.spec_bytes] if need.spec_bytes in sizes else int(need.spec_bytes)
+        if need.ledger_item == "BatchNorm buffers" and not buffers_on:
+            per_time = 0
+        rows.append({"what": need.what, "when": need.when,
+                     f"times in the run ({devices} x {per_device_batch})": times[need.per],
+                     measured_col: None if item is None else item.payload_bytes,
+                     "measured = model's sizes": "" if item is None else equal[item.matches],
+                     spec_col: per_time, "spec payload in the run (bytes)": per_time * times[need.per],
+                     "why": need.why})
+    df = pd.DataFrame(rows)
+    total = float(df["spec payload in the run (bytes)"].sum())
+    df["share of the run's bytes %"] = 100 * df["spec payload in the run (bytes)"] / total if total else None
+    df = df[[c for c in df.columns if c != "why"] + ["why"]]
+    grads = float(df.loc[df["what"] == "gradients", "spec payload in the run (bytes)"].iloc[0])
+    other = total - grads
+    checked = [r for r in rows if r["measured = model's sizes"] in ("yes", "NO")]
+    wrong = [r["what"] for r in checked if r["measured = model's sizes"] == "NO"]
+    c = rec.config
+    if wrong:
+        measured = ("The ledger of this run found payloads that differ from the model's sizes: "
+                    + ", ".join(wrong))
+    else:
+        measured = (f"The ledger of this run ({c['devices']} x {c['backend']}, ResNet-18 width "
+                    f"{c['width']}) found every payload equal to the model's sizes ({len(checked)} of "
+                    f"{len(checked)} items)")
+    verdict = (f"**No: gradients alone are not enough.** At {devices} x {per_device_batch} for {epochs} "
+               f"epochs ({steps} steps, spec ResNet-18), the gradient all-reduces carry {grads / 1e9:.3f} GB "
+               f"({grads / total:.1%} of the run's payload); the other {other / 1e6:.1f} MB "
+               f"({other / total:.2%}) are what keeps the replicas one model: the initial broadcast, rank "
+               "0's BatchNorm buffers before every forward, and the loss and metric reductions. Few bytes, "
+               "but without them the replicas start apart, evaluate different BatchNorm statistics, and "
+               "report their own shard's numbers. The large-batch remedies (linear scaling, warm-up) and the "
+               "data order need no message: every rank computes them from the step and the epoch. "
+               f"{measured}; the spec column applies those sizes to the spec ResNet-18.")
+    return _object_columns(df, [measured_col, spec_col, "spec payload in the run (bytes)"]), verdict
+
+
+def save_gradients_only_table(store: ResultStore, rec: Record, epochs: int = 5):
+    """Save ``comm_gradients_only`` (md + csv), Q7's table; return (table, verdict)."""
+    table, verdict = gradients_only_table(rec, epochs)
+    n, b = ASKED_LARGE
+    store.save_table(table, GRADIENTS_ONLY_TABLE, [rec],
+                     title=f"Q7: at {n} GPUs x {b} per GPU, are the gradients enough?",
+                     notes=["payload: bytes each rank hands to the collective (a ring all-reduce sends "
+                            "2(P-1)/P x payload per rank, a broadcast sends it from rank 0).",
+                            "measured here: the accounting run's own model (the ledger of notebook 05, Q6); "
+                            "spec ResNet-18: the same items sized from the spec model (11,173,962 "
+                            "parameters, 20 BatchNorm layers), times the occurrences in the assignment's "
+                            "run (one evaluation per epoch).",
+                            verdict.replace("**", "")])
+    return table, verdict

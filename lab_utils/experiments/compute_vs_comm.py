@@ -1,0 +1,264 @@
+"""Notebook 03's tables and figure: Table 2 (compute vs communication per epoch, three ways), its
+bars, each rank's phases; and the interface Table 3 (notebook 04) reads.
+
+Presentation of the records :func:`lab_utils.experiments.scaling.measure_compute_vs_comm` returns:
+(a) the assignment's derivation from T(1) and T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`),
+(b) the exposed communication of the ``no_sync`` probe, (c) the all-reduce time of the comm hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
+from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
+from lab_utils.experiments.scaling_tables import method_label, oversubscribed
+from lab_utils.store import Record, ResultStore
+
+__all__ = ["CommRow", "comm_measurements", "comm_row", "compute_vs_comm_figure", "compute_vs_comm_frame",
+           "compute_vs_comm_rows", "compute_vs_comm_table", "rank_breakdown_frame"]
+
+
+@dataclass
+class CommRow:
+    """Communication of one (method, devices, per-device batch) configuration, seconds per epoch."""
+
+    method: str
+    devices: int
+    per_device_batch: int
+    status: str
+    t1_seconds: float | None = None
+    tn_seconds: float | None = None
+    compute_a_seconds: float | None = None
+    comm_a_seconds: float | None = None
+    exposed_b_seconds: float | None = None
+    allreduce_c_seconds: float | None = None
+    overlap_seconds: float | None = None
+    overlap_fraction: float | None = None
+    steps_per_epoch: int | None = None
+    gradient_bytes: int | None = None
+    backend: str | None = None
+    skew_wait_seconds: float | None = None
+    exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
+    oversubscribed: str | None = None  # see :func:`oversubscribed`
+
+
+def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
+                      methods: Sequence[str] = (DDP,)) -> list[CommRow]:
+    """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface).
+
+    (a) uses T(1) from ``scaling`` (same method, same per-device batch, one device) and
+    T(N) from ``compute_vs_comm`` (DDP) or ``scaling`` (DataParallel); (b) and (c) come
+    from the DDP worker's probe, scaled to the reported epoch's steps.
+    """
+    ones = {}
+    for r in store.latest(SCALING):
+        if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
+            ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
+    recs = [r for r in store.latest(COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+    if DP in methods:
+        recs += [r for r in store.latest(SCALING) if r.config.get("record") == "aggregate"
+                 and r.config["method"] == DP and r.config["devices"] > 1]
+    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
+            for r in recs if r.config["method"] in methods
+            and (devices is None or r.config["devices"] in devices)]
+
+
+def comm_row(rec: Record, one: Record | None) -> CommRow:
+    """Table 2's figures for one N-device record and its one-device counterpart."""
+    c, m = rec.config, rec.metrics
+    row = CommRow(method=method_label(c["method"], c.get("backend"), c.get("device_type")),
+                  devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),
+                  status="ok" if rec.status == "ok" else (rec.reason or rec.status))
+    if rec.status != "ok":
+        return row
+    row.tn_seconds = value(rec, T_N)
+    row.t1_seconds = value(one, T_N)
+    row.skew_wait_seconds = value(rec, "skew_wait_seconds_max")
+    row.oversubscribed = oversubscribed(rec)
+    row.steps_per_epoch = m.get("steps")
+    row.gradient_bytes = m.get("gradient_bytes")
+    if row.t1_seconds is None:
+        row.status = "T(1) missing: run the one-device configuration (notebook 02)"
+    else:
+        row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
+    if "exposed_comm_seconds" in m:
+        row.exposed_b_seconds = m["exposed_comm_seconds"]
+        row.allreduce_c_seconds = m["allreduce_seconds"]
+        row.overlap_seconds, row.overlap_fraction = overlap_figures(row.exposed_b_seconds,
+                                                                    row.allreduce_c_seconds)
+        probe = m.get("comm_probe") or {}
+        se = probe.get("noise_seconds")
+        if se is not None and not is_missing(se) and row.steps_per_epoch:
+            row.exposed_noise_b_seconds = float(se) * int(row.steps_per_epoch)
+    return row
+
+
+def compute_vs_comm_frame(rows: Sequence[CommRow]):
+    """Table 2 as a DataFrame (seconds per epoch; ratios unitless)."""
+    import pandas as pd
+
+    out = []
+    for r in rows:
+        d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
+             "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
+             "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
+             "compute_to_comm_a": None,
+             "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
+             "overlap_c_minus_b_seconds": r.overlap_seconds,
+             "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
+             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
+             "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
+             "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
+             "oversubscribed": r.oversubscribed}
+        if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
+            d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
+        if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
+            d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
+        out.append(d)
+    cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
+            "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
+            "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
+            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed"]
+    return pd.DataFrame(out, columns=cols)
+
+
+TABLE2_NOTES = [
+    "All seconds are per epoch (epoch 2 of 2, slowest rank). (a) the assignment's derivation: "
+    "compute = T(1)/N, comm = T(N) - T(1)/N (negative: faster than a perfect split, the assumption fails).",
+    "(b) exposed comm = (step with gradient sync - the same step under no_sync) x steps per epoch.",
+    "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
+    "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
+    f"exposed_noise_b_seconds: standard error of (b) over the probe's sync/no_sync pairs, per epoch. "
+    f"noise_flag 'noise >= effect: not a result' when {NOISE_SIGMAS:g} x that error >= (b): then (b), the "
+    "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
+    "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
+    "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
+    "oversubscribed: more gloo threads than cores (quick: 4 single-thread ranks on 2 cores); the ranks took "
+    "turns on the cores, so the row exercises the path and its split is not a measurement of the network.",
+    "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
+    "by a barrier after the data movement; shown as skew_wait_seconds, slowest rank), so a slow loader "
+    "is not counted as communication by (a). Blank skew_wait_seconds: a record from before the barrier "
+    "existed, whose T(N) includes that wait.",
+]
+
+
+def compute_vs_comm_rows(records: Sequence[Record], settings: Settings) -> list[CommRow]:
+    """Table 2's rows in table order, including rows that did not run (with their reason): every
+    N-device aggregate of ``settings.comm_devices`` with its one-device counterpart (same method,
+    same per-device batch) from the same records."""
+    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
+    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
+    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))) for r in aggs
+            if r.config["devices"] != 1 and r.config["devices"] in settings.comm_devices]
+
+
+def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], settings: Settings):
+    """Save Table 2 (``tables/compute_vs_comm.md`` + ``.csv``) and return it."""
+    rows = compute_vs_comm_rows(records, settings)
+    df = compute_vs_comm_frame(rows)
+    notes = list(TABLE2_NOTES) + ["Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; "
+                                  + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + "."]
+    if any(r.backend == "gloo" for r in rows):
+        notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
+                     "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
+    notes.append(f"settings: {settings.label}")
+    store.save_table(blank_missing(df.copy()), "compute_vs_comm", [r for r in records if r.status == "ok"],
+                     title="Table 2: compute vs communication per epoch", notes=notes)
+    return df
+
+
+def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
+    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP.
+
+    A negative communication by (a) (T(N) < T(1)/N) is drawn as 0 and labelled, not
+    subtracted from the compute bar. DDP's (b) bars carry the all-reduce time (c) as a label.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = df[df["TN_seconds"].notna()]
+    labels, comp, comm, kinds, allreduce = [], [], [], [], []
+    for _, r in ok.iterrows():
+        base = f"{_short_method(r['method'])} N={r['devices']}\n{r['per_device_batch']}/device"
+        if r["compute_a_seconds"] is not None and not is_missing(r["compute_a_seconds"]):
+            labels.append(base + "\nmethod (a)")
+            comp.append(float(r["compute_a_seconds"]))
+            comm.append(float(r["comm_a_seconds"]))
+            kinds.append("a")
+            allreduce.append(None)
+        if r["exposed_comm_b_seconds"] is not None and not is_missing(r["exposed_comm_b_seconds"]):
+            labels.append(base + "\nmethod (b)")
+            comp.append(float(r["TN_seconds"]) - float(r["exposed_comm_b_seconds"]))
+            comm.append(float(r["exposed_comm_b_seconds"]))
+            kinds.append("b")
+            c = r["allreduce_c_seconds"]
+            allreduce.append(None if is_missing(c) else float(c))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.4))
+    x = np.arange(len(labels))
+    shown = [max(0.0, v) for v in comm]
+    ax.bar(x, comp, color="#4c72b0", label="compute")
+    ax.bar(x, shown, bottom=comp, color="#dd8452", label="communication")
+    for i, (k, c) in enumerate(zip(kinds, allreduce)):
+        top = comp[i] + shown[i]
+        if k == "b" and c is not None:
+            ax.annotate(f"(c) {c:.3g} s", (x[i], top), ha="center", va="bottom", fontsize=6)
+        if comm[i] < 0:
+            ax.annotate(f"comm (a) = {comm[i]:.3g} s < 0", (x[i], top), ha="center", va="bottom",
+                        fontsize=6, color="#a03000")
+    ax.axhline(0, color="k", lw=0.8)
+    if comp:
+        ax.set_ylim(0, 1.15 * max(c + v for c, v in zip(comp, shown)))  # head-room for the labels
+    ax.set_xticks(x)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("seconds per epoch (epoch 2)")
+    ax.set_title("Compute vs communication per epoch\n"
+                 "(a) T(1)/N split   (b) measured exposed   (c) all-reduce in flight", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
+    path = store.save_figure(fig, name, records)
+    return fig, path
+
+
+def _short_method(label: str) -> str:
+    """A tick label's method from a table's method label: "DP", "DDP" (NCCL) or "DDP gloo/CPU"."""
+    if label.startswith("DataParallel"):
+        return "DP"
+    return "DDP gloo/CPU" if "gloo" in label else "DDP"
+
+
+def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
+    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row.
+
+    ``skew_wait_seconds`` (the rank's wait for the other ranks' loaders, not part of
+    ``train_seconds``) is NaN for records written before the skew barrier existed.
+    """
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        c = r.config
+        if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
+            continue
+        m = r.metrics
+        if c.get("record") == "rank":
+            rows.append({"rank": c["rank"], "epoch_seconds": m["epoch_seconds"],
+                         "train_seconds": m["train_seconds"],
+                         "data_loading_seconds": m["data_loading_seconds"],
+                         "data_movement_seconds": m["data_movement_seconds"],
+                         "compute_seconds": m["compute_seconds"],
+                         "communication_seconds": m["communication_seconds"],
+                         # None (blank) in records written before the skew barrier existed
+                         "skew_wait_seconds": m.get("skew_wait_seconds")})
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows).sort_values("rank")
+    df["skew_wait_seconds"] = pd.to_numeric(df["skew_wait_seconds"])  # None -> NaN
+    mean = df.drop(columns="rank").mean()
+    slow = df.drop(columns="rank").max()
+    df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean}, {"rank": "max (reported)", **slow}])],
+                   ignore_index=True)
+    return df

@@ -1,0 +1,248 @@
+"""The fast path's training machinery: the switchable options of a waterfall row
+(:class:`TrainOptions`: loader, channels_last, bf16, fused SGD, torch.compile), the cumulative
+waterfall of steps (:func:`waterfall_steps`), and the :class:`Trainer` whose epoch is the lab's
+one epoch driver (:func:`lab_utils.core.loop.run_epoch`). What the experiment measures with them:
+:mod:`lab_utils.experiments.fastpath`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lab_utils.core import onednn
+from lab_utils.core.backends import apply_training_backends
+from lab_utils.core.config import check_choice
+from lab_utils.core.data import (  # the fast path's loaders live with the other loaders
+    check_num_workers,
+)
+from lab_utils.core.errors import LabError
+from lab_utils.core.flops import count_flops
+from lab_utils.core.hardware import bf16_supported as native_bf16
+from lab_utils.core.hardware import (
+    fp32_training_precision,
+)
+from lab_utils.core.loop import (
+    EpochRecord,
+    StepOptions,
+    make_optimizer,
+    run_epoch,
+    train_steps,
+)
+from lab_utils.core.timing import synchronize
+from lab_utils.models import ResNet18
+
+__all__ = ["LOADERS", "SGD_IMPLS", "STEP_NAMES", "WATERFALL", "TrainOptions", "Trainer", "bf16_supported",
+           "build_trainer", "compiled_graphs", "peak_precision", "resolved_sgd", "to_device",
+           "train_flops_per_image", "warm_up", "waterfall_steps"]
+
+
+SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
+LOADERS = ("spec", "device")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """One training configuration of the waterfall; every field is recorded."""
+
+    loader: str = "spec"           # "spec": DataLoader + PIL transforms; "device": DeviceLoader
+    channels_last: bool = False
+    bf16: bool = False             # torch.autocast(dtype=bfloat16) around forward and loss
+    compile: bool = False          # torch.compile(model), compiled during warm-up
+    sgd: str = "default"           # "default" (torch's choice), "for-loop", "foreach", "fused"
+    num_workers: int = 2           # spec loader's worker processes (unused by the device loader)
+
+    def __post_init__(self):
+        check_choice(self.loader, LOADERS, "loader")
+        check_choice(self.sgd, SGD_IMPLS, "SGD implementation")
+        check_num_workers(self.num_workers)
+
+    def as_config(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.loader == "device":
+            d["num_workers"] = 0
+        return d
+
+    def describe(self) -> str:
+        parts = [f"DataLoader (PIL, {self.num_workers} workers)" if self.loader == "spec"
+                 else "device-resident loader"]
+        parts.append("channels_last" if self.channels_last else "NCHW")
+        parts.append("bf16 autocast" if self.bf16 else "fp32")
+        parts.append(f"SGD {self.sgd}")
+        if self.compile:
+            parts.append("torch.compile")
+        return ", ".join(parts)
+
+
+# (step name, what it adds, change applied to the previous step's options)
+WATERFALL: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("spec", "the assignment: DataLoader with PIL transforms, fp32, eager", {}),
+    ("device_loader", "+ data resident on the device, augmentation batched there", {"loader": "device"}),
+    ("channels_last", "+ channels_last (NHWC) layout", {"channels_last": True}),
+    ("bf16", "+ bf16 autocast", {"bf16": True}),
+    ("fused_sgd", "+ fused SGD", {"sgd": "fused"}),
+    ("compile", "+ torch.compile", {"compile": True}),
+)
+
+
+STEP_NAMES = tuple(s[0] for s in WATERFALL)
+
+
+def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None
+                    ) -> list[tuple[str, str, TrainOptions]]:
+    """The cumulative waterfall: each step's options are the previous step's plus one change."""
+    chosen = list(STEP_NAMES if steps is None else steps)
+    unknown = [s for s in chosen if s not in STEP_NAMES]
+    if unknown:
+        raise LabError(f"Unknown waterfall step(s) {unknown}; choose from: {', '.join(STEP_NAMES)}.")
+    if "spec" not in chosen:
+        chosen.insert(0, "spec")  # every ratio is relative to the spec row
+    opts = TrainOptions(num_workers=num_workers)
+    out = []
+    for name, what, change in WATERFALL:
+        if name not in chosen:
+            continue
+        opts = replace(opts, **change)
+        out.append((name, what, opts))
+    return out
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bf16 autocast runs natively on this device (any CPU; CUDA GPUs from Ampere on, not
+    emulated: :func:`lab_utils.core.hardware.bf16_supported`)."""
+    return native_bf16(device)
+
+
+def _make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
+    """The spec's SGD (momentum 0.9, weight decay 5e-4) with the chosen implementation."""
+    kw = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
+          "fused": {"fused": True}}
+    if impl not in kw:
+        raise LabError(f"Unknown SGD implementation {impl!r}; use one of: {', '.join(SGD_IMPLS)}.")
+    return make_optimizer(model, lr=lr, **kw[impl])
+
+
+def resolved_sgd(impl: str, device: torch.device) -> str:
+    """What ``impl`` runs as: torch's default is foreach on CUDA and the for-loop on CPU."""
+    if impl != "default":
+        return impl
+    return "foreach" if device.type == "cuda" else "for-loop"
+
+
+@dataclass
+class Trainer:
+    """A model, its optimizer and a training step built from :class:`TrainOptions`."""
+
+    model: nn.Module            # the parameters (eager module)
+    forward: Any                # the callable used in training (compiled or not)
+    optimizer: torch.optim.SGD
+    options: TrainOptions
+    device: torch.device
+    # Set when the model was rewritten to avoid a oneDNN defect on this CPU: the row stores
+    # the sentence (see lab_utils.core.onednn).
+    onednn_workaround: str | None = None
+
+    def step_options(self, schedule=None, first_step: int = 0, max_steps: int | None = None) -> StepOptions:
+        """The lab's one loop with these options: bf16 autocast, channels_last batches, the lr of
+        ``schedule`` (a :class:`lab_utils.core.schedules.LRSchedule`) from ``first_step`` on."""
+        return StepOptions(autocast_dtype=torch.bfloat16 if self.options.bf16 else None,
+                           channels_last=self.options.channels_last, first_step=first_step,
+                           max_steps=max_steps, lr_at=schedule.lr_at if schedule is not None else None)
+
+    def epoch(self, loader, max_steps: int | None = None, schedule=None, first_step: int = 0,
+              timed: bool = False) -> EpochRecord:
+        """One pass over ``loader`` (or its first ``max_steps`` batches) through THE epoch driver,
+        :func:`lab_utils.core.loop.run_epoch`. ``timed=False`` (the waterfall): no phase boundaries,
+        so the device is synchronized only at the pass's ends and the host queues work ahead, as
+        in real training: ``epoch_seconds`` includes the loader waits, which is the point."""
+        return run_epoch(self.forward, loader, self.optimizer, self.device, loss_fn=F.cross_entropy,
+                         options=self.step_options(schedule, first_step, max_steps), timed=timed)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns (summed loss, correct count) as device tensors (no sync)."""
+        sums = train_steps(self.forward, [(x, y)], 1, self.optimizer, F.cross_entropy, None, self.device,
+                           self.step_options())
+        return sums.loss_sum, sums.correct
+
+
+def build_trainer(options: TrainOptions, width: int, device: torch.device | str, seed: int = 0,
+                  lr: float = 0.1) -> Trainer:
+    """ResNet-18 of ``width`` on ``device`` (seeded, so every option starts from the same weights).
+
+    Applies the lab's training backend settings (:func:`lab_utils.core.backends.apply_training_backends`:
+    autotuned cuDNN convolutions), as every training path does.
+    """
+    apply_training_backends()
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model = ResNet18(width=width).to(device)
+    if options.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    workaround = onednn.apply_workaround(model, device, options.channels_last or options.compile)
+    # dynamic=False: one static graph per batch shape. Without it the warm-up's second shape (the
+    # last, partial batch) makes dynamo recompile with a symbolic batch size, and every batch of
+    # the timed epoch would then run that dynamic-shape graph instead of the full batch's own.
+    forward = torch.compile(model, dynamic=False) if options.compile else model
+    return Trainer(model=model, forward=forward, optimizer=_make_sgd(model, options.sgd, lr=lr),
+                   options=options, device=device, onednn_workaround=workaround)
+
+
+def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device,
+              channels_last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host batch to the device (non-blocking from pinned memory), in the model's layout."""
+    if x.device != device:
+        nb = device.type == "cuda"
+        x, y = x.to(device, non_blocking=nb), y.to(device, non_blocking=nb)
+    if channels_last and not x.is_contiguous(memory_format=torch.channels_last):
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, y
+
+
+def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
+    """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0); return seconds.
+
+    This is where ``torch.compile`` compiles (both the full and the last, smaller batch
+    shape, each its own static graph: :func:`build_trainer` compiles with ``dynamic=False``),
+    where cuDNN picks algorithms and the allocator grows, so none of it lands in a timed epoch.
+    """
+    synchronize(trainer.device)
+    t0 = time.perf_counter()
+    if steps > 0:
+        trainer.epoch(loader, max_steps=steps)
+    if remainder > 0:
+        x, y = to_device(*next(iter(loader)), trainer.device, trainer.options.channels_last)
+        trainer.step(x[:remainder], y[:remainder])
+        trainer.step(x, y)  # the full shape again: its first call after the switch is slow too
+    synchronize(trainer.device)
+    return time.perf_counter() - t0
+
+
+def compiled_graphs() -> int | None:
+    """How many graphs torch.compile (dynamo) has compiled in this process; None if unknown.
+
+    Read before and after a timed epoch to show that no compilation happened inside it.
+    """
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # an internal API: absent or moved in some torch version
+        return None
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
+@functools.lru_cache(maxsize=8)
+def train_flops_per_image(width: int) -> float:
+    """FLOPs of one training step per image (forward + backward, FlopCounterMode) for ResNet-18 ``width``."""
+    model = ResNet18(width=width)
+    return count_flops(model, torch.zeros(2, 3, 32, 32)).train_flops_per_sample
+
+
+def peak_precision(options: TrainOptions, device_name: str) -> str:
+    """The precision whose peak a run is compared with: bf16, else fp32 (tf32 where cuDNN uses it)."""
+    return "bf16" if options.bf16 else fp32_training_precision(device_name)

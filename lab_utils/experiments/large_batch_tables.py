@@ -1,0 +1,315 @@
+"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5, from the records of
+:func:`lab_utils.experiments.large_batch.measure` (which measures; this module only presents).
+
+Every function takes the records (one aggregate record per run, in
+:func:`~lab_utils.experiments.large_batch.plan_runs` order) and the
+:class:`~lab_utils.experiments.large_batch.Settings` they were measured with; the run of a record
+is read back from its config (:func:`~lab_utils.experiments.large_batch.run_of`). Tables:
+``large_batch`` (:func:`save_large_batch_table`); figures ``large_batch_accuracy_epoch``,
+``large_batch_accuracy_time``, ``large_batch_lr`` (:func:`save_figures`); the ``set_epoch``
+demonstration (:func:`set_epoch_table`, :func:`worker_sample_orders`). Metric names and units:
+:mod:`lab_utils.core.metrics`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from lab_utils.core.errors import LabError
+from lab_utils.core.schedules import LRSchedule, make_schedule
+from lab_utils.experiments.large_batch import (
+    EXPERIMENT,
+    DevicePlan,
+    RunSpec,
+    Settings,
+    plan_devices,
+    run_of,
+    sampler_epoch_orders,
+)
+from lab_utils.store import Record, ResultStore
+
+__all__ = ["ANCHORS", "ANCHOR_ROWS", "ASKED_LARGE", "ASKED_SMALL", "anchor_frame", "large_batch_table",
+           "layout_flag", "lr_curves", "mean_epoch_seconds", "plot_accuracy", "plot_lr",
+           "save_figures", "save_large_batch_table", "set_epoch_table", "worker_sample_orders"]
+
+# Earlier cohort's numbers (SPEC.md), for the notes: hardware unknown, real CIFAR-10. Their
+# accuracies (and losses) are TRAINING figures printed during training, not test accuracy.
+ANCHORS = ("earlier cohort (V100/RTX8000 class, real CIFAR-10), TRAINING loss and accuracy printed during "
+           "training (no test accuracy reported): 128 x 1 GPU: loss 0.514, train accuracy 82.2%; "
+           "512 x 4 GPUs, lr 0.1: loss 1.016, train accuracy 63.4% after 5 epochs")
+ANCHOR_ROWS = (
+    {"configuration": "earlier cohort: small batch (reference)", "devices": "1 x GPU",
+     "batch per device": 128, "global batch": 128, "loss (printed during training)": 0.514,
+     "train accuracy %": 82.2},
+    {"configuration": "earlier cohort: large batch, same lr", "devices": "4 x GPU",
+     "batch per device": 512, "global batch": 2048, "loss (printed during training)": 1.016,
+     "train accuracy %": 63.4},
+)
+
+
+# The assignment's layouts: the reference 128 on 1 GPU, the large runs 512 per GPU on 4 GPUs.
+ASKED_SMALL = (1, 128)
+ASKED_LARGE = (4, 512)
+
+
+def _history(rec: Record) -> list[dict[str, Any]]:
+    """The per-epoch history of an aggregate record (empty for a failed run)."""
+    return list(rec.metrics.get("epochs") or [])
+
+
+def mean_epoch_seconds(rec: Record) -> float | None:
+    """Mean epoch wall time (slowest rank, seconds) over epochs 2..E (epoch 1 includes warm-up)."""
+    eps = _history(rec)
+    later = eps[1:] if len(eps) > 1 else eps
+    vals = [e["epoch_seconds"] for e in later if e.get("epoch_seconds") is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def _runs(records: Sequence[Record]) -> list[tuple[RunSpec, Record]]:
+    return [(run_of(rec), rec) for rec in records]
+
+
+def _ok(records: Sequence[Record]) -> list[tuple[RunSpec, Record]]:
+    return [(run, rec) for run, rec in _runs(records) if rec.status == "ok"]
+
+
+def large_batch_table(records: Sequence[Record], settings: Settings):
+    """The ``large_batch`` table: one row per run (failed runs say why)."""
+    import pandas as pd
+
+    s = settings
+    rows = []
+    for run, rec in _runs(records):
+        m = rec.metrics
+        row: dict[str, Any] = {
+            "configuration": run.name,
+            "devices": f"{run.devices} x {'GPU' if rec.config.get('backend') == 'nccl' else 'CPU process'}",
+            "batch per device": run.batch_per_device,
+            "global batch": run.global_batch,
+            "accumulation steps": run.accumulation_steps,
+            "lr rule": run.rule_text(s.lr, s.small_batch),
+            "peak lr": run.peak_lr(s.lr, s.small_batch),
+        }
+        if rec.status == "ok":
+            steps = m.get("steps_per_epoch")
+            row.update({
+                "optimizer steps": steps * s.epochs if steps else None,
+                f"epoch-{s.epochs} train loss": m.get("train_loss"),
+                f"epoch-{s.epochs} test loss": m.get("test_loss"),
+                f"epoch-{s.epochs} test accuracy %": (100 * m["test_accuracy"]
+                                                      if "test_accuracy" in m else None),
+                f"epoch-{s.epochs} train accuracy %": (100 * m["train_accuracy"]
+                                                       if m.get("train_accuracy") is not None else None),
+                "epoch time s": mean_epoch_seconds(rec),
+                "wall time s": _history(rec)[-1].get("elapsed_seconds") if _history(rec) else None,
+                "status": "ok",
+            })
+        else:
+            row["status"] = f"{rec.status}: {rec.reason}"
+        on_gpus = rec.config.get("backend") == "nccl"
+        row["vs assignment"] = layout_flag(run, on_gpus) or "as asked"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def layout_flag(run: RunSpec, on_gpus: bool, asked: tuple[int, int] | None = None) -> str:
+    """How a run's layout differs from the assignment's (4 GPUs x 512, or 1 GPU x 128 for the
+    reference): "" when it is the asked one, else every difference, so that no number from
+    another global batch or an accumulation emulation passes for the assignment's."""
+    want_n, want_b = asked or (ASKED_SMALL if run.name.startswith("small batch") else ASKED_LARGE)
+    diffs = []
+    if run.global_batch != want_n * want_b:
+        diffs.append(f"global batch {run.global_batch}, not {want_n * want_b}")
+    if run.batch_per_device != want_b:
+        diffs.append(f"{run.batch_per_device} per device, not {want_b}")
+    if run.accumulation_steps > 1:
+        diffs.append(f"{run.devices} device(s) x {run.accumulation_steps} accumulation steps EMULATE "
+                     f"{run.devices * run.accumulation_steps} devices")
+    elif run.devices != want_n:
+        diffs.append(f"{run.devices} device(s), not {want_n}")
+    if not on_gpus:
+        diffs.append("CPU processes, not GPUs")
+    return ("NOT " + f"{want_n} x {want_b}: " + "; ".join(diffs)) if diffs else ""
+
+
+def anchor_frame():
+    """The earlier cohort's Q4.1 numbers as reported: training loss and TRAINING accuracy printed
+    during training (no test accuracy), so they compare with this table's train columns."""
+    import pandas as pd
+
+    return pd.DataFrame([{**r, "test accuracy %": None,
+                          "which accuracy": "train (printed during training); no test accuracy reported"}
+                         for r in ANCHOR_ROWS])
+
+
+def _notes(records: Sequence[Record], s: Settings, profile: str, plan: DevicePlan) -> list[str]:
+    notes = [f"{s.label}." if s.label else f"profile {profile}.",
+             f"Every run: {s.epochs} epochs (the same images seen), SGD momentum 0.9, weight decay 5e-4; "
+             f"test loss/accuracy after epoch {s.epochs} on the test split; train loss and train "
+             f"accuracy = mean over epoch {s.epochs}'s training images as they were trained on (the figures "
+             "an earlier cohort printed during training: compare their 63.4% / 82.2% with the TRAIN "
+             "accuracy column, not the test one).",
+             "vs assignment: every run that is not the assignment's layout (4 GPUs x 512 = 2048, reference "
+             "1 GPU x 128) says how it differs: another global batch, gradient-accumulation emulation of "
+             "missing devices, CPU processes instead of GPUs.",
+             "lr rule: linear = lr x global batch / reference batch (Goyal et al. 2017); warm-up ramps the "
+             "lr linearly per step from the reference lr to that peak; decay starts after warm-up.",
+             "epoch time: mean wall time of epochs 2..E (slowest rank; loader waits included, evaluation "
+             "excluded); wall time: from the start of epoch 1 to the end of the last, evaluations included.",
+             ANCHORS + "."]
+    if any(run.accumulation_steps > 1 for run, _ in _runs(records)):
+        notes.insert(1, "accumulation steps: micro-batches per optimizer step on each device (the first ones "
+                        "under DDP's no_sync, each loss divided by their number): global batch = devices x "
+                        "batch per device x accumulation steps, the same gradient as that many devices "
+                        "(BatchNorm running statistics aside).")
+    if plan.note:
+        notes.insert(1, plan.note + ".")
+    return notes
+
+
+def save_large_batch_table(store: ResultStore, records: Sequence[Record], settings: Settings,
+                           plan: DevicePlan | None = None):
+    """Save ``tables/large_batch.md`` and ``.csv``; return the DataFrame. ``plan``: the device plan the
+    runs were made with (None: this machine's, :func:`~lab_utils.experiments.large_batch.plan_devices`)."""
+    plan = plan or plan_devices(settings)
+    table = large_batch_table(records, settings)
+    store.save_table(table, EXPERIMENT, list(records),
+                     title=f"Large-batch training: {settings.epochs} epochs, same budget",
+                     notes=_notes(records, settings, store.profile, plan))
+    return table
+
+
+def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = "epoch",
+                  plan: DevicePlan | None = None):
+    """Test accuracy (left) and training loss (right) of every run, against ``epoch`` or wall-clock ``time``.
+
+    The training loss is shown next to the accuracy because it is the cleaner signal of
+    how far optimization got (test accuracy after few steps also depends on how well the
+    BatchNorm running statistics have caught up with the weights).
+    """
+    import matplotlib.pyplot as plt
+
+    if against not in ("epoch", "time"):
+        raise LabError(f"against must be 'epoch' or 'time', got {against!r}.")
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.0))
+    for run, rec in _ok(records):
+        eps = [e for e in _history(rec) if e.get("test_accuracy") is not None]
+        if not eps:
+            continue
+        xs = [e["epoch"] for e in eps] if against == "epoch" else [e["elapsed_seconds"] for e in eps]
+        style = "o--" if run.devices == 1 else "o-"
+        label = f"{run.name} ({run.shape_text})"
+        ax_acc.plot(xs, [100 * e["test_accuracy"] for e in eps], style, label=label)
+        ax_loss.plot(xs, [e.get("train_loss") for e in eps], style, label=label)
+    xlabel = "epoch" if against == "epoch" else "wall-clock time since the start of training (s)"
+    for ax in (ax_acc, ax_loss):
+        ax.set_xlabel(xlabel)
+        if against == "epoch":
+            ax.set_xticks(range(1, settings.epochs + 1))
+        ax.grid(True, alpha=0.3)
+    ax_acc.set_ylabel("test accuracy (%)")
+    ax_loss.set_ylabel("training loss (mean over the epoch)")
+    ax_loss.set_yscale("log")
+    ax_acc.legend(fontsize=8)
+    title = "per epoch" if against == "epoch" else "against wall-clock time"
+    plan = plan or plan_devices(settings)
+    note = f" ({plan.note.split(':')[0]})" if plan.note else ""
+    fig.suptitle(f"Large-batch runs, {title}{note}", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def lr_curves(records: Sequence[Record], settings: Settings) -> dict[str, list[float]]:
+    """The lr of every optimizer step of every run (from the same LRSchedule the worker uses)."""
+    s = settings
+    out = {}
+    for run, rec in _runs(records):
+        steps = rec.metrics.get("steps_per_epoch") if rec.status == "ok" else None
+        if not steps:
+            images = rec.config.get("train_images") or s.train_images
+            if not images:
+                continue
+            steps = math.ceil(math.ceil(math.ceil(images / run.devices) / run.batch_per_device)
+                              / run.accumulation_steps)
+        sched = _schedule(run, s, steps)
+        out[run.name] = [sched.lr_at(i) for i in range(sched.total_steps)]
+    return out
+
+
+def _schedule(run: RunSpec, s: Settings, steps_per_epoch: int) -> LRSchedule:
+    """The run's schedule, built exactly as the worker builds it."""
+    return make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps_per_epoch, s.epochs,
+                         run.warmup_epochs, run.decay)
+
+
+def plot_lr(records: Sequence[Record], settings: Settings):
+    """The learning rate against the fraction of the run, for every configuration."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    curves = lr_curves(records, settings)
+    styles = ["-", "--", "-", "--", "-"]
+    for k, (name, lrs) in enumerate(curves.items()):
+        n = len(lrs)
+        # identical stretches overlap: thinner lines drawn on top keep each one visible
+        ax.plot([(i + 1) * settings.epochs / n for i in range(n)], lrs, styles[k % len(styles)],
+                drawstyle="steps-pre", lw=1.5 + 1.2 * (len(curves) - 1 - k), alpha=0.85,
+                label=f"{name} ({n} steps)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("learning rate")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Learning rate per optimizer step", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_figures(store: ResultStore, records: Sequence[Record], settings: Settings,
+                 plan: DevicePlan | None = None) -> list:
+    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures as PNG; return their paths.
+
+    The figures are closed after saving; a notebook shows the PNGs (``IPython.display.Image``),
+    which works the same interactively and headless (where matplotlib runs on Agg).
+    """
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for name, make in (("large_batch_accuracy_epoch", lambda: plot_accuracy(records, settings, "epoch",
+                                                                            plan)),
+                       ("large_batch_accuracy_time", lambda: plot_accuracy(records, settings, "time", plan)),
+                       ("large_batch_lr", lambda: plot_lr(records, settings))):
+        fig = make()
+        paths.append(store.save_figure(fig, name, list(records)))
+        plt.close(fig)
+    return paths
+
+
+def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int = 2, seed: int = 0):
+    """Each rank's index order per epoch, with and without ``set_epoch`` (a DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for call in (True, False):
+        for epoch in range(epochs):
+            row: dict[str, Any] = {"set_epoch called": "yes" if call else "no", "epoch": epoch}
+            for r in range(num_replicas):
+                order = sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)[epoch]
+                row[f"rank {r} indices"] = " ".join(str(i) for i in order)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]]:
+    """The first sampler indices each rank drew per epoch in a stored run (the worker calls set_epoch)."""
+    rows = []
+    for r in store.latest(EXPERIMENT):
+        same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
+        if r.config.get("record") != "rank" or not same_run:
+            continue
+        for e in r.metrics.get("epochs", []):
+            rows.append({"rank": r.config.get("rank"), "epoch": e.get("epoch"),
+                         "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))})
+    return rows

@@ -1,0 +1,202 @@
+"""Notebook 07's table, figure and findings from the records of
+:func:`lab_utils.experiments.quantize.measure` (table ``quantization``, figure
+``quantization_quality_vs_speed``), and the availability and arithmetic-intensity tables of the
+settings. Sizes in bytes, losses in nats per token, latency in ms per token, throughput in tokens/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lab_utils.experiments.quant_timing import mean_context_tokens, weight_flops_per_byte
+from lab_utils.experiments.quant_variants import VARIANT_INFO, check_variant
+from lab_utils.experiments.quantize import Settings, devices_to_run
+
+__all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs_speed", "quantization_table",
+           "table_notes"]
+
+
+def quantization_table(records: Sequence) -> Any:
+    """One row per (device, variant) with speedups and loss increase over fp32 on the same device.
+
+    Columns: sizes in bytes and as a fraction of fp32's file, val loss, its increase over
+    fp32 (nats per token), perplexity, batch-1 latency (median ms per token and min-max),
+    throughput at the large batch (median tokens/s and min-max), both speedups, status,
+    and a note (kernel, deprecation, or the reason a row was not measured).
+    """
+    import pandas as pd
+
+    base: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.config.get("variant") == "fp32" and r.status == "ok":
+            base[r.config["device"]] = r.metrics
+    rows = []
+    for r in records:
+        m, dev = r.metrics, r.config.get("device")
+        b = base.get(dev)
+        ok = r.status == "ok"
+
+        def ratio(num, den):
+            return num / den if (num is not None and den) else None
+
+        note = r.reason if not ok else "; ".join(x for x in (m.get("kernel"), m.get("note")) if x)
+        rows.append({
+            "device": dev,
+            "variant": r.config.get("variant"),
+            "method": m.get("method"),
+            "size_bytes": m.get("size_bytes") if ok else None,
+            "size_vs_fp32": ratio(m.get("size_bytes"), b and b.get("size_bytes")) if ok else None,
+            "val_loss": m.get("val_loss") if ok else None,
+            "loss_increase": (m["val_loss"] - b["val_loss"]) if ok and b else None,
+            "perplexity": m.get("perplexity") if ok else None,
+            "ms_per_token_b1": m.get("ms_per_token_b1") if ok else None,
+            "b1_min_max_ms": f"{m['ms_per_token_b1_min']:.3g}-{m['ms_per_token_b1_max']:.3g}" if ok else "",
+            "speedup_b1": ratio(b and b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
+            "large_batch": m.get("large_batch") if ok else None,
+            "tokens_per_s_large": m.get("tokens_per_s_large") if ok else None,
+            "large_min_max_tok_s": (f"{m['tokens_per_s_large_min']:.4g}-{m['tokens_per_s_large_max']:.4g}"
+                                    if ok else ""),
+            "speedup_large": (ratio(m.get("tokens_per_s_large"), b and b.get("tokens_per_s_large"))
+                              if ok else None),
+            "status": r.status,
+            "note": note or "",
+        })
+    df = pd.DataFrame(rows)
+    # Whole numbers stay whole in the Markdown/CSV (missing values as empty cells).
+    for col in ("size_bytes", "large_batch"):
+        df[col] = df[col].astype("Int64").astype(object).where(df[col].notna(), "")
+    return df
+
+
+def table_notes(records: Sequence, settings: Settings, block_size: int) -> list[str]:
+    """Notes under the table: what each timing means, with this run's knobs."""
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
+    reps = f"{settings.warmup} warm-up + {settings.repeats} timed repetitions, median and min-max"
+    notes = [
+        f"val_loss: mean next-token cross-entropy (nats/token) on the same {settings.eval_tokens or 'all'} "
+        "held-out tokens for every row; perplexity = exp(val_loss); loss_increase is over fp32 on the same "
+        "device.",
+        "size_bytes: length of torch.save(state_dict); size_vs_fp32 against fp32's file.",
+        f"ms_per_token_b1: greedy decoding of {settings.new_tokens} tokens after a "
+        f"{settings.prompt_tokens}-token prompt at batch 1, wall time / tokens ({reps}; device "
+        "synchronized).",
+        "tokens_per_s_large: the same decoding at the large batch (column large_batch): "
+        "batch x tokens / time.",
+        f"No KV cache: each step re-reads the whole context (mean {ctx:.1f} tokens), so a batch-B step "
+        f"multiplies each weight by B x {ctx:.1f} rows.",
+        "speedups are over fp32 on the same device and the same settings; a row without numbers says why.",
+    ]
+    if settings.compile:
+        notes.append("Every row, fp32 included, ran under torch.compile (compile time is in the warm-up).")
+    return notes
+
+
+def plot_quality_vs_speed(df):
+    """Two panels: perplexity against batch-1 latency and against large-batch throughput."""
+    import matplotlib.pyplot as plt
+
+    ok = df[df["status"] == "ok"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    markers = {"cpu": "o", "cuda": "s"}
+    for (dev, variant), g in ok.groupby(["device", "variant"], sort=False):
+        for ax, col in zip(axes, ("ms_per_token_b1", "tokens_per_s_large")):
+            x, y = float(g[col].iloc[0]), float(g["perplexity"].iloc[0])
+            ax.scatter([x], [y], marker=markers.get(dev, "^"), s=50)
+            ax.annotate(f"{variant} ({dev})", (x, y), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    axes[0].set_xlabel("latency at batch 1 (ms per generated token, median; lower is better)")
+    big = ", ".join(sorted({str(v) for v in ok["large_batch"]})) if len(ok) else "?"
+    axes[1].set_xlabel(f"throughput at batch {big} (tokens/s, median; higher is better)")
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    for ax in axes:
+        ax.set_ylabel("validation perplexity (lower is better)")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        ax.grid(alpha=0.3)
+    fig.suptitle("Quality against speed of each int8 / bf16 variant (o: CPU, s: GPU)")
+    fig.tight_layout()
+    return fig
+
+
+def availability_frame(settings: Settings):
+    """What this stack offers: one row per (device, variant) with kernel, note or reason."""
+    import pandas as pd
+
+    rows = []
+    for device in devices_to_run(settings):
+        for variant in settings.variants:
+            a = check_variant(variant, device, settings.disabled)
+            rows.append({"device": device, "variant": variant, "method": VARIANT_INFO[variant].method,
+                         "available": a.ok, "kernel / reason": a.kernel if a.ok else a.reason,
+                         "note": a.note or ""})
+    return pd.DataFrame(rows)
+
+
+def intensity_frame(settings: Settings, block_size: int):
+    """Weight arithmetic intensity (FLOP per weight byte) of one decoding step, per storage format.
+
+    Rows: batch 1 and the large batches of the CPU and the GPU; columns: fp32, bf16, int8.
+    Uses the mean context of the timed decoding (no KV cache).
+    """
+    import pandas as pd
+
+    ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
+    rows = []
+    for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
+                        ("large batch, GPU", settings.large_batch)):
+        rows.append({"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
+                     **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)
+                        for fmt, b in (("fp32", 4), ("bf16", 2), ("int8", 1))}})
+    return pd.DataFrame(rows)
+
+
+def _fmt_x(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def findings(records: Sequence) -> list[str]:
+    """Sentences that state what *these* measurements show (nothing is asserted unmeasured).
+
+    Per device: each variant's size, loss increase and both speedups; the two int8
+    *dynamic* implementations side by side (the same arithmetic, different kernels);
+    the same variant on CPU and GPU; and a warning when repetitions varied a lot.
+    """
+    df = quantization_table(records)
+    ok = df[df["status"] == "ok"]
+    out: list[str] = []
+    for dev, sub in ok.groupby("device", sort=False):
+        if "fp32" not in set(sub["variant"]):
+            out.append(f"On {dev} the fp32 baseline was not measured, so no speedups are stated.")
+            continue
+        for _, r in sub[sub["variant"] != "fp32"].iterrows():
+            out.append(f"On {dev}, {r['variant']}: file {_fmt_x(r['size_vs_fp32'])} of fp32's, val loss "
+                       f"{r['loss_increase']:+.4f} nats/token, batch-1 decoding {_fmt_x(r['speedup_b1'])} "
+                       f"fp32's speed, batch-{r['large_batch']} throughput {_fmt_x(r['speedup_large'])}.")
+        dyn = sub[sub["method"] == "dynamic"]
+        if len(dyn) >= 2:
+            parts = [f"{r['variant']} {_fmt_x(r['speedup_large'])} (batch {r['large_batch']}) and "
+                     f"{_fmt_x(r['speedup_b1'])} (batch 1)" for _, r in dyn.iterrows()]
+            faster = (dyn["speedup_large"] > 1).any() and (dyn["speedup_large"] < 1).any()
+            out.append(f"Same scheme, different kernels, on {dev}: int8 dynamic activation + int8 weight "
+                       "ran at " + "; ".join(parts) + " of fp32's speed"
+                       + (": one implementation beats fp32, the other loses to it." if faster else "."))
+    for variant, sub in ok.groupby("variant", sort=False):
+        if variant != "fp32" and sub["device"].nunique() > 1:
+            parts = [f"{_fmt_x(r['speedup_b1'])} at batch 1 and {_fmt_x(r['speedup_large'])} at batch "
+                     f"{r['large_batch']} on {r['device']}" for _, r in sub.iterrows()]
+            out.append(f"{variant} across devices: " + "; ".join(parts) + ".")
+    spreads = []
+    for r in records:
+        if r.status == "ok" and r.metrics.get("ms_per_token_b1_min"):
+            spreads.append(r.metrics["ms_per_token_b1_max"] / r.metrics["ms_per_token_b1_min"])
+    if spreads and max(spreads) > 1.5:
+        out.append(f"Repetitions varied by up to {max(spreads):.1f}x (slowest / fastest at batch 1): the "
+                   "machine was busy or clocks changed; trust only differences well beyond that spread, and "
+                   "re-run on an idle machine before drawing conclusions.")
+    if not out:
+        out.append("No variant was measured successfully; the table says why for each row.")
+    return out

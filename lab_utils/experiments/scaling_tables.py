@@ -1,0 +1,436 @@
+"""Notebook 02's tables and figure: Table 1 (time and speedup over devices), the speedup definitions,
+the serial fraction, strong vs weak scaling, the communication volume.
+
+Presentation of the records :func:`lab_utils.experiments.scaling.measure` returns (one aggregate
+per configuration). T(N) is the reported epoch's ``train_seconds`` of the slowest rank
+(:mod:`lab_utils.core.ranks`; definitions in :mod:`lab_utils.core.metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from lab_utils.core.config import CIFAR10_TRAIN_SIZE
+from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.ring import ring_bytes_per_rank
+from lab_utils.experiments.scaling import ANCHOR_COHORT_LABEL, ANCHOR_COHORT_SECONDS, DP, Settings
+from lab_utils.store import Record, ResultStore
+
+__all__ = ["FIXED_GLOBAL_EXPLANATION", "SPEEDUP_DEFINITIONS", "comm_volume_frame", "fixed_global_batch_frame",
+           "fixed_global_batch_table", "fixed_global_batch_verdict", "karp_flatt", "method_label",
+           "oversubscribed", "save_speedup_definitions", "scaling_frame", "scaling_table",
+           "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
+
+
+def _ok(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if r.status == "ok"]
+
+
+
+
+
+def oversubscribed(rec: Record | None) -> str | None:
+    """"4 processes x 1 thread on 2 cores" for a measured gloo run whose ranks had more torch
+    threads than the machine had cores (they time-share the cores, so its times do not show
+    scaling); None otherwise, or where the record does not say (cores or threads unknown)."""
+    if rec is None or rec.status != "ok" or rec.config.get("device_type") != "cpu":
+        return None
+    n, threads, cores = int(rec.config.get("devices", 1)), rec.threads, rec.hardware.get("cpu_cores")
+    if not threads or not cores or n * threads <= cores:
+        return None
+    return f"{n} processes x {threads} thread{'s' if threads > 1 else ''} on {cores} cores"
+
+
+def method_label(method: str, backend: str | None, device_type: str | None) -> str:
+    """A table's method label: "DataParallel (1 process, GPUs)", "DDP (gloo, CPU processes)" or
+    "DDP (NCCL, GPUs)"."""
+    if method == DP:
+        return "DataParallel (1 process, GPUs)"
+    if backend == "gloo" or device_type == "cpu":
+        return "DDP (gloo, CPU processes)"
+    return "DDP (NCCL, GPUs)"
+
+
+
+def karp_flatt(speedup: float, devices: int) -> float | None:
+    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
+
+    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points
+    at overhead that grows with N (communication), not at a fixed serial part.
+    """
+    if devices <= 1 or not speedup or speedup <= 0:
+        return None
+    return (1 / speedup - 1 / devices) / (1 - 1 / devices)
+
+
+def _amdahl_speedup(serial_fraction: float, devices: int) -> float:
+    """Amdahl (fixed problem): S(N) = 1 / (e + (1 - e)/N)."""
+    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
+
+
+def _gustafson_speedup(serial_fraction: float, devices: int) -> float:
+    """Gustafson (problem grows with N, serial share e measured on N devices): S(N) = N - e (N - 1)."""
+    return devices - serial_fraction * (devices - 1)
+
+
+SPEEDUP_DEFINITIONS: tuple[str, ...] = (
+    "lab: T(1)/T(N) on epoch times. One epoch is a fixed amount of work (the whole training set, split "
+    "over the N devices), so this is STRONG scaling of the epoch (Amdahl): ideal N, efficiency = "
+    "speedup / N.",
+    "forum: N x T(1)/T(N), the definition a course forum suggested and an earlier report quotes, is "
+    "Gustafson's SCALED speedup (WEAK scaling): how much more work per second N devices do, valid when "
+    "T(N) is the time of N times the work of T(1), each device keeping its own share. Per step at a "
+    "fixed per-device batch that holds: N x t(1)/t(N), t = seconds per step (Table 1's scaled_speedup).",
+    "The forum's formula on this lab's EPOCH times counts N twice: an epoch's work does not grow with N "
+    "(it already has N times fewer steps), so N x T(1)/T(N) on epoch times is N x the speedup, a "
+    "'super-linear' figure that never happened (Table 1's n_t1_over_tn_epoch).",
+    "Why the lab reports T(1)/T(N): the assignment times an epoch of the fixed data set, that is the "
+    "time a user waits for the same training, and with the per-device batch fixed it EQUALS the forum's "
+    "scaled speedup on step times (up to the last partial batch). Each definition, applied to its own "
+    "T, gives the same number: an answer in either form is correct when it says which T it divides.",
+)
+
+
+_SPEEDUP_DEFINITION_COLUMNS = ["method", "devices", "per_device_batch",
+                              "lab: T(1)/T(N), epoch (strong)", "forum: N x t(1)/t(N), step (scaled, weak)",
+                              "forum's formula on epoch times: N x T(1)/T(N)"]
+
+
+def speedup_definitions_frame(table=None, dataset_size: int | None = None):
+    """Q2's two speedup definitions side by side, per (method, N > 1, per-device batch): the lab's
+    T(1)/T(N) on epoch times, the forum's N x t(1)/t(N) on step times (the scaled speedup), and the
+    forum's formula applied to epoch times. From Table 1 (:func:`scaling_frame`) when given, then the
+    earlier cohort's published DataParallel epochs, whose steps per epoch are ceil(N_images / (N x b))
+    (one loader feeding N x b images per step)."""
+    import pandas as pd
+
+    rows = []
+    if table is not None and len(table):
+        ok = table[table["speedup"].notna() & (table["devices"] > 1)]
+        for _, r in ok.iterrows():
+            rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS,
+                                 (r["method"], r["devices"], r["per_device_batch"], r["speedup"],
+                                  r["scaled_speedup"], r["n_t1_over_tn_epoch"]), strict=True)))
+    images = dataset_size or CIFAR10_TRAIN_SIZE
+    for (n, b), tn in ANCHOR_COHORT_SECONDS.items():
+        if n == 1:
+            continue
+        t1 = ANCHOR_COHORT_SECONDS[(1, b)]
+        step1, step_n = t1 / math.ceil(images / b), tn / math.ceil(images / (n * b))
+        values = (ANCHOR_COHORT_LABEL, n, b, t1 / tn, n * step1 / step_n, n * t1 / tn)
+        rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
+    return pd.DataFrame(rows, columns=_SPEEDUP_DEFINITION_COLUMNS)
+
+
+def save_speedup_definitions(store: ResultStore, records: Sequence[Record]):
+    """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
+    Table 1 and the earlier cohort, with :data:`SPEEDUP_DEFINITIONS` as its notes; return it."""
+    df = speedup_definitions_frame(scaling_frame(records))
+    store.save_table(blank_missing(df.copy()), "scaling_definitions",
+                     _ok(records),
+                     title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
+                     notes=list(SPEEDUP_DEFINITIONS))
+    return df
+
+
+def _karp_flatt_note(speedup: float | None, devices: int) -> str:
+    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it).
+
+    e < 0 exactly when the speedup exceeds N (super-linear); e > 1 exactly when the speedup
+    is below 1: N devices took LONGER than one. Neither is a serial fraction.
+    """
+    if speedup is None or devices <= 1 or is_missing(speedup):
+        return ""
+    if speedup > devices:
+        return "speedup > N (super-linear): question the measurement before projecting"
+    if speedup < 1:
+        return (f"speedup {speedup:.3g} < 1: {devices} devices were SLOWER than one (e > 1 is no serial "
+                "fraction); nothing to project")
+    return ""
+
+
+def serial_fraction_frame(table, project_to: int = 8):
+    """From Table 1: each N > 1 row's Karp-Flatt serial fraction e and what Amdahl and
+    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
+    below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
+    fraction explains it."""
+    import pandas as pd
+
+    rows = []
+    ok = table[table["speedup"].notna() & (table["devices"] > 1)]
+    for _, r in ok.iterrows():
+        e = r["serial_fraction"]
+        row = {"method": r["method"], "devices": r["devices"], "per_device_batch": r["per_device_batch"],
+               "speedup": r["speedup"], "serial_fraction": e,
+               f"amdahl_speedup_at_{project_to}": None, f"gustafson_speedup_at_{project_to}": None,
+               "note": ""}
+        if e is not None and 0 <= e <= 1:
+            row[f"amdahl_speedup_at_{project_to}"] = _amdahl_speedup(e, project_to)
+            row[f"gustafson_speedup_at_{project_to}"] = _gustafson_speedup(e, project_to)
+        else:
+            row["note"] = _karp_flatt_note(float(r["speedup"]), int(r["devices"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+_FIXED_GLOBAL_COLUMNS = ["method", "devices", "global_batch", "status", "T1_seconds",
+                        "strong_per_device_batch", "strong_TN_seconds", "strong_speedup", "strong_efficiency",
+                        "weak_per_device_batch", "weak_TN_seconds", "weak_speedup", "weak_efficiency",
+                        "better"]
+
+
+def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
+                            reasons: dict[tuple[int, int], str] | None = None,
+                            method: str = "") -> list[dict]:
+    """Strong vs weak scaling from the same starting point, using only measured (devices, per-device
+    batch) -> epoch seconds.
+
+    Start from one device at batch G (time T(1, G)). Strong scaling keeps the GLOBAL batch G and
+    splits it: N devices x G/N, speedup T(1, G) / T(N, G/N). Weak scaling (what Table 1 ran)
+    keeps G PER DEVICE: N x G, speedup T(1, G) / T(N, G) (Table 1's speedup of that row). Both
+    are epoch times over the same data set, so the speedups compare directly. One row per
+    (N > 1, G) whose strong split G/N is a per-device batch of the grid (``seconds`` and
+    ``reasons`` keys); a row with a missing time says which run is missing and why.
+    """
+    reasons = dict(reasons or {})
+    grid = set(seconds) | set(reasons)
+    ones = sorted(b for n, b in grid if n == 1)
+    rows = []
+    for n in sorted({n for n, _ in grid if n > 1}):
+        for g in ones:
+            if g % n or (n, g // n) not in grid:
+                continue
+            row = dict.fromkeys(_FIXED_GLOBAL_COLUMNS)
+            row.update({"method": method, "devices": n, "global_batch": g, "strong_per_device_batch": g // n,
+                        "weak_per_device_batch": g})
+            t1, ts, tw = seconds.get((1, g)), seconds.get((n, g // n)), seconds.get((n, g))
+            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw})
+            missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
+                       for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
+            if t1 and ts:
+                row["strong_speedup"] = t1 / ts
+                row["strong_efficiency"] = t1 / ts / n
+            if t1 and tw:
+                row["weak_speedup"] = t1 / tw
+                row["weak_efficiency"] = t1 / tw / n
+            if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
+                row["status"] = "ok"
+                row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
+                                 else "weak" if row["strong_speedup"] < row["weak_speedup"] else "equal")
+            elif missing:
+                row["status"] = "no strong-scaling comparison: " + "; ".join(missing)
+            else:
+                row["status"] = (f"strong only: {n} x {g}: {reasons.get((n, g)) or 'not measured'}")
+            rows.append(row)
+    return rows
+
+
+def fixed_global_batch_frame(records: Sequence[Record] | None = None,
+                             seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
+    """:func:`_fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
+    or from a ``seconds`` table such as :data:`ANCHOR_COHORT_SECONDS`."""
+    import pandas as pd
+
+    rows: list[dict] = []
+    if seconds is not None:
+        rows += _fixed_global_batch_rows(seconds, method=method)
+    if records is not None:
+        t1 = scaling_frame(records)
+        for m, g in t1.groupby("method", sort=False):
+            times, why = {}, {}
+            for _, r in g.iterrows():
+                key = (int(r["devices"]), int(r["per_device_batch"]))
+                if r["status"] == "ok" and not is_missing(r["epoch2_train_seconds"]):
+                    times[key] = float(r["epoch2_train_seconds"])
+                else:
+                    why[key] = str(r["status"])
+            rows += _fixed_global_batch_rows(times, why, method=m)
+    return pd.DataFrame(rows, columns=_FIXED_GLOBAL_COLUMNS)
+
+
+def fixed_global_batch_verdict(df) -> str:
+    """The one-line answer to "would the other type of scaling be better or worse?", computed from
+    the comparable rows of :func:`fixed_global_batch_frame` (never assumed)."""
+    ok = df[df["status"] == "ok"] if len(df) else df
+    if not len(ok):
+        return ("No verdict: no fixed-global-batch pair was measured here (each row says which run is "
+                "missing).")
+    worse = int((ok["better"] == "weak").sum())
+    better = int((ok["better"] == "strong").sum())
+    pairs = "; ".join(f"N={r['devices']}, global {r['global_batch']}: strong {r['strong_speedup']:.3g}x "
+                      f"vs weak {r['weak_speedup']:.3g}x" for _, r in ok.iterrows())
+    if worse == len(ok):
+        head = "Strong scaling (fixed global batch) would be WORSE than the weak scaling measured"
+    elif better == len(ok):
+        head = "Strong scaling (fixed global batch) would be BETTER than the weak scaling measured"
+    else:
+        head = (f"Mixed: strong scaling is worse in {worse} and better in {better} of {len(ok)} pairs "
+                "(differences this small are within run-to-run noise)")
+    return f"{head} ({pairs})."
+
+
+FIXED_GLOBAL_EXPLANATION = (
+    "Why strong scaling usually loses: splitting a fixed global batch G over N devices gives each "
+    "device G/N images per step, but every step still all-reduces the WHOLE gradient (S bytes, "
+    "2(N-1)/N x S per rank) and pays the same fixed per-step costs (kernel launches, optimizer over all "
+    "parameters). Compute per step shrinks N-fold, communication and overhead do not, so they take a "
+    "larger share, and a small per-device batch also uses each GPU less efficiently. Weak scaling keeps "
+    "the per-device work, so the compute that hides the all-reduce stays the same.")
+
+
+def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], include_anchors: bool = True):
+    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
+    run's rows, then the earlier cohort's anchors through the same arithmetic; returns
+    (DataFrame, verdict for this run, verdict for the anchors)."""
+    import pandas as pd
+
+    here = fixed_global_batch_frame(records)
+    anchors = fixed_global_batch_frame(seconds=ANCHOR_COHORT_SECONDS, method=ANCHOR_COHORT_LABEL)
+    df = pd.concat([here, anchors], ignore_index=True) if include_anchors else here
+    verdict, anchor_verdict = fixed_global_batch_verdict(here), fixed_global_batch_verdict(anchors)
+    notes = ["T1_seconds = T(1, G): one device at batch G. strong: N x G/N (global batch fixed), speedup "
+             "T(1, G)/T(N, G/N); weak: N x G (per-device batch fixed, as Table 1), speedup T(1, G)/T(N, G). "
+             "Epoch-2 training seconds, slowest rank; efficiency = speedup / N.",
+             "Only pairs whose split G/N is one of the per-device batch sizes appear (with batch sizes "
+             "growing x4, that is N = 4; N = 2 would need a 2 x 64 run).",
+             f"This run: {verdict}", f"{ANCHOR_COHORT_LABEL}: {anchor_verdict}", FIXED_GLOBAL_EXPLANATION]
+    store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch",
+                     _ok(records),
+                     title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
+                     notes=notes)
+    return df, verdict, anchor_verdict
+
+
+def comm_volume_frame(records: Sequence[Record]):
+    """Why small per-device batches scale badly: per stored N-device DDP run, the ring all-reduce
+    bytes each rank sends per step and per epoch (2(N-1)/N x S, S = fp32 gradient bytes), next to
+    the images each device computes per step. Bytes are decimal (MB = 1e6)."""
+    import pandas as pd
+
+
+    rows = []
+    for r in records:
+        c, m = r.config, r.metrics
+        if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
+            continue
+        per_step = ring_bytes_per_rank(m["gradient_bytes"], c["devices"])
+        rows.append({"method": method_label(c["method"], c.get("backend"), c.get("device_type")),
+                     "devices": c["devices"], "per_device_batch": c["batch_size"],
+                     "steps_per_epoch": m["steps"], "images_per_device_per_step": c["batch_size"],
+                     "allreduce_mb_per_step_per_rank": per_step / 1e6,
+                     "allreduce_mb_per_epoch_per_rank": per_step * m["steps"] / 1e6,
+                     "bytes_per_image": per_step / c["batch_size"]})
+    return pd.DataFrame(rows)
+
+
+def scaling_frame(records: Sequence[Record]):
+    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
+
+    ``epoch2_train_seconds`` T(N) is the reported epoch's training time (slowest rank);
+    ``step_seconds`` t(N) = T(N) / steps. speedup = T(1)/T(N) (strong scaling of one
+    epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
+    per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
+    same method's one-device run with the same per-device batch.
+    """
+    import pandas as pd
+
+    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
+    base = {}
+    for r in aggs:
+        if r.config["devices"] == 1 and r.status == "ok":
+            base[(r.config["method"], r.config["batch_size"])] = r
+    rows = []
+    for r in aggs:
+        c, m = r.config, r.metrics
+        n = int(c["devices"])
+        tn = value(r, T_N)
+        steps = m.get("steps") if r.status == "ok" else None
+        b1 = base.get((c["method"], c["batch_size"]))
+        t1 = value(b1, T_N)
+        row = {"method": method_label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
+               "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
+               "status": "ok" if r.status == "ok" else (r.reason or r.status),
+               "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
+               "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
+               "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
+               "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
+               "oversubscribed": oversubscribed(r)}
+        if tn and t1:
+            row["speedup"] = t1 / tn
+            row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
+            row["efficiency"] = row["speedup"] / n
+            row["serial_fraction"] = karp_flatt(row["speedup"], n)
+            s1 = b1.metrics.get("steps")
+            if steps and s1:
+                row["scaled_speedup"] = n * (t1 / s1) / (tn / steps)
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
+                                     "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
+                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction",
+                                     "skew_wait_seconds", "train_plus_skew_wait_seconds", "oversubscribed"])
+    return df
+
+
+_TABLE1_NOTES = [
+    "oversubscribed: the gloo ranks had more threads than the machine has cores (quick: 4 single-thread "
+    "processes on 2 cores), so they took turns on the cores: the row exercises the 4-device path, its "
+    "times do not measure scaling.",
+    "epoch2_train_seconds T(N): training time of epoch 2 of 2 (host-to-device copies, forward, backward, "
+    "all-reduce, optimizer step; loader waits excluded), the SLOWEST rank's; seconds.",
+    "speedup = T(1)/T(N) on epoch time (strong scaling: the epoch's data set is fixed); "
+    "efficiency = speedup / N.",
+    "scaled_speedup = N x t(1)/t(N), t = time per step (weak scaling, Gustafson: per-device batch fixed). "
+    "It equals the speedup up to the last partial batch.",
+    "n_t1_over_tn_epoch = N x T(1)/T(N) on EPOCH times: the course forum's scaled-speedup formula (an "
+    "earlier report's second definition) applied to epoch times. With the per-device batch fixed each epoch "
+    "already has N times fewer steps, so this counts N twice (about N x the speedup); the same formula on "
+    "STEP times is scaled_speedup. Both definitions side by side: tables/scaling_definitions.",
+    "T(1): the same method with one device and the same per-device batch.",
+    "serial_fraction: Karp-Flatt e = (1/speedup - 1/N) / (1 - 1/N), the non-parallel share Amdahl's law "
+    "would need to explain the speedup (empty for N = 1).",
+    "A row whose status is not ok did not run: it has no numbers.",
+    "skew_wait_seconds: the slowest rank's wait, in a barrier right after each step's data movement, for "
+    "the other ranks' loaders (DDP only; 0 with one device). It is NOT in T(N): without the barrier it "
+    "would sit inside compute (backward's all-reduce waits for the slowest loader). "
+    "train_plus_skew_wait_seconds: max over ranks of training + skew wait, about what T(N) was before "
+    "the barrier existed. Both are blank for DataParallel and for records written before the barrier "
+    "existed, whose T(N) still includes that wait.",
+]
+
+
+def scaling_table(store: ResultStore, records: Sequence[Record], settings: Settings):
+    """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
+    df = scaling_frame(records)
+    notes = list(_TABLE1_NOTES) + ["Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
+    if any(r.config.get("backend") == "gloo" for r in records):
+        notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
+                     "process, so these numbers show the mechanics, not GPU performance.")
+    notes.append(f"settings: {settings.label}")
+    store.save_table(blank_missing(df.copy()), "scaling", _ok(records),
+                     title="Table 1: epoch-2 training time and speedup over devices", notes=notes)
+    return df
+
+
+def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings,
+                   name: str = "scaling_speedup"):
+    """Speedup T(1)/T(N) against devices, one line per (method, per-device batch), with the ideal line."""
+    import matplotlib.pyplot as plt
+
+    df = scaling_frame(records)
+    df = df[df["speedup"].notna()]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    top = max([1, *settings.devices])
+    ax.plot([1, top], [1, top], "k--", lw=1, label="ideal (speedup = N)")
+    for (method, b), g in df.groupby(["method", "per_device_batch"], sort=False):
+        g = g.sort_values("devices")
+        ax.plot(g["devices"], g["speedup"].astype(float), "o-", label=f"{method}, {b}/device")
+    ax.set_xlabel("devices N")
+    ax.set_ylabel("speedup T(1)/T(N), epoch 2")
+    ax.set_xticks(sorted(set(settings.devices)))
+    ax.set_title("Speedup over devices (per-device batch fixed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the axis
+    path = store.save_figure(fig, name, _ok(records))
+    return fig, path
