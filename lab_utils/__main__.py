@@ -112,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("grade", help="grade handed-in notebooks, each in a sandbox, into a gradebook",
                        description=GRADE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("submissions", metavar="SUBMISSIONS",
-                   help="a folder (or zip file) of handed-in notebooks: <student>/NN_*.ipynb, <student>.ipynb, "
-                        "LMS exports, zips")
+                   help="a folder (or zip file) of handed-in notebooks: <student>/NN_*.ipynb, "
+                        "<student>.ipynb, LMS exports, zips")
     g.add_argument("--bundle", default="dist/grading", help="the grading bundle (default: dist/grading)")
     g.add_argument("--out", default="grades", help="where the gradebook and feedback/ go (default: grades)")
     g.add_argument("--roster", default=None, help="CSV of the class (columns student and/or id): students "
@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     fo = sub.add_parser("fold", help="fold points given by hand into the gradebook and feedback",
                         description=FOLD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    fo.add_argument("hand_points", metavar="HAND_POINTS_CSV", help="CSV: student, question, points[, comment]")
+    fo.add_argument("hand_points", metavar="HAND_POINTS_CSV",
+                    help="CSV: student, question, points[, comment]")
     fo.add_argument("--out", default="grades", help="the gradebook folder (default: grades)")
     return p
 
@@ -199,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             from lab_utils.grading import grade, sandbox
 
             limits = sandbox.Limits(wall_seconds=args.timeout)
-            return grade.grade(args.submissions, args.bundle, args.out, roster=args.roster, student=args.student,
-                               jobs=args.jobs, limits=limits, use_sandbox=not args.no_sandbox)
+            return grade.grade(args.submissions, args.bundle, args.out, roster=args.roster,
+                               student=args.student, jobs=args.jobs, limits=limits,
+                               use_sandbox=not args.no_sandbox)
         if args.command == "fold":
             from lab_utils.grading import gradebook
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from lab_utils.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
-BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication", "04_allreduce_bandwidth",
-         "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
+BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",
+         "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
 
 
 def student_notebook(dist: Path, book: str) -> dict:
