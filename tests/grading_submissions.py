@@ -20,6 +20,12 @@ BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communica
          "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
 
 
+def shared_dist(tmp_path_factory) -> Path:
+    """Where the grading tests keep the built student copy and bundle (one build per test session:
+    tests/test_grading.py builds it with `make student`; tests/test_grading_sandbox.py reuses it)."""
+    return tmp_path_factory.getbasetemp() / "grading-dist"
+
+
 def student_notebook(dist: Path, book: str) -> dict:
     return json.loads((Path(dist) / "student" / "labs" / f"{book}.ipynb").read_text())
 

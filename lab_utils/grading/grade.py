@@ -137,7 +137,7 @@ def _stopped(err: dict, limits: sandbox.Limits) -> str:
     if code in ("ENETUNREACH", "ENETDOWN", "EHOSTUNREACH", "ECONNREFUSED") or kind == "gaierror":
         return "the network (the sandbox has none)"
     if code in ("EROFS", "EACCES", "EPERM"):
-        return "writing or reading outside its folder (read-only or not allowed)"
+        return "a write or read outside its folder (read-only or not allowed in the sandbox)"
     if code == "ENOENT" and err.get("message", "").count("/") > 1:
         return "a file outside its folder (not in the sandbox)"
     return ""
