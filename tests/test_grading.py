@@ -147,7 +147,8 @@ RING_LOG2 = ("import math\n\n\n" + RING
              + "    it = math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)\n"
              + "    return it * size_bytes * math.log2(world_size)\n")
 CALLS_THE_LAB = ("from lab_utils.experiments import comm\n\n\n" + RING
-                 + "    return comm.ring_bytes_per_epoch(size_bytes, world_size, dataset_size, per_device_batch)\n")
+                 + "    return comm.ring_bytes_per_epoch(size_bytes, world_size, dataset_size,\n"
+                 + "                                     per_device_batch)\n")
 WRONG_GIB = ("def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
              "    return bytes_per_rank_per_epoch / comm_seconds / 2 ** 30\n")
 
