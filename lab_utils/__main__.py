@@ -35,6 +35,8 @@ BENCHES = {
              "spec DataLoader vs device-resident loader, images/s"),
     "train": ("lab_utils.experiments.fastpath:bench_train_main",
               "spec training vs each fast-path step, images/s"),
+    "grading": ("lab_utils.grading.bench:main",
+                "grading a class of solved notebooks, with and without the sandbox, s per notebook"),
 }
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from lab_utils.grading import notebooks as nbs
+from lab_utils.grading.bench import fill_with_solutions
 
 REPO = Path(__file__).resolve().parent.parent
 BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",
@@ -36,16 +37,7 @@ def _question(cell: dict) -> str | None:
 
 def solved(nb: dict, book: str) -> dict:
     """The student notebook with each exercise's cell replaced by the master's solution cell."""
-    master = nbs.parse_master(REPO / "labs" / f"{book}.ipynb")
-    solutions = {q.name: q.solution for q in master.questions if not q.manual}
-    nb = copy.deepcopy(nb)
-    for c in nb["cells"]:
-        q = _question(c)
-        if q in solutions and c["cell_type"] == "code":
-            c["source"] = solutions[q]
-        elif q and c["cell_type"] == "markdown":
-            c["source"] = f"My answer to {q}: the table shows it."
-    return nb
+    return fill_with_solutions(nb, nbs.parse_master(REPO / "labs" / f"{book}.ipynb"))
 
 
 def with_function(nb: dict, question: str, source: str, extra_cell: str = "") -> dict:
