@@ -24,6 +24,7 @@ written all the same), else 0.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -36,7 +37,14 @@ from lab_utils.grading import gradebook, sandbox
 from lab_utils.grading import notebooks as nbs
 from lab_utils.grading.build import DIST_DIR, load_manifest
 from lab_utils.grading.exercises import EXERCISES, NOT_DONE, explain, same
-from lab_utils.grading.submissions import Roster, Student, Submission, find_submissions, read_roster
+from lab_utils.grading.submissions import (
+    Roster,
+    Student,
+    Submission,
+    find_submissions,
+    read_roster,
+    same_name,
+)
 
 NO_SANDBOX_WARNING = ("WARNING: graded WITHOUT a sandbox (--no-sandbox): every submission's code ran with "
                       "your rights (it could read or change your files, other submissions and the bundle, "
@@ -318,13 +326,10 @@ def _group(works: list[Work]) -> list[Work]:
 
 
 def _match_student(name: str | None, student: Student) -> bool:
+    """Whether ``--student name`` means ``student`` (its id, or its name in any spelling)."""
     if not name:
         return True
-    from lab_utils.grading.submissions import normalize
-
-    n = name.strip().lower()
-    return n in (student.name.lower(), (student.id or "").lower()) or \
-        normalize(name) == normalize(student.name)
+    return name.strip().lower() == (student.id or "").lower() or same_name(name, student.name)
 
 
 def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grading",
@@ -436,8 +441,11 @@ def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: s
         if rec["stopped"]:
             stopped.append(f"{w.student.name} {w.book}: {', '.join(rec['stopped'])}")
     for key, s in fresh.items():   # --student: notebooks not handed in again keep their grades
-        for book, rec in previous.get(key, {}).get("notebooks", {}).items():
+        before = previous.get(key, {})
+        for book, rec in before.get("notebooks", {}).items():
             s["notebooks"].setdefault(book, rec)
+        if before and roster is None:   # the name and id an earlier run took from the roster
+            s["name"], s["id"] = before["name"], before.get("id", s["id"])
     if roster is not None:
         for r in roster.students:
             if r.key not in fresh and _match_student(only, r):
@@ -467,9 +475,10 @@ def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: s
             print(f"  {title} ({len(items)}): " + "; ".join(items[:8]) + (" ..." if len(items) > 8 else ""))
     if not use_sandbox:
         print(NO_SANDBOX_WARNING)
-    print(f"gradebook: {out / 'gradebook.csv'} (one row per student), {out / 'details.csv'}, "
-          f"{out / 'feedback'}/; points given by hand: fill in {out / 'hand_points_template.csv'}, then "
-          f"python -m lab_utils fold FILE --out {out}")
+    shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else str(out)
+    print(f"gradebook: {shown}/gradebook.csv (one row per student), details.csv, feedback/; points given "
+          f"by hand: fill in {shown}/hand_points_template.csv, then python -m lab_utils fold FILE "
+          f"--out {shown}")
     if failed:
         print(f"exit status 1: {len(failed)} submission(s) could not be graded (their rows say why)")
     return 1 if failed else 0

@@ -196,7 +196,11 @@ def write_outputs(state: dict, out: Path) -> None:
         total = sum(float(r["points"] or 0) for r in rows)
         flags = [f"{r['notebook'][:2]} {r['question']}: {r['flag']}" for r in rows if r["flag"]]
         pending = [r["question"] for r in rows if r["manual"] and r["points"] == ""]
-        notes = [f"{book}: {b['status']}" for book, b in s["notebooks"].items() if b["status"] != "graded"]
+        missing = [book[:2] for book, b in s["notebooks"].items() if b["status"] == "no submission"]
+        notes = [f"{book}: {b['status']}" for book, b in s["notebooks"].items()
+                 if b["status"] not in ("graded", "no submission")]
+        if missing:
+            notes.insert(0, f"no submission of {', '.join(missing)}")
         if pending:
             notes.append(f"by hand, not yet graded: {', '.join(pending)}")
         if any(b.get("sandbox") == "none" for b in s["notebooks"].values()):
@@ -206,8 +210,9 @@ def write_outputs(state: dict, out: Path) -> None:
                      "total": round(total, 3), "possible": possible, "flags": "; ".join(flags),
                      "notes": "; ".join(notes)})
         template += [{"student": s["name"], "id": s.get("id", ""), "question": r["question"],
-                      "points": "" if r["points"] == "" else r["points"], "comment": ""}
-                     for r in rows if r["manual"]]
+                      "points": hand[(key, r["question"])]["points"] if (key, r["question"]) in hand else "",
+                      "comment": hand.get((key, r["question"]), {}).get("comment", "")}
+                     for r in rows if r["manual"] and r["status"] == "graded"]
         _atomic_write(out / "feedback" / f"{safe_name(s['name'])}.md", _feedback(s, rows, total, possible))
     _atomic_write(out / "gradebook.csv", _csv_text(["student", "id", *order, "total", "possible", "flags",
                                                     "notes"], wide))

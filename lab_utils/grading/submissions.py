@@ -42,6 +42,12 @@ def normalize(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
+def same_name(a: str, b: str) -> bool:
+    """Whether two spellings name the same person: "Doe, Jane", "Jane Doe", "doejane" (Canvas)."""
+    words = [sorted(re.findall(r"[0-9a-z]+", x.lower())) for x in (a, b)]
+    return bool(normalize(a)) and (normalize(a) == normalize(b) or words[0] == words[1])
+
+
 @dataclass
 class Student:
     name: str
@@ -176,8 +182,7 @@ class Roster:
             hit = next((r for r in self.students if r.id and r.id == s.id), None)
             if hit:
                 return hit
-        key = normalize(s.name)
-        return next((r for r in self.students if key and normalize(r.name) == key), None)
+        return next((r for r in self.students if same_name(r.name, s.name)), None)
 
 
 ID_COLUMNS = ("id", "student id", "student_id", "sis user id", "id number", "user id", "login id",
