@@ -13,8 +13,8 @@ Each submission runs :mod:`lab_utils.grading.child` in its own sandbox, which se
 Limits (``resource``, set by a small launcher before ``bwrap`` starts, inherited by everything
 inside): CPU time, address space (memory), file size, number of processes; plus a wall-clock
 limit for the whole submission and one per case (in the child). When the grader runs as root, the
-child drops to a user id of its own per parallel slot, so the process limit is enforced (the
-kernel does not count root's processes) and nothing it writes is root's.
+child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so the process limit is
+enforced (the kernel does not count root's processes) and nothing it writes is root's.
 
 Without ``bwrap`` (or where it cannot create namespaces) :func:`probe` says why, and grading
 runs only with ``--no-sandbox``: the same child and limits in a private temporary folder, but
@@ -38,7 +38,9 @@ from pathlib import Path
 import lab_utils
 
 SANDBOX_HOME = "/grading"          # the submission's private folder inside the sandbox
-UID_BASE = 2_100_000_000           # root: the child becomes UID_BASE + slot (no account needed)
+# Root: the child becomes a user id of its own (no account needed), one per parallel slot and per
+# grading run (two runs at once must not share a process count).
+UID_BASE = 2_100_000_000 + (os.getpid() % 100_000) * 64
 MAX_OUTPUT_BYTES = 4_000_000       # what the grader reads of a child's result stream
 INSTALL_HINT = ("install bubblewrap (make sandbox, i.e. apt-get install bubblewrap; RHEL: dnf install "
                 "bubblewrap), or grade without a sandbox on purpose with --no-sandbox (make grade "
