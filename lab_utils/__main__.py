@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (default: 2)")
     g.add_argument("--timeout", type=float, default=120,
                    help="seconds one notebook may take before it is stopped (default: 120)")
+    g.add_argument("--case-timeout", type=float, default=20,
+                   help="seconds one case may take (an endless loop in a function; default: 20)")
     g.add_argument("--no-sandbox", action="store_true",
                    help="grade without bwrap: the submissions' code runs with your rights (see README)")
 
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "grade":
             from lab_utils.grading import grade, sandbox
 
-            limits = sandbox.Limits(wall_seconds=args.timeout)
+            limits = sandbox.Limits(wall_seconds=args.timeout, case_seconds=args.case_timeout)
             return grade.grade(args.submissions, args.bundle, args.out, roster=args.roster,
                                student=args.student, jobs=args.jobs, limits=limits,
                                use_sandbox=not args.no_sandbox)

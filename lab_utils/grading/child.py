@@ -148,7 +148,13 @@ def run(job: dict) -> None:
             emit({"q": q["name"], "defining": True, "error": _error(e, q.get("first_line", 1))})
             continue
         fn = ns.get(q["function"])
+        timed_out = False
         for test, case_no, case in q["cases"]:
+            if timed_out:   # one endless loop is enough: the question's other cases are not waited for
+                emit({"q": q["name"], "t": test, "c": case_no, "error": {
+                    "type": "CaseTimeLimit", "message": "not run: an earlier case ran past the time limit",
+                    "line": None, "errno": ""}})
+                continue
             t0 = time.perf_counter()
             try:
                 _limit(case_seconds)
@@ -158,6 +164,7 @@ def run(job: dict) -> None:
                       "seconds": round(time.perf_counter() - t0, 4)})
             except (Exception, CaseTimeLimit) as e:
                 _limit(0)
+                timed_out = isinstance(e, CaseTimeLimit)
                 emit({"q": q["name"], "t": test, "c": case_no, "error": _error(e, q.get("first_line", 1))})
 
 

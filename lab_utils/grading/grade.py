@@ -285,7 +285,7 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
             "seconds": round(work.outcome.seconds, 2) if work.outcome else 0.0,
             "notes": [n for n in notes if n],
             "questions": questions, "flagged": flagged, "stopped": list(dict.fromkeys(stopped)) +
-            ([fatal] if fatal and "time limit" in fatal else [])}
+            ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
 
 
 def failed_record(work: Work, info: dict | None) -> dict:
