@@ -4,7 +4,7 @@
   and write ``results/<profile>/report.md``.
 - ``prepare``: download CIFAR-10 and the text corpus into ``data/`` (needs internet).
 - ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
-  (``timers``, ``allreduce``, ``data``, ``train``).
+  (``timers``, ``allreduce``, ``data``, ``train``, ``grading``).
 - ``info``: the machine, versions, chosen profile and data status.
 - ``student [--out DIR]``: build the student copy and the grading bundle (otter assign).
 - ``grade SUBMISSIONS [--bundle DIR] [--out DIR] [--roster CSV] [--student NAME] [--jobs N]
