@@ -141,7 +141,7 @@ def _stopped(err: dict, limits: sandbox.Limits) -> str:
     if code == "ENOSPC":
         return f"a full private folder ({limits.folder_bytes / 2 ** 20:g} MiB)"
     if code == "EAGAIN" or kind == "BlockingIOError":
-        return f"the process limit ({limits.processes})"
+        return "the process limit"
     if code in ("ENETUNREACH", "ENETDOWN", "EHOSTUNREACH", "ECONNREFUSED") or kind == "gaierror":
         return "the network (the sandbox has none)"
     if code in ("EROFS", "EACCES", "EPERM"):

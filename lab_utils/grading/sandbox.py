@@ -152,16 +152,17 @@ def bwrap_command(bwrap: str, notebook_fd: int | None, notebook_name: str, limit
     args += ["--perms", "0755", "--dir", "/etc"]
     for f in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group"):
         args += ["--ro-bind-try", f"/etc/{f}", f"/etc/{f}"]
-    made = {"/", "/etc", "/usr"}
+    size = str(limits.folder_bytes)
+    # mounts first, binds after: an environment under /tmp must stay visible over the private /tmp
+    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    made = {"/", "/etc", "/usr", "/tmp", "/proc", "/dev"}
     for p in library_paths():
         for parent in reversed(p.parents):
             if str(parent) not in made:
                 made.add(str(parent))
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind", str(p), str(p)]
-    size = str(limits.folder_bytes)
-    args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--perms", "0777", "--size", size, "--tmpfs", SANDBOX_HOME]
+    args += ["--perms", "0777", "--size", size, "--tmpfs", SANDBOX_HOME]
     if notebook_fd is not None:
         args += ["--perms", "0644", "--file", str(notebook_fd), f"{SANDBOX_HOME}/{notebook_name}"]
     args += ["--chdir", SANDBOX_HOME, "--clearenv", "--setenv", "HOME", SANDBOX_HOME,
