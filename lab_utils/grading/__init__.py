@@ -60,7 +60,8 @@ How an exercise is written (so that it is graded)
 
    ``call`` (how to run a case when the function takes or returns objects: build a model from a
    dict case, turn returned transforms into their class names; the answer must be plain data),
-   ``show`` (how a public case reads in a message), ``outputs`` (names of a tuple's values) and
+   ``show`` (how a public case reads in a message), ``outputs`` (names of a tuple's values),
+   ``needs`` (modules the cases import, e.g. ``("torch",)``: loaded before the timed cases) and
    ``rel_tol`` are optional. Each :class:`Mistake` is a known wrong version of the function
    (``wrong=``) or a wrong unit factor (``factor=8`` for bits instead of bytes); a wrong answer
    equal to a mistake's is named in one sentence, without showing a hidden case's inputs.

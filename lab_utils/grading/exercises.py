@@ -148,7 +148,8 @@ class Exercise:
     ``call(fn, case)`` runs ``fn`` on one case and returns the answer as plain data (None when
     ``fn`` returned None); by default ``fn(*case)``. ``show(case)`` writes the call for a public
     message. ``outputs`` names the values when the answer is a tuple. ``hint(got, want)`` may add
-    an exercise-specific reason when no known mistake matches ("" for none).
+    an exercise-specific reason when no known mistake matches ("" for none). ``needs`` lists the
+    modules its cases import (torch...): the grader loads them first, outside the cases' time limit.
     """
     name: str
     function: str
@@ -158,6 +159,7 @@ class Exercise:
     outputs: tuple[str, ...] = ()
     rel_tol: float = REL_TOL
     hint: Callable[[Any, Any], str] | None = None
+    needs: tuple[str, ...] = ()   # modules its cases import (loaded before the timed cases start)
 
     def run(self, fn: Callable, case: Any) -> Any:
         """The answer of ``fn`` on ``case`` (plain data; None = returned None)."""
@@ -537,6 +539,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=_grad_bytes_call, show=_grad_bytes_show,
+        needs=("torch", "lab_utils.models"),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
                     "bytes: elements x p.element_size() (4 for fp32)", wrong=_count_params),
@@ -585,6 +588,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q05_set_epoch", "epoch_orders", call=_orders_call, show=_orders_show,
+        needs=("torch.utils.data.distributed",),
         mistakes=(
             Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
                     "sampler.set_epoch(epoch) at the start of each epoch", wrong=_orders_never_set),
@@ -592,7 +596,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "sampler.set_epoch(epoch) BEFORE iterating the sampler", wrong=_orders_set_after),
         )),
     Exercise(
-        "q06_flops_per_token", "flops_per_token", call=_flops_call,
+        "q06_flops_per_token", "flops_per_token", call=_flops_call, needs=("lab_utils.models.gpt",),
         show=lambda case: f"flops_per_token({_cfg_text(case)})",
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
@@ -614,6 +618,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
+        needs=("torch", "lab_utils.models.gpt"),
         mistakes=(
             Mistake("int8 is 4x smaller", "only the Linear weights become int8 (plus a scale and a zero "
                     "point per row); embeddings, biases and LayerNorms stay in float, and the tied head "

@@ -185,14 +185,15 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
     got = {(r["t"], r["c"]): r for r in lines if "t" in r}
     earned, first, wrong, total = 0.0, "", 0, 0
     tests = qspec["tests"]
+    n_hidden, k_hidden = sum(len(t["cases"]) for t in tests if t["hidden"]), 0
     for t, test in enumerate(tests):
         ok_all = True
-        n = len(test["cases"])
         for c, case in enumerate(test["cases"]):
             total += 1
             r = got.get((t, c))
             hidden = test["hidden"]
-            label = f"hidden case {c + 1} of {n}" if hidden else ex.describe(case["case"])
+            k_hidden += hidden
+            label = f"hidden case {k_hidden} of {n_hidden}" if hidden else ex.describe(case["case"])
             if r is None:
                 ok_all, msg = False, f"{label} was not run (the sandbox stopped the submission first)"
             elif "error" in r:
@@ -215,7 +216,9 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
             earned += test["points"]
     if code.notes and wrong:
         first = f"{first}; {code.notes[0]}"
-    message = "" if not wrong else (first if wrong == 1 else f"{first} ({wrong} of {total} cases wrong)")
+    first = first.rstrip(".")
+    count = "" if wrong == 1 else f" ({wrong} of {total} cases wrong)"
+    message = f"{first}{count}." if wrong else ""
     verdict = Verdict(earned, message, stopped=list(dict.fromkeys(stopped)))
     if code.flags:
         verdict.flag = "check by hand: " + "; ".join(code.flags) + f" (the cases gave {earned:g} / " \
