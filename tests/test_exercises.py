@@ -1,33 +1,40 @@
-"""The exercises of notebooks 03-07 (issue 17), checked without executing a notebook.
+"""The autograded exercises of notebooks 01-07, checked without executing a notebook.
 
-For every autograded question of these master notebooks (otter assign v7 format):
+For every autograded question of the master notebooks (otter assign v7 format, test cells written
+as ``check(QUESTION, FUNCTION, [cases])``, lab_utils.grading):
 
-- the solution function, extracted from the notebook and exec'd, agrees with the lab's reference
-  implementation on several values (the numbers the rest of the notebook uses);
-- the question's own tests (public and hidden) pass on the solution;
-- in the student edition (solution body replaced by ``...`` as otter does) the first public test
-  fails with a "not done yet" message;
-- a function that returns the public answer whatever it is asked (a hard-coded answer) fails the
-  hidden tests: they use other values;
-- public tests are worth 0 points, and the points add up to what the exercise's title says;
+- the notebook has its questions, and each question its public and hidden test cells, points
+  that add up to what its heading says, and an Exercise in lab_utils.grading.exercises;
+- the master's solution agrees with the lab's own reference function on several values (the
+  numbers the rest of the notebook uses): the answers the build computes from it are right;
+- every known mistake differs from the right answer on a public case (the student's check
+  names it) and on a hidden case (it cannot score), and is named in one sentence;
+- the blank student function says "not done yet"; a function that returns the public answers
+  whatever it is asked fails the hidden cases;
 - cells that train, measure or launch are tagged ``otter_ignore``.
+
+These run the solutions as plain Python on purpose; tests/test_grading.py runs every case the way
+otter runs it (as a doctest) and grades through the documented command.
 """
 
 from __future__ import annotations
 
-import ast
-import copy
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from lab_utils.grading import EXERCISES, build, check
+from lab_utils.grading import notebooks as nbs
+from lab_utils.grading.exercises import explain, same
+
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
 QUESTIONS = {
+    "01_batch_size_sweep": ["q01_step_timer"],
+    "02_multi_gpu_scaling": ["q02_speedup"],
     "03_compute_vs_communication": ["q03_compute_comm"],
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"],
     "05_large_batch_training": ["q05_lr_schedule", "q05_set_epoch"],
@@ -41,124 +48,90 @@ ALL = [(nb, q) for nb, qs in QUESTIONS.items() for q in qs]
 EXPERIMENT_CALLS = re.compile(r"start\(PROFILE\)|\.run_|lab\.store|\brecords\b|\bresult\b|\bsettings\b")
 
 
-@dataclass
-class Question:
-    name: str
-    config: dict
-    prompt: str = ""
-    title: str = ""
-    solution: str = ""
-    tests: list[tuple[bool, str]] = field(default_factory=list)
-
-    @property
-    def function_name(self) -> str:
-        defs = [n.name for n in ast.parse(self.solution).body if isinstance(n, ast.FunctionDef)]
-        assert len(defs) == 1, f"{self.name}: the solution cell defines {defs}, want one function"
-        return defs[0]
-
-
-def _yaml(text: str) -> dict:
-    import yaml
-
-    return yaml.safe_load("\n".join(text.splitlines()[1:])) or {}
-
-
-def parse(notebook: str) -> tuple[nbformat.NotebookNode, dict[str, Question]]:
-    nb = nbformat.read(LABS / f"{notebook}.ipynb", as_version=4)
-    questions: dict[str, Question] = {}
-    q, block, previous_md = None, None, ""
-    for cell in nb.cells:
-        src = cell.source
-        if cell.cell_type == "raw":
-            head = src.strip().splitlines()[0] if src.strip() else ""
-            if head.startswith("# BEGIN QUESTION"):
-                cfg = _yaml(src)
-                q = questions.setdefault(cfg["name"], Question(cfg["name"], cfg, title=previous_md))
-            elif head.startswith("# END QUESTION"):
-                q = None
-            elif head.startswith("# BEGIN "):
-                block = head.split()[2]
-            elif head.startswith("# END "):
-                block = None
-            continue
-        if q is None:
-            if cell.cell_type == "markdown":
-                previous_md = src
-            continue
-        if block == "TESTS":
-            first = src.lstrip().splitlines()[0]
-            hidden = first.startswith("#") and bool(re.search(r"\bhidden\b", first, re.IGNORECASE))
-            q.tests.append((hidden, src))
-        elif block == "SOLUTION" and cell.cell_type == "code":
-            q.solution = src
-        elif block is None and cell.cell_type == "markdown":
-            q.prompt = src
-    return nb, questions
+@pytest.fixture(scope="module")
+def masters():
+    return {nb: nbs.parse_master(LABS / f"{nb}.ipynb") for nb in QUESTIONS}
 
 
 @pytest.fixture(scope="module")
-def parsed():
-    return {nb: parse(nb) for nb in QUESTIONS}
+def specs(masters):
+    """Every case with the answer the build computes (the master's solution) and the mistakes'."""
+    return {q.name: build.exercise_spec(m, q) for m in masters.values() for q in m.questions if not q.manual}
 
 
-def solution_namespace(q: Question) -> dict:
+def solution(masters, notebook: str, name: str):
+    q = masters[notebook].question(name)
     ns: dict = {}
-    exec(compile(q.solution, f"<{q.name} solution>", "exec"), ns)
-    return ns
-
-
-def run_tests(q: Question, ns: dict, which: str = "all") -> None:
-    for hidden, src in q.tests:
-        if which == "all" or (which == "hidden") == hidden:
-            exec(compile(src, f"<{q.name} {'hidden' if hidden else 'public'} test>", "exec"), ns)
-
-
-def student_source(q: Question) -> str:
-    from otter.assign.solutions import replace_solutions
-
-    return "\n".join(replace_solutions(q.solution.split("\n"), "python"))
+    exec(compile(q.solution, f"<{name} solution>", "exec"), ns)
+    return ns[EXERCISES[name].function]
 
 
 # --------------------------------------------------------------------------- structure
 
 
 @pytest.mark.parametrize("notebook", list(QUESTIONS))
-def test_notebook_has_its_questions_and_config(parsed, notebook):
-    nb, questions = parsed[notebook]
+def test_notebook_has_its_questions_and_config(masters, notebook):
+    nb = nbformat.read(LABS / f"{notebook}.ipynb", as_version=4)
     configs = [c for c in nb.cells if c.cell_type == "raw" and c.source.startswith("# ASSIGNMENT CONFIG")]
-    assert len(configs) == 1
-    assert _yaml(configs[0].source)["name"] == notebook
-    assert sorted(questions) == sorted(QUESTIONS[notebook] + [MANUAL[notebook]])
-    report = questions[MANUAL[notebook]]
-    assert report.config.get("manual") is True and report.config.get("points", 0) > 0
-    assert "graded by hand" in report.prompt
+    assert len(configs) == 1 and f"name: {notebook}" in configs[0].source
+    m = masters[notebook]
+    assert sorted(q.name for q in m.questions) == sorted(QUESTIONS[notebook] + [MANUAL[notebook]])
+    report = m.question(MANUAL[notebook])
+    assert report.manual and report.points > 0
     params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "otter_ignore" not in params[0].metadata.get("tags", [])
 
 
 @pytest.mark.parametrize("notebook", list(QUESTIONS))
-def test_experiment_cells_are_ignored_by_grading(parsed, notebook):
-    nb, _ = parsed[notebook]
+def test_experiment_cells_are_ignored_by_grading(notebook):
+    nb = nbformat.read(LABS / f"{notebook}.ipynb", as_version=4)
     for cell in nb.cells:
         if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
             continue
         if EXPERIMENT_CALLS.search(cell.source) and "BEGIN SOLUTION" not in cell.source \
-                and "assert" not in cell.source:
+                and "check(" not in cell.source:
             assert "otter_ignore" in cell.metadata.get("tags", []), cell.source[:200]
 
 
+def test_every_question_has_an_exercise_and_every_exercise_a_question():
+    assert sorted(EXERCISES) == sorted(q for _, q in ALL)
+
+
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_points_public_zero_and_total_as_titled(parsed, notebook, name):
-    q = parsed[notebook][1][name]
-    points = q.config["points"]
-    assert isinstance(points, list) and len(points) == len(q.tests)
-    assert [h for h, _ in q.tests].count(False) >= 2 and any(h for h, _ in q.tests)
-    assert all(p == 0 for (hidden, _), p in zip(q.tests, points, strict=True) if not hidden)
-    titled = re.search(r"\(autograded, (\d+) points?\)", q.title)
-    assert titled and int(titled.group(1)) == sum(points), (q.title[:80], points)
+def test_test_cells_public_then_hidden_and_points_as_titled(masters, notebook, name):
+    q = masters[notebook].question(name)
+    hidden = [t.hidden for t in q.tests]
+    assert hidden[0] is False and any(hidden), hidden
+    assert all(t.points == 0 for t in q.tests if not t.hidden) and q.points > 0
+    for t in q.tests:
+        call = nbs.parse_check(t.source)
+        assert (call.question, call.function) == (name, EXERCISES[name].function)
+    nb = nbformat.read(LABS / f"{notebook}.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells]
+    start = next(i for i, s in enumerate(cells) if f"name: {name}" in s)
+    heading = next(s for s in reversed(cells[:start]) if "autograded" in s)
+    titled = re.search(r"\(autograded, (\d+) points?\)", heading)
+    assert titled and int(titled.group(1)) == q.points, (heading[:80], q.points)
 
 
 # --------------------------------------------------------------------------- the solution vs the lab
+
+
+def _check_q01(f):
+    from lab_utils.grading import FakeAsyncDevice
+
+    for queued, work, launch in ((0.5, 2.0, 1e-4), (0.0, 0.75, 3e-3), (7.0, 12.5, 0.0)):
+        dev = FakeAsyncDevice(queued_seconds=queued, launch_seconds=launch)
+        assert math.isclose(f(dev.step_fn(work), dev.sync, dev.clock), launch + work) and dev.steps == 1
+
+
+def _check_q02(f):
+    from lab_utils.experiments import scaling
+
+    frame = scaling.anchor_frame().query("gpus > 1 and method == @scaling.ANCHOR_COHORT_LABEL")
+    for r in frame.itertuples():
+        s, e = f(scaling.ANCHOR_COHORT_SECONDS[(1, r.per_gpu_batch)], r.epoch2_seconds, r.gpus)
+        assert math.isclose(s, r.speedup, rel_tol=1e-9) and math.isclose(e, r.efficiency, rel_tol=1e-9)
 
 
 def _check_q03(f):
@@ -258,11 +231,11 @@ def _check_q07_int8_size(f):
 
 
 CHECKS = {
-    "q03_compute_comm": _check_q03, "q04_gradient_bytes": _check_q04_gradient_bytes,
-    "q04_ring_bytes": _check_q04_ring_bytes, "q04_utilization": _check_q04_utilization,
-    "q05_lr_schedule": _check_q05_lr_schedule, "q05_set_epoch": _check_q05_set_epoch,
-    "q06_flops_per_token": _check_q06_flops_per_token, "q06_mfu": _check_q06_mfu,
-    "q07_int8_size": _check_q07_int8_size,
+    "q01_step_timer": _check_q01, "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
+    "q04_gradient_bytes": _check_q04_gradient_bytes, "q04_ring_bytes": _check_q04_ring_bytes,
+    "q04_utilization": _check_q04_utilization, "q05_lr_schedule": _check_q05_lr_schedule,
+    "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
+    "q06_mfu": _check_q06_mfu, "q07_int8_size": _check_q07_int8_size,
 }
 
 
@@ -271,47 +244,113 @@ def test_every_question_has_a_reference_check():
 
 
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_solution_agrees_with_the_lab(parsed, notebook, name):
-    q = parsed[notebook][1][name]
-    CHECKS[name](solution_namespace(q)[q.function_name])
+def test_solution_agrees_with_the_lab(masters, notebook, name):
+    CHECKS[name](solution(masters, notebook, name))
+
+
+def test_known_values_of_the_built_answers(specs):
+    """A few answers worked out by hand (SPEC): the bundle's expected values are these numbers."""
+    first = {q: spec["tests"][0]["cases"] for q, spec in specs.items()}
+    assert first["q04_gradient_bytes"][0]["expected"] == 44_695_848          # 11,173,962 x 4 bytes
+    assert first["q04_ring_bytes"][0]["expected"] == 196 * 44_695_848        # ceil(25,000/128) x S on 2
+    assert first["q04_ring_bytes"][1]["expected"] == 98 * 1.5 * 44_695_848   # 4 ranks: 2(P-1)/P = 1.5
+    assert math.isclose(first["q02_speedup"][0]["expected"][0], 41.3 / 23.15)
+    assert first["q03_compute_comm"][2]["expected"][1] < 0                   # super-linear: stays negative
+    assert same(first["q01_step_timer"][0]["expected"], {"seconds": 2.0001, "steps": 1})  # launch + work
+
+
+# --------------------------------------------------------------------------- mistakes and messages
 
 
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_solution_passes_its_public_and_hidden_tests(parsed, notebook, name):
-    q = parsed[notebook][1][name]
-    run_tests(q, solution_namespace(q))
+def test_every_known_mistake_is_caught_publicly_and_cannot_score(specs, notebook, name):
+    ex, spec = EXERCISES[name], specs[name]
+    for i, m in enumerate(ex.mistakes):
+        for hidden in (False, True):
+            cases = [c for t in spec["tests"] if t["hidden"] == hidden for c in t["cases"]]
+            caught = [c for c in cases if c["mistakes"][i] is not None
+                      and not same(c["mistakes"][i], c["expected"], ex.rel_tol)]
+            assert caught, f"{name}: no {'hidden' if hidden else 'public'} case catches '{m.name}'"
+            c = caught[0]
+            label = "hidden case 1 of 1" if hidden else ex.describe(c["case"])
+            msg = explain(ex, c["case"], c["mistakes"][i], c["expected"], c["mistakes"], label, hidden)
+            assert m.name in msg and m.why in msg, msg
+
+
+@pytest.mark.parametrize("notebook,name", ALL)
+def test_hidden_messages_never_show_the_inputs(specs, notebook, name):
+    """A wrong answer on a hidden case is named (a known mistake, or how far off it is), inputs never."""
+    ex = EXERCISES[name]
+    fixed = " ".join(f"{m.name} {m.why}" for m in ex.mistakes)
+    for t in specs[name]["tests"]:
+        if not t["hidden"]:
+            continue
+        for k, c in enumerate(t["cases"]):
+            wrong = [a for a in c["mistakes"] if a is not None and not same(a, c["expected"])]
+            for got in wrong + [_perturbed(c["expected"])]:
+                msg = explain(ex, c["case"], got, c["expected"], c["mistakes"], f"hidden case {k + 1}", True)
+                assert msg.startswith(f"hidden case {k + 1}") and msg
+                for value in _leaves(c["case"]):
+                    if isinstance(value, str) or abs(value) >= 10:
+                        shown = {str(value)} if isinstance(value, str) else {str(value), f"{value:,}"}
+                        for v in shown:
+                            word = rf"(?<![\w.]){re.escape(v)}(?![\w.])"
+                            if not re.search(word, fixed):   # "12 L C T" is the formula, not an input
+                                assert not re.search(word, msg), (msg, c["case"])
+
+
+def _leaves(x):
+    if isinstance(x, dict):
+        return [v for item in x.values() for v in _leaves(item)]
+    if isinstance(x, (list, tuple)):
+        return [v for item in x for v in _leaves(item)]
+    return [x] if isinstance(x, (int, float, str)) and not isinstance(x, bool) else []
+
+
+def _perturbed(x):
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x * 1.37 + 1
+    if isinstance(x, list):
+        return [_perturbed(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _perturbed(v) for k, v in x.items()}
+    return None if x else 1
 
 
 # --------------------------------------------------------------------------- the student's side
 
 
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_student_edition_says_not_done_yet(parsed, notebook, name):
-    q = parsed[notebook][1][name]
-    student = student_source(q)
-    assert "BEGIN SOLUTION" not in student and "..." in student
+def test_blank_function_says_not_done_yet(masters, specs, notebook, name):
+    from otter.assign.solutions import replace_solutions
+
+    q = masters[notebook].question(name)
     ns: dict = {}
-    exec(compile(student, f"<{name} student>", "exec"), ns)
-    public = [src for hidden, src in q.tests if not hidden]
+    exec(compile("\n".join(replace_solutions(q.solution.split("\n"), "python")), f"<{name}>", "exec"), ns)
+    public = [t for t in specs[name]["tests"] if not t["hidden"]][0]
+    cases = [c["case"] for c in public["cases"]]
     with pytest.raises(AssertionError, match="not done yet"):
-        exec(compile(public[0], f"<{name} first public test>", "exec"), ns)
+        check(name, ns[EXERCISES[name].function], cases, [c["expected"] for c in public["cases"]])
 
 
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_hidden_tests_reject_the_public_answer(parsed, notebook, name):
-    """A function that returns whatever the public tests wanted, for any input, fails the hidden tests."""
-    q = parsed[notebook][1][name]
-    ns = solution_namespace(q)
-    fn, answers = ns[q.function_name], []
+def test_hidden_cases_reject_the_public_answers(masters, specs, notebook, name):
+    """A function that returns the public answers (a lookup, whatever it is asked) fails a hidden cell."""
+    ex, spec = EXERCISES[name], specs[name]
+    public = [c for t in spec["tests"] if not t["hidden"] for c in t["cases"]]
+    answers = [c["expected"] for c in public]
 
-    def recording(*args, **kwargs):
-        answers.append(copy.deepcopy(out := fn(*args, **kwargs)))
-        return out
+    def hard_coded(*args, **kwargs):
+        return answers[hard_coded.calls % len(answers)]
 
-    ns[q.function_name] = recording
-    run_tests(q, ns, "public")
-    assert answers, f"{name}: the public tests never call {q.function_name}"
-    public_answer = answers[-1]
-    ns[q.function_name] = lambda *args, **kwargs: copy.deepcopy(public_answer)
-    with pytest.raises(AssertionError):
-        run_tests(q, ns, "hidden")
+    for t in spec["tests"]:
+        if t["hidden"]:
+            hard_coded.calls = 0
+            failed = False
+            for c in t["cases"]:
+                got = ex.run(hard_coded, c["case"])
+                hard_coded.calls += 1
+                failed |= not same(got, c["expected"], ex.rel_tol)
+            if failed:
+                return
+    pytest.fail(f"{name}: the public answers pass every hidden test cell")
