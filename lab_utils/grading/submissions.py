@@ -162,10 +162,15 @@ def find_submissions(root: Path, staging: Path) -> list[Submission]:
             owner = lms or Student(entry.name)
             files = sorted(p for p in entry.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
                            and not p.name.startswith("."))
-            if not files:
+            # A student's folder may also hold the written report and its figures (README,
+            # "Handing in the report"): only notebooks and zips are graded; the rest is the
+            # instructor's to read, and is a problem only when the folder holds nothing to grade.
+            gradable = [p for p in files if p.suffix in (".ipynb", ".zip")]
+            if not gradable:
+                others = ", ".join(p.name for p in files[:4]) or "empty"
                 out.append(Submission(owner, entry, prefix + entry.name + "/", "", entry.stat().st_mtime,
-                                      problem="an empty folder"))
-            for p in files:
+                                      problem=f"no notebook in the folder ({others})"))
+            for p in gradable:
                 add(p, prefix + str(p.relative_to(root)), p.stat().st_mtime, owner)
         else:
             add(entry, prefix + entry.name, entry.stat().st_mtime, None)
