@@ -293,9 +293,7 @@ def _timer_no_sync_before(step, sync, clock=time.perf_counter):
 
 # --------------------------------------------------------------------------- q01: the train transforms
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)   # the assignment's values (SPEC, Part 1)
-CIFAR10_STD = (0.2023, 0.1994, 0.2010)
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # a known mistake's values
 
 
 def _transform_steps(pipeline: Any) -> Any:
@@ -373,56 +371,37 @@ def _transform_hint(got: Any, want: Any) -> str:
     return "the pixels are in other places (the crop, the flip, or their order)"
 
 
-def _transforms(*steps):
+def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=None):
+    """A train transform with the steps in ``order`` ("crop", "flip", "tensor", "normalize"); by default
+    the assignment's values (those of :mod:`lab_utils.core.data`)."""
     from torchvision import transforms as T
 
-    return T.Compose(list(steps))
+    from lab_utils.core.data import CIFAR10_MEAN, CIFAR10_STD
 
-
-def _crop():
-    from torchvision import transforms as T
-
-    return T.RandomCrop(32, padding=4)
-
-
-def _flip():
-    from torchvision import transforms as T
-
-    return T.RandomHorizontalFlip(p=0.5)
-
-
-def _to_tensor():
-    from torchvision import transforms as T
-
-    return T.ToTensor()
-
-
-def _normalize(mean=CIFAR10_MEAN, std=CIFAR10_STD):
-    from torchvision import transforms as T
-
-    return T.Normalize(mean, std)
+    mean, std = mean or CIFAR10_MEAN, std or CIFAR10_STD
+    make = {"crop": lambda: T.RandomCrop(32, padding=padding), "flip": lambda: T.RandomHorizontalFlip(p=0.5),
+            "tensor": T.ToTensor, "normalize": lambda: T.Normalize(mean, std)}
+    return T.Compose([make[step]() for step in order])
 
 
 def _tf_normalize_first():
-    return _transforms(_crop(), _flip(), _normalize(), _to_tensor())
+    return _pipeline(("crop", "flip", "normalize", "tensor"))
 
 
 def _tf_augment_after_normalize():
-    return _transforms(_to_tensor(), _normalize(), _crop(), _flip())
+    return _pipeline(("tensor", "normalize", "crop", "flip"))
 
 
 def _tf_flip_first():
-    return _transforms(_flip(), _crop(), _to_tensor(), _normalize())
+    return _pipeline(("flip", "crop", "tensor", "normalize"))
 
 
 def _tf_no_padding():
-    from torchvision import transforms as T
-
-    return _transforms(T.RandomCrop(32), _flip(), _to_tensor(), _normalize())
+    return _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)
 
 
 def _tf_imagenet():
-    return _transforms(_crop(), _flip(), _to_tensor(), _normalize(IMAGENET_MEAN, IMAGENET_STD))
+    return _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 # --------------------------------------------------------------------------- q04: bytes
