@@ -19,6 +19,7 @@ otter runs it (as a doctest) and grades through the documented command.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from pathlib import Path
@@ -33,12 +34,12 @@ from lab_utils.grading.exercises import explain, same
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
 QUESTIONS = {
-    "01_batch_size_sweep": ["q01_step_timer"],
+    "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform"],
     "02_multi_gpu_scaling": ["q02_speedup"],
     "03_compute_vs_communication": ["q03_compute_comm"],
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"],
     "05_large_batch_training": ["q05_lr_schedule", "q05_set_epoch"],
-    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu"],
+    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time"],
     "07_quantization": ["q07_int8_size"],
 }
 MANUAL = {nb: f"q{nb[:2]}_report" for nb in QUESTIONS}
@@ -125,6 +126,24 @@ def _check_q01(f):
         assert math.isclose(f(dev.step_fn(work), dev.sync, dev.clock), launch + work) and dev.steps == 1
 
 
+def _check_q01_train_transform(f):
+    """The same pipeline as the lab's loaders (lab_utils.core.data.train_transform): the same transforms
+    with the same values, in the same order, and the same tensor from the same image and seed."""
+    from lab_utils.core import data
+    from lab_utils.grading import exercises as E
+
+    mine, lab = f(), data.train_transform()
+    steps = E._transform_steps(lab)
+    assert E._transform_steps(mine) == steps
+    assert [s[0] for s in steps] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]   # SPEC
+    assert steps[0][1]["padding"] == 4 and steps[0][1]["size"] == [32, 32] and steps[1][1]["p"] == 0.5
+    assert steps[3][1]["mean"] == list(data.CIFAR10_MEAN) == [0.4914, 0.4822, 0.4465]
+    assert steps[3][1]["std"] == list(data.CIFAR10_STD) == [0.2023, 0.1994, 0.2010]
+    for image, seed in ((0, 0), (9, 4), (17, 123)):
+        out = E._transformed(mine, {"image": image, "seed": seed})
+        assert out == E._transformed(lab, {"image": image, "seed": seed}) and out["shape"] == [3, 32, 32]
+
+
 def _check_q02(f):
     from lab_utils.experiments import scaling
 
@@ -136,9 +155,10 @@ def _check_q02(f):
 
 def _check_q03(f):
     from lab_utils.core.comm_hooks import derived_comm
+    from lab_utils.experiments.scaling import ANCHOR_COHORT_SECONDS as A
 
-    for t1, tn, n in ((33.6, 17.87, 2), (41.3, 11.65, 4), (2233.5, 1095.7, 2), (10.0, 10.0, 1),
-                      (90.0, 2.0, 64)):
+    for t1, tn, n in ((A[(1, 128)], A[(2, 128)], 2), (A[(1, 32)], A[(4, 32)], 4), (2233.5, 1095.7, 2),
+                      (10.0, 10.0, 1), (90.0, 2.0, 64)):
         mine, lab = f(t1, tn, n), derived_comm(t1, tn, n)
         assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for a, b in zip(mine, lab, strict=True))
 
@@ -213,6 +233,19 @@ def _check_q06_mfu(f):
         assert math.isclose(f(fpt, tps, peak_flops_per_s(gpu, prec), n), lab, rel_tol=1e-12)
 
 
+def _check_q06_rank_time(f):
+    """The slowest rank, as the lab's table of the earlier report takes it; its speedups (SPEC, Part 2)."""
+    from lab_utils.experiments import gpt as gx
+
+    frame = gx.earlier_report_frame()
+    for (b, n), ranks in gx.EARLIER_GPT_RANK_SECONDS.items():
+        row = frame[(frame["per-GPU batch"] == b) & (frame["GPUs"] == n)].iloc[0]
+        assert f(list(ranks)) == row["slowest rank (s)"]
+    ranks = gx.EARLIER_GPT_RANK_SECONDS
+    speedups = [round(f(list(ranks[(b, 1)])) / f(list(ranks[(b, n)])), 2) for b in (64, 128) for n in (2, 4)]
+    assert speedups == [1.61, 2.68, 1.75, 2.95]
+
+
 def _check_q07_int8_size(f):
     import torch
 
@@ -231,11 +264,12 @@ def _check_q07_int8_size(f):
 
 
 CHECKS = {
-    "q01_step_timer": _check_q01, "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
+    "q01_step_timer": _check_q01, "q01_train_transform": _check_q01_train_transform,
+    "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
     "q04_gradient_bytes": _check_q04_gradient_bytes, "q04_ring_bytes": _check_q04_ring_bytes,
     "q04_utilization": _check_q04_utilization, "q05_lr_schedule": _check_q05_lr_schedule,
     "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
-    "q06_mfu": _check_q06_mfu, "q07_int8_size": _check_q07_int8_size,
+    "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time, "q07_int8_size": _check_q07_int8_size,
 }
 
 
@@ -257,6 +291,83 @@ def test_known_values_of_the_built_answers(specs):
     assert math.isclose(first["q02_speedup"][0]["expected"][0], 41.3 / 23.15)
     assert first["q03_compute_comm"][2]["expected"][1] < 0                   # super-linear: stays negative
     assert same(first["q01_step_timer"][0]["expected"], {"seconds": 2.0001, "steps": 1})  # launch + work
+    assert first["q06_rank_time"][1]["expected"] == 1384.64                  # the slower of the 2 ranks
+    assert first["q06_rank_time"][2]["expected"] == 12.7                     # not rank 0's time
+
+
+def _cases(specs, name):
+    return [c["case"] for t in specs[name]["tests"] for c in t["cases"]]
+
+
+def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
+    """The earlier cohort's 1-GPU times in the exercises are its published 33.64 / 33.95 s
+    (scaling.ANCHOR_COHORT_SECONDS), never the rounded 33.6 / 34.0 (issue 24, items 3 and 5)."""
+    from lab_utils.experiments import comm
+    from lab_utils.experiments.scaling import ANCHOR_COHORT_SECONDS as A
+
+    assert (A[(1, 128)], A[(1, 512)]) == (33.64, 33.95)
+    used = set()
+    for name in ("q02_speedup", "q03_compute_comm"):
+        for t1, tn, n in _cases(specs, name):
+            assert t1 not in (33.6, 34.0), (name, t1, tn, n)
+            for (gpus, b), t in A.items():
+                if gpus == n and t == tn and gpus > 1:   # a cohort row: its T(1) is the published one
+                    assert t1 == A[(1, b)], (name, t1, tn, n)
+                    used.add((name, b))
+    assert {("q02_speedup", 128), ("q02_speedup", 512), ("q03_compute_comm", 128),
+            ("q03_compute_comm", 512)} <= used
+    anchored = 0
+    for nbytes, seconds in _cases(specs, "q04_utilization"):
+        for (n, b), tn in A.items():
+            derived = tn - A[(1, b)] / n
+            if n > 1 and nbytes == comm.ring_bytes_per_epoch(44_695_848, n, 50_000, b) \
+                    and abs(seconds - derived) < 0.1:   # meant as the cohort's comm time (a)
+                assert math.isclose(seconds, derived, rel_tol=1e-9), (nbytes, seconds, derived)
+                anchored += 1
+    assert anchored >= 3   # 2 x 128, 4 x 512, 4 x 32
+
+
+def test_docstrings_give_units_and_inputs_not_the_formula(masters):
+    """What a student sees of each exercise function (its docstring) names what it returns, never
+    the arithmetic: no operator between terms (the old "bytes / seconds / 1e9")."""
+    from otter.assign.solutions import replace_solutions
+
+    for notebook, name in ALL:
+        q = masters[notebook].question(name)
+        student = "\n".join(replace_solutions(q.solution.split("\n"), "python"))
+        fn = next(n for n in ast.walk(ast.parse(student))
+                  if isinstance(n, ast.FunctionDef) and n.name == EXERCISES[name].function)
+        doc = ast.get_docstring(fn)
+        assert doc, name
+        assert not re.search(r"\s[-+*/]\s|\*\*|\^|=", doc), (name, doc)
+
+
+@pytest.mark.timeout(240)
+def test_q07_table_shows_the_payload_the_exercise_predicts(masters, store):
+    """Notebook 07's table has `payload_bytes` (the exercise's answer, measured) next to `size_bytes`
+    (the torch.save file: larger by the zip container), and keeps its other columns."""
+    import torch
+
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.models.gpt import GPT, gpt_config
+
+    if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
+        pytest.skip("torchao int8 weight-only unavailable here")
+    torch.manual_seed(0)
+    cfg = gpt_config("tiny", vocab_size=65)
+    model = GPT(cfg)
+    val = torch.randint(0, cfg.vocab_size, (600,))
+    mut = Q.ModelUnderTest(model, val, cfg.block_size, "exercise-07", dataset="random", synthetic=True)
+    s = Q.settings_for("quick", variants=("fp32", "torchao_int8_weight_only"), devices=("cpu",),
+                       eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0, repeats=1)
+    table = Q.quantization_table(Q.run_quantization(store, mut, s, show_progress=False)).set_index("variant")
+    cols = list(table.columns)
+    assert cols[cols.index("size_bytes") + 1] == "payload_bytes" and "size_vs_fp32" in cols
+    predict = solution(masters, "07_quantization", "q07_int8_size")
+    int8, fp32 = table.loc["torchao_int8_weight_only"], table.loc["fp32"]
+    assert int8["payload_bytes"] == predict(model) < int8["size_bytes"]
+    linears = tuple(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    assert fp32["payload_bytes"] == predict(model, keep_in_float=linears) < fp32["size_bytes"]  # all float
 
 
 # --------------------------------------------------------------------------- mistakes and messages

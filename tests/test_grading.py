@@ -2,9 +2,10 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (18 of 18 points on 11
-questions), the same notebooks blank (0, "not done yet"), and cheats (the lab's own function
-called, ``math.isclose`` replaced: 0 or flagged, and the summary says so). Every test case of every
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (22 of 22 points on 13
+questions), the same notebooks blank (0, "not done yet"), and cheats and known mistakes (the lab's
+own function called, ``math.isclose`` replaced: 0 or flagged, and the summary says so; the log2 tree,
+Normalize before ToTensor, the mean over ranks: 0, the mistake named). Every test case of every
 bundle also runs the way otter runs it, as a doctest. The class gradebook (LMS file names, zips,
 duplicates, a roster, ``--student``, folding points given by hand) is checked on notebooks 02-03.
 """
@@ -86,7 +87,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == 18 and len(auto) == 11
+    assert sum(q["points"] for q in auto) == 22 and len(auto) == 13
 
 
 def _blank_namespace(nb: dict, name: str) -> dict:
@@ -151,6 +152,11 @@ CALLS_THE_LAB = ("from lab_utils.experiments import comm\n\n\n" + RING
                  + "                                     per_device_batch)\n")
 WRONG_GIB = ("def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
              "    return bytes_per_rank_per_epoch / comm_seconds / 2 ** 30\n")
+MEAN_OF_RANKS = "def run_epoch_seconds(rank_seconds):\n    return sum(rank_seconds) / len(rank_seconds)\n"
+NORMALIZE_FIRST = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
+                   "    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(),\n"
+                   "                      T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),\n"
+                   "                      T.ToTensor()])\n")
 
 
 @pytest.mark.slow
@@ -170,6 +176,11 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
                                                                        "lambda *a, **k: True\n"))
     write(folders["cheats"] / "erin" / "04_allreduce_bandwidth.ipynb",
           with_function(nb04, "q04_ring_bytes", RING_LOG2))
+    nb01 = solved(student_notebook(dist, "01_batch_size_sweep"), "01_batch_size_sweep")   # known mistakes
+    write(folders["cheats"] / "gina" / "01_batch_size_sweep.ipynb",
+          with_function(nb01, "q01_train_transform", NORMALIZE_FIRST))
+    nb06 = solved(student_notebook(dist, "06_gpt_ddp"), "06_gpt_ddp")
+    write(folders["cheats"] / "hal" / "06_gpt_ddp.ipynb", with_function(nb06, "q06_rank_time", MEAN_OF_RANKS))
     runs = {}
     for name, folder in folders.items():
         grades = tmp_path / f"grades_{name}"
@@ -181,7 +192,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
 
     grades, out = runs["solved"]
     alice = _by_student(grades)["alice"]
-    assert float(alice["total"]) == 18.0, alice
+    assert float(alice["total"]) == 22.0, alice
     details = _details(grades, "alice")
     for q in AUTOGRADED:
         row = details[q]
@@ -189,7 +200,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
         assert details[q]["flag"] == "" and details[q]["sandbox"] in ("bwrap", "none")
     assert "7 notebook(s) of 1 student(s) graded" in out and "could not be graded" not in out
     feedback = (grades / "feedback" / "alice.md").read_text()
-    assert "My answer to q04_report" in feedback and "18 / 32" in feedback
+    assert "My answer to q04_report" in feedback and "22 / 36" in feedback
 
     grades, out = runs["blank"]
     bob = _by_student(grades)["bob"]
@@ -216,6 +227,12 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert flagged and "carol" in flagged.group(2) and "dave" in flagged.group(2), out
     assert "math.isclose" in flagged.group(2)
     assert "erin" not in flagged.group(2)
+    gina, hal = _details(grades, "gina"), _details(grades, "hal")
+    assert float(gina["q01_train_transform"]["points"]) == 0 and float(gina["q01_step_timer"]["points"]) == 2
+    assert "Normalize before ToTensor" in gina["q01_train_transform"]["message"]
+    assert float(hal["q06_rank_time"]["points"]) == 0 and float(hal["q06_mfu"]["points"]) == 1
+    assert "[1384.64, 806.75]" in hal["q06_rank_time"]["message"]
+    assert "averaging ranks" in hal["q06_rank_time"]["message"] and "gina" not in flagged.group(2)
 
 
 # --------------------------------------------------------------------------- a class

@@ -16,14 +16,15 @@ The notebooks in ``labs/`` are the *master* notebooks (otter assign v7 format). 
 
 How an exercise is written (so that it is graded)
 -------------------------------------------------
-1. **The notebook** (``labs/NN_*.ipynb``): an otter question block, in this order of cells::
+1. **The notebook** (``labs/NN_*.ipynb``): an otter question block, in this order of cells (notebook
+   06's Exercise 06-c, shortened)::
 
        [raw]  # BEGIN QUESTION
-              name: q08_rank_time          (qNN_..., stable: the gradebook's column)
+              name: q06_rank_time          (qNN_..., stable: the gradebook's column)
               points: [0, 2]               (one entry per test cell below: public 0, hidden > 0)
        [md]   the prompt: what the function returns, in which units
        [raw]  # BEGIN SOLUTION
-       [code] def slowest_rank_seconds(rank_seconds):       (one function; imports above it)
+       [code] def run_epoch_seconds(rank_seconds):          (one function; imports above it)
                   \"\"\"One line on what it returns.\"\"\"
                   # BEGIN SOLUTION
                   return max(rank_seconds)
@@ -32,15 +33,15 @@ How an exercise is written (so that it is graded)
        [raw]  # BEGIN TESTS
        [code] from lab_utils.grading import check
 
-              check("q08_rank_time", slowest_rank_seconds, [
+              check("q06_rank_time", run_epoch_seconds, [
                   ([2233.5],),                  # public cases: the student sees them
                   ([1384.64, 806.75],),
               ])
        [code] # HIDDEN
               from lab_utils.grading import check
 
-              check("q08_rank_time", slowest_rank_seconds, [
-                  ([706.41, 418.27, 415.71, 418.1],),   # hidden cases: other values
+              check("q06_rank_time", run_epoch_seconds, [
+                  ([3.5, 3.25, 3.75, 3.0],),    # hidden cases: other values
               ])
        [raw]  # END TESTS
        [raw]  # END QUESTION
@@ -53,7 +54,7 @@ How an exercise is written (so that it is graded)
    ``manual: true`` blocks, as before.
 2. **The exercise** (:data:`lab_utils.grading.exercises.EXERCISES`): one entry, e.g.::
 
-       Exercise("q08_rank_time", "slowest_rank_seconds", mistakes=(
+       Exercise("q06_rank_time", "run_epoch_seconds", mistakes=(
            Mistake("averaging ranks", "a step ends when the slowest rank is done: T(N) is the "
                    "slowest rank's time, not the mean", wrong=lambda ranks: sum(ranks) / len(ranks)),
        ))

@@ -291,6 +291,119 @@ def _timer_no_sync_before(step, sync, clock=time.perf_counter):
     return clock() - start
 
 
+# --------------------------------------------------------------------------- q01: the train transforms
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # a known mistake's values
+
+
+def _transform_steps(pipeline: Any) -> Any:
+    """A transform pipeline as data: ``[[class name, {public attribute: value}], ...]`` in order."""
+    steps = getattr(pipeline, "transforms", pipeline)
+    if not isinstance(steps, (list, tuple)):
+        return {"unsupported": type(pipeline).__name__}
+    return [[type(t).__name__, {k: plain(v) for k, v in sorted(getattr(t, "__dict__", {}).items())
+                                if not k.startswith("_") and k != "training"}] for t in steps]
+
+
+def _transformed(pipeline: Any, case: dict) -> Any:
+    """``pipeline`` applied to the case's random 32 x 32 RGB PIL image under torch seed ``seed``:
+    the tensor's shape, dtype, per-channel mean, and per-channel means weighted by column and by row
+    (they change when the image is cropped or flipped differently); ``{"error": type}`` if it raised."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    pixels = np.random.default_rng(case["image"]).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    try:
+        with torch.random.fork_rng(devices=[]):   # the student's own random state is left alone
+            torch.manual_seed(case["seed"])
+            out = pipeline(Image.fromarray(pixels, "RGB"))
+    except Exception as e:  # Normalize before ToTensor raises on a PIL image: an answer, not a crash
+        return {"error": type(e).__name__}
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        return {"returns": type(out).__name__, "shape": list(getattr(out, "shape", []))}
+    x = out.detach().double()
+    cols = torch.arange(1, x.shape[2] + 1, dtype=torch.float64) / x.shape[2]
+    rows = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)[:, None] / x.shape[1]
+    return {"shape": list(x.shape), "dtype": str(out.dtype).removeprefix("torch."),
+            "mean": x.mean(dim=(1, 2)).tolist(), "column_weighted": (x * cols).mean(dim=(1, 2)).tolist(),
+            "row_weighted": (x * rows).mean(dim=(1, 2)).tolist()}
+
+
+def _transform_call(fn: Callable, case: dict) -> Any:
+    """Case ``{"image", "seed"}``: the transformed image (:func:`_transformed`); with ``"describe":
+    True`` (hidden cases) also the pipeline's steps, in order, with their arguments."""
+    pipeline = fn()
+    if pipeline is None:
+        return None
+    out = _transformed(pipeline, case)
+    return {"steps": _transform_steps(pipeline), "image": out} if case.get("describe") else out
+
+
+def _transform_show(case: dict) -> str:
+    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB) "
+            f"with torch seed {case['seed']}")
+
+
+def _transform_hint(got: Any, want: Any) -> str:
+    """What differs, in words (never the expected pipeline)."""
+    if isinstance(want, dict) and "steps" in want:
+        mine, right = (got.get("steps") if isinstance(got, dict) else None), want["steps"]
+        if not isinstance(mine, list):
+            return "it returns no list of transforms: return one transforms.Compose([...])"
+        if len(mine) != len(right):
+            return f"it has {len(mine)} transforms; the assignment's pipeline has {len(right)}"
+        if [s[0] for s in mine] != [s[0] for s in right]:
+            return "the transforms are not the assignment's, in the assignment's order"
+        for i, (m, r) in enumerate(zip(mine, right)):
+            if not same(m, r, 1e-6):
+                keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
+                return f"transform {i + 1} ({m[0]}) has other values: {', '.join(keys) or 'its arguments'}"
+        got, want = got.get("image"), want["image"]
+    if isinstance(got, dict) and "error" in got:
+        return f"applied to a PIL image it raises {got['error']}"
+    if isinstance(got, dict) and "returns" in got:
+        return f"it returns a {got['returns']}, not a 3 x 32 x 32 tensor"
+    if isinstance(got, dict) and isinstance(want, dict) and got.get("shape") != want.get("shape"):
+        return f"the tensor's shape is {got.get('shape')}"
+    if isinstance(got, dict) and isinstance(want, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
+        return "the pixel values differ (normalization values, padding, or the order)"
+    return "the pixels are in other places (the crop, the flip, or their order)"
+
+
+def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=None):
+    """A train transform with the steps in ``order`` ("crop", "flip", "tensor", "normalize"); by default
+    the assignment's values (those of :mod:`lab_utils.core.data`)."""
+    from torchvision import transforms as T
+
+    from lab_utils.core.data import CIFAR10_MEAN, CIFAR10_STD
+
+    mean, std = mean or CIFAR10_MEAN, std or CIFAR10_STD
+    make = {"crop": lambda: T.RandomCrop(32, padding=padding), "flip": lambda: T.RandomHorizontalFlip(p=0.5),
+            "tensor": T.ToTensor, "normalize": lambda: T.Normalize(mean, std)}
+    return T.Compose([make[step]() for step in order])
+
+
+def _tf_normalize_first():
+    return _pipeline(("crop", "flip", "normalize", "tensor"))
+
+
+def _tf_augment_after_normalize():
+    return _pipeline(("tensor", "normalize", "crop", "flip"))
+
+
+def _tf_flip_first():
+    return _pipeline(("flip", "crop", "tensor", "normalize"))
+
+
+def _tf_no_padding():
+    return _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)
+
+
+def _tf_imagenet():
+    return _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
 # --------------------------------------------------------------------------- q04: bytes
 
 
@@ -448,6 +561,14 @@ def _mfu_one_device(flops_per_token, tokens_per_s, peak_flops_per_s, devices):
     return flops_per_token * tokens_per_s / peak_flops_per_s
 
 
+def _ranks_mean(rank_seconds):
+    return sum(rank_seconds) / len(rank_seconds)
+
+
+def _ranks_sum(rank_seconds):
+    return sum(rank_seconds)
+
+
 def _gpt(case: dict):
     import torch
 
@@ -514,6 +635,23 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("earlier work billed to the step", "the time includes work queued BEFORE the step "
                     "(the previous step, a copy): call sync() before you start the clock too",
                     wrong=_timer_no_sync_before),
+        )),
+    Exercise(
+        "q01_train_transform", "cifar10_train_transform", call=_transform_call, show=_transform_show,
+        hint=_transform_hint, needs=("torchvision",), rel_tol=1e-6,
+        mistakes=(
+            Mistake("Normalize before ToTensor", "Normalize works on a tensor and the dataset hands over "
+                    "a PIL image, so it raises: ToTensor must come before Normalize",
+                    wrong=_tf_normalize_first),
+            Mistake("crop and flip after Normalize", "it runs, but the crop's 4 pixels of padding are then 0 "
+                    "in normalized units, the data set's mean colour, not black: crop and flip the PIL "
+                    "image, then ToTensor, then Normalize", wrong=_tf_augment_after_normalize),
+            Mistake("flip before crop", "the assignment crops, then flips (the same kind of images, but "
+                    "not its pipeline: the same seed gives other images)", wrong=_tf_flip_first),
+            Mistake("no padding", "RandomCrop(32) of a 32 x 32 image crops nothing: pad 4 pixels on each "
+                    "side (padding=4) so that the 32 x 32 crop shifts the image", wrong=_tf_no_padding),
+            Mistake("ImageNet's mean and std", "those are ImageNet's statistics; normalize with CIFAR-10's "
+                    "per-channel mean and std, as the assignment gives them", wrong=_tf_imagenet),
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
@@ -615,6 +753,19 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
             Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "
                     "of one device", wrong=_mfu_one_device),
+        )),
+    Exercise(
+        "q06_rank_time", "run_epoch_seconds",
+        mistakes=(
+            Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
+                    "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
+                    "ranks (the earlier GPT report's mean made 2.95 look like 4.25)", wrong=_ranks_mean),
+            Mistake("the fastest rank", "a fast rank waits for the others at every all-reduce: the epoch "
+                    "is over when the slowest rank is done", wrong=min),
+            Mistake("rank 0's time", "rank 0 is not always the slowest (a slow loader or a busy device can "
+                    "be on any rank): T(N) is the slowest rank's time", wrong=lambda ranks: ranks[0]),
+            Mistake("all ranks added", "the ranks run at the same time, side by side: T(N) is a wall time, "
+                    "the slowest rank's, not the sum of their times", wrong=_ranks_sum),
         )),
     Exercise(
         "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
