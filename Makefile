@@ -17,7 +17,7 @@ TORCH_VARIANT ?=
 SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
-.PHONY: venv lab test prepare kernel lint report clean-results student grade doctor
+.PHONY: venv lab test prepare kernel lint report clean-results student grade fold sandbox doctor
 
 venv: $(STAMP)
 
@@ -51,16 +51,31 @@ kernel: venv   ## register .venv as a Jupyter kernel for JupyterLab
 	$(PY) -m ipykernel install --user --name dl-perf-lab --display-name "DL performance lab (.venv)"
 
 # Instructor (README "Instructor: exercises and grading"):
-#   make student                         student edition -> dist/student/, grading bundle -> dist/grading/
-#   make grade SUBMISSIONS=handed_in/    gradebook -> grades/gradebook.csv, grades/feedback/<student>.md
+#   make student                          student copy -> dist/student/, grading bundle -> dist/grading/
+#   make grade SUBMISSIONS=handed_in      each notebook graded in a bwrap sandbox -> grades/ (gradebook.csv,
+#                                         details.csv, feedback/); GRADE_ARGS="--roster students.csv" ...
+#   make fold HAND=points.csv             points given by hand -> totals and feedback in grades/
+#   make sandbox                          installs bubblewrap (bwrap), which make grade needs (apt-get)
+DIST        ?= dist
+GRADES      ?= grades
 SUBMISSIONS ?=
+HAND        ?=
 GRADE_ARGS  ?=
-student: venv  ## build the student edition and the grading bundle (otter assign)
-	$(PY) -m lab_utils student --out dist
+SUDO        := $(if $(filter 0,$(shell id -u)),,sudo)
+student: venv  ## build the student copy and the grading bundle (otter assign)
+	$(PY) -m lab_utils student --out $(DIST)
 
-grade: venv    ## grade a folder of submitted notebooks headless (otter run)
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder_of_submissions"; exit 2; }
-	$(PY) -m lab_utils grade "$(SUBMISSIONS)" --bundle dist/grading --out grades $(GRADE_ARGS)
+grade: venv    ## grade a folder (or zip) of handed-in notebooks, each in a sandbox
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder_or_zip [GRADE_ARGS='--roster students.csv']"; exit 2; }
+	$(PY) -m lab_utils grade "$(SUBMISSIONS)" --bundle $(DIST)/grading --out $(GRADES) $(GRADE_ARGS)
+
+fold: venv     ## fold points given by hand (CSV: student, question, points, comment) into the gradebook
+	@test -n "$(HAND)" || { echo "usage: make fold HAND=points.csv (start from $(GRADES)/hand_points_template.csv)"; exit 2; }
+	$(PY) -m lab_utils fold "$(HAND)" --out $(GRADES)
+
+sandbox:       ## install bubblewrap, the sandbox make grade runs each submission in (Debian/Ubuntu)
+	@command -v bwrap >/dev/null && echo "bwrap is installed: $$(bwrap --version)" || \
+		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
 
 lint: venv
 	$(VENV)/bin/ruff check .

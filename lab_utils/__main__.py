@@ -4,13 +4,14 @@
   and write ``results/<profile>/report.md``.
 - ``prepare``: download CIFAR-10 and the text corpus into ``data/`` (needs internet).
 - ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
-  (``timers``, ``allreduce``, ``data``, ``train``).
+  (``timers``, ``allreduce``, ``data``, ``train``, ``grading``).
 - ``info``: the machine, versions, chosen profile and data status.
 - ``doctor [--profile P] [--budget S] [--only NAMES]``: the first session on a new GPU node: checks
   on the real machine what no CPU test can (``lab_utils.doctor``); exit 1 when a check fails.
-- ``student [--out DIR]``: build the student edition and the grading bundle (otter assign).
-- ``grade SUBMISSIONS_DIR [--bundle DIR] [--out DIR] [--timeout S] [--jobs N]``: grade handed-in
-  notebooks headless (otter run, no Docker) into a gradebook and feedback files.
+- ``student [--out DIR]``: build the student copy and the grading bundle (otter assign).
+- ``grade SUBMISSIONS [--bundle DIR] [--out DIR] [--roster CSV] [--student NAME] [--jobs N]
+  [--no-sandbox]``: grade handed-in notebooks, each in a sandbox, into a gradebook and feedback.
+- ``fold HAND_POINTS_CSV [--out DIR]``: fold points given by hand into the gradebook and feedback.
 
 Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
 node whose GPUs this torch cannot use: ``info`` and ``run`` stop before any work instead of
@@ -36,6 +37,8 @@ BENCHES = {
              "spec DataLoader vs device-resident loader, images/s"),
     "train": ("lab_utils.experiments.fastpath_tables:bench_train_main",
               "spec training vs each fast-path step, images/s"),
+    "grading": ("lab_utils.grading.bench:main",
+                "grading a class of solved notebooks, with and without the sandbox, s per notebook"),
 }
 
 
@@ -108,51 +111,80 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     d.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the doctor (--help)")
 
-    st = sub.add_parser("student", help="build the student edition and the grading bundle (otter assign)",
+    st = sub.add_parser("student", help="build the student copy and the grading bundle (otter assign)",
                         description=STUDENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--out", default="dist", help="output folder (default: dist): student/ and grading/")
     st.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 01 02; default: every "
                                                  "notebook with an '# ASSIGNMENT CONFIG' cell)")
 
-    g = sub.add_parser("grade", help="grade a folder of submitted notebooks headless (otter run)",
+    g = sub.add_parser("grade", help="grade handed-in notebooks, each in a sandbox, into a gradebook",
                        description=GRADE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g.add_argument("submissions", metavar="SUBMISSIONS_DIR",
-                   help="<student>/NN_*.ipynb (one folder per student) or <student>.ipynb")
+    g.add_argument("submissions", metavar="SUBMISSIONS",
+                   help="a folder (or zip file) of handed-in notebooks: <student>/NN_*.ipynb, "
+                        "<student>.ipynb, LMS exports, zips")
     g.add_argument("--bundle", default="dist/grading", help="the grading bundle (default: dist/grading)")
-    g.add_argument("--out", default="grades", help="where gradebook.csv and feedback/ go (default: grades)")
+    g.add_argument("--out", default="grades", help="where the gradebook and feedback/ go (default: grades)")
+    g.add_argument("--roster", default=None, help="CSV of the class (columns student and/or id): students "
+                                                  "without a submission get a row with 0")
+    g.add_argument("--student", default=None, help="regrade only this student (name or id); the others' "
+                                                   "grades are kept")
+    g.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (default: 2)")
     g.add_argument("--timeout", type=float, default=120,
-                   help="seconds one submission may take before it is stopped (default: 120)")
-    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default: 1)")
+                   help="seconds one notebook may take before it is stopped (default: 120)")
+    g.add_argument("--case-timeout", type=float, default=20,
+                   help="seconds one case may take (an endless loop in a function; default: 20)")
+    g.add_argument("--no-sandbox", action="store_true",
+                   help="grade without bwrap: the submissions' code runs with your rights (see README)")
+
+    fo = sub.add_parser("fold", help="fold points given by hand into the gradebook and feedback",
+                        description=FOLD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fo.add_argument("hand_points", metavar="HAND_POINTS_CSV",
+                    help="CSV: student, question, points[, comment]")
+    fo.add_argument("--out", default="grades", help="the gradebook folder (default: grades)")
     return p
 
 
-STUDENT_HELP = """Build the student edition and the grading bundle from the notebooks in labs/.
+STUDENT_HELP = """Build the student copy of the lab and the grading bundle from the notebooks in labs/.
 
 Every labs/NN_*.ipynb with an '# ASSIGNMENT CONFIG' cell is a master notebook (otter assign v7
-format). For each, otter assign writes:
-  DIR/student/NN_*.ipynb            solutions and hidden tests stripped, outputs cleared; public
-                                    tests inside the notebook for grader.check(); stamped with
-                                    the notebook's lab version (metadata dl_perf_lab)
-  DIR/grading/NN_*-autograder.zip   otter's autograder with all tests (public and hidden)
-  DIR/grading/manifest.json         versions, questions and points
-The build fails if any solution or hidden-test text is left in a student notebook.
-Hand out DIR/student/ (students open the notebooks with the lab's kernel: they import lab_utils).
-Keep DIR/grading/ for `python -m lab_utils grade`."""
+format). The answers of every test case are computed from the master's own solution; otter assign
+then writes the student notebooks. Output:
+  DIR/student/           what students get (clone or unpack): labs/ with the student notebooks
+                         (no solution, no hidden test; public checks for grader.check), lab_utils/,
+                         the Makefile and requirements; no master, no test, no bundle
+  DIR/grading/           the grading bundle (keep it): manifest.json, NN_*.json (every case with
+                         its expected answer), otter/ (otter's autograder zips, for otter or
+                         Gradescope; make grade does not use them)
+The build stops with one sentence if an exercise cannot be built or anything solution-like
+reaches the student copy."""
 
-GRADE_HELP = """Grade handed-in notebooks headless with otter run (no Docker, no GPU needed).
+GRADE_HELP = """Grade handed-in notebooks (no GPU needed), each in its own sandbox.
 
-Build the bundle first (make student). Collect the submissions in one folder, either
-  SUBMISSIONS_DIR/<student>/NN_*.ipynb   one folder per student (student = folder name), or
-  SUBMISSIONS_DIR/<student>.ipynb        one notebook per student (student = file stem).
-The lab notebook is recognized from the notebook's metadata (else its file name).
-Every notebook runs in its own subprocess with a time limit (--timeout); the experiment cells
-(tagged otter_ignore) are skipped, so only imports and exercises run.
+Build the bundle first (make student). SUBMISSIONS is a folder (or a zip file) holding
+  <student>/NN_*.ipynb         one folder per student (student = folder name),
+  <student>.ipynb              one notebook per student (student = file stem),
+  LMS exports                  Canvas name_userid_submissionid_NN_....ipynb, Moodle
+                               "Full Name_id_assignsubmission_file_" folders (id = student id),
+  *.zip                        unpacked (only .ipynb members).
+A student's latest file of a notebook is graded (modification time, then resubmission number);
+the others are listed. The notebook is recognized from its metadata (else its file name).
 
-Writes OUT/gradebook.csv (student, notebook, question, points, max_points, error) and
-OUT/feedback/<student>.md (scores, failed test messages, answers of the hand-graded questions).
-Hand-graded questions have empty points. A broken submission (syntax error, endless loop,
-deleted check cells, a notebook from another lab version, not a notebook) gets rows whose
-error says why; the batch always goes on. About 12 s per notebook on 2 cores."""
+Only the exercise functions (with the imports, definitions and constants they use) run, in a
+bubblewrap sandbox (no network, no file of yours, limits on time, memory, file size and
+processes), on the bundle's cases; answers are compared outside the sandbox. Without bwrap the
+command stops unless you give --no-sandbox on purpose.
+
+Writes OUT/gradebook.csv (one row per student: id, one column per question, total), details.csv
+(one row per question: points, file, flag, the reason for lost points), feedback/<student>.md,
+hand_points_template.csv and grading.json (what later runs, --student and fold build on).
+Exit status 1 when a submission could not be graded (its rows say why)."""
+
+FOLD_HELP = """Fold points given by hand into the gradebook and feedback.
+
+HAND_POINTS_CSV has the columns student (name or id), question, points, and optionally comment
+(start from OUT/hand_points_template.csv, written by grade). Points for an autograded question
+replace the automatic ones (e.g. after checking a flagged answer by hand). Folding again updates;
+grading again keeps what was folded."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,14 +210,22 @@ def main(argv: list[str] | None = None) -> int:
 
             return doctor.main(args.args)
         if args.command == "student":
-            from lab_utils import grading
+            from lab_utils.grading import build
 
-            grading.build(args.out, notebooks=args.notebooks or None)
+            build.build(args.out, notebooks=args.notebooks or None)
             return 0
         if args.command == "grade":
-            from lab_utils import grading
+            from lab_utils.grading import grade, sandbox
 
-            grading.grade(args.submissions, args.bundle, args.out, args.timeout, args.jobs)
+            limits = sandbox.Limits(wall_seconds=args.timeout, case_seconds=args.case_timeout)
+            return grade.grade(args.submissions, args.bundle, args.out, roster=args.roster,
+                               student=args.student, jobs=args.jobs, limits=limits,
+                               use_sandbox=not args.no_sandbox)
+        if args.command == "fold":
+            from lab_utils.grading import gradebook
+
+            n = gradebook.fold(args.hand_points, args.out)
+            print(f"folded {n} point(s) given by hand into {args.out}/gradebook.csv and {args.out}/feedback/")
             return 0
     except LabError as e:
         print(f"error: {e}", file=sys.stderr)

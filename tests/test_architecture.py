@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,8 @@ def _store_writes(path: Path) -> list[str]:
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             continue
         receiver = ast.unparse(node.func.value)
-        writes = node.func.attr in ("append", "add") and "store" in receiver.lower()
+        # "store" as a word ends the receiver's name: lab.store, self._store, ResultStore(p); not "stores"
+        writes = node.func.attr in ("append", "add") and re.search(r"store\b", receiver.lower()) is not None
         if node.func.attr == "_append" or writes:
             out.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}")
     return out

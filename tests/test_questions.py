@@ -290,7 +290,7 @@ def test_q7_ledger_at_4_x_512_by_hand():
 def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_path):
     """README, "Handing in the report": report.md and figures/ travel in the student's folder; grading finds
     the notebooks there and raises no problem for the report."""
-    from lab_utils.grading import find_submissions
+    from lab_utils.grading.submissions import find_submissions
 
     alice = tmp_path / "alice"
     (alice / "figures").mkdir(parents=True)
@@ -298,8 +298,12 @@ def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_p
     (alice / "figures" / "batch_sweep.png").write_bytes(b"\x89PNG")
     (alice / "01_batch_size_sweep.ipynb").write_text("{}")
     (alice / "02_multi_gpu_scaling.ipynb").write_text("{}")
-    subs = find_submissions(tmp_path)
-    assert [(s.student, s.path.name, s.problem) for s in subs] == [
+    subs = find_submissions(tmp_path, tmp_path / "staging")
+    assert [(s.student.name, s.path.name, s.problem) for s in subs] == [
         ("alice", "01_batch_size_sweep.ipynb", ""), ("alice", "02_multi_gpu_scaling.ipynb", "")]
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "report.md").write_text("# only a report\n")
+    [bob] = find_submissions(tmp_path, tmp_path / "staging2")[2:]
+    assert (bob.student.name, bob.problem) == ("bob", "no notebook in the folder (report.md)")
     readme = README.read_text(encoding="utf-8")
     assert "handed_in/<student>/report.md" in readme and "**Handing in the report.**" in readme

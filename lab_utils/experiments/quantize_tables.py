@@ -46,6 +46,7 @@ def quantization_table(records: Sequence) -> Any:
             "variant": r.config.get("variant"),
             "method": m.get("method"),
             "size_bytes": m.get("size_bytes") if ok else None,
+            "payload_bytes": m.get("payload_bytes") if ok else None,   # the tensors alone (Exercise 07-a)
             "size_vs_fp32": ratio(m.get("size_bytes"), b and b.get("size_bytes")) if ok else None,
             "val_loss": m.get("val_loss") if ok else None,
             "loss_increase": (m["val_loss"] - b["val_loss"]) if ok and b else None,
@@ -64,7 +65,7 @@ def quantization_table(records: Sequence) -> Any:
         })
     df = pd.DataFrame(rows)
     # Whole numbers stay whole in the Markdown/CSV (missing values as empty cells).
-    for col in ("size_bytes", "large_batch"):
+    for col in ("size_bytes", "payload_bytes", "large_batch"):
         df[col] = df[col].astype("Int64").astype(object).where(df[col].notna(), "")
     return df
 
@@ -77,7 +78,9 @@ def table_notes(records: Sequence, settings: Settings, block_size: int) -> list[
         f"val_loss: mean next-token cross-entropy (nats/token) on the same {settings.eval_tokens or 'all'} "
         "held-out tokens for every row; perplexity = exp(val_loss); loss_increase is over fp32 on the same "
         "device.",
-        "size_bytes: length of torch.save(state_dict); size_vs_fp32 against fp32's file.",
+        "size_bytes: length of torch.save(state_dict); size_vs_fp32 against fp32's file; payload_bytes: "
+        "the tensors' bytes alone, each storage once (the file adds its zip container: data.pkl, headers, "
+        "padding).",
         f"ms_per_token_b1: greedy decoding of {settings.new_tokens} tokens after a "
         f"{settings.prompt_tokens}-token prompt at batch 1, wall time / tokens ({reps}; device "
         "synchronized).",

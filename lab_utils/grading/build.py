@@ -1,0 +1,334 @@
+"""``make student``: the student edition and the grading bundle, from the master notebooks.
+
+For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` cell):
+
+1. every test cell's ``check(QUESTION, FUNCTION, [cases])`` is read (:func:`notebooks.parse_check`)
+   and each case's answer is computed by running **the master's own solution**, together with the
+   answer of each known mistake (:class:`exercises.Mistake`). A mistake that no public case tells
+   apart from the right answer, or no hidden case, stops the build: the student could not see it,
+   or it could score;
+2. the answers are written into the test cells (``expected=[...]``) of a copy of the master, and
+   ``otter assign`` makes the student notebook from that copy (solutions and hidden tests stripped;
+   public tests kept for ``grader.check``) and otter's autograder zip;
+3. the student notebook is stamped (notebook, lab version; each answer cell with its question)
+   and searched for any solution or hidden-test text.
+
+Writes ``<out>/student/``, a copy of the lab that students clone or unpack (``lab_utils``, the
+Makefile, requirements, the student notebooks in ``labs/``; no master, no test, no bundle), and
+``<out>/grading/`` (``manifest.json``, one ``NN_*.json`` per notebook with every case, its expected
+answer and the mistakes' answers, and otter's zips in ``otter/``, which ``make grade`` does not
+use: they are for ``otter run`` or Gradescope).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lab_utils.core.errors import LabError
+from lab_utils.grading import notebooks as nbs
+from lab_utils.grading.exercises import EXERCISES, Exercise, same
+
+REPO = Path(__file__).resolve().parents[2]
+LABS_DIR = REPO / "labs"
+DIST_DIR = REPO / "dist"
+MANIFEST = "manifest.json"
+# Text that must never reach a student notebook (otter's own markers).
+LEAK_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# HIDDEN", "BEGIN TESTS", "END TESTS")
+# What a student gets besides the notebooks: the lab's code and how to install and run it.
+STUDENT_FILES = ("lab_utils", "Makefile", "requirements.txt", "constraints.txt", "pyproject.toml",
+                 "data/README.md", "slurm", ".gitignore")
+STUDENT_README = """# Deep-learning training performance lab (student edition)
+
+## Install (once, on the cluster's login node)
+
+```bash
+make venv            # installs the lab into .venv (the torch build this node's driver runs)
+make prepare         # downloads CIFAR-10 and the text corpus into data/ (needs internet)
+make kernel          # registers the Jupyter kernel "DL performance lab (.venv)"
+```
+
+## Work
+
+Start JupyterLab on a GPU node (`slurm/jupyter.sbatch`), open `labs/`, pick the kernel
+"DL performance lab (.venv)" and run the notebooks in order. Each notebook's `parameters` cell
+holds its knobs. Results are stored as they are measured: after a dead kernel or an expired
+session, run the notebook again and only what is missing runs.
+
+Exercises: complete the function under each "Exercise" heading and run the check cell below it
+(`grader.check(...)`): it says "not done yet", names the mistake, or passes. The instructor grades
+your functions with other values as well. Answer the questions marked "graded by hand" in the
+cell under them.
+
+Hand in the notebooks (`labs/NN_*.ipynb`) as your instructor asks. Without a GPU, the same
+notebooks run in a small CPU profile (`LAB_PROFILE=quick`).
+"""
+
+
+def master_notebooks(labs_dir: Path = LABS_DIR) -> list[Path]:
+    """The labs/NN_*.ipynb that carry an ``# ASSIGNMENT CONFIG`` cell, in order."""
+    return [p for p in sorted(Path(labs_dir).glob("[0-9][0-9]_*.ipynb")) if nbs.is_master(p)]
+
+
+def find_leaks(student_nb_text: str, master: nbs.Master) -> list[str]:
+    """Solution or hidden-test text found in a student notebook (its JSON text).
+
+    Cell sources are searched for otter's markers and every solution / hidden-test line of the
+    master; the public tests otter stores in the metadata must all be public, one per public
+    test cell of the master.
+    """
+    nb = json.loads(student_nb_text)
+    sources = "\n".join(nbs.source(c) for c in nb["cells"])
+    found = [m for m in LEAK_MARKERS if m in sources]
+    found += [line for line in sorted(master.secret_lines) if line in sources]
+    tests = nb.get("metadata", {}).get("otter", {}).get("tests", {})
+    for q in master.questions:
+        public = sum(not t.hidden for t in q.tests)
+        cases = [c for suite in tests.get(q.name, {}).get("suites", []) for c in suite.get("cases", [])]
+        if any(c.get("hidden") for c in cases) or len(cases) != public:
+            found.append(f"{q.name}: {len(cases)} test cases in the student notebook, {public} public "
+                         "ones in the master")
+    meta = json.dumps(nb.get("metadata", {}), ensure_ascii=False)
+    found += [m for m in LEAK_MARKERS if m in meta]
+    return found
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
+def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
+    """Every case of question ``q`` with the master solution's answer and each mistake's answer."""
+    where = f"{master.path.name}, {q.name}"
+    ex: Exercise | None = EXERCISES.get(q.name)
+    if ex is None:
+        raise LabError(f"{where}: no Exercise named {q.name} in lab_utils/grading/exercises.py; add one "
+                       "(README, 'Instructor: exercises and grading', how an exercise is written).")
+    ns: dict = {"__name__": "master_solution"}
+    try:
+        exec(compile(q.solution, f"<{where} solution>", "exec"), ns)
+    except Exception as e:
+        raise LabError(f"{where}: the solution cell fails to run ({type(e).__name__}: {e}).") from None
+    fn = ns.get(ex.function)
+    if not callable(fn):
+        raise LabError(f"{where}: the solution cell defines no function {ex.function}.")
+    tests, seen = [], {"public": [False] * len(ex.mistakes), "hidden": [False] * len(ex.mistakes)}
+    for t in q.tests:
+        try:
+            call = nbs.parse_check(t.source)
+        except (ValueError, SyntaxError) as e:
+            raise LabError(f"{where}: test cell {t.cell_index}: {e}.") from None
+        if call.question != q.name or call.function != ex.function:
+            raise LabError(f"{where}: test cell {t.cell_index} checks {call.question}/{call.function}, "
+                           f"expected {q.name}/{ex.function}.")
+        cases = []
+        for case in call.cases:
+            want = ex.run(fn, case)
+            if want is None or not _finite(want):
+                raise LabError(f"{where}: the master's solution answers {want!r} on {case!r}.")
+            answers = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
+            for i, a in enumerate(answers):
+                if a is not None and not same(a, want, ex.rel_tol):
+                    seen["hidden" if t.hidden else "public"][i] = True
+            cases.append({"case": case, "expected": want, "mistakes": answers})
+        tests.append({"hidden": t.hidden, "points": t.points, "cell": t.cell_index, "cases": cases,
+                      "source": nbs.with_expected(t.source, call, [c["expected"] for c in cases], t.hidden)})
+    for kind in ("public", "hidden"):
+        for m, ok in zip(ex.mistakes, seen[kind]):
+            if not ok:
+                raise LabError(f"{where}: no {kind} case tells the known mistake '{m.name}' from the right "
+                               f"answer; add a {kind} case where they differ.")
+    if not any(t["hidden"] for t in tests) or not any(not t["hidden"] for t in tests) or q.points <= 0:
+        raise LabError(f"{where}: an autograded question needs a public test cell, a hidden one, and points.")
+    return {"function": ex.function, "points": q.points, "tests": tests}
+
+
+def _stamp(nb: dict, master: nbs.Master, stem: str, version: str) -> None:
+    """Write the notebook's lab version and each answer cell's question into the metadata."""
+    nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": stem, "version": version}
+    manual = iter(q.name for q in master.questions if q.manual)
+    current = None
+    cells = nb["cells"]
+    for i, c in enumerate(cells):
+        src = nbs.source(c)
+        if c["cell_type"] == "markdown" and "<!-- BEGIN QUESTION -->" in src:
+            current = next(manual, None)
+        if c["cell_type"] == "markdown" and "<!-- END QUESTION -->" in src:
+            current = None
+        if nbs.ANSWER_TAG not in c.get("metadata", {}).get("tags", []):
+            continue
+        name = current
+        if c["cell_type"] == "code":
+            nxt = next((nbs.source(d) for d in cells[i + 1:] if d["cell_type"] == "code"), "")
+            name = next((q.name for q in master.questions if f'grader.check("{q.name}")' in nxt), None)
+        if name:
+            c["metadata"][nbs.METADATA_KEY] = {"question": name}
+
+
+def _otter_assign(master: Path, rewritten: Path, out: Path, timeout_s: float) -> None:
+    try:
+        r = subprocess.run([sys.executable, "-m", "otter", "assign", str(rewritten), str(out)],
+                           cwd=rewritten.parent, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"otter assign {master.name} took longer than {timeout_s:.0f} s.") from None
+    if r.returncode != 0:
+        raise LabError(f"otter assign failed on {master.name}:\n{(r.stdout + r.stderr)[-3000:]}")
+
+
+def _copy_student_files(repo: Path, dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
+    for rel in STUDENT_FILES:
+        src = repo / rel
+        if src.is_dir():
+            shutil.copytree(src, dest / rel, ignore=ignore)
+        elif src.exists():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    (dest / "README.md").write_text(STUDENT_README)
+
+
+def tree_leaks(root: Path, masters: list[nbs.Master]) -> list[str]:
+    """Solution or hidden-test lines of any master in a notebook under ``root``, hidden-test lines
+    in any other text file (the lab's code holds the reference functions the exercises name, so
+    solution-like lines are expected there; the hidden cases are not)."""
+    secrets = set().union(*(m.secret_lines for m in masters)) if masters else set()
+    hidden = set().union(*(m.hidden_lines for m in masters)) if masters else set()
+    found = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.suffix in (".png", ".jpg", ".whl", ".zip"):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        lines = hidden
+        if path.suffix == ".ipynb":  # compare cell sources, not JSON-escaped text
+            text = "\n".join(nbs.source(c) for c in json.loads(text).get("cells", []))
+            lines = secrets
+        found += [f"{path.relative_to(root)}: {line}" for line in sorted(lines) if line in text]
+    return found
+
+
+def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
+          notebooks: list[str] | None = None, timeout_s: float = 300, jobs: int = 2) -> dict:
+    """Build ``<out>/student/`` and ``<out>/grading/`` from the master notebooks; return the manifest.
+
+    ``notebooks``: only these (stems, file names or ``NN`` prefixes). Raises :class:`LabError`
+    when a master's exercise cannot be built or anything solution-like reaches the student copy.
+    """
+    out, labs = Path(out_dir).resolve(), Path(labs_dir).resolve()
+    masters = master_notebooks(labs)
+    if notebooks:
+        masters = [m for m in masters
+                   if m.stem in notebooks or m.name in notebooks or m.stem[:2] in notebooks]
+    if not masters:
+        raise LabError(f"No notebook in {labs} has an '{nbs.CONFIG_MARK}' cell (or none matches "
+                       f"{notebooks}).")
+    import otter
+
+    student, grading = out / "student", out / "grading"
+    for d in (student, grading):
+        shutil.rmtree(d, ignore_errors=True)
+    (student / "labs").mkdir(parents=True)
+    (grading / "otter").mkdir(parents=True)
+    manifest = {"lab_version": "", "otter_version": otter.__version__,
+                "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "notebooks": {}}
+    parsed = [nbs.parse_master(m) for m in masters]
+    with tempfile.TemporaryDirectory(prefix="lab-build-") as tmp:
+        specs = []
+        for path, master in zip(masters, parsed):
+            t0 = time.perf_counter()
+            spec = {q.name: exercise_spec(master, q) for q in master.questions if not q.manual}
+            nb = json.loads(path.read_text())
+            for q in spec.values():
+                for t in q["tests"]:
+                    nb["cells"][t["cell"]]["source"] = t["source"]
+            rewritten = Path(tmp) / "masters" / path.stem / path.name
+            rewritten.parent.mkdir(parents=True)
+            rewritten.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
+            specs.append((spec, rewritten, time.perf_counter() - t0))
+
+        def assign(item):
+            path, (_, rewritten, _) = item
+            t0 = time.perf_counter()
+            _otter_assign(path, rewritten, Path(tmp) / "out" / path.stem, timeout_s)
+            return time.perf_counter() - t0
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            seconds = list(pool.map(assign, zip(masters, specs)))
+        for path, master, (spec, _, t_cases), t_assign in zip(masters, parsed, specs, seconds):
+            res = Path(tmp) / "out" / path.stem
+            version = nbs.notebook_version(path)
+            nb = json.loads((res / "student" / path.name).read_text())
+            _stamp(nb, master, path.stem, version)
+            text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+            leaks = find_leaks(text, master)
+            if leaks:
+                raise LabError(f"The student edition of {path.name} still holds solution or hidden-test "
+                               f"text: {leaks[:5]}; put it between '# BEGIN SOLUTION' / '# END SOLUTION' "
+                               "(or in a raw SOLUTION block) or mark the test '# HIDDEN'.")
+            (student / "labs" / path.name).write_text(text)
+            zips = sorted((res / "autograder").glob("*-autograder_*.zip"))
+            if len(zips) != 1:
+                raise LabError(f"otter assign made {len(zips)} autograder zips for {path.name}, not 1.")
+            shutil.copy(zips[0], grading / "otter" / f"{path.stem}-autograder.zip")
+            prog = nbs.parse_program(nb)
+            blanks = {}
+            for st in prog.statements:
+                if hasattr(st.node, "name"):
+                    blanks[st.node.name] = nbs.function_dump(st.node)
+            for q in spec.values():
+                q["blank"] = blanks.get(q["function"], "")
+                for t in q["tests"]:
+                    del t["source"]
+            cases_file = f"{path.stem}.json"
+            (grading / cases_file).write_text(json.dumps({"notebook": path.stem, "version": version,
+                                                          "questions": spec}, indent=1) + "\n")
+            questions = [{"name": q.name, "points": q.points, "manual": q.manual,
+                          "function": spec[q.name]["function"] if q.name in spec else ""}
+                         for q in master.questions]
+            manifest["notebooks"][path.stem] = {
+                "file": path.name, "version": version, "cases": cases_file,
+                "otter_zip": f"otter/{path.stem}-autograder.zip", "questions": questions,
+                "auto_points": sum(q.points for q in master.questions if not q.manual),
+                "manual_points": sum(q.points for q in master.questions if q.manual),
+                "baseline_patches": sorted(nbs.patch_targets(nbs.monkeypatches(prog))),
+            }
+            n_cases = sum(len(t["cases"]) for q in spec.values() for t in q["tests"])
+            print(f"built {path.name}: {len(master.questions)} questions, {n_cases} cases, version {version} "
+                  f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
+    for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
+        if path not in masters and not (student / "labs" / path.name).exists() and not nbs.is_master(path):
+            shutil.copy2(path, student / "labs" / path.name)
+    _copy_student_files(labs.parent, student)
+    leaks = tree_leaks(student, parsed)
+    if leaks:
+        raise LabError(f"The student copy in {student} holds solution or hidden-test text: {leaks[:5]}.")
+    versions = {k: v["version"] for k, v in manifest["notebooks"].items()}
+    manifest["lab_version"] = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:12]
+    (grading / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"student copy:   {student} (hand it out; no solutions, no hidden tests)\n"
+          f"grading bundle: {grading} (keep it; lab version {manifest['lab_version']})")
+    return manifest
+
+
+def load_manifest(bundle_dir: Path) -> dict:
+    path = Path(bundle_dir) / MANIFEST
+    if not path.exists():
+        raise LabError(f"No grading bundle in {bundle_dir} ({MANIFEST} missing): build it first with "
+                       "`make student` (python -m lab_utils student).")
+    return json.loads(path.read_text())

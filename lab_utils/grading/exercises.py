@@ -1,0 +1,784 @@
+"""The autograded exercises: how each is called, how an answer is compared, which mistakes it names.
+
+One :class:`Exercise` per otter question (``q04_ring_bytes`` ...), in :data:`EXERCISES`. The
+cases (inputs) live in the master notebook's test cells, as plain data: ``check(QUESTION,
+FUNCTION, [case, ...])``; the expected answers are computed from the master's solution when the
+bundle is built (:mod:`lab_utils.grading.build`). This module says what to do with a case:
+
+- :attr:`Exercise.run` calls the student's function on one case and returns the answer as
+  plain data (numbers, lists, dicts: what :func:`plain` makes of it), or ``None`` when the
+  function returned ``None`` (the blank student edition: "not done yet");
+- :func:`same` compares two answers (numbers with a relative tolerance);
+- :func:`explain` turns a wrong answer into one sentence. A :class:`Mistake` is a known wrong
+  version of the function (or a known wrong unit factor); when the student's answer equals a
+  mistake's answer, the sentence names the mistake. For a hidden case it never shows the inputs.
+
+:func:`check` is what the notebook's check cells call (the student's ``grader.check`` runs them
+as doctests: it prints nothing and raises ``AssertionError`` with that sentence). The grader
+(:mod:`lab_utils.grading.grade`) runs the same :attr:`Exercise.run` inside a sandbox and compares
+in its own process against the bundle's expected answers.
+
+Importing this module is cheap; torch is imported only by the cases that build a model.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lab_utils.grading.fakes import FakeAsyncDevice
+
+NOT_DONE = "not done yet"
+REL_TOL = 1e-9
+
+
+# --------------------------------------------------------------------------- answers as data
+
+
+def plain(value: Any, _depth: int = 0) -> Any:
+    """``value`` as plain data: bool, int, float, str, None, lists and dicts of those.
+
+    numpy and torch scalars and arrays become numbers and lists (``tolist``); tuples become lists.
+    Anything else becomes ``{"unsupported": "<type name>"}``, which never equals an answer.
+    """
+    if _depth > 20:
+        return {"unsupported": "nesting deeper than 20"}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, _depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v, _depth + 1) for k, v in value.items()}
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and hasattr(value, "shape"):  # numpy / torch arrays and scalars
+        return plain(tolist(), _depth + 1)
+    return {"unsupported": type(value).__name__}
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def same(got: Any, want: Any, rel_tol: float = REL_TOL) -> bool:
+    """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or 1e-12 near zero)."""
+    if _is_number(want):
+        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-12)
+    if isinstance(want, list):
+        return (isinstance(got, list) and len(got) == len(want)
+                and all(same(g, w, rel_tol) for g, w in zip(got, want)))
+    if isinstance(want, dict):
+        return (isinstance(got, dict) and got.keys() == want.keys()
+                and all(same(got[k], want[k], rel_tol) for k in want))
+    return type(got) is type(want) and got == want
+
+
+def _kind(x: Any) -> str:
+    if _is_number(x):
+        return "a number"
+    if isinstance(x, list):
+        return f"{len(x)} values"
+    if isinstance(x, dict) and "unsupported" in x:
+        return f"a {x['unsupported']}"
+    return f"a {type(x).__name__}"
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.10g}"
+    text = repr(x)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def difference(got: Any, want: Any, names: Sequence[str] = (), rel_tol: float = REL_TOL) -> str:
+    """How ``got`` differs from ``want``, without showing ``want`` (safe for hidden cases)."""
+    if _is_number(want) and _is_number(got):
+        if want == 0:
+            return f"yours is {got:.4g} where the answer is 0"
+        return f"yours is {got / want:.4g} x the right value"
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            what = f" ({', '.join(names)})" if names and len(names) == len(want) else ""
+            return f"it returns {len(got)} values, expected {len(want)}{what}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not same(g, w, rel_tol):
+                name = names[i] if i < len(names) else f"value {i + 1}"
+                right = [n for n, gg, ww in zip(names, got, want) if same(gg, ww, rel_tol)]
+                also = f" ({', '.join(right)} right)" if right else ""
+                return f"the {name} is wrong{also}: {difference(g, w, (), rel_tol)}"
+    if type(got) is not type(want) or (isinstance(got, dict) and "unsupported" in got):
+        return f"it returns {_kind(got)}, expected {_kind(want)}"
+    return "the answer differs"
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer: ``wrong`` is a wrong version of the exercise's function (same
+    signature), or ``factor`` the right answer times a wrong unit (8 for bits instead of bytes).
+    ``given_right(right_answer, *args)`` computes the wrong answer from the right one and the
+    function's arguments (for a mistake that is one piece off the right answer).
+    ``name`` and ``why`` make the sentence a student reads: "<name>: <why>"."""
+    name: str
+    why: str
+    wrong: Callable | None = None
+    factor: float | None = None
+    given_right: Callable | None = None
+
+
+def call_positional(fn: Callable, case: Sequence) -> Any:
+    """The default way to run a case: ``fn(*case)``; the answer as plain data."""
+    return plain(fn(*case))
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One autograded question.
+
+    ``name`` is the otter question name, ``function`` the function the student completes.
+    ``call(fn, case)`` runs ``fn`` on one case and returns the answer as plain data (None when
+    ``fn`` returned None); by default ``fn(*case)``. ``show(case)`` writes the call for a public
+    message. ``outputs`` names the values when the answer is a tuple. ``hint(got, want)`` may add
+    an exercise-specific reason when no known mistake matches ("" for none). ``needs`` lists the
+    modules its cases import (torch...): the grader loads them first, outside the cases' time limit.
+    """
+    name: str
+    function: str
+    mistakes: tuple[Mistake, ...] = ()
+    call: Callable[[Callable, Any], Any] = call_positional
+    show: Callable[[Any], str] | None = None
+    outputs: tuple[str, ...] = ()
+    rel_tol: float = REL_TOL
+    hint: Callable[[Any, Any], str] | None = None
+    needs: tuple[str, ...] = ()   # modules its cases import (loaded before the timed cases start)
+
+    def run(self, fn: Callable, case: Any) -> Any:
+        """The answer of ``fn`` on ``case`` (plain data; None = returned None)."""
+        return self.call(fn, case)
+
+    def describe(self, case: Any) -> str:
+        if self.show is not None:
+            return self.show(case)
+        return f"{self.function}({', '.join(_fmt(a) for a in case)})"
+
+    def mistake_answer(self, mistake: Mistake, case: Any, want: Any) -> Any:
+        """What ``mistake`` answers on ``case`` (None when it cannot be computed)."""
+        if mistake.wrong is not None:
+            try:
+                return self.run(mistake.wrong, case)
+            except Exception:  # a wrong formula may divide by zero where the right one does not
+                return None
+        if mistake.given_right is not None:
+            try:
+                return self.run(lambda *a, **k: mistake.given_right(want, *a, **k), case)
+            except Exception:
+                return None
+        if mistake.factor is not None and _is_number(want):
+            return want * mistake.factor
+        return None
+
+
+def explain(ex: Exercise, case: Any, got: Any, want: Any, mistake_answers: Sequence[Any],
+            label: str, hidden: bool) -> str:
+    """One sentence on what is wrong with answer ``got`` ("" when it is right).
+
+    ``label`` names the case ("hidden case 2 of 5", or the call for a public case).
+    ``mistake_answers[i]`` is what ``ex.mistakes[i]`` answers on this case. For a hidden case the
+    sentence names the mistake (or how far off the answer is) but never the inputs or the answer.
+    """
+    if got is None:
+        return f"{NOT_DONE}: {ex.function} returns None; write its body."
+    if same(got, want, ex.rel_tol):
+        return ""
+    for m, answer in zip(ex.mistakes, mistake_answers):
+        if answer is not None and not same(answer, want, ex.rel_tol) and same(got, answer, ex.rel_tol):
+            numbers = "" if hidden else f" gives {_fmt(got)}, expected {_fmt(want)}"
+            return f"{label}{numbers}: {m.name}: {m.why}."
+    hint = ex.hint(got, want) if ex.hint else ""
+    if hidden:
+        return f"{label}: wrong answer ({hint or difference(got, want, ex.outputs, ex.rel_tol)})."
+    return f"{label}: yours {_fmt(got)}, expected {_fmt(want)}" + (f" ({hint})." if hint else ".")
+
+
+def check(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
+          hidden: bool = False) -> None:
+    """A check cell: run ``function`` on each case; raise AssertionError on the first wrong answer.
+
+    Prints nothing and returns None, as a doctest needs (otter runs check cells as doctests).
+    ``expected`` (the answers, in the order of ``cases``) is written in by the build from the
+    master's solution; without it (the master notebook itself) the answers are only computed.
+    ``hidden=True``: messages name the case by its number, never by its inputs.
+    """
+    ex = EXERCISES[question]
+    if not callable(function):
+        raise AssertionError(f"{ex.function} is not a function ({type(function).__name__}): "
+                             f"run the cell that defines it.")
+    for i, case in enumerate(cases):
+        got = ex.run(function, case)
+        if got is None:
+            raise AssertionError(f"{NOT_DONE}: {ex.function} returns None; write its body above.")
+        if expected is None:
+            continue
+        want = expected[i]
+        if not same(got, want, ex.rel_tol):
+            label = f"hidden case {i + 1} of {len(cases)}" if hidden else ex.describe(case)
+            mistakes = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
+            raise AssertionError(explain(ex, case, got, want, mistakes, label, hidden))
+
+
+# --------------------------------------------------------------------------- q01: a step timer
+
+
+def _time_step_call(fn: Callable, case: dict) -> Any:
+    """Case ``{"queued_s", "work_s", "launch_s"}``: time one step of a :class:`FakeAsyncDevice`;
+    answer ``{"seconds", "steps"}``. Case ``{"real_sleep_s": s}``: a real step that sleeps ``s``
+    seconds, ``sync`` a no-op and ``clock`` left at its default; answer ``{"steps", "plausible"}``
+    (the time is at least ``s`` and under 2 s)."""
+    if "real_sleep_s" in case:
+        calls: list[int] = []
+
+        def step():
+            calls.append(1)
+            time.sleep(case["real_sleep_s"])
+
+        t = plain(fn(step, lambda: None))
+        if t is None:
+            return None
+        return {"steps": len(calls), "plausible": _is_number(t) and case["real_sleep_s"] <= t < 2.0}
+    dev = FakeAsyncDevice(queued_seconds=case["queued_s"], launch_seconds=case["launch_s"])
+    t = plain(fn(dev.step_fn(case["work_s"]), dev.sync, dev.clock))
+    return None if t is None else {"seconds": t, "steps": dev.steps}
+
+
+def _time_step_show(case: dict) -> str:
+    if "real_sleep_s" in case:
+        return f"time_step(a real {case['real_sleep_s']} s step, sync=a no-op)"
+    return (f"time_step on a fake GPU ({case['queued_s']} s of earlier work queued, a step of "
+            f"{case['work_s']} s launched in {case['launch_s']} s)")
+
+
+def _time_step_hint(got: Any, want: Any) -> str:
+    if not isinstance(got, dict):
+        return ""
+    if got.get("steps") != 1:
+        return f"call step() exactly once; it was called {got.get('steps')} times"
+    if "plausible" in want:
+        return "with the real clock (the clock argument left at its default) the time is not plausible"
+    if not _is_number(got.get("seconds")):
+        return f"return the seconds as a number, not {_kind(got.get('seconds'))}"
+    return ""
+
+
+def _timer_no_sync(step, sync, clock=time.perf_counter):
+    start = clock()
+    step()
+    return clock() - start
+
+
+def _timer_no_sync_before(step, sync, clock=time.perf_counter):
+    start = clock()
+    step()
+    sync()
+    return clock() - start
+
+
+# --------------------------------------------------------------------------- q01: the train transforms
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # a known mistake's values
+
+
+def _transform_steps(pipeline: Any) -> Any:
+    """A transform pipeline as data: ``[[class name, {public attribute: value}], ...]`` in order."""
+    steps = getattr(pipeline, "transforms", pipeline)
+    if not isinstance(steps, (list, tuple)):
+        return {"unsupported": type(pipeline).__name__}
+    return [[type(t).__name__, {k: plain(v) for k, v in sorted(getattr(t, "__dict__", {}).items())
+                                if not k.startswith("_") and k != "training"}] for t in steps]
+
+
+def _transformed(pipeline: Any, case: dict) -> Any:
+    """``pipeline`` applied to the case's random 32 x 32 RGB PIL image under torch seed ``seed``:
+    the tensor's shape, dtype, per-channel mean, and per-channel means weighted by column and by row
+    (they change when the image is cropped or flipped differently); ``{"error": type}`` if it raised."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    pixels = np.random.default_rng(case["image"]).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    try:
+        with torch.random.fork_rng(devices=[]):   # the student's own random state is left alone
+            torch.manual_seed(case["seed"])
+            out = pipeline(Image.fromarray(pixels, "RGB"))
+    except Exception as e:  # Normalize before ToTensor raises on a PIL image: an answer, not a crash
+        return {"error": type(e).__name__}
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
+        return {"returns": type(out).__name__, "shape": list(getattr(out, "shape", []))}
+    x = out.detach().double()
+    cols = torch.arange(1, x.shape[2] + 1, dtype=torch.float64) / x.shape[2]
+    rows = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)[:, None] / x.shape[1]
+    return {"shape": list(x.shape), "dtype": str(out.dtype).removeprefix("torch."),
+            "mean": x.mean(dim=(1, 2)).tolist(), "column_weighted": (x * cols).mean(dim=(1, 2)).tolist(),
+            "row_weighted": (x * rows).mean(dim=(1, 2)).tolist()}
+
+
+def _transform_call(fn: Callable, case: dict) -> Any:
+    """Case ``{"image", "seed"}``: the transformed image (:func:`_transformed`); with ``"describe":
+    True`` (hidden cases) also the pipeline's steps, in order, with their arguments."""
+    pipeline = fn()
+    if pipeline is None:
+        return None
+    out = _transformed(pipeline, case)
+    return {"steps": _transform_steps(pipeline), "image": out} if case.get("describe") else out
+
+
+def _transform_show(case: dict) -> str:
+    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB) "
+            f"with torch seed {case['seed']}")
+
+
+def _transform_hint(got: Any, want: Any) -> str:
+    """What differs, in words (never the expected pipeline)."""
+    if isinstance(want, dict) and "steps" in want:
+        mine, right = (got.get("steps") if isinstance(got, dict) else None), want["steps"]
+        if not isinstance(mine, list):
+            return "it returns no list of transforms: return one transforms.Compose([...])"
+        if len(mine) != len(right):
+            return f"it has {len(mine)} transforms; the assignment's pipeline has {len(right)}"
+        if [s[0] for s in mine] != [s[0] for s in right]:
+            return "the transforms are not the assignment's, in the assignment's order"
+        for i, (m, r) in enumerate(zip(mine, right)):
+            if not same(m, r, 1e-6):
+                keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
+                return f"transform {i + 1} ({m[0]}) has other values: {', '.join(keys) or 'its arguments'}"
+        got, want = got.get("image"), want["image"]
+    if isinstance(got, dict) and "error" in got:
+        return f"applied to a PIL image it raises {got['error']}"
+    if isinstance(got, dict) and "returns" in got:
+        return f"it returns a {got['returns']}, not a 3 x 32 x 32 tensor"
+    if isinstance(got, dict) and isinstance(want, dict) and got.get("shape") != want.get("shape"):
+        return f"the tensor's shape is {got.get('shape')}"
+    if isinstance(got, dict) and isinstance(want, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
+        return "the pixel values differ (normalization values, padding, or the order)"
+    return "the pixels are in other places (the crop, the flip, or their order)"
+
+
+def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=None):
+    """A train transform with the steps in ``order`` ("crop", "flip", "tensor", "normalize"); by default
+    the assignment's values (those of :mod:`lab_utils.core.data`)."""
+    from torchvision import transforms as T
+
+    from lab_utils.core.data import CIFAR10_MEAN, CIFAR10_STD
+
+    mean, std = mean or CIFAR10_MEAN, std or CIFAR10_STD
+    make = {"crop": lambda: T.RandomCrop(32, padding=padding), "flip": lambda: T.RandomHorizontalFlip(p=0.5),
+            "tensor": T.ToTensor, "normalize": lambda: T.Normalize(mean, std)}
+    return T.Compose([make[step]() for step in order])
+
+
+def _tf_normalize_first():
+    return _pipeline(("crop", "flip", "normalize", "tensor"))
+
+
+def _tf_augment_after_normalize():
+    return _pipeline(("tensor", "normalize", "crop", "flip"))
+
+
+def _tf_flip_first():
+    return _pipeline(("flip", "crop", "tensor", "normalize"))
+
+
+def _tf_no_padding():
+    return _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)
+
+
+def _tf_imagenet():
+    return _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+# --------------------------------------------------------------------------- q04: bytes
+
+
+def _resnet(case: dict):
+    """ResNet-18 of ``case``: ``width`` (64 = spec), ``classes``, ``dtype``, ``frozen`` submodules."""
+    import torch
+
+    from lab_utils.models import ResNet18
+
+    torch.manual_seed(0)
+    model = ResNet18(num_classes=case.get("classes", 10), width=case.get("width", 64))
+    model = model.to(getattr(torch, case.get("dtype", "float32")))
+    for name in case.get("frozen", ()):
+        for p in model.get_submodule(name).parameters():
+            p.requires_grad_(False)
+    return model
+
+
+def _grad_bytes_call(fn: Callable, case: dict) -> Any:
+    return plain(fn(_resnet(case)))
+
+
+def _grad_bytes_show(case: dict) -> str:
+    frozen = f", {' and '.join(case['frozen'])} frozen" if case.get("frozen") else ""
+    classes = f", {case['classes']} classes" if case.get("classes", 10) != 10 else ""
+    return (f"grad_bytes(ResNet18(width={case.get('width', 64)}{classes}) in "
+            f"{case.get('dtype', 'float32')}{frozen})")
+
+
+def _count_params(model):
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _four_bytes_each(model):
+    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+
+
+def _frozen_counted(model):
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+BITS_FOR_BYTES = Mistake("bits for bytes", "that is bits; sizes here are in bytes (8 bits each)", factor=8.0)
+
+
+def _iterations(dataset_size, world_size, per_device_batch):
+    return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
+
+
+def _ring_log2_tree(size_bytes, world_size, dataset_size, per_device_batch):
+    return _iterations(dataset_size, world_size, per_device_batch) * size_bytes * math.log2(world_size)
+
+
+def _ring_one_gradient(size_bytes, world_size, dataset_size, per_device_batch):
+    return _iterations(dataset_size, world_size, per_device_batch) * size_bytes
+
+
+def _ring_all_ranks(size_bytes, world_size, dataset_size, per_device_batch):
+    return _iterations(dataset_size, world_size, per_device_batch) * 2 * (world_size - 1) * size_bytes
+
+
+def _ring_whole_dataset(size_bytes, world_size, dataset_size, per_device_batch):
+    return math.ceil(dataset_size / per_device_batch) * 2 * (world_size - 1) / world_size * size_bytes
+
+
+def _ring_floor(size_bytes, world_size, dataset_size, per_device_batch):
+    return (dataset_size // world_size) // per_device_batch * 2 * (world_size - 1) / world_size * size_bytes
+
+
+# --------------------------------------------------------------------------- q05: schedules, samplers
+
+
+def _lr_from_zero(step, base_lr, global_batch, base_batch, warmup_steps):
+    peak = base_lr * global_batch / base_batch
+    return peak * step / warmup_steps if step < warmup_steps else peak
+
+
+def _lr_unscaled(step, base_lr, global_batch, base_batch, warmup_steps):
+    return base_lr
+
+
+def _lr_no_warmup(step, base_lr, global_batch, base_batch, warmup_steps):
+    return base_lr * global_batch / base_batch
+
+
+def _lr_sqrt(step, base_lr, global_batch, base_batch, warmup_steps):
+    peak = base_lr * math.sqrt(global_batch / base_batch)
+    return base_lr + (peak - base_lr) * step / warmup_steps if step < warmup_steps else peak
+
+
+def _sampler(case: dict):
+    from torch.utils.data.distributed import DistributedSampler
+
+    return DistributedSampler(range(case["n"]), num_replicas=case["replicas"], rank=case["rank"],
+                              shuffle=True, seed=case.get("seed", 0))
+
+
+def _orders_call(fn: Callable, case: dict) -> Any:
+    return plain(fn(_sampler(case), case["epochs"]))
+
+
+def _orders_show(case: dict) -> str:
+    return (f"epoch_orders(DistributedSampler(range({case['n']}), num_replicas={case['replicas']}, "
+            f"rank={case['rank']}, seed={case.get('seed', 0)}), {case['epochs']})")
+
+
+def _orders_never_set(sampler, epochs):
+    return [[int(i) for i in sampler] for _ in range(epochs)]
+
+
+def _orders_set_after(sampler, epochs):
+    orders = []
+    for epoch in range(epochs):
+        orders.append([int(i) for i in sampler])
+        sampler.set_epoch(epoch)
+    return orders
+
+
+# --------------------------------------------------------------------------- q06, q07: the GPT
+
+
+def _gpt_config(fields: dict):
+    from lab_utils.models.gpt import GPTConfig
+
+    return GPTConfig(**fields)
+
+
+def _flops_call(fn: Callable, case: dict) -> Any:
+    return plain(fn(_gpt_config(case)))
+
+
+def _cfg_text(case: dict) -> str:
+    return "GPTConfig(" + ", ".join(f"{k}={v!r}" for k, v in case.items()) + ")"
+
+
+def _flops_parameter_count(cfg):
+    L, C, V, T = cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size
+    return 6 * (V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C) + 12 * L * C * T
+
+
+def _flops_no_attention(cfg):
+    return 6 * (12 * cfg.n_layer * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd)
+
+
+def _flops_forward_only(cfg):
+    L, C, V, T = cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size
+    return 2 * (12 * L * C * C + V * C) + 4 * L * C * T
+
+
+def _flops_no_head(cfg):
+    L, C, T = cfg.n_layer, cfg.n_embd, cfg.block_size
+    return 6 * 12 * L * C * C + 12 * L * C * T
+
+
+def _mfu_one_device(flops_per_token, tokens_per_s, peak_flops_per_s, devices):
+    return flops_per_token * tokens_per_s / peak_flops_per_s
+
+
+def _ranks_mean(rank_seconds):
+    return sum(rank_seconds) / len(rank_seconds)
+
+
+def _ranks_sum(rank_seconds):
+    return sum(rank_seconds)
+
+
+def _gpt(case: dict):
+    import torch
+
+    from lab_utils.models.gpt import GPT
+
+    torch.manual_seed(0)
+    return GPT(_gpt_config(case["cfg"]))
+
+
+def _int8_call(fn: Callable, case: dict) -> Any:
+    model = _gpt(case)
+    if case.get("keep"):
+        return plain(fn(model, keep_in_float=tuple(case["keep"])))
+    return plain(fn(model))
+
+
+def _int8_show(case: dict) -> str:
+    keep = f", keep_in_float={tuple(case['keep'])!r}" if case.get("keep") else ""
+    return f"int8_weight_only_bytes(GPT({_cfg_text(case['cfg'])}){keep})"
+
+
+def _quantized_rows(model, keep_in_float=()):
+    from torch import nn
+
+    return sum(m.weight.shape[0] for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and n not in keep_in_float)
+
+
+def _tied_head_bytes(model):
+    """Bytes of the head's weight when another module shares it (the tied embedding), else 0."""
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return 0
+    shared = any(m is not head and getattr(m, "weight", None) is head.weight for m in model.modules())
+    return head.weight.numel() * head.weight.element_size() if shared else 0
+
+
+def _int8_quarter(model, keep_in_float=()):
+    return sum(p.numel() * p.element_size() for p in model.parameters()) / 4
+
+
+def _int8_no_scales(right, model, keep_in_float=()):
+    return right - 5 * _quantized_rows(model, keep_in_float)
+
+
+def _int8_tied_once(right, model, keep_in_float=()):
+    return right - _tied_head_bytes(model) if "lm_head" not in keep_in_float else right
+
+
+def _int8_float_twice(right, model, keep_in_float=()):
+    return right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
+    Exercise(
+        "q01_step_timer", "time_step", call=_time_step_call, show=_time_step_show, hint=_time_step_hint,
+        mistakes=(
+            Mistake("the launch time only", "you read the clock before the device finished (on a GPU a "
+                    "step only queues its kernels): call sync() after step() and before reading the clock",
+                    wrong=_timer_no_sync),
+            Mistake("earlier work billed to the step", "the time includes work queued BEFORE the step "
+                    "(the previous step, a copy): call sync() before you start the clock too",
+                    wrong=_timer_no_sync_before),
+        )),
+    Exercise(
+        "q01_train_transform", "cifar10_train_transform", call=_transform_call, show=_transform_show,
+        hint=_transform_hint, needs=("torchvision",), rel_tol=1e-6,
+        mistakes=(
+            Mistake("Normalize before ToTensor", "Normalize works on a tensor and the dataset hands over "
+                    "a PIL image, so it raises: ToTensor must come before Normalize",
+                    wrong=_tf_normalize_first),
+            Mistake("crop and flip after Normalize", "it runs, but the crop's 4 pixels of padding are then 0 "
+                    "in normalized units, the data set's mean colour, not black: crop and flip the PIL "
+                    "image, then ToTensor, then Normalize", wrong=_tf_augment_after_normalize),
+            Mistake("flip before crop", "the assignment crops, then flips (the same kind of images, but "
+                    "not its pipeline: the same seed gives other images)", wrong=_tf_flip_first),
+            Mistake("no padding", "RandomCrop(32) of a 32 x 32 image crops nothing: pad 4 pixels on each "
+                    "side (padding=4) so that the 32 x 32 crop shifts the image", wrong=_tf_no_padding),
+            Mistake("ImageNet's mean and std", "those are ImageNet's statistics; normalize with CIFAR-10's "
+                    "per-channel mean and std, as the assignment gives them", wrong=_tf_imagenet),
+        )),
+    Exercise(
+        "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
+        mistakes=(
+            Mistake("N x T(1)/T(N)", "on epoch times that counts N twice (each of the N devices already "
+                    "does 1/N of the epoch); the speedup is T(1)/T(N)",
+                    wrong=lambda t1, tn, n: (n * t1 / tn, t1 / tn)),
+            Mistake("upside down", "that is T(N)/T(1); the speedup is T(1)/T(N)",
+                    wrong=lambda t1, tn, n: (tn / t1, tn / t1 / n)),
+            Mistake("efficiency = speedup", "the efficiency is the speedup divided by N",
+                    wrong=lambda t1, tn, n: (t1 / tn, t1 / tn)),
+        )),
+    Exercise(
+        "q03_compute_comm", "compute_and_comm", outputs=("compute_seconds", "comm_seconds"),
+        mistakes=(
+            Mistake("compute from T(N)", "the compute time on N devices is T(1)/N (the one-device work "
+                    "split N ways), not T(N)/N", wrong=lambda t1, tn, n: (tn / n, tn - tn / n)),
+            Mistake("negative communication clipped", "return T(N) - T(1)/N as is when it is negative: "
+                    "a negative value says the perfect-split assumption failed, and clipping it hides that",
+                    wrong=lambda t1, tn, n: (t1 / n, max(tn - t1 / n, 0.0))),
+            Mistake("T(N) - T(1)", "the communication is T(N) - T(1)/N, not T(N) - T(1)",
+                    wrong=lambda t1, tn, n: (t1 / n, tn - t1)),
+        )),
+    Exercise(
+        "q04_gradient_bytes", "grad_bytes", call=_grad_bytes_call, show=_grad_bytes_show,
+        needs=("torch", "lab_utils.models"),
+        mistakes=(
+            Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
+                    "bytes: elements x p.element_size() (4 for fp32)", wrong=_count_params),
+            Mistake("4 bytes per element whatever the dtype", "use each tensor's own element size "
+                    "(p.element_size()): bf16 gradients are 2 bytes", wrong=_four_bytes_each),
+            Mistake("frozen parameters counted", "a parameter that does not require grad has no gradient "
+                    "and is not all-reduced", wrong=_frozen_counted),
+            BITS_FOR_BYTES,
+        )),
+    Exercise(
+        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch",
+        mistakes=(
+            Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
+                    "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
+                    wrong=_ring_log2_tree),
+            Mistake("one gradient per all-reduce", "each rank sends 2(P-1)/P x S (reduce-scatter, then "
+                    "all-gather), not S", wrong=_ring_one_gradient),
+            Mistake("all ranks together", "2(P-1) x S is what all P ranks send together; one rank sends "
+                    "2(P-1)/P x S", wrong=_ring_all_ranks),
+            Mistake("iterations over the whole data set", "each rank sees ceil(N/P) samples, so an epoch "
+                    "has ceil(ceil(N/P)/b) iterations, not ceil(N/b)", wrong=_ring_whole_dataset),
+            Mistake("iterations rounded down", "the sampler pads to a multiple of P and the last partial "
+                    "batch is kept: round both divisions up", wrong=_ring_floor),
+            BITS_FOR_BYTES,
+        )),
+    Exercise(
+        "q04_utilization", "achieved_gb_per_s",
+        mistakes=(
+            Mistake("GiB for GB", "that is GiB/s (2^30 bytes); bandwidths here are decimal GB/s "
+                    "(10^9 bytes), as nccl-tests reports", factor=1e9 / 2 ** 30),
+            Mistake("MB for GB", "that is MB/s; divide bytes per second by 10^9 for GB/s", factor=1e3),
+            Mistake("bits for bytes", "that is Gbit/s; GB/s counts bytes (8 bits each)", factor=8.0),
+            Mistake("bytes per second", "divide bytes per second by 10^9 for decimal GB/s", factor=1e9),
+        )),
+    Exercise(
+        "q05_lr_schedule", "warmup_lr",
+        mistakes=(
+            Mistake("warm-up from 0", "the warm-up starts at base_lr (the small-batch rate) at step 0, "
+                    "not at 0 (Goyal et al. 2017)", wrong=_lr_from_zero),
+            Mistake("no linear scaling", "the peak is base_lr x global_batch / base_batch (the linear "
+                    "scaling rule)", wrong=_lr_unscaled),
+            Mistake("no warm-up", "during the first warmup_steps steps the lr rises linearly from base_lr "
+                    "to the peak", wrong=_lr_no_warmup),
+            Mistake("square-root scaling", "the linear scaling rule multiplies by global_batch / base_batch, "
+                    "not by its square root", wrong=_lr_sqrt),
+        )),
+    Exercise(
+        "q05_set_epoch", "epoch_orders", call=_orders_call, show=_orders_show,
+        needs=("torch.utils.data.distributed",),
+        mistakes=(
+            Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
+                    "sampler.set_epoch(epoch) at the start of each epoch", wrong=_orders_never_set),
+            Mistake("set_epoch after the epoch", "each epoch gets the previous epoch's order: call "
+                    "sampler.set_epoch(epoch) BEFORE iterating the sampler", wrong=_orders_set_after),
+        )),
+    Exercise(
+        "q06_flops_per_token", "flops_per_token", call=_flops_call, needs=("lab_utils.models.gpt",),
+        show=lambda case: f"flops_per_token({_cfg_text(case)})",
+        mistakes=(
+            Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
+                    "12LC^2 + VC: embeddings look up (they do not multiply), biases and LayerNorms add no "
+                    "matmul FLOPs", wrong=_flops_parameter_count),
+            Mistake("attention left out", "add attention's two T x T products: 12 L C T per token",
+                    wrong=_flops_no_attention),
+            Mistake("forward only", "training does the forward pass and a backward pass of twice its cost: "
+                    "6 FLOPs per weight per token, not 2", wrong=_flops_forward_only),
+            Mistake("the head left out", "the tied head V x C is a matrix multiply too (it shares the "
+                    "embedding's weight but does the FLOPs)", wrong=_flops_no_head),
+        )),
+    Exercise(
+        "q06_mfu", "mfu",
+        mistakes=(
+            Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
+            Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "
+                    "of one device", wrong=_mfu_one_device),
+        )),
+    Exercise(
+        "q06_rank_time", "run_epoch_seconds",
+        mistakes=(
+            Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
+                    "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
+                    "ranks (the earlier GPT report's mean made 2.95 look like 4.25)", wrong=_ranks_mean),
+            Mistake("the fastest rank", "a fast rank waits for the others at every all-reduce: the epoch "
+                    "is over when the slowest rank is done", wrong=min),
+            Mistake("rank 0's time", "rank 0 is not always the slowest (a slow loader or a busy device can "
+                    "be on any rank): T(N) is the slowest rank's time", wrong=lambda ranks: ranks[0]),
+            Mistake("all ranks added", "the ranks run at the same time, side by side: T(N) is a wall time, "
+                    "the slowest rank's, not the sum of their times", wrong=_ranks_sum),
+        )),
+    Exercise(
+        "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
+        needs=("torch", "lab_utils.models.gpt"),
+        mistakes=(
+            Mistake("int8 is 4x smaller", "only the Linear weights become int8 (plus a scale and a zero "
+                    "point per row); embeddings, biases and LayerNorms stay in float, and the tied head "
+                    "gets its own int8 copy", wrong=_int8_quarter),
+            Mistake("no scales or zero points", "each output row of a quantized weight also stores one fp32 "
+                    "scale and one int8 zero point (5 bytes per row)", given_right=_int8_no_scales),
+            Mistake("the tied embedding counted once", "quantizing the head gives it its own int8 copy "
+                    "while the embedding it shared stays in float: count both", given_right=_int8_tied_once),
+            Mistake("a shared float tensor counted twice", "a tensor shared by two modules (the tied head "
+                    "and embedding, both kept in float) is stored once", given_right=_int8_float_twice),
+        )),
+)}

@@ -1,0 +1,487 @@
+"""``make grade``: grade a folder of handed-in notebooks into a gradebook, each in a sandbox.
+
+For every submission (:mod:`~lab_utils.grading.submissions` finds them and their students):
+
+1. read it as data (never run it): which lab notebook it is (metadata, else file name), the
+   exercise functions and what they use (:func:`notebooks.extract_exercise`), what needs a human
+   look (the lab's own code in an exercise, assignments to imported modules' attributes), the
+   hand-graded answers;
+2. run only the exercise functions, in a fresh process inside a sandbox
+   (:mod:`~lab_utils.grading.sandbox`), on the bundle's cases; the process gets the inputs only;
+3. compare each answer with the bundle's expected answer here, outside the sandbox; a test cell
+   earns its points when all its cases are right (as otter counts them).
+
+Points come only from that comparison. An exercise whose code uses the lab's own functions (or
+reaches past itself: eval, files, introspection) scores 0 and is flagged "check by hand" with what
+the tests gave; a notebook that assigns to an imported module's attributes is flagged (its points
+stand: grading never runs that assignment). Untouched exercises are "not done yet" without running.
+
+The run prints one line per notebook and a summary (graded, could not be graded, flagged, stopped
+by the sandbox, no submission) and returns 1 when a submission could not be graded (rows are
+written all the same), else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab_utils.core.errors import LabError
+from lab_utils.grading import gradebook, sandbox
+from lab_utils.grading import notebooks as nbs
+from lab_utils.grading.build import DIST_DIR, load_manifest
+from lab_utils.grading.exercises import EXERCISES, NOT_DONE, explain, same
+from lab_utils.grading.submissions import (
+    Roster,
+    Student,
+    Submission,
+    find_submissions,
+    read_roster,
+    same_name,
+)
+
+NO_SANDBOX_WARNING = ("WARNING: graded WITHOUT a sandbox (--no-sandbox): every submission's code ran with "
+                      "your rights (it could read or change your files, other submissions and the bundle, "
+                      "and use the network); every row is marked sandbox=none.")
+
+
+@dataclass
+class Work:
+    """One notebook to grade (or a file that cannot be graded, with why)."""
+    sub: Submission
+    student: Student
+    book: str | None = None
+    nb: dict | None = None
+    problem: str = ""
+    notes: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)     # other files of this notebook, not graded
+    code: dict[str, nbs.ExerciseCode] = field(default_factory=dict)
+    patches: list[str] = field(default_factory=list)
+    outcome: sandbox.Outcome | None = None
+    record: dict | None = None
+
+
+def identify(nb: dict, sub: Submission, manifest: dict) -> tuple[str | None, list[str]]:
+    """Which lab notebook a submission is, and notes on its version (metadata first, then file name)."""
+    meta = nb.get("metadata", {}).get(nbs.METADATA_KEY) or {}
+    books = manifest["notebooks"]
+    name = meta.get("notebook") if isinstance(meta, dict) else None
+    if name in books:
+        if meta.get("version") != books[name]["version"]:
+            return name, [f"notebook from another lab version ({meta.get('version')}; this bundle has "
+                          f"{books[name]['version']}): graded against this bundle's cases, check by hand"]
+        return name, []
+    original = Path(sub.original or sub.path.name).name
+    guess = [k for k in books if k in original or original.startswith(k[:3])]
+    if len(guess) == 1:
+        return guess[0], [f"no {nbs.METADATA_KEY} metadata (not from the student edition?): taken as "
+                          f"{guess[0]} from its file name"]
+    return None, [f"not a notebook of this lab's student edition (metadata {nbs.METADATA_KEY!r} missing, "
+                  f"file name {original!r} matches none of {', '.join(sorted(books))})"]
+
+
+def prepare(work: Work, manifest: dict, specs: dict) -> None:
+    """Read the submission (as data): notebook, exercise code, flags, notes."""
+    if work.sub.problem:
+        work.problem = work.sub.problem
+        return
+    nb, why = nbs.read_notebook(work.sub.path)
+    if nb is None:
+        work.problem = why
+        return
+    book, notes = identify(nb, work.sub, manifest)
+    if book is None:
+        work.problem = notes[0]
+        return
+    work.nb, work.book, work.notes = nb, book, notes
+    info, spec = manifest["notebooks"][book], specs[book]
+    prog = nbs.parse_program(nb)
+    auto = [q["name"] for q in info["questions"] if not q["manual"]]
+    for q in auto:
+        qs = spec["questions"][q]
+        work.code[q] = nbs.extract_exercise(prog, q, qs["function"], qs.get("blank", ""))
+    baseline = set(info.get("baseline_patches", []))
+    work.patches = [p for p in nbs.monkeypatches(prog) if p.rsplit(" (code cell", 1)[0] not in baseline]
+    deleted = nbs.check_cells_deleted(nb, auto)
+    if deleted:
+        work.notes.append(f"check cell of {', '.join(deleted)} deleted (graded all the same)")
+    work.notes += prog.syntax_errors
+
+
+def job_for(work: Work, spec: dict) -> dict:
+    """What the sandboxed child runs: each exercise's code and its cases' inputs (no answers)."""
+    questions = []
+    for q, code in work.code.items():
+        if code.problem or code.blank:
+            continue
+        tests = spec["questions"][q]["tests"]
+        cases = [[t, c, case["case"]] for t, test in enumerate(tests) for c, case in enumerate(test["cases"])]
+        first = code.source.split("\n").index(next(line for line in code.source.split("\n")
+                                                   if line.startswith(f"def {code.function}("))) + 1
+        questions.append({"name": q, "function": code.function, "code": code.source, "first_line": first,
+                          "cases": cases})
+    return {"questions": questions}
+
+
+def _stopped(err: dict, limits: sandbox.Limits) -> str:
+    """What the sandbox (or a limit) stopped, from an error the child reported ("" if none)."""
+    kind, code = err.get("type", ""), err.get("errno", "")
+    if kind == "CaseTimeLimit":
+        return f"the case time limit ({limits.case_seconds:g} s)"
+    if kind == "MemoryError":
+        return f"the memory limit ({limits.memory_bytes / 2 ** 30:g} GiB)"
+    if code == "EFBIG":
+        return f"the file size limit ({limits.file_bytes / 2 ** 20:g} MiB)"
+    if code == "ENOSPC":
+        return f"a full private folder ({limits.folder_bytes / 2 ** 20:g} MiB)"
+    if code == "EAGAIN" or kind == "BlockingIOError":
+        return "the process limit"
+    if code in ("ENETUNREACH", "ENETDOWN", "EHOSTUNREACH", "ECONNREFUSED") or kind == "gaierror":
+        return "the network (the sandbox has none)"
+    if code in ("EROFS", "EACCES", "EPERM"):
+        return "a write or read outside its folder (read-only or not allowed in the sandbox)"
+    if code == "ENOENT" and err.get("message", "").count("/") > 1:
+        return "a file outside its folder (not in the sandbox)"
+    return ""
+
+
+def _error_text(err: dict) -> str:
+    where = f" (line {err['line']} of the function)" if err.get("line") and err["line"] > 0 else ""
+    return f"{err.get('type', 'Error')}{where}"
+
+
+@dataclass
+class Verdict:
+    points: float
+    message: str
+    flag: str = ""
+    stopped: list[str] = field(default_factory=list)
+
+
+def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome | None,
+          limits: sandbox.Limits) -> Verdict:
+    """Points and one sentence for one autograded question."""
+    ex = EXERCISES[q]
+    if code.problem:
+        return Verdict(0.0, code.problem)
+    if code.blank:
+        return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out; write its body")
+    lines = [r for r in (outcome.lines if outcome else []) if r.get("q") == q]
+    stopped: list[str] = []
+    defining = next((r for r in lines if r.get("defining")), None)
+    if defining:
+        err = defining["error"]
+        why = _stopped(err, limits)
+        stopped += [why] if why else []
+        note = f"; {code.notes[0]}" if code.notes else ""
+        return Verdict(0.0, f"the code of {code.function} fails before any case runs: {err['type']}: "
+                            f"{err['message'][:150]}{note}", stopped=stopped)
+    got = {(r["t"], r["c"]): r for r in lines if "t" in r}
+    earned, first, wrong, total = 0.0, "", 0, 0
+    tests = qspec["tests"]
+    n_hidden, k_hidden = sum(len(t["cases"]) for t in tests if t["hidden"]), 0
+    for t, test in enumerate(tests):
+        ok_all = True
+        for c, case in enumerate(test["cases"]):
+            total += 1
+            r = got.get((t, c))
+            hidden = test["hidden"]
+            k_hidden += hidden
+            label = f"hidden case {k_hidden} of {n_hidden}" if hidden else ex.describe(case["case"])
+            if r is None:
+                ok_all, msg = False, f"{label} was not run (the sandbox stopped the submission first)"
+            elif "error" in r:
+                err = r["error"]
+                why = _stopped(err, limits)
+                if why:
+                    stopped.append(why)
+                detail = "" if hidden else f": {err['message'][:150]}"
+                ok_all = False
+                msg = f"{label} raised {_error_text(err)}{detail}" + (f"; stopped by {why}" if why else "")
+            elif same(r["answer"], case["expected"], ex.rel_tol):
+                continue
+            else:
+                ok_all = False
+                msg = explain(ex, case["case"], r["answer"], case["expected"], case["mistakes"], label,
+                              hidden)
+            wrong += 1
+            first = first or msg
+        if ok_all:
+            earned += test["points"]
+    if code.notes and wrong:
+        first = f"{first}; {code.notes[0]}"
+    first = first.rstrip(".")
+    count = "" if wrong == 1 else f" ({wrong} of {total} cases wrong)"
+    message = f"{first}{count}." if wrong else ""
+    verdict = Verdict(earned, message, stopped=list(dict.fromkeys(stopped)))
+    if code.flags:
+        verdict.flag = "check by hand: " + "; ".join(code.flags) + f" (the cases gave {earned:g} / " \
+                                                                   f"{qspec['points']:g}; 0 until checked)"
+        verdict.points = 0.0
+    return verdict
+
+
+def _tried(outcome: sandbox.Outcome | None) -> list[str]:
+    return [r["tried"] for r in (outcome.lines if outcome else []) if "tried" in r]
+
+
+def _fatal(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str, bool]:
+    """(what ended the child early, whether the grader itself failed) ("", False when it finished)."""
+    if outcome is None or outcome.done:
+        return "", False
+    if outcome.timed_out:
+        return f"stopped by the time limit ({limits.wall_seconds:g} s for the notebook)", False
+    if outcome.internal:
+        return f"the grader failed: {outcome.internal}", True
+    if not any(r.get("q") or r.get("tried") for r in outcome.lines):
+        err = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"])[-1]
+        return f"the grader could not run it: {err[:200]}", True
+    return (f"the submission's code ended the grading process (exit status {outcome.returncode}; "
+            "a crash, os._exit or a limit)"), False
+
+
+def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, use_sandbox: bool) -> dict:
+    """The gradebook's record of one graded notebook."""
+    questions, stopped, flagged = {}, [], []
+    answers = nbs.answers(work.nb, [q["name"] for q in info["questions"] if q["manual"]])
+    fatal, _ = _fatal(work.outcome, limits)
+    tried = _tried(work.outcome)
+    for q in info["questions"]:
+        name = q["name"]
+        if q["manual"]:
+            questions[name] = {"points": "", "max_points": q["points"], "manual": True, "flag": "",
+                               "answer": answers.get(name, ""),
+                               "message": "graded by hand" if answers.get(name) else gradebook.NO_ANSWER}
+            continue
+        v = judge(name, work.code[name], spec["questions"][name], work.outcome, limits)
+        if fatal and not v.message.startswith((NOT_DONE, "no function")) and v.points < q["points"]:
+            v.message = f"{v.message}; {fatal}" if v.message else fatal
+        flag = v.flag
+        if work.patches:
+            patch = "check by hand: the notebook assigns to " + ", ".join(work.patches[:3])
+            flag = f"{flag}; {patch}" if flag else patch
+        if flag:
+            flagged.append({"q": name, "why": flag.removeprefix("check by hand: ")})
+        stopped += v.stopped
+        questions[name] = {"points": round(v.points, 6), "max_points": q["points"], "manual": False,
+                           "flag": flag, "message": v.message, "answer": ""}
+    notes = list(work.notes)
+    if work.others:
+        notes.append(f"also handed in, not graded (the latest file wins): {', '.join(work.others)}")
+    if tried:
+        how = ("in the sandbox only its own folder and a private /tmp are writable, both discarded; no other "
+               "file of this machine is visible but the lab's code, read-only") if use_sandbox \
+            else "no sandbox: whatever your account may do was allowed"
+        notes.append("the exercise code asked to " + "; ".join(tried[:6]) + f" ({how})")
+    if fatal:
+        notes.append(fatal)
+    if stopped:
+        notes.append("stopped by the sandbox: " + ", ".join(dict.fromkeys(stopped)))
+    ran = "" if work.outcome is None else "bwrap" if use_sandbox else "none"
+    return {"file": work.sub.file, "status": "graded", "sandbox": ran,
+            "seconds": round(work.outcome.seconds, 2) if work.outcome else 0.0,
+            "notes": [n for n in notes if n],
+            "questions": questions, "flagged": flagged, "stopped": list(dict.fromkeys(stopped)) +
+            ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
+
+
+def failed_record(work: Work, info: dict | None) -> dict:
+    questions = {}
+    for q in (info or {}).get("questions", []):
+        questions[q["name"]] = {"points": 0.0 if not q["manual"] else "", "max_points": q["points"],
+                                "manual": q["manual"], "flag": "", "answer": "",
+                                "message": f"not graded: {work.problem}"}
+    return {"file": work.sub.file, "status": f"could not be graded: {work.problem}", "sandbox": "",
+            "seconds": 0.0, "notes": [work.problem], "questions": questions, "flagged": [], "stopped": []}
+
+
+def missing_record(info: dict) -> dict:
+    questions = {q["name"]: {"points": 0.0, "max_points": q["points"],
+                             "manual": q["manual"], "flag": "", "answer": "", "message": "no submission"}
+                 for q in info["questions"]}
+    return {"file": "", "status": "no submission", "sandbox": "", "seconds": 0.0, "notes": ["no submission"],
+            "questions": questions, "flagged": [], "stopped": []}
+
+
+def _group(works: list[Work]) -> list[Work]:
+    """One graded file per student and notebook: the latest (modification time, then resubmission
+    number, then name); the others are listed on it."""
+    chosen: dict[tuple[str, str], list[Work]] = {}
+    rest = []
+    for w in works:
+        if w.book is None:
+            rest.append(w)
+        else:
+            chosen.setdefault((w.student.key, w.book), []).append(w)
+    out = []
+    for group in chosen.values():
+        group.sort(key=lambda w: (w.sub.mtime, w.sub.resubmission, w.sub.file))
+        latest = group[-1]
+        latest.others = [w.sub.file for w in group[:-1]]
+        out.append(latest)
+    return out + rest
+
+
+def _match_student(name: str | None, student: Student) -> bool:
+    """Whether ``--student name`` means ``student`` (its id, or its name in any spelling)."""
+    if not name:
+        return True
+    return name.strip().lower() == (student.id or "").lower() or same_name(name, student.name)
+
+
+def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grading",
+          out_dir: str | Path = "grades", roster: str | Path | None = None, student: str | None = None,
+          jobs: int = 2, limits: sandbox.Limits | None = None, use_sandbox: bool = True) -> int:
+    """Grade every submission; write the gradebook; return the exit status (1: some could not be graded)."""
+    subs_root, bundle, out = (Path(p).expanduser().resolve() for p in (submissions_dir, bundle_dir, out_dir))
+    if not subs_root.exists():
+        raise LabError(f"{submissions_dir} does not exist: give the folder (or zip file) of handed-in "
+                       "notebooks (README, 'Instructor: exercises and grading').")
+    manifest = load_manifest(bundle)
+    limits = limits or sandbox.Limits()
+    specs = {book: json.loads((bundle / info["cases"]).read_text())
+             for book, info in manifest["notebooks"].items()}
+    the_roster: Roster | None = read_roster(Path(roster).expanduser().resolve()) if roster else None
+    if use_sandbox:
+        why = sandbox.probe(limits)
+        if why:
+            raise LabError(f"No sandbox for the submissions' code: {why}.")
+        shown = sandbox.exposed([subs_root, bundle, out])
+        if shown:
+            raise LabError(f"The sandbox would show private files to the submissions ({shown[0]}): "
+                           "keep submissions, bundle and gradebook outside the virtual environment and "
+                           "lab_utils/.")
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="grade-staging-") as staging:
+        found = find_submissions(subs_root, Path(staging))
+        works = []
+        for sub in found:
+            s = sub.student
+            if the_roster is not None:
+                s = the_roster.match(s) or s
+            if not _match_student(student, s):
+                continue
+            works.append(Work(sub, s))
+        on_roster = the_roster is not None and any(_match_student(student, r) for r in the_roster.students)
+        if student and not works and not on_roster:
+            raise LabError(f"No submission of a student named {student!r} in {submissions_dir}.")
+        for w in works:
+            prepare(w, manifest, specs)
+        works = _group(works)
+        to_run = [w for w in works if w.book and any(not c.problem and not c.blank for c in w.code.values())]
+        slots = list(range(max(1, jobs)))
+        lock = threading.Lock()
+
+        def run(w: Work) -> None:
+            with lock:
+                slot = slots.pop()
+            try:
+                w.outcome = sandbox.run(job_for(w, specs[w.book]), w.sub.path, limits, slot=slot, jobs=jobs,
+                                        sandbox=use_sandbox)
+            finally:
+                with lock:
+                    slots.append(slot)
+            _print_line(w, manifest, specs, limits, use_sandbox)
+
+        for w in works:
+            if w not in to_run:
+                _print_line(w, manifest, specs, limits, use_sandbox)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(run, to_run))
+    return _record(works, manifest, specs, out, limits, use_sandbox, the_roster, student,
+                   time.perf_counter() - t_all, len(to_run), jobs)
+
+
+def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, use_sandbox: bool) -> None:
+    if w.book is None or w.problem:
+        print(f"{w.student.name:<20} {w.sub.file:<34} could not be graded: {w.problem}", flush=True)
+        return
+    rec = w.record = notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits, use_sandbox)
+    got = sum(q["points"] for q in rec["questions"].values() if not q["manual"])
+    most = manifest["notebooks"][w.book]["auto_points"]
+    extra = "; ".join(x for x in [*([f"flagged: {rec['flagged'][0]['q']}: {rec['flagged'][0]['why']}"]
+                                    if rec["flagged"] else []),
+                                  *(["stopped: " + ", ".join(rec["stopped"])] if rec["stopped"] else [])])
+    secs = f" in {rec['seconds']:.1f} s" if w.outcome else ""
+    print(f"{w.student.name:<20} {w.book:<28} {got:g}/{most:g} autograded{secs}"
+          + (f"; {extra}" if extra else ""), flush=True)
+
+
+def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: sandbox.Limits,
+            use_sandbox: bool, roster: Roster | None, only: str | None, seconds: float, ran: int,
+            jobs: int) -> int:
+    """Merge this run into the gradebook, write it, print the summary; the exit status."""
+    state = gradebook.load_state(out)
+    previous = state["students"] if only else {}
+    fresh: dict[str, dict] = {}
+    failed, flagged, stopped = [], [], []
+    for w in works:
+        s = fresh.setdefault(w.student.key, {"name": w.student.name, "id": w.student.id, "notebooks": {}})
+        if w.book is None or w.problem:
+            s["notebooks"][w.book or f"(unknown) {w.sub.file}"] = failed_record(
+                w, manifest["notebooks"].get(w.book) if w.book else None)
+            failed.append(f"{w.student.name} ({w.sub.file}: {w.problem})")
+            continue
+        rec = w.record or notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits,
+                                          use_sandbox)
+        fatal, grader_failed = _fatal(w.outcome, limits)
+        if grader_failed:
+            rec["status"] = f"could not be graded: {fatal}"
+            failed.append(f"{w.student.name} ({w.sub.file}: {fatal})")
+        s["notebooks"][w.book] = rec
+        reasons: dict[str, list[str]] = {}
+        for f in rec["flagged"]:
+            for why in f["why"].split("; check by hand: "):
+                reasons.setdefault(why, []).append(f["q"])
+        flagged += [f"{w.student.name} {w.book} {', '.join(qs)}: {why}" for why, qs in reasons.items()]
+        if rec["stopped"]:
+            stopped.append(f"{w.student.name} {w.book}: {', '.join(rec['stopped'])}")
+    for key, s in fresh.items():   # --student: notebooks not handed in again keep their grades
+        before = previous.get(key, {})
+        for book, rec in before.get("notebooks", {}).items():
+            s["notebooks"].setdefault(book, rec)
+        if before and roster is None:   # the name and id an earlier run took from the roster
+            s["name"], s["id"] = before["name"], before.get("id", s["id"])
+    if roster is not None:
+        for r in roster.students:
+            if r.key not in fresh and _match_student(only, r):
+                fresh[r.key] = {"name": r.name, "id": r.id, "notebooks": {}}
+    students = {**previous, **fresh}
+    books = sorted({b for s in students.values() for b in s["notebooks"] if b in manifest["notebooks"]})
+    missing = []
+    for s in students.values():
+        for b in books:
+            s["notebooks"].setdefault(b, missing_record(manifest["notebooks"][b]))
+        s["notebooks"] = dict(sorted(s["notebooks"].items()))
+        if all(b["status"] == "no submission" for b in s["notebooks"].values()) and s in fresh.values():
+            missing.append(s["name"])
+    state.update(students=students, lab_version=manifest["lab_version"],
+                 questions=[{"name": q["name"], "points": q["points"], "notebook": b}
+                            for b in books for q in manifest["notebooks"][b]["questions"]])
+    gradebook.write_outputs(state, out)
+    n_graded = sum(1 for w in works if w.book and not w.problem)
+    run_seconds = [w.outcome.seconds for w in works if w.outcome]
+    how = "each in a bwrap sandbox" if use_sandbox else "WITHOUT a sandbox"
+    per = f", {sum(run_seconds) / len(run_seconds):.1f} s per notebook run" if run_seconds else ""
+    print(f"\nsummary: {n_graded} notebook(s) of {len(fresh)} student(s) graded in {seconds:.1f} s "
+          f"({ran} run, {jobs} at a time{per}, {how}; limits: {limits.describe()})")
+    for title, items in (("could not be graded", failed), ("flagged, check by hand", flagged),
+                         ("stopped by the sandbox or a limit", stopped), ("no submission", missing)):
+        if items:
+            print(f"  {title} ({len(items)}): " + "; ".join(items[:8]) + (" ..." if len(items) > 8 else ""))
+    if not use_sandbox:
+        print(NO_SANDBOX_WARNING)
+    shown = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else str(out)
+    print(f"gradebook: {shown}/gradebook.csv (one row per student), details.csv, feedback/; points given "
+          f"by hand: fill in {shown}/hand_points_template.csv, then python -m lab_utils fold FILE "
+          f"--out {shown}")
+    if failed:
+        print(f"exit status 1: {len(failed)} submission(s) could not be graded (their rows say why)")
+    return 1 if failed else 0

@@ -1,0 +1,517 @@
+"""Reading notebooks without running them: master notebooks' otter blocks, and submissions.
+
+Masters (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` raw cell, otter assign v7 format):
+:func:`parse_master` returns each question's config, solution cell, test cells (each one
+``check(QUESTION, FUNCTION, [cases])`` call, :func:`parse_check`) and the text that must never
+reach a student.
+
+Submissions: :func:`extract_exercise` finds the function a question asks for and the top-level
+definitions, imports and constants it uses (nothing else of the notebook is ever run by the
+grader), and says what needs a human look (:func:`exercise_flags`: the lab's own code, ways to
+reach other code or files; :func:`monkeypatches`: assignments to attributes of imported modules
+or builtins anywhere in the notebook). :func:`answers` reads the hand-graded answer cells.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_MARK = "# ASSIGNMENT CONFIG"
+METADATA_KEY = "dl_perf_lab"   # notebook metadata {notebook, version}; cell metadata {question}
+ANSWER_TAG = "otter_answer_cell"
+ANSWER_PLACEHOLDER = "_Type your answer here, replacing this text._"
+HIDDEN_RE = re.compile(r"^\s*#.*\bhidden\b", re.IGNORECASE)
+
+
+def source(cell: dict) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else str(s)
+
+
+def read_notebook(path: Path, max_bytes: int = 50_000_000) -> tuple[dict | None, str]:
+    """(notebook, "") or (None, why it cannot be read)."""
+    try:
+        size = Path(path).stat().st_size
+        if size > max_bytes:
+            return None, f"too large for a notebook ({size / 1e6:.0f} MB; clear its outputs)"
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"not a readable notebook ({type(e).__name__}: {str(e)[:120]})"
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or \
+            not all(isinstance(c, dict) for c in nb["cells"]):
+        return None, "not a Jupyter notebook (no cells)"
+    return nb, ""
+
+
+def raw_mark(cell: dict) -> str:
+    """'# BEGIN QUESTION' etc. for an otter block cell, else ''."""
+    if cell.get("cell_type") != "raw":
+        return ""
+    first = source(cell).strip().split("\n", 1)[0].strip()
+    marks = r"# (BEGIN|END) (QUESTION|SOLUTION|TESTS|PROMPT)|" + CONFIG_MARK
+    return first if re.fullmatch(marks, first) else ""
+
+
+def is_master(path: Path) -> bool:
+    nb = json.loads(Path(path).read_text())
+    return any(raw_mark(c) == CONFIG_MARK for c in nb["cells"])
+
+
+def notebook_version(path: Path) -> str:
+    """A hash of the master notebook's cells (type and source; outputs and ids ignored)."""
+    nb = json.loads(Path(path).read_text())
+    h = hashlib.sha256()
+    for c in nb["cells"]:
+        h.update(c["cell_type"].encode() + b"\0" + source(c).encode() + b"\0")
+    return h.hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------- masters
+
+
+@dataclass
+class CheckCall:
+    """A test cell's ``check(QUESTION, FUNCTION, [cases])``."""
+    question: str
+    function: str
+    cases: list
+    insert_at: tuple[int, int]   # (line, column) of the call's closing parenthesis (1-based line)
+
+
+@dataclass
+class TestCell:
+    hidden: bool
+    points: float
+    source: str
+    cell_index: int
+    check: CheckCall | None = None
+
+
+@dataclass
+class MasterQuestion:
+    name: str
+    points: float
+    manual: bool
+    solution: str = ""            # the SOLUTION block's code cell (autograded questions)
+    tests: list[TestCell] = field(default_factory=list)
+
+
+@dataclass
+class Master:
+    path: Path
+    questions: list[MasterQuestion] = field(default_factory=list)
+    secret_lines: set[str] = field(default_factory=set)   # solution and hidden-test lines
+    hidden_lines: set[str] = field(default_factory=set)   # hidden-test lines only
+    public_text: str = ""                                  # everything a student may see
+
+    def question(self, name: str) -> MasterQuestion:
+        return next(q for q in self.questions if q.name == name)
+
+
+def parse_check(src: str) -> CheckCall:
+    """The ``check(QUESTION, FUNCTION, [case, ...])`` call of a test cell; ValueError says what is off.
+
+    The cell may hold imports and comments besides; the cases must be plain literals (numbers,
+    strings, tuples, lists, dicts), so that the build can compute and store their answers.
+    """
+    tree = ast.parse(src)
+    calls = [s for s in tree.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+    if len(calls) != 1 or not isinstance(calls[0], ast.Expr) or not isinstance(calls[0].value, ast.Call) \
+            or not (isinstance(calls[0].value.func, ast.Name) and calls[0].value.func.id == "check"):
+        raise ValueError("a test cell holds imports and exactly one call check(QUESTION, FUNCTION, [cases])")
+    call = calls[0].value
+    if len(call.args) != 3 or call.keywords:
+        raise ValueError("check takes three arguments here: check(QUESTION, FUNCTION, [cases]); the "
+                         "build adds expected=")
+    qn, fn, cases = call.args
+    if not (isinstance(qn, ast.Constant) and isinstance(qn.value, str)) or not isinstance(fn, ast.Name):
+        raise ValueError("check's first argument is the question name (a string), its second the "
+                         "student's function (a name)")
+    try:
+        values = ast.literal_eval(cases)
+    except ValueError:
+        raise ValueError("the cases must be a list of literals (numbers, strings, tuples, lists, "
+                         "dicts): no names or calls") from None
+    if not isinstance(values, list) or not values:
+        raise ValueError("the cases must be a non-empty list")
+    return CheckCall(qn.value, fn.id, values, (call.end_lineno, call.end_col_offset - 1))
+
+
+def with_expected(src: str, call: CheckCall, expected: list, hidden: bool) -> str:
+    """``src`` with ``expected=[...]`` (and ``hidden=True``) added to its check call."""
+    lines = src.split("\n")
+    line_no, col = call.insert_at
+    head = "\n".join(lines[:line_no - 1] + [lines[line_no - 1][:col]]).rstrip()
+    tail = "\n".join([lines[line_no - 1][col:]] + lines[line_no:])
+    if head.endswith(","):
+        head = head[:-1]
+    extra = f", expected={expected!r}" + (", hidden=True" if hidden else "")
+    return head + extra + tail
+
+
+def _points(cfg_points: Any, n_tests: int) -> tuple[float, list[float]]:
+    if isinstance(cfg_points, list):
+        pts = [float(p or 0) for p in cfg_points]
+        return sum(pts), pts
+    total = 1.0 if cfg_points is None else float(cfg_points)
+    return total, [total / n_tests] * n_tests if n_tests else []
+
+
+def parse_master(path: Path) -> Master:
+    """The questions, solutions, tests and secret text of a master notebook."""
+    import yaml
+
+    nb = json.loads(Path(path).read_text())
+    master = Master(Path(path))
+    public: list[str] = []
+    block: list[str] = []
+    configs: dict[str, Any] = {}
+    for i, c in enumerate(nb["cells"]):
+        mark, src = raw_mark(c), source(c)
+        if mark:
+            kind, what = mark.split()[1:3] if mark != CONFIG_MARK else ("", "")
+            if kind == "BEGIN":
+                block.append(what)
+                if what == "QUESTION":
+                    cfg = yaml.safe_load(src.split("\n", 1)[1]) or {}
+                    configs[cfg["name"]] = cfg
+                    master.questions.append(MasterQuestion(cfg["name"], 0.0, bool(cfg.get("manual", False))))
+            elif kind == "END" and block:
+                block.pop()
+            continue
+        q = master.questions[-1] if master.questions and "QUESTION" in block else None
+        secret: list[str] = []
+        if block and block[-1] == "SOLUTION" and c["cell_type"] == "markdown":
+            secret = src.split("\n")
+        elif block and block[-1] == "SOLUTION" and c["cell_type"] == "code" and q is not None:
+            q.solution = src
+            inside = False
+            for line in src.split("\n"):
+                if line.strip().startswith("# END SOLUTION"):
+                    inside = False
+                elif line.strip().startswith("# BEGIN SOLUTION"):
+                    inside = True
+                elif inside:
+                    secret.append(line)
+                else:
+                    public.append(line)
+        elif block and block[-1] == "TESTS" and q is not None:
+            first = src.lstrip().split("\n", 1)[0]
+            hidden = bool(HIDDEN_RE.match(first))
+            q.tests.append(TestCell(hidden, 0.0, src, i))
+            if hidden:
+                secret = src.split("\n")
+            else:
+                public.extend(src.split("\n"))
+        else:
+            public.extend(src.split("\n"))
+        for line in secret:
+            code = line.split("#", 1)[0].strip() if c["cell_type"] == "code" else line.strip()
+            if len(code) >= 10:
+                master.secret_lines.add(code)
+                if block and block[-1] == "TESTS":
+                    master.hidden_lines.add(code)
+    for q in master.questions:
+        total, per_test = _points(configs[q.name].get("points"), len(q.tests))
+        q.points = total
+        for t, p in zip(q.tests, per_test):
+            t.points = p
+    master.public_text = "\n".join(public)
+    master.secret_lines = {s for s in master.secret_lines if s not in master.public_text}
+    master.hidden_lines &= master.secret_lines
+    return master
+
+
+# --------------------------------------------------------------------------- submissions: code
+
+
+@dataclass
+class Statement:
+    cell: int          # code cell number (1-based, as a student counts them)
+    node: ast.stmt
+    text: str          # the statement's source (with decorators)
+
+
+def _strip_magics(src: str) -> str:
+    """IPython lines (``%magic``, ``!shell``) become blank; a ``%%cell`` magic blanks the cell."""
+    if src.lstrip().startswith("%%"):
+        return ""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src.split("\n"))
+
+
+@dataclass
+class Program:
+    """A notebook's code cells, parsed (cells with a syntax error are left out and listed)."""
+    statements: list[Statement] = field(default_factory=list)
+    trees: list[tuple[int, ast.Module]] = field(default_factory=list)
+    syntax_errors: list[str] = field(default_factory=list)
+
+
+def parse_program(nb: dict) -> Program:
+    prog = Program()
+    n = 0
+    for c in nb.get("cells", []):
+        if c.get("cell_type") != "code":
+            continue
+        n += 1
+        src = _strip_magics(source(c))
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError) as e:
+            first = (source(c).strip().split("\n") or [""])[0][:60]
+            line = getattr(e, "lineno", "?")
+            prog.syntax_errors.append(f"syntax error in code cell {n} (line {line}: "
+                                      f"{getattr(e, 'msg', e)}; cell starts {first!r})")
+            continue
+        prog.trees.append((n, tree))
+        lines = src.split("\n")
+        for node in tree.body:
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            prog.statements.append(Statement(n, node, "\n".join(lines[start - 1:node.end_lineno])))
+    return prog
+
+
+_CONST_NODES = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Tuple, ast.List, ast.Set, ast.Dict,
+                ast.operator, ast.unaryop, ast.expr_context)
+
+
+def _is_constant_expr(node: ast.AST) -> bool:
+    return all(isinstance(n, _CONST_NODES) for n in ast.walk(node))
+
+
+def _bound_names(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+        names: list[str] = []
+        while targets:   # names, and names in tuples and lists; not x in x.attr = ... or x[i] = ...
+            t = targets.pop()
+            if isinstance(t, ast.Name):
+                names.append(t.id)
+            elif isinstance(t, (ast.Tuple, ast.List)):
+                targets += t.elts
+            elif isinstance(t, ast.Starred):
+                targets.append(t.value)
+        return names
+    return []
+
+
+def _definable(node: ast.stmt) -> bool:
+    """Statements the grader may run: imports, definitions, and constants."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return True
+    if isinstance(node, ast.Assign):
+        return all(isinstance(t, ast.Name) for t in node.targets) and _is_constant_expr(node.value)
+    if isinstance(node, ast.AnnAssign):
+        return isinstance(node.target, ast.Name) and node.value is not None and _is_constant_expr(node.value)
+    return False
+
+
+def _free_names(node: ast.AST) -> set[str]:
+    """Names a definition reads that it does not bind itself (a close over-approximation)."""
+    loads, stores = set(), set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            (loads if isinstance(n.ctx, ast.Load) else stores).add(n.id)
+        elif isinstance(n, ast.arg):
+            stores.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)) and n is not node:
+            stores.update(_bound_names(n))
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
+            stores.add(n.name)
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            stores.add(n.name)
+    return loads - stores
+
+
+@dataclass
+class ExerciseCode:
+    """What the grader runs for one question: the function and what it uses, in notebook order."""
+    question: str
+    function: str
+    source: str = ""
+    cell: int = 0                 # the code cell that defines the function
+    blank: bool = False           # the student edition's stub, untouched
+    problem: str = ""             # why there is nothing to run
+    notes: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)   # check by hand
+
+
+def function_dump(node: ast.AST) -> str:
+    """A definition's AST without positions (to tell an untouched stub)."""
+    return ast.dump(node, annotate_fields=False, include_attributes=False)
+
+
+def extract_exercise(prog: Program, question: str, function: str, blank_dump: str = "") -> ExerciseCode:
+    """The function ``function`` and the imports, definitions and constants it uses."""
+    out = ExerciseCode(question, function)
+    last: dict[str, int] = {}
+    for i, st in enumerate(prog.statements):
+        for name in _bound_names(st.node):
+            last[name] = i
+    if function not in last:
+        why = f"no function {function} in the notebook"
+        out.problem = f"{why} ({prog.syntax_errors[0]})" if prog.syntax_errors else \
+            f"{why}: its cell was deleted or renamed"
+        return out
+    top = prog.statements[last[function]]
+    if not isinstance(top.node, ast.FunctionDef):
+        out.problem = (f"{function} is not defined with def (cell {top.cell} binds it with "
+                       f"{type(top.node).__name__.lower()}): write it as the function the exercise asks for")
+        return out
+    out.cell = top.cell
+    if blank_dump and function_dump(top.node) == blank_dump:
+        out.blank = True
+    keep, todo, unseen = {last[function]}, [top.node], set()
+    while todo:
+        node = todo.pop()
+        for name in sorted(_free_names(node)):
+            if name in last and last[name] not in keep and name != function:
+                st = prog.statements[last[name]]
+                if _definable(st.node):
+                    keep.add(last[name])
+                    todo.append(st.node)
+                else:
+                    unseen.add((name, st.cell))
+            elif name not in last and not hasattr(builtins, name):
+                unseen.add((name, 0))
+    for name, cell in sorted(unseen):
+        where = f"set in code cell {cell} by a statement the grader does not run" if cell else \
+            "defined nowhere in the notebook"
+        out.notes.append(f"{function} uses {name}, {where}: compute it inside the function "
+                         "(only functions, imports and constants are graded)")
+    chosen = [prog.statements[i] for i in sorted(keep)]
+    out.source = "\n\n".join(st.text for st in chosen) + "\n"
+    out.flags = exercise_flags([st.node for st in chosen], function)
+    return out
+
+
+# Modules and built-ins that reach other code, files, processes or the network: an exercise never
+# needs them, so their use is shown to the instructor ("check by hand").
+REACHING_MODULES = {"importlib", "sys", "builtins", "inspect", "gc", "ctypes", "os", "subprocess", "socket",
+                    "shutil", "pickle", "marshal", "multiprocessing", "signal", "resource", "pty", "runpy",
+                    "code", "codeop", "types", "pathlib", "io", "urllib", "http", "requests", "threading",
+                    "asyncio", "tempfile", "glob", "posix", "_thread", "sysconfig", "site", "zipimport"}
+REACHING_CALLS = {"__import__", "eval", "exec", "compile", "globals", "locals", "vars", "open",
+                  "breakpoint", "input", "setattr", "delattr", "getattr"}
+SAFE_DUNDERS = {"__name__", "__doc__", "__init__", "__len__", "__iter__", "__next__", "__call__"}
+FRAME_ATTRS = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame", "tb_frame",
+               "co_code", "co_consts"}
+
+
+def exercise_flags(nodes: list[ast.stmt], function: str) -> list[str]:
+    """Why the exercise code needs a human look: the lab's own code, or reaching past the function."""
+    flags: list[str] = []
+    for top in nodes:
+        for n in ast.walk(top):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
+                for mod in mods:
+                    root = mod.split(".")[0]
+                    if root == "lab_utils":
+                        names = ", ".join(a.name for a in n.names)
+                        what = mod if isinstance(n, ast.Import) else f"{mod} ({names})"
+                        flags.append(f"{function} imports the lab's own code, {what}: the exercise is to "
+                                     "write it yourself")
+                    elif root in REACHING_MODULES:
+                        flags.append(f"the exercise code imports {mod}")
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in REACHING_CALLS:
+                name = n.args[1] if n.func.id == "getattr" and len(n.args) >= 2 else None
+                literal = isinstance(name, ast.Constant) and isinstance(name.value, str) \
+                    and not name.value.startswith("_")
+                if not literal:
+                    flags.append(f"the exercise code calls {n.func.id}()")
+            elif isinstance(n, ast.Attribute) and ((n.attr.startswith("__") and n.attr not in SAFE_DUNDERS)
+                                                   or n.attr in FRAME_ATTRS):
+                flags.append(f"the exercise code reads .{n.attr}")
+            elif isinstance(n, ast.Name) and n.id in ("__builtins__", "__loader__", "__spec__"):
+                flags.append(f"the exercise code uses {n.id}")
+    return list(dict.fromkeys(flags))
+
+
+def _root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def monkeypatches(prog: Program) -> list[str]:
+    """Assignments (or ``setattr``/``del``) to attributes of imported modules or builtins, anywhere.
+
+    Each is described as ``"math.isclose (code cell 12)"``. Subscripts (``plt.rcParams['x'] = 1``)
+    are settings, not patches, and are not listed.
+    """
+    modules = {"builtins", "__builtins__"}
+    for _, tree in prog.trees:
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                modules.update(_bound_names(n))
+    found: list[str] = []
+    for cell, tree in prog.trees:
+        for n in ast.walk(tree):
+            targets: list[ast.AST] = []
+            if isinstance(n, (ast.Assign, ast.Delete)):
+                targets = list(n.targets)
+            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+                targets = [n.target]
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.args \
+                    and n.func.id in ("setattr", "delattr"):
+                root = _root_name(n.args[0])
+                if root in modules:
+                    attr = n.args[1].value if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) else "?"
+                    found.append(f"{ast.unparse(n.args[0])}.{attr} (code cell {cell})")
+                continue
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and _root_name(sub) in modules:
+                        found.append(f"{ast.unparse(sub)} (code cell {cell})")
+                        break
+    return list(dict.fromkeys(found))
+
+
+def patch_targets(found: list[str]) -> set[str]:
+    """``"math.isclose (code cell 12)"`` -> ``"math.isclose"`` (to compare with the student edition)."""
+    return {f.rsplit(" (code cell", 1)[0] for f in found}
+
+
+# --------------------------------------------------------------------------- hand-graded answers
+
+
+def answers(nb: dict, manual_questions: list[str]) -> dict[str, str]:
+    """The text of each hand-graded question's answer cells; "" for an untouched or missing answer.
+
+    Answer cells are found by the question name the build writes into their metadata, else by
+    their order among the ``<!-- BEGIN QUESTION -->`` blocks.
+    """
+    out = {q: "" for q in manual_questions}
+    order = iter(manual_questions)
+    current = None
+    for c in nb.get("cells", []):
+        src = source(c)
+        if c.get("cell_type") == "markdown" and "<!-- BEGIN QUESTION -->" in src:
+            current = next(order, None)
+        tags = (c.get("metadata") or {}).get("tags") or []
+        if ANSWER_TAG in tags:
+            name = ((c.get("metadata") or {}).get(METADATA_KEY) or {}).get("question") or current
+            text = src.strip()
+            if name in out and text and text != ANSWER_PLACEHOLDER:
+                out[name] = (out[name] + "\n\n" + text).strip()
+        if c.get("cell_type") == "markdown" and "<!-- END QUESTION -->" in src:
+            current = None
+    return out
+
+
+def check_cells_deleted(nb: dict, questions: list[str]) -> list[str]:
+    """Autograded questions whose ``grader.check`` cell is gone (noted; grading does not need it)."""
+    text = "\n".join(source(c) for c in nb.get("cells", []) if c.get("cell_type") == "code")
+    return [q for q in questions if not re.search(rf"""\.check\(\s*["']{re.escape(q)}["']""", text)]

@@ -1,0 +1,224 @@
+"""Finding the handed-in notebooks: folders, zip files, LMS file names, the roster.
+
+A submissions folder may hold, in any mix:
+
+- ``<student>/*.ipynb``: one folder per student (the student is the folder's name);
+- ``<student>.ipynb``: one notebook per student (the student is the file's stem);
+- files named by an LMS export, which carry the student's id:
+  Canvas ``<name>[_LATE]_<user id>_<submission id>_<original name>.ipynb`` (a resubmission's
+  original name ends in ``-1``, ``-2``...), Moodle ``<Full Name>_<id>_assignsubmission_file_``
+  folders (or the same prefix on a file);
+- ``*.zip`` files, unpacked (only ``.ipynb`` members, sizes checked): a Canvas bulk download's
+  members name their students; otherwise a zip belongs to the student it is named after or lies
+  in the folder of. ``SUBMISSIONS`` may itself be a zip file.
+
+Which lab notebook a file is comes from its metadata (see :mod:`lab_utils.grading.grade`), not
+from here. A roster (``--roster students.csv``) gives every student their LMS name and id, and
+lists the students who handed in nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from lab_utils.core.errors import LabError
+
+CANVAS = re.compile(r"^(?P<name>[a-z0-9-]+?)(?:_late)?_(?P<uid>\d+)_(?P<sid>\d+)_(?P<rest>.+)$", re.I)
+MOODLE = re.compile(r"^(?P<name>.+?)_(?P<uid>\d+)_assignsubmission_[a-z]+_?(?P<rest>.*)$", re.I)
+RESUBMISSION = re.compile(r"-(\d+)$")
+MAX_MEMBER_BYTES = 50_000_000
+MAX_ZIP_BYTES = 1_000_000_000
+MAX_ZIP_MEMBERS = 5_000
+
+
+def normalize(name: str) -> str:
+    """A name as a key: lower case, letters and digits only ("Doe, Jane" -> "doejane")."""
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+def same_name(a: str, b: str) -> bool:
+    """Whether two spellings name the same person: "Doe, Jane", "Jane Doe", "doejane" (Canvas)."""
+    words = [sorted(re.findall(r"[0-9a-z]+", x.lower())) for x in (a, b)]
+    return bool(normalize(a)) and (normalize(a) == normalize(b) or words[0] == words[1])
+
+
+@dataclass
+class Student:
+    name: str
+    id: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"id:{self.id}" if self.id else f"name:{normalize(self.name) or self.name}"
+
+
+@dataclass
+class Submission:
+    student: Student
+    path: Path            # a file on disk (a zip member is unpacked into a staging folder)
+    file: str             # as handed in, relative to the submissions folder ("a.zip!04_x.ipynb")
+    original: str         # the file name the student gave it (LMS prefix removed)
+    mtime: float
+    resubmission: int = 0
+    problem: str = ""     # why it cannot be graded at all ("" = a notebook to grade)
+
+
+def parse_lms(name: str) -> tuple[Student | None, str]:
+    """(student, original file name) from an LMS-exported name, or (None, name)."""
+    stem_rest = name
+    for pattern in (CANVAS, MOODLE):
+        m = pattern.match(stem_rest)
+        if m:
+            rest = m.group("rest") or ""
+            return Student(m.group("name"), m.group("uid")), rest
+    return None, name
+
+
+def _resubmission(original: str) -> int:
+    m = RESUBMISSION.search(Path(original).stem)
+    return int(m.group(1)) if m else 0
+
+
+def _unpack(zip_path: Path, dest: Path, shown: str,
+            keep_paths: bool = False) -> tuple[list[tuple[Path, str, float]], list[tuple[str, str]]]:
+    """The ``.ipynb`` members of a zip, unpacked into ``dest``: (path, shown name, mtime); and
+    (shown name, why) for the members (or the zip) that cannot be used. ``keep_paths``: keep the
+    members' folders (sanitized: no absolute path, no ``..``), else one folder per member."""
+    found, problems, total = [], [], 0
+    try:
+        zf = zipfile.ZipFile(zip_path)
+    except (zipfile.BadZipFile, OSError) as e:
+        return [], [(shown, f"not a readable zip file ({e})")]
+    with zf:
+        infos = zf.infolist()
+        if len(infos) > MAX_ZIP_MEMBERS:
+            return [], [(shown, f"{len(infos)} files in the zip, more than {MAX_ZIP_MEMBERS}")]
+        for i, info in enumerate(infos):
+            member = info.filename
+            if info.is_dir() or "__MACOSX" in member or Path(member).name.startswith("."):
+                continue
+            if not member.endswith((".ipynb", ".zip")):
+                problems.append((f"{shown}!{member}", "not a notebook (hand in the .ipynb)"))
+                continue
+            if info.file_size > MAX_MEMBER_BYTES or total + info.file_size > MAX_ZIP_BYTES:
+                problems.append((f"{shown}!{member}", f"too large ({info.file_size / 1e6:.0f} MB)"))
+                continue
+            total += info.file_size
+            parts = [p for p in Path(member).parts if p not in ("", ".", "..", "/") and not p.endswith(":")]
+            target = dest / Path(*parts) if keep_paths and parts else dest / f"{i:04d}" / Path(member).name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as out:
+                out.write(src.read(MAX_MEMBER_BYTES + 1))
+            mtime = time.mktime(info.date_time + (0, 0, -1))
+            os.utime(target, (mtime, mtime))   # "the latest wins" compares the zip's dates
+            found.append((target, f"{shown}!{member}", mtime))
+    return found, problems
+
+
+def find_submissions(root: Path, staging: Path) -> list[Submission]:
+    """Every handed-in file under ``root`` (a folder or a zip file), zips unpacked into ``staging``.
+
+    Files that are not notebooks become submissions whose ``problem`` says why.
+    """
+    root = Path(root)
+    out: list[Submission] = []
+
+    def add(path: Path, shown: str, mtime: float, owner: Student | None, depth: int = 0) -> None:
+        lms, original = parse_lms(Path(shown.split("!")[-1]).name)
+        student = lms or owner or Student(Path(original).stem)
+        if path.suffix == ".zip" and depth < 2:
+            members, problems = _unpack(path, staging / f"z{len(out):05d}_{depth}", shown)
+            for where, why in problems:
+                out.append(Submission(student, path, where, original, mtime, problem=why))
+            for m_path, m_shown, m_mtime in members:
+                add(m_path, m_shown, m_mtime, lms or owner or Student(Path(original).stem), depth + 1)
+            return
+        problem = "" if path.suffix == ".ipynb" else \
+            f"not a notebook ({Path(shown).name}): hand in the .ipynb"
+        out.append(Submission(student, path, shown, original, mtime, _resubmission(original), problem))
+
+    prefix = ""
+    if root.is_file():
+        if root.suffix != ".zip":
+            raise LabError(f"{root} is neither a folder of submissions nor a zip file of them.")
+        members, problems = _unpack(root, staging / "root", root.name, keep_paths=True)
+        if problems and not members:
+            raise LabError(f"{root}: {problems[0][1]}.")
+        for where, why in problems:
+            out.append(Submission(Student(Path(where).stem), root, where, "", root.stat().st_mtime,
+                                  problem=why))
+        root, prefix = staging / "root", root.name + "!"
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((".", "_")):
+            continue
+        if entry.is_dir():
+            lms, _ = parse_lms(entry.name)
+            owner = lms or Student(entry.name)
+            files = sorted(p for p in entry.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
+                           and not p.name.startswith("."))
+            # A student's folder may also hold the written report and its figures (README,
+            # "Handing in the report"): only notebooks and zips are graded; the rest is the
+            # instructor's to read, and is a problem only when the folder holds nothing to grade.
+            gradable = [p for p in files if p.suffix in (".ipynb", ".zip")]
+            if not gradable:
+                others = ", ".join(p.name for p in files[:4]) or "empty"
+                out.append(Submission(owner, entry, prefix + entry.name + "/", "", entry.stat().st_mtime,
+                                      problem=f"no notebook in the folder ({others})"))
+            for p in gradable:
+                add(p, prefix + str(p.relative_to(root)), p.stat().st_mtime, owner)
+        else:
+            add(entry, prefix + entry.name, entry.stat().st_mtime, None)
+    return out
+
+
+@dataclass
+class Roster:
+    students: list[Student]
+
+    def match(self, s: Student) -> Student | None:
+        """The roster's entry for a student found in the submissions (by id, else by name)."""
+        if s.id:
+            hit = next((r for r in self.students if r.id and r.id == s.id), None)
+            if hit:
+                return hit
+        return next((r for r in self.students if same_name(r.name, s.name)), None)
+
+
+ID_COLUMNS = ("id", "student id", "student_id", "sis user id", "id number", "user id", "login id",
+              "sis login id")
+NAME_COLUMNS = ("student", "name", "student name", "full name", "sortable name", "login")
+
+
+def read_roster(path: Path) -> Roster:
+    """A CSV with a header: an id column (``id``, ``SIS User ID``, ``ID number``...) and/or a name
+    column (``student``, ``name``...; or ``First name`` + ``Last name``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"No roster at {path}: give a CSV with a header, e.g. 'student,id'.")
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise LabError(f"The roster {path} has no students (a header line, then one line per student).")
+    cols = {c.strip().lower(): c for c in rows[0] if c}
+    id_col = next((cols[c] for c in ID_COLUMNS if c in cols), None)
+    name_col = next((cols[c] for c in NAME_COLUMNS if c in cols), None)
+    first, last = cols.get("first name"), cols.get("last name")
+    if not (id_col or name_col or (first and last)):
+        raise LabError(f"The roster {path} needs a column named 'student' (or 'name') or 'id'; it has "
+                       f"{', '.join(rows[0])}.")
+    students = []
+    for r in rows:
+        if name_col:
+            name = (r.get(name_col) or "").strip()
+        else:
+            name = f"{r.get(first, '')} {r.get(last, '')}".strip()
+        sid = (r.get(id_col) or "").strip() if id_col else ""
+        if name or sid:
+            students.append(Student(name or sid, sid))
+    return Roster(students)
