@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     removed first. After the run, raises :class:`LaunchError` when a rank failed or the run
     timed out (the records yielded before are whole: store them). ``info`` (a dict) receives
     the log folder, the rank logs, the wall seconds and the launch id. Leaving the loop early
-    (or an interrupt) stops the whole process tree.
+    (or an interrupt) stops the whole process tree. Without ``log_dir`` the logs go to a
+    temporary folder, removed after a successful run unless ``info`` asked for the logs.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:
@@ -168,6 +170,10 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
         raise LaunchError(f"The run of {module} finished but rank 0 wrote no records to {out_file}; "
                           "check that the worker calls lab_utils.core.records.append_records. "
                           + _quote_failure(0, logs, agent_log))
+    if log_dir is None and info is None:
+        # A folder of our own that nobody will read: a student's node would otherwise collect one
+        # per launch in /tmp. A failed launch keeps it (the error above quotes its logs).
+        shutil.rmtree(log_root, ignore_errors=True)
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:

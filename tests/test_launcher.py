@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.launcher import failing_rank, launch, tagged_processes
+from lab_utils.launcher import failing_rank, launch, stream, tagged_processes
 
 TESTS = Path(__file__).resolve().parent
 TOY = "ddp_toy_worker"
@@ -79,6 +79,24 @@ def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
     assert all(r.metrics["world"] == 2 and r.metrics["omp"] == "1" for r in res.records)
     assert "toy worker rank 1/2" in res.log(1)
     assert res.launch_id and not tagged_processes(res.launch_id)
+    assert_nothing_left(token)
+
+
+@pytest.mark.slow
+def test_a_successful_stream_leaves_no_temporary_folder(tmp_path, monkeypatch):
+    """The experiments stream without a log folder: each launch's temporary logs are removed after
+    it succeeds (a failed one keeps them for its error message)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    token = uuid.uuid4().hex
+    recs = list(stream(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, env=toy_env(token), threads_per_rank=1))
+    assert [r.metrics["rank"] for r in recs] == [0, 1]
+    assert not list(tmp_path.glob("lab_ddp_*"))
+    with pytest.raises(LaunchError):
+        list(stream(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, env=toy_env(token),
+                    threads_per_rank=1))
+    assert len(list(tmp_path.glob("lab_ddp_*/rank1.log"))) == 1
     assert_nothing_left(token)
 
 

@@ -78,7 +78,8 @@ def test_every_metric_a_notebook_run_writes_is_in_the_glossary(lab_run):
 def test_tables_keep_their_names_and_columns(lab_run):
     """The quick run writes the same tables, with the same columns in the same order, as before the
     data path was rebuilt (issue 26): tests/table_columns.json, the CSV headers of a quick run at
-    d4e9c98. A table or column added later goes into that file with the change that adds it."""
+    d4e9c98 (plus payload_bytes, added by Exercise 07-a). A table or column added later goes into that
+    file with the change that adds it."""
     import csv
     import json
     from pathlib import Path
