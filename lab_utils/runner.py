@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import datetime as _dt
 import json
 import math
@@ -288,6 +289,10 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
                                   name=f"nbclient {path.name}")
         worker.start()
         interrupted = _watch(worker, stop, token, km)
+        # nbclient registers an exit hook that shuts its kernel down, and leaves it registered when
+        # the kernel dies while starting (its own clean-up already ran): at interpreter exit it then
+        # fails with a traceback. The kernel is ours to stop (below), so the hook goes.
+        atexit.unregister(client._cleanup_kernel)
         kernel = _kernel_process(km)
         kernel_exit = kernel.poll() if kernel is not None else None  # read before we stop anything
         proctree.stop(token, root_pid=kernel.pid if kernel else None)

@@ -207,6 +207,26 @@ def test_a_signal_stops_the_run_within_seconds(tmp_path, sig, word, status):
     assert _leftovers(mark) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_signal_while_the_kernel_starts_is_one_line_and_no_traceback(tmp_path):
+    """SIGTERM as the kernel starts (a job cancelled at once): nbclient's own exit hook must not
+    run after the runner has stopped the kernel (it printed an AssertionError traceback)."""
+    nb = _notebook(tmp_path / "97_start.ipynb", ["import time\ntime.sleep(60)"])
+    proc, mark = _start_run(tmp_path, [nb])
+    deadline = time.monotonic() + 60
+    while not any("ipykernel" in " ".join(p.cmdline()) for p in proctree.marked(mark, var="LAB_TEST_RUN")):
+        assert time.monotonic() < deadline and proc.poll() is None, "the kernel never started"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    code, out, err = _finish(proc, timeout=60)
+    assert code == 143, (out, err)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    [line] = err.strip().splitlines()
+    assert line.startswith("interrupted by SIGTERM in 97_start.ipynb"), line
+    assert _leftovers(mark) == []
+
+
 def test_a_failed_write_leaves_the_old_copy_and_names_the_folder(tmp_path, monkeypatch):
     """ENOSPC simulated: the sentence names the folder, and the earlier executed copy stays whole."""
     target = tmp_path / "executed" / "01_x.ipynb"
