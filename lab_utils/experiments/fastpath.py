@@ -273,15 +273,19 @@ def _skip_reason(step: str, options: TrainOptions, settings: Settings, device: t
     return None
 
 
+def _trainer_and_loader(options: TrainOptions, settings: Settings, split: ArraySplit, device: torch.device):
+    """The fast path's trainer for ``options`` and the loader it names (the spec's, or on the device)."""
+    trainer = build_trainer(options, settings.width, device, seed=settings.seed)
+    if options.loader == "spec":
+        return trainer, spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
+    return trainer, device_loader(split, device, settings.batch_size, seed=settings.seed,
+                                  channels_last=options.channels_last)
+
+
 def measure_config(options: TrainOptions, settings: Settings, split: ArraySplit,
                    device: torch.device) -> dict[str, Any]:
     """Warm up, then time one epoch of ``split`` with ``options``; the metrics of one waterfall row."""
-    trainer = build_trainer(options, settings.width, device, seed=settings.seed)
-    if options.loader == "spec":
-        loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
-    else:
-        loader = device_loader(split, device, settings.batch_size, seed=settings.seed,
-                               channels_last=options.channels_last)
+    trainer, loader = _trainer_and_loader(options, settings, split, device)
     remainder = len(split) % settings.batch_size if options.compile else 0
     warm_s = warm_up(trainer, loader, settings.warmup_steps, remainder)
     reset_peak_memory(device)
@@ -524,12 +528,7 @@ def measure_trace(lab: Any, settings: Settings, options: TrainOptions, step: str
            "batch_size": settings.batch_size, "trace_steps": settings.trace_steps, "device": dev.type}
     def profile_steps() -> Record:
         split = load_split(True, images, settings.dataset)
-        trainer = build_trainer(options, settings.width, dev, seed=settings.seed)
-        if options.loader == "spec":
-            loader = spec_loader(split, settings.batch_size, options.num_workers, seed=settings.seed)
-        else:
-            loader = device_loader(split, dev, settings.batch_size, seed=settings.seed,
-                                   channels_last=options.channels_last)
+        trainer, loader = _trainer_and_loader(options, settings, split, dev)
         warm_s = warm_up(trainer, loader, max(settings.warmup_steps, 1))
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
         done = 0
