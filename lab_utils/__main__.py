@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--data-dir", default=None)
 
     b = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
-    b.add_argument("name", choices=sorted(BENCHES), metavar="NAME",
+    b.add_argument("name", nargs="?", choices=sorted(BENCHES), metavar="NAME",
                    help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
     b.add_argument("args", nargs=argparse.REMAINDER, help="arguments for that benchmark (--help)")
 
@@ -202,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(args)
         if args.command == "bench":
+            if args.name is None:  # a bare `bench`: say which there are, not argparse's "NAME, args required"
+                print("python -m lab_utils bench NAME [--help]: name one of these benchmarks:",
+                      file=sys.stderr)
+                for k, (_, what) in BENCHES.items():
+                    print(f"  {k:10s} {what}", file=sys.stderr)
+                return 2
             return _call(BENCHES[args.name][0], args.args)
         if args.command == "info":
             return _info(args)

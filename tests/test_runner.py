@@ -81,6 +81,18 @@ def test_cli_bad_input_exits_2_without_traceback():
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_bare_bench_lists_the_benchmarks():
+    """`python -m lab_utils bench` as typed from the repository root names every benchmark."""
+    from lab_utils.__main__ import BENCHES
+
+    proc = subprocess.run([sys.executable, "-m", "lab_utils", "bench"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("python -m lab_utils bench NAME")
+    assert [ln.split()[0] for ln in lines[1:]] == list(BENCHES)
+
+
 def test_committed_notebooks_have_parameters_cell_and_no_outputs():
     for path in runner.all_notebooks():
         nb = nbformat.read(str(path), as_version=4)
