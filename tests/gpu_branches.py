@@ -533,21 +533,15 @@ INVENTORY: tuple[Branch, ...] = (
       reason=NCCL, doctor="05_large_batch_accumulation"),
     B("workers/comm_accounting.py", "run_accounting.steps", "cuda", "synchronize after each step",
       reason=NCCL, doctor="05_large_batch_accumulation"),
-    B("workers/comm_accounting.py", "build_record", "ctx.device.type == 'cuda'", "the record names the GPU",
-      BR + "test_worker_records_name_the_gpu"),
     # workers/args.py
     B("workers/args.py", "WorkerArgs.record_config", "backend == 'nccl'", "device_type cuda in the key",
       BR + "test_worker_records_name_the_gpu"),
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_03_ddp_with_comm_probe"),
-    B("workers/ddp.py", "build_records", "ctx.device.type == 'cuda'", "the record names the GPU",
-      BR + "test_worker_records_name_the_gpu"),
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
-    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "the record names the GPU",
-      reason=TENSORS, doctor="06_gpt_ddp"),
     B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
       reason=NCCL, doctor="06_gpt_ddp"),
     B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "pinned loader memory",

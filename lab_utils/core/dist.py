@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.memory import is_out_of_memory, oom_reason
 
 
@@ -45,6 +46,13 @@ class DistContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def hardware(self) -> dict[str, Any]:
+        """What a DDP record says about its devices: this rank's device name, the world size as
+        ``device_count`` and ``processes``, and the backend (``hardware_summary`` plus the two)."""
+        hw = hardware_summary(str(self.device), self.world_size)
+        hw.update(processes=self.world_size, backend=self.backend)
+        return hw
 
 
 def free_port() -> int:

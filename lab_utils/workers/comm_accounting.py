@@ -66,7 +66,7 @@ from lab_utils.core import config
 from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.dist import init_distributed
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.core.records import Record, append_records
 from lab_utils.launcher import setup_rank_logging
@@ -351,9 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> Record:
     """Rank 0: one record with every rank's ledger."""
     profile = config.resolve_profile_name(args.profile)[0]
-    hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)
-    hardware["processes"] = ctx.world_size
-    hardware["backend"] = ctx.backend
+    hardware = ctx.hardware()
     metrics = {"ranks": gathered, "model_bytes": gathered[0]["model_bytes"], "world_size": ctx.world_size}
     return Record(experiment=args.experiment or "comm_accounting",
                   config=args.record_config(ctx.world_size, ctx.backend), metrics=metrics, profile=profile,

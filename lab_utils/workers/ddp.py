@@ -155,7 +155,7 @@ from lab_utils.core.config import get_profile, loader_worker_options
 from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
 from lab_utils.core.dist import DistContext, init_distributed, oom_ends_rank
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch
@@ -388,9 +388,7 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
     """Rank 0: the aggregate record and one record per rank."""
     synthetic = args.dataset == "synthetic"
     dataset_name = "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10"
-    hardware = hardware_summary(str(ctx.device) if ctx.device.type == "cuda" else "cpu", ctx.world_size)
-    hardware["processes"] = ctx.world_size
-    hardware["backend"] = ctx.backend
+    hardware = ctx.hardware()
     threads = gathered[0].get("threads")
     if ctx.device.type == "cpu":
         hardware["threads_per_process"] = threads

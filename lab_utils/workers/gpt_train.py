@@ -245,7 +245,7 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
         free_device_memory(device)
     run_timer.__exit__(None, None, None)
     rank_timers = gather(timers.table(), ctx)
-    hardware = hardware_summary(str(device) if device.type == "cuda" else "cpu", ctx.world_size)
+    hardware = hardware_summary(str(device), ctx.world_size)
     common = {"synthetic": splits.synthetic, "dataset": splits.corpus_name, "hardware": hardware,
               "software": software_versions()}
     if oom:
