@@ -247,3 +247,37 @@ def test_a_forced_index_installs_that_build_and_sticks(tmp_path, monkeypatch):
     assert cuda_wheels.probe(py)["dists"]["torch"]["version"] == "2.14.1+cu126"  # kept: no driver here
     own = next(venv.glob("lib/python3*/site-packages"))
     assert "labtiny" in {p.name.split("-")[0] for p in own.iterdir()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_build_that_cannot_be_fetched_leaves_the_installed_pair(tmp_path, monkeypatch):
+    """`make venv TORCH_VARIANT=cu126` on a node that cannot reach PyTorch's index: the error says so,
+    and the venv keeps the torch it had (it used to be uninstalled first, leaving no torch at all);
+    the failed choice is not recorded, so a plain `make venv` afterwards does not try it again."""
+    wheels, empty = tmp_path / "wheels", tmp_path / "empty"
+    make_wheel(wheels, "torch", "2.14.1")
+    make_wheel(wheels, "torchvision", "0.29.2", requires=("torch==2.14.1",))
+    empty.mkdir()
+    (empty / "index.html").write_text("")
+    reqs, cons = tmp_path / "requirements.txt", tmp_path / "constraints.txt"
+    reqs.write_text("torch>=2.4,<2.16\ntorchvision>=0.19,<0.31\n")
+    cons.write_text("torch==2.14.1\ntorchvision==0.29.2\n")
+    venv = tmp_path / "venv"
+    subprocess.run([_base_python(), "-m", "venv", str(venv)], timeout=180, check=True)
+    py = str(venv / "bin" / "python")
+    for k, v in dict(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=empty.as_uri(), PIP_FIND_LINKS=str(wheels),
+                     PIP_DISABLE_PIP_VERSION_CHECK="1").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    cuda_wheels.install(py, reqs, cons, variant="pypi", driver=None)
+    assert cuda_wheels.probe(py)["dists"]["torch"]["version"] == "2.14.1"
+    (venv / cuda_wheels.VARIANT_FILE).unlink(missing_ok=True)
+
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))  # from now on no torch can be fetched from anywhere
+    unreachable = (tmp_path / "no-such-index").as_uri()
+    with pytest.raises(cuda_wheels.InstallError, match="nothing was removed"):
+        cuda_wheels.install(py, reqs, cons, variant=unreachable, driver=None)
+    seen = cuda_wheels.probe(py)["dists"]
+    assert (seen["torch"]["version"], seen["torchvision"]["version"]) == ("2.14.1", "0.29.2")
+    assert not (venv / cuda_wheels.VARIANT_FILE).exists()

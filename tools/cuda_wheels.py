@@ -134,8 +134,8 @@ def check_system_pair(seen: dict, requirements: dict[str, str]) -> list[str]:
     return problems
 
 
-def _pip(python: str, *args: str, dry_run: bool = False) -> None:
-    cmd = [python, "-m", "pip", "install", *args]
+def _pip(python: str, *args: str, dry_run: bool = False, verb: str = "install") -> None:
+    cmd = [python, "-m", "pip", verb, *args]
     print("+ " + " ".join(cmd), flush=True)
     if dry_run:
         return
@@ -233,8 +233,6 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
                                 pinned_version(read_requirements(constraints), "torch") or "?")
     except NoVariant as e:
         raise InstallError(str(e)) from None
-    if not dry_run:
-        _record_forced(prefix, variant)
     found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not forced else ""
     source = choice.index_url or "PyPI"
     print(f"torch build: {choice.variant} from {source} ({choice.reason}{found}); "
@@ -246,22 +244,37 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
         seen["dists"]["torch"]["location"], prefix) else None
     have = parse_version(ours["version"]).local if ours else None
     deliberate = choice.forced or driver is not None
-    if ours and deliberate and (choice.label is None or have != choice.label):
-        print(f"replacing the installed torch {ours['version']} by the {choice.variant} build", flush=True)
-        if not dry_run:
-            subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", *TORCH_PAIR],
-                           timeout=600, check=False)
-    elif ours and have and not deliberate:
-        print(f"no driver here: keeping the installed torch {ours['version']} "
-              f"(`make venv TORCH_VARIANT=pypi` replaces it)", flush=True)
-    if choice.index_url:
-        if not all(pins.values()):
-            raise InstallError(f"{constraints} must pin torch and torchvision (==) to install the "
-                               f"{choice.variant} build.")
-        suffix = f"+{choice.label}" if choice.label else ""
-        _pip(python, "-q", "--index-url", choice.index_url,
-             *(f"{n}=={pins[n]}{suffix}" for n in TORCH_PAIR), dry_run=dry_run)
-    _pip(python, "-q", "-r", str(requirements), "-c", str(constraints), dry_run=dry_run)
+    if choice.index_url and not all(pins.values()):
+        raise InstallError(f"{constraints} must pin torch and torchvision (==) to install the "
+                           f"{choice.variant} build.")
+    suffix = f"+{choice.label}" if choice.label else ""
+    pair = [f"{n}=={pins[n]}{suffix}" for n in TORCH_PAIR]
+    index = ["--index-url", choice.index_url] if choice.index_url else []
+    # Inside the venv: its file system holds torch anyway (a login node's /tmp may be small).
+    with tempfile.TemporaryDirectory(prefix=".lab_torch_", dir=prefix) as fetched:
+        local = []  # the new pair's wheels, fetched before the old pair is removed
+        if ours and deliberate and (choice.label is None or have != choice.label):
+            print(f"replacing the installed torch {ours['version']} by the {choice.variant} build",
+                  flush=True)
+            if all(pins.values()):
+                try:  # an unreachable index or a missing build fails here, with the old pair still installed
+                    _pip(python, "-q", "--no-deps", "-d", fetched, *index, *pair, dry_run=dry_run,
+                         verb="download")
+                except InstallError as e:
+                    raise InstallError(f"{e}; nothing was removed: the venv keeps torch {ours['version']}") \
+                        from None
+                local = ["--find-links", fetched]
+            if not dry_run:
+                subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", *TORCH_PAIR],
+                               timeout=600, check=False)
+        elif ours and have and not deliberate:
+            print(f"no driver here: keeping the installed torch {ours['version']} "
+                  f"(`make venv TORCH_VARIANT=pypi` replaces it)", flush=True)
+        if choice.index_url:
+            _pip(python, "-q", *index, *pair, *local, dry_run=dry_run)
+        _pip(python, "-q", "-r", str(requirements), "-c", str(constraints), *local, dry_run=dry_run)
+    if not dry_run:
+        _record_forced(prefix, variant)  # only a build that installed sticks to the venv
     if not dry_run and choice.label is not None:
         now = probe(python, ("torch",))["dists"].get("torch")
         label = parse_version(now["version"]).local if now else None
