@@ -314,6 +314,31 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     assert float(_by_student(grades)["Doe, Jane"]["total"]) == 5.5
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_regrading_one_student_without_the_roster_keeps_one_row(dist, tmp_path):
+    """README: a first run with `--roster`, then `make grade ... GRADE_ARGS="--student 'Doe, Jane'"`
+    (no roster). A folder named after the student carries no id, so the regrade must find the row the
+    roster made by name; it used to add a second "Doe, Jane" row without an id."""
+    nb02 = student_notebook(dist, "02_multi_gpu_scaling")
+    subs = tmp_path / "handed_in"
+    write(subs / "Doe, Jane" / "02_multi_gpu_scaling.ipynb", nb02)
+    write(subs / "alice" / "02_multi_gpu_scaling.ipynb", solved(nb02, "02_multi_gpu_scaling"))
+    roster = tmp_path / "students.csv"
+    roster.write_text('student,id\nalice,1001\n"Doe, Jane",1002\n')
+    grades = tmp_path / "grades"
+    where = [f"SUBMISSIONS={rel(subs)}", f"DIST={rel(dist)}", f"GRADES={rel(grades)}"]
+    extra = " ".join(SANDBOX_ARGS)
+    r = make("grade", *where, f"GRADE_ARGS=--roster {rel(roster)} {extra}", timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    write(subs / "Doe, Jane" / "02_multi_gpu_scaling.ipynb", solved(nb02, "02_multi_gpu_scaling"))
+    r = make("grade", *where, f"GRADE_ARGS=--student 'Doe, Jane' {extra}", timeout=400)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = read_csv(grades / "gradebook.csv")
+    assert sorted((x["student"], x["id"]) for x in rows) == [("Doe, Jane", "1002"), ("alice", "1001")]
+    assert {x["student"]: float(x["total"]) for x in rows} == {"Doe, Jane": 2, "alice": 2}
+
+
 @pytest.mark.timeout(120)
 def test_grade_help_missing_bundle_and_no_sandbox(tmp_path):
     r = subprocess.run([sys.executable, "-m", "lab_utils", "grade", "--help"], capture_output=True,

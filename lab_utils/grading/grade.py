@@ -414,6 +414,15 @@ def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, us
           + (f"; {extra}" if extra else ""), flush=True)
 
 
+def _earlier_key(previous: dict[str, dict], s: dict) -> str | None:
+    """The key of the earlier run's entry for ``s`` when its own key differs: a folder named after a
+    student carries no id, while a run with the roster stored the student under the roster's id."""
+    for k, p in previous.items():
+        if (s["id"] and p.get("id") == s["id"]) or (not s["id"] and same_name(s["name"], p["name"])):
+            return k
+    return None
+
+
 def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: sandbox.Limits,
             use_sandbox: bool, roster: Roster | None, only: str | None, seconds: float, ran: int,
             jobs: int) -> int:
@@ -443,12 +452,15 @@ def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: s
         flagged += [f"{w.student.name} {w.book} {', '.join(qs)}: {why}" for why, qs in reasons.items()]
         if rec["stopped"]:
             stopped.append(f"{w.student.name} {w.book}: {', '.join(rec['stopped'])}")
-    for key, s in fresh.items():   # --student: notebooks not handed in again keep their grades
-        before = previous.get(key, {})
+    for key in list(fresh):   # --student: notebooks not handed in again keep their grades
+        s = fresh[key]
+        old = key if key in previous else _earlier_key(previous, s)
+        before = previous.get(old, {}) if old else {}
         for book, rec in before.get("notebooks", {}).items():
             s["notebooks"].setdefault(book, rec)
         if before and roster is None:   # the name and id an earlier run took from the roster
             s["name"], s["id"] = before["name"], before.get("id", s["id"])
+            fresh[old] = fresh.pop(key)   # one row per student: the earlier run's
     if roster is not None:
         for r in roster.students:
             if r.key not in fresh and _match_student(only, r):
