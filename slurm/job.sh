@@ -47,9 +47,10 @@ run_forwarding() {
     if [ "$1" = --log ]; then log="$2"; shift 2; fi
     stopped_by=""
     if [ -n "$log" ]; then
-        "$@" > "$log" 2>&1 &
+        : > "$log"  # there before tail opens it
+        "$@" >> "$log" 2>&1 &
         pid=$!
-        tail -n +1 -s 0.5 --pid="$pid" -f "$log" &
+        tail -n +1 -s 0.5 --pid="$pid" -F "$log" &
         tailer=$!
     else
         "$@" &

@@ -226,6 +226,20 @@ def test_job_sh_passes_sigterm_on_and_waits_for_the_program(tmp_path, local_job)
 
 
 @pytest.mark.timeout(60)
+def test_job_sh_run_forwarding_log_shows_the_output_live_and_keeps_it(tmp_path, local_job):
+    """--log FILE: the program's output goes to FILE and into the job's output (tail), for a
+    program that ends at once too (tail must find the file there when it starts)."""
+    body = "\n".join(f'run_forwarding --log {tmp_path}/launch{i}.log sh -c "echo line {i}; exit {i}"\n'
+                      f'echo "status $status"' for i in range(4))
+    proc, _ = local_job(tmp_path, body)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "cannot open" not in err, err
+    for i in range(4):
+        assert (tmp_path / f"launch{i}.log").read_text() == f"line {i}\n"
+        assert f"line {i}\nstatus {i}\n" in out, out
+
+
+@pytest.mark.timeout(60)
 def test_job_sh_records_the_exit_code_however_the_script_ends(tmp_path, monkeypatch, local_job):
     """A failing command (set -e), a SIGTERM before the program starts, a restart (requeue)."""
     (tmp_path / "a").mkdir()
