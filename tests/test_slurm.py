@@ -745,11 +745,15 @@ def test_multinode_job_matches_two_processes_on_one_node(cluster, two_process_jo
 # ----------------------------------------------------------------- stopped jobs: a time limit, a requeue
 
 # A DDP notebook: one torchrun launch per device count (1, 2, 4 gloo processes), ~110 s in the quick
-# profile on 2 busy cores. The three runs below share one results folder, so its configurations
-# are measured once in all: the time limit stops the first run, the second resumes and is
-# requeued, and its restart finishes the notebook.
+# profile on 2 busy cores. The runs below share one results folder, so its configurations are
+# measured once in all: each run resumes where the one before stopped.
 STOP_NOTEBOOK = "02_multi_gpu_scaling.ipynb"
 STOP_TIMEOUT_S = 300
+LINE = (rf"interrupted by SIGTERM in {STOP_NOTEBOOK}, code cell \d+: the kernel and its processes were "
+        rf"stopped; executed copy: \S+/quick/executed/{STOP_NOTEBOOK}; records already stored are kept "
+        rf"\(run again to resume\)\.")
+EARLY_LINE = ("interrupted by SIGTERM before the first notebook: the kernel and its processes were stopped; "
+              "records already stored are kept (run again to resume).")
 
 
 def store_files(results: Path) -> dict[str, list[str]]:
@@ -766,6 +770,12 @@ def record_keys(files: dict[str, list[str]]) -> list[tuple[str, str]]:
 
 def count(files: dict[str, list[str]]) -> int:
     return sum(len(lines) for lines in files.values())
+
+
+def new_records(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[tuple]:
+    """(devices, per-device batch, record kind) of what was stored between ``before`` and ``after``."""
+    return [((c := json.loads(line)["config"]).get("devices"), c.get("batch_size"), c.get("record"))
+            for name, lines in after.items() for line in lines[len(before.get(name, [])):]]
 
 
 def _time_in(text: str, pattern: str) -> float:
@@ -795,21 +805,34 @@ def observe_stop(cluster: SlurmCluster, run: dict, job_id: str, how: str, before
                             if ln.startswith(f"| {STOP_NOTEBOOK} |")), None),
         "report_written": report.is_file() and report.stat().st_mtime >= signal_at,
         "records_before": count(before), "records_after": count(after), "before": before, "after": after,
+        "measured": new_records(before, after),
         "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
         "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
+        "state": cluster.job_state(job_id),
     }
+
+
+def _until(condition, timeout_s: float, why) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, why()
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def stops(cluster, tmp_path_factory) -> dict:
-    """run_all.sbatch on notebook 02 (quick, 2 CPUs), on one results folder:
+    """run_all.sbatch on notebook 02 (quick, 2 CPUs), four times on one results folder:
 
-    1. ``--time=00:02:30``: the script's own ``--signal=B:TERM@60`` reaches the batch shell 60-90 s
-       before the limit (SLURM checks limits every 30 s), i.e. 60-90 s into the job, during the
-       notebook's DDP launches (it takes ~2 min), after some of them stored their records;
-    2. the same command again, requeued (``scontrol requeue``: SIGTERM to every process of the job
-       at once, under cgroups) once it has stored a record of its own;
-    3. that job's restart (SLURM holds a requeued job for 2 minutes: released at once), to the end.
+    1. ``limit``: ``--time=00:01:00``. The script's own ``--signal=B:TERM@60`` reaches the batch shell
+       at SLURM's first time-limit check (within the first minute; SLURM checks about once a minute),
+       while the runner starts or during the notebook;
+    2. ``warning``: the same command again; once it has stored a record of its own, what that
+       signal does, at a moment of our choosing: SIGTERM to the batch shell alone
+       (``scancel --batch --signal=TERM``), during the notebook's DDP launches;
+    3. ``requeue``: again; once it has stored a record of its own, ``scontrol requeue`` (SIGTERM to
+       every process of the job at once, under cgroups);
+    4. ``resumed``: that job's restart (SLURM holds a requeued job for 2 minutes: released at once),
+       to the end of the notebook.
     """
     tmp = tmp_path_factory.mktemp("stops")
     run = {"cwd": tmp / "jobs", "results": tmp / "results", "tmpdir": tmp / "tmpdir",
@@ -818,95 +841,72 @@ def stops(cluster, tmp_path_factory) -> dict:
     run["tmpdir"].mkdir()
     env = cluster.env
     # torch makes its compile cache ($TMPDIR/torchinductor_<user>) at import, in every process: kept
-    # apart here, so that anything else the job leaves in $TMPDIR shows.
+    # apart here, so that anything else the jobs leave in $TMPDIR shows.
     env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(run["results"]), LAB_PROFILE="quick",
                TMPDIR=str(run["tmpdir"]), TORCHINDUCTOR_CACHE_DIR=str(tmp / "torch_cache"),
                LAB_TEST_JOB=run["mark"])  # every process of the jobs inherits it: none may be left
-    args = ("--gpus-per-node=0", "--cpus-per-task=2")
+    args = ("--gpus-per-node=0", "--cpus-per-task=2", "--", f"labs/{STOP_NOTEBOOK}")
     found: dict = {}
+    results = run["results"]
 
-    before = store_files(run["results"])
-    job_id, _ = submit(cluster, "run_all.sbatch", "--time=00:02:30", *args, "--", f"labs/{STOP_NOTEBOOK}",
-                       env=env, cwd=run["cwd"], timeout=STOP_TIMEOUT_S)
-    found["limit"] = observe_stop(cluster, run, job_id, "time limit", before)
-    found["limit"]["state"] = cluster.job_state(job_id)
+    before = store_files(results)
+    job_id, _ = submit(cluster, "run_all.sbatch", "--time=00:01:00", *args, env=env, cwd=run["cwd"],
+                       timeout=STOP_TIMEOUT_S)
+    found["limit"] = observe_stop(cluster, run, job_id, "time limit (1 min)", before)
 
-    before = store_files(run["results"])
-    job_id, _ = submit(cluster, "run_all.sbatch", *args, "--", f"labs/{STOP_NOTEBOOK}", env=env,
-                       cwd=run["cwd"], wait=False)
-    job_txt = run["results"] / "jobs" / job_id / "job.txt"
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while count(store_files(run["results"])) == count(before):  # until it measured something itself
-        assert time.monotonic() < deadline and cluster.job_state(job_id) in ("PENDING", "RUNNING"), \
-            _outputs(run["cwd"])
-        time.sleep(0.2)
-    at_requeue = store_files(run["results"])
+    def start_measuring() -> tuple[str, dict, dict]:
+        """Submit again; return once the job has stored a record of its own (a launch is running)."""
+        before = store_files(results)
+        job_id, _ = submit(cluster, "run_all.sbatch", *args, env=env, cwd=run["cwd"], wait=False)
+        _until(lambda: count(store_files(results)) > count(before), STOP_TIMEOUT_S,
+               lambda: f"{cluster.job_state(job_id)}\n{_outputs(run['cwd'])}")
+        return job_id, before, store_files(results)
+
+    job_id, before, at_signal = start_measuring()
+    cluster.run("scancel", "--batch", "--signal=TERM", job_id)
+    _until(lambda: cluster.job_state(job_id) not in ("RUNNING", "COMPLETING"), 120,
+           lambda: _outputs(run["cwd"]))
+    found["warning"] = observe_stop(cluster, run, job_id, "time-limit warning (batch shell alone)", before)
+    found["warning"]["records_at_signal"] = count(at_signal)
+
+    job_id, before, at_signal = start_measuring()
+    job_txt = results / "jobs" / job_id / "job.txt"
     t0 = time.monotonic()
     cluster.run("scontrol", "requeue", job_id)
-    while not re.search(r"^finished \S+ with exit code", job_txt.read_text(), re.M):
-        assert time.monotonic() - t0 < 120, _outputs(run["cwd"])
-        time.sleep(0.1)
+    _until(lambda: re.search(r"^finished \S+ with exit code", job_txt.read_text(), re.M), 120,
+           lambda: _outputs(run["cwd"]))
     seen_exit = time.monotonic() - t0
-    while cluster.job_state(job_id) != "PENDING":  # requeued: waiting for its begin time
-        assert time.monotonic() - t0 < 120, cluster.job_info(job_id)
-        time.sleep(0.2)
+    _until(lambda: cluster.job_state(job_id) == "PENDING", 120, lambda: cluster.job_info(job_id))  # requeued
     found["requeue"] = observe_stop(cluster, run, job_id, "requeue", before)
-    found["requeue"].update(records_at_requeue=count(at_requeue), at_requeue=at_requeue,
+    found["requeue"].update(records_at_signal=count(at_signal),
                             seconds_requeue_to_exit_seen=round(seen_exit, 2))
 
-    stopped = store_files(run["results"])
+    stopped = store_files(results)
     cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
     ended = cluster.wait_job(job_id, STOP_TIMEOUT_S)
     if ended is None:
         cluster.run("scancel", job_id, check=False)
     out, err = job_files(run["cwd"], "lab-run-all", job_id)
-    after = store_files(run["results"])
+    after = store_files(results)
     found["resumed"] = {
         "ended": ended, "out": out, "err": err, "job_txt": job_txt.read_text(), "before": stopped,
-        "after": after,
-        "records_before": count(stopped), "records_after": count(after),
-        "report": (run["results"] / "quick" / "report.md").read_text(),
+        "after": after, "records_before": count(stopped), "records_after": count(after),
+        "measured": new_records(stopped, after), "report": (results / "quick" / "report.md").read_text(),
         "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
         "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
     }
-    found["resumed"]["measured"] = [
-        (name, (c := json.loads(line)["config"]).get("devices"), c.get("batch_size"), c.get("record"))
-        for name, lines in after.items() for line in lines[len(stopped.get(name, [])):]]
     print(f"proctrack/{cluster.proctrack} ({cluster.proctrack_why})")
-    for key in ("limit", "requeue"):
+    for key in ("limit", "warning", "requeue"):
         f = found[key]
         print(f"{f['how']}: {f['seconds_signal_to_exit']} s from SIGTERM to exit; line: {f['lines']}; "
               f"copy written: {f['copy_written']}; report written: {f['report_written']} "
-              f"({f['report_row']}); records {f['records_before']} -> {f['records_after']}")
-    print(f"requeue: records {found['requeue']['records_at_requeue']} when requeued; exit seen "
-          f"{found['requeue']['seconds_requeue_to_exit_seen']} s after `scontrol requeue`")
+              f"({f['report_row']}); records {f['records_before']} -> {f['records_after']}, "
+              f"{f.get('records_at_signal', '-')} at the signal; measured {f['measured']}")
+    print(f"requeue: exit seen {found['requeue']['seconds_requeue_to_exit_seen']} s after `scontrol requeue`")
     r = found["resumed"]
     print(f"resumed: {r['ended']}; records {r['records_before']} -> {r['records_after']}; "
           f"measured {r['measured']}")
     return found
-
-
-def assert_stopped_cleanly(stop: dict) -> None:
-    """One line, the executed copy and report.md (STOPPED) written after the signal, exit code 143
-    in job.txt, within KillWait (30 s), nothing left running or in $TMPDIR, stored records kept."""
-    assert stop["lines"] and len(stop["lines"]) == 1, stop["err"]
-    line = stop["lines"][0]
-    assert re.fullmatch(rf"interrupted by SIGTERM in {STOP_NOTEBOOK}, code cell \d+: the kernel and its "
-                        rf"processes were stopped; executed copy: \S+/quick/executed/{STOP_NOTEBOOK}; "
-                        rf"records already stored are kept \(run again to resume\)\.", line), line
-    assert "Traceback" not in stop["err"] and "Traceback" not in stop["out"]
-    assert f"STOPPED {STOP_NOTEBOOK}" in stop["out"]
-    assert stop["copy_written"] and stop["report_written"], stop["out"]
-    assert stop["report_row"].startswith(f"| {STOP_NOTEBOOK} | STOPPED | ")
-    assert "interrupted by SIGTERM" in stop["report_row"]
-    cell = int(re.search(r"code cell (\d+)", stop["lines"][0]).group(1))
-    code = [c for c in stop["copy"].cells if c.cell_type == "code"]
-    assert all(c.get("execution_count") for c in code[:cell - 1])  # the cells before ran, and are in the copy
-    assert re.search(r"^finished \S+ with exit code 143$", stop["job_txt"], re.M), stop["job_txt"]
-    assert 0 < stop["seconds_signal_to_exit"] < 30, stop["seconds_signal_to_exit"]  # before SLURM's SIGKILL
-    assert stop["processes_left"] == []
-    assert stop["tmpdir_left"] == []  # the kernel's connection file, lab_ddp_*, torchelastic_*, the runner's
-    assert_kept_and_measured_once(stop["before"], stop["after"])
 
 
 def assert_kept_and_measured_once(before: dict[str, list[str]], after: dict[str, list[str]]) -> None:
@@ -917,13 +917,51 @@ def assert_kept_and_measured_once(before: dict[str, list[str]], after: dict[str,
     assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1][:3]
 
 
+def assert_stopped_cleanly(stop: dict, in_notebook: bool = True) -> None:
+    """One line, the executed copy and report.md (STOPPED) written after the signal, exit code 143
+    in job.txt, within KillWait (30 s), nothing left running or in $TMPDIR, stored records kept.
+    ``in_notebook=False``: the signal may also have come before the notebook started (no copy)."""
+    assert len(stop["lines"]) == 1, stop["err"]
+    line = stop["lines"][0]
+    if in_notebook or line != EARLY_LINE:
+        assert re.fullmatch(LINE, line), line
+        assert f"STOPPED {STOP_NOTEBOOK}" in stop["out"]
+        assert stop["copy_written"], stop["out"]
+        assert stop["report_row"].startswith(f"| {STOP_NOTEBOOK} | STOPPED | ")
+        assert "interrupted by SIGTERM" in stop["report_row"]
+        cell = int(re.search(r"code cell (\d+)", line).group(1))
+        code = [c for c in stop["copy"].cells if c.cell_type == "code"]
+        assert all(c.get("execution_count") for c in code[:cell - 1])  # the cells before ran: in the copy
+    assert "Traceback" not in stop["err"] and "Traceback" not in stop["out"]
+    assert stop["report_written"], stop["out"]
+    assert re.search(r"^finished \S+ with exit code 143$", stop["job_txt"], re.M), stop["job_txt"]
+    assert 0 < stop["seconds_signal_to_exit"] < 30, stop["seconds_signal_to_exit"]  # before SLURM's SIGKILL
+    assert stop["processes_left"] == []
+    assert stop["tmpdir_left"] == []  # the kernel's connection file, lab_ddp_*, torchelastic_*, the runner's
+    assert_kept_and_measured_once(stop["before"], stop["after"])
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_time_limit_stops_run_all_cleanly(stops):
+def test_a_one_minute_time_limit_stops_run_all_cleanly(stops):
+    """SLURM's own time-limit warning (the script's --signal=B:TERM@60): wherever it finds the run."""
     stop = stops["limit"]
+    assert_stopped_cleanly(stop, in_notebook=False)
+    # FAILED: it exited (143) before the limit, warned in time; TIMEOUT if SLURM's check came only
+    # at the limit (the SIGTERM then reaches every process, and the runner stops just the same)
+    assert stop["state"] in ("FAILED", "TIMEOUT")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_time_limit_warning_during_a_ddp_launch_stops_run_all_cleanly(stops):
+    """SIGTERM to the batch shell alone, as the warning sends it: only run_forwarding passes it on."""
+    stop = stops["warning"]
     assert_stopped_cleanly(stop)
-    assert stop["state"] == "FAILED"  # it exited (143) before the limit, warned by --signal=B:TERM@60
+    assert stop["records_before"] < stop["records_at_signal"] <= stop["records_after"]
+    assert stop["state"] == "FAILED"
 
 
 @pytest.mark.slurm
@@ -933,7 +971,7 @@ def test_a_requeue_stops_run_all_cleanly(stops):
     stop = stops["requeue"]
     assert_stopped_cleanly(stop)
     assert any("DUE TO JOB REQUEUE" in line for line in stop["slurm_said"]), stop["err"]
-    assert stop["records_before"] < stop["records_at_requeue"] <= stop["records_after"]
+    assert stop["records_before"] < stop["records_at_signal"] <= stop["records_after"]
     assert stop["seconds_requeue_to_exit_seen"] < 30
 
 
@@ -952,8 +990,8 @@ def test_the_requeued_job_resumes_keeps_its_output_and_measures_nothing_twice(st
     assert starts_and_ends == [("finished", "exit code 143"), ("=== restart 1", ""),
                                ("finished", "exit code 0")], r["job_txt"]
     assert f"| {STOP_NOTEBOOK} | ok |" in r["report"]
-    # nothing measured twice: the records of the stopped runs are there, unchanged, and the
-    # restart added only configurations that were not stored
+    # nothing measured twice: each stopped run's records are there, unchanged, and each next run
+    # (the warning's after the time limit, and so on) added only configurations not stored
     assert_kept_and_measured_once(r["before"], r["after"])
     assert r["records_after"] > r["records_before"] and r["measured"]
     assert r["processes_left"] == [] and r["tmpdir_left"] == []
