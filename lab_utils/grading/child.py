@@ -15,7 +15,7 @@ submission's own prints go to ``output.txt`` in its private folder)::
                                                          its process ended before all its cases ran
     {"q": name, "tried": "open /root/.ssh/id_rsa (read)"}  what the question's code asked for
     {"q": name, "start": true}                          the question's process is about to start
-    {"done": true}
+    {"done": true, "cpu_seconds": s}                    CPU time of this process and its question processes
 
 It holds no expected answer: the grader compares in its own process.
 
@@ -40,6 +40,7 @@ import errno
 import importlib
 import json
 import os
+import resource
 import select
 import signal
 import sys
@@ -363,7 +364,8 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     try:
         run(job)
-        emit({"done": True})
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        emit({"done": True, "cpu_seconds": round(sum(u.ru_utime + u.ru_stime for u in used), 3)})
     except BaseException as e:  # the grader's own failure: say so, with where
         emit({"internal": f"{type(e).__name__}: {e}", "where": traceback.format_exc()[-1500:]})
     _proto.flush()

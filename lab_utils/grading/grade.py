@@ -362,6 +362,7 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
     ran = "" if work.outcome is None else "bwrap" if use_sandbox else "none"
     return {"file": work.sub.file, "status": "graded", "sandbox": ran,
             "seconds": round(work.outcome.seconds, 2) if work.outcome else 0.0,
+            "cpu_seconds": round(work.outcome.cpu_seconds, 2) if work.outcome else 0.0,
             "notes": [n for n in notes if n],
             "questions": questions, "flagged": flagged, "stopped": list(dict.fromkeys(stopped)) +
             ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
@@ -593,8 +594,10 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
     gradebook.write_outputs(state, out)
     n_graded = sum(1 for w in works if w.book and not w.problem and not w.nothing)
     run_seconds = [w.outcome.seconds for w in works if w.outcome]
+    cpu = [w.outcome.cpu_seconds for w in works if w.outcome]
     how = "each in a bwrap sandbox" if use_sandbox else "WITHOUT a sandbox"
-    per = f", {sum(run_seconds) / len(run_seconds):.1f} s per notebook run" if run_seconds else ""
+    per = (f", {sum(run_seconds) / len(run_seconds):.1f} s per notebook run ({sum(cpu) / len(cpu):.1f} s of "
+           f"CPU), load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores") if run_seconds else ""
     print(f"\nsummary: {n_graded} notebook(s) of {len(fresh)} student(s) graded in {seconds:.1f} s "
           f"({ran} run, {jobs} at a time{per}, {how}; limits: {limits.describe()})")
     for title, items in (("could not be graded", failed), ("flagged, check by hand", flagged),
