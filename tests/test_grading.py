@@ -404,6 +404,24 @@ def test_student_notebook_01_runs_with_blanks(dist, tmp_path):
     assert "not done yet" in shown, shown[:2000]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_grading_gives_its_load_and_cpu_time(dist):
+    """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
+    CPU time, from which the class's time on idle cores is estimated; every copy scores 22/22."""
+    r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
+                        rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "s per notebook" in line]
+    assert len(lines) == (1 if sandbox.probe() else 2), r.stdout
+    for line in lines:
+        m = re.search(r"load average [\d.]+ -> [\d.]+ on \d+ cores\); CPU ([\d.]+) s per notebook; "
+                      r"60 students x 7 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
+                      r"cores; all 22/22", line)
+        assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
+
+
 # --------------------------------------------------------------------------- reading a submission
 
 
