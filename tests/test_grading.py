@@ -480,3 +480,30 @@ def test_a_canvas_bulk_zip_files_other_files_under_their_students(tmp_path):
         assert sorted((s.student.name, s.student.id, s.kind, s.problem) for s in found) == [
             ("doejane", "1001", "notebook", ""), ("doejane", "1001", "other", ""),
             ("smithbob", "1002", "other", "")]
+
+
+@pytest.mark.timeout(60)
+def test_a_student_entry_may_add_columns_flags_and_notes(tmp_path):
+    """The place later work adds to a row (e.g. where a student's numbers came from): an entry's
+    ``columns`` are written after ``possible``, its ``flags`` and ``notes`` beside the notebooks'."""
+    from lab_utils.grading import gradebook
+    from lab_utils.grading.grade import missing_record, new_entry
+    from lab_utils.grading.submissions import Student
+
+    info = {"questions": [{"name": "q02_speedup", "points": 2.0, "manual": False}]}
+    alice, bob = new_entry(Student("alice", "1")), new_entry(Student("bob", "2"))
+    for s in (alice, bob):
+        s["notebooks"]["02_multi_gpu_scaling"] = missing_record(info)
+    alice["columns"]["profile"] = "quick"
+    alice["flags"].append("quick profile: not the assignment's sizes")
+    alice["notes"].append("handed in with the CPU profile")
+    state = {"students": {"id:1": alice, "id:2": bob}, "questions": [
+        {"name": "q02_speedup", "points": 2.0, "notebook": "02_multi_gpu_scaling",
+         "column": questions.gradebook_column("q02_speedup")}]}
+    gradebook.write_outputs(state, tmp_path)
+    rows = read_csv(tmp_path / "gradebook.csv")
+    assert list(rows[0]) == ["student", "id", "Q2 speedup (02-a)", "total", "possible", "profile", "flags",
+                             "notes"]
+    assert (rows[0]["profile"], rows[1]["profile"]) == ("quick", "")
+    assert rows[0]["flags"] == "quick profile: not the assignment's sizes" and rows[1]["flags"] == ""
+    assert rows[0]["notes"] == "no submission of 02; handed in with the CPU profile"

@@ -95,8 +95,10 @@ def identify(nb: dict, sub: Submission, manifest: dict) -> tuple[str | None, lis
     name = meta.get("notebook") if isinstance(meta, dict) else None
     if name in known:
         if meta.get("version") != known[name]["version"]:
+            graded = ": graded against this bundle's cases, check by hand" if name in manifest["notebooks"] \
+                else ""
             return name, [f"notebook from another lab version ({meta.get('version')}; this bundle has "
-                          f"{known[name]['version']}): graded against this bundle's cases, check by hand"]
+                          f"{known[name]['version']}){graded}"]
         return name, []
     if name:
         return None, [f"not this lab's notebook: its stamp names {name!r}, which this bundle does not have "
