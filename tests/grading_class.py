@@ -2,9 +2,9 @@
 
 :func:`make_class` writes, from the built student copy (``make student``), one folder holding
 
-- a **Canvas bulk download** (``submissions.zip``): Jane handed in notebook 02 twice (the later one
-  solved) and her report as a PDF; Bob's 04 has a known mistake (the log2 tree formula: exactly its
-  2 points lost);
+- a **Canvas bulk download** (``submissions.zip``): Jane handed in notebook 02 three times (the
+  second solved, the third cut off in upload: the second is graded) and her report as a PDF;
+  Bob's 04 has a known mistake (the log2 tree formula: exactly its 2 points lost);
 - a **Moodle** folder (``Lee Ann_1003_assignsubmission_file_/``): 03 solved, and 00 and 08, which
   hold no exercise ("nothing to grade");
 - **hostile students**, each in a folder of their own: Mallet's ``q04_gradient_bytes`` rewires
@@ -117,12 +117,14 @@ def make_class(dist: Path, root: Path, correct: int = 1,
     cls = Class(root, root.parent / "students.csv")
     day = (2026, 3, 1, 10, 0, 0)
     later = (2026, 3, 2, 10, 0, 0)
+    latest = (2026, 3, 3, 10, 0, 0)
 
     # Canvas bulk download: Jane (02 twice, a PDF), Bob (a known mistake in 04)
     _zip(root / "submissions.zip", [
         ("doejane_1001_5001_02_multi_gpu_scaling.ipynb", json.dumps(blank["02_multi_gpu_scaling"]), day),
         ("doejane_1001_5002_02_multi_gpu_scaling-1.ipynb", good["02_multi_gpu_scaling"], later),
         ("doejane_1001_5004_report.pdf", b"%PDF-1.4 the written report", later),
+        ("doejane_1001_5006_02_multi_gpu_scaling-2.ipynb", good["02_multi_gpu_scaling"][:2000], latest),
         ("smithbob_1002_5003_04_allreduce_bandwidth.ipynb",
          json.dumps(with_function(json.loads(good[NB04]), "q04_ring_bytes", RING_LOG2)), day)])
     cls.students.update({"Doe, Jane": "1001", "Smith, Bob": "1002"})

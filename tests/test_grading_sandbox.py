@@ -260,8 +260,11 @@ def test_a_class_through_make_grade(dist, tmp_path):
     assert float(rows[("Other, Otto", "q02_speedup")]["points"]) == 2
 
     # older resubmissions, what the sandbox stopped, what the code asked for: in the row
-    assert "02: also handed in, not graded (the latest file wins): submissions.zip!doejane_1001_5001_" \
-           "02_multi_gpu_scaling.ipynb" in notes["Doe, Jane"]
+    assert "02: also handed in, not graded (the latest readable file wins): submissions.zip!doejane_1001_" \
+           "5001_02_multi_gpu_scaling.ipynb, submissions.zip!doejane_1001_5006_02_multi_gpu_scaling-2." \
+           "ipynb (could not be read: the notebook is cut off" in notes["Doe, Jane"], notes["Doe, Jane"]
+    assert rows[("Doe, Jane", "q02_speedup")]["file"] == \
+        "submissions.zip!doejane_1001_5002_02_multi_gpu_scaling-1.ipynb"
     assert float(book["Doe, Jane"]["total"]) == 2
     assert "04: stopped by the sandbox or a limit: a write or read outside its folder" in notes["Writer, Wes"]
     assert "02: stopped by the sandbox or a limit: the case time limit (3 s)" in notes["Looper, Lou"]

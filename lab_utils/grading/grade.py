@@ -350,7 +350,7 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
                            "flag": flag, "message": v.message, "answer": ""}
     notes = list(work.notes)
     if work.others:
-        notes.append(f"also handed in, not graded (the latest file wins): {', '.join(work.others)}")
+        notes.append(f"also handed in, not graded (the latest readable file wins): {', '.join(work.others)}")
     if tried:
         how = ("in the sandbox only its own folder and a private /tmp are writable, both discarded; no other "
                "file of this machine is visible but the lab's code, read-only") if use_sandbox \
@@ -413,9 +413,10 @@ def _group(works: list[Work]) -> list[Work]:
             chosen.setdefault((w.student.key, w.book or w.guess), []).append(w)
     out = []
     for group in chosen.values():
-        group.sort(key=lambda w: (w.book is not None, w.sub.mtime, w.sub.resubmission, w.sub.file))
-        latest = group[-1]
-        latest.others = [w.sub.file + (f" ({w.problem})" if w.problem else "") for w in group[:-1]]
+        group.sort(key=lambda w: (w.sub.mtime, w.sub.resubmission, w.sub.file))    # the order handed in
+        latest = max(reversed(group), key=lambda w: w.book is not None)   # the last readable one, if any
+        latest.others = [w.sub.file + (f" ({w.problem})" if w.problem else "")
+                         for w in group if w is not latest]
         out.append(latest)
     return out + rest
 
