@@ -169,6 +169,9 @@ def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
             lines.append(f"- {b['status']}")
         for note in b.get("notes", []):
             lines.append(f"- {note}")
+        if not b["questions"]:   # not graded (a file that could not be read, 00, 08): no table
+            lines.append("")
+            continue
         lines += ["", f"Autograded: **{got:g} / {sum(r['max_points'] for r in auto):g}** points.", "",
                   "| question | points | max | notes |", "|---|---|---|---|"]
         for r in mine:
