@@ -121,7 +121,7 @@ class Settings:
     timeout_s: float = 3600
     seed: int = 0
     label: str = ""
-    dataset: str = "auto"   # auto | cifar10 | synthetic
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
 
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
