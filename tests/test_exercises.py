@@ -336,6 +336,30 @@ def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
     assert anchored >= 4   # 2 x 128, 4 x 32 (public); 4 x 512, 2 x 32 (hidden)
 
 
+def test_gpt_and_other_cohort_numbers_in_the_cases_are_the_published_ones(specs):
+    """A case built from the GPT report or the other cohort holds their numbers exactly as
+    lab_utils.core.anchors has them (per-rank lists, the report's means, the global-batch-32 times)."""
+    from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS, OTHER_COHORT_SECONDS
+
+    published = set(map(tuple, GPT_RANK_SECONDS.values()))
+    rank_values = {t for times in published for t in times}
+    ranked = [tuple(c[0]) for c in _cases(specs, "q06_rank_time") if set(c[0]) & rank_values]
+    assert ranked and all(r in published for r in ranked), ranked
+    assert len(ranked) == 5   # 1 x 64, 2 x 64 (public); 2 x 128, 4 x 64, 4 x 128 (hidden)
+    gpt_one = {GPT_REPORTED_MEAN_SECONDS[(b, 1)]: b for b in (64, 128)}
+    other_one = OTHER_COHORT_SECONDS[(1, 32)]
+    used = 0
+    for name in ("q02_speedup", "q03_compute_comm"):
+        for t1, tn, n in _cases(specs, name):
+            if t1 in gpt_one:
+                assert tn == GPT_REPORTED_MEAN_SECONDS[(gpt_one[t1], n)], (name, t1, tn, n)
+                used += 1
+            elif t1 == other_one:
+                assert tn == OTHER_COHORT_SECONDS[(n, 32)], (name, t1, tn, n)   # global batch 32
+                used += 1
+    assert used >= 4
+
+
 def test_docstrings_give_units_and_inputs_not_the_formula(masters):
     """What a student sees of each exercise function (its docstring) names what it returns, never
     the arithmetic: no operator between terms (the old "bytes / seconds / 1e9")."""
