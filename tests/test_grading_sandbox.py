@@ -20,7 +20,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from grading_submissions import hostile, shared_dist, solved, student_notebook, with_function, write
+from grading_submissions import (
+    UTILIZATION,
+    hostile,
+    shared_dist,
+    solved,
+    student_notebook,
+    with_function,
+    write,
+)
 
 from lab_utils.grading import sandbox
 
@@ -158,9 +166,9 @@ def test_endless_loops_end_as_rows(dist, tmp_path):
     good = solved(student_notebook(dist, BOOK), BOOK)
     write(subs / "honest" / f"{BOOK}.ipynb", good)
     write(subs / "loop" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n    while True:\n        pass\n")))
+        UTILIZATION + "    while True:\n        pass\n")))
     write(subs / "stubborn" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "import signal\n\n\ndef achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
+        "import signal\n\n\n" + UTILIZATION +
         "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n")))
     r = _grade(subs, dist, tmp_path / "grades", "--case-timeout", "5", "--timeout", "15")
     print(r.stdout)
