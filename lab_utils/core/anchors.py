@@ -26,7 +26,7 @@ __all__ = [
     "ACCUMULATION_GPUS",
     "ACCUMULATION_LOSS_MEAN_MS", "ACCUMULATION_MICRO_BATCHES", "ACCUMULATION_TOKENS_PER_S",
     "CIFAR10_TRAIN_IMAGES", "FIRST_COHORT_LABEL", "FIRST_COHORT_LARGE_BATCH", "FIRST_COHORT_MEASURED",
-    "FIRST_COHORT_ONE_GPU_ROUNDED", "FIRST_COHORT_QUOTED_SPEEDUP", "FIRST_COHORT_SWEEP_SECONDS",
+    "FIRST_COHORT_ONE_GPU_ROUNDED",
     "FIRST_COHORT_TABLE1_SECONDS", "GPT_COMPUTE_COMM_2GPU_SECONDS", "GPT_ONE_GPU_COMMUNICATION_SECONDS",
     "GPT_RANK_SECONDS", "GPT_REPORTED_MEAN_SECONDS", "GPT_REPORTED_SPEEDUPS", "LargeBatchAnchor",
     "NOT_IN_SPEC", "OTHER_COHORT_DID_NOT_FIT", "OTHER_COHORT_LABEL", "OTHER_COHORT_LOGGED_STEPS",
@@ -66,14 +66,6 @@ FIRST_COHORT_TABLE1_SECONDS: dict[tuple[int, int], float] = {
 #: SPEC.md's "Single GPU, epoch-2 training time" line: the same 1-GPU row, rounded to 0.1 s. Read as
 #: a plateau (33.6, 34.0); the lab uses the unrounded values above.
 FIRST_COHORT_ONE_GPU_ROUNDED: dict[int, float] = {32: 41.3, 128: 33.6, 512: 34.0}
-
-#: Its own batch-size sweep (Q1), epoch-2 training seconds on one GPU: it rises after 128
-#: (issue 18; SPEC.md lists only the Table 1 row).
-FIRST_COHORT_SWEEP_SECONDS: dict[int, float] = {32: 43.42, 128: 36.85, 512: 40.25}
-
-#: The speedup it printed for 2 GPUs x 32 per GPU, where its own Table 1 gives 41.3 / 23.15 = 1.784
-#: (issue 17; not in SPEC.md).
-FIRST_COHORT_QUOTED_SPEEDUP: dict[tuple[int, int], float] = {(2, 32): 1.86}
 
 
 @dataclass(frozen=True)
@@ -184,8 +176,6 @@ ACCUMULATION_LOSS_MEAN_MS: dict[int, float] = {16: 0.5, 1024: 127.0}
 
 #: The quotes above that are not in SPEC.md, and where they come from (the SPEC test skips them).
 NOT_IN_SPEC: dict[str, str] = {
-    "FIRST_COHORT_SWEEP_SECONDS": "issue 18 (the first cohort's Q1 sweep)",
-    "FIRST_COHORT_QUOTED_SPEEDUP": "issue 17 (the speedup its Q2 printed)",
     "GPT_ONE_GPU_COMMUNICATION_SECONDS": "issue 32 (the GPT report's 1-GPU 'communication')",
     "ACCUMULATION_FORWARD_MEAN_MS": "issue 32 (the accumulation report's forward mean)",
     "ACCUMULATION_LOSS_MEAN_MS": "issue 32 (the accumulation report's loss mean)",

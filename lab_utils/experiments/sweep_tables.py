@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from lab_utils.core.anchors import FIRST_COHORT_SWEEP_SECONDS, FIRST_COHORT_TABLE1_SECONDS
+from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
 from lab_utils.core.metrics import note
@@ -217,15 +217,12 @@ def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Set
 
 
 def anchor_table(records: Sequence[Record], settings: Settings):
-    """This run's epoch-2 training seconds next to the cohort's two sources, for the anchor batch sizes.
+    """This run's epoch-2 training seconds next to the earlier cohort's, for the anchor batch sizes.
 
-    Both of the earlier report's numbers are shown unrounded, from :mod:`lab_utils.core.anchors`: its
-    batch sweep (Q1, the anchor; it rises after 128) and the 1-GPU row of its Table 1 (which SPEC.md
-    rounds, so that it reads as a plateau). The same configuration differs by seconds between the two:
-    that report's run-to-run noise. The
-    ratio (sweep anchor / this run, >1 means faster here)
-    is given only when this run is the spec configuration (width 64, all 50,000 images);
-    otherwise the column says why not.
+    The cohort's numbers are the 1-GPU row of its Table 1, unrounded, from
+    :mod:`lab_utils.core.anchors` (SPEC.md prints them rounded too: 33.6, 34.0). The ratio
+    (cohort / this run, >1 means faster here) is given only when this run is the spec
+    configuration (width 64, all 50,000 images); otherwise the column says why not.
     """
     import pandas as pd
 
@@ -233,7 +230,9 @@ def anchor_table(records: Sequence[Record], settings: Settings):
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in records}
     rows = []
-    for bs, anchor in FIRST_COHORT_SWEEP_SECONDS.items():
+    for (gpus, bs), anchor in FIRST_COHORT_TABLE1_SECONDS.items():
+        if gpus != 1:
+            continue
         r = by_bs.get(bs)
         mine = r.metrics["train_seconds"] if r is not None and r.status == "ok" else None
         if not comparable:
@@ -242,7 +241,6 @@ def anchor_table(records: Sequence[Record], settings: Settings):
             ratio = f"not measured ({r.status if r is not None else 'not in this sweep'})"
         else:
             ratio = anchor / mine
-        rows.append({"batch size": bs, "cohort batch sweep, Q1 (s)": anchor,
-                     "cohort Table 1, 1-GPU row (s)": FIRST_COHORT_TABLE1_SECONDS[(1, bs)],
+        rows.append({"batch size": bs, "cohort, 1 GPU (s)": anchor,
                      "this run (s)": "" if mine is None else mine, "cohort / this run": ratio})
     return pd.DataFrame(rows, dtype=object)
