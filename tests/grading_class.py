@@ -34,7 +34,16 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading_submissions import BOOKS, hostile, solved, student_notebook, with_function, write
+from grading_submissions import (
+    BOOKS,
+    RIGHT,
+    UTILIZATION,
+    hostile,
+    solved,
+    student_notebook,
+    with_function,
+    write,
+)
 
 from lab_utils.grading import notebooks as nbs
 
@@ -94,10 +103,8 @@ class Class:
 def peeking(paths: list[str]) -> str:
     """``achieved_gb_per_s`` that first tries to read each of ``paths``, then answers right."""
     tries = "".join(f"        {p!r},\n" for p in paths)
-    return ("def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n    for path in [\n" + tries
-            + "    ]:\n        try:\n            open(path).read(100)\n"
-            + "        except OSError:\n            pass\n"
-            + "    return bytes_per_rank_per_epoch / comm_seconds / 1e9\n")
+    return (UTILIZATION + "    for path in [\n" + tries + "    ]:\n        try:\n"
+            + "            open(path).read(100)\n        except OSError:\n            pass\n" + RIGHT)
 
 
 def _zip(path: Path, members: list[tuple[str, str | bytes, tuple]]) -> None:

@@ -71,13 +71,16 @@ def write(path: Path, nb: dict) -> Path:
     return path
 
 
-RIGHT = "    return bytes_per_rank_per_epoch / comm_seconds / 1e9\n"
+# The first line of notebook 04's q04_utilization function, and its right body.
+UTILIZATION = "def achieved_gb_per_s(gradient_bytes, world_size, steps_per_epoch, comm_seconds):\n"
+RIGHT = ("    sent = steps_per_epoch * 2 * (world_size - 1) / world_size * gradient_bytes\n"
+         "    return sent / comm_seconds / 1e9\n")
 
 
 def utilization(body: str, imports: str = "import os\n") -> str:
     """``achieved_gb_per_s`` whose body first runs ``body``, then answers (if the attempt let it)."""
     lines = "".join(f"    {line}\n" for line in body.strip().split("\n"))
-    return f"{imports}\n\ndef achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n{lines}{RIGHT}"
+    return f"{imports}\n\n{UTILIZATION}{lines}{RIGHT}"
 
 
 def hostile(home: Path, other: Path, bundle_file: Path) -> dict[str, str]:

@@ -22,7 +22,18 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from grading_submissions import BOOKS, make, rel, shared_dist, solved, student_notebook, with_function, write
+from grading_submissions import (
+    BOOKS,
+    RIGHT,
+    UTILIZATION,
+    make,
+    rel,
+    shared_dist,
+    solved,
+    student_notebook,
+    with_function,
+    write,
+)
 
 from lab_utils import questions
 from lab_utils.grading import EXERCISES, build, sandbox
@@ -144,9 +155,14 @@ RING_LOG2 = ("import math\n\n\n" + RING
 CALLS_THE_LAB = ("from lab_utils.experiments import comm\n\n\n" + RING
                  + "    return comm.ring_bytes_per_epoch(size_bytes, world_size, dataset_size,\n"
                  + "                                     per_device_batch)\n")
-WRONG_GIB = ("def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
-             "    return bytes_per_rank_per_epoch / comm_seconds / 2 ** 30\n")
+WRONG_GIB = UTILIZATION + RIGHT.replace("/ 1e9", "/ 2 ** 30")
 MEAN_OF_RANKS = "def run_epoch_seconds(rank_seconds):\n    return sum(rank_seconds) / len(rank_seconds)\n"
+# The earlier cohort's own mistakes (issue 32): its Table 3 divided ONE gradient per epoch by the epoch's
+# communication time; its Table 2 printed T(N) as the compute time.
+RING_ONE_PER_EPOCH = RING + "    return size_bytes\n"
+GBPS_ONE_PER_EPOCH = UTILIZATION + "    return gradient_bytes / comm_seconds / 1e9\n"
+COMPUTE_IS_TN = ("def compute_and_comm(t1_seconds, tn_seconds, devices):\n"
+                 "    return tn_seconds, tn_seconds - t1_seconds / devices\n")
 NORMALIZE_FIRST = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
                    "    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(),\n"
                    "                      T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),\n"
@@ -177,6 +193,12 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
           with_function(nb01, "q01_train_transform", NORMALIZE_FIRST))
     nb06 = solved(student_notebook(dist, "06_gpt_ddp"), "06_gpt_ddp")
     write(folders["cheats"] / "hal" / "06_gpt_ddp.ipynb", with_function(nb06, "q06_rank_time", MEAN_OF_RANKS))
+    write(folders["cheats"] / "kim" / "04_allreduce_bandwidth.ipynb",   # the earlier cohort's Table 3
+          with_function(with_function(nb04, "q04_ring_bytes", RING_ONE_PER_EPOCH), "q04_utilization",
+                        GBPS_ONE_PER_EPOCH))
+    nb03 = solved(student_notebook(dist, "03_compute_vs_communication"), "03_compute_vs_communication")
+    write(folders["cheats"] / "lee" / "03_compute_vs_communication.ipynb",   # its Table 2
+          with_function(nb03, "q03_compute_comm", COMPUTE_IS_TN))
     runs = {}
     for name, folder in folders.items():
         grades = tmp_path / f"grades_{name}"
@@ -237,6 +259,18 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert float(hal["q06_rank_time"]["points"]) == 0 and float(hal["q06_mfu"]["points"]) == 1
     assert "[1384.64, 806.75]" in hal["q06_rank_time"]["message"]
     assert "averaging ranks" in hal["q06_rank_time"]["message"] and "gina" not in flagged.group(2)
+    kim, lee = _details(grades, "kim"), _details(grades, "lee")
+    for q in ("q04_ring_bytes", "q04_utilization"):   # one gradient per epoch: named, 0 points, not flagged
+        assert float(kim[q]["points"]) == 0 and kim[q]["flag"] == "", kim[q]
+        assert "one all-reduce per epoch" in kim[q]["message"] and "250.1 MB/s" in kim[q]["message"], kim[q]
+    assert "(44695848, 2, 50000, 128)" in kim["q04_ring_bytes"]["message"]
+    assert kim["q04_utilization"]["message"].startswith("achieved_gb_per_s(44695848, 2, 196, 1.05) gives")
+    assert float(kim["q04_gradient_bytes"]["points"]) == 1
+    assert float(lee["q03_compute_comm"]["points"]) == 0 and lee["q03_compute_comm"]["flag"] == ""
+    assert "compute = T(N)" in lee["q03_compute_comm"]["message"], lee["q03_compute_comm"]
+    assert "23.15 s" in lee["q03_compute_comm"]["message"]
+    print("make grade messages:", kim["q04_ring_bytes"]["message"], kim["q04_utilization"]["message"],
+          lee["q03_compute_comm"]["message"], sep="\n")
 
 
 # --------------------------------------------------------------------------- a class
@@ -402,6 +436,69 @@ def test_student_notebook_01_runs_with_blanks(dist, tmp_path):
     assert checks, "the check cell is in the student notebook"
     shown = json.dumps(checks[0].outputs)
     assert "not done yet" in shown, shown[:2000]
+
+
+def _run_check_cells(dist: Path, tmp_path: Path, book: str, functions: dict[str, str]) -> dict[str, dict]:
+    """What a student sees: the student notebook's init cell, each exercise cell holding the given code,
+    and its check cell (``grader.check("...")``), run in a kernel as JupyterLab runs them (nbclient).
+    Returns question -> the check cell's display data (mime type -> text)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    here = tmp_path / book
+    here.mkdir()
+    full = student_notebook(dist, book)
+    (here / f"{book}.ipynb").write_text(json.dumps(full))   # otter reads the tests from its metadata
+    cells = [c for c in full["cells"] if c["cell_type"] == "code"]
+    run = [nbformat.v4.new_code_cell(nbs.source(cells[0]))]   # the init cell: grader = Notebook(...)
+    for question, code in functions.items():
+        run += [nbformat.v4.new_code_cell(code), nbformat.v4.new_code_cell(f'grader.check("{question}")')]
+    nb = nbformat.v4.new_notebook(cells=run)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(here)}}).execute()
+    shown = {}
+    for question, cell in zip(functions, nb.cells[2::2], strict=True):
+        data = [o["data"] for o in cell.outputs if o.get("output_type") == "execute_result"]
+        assert len(data) == 1, cell.outputs
+        shown[question] = data[0]
+    return shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
+    """Issue 32, item 8: the student copies of notebooks 04 and 03 filled with the earlier reports'
+    answers. Each failing grader.check shows first the one sentence with the case and the mistake's
+    name; otter's doctest transcript (no traceback, no doctest.py) is folded away below it. A right
+    answer still shows otter's "passed"."""
+    shown = _run_check_cells(dist, tmp_path, "04_allreduce_bandwidth",
+                             {"q04_ring_bytes": RING_ONE_PER_EPOCH, "q04_utilization": GBPS_ONE_PER_EPOCH})
+    shown |= _run_check_cells(dist, tmp_path, "03_compute_vs_communication",
+                              {"q03_compute_comm": COMPUTE_IS_TN})
+    right = "def run_epoch_seconds(rank_seconds):\n    return max(rank_seconds)\n"
+    shown |= _run_check_cells(dist, tmp_path, "06_gpt_ddp", {"q06_rank_time": right})
+    first = {
+        "q04_ring_bytes": "q04_ring_bytes: ring_bytes_per_rank_per_epoch(44695848, 2, 50000, 128) gives "
+                          "44695848, expected 8760386208: one all-reduce per epoch: every step of the epoch "
+                          "ends",
+        "q04_utilization": "q04_utilization: achieved_gb_per_s(44695848, 2, 196, 1.05) gives 0.04256747429, "
+                           "expected 8.34322496: one all-reduce per epoch:",
+        "q03_compute_comm": "q03_compute_comm: compute_and_comm(33.64, 17.87, 2) gives [17.87, 1.05], "
+                            "expected [16.82, 1.05]: compute = T(N): ",
+    }
+    for question, start in first.items():
+        plain, page = shown[question]["text/plain"], shown[question]["text/html"]
+        print(plain)
+        assert plain.startswith(start) and "\n" not in plain.strip(), plain   # one line: the sentence
+        visible = page.split("<details>")[0]
+        head = f"<p><strong style='color: #b00;'>{question}:</strong> {start[len(question) + 2:]}"
+        assert visible.startswith(head), visible
+        assert "Traceback" not in visible and "doctest" not in visible and "Expected" not in visible
+        assert "Got:" in page.split("<details>")[1] and "Traceback" not in page   # otter's transcript, folded
+    assert "250.1 MB/s" in shown["q04_utilization"]["text/plain"]
+    assert "23.15 s" in shown["q03_compute_comm"]["text/plain"]
+    assert "passed" in shown["q06_rank_time"]["text/plain"]
+    assert "passed" in shown["q06_rank_time"]["text/html"]
 
 
 @pytest.mark.slow

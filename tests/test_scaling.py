@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from lab_utils.core import config, profiles
+from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
 from lab_utils.store import Record
@@ -347,7 +348,7 @@ def test_karp_flatt_on_a_slowdown_is_not_super_linear():
 def test_fixed_global_batch_comparison_from_the_spec_anchors():
     """1 GPU bs128 33.64 s vs 4 GPUs x 32 11.65 s: strong 33.64/11.65 = 2.888; weak (4 x 128, 9.23 s)
     33.64/9.23 = 3.645. 1 x 512 33.95 s vs 4 x 128 9.23 s: 3.678; weak 4 x 512 9.01 s: 3.768."""
-    df = scaling_tables.fixed_global_batch_frame(seconds=scaling.ANCHOR_COHORT_SECONDS, method="anchors")
+    df = scaling_tables.fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method="anchors")
     df = df.set_index("global_batch")
     assert list(df.index) == [128, 512] and set(df["devices"]) == {4}
     assert df.loc[128, "strong_speedup"] == pytest.approx(2.888, abs=1e-3)
@@ -372,15 +373,40 @@ def test_fixed_global_batch_rows_that_were_not_measured_say_why(store):
     assert df.iloc[0]["status"] == "no strong-scaling comparison: 4 x 32: needs 4 GPUs"
     assert pd_missing(df.iloc[0]["strong_speedup"])
     assert scaling_tables.fixed_global_batch_verdict(df).startswith("No verdict")
-    full, here, anchors = scaling_tables.fixed_global_batch_table(store, recs)
-    assert here.startswith("No verdict") and "WORSE" in anchors
-    assert (store.tables_dir / "scaling_fixed_global_batch.md").exists()
+    full, verdicts = scaling_tables.fixed_global_batch_table(store, recs)
+    assert list(verdicts) == ["This run", FIRST_COHORT_LABEL, OTHER_COHORT_LABEL]
+    assert verdicts["This run"].startswith("No verdict") and "WORSE" in verdicts[FIRST_COHORT_LABEL]
+    assert verdicts[OTHER_COHORT_LABEL].startswith("More GPUs were SLOWER at global batch 32 and 128")
+    text = (store.tables_dir / "scaling_fixed_global_batch.md").read_text()
+    assert "1,563 steps per epoch at G = 32 and 391 at 128" in text and "wall-clock" in text
+    # the other cohort's rows sit beside this run's: strong columns only, their G split over the GPUs
+    other = full[full["method"] == OTHER_COHORT_LABEL].set_index(["devices", "global_batch"])
+    assert len(other) == 8 and other["weak_speedup"].isna().all()
+    assert other.loc[(4, 32), "strong_per_device_batch"] == 8 and other.loc[(4, 32), "T1_seconds"] == 38.0
+    assert other.loc[(4, 32), "strong_speedup"] == pytest.approx(38 / 121)          # 0.314: slower
+    assert other.loc[(2, 512), "strong_speedup"] == pytest.approx(13 / 9)           # 1.444
 
 
-def test_anchor_timings_are_labelled_dataparallel():
-    df = scaling.anchor_frame()
-    assert set(df["method"]) == {"DataParallel (earlier cohort)", "DataParallel (another cohort)"}
-    assert not df["method"].str.contains("DDP").any()
+def test_anchor_frame_shows_each_cohort_as_what_it_measured():
+    """The earlier cohort's Table 1 (per-GPU batch fixed, module not stated) and the other cohort's
+    DataParallel (global batch fixed: its 38 / 67 / 121 s are global batch 32, 8 per GPU on 4 GPUs,
+    1,563 steps per epoch on 1, 2 and 4 GPUs alike), each with its steps per epoch."""
+    df = scaling_tables.anchor_frame()
+    assert set(df["method"]) == {FIRST_COHORT_LABEL, OTHER_COHORT_LABEL}
+    assert "DataParallel" not in FIRST_COHORT_LABEL and not df["method"].str.contains("DDP").any()
+    other = df[df["method"] == OTHER_COHORT_LABEL].set_index(["gpus", "global_batch"])
+    assert len(other) == 12 and set(other["fixed"]) == {"global batch"}
+    assert [other.loc[(n, 32), "epoch2_seconds"] for n in (1, 2, 4)] == [38.0, 67.0, 121.0]
+    assert [other.loc[(n, 32), "per_gpu_batch"] for n in (1, 2, 4)] == [32, 16, 8]
+    assert {other.loc[(n, 32), "steps_per_epoch"] for n in (1, 2, 4)} == {1563}      # ceil(50,000 / 32)
+    assert {other.loc[(n, 128), "steps_logged"] for n in (1, 2, 4)} == {391}
+    assert [other.loc[(n, 2048), "steps_per_epoch"] for n in (1, 2, 4)] == [25, 25, 25]
+    assert other.loc[(4, 128), "speedup"] == pytest.approx(16 / 30)
+    first = df[df["method"] == FIRST_COHORT_LABEL].set_index(["gpus", "per_gpu_batch"])
+    assert len(first) == 9 and set(first["fixed"]) == {"per-GPU batch"}
+    assert first.loc[(2, 32), "global_batch"] == 64 and first.loc[(2, 32), "steps_per_epoch"] == 782
+    assert first.loc[(4, 512), "steps_per_epoch"] == 25 and first.loc[(2, 128), "steps_per_epoch"] == 196
+    assert first.loc[(2, 32), "speedup"] == pytest.approx(41.3 / 23.15)             # 1.784
 
 
 def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):

@@ -33,7 +33,7 @@ from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import cpu_cores, gpu_count, hardware_summary
 from lab_utils.core.loop import make_optimizer, train_steps
-from lab_utils.core.ring import GB, iterations_per_epoch, message_sizes, ring_bytes_per_rank
+from lab_utils.core.ring import achieved_gb_per_s, iterations_per_epoch, message_sizes, ring_bytes_per_rank
 
 # The formulas notebook 04 and its exercises call as comm.<name> (re-exported from core.ring).
 from lab_utils.core.ring import gradient_bytes as gradient_bytes
@@ -280,12 +280,20 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
                      link: LinkPeak | None = None) -> list[dict[str, Any]]:
     """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
 
-    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds): the
-    same quantity as nccl-tests' busbw, so it is compared with the benchmark's peak busbw
-    (``peak_busbw``: one number, or a mapping ranks -> peak) and with the link's nominal
-    one-direction bandwidth when known. A missing or non-positive time gives no rate.
+    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds)
+    (:func:`lab_utils.core.ring.achieved_gb_per_s`): the same quantity as nccl-tests' busbw, so it
+    is compared with the benchmark's peak busbw (``peak_busbw``: one number, or a mapping ranks ->
+    peak) and with the link's nominal one-direction bandwidth when known. A missing or
+    non-positive time gives no rate. A measurement on one device is refused (LabError): one
+    device communicates nothing, so it has no bandwidth.
     """
     rows = []
+    measurements = list(measurements)
+    for m in measurements:
+        if m.devices < 2:
+            raise LabError(f"Table 3 has no row for {m.devices} device ({m.method}, batch "
+                           f"{m.per_device_batch}): one device communicates nothing, so it has no bandwidth; "
+                           "measure 2 or more.")
     for m in measurements:
         steps = m.steps_per_epoch or iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices)
         bytes_epoch = steps * ring_bytes_per_rank(m.grad_bytes, m.devices)
@@ -304,7 +312,7 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
             "q3_2": _Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
         }
         if m.seconds is not None and m.seconds > 0:
-            achieved = bytes_epoch / m.seconds / GB
+            achieved = achieved_gb_per_s(m.grad_bytes, m.devices, steps, m.seconds)
             row["achieved_gb_per_s"] = achieved
             if peak:
                 row["pct_of_bench_peak_busbw"] = 100 * achieved / peak

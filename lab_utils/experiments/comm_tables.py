@@ -20,6 +20,12 @@ from typing import Any
 import numpy as np
 
 from lab_utils.core import profiles
+from lab_utils.core.anchors import (
+    CIFAR10_TRAIN_IMAGES,
+    FIRST_COHORT_LABEL,
+    FIRST_COHORT_TABLE1_SECONDS,
+    SPEC_GRADIENT_BYTES,
+)
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.ring import (
@@ -706,20 +712,19 @@ def _dp_assumed_ring_measurements(store, profile: str | None = None, devices: Se
     return out
 
 
-_SPEC_GRADIENT_BYTES = 44_695_848  # 11,173,962 fp32 gradients of the spec ResNet-18
-
-
-_SPEC_TRAIN_IMAGES = 50_000
+#: Table 3's label of the earlier cohort's rows: its report does not say which parallel module ran.
+_ANCHOR_ASSUMED_RING = f"{FIRST_COHORT_LABEL}: ring ASSUMED, as the assignment says"
 
 
 def _anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] | None = None,
-                                     grad_bytes: int = _SPEC_GRADIENT_BYTES,
-                                     dataset_size: int = _SPEC_TRAIN_IMAGES) -> list[CommMeasurement]:
-    """The earlier cohort's DataParallel timings through Q3.1 and Q3.2 as the assignment asks
-    (ring assumed, S = 44.7 MB, 50,000 images): comm (a) = T(N) - T(1)/N, steps per epoch =
-    ceil(50,000 / (N x b)) (one process, global batch N x b). A worked example, not a measurement here."""
+                                     grad_bytes: int = SPEC_GRADIENT_BYTES,
+                                     dataset_size: int = CIFAR10_TRAIN_IMAGES) -> list[CommMeasurement]:
+    """The earlier cohort's Table 1 timings through Q3.1 and Q3.2 as the assignment asks (ring
+    assumed, S = the spec's fp32 gradient bytes, 50,000 images): comm (a) = T(N) - T(1)/N, steps per
+    epoch = ceil(50,000 / (N x b)) (N x b images per step, whichever parallel module ran it: the
+    report does not say). A worked example, not a measurement here."""
     if seconds is None:
-        seconds = scaling.ANCHOR_COHORT_SECONDS
+        seconds = FIRST_COHORT_TABLE1_SECONDS
     out = []
     for (p, b), tn in sorted(seconds.items()):
         t1 = seconds.get((1, b))
@@ -727,7 +732,7 @@ def _anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] |
             continue
         out.append(CommMeasurement(p, b, _COMM_SOURCES[0], tn - t1 / p, grad_bytes, dataset_size,
                                    steps_per_epoch=math.ceil(dataset_size / (p * b)),
-                                   method=f"{_DP_ASSUMED_RING}: earlier cohort's timings"))
+                                   method=_ANCHOR_ASSUMED_RING))
     return out
 
 
@@ -787,8 +792,9 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
                             "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "
                             "pct_of_bench_peak_busbw uses the benchmark on the same number of ranks.",
                             _Q32_NOTE, _DP_ASSUMED_NOTE,
-                            "The earlier cohort's rows use its published DataParallel timings (hardware "
-                            "unknown): no benchmark peak of theirs exists, so no percentage.",
+                            "The earlier cohort's rows use its published Table 1 timings (hardware unknown, "
+                            "parallel module not stated; ring assumed as the assignment says): no benchmark "
+                            "peak of theirs exists, so no percentage.",
                             "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
                             f"link: {link.description}"])
     return df

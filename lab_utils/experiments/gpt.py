@@ -46,6 +46,7 @@ from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
 from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory, oom_reason_from_log
+from lab_utils.core.text_data import resolve_corpus
 from lab_utils.models.gpt import checkpoint_path, gpt_config
 from lab_utils.session import session_for
 from lab_utils.store import Record, ResultStore
@@ -67,7 +68,7 @@ class Settings:
     size: str
     dtype: str
     lr: float
-    corpus: str = "auto"
+    corpus: str | None = None   # shakespeare | stdlib | auto; None: $LAB_CORPUS, else auto
     max_chars: int | None = None          # characters of the corpus used (None: all)
     stride: int | None = None             # tokens between training windows (None: block_size)
     val_batches: int | None = None        # per rank, per evaluation (None: the whole split)
@@ -114,7 +115,10 @@ profiles.register(Settings, profiles.GPT, "GPT")
 
 
 def _train_config(s: Settings, **kw: Any) -> TrainConfig:
-    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": s.corpus, "max_chars": s.max_chars,
+    # the corpus resolved here ($LAB_CORPUS read, a missing one refused) so that a stored run is
+    # reused only for the corpus it was trained on
+    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": resolve_corpus(s.corpus),
+            "max_chars": s.max_chars,
             "stride": s.stride, "val_batches": s.val_batches}
     base.update(kw)
     return TrainConfig(**base).validate()

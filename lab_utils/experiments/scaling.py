@@ -80,9 +80,8 @@ from lab_utils.models import ResNet18, count_parameters
 from lab_utils.store import Record, ResultStore, canonical_key
 from lab_utils.workers.args import WorkerArgs
 
-__all__ = ["ANCHOR_COHORT_LABEL", "ANCHOR_COHORT_SECONDS", "ANCHOR_DP_SECONDS", "COMPUTE_VS_COMM", "DDP",
-           "DP", "SCALING", "Placement", "Settings", "anchor_frame", "measure", "measure_compute_vs_comm",
-           "worker_args"]
+__all__ = ["COMPUTE_VS_COMM", "DDP", "DP", "SCALING", "Placement", "Settings", "measure",
+           "measure_compute_vs_comm", "worker_args"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -122,7 +121,7 @@ class Settings:
     timeout_s: float = 3600
     seed: int = 0
     label: str = ""
-    dataset: str = "auto"   # auto | cifar10 | synthetic
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
 
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
@@ -437,33 +436,3 @@ def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict
     history = [run_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict()
                for epoch in range(1, args.epochs + 1)]
     return history, params
-
-
-# --------------------------------------------------------------------------- the earlier cohorts' numbers
-
-
-# Earlier cohorts' reports (SPEC.md), hardware unknown (V100 / RTX 8000 class): epoch-2 seconds
-# by (GPUs, per-GPU batch), as published. Both cohorts ran nn.DataParallel, as the assignment
-# asks (not DDP): the first scaled well, the other got slower at batch 32. The first cohort's
-# 1-GPU row is 41.3 / 33.64 / 33.95 s in its report (SPEC.md rounds it to 33.6 / 34.0); the lab
-# uses the published values everywhere (notebooks 01-04, the time budget): this is their one copy.
-ANCHOR_COHORT_SECONDS = {(1, 32): 41.3, (1, 128): 33.64, (1, 512): 33.95,
-                         (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
-                         (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
-ANCHOR_DP_SECONDS = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
-ANCHOR_COHORT_LABEL = "DataParallel (earlier cohort)"
-
-
-def anchor_frame():
-    """The earlier cohorts' numbers with their speedups T(1)/T(N) (sanity anchors, not targets).
-    Both cohorts used DataParallel (the assignment's method), so both rows say so."""
-    import pandas as pd
-
-    rows = []
-    for label, table in ((ANCHOR_COHORT_LABEL, ANCHOR_COHORT_SECONDS),
-                         ("DataParallel (another cohort)", ANCHOR_DP_SECONDS)):
-        for (n, b), t in table.items():
-            t1 = table.get((1, b))
-            rows.append({"method": label, "gpus": n, "per_gpu_batch": b, "epoch2_seconds": t,
-                         "speedup": t1 / t if t1 else None, "efficiency": t1 / t / n if t1 else None})
-    return pd.DataFrame(rows)

@@ -36,12 +36,15 @@ from pathlib import Path
 
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.exercises import EXERCISES, Exercise, same
+from lab_utils.grading.exercises import EXERCISES, OK, Exercise, same
 
 REPO = Path(__file__).resolve().parents[2]
 LABS_DIR = REPO / "labs"
 DIST_DIR = REPO / "dist"
 MANIFEST = "manifest.json"
+# The output of a check cell whose cases are all right (exercises.check prints it): written into every
+# test cell before otter assign, which takes it as the doctest's expected output.
+CHECK_OUTPUT = {"name": "stdout", "output_type": "stream", "text": [OK + "\n"]}
 # Text that must never reach a student notebook (otter's own markers).
 LEAK_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# HIDDEN", "BEGIN TESTS", "END TESTS")
 # What a student gets besides the notebooks: the lab's code and how to install and run it.
@@ -158,6 +161,18 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     return {"function": ex.function, "points": q.points, "tests": tests}
 
 
+def _use_lab_grader(nb: dict, name: str) -> None:
+    """Make the student notebook's ``grader`` :class:`lab_utils.grading.checker.Notebook` (otter's, showing
+    a failing check's sentence first) in the init cell otter assign wrote."""
+    otter_init = f'grader = otter.Notebook("{name}")'
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and otter_init in nbs.source(c)]
+    if len(cells) != 1:
+        raise LabError(f"otter assign wrote {len(cells)} cells with {otter_init!r} in {name}, not 1.")
+    src = nbs.source(cells[0]).replace(otter_init, f"from lab_utils.grading.checker import Notebook\n\n"
+                                                   f'grader = Notebook("{name}")')
+    cells[0]["source"] = src
+
+
 def _stamp(nb: dict, master: nbs.Master, stem: str, version: str) -> None:
     """Write the notebook's lab version and each answer cell's question into the metadata."""
     nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": stem, "version": version}
@@ -257,7 +272,9 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             nb = json.loads(path.read_text())
             for q in spec.values():
                 for t in q["tests"]:
-                    nb["cells"][t["cell"]]["source"] = t["source"]
+                    cell = nb["cells"][t["cell"]]
+                    cell["source"] = t["source"]
+                    cell["outputs"] = [CHECK_OUTPUT]   # otter takes a test cell's output as what it expects
             rewritten = Path(tmp) / "masters" / path.stem / path.name
             rewritten.parent.mkdir(parents=True)
             rewritten.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
@@ -275,6 +292,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             res = Path(tmp) / "out" / path.stem
             version = nbs.notebook_version(path)
             nb = json.loads((res / "student" / path.name).read_text())
+            _use_lab_grader(nb, path.name)
             _stamp(nb, master, path.stem, version)
             text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
             leaks = find_leaks(text, master)
