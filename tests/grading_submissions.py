@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from lab_utils.grading import notebooks as nbs
@@ -19,6 +21,17 @@ from lab_utils.grading.bench import fill_with_solutions
 REPO = Path(__file__).resolve().parent.parent
 BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",
          "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
+
+
+def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``make ARGS`` from the repository root, as the README writes it."""
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository root (the form the README's commands use)."""
+    return os.path.relpath(path, REPO)
 
 
 def shared_dist(tmp_path_factory) -> Path:

@@ -11,7 +11,8 @@ For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` c
    ``otter assign`` makes the student notebook from that copy (solutions and hidden tests stripped;
    public tests kept for ``grader.check``) and otter's autograder zip;
 3. the student notebook is stamped (notebook, lab version; each answer cell with its question)
-   and searched for any solution or hidden-test text.
+   and searched for any solution or hidden-test text. Notebooks without exercises (00, 08) are
+   copied, stamped too (``make grade`` recognises them: "nothing to grade").
 
 Writes ``<out>/student/``, a copy of the lab that students clone or unpack (``lab_utils``, the
 Makefile, requirements, the student notebooks in ``labs/``; no master, no test, no bundle), and
@@ -320,7 +321,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                           "function": spec[q.name]["function"] if q.name in spec else ""}
                          for q in master.questions]
             manifest["notebooks"][path.stem] = {
-                "file": path.name, "version": version, "cases": cases_file,
+                "file": path.name, "version": version, "title": nbs.title(nb), "cases": cases_file,
                 "otter_zip": f"otter/{path.stem}-autograder.zip", "questions": questions,
                 "auto_points": sum(q.points for q in master.questions if not q.manual),
                 "manual_points": sum(q.points for q in master.questions if q.manual),
@@ -329,9 +330,16 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             n_cases = sum(len(t["cases"]) for q in spec.values() for t in q["tests"])
             print(f"built {path.name}: {len(master.questions)} questions, {n_cases} cases, version {version} "
                   f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
+    manifest["ungraded"] = {}
     for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
         if path not in masters and not (student / "labs" / path.name).exists() and not nbs.is_master(path):
-            shutil.copy2(path, student / "labs" / path.name)
+            # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
+            # as the lab's ("nothing to grade"), not mistaken for another course's
+            nb = json.loads(path.read_text())
+            version = nbs.notebook_version(path)
+            nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": path.stem, "version": version}
+            (student / "labs" / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            manifest["ungraded"][path.stem] = {"file": path.name, "version": version, "title": nbs.title(nb)}
     _copy_student_files(labs.parent, student)
     leaks = tree_leaks(student, parsed)
     if leaks:
