@@ -97,9 +97,14 @@ def test_timers_synchronize_so_a_phase_includes_its_queued_device_work(fake_gpu,
     monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
     timer = timing.PhaseTimer(torch.device("cuda", 1))
     with timer.phase("compute"):
-        gpu.launch(0.300)                     # returns immediately, like a kernel launch
+        gpu.launch(0.300, device=1)           # returns immediately, like a kernel launch
     assert timer.seconds("compute") == pytest.approx(0.300)
     assert gpu.synchronize_calls[-2:] == [1, 1]   # both ends, on the timer's device
+    on_gpu0 = timing.PhaseTimer(torch.device("cuda", 0))
+    with on_gpu0.phase("compute"):
+        gpu.launch(0.200, device=1)           # GPU 1's work: a timer of GPU 0 does not wait for it
+    assert on_gpu0.seconds("compute") == pytest.approx(0.0)
+    gpu.synchronize(1)
     nested = timing.NestedTimers("cuda")
     with nested("epoch"), nested("forward"):
         gpu.launch(0.05)
