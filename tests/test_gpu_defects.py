@@ -146,15 +146,15 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
         raise SystemExit(code)
 
     monkeypatch.setattr(dist.os, "_exit", fake_exit)
-    with pytest.raises(SystemExit), dist.oom_ends_rank(dist.DistContext(rank=1, world_size=2)):
+    with pytest.raises(SystemExit), dist.failure_ends_rank(dist.DistContext(rank=1, world_size=2)):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
     assert exits == [dist.OOM_EXIT_CODE]
     err = capsys.readouterr().err
     assert "torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory" in err
     assert memory.mentions_out_of_memory(err)
-    with pytest.raises(torch.OutOfMemoryError), dist.oom_ends_rank(dist.DistContext()):  # one process
+    with pytest.raises(torch.OutOfMemoryError), dist.failure_ends_rank(dist.DistContext()):  # one process
         raise torch.OutOfMemoryError("x")
-    with pytest.raises(ValueError), dist.oom_ends_rank(dist.DistContext(rank=0, world_size=2)):
+    with pytest.raises(ValueError), dist.failure_ends_rank(dist.DistContext(rank=0, world_size=2)):
         raise ValueError("not memory")
     assert exits == [dist.OOM_EXIT_CODE]
 

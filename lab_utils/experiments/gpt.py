@@ -179,7 +179,7 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
     log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
     # Out of memory outside the worker's training loop (building the model, counting its
     # FLOPs) in this process: a row, and the memory is freed after the with statement.
-    # Under DDP a rank that runs out of memory ends itself (core.dist.oom_ends_rank) and the
+    # Under DDP a rank that runs out of memory ends itself (core.dist.failure_ends_rank) and the
     # launch fails with that rank's log: a LaunchError that says out of memory is a row too,
     # as in scaling._run_ddp; any other failure propagates.
     launch_oom: str | None = None

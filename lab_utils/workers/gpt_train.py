@@ -52,7 +52,7 @@ reported (last) epoch's aggregate at the top level of ``metrics``, ``ranks`` (it
 dicts), ``epochs`` (every epoch's aggregate), the run's configuration, corpus, device, FLOPs
 per token, memory and nested timers (``timers``: rank 0's, ``timers_slowest_rank``); status
 ``ok`` or ``oom``. Under DDP an out-of-memory error is not a status: it ends the rank
-(:func:`lab_utils.core.dist.oom_ends_rank`), torchrun stops the others, and the caller
+(:func:`lab_utils.core.dist.failure_ends_rank`), torchrun stops the others, and the caller
 (:mod:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
 """
 
@@ -75,7 +75,7 @@ from torch.utils.data.distributed import DistributedSampler
 from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
 from lab_utils.core.config import loader_worker_options
-from lab_utils.core.dist import DistContext, gather, init_distributed, oom_ends_rank
+from lab_utils.core.dist import DistContext, failure_ends_rank, gather, init_distributed
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import device_name, hardware_summary, peak_flops_per_s, software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
@@ -196,7 +196,7 @@ def run_training(cfg: TrainConfig) -> list[Record]:
     cfg.validate()
     ctx = init_distributed(device=cfg.device, group_of_one=False)
     try:
-        with oom_ends_rank(ctx):  # under DDP an out-of-memory error ends the rank (see there)
+        with failure_ends_rank(ctx):  # under DDP OOM (under NCCL any error) ends the rank (see there)
             return [_train(cfg, ctx)]
     finally:
         if ctx.initialized_here and dist.is_initialized():
