@@ -80,8 +80,9 @@ class Machine:
     names: list[str | None]            # the visible devices' names, from nvidia-smi -L
     mig: list[str]                     # MIG profiles of the visible devices ("1g.5gb"), if any
     driver: str | None                 # NVIDIA driver version, or None
-    problem: str | None                # the driver reports GPUs this torch cannot use: why
+    problem: str | None                # the driver reports GPUs this torch cannot use (or has no kernels for)
     profile: str
+    no_kernels: bool = False           # torch sees the GPUs but has no kernels for them: GPU checks not run
 
     @property
     def name(self) -> str | None:
@@ -103,7 +104,8 @@ def read_machine(profile: str | None = None) -> Machine:
     return Machine(gpus=gpus, names=names[:gpus] if gpus else names,
                    mig=[p for n in names[:max(gpus, 1)] if (p := hardware.mig_profile(n))],
                    driver=driver.version if driver else None,
-                   problem=f"{found[0]}; {found[1]}" if found else None, profile=name)
+                   problem=f"{found[0]}; {found[1]}." if found else None, profile=name,
+                   no_kernels=bool(found and gpus))
 
 
 # --------------------------------------------------------------------------- the checks' measurements
@@ -123,9 +125,9 @@ def judge_versions(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
     measured = (f"driver {d['driver'] or 'none'}, torch {torch.__version__}, CUDA {stack.get('torch CUDA')}, "
                 f"cuDNN {stack.get('cuDNN')}, NCCL {stack.get('NCCL')}")
-    expected = "a torch build whose CUDA this driver runs"
+    expected = "a torch build whose CUDA this driver runs, with kernels for these GPUs"
     if d["problem"]:
-        return measured, expected, "fail"
+        return f"{measured}; {d['problem']}", expected, "fail"
     return measured, expected, "ok"
 
 
@@ -141,8 +143,22 @@ def judge_mig(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
             "need whole GPUs", expected, "warn")
 
 
-def measure_cuda_init(m: Machine) -> dict[str, Any]:
-    """Initialize CUDA on every visible GPU: torch's names, capability and memory (a child)."""
+#: What :func:`tiny_kernel` computes: 2 x (0 + 1 + ... + 7).
+KERNEL_EXPECTED = 56.0
+
+
+def tiny_kernel(index: int) -> float:
+    """One elementwise kernel and one reduction on GPU ``index`` (a torch without kernels for this GPU
+    fails here with "no kernel image is available"); their result, :data:`KERNEL_EXPECTED` if right."""
+    import torch
+
+    x = torch.arange(8, dtype=torch.float32, device=torch.device("cuda", index))
+    return float((x * 2).sum().item())
+
+
+def measure_cuda_init(m: Machine, kernel: Callable[[int], float] = tiny_kernel) -> dict[str, Any]:
+    """Initialize CUDA on every visible GPU: torch's names, capability and memory, and one kernel launched
+    on each (``kernel(index)``, default :func:`tiny_kernel`), in a child process."""
     import torch
 
     from lab_utils.core import hardware
@@ -152,8 +168,13 @@ def measure_cuda_init(m: Machine) -> dict[str, Any]:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         free, total = torch.cuda.mem_get_info(i)
-        out.append({"index": i, "torch_name": p.name, "smi_name": smi[i] if i < len(smi) else None,
-                    "capability": f"{p.major}.{p.minor}", "total_bytes": int(total), "free_bytes": int(free)})
+        g = {"index": i, "torch_name": p.name, "smi_name": smi[i] if i < len(smi) else None,
+             "capability": f"{p.major}.{p.minor}", "total_bytes": int(total), "free_bytes": int(free)}
+        try:
+            g["kernel_result"] = kernel(i)
+        except Exception as e:  # "no kernel image is available": the row says so
+            g["kernel_error"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        out.append(g)
     return {"gpus": out}
 
 
@@ -163,10 +184,16 @@ def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     free = min((g["free_bytes"] for g in gpus), default=0) / 2**30
     measured = (f"{len(gpus)} x {', '.join(names)} (sm {gpus[0]['capability']}), "
                 f"{gpus[0]['total_bytes'] / 2**30:.0f} GiB, free {free:.1f} GiB" if gpus else "no device")
-    expected = (f"{m.gpus} device(s); names from nvidia-smi -L = torch's (the store's reuse check "
-                "names GPUs without a CUDA context)")
+    expected = (f"{m.gpus} device(s); a kernel runs on each; names from nvidia-smi -L = torch's (the store's "
+                "reuse check names GPUs without a CUDA context)")
     if len(gpus) != m.gpus or not gpus:
         return measured, expected, "fail"
+    for g in gpus:
+        if "kernel_error" in g:
+            return f"{measured}; GPU {g['index']}: {g['kernel_error']}", expected, "fail"
+        if g.get("kernel_result") != KERNEL_EXPECTED:
+            return (f"{measured}; GPU {g['index']}: the kernel computed {g.get('kernel_result')}, not "
+                    f"{KERNEL_EXPECTED}", expected, "fail")
     differ = [g for g in gpus if g["smi_name"] is not None and g["smi_name"] != g["torch_name"]]
     if differ:
         g = differ[0]
@@ -175,7 +202,7 @@ def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     if low:  # another process (or a stray context) holds memory on this GPU
         used = 1 - low[0]["free_bytes"] / low[0]["total_bytes"]
         return f"{measured}; GPU {low[0]['index']} already {used:.0%} used", expected, "warn"
-    return measured, expected, "ok"
+    return measured + "; a kernel ran on each", expected, "ok"
 
 
 def _matmul_workload(device: str, n: int = 2048, repeats: int = 20) -> tuple[Callable[[], None], float]:
@@ -725,6 +752,8 @@ def skip_reason(check: Check, m: Machine) -> str | None:
     """``skipped: <why>`` when ``check`` cannot run on ``m``, else None."""
     if check.gpus and m.gpus == 0:
         return NO_GPU
+    if check.gpus and m.no_kernels:
+        return "skipped: this torch has no kernels for this GPU (see versions)"
     if check.gpus > m.gpus:
         return f"skipped: needs {check.gpus} GPUs (this machine has {m.gpus})"
     if check.no_mig and m.mig:
@@ -865,6 +894,8 @@ def main(argv: list[str] | None = None) -> int:
     m = read_machine(a.profile)
     print(f"lab doctor: {m.gpus} GPU(s){' (' + m.name + ')' if m.name else ''}, driver {m.driver or 'none'}, "
           f"{len(checks)} checks within {a.budget:.0f} s", flush=True)
+    if m.problem:  # the versions row fails with it; said first, in one sentence
+        print(f"error: {m.problem}", flush=True)
 
     def echo(row: Row) -> None:
         print(f"  {row.check:<30} {row.verdict:<8} {row.measured}"[:160], flush=True)

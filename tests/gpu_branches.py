@@ -324,6 +324,7 @@ def B(file: str, function: str, condition: str, what: str, test: str = "", *, n:
 BR = "test_gpu_branches.py::"
 DF = "test_gpu_defects.py::"
 DR = "test_doctor.py::"
+FS = "test_gpu_first_session.py::"
 EVENTS = BR + "test_allreduce_timer_reads_cuda_events_in_seconds"
 QUERIES = BR + "test_device_queries_name_count_and_default_device"
 GPT_RUNS = BR + "test_gpt_runs_on_gpus"
@@ -369,9 +370,15 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
     B("core/dist.py", "init_distributed", "torch.cuda.device_count() <= local_rank",
       "more ranks than GPUs: one sentence", BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
+    B("core/dist.py", "failure_ends_rank", "ctx.ddp and ctx.backend == 'nccl'",
+      "under NCCL any error ends the rank (its line, then os._exit)",
+      FS + "test_under_nccl_any_error_ends_the_rank_and_under_gloo_it_propagates"),
     # core/environment.py
     B("core/environment.py", "gpu_node_problem", "torch.cuda.is_available()",
-      "torch sees the GPUs: nothing to refuse", SESSION),
+      "torch sees the GPUs: their compute capabilities against its architecture list", SESSION),
+    B("core/environment.py", "check_gpu_node", "torch.cuda.is_available()",
+      "no kernels for this GPU: refused whatever the profile",
+      FS + "test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture"),
     # core/hardware.py
     B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",

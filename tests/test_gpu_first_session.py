@@ -76,3 +76,131 @@ def test_a_rank_failing_under_nccl_ends_at_once_and_the_launch_names_it(worker, 
     assert "did not finish within" not in text and took < 60, (took, text[:400])
     assert "failed (torchrun exit code" in text and "Last lines of rank 1" in text
     assert "RuntimeError on rank 1 of 2: CUDA error: an illegal memory access was encountered" in text
+
+
+# --------------------------------------------------------------------------- 1. a V100 and the torch build
+
+V100 = "Tesla V100-SXM2-16GB"
+
+
+def test_each_builds_architectures_are_in_the_table_and_a_v100_needs_cu126():
+    from lab_utils.core import cuda_builds as cb
+
+    archs = {v.name: v.archs for v in cb.VARIANTS}
+    assert archs["cu126"] == ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+    assert archs["cu130"] == archs["cu132"] == ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120",
+                                                 "compute_120")
+    assert archs["cpu"] == ()
+    # a cubin runs on its major's later minors (sm_86 on an L40S, 8.9); sm_75 does not run on 7.0
+    assert cb.arch_runs("8.9", archs["cu130"]) and cb.arch_runs("10.3", archs["cu130"])
+    assert cb.arch_runs("12.1", archs["cu130"])                      # sm_120, and the PTX besides
+    assert not cb.arch_runs("7.0", archs["cu130"]) and cb.arch_runs("7.0", archs["cu126"])
+    assert not cb.arch_runs("3.7", archs["cu126"]) and cb.arch_runs("13.0", ("compute_120",))  # PTX: JIT
+    assert cb.arch_runs("9.0", ["sm_90a"]) and not cb.arch_runs("7.0", [])
+
+
+@pytest.mark.parametrize("driver, caps, variant", [
+    ("580.95.05", ["7.0"], "cu126"),          # a V100 on a CUDA 13 driver: CUDA 13 builds start at sm_75
+    ("580.95.05", ["8.0", "8.0"], "cu130"),   # A100s: PyPI's build, as before
+    ("580.95.05", ["7.5"], "cu130"),          # T4: sm_75 is in CUDA 13's list
+    ("535.183.01", ["7.0"], "cu126"),         # an R535 driver: CUDA 12 anyway
+    ("580.95.05", [None], "cu130"),           # nvidia-smi did not say: by driver alone
+])
+def test_the_build_is_chosen_by_compute_capability_too(driver, caps, variant):
+    from lab_utils.core.cuda_builds import DriverGPU, select_variant
+
+    c = select_variant(driver, gpus=[DriverGPU(i, "GPU", compute_cap=cap) for i, cap in enumerate(caps)])
+    assert c.variant == variant, c.reason
+    if caps == ["7.0"] and driver.startswith("580"):
+        assert "compute capability 7.0 (sm_70)" in c.reason and "cu130" in c.reason
+        assert "sm_75" in c.reason and "cu126 has sm_70" in c.reason
+
+
+def test_a_gpu_no_build_runs_is_refused_with_one_sentence():
+    from lab_utils.core.cuda_builds import DriverGPU, NoVariant, select_variant
+
+    with pytest.raises(NoVariant, match=r"compute capability 3\.7 \(sm_37\).*SYSTEM_TORCH=1") as e:
+        select_variant("580.95.05", gpus=[DriverGPU(0, "Tesla K80", compute_cap="3.7")])
+    assert "\n" not in str(e.value)
+
+
+def test_the_driver_query_reads_each_gpus_compute_capability_and_mode(tmp_path, monkeypatch):
+    from fake_gpu import FakeGPU
+
+    from lab_utils.core.cuda_builds import query_driver
+
+    FakeGPU(count=2, name=V100, major=7, driver="580.95.05",
+            compute_mode="Exclusive_Process").install_nvidia_smi(tmp_path, monkeypatch)
+    d = query_driver(proc_root=tmp_path / "absent")
+    got = [(g.name, g.compute_cap, g.compute_mode) for g in d.gpus]
+    assert got == [(V100, "7.0", "Exclusive_Process")] * 2
+    assert d.version == "580.95.05"
+
+
+@pytest.fixture
+def v100_with_cu130(fake_gpu, monkeypatch, results_dir):
+    """A V100 node (driver 580) whose torch is a CUDA 13 build: kernels for sm_75 and later only."""
+    from fake_gpu import ARCHS_CU130
+
+    monkeypatch.delenv("LAB_PROFILE", raising=False)
+    return fake_gpu(count=2, name=V100, major=7, driver="580.95.05", arch_list=ARCHS_CU130)
+
+
+def _one_sentence_about_sm70(msg: str) -> None:
+    assert "\n" not in msg and msg.count(". ") == 0 and msg.endswith("."), msg
+    assert f"{V100} has compute capability 7.0 (sm_70)" in msg, msg
+    assert "sm_75, sm_80, sm_86, sm_90, sm_100, sm_120" in msg and "no kernel image is available" in msg
+    assert "make venv TORCH_VARIANT=cu126" in msg and "SYSTEM_TORCH=1" in msg
+
+
+def test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture(v100_with_cu130, capsys):
+    """Notebook 00's first call (session.start) and `python -m lab_utils info` stop with one sentence;
+    even an explicit quick profile (torch would still pick the GPU, and fail there)."""
+    from lab_utils.__main__ import main
+    from lab_utils.core.errors import LabError
+    from lab_utils.session import start
+
+    for profile in (None, "quick"):
+        with pytest.raises(LabError) as e:
+            start(profile)
+        _one_sentence_about_sm70(str(e.value))
+    assert not v100_with_cu130.initialized       # decided from nvidia-smi and the build: no CUDA context
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    _one_sentence_about_sm70(err[0][len("error: "):])
+
+
+def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, capsys):
+    """`python -m lab_utils doctor`: the sentence first, the versions row fails with it, the GPU checks
+    are not attempted (each would fail with 'no kernel image'), exit code 1."""
+    from lab_utils import doctor
+
+    assert doctor.main(["--only", "versions,cuda_init,oom_under_memory_fraction"]) == 1
+    out = capsys.readouterr().out
+    first = out.splitlines()[1]
+    assert first.startswith("error: ")
+    _one_sentence_about_sm70(first[len("error: "):])
+    m = doctor.read_machine()
+    rows = doctor.run_checks(m, tuple(doctor.BY_NAME[n] for n in ("versions", "cuda_init")))
+    assert rows[0].verdict == "fail" and "sm_70" in rows[0].measured
+    assert rows[1].verdict == "skipped: this torch has no kernels for this GPU (see versions)"
+
+
+def test_doctor_launches_one_kernel_on_every_gpu(fake_gpu):
+    """cuda_init used to pass as soon as CUDA initialised: a torch without kernels for the GPU passed it."""
+    from lab_utils import doctor
+
+    fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
+    m = doctor.read_machine()
+    ran = []
+    d = doctor.measure_cuda_init(m, kernel=lambda i: ran.append(i) or doctor.KERNEL_EXPECTED)
+    assert ran == [0, 1] and doctor.judge_cuda_init(d, m)[2] == "ok"
+
+    def no_image(i):
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nmore")
+
+    measured, _, verdict = doctor.judge_cuda_init(doctor.measure_cuda_init(m, kernel=no_image), m)
+    assert verdict == "fail" and "GPU 0: CUDA error: no kernel image is available" in measured
+    wrong = doctor.measure_cuda_init(m, kernel=lambda i: 0.0)         # ran, but computed nonsense
+    assert doctor.judge_cuda_init(wrong, m)[2] == "fail"
