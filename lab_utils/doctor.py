@@ -752,7 +752,7 @@ def skip_reason(check: Check, m: Machine) -> str | None:
     """``skipped: <why>`` when ``check`` cannot run on ``m``, else None."""
     if check.gpus and m.gpus == 0:
         return NO_GPU
-    if check.gpus and m.no_kernels:
+    if check.gpus and m.no_kernels and check.where != "here":
         return "skipped: this torch has no kernels for this GPU (see versions)"
     if check.gpus > m.gpus:
         return f"skipped: needs {check.gpus} GPUs (this machine has {m.gpus})"

@@ -184,6 +184,7 @@ def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, 
     m = doctor.read_machine()
     rows = doctor.run_checks(m, tuple(doctor.BY_NAME[n] for n in ("versions", "cuda_init")))
     assert rows[0].verdict == "fail" and "sm_70" in rows[0].measured
+    assert rows[0].measured.startswith("driver 580.95.05, torch ")     # its versions, then the sentence
     assert rows[1].verdict == "skipped: this torch has no kernels for this GPU (see versions)"
 
 
@@ -204,3 +205,19 @@ def test_doctor_launches_one_kernel_on_every_gpu(fake_gpu):
     assert verdict == "fail" and "GPU 0: CUDA error: no kernel image is available" in measured
     wrong = doctor.measure_cuda_init(m, kernel=lambda i: 0.0)         # ran, but computed nonsense
     assert doctor.judge_cuda_init(wrong, m)[2] == "fail"
+
+
+def test_the_versions_row_survives_cudnn_refusing_the_gpu(monkeypatch):
+    """On a V100 with a CUDA 13 torch, torch.backends.cudnn.version() itself raises (cuDNN 9.24 needs
+    sm_75): found by doctor under the fake GPU, where the versions row was a RuntimeError."""
+    import torch
+
+    from lab_utils.core import environment
+
+    def refuses():
+        raise RuntimeError("cuDNN version 92400 is not compatible with devices with SM < 7.5. Please install")
+
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", refuses)
+    stack = environment.software_stack(driver=None)
+    assert stack["cuDNN"].startswith("not usable here: cuDNN version 92400 is not compatible")
