@@ -25,6 +25,7 @@ from lab_utils.core import cuda_builds, data
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import (
     classify_interconnect,
+    cudnn_build_version,
     describe_machine,
     interconnect,
     peak_flops_per_s,
@@ -175,12 +176,10 @@ def software_stack(driver: cuda_builds.Driver | None | str = "detect") -> dict[s
                  f"{driver.source}; nvidia-smi is not available in this container ({driver.note})")
         out["NVIDIA driver"] = f"{driver.version} (from {where})"
     out["torch CUDA"] = torch.version.cuda or f"none: {cpu_build}"
-    try:
-        cudnn = cudnn_version(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
-        cudnn = cudnn or (f"none: {cpu_build}" if not torch.version.cuda else "none: this torch has no cuDNN")
-    except RuntimeError as e:  # torch checks cuDNN against the GPU: 9.24 refuses sm < 7.5 (a V100)
-        cudnn = f"not usable here: {str(e).strip().splitlines()[0][:160]}"
-    out["cuDNN"] = cudnn
+    raw, refused = cudnn_build_version()   # no CUDA context opened for it
+    cudnn = cudnn_version(raw) or (f"none: {cpu_build}" if not torch.version.cuda
+                                   else "none: this torch has no cuDNN")
+    out["cuDNN"] = f"not usable here: {refused}" if refused else cudnn
     try:
         raw = torch.cuda.nccl.version()
         nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
