@@ -219,5 +219,96 @@ def test_the_versions_row_survives_cudnn_refusing_the_gpu(monkeypatch):
 
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", refuses)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)   # in the doctor's CUDA children
     stack = environment.software_stack(driver=None)
     assert stack["cuDNN"].startswith("not usable here: cuDNN version 92400 is not compatible")
+
+
+def test_reading_the_cudnn_version_opens_no_cuda_context(fake_gpu):
+    """Every record the notebook's kernel stores carries software_versions(); torch.backends.cudnn.version()
+    initialised CUDA for its compute-capability check, so the kernel held a CUDA context after its first
+    stored row (an OOM row, a skipped one), before the next launch (found by the GPT launcher test)."""
+    import torch
+
+    from lab_utils.core import environment, hardware
+
+    gpu = fake_gpu(count=2)
+    versions = hardware.software_versions()
+    assert versions["cudnn"] == (str(torch._C._cudnn.getVersionInt()) if torch.backends.cudnn.is_available()
+                                 else None)
+    environment.software_stack(driver=None)
+    assert not gpu.initialized and gpu.contexts == set()
+
+
+# --------------------------------------------------------------------------- 3. no CUDA context in the kernel
+
+
+def _recording_launch(gpu, seen: list, record):
+    """``launcher.launch``/``stream`` stand-in: notes (module, processes, CUDA initialised in this process?)
+    and hands back ``record(module, argv, nproc)``."""
+    def launch(module, args, nproc=2, **kw):
+        seen.append((module, nproc, gpu.initialized))
+        return launcher.LaunchResult(records=[record(module, list(args), nproc)], log_dir=Path("."),
+                                     wall_seconds=1.0)
+    return launch
+
+
+def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu, store, monkeypatch):
+    """Notebook 06 on a GPU node: T(1) ran in the Jupyter kernel (a CUDA context on GPU 0 before torchrun:
+    on an EXCLUSIVE_PROCESS node rank 0 then cannot start; elsewhere it has less memory). Now every GPU
+    run, one device too, is a launch of the DDP worker, and the kernel opens no context."""
+    from store_helpers import lab_for
+
+    from lab_utils.core import hardware, profiles
+    from lab_utils.experiments import gpt
+    from lab_utils.store import Record
+
+    gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
+    seen, in_kernel = [], []
+
+    def record(module, argv, nproc):
+        m = {"reported_epoch": 1, "epoch_seconds": 1.0, "slowest_rank": 0, "tokens_per_s": 1.0,
+             "val_loss": 1.0}
+        return Record("gpt", {}, m, hardware=hardware.hardware_summary("cuda", nproc))
+
+    monkeypatch.setattr(launcher, "launch", _recording_launch(gpu, seen, record))
+    monkeypatch.setattr(gpt, "run_training", lambda cfg: in_kernel.append(cfg) or [record(None, [], 1)])
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2), scaling_batch_sizes=(8,),
+                          micro_batches=(512,), effective_batch=1024, accumulation_devices=1)
+    gpt.measure(lab_for(store, "cuda", 2), s, verbose=False)
+    gpt.measure_accumulation(lab_for(store, "cuda", 2), s, verbose=False)
+    assert in_kernel == []
+    assert seen == [("lab_utils.workers.gpt_train", 1, False), ("lab_utils.workers.gpt_train", 2, False),
+                    ("lab_utils.workers.gpt_train", 1, False)]
+
+
+def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, store, monkeypatch):
+    """Notebooks 02 and 03 (its DataParallel rows) trained nn.DataParallel in the kernel: a CUDA context on
+    every GPU it used, before notebook 03's next launch. Now it is one process started by the launcher
+    (nproc=1), whose record comes back like a DDP worker's."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lab_utils.core import config, hardware, profiles
+    from lab_utils.experiments import scaling
+    from lab_utils.store import Record
+
+    gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
+    seen, moved = [], []
+    real_cuda = torch.nn.Module.cuda
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: moved.append(type(self).__name__)
+                        or real_cuda(self, *a, **k))
+
+    def record(module, argv, nproc):
+        m = {"train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4, "reported_epoch": 2}
+        return Record("scaling", {}, m, hardware=hardware.hardware_summary("cuda", 2))
+
+    monkeypatch.setattr(launcher, "launch", _recording_launch(gpu, seen, record))
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,),
+                          dataset="synthetic")
+    lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
+    recs = scaling._measure_grid(lab, s, False, False, (2,), (scaling.DP,), scaling.SCALING, False)
+    assert moved == [] and not gpu.initialized
+    assert seen == [("lab_utils.workers.dataparallel", 1, False)]
+    assert recs[0].status == "ok" and recs[0].metrics["train_seconds"] == 1.0
