@@ -168,7 +168,7 @@ def _execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
         cfg = replace(cfg, device="cpu")
         threads = devices.threads_per_process
     t0 = time.perf_counter()
-    if nproc == 1 and devices.kind == "cpu":
+    if nproc == 1 and devices.kind != "cuda":
         with pinned_threads(threads):
             records = run_training(cfg)
         free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
