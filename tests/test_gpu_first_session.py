@@ -9,6 +9,7 @@ where a launch is needed.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -312,3 +313,144 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
     assert moved == [] and not gpu.initialized
     assert seen == [("lab_utils.workers.dataparallel", 1, False)]
     assert recs[0].status == "ok" and recs[0].metrics["train_seconds"] == 1.0
+
+
+# --------------------------------------------------------------------------- 6. what the doctor judges
+
+
+def _machine(gpus: int = 2, **kw):
+    from lab_utils import doctor
+
+    return doctor.Machine(gpus=gpus, names=["G"] * gpus, mig=[], driver="1", problem=None, profile="full",
+                          **kw)
+
+
+def test_a_step_whose_timing_breaks_its_own_invariants_fails():
+    """judge_step only checked that a step ran with a finite loss. A timer on the wrong stream or device
+    gives phases that do not add up, or an exposed wait longer than the all-reduce it waits for."""
+    from lab_utils import doctor
+
+    good = {"config": "DDP 2 x 32", "train_seconds": 1.0, "data_movement_seconds": 0.1,
+            "compute_seconds": 0.8, "communication_seconds": 0.1, "exposed_comm_seconds": 0.1,
+            "allreduce_seconds": 0.4, "loss": 2.3}
+    assert doctor.judge_step(good, _machine())[2] == "ok"
+    bad = {"phases do not add up": {"compute_seconds": 0.3},
+           "exposed > all-reduce": {"exposed_comm_seconds": 0.6},
+           "all-reduce > step": {"allreduce_seconds": 1.5, "exposed_comm_seconds": 0.1},
+           "negative exposed": {"exposed_comm_seconds": -0.2}}
+    for what, change in bad.items():
+        measured, _, verdict = doctor.judge_step({**good, **change}, _machine())
+        assert verdict == "fail", (what, measured)
+    assert doctor.judge_step({**good, "exposed_comm_seconds": 0.41}, _machine())[2] == "ok"   # within noise
+
+
+def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_none():
+    from lab_utils import doctor
+
+    d = {"busbw_gb_per_s": 8.0, "size_bytes": 2 ** 28, "ranks": 2, "backend": "nccl", "correct": True}
+    pcie = {**d, "link_gb_per_s": 31.5, "link_kind": "pcie", "link": "PCIe gen4 x16: 31.5 GB/s"}
+    measured, expected, verdict = doctor.judge_nccl(pcie, _machine())
+    assert verdict == "ok" and "25 %" in expected          # 8 / 31.5 = 25.4 % over PCIe: as expected
+    assert doctor.judge_nccl({**pcie, "busbw_gb_per_s": 4.0}, _machine())[2] == "warn"
+    unknown = {**d, "link_gb_per_s": None, "link_kind": "mixed",
+               "link": "mixed NVLink/PCIe topology: no nominal peak"}
+    measured, expected, verdict = doctor.judge_nccl(unknown, _machine())
+    assert verdict == "warn" and "no expectation" in measured and "mixed" in expected   # not a pass
+
+
+@pytest.mark.timeout(60)
+def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holding_its_pipes(tmp_path):
+    """run_child killed the child's session at the limit, then waited for its pipes without a limit: a
+    descendant in a session of its own (NCCL's proxy, a compiler) held them, and the doctor hung."""
+    from lab_utils import doctor
+    from lab_utils.launcher import _alive
+
+    pid_file = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(doctor.ChildTimeout):
+            doctor.run_child([sys.executable, "-c", code], 2, tmp_path / "out.json")
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.3)
+        assert not _alive(int(pid_file.read_text()))       # the escaped descendant was stopped too
+    finally:
+        if pid_file.exists() and _alive(pid := int(pid_file.read_text())):
+            os.kill(pid, 9)
+
+
+def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
+    from lab_utils import doctor
+
+    judge = doctor.judge_timer_overhead
+    checks = (doctor.Check("long", lambda m: {}, judge, "x", "child", 1, 100),
+              doctor.Check("short", lambda m: {}, judge, "x", "child", 1, 5))
+
+    def measure(c, m, limit):
+        raise doctor.ChildTimeout(f"did not finish within {limit:.0f} s and was stopped")
+
+    rows = doctor.run_checks(_machine(), checks, budget_s=30.0, measure=measure)
+    assert rows[0].verdict.startswith("skipped: the doctor's time budget"), rows[0]
+    assert rows[1].verdict == "fail"                        # its own limit (5 s < what was left): a fail
+
+
+def test_the_doctor_runs_notebook_01s_and_02s_own_code(monkeypatch, tmp_path):
+    """01 and 02-DataParallel ran doctor's own copy of a training loop, which proved nothing about the
+    notebooks' code: now 01 is notebook 01's sweep.measure (one small batch) and 02 launches the
+    DataParallel worker notebooks 02 and 03 launch."""
+    from lab_utils import doctor, launcher
+    from lab_utils.experiments import sweep
+
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
+    called = []
+    real = sweep._train_and_evaluate
+    monkeypatch.setattr(sweep, "_train_and_evaluate", lambda *a, **k: called.append("sweep") or real(*a, **k))
+    d = doctor.step_01_sweep(_machine(1), device="cpu", width=4, batch=8)
+    assert called == ["sweep"] and d["status"] == "ok" and d["train_seconds"] > 0
+    assert doctor.judge_step(d, _machine(1))[2] == "ok"
+    assert not (tmp_path / "results").exists()              # nothing stored in the lab's results
+
+    launched = []
+
+    def launch(module, args, nproc=2, **kw):
+        launched.append((module, nproc, list(args)))
+        raise LaunchError("stop here")
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    with pytest.raises(LaunchError):
+        doctor.step_02_dataparallel(_machine(2), timeout_s=60)
+    assert launched[0][:2] == ("lab_utils.workers.dataparallel", 1) and "--gpus" in launched[0][2]
+
+
+def test_the_doctor_reads_the_compute_mode_and_reproduces_the_notebooks_order(fake_gpu, monkeypatch):
+    """Notebook 02: DDP launches, then DataParallel (a process of its own), then notebook 03's DDP
+    launches, with the kernel naming GPUs and storing records in between. On an EXCLUSIVE_PROCESS
+    node a context left in the kernel (or by the DataParallel process) stops the next launch."""
+    from lab_utils import doctor, launcher
+    from lab_utils.core import hardware
+
+    gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
+    m = doctor.read_machine("full")
+    assert m.compute_modes == ["Exclusive_Process"] * 2
+    seen = []
+
+    def launch(module, args, nproc=2, **kw):
+        seen.append((module.rsplit(".", 1)[-1], nproc, gpu.initialized))
+        return launcher.LaunchResult(records=[], log_dir=Path("."), wall_seconds=0.1)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    d = doctor.measure_launch_order(m, timeout_s=60)
+    assert [s[:2] for s in seen] == [("ddp", 2), ("dataparallel", 1), ("ddp", 2)]
+    measured, expected, verdict = doctor.judge_launch_order(d, m)
+    assert verdict == "ok" and "Exclusive_Process" in measured and not gpu.initialized
+    real = hardware.software_versions       # a kernel step that opens a context: the check fails
+    monkeypatch.setattr(hardware, "software_versions", lambda: torch_init() or real())
+
+    def torch_init():
+        import torch
+        torch.cuda.current_device()
+
+    seen.clear()
+    d = doctor.measure_launch_order(m, timeout_s=60)
+    assert doctor.judge_launch_order(d, m)[2] == "fail" and seen[0][2] is True
