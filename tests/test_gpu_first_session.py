@@ -454,3 +454,47 @@ def test_the_doctor_reads_the_compute_mode_and_reproduces_the_notebooks_order(fa
     seen.clear()
     d = doctor.measure_launch_order(m, timeout_s=60)
     assert doctor.judge_launch_order(d, m)[2] == "fail" and seen[0][2] is True
+
+
+# --------------------------------------------------------------------------- 4. bf16 on a V100 (notebook 06)
+
+
+def test_the_gpt_worker_runs_fp32_where_bf16_is_not_native_and_says_so(monkeypatch):
+    """The full profile asks for bf16; torch.autocast accepts it on sm70 by emulation and the rows said bf16.
+    The worker itself (this CPU standing in for a V100: bf16_supported answers False) now runs fp32
+    and its record says so; the MFU is then against the fp32 peak."""
+    import torch
+
+    from lab_utils.workers import gpt_train
+    from lab_utils.workers.args import TrainConfig
+
+    monkeypatch.setattr(gpt_train, "bf16_supported", lambda device: False)
+    autocasts = []
+    real = torch.autocast
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: autocasts.append(k.get("dtype")) or real(*a, **k))
+    cfg = TrainConfig(size="tiny", batch_size=2, epochs=1, max_steps=1, steps_per_epoch=1, dtype="bf16",
+                      max_chars=20_000, val_batches=1, device="cpu").validate()
+    rec = gpt_train.run_training(cfg)[-1]
+    assert rec.status == "ok" and autocasts == []
+    assert rec.metrics["precision"] == "fp32" and rec.config["dtype"] == "bf16"     # asked bf16, ran fp32
+    assert rec.metrics["precision_note"].startswith("bf16 asked; ") and "no native bf16" in rec.metrics[
+        "precision_note"] and "fp32 ran" in rec.metrics["precision_note"]
+    monkeypatch.setattr(gpt_train, "bf16_supported", lambda device: True)
+    rec = gpt_train.run_training(cfg)[-1]
+    assert rec.metrics["precision"] == "bf16" and rec.metrics.get("precision_note") is None and autocasts
+
+
+def test_the_gpt_tables_show_the_precision_that_ran():
+    from lab_utils.core import profiles
+    from lab_utils.experiments import gpt, gpt_tables
+    from lab_utils.store import Record
+
+    note = "bf16 asked; Tesla V100-SXM2-16GB has no native bf16 (compute capability 8.0+), so fp32 ran"
+    m = {"epoch_seconds": 2.0, "epoch_seconds_mean": 2.0, "backend": None, "slowest_rank": 0,
+         "imbalance": 1.0, "tokens_per_s": 10.0, "mfu": None, "val_loss": 3.0, "precision": "fp32",
+         "precision_note": note}
+    rec = Record(gpt.SCALING, {"batch_size": 8, "devices": 1, "dtype": "bf16"}, m)
+    table = gpt_tables.scaling_table([rec])
+    assert list(table["precision"]) == ["fp32 (bf16 asked)"]
+    assert note in gpt_tables.precision_notes([rec])[0]
+    assert profiles.settings(gpt.Settings, "full").dtype == "bf16"
