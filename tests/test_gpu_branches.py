@@ -387,7 +387,7 @@ def test_asking_for_cuda_without_a_gpu_is_one_sentence():
         fastpath._device("cuda")
 
 
-def test_quantization_variants_on_a_gpu(fake_gpu):
+def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
 

@@ -377,7 +377,7 @@ def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
 # --------------------------------------------------------------------------- 6. int8 with M <= 16 on CUDA
 
 
-def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, fake_gpu):
+def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, fake_gpu, int_mm_on_cpu):
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""

@@ -498,3 +498,35 @@ def test_the_gpt_tables_show_the_precision_that_ran():
     assert list(table["precision"]) == ["fp32 (bf16 asked)"]
     assert note in gpt_tables.precision_notes([rec])[0]
     assert profiles.settings(gpt.Settings, "full").dtype == "bf16"
+
+
+# --------------------------------------------------------------------------- 7. int8 on CUDA, what ran
+
+
+def test_int8_on_cuda_probes_int_mm_once_and_labels_what_ran(fake_gpu, int_mm_on_cpu, monkeypatch):
+    """torchao's safe_int_mm catches any torch._int_mm error and multiplies in fp32, while the row said
+    cuBLAS int8. torch._int_mm is now probed once on the device (17 rows, as padded) and a failure makes
+    the row say fp32 ran. The fake GPU's device is the CPU here: the operands are made on it."""
+    import torch
+
+    from lab_utils.experiments import quant_variants as QV
+
+    fake_gpu(name="NVIDIA A100-SXM4-80GB")
+    calls, real = [], torch._int_mm
+
+    def refuses(a, b):
+        calls.append(a.shape[0])
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+
+    monkeypatch.setattr(torch, "_int_mm", refuses)
+    first = QV.check_variant("torchao_int8_dynamic", "cuda")
+    again = QV.check_variant("torchao_int8_dynamic", "cuda")
+    assert calls == [QV.INT_MM_MIN_ROWS]                                   # probed once
+    assert first.ok and first.kernel == again.kernel
+    assert "multiplies in fp32" in first.kernel and "CUBLAS_STATUS_NOT_SUPPORTED" in first.kernel
+    assert "via torch._int_mm (cuBLAS)" not in first.kernel
+    monkeypatch.setattr(QV, "_INT_MM_PROBES", {})
+    monkeypatch.setattr(torch, "_int_mm", lambda a, b: calls.append(a.shape[0]) or real(a, b))
+    works = QV.check_variant("torchao_int8_dynamic", "cuda")
+    assert "int8 x int8 -> int32 via torch._int_mm (cuBLAS)" in works.kernel
+    assert "multiplies in fp32" not in works.kernel
