@@ -530,3 +530,53 @@ def test_int8_on_cuda_probes_int_mm_once_and_labels_what_ran(fake_gpu, int_mm_on
     works = QV.check_variant("torchao_int8_dynamic", "cuda")
     assert "int8 x int8 -> int32 via torch._int_mm (cuBLAS)" in works.kernel
     assert "multiplies in fp32" not in works.kernel
+
+
+# --------------------------------------------------------------------------- 5. one machine's records
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+def _store_run(store, experiment, cfg, seconds, name, count, **metrics):
+    """A record as a launch on ``count`` x ``name`` would have stored it (the config is the same on both)."""
+    from lab_utils.store import Record
+
+    hw = {"device_type": "cuda", "device_name": name, "device_count": count}
+    m = {"train_seconds": seconds, "steps": 10, "gradient_bytes": 4000, **metrics}
+    return store.run(experiment, cfg, lambda: Record(experiment, cfg, m, hardware=hw), force=True,
+                     hardware=hw)
+
+
+def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, store):
+    """A results folder shared by an H100 partition (this machine) and an A100 one: both stored T(1) and
+    T(2) under the same configuration, the A100's last. Tables 2 and 3, the projection and notebook 05's
+    per-rank orders used to select by method, batch and device type: the H100's T(2) met the A100's T(1)."""
+    from lab_utils.experiments import comm_tables, compute_vs_comm, large_batch_tables, scaling
+    from lab_utils.store import Record
+
+    fake_gpu(count=4, name=H100)
+    one = {"method": "DDP", "record": "aggregate", "rank": None, "devices": 1, "batch_size": 32,
+           "backend": "nccl", "device_type": "cuda", "width": 64}
+    two = {**one, "devices": 2}
+    probe = {"exposed_comm_seconds": 0.1, "allreduce_seconds": 0.3}
+    for name, t1, t2 in ((H100, 10.0, 6.0), (A100, 30.0, 16.0)):
+        _store_run(store, scaling.SCALING, one, t1, name, 1)
+        _store_run(store, scaling.COMPUTE_VS_COMM, two, t2, name, 2, **probe)
+    [row] = compute_vs_comm.comm_measurements(store)
+    assert (row.t1_seconds, row.tn_seconds) == (10.0, 6.0)              # the H100's pair
+    assert row.comm_a_seconds == pytest.approx(6.0 - 10.0 / 2)
+    here = store.latest_here(scaling.SCALING)
+    assert [r.hardware["device_name"] for r in here.records] == [H100]
+    assert here.note() == (f"Records of this machine's devices only ({H100}, up to 4): 1 record of other "
+                           f"devices left out ({A100} x 1).")
+    compute = comm_tables._nb03_compute_inputs(store)
+    assert compute.seconds_per_step == {32: 10.0 / 10}                   # the H100's T(1) step
+    # notebook 05's per-rank sample orders of a run: this machine's ranks
+    rank_cfg = {"record": "rank", "rank": 0, "devices": 2, "batch_size": 8}
+    for name, head in ((H100, [1, 2]), (A100, [9, 9])):
+        hw = {"device_type": "cuda", "device_name": name, "device_count": 2}
+        store.run("large_batch", rank_cfg, lambda hw=hw, head=head: Record(
+            "large_batch", rank_cfg, {"epochs": [{"epoch": 1, "sample_order_head": head}]}, hardware=hw),
+            force=True, hardware=hw)
+    ref = Record("large_batch", {**rank_cfg, "record": "aggregate", "rank": None}, {})
+    assert [r["first indices"] for r in large_batch_tables.worker_sample_orders(store, ref)] == ["1 2"]
