@@ -676,32 +676,29 @@ def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
 
 
 def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    """Notebook 08's own profiler step (:func:`lab_utils.experiments.fastpath.measure_trace`): the fast
+    path's configuration, one warm-up and one traced step of the full profile's batch, into a
+    throwaway store; whether the profiler saw GPU kernels (CUPTI)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    from lab_utils.core.data import device_loader, load_split
+    from lab_utils.core.config import PROFILES
     from lab_utils.experiments import fast_train, fastpath
+    from lab_utils.store import ResultStore
 
-    s = profiles.settings(fastpath.Settings, "full")
+    full = profiles.settings(fastpath.Settings, "full")
+    s = replace(full, train_images=2 * full.batch_size, trace_steps=1, warmup_steps=1, dataset="synthetic")
     dev = torch.device(device)
     opts = fast_train.TrainOptions(loader="device", channels_last=True, bf16=fast_train.bf16_supported(dev),
-                                 sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
-    trainer = fast_train.build_trainer(opts, s.width, dev)
-    split = load_split(True, 2 * s.batch_size, "synthetic")
-    loader = device_loader(split, dev, s.batch_size, seed=0, channels_last=True)
-    fast_train.warm_up(trainer, loader, 1)
-    host = torch.zeros(s.batch_size, 3, 32, 32)
-    host = host.pin_memory() if dev.type == "cuda" else host
-    labels = torch.zeros(s.batch_size, dtype=torch.long)
-    x, y = fast_train.to_device(host, labels, dev, True)  # as spec batches
-    trainer.step(x, y)
-    ep = trainer.epoch(loader)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        trainer.epoch(loader, max_steps=1)
-    kernels = sum(1 for e in prof.key_averages() if str(getattr(e, "device_type", "CPU")).endswith("CUDA"))
-    return {"config": opts.describe(), "images_per_s": ep.images / ep.epoch_seconds,
-            "profiled_gpu_kernels": kernels}
+                                   sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        lab = SimpleNamespace(profile=PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
+                              device=device)
+        trace = fastpath.measure_trace(lab, s, opts, step="doctor", force=True, device=dev)
+    ops = trace.record.metrics.get("top_ops") or []
+    return {"config": opts.describe(), "status": trace.record.status, "reason": trace.record.reason,
+            "steps_traced": trace.record.metrics.get("steps_traced"),
+            "profiled_gpu_kernels": (sum(1 for op in ops if (op.get("self_ms") or 0) > 0)
+                                     if dev.type == "cuda" else None)}
 
 
 def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:

@@ -290,6 +290,7 @@ class FakeGPU:
     fraction_calls: list[tuple[float, int]] = field(default_factory=list)
     nccl_requests: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
+    copies: list[tuple[int, bool]] = field(default_factory=list)   # to a GPU: (device, non_blocking)
 
     def __post_init__(self) -> None:
         if self.oom_style not in OOM_STYLES:
@@ -577,9 +578,15 @@ class FakeGPU:
         ref, index = self._on_device.get(id(tensor), (None, None))
         return index if ref is not None and ref() is tensor else None
 
-    def _tensor_factories(self, monkeypatch) -> None:
+    def tensors_on_device(self, monkeypatch) -> FakeGPU:
         """``torch.tensor(..., device=cuda)``, ``torch.zeros(...)`` etc., ``.to(cuda)`` and ``.cuda()``
-        return a CPU tensor registered as on that GPU (:meth:`on_device`)."""
+        return a CPU tensor registered as on that GPU (:meth:`on_device`); each copy to a GPU is
+        recorded in :attr:`copies` with its ``non_blocking`` flag. Code that moves its batches to
+        ``cuda`` then runs here, on CPU tensors (the model's parameters stay where they are)."""
+        self._tensor_factories(monkeypatch)
+        return self
+
+    def _tensor_factories(self, monkeypatch) -> None:
         gpu = self
 
         def cuda_index(device: Any) -> int | None:
@@ -609,12 +616,15 @@ class FakeGPU:
                 return real_to(self_t, *args, **kwargs)
             rest = {k: v for k, v in kwargs.items() if k in ("dtype", "copy")}
             out = real_to(self_t, **rest) if rest else self_t.clone()
+            gpu.copies.append((i, bool(kwargs.get("non_blocking", False))))
             return gpu.on_device(out, i)
 
         monkeypatch.setattr(torch.Tensor, "to", to)
-        monkeypatch.setattr(torch.Tensor, "cuda",
-                            lambda self_t, device=None, non_blocking=False: gpu.on_device(
-                                self_t.clone(), gpu.index(device)))
+        def cuda(self_t, device=None, non_blocking=False):
+            gpu.copies.append((gpu.index(device), bool(non_blocking)))
+            return gpu.on_device(self_t.clone(), gpu.index(device))
+
+        monkeypatch.setattr(torch.Tensor, "cuda", cuda)
 
     def gloo_for_nccl(self, monkeypatch) -> FakeGPU:
         """``init_process_group("nccl", device_id=...)`` makes a gloo group and records the request;

@@ -59,6 +59,16 @@ def test_device_queries_name_count_and_default_device(fake_gpu):
     assert hardware.classify_interconnect(machine["interconnect"], 2) == "nvlink"
 
 
+def test_device_name_asks_torch_once_cuda_is_up(fake_gpu, monkeypatch):
+    """nvidia-smi lists GPUs in PCI order, CUDA (CUDA_DEVICE_ORDER=FASTEST_FIRST by default) in its own:
+    once CUDA is initialised here torch's name is the one of the device the code uses."""
+    gpu = fake_gpu(count=2, name=A100)
+    monkeypatch.setattr(hardware, "visible_gpu_names", lambda text=None: ["NVIDIA A100 80GB PCIe", A100])
+    assert hardware.device_name("cuda:0") == "NVIDIA A100 80GB PCIe" and not gpu.initialized   # no context
+    gpu.initialized = True
+    assert hardware.device_name("cuda:0") == A100
+
+
 def test_visible_gpu_names_follow_cuda_visible_devices(fake_gpu, monkeypatch):
     fake_gpu(count=4, name=A100)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
@@ -124,8 +134,16 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
     labdist.init_distributed("gloo")
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
-    timer = AllReduceTimer(ddp)
-    timer.cuda, timer.device = True, torch.device("cuda", 0)
+
+    class OnTheGPU:   # the DDP model as a GPU rank's timer sees it: its parameters on cuda:0
+        def parameters(self):
+            yield SimpleNamespace(device=torch.device("cuda", 0))
+
+        def register_comm_hook(self, state, hook):
+            ddp.register_comm_hook(state=state, hook=hook)
+
+    timer = AllReduceTimer(OnTheGPU())
+    assert (timer.cuda, timer.device) == (True, torch.device("cuda", 0))
     model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work after the first bucket
     timer.begin_step()
     gpu.launch(0.010)                                                   # forward
@@ -523,11 +541,78 @@ def test_every_branch_names_an_existing_test_or_a_reason_and_a_doctor_check():
         assert b.what, b
 
 
+def test_every_mutant_is_planted_in_its_site_and_every_site_has_one_or_a_doctor_check():
+    """tests/gpu_mutants.py against the code: each mutant names an inventoried, tested CUDA-only site, its
+    original text occurs exactly once in that file (so tools/mutants.py plants it there), and every
+    CUDA-only site has a mutant, or no test and a doctor check."""
+    from gpu_mutants import MUTANTS
+
+    sites = {b.key: b for b in inventory.INVENTORY}
+    for m in MUTANTS:
+        assert m.site in sites, f"{m.ident}: not an inventoried site {m.site}"
+        b = sites[m.site]
+        assert b.cuda_only and b.test, f"{m.ident}: its site is not a tested CUDA-only site"
+        text = (inventory.PKG / m.file).read_text()
+        assert text.count(m.original) == 1, f"{m.ident}: its original occurs {text.count(m.original)} times"
+        assert m.mutated != m.original and m.models, m.ident
+        for t in inventory.tests_of(m):
+            file, _, name = t.partition("::")
+            assert f"def {name}(" in (TESTS / file).read_text(), f"{m.ident}: no test {t}"
+    assert len({m.ident for m in MUTANTS}) == len(MUTANTS)
+    mutated = {m.site for m in MUTANTS}
+    for b in inventory.INVENTORY:
+        if b.cuda_only:
+            assert (b.key in mutated) if b.test else bool(b.doctor), f"{b.key}: no mutant and no doctor check"
+
+
 def test_the_target_is_met_and_the_markdown_is_current():
-    counts = inventory.counts()
-    assert counts["cuda_only"] >= 48 and counts["run"] >= 0.86 * counts["cuda_only"], counts
+    """At least 85 % of the mutants killed at the last `make mutants` (a mutant changed since counts as not
+    killed), and tests/GPU_BRANCHES.md is what the inventory, the mutants and the verdicts give."""
+    c = inventory.mutant_counts()
+    assert c["killed"] >= 0.85 * c["mutants"], (c, "run `make mutants`")
     md = (TESTS / "GPU_BRANCHES.md").read_text()
     assert md == inventory.markdown(), "regenerate: python tests/gpu_branches.py > tests/GPU_BRANCHES.md"
+
+
+@pytest.mark.parametrize("branch", [b for b in inventory.INVENTORY if b.cuda_only and not b.test],
+                         ids=lambda b: f"{b.file}:{b.function}#{b.occurrence}")
+def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path):
+    """The doctor check a site is left to really runs that site's code: it launches the site's worker, or
+    calls its function in-process (on this CPU the check is stopped there, with a launcher that records
+    what it starts)."""
+    import importlib
+
+    from lab_utils import doctor, launcher
+
+    class Reached(Exception):
+        pass
+
+    check = doctor.BY_NAME[branch.doctor]
+    module = "lab_utils." + branch.file.removesuffix(".py").replace("/", ".")
+    reached = []
+
+    def launch(mod, args, nproc=2, **kw):
+        if mod == module:
+            reached.append(mod)
+            raise Reached
+        rec = Record("doctor", {"record": "aggregate", "size_bytes": 1},
+                     {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
+        return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    if not module.startswith("lab_utils.workers."):   # run in-process: stop at the site's function
+        mod = importlib.import_module(module)
+        top = branch.function.split(".")[0]
+
+        def called(*a, **k):
+            reached.append(top)
+            raise Reached
+
+        monkeypatch.setattr(mod, top, called)
+    m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    with pytest.raises(Reached):
+        check.measure(m, **({"timeout_s": 60} if check.where == "launch" else {"device": "cpu"}))
+    assert reached
 
 
 def test_the_scanner_finds_flags_negations_and_nested_functions(tmp_path):
@@ -553,3 +638,28 @@ def f(device, x):
     assert sites[("f", "cuda", "if")].arm_line == 7
     negated = sites[("f", "device.type != 'cuda'", "if")]
     assert negated.arm_line == 10 and negated.negated
+
+
+def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
+    """The training loop, the evaluation loop and the fast path copy host batches with non_blocking=True on
+    a GPU (from pinned memory the copy then overlaps the previous step). The fake GPU's tensor factories
+    let the loops run with device cuda on CPU tensors and record each copy's flag."""
+    from lab_utils.experiments import fast_train
+
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(2)]
+    dev = torch.device("cuda", 0)
+    rec = loop.run_epoch(model, batches, opt, dev)
+    assert rec.steps == 2 and gpu.copies == [(0, True)] * 4          # x and y of each batch
+    gpu.copies.clear()
+    ev = loop.evaluate(model, batches, dev)
+    assert ev.images == 8 and gpu.copies == [(0, True)] * 4
+    gpu.copies.clear()
+    fast_train.to_device(*batches[0], dev, channels_last=False)
+    assert gpu.copies == [(0, True)] * 2
+    gpu.copies.clear()
+    loop.run_epoch(model, batches, opt, torch.device("cpu"))
+    assert gpu.copies == []                                          # the CPU: no copy to a GPU
