@@ -18,16 +18,6 @@ from fake_gpu import ARCHS_CU126, GIB, MIB, OOM_STYLES, FakeGPU
 from lab_utils.core import dist as labdist
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
-        monkeypatch.setenv(k, v)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_each_device_has_its_own_streams_and_synchronize_waits_for_one_device(fake_gpu):
     gpu = fake_gpu(count=2)
     gpu.launch(0.5, device=1)

@@ -27,17 +27,6 @@ A100 = "NVIDIA A100-SXM4-80GB"
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    """torchrun's environment of a 1-rank job; the process group (if made) is destroyed afterwards."""
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
-        monkeypatch.setenv(k, v)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 # --------------------------------------------------------------------------- device queries
 
 
@@ -52,6 +41,11 @@ def test_device_queries_name_count_and_default_device(fake_gpu):
                  "cpu_cores": hardware.cpu_cores()}
     assert hardware.hardware_summary("cuda:1", 1)["device_count"] == 1
     assert hardware.device_name() == A100 and not gpu.initialized      # named by nvidia-smi -L: no context
+    gpu.name = "NVIDIA A100 80GB PCIe"                                  # GPU 1 another model (nvidia-smi -L)
+    (Path(hardware.shutil.which("nvidia-smi")).parent / "smi_list.txt").write_text(
+        f"GPU 0: {A100} (UUID: GPU-0)\nGPU 1: {gpu.name} (UUID: GPU-1)\n")
+    assert hardware.device_name("cuda:1") == gpu.name and not gpu.initialized
+    gpu.name = A100
     gpu.initialized = True
     assert hardware.device_name("cuda:1") == A100                       # torch's name once CUDA is up
     machine = hardware.describe_machine()
@@ -217,6 +211,9 @@ def test_memory_cap_and_cleanup_on_a_gpu(fake_gpu):
     gpu = fake_gpu(count=2)
     assert memory.resolve_cuda_device("cuda") == torch.device("cuda", 0)
     assert memory.resolve_cuda_device(1) == torch.device("cuda", 1)
+    torch.cuda.set_device(1)                                      # a rank on GPU 1: "cuda" is its GPU
+    assert memory.resolve_cuda_device("cuda") == torch.device("cuda", 1)
+    torch.cuda.set_device(0)
     value, dev = memory.set_memory_fraction(1, "cuda:1")          # an int 1 is given to torch as 1.0
     assert (value, dev) == (1.0, torch.device("cuda", 1)) and gpu.fraction_calls == [(1.0, 1)]
     with pytest.raises(ValueError, match="specified index"):
@@ -243,10 +240,11 @@ def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
     assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
     loop.reset_peak_memory(dev)
     assert loop.peak_memory(dev) == 2 ** 30
-    gpu.allocate(2 ** 30, 1)
+    gpu.allocate(2 ** 30, 1)          # 2 GiB held at the peak ...
+    gpu.release(2 ** 30, 1)           # ... 1 GiB still held when the next batch size starts
     sweep._free_memory(dev)           # synchronize, empty the cache, fresh peak counter
     assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
-    assert loop.peak_memory(dev) == 2 * 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
+    assert loop.peak_memory(dev) == 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
 
 
 def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
@@ -312,11 +310,17 @@ def test_comm_plans_on_gpus(fake_gpu):
     assert comm.plan_bench(2) == comm._BenchPlan("nccl", 2, "cuda")
     with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
         comm.plan_bench(8, "nccl")
+    with pytest.raises(LabError, match="5 ranks need 5 GPUs, this machine has 4"):
+        comm.plan_bench(5, "nccl")
     gpu.count = 1
     one = comm.plan_bench()
     assert (one.backend, one.nproc) == ("gloo", 2) and "one GPU only" in one.note
     gpu.count = 2
     assert comm.plan_bench(backend="gloo").note == ""    # 2 GPUs, gloo asked for: no note
+    gpu.count = 0
+    with pytest.raises(LabError, match="The nccl backend needs CUDA GPUs"):
+        comm.plan_bench(backend="nccl")
+    gpu.count = 2
     link = comm.detect_link_peak()
     assert link.gb_per_s == 300.0 and "NVLink" in link.description
 
@@ -412,7 +416,13 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     fake_gpu(name=A100)
     assert Q.devices_to_run(profiles.settings(Q.Settings, "quick")) == ["cpu", "cuda"]
     fp32 = Q.check_variant("fp32", "cuda")
-    assert fp32.ok and fp32.kernel.startswith("cuBLAS fp32 GEMM")
+    assert fp32.ok and fp32.kernel == "cuBLAS fp32 GEMM (true fp32)"     # torch's default for matmuls
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        assert Q.check_variant("fp32", "cuda").kernel == "cuBLAS fp32 GEMM (TF32 allowed)"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
     assert Q.check_variant("bf16", "cuda").kernel == "cuBLAS bf16 GEMM (tensor cores)"
     ao = Q.check_variant("ao_dynamic_int8", "cuda")
     assert not ao.ok and "CPU only" in ao.reason
@@ -435,6 +445,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
     s = profiles.settings(scaling.Settings, "quick")
     p = scaling._place(scaling.DDP, 2, 2, s, 16)
     dp = scaling._place(scaling.DP, 2, 2, s, 16)
+    assert p == scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
     assert dp == scaling.Placement(scaling.DP, 2, scaling.DP_BACKEND, "cuda")
     assert scaling._hardware(p) == hardware.hardware_summary("cuda", 2)
     assert scaling._hardware(p)["device_name"] == A100
@@ -448,8 +459,23 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
         calls.append(methods)
         return []
 
-    monkeypatch.setattr(scaling, "_measure_grid", grid)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
+    # notebook 02 on 2 GPUs: DataParallel and DDP measured; 4 devices cannot run, and say NCCL
+    ran = []
+
+    def run(method):
+        return lambda store_, s_, args, n, p, cfgs, force: (ran.append((method, n)) or ({}, []))
+
+    monkeypatch.setattr(scaling, "_run_ddp", run(scaling.DDP))
+    monkeypatch.setattr(scaling, "_run_dp_sizes", run(scaling.DP))
+    two = profiles.settings(scaling.Settings, "quick", devices=(2, 4), batch_sizes=(32,),
+                            run_batch_sizes=(32,))
+    rows = scaling.measure(lab, two, verbose=False)
+    assert ran == [(scaling.DDP, 2), (scaling.DP, 2)]
+    assert {(r.config["method"], r.config["backend"]) for r in rows} == {(scaling.DDP, "nccl"),
+                                                                         (scaling.DP, scaling.DP_BACKEND)}
+    assert [r.reason for r in rows] == ["needs 4 GPUs"] * 2
+    monkeypatch.setattr(scaling, "_measure_grid", grid)
     scaling.measure_compute_vs_comm(lab, s)
     assert calls == [None, (scaling.DP,), (scaling.DDP,)]   # DataParallel too
 
@@ -505,15 +531,17 @@ def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
 
     fake_gpu()
     chosen = {}
+    real_check = bench_timers.check_positive_int
 
     def stop(width):
-        chosen["width"] = width
         raise RuntimeError("stop: no device memory in the fake")
 
     monkeypatch.setattr(bench_timers, "ResNet18", stop)
+    monkeypatch.setattr(bench_timers, "check_positive_int",
+                        lambda value, what: chosen.setdefault(what, value) and real_check(value, what))
     with pytest.raises(RuntimeError, match="stop"):
         bench_timers.main([])
-    assert chosen == {"width": 64}
+    assert chosen == {"--steps": 20, "--batch-size": 128, "--width": 64, "--repeats": 5}
 
 
 # --------------------------------------------------------------------------- the inventory

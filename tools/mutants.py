@@ -17,8 +17,9 @@ run); tests/GPU_BRANCHES.md is then regenerated from the inventory, the mutants 
 
     python tools/mutants.py [--only TEXT] [--timeout S] [--list]
 
-``--only`` runs the mutants whose ident, file or function contains TEXT (the others keep their
-stored verdicts). Run it with ``nice`` on a shared machine: ``make mutants`` does.
+``--only`` runs the mutants whose ident, file or function contains one of its comma-separated
+texts (the others keep their stored verdicts). Run it with ``nice`` on a shared machine: ``make
+mutants`` does.
 """
 
 from __future__ import annotations
@@ -102,12 +103,14 @@ def git_commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python tools/mutants.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default=None, help="run the mutants whose ident, file or function contains this")
+    p.add_argument("--only", default=None,
+                   help="comma-separated texts: run the mutants whose ident, file or function contains one")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per mutant (300)")
     p.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     a = p.parse_args(argv)
+    wanted = [w.strip() for w in (a.only or "").split(",") if w.strip()]
     chosen = [m for m in MUTANTS
-              if a.only is None or a.only in m.ident or a.only in m.file or a.only in m.site[1]]
+              if not wanted or any(w in m.ident or w in m.file or w in m.site[1] for w in wanted)]
     if a.list:
         for m in chosen:
             print(f"{m.ident}: {m.models} -> {', '.join(gpu_branches.tests_of(m))}")
