@@ -48,8 +48,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from lab_utils import launcher
 from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.store import ResultStore, _atomic_write_text
+from lab_utils.workers.args import AccountingArgs, BenchArgs, TrainConfig, WorkerArgs
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -418,13 +421,12 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     answer is kept in ``planned_backend``.
     """
     from lab_utils.experiments.comm import detect_link_peak, plan_bench
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import BenchArgs
 
     plan = plan_bench(m.gpus, "auto")
     use = backend or plan.backend
     args = BenchArgs(min_bytes=2 ** 20, max_bytes=max_bytes, iters=5, warmup=2, backend=use).validate()
-    res = launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc,
+                          timeout_s=timeout_s)
     best = max(res.records, key=lambda r: r.metrics["busbw_gb_per_s"])
     link = detect_link_peak(m.gpus)
     return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
@@ -473,8 +475,6 @@ def measure_launch_order(m: Machine, timeout_s: float = 240.0, backend: str = "n
 
     from lab_utils.core import hardware
     from lab_utils.experiments import scaling
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import WorkerArgs
 
     n = m.gpus
     args = WorkerArgs(experiment="doctor", profile="full", batch_size=8, epochs=1, width=8,
@@ -489,7 +489,7 @@ def measure_launch_order(m: Machine, timeout_s: float = 240.0, backend: str = "n
         hardware.software_versions()
         context = torch.cuda.is_initialized()
         t0 = time.monotonic()
-        launch(module, argv, nproc=nproc, timeout_s=max(10.0, deadline - t0))
+        launcher.launch(module, argv, nproc=nproc, timeout_s=max(10.0, deadline - t0))
         steps.append({"what": what, "processes": nproc, "kernel_context": context,
                       "seconds": time.monotonic() - t0})
     return {"compute_modes": list(m.compute_modes), "steps": steps}
@@ -519,9 +519,7 @@ def step_01_sweep(m: Machine, device: str = "cuda", width: int | None = None,
                   batch: int | None = None) -> dict[str, Any]:
     """Notebook 01's own code (:func:`lab_utils.experiments.sweep.measure`) on the full profile's smallest
     batch, two steps and one epoch, into a throwaway store (its memory fraction as the profile sets it)."""
-    from lab_utils.core.config import PROFILES
     from lab_utils.experiments import sweep
-    from lab_utils.store import ResultStore
 
     full = profiles.settings(sweep.Settings, "full")
     b = batch or _smallest(full.batch_sizes)
@@ -529,7 +527,7 @@ def step_01_sweep(m: Machine, device: str = "cuda", width: int | None = None,
                 epochs=1, reported_epoch=1, dataset="synthetic",
                 memory_fraction=full.memory_fraction if device.startswith("cuda") else None)
     with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
                               device=device)
         rec = sweep.measure(lab, s, verbose=False)[0]
     m_ = rec.metrics
@@ -543,14 +541,13 @@ def step_02_dataparallel(m: Machine, timeout_s: float = 150.0) -> dict[str, Any]
     """The DataParallel worker notebooks 02 and 03 launch (one process), on every GPU up to the full
     profile's largest device count, two steps of its smallest per-GPU batch."""
     from lab_utils.experiments import scaling
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import WorkerArgs
 
     s = profiles.settings(scaling.Settings, "full")
     n, b = min(m.gpus, max(s.devices)), _smallest(s.batch_sizes)
     args = WorkerArgs(experiment=scaling.SCALING, profile="full", batch_size=b, epochs=1, width=s.width,
                       train_images=2 * b * n, dataset="synthetic", num_workers=0).validate()
-    res = launch(scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], nproc=1, timeout_s=timeout_s)
+    res = launcher.launch(scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], nproc=1,
+                          timeout_s=timeout_s)
     rec = res.records[-1]
     keep = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
             "peak_memory_bytes", "loss")
@@ -571,14 +568,12 @@ def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
 def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
                 measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
     """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import WorkerArgs
 
     args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
                       train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
                       dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
                       backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
-    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
     agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
             "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds")
@@ -613,11 +608,10 @@ def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 
 def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
     """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import AccountingArgs
 
     args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
-    res = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks,
+                          timeout_s=timeout_s)
     return int(res.records[0].metrics["world_size"])
 
 
@@ -632,12 +626,10 @@ def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: str, lr: float,
                 device: str = "cuda") -> dict[str, Any]:
     """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import TrainConfig
 
     cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
                       lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
-    res = launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
     run = res.records[-1]
     m = run.metrics
     keep = ("tokens_per_s", "mfu", "peak_memory_bytes", "train_seconds", "data_movement_seconds",
@@ -681,9 +673,7 @@ def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
     throwaway store; whether the profiler saw GPU kernels (CUPTI)."""
     import torch
 
-    from lab_utils.core.config import PROFILES
     from lab_utils.experiments import fast_train, fastpath
-    from lab_utils.store import ResultStore
 
     full = profiles.settings(fastpath.Settings, "full")
     s = replace(full, train_images=2 * full.batch_size, trace_steps=1, warmup_steps=1, dataset="synthetic")
@@ -691,7 +681,7 @@ def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
     opts = fast_train.TrainOptions(loader="device", channels_last=True, bf16=fast_train.bf16_supported(dev),
                                    sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
     with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
                               device=device)
         trace = fastpath.measure_trace(lab, s, opts, step="doctor", force=True, device=dev)
     ops = trace.record.metrics.get("top_ops") or []
@@ -871,17 +861,16 @@ def run_child(cmd: list[str], timeout_s: float, out_file: Path) -> dict[str, Any
     Raises :class:`ChildTimeout` at the limit and ``RuntimeError`` (the child's last error line)
     when it fails.
     """
-    from lab_utils.launcher import LAUNCH_ID_ENV, kill_tree
 
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, LAUNCH_ID_ENV: tag})
+                            start_new_session=True, env={**os.environ, launcher.LAUNCH_ID_ENV: tag})
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
-        kill_tree(proc, grace_s=2.0, launch_id=tag)   # and what left its session
+        launcher.kill_tree(proc, grace_s=2.0, launch_id=tag)   # and what left its session
         try:
             proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:  # a pipe still held open: give up reading it
@@ -965,7 +954,6 @@ def table(rows: list[Row]) -> str:
 def write_report(rows: list[Row], m: Machine, seconds: float, root: Path) -> tuple[Path, Path]:
     """``doctor.md`` and ``doctor.json`` under ``root`` (``results/<profile>/``), each written atomically."""
     from lab_utils.core.hardware import software_versions
-    from lab_utils.store import _atomic_write_text
 
     root.mkdir(parents=True, exist_ok=True)
     failed = [r.check for r in rows if r.failed]

@@ -80,8 +80,8 @@ from lab_utils.workers.args import WorkerArgs
 from lab_utils.workers.dataparallel import dp_config
 
 __all__ = ["ANCHOR_COHORT_LABEL", "ANCHOR_COHORT_SECONDS", "ANCHOR_DP_SECONDS", "COMPUTE_VS_COMM", "DDP",
-           "DP", "SCALING", "Placement", "Settings", "anchor_frame", "measure", "measure_compute_vs_comm",
-           "worker_args"]
+           "DP", "DP_MODULE", "SCALING", "Placement", "Settings", "anchor_frame", "measure",
+           "measure_compute_vs_comm", "worker_args"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
