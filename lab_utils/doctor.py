@@ -576,7 +576,7 @@ def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: 
     res = launcher.launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
     agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
-            "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds")
+            "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds", "backend")
     accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
     return {"config": f"DDP {ranks} x {batch}{accumulated}", **{k: agg.get(k) for k in keep}}
 
@@ -634,7 +634,7 @@ def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: s
     m = run.metrics
     keep = ("tokens_per_s", "mfu", "peak_memory_bytes", "train_seconds", "data_movement_seconds",
             "compute_seconds", "communication_seconds", "exposed_comm_seconds", "allreduce_seconds",
-            "precision", "precision_note")
+            "precision", "precision_note", "backend")
     return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run.status, "reason": run.reason,
             **{k: m.get(k) for k in keep}}
 
@@ -725,7 +725,7 @@ TIMING_TOLERANCE = (0.05, 1e-3)
 def timing_violations(d: dict[str, Any]) -> list[str]:
     """The invariants a step's timing must keep, each broken one as a phrase (seconds, per epoch):
     data movement + compute + communication = training time; 0 <= exposed communication (b) <=
-    all-reduce time (c) <= training time. Missing figures are not checked."""
+    all-reduce time (c) <= training time ((b) <= (c) not over gloo). Missing figures are not checked."""
     def num(key: str) -> float | None:
         v = d.get(key)
         return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
@@ -739,7 +739,9 @@ def timing_violations(d: dict[str, Any]) -> list[str]:
     b, c = num("exposed_comm_seconds"), num("allreduce_seconds")
     if b is not None and b < -tol:
         out.append(f"exposed communication {b:.4f} s < 0")
-    if b is not None and c is not None and b > c + tol:
+    # over gloo the all-reduce thread takes turns with backward on the same cores, so (b) can exceed (c)
+    # there (Table 2 says so); NCCL runs beside the compute kernels
+    if b is not None and c is not None and b > c + tol and d.get("backend") != "gloo":
         out.append(f"exposed communication {b:.4f} s > all-reduce time {c:.4f} s")
     if c is not None and t is not None and c > t + tol:
         out.append(f"all-reduce time {c:.4f} s > training time {t:.4f} s")
