@@ -459,7 +459,7 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
     B("experiments/gpt.py", "available_devices", "torch.cuda.is_available()", "counts the GPUs", GPT_RUNS),
     B("experiments/gpt.py", "available_devices", "gpus", "runs on the GPUs", GPT_RUNS),
-    B("experiments/gpt.py", "_execute", "nproc == 1 and devices.kind != 'cuda'",
+    B("experiments/gpt.py", "_execute", "devices.kind == 'cuda' or nproc > 1",
       "one GPU too through the launcher (no CUDA context in the kernel)",
       FS + "test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others"),
     B("experiments/gpt.py", "measure", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),

@@ -168,14 +168,14 @@ def _execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
         cfg = replace(cfg, device="cpu")
         threads = devices.threads_per_process
     t0 = time.perf_counter()
-    if nproc == 1 and devices.kind != "cuda":
-        with pinned_threads(threads):
-            records = run_training(cfg)
-        free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
-        return records[-1], time.perf_counter() - t0
-    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
-                          log_dir=log_dir, threads_per_rank=threads)
-    return res.records[-1], res.wall_seconds
+    if devices.kind == "cuda" or nproc > 1:
+        res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
+                              log_dir=log_dir, threads_per_rank=threads)
+        return res.records[-1], res.wall_seconds
+    with pinned_threads(threads):
+        records = run_training(cfg)
+    free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
+    return records[-1], time.perf_counter() - t0
 
 
 def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
