@@ -4,6 +4,7 @@ the rows that did not run, OOM handling, and one small end-to-end run over gloo.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -201,13 +202,33 @@ def fake_lab(store, gpus=0):
     return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
 
 
+def _dataparallel_here(monkeypatch, launched: list | None = None):
+    """``launcher.launch`` of the DataParallel worker, run in this process (its ``parse`` and ``run_dp``)."""
+    import lab_utils.launcher as launcher
+    from lab_utils.workers import dataparallel
+
+    def launch(module, argv, nproc=2, **kw):
+        assert (module, nproc) == ("lab_utils.workers.dataparallel", 1)
+        if launched is not None:
+            launched.append(list(argv))
+        args, gpus, threads = dataparallel.parse(list(argv))
+        return launcher.LaunchResult(records=[dataparallel.run_dp(args, gpus, threads)], log_dir=Path("."),
+                                     wall_seconds=0.0)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+
+
 def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch, fake_gpu):
-    """_run_dp with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated: tests/fake_gpu.py)."""
+    """The DataParallel worker with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated:
+    tests/fake_gpu.py; the worker's launch run in this process)."""
     import weakref
 
     import torch
 
+    from lab_utils.workers import dataparallel
+
     fake_gpu(count=1, name="Fake GPU")
+    _dataparallel_here(monkeypatch)
     tried, held_refs = [], []
 
     def fake_train(args, n, held):
@@ -220,7 +241,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
         epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
         return [epoch, {**epoch, "epoch": 2}], 1234
 
-    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32, 128, 512),
                           run_batch_sizes=(32, 128, 512), devices=(1,), dataset="synthetic")
     grid = (False, False, (1,), (scaling.DP,), scaling.SCALING, False)
@@ -417,21 +438,24 @@ def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
 
 
 def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatch):
-    """The in-process DataParallel path runs with cpu_threads torch threads in quick, as the DDP
-    workers do, and restores the notebook's setting afterwards."""
+    """The DataParallel process runs with cpu_threads torch threads in quick, as the DDP workers do
+    (--threads), and restores the setting afterwards; full leaves torch's own."""
     import torch
 
-    monkeypatch.setattr(scaling, "hardware_summary",
+    from lab_utils.workers import dataparallel
+
+    monkeypatch.setattr(dataparallel, "hardware_summary",
                         lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
                                                      "device_count": n})
-    seen = []
+    seen, launched = [], []
 
     def fake_train(args, n, held):
         seen.append(torch.get_num_threads())
         epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
         return [epoch], 10
 
-    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
+    _dataparallel_here(monkeypatch, launched)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -439,11 +463,11 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
         assert s.pin_threads and s.cpu_threads == 1
         assert not profiles.settings(scaling.Settings, "full").pin_threads
         args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,))
-        rec = scaling._run_dp(store.profile, s, args.for_batch(32), 1)
-        assert seen == [1] and torch.get_num_threads() == 2
+        rec = scaling._run_dp(s, args.for_batch(32), 1)
+        assert seen == [1] and torch.get_num_threads() == 2 and launched[-1][-2:] == ["--threads", "1"]
         assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
-        scaling._run_dp(store.profile, profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
-        assert seen[-1] == 2   # full: torch's setting is left alone
+        scaling._run_dp(profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
+        assert seen[-1] == 2 and "--threads" not in launched[-1]   # full: torch's setting is left alone
     finally:
         torch.set_num_threads(before)
 

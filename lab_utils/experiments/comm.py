@@ -78,6 +78,7 @@ class LinkPeak:
 
     gb_per_s: float | None
     description: str
+    kind: str | None = None   # of what: "nvlink", "pcie", "mixed", None (hardware.classify_interconnect)
 
 
 def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
@@ -90,14 +91,18 @@ def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int 
     if kind == "nvlink" and device_name:
         for pattern, gbps in _NVLINK_GB_PER_S:
             if pattern.lower() in device_name.lower():
-                return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)")
-        return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak")
+                return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)", kind)
+        return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak", kind)
     if kind == "pcie" and pcie_gen in _PCIE_LANE_GB_PER_S and pcie_width:
         gbps = _PCIE_LANE_GB_PER_S[pcie_gen] * pcie_width
-        return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)")
+        return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)",
+                        kind)
+    if kind == "pcie":
+        return LinkPeak(None, "PCIe, generation and width unknown (nvidia-smi did not say): no nominal peak",
+                        kind)
     if kind == "mixed":
         return LinkPeak(None, "mixed NVLink/PCIe topology: the ring's slowest hop is unknown, "
-                              "no nominal peak")
+                              "no nominal peak", kind)
     if kind is None and (device_name or "").startswith("cpu"):
         return LinkPeak(None, "CPU processes (gloo over shared memory): no nominal link peak")
     return LinkPeak(None, "interconnect unknown: no nominal peak")

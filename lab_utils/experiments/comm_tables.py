@@ -612,7 +612,8 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
     store.save_table(df, "allreduce_projection", recs,
                      title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
                            + (f": {verdict.upper()}" if verdict else ""),
-                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
+                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description]
+                     + ([store.here_note(scaling.SCALING)] if compute.measured else []))
     fig = _plot_projection(rows, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
@@ -636,7 +637,8 @@ _COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c)
 
 def _nb03_records(store) -> list:
     """Notebook 03's aggregate DDP records (``compute_vs_comm``), possibly none."""
-    return [r for r in store.latest(scaling.COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+    here = store.latest_here(scaling.COMPUTE_VS_COMM).records     # this machine's devices only
+    return [r for r in here if r.config.get("record") == "aggregate"]
 
 
 def _nb03_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
@@ -743,7 +745,7 @@ def _nb03_compute_inputs(store) -> _ProjectionCompute | None:
     backward, optimizer step; loader waits excluded) / its steps. With several widths
     stored, the widest model's runs are used.
     """
-    ones = [r for r in store.latest(scaling.SCALING)
+    ones = [r for r in store.latest_here(scaling.SCALING).records
             if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
             and r.config.get("method") == scaling.DDP and r.status == "ok"
             and r.metrics.get("train_seconds") and r.metrics.get("steps")]
@@ -796,5 +798,6 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
                             "parallel module not stated; ring assumed as the assignment says): no benchmark "
                             "peak of theirs exists, so no percentage.",
                             "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
-                            f"link: {link.description}"])
+                            f"link: {link.description}",
+                            store.here_note(scaling.SCALING, scaling.COMPUTE_VS_COMM)])
     return df

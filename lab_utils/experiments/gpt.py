@@ -3,9 +3,10 @@
 This is the SPEC's *Part 2: an earlier project* (a GPT trained with DDP), not a question of
 the assignment (whose questions Q1-Q7 are notebooks 01-05).
 
-Every run goes through :mod:`lab_utils.workers.gpt_train` (one process in the notebook's kernel
-for one device, ``torchrun`` through :func:`lab_utils.launcher.launch` for more) and
-becomes one record in the result store:
+Every run goes through :mod:`lab_utils.workers.gpt_train` (``torchrun`` through
+:func:`lab_utils.launcher.launch`; on GPUs for one device too, so that the kernel opens no CUDA
+context; without a GPU one process runs in the notebook's kernel) and becomes one record in the
+result store:
 
 - ``gpt_scaling``: one record per (devices, per-device batch). Without GPUs the lab runs
   gloo *CPU processes* (labelled ``backend gloo`` / ``cpu``); a device count the machine
@@ -157,25 +158,28 @@ def _execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
             timeout_s: float) -> tuple[Record, float]:
     """Run ``cfg`` on ``nproc`` ranks; returns the worker's record and the wall seconds.
 
-    One rank runs in this process (no process start-up; the same code path without
-    DDP); more go through ``torchrun``. Wall seconds include start-up for launched runs.
-    On a CPU every process, the in-process one included, gets the same number of
-    threads (cores / the most processes used), so a "device" is the same compute
-    whatever the device count.
+    On GPUs every run, the one-device run too, is a launch of the worker under ``torchrun``
+    (:func:`lab_utils.launcher.launch`): this process (the notebook's kernel) never opens a CUDA
+    context, which on a node in EXCLUSIVE_PROCESS compute mode would keep rank 0 from creating
+    its own and elsewhere takes memory from GPU 0, and T(1) and T(N) go through the same code.
+    Without a GPU, one rank runs in this process (no start-up; the same code path without DDP)
+    and more go through ``torchrun``; every process, the in-process one included, gets the same
+    number of threads (cores / the most processes used), so a "device" is the same compute
+    whatever the device count. Wall seconds include start-up for launched runs.
     """
     threads = None
     if devices.kind == "cpu":
         cfg = replace(cfg, device="cpu")
         threads = devices.threads_per_process
     t0 = time.perf_counter()
-    if nproc == 1:
-        with pinned_threads(threads):
-            records = run_training(cfg)
-        free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
-        return records[-1], time.perf_counter() - t0
-    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
-                          log_dir=log_dir, threads_per_rank=threads)
-    return res.records[-1], res.wall_seconds
+    if devices.kind == "cuda" or nproc > 1:
+        res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
+                              log_dir=log_dir, threads_per_rank=threads)
+        return res.records[-1], res.wall_seconds
+    with pinned_threads(threads):
+        records = run_training(cfg)
+    free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
+    return records[-1], time.perf_counter() - t0
 
 
 def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
@@ -183,7 +187,7 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
     log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
     # Out of memory outside the worker's training loop (building the model, counting its
     # FLOPs) in this process: a row, and the memory is freed after the with statement.
-    # Under DDP a rank that runs out of memory ends itself (core.dist.oom_ends_rank) and the
+    # Under DDP a rank that runs out of memory ends itself (core.dist.failure_ends_rank) and the
     # launch fails with that rank's log: a LaunchError that says out of memory is a row too,
     # as in scaling._run_ddp; any other failure propagates.
     launch_oom: str | None = None

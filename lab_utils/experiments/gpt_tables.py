@@ -138,6 +138,7 @@ def scaling_table(records: Sequence[Record]):
                 "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
                 "speedup if averaged over ranks": mean_speed, "slowest rank": m["slowest_rank"],
                 "imbalance max/min": m["imbalance"], "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]),
+                "precision": precision_label(r),
                 "val loss": m["val_loss"], "reason": None,
                 "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens and tokens1 else None,
@@ -148,6 +149,20 @@ def scaling_table(records: Sequence[Record]):
             row["reason"] = r.reason
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
+
+
+def precision_label(rec: Record) -> str | None:
+    """What a run computed in: the worker's ``precision`` (``fp32``, ``tf32``, ``bf16``), with the dtype
+    asked for when the worker ran another (bf16 on a GPU without native bf16 runs fp32)."""
+    ran, asked = rec.metrics.get("precision"), rec.config.get("dtype")
+    if ran is None:
+        return asked
+    return f"{ran} (bf16 asked)" if rec.metrics.get("precision_note") and asked == "bf16" else ran
+
+
+def precision_notes(records: Sequence[Record]) -> list[str]:
+    """The workers' notes on a precision other than the one asked (one per distinct note)."""
+    return sorted({n for r in records if (n := r.metrics.get("precision_note"))})
 
 
 def _unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int) -> str:
@@ -268,6 +283,7 @@ def accumulation_table(records: Sequence[Record]):
                 "backward total (s)": _timer(m, f"{tr}/backward")["total_seconds"],
                 "backward mean (ms)": _ms(_timer(m, f"{tr}/backward")["mean_seconds"]),
                 f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
+                "precision": precision_label(r),
                 "peak memory (GiB)": _gib(m.get("peak_memory_bytes")),
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
                                                       if m.get("saved_activation_bytes") else None),
@@ -327,7 +343,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
              "over the training windows shared among the devices (strong scaling of the epoch).",
              "Epoch time = the SLOWEST rank's training pass (validation excluded); 'if averaged' divides by "
              "the mean over ranks instead, which flatters the speedup.",
-             "speedup = T(1)/T(N); efficiency = speedup / N.", *_SCALING_TIME_BASIS, earlier_report_note()]
+             "speedup = T(1)/T(N); efficiency = speedup / N.", *_SCALING_TIME_BASIS, earlier_report_note(),
+             *precision_notes(recs)]
     if cpu:
         threads = {r.metrics.get("threads_per_process") for r in _ok(records)}
         notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, sorted(threads)))} "
@@ -369,7 +386,8 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
              "Nested timers of rank 0 over the whole run (both epochs): run > epoch > training (forward, "
              "loss, backward per micro-step) and validation; means are per micro-step.",
              "Peak memory: torch.cuda.max_memory_allocated (GPU only); activations: bytes autograd keeps for "
-             "backward for one micro-batch (measured with saved-tensor hooks, any device)."]
+             "backward for one micro-batch (measured with saved-tensor hooks, any device).",
+             *precision_notes(list(records))]
     store.save_table(table, "gpt_accumulation", list(records), title="GPT: gradient accumulation trade-off",
                      notes=notes)
     return table

@@ -176,7 +176,7 @@ def save_large_batch_table(store: ResultStore, records: Sequence[Record], settin
     table = large_batch_table(records, settings)
     store.save_table(table, EXPERIMENT, list(records),
                      title=f"Large-batch training: {settings.epochs} epochs, same budget",
-                     notes=_notes(records, settings, store.profile, plan))
+                     notes=_notes(records, settings, store.profile, plan) + [store.here_note(EXPERIMENT)])
     return table
 
 
@@ -303,7 +303,7 @@ def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int =
 def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]]:
     """The first sampler indices each rank drew per epoch in a stored run (the worker calls set_epoch)."""
     rows = []
-    for r in store.latest(EXPERIMENT):
+    for r in store.latest_here(EXPERIMENT).records:   # this machine's devices only
         same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
         if r.config.get("record") != "rank" or not same_run:
             continue
