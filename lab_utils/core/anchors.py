@@ -127,10 +127,10 @@ OTHER_COHORT_DID_NOT_FIT: tuple[int, int] = (1, 8192)
 OTHER_COHORT_RAN_ON: tuple[int, int] = (4, 8192)
 
 
-def other_cohort_per_gpu_batch(gpus: int, global_batch: int) -> int | float:
-    """Images per GPU per step in the other cohort's runs: its global batch split over the GPUs
-    (8 per GPU at global batch 32 on 4 GPUs); a whole number where the split is even."""
-    return global_batch // gpus if global_batch % gpus == 0 else global_batch / gpus
+def other_cohort_per_gpu_batch(devices: int, global_batch: int) -> int | float:
+    """Images per GPU per step in the other cohort's runs: its global batch split over its ``devices``
+    GPUs (8 per GPU at global batch 32 on 4 GPUs); a whole number where the split is even."""
+    return global_batch // devices if global_batch % devices == 0 else global_batch / devices
 
 
 # --------------------------------------------------------------------------- the GPT DDP report (Part 2)

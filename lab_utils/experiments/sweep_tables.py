@@ -230,8 +230,8 @@ def anchor_table(records: Sequence[Record], settings: Settings):
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in records}
     rows = []
-    for (gpus, bs), anchor in FIRST_COHORT_TABLE1_SECONDS.items():
-        if gpus != 1:
+    for (devices, bs), anchor in FIRST_COHORT_TABLE1_SECONDS.items():
+        if devices != 1:
             continue
         r = by_bs.get(bs)
         mine = r.metrics["train_seconds"] if r is not None and r.status == "ok" else None
