@@ -17,7 +17,7 @@ TORCH_VARIANT ?=
 SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
-.PHONY: venv lab test prepare kernel lint report clean-results student grade fold sandbox doctor
+.PHONY: venv lab test prepare kernel lint report clean-results student grade fold sandbox doctor mutants
 
 venv: $(STAMP)
 
@@ -43,6 +43,13 @@ test: venv     ## the test suite (CPU, offline)
 
 doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
 	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))
+
+# Plant each bug of tests/gpu_mutants.py, alone, in a scratch copy and run its site's tests; rewrites
+# tests/gpu_mutants_results.json and tests/GPU_BRANCHES.md (tens of minutes: not part of make test).
+#   make mutants MUTANTS_ARGS="--only comm_hooks"     only some mutants (the others keep their verdicts)
+MUTANTS_ARGS ?=
+mutants: venv  ## run the GPU path's mutants (tools/mutants.py), niced
+	nice -n 10 $(PY) tools/mutants.py $(MUTANTS_ARGS)
 
 prepare: venv  ## download CIFAR-10 and the text corpus into data/ (needs internet)
 	$(PY) -m lab_utils prepare

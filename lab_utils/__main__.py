@@ -167,14 +167,18 @@ Build the bundle first (make student). SUBMISSIONS is a folder (or a zip file) h
                                "Full Name_id_assignsubmission_file_" folders (id = student id),
   *.zip                        unpacked (only .ipynb members).
 A student's latest file of a notebook is graded (modification time, then resubmission number);
-the others are listed. The notebook is recognized from its metadata (else its file name).
+the others are listed. The notebook is recognized from the stamp make student writes into its
+metadata (else its title; a file name alone is "not this lab's notebook"). 00 and 08 hold no
+exercise ("nothing to grade"); a file that cannot be read says why; other files (a PDF) are listed
+in their student's row.
 
 Only the exercise functions (with the imports, definitions and constants they use) run, in a
 bubblewrap sandbox (no network, no file of yours, limits on time, memory, file size and
-processes), on the bundle's cases; answers are compared outside the sandbox. Without bwrap the
-command stops unless you give --no-sandbox on purpose.
+processes), each question in a process of its own, on the bundle's cases; answers are compared
+outside the sandbox. Without bwrap the command stops unless you give --no-sandbox on purpose.
 
-Writes OUT/gradebook.csv (one row per student: id, one column per question, total), details.csv
+Writes OUT/gradebook.csv (one row per student: id, one column per question named after the
+assignment's question, e.g. "Q3.2 ring bytes (04-b)", total, flags, notes), details.csv
 (one row per question: points, file, flag, the reason for lost points), feedback/<student>.md,
 hand_points_template.csv and grading.json (what later runs, --student and fold build on).
 Exit status 1 when a submission could not be graded (its rows say why)."""

@@ -41,13 +41,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from lab_utils import launcher
 from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.store import ResultStore, _atomic_write_text
+from lab_utils.workers.args import AccountingArgs, BenchArgs, TrainConfig, WorkerArgs
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -80,8 +85,10 @@ class Machine:
     names: list[str | None]            # the visible devices' names, from nvidia-smi -L
     mig: list[str]                     # MIG profiles of the visible devices ("1g.5gb"), if any
     driver: str | None                 # NVIDIA driver version, or None
-    problem: str | None                # the driver reports GPUs this torch cannot use: why
+    problem: str | None                # the driver reports GPUs this torch cannot use (or has no kernels for)
     profile: str
+    no_kernels: bool = False           # torch sees the GPUs but has no kernels for them: GPU checks not run
+    compute_modes: list[str] = field(default_factory=list)   # nvidia-smi's, per GPU ("Exclusive_Process")
 
     @property
     def name(self) -> str | None:
@@ -103,7 +110,9 @@ def read_machine(profile: str | None = None) -> Machine:
     return Machine(gpus=gpus, names=names[:gpus] if gpus else names,
                    mig=[p for n in names[:max(gpus, 1)] if (p := hardware.mig_profile(n))],
                    driver=driver.version if driver else None,
-                   problem=f"{found[0]}; {found[1]}" if found else None, profile=name)
+                   problem=f"{found[0]}; {found[1]}." if found else None, profile=name,
+                   no_kernels=bool(found and gpus),
+                   compute_modes=[g.compute_mode or "unknown" for g in (driver.gpus if driver else [])])
 
 
 # --------------------------------------------------------------------------- the checks' measurements
@@ -123,9 +132,9 @@ def judge_versions(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
     measured = (f"driver {d['driver'] or 'none'}, torch {torch.__version__}, CUDA {stack.get('torch CUDA')}, "
                 f"cuDNN {stack.get('cuDNN')}, NCCL {stack.get('NCCL')}")
-    expected = "a torch build whose CUDA this driver runs"
+    expected = "a torch build whose CUDA this driver runs, with kernels for these GPUs"
     if d["problem"]:
-        return measured, expected, "fail"
+        return f"{measured}; {d['problem']}", expected, "fail"
     return measured, expected, "ok"
 
 
@@ -141,8 +150,22 @@ def judge_mig(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
             "need whole GPUs", expected, "warn")
 
 
-def measure_cuda_init(m: Machine) -> dict[str, Any]:
-    """Initialize CUDA on every visible GPU: torch's names, capability and memory (a child)."""
+#: What :func:`tiny_kernel` computes: 2 x (0 + 1 + ... + 7).
+KERNEL_EXPECTED = 56.0
+
+
+def tiny_kernel(index: int) -> float:
+    """One elementwise kernel and one reduction on GPU ``index`` (a torch without kernels for this GPU
+    fails here with "no kernel image is available"); their result, :data:`KERNEL_EXPECTED` if right."""
+    import torch
+
+    x = torch.arange(8, dtype=torch.float32, device=torch.device("cuda", index))
+    return float((x * 2).sum().item())
+
+
+def measure_cuda_init(m: Machine, kernel: Callable[[int], float] = tiny_kernel) -> dict[str, Any]:
+    """Initialize CUDA on every visible GPU: torch's names, capability and memory, and one kernel launched
+    on each (``kernel(index)``, default :func:`tiny_kernel`), in a child process."""
     import torch
 
     from lab_utils.core import hardware
@@ -152,8 +175,13 @@ def measure_cuda_init(m: Machine) -> dict[str, Any]:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         free, total = torch.cuda.mem_get_info(i)
-        out.append({"index": i, "torch_name": p.name, "smi_name": smi[i] if i < len(smi) else None,
-                    "capability": f"{p.major}.{p.minor}", "total_bytes": int(total), "free_bytes": int(free)})
+        g = {"index": i, "torch_name": p.name, "smi_name": smi[i] if i < len(smi) else None,
+             "capability": f"{p.major}.{p.minor}", "total_bytes": int(total), "free_bytes": int(free)}
+        try:
+            g["kernel_result"] = kernel(i)
+        except Exception as e:  # "no kernel image is available": the row says so
+            g["kernel_error"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        out.append(g)
     return {"gpus": out}
 
 
@@ -163,10 +191,16 @@ def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     free = min((g["free_bytes"] for g in gpus), default=0) / 2**30
     measured = (f"{len(gpus)} x {', '.join(names)} (sm {gpus[0]['capability']}), "
                 f"{gpus[0]['total_bytes'] / 2**30:.0f} GiB, free {free:.1f} GiB" if gpus else "no device")
-    expected = (f"{m.gpus} device(s); names from nvidia-smi -L = torch's (the store's reuse check "
-                "names GPUs without a CUDA context)")
+    expected = (f"{m.gpus} device(s); a kernel runs on each; names from nvidia-smi -L = torch's (the store's "
+                "reuse check names GPUs without a CUDA context)")
     if len(gpus) != m.gpus or not gpus:
         return measured, expected, "fail"
+    for g in gpus:
+        if "kernel_error" in g:
+            return f"{measured}; GPU {g['index']}: {g['kernel_error']}", expected, "fail"
+        if g.get("kernel_result") != KERNEL_EXPECTED:
+            return (f"{measured}; GPU {g['index']}: the kernel computed {g.get('kernel_result')}, not "
+                    f"{KERNEL_EXPECTED}", expected, "fail")
     differ = [g for g in gpus if g["smi_name"] is not None and g["smi_name"] != g["torch_name"]]
     if differ:
         g = differ[0]
@@ -175,7 +209,7 @@ def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     if low:  # another process (or a stray context) holds memory on this GPU
         used = 1 - low[0]["free_bytes"] / low[0]["total_bytes"]
         return f"{measured}; GPU {low[0]['index']} already {used:.0%} used", expected, "warn"
-    return measured, expected, "ok"
+    return measured + "; a kernel ran on each", expected, "ok"
 
 
 def _matmul_workload(device: str, n: int = 2048, repeats: int = 20) -> tuple[Callable[[], None], float]:
@@ -387,32 +421,91 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     answer is kept in ``planned_backend``.
     """
     from lab_utils.experiments.comm import detect_link_peak, plan_bench
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import BenchArgs
 
     plan = plan_bench(m.gpus, "auto")
     use = backend or plan.backend
     args = BenchArgs(min_bytes=2 ** 20, max_bytes=max_bytes, iters=5, warmup=2, backend=use).validate()
-    res = launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc,
+                          timeout_s=timeout_s)
     best = max(res.records, key=lambda r: r.metrics["busbw_gb_per_s"])
     link = detect_link_peak(m.gpus)
     return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
             "busbw_gb_per_s": best.metrics["busbw_gb_per_s"], "size_bytes": best.config["size_bytes"],
             "correct": all(r.metrics["correct"] for r in res.records), "link_gb_per_s": link.gb_per_s,
-            "link": link.description}
+            "link": link.description, "link_kind": link.kind}
+
+
+#: busbw as a share of the link's nominal per-direction peak below which a link is suspect: NVLink
+#: rings reach well over half of it; NCCL over PCIe (through a switch or the host bridge) less.
+NCCL_EXPECTED_SHARE = {"nvlink": 0.40, "pcie": 0.25}
 
 
 def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    """busbw against the link: >= 40 % of NVLink's nominal peak, >= 25 % of PCIe's (warn below, fail
+    below a quarter of that); a link without a nominal peak (mixed, unknown) cannot be judged: warn,
+    saying there is no expectation. Wrong sums always fail."""
     busbw, link = d["busbw_gb_per_s"], d["link_gb_per_s"]
     measured = (f"busbw {busbw:.1f} GB/s at {d['size_bytes'] / 2**20:.0f} MiB, {d['ranks']} x "
                 f"{d['backend']}" + (f" = {busbw / link:.0%} of the link" if link else ""))
-    expected = f">= 40 % of {d['link']}" if link else d["link"]
+    share = NCCL_EXPECTED_SHARE.get(d.get("link_kind") or "nvlink")
     if not d["correct"]:
-        return measured + "; WRONG sums", expected, "fail"
-    if not link:
-        return measured, expected, "ok"
-    share = busbw / link
-    return measured, expected, "ok" if share >= 0.4 else ("warn" if share >= 0.1 else "fail")
+        return measured + "; WRONG sums", f">= {share or 0.4:.0%} of {d['link']}", "fail"
+    if not link or share is None:
+        return (f"{measured}; no expectation: no nominal peak for this link", f"none: {d['link']}", "warn")
+    expected = f">= {share * 100:.0f} % of {d['link']}"
+    got = busbw / link
+    return measured, expected, "ok" if got >= share else ("warn" if got >= share / 4 else "fail")
+
+
+# --------------------------------------------------------------------------- the notebooks' order
+
+
+def measure_launch_order(m: Machine, timeout_s: float = 240.0, backend: str = "nccl") -> dict[str, Any]:
+    """The notebooks' order of processes on the GPUs, this process standing in for the notebook's kernel.
+
+    Notebook 02 launches DDP on every GPU, then its DataParallel process; notebook 03 launches DDP
+    again. In between, the kernel names the GPUs for the store's reuse check and stores records
+    (``hardware_summary``, ``software_versions``): it must hold no CUDA context when it launches. On a
+    node in EXCLUSIVE_PROCESS compute mode (``nvidia-smi --query-gpu=compute_mode``) one context per
+    GPU is allowed, so a context left in the kernel, or by a process that did not end, stops the next
+    launch. Tiny sizes (two steps). Returns the compute modes and, per launch, whether CUDA was
+    initialised in this process before it and its seconds.
+    """
+    import torch
+
+    from lab_utils.core import hardware
+    from lab_utils.experiments import scaling
+
+    n = m.gpus
+    args = WorkerArgs(experiment="doctor", profile="full", batch_size=8, epochs=1, width=8,
+                      train_images=16 * n, dataset="synthetic", num_workers=0, backend=backend).validate()
+    order = (("notebook 02: DDP", "lab_utils.workers.ddp", args.to_argv(), n),
+             ("notebook 02: DataParallel", scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], 1),
+             ("notebook 03: DDP", "lab_utils.workers.ddp", args.to_argv(), n))
+    deadline = time.monotonic() + timeout_s
+    steps = []
+    for what, module, argv, nproc in order:
+        hardware.hardware_summary("cuda", n)    # what the kernel does around a launch
+        hardware.software_versions()
+        context = torch.cuda.is_initialized()
+        t0 = time.monotonic()
+        launcher.launch(module, argv, nproc=nproc, timeout_s=max(10.0, deadline - t0))
+        steps.append({"what": what, "processes": nproc, "kernel_context": context,
+                      "seconds": time.monotonic() - t0})
+    return {"compute_modes": list(m.compute_modes), "steps": steps}
+
+
+def judge_launch_order(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    modes = sorted(set(d["compute_modes"])) or ["unknown"]
+    expected = ("every launch starts, the kernel holding no CUDA context (EXCLUSIVE_PROCESS allows one per "
+                "GPU)")
+    held = [s["what"] for s in d["steps"] if s["kernel_context"]]
+    started = ", ".join(f"{s['what']} ({s['processes']} process(es), {s['seconds']:.0f} s)"
+                        for s in d["steps"])
+    measured = f"compute mode {', '.join(modes)}; started: {started}"
+    if held:
+        return f"{measured}; CUDA was initialised in the kernel before {held[0]}", expected, "fail"
+    return f"{measured}; no CUDA context in the kernel", expected, "ok"
 
 
 # --------------------------------------------------------------------------- one step of each notebook
@@ -422,48 +515,44 @@ def _smallest(values) -> int:
     return min(int(v) for v in values)
 
 
-def _resnet_steps(width: int, batch: int, device: str, steps: int = 2,
-                  data_parallel: int = 0) -> dict[str, Any]:
-    """``steps`` training steps of ResNet-18 through :func:`~lab_utils.core.loop.run_epoch` on a
-    synthetic loader (pinned memory on a GPU), then an evaluation pass."""
-    import torch
-
-    from lab_utils.core.backends import apply_training_backends
-    from lab_utils.core.data import make_loaders
-    from lab_utils.core.loop import StepOptions, evaluate, make_optimizer, run_epoch, wrap_data_parallel
-    from lab_utils.models import ResNet18
-
-    apply_training_backends()
-    n = max(data_parallel, 1)
-    loaders = make_loaders(batch_size=batch * n, test_batch_size=100, num_workers=0,
-                           train_images=batch * n * steps, test_images=100, dataset="synthetic", seed=0)
-    torch.manual_seed(0)
-    model = ResNet18(width=width).to(device)
-    run = wrap_data_parallel(model, list(range(n))) if data_parallel else model
-    opt = make_optimizer(run)
-    rec = run_epoch(run, loaders.train, opt, device, options=StepOptions(max_steps=steps))
-    ev = evaluate(model, loaders.test, device)
-    return {"train_seconds": rec.train_seconds, "images": rec.images, "loss": rec.loss,
-            "peak_memory_bytes": rec.peak_memory_bytes, "peak_per_device": rec.peak_memory_bytes_per_device,
-            "test_loss": ev.loss}
-
-
-def step_01_sweep(m: Machine, device: str = "cuda") -> dict[str, Any]:
+def step_01_sweep(m: Machine, device: str = "cuda", width: int | None = None,
+                  batch: int | None = None) -> dict[str, Any]:
+    """Notebook 01's own code (:func:`lab_utils.experiments.sweep.measure`) on the full profile's smallest
+    batch, two steps and one epoch, into a throwaway store (its memory fraction as the profile sets it)."""
     from lab_utils.experiments import sweep
 
-    s = profiles.settings(sweep.Settings, "full")
-    return {"config": f"ResNet-18 width {s.width}, batch {_smallest(s.batch_sizes)}",
-            **_resnet_steps(s.width, _smallest(s.batch_sizes), device)}
+    full = profiles.settings(sweep.Settings, "full")
+    b = batch or _smallest(full.batch_sizes)
+    s = replace(full, batch_sizes=(b,), width=width or full.width, train_images=2 * b, test_images=100,
+                epochs=1, reported_epoch=1, dataset="synthetic",
+                memory_fraction=full.memory_fraction if device.startswith("cuda") else None)
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
+                              device=device)
+        rec = sweep.measure(lab, s, verbose=False)[0]
+    m_ = rec.metrics
+    keep = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
+            "peak_memory_bytes", "loss", "test_loss")
+    return {"config": f"notebook 01: ResNet-18 width {s.width}, batch {b}", "status": rec.status,
+            "reason": rec.reason, **{k: m_.get(k) for k in keep}}
 
 
-def step_02_dataparallel(m: Machine, device: str = "cuda") -> dict[str, Any]:
+def step_02_dataparallel(m: Machine, timeout_s: float = 150.0) -> dict[str, Any]:
+    """The DataParallel worker notebooks 02 and 03 launch (one process), on every GPU up to the full
+    profile's largest device count, two steps of its smallest per-GPU batch."""
     from lab_utils.experiments import scaling
 
     s = profiles.settings(scaling.Settings, "full")
-    n = min(m.gpus, max(s.devices))
-    b = _smallest(s.batch_sizes)
-    return {"config": f"DataParallel on {n} GPUs, {b} per GPU", **_resnet_steps(s.width, b, "cuda:0",
-                                                                               data_parallel=n)}
+    n, b = min(m.gpus, max(s.devices)), _smallest(s.batch_sizes)
+    args = WorkerArgs(experiment=scaling.SCALING, profile="full", batch_size=b, epochs=1, width=s.width,
+                      train_images=2 * b * n, dataset="synthetic", num_workers=0).validate()
+    res = launcher.launch(scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], nproc=1,
+                          timeout_s=timeout_s)
+    rec = res.records[-1]
+    keep = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
+            "peak_memory_bytes", "loss")
+    return {"config": f"DataParallel on {n} GPUs, {b} per GPU (its worker, one process)",
+            "status": rec.status, "reason": rec.reason, **{k: rec.metrics.get(k) for k in keep}}
 
 
 def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
@@ -479,17 +568,15 @@ def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
 def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
                 measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
     """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import WorkerArgs
 
     args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
                       train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
                       dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
                       backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
-    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
     agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
-            "test_accuracy")
+            "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds", "backend")
     accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
     return {"config": f"DDP {ranks} x {batch}{accumulated}", **{k: agg.get(k) for k in keep}}
 
@@ -521,44 +608,35 @@ def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
 
 def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
     """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import AccountingArgs
 
     args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
-    res = launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks,
+                          timeout_s=timeout_s)
     return int(res.records[0].metrics["world_size"])
 
 
 def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
     from lab_utils.experiments import gpt
 
-    s = profiles.settings(gpt.Settings, "full")
-    dtype = "fp32" if s.dtype == "bf16" and not _native_bf16_here() else s.dtype
+    s = profiles.settings(gpt.Settings, "full")   # bf16 on a GPU without it: the worker runs fp32 and says so
     return _gpt_launch(timeout_s, size=s.size, batch=_smallest(s.scaling_batch_sizes),
-                       ranks=min(m.gpus, max(s.scaling_devices)), dtype=dtype, lr=s.lr)
+                       ranks=min(m.gpus, max(s.scaling_devices)), dtype=s.dtype, lr=s.lr)
 
 
 def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: str, lr: float,
                 device: str = "cuda") -> dict[str, Any]:
     """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
-    from lab_utils.launcher import launch
-    from lab_utils.workers.args import TrainConfig
 
     cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
                       lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
-    res = launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
     run = res.records[-1]
     m = run.metrics
+    keep = ("tokens_per_s", "mfu", "peak_memory_bytes", "train_seconds", "data_movement_seconds",
+            "compute_seconds", "communication_seconds", "exposed_comm_seconds", "allreduce_seconds",
+            "precision", "precision_note", "backend")
     return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run.status, "reason": run.reason,
-            "tokens_per_s": m.get("tokens_per_s"), "mfu": m.get("mfu"),
-            "peak_memory_bytes": m.get("peak_memory_bytes")}
-
-
-def _native_bf16_here() -> bool:
-    """bf16 native on GPU 0, asked in a child process (this process opens no CUDA context)."""
-    out = subprocess.run([sys.executable, "-c", "from lab_utils.core.hardware import bf16_supported; "
-                          "print(int(bf16_supported('cuda')))"], capture_output=True, text=True, timeout=120)
-    return out.stdout.strip() == "1"
+            **{k: m.get(k) for k in keep}}
 
 
 def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
@@ -590,32 +668,27 @@ def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
 
 
 def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
+    """Notebook 08's own profiler step (:func:`lab_utils.experiments.fastpath.measure_trace`): the fast
+    path's configuration, one warm-up and one traced step of the full profile's batch, into a
+    throwaway store; whether the profiler saw GPU kernels (CUPTI)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    from lab_utils.core.data import device_loader, load_split
     from lab_utils.experiments import fast_train, fastpath
 
-    s = profiles.settings(fastpath.Settings, "full")
+    full = profiles.settings(fastpath.Settings, "full")
+    s = replace(full, train_images=2 * full.batch_size, trace_steps=1, warmup_steps=1, dataset="synthetic")
     dev = torch.device(device)
     opts = fast_train.TrainOptions(loader="device", channels_last=True, bf16=fast_train.bf16_supported(dev),
-                                 sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
-    trainer = fast_train.build_trainer(opts, s.width, dev)
-    split = load_split(True, 2 * s.batch_size, "synthetic")
-    loader = device_loader(split, dev, s.batch_size, seed=0, channels_last=True)
-    fast_train.warm_up(trainer, loader, 1)
-    host = torch.zeros(s.batch_size, 3, 32, 32)
-    host = host.pin_memory() if dev.type == "cuda" else host
-    labels = torch.zeros(s.batch_size, dtype=torch.long)
-    x, y = fast_train.to_device(host, labels, dev, True)  # as spec batches
-    trainer.step(x, y)
-    ep = trainer.epoch(loader)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        trainer.epoch(loader, max_steps=1)
-    kernels = sum(1 for e in prof.key_averages() if str(getattr(e, "device_type", "CPU")).endswith("CUDA"))
-    return {"config": opts.describe(), "images_per_s": ep.images / ep.epoch_seconds,
-            "profiled_gpu_kernels": kernels}
+                                   sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
+                              device=device)
+        trace = fastpath.measure_trace(lab, s, opts, step="doctor", force=True, device=dev)
+    ops = trace.record.metrics.get("top_ops") or []
+    return {"config": opts.describe(), "status": trace.record.status, "reason": trace.record.reason,
+            "steps_traced": trace.record.metrics.get("steps_traced"),
+            "profiled_gpu_kernels": (sum(1 for op in ops if (op.get("self_ms") or 0) > 0)
+                                     if dev.type == "cuda" else None)}
 
 
 def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
@@ -644,6 +717,37 @@ def judge_compile(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     return measured, expected, "ok" if ok else "fail"
 
 
+#: How far a step's timings may stray from their invariants (fraction of the step, plus seconds):
+#: timer reads and the probe's pairs are noisy, a timer on the wrong stream or device is not.
+TIMING_TOLERANCE = (0.05, 1e-3)
+
+
+def timing_violations(d: dict[str, Any]) -> list[str]:
+    """The invariants a step's timing must keep, each broken one as a phrase (seconds, per epoch):
+    data movement + compute + communication = training time; 0 <= exposed communication (b) <=
+    all-reduce time (c) <= training time ((b) <= (c) not over gloo). Missing figures are not checked."""
+    def num(key: str) -> float | None:
+        v = d.get(key)
+        return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+    t = num("train_seconds")
+    tol = TIMING_TOLERANCE[0] * (t or 0.0) + TIMING_TOLERANCE[1]
+    out = []
+    phases = [num(k) for k in ("data_movement_seconds", "compute_seconds", "communication_seconds")]
+    if t is not None and None not in phases and abs(sum(phases) - t) > tol:
+        out.append(f"phases sum to {sum(phases):.4f} s, the training time is {t:.4f} s")
+    b, c = num("exposed_comm_seconds"), num("allreduce_seconds")
+    if b is not None and b < -tol:
+        out.append(f"exposed communication {b:.4f} s < 0")
+    # over gloo the all-reduce thread takes turns with backward on the same cores, so (b) can exceed (c)
+    # there (Table 2 says so); NCCL runs beside the compute kernels
+    if b is not None and c is not None and b > c + tol and d.get("backend") != "gloo":
+        out.append(f"exposed communication {b:.4f} s > all-reduce time {c:.4f} s")
+    if c is not None and t is not None and c > t + tol:
+        out.append(f"all-reduce time {c:.4f} s > training time {t:.4f} s")
+    return out
+
+
 def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     """A notebook step ran: what it measured, in one line."""
     parts = [d.get("config", "")]
@@ -653,7 +757,8 @@ def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
         v = d.get(key)
         if isinstance(v, int | float):
             parts.append(fmt.format(v / 2**30 if key == "peak_memory_bytes" else v))
-    expected = "one short step of the full profile's smallest configuration runs"
+    expected = ("one short step of the full profile's smallest configuration runs; phases sum to the step; "
+                "0 <= exposed comm <= all-reduce <= step")
     verdict = "ok"
     if d.get("status") not in (None, "ok"):
         parts.append(f"{d['status']}: {d.get('reason')}")
@@ -669,6 +774,12 @@ def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     if any(not math.isfinite(v) for v in losses):
         parts.append("loss not finite")
         verdict = "fail"
+    broken = timing_violations(d)
+    if broken:
+        parts.append("timing broken: " + "; ".join(broken))
+        verdict = "fail"
+    if d.get("precision_note"):
+        parts.append(d["precision_note"])
     if d.get("profiled_gpu_kernels") == 0:
         parts.append("the profiler saw no GPU kernel (CUPTI not permitted?)")
         verdict = "warn" if verdict == "ok" else verdict
@@ -705,8 +816,10 @@ CHECKS: tuple[Check, ...] = (
     Check("int8_matmul", measure_int8_mm, judge_int8_mm, "cuBLAS int8 exact at 17 rows", timeout_s=90),
     Check("nccl_allreduce", measure_nccl, judge_nccl, "busbw >= 40 % of the link's nominal peak", "launch",
           2, 240, no_mig=True),
+    Check("compute_mode_and_launch_order", measure_launch_order, judge_launch_order,
+          "the notebooks' launches start in their order; no CUDA context in the kernel", "launch", 1, 240),
     Check("01_batch_size_sweep", step_01_sweep, judge_step, "one step runs", timeout_s=150),
-    Check("02_dataparallel", step_02_dataparallel, judge_step, "one step runs", gpus=2, timeout_s=150,
+    Check("02_dataparallel", step_02_dataparallel, judge_step, "one step runs", "launch", 2, 150,
           no_mig=True),
     Check("02_03_ddp_with_comm_probe", step_02_ddp, judge_step, "one step runs", "launch", 1, 240),
     Check("04_compute_step", step_04_compute, judge_step, "one step runs", timeout_s=150),
@@ -725,6 +838,8 @@ def skip_reason(check: Check, m: Machine) -> str | None:
     """``skipped: <why>`` when ``check`` cannot run on ``m``, else None."""
     if check.gpus and m.gpus == 0:
         return NO_GPU
+    if check.gpus and m.no_kernels and check.where != "here":
+        return "skipped: this torch has no kernels for this GPU (see versions)"
     if check.gpus > m.gpus:
         return f"skipped: needs {check.gpus} GPUs (this machine has {m.gpus})"
     if check.no_mig and m.mig:
@@ -742,17 +857,28 @@ class ChildTimeout(Exception):
 def run_child(cmd: list[str], timeout_s: float, out_file: Path) -> dict[str, Any]:
     """Run ``cmd`` (it writes JSON to ``out_file``) in a new session; kill the session at ``timeout_s``.
 
+    Every process the child starts carries a launch tag in its environment (as the launcher's ranks
+    do), so that one that left the session (NCCL's proxy, a compiler daemon) is stopped too, and
+    the child's pipes are read with a limit afterwards: nothing it left behind can hold the doctor.
     Raises :class:`ChildTimeout` at the limit and ``RuntimeError`` (the child's last error line)
     when it fails.
     """
+
+    tag = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, launcher.LAUNCH_ID_ENV: tag})
     try:
         _, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
-        proc.communicate()
+        launcher.kill_tree(proc, grace_s=2.0, launch_id=tag)   # and what left its session
+        try:
+            proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a pipe still held open: give up reading it
+            for pipe in (proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    pipe.close()
         raise ChildTimeout(f"did not finish within {timeout_s:.0f} s and was stopped") from None
     if proc.returncode != 0 or not out_file.exists():
         lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
@@ -788,15 +914,20 @@ def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float =
             row = Row(c.name, "", c.expected, why)
         else:
             limit = min(c.timeout_s, left)
+            budget = (f"skipped: the doctor's time budget ({budget_s:.0f} s) cut it short after "
+                      f"{limit:.0f} s (its own limit is {c.timeout_s:.0f} s)")
+            cut = limit < c.timeout_s   # a time-out now is the budget's, not the check's
             try:
                 data = measure(c, m, limit)
                 measured, expected, verdict = c.judge(data, m)
                 row = Row(c.name, measured, expected, verdict, details=data)
             except ChildTimeout as e:
-                row = Row(c.name, str(e), c.expected, "fail")
+                row = Row(c.name, str(e), c.expected, budget if cut else "fail")
             except LaunchError as e:
                 first = str(e).strip().splitlines()[0][:200]
-                row = Row(c.name, f"launch failed: {first}", c.expected, "fail", details={"error": str(e)})
+                timed_out = "did not finish within" in first
+                row = Row(c.name, f"launch failed: {first}", c.expected,
+                          budget if cut and timed_out else "fail", details={"error": str(e)})
             except Exception as e:  # a broken check is a failed check, never a traceback
                 first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
                 row = Row(c.name, f"{type(e).__name__}: {first}", c.expected, "fail")
@@ -825,7 +956,6 @@ def table(rows: list[Row]) -> str:
 def write_report(rows: list[Row], m: Machine, seconds: float, root: Path) -> tuple[Path, Path]:
     """``doctor.md`` and ``doctor.json`` under ``root`` (``results/<profile>/``), each written atomically."""
     from lab_utils.core.hardware import software_versions
-    from lab_utils.store import _atomic_write_text
 
     root.mkdir(parents=True, exist_ok=True)
     failed = [r.check for r in rows if r.failed]
@@ -865,6 +995,8 @@ def main(argv: list[str] | None = None) -> int:
     m = read_machine(a.profile)
     print(f"lab doctor: {m.gpus} GPU(s){' (' + m.name + ')' if m.name else ''}, driver {m.driver or 'none'}, "
           f"{len(checks)} checks within {a.budget:.0f} s", flush=True)
+    if m.problem:  # the versions row fails with it; said first, in one sentence
+        print(f"error: {m.problem}", flush=True)
 
     def echo(row: Row) -> None:
         print(f"  {row.check:<30} {row.verdict:<8} {row.measured}"[:160], flush=True)

@@ -209,7 +209,12 @@ def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
 
 
 def failing_rank(agent_text: str, logs: dict[int, Path]) -> int | None:
-    """Which rank failed first: from torchrun's 'Root Cause' summary, else from the logs."""
+    """Which rank failed first: of the ranks torchrun's summary lists as failed, the one whose log
+    stopped first (torchrun's 'Root Cause' breaks a tie within its one-second clock by the lowest
+    rank, which may be a peer that only failed because the first one had left); else from the logs."""
+    failed = [int(r) for r in re.findall(r"\brank\s*:\s*(\d+)", agent_text.partition("Failures:")[2])]
+    if len(set(failed)) > 1 and all(r in logs for r in failed):
+        return min(set(failed), key=lambda r: (logs[r].stat().st_mtime, r))
     m = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", agent_text, re.S)
     if m:
         return int(m.group(1))

@@ -50,6 +50,7 @@ class Section:
     by_hand: str = ""             # otter name of the question graded by hand in the notebook
     by_hand_asks: str = ""        # what that notebook cell asks (its prompt after the label)
     first: str = ""               # asked before the tables (Q3.2: the all-reduce time formula)
+    exercises: tuple[str, ...] = ()  # otter names of its autograded exercises, in notebook order
 
     @property
     def heading(self) -> str:
@@ -79,7 +80,7 @@ SECTIONS: tuple[Section, ...] = (
                     "phase table), and what is excluded from the reported time?",
                     "What fraction of the GPU's peak does the best batch size reach? Name two reasons it "
                     "is not higher."),
-            by_hand="q01_report",
+            by_hand="q01_report", exercises=("q01_step_timer", "q01_train_transform"),
             by_hand_asks="From which batch size on does the epoch time stop improving on your machine, and "
                          "why there? Which batch size was the first that did not fit, and what fills the "
                          "memory at that size? Quote the numbers from your table."),
@@ -92,7 +93,7 @@ SECTIONS: tuple[Section, ...] = (
                     "DataParallel vs DDP (on GPUs): which is faster at each N, and what does DataParallel "
                     "do every step that DDP does not?",
                     "Why does the aggregate take the slowest rank's time rather than the mean?"),
-            by_hand="q02_report",
+            by_hand="q02_report", exercises=("q02_speedup",),
             by_hand_asks="Is Table 1 strong or weak scaling? Give both speedup definitions side by side: "
                          "the course forum's N x T(1)/T(N) (what must T(N) be for it to be the scaled "
                          "speedup, and what does it give on this lab's epoch times?) and the lab's "
@@ -107,7 +108,7 @@ SECTIONS: tuple[Section, ...] = (
             report=("How much of the all-reduce (c) is hidden behind backward, and why can it never all be "
                     "hidden?",
                     "How does the compute-to-communication ratio change with the per-device batch, and why?"),
-            by_hand="q03_report",
+            by_hand="q03_report", exercises=("q03_compute_comm",),
             by_hand_asks="For one N and per-device batch of your Table 2: how much of the epoch is "
                          "communication by (a), and by (b)? Why do they differ, and what does it mean when "
                          "(a) is negative? Quote your numbers."),
@@ -119,7 +120,7 @@ SECTIONS: tuple[Section, ...] = (
              "allreduce_models", "allreduce_buckets"), ("allreduce_busbw",),
             report=("The busbw figure: where does the latency-dominated regime end on this machine? How "
                     "big are DDP's buckets compared with that size?",),
-            by_hand="q04_report",
+            by_hand="q04_report", exercises=("q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"),
             by_hand_asks="Table 3: give (a), the assignment's utilization, for DDP, then (c). Why do (a) "
                          "and (b) give different (even impossible) GB/s? What share of the benchmark's "
                          "peak did training reach, and what explains the gap? Quote your numbers.",
@@ -141,7 +142,7 @@ SECTIONS: tuple[Section, ...] = (
             ("large_batch",), ("large_batch_lr",),
             report=("At equal wall-clock time, which configuration is ahead? Would you pay for 4 GPUs to "
                     "train this model, and with which learning-rate rule?",),
-            by_hand="q05_report",
+            by_hand="q05_report", exercises=("q05_lr_schedule",),
             by_hand_asks="Why does the large batch at lr 0.1 fall behind the reference (one sentence, with "
                          "the optimizer steps of each run)? Which remedy closed most of the gap? Did "
                          "linear scaling alone work, and what happened in its first epoch? Quote the rows "
@@ -151,7 +152,8 @@ SECTIONS: tuple[Section, ...] = (
             "`set_epoch`: the same shuffle every epoch unless you ask for a new one",
             "What goes wrong without set_epoch, and why does nothing crash?",
             report=("What goes wrong if `set_epoch` is not called, and why does nothing crash? Quote two "
-                    "epochs' indices from the notebook's set_epoch table.",)),
+                    "epochs' indices from the notebook's set_epoch table.",),
+            exercises=("q05_set_epoch",)),
     Section("Q6", "Are gradients the only messages communicated across learners?", "05_large_batch_training",
             "Are gradients the only thing communicated? No.",
             "List what DDP communicates besides the gradients, with bytes per step for the spec "
@@ -182,7 +184,7 @@ SECTIONS: tuple[Section, ...] = (
                     "and what happens to the communication share of the step?",
                     "Which micro-batch gives the best tokens/s, which the best whole-run time, and which "
                     "fits in memory with the effective batch you need?"),
-            by_hand="q06_report",
+            by_hand="q06_report", exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time"),
             by_hand_asks="Using the per-rank table, how far apart are the ranks? Recompute the speedup "
                          "with the mean over ranks instead of the slowest rank: by how much does it "
                          "flatter the result, and why is the slowest rank the right one? Do the same for "
@@ -194,7 +196,7 @@ SECTIONS: tuple[Section, ...] = (
                     "above explains it?",
                     "From the intensity table and your GPU's `P/B`, predict which rows are memory-bound. "
                     "Does the measurement agree?"),
-            by_hand="q07_report",
+            by_hand="q07_report", exercises=("q07_int8_size",),
             by_hand_asks="Which variant would you deploy for batch-1 chat on a CPU, and which for batch-64 "
                          "serving on the GPU? Quote the rows of your table that decide it (speed against "
                          "fp32 on the same device, with its spread) and the loss increase you would "
@@ -226,6 +228,30 @@ SECTIONS: tuple[Section, ...] = (
 
 #: Every key of the assignment, in its order (the test's one table checks SECTIONS against it).
 ASSIGNMENT_KEYS = ("Q1", "Q2", "Q3.1", "Q3.2", "Q4.1", "Q4.2", "Q5", "Q6", "Q7")
+
+
+def section_of(question: str) -> Section | None:
+    """The section a graded question (otter name: an exercise or a hand-graded answer) belongs to."""
+    return next((s for s in SECTIONS if question in s.exercises or question == s.by_hand), None)
+
+
+def exercise_letter(question: str) -> str:
+    """An autograded exercise's letter in its notebook ("q04_ring_bytes" -> "b", as "Exercise 04-b")."""
+    nn = question[1:3]
+    ordered = [q for s in SECTIONS if s.notebook[:2] == nn for q in s.exercises]
+    return "abcdefghij"[ordered.index(question)] if question in ordered else ""
+
+
+def gradebook_column(question: str) -> str:
+    """The gradebook's column for a graded question: the assignment's question, a short name and
+    where it is, e.g. ``Q3.2 ring bytes (04-b)`` (Exercise 04-b) or ``Q1 report (01, by hand)``; the
+    otter name itself for a question this map does not know."""
+    section = section_of(question)
+    if section is None:
+        return question
+    nn, short = question[1:3], question[4:].replace("_", " ")
+    where = f"{nn}, by hand" if question == section.by_hand else f"{nn}-{exercise_letter(question)}"
+    return f"{section.label} {short} ({where})"
 
 
 def sections_for(notebook: str) -> list[Section]:

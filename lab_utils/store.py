@@ -35,6 +35,7 @@ import re
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,43 @@ class ResultStore:
             by_key.pop(r.key, None)  # keep insertion order of the newest
             by_key[r.key] = r
         return list(by_key.values())
+
+    def latest_here(self, experiment: str, machine: Mapping[str, tuple[str, int | None]] | None = None
+                    ) -> HereRecords:
+        """One record per configuration, the most recent one *measured on this machine's devices*.
+
+        THE rule of every table that pairs records across runs (T(1) with T(N), a projection's
+        compute time, a run's per-rank records): a record counts when its device name is this
+        machine's (for its device type) and its device count one this machine has (``machine``:
+        :func:`this_machine`). Records of other devices, which a results folder shared across
+        partitions holds, are left out and counted, so the table can say so (:meth:`HereRecords.note`).
+        """
+        machine = dict(machine) if machine is not None else this_machine()
+        kept, left = [], {}
+        for r in self.records(experiment):
+            if on_this_machine(r.hardware, machine):
+                kept.append(r)
+            else:
+                hw = r.hardware or {}
+                what = f"{hw.get('device_name') or 'unknown devices'} x {hw.get('device_count', '?')}"
+                left[what] = left.get(what, 0) + 1
+        by_key: dict[str, Record] = {}
+        for r in kept:
+            by_key.pop(r.key, None)
+            by_key[r.key] = r
+        types = {(r.hardware or {}).get("device_type", "cpu") for r in kept} or set(machine)
+        return HereRecords(list(by_key.values()), describe_machine_devices(machine, types), left)
+
+    def here_note(self, *experiments: str) -> str:
+        """One sentence for a table built from ``experiments``: which devices' records it uses, and how
+        many records of other devices it left out (:meth:`latest_here`)."""
+        parts = [self.latest_here(e) for e in experiments]
+        left: dict[str, int] = {}
+        for h in parts:
+            for what, n in h.left_out.items():
+                left[what] = left.get(what, 0) + n
+        devices = "; ".join(dict.fromkeys(h.devices for h in parts)) if parts else ""
+        return HereRecords([], devices, left).note()
 
     def get(self, experiment: str, cfg: Mapping[str, Any]) -> Record | None:
         """The most recent record for exactly this configuration, if any."""
@@ -311,6 +349,59 @@ class ResultStore:
             tmp.unlink(missing_ok=True)
             raise WriteError(write_failure(e, path.parent, f"the figure {path.name}")) from None
         return path
+
+
+def this_machine() -> dict[str, tuple[str, int | None]]:
+    """This machine's devices by type: ``{"cuda": (GPU name, GPU count), "cpu": (CPU name, None)}``
+    (the GPU named through nvidia-smi while CUDA is not initialised: no context is opened)."""
+    from lab_utils.core.hardware import device_name, gpu_count
+
+    out: dict[str, tuple[str, int | None]] = {"cpu": (device_name("cpu"), None)}
+    n = gpu_count()
+    if n:
+        out["cuda"] = (device_name("cuda"), n)
+    return out
+
+
+def on_this_machine(hardware: Mapping[str, Any] | None,
+                    machine: Mapping[str, tuple[str, int | None]]) -> bool:
+    """A record's ``hardware`` is this machine's: its device name, and a device count the machine has
+    (CPU processes: any count). A record without a device name cannot be tied to these devices."""
+    hw = hardware or {}
+    mine = machine.get(hw.get("device_type") or "cpu")
+    name = hw.get("device_name")
+    if not name or mine is None or name != mine[0]:
+        return False
+    return mine[1] is None or int(hw.get("device_count") or 1) <= mine[1]
+
+
+def describe_machine_devices(machine: Mapping[str, tuple[str, int | None]], types: Iterable[str]) -> str:
+    """``"NVIDIA H100 80GB HBM3, up to 4"`` (or the CPU's name) for the device types a table uses."""
+    parts = []
+    for t in sorted(types, key=lambda t: t != "cuda"):
+        if t in machine:
+            name, count = machine[t]
+            parts.append(f"{name}, up to {count}" if count else name)
+    return "; ".join(parts) or "none"
+
+
+@dataclass
+class HereRecords:
+    """What :meth:`ResultStore.latest_here` returns: this machine's records, and what it left out."""
+
+    records: list[Record]
+    devices: str                   # this machine's devices, as the note names them
+    left_out: dict[str, int]       # "<device name> x <count>" -> records of it left out
+
+    def note(self) -> str:
+        """``"Records of this machine's devices only (<devices>)[: N record(s) of other devices left out
+        (<name> x <count>, ...)]."``"""
+        head = f"Records of this machine's devices only ({self.devices})"
+        n = sum(self.left_out.values())
+        if not n:
+            return head + "."
+        return (f"{head}: {n} record{'s' if n != 1 else ''} of other devices left out "
+                f"({', '.join(sorted(self.left_out))}).")
 
 
 def records_frame(records: Iterable[Record]):

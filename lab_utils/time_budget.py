@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 from lab_utils import questions
-from lab_utils.core import profiles
+from lab_utils.core import anchors, profiles
 from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import peak_flops_per_s
@@ -50,12 +50,13 @@ RESNET_TRAIN_FLOPS_PER_IMAGE = 3.329e9
 RESNET_PEAK_FRACTION = 0.30
 #: A 10M-parameter character GPT is kernel-launch bound: a small fraction of the bf16 peak.
 GPT_PEAK_FRACTION = 0.05
-# The earlier cohorts' published epoch-2 seconds of the spec path, (GPUs, per-GPU batch) -> s, are
-# scaling.ANCHOR_COHORT_SECONDS (the first cohort) and scaling.ANCHOR_DP_SECONDS (another cohort's
-# DataParallel at batch 32, slower with more GPUs): one copy each, read here.
+# The earlier cohorts' published epoch-2 seconds are read from lab_utils.core.anchors: the first
+# cohort's Table 1 by (GPUs, per-GPU batch), the other cohort's DataParallel by (GPUs, GLOBAL batch).
+_TOKENS = anchors.ACCUMULATION_TOKENS_PER_S
+_MB_SMALL, _MB_LARGE = min(_TOKENS), max(_TOKENS)
 #: Earlier GPT study: tokens/s grew ~7.6x from micro-batch 16 to 1024 (2.1k -> 16k): as mb^0.49.
-GPT_MICRO_BATCH_EXPONENT = math.log(16 / 2.1) / math.log(1024 / 16)
-GPT_REFERENCE_MICRO_BATCH = 1024
+GPT_MICRO_BATCH_EXPONENT = math.log(_TOKENS[_MB_LARGE] / _TOKENS[_MB_SMALL]) / math.log(_MB_LARGE / _MB_SMALL)
+GPT_REFERENCE_MICRO_BATCH = _MB_LARGE
 TINY_SHAKESPEARE_CHARS = 1_115_394
 TEST_PASS_FRACTION = 0.2  # a test pass reads 10,000 images, 1/5 of a training epoch, at the same rate
 
@@ -64,19 +65,31 @@ IN_PROCESS_RUN_S = 15.0   # model build, loader workers, cuDNN autotuning, warm-
 LAUNCH_S = 40.0           # one torchrun: process start, NCCL init, data per rank
 COMPILE_S = 90.0          # torch.compile of ResNet-18 (mode default), once per compiled run
 
+_FIRST = anchors.FIRST_COHORT_TABLE1_SECONDS
+_FIRST_ONE_GPU = " / ".join(f"{_FIRST[(1, b)]:g}" for b in (32, 128, 512))
+_FIRST_FOUR_GPUS = " / ".join(f"{_FIRST[(4, b)]:g}" for b in (32, 128, 512))
+_OTHER = anchors.OTHER_COHORT_SECONDS
+_OTHER_ROWS = "; ".join(f"{n} GPU{'s' if n > 1 else ''}: " + " / ".join(f"{_OTHER[(n, g)]:g}" for g in
+                                                                     sorted({g for k, g in _OTHER if k == n}))
+                        for n in sorted({n for n, _ in _OTHER})) + " s at global batch " + " / ".join(
+    str(g) for g in sorted({g for _, g in _OTHER}))
+
 ASSUMPTIONS: tuple[str, ...] = (
     f"Node: {NODE} (dense peaks from lab_utils.core.hardware: bf16 989, TF32 495 TFLOP/s). "
     "Notebooks run in order, so a later notebook reuses what an earlier one stored.",
     "Spec-path ResNet-18 epoch = the larger of (a) 50,000 images x 3.33 GFLOP "
     f"/ ({RESNET_PEAK_FRACTION:.0%} of the TF32 peak x GPUs), about 1 s, and (b) the epoch times "
-    "earlier cohorts published (SPEC.md: 41.3 / 33.64 / 33.95 s on 1 GPU, 9.0-11.7 s on 4; V100 class). "
-    "(b) wins: the spec path's 2-worker loader, not the GPU, sets the pace, so an H100 is not "
-    "assumed faster. Batches above 512 take the 512 time.",
-    "DataParallel: the published 38 / 67 / 121 s at batch 32 on 1 / 2 / 4 GPUs; other batches "
-    "the 1-GPU time (no speed-up assumed).",
+    f"the earlier cohort published ({_FIRST_ONE_GPU} s on 1 GPU, {_FIRST_FOUR_GPUS} s on 4 at 32 / 128 / "
+    "512 per GPU; V100 class). (b) wins: the spec path's 2-worker loader, not the GPU, sets the pace, so "
+    "an H100 is not assumed faster. Batches above 512 take the 512 time.",
+    "DataParallel N x b (global batch N x b): the larger of the 1-GPU spec-path epoch at the global batch "
+    "(one process feeds every GPU through one loader) and the other cohort's DataParallel epoch on N GPUs "
+    "(it measured a FIXED GLOBAL batch: epoch wall-clock, loader included) at the nearest global batch "
+    f"at or below N x b (its times fall as the batch grows, so this errs long): {_OTHER_ROWS}.",
     f"GPT (notebook 06): 6N + 12LCT FLOPs per token at {GPT_PEAK_FRACTION:.0%} of the bf16 peak "
-    "at micro-batch 1024, falling as micro-batch^0.49 below it (the earlier study's 2.1k -> 16k "
-    "tokens/s from 16 to 1024).",
+    f"at micro-batch {_MB_LARGE}, falling as micro-batch^{GPT_MICRO_BATCH_EXPONENT:.2f} below it (the "
+    f"earlier study's {_TOKENS[_MB_SMALL] / 1e3:g}k -> {_TOKENS[_MB_LARGE] / 1e3:g}k tokens/s from "
+    f"{_MB_SMALL} to {_MB_LARGE}).",
     f"Fixed costs: {NOTEBOOK_START_S:.0f} s per notebook, {LAUNCH_S:.0f} s per torchrun launch, "
     f"{IN_PROCESS_RUN_S:.0f} s per in-process run, {COMPILE_S:.0f} s per torch.compile; "
     "a test pass = 1/5 of a training epoch.",
@@ -108,20 +121,32 @@ class Part:
 
 def spec_epoch_seconds(devices: int, batch: int) -> float:
     """Estimated seconds of one spec-path ResNet-18 epoch: ``devices`` GPUs, ``batch`` per GPU."""
-    known = sorted(b for d, b in scaling.ANCHOR_COHORT_SECONDS if d == devices)
+    known = sorted(b for d, b in _FIRST if d == devices)
     flop_s = CIFAR10_TRAIN_SIZE * RESNET_TRAIN_FLOPS_PER_IMAGE / (
         devices * RESNET_PEAK_FRACTION * peak_flops_per_s(GPU_NAME, "tf32"))
     if known:
         nearest = max([b for b in known if b <= batch] or [known[0]])
-        anchor = scaling.ANCHOR_COHORT_SECONDS[(devices, nearest)]
+        anchor = _FIRST[(devices, nearest)]
     else:  # more GPUs than the cohorts had: the 1-GPU time split evenly
         anchor = spec_epoch_seconds(1, batch) / devices
     return max(anchor, flop_s)
 
 
 def dp_epoch_seconds(devices: int, batch: int) -> float:
-    """Estimated DataParallel epoch: the published batch-32 times, else the 1-GPU spec time."""
-    return scaling.ANCHOR_DP_SECONDS.get((devices, batch), spec_epoch_seconds(1, batch))
+    """Estimated seconds of one DataParallel epoch on ``devices`` GPUs at ``batch`` per GPU (global
+    batch ``devices x batch``): the larger of
+
+    - the 1-GPU spec-path epoch at the global batch: one process feeds every GPU through one loader,
+      so DataParallel is not assumed faster than one GPU fed the same batches;
+    - the other cohort's DataParallel epoch on this many GPUs (:data:`anchors.OTHER_COHORT_SECONDS`,
+      a fixed GLOBAL batch, wall-clock with the loader) at the nearest global batch it measured at or
+      below this one: its times fall as the global batch grows, so the nearest smaller one errs long.
+      Absent for a GPU count it did not run.
+    """
+    global_batch = devices * batch
+    floor = spec_epoch_seconds(1, global_batch)
+    measured = sorted(g for n, g in _OTHER if n == devices and g <= global_batch)
+    return max(floor, _OTHER[(devices, measured[-1])]) if measured else floor
 
 
 def fast_epoch_seconds(precision: str) -> float:

@@ -71,3 +71,30 @@ def fake_gpu(monkeypatch, tmp_path):
         return gpu
 
     return make
+
+
+@pytest.fixture
+def int_mm_on_cpu(monkeypatch):
+    """notebook 07's torch._int_mm probe (quant_variants.int_mm_probe) with its operands made on the CPU:
+    under the fake GPU, cuBLAS int8 is this CPU's _int_mm; the probe's cache starts empty."""
+    from lab_utils.experiments import quant_variants
+
+    on_cpu = quant_variants._int8_operands
+    monkeypatch.setattr(quant_variants, "_int8_operands", lambda device, k=32: on_cpu("cpu", k))
+    monkeypatch.setattr(quant_variants, "_INT_MM_PROBES", {})
+    return quant_variants
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    """torchrun's environment of a 1-rank job; the process group (if made) is destroyed afterwards."""
+    import torch.distributed as dist
+
+    from lab_utils.core.dist import free_port
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -2,50 +2,71 @@
 
 No machine of this project has a GPU. The lab's GPU-only lines would otherwise run for the
 first time in a student's session, so the tests run them here against :class:`FakeGPU`,
-which patches ``torch.cuda`` (and, on request, ``torch.distributed.init_process_group``)
-with a model of the device that is small enough to reason about:
+which patches ``torch.cuda`` (and, on request, ``torch.distributed``) with a model of the
+device that is small enough to reason about and strict where bugs hide:
 
 - **device queries**: ``is_available``, ``device_count``, ``get_device_name``,
   ``get_device_properties`` (``name``, ``major``, ``minor``, ``total_memory``,
   ``multi_processor_count``), ``get_device_capability``, ``current_device``,
-  ``set_device``. Arguments are checked the way torch checks them
+  ``set_device``, ``get_arch_list`` (the build's architectures: :attr:`FakeGPU.arch_list`,
+  by default one that has this GPU's). Arguments are checked the way torch checks them
   (``torch.cuda._utils._get_device_index``: ``set_device(torch.device("cuda"))`` raises).
 - **a CUDA context model**: the calls that make real torch initialize CUDA
   (``_lazy_init``: names, properties, ``current_device``, ``set_device``, memory calls,
-  events, ``synchronize``) set :attr:`FakeGPU.initialized` and open a context on a device
-  (:attr:`FakeGPU.contexts`); ``is_available`` and ``device_count`` do not (NVML). A
-  test can then say "this code opened no CUDA context before it launched DDP".
-- **asynchrony on a controllable clock** (:class:`FakeClock`): :meth:`FakeGPU.launch`
-  queues ``seconds`` of device work and returns at once, as a kernel launch does; the
-  device finishes it later on the clock. ``synchronize`` moves the host clock to the end
-  of the queued work; a timing ``Event`` records when the stream reaches it;
-  ``elapsed_time`` is in milliseconds and refuses events made without
-  ``enable_timing=True`` or not yet recorded, as torch does. Patch a module's
-  ``time.perf_counter`` with :attr:`FakeGPU.clock` and a timer that forgets to
-  synchronize measures the launch, not the work, exactly like on a GPU.
-- **memory**: :meth:`FakeGPU.allocate` / :meth:`FakeGPU.release` move a per-device
-  counter (:meth:`FakeGPU.tensor` holds memory while referenced, as a tensor does);
-  allocating past ``set_per_process_memory_fraction`` x total raises
-  ``torch.OutOfMemoryError`` with the caching allocator's message. ``memory_allocated``,
-  ``max_memory_allocated``, ``reset_peak_memory_stats``, ``memory_reserved``,
-  ``mem_get_info``, ``empty_cache`` (gives the cached blocks back) follow those counters.
-  ``set_per_process_memory_fraction`` checks its arguments like torch: a ``float`` in
-  [0, 1] and a device *with* an index.
+  events, streams, ``synchronize``) set :attr:`FakeGPU.initialized` and open a context on a
+  device (:attr:`FakeGPU.contexts`); ``is_available``, ``device_count`` and
+  ``get_arch_list`` do not (NVML, the build). A test can then say "this code opened no CUDA
+  context before it launched DDP".
+- **per-device streams on a controllable clock** (:class:`FakeClock`): every device has its
+  default stream, ``torch.cuda.Stream(device)`` makes more, ``torch.cuda.stream(s)`` makes
+  one current (and its device, as torch does). :meth:`FakeGPU.launch` queues ``seconds`` of
+  work on a stream (the current stream of the current device by default) and returns at
+  once, as a kernel launch does; streams run independently. ``synchronize(i)`` waits for
+  device ``i``'s streams only, so syncing the wrong device leaves the right one's work
+  unfinished and a timer short. A timing ``Event`` records when *its stream* reaches it
+  and belongs to that stream's device: ``elapsed_time`` is in milliseconds and refuses events
+  made without ``enable_timing=True``, not yet recorded, not yet reached, or recorded on
+  different devices, as torch does. Patch a module's ``time.perf_counter`` with
+  :attr:`FakeGPU.clock` and a timer that forgets to synchronize measures the launch, not the
+  work, exactly like on a GPU.
+- **memory, allocated vs reserved**: :meth:`FakeGPU.allocate` / :meth:`FakeGPU.release` move
+  per-device counters like the caching allocator: a block is rounded up to 512 bytes and
+  carved from the cached free bytes when they suffice, else from a new segment (2 MiB for a
+  block under 1 MiB, 20 MiB under 10 MiB, else the block rounded up to 2 MiB); freed blocks
+  stay *reserved* until ``empty_cache``. The cap of ``set_per_process_memory_fraction`` x
+  total applies to reserved bytes (as in torch), and a failing allocation first gives the
+  cached segments back and retries, as torch does. :meth:`FakeGPU.tensor` holds memory while
+  referenced, as a tensor does. ``memory_allocated``, ``max_memory_allocated``,
+  ``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``, ``mem_get_info``
+  and ``empty_cache`` follow those counters. ``set_per_process_memory_fraction`` checks its
+  arguments like torch: a ``float`` in [0, 1] and a device *with* an index.
+- **each out-of-memory error on request** (:data:`OOM_STYLES`, :meth:`FakeGPU.oom_error`):
+  past the cap, :meth:`FakeGPU.allocate` raises the caching allocator's
+  ``torch.OutOfMemoryError``, or with ``oom_style`` set what cuDNN ("FIND was unable to find
+  an engine ...", "Unable to find a valid cuDNN algorithm ...") or NCCL ("... Cuda failure 2
+  'out of memory'") raise when they cannot get memory.
 - **bf16**: ``is_bf16_supported(including_emulation=True)`` answers as torch 2.5+ does
   (True on sm70 through emulation, False there with ``including_emulation=False``);
   ``old_torch=True`` gives torch 2.4's signature, which takes no argument.
 - **nvidia-smi** (:meth:`FakeGPU.install_nvidia_smi`): a script on ``PATH`` that prints
   the driver (``--query-gpu=...`` as :mod:`lab_utils.core.cuda_builds` asks, and the
-  banner), the GPUs and MIG slices (``-L``) and the topology (``topo -m``).
+  banner), each GPU's compute capability and compute mode, the GPUs and MIG slices (``-L``)
+  and the topology (``topo -m``).
 - **collectives**: :meth:`FakeGPU.gloo_for_nccl` makes ``init_process_group("nccl", ...)``
   create a gloo group instead and records what was asked (:attr:`FakeGPU.nccl_requests`):
   the code under test keeps taking its CUDA branch (``choose_backend`` answers nccl),
-  while the collectives really run, over gloo.
+  while the collectives really run, over gloo. Like NCCL, those collectives
+  (``all_reduce``, ``broadcast``, ``all_gather``, ``reduce``, ...) refuse a tensor that is not
+  on a GPU; a tensor is on the fake GPU when it was made there: with ``device=`` a CUDA
+  device, by ``.to(cuda)`` or ``.cuda()`` (:meth:`FakeGPU.gloo_for_nccl` patches those
+  factories to register the CPU tensor they return), or by :meth:`FakeGPU.on_device`.
 
-What it cannot do: put a tensor on a GPU (``x.to("cuda")`` still fails on this CPU build),
-so code that moves tensors runs with CPU tensors and the CUDA *decision* (a device object of
-type ``cuda``); real stream asynchrony, NCCL, Inductor/Triton and CUPTI are left to
-``python -m lab_utils doctor`` on a GPU node (tests/GPU_BRANCHES.md says which check).
+What it cannot do: put a tensor on a GPU (``x.to("cuda")`` still fails on this CPU build
+outside :meth:`FakeGPU.gloo_for_nccl`), so code that moves tensors runs with CPU tensors and
+the CUDA *decision* (a device object of type ``cuda``); the result of an operation on a
+registered tensor is a plain CPU tensor again. Real stream asynchrony, NCCL itself,
+Inductor/Triton and CUPTI are left to ``python -m lab_utils doctor`` on a GPU node
+(tests/GPU_BRANCHES.md says which check).
 
 Use the ``fake_gpu`` fixture (in conftest.py), configured through its arguments::
 
@@ -55,8 +76,10 @@ Use the ``fake_gpu`` fixture (in conftest.py), configured through its arguments:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,7 +91,28 @@ A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"
 V100 = "Tesla V100-SXM2-16GB"
 GIB = 2 ** 30
+MIB = 2 ** 20
 NO_INDEX = "Expected a torch.device with a specified index or an integer, but got:"  # torch's words
+# The architecture lists of PyTorch's CUDA 12.6 and 13.x wheels (lab_utils/core/cuda_builds.py cites them).
+ARCHS_CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+ARCHS_CU130 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+
+#: What each allocation failure says, as torch, cuDNN and NCCL word it (``{i}``: the device,
+#: ``{gib}``: the request in GiB, and the allocator's counters).
+OOM_STYLES: dict[str, str] = {
+    "allocator": ("CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU {i} has a total capacity of "
+                  "{total:.2f} GiB of which {free:.2f} GiB is free. Of the allocated memory {alloc:.2f} GiB "
+                  "is allocated by PyTorch, and {cached:.2f} GiB is reserved by PyTorch but unallocated."),
+    # cuDNN's v8/v9 API (torch's cudnn.benchmark) when no engine's workspace fits
+    "cudnn_find": "FIND was unable to find an engine to execute this computation",
+    # the legacy cuDNN API's algorithm search when every algorithm needs more memory than is left
+    "cudnn_algo": "Unable to find a valid cuDNN algorithm to run convolution",
+    # NCCL cannot allocate its buffers (torch.distributed.DistBackendError)
+    "nccl": ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda "
+             "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.30.7\n"
+             "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+             "Cuda failure 2 'out of memory'"),
+}
 
 NVLINK_TOPO_4 = (
     "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\x1b[0m\n"
@@ -101,19 +145,56 @@ class FakeClock:
         self.now += seconds
 
 
+class FakeStream:
+    """``torch.cuda.Stream`` of one device: work queued on it finishes at :attr:`busy_until`."""
+
+    def __init__(self, gpu: FakeGPU, index: int):
+        self.gpu, self.index = gpu, index
+        self.busy_until = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", self.index)
+
+    def query(self) -> bool:
+        return self.gpu.clock.now >= self.busy_until
+
+    def synchronize(self) -> None:
+        self.gpu.clock.now = max(self.gpu.clock.now, self.busy_until)
+
+    def wait_stream(self, other: FakeStream) -> None:
+        """Later work on this stream starts after the work queued on ``other`` so far."""
+        self.busy_until = max(self.busy_until, other.busy_until)
+
+    def wait_event(self, event: FakeEvent) -> None:
+        if event.at is not None:
+            self.busy_until = max(self.busy_until, event.at)
+
+    def record_event(self, event: FakeEvent | None = None) -> FakeEvent:
+        event = event or self.gpu.event()
+        event.record(self)
+        return event
+
+    def __repr__(self) -> str:
+        return f"<FakeStream cuda:{self.index} #{self.gpu.streams[self.index].index(self)}>"
+
+
 class FakeEvent:
-    """``torch.cuda.Event`` on the fake device's clock."""
+    """``torch.cuda.Event`` on the fake device's clock, recorded on one stream of one device."""
 
     def __init__(self, gpu: FakeGPU, enable_timing: bool = False, blocking: bool = False,
                  interprocess: bool = False):
         self.gpu = gpu
         self.enable_timing = enable_timing
         self.at: float | None = None
+        self.device: int | None = None
 
-    def record(self, stream: Any = None) -> None:
+    def record(self, stream: FakeStream | None = None) -> None:
         self.gpu._lazy_init()
+        stream = stream or self.gpu.current_stream()
         self.gpu.events_recorded += 1
-        self.at = max(self.gpu.clock.now, self.gpu.busy_until)  # when the stream reaches it
+        self.device = stream.index
+        self.at = max(self.gpu.clock.now, stream.busy_until)  # when the stream reaches it
 
     def query(self) -> bool:
         return self.at is not None and self.gpu.clock.now >= self.at
@@ -122,12 +203,17 @@ class FakeEvent:
         if self.at is not None:
             self.gpu.clock.now = max(self.gpu.clock.now, self.at)
 
+    def wait(self, stream: FakeStream | None = None) -> None:
+        (stream or self.gpu.current_stream()).wait_event(self)
+
     def elapsed_time(self, end: FakeEvent) -> float:
         """Milliseconds from this event to ``end`` (torch's unit), with torch's refusals."""
         if not (self.enable_timing and end.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self.at is None or end.at is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if self.device != end.device:   # cudaEventElapsedTime across devices
+            raise RuntimeError("CUDA error: invalid resource handle")
         if not end.query():
             raise RuntimeError("CUDA error: device not ready")
         return (end.at - self.at) * 1e3
@@ -138,12 +224,34 @@ class DeviceMemory:
 
     def __init__(self, gpu: FakeGPU, nbytes: int, index: int):
         self.gpu, self.index, self.nbytes = gpu, index, 0
-        gpu.allocate(nbytes, index)   # torch.OutOfMemoryError past the cap: nothing is held then
+        self.segment = gpu.allocate(nbytes, index)   # an out-of-memory error past the cap: nothing held
         self.nbytes = nbytes
 
     def __del__(self) -> None:
         if self.nbytes:
-            self.gpu.release(self.nbytes, self.index)
+            self.gpu.release(self.nbytes, self.index, self.segment)
+
+
+@dataclass(eq=False)
+class Segment:
+    """One ``cudaMalloc`` of the caching allocator: ``size`` bytes reserved, ``used`` of them in blocks."""
+
+    size: int
+    used: int = 0
+
+
+def block_bytes(nbytes: int) -> int:
+    """The caching allocator's block for a request: rounded up to 512 bytes."""
+    return max(512, -(-int(nbytes) // 512) * 512)
+
+
+def segment_bytes(block: int) -> int:
+    """The segment a new block is cut from: 2 MiB for small blocks, 20 MiB for medium, else 2 MiB steps."""
+    if block < MIB:
+        return 2 * MIB
+    if block < 10 * MIB:
+        return 20 * MIB
+    return -(-block // (2 * MIB)) * (2 * MIB)
 
 
 @dataclass
@@ -159,29 +267,51 @@ class FakeGPU:
     mig: str | None = None             # e.g. "1g.10gb": the GPUs are MIG slices of this profile
     driver: str = "550.127.05"
     cuda_version: str = "12.4"
+    compute_mode: str = "Default"      # nvidia-smi's compute mode: Default | Exclusive_Process | Prohibited
+    arch_list: tuple[str, ...] | None = None   # torch.cuda.get_arch_list(); None: a build that has this GPU's
     topo: str | None = None            # nvidia-smi topo -m; default: all pairs NVLink (NV12)
     old_torch: bool = False            # is_bf16_supported() without the including_emulation argument
+    oom_style: str = "allocator"       # which error an allocation past the cap raises (OOM_STYLES)
     clock: FakeClock = field(default_factory=FakeClock)
     # state
     current: int = 0
     initialized: bool = False
     contexts: set[int] = field(default_factory=set)
-    busy_until: float = 0.0
+    streams: dict[int, list[FakeStream]] = field(default_factory=dict)
+    current_streams: dict[int, FakeStream] = field(default_factory=dict)
     synchronize_calls: list[int] = field(default_factory=list)
     events_recorded: int = 0
     allocated: dict[int, int] = field(default_factory=dict)
     peak: dict[int, int] = field(default_factory=dict)
-    reserved: dict[int, int] = field(default_factory=dict)
+    segments: dict[int, list[Segment]] = field(default_factory=dict)
+    peak_reserved: dict[int, int] = field(default_factory=dict)
     fraction: dict[int, float] = field(default_factory=dict)
     empty_cache_calls: int = 0
     fraction_calls: list[tuple[float, int]] = field(default_factory=list)
     nccl_requests: list[dict[str, Any]] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+    copies: list[tuple[int, bool]] = field(default_factory=list)   # to a GPU: (device, non_blocking)
+
+    def __post_init__(self) -> None:
+        if self.oom_style not in OOM_STYLES:
+            raise ValueError(f"oom_style must be one of {sorted(OOM_STYLES)}, got {self.oom_style!r}")
+        self._on_device: dict[int, tuple[weakref.ref, int]] = {}   # id(tensor) -> (the tensor, its GPU)
 
     # ------------------------------------------------------------------ names
     @property
     def device_names(self) -> list[str]:
         """The names torch gives the visible devices (a MIG slice: ``<GPU> MIG <profile>``)."""
         return [f"{self.name} MIG {self.mig}" if self.mig else self.name] * self.count
+
+    @property
+    def compute_cap(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+    def built_archs(self) -> tuple[str, ...]:
+        """``torch.cuda.get_arch_list()`` of the fake's torch build."""
+        if self.arch_list is not None:
+            return tuple(self.arch_list)
+        return ARCHS_CU126 if (self.major, self.minor) < (7, 5) else ARCHS_CU130
 
     def index(self, device: Any = None, optional: bool = True) -> int:
         """The device index torch would use for ``device``, with torch's refusals
@@ -213,41 +343,124 @@ class FakeGPU:
         self.initialized = True
         self.contexts.add(self.current)
 
-    # ------------------------------------------------------------------ async work and time
-    def launch(self, seconds: float, device: int | None = None) -> None:
-        """Queue ``seconds`` of device work; returns at once (a kernel launch)."""
-        self._lazy_init()
-        self.busy_until = max(self.busy_until, self.clock.now) + seconds
+    # ------------------------------------------------------------------ streams, async work and time
+    def _streams_of(self, i: int) -> list[FakeStream]:
+        if i not in self.streams:
+            self.streams[i] = [FakeStream(self, i)]
+        return self.streams[i]
 
-    def synchronize(self, device: Any = None) -> None:
+    def default_stream(self, device: Any = None) -> FakeStream:
         self._lazy_init()
-        self.synchronize_calls.append(self.index(device))
-        self.clock.now = max(self.clock.now, self.busy_until)
+        return self._streams_of(self.index(device))[0]
 
-    # ------------------------------------------------------------------ memory
-    def allocate(self, nbytes: int, device: Any = None) -> None:
-        """Allocate ``nbytes`` on ``device``; past the memory fraction, torch's OutOfMemoryError."""
+    def current_stream(self, device: Any = None) -> FakeStream:
         self._lazy_init()
         i = self.index(device)
-        cap = self.fraction.get(i, 1.0) * self.total_memory
-        used = self.allocated.get(i, 0)
-        if used + nbytes > cap:
-            raise torch.OutOfMemoryError(
-                f"CUDA out of memory. Tried to allocate {nbytes / GIB:.2f} GiB. GPU {i} has a total "
-                f"capacity of {self.total_memory / GIB:.2f} GiB of which {(cap - used) / GIB:.2f} GiB is "
-                f"free. Of the allocated memory {used / GIB:.2f} GiB is allocated by PyTorch")
-        self.allocated[i] = used + nbytes
+        return self.current_streams.get(i) or self._streams_of(i)[0]
+
+    def new_stream(self, device: Any = None, priority: int = 0) -> FakeStream:
+        """``torch.cuda.Stream(device)``: one more stream on that device."""
+        self._lazy_init()
+        i = self.index(device)
+        s = FakeStream(self, i)
+        self._streams_of(i).append(s)
+        return s
+
+    @contextlib.contextmanager
+    def stream(self, s: FakeStream | None):
+        """``torch.cuda.stream(s)``: ``s`` is its device's current stream, and its device the current
+        device, inside the block (torch's StreamContext)."""
+        if s is None:
+            yield
+            return
+        before_dev, before = self.current, self.current_streams.get(s.index)
+        self.current = s.index
+        self.current_streams[s.index] = s
+        try:
+            yield
+        finally:
+            self.current = before_dev
+            if before is None:
+                self.current_streams.pop(s.index, None)
+            else:
+                self.current_streams[s.index] = before
+
+    @property
+    def busy_until(self) -> float:
+        """When every queued piece of work, on every device, is done."""
+        return max((s.busy_until for ss in self.streams.values() for s in ss), default=0.0)
+
+    def launch(self, seconds: float, device: Any = None, stream: FakeStream | None = None) -> None:
+        """Queue ``seconds`` of work on ``stream`` (default: the current stream of ``device``, or of
+        the current device); returns at once (a kernel launch)."""
+        self._lazy_init()
+        s = stream or self.current_stream(device)
+        s.busy_until = max(s.busy_until, self.clock.now) + seconds
+
+    def synchronize(self, device: Any = None) -> None:
+        """Wait for every stream of one device (the current one by default), not the others."""
+        self._lazy_init()
+        i = self.index(device)
+        self.synchronize_calls.append(i)
+        for s in self._streams_of(i):
+            s.synchronize()
+
+    def event(self, enable_timing: bool = False) -> FakeEvent:
+        return FakeEvent(self, enable_timing)
+
+    # ------------------------------------------------------------------ memory
+    def oom_error(self, style: str, nbytes: int = 0, device: int = 0) -> Exception:
+        """The exception an allocation failure of ``style`` raises (:data:`OOM_STYLES`)."""
+        text = OOM_STYLES[style]
+        if style == "allocator":
+            cap = self.fraction.get(device, 1.0) * self.total_memory
+            alloc, res = self.allocated.get(device, 0), self.memory_reserved(device)
+            text = text.format(gib=nbytes / GIB, i=device, total=self.total_memory / GIB,
+                               free=max(0.0, cap - res) / GIB, alloc=alloc / GIB, cached=(res - alloc) / GIB)
+            return torch.OutOfMemoryError(text)
+        if style == "nccl":
+            return torch.distributed.DistBackendError(text)
+        return RuntimeError(text)
+
+    def allocate(self, nbytes: int, device: Any = None) -> Segment:
+        """Allocate ``nbytes`` on ``device`` through the caching allocator's model (see the module doc);
+        past the memory fraction (reserved bytes), the error of :attr:`oom_style`. Returns the
+        segment the block was cut from (:meth:`release` gives it back there)."""
+        self._lazy_init()
+        i = self.index(device)
+        block = block_bytes(nbytes)
+        segments = self.segments.setdefault(i, [])
+        fits = [s for s in segments if s.size - s.used >= block]
+        if not fits:                     # no cached free bytes that fit: a new segment
+            cap = self.fraction.get(i, 1.0) * self.total_memory
+            seg = segment_bytes(block)
+            if self.memory_reserved(i) + seg > cap:   # torch frees the unused cached segments, tries again
+                segments[:] = [s for s in segments if s.used]
+            if self.memory_reserved(i) + seg > cap:
+                raise self.oom_error(self.oom_style, nbytes, i)
+            fits = [Segment(seg)]
+            segments.append(fits[0])
+            self.peak_reserved[i] = max(self.peak_reserved.get(i, 0), self.memory_reserved(i))
+        chosen = min(fits, key=lambda s: s.size - s.used)   # best fit
+        chosen.used += block
+        self.allocated[i] = self.allocated.get(i, 0) + block
         self.peak[i] = max(self.peak.get(i, 0), self.allocated[i])
-        self.reserved[i] = max(self.reserved.get(i, 0), self.allocated[i])
+        return chosen
 
     def tensor(self, nbytes: int, device: Any = None) -> DeviceMemory:
         """``nbytes`` of device memory held while the returned object lives (as a tensor holds it)."""
         return DeviceMemory(self, nbytes, self.index(device))
 
-    def release(self, nbytes: int, device: Any = None) -> None:
-        """Free ``nbytes``: back to the caching allocator (reserved until ``empty_cache``)."""
+    def release(self, nbytes: int, device: Any = None, segment: Segment | None = None) -> None:
+        """Free ``nbytes`` (from ``segment``, default the newest that holds as much): back to the
+        caching allocator, reserved until ``empty_cache``."""
         i = self.index(device)
-        self.allocated[i] = max(0, self.allocated.get(i, 0) - nbytes)
+        block = block_bytes(nbytes)
+        if segment is None:
+            segment = next((s for s in reversed(self.segments.get(i, [])) if s.used >= block), None)
+        if segment is not None:
+            segment.used = max(0, segment.used - block)
+        self.allocated[i] = max(0, self.allocated.get(i, 0) - block)
 
     def memory_allocated(self, device: Any = None) -> int:
         return self.allocated.get(self.index(device), 0)
@@ -259,20 +472,25 @@ class FakeGPU:
         self._lazy_init()
         i = self.index(device)
         self.peak[i] = self.allocated.get(i, 0)
+        self.peak_reserved[i] = self.memory_reserved(i)
 
     def memory_reserved(self, device: Any = None) -> int:
-        return self.reserved.get(self.index(device), 0)
+        return sum(s.size for s in self.segments.get(self.index(device), []))
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self.peak_reserved.get(self.index(device), 0)
 
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         self._lazy_init()
         i = self.index(device)
-        return self.total_memory - self.reserved.get(i, 0), self.total_memory
+        return self.total_memory - self.memory_reserved(i), self.total_memory
 
     def empty_cache(self) -> None:
+        """Give the cached (reserved, unallocated) segments back, on every device."""
         self.empty_cache_calls += 1
         if self.initialized:
-            for i in list(self.reserved):
-                self.reserved[i] = self.allocated.get(i, 0)
+            for segments in self.segments.values():
+                segments[:] = [s for s in segments if s.used]
 
     def set_per_process_memory_fraction(self, fraction: Any, device: Any = None) -> None:
         """torch's checks: a device with an index (or an int, or None: the current one), and a
@@ -326,10 +544,12 @@ class FakeGPU:
         monkeypatch.setattr(cuda, "device_count", lambda: gpu.count)
         monkeypatch.setattr(cuda, "is_initialized", lambda: gpu.initialized)
         monkeypatch.setattr(cuda, "init", gpu._lazy_init)
+        monkeypatch.setattr(cuda, "get_arch_list", lambda: list(gpu.built_archs()))
         for name in ("get_device_name", "get_device_properties", "get_device_capability", "current_device",
                      "set_device", "synchronize", "memory_allocated", "max_memory_allocated",
-                     "reset_peak_memory_stats", "memory_reserved", "mem_get_info", "empty_cache",
-                     "set_per_process_memory_fraction", "is_bf16_supported"):
+                     "reset_peak_memory_stats", "memory_reserved", "max_memory_reserved", "mem_get_info",
+                     "empty_cache", "set_per_process_memory_fraction", "is_bf16_supported",
+                     "current_stream", "default_stream", "stream"):
             monkeypatch.setattr(cuda, name, getattr(gpu, name))
 
         class Event(FakeEvent):
@@ -337,12 +557,78 @@ class FakeGPU:
                          interprocess: bool = False):
                 super().__init__(gpu, enable_timing, blocking, interprocess)
 
+        def Stream(device: Any = None, priority: int = 0) -> FakeStream:  # noqa: N802 (torch's name)
+            return gpu.new_stream(device, priority)
+
         monkeypatch.setattr(cuda, "Event", Event)
+        monkeypatch.setattr(cuda, "Stream", Stream)
         monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
         return self
 
+    # ------------------------------------------------------------------ tensors "on the GPU" (NCCL's view)
+    def on_device(self, tensor: torch.Tensor, device: Any = None) -> torch.Tensor:
+        """Register ``tensor`` (a CPU tensor) as living on a fake GPU; returns it."""
+        key = id(tensor)
+        self._on_device[key] = (weakref.ref(tensor, lambda _r, k=key: self._on_device.pop(k, None)),
+                                self.index(device))
+        return tensor
+
+    def device_of(self, tensor: torch.Tensor) -> int | None:
+        """The fake GPU ``tensor`` was made on, or None (a CPU tensor)."""
+        ref, index = self._on_device.get(id(tensor), (None, None))
+        return index if ref is not None and ref() is tensor else None
+
+    def tensors_on_device(self, monkeypatch) -> FakeGPU:
+        """``torch.tensor(..., device=cuda)``, ``torch.zeros(...)`` etc., ``.to(cuda)`` and ``.cuda()``
+        return a CPU tensor registered as on that GPU (:meth:`on_device`); each copy to a GPU is
+        recorded in :attr:`copies` with its ``non_blocking`` flag. Code that moves its batches to
+        ``cuda`` then runs here, on CPU tensors (the model's parameters stay where they are)."""
+        self._tensor_factories(monkeypatch)
+        return self
+
+    def _tensor_factories(self, monkeypatch) -> None:
+        gpu = self
+
+        def cuda_index(device: Any) -> int | None:
+            if device is None or isinstance(device, torch.dtype):
+                return None
+            if isinstance(device, int) and not isinstance(device, bool):
+                return gpu.index(device)
+            dev = torch.device(device)
+            return gpu.index(dev) if dev.type == "cuda" else None
+
+        def factory(real):
+            def make(*args, device=None, **kwargs):
+                i = cuda_index(device)
+                if i is None:
+                    return real(*args, device=device, **kwargs)
+                return gpu.on_device(real(*args, **kwargs), i)
+            return make
+
+        for name in ("tensor", "zeros", "ones", "empty", "full", "randn", "arange"):
+            monkeypatch.setattr(torch, name, factory(getattr(torch, name)))
+        real_to = torch.Tensor.to
+
+        def to(self_t, *args, **kwargs):
+            target = kwargs.get("device", args[0] if args else None)
+            i = cuda_index(target) if not isinstance(target, torch.Tensor) else None
+            if i is None:
+                return real_to(self_t, *args, **kwargs)
+            rest = {k: v for k, v in kwargs.items() if k in ("dtype", "copy")}
+            out = real_to(self_t, **rest) if rest else self_t.clone()
+            gpu.copies.append((i, bool(kwargs.get("non_blocking", False))))
+            return gpu.on_device(out, i)
+
+        monkeypatch.setattr(torch.Tensor, "to", to)
+        def cuda(self_t, device=None, non_blocking=False):
+            gpu.copies.append((gpu.index(device), bool(non_blocking)))
+            return gpu.on_device(self_t.clone(), gpu.index(device))
+
+        monkeypatch.setattr(torch.Tensor, "cuda", cuda)
+
     def gloo_for_nccl(self, monkeypatch) -> FakeGPU:
-        """``init_process_group("nccl", device_id=...)`` makes a gloo group and records the request."""
+        """``init_process_group("nccl", device_id=...)`` makes a gloo group and records the request;
+        the collectives then refuse tensors that are not on a (fake) GPU, as NCCL does."""
         import torch.distributed as dist
 
         real = dist.init_process_group
@@ -353,7 +639,25 @@ class FakeGPU:
             kwargs.pop("device_id", None)
             return real("gloo" if backend == "nccl" else backend, *args, **kwargs)
 
+        def on_gpu_only(name: str):
+            collective = getattr(dist, name)
+
+            def run(*args: Any, **kwargs: Any):
+                given = [a for x in (*args, *kwargs.values())
+                         for a in (x if isinstance(x, list | tuple) else [x])]
+                tensors = [t for t in given if isinstance(t, torch.Tensor)]
+                cpu = [t for t in tensors if gpu.device_of(t) is None]
+                if cpu:   # ProcessGroupNCCL's own words
+                    raise ValueError("Tensors must be CUDA and dense")
+                gpu.collectives.append(name)
+                return collective(*args, **kwargs)
+            return run
+
         monkeypatch.setattr(dist, "init_process_group", init_process_group)
+        for name in ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                     "reduce_scatter_tensor"):
+            monkeypatch.setattr(dist, name, on_gpu_only(name))
+        self._tensor_factories(monkeypatch)
         return self
 
     # ------------------------------------------------------------------ nvidia-smi
@@ -361,6 +665,7 @@ class FakeGPU:
         """What the fake ``nvidia-smi`` prints for each query."""
         gib = self.total_memory // 2 ** 20
         query = "".join(f"{i}, {self.name}, {gib}, {self.driver}\n" for i in range(self.count))
+        caps = "".join(f"{i}, {self.compute_cap}, {self.compute_mode}\n" for i in range(self.count))
         listing = ""
         for i in range(self.count):
             listing += f"GPU {i}: {self.name} (UUID: GPU-0000000{i}-1111-2222-3333-444444444444)\n"
@@ -371,7 +676,7 @@ class FakeGPU:
                   f"| NVIDIA-SMI {self.driver}   Driver Version: {self.driver}   CUDA Version: "
                   f"{self.cuda_version} |\n")
         topo = self.topo or topo_matrix(self.count)
-        return {"query": query, "list": listing, "topo": topo, "banner": banner}
+        return {"query": query, "caps": caps, "list": listing, "topo": topo, "banner": banner}
 
     def install_nvidia_smi(self, bin_dir: Path, monkeypatch=None) -> Path:
         """Write the fake ``nvidia-smi`` into ``bin_dir`` (and put it first on PATH with ``monkeypatch``)."""
@@ -383,6 +688,7 @@ class FakeGPU:
             #!/bin/sh
             case "$*" in
               *--query-gpu=index,name,memory.total,driver_version*) cat "{bin_dir}/smi_query.txt" ;;
+              *--query-gpu=index,compute_cap,compute_mode*) cat "{bin_dir}/smi_caps.txt" ;;
               "-L") cat "{bin_dir}/smi_list.txt" ;;
               "topo -m") cat "{bin_dir}/smi_topo.txt" ;;
               *) cat "{bin_dir}/smi_banner.txt" ;;

@@ -324,6 +324,7 @@ def B(file: str, function: str, condition: str, what: str, test: str = "", *, n:
 BR = "test_gpu_branches.py::"
 DF = "test_gpu_defects.py::"
 DR = "test_doctor.py::"
+FS = "test_gpu_first_session.py::"
 EVENTS = BR + "test_allreduce_timer_reads_cuda_events_in_seconds"
 QUERIES = BR + "test_device_queries_name_count_and_default_device"
 GPT_RUNS = BR + "test_gpt_runs_on_gpus"
@@ -337,6 +338,7 @@ BENCH = BR + "test_bench_timers_default_sizes_on_a_gpu"
 NCCL_RUN = "nccl_allreduce"
 CHOOSE = BR + "test_choose_backend_answers_nccl_with_a_gpu_per_rank"
 NO_GPU = BR + "test_asking_for_cuda_without_a_gpu_is_one_sentence"
+COPIES = BR + "test_host_to_device_copies_are_non_blocking_on_a_gpu"
 
 INVENTORY: tuple[Branch, ...] = (
     # core/comm_hooks.py: DDP's communication hook and the no_sync probe
@@ -369,13 +371,22 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
     B("core/dist.py", "init_distributed", "torch.cuda.device_count() <= local_rank",
       "more ranks than GPUs: one sentence", BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
+    B("core/dist.py", "failure_ends_rank", "ctx.ddp and ctx.backend == 'nccl'",
+      "under NCCL any error ends the rank (its line, then os._exit)",
+      FS + "test_under_nccl_any_error_ends_the_rank_and_under_gloo_it_propagates"),
     # core/environment.py
     B("core/environment.py", "gpu_node_problem", "torch.cuda.is_available()",
-      "torch sees the GPUs: nothing to refuse", SESSION),
+      "torch sees the GPUs: their compute capabilities against its architecture list", SESSION),
+    B("core/environment.py", "check_gpu_node", "torch.cuda.is_available()",
+      "no kernels for this GPU: refused whatever the profile",
+      FS + "test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture"),
     # core/hardware.py
     B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",
       DF + "test_bf16_on_ampere_and_with_torch_24s_signature"),
+    B("core/hardware.py", "cudnn_build_version", "torch.cuda.is_initialized()",
+      "CUDA already up: torch's checked version (its refusal on sm < 7.5 said)",
+      FS + "test_the_versions_row_survives_cudnn_refusing_the_gpu"),
     B("core/hardware.py", "device_name", "torch.cuda.is_available()", "the default device: GPU", QUERIES),
     B("core/hardware.py", "device_name", "dev.type == 'cuda'", "names the GPU", QUERIES),
     B("core/hardware.py", "device_name", "not torch.cuda.is_initialized()",
@@ -394,10 +405,8 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/loop.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and "
       "model.device_ids", "DataParallel: each GPU's peak",
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
-    B("core/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies",
-      reason=STREAMS, doctor="01_batch_size_sweep"),
-    B("core/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory",
-      reason=STREAMS, doctor="01_batch_size_sweep"),
+    B("core/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies", COPIES),
+    B("core/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
     # core/memory.py
     B("core/memory.py", "free_device_memory", "on_cuda and torch.cuda.is_available() and "
       "torch.cuda.is_initialized()", "empty_cache after gc", BR + "test_memory_cap_and_cleanup_on_a_gpu"),
@@ -428,8 +437,7 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
       BR + "test_fast_path_choices_on_a_gpu"),
     B("experiments/fast_train.py", "to_device", "device.type == 'cuda'",
-      "non_blocking copies of a host batch",
-      reason=STREAMS, doctor="08_fast_path_and_profiler"),
+      "non_blocking copies of a host batch", COPIES),
     B("experiments/fastpath.py", "_device", "torch.cuda.is_available()", "the default device is the GPU",
       BR + "test_fast_path_choices_on_a_gpu"),
     B("experiments/fastpath.py", "_device", "dev.type == 'cuda' and (not torch.cuda.is_available())",
@@ -451,6 +459,9 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
     B("experiments/gpt.py", "available_devices", "torch.cuda.is_available()", "counts the GPUs", GPT_RUNS),
     B("experiments/gpt.py", "available_devices", "gpus", "runs on the GPUs", GPT_RUNS),
+    B("experiments/gpt.py", "_execute", "devices.kind == 'cuda' or nproc > 1",
+      "one GPU too through the launcher (no CUDA context in the kernel)",
+      FS + "test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others"),
     B("experiments/gpt.py", "measure", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),
     B("experiments/gpt.py", "measure_accumulation", "devs.kind == 'cuda'",
       "accumulation on every GPU up to 4",
@@ -556,50 +567,99 @@ def counts() -> dict[str, int]:
             "not_run": sum(1 for b in cuda if not b.test)}
 
 
-def markdown() -> str:
-    """The inventory as tests/GPU_BRANCHES.md."""
-    c = counts()
-    base = "09a7bdf"
+# --------------------------------------------------------------------------- mutants (tests/gpu_mutants.py)
+
+RESULTS = REPO / "tests" / "gpu_mutants_results.json"
+KILLED = ("killed", "killed (time limit)")
+
+
+def load_results(path: Path = RESULTS) -> dict:
+    """The last ``make mutants`` run: ``{"ran_at", "commit", "seconds", "mutants": {ident: verdict}}``."""
+    return json.loads(path.read_text()) if path.exists() else {"mutants": {}}
+
+
+def tests_of(mutant) -> list[str]:
+    """The tests a mutant runs: its site's test (the inventory), then its own extra ones."""
+    site = next(b for b in INVENTORY if b.key == mutant.site)
+    return list(dict.fromkeys(([site.test] if site.test else []) + list(mutant.tests)))
+
+
+def mutant_counts(results: dict | None = None) -> dict[str, int]:
+    """Mutants, killed, survived, not run (no verdict for the mutant as it is written now), others."""
+    from gpu_mutants import MUTANTS
+
+    got = (results if results is not None else load_results())["mutants"]
+    verdicts = [got.get(m.ident, {}).get("verdict", "not run") for m in MUTANTS]
+    killed = sum(v in KILLED for v in verdicts)
+    survived, not_run = verdicts.count("survived"), verdicts.count("not run")
+    return {"mutants": len(MUTANTS), "killed": killed, "survived": survived, "not_run": not_run,
+            "other": len(verdicts) - killed - survived - not_run}
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(results: dict | None = None) -> str:
+    """The inventory and the mutants' last verdicts as tests/GPU_BRANCHES.md (``python tests/gpu_branches.py``
+    writes it from the stored verdicts; ``make mutants`` rewrites it after each run)."""
+    from gpu_mutants import MUTANTS
+
+    results = results if results is not None else load_results()
+    got = results["mutants"]
+    c, mc = counts(), mutant_counts(results)
+    ran = (f"last run {results['ran_at']} at commit {results.get('commit', '?')}, "
+           f"{results.get('seconds', 0) / 60:.0f} min" if results.get("ran_at") else "never run")
     lines = [
-        "# CUDA-only branches and what runs them on a CPU",
+        "# CUDA-only sites, the bugs planted in them, and the tests that catch them",
         "",
-        "Generated by `python tests/gpu_branches.py > tests/GPU_BRANCHES.md` from the table in",
-        "tests/gpu_branches.py, which tests/test_gpu_branches.py keeps equal to the code (every decision",
-        "site the scanner finds is listed, every named test exists). `python tests/gpu_branches.py --verify`",
-        "runs each named test under a tracer and checks that it executes the branch's CUDA arm.",
+        "Generated from tests/gpu_branches.py (the inventory), tests/gpu_mutants.py (the mutants) and",
+        "tests/gpu_mutants_results.json (their last verdicts): `make mutants` runs the mutants and rewrites",
+        "this file; `python tests/gpu_branches.py > tests/GPU_BRANCHES.md` rewrites it from the stored",
+        "verdicts. tests/test_gpu_branches.py keeps all three equal to the code (every decision site the",
+        "scanner finds is listed, every CUDA-only site has a mutant or a doctor check that runs its code,",
+        "every mutant's original text is in its file once, this file is what the data gives).",
         "",
-        "**Method.** A decision site is an `if`/`while`, a conditional expression or a comprehension's `if`",
+        "**Sites.** A decision site is an `if`/`while`, a conditional expression or a comprehension's `if`",
         "whose condition depends on CUDA (`torch.cuda`, `\"cuda\"`, `\"nccl\"`, a GPU count, or a local",
         "flag set from such a test), or such a flag passed on as a value (`non_blocking=`, `pin_memory=`).",
-        "`core/cuda_builds.py` (the driver -> build table) and `doctor.py` (the node's checks) are not "
-        "counted. The",
-        f"scanner found 108 sites at {base} (this issue's fixes added and removed some).",
+        "`core/cuda_builds.py` (the driver -> build table) and `doctor.py` (the node's checks) are not",
+        f"counted. The scanner found 108 sites at 09a7bdf; now {c['sites']} sites, {c['cuda_only']}",
+        f"CUDA-only (one arm runs only with a GPU, NCCL or CUDA initialized): {c['run']} run by a test",
+        f"against the fake GPU (tests/fake_gpu.py), {c['not_run']} left to `python -m lab_utils doctor`,",
+        "each with the reason and the check that runs its code on a node.",
         "",
-        f"**Count.** {c['sites']} sites, {c['cuda_only']} CUDA-only (one arm runs only with a GPU, NCCL or",
-        f"CUDA initialized); **{c['run']} of {c['cuda_only']} run by a test** "
-        f"({c['run'] / c['cuda_only']:.0%}),",
-        f"{c['not_run']} left to `python -m lab_utils doctor` with the reason. The issue's read counted 56 "
-        "at",
-        "286cdf5 by another method (branches, not sites); the target there, 48 of 56, is 86 %.",
+        "**Mutants.** A test that runs a line has not tested it: each tested site has at least one",
+        "realistic bug written as data (tests/gpu_mutants.py), planted alone in a scratch copy of the",
+        "repository, and the site's tests run against it; killed: a test failed.",
+        f"**{mc['killed']} of {mc['mutants']} mutants killed ({mc['killed'] / max(mc['mutants'], 1):.0%})**, "
+        f"{mc['survived']} survived, {mc['not_run']} not run, {mc['other']} other ({ran}).",
         "",
-        "| file | function | condition | the CUDA arm | run by |",
-        "|---|---|---|---|---|",
+        "| file | function | condition | the CUDA arm | mutant: the bug it models | tests | result |",
+        "|---|---|---|---|---|---|---|",
     ]
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
+    by_site: dict[tuple, list] = {}
+    for m in MUTANTS:
+        by_site.setdefault(m.site, []).append(m)
     for b in INVENTORY:
         if not b.cuda_only:
             continue
-        by = f"`{b.test}`" if b.test else f"not run: {b.reason}; doctor `{b.doctor}`"
         n = f" (#{b.occurrence})" if b.occurrence > 1 else ""
-        lines.append(f"| {b.file} | `{b.function}` | `{cell(b.condition)}`{n} | {cell(b.what)} | {by} |")
+        head = f"| {b.file} | `{b.function}` | `{_cell(b.condition)}`{n} | {_cell(b.what)} "
+        if not b.test:
+            lines.append(f"{head}| none here: {b.reason} | doctor `{b.doctor}` runs it on a node | doctor |")
+            continue
+        for m in by_site.get(b.key, []):
+            r = got.get(m.ident, {})
+            verdict = r.get("verdict", "not run")
+            by = f" by `{r['by']}`" if r.get("by") and verdict in KILLED else ""
+            tests = ", ".join(f"`{t}`" for t in tests_of(m))
+            lines.append(f"{head}| `{m.ident}`: {_cell(m.models)} | {tests} | {verdict}{by} |")
     lines += ["", "Not CUDA-only (both arms run on any machine; tested all the same):", "",
               "| file | function | condition | what | test |", "|---|---|---|---|---|"]
     for b in INVENTORY:
         if not b.cuda_only:
-            lines.append(f"| {b.file} | `{b.function}` | `{cell(b.condition)}` | {cell(b.what)} "
+            lines.append(f"| {b.file} | `{b.function}` | `{_cell(b.condition)}` | {_cell(b.what)} "
                          f"| `{b.test}` |")
     return "\n".join(lines) + "\n"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from lab_utils.grading import notebooks as nbs
@@ -19,6 +21,17 @@ from lab_utils.grading.bench import fill_with_solutions
 REPO = Path(__file__).resolve().parent.parent
 BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",
          "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
+
+
+def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``make ARGS`` from the repository root, as the README writes it."""
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def rel(path: Path) -> str:
+    """``path`` relative to the repository root (the form the README's commands use)."""
+    return os.path.relpath(path, REPO)
 
 
 def shared_dist(tmp_path_factory) -> Path:
@@ -58,13 +71,16 @@ def write(path: Path, nb: dict) -> Path:
     return path
 
 
-RIGHT = "    return bytes_per_rank_per_epoch / comm_seconds / 1e9\n"
+# The first line of notebook 04's q04_utilization function, and its right body.
+UTILIZATION = "def achieved_gb_per_s(gradient_bytes, world_size, steps_per_epoch, comm_seconds):\n"
+RIGHT = ("    sent = steps_per_epoch * 2 * (world_size - 1) / world_size * gradient_bytes\n"
+         "    return sent / comm_seconds / 1e9\n")
 
 
 def utilization(body: str, imports: str = "import os\n") -> str:
     """``achieved_gb_per_s`` whose body first runs ``body``, then answers (if the attempt let it)."""
     lines = "".join(f"    {line}\n" for line in body.strip().split("\n"))
-    return f"{imports}\n\ndef achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n{lines}{RIGHT}"
+    return f"{imports}\n\n{UTILIZATION}{lines}{RIGHT}"
 
 
 def hostile(home: Path, other: Path, bundle_file: Path) -> dict[str, str]:

@@ -171,16 +171,16 @@ def test_train_steps_takes_at_most_ten_parameters():
 
 
 def test_every_training_path_goes_through_the_one_epoch_driver():
-    """The DDP worker, the GPT worker, the sweep, DataParallel (scaling) and the fast path call
+    """The DDP worker, the GPT worker, the sweep, DataParallel (its worker) and the fast path call
     ``run_epoch``; none of them calls ``train_steps`` for an epoch of its own."""
     def calls(path: Path, name: str) -> bool:
         return any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == name
                    for n in ast.walk(ast.parse(path.read_text())))
 
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py",
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "workers/dataparallel.py",
                 "experiments/fast_train.py"):  # the fast path's Trainer.epoch
         assert calls(PKG / rel, "run_epoch"), rel
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "experiments/scaling.py"):
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "workers/dataparallel.py"):
         assert not calls(PKG / rel, "train_steps"), rel
 
 

@@ -521,12 +521,15 @@ def test_unfittable_timings_give_a_reason_not_an_exception():
 # --------------------------------------------------------------------------- issue 18: Q3.2, noise, fit error
 
 
-def test_q32_dataparallel_under_the_ring_assumption_by_hand():
-    """The earlier cohort's DataParallel timings through Q3.1/Q3.2 with the spec's S = 44,695,848 B:
+def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
+    """The earlier cohort's Table 1 timings (module not stated) through Q3.1/Q3.2 with the spec's
+    S = 44,695,848 B:
     4 GPUs x 32: comm = 11.65 - 41.3/4 = 1.325 s; steps = ceil(50,000/128) = 391; bytes per rank =
     391 x 2(3)/4 x 44,695,848 = 26,214,114,852 B; 26.214e9 / 1.325 = 19.78 GB/s.
     2 GPUs x 32: comm = 23.15 - 41.3/2 = 2.5 s; 782 x 44,695,848 = 34,952,153,136 B -> 13.98 GB/s."""
-    assert comm_tables._SPEC_GRADIENT_BYTES == 11_173_962 * 4
+    from lab_utils.core.anchors import SPEC_GRADIENT_BYTES
+
+    assert SPEC_GRADIENT_BYTES == 11_173_962 * 4
     rows = {(r["devices"], r["per_gpu_batch"]): r
             for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
     four = rows[(4, 32)]
@@ -536,8 +539,8 @@ def test_q32_dataparallel_under_the_ring_assumption_by_hand():
     two = rows[(2, 32)]
     assert two["bytes_per_rank_per_epoch"] == pytest.approx(34_952_153_136)
     assert two["achieved_gb_per_s"] == pytest.approx(13.981, abs=1e-3)
-    assert all("ASSUMED ring" in r["method"] and r["comm_source"] == comm_tables._COMM_SOURCES[0]
-               for r in rows.values())
+    assert all("ring ASSUMED" in r["method"] and "module not stated" in r["method"]
+               and r["comm_source"] == comm_tables._COMM_SOURCES[0] for r in rows.values())
     assert all(r["q3_2"].startswith("Q3.2 answer") for r in rows.values())
 
 
@@ -576,7 +579,7 @@ def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     from dataclasses import replace
     bad = replace(good, rms_relative_error=0.485)
     assert comm_tables._fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
-    compute = comm_tables._ProjectionCompute({32: 0.01}, comm_tables._SPEC_GRADIENT_BYTES, 50_000, 64, "test",
+    compute = comm_tables._ProjectionCompute({32: 0.01}, 44_695_848, 50_000, 64, "test",
                                              True)
     df, fig = comm_tables.report_projection(store, bad, compute, [], devices=(8, 1024))
     assert set(df["status"]) == {"not a result: fit error 48.5% rms > 25%"}

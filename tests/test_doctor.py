@@ -177,16 +177,17 @@ def test_cuda_init_compares_torchs_names_with_nvidia_smis(two_a100, monkeypatch)
     from lab_utils.core import hardware
 
     m = doctor.read_machine()
-    d = doctor.measure_cuda_init(m)
+    d = doctor.measure_cuda_init(m, kernel=lambda i: doctor.KERNEL_EXPECTED)   # no kernel runs on the fake
     names = ["NVIDIA A100-SXM4-80GB"] * 2
     assert [g["torch_name"] for g in d["gpus"]] == [g["smi_name"] for g in d["gpus"]] == names
     measured, _, verdict = doctor.judge_cuda_init(d, m)
     assert verdict == "ok" and measured.startswith("2 x NVIDIA A100-SXM4-80GB (sm 8.0), 80 GiB")
     monkeypatch.setattr(hardware, "visible_gpu_names", lambda text=None: ["NVIDIA A100 80GB PCIe"] * 2)
-    measured, _, verdict = doctor.judge_cuda_init(doctor.measure_cuda_init(m), m)
+    kernel = {"kernel": lambda i: doctor.KERNEL_EXPECTED}
+    measured, _, verdict = doctor.judge_cuda_init(doctor.measure_cuda_init(m, **kernel), m)
     assert verdict == "fail" and "nvidia-smi says 'NVIDIA A100 80GB PCIe'" in measured
     two_a100.allocate(30 * 2 ** 30, 1)  # another process holds memory on GPU 1
-    assert doctor.judge_cuda_init(doctor.measure_cuda_init(m), m)[2] in ("warn", "fail")
+    assert doctor.judge_cuda_init(doctor.measure_cuda_init(m, **kernel), m)[2] in ("warn", "fail")
 
 
 def test_events_and_the_host_clock_agree_on_the_fake_device(two_a100):
@@ -271,7 +272,8 @@ def test_the_doctors_table_under_the_fake_gpu(two_a100, tmp_path):
     m = doctor.read_machine("full")
     fakes = {"event_vs_host_clock": {"workload": lambda: gpu.launch(0.01), "flops": 1e11, "clock": gpu.clock},
              "timer_overhead": {"device": "cuda", "clock": gpu.clock},
-             "oom_under_memory_fraction": {"allocate": gpu.tensor}, "bf16": {"math_device": "cpu"}}
+             "oom_under_memory_fraction": {"allocate": gpu.tensor}, "bf16": {"math_device": "cpu"},
+             "cuda_init": {"kernel": lambda i: doctor.KERNEL_EXPECTED}}
     names = ["versions", "mig", "cuda_init", "event_vs_host_clock", "timer_overhead",
              "oom_under_memory_fraction", "bf16", "int8_matmul"]
 

@@ -145,17 +145,21 @@ def _check_q01_train_transform(f):
 
 
 def _check_q02(f):
-    from lab_utils.experiments import scaling
+    from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
+    from lab_utils.experiments import scaling_tables
 
-    frame = scaling.anchor_frame().query("gpus > 1 and method == @scaling.ANCHOR_COHORT_LABEL")
-    for r in frame.itertuples():
-        s, e = f(scaling.ANCHOR_COHORT_SECONDS[(1, r.per_gpu_batch)], r.epoch2_seconds, r.gpus)
+    frame = scaling_tables.anchor_frame()
+    assert set(frame["method"]) == {FIRST_COHORT_LABEL, OTHER_COHORT_LABEL}
+    first = frame.query("gpus > 1 and method == @FIRST_COHORT_LABEL")
+    assert len(first) == 6
+    for r in first.itertuples():
+        s, e = f(FIRST_COHORT_TABLE1_SECONDS[(1, r.per_gpu_batch)], r.epoch2_seconds, r.gpus)
         assert math.isclose(s, r.speedup, rel_tol=1e-9) and math.isclose(e, r.efficiency, rel_tol=1e-9)
 
 
 def _check_q03(f):
+    from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS as A
     from lab_utils.core.comm_hooks import derived_comm
-    from lab_utils.experiments.scaling import ANCHOR_COHORT_SECONDS as A
 
     for t1, tn, n in ((A[(1, 128)], A[(2, 128)], 2), (A[(1, 32)], A[(4, 32)], 4), (2233.5, 1095.7, 2),
                       (10.0, 10.0, 1), (90.0, 2.0, 64)):
@@ -184,13 +188,18 @@ def _check_q04_ring_bytes(f):
 
 
 def _check_q04_utilization(f):
+    """Table 3's own rows (comm.utilization_rows, which calls lab_utils.core.ring.achieved_gb_per_s);
+    by hand: 2 x 128 on CIFAR-10, 196 steps x 1.0 x 44,695,848 B = 8,760,386,208 B / 1.07 s = 8.1873 GB/s."""
     from lab_utils.experiments import comm
 
-    for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3)):
+    for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3), (3, 100, 2.0)):
         m = comm.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce", seconds=t,
                                  grad_bytes=44_695_848, dataset_size=50_000)
         row = comm.utilization_rows([m], None)[0]
-        assert math.isclose(f(row["bytes_per_rank_per_epoch"], t), row["achieved_gb_per_s"], rel_tol=1e-12)
+        got = f(row["grad_bytes"], n, row["steps_per_epoch"], t)
+        assert math.isclose(got, row["achieved_gb_per_s"], rel_tol=1e-12)
+    assert math.isclose(f(44_695_848, 2, 196, 1.07), 196 * 44_695_848 / 1.07 / 1e9, rel_tol=1e-12)
+    assert round(f(44_695_848, 2, 196, 1.07), 4) == 8.1873
 
 
 def _check_q05_lr_schedule(f):
@@ -235,13 +244,14 @@ def _check_q06_mfu(f):
 
 def _check_q06_rank_time(f):
     """The slowest rank, as the lab's table of the earlier report takes it; its speedups (SPEC, Part 2)."""
+    from lab_utils.core.anchors import GPT_RANK_SECONDS
     from lab_utils.experiments import gpt_tables as gx
 
     frame = gx.earlier_report_frame()
-    for (b, n), ranks in gx.EARLIER_GPT_RANK_SECONDS.items():
+    for (b, n), ranks in GPT_RANK_SECONDS.items():
         row = frame[(frame["per-GPU batch"] == b) & (frame["GPUs"] == n)].iloc[0]
         assert f(list(ranks)) == row["slowest rank (s)"]
-    ranks = gx.EARLIER_GPT_RANK_SECONDS
+    ranks = GPT_RANK_SECONDS
     speedups = [round(f(list(ranks[(b, 1)])) / f(list(ranks[(b, n)])), 2) for b in (64, 128) for n in (2, 4)]
     assert speedups == [1.61, 2.68, 1.75, 2.95]
 
@@ -301,9 +311,8 @@ def _cases(specs, name):
 
 def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
     """The earlier cohort's 1-GPU times in the exercises are its published 33.64 / 33.95 s
-    (scaling.ANCHOR_COHORT_SECONDS), never the rounded 33.6 / 34.0 (issue 24, items 3 and 5)."""
-    from lab_utils.experiments import comm
-    from lab_utils.experiments.scaling import ANCHOR_COHORT_SECONDS as A
+    (lab_utils.core.anchors), never the rounded 33.6 / 34.0 (issue 24, items 3 and 5)."""
+    from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS as A
 
     assert (A[(1, 128)], A[(1, 512)]) == (33.64, 33.95)
     used = set()
@@ -317,14 +326,38 @@ def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
     assert {("q02_speedup", 128), ("q02_speedup", 512), ("q03_compute_comm", 128),
             ("q03_compute_comm", 512)} <= used
     anchored = 0
-    for nbytes, seconds in _cases(specs, "q04_utilization"):
+    for nbytes, p, steps, seconds in _cases(specs, "q04_utilization"):
         for (n, b), tn in A.items():
             derived = tn - A[(1, b)] / n
-            if n > 1 and nbytes == comm.ring_bytes_per_epoch(44_695_848, n, 50_000, b) \
+            if n > 1 and (nbytes, p, steps) == (44_695_848, n, math.ceil(50_000 / (n * b))) \
                     and abs(seconds - derived) < 0.1:   # meant as the cohort's comm time (a)
                 assert math.isclose(seconds, derived, rel_tol=1e-9), (nbytes, seconds, derived)
                 anchored += 1
-    assert anchored >= 3   # 2 x 128, 4 x 512, 4 x 32
+    assert anchored >= 4   # 2 x 128, 4 x 32 (public); 4 x 512, 2 x 32 (hidden)
+
+
+def test_gpt_and_other_cohort_numbers_in_the_cases_are_the_published_ones(specs):
+    """A case built from the GPT report or the other cohort holds their numbers exactly as
+    lab_utils.core.anchors has them (per-rank lists, the report's means, the global-batch-32 times)."""
+    from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS, OTHER_COHORT_SECONDS
+
+    published = set(map(tuple, GPT_RANK_SECONDS.values()))
+    rank_values = {t for times in published for t in times}
+    ranked = [tuple(c[0]) for c in _cases(specs, "q06_rank_time") if set(c[0]) & rank_values]
+    assert ranked and all(r in published for r in ranked), ranked
+    assert len(ranked) == 5   # 1 x 64, 2 x 64 (public); 2 x 128, 4 x 64, 4 x 128 (hidden)
+    gpt_one = {GPT_REPORTED_MEAN_SECONDS[(b, 1)]: b for b in (64, 128)}
+    other_one = OTHER_COHORT_SECONDS[(1, 32)]
+    used = 0
+    for name in ("q02_speedup", "q03_compute_comm"):
+        for t1, tn, n in _cases(specs, name):
+            if t1 in gpt_one:
+                assert tn == GPT_REPORTED_MEAN_SECONDS[(gpt_one[t1], n)], (name, t1, tn, n)
+                used += 1
+            elif t1 == other_one:
+                assert tn == OTHER_COHORT_SECONDS[(n, 32)], (name, t1, tn, n)   # global batch 32
+                used += 1
+    assert used >= 4
 
 
 def test_docstrings_give_units_and_inputs_not_the_formula(masters):
@@ -436,7 +469,8 @@ def _perturbed(x):
 
 
 @pytest.mark.parametrize("notebook,name", ALL)
-def test_blank_function_says_not_done_yet(masters, specs, notebook, name):
+def test_blank_function_says_not_done_yet(masters, specs, notebook, name, capsys):
+    """The check cell prints one line: "not done yet" for the blank function, "ok" for the solution."""
     from otter.assign.solutions import replace_solutions
 
     q = masters[notebook].question(name)
@@ -444,8 +478,11 @@ def test_blank_function_says_not_done_yet(masters, specs, notebook, name):
     exec(compile("\n".join(replace_solutions(q.solution.split("\n"), "python")), f"<{name}>", "exec"), ns)
     public = [t for t in specs[name]["tests"] if not t["hidden"]][0]
     cases = [c["case"] for c in public["cases"]]
-    with pytest.raises(AssertionError, match="not done yet"):
-        check(name, ns[EXERCISES[name].function], cases, [c["expected"] for c in public["cases"]])
+    check(name, ns[EXERCISES[name].function], cases, [c["expected"] for c in public["cases"]])
+    out = capsys.readouterr().out
+    assert out.startswith("not done yet") and out.count("\n") == 1, out
+    check(name, solution(masters, notebook, name), cases, [c["expected"] for c in public["cases"]])
+    assert capsys.readouterr().out == "ok\n"
 
 
 @pytest.mark.parametrize("notebook,name", ALL)

@@ -273,7 +273,8 @@ def test_bench_data_records_ratio_and_resumes(store):
     spec, dev = recs
     assert spec.config["pipeline"] == "spec" and dev.config["pipeline"] == "device"
     assert spec.synthetic and dev.dataset == "synthetic CIFAR-10 stand-in"
-    assert spec.metrics["images"] == 128 and dev.metrics["images"] % 128 == 0
+    assert spec.metrics["loader_images"] == 128 and dev.metrics["loader_images"] % 128 == 0
+    assert "images" not in spec.metrics   # images are trained on; a loader's are loader_images
     ratio = dev.metrics["loader_images_per_s"] / spec.metrics["loader_images_per_s"]
     assert dev.metrics["ratio_to_spec"] == pytest.approx(ratio)
     assert dev.metrics["run_id"] == spec.metrics["run_id"]

@@ -316,7 +316,7 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
 
 def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
     """The earlier project's 4.25x on 4 GPUs (batch 128) is 2082.29 / 489.62 on rank-averaged times; on
-    the slowest rank it is 2082.29 / 706.41 = 2.95x (every configuration: tests/test_questions_anchors.py)."""
+    the slowest rank it is 2082.29 / 706.41 = 2.95x (every configuration: tests/test_anchors.py)."""
     from lab_utils.experiments import gpt_tables as gt
 
     df = gt.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])

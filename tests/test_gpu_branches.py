@@ -27,17 +27,6 @@ A100 = "NVIDIA A100-SXM4-80GB"
 TESTS = Path(__file__).resolve().parent
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    """torchrun's environment of a 1-rank job; the process group (if made) is destroyed afterwards."""
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
-        monkeypatch.setenv(k, v)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 # --------------------------------------------------------------------------- device queries
 
 
@@ -52,11 +41,26 @@ def test_device_queries_name_count_and_default_device(fake_gpu):
                  "cpu_cores": hardware.cpu_cores()}
     assert hardware.hardware_summary("cuda:1", 1)["device_count"] == 1
     assert hardware.device_name() == A100 and not gpu.initialized      # named by nvidia-smi -L: no context
+    gpu.name = "NVIDIA A100 80GB PCIe"                                  # GPU 1 another model (nvidia-smi -L)
+    (Path(hardware.shutil.which("nvidia-smi")).parent / "smi_list.txt").write_text(
+        f"GPU 0: {A100} (UUID: GPU-0)\nGPU 1: {gpu.name} (UUID: GPU-1)\n")
+    assert hardware.device_name("cuda:1") == gpu.name and not gpu.initialized
+    gpu.name = A100
     gpu.initialized = True
     assert hardware.device_name("cuda:1") == A100                       # torch's name once CUDA is up
     machine = hardware.describe_machine()
     assert [g["name"] for g in machine["gpus"]] == [A100] * 2 and "GPU1" in machine["interconnect"]
     assert hardware.classify_interconnect(machine["interconnect"], 2) == "nvlink"
+
+
+def test_device_name_asks_torch_once_cuda_is_up(fake_gpu, monkeypatch):
+    """nvidia-smi lists GPUs in PCI order, CUDA (CUDA_DEVICE_ORDER=FASTEST_FIRST by default) in its own:
+    once CUDA is initialised here torch's name is the one of the device the code uses."""
+    gpu = fake_gpu(count=2, name=A100)
+    monkeypatch.setattr(hardware, "visible_gpu_names", lambda text=None: ["NVIDIA A100 80GB PCIe", A100])
+    assert hardware.device_name("cuda:0") == "NVIDIA A100 80GB PCIe" and not gpu.initialized   # no context
+    gpu.initialized = True
+    assert hardware.device_name("cuda:0") == A100
 
 
 def test_visible_gpu_names_follow_cuda_visible_devices(fake_gpu, monkeypatch):
@@ -97,9 +101,14 @@ def test_timers_synchronize_so_a_phase_includes_its_queued_device_work(fake_gpu,
     monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
     timer = timing.PhaseTimer(torch.device("cuda", 1))
     with timer.phase("compute"):
-        gpu.launch(0.300)                     # returns immediately, like a kernel launch
+        gpu.launch(0.300, device=1)           # returns immediately, like a kernel launch
     assert timer.seconds("compute") == pytest.approx(0.300)
     assert gpu.synchronize_calls[-2:] == [1, 1]   # both ends, on the timer's device
+    on_gpu0 = timing.PhaseTimer(torch.device("cuda", 0))
+    with on_gpu0.phase("compute"):
+        gpu.launch(0.200, device=1)           # GPU 1's work: a timer of GPU 0 does not wait for it
+    assert on_gpu0.seconds("compute") == pytest.approx(0.0)
+    gpu.synchronize(1)
     nested = timing.NestedTimers("cuda")
     with nested("epoch"), nested("forward"):
         gpu.launch(0.05)
@@ -119,8 +128,16 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
     labdist.init_distributed("gloo")
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
-    timer = AllReduceTimer(ddp)
-    timer.cuda, timer.device = True, torch.device("cuda", 0)
+
+    class OnTheGPU:   # the DDP model as a GPU rank's timer sees it: its parameters on cuda:0
+        def parameters(self):
+            yield SimpleNamespace(device=torch.device("cuda", 0))
+
+        def register_comm_hook(self, state, hook):
+            ddp.register_comm_hook(state=state, hook=hook)
+
+    timer = AllReduceTimer(OnTheGPU())
+    assert (timer.cuda, timer.device) == (True, torch.device("cuda", 0))
     model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work after the first bucket
     timer.begin_step()
     gpu.launch(0.010)                                                   # forward
@@ -194,6 +211,9 @@ def test_memory_cap_and_cleanup_on_a_gpu(fake_gpu):
     gpu = fake_gpu(count=2)
     assert memory.resolve_cuda_device("cuda") == torch.device("cuda", 0)
     assert memory.resolve_cuda_device(1) == torch.device("cuda", 1)
+    torch.cuda.set_device(1)                                      # a rank on GPU 1: "cuda" is its GPU
+    assert memory.resolve_cuda_device("cuda") == torch.device("cuda", 1)
+    torch.cuda.set_device(0)
     value, dev = memory.set_memory_fraction(1, "cuda:1")          # an int 1 is given to torch as 1.0
     assert (value, dev) == (1.0, torch.device("cuda", 1)) and gpu.fraction_calls == [(1.0, 1)]
     with pytest.raises(ValueError, match="specified index"):
@@ -220,10 +240,11 @@ def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
     assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
     loop.reset_peak_memory(dev)
     assert loop.peak_memory(dev) == 2 ** 30
-    gpu.allocate(2 ** 30, 1)
+    gpu.allocate(2 ** 30, 1)          # 2 GiB held at the peak ...
+    gpu.release(2 ** 30, 1)           # ... 1 GiB still held when the next batch size starts
     sweep._free_memory(dev)           # synchronize, empty the cache, fresh peak counter
     assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
-    assert loop.peak_memory(dev) == 2 * 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
+    assert loop.peak_memory(dev) == 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
 
 
 def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
@@ -289,11 +310,17 @@ def test_comm_plans_on_gpus(fake_gpu):
     assert comm.plan_bench(2) == comm._BenchPlan("nccl", 2, "cuda")
     with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
         comm.plan_bench(8, "nccl")
+    with pytest.raises(LabError, match="5 ranks need 5 GPUs, this machine has 4"):
+        comm.plan_bench(5, "nccl")
     gpu.count = 1
     one = comm.plan_bench()
     assert (one.backend, one.nproc) == ("gloo", 2) and "one GPU only" in one.note
     gpu.count = 2
     assert comm.plan_bench(backend="gloo").note == ""    # 2 GPUs, gloo asked for: no note
+    gpu.count = 0
+    with pytest.raises(LabError, match="The nccl backend needs CUDA GPUs"):
+        comm.plan_bench(backend="nccl")
+    gpu.count = 2
     link = comm.detect_link_peak()
     assert link.gb_per_s == 300.0 and "NVLink" in link.description
 
@@ -382,14 +409,20 @@ def test_asking_for_cuda_without_a_gpu_is_one_sentence():
         fastpath._device("cuda")
 
 
-def test_quantization_variants_on_a_gpu(fake_gpu):
+def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=A100)
     assert Q.devices_to_run(profiles.settings(Q.Settings, "quick")) == ["cpu", "cuda"]
     fp32 = Q.check_variant("fp32", "cuda")
-    assert fp32.ok and fp32.kernel.startswith("cuBLAS fp32 GEMM")
+    assert fp32.ok and fp32.kernel == "cuBLAS fp32 GEMM (true fp32)"     # torch's default for matmuls
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        assert Q.check_variant("fp32", "cuda").kernel == "cuBLAS fp32 GEMM (TF32 allowed)"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
     assert Q.check_variant("bf16", "cuda").kernel == "cuBLAS bf16 GEMM (tensor cores)"
     ao = Q.check_variant("ao_dynamic_int8", "cuda")
     assert not ao.ok and "CPU only" in ao.reason
@@ -412,6 +445,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
     s = profiles.settings(scaling.Settings, "quick")
     p = scaling._place(scaling.DDP, 2, 2, s, 16)
     dp = scaling._place(scaling.DP, 2, 2, s, 16)
+    assert p == scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
     assert dp == scaling.Placement(scaling.DP, 2, scaling.DP_BACKEND, "cuda")
     assert scaling._hardware(p) == hardware.hardware_summary("cuda", 2)
     assert scaling._hardware(p)["device_name"] == A100
@@ -425,8 +459,23 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
         calls.append(methods)
         return []
 
-    monkeypatch.setattr(scaling, "_measure_grid", grid)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
+    # notebook 02 on 2 GPUs: DataParallel and DDP measured; 4 devices cannot run, and say NCCL
+    ran = []
+
+    def run(method):
+        return lambda store_, s_, args, n, p, cfgs, force: (ran.append((method, n)) or ({}, []))
+
+    monkeypatch.setattr(scaling, "_run_ddp", run(scaling.DDP))
+    monkeypatch.setattr(scaling, "_run_dp_sizes", run(scaling.DP))
+    two = profiles.settings(scaling.Settings, "quick", devices=(2, 4), batch_sizes=(32,),
+                            run_batch_sizes=(32,))
+    rows = scaling.measure(lab, two, verbose=False)
+    assert ran == [(scaling.DDP, 2), (scaling.DP, 2)]
+    assert {(r.config["method"], r.config["backend"]) for r in rows} == {(scaling.DDP, "nccl"),
+                                                                         (scaling.DP, scaling.DP_BACKEND)}
+    assert [r.reason for r in rows] == ["needs 4 GPUs"] * 2
+    monkeypatch.setattr(scaling, "_measure_grid", grid)
     scaling.measure_compute_vs_comm(lab, s)
     assert calls == [None, (scaling.DP,), (scaling.DDP,)]   # DataParallel too
 
@@ -482,15 +531,17 @@ def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
 
     fake_gpu()
     chosen = {}
+    real_check = bench_timers.check_positive_int
 
     def stop(width):
-        chosen["width"] = width
         raise RuntimeError("stop: no device memory in the fake")
 
     monkeypatch.setattr(bench_timers, "ResNet18", stop)
+    monkeypatch.setattr(bench_timers, "check_positive_int",
+                        lambda value, what: chosen.setdefault(what, value) and real_check(value, what))
     with pytest.raises(RuntimeError, match="stop"):
         bench_timers.main([])
-    assert chosen == {"width": 64}
+    assert chosen == {"--steps": 20, "--batch-size": 128, "--width": 64, "--repeats": 5}
 
 
 # --------------------------------------------------------------------------- the inventory
@@ -518,11 +569,78 @@ def test_every_branch_names_an_existing_test_or_a_reason_and_a_doctor_check():
         assert b.what, b
 
 
+def test_every_mutant_is_planted_in_its_site_and_every_site_has_one_or_a_doctor_check():
+    """tests/gpu_mutants.py against the code: each mutant names an inventoried, tested CUDA-only site, its
+    original text occurs exactly once in that file (so tools/mutants.py plants it there), and every
+    CUDA-only site has a mutant, or no test and a doctor check."""
+    from gpu_mutants import MUTANTS
+
+    sites = {b.key: b for b in inventory.INVENTORY}
+    for m in MUTANTS:
+        assert m.site in sites, f"{m.ident}: not an inventoried site {m.site}"
+        b = sites[m.site]
+        assert b.cuda_only and b.test, f"{m.ident}: its site is not a tested CUDA-only site"
+        text = (inventory.PKG / m.file).read_text()
+        assert text.count(m.original) == 1, f"{m.ident}: its original occurs {text.count(m.original)} times"
+        assert m.mutated != m.original and m.models, m.ident
+        for t in inventory.tests_of(m):
+            file, _, name = t.partition("::")
+            assert f"def {name}(" in (TESTS / file).read_text(), f"{m.ident}: no test {t}"
+    assert len({m.ident for m in MUTANTS}) == len(MUTANTS)
+    mutated = {m.site for m in MUTANTS}
+    for b in inventory.INVENTORY:
+        if b.cuda_only:
+            assert (b.key in mutated) if b.test else bool(b.doctor), f"{b.key}: no mutant and no doctor check"
+
+
 def test_the_target_is_met_and_the_markdown_is_current():
-    counts = inventory.counts()
-    assert counts["cuda_only"] >= 48 and counts["run"] >= 0.86 * counts["cuda_only"], counts
+    """At least 85 % of the mutants killed at the last `make mutants` (a mutant changed since counts as not
+    killed), and tests/GPU_BRANCHES.md is what the inventory, the mutants and the verdicts give."""
+    c = inventory.mutant_counts()
+    assert c["killed"] >= 0.85 * c["mutants"], (c, "run `make mutants`")
     md = (TESTS / "GPU_BRANCHES.md").read_text()
     assert md == inventory.markdown(), "regenerate: python tests/gpu_branches.py > tests/GPU_BRANCHES.md"
+
+
+@pytest.mark.parametrize("branch", [b for b in inventory.INVENTORY if b.cuda_only and not b.test],
+                         ids=lambda b: f"{b.file}:{b.function}#{b.occurrence}")
+def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path):
+    """The doctor check a site is left to really runs that site's code: it launches the site's worker, or
+    calls its function in-process (on this CPU the check is stopped there, with a launcher that records
+    what it starts)."""
+    import importlib
+
+    from lab_utils import doctor, launcher
+
+    class Reached(Exception):
+        pass
+
+    check = doctor.BY_NAME[branch.doctor]
+    module = "lab_utils." + branch.file.removesuffix(".py").replace("/", ".")
+    reached = []
+
+    def launch(mod, args, nproc=2, **kw):
+        if mod == module:
+            reached.append(mod)
+            raise Reached
+        rec = Record("doctor", {"record": "aggregate", "size_bytes": 1},
+                     {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
+        return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+    if not module.startswith("lab_utils.workers."):   # run in-process: stop at the site's function
+        mod = importlib.import_module(module)
+        top = branch.function.split(".")[0]
+
+        def called(*a, **k):
+            reached.append(top)
+            raise Reached
+
+        monkeypatch.setattr(mod, top, called)
+    m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    with pytest.raises(Reached):
+        check.measure(m, **({"timeout_s": 60} if check.where == "launch" else {"device": "cpu"}))
+    assert reached
 
 
 def test_the_scanner_finds_flags_negations_and_nested_functions(tmp_path):
@@ -548,3 +666,28 @@ def f(device, x):
     assert sites[("f", "cuda", "if")].arm_line == 7
     negated = sites[("f", "device.type != 'cuda'", "if")]
     assert negated.arm_line == 10 and negated.negated
+
+
+def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
+    """The training loop, the evaluation loop and the fast path copy host batches with non_blocking=True on
+    a GPU (from pinned memory the copy then overlaps the previous step). The fake GPU's tensor factories
+    let the loops run with device cuda on CPU tensors and record each copy's flag."""
+    from lab_utils.experiments import fast_train
+
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(2)]
+    dev = torch.device("cuda", 0)
+    rec = loop.run_epoch(model, batches, opt, dev)
+    assert rec.steps == 2 and gpu.copies == [(0, True)] * 4          # x and y of each batch
+    gpu.copies.clear()
+    ev = loop.evaluate(model, batches, dev)
+    assert ev.images == 8 and gpu.copies == [(0, True)] * 4
+    gpu.copies.clear()
+    fast_train.to_device(*batches[0], dev, channels_last=False)
+    assert gpu.copies == [(0, True)] * 2
+    gpu.copies.clear()
+    loop.run_epoch(model, batches, opt, torch.device("cpu"))
+    assert gpu.copies == []                                          # the CPU: no copy to a GPU

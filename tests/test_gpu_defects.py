@@ -146,15 +146,15 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
         raise SystemExit(code)
 
     monkeypatch.setattr(dist.os, "_exit", fake_exit)
-    with pytest.raises(SystemExit), dist.oom_ends_rank(dist.DistContext(rank=1, world_size=2)):
+    with pytest.raises(SystemExit), dist.failure_ends_rank(dist.DistContext(rank=1, world_size=2)):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
     assert exits == [dist.OOM_EXIT_CODE]
     err = capsys.readouterr().err
     assert "torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory" in err
     assert memory.mentions_out_of_memory(err)
-    with pytest.raises(torch.OutOfMemoryError), dist.oom_ends_rank(dist.DistContext()):  # one process
+    with pytest.raises(torch.OutOfMemoryError), dist.failure_ends_rank(dist.DistContext()):  # one process
         raise torch.OutOfMemoryError("x")
-    with pytest.raises(ValueError), dist.oom_ends_rank(dist.DistContext(rank=0, world_size=2)):
+    with pytest.raises(ValueError), dist.failure_ends_rank(dist.DistContext(rank=0, world_size=2)):
         raise ValueError("not memory")
     assert exits == [dist.OOM_EXIT_CODE]
 
@@ -377,7 +377,7 @@ def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
 # --------------------------------------------------------------------------- 6. int8 with M <= 16 on CUDA
 
 
-def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, fake_gpu):
+def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, fake_gpu, int_mm_on_cpu):
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""

@@ -22,23 +22,25 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from grading_submissions import BOOKS, shared_dist, solved, student_notebook, with_function, write
+from grading_submissions import (
+    BOOKS,
+    RIGHT,
+    UTILIZATION,
+    make,
+    rel,
+    shared_dist,
+    solved,
+    student_notebook,
+    with_function,
+    write,
+)
 
+from lab_utils import questions
 from lab_utils.grading import EXERCISES, build, sandbox
 from lab_utils.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_ARGS = [] if not sandbox.probe() else ["--no-sandbox"]   # the bookkeeping tests run either way
-
-
-def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def rel(path: Path) -> str:
-    """``path`` relative to the repository root (the form the README's commands use)."""
-    return os.path.relpath(path, REPO)
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -135,7 +137,10 @@ def test_every_case_of_every_bundle_runs_as_a_doctest(dist):
 
 
 def _by_student(path: Path) -> dict[str, dict]:
-    return {r["student"]: r for r in read_csv(path / "gradebook.csv")}
+    """gradebook.csv by student, each question's column also under its otter name (``q02_speedup``)."""
+    rows = read_csv(path / "gradebook.csv")
+    names = {questions.gradebook_column(q): q for q in [*EXERCISES, *(f"q0{n}_report" for n in range(1, 8))]}
+    return {r["student"]: {**r, **{names[k]: v for k, v in r.items() if k in names}} for r in rows}
 
 
 def _details(path: Path, student: str) -> dict[str, dict]:
@@ -150,9 +155,14 @@ RING_LOG2 = ("import math\n\n\n" + RING
 CALLS_THE_LAB = ("from lab_utils.experiments import comm\n\n\n" + RING
                  + "    return comm.ring_bytes_per_epoch(size_bytes, world_size, dataset_size,\n"
                  + "                                     per_device_batch)\n")
-WRONG_GIB = ("def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
-             "    return bytes_per_rank_per_epoch / comm_seconds / 2 ** 30\n")
+WRONG_GIB = UTILIZATION + RIGHT.replace("/ 1e9", "/ 2 ** 30")
 MEAN_OF_RANKS = "def run_epoch_seconds(rank_seconds):\n    return sum(rank_seconds) / len(rank_seconds)\n"
+# The earlier cohort's own mistakes (issue 32): its Table 3 divided ONE gradient per epoch by the epoch's
+# communication time; its Table 2 printed T(N) as the compute time.
+RING_ONE_PER_EPOCH = RING + "    return size_bytes\n"
+GBPS_ONE_PER_EPOCH = UTILIZATION + "    return gradient_bytes / comm_seconds / 1e9\n"
+COMPUTE_IS_TN = ("def compute_and_comm(t1_seconds, tn_seconds, devices):\n"
+                 "    return tn_seconds, tn_seconds - t1_seconds / devices\n")
 NORMALIZE_FIRST = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
                    "    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(),\n"
                    "                      T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),\n"
@@ -168,6 +178,8 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
         nb = student_notebook(dist, book)
         write(folders["solved"] / "alice" / f"{book}.ipynb", solved(nb, book))
         write(folders["blank"] / "bob" / f"{book}.ipynb", nb)
+    for book in ("00_environment", "08_speed_limits"):   # all nine handed in: 00 and 08 hold no exercise
+        write(folders["solved"] / "alice" / f"{book}.ipynb", student_notebook(dist, book))
     nb04 = solved(student_notebook(dist, "04_allreduce_bandwidth"), "04_allreduce_bandwidth")
     write(folders["cheats"] / "carol" / "04_allreduce_bandwidth.ipynb",
           with_function(nb04, "q04_ring_bytes", CALLS_THE_LAB))
@@ -181,6 +193,12 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
           with_function(nb01, "q01_train_transform", NORMALIZE_FIRST))
     nb06 = solved(student_notebook(dist, "06_gpt_ddp"), "06_gpt_ddp")
     write(folders["cheats"] / "hal" / "06_gpt_ddp.ipynb", with_function(nb06, "q06_rank_time", MEAN_OF_RANKS))
+    write(folders["cheats"] / "kim" / "04_allreduce_bandwidth.ipynb",   # the earlier cohort's Table 3
+          with_function(with_function(nb04, "q04_ring_bytes", RING_ONE_PER_EPOCH), "q04_utilization",
+                        GBPS_ONE_PER_EPOCH))
+    nb03 = solved(student_notebook(dist, "03_compute_vs_communication"), "03_compute_vs_communication")
+    write(folders["cheats"] / "lee" / "03_compute_vs_communication.ipynb",   # its Table 2
+          with_function(nb03, "q03_compute_comm", COMPUTE_IS_TN))
     runs = {}
     for name, folder in folders.items():
         grades = tmp_path / f"grades_{name}"
@@ -199,6 +217,14 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
         assert float(row["points"]) == float(row["max_points"]) and row["message"] == "", row
         assert details[q]["flag"] == "" and details[q]["sandbox"] in ("bwrap", "none")
     assert "7 notebook(s) of 1 student(s) graded" in out and "could not be graded" not in out
+    assert "nothing to grade, no exercise (2): alice 00_environment; alice 08_speed_limits" in out
+    assert "00, 08: nothing to grade (no exercise)" in alice["notes"]
+    header = list(read_csv(grades / "gradebook.csv")[0])      # issue 35: the assignment's questions
+    assert header[2:6] == ["Q1 step timer (01-a)", "Q1 train transform (01-b)", "Q1 report (01, by hand)",
+                           "Q2 speedup (02-a)"], header
+    assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-b)" in header
+    assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
+        {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
     assert "My answer to q04_report" in feedback and "22 / 36" in feedback
 
@@ -233,6 +259,18 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert float(hal["q06_rank_time"]["points"]) == 0 and float(hal["q06_mfu"]["points"]) == 1
     assert "[1384.64, 806.75]" in hal["q06_rank_time"]["message"]
     assert "averaging ranks" in hal["q06_rank_time"]["message"] and "gina" not in flagged.group(2)
+    kim, lee = _details(grades, "kim"), _details(grades, "lee")
+    for q in ("q04_ring_bytes", "q04_utilization"):   # one gradient per epoch: named, 0 points, not flagged
+        assert float(kim[q]["points"]) == 0 and kim[q]["flag"] == "", kim[q]
+        assert "one all-reduce per epoch" in kim[q]["message"] and "250.1 MB/s" in kim[q]["message"], kim[q]
+    assert "(44695848, 2, 50000, 128)" in kim["q04_ring_bytes"]["message"]
+    assert kim["q04_utilization"]["message"].startswith("achieved_gb_per_s(44695848, 2, 196, 1.05) gives")
+    assert float(kim["q04_gradient_bytes"]["points"]) == 1
+    assert float(lee["q03_compute_comm"]["points"]) == 0 and lee["q03_compute_comm"]["flag"] == ""
+    assert "compute = T(N)" in lee["q03_compute_comm"]["message"], lee["q03_compute_comm"]
+    assert "23.15 s" in lee["q03_compute_comm"]["message"]
+    print("make grade messages:", kim["q04_ring_bytes"]["message"], kim["q04_utilization"]["message"],
+          lee["q03_compute_comm"]["message"], sep="\n")
 
 
 # --------------------------------------------------------------------------- a class
@@ -398,3 +436,171 @@ def test_student_notebook_01_runs_with_blanks(dist, tmp_path):
     assert checks, "the check cell is in the student notebook"
     shown = json.dumps(checks[0].outputs)
     assert "not done yet" in shown, shown[:2000]
+
+
+def _run_check_cells(dist: Path, tmp_path: Path, book: str, functions: dict[str, str]) -> dict[str, dict]:
+    """What a student sees: the student notebook's init cell, each exercise cell holding the given code,
+    and its check cell (``grader.check("...")``), run in a kernel as JupyterLab runs them (nbclient).
+    Returns question -> the check cell's display data (mime type -> text)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    here = tmp_path / book
+    here.mkdir()
+    full = student_notebook(dist, book)
+    (here / f"{book}.ipynb").write_text(json.dumps(full))   # otter reads the tests from its metadata
+    cells = [c for c in full["cells"] if c["cell_type"] == "code"]
+    run = [nbformat.v4.new_code_cell(nbs.source(cells[0]))]   # the init cell: grader = Notebook(...)
+    for question, code in functions.items():
+        run += [nbformat.v4.new_code_cell(code), nbformat.v4.new_code_cell(f'grader.check("{question}")')]
+    nb = nbformat.v4.new_notebook(cells=run)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(here)}}).execute()
+    shown = {}
+    for question, cell in zip(functions, nb.cells[2::2], strict=True):
+        data = [o["data"] for o in cell.outputs if o.get("output_type") == "execute_result"]
+        assert len(data) == 1, cell.outputs
+        shown[question] = data[0]
+    return shown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
+    """Issue 32, item 8: the student copies of notebooks 04 and 03 filled with the earlier reports'
+    answers. Each failing grader.check shows first the one sentence with the case and the mistake's
+    name; otter's doctest transcript (no traceback, no doctest.py) is folded away below it. A right
+    answer still shows otter's "passed"."""
+    shown = _run_check_cells(dist, tmp_path, "04_allreduce_bandwidth",
+                             {"q04_ring_bytes": RING_ONE_PER_EPOCH, "q04_utilization": GBPS_ONE_PER_EPOCH})
+    shown |= _run_check_cells(dist, tmp_path, "03_compute_vs_communication",
+                              {"q03_compute_comm": COMPUTE_IS_TN})
+    right = "def run_epoch_seconds(rank_seconds):\n    return max(rank_seconds)\n"
+    shown |= _run_check_cells(dist, tmp_path, "06_gpt_ddp", {"q06_rank_time": right})
+    first = {
+        "q04_ring_bytes": "q04_ring_bytes: ring_bytes_per_rank_per_epoch(44695848, 2, 50000, 128) gives "
+                          "44695848, expected 8760386208: one all-reduce per epoch: every step of the epoch "
+                          "ends",
+        "q04_utilization": "q04_utilization: achieved_gb_per_s(44695848, 2, 196, 1.05) gives 0.04256747429, "
+                           "expected 8.34322496: one all-reduce per epoch:",
+        "q03_compute_comm": "q03_compute_comm: compute_and_comm(33.64, 17.87, 2) gives [17.87, 1.05], "
+                            "expected [16.82, 1.05]: compute = T(N): ",
+    }
+    for question, start in first.items():
+        plain, page = shown[question]["text/plain"], shown[question]["text/html"]
+        print(plain)
+        assert plain.startswith(start) and "\n" not in plain.strip(), plain   # one line: the sentence
+        visible = page.split("<details>")[0]
+        head = f"<p><strong style='color: #b00;'>{question}:</strong> {start[len(question) + 2:]}"
+        assert visible.startswith(head), visible
+        assert "Traceback" not in visible and "doctest" not in visible and "Expected" not in visible
+        assert "Got:" in page.split("<details>")[1] and "Traceback" not in page   # otter's transcript, folded
+    assert "250.1 MB/s" in shown["q04_utilization"]["text/plain"]
+    assert "23.15 s" in shown["q03_compute_comm"]["text/plain"]
+    assert "passed" in shown["q06_rank_time"]["text/plain"]
+    assert "passed" in shown["q06_rank_time"]["text/html"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_grading_gives_its_load_and_cpu_time(dist):
+    """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
+    CPU time, from which the class's time on idle cores is estimated; every copy scores 22/22."""
+    r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
+                        rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)
+    print(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if "s per notebook" in line]
+    assert len(lines) == (1 if sandbox.probe() else 2), r.stdout
+    for line in lines:
+        m = re.search(r"load average [\d.]+ -> [\d.]+ on \d+ cores\); CPU ([\d.]+) s per notebook; "
+                      r"60 students x 7 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
+                      r"cores; all 22/22", line)
+        assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
+
+
+# --------------------------------------------------------------------------- reading a submission
+
+
+@pytest.mark.timeout(60)
+def test_reaching_other_modules_and_changing_them_is_flagged():
+    """Issue 35: the paths from an exercise to the grader's own module (through any module's sys, os,
+    builtins, importlib) and writes into other modules (.update(), setattr, __dict__, sys.modules) are
+    flagged; what an honest exercise writes is not."""
+    import ast
+
+    def flags(code: str) -> list[str]:
+        return nbs.exercise_flags(ast.parse(code).body, "f")
+
+    def patches(code: str) -> list[str]:
+        return nbs.monkeypatches(nbs.parse_program({"cells": [{"cell_type": "code", "source": code}]}))
+
+    for reach, said in (("torch.sys.modules['x']", "reaches sys through torch.sys"),
+                        ("np.os.listdir('/')", "reaches os through np.os"),
+                        ("torch.nn.modules.module.builtins", "reaches builtins through"),
+                        ("getattr(torch, 'sys')", "reaches sys through getattr(torch, 'sys')"),
+                        ("torch.__dict__", "reads .__dict__")):
+        code = f"import torch\nimport numpy as np\n\n\ndef f(m):\n    x = {reach}\n    return 1\n"
+        assert any(said in f for f in flags(code)), (reach, flags(code))
+        assert any(said.replace("reads .", "") in p for p in patches(code)) or said.startswith("reads")
+    assert any("reaches sys through from torch import sys" in f for f in flags("from torch import sys\n"))
+    assert any("calls EXERCISES.update() on another module" in f
+               for f in flags("from m import EXERCISES\n\n\ndef f():\n    EXERCISES.update(a=1)\n"))
+    assert patches("import math\nmath.__dict__.update(isclose=1)\n") == \
+        ["calls math.__dict__.update() on another module (code cell 1)"]
+    assert patches("import sys\nsys.modules['lab_utils.grading'] = None\n")[0] == \
+        "assigns to sys.modules['lab_utils.grading'] (code cell 1)"
+    assert patches("import math\nsetattr(math, 'isclose', 1)\n") == \
+        ["assigns to math.isclose (setattr) (code cell 1)"]
+    honest = ("import math\nimport os\nimport sys\nimport torch\nimport matplotlib.pyplot as plt\n"
+              "os.environ['LAB_PROFILE'] = 'quick'\nplt.rcParams['font.size'] = 8\nplt.rcParams.update({})\n"
+              "sys.path.append('..')\nx = torch.add(torch.zeros(2), 1)\n\n\n"
+              "def grad_bytes(model):\n    n = len(list(model.modules()))\n"
+              "    return sum(p.numel() * p.element_size() for p in model.parameters()) + 0 * n\n")
+    assert patches(honest) == [] and flags(honest.split("\n\n\n")[1]) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_canvas_bulk_zip_files_other_files_under_their_students(tmp_path):
+    """A PDF in a Canvas bulk download (handed in as the folder, or as SUBMISSIONS itself) belongs to the
+    student its Canvas name names: never a student named after the zip."""
+    from lab_utils.grading.submissions import find_submissions
+
+    with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as z:
+        z.writestr("doejane_1001_5001_02_multi_gpu_scaling.ipynb", "{}")
+        z.writestr("doejane_1001_5004_report.pdf", "%PDF")
+        z.writestr("smithbob_late_1002_5005_notes.txt", "notes")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "submissions.zip").write_bytes((tmp_path / "submissions.zip").read_bytes())
+    for root in (tmp_path / "submissions.zip", tmp_path / "folder"):
+        found = find_submissions(root, tmp_path / f"staging-{root.stem}")
+        assert sorted((s.student.name, s.student.id, s.kind, s.problem) for s in found) == [
+            ("doejane", "1001", "notebook", ""), ("doejane", "1001", "other", ""),
+            ("smithbob", "1002", "other", "")]
+
+
+@pytest.mark.timeout(60)
+def test_a_student_entry_may_add_columns_flags_and_notes(tmp_path):
+    """The place later work adds to a row (e.g. where a student's numbers came from): an entry's
+    ``columns`` are written after ``possible``, its ``flags`` and ``notes`` beside the notebooks'."""
+    from lab_utils.grading import gradebook
+    from lab_utils.grading.grade import missing_record, new_entry
+    from lab_utils.grading.submissions import Student
+
+    info = {"questions": [{"name": "q02_speedup", "points": 2.0, "manual": False}]}
+    alice, bob = new_entry(Student("alice", "1")), new_entry(Student("bob", "2"))
+    for s in (alice, bob):
+        s["notebooks"]["02_multi_gpu_scaling"] = missing_record(info)
+    alice["columns"]["profile"] = "quick"
+    alice["flags"].append("quick profile: not the assignment's sizes")
+    alice["notes"].append("handed in with the CPU profile")
+    state = {"students": {"id:1": alice, "id:2": bob}, "questions": [
+        {"name": "q02_speedup", "points": 2.0, "notebook": "02_multi_gpu_scaling",
+         "column": questions.gradebook_column("q02_speedup")}]}
+    gradebook.write_outputs(state, tmp_path)
+    rows = read_csv(tmp_path / "gradebook.csv")
+    assert list(rows[0]) == ["student", "id", "Q2 speedup (02-a)", "total", "possible", "profile", "flags",
+                             "notes"]
+    assert (rows[0]["profile"], rows[1]["profile"]) == ("quick", "")
+    assert rows[0]["flags"] == "quick profile: not the assignment's sizes" and rows[1]["flags"] == ""
+    assert rows[0]["notes"] == "no submission of 02; handed in with the CPU profile"

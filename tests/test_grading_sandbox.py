@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from grading_submissions import hostile, shared_dist, solved, student_notebook, with_function, write
+from grading_submissions import (
+    RIGHT,
+    UTILIZATION,
+    hostile,
+    make,
+    rel,
+    shared_dist,
+    solved,
+    student_notebook,
+    with_function,
+    write,
+)
 
 from lab_utils.grading import sandbox
 
@@ -62,14 +74,14 @@ def _grade(subs: Path, dist: Path, grades: Path, *extra: str) -> subprocess.Comp
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    """The bundle tests/test_grading.py built in this session, else notebooks 02 and 04 built here."""
+    """The bundle tests/test_grading.py built in this session, else notebooks 02-04 built here."""
     from lab_utils.grading import build
 
     out = shared_dist(tmp_path_factory)
     manifest = out / "grading" / "manifest.json"
     built = set(json.loads(manifest.read_text())["notebooks"]) if manifest.exists() else set()
-    if not {"02_multi_gpu_scaling", BOOK} <= built:
-        build.build(out, notebooks=["02", "04"])
+    if not {"02_multi_gpu_scaling", "03_compute_vs_communication", BOOK} <= built:
+        build.build(out, notebooks=["02", "03", "04"])
     return out
 
 
@@ -153,23 +165,128 @@ def test_the_sandbox_binds_the_lab_package_not_the_checkout():
 @pytest.mark.timeout(300)
 def test_endless_loops_end_as_rows(dist, tmp_path):
     """A loop in a function stops at the case time limit (its other cases are not waited for); code
-    that ignores that alarm stops at the notebook's time limit; the others are graded normally."""
+    that ignores that alarm is ended by the grader soon after (its question's process is killed, the
+    notebook's other questions are graded); code slow in every case stops at the notebook's limit."""
     subs = tmp_path / "handed_in"
     good = solved(student_notebook(dist, BOOK), BOOK)
     write(subs / "honest" / f"{BOOK}.ipynb", good)
     write(subs / "loop" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "def achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n    while True:\n        pass\n")))
-    write(subs / "stubborn" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
-        "import signal\n\n\ndef achieved_gb_per_s(bytes_per_rank_per_epoch, comm_seconds):\n"
+        UTILIZATION + "    while True:\n        pass\n")))
+    write(subs / "stubborn" / f"{BOOK}.ipynb", with_function(good, "q04_gradient_bytes", (
+        "import signal\n\n\ndef grad_bytes(model):\n"
         "    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n")))
+    write(subs / "slow" / f"{BOOK}.ipynb", with_function(good, "q04_utilization", (
+        "import time\n\n\n" + UTILIZATION + "    time.sleep(4)\n" + RIGHT)))
     r = _grade(subs, dist, tmp_path / "grades", "--case-timeout", "5", "--timeout", "15")
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = _rows(tmp_path / "grades")
-    assert "stopped by the case time limit (5 s)" in rows[("loop", "q04_utilization")]["message"]
+    loop = rows[("loop", "q04_utilization")]["message"]
+    assert re.search(r"was stopped by the case time limit \(5 s\) \(line [23] of the function\) "
+                     r"\(\d+ of \d+ cases wrong\)\.$", loop), loop    # no empty detail (": ;")
     assert float(rows[("loop", "q04_ring_bytes")]["points"]) == 2
-    stubborn = rows[("stubborn", "q04_utilization")]
-    assert float(stubborn["points"]) == 0 and "time limit (15 s for the notebook)" in stubborn["message"]
+    stubborn = rows[("stubborn", "q04_gradient_bytes")]
+    assert float(stubborn["points"]) == 0 and "stopped by" not in stubborn["message"]
+    assert "gave no answer: its code ran past the case time limit (5 s) and ignored the alarm; the grader " \
+           "ended its process (" in stubborn["message"], stubborn["message"]
+    assert float(rows[("stubborn", "q04_ring_bytes")]["points"]) == 2     # the next question runs
+    assert float(rows[("stubborn", "q04_utilization")]["points"]) == 1
+    slow = rows[("slow", "q04_utilization")]
+    assert float(slow["points"]) == 0 and "the time limit (15 s for the notebook)" in slow["message"], slow
+    assert ".;" not in slow["message"] and ": ;" not in slow["message"]
     assert all(float(rows[("honest", q)]["points"]) == float(rows[("honest", q)]["max_points"])
                for q in ("q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"))
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_class_through_make_grade(dist, tmp_path):
+    """Issue 35's trial, scaled down (tests/grading_class.py: LMS exports, zips, broken files, hostile
+    and missing students), graded with `make grade SUBMISSIONS=... GRADE_ARGS="--roster ..."` from the
+    repository root. Each defect the trial found is asserted on the gradebook it writes."""
+    from grading_class import MISSING, make_class
+
+    cls = make_class(dist, tmp_path / "handed_in", correct=1,
+                     correct_books=("02_multi_gpu_scaling", "03_compute_vs_communication"))
+    grades = tmp_path / "grades"
+    home = Path.home()
+    home_before = sorted(p.name for p in home.iterdir())
+    r = make("grade", f"SUBMISSIONS={rel(cls.root)}", f"DIST={rel(dist)}", f"GRADES={rel(grades)}",
+             f"GRADE_ARGS=--roster {rel(cls.roster)} --case-timeout 3", timeout=500)
+    print(r.stdout, r.stderr)
+    assert r.returncode != 0 and "exit status 1: 7 submission(s) could not be graded" in r.stdout, r.stdout
+    rows = _rows(grades)
+    with open(grades / "gradebook.csv", newline="") as f:
+        book = {row["student"]: row for row in csv.DictReader(f)}
+    notes = {name: row["notes"] for name, row in book.items()}
+    # every student on the roster has one row, and no one else: no fake student named after a zip
+    assert set(book) == set(cls.students) | {n for n, _ in MISSING}, sorted(book)
+    assert f"no submission ({len(MISSING)}): Nobody, Ned; Absent, Abe" in r.stdout
+
+    # one question's code cannot rewire another's check: Mallet's `return 0` scores nothing, flagged
+    ring, grad = rows[("Mallet, Max", "q04_ring_bytes")], rows[("Mallet, Max", "q04_gradient_bytes")]
+    assert float(ring["points"]) == 0 and "yours 0" in ring["message"], ring
+    assert "the notebook reaches sys through torch.sys (code cell" in ring["flag"], ring
+    assert float(grad["points"]) == 0 and "the exercise code reaches sys through torch.sys" in grad["flag"]
+    assert "Mallet, Max 04_allreduce_bandwidth q04_gradient_bytes, q04_ring_bytes, q04_utilization: the " \
+           "notebook reaches sys through torch.sys" in r.stdout
+
+    # a PDF in the Canvas bulk zip is filed under its student (and is no notebook to grade)
+    assert "handed in, not notebooks (not graded): submissions.zip!doejane_1001_5004_report.pdf" in \
+        notes["Doe, Jane"]
+    assert "no notebook handed in, only hank.pdf" in notes["hank"] and float(book["hank"]["total"]) == 0
+
+    # unreadable notebooks say why, filed under the notebook their name names; no "no submission" for them
+    bea = notes["Broken, Bea"]
+    built = json.loads((dist / "grading" / "manifest.json").read_text())["notebooks"]
+    for nn, why in (("02", "the notebook is cut off (it ends after"), ("03", "the file is empty (0 bytes)"),
+                    ("04", "not a notebook: a web page (HTML) saved as .ipynb"),
+                    ("05", "too large for a notebook (220 MB; the limit is 50 MB)")):
+        said = rf"Broken, Bea/{nn}_\w+\.ipynb\)?: could not be read: {re.escape(why)}"
+        assert re.search(said, bea), (nn, bea)
+        if any(b.startswith(nn) for b in built):    # filed under its notebook (05: when the bundle has it)
+            assert f"{nn} (Broken, Bea/{nn}_" in bea, (nn, bea)
+    assert "scratch.ipynb: could not be read: not a notebook: not JSON" in bea
+    assert "no submission" not in bea, bea        # what it handed in is there, each with why
+    assert rows[("Broken, Bea", "q04_ring_bytes")]["message"].startswith(
+        "not graded: could not be read: not a notebook: a web page (HTML)")
+
+    # another course's notebook named like lab 04 is not graded as lab 04
+    otto = notes["Other, Otto"]
+    assert "04_linear_regression.ipynb: not this lab's notebook: no dl_perf_lab stamp" in otto, otto
+    assert "a file name is not enough" in otto and "no function" not in (grades / "details.csv").read_text()
+    assert rows[("Other, Otto", "q04_ring_bytes")]["message"] == "no submission"
+    assert "02: no dl_perf_lab stamp in its metadata (not saved from the student copy's notebook?): " \
+           "recognised as 02_multi_gpu_scaling by its title, check by hand" in otto
+    assert float(rows[("Other, Otto", "q02_speedup")]["points"]) == 2
+
+    # older resubmissions, what the sandbox stopped, what the code asked for: in the row
+    assert "02: also handed in, not graded (the latest readable file wins): submissions.zip!doejane_1001_" \
+           "5001_02_multi_gpu_scaling.ipynb, submissions.zip!doejane_1001_5006_02_multi_gpu_scaling-2." \
+           "ipynb (could not be read: the notebook is cut off" in notes["Doe, Jane"], notes["Doe, Jane"]
+    assert rows[("Doe, Jane", "q02_speedup")]["file"] == \
+        "submissions.zip!doejane_1001_5002_02_multi_gpu_scaling-1.ipynb"
+    assert float(book["Doe, Jane"]["total"]) == 2
+    assert "04: stopped by the sandbox or a limit: a write or read outside its folder" in notes["Writer, Wes"]
+    assert "02: stopped by the sandbox or a limit: the case time limit (3 s)" in notes["Looper, Lou"]
+    peeks = notes["Peeker, Pat"]       # every attempt is listed: the classmate's notebook was the ninth
+    assert peeks.count("open /") == 9 and f"open {cls.classmate_file} (read)" in peeks, peeks
+
+    # messages: one sentence each, no doubled punctuation, no empty detail
+    text = (grades / "details.csv").read_text() + (grades / "gradebook.csv").read_text()
+    assert ".;" not in text and ": ;" not in text and ":;" not in text and ";;" not in text
+    assert re.search(r"speedup_and_efficiency\(41\.3, 23\.15, 2\) was stopped by the case time limit \(3 s\) "
+                     r"\(line [23] of the function\) \(\d+ of \d+ cases wrong\)\.",
+                     rows[("Looper, Lou", "q02_speedup")]["message"])
+    assert "ignored the alarm" in rows[("Stubborn, Stu", "q03_compute_comm")]["message"]
+    killed = rows[("Killer, Kim", "q04_ring_bytes")]["message"]
+    assert "was not run: the submission's code ended the grading process (exit status" in killed, killed
+
+    # each mistake loses exactly its points; correct work and 00/08 as expected
+    assert float(book["Smith, Bob"]["total"]) == 2 and "the log2 tree formula" in \
+        rows[("Smith, Bob", "q04_ring_bytes")]["message"]
+    assert [float(book[s]["total"]) for s in cls.correct] == [4.0]
+    assert float(book["Ann Lee"]["total"]) == 2
+    assert "00, 08: nothing to grade (no exercise)" in notes["Ann Lee"]
+    # nothing was written outside the sandbox
+    assert not (home / ".grading_was_here").exists() and sorted(p.name for p in home.iterdir()) == home_before

@@ -67,6 +67,15 @@ def test_driver_580_and_no_driver_install_as_before(capsys):
     assert "torch build: pypi from PyPI (no NVIDIA driver on this machine" in out and "--index-url" not in out
 
 
+def test_a_v100_on_a_cuda_13_driver_gets_the_cu126_pair(capsys):
+    """Driver 580 runs CUDA 13 builds, but they have no kernels for sm_70: the build follows the GPU."""
+    v100 = [DriverGPU(0, "Tesla V100-SXM2-16GB", 16384, compute_cap="7.0")]
+    out = _dry(capsys, driver=Driver("580.95.05", v100))
+    assert "torch build: cu126 from https://download.pytorch.org/whl/cu126 (" in out
+    assert "Tesla V100-SXM2-16GB has compute capability 7.0 (sm_70)" in out
+    assert "--index-url https://download.pytorch.org/whl/cu126 torch==" in out
+
+
 def test_a_forced_variant_or_index_url(capsys):
     out = _dry(capsys, variant="cpu", driver=Driver("535.183.01", A100))
     assert "torch build: cpu from https://download.pytorch.org/whl/cpu (forced by TORCH_VARIANT=cpu)" in out
@@ -211,6 +220,43 @@ def test_make_venv_system_torch_installs_no_torch(lab_copy):
     assert "error: SYSTEM_TORCH=1 needs a torch/torchvision pair" in res.stderr
     assert "torch 2.3.0" in res.stderr and "outside requirements.txt's range torch>=2.4,<2.16" in res.stderr
     assert not any(p.name.lower().startswith("torch-") for p in own.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_make_venv_on_a_v100_node_installs_a_build_with_sm70_and_says_why(lab_copy, tmp_path):
+    """`make venv` as the README types it, with a fake nvidia-smi reporting a V100 (compute capability
+    7.0) on driver 580, offline: PyTorch's index is a local folder (LAB_PYTORCH_INDEX, a mirror's
+    address), PyPI's build a plain torch 2.14.1 in PIP_FIND_LINKS. Before: driver 580 -> PyPI's CUDA
+    13.0 build, which has no sm_70 kernels."""
+    from fake_gpu import FakeGPU
+
+    proj, env, _ = lab_copy
+    shutil.copy(REPO / "tests" / "fake_gpu.py", proj / "fake_gpu.py")
+    idx = tmp_path / "pytorch_index"
+    for variant in ("cu126", "cu130"):
+        for name, version, req in (("torch", f"2.14.1+{variant}", ()),
+                                   ("torchvision", f"0.29.2+{variant}", ("torch==2.14.1",))):
+            whl = make_wheel(idx / variant / name, name, version, requires=req)
+            (idx / variant / name / "index.html").write_text(f'<a href="{whl.name}">{whl.name}</a>\n')
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "index.html").write_text("")
+    smi = FakeGPU(count=4, name="Tesla V100-SXM2-16GB", major=7, driver="580.95.05").install_nvidia_smi(
+        tmp_path / "smi")
+    env = {k: v for k, v in env.items() if k != "PIP_NO_INDEX"}
+    env.update(PATH=f"{smi}{os.pathsep}{env['PATH']}", LAB_PYTORCH_INDEX=idx.as_uri(),
+               PIP_INDEX_URL=empty.as_uri())
+    res = subprocess.run(["make", "-C", str(proj), f"PYTHON_BOOT={_base_python()}", "venv"], env=env,
+                         capture_output=True, text=True, timeout=240)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("torch build:"))
+    assert line.startswith(f"torch build: cu126 from {idx.as_uri()}/cu126 ("), line
+    assert "Tesla V100-SXM2-16GB has compute capability 7.0 (sm_70)" in line
+    assert "CUDA 13.0 builds (cu130) have sm_75 and later only" in line and "cu126 has sm_70" in line
+    seen = cuda_wheels.probe(str(proj / ".venv" / "bin" / "python"))["dists"]
+    assert (seen["torch"]["version"], seen["torchvision"]["version"]) == ("2.14.1+cu126", "0.29.2+cu126")
 
 
 @pytest.mark.slow

@@ -186,3 +186,12 @@ Root Cause (first observed failure):
     log.write_text("Traceback (most recent call last):\nRuntimeError: x\n")
     assert failing_rank("no summary", {0: tmp_path / "missing.log", 2: log}) == 2
     assert failing_rank("no summary", {}) is None
+    # Two failures in the same second (rank 0 failed because rank 1 had left): the log that stopped first
+    both = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 1\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1\n")
+    first, second = tmp_path / "rank1.log", tmp_path / "rank0.log"
+    first.write_text("Traceback\nRuntimeError on rank 1 of 2: x\n")
+    second.write_text("Traceback\nRuntimeError: Connection reset by peer\n")
+    os.utime(first, (1000, 1000))
+    os.utime(second, (1000.05, 1000.05))
+    assert failing_rank(both, {0: second, 1: first}) == 1

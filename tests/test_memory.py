@@ -57,6 +57,39 @@ def test_log_text_of_a_failed_rank():
     assert not memory.mentions_out_of_memory("RuntimeError: NCCL error: unhandled system error")
 
 
+NCCL_OOM_LOG = (
+    "[rank1]: Traceback (most recent call last):\n"
+    "[rank1]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:3356, unhandled cuda error (run with NCCL_DEBUG=INFO for details), "
+    "NCCL version 2.30.7\n"
+    "[rank1]: ncclUnhandledCudaError: Call to CUDA function failed.\n[rank1]: Last error:\n"
+    "[rank1]: Cuda failure 2 'out of memory'\n")
+
+
+@pytest.mark.parametrize("style, which", [("allocator", None), ("cudnn_find", "cuDNN: no algorithm fits"),
+                                          ("cudnn_algo", "cuDNN: no algorithm fits"),
+                                          ("nccl", "NCCL: a CUDA allocation failed")])
+def test_cudnn_and_nccl_out_of_memory_are_rows_that_say_which(fake_gpu, style, which):
+    """With cudnn.benchmark on, cuDNN reports memory it cannot get as "no engine / no valid algorithm";
+    NCCL as "Cuda failure 2 'out of memory'" on a later line. Both are out of memory (a sweep's oom
+    row, not a crash), and the reason names which (the fake GPU raises each as torch, cuDNN and NCCL do)."""
+    gpu = fake_gpu(total_memory=8 * 2 ** 30, oom_style=style)
+    with memory.catch_oom() as oom:
+        gpu.allocate(9 * 2 ** 30)
+    assert oom, style
+    if which is None:
+        assert oom.reason.startswith("OOM: CUDA out of memory. Tried to allocate 9.00 GiB")
+    else:
+        assert oom.reason.startswith(f"OOM ({which}): ")
+    if style == "nccl":   # the line that says so, not NCCL's first line
+        assert oom.reason == "OOM (NCCL: a CUDA allocation failed): Cuda failure 2 'out of memory'"
+        assert memory.mentions_out_of_memory(NCCL_OOM_LOG)
+        assert memory.oom_reason_from_log(NCCL_OOM_LOG) == (
+            "OOM (NCCL: a CUDA allocation failed): [rank1]: Cuda failure 2 'out of memory'")
+    for other in ("Cuda failure 1 'invalid argument'", "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED"):
+        assert not memory.is_out_of_memory(RuntimeError(other)) and not memory.mentions_out_of_memory(other)
+
+
 # --------------------------------------------------------------------------- catch_oom
 
 

@@ -223,6 +223,43 @@ def test_exercises_are_named_after_their_notebook():
         assert heads == [f"{path.name[:2]}-{x}" for x in "abcdefgh"[:len(heads)]], (path.name, heads)
 
 
+def _exercise_blocks(nb) -> list[tuple[str, str]]:
+    """(heading's exercise, otter name) of each autograded question, in notebook order."""
+    out, heading = [], None
+    for c in nb.cells:
+        m = re.search(r"^## Exercise (\S+)", c.source, re.M) if c.cell_type == "markdown" else None
+        heading = m.group(1) if m else heading
+        if c.cell_type == "raw" and c.source.startswith("# BEGIN QUESTION"):
+            cfg = yaml.safe_load("\n".join(c.source.splitlines()[1:]))
+            if not cfg.get("manual"):
+                out.append((heading, cfg["name"]))
+    return out
+
+
+def test_every_graded_question_has_its_assignment_question_and_gradebook_column(notebooks):
+    """Issue 35: the gradebook's column of each graded question names the assignment's question it
+    belongs to and where it is (``Q3.2 ring bytes (04-b)``): each exercise is in the section of the
+    notebook that answers its question, with the letter of its "## Exercise NN-x" heading."""
+    from lab_utils.grading import EXERCISES
+
+    seen = []
+    for number, nb in notebooks.items():
+        for heading, name in _exercise_blocks(nb):
+            s = questions.section_of(name)
+            assert s is not None and s.notebook[:2] == number, (name, s)
+            assert heading == f"{number}-{questions.exercise_letter(name)}", (name, heading)
+            assert questions.gradebook_column(name) == f"{s.label} {name[4:].replace('_', ' ')} ({heading})"
+            seen.append(name)
+        for name in _manual_questions(nb):
+            s = questions.section_of(name)
+            assert questions.gradebook_column(name) == f"{s.label} report ({number}, by hand)", name
+    assert sorted(seen) == sorted(EXERCISES) == sorted(q for s in questions.SECTIONS for q in s.exercises)
+    assert questions.gradebook_column("q04_ring_bytes") == "Q3.2 ring bytes (04-b)"
+    assert questions.gradebook_column("q05_set_epoch") == "Q5 set epoch (05-b)"
+    assert questions.gradebook_column("q05_report") == "Q4.2 report (05, by hand)"
+    assert questions.gradebook_column("q99_unknown") == "q99_unknown"
+
+
 def test_the_label_scan_catches_the_old_labels():
     for old in ("**Question 5.3 (graded by hand, 2 points).**", "## Exercise 4.1 (autograded, 1 point)",
                 "(Question 3.2 below)", "Exercise 4.1-4.3"):

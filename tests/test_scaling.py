@@ -4,11 +4,13 @@ the rows that did not run, OOM handling, and one small end-to-end run over gloo.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from lab_utils.core import config, profiles
+from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
 from lab_utils.store import Record
@@ -200,13 +202,33 @@ def fake_lab(store, gpus=0):
     return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
 
 
+def _dataparallel_here(monkeypatch, launched: list | None = None):
+    """``launcher.launch`` of the DataParallel worker, run in this process (its ``parse`` and ``run_dp``)."""
+    import lab_utils.launcher as launcher
+    from lab_utils.workers import dataparallel
+
+    def launch(module, argv, nproc=2, **kw):
+        assert (module, nproc) == ("lab_utils.workers.dataparallel", 1)
+        if launched is not None:
+            launched.append(list(argv))
+        args, gpus, threads = dataparallel.parse(list(argv))
+        return launcher.LaunchResult(records=[dataparallel.run_dp(args, gpus, threads)], log_dir=Path("."),
+                                     wall_seconds=0.0)
+
+    monkeypatch.setattr(launcher, "launch", launch)
+
+
 def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch, fake_gpu):
-    """_run_dp with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated: tests/fake_gpu.py)."""
+    """The DataParallel worker with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated:
+    tests/fake_gpu.py; the worker's launch run in this process)."""
     import weakref
 
     import torch
 
+    from lab_utils.workers import dataparallel
+
     fake_gpu(count=1, name="Fake GPU")
+    _dataparallel_here(monkeypatch)
     tried, held_refs = [], []
 
     def fake_train(args, n, held):
@@ -219,7 +241,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
         epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
         return [epoch, {**epoch, "epoch": 2}], 1234
 
-    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32, 128, 512),
                           run_batch_sizes=(32, 128, 512), devices=(1,), dataset="synthetic")
     grid = (False, False, (1,), (scaling.DP,), scaling.SCALING, False)
@@ -347,7 +369,7 @@ def test_karp_flatt_on_a_slowdown_is_not_super_linear():
 def test_fixed_global_batch_comparison_from_the_spec_anchors():
     """1 GPU bs128 33.64 s vs 4 GPUs x 32 11.65 s: strong 33.64/11.65 = 2.888; weak (4 x 128, 9.23 s)
     33.64/9.23 = 3.645. 1 x 512 33.95 s vs 4 x 128 9.23 s: 3.678; weak 4 x 512 9.01 s: 3.768."""
-    df = scaling_tables.fixed_global_batch_frame(seconds=scaling.ANCHOR_COHORT_SECONDS, method="anchors")
+    df = scaling_tables.fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method="anchors")
     df = df.set_index("global_batch")
     assert list(df.index) == [128, 512] and set(df["devices"]) == {4}
     assert df.loc[128, "strong_speedup"] == pytest.approx(2.888, abs=1e-3)
@@ -372,15 +394,40 @@ def test_fixed_global_batch_rows_that_were_not_measured_say_why(store):
     assert df.iloc[0]["status"] == "no strong-scaling comparison: 4 x 32: needs 4 GPUs"
     assert pd_missing(df.iloc[0]["strong_speedup"])
     assert scaling_tables.fixed_global_batch_verdict(df).startswith("No verdict")
-    full, here, anchors = scaling_tables.fixed_global_batch_table(store, recs)
-    assert here.startswith("No verdict") and "WORSE" in anchors
-    assert (store.tables_dir / "scaling_fixed_global_batch.md").exists()
+    full, verdicts = scaling_tables.fixed_global_batch_table(store, recs)
+    assert list(verdicts) == ["This run", FIRST_COHORT_LABEL, OTHER_COHORT_LABEL]
+    assert verdicts["This run"].startswith("No verdict") and "WORSE" in verdicts[FIRST_COHORT_LABEL]
+    assert verdicts[OTHER_COHORT_LABEL].startswith("More GPUs were SLOWER at global batch 32 and 128")
+    text = (store.tables_dir / "scaling_fixed_global_batch.md").read_text()
+    assert "1,563 steps per epoch at G = 32 and 391 at 128" in text and "wall-clock" in text
+    # the other cohort's rows sit beside this run's: strong columns only, their G split over the GPUs
+    other = full[full["method"] == OTHER_COHORT_LABEL].set_index(["devices", "global_batch"])
+    assert len(other) == 8 and other["weak_speedup"].isna().all()
+    assert other.loc[(4, 32), "strong_per_device_batch"] == 8 and other.loc[(4, 32), "T1_seconds"] == 38.0
+    assert other.loc[(4, 32), "strong_speedup"] == pytest.approx(38 / 121)          # 0.314: slower
+    assert other.loc[(2, 512), "strong_speedup"] == pytest.approx(13 / 9)           # 1.444
 
 
-def test_anchor_timings_are_labelled_dataparallel():
-    df = scaling.anchor_frame()
-    assert set(df["method"]) == {"DataParallel (earlier cohort)", "DataParallel (another cohort)"}
-    assert not df["method"].str.contains("DDP").any()
+def test_anchor_frame_shows_each_cohort_as_what_it_measured():
+    """The earlier cohort's Table 1 (per-GPU batch fixed, module not stated) and the other cohort's
+    DataParallel (global batch fixed: its 38 / 67 / 121 s are global batch 32, 8 per GPU on 4 GPUs,
+    1,563 steps per epoch on 1, 2 and 4 GPUs alike), each with its steps per epoch."""
+    df = scaling_tables.anchor_frame()
+    assert set(df["method"]) == {FIRST_COHORT_LABEL, OTHER_COHORT_LABEL}
+    assert "DataParallel" not in FIRST_COHORT_LABEL and not df["method"].str.contains("DDP").any()
+    other = df[df["method"] == OTHER_COHORT_LABEL].set_index(["gpus", "global_batch"])
+    assert len(other) == 12 and set(other["fixed"]) == {"global batch"}
+    assert [other.loc[(n, 32), "epoch2_seconds"] for n in (1, 2, 4)] == [38.0, 67.0, 121.0]
+    assert [other.loc[(n, 32), "per_gpu_batch"] for n in (1, 2, 4)] == [32, 16, 8]
+    assert {other.loc[(n, 32), "steps_per_epoch"] for n in (1, 2, 4)} == {1563}      # ceil(50,000 / 32)
+    assert {other.loc[(n, 128), "steps_logged"] for n in (1, 2, 4)} == {391}
+    assert [other.loc[(n, 2048), "steps_per_epoch"] for n in (1, 2, 4)] == [25, 25, 25]
+    assert other.loc[(4, 128), "speedup"] == pytest.approx(16 / 30)
+    first = df[df["method"] == FIRST_COHORT_LABEL].set_index(["gpus", "per_gpu_batch"])
+    assert len(first) == 9 and set(first["fixed"]) == {"per-GPU batch"}
+    assert first.loc[(2, 32), "global_batch"] == 64 and first.loc[(2, 32), "steps_per_epoch"] == 782
+    assert first.loc[(4, 512), "steps_per_epoch"] == 25 and first.loc[(2, 128), "steps_per_epoch"] == 196
+    assert first.loc[(2, 32), "speedup"] == pytest.approx(41.3 / 23.15)             # 1.784
 
 
 def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
@@ -391,21 +438,24 @@ def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
 
 
 def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatch):
-    """The in-process DataParallel path runs with cpu_threads torch threads in quick, as the DDP
-    workers do, and restores the notebook's setting afterwards."""
+    """The DataParallel process runs with cpu_threads torch threads in quick, as the DDP workers do
+    (--threads), and restores the setting afterwards; full leaves torch's own."""
     import torch
 
-    monkeypatch.setattr(scaling, "hardware_summary",
+    from lab_utils.workers import dataparallel
+
+    monkeypatch.setattr(dataparallel, "hardware_summary",
                         lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
                                                      "device_count": n})
-    seen = []
+    seen, launched = [], []
 
     def fake_train(args, n, held):
         seen.append(torch.get_num_threads())
         epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
         return [epoch], 10
 
-    monkeypatch.setattr(scaling, "_train_dp", fake_train)
+    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
+    _dataparallel_here(monkeypatch, launched)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -413,11 +463,11 @@ def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatc
         assert s.pin_threads and s.cpu_threads == 1
         assert not profiles.settings(scaling.Settings, "full").pin_threads
         args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,))
-        rec = scaling._run_dp(store.profile, s, args.for_batch(32), 1)
-        assert seen == [1] and torch.get_num_threads() == 2
+        rec = scaling._run_dp(s, args.for_batch(32), 1)
+        assert seen == [1] and torch.get_num_threads() == 2 and launched[-1][-2:] == ["--threads", "1"]
         assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
-        scaling._run_dp(store.profile, profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
-        assert seen[-1] == 2   # full: torch's setting is left alone
+        scaling._run_dp(profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
+        assert seen[-1] == 2 and "--threads" not in launched[-1]   # full: torch's setting is left alone
     finally:
         torch.set_num_threads(before)
 

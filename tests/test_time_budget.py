@@ -24,7 +24,7 @@ def test_flop_constant_matches_the_counter():
 
 
 def test_spec_epoch_is_anchored_on_published_times():
-    assert tb.spec_epoch_seconds(1, 128) == 33.64  # as published (scaling.ANCHOR_COHORT_SECONDS)
+    assert tb.spec_epoch_seconds(1, 128) == 33.64  # as published (core.anchors.FIRST_COHORT_TABLE1_SECONDS)
     assert tb.spec_epoch_seconds(4, 2048) == 9.01  # above 512: the 512 time
     assert tb.spec_epoch_seconds(1, 32) > tb.spec_epoch_seconds(1, 128)
     assert tb.fast_epoch_seconds("bf16") < tb.spec_epoch_seconds(1, 128)

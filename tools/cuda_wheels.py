@@ -14,8 +14,10 @@ that pair to install:
 - no NVIDIA driver here (no ``nvidia-smi``, no ``/proc/driver/nvidia/version``): what
   ``pip install -r requirements.txt -c constraints.txt`` gets from PyPI, as always (a
   build already in ``.venv`` is kept);
-- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs
-  (PyPI's build when it fits, else PyTorch's wheel index for that variant);
+- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs and
+  that has kernels for every GPU's compute capability (a V100, sm_70, gets the CUDA 12.6 build;
+  PyPI's build when it fits, else PyTorch's wheel index for that variant, or the mirror
+  ``$LAB_PYTORCH_INDEX`` names);
 - ``TORCH_VARIANT=cu126|cu130|cu132|cpu|pypi|<index URL>|auto`` forces one (``auto``
   forgets an earlier forced choice, which otherwise sticks to ``.venv``);
 - ``SYSTEM_TORCH=1``: no torch is installed; the torch/torchvision pair the interpreter
@@ -230,7 +232,8 @@ def install(python: str, requirements: Path, constraints: Path, variant: str | N
         driver = None
     try:
         choice = select_variant(driver.version if driver else None, forced,
-                                pinned_version(read_requirements(constraints), "torch") or "?")
+                                pinned_version(read_requirements(constraints), "torch") or "?",
+                                gpus=driver.gpus if driver else ())
     except NoVariant as e:
         raise InstallError(str(e)) from None
     found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not forced else ""
@@ -307,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             driver = Driver(args.driver, source="--driver") if args.driver else query_driver()
             cons = REPO / "constraints.txt"
             tested = pinned_version(read_requirements(cons), "torch") if cons.exists() else None
-            c = select_variant(driver.version if driver else None, args.variant, tested or "?")
+            c = select_variant(driver.version if driver else None, args.variant, tested or "?",
+                               gpus=driver.gpus if driver else ())
             found = f"; {driver.gpu_list()} found by {driver.source}" if driver and not args.driver else ""
             print(f"{c.variant} from {c.index_url or 'PyPI'} ({c.reason}{found})")
         else:

@@ -180,16 +180,22 @@ def cifar10_present(root: Path | None = None) -> bool:
     return (folder / "data_batch_1").exists() and (folder / "test_batch").exists()
 
 
+def dataset_choice(dataset: str | None = None) -> str:
+    """What was asked for: ``dataset``, else ``$LAB_DATASET``, else ``"auto"`` (not yet resolved)."""
+    return dataset or os.environ.get(DATASET_ENV) or "auto"
+
+
 def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
     """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
-    choice = dataset or os.environ.get(DATASET_ENV) or "auto"
+    choice = dataset_choice(dataset)
     check_choice(choice, DATASET_CHOICES, "dataset")
     present = cifar10_present(root)
     if choice == "cifar10" and not present:
+        asked = "dataset='cifar10'" if dataset else f"{DATASET_ENV}=cifar10"
         raise LabError(
-            f"CIFAR-10 is not in {root or data_dir()} and compute nodes cannot download it; "
+            f"CIFAR-10 is not in {root or data_dir()} ({asked}) and compute nodes cannot download it; "
             "run `make prepare` (or `python -m lab_utils prepare`) on a machine with internet first, "
-            "or use dataset='synthetic'.")
+            "or use the synthetic stand-in (dataset='synthetic', or LAB_DATASET=synthetic).")
     if choice == "auto":
         return "cifar10" if present else "synthetic"
     return choice

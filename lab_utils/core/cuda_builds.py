@@ -14,16 +14,24 @@ ranges and the tested torch/torchvision pair; this module only decides *which bu
 that pair a driver runs:
 
 - no NVIDIA driver here (no ``nvidia-smi``, no ``/proc/driver/nvidia/version``): PyPI's build;
-- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs
-  (PyPI's build when it fits, else PyTorch's wheel index for that variant);
+- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs *and*
+  that has kernels for every GPU's compute capability (``nvidia-smi --query-gpu=compute_cap``;
+  each build's architecture list is in the table: a V100, sm_70, needs the CUDA 12.6 build);
+  PyPI's build when it fits, else PyTorch's wheel index for that variant
+  (``$LAB_PYTORCH_INDEX`` replaces ``https://download.pytorch.org/whl``: a site's mirror);
 - ``TORCH_VARIANT=cu126|cu130|cu132|cpu|pypi|<index URL>|auto`` forces one.
+
+:func:`arch_runs` is the one rule for "this build has kernels for this GPU"; the run-time check
+(:mod:`lab_utils.core.environment`) applies it to ``torch.cuda.get_arch_list()``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +51,9 @@ class Variant:
     the local version label of its wheels (``torch==2.14.1+cu126``). ``min_driver`` is
     the oldest Linux driver that runs it (CUDA minor-version compatibility: the floor of
     its CUDA major); ``toolkit_driver`` the driver its CUDA release shipped with, where
-    known. ``auto``: chosen automatically (only these are picked by driver version).
+    known. ``auto``: chosen automatically (only these are picked by driver version and GPU).
+    ``archs``: the build's architecture list as ``torch.cuda.get_arch_list()`` reports it
+    (``sm_XY``: kernels for compute capability X.Y; ``compute_XY``: PTX, compiled on load).
     """
 
     name: str
@@ -52,6 +62,7 @@ class Variant:
     toolkit_driver: str | None = None
     auto: bool = False
     on_pypi: bool = False
+    archs: tuple[str, ...] = ()
 
 
 # The one table of builds and driver minimums, newest CUDA first.
@@ -66,15 +77,72 @@ class Variant:
 #   CUDA 12.x >= 525 (525.60.13 on Linux in the CUDA 12 release notes' minor-version table).
 # - toolkit_driver: NVIDIA CUDA Toolkit Release Notes, table "CUDA Toolkit and
 #   Corresponding Driver Versions": CUDA 12.6 GA >= 560.28.03, CUDA 13.0 GA >= 580.65.06.
+# - archs (each build's architecture list, Linux x86_64), from PyTorch's RELEASE.md "PyTorch CUDA
+#   Support Matrix" for release 2.14 (pytorch/pytorch#197555, "the same" for 2.12-2.14; rows added in
+#   #182849): CUDA 12.6.3 Maxwell(5.0), Pascal(6.0), Volta(7.0), Turing(7.5), Ampere(8.0, 8.6),
+#   Hopper(9.0); CUDA 13.0.2 and 13.2.1 Turing(7.5), Ampere(8.0, 8.6), Hopper(9.0), Blackwell(10.0,
+#   12.0+PTX). The builds' TORCH_CUDA_ARCH_LIST is in .ci/manywheel/build_cuda.sh: base
+#   "7.0;7.5;8.0;8.6;9.0", "12.6) 5.0;6.0;${base}" ("Only 12.6 includes Legacy Maxwell/Pascal"),
+#   "13.0) 7.5;8.0;8.6;9.0;10.0;12.0+PTX". PyPI's torch 2.14.1+cu130 as installed by this lab's
+#   `make venv` reports torch.cuda.get_arch_list() == ['sm_75', 'sm_80', 'sm_86', 'sm_90', 'sm_100',
+#   'sm_120'] (PTX is not listed by torch; compute_120 here keeps the matrix's "+PTX"). Volta was
+#   dropped from the CUDA 12.8 builds in 2.11 (pytorch/pytorch#172352): from then on a V100 needs cu126.
 # cu132 is published but not tested here: used only when forced (TORCH_VARIANT=cu132).
+_CUDA13_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
 VARIANTS: tuple[Variant, ...] = (
-    Variant("cu132", "13.2", "580", None, auto=False),
-    Variant("cu130", "13.0", "580", "580.65.06", auto=True, on_pypi=True),
-    Variant("cu126", "12.6", "525.60.13", "560.28.03", auto=True),
+    Variant("cu132", "13.2", "580", None, auto=False, archs=_CUDA13_ARCHS),
+    Variant("cu130", "13.0", "580", "580.65.06", auto=True, on_pypi=True, archs=_CUDA13_ARCHS),
+    Variant("cu126", "12.6", "525.60.13", "560.28.03", auto=True,
+            archs=("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")),
     Variant("cpu", None, None, None, auto=False),
 )
 # The floor of each CUDA major (minor-version compatibility), for torch builds not in the table.
 CUDA_MAJOR_MIN_DRIVER = {"13": "580", "12": "525.60.13", "11": "450.80.02"}
+
+
+def pytorch_index() -> str:
+    """PyTorch's wheel index, or the mirror ``$LAB_PYTORCH_INDEX`` names (its folders: cu126, cu130, ...)."""
+    return (os.environ.get("LAB_PYTORCH_INDEX") or PYTORCH_INDEX).rstrip("/")
+
+
+def _arch_number(arch: str) -> tuple[str, int] | None:
+    """``"sm_86"`` -> ("sm", 86), ``"compute_120"`` -> ("compute", 120), ``"sm_90a"`` -> ("sm", 90)."""
+    m = re.fullmatch(r"(sm|compute)_(\d+)[a-z]?", arch.strip())
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def sm_name(compute_cap: str) -> str:
+    """``"7.0"`` -> ``"sm_70"``."""
+    major, minor = compute_cap.split(".")[:2]
+    return f"sm_{int(major)}{int(minor)}"
+
+
+def arch_runs(compute_cap: str, archs: Iterable[str]) -> bool:
+    """True when a build with architecture list ``archs`` has kernels for a GPU of ``compute_cap`` ("7.0").
+
+    CUDA's rules (CUDA C++ Programming Guide, "Binary Compatibility" and "PTX Compatibility"): a cubin
+    for sm_XY runs on compute capability X.Z with Z >= Y (same major); PTX for compute_XY is compiled
+    on load for any compute capability >= X.Y. (torch's own start-up check only compares the major,
+    so it accepts a CUDA 13 build, sm_75, on a V100, sm_70, where every kernel then fails with "no
+    kernel image is available".)
+    """
+    major, minor = (int(x) for x in compute_cap.split(".")[:2])
+    for arch in archs:
+        parsed = _arch_number(arch)
+        if parsed is None:
+            continue
+        kind, n = parsed
+        if kind == "sm" and n // 10 == major and n % 10 <= minor:
+            return True
+        if kind == "compute" and n <= major * 10 + minor:
+            return True
+    return False
+
+
+def arch_summary(archs: Sequence[str]) -> str:
+    """``"sm_75 and later"`` style: the lowest kernel architecture of a list."""
+    sms = sorted(n for a in archs if (p := _arch_number(a)) and p[0] == "sm" for n in [p[1]])
+    return f"sm_{sms[0]} and later" if sms else "no GPU kernels"
 
 
 def variant_named(name: str) -> Variant | None:
@@ -215,6 +283,8 @@ class DriverGPU:
     index: int
     name: str
     memory_mib: int | None = None
+    compute_cap: str | None = None     # "7.0" (nvidia-smi --query-gpu=compute_cap), None if not reported
+    compute_mode: str | None = None    # "Default", "Exclusive_Process", "Prohibited"
 
 
 @dataclass
@@ -237,6 +307,25 @@ class Driver:
 
 
 SMI_QUERY = ["--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+# A query of its own: drivers before compute_cap existed (R510) refuse a query that names it.
+SMI_CAPS = ["--query-gpu=index,compute_cap,compute_mode", "--format=csv,noheader"]
+
+
+def _add_caps(exe: str, driver: Driver, timeout_s: float) -> None:
+    """Each GPU's compute capability and compute mode, where nvidia-smi reports them."""
+    try:
+        res = subprocess.run([exe, *SMI_CAPS], capture_output=True, text=True, timeout=timeout_s)
+    except (subprocess.TimeoutExpired, OSError):
+        return
+    if res.returncode != 0:
+        return
+    by_index = {g.index: g for g in driver.gpus}
+    for line in res.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit() and int(parts[0]) in by_index:
+            g = by_index[int(parts[0])]
+            g.compute_cap = parts[1] if re.fullmatch(r"\d+\.\d+", parts[1]) else None
+            g.compute_mode = parts[2] or None
 
 
 def _from_nvidia_smi(exe: str, timeout_s: float) -> tuple[Driver | None, str]:
@@ -265,7 +354,9 @@ def _from_nvidia_smi(exe: str, timeout_s: float) -> tuple[Driver | None, str]:
         version = version or parts[3]
     if not gpus:
         return Driver(version=None, gpus=[], source="nvidia-smi", note="nvidia-smi listed no GPUs"), ""
-    return Driver(version=version, gpus=gpus, source="nvidia-smi"), ""
+    driver = Driver(version=version, gpus=gpus, source="nvidia-smi")
+    _add_caps(exe, driver, timeout_s)
+    return driver, ""
 
 
 def _from_proc(proc_root: Path) -> Driver | None:
@@ -331,14 +422,27 @@ def _by_name(name: str, reason: str, forced: bool) -> Choice:
     v = variant_named(name)
     if v is not None and v.on_pypi and not forced:
         return Choice(name, None, "", reason, forced)
-    return Choice(name, f"{PYTORCH_INDEX}/{name}", name, reason, forced)
+    return Choice(name, f"{pytorch_index()}/{name}", name, reason, forced)
 
 
-def select_variant(driver_version: str | None, forced: str | None = None, tested: str = "2.14.1") -> Choice:
-    """Driver version (or a forced value) -> the build to install; :class:`NoVariant` if none fits.
+def _lacking(v: Variant, gpus: Sequence[DriverGPU]) -> list[DriverGPU]:
+    """The GPUs (with a known compute capability) that build ``v`` has no kernels for."""
+    return [g for g in gpus if g.compute_cap and not arch_runs(g.compute_cap, v.archs)]
+
+
+def _gpu_phrase(g: DriverGPU) -> str:
+    return f"{g.name} has compute capability {g.compute_cap} ({sm_name(g.compute_cap)})"
+
+
+def select_variant(driver_version: str | None, forced: str | None = None, tested: str = "2.14.1",
+                   gpus: Sequence[DriverGPU] = ()) -> Choice:
+    """Driver version and GPUs (or a forced value) -> the build to install; :class:`NoVariant` if none fits.
 
     ``forced``: a variant name from :data:`VARIANTS` (or another ``cuXYZ``/``rocmX.Y``
-    folder of PyTorch's index), ``pypi``, an index URL, or ``auto``/empty (choose by driver).
+    folder of PyTorch's index), ``pypi``, an index URL, or ``auto``/empty (choose by driver
+    and GPUs). ``gpus``: the driver's GPUs; those with a ``compute_cap`` must each be run by the
+    build's architecture list (:func:`arch_runs`), so a newer CUDA build is passed over for one
+    that has the GPU's kernels.
     """
     forced = (forced or "").strip()
     if forced and forced != "auto":
@@ -352,23 +456,44 @@ def select_variant(driver_version: str | None, forced: str | None = None, tested
         names = ", ".join(v.name for v in VARIANTS)
         raise NoVariant(f"TORCH_VARIANT={forced} is not a build this lab knows; use one of {names}, pypi, "
                         f"auto, or an index URL (https://...).")
+    auto = [v for v in VARIANTS if v.auto and v.min_driver]
     if driver_version is None:
         pypi, oldest = next(v for v in VARIANTS if v.on_pypi), _oldest_auto()
+        widest = min(auto, key=lambda v: min(n for a in v.archs if (p := _arch_number(a)) for n in [p[1]]))
         return Choice("pypi", None, "", f"no NVIDIA driver on this machine, so PyPI's build as always: "
-                      f"CUDA {pypi.cuda}, which needs driver >= {pypi.min_driver} on the GPU nodes; for "
-                      f"drivers from {oldest.min_driver} there use TORCH_VARIANT={oldest.name}")
-    for v in VARIANTS:
-        if v.auto and v.min_driver and driver_at_least(driver_version, v.min_driver):
-            full = v.toolkit_driver and driver_at_least(driver_version, v.toolkit_driver)
-            how = ("" if full else
-                   f" through CUDA minor-version compatibility (the CUDA {v.cuda} toolkit shipped with "
-                   f"driver {v.toolkit_driver})" if v.toolkit_driver else "")
-            newer = [w for w in VARIANTS if w.auto and w.cuda and w.min_driver
-                     and parse_version(w.cuda).key() > parse_version(v.cuda).key()]
-            skipped = "".join(f"; CUDA {w.cuda} ({w.name}) needs driver >= {w.min_driver}" for w in newer)
-            reason = (f"NVIDIA driver {driver_version} runs CUDA {v.cuda} builds (needs >= {v.min_driver})"
-                      f"{how}{skipped}")
-            return _by_name(v.name, reason, False)
+                      f"CUDA {pypi.cuda}, which needs driver >= {pypi.min_driver} on the GPU nodes and has "
+                      f"kernels for {arch_summary(pypi.archs)}; for drivers from {oldest.min_driver} there, "
+                      f"or GPUs below {arch_summary(pypi.archs).split()[0]} (a V100 is sm_70), use "
+                      f"TORCH_VARIANT={widest.name}")
+    passed: list[str] = []   # newer builds this driver runs that lack a GPU's kernels
+    for v in auto:
+        if not driver_at_least(driver_version, v.min_driver):
+            continue
+        lacking = _lacking(v, gpus)
+        if lacking:
+            passed.append(f"{_gpu_phrase(lacking[0])}, and CUDA {v.cuda} builds ({v.name}) have "
+                          f"{arch_summary(v.archs)} only")
+            continue
+        full = v.toolkit_driver and driver_at_least(driver_version, v.toolkit_driver)
+        how = ("" if full else
+               f" through CUDA minor-version compatibility (the CUDA {v.cuda} toolkit shipped with "
+               f"driver {v.toolkit_driver})" if v.toolkit_driver else "")
+        newer = [w for w in auto if w.cuda and parse_version(w.cuda).key() > parse_version(v.cuda).key()
+                 and not driver_at_least(driver_version, w.min_driver)]
+        skipped = "".join(f"; CUDA {w.cuda} ({w.name}) needs driver >= {w.min_driver}" for w in newer)
+        has = ""
+        if passed:
+            caps = sorted({sm_name(g.compute_cap) for g in gpus if g.compute_cap})
+            has = f": {'; '.join(passed)}, while {v.name} has {', '.join(caps)}"
+        reason = (f"NVIDIA driver {driver_version} runs CUDA {v.cuda} builds (needs >= {v.min_driver})"
+                  f"{how}{skipped}{has}")
+        return _by_name(v.name, reason, False)
+    if passed:
+        raise NoVariant(f"{passed[0].split(', and ')[0]}, which no CUDA build of torch {tested} that driver "
+                        f"{driver_version} runs has kernels for ("
+                        + "; ".join(f"{v.name}: {arch_summary(v.archs)}" for v in auto)
+                        + "); load your cluster's PyTorch module and run `make venv SYSTEM_TORCH=1`, "
+                          "or force the CPU build with `make venv TORCH_VARIANT=cpu`.")
     oldest = _oldest_auto()
     raise NoVariant(f"NVIDIA driver {driver_version} is older than any CUDA build of torch {tested} supports "
                     f"(the oldest, {oldest.name}, needs >= {oldest.min_driver}); ask your admins for a newer "

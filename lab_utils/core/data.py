@@ -205,7 +205,7 @@ def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers:
     global _warned_synthetic
     train_ds, synthetic = cifar10_dataset(True, dataset, train_transform(), size=train_images)
     test_ds, _ = cifar10_dataset(False, dataset, test_transform(), size=test_images)
-    if synthetic and not _warned_synthetic and (dataset or "auto") == "auto":
+    if synthetic and not _warned_synthetic and config.dataset_choice(dataset) == "auto":
         warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
                       "(run `make prepare` on a machine with internet for the real data).",
                       stacklevel=2)
@@ -299,7 +299,7 @@ def load_split(train: bool, images: int | None = None, dataset: str | None = Non
     n = size if images is None else min(images, size)
     if kind == "synthetic":
         global _warned_synthetic
-        if not _warned_synthetic and (dataset or "auto") == "auto":
+        if not _warned_synthetic and config.dataset_choice(dataset) == "auto":
             warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
                           "(run `make prepare` on a machine with internet for the real data).",
                           stacklevel=2)

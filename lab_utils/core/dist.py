@@ -140,24 +140,37 @@ def end_rank(message: str, code: int = 1) -> NoReturn:
 
 
 @contextlib.contextmanager
-def oom_ends_rank(ctx: DistContext) -> Iterator[None]:
-    """Under DDP (more than one rank), an out-of-memory error raised in the block ends this rank.
+def failure_ends_rank(ctx: DistContext) -> Iterator[None]:
+    """Under DDP, an error raised in the block that would leave a peer waiting ends this rank at once.
 
-    A rank that swallowed its own out-of-memory error and went on to its next collective
-    (``all_gather_object`` of its records) would no longer match its peers, one of which
-    may still be inside DDP's bucket all-reduce: the run would wait for the NCCL timeout
-    (30 minutes by default). So the rank prints the traceback and one line carrying
-    ``torch.OutOfMemoryError`` (which :func:`lab_utils.core.memory.mentions_out_of_memory`
-    finds in its log) and exits with :data:`OOM_EXIT_CODE`; the launcher's
-    :class:`~lab_utils.core.errors.LaunchError` then says out of memory, and the experiment
-    turns it into an ``oom`` row. With one process the error propagates unchanged.
+    - Out of memory, with more than one rank (any backend): a rank that swallowed its own
+      out-of-memory error and went on to its next collective (``all_gather_object`` of its records)
+      would no longer match its peers, one of which may still be inside DDP's bucket all-reduce:
+      the run would wait for the collective timeout (30 minutes by default). So the rank prints the
+      traceback and one line carrying ``torch.OutOfMemoryError`` (which
+      :func:`lab_utils.core.memory.mentions_out_of_memory` finds in its log) and exits with
+      :data:`OOM_EXIT_CODE`; the launcher's :class:`~lab_utils.core.errors.LaunchError` then says out
+      of memory, and the experiment turns it into an ``oom`` row.
+    - Any other exception, under NCCL with more than one rank: the worker's ``finally`` would call
+      ``destroy_process_group()``, which under NCCL can block while a peer waits in a collective,
+      so the rank would never exit and the run would hang until its time limit. The rank prints
+      the traceback and ``<Error> on rank R of N: <message>`` and leaves with ``os._exit(1)``.
+
+    With one process (or another error under gloo, whose teardown does not wait) the error
+    propagates unchanged.
     """
     try:
         yield
     except Exception as e:
-        if not (ctx.ddp and is_out_of_memory(e)):
-            raise
-        traceback.print_exc()
-        end_rank(f"torch.OutOfMemoryError on rank {ctx.rank} of {ctx.world_size}: {oom_reason(e)}; "
-                 "this rank ends so that torchrun stops the others (no collective left unmatched)",
-                 OOM_EXIT_CODE)
+        if ctx.ddp and is_out_of_memory(e):
+            traceback.print_exc()
+            end_rank(f"torch.OutOfMemoryError on rank {ctx.rank} of {ctx.world_size}: {oom_reason(e)}; "
+                     "this rank ends so that torchrun stops the others (no collective left unmatched)",
+                     OOM_EXIT_CODE)
+        if ctx.ddp and ctx.backend == "nccl":
+            traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0]
+            end_rank(f"{type(e).__name__} on rank {ctx.rank} of {ctx.world_size}: {first}; this rank ends at "
+                     "once (under NCCL, tearing the process group down while a peer waits in a collective "
+                     "can block) so that torchrun stops the others")
+        raise

@@ -6,10 +6,13 @@
   data. A piece that cannot be known says why (no driver, not in this container).
 - :func:`check_gpu_node`: when the NVIDIA driver reports GPUs but torch cannot use
   them (a torch built for a newer CUDA than the driver runs, or a CPU-only build), the
-  lab would silently fall back to the CPU. ``session.start``, ``python -m lab_utils
-  info`` and ``run`` call it first: it raises a :class:`LabError` naming the driver,
-  torch's CUDA and the fix, unless the quick profile was asked for explicitly, which
-  then runs on the CPU with a warning.
+  lab would silently fall back to the CPU; when torch sees them but has no kernels for
+  their architecture (a CUDA 13 build on a V100), every GPU operation would fail with "no
+  kernel image is available". ``session.start`` (notebook 00's first call), ``python -m
+  lab_utils info``, ``run`` and ``doctor`` call it first: it raises a :class:`LabError`
+  naming the driver or the architecture, torch's build and the fix, unless (in the first
+  case only) the quick profile was asked for explicitly, which then runs on the CPU with a
+  warning.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from lab_utils.core import cuda_builds, data
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import (
     classify_interconnect,
+    cudnn_build_version,
     describe_machine,
     interconnect,
     peak_flops_per_s,
@@ -70,16 +74,47 @@ def _fix(torch_cuda: str | None, driver: cuda_builds.Driver) -> str:
             f"machine with internet, such as the login node), or {system}")
 
 
-def gpu_node_problem(driver: cuda_builds.Driver | None | str = "detect") -> tuple[str, str] | None:
-    """``(what is wrong, the fix)`` when the driver reports GPUs that torch cannot use, else None.
+def arch_problem(driver: cuda_builds.Driver | None) -> tuple[str, str] | None:
+    """``(what is wrong, the fix)`` when torch sees the GPUs but its build has no kernels for one of them.
 
-    Cheap where it does not apply: nothing is asked when torch sees a GPU, and without
-    ``nvidia-smi`` and ``/proc/driver/nvidia/version`` there is no driver to ask.
+    The GPUs' compute capabilities come from ``nvidia-smi`` (no CUDA context is opened), the build's
+    architectures from ``torch.cuda.get_arch_list()``; :func:`lab_utils.core.cuda_builds.arch_runs`
+    decides. torch itself only warns when no architecture of the GPU's *major* is in the list, so a
+    CUDA 13 build (sm_75 and later) passes its check on a V100 (sm_70).
+    """
+    import torch
+
+    archs = torch.cuda.get_arch_list()
+    if driver is None or not archs or torch.version.hip:
+        return None
+    lacking = [g for g in driver.gpus if g.compute_cap and not cuda_builds.arch_runs(g.compute_cap, archs)]
+    if not lacking:
+        return None
+    g = lacking[0]
+    sm = cuda_builds.sm_name(g.compute_cap)
+    problem = (f"This node's {g.name} has compute capability {g.compute_cap} ({sm}), but torch "
+               f"{_torch_build()[0]} has kernels for {', '.join(archs)} only, so every GPU operation would "
+               "fail with 'no kernel image is available'")
+    system = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
+    try:
+        choice = cuda_builds.select_variant(driver.version, gpus=driver.gpus)
+    except cuda_builds.NoVariant:
+        return problem, f"no build of the lab's torch has {sm} kernels, so {system}"
+    return problem, (f"install a build that has {sm} with `make venv TORCH_VARIANT={choice.variant}` (on a "
+                     f"machine with internet, such as the login node), or {system}")
+
+
+def gpu_node_problem(driver: cuda_builds.Driver | None | str = "detect") -> tuple[str, str] | None:
+    """``(what is wrong, the fix)`` when the driver reports GPUs that torch cannot use, or that torch
+    sees but has no kernels for (:func:`arch_problem`), else None.
+
+    Cheap where it does not apply: without ``nvidia-smi`` and ``/proc/driver/nvidia/version``
+    there is no driver to ask; with one, ``nvidia-smi`` answers within its time limit.
     """
     import torch
 
     if torch.cuda.is_available():
-        return None
+        return arch_problem(cuda_builds.query_driver() if driver == "detect" else driver)
     if driver == "detect":
         driver = cuda_builds.query_driver()
     if driver is None or not driver.gpus:
@@ -95,10 +130,14 @@ def check_gpu_node(profile: str, why: str, driver: cuda_builds.Driver | None | s
     :class:`LabError`; an explicitly requested quick profile gets the warning (printed
     to stderr and returned) instead.
     """
+    import torch
+
     found = gpu_node_problem(driver)
     if found is None:
         return None
     problem, fix = found
+    if torch.cuda.is_available():  # torch would pick a GPU it has no kernels for, whatever the profile
+        raise LabError(f"{problem}; {fix}.")
     if profile == "quick" and not why.startswith("automatic"):
         warning = (f"warning: {problem}; running the quick profile on the CPU as asked ({why}); "
                    f"to use the GPUs: {fix}.")
@@ -137,9 +176,10 @@ def software_stack(driver: cuda_builds.Driver | None | str = "detect") -> dict[s
                  f"{driver.source}; nvidia-smi is not available in this container ({driver.note})")
         out["NVIDIA driver"] = f"{driver.version} (from {where})"
     out["torch CUDA"] = torch.version.cuda or f"none: {cpu_build}"
-    cudnn = cudnn_version(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None
-    out["cuDNN"] = cudnn or (f"none: {cpu_build}" if not torch.version.cuda
-                             else "none: this torch has no cuDNN")
+    raw, refused = cudnn_build_version()   # no CUDA context opened for it
+    cudnn = cudnn_version(raw) or (f"none: {cpu_build}" if not torch.version.cuda
+                                   else "none: this torch has no cuDNN")
+    out["cuDNN"] = f"not usable here: {refused}" if refused else cudnn
     try:
         raw = torch.cuda.nccl.version()
         nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)

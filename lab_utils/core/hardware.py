@@ -295,6 +295,32 @@ def hardware_summary(device: str | None = None, device_count: int | None = None)
             "device_count": int(device_count), "cpu_cores": cpu_cores()}
 
 
+def cudnn_build_version() -> tuple[int | None, str | None]:
+    """cuDNN's version (``92400``) and, when torch refuses it for these GPUs, why (else None).
+
+    Without initialising CUDA in this process: ``torch.backends.cudnn.version()``'s first call checks
+    cuDNN against every GPU's compute capability, which initialises CUDA (the notebook's kernel, the
+    result store and the doctor must not, before they launch ranks) and raises on a V100 with cuDNN
+    9.11 or later. So while CUDA is not initialised here the library's own version is read
+    (``torch._C._cudnn.getVersionInt``, the value ``version()`` returns).
+    """
+    import torch
+
+    if not torch.backends.cudnn.is_available():
+        return None, None
+    if torch.cuda.is_initialized():
+        try:
+            return torch.backends.cudnn.version(), None
+        except RuntimeError as e:  # cuDNN 9.11+ on sm < 7.5
+            return None, str(e).strip().splitlines()[0][:160]
+    try:
+        from torch._C import _cudnn
+
+        return int(_cudnn.getVersionInt()), None
+    except (ImportError, AttributeError, RuntimeError):
+        return None, None
+
+
 def software_versions() -> dict[str, str | None]:
     """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
     import torch
@@ -305,7 +331,7 @@ def software_versions() -> dict[str, str | None]:
         tv = torchvision.__version__
     except Exception:  # a broken torchvision must not stop a record being written
         tv = None
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    cudnn = cudnn_build_version()[0]
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -8,9 +8,11 @@ until it no longer fits), so every path that can hit it handles it the same way,
   other allocators raise for the same reason (cuDNN 9's
   ``CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED`` / ``..._HOST_ALLOCATION_FAILED``,
   cuDNN 8's ``CUDNN_STATUS_ALLOC_FAILED`` and ``CUBLAS_STATUS_ALLOC_FAILED`` when cuDNN or
-  cuBLAS cannot get their workspace,
+  cuBLAS cannot get their workspace, cuDNN's "no engine / no valid algorithm" under
+  ``cudnn.benchmark`` when none fits the memory left, NCCL's ``Cuda failure 2 'out of memory'``,
   ``CUDA error: out of memory`` from a raw ``cudaMalloc``, the CPU allocator's
-  ``can't allocate memory``). Anything else is a bug and propagates.
+  ``can't allocate memory``): :data:`OOM_MARKERS`, each naming which allocation failed where the
+  message does not. Anything else is a bug and propagates.
 - :func:`catch_oom` is the one way to catch it: a context manager that swallows an
   out-of-memory exception, keeps only its first line (``reason``) and lets everything
   else through. The cleanup then runs *after* the ``with`` statement, never inside an
@@ -40,62 +42,101 @@ from __future__ import annotations
 import gc
 import math
 import numbers
+import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from lab_utils.core.errors import LabError
 
-#: Substrings of an error message (or of a failed rank's log) that mean "out of memory".
-OOM_MARKERS: tuple[str, ...] = (
-    "CUDA out of memory",           # torch.OutOfMemoryError from the caching allocator
-    "CUDA error: out of memory",    # cudaErrorMemoryAllocation from a raw CUDA call
+
+@dataclass(frozen=True)
+class OomMarker:
+    """Text (a regular expression) that means "out of memory" in an error message or a rank's log, and
+    ``which`` allocation failed, for messages that do not say so themselves (None: the text does)."""
+
+    pattern: str
+    which: str | None = None
+
+
+#: Every way an allocation failure is reported, as the failing library words it.
+OOM_MARKERS: tuple[OomMarker, ...] = (
+    OomMarker("OutOfMemoryError"),                   # the exception's name in a traceback
+    OomMarker("CUDA out of memory"),                 # torch.OutOfMemoryError from the caching allocator
+    OomMarker("CUDA error: out of memory"),          # cudaErrorMemoryAllocation from a raw CUDA call
     # cuDNN 9 (cudnn_graph.h): a device or host allocation failure is a sub-code of INTERNAL_ERROR
-    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
-    "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",    # cuDNN 8 could not allocate its workspace
-    "CUBLAS_STATUS_ALLOC_FAILED",   # cuBLAS could not allocate its workspace / handle
-    "can't allocate memory",        # the CPU allocator (DefaultCPUAllocator)
+    OomMarker("CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"),
+    OomMarker("CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
+    OomMarker("CUDNN_STATUS_ALLOC_FAILED"),          # cuDNN 8 could not allocate its workspace
+    OomMarker("CUBLAS_STATUS_ALLOC_FAILED"),         # cuBLAS could not allocate its workspace / handle
+    # cudnn.benchmark (notebooks 01 and 02 push into OOM with it on): when every convolution engine
+    # or algorithm needs more workspace than is left, torch says it found none (cuDNN v8/v9 API and
+    # the legacy API's algorithm search)
+    OomMarker("FIND was unable to find an engine to execute this computation", "cuDNN: no algorithm fits"),
+    OomMarker("Unable to find a valid cuDNN algorithm", "cuDNN: no algorithm fits"),
+    # NCCL's own buffers (ncclUnhandledCudaError ... "Last error: Cuda failure 2 'out of memory'")
+    OomMarker(r"Cuda failure (\d+ )?'out of memory'", "NCCL: a CUDA allocation failed"),
+    OomMarker("can't allocate memory"),              # the CPU allocator (DefaultCPUAllocator)
 )
+_OOM = [(re.compile(m.pattern), m) for m in OOM_MARKERS]
+
+
+def oom_marker(text: str) -> OomMarker | None:
+    """The first :data:`OOM_MARKERS` entry ``text`` carries, or None."""
+    return next((m for rx, m in _OOM if rx.search(text)), None)
 
 
 def mentions_out_of_memory(text: str) -> bool:
     """True when ``text`` (an error message or a rank's log) reports an allocation failure."""
-    return "OutOfMemoryError" in text or any(m in text for m in OOM_MARKERS)
+    return oom_marker(text) is not None
+
+
+def _reason(line: str, marker: OomMarker | None, limit: int) -> str:
+    line = line.strip()
+    line = line[: limit - 3] + "..." if len(line) > limit else line
+    return f"OOM ({marker.which}): {line}" if marker is not None and marker.which else f"OOM: {line}"
 
 
 def oom_reason_from_log(text: str, limit: int = 300) -> str:
-    """``"OOM: <the first log line that reports it>"`` for a row, from a failed rank's log.
+    """``"OOM: <the first log line that reports it>"`` for a row, from a failed rank's log
+    (``"OOM (<which>): ..."`` when the line does not say which allocation failed).
 
     ``"OOM"`` alone when no single line carries a marker (the caller has already decided,
     with :func:`mentions_out_of_memory`, that the text reports an allocation failure).
     """
     for line in text.splitlines():
-        if "OutOfMemoryError" in line or any(m in line for m in OOM_MARKERS):
-            line = line.strip()
-            return f"OOM: {line[: limit - 3] + '...' if len(line) > limit else line}"
+        marker = oom_marker(line)
+        if marker is not None:
+            return _reason(line, marker, limit)
     return "OOM"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for an out-of-memory failure of the GPU or CPU allocators, cuDNN or cuBLAS.
+    """True for an out-of-memory failure of the GPU or CPU allocators, cuDNN, cuBLAS or NCCL.
 
-    ``torch.OutOfMemoryError`` always; a ``RuntimeError`` when its message carries one of
-    :data:`OOM_MARKERS`; never any other exception type (a ``ValueError`` that mentions
-    memory is still a bug).
+    ``torch.OutOfMemoryError`` always; a ``RuntimeError`` (NCCL's ``DistBackendError`` is one)
+    when its message carries one of :data:`OOM_MARKERS`; never any other exception type (a
+    ``ValueError`` that mentions memory is still a bug).
     """
     if isinstance(exc, torch.OutOfMemoryError):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in OOM_MARKERS)
+    return isinstance(exc, RuntimeError) and mentions_out_of_memory(str(exc))
 
 
 def oom_reason(exc: BaseException, limit: int = 300) -> str:
-    """``"OOM: <first line of the message>"`` (at most ``limit`` characters of it), for a row."""
+    """``"OOM: <the message's line that says so>"`` (at most ``limit`` characters of it), for a row;
+    ``"OOM (<which>): ..."`` for a message that does not say which allocation failed (cuDNN's "no
+    algorithm", NCCL's "Cuda failure"). The first line when no line carries a marker."""
     text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if len(first) > limit:
-        first = first[: limit - 3] + "..."
-    return f"OOM: {first}"
+    if not text:
+        return f"OOM: {type(exc).__name__}"
+    lines = text.splitlines()
+    for line in lines:
+        marker = oom_marker(line)
+        if marker is not None:
+            return _reason(line, marker, limit)
+    return _reason(lines[0], None, limit)
 
 
 class catch_oom:  # lower case: used like a function, ``with catch_oom() as oom``

@@ -3,7 +3,9 @@
 One meaning per name, everywhere in the lab (a sweep record, a DDP rank, a GPT epoch, a
 table's note). A name that would mean something else gets another name: ``images_per_s``
 is always over ``train_seconds`` (loader waits excluded), the fast path's rate over the
-whole epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s``.
+whole epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s`` (of its
+``loader_images``, where ``images`` are always trained on). ``tests/test_metrics_glossary.py``
+checks that no definition says the same thing twice.
 
 Aggregates over the ranks of a DDP run (:mod:`lab_utils.core.ranks`) add a suffix to a time
 of this glossary: ``<name>_mean`` (the mean over ranks), ``<name>_max`` (the maximum),
@@ -56,17 +58,18 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "slowest rank's loader; not training time (0 with one rank)", "s"),
     ("train_plus_skew_wait_seconds", "max over ranks of train_seconds + skew_wait_seconds: about what T(N) "
      "was before the skew barrier existed", "s"),
-    ("images", "training samples (images; sequences for a GPT) the epoch went through (all ranks for an "
-     "aggregate); for the loader benchmark, the images its passes delivered", "count"),
+    ("images", "training samples (images; sequences for a GPT) the epoch trained on (all ranks for an "
+     "aggregate)", "count"),
     ("images_per_s", "training images / train_seconds (loader waits excluded); aggregate: all ranks' images "
      "/ the slowest rank's train_seconds", "images/s"),
-    ("epoch_images_per_s", "training images / epoch_seconds (loader waits INCLUDED): the fast path's rate"
-     "training images / epoch_seconds (loader waits INCLUDED): the fast path's rate", "images/s"),
-    ("loader_images_per_s", "images the data loader alone delivers per second of wall time (no model)"
-     "images the data loader alone delivers per second of wall time (no model)", "images/s"),
+    ("epoch_images_per_s", "training images / epoch_seconds (loader waits INCLUDED): the fast path's rate",
+     "images/s"),
+    ("loader_images", "the loader benchmark: images its full passes delivered (no model trains)", "count"),
+    ("loader_images_per_s", "the loader benchmark: loader_images / its seconds of wall time (no model)",
+     "images/s"),
     ("steps", "optimizer steps in the epoch (per rank; the maximum over ranks for an aggregate)", "count"),
-    ("micro_steps", "forward/backward passes in the epoch (= batches; = steps without accumulation)"
-     "forward/backward passes in the epoch (= batches; = steps without accumulation)", "count"),
+    ("micro_steps", "forward/backward passes in the epoch (= batches; = steps without accumulation)",
+     "count"),
     ("loss", "mean training loss over the samples this process trained on in the epoch", "nats"),
     ("accuracy", "training accuracy over the samples this process trained on in the epoch", "fraction"),
     ("train_loss", "mean training loss over the epoch's samples of ALL ranks (all-reduced)", "nats"),
@@ -83,8 +86,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("lr_first", "learning rate of the epoch's first optimizer step", "lr"),
     ("peak_memory_bytes", "device memory high-water mark (torch.cuda.max_memory_allocated) over the "
      "measured training pass(es), the fullest GPU; None on a CPU", "bytes"),
-    ("peak_memory_bytes_per_device", "DataParallel: each GPU's high-water mark, in device_ids order"
-     "DataParallel: each GPU's high-water mark, in device_ids order", "bytes"),
+    ("peak_memory_bytes_per_device", "DataParallel: each GPU's high-water mark, in device_ids order",
+     "bytes"),
     ("elapsed_seconds", "wall time from the start of epoch 1 to the end of this epoch, evaluation included "
      "(slowest rank): for accuracy-against-wall-clock plots", "s"),
     ("cumulative_train_seconds", "sum of train_seconds up to this epoch", "s"),
@@ -94,16 +97,16 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("steps_per_epoch", "optimizer steps per epoch (per rank)", "count"),
     ("batches_per_epoch", "batches per epoch per rank (= steps_per_epoch x accumulation steps)", "count"),
     ("batch_size", "samples per batch (per device)", "count"),
-    ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step"
-     "CPU memory cap: the largest model state + saved activations of one step", "bytes"),
+    ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
+     "bytes"),
     # ---------------------------------------------------------------- over ranks (core.ranks)
     ("world_size", "processes (ranks) of the run", "count"),
     ("slowest_rank", "the rank with the longest epoch_seconds: its breakdown is the aggregate's", "-"),
     ("fastest_rank", "the rank with the shortest epoch_seconds", "-"),
     ("imbalance", "slowest / fastest rank's epoch_seconds", "ratio"),
     ("rank", "the process's rank in the group", "-"),
-    ("ranks", "per-rank entries (their keys are in this glossary), or, in the ledger, each rank's counts"
-     "per-rank entries (their keys are in this glossary), or, in the ledger, each rank's counts", "-"),
+    ("ranks", "one entry per rank, rank 0 first: that rank's own values of the record, whose keys are in "
+     "this glossary (a training rank's epoch values; a ledger rank's byte and call counts)", "-"),
     ("epochs", "the per-epoch history: one entry per epoch (keys in this glossary)", "-"),
     ("time_rule", "how the record's times were taken over ranks, in words", "-"),
     # ---------------------------------------------------------------- evaluation (core.loop.evaluate)
@@ -117,8 +120,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)",
      "s"),
     # ---------------------------------------------------------------- communication (core.comm_hooks)
-    ("allreduce_seconds", "(c): time during which a gradient all-reduce was in flight (DDP comm hook, union "
-     "over buckets), per epoch: summed over the epoch's steps, or the probe's per-step value x steps", "s"),
+    ("allreduce_seconds", "(c) per epoch: the time during which a gradient all-reduce was in flight (DDP "
+     "comm hook, union over buckets), over all the epoch's steps (a DDP aggregate measures it on the "
+     "no_sync probe's steps and scales their mean per step to the epoch's steps)", "s"),
     ("exposed_tail_seconds", "the hook's in-step estimate of (b): last bucket ready -> backward returned, "
      "summed over the epoch's steps", "s"),
     ("exposed_comm_seconds", "(b): exposed communication per epoch = (step with gradient sync - the same "
@@ -136,18 +140,18 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- a DDP run (workers.ddp)
     ("startup_seconds", "slowest rank: building the data sets and this configuration's loaders, model, DDP "
      "wrapper and optimizer (process start-up and import torch not included)", "s"),
-    ("worker_seconds", "rank 0: the data sets plus this configuration from set-up to the gathered results"
-     "rank 0: the data sets plus this configuration from set-up to the gathered results", "s"),
-    ("global_batch", "samples per optimizer step over all ranks = per-device batch x ranks x accumulation"
-     "samples per optimizer step over all ranks = per-device batch x ranks x accumulation", "count"),
-    ("peak_lr", "the learning rate at the end of warm-up (linear rule: lr x global batch / base batch)"
-     "the learning rate at the end of warm-up (linear rule: lr x global batch / base batch)", "lr"),
+    ("worker_seconds", "rank 0: the data sets plus this configuration from set-up to the gathered results",
+     "s"),
+    ("global_batch", "samples per optimizer step over all ranks = per-device batch x ranks x accumulation",
+     "count"),
+    ("peak_lr", "the learning rate at the end of warm-up (linear rule: lr x global batch / base batch)",
+     "lr"),
     ("warmup_steps", "optimizer steps of the linear warm-up", "count"),
     ("accumulation_steps", "micro-batches per optimizer step on each device", "count"),
     ("accumulation_note", "how an accumulation run emulates more devices, in words", "-"),
     ("debug_note", "TEST KNOB: says a rank's loader was slowed on purpose", "-"),
-    ("backend", "process-group backend: nccl | gloo | single process (DataParallel) | None (one process)"
-     "process-group backend: nccl | gloo | single process (DataParallel) | None (one process)", "-"),
+    ("backend", "process-group backend: nccl | gloo | single process (DataParallel) | None (one process)",
+     "-"),
     ("device_type", "cuda | cpu", "-"),
     ("threads_per_rank", "torch intra-op threads of each rank", "count"),
     ("threads_pinned", "DataParallel: the torch thread count was set for the run (and restored)", "-"),
@@ -223,8 +227,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("ms_per_token_b1", "batch-1 decoding: median milliseconds per generated token", "ms"),
     ("ms_per_token_b1_min", "batch-1 decoding: fastest repetition, ms per token", "ms"),
     ("ms_per_token_b1_max", "batch-1 decoding: slowest repetition, ms per token", "ms"),
-    ("tokens_per_s_b1", "batch-1 decoding: generated tokens per second of decoding wall time (median)"
-     "batch-1 decoding: generated tokens per second of decoding wall time (median)", "tokens/s"),
+    ("tokens_per_s_b1", "batch-1 decoding: generated tokens per second of decoding wall time (median)",
+     "tokens/s"),
     ("tokens_per_s_large", "large-batch decoding: generated tokens per second of decoding wall time "
      "(median)", "tokens/s"),
     ("tokens_per_s_large_min", "large-batch decoding: slowest repetition", "tokens/s"),
@@ -234,8 +238,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("large_batch", "the batch of the throughput measurement", "count"),
     ("mean_context_tokens", "mean context length while decoding", "count"),
     ("weight_flops_per_byte_b1", "arithmetic intensity of the weight matmuls at batch 1", "FLOP/byte"),
-    ("weight_flops_per_byte_large", "arithmetic intensity of the weight matmuls at the large batch"
-     "arithmetic intensity of the weight matmuls at the large batch", "FLOP/byte"),
+    ("weight_flops_per_byte_large", "arithmetic intensity of the weight matmuls at the large batch",
+     "FLOP/byte"),
     ("kernel", "the matmul kernel the variant runs, in words", "-"),
     ("label", "the variant's label in tables", "-"),
     ("method", "how the variant was made, in words", "-"),

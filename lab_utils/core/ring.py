@@ -130,6 +130,23 @@ def ring_bytes_per_epoch(size_bytes: float, world_size: int, dataset_size: int,
         size_bytes, world_size)
 
 
+def achieved_gb_per_s(size_bytes: float, world_size: int, steps_per_epoch: int, seconds: float) -> float:
+    """Table 3's achieved bandwidth of one rank, in decimal GB/s: the bytes it sent in one epoch
+    (``steps_per_epoch`` ring all-reduces of ``2(P-1)/P x S`` each) over the epoch's communication
+    ``seconds``. Comparable with nccl-tests' busbw.
+
+    One device sends nothing, so it has no bandwidth: ``world_size`` 1 is refused (an earlier
+    report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
+    """
+    p = _check_world_size(world_size)
+    if p < 2:
+        raise LabError("A bandwidth needs at least 2 ranks: one device communicates nothing (0 bytes per "
+                       "epoch), so leave the 1-GPU row out of Table 3.")
+    steps = check_positive_int(steps_per_epoch, "steps per epoch")
+    t = _check_pos(seconds, "communication seconds")
+    return steps * ring_bytes_per_rank(size_bytes, p) / t / GB
+
+
 # --------------------------------------------------------------------------- time models
 
 

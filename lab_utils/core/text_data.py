@@ -163,9 +163,16 @@ _warned_stand_in = False
 
 
 def resolve_corpus(corpus: str | None = None, root: Path | None = None) -> str:
-    """``"shakespeare"`` or ``"stdlib"``: what ``corpus`` (or ``$LAB_CORPUS``) means here."""
+    """``"shakespeare"`` or ``"stdlib"``: what ``corpus`` (or ``$LAB_CORPUS``) means here. Asked for
+    tiny-Shakespeare where it was not prepared: one sentence naming the fix (before any training)."""
     choice = corpus or os.environ.get(CORPUS_ENV) or "auto"
     check_choice(choice, CORPUS_CHOICES, "corpus")
+    if choice == "shakespeare" and not shakespeare_present(root):
+        asked = "corpus='shakespeare'" if corpus else f"{CORPUS_ENV}=shakespeare"
+        raise LabError(f"tiny-Shakespeare is not in {root or config.data_dir()} ({asked}) and compute "
+                       "nodes cannot download it; run `make prepare` (or `python -m lab_utils prepare`) on a "
+                       "machine with internet first, or use the offline stand-in (corpus='stdlib', or "
+                       "LAB_CORPUS=stdlib).")
     if choice == "auto":
         return "shakespeare" if shakespeare_present(root) else "stdlib"
     return choice

@@ -33,7 +33,7 @@ from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import cpu_cores, gpu_count, hardware_summary
 from lab_utils.core.loop import make_optimizer, train_steps
-from lab_utils.core.ring import GB, iterations_per_epoch, message_sizes, ring_bytes_per_rank
+from lab_utils.core.ring import achieved_gb_per_s, iterations_per_epoch, message_sizes, ring_bytes_per_rank
 
 # The formulas notebook 04 and its exercises call as comm.<name> (re-exported from core.ring).
 from lab_utils.core.ring import gradient_bytes as gradient_bytes
@@ -78,6 +78,7 @@ class LinkPeak:
 
     gb_per_s: float | None
     description: str
+    kind: str | None = None   # of what: "nvlink", "pcie", "mixed", None (hardware.classify_interconnect)
 
 
 def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
@@ -90,14 +91,18 @@ def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int 
     if kind == "nvlink" and device_name:
         for pattern, gbps in _NVLINK_GB_PER_S:
             if pattern.lower() in device_name.lower():
-                return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)")
-        return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak")
+                return LinkPeak(gbps, f"NVLink, {device_name}: {gbps:g} GB/s per direction (nominal)", kind)
+        return LinkPeak(None, f"NVLink on {device_name}: not in the lab's table, no nominal peak", kind)
     if kind == "pcie" and pcie_gen in _PCIE_LANE_GB_PER_S and pcie_width:
         gbps = _PCIE_LANE_GB_PER_S[pcie_gen] * pcie_width
-        return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)")
+        return LinkPeak(gbps, f"PCIe gen{pcie_gen} x{pcie_width}: {gbps:.1f} GB/s per direction (nominal)",
+                        kind)
+    if kind == "pcie":
+        return LinkPeak(None, "PCIe, generation and width unknown (nvidia-smi did not say): no nominal peak",
+                        kind)
     if kind == "mixed":
         return LinkPeak(None, "mixed NVLink/PCIe topology: the ring's slowest hop is unknown, "
-                              "no nominal peak")
+                              "no nominal peak", kind)
     if kind is None and (device_name or "").startswith("cpu"):
         return LinkPeak(None, "CPU processes (gloo over shared memory): no nominal link peak")
     return LinkPeak(None, "interconnect unknown: no nominal peak")
@@ -280,12 +285,20 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
                      link: LinkPeak | None = None) -> list[dict[str, Any]]:
     """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
 
-    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds): the
-    same quantity as nccl-tests' busbw, so it is compared with the benchmark's peak busbw
-    (``peak_busbw``: one number, or a mapping ranks -> peak) and with the link's nominal
-    one-direction bandwidth when known. A missing or non-positive time gives no rate.
+    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds)
+    (:func:`lab_utils.core.ring.achieved_gb_per_s`): the same quantity as nccl-tests' busbw, so it
+    is compared with the benchmark's peak busbw (``peak_busbw``: one number, or a mapping ranks ->
+    peak) and with the link's nominal one-direction bandwidth when known. A missing or
+    non-positive time gives no rate. A measurement on one device is refused (LabError): one
+    device communicates nothing, so it has no bandwidth.
     """
     rows = []
+    measurements = list(measurements)
+    for m in measurements:
+        if m.devices < 2:
+            raise LabError(f"Table 3 has no row for {m.devices} device ({m.method}, batch "
+                           f"{m.per_device_batch}): one device communicates nothing, so it has no bandwidth; "
+                           "measure 2 or more.")
     for m in measurements:
         steps = m.steps_per_epoch or iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices)
         bytes_epoch = steps * ring_bytes_per_rank(m.grad_bytes, m.devices)
@@ -304,7 +317,7 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
             "q3_2": _Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
         }
         if m.seconds is not None and m.seconds > 0:
-            achieved = bytes_epoch / m.seconds / GB
+            achieved = achieved_gb_per_s(m.grad_bytes, m.devices, steps, m.seconds)
             row["achieved_gb_per_s"] = achieved
             if peak:
                 row["pct_of_bench_peak_busbw"] = 100 * achieved / peak

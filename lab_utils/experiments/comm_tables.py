@@ -20,6 +20,12 @@ from typing import Any
 import numpy as np
 
 from lab_utils.core import profiles
+from lab_utils.core.anchors import (
+    CIFAR10_TRAIN_IMAGES,
+    FIRST_COHORT_LABEL,
+    FIRST_COHORT_TABLE1_SECONDS,
+    SPEC_GRADIENT_BYTES,
+)
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.ring import (
@@ -606,7 +612,8 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
     store.save_table(df, "allreduce_projection", recs,
                      title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
                            + (f": {verdict.upper()}" if verdict else ""),
-                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
+                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description]
+                     + ([store.here_note(scaling.SCALING)] if compute.measured else []))
     fig = _plot_projection(rows, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
@@ -630,7 +637,8 @@ _COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c)
 
 def _nb03_records(store) -> list:
     """Notebook 03's aggregate DDP records (``compute_vs_comm``), possibly none."""
-    return [r for r in store.latest(scaling.COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+    here = store.latest_here(scaling.COMPUTE_VS_COMM).records     # this machine's devices only
+    return [r for r in here if r.config.get("record") == "aggregate"]
 
 
 def _nb03_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
@@ -706,20 +714,19 @@ def _dp_assumed_ring_measurements(store, profile: str | None = None, devices: Se
     return out
 
 
-_SPEC_GRADIENT_BYTES = 44_695_848  # 11,173,962 fp32 gradients of the spec ResNet-18
-
-
-_SPEC_TRAIN_IMAGES = 50_000
+#: Table 3's label of the earlier cohort's rows: its report does not say which parallel module ran.
+_ANCHOR_ASSUMED_RING = f"{FIRST_COHORT_LABEL}: ring ASSUMED, as the assignment says"
 
 
 def _anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] | None = None,
-                                     grad_bytes: int = _SPEC_GRADIENT_BYTES,
-                                     dataset_size: int = _SPEC_TRAIN_IMAGES) -> list[CommMeasurement]:
-    """The earlier cohort's DataParallel timings through Q3.1 and Q3.2 as the assignment asks
-    (ring assumed, S = 44.7 MB, 50,000 images): comm (a) = T(N) - T(1)/N, steps per epoch =
-    ceil(50,000 / (N x b)) (one process, global batch N x b). A worked example, not a measurement here."""
+                                     grad_bytes: int = SPEC_GRADIENT_BYTES,
+                                     dataset_size: int = CIFAR10_TRAIN_IMAGES) -> list[CommMeasurement]:
+    """The earlier cohort's Table 1 timings through Q3.1 and Q3.2 as the assignment asks (ring
+    assumed, S = the spec's fp32 gradient bytes, 50,000 images): comm (a) = T(N) - T(1)/N, steps per
+    epoch = ceil(50,000 / (N x b)) (N x b images per step, whichever parallel module ran it: the
+    report does not say). A worked example, not a measurement here."""
     if seconds is None:
-        seconds = scaling.ANCHOR_COHORT_SECONDS
+        seconds = FIRST_COHORT_TABLE1_SECONDS
     out = []
     for (p, b), tn in sorted(seconds.items()):
         t1 = seconds.get((1, b))
@@ -727,7 +734,7 @@ def _anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] |
             continue
         out.append(CommMeasurement(p, b, _COMM_SOURCES[0], tn - t1 / p, grad_bytes, dataset_size,
                                    steps_per_epoch=math.ceil(dataset_size / (p * b)),
-                                   method=f"{_DP_ASSUMED_RING}: earlier cohort's timings"))
+                                   method=_ANCHOR_ASSUMED_RING))
     return out
 
 
@@ -738,7 +745,7 @@ def _nb03_compute_inputs(store) -> _ProjectionCompute | None:
     backward, optimizer step; loader waits excluded) / its steps. With several widths
     stored, the widest model's runs are used.
     """
-    ones = [r for r in store.latest(scaling.SCALING)
+    ones = [r for r in store.latest_here(scaling.SCALING).records
             if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
             and r.config.get("method") == scaling.DDP and r.status == "ok"
             and r.metrics.get("train_seconds") and r.metrics.get("steps")]
@@ -787,8 +794,10 @@ def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float 
                             "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "
                             "pct_of_bench_peak_busbw uses the benchmark on the same number of ranks.",
                             _Q32_NOTE, _DP_ASSUMED_NOTE,
-                            "The earlier cohort's rows use its published DataParallel timings (hardware "
-                            "unknown): no benchmark peak of theirs exists, so no percentage.",
+                            "The earlier cohort's rows use its published Table 1 timings (hardware unknown, "
+                            "parallel module not stated; ring assumed as the assignment says): no benchmark "
+                            "peak of theirs exists, so no percentage.",
                             "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
-                            f"link: {link.description}"])
+                            f"link: {link.description}",
+                            store.here_note(scaling.SCALING, scaling.COMPUTE_VS_COMM)])
     return df

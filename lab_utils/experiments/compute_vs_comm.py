@@ -51,15 +51,17 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
 
     (a) uses T(1) from ``scaling`` (same method, same per-device batch, one device) and
     T(N) from ``compute_vs_comm`` (DDP) or ``scaling`` (DataParallel); (b) and (c) come
-    from the DDP worker's probe, scaled to the reported epoch's steps.
+    from the DDP worker's probe, scaled to the reported epoch's steps. Only records of this
+    machine's devices are paired (:meth:`~lab_utils.store.ResultStore.latest_here`).
     """
     ones = {}
-    for r in store.latest(SCALING):
+    scaling = store.latest_here(SCALING).records    # this machine's devices only: one rule, in the store
+    for r in scaling:
         if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
             ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
-    recs = [r for r in store.latest(COMPUTE_VS_COMM) if r.config.get("record") == "aggregate"]
+    recs = [r for r in store.latest_here(COMPUTE_VS_COMM).records if r.config.get("record") == "aggregate"]
     if DP in methods:
-        recs += [r for r in store.latest(SCALING) if r.config.get("record") == "aggregate"
+        recs += [r for r in scaling if r.config.get("record") == "aggregate"
                  and r.config["method"] == DP and r.config["devices"] > 1]
     return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
             for r in recs if r.config["method"] in methods
@@ -165,6 +167,7 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
         notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
                      "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
     notes.append(f"settings: {settings.label}")
+    notes.append(store.here_note(SCALING, COMPUTE_VS_COMM))
     store.save_table(blank_missing(df.copy()), "compute_vs_comm", [r for r in records if r.status == "ok"],
                      title="Table 2: compute vs communication per epoch", notes=notes)
     return df

@@ -110,8 +110,9 @@ __all__ = ["METRICS_VERSION", "Settings", "TraceResult", "evaluate_arrays", "is_
 #: In every resume key of this module: bumped when a metric changes meaning, so that records of the
 #: old meaning are measured again, not reused. 2 (issue 26): images/s of a waterfall row is
 #: ``epoch_images_per_s`` (over epoch_seconds), the loader's ``loader_images_per_s``; the accuracy
-#: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase).
-METRICS_VERSION = 2
+#: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase). 3 (issue 32): the
+#: loader benchmark's image count is ``loader_images`` (``images`` are always trained on).
+METRICS_VERSION = 3
 
 # --------------------------------------------------------------------------- settings
 
@@ -214,7 +215,8 @@ def time_loader(loader, device: torch.device, min_seconds: float = 0.0, warmup_b
         seconds = time.perf_counter() - t0
         if seconds >= min_seconds:
             break
-    return {"images": images, "passes": passes, "seconds": seconds, "loader_images_per_s": images / seconds}
+    return {"loader_images": images, "passes": passes, "seconds": seconds,
+            "loader_images_per_s": images / seconds}
 
 
 def measure_data(lab: Any, settings: Settings, force: bool = False,

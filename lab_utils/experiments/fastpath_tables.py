@@ -42,7 +42,7 @@ def data_table(records: Sequence[Record]):
         else:
             runs_in = f"the GPU ({c['device']})"
         rows.append({"pipeline": names.get(c["pipeline"], c["pipeline"]), "runs_in": runs_in,
-                     "images": m.get("images"), "seconds": m.get("seconds"),
+                     "images": m.get("loader_images"), "seconds": m.get("seconds"),
                      "images_per_s": m.get("loader_images_per_s"), "ratio_to_spec": m.get("ratio_to_spec")})
     return pd.DataFrame(rows)
 

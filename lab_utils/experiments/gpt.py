@@ -3,9 +3,10 @@
 This is the SPEC's *Part 2: an earlier project* (a GPT trained with DDP), not a question of
 the assignment (whose questions Q1-Q7 are notebooks 01-05).
 
-Every run goes through :mod:`lab_utils.workers.gpt_train` (one process in the notebook's kernel
-for one device, ``torchrun`` through :func:`lab_utils.launcher.launch` for more) and
-becomes one record in the result store:
+Every run goes through :mod:`lab_utils.workers.gpt_train` (``torchrun`` through
+:func:`lab_utils.launcher.launch`; on GPUs for one device too, so that the kernel opens no CUDA
+context; without a GPU one process runs in the notebook's kernel) and becomes one record in the
+result store:
 
 - ``gpt_scaling``: one record per (devices, per-device batch). Without GPUs the lab runs
   gloo *CPU processes* (labelled ``backend gloo`` / ``cpu``); a device count the machine
@@ -46,6 +47,7 @@ from lab_utils.core.config import check_batch_sizes, check_positive_int
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
 from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory, oom_reason_from_log
+from lab_utils.core.text_data import resolve_corpus
 from lab_utils.models.gpt import checkpoint_path, gpt_config
 from lab_utils.session import session_for
 from lab_utils.store import Record, ResultStore
@@ -67,7 +69,7 @@ class Settings:
     size: str
     dtype: str
     lr: float
-    corpus: str = "auto"
+    corpus: str | None = None   # shakespeare | stdlib | auto; None: $LAB_CORPUS, else auto
     max_chars: int | None = None          # characters of the corpus used (None: all)
     stride: int | None = None             # tokens between training windows (None: block_size)
     val_batches: int | None = None        # per rank, per evaluation (None: the whole split)
@@ -114,7 +116,10 @@ profiles.register(Settings, profiles.GPT, "GPT")
 
 
 def _train_config(s: Settings, **kw: Any) -> TrainConfig:
-    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": s.corpus, "max_chars": s.max_chars,
+    # the corpus resolved here ($LAB_CORPUS read, a missing one refused) so that a stored run is
+    # reused only for the corpus it was trained on
+    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": resolve_corpus(s.corpus),
+            "max_chars": s.max_chars,
             "stride": s.stride, "val_batches": s.val_batches}
     base.update(kw)
     return TrainConfig(**base).validate()
@@ -153,25 +158,28 @@ def _execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
             timeout_s: float) -> tuple[Record, float]:
     """Run ``cfg`` on ``nproc`` ranks; returns the worker's record and the wall seconds.
 
-    One rank runs in this process (no process start-up; the same code path without
-    DDP); more go through ``torchrun``. Wall seconds include start-up for launched runs.
-    On a CPU every process, the in-process one included, gets the same number of
-    threads (cores / the most processes used), so a "device" is the same compute
-    whatever the device count.
+    On GPUs every run, the one-device run too, is a launch of the worker under ``torchrun``
+    (:func:`lab_utils.launcher.launch`): this process (the notebook's kernel) never opens a CUDA
+    context, which on a node in EXCLUSIVE_PROCESS compute mode would keep rank 0 from creating
+    its own and elsewhere takes memory from GPU 0, and T(1) and T(N) go through the same code.
+    Without a GPU, one rank runs in this process (no start-up; the same code path without DDP)
+    and more go through ``torchrun``; every process, the in-process one included, gets the same
+    number of threads (cores / the most processes used), so a "device" is the same compute
+    whatever the device count. Wall seconds include start-up for launched runs.
     """
     threads = None
     if devices.kind == "cpu":
         cfg = replace(cfg, device="cpu")
         threads = devices.threads_per_process
     t0 = time.perf_counter()
-    if nproc == 1:
-        with pinned_threads(threads):
-            records = run_training(cfg)
-        free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
-        return records[-1], time.perf_counter() - t0
-    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
-                          log_dir=log_dir, threads_per_rank=threads)
-    return res.records[-1], res.wall_seconds
+    if devices.kind == "cuda" or nproc > 1:
+        res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
+                              log_dir=log_dir, threads_per_rank=threads)
+        return res.records[-1], res.wall_seconds
+    with pinned_threads(threads):
+        records = run_training(cfg)
+    free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
+    return records[-1], time.perf_counter() - t0
 
 
 def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
@@ -179,7 +187,7 @@ def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devic
     log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
     # Out of memory outside the worker's training loop (building the model, counting its
     # FLOPs) in this process: a row, and the memory is freed after the with statement.
-    # Under DDP a rank that runs out of memory ends itself (core.dist.oom_ends_rank) and the
+    # Under DDP a rank that runs out of memory ends itself (core.dist.failure_ends_rank) and the
     # launch fails with that rank's log: a LaunchError that says out of memory is a row too,
     # as in scaling._run_ddp; any other failure propagates.
     launch_oom: str | None = None

@@ -11,11 +11,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from lab_utils.core import anchors
+from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.experiments.gpt import Settings
 from lab_utils.store import Record, ResultStore
 
-__all__ = ["EARLIER_GPT_RANK_SECONDS", "EARLIER_GPT_SECONDS_MEAN", "accumulation_table", "compute_comm_table",
+__all__ = ["accumulation_table", "compute_comm_table", "earlier_report_anomalies",
            "earlier_report_frame", "earlier_report_note", "plot_accumulation", "rank_table",
            "save_accumulation_figure", "save_accumulation_table", "save_scaling_tables", "scaling_table"]
 
@@ -33,34 +35,18 @@ def _blanks(df):
     return df.astype(object).where(df.notna(), None)
 
 
-# The earlier project's GPT report (SPEC.md, Part 2), as published: every rank's total epoch time
-# (seconds) by (per-GPU batch, GPUs), and the "average" row it printed (the mean over ranks), from
-# which it took its speedups. One copy of each; the test checks them against SPEC.md.
-EARLIER_GPT_RANK_SECONDS: dict[tuple[int, int], tuple[float, ...]] = {
-    (64, 1): (2233.50,), (128, 1): (2082.29,),
-    (64, 2): (1384.64, 806.75), (128, 2): (1188.86, 693.97),
-    (64, 4): (833.37, 819.76, 827.95, 816.87), (128, 4): (706.41, 418.27, 415.71, 418.10),
-}
-
-
-EARLIER_GPT_SECONDS_MEAN: dict[tuple[int, int], float] = {
-    (64, 1): 2233.50, (64, 2): 1095.70, (64, 4): 824.49,
-    (128, 1): 2082.29, (128, 2): 941.42, (128, 4): 489.62,
-}
-
-
 def earlier_report_frame():
-    """The earlier project's per-rank table with its speedups recomputed two ways: T(1)/T(N) with the
-    report's mean over ranks (as it published them: 2.04 / 2.71 at batch 64 on 2 / 4 GPUs, 2.21 /
-    4.25 at 128, three of them above N) and with the SLOWEST rank (1.61 / 2.68 and 1.75 / 2.95).
-    Every step waits for the slowest rank, so that is the epoch's real length. Seconds as published;
-    speedups rounded to 2 decimals, as the report gave them."""
+    """The earlier project's per-rank table (:data:`lab_utils.core.anchors.GPT_RANK_SECONDS`) with its
+    speedups recomputed two ways: T(1)/T(N) with the report's mean over ranks (what it published,
+    three of them above N) and with the SLOWEST rank. Every step waits for the slowest rank, so that
+    is the epoch's real length. Seconds as published; speedups rounded to 2 decimals, as the report
+    gave them."""
     import pandas as pd
 
-    ranks = max(len(t) for t in EARLIER_GPT_RANK_SECONDS.values())
+    ranks = max(len(t) for t in GPT_RANK_SECONDS.values())
     rows = []
-    for (b, n), times in sorted(EARLIER_GPT_RANK_SECONDS.items()):
-        t1, mean, slow = EARLIER_GPT_SECONDS_MEAN[(b, 1)], EARLIER_GPT_SECONDS_MEAN[(b, n)], max(times)
+    for (b, n), times in sorted(GPT_RANK_SECONDS.items()):
+        t1, mean, slow = GPT_REPORTED_MEAN_SECONDS[(b, 1)], GPT_REPORTED_MEAN_SECONDS[(b, n)], max(times)
         row: dict[str, Any] = {"per-GPU batch": b, "GPUs": n}
         row.update({f"rank {r} (s)": times[r] if r < len(times) else None for r in range(ranks)})
         row.update({"report's mean (s)": mean, "speedup on the mean (as reported)": round(t1 / mean, 2),
@@ -82,6 +68,44 @@ def earlier_report_note() -> str:
         parts.append(f"batch {b} on {gpus} GPUs: {mean} on the mean over ranks, {slow} on the slowest rank")
     return ("Earlier project (SPEC.md, Part 2), speedups T(1)/T(N) as it reported them and recomputed: "
             + "; ".join(parts) + " (earlier_report_frame).")
+
+
+def earlier_report_anomalies():
+    """Three things a careful reader of the earlier GPT reports notices, each with the report's own
+    numbers (:mod:`lab_utils.core.anchors`), why it cannot be right, and what this notebook does
+    instead: super-linear speedups, a 1-GPU "communication" time, and accumulation timers that point
+    at an unsynchronized GPU."""
+    import pandas as pd
+
+    frame = earlier_report_frame()
+    above = frame[(frame["GPUs"] > 1) & (frame["speedup on the mean (as reported)"] > frame["GPUs"])]
+    superlinear = "; ".join(f"{r['speedup on the mean (as reported)']:.2f} on {r['GPUs']} GPUs at batch "
+                            f"{r['per-GPU batch']}" for _, r in above.iterrows())
+    one_gpu = " and ".join(f"{t:g} s" for t in anchors.GPT_ONE_GPU_COMMUNICATION_SECONDS)
+    fwd_lo, fwd_hi = anchors.ACCUMULATION_FORWARD_MEAN_MS
+    loss = anchors.ACCUMULATION_LOSS_MEAN_MS
+    mb_lo, mb_hi = min(loss), max(loss)
+    rows = [
+        {"the report printed": f"speedups above N on the mean over ranks: {superlinear}",
+         "why it cannot be right": "with a fixed per-GPU batch no step gets faster on more GPUs; the mean "
+                                   "over ranks hides the slowest rank, which every step waits for",
+         "this notebook": "T(N) is the slowest rank's time (earlier_report_frame recomputes it)"},
+        {"the report printed": f"a 'communication' time of {one_gpu} for its 1-GPU runs",
+         "why it cannot be right": "one GPU has no peer: there is nothing to communicate, so whatever that "
+                                   "timer held, it was not communication",
+         "this notebook": "communication is measured by a DDP comm hook and a no_sync probe, and is "
+                          "reported only where there are 2 or more ranks"},
+        {"the report printed": f"a forward-pass mean of {fwd_lo:g}-{fwd_hi:g} ms, flat while the "
+                               f"micro-batch grew {mb_hi // mb_lo}x from {mb_lo} to {mb_hi}, and a loss-"
+                               f"computation mean growing from {loss[mb_lo]:g} to {loss[mb_hi]:g} ms",
+         "why it cannot be right": "the forward's work grows with the micro-batch; a CUDA launch returns "
+                                   "before the kernels run, so a timer read without synchronizing measures "
+                                   "the launch, and the next operation that waits (the loss) absorbs the "
+                                   "forward's time",
+         "this notebook": "every phase timer synchronizes the device at both ends "
+                          "(lab_utils.core.timing.timed)"},
+    ]
+    return pd.DataFrame(rows)
 
 
 def scaling_table(records: Sequence[Record]):
@@ -114,6 +138,7 @@ def scaling_table(records: Sequence[Record]):
                 "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
                 "speedup if averaged over ranks": mean_speed, "slowest rank": m["slowest_rank"],
                 "imbalance max/min": m["imbalance"], "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]),
+                "precision": precision_label(r),
                 "val loss": m["val_loss"], "reason": None,
                 "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens and tokens1 else None,
@@ -124,6 +149,20 @@ def scaling_table(records: Sequence[Record]):
             row["reason"] = r.reason
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
+
+
+def precision_label(rec: Record) -> str | None:
+    """What a run computed in: the worker's ``precision`` (``fp32``, ``tf32``, ``bf16``), with the dtype
+    asked for when the worker ran another (bf16 on a GPU without native bf16 runs fp32)."""
+    ran, asked = rec.metrics.get("precision"), rec.config.get("dtype")
+    if ran is None:
+        return asked
+    return f"{ran} (bf16 asked)" if rec.metrics.get("precision_note") and asked == "bf16" else ran
+
+
+def precision_notes(records: Sequence[Record]) -> list[str]:
+    """The workers' notes on a precision other than the one asked (one per distinct note)."""
+    return sorted({n for r in records if (n := r.metrics.get("precision_note"))})
 
 
 def _unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int) -> str:
@@ -244,6 +283,7 @@ def accumulation_table(records: Sequence[Record]):
                 "backward total (s)": _timer(m, f"{tr}/backward")["total_seconds"],
                 "backward mean (ms)": _ms(_timer(m, f"{tr}/backward")["mean_seconds"]),
                 f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
+                "precision": precision_label(r),
                 "peak memory (GiB)": _gib(m.get("peak_memory_bytes")),
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
                                                       if m.get("saved_activation_bytes") else None),
@@ -303,7 +343,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
              "over the training windows shared among the devices (strong scaling of the epoch).",
              "Epoch time = the SLOWEST rank's training pass (validation excluded); 'if averaged' divides by "
              "the mean over ranks instead, which flatters the speedup.",
-             "speedup = T(1)/T(N); efficiency = speedup / N.", *_SCALING_TIME_BASIS, earlier_report_note()]
+             "speedup = T(1)/T(N); efficiency = speedup / N.", *_SCALING_TIME_BASIS, earlier_report_note(),
+             *precision_notes(recs)]
     if cpu:
         threads = {r.metrics.get("threads_per_process") for r in _ok(records)}
         notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, sorted(threads)))} "
@@ -345,7 +386,8 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
              "Nested timers of rank 0 over the whole run (both epochs): run > epoch > training (forward, "
              "loss, backward per micro-step) and validation; means are per micro-step.",
              "Peak memory: torch.cuda.max_memory_allocated (GPU only); activations: bytes autograd keeps for "
-             "backward for one micro-batch (measured with saved-tensor hooks, any device)."]
+             "backward for one micro-batch (measured with saved-tensor hooks, any device).",
+             *precision_notes(list(records))]
     store.save_table(table, "gpt_accumulation", list(records), title="GPT: gradient accumulation trade-off",
                      notes=notes)
     return table

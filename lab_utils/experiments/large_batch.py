@@ -99,7 +99,7 @@ class Settings:
     warmup_epochs: float = 2.0
     decay: str = "cosine"
     lr: float = SPEC_LR
-    dataset: str = "auto"
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
     num_workers: int | None = None
     seed: int = 0
     timeout_s: float = 3600.0

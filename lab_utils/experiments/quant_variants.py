@@ -20,7 +20,8 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import bf16_supported
 
 __all__ = ["INT_MM_MIN_ROWS", "TORCHAO_CONFIGS", "VARIANTS", "VARIANT_INFO", "Availability",
-           "ao_dynamic_status", "check_variant", "cpu_has_native_bf16", "torchao_parts", "torchao_version"]
+           "ao_dynamic_status", "check_variant", "cpu_has_native_bf16", "int_mm_probe", "torchao_parts",
+           "torchao_version"]
 
 VARIANTS: tuple[str, ...] = ("fp32", "bf16", "ao_dynamic_int8", "torchao_int8_weight_only",
                              "torchao_int8_dynamic")
@@ -186,8 +187,13 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
     if variant == "torchao_int8_weight_only":
         kernel = f"torchao {ver} Int8Tensor, eager: int8 weight cast to the activation dtype, then float mm"
     elif dev == "cuda":
-        kernel = (f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via torch._int_mm (cuBLAS); "
-                  f"{_INT_MM_PAD_NOTE}")
+        failed = int_mm_probe(device)
+        if failed is None:
+            kernel = (f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via torch._int_mm (cuBLAS); "
+                      f"{_INT_MM_PAD_NOTE}")
+        else:
+            kernel = (f"torchao {ver} Int8Tensor, eager: torch._int_mm fails on this GPU ({failed}), so "
+                      "torchao's safe_int_mm multiplies in fp32: int8 weights, fp32 arithmetic")
     else:
         kernel = f"torchao {ver} Int8Tensor, eager: int8 x int8 -> int32 via its decomposed CPU path"
     return Availability(True, kernel=kernel)
@@ -197,6 +203,34 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
 #: fewer, torchao's ``safe_int_mm`` catches the error and multiplies in fp32 instead, while
 #: the row would claim cuBLAS int8. Decoding at batch 1 after a short prompt has M <= 16.
 INT_MM_MIN_ROWS = 17
+
+
+#: ``torch._int_mm`` probed once per device: None when it multiplied exactly, else its error.
+_INT_MM_PROBES: dict[str, str | None] = {}
+
+
+def _int8_operands(device: str, k: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 17 x k and a k x k int8 matrix (17 rows: what every int8 matmul is padded to), on ``device``."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-8, 8, (INT_MM_MIN_ROWS, k), dtype=torch.int8, generator=g)
+    b = torch.randint(-8, 8, (k, k), dtype=torch.int8, generator=g)
+    return a.to(device), b.to(device)
+
+
+def int_mm_probe(device: str) -> str | None:
+    """Whether ``torch._int_mm`` (cuBLAS int8) runs on ``device``: None when it gives the exact int32
+    product, else why not (its error's first line), probed once per device. torchao's ``safe_int_mm``
+    catches ANY ``_int_mm`` error and multiplies in fp32, so without this probe a row would claim int8
+    arithmetic that never ran."""
+    key = str(torch.device(device))
+    if key not in _INT_MM_PROBES:
+        try:
+            a, b = _int8_operands(device)
+            exact = torch.equal(torch._int_mm(a, b).cpu(), a.cpu().int() @ b.cpu().int())
+            _INT_MM_PROBES[key] = None if exact else "it computed a wrong product"
+        except Exception as e:  # the row says what ran instead
+            _INT_MM_PROBES[key] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}"
+    return _INT_MM_PROBES[key]
 
 
 _INT_MM_PAD_NOTE = (f"matmuls of <= 16 rows (batch-1 decoding) padded to {INT_MM_MIN_ROWS} rows, as "

@@ -19,9 +19,10 @@ movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
   process, so T(1) and T(N) go through the same code. Without enough GPUs the lab runs
   DDP with **gloo over CPU processes** (one CPU thread each: a "device" is one core),
   labelled so in the table (``backend`` gloo, ``device_type`` cpu).
-- **DataParallel** (``method="DataParallel"``): in this process with
-  ``nn.DataParallel`` over N GPUs and the global batch N x b (it splits each batch).
-  Only with GPUs.
+- **DataParallel** (``method="DataParallel"``): ``nn.DataParallel`` over N GPUs and the
+  global batch N x b (it splits each batch), in one process of its own
+  (:mod:`lab_utils.workers.dataparallel`, launched with ``nproc=1``: the notebook's kernel
+  opens no CUDA context). Only with GPUs.
 - A configuration that needs more GPUs than exist is a row ``needs N GPUs`` (status
   ``skipped``), one that does not fit is ``OOM``; never a number. Those rows are not
   stored, so a later run on a bigger node measures them.
@@ -69,26 +70,24 @@ import torch
 
 from lab_utils import launcher
 from lab_utils.core import profiles
-from lab_utils.core.backends import apply_training_backends, pinned_threads
 from lab_utils.core.config import check_batch_sizes, check_positive_int
-from lab_utils.core.data import make_loaders
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores, hardware_summary
-from lab_utils.core.loop import make_optimizer, run_epoch, wrap_data_parallel
-from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory
-from lab_utils.models import ResNet18, count_parameters
+from lab_utils.core.memory import mentions_out_of_memory, oom_reason_from_log
 from lab_utils.store import Record, ResultStore, canonical_key
+from lab_utils.workers import dataparallel
 from lab_utils.workers.args import WorkerArgs
+from lab_utils.workers.dataparallel import dp_config
 
-__all__ = ["ANCHOR_COHORT_LABEL", "ANCHOR_COHORT_SECONDS", "ANCHOR_DP_SECONDS", "COMPUTE_VS_COMM", "DDP",
-           "DP", "SCALING", "Placement", "Settings", "anchor_frame", "measure", "measure_compute_vs_comm",
-           "worker_args"]
+__all__ = ["COMPUTE_VS_COMM", "DDP", "DP", "DP_MODULE", "SCALING", "Placement", "Settings", "measure",
+           "measure_compute_vs_comm", "worker_args"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
 DDP = "DDP"
-DP = "DataParallel"
-DP_BACKEND = "single process"
+DP = dataparallel.METHOD
+DP_BACKEND = dataparallel.BACKEND
+DP_MODULE = "lab_utils.workers.dataparallel"
 
 
 @dataclass(frozen=True)
@@ -100,8 +99,8 @@ class Settings:
     all) those actually run in this profile, the others are rows "skipped in quick
     profile". ``max_cpu_processes``: without enough GPUs, DDP runs with gloo over at most
     this many CPU processes of ``cpu_threads`` threads each (0: never). ``pin_threads``: the
-    in-process DataParallel path also runs with ``cpu_threads`` torch threads (set, then
-    restored), so that its timings compare with the DDP workers' (quick). ``bucket_cap_mb``:
+    DataParallel process also runs with ``cpu_threads`` torch threads, so that its timings compare
+    with the DDP workers' (quick). ``bucket_cap_mb``:
     DDP's bucket size (None: DDP's 25 MB); the quick profile scales it with the smaller
     model so that it, too, has several buckets. ``timeout_s`` bounds one launch (seconds).
     """
@@ -122,7 +121,7 @@ class Settings:
     timeout_s: float = 3600
     seed: int = 0
     label: str = ""
-    dataset: str = "auto"   # auto | cifar10 | synthetic
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
 
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
@@ -203,21 +202,13 @@ def worker_args(settings: Settings, profile: str, experiment: str, backend: str,
     ).validate().resolved()
 
 
-def _dp_config(args: WorkerArgs, devices: int) -> dict[str, Any]:
-    """A DataParallel record's config: the DDP keys, with the method and backend changed."""
-    cfg = args.record_config(devices, "nccl")
-    cfg.update({"method": DP, "backend": DP_BACKEND, "device_type": "cuda", "comm_steps": None,
-                "bucket_cap_mb": None, "measure_comm": False})
-    return cfg
-
-
 def _unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
     """Config of a row that could not run, with the backend it would have used here: DDP with
     ``args.backend`` (gloo on a machine without GPUs, so the row is labelled "DDP (gloo, CPU
     processes)", never "NCCL, GPUs"; NCCL when GPUs exist), DataParallel on GPUs."""
     if p.method == DDP:
         return args.record_config(p.devices, args.backend if args.backend in ("nccl", "gloo") else "nccl")
-    return _dp_config(args, p.devices)
+    return dp_config(args, p.devices)
 
 
 # --------------------------------------------------------------------------- running
@@ -259,8 +250,7 @@ def _measure_grid(lab, s: Settings, force: bool, verbose: bool, devs: Sequence[i
     run_b = [b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes]
     out: dict[tuple[str, int, int], Record] = {}
     measured: list[tuple[str, int, int]] = []
-    # DDP's launches first: DataParallel trains in this process and opens a CUDA context on
-    # each GPU it uses, which would leave the DDP ranks less memory (the table order is kept).
+    # DDP's launches first (the table order is kept), as when DataParallel trained in this process.
     for method in sorted(meths, key=lambda m: m != DDP):
         for n in devs:
             p = _place(method, n, gpus, s, cores)
@@ -273,7 +263,7 @@ def _measure_grid(lab, s: Settings, force: bool, verbose: bool, devs: Sequence[i
             cfgs: dict[int, dict[str, Any]] = {}
             for b in s.batch_sizes:
                 one = args.for_batch(b)
-                cfg = one.record_config(n, p.backend) if method == DDP else _dp_config(one, n)
+                cfg = one.record_config(n, p.backend) if method == DDP else dp_config(one, n)
                 if b not in run_b or b * n > one.train_images:
                     why = ("skipped in quick profile" if b not in run_b
                            else f"global batch {b * n} > {one.train_images} training images")
@@ -379,7 +369,7 @@ def _run_dp_sizes(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: 
 
         def measure(b=b) -> Record:
             measured.append(b)
-            return _run_dp(store.profile, s, args.for_batch(b), n)
+            return _run_dp(s, args.for_batch(b), n)
 
         got[b] = rec = store.run(experiment, cfgs[b], measure, force=force, hardware=_hardware(p))
         if rec.status == "oom":
@@ -387,83 +377,20 @@ def _run_dp_sizes(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: 
     return got, measured
 
 
-def _run_dp(profile: str, s: Settings, args: WorkerArgs, n: int) -> Record:
-    """DataParallel over GPUs 0..n-1 in this process, global batch n x per-GPU batch: the record.
-
-    Out of memory (:func:`lab_utils.core.memory.catch_oom`) gives an ``oom`` record with the
-    allocator's message; the model, optimizer and loaders are dropped and the cache is
-    emptied after the ``with`` statement, once the traceback that holds them is gone.
-    """
-    cfg = _dp_config(args, n)
-    experiment = args.experiment or SCALING
-    synthetic = args.dataset == "synthetic"
-    common = {"profile": profile, "synthetic": synthetic,
-              "dataset": "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10",
-              "hardware": {**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND}}
-    apply_training_backends()
-    held: dict[str, Any] = {}  # what holds device memory, dropped before the cache is emptied
+def _run_dp(s: Settings, args: WorkerArgs, n: int) -> Record:
+    """DataParallel over GPUs 0..n-1, global batch n x per-GPU batch: the record of one launch of
+    :mod:`lab_utils.workers.dataparallel` with ONE process (this kernel opens no CUDA context; the
+    worker says why). The worker turns out of memory into an ``oom`` record; a launch that ends in
+    out of memory before it could (a CUDA context that does not fit) is an ``oom`` row too, any
+    other failure is raised with the process's log."""
     threads = s.cpu_threads if s.pin_threads else None
-    with pinned_threads(threads) as used, catch_oom() as oom:
-        history, params = _train_dp(args, n, held)
-    held.clear()
-    free_device_memory("cuda")
-    if oom:
-        return Record(experiment, cfg, status="oom", reason=oom.reason, **common)
-    last = history[-1]
-    metrics = {k: v for k, v in last.items() if k != "epoch"}
-    metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
-                    "backend": DP_BACKEND, "device_type": "cuda", "parameters": params,
-                    "threads_per_rank": used, "threads_pinned": threads is not None,
-                    "gradient_bytes": 4 * params, "steps_per_epoch": last["steps"],
-                    "global_batch": args.batch_size * n,
-                    "time_rule": "one process: epoch and training times of the whole DataParallel step"})
-    return Record(experiment, cfg, metrics, **common)
-
-
-def _train_dp(args: WorkerArgs, n: int, held: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    """Train ``args.epochs`` epochs with DataParallel on ``n`` GPUs; (per-epoch history, parameters).
-
-    Everything that holds device memory is also put in ``held`` (and is otherwise local to
-    this frame), so that the caller can drop it all after an out-of-memory failure.
-    """
-    held["loaders"] = loaders = make_loaders(
-        batch_size=args.batch_size * n, num_workers=args.num_workers, train_images=args.train_images,
-        test_images=args.test_images, dataset=args.dataset, seed=args.seed)
-    torch.manual_seed(args.seed)
-    held["model"] = model = ResNet18(width=args.width).cuda()
-    params = count_parameters(model)
-    held["dp"] = dp = wrap_data_parallel(model, device_ids=list(range(n)))
-    held["optimizer"] = opt = make_optimizer(dp, lr=args.lr)
-    history = [run_epoch(dp, loaders.train, opt, "cuda:0", epoch=epoch).as_dict()
-               for epoch in range(1, args.epochs + 1)]
-    return history, params
-
-
-# --------------------------------------------------------------------------- the earlier cohorts' numbers
-
-
-# Earlier cohorts' reports (SPEC.md), hardware unknown (V100 / RTX 8000 class): epoch-2 seconds
-# by (GPUs, per-GPU batch), as published. Both cohorts ran nn.DataParallel, as the assignment
-# asks (not DDP): the first scaled well, the other got slower at batch 32. The first cohort's
-# 1-GPU row is 41.3 / 33.64 / 33.95 s in its report (SPEC.md rounds it to 33.6 / 34.0); the lab
-# uses the published values everywhere (notebooks 01-04, the time budget): this is their one copy.
-ANCHOR_COHORT_SECONDS = {(1, 32): 41.3, (1, 128): 33.64, (1, 512): 33.95,
-                         (2, 32): 23.15, (2, 128): 17.87, (2, 512): 17.50,
-                         (4, 32): 11.65, (4, 128): 9.23, (4, 512): 9.01}
-ANCHOR_DP_SECONDS = {(1, 32): 38.0, (2, 32): 67.0, (4, 32): 121.0}
-ANCHOR_COHORT_LABEL = "DataParallel (earlier cohort)"
-
-
-def anchor_frame():
-    """The earlier cohorts' numbers with their speedups T(1)/T(N) (sanity anchors, not targets).
-    Both cohorts used DataParallel (the assignment's method), so both rows say so."""
-    import pandas as pd
-
-    rows = []
-    for label, table in ((ANCHOR_COHORT_LABEL, ANCHOR_COHORT_SECONDS),
-                         ("DataParallel (another cohort)", ANCHOR_DP_SECONDS)):
-        for (n, b), t in table.items():
-            t1 = table.get((1, b))
-            rows.append({"method": label, "gpus": n, "per_gpu_batch": b, "epoch2_seconds": t,
-                         "speedup": t1 / t if t1 else None, "efficiency": t1 / t / n if t1 else None})
-    return pd.DataFrame(rows)
+    argv = [*args.to_argv(), "--gpus", str(n), *(["--threads", str(threads)] if threads else [])]
+    try:
+        res = launcher.launch(DP_MODULE, argv, nproc=1, timeout_s=s.timeout_s, threads_per_rank=threads)
+    except LaunchError as e:
+        if not mentions_out_of_memory(str(e)):
+            raise
+        return Record(args.experiment or SCALING, dp_config(args, n), status="oom", profile=args.profile,
+                      reason=oom_reason_from_log(str(e)),
+                      hardware={**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND})
+    return res.records[-1]

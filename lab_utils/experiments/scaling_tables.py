@@ -8,16 +8,28 @@ per configuration). T(N) is the reported epoch's ``train_seconds`` of the slowes
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
+from lab_utils.core.anchors import (
+    FIRST_COHORT_LABEL,
+    FIRST_COHORT_MEASURED,
+    FIRST_COHORT_TABLE1_SECONDS,
+    OTHER_COHORT_DID_NOT_FIT,
+    OTHER_COHORT_LABEL,
+    OTHER_COHORT_LOGGED_STEPS,
+    OTHER_COHORT_MEASURED,
+    OTHER_COHORT_RAN_ON,
+    OTHER_COHORT_SECONDS,
+    global_batch_steps,
+    other_cohort_per_gpu_batch,
+)
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.ring import ring_bytes_per_rank
-from lab_utils.experiments.scaling import ANCHOR_COHORT_LABEL, ANCHOR_COHORT_SECONDS, DP, Settings
+from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 
-__all__ = ["FIXED_GLOBAL_EXPLANATION", "SPEEDUP_DEFINITIONS", "comm_volume_frame", "fixed_global_batch_frame",
+__all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
            "fixed_global_batch_table", "fixed_global_batch_verdict", "karp_flatt", "method_label",
            "oversubscribed", "save_speedup_definitions", "scaling_frame", "scaling_table",
            "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
@@ -74,7 +86,7 @@ def _gustafson_speedup(serial_fraction: float, devices: int) -> float:
     return devices - serial_fraction * (devices - 1)
 
 
-SPEEDUP_DEFINITIONS: tuple[str, ...] = (
+_SPEEDUP_DEFINITIONS: tuple[str, ...] = (
     "lab: T(1)/T(N) on epoch times. One epoch is a fixed amount of work (the whole training set, split "
     "over the N devices), so this is STRONG scaling of the epoch (Amdahl): ideal N, efficiency = "
     "speedup / N.",
@@ -101,8 +113,9 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
     """Q2's two speedup definitions side by side, per (method, N > 1, per-device batch): the lab's
     T(1)/T(N) on epoch times, the forum's N x t(1)/t(N) on step times (the scaled speedup), and the
     forum's formula applied to epoch times. From Table 1 (:func:`scaling_frame`) when given, then the
-    earlier cohort's published DataParallel epochs, whose steps per epoch are ceil(N_images / (N x b))
-    (one loader feeding N x b images per step)."""
+    earlier cohort's published Table 1 (:data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`),
+    whose steps per epoch are ceil(N_images / (N x b)): N x b images per optimizer step, whichever
+    parallel module ran it (its report does not say)."""
     import pandas as pd
 
     rows = []
@@ -113,24 +126,24 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
                                  (r["method"], r["devices"], r["per_device_batch"], r["speedup"],
                                   r["scaled_speedup"], r["n_t1_over_tn_epoch"]), strict=True)))
     images = dataset_size or CIFAR10_TRAIN_SIZE
-    for (n, b), tn in ANCHOR_COHORT_SECONDS.items():
+    for (n, b), tn in FIRST_COHORT_TABLE1_SECONDS.items():
         if n == 1:
             continue
-        t1 = ANCHOR_COHORT_SECONDS[(1, b)]
-        step1, step_n = t1 / math.ceil(images / b), tn / math.ceil(images / (n * b))
-        values = (ANCHOR_COHORT_LABEL, n, b, t1 / tn, n * step1 / step_n, n * t1 / tn)
+        t1 = FIRST_COHORT_TABLE1_SECONDS[(1, b)]
+        step1, step_n = t1 / global_batch_steps(b, images), tn / global_batch_steps(n * b, images)
+        values = (FIRST_COHORT_LABEL, n, b, t1 / tn, n * step1 / step_n, n * t1 / tn)
         rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
     return pd.DataFrame(rows, columns=_SPEEDUP_DEFINITION_COLUMNS)
 
 
 def save_speedup_definitions(store: ResultStore, records: Sequence[Record]):
     """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
-    Table 1 and the earlier cohort, with :data:`SPEEDUP_DEFINITIONS` as its notes; return it."""
+    Table 1 and the earlier cohort, with :data:`_SPEEDUP_DEFINITIONS` as its notes; return it."""
     df = speedup_definitions_frame(scaling_frame(records))
     store.save_table(blank_missing(df.copy()), "scaling_definitions",
                      _ok(records),
                      title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
-                     notes=list(SPEEDUP_DEFINITIONS))
+                     notes=list(_SPEEDUP_DEFINITIONS))
     return df
 
 
@@ -229,7 +242,7 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
 def fixed_global_batch_frame(records: Sequence[Record] | None = None,
                              seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
     """:func:`_fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
-    or from a ``seconds`` table such as :data:`ANCHOR_COHORT_SECONDS`."""
+    or from a ``seconds`` table such as :data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`."""
     import pandas as pd
 
     rows: list[dict] = []
@@ -279,27 +292,108 @@ FIXED_GLOBAL_EXPLANATION = (
     "the per-device work, so the compute that hides the all-reduce stays the same.")
 
 
+def _other_cohort_frame():
+    """The other cohort's DataParallel table as it was measured: a FIXED GLOBAL batch G split over
+    N GPUs (strong scaling), one row per (N > 1, G), in :func:`fixed_global_batch_frame`'s columns:
+    T(1, G), the per-GPU share G/N, T(N, G), speedup T(1, G)/T(N, G) and efficiency. It ran no
+    fixed-per-GPU-batch (weak) configuration, so its weak columns are blank and its status says so.
+    Its times are epoch wall-clock to the second with the loader included
+    (:data:`lab_utils.core.anchors.OTHER_COHORT_MEASURED`), not the assignment's training time."""
+    import pandas as pd
+
+    rows = []
+    for (n, g), tn in sorted(OTHER_COHORT_SECONDS.items()):
+        t1 = OTHER_COHORT_SECONDS.get((1, g))
+        if n == 1 or t1 is None:
+            continue
+        row = dict.fromkeys(_FIXED_GLOBAL_COLUMNS)
+        row.update({"method": OTHER_COHORT_LABEL, "devices": n, "global_batch": g,
+                    "status": f"strong only (no fixed per-GPU batch run); {OTHER_COHORT_MEASURED}",
+                    "T1_seconds": t1, "strong_per_device_batch": other_cohort_per_gpu_batch(n, g),
+                    "strong_TN_seconds": tn, "strong_speedup": t1 / tn, "strong_efficiency": t1 / tn / n})
+        rows.append(row)
+    return pd.DataFrame(rows, columns=_FIXED_GLOBAL_COLUMNS)
+
+
+def _other_cohort_verdict(df=None) -> str:
+    """What the other cohort's fixed-global-batch runs say, from :func:`_other_cohort_frame`: the
+    speedup T(1, G)/T(N, G) of every global batch G, and where more GPUs were slower."""
+    df = _other_cohort_frame() if df is None else df
+    parts, slower = [], []
+    for g, rows in df.groupby("global_batch", sort=True):
+        rows = rows.sort_values("devices")
+        parts.append(f"global {g}: " + ", ".join(f"{r.strong_speedup:.2f}x on {r.devices}"
+                                                  for r in rows.itertuples()))
+        if (rows["strong_speedup"] < 1).all():
+            slower.append(str(g))
+    head = (f"More GPUs were SLOWER at global batch {' and '.join(slower)}" if slower
+            else "More GPUs were never slower")
+    return (f"{head} ({'; '.join(parts)}); it measured only a fixed global batch, on other hardware, with "
+            "the loader included, so set it beside this run's strong columns, not against its weak ones.")
+
+
 def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], include_anchors: bool = True):
     """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
-    run's rows, then the earlier cohort's anchors through the same arithmetic; returns
-    (DataFrame, verdict for this run, verdict for the anchors)."""
+    run's rows, then the earlier cohort's Table 1 through the same arithmetic, then the other cohort's
+    fixed-global-batch runs as measured (:func:`_other_cohort_frame`: the only measured strong-scaling
+    data the lab quotes). Returns (DataFrame, {who: one-line verdict}) for this run and each cohort."""
     import pandas as pd
 
     here = fixed_global_batch_frame(records)
-    anchors = fixed_global_batch_frame(seconds=ANCHOR_COHORT_SECONDS, method=ANCHOR_COHORT_LABEL)
-    df = pd.concat([here, anchors], ignore_index=True) if include_anchors else here
-    verdict, anchor_verdict = fixed_global_batch_verdict(here), fixed_global_batch_verdict(anchors)
+    first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
+    other = _other_cohort_frame()
+    df = pd.concat([here, first, other], ignore_index=True) if include_anchors else here
+    verdicts = {"This run": fixed_global_batch_verdict(here),
+                FIRST_COHORT_LABEL: fixed_global_batch_verdict(first),
+                OTHER_COHORT_LABEL: _other_cohort_verdict(other)}
     notes = ["T1_seconds = T(1, G): one device at batch G. strong: N x G/N (global batch fixed), speedup "
              "T(1, G)/T(N, G/N); weak: N x G (per-device batch fixed, as Table 1), speedup T(1, G)/T(N, G). "
              "Epoch-2 training seconds, slowest rank; efficiency = speedup / N.",
              "Only pairs whose split G/N is one of the per-device batch sizes appear (with batch sizes "
              "growing x4, that is N = 4; N = 2 would need a 2 x 64 run).",
-             f"This run: {verdict}", f"{ANCHOR_COHORT_LABEL}: {anchor_verdict}", FIXED_GLOBAL_EXPLANATION]
+             f"{FIRST_COHORT_LABEL}: its Table 1 ({FIRST_COHORT_MEASURED}), per-GPU batch fixed; its "
+             "strong columns pair its own rows through the same arithmetic.",
+             f"{OTHER_COHORT_LABEL}: its framework's 'dp' strategy splits the batch over the GPUs, so its "
+             f"batch G is the global one: its logs count {OTHER_COHORT_LOGGED_STEPS[32]:,} steps per epoch "
+             f"at G = 32 and {OTHER_COHORT_LOGGED_STEPS[128]} at 128 on 1, 2 and 4 GPUs alike. Times: "
+             f"{OTHER_COHORT_MEASURED}. G = {OTHER_COHORT_DID_NOT_FIT[1]:,} did not fit on one GPU and ran "
+             f"on {OTHER_COHORT_RAN_ON[0]} ({OTHER_COHORT_RAN_ON[1] // OTHER_COHORT_RAN_ON[0]:,} per GPU; no "
+             "time given).",
+             *(f"{who}: {v}" for who, v in verdicts.items()), FIXED_GLOBAL_EXPLANATION]
     store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch",
                      _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
                      notes=notes)
-    return df, verdict, anchor_verdict
+    return df, verdicts
+
+
+def anchor_frame():
+    """Both earlier cohorts' epoch times with their steps per epoch and speedups (sanity anchors, not
+    targets), each as what it measured:
+
+    - the earlier cohort's Table 1: per-GPU batch b fixed (global N x b), epoch-2 training seconds
+      with data I/O excluded; speedup T(1, b)/T(N, b); its report does not name the parallel module;
+    - the other cohort's DataParallel: global batch G fixed (G/N per GPU), epoch wall-clock to the
+      second with the loader included; speedup T(1, G)/T(N, G).
+
+    ``steps_per_epoch`` = ceil(50,000 / global batch); ``steps_logged`` is what the other cohort's
+    logs count where the report quotes them (1,563 at 32, 391 at 128)."""
+    import pandas as pd
+
+    rows = []
+    for label, measured, table, fixed in (
+            (FIRST_COHORT_LABEL, FIRST_COHORT_MEASURED, FIRST_COHORT_TABLE1_SECONDS, "per-GPU batch"),
+            (OTHER_COHORT_LABEL, OTHER_COHORT_MEASURED, OTHER_COHORT_SECONDS, "global batch")):
+        for (n, b), t in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            g = n * b if fixed == "per-GPU batch" else b
+            t1 = table.get((1, b))
+            per_gpu = b if fixed == "per-GPU batch" else other_cohort_per_gpu_batch(n, b)
+            logged = OTHER_COHORT_LOGGED_STEPS.get(g) if fixed == "global batch" else None
+            rows.append({"method": label, "fixed": fixed, "gpus": n, "per_gpu_batch": per_gpu,
+                         "global_batch": g, "steps_per_epoch": global_batch_steps(g), "steps_logged": logged,
+                         "epoch2_seconds": t, "speedup": t1 / t if t1 else None,
+                         "efficiency": t1 / t / n if t1 else None, "measured": measured})
+    return blank_missing(pd.DataFrame(rows))
 
 
 def comm_volume_frame(records: Sequence[Record]):

@@ -86,7 +86,8 @@ class Settings:
     ResNet-18 base width (64 is the spec's model). ``memory_cap_bytes`` (bytes) and
     ``memory_fraction`` (0 < f <= 1, GPU only) limit memory so that the out-of-memory
     path is reached on purpose; ``None`` (or 0) means no limit beyond the device's own.
-    ``dataset``: auto | cifar10 | synthetic.
+    ``dataset``: auto | cifar10 | synthetic; None (the default) reads ``$LAB_DATASET`` (else auto),
+    so that ``LAB_DATASET=cifar10`` makes a missing CIFAR-10 an error, as the README says.
     """
 
     batch_sizes: tuple[int, ...]
@@ -105,7 +106,7 @@ class Settings:
     #: (one per core). Quick pins it to the DDP workers' threads per rank (notebook 02's
     #: ``cpu_threads``), so T(1) here and in notebook 02 compare.
     cpu_threads: int | None = None
-    dataset: str = "auto"
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
 
     def validate(self) -> Settings:
         """Reject settings the sweep cannot run, with one sentence naming the fix (a cap of 0: none)."""
@@ -129,7 +130,8 @@ class Settings:
             check_memory_fraction(s.memory_fraction)
         if s.num_workers is not None and (not isinstance(s.num_workers, int) or s.num_workers < 0):
             raise LabError(f"num_workers must be 0 or more, got {s.num_workers!r}.")
-        check_choice(s.dataset, DATASET_CHOICES, "dataset")
+        if s.dataset is not None:
+            check_choice(s.dataset, DATASET_CHOICES, "dataset")
         return s
 
 

@@ -11,10 +11,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
 from lab_utils.core.metrics import note
-from lab_utils.experiments import scaling
 from lab_utils.experiments.sweep import (
     EXPERIMENT,
     SPEC_LR,
@@ -24,7 +24,7 @@ from lab_utils.experiments.sweep import (
 )
 from lab_utils.store import Record, ResultStore
 
-__all__ = ["COHORT_SWEEP_SECONDS", "COHORT_TABLE1_ONE_GPU_SECONDS", "SPEC_ANCHORS_SECONDS", "anchor_table",
+__all__ = ["anchor_table",
            "flop_table", "largest_fitting_batch", "phase_table", "plot_sweep", "save_flop_table",
            "save_tables", "sweep_table"]
 
@@ -216,30 +216,13 @@ def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Set
     return table, why
 
 
-# Epoch-2 training seconds one earlier report gives for the spec run on one GPU
-# (V100/RTX 8000 class, hardware not recorded), from two places in the same report, unrounded:
-# - its own batch-size sweep (Q1): 43.42 / 36.85 / 40.25 s; it RISES after batch 128;
-# - the 1-GPU row of its scaling table (Table 1): 41.3 / 33.64 / 33.95 s (SPEC.md rounds these
-#   to 41.3 / 33.6 / 34.0, which reads as a plateau; the sweep does not show one), kept once, in
-#   scaling.ANCHOR_COHORT_SECONDS.
-# The two differ by 2-6 s at the same configuration: run-to-run noise of that report is that large.
-COHORT_SWEEP_SECONDS: dict[int, float] = {32: 43.42, 128: 36.85, 512: 40.25}
-
-
-COHORT_TABLE1_ONE_GPU_SECONDS: dict[int, float] = {b: t for (n, b), t in scaling.ANCHOR_COHORT_SECONDS.items()
-                                                   if n == 1}
-
-
-SPEC_ANCHORS_SECONDS = COHORT_SWEEP_SECONDS  # the anchor notebook 01 compares with: the sweep's own
-
-
 def anchor_table(records: Sequence[Record], settings: Settings):
-    """This run's epoch-2 training seconds next to the cohort's two sources, for the anchor batch sizes.
+    """This run's epoch-2 training seconds next to the earlier cohort's, for the anchor batch sizes.
 
-    Both of the earlier report's numbers are shown unrounded: its batch sweep (Q1, the anchor)
-    and the 1-GPU row of its Table 1. The ratio (sweep anchor / this run, >1 means faster here)
-    is given only when this run is the spec configuration (width 64, all 50,000 images);
-    otherwise the column says why not.
+    The cohort's numbers are the 1-GPU row of its Table 1, unrounded, from
+    :mod:`lab_utils.core.anchors` (SPEC.md prints them rounded too: 33.6, 34.0). The ratio
+    (cohort / this run, >1 means faster here) is given only when this run is the spec
+    configuration (width 64, all 50,000 images); otherwise the column says why not.
     """
     import pandas as pd
 
@@ -247,7 +230,9 @@ def anchor_table(records: Sequence[Record], settings: Settings):
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in records}
     rows = []
-    for bs, anchor in COHORT_SWEEP_SECONDS.items():
+    for (devices, bs), anchor in FIRST_COHORT_TABLE1_SECONDS.items():
+        if devices != 1:
+            continue
         r = by_bs.get(bs)
         mine = r.metrics["train_seconds"] if r is not None and r.status == "ok" else None
         if not comparable:
@@ -256,7 +241,6 @@ def anchor_table(records: Sequence[Record], settings: Settings):
             ratio = f"not measured ({r.status if r is not None else 'not in this sweep'})"
         else:
             ratio = anchor / mine
-        rows.append({"batch size": bs, "cohort batch sweep, Q1 (s)": anchor,
-                     "cohort Table 1, 1-GPU row (s)": COHORT_TABLE1_ONE_GPU_SECONDS[bs],
+        rows.append({"batch size": bs, "cohort, 1 GPU (s)": anchor,
                      "this run (s)": "" if mine is None else mine, "cohort / this run": ratio})
     return pd.DataFrame(rows, dtype=object)

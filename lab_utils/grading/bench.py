@@ -2,9 +2,16 @@
 
 Grades ``--students`` copies of every graded notebook filled with the master's own solutions (so
 every copy must score full points: the run checks that too), once in the bwrap sandbox and once
-with ``--no-sandbox``, and prints the wall time per notebook and the time for ``--class-size``
-students extrapolated linearly from that run (``--jobs`` notebooks at a time). The bundle is
-``dist/grading`` (``make student``), built first when missing.
+with ``--no-sandbox``, and prints for each
+
+- the wall time per notebook, and for ``--class-size`` students extrapolated linearly from that run
+  (``--jobs`` notebooks at a time), *at the load it ran under*: the load average before and after
+  (``os.getloadavg``, on this many cores) is printed beside it;
+- the CPU time per notebook (user + system of the grader and of every notebook's processes, as
+  each reports it), and the class's time on idle cores estimated from it (CPU time / cores): what
+  the same class takes on a machine that runs nothing else.
+
+The bundle is ``dist/grading`` (``make student``), built first when missing.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import copy
 import io
 import json
 import os
+import resource
 import tempfile
 import time
 from contextlib import redirect_stdout
@@ -37,15 +45,24 @@ def fill_with_solutions(student_nb: dict, master: nbs.Master) -> dict:
     return nb
 
 
-def _run(subs: Path, bundle: Path, out: Path, jobs: int, use_sandbox: bool) -> tuple[float, dict]:
-    t0 = time.perf_counter()
+def _own_cpu_seconds() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return me.ru_utime + me.ru_stime
+
+
+def _run(subs: Path, bundle: Path, out: Path, jobs: int, use_sandbox: bool) -> tuple[float, float, dict]:
+    """(wall seconds, CPU seconds, gradebook state) of grading ``subs``. The CPU time is the grader's
+    own and what each notebook's process reported for itself and its question processes (bwrap does
+    not pass its children's time on to ours)."""
+    t0, c0 = time.perf_counter(), _own_cpu_seconds()
     with redirect_stdout(io.StringIO()):
         status = grade.grade(subs, bundle, out, jobs=jobs, use_sandbox=use_sandbox)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _own_cpu_seconds() - c0
     state = gradebook.load_state(out)
+    cpu += sum(b.get("cpu_seconds", 0.0) for s in state["students"].values() for b in s["notebooks"].values())
     if status != 0:
         raise SystemExit(f"grading failed (exit status {status}); see {out}/details.csv")
-    return seconds, state
+    return seconds, cpu, state
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,17 +94,23 @@ def main(argv: list[str] | None = None) -> int:
         modes = [("without the sandbox", False)] + ([("in the bwrap sandbox", True)] if not why else [])
         print(f"{args.students} students x {len(books)} notebooks = {n} notebooks, {args.jobs} at a time, "
               f"{os.cpu_count()} cores" + (f"; no sandbox here: {why}" if why else ""))
+        cores = os.cpu_count() or 1
         for label, use in modes:
-            seconds, state = _run(subs, bundle, Path(tmp) / f"grades_{use}", args.jobs, use)
+            load0 = os.getloadavg()[0]
+            seconds, cpu, state = _run(subs, bundle, Path(tmp) / f"grades_{use}", args.jobs, use)
+            load1 = os.getloadavg()[0]
             totals = {s["name"]: sum(q["points"] for b in s["notebooks"].values()
                                      for q in b["questions"].values() if not q["manual"])
                       for s in state["students"].values()}
             wrong = {k: v for k, v in totals.items() if v != auto}
-            class_minutes = seconds / n * args.class_size * len(books) / 60
+            class_n = args.class_size * len(books)
             check = f"NOT full points: {wrong}" if wrong else f"all {auto:g}/{auto:g}"
             print(f"{label:>22}: {seconds:6.1f} s for {n} notebooks = {seconds / n:.2f} s per notebook "
-                  f"(wall, {args.jobs} at a time); {args.class_size} students x {len(books)} notebooks: "
-                  f"{class_minutes:.1f} min; {check}")
+                  f"(wall, {args.jobs} at a time, load average {load0:.1f} -> {load1:.1f} on {cores} cores); "
+                  f"CPU {cpu / n:.2f} s per notebook; {args.class_size} students x {len(books)} notebooks: "
+                  f"{seconds / n * class_n / 60:.1f} min at this load, about "
+                  f"{cpu / n * class_n / min(cores, args.jobs) / 60:.1f} min on {min(cores, args.jobs)} idle "
+                  f"cores; {check}")
             if wrong:
                 return 1
     return 0

@@ -11,7 +11,8 @@ For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` c
    ``otter assign`` makes the student notebook from that copy (solutions and hidden tests stripped;
    public tests kept for ``grader.check``) and otter's autograder zip;
 3. the student notebook is stamped (notebook, lab version; each answer cell with its question)
-   and searched for any solution or hidden-test text.
+   and searched for any solution or hidden-test text. Notebooks without exercises (00, 08) are
+   copied, stamped too (``make grade`` recognises them: "nothing to grade").
 
 Writes ``<out>/student/``, a copy of the lab that students clone or unpack (``lab_utils``, the
 Makefile, requirements, the student notebooks in ``labs/``; no master, no test, no bundle), and
@@ -35,12 +36,15 @@ from pathlib import Path
 
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.exercises import EXERCISES, Exercise, same
+from lab_utils.grading.exercises import EXERCISES, OK, Exercise, same
 
 REPO = Path(__file__).resolve().parents[2]
 LABS_DIR = REPO / "labs"
 DIST_DIR = REPO / "dist"
 MANIFEST = "manifest.json"
+# The output of a check cell whose cases are all right (exercises.check prints it): written into every
+# test cell before otter assign, which takes it as the doctest's expected output.
+CHECK_OUTPUT = {"name": "stdout", "output_type": "stream", "text": [OK + "\n"]}
 # Text that must never reach a student notebook (otter's own markers).
 LEAK_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# HIDDEN", "BEGIN TESTS", "END TESTS")
 # What a student gets besides the notebooks: the lab's code and how to install and run it.
@@ -157,6 +161,18 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     return {"function": ex.function, "points": q.points, "tests": tests}
 
 
+def _use_lab_grader(nb: dict, name: str) -> None:
+    """Make the student notebook's ``grader`` :class:`lab_utils.grading.checker.Notebook` (otter's, showing
+    a failing check's sentence first) in the init cell otter assign wrote."""
+    otter_init = f'grader = otter.Notebook("{name}")'
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and otter_init in nbs.source(c)]
+    if len(cells) != 1:
+        raise LabError(f"otter assign wrote {len(cells)} cells with {otter_init!r} in {name}, not 1.")
+    src = nbs.source(cells[0]).replace(otter_init, f"from lab_utils.grading.checker import Notebook\n\n"
+                                                   f'grader = Notebook("{name}")')
+    cells[0]["source"] = src
+
+
 def _stamp(nb: dict, master: nbs.Master, stem: str, version: str) -> None:
     """Write the notebook's lab version and each answer cell's question into the metadata."""
     nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": stem, "version": version}
@@ -256,7 +272,9 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             nb = json.loads(path.read_text())
             for q in spec.values():
                 for t in q["tests"]:
-                    nb["cells"][t["cell"]]["source"] = t["source"]
+                    cell = nb["cells"][t["cell"]]
+                    cell["source"] = t["source"]
+                    cell["outputs"] = [CHECK_OUTPUT]   # otter takes a test cell's output as what it expects
             rewritten = Path(tmp) / "masters" / path.stem / path.name
             rewritten.parent.mkdir(parents=True)
             rewritten.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
@@ -274,6 +292,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             res = Path(tmp) / "out" / path.stem
             version = nbs.notebook_version(path)
             nb = json.loads((res / "student" / path.name).read_text())
+            _use_lab_grader(nb, path.name)
             _stamp(nb, master, path.stem, version)
             text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
             leaks = find_leaks(text, master)
@@ -302,7 +321,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                           "function": spec[q.name]["function"] if q.name in spec else ""}
                          for q in master.questions]
             manifest["notebooks"][path.stem] = {
-                "file": path.name, "version": version, "cases": cases_file,
+                "file": path.name, "version": version, "title": nbs.title(nb), "cases": cases_file,
                 "otter_zip": f"otter/{path.stem}-autograder.zip", "questions": questions,
                 "auto_points": sum(q.points for q in master.questions if not q.manual),
                 "manual_points": sum(q.points for q in master.questions if q.manual),
@@ -311,9 +330,16 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             n_cases = sum(len(t["cases"]) for q in spec.values() for t in q["tests"])
             print(f"built {path.name}: {len(master.questions)} questions, {n_cases} cases, version {version} "
                   f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
+    manifest["ungraded"] = {}
     for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
         if path not in masters and not (student / "labs" / path.name).exists() and not nbs.is_master(path):
-            shutil.copy2(path, student / "labs" / path.name)
+            # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
+            # as the lab's ("nothing to grade"), not mistaken for another course's
+            nb = json.loads(path.read_text())
+            version = nbs.notebook_version(path)
+            nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": path.stem, "version": version}
+            (student / "labs" / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            manifest["ungraded"][path.stem] = {"file": path.name, "version": version, "title": nbs.title(nb)}
     _copy_student_files(labs.parent, student)
     leaks = tree_leaks(student, parsed)
     if leaks:

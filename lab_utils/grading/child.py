@@ -11,22 +11,37 @@ submission's own prints go to ``output.txt`` in its private folder)::
     {"q": name, "t": test, "c": case, "answer": ..., "seconds": s}
     {"q": name, "t": test, "c": case, "error": {"type", "message", "errno", "line"}}
     {"q": name, "error": {...}, "defining": true}      the code failed before any case ran
-    {"tried": "open /root/.ssh/id_rsa (read)"}          what the submission's code asked for
-    {"done": true}
+    {"q": name, "ended": {"how": "exit"|"signal"|"timeout", "code": n}}
+                                                         its process ended before all its cases ran
+    {"q": name, "tried": "open /root/.ssh/id_rsa (read)"}  what the question's code asked for
+    {"q": name, "start": true}                          the question's process is about to start
+    {"done": true, "cpu_seconds": s}                    CPU time of this process and its question processes
 
-It holds no expected answer: the grader compares in its own process. Each question's code (its
-function and the imports, definitions and constants it uses, as extracted by
-:func:`lab_utils.grading.notebooks.extract_exercise`) runs in a fresh namespace; each case runs
-under a time limit. An audit hook notes files, sockets and processes the submission's code asks
-for (the sandbox refuses them; this only names them in the gradebook).
+It holds no expected answer: the grader compares in its own process.
+
+**One process per question.** This process (the *server*) imports what the cases need, then
+forks one process per question; each question's code (its function and the imports, definitions
+and constants it uses, as extracted by :func:`lab_utils.grading.notebooks.extract_exercise`) runs
+only in its own process, which has run no other question's code: a question cannot rewire
+another's check (``torch.sys.modules[...].EXERCISES.update(...)`` changes only its own process).
+Each question process writes to a pipe of its own; the server passes on only the lines about that
+question, so it cannot write another question's results either. The server cannot be traced or
+read by them (not dumpable), adopts whatever they leave running (a child subreaper) and ends it
+before the next question starts. Each case runs under a time limit (an alarm in the question's
+process; code that ignores the alarm is killed by the server). An audit hook notes files, sockets
+and processes the submission's code asks for (the sandbox refuses them; this only names them in
+the gradebook).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import importlib
 import json
 import os
+import resource
+import select
 import signal
 import sys
 import time
@@ -83,6 +98,8 @@ def _describe(event: str, args: tuple) -> str:
         return f"run a program ({str(args[1] if event != 'os.system' else args[0])[:60]})"
     if event in ("os.listdir", "os.scandir", "glob.glob"):
         return f"list {args[0]!r}"
+    if event in ("os.kill", "os.killpg"):
+        return f"send signal {args[1]} to process {'group ' if event == 'os.killpg' else ''}{args[0]}"
     return f"{event} {str(args[:1])[:80]}"
 
 
@@ -101,7 +118,7 @@ def _library_read(event: str, args: tuple) -> bool:
 
 
 def _audit(event: str, args: tuple) -> None:
-    if event not in WATCHED or len(_tried) >= MAX_TRIED:
+    if event not in WATCHED or len(_tried) > MAX_TRIED:
         return
     try:
         if _library_read(event, args) or not _in_exercise_code():
@@ -109,7 +126,7 @@ def _audit(event: str, args: tuple) -> None:
         what = _describe(event, args)
         if what and what not in _tried:
             _tried.add(what)
-            emit({"tried": what})
+            emit({"tried": what if len(_tried) <= MAX_TRIED else f"more (the first {MAX_TRIED} are listed)"})
     except Exception:  # noting must never break the submission's run
         pass
 
@@ -132,6 +149,191 @@ def _limit(seconds: float) -> None:
     signal.setitimer(signal.ITIMER_REAL, max(0.0, seconds))
 
 
+def run_question(q: dict, ex, case_seconds: float) -> None:
+    """Define one question's code in a fresh namespace and run its cases (in its own process)."""
+    ns = {"__name__": "submission", "__builtins__": __builtins__}
+    try:
+        _limit(case_seconds)
+        exec(compile(q["code"], f"{FILE_PREFIX}{q['name']}>", "exec"), ns)
+        _limit(0)
+    except (Exception, CaseTimeLimit) as e:
+        _limit(0)
+        emit({"q": q["name"], "defining": True, "error": _error(e, q.get("first_line", 1))})
+        return
+    fn = ns.get(q["function"])
+    timed_out = False
+    for test, case_no, case in q["cases"]:
+        if timed_out:   # one endless loop is enough: the question's other cases are not waited for
+            emit({"q": q["name"], "t": test, "c": case_no, "error": {
+                "type": "CaseTimeLimit", "message": "not run: an earlier case ran past the time limit",
+                "line": None, "errno": ""}})
+            continue
+        t0 = time.perf_counter()
+        try:
+            _limit(case_seconds)
+            answer = ex.run(fn, case)
+            _limit(0)
+            emit({"q": q["name"], "t": test, "c": case_no, "answer": answer,
+                  "seconds": round(time.perf_counter() - t0, 4)})
+        except (Exception, CaseTimeLimit) as e:
+            _limit(0)
+            timed_out = isinstance(e, CaseTimeLimit)
+            emit({"q": q["name"], "t": test, "c": case_no, "error": _error(e, q.get("first_line", 1))})
+
+
+# --------------------------------------------------------------------------- the server
+
+ALARM_GRACE_S = 2.0             # past the case limit, a question process that ignored its alarm is killed
+QUESTION_OUTPUT_BYTES = 1_000_000   # what the server reads of one question process's lines
+_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
+
+
+def _harden() -> None:
+    """No question process may trace or read this one (not dumpable); orphans they leave behind
+    become this process's children (a subreaper), so that they can be found and ended."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):   # not Linux: the sandbox (bwrap) is Linux-only anyway
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc: the sandbox's own process namespace)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _end_all_below() -> None:
+    """Kill and reap every process a question left behind (a fork bomb's too)."""
+    me = os.getpid()
+    for _ in range(200):
+        pids = _descendants(me)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                pid = 0
+            if pid == 0:
+                break
+        if not pids:
+            return
+        time.sleep(0.005)
+
+
+def _accept(line: bytes, name: str) -> dict | None:
+    """A question process's line, if it is about that question (else None: it is dropped)."""
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    if "tried" in rec and isinstance(rec["tried"], str):
+        return {"q": name, "tried": rec["tried"][:300]}
+    if rec.get("q") == name and ("t" in rec or rec.get("defining")):
+        return rec
+    if rec.get("q") == name and rec.get("end"):
+        return rec
+    return None
+
+
+def _question_process(q: dict, ex, case_seconds: float) -> None:
+    """Run question ``q`` in a forked process of its own; pass its lines on; end what it left."""
+    global _pid, _tried
+    emit({"q": q["name"], "start": True})   # from here on, an end of this process is the submission's doing
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the question's process: its lines go to its own pipe, not to the grader's stream
+        try:
+            os.close(read_fd)
+            os.dup2(write_fd, _proto.fileno())
+            os.close(write_fd)
+            _pid, _tried = os.getpid(), set()
+            run_question(q, ex, case_seconds)
+            emit({"q": q["name"], "end": True})
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    gap = case_seconds + ALARM_GRACE_S    # the longest silence of a process that heeds its alarm
+    ended: dict | None = None
+    finished, buf, kept, last = False, b"", 0, time.monotonic()
+
+    def take(chunk: bytes) -> bool:
+        """Pass on the complete lines in ``chunk``; True once the process said it is done."""
+        nonlocal buf, kept
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            kept += len(line)
+            rec = _accept(line, q["name"]) if kept <= QUESTION_OUTPUT_BYTES else None
+            if rec is not None and rec.get("end"):
+                return True
+            if rec is not None:
+                emit(rec)
+        return False
+
+    while not finished:
+        left = gap - (time.monotonic() - last)
+        if left <= 0:    # silent past the case limit: it ignored the alarm
+            ended = {"how": "timeout", "code": None}
+            break
+        if not select.select([read_fd], [], [], min(left, 0.25))[0]:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:     # it ended, but something it started keeps the pipe open: read what is there
+                pid, ended = 0, _how_it_ended(status)
+                os.set_blocking(read_fd, False)
+                try:
+                    finished = take(os.read(read_fd, QUESTION_OUTPUT_BYTES))
+                except BlockingIOError:
+                    pass
+                break
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:    # every writer is gone: it ended (or closed its stream; then it is ended below)
+            for _ in range(int(gap * 100)):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    pid, ended = 0, _how_it_ended(status)
+                    break
+                time.sleep(0.01)
+            else:
+                ended = {"how": "timeout", "code": None}
+            break
+        last = time.monotonic()
+        finished = take(chunk)
+    os.close(read_fd)
+    _end_all_below()     # the question's process (if it still runs) and all it started
+    if not finished:
+        emit({"q": q["name"], "ended": ended or {"how": "exit", "code": None}})
+
+
+def _how_it_ended(status: int) -> dict:
+    if os.WIFSIGNALED(status):
+        return {"how": "signal", "code": os.WTERMSIG(status)}
+    return {"how": "exit", "code": os.waitstatus_to_exitcode(status)}
+
+
 def run(job: dict) -> None:
     from lab_utils.grading.exercises import EXERCISES
 
@@ -139,37 +341,10 @@ def run(job: dict) -> None:
     for q in job["questions"]:   # imports the cases need are not the submission's time
         for module in EXERCISES[q["name"]].needs:
             importlib.import_module(module)
+    _harden()
     sys.addaudithook(_audit)
     for q in job["questions"]:
-        ex = EXERCISES[q["name"]]
-        ns = {"__name__": "submission", "__builtins__": __builtins__}
-        try:
-            _limit(case_seconds)
-            exec(compile(q["code"], f"{FILE_PREFIX}{q['name']}>", "exec"), ns)
-            _limit(0)
-        except (Exception, CaseTimeLimit) as e:
-            _limit(0)
-            emit({"q": q["name"], "defining": True, "error": _error(e, q.get("first_line", 1))})
-            continue
-        fn = ns.get(q["function"])
-        timed_out = False
-        for test, case_no, case in q["cases"]:
-            if timed_out:   # one endless loop is enough: the question's other cases are not waited for
-                emit({"q": q["name"], "t": test, "c": case_no, "error": {
-                    "type": "CaseTimeLimit", "message": "not run: an earlier case ran past the time limit",
-                    "line": None, "errno": ""}})
-                continue
-            t0 = time.perf_counter()
-            try:
-                _limit(case_seconds)
-                answer = ex.run(fn, case)
-                _limit(0)
-                emit({"q": q["name"], "t": test, "c": case_no, "answer": answer,
-                      "seconds": round(time.perf_counter() - t0, 4)})
-            except (Exception, CaseTimeLimit) as e:
-                _limit(0)
-                timed_out = isinstance(e, CaseTimeLimit)
-                emit({"q": q["name"], "t": test, "c": case_no, "error": _error(e, q.get("first_line", 1))})
+        _question_process(q, EXERCISES[q["name"]], case_seconds)
 
 
 def main() -> None:
@@ -189,7 +364,8 @@ def main() -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     try:
         run(job)
-        emit({"done": True})
+        used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        emit({"done": True, "cpu_seconds": round(sum(u.ru_utime + u.ru_stime for u in used), 3)})
     except BaseException as e:  # the grader's own failure: say so, with where
         emit({"internal": f"{type(e).__name__}: {e}", "where": traceback.format_exc()[-1500:]})
     _proto.flush()

@@ -14,7 +14,8 @@ bundle is built (:mod:`lab_utils.grading.build`). This module says what to do wi
   mistake's answer, the sentence names the mistake. For a hidden case it never shows the inputs.
 
 :func:`check` is what the notebook's check cells call (the student's ``grader.check`` runs them
-as doctests: it prints nothing and raises ``AssertionError`` with that sentence). The grader
+as doctests): it prints ``ok``, or that sentence (:func:`verdict`), which the doctest then shows as
+"Expected: ok / Got: <sentence>". The grader
 (:mod:`lab_utils.grading.grade`) runs the same :attr:`Exercise.run` inside a sandbox and compares
 in its own process against the bundle's expected answers.
 
@@ -30,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lab_utils.core import anchors
 from lab_utils.grading.fakes import FakeAsyncDevice
 
 NOT_DONE = "not done yet"
@@ -93,7 +95,10 @@ def _kind(x: Any) -> str:
 def _fmt(x: Any) -> str:
     if isinstance(x, float):
         return f"{x:.10g}"
-    text = repr(x)
+    if isinstance(x, list) and all(_is_number(v) for v in x):   # an answer of several numbers
+        text = "[" + ", ".join(_fmt(v) for v in x) + "]"
+    else:
+        text = repr(x)
     return text if len(text) <= 120 else text[:117] + "..."
 
 
@@ -209,30 +214,49 @@ def explain(ex: Exercise, case: Any, got: Any, want: Any, mistake_answers: Seque
     return f"{label}: yours {_fmt(got)}, expected {_fmt(want)}" + (f" ({hint})." if hint else ".")
 
 
-def check(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
-          hidden: bool = False) -> None:
-    """A check cell: run ``function`` on each case; raise AssertionError on the first wrong answer.
+#: What a check cell prints when every case is right: the expected output of otter's doctest.
+OK = "ok"
 
-    Prints nothing and returns None, as a doctest needs (otter runs check cells as doctests).
+
+def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
+            hidden: bool = False) -> str:
+    """"" when ``function`` answers every case right, else one sentence on the first case it gets
+    wrong: "not done yet", a known mistake by name, how far off it is, or what it raised.
+
     ``expected`` (the answers, in the order of ``cases``) is written in by the build from the
     master's solution; without it (the master notebook itself) the answers are only computed.
-    ``hidden=True``: messages name the case by its number, never by its inputs.
+    ``hidden=True``: the sentence names the case by its number, never by its inputs.
     """
     ex = EXERCISES[question]
     if not callable(function):
-        raise AssertionError(f"{ex.function} is not a function ({type(function).__name__}): "
-                             f"run the cell that defines it.")
+        return f"{ex.function} is not a function ({type(function).__name__}): run the cell that defines it."
     for i, case in enumerate(cases):
-        got = ex.run(function, case)
+        label = f"hidden case {i + 1} of {len(cases)}" if hidden else ex.describe(case)
+        try:
+            got = ex.run(function, case)
+        except Exception as e:  # the student's code failing is an answer, said in one sentence
+            return f"{label}: {ex.function} raised {type(e).__name__}: {e}"
         if got is None:
-            raise AssertionError(f"{NOT_DONE}: {ex.function} returns None; write its body above.")
+            return f"{NOT_DONE}: {ex.function} returns None; write its body above."
         if expected is None:
             continue
         want = expected[i]
         if not same(got, want, ex.rel_tol):
-            label = f"hidden case {i + 1} of {len(cases)}" if hidden else ex.describe(case)
             mistakes = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
-            raise AssertionError(explain(ex, case, got, want, mistakes, label, hidden))
+            return explain(ex, case, got, want, mistakes, label, hidden)
+    return ""
+
+
+def check(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
+          hidden: bool = False) -> None:
+    """A check cell: print ``ok`` when ``function`` answers every case right, else the one sentence of
+    :func:`verdict` (the case and what is wrong with it). Returns None.
+
+    Otter runs a check cell as a doctest whose expected output is ``ok`` (the build writes it in), so
+    a failure reads "Expected: ok / Got: <the sentence>", never a traceback; the student notebook's
+    ``grader`` (:class:`lab_utils.grading.checker.Notebook`) shows that sentence first.
+    """
+    print(verdict(question, function, cases, expected, hidden) or OK)
 
 
 # --------------------------------------------------------------------------- q01: a step timer
@@ -472,6 +496,48 @@ def _ring_floor(size_bytes, world_size, dataset_size, per_device_batch):
     return (dataset_size // world_size) // per_device_batch * 2 * (world_size - 1) / world_size * size_bytes
 
 
+def _ring_one_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):
+    return size_bytes
+
+
+def _ring_one_ring_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):
+    return 2 * (world_size - 1) / world_size * size_bytes
+
+
+# The earlier cohort's Table 3: one gradient's bytes over an epoch's communication time (SPEC.md).
+_T3_BYTES, _T3_SECONDS = anchors.TABLE3_GRADIENT_BYTES, anchors.TABLE3_COMM_SECONDS[0]
+_TABLE3 = f"{_T3_BYTES:,} B / {_T3_SECONDS} s = {_T3_BYTES / _T3_SECONDS / 1e6:.1f} MB/s"
+ONE_ALLREDUCE_PER_EPOCH = "one all-reduce per epoch"
+_ONE_PER_EPOCH_WHY = (
+    "every step of the epoch ends with its own all-reduce, in which each rank sends 2(P-1)/P x S: an epoch "
+    "moves that once per step, not once (the earlier cohort's Table 3 divided one gradient per epoch by the "
+    f"epoch's time, {_TABLE3}, leaving out the steps and the ring's 2(P-1)/P), so the error grows with the "
+    "steps per epoch")
+
+
+def _gbps_one_per_epoch(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
+    return gradient_bytes / comm_seconds / 1e9
+
+
+def _gbps_one_ring_per_epoch(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
+    return 2 * (world_size - 1) / world_size * gradient_bytes / comm_seconds / 1e9
+
+
+def _gbps_one_gradient_per_step(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
+    return steps_per_epoch * gradient_bytes / comm_seconds / 1e9
+
+
+# --------------------------------------------------------------------------- q03: compute = T(N)
+
+
+def _compute_is_tn(t1, tn, n):
+    return tn, tn - t1 / n
+
+
+def _compute_is_tn_no_comm(t1, tn, n):
+    return tn, 0.0
+
+
 # --------------------------------------------------------------------------- q05: schedules, samplers
 
 
@@ -559,6 +625,10 @@ def _flops_no_head(cfg):
 
 def _mfu_one_device(flops_per_token, tokens_per_s, peak_flops_per_s, devices):
     return flops_per_token * tokens_per_s / peak_flops_per_s
+
+
+# The earlier GPT report at batch 128 on 4 GPUs: T(1) over its slowest rank (SPEC.md: 2.95).
+_GPT_SLOWEST_128x4 = anchors.GPT_REPORTED_MEAN_SECONDS[(128, 1)] / max(anchors.GPT_RANK_SECONDS[(128, 4)])
 
 
 def _ranks_mean(rank_seconds):
@@ -667,7 +737,14 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q03_compute_comm", "compute_and_comm", outputs=("compute_seconds", "comm_seconds"),
         mistakes=(
-            Mistake("compute from T(N)", "the compute time on N devices is T(1)/N (the one-device work "
+            Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways; T(N) "
+                    f"is the whole N-device epoch, communication included (the earlier cohort's Table 2 "
+                    f"printed T(N) = {anchors.FIRST_COHORT_TABLE1_SECONDS[anchors.TABLE2_COMPUTE_IS_TN]} s, "
+                    "its Q2 time, as compute)", wrong=_compute_is_tn),
+            Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways, and "
+                    "communication is what T(N) takes beyond it, T(N) - T(1)/N: with compute = T(N) nothing "
+                    "is left for communication", wrong=_compute_is_tn_no_comm),
+            Mistake("compute from T(N)/N", "the compute time on N devices is T(1)/N (the one-device work "
                     "split N ways), not T(N)/N", wrong=lambda t1, tn, n: (tn / n, tn - tn / n)),
             Mistake("negative communication clipped", "return T(N) - T(1)/N as is when it is negative: "
                     "a negative value says the perfect-split assumption failed, and clipping it hides that",
@@ -701,11 +778,17 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "has ceil(ceil(N/P)/b) iterations, not ceil(N/b)", wrong=_ring_whole_dataset),
             Mistake("iterations rounded down", "the sampler pads to a multiple of P and the last partial "
                     "batch is kept: round both divisions up", wrong=_ring_floor),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_ring_one_per_epoch),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_ring_one_ring_per_epoch),
             BITS_FOR_BYTES,
         )),
     Exercise(
         "q04_utilization", "achieved_gb_per_s",
         mistakes=(
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_gbps_one_per_epoch),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_gbps_one_ring_per_epoch),
+            Mistake("one gradient per all-reduce", "in a ring all-reduce each rank sends 2(P-1)/P x S, not S "
+                    "(the two agree only at P = 2)", wrong=_gbps_one_gradient_per_step),
             Mistake("GiB for GB", "that is GiB/s (2^30 bytes); bandwidths here are decimal GB/s "
                     "(10^9 bytes), as nccl-tests reports", factor=1e9 / 2 ** 30),
             Mistake("MB for GB", "that is MB/s; divide bytes per second by 10^9 for GB/s", factor=1e3),
@@ -759,7 +842,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
                     "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
-                    "ranks (the earlier GPT report's mean made 2.95 look like 4.25)", wrong=_ranks_mean),
+                    f"ranks (the earlier GPT report's mean made {_GPT_SLOWEST_128x4:.2f} look like "
+                    f"{anchors.GPT_REPORTED_SPEEDUPS[(128, 4)]:.2f})", wrong=_ranks_mean),
             Mistake("the fastest rank", "a fast rank waits for the others at every all-reduce: the epoch "
                     "is over when the slowest rank is done", wrong=min),
             Mistake("rank 0's time", "rank 0 is not always the slowest (a slow loader or a busy device can "

@@ -2,19 +2,24 @@
 
 For every submission (:mod:`~lab_utils.grading.submissions` finds them and their students):
 
-1. read it as data (never run it): which lab notebook it is (metadata, else file name), the
-   exercise functions and what they use (:func:`notebooks.extract_exercise`), what needs a human
-   look (the lab's own code in an exercise, assignments to imported modules' attributes), the
-   hand-graded answers;
-2. run only the exercise functions, in a fresh process inside a sandbox
-   (:mod:`~lab_utils.grading.sandbox`), on the bundle's cases; the process gets the inputs only;
+1. read it as data (never run it): which lab notebook it is (the stamp ``make student`` writes into
+   its metadata, else its title; a file name alone is not enough: another course's
+   ``04_linear_regression.ipynb`` is "not this lab's notebook"), the exercise functions and what
+   they use (:func:`notebooks.extract_exercise`), what needs a human look (the lab's own code in an
+   exercise, reaching other modules through ``torch.sys``..., changing imported modules), the
+   hand-graded answers. A file that cannot be read says why ("could not be read: ..."), filed
+   under the notebook its name suggests; a lab notebook without exercises (00, 08) is "nothing to
+   grade"; other files (a PDF) are listed in their student's row;
+2. run only the exercise functions, inside a sandbox (:mod:`~lab_utils.grading.sandbox`), each
+   question in a process of its own (:mod:`~lab_utils.grading.child`), on the bundle's cases; the
+   processes get the inputs only;
 3. compare each answer with the bundle's expected answer here, outside the sandbox; a test cell
    earns its points when all its cases are right (as otter counts them).
 
 Points come only from that comparison. An exercise whose code uses the lab's own functions (or
 reaches past itself: eval, files, introspection) scores 0 and is flagged "check by hand" with what
-the tests gave; a notebook that assigns to an imported module's attributes is flagged (its points
-stand: grading never runs that assignment). Untouched exercises are "not done yet" without running.
+the tests gave; a notebook that changes imported modules or reaches into them elsewhere is flagged
+(its points stand: grading never runs that code). Untouched exercises are "not done yet" without running.
 
 The run prints one line per notebook and a summary (graded, could not be graded, flagged, stopped
 by the sandbox, no submission) and returns 1 when a submission could not be graded (rows are
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -32,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab_utils import questions
 from lab_utils.core.errors import LabError
 from lab_utils.grading import gradebook, sandbox
 from lab_utils.grading import notebooks as nbs
@@ -53,12 +60,14 @@ NO_SANDBOX_WARNING = ("WARNING: graded WITHOUT a sandbox (--no-sandbox): every s
 
 @dataclass
 class Work:
-    """One notebook to grade (or a file that cannot be graded, with why)."""
+    """One handed-in file to grade (or one that cannot be graded, with why)."""
     sub: Submission
     student: Student
-    book: str | None = None
+    book: str | None = None      # the lab notebook it is (stamp or title), once read
+    guess: str | None = None     # a file that could not be read: the lab notebook its name suggests
     nb: dict | None = None
-    problem: str = ""
+    problem: str = ""            # why not graded: "could not be read: ...", "not this lab's notebook..."
+    nothing: bool = False        # a lab notebook without exercises (00, 08): nothing to grade
     notes: list[str] = field(default_factory=list)
     others: list[str] = field(default_factory=list)     # other files of this notebook, not graded
     code: dict[str, nbs.ExerciseCode] = field(default_factory=dict)
@@ -66,40 +75,61 @@ class Work:
     outcome: sandbox.Outcome | None = None
     record: dict | None = None
 
+    @property
+    def key(self) -> str:
+        """Where its record is filed in the student's gradebook entry: the notebook, else the file."""
+        return self.book or self.guess or f"(not graded) {self.sub.file}"
+
+
+def _by_name(original: str, books) -> str | None:
+    """The one lab notebook a file name suggests (``04_allreduce_bandwidth-1.ipynb``), else None."""
+    guess = [k for k in books if k in original or original.startswith(k[:3])]
+    return guess[0] if len(guess) == 1 else None
+
 
 def identify(nb: dict, sub: Submission, manifest: dict) -> tuple[str | None, list[str]]:
-    """Which lab notebook a submission is, and notes on its version (metadata first, then file name)."""
-    meta = nb.get("metadata", {}).get(nbs.METADATA_KEY) or {}
-    books = manifest["notebooks"]
+    """Which lab notebook a submission is, and notes on it: its stamp (``make student`` writes it into
+    every notebook's metadata), else its title. (None, [why]) for a notebook that is not this lab's."""
+    known = {**manifest.get("ungraded", {}), **manifest["notebooks"]}
+    meta = nb.get("metadata", {}).get(nbs.METADATA_KEY)
     name = meta.get("notebook") if isinstance(meta, dict) else None
-    if name in books:
-        if meta.get("version") != books[name]["version"]:
+    if name in known:
+        if meta.get("version") != known[name]["version"]:
+            graded = ": graded against this bundle's cases, check by hand" if name in manifest["notebooks"] \
+                else ""
             return name, [f"notebook from another lab version ({meta.get('version')}; this bundle has "
-                          f"{books[name]['version']}): graded against this bundle's cases, check by hand"]
+                          f"{known[name]['version']}){graded}"]
         return name, []
+    if name:
+        return None, [f"not this lab's notebook: its stamp names {name!r}, which this bundle does not have "
+                      f"({', '.join(sorted(known))}): a notebook of another version of the lab?"]
+    title = nbs.title(nb)
+    by_title = [k for k, v in known.items() if title and v.get("title") == title]
+    if len(by_title) == 1:
+        return by_title[0], [f"no {nbs.METADATA_KEY} stamp in its metadata (not saved from the student "
+                             f"copy's notebook?): recognised as {by_title[0]} by its title, check by hand"]
     original = Path(sub.original or sub.path.name).name
-    guess = [k for k in books if k in original or original.startswith(k[:3])]
-    if len(guess) == 1:
-        return guess[0], [f"no {nbs.METADATA_KEY} metadata (not from the student edition?): taken as "
-                          f"{guess[0]} from its file name"]
-    return None, [f"not a notebook of this lab's student edition (metadata {nbs.METADATA_KEY!r} missing, "
-                  f"file name {original!r} matches none of {', '.join(sorted(books))})"]
+    looks = _by_name(original, known)
+    like = f"; its file name looks like {looks}'s, but a file name is not enough" if looks else ""
+    return None, [f"not this lab's notebook: no {nbs.METADATA_KEY} stamp in its metadata (every notebook of "
+                  f"the student copy has one) and its title is none of the lab's{like}"]
 
 
 def prepare(work: Work, manifest: dict, specs: dict) -> None:
     """Read the submission (as data): notebook, exercise code, flags, notes."""
-    if work.sub.problem:
-        work.problem = work.sub.problem
-        return
-    nb, why = nbs.read_notebook(work.sub.path)
-    if nb is None:
-        work.problem = why
+    nb, why = (None, work.sub.problem) if work.sub.problem else nbs.read_notebook(work.sub.path)
+    if nb is None:   # filed under the notebook its name suggests: its row says why, not "no submission"
+        original = Path(work.sub.original or work.sub.path.name).name
+        work.problem, work.guess = f"could not be read: {why}", _by_name(original, manifest["notebooks"])
         return
     book, notes = identify(nb, work.sub, manifest)
     if book is None:
         work.problem = notes[0]
         return
     work.nb, work.book, work.notes = nb, book, notes
+    if book not in manifest["notebooks"]:
+        work.nothing = True
+        return
     info, spec = manifest["notebooks"][book], specs[book]
     prog = nbs.parse_program(nb)
     auto = [q["name"] for q in info["questions"] if not q["manual"]]
@@ -151,9 +181,46 @@ def _stopped(err: dict, limits: sandbox.Limits) -> str:
     return ""
 
 
-def _error_text(err: dict) -> str:
-    where = f" (line {err['line']} of the function)" if err.get("line") and err["line"] > 0 else ""
-    return f"{err.get('type', 'Error')}{where}"
+def _line(err: dict) -> str:
+    return f" (line {err['line']} of the function)" if err.get("line") and err["line"] > 0 else ""
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    """The first ``n`` items, and how many more."""
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _and(first: str, then: str) -> str:
+    """Two clauses as one sentence: ``first; then`` (no doubled punctuation, nothing for an empty part)."""
+    first = first.rstrip(" .;")
+    return f"{first}; {then}" if first and then else first or then
+
+
+def _failed_case(label: str, err: dict, hidden: bool, limits: sandbox.Limits) -> tuple[str, str]:
+    """(message, what stopped it or "") for a case that raised ``err``."""
+    why = _stopped(err, limits)
+    detail = err.get("message", "").strip()[:150]
+    detail = f": {detail}" if detail and not hidden and err.get("type") != "CaseTimeLimit" else ""
+    if why:
+        return f"{label} was stopped by {why}{_line(err)}{detail}", why
+    return f"{label} raised {err.get('type', 'an error')}{_line(err)}{detail}", ""
+
+
+def _ended(ended: dict, limits: sandbox.Limits) -> tuple[str, str]:
+    """(why a question's process gave no more answers, what stopped it or "")."""
+    how, code = ended.get("how"), ended.get("code")
+    if how == "timeout":
+        limit = f"the case time limit ({limits.case_seconds:g} s)"
+        return f"its code ran past {limit} and ignored the alarm; the grader ended its process", limit
+    if how == "signal":
+        try:
+            name = f" ({signal.Signals(code).name})"
+        except (ValueError, TypeError):
+            name = ""
+        why = "the CPU time limit" if code == signal.SIGXCPU else ""
+        return f"its process was killed by signal {code}{name}", why
+    status = f" (exit status {code})" if code is not None else ""
+    return f"its process ended early{status}: sys.exit, os._exit or a crash in the function", ""
 
 
 @dataclass
@@ -165,8 +232,9 @@ class Verdict:
 
 
 def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome | None,
-          limits: sandbox.Limits) -> Verdict:
-    """Points and one sentence for one autograded question."""
+          limits: sandbox.Limits, fatal: str = "") -> Verdict:
+    """Points and one sentence for one autograded question (``fatal``: what ended the grading of its
+    notebook early, the reason its cases without an answer were not run)."""
     ex = EXERCISES[q]
     if code.problem:
         return Verdict(0.0, code.problem)
@@ -174,14 +242,18 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
         return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out; write its body")
     lines = [r for r in (outcome.lines if outcome else []) if r.get("q") == q]
     stopped: list[str] = []
+    note = code.notes[0] if code.notes else ""
     defining = next((r for r in lines if r.get("defining")), None)
     if defining:
         err = defining["error"]
         why = _stopped(err, limits)
         stopped += [why] if why else []
-        note = f"; {code.notes[0]}" if code.notes else ""
-        return Verdict(0.0, f"the code of {code.function} fails before any case runs: {err['type']}: "
-                            f"{err['message'][:150]}{note}", stopped=stopped)
+        what = f"was stopped by {why}" if why else f"fails: {err.get('type', 'an error')}"
+        detail = err.get("message", "").strip()[:150]
+        detail = f": {detail}" if detail and err.get("type") != "CaseTimeLimit" else ""
+        return Verdict(0.0, _and(f"the code of {code.function} {what} before any case ran{detail}", note),
+                       stopped=stopped)
+    ended = next((r["ended"] for r in lines if isinstance(r.get("ended"), dict)), None)
     got = {(r["t"], r["c"]): r for r in lines if "t" in r}
     earned, first, wrong, total = 0.0, "", 0, 0
     tests = qspec["tests"]
@@ -194,16 +266,17 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
             hidden = test["hidden"]
             k_hidden += hidden
             label = f"hidden case {k_hidden} of {n_hidden}" if hidden else ex.describe(case["case"])
-            if r is None:
-                ok_all, msg = False, f"{label} was not run (the sandbox stopped the submission first)"
+            if r is None and ended is not None:
+                text, why = _ended(ended, limits)
+                stopped += [why] if why else []
+                ok_all, msg = False, f"{label} gave no answer: {text}"
+            elif r is None:
+                why = fatal or "the sandbox stopped the submission first"
+                ok_all, msg = False, f"{label} was not run: {why}"
             elif "error" in r:
-                err = r["error"]
-                why = _stopped(err, limits)
-                if why:
-                    stopped.append(why)
-                detail = "" if hidden else f": {err['message'][:150]}"
+                msg, why = _failed_case(label, r["error"], hidden, limits)
+                stopped += [why] if why else []
                 ok_all = False
-                msg = f"{label} raised {_error_text(err)}{detail}" + (f"; stopped by {why}" if why else "")
             elif same(r["answer"], case["expected"], ex.rel_tol):
                 continue
             else:
@@ -214,11 +287,10 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
             first = first or msg
         if ok_all:
             earned += test["points"]
-    if code.notes and wrong:
-        first = f"{first}; {code.notes[0]}"
-    first = first.rstrip(".")
+    if wrong:
+        first = _and(first, note)
     count = "" if wrong == 1 else f" ({wrong} of {total} cases wrong)"
-    message = f"{first}{count}." if wrong else ""
+    message = f"{first.rstrip(' .;')}{count}." if wrong else ""
     verdict = Verdict(earned, message, stopped=list(dict.fromkeys(stopped)))
     if code.flags:
         verdict.flag = "check by hand: " + "; ".join(code.flags) + f" (the cases gave {earned:g} / " \
@@ -227,8 +299,13 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
     return verdict
 
 
-def _tried(outcome: sandbox.Outcome | None) -> list[str]:
-    return [r["tried"] for r in (outcome.lines if outcome else []) if "tried" in r]
+def _tried(outcome: sandbox.Outcome | None) -> dict[str, list[str]]:
+    """What each question's code asked for (files, sockets, processes), all of it, by question."""
+    out: dict[str, list[str]] = {}
+    for r in outcome.lines if outcome else []:
+        if "tried" in r:
+            out.setdefault(str(r.get("q") or "the exercise code"), []).append(str(r["tried"]))
+    return {q: list(dict.fromkeys(v)) for q, v in out.items()}
 
 
 def _fatal(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str, bool]:
@@ -242,8 +319,8 @@ def _fatal(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str
     if not any(r.get("q") or r.get("tried") for r in outcome.lines):
         err = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"])[-1]
         return f"the grader could not run it: {err[:200]}", True
-    return (f"the submission's code ended the grading process (exit status {outcome.returncode}; "
-            "a crash, os._exit or a limit)"), False
+    return (f"the submission's code ended the grading process (exit status {outcome.returncode}: it killed "
+            "the grader, crashed it or hit a limit)"), False
 
 
 def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, use_sandbox: bool) -> dict:
@@ -259,13 +336,13 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
                                "answer": answers.get(name, ""),
                                "message": "graded by hand" if answers.get(name) else gradebook.NO_ANSWER}
             continue
-        v = judge(name, work.code[name], spec["questions"][name], work.outcome, limits)
-        if fatal and not v.message.startswith((NOT_DONE, "no function")) and v.points < q["points"]:
-            v.message = f"{v.message}; {fatal}" if v.message else fatal
+        v = judge(name, work.code[name], spec["questions"][name], work.outcome, limits, fatal)
+        if fatal and fatal not in v.message and not v.message.startswith((NOT_DONE, "no function")) \
+                and v.points < q["points"]:
+            v.message = _and(v.message, fatal)
         flag = v.flag
         if work.patches:
-            patch = "check by hand: the notebook assigns to " + ", ".join(work.patches[:3])
-            flag = f"{flag}; {patch}" if flag else patch
+            flag = _and(flag, "check by hand: the notebook " + _few(work.patches))
         if flag:
             flagged.append({"q": name, "why": flag.removeprefix("check by hand: ")})
         stopped += v.stopped
@@ -273,32 +350,47 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
                            "flag": flag, "message": v.message, "answer": ""}
     notes = list(work.notes)
     if work.others:
-        notes.append(f"also handed in, not graded (the latest file wins): {', '.join(work.others)}")
+        notes.append(f"also handed in, not graded (the latest readable file wins): {', '.join(work.others)}")
     if tried:
         how = ("in the sandbox only its own folder and a private /tmp are writable, both discarded; no other "
                "file of this machine is visible but the lab's code, read-only") if use_sandbox \
             else "no sandbox: whatever your account may do was allowed"
-        notes.append("the exercise code asked to " + "; ".join(tried[:6]) + f" ({how})")
+        asked = "; ".join(f"{q}: " + ", ".join(whats) for q, whats in tried.items())
+        notes.append(f"the exercise code asked to {asked} ({how})")
     if fatal:
         notes.append(fatal)
     if stopped:
-        notes.append("stopped by the sandbox: " + ", ".join(dict.fromkeys(stopped)))
+        notes.append("stopped by the sandbox or a limit: " + ", ".join(dict.fromkeys(stopped)))
     ran = "" if work.outcome is None else "bwrap" if use_sandbox else "none"
     return {"file": work.sub.file, "status": "graded", "sandbox": ran,
             "seconds": round(work.outcome.seconds, 2) if work.outcome else 0.0,
+            "cpu_seconds": round(work.outcome.cpu_seconds, 2) if work.outcome else 0.0,
             "notes": [n for n in notes if n],
             "questions": questions, "flagged": flagged, "stopped": list(dict.fromkeys(stopped)) +
             ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
 
 
 def failed_record(work: Work, info: dict | None) -> dict:
+    """A file that was not graded: its status says why (``could not be read: ...``, ``not this lab's
+    notebook: ...``); filed under a notebook (``info``), its questions score 0 and say so."""
     questions = {}
     for q in (info or {}).get("questions", []):
         questions[q["name"]] = {"points": 0.0 if not q["manual"] else "", "max_points": q["points"],
                                 "manual": q["manual"], "flag": "", "answer": "",
                                 "message": f"not graded: {work.problem}"}
-    return {"file": work.sub.file, "status": f"could not be graded: {work.problem}", "sandbox": "",
-            "seconds": 0.0, "notes": [work.problem], "questions": questions, "flagged": [], "stopped": []}
+    notes = [f"also handed in: {', '.join(work.others)}"] if work.others else []
+    return {"file": work.sub.file, "status": work.problem, "sandbox": "", "seconds": 0.0, "notes": notes,
+            "questions": questions, "flagged": [], "stopped": []}
+
+
+NOTHING_TO_GRADE = "nothing to grade (a lab notebook without exercises)"
+
+
+def nothing_record(work: Work) -> dict:
+    """A lab notebook without exercises (00, 08), recognised and not graded."""
+    notes = list(work.notes) + ([f"also handed in: {', '.join(work.others)}"] if work.others else [])
+    return {"file": work.sub.file, "status": NOTHING_TO_GRADE, "sandbox": "", "seconds": 0.0, "notes": notes,
+            "questions": {}, "flagged": [], "stopped": []}
 
 
 def missing_record(info: dict) -> dict:
@@ -310,20 +402,21 @@ def missing_record(info: dict) -> dict:
 
 
 def _group(works: list[Work]) -> list[Work]:
-    """One graded file per student and notebook: the latest (modification time, then resubmission
-    number, then name); the others are listed on it."""
+    """One file per student and notebook: the latest readable one (modification time, then resubmission
+    number, then name), else the latest unreadable one; the others are listed on it."""
     chosen: dict[tuple[str, str], list[Work]] = {}
     rest = []
     for w in works:
-        if w.book is None:
+        if w.book is None and w.guess is None:
             rest.append(w)
         else:
-            chosen.setdefault((w.student.key, w.book), []).append(w)
+            chosen.setdefault((w.student.key, w.book or w.guess), []).append(w)
     out = []
     for group in chosen.values():
-        group.sort(key=lambda w: (w.sub.mtime, w.sub.resubmission, w.sub.file))
-        latest = group[-1]
-        latest.others = [w.sub.file for w in group[:-1]]
+        group.sort(key=lambda w: (w.sub.mtime, w.sub.resubmission, w.sub.file))    # the order handed in
+        latest = max(reversed(group), key=lambda w: w.book is not None)   # the last readable one, if any
+        latest.others = [w.sub.file + (f" ({w.problem})" if w.problem else "")
+                         for w in group if w is not latest]
         out.append(latest)
     return out + rest
 
@@ -361,16 +454,16 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="grade-staging-") as staging:
         found = find_submissions(subs_root, Path(staging))
-        works = []
+        works, extras = [], []     # extras: files that are not notebooks (a PDF), listed in their rows
         for sub in found:
             s = sub.student
             if the_roster is not None:
                 s = the_roster.match(s) or s
             if not _match_student(student, s):
                 continue
-            works.append(Work(sub, s))
+            (extras if sub.kind == "other" else works).append(Work(sub, s))
         on_roster = the_roster is not None and any(_match_student(student, r) for r in the_roster.students)
-        if student and not works and not on_roster:
+        if student and not works and not extras and not on_roster:
             raise LabError(f"No submission of a student named {student!r} in {submissions_dir}.")
         for w in works:
             prepare(w, manifest, specs)
@@ -395,13 +488,14 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
                 _print_line(w, manifest, specs, limits, use_sandbox)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             list(pool.map(run, to_run))
-    return _record(works, manifest, specs, out, limits, use_sandbox, the_roster, student,
+    return _record(works, extras, manifest, specs, out, limits, use_sandbox, the_roster, student,
                    time.perf_counter() - t_all, len(to_run), jobs)
 
 
 def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, use_sandbox: bool) -> None:
-    if w.book is None or w.problem:
-        print(f"{w.student.name:<20} {w.sub.file:<34} could not be graded: {w.problem}", flush=True)
+    if w.problem or w.nothing:
+        what = w.problem or NOTHING_TO_GRADE
+        print(f"{w.student.name:<20} {w.book or w.sub.file:<28} {what}", flush=True)
         return
     rec = w.record = notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits, use_sandbox)
     got = sum(q["points"] for q in rec["questions"].values() if not q["manual"])
@@ -423,20 +517,32 @@ def _earlier_key(previous: dict[str, dict], s: dict) -> str | None:
     return None
 
 
-def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: sandbox.Limits,
-            use_sandbox: bool, roster: Roster | None, only: str | None, seconds: float, ran: int,
-            jobs: int) -> int:
+def new_entry(student: Student) -> dict:
+    """A student's entry in the gradebook's state. Besides the graded notebooks it holds ``files``
+    (what was handed in but not graded, e.g. a PDF), and for other modules to fill in ``columns``
+    (extra gradebook columns, e.g. where the student's numbers came from), ``flags`` and ``notes``
+    (the row's, beside those of the notebooks): :func:`gradebook.write_outputs` writes them."""
+    return {"name": student.name, "id": student.id, "notebooks": {}, "files": [], "columns": {}, "flags": [],
+            "notes": []}
+
+
+def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, out: Path,
+            limits: sandbox.Limits, use_sandbox: bool, roster: Roster | None, only: str | None,
+            seconds: float, ran: int, jobs: int) -> int:
     """Merge this run into the gradebook, write it, print the summary; the exit status."""
     state = gradebook.load_state(out)
     previous = state["students"] if only else {}
     fresh: dict[str, dict] = {}
-    failed, flagged, stopped = [], [], []
+    failed, flagged, stopped, nothing = [], [], [], []
     for w in works:
-        s = fresh.setdefault(w.student.key, {"name": w.student.name, "id": w.student.id, "notebooks": {}})
-        if w.book is None or w.problem:
-            s["notebooks"][w.book or f"(unknown) {w.sub.file}"] = failed_record(
-                w, manifest["notebooks"].get(w.book) if w.book else None)
+        s = fresh.setdefault(w.student.key, new_entry(w.student))
+        if w.problem:
+            s["notebooks"][w.key] = failed_record(w, manifest["notebooks"].get(w.key))
             failed.append(f"{w.student.name} ({w.sub.file}: {w.problem})")
+            continue
+        if w.nothing:
+            s["notebooks"][w.key] = nothing_record(w)
+            nothing.append(f"{w.student.name} {w.book}")
             continue
         rec = w.record or notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits,
                                           use_sandbox)
@@ -452,19 +558,29 @@ def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: s
         flagged += [f"{w.student.name} {w.book} {', '.join(qs)}: {why}" for why, qs in reasons.items()]
         if rec["stopped"]:
             stopped.append(f"{w.student.name} {w.book}: {', '.join(rec['stopped'])}")
+    for e in extras:
+        fresh.setdefault(e.student.key, new_entry(e.student))["files"].append(e.sub.file)
+    known = {**manifest.get("ungraded", {}), **manifest["notebooks"]}
     for key in list(fresh):   # --student: notebooks not handed in again keep their grades
         s = fresh[key]
         old = key if key in previous else _earlier_key(previous, s)
         before = previous.get(old, {}) if old else {}
         for book, rec in before.get("notebooks", {}).items():
-            s["notebooks"].setdefault(book, rec)
+            if book in known:
+                s["notebooks"].setdefault(book, rec)
         if before and roster is None:   # the name and id an earlier run took from the roster
             s["name"], s["id"] = before["name"], before.get("id", s["id"])
             fresh[old] = fresh.pop(key)   # one row per student: the earlier run's
+    for s in fresh.values():    # handed in files, but no notebook at all
+        if s["files"] and not s["notebooks"]:
+            why = f"no notebook handed in, only {_few(s['files'])} (not graded: hand in the .ipynb files)"
+            s["notebooks"]["(no notebook)"] = {"file": "", "status": why, "sandbox": "", "seconds": 0.0,
+                                               "notes": [], "questions": {}, "flagged": [], "stopped": []}
+            failed.append(f"{s['name']} ({why})")
     if roster is not None:
         for r in roster.students:
             if r.key not in fresh and _match_student(only, r):
-                fresh[r.key] = {"name": r.name, "id": r.id, "notebooks": {}}
+                fresh[r.key] = new_entry(r)
     students = {**previous, **fresh}
     books = sorted({b for s in students.values() for b in s["notebooks"] if b in manifest["notebooks"]})
     missing = []
@@ -475,17 +591,21 @@ def _record(works: list[Work], manifest: dict, specs: dict, out: Path, limits: s
         if all(b["status"] == "no submission" for b in s["notebooks"].values()) and s in fresh.values():
             missing.append(s["name"])
     state.update(students=students, lab_version=manifest["lab_version"],
-                 questions=[{"name": q["name"], "points": q["points"], "notebook": b}
+                 questions=[{"name": q["name"], "points": q["points"], "notebook": b,
+                             "column": questions.gradebook_column(q["name"])}
                             for b in books for q in manifest["notebooks"][b]["questions"]])
     gradebook.write_outputs(state, out)
-    n_graded = sum(1 for w in works if w.book and not w.problem)
+    n_graded = sum(1 for w in works if w.book and not w.problem and not w.nothing)
     run_seconds = [w.outcome.seconds for w in works if w.outcome]
+    cpu = [w.outcome.cpu_seconds for w in works if w.outcome]
     how = "each in a bwrap sandbox" if use_sandbox else "WITHOUT a sandbox"
-    per = f", {sum(run_seconds) / len(run_seconds):.1f} s per notebook run" if run_seconds else ""
+    per = (f", {sum(run_seconds) / len(run_seconds):.1f} s per notebook run ({sum(cpu) / len(cpu):.1f} s of "
+           f"CPU), load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores") if run_seconds else ""
     print(f"\nsummary: {n_graded} notebook(s) of {len(fresh)} student(s) graded in {seconds:.1f} s "
           f"({ran} run, {jobs} at a time{per}, {how}; limits: {limits.describe()})")
     for title, items in (("could not be graded", failed), ("flagged, check by hand", flagged),
-                         ("stopped by the sandbox or a limit", stopped), ("no submission", missing)):
+                         ("stopped by the sandbox or a limit", stopped), ("no submission", missing),
+                         ("nothing to grade, no exercise", nothing)):
         if items:
             print(f"  {title} ({len(items)}): " + "; ".join(items[:8]) + (" ..." if len(items) > 8 else ""))
     if not use_sandbox:

@@ -8,7 +8,14 @@ the others. From it and ``<out>/hand_points.csv`` (points given by hand, folded 
 
 - ``gradebook.csv``: one row per student, one column per question, ``total`` and ``possible``:
   the CSV an LMS imports (match students on the ``id`` column: Canvas user id, Moodle ID number,
-  or the roster's id);
+  or the roster's id). A question's column names the assignment's question it belongs to and where
+  it is (``Q3.2 ring bytes (04-b)``: Exercise 04-b; ``Q1 report (01, by hand)``; from
+  :func:`lab_utils.questions.gradebook_column`); ``details.csv`` has both names. ``flags`` and
+  ``notes`` say everything the row needs read: every notebook's notes (older files handed in,
+  what the sandbox stopped, what the code asked for, how the notebook was recognised), what could
+  not be read and why, files that are not notebooks, notebooks with nothing to grade. A student's
+  entry may carry extra ``columns`` (written after ``possible``), ``flags`` and ``notes`` of its
+  own (:func:`lab_utils.grading.grade.new_entry`);
 - ``details.csv``: one row per student, notebook and question, with the file, the reason for
   every lost point, the "check by hand" flags and whether a sandbox was used;
 - ``feedback/<student>.md``: scores, reasons, the answers of the hand-graded questions ("no
@@ -29,8 +36,8 @@ from lab_utils.core.errors import LabError
 STATE = "grading.json"
 HAND = "hand_points.csv"
 HAND_COLUMNS = ("student", "id", "question", "points", "comment")
-DETAIL_COLUMNS = ("student", "id", "notebook", "question", "points", "max_points", "file", "status", "flag",
-                  "message", "sandbox")
+DETAIL_COLUMNS = ("student", "id", "notebook", "question", "column", "points", "max_points", "file", "status",
+                  "flag", "message", "sandbox")
 NO_ANSWER = "no answer"
 
 
@@ -157,9 +164,14 @@ def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
         got = sum(float(r["points"] or 0) for r in auto)
         lines += [f"## {book}", ""]
         if b.get("file"):
-            lines.append(f"Graded file: `{b['file']}`.")
+            lines.append(f"{'Graded file' if b['status'] == 'graded' else 'File'}: `{b['file']}`.")
+        if b["status"] not in ("graded", "no submission"):
+            lines.append(f"- {b['status']}")
         for note in b.get("notes", []):
             lines.append(f"- {note}")
+        if not b["questions"]:   # not graded (a file that could not be read, 00, 08): no table
+            lines.append("")
+            continue
         lines += ["", f"Autograded: **{got:g} / {sum(r['max_points'] for r in auto):g}** points.", "",
                   "| question | points | max | notes |", "|---|---|---|---|"]
         for r in mine:
@@ -179,43 +191,68 @@ def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
     return "\n".join(lines)
 
 
+def _row_notes(s: dict, rows: list[dict]) -> list[str]:
+    """The gradebook row's notes: what is missing, what was not graded and why, every notebook's
+    notes, hand-graded questions still open, the sandbox; then the entry's own."""
+    books = s["notebooks"]
+    missing = [b[:2] for b, r in books.items() if r["status"] == "no submission"]
+    unfiled = any(b.startswith("(not graded)") for b in books)   # files recognised as no lab notebook
+    notes = [(f"nothing graded for {', '.join(missing)} (see below)" if unfiled else
+              f"no submission of {', '.join(missing)}")] if missing else []
+    nothing = [b[:2] for b, r in books.items() if r["status"].startswith("nothing to grade")]
+    if nothing:
+        notes.append(f"{', '.join(nothing)}: nothing to grade (no exercise)")
+    for book, r in books.items():
+        if r["status"] == "no submission":
+            continue
+        where = book.removeprefix("(not graded) ") if book.startswith("(") else book[:2]
+        if r["status"] not in ("graded",) and not r["status"].startswith("nothing to grade"):
+            shown = f" ({r['file']})" if r.get("file") and not book.startswith("(") else ""
+            notes.append(r["status"] if book == "(no notebook)" else f"{where}{shown}: {r['status']}")
+        notes += [f"{where}: {n}" for n in r.get("notes", []) if n and n != r["status"]]
+    if s.get("files") and "(no notebook)" not in books:
+        notes.append("handed in, not notebooks (not graded): " + ", ".join(s["files"]))
+    pending = [r["question"] for r in rows if r["manual"] and r["points"] == "" and r["status"] == "graded"]
+    if pending:
+        notes.append(f"by hand, not yet graded: {', '.join(pending)}")
+    if any(b.get("sandbox") == "none" for b in books.values()):
+        notes.append("graded without a sandbox")
+    return notes + list(s.get("notes", []))
+
+
 def write_outputs(state: dict, out: Path) -> None:
     """Rewrite gradebook.csv, details.csv, the feedback files and the hand-points template."""
     out = Path(out)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     hand = load_hand(out)
     order = [q["name"] for q in state["questions"]]
+    column = {q["name"]: q.get("column") or q["name"] for q in state["questions"]}
     maxima = {q["name"]: q["points"] for q in state["questions"]}
+    extra = list(dict.fromkeys(c for s in state["students"].values() for c in s.get("columns", {})))
     wide, details, template = [], [], []
     for key in sorted(state["students"], key=lambda k: state["students"][k]["name"].lower()):
         s = state["students"][key]
         rows = _question_rows(key, s, hand)
+        for r in rows:
+            r["column"] = column.get(r["question"], r["question"])
         details += rows
         mine = {r["question"]: r for r in rows}
-        possible = sum(maxima[q] for q in mine)
+        possible = sum(maxima[q] for q in mine if q in maxima)
         total = sum(float(r["points"] or 0) for r in rows)
         flags = [f"{r['notebook'][:2]} {r['question']}: {r['flag']}" for r in rows if r["flag"]]
-        pending = [r["question"] for r in rows if r["manual"] and r["points"] == ""]
-        missing = [book[:2] for book, b in s["notebooks"].items() if b["status"] == "no submission"]
-        notes = [f"{book}: {b['status']}" for book, b in s["notebooks"].items()
-                 if b["status"] not in ("graded", "no submission")]
-        if missing:
-            notes.insert(0, f"no submission of {', '.join(missing)}")
-        if pending:
-            notes.append(f"by hand, not yet graded: {', '.join(pending)}")
-        if any(b.get("sandbox") == "none" for b in s["notebooks"].values()):
-            notes.append("graded without a sandbox")
         wide.append({"student": s["name"], "id": s.get("id", ""),
-                     **{q: mine[q]["points"] if q in mine else "" for q in order},
-                     "total": round(total, 3), "possible": possible, "flags": "; ".join(flags),
-                     "notes": "; ".join(notes)})
+                     **{column[q]: mine[q]["points"] if q in mine else "" for q in order},
+                     "total": round(total, 3), "possible": possible,
+                     **{c: s.get("columns", {}).get(c, "") for c in extra},
+                     "flags": "; ".join(flags + list(s.get("flags", []))),
+                     "notes": "; ".join(_row_notes(s, rows))})
         template += [{"student": s["name"], "id": s.get("id", ""), "question": r["question"],
                       "points": hand[(key, r["question"])]["points"] if (key, r["question"]) in hand else "",
                       "comment": hand.get((key, r["question"]), {}).get("comment", "")}
                      for r in rows if r["manual"] and r["status"] == "graded"]
         _atomic_write(out / "feedback" / f"{safe_name(s['name'])}.md", _feedback(s, rows, total, possible))
-    _atomic_write(out / "gradebook.csv", _csv_text(["student", "id", *order, "total", "possible", "flags",
-                                                    "notes"], wide))
+    _atomic_write(out / "gradebook.csv", _csv_text(["student", "id", *(column[q] for q in order), "total",
+                                                    "possible", *extra, "flags", "notes"], wide))
     _atomic_write(out / "details.csv", _csv_text(DETAIL_COLUMNS, details))
     _atomic_write(out / "hand_points_template.csv", _csv_text(HAND_COLUMNS, template))
     _atomic_write(out / STATE, json.dumps(state, indent=1) + "\n")

@@ -36,18 +36,45 @@ def source(cell: dict) -> str:
 
 
 def read_notebook(path: Path, max_bytes: int = 50_000_000) -> tuple[dict | None, str]:
-    """(notebook, "") or (None, why it cannot be read)."""
+    """(notebook, "") or (None, why it cannot be read, in a few words that say what to do)."""
     try:
         size = Path(path).stat().st_size
+        if size == 0:
+            return None, "the file is empty (0 bytes): hand in the saved notebook again"
         if size > max_bytes:
-            return None, f"too large for a notebook ({size / 1e6:.0f} MB; clear its outputs)"
-        nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, f"not a readable notebook ({type(e).__name__}: {str(e)[:120]})"
+            return None, (f"too large for a notebook ({size / 1e6:.0f} MB; the limit is "
+                          f"{max_bytes / 1e6:.0f} MB): clear its outputs (Edit > Clear Outputs of All "
+                          "Cells), save, hand it in again")
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        return None, f"the file cannot be opened ({e.strerror or e})"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not a notebook: binary data, not text (another file renamed .ipynb?)"
+    head = text.lstrip()[:300].lower()
+    if head.startswith("<") and ("<html" in head or "<!doctype" in head):
+        return None, ("not a notebook: a web page (HTML) saved as .ipynb; download the notebook file itself "
+                      "(JupyterLab: File > Download)")
+    try:
+        nb = json.loads(text)
+    except json.JSONDecodeError as e:
+        at_end = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated")
+        if text.lstrip().startswith("{") and at_end:
+            return None, (f"the notebook is cut off (it ends after {len(raw):,} bytes, in the middle of its "
+                          "JSON): a truncated upload or copy; hand in the saved notebook again")
+        return None, f"not a notebook: not JSON ({e.msg} at line {e.lineno}, column {e.colno})"
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list) or \
             not all(isinstance(c, dict) for c in nb["cells"]):
-        return None, "not a Jupyter notebook (no cells)"
+        return None, "not a notebook: JSON without notebook cells"
     return nb, ""
+
+
+def title(nb: dict) -> str:
+    """The notebook's title: the first line of its first markdown cell ("" when it has none)."""
+    first = next((c for c in nb.get("cells", []) if isinstance(c, dict) and c.get("cell_type") == "markdown"),
+                 None)
+    return source(first).strip().split("\n", 1)[0].strip() if first else ""
 
 
 def raw_mark(cell: dict) -> str:
@@ -402,18 +429,68 @@ REACHING_MODULES = {"importlib", "sys", "builtins", "inspect", "gc", "ctypes", "
                     "shutil", "pickle", "marshal", "multiprocessing", "signal", "resource", "pty", "runpy",
                     "code", "codeop", "types", "pathlib", "io", "urllib", "http", "requests", "threading",
                     "asyncio", "tempfile", "glob", "posix", "_thread", "sysconfig", "site", "zipimport"}
+# The same modules reached as an attribute of another (``torch.sys``, ``np.os``: many modules import
+# them, and through them any loaded module, the grader's own included, is one step away), or
+# imported from one (``from torch import sys``). Names an exercise may use for other things
+# (``model.modules()``, ``torchvision.io``, ``torch.signal``) are not among them.
+REACHING_ATTRS = {"sys", "os", "builtins", "importlib", "subprocess", "posix", "_os", "_sys", "ctypes",
+                  "inspect", "gc", "shutil", "socket", "pickle", "marshal", "runpy", "multiprocessing",
+                  "_thread", "pty", "sysconfig", "zipimport", "_imp", "_frozen_importlib",
+                  "_frozen_importlib_external"}
 REACHING_CALLS = {"__import__", "eval", "exec", "compile", "globals", "locals", "vars", "open",
                   "breakpoint", "input", "setattr", "delattr", "getattr"}
 SAFE_DUNDERS = {"__name__", "__doc__", "__init__", "__len__", "__iter__", "__next__", "__call__"}
 FRAME_ATTRS = {"f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "cr_frame", "tb_frame",
                "co_code", "co_consts"}
+# Methods that change a dict or list in place: called on another module's attribute
+# (``lab.EXERCISES.update(...)``, ``math.__dict__.update(...)``) or on an object imported from one
+# (``from m import EXERCISES``), they rewire that module. (Not ``add``: ``torch.add`` is arithmetic.)
+MUTATORS = {"update", "setdefault", "pop", "popitem", "clear", "append", "extend", "insert", "remove",
+            "__setitem__", "__delitem__", "__setattr__", "__delattr__"}
+SETTINGS = {"environ", "rcParams", "path"}   # settings: os.environ, plt.rcParams, sys.path
+
+
+def _imported(trees) -> tuple[set[str], set[str], set[str]]:
+    """Names bound by imports in ``trees``: (modules, ``import``-ed names, the ``sys`` module's names)."""
+    bound, plain, sys_names = {"builtins", "__builtins__"}, {"builtins", "__builtins__"}, set()
+    for tree in trees:
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                bound.update(_bound_names(n))
+            if isinstance(n, ast.Import):
+                plain.update(_bound_names(n))
+                sys_names.update(a.asname or a.name for a in n.names if a.name == "sys")
+    return bound, plain, sys_names
+
+
+def _reach(n: ast.AST, sys_names: set[str]) -> str:
+    """How ``n`` reaches a module that opens everything (``torch.sys``, ``sys.modules``), or ""."""
+    if isinstance(n, ast.Attribute) and n.attr in REACHING_ATTRS:
+        return f"reaches {n.attr} through {ast.unparse(n)}"
+    if isinstance(n, ast.Attribute) and n.attr == "modules" and isinstance(n.value, ast.Name) \
+            and n.value.id in sys_names:
+        return f"reads {ast.unparse(n)}"
+    name = n.args[1] if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "getattr" \
+        and len(n.args) >= 2 else None
+    if isinstance(name, ast.Constant) and name.value in REACHING_ATTRS:
+        return f"reaches {name.value} through {ast.unparse(n)}"
+    if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] not in REACHING_MODULES:
+        hit = [a.name for a in n.names if a.name in REACHING_ATTRS]
+        if hit:
+            return f"reaches {hit[0]} through from {n.module} import {hit[0]}"
+    return ""
 
 
 def exercise_flags(nodes: list[ast.stmt], function: str) -> list[str]:
-    """Why the exercise code needs a human look: the lab's own code, or reaching past the function."""
+    """Why the exercise code needs a human look: the lab's own code, or reaching past the function
+    (other modules' internals, files, frames), or changing another module."""
     flags: list[str] = []
+    bound, plain, sys_names = _imported(nodes)
     for top in nodes:
         for n in ast.walk(top):
+            reach = _reach(n, sys_names)
+            if reach:
+                flags.append(f"the exercise code {reach}")
             if isinstance(n, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
                 for mod in mods:
@@ -436,6 +513,9 @@ def exercise_flags(nodes: list[ast.stmt], function: str) -> list[str]:
                 flags.append(f"the exercise code reads .{n.attr}")
             elif isinstance(n, ast.Name) and n.id in ("__builtins__", "__loader__", "__spec__"):
                 flags.append(f"the exercise code uses {n.id}")
+            change = _module_change(n, bound, plain)
+            if change:
+                flags.append(f"the exercise code {change}")
     return list(dict.fromkeys(flags))
 
 
@@ -445,42 +525,82 @@ def _root_name(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def monkeypatches(prog: Program) -> list[str]:
-    """Assignments (or ``setattr``/``del``) to attributes of imported modules or builtins, anywhere.
+def _path_attrs(node: ast.AST) -> list[str]:
+    """The attribute names along ``a.b[c].d`` (``["b", "d"]``)."""
+    out = []
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute):
+            out.append(node.attr)
+        node = node.value
+    return out[::-1]
 
-    Each is described as ``"math.isclose (code cell 12)"``. Subscripts (``plt.rcParams['x'] = 1``)
-    are settings, not patches, and are not listed.
+
+def _module_change(n: ast.AST, bound: set[str], modules: set[str]) -> str:
+    """How statement or call ``n`` changes an imported module (or builtins), or "".
+
+    ``bound``: every name an import binds; ``modules``: those bound by ``import`` (modules).
+    Assignment, ``del`` or augmented assignment to an imported name's attribute (``math.isclose =
+    ...``); ``setattr``/``delattr`` on one; a method that changes a container in place, called on a
+    module's attribute (``lab.EXERCISES.update(...)``) or on an imported object (``EXERCISES.pop(...)``,
+    after ``from m import EXERCISES``); an item written into a module's namespace (``sys.modules['x']
+    = ...``, ``math.__dict__['isclose'] = ...``). Module settings (``plt.rcParams['font.size'] = 8``,
+    ``os.environ.update(...)``, ``sys.path.append(...)``) are not changes.
     """
-    modules = {"builtins", "__builtins__"}
-    for _, tree in prog.trees:
-        for n in ast.walk(tree):
-            if isinstance(n, (ast.Import, ast.ImportFrom)):
-                modules.update(_bound_names(n))
+    targets: list[ast.AST] = []
+    if isinstance(n, (ast.Assign, ast.Delete)):
+        targets = list(n.targets)
+    elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
+        targets = [n.target]
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.args and n.func.id in ("setattr",
+                                                                                                 "delattr"):
+        if _root_name(n.args[0]) in bound:
+            attr = n.args[1].value if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) else "?"
+            return f"assigns to {ast.unparse(n.args[0])}.{attr} ({n.func.id})"
+        return ""
+    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS:
+        receiver = n.func.value
+        attrs = _path_attrs(receiver)
+        root = _root_name(receiver)
+        if root in bound and (attrs or root not in modules) and (attrs or [root])[-1] not in SETTINGS:
+            return f"calls {ast.unparse(n.func)}() on another module"
+        return ""
+    while targets:   # the targets themselves (and in tuples): not x in x.attr[i] = ... or f(x.attr) = ...
+        t = targets.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            targets += t.elts
+        elif isinstance(t, ast.Starred):
+            targets.append(t.value)
+        elif isinstance(t, ast.Attribute) and _root_name(t) in bound:
+            return f"assigns to {ast.unparse(t)}"
+        elif isinstance(t, ast.Subscript) and _root_name(t) in bound:
+            attrs = _path_attrs(t.value)
+            if any(a == "modules" or a.startswith("__") for a in attrs) or \
+                    (not attrs and _root_name(t) in ("builtins", "__builtins__")):
+                return f"assigns to {ast.unparse(t)}"
+    return ""
+
+
+def monkeypatches(prog: Program) -> list[str]:
+    """Changes to imported modules or builtins, and reaches into modules that open everything, anywhere.
+
+    Each is described with its cell: ``"assigns to math.isclose (code cell 12)"``,
+    ``"calls lab.EXERCISES.update() on another module (code cell 3)"``, ``"reaches sys through
+    torch.sys (code cell 5)"`` (:func:`_module_change`, :func:`_reach`). Settings written by item
+    (``plt.rcParams['x'] = 1``) are not listed.
+    """
+    bound, plain, sys_names = _imported(tree for _, tree in prog.trees)
     found: list[str] = []
     for cell, tree in prog.trees:
         for n in ast.walk(tree):
-            targets: list[ast.AST] = []
-            if isinstance(n, (ast.Assign, ast.Delete)):
-                targets = list(n.targets)
-            elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
-                targets = [n.target]
-            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.args \
-                    and n.func.id in ("setattr", "delattr"):
-                root = _root_name(n.args[0])
-                if root in modules:
-                    attr = n.args[1].value if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) else "?"
-                    found.append(f"{ast.unparse(n.args[0])}.{attr} (code cell {cell})")
-                continue
-            for t in targets:
-                for sub in ast.walk(t):
-                    if isinstance(sub, ast.Attribute) and _root_name(sub) in modules:
-                        found.append(f"{ast.unparse(sub)} (code cell {cell})")
-                        break
+            what = _module_change(n, bound, plain) or _reach(n, sys_names)
+            if what:
+                found.append(f"{what} (code cell {cell})")
     return list(dict.fromkeys(found))
 
 
 def patch_targets(found: list[str]) -> set[str]:
-    """``"math.isclose (code cell 12)"`` -> ``"math.isclose"`` (to compare with the student edition)."""
+    """``"assigns to math.isclose (code cell 12)"`` -> ``"assigns to math.isclose"`` (to compare with
+    the student edition)."""
     return {f.rsplit(" (code cell", 1)[0] for f in found}
 
 

@@ -92,6 +92,12 @@ class Outcome:
         return any(r.get("done") for r in self.lines)
 
     @property
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, s) the child and its question processes used, as it reported at
+        its end (0 when it did not end normally): bwrap does not pass its children's time on."""
+        return next((float(r.get("cpu_seconds") or 0) for r in self.lines if r.get("done")), 0.0)
+
+    @property
     def internal(self) -> str:
         return next((r["internal"] for r in self.lines if "internal" in r), "")
 

@@ -8,9 +8,14 @@ A submissions folder may hold, in any mix:
   Canvas ``<name>[_LATE]_<user id>_<submission id>_<original name>.ipynb`` (a resubmission's
   original name ends in ``-1``, ``-2``...), Moodle ``<Full Name>_<id>_assignsubmission_file_``
   folders (or the same prefix on a file);
-- ``*.zip`` files, unpacked (only ``.ipynb`` members, sizes checked): a Canvas bulk download's
-  members name their students; otherwise a zip belongs to the student it is named after or lies
-  in the folder of. ``SUBMISSIONS`` may itself be a zip file.
+- ``*.zip`` files, unpacked (only ``.ipynb`` and ``.zip`` members, sizes checked): a Canvas bulk
+  download's members name their students; otherwise a zip belongs to the student it is named after
+  or lies in the folder of. ``SUBMISSIONS`` may itself be a zip file.
+
+Files that are not notebooks (a report as PDF in a Canvas download, ``hank.pdf``) are not graded:
+they become ``kind="other"`` submissions of the student their name (or folder) belongs to, listed
+in that student's row. A file of a student's own folder other than a notebook (the written report,
+its figures) is not listed: the folder is the student's.
 
 Which lab notebook a file is comes from its metadata (see :mod:`lab_utils.grading.grade`), not
 from here. A roster (``--roster students.csv``) gives every student their LMS name and id, and
@@ -67,6 +72,7 @@ class Submission:
     mtime: float
     resubmission: int = 0
     problem: str = ""     # why it cannot be graded at all ("" = a notebook to grade)
+    kind: str = "notebook"   # "notebook", or "other": a file that is not graded (a PDF), for the instructor
 
 
 def parse_lms(name: str) -> tuple[Student | None, str]:
@@ -85,74 +91,107 @@ def _resubmission(original: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _unpack(zip_path: Path, dest: Path, shown: str,
-            keep_paths: bool = False) -> tuple[list[tuple[Path, str, float]], list[tuple[str, str]]]:
-    """The ``.ipynb`` members of a zip, unpacked into ``dest``: (path, shown name, mtime); and
-    (shown name, why) for the members (or the zip) that cannot be used. ``keep_paths``: keep the
-    members' folders (sanitized: no absolute path, no ``..``), else one folder per member."""
-    found, problems, total = [], [], 0
+@dataclass
+class Unpacked:
+    """What a zip holds: notebooks and zips unpacked (path on disk, shown name, date), other files
+    named only (member, shown name), and members that cannot be used (member, shown name, why)."""
+    found: list[tuple[Path, str, float]]
+    others: list[tuple[str, str]]
+    problems: list[tuple[str, str, str]]
+
+
+def _unpack(zip_path: Path, dest: Path, shown: str, keep_paths: bool = False) -> Unpacked:
+    """The ``.ipynb`` and ``.zip`` members of a zip, unpacked into ``dest`` (``keep_paths``: keep the
+    members' folders, sanitized: no absolute path, no ``..``; else one folder per member)."""
+    out = Unpacked([], [], [])
+    total = 0
     try:
         zf = zipfile.ZipFile(zip_path)
     except (zipfile.BadZipFile, OSError) as e:
-        return [], [(shown, f"not a readable zip file ({e})")]
+        out.problems.append(("", shown, f"not a readable zip file ({e})"))
+        return out
     with zf:
         infos = zf.infolist()
         if len(infos) > MAX_ZIP_MEMBERS:
-            return [], [(shown, f"{len(infos)} files in the zip, more than {MAX_ZIP_MEMBERS}")]
+            out.problems.append(("", shown, f"{len(infos)} files in the zip, more than {MAX_ZIP_MEMBERS}"))
+            return out
         for i, info in enumerate(infos):
             member = info.filename
             if info.is_dir() or "__MACOSX" in member or Path(member).name.startswith("."):
                 continue
             if not member.endswith((".ipynb", ".zip")):
-                problems.append((f"{shown}!{member}", "not a notebook (hand in the .ipynb)"))
+                out.others.append((member, f"{shown}!{member}"))
                 continue
             if info.file_size > MAX_MEMBER_BYTES or total + info.file_size > MAX_ZIP_BYTES:
-                problems.append((f"{shown}!{member}", f"too large ({info.file_size / 1e6:.0f} MB)"))
+                out.problems.append((member, f"{shown}!{member}",
+                                     f"too large ({info.file_size / 1e6:.0f} MB; the limit is "
+                                     f"{MAX_MEMBER_BYTES / 1e6:.0f} MB: clear its outputs)"))
                 continue
             total += info.file_size
-            parts = [p for p in Path(member).parts if p not in ("", ".", "..", "/") and not p.endswith(":")]
+            parts = _parts(member)
             target = dest / Path(*parts) if keep_paths and parts else dest / f"{i:04d}" / Path(member).name
             target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as src, open(target, "wb") as out:
-                out.write(src.read(MAX_MEMBER_BYTES + 1))
+            with zf.open(info) as src, open(target, "wb") as f:
+                f.write(src.read(MAX_MEMBER_BYTES + 1))
             mtime = time.mktime(info.date_time + (0, 0, -1))
             os.utime(target, (mtime, mtime))   # "the latest wins" compares the zip's dates
-            found.append((target, f"{shown}!{member}", mtime))
-    return found, problems
+            out.found.append((target, f"{shown}!{member}", mtime))
+    return out
+
+
+def _parts(member: str) -> list[str]:
+    return [p for p in Path(member).parts if p not in ("", ".", "..", "/") and not p.endswith(":")]
+
+
+def member_owner(member: str, fallback: Student | None, in_folders: bool = False) -> Student:
+    """Whose a zip member is: the student its LMS name names (a Canvas bulk download), else (in a zip
+    of student folders) its folder's, else the zip's owner, else its own name's."""
+    parts = _parts(member) or [member]
+    lms, _ = parse_lms(parts[-1])
+    if lms:
+        return lms
+    if in_folders and len(parts) > 1:
+        return parse_lms(parts[0])[0] or Student(parts[0])
+    return fallback or Student(Path(parts[-1]).stem)
 
 
 def find_submissions(root: Path, staging: Path) -> list[Submission]:
     """Every handed-in file under ``root`` (a folder or a zip file), zips unpacked into ``staging``.
 
-    Files that are not notebooks become submissions whose ``problem`` says why.
+    Files that are not notebooks become ``kind="other"`` submissions; a zip or member that cannot be
+    used becomes a submission whose ``problem`` says why.
     """
     root = Path(root)
     out: list[Submission] = []
+
+    def unpacked(z: Unpacked, zip_path: Path, owner: Student | None, mtime: float, in_folders: bool) -> None:
+        for member, shown, why in z.problems:
+            who = member_owner(member, owner, in_folders) if member else owner or Student(zip_path.stem)
+            out.append(Submission(who, zip_path, shown, Path(member).name, mtime, problem=why))
+        for member, shown in z.others:
+            out.append(Submission(member_owner(member, owner, in_folders), zip_path, shown, Path(member).name,
+                                  mtime, kind="other"))
 
     def add(path: Path, shown: str, mtime: float, owner: Student | None, depth: int = 0) -> None:
         lms, original = parse_lms(Path(shown.split("!")[-1]).name)
         student = lms or owner or Student(Path(original).stem)
         if path.suffix == ".zip" and depth < 2:
-            members, problems = _unpack(path, staging / f"z{len(out):05d}_{depth}", shown)
-            for where, why in problems:
-                out.append(Submission(student, path, where, original, mtime, problem=why))
-            for m_path, m_shown, m_mtime in members:
-                add(m_path, m_shown, m_mtime, lms or owner or Student(Path(original).stem), depth + 1)
+            z = _unpack(path, staging / f"z{len(out):05d}_{depth}", shown)
+            unpacked(z, path, student, mtime, False)
+            for m_path, m_shown, m_mtime in z.found:
+                add(m_path, m_shown, m_mtime, student, depth + 1)
             return
-        problem = "" if path.suffix == ".ipynb" else \
-            f"not a notebook ({Path(shown).name}): hand in the .ipynb"
-        out.append(Submission(student, path, shown, original, mtime, _resubmission(original), problem))
+        kind = "notebook" if path.suffix == ".ipynb" else "other"
+        out.append(Submission(student, path, shown, original, mtime, _resubmission(original), kind=kind))
 
     prefix = ""
     if root.is_file():
         if root.suffix != ".zip":
             raise LabError(f"{root} is neither a folder of submissions nor a zip file of them.")
-        members, problems = _unpack(root, staging / "root", root.name, keep_paths=True)
-        if problems and not members:
-            raise LabError(f"{root}: {problems[0][1]}.")
-        for where, why in problems:
-            out.append(Submission(Student(Path(where).stem), root, where, "", root.stat().st_mtime,
-                                  problem=why))
+        z = _unpack(root, staging / "root", root.name, keep_paths=True)
+        if z.problems and not z.found and not z.problems[0][0]:
+            raise LabError(f"{root}: {z.problems[0][2]}.")
+        unpacked(z, root, None, root.stat().st_mtime, True)
         root, prefix = staging / "root", root.name + "!"
     for entry in sorted(root.iterdir()):
         if entry.name.startswith((".", "_")):

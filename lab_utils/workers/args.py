@@ -80,7 +80,7 @@ class WorkerArgs:
     width: int = 64
     train_images: int | None = None
     test_images: int | None = None
-    dataset: str = "auto"
+    dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
     num_workers: int | None = None
     lr: float = 0.1
     lr_rule: str = "fixed"
@@ -115,7 +115,8 @@ class WorkerArgs:
         if self.debug_slow_loader_seconds is not None and not self.debug_slow_loader_seconds > 0:
             raise LabError("--debug-slow-loader-seconds must be positive, got "
                            f"{self.debug_slow_loader_seconds}.")
-        check_choice(self.dataset, DATASET_CHOICES, "--dataset")
+        if self.dataset is not None:
+            check_choice(self.dataset, DATASET_CHOICES, "--dataset")
         check_choice(self.lr_rule, LR_RULES, "--lr-rule")
         check_choice(self.decay, DECAYS, "--decay")
         check_choice(self.backend, BACKENDS, "--backend")
@@ -195,7 +196,8 @@ class WorkerArgs:
         p.add_argument("--width", type=int, default=d.width, help="ResNet-18 width (64: the spec model)")
         p.add_argument("--train-images", type=int, default=None, help="default: the profile's; 0 = all")
         p.add_argument("--test-images", type=int, default=None)
-        p.add_argument("--dataset", default=d.dataset, help=", ".join(DATASET_CHOICES))
+        p.add_argument("--dataset", default=d.dataset,
+                       help=", ".join(DATASET_CHOICES) + " (default: $LAB_DATASET, else auto)")
         p.add_argument("--num-workers", type=int, default=None)
         p.add_argument("--lr", type=float, default=d.lr)
         p.add_argument("--lr-rule", default=d.lr_rule, help="fixed | linear (lr x global batch / base batch)")
@@ -256,7 +258,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     dropout: float = 0.0
-    corpus: str = "auto"
+    corpus: str | None = None   # shakespeare | stdlib | auto; None: $LAB_CORPUS, else auto
     max_chars: int | None = None
     stride: int | None = None             # tokens between training windows (default block_size)
     val_batches: int | None = 20          # per rank; None: the whole validation split
@@ -279,7 +281,8 @@ class TrainConfig:
                 check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
         check_choice(self.dtype, DTYPES, "dtype")
         check_choice(self.device, DEVICES, "device")
-        check_choice(self.corpus, CORPUS_CHOICES, "corpus")
+        if self.corpus is not None:
+            check_choice(self.corpus, CORPUS_CHOICES, "corpus")
         if not self.lr > 0:
             raise LabError(f"lr must be positive, got {self.lr!r}.")
         if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:
@@ -315,7 +318,8 @@ class TrainConfig:
         p.add_argument("--weight-decay", type=float, default=d.weight_decay)
         p.add_argument("--grad-clip", type=float, default=d.grad_clip)
         p.add_argument("--dropout", type=float, default=d.dropout)
-        p.add_argument("--corpus", default=d.corpus, help=f"{', '.join(CORPUS_CHOICES)}")
+        p.add_argument("--corpus", default=d.corpus,
+                       help=f"{', '.join(CORPUS_CHOICES)} (default: $LAB_CORPUS, else auto)")
         p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
         p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
         p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")

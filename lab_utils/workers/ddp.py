@@ -153,7 +153,7 @@ from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
 from lab_utils.core.config import get_profile, loader_worker_options
 from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
-from lab_utils.core.dist import DistContext, init_distributed, oom_ends_rank
+from lab_utils.core.dist import DistContext, failure_ends_rank, init_distributed
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ctx = init_distributed(args.backend)
     try:
-        with oom_ends_rank(ctx):  # out of memory on one rank ends it: no collective left waiting
+        with failure_ends_rank(ctx):  # OOM on a rank (any error under NCCL) ends it: no peer left waiting
             run_worker(args, ctx)  # rank 0 appends the records to args.out as they exist
         dist.barrier()
     finally:

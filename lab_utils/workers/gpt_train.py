@@ -52,7 +52,7 @@ reported (last) epoch's aggregate at the top level of ``metrics``, ``ranks`` (it
 dicts), ``epochs`` (every epoch's aggregate), the run's configuration, corpus, device, FLOPs
 per token, memory and nested timers (``timers``: rank 0's, ``timers_slowest_rank``); status
 ``ok`` or ``oom``. Under DDP an out-of-memory error is not a status: it ends the rank
-(:func:`lab_utils.core.dist.oom_ends_rank`), torchrun stops the others, and the caller
+(:func:`lab_utils.core.dist.failure_ends_rank`), torchrun stops the others, and the caller
 (:mod:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
 """
 
@@ -63,7 +63,7 @@ import math
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -75,9 +75,15 @@ from torch.utils.data.distributed import DistributedSampler
 from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
 from lab_utils.core.config import loader_worker_options
-from lab_utils.core.dist import DistContext, gather, init_distributed, oom_ends_rank
+from lab_utils.core.dist import DistContext, failure_ends_rank, gather, init_distributed
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import device_name, hardware_summary, peak_flops_per_s, software_versions
+from lab_utils.core.hardware import (
+    bf16_supported,
+    device_name,
+    hardware_summary,
+    peak_flops_per_s,
+    software_versions,
+)
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
 from lab_utils.core.memory import catch_oom, free_device_memory
@@ -103,7 +109,20 @@ from lab_utils.workers.args import TrainConfig
 RUN_KEYS = ("parameters", "flops_per_token", "flops_per_token_formula", "steps_per_epoch", "total_steps",
             "tokens_per_step", "saved_activation_bytes", "peak_memory_bytes", "run_seconds", "backend",
             "device_type", "device_name", "precision", "peak_flops_per_s", "train_windows", "corpus",
-            "steps_done", "checkpoint", "final_val_loss", "final_train_loss")
+            "steps_done", "checkpoint", "final_val_loss", "final_train_loss", "precision_note")
+
+
+def run_dtype(dtype: str, device: torch.device) -> tuple[str, str | None]:
+    """The dtype a run asked for ``dtype`` uses on ``device``, and why it differs (None when it does not).
+
+    bf16 where the device has no native bf16 (:func:`lab_utils.core.hardware.bf16_supported`: a V100
+    emulates it, slower than fp32, and autocast accepts it silently) runs in fp32, as notebooks 07 and
+    08 do; the record says so (``precision``, ``precision_note``) and its MFU is against fp32's peak.
+    """
+    if dtype == "bf16" and not bf16_supported(device):
+        return "fp32", (f"bf16 asked; {device_name(str(device))} has no native bf16 (needs compute "
+                        "capability 8.0+; emulated bf16 is not measured), so fp32 ran")
+    return dtype, None
 
 
 def autocast_context(device: torch.device, dtype: str):
@@ -196,7 +215,7 @@ def run_training(cfg: TrainConfig) -> list[Record]:
     cfg.validate()
     ctx = init_distributed(device=cfg.device, group_of_one=False)
     try:
-        with oom_ends_rank(ctx):  # under DDP an out-of-memory error ends the rank (see there)
+        with failure_ends_rank(ctx):  # under DDP OOM (under NCCL any error) ends the rank (see there)
             return [_train(cfg, ctx)]
     finally:
         if ctx.initialized_here and dist.is_initialized():
@@ -205,6 +224,9 @@ def run_training(cfg: TrainConfig) -> list[Record]:
 
 def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
     device = ctx.device
+    asked = cfg
+    dtype, precision_note = run_dtype(cfg.dtype, device)
+    cfg = replace(cfg, dtype=dtype)   # what runs; the record's config is what was asked
     apply_training_backends()
     timers = NestedTimers(device)
     run_timer = timers("run")
@@ -230,7 +252,7 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
         "train_windows": len(train_ds), "parameters": n_params, "flops_per_token": flops_per_token,
         "flops_per_token_formula": train_flops_per_token(mcfg), "steps_per_epoch": steps_per_epoch,
         "total_steps": total_steps, "tokens_per_step": cfg.batch_size * cfg.accumulation_steps
-        * ctx.world_size * mcfg.block_size,
+        * ctx.world_size * mcfg.block_size, "precision_note": precision_note,
     }
     epochs: list[dict[str, Any]] = []
     # One process: out of memory becomes the run's status (catch_oom keeps only the reason, so the
@@ -249,7 +271,7 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
     common = {"synthetic": splits.synthetic, "dataset": splits.corpus_name, "hardware": hardware,
               "software": software_versions()}
     if oom:
-        return Record("gpt", asdict(cfg), {"saved_activation_bytes": base.get("saved_activation_bytes")},
+        return Record("gpt", asdict(asked), {"saved_activation_bytes": base.get("saved_activation_bytes")},
                       status="oom", reason=oom.reason, **common)
     last = epochs[-1]
     peaks = [r["peak_memory_bytes"] for e in epochs for r in e["ranks"]]
@@ -269,7 +291,7 @@ def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
     metrics.update({k: base[k] for k in RUN_KEYS if k in base})
     metrics["timers"] = rank_timers[0]                        # rank 0's nested timers
     metrics["timers_slowest_rank"] = rank_timers[last["slowest_rank"]]
-    return Record("gpt", asdict(cfg), metrics, **common)
+    return Record("gpt", asdict(asked), metrics, **common)
 
 
 def _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base) -> list[dict[str, Any]]:
