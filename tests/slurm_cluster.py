@@ -15,10 +15,11 @@ of the job at once, and a process that leaves the job's process tree is still th
 where this machine allows it (:func:`cgroup_plugin`, then a job that checks its own cgroup);
 elsewhere with ``proctrack/linuxproc``, and :attr:`SlurmCluster.proctrack_why` says why.
 
-Nothing outside the temporary folder is touched except the package installation: the
-daemons use their own ports, munge socket and key, state and spool folders, and every
-client command must be given ``SLURM_CONF`` (see :attr:`SlurmCluster.env`).
-:meth:`SlurmCluster.stop` cancels the jobs and stops the daemons it started (by pid).
+Nothing outside the temporary folder is touched except the package installation and, with
+cgroups, the daemons' cgroups (``/sys/fs/cgroup/freezer/slurm_<node>``): the daemons use their
+own ports, munge socket and key, state and spool folders, and every client command must be
+given ``SLURM_CONF`` (see :attr:`SlurmCluster.env`). :meth:`SlurmCluster.stop` cancels the
+jobs, stops the daemons it started (by pid) and removes their (empty) cgroups.
 
 When SLURM cannot be started (not root, no ``apt-get``, installation or start-up
 failed), :func:`start_cluster` raises :class:`SlurmUnavailable` with the reason; the
@@ -206,6 +207,16 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+        if self.proctrack == "cgroup":  # slurmd leaves its cgroup v1 folders behind, empty
+            for node in self.nodes:
+                for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"):
+                    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                        _rmdir(d)
+                    _rmdir(top)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.hostname, *MULTI_NODES)
 
 
 def cgroup_plugin(mounts: str | None = None) -> tuple[str | None, str]:
@@ -247,6 +258,14 @@ def write_cgroup_conf(root: Path, plugin: str) -> Path:
     path = root / "cgroup.conf"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rmdir(path: Path) -> None:
+    """Remove an empty cgroup folder (one still holding a process stays)."""
+    try:
+        path.rmdir()
+    except OSError:
+        pass
 
 
 def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int, proctrack: str = "linuxproc") -> Path:
