@@ -54,7 +54,7 @@ class LaunchResult:
     """What a finished run left: rank 0's records, per-rank logs, wall seconds."""
 
     records: list[Record]
-    log_dir: Path
+    log_dir: Path | None  # None: the logs were in a temporary folder, removed after the run
     wall_seconds: float
     logs: dict[int, Path] = field(default_factory=dict)
     launch_id: str = ""
@@ -64,9 +64,16 @@ class LaunchResult:
 
 
 def torchrun_command(module: str, args: Sequence[str], nproc: int, port: int,
-                     nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None) -> list[str]:
-    """The ``torchrun`` command line (as ``python -m torch.distributed.run``)."""
+                     nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
+                     agent_dir: str | Path | None = None) -> list[str]:
+    """The ``torchrun`` command line (as ``python -m torch.distributed.run``).
+
+    ``agent_dir``: torchrun's own ``--log-dir``; without it, torchrun leaves a ``torchelastic_*``
+    folder in ``$TMPDIR`` after every run, even a successful one.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if agent_dir is not None:
+        cmd.append(f"--log-dir={agent_dir}")
     if rdzv is not None:  # multi-node: c10d rendezvous at host:port
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}",
                 "--rdzv-id=lab", f"--node-rank={node_rank}"]
@@ -102,23 +109,43 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     timed out (the records yielded before are whole: store them). ``info`` (a dict) receives
     the log folder, the rank logs, the wall seconds and the launch id. Leaving the loop early
     (or an interrupt) stops the whole process tree. Without ``log_dir`` the logs go to a
-    temporary folder, removed after a successful run unless ``info`` asked for the logs.
+    temporary folder (``$TMPDIR/lab_ddp_*``, which also holds torchrun's own folder), removed however
+    the run ends (success, failure, timeout, an interrupt, the caller leaving the loop): a failure's
+    error quotes the logs' last lines, and ``info`` then holds no log paths. A process killed outright
+    (SIGKILL, or a SIGTERM it does not handle) runs no clean-up: the runner gives each kernel a
+    ``$TMPDIR`` of its own for that.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:
         raise LabError(f"timeout_s must be positive, got {timeout_s!r}.")
-    log_root = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="lab_ddp_"))
+    if threads_per_rank is not None:
+        check_positive_int(threads_per_rank, "threads_per_rank")
+    # A folder of our own for torchrun's agent (and for the logs when no log_dir is given): it
+    # goes however the run ends (success, failure, timeout, an interrupt, the caller leaving early).
+    scratch = Path(tempfile.mkdtemp(prefix="lab_ddp_"))
+    try:
+        yield from _run(module, args, nproc, timeout_s, Path(log_dir) if log_dir else scratch, scratch,
+                        env, threads_per_rank, info)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(module: str, args: Sequence[str], nproc: int, timeout_s: float, log_root: Path, scratch: Path,
+         env: dict[str, str] | None, threads_per_rank: int | None, info: dict | None) -> Iterator[Record]:
+    """:func:`stream`'s body. ``scratch`` is removed after the run: when the logs are there, the
+    errors quote them without naming files that will be gone."""
+    temporary = log_root == scratch
     log_root.mkdir(parents=True, exist_ok=True)
     out_file = log_root / "records.jsonl"
     out_file.unlink(missing_ok=True)
     for old in [*log_root.glob("rank*.log"), log_root / "torchrun.log"]:
         old.unlink(missing_ok=True)  # rank logs are appended to: never quote a previous run
     port = free_port()
-    cmd = torchrun_command(module, [*args, "--out", str(out_file)], nproc, port)
+    cmd = torchrun_command(module, [*args, "--out", str(out_file)], nproc, port,
+                           agent_dir=scratch / "torchrun")
     run_env = dict(os.environ)
     run_env.update(env or {})
     if threads_per_rank is not None:
-        check_positive_int(threads_per_rank, "threads_per_rank")
         run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
     elif "OMP_NUM_THREADS" not in run_env:
         run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
@@ -128,9 +155,14 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
     launch_id = uuid.uuid4().hex
     run_env[LAUNCH_ID_ENV] = launch_id
 
+    def shown(path: Path) -> str:
+        """How an error names a log: not by a path that is gone when the message is read."""
+        if not temporary:
+            return str(path)
+        return f"{path.name}, in a temporary folder now removed: pass log_dir to keep it"
+
     agent_log = log_root / "torchrun.log"
     reader = RecordsReader(out_file)
-    got = 0
     start = time.perf_counter()
     with agent_log.open("wb") as agent_out:
         # A new session makes the agent and its workers one group we can signal.
@@ -142,9 +174,7 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
                     rc = proc.wait(timeout=POLL_S)
                 except subprocess.TimeoutExpired:
                     rc = None
-                for rec in reader.new():
-                    got += 1
-                    yield rec
+                yield from reader.new()
                 if rc is not None:
                     break
                 if time.perf_counter() - start > timeout_s:
@@ -153,27 +183,24 @@ def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: flo
                     raise LaunchError(
                         f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
                         f"was stopped; raise timeout_s or shrink the run. "
-                        + _quote_all(logs, agent_log))
+                        + _quote_all(logs, agent_log, shown=shown))
         finally:  # normal exit, failure, interrupt, or the caller leaving the loop: nothing stays
             kill_tree(proc, launch_id=launch_id)
     wall = time.perf_counter() - start
     logs = rank_logs(log_root, nproc)
-    if info is not None:
-        info.update(log_dir=log_root, wall_seconds=wall, logs=logs, launch_id=launch_id)
+    if info is not None:  # a temporary folder is removed when the run ends: no paths into it
+        info.update(log_dir=None if temporary else log_root, wall_seconds=wall,
+                    logs={} if temporary else logs, launch_id=launch_id)
     if rc != 0:
         rank = failing_rank(agent_log.read_text(errors="replace"), logs)
         raise LaunchError(
             f"The {nproc}-process run of {module} failed (torchrun exit code {rc}); "
             f"fix the error below and re-run (records already stored are kept). "
-            + _quote_failure(rank, logs, agent_log))
+            + _quote_failure(rank, logs, agent_log, shown=shown))
     if not out_file.exists():
-        raise LaunchError(f"The run of {module} finished but rank 0 wrote no records to {out_file}; "
+        raise LaunchError(f"The run of {module} finished but rank 0 wrote no records ({shown(out_file)}); "
                           "check that the worker calls lab_utils.core.records.append_records. "
-                          + _quote_failure(0, logs, agent_log))
-    if log_dir is None and info is None:
-        # A folder of our own that nobody will read: a student's node would otherwise collect one
-        # per launch in /tmp. A failed launch keeps it (the error above quotes its logs).
-        shutil.rmtree(log_root, ignore_errors=True)
+                          + _quote_failure(0, logs, agent_log, shown=shown))
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
@@ -208,22 +235,22 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
     return "\n".join(lines[-n:]) if lines else "(empty log)"
 
 
-def _quote_failure(rank: int | None, logs: dict[int, Path], agent_log: Path) -> str:
+def _quote_failure(rank: int | None, logs: dict[int, Path], agent_log: Path, shown=str) -> str:
     """The failing rank's last lines; torchrun's too when that log shows no error."""
     if rank is not None and rank in logs:
-        text = f"Last lines of rank {rank} ({logs[rank]}):\n{_tail(logs[rank])}"
+        text = f"Last lines of rank {rank} ({shown(logs[rank])}):\n{_tail(logs[rank])}"
         body = logs[rank].read_text(errors="replace")
         if not any(w in body for w in ("Traceback", "Error", "error:")):
-            text += f"\nLast lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+            text += f"\nLast lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
         return text
-    return f"Last lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
+    return f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
 
 
-def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8) -> str:
+def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8, shown=str) -> str:
     """Every rank's last ``n`` lines (where each one was when the run was stopped)."""
     if not logs:
-        return f"Last lines of torchrun ({agent_log}):\n{_tail(agent_log)}"
-    return "\n".join(f"Last lines of rank {r} ({p}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
+        return f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
+    return "\n".join(f"Last lines of rank {r} ({shown(p)}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
 
 
 def _proc_pids() -> list[int]:

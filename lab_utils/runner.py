@@ -54,11 +54,15 @@ class NotebookResult:
     interrupted: str | None = None  # "SIGINT" or "SIGTERM" when a signal stopped this notebook
     save_error: str | None = None  # one sentence, when the executed copy could not be written
 
+    @property
+    def status(self) -> str:
+        """``ok``, ``STOPPED`` (a signal stopped it) or ``FAILED``, in the console line and report.md."""
+        return "ok" if self.ok else ("STOPPED" if self.interrupted else "FAILED")
+
     def line(self) -> str:
-        status = "ok    " if self.ok else ("STOPPED" if self.interrupted else "FAILED")
         where = f"cell {self.cell}: " if self.cell is not None else ""
         tail = "" if self.ok else f"  {where}{self.error}"
-        return f"{status} {self.notebook:<34} {self.seconds:8.1f} s{tail}"
+        return f"{self.status:<6} {self.notebook:<34} {self.seconds:8.1f} s{tail}"
 
 
 class RunResults(list):
@@ -185,7 +189,7 @@ def describe_exit(returncode: int | None) -> str:
     return f"stopped by {name} (signal {number})"
 
 
-def _kernel_manager(sockets: str):
+def _kernel_manager(private: str):
     """An asynchronous kernel manager (what nbclient's event loop expects) on private sockets.
 
     The kernel talks to this process over Unix sockets in a private folder, not TCP ports:
@@ -195,7 +199,7 @@ def _kernel_manager(sockets: str):
     """
     from jupyter_client.manager import AsyncKernelManager
 
-    base = str(Path(sockets) / "kernel")
+    base = str(Path(private) / "kernel")
     if len(base) < 90:
         return AsyncKernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base)
     return AsyncKernelManager(kernel_name=KERNEL_NAME)
@@ -274,12 +278,19 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
     nb = nbformat.read(str(path), as_version=4)
     executed = out_dir / path.name
     token = proctree.new_token()
-    env = {**os.environ, proctree.TOKEN_ENV: token}
     running = _RunningCell(nb)
     outcome: dict = {}
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="lab-kernel-") as sockets:
-        km = _kernel_manager(sockets)
+    # One private folder per notebook holds everything its kernel puts on disk: the sockets, the
+    # connection file and the kernel's $TMPDIR (where a launch keeps its logs, lab_ddp_*). It goes
+    # however the notebook ends: a kernel stopped by a signal cannot clean up after itself.
+    with tempfile.TemporaryDirectory(prefix="lab_run_", ignore_cleanup_errors=True) as private:
+        scratch = Path(private) / "tmp"
+        scratch.mkdir()
+        env = {**os.environ, proctree.TOKEN_ENV: token, "TMPDIR": str(scratch), "TMP": str(scratch),
+               "TEMP": str(scratch)}
+        km = _kernel_manager(private)
+        km.connection_file = str(Path(private) / "connection.json")  # not a tempfile.mkstemp in $TMPDIR
         # The kernel runs in the notebook's own folder, as in JupyterLab (a student edition's
         # check cells read their notebook from there).
         client = NotebookClient(nb, km=km, timeout=max(1, math.ceil(timeout_s)), kernel_name=KERNEL_NAME,
@@ -356,17 +367,20 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
     os.environ["LAB_HEADLESS"] = "1"
     # Figures go into the executed notebook (the inline backend), whatever the caller uses.
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    kernels = _kernelspec_dir()
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(kernels), saved["JUPYTER_PATH"]) if p)
     print(f"profile {profile_name} ({why}); executed notebooks -> {out_dir}", file=stream, flush=True)
-    # Described now (importing torch takes seconds), so that a run stopped by a signal writes its
-    # report at once.
-    from lab_utils.core.hardware import describe_machine
-
-    machine = describe_machine()
     results = RunResults()
-    try:
-        with _StopSignals() as stop:
+    kernels: Path | None = None
+    # The signal handlers cover the whole run, from the machine's description (importing torch
+    # takes seconds) to the report: a SIGTERM before or during a notebook ends the run with its
+    # line and report; one that comes while the report is written is noted and the report finished.
+    with _StopSignals() as stop:
+        try:
+            from lab_utils.core.hardware import describe_machine
+
+            machine = describe_machine()
+            kernels = _kernelspec_dir()
+            os.environ["JUPYTER_PATH"] = os.pathsep.join(
+                p for p in (str(kernels), saved["JUPYTER_PATH"]) if p)
             for p in paths:
                 if stop.signal is not None:
                     break
@@ -377,19 +391,20 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
                     results.save_error = r.save_error
                     break
             results.interrupted = stop.signal
-    finally:
-        shutil.rmtree(kernels, ignore_errors=True)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
-        report = write_report(profile_name, results, machine)
-        print(f"report: {report}", file=stream, flush=True)
-    except OSError as e:
-        results.save_error = results.save_error or write_failure(
-            e, config.results_dir(profile_name), "the report (report.md)")
+        finally:
+            if kernels is not None:
+                shutil.rmtree(kernels, ignore_errors=True)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        try:
+            report = write_report(profile_name, results, machine)
+            print(f"report: {report}", file=stream, flush=True)
+        except OSError as e:
+            results.save_error = results.save_error or write_failure(
+                e, config.results_dir(profile_name), "the report (report.md)")
     return results
 
 
@@ -418,7 +433,7 @@ def write_report(profile: str, results: Sequence[NotebookResult] = (), machine: 
         lines += ["", "## Notebooks", "", "| notebook | status | seconds | error |", "|---|---|---|---|"]
         for r in results:
             err = (f"cell {r.cell}: {r.error}" if not r.ok else "").replace("|", "\\|")
-            lines.append(f"| {r.notebook} | {'ok' if r.ok else 'FAILED'} | {r.seconds:.1f} | {err} |")
+            lines.append(f"| {r.notebook} | {r.status} | {r.seconds:.1f} | {err} |")
     lines += report_sections(root)
     path = root / "report.md"
     tmp = path.with_suffix(".md.tmp")
@@ -479,8 +494,10 @@ def main(names: Sequence[str], profile: str | None, timeout_s: float) -> int:
     if results.interrupted is not None:
         word = SIGNAL_WORDS.get(results.interrupted, results.interrupted)
         last = results[-1] if results and results[-1].interrupted else None
-        where = f" in {last.notebook}, code cell {last.cell}" if last and last.cell else (
-            f" in {last.notebook}" if last else " between notebooks")
+        if last is not None:
+            where = f" in {last.notebook}, code cell {last.cell}" if last.cell else f" in {last.notebook}"
+        else:
+            where = " between notebooks" if results else " before the first notebook"
         copy = f"; executed copy: {last.executed_path}" if last else ""
         print(f"interrupted by {word}{where}: the kernel and its processes were stopped{copy}; "
               f"records already stored are kept (run again to resume).", file=sys.stderr)

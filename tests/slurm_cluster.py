@@ -4,15 +4,22 @@
 (root and ``apt-get`` needed), writes a private ``slurm.conf`` under a temporary folder
 and starts ``munged``, ``slurmctld`` and three ``slurmd`` daemons from it:
 
-- partition ``lab`` (the default): one node named after this machine, with its CPU
-  count and ``RealMemory`` from ``/proc/meminfo`` (no GPUs, no gres);
+- partition ``lab`` (the default): one node named after this machine, with
+  :data:`NODE_CPUS` (2) CPUs, the smallest node the README's jobs must start on, and
+  ``RealMemory`` from ``/proc/meminfo`` (no GPUs, no gres);
 - partition ``multi``: two nodes ``labn1`` and ``labn2`` that are two ``slurmd`` daemons on
   this same machine (``slurmd -N``), so that a ``--nodes=2`` job really gets two nodes.
 
-Nothing outside the temporary folder is touched except the package installation: the
-daemons use their own ports, munge socket and key, state and spool folders, and every
-client command must be given ``SLURM_CONF`` (see :attr:`SlurmCluster.env`).
-:meth:`SlurmCluster.stop` cancels the jobs and stops the daemons it started (by pid).
+Jobs are tracked with ``proctrack/cgroup``, as on most clusters (SLURM signals every process
+of the job at once, and a process that leaves the job's process tree is still the job's),
+where this machine allows it (:func:`cgroup_plugin`, then a job that checks its own cgroup);
+elsewhere with ``proctrack/linuxproc``, and :attr:`SlurmCluster.proctrack_why` says why.
+
+Nothing outside the temporary folder is touched except the package installation and, with
+cgroups, the daemons' cgroups (``/sys/fs/cgroup/freezer/slurm_<node>``): the daemons use their
+own ports, munge socket and key, state and spool folders, and every client command must be
+given ``SLURM_CONF`` (see :attr:`SlurmCluster.env`). :meth:`SlurmCluster.stop` cancels the
+jobs, stops the daemons it started (by pid) and removes their (empty) cgroups.
 
 When SLURM cannot be started (not root, no ``apt-get``, installation or start-up
 failed), :func:`start_cluster` raises :class:`SlurmUnavailable` with the reason; the
@@ -36,6 +43,7 @@ PACKAGES = ("slurm-wlm", "munge")
 APT_TIMEOUT_S = 300
 START_TIMEOUT_S = 60
 MULTI_NODES = ("labn1", "labn2")
+NODE_CPUS = 2  # every node's CPUs, whatever this machine has: a 2-CPU node, as in CI
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "BOOT_FAIL", "DEADLINE")
 
@@ -101,6 +109,8 @@ class SlurmCluster:
     hostname: str
     cpus: int
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    proctrack: str = "linuxproc"  # how slurmd tracks a job's processes: "cgroup" or "linuxproc"
+    proctrack_why: str = ""  # the cgroup plugin used, or why linuxproc
 
     @property
     def env(self) -> dict[str, str]:
@@ -158,6 +168,24 @@ class SlurmCluster:
             time.sleep(0.5)
         raise SlurmUnavailable(f"nodes not idle after {timeout_s:.0f} s: {states}")
 
+    def check_cgroup_tracking(self, timeout_s: float = 60) -> None:
+        """A job on each partition reads its own ``/proc/self/cgroup``: it must be in a cgroup
+        named after the job (``.../job_<id>/...``). Raises :class:`SlurmUnavailable` otherwise."""
+        for extra in ([], ["--partition=multi"]):
+            out = self.root / f"cgroup-probe{len(extra)}.out"
+            res = self.run("sbatch", "--parsable", f"--output={out}", *extra, "--wrap",
+                           "cat /proc/self/cgroup", check=False)
+            job_id = res.stdout.strip()
+            if res.returncode != 0 or not job_id.isdigit():
+                raise SlurmUnavailable(f"sbatch failed: {res.stderr.strip()}")
+            if self.wait_job(job_id, timeout_s) != ("COMPLETED", 0):
+                raise SlurmUnavailable(f"the probe job {job_id} ended {self.job_state(job_id)}: "
+                                       + "\n".join(self.log(f"slurmd-{self.hostname}").splitlines()[-10:]))
+            text = out.read_text() if out.exists() else ""
+            if f"/job_{job_id}/" not in text:
+                raise SlurmUnavailable(f"the probe job {job_id} is not in a cgroup of its own: "
+                                       f"{text.strip()!r}")
+
     def stop(self) -> None:
         """Cancel every job, then stop the daemons this cluster started (SIGTERM, then SIGKILL)."""
         if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
@@ -179,10 +207,74 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+        if self.proctrack == "cgroup":  # slurmd leaves its cgroup v1 folders behind, empty
+            for node in self.nodes:
+                for top in Path("/sys/fs/cgroup").glob(f"*/slurm_{node}"):
+                    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                        _rmdir(d)
+                    _rmdir(top)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.hostname, *MULTI_NODES)
 
 
-def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int) -> Path:
-    """Write the cluster's ``slurm.conf`` (private ports, folders and munge socket)."""
+def cgroup_plugin(mounts: str | None = None) -> tuple[str | None, str]:
+    """The cgroup plugin SLURM 22.05 can use here for ``proctrack/cgroup``, or None; and why.
+
+    ``cgroup/v1`` needs a cgroup v1 ``freezer`` hierarchy in which this process (root) can create
+    a cgroup; ``cgroup/v2`` a cgroup v2 file system at ``/sys/fs/cgroup`` it can write to (slurmd
+    then runs without systemd: ``IgnoreSystemd=yes``). ``mounts``: ``/proc/mounts``'s text.
+    """
+    if mounts is None:
+        mounts = Path("/proc/mounts").read_text()
+    table = [line.split()[1:4] for line in mounts.splitlines() if len(line.split()) >= 4]
+    if any(point == "/sys/fs/cgroup" and fstype == "cgroup2" for point, fstype, _ in table):
+        if os.access("/sys/fs/cgroup/cgroup.subtree_control", os.W_OK):
+            return "cgroup/v2", "cgroup v2 at /sys/fs/cgroup"
+        return None, "cgroup v2 at /sys/fs/cgroup, but not writable here"
+    freezer = next((point for point, fstype, opts in table
+                    if fstype == "cgroup" and "freezer" in opts.split(",")), None)
+    if freezer is None:
+        return None, "no cgroup v1 freezer hierarchy and no cgroup v2 at /sys/fs/cgroup"
+    if Path(freezer).parent != Path("/sys/fs/cgroup"):
+        return None, f"the cgroup v1 freezer is mounted at {freezer}, not under /sys/fs/cgroup"
+    probe = Path(freezer) / f"labtest_probe_{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        return None, f"cannot create a cgroup under {freezer}: {e.strerror}"
+    return "cgroup/v1", f"cgroup v1 (freezer at {freezer})"
+
+
+def write_cgroup_conf(root: Path, plugin: str) -> Path:
+    """``cgroup.conf`` beside ``slurm.conf`` (slurmd reads it from there): cgroups track processes
+    only; nothing is constrained (cores are bound by task/affinity, as before)."""
+    lines = [f"CgroupPlugin={plugin}", "CgroupMountpoint=/sys/fs/cgroup", "ConstrainCores=no",
+             "ConstrainRAMSpace=no", "ConstrainSwapSpace=no", "ConstrainDevices=no"]
+    if plugin == "cgroup/v2":
+        lines.append("IgnoreSystemd=yes")  # no systemd in containers and CI: slurmd makes its own subtree
+    path = root / "cgroup.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _rmdir(path: Path) -> None:
+    """Remove an empty cgroup folder (one still holding a process stays)."""
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int, proctrack: str = "linuxproc") -> Path:
+    """Write the cluster's ``slurm.conf`` (private ports, folders and munge socket).
+
+    ``proctrack``: ``cgroup`` (most clusters: a job's processes are the members of its cgroup, and
+    all of them are signalled at once) or ``linuxproc`` (processes tracked by parentage, so one
+    that leaves the tree escapes the job).
+    """
     ctld_port, node_ports = _free_port(), [_free_port() for _ in range(1 + len(MULTI_NODES))]
     # slurmd drains a node whose configured memory exceeds what it finds: leave a margin.
     real_mb = max(1, int(mem_mb * 0.9))
@@ -199,8 +291,7 @@ def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int) -> Path:
         f"SlurmdSpoolDir={root}/spool/%n",
         f"SlurmctldPidFile={root}/slurmctld.pid",
         f"SlurmdPidFile={root}/slurmd-%n.pid",
-        # No cgroups (containers rarely allow them): processes are tracked by parentage.
-        "ProctrackType=proctrack/linuxproc",
+        f"ProctrackType=proctrack/{proctrack}",
         # task/affinity binds each step to the CPUs it was given, as on real clusters, so that
         # a step confined to fewer CPUs than its job asked for shows (os.sched_getaffinity).
         "TaskPlugin=task/affinity",
@@ -215,7 +306,11 @@ def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int) -> Path:
         "SlurmdTimeout=60",
         "InactiveLimit=0",
         "MinJobAge=600",
-        "KillWait=5",
+        # A node may claim more CPUs than this machine has (NODE_CPUS on a 1-CPU machine).
+        "SlurmdParameters=config_overrides",
+        # SLURM's default: the seconds between SIGTERM and SIGKILL when a job is stopped (a time
+        # limit, scancel, a requeue), which the runner needs to save the executed copy and the report.
+        "KillWait=30",
         "Waittime=0",
         "MailProg=/bin/true",
         f"NodeName={hostname} NodeAddr=127.0.0.1 Port={node_ports[0]} CPUs={cpus} "
@@ -233,27 +328,56 @@ def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int) -> Path:
     return conf
 
 
-def start_cluster(root: Path) -> SlurmCluster:
+def start_cluster(root: Path, proctrack: str = "auto") -> SlurmCluster:
     """Install (if needed), configure and start a private SLURM cluster under ``root``.
 
+    ``proctrack``: ``auto`` tries ``proctrack/cgroup`` where :func:`cgroup_plugin` finds a
+    plugin, checks with a job that the job's processes are in its cgroup, and otherwise (or when
+    that fails) starts again with ``proctrack/linuxproc``; ``cgroup`` or ``linuxproc`` insist.
     Returns a :class:`SlurmCluster` whose nodes are idle. Raises :class:`SlurmUnavailable`
     with the reason when that is impossible; daemons started so far are stopped first.
     """
     if os.geteuid() != 0:
         raise SlurmUnavailable("not root: munged and slurmd must run as root in this one-machine cluster")
     apt_install(PACKAGES, DAEMONS)
+    plugin, why = cgroup_plugin() if proctrack != "linuxproc" else (None, "linuxproc asked for")
+    if plugin is not None:
+        try:
+            cluster = _start(root / "cgroup", plugin)
+        except SlurmUnavailable as e:
+            why = f"proctrack/cgroup with {plugin} did not start here: {e}"
+        else:
+            try:
+                cluster.check_cgroup_tracking()
+                cluster.proctrack_why = f"{plugin}: {why}"
+                return cluster
+            except SlurmUnavailable as e:
+                cluster.stop()
+                why = f"proctrack/cgroup with {plugin} did not track a job here: {e}"
+    if proctrack == "cgroup":
+        raise SlurmUnavailable(f"proctrack/cgroup impossible: {why}")
+    cluster = _start(root / "linuxproc", None)
+    cluster.proctrack_why = why
+    return cluster
+
+
+def _start(root: Path, cgroup: str | None) -> SlurmCluster:
+    """Configure and start the daemons under ``root``: proctrack/cgroup with the ``cgroup``
+    plugin (``cgroup/v1``, ``cgroup/v2``), or proctrack/linuxproc when None."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # munged refuses a socket folder that others can write to
     for sub in ["state", "spool", *[f"spool/{n}" for n in MULTI_NODES]]:
         (root / sub).mkdir(parents=True, exist_ok=True)
     hostname = socket.gethostname().split(".")[0]
     (root / "spool" / hostname).mkdir(exist_ok=True)
-    cpus = os.cpu_count() or 1
-    conf = write_conf(root, hostname, cpus, _mem_mb())
+    conf = write_conf(root, hostname, NODE_CPUS, _mem_mb(), "cgroup" if cgroup else "linuxproc")
+    if cgroup:
+        write_cgroup_conf(root, cgroup)
     key = root / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
-    cluster = SlurmCluster(root=root, conf=conf, hostname=hostname, cpus=cpus)
+    cluster = SlurmCluster(root=root, conf=conf, hostname=hostname, cpus=NODE_CPUS,
+                           proctrack="cgroup" if cgroup else "linuxproc")
 
     def spawn(name: str, cmd: list[str]) -> None:
         log = (root / f"{name}.log").open("wb")

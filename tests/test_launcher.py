@@ -4,6 +4,10 @@ that quotes the right log, and no process of the launch survives it (checked in 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -83,20 +87,51 @@ def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_successful_stream_leaves_no_temporary_folder(tmp_path, monkeypatch):
-    """The experiments stream without a log folder: each launch's temporary logs are removed after
-    it succeeds (a failed one keeps them for its error message)."""
+def test_a_stream_leaves_no_temporary_folder_however_it_ends(tmp_path, monkeypatch):
+    """The experiments stream without a log folder: its temporary logs (lab_ddp_*) are removed after
+    a success, a failure (whose error still quotes the failing rank's lines) and a timeout."""
     import tempfile
 
+    from ddp_toy_worker import FAIL_MARKER  # noqa: E402 (tests/ is on sys.path under pytest)
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # for torchrun too (it left a torchelastic_* there)
     token = uuid.uuid4().hex
     recs = list(stream(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, env=toy_env(token), threads_per_rank=1))
     assert [r.metrics["rank"] for r in recs] == [0, 1]
-    assert not list(tmp_path.glob("lab_ddp_*"))
-    with pytest.raises(LaunchError):
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(LaunchError) as failed:
         list(stream(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, env=toy_env(token),
                     threads_per_rank=1))
-    assert len(list(tmp_path.glob("lab_ddp_*/rank1.log"))) == 1
+    assert FAIL_MARKER in str(failed.value)  # quoted before the folder went
+    assert "rank1.log, in a temporary folder now removed: pass log_dir to keep it" in str(failed.value)
+    assert str(tmp_path) not in str(failed.value)  # no path that no longer exists
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(LaunchError, match="did not finish within 6 s"):
+        list(stream(TOY, ["--mode", "sleep"], nproc=2, timeout_s=6, env=toy_env(token), threads_per_rank=1))
+    assert list(tmp_path.iterdir()) == []
+    assert_nothing_left(token)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_an_interrupted_stream_leaves_no_temporary_folder(tmp_path):
+    """Ctrl-C (SIGINT) in a process that streams a launch: the tree is stopped and the temporary
+    logs removed (the KeyboardInterrupt runs the launch's clean-up)."""
+    token = uuid.uuid4().hex
+    code = ("from lab_utils.launcher import stream\n"
+            "list(stream('ddp_toy_worker', ['--mode', 'sleep'], nproc=2, timeout_s=120, threads_per_rank=1))")
+    env = {**os.environ, **toy_env(token), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.glob("lab_ddp_*/rank1.log")):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate(timeout=10)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert list(tmp_path.iterdir()) == []
     assert_nothing_left(token)
 
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -121,12 +122,17 @@ def test_a_notebook_runs_in_its_own_folder(results_dir, tmp_path):
 
 def _start_run(tmp_path, notebooks, *args, results=None):
     """`python -m lab_utils run NOTEBOOKS --profile quick ARGS` from the repository root, marked
-    with a variable of its own so that the test can find every process of the run afterwards."""
+    with a variable of its own so that the test can find every process of the run afterwards,
+    with a $TMPDIR of its own (see :func:`_tmp_left`). That one is short, as /tmp is: under a long
+    one (pytest's tmp_path) the kernel's Unix sockets would not fit and it would use TCP."""
     mark = uuid.uuid4().hex
-    env = {**os.environ, "LAB_TEST_RUN": mark, "LAB_RESULTS_DIR": str(results or tmp_path / "results")}
+    tmpdir = tempfile.mkdtemp(prefix="lab_t_")
+    env = {**os.environ, "LAB_TEST_RUN": mark, "LAB_RESULTS_DIR": str(results or tmp_path / "results"),
+           "TMPDIR": tmpdir}
     proc = subprocess.Popen([sys.executable, "-m", "lab_utils", "run", *map(str, notebooks),
                              "--profile", "quick", *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.tmpdir = Path(tmpdir)
     return proc, mark
 
 
@@ -138,6 +144,14 @@ def _finish(proc, timeout=120):
 def _leftovers(mark):
     """Processes of the run (the kernel, its children) still alive a moment after it ended."""
     return proctree.leftover(mark, wait_s=3, var="LAB_TEST_RUN")
+
+
+def _tmp_left(proc):
+    """What a finished run left in its $TMPDIR (the runner's folders, the kernel's connection file,
+    the launcher's lab_ddp_*: SPAWN_CHILD makes one, as a launch does); the folder is then removed."""
+    left = sorted(p.name for p in proc.tmpdir.iterdir())
+    shutil.rmtree(proc.tmpdir, ignore_errors=True)
+    return left
 
 
 def _line_seconds(out, name):
@@ -153,8 +167,10 @@ def _wait_for(path, timeout=60):
 
 
 # A cell that starts a child in a session of its own (as the launcher starts torchrun), so that
-# killing the kernel's process group would miss it; it writes its pid where the test sees it.
-SPAWN_CHILD = ("import pathlib, subprocess, sys, time\n"
+# killing the kernel's process group would miss it; it writes its pid where the test sees it. Like a
+# launch, it makes a lab_ddp_* folder in $TMPDIR, which a kernel killed by a signal cannot remove.
+SPAWN_CHILD = ("import pathlib, subprocess, sys, tempfile, time\n"
+               "logs = tempfile.mkdtemp(prefix='lab_ddp_')\n"
                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
                " start_new_session=True)\n"
                "pathlib.Path('child.pid').write_text(str(child.pid))")
@@ -179,6 +195,7 @@ def test_a_dead_kernel_fails_its_notebook_within_seconds_and_the_next_runs(tmp_p
     executed = nbformat.read(str(tmp_path / "results" / "quick" / "executed" / "97_die.ipynb"), as_version=4)
     assert not executed.cells[2].get("outputs")
     assert _leftovers(mark) == []  # the child in its own session is gone too
+    assert _tmp_left(proc) == []  # a notebook that failed, and one that ran: nothing in $TMPDIR
 
 
 @pytest.mark.slow
@@ -193,6 +210,7 @@ def test_the_cell_timeout_stops_a_long_cell_and_its_children(tmp_path):
     assert 1.9 < seconds < 5.5, line  # about 2 s, not the cell's 6 s
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert _leftovers(mark) == []
+    assert _tmp_left(proc) == []
 
 
 @pytest.mark.slow
@@ -216,7 +234,10 @@ def test_a_signal_stops_the_run_within_seconds(tmp_path, sig, word, status):
     assert line.startswith(f"interrupted by {word} in 97_hang.ipynb, code cell 2: the kernel and its "
                            f"processes were stopped; executed copy: "), line
     assert (tmp_path / "results" / "quick" / "executed" / "97_hang.ipynb").is_file()
+    report = (tmp_path / "results" / "quick" / "report.md").read_text()
+    assert "| 97_hang.ipynb | STOPPED | " in report and f"| cell 2: interrupted by {word}; " in report
     assert _leftovers(mark) == []
+    assert _tmp_left(proc) == []  # the kernel's lab_ddp_* and connection file, the runner's folders
 
 
 @pytest.mark.slow
@@ -237,6 +258,7 @@ def test_a_signal_while_the_kernel_starts_is_one_line_and_no_traceback(tmp_path)
     [line] = err.strip().splitlines()
     assert line.startswith("interrupted by SIGTERM in 97_start.ipynb"), line
     assert _leftovers(mark) == []
+    assert _tmp_left(proc) == []
 
 
 def test_a_failed_write_leaves_the_old_copy_and_names_the_folder(tmp_path, monkeypatch):
@@ -294,6 +316,34 @@ def test_a_full_disk_is_one_sentence_and_keeps_stored_records(tmp_path, tiny_dis
     assert json.loads((runs / "sweep.jsonl").read_text()) == {"kept": True}
     assert (tiny_disk / "quick" / "executed" / "97_ok.ipynb").is_file()
     assert _leftovers(mark) == []
+    assert _tmp_left(proc) == []
+
+
+def test_a_signal_before_the_first_notebook_is_one_line_and_a_report(results_dir, tmp_path, monkeypatch,
+                                                                      capsys):
+    """SIGTERM while the runner describes the machine (importing torch takes seconds; a job cancelled
+    at once): no notebook starts, the report is written, one line, 143, no folder left in $TMPDIR."""
+
+    from lab_utils.core import hardware
+
+    real = hardware.describe_machine
+
+    def signalled():
+        os.kill(os.getpid(), signal.SIGTERM)  # noted by the runner's handler, not fatal
+        return real()
+
+    monkeypatch.setattr(hardware, "describe_machine", signalled)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    nb = _notebook(tmp_path / "97_never.ipynb", ["print('never started')"])
+    assert runner.main([str(nb)], "quick", 60) == 143
+    out, err = capsys.readouterr()
+    assert "97_never" not in out and "report: " in out
+    assert err.strip().splitlines() == [
+        "interrupted by SIGTERM before the first notebook: the kernel and its processes were stopped; "
+        "records already stored are kept (run again to resume)."]
+    assert (results_dir / "quick" / "report.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["97_never.ipynb", "results"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the caller's handler is back
 
 
 def test_exit_signals_are_described():
@@ -325,3 +375,4 @@ def test_a_record_that_fills_the_disk_is_one_sentence_and_the_store_stays_readab
     assert [json.loads(x)["config"] for x in (runs / "exp.jsonl").read_text().splitlines()] == [{"bs": 1}]
     assert (tiny_disk / "quick" / "executed" / "97_fill.ipynb").is_file()
     assert _leftovers(mark) == []
+    assert _tmp_left(proc) == []

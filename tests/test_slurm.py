@@ -8,6 +8,10 @@ with the reason; they never pass without having run.
 Jobs run on CPU in the ``quick`` profile with synthetic data (``tests/conftest.py`` points
 ``LAB_DATA_DIR`` at an empty folder); each test gets its own results folder and submits
 from its own job folder, where the ``slurm-<name>-<jobid>.out/.err`` files land.
+
+The cluster tracks jobs with ``proctrack/cgroup`` where this machine allows it (as most
+clusters do: a stop signals every process of the job at once), else with ``proctrack/linuxproc``;
+``test_cluster_tracks_jobs_with_cgroups`` is skipped with the reason in the second case.
 """
 
 from __future__ import annotations
@@ -15,31 +19,40 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+import uuid
+from datetime import datetime
 from pathlib import Path
 
+import nbformat
 import pytest
+
+from lab_utils import proctree
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_cluster import SlurmCluster, SlurmUnavailable, apt_install, start_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
+SHELL_FILES = [*SCRIPTS, REPO / "slurm" / "job.sh"]  # job.sh: sourced by the scripts
 JOB_TIMEOUT_S = 240
 
 # Tests that submit jobs are marked slurm and slow; the static checks are neither.
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> SlurmCluster:
+    """One cluster for the whole session (starting one takes seconds, installing it minutes)."""
     try:
         c = start_cluster(tmp_path_factory.mktemp("slurm") / "cluster")
     except SlurmUnavailable as e:
         pytest.skip(f"SLURM cannot be started here: {e}")
+    print(f"SLURM test cluster: proctrack/{c.proctrack} ({c.proctrack_why})")
     yield c
     c.stop()
 
@@ -91,7 +104,7 @@ def job_files(cwd: Path, name: str, job_id: str) -> tuple[str, str]:
 # ----------------------------------------------------------------- static checks (no cluster)
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", SHELL_FILES, ids=lambda p: p.name)
 def test_bash_syntax(script):
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -103,8 +116,8 @@ def test_shellcheck_clean():
     except SlurmUnavailable as e:
         pytest.skip(f"shellcheck cannot be installed: {e}")
     assert SCRIPTS, "no slurm/*.sbatch scripts"
-    res = subprocess.run(["shellcheck", "--shell=bash", *map(str, SCRIPTS)], capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(["shellcheck", "-x", "--shell=bash", *map(str, SHELL_FILES)], capture_output=True,
+                         text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -136,6 +149,139 @@ def test_every_srun_step_is_given_the_jobs_cpus():
     assert started >= 2  # experiment.sbatch and multinode.sbatch
 
 
+def test_every_script_keeps_its_output_and_passes_sigterm_on():
+    """A requeued job runs again under the same id: its output files are appended to, not replaced.
+    And SLURM's SIGTERM must reach the job's program: jupyter.sbatch execs JupyterLab, the others
+    run their program through job.sh's run_forwarding (background, trap, wait)."""
+    for script in SCRIPTS:
+        text = script.read_text()
+        assert re.search(r"^#SBATCH --open-mode=append$", text, re.M), script.name
+        assert not re.search(r"\| tee \"[^\n]*\.txt\"", text), script.name  # tee -a: job.txt, jupyter.txt
+        if script.name == "jupyter.sbatch":
+            assert re.search(r'^exec "\$PY" -m jupyterlab', text, re.M)
+        else:
+            for needed in ("source slurm/job.sh", "job_start ", "run_forwarding "):
+                assert needed in text, (script.name, needed)
+    # the runner needs seconds to save the copy and the report: the time limit warns it first
+    assert re.search(r"^#SBATCH --signal=B:TERM@\d+$", (REPO / "slurm" / "run_all.sbatch").read_text(), re.M)
+
+
+@pytest.fixture
+def local_job():
+    """Start a bash script that sources slurm/job.sh and runs a body, outside SLURM (job id local):
+    ``local_job(folder, body) -> (process, job.txt)``. Whatever is left of it is killed afterwards."""
+    started: list[subprocess.Popen] = []
+
+    def start(folder: Path, body: str) -> tuple[subprocess.Popen, Path]:
+        script = folder / "job.bash"
+        script.write_text(f"set -euo pipefail\nJOB_ID=local\ncd {REPO}\nsource slurm/job.sh\n"
+                          f"job_start {folder / 'job'}\n{body}\n")
+        proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+        started.append(proc)
+        return proc, folder / "job" / "job.txt"
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+# A program that takes its time to stop after SIGTERM (as the runner saves its copy and report),
+# writes that it did, and exits 143.
+SLOW_STOPPER = ("import pathlib, signal, sys, time\n"
+                "def stop(*_):\n"
+                "    time.sleep(1.5)\n"
+                "    pathlib.Path(sys.argv[1]).write_text('saved')\n"
+                "    sys.exit(143)\n"
+                "signal.signal(signal.SIGTERM, stop)\n"
+                "pathlib.Path(sys.argv[1] + '.started').write_text('')\n"
+                "time.sleep(60)\n")
+
+
+@pytest.mark.timeout(60)
+def test_job_sh_passes_sigterm_on_and_waits_for_the_program(tmp_path, local_job):
+    """SIGTERM to the batch shell (a time limit's --signal=B:TERM, or SLURM's stop): the program
+    gets it, the shell waits until it has finished saving, and job.txt gets its exit code."""
+    (tmp_path / "stopper.py").write_text(SLOW_STOPPER)
+    saved = tmp_path / "saved"
+    body = (f'run_forwarding {sys.executable} {tmp_path / "stopper.py"} {saved}\n'
+            'echo "after the program: $status"\nexit "$status"')
+    proc, job_txt = local_job(tmp_path, body)
+    deadline = time.monotonic() + 30
+    while not Path(f"{saved}.started").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, (out, err)
+    assert saved.read_text() == "saved"  # the shell waited for the program's own clean-up
+    lines = job_txt.read_text().splitlines()
+    assert re.fullmatch(r"SIGTERM received \S+: passed on to process \d+; waiting for it to stop", lines[0])
+    assert re.fullmatch(r"finished \S+ with exit code 143", lines[1]) and len(lines) == 2, lines
+    assert "after the program: 143" in out
+
+
+@pytest.mark.timeout(60)
+def test_job_sh_run_forwarding_log_shows_the_output_live_and_keeps_it(tmp_path, local_job):
+    """--log FILE: the program's output goes to FILE and into the job's output (tail), for a
+    program that ends at once too (tail must find the file there when it starts)."""
+    body = "\n".join(f'run_forwarding --log {tmp_path}/launch{i}.log sh -c "echo line {i}; exit {i}"\n'
+                      f'echo "status $status"' for i in range(4))
+    proc, _ = local_job(tmp_path, body)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "cannot open" not in err, err
+    for i in range(4):
+        assert (tmp_path / f"launch{i}.log").read_text() == f"line {i}\n"
+        assert f"line {i}\nstatus {i}\n" in out, out
+
+
+@pytest.mark.timeout(60)
+def test_job_sh_records_the_exit_code_however_the_script_ends(tmp_path, monkeypatch, local_job):
+    """A failing command (set -e), a SIGTERM before the program starts, a restart (requeue)."""
+    (tmp_path / "a").mkdir()
+    proc, job_txt = local_job(tmp_path / "a", "false")
+    proc.communicate(timeout=30)
+    assert proc.returncode == 1 and job_txt.read_text().splitlines()[-1].endswith("with exit code 1")
+    (tmp_path / "b").mkdir()
+    proc, job_txt = local_job(tmp_path / "b", f"touch {tmp_path / 'b' / 'ready'}; sleep 30; echo never")
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "b" / "ready").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # bash runs the trap once `sleep` (in the foreground) ends
+    subprocess.run(["pkill", "-TERM", "-P", str(proc.pid), "-x", "sleep"], timeout=10)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and "never" not in out
+    assert job_txt.read_text().splitlines()[-1].endswith("with exit code 143")
+    (tmp_path / "c").mkdir()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    proc, job_txt = local_job(tmp_path / "c", "true")
+    proc.communicate(timeout=30)
+    lines = job_txt.read_text().splitlines()
+    assert lines[0].startswith("=== restart 2 of job local (") and lines[-1].endswith("with exit code 0")
+
+
+def test_run_all_reads_lab_profile_like_every_entry_point(tmp_path):
+    """LAB_PROFILE chooses the profile; PROFILE (older instructions) is the same and wins.
+    A bad value fails at once with one sentence (outside SLURM, before any set-up)."""
+    def run(**env) -> subprocess.CompletedProcess:
+        base = {k: v for k, v in os.environ.items() if k not in ("PROFILE", "LAB_PROFILE")}
+        env = {**base, **env, "LAB_DIR": str(REPO), "LAB_RESULTS_DIR": str(tmp_path)}
+        return subprocess.run(["bash", str(REPO / "slurm" / "run_all.sbatch")], capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    res = run(LAB_PROFILE="quik")
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "error: LAB_PROFILE (or PROFILE) must be quick or full, got 'quik'.")
+    res = run(LAB_PROFILE="quick", PROFILE="fast")
+    assert res.returncode == 2 and "got 'fast'" in res.stderr
+    assert not (tmp_path / "jobs").exists()  # nothing started
+
+
 def test_unavailable_slurm_gives_a_reason(monkeypatch, tmp_path):
     """Not root: start_cluster raises SlurmUnavailable saying why (the fixture skips with it)."""
     import slurm_cluster
@@ -160,6 +306,78 @@ def test_conf_describes_this_machine(tmp_path):
     assert "TaskPlugin=task/affinity" in conf  # steps are bound to their CPUs, as on real clusters
     assert "Gres" not in conf and "PartitionName=lab Nodes=host1 Default=YES" in conf
     assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
+    assert "ProctrackType=proctrack/linuxproc" in conf and "KillWait=30" in conf
+    assert "ProctrackType=proctrack/cgroup" in write_conf(tmp_path, "host1", 2, 24105, "cgroup").read_text()
+
+
+V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+
+
+def test_cgroup_plugin_is_chosen_from_the_mounts(monkeypatch, tmp_path):
+    """cgroup v2 at /sys/fs/cgroup: cgroup/v2 (if writable); a v1 freezer where a cgroup can be made:
+    cgroup/v1; otherwise None, with the reason the tests print."""
+    from slurm_cluster import cgroup_plugin, write_cgroup_conf
+
+    monkeypatch.setattr("os.access", lambda path, mode: True)
+    assert cgroup_plugin("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n") == (
+        "cgroup/v2", "cgroup v2 at /sys/fs/cgroup")
+    monkeypatch.setattr("os.access", lambda path, mode: False)
+    assert cgroup_plugin("cgroup2 /sys/fs/cgroup cgroup2 ro 0 0\n")[0] is None
+    no_freezer = V1_MOUNTS.replace("freezer", "memory")
+    assert cgroup_plugin(no_freezer) == (None, "no cgroup v1 freezer hierarchy and no cgroup v2 at "
+                                               "/sys/fs/cgroup")
+    made: list[Path] = []
+    monkeypatch.setattr(Path, "mkdir", lambda self, *a, **k: made.append(self))
+    monkeypatch.setattr(Path, "rmdir", lambda self: None)
+    assert cgroup_plugin(V1_MOUNTS) == ("cgroup/v1", "cgroup v1 (freezer at /sys/fs/cgroup/freezer)")
+    assert made and made[0].parent == Path("/sys/fs/cgroup/freezer")
+
+    def refused(self, *a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refused)
+    assert cgroup_plugin(V1_MOUNTS) == (None, "cannot create a cgroup under /sys/fs/cgroup/freezer: "
+                                              "Permission denied")
+    monkeypatch.undo()
+    text = write_cgroup_conf(tmp_path, "cgroup/v2").read_text()
+    assert "CgroupPlugin=cgroup/v2" in text and "IgnoreSystemd=yes" in text and "ConstrainCores=no" in text
+
+
+def test_cluster_falls_back_to_linuxproc_and_says_why(monkeypatch, tmp_path):
+    """A cgroup cluster whose probe job is not in a cgroup of its own is stopped, and a linuxproc
+    one started instead; its proctrack_why is what the tests print."""
+    import slurm_cluster
+
+    started: list[str | None] = []
+
+    class Fake:
+        def __init__(self, cgroup):
+            self.cgroup, self.proctrack, self.proctrack_why, self.stopped = cgroup, "linuxproc", "", False
+
+        def check_cgroup_tracking(self):
+            raise SlurmUnavailable("the probe job 1 is not in a cgroup of its own: '0::/'")
+
+        def stop(self):
+            self.stopped = True
+
+    def fake_start(root, cgroup):
+        started.append(cgroup)
+        return Fake(cgroup)
+
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm_cluster, "apt_install", lambda *a: None)
+    monkeypatch.setattr(slurm_cluster, "cgroup_plugin", lambda: ("cgroup/v1", "cgroup v1"))
+    monkeypatch.setattr(slurm_cluster, "_start", fake_start)
+    c = slurm_cluster.start_cluster(tmp_path)
+    assert started == ["cgroup/v1", None] and c.cgroup is None
+    assert c.proctrack_why == ("proctrack/cgroup with cgroup/v1 did not track a job here: "
+                               "the probe job 1 is not in a cgroup of its own: '0::/'")
+    with pytest.raises(SlurmUnavailable, match="proctrack/cgroup impossible"):
+        slurm_cluster.start_cluster(tmp_path, proctrack="cgroup")
 
 
 def test_job_plan_skips_what_is_stored_and_stops_at_an_oom(results_dir):
@@ -201,6 +419,31 @@ def test_cluster_runs_a_job(cluster, tmp_path):
         assert cluster.wait_job(job_id, 60) == ("COMPLETED", 0)
         lines = (tmp_path / f"{job_id}.out").read_text().split()
         assert len(lines) == (2 if extra else 1) and cluster.job_state(job_id) == "COMPLETED"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cluster_tracks_jobs_with_cgroups(cluster, tmp_path):
+    """proctrack/cgroup, as most clusters: a process that leaves the job's process tree (its parent
+    becomes init) is still the job's, and goes with it. Skipped, saying why, on linuxproc."""
+    if cluster.proctrack != "cgroup":
+        pytest.skip(f"the test cluster tracks jobs with proctrack/linuxproc here: {cluster.proctrack_why}")
+    mark = uuid.uuid4().hex
+    script = tmp_path / "escape.sh"
+    # ( ... & ) : the sleep's parent exits at once, so it is re-parented to init (out of the job's tree)
+    script.write_text(f"#!/bin/bash\n( LAB_TEST_ESCAPE={mark} setsid sleep 300 & )\n"
+                      f"touch {tmp_path}/ready\nsleep 300\n")
+    res = cluster.run("sbatch", "--parsable", f"--output={tmp_path}/%j.out", str(script))
+    job_id = res.stdout.strip()
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline, cluster.job_info(job_id)
+        time.sleep(0.2)
+    assert proctree.leftover(mark, var="LAB_TEST_ESCAPE")  # the escaped sleep runs
+    cluster.run("scancel", job_id)
+    assert cluster.wait_job(job_id, 60) is not None
+    assert proctree.leftover(mark, wait_s=10, var="LAB_TEST_ESCAPE") == []
 
 
 @pytest.mark.slurm
@@ -257,23 +500,49 @@ def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
         urllib.request.urlopen(url, timeout=5)
 
 
+def readme_line(pattern: str) -> str:
+    """The command line in the README's cluster section that matches ``pattern`` (comment cut off)."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("<!-- cluster:start -->"):text.index("<!-- cluster:end -->")]
+    found = [line.split("  #")[0].strip() for line in section.splitlines() if re.search(pattern, line)]
+    assert len(found) == 1, f"README: {len(found)} lines match {pattern!r}"
+    return found[0]
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_run_all_executes_a_notebook_and_leaves_the_report(cluster, job_env):
-    job_dir, env = job_env
-    env["PROFILE"] = "quick"
-    job_id, code = submit(cluster, "run_all.sbatch", "--gpus-per-node=0", f"--cpus-per-task={cluster.cpus}",
-                         "--", "labs/00_environment.ipynb", env=env, cwd=job_dir)
-    out, err = job_files(job_dir, "lab-run-all", job_id)
-    assert code == 0 and cluster.job_state(job_id) == "COMPLETED", out + err
-    results = Path(env["LAB_RESULTS_DIR"]) / "quick"
+@pytest.mark.timeout(300)
+def test_readme_quick_run_all_line_starts_and_finishes_on_a_2_cpu_node(cluster, job_env):
+    """The README's CPU smoke test, as written, from the lab's folder, on the cluster's 2-CPU node
+    (a job asking the script's 16 CPUs would stay PENDING there). NOTEBOOKS (the script's setting)
+    keeps it to notebook 00, to keep CI short; LAB_DIR is left to the script (the submit folder)."""
+    line = readme_line(r"^LAB_PROFILE=quick sbatch .*slurm/run_all\.sbatch")
+    assert cluster.cpus == 2
+    _, env = job_env
+    del env["LAB_DIR"], env["LAB_PROFILE"]  # the line sets the profile; the lab is where it is submitted
+    env["NOTEBOOKS"] = "labs/00_environment.ipynb"
+    res = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    m = re.fullmatch(r"Submitted batch job (\d+)", res.stdout.strip())
+    assert res.returncode == 0 and m, (line, res.stdout, res.stderr)
+    job_id = m.group(1)
+    try:
+        ended = cluster.wait_job(job_id, JOB_TIMEOUT_S)
+        if ended is None:
+            cluster.run("scancel", job_id, check=False)
+        out, err = job_files(REPO, "lab-run-all", job_id)
+    finally:
+        for name in (f"slurm-lab-run-all-{job_id}.out", f"slurm-lab-run-all-{job_id}.err"):
+            (REPO / name).unlink(missing_ok=True)
+    assert ended == ("COMPLETED", 0), (cluster.job_info(job_id).get("Reason"), out, err)
+    assert cluster.job_info(job_id)["NumCPUs"] == "2"
+    results = Path(env["LAB_RESULTS_DIR"]) / "quick"  # LAB_PROFILE=quick, as the line says
     assert (results / "executed" / "00_environment.ipynb").is_file()
     report = (results / "report.md").read_text()
     assert "| 00_environment.ipynb | ok |" in report
+    assert "(2 cores usable)" in report  # notebook 00 ran on the CPUs the job asked for
     assert f"report:    {results / 'report.md'}" in out
-    assert f"({cluster.cpus} cores usable)" in report  # notebook 00 ran on the CPUs the job asked for
     job_txt = (Path(env["LAB_RESULTS_DIR"]) / "jobs" / job_id / "job.txt").read_text()
-    assert "exit code 0" in job_txt
+    assert re.search(r"^finished \S+ with exit code 0$", job_txt, re.M), job_txt
 
 
 @pytest.mark.slurm
@@ -305,15 +574,30 @@ def aggregates(results: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def two_process_job(cluster, tmp_path_factory):
-    """experiment.sbatch with GPUS=2 (environment) on CPU: notebook 02's quick settings, batch 32."""
+    """The README's CPU line for experiment.sbatch, as written (GPUS=2 in the environment, 2 CPUs),
+    submitted from the lab's folder: notebook 02's quick settings; BATCH_SIZES (the script's
+    setting) keeps it to batch 32. Its output files are then moved to the fixture's job folder."""
     tmp = tmp_path_factory.mktemp("exp2")
     job_dir = tmp / "jobs"
     job_dir.mkdir()
     env = cluster.env
-    env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(tmp / "results"), LAB_PROFILE="quick", GPUS="2")
-    job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=2", "--",
-                          "--batch-sizes", "32", env=env, cwd=job_dir)
-    return {"job_id": job_id, "code": code, "job_dir": job_dir, "env": env, "results": tmp / "results"}
+    env.update(LAB_RESULTS_DIR=str(tmp / "results"), LAB_PROFILE="quick", BATCH_SIZES="32")
+    env.pop("LAB_DIR", None)
+    line = readme_line(r"^GPUS=2 sbatch .*slurm/experiment\.sbatch")
+    res = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    m = re.fullmatch(r"Submitted batch job (\d+)", res.stdout.strip())
+    assert res.returncode == 0 and m, (line, res.stdout, res.stderr)
+    job_id = m.group(1)
+    ended = cluster.wait_job(job_id, JOB_TIMEOUT_S)
+    if ended is None:
+        cluster.run("scancel", job_id, check=False)
+    for name in (f"slurm-lab-ddp-{job_id}.out", f"slurm-lab-ddp-{job_id}.err"):
+        if (REPO / name).exists():
+            (REPO / name).replace(job_dir / name)
+    env.update(LAB_DIR=str(REPO), GPUS="2")
+    del env["BATCH_SIZES"]
+    return {"job_id": job_id, "code": ended and ended[1], "job_dir": job_dir, "env": env,
+            "results": tmp / "results"}
 
 
 @pytest.mark.slurm
@@ -456,3 +740,258 @@ def test_multinode_job_matches_two_processes_on_one_node(cluster, two_process_jo
     for a, b in zip(multi["metrics"]["epochs"], single["metrics"]["epochs"], strict=True):
         for k in ("train_loss", "train_accuracy", "images", "steps"):
             assert a[k] == pytest.approx(b[k], rel=1e-6), k
+
+
+# ----------------------------------------------------------------- stopped jobs: a time limit, a requeue
+
+# A DDP notebook: one torchrun launch per device count (1, 2, 4 gloo processes), ~110 s in the quick
+# profile on 2 busy cores. The runs below share one results folder, so its configurations are
+# measured once in all: each run resumes where the one before stopped.
+STOP_NOTEBOOK = "02_multi_gpu_scaling.ipynb"
+STOP_TIMEOUT_S = 300
+LINE = (rf"interrupted by SIGTERM in {STOP_NOTEBOOK}, code cell \d+: the kernel and its processes were "
+        rf"stopped; executed copy: \S+/quick/executed/{STOP_NOTEBOOK}; records already stored are kept "
+        rf"\(run again to resume\)\.")
+EARLY_LINE = ("interrupted by SIGTERM before the first notebook: the kernel and its processes were stopped; "
+              "records already stored are kept (run again to resume).")
+
+
+def store_files(results: Path) -> dict[str, list[str]]:
+    """The quick profile's result store: every runs/*.jsonl file's lines."""
+    runs = results / "quick" / "runs"
+    return {p.name: p.read_text().splitlines() for p in sorted(runs.glob("*.jsonl"))} if runs.exists() else {}
+
+
+def record_keys(files: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """(file, configuration) of every stored record: a configuration measured twice appears twice."""
+    return [(name, json.dumps(json.loads(line)["config"], sort_keys=True)) for name, lines in files.items()
+            for line in lines]
+
+
+def count(files: dict[str, list[str]]) -> int:
+    return sum(len(lines) for lines in files.values())
+
+
+def new_records(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[tuple]:
+    """(devices, per-device batch, record kind) of what was stored between ``before`` and ``after``."""
+    return [((c := json.loads(line)["config"]).get("devices"), c.get("batch_size"), c.get("record"))
+            for name, lines in after.items() for line in lines[len(before.get(name, [])):]]
+
+
+def _time_in(text: str, pattern: str) -> float:
+    """Epoch seconds of the time in the last line of ``text`` matching ``pattern`` (group 1)."""
+    found = re.findall(pattern, text, re.M)
+    assert found, f"no line matching {pattern!r} in:\n{text}"
+    return datetime.fromisoformat(found[-1]).timestamp()
+
+
+def observe_stop(cluster: SlurmCluster, run: dict, job_id: str, how: str, before: dict) -> dict:
+    """What a stopped run_all.sbatch left, read as soon as it ended (before any restart)."""
+    out, err = job_files(run["cwd"], "lab-run-all", job_id)
+    job_txt = (run["results"] / "jobs" / job_id / "job.txt").read_text()
+    signal_at = _time_in(job_txt, r"^SIGTERM received (\S+): passed on")
+    exited_at = _time_in(job_txt, r"^finished (\S+) with exit code 143$")
+    copy = run["results"] / "quick" / "executed" / STOP_NOTEBOOK
+    report = run["results"] / "quick" / "report.md"
+    after = store_files(run["results"])
+    return {
+        "how": how, "job_id": job_id, "out": out, "err": err, "job_txt": job_txt,
+        "seconds_signal_to_exit": round(exited_at - signal_at, 2),
+        "lines": [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("slurmstepd")],
+        "slurm_said": [ln for ln in err.splitlines() if ln.startswith("slurmstepd")],
+        "copy_written": copy.is_file() and copy.stat().st_mtime >= signal_at,
+        "copy": nbformat.read(str(copy), as_version=4) if copy.is_file() else None,
+        "report_row": next((ln for ln in (report.read_text().splitlines() if report.is_file() else [])
+                            if ln.startswith(f"| {STOP_NOTEBOOK} |")), None),
+        "report_written": report.is_file() and report.stat().st_mtime >= signal_at,
+        "records_before": count(before), "records_after": count(after), "before": before, "after": after,
+        "measured": new_records(before, after),
+        "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
+        "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
+        "state": cluster.job_state(job_id),
+    }
+
+
+def _until(condition, timeout_s: float, why) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, why()
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def stops(cluster, tmp_path_factory) -> dict:
+    """run_all.sbatch on notebook 02 (quick, 2 CPUs), four times on one results folder:
+
+    1. ``limit``: ``--time=00:01:00``. The script's own ``--signal=B:TERM@60`` reaches the batch shell
+       at SLURM's first time-limit check (within the first minute; SLURM checks about once a minute),
+       while the runner starts or during the notebook;
+    2. ``warning``: the same command again; once it has stored a record of its own, what that
+       signal does, at a moment of our choosing: SIGTERM to the batch shell alone
+       (``scancel --batch --signal=TERM``), during the notebook's DDP launches;
+    3. ``requeue``: again; once it has stored a record of its own, ``scontrol requeue`` (SIGTERM to
+       every process of the job at once, under cgroups);
+    4. ``resumed``: that job's restart (SLURM holds a requeued job for 2 minutes: released at once),
+       to the end of the notebook.
+    """
+    tmp = tmp_path_factory.mktemp("stops")
+    run = {"cwd": tmp / "jobs", "results": tmp / "results", "tmpdir": tmp / "tmpdir",
+           "mark": uuid.uuid4().hex}
+    run["cwd"].mkdir()
+    run["tmpdir"].mkdir()
+    env = cluster.env
+    # torch makes its compile cache ($TMPDIR/torchinductor_<user>) at import, in every process: kept
+    # apart here, so that anything else the jobs leave in $TMPDIR shows.
+    env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(run["results"]), LAB_PROFILE="quick",
+               TMPDIR=str(run["tmpdir"]), TORCHINDUCTOR_CACHE_DIR=str(tmp / "torch_cache"),
+               LAB_TEST_JOB=run["mark"])  # every process of the jobs inherits it: none may be left
+    args = ("--gpus-per-node=0", "--cpus-per-task=2", "--", f"labs/{STOP_NOTEBOOK}")
+    found: dict = {}
+    results = run["results"]
+
+    before = store_files(results)
+    job_id, _ = submit(cluster, "run_all.sbatch", "--time=00:01:00", *args, env=env, cwd=run["cwd"],
+                       timeout=STOP_TIMEOUT_S)
+    found["limit"] = observe_stop(cluster, run, job_id, "time limit (1 min)", before)
+
+    def start_measuring() -> tuple[str, dict, dict]:
+        """Submit again; return once the job has stored a record of its own (a launch is running)."""
+        before = store_files(results)
+        job_id, _ = submit(cluster, "run_all.sbatch", *args, env=env, cwd=run["cwd"], wait=False)
+        _until(lambda: count(store_files(results)) > count(before), STOP_TIMEOUT_S,
+               lambda: f"{cluster.job_state(job_id)}\n{_outputs(run['cwd'])}")
+        return job_id, before, store_files(results)
+
+    job_id, before, at_signal = start_measuring()
+    cluster.run("scancel", "--batch", "--signal=TERM", job_id)
+    _until(lambda: cluster.job_state(job_id) not in ("RUNNING", "COMPLETING"), 120,
+           lambda: _outputs(run["cwd"]))
+    found["warning"] = observe_stop(cluster, run, job_id, "time-limit warning (batch shell alone)", before)
+    found["warning"]["records_at_signal"] = count(at_signal)
+
+    job_id, before, at_signal = start_measuring()
+    job_txt = results / "jobs" / job_id / "job.txt"
+    t0 = time.monotonic()
+    cluster.run("scontrol", "requeue", job_id)
+    _until(lambda: re.search(r"^finished \S+ with exit code", job_txt.read_text(), re.M), 120,
+           lambda: _outputs(run["cwd"]))
+    seen_exit = time.monotonic() - t0
+    _until(lambda: cluster.job_state(job_id) == "PENDING", 120, lambda: cluster.job_info(job_id))  # requeued
+    found["requeue"] = observe_stop(cluster, run, job_id, "requeue", before)
+    found["requeue"].update(records_at_signal=count(at_signal),
+                            seconds_requeue_to_exit_seen=round(seen_exit, 2))
+
+    stopped = store_files(results)
+    cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    ended = cluster.wait_job(job_id, STOP_TIMEOUT_S)
+    if ended is None:
+        cluster.run("scancel", job_id, check=False)
+    out, err = job_files(run["cwd"], "lab-run-all", job_id)
+    after = store_files(results)
+    found["resumed"] = {
+        "ended": ended, "out": out, "err": err, "job_txt": job_txt.read_text(), "before": stopped,
+        "after": after, "records_before": count(stopped), "records_after": count(after),
+        "measured": new_records(stopped, after), "report": (results / "quick" / "report.md").read_text(),
+        "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
+        "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
+    }
+    print(f"proctrack/{cluster.proctrack} ({cluster.proctrack_why})")
+    for key in ("limit", "warning", "requeue"):
+        f = found[key]
+        print(f"{f['how']}: {f['seconds_signal_to_exit']} s from SIGTERM to exit; line: {f['lines']}; "
+              f"copy written: {f['copy_written']}; report written: {f['report_written']} "
+              f"({f['report_row']}); records {f['records_before']} -> {f['records_after']}, "
+              f"{f.get('records_at_signal', '-')} at the signal; measured {f['measured']}")
+    print(f"requeue: exit seen {found['requeue']['seconds_requeue_to_exit_seen']} s after `scontrol requeue`")
+    r = found["resumed"]
+    print(f"resumed: {r['ended']}; records {r['records_before']} -> {r['records_after']}; "
+          f"measured {r['measured']}")
+    return found
+
+
+def assert_kept_and_measured_once(before: dict[str, list[str]], after: dict[str, list[str]]) -> None:
+    """What was stored before is still there, unchanged, and no configuration is stored twice."""
+    for name, lines in before.items():
+        assert after[name][:len(lines)] == lines, name
+    keys = record_keys(after)
+    assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1][:3]
+
+
+def assert_stopped_cleanly(stop: dict, in_notebook: bool = True) -> None:
+    """One line, the executed copy and report.md (STOPPED) written after the signal, exit code 143
+    in job.txt, within KillWait (30 s), nothing left running or in $TMPDIR, stored records kept.
+    ``in_notebook=False``: the signal may also have come before the notebook started (no copy)."""
+    assert len(stop["lines"]) == 1, stop["err"]
+    line = stop["lines"][0]
+    if in_notebook or line != EARLY_LINE:
+        assert re.fullmatch(LINE, line), line
+        assert f"STOPPED {STOP_NOTEBOOK}" in stop["out"]
+        assert stop["copy_written"], stop["out"]
+        assert stop["report_row"].startswith(f"| {STOP_NOTEBOOK} | STOPPED | ")
+        assert "interrupted by SIGTERM" in stop["report_row"]
+        cell = int(re.search(r"code cell (\d+)", line).group(1))
+        code = [c for c in stop["copy"].cells if c.cell_type == "code"]
+        assert all(c.get("execution_count") for c in code[:cell - 1])  # the cells before ran: in the copy
+    assert "Traceback" not in stop["err"] and "Traceback" not in stop["out"]
+    assert stop["report_written"], stop["out"]
+    assert re.search(r"^finished \S+ with exit code 143$", stop["job_txt"], re.M), stop["job_txt"]
+    assert 0 < stop["seconds_signal_to_exit"] < 30, stop["seconds_signal_to_exit"]  # before SLURM's SIGKILL
+    assert stop["processes_left"] == []
+    assert stop["tmpdir_left"] == []  # the kernel's connection file, lab_ddp_*, torchelastic_*, the runner's
+    assert_kept_and_measured_once(stop["before"], stop["after"])
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_one_minute_time_limit_stops_run_all_cleanly(stops):
+    """SLURM's own time-limit warning (the script's --signal=B:TERM@60): wherever it finds the run."""
+    stop = stops["limit"]
+    assert_stopped_cleanly(stop, in_notebook=False)
+    # FAILED: it exited (143) before the limit, warned in time; TIMEOUT if SLURM's check came only
+    # at the limit (the SIGTERM then reaches every process, and the runner stops just the same)
+    assert stop["state"] in ("FAILED", "TIMEOUT")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_time_limit_warning_during_a_ddp_launch_stops_run_all_cleanly(stops):
+    """SIGTERM to the batch shell alone, as the warning sends it: only run_forwarding passes it on."""
+    stop = stops["warning"]
+    assert_stopped_cleanly(stop)
+    assert stop["records_before"] < stop["records_at_signal"] <= stop["records_after"]
+    assert stop["state"] == "FAILED"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_requeue_stops_run_all_cleanly(stops):
+    stop = stops["requeue"]
+    assert_stopped_cleanly(stop)
+    assert any("DUE TO JOB REQUEUE" in line for line in stop["slurm_said"]), stop["err"]
+    assert stop["records_before"] < stop["records_at_signal"] <= stop["records_after"]
+    assert stop["seconds_requeue_to_exit_seen"] < 30
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_requeued_job_resumes_keeps_its_output_and_measures_nothing_twice(stops):
+    r = stops["resumed"]
+    assert r["ended"] == ("COMPLETED", 0), r["out"] + r["err"]
+    # the output of both starts, in order, in the same files (--open-mode=append)
+    out = r["out"]
+    first, restart, second = f"STOPPED {STOP_NOTEBOOK}", "=== restart 1 of job", f"ok     {STOP_NOTEBOOK}"
+    assert out.index(first) < out.index(restart) < out.index(second), out
+    assert "interrupted by SIGTERM" in r["err"]
+    starts_and_ends = re.findall(r"^(=== restart \d+|finished) .*?(exit code \d+)?$", r["job_txt"], re.M)
+    assert starts_and_ends == [("finished", "exit code 143"), ("=== restart 1", ""),
+                               ("finished", "exit code 0")], r["job_txt"]
+    assert f"| {STOP_NOTEBOOK} | ok |" in r["report"]
+    # nothing measured twice: each stopped run's records are there, unchanged, and each next run
+    # (the warning's after the time limit, and so on) added only configurations not stored
+    assert_kept_and_measured_once(r["before"], r["after"])
+    assert r["records_after"] > r["records_before"] and r["measured"]
+    assert r["processes_left"] == [] and r["tmpdir_left"] == []
