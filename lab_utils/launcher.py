@@ -1,52 +1,50 @@
-"""Start a multi-process (DDP) run under ``torchrun`` from a notebook or a script.
+"""Start a worker under ``torchrun`` from a notebook or a script: a JSON job file in, records out.
 
-A notebook cannot spawn DDP workers defined in its own cells (they cannot be pickled
-into new processes), so every DDP worker lives in a ``lab_utils`` module and is started
-here as ``python -m torch.distributed.run ... -m <module> <args>``:
+A notebook cannot spawn workers defined in its own cells (they cannot be pickled into new
+processes), so every worker lives in a ``lab_utils.workers`` module and is started here as
+``python -m torch.distributed.run ... -m <module> <folder>/job.json``:
 
-- on a free local port (or a given rendezvous endpoint),
-- with each rank's stdout/stderr captured into ``<log_dir>/rank<R>.log``,
-- with a timeout, after which the *whole process tree* is terminated,
-- and when any rank dies, the group is torn down and a :class:`LaunchError` quotes
-  the failing rank's last log lines.
+- the **job** (a plain dict: what :class:`lab_utils.workers.harness.Job` holds) is written to
+  ``job.json`` in the launch's folder, with ``out`` (the records file) and ``folder`` filled in;
+  the worker reads it and nothing else (no command line to build or parse);
+- on a free local port (or a given rendezvous endpoint), each rank's stdout/stderr captured into
+  ``<log_dir>/rank<R>.log``;
+- as one child of :mod:`lab_utils.proc` (its own session, a mark every descendant inherits), so a
+  time limit, a failure, an interrupt or the caller leaving the loop stops the *whole* tree;
+- when any rank fails, the group is torn down and a :class:`LaunchError` says why: from the
+  failure file the rank wrote (``failure-rank<R>.json``: ``oom`` or ``error``, its reason, which
+  configuration; :func:`lab_utils.core.records.read_failures`), with the rank's last log lines.
 
-Every process of a launch carries ``LAB_LAUNCH_ID=<unique id>`` in its environment, so
-that processes which left the tree (reparented after their parent died) are found in
-``/proc`` and stopped too.
-
-Worker protocol (the one way back from a worker): the launcher appends ``--out <file>`` to
-the worker's arguments; rank 0 appends its records there as whole JSON lines, one call per
-finished configuration (:func:`lab_utils.core.records.append_records`). :func:`stream` yields
-each record as soon as its line is whole, while the run goes on, and :func:`launch` returns
-them all (:class:`LaunchResult`). A failed run raises :class:`LaunchError` after yielding
-the records that were finished, so the caller can store them. Workers never write the
-result store: the parent does, through :meth:`lab_utils.store.ResultStore.run`. No zombie
-or orphaned processes are left behind.
+Rank 0 appends its records to the records file as whole JSON lines, one call per finished
+configuration (:func:`lab_utils.core.records.append_records`); :func:`stream` yields each as soon
+as its line is whole, while the run goes on. A failed run raises after yielding the records that
+were finished, so the caller can store them. Workers never write the result store.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from lab_utils import proc
 from lab_utils.core.config import check_positive_int
 from lab_utils.core.dist import free_port  # noqa: F401  (also launcher.free_port for callers)
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores
-from lab_utils.core.records import Record, RecordsReader
+from lab_utils.core.records import Record, RecordsReader, read_failures
 
 TAIL_LINES = 25
-LAUNCH_ID_ENV = "LAB_LAUNCH_ID"
+POLL_S = 0.2  # how often a running launch's records file is read
+JOB_FILE = "job.json"
 
 
 @dataclass
@@ -57,7 +55,6 @@ class LaunchResult:
     log_dir: Path | None  # None: the logs were in a temporary folder, removed after the run
     wall_seconds: float
     logs: dict[int, Path] = field(default_factory=dict)
-    launch_id: str = ""
 
     def log(self, rank: int) -> str:
         return self.logs[rank].read_text(errors="replace") if rank in self.logs else ""
@@ -82,78 +79,68 @@ def torchrun_command(module: str, args: Sequence[str], nproc: int, port: int,
     return cmd + ["-m", module, *args]
 
 
-def launch(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: float = 600,
-           log_dir: str | Path | None = None, env: dict[str, str] | None = None,
-           threads_per_rank: int | None = None) -> LaunchResult:
-    """Run ``module`` on ``nproc`` ranks under torchrun and return rank 0's records.
+def write_job(job: Mapping[str, Any], folder: Path) -> Path:
+    """``job`` as ``<folder>/job.json``, with its records file and folder filled in."""
+    data = {**job, "out": str(folder / "records.jsonl"), "folder": str(folder)}
+    path = folder / JOB_FILE
+    path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    return path
 
-    :func:`stream`, collected: the same arguments, the same errors.
-    """
+
+def launch(module: str, job: Mapping[str, Any], nproc: int = 2, timeout_s: float = 600,
+           log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
+           threads_per_rank: int | None = None) -> LaunchResult:
+    """Run ``job`` with ``module`` on ``nproc`` ranks and return rank 0's records (:func:`stream`,
+    collected: the same arguments, the same errors)."""
     info: dict = {}
-    records = list(stream(module, args, nproc, timeout_s, log_dir, env, threads_per_rank, info))
+    records = list(stream(module, job, nproc, timeout_s, log_dir, env, threads_per_rank, info))
     return LaunchResult(records=records, **info)
 
 
-POLL_S = 0.2  # how often a running launch's records file is read
-
-
-def stream(module: str, args: Sequence[str] = (), nproc: int = 2, timeout_s: float = 600,
-           log_dir: str | Path | None = None, env: dict[str, str] | None = None,
+def stream(module: str, job: Mapping[str, Any], nproc: int = 2, timeout_s: float = 600,
+           log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
            threads_per_rank: int | None = None, info: dict | None = None) -> Iterator[Record]:
-    """Run ``module`` on ``nproc`` ranks under torchrun; yield rank 0's records as they are written.
+    """Run ``job`` with ``module`` on ``nproc`` ranks under torchrun; yield rank 0's records as they
+    are written.
 
     ``timeout_s`` bounds the whole run (start-up included). ``threads_per_rank`` sets
-    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default ``$OMP_NUM_THREADS`` when set,
-    else the cores are shared evenly. Logs of an earlier run in the same ``log_dir`` are
-    removed first. After the run, raises :class:`LaunchError` when a rank failed or the run
-    timed out (the records yielded before are whole: store them). ``info`` (a dict) receives
-    the log folder, the rank logs, the wall seconds and the launch id. Leaving the loop early
-    (or an interrupt) stops the whole process tree. Without ``log_dir`` the logs go to a
-    temporary folder (``$TMPDIR/lab_ddp_*``, which also holds torchrun's own folder), removed however
-    the run ends (success, failure, timeout, an interrupt, the caller leaving the loop): a failure's
-    error quotes the logs' last lines, and ``info`` then holds no log paths. A process killed outright
-    (SIGKILL, or a SIGTERM it does not handle) runs no clean-up: the runner gives each kernel a
-    ``$TMPDIR`` of its own for that.
+    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default ``$OMP_NUM_THREADS`` when set, else the
+    cores are shared evenly. ``log_dir`` keeps the rank logs (an earlier run's there are removed
+    first); without it they go to the launch's temporary folder (``$TMPDIR/lab_ddp_*``, which also
+    holds the job, the records and torchrun's own folder), removed however the run ends: a
+    failure's error quotes the logs' last lines. ``info`` (a dict) receives the log folder, the
+    rank logs and the wall seconds. Raises :class:`LaunchError` (``.failure``: what the failing
+    rank wrote, or None) when a rank failed or the run timed out, after the finished records.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:
         raise LabError(f"timeout_s must be positive, got {timeout_s!r}.")
     if threads_per_rank is not None:
         check_positive_int(threads_per_rank, "threads_per_rank")
-    # A folder of our own for torchrun's agent (and for the logs when no log_dir is given): it
-    # goes however the run ends (success, failure, timeout, an interrupt, the caller leaving early).
     scratch = Path(tempfile.mkdtemp(prefix="lab_ddp_"))
     try:
-        yield from _run(module, args, nproc, timeout_s, Path(log_dir) if log_dir else scratch, scratch,
+        yield from _run(module, job, nproc, timeout_s, Path(log_dir) if log_dir else scratch, scratch,
                         env, threads_per_rank, info)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(module: str, args: Sequence[str], nproc: int, timeout_s: float, log_root: Path, scratch: Path,
-         env: dict[str, str] | None, threads_per_rank: int | None, info: dict | None) -> Iterator[Record]:
+def _run(module: str, job: Mapping[str, Any], nproc: int, timeout_s: float, log_root: Path, scratch: Path,
+         env: Mapping[str, str] | None, threads_per_rank: int | None, info: dict | None) -> Iterator[Record]:
     """:func:`stream`'s body. ``scratch`` is removed after the run: when the logs are there, the
     errors quote them without naming files that will be gone."""
     temporary = log_root == scratch
     log_root.mkdir(parents=True, exist_ok=True)
-    out_file = log_root / "records.jsonl"
-    out_file.unlink(missing_ok=True)
     for old in [*log_root.glob("rank*.log"), log_root / "torchrun.log"]:
         old.unlink(missing_ok=True)  # rank logs are appended to: never quote a previous run
-    port = free_port()
-    cmd = torchrun_command(module, [*args, "--out", str(out_file)], nproc, port,
-                           agent_dir=scratch / "torchrun")
-    run_env = dict(os.environ)
-    run_env.update(env or {})
+    job_file = write_job(job, scratch)
+    cmd = torchrun_command(module, [str(job_file)], nproc, free_port(), agent_dir=scratch / "torchrun")
+    run_env = dict(os.environ if env is None else {**os.environ, **env})
     if threads_per_rank is not None:
         run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
     elif "OMP_NUM_THREADS" not in run_env:
         run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
-    run_env["PYTHONUNBUFFERED"] = "1"
-    run_env["LAB_RANK_LOG_DIR"] = str(log_root)
-    run_env["LAB_HEADLESS"] = "1"
-    launch_id = uuid.uuid4().hex
-    run_env[LAUNCH_ID_ENV] = launch_id
+    run_env.update(PYTHONUNBUFFERED="1", LAB_RANK_LOG_DIR=str(log_root), LAB_HEADLESS="1")
 
     def shown(path: Path) -> str:
         """How an error names a log: not by a path that is gone when the message is read."""
@@ -162,45 +149,42 @@ def _run(module: str, args: Sequence[str], nproc: int, timeout_s: float, log_roo
         return f"{path.name}, in a temporary folder now removed: pass log_dir to keep it"
 
     agent_log = log_root / "torchrun.log"
-    reader = RecordsReader(out_file)
-    start = time.perf_counter()
+    reader = RecordsReader(scratch / "records.jsonl")
     with agent_log.open("wb") as agent_out:
-        # A new session makes the agent and its workers one group we can signal.
-        proc = subprocess.Popen(cmd, stdout=agent_out, stderr=subprocess.STDOUT, env=run_env,
-                                start_new_session=True)
+        child = proc.start(cmd, env=run_env, stdout=agent_out, stderr=subprocess.STDOUT)
         try:
             while True:
                 try:
-                    rc = proc.wait(timeout=POLL_S)
+                    rc = child.popen.wait(timeout=POLL_S)
                 except subprocess.TimeoutExpired:
                     rc = None
                 yield from reader.new()
                 if rc is not None:
                     break
-                if time.perf_counter() - start > timeout_s:
-                    kill_tree(proc, launch_id=launch_id)
-                    logs = rank_logs(log_root, nproc)
+                if child.seconds() > timeout_s:
+                    child.stop()
+                    yield from reader.new()
                     raise LaunchError(
                         f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
-                        f"was stopped; raise timeout_s or shrink the run. "
-                        + _quote_all(logs, agent_log, shown=shown))
+                        f"was stopped; raise the time limit or shrink the run. "
+                        + _quote_all(rank_logs(log_root, nproc), agent_log, shown=shown),
+                        failure={"status": "error", "reason": f"did not finish within {timeout_s:.0f} s",
+                                 "config_index": None})
         finally:  # normal exit, failure, interrupt, or the caller leaving the loop: nothing stays
-            kill_tree(proc, launch_id=launch_id)
-    wall = time.perf_counter() - start
+            child.stop()
     logs = rank_logs(log_root, nproc)
     if info is not None:  # a temporary folder is removed when the run ends: no paths into it
-        info.update(log_dir=None if temporary else log_root, wall_seconds=wall,
-                    logs={} if temporary else logs, launch_id=launch_id)
+        info.update(log_dir=None if temporary else log_root, wall_seconds=child.seconds(),
+                    logs={} if temporary else logs)
     if rc != 0:
-        rank = failing_rank(agent_log.read_text(errors="replace"), logs)
+        failures = read_failures(scratch)
+        first = failures[0] if failures else None
+        rank = first["rank"] if first else failing_rank(agent_log.read_text(errors="replace"), logs)
+        why = f"{first['status']} on rank {first['rank']}: {first['reason']}; " if first else ""
         raise LaunchError(
-            f"The {nproc}-process run of {module} failed (torchrun exit code {rc}); "
+            f"The {nproc}-process run of {module} failed (torchrun exit code {rc}): {why}"
             f"fix the error below and re-run (records already stored are kept). "
-            + _quote_failure(rank, logs, agent_log, shown=shown))
-    if not out_file.exists():
-        raise LaunchError(f"The run of {module} finished but rank 0 wrote no records ({shown(out_file)}); "
-                          "check that the worker calls lab_utils.core.records.append_records. "
-                          + _quote_failure(0, logs, agent_log, shown=shown))
+            + _quote_failure(rank, logs, agent_log, shown=shown), failure=first)
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
@@ -251,105 +235,6 @@ def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8, shown=str) ->
     if not logs:
         return f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
     return "\n".join(f"Last lines of rank {r} ({shown(p)}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
-
-
-def _proc_pids() -> list[int]:
-    """Every process id listed in /proc (Linux); empty elsewhere."""
-    try:
-        return [int(e) for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return []
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` from /proc (Linux); empty elsewhere."""
-    kids = []
-    for p in _proc_pids():
-        try:
-            with open(f"/proc/{p}/stat", encoding="utf-8", errors="replace") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid:
-            kids.append(p)
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (workers may start sessions of their own)."""
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(_children(p))
-    return tree
-
-
-def tagged_processes(launch_id: str) -> list[int]:
-    """Live processes of this user whose environment holds ``LAB_LAUNCH_ID=<launch_id>``."""
-    if not launch_id:
-        return []
-    needle = f"{LAUNCH_ID_ENV}={launch_id}".encode()
-    found = []
-    for p in _proc_pids():
-        if p == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{p}/environ", "rb") as f:
-                env = f.read()
-        except OSError:  # another user's process, or gone
-            continue
-        if needle in env.split(b"\0") and _alive(p):
-            found.append(p)
-    return found
-
-
-def kill_tree(proc: subprocess.Popen, grace_s: float = 5.0, launch_id: str = "") -> None:
-    """SIGTERM the process, its group, every descendant and every process tagged with
-    ``launch_id`` (orphans included); SIGKILL what remains; reap."""
-    tagged = tagged_processes(launch_id)
-    if proc.poll() is not None and not _children(proc.pid) and not tagged:
-        return
-    pids = sorted(set(process_tree(proc.pid)) | set(tagged))
-    if proc.poll() is not None:  # reaped: its pid may belong to someone else by now
-        pids = [p for p in pids if p != proc.pid]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for p in pids:
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p) for p in pids):
-            try:
-                proc.wait(timeout=0.1)
-            except subprocess.TimeoutExpired:
-                pass
-        if not any(_alive(p) for p in pids):
-            break
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie whose parent will reap it counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
 
 
 # --------------------------------------------------------------------------- worker side

@@ -1,44 +1,43 @@
-"""A small torchrun worker for the launcher and DDP tests (run with PYTHONPATH=tests/).
+"""A small worker for the launcher, plan and DDP tests (run with PYTHONPATH=tests/), in the lab's
+worker shape (:mod:`lab_utils.workers.harness`): ``python -m torch.distributed.run ... -m
+ddp_toy_worker JOB.json``, each configuration of the job a dict with its ``mode``:
 
-``python -m torch.distributed.run --nproc-per-node N -m ddp_toy_worker --mode MODE ... --out FILE``
-
-Modes:
-- ``ok``: write one record per rank (rank, world size, OMP threads) and exit.
-- ``sleep``: print a line, then sleep (for the timeout path).
-- ``fail``: rank ``--fail-rank`` prints a marker line and raises; the others wait in a
-  barrier that never completes (torchrun must tear them down).
-- ``equality``: train a BatchNorm-free MLP with DDP for ``--steps`` steps through the lab's
-  own worker loop (``lab_utils.core.loop.train_steps``), each rank on its contiguous shard of a
-  seeded global batch; rank 0 writes the final parameters.
+- ``ok``: one record per configuration: every rank's (rank, world size, OMP threads).
+- ``sleep``: print a line, then sleep ``seconds`` (for the timeout path).
+- ``fail``: rank ``fail_rank`` prints a marker line and raises; the others wait in a barrier that
+  never completes (torchrun must tear them down).
+- ``oom``: rank ``fail_rank`` raises ``torch.OutOfMemoryError`` when ``size`` > ``fits`` (the
+  others wait in a barrier); below it, like ``ok``.
+- ``equality``: train a BatchNorm-free MLP with DDP for ``steps`` steps through the lab's own
+  worker loop (``lab_utils.core.loop.train_steps``), each rank on its contiguous shard of a seeded
+  global batch; rank 0's record holds the final parameters.
 - ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, once per
-  ``--bucket-cap-mb`` value (default one bucket, then several), plus rank 0's one-process
-  step on the global batch (for method (a)); rank 0 writes them.
-- ``equality,comm``: both, in one start-up; rank 0 writes both results in this order.
-- ``accum``: one optimizer step of the lab's own loop (:func:`lab_utils.core.loop.train_steps`)
-  on a width-2 ResNet-18 with ``--accum`` micro-batches of ``--batch`` images per rank:
-  rank r takes blocks r x accum ... r x accum + accum - 1 of a seeded set of world x accum
-  blocks. Rank 0 writes the parameters and the loop's step counts.
+  ``bucket_cap_mb`` value (default one bucket, then several), plus rank 0's one-process step on
+  the global batch (for method (a)).
+- ``accum``: one optimizer step of the lab's own loop on a width-2 ResNet-18 with ``accum``
+  micro-batches of ``batch`` images per rank: rank r takes blocks r x accum ... r x accum +
+  accum - 1 of a seeded set of world x accum blocks. The record holds the parameters and the
+  loop's step counts.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from lab_utils.core.records import Record, append_records
-from lab_utils.launcher import setup_rank_logging
+from lab_utils.core.dist import gather
+from lab_utils.core.records import Record
+from lab_utils.workers.harness import serve
 
 FAIL_MARKER = "TOY-WORKER-FAILS-HERE"
-
-
-def hand_back(results: list[dict], out: str | None) -> None:
-    """Rank 0: each result dict as the metrics of one record, through the lab's records file."""
-    append_records(out, [Record("toy", {"i": i}, r) for i, r in enumerate(results)])
+DEFAULTS = {"fail_rank": 1, "steps": 3, "batch": 8, "comm_steps": 12, "comm_batch": 64, "lr": 0.1,
+            "width": 512, "bucket_cap_mb": "25,0.25", "accum": 1, "seconds": 600, "size": 1, "fits": 1}
 
 
 def toy_mlp(inputs: int = 12, hidden: int = 16, outputs: int = 4, seed: int = 0) -> nn.Module:
@@ -54,62 +53,34 @@ def toy_batches(steps: int, global_batch: int, inputs: int = 12, outputs: int = 
     return x, y
 
 
-def main() -> int:
-    setup_rank_logging()
-    p = argparse.ArgumentParser()
-    p.add_argument("--mode", required=True)
-    p.add_argument("--fail-rank", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=8, help="per rank (equality)")
-    p.add_argument("--comm-steps", type=int, default=12)
-    p.add_argument("--comm-batch", type=int, default=64, help="per rank (comm)")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--width", type=int, default=512)
-    p.add_argument("--bucket-cap-mb", default="25,0.25", help="one probe per value (comm)")
-    p.add_argument("--accum", type=int, default=1, help="accumulation steps (accum)")
-    p.add_argument("--out", default=None)
-    a = p.parse_args()
-    rank = int(os.environ["RANK"])
-    world = int(os.environ["WORLD_SIZE"])
+def run_config(config, job, ctx, state) -> list[Record]:
+    """One configuration of the job (see the module docstring); rank 0 returns its record."""
+    a = SimpleNamespace(**{**DEFAULTS, **config})
+    rank, world = ctx.rank, ctx.world_size
     print(f"toy worker rank {rank}/{world} mode {a.mode}", flush=True)
-
     if a.mode == "sleep":
-        time.sleep(600)
-        return 0
-
-    import torch.distributed as dist
-
-    from lab_utils.core.dist import init_distributed
-
-    init_distributed("gloo")
-    try:
-        if a.mode == "ok":
-            out: list = [None] * world
-            dist.all_gather_object(out, {"rank": rank, "world": world,
-                                         "omp": os.environ.get("OMP_NUM_THREADS")})
-            if rank == 0:
-                hand_back(out, a.out)
-        elif a.mode == "fail":
-            if rank == a.fail_rank:
-                print(f"rank {rank}: {FAIL_MARKER}", flush=True)
-                raise RuntimeError(f"deliberate failure on rank {rank} ({FAIL_MARKER})")
-            dist.barrier()  # never completes: the failing rank does not arrive
-        elif a.mode == "accum":
-            result = accum(a, rank, world)
-            if rank == 0:
-                hand_back([result], a.out)
-        elif set(a.mode.split(",")) <= {"equality", "comm"}:
-            results = []
-            for mode in a.mode.split(","):
-                results.append(equality(a, rank, world) if mode == "equality" else comm(a, rank, world))
-            if rank == 0:
-                hand_back(results, a.out)
-        else:
-            raise SystemExit(f"unknown mode {a.mode}")
-    finally:
-        if a.mode != "fail":
-            dist.destroy_process_group()
-    return 0
+        time.sleep(a.seconds)
+        metrics: dict = {}
+    elif a.mode in ("ok", "oom"):
+        if a.mode == "oom" and a.size > a.fits and rank == a.fail_rank % world:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {a.size} GiB (toy)")
+        metrics = {"ranks": gather({"rank": rank, "world": world, "omp": os.environ.get("OMP_NUM_THREADS")},
+                                   ctx)}
+    elif a.mode == "fail":
+        if rank == a.fail_rank:
+            print(f"rank {rank}: {FAIL_MARKER}", flush=True)
+            raise RuntimeError(f"deliberate failure on rank {rank} ({FAIL_MARKER})")
+        dist.barrier()  # never completes: the failing rank does not arrive
+        metrics = {}
+    elif a.mode == "accum":
+        metrics = accum(a, rank, world)
+    elif a.mode == "equality":
+        metrics = equality(a, rank, world)
+    elif a.mode == "comm":
+        metrics = comm(a, rank, world)
+    else:
+        raise ValueError(f"unknown mode {a.mode}")
+    return [Record(job.experiment, dict(config), metrics, profile=job.profile, hardware=ctx.hardware())]
 
 
 def equality(a, rank: int, world: int) -> dict:
@@ -190,7 +161,7 @@ def comm(a, rank: int, world: int) -> dict:
     shard = slice(rank * a.comm_batch, (rank + 1) * a.comm_batch)
     batches = [(x[s, shard], y[s, shard]) for s in range(a.comm_steps)]
     probes = {}
-    for cap in (float(c) for c in a.bucket_cap_mb.split(",")):
+    for cap in (float(c) for c in str(a.bucket_cap_mb).split(",")):
         ddp = DDP(toy_mlp(inputs, a.width, outputs), bucket_cap_mb=cap)
         timer = AllReduceTimer(ddp)
         probe = probe_exposed_comm(ddp, batches, timer, loss_fn)
@@ -201,4 +172,4 @@ def comm(a, rank: int, world: int) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.modules[__name__]))

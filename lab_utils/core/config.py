@@ -185,6 +185,12 @@ def dataset_choice(dataset: str | None = None) -> str:
     return dataset or os.environ.get(DATASET_ENV) or "auto"
 
 
+def resolved_images(count: int | None, whole: int) -> int:
+    """An image count of the settings resolved: None or 0 or less means the whole split (``whole``),
+    else at most the split."""
+    return whole if not count or count <= 0 else min(count, whole)
+
+
 def resolve_dataset(dataset: str | None = None, root: Path | None = None) -> str:
     """``"cifar10"`` or ``"synthetic"``: what ``dataset`` (or ``$LAB_DATASET``) means here."""
     choice = dataset_choice(dataset)

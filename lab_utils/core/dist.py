@@ -25,6 +25,7 @@ import torch.distributed as dist
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.memory import is_out_of_memory, oom_reason
+from lab_utils.core.records import write_rank_failure
 
 
 @dataclass
@@ -140,21 +141,21 @@ def end_rank(message: str, code: int = 1) -> NoReturn:
 
 
 @contextlib.contextmanager
-def failure_ends_rank(ctx: DistContext) -> Iterator[None]:
+def failure_ends_rank(ctx: DistContext, folder: str | None = None, config_index: int | None = None
+                      ) -> Iterator[None]:
     """Under DDP, an error raised in the block that would leave a peer waiting ends this rank at once.
 
-    - Out of memory, with more than one rank (any backend): a rank that swallowed its own
-      out-of-memory error and went on to its next collective (``all_gather_object`` of its records)
-      would no longer match its peers, one of which may still be inside DDP's bucket all-reduce:
-      the run would wait for the collective timeout (30 minutes by default). So the rank prints the
-      traceback and one line carrying ``torch.OutOfMemoryError`` (which
-      :func:`lab_utils.core.memory.mentions_out_of_memory` finds in its log) and exits with
-      :data:`OOM_EXIT_CODE`; the launcher's :class:`~lab_utils.core.errors.LaunchError` then says out
-      of memory, and the experiment turns it into an ``oom`` row.
-    - Any other exception, under NCCL with more than one rank: the worker's ``finally`` would call
-      ``destroy_process_group()``, which under NCCL can block while a peer waits in a collective,
-      so the rank would never exit and the run would hang until its time limit. The rank prints
-      the traceback and ``<Error> on rank R of N: <message>`` and leaves with ``os._exit(1)``.
+    Under DDP (more than one rank) any error first writes the rank's failure file into ``folder``
+    (:func:`lab_utils.core.records.write_rank_failure`: ``oom`` or ``error``, one line, which
+    configuration), so the launcher says why without reading the log's words. Then:
+
+    - Out of memory (any backend): a rank that swallowed its own out-of-memory error and went on to
+      its next collective would no longer match its peers, one of which may still be inside DDP's
+      bucket all-reduce: the run would wait for the collective timeout (30 minutes by default). So
+      the rank prints the traceback and one line, and exits with :data:`OOM_EXIT_CODE`.
+    - Any other exception under NCCL: the worker's teardown would call ``destroy_process_group()``,
+      which under NCCL can block while a peer waits in a collective, so the rank would never exit.
+      It prints the traceback and ``<Error> on rank R of N: <message>`` and leaves with ``os._exit(1)``.
 
     With one process (or another error under gloo, whose teardown does not wait) the error
     propagates unchanged.
@@ -162,14 +163,19 @@ def failure_ends_rank(ctx: DistContext) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if ctx.ddp and is_out_of_memory(e):
+        if not ctx.ddp:
+            raise
+        oom = is_out_of_memory(e)
+        first = (str(e).strip().splitlines() or [""])[0]
+        write_rank_failure(folder, ctx.rank, "oom" if oom else "error",
+                           oom_reason(e) if oom else f"{type(e).__name__}: {first}"[:300], config_index)
+        if oom:
             traceback.print_exc()
             end_rank(f"torch.OutOfMemoryError on rank {ctx.rank} of {ctx.world_size}: {oom_reason(e)}; "
                      "this rank ends so that torchrun stops the others (no collective left unmatched)",
                      OOM_EXIT_CODE)
-        if ctx.ddp and ctx.backend == "nccl":
+        if ctx.backend == "nccl":
             traceback.print_exc()
-            first = (str(e).strip().splitlines() or [""])[0]
             end_rank(f"{type(e).__name__} on rank {ctx.rank} of {ctx.world_size}: {first}; this rank ends at "
                      "once (under NCCL, tearing the process group down while a peer waits in a collective "
                      "can block) so that torchrun stops the others")

@@ -13,7 +13,15 @@ class LabError(ValueError):
 
 
 class LaunchError(LabError):
-    """A distributed run failed: a rank died, or the run exceeded its timeout."""
+    """A launched run failed: a rank died, or the run exceeded its time limit.
+
+    ``failure``: what the failing rank wrote before it ended (``status`` "oom" or "error",
+    ``reason``, ``rank``, ``config_index``: :func:`lab_utils.core.records.read_failures`), or None.
+    """
+
+    def __init__(self, message: str, failure: dict | None = None):
+        super().__init__(message)
+        self.failure = failure
 
 
 class WriteError(LabError):

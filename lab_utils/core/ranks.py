@@ -33,6 +33,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lab_utils.core.comm_hooks import overlap_figures
+
 #: Time keys whose aggregate is the maximum over ranks (the others: the slowest rank's value).
 MAX_KEYS = ("epoch_seconds", "train_seconds", "eval_seconds", "elapsed_seconds")
 #: Counts of work, summed over ranks.
@@ -42,6 +44,8 @@ SHARED_KEYS = ("train_loss", "train_accuracy", "lr", "lr_first", "test_loss", "t
                "global_images", "val_loss")
 #: Rates recomputed over all ranks: name -> the count it divides by T(N).
 RATES = {"images_per_s": "images", "tokens_per_s": "tokens"}
+#: Fractions of the slowest rank's own times: taken from that rank, like its times.
+SLOWEST_KEYS = ("overlap_fraction",)
 
 
 def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -69,6 +73,9 @@ def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for k in SHARED_KEYS:
         if k in first:
             out[k] = first[k]
+    for k in SLOWEST_KEYS:
+        if k in per_rank[slow]:
+            out[k] = per_rank[slow][k]
     # time keys of any rank; one a rank lacks counts as 0 (e.g. skew_wait_seconds in entries written
     # before that phase existed); a key some rank holds as None (not measured there) is left out
     def number(v) -> bool:
@@ -92,3 +99,16 @@ def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if count in out:
             out[rate] = out[count] / t if t else math.nan
     return out
+
+
+def probe_seconds(probe: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    """One rank's ``no_sync`` probe (:class:`lab_utils.core.comm_hooks.CommProbe` fields, per step)
+    scaled to an epoch of ``steps`` optimizer steps: (b) ``exposed_comm_seconds``, (c)
+    ``allreduce_seconds``, their overlap (:func:`~lab_utils.core.comm_hooks.overlap_figures`) and the
+    standard error of (b). A worker puts them in its rank's epoch entry, so that
+    :func:`aggregate_epoch` takes them from the slowest rank, with the means beside them."""
+    exposed = float(probe["exposed_per_step_seconds"]) * steps
+    allreduce = float(probe["allreduce_per_step_seconds"]) * steps
+    overlap, fraction = overlap_figures(exposed, allreduce)
+    return {"exposed_comm_seconds": exposed, "allreduce_seconds": allreduce, "overlap_seconds": overlap,
+            "overlap_fraction": fraction, "exposed_comm_noise_seconds": float(probe["noise_seconds"]) * steps}

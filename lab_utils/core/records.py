@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
@@ -155,3 +156,34 @@ class RecordsReader:
         end = data.rfind(b"\n") + 1
         self._offset += end
         return [Record.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- a rank's failure
+
+FAILURE_FILE = "failure-rank{rank}.json"
+
+
+def write_rank_failure(folder: str | Path | None, rank: int, status: str, reason: str,
+                       config_index: int | None) -> None:
+    """A failing rank's last word, ``<folder>/failure-rank<R>.json``: ``status`` ("oom" | "error"),
+    one line of ``reason``, and which configuration of the job it was on. Best effort: the rank
+    is ending anyway, and its log keeps the traceback."""
+    if not folder:
+        return
+    data = {"rank": rank, "status": status, "reason": reason, "config_index": config_index,
+            "time": time.time()}
+    try:
+        (Path(folder) / FAILURE_FILE.format(rank=rank)).write_text(json.dumps(data), encoding="utf-8")
+    except OSError:
+        pass
+
+
+def read_failures(folder: str | Path) -> list[dict[str, Any]]:
+    """The failure files the ranks of a launch wrote into ``folder``, earliest first."""
+    out = []
+    for path in Path(folder).glob(FAILURE_FILE.format(rank="*")):
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda f: (f.get("time", 0.0), f.get("rank", 0)))

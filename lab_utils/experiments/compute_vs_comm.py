@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag, overlap_figures
+from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
@@ -86,15 +86,11 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
         row.status = "T(1) missing: run the one-device configuration (notebook 02)"
     else:
         row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
-    if "exposed_comm_seconds" in m:
+    if "exposed_comm_seconds" in m:  # the worker's numbers, as measured (core.ranks.probe_seconds)
         row.exposed_b_seconds = m["exposed_comm_seconds"]
         row.allreduce_c_seconds = m["allreduce_seconds"]
-        row.overlap_seconds, row.overlap_fraction = overlap_figures(row.exposed_b_seconds,
-                                                                    row.allreduce_c_seconds)
-        probe = m.get("comm_probe") or {}
-        se = probe.get("noise_seconds")
-        if se is not None and not is_missing(se) and row.steps_per_epoch:
-            row.exposed_noise_b_seconds = float(se) * int(row.steps_per_epoch)
+        row.overlap_seconds, row.overlap_fraction = m.get("overlap_seconds"), m.get("overlap_fraction")
+        row.exposed_noise_b_seconds = m.get("exposed_comm_noise_seconds")
     return row
 
 

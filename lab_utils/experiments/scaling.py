@@ -64,30 +64,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-import torch
-
-from lab_utils import launcher
-from lab_utils.core import profiles
-from lab_utils.core.config import check_batch_sizes, check_positive_int
-from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.core.hardware import cpu_cores, hardware_summary
-from lab_utils.core.memory import mentions_out_of_memory, oom_reason_from_log
-from lab_utils.store import Record, ResultStore, canonical_key
-from lab_utils.workers import dataparallel
-from lab_utils.workers.args import WorkerArgs
+from lab_utils.core import config, estimates, profiles
+from lab_utils.core.config import (
+    CIFAR10_TEST_SIZE,
+    CIFAR10_TRAIN_SIZE,
+    check_batch_sizes,
+    check_positive_int,
+    resolve_dataset,
+    resolved_images,
+)
+from lab_utils.core.errors import LabError
+from lab_utils.core.machine import Machine
+from lab_utils.plan import Experiment, Run
+from lab_utils.workers import dataparallel, ddp
 from lab_utils.workers.dataparallel import dp_config
+from lab_utils.workers.ddp import RunConfig
 
-__all__ = ["COMPUTE_VS_COMM", "DDP", "DP", "DP_MODULE", "SCALING", "Placement", "Settings", "measure",
-           "measure_compute_vs_comm", "worker_args"]
+__all__ = ["COMPUTE_VS_COMM", "COMPUTE_VS_COMM_EXPERIMENT", "DDP", "DP", "SCALING", "SCALING_EXPERIMENT",
+           "Placement", "Settings", "cost", "doctor_settings", "methods_here", "place", "plan",
+           "plan_compute_vs_comm", "run_config"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
 DDP = "DDP"
 DP = dataparallel.METHOD
 DP_BACKEND = dataparallel.BACKEND
-DP_MODULE = "lab_utils.workers.dataparallel"
 
 
 @dataclass(frozen=True)
@@ -148,249 +150,122 @@ profiles.register(Settings, profiles.SCALING, "scaling")
 
 @dataclass(frozen=True)
 class Placement:
-    """How a (method, N devices) configuration runs here, or why it cannot."""
+    """How a (method, N devices) configuration runs on a machine, or why it cannot."""
 
     method: str
     devices: int
     backend: str | None       # "nccl", "gloo", DP_BACKEND; None when it cannot run
     device_type: str | None   # "cuda" | "cpu"
     reason: str | None = None  # why not, e.g. "needs 4 GPUs"
-    oversubscribed: str | None = None  # e.g. "4 processes x 1 thread on 2 cores": rows say so
 
     @property
     def runs(self) -> bool:
         return self.reason is None
 
 
-def _place(method: str, devices: int, gpus: int, settings: Settings, cores: int) -> Placement:
-    """Where ``method`` on ``devices`` devices runs, given ``gpus`` GPUs and ``cores`` CPU cores."""
+def place(method: str, devices: int, machine: Machine, settings: Settings) -> Placement:
+    """Where ``method`` on ``devices`` devices runs on ``machine``: one GPU per rank with NCCL
+    (DataParallel: one process over the GPUs), else gloo CPU processes (DDP, at most
+    ``max_cpu_processes``, each a "device" of ``cpu_threads`` threads; more threads than cores
+    still runs, and Table 1 says the times measure time-sharing), else a row "needs N GPUs"."""
+    needs = f"needs {devices} GPU{'s' if devices > 1 else ''}"
     if method == DP:
-        if gpus >= devices:
-            return Placement(DP, devices, DP_BACKEND, "cuda")
-        return Placement(DP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
-    if gpus >= devices:
+        return Placement(DP, devices, DP_BACKEND, "cuda") if machine.gpus >= devices else \
+            Placement(DP, devices, None, None, needs)
+    if machine.gpus >= devices:
         return Placement(DDP, devices, "nccl", "cuda")
-    if gpus == 0 and devices <= settings.max_cpu_processes:
-        # More threads than cores (4 single-thread ranks on 2 cores in quick) still runs, so that
-        # every 4-device path is exercised, but its times measure time-sharing: the rows say so.
-        k = settings.cpu_threads
-        over = (f"{devices} processes x {k} thread{'s' if k > 1 else ''} on {cores} cores"
-                if devices * k > cores else None)
-        return Placement(DDP, devices, "gloo", "cpu", oversubscribed=over)
-    return Placement(DDP, devices, None, None, f"needs {devices} GPU{'s' if devices > 1 else ''}")
+    if machine.gpus == 0 and devices <= settings.max_cpu_processes:
+        return Placement(DDP, devices, "gloo", "cpu")
+    return Placement(DDP, devices, None, None, needs)
 
 
-def _methods_here(gpus: int) -> tuple[str, ...]:
-    """DataParallel and DDP side by side with GPUs; DDP (gloo, CPU) alone without."""
-    return (DP, DDP) if gpus else (DDP,)
+def methods_here(machine: Machine) -> tuple[str, ...]:
+    """DataParallel and DDP side by side with GPUs; DDP (gloo, CPU processes) alone without."""
+    return (DP, DDP) if machine.gpus else (DDP,)
 
 
-# --------------------------------------------------------------------------- configurations
+# --------------------------------------------------------------------------- the plans
 
 
-def worker_args(settings: Settings, profile: str, experiment: str, backend: str,
-                batch_sizes: Sequence[int], measure_comm: bool = False) -> WorkerArgs:
-    """The DDP worker's arguments for some batch sizes (resolved: image counts, dataset)."""
-    b = tuple(batch_sizes)
-    return WorkerArgs(
-        experiment=experiment, profile=profile, batch_size=b[0] if len(b) == 1 else b,
-        epochs=settings.epochs, width=settings.width,
-        train_images=settings.train_images if settings.train_images is not None else 0,
-        test_images=None, dataset=settings.dataset, num_workers=settings.num_workers,
-        measure_comm=measure_comm, comm_steps=settings.comm_steps, backend=backend,
-        bucket_cap_mb=settings.bucket_cap_mb, seed=settings.seed,
-    ).validate().resolved()
+def run_config(settings: Settings, profile: str, devices: int, backend: str, batch: int,
+               measure_comm: bool = False) -> RunConfig:
+    """The DDP worker's configuration of one (devices, per-device batch): image counts, workers and
+    the data set resolved here (``$LAB_DATASET`` is read now: a missing data set is an error before
+    anything runs)."""
+    prof = config.get_profile(profile)
+    return RunConfig(
+        devices=devices, backend=backend, batch_size=batch, epochs=settings.epochs, width=settings.width,
+        train_images=resolved_images(settings.train_images, CIFAR10_TRAIN_SIZE),
+        test_images=resolved_images(prof.test_images, CIFAR10_TEST_SIZE),
+        dataset=resolve_dataset(settings.dataset),
+        num_workers=settings.num_workers if settings.num_workers is not None else prof.num_workers,
+        measure_comm=measure_comm, comm_steps=settings.comm_steps if measure_comm else None,
+        bucket_cap_mb=settings.bucket_cap_mb, seed=settings.seed).validate()
 
 
-def _unavailable_config(args: WorkerArgs, p: Placement) -> dict[str, Any]:
-    """Config of a row that could not run, with the backend it would have used here: DDP with
-    ``args.backend`` (gloo on a machine without GPUs, so the row is labelled "DDP (gloo, CPU
-    processes)", never "NCCL, GPUs"; NCCL when GPUs exist), DataParallel on GPUs."""
-    if p.method == DDP:
-        return args.record_config(p.devices, args.backend if args.backend in ("nccl", "gloo") else "nccl")
-    return dp_config(args, p.devices)
+def _runs(settings: Settings, machine: Machine, profile: str, experiment: str, devices: Sequence[int],
+          methods: Sequence[str], measure_comm: bool) -> list[Run]:
+    """(method, devices, per-device batch) for ``devices`` x ``settings.batch_sizes``, in table order.
+
+    The batch sizes of one (method, devices) are one group: one launch, smallest first, and after
+    an out-of-memory the larger ones are not tried (:func:`lab_utils.plan.measure`'s rule)."""
+    run_b = settings.run_batch_sizes or settings.batch_sizes
+    out = []
+    for method in methods:
+        for n in devices:
+            p = place(method, n, machine, settings)
+            backend = p.backend if p.runs and method == DDP else ("nccl" if machine.gpus else "gloo")
+            for b in settings.batch_sizes:
+                args = run_config(settings, profile, n, "nccl" if method == DP else backend, b, measure_comm)
+                cfg = dp_config(args) if method == DP else args.config()
+                skip = p.reason or ("skipped in quick profile" if b not in run_b else None) or (
+                    f"global batch {b * n} > {args.train_images} training images"
+                    if b * n > args.train_images else None)
+                out.append(Run(experiment, cfg, dataparallel if method == DP else ddp,
+                               processes=1 if method == DP else n, device=p.device_type or machine.device,
+                               group=f"{experiment} {method} {n}", skip=skip,
+                               threads=settings.cpu_threads if p.device_type == "cpu" else None,
+                               timeout_s=settings.timeout_s, label=f"{method} {n} x {b}",
+                               options={"process_group": False} if method == DP else {}))
+    return out
 
 
-# --------------------------------------------------------------------------- running
+def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
+    """Notebook 02 (Table 1): every (method, devices, per-device batch). T(1) is the same worker with
+    one process as T(N): both go through the same code, the launcher included."""
+    return _runs(settings, machine, profile, SCALING, settings.devices, methods_here(machine), False)
 
 
-def measure(lab, settings: Settings, force: bool = False, verbose: bool = True) -> list[Record]:
-    """Notebook 02: every (method, devices, per-device batch) of ``settings``; one aggregate record each,
-    in table order (measured now, stored, OOM, or a row not stored saying why it did not run).
-
-    ``lab`` is the notebook's :class:`~lab_utils.session.LabSession` (profile, store, GPU count).
-    Every measurement goes through the store's one door (:meth:`~lab_utils.store.ResultStore.run`
-    / ``run_many``): a configuration stored on these devices is reused unless ``force``.
-    """
-    return _measure_grid(lab, settings.validate(), force, verbose, settings.devices, None, SCALING, False)
-
-
-def measure_compute_vs_comm(lab, settings: Settings, force: bool = False,
-                            verbose: bool = True) -> list[Record]:
-    """Notebook 03: T(1) (from notebook 02's store, or measured now; experiment ``scaling``), DDP on
-    ``comm_devices`` with communication measured (experiment ``compute_vs_comm``) and, with GPUs,
-    DataParallel on the same device counts (method (a) only; experiment ``scaling``). The
-    aggregate records of all three, T(1) first."""
-    s = settings.validate()
-    gpus = int(lab.gpu_count)
-    out = _measure_grid(lab, s, False, verbose, (1,), None, SCALING, False)
-    if gpus:
-        out += _measure_grid(lab, s, False, verbose, s.comm_devices, (DP,), SCALING, False)
-    return out + _measure_grid(lab, s, force, verbose, s.comm_devices, (DDP,), COMPUTE_VS_COMM, True)
+def plan_compute_vs_comm(settings: Settings, machine: Machine, profile: str) -> list[Run]:
+    """Notebook 03 (Table 2): T(1) (notebook 02's one-device runs, reused from its store), with GPUs
+    DataParallel on ``comm_devices`` (method (a) only), and DDP on ``comm_devices`` with the
+    communication measured (experiment ``compute_vs_comm``)."""
+    ones = _runs(settings, machine, profile, SCALING, (1,), (DDP,), False)
+    n = settings.comm_devices
+    dps = _runs(settings, machine, profile, SCALING, n, (DP,), False) if machine.gpus else []
+    return ones + dps + _runs(settings, machine, profile, COMPUTE_VS_COMM, n, (DDP,), True)
 
 
-def _measure_grid(lab, s: Settings, force: bool, verbose: bool, devs: Sequence[int],
-                  methods: Sequence[str] | None, experiment: str, measure_comm: bool) -> list[Record]:
-    """(method, devices, per-device batch) of ``devs`` x ``s.batch_sizes``: the records in table order."""
-    store: ResultStore = lab.store
-    profile = lab.profile.name
-    gpus = int(lab.gpu_count)
-    cores = cpu_cores()
-    meths = tuple(methods) if methods is not None else _methods_here(gpus)
-    run_b = [b for b in s.batch_sizes if s.run_batch_sizes is None or b in s.run_batch_sizes]
-    out: dict[tuple[str, int, int], Record] = {}
-    measured: list[tuple[str, int, int]] = []
-    # DDP's launches first (the table order is kept), as when DataParallel trained in this process.
-    for method in sorted(meths, key=lambda m: m != DDP):
-        for n in devs:
-            p = _place(method, n, gpus, s, cores)
-            backend = p.backend if p.runs and method == DDP else ("gloo" if not gpus else "nccl")
-            args = worker_args(s, profile, experiment, backend, s.batch_sizes, measure_comm)
-            if not p.runs:
-                for b in s.batch_sizes:
-                    out[(method, n, b)] = _row(args.for_batch(b), p, experiment, "skipped", p.reason)
-                continue
-            cfgs: dict[int, dict[str, Any]] = {}
-            for b in s.batch_sizes:
-                one = args.for_batch(b)
-                cfg = one.record_config(n, p.backend) if method == DDP else dp_config(one, n)
-                if b not in run_b or b * n > one.train_images:
-                    why = ("skipped in quick profile" if b not in run_b
-                           else f"global batch {b * n} > {one.train_images} training images")
-                    out[(method, n, b)] = Record(experiment, cfg, status="skipped", reason=why,
-                                                 profile=profile)
-                    continue
-                cfgs[b] = cfg
-            if not cfgs:
-                continue
-            run = _run_ddp if method == DDP else _run_dp_sizes
-            got, now = run(store, s, args, n, p, cfgs, force)
-            for b, rec in got.items():
-                out[(method, n, b)] = rec
-            measured += [(method, n, b) for b in now]
-    if verbose:
-        now = ", ".join(f"{m} {n} x {b}" for m, n, b in measured) or "nothing (all from the store)"
-        print(f"{experiment}: measured now: {now}", flush=True)
-    order = [(m, n, b) for m in meths for n in devs for b in s.batch_sizes]
-    return [out[k] for k in order if k in out]
+def cost(run: Run) -> float:
+    """Seconds of one run on the budget's node, start-up excluded: ``epochs`` spec-path epochs
+    (:func:`lab_utils.core.estimates.spec_epoch_seconds`); the probe of notebook 03 adds 0.1 epoch."""
+    c = run.config
+    epochs = c["epochs"] + (0.1 if c.get("measure_comm") else 0.0)
+    per_epoch = (estimates.dp_epoch_seconds(c["devices"], c["batch_size"]) if c["method"] == DP
+                 else estimates.spec_epoch_seconds(c["devices"], c["batch_size"]))
+    return epochs * per_epoch * c["train_images"] / CIFAR10_TRAIN_SIZE
 
 
-def _row(args: WorkerArgs, p: Placement, experiment: str, status: str, reason: str | None) -> Record:
-    cfg = _unavailable_config(args, p)
-    return Record(experiment, cfg, status=status, reason=reason, profile=args.profile,
-                  hardware={"device_type": p.device_type or cfg.get("device_type") or "cuda",
-                            "device_name": None, "device_count": p.devices})
+def doctor_settings(full: Settings) -> Settings:
+    """The smallest full-profile configuration: the spec model, the smallest batch, one epoch of a
+    few batches per device, on every device count (doctor runs it on the node)."""
+    b = min(full.batch_sizes)
+    return replace(full, batch_sizes=(b,), run_batch_sizes=None, epochs=1,
+                   train_images=4 * b * max(full.devices),
+                   comm_steps=2)
 
 
-def _run_ddp(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: Placement,
-             cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
-    """The records of the per-device batch sizes ``cfgs`` on ``n`` DDP ranks: stored ones reused,
-    the others measured by ONE launch of the DDP worker (every size, one start-up) and stored
-    through :meth:`~lab_utils.store.ResultStore.run_many` as rank 0 hands each size's records back.
-
-    Out of memory ends the launch: the first size without records gets a stored ``oom`` row,
-    larger ones a row (not stored) saying why they were not tried. Any other failure is
-    raised (with the failing rank's log); the sizes that finished before it stay stored.
-    Returns ``({batch: record}, batch sizes measured now)``.
-    """
-    experiment = args.experiment or SCALING
-    threads = s.cpu_threads if p.device_type == "cpu" else None
-    by_key = {canonical_key(c): b for b, c in cfgs.items()}
-    measured: list[int] = []
-    oom_at: list[int] = []
-
-    def measure(todo: list[dict[str, Any]]):
-        sizes = sorted(by_key[canonical_key(c)] for c in todo)
-        run_args = replace(args, batch_size=tuple(sizes) if len(sizes) > 1 else sizes[0])
-        try:
-            for rec in launcher.stream("lab_utils.workers.ddp", run_args.to_argv(), nproc=n,
-                                       timeout_s=s.timeout_s, threads_per_rank=threads):
-                if rec.key in by_key:
-                    measured.append(by_key[rec.key])
-                yield rec
-        except LaunchError as e:
-            left = [b for b in sizes if b not in measured]
-            if not left or not mentions_out_of_memory(str(e)):
-                raise
-            oom_at.append(left[0])
-            yield Record(experiment, cfgs[left[0]], status="oom", reason="OOM", profile=store.profile,
-                         synthetic=args.dataset == "synthetic", dataset=args.dataset, hardware=_hardware(p))
-
-    recs = store.run_many(experiment, list(cfgs.values()), measure, force=force, hardware=_hardware(p))
-    got: dict[int, Record] = {}
-    for (b, cfg), rec in zip(cfgs.items(), recs):
-        if rec is None:
-            if not oom_at:
-                raise LaunchError(f"The DDP worker finished but returned no record for per-device batch {b}; "
-                                  "check its log.")
-            # a larger per-device batch needs more memory still: not tried
-            rec = Record(experiment, cfg, status="skipped", reason=f"OOM at per-device batch {oom_at[0]}",
-                         profile=store.profile)
-        got[b] = rec
-    return got, measured + oom_at
-
-
-def _hardware(p: Placement) -> dict:
-    """What a record says about the devices of ``p`` (no device name where CUDA is absent)."""
-    if p.device_type == "cuda" and not torch.cuda.is_available():
-        return {"device_type": "cuda", "device_name": None, "device_count": p.devices}
-    return hardware_summary("cuda" if p.device_type == "cuda" else "cpu", p.devices)
-
-
-def _run_dp_sizes(store: ResultStore, s: Settings, args: WorkerArgs, n: int, p: Placement,
-                  cfgs: dict[int, dict[str, Any]], force: bool) -> tuple[dict[int, Record], list[int]]:
-    """:func:`_run_dp` for the per-GPU batch sizes of ``cfgs``, smallest first, on ``n`` GPUs, each
-    through :meth:`~lab_utils.store.ResultStore.run` (a stored one is reused).
-
-    After the first out-of-memory (measured now, or stored for a smaller batch), larger batch
-    sizes are not tried: they would need more memory still. Their rows (status ``skipped``,
-    not stored) say so. Returns ``({batch: record}, batch sizes measured now)``.
-    """
-    experiment = args.experiment or SCALING
-    got: dict[int, Record] = {}
-    measured: list[int] = []
-    oom_at: int | None = None
-    for b in sorted(cfgs):
-        if oom_at is not None:
-            got[b] = Record(experiment, cfgs[b], status="skipped",
-                            reason=f"not tried: per-GPU batch {oom_at} already ran out of memory",
-                            profile=store.profile)
-            continue
-
-        def measure(b=b) -> Record:
-            measured.append(b)
-            return _run_dp(s, args.for_batch(b), n)
-
-        got[b] = rec = store.run(experiment, cfgs[b], measure, force=force, hardware=_hardware(p))
-        if rec.status == "oom":
-            oom_at = b
-    return got, measured
-
-
-def _run_dp(s: Settings, args: WorkerArgs, n: int) -> Record:
-    """DataParallel over GPUs 0..n-1, global batch n x per-GPU batch: the record of one launch of
-    :mod:`lab_utils.workers.dataparallel` with ONE process (this kernel opens no CUDA context; the
-    worker says why). The worker turns out of memory into an ``oom`` record; a launch that ends in
-    out of memory before it could (a CUDA context that does not fit) is an ``oom`` row too, any
-    other failure is raised with the process's log."""
-    threads = s.cpu_threads if s.pin_threads else None
-    argv = [*args.to_argv(), "--gpus", str(n), *(["--threads", str(threads)] if threads else [])]
-    try:
-        res = launcher.launch(DP_MODULE, argv, nproc=1, timeout_s=s.timeout_s, threads_per_rank=threads)
-    except LaunchError as e:
-        if not mentions_out_of_memory(str(e)):
-            raise
-        return Record(args.experiment or SCALING, dp_config(args, n), status="oom", profile=args.profile,
-                      reason=oom_reason_from_log(str(e)),
-                      hardware={**hardware_summary("cuda", n), "processes": 1, "backend": DP_BACKEND})
-    return res.records[-1]
+SCALING_EXPERIMENT = Experiment("scaling", "02", Settings, plan, cost, doctor_settings,
+                                "DataParallel and DDP on 1, 2 and 4 devices (Table 1)")
+COMPUTE_VS_COMM_EXPERIMENT = Experiment("compute_vs_comm", "03", Settings, plan_compute_vs_comm, cost,
+                                        doctor_settings, "compute vs communication (Table 2)")

@@ -1,41 +1,16 @@
-"""The DDP training worker for ResNet-18 on CIFAR-10, run by ``torchrun``.
+"""The DDP training worker for ResNet-18 on CIFAR-10 (notebooks 02, 03, 05), run by ``torchrun``.
 
-Command line (:class:`lab_utils.workers.args.WorkerArgs`; the launcher,
-:func:`lab_utils.launcher.launch`, adds ``--out``)::
-
-    python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.ddp
-      --experiment NAME        the records' experiment name
-      --profile quick|full     (default: $LAB_PROFILE or automatic)
-      --batch-size B[,B2,...]  per device (per rank); global batch = B x world size. Several
-                               values run one after another in the same process group (one
-                               start-up for all), each with a fresh model; records per value
-      --epochs E               (default 2)
-      --width W                ResNet-18 width (64 = the spec model; smaller for CPU runs)
-      --train-images N --test-images N   (default: the profile's; 0 or less = whole split)
-      --dataset auto|cifar10|synthetic   --num-workers K (default: the profile's)
-      --lr 0.1 --lr-rule fixed|linear    (linear: peak lr = lr x global_batch / base_batch)
-      --base-batch 128
-      --warmup-epochs F        gradual warm-up from --lr to the peak lr, per step (F may be fractional)
-      --decay constant|cosine|step
-      --eval                   test loss/accuracy after every epoch
-      --measure-comm           time each bucket's all-reduce with a comm hook, split each step
-                               into compute and exposed communication, and run the no_sync probe
-      --comm-steps K           batches in the no_sync probe (default 8, plus 1 warm-up; the
-                               epoch's first batches, repeated when the epoch is shorter)
-      --backend auto|nccl|gloo (auto: NCCL when every rank has its own GPU, else gloo on CPU)
-      --bucket-cap-mb M        DDP gradient bucket size in MB (default: DDP's 25; smaller models
-                               need smaller buckets to have several, i.e. any overlap at all)
-      --accumulation-steps K   gradient accumulation: one optimizer step per K batches (the first
-                               K-1 under no_sync), so global batch = B x world size x K (default 1)
-      --seed 0 --tag STR       --out FILE (rank 0 appends the records there, JSON lines)
-      --debug-slow-rank R --debug-slow-loader-seconds S
-                               TEST KNOB: rank R sleeps S seconds in every batch fetch (its loader
-                               is slow by a known amount); recorded in the config and a
-                               ``debug_note``, so a slowed run is never taken for a normal one
-
-Without torchrun (no ``RANK`` in the environment) it runs as a one-process group. The
-argument types live in :mod:`lab_utils.workers.args` (torch-free, so a parent plans a
-launch without importing torch).
+``python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.ddp JOB.json``: a job of
+the lab's one worker protocol (:mod:`lab_utils.workers.harness`), written by
+:func:`lab_utils.plan.measure`. Each configuration of the job is a :class:`RunConfig` as a dict,
+the exact ``config`` of the records it gives (the store's resume key): per-device batch size,
+epochs, model width, data, learning-rate rule and schedule, evaluation, the communication probe,
+DDP's bucket size, gradient accumulation (``accumulation_steps`` micro-batches per optimizer step,
+the first K-1 under ``no_sync``: global batch = batch x world size x K) and a TEST KNOB
+(``debug_slow_rank`` / ``debug_slow_loader_seconds``: that rank's loader sleeps so long per batch;
+recorded in the config and a ``debug_note``, so a slowed run is never taken for a normal one).
+The configurations of one job run one after another in one process group (one start-up), each with
+a fresh model; the data sets are built once (:func:`prepare`).
 
 What a run does: ``setup_rank_logging()`` first (each rank logs to its own file), then
 the process group (NCCL with ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` when each rank has its
@@ -137,9 +112,9 @@ and their ``compute``/``train_seconds`` include that wait. All times in seconds.
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 import time
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -150,31 +125,129 @@ from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.core.backends import apply_training_backends
-from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
-from lab_utils.core.config import get_profile, loader_worker_options
+from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+from lab_utils.core.config import (
+    DATASET_CHOICES,
+    check_batch_size,
+    check_choice,
+    check_positive_int,
+    get_profile,
+    loader_worker_options,
+)
 from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
-from lab_utils.core.dist import DistContext, failure_ends_rank, init_distributed
+from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import free_device_memory
-from lab_utils.core.ranks import aggregate_epoch
-from lab_utils.core.records import Record, append_records
-from lab_utils.core.schedules import LRSchedule, scaled_lr
+from lab_utils.core.ranks import aggregate_epoch, probe_seconds
+from lab_utils.core.records import Record
+from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
 from lab_utils.core.timing import synchronize
-from lab_utils.launcher import setup_rank_logging
 from lab_utils.models import ResNet18, count_parameters
-from lab_utils.workers.args import WorkerArgs
+from lab_utils.workers.harness import Job, serve
 
 SAMPLE_ORDER_HEAD = 8
 TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
              "cannot finish before every rank's all-reduce); *_mean are means over ranks")
 
 
+LR_RULES = ("fixed", "linear")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One ResNet-18 run (DDP here, DataParallel in :mod:`lab_utils.workers.dataparallel`), every value
+    resolved: what the plan writes, the worker reads, and the records' ``config`` holds.
+
+    ``batch_size`` is per device; ``devices`` the world size; ``backend`` "nccl" (a GPU per rank) or
+    "gloo" (CPU processes). ``train_images`` / ``test_images`` are counts, ``dataset`` "cifar10" or
+    "synthetic" (resolved by the plan, :func:`lab_utils.core.config.resolve_dataset`).
+    """
+
+    devices: int
+    backend: str
+    batch_size: int
+    epochs: int = 2
+    width: int = 64
+    train_images: int = 50_000
+    test_images: int = 10_000
+    dataset: str = "synthetic"
+    num_workers: int = 0
+    lr: float = 0.1
+    lr_rule: str = "fixed"
+    base_batch: int = 128
+    warmup_epochs: float = 0.0
+    decay: str = "constant"
+    eval: bool = False
+    measure_comm: bool = False
+    comm_steps: int | None = None
+    bucket_cap_mb: float | None = None
+    accumulation_steps: int = 1
+    seed: int = 0
+    tag: str = ""
+    debug_slow_rank: int | None = None
+    debug_slow_loader_seconds: float | None = None
+    method: str = "DDP"
+
+    def validate(self) -> RunConfig:
+        """Raise :class:`LabError` on a value no run can take (before any process starts)."""
+        check_batch_size(self.batch_size, "per-device batch size")
+        for what in ("devices", "epochs", "width", "base_batch", "accumulation_steps", "train_images",
+                     "test_images"):
+            check_positive_int(getattr(self, what), what.replace("_", " "))
+        if self.measure_comm:
+            check_positive_int(self.comm_steps, "comm steps")
+        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
+            raise LabError(f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}.")
+        if (self.debug_slow_rank is None) != (self.debug_slow_loader_seconds is None):
+            raise LabError("debug_slow_rank and debug_slow_loader_seconds go together; give both or neither.")
+        check_choice(self.dataset, DATASET_CHOICES[1:], "dataset (resolved)")
+        check_choice(self.lr_rule, LR_RULES, "lr rule")
+        check_choice(self.decay, DECAYS, "decay")
+        if not self.lr > 0:
+            raise LabError(f"lr must be positive, got {self.lr}.")
+        if not 0 <= self.warmup_epochs <= self.epochs:
+            raise LabError(f"warmup_epochs must be between 0 and epochs ({self.epochs}), "
+                           f"got {self.warmup_epochs}.")
+        return self
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.devices * self.accumulation_steps
+
+    def config(self, record: str = "aggregate", rank: int | None = None) -> dict[str, Any]:
+        """The records' ``config`` (stable: it is the resume key). ``accumulation_steps`` and the test
+        knob appear only when used, so the keys of ordinary runs, and of records stored before these
+        options existed, stay what they were."""
+        cfg = {
+            "method": self.method, "record": record, "rank": rank, "devices": self.devices,
+            "backend": self.backend, "device_type": "cuda" if self.backend == "nccl" else "cpu",
+            "batch_size": self.batch_size, "global_batch": self.global_batch, "epochs": self.epochs,
+            "width": self.width, "train_images": self.train_images, "test_images": self.test_images,
+            "dataset": self.dataset, "num_workers": self.num_workers, "lr": self.lr, "lr_rule": self.lr_rule,
+            "base_batch": self.base_batch, "warmup_epochs": self.warmup_epochs, "decay": self.decay,
+            "eval": self.eval, "measure_comm": self.measure_comm,
+            "comm_steps": self.comm_steps if self.measure_comm else None, "bucket_cap_mb": self.bucket_cap_mb,
+            "seed": self.seed, "tag": self.tag,
+        }
+        if self.accumulation_steps != 1:
+            cfg["accumulation_steps"] = self.accumulation_steps
+        if self.debug_slow_rank is not None:
+            cfg["debug_slow_rank"] = self.debug_slow_rank
+            cfg["debug_slow_loader_seconds"] = self.debug_slow_loader_seconds
+        return cfg
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> RunConfig:
+        """Back from a record's ``config`` (the keys that are not fields, e.g. ``record``, are derived)."""
+        return cls(**{f.name: cfg[f.name] for f in fields(cls) if f.name in cfg})
+
+
 # --------------------------------------------------------------------------- data
 
 
-def train_dataset(args: WorkerArgs):
+def train_dataset(args: RunConfig):
     """The (resolved) training subset with the spec's train transforms."""
     if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
         return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
@@ -182,7 +255,7 @@ def train_dataset(args: WorkerArgs):
     return Subset(ds, range(args.train_images)) if args.train_images < len(ds) else ds
 
 
-def test_shard(args: WorkerArgs, rank: int, world: int):
+def test_shard(args: RunConfig, rank: int, world: int):
     """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
     if args.dataset == "synthetic":
         ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
@@ -204,36 +277,32 @@ def sample_order_head(sampler, n: int = SAMPLE_ORDER_HEAD) -> list[int]:
 # --------------------------------------------------------------------------- training
 
 
-def run_worker(args: WorkerArgs, ctx: DistContext) -> list[Record]:
-    """Run every requested batch size; rank 0 returns all records (the other ranks an empty list).
-
-    The data sets are built once; each batch size gets a fresh model, optimizer, loaders
-    and schedule. Rank 0 appends each batch size's records to ``args.out`` as soon as they
-    exist, so a later failure (e.g. out of memory at a larger batch) keeps the earlier ones.
-    """
+def prepare(job: Job, ctx: DistContext) -> dict[str, Any]:
+    """What every configuration of the job shares: the training set (and this rank's test shard),
+    built once (the job's configurations share their data settings: the plan groups them so)."""
     apply_training_backends()  # the cuDNN settings of every training path; each record states them
-    t_worker = time.perf_counter()
-    train_ds = train_dataset(args)
-    test_ds = test_shard(args, ctx.rank, ctx.world_size) if args.eval else None
-    data_seconds = time.perf_counter() - t_worker
-    out: list[Record] = []
-    for b in args.batch_sizes:
-        records = run_config(args.for_batch(b), ctx, train_ds, test_ds, data_seconds)
-        if ctx.rank == 0:
-            append_records(args.out, records)
-            out += records
-    return out
+    t0 = time.perf_counter()
+    first = RunConfig.from_config(job.configs[0])
+    return {"train": train_dataset(first),
+            "test": test_shard(first, ctx.rank, ctx.world_size) if any(c.get("eval") for c in job.configs)
+            else None,
+            "data_seconds": time.perf_counter() - t0}
 
 
-def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
-               data_seconds: float = 0.0) -> list[Record]:
+def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> list[Record]:
     """Train one configuration (one per-device batch size): every epoch through
     :func:`~lab_utils.core.loop.run_epoch`, then the records (rank 0; an empty list elsewhere)."""
     t_config = time.perf_counter()
+    args = RunConfig.from_config(config).validate()
+    train_ds, data_seconds = state["train"], state["data_seconds"]
+    test_ds = state["test"] if args.eval else None
+    if args.devices != ctx.world_size:
+        raise LabError(f"The configuration is for {args.devices} devices but the job has "
+                       f"{ctx.world_size} ranks.")
     device = ctx.device
     cuda = device.type == "cuda"
     if args.debug_slow_rank is not None and args.debug_slow_rank >= ctx.world_size:
-        raise LabError(f"--debug-slow-rank {args.debug_slow_rank} is not a rank of this run "
+        raise LabError(f"debug_slow_rank {args.debug_slow_rank} is not a rank of this run "
                        f"(0..{ctx.world_size - 1}).")
     if ctx.rank == 0:
         print(f"config: {ctx.world_size} x {ctx.backend} ({device.type}), batch {args.batch_size} per device",
@@ -244,7 +313,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
     common = loader_worker_options(args.num_workers, cuda)
     train_loader = DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler, **common)
     test_loader = (None if test_ds is None else
-                   DataLoader(test_ds, batch_size=get_profile(args.profile).test_batch_size, shuffle=False,
+                   DataLoader(test_ds, batch_size=get_profile(job.profile).test_batch_size, shuffle=False,
                               **common))
     # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
     torch.manual_seed(args.seed)
@@ -292,6 +361,8 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
             print(f"epoch {epoch}/{args.epochs}: {ep.epoch_seconds:.2f} s (rank 0), train loss "
                   f"{rec['train_loss']:.4f}{acc}", flush=True)
     probe = _probe(ddp, train_loader, comm_timer, args.comm_steps, ctx) if comm_timer is not None else None
+    if probe is not None:  # (b) and (c) per epoch from this rank's probe: aggregated like any phase
+        epochs[-1].update(probe_seconds(probe, epochs[-1]["steps"]))
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
     gathered: list[Any] = [None] * ctx.world_size
@@ -307,7 +378,7 @@ def run_config(args: WorkerArgs, ctx: DistContext, train_ds, test_ds,
                "accumulation_steps": args.accumulation_steps, "batches_per_epoch": batches_per_epoch,
                "peak_lr": peak, "warmup_steps": warmup_steps,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
-    return build_records(args, ctx, gathered, summary)
+    return build_records(config, job, args, ctx, gathered, summary)
 
 
 def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> dict[str, Any]:
@@ -322,8 +393,8 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
         "train_loss": ep.global_loss, "train_accuracy": ep.global_accuracy, "global_images": ep.global_images,
         "lr_first": lr_first, "lr": lr, "sample_order_head": head,
     }
-    if ep.allreduce_seconds is not None:
-        rec["allreduce_seconds"] = ep.allreduce_seconds
+    if ep.allreduce_seconds is not None:  # the comm hook during the epoch itself (not the probe)
+        rec["epoch_allreduce_seconds"] = ep.allreduce_seconds
         rec["exposed_tail_seconds"] = ep.exposed_tail_seconds
     return rec
 
@@ -369,11 +440,6 @@ def _evaluate(ddp, loader, device) -> dict[str, float]:
             "eval_seconds": time.perf_counter() - t0}
 
 
-def _mean(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.fmean(xs) if xs else None
-
-
 def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) -> str:
     """E.g. ``4 x 512 emulated with 2 devices x 2 accumulation steps (...)``."""
     total = devices * accumulation_steps
@@ -383,8 +449,8 @@ def accumulation_note(batch_size: int, devices: int, accumulation_steps: int) ->
             f"running statistics get {accumulation_steps} updates per step)")
 
 
-def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, Any]],
-                  summary: dict[str, Any]) -> list[Record]:
+def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistContext,
+                  gathered: list[dict[str, Any]], summary: dict[str, Any]) -> list[Record]:
     """Rank 0: the aggregate record and one record per rank."""
     synthetic = args.dataset == "synthetic"
     dataset_name = "synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10"
@@ -413,56 +479,28 @@ def build_records(args: WorkerArgs, ctx: DistContext, gathered: list[dict[str, A
         "startup_seconds": max(g["startup_seconds"] for g in gathered),
         "worker_seconds": summary["worker_seconds"],
     })
-    probes = [g["comm_probe"] for g in gathered if g.get("comm_probe")]
-    if probes:
-        probe = {k: _mean([p[k] for p in probes]) for k in probes[0]}
-        probe["buckets"] = max(p["buckets"] for p in probes)
-        steps = reported["steps"]
-        exposed = probe["exposed_per_step_seconds"] * steps
-        allreduce = probe["allreduce_per_step_seconds"] * steps
-        overlap, fraction = overlap_figures(exposed, allreduce)
-        metrics.update({
-            "comm_probe": probe, "exposed_comm_seconds": exposed, "allreduce_seconds": allreduce,
-            "overlap_seconds": overlap, "overlap_fraction": fraction,
-            "exposed_tail_seconds": reported.get("exposed_tail_seconds_mean"),
-            "allreduce_buckets": probe["buckets"],
-        })
+    probe = next((g["comm_probe"] for g in gathered if g["rank"] == reported["slowest_rank"]), None)
+    if probe:  # (b), (c) and their overlap per epoch are the slowest rank's (aggregate_epoch), as T(N)
+        metrics.update({"comm_probe": probe,
+                        "allreduce_buckets": max(g["comm_probe"]["buckets"] for g in gathered)})
     if summary["accumulation_steps"] > 1:
         metrics["accumulation_note"] = accumulation_note(args.batch_size, ctx.world_size,
                                                          summary["accumulation_steps"])
     if args.debug_slow_rank is not None:
         metrics["debug_note"] = (f"TEST KNOB: rank {args.debug_slow_rank}'s loader was slowed by "
                                  f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")
-    experiment = args.experiment or "ddp"
-    common = {"profile": args.profile, "synthetic": synthetic, "dataset": dataset_name,
+    common = {"profile": job.profile, "synthetic": synthetic, "dataset": dataset_name,
               "hardware": hardware, "software": software_versions()}
-    records = [Record(experiment, args.record_config(ctx.world_size, ctx.backend), metrics, **common)]
+    records = [Record(job.experiment, dict(config), metrics, **common)]
     for g in gathered:
         last = g["epochs"][-1]
         rmetrics = {k: v for k, v in last.items() if k not in ("epoch", "sample_order_head")}
         rmetrics.update({"rank": g["rank"], "reported_epoch": last["epoch"], "epochs": g["epochs"],
                          "startup_seconds": g["startup_seconds"], "comm_probe": g.get("comm_probe")})
-        records.append(Record(experiment, args.record_config(ctx.world_size, ctx.backend, "rank", g["rank"]),
-                              rmetrics, **common))
+        records.append(Record(job.experiment, {**config, "record": "rank", "rank": g["rank"]}, rmetrics,
+                              **common))
     return records
 
 
-def main(argv: list[str] | None = None) -> int:
-    setup_rank_logging()
-    try:
-        args = WorkerArgs.from_argv(argv).resolved()
-    except LabError as e:  # bad input: one line in the rank's log, before any process group
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    ctx = init_distributed(args.backend)
-    try:
-        with failure_ends_rank(ctx):  # OOM on a rank (any error under NCCL) ends it: no peer left waiting
-            run_worker(args, ctx)  # rank 0 appends the records to args.out as they exist
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.modules[__name__]))

@@ -1,0 +1,105 @@
+"""THE measure of every experiment (lab_utils.plan) on a toy worker: rows for runs that cannot run,
+reuse on the same devices, one launch per group, the out-of-memory rule, failures as rows and one
+error, the same records in this process and under torchrun."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import ddp_toy_worker as toy
+import pytest
+
+from lab_utils import plan
+from lab_utils.core.errors import LaunchError
+from lab_utils.core.machine import Machine
+from lab_utils.plan import Experiment, Run
+
+TESTS = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class ToySettings:
+    sizes: tuple[int, ...] = (1, 2, 4)
+    fits: int = 2
+    processes: int = 1
+    in_process: bool = True
+    mode: str = "oom"
+    needs_gpus: int = 0
+
+
+def toy_plan(s: ToySettings, machine: Machine, profile: str) -> list[Run]:
+    return [Run("toy", {"mode": s.mode, "size": b, "fits": s.fits, "fail_rank": 0}, toy,
+                processes=s.processes, group="sizes", in_process=s.in_process, label=f"size {b}",
+                timeout_s=60,
+                skip=f"needs {s.needs_gpus} GPUs" if s.needs_gpus > machine.gpus else None)
+            for b in s.sizes]
+
+
+TOY = Experiment("toy", "99", ToySettings, toy_plan)
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + (os.pathsep + path if path else ""))
+
+
+def test_in_process_runs_are_stored_and_an_oom_ends_the_group(store, capsys):
+    recs = plan.measure("quick", TOY, ToySettings())
+    assert [(r.config["size"], r.status) for r in recs] == [(1, "ok"), (2, "ok"), (4, "oom")]
+    assert "out of memory" in recs[2].reason.lower()
+    assert len(store.records("toy")) == 3  # the oom row is stored: a resume does not try it again
+    again = plan.measure("quick", TOY, ToySettings(sizes=(1, 2, 4, 8)))
+    assert [r.status for r in again] == ["ok", "ok", "oom", "skipped"]
+    assert again[3].reason == "not tried: size 4 already ran out of memory"
+    assert len(store.records("toy")) == 3  # nothing measured twice
+    assert "nothing (all from the store)" in capsys.readouterr().out
+
+
+def test_a_run_that_cannot_run_here_is_a_row_not_stored(store):
+    recs = plan.measure("quick", TOY, ToySettings(needs_gpus=4), machine=Machine(gpus=0, cores=2))
+    assert {(r.status, r.reason) for r in recs} == {("skipped", "needs 4 GPUs")}
+    assert store.records("toy") == []
+
+
+def test_force_measures_again(store):
+    plan.measure("quick", TOY, ToySettings(sizes=(1,)))
+    plan.measure("quick", TOY, ToySettings(sizes=(1,)), force=True)
+    assert len(store.records("toy")) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_launched_group_is_one_job_and_a_rank_oom_is_a_row(store, launched):
+    """Two gloo ranks: sizes 1 and 2 fit, rank 1 runs out of memory at 4 (its failure file, not the log,
+    says so), 8 is not tried; the records equal what the in-process run gives."""
+    s = ToySettings(sizes=(1, 2, 4, 8), processes=2, in_process=False)
+    recs = plan.measure("quick", TOY, s)
+    assert [r.status for r in recs] == ["ok", "ok", "oom", "skipped"]
+    assert [m["rank"] for m in recs[0].metrics["ranks"]] == [0, 1]
+    assert "toy" in recs[2].reason and recs[3].reason.startswith("not tried")
+    assert [r.config["size"] for r in store.records("toy")] == [1, 2, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_failed_launch_is_an_error_row_and_one_error_at_the_end(store, launched):
+    s = ToySettings(sizes=(1, 2), processes=2, in_process=False, mode="fail")
+    with pytest.raises(LaunchError, match="1 run\\(s\\) of toy failed") as e:
+        plan.measure("quick", TOY, s)
+    assert "RuntimeError: deliberate failure on rank 0" in str(e.value)
+    stored = store.records("toy")
+    assert [r.status for r in stored] == ["error"]  # the second was never run: not stored
+    # an error is measured again next time
+    with pytest.raises(LaunchError):
+        plan.measure("quick", TOY, s)
+    assert len(store.records("toy")) == 2
+
+
+def test_gpu_work_is_never_planned_in_process(store):
+    bad = Experiment("toy", "99", ToySettings, lambda s, m, p: [Run("toy", {"mode": "ok"}, toy, device="cuda",
+                                                                    in_process=True)])
+    with pytest.raises(Exception, match="GPU work runs through the launcher"):
+        plan.measure("quick", bad, ToySettings())
