@@ -1,0 +1,27 @@
+"""Every experiment of the lab, in notebook order: what the time budget sums, doctor runs on a GPU node
+and ``python -m lab_utils measure NAME`` measures. Adding a notebook adds its experiments here (one line
+each; lab_utils/experiments/README.md has the whole recipe)."""
+
+from __future__ import annotations
+
+from lab_utils.core.errors import LabError
+from lab_utils.experiments import scaling
+from lab_utils.plan import Experiment
+
+EXPERIMENTS: tuple[Experiment, ...] = (
+    scaling.SCALING_EXPERIMENT,
+    scaling.COMPUTE_VS_COMM_EXPERIMENT,
+)
+
+
+def by_name(name: str) -> Experiment:
+    """The experiment called ``name`` (one sentence naming the others when there is none)."""
+    for e in EXPERIMENTS:
+        if e.name == name:
+            return e
+    raise LabError(f"No experiment {name!r}; use one of: {', '.join(e.name for e in EXPERIMENTS)}.")
+
+
+def for_notebook(notebook: str) -> tuple[Experiment, ...]:
+    """The experiments a notebook (``"02"``) measures, in the order it measures them."""
+    return tuple(e for e in EXPERIMENTS if e.notebook == notebook)
