@@ -157,7 +157,8 @@ def test_skew_wait_columns_new_and_old_records():
 def test_amdahl_gustafson_karp_flatt_by_hand():
     assert scaling_tables._amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
     assert scaling_tables._gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
-    karp_flatt = scaling_tables.karp_flatt
+    from lab_utils.core.speedup import karp_flatt
+
     assert karp_flatt(scaling_tables._amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
     assert karp_flatt(4.0, 4) == pytest.approx(0.0) and karp_flatt(1.0, 1) is None
 
@@ -475,7 +476,8 @@ def test_table2_flags_exposed_comm_within_its_noise():
     one = agg("DDP", 1, 32, 10.0, 32)
     rows = []
     for se in (0.006, 0.002):
-        probe = {"exposed_per_step_seconds": 0.01, "allreduce_per_step_seconds": 0.5 / 16, "noise_seconds": se}
+        probe = {"exposed_per_step_seconds": 0.01, "allreduce_per_step_seconds": 0.5 / 16,
+                 "noise_seconds": se}
         rec = agg("DDP", 2, 32, 6.0, 16, **probe_seconds(probe, 16))   # the worker's numbers
         rows.append(compute_vs_comm.comm_row(rec, one))
     assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
