@@ -18,6 +18,7 @@ table            dataclass                                             notebook
 ``GPT``          :class:`lab_utils.experiments.gpt.Settings`            06
 ``QUANT``        :class:`lab_utils.experiments.quantize.Settings`       07
 ``FAST``         :class:`lab_utils.experiments.fastpath.Settings`       08
+``BUILD_DDP``    :class:`lab_utils.experiments.build_ddp.Settings`      09
 ===============  ====================================================  ========
 
 Each module registers its dataclass with its table (:func:`register`: keyed by the class,
@@ -170,6 +171,19 @@ COMM_LAB = {
 }
 
 
+
+BUILD_DDP = {
+    # CPU/CI: ResNet-18 at width 8 (176k parameters, 0.7 MB of gradients, the spec model's 62 tensors) on
+    # gloo CPU processes of one thread, 2 and 4 of them (4 take turns on 2 cores: oversubscribed, the
+    # table says so). Bucket sizes scaled with the gradient (x 176k / 11.2M): DDP's 25 MB is 0.4 MB, the
+    # sweep's 1, 5, 25 MB are 0.016, 0.08, 0.4 MB; 100 MB would already be one bucket.
+    "quick": dict(batch_sizes=(8, 32), width=8, warmup=1, steps=5, check_steps=3, check_batch=8,
+                  bucket_cap_mb=0.4, sweep_mb=(0.016, 0.08, 0.4), trace_steps=2, bench_max_bytes=4 * MIB,
+                  max_cpu_processes=4, timeout_s=300.0,
+                  label="quick: ResNet-18 width 8; gloo over single-thread CPU processes"),
+    # The spec model on GPUs with NCCL: 2 and 4 ranks, 32 ... 512 per GPU, DDP's 25 MB buckets.
+    "full": dict(label="full: spec ResNet-18 (width 64) on CIFAR-10 batches, NCCL"),
+}
 
 
 # The settings of every class, keyed by the class itself (not its name): filled by register(),

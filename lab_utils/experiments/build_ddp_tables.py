@@ -1,0 +1,258 @@
+"""Notebook 09's tables and figures, from the records :func:`lab_utils.plan.measure` returned.
+
+Tables select and rename what the worker measured (:mod:`lab_utils.workers.handmade_ddp`); the one
+number they add, the alpha-beta prediction, spans records (the fit comes from notebook 04's
+benchmark in the store, else from this run's own all-reduce timing) and is computed in one place,
+:func:`predictions`, with :func:`lab_utils.core.handmade.predicted_seconds`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_utils.core.handmade import predicted_seconds
+from lab_utils.core.ring import fit_alpha_beta
+from lab_utils.plan import aggregates
+from lab_utils.store import Record, ResultStore
+from lab_utils.workers.handmade_ddp import IMPLEMENTATIONS
+
+__all__ = ["check_table", "compare_table", "compression_table", "fits", "merge_traces", "sweep_figure",
+           "sweep_table", "trace_figure"]
+
+NO_FIT = "no fit: run notebook 04 first"
+_COMM = tuple(f"{backend}:{op}" for backend in ("gloo", "nccl")
+              for op in ("all_reduce", "reduce_scatter", "all_gather"))
+
+
+def _ok(records: Sequence[Record], kind: str) -> list[Record]:
+    return [r for r in aggregates(records) if r.status == "ok" and r.config.get("kind") == kind]
+
+
+def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, str]]:
+    """Per rank count: ``(fit, where it comes from)``. Notebook 04's benchmark (experiment
+    ``allreduce_bench``, this machine's records, the same backend) when it holds 3 or more sizes,
+    else this run's own all-reduce timing (its ``bench`` record), else ``(None, NO_FIT)``."""
+    out: dict[int, tuple[Any, str]] = {}
+    bench04 = [r for r in store.latest_here("allreduce_bench").records if r.status == "ok"]
+    for rec in _ok(records, "bench"):
+        n, backend = rec.config["devices"], rec.config["backend"]
+        points = sorted((r.config["size_bytes"], r.metrics["time_us"] * 1e-6) for r in bench04
+                        if r.config.get("world_size") == n and r.config.get("backend") == backend)
+        if len(points) >= 3:
+            out[n] = (fit_alpha_beta([s for s, _ in points], [t for _, t in points], n),
+                      f"notebook 04's benchmark ({len(points)} sizes)")
+        else:
+            out[n] = (_Fit(**{k: rec.metrics["fit"][k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
+                      f"this run's all-reduce timing ({len(rec.config['sizes_bytes'])} sizes)")
+    return out
+
+
+class _Fit:
+    """The two numbers of a stored fit that the prediction needs."""
+
+    def __init__(self, alpha_seconds: float, bandwidth_bytes_per_s: float):
+        self.alpha_seconds, self.bandwidth_bytes_per_s = alpha_seconds, bandwidth_bytes_per_s
+
+
+def predictions(row: dict[str, Any], devices: int, found: dict[int, tuple[Any, str]]) -> dict[str, Any]:
+    """THE prediction of one implementation's row: alpha-beta communication and exposed ms per step."""
+    fit, source = found.get(devices, (None, NO_FIT))
+    if fit is None:
+        return {"predicted_comm_ms": None, "predicted_exposed_ms": None, "fit": source}
+    comm, exposed = predicted_seconds(row["messages"], devices, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
+                                      row["overlaps"])
+    return {"predicted_comm_ms": 1e3 * comm, "predicted_exposed_ms": 1e3 * exposed, "fit": source}
+
+
+def _timing(row: dict[str, Any]) -> dict[str, Any]:
+    ms = {f"{k.replace('_seconds', '_ms')}": 1e3 * row[k] for k in
+          ("step_seconds", "step_seconds_p10", "step_seconds_p90", "comm_exposed_seconds",
+           "comm_exposed_seconds_p10", "comm_exposed_seconds_p90") if k in row}
+    return {**ms, "collectives": len(row["messages"]),
+            "bytes_per_rank_per_step": row["bytes_per_rank_per_step"]}
+
+
+def compare_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
+    """The comparison: per (ranks, per-device batch) and implementation, the step (median, p10, p90 of
+    the slowest rank), its exposed communication, the bytes sent and the alpha-beta prediction."""
+    found = fits(store, records)
+    rows = []
+    sweep = _sweep_record(records)
+    for rec in _ok(records, "compare"):
+        if rec is sweep:
+            continue  # the bucket sweep: its own table
+        n = rec.config["devices"]
+        for row in rec.metrics["implementations"]:
+            rows.append({"devices": n, "per_device_batch": rec.config["batch_size"],
+                         "implementation": IMPLEMENTATIONS[row["implementation"]], **_timing(row),
+                         **predictions(row, n, found)})
+    return pd.DataFrame(rows)
+
+
+def _sweep_record(records: Sequence[Record]) -> Record | None:
+    """The bucket sweep's record (the comparison that ends with DDP's bf16 hook)."""
+    return next((r for r in _ok(records, "compare") if r.config["implementations"][-1][0] == "ddp_bf16"),
+                None)
+
+
+def sweep_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
+    """(c) at each bucket size (and one bucket), with the prediction: more buckets pay more alpha,
+    bigger ones leave more of the all-reduce after backward."""
+    rec = _sweep_record(records)
+    if rec is None:
+        return pd.DataFrame()
+    found, n = fits(store, records), rec.config["devices"]
+    rows = []
+    for row in rec.metrics["implementations"]:
+        if row["implementation"] != "bucketed":
+            continue
+        mb = row["bucket_mb"]
+        rows.append({"bucket_mb": "one bucket" if mb is None else mb, "buckets": len(row["messages"]),
+                     **_timing(row), **predictions(row, n, found)})
+    return pd.DataFrame(rows)
+
+
+def sweep_figure(table: pd.DataFrame):
+    """Measured step and exposed communication per bucket count, with the predicted curves."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    t = table.sort_values("buckets")
+    x = t["buckets"]
+    ax.errorbar(x, t["comm_exposed_ms"], yerr=[t["comm_exposed_ms"] - t["comm_exposed_ms_p10"],
+                                               t["comm_exposed_ms_p90"] - t["comm_exposed_ms"]],
+                fmt="o-", capsize=3, label="measured exposed communication (median, p10-p90)")
+    if t["predicted_comm_ms"].notna().all():
+        ax.plot(x, t["predicted_comm_ms"], "s--", label="predicted all-reduce time (alpha-beta)")
+        ax.plot(x, t["predicted_exposed_ms"], "^:", label="predicted exposed (last bucket only)")
+    ax.set_xscale("log")
+    ax.set_xlabel("buckets per step (bucket size falls to the right)")
+    ax.set_ylabel("ms per step")
+    ax.set_title("(c) bucketed: bucket size vs communication")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def check_table(records: Sequence[Record]) -> pd.DataFrame:
+    """Each implementation after K steps against one process on the global batch, and the optimizer
+    state each rank holds (ZeRO-1's shard next to DDP's whole)."""
+    rows = []
+    for rec in _ok(records, "check"):
+        for row in rec.metrics["implementations"]:
+            lossy = row["equal"] is None
+            tolerance = (f"{row['dtype']} gradients: lossy, not expected equal" if lossy
+                         else f"{row['dtype']}: rtol {row['rtol']:g}, atol {row['atol']:g}")
+            rows.append({"devices": rec.config["devices"],
+                         "implementation": IMPLEMENTATIONS[row["implementation"]],
+                         "steps": rec.metrics["steps"], "max_abs_diff": row["max_abs_diff"],
+                         "tolerance": tolerance,
+                         "equal": row["equal"], "last_step_loss": row["last_step_loss"],
+                         "optimizer_state_bytes_per_rank": max(row["sgd_state_bytes"])})
+    return pd.DataFrame(rows)
+
+
+def compression_table(records: Sequence[Record]) -> pd.DataFrame:
+    """DDP with fp32 buckets and with the bf16 compression hook: the step (sweep record), the loss and
+    the distance from one process after K steps (the check)."""
+    rec = _sweep_record(records)
+    check = {(r.config["devices"], row["implementation"]): row for r in _ok(records, "check")
+             for row in r.metrics["implementations"]}
+    rows = []
+    for row in (rec.metrics["implementations"] if rec else []):
+        if row["implementation"] in ("ddp", "ddp_bf16"):
+            after = check.get((rec.config["devices"], row["implementation"]), {})
+            rows.append({"implementation": IMPLEMENTATIONS[row["implementation"]], **_timing(row),
+                         "loss_after_k_steps": after.get("last_step_loss"),
+                         "max_abs_diff_after_k_steps": after.get("max_abs_diff")})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def merge_traces(records: Sequence[Record], out: Path) -> Path | None:
+    """The per-rank Chrome traces of the ``trace`` record merged into one file, one process row per
+    rank (``pid`` = rank): the ranks share this machine's clock, so their rows line up. None when
+    there is no trace."""
+    rec = next(iter(_ok(records, "trace")), None)
+    if rec is None or not all(Path(p).exists() for p in rec.metrics["trace_paths"]):
+        return None
+    events: list[dict[str, Any]] = []
+    for rank, path in enumerate(rec.metrics["trace_paths"]):
+        trace = json.loads(Path(path).read_text())
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "M" and e.get("name", "").startswith("process_"):
+                continue  # the rank's own process row replaces them
+            events.append({**e, "pid": rank})
+        events += [{"ph": "M", "name": name, "pid": rank, "tid": 0, "args": args} for name, args in
+                   (("process_name", {"name": f"rank {rank}"}), ("process_sort_index", {"sort_index": rank}))]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                               "otherData": {"ranks": len(rec.metrics["trace_paths"]),
+                                             "steps_traced": rec.metrics["steps_traced"]}}))
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def _lanes(events: list[dict[str, Any]], start: float, end: float) -> tuple[list, list]:
+    """(compute, communication) intervals of one rank inside [start, end]: GPU kernels where the trace
+    has them (NCCL's kernels are the communication), else the CPU's autograd functions and the
+    backend's collectives (gloo's run in its own threads)."""
+    inside = [e for e in events
+              if e.get("ph") == "X" and start <= e["ts"] and e["ts"] + e.get("dur", 0) <= end]
+    kernels = [e for e in inside if e.get("cat") == "kernel"]
+    if kernels:
+        comm = [e for e in kernels if "nccl" in e["name"].lower()]
+        compute = [e for e in kernels if "nccl" not in e["name"].lower()]
+    else:
+        comm = [e for e in inside if e["name"].startswith(_COMM)]
+        compute = [e for e in inside if e["name"].startswith("autograd::engine::evaluate_function")]
+    return (_union([(e["ts"], e["ts"] + e["dur"]) for e in compute]),
+            _union([(e["ts"], e["ts"] + e["dur"]) for e in comm]))
+
+
+def trace_figure(path: Path):
+    """Per implementation (its last traced step) and rank: backward compute against all-reduce in
+    flight, on the ranks' common clock (ms from the first rank's start of that step)."""
+    import matplotlib.pyplot as plt
+
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    ranks = sorted({e["pid"] for e in events if isinstance(e.get("pid"), int)})
+    names = [IMPLEMENTATIONS[k] for k in ("flat", "bucketed", "ddp")]
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.1 + 0.9 * len(ranks) * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        steps = {r: max((e for e in events if e.get("pid") == r and e.get("name") == name
+                         and e.get("ph") == "X"), key=lambda e: e["ts"], default=None) for r in ranks}
+        if any(s is None for s in steps.values()):
+            ax.set_title(f"{name}: not in the trace")
+            continue
+        t0 = min(s["ts"] for s in steps.values())
+        for i, r in enumerate(ranks):
+            s = steps[r]
+            compute, comm = _lanes([e for e in events if e.get("pid") == r], s["ts"], s["ts"] + s["dur"])
+            y = 2 * (len(ranks) - 1 - i)
+            for lane, spans, colour in ((1, compute, "tab:blue"), (0, comm, "tab:orange")):
+                bars = [((a - t0) / 1e3, (b - a) / 1e3) for a, b in spans]
+                ax.broken_barh(bars, (y + lane, 0.8), color=colour)
+        ax.set_yticks([2 * (len(ranks) - 1 - i) + k + 0.4 for i in range(len(ranks)) for k in (1, 0)])
+        ax.set_yticklabels([f"rank {r} {lane}" for r in ranks for lane in ("backward", "all-reduce")],
+                           fontsize=7)
+        ax.set_title(f"{name}: one step", fontsize=9)
+    axes[-1, 0].set_xlabel("ms from the step's start on the first rank")
+    fig.tight_layout()
+    return fig
