@@ -224,6 +224,22 @@ SECTIONS: tuple[Section, ...] = (
             report=("At how many devices does efficiency drop below 50 % for each per-GPU batch, and which "
                     "term (latency or bandwidth) causes it? Why do larger per-GPU batches scale further? "
                     "Which assumption is the most optimistic for a real multi-node cluster?",)),
+    Section("Extra", "Data parallelism built by hand", "09_build_ddp", "7 · Which is fastest here, and why",
+            "Naive, flat, bucketed and ZeRO-1 data parallelism checked against one process and timed against "
+            "torch's DDP and the alpha-beta model.",
+            ("build_ddp_check", "build_ddp", "build_ddp_buckets", "build_ddp_bf16"),
+            ("build_ddp_buckets", "build_ddp_trace"),
+            report=("Which implementation's step is slowest at each rank count, and which term of the "
+                    "alpha-beta model (alpha per message or bytes over bandwidth) accounts for its exposed "
+                    "communication? Compare the measured and the predicted milliseconds.",
+                    "In the merged trace (figure and JSON), where does each rank's all-reduce run relative "
+                    "to its backward, for (b), (c) and DDP? Is there a straggler?",
+                    "ZeRO-1 holds 1/N of the optimizer state per rank: what does it send per step compared "
+                    "with DDP, and what would ZeRO-2 and ZeRO-3 shard next?"),
+            by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards"),
+            by_hand_asks="Which implementation is fastest on your machine at each batch size, and why? Use "
+                         "the step time with its spread, the exposed communication, the bytes sent and the "
+                         "prediction; say whether the difference is larger than the spread."),
 )
 
 #: Every key of the assignment, in its order (the test's one table checks SECTIONS against it).

@@ -31,13 +31,15 @@ from lab_utils import questions
 from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
 from lab_utils.core.estimates import *  # noqa: F403  (moving: the helper rewrites time_budget)
-from lab_utils.experiments import comm, fastpath, gpt, large_batch, quantize, scaling, sweep
+from lab_utils.core.machine import BUDGET_NODE
+from lab_utils.experiments import comm, fastpath, gpt, large_batch, quantize, registry, scaling, sweep
+from lab_utils.plan import make_plan
 
 #: The notebooks and their topics; what each answers comes from :mod:`lab_utils.questions`.
 NOTEBOOKS: dict[str, str] = {
     "00": "environment", "01": "batch-size sweep", "02": "multi-GPU scaling",
     "03": "compute vs communication", "04": "all-reduce bandwidth", "05": "large-batch training",
-    "06": "GPT with DDP", "07": "int8 quantization", "08": "speed limits",
+    "06": "GPT with DDP", "07": "int8 quantization", "08": "speed limits", "09": "data parallelism by hand",
 }
 
 
@@ -122,6 +124,14 @@ def notebook_parts(notebook: str) -> list[Part]:
                               IN_PROCESS_RUN_S + s.accuracy_epochs * (spec + test_pass_seconds(1))))
             parts.append(Part(f"accuracy: fastest, {s.accuracy_epochs} epochs + tests",
                               IN_PROCESS_RUN_S + COMPILE_S + s.accuracy_epochs * 1.2 * fast))
+    else:  # a notebook on the plan of runs (issue 34): its full plan on the budget node, a launch per group
+        for exp in registry.for_notebook(nb):
+            full = profiles.settings(exp.settings, "full")
+            runs = [r for r in make_plan(exp, full, BUDGET_NODE) if not r.skip]
+            for group in dict.fromkeys(r.group for r in runs):
+                members = [r for r in runs if r.group == group]
+                seconds = LAUNCH_S + sum(exp.cost(r) for r in members)
+                parts.append(Part(f"{group}: {len(members)} runs", seconds, members[0].processes))
     return parts
 
 

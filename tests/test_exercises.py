@@ -1,4 +1,4 @@
-"""The autograded exercises of notebooks 01-07, checked without executing a notebook.
+"""The autograded exercises of notebooks 01-07 and 09, checked without executing a notebook.
 
 For every autograded question of the master notebooks (otter assign v7 format, test cells written
 as ``check(QUESTION, FUNCTION, [cases])``, lab_utils.grading):
@@ -41,6 +41,7 @@ QUESTIONS = {
     "05_large_batch_training": ["q05_lr_schedule", "q05_set_epoch"],
     "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time"],
     "07_quantization": ["q07_int8_size"],
+    "09_build_ddp": ["q09_average", "q09_buckets", "q09_shards"],
 }
 MANUAL = {nb: f"q{nb[:2]}_report" for nb in QUESTIONS}
 ALL = [(nb, q) for nb, qs in QUESTIONS.items() for q in qs]
@@ -273,6 +274,43 @@ def _check_q07_int8_size(f):
         assert f(model, keep_in_float=linears) == Q.payload_bytes(model.state_dict())  # all float: fp32 size
 
 
+def _check_q09_average(f):
+    """In 2 gloo ranks the solution leaves every rank what the lab's (a), handmade.Naive, does."""
+    import torch
+
+    from lab_utils.core import handmade
+
+    def ranks(rank, world):
+        torch.manual_seed(rank)
+        model = torch.nn.Linear(3, 2)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        grads = [p.grad.clone() for p in model.parameters()]
+        handmade.Naive(model, torch.optim.SGD(model.parameters(), lr=0.1)).sync()
+        return [a.tolist() for a in f(grads)], [p.grad.tolist() for p in model.parameters()]
+
+    for mine, lab in handmade.run_in_ranks(ranks, 2):
+        assert mine == lab
+
+
+def _check_q09_buckets(f):
+    from lab_utils.core.handmade import assign_buckets
+    from lab_utils.models import ResNet18
+
+    sizes = [p.numel() * p.element_size() for p in ResNet18(width=8).parameters()]
+    for cap in (16_000, 419_430, 10**9):
+        assert f(sizes, cap) == assign_buckets(sizes, cap)
+        assert sorted(i for b in f(sizes, cap) for i in b) == list(range(62))
+
+
+def _check_q09_shards(f):
+    from lab_utils.core.handmade import shard_bounds
+
+    for n, p in ((11_173_962, 4), (176_402, 4), (7, 3), (3, 5)):
+        assert [tuple(b) for b in f(n, p)] == shard_bounds(n, p)
+    assert [e - s for s, e in f(11_173_962, 4)] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]  # by hand
+
+
 CHECKS = {
     "q01_step_timer": _check_q01, "q01_train_transform": _check_q01_train_transform,
     "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
@@ -280,6 +318,7 @@ CHECKS = {
     "q04_utilization": _check_q04_utilization, "q05_lr_schedule": _check_q05_lr_schedule,
     "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
     "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time, "q07_int8_size": _check_q07_int8_size,
+    "q09_average": _check_q09_average, "q09_buckets": _check_q09_buckets, "q09_shards": _check_q09_shards,
 }
 
 

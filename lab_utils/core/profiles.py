@@ -177,7 +177,9 @@ BUILD_DDP = {
     # gloo CPU processes of one thread, 2 and 4 of them (4 take turns on 2 cores: oversubscribed, the
     # table says so). Bucket sizes scaled with the gradient (x 176k / 11.2M): DDP's 25 MB is 0.4 MB, the
     # sweep's 1, 5, 25 MB are 0.016, 0.08, 0.4 MB; 100 MB would already be one bucket.
-    "quick": dict(batch_sizes=(8, 32), width=8, warmup=1, steps=5, check_steps=3, check_batch=8,
+    # Batches of 4 and 16 per rank keep the notebook near a minute on 2 cores (every round of the
+    # comparison steps every implementation once).
+    "quick": dict(batch_sizes=(4, 16), width=8, warmup=1, steps=4, check_steps=3, check_batch=4,
                   bucket_cap_mb=0.4, sweep_mb=(0.016, 0.08, 0.4), trace_steps=2, bench_max_bytes=4 * MIB,
                   max_cpu_processes=4, timeout_s=300.0,
                   label="quick: ResNet-18 width 8; gloo over single-thread CPU processes"),

@@ -21,8 +21,8 @@ from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.workers.handmade_ddp import IMPLEMENTATIONS
 
-__all__ = ["check_table", "compare_table", "compression_table", "fits", "merge_traces", "sweep_figure",
-           "sweep_table", "trace_figure"]
+__all__ = ["check_table", "check_verdict", "compare_table", "compression_table", "fits", "merge_traces",
+           "notes", "sweep_figure", "sweep_table", "trace_figure"]
 
 NO_FIT = "no fit: run notebook 04 first"
 _COMM = tuple(f"{backend}:{op}" for backend in ("gloo", "nccl")
@@ -31,6 +31,33 @@ _COMM = tuple(f"{backend}:{op}" for backend in ("gloo", "nccl")
 
 def _ok(records: Sequence[Record], kind: str) -> list[Record]:
     return [r for r in aggregates(records) if r.status == "ok" and r.config.get("kind") == kind]
+
+
+def _not_measured(records: Sequence[Record], kind: str) -> list[dict[str, Any]]:
+    """A row per run of ``kind`` that was not measured, saying why ("needs 4 GPUs", an error)."""
+    return [{"devices": r.config["devices"], "per_device_batch": r.config["batch_size"],
+             "implementation": f"not measured: {r.reason or r.status}"}
+            for r in aggregates(records) if r.status != "ok" and r.config.get("kind") == kind]
+
+
+def notes(records: Sequence[Record]) -> list[str]:
+    """What every table of notebook 09 measured, and on what (CPU runs and oversubscription said)."""
+    out = ["step_ms: from a barrier to the end of the optimizer step (forward, loss, backward, gradient "
+           "sync, step; the batch already on the device), the slowest rank's, median over the timed steps; "
+           "p10 and p90 beside it. The implementations run interleaved, one step each per round.",
+           "comm_exposed_ms: per round, the step minus the no-communication step of the same round (each "
+           "rank steps on its own gradient); median and p10-p90 over the rounds (negative: noise).",
+           "bytes_per_rank_per_step: what one rank sends in ring collectives, 2(P-1)/P x S per all-reduce, "
+           "half that per reduce-scatter or all-gather; collectives: messages per step.",
+           "predicted_*_ms: the alpha-beta ring model, every collective one after the other; exposed = the "
+           "last collective only for (c) and DDP (everything before it hidden behind backward)."]
+    cpu = [r for r in aggregates(records)
+           if r.status == "ok" and (r.hardware or {}).get("device_type") == "cpu"]
+    if cpu:
+        cores = max((r.hardware or {}).get("cpu_cores") or 0 for r in cpu)
+        out.append(f"CPU: gloo between single-thread processes on {cores or 'these'} cores; more ranks than "
+                   "cores take turns (oversubscribed), so their times measure time-sharing too.")
+    return out
 
 
 def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, str]]:
@@ -91,7 +118,7 @@ def compare_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame
             rows.append({"devices": n, "per_device_batch": rec.config["batch_size"],
                          "implementation": IMPLEMENTATIONS[row["implementation"]], **_timing(row),
                          **predictions(row, n, found)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows + _not_measured(records, "compare"))
 
 
 def _sweep_record(records: Sequence[Record]) -> Record | None:
@@ -154,7 +181,23 @@ def check_table(records: Sequence[Record]) -> pd.DataFrame:
                          "tolerance": tolerance,
                          "equal": row["equal"], "last_step_loss": row["last_step_loss"],
                          "optimizer_state_bytes_per_rank": max(row["sgd_state_bytes"])})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows + _not_measured(records, "check"))
+
+
+def check_verdict(table: pd.DataFrame) -> str:
+    """One sentence: every implementation that must equal one process does; else AssertionError naming
+    the ones that do not (the notebook stops there: a wrong implementation makes every time meaningless)."""
+    judged = table[table["equal"].notna()] if "equal" in table else table.iloc[0:0]
+    if judged.empty:
+        raise AssertionError("No correctness check was measured here (see the table's rows for why).")
+    wrong = judged[judged["equal"] != True]  # noqa: E712 -- a column of True/False/None
+    if len(wrong):
+        raise AssertionError("Not equal to one process: " + "; ".join(
+            f"{r.implementation} on {r.devices} ranks (max |diff| {r.max_abs_diff:.3g})"
+            for r in wrong.itertuples()))
+    ranks = sorted(judged["devices"].unique())
+    return (f"passed: (a)-(d) and torch's DDP equal one process trained on the global batch after "
+            f"{int(judged['steps'].iloc[0])} steps, on {', '.join(map(str, ranks))} ranks.")
 
 
 def compression_table(records: Sequence[Record]) -> pd.DataFrame:

@@ -692,6 +692,109 @@ def _int8_float_twice(right, model, keep_in_float=()):
     return right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right
 
 
+# --------------------------------------------------------------------------- q09: data parallelism by hand
+
+
+def _average_call(fn: Callable, case: dict) -> Any:
+    """Case ``{"grads": [rank 0's gradients, rank 1's, ...]}`` (each a list of nested lists): ``fn`` runs
+    in that many gloo ranks (:func:`lab_utils.core.handmade.run_in_ranks`, forked processes), each on its
+    own gradients as float32 tensors; the answer is every rank's returned gradients, as lists."""
+    import torch
+
+    from lab_utils.core.handmade import run_in_ranks
+
+    def rank(r: int, world: int) -> Any:
+        out = fn([torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]])
+        return None if out is None else [t.tolist() if isinstance(t, torch.Tensor) else t for t in out]
+
+    answers = run_in_ranks(rank, len(case["grads"]), timeout_s=10.0)
+    for r, a in enumerate(answers):
+        if isinstance(a, dict) and "error" in a:
+            raise RuntimeError(f"on rank {r} of {len(answers)}: {a['error']}")
+    return None if any(a is None for a in answers) else plain(answers)
+
+
+def _average_show(case: dict) -> str:
+    held = "; ".join(f"rank {r} holds {g}" for r, g in enumerate(case["grads"]))
+    return f"average_gradients on {len(case['grads'])} gloo ranks ({held})"
+
+
+def _average_sum_only(grads):
+    import torch.distributed as dist
+
+    for g in grads:
+        dist.all_reduce(g)
+    return grads
+
+
+def _average_twice(grads):
+    import torch.distributed as dist
+
+    for g in grads:
+        g /= dist.get_world_size()
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+    return grads
+
+
+def _average_by_two(grads):
+    import torch.distributed as dist
+
+    for g in grads:
+        dist.all_reduce(g)
+        g /= 2
+    return grads
+
+
+def _average_local(grads):
+    import torch.distributed as dist
+
+    return [g / dist.get_world_size() for g in grads]
+
+
+def _buckets(sizes, cap, forward=False, close_at_cap=False, drop_last=False, twice=False):
+    """Bucket assignment with one known mistake switched on (the right one with none)."""
+    order = range(len(sizes)) if forward else reversed(range(len(sizes)))
+    buckets, current, filled = [], [], 0
+    for i in order:
+        if current and not close_at_cap and filled + sizes[i] > cap:
+            buckets.append(current)
+            current, filled = ([i] if twice else []), 0
+        current.append(i)
+        filled += sizes[i]
+        if close_at_cap and filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    if current and not drop_last:
+        buckets.append(current)
+    return buckets
+
+
+def _shards_floor(numel, world_size):
+    size = numel // world_size
+    return [(r * size, (r + 1) * size) for r in range(world_size)]
+
+
+def _shards_last(numel, world_size):
+    size = numel // world_size
+    return [(r * size, (r + 1) * size if r < world_size - 1 else numel) for r in range(world_size)]
+
+
+def _shards_ceil(numel, world_size):
+    size = -(-numel // world_size)
+    return [(min(r * size, numel), min((r + 1) * size, numel)) for r in range(world_size)]
+
+
+def _shards_inclusive(numel, world_size):
+    base, extra = divmod(numel, world_size)
+    out, start = [], 0
+    for r in range(world_size):
+        size = base + (1 if r < extra else 0)
+        out.append((start, start + size - 1))
+        start += size
+    return out
+
+
 # --------------------------------------------------------------------------- the registry
 
 
@@ -864,5 +967,44 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "while the embedding it shared stays in float: count both", given_right=_int8_tied_once),
             Mistake("a shared float tensor counted twice", "a tensor shared by two modules (the tied head "
                     "and embedding, both kept in float) is stored once", given_right=_int8_float_twice),
+        )),
+    Exercise(
+        "q09_average", "average_gradients", call=_average_call, show=_average_show, rel_tol=1e-5,
+        needs=("torch", "torch.distributed", "lab_utils.core.handmade"),
+        mistakes=(
+            Mistake("summing without dividing", "an all-reduce adds the ranks' gradients: divide by the "
+                    "number of ranks for their mean, the gradient of the global batch",
+                    wrong=_average_sum_only),
+            Mistake("dividing twice", "divide by the number of ranks once, before or after the all-reduce, "
+                    "not both", wrong=_average_twice),
+            Mistake("two ranks hard-coded", "divide by dist.get_world_size(), not by 2",
+                    wrong=_average_by_two),
+            Mistake("no all-reduce", "each rank divided its own gradient: the ranks never exchanged "
+                    "anything, so they still disagree", wrong=_average_local),
+        )),
+    Exercise(
+        "q09_buckets", "assign_buckets",
+        mistakes=(
+            Mistake("forward order", "backward produces the LAST layer's gradient first: fill buckets from "
+                    "the last parameter backwards", wrong=lambda s, c: _buckets(s, c, forward=True)),
+            Mistake("a bucket over the cap", "start a new bucket BEFORE a parameter would take the bucket "
+                    "over the cap (only a parameter larger than the cap may stand alone above it)",
+                    wrong=lambda s, c: _buckets(s, c, close_at_cap=True)),
+            Mistake("a parameter missed", "the last bucket, still open when the loop ends, holds parameters "
+                    "too: append it", wrong=lambda s, c: _buckets(s, c, drop_last=True)),
+            Mistake("a parameter counted twice", "the parameter that did not fit goes into the NEW bucket "
+                    "only, not also into the one just closed", wrong=lambda s, c: _buckets(s, c, twice=True)),
+        )),
+    Exercise(
+        "q09_shards", "shard_bounds",
+        mistakes=(
+            Mistake("the remainder dropped", "with numel // world_size elements per shard, the last numel % "
+                    "world_size elements belong to no rank: no rank steps them", wrong=_shards_floor),
+            Mistake("the remainder on the last rank", "shard sizes must differ by at most one: give one "
+                    "extra element to each of the first numel % world_size ranks", wrong=_shards_last),
+            Mistake("ceil-sized shards", "shards of ceil(numel / world_size) leave the last ranks short or "
+                    "empty (sizes differ by more than one)", wrong=_shards_ceil),
+            Mistake("end inclusive", "end is one past the shard's last element: shards [start, end) meet "
+                    "without a gap", wrong=_shards_inclusive),
         )),
 )}

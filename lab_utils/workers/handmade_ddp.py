@@ -146,8 +146,9 @@ class _Replica:
         """The collectives of one step; DDP's from its own bucket sizes (read after its first steps)."""
         if not self.name.startswith("ddp"):
             return self.optimizer.messages()
-        sizes = [int(s) for s in str(self.net._get_ddp_logging_data().get("bucket_sizes", "")).split(",")
-                 if s.strip()]
+        data = self.net._get_ddp_logging_data()   # the buckets DDP rebuilt after its first step, if it did
+        listed = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
+        sizes = [int(s) for s in listed.split(",") if s.strip()]
         half = 2 if self.name == "ddp_bf16" else 1   # the hook sends bf16: half the bytes
         return [(handmade.ALL_REDUCE, s // half) for s in sizes]
 
