@@ -200,6 +200,38 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("sgd_state_bytes", "SGD momentum bytes this rank holds", "bytes"),
     ("zero_state_bytes", "ZeRO-1: momentum bytes this rank holds (its shard)", "bytes"),
     ("zero_consolidated_state_bytes", "ZeRO-1: momentum bytes consolidated onto rank 0", "bytes"),
+    # ---------------------------------------------------------------- data parallelism by hand (notebook 09)
+    ("implementations", "notebook 09: one entry per implementation of the configuration (its name, bucket_mb "
+     "and the values below)", "-"),
+    ("implementation", "local (no communication) | naive | flat | bucketed | zero1 | ddp | ddp_bf16", "-"),
+    ("bucket_mb", "bucket cap in MB of 2^20 bytes, as DDP's bucket_cap_mb; None: one bucket (bucketed) or "
+     "none (the others)", "MB"),
+    ("check_steps", "K: steps of the correctness check", "count"),
+    ("timed_steps", "rounds of a comparison whose steps are timed (each steps every implementation once)",
+     "count"),
+    ("dtype", "the dtype the check's parameters (or the bf16 hook's gradients) were held in", "-"),
+    ("max_abs_diff", "largest |parameter - the one-process reference| after K steps over ranks and elements",
+     "-"),
+    ("equal", "torch.allclose(parameters, reference, rtol, atol) on every rank; None for a lossy hook", "-"),
+    ("rtol", "relative tolerance of the check (lab_utils.core.handmade.TOLERANCE)", "-"),
+    ("atol", "absolute tolerance of the check", "-"),
+    ("last_step_loss", "mean loss of an implementation's last step over all ranks' samples", "nats"),
+    ("step_seconds", "from a barrier to the end of the optimizer step, the slowest rank's; median over the "
+     "timed steps", "s"),
+    ("step_seconds_p10", "10th percentile of step_seconds over the timed steps", "s"),
+    ("step_seconds_p90", "90th percentile of step_seconds over the timed steps", "s"),
+    ("comm_exposed_seconds", "a step minus the no-communication step of the same round; median over the "
+     "rounds", "s"),
+    ("comm_exposed_seconds_p10", "10th percentile of comm_exposed_seconds over the rounds", "s"),
+    ("comm_exposed_seconds_p90", "90th percentile of comm_exposed_seconds over the rounds", "s"),
+    ("messages", "the collectives of one step: [kind, bytes of the buffer]", "-"),
+    ("bytes_per_rank_per_step", "ring bytes one rank sends per step: 2(P-1)/P x S per all-reduce, half per "
+     "reduce-scatter or all-gather", "bytes"),
+    ("overlaps", "the collectives start during backward (bucketed, DDP)", "-"),
+    ("tensors", "parameter tensors of the model (each one message for the naive all-reduce)", "count"),
+    ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank", "us"),
+    ("fit", "alpha-beta fit of bench_time_us (AlphaBetaFit fields)", "-"),
+    ("trace_paths", "every rank's Chrome trace, in rank order", "-"),
     # ---------------------------------------------------------------- the fast path
     ("seconds", "the loader benchmark's wall time over its passes", "s"),
     ("passes", "full passes over the images", "count"),

@@ -213,7 +213,7 @@ def _check(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, 
                      "last_step_loss": _global_mean(loss, ctx),
                      "sgd_state_bytes": [b for _, _, b in per_rank]})
         del rep
-    return {"implementations": rows, "steps": steps}
+    return {"implementations": rows, "check_steps": steps}
 
 
 def _bench(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
             row.update(_spread("comm_exposed_seconds", [t - b for t, b in zip(slowest[k], base)]))
         rows.append(row)
     params = list(reps[0].model.parameters())
-    return {"implementations": rows, "steps": steps, "parameters": sum(p.numel() for p in params),
+    return {"implementations": rows, "timed_steps": steps, "parameters": sum(p.numel() for p in params),
             "tensors": len(params), "gradient_bytes": sum(p.numel() * p.element_size() for p in params)}
 
 

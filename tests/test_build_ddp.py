@@ -1,0 +1,379 @@
+"""Notebook 09: data parallelism by hand (lab_utils.core.handmade), its plan, worker, tables and trace.
+
+Fast: bucket assignment, shard bounds, ring bytes and the alpha-beta prediction, the plan on a CPU and on
+the budget's 4-GPU node, the tables from records (notebook 04's fit preferred), the merged trace and the
+lanes of a CPU and of a GPU trace. Slow (processes): every implementation equals one process on 2 gloo
+ranks, (c) launches its buckets during backward, the whole plan through torchrun, and the graded
+exercise on gloo ranks inside the bubblewrap sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from store_helpers import put
+
+from lab_utils.core import handmade, profiles
+from lab_utils.core.errors import LabError
+from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.experiments import build_ddp
+from lab_utils.experiments import build_ddp_tables as T
+from lab_utils.plan import make_plan, measure
+from lab_utils.store import Record
+
+pytestmark = pytest.mark.timeout(60)
+CPU2 = Machine(gpus=0, cores=2)
+
+
+# --------------------------------------------------------------------------- the pieces, by hand
+
+
+def test_bucket_assignment_by_hand_and_on_resnet18():
+    assert handmade.assign_buckets([100, 200, 300, 400], 500) == [[3], [2, 1], [0]]
+    assert handmade.assign_buckets([400, 100, 300, 200], 500) == [[3, 2], [1, 0]]  # exactly the cap fits
+    assert handmade.assign_buckets([100, 900, 100], 500) == [[2], [1], [0]]        # too large: alone
+    from lab_utils.models import ResNet18
+
+    sizes = [p.numel() * p.element_size() for p in ResNet18(width=8).parameters()]
+    assert len(sizes) == 62 and sum(sizes) == 705_608
+    for cap in (16_000, 419_430):
+        buckets = handmade.assign_buckets(sizes, cap)
+        assert [i for b in buckets for i in b] == list(range(61, -1, -1))   # each once, last first
+        assert all(sum(sizes[i] for i in b) <= cap or len(b) == 1 for b in buckets)
+    assert handmade.assign_buckets(sizes, math.inf) == [list(range(61, -1, -1))]
+
+
+def test_shard_bounds_by_hand():
+    assert handmade.shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert handmade.shard_bounds(12, 3) == [(0, 4), (4, 8), (8, 12)]
+    assert handmade.shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    spec = handmade.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
+    assert [e - s for s, e in spec] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]
+    assert spec[-1][1] == 11_173_962
+
+
+def test_ring_bytes_and_the_alpha_beta_prediction_by_hand():
+    """P = 4, alpha = 10 us, B = 1 GB/s. An all-reduce of 1 MB: 2 x 3 x 10 us + 1.5 x 1e6 / 1e9 s = 1.56 ms,
+    1.5 MB sent per rank; a reduce-scatter or all-gather of it: half of each."""
+    msgs = [("all_reduce", 1_000_000), ("all_reduce", 200_000)]
+    assert handmade.bytes_sent_per_rank(msgs, 4) == 1.5 * 1_200_000
+    total, exposed = handmade.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=False)
+    assert math.isclose(total, 1.56e-3 + (6e-5 + 3e-4)) and exposed == total
+    total2, exposed2 = handmade.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=True)
+    assert total2 == total and math.isclose(exposed2, 6e-5 + 3e-4)        # the last bucket only
+    zero = [("reduce_scatter", 1_000_000), ("all_gather", 1_000_000)]    # = one all-reduce of 1 MB
+    assert handmade.bytes_sent_per_rank(zero, 4) == 1.5e6
+    assert math.isclose(handmade.predicted_seconds(zero, 4, 1e-5, 1e9, False)[0], 1.56e-3)
+    naive = [("all_reduce", 4)] * 62    # 62 tiny tensors: alpha 62 times
+    assert math.isclose(handmade.predicted_seconds(naive, 2, 1e-5, 1e9, False)[0], 62 * (2e-5 + 4e-9))
+
+
+def test_a_step_takes_the_slowest_rank():
+    assert handmade.slowest_per_step([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_the_plan_on_two_cpu_cores_and_on_the_budget_node():
+    quick = profiles.settings(build_ddp.Settings, "quick")
+    runs = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, quick, CPU2, "quick")
+    kinds = [(r.processes, r.config["kind"], r.config["batch_size"]) for r in runs]
+    assert kinds == [(2, "check", 4), (2, "bench", 4), (2, "compare", 4), (2, "compare", 16),
+                     (2, "compare", 16), (2, "trace", 16),
+                     (4, "check", 4), (4, "bench", 4), (4, "compare", 4), (4, "compare", 16)]
+    assert {r.group for r in runs} == {"build_ddp 2", "build_ddp 4"}
+    assert all(r.device == "cpu" and r.config["backend"] == "gloo" and r.threads == 1 and not r.skip
+               for r in runs)
+    sweep = runs[4].config["implementations"]
+    assert [m for n, m in sweep if n == "bucketed"] == [0.016, 0.08, 0.4, None] and sweep[-1][0] == "ddp_bf16"
+    assert runs[0].config["dtype"] == "float64" and runs[5].options["trace_dir"].endswith("quick/traces")
+    full = profiles.settings(build_ddp.Settings, "full")
+    here = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, CPU2, "full")
+    assert {r.skip for r in here} == {"needs 2 GPUs", "needs 4 GPUs"}
+    node = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, BUDGET_NODE, "full")
+    assert all(r.device == "cuda" and r.config["backend"] == "nccl" and not r.skip for r in node)
+    assert len(node) == 12 and node[2].config["implementations"][3] == ["bucketed", 25.0]
+    doctor = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, build_ddp.doctor_settings(full), BUDGET_NODE, "full")
+    assert {r.processes for r in doctor} == {2} and len(doctor) == 5
+
+
+def test_cost_by_hand():
+    """A full-profile comparison at 512 per GPU: 3.329 GFLOP per image at 30 % of 495 TFLOP/s is 22.42 us
+    per image, 11.48 ms per step; (3 + 20) rounds x 6 implementations = 1.584 s. At 32 per GPU the 5 ms
+    floor of a launch-bound step wins: 0.69 s."""
+    full = profiles.settings(build_ddp.Settings, "full")
+    node = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, BUDGET_NODE, "full")
+    by_batch = {r.config["batch_size"]: r for r in node[2:5]}   # 2 ranks: the comparisons at 32, 128, 512
+    assert math.isclose(build_ddp.cost(by_batch[512]), 23 * 6 * 512 * 3.329e9 / (0.3 * 495e12), rel_tol=1e-3)
+    assert math.isclose(build_ddp.cost(by_batch[32]), 23 * 6 * 0.005)
+
+
+def test_bad_settings_are_one_sentence_before_anything_runs():
+    with pytest.raises(LabError, match="2 or more ranks"):
+        profiles.settings(build_ddp.Settings, "quick", devices=(1, 2))
+    with pytest.raises(LabError, match="bucket sizes must be positive"):
+        profiles.settings(build_ddp.Settings, "quick", sweep_mb=(0.0,))
+
+
+# --------------------------------------------------------------------------- tables from records
+
+
+def _row(name, messages, step, exposed, bucket_mb=None, overlaps=False):
+    spread = {"step_seconds": step, "step_seconds_p10": step * 0.9, "step_seconds_p90": step * 1.1,
+              "comm_exposed_seconds": exposed, "comm_exposed_seconds_p10": exposed - 1e-3,
+              "comm_exposed_seconds_p90": exposed + 1e-3}
+    return {"implementation": name, "bucket_mb": bucket_mb, **spread, "messages": messages,
+            "bytes_per_rank_per_step": handmade.bytes_sent_per_rank(messages, 2), "overlaps": overlaps,
+            "last_step_loss": 2.0, "sgd_state_bytes": 400}
+
+
+def _records():
+    base = {"devices": 2, "backend": "gloo", "width": 8, "seed": 0, "dataset": "synthetic",
+            "train_images": 64}
+    flat = [("all_reduce", 1000)]
+    impls = [["local", None], ["naive", None], ["flat", None], ["bucketed", 0.4], ["zero1", None],
+             ["ddp", 0.4]]
+    main = Record("build_ddp", {**base, "kind": "compare", "batch_size": 4, "implementations": impls},
+                  {"implementations": [_row("local", [], 0.1, 0.0),
+                                       _row("naive", [("all_reduce", 500)] * 2, 0.2, 0.1),
+                                       _row("flat", flat, 0.12, 0.02)]})
+    sweep_impls = [["local", None], ["bucketed", 0.01], ["bucketed", None], ["ddp", 0.4], ["ddp_bf16", 0.4]]
+    sweep = Record("build_ddp", {**base, "kind": "compare", "batch_size": 16, "implementations": sweep_impls},
+                   {"implementations": [_row("local", [], 0.3, 0.0),
+                                        _row("bucketed", [("all_reduce", 500)] * 2, 0.35, 0.05, 0.01, True),
+                                        _row("bucketed", flat, 0.33, 0.03, None, True),
+                                        _row("ddp", flat, 0.34, 0.04, 0.4, True),
+                                        _row("ddp_bf16", [("all_reduce", 500)], 0.32, 0.02, 0.4, True)]})
+    fit = {"alpha_seconds": 1e-4, "bandwidth_bytes_per_s": 1e8}
+    bench = Record("build_ddp", {**base, "kind": "bench", "batch_size": 4,
+                                 "sizes_bytes": [4096, 16384, 65536]},
+                   {"fit": fit, "bench_time_us": [300.0, 400.0, 900.0]})
+    rows = [{"implementation": n, "bucket_mb": None, "dtype": "float64", "max_abs_diff": 0.0, "equal": True,
+             "rtol": 1e-7, "atol": 1e-9, "last_step_loss": 2.5, "sgd_state_bytes": [800, 800]}
+            for n in ("naive", "flat", "ddp")]
+    rows.append({**rows[-1], "implementation": "ddp_bf16", "dtype": "bfloat16", "max_abs_diff": 0.02,
+                 "equal": None, "rtol": None, "atol": None, "last_step_loss": 2.6})
+    check = Record("build_ddp", {**base, "kind": "check", "batch_size": 4}, {"implementations": rows,
+                                                                           "check_steps": 3})
+    skipped = Record("build_ddp", {**base, "devices": 4, "kind": "compare", "batch_size": 4},
+                     status="skipped", reason="needs 4 GPUs")
+    return [check, bench, main, sweep, skipped]
+
+
+def test_tables_select_the_records_and_predict_with_the_fit_by_hand(store):
+    """Own fit alpha = 100 us, B = 100 MB/s on 2 ranks: flat's 1,000 B all-reduce = 2 x 100 us + 1,000 / 1e8 s
+    = 0.21 ms; naive's two 500 B ones = 2 x 0.205 ms; DDP overlaps: exposed = its last (only) bucket."""
+    recs = _records()
+    table = T.compare_table(store, recs).set_index("implementation")
+    assert math.isclose(table.loc["(b) flat", "predicted_comm_ms"], 0.21)
+    assert math.isclose(table.loc["(a) naive", "predicted_comm_ms"], 0.41)
+    assert table.loc["(b) flat", "step_ms"] == 120 and table.loc["(b) flat", "comm_exposed_ms"] == 20
+    assert table.loc["(b) flat", "fit"].startswith("this run's all-reduce timing")
+    assert "not measured: needs 4 GPUs" in table.index
+    sweep = T.sweep_table(store, recs)
+    assert list(sweep["bucket_mb"]) == [0.01, "one bucket"] and list(sweep["buckets"]) == [2, 1]
+    assert math.isclose(sweep["predicted_exposed_ms"][0], 0.205)
+    assert math.isclose(sweep["predicted_comm_ms"][0], 0.41)
+    comp = T.compression_table(recs).set_index("implementation")
+    assert comp.loc["torch DDP, bf16 hook", "loss_after_k_steps"] == 2.6
+    assert comp.loc["torch DDP, bf16 hook", "bytes_per_rank_per_step"] == 500
+    # notebook 04's benchmark in the store (3 sizes on 2 gloo ranks) wins over this run's own timing:
+    # t = a0 + a1 S exactly, a0 = 2 alpha = 50 us, a1 = 1 / B: B = 1e9 -> flat's all-reduce 50 us + 1 us
+    for size in (1000, 100_000, 1_000_000):
+        cfg = {"world_size": 2, "backend": "gloo", "size_bytes": size, "dtype": "float32"}
+        put(store, "allreduce_bench", cfg, {"time_us": 50 + size / 1e3})
+    table = T.compare_table(store, recs).set_index("implementation")
+    assert table.loc["(b) flat", "fit"].startswith("notebook 04's benchmark")
+    assert math.isclose(table.loc["(b) flat", "predicted_comm_ms"], 0.051, rel_tol=1e-6)
+
+
+def test_the_check_passes_only_when_every_implementation_is_equal():
+    recs = _records()
+    table = T.check_table(recs)
+    assert T.check_verdict(table).startswith("passed: (a)-(d) and torch's DDP equal one process")
+    assert table.set_index("implementation").loc["torch DDP, bf16 hook", "tolerance"].startswith("bfloat16")
+    recs[0].metrics["implementations"][1] = {**recs[0].metrics["implementations"][1], "equal": False,
+                                             "max_abs_diff": 0.5}
+    with pytest.raises(AssertionError, match=r"\(b\) flat on 2 ranks \(max \|diff\| 0.5\)"):
+        T.check_verdict(T.check_table(recs))
+
+
+def _trace(rank, t0, events):
+    meta = [{"ph": "M", "name": "process_name", "pid": 100 + rank, "tid": 0, "args": {"name": "python"}}]
+    return {"traceEvents": meta + [{"ph": "X", "pid": 100 + rank, "tid": 7, "ts": t0 + ts, "dur": dur,
+                                    "name": name, **({"cat": cat} if cat else {})}
+                                   for name, ts, dur, cat in events]}
+
+
+def test_merged_trace_one_row_per_rank_and_the_lanes_of_cpu_and_gpu_traces(tmp_path):
+    backward = "autograd::engine::evaluate_function: "
+    ev = [("(b) flat", 0, 100, "user_annotation"), (backward + "ConvBackward0", 10, 40, ""),
+          (backward + "AddmmBackward0", 45, 20, ""), ("gloo:all_reduce", 70, 25, "")]
+    paths = []
+    for rank, t0 in ((0, 1000), (1, 1030)):   # rank 1 starts 30 us late: a straggler
+        paths.append(tmp_path / f"r{rank}.json")
+        paths[-1].write_text(json.dumps(_trace(rank, t0, ev)))
+    rec = Record("build_ddp", {"kind": "trace", "devices": 2, "batch_size": 4},
+                 {"trace_paths": [str(p) for p in paths], "steps_traced": 1})
+    out = T.merge_traces([rec], tmp_path / "figures" / "build_ddp_trace.json")
+    merged = json.loads(out.read_text())["traceEvents"]
+    assert {e["pid"] for e in merged} == {0, 1}
+    assert [e["args"]["name"] for e in merged if e["name"] == "process_name"] == ["rank 0", "rank 1"]
+    compute, comm = T._lanes([e for e in merged if e["pid"] == 1], 1030, 1130)
+    assert compute == [(1040, 1095)] and comm == [(1100, 1125)]
+    assert T.trace_figure(out) is not None
+    gpu = [{"ph": "X", "ts": 0, "dur": 50, "name": "sm80_xmma_dgrad_conv", "cat": "kernel"},
+           {"ph": "X", "ts": 30, "dur": 40, "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "cat": "kernel"},
+           {"ph": "X", "ts": 0, "dur": 90, "name": "autograd::engine::evaluate_function: X", "cat": "cpu_op"}]
+    assert T._lanes(gpu, 0, 100) == ([(0, 50)], [(30, 70)])   # NCCL's kernels are communication, not compute
+    paths[1].unlink()
+    assert T.merge_traces([rec], tmp_path / "again.json") is None   # a rank's file gone: no half merge
+
+
+# --------------------------------------------------------------------------- on gloo ranks (processes)
+
+
+def _tiny():
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 6 * 6, 5)).double()
+
+
+def _batch(seed, n=3):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g)
+
+
+@pytest.mark.slow
+def test_each_implementation_equals_one_process_on_two_gloo_ranks():
+    """K = 3 steps of the spec's SGD through the lab's loop: (a)-(d) on 2 gloo ranks against one process
+    on the global batch (each step: both ranks' batches, one forward), float64 tolerance."""
+    from lab_utils.core.loop import make_optimizer, train_steps
+
+    steps = 3
+
+    def global_batch(s):
+        (x0, y0), (x1, y1) = _batch(10 * s), _batch(10 * s + 1)
+        return torch.cat([x0, x1]), torch.cat([y0, y1])
+
+    torch.manual_seed(0)
+    ref = _tiny()
+    train_steps(ref, [global_batch(s) for s in range(steps)], steps, make_optimizer(ref),
+                torch.nn.CrossEntropyLoss(), None, torch.device("cpu"))
+    want = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+
+    def ranks(rank, world):
+        out = {}
+        for name in ("naive", "flat", "bucketed", "zero1"):
+            torch.manual_seed(0)
+            model = _tiny()
+            opt = make_optimizer(model)
+            sync = {"naive": handmade.Naive, "flat": handmade.Flat, "zero1": handmade.ZeroOne}.get(name)
+            sync = sync(model, opt) if sync else handmade.Bucketed(model, opt, 200)
+            train_steps(model, [_batch(10 * s + rank) for s in range(steps)], steps, sync,
+                        torch.nn.CrossEntropyLoss(), None, torch.device("cpu"))
+            got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            out[name] = (float((got - want).abs().max()),
+                         bool(torch.allclose(got, want, *handmade.TOLERANCE["float64"])),
+                         handmade.optimizer_state_bytes(sync))
+        return out
+
+    full = sum(p.numel() for p in ref.parameters()) * 8   # 837 float64 momenta
+    got = handmade.run_in_ranks(ranks, 2, timeout_s=50)
+    for rank_out in got:
+        assert set(rank_out) == {"naive", "flat", "bucketed", "zero1"}, rank_out
+        for name, (diff, close, state) in rank_out.items():
+            assert close and diff < 1e-12, (name, diff)
+            assert state == full or name == "zero1", (name, state)
+    assert [r["zero1"][2] for r in got] == [419 * 8, 418 * 8]   # ZeRO-1: each rank its shard's momentum
+
+
+@pytest.mark.slow
+def test_bucketed_launches_every_bucket_during_backward_in_bucket_order():
+    def ranks(rank, world):
+        torch.manual_seed(0)
+        model = _tiny()
+        sync = handmade.Bucketed(model, torch.optim.SGD(model.parameters(), lr=0.1), 200)
+        x, y = _batch(rank)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        launched = [k for k, _, _ in sync.launched]     # before step(): the hooks launched them
+        sync.step()
+        return launched, [[p.shape[0] for p in b] for b in sync.buckets], sync.launched
+
+    for launched, shapes, after in handmade.run_in_ranks(ranks, 2, timeout_s=50):
+        assert launched == [0, 1, 2, 3] and after == []
+        assert shapes == [[5], [5], [4], [4]]   # Linear bias, weight, then Conv bias, weight: last first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store):
+    """The notebook's path (measure -> launcher -> worker -> records -> tables) on 2 gloo ranks, a tiny
+    configuration: everything equal to one process, every implementation timed, the sweep, the bf16 rows,
+    one trace per rank merged; a second measure reuses every record."""
+    s = profiles.settings(build_ddp.Settings, "quick", devices=(2,), batch_sizes=(2,), width=4, steps=2,
+                          check_steps=2, check_batch=2, sweep_mb=(0.01,), trace_steps=1,
+                          bench_max_bytes=65536, train_images=64)
+    recs = measure("quick", build_ddp.BUILD_DDP_EXPERIMENT, s, machine=CPU2)
+    assert [r.status for r in recs] == ["ok"] * 5
+    check = T.check_table(recs)
+    assert T.check_verdict(check).startswith("passed") and len(check) == 6
+    table = T.compare_table(store, recs)
+    assert list(table["implementation"]) == [handmade_name for handmade_name in
+                                             ("no communication", "(a) naive", "(b) flat", "(c) bucketed",
+                                              "(d) ZeRO-1", "torch DDP")]
+    assert (table["step_ms"] > 0).all() and table["predicted_comm_ms"].notna().all()
+    by_name = table.set_index("implementation")
+    assert by_name.loc["(a) naive", "collectives"] == 62
+    grad = next(r for r in recs if r.config["kind"] == "compare").metrics["gradient_bytes"]   # S, fp32
+    for name in ("(a) naive", "(b) flat", "(c) bucketed", "torch DDP"):   # 2 ranks: 2(P-1)/P x S = S
+        assert by_name.loc[name, "bytes_per_rank_per_step"] == grad, name
+    assert grad <= by_name.loc["(d) ZeRO-1", "bytes_per_rank_per_step"] < grad + 2 * 4   # padded shards
+    assert len(T.sweep_table(store, recs)) == 2 and len(T.compression_table(recs)) == 2
+    out = T.merge_traces(recs, store.figures_dir / "build_ddp_trace.json")
+    events = json.loads(Path(out).read_text())["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1}
+    assert any(e.get("name") == "gloo:all_reduce" for e in events)
+    again = measure("quick", build_ddp.BUILD_DDP_EXPERIMENT, s, machine=CPU2)
+    assert [r.metrics for r in again] == [r.metrics for r in recs]
+
+
+SOLUTION = """import torch.distributed as dist
+
+
+def average_gradients(grads):
+    for g in grads:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+    return grads
+"""
+
+
+@pytest.mark.slow
+def test_the_exercise_runs_on_gloo_ranks_inside_the_sandbox(tmp_path):
+    """The grader's child, in bubblewrap (no network: gloo over the sandbox's loopback), runs a student's
+    average_gradients on 2 and 3 ranks; a sum without the division gives its known wrong answer."""
+    from lab_utils.grading import sandbox
+
+    why = sandbox.probe()
+    if why:
+        pytest.skip(why)
+    cases = [{"grads": [[[1.0, 2.0], [3.0]], [[5.0, 6.0], [7.0]]]},
+             {"grads": [[[1.0, 2.0]], [[4.0, 8.0]], [[7.0, -3.0]]]}]
+    notebook = tmp_path / "09_build_ddp.ipynb"
+    notebook.write_text("{}")
+    wrong = SOLUTION.replace("        g /= dist.get_world_size()\n", "")
+    job = {"questions": [{"name": "q09_average", "function": "average_gradients", "code": code,
+                          "first_line": 4, "cases": [[0, i, c] for i, c in enumerate(cases)]}
+                         for code in (SOLUTION, wrong)]}
+    out = sandbox.run(job, notebook, sandbox.Limits(wall_seconds=50), sandbox=True)
+    answers = [r["answer"] for r in out.lines if "answer" in r]
+    assert out.sandbox == "bwrap" and out.done and len(answers) == 4, (out.lines, out.stderr[-2000:])
+    assert answers[0] == [[[3.0, 4.0], [5.0]]] * 2
+    assert answers[1][0][0][0] == 4.0 and math.isclose(answers[1][0][0][1], 7 / 3, rel_tol=1e-6)
+    assert answers[2] == [[[6.0, 8.0], [10.0]]] * 2   # the sum: "summing without dividing"
