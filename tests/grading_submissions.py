@@ -20,7 +20,7 @@ from lab_utils.grading.bench import fill_with_solutions
 
 REPO = Path(__file__).resolve().parent.parent
 BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",
-         "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization"]
+         "04_allreduce_bandwidth", "05_large_batch_training", "06_gpt_ddp", "07_quantization", "09_build_ddp"]
 
 
 def make(*args: str, timeout: float) -> subprocess.CompletedProcess:

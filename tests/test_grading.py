@@ -1,8 +1,8 @@
 """The student copy, the grading bundle and grading, through the documented commands.
 
-``make student`` builds the student copy and the bundle once (every graded notebook, 01-07; about
+``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (22 of 22 points on 13
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (27 of 27 points on 16
 questions), the same notebooks blank (0, "not done yet"), and cheats and known mistakes (the lab's
 own function called, ``math.isclose`` replaced: 0 or flagged, and the summary says so; the log2 tree,
 Normalize before ToTensor, the mean over ranks: 0, the mistake named). Every test case of every
@@ -89,7 +89,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == 22 and len(auto) == 13
+    assert sum(q["points"] for q in auto) == 27 and len(auto) == 16
 
 
 def _blank_namespace(nb: dict, name: str) -> dict:
@@ -163,6 +163,8 @@ RING_ONE_PER_EPOCH = RING + "    return size_bytes\n"
 GBPS_ONE_PER_EPOCH = UTILIZATION + "    return gradient_bytes / comm_seconds / 1e9\n"
 COMPUTE_IS_TN = ("def compute_and_comm(t1_seconds, tn_seconds, devices):\n"
                  "    return tn_seconds, tn_seconds - t1_seconds / devices\n")
+SUM_ONLY = ("import torch.distributed as dist\n\n\ndef average_gradients(grads):\n"
+            "    for g in grads:\n        dist.all_reduce(g)\n    return grads\n")
 NORMALIZE_FIRST = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
                    "    return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(),\n"
                    "                      T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),\n"
@@ -199,6 +201,8 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     nb03 = solved(student_notebook(dist, "03_compute_vs_communication"), "03_compute_vs_communication")
     write(folders["cheats"] / "lee" / "03_compute_vs_communication.ipynb",   # its Table 2
           with_function(nb03, "q03_compute_comm", COMPUTE_IS_TN))
+    nb09 = solved(student_notebook(dist, "09_build_ddp"), "09_build_ddp")   # run on 2 and 3 gloo ranks
+    write(folders["cheats"] / "mia" / "09_build_ddp.ipynb", with_function(nb09, "q09_average", SUM_ONLY))
     runs = {}
     for name, folder in folders.items():
         grades = tmp_path / f"grades_{name}"
@@ -210,13 +214,13 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
 
     grades, out = runs["solved"]
     alice = _by_student(grades)["alice"]
-    assert float(alice["total"]) == 22.0, alice
+    assert float(alice["total"]) == 27.0, alice
     details = _details(grades, "alice")
     for q in AUTOGRADED:
         row = details[q]
         assert float(row["points"]) == float(row["max_points"]) and row["message"] == "", row
         assert details[q]["flag"] == "" and details[q]["sandbox"] in ("bwrap", "none")
-    assert "7 notebook(s) of 1 student(s) graded" in out and "could not be graded" not in out
+    assert "8 notebook(s) of 1 student(s) graded" in out and "could not be graded" not in out
     assert "nothing to grade, no exercise (2): alice 00_environment; alice 08_speed_limits" in out
     assert "00, 08: nothing to grade (no exercise)" in alice["notes"]
     header = list(read_csv(grades / "gradebook.csv")[0])      # issue 35: the assignment's questions
@@ -226,7 +230,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
-    assert "My answer to q04_report" in feedback and "22 / 36" in feedback
+    assert "My answer to q04_report" in feedback and "27 / 43" in feedback
 
     grades, out = runs["blank"]
     bob = _by_student(grades)["bob"]
@@ -235,7 +239,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     for q in AUTOGRADED:
         assert float(details[q]["points"]) == 0 and "not done yet" in details[q]["message"], details[q]
     reports = [r for q, r in details.items() if q.endswith("_report")]
-    assert len(reports) == 7 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
+    assert len(reports) == 8 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
     assert "> no answer" in (grades / "feedback" / "bob.md").read_text()
 
     grades, out = runs["cheats"]
@@ -269,6 +273,10 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert float(lee["q03_compute_comm"]["points"]) == 0 and lee["q03_compute_comm"]["flag"] == ""
     assert "compute = T(N)" in lee["q03_compute_comm"]["message"], lee["q03_compute_comm"]
     assert "23.15 s" in lee["q03_compute_comm"]["message"]
+    mia = _details(grades, "mia")
+    assert float(mia["q09_average"]["points"]) == 0 and float(mia["q09_buckets"]["points"]) == 2
+    assert "summing without dividing" in mia["q09_average"]["message"], mia["q09_average"]
+    assert mia["q09_average"]["sandbox"] == ("none" if SANDBOX_ARGS else "bwrap")
     print("make grade messages:", kim["q04_ring_bytes"]["message"], kim["q04_utilization"]["message"],
           lee["q03_compute_comm"]["message"], sep="\n")
 
@@ -505,7 +513,7 @@ def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
 @pytest.mark.timeout(600)
 def test_bench_grading_gives_its_load_and_cpu_time(dist):
     """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
-    CPU time, from which the class's time on idle cores is estimated; every copy scores 22/22."""
+    CPU time, from which the class's time on idle cores is estimated; every copy scores 27/27."""
     r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
                         rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)
     print(r.stdout, r.stderr)
@@ -514,8 +522,8 @@ def test_bench_grading_gives_its_load_and_cpu_time(dist):
     assert len(lines) == (1 if sandbox.probe() else 2), r.stdout
     for line in lines:
         m = re.search(r"load average [\d.]+ -> [\d.]+ on \d+ cores\); CPU ([\d.]+) s per notebook; "
-                      r"60 students x 7 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
-                      r"cores; all 22/22", line)
+                      r"60 students x 8 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
+                      r"cores; all 27/27", line)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
 
 

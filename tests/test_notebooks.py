@@ -25,6 +25,7 @@ EXPECTED_TABLES = {
     "05_large_batch_training": ["large_batch"],
     "06_gpt_ddp": ["gpt_scaling", "gpt_compute_vs_comm", "gpt_accumulation"],
     "07_quantization": ["quantization"],
+    "09_build_ddp": ["build_ddp_check", "build_ddp", "build_ddp_buckets", "build_ddp_bf16"],
 }
 
 
