@@ -339,6 +339,7 @@ NCCL_RUN = "nccl_allreduce"
 CHOOSE = BR + "test_choose_backend_answers_nccl_with_a_gpu_per_rank"
 NO_GPU = BR + "test_asking_for_cuda_without_a_gpu_is_one_sentence"
 COPIES = BR + "test_host_to_device_copies_are_non_blocking_on_a_gpu"
+BDDP = "test_build_ddp.py::test_merged_trace_one_row_per_rank_and_the_lanes_of_cpu_and_gpu_traces"
 
 INVENTORY: tuple[Branch, ...] = (
     # core/comm_hooks.py: DDP's communication hook and the no_sync probe
@@ -547,6 +548,11 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/args.py
     B("workers/args.py", "WorkerArgs.record_config", "backend == 'nccl'", "device_type cuda in the key",
       BR + "test_worker_records_name_the_gpu"),
+    # experiments/build_ddp_tables.py: notebook 09's trace figure reads a GPU trace's kernels
+    B("experiments/build_ddp_tables.py", "_lanes", "'nccl' in e['name'].lower()",
+      "NCCL's kernels of a GPU trace are the all-reduce lane", BDDP),
+    B("experiments/build_ddp_tables.py", "_lanes", "'nccl' not in e['name'].lower()",
+      "the other kernels of a GPU trace are the compute lane", BDDP),
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_03_ddp_with_comm_probe"),

@@ -356,6 +356,14 @@ MUTANTS: tuple[Mutant, ...] = (
     M("experiments/sweep.py", "_loader", "torch.cuda.is_available()",
       "num_workers=workers, pin_memory=torch.cuda.is_available(),", "num_workers=workers, pin_memory=False,",
       "pinned memory forgotten in the sweep's loaders"),
+    # experiments/build_ddp_tables.py
+    M("experiments/build_ddp_tables.py", "_lanes", "'nccl' not in e['name'].lower()",
+      'compute = [e for e in kernels if "nccl" not in e["name"].lower()]', "compute = kernels",
+      "NCCL's kernels drawn as compute: the all-reduce looks hidden behind backward"),
+    M("experiments/build_ddp_tables.py", "_lanes", "'nccl' in e['name'].lower()",
+      'comm = [e for e in kernels if "nccl" in e["name"].lower()]',
+      'comm = [e for e in kernels if e["name"].startswith("nccl:")]',
+      "the CPU side's name looked for among GPU kernels: no all-reduce on a GPU"),
     # job_plan.py, session.py
     M("job_plan.py", "main", "backend == 'nccl'", 'device = "cuda" if backend == "nccl" else "cpu"',
       'device = "cpu"', "a SLURM job's OOM row named with the CPU"),
