@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import time_budget
 from lab_utils.core import anchors as A
+from lab_utils.core import estimates
 from lab_utils.core.config import repo_root
 from lab_utils.experiments import comm, comm_tables, gpt_tables, large_batch_tables, scaling_tables
 
@@ -213,16 +213,16 @@ def test_time_budget_reads_the_other_cohort_as_a_global_batch_by_hand():
     N-GPU epoch at the nearest global batch at or below): 4 x 32 (global 128): max(33.64, 30) = 33.64,
     no longer its global-32 121 s; 2 x 32 (global 64): max(41.3, 67 at global 32) = 67; 1 x 128:
     max(33.64, 16) = 33.64; 4 x 512 (global 2048): max(33.95, 11) = 33.95."""
-    assert time_budget.dp_epoch_seconds(4, 32) == 33.64 != A.OTHER_COHORT_SECONDS[(4, 32)]
-    assert time_budget.dp_epoch_seconds(2, 32) == 67.0
-    assert time_budget.dp_epoch_seconds(1, 128) == 33.64
-    assert time_budget.dp_epoch_seconds(4, 512) == 33.95
-    assert time_budget.dp_epoch_seconds(1, 32) == 41.3
-    assert time_budget.spec_epoch_seconds(1, 128) == 33.64 and time_budget.spec_epoch_seconds(1, 512) == 33.95
-    text = " ".join(time_budget.ASSUMPTIONS)
+    assert estimates.dp_epoch_seconds(4, 32) == 33.64 != A.OTHER_COHORT_SECONDS[(4, 32)]
+    assert estimates.dp_epoch_seconds(2, 32) == 67.0
+    assert estimates.dp_epoch_seconds(1, 128) == 33.64
+    assert estimates.dp_epoch_seconds(4, 512) == 33.95
+    assert estimates.dp_epoch_seconds(1, 32) == 41.3
+    assert estimates.spec_epoch_seconds(1, 128) == 33.64 and estimates.spec_epoch_seconds(1, 512) == 33.95
+    text = " ".join(estimates.ASSUMPTIONS)
     assert "FIXED GLOBAL batch" in text and "4 GPUs: 121 / 30 / 11 / 11" in text
     # tokens/s 2.1k at micro-batch 16 -> 16k at 1024: exponent log(16/2.1)/log(64) = 0.4883
-    assert time_budget.GPT_MICRO_BATCH_EXPONENT == pytest.approx(0.4883, abs=1e-4)
+    assert estimates.GPT_MICRO_BATCH_EXPONENT == pytest.approx(0.4883, abs=1e-4)
 
 
 def test_speedup_definitions_side_by_side_by_hand():
