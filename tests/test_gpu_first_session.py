@@ -364,15 +364,22 @@ def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_n
 def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holding_its_pipes(tmp_path):
     """run_child killed the child's session at the limit, then waited for its pipes without a limit: a
     descendant in a session of its own (NCCL's proxy, a compiler) held them, and the doctor hung."""
-    from lab_utils import doctor
-    from lab_utils.launcher import _alive
+    import psutil
+
+    from lab_utils import doctor, proc
+
+    def _alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
 
     pid_file = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)")
     t0 = time.monotonic()
     try:
-        with pytest.raises(doctor.ChildTimeout):
+        with pytest.raises(proc.TimeLimit):
             doctor.run_child([sys.executable, "-c", code], 2, tmp_path / "out.json")
         assert time.monotonic() - t0 < 30
         time.sleep(0.3)
@@ -383,25 +390,24 @@ def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holdi
 
 
 def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
-    from lab_utils import doctor
+    from lab_utils import doctor, proc
 
     judge = doctor.judge_timer_overhead
     checks = (doctor.Check("long", lambda m: {}, judge, "x", "child", 1, 100),
               doctor.Check("short", lambda m: {}, judge, "x", "child", 1, 5))
 
     def measure(c, m, limit):
-        raise doctor.ChildTimeout(f"did not finish within {limit:.0f} s and was stopped")
+        raise proc.TimeLimit(f"did not finish within {limit:.0f} s and was stopped")
 
     rows = doctor.run_checks(_machine(), checks, budget_s=30.0, measure=measure)
     assert rows[0].verdict.startswith("skipped: the doctor's time budget"), rows[0]
     assert rows[1].verdict == "fail"                        # its own limit (5 s < what was left): a fail
 
 
-def test_the_doctor_runs_notebook_01s_and_02s_own_code(monkeypatch, tmp_path):
-    """01 and 02-DataParallel ran doctor's own copy of a training loop, which proved nothing about the
-    notebooks' code: now 01 is notebook 01's sweep.measure (one small batch) and 02 launches the
-    DataParallel worker notebooks 02 and 03 launch."""
-    from lab_utils import doctor, launcher
+def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
+    """01 ran doctor's own copy of a training loop, which proved nothing about the notebook's code: now it
+    is notebook 01's sweep.measure (one small batch). (02 and 03: their registered plans, test_doctor.py.)"""
+    from lab_utils import doctor
     from lab_utils.experiments import sweep
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
@@ -413,49 +419,41 @@ def test_the_doctor_runs_notebook_01s_and_02s_own_code(monkeypatch, tmp_path):
     assert doctor.judge_step(d, _machine(1))[2] == "ok"
     assert not (tmp_path / "results").exists()              # nothing stored in the lab's results
 
-    launched = []
 
-    def launch(module, args, nproc=2, **kw):
-        launched.append((module, nproc, list(args)))
-        raise LaunchError("stop here")
-
-    monkeypatch.setattr(launcher, "launch", launch)
-    with pytest.raises(LaunchError):
-        doctor.step_02_dataparallel(_machine(2), timeout_s=60)
-    assert launched[0][:2] == ("lab_utils.workers.dataparallel", 1) and "--gpus" in launched[0][2]
-
-
-def test_the_doctor_reads_the_compute_mode_and_reproduces_the_notebooks_order(fake_gpu, monkeypatch):
-    """Notebook 02: DDP launches, then DataParallel (a process of its own), then notebook 03's DDP
-    launches, with the kernel naming GPUs and storing records in between. On an EXCLUSIVE_PROCESS
-    node a context left in the kernel (or by the DataParallel process) stops the next launch."""
+def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(fake_gpu, monkeypatch):
+    """Notebook 02's plan launches DataParallel (a process of its own) and DDP on the GPUs, then notebook 03's
+    launches DDP again, with this process (the kernel) naming GPUs and storing records in between. On an
+    EXCLUSIVE_PROCESS node a context left in the kernel stops the next launch: the row fails."""
     from lab_utils import doctor, launcher
-    from lab_utils.core import hardware
+    from lab_utils.core.records import Record
 
     gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
     m = doctor.read_machine("full")
     assert m.compute_modes == ["Exclusive_Process"] * 2
     seen = []
 
-    def launch(module, args, nproc=2, **kw):
+    def stream(module, job, nproc=2, **kw):
         seen.append((module.rsplit(".", 1)[-1], nproc, gpu.initialized))
-        return launcher.LaunchResult(records=[], log_dir=Path("."), wall_seconds=0.1)
+        metrics = {"train_seconds": 1.0, "data_movement_seconds": 0.1, "compute_seconds": 0.9,
+                   "communication_seconds": 0.0, "train_loss": 2.3}
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, metrics, profile="full")
 
-    monkeypatch.setattr(launcher, "launch", launch)
-    d = doctor.measure_launch_order(m, timeout_s=60)
-    assert [s[:2] for s in seen] == [("ddp", 2), ("dataparallel", 1), ("ddp", 2)]
-    measured, expected, verdict = doctor.judge_launch_order(d, m)
-    assert verdict == "ok" and "Exclusive_Process" in measured and not gpu.initialized
-    real = hardware.software_versions       # a kernel step that opens a context: the check fails
-    monkeypatch.setattr(hardware, "software_versions", lambda: torch_init() or real())
-
-    def torch_init():
-        import torch
-        torch.cuda.current_device()
-
-    seen.clear()
-    d = doctor.measure_launch_order(m, timeout_s=60)
-    assert doctor.judge_launch_order(d, m)[2] == "fail" and seen[0][2] is True
+    monkeypatch.setattr(launcher, "stream", stream)
+    checks = [c for c in doctor.CHECKS if c.name in ("02_scaling", "03_compute_vs_comm")]
+    rows = doctor.run_checks(m, tuple(checks), measure=lambda c, m, limit: c.measure(m, timeout_s=limit))
+    assert [r.verdict for r in rows] == ["ok", "ok"], [r.measured for r in rows]
+    # 02: DataParallel on 1 and 2 GPUs, DDP on 1 and 2 (4: a row "needs 4 GPUs"); 03: T(1), DataParallel and
+    # DDP with the probe on 2 (its own scratch store: T(1) again)
+    assert seen == [("dataparallel", 1, False), ("dataparallel", 1, False), ("ddp", 1, False),
+                    ("ddp", 2, False), ("ddp", 1, False), ("dataparallel", 1, False), ("ddp", 2, False)]
+    assert "compute mode Exclusive_Process" in rows[0].measured and "needs 4 GPUs" in rows[0].measured
+    real = doctor._cuda_initialized       # a kernel that opened a context before the launches: the row fails
+    monkeypatch.setattr(doctor, "_cuda_initialized", lambda: True)
+    d = checks[0].measure(m, timeout_s=60)
+    measured, _, verdict = doctor.judge_experiment(d, m)
+    assert verdict == "fail" and "CUDA was initialised in this process" in measured
+    assert real() is False and not gpu.initialized
 
 
 # --------------------------------------------------------------------------- 4. bf16 on a V100 (notebook 06)
