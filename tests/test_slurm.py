@@ -32,7 +32,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import proctree
+from lab_utils import proc as marks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_cluster import SlurmCluster, SlurmUnavailable, apt_install, start_cluster  # noqa: E402
@@ -432,7 +432,7 @@ def test_cluster_tracks_jobs_with_cgroups(cluster, tmp_path):
     mark = uuid.uuid4().hex
     script = tmp_path / "escape.sh"
     # ( ... & ) : the sleep's parent exits at once, so it is re-parented to init (out of the job's tree)
-    script.write_text(f"#!/bin/bash\n( LAB_TEST_ESCAPE={mark} setsid sleep 300 & )\n"
+    script.write_text(f"#!/bin/bash\n( {marks.MARKS_ENV}={mark} setsid sleep 300 & )\n"
                       f"touch {tmp_path}/ready\nsleep 300\n")
     res = cluster.run("sbatch", "--parsable", f"--output={tmp_path}/%j.out", str(script))
     job_id = res.stdout.strip()
@@ -440,10 +440,10 @@ def test_cluster_tracks_jobs_with_cgroups(cluster, tmp_path):
     while not (tmp_path / "ready").exists():
         assert time.monotonic() < deadline, cluster.job_info(job_id)
         time.sleep(0.2)
-    assert proctree.leftover(mark, var="LAB_TEST_ESCAPE")  # the escaped sleep runs
+    assert marks.leftover(mark)  # the escaped sleep runs
     cluster.run("scancel", job_id)
     assert cluster.wait_job(job_id, 60) is not None
-    assert proctree.leftover(mark, wait_s=10, var="LAB_TEST_ESCAPE") == []
+    assert marks.leftover(mark, wait_s=10) == []
 
 
 @pytest.mark.slurm
@@ -806,7 +806,7 @@ def observe_stop(cluster: SlurmCluster, run: dict, job_id: str, how: str, before
         "report_written": report.is_file() and report.stat().st_mtime >= signal_at,
         "records_before": count(before), "records_after": count(after), "before": before, "after": after,
         "measured": new_records(before, after),
-        "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
+        "processes_left": marks.leftover(run["mark"], wait_s=5),
         "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
         "state": cluster.job_state(job_id),
     }
@@ -844,7 +844,7 @@ def stops(cluster, tmp_path_factory) -> dict:
     # apart here, so that anything else the jobs leave in $TMPDIR shows.
     env.update(LAB_DIR=str(REPO), LAB_RESULTS_DIR=str(run["results"]), LAB_PROFILE="quick",
                TMPDIR=str(run["tmpdir"]), TORCHINDUCTOR_CACHE_DIR=str(tmp / "torch_cache"),
-               LAB_TEST_JOB=run["mark"])  # every process of the jobs inherits it: none may be left
+               **{marks.MARKS_ENV: run["mark"]})  # every process of the jobs inherits it: none may be left
     args = ("--gpus-per-node=0", "--cpus-per-task=2", "--", f"labs/{STOP_NOTEBOOK}")
     found: dict = {}
     results = run["results"]
@@ -892,7 +892,7 @@ def stops(cluster, tmp_path_factory) -> dict:
         "ended": ended, "out": out, "err": err, "job_txt": job_txt.read_text(), "before": stopped,
         "after": after, "records_before": count(stopped), "records_after": count(after),
         "measured": new_records(stopped, after), "report": (results / "quick" / "report.md").read_text(),
-        "processes_left": proctree.leftover(run["mark"], wait_s=5, var="LAB_TEST_JOB"),
+        "processes_left": marks.leftover(run["mark"], wait_s=5),
         "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
     }
     print(f"proctrack/{cluster.proctrack} ({cluster.proctrack_why})")
