@@ -84,7 +84,8 @@ def prepare(store, experiment: Experiment, runs: list[Run], folder: Path, profil
         write_job({"experiment": first.experiment, "profile": profile,
                    "configs": [jsonable(dict(r.config)) for r in todo],
                    "options": jsonable(dict(first.options)),
-                   "worker": first.worker.__name__, "labels": [r.name for r in todo]}, folder)
+                   "worker": first.worker.__name__, "labels": [r.name for r in todo],
+                   "hardware": jsonable(first.hardware())}, folder)
         (folder / JOB_ENV).write_text(f"WORKER={shlex.quote(first.worker.__name__)}\n"
                                       f"NPROC_PER_NODE={first.processes // _nodes(first)}\n",
                                       encoding="utf-8")
@@ -116,7 +117,7 @@ def collect(store, folder: Path, profile: str) -> list[tuple[str, Record]]:
         elif failure is not None and failure.get("config_index") in (i, None):
             status = "oom" if failure.get("status") == "oom" else "error"
             row = Record(experiment, cfg, status=status, reason=failure.get("reason"), profile=profile,
-                         hardware=got[0].hardware if got else {})
+                         hardware=job.get("hardware") or {})
             rows.append(store.run_many(experiment, [cfg], lambda todo, row=row: [row], force=True)[0] or row)
             ended = f"configuration {i + 1} of the job ended it ({status})"
         else:

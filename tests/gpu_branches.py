@@ -526,12 +526,13 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/sweep.py", "measure", "dev.type == 'cuda'", "the GPU memory fraction (set, then lifted)",
       SWEEP),
     B("experiments/sweep.py", "_loader", "torch.cuda.is_available()", "pinned host memory", SWEEP),
-    # job_plan.py, session.py
-    B("job_plan.py", "main", "backend == 'nccl'", "the GPU's name for the reuse check",
-      BR + "test_job_plan_on_a_gpu_node"),
+    # session.py
     B("session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
     B("session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
     B("session.py", "start", "gpus", "'cuda x N' in the first line", SESSION),
+    # time_budget.py (the plans are made for the budget's 4-GPU node on any machine: both arms run here)
+    B("time_budget.py", "plan_parts", "run.device == 'cuda'", "a run's GPUs in the budget table",
+      "test_time_budget.py::test_a_registered_notebook_is_the_sum_over_its_plan_by_hand", cuda_only=False),
     # workers/allreduce_bench.py
     B("workers/allreduce_bench.py", "_sync", "device.type == 'cuda'", "synchronize around the timed loop",
       BR + "test_allreduce_worker_waits_for_the_gpu"),
@@ -549,7 +550,7 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_worker_records_name_the_gpu"),
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
-      reason=NCCL, doctor="02_03_ddp_with_comm_probe"),
+      reason=NCCL, doctor="02_scaling"),
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),

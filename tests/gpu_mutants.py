@@ -356,9 +356,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("experiments/sweep.py", "_loader", "torch.cuda.is_available()",
       "num_workers=workers, pin_memory=torch.cuda.is_available(),", "num_workers=workers, pin_memory=False,",
       "pinned memory forgotten in the sweep's loaders"),
-    # job_plan.py, session.py
-    M("job_plan.py", "main", "backend == 'nccl'", 'device = "cuda" if backend == "nccl" else "cpu"',
-      'device = "cpu"', "a SLURM job's OOM row named with the CPU"),
+    # session.py
     M("session.py", "session_for", "torch.cuda.is_available()",
       "    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0\n    return LabSession(",
       "    gpus = 1 if torch.cuda.is_available() else 0\n    return LabSession(",

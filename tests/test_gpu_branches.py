@@ -512,19 +512,6 @@ def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
     assert gpu.synchronize_calls == [1]
 
 
-def test_job_plan_on_a_gpu_node(fake_gpu, results_dir, capsys):
-    from lab_utils import job_plan
-
-    fake_gpu(count=2, name=A100)
-    job_plan.main("plan", "scaling", "quick", "2", "nccl", "", "0", "", "--")
-    assert capsys.readouterr().out.splitlines()[0] == "32 128 512"
-    job_plan.main("oom", "scaling", "quick", "2", "nccl", "128", "0", "", "--")
-    from lab_utils.store import ResultStore
-
-    rec = ResultStore("quick").records("scaling")[-1]
-    assert rec.status == "oom" and rec.hardware["device_name"] == A100 and rec.config["device_type"] == "cuda"
-
-
 def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
     """The benchmark's GPU defaults are chosen (model moving to the GPU is stopped there: no device here)."""
     from lab_utils.experiments import bench_timers
@@ -604,7 +591,7 @@ def test_the_target_is_met_and_the_markdown_is_current():
 
 @pytest.mark.parametrize("branch", [b for b in inventory.INVENTORY if b.cuda_only and not b.test],
                          ids=lambda b: f"{b.file}:{b.function}#{b.occurrence}")
-def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path):
+def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path, fake_gpu):
     """The doctor check a site is left to really runs that site's code: it launches the site's worker, or
     calls its function in-process (on this CPU the check is stopped there, with a launcher that records
     what it starts)."""
@@ -627,7 +614,11 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
                      {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
         return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
 
+    def stream(mod, job, nproc=2, **kw):  # what lab_utils.plan.measure launches through (experiment rows)
+        yield from launch(mod, job, nproc, **kw).records
+
     monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(launcher, "stream", stream)
     if not module.startswith("lab_utils.workers."):   # run in-process: stop at the site's function
         mod = importlib.import_module(module)
         top = branch.function.split(".")[0]
@@ -638,6 +629,8 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
 
         monkeypatch.setattr(mod, top, called)
     m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    if getattr(check.measure, "func", None) is doctor.measure_experiment:  # a registered experiment's row:
+        fake_gpu(count=2)  # its plan names the GPUs (nvidia-smi, no CUDA context) for the reuse check
     with pytest.raises(Reached):
         check.measure(m, **({"timeout_s": 60} if check.where == "launch" else {"device": "cpu"}))
     assert reached

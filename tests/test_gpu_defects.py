@@ -49,27 +49,32 @@ def test_a_cudnn9_allocation_failure_becomes_an_oom_row_not_a_crash(message):
     assert memory.oom_reason_from_log(log) == f"OOM: [rank1]: RuntimeError: {message}"
 
 
-def _oom_check_of(script: str) -> str:
-    """The shell condition a job script uses to decide that a failed launch ran out of memory."""
-    lines = (REPO / "slurm" / script).read_text().splitlines()
-    i = next(i for i, line in enumerate(lines) if "lab_utils.job_plan oom" in line)
-    cond = lines[i - 1].strip()
-    assert cond.startswith("if ") and "; then" in cond, cond
-    return cond[3:].split("; then")[0]
+def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_not_the_log(tmp_path, fake_gpu):
+    """The SLURM scripts no longer search a log for out-of-memory words: the failing rank writes its failure
+    file (the harness turns cuDNN 9's allocation failure into status "oom" through catch_oom, above), and
+    ``measure --collect`` (lab_utils.multinode.collect) stores that configuration's oom row, named with the
+    job's GPU, and does not try the larger ones."""
+    import json
 
+    from lab_utils import multinode
+    from lab_utils.core.records import Record, append_records
+    from lab_utils.store import ResultStore
 
-@pytest.mark.parametrize("script", ["experiment.sbatch", "multinode.sbatch"])
-@pytest.mark.timeout(120)
-def test_the_job_scripts_recognise_cudnn9_out_of_memory(script, tmp_path):
-    """The condition is run as the job runs it (bash, $PY = this interpreter, $log = a rank's log)."""
-    cond = _oom_check_of(script)
-    cases = {CUDNN9[0]: 0, CUDNN9[1]: 0, "RuntimeError: NCCL error: unhandled system error": 1}
-    for text, expected in cases.items():
-        log = tmp_path / "ddp-batch32.log"
-        log.write_text(f"[rank0]: Traceback (most recent call last):\n[rank0]: {text}\n")
-        rc = subprocess.run(["bash", "-c", cond], env={**os.environ, "PY": sys.executable, "log": str(log)},
-                            capture_output=True, timeout=60).returncode
-        assert rc == expected, (text, rc)
+    fake_gpu(count=2, name=OTHER_GPU)
+    configs = [{"batch_size": b, "record": "aggregate", "rank": None, "tag": "nodes=2"} for b in (32, 128, 512)]
+    hardware = {"device_type": "cuda", "device_name": OTHER_GPU, "device_count": 2}
+    (tmp_path / "job.json").write_text(json.dumps({"experiment": "scaling", "profile": "full", "configs": configs,
+                                                   "labels": ["b32", "b128", "b512"], "hardware": hardware}))
+    append_records(tmp_path / "records.jsonl", [Record("scaling", configs[0], {"train_seconds": 1.0},
+                                                       profile="full", hardware=hardware)])
+    (tmp_path / "failure-rank1.json").write_text(json.dumps(
+        {"status": "oom", "reason": f"OOM: {CUDNN9[0]}", "rank": 1, "config_index": 1, "time": 1.0}))
+    store = ResultStore("full", root=tmp_path / "store")
+    rows = multinode.collect(store, tmp_path, "full")
+    assert [(label, r.status) for label, r in rows] == [("b32", "ok"), ("b128", "oom"), ("b512", "skipped")]
+    assert rows[1][1].reason == f"OOM: {CUDNN9[0]}" and rows[2][1].reason.startswith("not run: configuration 2")
+    kept = store.records("scaling")
+    assert [r.status for r in kept] == ["ok", "oom"] and kept[1].hardware["device_name"] == OTHER_GPU
 
 
 # --------------------------------------------------------------------------- 2. GPT out of memory under DDP
