@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 import time
 import weakref
 from pathlib import Path
@@ -61,10 +59,12 @@ def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_no
     from lab_utils.store import ResultStore
 
     fake_gpu(count=2, name=OTHER_GPU)
-    configs = [{"batch_size": b, "record": "aggregate", "rank": None, "tag": "nodes=2"} for b in (32, 128, 512)]
+    configs = [{"batch_size": b, "record": "aggregate", "rank": None, "tag": "nodes=2"}
+               for b in (32, 128, 512)]
     hardware = {"device_type": "cuda", "device_name": OTHER_GPU, "device_count": 2}
-    (tmp_path / "job.json").write_text(json.dumps({"experiment": "scaling", "profile": "full", "configs": configs,
-                                                   "labels": ["b32", "b128", "b512"], "hardware": hardware}))
+    job = {"experiment": "scaling", "profile": "full", "configs": configs, "labels": ["b32", "b128", "b512"],
+           "hardware": hardware}
+    (tmp_path / "job.json").write_text(json.dumps(job))
     append_records(tmp_path / "records.jsonl", [Record("scaling", configs[0], {"train_seconds": 1.0},
                                                        profile="full", hardware=hardware)])
     (tmp_path / "failure-rank1.json").write_text(json.dumps(
@@ -72,7 +72,8 @@ def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_no
     store = ResultStore("full", root=tmp_path / "store")
     rows = multinode.collect(store, tmp_path, "full")
     assert [(label, r.status) for label, r in rows] == [("b32", "ok"), ("b128", "oom"), ("b512", "skipped")]
-    assert rows[1][1].reason == f"OOM: {CUDNN9[0]}" and rows[2][1].reason.startswith("not run: configuration 2")
+    assert rows[1][1].reason == f"OOM: {CUDNN9[0]}"
+    assert rows[2][1].reason.startswith("not run: configuration 2")
     kept = store.records("scaling")
     assert [r.status for r in kept] == ["ok", "oom"] and kept[1].hardware["device_name"] == OTHER_GPU
 
