@@ -251,7 +251,8 @@ a run that cannot run here is a row saying why. One line per run, then where the
 The notebook measuring the same settings finds them stored and measures nothing.
 
 SIGTERM or Ctrl-C stops the running launch and its processes; what was stored is kept (run again
-to resume). Exit status: 0 done, 1 a run failed (its row says why), 2 bad input, 130/143 stopped.
+to resume). Exit status: 0 done, 1 a run failed (the error names it; measured again next time),
+2 bad input, 130/143 stopped.
 
 Multi-node DDP (slurm/multinode.sbatch): --nodes N --job DIR writes DIR/job.json, the runs of the
 plan that use all N nodes (N x the GPUs of this node, or gloo processes) and are not stored yet,
