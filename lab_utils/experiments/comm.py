@@ -92,13 +92,15 @@ def plan_bench(settings: Settings, machine: Machine, profile: str) -> list[Run]:
     """The benchmark's runs: one per (rank count, message size), the sizes of a rank count one
     ``together`` group. On 2+ GPUs every rank count up to the GPUs (and all of them) on NCCL, one rank
     per GPU; otherwise gloo CPU processes, at most one per core (at least 2)."""
-    s, gpu_ring = settings, machine.gpus >= 2
-    backend, device = ("nccl", "cuda") if gpu_ring else ("gloo", "cpu")
-    most = machine.gpus if gpu_ring else max(machine.cores, 2)
+    s, gpus = settings, machine.gpus
+    if gpus >= 2:
+        backend, device, most, ranks = "nccl", "cuda", gpus, {*s.bench_ranks, gpus}
+    else:  # NCCL cannot put two ranks on one GPU
+        backend, device, most, ranks = "gloo", "cpu", max(machine.cores, 2), set(s.bench_ranks)
+    lacks = "GPUs" if device == "cuda" else "CPU cores (more processes than cores time the scheduler)"
     runs = []
-    for p in sorted(set(s.bench_ranks) | ({machine.gpus} if gpu_ring else set())):
-        skip = None if p <= most else (f"needs {p} GPUs" if gpu_ring else
-                                       f"needs {p} CPU cores (more processes than cores time the scheduler)")
+    for p in sorted(ranks):
+        skip = None if p <= most else f"needs {p} {lacks}"
         for size in message_sizes(s.min_bytes, s.max_bytes):
             cfg = {"world_size": p, "backend": backend, "size_bytes": size, "dtype": "float32",
                    "iters": s.iters, "warmup": s.warmup}
@@ -114,7 +116,7 @@ def plan_compute(settings: Settings, machine: Machine, profile: str) -> list[Run
     s, device = settings, machine.device
     return [Run(COMPUTE, {"model": "resnet18", "width": s.width, "batch_size": b, "device_type": device,
                           "steps": s.compute_steps, "warmup": s.compute_warmup}, compute_step, device=device,
-                group=COMPUTE, in_process=device == "cpu", timeout_s=s.timeout_s,
+                group=COMPUTE, in_process=device != "cuda", timeout_s=s.timeout_s,
                 options={"process_group": False}, label=f"batch {b}")
             for b in sorted(s.batch_sizes)]
 

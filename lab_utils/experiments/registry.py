@@ -5,12 +5,16 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 from __future__ import annotations
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import scaling
+from lab_utils.experiments import comm, large_batch, scaling
 from lab_utils.plan import Experiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     scaling.SCALING_EXPERIMENT,
     scaling.COMPUTE_VS_COMM_EXPERIMENT,
+    comm.ALLREDUCE_BENCH_EXPERIMENT,
+    comm.COMPUTE_STEP_EXPERIMENT,
+    large_batch.LARGE_BATCH_EXPERIMENT,
+    large_batch.COMM_ACCOUNTING_EXPERIMENT,
 )
 
 
