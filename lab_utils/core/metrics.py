@@ -198,7 +198,7 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("ledger", "payload bytes and calls per (phase, collective)", "-"),
     ("wire", "per phase: occurrences, payload bytes counted and bytes this process wrote (wchar of "
      "/proc/self/io), both per occurrence, and with 2 ranks the bytes the algorithms imply it writes", "-"),
-    ("wire_measured", "wire_bytes could be read (gloo on Linux)", "-"),
+    ("wire_measured", "the bytes written (wire) could be read (gloo on Linux)", "-"),
     ("parameters_equal_after_init", "every rank held rank 0's parameters after DDP's broadcast", "-"),
     ("sgd_state_bytes", "SGD momentum bytes this rank holds", "bytes"),
     ("zero_state_bytes", "ZeRO-1: momentum bytes this rank holds (its shard)", "bytes"),

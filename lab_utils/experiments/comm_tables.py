@@ -107,17 +107,10 @@ def _bench_frame(records: Iterable):
     """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
     import pandas as pd
 
-    rows = []
-    for r in records:
-        if r.status != "ok":
-            continue
-        rows.append({"ranks": r.config["world_size"], "backend": r.config["backend"],
-                     "size_bytes": r.config["size_bytes"], "count": r.metrics["count"],
-                     "type": r.config["dtype"], "time_us": r.metrics["time_us"],
-                     "algbw_gb_per_s": r.metrics["algbw_gb_per_s"],
-                     "busbw_gb_per_s": r.metrics["busbw_gb_per_s"]})
-    df = pd.DataFrame(rows, columns=["ranks", "backend", "size_bytes", "count", "type", "time_us",
-                                     "algbw_gb_per_s", "busbw_gb_per_s"])
+    cols = ["ranks", "backend", "size_bytes", "count", "type", "time_us", "algbw_gb_per_s", "busbw_gb_per_s"]
+    rows = [(r.config["world_size"], r.config["backend"], r.config["size_bytes"], r.metrics["count"],
+             r.config["dtype"], *(r.metrics[k] for k in cols[5:])) for r in records if r.status == "ok"]
+    df = pd.DataFrame(rows, columns=cols)
     return df.sort_values(["ranks", "size_bytes"]).reset_index(drop=True)
 
 
@@ -294,20 +287,13 @@ def _bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit])
     import pandas as pd
 
     rows = []
-    for i, s in enumerate(bucket_sizes):
-        row: dict[str, Any] = {"bucket": i, "bytes": int(s)}
+    for name, s in [*enumerate(bucket_sizes), ("one message", sum(bucket_sizes))]:
+        row: dict[str, Any] = {"bucket": name, "bytes": int(s)}
         for p, fit in sorted(fits.items()):
             t = fit.predict_seconds(s)
             row[f"P={p} modelled ms"] = 1e3 * t
             row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
         rows.append(row)
-    total = int(sum(bucket_sizes))
-    row = {"bucket": "one message", "bytes": total}
-    for p, fit in sorted(fits.items()):
-        t = fit.predict_seconds(total)
-        row[f"P={p} modelled ms"] = 1e3 * t
-        row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
-    rows.append(row)
     return pd.DataFrame(rows)
 
 
