@@ -182,7 +182,10 @@ def bench_main(argv: list[str] | None = None) -> int:
         print(format_bench(group))
         print("# " + (f"fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B: {fits[ranks].summary()}"
                       if ranks in fits else f"no fitted alpha/B: {failures.get(ranks, 'too few sizes')}"))
-    bad = [r for r in records if r.status != "ok"]
+    skipped = {r.config["world_size"]: r.reason for r in records if r.status == "skipped"}
+    for p, why in sorted(skipped.items()):
+        print(f"# {p} ranks: not measured: {why}")
+    bad = [r for r in records if r.status not in ("ok", "skipped")]
     for r in bad:
         print(f"{r.config['world_size']} ranks, {r.config['size_bytes']} B: {r.status}: {r.reason}")
     print(f"# records in {store.path(ALLREDUCE_BENCH_EXPERIMENT.name)}")
