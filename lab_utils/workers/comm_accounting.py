@@ -214,7 +214,7 @@ def counting_allreduce_hook(ledger: CommLedger):
 # --------------------------------------------------------------------------- the worker
 
 
-class WireMeter:
+class _WireMeter:
     """Bytes written by this process over named phases (gloo on CPU only; None otherwise)."""
 
     def __init__(self, enabled: bool):
@@ -240,7 +240,7 @@ def run_accounting(c: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
     device = ctx.device
     cuda = device.type == "cuda"
     ledger = CommLedger()
-    wire = WireMeter(enabled=ctx.backend == "gloo")
+    wire = _WireMeter(enabled=ctx.backend == "gloo")
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(c["seed"] + 7 * ctx.rank)
     batches = [(torch.randn(c["batch_size"], 3, 32, 32, generator=gen).to(device),
