@@ -545,3 +545,21 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     assert "traced" in res.stdout
     for noise in ("gpuGetDeviceCount", "profiler_start", "profiler_stop"):
         assert noise not in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_row_past_its_time_limit_is_an_error_row_that_says_why(store):
+    """The watchdog in a launched waterfall: the row's failure file (not the log's words) says why, the
+    row is stored as an error (measured again next time), the rows after it are not run, one error."""
+    from lab_utils.core.errors import LaunchError
+
+    # 1024 images through the PIL pipeline and 32 steps: far longer than the row's 0.1 s
+    s = tiny(steps=("spec", "device_loader"), train_images=1024, row_timeout_s=0.1)
+    runs = [replace(r, in_process=False) for r in make_plan(fastpath.WATERFALL_EXPERIMENT, s, CPU, "quick")]
+    with pytest.raises(LaunchError, match="did not finish within 0.1 s") as e:
+        measure(lab_for(store), fastpath.WATERFALL_EXPERIMENT, s, runs=runs, verbose=False)
+    assert "1 run(s) of bench_train failed" in str(e.value)
+    [row] = store.records("bench_train")
+    assert (row.config["step"], row.status) == ("spec", "error")
+    assert "waterfall row 'spec'" in row.reason and "raise --row-timeout" in row.reason
