@@ -1,27 +1,21 @@
 """Notebook 08, the fast path: CIFAR-10 resident on the device, and switchable training options.
 
-Notebooks 01-03 train with the assignment's pipeline: a ``DataLoader`` whose worker processes
-decode every image into PIL, pad, crop, flip, convert and normalize it one image at a time. The
-fast path keeps the whole uint8 data set on the device instead (moved there once,
-:class:`~lab_utils.core.data.DeviceLoader`) and does the same augmentation for a whole batch in a
-few tensor operations; it draws the same crop offsets (uniform over 0..8) and flips (probability
-1/2), and for a given offset and flip equals torchvision's result to float rounding (tested). It
-then adds the usual speed-ups one at a time, each switchable and recorded
-(:class:`~lab_utils.workers.fast_train.TrainOptions`): ``loader="device"``, ``channels_last``,
-``bf16`` autocast, fused SGD, ``torch.compile`` (compiled in the warm-up, never inside an epoch).
+Notebooks 01-03 train with the assignment's pipeline: a ``DataLoader`` whose worker processes turn
+every image into PIL, pad, crop, flip, convert and normalize it one at a time. The fast path keeps
+the uint8 data set on the device (moved once, :class:`~lab_utils.core.data.DeviceLoader`) and does
+the same augmentation for a whole batch there (the same crop offsets, uniform over 0..8, and flips,
+probability 1/2; for a given offset and flip torchvision's result to float rounding: tested), then
+adds the usual speed-ups one at a time, each recorded
+(:class:`~lab_utils.workers.fast_train.TrainOptions`): device loader, ``channels_last``, bf16
+autocast, fused SGD, ``torch.compile`` (compiled in the warm-up, never inside an epoch).
 
-Four experiments, each a plan of runs of :mod:`lab_utils.workers.fastpath` (what each measures,
-and what its times include, is said there), each group one side-by-side comparison in one launch,
-reused only whole (``together``):
-
-- :data:`LOADER_EXPERIMENT` (``bench_data``): the spec loader and the device loader alone;
-- :data:`WATERFALL_EXPERIMENT` (``bench_train``): the spec configuration, then each step added;
-- :data:`TRACE_EXPERIMENT` (``fastpath_trace``): a profiler trace of ``fast_step``;
-- :data:`ACCURACY_EXPERIMENT` (``fastpath_accuracy``): ``fast_step`` against the spec configuration.
-
-``fast_step`` is the waterfall step the last two use: the notebook sets it to the fastest row it
-measured; None is the last step that runs here. Everything runs on a CPU too (the "device" is then
-the CPU). Tables, summaries and ``python -m lab_utils bench data|train``:
+Four experiments of :mod:`lab_utils.workers.fastpath` (what each measures and includes is said
+there), each group one side-by-side comparison in one launch, reused only whole (``together``):
+:data:`LOADER_EXPERIMENT` (``bench_data``: the loaders alone), :data:`WATERFALL_EXPERIMENT`
+(``bench_train``: the spec configuration, then each step added), :data:`TRACE_EXPERIMENT`
+(``fastpath_trace``) and :data:`ACCURACY_EXPERIMENT` (``fastpath_accuracy``: against the spec
+configuration) of ``fast_step``, which the notebook sets to its fastest waterfall row (None: the
+last step that runs here). Tables and ``python -m lab_utils bench data|train``:
 :mod:`lab_utils.experiments.fastpath_tables`.
 """
 

@@ -222,37 +222,25 @@ def _trace(c: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any])
 
 
 def is_annotation(event) -> bool:
-    """Whether a profiler event (or its ``key_averages`` row) is a user annotation, not an operator.
-
-    True for ``record_function`` ranges (``FunctionEvent.is_user_annotation``, set by
-    torch's profiler for CPU ranges and their ``gpu_user_annotation`` copies), for the
-    lab's own :data:`TRACE_LABELS` (in case a torch version does not set that flag) and
-    for the ``ProfilerStep#N`` ranges of a profiler schedule.
-    """
+    """Whether a profiler event (or ``key_averages`` row) is a user annotation, not an operator: a
+    ``record_function`` range (``is_user_annotation``), the lab's :data:`TRACE_LABELS` (in case a torch
+    version does not set that flag), or a profiler schedule's ``ProfilerStep#N``."""
     key = getattr(event, "key", None) or getattr(event, "name", "")
     return bool(getattr(event, "is_user_annotation", False)) or key in TRACE_LABELS \
         or key.startswith("ProfilerStep")
 
 
 def top_operators(prof, n: int = 12, device_type: str = "cpu") -> list[dict[str, Any]]:
-    """The ``n`` operators with the most self time (kernel time on a GPU, CPU time otherwise).
+    """The ``n`` operators with the most self time, in ms over all traced steps: kernel time on a GPU,
+    CPU time otherwise. Annotations (:func:`is_annotation`) are neither rows nor in the total: on a
+    GPU a range's ``gpu_user_annotation`` copy spans every kernel it encloses (counted twice else).
 
-    Times in milliseconds over all traced steps. User annotations are not operators and
-    are left out of the rows *and* of the total (:func:`is_annotation`): the lab's own
-    ``record_function`` ranges (``data_loader``, ``train_step``; on a GPU their
-    ``gpu_user_annotation`` copies span every kernel they enclose, so counting them would
-    count that time twice) and ``ProfilerStep#N``.
-
-    - CPU: ``self_ms`` is an operator's self CPU time; ``percent`` is of the self CPU
-      time of all operators, so the percentages of all operators (shown or not) add up
-      to 100.
-    - GPU: the rows are the host-side operators (``aten::...``), ``self_ms`` the time of
-      the kernels each launched itself, with the host's ``self_cpu_ms`` next to it;
-      ``percent`` is of the GPU's total kernel time (the device events, as torch's own
-      ``key_averages().table()`` sums them), so a kernel is counted once, not once for
-      its operator and again for itself. Kernels launched outside any operator are in
-      the total without a row, so the percentages add up to at most 100. (If no
-      operator carries kernel time, the kernels themselves are the rows.)
+    - CPU: ``percent`` is of the self CPU time of all operators (all of them add up to 100).
+    - GPU: the rows are the host operators (``aten::...``), ``self_ms`` the time of the kernels each
+      launched itself, the host's ``self_cpu_ms`` next to it; ``percent`` is of the GPU's total kernel
+      time (the device events, as ``key_averages().table()`` sums them), so a kernel counts once.
+      Kernels launched outside any operator are in the total without a row (percentages add up to at
+      most 100). If no operator carries kernel time, the kernels themselves are the rows.
     """
     events = [e for e in prof.key_averages() if not is_annotation(e)]
     on_gpu = device_type == "cuda"
