@@ -5,12 +5,17 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 from __future__ import annotations
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import scaling
+from lab_utils.experiments import fastpath, scaling, sweep
 from lab_utils.plan import Experiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
+    sweep.SWEEP_EXPERIMENT,
     scaling.SCALING_EXPERIMENT,
     scaling.COMPUTE_VS_COMM_EXPERIMENT,
+    fastpath.LOADER_EXPERIMENT,
+    fastpath.WATERFALL_EXPERIMENT,
+    fastpath.TRACE_EXPERIMENT,
+    fastpath.ACCURACY_EXPERIMENT,
 )
 
 
