@@ -331,7 +331,7 @@ GPT_RUNS = BR + "test_gpt_runs_on_gpus"
 COMM = BR + "test_comm_plans_on_gpus"
 QUANT = BR + "test_quantization_variants_on_a_gpu"
 SCALING = BR + "test_scaling_plans_and_rows_on_gpus"
-SWEEP = BR + "test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap"
+SWEEP = BR + "test_the_sweep_worker_caps_the_gpu_memory"
 SESSION = BR + "test_a_session_on_a_gpu_node"
 LB = BR + "test_large_batch_and_accounting_on_gpus"
 BENCH = BR + "test_bench_timers_default_sizes_on_a_gpu"
@@ -426,28 +426,13 @@ INVENTORY: tuple[Branch, ...] = (
       COMM),
     B("experiments/comm.py", "plan_compute", "device != 'cuda'", "the compute step is launched",
       COMM),
-    # experiments/fastpath.py
-    B("experiments/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
+    # experiments/fastpath_tables.py
+    B("experiments/fastpath_tables.py", "_machine", "device == 'cuda' and (not here.gpus)",
+      "--device cuda without a GPU: one sentence", NO_GPU, cuda_only=False),
+    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "self time = GPU kernel time",
       BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fast_train.py", "to_device", "device.type == 'cuda'",
-      "non_blocking copies of a host batch", COPIES),
-    B("experiments/fastpath.py", "_device", "torch.cuda.is_available()", "the default device is the GPU",
-      BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fastpath.py", "_device", "dev.type == 'cuda' and (not torch.cuda.is_available())",
-      "cuda asked for without a GPU: one sentence", NO_GPU, cuda_only=False),
-    B("experiments/fastpath.py", "TraceResult.notes", "on_gpu", "self time = GPU kernel time",
-      BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fastpath.py", "TraceResult.notes", "on_gpu", "percent of the GPU's kernel time",
+    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
       BR + "test_fast_path_choices_on_a_gpu", n=2),
-    B("experiments/fastpath.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("experiments/fastpath.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("experiments/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
-    B("experiments/fastpath.py", "measure_trace.profile_steps", "dev.type == 'cuda'",
-      "the profiler's CUDA activity",
-      reason=CUPTI, doctor="08_fast_path_and_profiler"),
     # experiments/gpt.py
     B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
     B("experiments/gpt.py", "available_devices", "torch.cuda.is_available()", "counts the GPUs", GPT_RUNS),
@@ -507,22 +492,15 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/scaling.py", "_hardware", "p.device_type == 'cuda'", "the GPU's name for the reuse check",
       SCALING),
     B("experiments/scaling.py", "measure_compute_vs_comm", "gpus", "DataParallel rows too", SCALING),
-    # experiments/sweep.py
-    B("experiments/sweep.py", "_free_memory", "device.type == 'cuda'", "synchronize before freeing",
-      BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("experiments/sweep.py", "_free_memory", "device.type == 'cuda'", "a fresh peak counter",
-      BR + "test_peak_memory_is_read_and_reset_on_the_gpu", n=2),
-    B("experiments/sweep.py", "measure", "dev.type != 'cuda' and s.memory_fraction is not None",
-      "memory_fraction on the CPU: one sentence", SWEEP, cuda_only=False),
-    B("experiments/sweep.py", "measure", "dev.type == 'cuda'", "the GPU memory fraction (set, then lifted)",
-      SWEEP),
-    B("experiments/sweep.py", "_loader", "torch.cuda.is_available()", "pinned host memory", SWEEP),
     # job_plan.py, session.py
     B("job_plan.py", "main", "backend == 'nccl'", "the GPU's name for the reuse check",
       BR + "test_job_plan_on_a_gpu_node"),
     B("session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
     B("session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
     B("session.py", "start", "gpus", "'cuda x N' in the first line", SESSION),
+    # workers/sweep.py
+    B("workers/sweep.py", "run_config", "dev.type == 'cuda'", "the GPU memory fraction, before training",
+      SWEEP),
     # workers/allreduce_bench.py
     B("workers/allreduce_bench.py", "_sync", "device.type == 'cuda'", "synchronize around the timed loop",
       BR + "test_allreduce_worker_waits_for_the_gpu"),
@@ -537,6 +515,19 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_03_ddp_with_comm_probe"),
+    # workers/fast_train.py, workers/fastpath.py
+    B("workers/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
+      BR + "test_fast_path_choices_on_a_gpu"),
+    B("workers/fast_train.py", "to_device", "device.type == 'cuda'",
+      "non_blocking copies of a host batch", COPIES),
+    B("workers/fastpath.py", "_trace", "dev.type == 'cuda'", "the profiler's CUDA activity",
+      reason=CUPTI, doctor="08_fast_path_and_profiler"),
+    B("workers/fastpath.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
+    B("workers/fastpath.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
+    B("workers/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),

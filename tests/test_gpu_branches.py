@@ -231,48 +231,38 @@ def test_memory_cap_and_cleanup_on_a_gpu(fake_gpu):
 
 
 def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
-    from lab_utils.experiments import sweep
-
     gpu = fake_gpu(count=2)
     gpu.allocate(3 * 2 ** 30, 1)
     gpu.release(2 * 2 ** 30, 1)
     dev = torch.device("cuda", 1)
     assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
     loop.reset_peak_memory(dev)
-    assert loop.peak_memory(dev) == 2 ** 30
-    gpu.allocate(2 ** 30, 1)          # 2 GiB held at the peak ...
-    gpu.release(2 ** 30, 1)           # ... 1 GiB still held when the next batch size starts
-    sweep._free_memory(dev)           # synchronize, empty the cache, fresh peak counter
-    assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
     assert loop.peak_memory(dev) == 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
 
 
-def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
-    """sweep.measure on a (fake) GPU with a memory fraction: torch gets a float and an indexed device,
-    every measured batch is recorded with the GPU's name, and the cap is lifted afterwards."""
-    from lab_utils.experiments import sweep
+def test_the_sweep_worker_caps_the_gpu_memory(fake_gpu, monkeypatch):
+    """Notebook 01's worker on a (fake) GPU, before it trains: torch gets a float fraction and an indexed
+    device, the smaller of memory_fraction and memory_cap_bytes over the GPU's 80 GiB; no cap, no call."""
+    from lab_utils.workers import sweep as worker
+    from lab_utils.workers.harness import Job
 
     gpu = fake_gpu(count=1, name=A100)
-    measured = []
 
-    def measure_batch(bs, s, base, dev, workers):
-        measured.append((bs, gpu.fraction.get(0)))
-        return Record(sweep.EXPERIMENT, {}, metrics={"batch_size": bs, "train_seconds": 1.0},
-                      hardware=hardware.hardware_summary(str(dev), 1))
+    class Training(Exception):
+        pass
 
-    monkeypatch.setattr(sweep, "_measure_batch", measure_batch)
-    monkeypatch.setattr(sweep, "make_loaders", lambda **kw: None)
-    s = profiles.settings(sweep.Settings, "full", batch_sizes=(32, 128), memory_fraction=0.25,
-                          train_images=512)
-    records = sweep.measure(lab_for(store, "cuda", 1), s, verbose=False)
-    assert measured == [(32, 0.25), (128, 0.25)]
-    assert gpu.fraction_calls == [(0.25, 0), (1.0, 0)]
-    assert [r.hardware["device_name"] for r in records] == [A100, A100]
-    loader = sweep._loader(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4)), 2, False, 0, 0)
-    assert loader.pin_memory   # pinned host memory for non-blocking copies to the GPU
-    with pytest.raises(LabError, match="memory_fraction limits a GPU's memory"):
-        sweep.measure(lab_for(store), profiles.settings(sweep.Settings, "quick", memory_fraction=0.5),
-                      verbose=False)
+    def training(**kw):
+        raise Training
+
+    monkeypatch.setattr(worker, "apply_training_backends", training)   # the first step after the cap
+    ctx = SimpleNamespace(device=torch.device("cuda"))
+    cfg = {"batch_size": 2, "cudnn_benchmark": True, "memory_fraction": 0.5, "memory_cap_bytes": 20 * 2 ** 30}
+    for fraction, cap in ((0.5, 20 * 2 ** 30), (None, 20 * 2 ** 30), (0.25, None), (None, None)):
+        with pytest.raises(Training):
+            worker.run_config({**cfg, "memory_fraction": fraction, "memory_cap_bytes": cap},
+                              Job("batch_sweep", "full", []), ctx, None)
+    assert gpu.fraction_calls == [(0.25, 0)] * 3
+    assert all(isinstance(f, float) for f, _ in gpu.fraction_calls)
 
 
 def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
@@ -290,16 +280,17 @@ def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
 
 
 def test_fast_path_choices_on_a_gpu(fake_gpu):
-    from lab_utils.experiments import fast_train, fastpath
+    from lab_utils.experiments import fastpath_tables
+    from lab_utils.workers import fast_train
 
     fake_gpu(name=A100)
-    assert fastpath._device(None) == torch.device("cuda")
     assert fast_train.resolved_sgd("default", torch.device("cuda")) == "foreach"
     assert fast_train.resolved_sgd("default", torch.device("cpu")) == "for-loop"
     rec = Record("fastpath_trace", {"step": "fast", "device": "cuda", "trace_steps": 3}, profile="full",
-                 metrics={"description": "d"})
-    notes = fastpath.TraceResult(rec, Path("results/full/traces/fastpath_fast.json"), None).notes
+                 metrics={"description": "d", "trace_path": "/x/results/full/traces/fastpath_fast.json"})
+    notes = fastpath_tables.trace_notes([rec])
     assert "self time = GPU kernel time" in notes[1] and "GPU total kernel time" in notes[1]
+    assert "results/full/traces/fastpath_fast.json" in notes[2]
 
 
 def test_comm_plans_on_gpus(fake_gpu):
@@ -342,7 +333,6 @@ def test_gpt_runs_on_gpus(fake_gpu, store, monkeypatch, capsys):
                       hardware=hardware.hardware_summary(devs.kind, n))
 
     monkeypatch.setattr(gpt, "_measure", measure)
-    from lab_utils.core import profiles
 
     s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,),
                           micro_batches=(512,), effective_batch=1024)
@@ -407,18 +397,17 @@ def test_the_large_batch_table_says_gpu(fake_gpu):
 
 
 def test_asking_for_cuda_without_a_gpu_is_one_sentence():
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fastpath_tables
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(LabError, match="--device cuda was asked for but no CUDA device is visible"):
         labdist.init_distributed(device="cuda")
     with pytest.raises(LabError, match="device='cuda' was asked for but torch sees no GPU"):
-        fastpath._device("cuda")
+        fastpath_tables._machine("cuda")
 
 
 def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
-    from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=A100)
@@ -448,7 +437,6 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
     from lab_utils.experiments import scaling
 
     fake_gpu(count=2, name=A100)
-    from lab_utils.core import profiles
 
     s = profiles.settings(scaling.Settings, "quick")
     p = scaling._place(scaling.DDP, 2, 2, s, 16)
@@ -690,7 +678,7 @@ def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
     """The training loop, the evaluation loop and the fast path copy host batches with non_blocking=True on
     a GPU (from pinned memory the copy then overlaps the previous step). The fake GPU's tensor factories
     let the loops run with device cuda on CPU tensors and record each copy's flag."""
-    from lab_utils.experiments import fast_train
+    from lab_utils.workers import fast_train
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     torch.manual_seed(0)

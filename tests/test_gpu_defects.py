@@ -163,14 +163,18 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
 
 
 def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
-    from lab_utils.experiments import fast_train, fastpath
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import fastpath
     from lab_utils.experiments import quantize as Q
 
     gpu = fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
     assert torch.cuda.is_bf16_supported()            # torch's default counts emulation
-    assert not fast_train.bf16_supported(torch.device("cuda"))
+    assert not hardware.bf16_supported(torch.device("cuda"))
+    gpu.initialized = False
+    here = Machine.here()                            # the plan's machine: nvidia-smi's capability 7.0
+    assert here.gpus == 1 and not here.bf16 and not gpu.initialized
     quick = profiles.settings(fastpath.Settings, "quick")
-    plan = fastpath.plan_waterfall(quick, torch.device("cuda"), "quick")
+    plan = fastpath.waterfall(quick, here, "quick")
     bf16 = next(p for p in plan if p[0] == "bf16")
     assert bf16[3] == "this GPU has no bf16 (needs Ampere or newer)" and not plan[-1][2].bf16
     a = Q.check_variant("bf16", "cuda")
@@ -182,14 +186,13 @@ def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
 @pytest.mark.parametrize("old_torch", [False, True])
 def test_bf16_on_ampere_and_with_torch_24s_signature(fake_gpu, old_torch):
     """torch 2.4 (admitted by requirements.txt) has no including_emulation: capability decides."""
-    from lab_utils.experiments import fast_train
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=OTHER_GPU, major=8, old_torch=old_torch)
-    assert Q.check_variant("bf16", "cuda").ok and fast_train.bf16_supported(torch.device("cuda"))
+    assert Q.check_variant("bf16", "cuda").ok and hardware.bf16_supported(torch.device("cuda"))
     assert hardware.bf16_supported("cuda") and hardware.bf16_supported(torch.device("cuda", 0))
     fake_gpu(name="Tesla V100-SXM2-16GB", major=7, old_torch=old_torch)
-    assert not fast_train.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
+    assert not hardware.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
     assert not hardware.bf16_supported("cuda")
     assert hardware.bf16_supported("cpu")
 
@@ -227,14 +230,15 @@ def test_the_store_reuses_a_record_only_on_the_same_devices(store):
 
 def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
     from lab_utils.experiments import fastpath
+    from lab_utils.plan import measure
 
     s = fastpath.Settings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
-                              data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
-    first = fastpath.measure_data(lab_for(store), s)
-    assert [r.metrics["run_id"] for r in fastpath.measure_data(lab_for(store), s)] == [r.metrics["run_id"]
-                                                                                  for r in first]
+                          data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
+    first = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)
+    assert [r.metrics["run_id"] for r in measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)] == [
+        r.metrics["run_id"] for r in first]
     relabel(store, "bench_data")
-    again = fastpath.measure_data(lab_for(store), s)
+    again = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)
     assert again[0].metrics["run_id"] != first[0].metrics["run_id"]
     assert {r.hardware["device_name"] for r in again} == {hardware.device_name("cpu")}
 
@@ -421,7 +425,7 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     second compile is a dynamic-shape graph (symbolic batch size), which the timed epoch then runs
     for every batch. A backend that records each graph's input shapes tells them apart."""
     from lab_utils.core import data
-    from lab_utils.experiments import fast_train
+    from lab_utils.workers import fast_train
 
     graphs = []
 

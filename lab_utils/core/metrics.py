@@ -95,6 +95,7 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("warmup_data_loading_seconds", "data_loading_seconds of the warm-up epoch (epoch 1)", "s"),
     ("warmup_epoch_seconds", "epoch_seconds of the warm-up epoch (epoch 1)", "s"),
     ("steps_per_epoch", "optimizer steps per epoch (per rank)", "count"),
+    ("ms_per_step", "1000 x train_seconds / steps: the mean training time of one optimizer step", "ms"),
     ("batches_per_epoch", "batches per epoch per rank (= steps_per_epoch x accumulation steps)", "count"),
     ("batch_size", "samples per batch (per device)", "count"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
@@ -214,7 +215,10 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("train_flops_per_image", "training FLOPs per image (forward + backward, FlopCounterMode)", "FLOP"),
     ("achieved_tflops_per_s", "train_flops_per_image x epoch_images_per_s / 1e12", "TFLOP/s"),
     ("peak_precision", "the precision the row's peak is taken at", "-"),
-    ("percent_of_peak", "achieved / the device's dense peak at peak_precision", "%"),
+    ("train_tflops_per_s", "train_flops_per_image x images_per_s / 1e12: the sweep's FLOP rate over "
+     "train_seconds (loader waits excluded)", "TFLOP/s"),
+    ("percent_of_peak", "the record's FLOP rate (achieved_tflops_per_s, or the sweep's train_tflops_per_s) / "
+     "the device's dense peak at peak_precision", "%"),
     ("sgd_resolved", "the SGD implementation that ran", "-"),
     ("graphs_compiled_in_epoch", "graphs torch.compile compiled inside the timed epoch", "count"),
     ("onednn_workaround", "the oneDNN defect workaround applied, in words", "-"),
