@@ -48,10 +48,9 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
 
 
 def test_training_paths_apply_the_settings(benchmark_off):
-    from lab_utils.experiments import comm
-    from lab_utils.workers import fast_train
+    from lab_utils.workers import compute_step, fast_train
 
-    comm.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
+    compute_step.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
     assert torch.backends.cudnn.benchmark is True
     torch.backends.cudnn.benchmark = False
     fast_train.build_trainer(fast_train.TrainOptions(), width=2, device="cpu")

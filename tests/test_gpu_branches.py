@@ -294,23 +294,27 @@ def test_fast_path_choices_on_a_gpu(fake_gpu):
 
 
 def test_comm_plans_on_gpus(fake_gpu):
-    from lab_utils.experiments import comm
+    """Notebook 04's plans for this (fake) GPU node: NCCL with a rank per GPU and every GPU of the node, a
+    rank count it lacks a row that says so, the compute step launched; one GPU: gloo CPU processes."""
+    from dataclasses import replace
 
-    gpu = fake_gpu(count=4)
-    assert comm.plan_bench() == comm._BenchPlan("nccl", 4, "cuda")
-    assert comm.plan_bench(2) == comm._BenchPlan("nccl", 2, "cuda")
-    with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
-        comm.plan_bench(8, "nccl")
-    with pytest.raises(LabError, match="5 ranks need 5 GPUs, this machine has 4"):
-        comm.plan_bench(5, "nccl")
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import comm
+    from lab_utils.plan import make_plan
+
+    gpu = fake_gpu(count=8)
+    s = replace(profiles.settings(comm.Settings, "quick"), bench_ranks=(2, 16))
+
+    def ranks():
+        runs = make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, s, Machine.here(), "quick")
+        return {(r.processes, r.config["backend"], r.device, r.skip) for r in runs}
+
+    assert ranks() == {(2, "nccl", "cuda", None), (8, "nccl", "cuda", None),
+                       (16, "nccl", "cuda", "needs 16 GPUs")}
+    [step] = make_plan(comm.COMPUTE_STEP_EXPERIMENT, s, Machine.here(), "quick")
+    assert (step.device, step.in_process, step.config["device_type"]) == ("cuda", False, "cuda")
     gpu.count = 1
-    one = comm.plan_bench()
-    assert (one.backend, one.nproc) == ("gloo", 2) and "one GPU only" in one.note
-    gpu.count = 2
-    assert comm.plan_bench(backend="gloo").note == ""    # 2 GPUs, gloo asked for: no note
-    gpu.count = 0
-    with pytest.raises(LabError, match="The nccl backend needs CUDA GPUs"):
-        comm.plan_bench(backend="nccl")
+    assert {r[:3] for r in ranks()} == {(2, "gloo", "cpu"), (16, "gloo", "cpu")}  # NCCL cannot share a GPU
     gpu.count = 2
     link = comm.detect_link_peak()
     assert link.gb_per_s == 300.0 and "NVLink" in link.description
@@ -357,30 +361,36 @@ def test_gpt_device_peak_on_a_gpu(fake_gpu):
     assert (precision, peak) == (("tf32", 495e12) if tf32 else ("fp32", 67e12))
 
 
-def test_large_batch_and_accounting_on_gpus(fake_gpu, store):
+def test_large_batch_and_accounting_on_gpus(fake_gpu):
+    """Notebook 05's plans for this (fake) 2-GPU node: the large runs on 2 GPUs x 2 accumulation steps with
+    NCCL, and it says so; the ledger on the GPUs; one GPU: the ledger on 2 gloo processes."""
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import large_batch as lb
 
-    fake_gpu(count=2, name=A100)
-    assert lb._hardware("nccl", 2)["device_name"] == A100 and lb._hardware("nccl", 2)["device_type"] == "cuda"
-
+    gpu = fake_gpu(count=2, name=A100)
     full = profiles.settings(lb.Settings, "full")
-    assert lb._comm_plan(full, 2) == (2, "nccl")
-    plan = lb.plan_devices(full)
-    assert (plan.large_devices, plan.backend, plan.accumulation_steps) == (2, "nccl", 2)
+    plan = lb.plan_devices(full, Machine.here())
+    assert (plan.large_devices, plan.backend, plan.accumulation_steps, plan.device) == (2, "nccl", 2, "cuda")
     assert "this machine has 2 GPU(s)" in plan.note
+    runs = lb.plan(full, Machine.here(), "full")
+    assert [r.processes for r in runs] == [1, 2, 2, 2, 2] and {r.device for r in runs} == {"cuda"}
+    [ledger] = lb.plan_accounting(full, Machine.here(), "full")
+    assert (ledger.processes, ledger.device, ledger.config["backend"]) == (2, "cuda", "nccl")
+    gpu.count = 1
+    [one] = lb.plan_accounting(full, Machine.here(), "full")
+    assert (one.processes, one.device, one.config["backend"]) == (2, "cpu", "gloo")
 
 
 def test_the_large_batch_table_says_gpu(fake_gpu):
     """Runs on (fake) 4 GPUs, NCCL records: 'N x GPU' rows, and the full layout is 'as asked'."""
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import large_batch as lb
     from lab_utils.experiments import large_batch_tables as lbt
 
     fake_gpu(count=4)
     s = profiles.settings(lb.Settings, "full")
-    plan = lb.plan_devices(s, gpus=4)
-    runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
-    recs = [Record(lb.EXPERIMENT, lb.worker_args(s, r, "full").record_config(r.devices, "nccl"),
-                   status="skipped", reason="not run here") for r in runs]
+    recs = [Record(lb.EXPERIMENT, r.config, status="skipped", reason="not run here")
+            for r in lb.plan(s, Machine.here(), "full")]
     t = lbt.large_batch_table(recs, s)
     assert list(t["devices"]) == ["1 x GPU"] + ["4 x GPU"] * 4
     assert list(t["vs assignment"]) == ["as asked"] * 5
@@ -468,7 +478,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
 
 def test_worker_records_name_the_gpu(fake_gpu):
     from lab_utils.workers import args as ddp_args
-    from lab_utils.workers import comm_accounting, ddp
+    from lab_utils.workers import ddp
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
@@ -484,9 +494,19 @@ def test_worker_records_name_the_gpu(fake_gpu):
     rec = ddp.build_records(args, ctx, gathered, summary)[0]
     assert rec.hardware["device_name"] == A100 and rec.hardware["backend"] == "nccl"
     assert "threads_per_process" not in rec.hardware
-    acc = ddp_args.AccountingArgs(width=2, batch_size=2, steps=1, backend="nccl", profile="quick").validate()
-    rec = comm_accounting.build_record(acc, ctx, [{"model_bytes": {"parameters": 1}}] * 2)
+
+
+def test_the_ledger_record_names_the_gpu(fake_gpu):
+    from lab_utils.workers import comm_accounting
+    from lab_utils.workers.harness import Job
+
+    fake_gpu(count=2, name=A100)
+    ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
+    config = {"width": 2, "batch_size": 2, "steps": 1, "devices": 2, "backend": "nccl"}
+    rec = comm_accounting.build_record(config, Job("comm_accounting", "quick", [config]), ctx,
+                                       [{"model_bytes": {"parameters": 1}}] * 2)
     assert rec.hardware["device_name"] == A100 and rec.hardware["device_count"] == 2
+    assert rec.config == config and rec.profile == "quick"
 
 
 def test_allreduce_worker_waits_for_the_gpu(fake_gpu):

@@ -23,7 +23,7 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import hardware, memory, profiles, ring
+from lab_utils.core import hardware, memory, profiles
 from lab_utils.core.errors import LaunchError
 from lab_utils.store import Record, ResultStore
 
@@ -244,17 +244,24 @@ def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
 
 
 def test_compute_step_is_measured_again_on_another_gpu_model(store):
+    from dataclasses import replace
+
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import comm
+    from lab_utils.plan import measure
+
+    s = replace(profiles.settings(comm.Settings, "quick"), batch_sizes=(2,), width=2, compute_steps=1,
+                compute_warmup=0)
 
     def step():
-        s = comm.Settings(bench_ranks=(2,), batch_sizes=(2,), width=2, compute_steps=1, compute_warmup=0)
-        return comm.measure_compute_steps(lab_for(store), s)[0]
+        return measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, s, verbose=False,
+                       machine=Machine(gpus=0, cores=2))[0]
 
     first = step()
     assert step().timestamp == first.timestamp
-    relabel(store, comm._COMPUTE_EXPERIMENT)
+    relabel(store, comm.COMPUTE)
     step()
-    assert len(store.records(comm._COMPUTE_EXPERIMENT)) == 2
+    assert len(store.records(comm.COMPUTE)) == 2
 
 
 def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
@@ -301,47 +308,39 @@ def test_quantization_rows_are_measured_again_on_another_gpu_model(store, monkey
 
 def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
     from lab_utils import launcher
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import comm
     from lab_utils.experiments import large_batch as lb
-    from lab_utils.workers.args import BenchArgs, WorkerArgs
-
-    parse_args = WorkerArgs.from_argv
+    from lab_utils.plan import measure
 
     launched = []
 
-    def fake_launch(module, args, nproc=2, **kw):  # what the worker's rank 0 hands back
+    def fake_launch(module, job, nproc=2, **kw):  # what the worker's rank 0 hands back: a record per config
         launched.append(module)
-        if module == "lab_utils.workers.ddp":   # the record of its config
-            a = parse_args(list(args)).resolved()
-            yield Record(lb.EXPERIMENT, a.record_config(nproc, "gloo"), {"train_loss": 1.0},
-                         hardware=hardware.hardware_summary("cpu", nproc))
-            return
-        one = {"time_us": 1.0, "time_us_min_rank": 1.0, "algbw_gb_per_s": 1.0, "busbw_gb_per_s": 1.0,
-               "correct": True}
-        a = BenchArgs.from_argv(list(args))
-        for b in ring.message_sizes(8, 16):
-            yield Record(comm.BENCH_EXPERIMENT, a.record_config(nproc, b), {"count": b // 4, **one},
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, {"count": 2},
                          hardware=hardware.hardware_summary("cpu", nproc))
 
     monkeypatch.setattr(launcher, "stream", fake_launch)
+    cpu = Machine(gpus=0, cores=2)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
     s = profiles.settings(lb.Settings, "quick", **tiny)
-    lb.measure(lab_for(store), s, verbose=False)
-    lb.measure(lab_for(store), s, verbose=False)
+    for _ in range(2):
+        measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=cpu)
     assert len(launched) == 5
     relabel(store, lb.EXPERIMENT)
-    lb.measure(lab_for(store), s, verbose=False)
+    measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=cpu)
     assert len(launched) == 10
 
-    bs = comm.BenchSettings(max_bytes=16, iters=1, warmup=0, min_bytes=8)
+    bs = profiles.settings(comm.Settings, "quick", bench_ranks=(2,), max_bytes=16, iters=1, warmup=0)
     launched.clear()
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    assert launched == [comm._BENCH_MODULE]
-    relabel(store, comm.BENCH_EXPERIMENT)
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    assert launched == [comm._BENCH_MODULE] * 2
+    for _ in range(2):
+        measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
+    assert launched == ["lab_utils.workers.allreduce_bench"]  # the two sizes, one launch, then reused
+    relabel(store, comm.BENCH)
+    measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
+    assert launched == ["lab_utils.workers.allreduce_bench"] * 2
 
 
 # --------------------------------------------------------------------------- 5. MIG slices

@@ -185,6 +185,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("kind", "GPT epoch entries: 'epoch'", "-"),
     # ---------------------------------------------------------------- the all-reduce benchmark
     ("time_us", "microseconds per all-reduce of one message, the slowest rank", "us"),
+    ("compute_seconds_per_step", "one training step on one device (forward, loss, backward, SGD step) on "
+     "random tensors already there, mean over the timed steps after untimed warm-up ones", "s"),
     ("time_us_min_rank", "microseconds per all-reduce, the fastest rank", "us"),
     ("algbw_gb_per_s", "algorithm bandwidth S / t (nccl-tests)", "GB/s"),
     ("busbw_gb_per_s", "bus bandwidth algbw x 2(n-1)/n (nccl-tests)", "GB/s"),
@@ -195,8 +197,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- the communication ledger
     ("model_bytes", "the model's parameter and buffer sizes (ModelBytes fields)", "-"),
     ("ledger", "payload bytes and calls per (phase, collective)", "-"),
-    ("wire_bytes", "bytes this process wrote per phase (wchar of /proc/self/io)", "-"),
-    ("wire_measured", "wire_bytes could be read (gloo on Linux)", "-"),
+    ("wire", "per phase: occurrences, payload bytes counted and bytes this process wrote (wchar of "
+     "/proc/self/io), both per occurrence, and with 2 ranks the bytes the algorithms imply it writes", "-"),
+    ("wire_measured", "the bytes written (wire) could be read (gloo on Linux)", "-"),
     ("parameters_equal_after_init", "every rank held rank 0's parameters after DDP's broadcast", "-"),
     ("sgd_state_bytes", "SGD momentum bytes this rank holds", "bytes"),
     ("zero_state_bytes", "ZeRO-1: momentum bytes this rank holds (its shard)", "bytes"),

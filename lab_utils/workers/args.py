@@ -8,9 +8,7 @@ key: ``record_config``). Nothing here imports torch or the store, so planning a 
 costs no ``import torch``.
 
 - :class:`WorkerArgs`: the ResNet-18 DDP worker (:mod:`lab_utils.workers.ddp`; notebooks 02, 03, 05);
-- :class:`TrainConfig`: the GPT trainer (:mod:`lab_utils.workers.gpt_train`; notebook 06);
-- :class:`AccountingArgs`: the communication ledger (:mod:`lab_utils.workers.comm_accounting`; 05);
-- :class:`BenchArgs`: the all-reduce benchmark (:mod:`lab_utils.workers.allreduce_bench`; 04).
+- :class:`TrainConfig`: the GPT trainer (:mod:`lab_utils.workers.gpt_train`; notebook 06).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from lab_utils.core.config import (
 from lab_utils.core.errors import LabError
 from lab_utils.core.schedules import DECAYS
 
-__all__ = ["AccountingArgs", "BenchArgs", "TrainConfig", "WorkerArgs"]
+__all__ = ["TrainConfig", "WorkerArgs"]
 
 LR_RULES = ("fixed", "linear")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -340,118 +338,3 @@ class TrainConfig:
         if kw.get("val_batches") == 0:
             kw["val_batches"] = None
         return cls(**kw).validate(), out
-
-
-# --------------------------------------------------------------------------- the communication ledger
-
-
-@dataclass
-class AccountingArgs:
-    """The ledger worker's command line (``python -m lab_utils.workers.comm_accounting --help``)."""
-
-    width: int = 8
-    batch_size: int = 8
-    steps: int = 3
-    broadcast_buffers: bool = True
-    zero: bool = True
-    backend: str = "auto"
-    profile: str | None = None
-    experiment: str | None = None
-    seed: int = 0
-    out: str | None = None
-
-    def validate(self) -> AccountingArgs:
-        check_positive_int(self.width, "--width")
-        check_positive_int(self.batch_size, "--batch-size")
-        check_positive_int(self.steps, "--steps")
-        check_choice(self.backend, BACKENDS, "--backend")
-        return self
-
-    def record_config(self, world_size: int, backend: str) -> dict[str, Any]:
-        return {"width": self.width, "batch_size": self.batch_size, "steps": self.steps,
-                "broadcast_buffers": self.broadcast_buffers, "zero": self.zero,
-                "devices": world_size, "backend": backend, "seed": self.seed}
-
-    def to_argv(self) -> list[str]:
-        argv = ["--width", str(self.width), "--batch-size", str(self.batch_size), "--steps", str(self.steps),
-                "--backend", self.backend, "--seed", str(self.seed)]
-        if not self.broadcast_buffers:
-            argv.append("--no-broadcast-buffers")
-        if not self.zero:
-            argv.append("--no-zero")
-        if self.profile:
-            argv += ["--profile", self.profile]
-        if self.experiment:
-            argv += ["--experiment", self.experiment]
-        return argv
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.comm_accounting",
-                                    description="Count the bytes a DDP run communicates, by kind.")
-        d = AccountingArgs()
-        p.add_argument("--width", type=int, default=d.width)
-        p.add_argument("--batch-size", type=int, default=d.batch_size)
-        p.add_argument("--steps", type=int, default=d.steps)
-        p.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false")
-        p.add_argument("--no-zero", dest="zero", action="store_false")
-        p.add_argument("--backend", default=d.backend)
-        p.add_argument("--profile", default=None)
-        p.add_argument("--experiment", default=None)
-        p.add_argument("--seed", type=int, default=d.seed)
-        p.add_argument("--out", default=None)
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> AccountingArgs:
-        return cls(**vars(cls.parser().parse_args(argv))).validate()
-
-
-# --------------------------------------------------------------------------- the all-reduce benchmark
-
-
-@dataclass
-class BenchArgs:
-    """The all-reduce benchmark's command line: fp32 messages doubling from ``min_bytes`` to
-    ``max_bytes``, ``warmup`` untimed and ``iters`` timed all-reduces each."""
-
-    max_bytes: int = 8
-    min_bytes: int = 8
-    iters: int = 20
-    warmup: int = 5
-    backend: str = "gloo"
-    out: str | None = None
-
-    def validate(self) -> BenchArgs:
-        check_positive_int(self.max_bytes, "--max-bytes")
-        check_positive_int(self.min_bytes, "--min-bytes")
-        check_positive_int(self.iters, "--iters")
-        check_choice(self.backend, ("nccl", "gloo"), "--backend")
-        if self.warmup < 0:
-            raise LabError(f"Warm-up iterations must be 0 or more, got {self.warmup}.")
-        return self
-
-    def record_config(self, world_size: int, size_bytes: int) -> dict[str, Any]:
-        """The stored configuration of one benchmark point (its resume key)."""
-        return {"world_size": world_size, "backend": self.backend, "size_bytes": int(size_bytes),
-                "dtype": "float32", "iters": self.iters, "warmup": self.warmup}
-
-    def to_argv(self) -> list[str]:
-        return _flags(self)
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.allreduce_bench",
-                                    description="The all-reduce benchmark worker (every rank, torchrun).")
-        d = BenchArgs()
-        p.add_argument("--min-bytes", type=int, default=d.min_bytes)
-        p.add_argument("--max-bytes", type=int, required=True)
-        p.add_argument("--iters", type=int, default=d.iters)
-        p.add_argument("--warmup", type=int, default=d.warmup)
-        p.add_argument("--backend", choices=["nccl", "gloo"], default=d.backend)
-        p.add_argument("--out", default=None)
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> BenchArgs:
-        return cls(**vars(cls.parser().parse_args(argv))).validate()
