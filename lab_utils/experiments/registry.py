@@ -5,12 +5,15 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 from __future__ import annotations
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import scaling
+from lab_utils.experiments import gpt, scaling
 from lab_utils.plan import Experiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     scaling.SCALING_EXPERIMENT,
     scaling.COMPUTE_VS_COMM_EXPERIMENT,
+    gpt.SCALING_EXPERIMENT,
+    gpt.ACCUMULATION_EXPERIMENT,
+    gpt.TRAIN_EXPERIMENT,
 )
 
 
