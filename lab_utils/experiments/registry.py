@@ -5,7 +5,7 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 from __future__ import annotations
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import gpt, scaling
+from lab_utils.experiments import gpt, quantize, scaling
 from lab_utils.plan import Experiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
@@ -14,6 +14,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     gpt.SCALING_EXPERIMENT,
     gpt.ACCUMULATION_EXPERIMENT,
     gpt.TRAIN_EXPERIMENT,
+    quantize.QUANTIZATION_EXPERIMENT,
 )
 
 
