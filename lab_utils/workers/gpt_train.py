@@ -261,8 +261,9 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
                           decay="cosine")
     sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
+    pin = device.type == "cuda"  # pinned host memory: the copies to the GPU can overlap
     loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                        **loader_worker_options(cfg.num_workers, device.type == "cuda"))
+                        **loader_worker_options(cfg.num_workers, pin))
     val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, num_workers=0,
                             sampler=DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank,
                                                        shuffle=False))
