@@ -31,9 +31,10 @@ from lab_utils.plan import Experiment, Run
 from lab_utils.workers import gpt_train
 from lab_utils.workers.gpt_train import TrainConfig
 
+# checkpoint_path is also this module's: notebook 06 forces the final run when its file is missing
 __all__ = ["ACCUMULATION", "ACCUMULATION_EXPERIMENT", "SCALING", "SCALING_EXPERIMENT", "TRAIN",
-           "TRAIN_EXPERIMENT", "Settings", "cost", "doctor_settings", "place", "plan", "plan_accumulation",
-           "plan_final", "train_run"]
+           "TRAIN_EXPERIMENT", "Settings", "checkpoint_path", "cost", "doctor_settings", "place", "plan",
+           "plan_accumulation", "plan_final", "train_run"]
 
 SCALING = "gpt_scaling"
 ACCUMULATION = "gpt_accumulation"

@@ -349,8 +349,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
         notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, threads))} "
                      "thread(s) (gloo between processes) on a shared machine; the numbers show the mechanics "
                      "of DDP, not GPU scaling.")
-    store.save_table(scaling, "gpt_scaling", recs, title="GPT: DDP scaling at a fixed per-device batch",
-                     notes=notes)
+    store.save_table(scaling, "gpt_scaling", _ok(recs) or recs,
+                     title="GPT: DDP scaling at a fixed per-device batch", notes=notes)
     comm = compute_comm_table(records)
     store.save_table(comm, "gpt_compute_vs_comm", _ok(recs),
                      title="GPT: compute vs communication (measured)",
