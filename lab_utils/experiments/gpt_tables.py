@@ -51,9 +51,10 @@ def earlier_report_frame():
         t1, mean, slow = GPT_REPORTED_MEAN_SECONDS[(b, 1)], GPT_REPORTED_MEAN_SECONDS[(b, n)], max(times)
         row: dict[str, Any] = {"per-GPU batch": b, "GPUs": n}
         row.update({f"rank {r} (s)": times[r] if r < len(times) else None for r in range(ranks)})
-        row.update({"report's mean (s)": mean, "speedup on the mean (as reported)": round(t1 / mean, 2),
-                    "slowest rank (s)": slow, "speedup on the slowest rank": round(t1 / slow, 2),
-                    "note": "super-linear: speedup > N on the mean" if n > 1 and t1 / mean > n else ""})
+        on_mean = speedup(t1, mean)
+        row.update({"report's mean (s)": mean, "speedup on the mean (as reported)": round(on_mean, 2),
+                    "slowest rank (s)": slow, "speedup on the slowest rank": round(speedup(t1, slow), 2),
+                    "note": "super-linear: speedup > N on the mean" if n > 1 and on_mean > n else ""})
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
 
@@ -108,18 +109,6 @@ def earlier_report_anomalies():
                           "(lab_utils.core.timing.timed)"},
     ]
     return pd.DataFrame(rows)
-
-
-def _runs(records: Sequence[Record]) -> list[tuple[Record, list[Record]]]:
-    """Each run's aggregate with its per-rank records (as :func:`lab_utils.plan.measure` returns them)."""
-    out: list[tuple[Record, list[Record]]] = []
-    for r in records:
-        if r.config.get("record") == "rank":
-            if out and out[-1][0].config == {**r.config, "record": "aggregate", "rank": None}:
-                out[-1][1].append(r)
-        else:
-            out.append((r, []))
-    return out
 
 
 def scaling_table(records: Sequence[Record]):
@@ -237,9 +226,11 @@ def rank_table(records: Sequence[Record]):
     import pandas as pd
 
     rows = []
-    for agg, ranks in _runs(records):
-        if agg.status != "ok" or agg.config["devices"] == 1:
+    for agg in _ok(aggregates(records)):
+        if agg.config["devices"] == 1:
             continue
+        ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
+                 and r.config.get("record") == "rank"]
         m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}
         for rk in ranks:
             rows.append({**key, "rank": rk.config["rank"],
