@@ -52,6 +52,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import bf16_supported, device_name, peak_flops_per_s, software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
+from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import LRSchedule
@@ -236,6 +237,8 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -
                          "steps": sum(e["steps"] for e in epochs), "synthetic": splits.synthetic,
                          "max_chars": cfg.max_chars})
         run["checkpoint"] = job.options["save"]
+    del model
+    free_device_memory(device)  # gc first (DDP's hooks hold cycles): the next configuration starts empty
     gathered = gather({"epochs": epochs, "timers": timers.table(), "comm_probe": probe}, ctx)
     if ctx.rank != 0:
         return []
