@@ -327,7 +327,6 @@ DR = "test_doctor.py::"
 FS = "test_gpu_first_session.py::"
 EVENTS = BR + "test_allreduce_timer_reads_cuda_events_in_seconds"
 QUERIES = BR + "test_device_queries_name_count_and_default_device"
-GPT_RUNS = BR + "test_gpt_runs_on_gpus"
 COMM = BR + "test_comm_plans_on_gpus"
 QUANT = BR + "test_quantization_variants_on_a_gpu"
 SCALING = BR + "test_scaling_plans_and_rows_on_gpus"
@@ -433,18 +432,6 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_fast_path_choices_on_a_gpu"),
     B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
       BR + "test_fast_path_choices_on_a_gpu", n=2),
-    # experiments/gpt.py
-    B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
-    B("experiments/gpt.py", "available_devices", "torch.cuda.is_available()", "counts the GPUs", GPT_RUNS),
-    B("experiments/gpt.py", "available_devices", "gpus", "runs on the GPUs", GPT_RUNS),
-    B("experiments/gpt.py", "_execute", "devices.kind == 'cuda' or nproc > 1",
-      "one GPU too through the launcher (no CUDA context in the kernel)",
-      FS + "test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others"),
-    B("experiments/gpt.py", "measure", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),
-    B("experiments/gpt.py", "measure_accumulation", "devs.kind == 'cuda'",
-      "accumulation on every GPU up to 4",
-      GPT_RUNS),
-    B("experiments/gpt.py", "measure_final", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),
     # experiments/large_batch.py
     B("experiments/large_batch.py", "DevicePlan.device", "self.backend == 'nccl'", "runs on the GPUs", LB),
     B("experiments/large_batch.py", "plan_devices", "gpus >= 1", "NCCL ranks on the GPUs", LB),
@@ -454,27 +441,26 @@ INVENTORY: tuple[Branch, ...] = (
       LB),
     B("experiments/large_batch_tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
       "'N x GPU' in the table", BR + "test_the_large_batch_table_says_gpu"),
-    # experiments/quantize.py
+    # experiments/quantize.py, workers/quant_variants.py, workers/quant_model.py
     B("experiments/quantize.py", "Settings.validate", "d not in ('cpu', 'cuda')", "an unknown device",
       "test_quantize.py::test_settings_validation", cuda_only=False),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
       "no CUDA device: a row that says so", "test_quantize.py::test_no_cuda_row_and_unknown_variant",
       cuda_only=False),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
-    B("experiments/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
+    B("workers/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
       QUANT),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
       n=3),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'",
       "cuBLAS int8 (torch._int_mm), padded",
       QUANT, n=4),
-    B("experiments/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
+    B("workers/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "pads M <= 16 rows to 17 for torch._int_mm",
       DF + "test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs"),
-    B("experiments/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
+    B("workers/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "layers whose K or N % 8 != 0 stay fp32", QUANT),
-    B("experiments/quantize.py", "devices_to_run", "torch.cuda.is_available()", "the GPU too", QUANT),
     # experiments/scaling.py
     B("experiments/scaling.py", "_place", "gpus >= devices", "DataParallel on the GPUs", SCALING),
     B("experiments/scaling.py", "_place", "gpus >= devices", "DDP on NCCL", SCALING, n=2),
@@ -531,9 +517,9 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
+    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
       reason=NCCL, doctor="06_gpt_ddp"),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "pinned loader memory",
+    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "pinned loader memory",
       reason=TENSORS, doctor="06_gpt_ddp", n=2),
 )
 

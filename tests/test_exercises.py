@@ -376,16 +376,16 @@ def test_docstrings_give_units_and_inputs_not_the_formula(masters):
 
 
 @pytest.mark.timeout(240)
-def test_q07_table_shows_the_payload_the_exercise_predicts(masters, store):
+def test_q07_table_shows_the_payload_the_exercise_predicts(masters):
     """Notebook 07's table has `payload_bytes` (the exercise's answer, measured) next to `size_bytes`
     (the torch.save file: larger by the zip container), and keeps its other columns."""
     import torch
-    from store_helpers import lab_for
 
     from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
     from lab_utils.experiments.quantize_tables import quantization_table
     from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.workers.quantize import measure_device
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")
@@ -393,11 +393,14 @@ def test_q07_table_shows_the_payload_the_exercise_predicts(masters, store):
     cfg = gpt_config("tiny", vocab_size=65)
     model = GPT(cfg)
     val = torch.randint(0, cfg.vocab_size, (600,))
-    mut = Q.ModelUnderTest(model, val, cfg.block_size, "exercise-07", dataset="random", synthetic=True)
+    mut = Q.ModelUnderTest(model, val, cfg.block_size, dataset="random", synthetic=True)
     s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_weight_only"),
                           devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2,
                           warmup=0, repeats=1)
-    table = quantization_table(Q.measure(lab_for(store), s, mut, show_progress=False)).set_index("variant")
+    recs = measure_device(mut, s.variants, "cpu", s.measure_key())   # the worker's rows (config: the plan's)
+    for v, r in zip(s.variants, recs):
+        r.config = {"variant": v, "device": "cpu"}
+    table = quantization_table(recs).set_index("variant")
     cols = list(table.columns)
     assert cols[cols.index("size_bytes") + 1] == "payload_bytes" and "size_vs_fp32" in cols
     predict = solution(masters, "07_quantization", "q07_int8_size")

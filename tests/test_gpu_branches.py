@@ -320,37 +320,6 @@ def test_comm_plans_on_gpus(fake_gpu):
     assert link.gb_per_s == 300.0 and "NVLink" in link.description
 
 
-def test_gpt_runs_on_gpus(fake_gpu, store, monkeypatch, capsys):
-    from lab_utils.experiments import gpt
-
-    fake_gpu(count=2, name=A100)
-    seen = []
-
-    def measure(experiment, key, cfg, n, devs, store_, s):
-        seen.append((experiment, n, devs.kind))
-        return Record(experiment, key, metrics={"reported_epoch": 1, "epoch_seconds": 1.0, "slowest_rank": 0,
-                                                "tokens_per_s": 1.0, "val_loss": 1.0},
-                      hardware=hardware.hardware_summary(devs.kind, n))
-
-    monkeypatch.setattr(gpt, "_measure", measure)
-
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,),
-                          micro_batches=(512,), effective_batch=1024)
-    devs = gpt.available_devices(s)
-    assert (devs.kind, devs.available, devs.gpus) == ("cuda", 2, 2)
-    assert devs.reason(4) == "needs 4 GPUs (this machine has 2)"
-    lab = lab_for(store, "cuda", 2)
-    gpt.measure(lab, s)
-    gpt.measure_accumulation(lab, s)
-    monkeypatch.setattr(gpt, "checkpoint_path", lambda profile: store.root / "ckpt.pt")
-    gpt.measure_final(lab, s)
-    out = capsys.readouterr().out
-    assert seen == [(gpt.SCALING, 1, "cuda"), (gpt.SCALING, 2, "cuda"), (gpt.ACCUMULATION, 2, "cuda"),
-                    (gpt.TRAIN, 2, "cuda")]
-    assert "batch 8/device x 2 GPU(es)" in out and "final training on 2 GPU(es)" in out
-    assert "skipped (needs 4 GPUs (this machine has 2))" in out
-
-
 def test_gpt_device_peak_on_a_gpu(fake_gpu):
     from lab_utils.workers.gpt_train import device_peak
 
@@ -409,9 +378,12 @@ def test_asking_for_cuda_without_a_gpu_is_one_sentence():
 
 def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     from lab_utils.experiments import quantize as Q
+    from lab_utils.plan import make_plan
+    from lab_utils.workers import quant_model as QM
 
     fake_gpu(name=A100)
-    assert Q.devices_to_run(profiles.settings(Q.Settings, "quick")) == ["cpu", "cuda"]
+    runs = make_plan(Q.QUANTIZATION_EXPERIMENT, profiles.settings(Q.Settings, "quick"), profile="quick")
+    assert sorted({r.device for r in runs}) == ["cpu", "cuda"]
     fp32 = Q.check_variant("fp32", "cuda")
     assert fp32.ok and fp32.kernel == "cuBLAS fp32 GEMM (true fp32)"     # torch's default for matmuls
     before = torch.backends.cuda.matmul.allow_tf32
@@ -428,7 +400,7 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
         assert "torch._int_mm (cuBLAS)" in dyn.kernel
     from lab_utils.models.gpt import GPT, gpt_config
 
-    kept = Q.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
+    kept = QM.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
     assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
 
 

@@ -23,7 +23,7 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import hardware, memory, profiles
+from lab_utils.core import hardware, memory, profiles, ring
 from lab_utils.core.errors import LaunchError
 from lab_utils.store import Record, ResultStore
 
@@ -75,15 +75,6 @@ def test_the_job_scripts_recognise_cudnn9_out_of_memory(script, tmp_path):
 # --------------------------------------------------------------------------- 2. GPT out of memory under DDP
 
 
-def _launch_swapping_module(real_launch, module: str):
-    """``launcher.launch`` that starts ``module`` (a test wrapper of the GPT worker) instead."""
-    def launch(_module, args, nproc=2, **kw):
-        path = os.environ.get("PYTHONPATH", "")
-        kw["env"] = {**(kw.get("env") or {}), "PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
-        return real_launch(module, args, nproc=nproc, **{**kw, "timeout_s": 120})
-    return launch
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monkeypatch):
@@ -91,49 +82,31 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
 
     Before: rank 1 swallowed the error and went on to all_gather_object while rank 0 sat in
     DDP's bucket all-reduce: mismatched collectives, a hang until the NCCL timeout (here the
-    launch timeout), and ``_measure`` did not catch the LaunchError anyway. Now rank 1 ends
-    itself, torchrun stops rank 0 at once, and the row says OOM with the allocator's words.
+    launch timeout), and the launch error was not caught anyway. Now rank 1 writes its failure file and
+    ends itself, torchrun stops rank 0 at once, and THE measure's row says OOM with the allocator's words;
+    the larger batch of the same launch is not tried.
     """
-    from lab_utils import launcher
-    from lab_utils.experiments import gpt
+    import dataclasses
 
-    monkeypatch.setattr(launcher, "launch", _launch_swapping_module(launcher.launch, "gpt_oom_worker"))
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(2,), scaling_batch_sizes=(4,),
-                          scaling_epochs=1, max_chars=20_000, val_batches=1)
-    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
-    cfg = gpt._train_config(s, batch_size=4, epochs=1, steps_per_epoch=2, device="cpu")
+    import gpt_oom_worker
+
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import gpt
+    from lab_utils.plan import make_plan, measure
+
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + (os.pathsep + path if path else ""))
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(2,), scaling_batch_sizes=(4, 8),
+                          scaling_epochs=1, max_chars=20_000, val_batches=1, timeout_s=120)
+    runs = [dataclasses.replace(r, worker=gpt_oom_worker)
+            for r in make_plan(gpt.SCALING_EXPERIMENT, s, Machine(gpus=0, cores=2), "quick")]
     t0 = time.perf_counter()
-    rec = gpt._measure(gpt.SCALING, gpt._key(cfg, 2, "cpu"), cfg, 2, devs, store, s)
+    oom, larger = measure("quick", gpt.SCALING_EXPERIMENT, s, runs=runs)
     assert time.perf_counter() - t0 < 100      # no wait for a collective timeout
-    assert rec.status == "oom", rec.reason
-    assert rec.reason.startswith("OOM: ") and "CUDA out of memory. Tried to allocate 20.00 GiB" in rec.reason
-    rank1 = [p.read_text() for p in (store.root / "logs").rglob("rank1.log")]
-    assert rank1 and "torch.OutOfMemoryError on rank 1 of 2" in rank1[0] and "this rank ends" in rank1[0]
-
-
-def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatch):
-    from lab_utils.experiments import gpt
-
-    s = profiles.settings(gpt.Settings, "quick")
-    cfg = gpt._train_config(s, batch_size=4)
-    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
-    log = ("The 2-process run of lab_utils.workers.gpt_train failed (torchrun exit code 1); ...\n"
-           "rank 1: torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory. Tried to allocate 2G\n")
-
-    def oom(*a, **kw):
-        raise LaunchError(log)
-
-    monkeypatch.setattr(gpt, "_execute", oom)
-    rec = gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
-    assert rec.status == "oom" and rec.reason.startswith("OOM: rank 1: torch.OutOfMemoryError on rank 1")
-    assert rec.hardware["device_count"] == 2
-
-    def broken(*a, **kw):
-        raise LaunchError("rank 0 failed: ImportError: no module named x")
-
-    monkeypatch.setattr(gpt, "_execute", broken)
-    with pytest.raises(LaunchError, match="ImportError"):
-        gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
+    assert oom.status == "oom", oom.reason
+    assert oom.reason.startswith("OOM: ") and "CUDA out of memory. Tried to allocate 20.00 GiB" in oom.reason
+    assert larger.status == "skipped" and larger.reason.startswith("not tried: batch 4")
+    assert [r.status for r in store.records(gpt.SCALING)] == ["oom"]
 
 
 def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
@@ -264,46 +237,36 @@ def test_compute_step_is_measured_again_on_another_gpu_model(store):
     assert len(store.records(comm.COMPUTE)) == 2
 
 
-def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
+def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch, tmp_path):
+    """THE measure's reuse check, through notebooks 06 and 07's plans (their in-process runs, the workers'
+    run_config counted): reused on the same devices, measured again on another GPU model."""
     from lab_utils.experiments import gpt
-
-    calls = []
-
-    def measure(experiment, key, cfg, n, devs, store_, s):
-        calls.append(n)
-        return Record(experiment, key, metrics={"m": 1}, hardware=hardware.hardware_summary(devs.kind, n))
-
-    monkeypatch.setattr(gpt, "_measure", measure)
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1,), scaling_batch_sizes=(4,))
-    gpt.measure(lab_for(store), s, verbose=False)
-    gpt.measure(lab_for(store), s, verbose=False)
-    assert calls == [1]
-    relabel(store, gpt.SCALING)
-    gpt.measure(lab_for(store), s, verbose=False)
-    assert calls == [1, 1]
-
-
-def test_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
     from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.plan import measure
+    from lab_utils.workers import gpt_train, quantize
 
     calls = []
 
-    def measure_device(mut, variants, device, settings, show_progress=False):
-        calls.append(device)
-        return [Record(Q.EXPERIMENT, {}, metrics={"v": v}, hardware=hardware.hardware_summary(device, 1))
-                for v in variants]
+    def run_config(config, job, ctx, state):
+        calls.append(job.experiment)
+        return [Record(job.experiment, dict(config), {"m": 1}, hardware=hardware.hardware_summary("cpu", 1))]
 
-    monkeypatch.setattr(Q, "measure_device", measure_device)
-    tokens = torch.zeros(200, dtype=torch.long)
-    mut = Q.ModelUnderTest(GPT(gpt_config("tiny", vocab_size=16)), tokens, 64, "m")
-    s = profiles.settings(Q.Settings, "quick", variants=("fp32",), devices=("cpu",))
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert calls == ["cpu"]
+    monkeypatch.setattr(gpt_train, "run_config", run_config)
+    monkeypatch.setattr(quantize, "run_config", run_config)
+    save_checkpoint(tmp_path / "gpt.pt", GPT(gpt_config("tiny", vocab_size=4)), "abcd", "python-stdlib-x")
+    acc = profiles.settings(gpt.Settings, "quick", micro_batches=(4,), effective_batch=4)
+    q = profiles.settings(Q.Settings, "quick", variants=("fp32",), devices=("cpu",),
+                          checkpoint=str(tmp_path / "gpt.pt"))
+    for _ in range(2):
+        measure(lab_for(store), gpt.ACCUMULATION_EXPERIMENT, acc, verbose=False)
+        measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, q, verbose=False)
+    assert calls == [gpt.ACCUMULATION, Q.EXPERIMENT]
+    relabel(store, gpt.ACCUMULATION)
     relabel(store, Q.EXPERIMENT)
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert calls == ["cpu", "cpu"]
+    measure(lab_for(store), gpt.ACCUMULATION_EXPERIMENT, acc, verbose=False)
+    measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, q, verbose=False)
+    assert calls == [gpt.ACCUMULATION, Q.EXPERIMENT] * 2
 
 
 def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
@@ -384,11 +347,11 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""
-    from lab_utils.experiments import quant_model as QM
-    from lab_utils.experiments import quant_timing as QT
-    from lab_utils.experiments import quant_variants as QV
     from lab_utils.experiments import quantize as Q
     from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.workers import quant_model as QM
+    from lab_utils.workers import quant_timing as QT
+    from lab_utils.workers import quant_variants as QV
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", vocab_size=64)).eval()

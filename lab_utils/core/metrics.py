@@ -121,21 +121,19 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)",
      "s"),
     # ---------------------------------------------------------------- communication (core.comm_hooks)
-    ("allreduce_seconds", "(c) per epoch: the time during which a gradient all-reduce was in flight (DDP "
-     "comm hook, union over buckets), over all the epoch's steps (a DDP aggregate measures it on the "
-     "no_sync probe's steps and scales their mean per step to the epoch's steps)", "s"),
+    ("allreduce_seconds", "(c) per epoch: the time a gradient all-reduce was in flight (DDP comm hook, union "
+     "over buckets), measured on the no_sync probe's steps: their mean per step x the epoch's steps", "s"),
+    ("epoch_allreduce_seconds", "the comm hook's all-reduce time in flight during the epoch's own training "
+     "steps, summed (the same hook as allreduce_seconds, not the probe)", "s"),
     ("exposed_tail_seconds", "the hook's in-step estimate of (b): last bucket ready -> backward returned, "
      "summed over the epoch's steps", "s"),
     ("exposed_comm_seconds", "(b): exposed communication per epoch = (step with gradient sync - the same "
      "step under no_sync) x steps (the probe)", "s"),
-    ("exposed_comm_per_step_seconds", "(b) per optimizer step (the probe's mean difference)", "s"),
     ("exposed_comm_noise_seconds", "standard error of (b), scaled like exposed_comm_seconds", "s"),
     ("overlap_seconds", "(c) - (b), at least 0: all-reduce time hidden behind backward", "s"),
     ("overlap_fraction", "overlap_seconds / (c)", "fraction"),
     ("comm_probe", "the no_sync probe's per-step values (lab_utils.core.comm_hooks.CommProbe fields)", "-"),
-    ("probe", "GPT: one rank's no_sync probe (CommProbe fields)", "-"),
     ("allreduce_buckets", "DDP gradient buckets seen by the comm hook", "count"),
-    ("buckets", "GPT: DDP gradient buckets seen by the comm hook (slowest rank)", "count"),
     ("gradient_bytes", "fp32 gradient size S = parameters x 4", "bytes"),
     ("parameters", "trainable parameters of the model", "count"),
     # ---------------------------------------------------------------- a DDP run (workers.ddp)
@@ -156,10 +154,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("device_type", "cuda | cpu", "-"),
     ("threads_per_rank", "torch intra-op threads of each rank", "count"),
     ("threads_pinned", "DataParallel: the torch thread count was set for the run (and restored)", "-"),
-    ("threads_per_process", "GPT on a CPU: torch threads of each process", "count"),
     # ---------------------------------------------------------------- the GPT (workers.gpt_train)
     ("tokens", "training tokens of the epoch (all ranks for an aggregate) = sequences x block size", "count"),
-    ("sequences", "training sequences of the epoch (this rank)", "count"),
+    ("sequences", "training sequences of the epoch (all ranks for an aggregate)", "count"),
     ("tokens_per_s", "training tokens / train_seconds (loader waits EXCLUDED); aggregate: all ranks' tokens "
      "/ the slowest rank's train_seconds", "tokens/s"),
     ("mfu", "model FLOPs utilization: flops_per_token x tokens_per_s / (devices x peak FLOP/s); None where "
@@ -168,6 +165,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
     ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
     ("precision", "the precision the peak is taken at: fp32 | tf32 | bf16", "-"),
+    ("precision_note", "why the precision differs from the dtype asked (bf16 where the device has no native "
+     "bf16 runs fp32), in words; None when it does not", "-"),
     ("device_name", "the device's name (the GPU model, or cpu)", "-"),
     ("corpus", "the text corpus trained on", "-"),
     ("train_windows", "training windows of block-size tokens", "count"),
@@ -175,14 +174,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("total_steps", "optimizer steps planned for the run", "count"),
     ("steps_done", "optimizer steps the run took", "count"),
     ("saved_activation_bytes", "bytes autograd keeps for backward after one micro-batch's forward", "bytes"),
-    ("run_seconds", "GPT worker: wall time of the whole run (rank 0's nested 'run' timer)", "s"),
-    ("wall_seconds", "GPT: wall time of the run as the parent saw it, process start-up included", "s"),
-    ("final_val_loss", "val_loss after the last epoch", "nats"),
-    ("final_train_loss", "train_loss of the last epoch", "nats"),
     ("checkpoint", "path of the saved model", "-"),
-    ("timers", "rank 0's nested timers: rows of timer, count, total_seconds, mean_seconds (per call)", "-"),
-    ("timers_slowest_rank", "the slowest rank's nested timers (as timers)", "-"),
-    ("kind", "GPT epoch entries: 'epoch'", "-"),
+    ("timers", "a rank's nested timers over the whole run: rows of timer, count, total_seconds, mean_seconds "
+     "(per call); an aggregate's: the slowest rank's (of the reported epoch)", "-"),
     # ---------------------------------------------------------------- the all-reduce benchmark
     ("time_us", "microseconds per all-reduce of one message, the slowest rank", "us"),
     ("compute_seconds_per_step", "one training step on one device (forward, loss, backward, SGD step) on "
@@ -283,9 +277,15 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
+#: The metric that IS T(N) in notebooks 02, 03 and 06 (and every speedup built on it): an aggregate
 #: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
 T_N = "train_seconds"
+
+
+def speedup(t1: float | None, tn: float | None) -> float | None:
+    """THE speedup of the lab's tables: T(1) / T(N), two times in seconds (None when either is missing or
+    0). Which time each is (T_N, a mean over ranks, seconds per token) the caller's column names."""
+    return None if is_missing(t1) or is_missing(tn) or not t1 or not tn else float(t1) / float(tn)
 
 
 def value(record: Any, name: str) -> float | None:

@@ -8,20 +8,18 @@ key: ``record_config``). Nothing here imports torch or the store, so planning a 
 costs no ``import torch``.
 
 - :class:`WorkerArgs`: the ResNet-18 DDP worker (:mod:`lab_utils.workers.ddp`; notebooks 02, 03, 05);
-- :class:`TrainConfig`: the GPT trainer (:mod:`lab_utils.workers.gpt_train`; notebook 06).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from lab_utils.core import config
 from lab_utils.core.config import (
     CIFAR10_TEST_SIZE,
     CIFAR10_TRAIN_SIZE,
-    CORPUS_CHOICES,
     DATASET_CHOICES,
     check_batch_size,
     check_choice,
@@ -31,12 +29,10 @@ from lab_utils.core.config import (
 from lab_utils.core.errors import LabError
 from lab_utils.core.schedules import DECAYS
 
-__all__ = ["TrainConfig", "WorkerArgs"]
+__all__ = ["WorkerArgs"]
 
 LR_RULES = ("fixed", "linear")
 BACKENDS = ("auto", "nccl", "gloo")
-DTYPES = ("fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def _flags(obj, skip: tuple[str, ...] = ("out",)) -> list[str]:
@@ -233,108 +229,3 @@ def _int_list(text: str) -> int | tuple[int, ...]:
     return values[0] if len(values) == 1 else values
 
 
-# --------------------------------------------------------------------------- the GPT trainer
-
-
-@dataclass
-class TrainConfig:
-    """One GPT training run. Batch sizes are in sequences per rank; lr is AdamW's peak.
-
-    ``size`` is checked against :data:`lab_utils.models.gpt.GPT_SIZES` where the model is built
-    (that table lives with the model, which needs torch).
-    """
-
-    size: str = "small"
-    batch_size: int = 64
-    accumulation_steps: int = 1
-    epochs: int = 1
-    max_steps: int | None = None          # optimizer steps over the whole run
-    steps_per_epoch: int | None = None    # cap on optimizer steps per epoch
-    dtype: str = "fp32"
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    dropout: float = 0.0
-    corpus: str | None = None   # shakespeare | stdlib | auto; None: $LAB_CORPUS, else auto
-    max_chars: int | None = None
-    stride: int | None = None             # tokens between training windows (default block_size)
-    val_batches: int | None = 20          # per rank; None: the whole validation split
-    val_batch_size: int = 32              # sequences per validation batch (independent of --batch-size)
-    probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
-    seed: int = 0
-    num_workers: int = 0
-    device: str = "auto"
-    save: str | None = None               # checkpoint path (rank 0 writes it)
-
-    def validate(self) -> TrainConfig:
-        """Raise :class:`LabError` for bad values, before any expensive work."""
-        check_positive_int(self.batch_size, "batch size (--batch-size)")
-        check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
-        check_positive_int(self.epochs, "epochs (--epochs)")
-        check_positive_int(self.val_batch_size, "validation batch size (--val-batch-size)")
-        for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
-            v = getattr(self, name)
-            if v is not None:
-                check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
-        check_choice(self.dtype, DTYPES, "dtype")
-        check_choice(self.device, DEVICES, "device")
-        if self.corpus is not None:
-            check_choice(self.corpus, CORPUS_CHOICES, "corpus")
-        if not self.lr > 0:
-            raise LabError(f"lr must be positive, got {self.lr!r}.")
-        if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:
-            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
-        return self
-
-    def to_argv(self) -> list[str]:
-        """The command-line arguments that reproduce this configuration (for the launcher)."""
-        args: list[str] = []
-        for name, value in asdict(self).items():
-            if name == "val_batches" and value is None:
-                value = 0  # the command line's "all"
-            if value is None:
-                continue
-            args += [f"--{name.replace('_', '-')}", str(value)]
-        return args
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        d = TrainConfig()
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.gpt_train",
-                                    description="Train the GPT in one process or under torchrun (DDP).")
-        p.add_argument("--size", default=d.size, help="model size: tiny, small")
-        p.add_argument("--batch-size", type=int, default=d.batch_size,
-                       help="micro-batch per rank (sequences)")
-        p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
-        p.add_argument("--epochs", type=int, default=d.epochs)
-        p.add_argument("--max-steps", type=int, default=None, help="optimizer steps over the whole run")
-        p.add_argument("--steps-per-epoch", type=int, default=None, help="cap on optimizer steps per epoch")
-        p.add_argument("--dtype", default=d.dtype, help=f"{', '.join(DTYPES)} (bf16: autocast)")
-        p.add_argument("--lr", type=float, default=d.lr)
-        p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-        p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-        p.add_argument("--grad-clip", type=float, default=d.grad_clip)
-        p.add_argument("--dropout", type=float, default=d.dropout)
-        p.add_argument("--corpus", default=d.corpus,
-                       help=f"{', '.join(CORPUS_CHOICES)} (default: $LAB_CORPUS, else auto)")
-        p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
-        p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
-        p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")
-        p.add_argument("--val-batch-size", type=int, default=d.val_batch_size)
-        p.add_argument("--probe-steps", type=int, default=d.probe_steps)
-        p.add_argument("--seed", type=int, default=d.seed)
-        p.add_argument("--num-workers", type=int, default=d.num_workers)
-        p.add_argument("--device", default=d.device, help=f"{', '.join(DEVICES)}")
-        p.add_argument("--save", default=None, help="write the trained checkpoint here (rank 0)")
-        p.add_argument("--out", default=None, help="rank 0 appends the records here (JSON lines)")
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> tuple[TrainConfig, str | None]:
-        """``(config, --out)`` from a command line, checked."""
-        kw = vars(cls.parser().parse_args(argv))
-        out = kw.pop("out")
-        if kw.get("val_batches") == 0:
-            kw["val_batches"] = None
-        return cls(**kw).validate(), out
