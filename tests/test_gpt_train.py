@@ -389,7 +389,7 @@ def test_scaling_tables_by_hand():
 
 
 def test_the_speedup_of_every_table_by_hand():
-    from lab_utils.core.metrics import speedup
+    from lab_utils.core.speedup import speedup
 
     assert speedup(10.0, 4.0) == 2.5
     assert speedup(None, 4.0) is None and speedup(10.0, 0.0) is None and speedup(float("nan"), 1.0) is None

@@ -282,12 +282,6 @@ def note(name: str) -> str:
 T_N = "train_seconds"
 
 
-def speedup(t1: float | None, tn: float | None) -> float | None:
-    """THE speedup of the lab's tables: T(1) / T(N), two times in seconds (None when either is missing or
-    0). Which time each is (T_N, a mean over ranks, seconds per token) the caller's column names."""
-    return None if is_missing(t1) or is_missing(tn) or not t1 or not tn else float(t1) / float(tn)
-
-
 def value(record: Any, name: str) -> float | None:
     """The number ``name`` of an ``ok`` record's metrics; None (a blank table cell) when the record
     is missing, not ok, or does not hold it. ``value(rec, T_N)`` is T(N)."""

@@ -14,7 +14,8 @@ from typing import Any
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
-from lab_utils.core.metrics import T_N, speedup, value
+from lab_utils.core.metrics import T_N, value
+from lab_utils.core.speedup import speedup
 from lab_utils.experiments.gpt import Settings
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
@@ -118,7 +119,7 @@ def scaling_table(records: Sequence[Record]):
     Runs on different device counts need not do the same work: ``drop_last`` batches per rank make, e.g.,
     13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the speedup the table gives
     the tokens each run trained and the speedup of the seconds per token (= of tokens/s: equal work), and
-    flags unequal work. Every speedup is :func:`lab_utils.core.metrics.speedup`.
+    flags unequal work. Every speedup is :func:`lab_utils.core.speedup.speedup`.
     """
     import pandas as pd
 
@@ -182,7 +183,7 @@ _SCALING_TIME_BASIS = [
     "'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N; 'speedup if averaged over ranks' divides the "
     "means over ranks (train_seconds_mean) instead. 'tokens/s': all ranks' tokens / T(N), the same basis; "
     "'speedup on tokens/s (equal work)' = T(1)/T(N) per token = tokens/s(N) / tokens/s(1), independent of "
-    "how many tokens each run did. Every speedup: lab_utils.core.metrics.speedup.",
+    "how many tokens each run did. Every speedup: lab_utils.core.speedup.speedup.",
     "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
     "one-device run's (drop_last batches per rank: e.g. 13 steps x 4,096 = 53,248 tokens on 1 device, "
     "2 x 6 x 4,096 = 49,152 on 2).",

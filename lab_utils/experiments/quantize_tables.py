@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lab_utils.core.metrics import speedup
+from lab_utils.core.speedup import speedup
 from lab_utils.experiments.quantize import Settings
 from lab_utils.workers.quant_timing import mean_context_tokens, weight_flops_per_byte
 from lab_utils.workers.quant_variants import VARIANT_INFO
@@ -19,7 +19,7 @@ __all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs
 
 
 def quantization_table(records: Sequence) -> Any:
-    """One row per (device, variant) with speedups (:func:`lab_utils.core.metrics.speedup`) and loss increase
+    """One row per (device, variant) with speedups (:func:`lab_utils.core.speedup.speedup`) and loss increase
     over fp32 on the same device.
 
     Columns: sizes in bytes and as a fraction of fp32's file, val loss, its increase over
