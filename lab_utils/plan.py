@@ -89,7 +89,10 @@ class Run:
         return self.label or self.key
 
     def hardware(self) -> dict[str, Any]:
-        """What a record of this run says of its devices here (the reuse check compares it)."""
+        """What a record of this run says of its devices here (the reuse check compares it); no device
+        name for GPUs this machine does not have (a plan made for another machine)."""
+        if self.device == "cuda" and not torch.cuda.is_available():
+            return {"device_type": "cuda", "device_name": None, "device_count": self.processes}
         return hardware_summary(self.device, self.processes)
 
 
@@ -296,4 +299,4 @@ def _records(run: Run, job: Job) -> Iterator[Record]:
                 yield from records
         return
     yield from launcher.stream(run.worker.__name__, asdict(job), nproc=run.processes, timeout_s=run.timeout_s,
-                               threads_per_rank=run.threads if run.device == "cpu" else None)
+                               threads_per_rank=run.threads)

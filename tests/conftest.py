@@ -77,7 +77,7 @@ def fake_gpu(monkeypatch, tmp_path):
 def int_mm_on_cpu(monkeypatch):
     """notebook 07's torch._int_mm probe (quant_variants.int_mm_probe) with its operands made on the CPU:
     under the fake GPU, cuBLAS int8 is this CPU's _int_mm; the probe's cache starts empty."""
-    from lab_utils.experiments import quant_variants
+    from lab_utils.workers import quant_variants
 
     on_cpu = quant_variants._int8_operands
     monkeypatch.setattr(quant_variants, "_int8_operands", lambda device, k=32: on_cpu("cpu", k))
@@ -98,3 +98,30 @@ def one_rank(monkeypatch):
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def launch_here(monkeypatch):
+    """The launcher's one-process launches run in this process instead (the worker's harness over its
+    job, as the launched process would run it): a plan's GPU runs under the fake GPU (tests/fake_gpu.py)
+    without a child process. Returns the list of (module, processes, job) launched."""
+    import importlib
+
+    import torch
+
+    from lab_utils import launcher
+    from lab_utils.core.dist import DistContext
+    from lab_utils.workers.harness import Job, execute
+
+    launched: list = []
+
+    def stream(module, job, nproc=2, timeout_s=600, log_dir=None, env=None, threads_per_rank=None, info=None):
+        assert nproc == 1, "launch_here runs one-process launches only"
+        launched.append((module, nproc, job))
+        worker = importlib.import_module(module)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        for records in execute(worker, Job.from_dict(job), DistContext(device=device)):
+            yield from records
+
+    monkeypatch.setattr(launcher, "stream", stream)
+    return launched

@@ -23,7 +23,7 @@ import pytest
 from lab_utils.core import anchors as A
 from lab_utils.core import estimates
 from lab_utils.core.config import repo_root
-from lab_utils.experiments import comm, comm_tables, gpt_tables, large_batch_tables, scaling_tables
+from lab_utils.experiments import comm_tables, gpt_tables, large_batch_tables, scaling_tables
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,8 +123,8 @@ def test_table3_mistake_reproduces_the_report_by_hand():
         lo, hi = s / ((printed + 0.005) * 1e6), s / ((printed - 0.005) * 1e6)   # times that print it
         assert lo <= t + 0.00005 + 1e-12 and t - 0.00005 <= hi, (t, lo, hi)    # and times printing as t
     # the right Table 3 for the same kind of run (2 GPUs x 128: 196 steps x 1.0 x S over comm (a) 1.05 s)
-    assert comm.utilization_rows([comm.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)], None)[0][
-        "achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
+    m = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)
+    assert comm_tables.utilization_rows([m], None)[0]["achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
 
 
 def test_table3_refuses_one_device():
@@ -135,11 +135,11 @@ def test_table3_refuses_one_device():
                 r"epoch\), so leave the 1-GPU row out of Table 3\.$")
     with pytest.raises(LabError, match=sentence):
         achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 1, 391, A.TABLE3_COMM_SECONDS[1])
-    one = comm.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
-    two = comm.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
+    one = comm_tables.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
+    two = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
     with pytest.raises(LabError, match=r"Table 3 has no row for 1 device .*no bandwidth; measure 2 or "
                                        r"more\.$"):
-        comm.utilization_rows([two, one], None)
+        comm_tables.utilization_rows([two, one], None)
     assert achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 4, 391, 1.325) == pytest.approx(19.7842, abs=1e-4)
 
 
@@ -149,7 +149,7 @@ def test_table3_earlier_cohort_rows_by_hand():
     04's worked example): 11.65 - 41.3/4 = 1.325 s, 391 steps x 1.5 x S = 391 x 67.04 MB = 26.21 GB,
     19.78 GB/s. Labelled with the module not stated."""
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
+            for r in comm_tables.utilization_rows(comm_tables._anchor_measurements(), None)}
     assert set(rows) == {(n, b) for n in (2, 4) for b in (32, 128, 512)}
     assert {r["method"] for r in rows.values()} == {comm_tables._ANCHOR_ASSUMED_RING}
     assert "parallel module not stated" in comm_tables._ANCHOR_ASSUMED_RING

@@ -181,10 +181,10 @@ def test_every_training_path_goes_through_the_one_epoch_driver():
         return any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == name
                    for n in ast.walk(ast.parse(path.read_text())))
 
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "workers/dataparallel.py",
-                "experiments/fast_train.py"):  # the fast path's Trainer.epoch
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "workers/sweep.py", "workers/dataparallel.py",
+                "workers/fast_train.py"):  # the fast path's Trainer.epoch
         assert calls(PKG / rel, "run_epoch"), rel
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "experiments/sweep.py", "workers/dataparallel.py"):
+    for rel in ("workers/ddp.py", "workers/gpt_train.py", "workers/sweep.py", "workers/dataparallel.py"):
         assert not calls(PKG / rel, "train_steps"), rel
 
 

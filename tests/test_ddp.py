@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -24,10 +24,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.ranks import aggregate_epoch
 from lab_utils.core.records import canonical_key
 from lab_utils.launcher import launch
-from lab_utils.workers.args import WorkerArgs
-from lab_utils.workers.ddp import sample_order_head
-
-parse_args = WorkerArgs.from_argv
+from lab_utils.workers.ddp import RunConfig, sample_order_head
 
 TESTS = Path(__file__).resolve().parent
 
@@ -107,28 +104,19 @@ def test_set_epoch_changes_the_order_and_without_it_the_order_repeats():
 # --------------------------------------------------------------------------- arguments
 
 
-def test_worker_args_round_trip_and_validation():
-    a = WorkerArgs(experiment="x", batch_size=(32, 128), width=8, eval=True, lr_rule="linear",
-                   warmup_epochs=0.5, bucket_cap_mb=0.5)
-    back = parse_args(a.to_argv())
-    assert back == a
-    assert back.batch_sizes == (32, 128) and back.for_batch(128).batch_size == 128
-    cfg = a.for_batch(32).record_config(world_size=2, backend="gloo")
+def test_run_config_is_the_records_config_and_is_checked():
+    a = RunConfig(devices=2, backend="gloo", batch_size=32, width=8, eval=True, lr_rule="linear",
+                  warmup_epochs=0.5, bucket_cap_mb=0.5, train_images=128, test_images=40)
+    cfg = a.config()
+    assert RunConfig.from_config(cfg) == a                      # the record's config is the run's config
     assert cfg["global_batch"] == 64 and cfg["device_type"] == "cpu" and cfg["record"] == "aggregate"
-    with pytest.raises(ValueError):
-        a.record_config(2, "gloo")  # several batch sizes: not one configuration
-    for bad in (["--batch-size", "0"], ["--lr-rule", "sqrt"], ["--decay", "linear"], ["--dataset", "x"],
-                ["--warmup-epochs", "5", "--epochs", "2"], ["--backend", "mpi"], ["--lr", "-1"]):
+    assert "accumulation_steps" not in cfg and "debug_slow_rank" not in cfg   # only when used
+    accumulated = RunConfig(devices=2, backend="gloo", batch_size=32, accumulation_steps=2)
+    assert accumulated.config()["global_batch"] == 128
+    for bad in ({"batch_size": 0}, {"lr_rule": "sqrt"}, {"decay": "linear"}, {"dataset": "auto"},
+                {"warmup_epochs": 5}, {"lr": -1}, {"debug_slow_rank": 1}):
         with pytest.raises(LabError):
-            parse_args(bad)
-
-
-def test_resolved_fills_profile_sizes(monkeypatch):
-    monkeypatch.setenv("LAB_PROFILE", "quick")
-    r = WorkerArgs(train_images=100, dataset="synthetic").resolved()
-    assert r.profile == "quick" and r.train_images == 100 and r.test_images == 500
-    assert r.num_workers == 0 and r.dataset == "synthetic"
-    assert WorkerArgs(train_images=0, dataset="synthetic").resolved().train_images == 50_000
+            replace(a, **bad).validate()
 
 
 # --------------------------------------------------------------------------- multi-process
@@ -157,9 +145,11 @@ EQ_STEPS, EQ_BATCH, EQ_LR = 4, 8, 0.1
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     """One 2-rank launch of the toy worker: the equality run, then the comm probe."""
-    args = ["--mode", "equality,comm", "--steps", str(EQ_STEPS), "--batch", str(EQ_BATCH), "--lr", str(EQ_LR),
-            "--comm-steps", "12", "--comm-batch", "64", "--width", "512", "--bucket-cap-mb", "25,0.25"]
-    res = launch("ddp_toy_worker", args, nproc=2, timeout_s=240, log_dir=tmp_path_factory.mktemp("toy"),
+    common = {"steps": EQ_STEPS, "batch": EQ_BATCH, "lr": EQ_LR, "comm_steps": 12, "comm_batch": 64,
+              "width": 512, "bucket_cap_mb": "25,0.25"}
+    job = {"experiment": "toy", "profile": "quick", "configs": [{"mode": "equality", **common},
+                                                               {"mode": "comm", **common}]}
+    res = launch("ddp_toy_worker", job, nproc=2, timeout_s=240, log_dir=tmp_path_factory.mktemp("toy"),
                  env=toy_env(), threads_per_rank=1)
     return [r.metrics for r in res.records]
 
@@ -221,10 +211,12 @@ def worker_run(tmp_path_factory):
     """One small 2-rank run of the real worker: two batch sizes, eval, comm, linear lr + warm-up."""
     root = tmp_path_factory.mktemp("ddp_worker")
     env = {"LAB_RESULTS_DIR": str(root / "results"), "LAB_PROFILE": "quick"}
-    args = WorkerArgs(experiment="ddp_test", profile="quick", batch_size=(16, 32), epochs=2, width=4,
-                      train_images=128, test_images=40, dataset="synthetic", eval=True, measure_comm=True,
-                      comm_steps=2, lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
-    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=300, log_dir=root / "logs",
+    args = {b: RunConfig(devices=2, backend="gloo", batch_size=b, epochs=2, width=4, train_images=128,
+                         test_images=40, dataset="synthetic", eval=True, measure_comm=True, comm_steps=2,
+                         lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
+            for b in (16, 32)}
+    job = {"experiment": "ddp_test", "profile": "quick", "configs": [a.config() for a in args.values()]}
+    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=300, log_dir=root / "logs",
                  threads_per_rank=1, env=env)
     res.records = [asdict(r) for r in res.records]  # as they are read back from the file (JSON)
     return res, args, root
@@ -240,7 +232,7 @@ def test_worker_records_aggregate_and_per_rank(worker_run):
         ranks = [r for r in recs if r["config"]["batch_size"] == b and r["config"]["record"] == "rank"]
         assert len(agg) == 1 and sorted(r["config"]["rank"] for r in ranks) == [0, 1]
         m = agg[0]["metrics"]
-        assert agg[0]["config"] == args.resolved().for_batch(b).record_config(2, "gloo")
+        assert agg[0]["config"] == args[b].config()  # the record's config is the one the job gave
         assert agg[0]["synthetic"] is True and agg[0]["hardware"]["device_count"] == 2
         assert agg[0]["hardware"]["backend"] == "gloo" and agg[0]["hardware"]["device_type"] == "cpu"
         assert m["world_size"] == 2 and m["global_batch"] == 2 * b and "SLOWEST" in m["time_rule"]
@@ -265,6 +257,11 @@ def test_worker_records_aggregate_and_per_rank(worker_run):
         # communication: probe figures and per-epoch (b), (c)
         assert m["exposed_comm_seconds"] >= 0 and m["allreduce_seconds"] > 0
         assert m["comm_probe"]["buckets"] >= 2 and m["gradient_bytes"] == 4 * m["parameters"]
+        # (b) and (c) are the slowest rank's (as T(N)), the mean over ranks beside them, overlap from them
+        slow = next(r for r in ranks if r["config"]["rank"] == m["slowest_rank"])["metrics"]["epochs"][-1]
+        assert m["exposed_comm_seconds"] == slow["exposed_comm_seconds"] and "exposed_comm_seconds_mean" in m
+        assert m["overlap_seconds"] == pytest.approx(overlap_figures(m["exposed_comm_seconds"],
+                                                                     m["allreduce_seconds"])[0])
 
 
 @pytest.mark.slow
@@ -278,28 +275,29 @@ def test_worker_calls_set_epoch_and_shards_disjointly(worker_run):
 
 @pytest.mark.slow
 def test_worker_hands_records_back_and_never_writes_the_store(worker_run):
-    """Rank 0 appends each record once to the launcher's file; the store stays untouched (the
-    parent stores, through store.run)."""
-    from lab_utils.core.records import RecordsReader
+    """Rank 0 appends each record once to the launch's records file (the launcher hands them back in
+    order); the store stays untouched (the parent stores)."""
     from lab_utils.store import ResultStore
 
     res, args, root = worker_run
     assert ResultStore("quick", root=root / "results" / "quick").records("ddp_test") == []
-    in_file = RecordsReader(res.log_dir / "records.jsonl").new()
-    assert [r.key for r in in_file] == [canonical_key(r["config"]) for r in res.records]
-    cfg = args.resolved().for_batch(32).record_config(2, "gloo")
-    assert next(r for r in in_file if r.key == canonical_key(cfg)).metrics["global_batch"] == 64
+    aggregates = [r for r in res.records if r["config"]["record"] == "aggregate"]
+    assert [r["config"]["batch_size"] for r in aggregates] == [16, 32]
+    cfg = args[32].config()
+    assert next(r for r in res.records if canonical_key(r["config"]) == canonical_key(cfg))["metrics"][
+        "global_batch"] == 64
 
 
-def test_worker_bad_input_is_one_line_before_any_process_group(capsys, monkeypatch):
+def test_a_worker_takes_a_job_file_and_nothing_else(capsys, monkeypatch):
     import torch.distributed as dist
 
     from lab_utils.workers import ddp
+    from lab_utils.workers.harness import serve
 
     monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
-    assert ddp.main(["--lr-rule", "sqrt"]) == 2
+    assert serve(ddp, ["--lr-rule", "sqrt"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: Unknown --lr-rule 'sqrt'; use one of: fixed, linear.") and "\n" not in err
+    assert err.startswith("usage: python -m lab_utils.workers.ddp JOB.json") and "\n" not in err
     assert not dist.is_initialized()
 
 
@@ -311,9 +309,11 @@ SKEW_IMAGES, SKEW_BATCH = 192, 16   # 96 images per rank: k = 6 batches per epoc
 
 def _skew_launch(root: Path, slowed: bool, accumulation_steps: int = 1) -> dict:
     knob = {"debug_slow_rank": 1, "debug_slow_loader_seconds": SLOW_S} if slowed else {}
-    args = WorkerArgs(profile="quick", batch_size=SKEW_BATCH, epochs=2, width=4, train_images=SKEW_IMAGES,
-                      dataset="synthetic", num_workers=0, accumulation_steps=accumulation_steps, **knob)
-    res = launch("lab_utils.workers.ddp", args.to_argv(), nproc=2, timeout_s=150, threads_per_rank=1,
+    args = RunConfig(devices=2, backend="gloo", batch_size=SKEW_BATCH, epochs=2, width=4,
+                     train_images=SKEW_IMAGES, test_images=SKEW_IMAGES, dataset="synthetic", num_workers=0,
+                     accumulation_steps=accumulation_steps, **knob).validate()
+    job = {"experiment": "skew", "profile": "quick", "configs": [args.config()]}
+    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=150, threads_per_rank=1,
                  log_dir=root / (("slow" if slowed else "normal") + f"_acc{accumulation_steps}"))
     out = {"args": args}
     for r in map(asdict, res.records):
@@ -417,20 +417,19 @@ def test_aggregate_reads_per_rank_entries_without_skew_wait():
     assert agg["train_seconds"] == 1.5 and agg["train_plus_skew_wait_seconds"] == pytest.approx(1.6)
 
 
-def test_debug_knob_and_accumulation_arguments():
-    a = WorkerArgs(batch_size=8, accumulation_steps=2, debug_slow_rank=1, debug_slow_loader_seconds=0.25)
-    assert parse_args(a.to_argv()) == a
-    cfg = a.record_config(world_size=2, backend="gloo")
+def test_debug_knob_and_accumulation_in_the_config():
+    a = RunConfig(devices=2, backend="gloo", batch_size=8, accumulation_steps=2, debug_slow_rank=1,
+                  debug_slow_loader_seconds=0.25).validate()
+    cfg = a.config()
     assert cfg["global_batch"] == 32 and cfg["accumulation_steps"] == 2
     assert cfg["debug_slow_rank"] == 1 and cfg["debug_slow_loader_seconds"] == 0.25
-    plain = WorkerArgs(batch_size=8).record_config(world_size=2, backend="gloo")
+    assert RunConfig.from_config(cfg) == a
+    plain = RunConfig(devices=2, backend="gloo", batch_size=8).config()
     assert not {"accumulation_steps", "debug_slow_rank", "debug_slow_loader_seconds"} & set(plain)
-    for bad in (["--debug-slow-rank", "1"], ["--debug-slow-loader-seconds", "0.1"],
-                ["--debug-slow-rank", "-1", "--debug-slow-loader-seconds", "0.1"],
-                ["--debug-slow-rank", "0", "--debug-slow-loader-seconds", "0"],
-                ["--accumulation-steps", "0"]):
+    for bad in ({"debug_slow_loader_seconds": None}, {"debug_slow_rank": None},
+                {"accumulation_steps": 0}):
         with pytest.raises(LabError):
-            parse_args(bad)
+            replace(a, **bad).validate()
 
 
 # --------------------------------------------------------------------------- accumulation (issue 14 g)
@@ -439,8 +438,9 @@ ACC_BATCH, ACC_LR = 4, 0.1
 
 
 def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
-    args = ["--mode", "accum", "--accum", str(steps), "--batch", str(ACC_BATCH), "--lr", str(ACC_LR)]
-    return launch("ddp_toy_worker", args, nproc=nproc, timeout_s=120, log_dir=root / f"{nproc}x{steps}",
+    job = {"experiment": "toy", "profile": "quick",
+           "configs": [{"mode": "accum", "accum": steps, "batch": ACC_BATCH, "lr": ACC_LR}]}
+    return launch("ddp_toy_worker", job, nproc=nproc, timeout_s=120, log_dir=root / f"{nproc}x{steps}",
                   env=toy_env(), threads_per_rank=1).records[0].metrics
 
 
@@ -488,13 +488,15 @@ def test_accumulation_on_one_device_equals_two_devices(tmp_path):
 def test_worker_with_accumulation_records_it(tmp_path):
     """The real worker, one gloo process x 2 accumulation steps x batch 8: half the optimizer steps,
     global batch 16 in config and metrics, the linear lr rule on that global batch, and the label."""
-    args = WorkerArgs(profile="quick", batch_size=8, epochs=1, width=4, train_images=64, dataset="synthetic",
-                      num_workers=0, accumulation_steps=2, lr_rule="linear", base_batch=8)
-    recs = [asdict(r) for r in launch("lab_utils.workers.ddp", args.to_argv(), nproc=1, timeout_s=120,
+    args = RunConfig(devices=1, backend="gloo", batch_size=8, epochs=1, width=4, train_images=64,
+                     test_images=64, dataset="synthetic", num_workers=0, accumulation_steps=2,
+                     lr_rule="linear", base_batch=8).validate()
+    job = {"experiment": "acc", "profile": "quick", "configs": [args.config()]}
+    recs = [asdict(r) for r in launch("lab_utils.workers.ddp", job, nproc=1, timeout_s=120,
                                       threads_per_rank=1, log_dir=tmp_path).records]
     agg = next(r for r in recs if r["config"]["record"] == "aggregate")
     c, m = agg["config"], agg["metrics"]
-    assert c == args.resolved().record_config(1, "gloo")
+    assert c == args.config()
     assert c["accumulation_steps"] == 2 and c["global_batch"] == 16 and m["global_batch"] == 16
     assert m["accumulation_steps"] == 2 and m["steps_per_epoch"] == 4 and m["batches_per_epoch"] == 8
     assert m["steps"] == 4 and m["micro_steps"] == 8 and m["images"] == 64

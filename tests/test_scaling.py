@@ -4,15 +4,18 @@ the rows that did not run, OOM handling, and one small end-to-end run over gloo.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from lab_utils.core import config, profiles
+from lab_utils import plan
+from lab_utils.core import profiles
 from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.core.ranks import probe_seconds
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
+from lab_utils.plan import Experiment
 from lab_utils.store import Record
 
 QUICK = profiles.settings(scaling.Settings, "quick")
@@ -23,17 +26,16 @@ QUICK = profiles.settings(scaling.Settings, "quick")
 
 def test_placement_without_gpus_uses_gloo_processes_up_to_max_cpu_processes():
     s = profiles.settings(scaling.Settings, "quick", max_cpu_processes=4, cpu_threads=1)
-    p1, p2, p4 = (scaling._place(scaling.DDP, n, gpus=0, settings=s, cores=2) for n in (1, 2, 4))
+    cpu = Machine(gpus=0, cores=2)
+    p1, p2, p4 = (scaling.place(scaling.DDP, n, cpu, s) for n in (1, 2, 4))
     assert (p1.backend, p1.device_type, p1.runs) == ("gloo", "cpu", True)
     assert p2.runs and p2.backend == "gloo"
-    assert p4.runs and p4.backend == "gloo"                     # 4 processes on 2 cores: run, labelled
-    assert p4.oversubscribed == "4 processes x 1 thread on 2 cores" and p2.oversubscribed is None
-    assert scaling._place(scaling.DDP, 4, gpus=0, settings=s, cores=4).oversubscribed is None
-    assert not scaling._place(scaling.DDP, 8, gpus=0, settings=s, cores=16).runs  # above max_cpu_processes
+    assert p4.runs and p4.backend == "gloo"                     # 4 processes on 2 cores: run (rows say so)
+    assert not scaling.place(scaling.DDP, 8, Machine(cores=16), s).runs  # above max_cpu_processes
     for n in (1, 2):
-        dp = scaling._place(scaling.DP, n, gpus=0, settings=s, cores=2)
+        dp = scaling.place(scaling.DP, n, cpu, s)
         assert not dp.runs and dp.reason == ("needs 1 GPU" if n == 1 else "needs 2 GPUs")
-    assert scaling._methods_here(0) == (scaling.DDP,)
+    assert scaling.methods_here(cpu) == (scaling.DDP,)
 
 
 def test_oversubscribed_rows_say_so():
@@ -52,11 +54,36 @@ def test_oversubscribed_rows_say_so():
 
 def test_placement_with_two_gpus():
     s = profiles.settings(scaling.Settings, "full")
-    assert scaling._place(scaling.DDP, 2, gpus=2, settings=s, cores=16).backend == "nccl"
-    assert scaling._place(scaling.DP, 2, gpus=2, settings=s, cores=16).backend == scaling.DP_BACKEND
-    four = scaling._place(scaling.DDP, 4, gpus=2, settings=s, cores=16)
+    two = Machine(gpus=2, gpu_name="NVIDIA A100-SXM4-80GB", cores=16, bf16=True)
+    assert scaling.place(scaling.DDP, 2, two, s).backend == "nccl"
+    assert scaling.place(scaling.DP, 2, two, s).backend == scaling.DP_BACKEND
+    four = scaling.place(scaling.DDP, 4, two, s)
     assert not four.runs and four.reason == "needs 4 GPUs"   # never gloo beside GPUs
-    assert scaling._methods_here(2) == (scaling.DP, scaling.DDP)
+    assert scaling.methods_here(two) == (scaling.DP, scaling.DDP)
+
+
+def test_the_plan_for_a_four_gpu_node_launches_every_gpu_run():
+    """Made on this CPU: DataParallel in one process over N GPUs, DDP with one rank per GPU; one launch
+    per (method, devices) with its batch sizes; nothing in the notebook's kernel."""
+    s = profiles.settings(scaling.Settings, "full")
+    runs = scaling.plan(s, BUDGET_NODE, "full")
+    assert len(runs) == 2 * len(s.devices) * len(s.batch_sizes) and not any(r.in_process for r in runs)
+    dp = [r for r in runs if r.config["method"] == scaling.DP]
+    assert {(r.processes, r.device, r.config["backend"]) for r in dp} == {(1, "cuda", scaling.DP_BACKEND)}
+    assert all(r.options == {"process_group": False} for r in dp)
+    ddp = [r for r in runs if r.config["method"] == scaling.DDP]
+    assert {r.processes for r in ddp} == {1, 2, 4} and all(r.config["backend"] == "nccl" for r in ddp)
+    assert all(r.processes == r.config["devices"] for r in ddp)
+    assert len({r.group for r in runs}) == 6
+    assert [r.config["batch_size"] for r in runs[:4]] == [32, 128, 512, 2048]
+    assert all(r.skip is None for r in runs)
+    # notebook 03: T(1) is notebook 02's one-device run (the same key: reused from its store)
+    t3 = scaling.plan_compute_vs_comm(s, BUDGET_NODE, "full")
+    ones = [r for r in t3 if r.config["devices"] == 1]
+    assert {r.key for r in ones} <= {r.key for r in runs}
+    assert all(r.experiment == scaling.SCALING for r in ones)
+    comm = [r for r in t3 if r.experiment == scaling.COMPUTE_VS_COMM]
+    assert all(r.config["measure_comm"] and r.config["comm_steps"] == s.comm_steps for r in comm)
 
 
 def test_settings_overrides_and_bad_values():
@@ -130,7 +157,8 @@ def test_skew_wait_columns_new_and_old_records():
 def test_amdahl_gustafson_karp_flatt_by_hand():
     assert scaling_tables._amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
     assert scaling_tables._gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
-    karp_flatt = scaling_tables.karp_flatt
+    from lab_utils.core.speedup import karp_flatt
+
     assert karp_flatt(scaling_tables._amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
     assert karp_flatt(4.0, 4) == pytest.approx(0.0) and karp_flatt(1.0, 1) is None
 
@@ -176,8 +204,12 @@ def test_table1_saved_rows_say_why_and_show_no_number(store):
 
 def test_table2_three_methods_by_hand():
     one = agg("DDP", 1, 128, 40.0, 16)
-    two = agg("DDP", 2, 128, 23.0, 8, exposed_comm_seconds=1.0, allreduce_seconds=2.5,
-              gradient_bytes=44_695_848)
+    # what the worker's rank entry holds: a probe of 0.125 s exposed and 0.3125 s all-reduce per step,
+    # over 8 steps (core.ranks.probe_seconds, the one place (b), (c) and their overlap are computed)
+    probe = {"exposed_per_step_seconds": 0.125, "allreduce_per_step_seconds": 0.3125, "noise_seconds": 0.0}
+    measured = probe_seconds(probe, 8)
+    assert measured["exposed_comm_seconds"] == 1.0 and measured["allreduce_seconds"] == 2.5
+    two = agg("DDP", 2, 128, 23.0, 8, gradient_bytes=44_695_848, **measured)
     row = compute_vs_comm.comm_row(two, one)
     assert (row.compute_a_seconds, row.comm_a_seconds) == (pytest.approx(20.0), pytest.approx(3.0))
     assert row.overlap_seconds == pytest.approx(1.5) and row.overlap_fraction == pytest.approx(0.6)
@@ -198,29 +230,10 @@ def test_table2_three_methods_by_hand():
 # --------------------------------------------------------------------------- OOM and failures
 
 
-def fake_lab(store, gpus=0):
-    return SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=gpus)
-
-
-def _dataparallel_here(monkeypatch, launched: list | None = None):
-    """``launcher.launch`` of the DataParallel worker, run in this process (its ``parse`` and ``run_dp``)."""
-    import lab_utils.launcher as launcher
-    from lab_utils.workers import dataparallel
-
-    def launch(module, argv, nproc=2, **kw):
-        assert (module, nproc) == ("lab_utils.workers.dataparallel", 1)
-        if launched is not None:
-            launched.append(list(argv))
-        args, gpus, threads = dataparallel.parse(list(argv))
-        return launcher.LaunchResult(records=[dataparallel.run_dp(args, gpus, threads)], log_dir=Path("."),
-                                     wall_seconds=0.0)
-
-    monkeypatch.setattr(launcher, "launch", launch)
-
-
-def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch, fake_gpu):
-    """The DataParallel worker with an out-of-memory forced at per-GPU batch 128 (torch.cuda simulated:
-    tests/fake_gpu.py; the worker's launch run in this process)."""
+def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monkeypatch, fake_gpu,
+                                                                     launch_here):
+    """The DataParallel worker, launched (here: run by the harness in this process, on the fake GPU), with an
+    out-of-memory at per-GPU batch 128: an oom row, 512 not tried, nothing of the failed run kept alive."""
     import weakref
 
     import torch
@@ -228,72 +241,77 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
     from lab_utils.workers import dataparallel
 
     fake_gpu(count=1, name="Fake GPU")
-    _dataparallel_here(monkeypatch)
-    tried, held_refs = [], []
+    tried, refs = [], []
 
-    def fake_train(args, n, held):
-        tried.append(args.batch_size)
-        held["model"] = torch.zeros(64, 64)             # what the model would hold
+    def fake_epoch(model, loader, opt, device, epoch):
+        tried.append(loader.batch_size)
         activations = torch.ones(128, 128)              # only in this frame and the traceback
-        held_refs.extend([weakref.ref(held["model"]), weakref.ref(activations)])
-        if args.batch_size >= 128:
+        refs.append(weakref.ref(activations))
+        if loader.batch_size >= 128:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
-        return [epoch, {**epoch, "epoch": 2}], 1234
+        return SimpleNamespace(as_dict=lambda: {"epoch": epoch, "train_seconds": 1.0, "epoch_seconds": 1.2,
+                                                "steps": 4})
 
-    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
-    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32, 128, 512),
-                          run_batch_sizes=(32, 128, 512), devices=(1,), dataset="synthetic")
-    grid = (False, False, (1,), (scaling.DP,), scaling.SCALING, False)
-    res = scaling._measure_grid(fake_lab(store, gpus=1), s, *grid)
-    assert tried == [32, 128]                           # 512 was never tried
+    monkeypatch.setattr(dataparallel, "run_epoch", fake_epoch)
+    monkeypatch.setattr(dataparallel, "ResNet18", lambda width: torch.nn.Linear(2, 2))
+    monkeypatch.setattr(dataparallel, "wrap_data_parallel", lambda model, device_ids: model)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32, 128, 512), run_batch_sizes=None,
+                          devices=(1,), epochs=1, dataset="synthetic")
+    one_gpu = Machine(gpus=1, gpu_name="Fake GPU", cores=2)
+    exp = Experiment("dp", "02", scaling.Settings,
+                     lambda *a: [r for r in scaling.plan(*a) if r.config["method"] == scaling.DP])
+    res = plan.measure("quick", exp, s, machine=one_gpu)
+    assert tried == [32, 128] and [m for m, n, job in launch_here] == ["lab_utils.workers.dataparallel"]
     ok, oom, skipped = res
     assert ok.status == "ok" and ok.metrics["train_seconds"] == 1.0
     assert oom.status == "oom" and oom.reason == "OOM: CUDA out of memory. Tried to allocate 2.00 GiB"
-    assert skipped.status == "skipped" and "per-GPU batch 128 already ran out of memory" in skipped.reason
+    assert skipped.reason == "not tried: DataParallel 1 x 128 already ran out of memory"
     stored = {r.config["batch_size"]: r.status for r in store.latest(scaling.SCALING)}
     assert stored == {32: "ok", 128: "oom"}             # the skipped row follows from the OOM row
-    assert all(ref() is None for ref in held_refs)      # nothing of the failed run is kept alive
-    # A stored OOM row stops larger batches on the next run too.
-    tried.clear()
-    again = scaling._measure_grid(fake_lab(store, gpus=1), s, *grid)
+    assert all(ref() is None for ref in refs)           # nothing of the failed run is kept alive
+    tried.clear()  # a stored OOM row stops larger batches on the next run too
+    again = plan.measure("quick", exp, s, machine=one_gpu)
     assert tried == [] and [r.status for r in again] == ["ok", "oom", "skipped"]
 
 
-def test_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
+def test_a_rank_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
+    """A DDP launch whose rank 1 ran out of memory at the second batch size: its failure file (not the
+    log) makes that size an oom row; the first size's records are stored; the third is not tried."""
     import lab_utils.launcher as launcher
 
-    s = profiles.settings(scaling.Settings, "quick")
-    args = scaling.worker_args(s, "quick", "scaling", "nccl", (32, 128, 512))
-    p = scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
+    s = profiles.settings(scaling.Settings, "quick", devices=(2,), run_batch_sizes=None,
+                          batch_sizes=(32, 128, 512), dataset="synthetic")
+    runs = [r for r in scaling.plan(s, Machine(gpus=2, gpu_name="Fake GPU", cores=8), "quick")
+            if r.config["method"] == scaling.DDP]
 
-    cfgs = {b: args.for_batch(b).record_config(2, "nccl") for b in (32, 128, 512)}
-
-    def fake_stream(module, argv, nproc, **kw):  # rank 0 hands back batch 32, then a rank runs out of memory
-        yield Record("scaling", cfgs[32], {"train_seconds": 1.0})
-        raise LaunchError("rank 0 failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+    def fake_stream(module, job, nproc, **kw):
+        assert (module, nproc, [c["batch_size"] for c in job["configs"]]) == ("lab_utils.workers.ddp", 2,
+                                                                             [32, 128, 512])
+        yield Record("scaling", job["configs"][0], {"train_seconds": 1.0})
+        oom = "OOM: CUDA out of memory. Tried to allocate 1 GiB"
+        raise LaunchError("rank 1 failed", failure={"status": "oom", "rank": 1, "config_index": 1,
+                                                    "reason": oom})
 
     monkeypatch.setattr(launcher, "stream", fake_stream)
-    got, measured = scaling._run_ddp(store, s, args, 2, p, cfgs, force=False)
-    assert got[32].status == "ok" and measured == [32, 128]
-    assert got[128].status == "oom" and got[128].reason == "OOM"
-    assert got[512].status == "skipped" and "OOM at per-device batch 128" in got[512].reason
-    assert store.get("scaling", cfgs[128]).status == "oom"
-    assert store.get("scaling", cfgs[32]).metrics == {"train_seconds": 1.0}  # stored by the parent
-    assert store.get("scaling", cfgs[512]) is None  # a consequence, not a measurement
+    got = plan.measure("quick", scaling.SCALING_EXPERIMENT, s, runs=runs)
+    assert [(r.config["batch_size"], r.status) for r in got] == [(32, "ok"), (128, "oom"), (512, "skipped")]
+    assert got[1].reason.startswith("OOM: CUDA out of memory") and got[2].reason.startswith("not tried")
+    assert [r.status for r in store.records("scaling")] == ["ok", "oom"]   # the skipped row is not stored
 
-    def broken(module, argv, nproc, **kw):
-        raise LaunchError("rank 1 failed: ImportError: no module")
+    def broken(module, job, nproc, **kw):
+        raise LaunchError("rank 1 failed: ImportError: no module", failure={
+            "status": "error", "rank": 1, "config_index": 0, "reason": "ImportError: no module"})
         yield
 
     monkeypatch.setattr(launcher, "stream", broken)
     with pytest.raises(LaunchError, match="ImportError"):
-        scaling._run_ddp(store, s, args, 2, p, {32: cfgs[32]}, force=True)
+        plan.measure("quick", scaling.SCALING_EXPERIMENT, s, runs=runs, force=True)
 
 
-def test_rows_needing_gpus_are_not_stored(store, monkeypatch):
+def test_rows_needing_gpus_are_not_stored(store):
     s = profiles.settings(scaling.Settings, "quick", devices=(4,), max_cpu_processes=2, dataset="synthetic")
-    res = scaling.measure(fake_lab(store), s)
+    res = plan.measure("quick", scaling.SCALING_EXPERIMENT, s, machine=Machine(cores=2))
     assert [r.reason for r in res] == ["needs 4 GPUs"] * len(s.batch_sizes)
     assert store.records("scaling") == []
 
@@ -306,10 +324,10 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(8, 16, 32), run_batch_sizes=(8, 16),
                           devices=(1, 2), comm_devices=(2, 4), width=2, train_images=64, comm_steps=2,
                           max_cpu_processes=2, bucket_cap_mb=0.01, timeout_s=300, dataset="synthetic")
-    lab = fake_lab(store)
-    records = scaling.measure_compute_vs_comm(lab, s)
-    one = [r for r in records if r.config["devices"] == 1]
-    many = [r for r in records if r.config["devices"] > 1]
+    records = plan.measure("quick", scaling.COMPUTE_VS_COMM_EXPERIMENT, s, machine=Machine(cores=2))
+    aggs = plan.aggregates(records)
+    one = [r for r in aggs if r.config["devices"] == 1]
+    many = [r for r in aggs if r.config["devices"] > 1]
     assert {r.metrics.get("world_size") for r in one if r.status == "ok"} == {1}
     assert [(r.config["devices"], r.config["batch_size"], r.status) for r in many] == [
         (2, 8, "ok"), (2, 16, "ok"), (2, 32, "skipped"), (4, 8, "skipped"), (4, 16, "skipped"),
@@ -329,16 +347,18 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
     rows = compute_vs_comm.comm_measurements(store)
     assert sorted(r.per_device_batch for r in rows) == [8, 16]
     assert all(r.gradient_bytes > 0 and r.steps_per_epoch > 0 and r.t1_seconds for r in rows)
-    # per-rank breakdown: two ranks, then mean and max; the max is the aggregate's time
-    br = compute_vs_comm.rank_breakdown_frame(store.latest(scaling.COMPUTE_VS_COMM), 2, 8)
-    assert list(br["rank"]) == [0, 1, "mean", "max (reported)"]
-    aggregate = next(r for r in many if r.config["batch_size"] == 8)
-    assert br.iloc[-1]["train_seconds"] == pytest.approx(aggregate.metrics["train_seconds"])
+    # per-rank breakdown: two ranks, then the aggregate's mean and slowest-rank rows, as the worker
+    # computed them (not recomputed by the table)
+    br = compute_vs_comm.rank_breakdown_frame(records, 2, 8)  # measure returned the per-rank records too
+    aggregate = next(r for r in many if r.config["batch_size"] == 8).metrics
+    assert list(br["rank"]) == [0, 1, "mean", f"slowest (rank {aggregate['slowest_rank']}, reported)"]
+    assert br.iloc[-1]["train_seconds"] == max(br.iloc[:2]["train_seconds"]) == aggregate["train_seconds"]
+    assert br.iloc[-2]["epoch_seconds"] == pytest.approx(br.iloc[:2]["epoch_seconds"].mean())
     assert (br["skew_wait_seconds"] >= 0).all()
-    assert br.iloc[-1]["skew_wait_seconds"] == pytest.approx(aggregate.metrics["skew_wait_seconds_max"])
     # resume: nothing is measured again, and Table 1 is built from the stored records
     stored = len(store.records(scaling.SCALING))
-    again = scaling.measure(lab, profiles.override(s, devices=(1,)))
+    ones = profiles.override(s, devices=(1,))
+    again = plan.aggregates(plan.measure("quick", scaling.SCALING_EXPERIMENT, ones, machine=Machine(cores=2)))
     assert len(store.records(scaling.SCALING)) == stored  # nothing measured again
     assert [r.status for r in again] == ["ok", "ok", "skipped"]
     t1 = scaling_tables.scaling_frame(records)
@@ -432,44 +452,23 @@ def test_anchor_frame_shows_each_cohort_as_what_it_measured():
 
 def test_rows_that_cannot_run_on_a_cpu_are_labelled_gloo_not_nccl(store):
     s = profiles.settings(scaling.Settings, "quick", devices=(4,), max_cpu_processes=2, dataset="synthetic")
-    df = scaling_tables.scaling_frame(scaling.measure(fake_lab(store), s))
+    records = plan.measure("quick", scaling.SCALING_EXPERIMENT, s, machine=Machine(cores=2))
+    df = scaling_tables.scaling_frame(records)
     assert set(df["method"]) == {"DDP (gloo, CPU processes)"}
     assert set(df["status"]) == {"needs 4 GPUs"}
 
 
-def test_dataparallel_threads_are_pinned_in_quick_and_restored(store, monkeypatch):
-    """The DataParallel process runs with cpu_threads torch threads in quick, as the DDP workers do
-    (--threads), and restores the setting afterwards; full leaves torch's own."""
-    import torch
-
-    from lab_utils.workers import dataparallel
-
-    monkeypatch.setattr(dataparallel, "hardware_summary",
-                        lambda device=None, n=None: {"device_type": "cuda", "device_name": "Fake GPU",
-                                                     "device_count": n})
-    seen, launched = [], []
-
-    def fake_train(args, n, held):
-        seen.append(torch.get_num_threads())
-        epoch = {"epoch": 1, "train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4}
-        return [epoch], 10
-
-    monkeypatch.setattr(dataparallel, "train_dp", fake_train)
-    _dataparallel_here(monkeypatch, launched)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        s = profiles.settings(scaling.Settings, "quick")
-        assert s.pin_threads and s.cpu_threads == 1
-        assert not profiles.settings(scaling.Settings, "full").pin_threads
-        args = scaling.worker_args(s, "quick", "scaling", "nccl", (32,))
-        rec = scaling._run_dp(s, args.for_batch(32), 1)
-        assert seen == [1] and torch.get_num_threads() == 2 and launched[-1][-2:] == ["--threads", "1"]
-        assert rec.metrics["threads_per_rank"] == 1 and rec.metrics["threads_pinned"] is True
-        scaling._run_dp(profiles.settings(scaling.Settings, "full"), args.for_batch(32), 1)
-        assert seen[-1] == 2 and "--threads" not in launched[-1]   # full: torch's setting is left alone
-    finally:
-        torch.set_num_threads(before)
+def test_dataparallel_threads_are_pinned_in_quick_only():
+    """The DataParallel process runs with cpu_threads torch threads in quick (the launcher's
+    OMP_NUM_THREADS), as the DDP workers do; full leaves torch's own."""
+    gpu = Machine(gpus=1, gpu_name="Fake GPU", cores=8)
+    quick = profiles.settings(scaling.Settings, "quick", devices=(1,))
+    full = profiles.settings(scaling.Settings, "full", devices=(1,))
+    assert quick.pin_threads and quick.cpu_threads == 1 and not full.pin_threads
+    dp = [r for r in scaling.plan(quick, gpu, "quick") if r.config["method"] == scaling.DP]
+    assert {r.threads for r in dp} == {1}
+    dp = [r for r in scaling.plan(full, gpu, "full") if r.config["method"] == scaling.DP]
+    assert {r.threads for r in dp} == {None}
 
 
 def test_table2_flags_exposed_comm_within_its_noise():
@@ -478,8 +477,9 @@ def test_table2_flags_exposed_comm_within_its_noise():
     one = agg("DDP", 1, 32, 10.0, 32)
     rows = []
     for se in (0.006, 0.002):
-        rec = agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.16, allreduce_seconds=0.5,
-                  comm_probe={"noise_seconds": se, "exposed_raw_per_step_seconds": 0.01})
+        probe = {"exposed_per_step_seconds": 0.01, "allreduce_per_step_seconds": 0.5 / 16,
+                 "noise_seconds": se}
+        rec = agg("DDP", 2, 32, 6.0, 16, **probe_seconds(probe, 16))   # the worker's numbers
         rows.append(compute_vs_comm.comm_row(rec, one))
     assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
     df = compute_vs_comm.compute_vs_comm_frame(rows)

@@ -224,7 +224,8 @@ def _runs(settings: Settings, machine: Machine, profile: str, experiment: str, d
                 out.append(Run(experiment, cfg, dataparallel if method == DP else ddp,
                                processes=1 if method == DP else n, device=p.device_type or machine.device,
                                group=f"{experiment} {method} {n}", skip=skip,
-                               threads=settings.cpu_threads if p.device_type == "cpu" else None,
+                               threads=settings.cpu_threads if p.device_type == "cpu" or (
+                                   method == DP and settings.pin_threads) else None,
                                timeout_s=settings.timeout_s, label=f"{method} {n} x {b}",
                                options={"process_group": False} if method == DP else {}))
     return out

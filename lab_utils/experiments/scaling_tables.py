@@ -26,11 +26,12 @@ from lab_utils.core.anchors import (
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.ring import ring_bytes_per_rank
+from lab_utils.core.speedup import efficiency, karp_flatt, scaled_speedup, speedup
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 
 __all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
-           "fixed_global_batch_table", "fixed_global_batch_verdict", "karp_flatt", "method_label",
+           "fixed_global_batch_table", "fixed_global_batch_verdict", "method_label",
            "oversubscribed", "save_speedup_definitions", "scaling_frame", "scaling_table",
            "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
 
@@ -63,17 +64,6 @@ def method_label(method: str, backend: str | None, device_type: str | None) -> s
         return "DDP (gloo, CPU processes)"
     return "DDP (NCCL, GPUs)"
 
-
-
-def karp_flatt(speedup: float, devices: int) -> float | None:
-    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
-
-    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points
-    at overhead that grows with N (communication), not at a fixed serial part.
-    """
-    if devices <= 1 or not speedup or speedup <= 0:
-        return None
-    return (1 / speedup - 1 / devices) / (1 - 1 / devices)
 
 
 def _amdahl_speedup(serial_fraction: float, devices: int) -> float:
@@ -131,7 +121,8 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
             continue
         t1 = FIRST_COHORT_TABLE1_SECONDS[(1, b)]
         step1, step_n = t1 / global_batch_steps(b, images), tn / global_batch_steps(n * b, images)
-        values = (FIRST_COHORT_LABEL, n, b, t1 / tn, n * step1 / step_n, n * t1 / tn)
+        values = (FIRST_COHORT_LABEL, n, b, speedup(t1, tn), scaled_speedup(step1, step_n, n),
+                  n * speedup(t1, tn))
         rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
     return pd.DataFrame(rows, columns=_SPEEDUP_DEFINITION_COLUMNS)
 
@@ -222,11 +213,11 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
             missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
                        for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
             if t1 and ts:
-                row["strong_speedup"] = t1 / ts
-                row["strong_efficiency"] = t1 / ts / n
+                row["strong_speedup"] = speedup(t1, ts)
+                row["strong_efficiency"] = efficiency(row["strong_speedup"], n)
             if t1 and tw:
-                row["weak_speedup"] = t1 / tw
-                row["weak_efficiency"] = t1 / tw / n
+                row["weak_speedup"] = speedup(t1, tw)
+                row["weak_efficiency"] = efficiency(row["weak_speedup"], n)
             if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
                 row["status"] = "ok"
                 row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
@@ -310,7 +301,8 @@ def _other_cohort_frame():
         row.update({"method": OTHER_COHORT_LABEL, "devices": n, "global_batch": g,
                     "status": f"strong only (no fixed per-GPU batch run); {OTHER_COHORT_MEASURED}",
                     "T1_seconds": t1, "strong_per_device_batch": other_cohort_per_gpu_batch(n, g),
-                    "strong_TN_seconds": tn, "strong_speedup": t1 / tn, "strong_efficiency": t1 / tn / n})
+                    "strong_TN_seconds": tn, "strong_speedup": speedup(t1, tn),
+                    "strong_efficiency": efficiency(speedup(t1, tn), n)})
         rows.append(row)
     return pd.DataFrame(rows, columns=_FIXED_GLOBAL_COLUMNS)
 
@@ -391,8 +383,8 @@ def anchor_frame():
             logged = OTHER_COHORT_LOGGED_STEPS.get(g) if fixed == "global batch" else None
             rows.append({"method": label, "fixed": fixed, "gpus": n, "per_gpu_batch": per_gpu,
                          "global_batch": g, "steps_per_epoch": global_batch_steps(g), "steps_logged": logged,
-                         "epoch2_seconds": t, "speedup": t1 / t if t1 else None,
-                         "efficiency": t1 / t / n if t1 else None, "measured": measured})
+                         "epoch2_seconds": t, "speedup": speedup(t1, t),
+                         "efficiency": efficiency(speedup(t1, t), n), "measured": measured})
     return blank_missing(pd.DataFrame(rows))
 
 
@@ -451,13 +443,13 @@ def scaling_frame(records: Sequence[Record]):
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
                "oversubscribed": oversubscribed(r)}
         if tn and t1:
-            row["speedup"] = t1 / tn
-            row["n_t1_over_tn_epoch"] = n * t1 / tn  # earlier reports' formula, kept to be questioned
-            row["efficiency"] = row["speedup"] / n
+            row["speedup"] = speedup(t1, tn)
+            row["n_t1_over_tn_epoch"] = n * row["speedup"]  # earlier reports' formula, kept to be questioned
+            row["efficiency"] = efficiency(row["speedup"], n)
             row["serial_fraction"] = karp_flatt(row["speedup"], n)
             s1 = b1.metrics.get("steps")
             if steps and s1:
-                row["scaled_speedup"] = n * (t1 / s1) / (tn / steps)
+                row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",

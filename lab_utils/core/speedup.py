@@ -1,0 +1,44 @@
+"""The numbers that span two runs: speedup, efficiency, scaled speedup, the serial fraction.
+
+Each is defined once here and every table calls it (a table selects and renames what records hold;
+what spans records is computed by one named function). Times in seconds; T(1) and T(N) are the
+reported epoch's ``train_seconds`` (the slowest rank's, :mod:`lab_utils.core.ranks`) unless a table
+says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def speedup(t1_seconds: float | None, tn_seconds: float | None) -> float | None:
+    """THE speedup of the lab's tables: T(1)/T(N), two times in seconds (None when either is missing,
+    NaN or 0). Which time each is (T_N, a mean over ranks, seconds per token) the caller's column says."""
+    if t1_seconds is None or tn_seconds is None:
+        return None
+    t1, tn = float(t1_seconds), float(tn_seconds)
+    return None if math.isnan(t1) or math.isnan(tn) or not t1 or not tn else t1 / tn
+
+
+def efficiency(speedup_value: float | None, devices: int) -> float | None:
+    """Parallel efficiency: speedup / N (1.0 is perfect scaling)."""
+    return None if speedup_value is None else speedup_value / devices
+
+
+def scaled_speedup(t1_step_seconds: float | None, tn_step_seconds: float | None,
+                   devices: int) -> float | None:
+    """Gustafson's scaled speedup N x t(1)/t(N) on STEP times at a fixed per-device batch (weak scaling):
+    a step on N devices does N times the work of a step on one."""
+    s = speedup(t1_step_seconds, tn_step_seconds)
+    return None if s is None else devices * s
+
+
+def karp_flatt(speedup_value: float | None, devices: int) -> float | None:
+    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
+
+    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points at
+    overhead that grows with N (communication), not at a fixed serial part.
+    """
+    if devices <= 1 or not speedup_value or speedup_value <= 0:
+        return None
+    return (1 / speedup_value - 1 / devices) / (1 - 1 / devices)
