@@ -1,7 +1,13 @@
-"""The lab's command line: ``python -m lab_utils {run,prepare,bench,info} ...``.
+"""The lab's command line: ``python -m lab_utils {run,measure,prepare,bench,info,doctor,...} ...``.
 
 - ``run [NOTEBOOK ...] [--profile quick|full] [--timeout S]``: execute notebooks headless
   and write ``results/<profile>/report.md``.
+- ``measure NAME [--profile P] [--set KEY=VALUE ...] [--force] [--nodes N --job DIR [--collect]]``:
+  what a notebook measures, without the notebook: ``lab_utils.plan.measure`` of the experiment
+  NAME (``lab_utils.experiments.registry``) with the profile's settings and the overrides, into
+  the result store (the notebook then finds it there); one line per run. SLURM's job scripts
+  call it. ``--nodes``: the runs of one multi-node DDP launch as a job file for the torchrun
+  agents ``slurm/multinode.sbatch`` starts, then ``--collect`` stores their records.
 - ``prepare``: download CIFAR-10 and the text corpus into ``data/`` (needs internet).
 - ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
   (``timers``, ``allreduce``, ``data``, ``train``, ``grading``).
@@ -21,11 +27,14 @@ running on the CPU (``lab_utils.core.environment.check_gpu_node``).
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
+import signal
 import sys
+from dataclasses import fields
 
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, LaunchError
 
 # Benchmarks live next to what they measure; each entry is "module:function(argv) -> int".
 BENCHES = {
@@ -68,6 +77,78 @@ def _prepare(args) -> int:
     return 0
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM (scancel, a SLURM time limit, a requeue) during ``measure``: raised in the main thread so
+    that every ``finally`` runs (the launcher stops its torchrun tree and removes its folder)."""
+
+
+def _stop_on_sigterm(signum, frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def parse_sets(settings_cls: type, base, sets: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as overrides of ``base`` (the profile's settings): each VALUE a Python
+    literal, else a string; a single value where ``base`` holds a tuple becomes a 1-tuple."""
+    known = {f.name for f in fields(settings_cls)}
+    out = {}
+    for item in sets:
+        key, eq, text = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise LabError(f"--set takes KEY=VALUE, got {item!r}; e.g. --set batch_sizes=32,128.")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            value = text.strip()
+        if key in known and isinstance(getattr(base, key), tuple) and not isinstance(value, tuple | list):
+            value = (value,)
+        out[key] = value
+    return out
+
+
+def _measure(args) -> int:
+    """``measure``: the experiment's plan through :func:`lab_utils.plan.measure` (or, with ``--nodes``,
+    a multi-node job's file and its records: :mod:`lab_utils.multinode`); one line per run."""
+    from lab_utils import multinode, plan
+    from lab_utils.core import profiles
+    from lab_utils.experiments import registry
+    from lab_utils.session import session_for
+
+    experiment = registry.by_name(args.name)
+    lab = session_for(args.profile)
+    base = profiles.settings(experiment.settings, lab.profile.name)
+    settings = profiles.override(base, experiment.name, **parse_sets(experiment.settings, base, args.sets))
+    if args.nodes != 1 or args.job or args.collect:
+        return multinode.main(lab, experiment, settings, args.nodes, args.job, args.collect, args.force)
+    runs = plan.make_plan(experiment, settings, profile=lab.profile.name)
+    print(f"{experiment.name} (notebook {experiment.notebook}), profile {lab.profile.name}: "
+          f"{len(runs)} run(s)", flush=True)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        records = plan.measure(lab, experiment, settings, force=args.force, runs=runs)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print_runs(runs, records)
+    for name in dict.fromkeys(r.experiment for r in runs if r.skip is None):
+        print(f"records: {lab.store.path(name)}")
+    return 0
+
+
+def print_runs(runs, records) -> None:
+    """One line per run: its label, its record's status, and the training seconds or the reason."""
+    first = {}
+    for rec in records:
+        first.setdefault(rec.key, rec)
+    for run in runs:
+        rec = first.get(run.key)
+        status = rec.status if rec is not None else "missing"
+        seconds = rec.metrics.get("train_seconds") if rec is not None else None
+        detail = (f"train_seconds {seconds:.3f}" if isinstance(seconds, int | float) and status == "ok"
+                  else (rec.reason or "") if rec is not None else "no record")
+        print(f"  {run.name:<28} {status:<8} {detail}".rstrip(), flush=True)
+
+
 def _gpu_node_guard(profile: str | None) -> None:
     """Stop before any work when the driver reports GPUs that torch cannot use (LabError)."""
     from lab_utils.core import config
@@ -95,6 +176,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("notebooks", nargs="*", help="notebook paths or names (default: all, in order)")
     r.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
     r.add_argument("--timeout", type=float, default=3600, help="per-cell timeout in seconds")
+
+    ms = sub.add_parser("measure", help="measure one experiment's plan into the result store (what its "
+                                        "notebook measures; SLURM's jobs call it)",
+                        description=MEASURE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ms.add_argument("name", metavar="NAME", help="the experiment (e.g. scaling, compute_vs_comm)")
+    ms.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
+    ms.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="change one setting (repeatable): --set batch_sizes=32,128 --set epochs=1")
+    ms.add_argument("--force", action="store_true", help="measure again what the store holds")
+    ms.add_argument("--nodes", type=int, default=1, help="multi-node DDP: the nodes of the job (with --job)")
+    ms.add_argument("--job", default=None, metavar="DIR",
+                    help="with --nodes: write DIR/job.json for the torchrun agents (or, with --collect, "
+                         "store what they wrote there)")
+    ms.add_argument("--collect", action="store_true",
+                    help="store the records the agents wrote into --job DIR")
 
     pr = sub.add_parser("prepare", help="download the datasets into data/ (needs internet)")
     pr.add_argument("--data-dir", default=None)
@@ -143,6 +239,26 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--out", default="grades", help="the gradebook folder (default: grades)")
     return p
 
+
+MEASURE_HELP = """Measure one experiment's plan (what its notebook measures) into the result store.
+
+NAME is an experiment of lab_utils/experiments/registry.py (an unknown name lists them). Its settings
+are the profile's (lab_utils/core/profiles.py), changed by --set KEY=VALUE: the value is read as a
+Python literal (32,128 is a tuple; a single value where the setting holds a tuple becomes one);
+None keeps the profile's value. The plan is made for this machine (its GPUs, or gloo CPU processes);
+what is already stored from the same devices is not measured again (--force measures it again);
+a run that cannot run here is a row saying why. One line per run, then where the records are.
+The notebook measuring the same settings finds them stored and measures nothing.
+
+SIGTERM or Ctrl-C stops the running launch and its processes; what was stored is kept (run again
+to resume). Exit status: 0 done, 1 a run failed (the error names it; measured again next time),
+2 bad input, 130/143 stopped.
+
+Multi-node DDP (slurm/multinode.sbatch): --nodes N --job DIR writes DIR/job.json, the runs of the
+plan that use all N nodes (N x the GPUs of this node, or gloo processes) and are not stored yet,
+for one torchrun agent per node (python -m torch.distributed.run --nnodes N ... -m WORKER
+DIR/job.json; WORKER is the job's "worker"); nothing to measure: no job.json. Then --collect
+stores the records the agents wrote into DIR (the same NAME, settings and --nodes)."""
 
 STUDENT_HELP = """Build the student copy of the lab and the grading bundle from the notebooks in labs/.
 
@@ -203,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
 
             _gpu_node_guard(args.profile)
             return runner.main(args.notebooks, args.profile, args.timeout)
+        if args.command == "measure":
+            _gpu_node_guard(args.profile)
+            return _measure(args)
         if args.command == "prepare":
             return _prepare(args)
         if args.command == "bench":
@@ -240,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     except LabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if isinstance(e, Stopped):
+            print(f"stopped by {e}: the running launch and its processes were stopped; records already "
+                  "stored are kept (run again to resume).", file=sys.stderr)
+            return 143
         print("interrupted: results already recorded are kept in results/.", file=sys.stderr)
         return 130
     return 0

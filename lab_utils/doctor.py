@@ -5,7 +5,10 @@ fake (tests/fake_gpu.py), which cannot show what only a real node can: that CUDA
 agree with the host clock, that an out-of-memory error under a memory cap is caught and
 its memory given back, that bf16 is native, that NCCL moves data at the speed of the links,
 that ``torch.compile`` (Inductor/Triton) works, that the profiler sees GPU kernels (CUPTI),
-and that each notebook's smallest full-profile configuration takes a step. This command
+and that each notebook's own code runs: every experiment of :mod:`lab_utils.experiments.registry`
+measures its smallest full-profile plan (``experiment.doctor``) through :func:`lab_utils.plan.measure`,
+as the notebook does, into a scratch store, and its records are judged (phases sum to the step,
+0 <= exposed communication <= all-reduce <= step). This command
 checks exactly those, on the node, in at most about 10 minutes on 1-4 GPUs
 (``--budget``, default 600 s), and prints one table:
 
@@ -18,9 +21,10 @@ GPUs", ...). The table and every measured detail go to ``results/<profile>/docto
 
 Every check has a time limit. Those that touch CUDA run in a child process
 (``python -m lab_utils.doctor --child NAME``) that is killed at its limit, with every
-process it started, so a hung driver, NCCL or compiler ends as a ``fail`` row and the
-doctor goes on; multi-GPU runs go through :func:`lab_utils.launcher.launch`, whose timeout
-stops the whole ``torchrun`` tree. The doctor's own process never opens a CUDA context.
+process it started (:func:`lab_utils.proc.run`), so a hung driver, NCCL or compiler ends as a
+``fail`` row and the doctor goes on; multi-GPU runs go through the launcher, whose timeout stops
+the whole ``torchrun`` tree. The doctor's own process never opens a CUDA context: it stands in for
+the notebook's kernel, and an experiment's row fails if it had.
 The checks that run in-process read ``nvidia-smi`` (bounded by its timeout) and time a
 fixed number of empty timer phases.
 
@@ -31,28 +35,28 @@ rest ``skipped: no GPU`` and exits 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import json
 import math
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lab_utils import launcher
+from lab_utils import launcher, plan, proc
 from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.machine import Machine as PlanMachine
+from lab_utils.experiments import registry
+from lab_utils.plan import Experiment, Run, aggregates, make_plan
 from lab_utils.store import ResultStore, _atomic_write_text
-from lab_utils.workers.args import AccountingArgs, BenchArgs, TrainConfig, WorkerArgs
+from lab_utils.workers import ddp
+from lab_utils.workers.args import AccountingArgs, BenchArgs, TrainConfig
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -457,57 +461,6 @@ def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     return measured, expected, "ok" if got >= share else ("warn" if got >= share / 4 else "fail")
 
 
-# --------------------------------------------------------------------------- the notebooks' order
-
-
-def measure_launch_order(m: Machine, timeout_s: float = 240.0, backend: str = "nccl") -> dict[str, Any]:
-    """The notebooks' order of processes on the GPUs, this process standing in for the notebook's kernel.
-
-    Notebook 02 launches DDP on every GPU, then its DataParallel process; notebook 03 launches DDP
-    again. In between, the kernel names the GPUs for the store's reuse check and stores records
-    (``hardware_summary``, ``software_versions``): it must hold no CUDA context when it launches. On a
-    node in EXCLUSIVE_PROCESS compute mode (``nvidia-smi --query-gpu=compute_mode``) one context per
-    GPU is allowed, so a context left in the kernel, or by a process that did not end, stops the next
-    launch. Tiny sizes (two steps). Returns the compute modes and, per launch, whether CUDA was
-    initialised in this process before it and its seconds.
-    """
-    import torch
-
-    from lab_utils.core import hardware
-    from lab_utils.experiments import scaling
-
-    n = m.gpus
-    args = WorkerArgs(experiment="doctor", profile="full", batch_size=8, epochs=1, width=8,
-                      train_images=16 * n, dataset="synthetic", num_workers=0, backend=backend).validate()
-    order = (("notebook 02: DDP", "lab_utils.workers.ddp", args.to_argv(), n),
-             ("notebook 02: DataParallel", scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], 1),
-             ("notebook 03: DDP", "lab_utils.workers.ddp", args.to_argv(), n))
-    deadline = time.monotonic() + timeout_s
-    steps = []
-    for what, module, argv, nproc in order:
-        hardware.hardware_summary("cuda", n)    # what the kernel does around a launch
-        hardware.software_versions()
-        context = torch.cuda.is_initialized()
-        t0 = time.monotonic()
-        launcher.launch(module, argv, nproc=nproc, timeout_s=max(10.0, deadline - t0))
-        steps.append({"what": what, "processes": nproc, "kernel_context": context,
-                      "seconds": time.monotonic() - t0})
-    return {"compute_modes": list(m.compute_modes), "steps": steps}
-
-
-def judge_launch_order(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
-    modes = sorted(set(d["compute_modes"])) or ["unknown"]
-    expected = ("every launch starts, the kernel holding no CUDA context (EXCLUSIVE_PROCESS allows one per "
-                "GPU)")
-    held = [s["what"] for s in d["steps"] if s["kernel_context"]]
-    started = ", ".join(f"{s['what']} ({s['processes']} process(es), {s['seconds']:.0f} s)"
-                        for s in d["steps"])
-    measured = f"compute mode {', '.join(modes)}; started: {started}"
-    if held:
-        return f"{measured}; CUDA was initialised in the kernel before {held[0]}", expected, "fail"
-    return f"{measured}; no CUDA context in the kernel", expected, "ok"
-
-
 # --------------------------------------------------------------------------- one step of each notebook
 
 
@@ -537,24 +490,6 @@ def step_01_sweep(m: Machine, device: str = "cuda", width: int | None = None,
             "reason": rec.reason, **{k: m_.get(k) for k in keep}}
 
 
-def step_02_dataparallel(m: Machine, timeout_s: float = 150.0) -> dict[str, Any]:
-    """The DataParallel worker notebooks 02 and 03 launch (one process), on every GPU up to the full
-    profile's largest device count, two steps of its smallest per-GPU batch."""
-    from lab_utils.experiments import scaling
-
-    s = profiles.settings(scaling.Settings, "full")
-    n, b = min(m.gpus, max(s.devices)), _smallest(s.batch_sizes)
-    args = WorkerArgs(experiment=scaling.SCALING, profile="full", batch_size=b, epochs=1, width=s.width,
-                      train_images=2 * b * n, dataset="synthetic", num_workers=0).validate()
-    res = launcher.launch(scaling.DP_MODULE, [*args.to_argv(), "--gpus", str(n)], nproc=1,
-                          timeout_s=timeout_s)
-    rec = res.records[-1]
-    keep = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
-            "peak_memory_bytes", "loss")
-    return {"config": f"DataParallel on {n} GPUs, {b} per GPU (its worker, one process)",
-            "status": rec.status, "reason": rec.reason, **{k: rec.metrics.get(k) for k in keep}}
-
-
 def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
     from lab_utils.experiments import scaling
     from lab_utils.experiments.comm import measure_compute_step_seconds
@@ -568,25 +503,18 @@ def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
 def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
                 measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
     """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
-
-    args = WorkerArgs(profile="full", batch_size=batch, epochs=1, width=width,
-                      train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else None,
-                      dataset="synthetic", num_workers=0, measure_comm=measure_comm, comm_steps=2,
-                      backend=backend, eval=evaluate, accumulation_steps=accumulation).validate()
-    res = launcher.launch("lab_utils.workers.ddp", args.to_argv(), nproc=ranks, timeout_s=timeout_s)
+    cfg = ddp.RunConfig(devices=ranks, backend=backend, batch_size=batch, epochs=1, width=width,
+                        train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else 100,
+                        dataset="synthetic", num_workers=0, measure_comm=measure_comm,
+                        comm_steps=2 if measure_comm else None, eval=evaluate,
+                        accumulation_steps=accumulation).validate()
+    job = {"experiment": "doctor", "profile": "full", "configs": [cfg.config()]}
+    res = launcher.launch("lab_utils.workers.ddp", job, nproc=ranks, timeout_s=timeout_s)
     agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
     keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
             "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds", "backend")
     accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
     return {"config": f"DDP {ranks} x {batch}{accumulated}", **{k: agg.get(k) for k in keep}}
-
-
-def step_02_ddp(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
-    from lab_utils.experiments import scaling
-
-    s = profiles.settings(scaling.Settings, "full")
-    return _ddp_launch(m, timeout_s, width=s.width, batch=_smallest(s.batch_sizes),
-                       ranks=min(m.gpus, max(s.devices)), measure_comm=True)
 
 
 def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
@@ -789,6 +717,96 @@ def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------- the list
 
 
+# --------------------------------------------------------------------------- the notebooks' own plans
+
+
+#: What an experiment's row expects (shown when it is skipped).
+EXPERIMENT_EXPECTED = ("the notebook's own plan at its smallest full-profile settings runs, each run's "
+                       "timing keeps its invariants; no CUDA context in this process (the notebook's kernel)")
+#: The keys of an aggregate record's metrics that the judge reads (timing invariants, loss, backend).
+_JUDGED = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
+           "exposed_comm_seconds", "allreduce_seconds", "backend", "train_loss", "loss", "test_loss")
+
+
+def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 240.0,
+                       machine: PlanMachine | None = None) -> dict[str, Any]:
+    """The notebook's own code: ``experiment.doctor(full settings)`` (its smallest full-profile
+    configuration) measured through :func:`lab_utils.plan.measure`, as the notebook measures it, into a
+    scratch store (nothing reaches the lab's results), one launch group after another within
+    ``timeout_s`` seconds. This process stands in for the notebook's kernel: whether it had opened a
+    CUDA context before the launches is recorded (on an EXCLUSIVE_PROCESS node that stops them).
+    Returns each aggregate record's status, reason and timing figures (seconds)."""
+    here = PlanMachine.here()
+    machine = machine or replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
+    settings = experiment.doctor(profiles.settings(experiment.settings, "full"))
+    runs = make_plan(experiment, settings, machine, "full")
+    groups: dict[Any, list[Run]] = {}
+    for i, run in enumerate(runs):
+        groups.setdefault(run.group if run.group is not None else ("alone", i), []).append(run)
+    deadline = time.monotonic() + timeout_s
+    context = _cuda_initialized()
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))
+        for members in groups.values():
+            left = deadline - time.monotonic()
+            if left < 5:
+                out += [{"label": r.name, "status": "skipped", "reason": "not run: the check's time limit"}
+                        for r in members]
+                continue
+            bounded = [replace(r, timeout_s=min(r.timeout_s, left)) for r in members]
+            try:
+                got = plan.measure(lab, experiment, settings, force=True, verbose=False, machine=machine,
+                                   runs=bounded)
+            except LaunchError as e:
+                why = str(e).strip().splitlines()[0][:200]
+                out += [{"label": r.name, "status": "error", "reason": why} for r in members]
+                continue
+            by_key = {rec.key: rec for rec in aggregates(got)}
+            for r in members:
+                rec = by_key.get(r.key)
+                metrics = rec.metrics if rec is not None else {}
+                out.append({"label": r.name, "status": rec.status if rec else "error",
+                            "reason": rec.reason if rec else "no record",
+                            **{k: metrics.get(k) for k in _JUDGED if k in metrics}})
+    return {"experiment": experiment.name, "notebook": experiment.notebook, "kernel_context": context,
+            "compute_modes": list(m.compute_modes), "runs": out}
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
+def judge_experiment(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
+    """Every run that could run here ran ("ok"), with finite losses and its timing invariants
+    (:func:`timing_violations`); runs that need more GPUs are rows that say so, not failures."""
+    ran, skipped, broken = [], [], []
+    for r in d["runs"]:
+        if r["status"] == "ok":
+            problems = timing_violations(r) + [f"{k} not finite" for k in ("train_loss", "loss", "test_loss")
+                                               if isinstance(r.get(k), float) and not math.isfinite(r[k])]
+            seconds = r.get("train_seconds")
+            ran.append(f"{r['label']}" + (f" {seconds:.2f} s" if isinstance(seconds, int | float) else ""))
+            broken += [f"{r['label']}: {p}" for p in problems]
+        elif r["status"] == "skipped" and not str(r.get("reason", "")).startswith("not run"):
+            skipped.append(f"{r['label']} ({r['reason']})")
+        else:
+            broken.append(f"{r['label']}: {r['status']}: {r.get('reason')}")
+    modes = sorted(set(d.get("compute_modes") or []))
+    parts = [f"ran {', '.join(ran) or 'nothing'}"] + ([f"skipped {', '.join(skipped)}"] if skipped else [])
+    if modes and modes != ["Default"]:
+        parts.append(f"compute mode {', '.join(modes)}")
+    verdict = "ok" if ran and not broken else "fail"
+    if d.get("kernel_context"):
+        parts.append("CUDA was initialised in this process (the notebook's kernel) before the launches")
+        verdict = "fail"
+    if broken:
+        parts.append("FAILED " + "; ".join(broken))
+    return "; ".join(parts), EXPERIMENT_EXPECTED, verdict
+
+
 @dataclass(frozen=True)
 class Check:
     """One row of the doctor: where it runs, its time limit, how it measures and judges."""
@@ -805,7 +823,17 @@ class Check:
     no_mig: bool = False           # cannot run on MIG slices
 
 
-CHECKS: tuple[Check, ...] = (
+def experiment_check(experiment: Experiment) -> Check:
+    """The row of one registered experiment: ``NN_name``, its plan measured in this process (the
+    launcher starts its GPU work), bounded by :data:`EXPERIMENT_TIMEOUT_S`."""
+    return Check(f"{experiment.notebook}_{experiment.name}",
+                 functools.partial(measure_experiment, experiment), judge_experiment, EXPERIMENT_EXPECTED,
+                 "launch", 1, EXPERIMENT_TIMEOUT_S)
+
+
+EXPERIMENT_TIMEOUT_S = 240.0
+
+BASE_CHECKS: tuple[Check, ...] = (
     Check("versions", measure_versions, judge_versions, "driver, torch, CUDA, cuDNN, NCCL", "here", 0, 60),
     Check("mig", measure_mig, judge_mig, "whole GPUs", "here", 1, 60),
     Check("cuda_init", measure_cuda_init, judge_cuda_init, "each GPU starts, names agree", timeout_s=90),
@@ -816,18 +844,36 @@ CHECKS: tuple[Check, ...] = (
     Check("int8_matmul", measure_int8_mm, judge_int8_mm, "cuBLAS int8 exact at 17 rows", timeout_s=90),
     Check("nccl_allreduce", measure_nccl, judge_nccl, "busbw >= 40 % of the link's nominal peak", "launch",
           2, 240, no_mig=True),
-    Check("compute_mode_and_launch_order", measure_launch_order, judge_launch_order,
-          "the notebooks' launches start in their order; no CUDA context in the kernel", "launch", 1, 240),
-    Check("01_batch_size_sweep", step_01_sweep, judge_step, "one step runs", timeout_s=150),
-    Check("02_dataparallel", step_02_dataparallel, judge_step, "one step runs", "launch", 2, 150,
-          no_mig=True),
-    Check("02_03_ddp_with_comm_probe", step_02_ddp, judge_step, "one step runs", "launch", 1, 240),
-    Check("04_compute_step", step_04_compute, judge_step, "one step runs", timeout_s=150),
-    Check("05_large_batch_accumulation", step_05_large_batch, judge_step, "one step runs", "launch", 1, 240),
-    Check("06_gpt_ddp", step_06_gpt, judge_step, "one step runs", "launch", 1, 240),
-    Check("07_quantization", step_07_quantize, judge_step, "every variant runs or says why", timeout_s=240),
-    Check("08_fast_path_and_profiler", step_08_fastpath, judge_step, "one step runs; profiler sees kernels",
-          timeout_s=200),
+)
+# One step of each notebook whose experiments are not in experiments/registry.py yet (doctor's own copies,
+# each deleted when its notebook registers: its plan's row replaces it; tests/test_doctor.py fails until
+# it is, and once every notebook is registered, _LEGACY and the step_* functions go).
+_LEGACY: dict[str, tuple[Check, ...]] = {
+    "01": (Check("01_batch_size_sweep", step_01_sweep, judge_step, "one step runs", timeout_s=150),),
+    "04": (Check("04_compute_step", step_04_compute, judge_step, "one step runs", timeout_s=150),),
+    "05": (Check("05_large_batch_accumulation", step_05_large_batch, judge_step, "one step runs", "launch", 1,
+                 240),),
+    "06": (Check("06_gpt_ddp", step_06_gpt, judge_step, "one step runs", "launch", 1, 240),),
+    "07": (Check("07_quantization", step_07_quantize, judge_step, "every variant runs or says why",
+                 timeout_s=240),),
+    "08": (Check("08_fast_path_and_profiler", step_08_fastpath, judge_step,
+                 "one step runs; profiler sees kernels", timeout_s=200),),
+}
+
+
+def notebook_checks(experiments: tuple[Experiment, ...] | None = None) -> tuple[Check, ...]:
+    """In notebook order: each registered experiment's row (:func:`experiment_check`), or, for a notebook
+    not registered yet, its legacy step."""
+    experiments = registry.EXPERIMENTS if experiments is None else experiments
+    numbers = sorted({e.notebook for e in experiments} | set(_LEGACY))
+    return tuple(c for nb in numbers
+                 for c in ([experiment_check(e) for e in experiments if e.notebook == nb]
+                           or _LEGACY.get(nb, ())))
+
+
+CHECKS: tuple[Check, ...] = (
+    *BASE_CHECKS,
+    *notebook_checks(),
     # last: a first Inductor/Triton compilation can take minutes; it must not crowd out the steps above
     Check("torch_compile", measure_compile, judge_compile, "compiles and steps", timeout_s=360),
 )
@@ -850,39 +896,15 @@ def skip_reason(check: Check, m: Machine) -> str | None:
 # --------------------------------------------------------------------------- running them
 
 
-class ChildTimeout(Exception):
-    """A check's process did not finish within its time limit (it was killed)."""
-
-
-def run_child(cmd: list[str], timeout_s: float, out_file: Path) -> dict[str, Any]:
-    """Run ``cmd`` (it writes JSON to ``out_file``) in a new session; kill the session at ``timeout_s``.
-
-    Every process the child starts carries a launch tag in its environment (as the launcher's ranks
-    do), so that one that left the session (NCCL's proxy, a compiler daemon) is stopped too, and
-    the child's pipes are read with a limit afterwards: nothing it left behind can hold the doctor.
-    Raises :class:`ChildTimeout` at the limit and ``RuntimeError`` (the child's last error line)
-    when it fails.
-    """
-
-    tag = uuid.uuid4().hex
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, launcher.LAUNCH_ID_ENV: tag})
-    try:
-        _, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the child and anything it started
-        launcher.kill_tree(proc, grace_s=2.0, launch_id=tag)   # and what left its session
-        try:
-            proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:  # a pipe still held open: give up reading it
-            for pipe in (proc.stdout, proc.stderr):
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        raise ChildTimeout(f"did not finish within {timeout_s:.0f} s and was stopped") from None
-    if proc.returncode != 0 or not out_file.exists():
-        lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-        raise RuntimeError(lines[-1][:200] if lines else f"exit code {proc.returncode}")
+def run_child(cmd: list[str], timeout_s: float, out_file: Path, what: str = "") -> dict[str, Any]:
+    """Run ``cmd`` (it writes JSON to ``out_file``) through :func:`lab_utils.proc.run`: at ``timeout_s``
+    it and everything it started (marked, even outside its session: NCCL's proxy, a compiler daemon)
+    are stopped and :class:`lab_utils.proc.TimeLimit` is raised. A failed child raises
+    ``RuntimeError`` with its last error line."""
+    res = proc.run(cmd, timeout_s, text=True, what=what or "the check")
+    if res.returncode != 0 or not out_file.exists():
+        lines = [ln for ln in (res.stderr or "").strip().splitlines() if ln.strip()]
+        raise RuntimeError(lines[-1][:200] if lines else f"exit code {res.returncode}")
     return json.loads(out_file.read_text())
 
 
@@ -895,7 +917,7 @@ def _measure(check: Check, m: Machine, timeout_s: float) -> dict[str, Any]:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "lab_utils.doctor", "--child", check.name, "--out", str(out),
                "--profile", m.profile]
-        return run_child(cmd, timeout_s, out)
+        return run_child(cmd, timeout_s, out, what=f"the {check.name} check")
 
 
 def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float = DEFAULT_BUDGET_S,
@@ -921,7 +943,7 @@ def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float =
                 data = measure(c, m, limit)
                 measured, expected, verdict = c.judge(data, m)
                 row = Row(c.name, measured, expected, verdict, details=data)
-            except ChildTimeout as e:
+            except proc.TimeLimit as e:
                 row = Row(c.name, str(e), c.expected, budget if cut else "fail")
             except LaunchError as e:
                 first = str(e).strip().splitlines()[0][:200]

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab_utils import proctree
+from lab_utils import proc
 from lab_utils.core import config
 from lab_utils.core.errors import LabError, write_failure
 
@@ -234,7 +234,7 @@ def _watch(worker: threading.Thread, stop: _StopSignals | None, token: str, km) 
         worker.join(0.2)
         if stop is not None and stop.signal is not None:
             kernel = _kernel_process(km)
-            proctree.stop(token, root_pid=kernel.pid if kernel else None, grace_s=2.0)
+            proc.stop(token, root_pid=kernel.pid if kernel else None, grace_s=2.0)
             worker.join(STOP_WAIT_S)  # nbclient notices the dead kernel within about a second
             return stop.signal
     return None
@@ -267,7 +267,9 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
       (``stop``) is acted on within a fraction of a second.
     - Every process the kernel started (torchrun and its ranks included, even those in a
       session of their own or orphaned by a dead kernel) carries a marker in its environment,
-      and is stopped when the notebook ends, however it ends (:mod:`lab_utils.proctree`).
+      and is stopped when the notebook ends, however it ends (:mod:`lab_utils.proc`: jupyter_client
+      starts the kernel, with this run's mark in its environment, and :func:`lab_utils.proc.stop`
+      ends the kernel and everything carrying the mark).
     - When the executed copy cannot be written (a full disk), the result says so in
       ``save_error`` (one sentence naming the folder); an older copy is left whole.
     """
@@ -277,7 +279,7 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
 
     nb = nbformat.read(str(path), as_version=4)
     executed = out_dir / path.name
-    token = proctree.new_token()
+    token = proc.new_token()
     running = _RunningCell(nb)
     outcome: dict = {}
     t0 = time.perf_counter()
@@ -287,8 +289,8 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
     with tempfile.TemporaryDirectory(prefix="lab_run_", ignore_cleanup_errors=True) as private:
         scratch = Path(private) / "tmp"
         scratch.mkdir()
-        env = {**os.environ, proctree.TOKEN_ENV: token, "TMPDIR": str(scratch), "TMP": str(scratch),
-               "TEMP": str(scratch)}
+        env = proc.marked_env(token, {**os.environ, "TMPDIR": str(scratch), "TMP": str(scratch),
+                                      "TEMP": str(scratch)})
         km = _kernel_manager(private)
         km.connection_file = str(Path(private) / "connection.json")  # not a tempfile.mkstemp in $TMPDIR
         # The kernel runs in the notebook's own folder, as in JupyterLab (a student edition's
@@ -306,7 +308,7 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
         atexit.unregister(client._cleanup_kernel)
         kernel = _kernel_process(km)
         kernel_exit = kernel.poll() if kernel is not None else None  # read before we stop anything
-        proctree.stop(token, root_pid=kernel.pid if kernel else None)
+        proc.stop(token, root_pid=kernel.pid if kernel else None)
         if kernel is not None:
             try:
                 kernel.wait(timeout=5)  # reap it: no zombie left behind

@@ -524,6 +524,7 @@ def provenance_label(records: Iterable[Record] | None, profile: str) -> str:
         parts.append("data: SYNTHETIC stand-in" + (f" ({', '.join(datasets)})" if datasets else ""))
     elif datasets:
         parts.append(f"data: {', '.join(datasets)}")
+    recs = [r for r in recs if r.status != "skipped"] or recs  # a row not measured ran on no device
     devices = sorted({str(r.hardware.get("device_name")) for r in recs if r.hardware})
     if devices:
         parts.append(f"device: {', '.join(devices)}")

@@ -77,7 +77,7 @@ def fake_gpu(monkeypatch, tmp_path):
 def int_mm_on_cpu(monkeypatch):
     """notebook 07's torch._int_mm probe (quant_variants.int_mm_probe) with its operands made on the CPU:
     under the fake GPU, cuBLAS int8 is this CPU's _int_mm; the probe's cache starts empty."""
-    from lab_utils.experiments import quant_variants
+    from lab_utils.workers import quant_variants
 
     on_cpu = quant_variants._int8_operands
     monkeypatch.setattr(quant_variants, "_int8_operands", lambda device, k=32: on_cpu("cpu", k))

@@ -1,7 +1,8 @@
 """Test worker (tests/test_gpu_first_session.py): a torchrun worker of the lab failing on one rank as it
 would under NCCL.
 
-``LAB_TEST_WORKER`` names the worker (``ddp`` or ``gpt_train``). Rank 1 raises a non-OOM CUDA error as
+``LAB_TEST_WORKER`` names the worker (``ddp`` or ``gpt_train``), run through the lab's one worker entry
+(:func:`lab_utils.workers.harness.serve`: the job file is its argument). Rank 1 raises a non-OOM CUDA error as
 its first epoch starts, while rank 0 goes on into DDP's gradient all-reduce and waits for it there.
 gloo carries the collectives, but the rank's context says ``nccl`` and ``destroy_process_group`` blocks,
 as NCCL's can while a peer is still inside a collective: a rank that tears its group down before it
@@ -17,8 +18,10 @@ import time
 
 import torch.distributed as dist
 
+from lab_utils.workers import harness
+
 worker = importlib.import_module(f"lab_utils.workers.{os.environ['LAB_TEST_WORKER']}")
-_real_init, _real_run_epoch = worker.init_distributed, worker.run_epoch
+_real_init, _real_run_epoch = harness.init_distributed, worker.run_epoch
 
 
 def _init(*args, **kwargs):
@@ -37,8 +40,8 @@ def _blocking_destroy(*args, **kwargs):
     time.sleep(3600)              # NCCL waiting for the collective rank 0 is stuck in
 
 
-worker.init_distributed, worker.run_epoch = _init, _run_epoch
+harness.init_distributed, worker.run_epoch = _init, _run_epoch
 dist.destroy_process_group = _blocking_destroy
 
 if __name__ == "__main__":
-    sys.exit(worker.main())
+    sys.exit(harness.serve(worker))

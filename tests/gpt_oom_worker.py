@@ -1,8 +1,8 @@
 """Test worker (tests/test_gpu_defects.py): the GPT worker, with rank 1 out of memory in its first step.
 
-Launched under torchrun in place of ``lab_utils.workers.gpt_train``: rank 1's training loop
-raises the caching allocator's ``torch.OutOfMemoryError`` as its first epoch starts, while
-rank 0 goes on into DDP's gradient all-reduce and waits for it there.
+Launched under torchrun in place of ``lab_utils.workers.gpt_train`` (the same ``run_config``, through the
+lab's one worker entry): rank 1's training loop raises the caching allocator's ``torch.OutOfMemoryError``
+as its first epoch starts, while rank 0 goes on into DDP's gradient all-reduce and waits for it there.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import sys
 import torch
 
 from lab_utils.workers import gpt_train
+from lab_utils.workers.gpt_train import run_config  # noqa: F401  (this module is the worker)
+from lab_utils.workers.harness import serve
 
 _real_run_epoch = gpt_train.run_epoch
 
@@ -26,4 +28,4 @@ def _run_epoch(*args, **kwargs):
 gpt_train.run_epoch = _run_epoch
 
 if __name__ == "__main__":
-    sys.exit(gpt_train.main())
+    sys.exit(serve(sys.modules[__name__]))

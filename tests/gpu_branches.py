@@ -327,11 +327,10 @@ DR = "test_doctor.py::"
 FS = "test_gpu_first_session.py::"
 EVENTS = BR + "test_allreduce_timer_reads_cuda_events_in_seconds"
 QUERIES = BR + "test_device_queries_name_count_and_default_device"
-GPT_RUNS = BR + "test_gpt_runs_on_gpus"
 COMM = BR + "test_comm_plans_on_gpus"
 QUANT = BR + "test_quantization_variants_on_a_gpu"
 SCALING = BR + "test_scaling_plans_and_rows_on_gpus"
-SWEEP = BR + "test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap"
+SWEEP = BR + "test_the_sweep_worker_caps_the_gpu_memory"
 SESSION = BR + "test_a_session_on_a_gpu_node"
 LB = BR + "test_large_batch_and_accounting_on_gpus"
 BENCH = BR + "test_bench_timers_default_sizes_on_a_gpu"
@@ -421,85 +420,48 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/bench_timers.py", "main", "gpu", "batch 128 on a GPU", BENCH, n=2),
     B("experiments/bench_timers.py", "main", "gpu", "width 64 on a GPU", BENCH, n=3),
     # experiments/comm.py
-    B("experiments/comm.py", "plan_bench", "backend not in ('auto', 'nccl', 'gloo')", "an unknown backend",
-      "test_comm.py::test_plan_bench_on_cpu", cuda_only=False),
-    B("experiments/comm.py", "plan_bench", "gpus >= 2 and (nproc is None or nproc <= gpus)",
-      "auto picks NCCL on 2+ GPUs", COMM),
-    B("experiments/comm.py", "plan_bench", "backend == 'nccl'", "one rank per GPU", COMM),
-    B("experiments/comm.py", "plan_bench", "gpus == 0", "NCCL with GPUs goes on", COMM),
-    B("experiments/comm.py", "plan_bench", "n > gpus", "more ranks than GPUs: one sentence", COMM),
-    B("experiments/comm.py", "plan_bench", "gpus == 1", "one GPU: gloo, and the row says why", COMM),
-    B("experiments/comm.py", "plan_bench", "gpus == 0", "gloo asked for on 2+ GPUs: no note", COMM, n=2),
-    B("experiments/comm.py", "bench_rank_counts", "gpus < 2", "rank counts capped by the GPUs",
-      "test_comm.py::test_bench_rank_counts"),
-    B("experiments/comm.py", "bench_rank_counts", "2 <= p <= gpus", "every rank count up to the GPUs",
-      "test_comm.py::test_bench_rank_counts"),
-    # experiments/fastpath.py
-    B("experiments/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
+    B("experiments/comm.py", "plan_bench", "gpus >= 2", "NCCL, one rank per GPU, every GPU of the node too",
+      COMM),
+    B("experiments/comm.py", "plan_bench", "device == 'cuda'", "a rank count the node lacks: 'needs N GPUs'",
+      COMM),
+    B("experiments/comm.py", "plan_compute", "device != 'cuda'", "the compute step is launched",
+      COMM),
+    # experiments/fastpath_tables.py
+    B("experiments/fastpath_tables.py", "_machine", "device == 'cuda' and (not here.gpus)",
+      "--device cuda without a GPU: one sentence", NO_GPU, cuda_only=False),
+    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "self time = GPU kernel time",
       BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fast_train.py", "to_device", "device.type == 'cuda'",
-      "non_blocking copies of a host batch", COPIES),
-    B("experiments/fastpath.py", "_device", "torch.cuda.is_available()", "the default device is the GPU",
-      BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fastpath.py", "_device", "dev.type == 'cuda' and (not torch.cuda.is_available())",
-      "cuda asked for without a GPU: one sentence", NO_GPU, cuda_only=False),
-    B("experiments/fastpath.py", "TraceResult.notes", "on_gpu", "self time = GPU kernel time",
-      BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fastpath.py", "TraceResult.notes", "on_gpu", "percent of the GPU's kernel time",
+    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
       BR + "test_fast_path_choices_on_a_gpu", n=2),
-    B("experiments/fastpath.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("experiments/fastpath.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("experiments/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
-      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
-    B("experiments/fastpath.py", "measure_trace.profile_steps", "dev.type == 'cuda'",
-      "the profiler's CUDA activity",
-      reason=CUPTI, doctor="08_fast_path_and_profiler"),
-    # experiments/gpt.py
-    B("experiments/gpt.py", "Devices.reason", "self.kind == 'cuda'", "needs N GPUs (has M)", GPT_RUNS),
-    B("experiments/gpt.py", "available_devices", "torch.cuda.is_available()", "counts the GPUs", GPT_RUNS),
-    B("experiments/gpt.py", "available_devices", "gpus", "runs on the GPUs", GPT_RUNS),
-    B("experiments/gpt.py", "_execute", "devices.kind == 'cuda' or nproc > 1",
-      "one GPU too through the launcher (no CUDA context in the kernel)",
-      FS + "test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others"),
-    B("experiments/gpt.py", "measure", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),
-    B("experiments/gpt.py", "measure_accumulation", "devs.kind == 'cuda'",
-      "accumulation on every GPU up to 4",
-      GPT_RUNS),
-    B("experiments/gpt.py", "measure_final", "devs.kind == 'cuda'", "'GPU' in the progress line", GPT_RUNS),
     # experiments/large_batch.py
-    B("experiments/large_batch.py", "plan_devices", "gpus is None", "asks the machine for its GPUs", LB,
-      cuda_only=False),
+    B("experiments/large_batch.py", "DevicePlan.device", "self.backend == 'nccl'", "runs on the GPUs", LB),
     B("experiments/large_batch.py", "plan_devices", "gpus >= 1", "NCCL ranks on the GPUs", LB),
     B("experiments/large_batch.py", "plan_devices", "gpus < want", "fewer GPUs than asked: says so", LB),
-    B("experiments/large_batch.py", "_hardware", "backend == 'nccl'", "the reuse check's GPU name", LB),
+    B("experiments/large_batch.py", "plan_accounting", "gpus >= 2", "the ledger on the GPUs (NCCL)", LB),
+    B("experiments/large_batch.py", "plan_accounting", "backend == 'nccl'", "the ledger's device is the GPU",
+      LB),
     B("experiments/large_batch_tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
       "'N x GPU' in the table", BR + "test_the_large_batch_table_says_gpu"),
-    B("experiments/large_batch_tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
-      "the layout flag for GPU runs", BR + "test_the_large_batch_table_says_gpu", n=2),
-    B("experiments/large_batch.py", "_comm_plan", "gpus >= 2", "the ledger on the GPUs (NCCL)", LB),
-    # experiments/quantize.py
+    # experiments/quantize.py, workers/quant_variants.py, workers/quant_model.py
     B("experiments/quantize.py", "Settings.validate", "d not in ('cpu', 'cuda')", "an unknown device",
       "test_quantize.py::test_settings_validation", cuda_only=False),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
       "no CUDA device: a row that says so", "test_quantize.py::test_no_cuda_row_and_unknown_variant",
       cuda_only=False),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
-    B("experiments/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
+    B("workers/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
       QUANT),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
       n=3),
-    B("experiments/quant_variants.py", "check_variant", "dev == 'cuda'",
+    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'",
       "cuBLAS int8 (torch._int_mm), padded",
       QUANT, n=4),
-    B("experiments/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
+    B("workers/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "pads M <= 16 rows to 17 for torch._int_mm",
       DF + "test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs"),
-    B("experiments/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
+    B("workers/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "layers whose K or N % 8 != 0 stay fp32", QUANT),
-    B("experiments/quantize.py", "devices_to_run", "torch.cuda.is_available()", "the GPU too", QUANT),
     # experiments/scaling.py
     B("experiments/scaling.py", "_place", "gpus >= devices", "DataParallel on the GPUs", SCALING),
     B("experiments/scaling.py", "_place", "gpus >= devices", "DDP on NCCL", SCALING, n=2),
@@ -517,29 +479,19 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/scaling.py", "_hardware", "p.device_type == 'cuda'", "the GPU's name for the reuse check",
       SCALING),
     B("experiments/scaling.py", "measure_compute_vs_comm", "gpus", "DataParallel rows too", SCALING),
-    # experiments/sweep.py
-    B("experiments/sweep.py", "_free_memory", "device.type == 'cuda'", "synchronize before freeing",
-      BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("experiments/sweep.py", "_free_memory", "device.type == 'cuda'", "a fresh peak counter",
-      BR + "test_peak_memory_is_read_and_reset_on_the_gpu", n=2),
-    B("experiments/sweep.py", "measure", "dev.type != 'cuda' and s.memory_fraction is not None",
-      "memory_fraction on the CPU: one sentence", SWEEP, cuda_only=False),
-    B("experiments/sweep.py", "measure", "dev.type == 'cuda'", "the GPU memory fraction (set, then lifted)",
-      SWEEP),
-    B("experiments/sweep.py", "_loader", "torch.cuda.is_available()", "pinned host memory", SWEEP),
-    # job_plan.py, session.py
-    B("job_plan.py", "main", "backend == 'nccl'", "the GPU's name for the reuse check",
-      BR + "test_job_plan_on_a_gpu_node"),
+    # session.py
     B("session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
     B("session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
     B("session.py", "start", "gpus", "'cuda x N' in the first line", SESSION),
+    # time_budget.py (the plans are made for the budget's 4-GPU node on any machine: both arms run here)
+    B("time_budget.py", "plan_parts", "run.device == 'cuda'", "a run's GPUs in the budget table",
+      "test_time_budget.py::test_a_registered_notebook_is_the_sum_over_its_plan_by_hand", cuda_only=False),
+    # workers/sweep.py
+    B("workers/sweep.py", "run_config", "dev.type == 'cuda'", "the GPU memory fraction, before training",
+      SWEEP),
     # workers/allreduce_bench.py
     B("workers/allreduce_bench.py", "_sync", "device.type == 'cuda'", "synchronize around the timed loop",
       BR + "test_allreduce_worker_waits_for_the_gpu"),
-    B("workers/allreduce_bench.py", "main", "a.backend == 'nccl'", "joins NCCL on cuda:LOCAL_RANK",
-      reason=NCCL, doctor=NCCL_RUN),
-    B("workers/allreduce_bench.py", "main", "device.type == 'cuda'", "names the GPU in the rank's log",
-      reason=NCCL, doctor=NCCL_RUN),
     # workers/comm_accounting.py
     B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="05_large_batch_accumulation"),
@@ -555,13 +507,26 @@ INVENTORY: tuple[Branch, ...] = (
       "the other kernels of a GPU trace are the compute lane", BDDP),
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
-      reason=NCCL, doctor="02_03_ddp_with_comm_probe"),
+      reason=NCCL, doctor="02_scaling"),
+    # workers/fast_train.py, workers/fastpath.py
+    B("workers/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
+      BR + "test_fast_path_choices_on_a_gpu"),
+    B("workers/fast_train.py", "to_device", "device.type == 'cuda'",
+      "non_blocking copies of a host batch", COPIES),
+    B("workers/fastpath.py", "_trace", "dev.type == 'cuda'", "the profiler's CUDA activity",
+      reason=CUPTI, doctor="08_fastpath_trace"),
+    B("workers/fastpath.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
+    B("workers/fastpath.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
+    B("workers/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
+      "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
     # workers/gpt_train.py
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
+    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
       reason=NCCL, doctor="06_gpt_ddp"),
-    B("workers/gpt_train.py", "_epochs", "device.type == 'cuda'", "pinned loader memory",
+    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "pinned loader memory",
       reason=TENSORS, doctor="06_gpt_ddp", n=2),
 )
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import time_budget
 from lab_utils.core import anchors as A
+from lab_utils.core import estimates
 from lab_utils.core.config import repo_root
-from lab_utils.experiments import comm, comm_tables, gpt_tables, large_batch_tables, scaling_tables
+from lab_utils.experiments import comm_tables, gpt_tables, large_batch_tables, scaling_tables
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,8 +123,8 @@ def test_table3_mistake_reproduces_the_report_by_hand():
         lo, hi = s / ((printed + 0.005) * 1e6), s / ((printed - 0.005) * 1e6)   # times that print it
         assert lo <= t + 0.00005 + 1e-12 and t - 0.00005 <= hi, (t, lo, hi)    # and times printing as t
     # the right Table 3 for the same kind of run (2 GPUs x 128: 196 steps x 1.0 x S over comm (a) 1.05 s)
-    assert comm.utilization_rows([comm.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)], None)[0][
-        "achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
+    m = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)
+    assert comm_tables.utilization_rows([m], None)[0]["achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
 
 
 def test_table3_refuses_one_device():
@@ -135,11 +135,11 @@ def test_table3_refuses_one_device():
                 r"epoch\), so leave the 1-GPU row out of Table 3\.$")
     with pytest.raises(LabError, match=sentence):
         achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 1, 391, A.TABLE3_COMM_SECONDS[1])
-    one = comm.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
-    two = comm.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
+    one = comm_tables.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
+    two = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
     with pytest.raises(LabError, match=r"Table 3 has no row for 1 device .*no bandwidth; measure 2 or "
                                        r"more\.$"):
-        comm.utilization_rows([two, one], None)
+        comm_tables.utilization_rows([two, one], None)
     assert achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 4, 391, 1.325) == pytest.approx(19.7842, abs=1e-4)
 
 
@@ -149,7 +149,7 @@ def test_table3_earlier_cohort_rows_by_hand():
     04's worked example): 11.65 - 41.3/4 = 1.325 s, 391 steps x 1.5 x S = 391 x 67.04 MB = 26.21 GB,
     19.78 GB/s. Labelled with the module not stated."""
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
+            for r in comm_tables.utilization_rows(comm_tables._anchor_measurements(), None)}
     assert set(rows) == {(n, b) for n in (2, 4) for b in (32, 128, 512)}
     assert {r["method"] for r in rows.values()} == {comm_tables._ANCHOR_ASSUMED_RING}
     assert "parallel module not stated" in comm_tables._ANCHOR_ASSUMED_RING
@@ -213,16 +213,16 @@ def test_time_budget_reads_the_other_cohort_as_a_global_batch_by_hand():
     N-GPU epoch at the nearest global batch at or below): 4 x 32 (global 128): max(33.64, 30) = 33.64,
     no longer its global-32 121 s; 2 x 32 (global 64): max(41.3, 67 at global 32) = 67; 1 x 128:
     max(33.64, 16) = 33.64; 4 x 512 (global 2048): max(33.95, 11) = 33.95."""
-    assert time_budget.dp_epoch_seconds(4, 32) == 33.64 != A.OTHER_COHORT_SECONDS[(4, 32)]
-    assert time_budget.dp_epoch_seconds(2, 32) == 67.0
-    assert time_budget.dp_epoch_seconds(1, 128) == 33.64
-    assert time_budget.dp_epoch_seconds(4, 512) == 33.95
-    assert time_budget.dp_epoch_seconds(1, 32) == 41.3
-    assert time_budget.spec_epoch_seconds(1, 128) == 33.64 and time_budget.spec_epoch_seconds(1, 512) == 33.95
-    text = " ".join(time_budget.ASSUMPTIONS)
+    assert estimates.dp_epoch_seconds(4, 32) == 33.64 != A.OTHER_COHORT_SECONDS[(4, 32)]
+    assert estimates.dp_epoch_seconds(2, 32) == 67.0
+    assert estimates.dp_epoch_seconds(1, 128) == 33.64
+    assert estimates.dp_epoch_seconds(4, 512) == 33.95
+    assert estimates.dp_epoch_seconds(1, 32) == 41.3
+    assert estimates.spec_epoch_seconds(1, 128) == 33.64 and estimates.spec_epoch_seconds(1, 512) == 33.95
+    text = " ".join(estimates.ASSUMPTIONS)
     assert "FIXED GLOBAL batch" in text and "4 GPUs: 121 / 30 / 11 / 11" in text
     # tokens/s 2.1k at micro-batch 16 -> 16k at 1024: exponent log(16/2.1)/log(64) = 0.4883
-    assert time_budget.GPT_MICRO_BATCH_EXPONENT == pytest.approx(0.4883, abs=1e-4)
+    assert estimates.GPT_MICRO_BATCH_EXPONENT == pytest.approx(0.4883, abs=1e-4)
 
 
 def test_speedup_definitions_side_by_side_by_hand():

@@ -48,9 +48,9 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
 
 
 def test_training_paths_apply_the_settings(benchmark_off):
-    from lab_utils.experiments import comm, fast_train
+    from lab_utils.workers import compute_step, fast_train
 
-    comm.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
+    compute_step.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
     assert torch.backends.cudnn.benchmark is True
     torch.backends.cudnn.benchmark = False
     fast_train.build_trainer(fast_train.TrainOptions(), width=2, device="cpu")
@@ -59,9 +59,10 @@ def test_training_paths_apply_the_settings(benchmark_off):
 
 def test_sweep_records_state_the_settings(benchmark_off, store):
     from lab_utils.experiments import sweep
+    from lab_utils.plan import measure
 
     s = profiles.settings(sweep.Settings, "quick", batch_sizes=(16,), width=2, train_images=32,
                           test_images=16, dataset="synthetic", memory_cap_bytes=0)
-    rec = sweep.measure(lab_for(store), s, verbose=False)[0]
+    rec = measure(lab_for(store), sweep.SWEEP_EXPERIMENT, s, verbose=False)[0]
     assert rec.status == "ok" and rec.backends["cudnn_benchmark"] is True
     assert store.latest(sweep.EXPERIMENT)[0].backends == rec.backends

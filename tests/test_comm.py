@@ -6,6 +6,7 @@ Every expected value below was computed by hand (the arithmetic is in the commen
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from store_helpers import lab_for, put
 from lab_utils.core import profiles, ring
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import classify_interconnect
+from lab_utils.core.machine import Machine
 from lab_utils.experiments import comm, comm_tables
+from lab_utils.plan import make_plan, measure
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
 
@@ -152,7 +155,7 @@ def test_message_sizes_double():
     assert ring.message_sizes(8, 64) == [8, 16, 32, 64]
     assert ring.message_sizes(8, 100) == [8, 16, 32, 64]
     assert len(ring.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
-    assert ring.message_sizes(8, profiles.settings(comm.BenchSettings, "full").max_bytes)[-1] == 2**30
+    assert ring.message_sizes(8, profiles.settings(comm.Settings, "full").max_bytes)[-1] == 2**30
 
 
 # --------------------------------------------------------------------------- fit
@@ -249,10 +252,10 @@ def test_projection_default_devices_and_buckets():
 
 
 def test_utilization_rows_by_hand():
-    m = comm.CommMeasurement(devices=2, per_device_batch=10, source="hook", seconds=1e-6, grad_bytes=1000,
-                             dataset_size=100)
+    m = comm_tables.CommMeasurement(devices=2, per_device_batch=10, source="hook", seconds=1e-6,
+                                    grad_bytes=1000, dataset_size=100)
     link = comm.LinkPeak(20.0, "test link")
-    (row,) = comm.utilization_rows([m], {2: 10.0}, link)
+    (row,) = comm_tables.utilization_rows([m], {2: 10.0}, link)
     # 50 samples per rank / 10 = 5 steps x 1000 bytes (2 ranks: factor 1) = 5000 bytes in 1 us = 5 GB/s
     assert row["bytes_per_rank_per_epoch"] == 5000
     assert row["achieved_gb_per_s"] == pytest.approx(5.0)
@@ -261,13 +264,15 @@ def test_utilization_rows_by_hand():
 
 
 def test_utilization_rows_missing_data_give_no_numbers():
-    missing = comm.CommMeasurement(4, 32, "derived", None, 1000, 100, reason="run notebook 03 first")
-    negative = comm.CommMeasurement(2, 32, "exposed", -0.01, 1000, 100)
-    rows = comm.utilization_rows([missing, negative], {2: 10.0}, comm.LinkPeak(None, "unknown"))
+    missing = comm_tables.CommMeasurement(4, 32, "derived", None, 1000, 100, reason="run notebook 03 first")
+    negative = comm_tables.CommMeasurement(2, 32, "exposed", -0.01, 1000, 100)
+    rows = comm_tables.utilization_rows([missing, negative], {2: 10.0}, comm.LinkPeak(None, "unknown"))
     assert rows[0]["achieved_gb_per_s"] is None and rows[0]["note"] == "run notebook 03 first"
     assert rows[0]["pct_of_bench_peak_busbw"] is None
     assert rows[1]["achieved_gb_per_s"] is None and "noise" in rows[1]["note"]
     assert rows[1]["pct_of_link_nominal"] is None
+    with pytest.raises(LabError, match="one device communicates nothing"):
+        comm_tables.utilization_rows([comm_tables.CommMeasurement(1, 32, "derived", 1.0, 1000, 100)], None)
 
 
 TOPO_NVLINK = """\x1b[4m\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\x1b[0m
@@ -306,12 +311,66 @@ def test_detect_link_peak_without_gpu_link():
         assert peak.gb_per_s is None and "CPU processes" in peak.description
 
 
-def test_plan_bench_on_cpu():
-    plan = comm.plan_bench()
-    if plan.backend == "gloo":
-        assert plan.nproc == 2 and plan.device_type == "cpu" and plan.note
-    with pytest.raises(LabError):
-        comm.plan_bench(backend="mpi")
+H100_NODE = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=64, bf16=True)
+
+
+def _ranks(runs):
+    """{rank count: (backend, device, skip reason, number of sizes)} of a benchmark plan."""
+    out = {}
+    for r in runs:
+        assert r.config["world_size"] == r.processes and r.together
+        assert r.group == f"allreduce_bench {r.processes}"
+        out.setdefault(r.processes, [r.config["backend"], r.device, r.skip, 0])[3] += 1
+    return {p: tuple(v) for p, v in out.items()}
+
+
+def test_the_benchmark_plan_on_a_4_gpu_node_and_without_gpus():
+    """NCCL with a GPU per rank on 2+ GPUs (all the GPUs too); gloo CPU processes with fewer than 2; a rank
+    count the machine lacks is a row that says why. Made on this CPU for machines that are not here."""
+    full = profiles.settings(comm.Settings, "full")
+    runs = make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, H100_NODE, "full")
+    assert _ranks(runs) == {2: ("nccl", "cuda", None, 28), 4: ("nccl", "cuda", None, 28)}  # 8 B ... 1 GiB
+    assert [r.config["size_bytes"] for r in runs[:3]] == [8, 16, 32]
+    assert runs[27].config["size_bytes"] == 2**30
+    assert all(r.options == {"backend": "nccl"} and not r.in_process for r in runs)
+    assert {r.config["iters"] for r in runs} == {20} and {r.config["warmup"] for r in runs} == {5}
+    eight = _ranks(make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, Machine(gpus=8, gpu_name="G", cores=8)))
+    assert sorted(eight) == [2, 4, 8] and eight[8] == ("nccl", "cuda", None, 28)
+    two = _ranks(make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, Machine(gpus=2, gpu_name="G", cores=8)))
+    assert two == {2: ("nccl", "cuda", None, 28), 4: ("nccl", "cuda", "needs 4 GPUs", 28)}
+    one = _ranks(make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, Machine(gpus=1, gpu_name="G", cores=8)))
+    assert one == {2: ("gloo", "cpu", None, 28), 4: ("gloo", "cpu", None, 28)}  # NCCL cannot share a GPU
+    cpu = _ranks(make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, Machine(gpus=0, cores=2)))
+    assert cpu[2][2] is None and cpu[4][2].startswith("needs 4 CPU cores")
+    assert _ranks(make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, Machine(gpus=0, cores=1)))[2][2] is None
+    with pytest.raises(LabError, match="at least 2 ranks"):
+        make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, replace(full, bench_ranks=(1, 2)), H100_NODE)
+    with pytest.raises(LabError, match="iters"):
+        make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, replace(full, iters=0), H100_NODE)
+
+
+def test_the_compute_step_plan_cost_and_doctor_settings():
+    """The compute step launched on a GPU, in this process on a CPU; the budget's seconds by hand."""
+    from lab_utils.core import estimates
+
+    full = profiles.settings(comm.Settings, "full")
+    gpu = make_plan(comm.COMPUTE_STEP_EXPERIMENT, full, H100_NODE, "full")
+    assert [r.config["batch_size"] for r in gpu] == [32, 128, 512]
+    assert {r.group for r in gpu} == {"compute_step"}
+    assert all(r.device == "cuda" and not r.in_process and r.options == {"process_group": False} for r in gpu)
+    assert gpu[0].config == {"model": "resnet18", "width": 64, "batch_size": 32, "device_type": "cuda",
+                             "steps": 20, "warmup": 5}
+    cpu = make_plan(comm.COMPUTE_STEP_EXPERIMENT, full, Machine(gpus=0, cores=2), "full")
+    assert all(r.device == "cpu" and r.in_process for r in cpu)
+    # budget: 30 s per rank count for the 28 sizes (the time budget's value before the plans); a compute step
+    # at batch b: 25 steps x b images at the fast path's TF32 rate (50,000 images in fast_epoch_seconds)
+    bench = make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, full, H100_NODE, "full")
+    assert sum(comm.cost(r) for r in bench) == pytest.approx(2 * 30.0)
+    assert comm.cost(gpu[2]) == pytest.approx(25 * 512 * estimates.fast_epoch_seconds("tf32") / 50_000)
+    small = comm.doctor_settings(full)
+    doctor = make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, small, H100_NODE, "full")
+    assert _ranks(doctor) == {2: ("nccl", "cuda", None, 9), 4: ("nccl", "cuda", None, 9)}  # 1 .. 256 MiB
+    assert [r.config["batch_size"] for r in make_plan(comm.COMPUTE_STEP_EXPERIMENT, small, H100_NODE)] == [32]
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -331,10 +390,16 @@ def _check_bench(records, n):
     return df
 
 
+def _bench_settings(**kw):
+    ranks = (kw.pop("ranks", 2),)
+    return replace(profiles.settings(comm.Settings, "quick"), bench_ranks=ranks, timeout_s=180, **kw)
+
+
 @pytest.mark.slow
 def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys):
-    settings = comm.BenchSettings(max_bytes=64 * ring.KIB, iters=3, warmup=1, timeout_s=180)
-    records = comm.measure_bench(lab_for(store), nproc=2, settings=settings, backend="gloo", verbose=False)
+    settings = _bench_settings(max_bytes=64 * ring.KIB, iters=3, warmup=1)
+    records = measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, settings, verbose=False,
+                      machine=Machine(gpus=0, cores=2))
     df = _check_bench(records, 2)
     assert len(df) == 14  # 8 B .. 64 KiB
     assert comm_tables._peak_busbw_gb_per_s(records, 2) == df.busbw_gb_per_s.max()
@@ -342,11 +407,13 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
     def no_launch(*a, **k):
         raise AssertionError("stored sizes must be reused, not re-measured")
 
-    monkeypatch.setattr("lab_utils.launcher.launch", no_launch)
-    again = comm.measure_bench(lab_for(store), nproc=2, settings=settings, backend="gloo", verbose=False)
+    monkeypatch.setattr("lab_utils.launcher.stream", no_launch)
+    again = measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, settings, verbose=False,
+                    machine=Machine(gpus=0, cores=2))
     assert [r.timestamp for r in again] == [r.timestamp for r in records]
+    monkeypatch.undo()
     rc = comm_tables.bench_main(["--profile", "quick", "--nproc", "2", "--backend", "gloo", "--max-bytes",
-                          str(64 * ring.KIB), "--iters", "3", "--warmup", "1"])
+                                 str(64 * ring.KIB), "--iters", "3", "--warmup", "1"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "busbw(GB/s)" in out and "alpha" in out and "65536" in out
@@ -354,20 +421,12 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
 
 @pytest.mark.slow
 def test_benchmark_three_gloo_ranks_bus_factor(store):
-    settings = comm.BenchSettings(max_bytes=4 * ring.KIB, iters=2, warmup=1, timeout_s=180)
-    records = comm.measure_bench(lab_for(store), nproc=3, settings=settings, backend="gloo", verbose=False)
+    settings = _bench_settings(ranks=3, max_bytes=4 * ring.KIB, iters=2, warmup=1)
+    records = measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, settings, verbose=False,
+                      machine=Machine(gpus=0, cores=3))
     df = _check_bench(records, 3)
     assert (df.busbw_gb_per_s > df.algbw_gb_per_s).all()  # factor 4/3
     assert math.isclose(df.busbw_gb_per_s.iloc[0] / df.algbw_gb_per_s.iloc[0], 4 / 3)
-
-
-def test_bench_rejects_bad_settings_before_launch(store):
-    with pytest.raises(LabError, match="at least 2 ranks"):
-        comm.measure_bench(lab_for(store), nproc=1, settings=profiles.settings(comm.BenchSettings, "quick"),
-                           backend="gloo")
-    with pytest.raises(LabError, match="iterations"):
-        comm.measure_bench(lab_for(store), nproc=2, settings=comm.BenchSettings(64, iters=0, warmup=0),
-                                 backend="gloo")
 
 
 # --------------------------------------------------------------------------- DDP buckets and notebook helpers
@@ -402,15 +461,6 @@ def test_resnet18_default_buckets():
     assert df["P=2 latency share"].iloc[0] == pytest.approx(2e-5 / t0)
 
 
-def test_bench_rank_counts():
-    assert comm.bench_rank_counts((2, 4), gpus=0) == [2, 4]  # CPU processes
-    assert comm.bench_rank_counts((2, 4), gpus=1) == [2, 4]
-    assert comm.bench_rank_counts((2, 4), gpus=2) == [2]
-    assert comm.bench_rank_counts((2, 4), gpus=8) == [2, 4, 8]
-    assert comm.bench_rank_counts((2, 4), gpus=0, cpu_cores=2) == [2]  # no oversubscription
-    assert comm.bench_rank_counts((4,), gpus=0, cpu_cores=1) == [2]
-
-
 def test_gradient_bytes_table_by_hand():
     df = comm_tables._gradient_bytes_table(S_RESNET18, 11_173_962, 50_000, [128], [4])
     (row,) = df.to_dict("records")
@@ -419,17 +469,24 @@ def test_gradient_bytes_table_by_hand():
     assert row["if_params_were_bytes"] * 4 == pytest.approx(row["bytes_per_rank_per_epoch"])
 
 
-def test_measured_compute_inputs_and_inputs_table(store):
-    settings = comm.Settings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
-                                    compute_warmup=0)
-    compute = comm_tables._measured_compute_inputs(lab_for(store), settings)
-    assert set(compute.seconds_per_step) == {4} and compute.seconds_per_step[4] > 0
-    assert compute.dataset_size == 50_000 and compute.measured
+def test_compute_steps_in_this_process_and_the_inputs_table(store):
+    """The compute-step runs of a CPU plan, in this process: one record per batch, reused; the projection's
+    compute side from them."""
+    settings = replace(profiles.settings(comm.Settings, "quick"), batch_sizes=(4,), width=4, compute_steps=1,
+                       compute_warmup=0)
+    records = measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, settings, verbose=False,
+                      machine=Machine(gpus=0, cores=2))
+    assert [(r.status, r.config["batch_size"], r.synthetic) for r in records] == [("ok", 4, True)]
+    compute = comm_tables.projection_compute(records, settings)
+    assert compute.seconds_per_step == {4: records[0].metrics["compute_seconds_per_step"]}
+    assert compute.seconds_per_step[4] > 0
     from lab_utils.models import ResNet18
 
-    assert compute.grad_bytes == comm.gradient_bytes(ResNet18(width=4))
-    again = comm_tables._measured_compute_inputs(lab_for(store), settings)  # stored: not re-measured
-    assert again.records[0].timestamp == compute.records[0].timestamp
+    assert compute.dataset_size == 50_000 and compute.grad_bytes == comm.gradient_bytes(ResNet18(width=4))
+    assert "one cpu device" in compute.source
+    again = measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, settings, verbose=False,
+                    machine=Machine(gpus=0, cores=2))
+    assert again[0].timestamp == records[0].timestamp  # stored: not re-measured
     fit = ring.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
     df = comm_tables._inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
     kinds = dict(zip(df.input, df.kind))
@@ -457,10 +514,13 @@ def _nb03_store(store):
 
 def test_table3_from_notebook03_records_by_hand(store):
     grad = _nb03_store(store)
-    ms = comm_tables._nb03_measurements(store, devices=(2, 4), batch_sizes=(32, 128))
-    assert len(ms) == 3 + 3  # three sources for (2, 32); one "not measured" row for each other pair
-    rows = comm.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
-    measured = {r["comm_source"]: r for r in rows if r["devices"] == 2 and r["per_gpu_batch"] == 32}
+    ms = comm_tables._measurements(store, devices=(2, 4))
+    # quick grid: 2 and 4 devices x 32 ... 2048 per device; DDP: three sources for (2, 32), one "not
+    # measured" row for each other pair; DataParallel: one (a) row each, none stored (no GPUs)
+    assert len(ms) == (3 + 7) + 8
+    rows = comm_tables.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
+    ddp = [r for r in rows if r["method"] != comm_tables._DP_ASSUMED_RING]
+    measured = {r["comm_source"]: r for r in ddp if r["devices"] == 2 and r["per_gpu_batch"] == 32}
     bytes_epoch = 16 * grad  # 16 steps x 2(2-1)/2 x S
     assert all(r["bytes_per_rank_per_epoch"] == bytes_epoch for r in measured.values())
     a, b, c = (measured[s] for s in comm_tables._COMM_SOURCES)
@@ -470,34 +530,45 @@ def test_table3_from_notebook03_records_by_hand(store):
     assert c["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 0.8 / 1e9)
     assert c["pct_of_bench_peak_busbw"] == pytest.approx(100 * bytes_epoch / 0.8 / 1e9 / 0.1)
     assert c["pct_of_link_nominal"] is None
-    others = [r for r in rows if (r["devices"], r["per_gpu_batch"]) != (2, 32)]
-    assert len(others) == 3 and all(r["comm_seconds"] is None and "not measured" in r["note"] for r in others)
+    others = [r for r in ddp if (r["devices"], r["per_gpu_batch"]) != (2, 32)]
+    assert len(others) == 7 and all(r["comm_seconds"] is None and "not measured" in r["note"] for r in others)
 
 
 def test_table3_without_notebook03_says_run_it_first(store):
-    found = comm_tables._nb03_measurements(store, devices=(2, 4), batch_sizes=(32,))
-    rows = comm.utilization_rows(found, {2: 1.0})
-    assert len(rows) == 2
-    assert all(r["note"] == comm_tables._NB03_MISSING and r["achieved_gb_per_s"] is None for r in rows)
+    rows = comm_tables.utilization_rows(comm_tables._measurements(store, devices=(2, 4)), {2: 1.0})
+    ddp = [r for r in rows if r["method"] != comm_tables._DP_ASSUMED_RING]
+    assert len(ddp) == 8
+    assert all(r["note"] == comm_tables._NB03_MISSING and r["achieved_gb_per_s"] is None for r in ddp)
     assert all(r["bytes_per_rank_per_epoch"] > 0 for r in rows)  # bytes are a formula, seconds are not
+
+
+def _bench_report(peaks):
+    return comm_tables.BenchReport(None, {}, peaks, None, None, [])
 
 
 def test_report_utilization_saves_table3(store):
     _nb03_store(store)
-    df = comm_tables.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    settings = replace(profiles.settings(comm.Settings, "quick"), table_devices=(2,))
+    df = comm_tables.report_utilization(store, settings, _bench_report({2: 0.1}),
+                                        comm.LinkPeak(None, "unknown"))
     assert (store.tables_dir / "allreduce_utilization.md").exists()
     assert (store.tables_dir / "allreduce_utilization.csv").exists()
     assert set(df.comm_source) >= set(comm_tables._COMM_SOURCES)
 
 
-def test_projection_compute_prefers_notebook03_records(store):
-    grad = _nb03_store(store)
-    settings = comm.Settings(bench_ranks=(2,), batch_sizes=(4,), width=4, compute_steps=1,
-                                    compute_warmup=0)
-    compute = comm_tables.projection_compute_inputs(lab_for(store), settings)
-    assert compute.seconds_per_step == {32: pytest.approx(10.0 / 32)}
-    assert compute.grad_bytes == grad and compute.width == 8 and "notebook 02/03" in compute.source
-    assert not store.records(comm._COMPUTE_EXPERIMENT)  # nothing measured here
+def test_projection_compute_from_the_compute_step_records_by_hand():
+    from lab_utils.models import ResNet18
+    from lab_utils.store import Record
+
+    settings = profiles.settings(comm.Settings, "quick")  # width 8, 2 timed steps after 1
+    recs = [Record("compute_step", {"batch_size": b, "device_type": "cuda"}, {"compute_seconds_per_step": t})
+            for b, t in ((32, 0.01), (128, 0.03))]
+    recs.append(Record("compute_step", {"batch_size": 512}, status="oom", reason="out of memory"))
+    compute = comm_tables.projection_compute(recs, settings)
+    assert compute.seconds_per_step == {32: 0.01, 128: 0.03}  # the out-of-memory batch has no time
+    assert compute.grad_bytes == 4 * 176_402 == comm.gradient_bytes(ResNet18(width=8))
+    assert "one cuda device" in compute.source and "2 timed steps after 1 warm-up" in compute.source
+    assert "batch 32: 10.0 ms, batch 128: 30.0 ms" in compute.description
 
 
 def test_unfittable_timings_give_a_reason_not_an_exception():
@@ -531,7 +602,7 @@ def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
 
     assert SPEC_GRADIENT_BYTES == 11_173_962 * 4
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm.utilization_rows(comm_tables._anchor_assumed_ring_measurements(), None)}
+            for r in comm_tables.utilization_rows(comm_tables._anchor_measurements(), None)}
     four = rows[(4, 32)]
     assert four["steps_per_epoch"] == 391 and four["comm_seconds"] == pytest.approx(1.325)
     assert four["bytes_per_rank_per_epoch"] == pytest.approx(26_214_114_852)
@@ -546,7 +617,9 @@ def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
 
 def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store):
     _nb03_store(store)
-    df = comm_tables.report_utilization(store, (2,), {2: 0.1}, comm.LinkPeak(None, "unknown"), [])
+    settings = replace(profiles.settings(comm.Settings, "quick"), table_devices=(2,))
+    df = comm_tables.report_utilization(store, settings, _bench_report({2: 0.1}),
+                                        comm.LinkPeak(None, "unknown"))
     ddp = df[df["method"].str.startswith("DDP") & (df["per_gpu_batch"] == 32)].set_index("comm_source")
     assert ddp.loc[comm_tables._COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
     assert ddp.loc[comm_tables._COMM_SOURCES[1], "q3_2"].startswith("not a rate")
@@ -567,8 +640,8 @@ def test_noise_flag_marks_effects_within_two_standard_errors():
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out
     assert noise_flag(0.0, 0.01) == NOISE_FLAG      # clamped to 0 with noise: not a result
     assert noise_flag(0.5, None) == "" and noise_flag(None, 0.1) == ""
-    m = comm.CommMeasurement(2, 32, comm_tables._COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
-    (row,) = comm.utilization_rows([m], None)
+    m = comm_tables.CommMeasurement(2, 32, comm_tables._COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
+    (row,) = comm_tables.utilization_rows([m], None)
     assert row["noise_flag"] == NOISE_FLAG
 
 
@@ -579,8 +652,7 @@ def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     from dataclasses import replace
     bad = replace(good, rms_relative_error=0.485)
     assert comm_tables._fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
-    compute = comm_tables._ProjectionCompute({32: 0.01}, 44_695_848, 50_000, 64, "test",
-                                             True)
+    compute = comm_tables._ProjectionCompute({32: 0.01}, 44_695_848, 50_000, 64, "test")
     df, fig = comm_tables.report_projection(store, bad, compute, [], devices=(8, 1024))
     assert set(df["status"]) == {"not a result: fit error 48.5% rms > 25%"}
     assert "NOT A RESULT" in (store.tables_dir / "allreduce_projection.md").read_text()

@@ -23,7 +23,8 @@ from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError
 from lab_utils.core.text_data import resolve_corpus
 from lab_utils.experiments import fastpath, gpt, large_batch, quantize, scaling, sweep  # noqa: F401 (register)
-from lab_utils.workers.args import TrainConfig, WorkerArgs
+from lab_utils.workers.args import WorkerArgs
+from lab_utils.workers.gpt_train import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_FIELDS = ("dataset", "corpus")
@@ -48,7 +49,7 @@ def test_no_settings_default_overrides_the_environment():
                 assert not set(values) & set(DATA_FIELDS), (cls.__qualname__, profile)
     assert {"sweep.Settings.dataset", "scaling.Settings.dataset", "large_batch.Settings.dataset",
             "fastpath.Settings.dataset", "gpt.Settings.corpus", "args.WorkerArgs.dataset",
-            "args.TrainConfig.corpus"} <= set(checked), checked
+            "gpt_train.TrainConfig.corpus"} <= set(checked), checked
 
 
 @pytest.mark.timeout(60)

@@ -189,14 +189,14 @@ def _check_q04_ring_bytes(f):
 
 
 def _check_q04_utilization(f):
-    """Table 3's own rows (comm.utilization_rows, which calls lab_utils.core.ring.achieved_gb_per_s);
+    """Table 3's own rows (comm_tables.utilization_rows, which calls lab_utils.core.ring.achieved_gb_per_s);
     by hand: 2 x 128 on CIFAR-10, 196 steps x 1.0 x 44,695,848 B = 8,760,386,208 B / 1.07 s = 8.1873 GB/s."""
-    from lab_utils.experiments import comm
+    from lab_utils.experiments import comm_tables
 
     for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3), (3, 100, 2.0)):
-        m = comm.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce", seconds=t,
-                                 grad_bytes=44_695_848, dataset_size=50_000)
-        row = comm.utilization_rows([m], None)[0]
+        m = comm_tables.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce",
+                                        seconds=t, grad_bytes=44_695_848, dataset_size=50_000)
+        row = comm_tables.utilization_rows([m], None)[0]
         got = f(row["grad_bytes"], n, row["steps_per_epoch"], t)
         assert math.isclose(got, row["achieved_gb_per_s"], rel_tol=1e-12)
     assert math.isclose(f(44_695_848, 2, 196, 1.07), 196 * 44_695_848 / 1.07 / 1e9, rel_tol=1e-12)
@@ -415,16 +415,16 @@ def test_docstrings_give_units_and_inputs_not_the_formula(masters):
 
 
 @pytest.mark.timeout(240)
-def test_q07_table_shows_the_payload_the_exercise_predicts(masters, store):
+def test_q07_table_shows_the_payload_the_exercise_predicts(masters):
     """Notebook 07's table has `payload_bytes` (the exercise's answer, measured) next to `size_bytes`
     (the torch.save file: larger by the zip container), and keeps its other columns."""
     import torch
-    from store_helpers import lab_for
 
     from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
     from lab_utils.experiments.quantize_tables import quantization_table
     from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.workers.quantize import measure_device
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")
@@ -432,11 +432,14 @@ def test_q07_table_shows_the_payload_the_exercise_predicts(masters, store):
     cfg = gpt_config("tiny", vocab_size=65)
     model = GPT(cfg)
     val = torch.randint(0, cfg.vocab_size, (600,))
-    mut = Q.ModelUnderTest(model, val, cfg.block_size, "exercise-07", dataset="random", synthetic=True)
+    mut = Q.ModelUnderTest(model, val, cfg.block_size, dataset="random", synthetic=True)
     s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_weight_only"),
                           devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2,
                           warmup=0, repeats=1)
-    table = quantization_table(Q.measure(lab_for(store), s, mut, show_progress=False)).set_index("variant")
+    recs = measure_device(mut, s.variants, "cpu", s.measure_key())   # the worker's rows (config: the plan's)
+    for v, r in zip(s.variants, recs):
+        r.config = {"variant": v, "device": "cpu"}
+    table = quantization_table(recs).set_index("variant")
     cols = list(table.columns)
     assert cols[cols.index("size_bytes") + 1] == "payload_bytes" and "size_vs_fp32" in cols
     predict = solution(masters, "07_quantization", "q07_int8_size")

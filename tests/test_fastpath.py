@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,17 +24,23 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from store_helpers import lab_for
 
-from lab_utils.core import data, profiles
+from lab_utils.core import data, estimates, profiles
 from lab_utils.core.data import DeviceLoader
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import fast_train, fastpath, fastpath_tables
-from lab_utils.experiments.fast_train import TrainOptions
+from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.experiments import fastpath, fastpath_tables
 from lab_utils.experiments.fastpath import Settings
+from lab_utils.plan import make_plan, measure
+from lab_utils.workers import fast_train
+from lab_utils.workers import fastpath as worker
+from lab_utils.workers.fast_train import TrainOptions
 
 MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
 CHI2_CRIT_DF8 = 26.12    # chi-square, 8 degrees of freedom, p = 0.001
 CHI2_CRIT_DF80 = 124.84  # 80 degrees of freedom, p = 0.001
+CPU = Machine(gpus=0, cores=2)
+H100 = Machine(gpus=1, gpu_name="NVIDIA H100 80GB HBM3", cores=16, bf16=True)
 
 
 def tiny(**kw) -> Settings:
@@ -214,17 +221,64 @@ def test_waterfall_is_cumulative_and_plans_skips():
     steps = fast_train.waterfall_steps(2)
     assert [s[0] for s in steps] == list(fast_train.STEP_NAMES)
     fields = ("loader", "channels_last", "bf16", "sgd", "compile")
-    for (_, _, prev), (_, _, cur) in zip(steps, steps[1:]):
+    for (_, _, prev, _), (_, _, cur, _) in zip(steps, steps[1:]):
         changed = [f for f in fields if getattr(prev, f) != getattr(cur, f)]
         assert len(changed) == 1  # exactly one change per step
     last = steps[-1][2]
     assert last == TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused", compile=True)
     quick = profiles.settings(fastpath.Settings, "quick")
-    plan = fastpath.plan_waterfall(quick, torch.device("cpu"), "quick")
-    reasons = {name: reason for name, _, _, reason in plan}
+    reasons = {name: reason for name, _, _, reason in fastpath.waterfall(quick, CPU, "quick")}
     assert reasons["compile"].startswith("skipped in quick profile")
     assert all(reasons[n] is None for n in fast_train.STEP_NAMES if n != "compile")
     assert [s[0] for s in fast_train.waterfall_steps(2, ["bf16"])] == ["spec", "bf16"]  # spec always first
+    # a GPU without bf16: the row says why, and the later rows build on the last one that ran
+    v100 = fastpath.waterfall(quick, Machine(gpus=1, gpu_name="Tesla V100-SXM2-16GB", cores=8), "quick")
+    assert v100[3][3] == "this GPU has no bf16 (needs Ampere or newer)" and not v100[4][2].bf16
+
+
+def test_the_plans_launch_on_a_gpu_and_run_here_on_a_cpu():
+    """Every run of the four experiments goes through the launcher on a GPU (one process, no group);
+    the loader benchmark, the waterfall and the accuracy check are side-by-side groups (one launch,
+    reused whole); on a CPU the same runs are in this process, but a waterfall with a live compile row."""
+    full = profiles.settings(Settings, "full")
+    experiments = (fastpath.LOADER_EXPERIMENT, fastpath.WATERFALL_EXPERIMENT, fastpath.TRACE_EXPERIMENT,
+                   fastpath.ACCURACY_EXPERIMENT)
+    for e in experiments:
+        runs = make_plan(e, full, H100, "full")
+        assert runs and all(r.worker is worker and r.device == "cuda" and not r.in_process
+                            and r.processes == 1 and r.options["process_group"] is False and r.skip is None
+                            for r in runs), e.name
+        together = e is not fastpath.TRACE_EXPERIMENT
+        assert {(r.group, r.together) for r in runs} == {(e.name if together else None, together)}, e.name
+    waterfall = make_plan(fastpath.WATERFALL_EXPERIMENT, full, H100, "full")
+    assert [r.config["step"] for r in waterfall] == list(fast_train.STEP_NAMES)
+    assert waterfall[-1].config["compile"] and waterfall[0].config["device"] == "cuda"
+    trace = make_plan(fastpath.TRACE_EXPERIMENT, full, H100, "full")[0]
+    assert trace.config["step"] == "compile" and trace.options["trace_path"].endswith("fastpath_compile.json")
+    quick = profiles.settings(Settings, "quick")
+    for e in experiments:
+        assert all(r.in_process and r.device == "cpu" for r in make_plan(e, quick, CPU, "quick")), e.name
+    compiled = make_plan(fastpath.WATERFALL_EXPERIMENT, replace(quick, compile=True), CPU, "quick")
+    assert not any(r.in_process for r in compiled)  # its own process, which the row's time limit can end
+    assert make_plan(fastpath.TRACE_EXPERIMENT, replace(quick, fast_step="bf16"), CPU, "quick")[0].config[
+        "step"] == "bf16"
+    with pytest.raises(LabError, match="fast_step 'compile' is not a waterfall step that runs here"):
+        make_plan(fastpath.TRACE_EXPERIMENT, replace(quick, fast_step="compile"), CPU, "quick")
+
+
+def test_cost_on_the_budget_node_by_hand():
+    """The spec row is the cohort's 1-GPU epoch at 128 (33.64 s), a compiled row adds COMPILE_S, a bf16
+    fast row is 50,000 x 3.329 GFLOP at 30 % of 989 TFLOP/s; the accuracy check's 8 epochs."""
+    full = profiles.settings(Settings, "full")
+    rows = make_plan(fastpath.WATERFALL_EXPERIMENT, full, BUDGET_NODE, "full")
+    fast = 50_000 * 3.329e9 / (0.30 * 989e12)
+    assert [fastpath.cost(r) for r in rows[::3]] == pytest.approx([33.64, fast], rel=1e-3)
+    assert fastpath.cost(rows[-1]) == pytest.approx(estimates.COMPILE_S + fast, rel=1e-3)
+    spec, fastest = make_plan(fastpath.ACCURACY_EXPERIMENT, full, BUDGET_NODE, "full")
+    assert fastpath.cost(spec) == pytest.approx(8 * (33.64 + 0.2 * 33.64))
+    assert fastpath.cost(fastest) == pytest.approx(estimates.COMPILE_S + 8 * 1.2 * fast, rel=1e-3)
+    loaders = make_plan(fastpath.LOADER_EXPERIMENT, full, BUDGET_NODE, "full")
+    assert [fastpath.cost(r) for r in loaders] == [full.data_min_seconds] * 2
 
 
 @pytest.mark.parametrize("opts", [
@@ -269,7 +323,7 @@ def test_peak_precision_per_row():
 
 def test_bench_data_records_ratio_and_resumes(store):
     s = tiny(num_workers=2)  # the spec pipeline's worker processes, as in the assignment
-    recs = fastpath.measure_data(lab_for(store), s)
+    recs = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)
     spec, dev = recs
     assert spec.config["pipeline"] == "spec" and dev.config["pipeline"] == "device"
     assert spec.synthetic and dev.dataset == "synthetic CIFAR-10 stand-in"
@@ -278,7 +332,7 @@ def test_bench_data_records_ratio_and_resumes(store):
     ratio = dev.metrics["loader_images_per_s"] / spec.metrics["loader_images_per_s"]
     assert dev.metrics["ratio_to_spec"] == pytest.approx(ratio)
     assert dev.metrics["run_id"] == spec.metrics["run_id"]
-    again = fastpath.measure_data(lab_for(store), s)  # stored together: not measured again
+    again = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)  # stored together: not measured again
     assert [r.metrics["run_id"] for r in again] == [spec.metrics["run_id"]] * 2
     table = fastpath_tables.data_table(again)
     assert list(table["ratio_to_spec"]) == [1.0, pytest.approx(ratio)]
@@ -286,7 +340,7 @@ def test_bench_data_records_ratio_and_resumes(store):
 
 def test_bench_train_rows_metrics_and_skips(store):
     s = tiny(steps=("spec", "device_loader", "bf16", "compile"))
-    recs = fastpath.measure(lab_for(store), s)
+    recs = measure(lab_for(store), fastpath.WATERFALL_EXPERIMENT, s)
     by = {r.config["step"]: r for r in recs}
     assert list(by) == ["spec", "device_loader", "bf16", "compile"]
     assert by["compile"].status == "skipped" and "skipped in quick profile" in by["compile"].reason
@@ -309,8 +363,8 @@ def test_bench_train_rows_metrics_and_skips(store):
     assert table["status"].iloc[-1].startswith("skipped in quick profile")
     fig = fastpath_tables.waterfall_figure(recs)
     assert store.save_figure(fig, "fastpath_waterfall", recs).exists()
-    step, opts = fastpath_tables.fastest_options(recs)
-    assert step in ("spec", "device_loader", "bf16") and not opts.compile
+    assert fastpath_tables.fastest_step(recs) == max(recs[:3], key=lambda r: r.metrics["epoch_images_per_s"]
+                                                      ).config["step"]
     text = fastpath_tables.loader_bound_summary([], recs)
     assert "Not enough" in text
 
@@ -352,19 +406,21 @@ def test_compile_step_runs_and_reports_compile_time(tmp_path):
 
 def test_trace_is_perfetto_json_with_top_operators(store):
     s = tiny()
-    res = fastpath.measure_trace(lab_for(store), s, TrainOptions(loader="device"), "device_loader")
-    assert res.path.parent == store.root / "traces" and res.path.exists()
-    trace = json.loads(res.path.read_text())
+    [rec] = measure(lab_for(store), fastpath.TRACE_EXPERIMENT, replace(s, fast_step="device_loader"))
+    path = store.root / "traces" / "fastpath_device_loader.json"
+    assert rec.metrics["trace_path"] == str(path) and rec.config["loader"] == "device"
+    trace = json.loads(path.read_text())
     assert trace["traceEvents"]  # Chrome trace format, which Perfetto opens
     names = {e.get("name") for e in trace["traceEvents"]}
     assert "train_step" in names and "data_loader" in names
-    ops = res.top_ops
+    ops = fastpath_tables.top_ops_table([rec])
     assert 0 < len(ops) <= 5 and (ops["self_ms"] >= 0).all()
     assert ops["percent"].sum() <= 100.0 + 1e-6
     assert list(ops["self_ms"]) == sorted(ops["self_ms"], reverse=True)
     assert any(str(o).startswith("aten::") for o in ops["operator"])
-    again = fastpath.measure_trace(lab_for(store), s, TrainOptions(loader="device"), "device_loader")
-    assert again.record.timestamp == res.record.timestamp  # resumed from the store
+    [again] = measure(lab_for(store), fastpath.TRACE_EXPERIMENT, replace(s, fast_step="device_loader"))
+    assert again.timestamp == rec.timestamp  # resumed from the store
+    assert "self time = CPU time" in fastpath_tables.trace_notes([again])[1]
 
 
 def test_top_operators_leave_out_record_function_ranges():
@@ -380,12 +436,12 @@ def test_top_operators_leave_out_record_function_ranges():
             with record_function("train_step"):
                 model(batch).sum().backward()
     assert any(e.key == "train_step" and e.is_user_annotation for e in prof.key_averages())
-    rows = fastpath.top_operators(prof, n=1000, device_type="cpu")
+    rows = worker.top_operators(prof, n=1000, device_type="cpu")
     names = {r["operator"] for r in rows}
     assert not names & {"data_loader", "train_step"} and "aten::addmm" in names
     # percent is of the operators' total self CPU time: over all operators it adds up to 100
     assert sum(r["percent"] for r in rows) == pytest.approx(100.0)
-    top = fastpath.top_operators(prof, n=3, device_type="cpu")
+    top = worker.top_operators(prof, n=3, device_type="cpu")
     assert [r["operator"] for r in top] == [r["operator"] for r in rows[:3]]
 
 
@@ -415,7 +471,7 @@ def test_top_operators_on_a_gpu_count_each_kernel_once():
         _event("Memcpy HtoD", "CUDA", 100.0),                          # no operator launched it
     ]
     prof = SimpleNamespace(key_averages=lambda: events)
-    rows = fastpath.top_operators(prof, n=10, device_type="cuda")
+    rows = worker.top_operators(prof, n=10, device_type="cuda")
     assert [r["operator"] for r in rows[:2]] == ["aten::convolution", "aten::addmm"]
     assert "train_step" not in {r["operator"] for r in rows}
     assert "sm90_xmma_fprop_kernel" not in {r["operator"] for r in rows}  # not counted twice
@@ -427,9 +483,10 @@ def test_top_operators_on_a_gpu_count_each_kernel_once():
 
 def test_accuracy_check_compares_two_runs(store):
     s = tiny()
-    fast = TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused")
-    recs = fastpath.measure_accuracy(lab_for(store), s, fast, "fused_sgd")
+    fast = TrainOptions(loader="device", channels_last=True, bf16=True, sgd="fused", num_workers=0)
+    recs = measure(lab_for(store), fastpath.ACCURACY_EXPERIMENT, replace(s, fast_step="fused_sgd"))
     assert [r.config["run"] for r in recs] == ["spec", "fused_sgd"]
+    assert TrainOptions.from_config(recs[1].config) == fast
     for r in recs:
         assert r.status == "ok" and 0.0 <= r.metrics["test_accuracy"] <= 1.0
         assert math.isfinite(r.metrics["test_loss"]) and r.config["test_images"] == 40
@@ -438,9 +495,9 @@ def test_accuracy_check_compares_two_runs(store):
     assert table["difference_points"].iloc[1] == pytest.approx(diff)
     lines = fastpath_tables.targets_summary([], [], recs)
     assert "within 1 point" in lines[-1]
-    skipped = fastpath.measure_accuracy(lab_for(store), tiny(accuracy_epochs=0), fast, "fused_sgd")
+    skipped = measure(lab_for(store), fastpath.ACCURACY_EXPERIMENT, tiny(accuracy_epochs=0))
     assert skipped[0].status == "skipped" and "accuracy_epochs is 0" in skipped[0].reason
-    same = fastpath.measure_accuracy(lab_for(store), s, TrainOptions(num_workers=0), "spec")
+    same = measure(lab_for(store), fastpath.ACCURACY_EXPERIMENT, replace(s, fast_step="spec"))
     assert same[0].status == "skipped" and "nothing to compare" in same[0].reason
 
 
@@ -472,10 +529,13 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     "gpuGetDeviceCount failed" on a machine without a GPU (a fresh process: kineto reads its
     log level once)."""
     code = textwrap.dedent("""
-        from lab_utils.experiments import fast_train, fastpath
+        from lab_utils.core.machine import Machine
+        from lab_utils.experiments import fastpath
+        from lab_utils.plan import measure
         s = fastpath.Settings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
-                                  warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic").validate()
-        fastpath.measure_trace("quick", s, fast_train.TrainOptions(loader="device"), "dl", device="cpu")
+                              warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic",
+                              fast_step="device_loader").validate()
+        measure("quick", fastpath.TRACE_EXPERIMENT, s, machine=Machine(cores=1), verbose=False)
         print("traced")
     """)
     env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
@@ -485,3 +545,21 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     assert "traced" in res.stdout
     for noise in ("gpuGetDeviceCount", "profiler_start", "profiler_stop"):
         assert noise not in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_row_past_its_time_limit_is_an_error_row_that_says_why(store):
+    """The watchdog in a launched waterfall: the row's failure file (not the log's words) says why, the
+    row is stored as an error (measured again next time), the rows after it are not run, one error."""
+    from lab_utils.core.errors import LaunchError
+
+    # 1024 images through the PIL pipeline and 32 steps: far longer than the row's 0.1 s
+    s = tiny(steps=("spec", "device_loader"), train_images=1024, row_timeout_s=0.1)
+    runs = [replace(r, in_process=False) for r in make_plan(fastpath.WATERFALL_EXPERIMENT, s, CPU, "quick")]
+    with pytest.raises(LaunchError, match="did not finish within 0.1 s") as e:
+        measure(lab_for(store), fastpath.WATERFALL_EXPERIMENT, s, runs=runs, verbose=False)
+    assert "1 run(s) of bench_train failed" in str(e.value)
+    [row] = store.records("bench_train")
+    assert (row.config["step"], row.status) == ("spec", "error")
+    assert "waterfall row 'spec'" in row.reason and "raise --row-timeout" in row.reason

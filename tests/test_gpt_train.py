@@ -1,4 +1,5 @@
-"""GPT training: gradient accumulation equivalences, aggregation over ranks, the worker."""
+"""GPT training: gradient accumulation equivalences, aggregation over ranks, the worker, notebook 06's plans
+(made for a 4-GPU node on this CPU) and tables."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import StepOptions, train_steps
+from lab_utils.core.machine import Machine
 from lab_utils.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
 from lab_utils.workers import gpt_train
-from lab_utils.workers.args import TrainConfig
-from lab_utils.workers.gpt_train import gpt_epoch, plan_steps, saved_activation_bytes
+from lab_utils.workers.gpt_train import TrainConfig, build_records, plan_steps, saved_activation_bytes
+from lab_utils.workers.harness import Job, execute
 
 VOCAB, K, B, T = 11, 4, 3, 16
 
@@ -142,7 +145,7 @@ def test_plan_steps_by_hand():
     assert plan_steps(cfg, 1000, 2) == (62, 20, 40)
     cfg = TrainConfig(batch_size=8, accumulation_steps=3, epochs=2, steps_per_epoch=5, max_steps=7)
     assert plan_steps(cfg, 1000, 2) == (62, 5, 7)
-    with pytest.raises(LabError, match="batch-size"):
+    with pytest.raises(LabError, match="lower the batch size"):
         plan_steps(TrainConfig(batch_size=400, accumulation_steps=2), 1000, 2)
 
 
@@ -151,31 +154,47 @@ def test_config_is_checked_before_work():
         TrainConfig(dtype="fp8").validate()
     with pytest.raises(LabError, match="accumulation"):
         TrainConfig(accumulation_steps=0).validate()
-    assert gpt_train.main(["--size", "nano", "--out", os.devnull]) == 2
+    with pytest.raises(LabError, match="size"):
+        TrainConfig(size="nano", corpus="stdlib").validate()
+    for corpus in ("auto", None):
+        with pytest.raises(LabError, match="corpus"):
+            TrainConfig(corpus=corpus).validate()  # the plan resolves it
+    cfg = TrainConfig(devices=2, batch_size=4, corpus="stdlib")
+    assert TrainConfig.from_config(cfg.config()) == cfg and cfg.config()["record"] == "aggregate"
 
 
-def _rank(rank, epoch_s, train_s, tokens=1000, comm=0.5):
-    return {"rank": rank, "epoch": 1, "steps": 10, "tokens": tokens, "epoch_seconds": epoch_s,
-            "train_seconds": train_s, "train_loss": 3.0, "train_loss_rank": 2.0 + rank,
-            "data_loading_seconds": 0.1,
-            "data_movement_seconds": 0.2, "compute_seconds": train_s - 0.8, "communication_seconds": comm,
-            "validation_seconds": epoch_s - train_s, "allreduce_seconds": 2 * comm,
-            "exposed_comm_seconds": comm, "overlap_seconds": comm}
+def _rank(rank, epoch_s, train_s, tokens=1000, comm=0.5, buckets=1):
+    entry = {"rank": rank, "epoch": 1, "steps": 10, "tokens": tokens, "epoch_seconds": epoch_s,
+             "train_seconds": train_s, "train_loss": 3.0, "train_loss_rank": 2.0 + rank, "val_loss": 1.9,
+             "data_loading_seconds": 0.1, "data_movement_seconds": 0.2, "compute_seconds": train_s - 0.8,
+             "communication_seconds": comm, "validation_seconds": 0.5, "exposed_comm_seconds": comm,
+             "allreduce_seconds": 2 * comm, "overlap_fraction": 0.5, "peak_memory_bytes": None}
+    timers = [{"timer": "run", "count": 1, "total_seconds": 20.0 + rank, "mean_seconds": 20.0 + rank}]
+    return {"epochs": [entry], "timers": timers, "comm_probe": {"buckets": buckets}}
 
 
-def test_aggregate_takes_the_slowest_rank_and_reports_the_mean():
-    ranks = [_rank(0, 10.0, 9.0), _rank(1, 12.0, 11.0, comm=0.3), _rank(2, 8.0, 7.0)]
-    agg = gpt_epoch(ranks, val_loss=1.9, peak=1e6, flops_per_token=100.0)
-    assert agg["slowest_rank"] == 1 and agg["fastest_rank"] == 2
-    assert agg["epoch_seconds"] == 12.0
-    assert agg["epoch_seconds_mean"] == pytest.approx(10.0)
-    assert agg["imbalance"] == pytest.approx(1.5)
-    assert agg["communication_seconds"] == 0.3          # the slowest rank's breakdown
-    assert agg["communication_seconds_mean"] == pytest.approx((0.5 + 0.3 + 0.5) / 3)
-    assert agg["tokens_per_s"] == pytest.approx(3000 / 11.0)   # all tokens / slowest training time
-    assert agg["mfu"] == pytest.approx(100.0 * 3000 / 11.0 / (3 * 1e6))
-    assert agg["train_loss"] == pytest.approx(3.0)   # all-reduced: the same on every rank
-    assert gpt_epoch(ranks, 1.9, None, 100.0)["mfu"] is None
+def test_the_records_take_the_slowest_rank_and_report_the_means():
+    """Rank 1 is the slowest (12 s epoch): its times, its probe and its timers are the aggregate's, the means
+    beside them; tokens/s = 3000 / 11 s; MFU = 100 FLOPs x 3000 / 11 / (3 devices x 1e6); per-rank records."""
+    gathered = [_rank(0, 10.0, 9.0), _rank(1, 12.0, 11.0, comm=0.3, buckets=3), _rank(2, 8.0, 7.0)]
+    run = {"flops_per_token": 100.0, "peak_flops_per_s": 1e6}
+    cfg = TrainConfig(devices=3, corpus="stdlib").config()
+    agg, *ranks = build_records("gpt_scaling", cfg, run, gathered, {})
+    m = agg.metrics
+    assert m["slowest_rank"] == 1 and m["fastest_rank"] == 2 and m["epoch_seconds"] == 12.0
+    assert m["epoch_seconds_mean"] == pytest.approx(10.0) and m["imbalance"] == pytest.approx(1.5)
+    assert m["communication_seconds"] == 0.3 and m["exposed_comm_seconds"] == 0.3   # the slowest rank's
+    assert m["communication_seconds_mean"] == pytest.approx((0.5 + 0.3 + 0.5) / 3)
+    assert m["exposed_comm_seconds_mean"] == pytest.approx((0.5 + 0.3 + 0.5) / 3)
+    assert m["tokens_per_s"] == pytest.approx(3000 / 11.0)   # all tokens / the slowest training time
+    assert m["mfu"] == pytest.approx(100.0 * 3000 / 11.0 / (3 * 1e6)) == m["epochs"][0]["mfu"]
+    assert m["train_loss"] == 3.0 and m["val_loss"] == 1.9 and m["allreduce_buckets"] == 3
+    assert m["timers"][0]["total_seconds"] == 21.0 and m["peak_memory_bytes"] is None
+    assert [(r.config["record"], r.config["rank"]) for r in ranks] == [("rank", 0), ("rank", 1), ("rank", 2)]
+    assert ranks[2].metrics["train_loss_rank"] == 4.0
+    assert ranks[2].metrics["timers"][0]["total_seconds"] == 22.0
+    run["peak_flops_per_s"] = None
+    assert build_records("gpt_scaling", cfg, run, gathered, {})[0].metrics["mfu"] is None
 
 
 # --------------------------------------------------------------------------- training
@@ -190,12 +209,15 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_loss_falls_on_the_offline_corpus(one_thread):
+def test_loss_falls_on_the_offline_corpus(one_thread, tmp_path):
+    """The worker in this process (the in-process path of a CPU run): 150 steps, the loss falls, the
+    checkpoint of the job option is written."""
     cfg = TrainConfig(size="tiny", batch_size=16, epochs=2, steps_per_epoch=75, corpus="stdlib",
                       max_chars=200_000, lr=3e-3, warmup_steps=10, val_batches=4)
-    [rec] = gpt_train.run_training(cfg)
+    job = Job("gpt_train", "quick", [cfg.config()], options={"save": str(tmp_path / "gpt.pt")})
+    [[rec, rank0]] = list(execute(gpt_train, job, DistContext()))
     run, epochs = rec.metrics, rec.metrics["epochs"]
-    assert rec.status == "ok" and rec.synthetic is True
+    assert rec.status == "ok" and rec.synthetic is True and rank0.config["rank"] == 0
     assert run["corpus"].startswith("python-stdlib")
     assert run["steps_done"] == 150 and run["parameters"] > 0
     initial = math.log(65)                                # an untrained model is near uniform
@@ -210,74 +232,167 @@ def test_loss_falls_on_the_offline_corpus(one_thread):
     names = {t["timer"] for t in run["timers"]}
     assert {"run", "run/epoch", "run/epoch/training", "run/epoch/validation",
             "run/epoch/training/forward", "run/epoch/training/loss", "run/epoch/training/backward"} <= names
+    _, payload = load_checkpoint(tmp_path / "gpt.pt")
+    assert payload["metrics"]["steps"] == 150 and run["checkpoint"] == str(tmp_path / "gpt.pt")
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_under_torchrun_report_every_rank(tmp_path):
-    from lab_utils.launcher import launch
+@pytest.mark.timeout(300)
+def test_the_final_model_on_two_gloo_ranks_reports_every_rank(store, monkeypatch, tmp_path):
+    """Notebook 06's final run through THE measure, on two gloo CPU processes (a launch): every rank's
+    record comes back, the aggregate's T(N) is the slowest rank's, the probe ran, the checkpoint is saved."""
+    from lab_utils.core import profiles
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.plan import measure
 
-    ckpt = tmp_path / "gpt.pt"
-    res = launch("lab_utils.workers.gpt_train",
-                 ["--size", "tiny", "--batch-size", "8", "--accumulation-steps", "2", "--epochs", "2",
-                  "--steps-per-epoch", "3", "--corpus", "stdlib", "--max-chars", "60000",
-                  "--val-batches", "2", "--probe-steps", "2", "--save", str(ckpt)],
-                 nproc=2, timeout_s=300, log_dir=tmp_path / "logs")
-    [rec] = res.records
-    run = rec.metrics
-    epochs = run["epochs"]
-    assert len(epochs) == 2 and run["world_size"] == 2 and run["backend"] == "gloo"
-    assert run["reported_epoch"] == 2 and sorted(r["rank"] for r in run["ranks"]) == [0, 1]
-    assert run["epoch_seconds"] == max(r["epoch_seconds"] for r in run["ranks"])  # the slowest rank's
-    for e in epochs:
-        assert e["tokens"] == 2 * 3 * 2 * 8 * 64       # ranks x steps x micro-steps x batch x block
-    for r in run["ranks"]:  # the reported epoch keeps every rank's dict
-        assert r["probe"]["sync_step_seconds"] > 0 and r["probe"]["buckets"] >= 1
-        assert r["communication_seconds"] >= 0 and r["allreduce_seconds"] > 0
-        phases = sum(r[f"{p}_seconds"] for p in ("data_movement", "compute", "communication"))
-        assert phases == pytest.approx(r["train_seconds"])  # no loader wait in it
-        assert r["epoch_seconds"] >= r["train_seconds"]
-    model, payload = load_checkpoint(ckpt)
-    assert payload["metrics"]["steps"] == 6 and payload["corpus"].startswith("python-stdlib")
+    monkeypatch.setattr(gx, "checkpoint_path", lambda profile: tmp_path / "gpt.pt")
+    s = profiles.settings(gx.Settings, "quick", max_chars=60_000, val_batches=2, train_batch_size=8,
+                          train_epochs=1, train_max_steps=3)
+    agg, *ranks = measure("quick", gx.TRAIN_EXPERIMENT, s, machine=Machine(gpus=0, cores=2))
+    run = agg.metrics
+    assert agg.status == "ok" and run["world_size"] == 2 and run["backend"] == "gloo"
+    assert run["reported_epoch"] == 1 and [r.config["rank"] for r in ranks] == [0, 1]
+    assert run["train_seconds"] == max(r.metrics["train_seconds"] for r in ranks)   # T(N): the slowest rank's
+    assert run["epoch_seconds"] == max(r.metrics["epoch_seconds"] for r in ranks)
+    assert [e["tokens"] for e in run["epochs"]] == [2 * 3 * 8 * 64]   # ranks x steps x batch x block
+    for r in ranks:
+        m = r.metrics
+        assert m["comm_probe"]["sync_step_seconds"] > 0 and m["comm_probe"]["buckets"] >= 1
+        assert m["communication_seconds"] >= 0 and m["epoch_allreduce_seconds"] > 0
+        assert m["allreduce_seconds"] > 0
+        phases = sum(m[f"{p}_seconds"] for p in ("data_movement", "compute", "communication"))
+        assert phases == pytest.approx(m["train_seconds"])  # no loader wait in it
+    assert {r.config["record"] for r in store.latest(gx.TRAIN)} == {"aggregate", "rank"}
+    _, payload = load_checkpoint(tmp_path / "gpt.pt")
+    assert payload["metrics"]["steps"] == 3 and payload["corpus"].startswith("python-stdlib")
+
+
+# --------------------------------------------------------------------------- the plans (a 4-GPU node here)
+
+H100 = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=64, bf16=True)
+
+
+def _full(**kw):
+    from lab_utils.core import profiles
+    from lab_utils.experiments import gpt as gx
+
+    return profiles.settings(gx.Settings, "full", **kw)
+
+
+def test_the_scaling_plan_launches_every_device_count_one_launch_each():
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.plan import make_plan
+
+    runs = make_plan(gx.SCALING_EXPERIMENT, _full(), H100, "full")
+    assert [(r.config["batch_size"], r.processes) for r in runs] == [(64, 1), (64, 2), (64, 4), (128, 1),
+                                                                    (128, 2), (128, 4)]
+    assert {(r.device, r.config["device_type"], r.in_process, r.skip, r.threads) for r in runs} == {
+        ("cuda", "cuda", False, None, None)}                     # T(1) launched like T(N)
+    assert [r.group for r in runs[:3]] == ["gpt_scaling 1", "gpt_scaling 2", "gpt_scaling 4"] == \
+        [r.group for r in runs[3:]]
+    c = runs[0].config
+    assert (c["size"], c["dtype"], c["stride"]) == ("small", "bf16", 32)
+    two = make_plan(gx.SCALING_EXPERIMENT, _full(), Machine(gpus=2, gpu_name="G", cores=8), "full")
+    assert [r.skip for r in two[:3]] == [None, None, "needs 4 GPUs (this machine has 2)"]
+    cpu = make_plan(gx.SCALING_EXPERIMENT, _full(), Machine(gpus=0, cores=2), "full")
+    assert [(r.device, r.threads, r.in_process) for r in cpu[:2]] == [("cpu", 1, False)] * 2
+    assert cpu[2].skip == "needs 4 GPUs (no GPU here; at most 2 gloo CPU processes)"
+
+
+def test_the_accumulation_and_final_plans():
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.models.gpt import checkpoint_path
+    from lab_utils.plan import make_plan
+
+    acc = make_plan(gx.ACCUMULATION_EXPERIMENT, _full(), H100, "full")
+    assert [(r.config["batch_size"], r.config["accumulation_steps"]) for r in acc][:2] == [(16, 64), (32, 32)]
+    assert {(r.processes, r.device, r.in_process, r.group) for r in acc} == {
+        (4, "cuda", False, gx.ACCUMULATION)}
+    cpu = make_plan(gx.ACCUMULATION_EXPERIMENT, _full(), Machine(gpus=0, cores=2), "full")
+    assert {(r.processes, r.device, r.in_process) for r in cpu} == {(1, "cpu", True)}
+    [final] = make_plan(gx.TRAIN_EXPERIMENT, _full(), H100, "full")
+    assert final.processes == 4 and final.options == {"save": str(checkpoint_path("full"))}
+    assert "save" not in final.config and final.config["epochs"] == 2     # the path is not part of the key
+    [cpu_final] = make_plan(gx.TRAIN_EXPERIMENT, _full(), Machine(gpus=0, cores=2), "full")
+    assert (cpu_final.processes, cpu_final.device, cpu_final.in_process) == (2, "cpu", False)
+
+
+def test_cost_by_hand():
+    """Full profile, small GPT (70,928,640 FLOPs per token), stride 32: (int(0.9 x 1,115,394) - 256) // 32 =
+    31,362 windows x 256 tokens x 2 epochs = 16,057,344 tokens; at micro-batch 64 the rate is 5 % of 989e12
+    x (2,100 / 16,000)^(2/3) = 0.25827 (64 = 1024 / 16 = 1024 / 64^(2/3)); x 1.1 for validation: 98.10 s."""
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.plan import make_plan
+
+    [one] = [r for r in make_plan(gx.SCALING_EXPERIMENT, _full(), H100, "full")
+             if r.processes == 1 and r.config["batch_size"] == 64]
+    assert gx.cost(one) == pytest.approx(98.10, abs=0.01)
+    doctor = make_plan(gx.SCALING_EXPERIMENT, gx.doctor_settings(_full()), H100, "full")
+    assert [(r.processes, r.config["batch_size"], r.config["steps_per_epoch"], r.config["epochs"])
+            for r in doctor] == [(1, 64, 2, 1), (2, 64, 2, 1), (4, 64, 2, 1)]
+    # the step cap: 2 steps x 64 x 256 = 32,768 tokens x 70,928,640 / 1.27715e13 FLOP/s x 1.1 = 0.2002 s
+    assert gx.cost(doctor[0]) == pytest.approx(0.2002, abs=1e-4)
+    [acc] = make_plan(gx.ACCUMULATION_EXPERIMENT, gx.doctor_settings(_full()), H100, "full")
+    c = acc.config
+    assert (c["batch_size"], c["accumulation_steps"], c["steps_per_epoch"]) == (16, 2, 1)
 
 
 # --------------------------------------------------------------------------- notebook tables
 
 
-def _scaling_record(n: int, bs: int, slowest: float, mean: float, comm: float = 0.1):
+def _scaling_records(n: int, bs: int, slowest: float, mean: float, comm: float = 0.1, tokens: int = 1000):
+    """A run as measure returns it: the aggregate (T(N) = ``slowest``, the mean over ranks ``mean``), then
+    one record per rank (the last rank the slowest)."""
     from lab_utils.store import Record
 
-    ranks = [{"rank": r, "epoch_seconds": slowest if r == n - 1 else mean, "train_seconds": 1.0,
-              "data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.8,
-              "communication_seconds": comm, "validation_seconds": 0.1, "train_loss": 2.0,
-              "train_loss_rank": 2.0, "tokens_per_s": 100.0} for r in range(n)]
-    m = {"epoch_seconds": slowest, "epoch_seconds_mean": mean, "backend": "gloo" if n > 1 else None,
-         "slowest_rank": n - 1, "imbalance": slowest / mean, "tokens_per_s": 1.0, "mfu": None,
-         "val_loss": 2.0, "compute_seconds": 0.8, "communication_seconds": comm, "allreduce_seconds": 0.3,
-         "exposed_comm_seconds": 0.2, "overlap_fraction": 1 / 3, "ranks": ranks, "train_seconds_mean": 1.0,
-         "data_loading_seconds_mean": 0.0, "data_movement_seconds_mean": 0.0, "compute_seconds_mean": 0.8,
-         "communication_seconds_mean": comm, "validation_seconds_mean": 0.1, "train_loss": 2.0}
-    return Record(experiment="gpt_scaling", config={"batch_size": bs, "devices": n}, metrics=m)
+    phases = {"data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.8,
+              "communication_seconds": comm, "validation_seconds": 0.1}
+    cfg = TrainConfig(devices=n, batch_size=bs, corpus="stdlib").config()
+    m = {"train_seconds": slowest, "train_seconds_mean": mean, "epoch_seconds_mean": mean + 0.5,
+         "backend": "gloo" if n > 1 else None, "slowest_rank": n - 1, "imbalance": slowest / mean,
+         "tokens": tokens, "tokens_per_s": tokens / slowest, "mfu": None, "val_loss": 2.0, "train_loss": 2.0,
+         "allreduce_seconds": 0.3, "epoch_allreduce_seconds": 0.4, "exposed_comm_seconds": 0.2,
+         "overlap_fraction": 1 / 3, "allreduce_buckets": 2, **phases,
+         **{f"{k}_mean": v for k, v in phases.items()}}
+    ranks = [Record("gpt_scaling", {**cfg, "record": "rank", "rank": r},
+                    {"epoch_seconds": (slowest if r == n - 1 else mean) + 0.5,
+                     "train_seconds": slowest if r == n - 1 else mean, "train_loss_rank": 2.0 + r, **phases})
+             for r in range(n)]
+    return [Record("gpt_scaling", cfg, m), *ranks]
 
 
 def test_scaling_tables_by_hand():
+    """T(1) = 10 s; on 2 devices the slowest rank's T(2) = 6 s, the mean 5 s: speedup 10/6 (2.0 if averaged);
+    derived compute T(1)/2 = 5 s, derived communication 6 - 5 = 1 s; every rank's own record in its table."""
     from lab_utils.experiments import gpt_tables as gt
     from lab_utils.store import Record
 
-    recs = [_scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0),
+    recs = [*_scaling_records(1, 64, 10.0, 10.0), *_scaling_records(2, 64, 6.0, 5.0),
             Record(experiment="gpt_scaling", config={"batch_size": 64, "devices": 4}, status="skipped",
                    reason="needs 4 GPUs")]
     t = gt.scaling_table(recs)
+    assert list(t["devices"]) == [1, 2, 4]
     two = t[t["devices"] == 2].iloc[0]
+    assert two["T(N): train (s), slowest rank"] == 6.0
     assert two["speedup T1/TN"] == pytest.approx(10 / 6)
     assert two["efficiency"] == pytest.approx(10 / 6 / 2)
     assert two["speedup if averaged over ranks"] == pytest.approx(2.0)  # averaging flatters: 2.0 > 1.67
     assert t[t["devices"] == 4].iloc[0]["reason"] == "needs 4 GPUs"
     c = gt.compute_comm_table(recs).iloc[0]
-    assert c["comm / compute"] == pytest.approx(0.1 / 0.8)
+    assert c["comm / compute"] == pytest.approx(0.1 / 0.8) and c["all-reduce in flight (s)"] == 0.4
     assert c["derived compute T1/N (s)"] == pytest.approx(5.0)
     assert c["derived comm TN - T1/N (s)"] == pytest.approx(1.0)
     ranks = gt.rank_table(recs)
     assert list(ranks["rank"]) == [0, 1, "mean"] and list(ranks["slowest"]) == ["", "yes", ""]
+    assert list(ranks["training (s)"]) == [5.0, 6.0, 5.0] and list(ranks["train loss"]) == [2.0, 3.0, 2.0]
+    assert list(ranks["epoch (s)"]) == [5.5, 6.5, 5.5]
+
+
+def test_the_speedup_of_every_table_by_hand():
+    from lab_utils.core.speedup import speedup
+
+    assert speedup(10.0, 4.0) == 2.5
+    assert speedup(None, 4.0) is None and speedup(10.0, 0.0) is None and speedup(float("nan"), 1.0) is None
 
 
 def test_settings_are_checked():
@@ -290,23 +405,24 @@ def test_settings_are_checked():
         profiles.settings(gx.Settings, "quick", colour="red")
     s = profiles.settings(gx.Settings, "quick", micro_batches=[4, 8])
     assert s.micro_batches == (4, 8) and s.size == "tiny"
-    cpu = gx.Devices("cpu", 2, 0, threads_per_process=1)
-    assert cpu.reason(2) is None and "needs 4 GPUs" in cpu.reason(4)
-    assert gx.Devices("cuda", 2, 2).reason(4) == "needs 4 GPUs (this machine has 2)"
+    with pytest.raises(LabError, match="size"):
+        profiles.settings(gx.Settings, "quick", size="huge")
+    assert gx.place(2, Machine(gpus=0, cores=4), 2) == ("cpu", None)
+    assert gx.place(2, Machine(gpus=2, cores=4), 2) == ("cuda", None)
+    assert gx.place(3, Machine(gpus=0, cores=4), 2) == ("cpu", "needs 3 GPUs (no GPU here; at most 2 gloo "
+                                                               "CPU processes)")
 
 
 def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
-    """1 device: 13 steps x 4,096 = 53,248 tokens in 10 s of training loop (5,324.8 tokens/s); 2 devices:
-    2 x 6 x 4,096 = 49,152 tokens in 5 s (9,830.4 tokens/s). Epoch-time speedup 10/6 = 1.667 compares
-    different work; the tokens/s speedup is 9,830.4 / 5,324.8 = 1.846."""
+    """1 device: 13 steps x 4,096 = 53,248 tokens in T(1) = 10 s (5,324.8 tokens/s); 2 devices: 2 x 6 x
+    4,096 = 49,152 tokens in T(2) = 5 s (9,830.4 tokens/s). T(1)/T(2) = 2.0 compares different work; per
+    token the speedup is 9,830.4 / 5,324.8 = 1.846."""
     from lab_utils.experiments import gpt_tables as gt
 
-    one, two = _scaling_record(1, 64, 10.0, 10.0), _scaling_record(2, 64, 6.0, 5.0)
-    one.metrics.update(tokens=53_248, tokens_per_s=53_248 / 10.0)
-    two.metrics.update(tokens=49_152, tokens_per_s=49_152 / 5.0)
-    t = gt.scaling_table([one, two])
+    t = gt.scaling_table([*_scaling_records(1, 64, 10.0, 10.0, tokens=53_248),
+                          *_scaling_records(2, 64, 5.0, 5.0, tokens=49_152)])
     r2 = t[t["devices"] == 2].iloc[0]
-    assert r2["speedup T1/TN"] == pytest.approx(10 / 6)
+    assert r2["speedup T1/TN"] == pytest.approx(2.0)
     assert r2["work vs 1 device"] == pytest.approx(49_152 / 53_248)          # 0.923
     assert r2["speedup on tokens/s (equal work)"] == pytest.approx(1.846, abs=1e-3)
     assert r2["efficiency on tokens/s"] == pytest.approx(0.923, abs=1e-3)
@@ -331,8 +447,8 @@ def test_gpt_probe_noise_flag():
     """Probe exposed 0.2 s with noise 0.1 s: 2 x 0.1 >= 0.2 -> flagged; noise 0.05 s -> a result."""
     from lab_utils.experiments import gpt_tables as gt
 
-    flagged, clear = _scaling_record(2, 64, 6.0, 5.0), _scaling_record(2, 128, 6.0, 5.0)
-    flagged.metrics["exposed_comm_noise_seconds"] = 0.1
-    clear.metrics["exposed_comm_noise_seconds"] = 0.05
-    c = gt.compute_comm_table([_scaling_record(1, 64, 10.0, 10.0), flagged, clear])
+    flagged, clear = _scaling_records(2, 64, 6.0, 5.0), _scaling_records(2, 128, 6.0, 5.0)
+    flagged[0].metrics["exposed_comm_noise_seconds"] = 0.1
+    clear[0].metrics["exposed_comm_noise_seconds"] = 0.05
+    c = gt.compute_comm_table([*_scaling_records(1, 64, 10.0, 10.0), *flagged, *clear])
     assert list(c["noise flag"]) == ["noise >= effect: not a result", ""]

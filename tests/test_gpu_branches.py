@@ -231,48 +231,38 @@ def test_memory_cap_and_cleanup_on_a_gpu(fake_gpu):
 
 
 def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
-    from lab_utils.experiments import sweep
-
     gpu = fake_gpu(count=2)
     gpu.allocate(3 * 2 ** 30, 1)
     gpu.release(2 * 2 ** 30, 1)
     dev = torch.device("cuda", 1)
     assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
     loop.reset_peak_memory(dev)
-    assert loop.peak_memory(dev) == 2 ** 30
-    gpu.allocate(2 ** 30, 1)          # 2 GiB held at the peak ...
-    gpu.release(2 ** 30, 1)           # ... 1 GiB still held when the next batch size starts
-    sweep._free_memory(dev)           # synchronize, empty the cache, fresh peak counter
-    assert gpu.synchronize_calls[-1] == 1 and gpu.empty_cache_calls == 1
     assert loop.peak_memory(dev) == 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
 
 
-def test_the_sweep_caps_the_gpu_memory_and_lifts_the_cap(fake_gpu, store, monkeypatch):
-    """sweep.measure on a (fake) GPU with a memory fraction: torch gets a float and an indexed device,
-    every measured batch is recorded with the GPU's name, and the cap is lifted afterwards."""
-    from lab_utils.experiments import sweep
+def test_the_sweep_worker_caps_the_gpu_memory(fake_gpu, monkeypatch):
+    """Notebook 01's worker on a (fake) GPU, before it trains: torch gets a float fraction and an indexed
+    device, the smaller of memory_fraction and memory_cap_bytes over the GPU's 80 GiB; no cap, no call."""
+    from lab_utils.workers import sweep as worker
+    from lab_utils.workers.harness import Job
 
     gpu = fake_gpu(count=1, name=A100)
-    measured = []
 
-    def measure_batch(bs, s, base, dev, workers):
-        measured.append((bs, gpu.fraction.get(0)))
-        return Record(sweep.EXPERIMENT, {}, metrics={"batch_size": bs, "train_seconds": 1.0},
-                      hardware=hardware.hardware_summary(str(dev), 1))
+    class Training(Exception):
+        pass
 
-    monkeypatch.setattr(sweep, "_measure_batch", measure_batch)
-    monkeypatch.setattr(sweep, "make_loaders", lambda **kw: None)
-    s = profiles.settings(sweep.Settings, "full", batch_sizes=(32, 128), memory_fraction=0.25,
-                          train_images=512)
-    records = sweep.measure(lab_for(store, "cuda", 1), s, verbose=False)
-    assert measured == [(32, 0.25), (128, 0.25)]
-    assert gpu.fraction_calls == [(0.25, 0), (1.0, 0)]
-    assert [r.hardware["device_name"] for r in records] == [A100, A100]
-    loader = sweep._loader(torch.utils.data.TensorDataset(torch.zeros(4, 1), torch.zeros(4)), 2, False, 0, 0)
-    assert loader.pin_memory   # pinned host memory for non-blocking copies to the GPU
-    with pytest.raises(LabError, match="memory_fraction limits a GPU's memory"):
-        sweep.measure(lab_for(store), profiles.settings(sweep.Settings, "quick", memory_fraction=0.5),
-                      verbose=False)
+    def training(**kw):
+        raise Training
+
+    monkeypatch.setattr(worker, "apply_training_backends", training)   # the first step after the cap
+    ctx = SimpleNamespace(device=torch.device("cuda"))
+    cfg = {"batch_size": 2, "cudnn_benchmark": True, "memory_fraction": 0.5, "memory_cap_bytes": 20 * 2 ** 30}
+    for fraction, cap in ((0.5, 20 * 2 ** 30), (None, 20 * 2 ** 30), (0.25, None), (None, None)):
+        with pytest.raises(Training):
+            worker.run_config({**cfg, "memory_fraction": fraction, "memory_cap_bytes": cap},
+                              Job("batch_sweep", "full", []), ctx, None)
+    assert gpu.fraction_calls == [(0.25, 0)] * 3
+    assert all(isinstance(f, float) for f, _ in gpu.fraction_calls)
 
 
 def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
@@ -290,71 +280,44 @@ def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
 
 
 def test_fast_path_choices_on_a_gpu(fake_gpu):
-    from lab_utils.experiments import fast_train, fastpath
+    from lab_utils.experiments import fastpath_tables
+    from lab_utils.workers import fast_train
 
     fake_gpu(name=A100)
-    assert fastpath._device(None) == torch.device("cuda")
     assert fast_train.resolved_sgd("default", torch.device("cuda")) == "foreach"
     assert fast_train.resolved_sgd("default", torch.device("cpu")) == "for-loop"
     rec = Record("fastpath_trace", {"step": "fast", "device": "cuda", "trace_steps": 3}, profile="full",
-                 metrics={"description": "d"})
-    notes = fastpath.TraceResult(rec, Path("results/full/traces/fastpath_fast.json"), None).notes
+                 metrics={"description": "d", "trace_path": "/x/results/full/traces/fastpath_fast.json"})
+    notes = fastpath_tables.trace_notes([rec])
     assert "self time = GPU kernel time" in notes[1] and "GPU total kernel time" in notes[1]
+    assert "results/full/traces/fastpath_fast.json" in notes[2]
 
 
 def test_comm_plans_on_gpus(fake_gpu):
-    from lab_utils.experiments import comm
+    """Notebook 04's plans for this (fake) GPU node: NCCL with a rank per GPU and every GPU of the node, a
+    rank count it lacks a row that says so, the compute step launched; one GPU: gloo CPU processes."""
+    from dataclasses import replace
 
-    gpu = fake_gpu(count=4)
-    assert comm.plan_bench() == comm._BenchPlan("nccl", 4, "cuda")
-    assert comm.plan_bench(2) == comm._BenchPlan("nccl", 2, "cuda")
-    with pytest.raises(LabError, match="8 ranks need 8 GPUs, this machine has 4"):
-        comm.plan_bench(8, "nccl")
-    with pytest.raises(LabError, match="5 ranks need 5 GPUs, this machine has 4"):
-        comm.plan_bench(5, "nccl")
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import comm
+    from lab_utils.plan import make_plan
+
+    gpu = fake_gpu(count=8)
+    s = replace(profiles.settings(comm.Settings, "quick"), bench_ranks=(2, 16))
+
+    def ranks():
+        runs = make_plan(comm.ALLREDUCE_BENCH_EXPERIMENT, s, Machine.here(), "quick")
+        return {(r.processes, r.config["backend"], r.device, r.skip) for r in runs}
+
+    assert ranks() == {(2, "nccl", "cuda", None), (8, "nccl", "cuda", None),
+                       (16, "nccl", "cuda", "needs 16 GPUs")}
+    [step] = make_plan(comm.COMPUTE_STEP_EXPERIMENT, s, Machine.here(), "quick")
+    assert (step.device, step.in_process, step.config["device_type"]) == ("cuda", False, "cuda")
     gpu.count = 1
-    one = comm.plan_bench()
-    assert (one.backend, one.nproc) == ("gloo", 2) and "one GPU only" in one.note
-    gpu.count = 2
-    assert comm.plan_bench(backend="gloo").note == ""    # 2 GPUs, gloo asked for: no note
-    gpu.count = 0
-    with pytest.raises(LabError, match="The nccl backend needs CUDA GPUs"):
-        comm.plan_bench(backend="nccl")
+    assert {r[:3] for r in ranks()} == {(2, "gloo", "cpu"), (16, "gloo", "cpu")}  # NCCL cannot share a GPU
     gpu.count = 2
     link = comm.detect_link_peak()
     assert link.gb_per_s == 300.0 and "NVLink" in link.description
-
-
-def test_gpt_runs_on_gpus(fake_gpu, store, monkeypatch, capsys):
-    from lab_utils.experiments import gpt
-
-    fake_gpu(count=2, name=A100)
-    seen = []
-
-    def measure(experiment, key, cfg, n, devs, store_, s):
-        seen.append((experiment, n, devs.kind))
-        return Record(experiment, key, metrics={"reported_epoch": 1, "epoch_seconds": 1.0, "slowest_rank": 0,
-                                                "tokens_per_s": 1.0, "val_loss": 1.0},
-                      hardware=hardware.hardware_summary(devs.kind, n))
-
-    monkeypatch.setattr(gpt, "_measure", measure)
-    from lab_utils.core import profiles
-
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,),
-                          micro_batches=(512,), effective_batch=1024)
-    devs = gpt.available_devices(s)
-    assert (devs.kind, devs.available, devs.gpus) == ("cuda", 2, 2)
-    assert devs.reason(4) == "needs 4 GPUs (this machine has 2)"
-    lab = lab_for(store, "cuda", 2)
-    gpt.measure(lab, s)
-    gpt.measure_accumulation(lab, s)
-    monkeypatch.setattr(gpt, "checkpoint_path", lambda profile: store.root / "ckpt.pt")
-    gpt.measure_final(lab, s)
-    out = capsys.readouterr().out
-    assert seen == [(gpt.SCALING, 1, "cuda"), (gpt.SCALING, 2, "cuda"), (gpt.ACCUMULATION, 2, "cuda"),
-                    (gpt.TRAIN, 2, "cuda")]
-    assert "batch 8/device x 2 GPU(es)" in out and "final training on 2 GPU(es)" in out
-    assert "skipped (needs 4 GPUs (this machine has 2))" in out
 
 
 def test_gpt_device_peak_on_a_gpu(fake_gpu):
@@ -367,54 +330,60 @@ def test_gpt_device_peak_on_a_gpu(fake_gpu):
     assert (precision, peak) == (("tf32", 495e12) if tf32 else ("fp32", 67e12))
 
 
-def test_large_batch_and_accounting_on_gpus(fake_gpu, store):
+def test_large_batch_and_accounting_on_gpus(fake_gpu):
+    """Notebook 05's plans for this (fake) 2-GPU node: the large runs on 2 GPUs x 2 accumulation steps with
+    NCCL, and it says so; the ledger on the GPUs; one GPU: the ledger on 2 gloo processes."""
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import large_batch as lb
 
-    fake_gpu(count=2, name=A100)
-    assert lb._hardware("nccl", 2)["device_name"] == A100 and lb._hardware("nccl", 2)["device_type"] == "cuda"
-    from lab_utils.core import profiles
-
+    gpu = fake_gpu(count=2, name=A100)
     full = profiles.settings(lb.Settings, "full")
-    assert lb._comm_plan(full, 2) == (2, "nccl")
-    plan = lb.plan_devices(full)
-    assert (plan.large_devices, plan.backend, plan.accumulation_steps) == (2, "nccl", 2)
+    plan = lb.plan_devices(full, Machine.here())
+    assert (plan.large_devices, plan.backend, plan.accumulation_steps, plan.device) == (2, "nccl", 2, "cuda")
     assert "this machine has 2 GPU(s)" in plan.note
+    runs = lb.plan(full, Machine.here(), "full")
+    assert [r.processes for r in runs] == [1, 2, 2, 2, 2] and {r.device for r in runs} == {"cuda"}
+    [ledger] = lb.plan_accounting(full, Machine.here(), "full")
+    assert (ledger.processes, ledger.device, ledger.config["backend"]) == (2, "cuda", "nccl")
+    gpu.count = 1
+    [one] = lb.plan_accounting(full, Machine.here(), "full")
+    assert (one.processes, one.device, one.config["backend"]) == (2, "cpu", "gloo")
 
 
 def test_the_large_batch_table_says_gpu(fake_gpu):
     """Runs on (fake) 4 GPUs, NCCL records: 'N x GPU' rows, and the full layout is 'as asked'."""
-    from lab_utils.core import profiles
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import large_batch as lb
     from lab_utils.experiments import large_batch_tables as lbt
 
     fake_gpu(count=4)
     s = profiles.settings(lb.Settings, "full")
-    plan = lb.plan_devices(s, gpus=4)
-    runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
-    recs = [Record(lb.EXPERIMENT, lb.worker_args(s, r, "full").record_config(r.devices, "nccl"),
-                   status="skipped", reason="not run here") for r in runs]
+    recs = [Record(lb.EXPERIMENT, r.config, status="skipped", reason="not run here")
+            for r in lb.plan(s, Machine.here(), "full")]
     t = lbt.large_batch_table(recs, s)
     assert list(t["devices"]) == ["1 x GPU"] + ["4 x GPU"] * 4
     assert list(t["vs assignment"]) == ["as asked"] * 5
 
 
 def test_asking_for_cuda_without_a_gpu_is_one_sentence():
-    from lab_utils.experiments import fastpath
+    from lab_utils.experiments import fastpath_tables
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(LabError, match="--device cuda was asked for but no CUDA device is visible"):
         labdist.init_distributed(device="cuda")
     with pytest.raises(LabError, match="device='cuda' was asked for but torch sees no GPU"):
-        fastpath._device("cuda")
+        fastpath_tables._machine("cuda")
 
 
 def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
-    from lab_utils.core import profiles
     from lab_utils.experiments import quantize as Q
+    from lab_utils.plan import make_plan
+    from lab_utils.workers import quant_model as QM
 
     fake_gpu(name=A100)
-    assert Q.devices_to_run(profiles.settings(Q.Settings, "quick")) == ["cpu", "cuda"]
+    runs = make_plan(Q.QUANTIZATION_EXPERIMENT, profiles.settings(Q.Settings, "quick"), profile="quick")
+    assert sorted({r.device for r in runs}) == ["cpu", "cuda"]
     fp32 = Q.check_variant("fp32", "cuda")
     assert fp32.ok and fp32.kernel == "cuBLAS fp32 GEMM (true fp32)"     # torch's default for matmuls
     before = torch.backends.cuda.matmul.allow_tf32
@@ -431,7 +400,7 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
         assert "torch._int_mm (cuBLAS)" in dyn.kernel
     from lab_utils.models.gpt import GPT, gpt_config
 
-    kept = Q.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
+    kept = QM.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
     assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
 
 
@@ -440,7 +409,6 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
     from lab_utils.experiments import scaling
 
     fake_gpu(count=2, name=A100)
-    from lab_utils.core import profiles
 
     s = profiles.settings(scaling.Settings, "quick")
     p = scaling._place(scaling.DDP, 2, 2, s, 16)
@@ -482,7 +450,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
 
 def test_worker_records_name_the_gpu(fake_gpu):
     from lab_utils.workers import args as ddp_args
-    from lab_utils.workers import comm_accounting, ddp
+    from lab_utils.workers import ddp
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
@@ -498,9 +466,19 @@ def test_worker_records_name_the_gpu(fake_gpu):
     rec = ddp.build_records(args, ctx, gathered, summary)[0]
     assert rec.hardware["device_name"] == A100 and rec.hardware["backend"] == "nccl"
     assert "threads_per_process" not in rec.hardware
-    acc = ddp_args.AccountingArgs(width=2, batch_size=2, steps=1, backend="nccl", profile="quick").validate()
-    rec = comm_accounting.build_record(acc, ctx, [{"model_bytes": {"parameters": 1}}] * 2)
+
+
+def test_the_ledger_record_names_the_gpu(fake_gpu):
+    from lab_utils.workers import comm_accounting
+    from lab_utils.workers.harness import Job
+
+    fake_gpu(count=2, name=A100)
+    ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
+    config = {"width": 2, "batch_size": 2, "steps": 1, "devices": 2, "backend": "nccl"}
+    rec = comm_accounting.build_record(config, Job("comm_accounting", "quick", [config]), ctx,
+                                       [{"model_bytes": {"parameters": 1}}] * 2)
     assert rec.hardware["device_name"] == A100 and rec.hardware["device_count"] == 2
+    assert rec.config == config and rec.profile == "quick"
 
 
 def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
@@ -510,19 +488,6 @@ def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
     allreduce_bench._sync(torch.device("cuda", 1))
     allreduce_bench._sync(torch.device("cpu"))
     assert gpu.synchronize_calls == [1]
-
-
-def test_job_plan_on_a_gpu_node(fake_gpu, results_dir, capsys):
-    from lab_utils import job_plan
-
-    fake_gpu(count=2, name=A100)
-    job_plan.main("plan", "scaling", "quick", "2", "nccl", "", "0", "", "--")
-    assert capsys.readouterr().out.splitlines()[0] == "32 128 512"
-    job_plan.main("oom", "scaling", "quick", "2", "nccl", "128", "0", "", "--")
-    from lab_utils.store import ResultStore
-
-    rec = ResultStore("quick").records("scaling")[-1]
-    assert rec.status == "oom" and rec.hardware["device_name"] == A100 and rec.config["device_type"] == "cuda"
 
 
 def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
@@ -604,7 +569,7 @@ def test_the_target_is_met_and_the_markdown_is_current():
 
 @pytest.mark.parametrize("branch", [b for b in inventory.INVENTORY if b.cuda_only and not b.test],
                          ids=lambda b: f"{b.file}:{b.function}#{b.occurrence}")
-def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path):
+def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_path, fake_gpu):
     """The doctor check a site is left to really runs that site's code: it launches the site's worker, or
     calls its function in-process (on this CPU the check is stopped there, with a launcher that records
     what it starts)."""
@@ -627,7 +592,11 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
                      {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
         return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
 
+    def stream(mod, job, nproc=2, **kw):  # what lab_utils.plan.measure launches through (experiment rows)
+        yield from launch(mod, job, nproc, **kw).records
+
     monkeypatch.setattr(launcher, "launch", launch)
+    monkeypatch.setattr(launcher, "stream", stream)
     if not module.startswith("lab_utils.workers."):   # run in-process: stop at the site's function
         mod = importlib.import_module(module)
         top = branch.function.split(".")[0]
@@ -638,6 +607,8 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
 
         monkeypatch.setattr(mod, top, called)
     m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    if getattr(check.measure, "func", None) is doctor.measure_experiment:  # a registered experiment's row:
+        fake_gpu(count=2)  # its plan names the GPUs (nvidia-smi, no CUDA context) for the reuse check
     with pytest.raises(Reached):
         check.measure(m, **({"timeout_s": 60} if check.where == "launch" else {"device": "cpu"}))
     assert reached
@@ -672,7 +643,7 @@ def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
     """The training loop, the evaluation loop and the fast path copy host batches with non_blocking=True on
     a GPU (from pinned memory the copy then overlaps the previous step). The fake GPU's tensor factories
     let the loops run with device cuda on CPU tensors and record each copy's flag."""
-    from lab_utils.experiments import fast_train
+    from lab_utils.workers import fast_train
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     torch.manual_seed(0)

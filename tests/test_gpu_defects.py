@@ -11,8 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import subprocess
-import sys
 import time
 import weakref
 from pathlib import Path
@@ -49,39 +47,38 @@ def test_a_cudnn9_allocation_failure_becomes_an_oom_row_not_a_crash(message):
     assert memory.oom_reason_from_log(log) == f"OOM: [rank1]: RuntimeError: {message}"
 
 
-def _oom_check_of(script: str) -> str:
-    """The shell condition a job script uses to decide that a failed launch ran out of memory."""
-    lines = (REPO / "slurm" / script).read_text().splitlines()
-    i = next(i for i, line in enumerate(lines) if "lab_utils.job_plan oom" in line)
-    cond = lines[i - 1].strip()
-    assert cond.startswith("if ") and "; then" in cond, cond
-    return cond[3:].split("; then")[0]
+def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_not_the_log(tmp_path, fake_gpu):
+    """The SLURM scripts no longer search a log for out-of-memory words: the failing rank writes its failure
+    file (the harness turns cuDNN 9's allocation failure into status "oom" through catch_oom, above), and
+    ``measure --collect`` (lab_utils.multinode.collect) stores that configuration's oom row, named with the
+    job's GPU, and does not try the larger ones."""
+    import json
 
+    from lab_utils import multinode
+    from lab_utils.core.records import Record, append_records
+    from lab_utils.store import ResultStore
 
-@pytest.mark.parametrize("script", ["experiment.sbatch", "multinode.sbatch"])
-@pytest.mark.timeout(120)
-def test_the_job_scripts_recognise_cudnn9_out_of_memory(script, tmp_path):
-    """The condition is run as the job runs it (bash, $PY = this interpreter, $log = a rank's log)."""
-    cond = _oom_check_of(script)
-    cases = {CUDNN9[0]: 0, CUDNN9[1]: 0, "RuntimeError: NCCL error: unhandled system error": 1}
-    for text, expected in cases.items():
-        log = tmp_path / "ddp-batch32.log"
-        log.write_text(f"[rank0]: Traceback (most recent call last):\n[rank0]: {text}\n")
-        rc = subprocess.run(["bash", "-c", cond], env={**os.environ, "PY": sys.executable, "log": str(log)},
-                            capture_output=True, timeout=60).returncode
-        assert rc == expected, (text, rc)
+    fake_gpu(count=2, name=OTHER_GPU)
+    configs = [{"batch_size": b, "record": "aggregate", "rank": None, "tag": "nodes=2"}
+               for b in (32, 128, 512)]
+    hardware = {"device_type": "cuda", "device_name": OTHER_GPU, "device_count": 2}
+    job = {"experiment": "scaling", "profile": "full", "configs": configs, "labels": ["b32", "b128", "b512"],
+           "hardware": hardware}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    append_records(tmp_path / "records.jsonl", [Record("scaling", configs[0], {"train_seconds": 1.0},
+                                                       profile="full", hardware=hardware)])
+    (tmp_path / "failure-rank1.json").write_text(json.dumps(
+        {"status": "oom", "reason": f"OOM: {CUDNN9[0]}", "rank": 1, "config_index": 1, "time": 1.0}))
+    store = ResultStore("full", root=tmp_path / "store")
+    rows = multinode.collect(store, tmp_path, "full")
+    assert [(label, r.status) for label, r in rows] == [("b32", "ok"), ("b128", "oom"), ("b512", "skipped")]
+    assert rows[1][1].reason == f"OOM: {CUDNN9[0]}"
+    assert rows[2][1].reason.startswith("not run: configuration 2")
+    kept = store.records("scaling")
+    assert [r.status for r in kept] == ["ok", "oom"] and kept[1].hardware["device_name"] == OTHER_GPU
 
 
 # --------------------------------------------------------------------------- 2. GPT out of memory under DDP
-
-
-def _launch_swapping_module(real_launch, module: str):
-    """``launcher.launch`` that starts ``module`` (a test wrapper of the GPT worker) instead."""
-    def launch(_module, args, nproc=2, **kw):
-        path = os.environ.get("PYTHONPATH", "")
-        kw["env"] = {**(kw.get("env") or {}), "PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
-        return real_launch(module, args, nproc=nproc, **{**kw, "timeout_s": 120})
-    return launch
 
 
 @pytest.mark.slow
@@ -91,49 +88,31 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
 
     Before: rank 1 swallowed the error and went on to all_gather_object while rank 0 sat in
     DDP's bucket all-reduce: mismatched collectives, a hang until the NCCL timeout (here the
-    launch timeout), and ``_measure`` did not catch the LaunchError anyway. Now rank 1 ends
-    itself, torchrun stops rank 0 at once, and the row says OOM with the allocator's words.
+    launch timeout), and the launch error was not caught anyway. Now rank 1 writes its failure file and
+    ends itself, torchrun stops rank 0 at once, and THE measure's row says OOM with the allocator's words;
+    the larger batch of the same launch is not tried.
     """
-    from lab_utils import launcher
-    from lab_utils.experiments import gpt
+    import dataclasses
 
-    monkeypatch.setattr(launcher, "launch", _launch_swapping_module(launcher.launch, "gpt_oom_worker"))
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(2,), scaling_batch_sizes=(4,),
-                          scaling_epochs=1, max_chars=20_000, val_batches=1)
-    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
-    cfg = gpt._train_config(s, batch_size=4, epochs=1, steps_per_epoch=2, device="cpu")
+    import gpt_oom_worker
+
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import gpt
+    from lab_utils.plan import make_plan, measure
+
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + (os.pathsep + path if path else ""))
+    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(2,), scaling_batch_sizes=(4, 8),
+                          scaling_epochs=1, max_chars=20_000, val_batches=1, timeout_s=120)
+    runs = [dataclasses.replace(r, worker=gpt_oom_worker)
+            for r in make_plan(gpt.SCALING_EXPERIMENT, s, Machine(gpus=0, cores=2), "quick")]
     t0 = time.perf_counter()
-    rec = gpt._measure(gpt.SCALING, gpt._key(cfg, 2, "cpu"), cfg, 2, devs, store, s)
+    oom, larger = measure("quick", gpt.SCALING_EXPERIMENT, s, runs=runs)
     assert time.perf_counter() - t0 < 100      # no wait for a collective timeout
-    assert rec.status == "oom", rec.reason
-    assert rec.reason.startswith("OOM: ") and "CUDA out of memory. Tried to allocate 20.00 GiB" in rec.reason
-    rank1 = [p.read_text() for p in (store.root / "logs").rglob("rank1.log")]
-    assert rank1 and "torch.OutOfMemoryError on rank 1 of 2" in rank1[0] and "this rank ends" in rank1[0]
-
-
-def test_gpt_measure_turns_only_an_oom_launch_error_into_a_row(store, monkeypatch):
-    from lab_utils.experiments import gpt
-
-    s = profiles.settings(gpt.Settings, "quick")
-    cfg = gpt._train_config(s, batch_size=4)
-    devs = gpt.Devices("cpu", 2, 0, threads_per_process=1)
-    log = ("The 2-process run of lab_utils.workers.gpt_train failed (torchrun exit code 1); ...\n"
-           "rank 1: torch.OutOfMemoryError on rank 1 of 2: OOM: CUDA out of memory. Tried to allocate 2G\n")
-
-    def oom(*a, **kw):
-        raise LaunchError(log)
-
-    monkeypatch.setattr(gpt, "_execute", oom)
-    rec = gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
-    assert rec.status == "oom" and rec.reason.startswith("OOM: rank 1: torch.OutOfMemoryError on rank 1")
-    assert rec.hardware["device_count"] == 2
-
-    def broken(*a, **kw):
-        raise LaunchError("rank 0 failed: ImportError: no module named x")
-
-    monkeypatch.setattr(gpt, "_execute", broken)
-    with pytest.raises(LaunchError, match="ImportError"):
-        gpt._measure(gpt.SCALING, {"k": 1}, cfg, 2, devs, store, s)
+    assert oom.status == "oom", oom.reason
+    assert oom.reason.startswith("OOM: ") and "CUDA out of memory. Tried to allocate 20.00 GiB" in oom.reason
+    assert larger.status == "skipped" and larger.reason.startswith("not tried: batch 4")
+    assert [r.status for r in store.records(gpt.SCALING)] == ["oom"]
 
 
 def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
@@ -163,14 +142,18 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
 
 
 def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
-    from lab_utils.experiments import fast_train, fastpath
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import fastpath
     from lab_utils.experiments import quantize as Q
 
     gpu = fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
     assert torch.cuda.is_bf16_supported()            # torch's default counts emulation
-    assert not fast_train.bf16_supported(torch.device("cuda"))
+    assert not hardware.bf16_supported(torch.device("cuda"))
+    gpu.initialized = False
+    here = Machine.here()                            # the plan's machine: nvidia-smi's capability 7.0
+    assert here.gpus == 1 and not here.bf16 and not gpu.initialized
     quick = profiles.settings(fastpath.Settings, "quick")
-    plan = fastpath.plan_waterfall(quick, torch.device("cuda"), "quick")
+    plan = fastpath.waterfall(quick, here, "quick")
     bf16 = next(p for p in plan if p[0] == "bf16")
     assert bf16[3] == "this GPU has no bf16 (needs Ampere or newer)" and not plan[-1][2].bf16
     a = Q.check_variant("bf16", "cuda")
@@ -182,14 +165,13 @@ def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
 @pytest.mark.parametrize("old_torch", [False, True])
 def test_bf16_on_ampere_and_with_torch_24s_signature(fake_gpu, old_torch):
     """torch 2.4 (admitted by requirements.txt) has no including_emulation: capability decides."""
-    from lab_utils.experiments import fast_train
     from lab_utils.experiments import quantize as Q
 
     fake_gpu(name=OTHER_GPU, major=8, old_torch=old_torch)
-    assert Q.check_variant("bf16", "cuda").ok and fast_train.bf16_supported(torch.device("cuda"))
+    assert Q.check_variant("bf16", "cuda").ok and hardware.bf16_supported(torch.device("cuda"))
     assert hardware.bf16_supported("cuda") and hardware.bf16_supported(torch.device("cuda", 0))
     fake_gpu(name="Tesla V100-SXM2-16GB", major=7, old_torch=old_torch)
-    assert not fast_train.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
+    assert not hardware.bf16_supported(torch.device("cuda")) and not Q.check_variant("bf16", "cuda").ok
     assert not hardware.bf16_supported("cuda")
     assert hardware.bf16_supported("cpu")
 
@@ -227,117 +209,107 @@ def test_the_store_reuses_a_record_only_on_the_same_devices(store):
 
 def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
     from lab_utils.experiments import fastpath
+    from lab_utils.plan import measure
 
     s = fastpath.Settings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
-                              data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
-    first = fastpath.measure_data(lab_for(store), s)
-    assert [r.metrics["run_id"] for r in fastpath.measure_data(lab_for(store), s)] == [r.metrics["run_id"]
-                                                                                  for r in first]
+                          data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
+    first = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)
+    assert [r.metrics["run_id"] for r in measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)] == [
+        r.metrics["run_id"] for r in first]
     relabel(store, "bench_data")
-    again = fastpath.measure_data(lab_for(store), s)
+    again = measure(lab_for(store), fastpath.LOADER_EXPERIMENT, s)
     assert again[0].metrics["run_id"] != first[0].metrics["run_id"]
     assert {r.hardware["device_name"] for r in again} == {hardware.device_name("cpu")}
 
 
 def test_compute_step_is_measured_again_on_another_gpu_model(store):
+    from dataclasses import replace
+
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import comm
+    from lab_utils.plan import measure
+
+    s = replace(profiles.settings(comm.Settings, "quick"), batch_sizes=(2,), width=2, compute_steps=1,
+                compute_warmup=0)
 
     def step():
-        s = comm.Settings(bench_ranks=(2,), batch_sizes=(2,), width=2, compute_steps=1, compute_warmup=0)
-        return comm.measure_compute_steps(lab_for(store), s)[0]
+        return measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, s, verbose=False,
+                       machine=Machine(gpus=0, cores=2))[0]
 
     first = step()
     assert step().timestamp == first.timestamp
-    relabel(store, comm._COMPUTE_EXPERIMENT)
+    relabel(store, comm.COMPUTE)
     step()
-    assert len(store.records(comm._COMPUTE_EXPERIMENT)) == 2
+    assert len(store.records(comm.COMPUTE)) == 2
 
 
-def test_gpt_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
+def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch, tmp_path):
+    """THE measure's reuse check, through notebooks 06 and 07's plans (their in-process runs, the workers'
+    run_config counted): reused on the same devices, measured again on another GPU model."""
     from lab_utils.experiments import gpt
-
-    calls = []
-
-    def measure(experiment, key, cfg, n, devs, store_, s):
-        calls.append(n)
-        return Record(experiment, key, metrics={"m": 1}, hardware=hardware.hardware_summary(devs.kind, n))
-
-    monkeypatch.setattr(gpt, "_measure", measure)
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1,), scaling_batch_sizes=(4,))
-    gpt.measure(lab_for(store), s, verbose=False)
-    gpt.measure(lab_for(store), s, verbose=False)
-    assert calls == [1]
-    relabel(store, gpt.SCALING)
-    gpt.measure(lab_for(store), s, verbose=False)
-    assert calls == [1, 1]
-
-
-def test_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
     from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.plan import measure
+    from lab_utils.workers import gpt_train, quantize
 
     calls = []
 
-    def measure_device(mut, variants, device, settings, show_progress=False):
-        calls.append(device)
-        return [Record(Q.EXPERIMENT, {}, metrics={"v": v}, hardware=hardware.hardware_summary(device, 1))
-                for v in variants]
+    def run_config(config, job, ctx, state):
+        calls.append(job.experiment)
+        return [Record(job.experiment, dict(config), {"m": 1}, hardware=hardware.hardware_summary("cpu", 1))]
 
-    monkeypatch.setattr(Q, "measure_device", measure_device)
-    tokens = torch.zeros(200, dtype=torch.long)
-    mut = Q.ModelUnderTest(GPT(gpt_config("tiny", vocab_size=16)), tokens, 64, "m")
-    s = profiles.settings(Q.Settings, "quick", variants=("fp32",), devices=("cpu",))
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert calls == ["cpu"]
+    monkeypatch.setattr(gpt_train, "run_config", run_config)
+    monkeypatch.setattr(quantize, "run_config", run_config)
+    save_checkpoint(tmp_path / "gpt.pt", GPT(gpt_config("tiny", vocab_size=4)), "abcd", "python-stdlib-x")
+    acc = profiles.settings(gpt.Settings, "quick", micro_batches=(4,), effective_batch=4)
+    q = profiles.settings(Q.Settings, "quick", variants=("fp32",), devices=("cpu",),
+                          checkpoint=str(tmp_path / "gpt.pt"))
+    for _ in range(2):
+        measure(lab_for(store), gpt.ACCUMULATION_EXPERIMENT, acc, verbose=False)
+        measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, q, verbose=False)
+    assert calls == [gpt.ACCUMULATION, Q.EXPERIMENT]
+    relabel(store, gpt.ACCUMULATION)
     relabel(store, Q.EXPERIMENT)
-    Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert calls == ["cpu", "cpu"]
+    measure(lab_for(store), gpt.ACCUMULATION_EXPERIMENT, acc, verbose=False)
+    measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, q, verbose=False)
+    assert calls == [gpt.ACCUMULATION, Q.EXPERIMENT] * 2
 
 
 def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
     from lab_utils import launcher
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import comm
     from lab_utils.experiments import large_batch as lb
-    from lab_utils.workers.args import BenchArgs, WorkerArgs
-
-    parse_args = WorkerArgs.from_argv
+    from lab_utils.plan import measure
 
     launched = []
 
-    def fake_launch(module, args, nproc=2, **kw):  # what the worker's rank 0 hands back
+    def fake_launch(module, job, nproc=2, **kw):  # what the worker's rank 0 hands back: a record per config
         launched.append(module)
-        if module == "lab_utils.workers.ddp":   # the record of its config
-            a = parse_args(list(args)).resolved()
-            yield Record(lb.EXPERIMENT, a.record_config(nproc, "gloo"), {"train_loss": 1.0},
-                         hardware=hardware.hardware_summary("cpu", nproc))
-            return
-        one = {"time_us": 1.0, "time_us_min_rank": 1.0, "algbw_gb_per_s": 1.0, "busbw_gb_per_s": 1.0,
-               "correct": True}
-        a = BenchArgs.from_argv(list(args))
-        for b in ring.message_sizes(8, 16):
-            yield Record(comm.BENCH_EXPERIMENT, a.record_config(nproc, b), {"count": b // 4, **one},
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, {"count": 2},
                          hardware=hardware.hardware_summary("cpu", nproc))
 
     monkeypatch.setattr(launcher, "stream", fake_launch)
+    cpu = Machine(gpus=0, cores=2)
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
     s = profiles.settings(lb.Settings, "quick", **tiny)
-    lb.measure(lab_for(store), s, verbose=False)
-    lb.measure(lab_for(store), s, verbose=False)
+    for _ in range(2):
+        measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=cpu)
     assert len(launched) == 5
     relabel(store, lb.EXPERIMENT)
-    lb.measure(lab_for(store), s, verbose=False)
+    measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=cpu)
     assert len(launched) == 10
 
-    bs = comm.BenchSettings(max_bytes=16, iters=1, warmup=0, min_bytes=8)
+    bs = profiles.settings(comm.Settings, "quick", bench_ranks=(2,), max_bytes=16, iters=1, warmup=0)
     launched.clear()
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    assert launched == [comm._BENCH_MODULE]
-    relabel(store, comm.BENCH_EXPERIMENT)
-    comm.measure_bench(lab_for(store), 2, bs, "gloo", verbose=False)
-    assert launched == [comm._BENCH_MODULE] * 2
+    for _ in range(2):
+        measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
+    assert launched == ["lab_utils.workers.allreduce_bench"]  # the two sizes, one launch, then reused
+    relabel(store, comm.BENCH)
+    measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
+    assert launched == ["lab_utils.workers.allreduce_bench"] * 2
 
 
 # --------------------------------------------------------------------------- 5. MIG slices
@@ -381,11 +353,11 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""
-    from lab_utils.experiments import quant_model as QM
-    from lab_utils.experiments import quant_timing as QT
-    from lab_utils.experiments import quant_variants as QV
     from lab_utils.experiments import quantize as Q
     from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.workers import quant_model as QM
+    from lab_utils.workers import quant_timing as QT
+    from lab_utils.workers import quant_variants as QV
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", vocab_size=64)).eval()
@@ -422,7 +394,7 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     second compile is a dynamic-shape graph (symbolic batch size), which the timed epoch then runs
     for every batch. A backend that records each graph's input shapes tells them apart."""
     from lab_utils.core import data
-    from lab_utils.experiments import fast_train
+    from lab_utils.workers import fast_train
 
     graphs = []
 

@@ -17,7 +17,8 @@ import pytest
 
 from lab_utils import launcher
 from lab_utils.core.errors import LaunchError
-from lab_utils.workers.args import TrainConfig, WorkerArgs
+from lab_utils.workers.ddp import RunConfig
+from lab_utils.workers.gpt_train import TrainConfig
 
 TESTS = Path(__file__).resolve().parent
 
@@ -63,14 +64,15 @@ def test_a_rank_failing_under_nccl_ends_at_once_and_the_launch_names_it(worker, 
     until its time limit. Now it writes its error line and leaves with os._exit: torchrun sees it and
     stops rank 0 at once, and the launch error quotes rank 1's line."""
     if worker == "ddp":
-        args = WorkerArgs(profile="quick", batch_size=4, epochs=1, width=2, train_images=32, num_workers=0,
-                          dataset="synthetic", backend="gloo").validate().to_argv()
+        cfg = RunConfig(devices=2, backend="gloo", batch_size=4, epochs=1, width=2, train_images=32,
+                        test_images=32, dataset="synthetic").config()
     else:
-        args = TrainConfig(size="tiny", batch_size=2, epochs=1, max_steps=2, steps_per_epoch=2, dtype="fp32",
-                           max_chars=20_000, val_batches=1, device="cpu").validate().to_argv()
+        cfg = TrainConfig(devices=2, size="tiny", batch_size=2, epochs=1, max_steps=2, steps_per_epoch=2,
+                          max_chars=20_000, val_batches=1, corpus="stdlib").validate().config()
+    job = {"experiment": "failing", "profile": "quick", "configs": [cfg]}
     t0 = time.perf_counter()
     with pytest.raises(LaunchError) as e:
-        launcher.launch("failing_rank_worker", args, nproc=2, timeout_s=75, log_dir=tmp_path,
+        launcher.launch("failing_rank_worker", job, nproc=2, timeout_s=75, log_dir=tmp_path,
                         env=_test_env(worker), threads_per_rank=1)
     took = time.perf_counter() - t0
     text = str(e.value)
@@ -254,33 +256,46 @@ def _recording_launch(gpu, seen: list, record):
     return launch
 
 
-def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu, store, monkeypatch):
+def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu, store, monkeypatch,
+                                                                        tmp_path):
     """Notebook 06 on a GPU node: T(1) ran in the Jupyter kernel (a CUDA context on GPU 0 before torchrun:
     on an EXCLUSIVE_PROCESS node rank 0 then cannot start; elsewhere it has less memory). Now every GPU
-    run, one device too, is a launch of the DDP worker, and the kernel opens no context."""
+    run of notebooks 06 and 07, one device too, is a launch of its worker (THE measure's), and the kernel
+    opens no context: not for placing the runs, not for checking notebook 07's variants."""
     from store_helpers import lab_for
 
     from lab_utils.core import hardware, profiles
-    from lab_utils.experiments import gpt
+    from lab_utils.experiments import gpt as gx
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.plan import measure
     from lab_utils.store import Record
 
     gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
-    seen, in_kernel = [], []
+    seen = []
 
-    def record(module, argv, nproc):
-        m = {"reported_epoch": 1, "epoch_seconds": 1.0, "slowest_rank": 0, "tokens_per_s": 1.0,
-             "val_loss": 1.0}
-        return Record("gpt", {}, m, hardware=hardware.hardware_summary("cuda", nproc))
+    def stream(module, job, nproc=2, **kw):
+        seen.append((module, nproc, gpu.initialized))
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, {"tokens_per_s": 1.0}, hardware=hardware.hardware_summary(
+                "cuda", nproc))
 
-    monkeypatch.setattr(launcher, "launch", _recording_launch(gpu, seen, record))
-    monkeypatch.setattr(gpt, "run_training", lambda cfg: in_kernel.append(cfg) or [record(None, [], 1)])
-    s = profiles.settings(gpt.Settings, "quick", scaling_devices=(1, 2), scaling_batch_sizes=(8,),
-                          micro_batches=(512,), effective_batch=1024, accumulation_devices=1)
-    gpt.measure(lab_for(store, "cuda", 2), s, verbose=False)
-    gpt.measure_accumulation(lab_for(store, "cuda", 2), s, verbose=False)
-    assert in_kernel == []
-    assert seen == [("lab_utils.workers.gpt_train", 1, False), ("lab_utils.workers.gpt_train", 2, False),
-                    ("lab_utils.workers.gpt_train", 1, False)]
+    monkeypatch.setattr(launcher, "stream", stream)
+    monkeypatch.setattr(gx, "checkpoint_path", lambda profile: tmp_path / "gpt.pt")
+    s = profiles.settings(gx.Settings, "quick", scaling_devices=(1, 2, 4), scaling_batch_sizes=(8,),
+                          micro_batches=(512,), effective_batch=1024)
+    lab = lab_for(store, "cuda", 2)
+    scaling = measure(lab, gx.SCALING_EXPERIMENT, s, verbose=False)
+    assert scaling[-1].reason == "needs 4 GPUs (this machine has 2)"
+    measure(lab, gx.ACCUMULATION_EXPERIMENT, s, verbose=False)
+    measure(lab, gx.TRAIN_EXPERIMENT, s, verbose=False)
+    save_checkpoint(tmp_path / "gpt.pt", GPT(gpt_config("tiny", vocab_size=4)), "abcd", "python-stdlib-x")
+    q = profiles.settings(Q.Settings, "quick", devices=("cuda",), checkpoint=str(tmp_path / "gpt.pt"))
+    assert [r.status for r in measure(lab, Q.QUANTIZATION_EXPERIMENT, q, verbose=False)] == ["ok"] * 5
+    gpt = "lab_utils.workers.gpt_train"
+    assert seen == [(gpt, 1, False), (gpt, 2, False), (gpt, 2, False), (gpt, 2, False),
+                    ("lab_utils.workers.quantize", 1, False)]
+    assert not gpu.initialized and gpu.contexts == set()
 
 
 def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, store, monkeypatch):
@@ -364,15 +379,22 @@ def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_n
 def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holding_its_pipes(tmp_path):
     """run_child killed the child's session at the limit, then waited for its pipes without a limit: a
     descendant in a session of its own (NCCL's proxy, a compiler) held them, and the doctor hung."""
-    from lab_utils import doctor
-    from lab_utils.launcher import _alive
+    import psutil
+
+    from lab_utils import doctor, proc
+
+    def _alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
 
     pid_file = tmp_path / "grandchild.pid"
     code = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)")
     t0 = time.monotonic()
     try:
-        with pytest.raises(doctor.ChildTimeout):
+        with pytest.raises(proc.TimeLimit):
             doctor.run_child([sys.executable, "-c", code], 2, tmp_path / "out.json")
         assert time.monotonic() - t0 < 30
         time.sleep(0.3)
@@ -383,25 +405,24 @@ def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holdi
 
 
 def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
-    from lab_utils import doctor
+    from lab_utils import doctor, proc
 
     judge = doctor.judge_timer_overhead
     checks = (doctor.Check("long", lambda m: {}, judge, "x", "child", 1, 100),
               doctor.Check("short", lambda m: {}, judge, "x", "child", 1, 5))
 
     def measure(c, m, limit):
-        raise doctor.ChildTimeout(f"did not finish within {limit:.0f} s and was stopped")
+        raise proc.TimeLimit(f"did not finish within {limit:.0f} s and was stopped")
 
     rows = doctor.run_checks(_machine(), checks, budget_s=30.0, measure=measure)
     assert rows[0].verdict.startswith("skipped: the doctor's time budget"), rows[0]
     assert rows[1].verdict == "fail"                        # its own limit (5 s < what was left): a fail
 
 
-def test_the_doctor_runs_notebook_01s_and_02s_own_code(monkeypatch, tmp_path):
-    """01 and 02-DataParallel ran doctor's own copy of a training loop, which proved nothing about the
-    notebooks' code: now 01 is notebook 01's sweep.measure (one small batch) and 02 launches the
-    DataParallel worker notebooks 02 and 03 launch."""
-    from lab_utils import doctor, launcher
+def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
+    """01 ran doctor's own copy of a training loop, which proved nothing about the notebook's code: now it
+    is notebook 01's sweep.measure (one small batch). (02 and 03: their registered plans, test_doctor.py.)"""
+    from lab_utils import doctor
     from lab_utils.experiments import sweep
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
@@ -413,49 +434,41 @@ def test_the_doctor_runs_notebook_01s_and_02s_own_code(monkeypatch, tmp_path):
     assert doctor.judge_step(d, _machine(1))[2] == "ok"
     assert not (tmp_path / "results").exists()              # nothing stored in the lab's results
 
-    launched = []
 
-    def launch(module, args, nproc=2, **kw):
-        launched.append((module, nproc, list(args)))
-        raise LaunchError("stop here")
-
-    monkeypatch.setattr(launcher, "launch", launch)
-    with pytest.raises(LaunchError):
-        doctor.step_02_dataparallel(_machine(2), timeout_s=60)
-    assert launched[0][:2] == ("lab_utils.workers.dataparallel", 1) and "--gpus" in launched[0][2]
-
-
-def test_the_doctor_reads_the_compute_mode_and_reproduces_the_notebooks_order(fake_gpu, monkeypatch):
-    """Notebook 02: DDP launches, then DataParallel (a process of its own), then notebook 03's DDP
-    launches, with the kernel naming GPUs and storing records in between. On an EXCLUSIVE_PROCESS
-    node a context left in the kernel (or by the DataParallel process) stops the next launch."""
+def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(fake_gpu, monkeypatch):
+    """Notebook 02's plan launches DataParallel (a process of its own) and DDP on the GPUs, then notebook 03's
+    launches DDP again, with this process (the kernel) naming GPUs and storing records in between. On an
+    EXCLUSIVE_PROCESS node a context left in the kernel stops the next launch: the row fails."""
     from lab_utils import doctor, launcher
-    from lab_utils.core import hardware
+    from lab_utils.core.records import Record
 
     gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
     m = doctor.read_machine("full")
     assert m.compute_modes == ["Exclusive_Process"] * 2
     seen = []
 
-    def launch(module, args, nproc=2, **kw):
+    def stream(module, job, nproc=2, **kw):
         seen.append((module.rsplit(".", 1)[-1], nproc, gpu.initialized))
-        return launcher.LaunchResult(records=[], log_dir=Path("."), wall_seconds=0.1)
+        metrics = {"train_seconds": 1.0, "data_movement_seconds": 0.1, "compute_seconds": 0.9,
+                   "communication_seconds": 0.0, "train_loss": 2.3}
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, metrics, profile="full")
 
-    monkeypatch.setattr(launcher, "launch", launch)
-    d = doctor.measure_launch_order(m, timeout_s=60)
-    assert [s[:2] for s in seen] == [("ddp", 2), ("dataparallel", 1), ("ddp", 2)]
-    measured, expected, verdict = doctor.judge_launch_order(d, m)
-    assert verdict == "ok" and "Exclusive_Process" in measured and not gpu.initialized
-    real = hardware.software_versions       # a kernel step that opens a context: the check fails
-    monkeypatch.setattr(hardware, "software_versions", lambda: torch_init() or real())
-
-    def torch_init():
-        import torch
-        torch.cuda.current_device()
-
-    seen.clear()
-    d = doctor.measure_launch_order(m, timeout_s=60)
-    assert doctor.judge_launch_order(d, m)[2] == "fail" and seen[0][2] is True
+    monkeypatch.setattr(launcher, "stream", stream)
+    checks = [c for c in doctor.CHECKS if c.name in ("02_scaling", "03_compute_vs_comm")]
+    rows = doctor.run_checks(m, tuple(checks), measure=lambda c, m, limit: c.measure(m, timeout_s=limit))
+    assert [r.verdict for r in rows] == ["ok", "ok"], [r.measured for r in rows]
+    # 02: DataParallel on 1 and 2 GPUs, DDP on 1 and 2 (4: a row "needs 4 GPUs"); 03: T(1), DataParallel and
+    # DDP with the probe on 2 (its own scratch store: T(1) again)
+    assert seen == [("dataparallel", 1, False), ("dataparallel", 1, False), ("ddp", 1, False),
+                    ("ddp", 2, False), ("ddp", 1, False), ("dataparallel", 1, False), ("ddp", 2, False)]
+    assert "compute mode Exclusive_Process" in rows[0].measured and "needs 4 GPUs" in rows[0].measured
+    real = doctor._cuda_initialized       # a kernel that opened a context before the launches: the row fails
+    monkeypatch.setattr(doctor, "_cuda_initialized", lambda: True)
+    d = checks[0].measure(m, timeout_s=60)
+    measured, _, verdict = doctor.judge_experiment(d, m)
+    assert verdict == "fail" and "CUDA was initialised in this process" in measured
+    assert real() is False and not gpu.initialized
 
 
 # --------------------------------------------------------------------------- 4. bf16 on a V100 (notebook 06)
@@ -467,22 +480,24 @@ def test_the_gpt_worker_runs_fp32_where_bf16_is_not_native_and_says_so(monkeypat
     and its record says so; the MFU is then against the fp32 peak."""
     import torch
 
+    from lab_utils.core.dist import DistContext
     from lab_utils.workers import gpt_train
-    from lab_utils.workers.args import TrainConfig
+    from lab_utils.workers.harness import Job, execute
 
     monkeypatch.setattr(gpt_train, "bf16_supported", lambda device: False)
     autocasts = []
     real = torch.autocast
     monkeypatch.setattr(torch, "autocast", lambda *a, **k: autocasts.append(k.get("dtype")) or real(*a, **k))
     cfg = TrainConfig(size="tiny", batch_size=2, epochs=1, max_steps=1, steps_per_epoch=1, dtype="bf16",
-                      max_chars=20_000, val_batches=1, device="cpu").validate()
-    rec = gpt_train.run_training(cfg)[-1]
+                      max_chars=20_000, val_batches=1, corpus="stdlib")
+    job = Job("gpt_scaling", "quick", [cfg.config()])
+    [[rec, _]] = list(execute(gpt_train, job, DistContext()))
     assert rec.status == "ok" and autocasts == []
     assert rec.metrics["precision"] == "fp32" and rec.config["dtype"] == "bf16"     # asked bf16, ran fp32
     assert rec.metrics["precision_note"].startswith("bf16 asked; ") and "no native bf16" in rec.metrics[
         "precision_note"] and "fp32 ran" in rec.metrics["precision_note"]
     monkeypatch.setattr(gpt_train, "bf16_supported", lambda device: True)
-    rec = gpt_train.run_training(cfg)[-1]
+    [[rec, _]] = list(execute(gpt_train, job, DistContext()))
     assert rec.metrics["precision"] == "bf16" and rec.metrics.get("precision_note") is None and autocasts
 
 
@@ -492,7 +507,7 @@ def test_the_gpt_tables_show_the_precision_that_ran():
     from lab_utils.store import Record
 
     note = "bf16 asked; Tesla V100-SXM2-16GB has no native bf16 (compute capability 8.0+), so fp32 ran"
-    m = {"epoch_seconds": 2.0, "epoch_seconds_mean": 2.0, "backend": None, "slowest_rank": 0,
+    m = {"train_seconds": 2.0, "train_seconds_mean": 2.0, "backend": None, "slowest_rank": 0, "tokens": 20,
          "imbalance": 1.0, "tokens_per_s": 10.0, "mfu": None, "val_loss": 3.0, "precision": "fp32",
          "precision_note": note}
     rec = Record(gpt.SCALING, {"batch_size": 8, "devices": 1, "dtype": "bf16"}, m)
@@ -511,7 +526,7 @@ def test_int8_on_cuda_probes_int_mm_once_and_labels_what_ran(fake_gpu, int_mm_on
     the row say fp32 ran. The fake GPU's device is the CPU here: the operands are made on it."""
     import torch
 
-    from lab_utils.experiments import quant_variants as QV
+    from lab_utils.workers import quant_variants as QV
 
     fake_gpu(name="NVIDIA A100-SXM4-80GB")
     calls, real = [], torch._int_mm
@@ -552,9 +567,9 @@ def _store_run(store, experiment, cfg, seconds, name, count, **metrics):
 def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, store):
     """A results folder shared by an H100 partition (this machine) and an A100 one: both stored T(1) and
     T(2) under the same configuration, the A100's last. Tables 2 and 3, the projection and notebook 05's
-    per-rank orders used to select by method, batch and device type: the H100's T(2) met the A100's T(1)."""
-    from lab_utils.experiments import comm_tables, compute_vs_comm, large_batch_tables, scaling
-    from lab_utils.store import Record
+    per-rank orders used to select by method, batch and device type: the H100's T(2) met the A100's T(1).
+    (Notebooks 04 and 05 now take their own records from plan.measure, reused only from these devices.)"""
+    from lab_utils.experiments import comm_tables, compute_vs_comm, scaling
 
     fake_gpu(count=4, name=H100)
     one = {"method": "DDP", "record": "aggregate", "rank": None, "devices": 1, "batch_size": 32,
@@ -571,14 +586,8 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     assert [r.hardware["device_name"] for r in here.records] == [H100]
     assert here.note() == (f"Records of this machine's devices only ({H100}, up to 4): 1 record of other "
                            f"devices left out ({A100} x 1).")
-    compute = comm_tables._nb03_compute_inputs(store)
-    assert compute.seconds_per_step == {32: 10.0 / 10}                   # the H100's T(1) step
-    # notebook 05's per-rank sample orders of a run: this machine's ranks
-    rank_cfg = {"record": "rank", "rank": 0, "devices": 2, "batch_size": 8}
-    for name, head in ((H100, [1, 2]), (A100, [9, 9])):
-        hw = {"device_type": "cuda", "device_name": name, "device_count": 2}
-        store.run("large_batch", rank_cfg, lambda hw=hw, head=head: Record(
-            "large_batch", rank_cfg, {"epochs": [{"epoch": 1, "sample_order_head": head}]}, hardware=hw),
-            force=True, hardware=hw)
-    ref = Record("large_batch", {**rank_cfg, "record": "aggregate", "rank": None}, {})
-    assert [r["first indices"] for r in large_batch_tables.worker_sample_orders(store, ref)] == ["1 2"]
+    # Table 3 (notebook 04) reads notebook 03's records through the same rule: the H100's (a) = 6 - 10 / 2
+    derived = comm_tables._COMM_SOURCES[0]
+    [a] = [m for m in comm_tables._measurements(store, devices=(2,))
+           if (m.per_device_batch, m.source) == (32, derived) and m.method.startswith("DDP")]
+    assert a.seconds == pytest.approx(1.0) and a.steps_per_epoch == 10

@@ -8,11 +8,15 @@ import pytest
 from store_helpers import lab_for, put
 
 from lab_utils.core import profiles
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.machine import Machine
 from lab_utils.core.schedules import make_schedule
 from lab_utils.experiments import accounting_tables as at
 from lab_utils.experiments import large_batch as lb
 from lab_utils.experiments import large_batch_tables as lbt
+from lab_utils.plan import aggregates, measure
+from lab_utils.workers import ddp
+from lab_utils.workers.ddp import RunConfig
 
 
 def _settings(profile: str = "quick", **overrides) -> lb.Settings:
@@ -51,50 +55,60 @@ def test_set_epoch_table_has_a_row_per_case_and_epoch():
 
 # --------------------------------------------------------------------------- plan and settings
 
+H100_NODE = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=64, bf16=True)
+CPU = Machine(gpus=0, cores=2)
+
 
 def test_plan_devices_uses_what_the_machine_has_and_says_so():
     full = _settings("full")
-    assert lb.plan_devices(full, gpus=8) == lb.DevicePlan(4, "nccl", "GPU", None)
-    one = lb.plan_devices(full, gpus=1)
+    assert lb.plan_devices(full, Machine(gpus=8, gpu_name="G")) == lb.DevicePlan(4, "nccl", "GPU", None)
+    one = lb.plan_devices(full, Machine(gpus=1, gpu_name="G"))
     assert (one.large_devices, one.accumulation_steps) == (1, 4)
     assert "4 x 512 emulated with 1 device x 4 accumulation steps (global batch 2048" in one.note
     for gpus in (2, 3):  # 3 GPUs: 2 x 2 steps, the largest divisor of 4 that fits
-        two = lb.plan_devices(full, gpus=gpus)
-        assert (two.large_devices, two.accumulation_steps) == (2, 2)
+        two = lb.plan_devices(full, Machine(gpus=gpus, gpu_name="G"))
+        assert (two.large_devices, two.accumulation_steps, two.device) == (2, 2, "cuda")
         assert "4 x 512 emulated with 2 devices x 2 accumulation steps" in two.note
-    cpu = lb.plan_devices(_settings("quick"), gpus=0)
-    assert (cpu.large_devices, cpu.backend, cpu.accumulation_steps) == (2, "gloo", 2) and "gloo" in cpu.note
-    assert "4 x 64 emulated with 2 processes x 2 accumulation steps" in cpu.note
-    runs = lb.plan_runs(full, one.large_devices, one.accumulation_steps)
-    assert [r.global_batch for r in runs] == [128, 2048, 2048, 2048, 2048]
-    assert [r.accumulation_steps for r in runs] == [1, 4, 4, 4, 4] and runs[1].shape_text == "1x512 x 4 acc"
+    cpu = lb.plan_devices(_settings("quick"), CPU)
+    assert (cpu.large_devices, cpu.backend, cpu.accumulation_steps, cpu.device) == (2, "gloo", 2, "cpu")
+    assert "gloo" in cpu.note and "4 x 64 emulated with 2 devices x 2 accumulation steps" in cpu.note
+    runs = lb.plan(full, Machine(gpus=1, gpu_name="G"), "full")
+    assert [r.config["global_batch"] for r in runs] == [128, 2048, 2048, 2048, 2048]
+    assert [r.config.get("accumulation_steps", 1) for r in runs] == [1, 4, 4, 4, 4]
 
 
-def test_plan_runs_same_budget_and_lr_rules():
-    s = _settings("full")
-    runs = lb.plan_runs(s, 4)
-    assert [r.global_batch for r in runs] == [128, 2048, 2048, 2048, 2048]
-    assert [r.peak_lr(s.lr, s.small_batch) for r in runs] == pytest.approx([0.1, 0.1, 1.6, 1.6, 1.6])
-    assert [r.warmup_epochs for r in runs] == [0, 0, 0, s.warmup_epochs, s.warmup_epochs]
-    assert [r.decay for r in runs][-1] == s.decay and {r.decay for r in runs[:-1]} == {"constant"}
-    assert runs[-1].rule_text(0.1, 128) == "linear 0.1 x 2048/128, warm-up 2 ep from 0.1, cosine decay"
-
-
-def test_worker_args_round_trip_through_the_worker_cli():
-    from lab_utils.workers.args import WorkerArgs
-
-    parse_args = WorkerArgs.from_argv
-
-    s = _settings("quick")
-    for run in lb.plan_runs(s, 2, 2):
-        args = lb.worker_args(s, run, "quick")
-        back = parse_args(args.to_argv())
-        got = (back.batch_size, back.lr_rule, back.warmup_epochs, back.decay, back.base_batch, back.eval,
-               back.accumulation_steps)
-        assert got == (run.batch_per_device, run.lr_rule, run.warmup_epochs, run.decay, s.small_batch, True,
-                       run.accumulation_steps)
-        assert back.resolved().record_config(run.devices, "gloo")["global_batch"] == run.global_batch
-        assert back.tag == run.name and back.experiment == lb.EXPERIMENT
+def test_the_plan_on_a_4_gpu_node_its_cost_and_the_doctors_settings():
+    """Five DDP runs with NCCL, each its own launch (one failing does not stop the others); the configs are
+    the worker's RunConfig (the resume keys of earlier records); the budget's seconds by hand."""
+    full = _settings("full")
+    runs = lb.plan(full, H100_NODE, "full")
+    assert [r.label for r in runs] == ["small batch (reference)", "large batch, same lr",
+                                       "+ linear lr scaling", "+ warm-up", "+ warm-up + cosine decay"]
+    assert [r.processes for r in runs] == [1, 4, 4, 4, 4] and {r.device for r in runs} == {"cuda"}
+    assert all(r.group is None and not r.in_process and r.threads is None and r.worker is ddp for r in runs)
+    assert [r.config["lr_rule"] for r in runs] == ["fixed", "fixed", "linear", "linear", "linear"]
+    assert [r.config["warmup_epochs"] for r in runs] == [0, 0, 0, 2.0, 2.0]
+    assert [r.config["decay"] for r in runs] == ["constant"] * 4 + ["cosine"]
+    assert runs[3].config == {
+        "method": "DDP", "record": "aggregate", "rank": None, "devices": 4, "backend": "nccl",
+        "device_type": "cuda", "batch_size": 512, "global_batch": 2048, "epochs": 5, "width": 64,
+        "train_images": 50_000, "test_images": 10_000, "dataset": "synthetic", "num_workers": 2, "lr": 0.1,
+        "lr_rule": "linear", "base_batch": 128, "warmup_epochs": 2.0, "decay": "constant", "eval": True,
+        "measure_comm": False, "comm_steps": None, "bucket_cap_mb": None, "seed": 0, "tag": "+ warm-up"}
+    assert lbt.rule_text(RunConfig.from_config(runs[4].config)) == (
+        "linear 0.1 x 2048/128, warm-up 2 ep from 0.1, cosine decay")
+    [ledger] = lb.plan_accounting(full, H100_NODE, "full")
+    assert (ledger.processes, ledger.device, ledger.config["backend"], ledger.options) == (
+        4, "cuda", "nccl", {"backend": "nccl"})
+    [cpu] = lb.plan_accounting(full, Machine(gpus=1, gpu_name="G"), "full")
+    assert (cpu.processes, cpu.device, cpu.config["backend"]) == (2, "cpu", "gloo")  # NCCL cannot share a GPU
+    # 5 epochs + 5 test passes: the first cohort's 1 x 128 epoch 33.64 s, 4 x 512 9.01 s (test passes a fifth
+    # of an epoch at 128 per GPU: 33.64 and 9.23 s): 5 x 1.2 x 33.64 + 4 x 5 x (9.01 + 0.2 x 9.23)
+    assert sum(lb.cost(r) for r in runs) == pytest.approx(5 * 1.2 * 33.64 + 20 * (9.01 + 0.2 * 9.23))
+    assert lb.cost(ledger) == 40.0  # with its own launch: the 80 s the budget gave the ledger before
+    small = lb.plan(lb.doctor_settings(full), H100_NODE, "full")
+    assert {(r.config["epochs"], r.config["train_images"], r.config["test_images"]) for r in small} == {
+        (1, 4096, 200)}
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -135,30 +149,29 @@ def _fake_result(store, failed: bool = False):
     """Records shaped like the DDP worker's aggregate records (test input, not results): (records,
     settings, plan, runs)."""
     s = _settings("quick", epochs=3)
-    plan = lb.plan_devices(s, gpus=0)
-    runs = lb.plan_runs(s, plan.large_devices, plan.accumulation_steps)
+    plan = lb.plan_devices(s, CPU)
+    runs = lb.plan(s, CPU, "quick")
     recs = []
     for i, run in enumerate(runs):
-        cfg = lb.worker_args(s, run, "quick").record_config(run.devices, "gloo")
         if failed and i == 1:
-            recs.append(put(store, lb.EXPERIMENT, cfg, {}, status="error", reason="rank 1 died",
-                                  synthetic=True))
+            recs.append(put(store, lb.EXPERIMENT, run.config, {}, status="error", reason="rank 1 died",
+                            synthetic=True))
             continue
         hist = _history([0.2 + 0.1 * i, 0.3 + 0.1 * i, 0.4 + 0.1 * i])
-        metrics = {**hist[-1], "epochs": hist, "reported_epoch": 3,
-                   "steps_per_epoch": s.train_images // run.global_batch}
-        recs.append(put(store, lb.EXPERIMENT, cfg, metrics, synthetic=True, dataset="synthetic"))
-    assert [lb.run_of(r) for r in recs] == runs  # a record names its run
+        metrics = {**hist[-1], "epochs": hist, "reported_epoch": 3, "peak_lr": 0.1,
+                   "steps_per_epoch": s.train_images // run.config["global_batch"]}
+        recs.append(put(store, lb.EXPERIMENT, run.config, metrics, synthetic=True, dataset="synthetic"))
     return recs, s, plan, runs
 
 
 def test_table_rows_and_columns(store):
     recs, s, plan, runs = _fake_result(store, failed=True)
     t = lbt.large_batch_table(recs, s)
-    assert list(t["configuration"]) == [r.name for r in runs]
+    assert list(t["configuration"]) == [r.label for r in runs]
     assert list(t["global batch"]) == [16, 256, 256, 256, 256]
     assert t.loc[0, "epoch-3 test accuracy %"] == pytest.approx(40.0)
-    assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epochs 2..3: the warm-up epoch is left out
+    assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epoch 3's (the record's)
+    assert t.loc[0, "peak lr"] == 0.1 and math.isnan(t.loc[1, "peak lr"])  # the record's; none if it failed
     assert t.loc[0, "optimizer steps"] == 3 * 3072 // 16
     assert t.loc[1, "status"] == "error: rank 1 died"
     lbt.save_large_batch_table(store, recs, s, plan)
@@ -180,11 +193,11 @@ def test_figures_are_saved(store):
     with pytest.raises(LabError, match="epoch"):
         lbt.plot_accuracy(recs, s, "steps")
     curves = lbt.lr_curves(recs, s)
-    warm = curves[runs[3].name]
+    warm = curves[runs[3].label]
     # quick: reference lr 0.00625 at batch 16, linear rule x 256/16 = 0.1, 12 steps per epoch
     assert warm[0] == pytest.approx(0.00625) and max(warm) == pytest.approx(0.1)
     assert warm[6] == pytest.approx(0.00625 + (0.1 - 0.00625) * 6 / 12)  # half-way through the warm-up
-    assert len(curves[runs[0].name]) == 3 * 192 and len(warm) == 3 * 12
+    assert len(curves[runs[0].label]) == 3 * 192 and len(warm) == 3 * 12
 
 
 def test_worker_sample_orders_reads_rank_records(store):
@@ -193,7 +206,7 @@ def test_worker_sample_orders_reads_rank_records(store):
     put(store, lb.EXPERIMENT, {**cfg, "record": "rank", "rank": 1},
               {"epochs": [{"epoch": 1, "sample_order_head": [3, 1]},
                           {"epoch": 2, "sample_order_head": [0, 2]}]})
-    rows = lbt.worker_sample_orders(store, agg)
+    rows = lbt.worker_sample_orders([agg, *store.latest(lb.EXPERIMENT)], agg)
     assert rows == [{"rank": 1, "epoch": 1, "first indices": "3 1"},
                     {"rank": 1, "epoch": 2, "first indices": "0 2"}]
 
@@ -237,7 +250,7 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     from lab_utils.models import ResNet18
 
     s = _settings("quick", comm_width=2, comm_batch=4, comm_steps=2)
-    [rec] = lb.measure_comm_accounting(lab_for(store), s, verbose=False)
+    [rec] = measure(lab_for(store), lb.COMM_ACCOUNTING_EXPERIMENT, s, verbose=False, machine=CPU)
     assert rec.status == "ok" and rec.config["devices"] == 2 and rec.config["backend"] == "gloo"
     model = ResNet18(width=2)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -263,21 +276,38 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     if wire is not None:
         step = wire[wire["phase"].str.startswith("one training step")].iloc[0]
         assert step["rank 1 wrote (bytes)"] >= params  # ring all-reduce, P=2: 2(P-1)/P x S = S per rank
+        # the worker's expectation: the payload all-reduced (2(P-1)/P = 1) plus the buffers rank 0 sends
+        assert step["rank 0 expected (bytes)"] == params + buffers + 4 and step["rank 1 expected (bytes)"] \
+            == params + 4
     # stored: a second call reads the store instead of launching
-    [again] = lb.measure_comm_accounting(lab_for(store), s, verbose=False)
+    [again] = measure(lab_for(store), lb.COMM_ACCOUNTING_EXPERIMENT, s, verbose=False, machine=CPU)
     assert again.timestamp == rec.timestamp
+
+
+def test_the_wire_summary_by_hand():
+    """Per phase and occurrence: payload counted, bytes written (mean), and what 2 ranks should write."""
+    from lab_utils.workers.comm_accounting import wire_summary
+
+    ledger = [{"phase": "step", "kind": "gradient_bucket_all_reduce", "bytes": 3000, "bytes_by_src": {}},
+              {"phase": "loss_logging", "kind": "all_reduce", "bytes": 12, "bytes_by_src": {}},
+              {"phase": "step", "kind": "broadcast_coalesced", "bytes": 300, "bytes_by_src": {0: 300}}]
+    wire = {"step:1": [1500], "step:2": [1600], "step:3": [1700]}
+    assert wire_summary(ledger, wire, 0, 2) == {"step": {"occurrences": 3, "payload_bytes": 1104.0,
+                                                         "written_bytes": 1600.0,
+                                                         "expected_written_bytes": 1104.0}}
+    assert wire_summary(ledger, wire, 1, 2)["step"]["expected_written_bytes"] == 1004.0  # not a root
+    assert wire_summary(ledger, wire, 1, 4)["step"]["expected_written_bytes"] is None
 
 
 # --------------------------------------------------------------------------- orchestration
 
 
-def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
+def test_a_failed_run_is_an_error_row_the_others_go_on_and_it_is_retried(store, monkeypatch):
     from lab_utils import launcher
-    from lab_utils.core.errors import LaunchError
 
     calls = []
 
-    def failing_launch(module, args, nproc, **kw):
+    def failing_launch(module, job, nproc, **kw):
         calls.append((module, nproc))
         raise LaunchError("The 2-process run of lab_utils.workers.ddp failed (torchrun exit code 1).\n"
                           "last log lines")
@@ -287,13 +317,16 @@ def test_a_failed_run_becomes_an_error_row_and_is_retried(store, monkeypatch):
     tiny = {"epochs": 1, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 16}
     s = _settings("quick", **tiny)
-    recs = lb.measure(lab_for(store), s, verbose=False)
+    with pytest.raises(LaunchError, match="5 run\\(s\\) of large_batch failed"):
+        measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
+    assert calls == [("lab_utils.workers.ddp", 1)] + [("lab_utils.workers.ddp", 2)] * 4  # one launch each
+    recs = store.latest(lb.EXPERIMENT)
     assert [r.status for r in recs] == ["error"] * 5
     assert recs[1].reason.startswith("The 2-process run") and "\n" not in recs[1].reason
-    assert calls == [("lab_utils.workers.ddp", 1)] + [("lab_utils.workers.ddp", 2)] * 4
     t = lbt.large_batch_table(recs, s)
     assert all(x.startswith("error: ") for x in t["status"])
-    lb.measure(lab_for(store), s, verbose=False)  # error rows are not final: tried again
+    with pytest.raises(LaunchError):  # error rows are not final: tried again
+        measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
     assert len(calls) == 10
 
 
@@ -312,8 +345,10 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
     tiny = {"epochs": 2, "width": 2, "train_images": 64, "test_images": 20, "small_batch": 8,
             "large_batch_per_device": 8, "warmup_epochs": 1.0}
     s = _settings("quick", **tiny)
-    recs = lb.measure(lab, s, verbose=False)
-    assert len(store.latest(lb.EXPERIMENT)) == 5 + 1 + 4 * 2 and default.records(lb.EXPERIMENT) == []
+    out = measure(lab, lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
+    recs = aggregates(out)
+    assert len(out) == len(store.latest(lb.EXPERIMENT)) == 5 + 1 + 4 * 2
+    assert default.records(lb.EXPERIMENT) == []
     assert [r.status for r in recs] == ["ok"] * 5, [r.reason for r in recs]
     # quick: 4 x 8 emulated with 2 gloo processes x 2 accumulation steps
     assert [r.config["global_batch"] for r in recs] == [8, 32, 32, 32, 32]
@@ -324,17 +359,17 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
     peaks = [r.metrics["peak_lr"] for r in recs]
     assert peaks == pytest.approx([0.00625, 0.00625, 0.025, 0.025, 0.025])
     for rec in recs:
-        run = lb.run_of(rec)
-        assert len(rec.metrics["epochs"]) == 2 and rec.config["tag"] == run.name
+        run = RunConfig.from_config(rec.config)
+        assert len(rec.metrics["epochs"]) == 2
         steps = rec.metrics["steps_per_epoch"]
-        batches = math.ceil(64 / run.devices / run.batch_per_device)
+        batches = math.ceil(64 / run.devices / run.batch_size)
         assert steps == math.ceil(batches / run.accumulation_steps)
         # the worker's lr per epoch is the schedule's (warm-up over epoch 1 for the remedies)
         sched = make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps, s.epochs,
                               run.warmup_epochs, run.decay)
         last_lrs = [e["lr"] for e in rec.metrics["epochs"]]
         assert last_lrs == pytest.approx([sched.lr_at(steps - 1), sched.lr_at(2 * steps - 1)])
-    orders = lbt.worker_sample_orders(store, recs[1])
+    orders = lbt.worker_sample_orders(out, recs[1])
     assert {o["rank"] for o in orders} == {0, 1} and len(orders) == 4
     r0 = [o["first indices"] for o in orders if o["rank"] == 0]
     assert r0[0] != r0[1]  # the worker calls set_epoch: a new order every epoch
@@ -345,8 +380,8 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
         raise AssertionError("a stored run was launched again")
 
     monkeypatch.setattr(launcher, "stream", no_launch)
-    again = lb.measure(lab, s, verbose=False)
-    assert [r.timestamp for r in again] == [r.timestamp for r in recs]
+    again = measure(lab, lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
+    assert [r.timestamp for r in again] == [r.timestamp for r in out]
 
 
 # ----------------------------------------------------------------- issue 18: Q4.1 comparable numbers
@@ -366,12 +401,14 @@ def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
         "EMULATE 4 devices; CPU processes, not GPUs")
     assert t.loc[0, "vs assignment"].startswith("NOT 1 x 128: global batch 16, not 128")
     # the assignment's layouts on GPUs are not flagged; an emulation with the right batch still is
-    assert lbt.layout_flag(lb.RunSpec("large batch, same lr", 4, 512, "fixed", 0, "constant"), True) == ""
-    assert lbt.layout_flag(lb.RunSpec("small batch (reference)", 1, 128, "fixed", 0, "constant"), True) == ""
-    emulated = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant", 2)
-    assert lbt.layout_flag(emulated, True) == (
+    def run(n, b, acc=1, tag="large batch, same lr"):
+        return RunConfig(devices=n, backend="nccl", batch_size=b, accumulation_steps=acc, tag=tag)
+
+    assert lbt.layout_flag(run(4, 512), True) == ""
+    assert lbt.layout_flag(run(1, 128, tag="small batch (reference)"), True) == ""
+    assert lbt.layout_flag(run(2, 512, 2), True) == (
         "NOT 4 x 512: 2 device(s) x 2 accumulation steps EMULATE 4 devices")
-    fewer = lb.RunSpec("large batch, same lr", 2, 512, "fixed", 0, "constant")
+    fewer = run(2, 512)
     assert lbt.layout_flag(fewer, True) == "NOT 4 x 512: global batch 1024, not 2048; 2 device(s), not 4"
     anchors = lbt.anchor_frame()
     assert list(anchors["'Accuracy' % (as reported)"]) == [82.2, 63.4]

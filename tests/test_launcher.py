@@ -13,42 +13,25 @@ from pathlib import Path
 
 import pytest
 
+from lab_utils import proc
 from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.launcher import failing_rank, launch, stream, tagged_processes
+from lab_utils.launcher import failing_rank, launch, stream
 
 TESTS = Path(__file__).resolve().parent
 TOY = "ddp_toy_worker"
 
 
-TOKEN_ENV = "LAB_TEST_TOKEN"
-
-
 def toy_env(token: str = "") -> dict[str, str]:
+    """The toy worker on the path; with ``token``, a mark every process of the launch inherits
+    (:mod:`lab_utils.proc`: the launcher adds its own mark after it)."""
     path = os.environ.get("PYTHONPATH", "")
     env = {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
-    if token:
-        env[TOKEN_ENV] = token  # every process of the launch inherits it
-    return env
+    return proc.marked_env(token, env) if token else env
 
 
-def processes_with(token: str) -> list[int]:
-    """Live (non-zombie) processes whose environment holds this test's token.
-
-    Other programs of the same user may be launching too: only this token counts.
-    """
-    needle = f"{TOKEN_ENV}={token}".encode()
-    found = []
-    for e in os.listdir("/proc"):
-        if not e.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{e}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if needle in env and state != "Z":
-            found.append(int(e))
-    return found
+def job(mode: str, **config) -> dict:
+    """A one-configuration job for the toy worker (what lab_utils.plan.measure writes)."""
+    return {"experiment": "toy", "profile": "quick", "configs": [{"mode": mode, **config}]}
 
 
 def zombie_children() -> list[int]:
@@ -69,7 +52,7 @@ def zombie_children() -> list[int]:
 
 
 def assert_nothing_left(token: str) -> None:
-    left = processes_with(token)
+    left = proc.leftover(token)
     assert not left, f"processes {left} of the launch are still running"
     assert not zombie_children(), "the launcher left unreaped (zombie) children"
 
@@ -77,12 +60,12 @@ def assert_nothing_left(token: str) -> None:
 @pytest.mark.slow
 def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
     token = uuid.uuid4().hex
-    res = launch(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
+    res = launch(TOY, job("ok"), nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
                  threads_per_rank=1)
-    assert [r.metrics["rank"] for r in res.records] == [0, 1]
-    assert all(r.metrics["world"] == 2 and r.metrics["omp"] == "1" for r in res.records)
+    [rec] = res.records  # rank 0's, with every rank's view gathered
+    assert [m["rank"] for m in rec.metrics["ranks"]] == [0, 1]
+    assert all(m["world"] == 2 and m["omp"] == "1" for m in rec.metrics["ranks"])
     assert "toy worker rank 1/2" in res.log(1)
-    assert res.launch_id and not tagged_processes(res.launch_id)
     assert_nothing_left(token)
 
 
@@ -97,18 +80,18 @@ def test_a_stream_leaves_no_temporary_folder_however_it_ends(tmp_path, monkeypat
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # for torchrun too (it left a torchelastic_* there)
     token = uuid.uuid4().hex
-    recs = list(stream(TOY, ["--mode", "ok"], nproc=2, timeout_s=120, env=toy_env(token), threads_per_rank=1))
-    assert [r.metrics["rank"] for r in recs] == [0, 1]
+    recs = list(stream(TOY, job("ok"), nproc=2, timeout_s=120, env=toy_env(token), threads_per_rank=1))
+    assert [m["rank"] for m in recs[0].metrics["ranks"]] == [0, 1]
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(LaunchError) as failed:
-        list(stream(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, env=toy_env(token),
+        list(stream(TOY, job("fail", fail_rank=1), nproc=2, timeout_s=120, env=toy_env(token),
                     threads_per_rank=1))
     assert FAIL_MARKER in str(failed.value)  # quoted before the folder went
     assert "rank1.log, in a temporary folder now removed: pass log_dir to keep it" in str(failed.value)
     assert str(tmp_path) not in str(failed.value)  # no path that no longer exists
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(LaunchError, match="did not finish within 6 s"):
-        list(stream(TOY, ["--mode", "sleep"], nproc=2, timeout_s=6, env=toy_env(token), threads_per_rank=1))
+        list(stream(TOY, job("sleep"), nproc=2, timeout_s=6, env=toy_env(token), threads_per_rank=1))
     assert list(tmp_path.iterdir()) == []
     assert_nothing_left(token)
 
@@ -120,7 +103,8 @@ def test_an_interrupted_stream_leaves_no_temporary_folder(tmp_path):
     logs removed (the KeyboardInterrupt runs the launch's clean-up)."""
     token = uuid.uuid4().hex
     code = ("from lab_utils.launcher import stream\n"
-            "list(stream('ddp_toy_worker', ['--mode', 'sleep'], nproc=2, timeout_s=120, threads_per_rank=1))")
+            "job = {'experiment': 'toy', 'profile': 'quick', 'configs': [{'mode': 'sleep'}]}\n"
+            "list(stream('ddp_toy_worker', job, nproc=2, timeout_s=120, threads_per_rank=1))")
     env = {**os.environ, **toy_env(token), "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -142,7 +126,7 @@ def test_dead_rank_raises_with_its_log_and_leaves_nothing(tmp_path):
     (tmp_path / "rank0.log").write_text("Traceback: a stale log of an earlier run\n")
     token = uuid.uuid4().hex
     with pytest.raises(LaunchError) as info:
-        launch(TOY, ["--mode", "fail", "--fail-rank", "1"], nproc=2, timeout_s=120, log_dir=tmp_path,
+        launch(TOY, job("fail", fail_rank=1), nproc=2, timeout_s=120, log_dir=tmp_path,
                env=toy_env(token), threads_per_rank=1)
     msg = str(info.value)
     assert "rank 1" in msg and FAIL_MARKER in msg
@@ -155,7 +139,7 @@ def test_dead_rank_raises_with_its_log_and_leaves_nothing(tmp_path):
 def test_timeout_stops_every_process(tmp_path):
     token = uuid.uuid4().hex
     with pytest.raises(LaunchError, match="did not finish within 8 s") as info:
-        launch(TOY, ["--mode", "sleep"], nproc=2, timeout_s=8, log_dir=tmp_path, env=toy_env(token),
+        launch(TOY, job("sleep"), nproc=2, timeout_s=8, log_dir=tmp_path, env=toy_env(token),
                threads_per_rank=1)
     # the message shows where each rank was when it was stopped (if it got that far)
     assert "Last lines of" in str(info.value)
@@ -164,11 +148,11 @@ def test_timeout_stops_every_process(tmp_path):
 
 def test_bad_arguments_fail_before_starting_anything(tmp_path):
     with pytest.raises(LabError, match="nproc"):
-        launch(TOY, nproc=0, log_dir=tmp_path)
+        launch(TOY, job("ok"), nproc=0, log_dir=tmp_path)
     with pytest.raises(LabError, match="timeout_s"):
-        launch(TOY, nproc=1, timeout_s=0, log_dir=tmp_path)
+        launch(TOY, job("ok"), nproc=1, timeout_s=0, log_dir=tmp_path)
     with pytest.raises(LabError, match="threads_per_rank"):
-        launch(TOY, nproc=1, threads_per_rank=0, log_dir=tmp_path)
+        launch(TOY, job("ok"), nproc=1, threads_per_rank=0, log_dir=tmp_path)
     assert not (tmp_path / "torchrun.log").exists()
 
 

@@ -8,9 +8,8 @@ import weakref
 
 import pytest
 import torch
-from store_helpers import lab_for
 
-from lab_utils.core import memory, profiles
+from lab_utils.core import memory
 from lab_utils.core.errors import LabError
 
 # --------------------------------------------------------------------------- is_out_of_memory
@@ -171,24 +170,3 @@ def test_a_cpu_device_is_a_lab_error(fake_cuda):
     with pytest.raises(LabError, match="CUDA device"):
         memory.set_memory_fraction(0.5, "cpu")
     assert fake_cuda == []
-
-
-def test_the_sweep_sets_and_lifts_the_cap_on_an_indexed_device(fake_cuda, monkeypatch, store):
-    """Notebook 01's MEMORY_FRACTION path on a GPU node, with torch.cuda simulated."""
-    from lab_utils.experiments import sweep
-
-    seen = []
-
-    def no_training(bs, s, base, dev, workers):
-        seen.append(bs)
-        return sweep.Record(experiment=sweep.EXPERIMENT, config={}, status="oom", reason="OOM: simulated",
-                            metrics={"batch_size": bs})
-
-    monkeypatch.setattr(sweep, "_measure_batch", no_training)
-    monkeypatch.setattr(sweep, "device_name", lambda d=None: "Fake GPU")
-    monkeypatch.setattr(sweep, "hardware_summary", lambda d=None, n=None: {"device_type": "cuda"})
-    s = profiles.settings(sweep.Settings, "quick", batch_sizes=(8, 32), width=2, train_images=64,
-                          test_images=16, dataset="synthetic", memory_fraction=0.5, memory_cap_bytes=0)
-    records = sweep.measure(lab_for(store, "cuda", 1), s, verbose=False)
-    assert seen == [8] and [r.status for r in records] == ["oom", "skipped"]
-    assert fake_cuda == [(0.5, torch.device("cuda", 3)), (1.0, torch.device("cuda", 3))]  # set, lifted

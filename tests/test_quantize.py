@@ -30,11 +30,14 @@ from torch import nn
 
 from lab_utils.core import profiles
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import quant_model as QM
-from lab_utils.experiments import quant_timing as QT
-from lab_utils.experiments import quant_variants as QV
+from lab_utils.core.machine import Machine
 from lab_utils.experiments import quantize as Q
 from lab_utils.experiments import quantize_tables as QTab
+from lab_utils.plan import make_plan, measure
+from lab_utils.workers import quant_model as QM
+from lab_utils.workers import quant_timing as QT
+from lab_utils.workers import quant_variants as QV
+from lab_utils.workers import quantize as QW
 
 LOGIT_TOL = {"fp32": 0.0, "bf16": 0.02, "torchao_int8_weight_only": 0.02,
              "ao_dynamic_int8": 0.05, "torchao_int8_dynamic": 0.05}
@@ -262,41 +265,84 @@ def test_context_and_intensity_formulas():
 # --------------------------------------------------------------------------- unavailable paths
 
 
-def test_disabled_variant_is_a_row_that_says_why(toy, store):
-    model, val = toy
-    mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
-    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
-                       disabled=("torchao_int8_dynamic",), eval_tokens=512, prompt_tokens=4, new_tokens=2,
-                       cpu_large_batch=2, warmup=0, repeats=1)
-    recs = Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert [r.status for r in recs] == ["ok", "skipped"]
-    assert "disabled by configuration" in recs[1].reason
+@pytest.fixture
+def gpt_checkpoint(tmp_path):
+    """A tiny (untrained) GPT checkpoint on 20,000 characters of the offline corpus."""
+    from lab_utils.core.text_data import load_corpus
+    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+
+    corpus = load_corpus("stdlib", max_chars=20_000)
+    vocab = "".join(sorted(set(corpus.text)))
+    torch.manual_seed(0)
+    gpt = GPT(gpt_config("tiny", vocab_size=len(vocab)))
+    return save_checkpoint(tmp_path / "gpt.pt", gpt, vocab, corpus.name, {"max_chars": 20_000})
+
+
+TINY = dict(devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
+            repeats=1)
+
+
+def test_a_devices_variants_are_measured_together_and_reused_whole(gpt_checkpoint, store):
+    """THE measure on notebook 07's plan (the CPU: in this process): a disabled variant is a row that says
+    so (not stored), the others share one session; a re-run reuses them, a new variant measures the
+    device's group again side by side, ``force`` too."""
+    kw = dict(TINY, checkpoint=str(gpt_checkpoint))
+    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "bf16", "torchao_int8_dynamic"),
+                          disabled=("torchao_int8_dynamic",), **kw)
+    recs = measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, s)
+    assert [r.status for r in recs] == ["ok", "ok", "skipped"]
+    assert recs[2].reason == Q.DISABLED and recs[0].config["model_id"] == QW.file_sha256(gpt_checkpoint)
+    assert recs[0].metrics["run_id"] == recs[1].metrics["run_id"]   # one session: interleaved timings
     df = QTab.quantization_table(recs)
-    row = df[df["variant"] == "torchao_int8_dynamic"].iloc[0]
-    assert row["status"] == "skipped" and "disabled" in row["note"]
-    assert row["size_bytes"] == "" and pd.isna(row["val_loss"]) and pd.isna(row["ms_per_token_b1"])
-    fp = df[df["variant"] == "fp32"].iloc[0]
+    fp, skipped = df.iloc[0], df.iloc[2]
     assert fp["speedup_b1"] == pytest.approx(1.0) and fp["size_vs_fp32"] == pytest.approx(1.0)
-    # stored: a re-run measures nothing new for the ok row and re-checks the skipped one
-    again = Q.measure(lab_for(store), s, mut, show_progress=False)
-    assert again[0].timestamp == recs[0].timestamp
-    assert len(store.records("quantization")) == 3
+    assert skipped["status"] == "skipped" and "disabled" in skipped["note"]
+    assert skipped["size_bytes"] == "" and pd.isna(skipped["val_loss"])
+    avail = QTab.availability_frame(recs)
+    assert list(avail["available"]) == [True, True, False] and avail["kernel / reason"][2] == Q.DISABLED
+    again = measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, s)
+    assert [r.metrics["run_id"] for r in again[:2]] == [r.metrics["run_id"] for r in recs[:2]]
+    assert len(store.records(Q.EXPERIMENT)) == 2
+    one = profiles.settings(Q.Settings, "quick", variants=("fp32",), **kw)
+    [fp32] = measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, one)
+    assert fp32.metrics["run_id"] == recs[0].metrics["run_id"]
+    both = measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT,
+                   profiles.settings(Q.Settings, "quick", variants=("fp32", "ao_dynamic_int8"), **kw))
+    assert both[0].metrics["run_id"] == both[1].metrics["run_id"] != recs[0].metrics["run_id"]
+    assert len(store.records(Q.EXPERIMENT)) == 4
+    measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, one, force=True)
+    assert len(store.records(Q.EXPERIMENT)) == 5
 
 
-def test_a_missing_row_remeasures_the_whole_device_session(toy, store):
-    model, val = toy
-    mut = Q.ModelUnderTest(model, val, T, "toy", dataset="pattern", synthetic=True)
-    kw = dict(devices=("cpu",), eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
-              repeats=1)
-    first = Q.measure(lab_for(store), profiles.settings(Q.Settings, "quick", variants=("fp32",), **kw), mut)
-    both = Q.measure(lab_for(store), profiles.settings(Q.Settings, "quick", variants=("fp32", "bf16"), **kw),
-                     mut)
-    assert [r.config["variant"] for r in both] == ["fp32", "bf16"]
-    # fp32 is measured again, side by side with bf16
-    assert both[0] is not first[0] and len(store.records("quantization")) == 3
-    s2 = profiles.settings(Q.Settings, "quick", variants=("fp32", "bf16"), **kw)
-    forced = Q.measure(lab_for(store), s2, mut, force=True)
-    assert len(forced) == 2 and len(store.records("quantization")) == 5
+def test_the_plan_for_a_gpu_node_and_its_cost(gpt_checkpoint):
+    """For 4 GPUs, on this CPU: the CPU's variants in this process, the GPU's launched (one process, no
+    process group), each device one side-by-side group; the model is a job option, not part of the key."""
+    s = profiles.settings(Q.Settings, "full", checkpoint=str(gpt_checkpoint), disabled=("bf16",))
+    runs = make_plan(Q.QUANTIZATION_EXPERIMENT, s, Machine(gpus=4, gpu_name="G", cores=8), "full")
+    assert [(r.device, r.config["variant"]) for r in runs[:2]] == [("cpu", "fp32"), ("cpu", "bf16")]
+    assert {(r.device, r.in_process, r.together, r.group, r.processes) for r in runs} == {
+        ("cpu", True, True, "quantization cpu", 1), ("cuda", False, True, "quantization cuda", 1)}
+    assert len(runs) == 2 * len(Q.VARIANTS) and [r.skip for r in runs].count(Q.DISABLED) == 2
+    assert runs[-1].options == {"checkpoint": str(gpt_checkpoint), "process_group": False}
+    assert "cpu_threads" in runs[0].config and "cpu_threads" not in runs[-1].config
+    assert [Q.cost(r) for r in (runs[0], runs[-1])] == [45.0, 10.0]
+    cpu_only = make_plan(Q.QUANTIZATION_EXPERIMENT, s, Machine(gpus=0, cores=2), "full")
+    assert {r.device for r in cpu_only} == {"cpu"}
+    small = Q.doctor_settings(s)
+    assert (small.repeats, small.new_tokens, small.warmup) == (1, 2, 0) and small.variants == s.variants
+
+
+def test_without_notebook_06s_checkpoint_a_gpt_is_trained_here_once(store, monkeypatch):
+    """No checkpoint from notebook 06: the fallback GPT is trained through THE measure (in this process on
+    a CPU) and kept; the next call uses the file."""
+    s = profiles.settings(Q.Settings, "quick", fallback_steps=2, fallback_max_chars=20_000)
+    path, source = Q.model_checkpoint(lab_for(store), s)
+    assert path.exists() and "trained here for 2 steps" in source
+    rec, rank0 = store.records("gpt_fallback")                        # the aggregate and its one rank
+    assert rec.metrics["steps_done"] == 2 and rec.config["size"] == "tiny" and rank0.config["rank"] == 0
+    assert Q.model_checkpoint(lab_for(store), s)[0] == path and len(store.records("gpt_fallback")) == 2
+    mut = Q.load_model_under_test(path, source)
+    assert mut.source == source and mut.val_tokens.numel() > 0
 
 
 def test_missing_torchao_module_gives_a_reason(monkeypatch):
@@ -406,18 +452,9 @@ def test_settings_validation():
 # --------------------------------------------------------------------------- the GPT
 
 
-def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
-    from lab_utils.core.text_data import load_corpus
-    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
-
-    corpus = load_corpus("stdlib", max_chars=20_000)
-    vocab = "".join(sorted(set(corpus.text)))
-    torch.manual_seed(0)
-    gpt = GPT(gpt_config("tiny", vocab_size=len(vocab)))
-    path = save_checkpoint(tmp_path / "gpt.pt", gpt, vocab, corpus.name, {"max_chars": 20_000})
-    mut = Q.load_model_under_test("quick", profiles.settings(Q.Settings, "quick"), checkpoint=path)
-    assert mut.val_tokens.numel() == 2_000 and mut.synthetic is True
-    assert mut.model_id == Q.file_sha256(path) and "notebook 06" in mut.source
+def test_gpt_checkpoint_round_trip_and_quantized_gpt(gpt_checkpoint, tmp_path):
+    mut = Q.load_model_under_test(gpt_checkpoint, "notebook 06's")
+    assert mut.val_tokens.numel() == 2_000 and mut.synthetic is True and mut.source == "notebook 06's"
     x = mut.val_tokens[:64].view(1, 64)
     with torch.no_grad():
         ref = mut.model(x)
@@ -430,9 +467,8 @@ def test_gpt_checkpoint_round_trip_and_quantized_gpt(tmp_path):
         assert (out - ref).abs().max() <= 0.05 * ref.abs().max() + 1e-3
         if variant != "fp32":
             assert QM.serialized_size_bytes(q) < 0.6 * fp32_size
-    with pytest.raises(LabError):
-        Q.load_model_under_test("quick", profiles.settings(Q.Settings, "quick"),
-                                checkpoint=tmp_path / "absent.pt")
+    with pytest.raises(LabError, match="run notebook 06 first"):
+        Q.load_model_under_test(tmp_path / "absent.pt")
 
 
 # --------------------------------------------------------------------------- int8 mm shapes
@@ -456,14 +492,14 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
     torch.manual_seed(0)
     gpt = GPT(gpt_config("tiny", vocab_size=65)).eval()
     want = {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
-    assert Q.float_layers(gpt, "torchao_int8_dynamic", "cuda") == want
-    assert Q.float_layers(gpt, "torchao_int8_dynamic", "cpu") == {}          # CPU _int_mm takes any N
-    assert Q.float_layers(gpt, "torchao_int8_weight_only", "cuda") == {}     # float mm, no _int_mm
+    assert QM.float_layers(gpt, "torchao_int8_dynamic", "cuda") == want
+    assert QM.float_layers(gpt, "torchao_int8_dynamic", "cpu") == {}          # CPU _int_mm takes any N
+    assert QM.float_layers(gpt, "torchao_int8_weight_only", "cuda") == {}     # float mm, no _int_mm
 
     real = QM.float_layers
     on_cuda = lambda model, variant, device: real(model, variant, "cuda")  # noqa: E731
     monkeypatch.setattr(QM, "float_layers", on_cuda)  # quantize_model's
-    monkeypatch.setattr(Q, "float_layers", on_cuda)   # measure_device's
+    monkeypatch.setattr(QW, "float_layers", on_cuda)  # measure_device's
     q = Q.quantize_model(gpt, "torchao_int8_dynamic", "cpu")
     assert type(q.lm_head.weight.data) is torch.Tensor                      # left in fp32
     assert type(q.blocks[0].mlp.fc.weight.data) is not torch.Tensor         # quantized (Int8Tensor)
@@ -472,11 +508,11 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
         assert torch.isfinite(q(x)).all()
 
     val = torch.randint(0, 65, (600,))
-    mut = Q.ModelUnderTest(gpt, val, 64, "tiny65", dataset="random", synthetic=True)
-    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_dynamic"), devices=("cpu",),
-                          eval_tokens=256, prompt_tokens=4, new_tokens=2, cpu_large_batch=2, warmup=0,
-                          repeats=1)
-    recs = Q.measure_device(mut, s.variants, "cpu", s)
+    mut = Q.ModelUnderTest(gpt, val, 64, dataset="random", synthetic=True)
+    s = profiles.settings(Q.Settings, "quick", variants=("fp32", "torchao_int8_dynamic"), **TINY)
+    recs = QW.measure_device(mut, s.variants, "cpu", s.measure_key())
+    for v, r in zip(s.variants, recs):
+        r.config = {"variant": v, "device": "cpu"}
     assert [r.status for r in recs] == ["ok", "ok"]
     assert "kept_in_float" not in recs[0].metrics
     assert recs[1].metrics["kept_in_float"] == want

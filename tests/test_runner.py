@@ -15,7 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import proctree, runner
+from lab_utils import proc as proc_marks
+from lab_utils import runner
 from lab_utils.core.errors import LabError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,8 +128,8 @@ def _start_run(tmp_path, notebooks, *args, results=None):
     one (pytest's tmp_path) the kernel's Unix sockets would not fit and it would use TCP."""
     mark = uuid.uuid4().hex
     tmpdir = tempfile.mkdtemp(prefix="lab_t_")
-    env = {**os.environ, "LAB_TEST_RUN": mark, "LAB_RESULTS_DIR": str(results or tmp_path / "results"),
-           "TMPDIR": tmpdir}
+    env = proc_marks.marked_env(mark, {**os.environ, "LAB_RESULTS_DIR": str(results or tmp_path / "results"),
+                                       "TMPDIR": tmpdir})
     proc = subprocess.Popen([sys.executable, "-m", "lab_utils", "run", *map(str, notebooks),
                              "--profile", "quick", *args], cwd=REPO, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -143,7 +144,7 @@ def _finish(proc, timeout=120):
 
 def _leftovers(mark):
     """Processes of the run (the kernel, its children) still alive a moment after it ended."""
-    return proctree.leftover(mark, wait_s=3, var="LAB_TEST_RUN")
+    return proc_marks.leftover(mark, wait_s=3)
 
 
 def _tmp_left(proc):
@@ -248,7 +249,7 @@ def test_a_signal_while_the_kernel_starts_is_one_line_and_no_traceback(tmp_path)
     nb = _notebook(tmp_path / "97_start.ipynb", ["import time\ntime.sleep(60)"])
     proc, mark = _start_run(tmp_path, [nb])
     deadline = time.monotonic() + 60
-    while not any("ipykernel" in " ".join(p.cmdline()) for p in proctree.marked(mark, var="LAB_TEST_RUN")):
+    while not any("ipykernel" in " ".join(p.cmdline()) for p in proc_marks.marked(mark)):
         assert time.monotonic() < deadline and proc.poll() is None, "the kernel never started"
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)

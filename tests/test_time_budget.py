@@ -1,17 +1,23 @@
-"""The GPU time budget: one row per notebook, the README carries the same table."""
+"""The GPU time budget: one row per notebook, a sum over each experiment's own plan; the README carries the
+same table."""
 
 import re
 
 import pytest
 
+from lab_utils import plan
 from lab_utils import time_budget as tb
+from lab_utils.core import estimates, profiles
 from lab_utils.core.config import repo_root
 from lab_utils.core.errors import LabError
+from lab_utils.core.machine import BUDGET_NODE
+from lab_utils.experiments import registry, scaling
 
 
 def test_table_has_every_notebook_and_a_total():
     df = tb.budget_table()
-    assert list(df["notebook"]) == [*tb.NOTEBOOKS, "all"]
+    assert list(df["notebook"]) == [*tb.notebooks(), "all"]
+    assert list(tb.notebooks()) == [f"{i:02d}" for i in range(9)]
     minutes = list(df["estimated minutes"])
     assert all(m >= 1 for m in minutes)
     assert minutes[-1] == sum(minutes[:-1])
@@ -20,20 +26,65 @@ def test_table_has_every_notebook_and_a_total():
 def test_flop_constant_matches_the_counter():
     from lab_utils.experiments.sweep import flops_per_image
 
-    assert tb.RESNET_TRAIN_FLOPS_PER_IMAGE == pytest.approx(flops_per_image(64).train_flops, rel=1e-3)
+    assert estimates.RESNET_TRAIN_FLOPS_PER_IMAGE == pytest.approx(flops_per_image(64).train_flops, rel=1e-3)
 
 
 def test_spec_epoch_is_anchored_on_published_times():
-    assert tb.spec_epoch_seconds(1, 128) == 33.64  # as published (core.anchors.FIRST_COHORT_TABLE1_SECONDS)
-    assert tb.spec_epoch_seconds(4, 2048) == 9.01  # above 512: the 512 time
-    assert tb.spec_epoch_seconds(1, 32) > tb.spec_epoch_seconds(1, 128)
-    assert tb.fast_epoch_seconds("bf16") < tb.spec_epoch_seconds(1, 128)
+    assert estimates.spec_epoch_seconds(1, 128) == 33.64  # as published (anchors.FIRST_COHORT_TABLE1_SECONDS)
+    assert estimates.spec_epoch_seconds(4, 2048) == 9.01  # above 512: the 512 time
+    assert estimates.spec_epoch_seconds(1, 32) > estimates.spec_epoch_seconds(1, 128)
+    assert estimates.fast_epoch_seconds("bf16") < estimates.spec_epoch_seconds(1, 128)
+
+
+def test_a_registered_notebook_is_the_sum_over_its_plan_by_hand():
+    """Notebook 02 on the budget's node (4 GPUs): DataParallel and DDP on 1, 2, 4 GPUs, 4 batch sizes each:
+    24 runs in 6 launch groups. Its minutes = (60 s + 6 x 40 s + the runs' costs) / 60, rounded up; the runs'
+    costs are 2 epochs at the anchors: e.g. DDP 1 x 32 = 2 x 41.3 s."""
+    parts = tb.notebook_parts("02")
+    runs = [p for p in parts if not p.start_up]
+    starts = [p for p in parts if p.start_up]
+    assert len(runs) == 24 and len(starts) == 1 + 6
+    ddp_1_32 = next(p for p in runs if p.what == "DDP 1 x 32")
+    assert ddp_1_32.seconds == pytest.approx(2 * 41.3) and ddp_1_32.gpus == 1
+    full = profiles.settings(scaling.Settings, "full")
+    costs = [scaling.cost(r) for r in plan.make_plan(scaling.SCALING_EXPERIMENT, full, BUDGET_NODE, "full")]
+    total = 60 + 6 * estimates.LAUNCH_S + sum(costs)
+    assert sum(p.seconds for p in parts) == pytest.approx(total)
+    assert tb.estimate_minutes("02") == -(-total // 60)
+
+
+def test_a_later_notebook_does_not_count_what_an_earlier_one_planned():
+    """Notebook 03's plan holds notebook 02's T(1) and DataParallel runs (reused from its store): only its
+    DDP runs with the communication probe (2 and 4 GPUs x 4 batch sizes, 2 launches) count."""
+    runs = [p for p in tb.notebook_parts("03") if not p.start_up]
+    assert len(runs) == 8 and {p.gpus for p in runs} == {2, 4}
+    alone = tb.plan_parts(scaling.COMPUTE_VS_COMM_EXPERIMENT)  # on its own it would count them all
+    assert len([p for p in alone if not p.start_up]) > 8
+
+
+def test_every_notebook_is_summed_from_the_registry_or_its_legacy_model_never_both():
+    """A notebook whose experiments register is summed from their plans: its legacy function must then go
+    (delete it from time_budget._LEGACY). Once every notebook is registered, _LEGACY itself goes: this
+    test fails until it is deleted."""
+    both = [nb for nb in tb._LEGACY if registry.for_notebook(nb)]
+    assert not both, f"notebook(s) {both} are registered: delete their functions from time_budget._LEGACY"
+    measured = [nb for nb in tb.notebooks() if nb != "00"]
+    unregistered = [nb for nb in measured if not registry.for_notebook(nb)]
+    assert sorted(tb._LEGACY) == unregistered
+    assert unregistered, ("every notebook is registered: delete time_budget._LEGACY and its functions, and "
+                          "this test's legacy checks")
+
+
+def test_an_experiment_without_a_cost_is_one_sentence():
+    e = plan.Experiment("nocost", "02", scaling.Settings, scaling.plan)
+    with pytest.raises(LabError, match="has no cost"):
+        tb.plan_parts(e)
 
 
 def test_budget_line_is_labelled_an_estimate():
     line = tb.budget_line("1")
     assert line == tb.budget_line("01")
-    assert tb.LABEL in line and f"~{tb.estimate_minutes('01')} min" in line and "\n" not in line
+    assert estimates.LABEL in line and f"~{tb.estimate_minutes('01')} min" in line and "\n" not in line
     with pytest.raises(LabError, match="No notebook"):
         tb.budget_line("42")
 

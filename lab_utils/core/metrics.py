@@ -95,6 +95,7 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("warmup_data_loading_seconds", "data_loading_seconds of the warm-up epoch (epoch 1)", "s"),
     ("warmup_epoch_seconds", "epoch_seconds of the warm-up epoch (epoch 1)", "s"),
     ("steps_per_epoch", "optimizer steps per epoch (per rank)", "count"),
+    ("ms_per_step", "1000 x train_seconds / steps: the mean training time of one optimizer step", "ms"),
     ("batches_per_epoch", "batches per epoch per rank (= steps_per_epoch x accumulation steps)", "count"),
     ("batch_size", "samples per batch (per device)", "count"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
@@ -120,21 +121,19 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("validation_seconds", "GPT: wall time of the validation pass after an epoch (not in epoch_seconds)",
      "s"),
     # ---------------------------------------------------------------- communication (core.comm_hooks)
-    ("allreduce_seconds", "(c) per epoch: the time during which a gradient all-reduce was in flight (DDP "
-     "comm hook, union over buckets), over all the epoch's steps (a DDP aggregate measures it on the "
-     "no_sync probe's steps and scales their mean per step to the epoch's steps)", "s"),
+    ("allreduce_seconds", "(c) per epoch: the time a gradient all-reduce was in flight (DDP comm hook, union "
+     "over buckets), measured on the no_sync probe's steps: their mean per step x the epoch's steps", "s"),
+    ("epoch_allreduce_seconds", "the comm hook's all-reduce time in flight during the epoch's own training "
+     "steps, summed (the same hook as allreduce_seconds, not the probe)", "s"),
     ("exposed_tail_seconds", "the hook's in-step estimate of (b): last bucket ready -> backward returned, "
      "summed over the epoch's steps", "s"),
     ("exposed_comm_seconds", "(b): exposed communication per epoch = (step with gradient sync - the same "
      "step under no_sync) x steps (the probe)", "s"),
-    ("exposed_comm_per_step_seconds", "(b) per optimizer step (the probe's mean difference)", "s"),
     ("exposed_comm_noise_seconds", "standard error of (b), scaled like exposed_comm_seconds", "s"),
     ("overlap_seconds", "(c) - (b), at least 0: all-reduce time hidden behind backward", "s"),
     ("overlap_fraction", "overlap_seconds / (c)", "fraction"),
     ("comm_probe", "the no_sync probe's per-step values (lab_utils.core.comm_hooks.CommProbe fields)", "-"),
-    ("probe", "GPT: one rank's no_sync probe (CommProbe fields)", "-"),
     ("allreduce_buckets", "DDP gradient buckets seen by the comm hook", "count"),
-    ("buckets", "GPT: DDP gradient buckets seen by the comm hook (slowest rank)", "count"),
     ("gradient_bytes", "fp32 gradient size S = parameters x 4", "bytes"),
     ("parameters", "trainable parameters of the model", "count"),
     # ---------------------------------------------------------------- a DDP run (workers.ddp)
@@ -155,10 +154,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("device_type", "cuda | cpu", "-"),
     ("threads_per_rank", "torch intra-op threads of each rank", "count"),
     ("threads_pinned", "DataParallel: the torch thread count was set for the run (and restored)", "-"),
-    ("threads_per_process", "GPT on a CPU: torch threads of each process", "count"),
     # ---------------------------------------------------------------- the GPT (workers.gpt_train)
     ("tokens", "training tokens of the epoch (all ranks for an aggregate) = sequences x block size", "count"),
-    ("sequences", "training sequences of the epoch (this rank)", "count"),
+    ("sequences", "training sequences of the epoch (all ranks for an aggregate)", "count"),
     ("tokens_per_s", "training tokens / train_seconds (loader waits EXCLUDED); aggregate: all ranks' tokens "
      "/ the slowest rank's train_seconds", "tokens/s"),
     ("mfu", "model FLOPs utilization: flops_per_token x tokens_per_s / (devices x peak FLOP/s); None where "
@@ -167,6 +165,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
     ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
     ("precision", "the precision the peak is taken at: fp32 | tf32 | bf16", "-"),
+    ("precision_note", "why the precision differs from the dtype asked (bf16 where the device has no native "
+     "bf16 runs fp32), in words; None when it does not", "-"),
     ("device_name", "the device's name (the GPU model, or cpu)", "-"),
     ("corpus", "the text corpus trained on", "-"),
     ("train_windows", "training windows of block-size tokens", "count"),
@@ -174,16 +174,13 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("total_steps", "optimizer steps planned for the run", "count"),
     ("steps_done", "optimizer steps the run took", "count"),
     ("saved_activation_bytes", "bytes autograd keeps for backward after one micro-batch's forward", "bytes"),
-    ("run_seconds", "GPT worker: wall time of the whole run (rank 0's nested 'run' timer)", "s"),
-    ("wall_seconds", "GPT: wall time of the run as the parent saw it, process start-up included", "s"),
-    ("final_val_loss", "val_loss after the last epoch", "nats"),
-    ("final_train_loss", "train_loss of the last epoch", "nats"),
     ("checkpoint", "path of the saved model", "-"),
-    ("timers", "rank 0's nested timers: rows of timer, count, total_seconds, mean_seconds (per call)", "-"),
-    ("timers_slowest_rank", "the slowest rank's nested timers (as timers)", "-"),
-    ("kind", "GPT epoch entries: 'epoch'", "-"),
+    ("timers", "a rank's nested timers over the whole run: rows of timer, count, total_seconds, mean_seconds "
+     "(per call); an aggregate's: the slowest rank's (of the reported epoch)", "-"),
     # ---------------------------------------------------------------- the all-reduce benchmark
     ("time_us", "microseconds per all-reduce of one message, the slowest rank", "us"),
+    ("compute_seconds_per_step", "one training step on one device (forward, loss, backward, SGD step) on "
+     "random tensors already there, mean over the timed steps after untimed warm-up ones", "s"),
     ("time_us_min_rank", "microseconds per all-reduce, the fastest rank", "us"),
     ("algbw_gb_per_s", "algorithm bandwidth S / t (nccl-tests)", "GB/s"),
     ("busbw_gb_per_s", "bus bandwidth algbw x 2(n-1)/n (nccl-tests)", "GB/s"),
@@ -194,8 +191,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- the communication ledger
     ("model_bytes", "the model's parameter and buffer sizes (ModelBytes fields)", "-"),
     ("ledger", "payload bytes and calls per (phase, collective)", "-"),
-    ("wire_bytes", "bytes this process wrote per phase (wchar of /proc/self/io)", "-"),
-    ("wire_measured", "wire_bytes could be read (gloo on Linux)", "-"),
+    ("wire", "per phase: occurrences, payload bytes counted and bytes this process wrote (wchar of "
+     "/proc/self/io), both per occurrence, and with 2 ranks the bytes the algorithms imply it writes", "-"),
+    ("wire_measured", "the bytes written (wire) could be read (gloo on Linux)", "-"),
     ("parameters_equal_after_init", "every rank held rank 0's parameters after DDP's broadcast", "-"),
     ("sgd_state_bytes", "SGD momentum bytes this rank holds", "bytes"),
     ("zero_state_bytes", "ZeRO-1: momentum bytes this rank holds (its shard)", "bytes"),
@@ -243,7 +241,10 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("train_flops_per_image", "training FLOPs per image (forward + backward, FlopCounterMode)", "FLOP"),
     ("achieved_tflops_per_s", "train_flops_per_image x epoch_images_per_s / 1e12", "TFLOP/s"),
     ("peak_precision", "the precision the row's peak is taken at", "-"),
-    ("percent_of_peak", "achieved / the device's dense peak at peak_precision", "%"),
+    ("train_tflops_per_s", "train_flops_per_image x images_per_s / 1e12: the sweep's FLOP rate over "
+     "train_seconds (loader waits excluded)", "TFLOP/s"),
+    ("percent_of_peak", "the record's FLOP rate (achieved_tflops_per_s, or the sweep's train_tflops_per_s) / "
+     "the device's dense peak at peak_precision", "%"),
     ("sgd_resolved", "the SGD implementation that ran", "-"),
     ("graphs_compiled_in_epoch", "graphs torch.compile compiled inside the timed epoch", "count"),
     ("onednn_workaround", "the oneDNN defect workaround applied, in words", "-"),
@@ -308,7 +309,7 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
+#: The metric that IS T(N) in notebooks 02, 03 and 06 (and every speedup built on it): an aggregate
 #: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
 T_N = "train_seconds"
 

@@ -12,7 +12,6 @@ table            dataclass                                             notebook
 ``PROFILE``      :class:`lab_utils.core.config.Profile` (shared knobs)  all
 ``SWEEP``        :class:`lab_utils.experiments.sweep.Settings`          01
 ``SCALING``      :class:`lab_utils.experiments.scaling.Settings`        02, 03
-``BENCH``        :class:`lab_utils.experiments.comm.BenchSettings`      04
 ``COMM_LAB``     :class:`lab_utils.experiments.comm.Settings`           04
 ``LARGE_BATCH``  :class:`lab_utils.experiments.large_batch.Settings`    05
 ``GPT``          :class:`lab_utils.experiments.gpt.Settings`            06
@@ -154,20 +153,14 @@ FAST = {
 }
 
 
-BENCH = {
-    "quick": dict(max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0),
-    "full": dict(max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0),
-}
-
-
 COMM_LAB = {
-    "quick": dict(bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2,
-                             compute_warmup=1,
-                             label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8"),
-    "full": dict(bench_ranks=(2, 4), batch_sizes=(32, 128, 512), width=64, compute_steps=20,
-                            compute_warmup=5,
-                            label="full: NCCL on the GPUs (gloo CPU processes with fewer than 2), "
-                                  "messages up to 1 GiB, the spec ResNet-18"),
+    "quick": dict(bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2, compute_warmup=1,
+                  max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0,
+                  label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8"),
+    "full": dict(bench_ranks=(2, 4), batch_sizes=(32, 128, 512), width=64, compute_steps=20, compute_warmup=5,
+                 max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0,
+                 label="full: NCCL on the GPUs (gloo CPU processes with fewer than 2), "
+                       "messages up to 1 GiB, the spec ResNet-18"),
 }
 
 

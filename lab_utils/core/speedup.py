@@ -8,12 +8,16 @@ says otherwise.
 
 from __future__ import annotations
 
+import math
+
 
 def speedup(t1_seconds: float | None, tn_seconds: float | None) -> float | None:
-    """Strong-scaling speedup T(1)/T(N) of the same work (None when either time is missing)."""
-    if not t1_seconds or not tn_seconds:
+    """THE speedup of the lab's tables: T(1)/T(N), two times in seconds (None when either is missing,
+    NaN or 0). Which time each is (T_N, a mean over ranks, seconds per token) the caller's column says."""
+    if t1_seconds is None or tn_seconds is None:
         return None
-    return t1_seconds / tn_seconds
+    t1, tn = float(t1_seconds), float(tn_seconds)
+    return None if math.isnan(t1) or math.isnan(tn) or not t1 or not tn else t1 / tn
 
 
 def efficiency(speedup_value: float | None, devices: int) -> float | None:

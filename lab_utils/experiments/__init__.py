@@ -11,8 +11,8 @@ records in a module of their own.
                                              communication ledger (``accounting_tables``)
 - :mod:`~lab_utils.experiments.gpt`          06 the GPT trained with DDP and gradient accumulation
                                              (``gpt_tables``, ``gpt_samples``)
-- :mod:`~lab_utils.experiments.quantize`     07 int8 quantization (``quant_variants``, ``quant_model``,
-                                             ``quant_timing``, ``quantize_tables``)
+- :mod:`~lab_utils.experiments.quantize`     07 int8 quantization (``quantize_tables``; its worker and
+                                             ``quant_*`` modules are in :mod:`lab_utils.workers`)
 - :mod:`~lab_utils.experiments.fastpath`, :mod:`~lab_utils.experiments.bench_timers`
                                              08 speed limits: the fast path (``fast_train``,
                                              ``fastpath_tables``) and timer overhead

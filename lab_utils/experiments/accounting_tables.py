@@ -1,5 +1,5 @@
 """Notebook 05's tables for Q6 and Q7, from the record of
-:func:`lab_utils.experiments.large_batch.measure_comm_accounting` (the ledger of a few DDP steps,
+:data:`lab_utils.experiments.large_batch.COMM_ACCOUNTING_EXPERIMENT` (the ledger of a few DDP steps,
 :mod:`lab_utils.workers.comm_accounting`): what DDP communicates besides the gradients, in bytes
 (``comm_accounting``, ``comm_accounting_wire``), and whether at 4 x 512 the gradients alone would be
 enough (``comm_gradients_only``). Payload bytes are what each rank hands to a collective.
@@ -8,7 +8,6 @@ enough (``comm_gradients_only``). Payload bytes are what each rank hands to a co
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,55 +150,27 @@ _PHASE_LABELS = {
 }
 
 
-_LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
-
-
-def _expected_written(rows: list[dict[str, Any]], rank: int, world: int) -> float:
-    """Bytes ``rank`` should write for these ledger rows with 2 ranks: ring all-reduce 2(P-1)/P x S,
-    broadcast S from the root (to its P-1 = 1 peer)."""
-    total = 0.0
-    for row in rows:
-        if row["kind"] in (ca.ALL_REDUCE, ca.GRAD_BUCKET):
-            total += row["bytes"] * 2 * (world - 1) / world
-        elif row["kind"] in (ca.BROADCAST, ca.BROADCAST_COALESCED):
-            sent = {int(k): v for k, v in (row.get("bytes_by_src") or {}).items()}
-            total += sent.get(rank, 0) * (world - 1)
-    return total
-
-
 def wire_table(rec: Record):
-    """Cross-check (gloo only): payload counted vs bytes each rank wrote to its sockets, per phase.
-
-    ``wrote`` is the mean over the phase's occurrences of the change in ``wchar`` of
-    ``/proc/self/io``. With 2 ranks, ``expected`` is what the algorithms imply: a ring
-    all-reduce of S bytes writes 2(P-1)/P x S = S per rank, a broadcast writes S on the
-    root and nothing elsewhere. The excess is gloo's per-message headers and the control
-    messages the payload count cannot see (shape check, bucket-order sync). Returns None
-    when not measured (NCCL).
-    """
+    """Cross-check (gloo only): payload counted vs bytes each rank wrote to its sockets, per phase, per
+    occurrence, as the worker summed them (:func:`lab_utils.workers.comm_accounting.wire_summary`). The
+    excess is gloo's per-message headers and the control messages the payload count cannot see (shape
+    check, bucket-order sync). None when not measured (NCCL)."""
     import pandas as pd
 
     ranks = rec.metrics["ranks"]
-    world = rec.metrics["world_size"]
-    if not all(g.get("wire_measured") for g in ranks):
+    if not all(g.get("wire_measured") and g.get("wire") for g in ranks):
         return None
     rows = []
     for phase, label in _PHASE_LABELS.items():
-        occurrences = [k for k in ranks[0]["wire_bytes"] if k.split(":")[0] == phase]
-        if not occurrences:
+        if phase not in ranks[0]["wire"]:
             continue
-        n = len(occurrences)
-        phases = _LEDGER_PHASES.get(phase, (phase,))
-        row: dict[str, Any] = {"phase": label}
+        row: dict[str, Any] = {"phase": label,
+                               "payload counted (bytes)": ranks[0]["wire"][phase]["payload_bytes"]}
         for g in ranks:
-            vals = [v for k, vs in g["wire_bytes"].items() if k.split(":")[0] == phase for v in vs]
-            ledger_rows = [r for r in g["ledger"] if r["phase"] in phases]
-            if g["rank"] == 0:
-                row["payload counted (bytes)"] = sum(r["bytes"] for r in ledger_rows) / n
-            if world == 2:
-                expected = _expected_written(ledger_rows, g["rank"], world) / n
-                row[f"rank {g['rank']} expected (bytes)"] = expected
-            row[f"rank {g['rank']} wrote (bytes)"] = statistics.fmean(vals) if vals else None
+            w = g["wire"][phase]
+            if w["expected_written_bytes"] is not None:
+                row[f"rank {g['rank']} expected (bytes)"] = w["expected_written_bytes"]
+            row[f"rank {g['rank']} wrote (bytes)"] = w["written_bytes"]
         rows.append(row)
     df = pd.DataFrame(rows)
     return _object_columns(df, [c for c in df.columns if c != "phase"])

@@ -1,8 +1,9 @@
 """Notebook 04's tables and figures: the benchmark and its fit, the algorithms, DDP's buckets, Table 3
 (bandwidth utilization) and the projections to 8..1024 devices.
 
-Presentation of :func:`lab_utils.experiments.comm.measure`'s records (the all-reduce benchmark)
-and of notebook 03's (:mod:`lab_utils.experiments.compute_vs_comm`'s Table 3 interface).
+Presentation of the records :func:`lab_utils.plan.measure` returns for
+:data:`lab_utils.experiments.comm.ALLREDUCE_BENCH_EXPERIMENT` and ``COMPUTE_STEP_EXPERIMENT``, and of
+notebook 03's (Table 3: :func:`lab_utils.experiments.compute_vs_comm.comm_measurements`).
 :func:`_fit_records` fits alpha and B by least squares on relative error (:mod:`lab_utils.core.ring`);
 :func:`_project_scaling` predicts epoch time, speedup and efficiency from the fit and a measured
 compute time per step, under the assumptions :data:`PROJECTION_ASSUMPTIONS` writes out.
@@ -12,6 +13,7 @@ compute time per step, under the assumptions :data:`PROJECTION_ASSUMPTIONS` writ
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,8 +28,10 @@ from lab_utils.core.anchors import (
     FIRST_COHORT_TABLE1_SECONDS,
     SPEC_GRADIENT_BYTES,
 )
+from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
+from lab_utils.core.machine import Machine
 from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -35,6 +39,7 @@ from lab_utils.core.ring import (
     AlphaBetaFit,
     _check_pos,
     _check_world_size,
+    achieved_gb_per_s,
     bucketed_ring_seconds,
     compare_algorithms,
     fit_alpha_beta,
@@ -45,23 +50,14 @@ from lab_utils.core.ring import (
     samples_per_rank,
 )
 from lab_utils.experiments import compute_vs_comm, scaling
-from lab_utils.experiments.comm import (
-    BENCH_EXPERIMENT,
-    BenchSettings,
-    CommMeasurement,
-    LinkPeak,
-    Settings,
-    measure_bench,
-    measure_compute_steps,
-    utilization_rows,
-)
+from lab_utils.experiments.comm import ALLREDUCE_BENCH_EXPERIMENT, LinkPeak, Settings
 from lab_utils.models import ResNet18, count_parameters
-from lab_utils.session import session_for
+from lab_utils.plan import aggregates, make_plan, measure
 from lab_utils.store import ResultStore
 
-__all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "bench_main", "format_bench", "projection_compute_inputs",
-           "report_bench", "report_buckets", "report_bytes", "report_inputs", "report_models",
-           "report_projection", "report_utilization"]
+__all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bench_main", "format_bench",
+           "projection_compute", "report_bench", "report_buckets", "report_bytes", "report_inputs",
+           "report_models", "report_projection", "report_utilization", "utilization_rows"]
 
 _Q32_NOTE = (
     "Which GB/s answers Q3.2: (a). The assignment defines communication time as Q3.1's T(N) - T(1)/N and "
@@ -111,17 +107,10 @@ def _bench_frame(records: Iterable):
     """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
     import pandas as pd
 
-    rows = []
-    for r in records:
-        if r.status != "ok":
-            continue
-        rows.append({"ranks": r.config["world_size"], "backend": r.config["backend"],
-                     "size_bytes": r.config["size_bytes"], "count": r.metrics["count"],
-                     "type": r.config["dtype"], "time_us": r.metrics["time_us"],
-                     "algbw_gb_per_s": r.metrics["algbw_gb_per_s"],
-                     "busbw_gb_per_s": r.metrics["busbw_gb_per_s"]})
-    df = pd.DataFrame(rows, columns=["ranks", "backend", "size_bytes", "count", "type", "time_us",
-                                     "algbw_gb_per_s", "busbw_gb_per_s"])
+    cols = ["ranks", "backend", "size_bytes", "count", "type", "time_us", "algbw_gb_per_s", "busbw_gb_per_s"]
+    rows = [(r.config["world_size"], r.config["backend"], r.config["size_bytes"], r.metrics["count"],
+             r.config["dtype"], *(r.metrics[k] for k in cols[5:])) for r in records if r.status == "ok"]
+    df = pd.DataFrame(rows, columns=cols)
     return df.sort_values(["ranks", "size_bytes"]).reset_index(drop=True)
 
 
@@ -164,47 +153,42 @@ def _peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> fl
 
 
 def bench_main(argv: list[str] | None = None) -> int:
-    """``python -m lab_utils bench allreduce``: run the benchmark, print and record it, fit alpha and B."""
+    """``python -m lab_utils bench allreduce``: the benchmark's plan (notebook 04's) through
+    :func:`lab_utils.plan.measure`, printed with nccl-tests' columns, and the fitted alpha and B."""
     p = argparse.ArgumentParser(prog="python -m lab_utils bench allreduce",
                                 description="All-reduce bandwidth with nccl-tests' columns, under torchrun "
                                             "(NCCL on >= 2 GPUs, else gloo between CPU processes).")
     p.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: all GPUs, or 2 CPU processes)")
-    p.add_argument("--max-bytes", type=int, default=None, help="largest message (default: the profile's)")
-    p.add_argument("--min-bytes", type=int, default=None, help="smallest message (default 8)")
-    p.add_argument("--iters", type=int, default=None, help="timed all-reduces per size")
-    p.add_argument("--warmup", type=int, default=None, help="untimed all-reduces per size")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the profile's rank counts)")
+    for name, what in (("max-bytes", "largest message"), ("min-bytes", "smallest message"),
+                       ("iters", "timed all-reduces per size"), ("warmup", "untimed all-reduces per size")):
+        p.add_argument(f"--{name}", type=int, default=None, help=f"{what} (default: the profile's)")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo"], help="gloo: CPU processes")
     p.add_argument("--force", action="store_true", help="re-measure sizes already in the store")
     a = p.parse_args(argv)
     store = ResultStore(a.profile)
-    base = profiles.settings(BenchSettings, store.profile)
-    settings = BenchSettings(
-        max_bytes=a.max_bytes if a.max_bytes is not None else base.max_bytes,
-        min_bytes=a.min_bytes if a.min_bytes is not None else base.min_bytes,
-        iters=a.iters if a.iters is not None else base.iters,
-        warmup=a.warmup if a.warmup is not None else base.warmup,
-        timeout_s=base.timeout_s,
-    )
-    records = measure_bench(session_for(store.profile), a.nproc, settings, a.backend, force=a.force)
-    df = _bench_frame(records)
-    if df.empty:
-        raise LabError("The benchmark produced no valid timing; see the records' reasons.")
-    ranks = int(df.ranks.iloc[0])
-    print(f"# all-reduce, {ranks} ranks, backend {df.backend.iloc[0]}, profile {store.profile}; "
-          f"time = mean per all-reduce of the slowest rank; GB/s decimal")
-    print(format_bench(df))
-    bad = [r for r in records if r.status != "ok"]
-    for r in bad:
-        print(f"size {r.config['size_bytes']} B: {r.status}: {r.reason}")
+    settings = profiles.settings(Settings, store.profile, bench_ranks=(a.nproc,) if a.nproc else None,
+                                 max_bytes=a.max_bytes, min_bytes=a.min_bytes, iters=a.iters, warmup=a.warmup)
+    here = Machine.here()
+    machine = dataclasses.replace(here, gpus=0, gpu_name=None) if a.backend == "gloo" else here
+    runs = [r for r in make_plan(ALLREDUCE_BENCH_EXPERIMENT, settings, machine, store.profile)
+            if a.nproc is None or r.processes == a.nproc]
+    records = measure(store.profile, ALLREDUCE_BENCH_EXPERIMENT, settings, force=a.force, runs=runs)
     failures: dict[int, str] = {}
-    fit = _fit_records(records, failures).get(ranks)
-    if fit is not None:
-        print("# fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B")
-        print("# " + fit.summary())
-    elif ranks in failures:
-        print(f"# no fitted alpha/B: {failures[ranks]}")
-    print(f"# peak busbw {df.busbw_gb_per_s.max():.3f} GB/s; records in {store.path(BENCH_EXPERIMENT)}")
+    fits = _fit_records(records, failures)
+    for ranks, group in _bench_frame(records).groupby("ranks"):
+        print(f"# all-reduce, {ranks} ranks, backend {group.backend.iloc[0]}, profile {store.profile}; "
+              "time = mean per all-reduce of the slowest rank; GB/s decimal")
+        print(format_bench(group))
+        print("# " + (f"fitted ring model T = 2(P-1) alpha + 2(P-1)/P S / B: {fits[ranks].summary()}"
+                      if ranks in fits else f"no fitted alpha/B: {failures.get(ranks, 'too few sizes')}"))
+    skipped = {r.config["world_size"]: r.reason for r in records if r.status == "skipped"}
+    for p, why in sorted(skipped.items()):
+        print(f"# {p} ranks: not measured: {why}")
+    bad = [r for r in records if r.status not in ("ok", "skipped")]
+    for r in bad:
+        print(f"{r.config['world_size']} ranks, {r.config['size_bytes']} B: {r.status}: {r.reason}")
+    print(f"# records in {store.path(ALLREDUCE_BENCH_EXPERIMENT.name)}")
     return 1 if bad else 0
 
 
@@ -306,20 +290,13 @@ def _bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit])
     import pandas as pd
 
     rows = []
-    for i, s in enumerate(bucket_sizes):
-        row: dict[str, Any] = {"bucket": i, "bytes": int(s)}
+    for name, s in [*enumerate(bucket_sizes), ("one message", sum(bucket_sizes))]:
+        row: dict[str, Any] = {"bucket": name, "bytes": int(s)}
         for p, fit in sorted(fits.items()):
             t = fit.predict_seconds(s)
             row[f"P={p} modelled ms"] = 1e3 * t
             row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
         rows.append(row)
-    total = int(sum(bucket_sizes))
-    row = {"bucket": "one message", "bytes": total}
-    for p, fit in sorted(fits.items()):
-        t = fit.predict_seconds(total)
-        row[f"P={p} modelled ms"] = 1e3 * t
-        row[f"P={p} latency share"] = 2 * (p - 1) * fit.alpha_seconds / t
-    rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -443,7 +420,6 @@ class _ProjectionCompute:
     dataset_size: int
     width: int
     source: str
-    measured: bool
     records: list = field(default_factory=list)
 
     @property
@@ -453,20 +429,17 @@ class _ProjectionCompute:
                 f"{self.grad_bytes:,} gradient bytes; projected data set {self.dataset_size:,} images")
 
 
-def _measured_compute_inputs(lab, settings: Settings, batch_sizes: Sequence[int] | None = None,
-                             force: bool = False, dataset_size: int | None = None) -> _ProjectionCompute:
-    """Compute seconds per step measured in this process (one device, random tensors)."""
-    lab = session_for(lab)
-    device = lab.device
-    recs = measure_compute_steps(lab, settings, batch_sizes, force=force)
-    per = {int(r.config["batch_size"]): float(r.metrics["compute_seconds_per_step"])
-           for r in recs if r.status == "ok"}
+def projection_compute(records: Sequence, settings: Settings) -> _ProjectionCompute:
+    """The projection's compute side from ``COMPUTE_STEP_EXPERIMENT``'s records (ok ones; one device,
+    random tensors): seconds per forward+backward+SGD step at each per-device batch."""
+    ok = [r for r in records if r.status == "ok"]
+    device = ok[0].config["device_type"] if ok else "?"
     return _ProjectionCompute(
-        seconds_per_step=per, grad_bytes=gradient_bytes(ResNet18(width=settings.width)),
-        dataset_size=dataset_size or CIFAR10_TRAIN_SIZE, width=settings.width,
-        source=f"measured here on one {device} device: forward+backward+SGD step on random tensors, "
-               f"{settings.compute_steps} timed steps after {settings.compute_warmup} warm-up",
-        measured=True, records=recs)
+        seconds_per_step={r.config["batch_size"]: r.metrics["compute_seconds_per_step"] for r in ok},
+        grad_bytes=gradient_bytes(ResNet18(width=settings.width)), dataset_size=CIFAR10_TRAIN_SIZE,
+        width=settings.width, records=list(records),
+        source=f"measured on one {device} device: forward+backward+SGD step on random tensors, "
+               f"{settings.compute_steps} timed steps after {settings.compute_warmup} warm-up")
 
 
 def _inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
@@ -523,13 +496,15 @@ def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence
 
 @dataclass
 class BenchReport:
-    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count) and figure."""
+    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count), figure and the
+    records measured (skipped rank counts aside)."""
 
     table: Any
     fits: dict[int, AlphaBetaFit]
     peaks: dict[int, float | None]
     fit_table: Any
     figure: Any
+    records: list = field(default_factory=list)
 
     @property
     def reference_fit(self) -> AlphaBetaFit | None:
@@ -538,9 +513,12 @@ class BenchReport:
 
 
 def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
-    """Tables ``allreduce_bench`` and ``allreduce_fit`` and figure ``allreduce_busbw`` (saved)."""
+    """Tables ``allreduce_bench`` and ``allreduce_fit`` and figure ``allreduce_busbw`` (saved); a rank
+    count the machine lacks is a note of the fit table."""
     import matplotlib.pyplot as plt
 
+    skipped = {r.config["world_size"]: r.reason for r in records if r.status == "skipped"}
+    records = [r for r in records if r.status != "skipped"]
     df = _bench_table(records)
     failures: dict[int, str] = {}
     fits = _fit_records(records, failures)
@@ -551,11 +529,12 @@ def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
     ft = _fit_table(fits, peaks)
     store.save_table(ft, "allreduce_fit", records, title="Fitted ring model T = 2(P-1) alpha + 2(P-1)/P S/B",
                      notes=[f"link: {link.description}"]
-                     + [f"{p} ranks: no fit: {why}" for p, why in sorted(failures.items())])
+                     + [f"{p} ranks: no fit: {why}" for p, why in sorted(failures.items())]
+                     + [f"{p} ranks: not measured: {why}" for p, why in sorted(skipped.items())])
     fig = _plot_busbw(records, fits, link)
     store.save_figure(fig, "allreduce_busbw", records)
     plt.close(fig)
-    return BenchReport(df, fits, peaks, ft, fig)
+    return BenchReport(df, fits, peaks, ft, fig, records)
 
 
 def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence,
@@ -612,8 +591,7 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
     store.save_table(df, "allreduce_projection", recs,
                      title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
                            + (f": {verdict.upper()}" if verdict else ""),
-                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description]
-                     + ([store.here_note(scaling.SCALING)] if compute.measured else []))
+                     notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
     fig = _plot_projection(rows, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
@@ -629,88 +607,121 @@ def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit
     return df
 
 
-_NB03_MISSING = "run notebook 03 first"
+# --------------------------------------------------------------------------- Table 3
+
+
+@dataclass
+class CommMeasurement:
+    """Communication seconds for one (devices, per-GPU batch) from notebook 03, by source.
+
+    ``source`` names how the seconds were obtained (derived ``T(N) - T(1)/N``, exposed,
+    hook all-reduce total); ``seconds`` is per epoch; None with a ``reason`` when missing.
+    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to;
+    ``steps_per_epoch`` (the run's measured steps) overrides the formula's iterations.
+    """
+
+    devices: int
+    per_device_batch: int
+    source: str
+    seconds: float | None
+    grad_bytes: int
+    dataset_size: int
+    reason: str | None = None
+    steps_per_epoch: int | None = None
+    method: str = "DDP"
+    noise_seconds: float | None = None  # standard error of ``seconds`` where it was repeated (probe (b))
 
 
 _COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c) hook all-reduce")
+# Which Table 3 GB/s answers Q3.2, and why (one entry per source; the table's ``q3_2`` column).
+_Q32_ROLE = dict(zip(_COMM_SOURCES, (
+    "Q3.2 answer (the assignment's comm time, Q3.1's T(N) - T(1)/N)",
+    "not a rate: only the exposed part of the all-reduce",
+    "check: the all-reduce's own measured time (the network's real rate)")))
 
 
-def _nb03_records(store) -> list:
-    """Notebook 03's aggregate DDP records (``compute_vs_comm``), possibly none."""
-    here = store.latest_here(scaling.COMPUTE_VS_COMM).records     # this machine's devices only
-    return [r for r in here if r.config.get("record") == "aggregate"]
+def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
+                     link: LinkPeak | None = None) -> list[dict[str, Any]]:
+    """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
 
-
-def _nb03_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
-                      batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
-    """Table 3's communication seconds from notebook 03: three rows per (devices, per-device batch).
-
-    Uses :func:`lab_utils.experiments.compute_vs_comm.comm_measurements` (DDP only: DataParallel is no ring).
-    A configuration notebook 03 has not stored gets one row with its bytes (a formula,
-    for the model and data set notebook 03 uses in this profile) and no seconds, saying
-    "run notebook 03 first" when it stored nothing at all, or that it was not measured.
+    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds)
+    (:func:`lab_utils.core.ring.achieved_gb_per_s`): the same quantity as nccl-tests' busbw, so it
+    is compared with the benchmark's peak busbw (``peak_busbw``: one number, or a mapping ranks ->
+    peak) and with the link's nominal one-direction bandwidth when known. A missing or
+    non-positive time gives no rate. A measurement on one device is refused (LabError): one
+    device communicates nothing, so it has no bandwidth.
     """
-    st = profiles.settings(scaling.Settings, profile or store.profile)
-    grid_devices, grid_batches, width, images = st.comm_devices, st.batch_sizes, st.width, st.train_images
-    found = compute_vs_comm.comm_measurements(store, devices=None, methods=(scaling.DDP,))
-    devices = tuple(devices or grid_devices)
-    batch_sizes = tuple(batch_sizes or grid_batches)
-    dataset_size = images or CIFAR10_TRAIN_SIZE
-    default_bytes = gradient_bytes(ResNet18(width=width))
-    by_key = {(r.devices, r.per_device_batch): r for r in found}
+    measurements = list(measurements)
+    for m in measurements:
+        if m.devices < 2:
+            raise LabError(f"Table 3 has no row for {m.devices} device ({m.method}, batch "
+                           f"{m.per_device_batch}): one device communicates nothing, so it has no bandwidth; "
+                           "measure 2 or more.")
+    rows = []
+    for m in measurements:
+        steps = m.steps_per_epoch or iterations_per_epoch(m.dataset_size, m.per_device_batch, m.devices)
+        peak = peak_busbw.get(m.devices) if isinstance(peak_busbw, Mapping) else peak_busbw
+        row: dict[str, Any] = {
+            "method": m.method, "devices": m.devices, "per_gpu_batch": m.per_device_batch,
+            "comm_source": m.source, "grad_bytes": m.grad_bytes, "steps_per_epoch": steps,
+            "bytes_per_rank_per_epoch": steps * ring_bytes_per_rank(m.grad_bytes, m.devices),
+            "comm_seconds": m.seconds,
+            "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
+            "note": m.reason or "",
+            "q3_2": _Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
+        }
+        if m.seconds is not None and m.seconds > 0:
+            achieved = achieved_gb_per_s(m.grad_bytes, m.devices, steps, m.seconds)
+            row["achieved_gb_per_s"] = achieved
+            if peak:
+                row["pct_of_bench_peak_busbw"] = 100 * achieved / peak
+            if link is not None and link.gb_per_s:
+                row["pct_of_link_nominal"] = 100 * achieved / link.gb_per_s
+        elif m.seconds is not None and not m.reason:
+            row["note"] = "communication time <= 0 (within noise): no rate"
+        rows.append(row)
+    return rows
+
+
+_NB03_MISSING = "run notebook 03 first"
+
+
+def _measurements(store, devices: Sequence[int] | None = None) -> list[CommMeasurement]:
+    """Table 3's communication seconds from notebooks 02/03's records of this machine's devices
+    (:func:`lab_utils.experiments.compute_vs_comm.comm_measurements`), for every (devices, per-GPU
+    batch) of notebook 03's grid in this profile: DDP three rows, (a) (b) (c); DataParallel one, (a),
+    labelled :data:`_DP_ASSUMED_RING`. A configuration not stored is one row with its bytes (the formula,
+    for the model notebook 03 trains in this profile), no seconds, and why."""
+    st = profiles.settings(scaling.Settings, store.profile)
+    size, default = st.train_images or CIFAR10_TRAIN_SIZE, gradient_bytes(ResNet18(width=st.width))
+    no_probe = "no no_sync/hook probe for this configuration in notebook 03 (see its Table 2)"
     out: list[CommMeasurement] = []
-    for p in devices:
-        for b in batch_sizes:
-            r = by_key.get((p, b))
-            if r is None:
-                reason = _NB03_MISSING if not found else (
-                    f"not measured by notebook 03 (its Table 2 says why, e.g. needs {p} devices or skipped "
-                    "in this profile)")
-                out.append(CommMeasurement(p, b, "none", None, default_bytes, dataset_size, reason=reason))
-                continue
-            grad = int(r.gradient_bytes or default_bytes)
-            if r.tn_seconds is None:  # not ok (OOM, error): one row with its reason
-                out.append(CommMeasurement(p, b, "none", None, grad, dataset_size, reason=r.status))
-                continue
-            no_probe = "no no_sync/hook probe for this configuration in notebook 03 (see its Table 2)"
-            for source, seconds, missing, noise in (
-                    (_COMM_SOURCES[0], r.comm_a_seconds, r.status, None),
-                    (_COMM_SOURCES[1], r.exposed_b_seconds, no_probe, r.exposed_noise_b_seconds),
-                    (_COMM_SOURCES[2], r.allreduce_c_seconds, no_probe, None)):
-                out.append(CommMeasurement(p, b, source, seconds, grad, dataset_size,
-                                           reason=None if seconds is not None else missing,
-                                           steps_per_epoch=r.steps_per_epoch, method=r.method,
-                                           noise_seconds=noise))
-    return out
-
-
-def _dp_assumed_ring_measurements(store, profile: str | None = None, devices: Sequence[int] | None = None,
-                                 batch_sizes: Sequence[int] | None = None) -> list[CommMeasurement]:
-    """Q3.2 for DataParallel under the assignment's assumption that it is a ring: one (a) row per
-    (devices, per-GPU batch) from notebook 02's DataParallel runs (T(N) - T(1)/N), labelled
-    :data:`_DP_ASSUMED_RING`. DataParallel runs only on GPUs: without them each row says so."""
-    st = profiles.settings(scaling.Settings, profile or store.profile)
-    devices = tuple(devices or st.comm_devices)
-    batch_sizes = tuple(batch_sizes or st.batch_sizes)
-    dataset_size = st.train_images or CIFAR10_TRAIN_SIZE
-    default_bytes = gradient_bytes(ResNet18(width=st.width))
-    found = {(r.devices, r.per_device_batch): r
-             for r in compute_vs_comm.comm_measurements(store, methods=(scaling.DP,))}
-    out = []
-    for p in devices:
-        for b in batch_sizes:
-            r = found.get((p, b))
-            if r is None or r.tn_seconds is None:
-                why = (r.status if r is not None else
-                       f"no DataParallel run stored (it needs {p} GPUs; notebook 02 runs it where they "
-                       "exist)")
-                out.append(CommMeasurement(p, b, _COMM_SOURCES[0], None, default_bytes, dataset_size,
-                                           reason=why, method=_DP_ASSUMED_RING))
-                continue
-            out.append(CommMeasurement(p, b, _COMM_SOURCES[0], r.comm_a_seconds,
-                                       int(r.gradient_bytes or default_bytes), dataset_size,
-                                       reason=None if r.comm_a_seconds is not None else r.status,
-                                       steps_per_epoch=r.steps_per_epoch, method=_DP_ASSUMED_RING))
+    for method in (scaling.DDP, scaling.DP):
+        dp = method == scaling.DP
+        found = {(r.devices, r.per_device_batch): r
+                 for r in compute_vs_comm.comm_measurements(store, devices, methods=(method,))}
+        for p in devices or st.comm_devices:
+            for b in st.batch_sizes:
+                r = found.get((p, b))
+                if r is None or r.tn_seconds is None:
+                    why = (r.status if r is not None else
+                           f"no DataParallel run stored (it needs {p} GPUs; notebook 02 runs it where they "
+                           "exist)" if dp else _NB03_MISSING if not found else
+                           f"not measured by notebook 03 (its Table 2 says why, e.g. needs {p} devices or "
+                           "skipped in this profile)")
+                    out.append(CommMeasurement(p, b, _COMM_SOURCES[0] if dp else "none", None,
+                                               int(r.gradient_bytes or default) if r else default, size,
+                                               reason=why, method=_DP_ASSUMED_RING if dp else method))
+                    continue
+                sources = [(_COMM_SOURCES[0], r.comm_a_seconds, r.status, None)]
+                if not dp:
+                    sources += [(_COMM_SOURCES[1], r.exposed_b_seconds, no_probe, r.exposed_noise_b_seconds),
+                                (_COMM_SOURCES[2], r.allreduce_c_seconds, no_probe, None)]
+                out += [CommMeasurement(p, b, source, seconds, int(r.gradient_bytes or default), size,
+                                        reason=None if seconds is not None else missing,
+                                        steps_per_epoch=r.steps_per_epoch,
+                                        method=_DP_ASSUMED_RING if dp else r.method, noise_seconds=noise)
+                        for source, seconds, missing, noise in sources]
     return out
 
 
@@ -718,77 +729,31 @@ def _dp_assumed_ring_measurements(store, profile: str | None = None, devices: Se
 _ANCHOR_ASSUMED_RING = f"{FIRST_COHORT_LABEL}: ring ASSUMED, as the assignment says"
 
 
-def _anchor_assumed_ring_measurements(seconds: Mapping[tuple[int, int], float] | None = None,
-                                     grad_bytes: int = SPEC_GRADIENT_BYTES,
-                                     dataset_size: int = CIFAR10_TRAIN_IMAGES) -> list[CommMeasurement]:
+def _anchor_measurements(seconds: Mapping[tuple[int, int], float] = FIRST_COHORT_TABLE1_SECONDS,
+                         grad_bytes: int = SPEC_GRADIENT_BYTES,
+                         dataset_size: int = CIFAR10_TRAIN_IMAGES) -> list[CommMeasurement]:
     """The earlier cohort's Table 1 timings through Q3.1 and Q3.2 as the assignment asks (ring
-    assumed, S = the spec's fp32 gradient bytes, 50,000 images): comm (a) = T(N) - T(1)/N, steps per
-    epoch = ceil(50,000 / (N x b)) (N x b images per step, whichever parallel module ran it: the
-    report does not say). A worked example, not a measurement here."""
-    if seconds is None:
-        seconds = FIRST_COHORT_TABLE1_SECONDS
-    out = []
-    for (p, b), tn in sorted(seconds.items()):
-        t1 = seconds.get((1, b))
-        if p < 2 or t1 is None:
-            continue
-        out.append(CommMeasurement(p, b, _COMM_SOURCES[0], tn - t1 / p, grad_bytes, dataset_size,
-                                   steps_per_epoch=math.ceil(dataset_size / (p * b)),
-                                   method=_ANCHOR_ASSUMED_RING))
-    return out
+    assumed, S = the spec's fp32 gradient bytes, 50,000 images): comm (a) = T(N) - T(1)/N
+    (:func:`lab_utils.core.comm_hooks.derived_comm`), steps per epoch = ceil(50,000 / (N x b)) (N x b
+    images per step, whichever parallel module ran it: the report does not say). A worked example,
+    not a measurement here."""
+    return [CommMeasurement(p, b, _COMM_SOURCES[0], derived_comm(seconds[(1, b)], tn, p)[1], grad_bytes,
+                            dataset_size, steps_per_epoch=math.ceil(dataset_size / (p * b)),
+                            method=_ANCHOR_ASSUMED_RING)
+            for (p, b), tn in sorted(seconds.items()) if p >= 2 and (1, b) in seconds]
 
 
-def _nb03_compute_inputs(store) -> _ProjectionCompute | None:
-    """Compute seconds per step from notebook 02/03's one-device DDP runs, or None when there are none.
-
-    Seconds per step = the reported epoch's training time (host-to-device copies, forward,
-    backward, optimizer step; loader waits excluded) / its steps. With several widths
-    stored, the widest model's runs are used.
-    """
-    ones = [r for r in store.latest_here(scaling.SCALING).records
-            if r.config.get("record") == "aggregate" and r.config.get("devices") == 1
-            and r.config.get("method") == scaling.DDP and r.status == "ok"
-            and r.metrics.get("train_seconds") and r.metrics.get("steps")]
-    if not ones:
-        return None
-    width = max(int(r.config["width"]) for r in ones)
-    ones = [r for r in ones if int(r.config["width"]) == width]
-    per = {int(r.config["batch_size"]): float(r.metrics["train_seconds"]) / int(r.metrics["steps"])
-           for r in ones}
-    device = ones[0].config.get("device_type", "?")
-    return _ProjectionCompute(
-        seconds_per_step=per,
-        grad_bytes=int(ones[0].metrics.get("gradient_bytes") or gradient_bytes(ResNet18(width=width))),
-        dataset_size=CIFAR10_TRAIN_SIZE, width=width,
-        source=f"measured by notebook 02/03: one-device DDP runs ({device}), reported epoch's training "
-               "seconds / steps (copies + forward + backward + optimizer, loader waits excluded)",
-        measured=True, records=ones)
-
-
-def projection_compute_inputs(lab, settings: Settings, batch_sizes: Sequence[int] | None = None,
-                              force: bool = False) -> _ProjectionCompute:
-    """The projection's compute side: notebook 03's single-device runs when ``lab.store`` holds them,
-    else measured here (:func:`lab_utils.experiments.comm.measure_compute_steps`, on ``lab.device``)."""
-    lab = session_for(lab)
-    if batch_sizes is None:
-        found = _nb03_compute_inputs(lab.store)
-        if found is not None and found.seconds_per_step:
-            return found
-    return _measured_compute_inputs(lab, settings, batch_sizes, force=force)
-
-
-def report_utilization(store, devices: Sequence[int], peaks: Mapping[int, float | None], link: LinkPeak,
-                       bench_records: Sequence):
-    """Table 3 ``allreduce_utilization`` from notebook 03's records and the benchmark (saved, returned)."""
+def report_utilization(store, settings: Settings, bench: BenchReport, link: LinkPeak):
+    """Table 3 ``allreduce_utilization`` from notebooks 02/03's records and the benchmark's peaks
+    (saved, returned)."""
     import pandas as pd
 
-    measurements = (_nb03_measurements(store, devices=devices)
-                    + _dp_assumed_ring_measurements(store, devices=devices))
-    rows = utilization_rows(measurements, peaks, link)
-    rows += utilization_rows(_anchor_assumed_ring_measurements(), None, None)  # their hardware: no peak here
+    rows = utilization_rows(_measurements(store, settings.table_devices), bench.peaks, link)
+    rows += utilization_rows(_anchor_measurements(), None, None)  # their hardware: no peak here
     df = pd.DataFrame(rows)
     df = df.astype(object).where(df.notna(), None)  # missing numbers print as blanks, not "nan"
-    store.save_table(df, "allreduce_utilization", _nb03_records(store) + list(bench_records),
+    nb03 = store.latest_here(scaling.COMPUTE_VS_COMM).records
+    store.save_table(df, "allreduce_utilization", aggregates(nb03) + list(bench.records),
                      title="Table 3: all-reduce bandwidth utilization (Q3.2)",
                      notes=["bytes_per_rank_per_epoch = steps x 2(P-1)/P x grad_bytes (ring, per rank).",
                             "achieved_gb_per_s = bytes / comm_seconds (decimal GB/s), comparable with busbw; "

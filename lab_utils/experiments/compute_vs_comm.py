@@ -230,34 +230,35 @@ def _short_method(label: str) -> str:
 
 
 def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
-    """Per-rank phases of the reported epoch for one DDP configuration (seconds) plus the aggregate row.
+    """Per-rank phases of the reported epoch for one DDP configuration (seconds), then the aggregate's
+    rows as the worker computed them (:func:`lab_utils.core.ranks.aggregate_epoch`): the mean over
+    ranks and the slowest rank's values (the reported T(N) and its breakdown).
 
     ``skew_wait_seconds`` (the rank's wait for the other ranks' loaders, not part of
-    ``train_seconds``) is NaN for records written before the skew barrier existed.
+    ``train_seconds``) is blank for records written before the skew barrier existed.
     """
     import pandas as pd
 
-    rows = []
+    phases = ("epoch_seconds", "train_seconds", "data_loading_seconds", "data_movement_seconds",
+              "compute_seconds", "communication_seconds", "skew_wait_seconds")
+    rows, agg = [], None
     for r in records:
         c = r.config
         if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
             continue
-        m = r.metrics
         if c.get("record") == "rank":
-            rows.append({"rank": c["rank"], "epoch_seconds": m["epoch_seconds"],
-                         "train_seconds": m["train_seconds"],
-                         "data_loading_seconds": m["data_loading_seconds"],
-                         "data_movement_seconds": m["data_movement_seconds"],
-                         "compute_seconds": m["compute_seconds"],
-                         "communication_seconds": m["communication_seconds"],
-                         # None (blank) in records written before the skew barrier existed
-                         "skew_wait_seconds": m.get("skew_wait_seconds")})
+            rows.append({"rank": c["rank"], **{k: r.metrics.get(k) for k in phases}})
+        elif r.status == "ok":
+            agg = r.metrics
     if not rows:
         return pd.DataFrame()
     df = pd.DataFrame(rows).sort_values("rank")
-    df["skew_wait_seconds"] = pd.to_numeric(df["skew_wait_seconds"])  # None -> NaN
-    mean = df.drop(columns="rank").mean()
-    slow = df.drop(columns="rank").max()
-    df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean}, {"rank": "max (reported)", **slow}])],
-                   ignore_index=True)
+    if agg is not None:
+        mean = {k: agg.get(f"{k}_mean") for k in phases}
+        slowest = {k: agg.get(k) for k in phases}
+        df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean},
+                                          {"rank": f"slowest (rank {agg.get('slowest_rank')}, reported)",
+                                           **slowest}])], ignore_index=True)
+    for k in phases:
+        df[k] = pd.to_numeric(df[k])  # None (not measured) -> NaN, a blank cell
     return df

@@ -1,6 +1,6 @@
 """Notebook 08's tables, figure and summaries from the records of :mod:`lab_utils.experiments.fastpath`
-(``fastpath_loader``, ``fastpath_waterfall``, ``fastpath_accuracy``), and the ``python -m lab_utils bench
-data|train`` commands that measure and print them. Rates: ``loader_images_per_s`` (the loader alone),
+(``bench_data``, ``bench_train``, ``fastpath_trace``, ``fastpath_accuracy``), and the ``python -m lab_utils
+bench data|train`` commands that measure and print them. Rates: ``loader_images_per_s`` (the loader alone),
 ``epoch_images_per_s`` (over the whole epoch, loader waits included); see :mod:`lab_utils.core.metrics`.
 """
 
@@ -9,21 +9,26 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from lab_utils.core import data
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import (
-    mig_profile,
-)
-from lab_utils.experiments.fast_train import STEP_NAMES, TrainOptions
-from lab_utils.experiments.fastpath import Settings, measure, measure_data
+from lab_utils.core.hardware import mig_profile
+from lab_utils.core.machine import Machine
+from lab_utils.experiments.fastpath import LOADER_EXPERIMENT, WATERFALL_EXPERIMENT, Settings
+from lab_utils.plan import measure
 from lab_utils.session import session_for
 from lab_utils.store import Record
+from lab_utils.workers.fast_train import STEP_NAMES, WATERFALL
 
-__all__ = ["accuracy_table", "bench_data_main", "bench_train_main", "data_table", "fastest_options",
-           "loader_bound_summary", "status_text", "targets_summary", "waterfall_figure", "waterfall_notes",
-           "waterfall_table"]
+__all__ = ["accuracy_gain_points", "accuracy_table", "bench_data_main", "bench_train_main", "data_table",
+           "fastest_step", "loader_bound_summary", "status_text", "targets_summary", "top_ops_table",
+           "trace_notes", "trace_title", "waterfall_figure", "waterfall_notes", "waterfall_table"]
+
+#: What each waterfall step adds, in words.
+ADDS = {name: what for name, what, _ in WATERFALL}
 
 
 def data_table(records: Sequence[Record]):
@@ -73,7 +78,7 @@ def waterfall_table(records: Sequence[Record]):
         m = r.metrics if r.status == "ok" else {}
         pct = m.get("percent_of_peak")
         rows.append({
-            "step": r.config["step"], "adds": r.metrics.get("adds", ""),
+            "step": r.config["step"], "adds": ADDS.get(r.config["step"], ""),
             "images_per_s": _blank(m.get("epoch_images_per_s")),
             "epoch_seconds": _blank(m.get("epoch_seconds")),
             "warmup_seconds": _blank(m.get("warmup_seconds")),
@@ -117,17 +122,12 @@ def waterfall_figure(records: Sequence[Record]):
     return fig
 
 
-def fastest_options(records: Sequence[Record], num_workers: int = 2) -> tuple[str, TrainOptions]:
-    """The step (and its options) with the most images/s among the rows that ran."""
+def fastest_step(records: Sequence[Record]) -> str:
+    """The waterfall step with the most images/s among the rows that ran."""
     ok = [r for r in records if r.status == "ok"]
     if not ok:
         raise LabError("No waterfall row ran; run bench_train first (or fix the errors it recorded).")
-    best = max(ok, key=lambda r: r.metrics["epoch_images_per_s"])
-    c = best.config
-    opts = TrainOptions(loader=c["loader"], channels_last=c["channels_last"], bf16=c["bf16"],
-                        compile=c["compile"], sgd=c["sgd"],
-                        num_workers=c["num_workers"] if c["loader"] == "spec" else num_workers)
-    return c["step"], opts
+    return max(ok, key=lambda r: r.metrics["epoch_images_per_s"]).config["step"]
 
 
 def waterfall_notes(settings: Settings, records: Sequence[Record]) -> list[str]:
@@ -196,9 +196,9 @@ def targets_summary(data_records: Sequence[Record], train_records: Sequence[Reco
                      f"{best.config['images']} images on {best.hardware.get('device_name')} "
                      "(target on one H100, full profile: under 2.5 s for 50,000 images"
                      + ("" if full else "; not comparable: not the full epoch of the spec model") + ")")
-    acc = [r for r in accuracy_records if r.status == "ok"]
-    if len(acc) == 2:
-        d = 100 * (acc[1].metrics["test_accuracy"] - acc[0].metrics["test_accuracy"])
+    d = accuracy_gain_points(accuracy_records)
+    if d is not None:
+        acc = accuracy_records
         full = acc[0].config.get("images") == data.CIFAR10_TRAIN_SIZE and acc[0].config.get("width") == 64
         lines.append(f"test accuracy, fast path minus spec after {acc[0].config['epochs']} epochs: {d:+.1f} "
                      "points (target on one H100, full profile: within 1 point"
@@ -206,7 +206,15 @@ def targets_summary(data_records: Sequence[Record], train_records: Sequence[Reco
     return lines
 
 
+def accuracy_gain_points(records: Sequence[Record]) -> float | None:
+    """Test accuracy of the fast run minus the spec run's, in percentage points (None unless both ran)."""
+    if len(records) != 2 or any(r.status != "ok" for r in records):
+        return None
+    return 100 * (records[1].metrics["test_accuracy"] - records[0].metrics["test_accuracy"])
+
+
 def accuracy_table(records: Sequence[Record]):
+    """One row per run of the accuracy check (the fast run's row: its gain over the spec run)."""
     import pandas as pd
 
     rows = []
@@ -219,11 +227,37 @@ def accuracy_table(records: Sequence[Record]):
                      else 100 * m["test_accuracy"],
                      "status": status_text(r)})
     df = pd.DataFrame(rows)
-    ok = [r for r in records if r.status == "ok"]
-    if len(ok) == 2:
-        diff = 100 * (ok[1].metrics["test_accuracy"] - ok[0].metrics["test_accuracy"])
-        df["difference_points"] = ["", diff]
+    gain = accuracy_gain_points(records)
+    if gain is not None:
+        df["difference_points"] = ["", gain]
     return df
+
+
+def top_ops_table(records: Sequence[Record]):
+    """The trace's top operators, in :func:`lab_utils.workers.fastpath.top_operators`' column order."""
+    import pandas as pd
+
+    top = pd.DataFrame(records[0].metrics.get("top_ops") or [])
+    return top[[c for c in ("operator", "calls", "self_ms", "percent", "self_cpu_ms") if c in top]]
+
+
+def trace_title(records: Sequence[Record]) -> str:
+    c = records[0].config
+    return f"Top operators by self time: {c['trace_steps']} training steps of '{c['step']}' (torch.profiler)"
+
+
+def trace_notes(records: Sequence[Record]) -> list[str]:
+    """What the top-operator table's numbers are, and where the trace file is."""
+    r = records[0]
+    on_gpu = r.config.get("device") == "cuda"
+    return [r.metrics.get("description", ""),
+            f"self time = {'GPU kernel' if on_gpu else 'CPU'} time spent in the operator itself (ms, "
+            "all traced steps); percent of the "
+            f"{'GPU total kernel time' if on_gpu else 'self CPU time of all operators'}. "
+            "The lab's record_function ranges (data_loader, train_step) are annotations, not operators: "
+            "they are neither rows nor part of the total.",
+            f"trace: results/{r.profile}/traces/{Path(r.metrics.get('trace_path', '')).name} "
+            "(Chrome trace JSON: open in https://ui.perfetto.dev)"]
 
 
 def _common_args(p: argparse.ArgumentParser) -> None:
@@ -232,6 +266,14 @@ def _common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--num-workers", type=int, default=None, help="spec DataLoader workers (default 2)")
     p.add_argument("--dataset", default=None, help="auto | cifar10 | synthetic")
+
+
+def _machine(device: str | None) -> Machine:
+    """This machine, or with ``--device cpu`` its CPU alone (one sentence for cuda without a GPU)."""
+    here = Machine.here()
+    if device == "cuda" and not here.gpus:
+        raise LabError("device='cuda' was asked for but torch sees no GPU; use device='cpu'.")
+    return replace(here, gpus=0, gpu_name=None, bf16=False) if device == "cpu" else here
 
 
 def _print_table(df) -> None:
@@ -252,7 +294,7 @@ def bench_data_main(argv: list[str] | None = None) -> int:
     store = lab.store
     s = lab.settings(Settings, data_images=a.images, batch_size=a.batch_size, num_workers=a.num_workers,
                      data_min_seconds=a.min_seconds, dataset=a.dataset)
-    recs = measure_data(lab, s, force=True, device=a.device)
+    recs = measure(lab, LOADER_EXPERIMENT, s, force=True, machine=_machine(a.device))
     dev = recs[0].config["device"]
     print(f"profile {store.profile}, device {dev}, {recs[0].dataset}, batch {s.batch_size}, "
           f"cpu cores {recs[0].hardware.get('cpu_cores')}")
@@ -286,10 +328,11 @@ def bench_train_main(argv: list[str] | None = None) -> int:
     s = lab.settings(Settings, train_images=a.images, width=a.width, batch_size=a.batch_size,
                      num_workers=a.num_workers, warmup_steps=a.warmup_steps, steps=steps, compile=a.compile,
                      dataset=a.dataset, row_timeout_s=a.row_timeout)
-    dev = a.device or lab.device
-    print(f"profile {store.profile}, device {dev}, ResNet-18 width {s.width}, batch {s.batch_size}, "
-          f"{s.train_images or data.CIFAR10_TRAIN_SIZE} images per epoch, {s.warmup_steps} warm-up steps")
-    recs = measure(lab, s, force=True, device=a.device)
+    machine = _machine(a.device)
+    print(f"profile {store.profile}, device {machine.device}, ResNet-18 width {s.width}, "
+          f"batch {s.batch_size}, {s.train_images or data.CIFAR10_TRAIN_SIZE} images per epoch, "
+          f"{s.warmup_steps} warm-up steps")
+    recs = measure(lab, WATERFALL_EXPERIMENT, s, force=True, machine=machine)
     print(f"data: {recs[0].dataset}")
     _print_table(waterfall_table(recs).drop(columns=["adds"]))
     print(f"recorded in {store.path('bench_train')}")

@@ -1,61 +1,40 @@
-"""Notebook 06's experiments: GPT scaling over devices, gradient accumulation, the final model.
+"""Notebook 06's experiments (the SPEC's *Part 2*: an earlier project's GPT trained with DDP): scaling over
+devices, gradient accumulation, and the model notebook 07 quantizes. Each is a plan of runs of
+:mod:`lab_utils.workers.gpt_train` carried out by :func:`lab_utils.plan.measure`:
 
-This is the SPEC's *Part 2: an earlier project* (a GPT trained with DDP), not a question of
-the assignment (whose questions Q1-Q7 are notebooks 01-05).
+- ``gpt_scaling`` (:func:`plan`): every (per-device batch, devices), one launch per device count, the
+  one-device run too (T(1) and T(N) through the same path). Without GPUs the devices are gloo CPU
+  processes of ``cores / cpu_processes`` threads each; a device count the machine lacks is a row
+  "needs N GPUs". An epoch is one pass over the training windows shared by the ranks (strong scaling
+  of the epoch); epoch 1 warms up, the last is reported.
+- ``gpt_accumulation`` (:func:`plan_accumulation`): a constant effective batch per device, micro-batch x
+  accumulation steps, one group (after an out-of-memory the larger micro-batches are not tried).
+- ``gpt_train`` (:func:`plan_final`): the run on every device whose checkpoint
+  (:func:`lab_utils.models.gpt.checkpoint_path`, a job option) notebook 07 uses.
 
-Every run goes through :mod:`lab_utils.workers.gpt_train` (``torchrun`` through
-:func:`lab_utils.launcher.launch`; on GPUs for one device too, so that the kernel opens no CUDA
-context; without a GPU one process runs in the notebook's kernel) and becomes one record in the
-result store:
-
-- ``gpt_scaling``: one record per (devices, per-device batch). Without GPUs the lab runs
-  gloo *CPU processes* (labelled ``backend gloo`` / ``cpu``); a device count the machine
-  cannot provide gets a ``skipped`` row saying ``needs N GPUs``. The metrics are the
-  reported (last) epoch's aggregate (slowest rank's times, means over ranks, imbalance),
-  ``ranks`` (per-rank dicts of that epoch) and ``epochs`` (every epoch's aggregate).
-- ``gpt_accumulation``: one record per micro-batch at a constant effective batch
-  (micro-batch x accumulation steps per device), with rank 0's nested timers (whole
-  run, epoch, training, validation; forward, loss, backward), tokens/s, and memory:
-  ``peak_memory_bytes`` on a GPU (``torch.cuda.max_memory_allocated``) and everywhere
-  ``saved_activation_bytes`` (what autograd keeps for backward for one micro-batch).
-- ``gpt_train``: the run whose model is saved for notebook 07
-  (:func:`lab_utils.models.gpt.checkpoint_path`).
-
-Epoch = one pass over the training windows (the 90 % split, windows every ``stride``
-tokens), shared among the ranks by ``DistributedSampler``: with N devices each does 1/N
-of the steps, so epoch time answers a *strong scaling* question about the epoch (the
-global batch grows with N, so the optimization is not the same). Epoch 1 warms up
-(allocator, kernels, caches); the last epoch is reported.
-
-Knobs per profile: :class:`Settings` (values in :data:`lab_utils.core.profiles.GPT`). This module
-measures; the tables and the figure are in :mod:`lab_utils.experiments.gpt_tables`, the model
-summary and the text samples in :mod:`lab_utils.experiments.gpt_samples`.
+Knobs per profile: :class:`Settings` (values in :data:`lab_utils.core.profiles.GPT`). Tables:
+:mod:`lab_utils.experiments.gpt_tables`; model summary and samples: :mod:`lab_utils.experiments.gpt_samples`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
-from lab_utils import launcher
-from lab_utils.core import profiles
-from lab_utils.core.backends import pinned_threads
+from lab_utils.core import estimates, profiles
 from lab_utils.core.config import check_batch_sizes, check_positive_int
-from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.core.hardware import cpu_cores, hardware_summary
-from lab_utils.core.memory import catch_oom, free_device_memory, mentions_out_of_memory, oom_reason_from_log
-from lab_utils.core.text_data import resolve_corpus
-from lab_utils.models.gpt import checkpoint_path, gpt_config
-from lab_utils.session import session_for
-from lab_utils.store import Record, ResultStore
-from lab_utils.workers.args import TrainConfig
-from lab_utils.workers.gpt_train import run_training
+from lab_utils.core.errors import LabError
+from lab_utils.core.machine import Machine
+from lab_utils.core.text_data import TRAIN_FRACTION, resolve_corpus
+from lab_utils.models.gpt import checkpoint_path, gpt_config, train_flops_per_token
+from lab_utils.plan import Experiment, Run
+from lab_utils.workers import gpt_train
+from lab_utils.workers.gpt_train import TrainConfig
 
-__all__ = ["ACCUMULATION", "METRICS_VERSION", "SCALING", "TRAIN", "Devices", "Settings", "available_devices",
-           "measure", "measure_accumulation", "measure_final"]
+# checkpoint_path is also this module's: notebook 06 forces the final run when its file is missing
+__all__ = ["ACCUMULATION", "ACCUMULATION_EXPERIMENT", "SCALING", "SCALING_EXPERIMENT", "TRAIN",
+           "TRAIN_EXPERIMENT", "Settings", "checkpoint_path", "cost", "doctor_settings", "place", "plan",
+           "plan_accumulation", "plan_final", "train_run"]
 
 SCALING = "gpt_scaling"
 ACCUMULATION = "gpt_accumulation"
@@ -77,6 +56,7 @@ class Settings:
     scaling_devices: tuple[int, ...] = (1, 2, 4)
     scaling_batch_sizes: tuple[int, ...] = (64, 128)
     scaling_epochs: int = 2
+    scaling_steps_per_epoch: int | None = None
     cpu_processes: int = 2                # gloo processes at most, when there is no GPU
     # accumulation
     effective_batch: int = 1024           # micro-batch x accumulation steps, per device
@@ -105,215 +85,106 @@ class Settings:
         if bad:
             raise LabError(f"Micro-batches {bad} do not divide the effective batch {self.effective_batch}; "
                            "use divisors of it (e.g. powers of two).")
-        gpt_config(self.size)  # an unknown size: one sentence naming the sizes
-        TrainConfig(size=self.size, dtype=self.dtype, lr=self.lr, corpus=self.corpus,
-                    max_chars=self.max_chars, stride=self.stride, batch_size=self.train_batch_size,
-                    epochs=self.train_epochs, max_steps=self.train_max_steps).validate()
+        self.config(devices=1, batch_size=self.train_batch_size, epochs=self.train_epochs,
+                    max_steps=self.train_max_steps)
         return self
+
+    def config(self, **kw: Any) -> TrainConfig:
+        """The worker's configuration of one run, checked; the corpus resolved here ($LAB_CORPUS read, a
+        missing one refused), so a stored run is reused only for the corpus it was trained on."""
+        return TrainConfig(size=self.size, dtype=self.dtype, lr=self.lr, corpus=resolve_corpus(self.corpus),
+                           max_chars=self.max_chars, stride=self.stride, val_batches=self.val_batches,
+                           **kw).validate()
 
 
 profiles.register(Settings, profiles.GPT, "GPT")
 
 
-def _train_config(s: Settings, **kw: Any) -> TrainConfig:
-    # the corpus resolved here ($LAB_CORPUS read, a missing one refused) so that a stored run is
-    # reused only for the corpus it was trained on
-    base = {"size": s.size, "dtype": s.dtype, "lr": s.lr, "corpus": resolve_corpus(s.corpus),
-            "max_chars": s.max_chars,
-            "stride": s.stride, "val_batches": s.val_batches}
-    base.update(kw)
-    return TrainConfig(**base).validate()
+def place(devices: int, machine: Machine, cpu_processes: int) -> tuple[str, str | None]:
+    """Where ``devices`` ranks run: ``("cuda", None)`` on as many GPUs, ``("cpu", None)`` as gloo CPU
+    processes (none with GPUs; at most ``cpu_processes`` and the cores), else (the machine's device, why
+    not)."""
+    if machine.gpus >= devices:
+        return "cuda", None
+    procs = min(cpu_processes, machine.cores)
+    if machine.gpus == 0 and devices <= procs:
+        return "cpu", None
+    has = (f"this machine has {machine.gpus}" if machine.gpus
+           else f"no GPU here; at most {procs} gloo CPU processes")
+    return machine.device, f"needs {devices} GPUs ({has})"
 
 
-# --------------------------------------------------------------------------- running
+def train_run(experiment: str, s: Settings, machine: Machine, devices: int, label: str,
+              group: str | None = None, in_process: bool = False, options: dict[str, Any] | None = None,
+              **kw: Any) -> Run:
+    """One run of the GPT worker on ``devices`` ranks placed by :func:`place` (CPU processes get the same
+    threads whatever their count, so a "device" is the same compute); ``kw``: the configuration's values."""
+    device, skip = place(devices, machine, s.cpu_processes)
+    cfg = s.config(devices=devices, device_type=device, **kw).config()
+    threads = machine.cores // max(1, min(s.cpu_processes, machine.cores)) if device == "cpu" else None
+    return Run(experiment, cfg, gpt_train, processes=devices, device=device, group=group, skip=skip,
+               in_process=in_process and device == "cpu" and devices == 1, threads=threads,
+               timeout_s=s.timeout_s, options=options or {}, label=f"{label} on {devices} x {device}")
 
 
-@dataclass
-class Devices:
-    """What this machine can run: GPUs, or gloo CPU processes."""
-
-    kind: str          # "cuda" or "cpu"
-    available: int     # GPUs, or CPU processes allowed
-    gpus: int
-    threads_per_process: int | None = None   # CPU: one "device" = this many cores, whatever N is
-
-    def reason(self, n: int) -> str | None:
-        """Why ``n`` devices cannot run here, or None."""
-        if n <= self.available:
-            return None
-        if self.kind == "cuda":
-            return f"needs {n} GPUs (this machine has {self.gpus})"
-        return f"needs {n} GPUs (no GPU here; at most {self.available} gloo CPU processes)"
+def plan(s: Settings, machine: Machine, profile: str) -> list[Run]:
+    """Notebook 06, section 2: per-device batch x devices (batch-major, as the table reads), each device
+    count one launch; every run launched, the one-device run too."""
+    return [train_run(SCALING, s, machine, n, f"batch {b}", f"{SCALING} {n}", batch_size=b,
+                      epochs=s.scaling_epochs, steps_per_epoch=s.scaling_steps_per_epoch)
+            for b in s.scaling_batch_sizes for n in s.scaling_devices]
 
 
-def available_devices(settings: Settings) -> Devices:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus:
-        return Devices("cuda", gpus, gpus)
-    procs = max(1, min(settings.cpu_processes, cpu_cores()))
-    return Devices("cpu", procs, 0, threads_per_process=max(1, cpu_cores() // procs))
+def plan_accumulation(s: Settings, machine: Machine, profile: str) -> list[Run]:
+    """Section 3: micro-batch x accumulation steps = ``effective_batch`` per device, smallest first, on
+    ``accumulation_devices`` (every GPU up to 4; one process on a CPU, in this process)."""
+    n = s.accumulation_devices or (min(machine.gpus, 4) or 1)
+    return [train_run(ACCUMULATION, s, machine, n, f"micro-batch {mb} x {s.effective_batch // mb}",
+                      ACCUMULATION, in_process=True, batch_size=mb,
+                      accumulation_steps=s.effective_batch // mb,
+                      epochs=s.accumulation_epochs, steps_per_epoch=s.accumulation_steps_per_epoch)
+            for mb in s.micro_batches]
 
 
-def _execute(cfg: TrainConfig, nproc: int, devices: Devices, log_dir,
-            timeout_s: float) -> tuple[Record, float]:
-    """Run ``cfg`` on ``nproc`` ranks; returns the worker's record and the wall seconds.
-
-    On GPUs every run, the one-device run too, is a launch of the worker under ``torchrun``
-    (:func:`lab_utils.launcher.launch`): this process (the notebook's kernel) never opens a CUDA
-    context, which on a node in EXCLUSIVE_PROCESS compute mode would keep rank 0 from creating
-    its own and elsewhere takes memory from GPU 0, and T(1) and T(N) go through the same code.
-    Without a GPU, one rank runs in this process (no start-up; the same code path without DDP)
-    and more go through ``torchrun``; every process, the in-process one included, gets the same
-    number of threads (cores / the most processes used), so a "device" is the same compute
-    whatever the device count. Wall seconds include start-up for launched runs.
-    """
-    threads = None
-    if devices.kind == "cpu":
-        cfg = replace(cfg, device="cpu")
-        threads = devices.threads_per_process
-    t0 = time.perf_counter()
-    if devices.kind == "cuda" or nproc > 1:
-        res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=nproc, timeout_s=timeout_s,
-                              log_dir=log_dir, threads_per_rank=threads)
-        return res.records[-1], res.wall_seconds
-    with pinned_threads(threads):
-        records = run_training(cfg)
-    free_device_memory()  # not in the finally: after a failure, _measure frees once the traceback is gone
-    return records[-1], time.perf_counter() - t0
+def plan_final(s: Settings, machine: Machine, profile: str) -> list[Run]:
+    """Section 4: the model notebook 07 quantizes, trained on every device (the CPU: the gloo processes);
+    the checkpoint path is a job option, not part of the key. The notebook forces the run when the
+    checkpoint file is missing (a stored record alone does not bring it back)."""
+    n = machine.gpus or min(s.cpu_processes, machine.cores)
+    return [train_run(TRAIN, s, machine, n, "final model", options={"save": str(checkpoint_path(profile))},
+                      batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps)]
 
 
-def _measure(experiment: str, cfg_key: dict, cfg: TrainConfig, nproc: int, devices: Devices,
-             store: ResultStore, settings: Settings) -> Record:
-    log_dir = store.root / "logs" / f"{experiment}_{nproc}x{cfg.batch_size}x{cfg.accumulation_steps}"
-    # Out of memory outside the worker's training loop (building the model, counting its
-    # FLOPs) in this process: a row, and the memory is freed after the with statement.
-    # Under DDP a rank that runs out of memory ends itself (core.dist.failure_ends_rank) and the
-    # launch fails with that rank's log: a LaunchError that says out of memory is a row too,
-    # as in scaling._run_ddp; any other failure propagates.
-    launch_oom: str | None = None
-    with catch_oom() as oom:
-        try:
-            rec, wall = _execute(cfg, nproc, devices, log_dir, settings.timeout_s)
-        except LaunchError as e:
-            if not mentions_out_of_memory(str(e)):
-                raise
-            launch_oom = oom_reason_from_log(str(e))
-    if oom or launch_oom:
-        free_device_memory()
-        return Record(experiment=experiment, config=cfg_key, status="oom", reason=oom.reason or launch_oom,
-                      hardware=hardware_summary(devices.kind, nproc))
-    rec.hardware = hardware_summary(devices.kind, nproc)
-    if rec.status == "ok":
-        rec.metrics["wall_seconds"] = wall                  # includes process start-up when launched
-        rec.metrics["threads_per_process"] = devices.threads_per_process
-    return rec
+def cost(run: Run) -> float:
+    """Seconds of one run on the budget's node, start-up excluded: its training tokens (tiny-Shakespeare's
+    training windows x block x epochs, less under a step cap) x the model's FLOPs per token (6N + 12LCT) at
+    :func:`lab_utils.core.estimates.gpt_epoch_seconds`'s rate, plus 10 % for validation."""
+    c = run.config
+    mcfg = gpt_config(c["size"])
+    block = mcfg.block_size
+    windows = (int(TRAIN_FRACTION * estimates.TINY_SHAKESPEARE_CHARS) - block) // (c["stride"] or block)
+    per_step = c["devices"] * c["batch_size"] * c["accumulation_steps"] * block
+    tokens = c["epochs"] * windows * block
+    if c["steps_per_epoch"]:
+        tokens = min(tokens, c["epochs"] * c["steps_per_epoch"] * per_step)
+    if c["max_steps"]:
+        tokens = min(tokens, c["max_steps"] * per_step)
+    flops = tokens * train_flops_per_token(mcfg)
+    return 1.1 * estimates.gpt_epoch_seconds(flops, c["devices"], c["batch_size"])
 
 
-#: Bumped when a metric of these records changes meaning, so that records measured under the old
-#: meaning are measured again instead of reused (it is part of every resume key). 2 (issue 26):
-#: ``train_seconds`` and ``tokens_per_s`` exclude loader waits, ``epoch_seconds`` is the training
-#: pass alone (validation in ``validation_seconds``), ``*_mean_seconds`` became ``*_seconds_mean``.
-METRICS_VERSION = 2
+def doctor_settings(full: Settings) -> Settings:
+    """The smallest full-profile configuration: the full model and dtype, the smallest batches, two
+    optimizer steps (one of two micro-batches for accumulation), one validation batch, every device count."""
+    b, mb = min(full.scaling_batch_sizes), min(full.micro_batches)
+    return replace(full, val_batches=1, scaling_batch_sizes=(b,), scaling_epochs=1, scaling_steps_per_epoch=2,
+                   micro_batches=(mb,), effective_batch=2 * mb, accumulation_epochs=1,
+                   accumulation_steps_per_epoch=1, train_epochs=1, train_max_steps=2)
 
 
-def _key(cfg: TrainConfig, devices: int, kind: str, **extra: Any) -> dict[str, Any]:
-    d = asdict(cfg)
-    d.pop("save", None)
-    return {"devices": devices, "device_type": kind, **d, **extra, "metrics_version": METRICS_VERSION}
-
-
-def _say(rec: Record, what: str) -> None:
-    if rec.status != "ok":
-        print(f"{what}: {rec.status} ({rec.reason})")
-        return
-    m = rec.metrics
-    print(f"{what}: epoch {m['reported_epoch']} {m['epoch_seconds']:.2f} s "
-          f"(slowest rank {m['slowest_rank']}), {m['tokens_per_s']:.0f} tokens/s, "
-          f"val loss {m['val_loss']:.3f}")
-
-
-def measure(lab: Any, settings: Settings, force: bool = False, verbose: bool = True) -> list[Record]:
-    """Per-device batch x device count: one record each in ``gpt_scaling`` (resumable), in the
-    order batch size, then device count. ``lab``: the notebook's session (profile, store)."""
-    lab = session_for(lab)
-    profile, store = lab.profile.name, lab.store
-    s = settings.validate()
-    devs = available_devices(s)
-    out = []
-    for bs in s.scaling_batch_sizes:
-        for n in s.scaling_devices:
-            cfg = _train_config(s, batch_size=bs, epochs=s.scaling_epochs)
-            key = _key(cfg, n, devs.kind)
-            why = devs.reason(n)
-            if why is not None:
-                rec = Record(experiment=SCALING, config=key, status="skipped", reason=why, profile=profile,
-                             hardware=hardware_summary(devs.kind, n))
-            else:
-                rec = store.run(SCALING, key, lambda cfg=cfg, n=n, key=key: _measure(
-                    SCALING, key, cfg, n, devs, store, s), force=force,
-                    hardware=hardware_summary(devs.kind, n))
-            if verbose:
-                _say(rec, f"batch {bs}/device x {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
-            out.append(rec)
-    return out
-
-
-def measure_accumulation(lab: Any, settings: Settings, force: bool = False,
-                         verbose: bool = True) -> list[Record]:
-    """Constant effective batch, micro-batch x accumulation steps (``gpt_accumulation``), one record
-    per micro-batch; after the first OOM the larger micro-batches are ``skipped`` rows."""
-    lab = session_for(lab)
-    profile, store = lab.profile.name, lab.store
-    s = settings.validate()
-    devs = available_devices(s)
-    n = s.accumulation_devices or (min(devs.gpus, 4) if devs.kind == "cuda" else 1)
-    out: list[Record] = []
-    oom = False
-    for mb in s.micro_batches:
-        k = s.effective_batch // mb
-        cfg = _train_config(s, batch_size=mb, accumulation_steps=k, epochs=s.accumulation_epochs,
-                            steps_per_epoch=s.accumulation_steps_per_epoch)
-        key = _key(cfg, n, devs.kind, effective_batch=s.effective_batch)
-        why = devs.reason(n)
-        if oom or why:
-            rec = Record(experiment=ACCUMULATION, config=key, status="skipped", profile=profile,
-                         reason=why or "a smaller micro-batch already ran out of memory",
-                         hardware=hardware_summary(devs.kind, n))
-        else:
-            rec = store.run(ACCUMULATION, key, lambda cfg=cfg, key=key: _measure(
-                ACCUMULATION, key, cfg, n, devs, store, s), force=force,
-                hardware=hardware_summary(devs.kind, n))
-            oom = rec.status == "oom"
-        if verbose:
-            _say(rec, f"micro-batch {mb} x {k} steps")
-        out.append(rec)
-    return out
-
-
-def measure_final(lab: Any, settings: Settings, force: bool = False, verbose: bool = True) -> list[Record]:
-    """Train the model notebook 07 uses, on every available device, and save the checkpoint
-    (``gpt_train``): its one record, in a list. Trained again when the checkpoint is missing."""
-    lab = session_for(lab)
-    profile, store = lab.profile.name, lab.store
-    s = settings.validate()
-    devs = available_devices(s)
-    n = devs.available
-    path = checkpoint_path(profile)
-    cfg = _train_config(s, batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps,
-                        save=str(path))
-    key = _key(cfg, n, devs.kind)
-    if not path.exists():
-        force = True
-    rec = store.run(TRAIN, key, lambda: _measure(TRAIN, key, cfg, n, devs, store, s), force=force,
-                    hardware=hardware_summary(devs.kind, n))
-    if verbose:
-        _say(rec, f"final training on {n} {'GPU' if devs.kind == 'cuda' else 'CPU process'}(es)")
-        if rec.status == "ok":
-            print(f"checkpoint: {path}")
-    return [rec]
-
-
-# --------------------------------------------------------------------------- text samples
-
-
-# --------------------------------------------------------------------------- tables
+SCALING_EXPERIMENT = Experiment(SCALING, "06", Settings, plan, cost, doctor_settings,
+                                "GPT: DDP scaling at a fixed per-device batch")
+ACCUMULATION_EXPERIMENT = Experiment(ACCUMULATION, "06", Settings, plan_accumulation, cost, doctor_settings,
+                                     "GPT: gradient accumulation at a constant effective batch")
+TRAIN_EXPERIMENT = Experiment(TRAIN, "06", Settings, plan_final, cost, doctor_settings,
+                              "GPT: the model notebook 07 quantizes")

@@ -1,6 +1,6 @@
 """Notebook 06's model summary and text samples: the GPT's shape, parameters and FLOPs per token
 (:func:`model_summary`), and the untrained model against the trained checkpoint of
-:func:`lab_utils.experiments.gpt.measure_final` continuing the same prompt (:func:`samples_before_after`,
+:data:`lab_utils.experiments.gpt.TRAIN_EXPERIMENT` continuing the same prompt (:func:`samples_before_after`,
 table ``gpt_samples``).
 """
 

@@ -14,7 +14,10 @@ from typing import Any
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
+from lab_utils.core.metrics import T_N, value
+from lab_utils.core.speedup import speedup
 from lab_utils.experiments.gpt import Settings
+from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 
 __all__ = ["accumulation_table", "compute_comm_table", "earlier_report_anomalies",
@@ -49,9 +52,10 @@ def earlier_report_frame():
         t1, mean, slow = GPT_REPORTED_MEAN_SECONDS[(b, 1)], GPT_REPORTED_MEAN_SECONDS[(b, n)], max(times)
         row: dict[str, Any] = {"per-GPU batch": b, "GPUs": n}
         row.update({f"rank {r} (s)": times[r] if r < len(times) else None for r in range(ranks)})
-        row.update({"report's mean (s)": mean, "speedup on the mean (as reported)": round(t1 / mean, 2),
-                    "slowest rank (s)": slow, "speedup on the slowest rank": round(t1 / slow, 2),
-                    "note": "super-linear: speedup > N on the mean" if n > 1 and t1 / mean > n else ""})
+        on_mean = speedup(t1, mean)
+        row.update({"report's mean (s)": mean, "speedup on the mean (as reported)": round(on_mean, 2),
+                    "slowest rank (s)": slow, "speedup on the slowest rank": round(speedup(t1, slow), 2),
+                    "note": "super-linear: speedup > N on the mean" if n > 1 and on_mean > n else ""})
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
 
@@ -109,41 +113,38 @@ def earlier_report_anomalies():
 
 
 def scaling_table(records: Sequence[Record]):
-    """gpt_scaling: time (slowest rank), speedup T(1)/T(N), efficiency, and what averaging would say.
+    """gpt_scaling: T(N) (the slowest rank's train_seconds), speedup T(1)/T(N), efficiency, what averaging
+    over ranks would say, and the speedup per token.
 
-    Runs on different device counts need not do the same work: ``drop_last`` batches per rank
-    make, e.g., 13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the
-    epoch-time speedup the table gives the tokens each run trained and the speedup on
-    training tokens/s (work-equalized), and flags unequal work.
+    Runs on different device counts need not do the same work: ``drop_last`` batches per rank make, e.g.,
+    13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the speedup the table gives
+    the tokens each run trained and the speedup of the seconds per token (= of tokens/s: equal work), and
+    flags unequal work. Every speedup is :func:`lab_utils.core.speedup.speedup`.
     """
     import pandas as pd
 
-    base: dict[int, Record] = {r.config["batch_size"]: r for r in _ok(records) if r.config["devices"] == 1}
+    aggs = aggregates(records)
+    base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
     rows = []
-    for r in records:
+    for r in aggs:
         bs, n = r.config["batch_size"], r.config["devices"]
         row: dict[str, Any] = {"per-device batch": bs, "devices": n, "status": r.status}
         if r.status == "ok":
-            m = r.metrics
-            t = m["epoch_seconds"]
-            one = base.get(bs)
-            t1 = one.metrics["epoch_seconds"] if one else None
-            speed = t1 / t if t1 else None
-            mean_speed = t1 / m["epoch_seconds_mean"] if t1 else None
-            tokens, tokens1 = m.get("tokens"), (one.metrics.get("tokens") if one else None)
-            tps1 = one.metrics.get("tokens_per_s") if one else None
-            tps_speed = m["tokens_per_s"] / tps1 if tps1 and m.get("tokens_per_s") else None
+            m, one = r.metrics, base.get(bs)
+            tokens, tokens1 = m.get("tokens"), one.metrics.get("tokens") if one else None
+            speed = speedup(value(one, T_N), value(r, T_N))
+            per_token = speedup(value(one, T_N) / tokens1 if tokens1 else None, value(r, T_N) / tokens)
             row.update({
-                "backend": m["backend"] or "one process", "epoch (s), slowest rank": t,
+                "backend": m["backend"] or "one process", "T(N): train (s), slowest rank": m[T_N],
                 "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
-                "speedup if averaged over ranks": mean_speed, "slowest rank": m["slowest_rank"],
-                "imbalance max/min": m["imbalance"], "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]),
-                "precision": precision_label(r),
-                "val loss": m["val_loss"], "reason": None,
-                "tokens trained (epoch)": tokens,
-                "work vs 1 device": tokens / tokens1 if tokens and tokens1 else None,
-                "speedup on tokens/s (equal work)": tps_speed,
-                "efficiency on tokens/s": tps_speed / n if tps_speed else None,
+                "speedup if averaged over ranks": speedup(value(one, "train_seconds_mean"),
+                                                          value(r, "train_seconds_mean")),
+                "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
+                "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]), "precision": precision_label(r),
+                "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
+                "work vs 1 device": tokens / tokens1 if tokens1 else None,
+                "speedup on tokens/s (equal work)": per_token,
+                "efficiency on tokens/s": per_token / n if per_token else None,
                 "work note": _unequal_work_note(tokens, tokens1, n)})
         else:
             row["reason"] = r.reason
@@ -175,15 +176,14 @@ def _unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int)
 
 
 _SCALING_TIME_BASIS = [
-    "Time basis of each column (names as in lab_utils.core.metrics). 'epoch (s), slowest rank': "
-    "epoch_seconds, the slowest rank's training pass over the reported epoch, loader waits included, "
-    "validation EXCLUDED (wall seconds; until issue 26 it included validation). 'speedup T1/TN' and "
-    "'efficiency': ratios of those epoch times (they compare different work when the token counts differ). "
-    "'speedup if averaged over ranks': T1 over the MEAN over ranks of that epoch time. 'tokens/s': "
-    "tokens_per_s, all ranks' training tokens / the slowest rank's train_seconds (data movement + compute "
-    "+ communication: loader waits and validation EXCLUDED; until issue 26 loader waits were included). "
-    "'speedup on tokens/s (equal work)': tokens/s(N) / tokens/s(1), the same basis, independent of how "
-    "many tokens each run did.",
+    "Time basis (names as in lab_utils.core.metrics): T(N) is train_seconds, the slowest rank's data "
+    "movement + compute + communication over the reported epoch (loader waits and validation EXCLUDED), "
+    "as T(N) in notebooks 02 and 03: the loader here only slices in-memory token windows, so its waits "
+    "measure the host, not the scaling (epoch_seconds, which includes them, is in gpt_rank_breakdown). "
+    "'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N; 'speedup if averaged over ranks' divides the "
+    "means over ranks (train_seconds_mean) instead. 'tokens/s': all ranks' tokens / T(N), the same basis; "
+    "'speedup on tokens/s (equal work)' = T(1)/T(N) per token = tokens/s(N) / tokens/s(1), independent of "
+    "how many tokens each run did. Every speedup: lab_utils.core.speedup.speedup.",
     "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
     "one-device run's (drop_last batches per rank: e.g. 13 steps x 4,096 = 53,248 tokens on 1 device, "
     "2 x 6 x 4,096 = 49,152 on 2).",
@@ -191,64 +191,56 @@ _SCALING_TIME_BASIS = [
 
 
 def compute_comm_table(records: Sequence[Record]):
-    """gpt_compute_vs_comm: measured compute and communication (hook and probe), and the derived method."""
+    """gpt_compute_vs_comm: measured compute and communication (hook and probe) of each run on N > 1
+    devices, and the derived method on T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
     import pandas as pd
 
-
-    base = {r.config["batch_size"]: r for r in _ok(records) if r.config["devices"] == 1}
+    aggs = _ok(aggregates(records))
+    base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
     rows = []
-    for r in _ok(records):
-        n = r.config["devices"]
-        if n == 1:
-            continue
-        m = r.metrics
-        one = base.get(r.config["batch_size"])
-        d_comp, d_comm = (derived_comm(one.metrics["epoch_seconds"], m["epoch_seconds"], n) if one
-                          else (None, None))
+    for r in (r for r in aggs if r.config["devices"] > 1):
+        m, n, one = r.metrics, r.config["devices"], base.get(r.config["batch_size"])
+        d_comp, d_comm = derived_comm(one.metrics[T_N], m[T_N], n) if one else (None, None)
         comp, comm = m["compute_seconds"], m["communication_seconds"]
+        noise = _num(m.get("exposed_comm_noise_seconds"))
         rows.append({
             "per-device batch": r.config["batch_size"], "devices": n,
             "compute (s)": comp, "communication (s), exposed wait": comm,
             "comm / compute": comm / comp if comp else None,
-            "all-reduce in flight (s)": m["allreduce_seconds"],
-            "exposed by no_sync probe (s)": m["exposed_comm_seconds"],
-            "probe noise ± (s)": _num(m.get("exposed_comm_noise_seconds")),
-            "noise flag": noise_flag(m["exposed_comm_seconds"], _num(m.get("exposed_comm_noise_seconds"))),
-            "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("buckets"),
+            "all-reduce in flight (s)": m.get("epoch_allreduce_seconds"),
+            "exposed by no_sync probe (s)": m.get("exposed_comm_seconds"), "probe noise ± (s)": noise,
+            "noise flag": noise_flag(m.get("exposed_comm_seconds"), noise),
+            "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("allreduce_buckets"),
             "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
         })
     return _blanks(pd.DataFrame(rows))
 
 
+_PHASES = {"epoch (s)": "epoch_seconds", "training (s)": T_N, "data loading (s)": "data_loading_seconds",
+           "data movement (s)": "data_movement_seconds", "compute (s)": "compute_seconds",
+           "communication (s)": "communication_seconds", "validation (s)": "validation_seconds"}
+
+
 def rank_table(records: Sequence[Record]):
-    """gpt_rank_breakdown: every rank's phases in the reported epoch, the slowest marked."""
+    """gpt_rank_breakdown: every rank's phases in the reported epoch (its per-rank record), the slowest
+    marked, then the means over ranks the aggregate holds."""
     import pandas as pd
 
     rows = []
-    for r in _ok(records):
-        m = r.metrics
-        if r.config["devices"] == 1:
+    for agg in _ok(aggregates(records)):
+        if agg.config["devices"] == 1:
             continue
-        for rk in m["ranks"]:
-            rows.append({
-                "per-device batch": r.config["batch_size"], "devices": r.config["devices"],
-                "rank": rk["rank"],
-                "slowest": "yes" if rk["rank"] == m["slowest_rank"] else "",
-                "epoch (s)": rk["epoch_seconds"], "training (s)": rk["train_seconds"],
-                "data loading (s)": rk["data_loading_seconds"],
-                "data movement (s)": rk["data_movement_seconds"],
-                "compute (s)": rk["compute_seconds"], "communication (s)": rk["communication_seconds"],
-                "validation (s)": rk["validation_seconds"], "train loss": rk["train_loss_rank"],
-                "tokens/s": rk["tokens_per_s"]})
-        rows.append({"per-device batch": r.config["batch_size"], "devices": r.config["devices"],
-                     "rank": "mean", "slowest": "", "epoch (s)": m["epoch_seconds_mean"],
-                     "training (s)": m["train_seconds_mean"],
-                     "data loading (s)": m["data_loading_seconds_mean"],
-                     "data movement (s)": m["data_movement_seconds_mean"],
-                     "compute (s)": m["compute_seconds_mean"],
-                     "communication (s)": m["communication_seconds_mean"],
-                     "validation (s)": m["validation_seconds_mean"], "train loss": m["train_loss"],
-                     "tokens/s": None})
+        ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
+                 and r.config.get("record") == "rank"]
+        m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}
+        for rk in ranks:
+            rows.append({**key, "rank": rk.config["rank"],
+                         "slowest": "yes" if rk.config["rank"] == m["slowest_rank"] else "",
+                         **{col: rk.metrics[name] for col, name in _PHASES.items()},
+                         "train loss": rk.metrics["train_loss_rank"]})
+        rows.append({**key, "rank": "mean", "slowest": "",
+                     **{col: m[f"{name}_mean"] for col, name in _PHASES.items()},
+                     "train loss": m["train_loss"]})
     return _blanks(pd.DataFrame(rows))
 
 
@@ -264,7 +256,7 @@ def accumulation_table(records: Sequence[Record]):
     import pandas as pd
 
     rows = []
-    for r in records:
+    for r in aggregates(records):
         c = r.config
         row: dict[str, Any] = {"micro-batch": c["batch_size"], "accumulation steps": c["accumulation_steps"],
                                "devices": c["devices"], "status": r.status}
@@ -306,6 +298,7 @@ def plot_accumulation(records: Sequence[Record], settings: Settings):
     """Tokens/s and memory against micro-batch (log x), constant effective batch."""
     import matplotlib.pyplot as plt
 
+    records = aggregates(records)
     ok = _ok(records)
     xs = [r.config["batch_size"] for r in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -335,56 +328,59 @@ def plot_accumulation(records: Sequence[Record], settings: Settings):
 
 def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save gpt_scaling, gpt_compute_vs_comm and gpt_rank_breakdown (md + csv); return them."""
-    recs = list(records)
+    recs = aggregates(records)
     ep = settings.scaling_epochs
     scaling = scaling_table(records)
-    cpu = any(r.metrics.get("device_type") == "cpu" for r in _ok(records))
     notes = [f"{settings.label}; epoch {ep} of {ep} reported (epoch 1 warms up); an epoch is one pass "
              "over the training windows shared among the devices (strong scaling of the epoch).",
-             "Epoch time = the SLOWEST rank's training pass (validation excluded); 'if averaged' divides by "
-             "the mean over ranks instead, which flatters the speedup.",
-             "speedup = T(1)/T(N); efficiency = speedup / N.", *_SCALING_TIME_BASIS, earlier_report_note(),
-             *precision_notes(recs)]
-    if cpu:
-        threads = {r.metrics.get("threads_per_process") for r in _ok(records)}
-        notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, sorted(threads)))} "
+             "T(N) = the SLOWEST rank's time; 'if averaged' divides by the mean over ranks instead, which "
+             "flatters the speedup.", *_SCALING_TIME_BASIS, earlier_report_note(), *precision_notes(recs)]
+    threads = sorted({r.metrics["threads_per_rank"] for r in _ok(recs)
+                      if r.metrics.get("device_type") == "cpu"})
+    if threads:
+        notes.append(f"No GPU: each 'device' is a CPU process with {', '.join(map(str, threads))} "
                      "thread(s) (gloo between processes) on a shared machine; the numbers show the mechanics "
                      "of DDP, not GPU scaling.")
-    store.save_table(scaling, "gpt_scaling", recs, title="GPT: DDP scaling at a fixed per-device batch",
-                     notes=notes)
+    store.save_table(scaling, "gpt_scaling", _ok(recs) or recs,
+                     title="GPT: DDP scaling at a fixed per-device batch", notes=notes)
     comm = compute_comm_table(records)
-    store.save_table(comm, "gpt_compute_vs_comm", _ok(records),
+    store.save_table(comm, "gpt_compute_vs_comm", _ok(recs),
                      title="GPT: compute vs communication (measured)",
                      notes=["compute = forward + loss + backward + optimizer minus the exposed wait; "
                             "communication = the wait at the end of backward for all-reduces still running "
                             "(timing comm hook, lab_utils.core.comm_hooks), summed over the epoch, "
                             "slowest rank.",
-                            "all-reduce in flight: time any bucket's all-reduce was running (mostly hidden "
-                            "behind backward); no_sync probe: sync step minus no_sync step x steps, with "
-                            "the standard error of that difference (x steps) as its noise.",
+                            "all-reduce in flight: time any bucket's all-reduce was running during the "
+                            "epoch's steps (epoch_allreduce_seconds; mostly hidden behind backward); no_sync "
+                            "probe: sync step minus no_sync step x steps (exposed_comm_seconds), with the "
+                            "standard error of that difference (x steps) as its noise; overlap fraction: the "
+                            "probe's, slowest rank.",
                             "noise flag 'noise >= effect: not a result': 2 x the probe noise >= the probe's "
                             "exposed time; then that time and the overlap fraction are not results (repeat "
                             "with more probe steps).",
-                            "derived: the assignment's method, compute = T(1)/N and comm = T(N) - T(1)/N; "
+                            "derived: the assignment's method on T(N) = train_seconds, compute = T(1)/N and "
+                            "comm = T(N) - T(1)/N; "
                             "it calls every inefficiency communication and goes negative when "
                             "T(N) < T(1)/N."])
     ranks = rank_table(records)
-    store.save_table(ranks, "gpt_rank_breakdown", _ok(records),
+    store.save_table(ranks, "gpt_rank_breakdown", _ok(recs),
                      title="GPT: per-rank breakdown of the reported epoch",
-                     notes=["Every rank's phases (seconds); 'mean' is the average over ranks, which hides "
-                            "the slowest rank that everyone waits for."])
+                     notes=["Every rank's phases (seconds; its per-rank record); 'mean' is the average over "
+                            "ranks, which hides the slowest rank that everyone waits for. epoch = the "
+                            "training pass with loader waits; training = T(N)'s phases, without them."])
     return scaling, comm, ranks
 
 
 def save_accumulation_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save gpt_accumulation (md + csv); return it."""
+    records = aggregates(records)
     table = accumulation_table(records)
     s = settings
     notes = [f"{s.label}; effective batch {s.effective_batch} sequences per device = micro-batch x "
              "accumulation steps; gradients are all-reduced once per optimizer step (no_sync on the other "
              "micro-steps).",
-             "Nested timers of rank 0 over the whole run (both epochs): run > epoch > training (forward, "
-             "loss, backward per micro-step) and validation; means are per micro-step.",
+             "Nested timers of the slowest rank over the whole run (every epoch): run > epoch > training "
+             "(forward, loss, backward per micro-step) and validation; means are per micro-step.",
              "Peak memory: torch.cuda.max_memory_allocated (GPU only); activations: bytes autograd keeps for "
              "backward for one micro-batch (measured with saved-tensor hooks, any device).",
              *precision_notes(list(records))]
@@ -396,5 +392,5 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
 def save_accumulation_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Plot tokens/s and memory against micro-batch, save it as ``gpt_accumulation.png``; return it."""
     fig = plot_accumulation(records, settings)
-    store.save_figure(fig, "gpt_accumulation", list(records))
+    store.save_figure(fig, "gpt_accumulation", aggregates(records))
     return fig

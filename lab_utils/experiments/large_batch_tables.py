@@ -1,40 +1,38 @@
-"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5, from the records of
-:func:`lab_utils.experiments.large_batch.measure` (which measures; this module only presents).
+"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5, from the records :func:`lab_utils.plan.measure`
+returns for :data:`lab_utils.experiments.large_batch.LARGE_BATCH_EXPERIMENT` (this module only presents).
 
-Every function takes the records (one aggregate record per run, in
-:func:`~lab_utils.experiments.large_batch.plan_runs` order) and the
-:class:`~lab_utils.experiments.large_batch.Settings` they were measured with; the run of a record
-is read back from its config (:func:`~lab_utils.experiments.large_batch.run_of`). Tables:
-``large_batch`` (:func:`save_large_batch_table`); figures ``large_batch_accuracy_epoch``,
-``large_batch_accuracy_time``, ``large_batch_lr`` (:func:`save_figures`); the ``set_epoch``
-demonstration (:func:`set_epoch_table`, :func:`worker_sample_orders`). Metric names and units:
-:mod:`lab_utils.core.metrics`.
+Every function takes the records (the aggregate of each run in plan order, per-rank records beside
+them) and the :class:`~lab_utils.experiments.large_batch.Settings` they were measured with; a run's
+layout and lr rule are read back from its config (the DDP worker's, :class:`~lab_utils.workers.ddp.RunConfig`,
+the run's name its ``tag``). Tables: ``large_batch`` (:func:`save_large_batch_table`); figures
+``large_batch_accuracy_epoch``, ``large_batch_accuracy_time``, ``large_batch_lr`` (:func:`save_figures`);
+the ``set_epoch`` demonstration (:func:`set_epoch_table`, :func:`worker_sample_orders`). Metric names
+and units: :mod:`lab_utils.core.metrics`.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from lab_utils.core.anchors import FIRST_COHORT_LARGE_BATCH
 from lab_utils.core.errors import LabError
-from lab_utils.core.schedules import LRSchedule, make_schedule
+from lab_utils.core.machine import Machine
+from lab_utils.core.schedules import make_schedule
 from lab_utils.experiments.large_batch import (
     EXPERIMENT,
     DevicePlan,
-    RunSpec,
     Settings,
     plan_devices,
-    run_of,
     sampler_epoch_orders,
 )
+from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
+from lab_utils.workers.ddp import RunConfig
 
 __all__ = ["ANCHORS", "ANCHOR_ROWS", "ASKED_LARGE", "ASKED_SMALL", "anchor_frame", "large_batch_table",
-           "layout_flag", "lr_curves", "mean_epoch_seconds", "plot_accuracy", "plot_lr",
-           "save_figures", "save_large_batch_table", "set_epoch_table", "worker_sample_orders"]
+           "layout_flag", "lr_curves", "plot_accuracy", "plot_lr", "rule_text", "save_figures",
+           "save_large_batch_table", "set_epoch_table", "worker_sample_orders"]
 
 # The earlier cohort's Q4.1 (lab_utils.core.anchors): loss and "Accuracy" after 5 epochs, as printed.
 # Its report does not say whether they are training or test figures: the lab does not say either.
@@ -56,76 +54,68 @@ ASKED_SMALL = (1, 128)
 ASKED_LARGE = (4, 512)
 
 
-def _history(rec: Record) -> list[dict[str, Any]]:
-    """The per-epoch history of an aggregate record (empty for a failed run)."""
-    return list(rec.metrics.get("epochs") or [])
+def _runs(records: Sequence[Record]) -> list[tuple[RunConfig, Record]]:
+    """Each run's configuration and its aggregate record, in plan order."""
+    return [(RunConfig.from_config(rec.config), rec) for rec in aggregates(records)]
 
 
-def mean_epoch_seconds(rec: Record) -> float | None:
-    """Mean epoch wall time (slowest rank, seconds) over epochs 2..E (epoch 1 includes warm-up)."""
-    eps = _history(rec)
-    later = eps[1:] if len(eps) > 1 else eps
-    vals = [e["epoch_seconds"] for e in later if e.get("epoch_seconds") is not None]
-    return statistics.fmean(vals) if vals else None
+def _shape(run: RunConfig) -> str:
+    """``2x512`` or, with accumulation, ``2x512 x 2 acc``."""
+    acc = f" x {run.accumulation_steps} acc" if run.accumulation_steps > 1 else ""
+    return f"{run.devices}x{run.batch_size}{acc}"
 
 
-def _runs(records: Sequence[Record]) -> list[tuple[RunSpec, Record]]:
-    return [(run_of(rec), rec) for rec in records]
-
-
-def _ok(records: Sequence[Record]) -> list[tuple[RunSpec, Record]]:
-    return [(run, rec) for run, rec in _runs(records) if rec.status == "ok"]
+def rule_text(run: RunConfig) -> str:
+    """The learning-rate rule in words, e.g. ``linear 0.1 x 2048/128, warm-up 2 ep from 0.1, cosine decay``"""
+    parts = [f"fixed {run.lr:g}" if run.lr_rule == "fixed" else
+             f"linear {run.lr:g} x {run.global_batch}/{run.base_batch}"]
+    if run.warmup_epochs:
+        parts.append(f"warm-up {run.warmup_epochs:g} ep from {run.lr:g}")
+    if run.decay != "constant":
+        parts.append(f"{run.decay} decay")
+    return ", ".join(parts)
 
 
 def large_batch_table(records: Sequence[Record], settings: Settings):
-    """The ``large_batch`` table: one row per run (failed runs say why)."""
+    """The ``large_batch`` table: one row per run (failed runs say why); every number the record's."""
     import pandas as pd
 
-    s = settings
+    e = settings.epochs
     rows = []
     for run, rec in _runs(records):
         m = rec.metrics
         row: dict[str, Any] = {
-            "configuration": run.name,
+            "configuration": run.tag,
             "devices": f"{run.devices} x {'GPU' if rec.config.get('backend') == 'nccl' else 'CPU process'}",
-            "batch per device": run.batch_per_device,
-            "global batch": run.global_batch,
-            "accumulation steps": run.accumulation_steps,
-            "lr rule": run.rule_text(s.lr, s.small_batch),
-            "peak lr": run.peak_lr(s.lr, s.small_batch),
-        }
+            "batch per device": run.batch_size, "global batch": run.global_batch,
+            "accumulation steps": run.accumulation_steps, "lr rule": rule_text(run),
+            "peak lr": m.get("peak_lr")}
         if rec.status == "ok":
-            steps = m.get("steps_per_epoch")
             row.update({
-                "optimizer steps": steps * s.epochs if steps else None,
-                f"epoch-{s.epochs} train loss": m.get("train_loss"),
-                f"epoch-{s.epochs} test loss": m.get("test_loss"),
-                f"epoch-{s.epochs} test accuracy %": (100 * m["test_accuracy"]
-                                                      if "test_accuracy" in m else None),
-                f"epoch-{s.epochs} train accuracy %": (100 * m["train_accuracy"]
-                                                       if m.get("train_accuracy") is not None else None),
-                "epoch time s": mean_epoch_seconds(rec),
-                "wall time s": _history(rec)[-1].get("elapsed_seconds") if _history(rec) else None,
-                "status": "ok",
-            })
+                "optimizer steps": m["steps_per_epoch"] * e, f"epoch-{e} train loss": m.get("train_loss"),
+                f"epoch-{e} test loss": m.get("test_loss"),
+                f"epoch-{e} test accuracy %": 100 * m["test_accuracy"] if "test_accuracy" in m else None,
+                f"epoch-{e} train accuracy %": (100 * m["train_accuracy"]
+                                                if m.get("train_accuracy") is not None else None),
+                "epoch time s": m.get("epoch_seconds"), "wall time s": m.get("elapsed_seconds"),
+                "status": "ok"})
         else:
             row["status"] = f"{rec.status}: {rec.reason}"
-        on_gpus = rec.config.get("backend") == "nccl"
-        row["vs assignment"] = layout_flag(run, on_gpus) or "as asked"
+        row["vs assignment"] = layout_flag(run, rec.config.get("backend") == "nccl") or "as asked"
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def layout_flag(run: RunSpec, on_gpus: bool, asked: tuple[int, int] | None = None) -> str:
+def layout_flag(run: RunConfig, on_gpus: bool, asked: tuple[int, int] | None = None) -> str:
     """How a run's layout differs from the assignment's (4 GPUs x 512, or 1 GPU x 128 for the
     reference): "" when it is the asked one, else every difference, so that no number from
     another global batch or an accumulation emulation passes for the assignment's."""
-    want_n, want_b = asked or (ASKED_SMALL if run.name.startswith("small batch") else ASKED_LARGE)
+    want_n, want_b = asked or (ASKED_SMALL if run.tag.startswith("small batch") else ASKED_LARGE)
     diffs = []
     if run.global_batch != want_n * want_b:
         diffs.append(f"global batch {run.global_batch}, not {want_n * want_b}")
-    if run.batch_per_device != want_b:
-        diffs.append(f"{run.batch_per_device} per device, not {want_b}")
+    if run.batch_size != want_b:
+        diffs.append(f"{run.batch_size} per device, not {want_b}")
     if run.accumulation_steps > 1:
         diffs.append(f"{run.devices} device(s) x {run.accumulation_steps} accumulation steps EMULATE "
                      f"{run.devices * run.accumulation_steps} devices")
@@ -155,7 +145,7 @@ def _notes(records: Sequence[Record], s: Settings, profile: str, plan: DevicePla
              "missing devices, CPU processes instead of GPUs.",
              "lr rule: linear = lr x global batch / reference batch (Goyal et al. 2017); warm-up ramps the "
              "lr linearly per step from the reference lr to that peak; decay starts after warm-up.",
-             "epoch time: mean wall time of epochs 2..E (slowest rank; loader waits included, evaluation "
+             f"epoch time: wall time of epoch {s.epochs} (slowest rank; loader waits included, evaluation "
              "excluded); wall time: from the start of epoch 1 to the end of the last, evaluations included.",
              ANCHORS + "."]
     if any(run.accumulation_steps > 1 for run, _ in _runs(records)):
@@ -172,7 +162,7 @@ def save_large_batch_table(store: ResultStore, records: Sequence[Record], settin
                            plan: DevicePlan | None = None):
     """Save ``tables/large_batch.md`` and ``.csv``; return the DataFrame. ``plan``: the device plan the
     runs were made with (None: this machine's, :func:`~lab_utils.experiments.large_batch.plan_devices`)."""
-    plan = plan or plan_devices(settings)
+    plan = plan or plan_devices(settings, Machine.here())
     table = large_batch_table(records, settings)
     store.save_table(table, EXPERIMENT, list(records),
                      title=f"Large-batch training: {settings.epochs} epochs, same budget",
@@ -193,13 +183,13 @@ def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = 
     if against not in ("epoch", "time"):
         raise LabError(f"against must be 'epoch' or 'time', got {against!r}.")
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.0))
-    for run, rec in _ok(records):
-        eps = [e for e in _history(rec) if e.get("test_accuracy") is not None]
-        if not eps:
+    for run, rec in _runs(records):
+        eps = [e for e in rec.metrics.get("epochs") or [] if e.get("test_accuracy") is not None]
+        if rec.status != "ok" or not eps:
             continue
         xs = [e["epoch"] for e in eps] if against == "epoch" else [e["elapsed_seconds"] for e in eps]
         style = "o--" if run.devices == 1 else "o-"
-        label = f"{run.name} ({run.shape_text})"
+        label = f"{run.tag} ({_shape(run)})"
         ax_acc.plot(xs, [100 * e["test_accuracy"] for e in eps], style, label=label)
         ax_loss.plot(xs, [e.get("train_loss") for e in eps], style, label=label)
     xlabel = "epoch" if against == "epoch" else "wall-clock time since the start of training (s)"
@@ -213,7 +203,7 @@ def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = 
     ax_loss.set_yscale("log")
     ax_acc.legend(fontsize=8)
     title = "per epoch" if against == "epoch" else "against wall-clock time"
-    plan = plan or plan_devices(settings)
+    plan = plan or plan_devices(settings, Machine.here())
     note = f" ({plan.note.split(':')[0]})" if plan.note else ""
     fig.suptitle(f"Large-batch runs, {title}{note}", fontsize=11)
     fig.tight_layout()
@@ -221,26 +211,15 @@ def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = 
 
 
 def lr_curves(records: Sequence[Record], settings: Settings) -> dict[str, list[float]]:
-    """The lr of every optimizer step of every run (from the same LRSchedule the worker uses)."""
-    s = settings
+    """The lr of every optimizer step of every run that trained, from its config and its steps per epoch
+    through the schedule the worker uses (:func:`lab_utils.core.schedules.make_schedule`)."""
     out = {}
     for run, rec in _runs(records):
-        steps = rec.metrics.get("steps_per_epoch") if rec.status == "ok" else None
-        if not steps:
-            images = rec.config.get("train_images") or s.train_images
-            if not images:
-                continue
-            steps = math.ceil(math.ceil(math.ceil(images / run.devices) / run.batch_per_device)
-                              / run.accumulation_steps)
-        sched = _schedule(run, s, steps)
-        out[run.name] = [sched.lr_at(i) for i in range(sched.total_steps)]
+        if rec.status == "ok":
+            sched = make_schedule(run.lr, run.lr_rule, run.global_batch, run.base_batch,
+                                  rec.metrics["steps_per_epoch"], run.epochs, run.warmup_epochs, run.decay)
+            out[run.tag] = [sched.lr_at(i) for i in range(sched.total_steps)]
     return out
-
-
-def _schedule(run: RunSpec, s: Settings, steps_per_epoch: int) -> LRSchedule:
-    """The run's schedule, built exactly as the worker builds it."""
-    return make_schedule(s.lr, run.lr_rule, run.global_batch, s.small_batch, steps_per_epoch, s.epochs,
-                         run.warmup_epochs, run.decay)
 
 
 def plot_lr(records: Sequence[Record], settings: Settings):
@@ -300,10 +279,11 @@ def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int =
     return pd.DataFrame(rows)
 
 
-def worker_sample_orders(store: ResultStore, rec: Record) -> list[dict[str, Any]]:
-    """The first sampler indices each rank drew per epoch in a stored run (the worker calls set_epoch)."""
+def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[str, Any]]:
+    """The first sampler indices each rank drew per epoch in ``rec``'s run, from its per-rank records among
+    ``records`` (the worker calls set_epoch)."""
     rows = []
-    for r in store.latest_here(EXPERIMENT).records:   # this machine's devices only
+    for r in records:
         same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
         if r.config.get("record") != "rank" or not same_run:
             continue

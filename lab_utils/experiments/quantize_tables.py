@@ -1,5 +1,5 @@
 """Notebook 07's table, figure and findings from the records of
-:func:`lab_utils.experiments.quantize.measure` (table ``quantization``, figure
+:data:`lab_utils.experiments.quantize.QUANTIZATION_EXPERIMENT` (table ``quantization``, figure
 ``quantization_quality_vs_speed``), and the availability and arithmetic-intensity tables of the
 settings. Sizes in bytes, losses in nats per token, latency in ms per token, throughput in tokens/s.
 """
@@ -9,16 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lab_utils.experiments.quant_timing import mean_context_tokens, weight_flops_per_byte
-from lab_utils.experiments.quant_variants import VARIANT_INFO, check_variant
-from lab_utils.experiments.quantize import Settings, devices_to_run
+from lab_utils.core.speedup import speedup
+from lab_utils.experiments.quantize import Settings
+from lab_utils.workers.quant_timing import mean_context_tokens, weight_flops_per_byte
+from lab_utils.workers.quant_variants import VARIANT_INFO
 
 __all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs_speed", "quantization_table",
            "table_notes"]
 
 
 def quantization_table(records: Sequence) -> Any:
-    """One row per (device, variant) with speedups and loss increase over fp32 on the same device.
+    """One row per (device, variant) with speedups (:func:`lab_utils.core.speedup.speedup`) and loss increase
+    over fp32 on the same device.
 
     Columns: sizes in bytes and as a fraction of fp32's file, val loss, its increase over
     fp32 (nats per token), perplexity, batch-1 latency (median ms per token and min-max),
@@ -37,7 +39,7 @@ def quantization_table(records: Sequence) -> Any:
         b = base.get(dev)
         ok = r.status == "ok"
 
-        def ratio(num, den):
+        def ratio(num, den):  # of sizes
             return num / den if (num is not None and den) else None
 
         note = r.reason if not ok else "; ".join(x for x in (m.get("kernel"), m.get("note")) if x)
@@ -53,13 +55,13 @@ def quantization_table(records: Sequence) -> Any:
             "perplexity": m.get("perplexity") if ok else None,
             "ms_per_token_b1": m.get("ms_per_token_b1") if ok else None,
             "b1_min_max_ms": f"{m['ms_per_token_b1_min']:.3g}-{m['ms_per_token_b1_max']:.3g}" if ok else "",
-            "speedup_b1": ratio(b and b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
+            "speedup_b1": speedup(b and b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
             "large_batch": m.get("large_batch") if ok else None,
             "tokens_per_s_large": m.get("tokens_per_s_large") if ok else None,
             "large_min_max_tok_s": (f"{m['tokens_per_s_large_min']:.4g}-{m['tokens_per_s_large_max']:.4g}"
                                     if ok else ""),
-            "speedup_large": (ratio(m.get("tokens_per_s_large"), b and b.get("tokens_per_s_large"))
-                              if ok else None),
+            "speedup_large": (speedup(_inverse(b and b.get("tokens_per_s_large")),
+                                      _inverse(m.get("tokens_per_s_large"))) if ok else None),
             "status": r.status,
             "note": note or "",
         })
@@ -68,6 +70,11 @@ def quantization_table(records: Sequence) -> Any:
     for col in ("size_bytes", "payload_bytes", "large_batch"):
         df[col] = df[col].astype("Int64").astype(object).where(df[col].notna(), "")
     return df
+
+
+def _inverse(rate: float | None) -> float | None:
+    """Seconds per token of a tokens/s rate (a speedup of rates is one of times per token)."""
+    return 1.0 / rate if rate else None
 
 
 def table_notes(records: Sequence, settings: Settings, block_size: int) -> list[str]:
@@ -125,17 +132,15 @@ def plot_quality_vs_speed(df):
     return fig
 
 
-def availability_frame(settings: Settings):
-    """What this stack offers: one row per (device, variant) with kernel, note or reason."""
+def availability_frame(records: Sequence):
+    """What this stack offers, from the rows (the worker checked each variant where it ran): one row per
+    (device, variant) with its kernel, note, or the reason it did not run."""
     import pandas as pd
 
-    rows = []
-    for device in devices_to_run(settings):
-        for variant in settings.variants:
-            a = check_variant(variant, device, settings.disabled)
-            rows.append({"device": device, "variant": variant, "method": VARIANT_INFO[variant].method,
-                         "available": a.ok, "kernel / reason": a.kernel if a.ok else a.reason,
-                         "note": a.note or ""})
+    rows = [{"device": r.config["device"], "variant": r.config["variant"],
+             "method": VARIANT_INFO[r.config["variant"]].method, "available": r.status != "skipped",
+             "kernel / reason": r.metrics.get("kernel") if r.status != "skipped" else r.reason,
+             "note": r.metrics.get("note") or ""} for r in records]
     return pd.DataFrame(rows)
 
 

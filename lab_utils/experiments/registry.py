@@ -5,12 +5,25 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 from __future__ import annotations
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments import build_ddp, scaling
+from lab_utils.experiments import build_ddp, comm, fastpath, gpt, large_batch, quantize, scaling, sweep
 from lab_utils.plan import Experiment
 
 EXPERIMENTS: tuple[Experiment, ...] = (
+    sweep.SWEEP_EXPERIMENT,
     scaling.SCALING_EXPERIMENT,
     scaling.COMPUTE_VS_COMM_EXPERIMENT,
+    comm.ALLREDUCE_BENCH_EXPERIMENT,
+    comm.COMPUTE_STEP_EXPERIMENT,
+    large_batch.LARGE_BATCH_EXPERIMENT,
+    large_batch.COMM_ACCOUNTING_EXPERIMENT,
+    gpt.SCALING_EXPERIMENT,
+    gpt.ACCUMULATION_EXPERIMENT,
+    gpt.TRAIN_EXPERIMENT,
+    quantize.QUANTIZATION_EXPERIMENT,
+    fastpath.LOADER_EXPERIMENT,
+    fastpath.WATERFALL_EXPERIMENT,
+    fastpath.TRACE_EXPERIMENT,
+    fastpath.ACCURACY_EXPERIMENT,
     build_ddp.BUILD_DDP_EXPERIMENT,
 )
 

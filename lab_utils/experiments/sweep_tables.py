@@ -1,8 +1,8 @@
 """Notebook 01's tables and figure: the batch-size sweep, where its time goes, its FLOP rate, the anchors.
 
-Presentation of the records :func:`lab_utils.experiments.sweep.measure` returns (one per batch
-size). Every table takes the records and the :class:`~lab_utils.experiments.sweep.Settings`
-they were measured with; the metric names are those of :mod:`lab_utils.core.metrics`.
+Presentation of the records :func:`lab_utils.plan.measure` returns for
+:data:`~lab_utils.experiments.sweep.SWEEP_EXPERIMENT` (one per batch size, final: the tables select
+and rename). The metric names are those of :mod:`lab_utils.core.metrics`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,10 @@ from typing import Any
 
 from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
-from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
+from lab_utils.core.hardware import peak_flops_per_s
 from lab_utils.core.metrics import note
-from lab_utils.experiments.sweep import (
-    EXPERIMENT,
-    SPEC_LR,
-    FlopsPerImage,
-    Settings,
-    flops_per_image,
-)
+from lab_utils.experiments.sweep import EXPERIMENT, SPEC_LR, Settings
+from lab_utils.models import flops_per_image
 from lab_utils.store import Record, ResultStore
 
 __all__ = ["anchor_table",
@@ -98,7 +93,7 @@ def phase_table(records: Sequence[Record]):
             "compute: fwd+bwd+step (s)": m["compute_seconds"],
             "reported training (s)": m["train_seconds"],
             "whole epoch wall (s)": m["epoch_seconds"],
-            "ms per step": 1e3 * m["train_seconds"] / max(m["steps"], 1),
+            "ms per step": m.get("ms_per_step"),
         })
     return pd.DataFrame(rows)
 
@@ -167,45 +162,45 @@ def plot_sweep(records: Sequence[Record], settings: Settings):
     return fig
 
 
-def flop_table(records: Sequence[Record], settings: Settings, flops: FlopsPerImage | None = None):
-    """Achieved training FLOP/s per batch size and, on a known GPU, the fraction of its peak.
+def _precision(records: Sequence[Record]) -> str:
+    """The precision the sweep's peak is taken at (the records': TF32 where cuDNN may use it)."""
+    return next((m["peak_precision"] for m in (r.metrics for r in _ok(records)) if m.get("peak_precision")),
+                "fp32")
 
-    Achieved = training FLOPs per image x images/s. The peak comes from
-    :mod:`lab_utils.core.hardware` at the precision an fp32 run may use (TF32 where cuDNN allows
-    it); on an unknown device (any CPU) the fraction is left empty, never guessed.
-    """
+
+def flop_table(records: Sequence[Record]):
+    """Achieved training FLOP/s per measured batch size and, on a known GPU, the percent of its peak:
+    the records' ``train_tflops_per_s`` (training FLOPs per image x images/s) and ``percent_of_peak``."""
     import pandas as pd
 
-    flops = flops or flops_per_image(settings.width)
-    device = _device(records)
-    precision = fp32_training_precision(device)
-    peak = peak_flops_per_s(device, precision)
+    precision = _precision(records)
+    peak = peak_flops_per_s(_device(records), precision)
     rows = []
     for r in _ok(records):
-        achieved = flops.train_flops * r.metrics["images_per_s"]
+        m = r.metrics
+        flops = m.get("train_flops_per_image")
         rows.append({
             "batch size": r.config["batch_size"],
-            "images/s": r.metrics["images_per_s"],
-            "train GFLOP/image": flops.train_flops / 1e9,
-            "achieved TFLOP/s": achieved / 1e12,
+            "images/s": m["images_per_s"],
+            "train GFLOP/image": "" if flops is None else flops / 1e9,
+            "achieved TFLOP/s": _num(m.get("train_tflops_per_s")),
             f"peak TFLOP/s ({precision})": "" if peak is None else peak / 1e12,
-            "% of peak": "" if peak is None else 100 * achieved / peak,
+            "% of peak": _num(m.get("percent_of_peak")),
         })
-    return pd.DataFrame(rows, dtype=object), peak, precision
+    return pd.DataFrame(rows, dtype=object)
 
 
-def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Settings,
-                    flops: FlopsPerImage | None = None):
+def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save ``batch_sweep_flops`` (md + csv) and return ``(table, explanation)``."""
-    flops = flops or flops_per_image(settings.width)
-    table, peak, precision = flop_table(records, settings, flops)
-    device = _device(records)
+    table = flop_table(records)
+    device, precision = _device(records), _precision(records)
+    peak = peak_flops_per_s(device, precision)
     if peak is None:
         why = (f"No % of peak: {device} is not in the peak-FLOP/s table of lab_utils.core.hardware "
                "(CPUs never are), and a guessed peak would be a made-up number.")
     else:
-        why = (f"Peak {peak / 1e12:.0f} TFLOP/s is the data-sheet dense {precision} figure for "
-               f"{device}.")
+        why = f"Peak {peak / 1e12:.0f} TFLOP/s is the data-sheet dense {precision} figure for {device}."
+    flops = flops_per_image(settings.width)
     notes = [f"FLOPs counted by torch.utils.flop_counter on ResNet-18 width {flops.width}: forward "
              f"{flops.forward_flops / 1e9:.4g} GFLOP/image, forward+backward {flops.train_flops / 1e9:.4g} "
              "GFLOP/image (matmuls and convolutions only; BatchNorm, ReLU and the optimizer are not "

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import lab_utils
+from lab_utils import proc
 
 SANDBOX_HOME = "/grading"          # the submission's private folder inside the sandbox
 # Root: the child becomes a user id of its own (no account needed), one per parallel slot and per
@@ -230,25 +231,6 @@ def _read(stream, sink: list, cap: int) -> None:
             kept += len(chunk)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the child's process group and anything it started (the sandbox's namespace goes with bwrap)."""
-    try:
-        import psutil
-
-        kids = psutil.Process(proc.pid).children(recursive=True)
-    except Exception:
-        kids = []
-    try:
-        os.killpg(proc.pid, 9)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for k in kids:
-        try:
-            k.kill()
-        except Exception:
-            pass
-
-
 def run(job: dict, notebook: Path, limits: Limits, slot: int = 0, jobs: int = 1,
         sandbox: bool = True) -> Outcome:
     """Run the child on ``job`` (a sandbox unless ``sandbox=False``); collect its result lines."""
@@ -269,30 +251,33 @@ def run(job: dict, notebook: Path, limits: Limits, slot: int = 0, jobs: int = 1,
             env = {"HOME": tmp, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": tmp,
                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, pass_fds=(fd,) if fd is not None else (),
-                                start_new_session=True)
+        # its own session, marked: Child.stop ends it and whatever it started (in the sandbox, the
+        # pid namespace goes with bwrap; without one, the question processes carry the mark)
+        child = proc.start(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, pass_fds=(fd,) if fd is not None else ())
+        popen = child.popen
         got_out: list[bytes] = []
         got_err: list[bytes] = []
-        readers = [threading.Thread(target=_read, args=(proc.stdout, got_out, MAX_OUTPUT_BYTES), daemon=True),
-                   threading.Thread(target=_read, args=(proc.stderr, got_err, 20_000), daemon=True)]
+        readers = [threading.Thread(target=_read, args=(popen.stdout, got_out, MAX_OUTPUT_BYTES),
+                                    daemon=True),
+                   threading.Thread(target=_read, args=(popen.stderr, got_err, 20_000), daemon=True)]
         for r in readers:
             r.start()
         try:
-            proc.stdin.write(json.dumps(job).encode())
-            proc.stdin.close()
+            popen.stdin.write(json.dumps(job).encode())
+            popen.stdin.close()
         except BrokenPipeError:
             pass
         try:
-            proc.wait(timeout=limits.wall_seconds)
+            popen.wait(timeout=limits.wall_seconds)
         except subprocess.TimeoutExpired:
             out.timed_out = True
-        _kill(proc)   # also when it ended: nothing it started may outlive it
-        proc.wait()
+        child.stop(grace_s=0.0)   # SIGKILL at once, also when it ended: nothing it started may outlive it
+        popen.wait()
         for r in readers:
             r.join(timeout=10)
         out.seconds = time.perf_counter() - t0
-        out.returncode = proc.returncode
+        out.returncode = popen.returncode
         out.stderr = b"".join(got_err).decode(errors="replace")
         for line in b"".join(got_out).decode(errors="replace").splitlines():
             try:

@@ -7,9 +7,13 @@ classifier, and 10 classes. It has exactly 11,173,962 trainable parameters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lab_utils.core.flops import count_flops
 
 
 class BasicBlock(nn.Module):
@@ -72,3 +76,21 @@ class ResNet18(nn.Module):
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
     """Number of (trainable) parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+@dataclass(frozen=True)
+class FlopsPerImage:
+    """FLOPs of ResNet-18 (this width) per 32x32 image, from ``torch.utils.flop_counter``."""
+
+    width: int
+    forward_flops: float
+    train_flops: float  # forward + backward (weight and input gradients); optimizer not counted
+
+
+def flops_per_image(width: int = 64) -> FlopsPerImage:
+    """Forward and training FLOPs per image of ResNet-18 at ``width``, counted on the ``meta`` device
+    (shapes propagate and every convolution and matmul is seen, no arithmetic: instant at any width)."""
+    with torch.device("meta"):
+        model = ResNet18(width=width)
+    fc = count_flops(model, torch.randn(2, 3, 32, 32, device="meta"))
+    return FlopsPerImage(width, fc.forward_flops_per_sample, fc.train_flops_per_sample)

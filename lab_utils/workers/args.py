@@ -8,22 +8,18 @@ key: ``record_config``). Nothing here imports torch or the store, so planning a 
 costs no ``import torch``.
 
 - :class:`WorkerArgs`: the ResNet-18 DDP worker (:mod:`lab_utils.workers.ddp`; notebooks 02, 03, 05);
-- :class:`TrainConfig`: the GPT trainer (:mod:`lab_utils.workers.gpt_train`; notebook 06);
-- :class:`AccountingArgs`: the communication ledger (:mod:`lab_utils.workers.comm_accounting`; 05);
-- :class:`BenchArgs`: the all-reduce benchmark (:mod:`lab_utils.workers.allreduce_bench`; 04).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from lab_utils.core import config
 from lab_utils.core.config import (
     CIFAR10_TEST_SIZE,
     CIFAR10_TRAIN_SIZE,
-    CORPUS_CHOICES,
     DATASET_CHOICES,
     check_batch_size,
     check_choice,
@@ -33,12 +29,10 @@ from lab_utils.core.config import (
 from lab_utils.core.errors import LabError
 from lab_utils.core.schedules import DECAYS
 
-__all__ = ["AccountingArgs", "BenchArgs", "TrainConfig", "WorkerArgs"]
+__all__ = ["WorkerArgs"]
 
 LR_RULES = ("fixed", "linear")
 BACKENDS = ("auto", "nccl", "gloo")
-DTYPES = ("fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def _flags(obj, skip: tuple[str, ...] = ("out",)) -> list[str]:
@@ -235,223 +229,3 @@ def _int_list(text: str) -> int | tuple[int, ...]:
     return values[0] if len(values) == 1 else values
 
 
-# --------------------------------------------------------------------------- the GPT trainer
-
-
-@dataclass
-class TrainConfig:
-    """One GPT training run. Batch sizes are in sequences per rank; lr is AdamW's peak.
-
-    ``size`` is checked against :data:`lab_utils.models.gpt.GPT_SIZES` where the model is built
-    (that table lives with the model, which needs torch).
-    """
-
-    size: str = "small"
-    batch_size: int = 64
-    accumulation_steps: int = 1
-    epochs: int = 1
-    max_steps: int | None = None          # optimizer steps over the whole run
-    steps_per_epoch: int | None = None    # cap on optimizer steps per epoch
-    dtype: str = "fp32"
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    dropout: float = 0.0
-    corpus: str | None = None   # shakespeare | stdlib | auto; None: $LAB_CORPUS, else auto
-    max_chars: int | None = None
-    stride: int | None = None             # tokens between training windows (default block_size)
-    val_batches: int | None = 20          # per rank; None: the whole validation split
-    val_batch_size: int = 32              # sequences per validation batch (independent of --batch-size)
-    probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
-    seed: int = 0
-    num_workers: int = 0
-    device: str = "auto"
-    save: str | None = None               # checkpoint path (rank 0 writes it)
-
-    def validate(self) -> TrainConfig:
-        """Raise :class:`LabError` for bad values, before any expensive work."""
-        check_positive_int(self.batch_size, "batch size (--batch-size)")
-        check_positive_int(self.accumulation_steps, "accumulation steps (--accumulation-steps)")
-        check_positive_int(self.epochs, "epochs (--epochs)")
-        check_positive_int(self.val_batch_size, "validation batch size (--val-batch-size)")
-        for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
-            v = getattr(self, name)
-            if v is not None:
-                check_positive_int(v, f"{name} (--{name.replace('_', '-')})")
-        check_choice(self.dtype, DTYPES, "dtype")
-        check_choice(self.device, DEVICES, "device")
-        if self.corpus is not None:
-            check_choice(self.corpus, CORPUS_CHOICES, "corpus")
-        if not self.lr > 0:
-            raise LabError(f"lr must be positive, got {self.lr!r}.")
-        if self.warmup_steps < 0 or self.probe_steps < 0 or self.num_workers < 0:
-            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
-        return self
-
-    def to_argv(self) -> list[str]:
-        """The command-line arguments that reproduce this configuration (for the launcher)."""
-        args: list[str] = []
-        for name, value in asdict(self).items():
-            if name == "val_batches" and value is None:
-                value = 0  # the command line's "all"
-            if value is None:
-                continue
-            args += [f"--{name.replace('_', '-')}", str(value)]
-        return args
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        d = TrainConfig()
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.gpt_train",
-                                    description="Train the GPT in one process or under torchrun (DDP).")
-        p.add_argument("--size", default=d.size, help="model size: tiny, small")
-        p.add_argument("--batch-size", type=int, default=d.batch_size,
-                       help="micro-batch per rank (sequences)")
-        p.add_argument("--accumulation-steps", type=int, default=d.accumulation_steps)
-        p.add_argument("--epochs", type=int, default=d.epochs)
-        p.add_argument("--max-steps", type=int, default=None, help="optimizer steps over the whole run")
-        p.add_argument("--steps-per-epoch", type=int, default=None, help="cap on optimizer steps per epoch")
-        p.add_argument("--dtype", default=d.dtype, help=f"{', '.join(DTYPES)} (bf16: autocast)")
-        p.add_argument("--lr", type=float, default=d.lr)
-        p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-        p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-        p.add_argument("--grad-clip", type=float, default=d.grad_clip)
-        p.add_argument("--dropout", type=float, default=d.dropout)
-        p.add_argument("--corpus", default=d.corpus,
-                       help=f"{', '.join(CORPUS_CHOICES)} (default: $LAB_CORPUS, else auto)")
-        p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
-        p.add_argument("--stride", type=int, default=None, help="tokens between windows (default block_size)")
-        p.add_argument("--val-batches", type=int, default=d.val_batches, help="per rank; 0 = all")
-        p.add_argument("--val-batch-size", type=int, default=d.val_batch_size)
-        p.add_argument("--probe-steps", type=int, default=d.probe_steps)
-        p.add_argument("--seed", type=int, default=d.seed)
-        p.add_argument("--num-workers", type=int, default=d.num_workers)
-        p.add_argument("--device", default=d.device, help=f"{', '.join(DEVICES)}")
-        p.add_argument("--save", default=None, help="write the trained checkpoint here (rank 0)")
-        p.add_argument("--out", default=None, help="rank 0 appends the records here (JSON lines)")
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> tuple[TrainConfig, str | None]:
-        """``(config, --out)`` from a command line, checked."""
-        kw = vars(cls.parser().parse_args(argv))
-        out = kw.pop("out")
-        if kw.get("val_batches") == 0:
-            kw["val_batches"] = None
-        return cls(**kw).validate(), out
-
-
-# --------------------------------------------------------------------------- the communication ledger
-
-
-@dataclass
-class AccountingArgs:
-    """The ledger worker's command line (``python -m lab_utils.workers.comm_accounting --help``)."""
-
-    width: int = 8
-    batch_size: int = 8
-    steps: int = 3
-    broadcast_buffers: bool = True
-    zero: bool = True
-    backend: str = "auto"
-    profile: str | None = None
-    experiment: str | None = None
-    seed: int = 0
-    out: str | None = None
-
-    def validate(self) -> AccountingArgs:
-        check_positive_int(self.width, "--width")
-        check_positive_int(self.batch_size, "--batch-size")
-        check_positive_int(self.steps, "--steps")
-        check_choice(self.backend, BACKENDS, "--backend")
-        return self
-
-    def record_config(self, world_size: int, backend: str) -> dict[str, Any]:
-        return {"width": self.width, "batch_size": self.batch_size, "steps": self.steps,
-                "broadcast_buffers": self.broadcast_buffers, "zero": self.zero,
-                "devices": world_size, "backend": backend, "seed": self.seed}
-
-    def to_argv(self) -> list[str]:
-        argv = ["--width", str(self.width), "--batch-size", str(self.batch_size), "--steps", str(self.steps),
-                "--backend", self.backend, "--seed", str(self.seed)]
-        if not self.broadcast_buffers:
-            argv.append("--no-broadcast-buffers")
-        if not self.zero:
-            argv.append("--no-zero")
-        if self.profile:
-            argv += ["--profile", self.profile]
-        if self.experiment:
-            argv += ["--experiment", self.experiment]
-        return argv
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.comm_accounting",
-                                    description="Count the bytes a DDP run communicates, by kind.")
-        d = AccountingArgs()
-        p.add_argument("--width", type=int, default=d.width)
-        p.add_argument("--batch-size", type=int, default=d.batch_size)
-        p.add_argument("--steps", type=int, default=d.steps)
-        p.add_argument("--no-broadcast-buffers", dest="broadcast_buffers", action="store_false")
-        p.add_argument("--no-zero", dest="zero", action="store_false")
-        p.add_argument("--backend", default=d.backend)
-        p.add_argument("--profile", default=None)
-        p.add_argument("--experiment", default=None)
-        p.add_argument("--seed", type=int, default=d.seed)
-        p.add_argument("--out", default=None)
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> AccountingArgs:
-        return cls(**vars(cls.parser().parse_args(argv))).validate()
-
-
-# --------------------------------------------------------------------------- the all-reduce benchmark
-
-
-@dataclass
-class BenchArgs:
-    """The all-reduce benchmark's command line: fp32 messages doubling from ``min_bytes`` to
-    ``max_bytes``, ``warmup`` untimed and ``iters`` timed all-reduces each."""
-
-    max_bytes: int = 8
-    min_bytes: int = 8
-    iters: int = 20
-    warmup: int = 5
-    backend: str = "gloo"
-    out: str | None = None
-
-    def validate(self) -> BenchArgs:
-        check_positive_int(self.max_bytes, "--max-bytes")
-        check_positive_int(self.min_bytes, "--min-bytes")
-        check_positive_int(self.iters, "--iters")
-        check_choice(self.backend, ("nccl", "gloo"), "--backend")
-        if self.warmup < 0:
-            raise LabError(f"Warm-up iterations must be 0 or more, got {self.warmup}.")
-        return self
-
-    def record_config(self, world_size: int, size_bytes: int) -> dict[str, Any]:
-        """The stored configuration of one benchmark point (its resume key)."""
-        return {"world_size": world_size, "backend": self.backend, "size_bytes": int(size_bytes),
-                "dtype": "float32", "iters": self.iters, "warmup": self.warmup}
-
-    def to_argv(self) -> list[str]:
-        return _flags(self)
-
-    @staticmethod
-    def parser() -> argparse.ArgumentParser:
-        p = argparse.ArgumentParser(prog="python -m lab_utils.workers.allreduce_bench",
-                                    description="The all-reduce benchmark worker (every rank, torchrun).")
-        d = BenchArgs()
-        p.add_argument("--min-bytes", type=int, default=d.min_bytes)
-        p.add_argument("--max-bytes", type=int, required=True)
-        p.add_argument("--iters", type=int, default=d.iters)
-        p.add_argument("--warmup", type=int, default=d.warmup)
-        p.add_argument("--backend", choices=["nccl", "gloo"], default=d.backend)
-        p.add_argument("--out", default=None)
-        return p
-
-    @classmethod
-    def from_argv(cls, argv: list[str] | None = None) -> BenchArgs:
-        return cls(**vars(cls.parser().parse_args(argv))).validate()

@@ -1,13 +1,9 @@
 """What a DDP run communicates besides gradients, counted byte by byte on a real run.
 
-Run under ``torchrun`` (the notebook uses :func:`lab_utils.experiments.large_batch.measure_comm_accounting`;
-the arguments are :class:`lab_utils.workers.args.AccountingArgs`)::
-
-    python -m torch.distributed.run --nproc-per-node 2 -m lab_utils.workers.comm_accounting
-        --width 8 --batch-size 8 --steps 3 [--no-broadcast-buffers] [--no-zero]
-        [--backend auto|nccl|gloo] [--profile P] [--experiment NAME] --out FILE
-
-Rank 0 appends one record (every rank's ledger) to ``--out``; the parent stores it.
+A worker of :mod:`lab_utils.workers.harness` under ``torchrun`` (the plan:
+:func:`lab_utils.experiments.large_batch.plan_accounting`). Its configuration: ``width``,
+``batch_size``, ``steps``, ``broadcast_buffers``, ``zero``, ``devices``, ``backend``, ``seed``. Rank 0
+returns one record with every rank's ledger.
 
 How DDP really communicates (``torch/nn/parallel/distributed.py`` and
 ``torch/distributed/utils.py`` of the installed torch), and how each item is counted:
@@ -49,6 +45,7 @@ Bytes are bytes (not parameter counts); no timing is done here.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections import defaultdict
 from contextlib import contextmanager
@@ -62,16 +59,14 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils.core import config
 from lab_utils.core.backends import apply_training_backends
-from lab_utils.core.dist import init_distributed
+from lab_utils.core.dist import DistContext, gather
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
-from lab_utils.core.records import Record, append_records
-from lab_utils.launcher import setup_rank_logging
+from lab_utils.core.records import Record
 from lab_utils.models import ResNet18
-from lab_utils.workers.args import AccountingArgs
+from lab_utils.workers.harness import Job, serve
 
 # Ledger kinds: which collective entry point carried the bytes.
 BROADCAST_COALESCED = "broadcast_coalesced"
@@ -219,7 +214,7 @@ def counting_allreduce_hook(ledger: CommLedger):
 # --------------------------------------------------------------------------- the worker
 
 
-class WireMeter:
+class _WireMeter:
     """Bytes written by this process over named phases (gloo on CPU only; None otherwise)."""
 
     def __init__(self, enabled: bool):
@@ -236,27 +231,27 @@ class WireMeter:
                 self.bytes[name].append(_io_written_bytes() - start)  # type: ignore[operator]
 
 
-def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
-    """Train ``args.steps`` DDP steps (then ``args.steps`` ZeRO-1 steps) and count everything.
+def run_accounting(c: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
+    """Train ``steps`` DDP steps (then ``steps`` ZeRO-1 steps) of configuration ``c`` and count everything.
 
-    Returns this rank's ledger rows, wire bytes per phase and optimizer-state bytes.
+    Returns this rank's ledger rows, wire bytes per phase (:func:`wire_summary`) and optimizer-state bytes.
     """
     apply_training_backends()  # as every training path (bytes do not depend on it; the record says it)
     device = ctx.device
     cuda = device.type == "cuda"
     ledger = CommLedger()
-    wire = WireMeter(enabled=ctx.backend == "gloo")
+    wire = _WireMeter(enabled=ctx.backend == "gloo")
     loss_fn = nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(args.seed + 7 * ctx.rank)
-    batches = [(torch.randn(args.batch_size, 3, 32, 32, generator=gen).to(device),
-                torch.randint(0, 10, (args.batch_size,), generator=gen).to(device))
-               for _ in range(args.steps)]
-    torch.manual_seed(args.seed + ctx.rank)  # different initial weights: the broadcast makes them equal
-    model = ResNet18(width=args.width).to(device)
+    gen = torch.Generator().manual_seed(c["seed"] + 7 * ctx.rank)
+    batches = [(torch.randn(c["batch_size"], 3, 32, 32, generator=gen).to(device),
+                torch.randint(0, 10, (c["batch_size"],), generator=gen).to(device))
+               for _ in range(c["steps"])]
+    torch.manual_seed(c["seed"] + ctx.rank)  # different initial weights: the broadcast makes them equal
+    model = ResNet18(width=c["width"]).to(device)
     sizes = model_bytes(model)
 
     def ddp_wrap(m):
-        return DDP(m, device_ids=[device.index] if cuda else None, broadcast_buffers=args.broadcast_buffers)
+        return DDP(m, device_ids=[device.index] if cuda else None, broadcast_buffers=c["broadcast_buffers"])
 
     def steps(ddp, optimizer, phase: str, log_loss: bool):
         """One optimizer step per batch through the lab's one loop, each counted on its own."""
@@ -277,7 +272,7 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
         with ledger.in_phase("construction"), wire.measure("construction:1"):
             ddp = ddp_wrap(model)
         ddp.register_comm_hook(None, counting_allreduce_hook(ledger))
-        same = _parameters_equal_across_ranks(model)
+        same = _parameters_equal_across_ranks(model, ctx)
         opt = make_optimizer(ddp, lr=0.01)
         steps(ddp, opt, "step", log_loss=True)
         sgd_state = tensor_bytes([s["momentum_buffer"] for s in opt.state.values()
@@ -297,9 +292,9 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
             model.train()
 
         zero_state = zero_full_state = None
-        if args.zero:
+        if c["zero"]:
             with ledger.in_phase("zero_construction"):
-                ddp2 = ddp_wrap(ResNet18(width=args.width).to(device))
+                ddp2 = ddp_wrap(ResNet18(width=c["width"]).to(device))
             ddp2.register_comm_hook(None, counting_allreduce_hook(ledger))
             zero = ZeroRedundancyOptimizer(ddp2.parameters(), optimizer_class=torch.optim.SGD, lr=0.01,
                                            momentum=0.9, weight_decay=5e-4)
@@ -313,50 +308,67 @@ def run_accounting(args: AccountingArgs, ctx) -> dict[str, Any]:
                 full = zero.state_dict()
                 zero_full_state = tensor_bytes([st["momentum_buffer"] for st in full["state"].values()
                                                 if isinstance(st, dict) and "momentum_buffer" in st])
-    return {"rank": ctx.rank, "ledger": ledger.as_rows(), "wire_bytes": dict(wire.bytes),
+    rows = ledger.as_rows()
+    wired = wire_summary(rows, wire.bytes, ctx.rank, ctx.world_size)
+    return {"rank": ctx.rank, "ledger": rows, "wire": wired,
             "wire_measured": wire.enabled, "model_bytes": asdict(sizes), "parameters_equal_after_init": same,
             "sgd_state_bytes": sgd_state, "zero_state_bytes": zero_state,
             "zero_consolidated_state_bytes": zero_full_state}
 
 
-def _parameters_equal_across_ranks(model) -> bool:
+def _parameters_equal_across_ranks(model, ctx: DistContext) -> bool:
     """True when every rank holds rank 0's parameters (checked after DDP's broadcast; not counted)."""
     flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
-    digest = float(flat.double().sum()), float((flat.double() ** 2).sum())
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, digest)
+    gathered = gather((float(flat.double().sum()), float((flat.double() ** 2).sum())), ctx)
     return all(g == gathered[0] for g in gathered)
 
 
-def main(argv: list[str] | None = None) -> int:
-    setup_rank_logging()
-    try:
-        args = AccountingArgs.from_argv(argv)
-    except LabError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    ctx = init_distributed(args.backend)
-    try:
-        mine = run_accounting(args, ctx)
-        gathered: list[Any] = [None] * ctx.world_size
-        dist.all_gather_object(gathered, mine)
-        if ctx.rank == 0:
-            append_records(args.out, [build_record(args, ctx, gathered)])
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
+# Which ledger phases a wire-measured phase holds (a step's logged loss is inside its step).
+_LEDGER_PHASES = {"step": ("step", "loss_logging"), "zero_step": ("zero_step",)}
 
 
-def build_record(args: AccountingArgs, ctx, gathered: list[dict[str, Any]]) -> Record:
+def wire_summary(ledger_rows: list[dict[str, Any]], wire_bytes: dict[str, list[int]], rank: int,
+                 world: int) -> dict[str, dict[str, Any]]:
+    """Per phase the wire was measured over (gloo): ``occurrences``, the ``payload_bytes`` counted and the
+    ``written_bytes`` this process wrote (``wchar``), both per occurrence, and with 2 ranks the
+    ``expected_written_bytes`` the algorithms imply: a ring all-reduce of S bytes writes 2(P-1)/P x S,
+    a broadcast S x (P-1) on its root and nothing elsewhere."""
+    phases: dict[str, list[int]] = defaultdict(list)
+    for key, vals in wire_bytes.items():
+        phases[key.split(":")[0]] += vals
+    out = {}
+    for phase, vals in phases.items():
+        rows = [r for r in ledger_rows if r["phase"] in _LEDGER_PHASES.get(phase, (phase,))]
+        expected = 0.0
+        for r in rows:
+            if r["kind"] in (ALL_REDUCE, GRAD_BUCKET):
+                expected += r["bytes"] * 2 * (world - 1) / world
+            elif r["kind"] in (BROADCAST, BROADCAST_COALESCED):
+                expected += r["bytes_by_src"].get(rank, 0) * (world - 1)
+        n = len(vals)
+        out[phase] = {"occurrences": n, "payload_bytes": sum(r["bytes"] for r in rows) / n,
+                      "written_bytes": statistics.fmean(vals),
+                      "expected_written_bytes": expected / n if world == 2 else None}
+    return out
+
+
+def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -> list[Record]:
+    """Count one configuration on every rank; rank 0 returns the record with every rank's ledger."""
+    if config["devices"] != ctx.world_size:
+        raise LabError(f"The configuration is for {config['devices']} ranks; the job has {ctx.world_size}.")
+    gathered = gather(run_accounting(config, ctx), ctx)
+    if ctx.rank != 0:
+        return []
+    return [build_record(config, job, ctx, gathered)]
+
+
+def build_record(config: dict[str, Any], job: Job, ctx: DistContext, gathered: list[dict[str, Any]]
+                 ) -> Record:
     """Rank 0: one record with every rank's ledger."""
-    profile = config.resolve_profile_name(args.profile)[0]
-    hardware = ctx.hardware()
     metrics = {"ranks": gathered, "model_bytes": gathered[0]["model_bytes"], "world_size": ctx.world_size}
-    return Record(experiment=args.experiment or "comm_accounting",
-                  config=args.record_config(ctx.world_size, ctx.backend), metrics=metrics, profile=profile,
-                  synthetic=True, dataset="random tensors", hardware=hardware, software=software_versions())
+    return Record(job.experiment, dict(config), metrics, profile=job.profile, synthetic=True,
+                  dataset="random tensors", hardware=ctx.hardware(), software=software_versions())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.modules[__name__]))

@@ -1,69 +1,41 @@
-"""Train the GPT in one process or under ``torchrun`` (DDP), timing every rank.
+"""The GPT training worker (notebook 06; notebook 07's fallback model), run by ``torchrun``.
 
-Command line (one process, or ``N`` ranks through :func:`lab_utils.launcher.launch`)::
+``python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.gpt_train JOB.json``: a job
+of the lab's one worker protocol (:mod:`lab_utils.workers.harness`), written by
+:func:`lab_utils.plan.measure`. Each configuration is a :class:`TrainConfig` as a dict, the exact
+``config`` of its records; ``job.options["save"]`` (not part of the key): where rank 0 writes the
+trained checkpoint. CPU-only one-process runs may run in the caller's process (the same code).
 
-    python -m lab_utils.workers.gpt_train --size tiny --batch-size 16 --accumulation-steps 4 \\
-        --epochs 2 --steps-per-epoch 20 --dtype fp32 --out records.jsonl
-    python -m torch.distributed.run --nproc-per-node 4 -m lab_utils.workers.gpt_train --batch-size 64 ...
+``batch_size`` is the micro-batch *per rank* in sequences; one optimizer step sees ``batch_size x
+accumulation_steps x devices`` sequences of ``block_size`` tokens. Gradient accumulation done right:
+every micro-step but the last runs forward *and* backward inside ``DDP.no_sync()`` (DDP decides at
+forward time whether the coming backward all-reduces), and each micro-batch loss is divided by the
+steps, so the accumulated gradient is that of the mean loss (tested against one big batch).
 
-``--batch-size`` is the micro-batch *per rank* in sequences; one optimizer step sees
-``batch_size x accumulation_steps x world_size`` sequences of ``block_size`` tokens.
+Every epoch of every rank is THE epoch driver, :func:`lab_utils.core.loop.run_epoch` (phases timed,
+the device synchronized at each boundary; names as :mod:`lab_utils.core.metrics` defines them:
+``epoch_seconds`` the training pass with loader waits, ``train_seconds`` without them, validation
+apart in ``validation_seconds``). Nested timers (:class:`~lab_utils.core.timing.NestedTimers`): run >
+epoch > training (forward, loss, backward) / validation. Under DDP a timing comm hook measures the
+exposed all-reduce wait (``communication_seconds``) and the time any all-reduce was in flight
+(``epoch_allreduce_seconds``); after each epoch the untimed ``no_sync`` probe gives each rank's
+(b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
 
-Gradient accumulation done right: every micro-step but the last runs its forward *and*
-backward inside ``DDP.no_sync()`` (DDP decides at forward time whether the coming
-backward all-reduces), so gradients cross the network once per optimizer step; each
-micro-batch loss is divided by ``accumulation_steps`` so the accumulated gradient is the
-gradient of the mean loss over all micro-batches (tested against one big batch).
-
-What is timed, per rank and per epoch (seconds; every training epoch is THE epoch driver,
-:func:`lab_utils.core.loop.run_epoch`, whose ``timing.PhaseTimer`` synchronizes the device at
-every phase boundary; ``timing.NestedTimers`` keeps the run > epoch > training / validation
-> forward / loss / backward tree). The names mean what :mod:`lab_utils.core.metrics` says, as
-in every other record of the lab:
-
-- ``epoch_seconds``: the training pass, loader waits included (validation is not in it:
-  ``validation_seconds``);
-- ``train_seconds``: data movement + compute + communication, loader waits EXCLUDED;
-- ``data_loading_seconds`` (waiting on the DataLoader), ``data_movement_seconds``
-  (host to device), ``compute_seconds`` and ``communication_seconds``;
-- communication is *measured* with :mod:`lab_utils.core.comm_hooks`, as in notebook 03: a
-  timing communication hook (:class:`~lab_utils.core.comm_hooks.AllReduceTimer`) sees every
-  bucket's all-reduce on the synchronizing micro-step. ``communication_seconds`` is the
-  exposed wait at the end of backward (last bucket ready -> backward returned), moved
-  out of ``compute_seconds``; ``allreduce_seconds`` is the time any all-reduce was in
-  flight (mostly hidden behind backward). After each epoch an untimed probe
-  (:func:`~lab_utils.core.comm_hooks.probe_exposed_comm`) alternates synchronizing
-  forward+backward steps with ``no_sync`` ones on the same micro-batch:
-  ``exposed_comm_per_step_seconds`` (their difference, >= 0; it includes waiting for the
-  slowest rank), ``exposed_comm_seconds`` (that x optimizer steps), ``overlap_seconds``
-  and ``overlap_fraction``. With one process all of these are 0 / None;
-- ``tokens_per_s`` = tokens this rank trained on / its ``train_seconds`` (training time,
-  loader waits excluded; the aggregate: all ranks' tokens / the slowest rank's);
-- ``mfu``: FLOPs per token (counted by ``FlopCounterMode``) x tokens/s / the device's
-  peak FLOP/s for the dtype (``lab_utils.core.hardware``); ``None`` on CPUs and unknown GPUs.
-
-The aggregate of an epoch is :func:`lab_utils.core.ranks.aggregate_epoch` (as the ResNet
-DDP worker's): the *slowest* rank's times (``slowest_rank``) since every step waits for it,
-the means over ranks (``*_seconds_mean``) and the imbalance (max / min epoch time) to show
-what averaging hides.
-
-Output: one :class:`~lab_utils.core.records.Record` (rank 0 appends it to ``--out``): the
-reported (last) epoch's aggregate at the top level of ``metrics``, ``ranks`` (its per-rank
-dicts), ``epochs`` (every epoch's aggregate), the run's configuration, corpus, device, FLOPs
-per token, memory and nested timers (``timers``: rank 0's, ``timers_slowest_rank``); status
-``ok`` or ``oom``. Under DDP an out-of-memory error is not a status: it ends the rank
-(:func:`lab_utils.core.dist.failure_ends_rank`), torchrun stops the others, and the caller
-(:mod:`lab_utils.experiments.gpt`) turns the launch's error into an ``oom`` row.
+Records (rank 0's): one **aggregate** (``config["record"] == "aggregate"``) whose epochs are
+:func:`lab_utils.core.ranks.aggregate_epoch` of the ranks' entries (the slowest rank's times and
+probe, the means beside them, tokens_per_s = all ranks' tokens / the slowest rank's train_seconds),
+with ``mfu`` (computed here alone), the run's model, FLOPs, precision, memory and the slowest rank's
+nested timers; and one record **per rank** (``{**config, "record": "rank", "rank": r}``) with that
+rank's entries and timers. An out-of-memory error is the harness's (an ``oom`` row, or under DDP the
+rank's failure file).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-import os
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -73,26 +45,19 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.core.backends import apply_training_backends
-from lab_utils.core.comm_hooks import AllReduceTimer, overlap_figures, probe_exposed_comm
-from lab_utils.core.config import loader_worker_options
-from lab_utils.core.dist import DistContext, failure_ends_rank, gather, init_distributed
+from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+from lab_utils.core.config import CORPUS_CHOICES, check_choice, check_positive_int, loader_worker_options
+from lab_utils.core.dist import DistContext, gather
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import (
-    bf16_supported,
-    device_name,
-    hardware_summary,
-    peak_flops_per_s,
-    software_versions,
-)
+from lab_utils.core.hardware import bf16_supported, device_name, peak_flops_per_s, software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
-from lab_utils.core.memory import catch_oom, free_device_memory
-from lab_utils.core.ranks import aggregate_epoch
-from lab_utils.core.records import Record, append_records
+from lab_utils.core.memory import free_device_memory
+from lab_utils.core.ranks import aggregate_epoch, probe_seconds
+from lab_utils.core.records import Record
 from lab_utils.core.schedules import LRSchedule
 from lab_utils.core.text_data import TokenWindows, load_splits
 from lab_utils.core.timing import NestedTimers
-from lab_utils.launcher import setup_rank_logging
 from lab_utils.models.gpt import (
     GPT,
     count_parameters,
@@ -103,21 +68,74 @@ from lab_utils.models.gpt import (
     train_flops_per_token,
     unwrap,
 )
-from lab_utils.workers.args import TrainConfig
+from lab_utils.workers.harness import Job, serve
 
-#: The run-level keys copied into the record's metrics next to the reported epoch's aggregate.
-RUN_KEYS = ("parameters", "flops_per_token", "flops_per_token_formula", "steps_per_epoch", "total_steps",
-            "tokens_per_step", "saved_activation_bytes", "peak_memory_bytes", "run_seconds", "backend",
-            "device_type", "device_name", "precision", "peak_flops_per_s", "train_windows", "corpus",
-            "steps_done", "checkpoint", "final_val_loss", "final_train_loss", "precision_note")
+#: Part of every key: bumped when a metric changes meaning, so older records are measured again, not
+#: reused. 3 (issue 34): allreduce_seconds is the probe's (c), per-rank records, speedups on train_seconds.
+METRICS_VERSION = 3
+DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One GPT training run, every value resolved (``corpus``: "shakespeare" or "stdlib"): what the plan
+    writes, the worker reads and the records' ``config`` holds. Batch sizes in sequences per rank."""
+
+    devices: int = 1
+    device_type: str = "cpu"
+    size: str = "small"
+    batch_size: int = 64
+    accumulation_steps: int = 1
+    epochs: int = 1
+    max_steps: int | None = None          # optimizer steps over the whole run
+    steps_per_epoch: int | None = None    # cap on optimizer steps per epoch
+    dtype: str = "fp32"
+    lr: float = 1e-3                      # AdamW's peak
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    dropout: float = 0.0
+    corpus: str | None = None             # None: not resolved yet (refused; the plan resolves $LAB_CORPUS)
+    max_chars: int | None = None          # characters of the corpus used (None: all)
+    stride: int | None = None             # tokens between training windows (None: block_size)
+    val_batches: int | None = 20          # per rank; None: the whole validation split
+    val_batch_size: int = 32
+    probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
+    seed: int = 0
+    num_workers: int = 0
+
+    def validate(self) -> TrainConfig:
+        """Raise :class:`LabError` for a value no run can take (before anything is started)."""
+        for name in ("devices", "batch_size", "accumulation_steps", "epochs", "val_batch_size"):
+            check_positive_int(getattr(self, name), name.replace("_", " "))
+        for name in ("max_steps", "steps_per_epoch", "val_batches", "stride", "max_chars"):
+            if getattr(self, name) is not None:
+                check_positive_int(getattr(self, name), name.replace("_", " "))
+        check_choice(self.dtype, DTYPES, "dtype")
+        check_choice(self.device_type, ("cpu", "cuda"), "device type")
+        check_choice(self.corpus, CORPUS_CHOICES[1:], "corpus (resolve it: core.text_data.resolve_corpus)")
+        gpt_config(self.size)  # an unknown size: one sentence naming the sizes
+        if not self.lr > 0:
+            raise LabError(f"lr must be positive, got {self.lr!r}.")
+        if min(self.warmup_steps, self.probe_steps, self.num_workers) < 0:
+            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
+        return self
+
+    def config(self) -> dict[str, Any]:
+        """The records' ``config`` (the resume key): the fields, ``record``/``rank``, the metrics version."""
+        return {"record": "aggregate", "rank": None, **asdict(self), "metrics_version": METRICS_VERSION}
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> TrainConfig:
+        return cls(**{f.name: cfg[f.name] for f in fields(cls) if f.name in cfg})
 
 
 def run_dtype(dtype: str, device: torch.device) -> tuple[str, str | None]:
     """The dtype a run asked for ``dtype`` uses on ``device``, and why it differs (None when it does not).
 
     bf16 where the device has no native bf16 (:func:`lab_utils.core.hardware.bf16_supported`: a V100
-    emulates it, slower than fp32, and autocast accepts it silently) runs in fp32, as notebooks 07 and
-    08 do; the record says so (``precision``, ``precision_note``) and its MFU is against fp32's peak.
+    emulates it, slower than fp32, and autocast accepts it silently) runs in fp32; the record says so
+    (``precision``, ``precision_note``) and its MFU is against fp32's peak.
     """
     if dtype == "bf16" and not bf16_supported(device):
         return "fp32", (f"bf16 asked; {device_name(str(device))} has no native bf16 (needs compute "
@@ -127,38 +145,23 @@ def run_dtype(dtype: str, device: torch.device) -> tuple[str, str | None]:
 
 def autocast_context(device: torch.device, dtype: str):
     """bf16 autocast for ``dtype="bf16"``; nothing for fp32."""
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def _keeping_last(batches, slot: list):
-    """Yield ``batches``, keeping the latest one in ``slot[0]``."""
-    for b in batches:
-        slot[0] = b
-        yield b
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if dtype == "bf16" else nullcontext()
 
 
 def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32") -> int:
-    """Bytes of tensors autograd keeps for backward after one forward on ``x``.
-
-    Measured with ``torch.autograd.graph.saved_tensors_hooks`` (each storage counted
-    once; parameters excluded). Device-independent, so it shows on a CPU too how the
-    activation memory grows with the micro-batch. Bytes.
-    """
+    """Bytes of tensors autograd keeps for backward after one forward on ``x`` (saved-tensor hooks, each
+    storage once, parameters excluded): the activation memory of one micro-batch, on any device."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
         st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in params:
-            seen[ptr] = max(seen.get(ptr, 0), st.nbytes())
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast_context(x.device, dtype):
-        out = unwrap(model)(x)
-    del out
+        unwrap(model)(x)
     return int(sum(seen.values()))
 
 
@@ -170,15 +173,6 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, max_bat
     ev = loop_evaluate(unwrap(model), loader, device, loss_fn=lm_loss, max_batches=max_batches,
                        autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False)
     return ev.loss * ev.images, ev.images
-
-
-def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
-    """Sum floats over ranks (identity with one process)."""
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
 
 
 def device_peak(device: torch.device, dtype: str) -> tuple[str, float | None, str]:
@@ -202,106 +196,62 @@ def plan_steps(cfg: TrainConfig, windows: int, world: int) -> tuple[int, int, in
         per_epoch = min(per_epoch, cfg.steps_per_epoch)
     if per_epoch == 0:
         raise LabError(f"An optimizer step needs {cfg.batch_size} x {cfg.accumulation_steps} sequences on "
-                       f"each of {world} ranks but the training split has only {windows} windows; lower "
-                       "--batch-size or --accumulation-steps, use a smaller --stride, or a longer corpus.")
+                       f"each of {world} ranks but the training split has only {windows} windows; lower the "
+                       "batch size or the accumulation steps, use a smaller stride, or a longer corpus.")
     total = per_epoch * cfg.epochs
-    if cfg.max_steps is not None:
-        total = min(total, cfg.max_steps)
-    return micro, per_epoch, total
+    return micro, per_epoch, total if cfg.max_steps is None else min(total, cfg.max_steps)
 
 
-def run_training(cfg: TrainConfig) -> list[Record]:
-    """Train as configured; every rank returns the run's record (one :class:`Record`, in a list)."""
-    cfg.validate()
-    ctx = init_distributed(device=cfg.device, group_of_one=False)
-    try:
-        with failure_ends_rank(ctx):  # under DDP OOM (under NCCL any error) ends the rank (see there)
-            return [_train(cfg, ctx)]
-    finally:
-        if ctx.initialized_here and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _train(cfg: TrainConfig, ctx: DistContext) -> Record:
+def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -> list[Record]:
+    """Train one configuration; rank 0 returns its records (aggregate first), the other ranks []."""
+    cfg = TrainConfig.from_config(config).validate()
+    if cfg.devices != ctx.world_size:
+        raise LabError(f"The configuration is for {cfg.devices} devices; the job has {ctx.world_size} ranks.")
     device = ctx.device
-    asked = cfg
     dtype, precision_note = run_dtype(cfg.dtype, device)
-    cfg = replace(cfg, dtype=dtype)   # what runs; the record's config is what was asked
     apply_training_backends()
     timers = NestedTimers(device)
-    run_timer = timers("run")
-    run_timer.__enter__()
-    # -- data and plan (cheap checks first)
-    splits = load_splits(cfg.corpus, max_chars=cfg.max_chars)
-    mcfg = gpt_config(cfg.size, vocab_size=splits.vocab.size, dropout=cfg.dropout)
-    stride = cfg.stride or mcfg.block_size
-    train_ds = TokenWindows(splits.train, mcfg.block_size, stride)
-    val_ds = TokenWindows(splits.val, mcfg.block_size, mcfg.block_size)
-    micro_per_epoch, steps_per_epoch, total_steps = plan_steps(cfg, len(train_ds), ctx.world_size)
-
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model: nn.Module = GPT(mcfg).to(device)
-    n_params = count_parameters(model)
-    flops_per_token = measure_train_flops_per_token(model)
-    name, peak, precision = device_peak(device, cfg.dtype)
-    base: dict[str, Any] = {
-        "model_config": mcfg.to_dict(), "world_size": ctx.world_size,
-        "backend": ctx.backend, "device_type": device.type, "device_name": name, "precision": precision,
-        "peak_flops_per_s": peak, "corpus": splits.corpus_name,
-        "vocab_size": splits.vocab.size, "train_tokens": splits.train_tokens, "val_tokens": splits.val_tokens,
-        "train_windows": len(train_ds), "parameters": n_params, "flops_per_token": flops_per_token,
-        "flops_per_token_formula": train_flops_per_token(mcfg), "steps_per_epoch": steps_per_epoch,
-        "total_steps": total_steps, "tokens_per_step": cfg.batch_size * cfg.accumulation_steps
-        * ctx.world_size * mcfg.block_size, "precision_note": precision_note,
-    }
-    epochs: list[dict[str, Any]] = []
-    # One process: out of memory becomes the run's status (catch_oom keeps only the reason, so the
-    # traceback and its tensors are dropped). Under DDP it is not caught here: it ends the rank
-    # (run_training), because this rank must not go on to the gathers below while a peer is still
-    # inside DDP's bucket all-reduce.
-    oom = catch_oom()
-    with oom if not ctx.ddp else nullcontext():
-        epochs = _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base)
-    if oom:  # after the with statement, so the failed step's memory can be given back
-        model = None
-        free_device_memory(device)
-    run_timer.__exit__(None, None, None)
-    rank_timers = gather(timers.table(), ctx)
-    hardware = hardware_summary(str(device), ctx.world_size)
-    common = {"synthetic": splits.synthetic, "dataset": splits.corpus_name, "hardware": hardware,
-              "software": software_versions()}
-    if oom:
-        return Record("gpt", asdict(asked), {"saved_activation_bytes": base.get("saved_activation_bytes")},
-                      status="oom", reason=oom.reason, **common)
-    last = epochs[-1]
-    peaks = [r["peak_memory_bytes"] for e in epochs for r in e["ranks"]]
-    base.update({"run_seconds": timers.stats["run"].total_seconds,
-                 "peak_memory_bytes": max(peaks) if peaks and None not in peaks else None,
-                 "steps_done": sum(e["steps"] for e in epochs),
-                 "final_val_loss": last["val_loss"], "final_train_loss": last["train_loss"]})
-    if cfg.save and ctx.is_main:
-        save_checkpoint(cfg.save, model, splits.vocab.chars, splits.corpus_name,
-                        {"val_loss": last["val_loss"], "train_loss": last["train_loss"],
-                         "steps": base["steps_done"], "synthetic": splits.synthetic,
-                         "max_chars": cfg.max_chars})  # so notebook 07 evaluates on the same split
-        base["checkpoint"] = cfg.save
-    metrics = {k: v for k, v in last.items() if k != "ranks"}
-    metrics.update({"reported_epoch": last["epoch"], "ranks": last["ranks"],
-                    "epochs": [{k: v for k, v in e.items() if k != "ranks"} for e in epochs]})
-    metrics.update({k: base[k] for k in RUN_KEYS if k in base})
-    metrics["timers"] = rank_timers[0]                        # rank 0's nested timers
-    metrics["timers_slowest_rank"] = rank_timers[last["slowest_rank"]]
-    return Record("gpt", asdict(asked), metrics, **common)
+    with timers("run"):
+        splits = load_splits(cfg.corpus, max_chars=cfg.max_chars)
+        mcfg = gpt_config(cfg.size, vocab_size=splits.vocab.size, dropout=cfg.dropout)
+        train_ds = TokenWindows(splits.train, mcfg.block_size, cfg.stride or mcfg.block_size)
+        val_ds = TokenWindows(splits.val, mcfg.block_size, mcfg.block_size)
+        _, per_epoch, total_steps = plan_steps(cfg, len(train_ds), ctx.world_size)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
+        model: nn.Module = GPT(mcfg).to(device)
+        name, peak, precision = device_peak(device, dtype)
+        x0 = torch.stack([train_ds[i][0] for i in range(min(cfg.batch_size, len(train_ds)))]).to(device)
+        run = {"parameters": count_parameters(model), "flops_per_token": measure_train_flops_per_token(model),
+               "flops_per_token_formula": train_flops_per_token(mcfg), "steps_per_epoch": per_epoch,
+               "total_steps": total_steps, "train_windows": len(train_ds), "corpus": splits.corpus_name,
+               "tokens_per_step": cfg.batch_size * cfg.accumulation_steps * ctx.world_size * mcfg.block_size,
+               "saved_activation_bytes": saved_activation_bytes(model, x0, dtype),  # untimed, before training
+               "backend": ctx.backend, "device_type": device.type,
+               "device_name": name, "precision": precision, "precision_note": precision_note,
+               "peak_flops_per_s": peak, "threads_per_rank": torch.get_num_threads()}
+        del x0
+        epochs, probe = _train(cfg, dtype, ctx, model, train_ds, val_ds, per_epoch, total_steps, timers)
+    if job.options.get("save") and ctx.is_main:  # notebook 07 evaluates on the same split (max_chars)
+        save_checkpoint(job.options["save"], model, splits.vocab.chars, splits.corpus_name,
+                        {"val_loss": epochs[-1]["val_loss"], "train_loss": epochs[-1]["train_loss"],
+                         "steps": sum(e["steps"] for e in epochs), "synthetic": splits.synthetic,
+                         "max_chars": cfg.max_chars})
+        run["checkpoint"] = job.options["save"]
+    del model
+    free_device_memory(device)  # gc first (DDP's hooks hold cycles): the next configuration starts empty
+    gathered = gather({"epochs": epochs, "timers": timers.table(), "comm_probe": probe}, ctx)
+    if ctx.rank != 0:
+        return []
+    common = {"profile": job.profile, "synthetic": splits.synthetic, "dataset": splits.corpus_name,
+              "hardware": ctx.hardware(), "software": software_versions()}
+    return build_records(job.experiment, config, run, gathered, common)
 
 
-def _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base) -> list[dict[str, Any]]:
-    """Every epoch through :func:`~lab_utils.core.loop.run_epoch`, then validated and probed; one
-    aggregate per epoch (:func:`gpt_epoch`)."""
+def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, train_ds, val_ds, per_epoch: int,
+           total_steps: int, timers: NestedTimers) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Every epoch through :func:`~lab_utils.core.loop.run_epoch`, validated and probed: this rank's
+    epoch entries and its last probe (None with one process)."""
     device = ctx.device
-    # Activation memory of one micro-batch, measured once before training (untimed).
-    x0 = torch.stack([train_ds[i][0] for i in range(min(cfg.batch_size, len(train_ds)))]).to(device)
-    base["saved_activation_bytes"] = saved_activation_bytes(model, x0, cfg.dtype)
-    del x0
     comm_timer = None
     if ctx.ddp:
         model = nn.parallel.DistributedDataParallel(
@@ -314,117 +264,112 @@ def _epochs(cfg, ctx, model, mcfg, train_ds, val_ds, total_steps, timers, base) 
                           decay="cosine")
     sampler = DistributedSampler(train_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=True)
-    pin = device.type == "cuda"
+    pin = device.type == "cuda"  # pinned host memory: the copies to the GPU can overlap
     loader = DataLoader(train_ds, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
                         **loader_worker_options(cfg.num_workers, pin))
-    val_sampler = DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=False)
-    val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, sampler=val_sampler, num_workers=0)
+    val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, num_workers=0,
+                            sampler=DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank,
+                                                       shuffle=False))
     options = StepOptions(accumulation_steps=cfg.accumulation_steps, comm_timer=comm_timer,
-                          autocast_dtype=torch.bfloat16 if cfg.dtype == "bf16" else None, count_correct=False,
+                          autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False,
                           lr_at=schedule.lr_at, grad_clip=cfg.grad_clip or None, step_timers=timers)
     out: list[dict[str, Any]] = []
+    probe = None
     step = 0
     for epoch in range(1, cfg.epochs + 1):
         if step >= total_steps:
             break
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
-        n_steps = min(base["steps_per_epoch"], total_steps - step)
+        n_steps = min(per_epoch, total_steps - step)
         n_micro = n_steps * cfg.accumulation_steps
-        last: list = [None]  # the last micro-batch, for the communication probe below
+        last: list = [None]  # the epoch's last micro-batch, for the probe
         batches = _keeping_last(itertools.islice(loader, n_micro), last)
-        val_before = _total(timers, "run/epoch/validation")
+        val_before = _seconds(timers, "run/epoch/validation")
         with timers("epoch"):
             with timers("training"):
                 ep = run_epoch(model, batches, optimizer, device, epoch=epoch, n_batches=n_micro,
                                loss_fn=lm_loss, options=next_epoch(options, step), global_sums=True,
                                desc=f"rank {ctx.rank} epoch {epoch}")
             with timers("validation"):
-                v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, cfg.dtype)
+                v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, dtype)
         step += ep.steps
-        mine = rank_epoch(ep, ctx.rank, mcfg.block_size, _total(timers, "run/epoch/validation") - val_before)
-        mine.update(_probe(model, comm_timer, last[0], cfg, n_steps, timers, device))
-        mine["mfu"] = base["flops_per_token"] * mine["tokens_per_s"] / base["peak_flops_per_s"] \
-            if base["peak_flops_per_s"] and mine["tokens_per_s"] else None
-        v_sum, v_tok = all_reduce_sum([v_sum, float(v_tok)], ctx)
-        out.append(gpt_epoch(gather(mine, ctx), v_sum / max(v_tok, 1), base["peak_flops_per_s"],
-                             base["flops_per_token"]))
-    return out
+        mine = rank_epoch(ep, ctx.rank, unwrap(model).config.block_size,
+                          _seconds(timers, "run/epoch/validation") - val_before)
+        if comm_timer is not None and cfg.probe_steps > 0 and last[0] is not None:
+            x, y = (v.to(device) for v in last[0])
+            with timers("comm_probe"), autocast_context(device, dtype):
+                probe = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer,
+                                           loss_fn=lm_loss).as_dict()
+            mine.update(probe_seconds(probe, n_steps))  # (b), (c), overlap: aggregated like any phase
+        v_sum, v_tok = _all_reduce_sum([v_sum, float(v_tok)], ctx)
+        mine["val_loss"] = v_sum / max(v_tok, 1)
+        out.append(mine)
+    return out, probe
 
 
-def _total(timers: NestedTimers, name: str) -> float:
+def _keeping_last(batches, slot: list):
+    """Yield ``batches``, keeping the latest one in ``slot[0]``."""
+    for b in batches:
+        slot[0] = b
+        yield b
+
+
+def _seconds(timers: NestedTimers, name: str) -> float:
     return timers.stats[name].total_seconds if name in timers.stats else 0.0
+
+
+def _all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    """Sum floats over ranks (identity with one process)."""
+    if not dist.is_initialized():
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def rank_epoch(ep: EpochRecord, rank: int, block_size: int, validation_seconds: float) -> dict[str, Any]:
     """One rank's entry for one epoch, from its :class:`EpochRecord` (tokens = sequences x block)."""
-    tokens = ep.images * block_size
     return {
         "rank": rank, "epoch": ep.epoch, "steps": ep.steps, "micro_steps": ep.micro_steps,
-        "sequences": ep.images, "tokens": tokens,
+        "sequences": ep.images, "tokens": ep.images * block_size,
         "epoch_seconds": ep.epoch_seconds, "train_seconds": ep.train_seconds,
         "validation_seconds": validation_seconds,
         "data_loading_seconds": ep.data_loading_seconds, "data_movement_seconds": ep.data_movement_seconds,
         "compute_seconds": ep.compute_seconds, "communication_seconds": ep.communication_seconds,
-        "allreduce_seconds": ep.allreduce_seconds or 0.0,
-        "train_loss": ep.global_loss if ep.global_loss is not None else ep.loss,
-        "train_loss_rank": ep.loss,
-        "tokens_per_s": tokens / ep.train_seconds if ep.train_seconds else math.nan,
+        "epoch_allreduce_seconds": ep.allreduce_seconds,
+        "train_loss": ep.global_loss if ep.global_loss is not None else ep.loss, "train_loss_rank": ep.loss,
         "peak_memory_bytes": ep.peak_memory_bytes, "lr": ep.lr,
     }
 
 
-def _probe(model, comm_timer, batch, cfg: TrainConfig, n_steps: int, timers, device) -> dict[str, Any]:
-    """The untimed sync / no_sync probe on the epoch's last micro-batch (DDP only; zeros otherwise)."""
-    if comm_timer is None or cfg.probe_steps <= 0 or batch is None:
-        return {"exposed_comm_per_step_seconds": 0.0, "exposed_comm_seconds": 0.0, "overlap_seconds": 0.0,
-                "overlap_fraction": None, "exposed_comm_noise_seconds": None, "probe": None}
-    x, y = (v.to(device) for v in batch)
-    with timers("comm_probe"), autocast_context(device, cfg.dtype):
-        pr = probe_exposed_comm(model, [(x, y)] * (cfg.probe_steps + 1), comm_timer, loss_fn=lm_loss)
-    exposed = pr.exposed_per_step_seconds * n_steps
-    overlap, fraction = overlap_figures(exposed, pr.allreduce_per_step_seconds * n_steps)
-    return {"exposed_comm_per_step_seconds": pr.exposed_per_step_seconds,
-            "exposed_comm_seconds": exposed, "overlap_seconds": overlap,
-            "overlap_fraction": fraction, "probe": pr.as_dict(),
-            # standard error of the probe's mean difference, scaled like exposed_comm_seconds
-            "exposed_comm_noise_seconds": (pr.noise_seconds * n_steps
-                                           if math.isfinite(pr.noise_seconds) else None)}
-
-
-def gpt_epoch(ranks: list[dict[str, Any]], val_loss: float, peak: float | None,
-              flops_per_token: float) -> dict[str, Any]:
-    """One epoch over all ranks: :func:`lab_utils.core.ranks.aggregate_epoch` (the slowest rank's times,
-    means over ranks, imbalance, all ranks' tokens / the slowest rank's training seconds) plus the
-    GPT's own: validation loss, MFU over all ``world_size`` devices' peak, the probe's overlap
-    fraction, noise and buckets (the slowest rank's), and the per-rank dicts."""
-    out = aggregate_epoch(ranks)
-    slow = next(r for r in ranks if r["rank"] == out["slowest_rank"])
-    out.update({
-        "kind": "epoch", "val_loss": val_loss,
-        "overlap_fraction": slow.get("overlap_fraction"),
-        "exposed_comm_noise_seconds": slow.get("exposed_comm_noise_seconds"),
-        "buckets": (slow.get("probe") or {}).get("buckets"),
-        "mfu": flops_per_token * out["tokens_per_s"] / (peak * len(ranks)) if peak else None,
-        "ranks": ranks,
-    })
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    setup_rank_logging()
-    try:
-        cfg, out = TrainConfig.from_argv(argv)
-        records = run_training(cfg)
-    except LabError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if int(os.environ.get("RANK", "0")) == 0:
-        append_records(out, records)
-        if not out:
-            for r in records:
-                print(r.to_json())
-    return 0
+def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
+                  gathered: list[dict[str, Any]], common: dict[str, Any]) -> list[Record]:
+    """Rank 0: the aggregate record (every epoch over the ranks, :func:`aggregate_epoch`, and the MFU of
+    each: FLOPs per token x tokens/s over all devices' peak) and one record per rank."""
+    history = []
+    for e in range(len(gathered[0]["epochs"])):
+        agg = aggregate_epoch([g["epochs"][e] for g in gathered])
+        peak = run["peak_flops_per_s"]
+        agg["mfu"] = run["flops_per_token"] * agg["tokens_per_s"] / (peak * len(gathered)) if peak else None
+        history.append(agg)
+    reported = history[-1]
+    slow = gathered[reported["slowest_rank"]]
+    peaks = [e["peak_memory_bytes"] for g in gathered for e in g["epochs"]]
+    metrics = {k: v for k, v in reported.items() if k != "epoch"}
+    metrics.update(run, reported_epoch=reported["epoch"], epochs=history, timers=slow["timers"],
+                   steps_done=sum(e["steps"] for e in history),
+                   peak_memory_bytes=max(peaks) if None not in peaks else None)
+    if slow["comm_probe"]:
+        metrics["allreduce_buckets"] = max(g["comm_probe"]["buckets"] for g in gathered)
+    records = [Record(experiment, dict(config), metrics, **common)]
+    for r, g in enumerate(gathered):
+        last = g["epochs"][-1]
+        rm = {k: v for k, v in last.items() if k != "epoch"}
+        rm.update(reported_epoch=last["epoch"], epochs=g["epochs"], timers=g["timers"],
+                  comm_probe=g["comm_probe"])
+        records.append(Record(experiment, {**config, "record": "rank", "rank": r}, rm, **common))
+    return records
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.modules[__name__]))

@@ -1,15 +1,14 @@
-"""The fast path's training machinery: the switchable options of a waterfall row
+"""The fast path's training machinery (notebook 08): the switchable options of a waterfall row
 (:class:`TrainOptions`: loader, channels_last, bf16, fused SGD, torch.compile), the cumulative
 waterfall of steps (:func:`waterfall_steps`), and the :class:`Trainer` whose epoch is the lab's
-one epoch driver (:func:`lab_utils.core.loop.run_epoch`). What the experiment measures with them:
-:mod:`lab_utils.experiments.fastpath`.
+one epoch driver (:func:`lab_utils.core.loop.run_epoch`). The worker that measures with them:
+:mod:`lab_utils.workers.fastpath`.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -20,28 +19,15 @@ from torch import nn
 from lab_utils.core import onednn
 from lab_utils.core.backends import apply_training_backends
 from lab_utils.core.config import check_choice
-from lab_utils.core.data import (  # the fast path's loaders live with the other loaders
-    check_num_workers,
-)
+from lab_utils.core.data import check_num_workers
 from lab_utils.core.errors import LabError
-from lab_utils.core.flops import count_flops
-from lab_utils.core.hardware import bf16_supported as native_bf16
-from lab_utils.core.hardware import (
-    fp32_training_precision,
-)
-from lab_utils.core.loop import (
-    EpochRecord,
-    StepOptions,
-    make_optimizer,
-    run_epoch,
-    train_steps,
-)
+from lab_utils.core.hardware import fp32_training_precision
+from lab_utils.core.loop import EpochRecord, StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
 
-__all__ = ["LOADERS", "SGD_IMPLS", "STEP_NAMES", "WATERFALL", "TrainOptions", "Trainer", "bf16_supported",
-           "build_trainer", "compiled_graphs", "peak_precision", "resolved_sgd", "to_device",
-           "train_flops_per_image", "warm_up", "waterfall_steps"]
+__all__ = ["LOADERS", "SGD_IMPLS", "STEP_NAMES", "WATERFALL", "TrainOptions", "Trainer", "build_trainer",
+           "compiled_graphs", "peak_precision", "resolved_sgd", "to_device", "warm_up", "waterfall_steps"]
 
 
 SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
@@ -70,6 +56,11 @@ class TrainOptions:
             d["num_workers"] = 0
         return d
 
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> TrainOptions:
+        """Back from a record's config (the keys of :meth:`as_config`)."""
+        return cls(**{f: cfg[f] for f in cls.__dataclass_fields__})
+
     def describe(self) -> str:
         parts = [f"DataLoader (PIL, {self.num_workers} workers)" if self.loader == "spec"
                  else "device-resident loader"]
@@ -95,29 +86,28 @@ WATERFALL: tuple[tuple[str, str, dict[str, Any]], ...] = (
 STEP_NAMES = tuple(s[0] for s in WATERFALL)
 
 
-def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None
-                    ) -> list[tuple[str, str, TrainOptions]]:
-    """The cumulative waterfall: each step's options are the previous step's plus one change."""
+def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None,
+                    skip: Callable[[str, TrainOptions], str | None] | None = None
+                    ) -> list[tuple[str, str, TrainOptions, str | None]]:
+    """The cumulative waterfall: (step, what it adds, its options, why it cannot run here or None).
+
+    A step's options are those of the last step before it that runs, plus its one change; ``skip``
+    says why a step cannot run here (None: it runs). The spec step is always first (every ratio is
+    relative to it).
+    """
     chosen = list(STEP_NAMES if steps is None else steps)
     unknown = [s for s in chosen if s not in STEP_NAMES]
     if unknown:
         raise LabError(f"Unknown waterfall step(s) {unknown}; choose from: {', '.join(STEP_NAMES)}.")
-    if "spec" not in chosen:
-        chosen.insert(0, "spec")  # every ratio is relative to the spec row
     opts = TrainOptions(num_workers=num_workers)
     out = []
     for name, what, change in WATERFALL:
-        if name not in chosen:
-            continue
-        opts = replace(opts, **change)
-        out.append((name, what, opts))
+        if name in chosen or name == "spec":
+            candidate = replace(opts, **change)
+            reason = skip(name, candidate) if skip is not None else None
+            out.append((name, what, candidate, reason))
+            opts = candidate if reason is None else opts
     return out
-
-
-def bf16_supported(device: torch.device) -> bool:
-    """bf16 autocast runs natively on this device (any CPU; CUDA GPUs from Ampere on, not
-    emulated: :func:`lab_utils.core.hardware.bf16_supported`)."""
-    return native_bf16(device)
 
 
 def _make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
@@ -234,13 +224,6 @@ def compiled_graphs() -> int | None:
     except Exception:  # an internal API: absent or moved in some torch version
         return None
     return int(counters["stats"].get("unique_graphs", 0))
-
-
-@functools.lru_cache(maxsize=8)
-def train_flops_per_image(width: int) -> float:
-    """FLOPs of one training step per image (forward + backward, FlopCounterMode) for ResNet-18 ``width``."""
-    model = ResNet18(width=width)
-    return count_flops(model, torch.zeros(2, 3, 32, 32)).train_flops_per_sample
 
 
 def peak_precision(options: TrainOptions, device_name: str) -> str:

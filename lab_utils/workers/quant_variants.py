@@ -1,6 +1,6 @@
 """The quantization variants of notebook 07 and whether each can run here (module, class, kernel,
 device): :func:`check_variant` never raises for a missing path, its :class:`Availability` says why.
-How a variant is made and sized: :mod:`lab_utils.experiments.quant_model`.
+How a variant is made and sized: :mod:`lab_utils.workers.quant_model`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How a variant of notebook 07 is made and sized: :func:`quantize_model` (a quantized copy of the
 model; Linear layers torchao's int8 kernels cannot take are kept in float, :func:`float_layers`),
 :func:`payload_bytes` (bytes of the tensor storages) and :func:`serialized_size_bytes` (bytes of
-``torch.save``). Which variants can run here: :mod:`lab_utils.experiments.quant_variants`.
+``torch.save``). Which variants can run here: :mod:`lab_utils.workers.quant_variants`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from lab_utils.core.errors import LabError
-from lab_utils.experiments.quant_variants import INT_MM_MIN_ROWS, check_variant, torchao_parts
+from lab_utils.workers.quant_variants import INT_MM_MIN_ROWS, check_variant, torchao_parts
 
 __all__ = ["float_layers", "float_layers_note", "int8_mm_shape_problem", "pad_int8_matmul_rows",
            "payload_bytes", "quantize_model", "save_state_dict", "serialized_size_bytes"]
