@@ -48,15 +48,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lab_utils import launcher, plan, proc
+from lab_utils import plan, proc
 from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import Machine as PlanMachine
 from lab_utils.experiments import registry
 from lab_utils.plan import Experiment, Run, aggregates, make_plan
 from lab_utils.store import ResultStore, _atomic_write_text
-from lab_utils.workers import ddp
-from lab_utils.workers.args import AccountingArgs, BenchArgs, TrainConfig
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -419,23 +417,36 @@ def judge_int8_mm(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
 def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = None,
                  max_bytes: int = 256 * 2 ** 20) -> dict[str, Any]:
-    """All-reduce on every GPU (the lab's benchmark worker under torchrun, nccl-tests' busbw).
+    """All-reduce on every GPU: notebook 04's benchmark plan (:func:`lab_utils.experiments.comm.plan_bench`,
+    its doctor settings, 1 MiB to ``max_bytes``), the run on the most ranks measured through
+    :func:`lab_utils.plan.measure` into a scratch store; busbw (GB/s, nccl-tests' definition) of the
+    best size against the link's nominal peak.
 
-    ``backend`` replaces the planned one (tests: gloo standing in for NCCL); the plan's own
-    answer is kept in ``planned_backend``.
+    ``backend`` replaces the planned one in every run (tests: gloo standing in for NCCL); the plan's
+    own answer is kept in ``planned_backend``.
     """
-    from lab_utils.experiments.comm import detect_link_peak, plan_bench
+    from lab_utils.experiments import comm
 
-    plan = plan_bench(m.gpus, "auto")
-    use = backend or plan.backend
-    args = BenchArgs(min_bytes=2 ** 20, max_bytes=max_bytes, iters=5, warmup=2, backend=use).validate()
-    res = launcher.launch("lab_utils.workers.allreduce_bench", args.to_argv(), nproc=plan.nproc,
-                          timeout_s=timeout_s)
-    best = max(res.records, key=lambda r: r.metrics["busbw_gb_per_s"])
-    link = detect_link_peak(m.gpus)
-    return {"planned_backend": plan.backend, "backend": use, "ranks": plan.nproc,
+    here = PlanMachine.here()
+    machine = replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
+    full = profiles.settings(comm.Settings, "full")
+    settings = replace(comm.doctor_settings(full), max_bytes=max_bytes, timeout_s=timeout_s)
+    runs = [r for r in comm.plan_bench(settings, machine, "full") if r.skip is None]
+    most = max(r.processes for r in runs)
+    runs = [r for r in runs if r.processes == most]
+    planned = runs[0].config["backend"]
+    if backend:
+        runs = [replace(r, config={**r.config, "backend": backend}, options={**r.options, "backend": backend},
+                        device="cuda" if backend == "nccl" else "cpu") for r in runs]
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))
+        records = plan.measure(lab, comm.ALLREDUCE_BENCH_EXPERIMENT, settings, force=True, verbose=False,
+                               machine=machine, runs=runs)
+    best = max(records, key=lambda r: r.metrics["busbw_gb_per_s"])
+    link = comm.detect_link_peak(m.gpus)
+    return {"planned_backend": planned, "backend": backend or planned, "ranks": most,
             "busbw_gb_per_s": best.metrics["busbw_gb_per_s"], "size_bytes": best.config["size_bytes"],
-            "correct": all(r.metrics["correct"] for r in res.records), "link_gb_per_s": link.gb_per_s,
+            "correct": all(r.metrics["correct"] for r in records), "link_gb_per_s": link.gb_per_s,
             "link": link.description, "link_kind": link.kind}
 
 
@@ -464,167 +475,12 @@ def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 # --------------------------------------------------------------------------- one step of each notebook
 
 
-def _smallest(values) -> int:
-    return min(int(v) for v in values)
-
-
-def step_01_sweep(m: Machine, device: str = "cuda", width: int | None = None,
-                  batch: int | None = None) -> dict[str, Any]:
-    """Notebook 01's own code (:func:`lab_utils.experiments.sweep.measure`) on the full profile's smallest
-    batch, two steps and one epoch, into a throwaway store (its memory fraction as the profile sets it)."""
-    from lab_utils.experiments import sweep
-
-    full = profiles.settings(sweep.Settings, "full")
-    b = batch or _smallest(full.batch_sizes)
-    s = replace(full, batch_sizes=(b,), width=width or full.width, train_images=2 * b, test_images=100,
-                epochs=1, reported_epoch=1, dataset="synthetic",
-                memory_fraction=full.memory_fraction if device.startswith("cuda") else None)
-    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
-                              device=device)
-        rec = sweep.measure(lab, s, verbose=False)[0]
-    m_ = rec.metrics
-    keep = ("train_seconds", "data_movement_seconds", "compute_seconds", "communication_seconds",
-            "peak_memory_bytes", "loss", "test_loss")
-    return {"config": f"notebook 01: ResNet-18 width {s.width}, batch {b}", "status": rec.status,
-            "reason": rec.reason, **{k: m_.get(k) for k in keep}}
-
-
-def step_04_compute(m: Machine, device: str = "cuda") -> dict[str, Any]:
-    from lab_utils.experiments import scaling
-    from lab_utils.experiments.comm import measure_compute_step_seconds
-
-    s = profiles.settings(scaling.Settings, "full")
-    b = _smallest(s.batch_sizes)
-    return {"config": f"compute step, width {s.width}, batch {b}",
-            "seconds_per_step": measure_compute_step_seconds(s.width, b, device, steps=2, warmup=1)}
-
-
-def _ddp_launch(m: Machine, timeout_s: float, *, width: int, batch: int, ranks: int, accumulation: int = 1,
-                measure_comm: bool = False, evaluate: bool = False, backend: str = "nccl") -> dict[str, Any]:
-    """Two optimizer steps of the DDP worker on ``ranks`` GPUs (NCCL), synthetic data, nothing stored."""
-    cfg = ddp.RunConfig(devices=ranks, backend=backend, batch_size=batch, epochs=1, width=width,
-                        train_images=batch * ranks * accumulation * 2, test_images=200 if evaluate else 100,
-                        dataset="synthetic", num_workers=0, measure_comm=measure_comm,
-                        comm_steps=2 if measure_comm else None, eval=evaluate,
-                        accumulation_steps=accumulation).validate()
-    job = {"experiment": "doctor", "profile": "full", "configs": [cfg.config()]}
-    res = launcher.launch("lab_utils.workers.ddp", job, nproc=ranks, timeout_s=timeout_s)
-    agg = next(r for r in res.records if r.config["record"] == "aggregate").metrics
-    keep = ("train_seconds", "steps", "skew_wait_seconds_max", "exposed_comm_seconds", "allreduce_seconds",
-            "test_accuracy", "data_movement_seconds", "compute_seconds", "communication_seconds", "backend")
-    accumulated = f" x {accumulation} accumulation" if accumulation > 1 else ""
-    return {"config": f"DDP {ranks} x {batch}{accumulated}", **{k: agg.get(k) for k in keep}}
-
-
-def step_05_large_batch(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
-    """Notebook 05: the large batch with accumulation and evaluation, then (2+ GPUs) the
-    communication ledger of Q7 (its own DDP worker), each a launch of its own."""
-    from lab_utils.experiments import large_batch
-
-    s = profiles.settings(large_batch.Settings, "full")
-    ranks = min(m.gpus, s.devices)
-    t0 = time.monotonic()
-    out = _ddp_launch(m, timeout_s, width=s.width, batch=s.large_batch_per_device, ranks=ranks,
-                      accumulation=2, evaluate=True)
-    if m.gpus >= 2:
-        left = max(10.0, timeout_s - (time.monotonic() - t0))
-        world = _ledger_launch(left, width=s.comm_width, batch=s.comm_batch, ranks=min(m.gpus, s.devices))
-        out["config"] += f"; communication ledger on {world} GPUs"
-    return out
-
-
-def _ledger_launch(timeout_s: float, *, width: int, batch: int, ranks: int, backend: str = "nccl") -> int:
-    """One counted step of notebook 05's communication ledger (its own DDP worker); its world size."""
-
-    args = AccountingArgs(width=width, batch_size=batch, steps=1, backend=backend, profile="full").validate()
-    res = launcher.launch("lab_utils.workers.comm_accounting", args.to_argv(), nproc=ranks,
-                          timeout_s=timeout_s)
-    return int(res.records[0].metrics["world_size"])
-
-
-def step_06_gpt(m: Machine, timeout_s: float = 240.0) -> dict[str, Any]:
-    from lab_utils.experiments import gpt
-
-    s = profiles.settings(gpt.Settings, "full")   # bf16 on a GPU without it: the worker runs fp32 and says so
-    return _gpt_launch(timeout_s, size=s.size, batch=_smallest(s.scaling_batch_sizes),
-                       ranks=min(m.gpus, max(s.scaling_devices)), dtype=s.dtype, lr=s.lr)
-
-
-def _gpt_launch(timeout_s: float, *, size: str, batch: int, ranks: int, dtype: str, lr: float,
-                device: str = "cuda") -> dict[str, Any]:
-    """Two steps of the GPT worker (DDP, the communication probe) on ``ranks`` devices, nothing stored."""
-
-    cfg = TrainConfig(size=size, batch_size=batch, epochs=1, max_steps=2, steps_per_epoch=2, dtype=dtype,
-                      lr=lr, stride=16, val_batches=1, probe_steps=1, device=device).validate()
-    res = launcher.launch("lab_utils.workers.gpt_train", cfg.to_argv(), nproc=ranks, timeout_s=timeout_s)
-    run = res.records[-1]
-    m = run.metrics
-    keep = ("tokens_per_s", "mfu", "peak_memory_bytes", "train_seconds", "data_movement_seconds",
-            "compute_seconds", "communication_seconds", "exposed_comm_seconds", "allreduce_seconds",
-            "precision", "precision_note", "backend")
-    return {"config": f"GPT {size} {dtype}, {ranks} x {batch}", "status": run.status, "reason": run.reason,
-            **{k: m.get(k) for k in keep}}
-
-
-def step_07_quantize(m: Machine, device: str = "cuda") -> dict[str, Any]:
-    import torch
-
-    from lab_utils.experiments import gpt, quant_timing
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config
-
-    s = profiles.settings(gpt.Settings, "full")
-    torch.manual_seed(0)
-    model = GPT(gpt_config(s.size, vocab_size=65)).eval()
-    block = model.config.block_size
-    tokens = torch.randint(0, 65, (4 * block + 1,))
-    out: dict[str, Any] = {"config": f"GPT {s.size}, every variant on {device}", "variants": {}}
-    for variant in Q.VARIANTS:
-        avail = Q.check_variant(variant, device)
-        if not avail.ok:
-            out["variants"][variant] = f"skipped: {avail.reason}"
-            continue
-        try:
-            qm = Q.quantize_model(model, variant, device)
-            ev = quant_timing.evaluate_lm(qm, tokens, block, 2, device)
-            quant_timing.greedy_decode(qm, tokens[:8].view(1, 8).to(device), 2, block)
-            out["variants"][variant] = f"ok (loss {ev.loss:.2f})"
-        except Exception as e:  # the row of this variant would say the same
-            out["variants"][variant] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-    return out
-
-
-def step_08_fastpath(m: Machine, device: str = "cuda") -> dict[str, Any]:
-    """Notebook 08's own profiler step (:func:`lab_utils.experiments.fastpath.measure_trace`): the fast
-    path's configuration, one warm-up and one traced step of the full profile's batch, into a
-    throwaway store; whether the profiler saw GPU kernels (CUPTI)."""
-    import torch
-
-    from lab_utils.experiments import fast_train, fastpath
-
-    full = profiles.settings(fastpath.Settings, "full")
-    s = replace(full, train_images=2 * full.batch_size, trace_steps=1, warmup_steps=1, dataset="synthetic")
-    dev = torch.device(device)
-    opts = fast_train.TrainOptions(loader="device", channels_last=True, bf16=fast_train.bf16_supported(dev),
-                                   sgd="fused" if dev.type == "cuda" else "default", num_workers=0)
-    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)),
-                              device=device)
-        trace = fastpath.measure_trace(lab, s, opts, step="doctor", force=True, device=dev)
-    ops = trace.record.metrics.get("top_ops") or []
-    return {"config": opts.describe(), "status": trace.record.status, "reason": trace.record.reason,
-            "steps_traced": trace.record.metrics.get("steps_traced"),
-            "profiled_gpu_kernels": (sum(1 for op in ops if (op.get("self_ms") or 0) > 0)
-                                     if dev.type == "cuda" else None)}
-
-
 def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
     """One ``torch.compile`` warm-up (Inductor/Triton) and a compiled step of the fast path."""
     import torch
 
     from lab_utils.core.data import device_loader, load_split
-    from lab_utils.experiments import fast_train
+    from lab_utils.workers import fast_train
 
     dev = torch.device(device)
     trainer = fast_train.build_trainer(fast_train.TrainOptions(loader="device", compile=True), 8, dev)
@@ -845,30 +701,10 @@ BASE_CHECKS: tuple[Check, ...] = (
     Check("nccl_allreduce", measure_nccl, judge_nccl, "busbw >= 40 % of the link's nominal peak", "launch",
           2, 240, no_mig=True),
 )
-# One step of each notebook whose experiments are not in experiments/registry.py yet (doctor's own copies,
-# each deleted when its notebook registers: its plan's row replaces it; tests/test_doctor.py fails until
-# it is, and once every notebook is registered, _LEGACY and the step_* functions go).
-_LEGACY: dict[str, tuple[Check, ...]] = {
-    "01": (Check("01_batch_size_sweep", step_01_sweep, judge_step, "one step runs", timeout_s=150),),
-    "04": (Check("04_compute_step", step_04_compute, judge_step, "one step runs", timeout_s=150),),
-    "05": (Check("05_large_batch_accumulation", step_05_large_batch, judge_step, "one step runs", "launch", 1,
-                 240),),
-    "06": (Check("06_gpt_ddp", step_06_gpt, judge_step, "one step runs", "launch", 1, 240),),
-    "07": (Check("07_quantization", step_07_quantize, judge_step, "every variant runs or says why",
-                 timeout_s=240),),
-    "08": (Check("08_fast_path_and_profiler", step_08_fastpath, judge_step,
-                 "one step runs; profiler sees kernels", timeout_s=200),),
-}
-
-
 def notebook_checks(experiments: tuple[Experiment, ...] | None = None) -> tuple[Check, ...]:
-    """In notebook order: each registered experiment's row (:func:`experiment_check`), or, for a notebook
-    not registered yet, its legacy step."""
+    """Each registered experiment's row (:func:`experiment_check`), in notebook order."""
     experiments = registry.EXPERIMENTS if experiments is None else experiments
-    numbers = sorted({e.notebook for e in experiments} | set(_LEGACY))
-    return tuple(c for nb in numbers
-                 for c in ([experiment_check(e) for e in experiments if e.notebook == nb]
-                           or _LEGACY.get(nb, ())))
+    return tuple(experiment_check(e) for e in sorted(experiments, key=lambda e: e.notebook))
 
 
 CHECKS: tuple[Check, ...] = (

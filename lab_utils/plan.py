@@ -44,7 +44,7 @@ from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.machine import Machine
-from lab_utils.core.records import Record, canonical_key, jsonable
+from lab_utils.core.records import Record, canonical_key, failures_to, jsonable
 from lab_utils.session import session_for
 from lab_utils.store import ResultStore
 from lab_utils.workers.harness import Job, execute
@@ -274,16 +274,26 @@ def _launch(store: ResultStore, profile: str, todo: list[Run], together: bool,
     keys = {r.key for r in todo}
     run_id = uuid.uuid4().hex[:12] if together else None
     got: dict[str, list[Record]] = {}
+
+    def last_word(failure: dict[str, Any]) -> None:
+        """An in-process run ended by the watchdog (its thread, just before the exit): store its row."""
+        i = failure.get("config_index")
+        if isinstance(i, int) and 0 <= i < len(todo):
+            run = todo[i]
+            _store(store, Record(run.experiment, dict(run.config), status=failure["status"],
+                                 reason=failure["reason"], profile=profile, hardware=run.hardware()))
+
     try:
-        for rec in _records(first, job):
-            if run_id is not None:
-                rec.metrics["run_id"] = run_id
-            rec.profile = rec.profile or profile
-            _store(store, rec)
-            key = _run_key(rec)
-            if key in keys:
-                group = got.setdefault(key, [])
-                group.insert(0 if rec.key == key else len(group), rec)
+        with failures_to(last_word):
+            for rec in _records(first, job):
+                if run_id is not None:
+                    rec.metrics["run_id"] = run_id
+                rec.profile = rec.profile or profile
+                _store(store, rec)
+                key = _run_key(rec)
+                if key in keys:
+                    group = got.setdefault(key, [])
+                    group.insert(0 if rec.key == key else len(group), rec)
     except LaunchError as e:
         if verbose:
             print(f"{first.experiment}: {e}", flush=True)

@@ -115,7 +115,7 @@ def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
     assert row["what takes the time"] == "3 runs; longest: batch 32 (~1 min)"
     assert out["parts"] == [["start-up", 60.0, True], ["start-up of toy", 40.0, True],
                             ["batch 32", 0.02, False], ["batch 128", 0.02, False], ["batch 512", 0.02, False]]
-    assert out["checks"].index("09_toy") > out["checks"].index("08_fast_path_and_profiler")
+    assert out["checks"].index("09_toy") > max(i for i, c in enumerate(out["checks"]) if c.startswith("08_"))
     assert [(r["label"], r["status"]) for r in out["doctor"]["runs"]] == [("batch 32", "ok")]
     assert out["judged"][2] == "ok" and out["judged"][0].startswith("ran batch 32")
 

@@ -23,7 +23,6 @@ from lab_utils.core import config, profiles
 from lab_utils.core.errors import LabError
 from lab_utils.core.text_data import resolve_corpus
 from lab_utils.experiments import fastpath, gpt, large_batch, quantize, scaling, sweep  # noqa: F401 (register)
-from lab_utils.workers.args import WorkerArgs
 from lab_utils.workers.gpt_train import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +38,7 @@ def test_no_settings_default_overrides_the_environment():
     """Every settings class (and the workers' arguments) leaves dataset / corpus to the environment:
     default None, and no profile table sets one."""
     checked = []
-    for cls in [*_registered(), WorkerArgs, TrainConfig]:
+    for cls in [*_registered(), TrainConfig]:
         for f in dataclasses.fields(cls):
             if f.name in DATA_FIELDS:
                 assert f.default is None, (cls.__qualname__, f.name, f.default)
@@ -48,19 +47,24 @@ def test_no_settings_default_overrides_the_environment():
             for profile, values in profiles._REGISTRY[cls][0].items():
                 assert not set(values) & set(DATA_FIELDS), (cls.__qualname__, profile)
     assert {"sweep.Settings.dataset", "scaling.Settings.dataset", "large_batch.Settings.dataset",
-            "fastpath.Settings.dataset", "gpt.Settings.corpus", "args.WorkerArgs.dataset",
+            "fastpath.Settings.dataset", "gpt.Settings.corpus",
             "gpt_train.TrainConfig.corpus"} <= set(checked), checked
 
 
 @pytest.mark.timeout(60)
-def test_worker_args_read_lab_dataset(monkeypatch, tmp_path):
+def test_the_plans_read_lab_dataset(monkeypatch, tmp_path):
+    """The plan resolves the dataset the workers get (their RunConfig holds the answer, not None)."""
+    from lab_utils.core.machine import Machine
+    from lab_utils.plan import make_plan
+
     monkeypatch.setenv("LAB_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("LAB_DATASET", "synthetic")
-    assert WorkerArgs(profile="quick").resolved().dataset == "synthetic"
-    assert WorkerArgs.from_argv([]).dataset is None                   # the CLI's default too
+    s = profiles.settings(scaling.Settings, "quick")
+    runs = make_plan(scaling.SCALING_EXPERIMENT, s, Machine(gpus=0, cores=2), "quick")
+    assert runs and {r.config["dataset"] for r in runs if r.skip is None} == {"synthetic"}
     monkeypatch.setenv("LAB_DATASET", "cifar10")
     with pytest.raises(LabError, match=r"\(LAB_DATASET=cifar10\)"):
-        WorkerArgs(profile="quick").resolved()
+        make_plan(scaling.SCALING_EXPERIMENT, s, Machine(gpus=0, cores=2), "quick")
     with pytest.raises(LabError, match=r"\(dataset='cifar10'\)"):
         config.resolve_dataset("cifar10", tmp_path)
     s = profiles.settings(sweep.Settings, "quick")

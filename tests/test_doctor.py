@@ -249,9 +249,6 @@ def test_a_mig_slice_is_a_warning_and_stops_the_multi_gpu_checks(fake_gpu):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(reason="the allreduce_bench worker still reads argv while the launcher now writes a JSON "
-                          "job (4ad9728): measure_nccl gives it a job once notebook 04's worker moves to the "
-                          "harness (helper 34b)", strict=False)
 def test_the_nccl_check_runs_its_all_reduce_over_gloo_and_judges_it_against_nvlink(two_a100):
     """plan_bench answers nccl on the (fake) 2 GPUs; the launch runs the lab's benchmark worker with
     gloo standing in (subprocesses do not see the fake), and the verdict compares its busbw with
@@ -292,54 +289,21 @@ def test_the_doctors_table_under_the_fake_gpu(two_a100, tmp_path):
     assert json.loads(js.read_text())["rows"][3]["details"]["event_seconds"] == pytest.approx(0.01)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_launched_ddp_step_runs_over_gloo_here():
-    """Notebook 05's legacy step (the DDP worker with accumulation, the probe and evaluation), as launched
-    on a node, with gloo and tiny sizes in place of NCCL and the full profile's."""
-    m = doctor.Machine(gpus=2, names=["x", "x"], mig=[], driver="1", problem=None, profile="quick")
-    d = doctor._ddp_launch(m, 150, width=2, batch=4, ranks=2, accumulation=2, measure_comm=True,
-                           evaluate=True, backend="gloo")
-    assert d["config"] == "DDP 2 x 4 x 2 accumulation" and d["steps"] == 2 and d["train_seconds"] > 0
-    assert d["test_accuracy"] is not None and d["allreduce_seconds"] is not None
-    assert doctor.judge_step(d, m)[2] == "ok"
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-@pytest.mark.xfail(reason="the comm_accounting and gpt_train workers still read argv while the launcher now "
-                          "writes a JSON job (4ad9728): doctor's legacy steps 05 (ledger) and 06 launch them "
-                          "until notebooks 05 and 06 register their plans (helpers 34b, 34c)",
-                   strict=False)
-def test_the_launched_ledger_and_gpt_steps_run_over_gloo_here():
-    m = doctor.Machine(gpus=2, names=["x", "x"], mig=[], driver="1", problem=None, profile="quick")
-    assert doctor._ledger_launch(150, width=2, batch=2, ranks=2, backend="gloo") == 2
-    g = doctor._gpt_launch(150, size="tiny", batch=2, ranks=2, dtype="fp32", lr=1e-3, device="cpu")
-    assert g["status"] == "ok" and g["tokens_per_s"] > 0 and g["config"] == "GPT tiny fp32, 2 x 2"
-    measured, _, verdict = doctor.judge_step(g, m)
-    assert verdict == "ok" and measured.startswith("GPT tiny fp32, 2 x 2")
-
-
 # --------------------------------------------------------------------------- the notebooks' own plans
 
 
-def test_every_registered_experiment_is_a_row_and_its_legacy_step_goes():
-    """Each experiment of the registry is one row, NN_name, in notebook order; a notebook not registered yet
-    keeps doctor's legacy step. A registered notebook's legacy step must be deleted (doctor._LEGACY), and once
-    every notebook is registered _LEGACY and the step_* functions go: this test fails until they do."""
+def test_every_registered_experiment_is_a_row_in_notebook_order():
+    """Each experiment of the registry is one row, NN_name, in notebook order, and every notebook 01-08 has
+    one: doctor runs the notebooks' own plans, it keeps no copies of their steps."""
     from lab_utils.experiments import registry
 
     names = [c.name for c in doctor.CHECKS]
     rows = [f"{e.notebook}_{e.name}" for e in registry.EXPERIMENTS]
     assert rows and all(r in names for r in rows)
     notebook_rows = [n for n in names if n[:2].isdigit()]
-    assert notebook_rows == sorted(notebook_rows, key=lambda n: n[:2])
-    both = [nb for nb in doctor._LEGACY if registry.for_notebook(nb)]
-    assert not both, f"notebook(s) {both} are registered: delete their steps from doctor._LEGACY"
-    unregistered = sorted({f"{i:02d}" for i in range(1, 9)} - {e.notebook for e in registry.EXPERIMENTS})
-    assert sorted(doctor._LEGACY) == unregistered
-    assert unregistered, ("every notebook is registered: delete doctor._LEGACY, its step_* functions and "
-                          "this check")
+    assert notebook_rows == sorted(notebook_rows, key=lambda n: n[:2]) and len(notebook_rows) == len(rows)
+    assert {f"{i:02d}" for i in range(1, 9)} <= {n[:2] for n in notebook_rows}
+    assert not [n for n in vars(doctor) if n.startswith("step_") or n == "_LEGACY"]
 
 
 def _exp_data(**run) -> dict:

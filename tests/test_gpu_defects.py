@@ -21,7 +21,7 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import hardware, memory, profiles, ring
+from lab_utils.core import hardware, memory, profiles
 from lab_utils.core.errors import LaunchError
 from lab_utils.store import Record, ResultStore
 
@@ -429,8 +429,9 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
 
     from lab_utils.core import dist as labdist
     from lab_utils.core import loop
-    from lab_utils.workers import args as ddp_args
     from lab_utils.workers import ddp
+    from lab_utils.workers.ddp import RunConfig
+    from lab_utils.workers.harness import Job
 
     refs, alive_at_free = [], []
     real_make = loop.make_optimizer
@@ -449,11 +450,12 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(labdist.free_port())}.items():
         monkeypatch.setenv(k, v)
-    args = ddp_args.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=16,
-                          dataset="synthetic", num_workers=0).validate().resolved()
+    config = RunConfig(devices=1, backend="gloo", batch_size=8, epochs=1, width=2, train_images=16,
+                       dataset="synthetic", num_workers=0).config()
+    job = Job("scaling", "quick", [config])
     ctx = labdist.init_distributed("gloo")
     try:
-        recs = ddp.run_config(args, ctx, ddp.train_dataset(args), None)
+        recs = ddp.run_config(config, job, ctx, ddp.prepare(job, ctx))
     finally:
         dist.destroy_process_group()
     assert recs and recs[0].status == "ok"
@@ -474,33 +476,26 @@ def test_dataparallel_peak_memory_is_every_gpus(fake_gpu):
 
 
 def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch, fake_gpu):
-    """Notebook 02 on 2 GPUs: the kernel names the GPU for the store's reuse check (nvidia-smi -L)
-    and launches DDP before DataParallel trains in-process; at launch time CUDA is not initialized
-    in the kernel, so rank 0 has as much memory as rank 1."""
+    """Notebook 02 on 2 GPUs: the kernel names the GPU for the store's reuse check (nvidia-smi -L) and
+    launches every run, DDP and DataParallel (a process of its own), through the launcher; at each launch
+    CUDA is not initialized in the kernel, so rank 0 has as much memory as rank 1."""
     from lab_utils import launcher
     from lab_utils.core import config
     from lab_utils.experiments import scaling
+    from lab_utils.plan import measure
 
     gpu = fake_gpu(count=2, name="Fake GPU")
     seen = []
 
-    class Stop(Exception):
-        pass
-
-    def launch(module, args, nproc=2, **kw):
+    def launch(module, job, nproc=2, **kw):
         seen.append((module, nproc, gpu.initialized, set(gpu.contexts)))
-        raise Stop
-        yield
-
-    def dp_sizes(*a, **kw):
-        seen.append(("DataParallel", None, gpu.initialized, set(gpu.contexts)))
-        return {}, []
+        yield from ()
 
     monkeypatch.setattr(launcher, "stream", launch)
-    monkeypatch.setattr(scaling, "_run_dp_sizes", dp_sizes)
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,),
                           dataset="synthetic")
-    with pytest.raises(Stop):
-        scaling.measure(lab, s)
-    assert seen == [("lab_utils.workers.ddp", 2, False, set())]
+    with pytest.raises(LaunchError):   # the fake launches write no record: the runs are rows that say so
+        measure(lab, scaling.SCALING_EXPERIMENT, s)
+    assert sorted(seen) == [("lab_utils.workers.dataparallel", 1, False, set()),
+                            ("lab_utils.workers.ddp", 2, False, set())]

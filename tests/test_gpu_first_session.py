@@ -246,16 +246,6 @@ def test_reading_the_cudnn_version_opens_no_cuda_context(fake_gpu):
 # --------------------------------------------------------------------------- 3. no CUDA context in the kernel
 
 
-def _recording_launch(gpu, seen: list, record):
-    """``launcher.launch``/``stream`` stand-in: notes (module, processes, CUDA initialised in this process?)
-    and hands back ``record(module, argv, nproc)``."""
-    def launch(module, args, nproc=2, **kw):
-        seen.append((module, nproc, gpu.initialized))
-        return launcher.LaunchResult(records=[record(module, list(args), nproc)], log_dir=Path("."),
-                                     wall_seconds=1.0)
-    return launch
-
-
 def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu, store, monkeypatch,
                                                                         tmp_path):
     """Notebook 06 on a GPU node: T(1) ran in the Jupyter kernel (a CUDA context on GPU 0 before torchrun:
@@ -308,6 +298,7 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
 
     from lab_utils.core import config, hardware, profiles
     from lab_utils.experiments import scaling
+    from lab_utils.plan import make_plan, measure
     from lab_utils.store import Record
 
     gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
@@ -316,15 +307,20 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: moved.append(type(self).__name__)
                         or real_cuda(self, *a, **k))
 
-    def record(module, argv, nproc):
-        m = {"train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4, "reported_epoch": 2}
-        return Record("scaling", {}, m, hardware=hardware.hardware_summary("cuda", 2))
+    def stream(module, job, nproc=2, **kw):
+        seen.append((module, nproc, gpu.initialized))
+        for cfg in job["configs"]:
+            yield Record(job["experiment"], cfg, {"train_seconds": 1.0, "epoch_seconds": 1.2, "steps": 4,
+                                                  "reported_epoch": 2},
+                         hardware=hardware.hardware_summary("cuda", 2))
 
-    monkeypatch.setattr(launcher, "launch", _recording_launch(gpu, seen, record))
+    monkeypatch.setattr(launcher, "stream", stream)
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(32,), run_batch_sizes=(32,), devices=(2,),
                           dataset="synthetic")
     lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
-    recs = scaling._measure_grid(lab, s, False, False, (2,), (scaling.DP,), scaling.SCALING, False)
+    runs = [r for r in make_plan(scaling.SCALING_EXPERIMENT, s, None, "quick")
+            if r.config["method"] == scaling.DP]
+    recs = measure(lab, scaling.SCALING_EXPERIMENT, s, verbose=False, runs=runs)
     assert moved == [] and not gpu.initialized
     assert seen == [("lab_utils.workers.dataparallel", 1, False)]
     assert recs[0].status == "ok" and recs[0].metrics["train_seconds"] == 1.0
@@ -420,18 +416,30 @@ def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
 
 
 def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
-    """01 ran doctor's own copy of a training loop, which proved nothing about the notebook's code: now it
-    is notebook 01's sweep.measure (one small batch). (02 and 03: their registered plans, test_doctor.py.)"""
+    """01 ran doctor's own copy of a training loop, which proved nothing about the notebook's code: now its
+    row is notebook 01's registered plan through plan.measure (one small batch, in this process on a CPU),
+    into a scratch store. (02 and 03: test_doctor.py.)"""
+    from dataclasses import replace
+
     from lab_utils import doctor
+    from lab_utils.core.machine import Machine as PlanMachine
     from lab_utils.experiments import sweep
+    from lab_utils.workers import sweep as sweep_worker
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
     called = []
-    real = sweep._train_and_evaluate
-    monkeypatch.setattr(sweep, "_train_and_evaluate", lambda *a, **k: called.append("sweep") or real(*a, **k))
-    d = doctor.step_01_sweep(_machine(1), device="cpu", width=4, batch=8)
-    assert called == ["sweep"] and d["status"] == "ok" and d["train_seconds"] > 0
-    assert doctor.judge_step(d, _machine(1))[2] == "ok"
+    real = sweep_worker.run_config
+    monkeypatch.setattr(sweep_worker, "run_config", lambda *a, **k: called.append("sweep") or real(*a, **k))
+
+    def small(full):
+        return replace(sweep.doctor_settings(full), batch_sizes=(8,), train_images=16, test_images=16,
+                       width=4, num_workers=0)
+
+    e = replace(sweep.SWEEP_EXPERIMENT, doctor=small)
+    d = doctor.measure_experiment(e, _machine(0), timeout_s=120, machine=PlanMachine(gpus=0, cores=2))
+    assert called == ["sweep"] and [r["status"] for r in d["runs"]] == ["ok"], d
+    assert d["runs"][0]["train_seconds"] > 0
+    assert doctor.judge_experiment(d, _machine(0))[2] == "ok"
     assert not (tmp_path / "results").exists()              # nothing stored in the lab's results
 
 

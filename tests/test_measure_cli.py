@@ -32,7 +32,7 @@ def test_settings_are_python_literals_and_a_single_value_becomes_a_tuple():
 
 
 @pytest.mark.parametrize("argv, sentence", [
-    (["measure", "nope"], "error: No experiment 'nope'; use one of: scaling, compute_vs_comm"),
+    (["measure", "nope"], "error: No experiment 'nope'; use one of: batch_sweep, scaling, compute_vs_comm"),
     (["measure", "scaling", "--set", "epochs"], "error: --set takes KEY=VALUE, got 'epochs'"),
     (["measure", "scaling", "--set", "device=2"], "error: Unknown scaling setting(s) ['device']; use: "),
     (["measure", "scaling", "--set", "epochs=0"], "error: epochs must be a whole number of at least 1"),

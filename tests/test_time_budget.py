@@ -62,17 +62,15 @@ def test_a_later_notebook_does_not_count_what_an_earlier_one_planned():
     assert len([p for p in alone if not p.start_up]) > 8
 
 
-def test_every_notebook_is_summed_from_the_registry_or_its_legacy_model_never_both():
-    """A notebook whose experiments register is summed from their plans: its legacy function must then go
-    (delete it from time_budget._LEGACY). Once every notebook is registered, _LEGACY itself goes: this
-    test fails until it is deleted."""
-    both = [nb for nb in tb._LEGACY if registry.for_notebook(nb)]
-    assert not both, f"notebook(s) {both} are registered: delete their functions from time_budget._LEGACY"
+def test_every_measuring_notebook_is_summed_from_its_registered_plans():
+    """Every notebook of labs/ but 00 has experiments in the registry, and its budget rows are their runs
+    (no hand-written cost model is left: a notebook that measures must register to be budgeted)."""
     measured = [nb for nb in tb.notebooks() if nb != "00"]
-    unregistered = [nb for nb in measured if not registry.for_notebook(nb)]
-    assert sorted(tb._LEGACY) == unregistered
-    assert unregistered, ("every notebook is registered: delete time_budget._LEGACY and its functions, and "
-                          "this test's legacy checks")
+    assert measured and all(registry.for_notebook(nb) for nb in measured)
+    for nb in measured:
+        runs = [p for p in tb.notebook_parts(nb) if not p.start_up]
+        assert runs and all(p.seconds > 0 for p in runs), nb
+    assert not hasattr(tb, "_LEGACY")
 
 
 def test_an_experiment_without_a_cost_is_one_sentence():

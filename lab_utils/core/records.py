@@ -18,10 +18,11 @@ Nothing here imports the store, so the workers can build records without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -163,15 +164,34 @@ class RecordsReader:
 FAILURE_FILE = "failure-rank{rank}.json"
 
 
+#: Where a failure goes when the job runs in this process (no launch folder): set by
+#: :func:`failures_to` around an in-process job, so that a run the watchdog ends still leaves its row.
+_IN_PROCESS_SINK: Callable[[dict[str, Any]], None] | None = None
+
+
+@contextlib.contextmanager
+def failures_to(sink: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """Within the block, :func:`write_rank_failure` without a folder hands its data to ``sink``."""
+    global _IN_PROCESS_SINK
+    before, _IN_PROCESS_SINK = _IN_PROCESS_SINK, sink
+    try:
+        yield
+    finally:
+        _IN_PROCESS_SINK = before
+
+
 def write_rank_failure(folder: str | Path | None, rank: int, status: str, reason: str,
                        config_index: int | None) -> None:
     """A failing rank's last word, ``<folder>/failure-rank<R>.json``: ``status`` ("oom" | "error"),
     one line of ``reason``, and which configuration of the job it was on. Best effort: the rank
-    is ending anyway, and its log keeps the traceback."""
-    if not folder:
-        return
+    is ending anyway, and its log keeps the traceback. Without a folder (a job in this process) it
+    goes to the sink of :func:`failures_to`, if any."""
     data = {"rank": rank, "status": status, "reason": reason, "config_index": config_index,
             "time": time.time()}
+    if not folder:
+        if _IN_PROCESS_SINK is not None:  # a run in this process: the plan stores it as the run's row
+            _IN_PROCESS_SINK(data)
+        return
     try:
         (Path(folder) / FAILURE_FILE.format(rank=rank)).write_text(json.dumps(data), encoding="utf-8")
     except OSError:

@@ -155,12 +155,12 @@ def _waterfall_row(c: dict[str, Any], job: Job, ctx: DistContext, state: dict[st
                            f"waterfall row '{c['step']}' (warm-up, compilation and timed epoch)",
                            "rows stored before it are kept; raise --row-timeout, or leave the step out with "
                            "--steps", on_expiry=expired):
-        m = _timed_epoch(TrainOptions.from_config(c), c, job, state["train"], ctx.device)
+        m = timed_epoch(TrainOptions.from_config(c), c, job, state["train"], ctx.device)
     m["ratio_to_spec"] = _ratio_to_spec(state, c["step"] == "spec", m["epoch_images_per_s"])
     return m
 
 
-def _timed_epoch(opts: TrainOptions, c: dict[str, Any], job: Job, split: ArraySplit,
+def timed_epoch(opts: TrainOptions, c: dict[str, Any], job: Job, split: ArraySplit,
                  device: torch.device) -> dict[str, Any]:
     """Warm up (both batch shapes when compiled), then one epoch synchronized at its ends only."""
     trainer, loader = _trainer_and_loader(opts, c, job, split, device)
