@@ -10,7 +10,7 @@ How branches are counted (:func:`scan`, by parsing ``lab_utils/``): a *decision 
 
 - an ``if`` / ``elif`` / ``while``, a conditional expression (``a if c else b``) or a
   comprehension's ``if`` whose condition depends on CUDA: it mentions ``torch.cuda``, the
-  strings ``"cuda"`` or ``"nccl"``, a GPU count (``gpus``), ``self.cuda``, or a local flag
+  strings ``"cuda"`` or ``"nccl"``, a GPU count (``gpus``, ``machine.gpus``), ``self.cuda``, or a local flag
   assigned from such a condition in the same function (``cuda = device.type == "cuda"``);
 - a CUDA flag that never reaches a condition but is passed on as a value (``non_blocking =
   device.type == "cuda"``, ``pin_memory=torch.cuda.is_available()``).
@@ -87,6 +87,8 @@ def _mentions_cuda(node: ast.AST, flags: set[str]) -> bool:
                 and n.value.id == "self":
             return True
         if isinstance(n, ast.Name) and (n.id in flags or n.id in GPU_COUNT_NAMES):
+            return True
+        if isinstance(n, ast.Attribute) and n.attr in GPU_COUNT_NAMES:   # machine.gpus, self.gpus
             return True
     return False
 
@@ -339,6 +341,12 @@ CHOOSE = BR + "test_choose_backend_answers_nccl_with_a_gpu_per_rank"
 NO_GPU = BR + "test_asking_for_cuda_without_a_gpu_is_one_sentence"
 COPIES = BR + "test_host_to_device_copies_are_non_blocking_on_a_gpu"
 BDDP = "test_build_ddp.py::test_merged_trace_one_row_per_rank_and_the_lanes_of_cpu_and_gpu_traces"
+MACHINE = BR + "test_the_machine_here_names_its_gpus_and_their_bf16"
+GPT_PLAN = BR + "test_gpt_runs_are_placed_on_the_gpus"
+SWEEP_PLAN = BR + "test_the_sweep_plan_on_a_gpu"
+QUANT_PLAN = BR + "test_quantization_plans_on_a_gpu"
+FAST_PLAN = BR + "test_fast_path_plans_on_a_gpu"
+RUN = BR + "test_a_run_on_gpus_names_them_and_is_never_run_in_the_kernel"
 
 INVENTORY: tuple[Branch, ...] = (
     # core/comm_hooks.py: DDP's communication hook and the no_sync probe
@@ -371,7 +379,7 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
     B("core/dist.py", "init_distributed", "torch.cuda.device_count() <= local_rank",
       "more ranks than GPUs: one sentence", BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
-    B("core/dist.py", "failure_ends_rank", "ctx.ddp and ctx.backend == 'nccl'",
+    B("core/dist.py", "failure_ends_rank", "ctx.backend == 'nccl'",
       "under NCCL any error ends the rank (its line, then os._exit)",
       FS + "test_under_nccl_any_error_ends_the_rank_and_under_gloo_it_propagates"),
     # core/environment.py
@@ -380,6 +388,12 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/environment.py", "check_gpu_node", "torch.cuda.is_available()",
       "no kernels for this GPU: refused whatever the profile",
       FS + "test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture"),
+    B("core/environment.py", "gpu_node_problem", "driver is None or not driver.gpus",
+      "the driver lists GPUs torch cannot see: what is wrong and the fix for this build",
+      "test_gpu_node.py::test_a_fitting_torch_that_cannot_see_gpus_gets_a_different_fix"),
+    B("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
+      "the driver's GPUs listed, saying torch cannot use them",
+      "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
     # core/hardware.py
     B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",
@@ -407,6 +421,12 @@ INVENTORY: tuple[Branch, ...] = (
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
     B("core/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies", COPIES),
     B("core/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
+    # core/machine.py: the machine a plan is made for
+    B("core/machine.py", "Machine.device", "self.gpus", "a one-device experiment's runs go to cuda", MACHINE),
+    B("core/machine.py", "Machine.describe", "self.gpus", "'N x <GPU name>'", MACHINE),
+    B("core/machine.py", "Machine.here", "gpus", "the GPU's name (nvidia-smi's, no CUDA context)", MACHINE),
+    B("core/machine.py", "_native_bf16", "not torch.cuda.is_initialized()",
+      "CUDA already up: torch's bf16 answer (nvidia-smi's compute capability before)", MACHINE),
     # core/memory.py
     B("core/memory.py", "free_device_memory", "on_cuda and torch.cuda.is_available() and "
       "torch.cuda.is_initialized()", "empty_cache after gc", BR + "test_memory_cap_and_cleanup_on_a_gpu"),
@@ -426,6 +446,11 @@ INVENTORY: tuple[Branch, ...] = (
       COMM),
     B("experiments/comm.py", "plan_compute", "device != 'cuda'", "the compute step is launched",
       COMM),
+    # experiments/fastpath.py
+    B("experiments/fastpath.py", "waterfall.skip", "opts.bf16 and machine.gpus and (not machine.bf16)",
+      "a GPU without native bf16: the bf16 steps are rows that say so", FAST_PLAN),
+    B("experiments/fastpath.py", "plan_loader", "machine.gpus", "the device loader without a CPU thread cap",
+      FAST_PLAN),
     # experiments/fastpath_tables.py
     B("experiments/fastpath_tables.py", "_machine", "device == 'cuda' and (not here.gpus)",
       "--device cuda without a GPU: one sentence", NO_GPU, cuda_only=False),
@@ -433,6 +458,11 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_fast_path_choices_on_a_gpu"),
     B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
       BR + "test_fast_path_choices_on_a_gpu", n=2),
+    # experiments/gpt.py
+    B("experiments/gpt.py", "place", "machine.gpus >= devices", "the ranks on as many GPUs", GPT_PLAN),
+    B("experiments/gpt.py", "place", "machine.gpus == 0 and devices <= procs",
+      "too few GPUs: a row (no gloo CPU processes on a GPU node)", GPT_PLAN),
+    B("experiments/gpt.py", "place", "machine.gpus", "the row says how many GPUs the node has", GPT_PLAN),
     # experiments/large_batch.py
     B("experiments/large_batch.py", "DevicePlan.device", "self.backend == 'nccl'", "runs on the GPUs", LB),
     B("experiments/large_batch.py", "plan_devices", "gpus >= 1", "NCCL ranks on the GPUs", LB),
@@ -443,6 +473,9 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/large_batch_tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
       "'N x GPU' in the table", BR + "test_the_large_batch_table_says_gpu"),
     # experiments/quantize.py, workers/quant_variants.py, workers/quant_model.py
+    B("experiments/quantize.py", "plan_fallback", "machine.gpus == 0",
+      "the fallback GPT trained on the GPU through the launcher", QUANT_PLAN),
+    B("experiments/quantize.py", "plan", "machine.gpus", "every variant on the GPU too", QUANT_PLAN),
     B("experiments/quantize.py", "Settings.validate", "d not in ('cpu', 'cuda')", "an unknown device",
       "test_quantize.py::test_settings_validation", cuda_only=False),
     B("workers/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
@@ -463,22 +496,25 @@ INVENTORY: tuple[Branch, ...] = (
     B("workers/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "layers whose K or N % 8 != 0 stay fp32", QUANT),
     # experiments/scaling.py
-    B("experiments/scaling.py", "_place", "gpus >= devices", "DataParallel on the GPUs", SCALING),
-    B("experiments/scaling.py", "_place", "gpus >= devices", "DDP on NCCL", SCALING, n=2),
-    B("experiments/scaling.py", "_place", "gpus == 0 and devices <= settings.max_cpu_processes",
+    B("experiments/scaling.py", "place", "machine.gpus >= devices", "DataParallel on the GPUs", SCALING),
+    B("experiments/scaling.py", "place", "machine.gpus >= devices", "DDP on NCCL", SCALING, n=2),
+    B("experiments/scaling.py", "place", "machine.gpus == 0 and devices <= settings.max_cpu_processes",
       "more devices than GPUs: needs N GPUs", SCALING),
-    B("experiments/scaling.py", "_methods_here", "gpus", "DataParallel and DDP side by side",
-      DF + "test_the_kernel_opens_no_cuda_context_before_ddp_launches"),
-    B("experiments/scaling.py", "_unavailable_config", "args.backend in ('nccl', 'gloo')",
-      "a row that cannot run keeps its NCCL label", SCALING),
-    B("experiments/scaling.py", "_measure_grid", "not gpus", "NCCL label with GPUs",
-      "test_scaling.py::test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried"),
-    B("experiments/scaling.py", "_hardware", "p.device_type == 'cuda' and (not torch.cuda.is_available())",
-      "a GPU row on a machine without one: no name", "test_scaling.py::test_oom_in_a_launch_keeps_earlier_"
-      "batches_and_skips_larger", cuda_only=False),
-    B("experiments/scaling.py", "_hardware", "p.device_type == 'cuda'", "the GPU's name for the reuse check",
+    B("experiments/scaling.py", "methods_here", "machine.gpus", "DataParallel and DDP side by side", SCALING),
+    B("experiments/scaling.py", "_runs", "machine.gpus", "a row that cannot run keeps its NCCL label",
       SCALING),
-    B("experiments/scaling.py", "measure_compute_vs_comm", "gpus", "DataParallel rows too", SCALING),
+    B("experiments/scaling.py", "plan_compute_vs_comm", "machine.gpus", "DataParallel rows in Table 2",
+      SCALING),
+    # experiments/sweep.py
+    B("experiments/sweep.py", "plan", "not machine.gpus and s.memory_fraction is not None",
+      "memory_fraction accepted on a GPU", SWEEP_PLAN),
+    B("experiments/sweep.py", "plan", "machine.gpus", "no CPU thread pin on a GPU", SWEEP_PLAN),
+    B("experiments/sweep.py", "plan", "machine.gpus", "the GPU's name in the key", SWEEP_PLAN, n=2),
+    # plan.py
+    B("plan.py", "Run.hardware", "self.device == 'cuda' and (not torch.cuda.is_available())",
+      "without the GPUs here no name; with them, the GPU's name for the reuse check", RUN),
+    B("plan.py", "measure", "run.device == 'cuda' and run.in_process",
+      "a GPU run marked in_process: one sentence", RUN, cuda_only=False),
     # session.py
     B("session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
     B("session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
@@ -486,6 +522,8 @@ INVENTORY: tuple[Branch, ...] = (
     # time_budget.py (the plans are made for the budget's 4-GPU node on any machine: both arms run here)
     B("time_budget.py", "plan_parts", "run.device == 'cuda'", "a run's GPUs in the budget table",
       "test_time_budget.py::test_a_registered_notebook_is_the_sum_over_its_plan_by_hand", cuda_only=False),
+    B("time_budget.py", "_gpus", "p.gpus", "the GPUs column of the budget table",
+      "test_time_budget.py::test_table_has_every_notebook_and_a_total", cuda_only=False),
     # workers/sweep.py
     B("workers/sweep.py", "run_config", "dev.type == 'cuda'", "the GPU memory fraction, before training",
       SWEEP),
@@ -494,12 +532,9 @@ INVENTORY: tuple[Branch, ...] = (
       BR + "test_allreduce_worker_waits_for_the_gpu"),
     # workers/comm_accounting.py
     B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "cuda", "DDP with device_ids=[index]",
-      reason=NCCL, doctor="05_large_batch_accumulation"),
+      reason=NCCL, doctor="05_comm_accounting"),
     B("workers/comm_accounting.py", "run_accounting.steps", "cuda", "synchronize after each step",
-      reason=NCCL, doctor="05_large_batch_accumulation"),
-    # workers/args.py
-    B("workers/args.py", "WorkerArgs.record_config", "backend == 'nccl'", "device_type cuda in the key",
-      BR + "test_worker_records_name_the_gpu"),
+      reason=NCCL, doctor="05_comm_accounting"),
     # experiments/build_ddp_tables.py: notebook 09's trace figure reads a GPU trace's kernels
     B("experiments/build_ddp_tables.py", "_lanes", "'nccl' in e['name'].lower()",
       "NCCL's kernels of a GPU trace are the all-reduce lane", BDDP),
@@ -508,6 +543,12 @@ INVENTORY: tuple[Branch, ...] = (
     # workers/ddp.py
     B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_scaling"),
+    B("workers/ddp.py", "RunConfig.config", "self.backend == 'nccl'", "device_type cuda in the key",
+      BR + "test_worker_records_name_the_gpu"),
+    # workers/harness.py
+    B("workers/harness.py", "serve", "torch.cuda.is_available()",
+      "one process without a group (DataParallel) drives the GPUs",
+      BR + "test_a_worker_without_a_process_group_drives_the_gpus"),
     # workers/fast_train.py, workers/fastpath.py
     B("workers/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
       BR + "test_fast_path_choices_on_a_gpu"),
@@ -525,9 +566,9 @@ INVENTORY: tuple[Branch, ...] = (
     B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
     B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
-      reason=NCCL, doctor="06_gpt_ddp"),
+      reason=NCCL, doctor="06_gpt_scaling"),
     B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "pinned loader memory",
-      reason=TENSORS, doctor="06_gpt_ddp", n=2),
+      reason=TENSORS, doctor="06_gpt_scaling", n=2),
 )
 
 

@@ -50,7 +50,7 @@ def follow_the_recipe(root: Path) -> dict[str, int]:
             body, close, rest = tail.partition("\n)\n")
             path.write_text(f"{head}{sep}{body}\n{code.rstrip()}{close}{rest}", encoding="utf-8")
         elif what == "cell":
-            nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 09 · Step time"),
+            nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 10 · Step time"),
                                                  nbformat.v4.new_code_cell(code.strip())])
             nbformat.write(nb, str(path))
     return done
@@ -58,7 +58,7 @@ def follow_the_recipe(root: Path) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def lab_copy(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lab09")
+    root = tmp_path_factory.mktemp("lab10")
     for name in ("lab_utils", "labs"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     done = follow_the_recipe(root)
@@ -81,7 +81,7 @@ def run(root: Path, *args: str, timeout: float = 240) -> subprocess.CompletedPro
 def test_measure_picks_the_new_experiment_up(lab_copy):
     res = run(lab_copy, "-m", "lab_utils", "measure", "toy", "--profile", "quick")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "toy (notebook 09), profile quick: 2 run(s)" in res.stdout
+    assert "toy (notebook 10), profile quick: 2 run(s)" in res.stdout
     assert re.search(r"^  batch 8 +ok +train_seconds \d", res.stdout, re.M), res.stdout
     assert re.search(r"^  batch 32 +ok +train_seconds \d", res.stdout, re.M), res.stdout
     stored = (lab_copy / "results" / "quick" / "runs" / "toy.jsonl").read_text().splitlines()
@@ -92,15 +92,15 @@ def test_measure_picks_the_new_experiment_up(lab_copy):
 
 @pytest.mark.timeout(240)
 def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
-    """Notebook 09 is a row of the budget table, summed from its plan for the budget's node (3 runs of
-    20 steps at 1 ms, one launch: 60 s + 40 s + 0.06 s -> 2 min), and a row 09_toy of the doctor, whose
+    """Notebook 10 is a row of the budget table, summed from its plan for the budget's node (3 runs of
+    20 steps at 1 ms, one launch: 60 s + 40 s + 0.06 s -> 2 min), and a row 10_toy of the doctor, whose
     measurement runs the notebook's own plan (here on this CPU, in this process)."""
     code = (
         "import json\n"
         "from lab_utils import doctor, time_budget as tb\n"
         "from lab_utils.core.machine import Machine\n"
         "from lab_utils.experiments import registry\n"
-        "parts = tb.notebook_parts('09')\n"
+        "parts = tb.notebook_parts('10')\n"
         "m = doctor.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
         "d = doctor.measure_experiment(registry.by_name('toy'), m, machine=Machine(gpus=0, cores=1))\n"
         "print(json.dumps({'table': tb.budget_table().to_dict('records'),"
@@ -110,12 +110,12 @@ def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
     res = run(lab_copy, "-c", code)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    row = next(r for r in out["table"] if r["notebook"] == "09")
+    row = next(r for r in out["table"] if r["notebook"] == "10")
     assert (row["topic"], row["answers"], row["estimated minutes"]) == ("toy", "Extra", 2)
     assert row["what takes the time"] == "3 runs; longest: batch 32 (~1 min)"
     assert out["parts"] == [["start-up", 60.0, True], ["start-up of toy", 40.0, True],
                             ["batch 32", 0.02, False], ["batch 128", 0.02, False], ["batch 512", 0.02, False]]
-    assert out["checks"].index("09_toy") > max(i for i, c in enumerate(out["checks"]) if c.startswith("08_"))
+    assert out["checks"].index("10_toy") > max(i for i, c in enumerate(out["checks"]) if c.startswith("09_"))
     assert [(r["label"], r["status"]) for r in out["doctor"]["runs"]] == [("batch 32", "ok")]
     assert out["judged"][2] == "ok" and out["judged"][0].startswith("ran batch 32")
 

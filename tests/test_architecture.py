@@ -356,7 +356,8 @@ def test_experiments_and_workers_build_no_store_of_their_own():
 WORKERS = sorted(m for m in GRAPH if layer(m) == "workers" and not m.endswith(".workers"))
 # Workers that still read a command line: each moves to the harness's JSON job with its notebook's plan
 # (issue 34); remove its line then (the test below fails on a listed module that no longer parses argv).
-ARGV_PENDING: dict[str, str] = {}  # a worker still on argv, and why (none left: every worker reads a JSON job)
+# A worker still on argv, and why (none left: every worker reads a JSON job).
+ARGV_PENDING: dict[str, str] = {}
 
 
 def parses_argv(path: Path) -> list[str]:
@@ -398,8 +399,9 @@ def package_lines() -> int:
     return sum(len(p.read_text().splitlines()) for p in PKG.rglob("*.py"))
 
 
-@pytest.mark.xfail(reason="not met: every notebook is a plan of runs and lab_utils holds ~22,500 lines (23,862 "
-                          "before the move); the bar is 18,000 (issue 34's closing note says what is left)",
+@pytest.mark.xfail(reason="not met: every notebook is a plan of runs and lab_utils holds ~22,500 lines "
+                          "(23,862 before the move); the bar is 18,000 (issue 34's closing note: what is "
+                          "left)",
                    strict=False)
 def test_lab_utils_is_at_most_18000_lines():
     assert package_lines() <= LINES_BAR, package_lines()

@@ -404,66 +404,70 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
 
 
-def test_scaling_plans_and_rows_on_gpus(fake_gpu, store, monkeypatch):
-    from lab_utils.core import config
+def test_scaling_plans_and_rows_on_gpus(fake_gpu):
+    """Notebooks 02 and 03 planned for a 2-GPU node: DataParallel (one process over the GPUs) and DDP (NCCL,
+    a rank per GPU) side by side, 4 devices a row "needs 4 GPUs" that keeps its NCCL label (not gloo CPU
+    processes, although 4 would fit), Table 2 with DataParallel's rows; a CPU machine: DDP alone on gloo."""
+    from dataclasses import replace
+
+    from lab_utils.core.machine import Machine
     from lab_utils.experiments import scaling
+    from lab_utils.plan import make_plan
 
     fake_gpu(count=2, name=A100)
+    s = replace(profiles.settings(scaling.Settings, "quick", dataset="synthetic"), devices=(1, 2, 4),
+                batch_sizes=(32,), run_batch_sizes=(32,), max_cpu_processes=4, comm_devices=(2,))
+    node = Machine(gpus=2, gpu_name=A100, cores=16, bf16=True)
+    DP, DDP = scaling.DP, scaling.DDP
+    assert scaling.place(DP, 2, node, s) == scaling.Placement(DP, 2, scaling.DP_BACKEND, "cuda")
+    assert scaling.place(DDP, 2, node, s) == scaling.Placement(DDP, 2, "nccl", "cuda")
+    assert scaling.place(DDP, 4, node, s) == scaling.Placement(DDP, 4, None, None, "needs 4 GPUs")
+    assert scaling.methods_here(node) == (DP, DDP)
 
-    s = profiles.settings(scaling.Settings, "quick")
-    p = scaling._place(scaling.DDP, 2, 2, s, 16)
-    dp = scaling._place(scaling.DP, 2, 2, s, 16)
-    assert p == scaling.Placement(scaling.DDP, 2, "nccl", "cuda")
-    assert dp == scaling.Placement(scaling.DP, 2, scaling.DP_BACKEND, "cuda")
-    assert scaling._hardware(p) == hardware.hardware_summary("cuda", 2)
-    assert scaling._hardware(p)["device_name"] == A100
-    args = scaling.worker_args(profiles.settings(scaling.Settings, "quick", dataset="synthetic"), "quick",
-                               scaling.SCALING, "nccl", (32,))
-    row = scaling._unavailable_config(args, scaling._place(scaling.DDP, 4, 2, s, 16))
-    assert row["backend"] == "nccl" and row["device_type"] == "cuda"
-    calls = []
+    def rows(experiment, machine):
+        return [(r.experiment, r.config["method"], r.config["devices"], r.config["backend"],
+                 r.config["device_type"], r.device, r.processes, r.skip)
+                for r in make_plan(experiment, s, machine, "quick")]
 
-    def grid(lab, s, force, verbose, devs, methods, experiment, measure_comm):
-        calls.append(methods)
-        return []
-
-    lab = SimpleNamespace(store=store, profile=config.PROFILES["quick"], gpu_count=2)
-    # notebook 02 on 2 GPUs: DataParallel and DDP measured; 4 devices cannot run, and say NCCL
-    ran = []
-
-    def run(method):
-        return lambda store_, s_, args, n, p, cfgs, force: (ran.append((method, n)) or ({}, []))
-
-    monkeypatch.setattr(scaling, "_run_ddp", run(scaling.DDP))
-    monkeypatch.setattr(scaling, "_run_dp_sizes", run(scaling.DP))
-    two = profiles.settings(scaling.Settings, "quick", devices=(2, 4), batch_sizes=(32,),
-                            run_batch_sizes=(32,))
-    rows = scaling.measure(lab, two, verbose=False)
-    assert ran == [(scaling.DDP, 2), (scaling.DP, 2)]
-    assert {(r.config["method"], r.config["backend"]) for r in rows} == {(scaling.DDP, "nccl"),
-                                                                         (scaling.DP, scaling.DP_BACKEND)}
-    assert [r.reason for r in rows] == ["needs 4 GPUs"] * 2
-    monkeypatch.setattr(scaling, "_measure_grid", grid)
-    scaling.measure_compute_vs_comm(lab, s)
-    assert calls == [None, (scaling.DP,), (scaling.DDP,)]   # DataParallel too
+    one = scaling.DP_BACKEND
+    assert rows(scaling.SCALING_EXPERIMENT, node) == [
+        ("scaling", DP, 1, one, "cuda", "cuda", 1, None), ("scaling", DP, 2, one, "cuda", "cuda", 1, None),
+        ("scaling", DP, 4, one, "cuda", "cuda", 1, "needs 4 GPUs"),
+        ("scaling", DDP, 1, "nccl", "cuda", "cuda", 1, None),
+        ("scaling", DDP, 2, "nccl", "cuda", "cuda", 2, None),
+        ("scaling", DDP, 4, "nccl", "cuda", "cuda", 4, "needs 4 GPUs")]
+    assert rows(scaling.COMPUTE_VS_COMM_EXPERIMENT, node) == [
+        ("scaling", DDP, 1, "nccl", "cuda", "cuda", 1, None),
+        ("scaling", DP, 2, one, "cuda", "cuda", 1, None),
+        ("compute_vs_comm", DDP, 2, "nccl", "cuda", "cuda", 2, None)]
+    cpu = Machine(gpus=0, cores=4)
+    assert scaling.methods_here(cpu) == (DDP,)
+    assert {r[1:] for r in rows(scaling.SCALING_EXPERIMENT, cpu)} == {
+        (DDP, n, "gloo", "cpu", "cpu", n, None) for n in (1, 2, 4)}
+    assert [r[1] for r in rows(scaling.COMPUTE_VS_COMM_EXPERIMENT, cpu)] == [DDP, DDP]
 
 
 def test_worker_records_name_the_gpu(fake_gpu):
-    from lab_utils.workers import args as ddp_args
+    """A DDP run on NCCL is keyed and recorded as a GPU run: ``device_type`` cuda in its config (the reuse
+    key) and the GPU's name in the record's hardware; on gloo, a CPU run."""
     from lab_utils.workers import ddp
+    from lab_utils.workers.harness import Job
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
-    args = ddp_args.WorkerArgs(profile="quick", batch_size=8, epochs=1, width=2, train_images=32,
-                          dataset="synthetic").validate().resolved()
-    assert args.record_config(2, "nccl")["device_type"] == "cuda"
+    args = ddp.RunConfig(devices=2, backend="nccl", batch_size=8, epochs=1, width=2, train_images=32,
+                         test_images=16).validate()
+    config = args.config()
+    assert config["device_type"] == "cuda" and config["backend"] == "nccl"
+    assert ddp.RunConfig(devices=2, backend="gloo", batch_size=8).config()["device_type"] == "cpu"
     epoch = {"epoch": 1, "steps": 1, "images": 16, "epoch_seconds": 1.0, "train_seconds": 0.5,
              "elapsed_seconds": 1.0, "sample_order_head": []}
     gathered = [{"rank": r, "epochs": [epoch], "startup_seconds": 0.1, "comm_probe": None, "threads": 1}
                 for r in (0, 1)]
     summary = {"n_params": 10, "steps_per_epoch": 1, "global_batch": 16, "accumulation_steps": 1,
                "batches_per_epoch": 1, "peak_lr": 0.1, "warmup_steps": 0, "worker_seconds": 1.0}
-    rec = ddp.build_records(args, ctx, gathered, summary)[0]
+    rec = ddp.build_records(config, Job("scaling", "quick", [config]), args, ctx, gathered, summary)[0]
+    assert rec.config["device_type"] == "cuda"
     assert rec.hardware["device_name"] == A100 and rec.hardware["backend"] == "nccl"
     assert "threads_per_process" not in rec.hardware
 
@@ -507,6 +511,142 @@ def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
     with pytest.raises(RuntimeError, match="stop"):
         bench_timers.main([])
     assert chosen == {"--steps": 20, "--batch-size": 128, "--width": 64, "--repeats": 5}
+
+
+# --------------------------------------------------------------------------- plans made for a GPU node
+
+
+def test_the_machine_here_names_its_gpus_and_their_bf16(fake_gpu):
+    """Machine.here on a (fake) 2-GPU node: the count, the GPU's name and native bf16 from nvidia-smi (no
+    CUDA context opened); once CUDA is up, bf16 is torch's answer. A GPU machine's runs go to cuda."""
+    from lab_utils.core import machine
+
+    gpu = fake_gpu(count=2, name=A100)   # compute capability 8.0
+    here = machine.Machine.here()
+    assert (here.gpus, here.gpu_name, here.bf16) == (2, A100, True) and not gpu.initialized
+    assert here.device == "cuda" and here.describe() == f"2 x {A100}"
+    assert machine.Machine(gpus=4).describe() == "4 x GPU"
+    gpu.initialized = True
+    assert machine._native_bf16() is True
+    gpu.major = 7                        # CUDA up on a Volta: torch says no (nvidia-smi's files say 8.0)
+    assert machine._native_bf16() is False
+    assert machine.Machine(cores=2).device == "cpu" and machine.Machine(cores=2).describe() == "CPU, 2 cores"
+
+
+def test_gpt_runs_are_placed_on_the_gpus():
+    """Notebook 06 on a 2-GPU node: 1 and 2 ranks on the GPUs, 4 a row that says the node has 2 (not gloo
+    CPU processes, although the cores would allow them); without GPUs, gloo CPU processes."""
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import gpt
+    from lab_utils.plan import make_plan
+
+    node = Machine(gpus=2, gpu_name=A100, cores=16, bf16=True)
+    assert gpt.place(1, node, 4) == ("cuda", None) and gpt.place(2, node, 4) == ("cuda", None)
+    assert gpt.place(4, node, 4) == ("cuda", "needs 4 GPUs (this machine has 2)")
+    assert gpt.place(2, Machine(cores=4), 2) == ("cpu", None)
+    runs = make_plan(gpt.SCALING_EXPERIMENT, profiles.settings(gpt.Settings, "quick"), node, "quick")
+    assert {(r.processes, r.device, r.config["device_type"], r.threads) for r in runs if r.skip is None} \
+        == {(1, "cuda", "cuda", None), (2, "cuda", "cuda", None)}
+    assert {r.skip for r in runs if r.processes == 4} == {"needs 4 GPUs (this machine has 2)"}
+
+
+def test_the_sweep_plan_on_a_gpu():
+    """Notebook 01 on a GPU: launched (not in the kernel), no CPU thread pin, the GPU's name in the key,
+    memory_fraction accepted; on a CPU memory_fraction is one sentence."""
+    from dataclasses import replace
+
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import sweep
+    from lab_utils.plan import make_plan
+
+    s = replace(profiles.settings(sweep.Settings, "quick", dataset="synthetic"), memory_fraction=0.5)
+    runs = make_plan(sweep.SWEEP_EXPERIMENT, s, Machine(gpus=1, gpu_name=A100, cores=16, bf16=True), "quick")
+    assert runs and all((r.device, r.in_process, r.threads) == ("cuda", False, None) for r in runs)
+    assert all(r.config["device"] == A100 and r.config["memory_fraction"] == 0.5
+               and "cpu_threads" not in r.config for r in runs)
+    with pytest.raises(LabError, match="memory_fraction limits a GPU's memory"):
+        make_plan(sweep.SWEEP_EXPERIMENT, s, Machine(cores=4), "quick")
+
+
+def test_quantization_plans_on_a_gpu(fake_gpu, results_dir):
+    """Notebook 07 on a GPU node: every variant on the CPU and on the GPU (launched), and the fallback GPT
+    trained on the GPU through the launcher, never in the kernel; a CPU machine: the CPU alone."""
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import quantize
+    from lab_utils.plan import make_plan
+
+    fake_gpu(count=1, name=A100)
+    s = profiles.settings(quantize.Settings, "quick")
+    node = Machine(gpus=1, gpu_name=A100, cores=16, bf16=True)
+    runs = make_plan(quantize.QUANTIZATION_EXPERIMENT, s, node, "quick")
+    assert [(r.config["variant"], r.in_process) for r in runs if r.device == "cuda"] == \
+        [(v, False) for v in s.variants]
+    assert {r.device for r in make_plan(quantize.QUANTIZATION_EXPERIMENT, s, Machine(cores=4), "quick")} \
+        == {"cpu"}
+    [fallback] = make_plan(quantize.FALLBACK_EXPERIMENT, s, node, "quick")
+    assert (fallback.device, fallback.config["device_type"], fallback.in_process) == ("cuda", "cuda", False)
+
+
+def test_fast_path_plans_on_a_gpu():
+    """Notebook 08 on GPUs: the device-resident loader without a CPU thread cap; the bf16 steps a row on a
+    GPU without native bf16, measured on one with it (and on a CPU)."""
+    from lab_utils.core.machine import Machine
+    from lab_utils.experiments import fastpath
+    from lab_utils.plan import make_plan
+
+    s = profiles.settings(fastpath.Settings, "quick", dataset="synthetic")
+    volta = Machine(gpus=1, gpu_name="Tesla V100-SXM2-32GB", cores=16, bf16=False)
+    ampere = Machine(gpus=1, gpu_name=A100, cores=16, bf16=True)
+    loaders = make_plan(fastpath.LOADER_EXPERIMENT, s, ampere, "quick")
+    assert [(r.config["pipeline"], r.device, r.in_process) for r in loaders] == [("spec", "cuda", False),
+                                                                                   ("device", "cuda", False)]
+    assert loaders[1].config["cpu_threads"] is None
+    assert make_plan(fastpath.LOADER_EXPERIMENT, s, Machine(cores=4), "quick")[1].config["cpu_threads"] == 1
+
+    def why(machine):
+        return {name: reason for name, _, _, reason in fastpath.waterfall(s, machine, "quick")}
+
+    assert why(volta)["bf16"] == "this GPU has no bf16 (needs Ampere or newer)"
+    assert why(ampere)["bf16"] is None and why(Machine(cores=4))["bf16"] is None
+
+
+def test_a_run_on_gpus_names_them_and_is_never_run_in_the_kernel(fake_gpu, store):
+    """A run on GPUs: without them here, its hardware has no name (a plan made for another machine); with
+    them, the GPU's name and count (the reuse check's). A plan that marks a GPU run in_process is refused
+    with one sentence before anything runs."""
+    from lab_utils.core.machine import Machine
+    from lab_utils.plan import Experiment, Run, measure
+
+    run = Run("x", {"a": 1}, device="cuda", processes=2)
+    assert run.hardware() == {"device_type": "cuda", "device_name": None, "device_count": 2}
+    fake_gpu(count=2, name=A100)
+    assert run.hardware() == hardware.hardware_summary("cuda", 2) and run.hardware()["device_name"] == A100
+    bad_run = Run("x", {"a": 1}, device="cuda", in_process=True, label="the bad run")
+    bad = Experiment("x", "99", SimpleNamespace, lambda s, m, p: [bad_run])
+    with pytest.raises(LabError, match=r"^The plan marks the bad run in_process on a GPU: [^\n]*\.$"):
+        measure(lab_for(store, "cuda", 2), bad, SimpleNamespace(), verbose=False, machine=Machine(gpus=2))
+
+
+def test_a_worker_without_a_process_group_drives_the_gpus(fake_gpu, monkeypatch, tmp_path):
+    """DataParallel's one process (no process group): serve gives its job the GPU as the device."""
+    import json
+
+    from lab_utils.workers import harness
+
+    fake_gpu(count=2, name=A100)
+    seen = []
+
+    def execute(worker, job, ctx):
+        seen.append(ctx.device)
+        return iter([])
+
+    monkeypatch.setattr(harness, "execute", execute)
+    monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"experiment": "scaling", "profile": "quick", "configs": [],
+                               "options": {"process_group": False}}))
+    assert harness.serve(harness, [str(job)]) == 0
+    assert seen == [torch.device("cuda")]
 
 
 # --------------------------------------------------------------------------- the inventory

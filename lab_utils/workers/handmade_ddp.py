@@ -58,7 +58,7 @@ from lab_utils.models import ResNet18
 from lab_utils.workers.ddp import RunConfig, train_dataset
 from lab_utils.workers.harness import Job, serve
 
-__all__ = ["IMPLEMENTATIONS", "prepare", "run_config"]
+__all__ = ["IMPLEMENTATIONS", "Replica", "prepare", "run_config"]
 
 #: Implementation names of a configuration, and how tables call them.
 IMPLEMENTATIONS = {"local": "no communication", "naive": "(a) naive", "flat": "(b) flat",
@@ -107,7 +107,7 @@ def _batches(config: dict[str, Any], state: dict[str, Any], ctx: DistContext, ba
     return [out[i % len(out)] for i in range(n)]
 
 
-class _Replica:
+class Replica:
     """One implementation's model and optimizer(-wrapper), trained by the lab's loop."""
 
     def __init__(self, name: str, bucket_mb: float | None, config: dict[str, Any], ctx: DistContext):
@@ -196,7 +196,7 @@ def _check(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, 
     dist.broadcast(reference, src=0)
     rows = []
     for name, bucket_mb in config["implementations"]:
-        rep = _Replica(name, bucket_mb, config, ctx)
+        rep = Replica(name, bucket_mb, config, ctx)
         for batch in batches:
             loss = rep.step(batch, ctx.device)
         rtol, atol = handmade.TOLERANCE[config["dtype"]]
@@ -237,7 +237,7 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
     """Every implementation, interleaved step by step (module docstring)."""
     warmup, steps = config["warmup"], config["steps"]
     batches = _batches(config, state, ctx, config["batch_size"], warmup + steps)
-    reps = [_Replica(name, mb, config, ctx) for name, mb in config["implementations"]]
+    reps = [Replica(name, mb, config, ctx) for name, mb in config["implementations"]]
     seconds: list[list[float]] = [[] for _ in reps]
     losses: list[torch.Tensor] = [torch.zeros(()) for _ in reps]
     for i, batch in enumerate(batches):
@@ -276,7 +276,7 @@ def _trace(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, 
     """``torch.profiler`` on this rank over a few steps of each implementation; one Chrome trace per rank."""
     steps = config["steps"]
     batches = _batches(config, state, ctx, config["batch_size"], steps + 1)
-    reps = [_Replica(name, mb, config, ctx) for name, mb in config["implementations"]]
+    reps = [Replica(name, mb, config, ctx) for name, mb in config["implementations"]]
     for rep in reps:
         rep.step(batches[0], ctx.device)  # warm-up (DDP builds its buckets), not traced
     folder = Path(job.options["trace_dir"])
