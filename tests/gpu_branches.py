@@ -535,6 +535,9 @@ INVENTORY: tuple[Branch, ...] = (
       reason=NCCL, doctor="05_comm_accounting"),
     B("workers/comm_accounting.py", "run_accounting.steps", "cuda", "synchronize after each step",
       reason=NCCL, doctor="05_comm_accounting"),
+    # experiments/build_ddp.py
+    B("experiments/build_ddp.py", "plan", "machine.gpus", "rows that need more GPUs named nccl on a GPU node",
+      "test_build_ddp.py::test_the_plan_on_two_cpu_cores_and_on_the_budget_node"),
     # experiments/build_ddp_tables.py: notebook 09's trace figure reads a GPU trace's kernels
     B("experiments/build_ddp_tables.py", "_lanes", "'nccl' in e['name'].lower()",
       "NCCL's kernels of a GPU trace are the all-reduce lane", BDDP),

@@ -327,6 +327,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("plan.py", "Run.hardware", "self.device == 'cuda' and (not torch.cuda.is_available())",
       'if self.device == "cuda" and not torch.cuda.is_available():', 'if self.device == "cuda":',
       "GPU runs never named (the reuse check cannot tell an A100 from an H100)"),
+    # experiments/build_ddp.py
+    M("experiments/build_ddp.py", "plan", "machine.gpus", '("nccl" if machine.gpus else "gloo")', '"gloo"',
+      "notebook 09's rows that need more GPUs labelled gloo on a GPU node"),
     # experiments/build_ddp_tables.py
     M("experiments/build_ddp_tables.py", "_lanes", "'nccl' not in e['name'].lower()",
       'compute = [e for e in kernels if "nccl" not in e["name"].lower()]', "compute = kernels",
