@@ -98,7 +98,8 @@ def test_the_plan_on_two_cpu_cores_and_on_the_budget_node():
     node = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, BUDGET_NODE, "full")
     assert all(r.device == "cuda" and r.config["backend"] == "nccl" and not r.skip for r in node)
     assert len(node) == 12 and node[2].config["implementations"][3] == ["bucketed", 25.0]
-    two_gpus = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, Machine(gpus=2, cores=16, gpu_name="G"), "full")
+    two_gpus = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, Machine(gpus=2, cores=16, gpu_name="G"),
+                         "full")
     assert {(r.processes, r.skip, r.config["backend"]) for r in two_gpus} == {(2, None, "nccl"),
                                                                            (4, "needs 4 GPUs", "nccl")}
     doctor = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, build_ddp.doctor_settings(full), BUDGET_NODE, "full")
