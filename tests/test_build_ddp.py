@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from store_helpers import put
@@ -194,6 +195,27 @@ def test_tables_select_the_records_and_predict_with_the_fit_by_hand(store):
     table = T.compare_table(store, recs).set_index("implementation")
     assert table.loc["(b) flat", "fit"].startswith("notebook 04's benchmark")
     assert math.isclose(table.loc["(b) flat", "predicted_comm_ms"], 0.051, rel_tol=1e-6)
+
+
+def test_timings_that_cannot_be_fitted_leave_the_rows_and_say_why(store):
+    """On a loaded CPU the all-reduce times may not grow with the size: the run keeps its timings (the
+    worker stores ``fit: {problem}``), its rows stay, their prediction is empty and says why; notebook
+    04's benchmark that cannot be fitted either falls back to this run's own fit."""
+    recs = _records()
+    bench = recs[1]
+    bench.metrics["fit"] = {"problem": "The timings do not grow with message size, so B cannot be fitted"}
+    table = T.compare_table(store, recs).set_index("implementation")
+    why = "no fit: The timings do not grow with message size, so B cannot be fitted"
+    assert table.loc["(b) flat", "fit"] == why
+    assert pd.isna(table.loc["(b) flat", "predicted_comm_ms"]) and table.loc["(b) flat", "step_ms"] == 120
+    flat_04 = [(1000, 100.0), (100_000, 100.0), (1_000_000, 100.0)]   # no growth: notebook 04's cannot fit
+    for size, us in flat_04:
+        cfg = {"world_size": 2, "backend": "gloo", "size_bytes": size, "dtype": "float32"}
+        put(store, "allreduce_bench", cfg, {"time_us": us})
+    bench.metrics["fit"] = {"alpha_seconds": 1e-4, "bandwidth_bytes_per_s": 1e8}
+    table = T.compare_table(store, recs).set_index("implementation")
+    assert table.loc["(b) flat", "fit"].startswith("this run's all-reduce timing")
+    assert math.isclose(table.loc["(b) flat", "predicted_comm_ms"], 0.21)
 
 
 def test_the_check_passes_only_when_every_implementation_is_equal():

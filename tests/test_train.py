@@ -181,4 +181,4 @@ def test_every_epoch_record_field_is_in_the_glossary():
     assert define("compute_seconds_mean").unit == "s" and define("loss_mean") is None  # suffixes: times only
     assert {m.unit for m in GLOSSARY.values()} <= {
         "s", "us", "ms", "bytes", "count", "fraction", "%", "nats", "lr", "-", "ratio", "images/s",
-        "tokens/s", "GB/s", "FLOP", "FLOP/s", "TFLOP/s", "FLOP/byte"}
+        "tokens/s", "GB/s", "FLOP", "FLOP/s", "TFLOP/s", "FLOP/byte", "MiB"}

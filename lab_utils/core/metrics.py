@@ -202,8 +202,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("implementations", "notebook 09: one entry per implementation of the configuration (its name, bucket_mb "
      "and the values below)", "-"),
     ("implementation", "local (no communication) | naive | flat | bucketed | zero1 | ddp | ddp_bf16", "-"),
-    ("bucket_mb", "bucket cap in MB of 2^20 bytes, as DDP's bucket_cap_mb; None: one bucket (bucketed) or "
-     "none (the others)", "MB"),
+    ("bucket_mb", "bucket cap in MiB (2^20 bytes), as DDP's bucket_cap_mb; None: one bucket (bucketed) or "
+     "none (the others)", "MiB"),
     ("check_steps", "K: steps of the correctness check", "count"),
     ("timed_steps", "rounds of a comparison whose steps are timed (each steps every implementation once)",
      "count"),
@@ -228,7 +228,7 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("overlaps", "the collectives start during backward (bucketed, DDP)", "-"),
     ("tensors", "parameter tensors of the model (each one message for the naive all-reduce)", "count"),
     ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank", "us"),
-    ("fit", "alpha-beta fit of bench_time_us (AlphaBetaFit fields)", "-"),
+    ("fit", "alpha-beta fit of bench_time_us (AlphaBetaFit fields), or why there is none (problem)", "-"),
     ("trace_paths", "every rank's Chrome trace, in rank order", "-"),
     # ---------------------------------------------------------------- the fast path
     ("seconds", "the loader benchmark's wall time over its passes", "s"),

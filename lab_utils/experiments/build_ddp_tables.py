@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from lab_utils.core.errors import LabError
 from lab_utils.core.handmade import predicted_seconds
 from lab_utils.core.ring import fit_alpha_beta
 from lab_utils.plan import aggregates
@@ -62,8 +63,9 @@ def notes(records: Sequence[Record]) -> list[str]:
 
 def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, str]]:
     """Per rank count: ``(fit, where it comes from)``. Notebook 04's benchmark (experiment
-    ``allreduce_bench``, this machine's records, the same backend) when it holds 3 or more sizes,
-    else this run's own all-reduce timing (its ``bench`` record), else ``(None, NO_FIT)``."""
+    ``allreduce_bench``, this machine's records, the same backend) when it holds 3 or more sizes that
+    can be fitted, else this run's own all-reduce timing (its ``bench`` record), else ``(None, why)``:
+    no bench record (NO_FIT), or timings that do not fit (``no fit: ...``)."""
     out: dict[int, tuple[Any, str]] = {}
     bench04 = [r for r in store.latest_here("allreduce_bench").records if r.status == "ok"]
     for rec in _ok(records, "bench"):
@@ -71,10 +73,17 @@ def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, 
         points = sorted((r.config["size_bytes"], r.metrics["time_us"] * 1e-6) for r in bench04
                         if r.config.get("world_size") == n and r.config.get("backend") == backend)
         if len(points) >= 3:
-            out[n] = (fit_alpha_beta([s for s, _ in points], [t for _, t in points], n),
-                      f"notebook 04's benchmark ({len(points)} sizes)")
+            try:
+                out[n] = (fit_alpha_beta([s for s, _ in points], [t for _, t in points], n),
+                          f"notebook 04's benchmark ({len(points)} sizes)")
+                continue
+            except LabError:  # its timings cannot be fitted: this run's own, below
+                pass
+        own = rec.metrics["fit"]
+        if "problem" in own:
+            out[n] = (None, f"no fit: {own['problem']}")
         else:
-            out[n] = (_Fit(**{k: rec.metrics["fit"][k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
+            out[n] = (_Fit(**{k: own[k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
                       f"this run's all-reduce timing ({len(rec.config['sizes_bytes'])} sizes)")
     return out
 
