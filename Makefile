@@ -7,6 +7,9 @@ STAMP       := $(VENV)/.installed
 PROFILE     ?=
 NOTEBOOKS   ?=
 PYTEST_ARGS ?=
+# make test runs the suite on TEST_WORKERS pytest-xdist workers, each taking a whole test file at a time
+# (module fixtures run once), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 # Which torch build `make venv` installs (tools/cuda_wheels.py; README "Running on a
 # cluster"): by default the one this machine's NVIDIA driver runs (PyPI's without a driver).
 #   make venv TORCH_VARIANT=cu126      force a build (cu126, cu130, cu132, cpu, pypi, an index URL;
@@ -39,7 +42,8 @@ lab: venv      ## execute every notebook headless, then print where the report i
 	$(PY) -m lab_utils run $(NOTEBOOKS) $(if $(PROFILE),--profile $(PROFILE))
 
 test: venv     ## the test suite (CPU, offline)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
+		$(PYTEST_ARGS)
 
 doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
 	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))

@@ -33,7 +33,15 @@ SLOW_TIMEOUT_S = 420
 SLURM_TIMEOUT_S = 900
 
 
+#: The test files that take longest (minutes: the whole lab in the quick profile, a SLURM cluster's jobs),
+#: collected first so that `make test`'s workers (pytest-xdist, one file at a time) start them at once
+#: and share the rest, instead of one worker starting them last.
+LONGEST_FIRST = ("test_notebooks.py", "test_slurm.py", "test_grading.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
         if item.get_closest_marker("timeout"):
             continue
