@@ -167,6 +167,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
     ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
     ("precision", "the precision the peak is taken at: fp32 | tf32 | bf16", "-"),
+    ("precision_note", "why the precision that ran differs from the one asked (bf16 asked on a GPU "
+     "without native bf16 runs fp32); empty when they agree", "-"),
     ("device_name", "the device's name (the GPU model, or cpu)", "-"),
     ("corpus", "the text corpus trained on", "-"),
     ("train_windows", "training windows of block-size tokens", "count"),
