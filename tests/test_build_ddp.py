@@ -21,6 +21,7 @@ from store_helpers import put
 from lab_utils.core import handmade, profiles
 from lab_utils.core.errors import LabError
 from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.core.ring import MIB
 from lab_utils.experiments import build_ddp
 from lab_utils.experiments import build_ddp_tables as T
 from lab_utils.plan import make_plan, measure
@@ -344,7 +345,7 @@ def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store)
     one trace per rank merged; a second measure reuses every record."""
     s = profiles.settings(build_ddp.Settings, "quick", devices=(2,), batch_sizes=(2,), width=4, steps=2,
                           check_steps=2, check_batch=2, sweep_mb=(0.01,), trace_steps=1,
-                          bench_max_bytes=65536, train_images=64)
+                          bench_max_bytes=MIB, train_images=64)
     recs = measure("quick", build_ddp.BUILD_DDP_EXPERIMENT, s, machine=CPU2)
     assert [r.status for r in recs] == ["ok"] * 5
     check = T.check_table(recs)
@@ -353,7 +354,10 @@ def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store)
     assert list(table["implementation"]) == [handmade_name for handmade_name in
                                              ("no communication", "(a) naive", "(b) flat", "(c) bucketed",
                                               "(d) ZeRO-1", "torch DDP")]
-    assert (table["step_ms"] > 0).all() and table["predicted_comm_ms"].notna().all()
+    assert (table["step_ms"] > 0).all()
+    # the run's own alpha-beta fit (4 KiB ... 1 MiB on gloo), or, on a CPU too busy for one, a row saying so
+    assert table["predicted_comm_ms"].notna().all() or table["fit"].str.startswith("no fit: ").all(), table
+
     by_name = table.set_index("implementation")
     assert by_name.loc["(a) naive", "collectives"] == 62
     grad = next(r for r in recs if r.config["kind"] == "compare").metrics["gradient_bytes"]   # S, fp32

@@ -227,7 +227,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "reduce-scatter or all-gather", "bytes"),
     ("overlaps", "the collectives start during backward (bucketed, DDP)", "-"),
     ("tensors", "parameter tensors of the model (each one message for the naive all-reduce)", "count"),
-    ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank", "us"),
+    ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank's mean, "
+     "best of 3 sweeps", "us"),
     ("fit", "alpha-beta fit of bench_time_us (AlphaBetaFit fields), or why there is none (problem)", "-"),
     ("trace_paths", "every rank's Chrome trace, in rank order", "-"),
     # ---------------------------------------------------------------- the fast path
