@@ -41,15 +41,9 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml tools/cuda_wheels.py l
 lab: venv      ## execute every notebook headless, then print where the report is
 	$(PY) -m lab_utils run $(NOTEBOOKS) $(if $(PROFILE),--profile $(PROFILE))
 
-# With workers, the files of tests/conftest.py's ALONE run afterwards in one process (exit 5: none selected).
 test: venv     ## the test suite (CPU, offline)
-ifeq ($(filter-out 0,$(TEST_WORKERS)),)
-	$(PY) -m pytest $(PYTEST_ARGS)
-else
-	LAB_TEST_PHASE=shared $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		$(PYTEST_ARGS) || test $$? -eq 5
-	LAB_TEST_PHASE=alone $(PY) -m pytest $(PYTEST_ARGS) || test $$? -eq 5
-endif
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
+		$(PYTEST_ARGS)
 
 doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
 	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))

@@ -39,20 +39,9 @@ SLURM_TIMEOUT_S = 900
 LONGEST_FIRST = ("test_notebooks.py", "test_slurm.py", "test_grading.py")
 
 
-#: Test files `make test` runs after the others, in one process on an otherwise idle machine: the launcher's
-#: Ctrl-C test once waited more than 60 s for the interrupted launch to end while another worker's
-#: torchrun jobs loaded both cores (1 run in 3; not seen alone, cause not found yet).
-ALONE = ("test_launcher.py",)
-
-
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-    phase = os.environ.get("LAB_TEST_PHASE")  # Makefile: "shared" (the workers), then "alone"
-    if phase in ("shared", "alone"):
-        keep = [i for i in items if (i.path.name in ALONE) == (phase == "alone")]
-        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
-        items[:] = keep
     for item in items:
         if item.get_closest_marker("timeout"):
             continue

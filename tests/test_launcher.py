@@ -102,7 +102,10 @@ def test_an_interrupted_stream_leaves_no_temporary_folder(tmp_path):
     """Ctrl-C (SIGINT) in a process that streams a launch: the tree is stopped and the temporary
     logs removed (the KeyboardInterrupt runs the launch's clean-up)."""
     token = uuid.uuid4().hex
-    code = ("from lab_utils.launcher import stream\n"
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal's Python or a Jupyter kernel; a shell's background
+    # job (CI started with `&`) passes SIGINT on ignored, and then nothing would happen
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from lab_utils.launcher import stream\n"
             "job = {'experiment': 'toy', 'profile': 'quick', 'configs': [{'mode': 'sleep'}]}\n"
             "list(stream('ddp_toy_worker', job, nproc=2, timeout_s=120, threads_per_rank=1))")
     env = {**os.environ, **toy_env(token), "TMPDIR": str(tmp_path)}
