@@ -45,6 +45,12 @@ test: venv     ## the test suite (CPU, offline)
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 		$(PYTEST_ARGS)
 
+# make report                 the hand-in: results/<profile>/handin/{report.md,report.html,handin.json}
+# make report CHECK=1         ... and list what is not ready to hand in (exit 1 if anything is)
+CHECK ?=
+report: venv   ## write the hand-in from the stored results and your notebooks (README "Handing in")
+	$(PY) -m lab_utils report $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter 1 yes true,$(CHECK)),--check)
+
 doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
 	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))
 

@@ -192,6 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--collect", action="store_true",
                     help="store the records the agents wrote into --job DIR")
 
+    rp = sub.add_parser("report", help="write the hand-in: report.md, report.html and handin.json from the "
+                                       "stored results and your notebooks")
+    rp.add_argument("--profile", default=None, help="quick | full | auto (default: $LAB_PROFILE or auto)")
+    rp.add_argument("--out", default=None, help="the hand-in folder (default: results/<profile>/handin)")
+    rp.add_argument("--labs", default=None, help="the folder of your notebooks (default: labs/)")
+    rp.add_argument("--check", action="store_true",
+                    help="list what is not ready to hand in (placeholders, missing tables, quick or "
+                         "synthetic numbers) and exit 1 if anything is")
+
     pr = sub.add_parser("prepare", help="download the datasets into data/ (needs internet)")
     pr.add_argument("--data-dir", default=None)
 
@@ -322,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "measure":
             _gpu_node_guard(args.profile)
             return _measure(args)
+        if args.command == "report":
+            from lab_utils import handin
+
+            return handin.main(args.profile, args.out, args.check, args.labs)
         if args.command == "prepare":
             return _prepare(args)
         if args.command == "bench":

@@ -62,6 +62,28 @@ def dist(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.timeout(900)
+def test_student_copy_carries_the_handin_and_every_file_its_notebooks_name(dist):
+    """Issue 35: the student copy's README has the question map and how to hand in (`make report`); no
+    sentence of a student notebook points at a file of the lab the copy does not hold, or at a README
+    section its README lacks."""
+    from lab_utils import handin
+
+    student = dist / "student"
+    readme = (student / "README.md").read_text()
+    assert handin.HOWTO.strip() in readme and questions.question_map_markdown() in readme
+    assert "report:" in (student / "Makefile").read_text()  # make report works there
+    headings = set(re.findall(r"^#+ (.+)$", readme, re.M))
+    for nb_path in sorted((student / "labs").glob("*.ipynb")):
+        nb = json.loads(nb_path.read_text())
+        text = "\n".join(nbs.source(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+        for path in re.findall(r"`([\w.-]+/[\w./-]*|[\w-]+\.(?:md|py|toml|txt|sbatch))`", text):
+            if (REPO / path.split("/")[0]).exists():  # a file of the lab, not a result or another project's
+                assert (student / path).exists(), f"{nb_path.name} names {path}, which the student copy lacks"
+        for section in re.findall(r"README(?:'s|,)\s+\(?\"([^\"]+)\"", text):
+            assert " ".join(section.split()) in headings, f"{nb_path.name} names README section {section!r}"
+
+
 def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
     student = dist / "student"
     masters = [nbs.parse_master(REPO / "labs" / f"{b}.ipynb") for b in BOOKS]

@@ -104,3 +104,37 @@ def test_report_holds_every_promised_table(lab_run):
             assert "profile: quick" in text, f"{t} lacks its provenance label"
             assert text.strip() in report
     assert "quick profile" in report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1900)
+def test_make_report_after_the_quick_lab_writes_the_handin_and_check_refuses_it(lab_run):
+    """Issue 35: after `make lab PROFILE=quick`, `make report` (from the repository root, as the README
+    writes it) writes report.md, report.html with the figures embedded and handin.json; Tables 1-3 are in
+    the handout's layout; `make report CHECK=1` exits 1 naming the quick, CPU and synthetic provenance."""
+    import json
+    from pathlib import Path
+
+    _, root = lab_run
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, LAB_RESULTS_DIR=str(root.parent), LAB_PROFILE="quick")
+    make = ["make", "--no-print-directory", "report", "PROFILE=quick"]
+    done = subprocess.run(make, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = root / "handin"
+    md = (out / "report.md").read_text()
+    assert "| GPUs | 32: time (s) | 32: speedup | 128: time (s) | 128: speedup |" in md
+    assert "| 1 | " in md.split("**Table 1")[1] and "| 4 | " in md.split("**Table 1")[1]
+    assert "| GPUs | 32: compute (s) | 32: communication (s) |" in md
+    assert "| GPUs | 32: GB/s | 32: utilization % |" in md
+    assert "- **profile:** quick" in md and "(SYNTHETIC)" in md
+    page = (out / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') >= 10 and 'src="figures/' not in page
+    data = json.loads((out / "handin.json").read_text())
+    assert data["provenance"]["profile"] == "quick" and data["provenance"]["device_type"] == "cpu"
+    t1 = [r for r in data["tables"]["table1"] if r["status"] == "ok"]
+    assert {r["gpus"] for r in t1} == {1, 2, 4} and all(r["seconds"] > 0 for r in t1)
+    check = subprocess.run([*make, "CHECK=1"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert check.returncode != 0
+    assert "not ready: profile quick" in check.stdout and "not ready: data synthetic" in check.stdout
+    assert "not ready: device cpu" in check.stdout

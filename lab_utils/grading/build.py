@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lab_utils import handin, questions
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
 from lab_utils.grading.exercises import EXERCISES, OK, Exercise, same
@@ -72,9 +73,15 @@ Exercises: complete the function under each "Exercise" heading and run the check
 your functions with other values as well. Answer the questions marked "graded by hand" in the
 cell under them.
 
-Hand in the notebooks (`labs/NN_*.ipynb`) as your instructor asks. Without a GPU, the same
-notebooks run in a small CPU profile (`LAB_PROFILE=quick`).
+Without a GPU, the same notebooks run in a small CPU profile (`LAB_PROFILE=quick`): their numbers
+are not the assignment's, and every table and figure says so.
 """
+
+
+def student_readme() -> str:
+    """The student copy's README: install, work, the question map, and how to hand in (``make report``)."""
+    return (STUDENT_README + "\n## Questions: where each is answered\n\n" + questions.question_map_markdown()
+            + "\n\n## Handing in\n\n" + handin.HOWTO)
 
 
 def master_notebooks(labs_dir: Path = LABS_DIR) -> list[Path]:
@@ -214,7 +221,7 @@ def _copy_student_files(repo: Path, dest: Path) -> None:
         elif src.exists():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
-    (dest / "README.md").write_text(STUDENT_README)
+    (dest / "README.md").write_text(student_readme())
 
 
 def tree_leaks(root: Path, masters: list[nbs.Master]) -> list[str]:

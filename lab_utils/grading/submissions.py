@@ -202,7 +202,7 @@ def find_submissions(root: Path, staging: Path) -> list[Submission]:
             files = sorted(p for p in entry.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
                            and not p.name.startswith("."))
             # A student's folder may also hold the written report and its figures (README,
-            # "Handing in the report"): only notebooks and zips are graded; the rest is the
+            # "Handing in"): only notebooks and zips are graded; the rest is the
             # instructor's to read, and is a problem only when the folder holds nothing to grade.
             gradable = [p for p in files if p.suffix in (".ipynb", ".zip")]
             if not gradable:
