@@ -404,6 +404,8 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
         try:
             report = write_report(profile_name, results, machine)
             print(f"report: {report}", file=stream, flush=True)
+            print(f"hand-in: make report PROFILE={profile_name} (README, \"Handing in\")", file=stream,
+                  flush=True)
         except OSError as e:
             results.save_error = results.save_error or write_failure(
                 e, config.results_dir(profile_name), "the report (report.md)")
