@@ -107,12 +107,13 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "as step_train_seconds_p10", "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
-    # ---------------------------------------------------------------- the spread of a row's time (core.spread)
+    # ---------------------------------------------------------------- a row's time's spread (core.spread)
     ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
     ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "
      "per-step training times; with repeats, 100 x (max - min) / median of the repeats' train_seconds "
      "(the row's time is then that median). Tables 2 and 3: the spread of T(N)", "%"),
-    ("spread_of", "which spread spread_pct is, in words: 'p10-p90 of S steps' or 'min-max of R repeats'", "-"),
+    ("spread_of", "which spread spread_pct is, in words: 'p10-p90 of S steps' or 'min-max of R repeats'",
+     "-"),
     ("spread_low_seconds", "the low end of the row's time's spread: min over the repeats, or one run's time "
      "x p10/p50 of its step times", "s"),
     ("spread_high_seconds", "the high end of the row's time's spread: max over the repeats, or one run's "

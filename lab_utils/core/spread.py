@@ -92,7 +92,9 @@ def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_sec
 
 def ranges_overlap(a: Spread | None, b: Spread | None) -> bool:
     """Whether two times' spreads overlap: their difference is not distinguishable at this spread."""
-    return a is not None and b is not None and a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
+    if a is None or b is None:
+        return False
+    return a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
 
 
 def base_key(config: Mapping[str, Any]) -> str:
@@ -145,9 +147,9 @@ def merge_repeats(records: Sequence[Record]) -> list[Record]:
         metrics = dict(rep.metrics)
         if spread is not None:
             metrics["train_seconds"] = spread.seconds
-        metrics.update({"spread_pct": spread.pct if spread else None, "spread_of": spread.of if spread else None,
-                        "spread_low_seconds": spread.low_seconds if spread else None,
-                        "spread_high_seconds": spread.high_seconds if spread else None, "repeats": len(ok)})
+        metrics.update({"spread_pct": spread and spread.pct, "spread_of": spread and spread.of,
+                        "spread_low_seconds": spread and spread.low_seconds,
+                        "spread_high_seconds": spread and spread.high_seconds, "repeats": len(ok)})
         out.append(replace(rep, config=config, metrics=metrics))
     return out
 

@@ -766,9 +766,9 @@ def report_utilization(store, settings: Settings, bench: BenchReport, link: Link
                             "parallel module not stated; ring assumed as the assignment says): no benchmark "
                             "peak of theirs exists, so no percentage.",
                             "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
-                            "spread_pct / spread_of: the spread of T(N), the time (a) comes from (notebook 03's "
-                            "Table 2: its steps' p10-p90, or min-max of REPEATS); blank for the earlier "
-                            "cohort's rows, which published one number each.",
+                            "spread_pct / spread_of: the spread of T(N), the time (a) comes from "
+                            "(notebook 03's Table 2: its steps' p10-p90, or min-max of REPEATS); blank for "
+                            "the earlier cohort's rows, which published one number each.",
                             f"link: {link.description}",
                             store.here_note(scaling.SCALING, scaling.COMPUTE_VS_COMM)])
     return df

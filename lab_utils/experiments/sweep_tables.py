@@ -37,7 +37,7 @@ def _device(records: Sequence[Record]) -> str:
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
-    """The measured batch sizes, one record each (repeats merged: :func:`lab_utils.core.spread.merge_repeats`)."""
+    """The measured batch sizes, one record each (repeats merged by lab_utils.core.spread.merge_repeats)."""
     return [r for r in merge_repeats(records) if r.status == "ok"]
 
 
