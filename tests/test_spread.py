@@ -250,3 +250,25 @@ def test_table1_row_of_repeats_is_their_median():
     row = scaling_tables.scaling_frame(recs).iloc[0]
     assert row["epoch2_train_seconds"] == 11.0 and row["spread_of"] == "min-max of 3 repeats"
     assert row["spread_pct"] == pytest.approx(100 * 2 / 11)
+
+
+@pytest.mark.slow
+def test_the_ddp_worker_stores_the_slowest_ranks_percentiles_for_each_repeat(store):
+    """Two gloo ranks under torchrun, REPEATS = 2: two stored aggregates, each with T(N)'s rank's spread."""
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(8,), run_batch_sizes=(8,), devices=(2,),
+                          width=2, train_images=64, max_cpu_processes=2, timeout_s=300, dataset="synthetic",
+                          repeats=2)
+    records = measure(lab_for(store), scaling.SCALING_EXPERIMENT, s, verbose=False, machine=Machine(cores=2))
+    aggs = [r for r in records if r.config["record"] == "aggregate"]
+    assert [r.config.get("repeat") for r in aggs] == [None, 1] and all(r.status == "ok" for r in aggs)
+    for agg in aggs:
+        repeat = agg.config.get("repeat")
+        ranks = [r for r in records if r.config["record"] == "rank" and r.config.get("repeat") == repeat]
+        tn = max(ranks, key=lambda r: r.metrics["train_seconds"])
+        assert tn.metrics["train_seconds"] == agg.metrics["train_seconds"]
+        assert [agg.metrics[k] for k in STEP_PERCENTILE_KEYS] == [tn.metrics[k] for k in STEP_PERCENTILE_KEYS]
+        assert 0 < agg.metrics[P10] <= agg.metrics[P50] <= agg.metrics[P90]
+    row = scaling_tables.scaling_frame(records).iloc[0]
+    times = [a.metrics["train_seconds"] for a in aggs]
+    assert row["epoch2_train_seconds"] == pytest.approx(statistics.median(times))
+    assert row["spread_of"] == "min-max of 2 repeats"
