@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lab_utils.core.progress import progress
+from lab_utils.core.spread import step_percentiles
 from lab_utils.core.timing import NestedTimers, PhaseTimer, synchronize
 
 
@@ -85,6 +86,10 @@ class EpochRecord:
     global_loss: float | None = None
     global_accuracy: float | None = None
     global_images: int | None = None
+    # the spread of the epoch's per-step training time (seconds; None untimed): see train_steps
+    step_train_seconds_p10: float | None = None
+    step_train_seconds_p50: float | None = None
+    step_train_seconds_p90: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -125,7 +130,8 @@ def model_devices(model: nn.Module, device: torch.device) -> list[torch.device]:
 class EpochSums:
     """What :func:`train_steps` counted in one pass: images, optimizer steps, micro-steps
     (forward/backward passes, = batches), the loss and correct-prediction sums of this rank
-    (float64 tensors on the device) and, with a comm timer, the all-reduce seconds."""
+    (float64 tensors on the device), with a comm timer the all-reduce seconds, and when timed each
+    optimizer step's training time (``step_train_seconds``, seconds, in step order)."""
 
     images: int
     steps: int
@@ -134,6 +140,7 @@ class EpochSums:
     correct: Any
     allreduce_seconds: float = 0.0
     exposed_tail_seconds: float = 0.0
+    step_train_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -201,6 +208,13 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
       exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
 
+    Per optimizer step (when timed): ``step_train_seconds``, the step's training time, i.e. the
+    same phases ``train_seconds`` sums (data movement + compute + communication of the step's
+    micro-steps; its loader wait and skew wait left out): the growth of
+    :attr:`~lab_utils.core.timing.PhaseTimer.training_seconds` from the end of the previous step to
+    the end of this one. Each phase is already synchronized with the device at its ends, so these
+    per-step times need no synchronization of their own, and they sum to the loop's training time.
+
     Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k
     batches (the epoch's last group may be shorter). The first k - 1 micro-steps run
     under ``ddp.no_sync()`` (gradients accumulate locally, nothing is communicated), the
@@ -223,6 +237,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     token = torch.zeros(1, device=device) if o.skew_barrier else None
     out = EpochSums(0, 0, 0, loss_sum, correct)
     group_start, group_size = 0, 1
+    step_mark = timer.training_seconds if timer.enabled else 0.0  # training time at the last step's end
     for i, (x, y) in enumerate(timer.iterate(batches)):
         with timer.phase("data_movement"):
             x = x.to(device, non_blocking=non_blocking)
@@ -280,6 +295,10 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         if last:
             out.steps += 1
             group_start = i + 1
+            if timer.enabled:
+                now = timer.training_seconds
+                out.step_train_seconds.append(now - step_mark)
+                step_mark = now
             if o.max_steps is not None and out.steps >= o.max_steps:
                 break
     if out.micro_steps != group_start:
@@ -310,7 +329,9 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     (:attr:`~lab_utils.core.timing.PhaseTimer.training_seconds`: data movement, compute,
     communication; this rank's loader wait and, in DDP, its ``skew_wait`` for the other ranks'
     loaders left out), each synchronized with the device at its ends. ``images_per_s`` =
-    images / ``train_seconds``.
+    images / ``train_seconds``. ``step_train_seconds_p10`` / ``_p50`` / ``_p90``: the 10th, 50th and
+    90th percentile of the per-step training times (:func:`train_steps`;
+    :func:`lab_utils.core.spread.step_percentiles`): the spread of a single run's time.
 
     ``timed=False``: no phase boundaries inside the pass (the fast path: the host queues work
     ahead as in real training); only ``epoch_seconds`` is measured, ``train_seconds`` is None.
@@ -361,6 +382,7 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
         peak_memory_bytes=max(peaks) if None not in peaks else None,
         lr=float(optimizer.param_groups[0]["lr"]),
         peak_memory_bytes_per_device=peaks if len(peaks) > 1 and None not in peaks else None,
+        **(step_percentiles(sums.step_train_seconds) if timed else {}),
     )
     if options.comm_timer is not None:
         rec.allreduce_seconds, rec.exposed_tail_seconds = sums.allreduce_seconds, sums.exposed_tail_seconds

@@ -98,8 +98,29 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("ms_per_step", "1000 x train_seconds / steps: the mean training time of one optimizer step", "ms"),
     ("batches_per_epoch", "batches per epoch per rank (= steps_per_epoch x accumulation steps)", "count"),
     ("batch_size", "samples per batch (per device)", "count"),
+    ("step_train_seconds_p10", "10th percentile over the epoch's optimizer steps of one step's training "
+     "time (its data movement + compute + communication, the phases train_seconds sums; loader wait and "
+     "skew wait excluded). An aggregate over ranks: that of the rank whose train_seconds is T(N)", "s"),
+    ("step_train_seconds_p50", "50th percentile (median) of a step's training time over the epoch's "
+     "optimizer steps, as step_train_seconds_p10", "s"),
+    ("step_train_seconds_p90", "90th percentile of a step's training time over the epoch's optimizer steps, "
+     "as step_train_seconds_p10", "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
+    # ---------------------------------------------------------------- a row's time's spread (core.spread)
+    ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
+    ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "
+     "per-step training times; with repeats, 100 x (max - min) / median of the repeats' train_seconds "
+     "(the row's time is then that median). Tables 2 and 3: the spread of T(N)", "%"),
+    ("spread_of", "which spread spread_pct is, in words: 'p10-p90 of S steps' or 'min-max of R repeats'",
+     "-"),
+    ("spread_low_seconds", "the low end of the row's time's spread: min over the repeats, or one run's time "
+     "x p10/p50 of its step times", "s"),
+    ("spread_high_seconds", "the high end of the row's time's spread: max over the repeats, or one run's "
+     "time x p90/p50 of its step times", "s"),
+    ("spread_flag", "the difference a row reports is within the spread: Table 1, T(N)'s and T(1)'s spreads "
+     "overlap (the speedup is not distinguishable from 1); Table 2, |communication (a)| < T(N)'s spread in "
+     "seconds (a negative (a) usually is this). Blank: the difference is larger than the spread", "-"),
     # ---------------------------------------------------------------- over ranks (core.ranks)
     ("world_size", "processes (ranks) of the run", "count"),
     ("slowest_rank", "the rank with the longest epoch_seconds: its breakdown is the aggregate's", "-"),

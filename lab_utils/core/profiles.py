@@ -63,12 +63,13 @@ SWEEP = {
     # activations per image at width 8), so the table shows the OOM row.
     "quick": dict(
         batch_sizes=(32, 128, 512, 2048), width=8, train_images=1024, test_images=500,
-        memory_cap_bytes=160_000_000, cpu_threads=1,
+        memory_cap_bytes=160_000_000, cpu_threads=1, repeats=1,
         label="quick: ResNet-18 width 8 on 1,024 images, 160 MB memory cap on CPU, 1 torch thread "
               "(as each DDP worker of notebook 02)"),
     # The assignment: the spec model on all of CIFAR-10, 32 ... 32768 until it does not fit.
     "full": dict(
         batch_sizes=(32, 128, 512, 2048, 8192, 32768), width=64, train_images=None, test_images=None,
+        repeats=1,
         label="full: spec ResNet-18 (width 64) on all of CIFAR-10"),
 }
 
@@ -81,11 +82,11 @@ SCALING = {
     # small model several buckets, as the full model has.
     "quick": dict(
         run_batch_sizes=(32, 128, 512), width=8, train_images=1024, max_cpu_processes=4,
-        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True,
+        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True, repeats=1,
         label="quick: ResNet-18 width 8 on 1,024 images; gloo over single-thread CPU processes"),
     # The assignment: the spec model on all of CIFAR-10, 1/2/4 GPUs, 32 ... 2048 per GPU.
     "full": dict(
-        width=64, train_images=None, max_cpu_processes=0, comm_steps=10, timeout_s=3600,
+        width=64, train_images=None, max_cpu_processes=0, comm_steps=10, timeout_s=3600, repeats=1,
         label="full: spec ResNet-18 (width 64) on all of CIFAR-10"),
 }
 

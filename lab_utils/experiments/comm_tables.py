@@ -630,6 +630,8 @@ class CommMeasurement:
     steps_per_epoch: int | None = None
     method: str = "DDP"
     noise_seconds: float | None = None  # standard error of ``seconds`` where it was repeated (probe (b))
+    spread_pct: float | None = None     # T(N)'s spread, % (notebook 03's Table 2, lab_utils.core.spread)
+    spread_of: str | None = None        # which spread: "p10-p90 of S steps" | "min-max of R repeats"
 
 
 _COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c) hook all-reduce")
@@ -665,7 +667,7 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
             "method": m.method, "devices": m.devices, "per_gpu_batch": m.per_device_batch,
             "comm_source": m.source, "grad_bytes": m.grad_bytes, "steps_per_epoch": steps,
             "bytes_per_rank_per_epoch": steps * ring_bytes_per_rank(m.grad_bytes, m.devices),
-            "comm_seconds": m.seconds,
+            "comm_seconds": m.seconds, "spread_pct": m.spread_pct, "spread_of": m.spread_of,
             "achieved_gb_per_s": None, "pct_of_bench_peak_busbw": None, "pct_of_link_nominal": None,
             "note": m.reason or "",
             "q3_2": _Q32_ROLE.get(m.source, ""), "noise_flag": noise_flag(m.seconds, m.noise_seconds),
@@ -720,7 +722,8 @@ def _measurements(store, devices: Sequence[int] | None = None) -> list[CommMeasu
                 out += [CommMeasurement(p, b, source, seconds, int(r.gradient_bytes or default), size,
                                         reason=None if seconds is not None else missing,
                                         steps_per_epoch=r.steps_per_epoch,
-                                        method=_DP_ASSUMED_RING if dp else r.method, noise_seconds=noise)
+                                        method=_DP_ASSUMED_RING if dp else r.method, noise_seconds=noise,
+                                        spread_pct=r.spread_pct, spread_of=r.spread_of)
                         for source, seconds, missing, noise in sources]
     return out
 
@@ -763,6 +766,9 @@ def report_utilization(store, settings: Settings, bench: BenchReport, link: Link
                             "parallel module not stated; ring assumed as the assignment says): no benchmark "
                             "peak of theirs exists, so no percentage.",
                             "noise_flag: 2 x the standard error of (b) over the probe's pairs >= (b).",
+                            "spread_pct / spread_of: the spread of T(N), the time (a) comes from "
+                            "(notebook 03's Table 2: its steps' p10-p90, or min-max of REPEATS); blank for "
+                            "the earlier cohort's rows, which published one number each.",
                             f"link: {link.description}",
                             store.here_note(scaling.SCALING, scaling.COMPUTE_VS_COMM)])
     return df

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.spread import merge_repeats, spread_of_record
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
@@ -43,6 +44,9 @@ class CommRow:
     skew_wait_seconds: float | None = None
     exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
     oversubscribed: str | None = None  # see :func:`oversubscribed`
+    spread_pct: float | None = None    # T(N)'s spread, % (lab_utils.core.spread)
+    spread_of: str | None = None       # which spread: "p10-p90 of S steps" | "min-max of R repeats"
+    spread_seconds: float | None = None  # T(N)'s spread in seconds (high - low)
 
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
@@ -55,11 +59,13 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
     machine's devices are paired (:meth:`~lab_utils.store.ResultStore.latest_here`).
     """
     ones = {}
-    scaling = store.latest_here(SCALING).records    # this machine's devices only: one rule, in the store
+    # this machine's devices only (one rule, in the store); repeats merged (T = their median)
+    scaling = merge_repeats(store.latest_here(SCALING).records)
     for r in scaling:
         if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
             ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
-    recs = [r for r in store.latest_here(COMPUTE_VS_COMM).records if r.config.get("record") == "aggregate"]
+    recs = [r for r in merge_repeats(store.latest_here(COMPUTE_VS_COMM).records)
+            if r.config.get("record") == "aggregate"]
     if DP in methods:
         recs += [r for r in scaling if r.config.get("record") == "aggregate"
                  and r.config["method"] == DP and r.config["devices"] > 1]
@@ -77,6 +83,9 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
     if rec.status != "ok":
         return row
     row.tn_seconds = value(rec, T_N)
+    spread = spread_of_record(rec)
+    if spread is not None:
+        row.spread_pct, row.spread_of, row.spread_seconds = spread.pct, spread.of, spread.width_seconds
     row.t1_seconds = value(one, T_N)
     row.skew_wait_seconds = value(rec, "skew_wait_seconds_max")
     row.oversubscribed = oversubscribed(rec)
@@ -102,6 +111,7 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
     for r in rows:
         d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
              "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
+             "spread_pct": r.spread_pct, "spread_of": r.spread_of,
              "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
              "compute_to_comm_a": None,
              "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
@@ -110,17 +120,28 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
              "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
              "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
-             "oversubscribed": r.oversubscribed}
+             "oversubscribed": r.oversubscribed, "spread_flag": comm_within_spread(r)}
         if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
             d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
         if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
             d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
         out.append(d)
-    cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
-            "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
+    cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds", "spread_pct",
+            "spread_of", "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
             "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
-            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed"]
+            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed", "spread_flag"]
     return pd.DataFrame(out, columns=cols)
+
+
+COMM_WITHIN_SPREAD = "|comm (a)| < T(N)'s spread: (a) is not distinguishable from 0 at this spread"
+
+
+def comm_within_spread(row: CommRow) -> str | None:
+    """Table 2's ``spread_flag``: the communication by (a) is smaller in magnitude than T(N)'s spread
+    in seconds (what a negative (a) usually is); None when it is larger, or either is unknown."""
+    if row.comm_a_seconds is None or row.spread_seconds is None:
+        return None
+    return COMM_WITHIN_SPREAD if abs(row.comm_a_seconds) < row.spread_seconds else None
 
 
 TABLE2_NOTES = [
@@ -134,6 +155,9 @@ TABLE2_NOTES = [
     "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
     "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
     "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
+    "spread_pct: the spread of T(N) in % of it (spread_of: 'p10-p90 of S steps' of the slowest rank, or "
+    "'min-max of R repeats' with REPEATS > 1, T(N) then the median). spread_flag: |comm (a)| is smaller "
+    "than T(N)'s spread in seconds, so (a) is not distinguishable from 0; a negative (a) usually is this.",
     "oversubscribed: more gloo threads than cores (quick: 4 single-thread ranks on 2 cores); the ranks took "
     "turns on the cores, so the row exercises the path and its split is not a measurement of the network.",
     "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "
@@ -147,7 +171,7 @@ def compute_vs_comm_rows(records: Sequence[Record], settings: Settings) -> list[
     """Table 2's rows in table order, including rows that did not run (with their reason): every
     N-device aggregate of ``settings.comm_devices`` with its one-device counterpart (same method,
     same per-device batch) from the same records."""
-    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
+    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
     ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
     return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))) for r in aggs
             if r.config["devices"] != 1 and r.config["devices"] in settings.comm_devices]

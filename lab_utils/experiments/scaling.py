@@ -105,6 +105,8 @@ class Settings:
     with the DDP workers' (quick). ``bucket_cap_mb``:
     DDP's bucket size (None: DDP's 25 MB); the quick profile scales it with the smaller
     model so that it, too, has several buckets. ``timeout_s`` bounds one launch (seconds).
+    ``repeats``: each configuration is measured that many times (notebooks' ``REPEATS``); the tables
+    report the median and the spread over the repeats (:mod:`lab_utils.core.spread`).
     """
 
     devices: tuple[int, ...] = (1, 2, 4)
@@ -124,9 +126,11 @@ class Settings:
     seed: int = 0
     label: str = ""
     dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
+    repeats: int = 1
 
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
+        check_positive_int(self.repeats, "repeats (REPEATS)")
         check_batch_sizes(self.devices, "device counts")
         check_batch_sizes(self.comm_devices, "device counts of Table 2")
         if self.run_batch_sizes is not None:
@@ -216,18 +220,21 @@ def _runs(settings: Settings, machine: Machine, profile: str, experiment: str, d
             p = place(method, n, machine, settings)
             backend = p.backend if p.runs and method == DDP else ("nccl" if machine.gpus else "gloo")
             for b in settings.batch_sizes:
-                args = run_config(settings, profile, n, "nccl" if method == DP else backend, b, measure_comm)
-                cfg = dp_config(args) if method == DP else args.config()
+                first = run_config(settings, profile, n, "nccl" if method == DP else backend, b, measure_comm)
                 skip = p.reason or ("skipped in quick profile" if b not in run_b else None) or (
-                    f"global batch {b * n} > {args.train_images} training images"
-                    if b * n > args.train_images else None)
-                out.append(Run(experiment, cfg, dataparallel if method == DP else ddp,
-                               processes=1 if method == DP else n, device=p.device_type or machine.device,
-                               group=f"{experiment} {method} {n}", skip=skip,
-                               threads=settings.cpu_threads if p.device_type == "cpu" or (
-                                   method == DP and settings.pin_threads) else None,
-                               timeout_s=settings.timeout_s, label=f"{method} {n} x {b}",
-                               options={"process_group": False} if method == DP else {}))
+                    f"global batch {b * n} > {first.train_images} training images"
+                    if b * n > first.train_images else None)
+                for r in range(1 if skip else settings.repeats):  # repeat r > 0: a config of its own
+                    args = replace(first, repeat=r)
+                    cfg = dp_config(args) if method == DP else args.config()
+                    out.append(Run(experiment, cfg, dataparallel if method == DP else ddp,
+                                   processes=1 if method == DP else n, device=p.device_type or machine.device,
+                                   group=f"{experiment} {method} {n}", skip=skip,
+                                   threads=settings.cpu_threads if p.device_type == "cpu" or (
+                                       method == DP and settings.pin_threads) else None,
+                                   timeout_s=settings.timeout_s,
+                                   label=f"{method} {n} x {b}" + (f" (repeat {r + 1})" if r else ""),
+                                   options={"process_group": False} if method == DP else {}))
     return out
 
 

@@ -27,6 +27,7 @@ from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import efficiency, karp_flatt, scaled_speedup, speedup
+from lab_utils.core.spread import merge_repeats, ranges_overlap, spread_of_record
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 
@@ -396,7 +397,7 @@ def comm_volume_frame(records: Sequence[Record]):
 
 
     rows = []
-    for r in records:
+    for r in merge_repeats(records):
         c, m = r.config, r.metrics
         if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
             continue
@@ -418,10 +419,15 @@ def scaling_frame(records: Sequence[Record]):
     epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
     per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
     same method's one-device run with the same per-device batch.
+
+    With repeats the records of a configuration are merged first (:func:`lab_utils.core.spread.merge_repeats`:
+    T(N) is the median over the repeats). ``spread_pct`` / ``spread_of``: the spread of T(N) (one run: its
+    steps' p10-p90; repeats: their min-max); ``spread_flag``: T(N)'s and T(1)'s spreads overlap, so the
+    speedup is not distinguishable from 1 at this spread.
     """
     import pandas as pd
 
-    aggs = [r for r in records if r.config.get("record", "aggregate") == "aggregate"]
+    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
     base = {}
     for r in aggs:
         if r.config["devices"] == 1 and r.status == "ok":
@@ -437,11 +443,15 @@ def scaling_frame(records: Sequence[Record]):
         row = {"method": method_label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
                "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
-               "epoch2_train_seconds": tn, "step_seconds": tn / steps if tn and steps else None,
+               "epoch2_train_seconds": tn, "spread_pct": value(r, "spread_pct"),
+               "spread_of": r.metrics.get("spread_of") if r.status == "ok" else None,
+               "step_seconds": tn / steps if tn and steps else None,
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
-               "oversubscribed": oversubscribed(r)}
+               "oversubscribed": oversubscribed(r), "spread_flag": None}
+        if n > 1 and ranges_overlap(spread_of_record(r), spread_of_record(b1)):
+            row["spread_flag"] = SPEEDUP_WITHIN_SPREAD
         if tn and t1:
             row["speedup"] = speedup(t1, tn)
             row["n_t1_over_tn_epoch"] = n * row["speedup"]  # earlier reports' formula, kept to be questioned
@@ -452,13 +462,21 @@ def scaling_frame(records: Sequence[Record]):
                 row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
-                                     "epoch2_train_seconds", "step_seconds", "speedup", "scaled_speedup",
-                                     "n_t1_over_tn_epoch", "efficiency", "serial_fraction",
-                                     "skew_wait_seconds", "train_plus_skew_wait_seconds", "oversubscribed"])
+                                     "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
+                                     "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
+                                     "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
+                                     "oversubscribed", "spread_flag"])
     return df
 
 
+SPEEDUP_WITHIN_SPREAD = "T(N) within T(1)'s spread: speedup not distinguishable from 1 at this spread"
+
 _TABLE1_NOTES = [
+    "spread_pct: the spread of T(N) in % of it (spread_of says which: 'p10-p90 of S steps', the "
+    "reported epoch's per-step training times of the slowest rank, or 'min-max of R repeats' with "
+    "REPEATS > 1, when T(N) is the median of the repeats). spread_flag: T(N)'s and T(1)'s ranges overlap, "
+    "so that row's speedup is not distinguishable from 1; a difference smaller than the spread is not "
+    "a result.",
     "oversubscribed: the gloo ranks had more threads than the machine has cores (quick: 4 single-thread "
     "processes on 2 cores), so they took turns on the cores: the row exercises the 4-device path, its "
     "times do not measure scaling.",

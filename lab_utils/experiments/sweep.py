@@ -27,6 +27,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import device_name
 from lab_utils.core.machine import Machine
 from lab_utils.core.memory import check_memory_fraction
+from lab_utils.core.spread import REPEAT
 from lab_utils.models import flops_per_image
 from lab_utils.plan import Experiment, Run
 from lab_utils.workers import sweep as worker
@@ -68,6 +69,9 @@ class Settings:
     #: ``cpu_threads``), so T(1) here and in notebook 02 compare.
     cpu_threads: int | None = None
     dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
+    #: each batch size measured this many times (the notebook's ``REPEATS``): the table reports the
+    #: median and the spread over the repeats (:mod:`lab_utils.core.spread`)
+    repeats: int = 1
 
     def validate(self) -> Settings:
         """Reject settings the sweep cannot run, with one sentence naming the fix (a cap of 0: none)."""
@@ -77,6 +81,7 @@ class Settings:
             raise LabError(f"sweep batch sizes must grow strictly (the sweep stops at the first that does "
                            f"not fit), got {list(sizes)}; sort them, e.g. [32, 128, 512].")
         check_positive_int(s.width, "model width")
+        check_positive_int(s.repeats, "repeats (REPEATS)")
         check_positive_int(s.epochs, "epochs")
         check_positive_int(s.reported_epoch, "reported epoch")
         if s.reported_epoch > s.epochs:
@@ -118,11 +123,14 @@ def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
             # only when pinned (CPU): the keys of records stored before the field stay valid
             **({"cpu_threads": threads} if threads is not None else {})}
     too_large = f"larger than the {n_train} training images: not a batch size of this data"
-    return [Run(EXPERIMENT, {**base, "batch_size": b}, worker, device=machine.device, group=EXPERIMENT,
+    # repeat r > 0 of a batch size is a config of its own ("repeat": r); the first has no such key,
+    # so the records stored before repeats existed keep their keys
+    return [Run(EXPERIMENT, {**base, "batch_size": b, **({REPEAT: r} if r else {})}, worker,
+                device=machine.device, group=EXPERIMENT,
                 skip=too_large if b > n_train else None, in_process=not machine.gpus, threads=threads,
-                label=f"batch {b}",
+                label=f"batch {b}" + (f" (repeat {r + 1})" if r else ""),
                 options={"process_group": False, "seed": s.seed})
-            for b in s.batch_sizes]
+            for b in s.batch_sizes for r in range(1 if b > n_train else s.repeats)]
 
 
 def cost(run: Run) -> float:

@@ -15,6 +15,7 @@ from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import peak_flops_per_s
 from lab_utils.core.metrics import note
+from lab_utils.core.spread import merge_repeats
 from lab_utils.experiments.sweep import EXPERIMENT, SPEC_LR, Settings
 from lab_utils.models import flops_per_image
 from lab_utils.store import Record, ResultStore
@@ -36,7 +37,8 @@ def _device(records: Sequence[Record]) -> str:
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
-    return [r for r in records if r.status == "ok"]
+    """The measured batch sizes, one record each (repeats merged by lab_utils.core.spread.merge_repeats)."""
+    return [r for r in merge_repeats(records) if r.status == "ok"]
 
 
 def _gib(nbytes: int | None) -> float | None:
@@ -47,12 +49,14 @@ def sweep_table(records: Sequence[Record]):
     """The paste-able table: one row per batch size, status and reason for rows not measured.
 
     Columns: batch size, epoch-2 training seconds, data-loading seconds, images/s, peak
-    memory (GiB, or "not tracked on CPU"), train loss, test accuracy, status, reason.
+    memory (GiB, or "not tracked on CPU"), train loss, test accuracy, status, reason; after the
+    training time its spread (``spread_pct``, ``spread_of``: :mod:`lab_utils.core.spread`). With
+    repeats, one row per batch size: the training time is the median over the repeats.
     """
     import pandas as pd
 
     rows = []
-    for r in records:
+    for r in merge_repeats(records):
         m = r.metrics if r.status == "ok" else {}
         on_cpu = (r.hardware or {}).get("device_type") == "cpu"
         if r.status != "ok":
@@ -64,6 +68,8 @@ def sweep_table(records: Sequence[Record]):
         rows.append({
             "batch size": r.config["batch_size"],
             "epoch-2 training (s)": _num(m.get("train_seconds")),
+            "spread_pct": _num(m.get("spread_pct")),
+            "spread_of": m.get("spread_of") or "",
             "data loading (s)": _num(m.get("data_loading_seconds")),
             "images/s": _num(m.get("images_per_s")),
             "peak memory (GiB)": peak,
@@ -80,7 +86,7 @@ def phase_table(records: Sequence[Record]):
     import pandas as pd
 
     rows = []
-    for r in records:
+    for r in merge_repeats(records):
         if r.status != "ok":
             continue
         m = r.metrics
@@ -112,6 +118,10 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         "forward, backward and optimizer step, synchronized; excludes waiting on the data loader "
         "(data loading column) and evaluation.",
         "images/s = training images / training seconds of the reported epoch.",
+        "spread_pct: the spread of the training time in % of it; spread_of says which: 'p10-p90 of S steps' "
+        "(the reported epoch's per-step training times) or 'min-max of R repeats' (REPEATS > 1: the "
+        "training time is then the median of the repeats). A difference between rows smaller than their "
+        "spread is not a result.",
         "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note("images_per_s") + ".",
         "Peak memory: torch.cuda.max_memory_allocated during the reported epoch; not tracked on CPU.",
         "oom: the batch did not fit and larger ones were not tried; skipped rows say why.",

@@ -38,7 +38,8 @@ One **aggregate** record and one record **per rank**, all under the same experim
 ``dataset`` ("cifar10" | "synthetic", resolved), ``num_workers``, ``lr``, ``lr_rule``,
 ``base_batch``, ``warmup_epochs``, ``decay``, ``eval``, ``measure_comm``,
 ``comm_steps``, ``bucket_cap_mb``, ``seed``, ``tag``; ``global_batch`` = ``batch_size`` x
-``devices`` x accumulation steps. Only when used: ``accumulation_steps`` (> 1),
+``devices`` x accumulation steps. Only when used: ``accumulation_steps`` (> 1), ``repeat`` (r > 0:
+the (r+1)-th measurement of the configuration, :mod:`lab_utils.core.spread`),
 ``debug_slow_rank`` and ``debug_slow_loader_seconds`` (absent otherwise, so the configs of
 ordinary runs and of records written before these options existed are unchanged).
 
@@ -60,7 +61,9 @@ Aggregate ``metrics``:
   (over all ranks' images), ``lr`` (lr of the epoch's last step), ``lr_first``,
   ``elapsed_seconds`` (slowest rank: wall time from the start of epoch 1 to the end
   of this epoch, evaluation included: for accuracy-vs-wall-clock plots),
-  ``cumulative_train_seconds`` (sum of ``train_seconds`` up to this epoch);
+  ``cumulative_train_seconds`` (sum of ``train_seconds`` up to this epoch),
+  ``step_train_seconds_p10`` / ``_p50`` / ``_p90`` (percentiles of the per-step training time of
+  the rank whose ``train_seconds`` is T(N));
   with ``--eval``: ``test_loss``, ``test_accuracy``, ``eval_seconds``;
   with ``--measure-comm``: ``allreduce_seconds_mean`` / ``_max`` (method (c) summed
   over the epoch's steps) and ``exposed_tail_seconds_mean`` / ``_max`` (the hook's
@@ -143,6 +146,7 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
+from lab_utils.core.spread import REPEAT, STEP_PERCENTILE_KEYS
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18, count_parameters
 from lab_utils.workers.harness import Job, serve
@@ -189,6 +193,7 @@ class RunConfig:
     debug_slow_rank: int | None = None
     debug_slow_loader_seconds: float | None = None
     method: str = "DDP"
+    repeat: int = 0     # 0: the first measurement; r > 0: the (r+1)-th of REPEATS (notebooks 02, 03)
 
     def validate(self) -> RunConfig:
         """Raise :class:`LabError` on a value no run can take (before any process starts)."""
@@ -233,6 +238,8 @@ class RunConfig:
         }
         if self.accumulation_steps != 1:
             cfg["accumulation_steps"] = self.accumulation_steps
+        if self.repeat:
+            cfg[REPEAT] = self.repeat
         if self.debug_slow_rank is not None:
             cfg["debug_slow_rank"] = self.debug_slow_rank
             cfg["debug_slow_loader_seconds"] = self.debug_slow_loader_seconds
@@ -392,6 +399,7 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
         "train_loss_rank": ep.loss, "train_accuracy_rank": ep.accuracy,
         "train_loss": ep.global_loss, "train_accuracy": ep.global_accuracy, "global_images": ep.global_images,
         "lr_first": lr_first, "lr": lr, "sample_order_head": head,
+        **{k: getattr(ep, k) for k in STEP_PERCENTILE_KEYS},
     }
     if ep.allreduce_seconds is not None:  # the comm hook during the epoch itself (not the probe)
         rec["epoch_allreduce_seconds"] = ep.allreduce_seconds

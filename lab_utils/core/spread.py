@@ -1,0 +1,165 @@
+"""The spread of a reported time, computed once: every time of Tables 1-3 (and notebook 01's sweep)
+carries it.
+
+- **One run**: the worker stores the 10th, 50th and 90th percentile of the reported epoch's per-step
+  training times (:func:`step_percentiles`, called by :func:`lab_utils.core.loop.run_epoch`; an
+  aggregate over ranks takes the slowest rank's, :mod:`lab_utils.core.ranks`). The spread is
+  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps".
+- **Repeats** (``REPEATS > 1`` in notebooks 01-03: each configuration measured that many times, each
+  repeat a stored configuration of its own, ``config["repeat"]`` = 1, 2, ... for the second and later
+  ones): the row's time is the MEDIAN of the repeats' ``train_seconds`` and the spread is
+  100 x (max - min) / median %, "min-max of R repeats".
+
+:func:`time_spread` computes both; :func:`merge_repeats` turns a list of records into one record per
+configuration (the repeats merged, the spread added), which every table reads: tables select and
+rename, they do not recompute. Names: :mod:`lab_utils.core.metrics`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from lab_utils.core.records import Record, canonical_key
+
+#: The per-step percentiles an epoch record holds (seconds), in the order p10, p50, p90.
+STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
+#: The config field of a repeat (absent for the first measurement, so older keys stay valid).
+REPEAT = "repeat"
+#: What :func:`merge_repeats` adds to each merged record's metrics.
+SPREAD_KEYS = ("spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values`` by linear interpolation between the two nearest
+    ranks (numpy's default): position (n - 1) x q / 100 in the sorted values."""
+    if not values:
+        raise ValueError("percentile of no values")
+    s = sorted(float(v) for v in values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def step_percentiles(step_seconds: Sequence[float]) -> dict[str, float | None]:
+    """The 10th, 50th and 90th percentile of an epoch's per-step training times (seconds), keyed by
+    :data:`STEP_PERCENTILE_KEYS`; all None for an epoch without timed steps."""
+    if not step_seconds:
+        return dict.fromkeys(STEP_PERCENTILE_KEYS)
+    return {k: percentile(step_seconds, q) for k, q in zip(STEP_PERCENTILE_KEYS, (10, 50, 90), strict=True)}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A row's time (seconds) and its spread: the range ``low_seconds``..``high_seconds`` around it,
+    ``pct`` = 100 x (high - low) / the row's time (one run: 100 x (p90 - p10) / p50 of its step times,
+    the range being the epoch time scaled by p10/p50 and p90/p50), and ``of``: which spread it is."""
+
+    seconds: float
+    low_seconds: float
+    high_seconds: float
+    pct: float | None
+    of: str
+    repeats: int = 1
+
+    @property
+    def width_seconds(self) -> float:
+        """high - low, in seconds: the spread of the row's time."""
+        return self.high_seconds - self.low_seconds
+
+
+def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_seconds") -> Spread | None:
+    """THE spread of a row's time from the metrics of its measurements (one per repeat; see the module
+    docstring). None when no measurement holds the time, or one run holds no step percentiles."""
+    times = [float(m[time_key]) for m in repeats if m.get(time_key) is not None]
+    if not times:
+        return None
+    if len(times) > 1:
+        med = statistics.median(times)
+        return Spread(med, min(times), max(times), 100 * (max(times) - min(times)) / med if med else None,
+                      f"min-max of {len(times)} repeats", repeats=len(times))
+    m, t = next(m for m in repeats if m.get(time_key) is not None), times[0]
+    p10, p50, p90 = (m.get(k) for k in STEP_PERCENTILE_KEYS)
+    if p10 is None or p50 is None or p90 is None or not p50:
+        return None
+    steps = m.get("steps")
+    return Spread(t, t * p10 / p50, t * p90 / p50, 100 * (p90 - p10) / p50,
+                  f"p10-p90 of {steps} steps" if steps else "p10-p90 of the steps")
+
+
+def ranges_overlap(a: Spread | None, b: Spread | None) -> bool:
+    """Whether two times' spreads overlap: their difference is not distinguishable at this spread."""
+    if a is None or b is None:
+        return False
+    return a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
+
+
+def base_key(config: Mapping[str, Any]) -> str:
+    """The key of a configuration with its repeat number left out: all repeats of one share it."""
+    return canonical_key({k: v for k, v in config.items() if k != REPEAT})
+
+
+def merge_repeats(records: Sequence[Record]) -> list[Record]:
+    """One record per configuration, in first-seen order, each with its spread in its metrics
+    (:data:`SPREAD_KEYS`: ``spread_pct``, ``spread_of``, the range in seconds and ``repeats``, the
+    number of ok measurements merged).
+
+    The ok repeats of a configuration (equal configs apart from ``repeat``) become one record: the
+    metrics of the repeat whose ``train_seconds`` is the lower median, with ``train_seconds`` set to
+    the MEDIAN over the repeats (the row's time) and the spread of :func:`time_spread`. A configuration
+    with no ok repeat keeps its first record. Per-rank records (``config["record"] == "rank"``) of the
+    first measurement are kept as they are, those of later repeats left out. The config of a merged
+    record has no ``repeat``.
+    """
+    groups: dict[str, list[Record]] = {}
+    order: list[tuple[str, Record | None]] = []
+    for r in records:
+        if r.config.get("record") == "rank":
+            if not r.config.get(REPEAT):
+                order.append(("", r))
+            continue
+        k = base_key(r.config)
+        if k not in groups:
+            groups[k] = []
+            order.append((k, None))
+        groups[k].append(r)
+    out = []
+    for k, rank_record in order:
+        if rank_record is not None:
+            out.append(rank_record)
+            continue
+        group = groups[k]
+        ok = [r for r in group if r.status == "ok"]
+        first = group[0]
+        config = {c: v for c, v in first.config.items() if c != REPEAT}
+        if not ok:
+            out.append(replace(first, config=config))
+            continue
+        spread = time_spread([r.metrics for r in ok])
+        rep = ok[0]
+        if len(ok) > 1:
+            timed = [r for r in ok if r.metrics.get("train_seconds") is not None]
+            low_median = statistics.median_low([r.metrics["train_seconds"] for r in timed]) if timed else None
+            rep = next((r for r in timed if r.metrics["train_seconds"] == low_median), ok[0])
+        metrics = dict(rep.metrics)
+        if spread is not None:
+            metrics["train_seconds"] = spread.seconds
+        metrics.update({"spread_pct": spread and spread.pct, "spread_of": spread and spread.of,
+                        "spread_low_seconds": spread and spread.low_seconds,
+                        "spread_high_seconds": spread and spread.high_seconds, "repeats": len(ok)})
+        out.append(replace(rep, config=config, metrics=metrics))
+    return out
+
+
+def spread_of_record(record: Record | None) -> Spread | None:
+    """The spread :func:`merge_repeats` put into a merged record (None: none, or not merged)."""
+    if record is None or record.status != "ok":
+        return None
+    m = record.metrics
+    if m.get("spread_low_seconds") is None or m.get("train_seconds") is None:
+        return None
+    return Spread(float(m["train_seconds"]), float(m["spread_low_seconds"]), float(m["spread_high_seconds"]),
+                  m.get("spread_pct"), m.get("spread_of") or "", int(m.get("repeats") or 1))

@@ -1,0 +1,274 @@
+"""The spread of every reported time (issue 35): the percentiles by hand, THE loop's per-step times, the
+slowest rank's percentiles in the aggregate, REPEATS through the plan and the store, the tables' columns."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+from store_helpers import lab_for
+from torch import nn
+
+from lab_utils.core import profiles
+from lab_utils.core.loop import StepOptions, make_optimizer, run_epoch, train_steps
+from lab_utils.core.machine import Machine
+from lab_utils.core.metrics import define
+from lab_utils.core.ranks import aggregate_epoch
+from lab_utils.core.records import Record
+from lab_utils.core.spread import (
+    STEP_PERCENTILE_KEYS,
+    merge_repeats,
+    percentile,
+    step_percentiles,
+    time_spread,
+)
+from lab_utils.core.timing import PhaseTimer
+from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables, sweep, sweep_tables
+from lab_utils.plan import make_plan, measure
+from lab_utils.workers.ddp import RunConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+P10, P50, P90 = STEP_PERCENTILE_KEYS
+
+
+# --------------------------------------------------------------------------- the function, by hand
+
+
+def test_percentiles_and_spread_of_one_run_by_hand():
+    # sorted: 0.10 0.20 0.30 0.40 1.00; p10 at position 0.4 -> 0.10 + 0.4 x 0.10 = 0.14;
+    # p50 at 2 -> 0.30; p90 at 3.6 -> 0.40 + 0.6 x 0.60 = 0.76
+    p = step_percentiles([0.3, 1.0, 0.1, 0.4, 0.2])
+    assert p[P10] == pytest.approx(0.14) and p[P50] == pytest.approx(0.30) and p[P90] == pytest.approx(0.76)
+    # one run of 5 steps whose epoch took 2.0 s: spread = 100 x (0.76 - 0.14) / 0.30 = 206.67 %,
+    # its range 2.0 x 0.14/0.30 = 0.9333 .. 2.0 x 0.76/0.30 = 5.0667 s
+    s = time_spread([{"train_seconds": 2.0, "steps": 5, **p}])
+    assert s.seconds == 2.0 and s.pct == pytest.approx(206.6667, rel=1e-5)
+    assert s.of == "p10-p90 of 5 steps" and s.repeats == 1
+    assert s.low_seconds == pytest.approx(0.93333, rel=1e-4)
+    assert s.high_seconds == pytest.approx(5.06667, rel=1e-4)
+    assert percentile([7.0], 90) == 7.0
+    assert step_percentiles([]) == dict.fromkeys(STEP_PERCENTILE_KEYS)
+    assert time_spread([{"train_seconds": 2.0}]) is None  # a record from before the percentiles: no spread
+
+
+def test_spread_over_repeats_by_hand():
+    # repeats 10, 12, 11: median 11, spread 100 x (12 - 10) / 11 = 18.18 %
+    s = time_spread([{"train_seconds": 10.0}, {"train_seconds": 12.0}, {"train_seconds": 11.0}])
+    assert s.seconds == 11.0 and s.pct == pytest.approx(18.1818, rel=1e-5) and s.of == "min-max of 3 repeats"
+    assert (s.low_seconds, s.high_seconds, s.width_seconds) == (10.0, 12.0, 2.0)
+    # two repeats: the median is their mean, 9.0; 100 x 2 / 9 = 22.2 %
+    s = time_spread([{"train_seconds": 8.0}, {"train_seconds": 10.0}])
+    assert s.seconds == 9.0 and s.pct == pytest.approx(22.2222, rel=1e-5) and s.of == "min-max of 2 repeats"
+
+
+def test_every_new_name_is_in_the_glossary_with_its_unit():
+    units = {n: define(n).unit for n in (*STEP_PERCENTILE_KEYS, "spread_pct", "spread_of", "spread_flag",
+                                         "spread_low_seconds", "spread_high_seconds", "repeats")}
+    assert units == {P10: "s", P50: "s", P90: "s", "spread_pct": "%", "spread_of": "-", "spread_flag": "-",
+                     "spread_low_seconds": "s", "spread_high_seconds": "s", "repeats": "count"}
+
+
+# --------------------------------------------------------------------------- THE loop
+
+
+class _SlowOnce(nn.Module):
+    """A tiny model whose forward sleeps ``seconds`` on its ``slow_call``-th call: one slow step's compute."""
+
+    def __init__(self, slow_call: int, seconds: float):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.calls, self.slow_call, self.seconds = 0, slow_call, seconds
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == self.slow_call:
+            time.sleep(self.seconds)
+        return self.lin(x)
+
+
+class _SlowLoader:
+    """Batches whose fetch sleeps (loader wait: never in a step's training time)."""
+
+    def __init__(self, n: int, seconds: float):
+        g = torch.Generator().manual_seed(0)
+        self.batches = [(torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g))
+                        for _ in range(n)]
+        self.seconds = seconds
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        for b in self.batches:
+            time.sleep(self.seconds)
+            yield b
+
+
+def _epoch(model, loader):
+    """The second epoch of ``model`` (the first warms up: a first call's one-off costs make an outlier)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        opt = make_optimizer(model)
+        run_epoch(model, _SlowLoader(3, 0.0), opt, "cpu")
+        model.calls = 0
+        return run_epoch(model, loader, opt, "cpu", epoch=2)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_step_times_are_the_training_phases_and_sum_to_train_seconds():
+    model = _SlowOnce(slow_call=0, seconds=0.0)
+    timer = PhaseTimer(torch.device("cpu"))
+    sums = train_steps(model, _SlowLoader(6, 0.01), 6, make_optimizer(model), nn.CrossEntropyLoss(), timer,
+                       torch.device("cpu"), StepOptions(accumulation_steps=2))
+    assert len(sums.step_train_seconds) == sums.steps == 3  # one time per optimizer step, not per batch
+    assert sum(sums.step_train_seconds) == pytest.approx(timer.training_seconds)
+    assert timer.seconds("data_loading") > 6 * 0.01 * 0.9  # the loader waits: in no step's time
+
+
+def test_loop_percentiles_bracket_the_mean_step_and_leave_loader_waits_out():
+    rec = _epoch(_SlowOnce(slow_call=0, seconds=0.0), _SlowLoader(20, 0.02))
+    p10, p50, p90 = (getattr(rec, k) for k in STEP_PERCENTILE_KEYS)
+    assert rec.steps == 20 and 0 < p10 <= p50 <= p90
+    assert p10 <= rec.train_seconds / rec.steps <= p90 + 1e-9
+    assert p90 < 0.02  # the 20 ms loader sleep of every step is not in any step's training time
+    assert rec.data_loading_seconds >= 20 * 0.02 * 0.9
+
+
+def test_a_slow_step_moves_p90_not_p10():
+    base = _epoch(_SlowOnce(slow_call=0, seconds=0.0), _SlowLoader(10, 0.0))
+    # the 9th of 10 steps computes 0.2 s longer: above the 90th percentile's position (8.1 of 0..9)?
+    # p90 interpolates between the 9th and 10th sorted values, so the slow step (the largest) pulls it up
+    slow = _epoch(_SlowOnce(slow_call=9, seconds=0.2), _SlowLoader(10, 0.0))
+    assert slow.step_train_seconds_p90 > base.step_train_seconds_p90 + 0.015
+    assert slow.step_train_seconds_p10 < base.step_train_seconds_p10 + 0.01
+    assert slow.step_train_seconds_p50 < base.step_train_seconds_p50 + 0.01
+    model = _SlowOnce(0, 0.0)
+    untimed = run_epoch(model, _SlowLoader(3, 0.0), make_optimizer(model), "cpu", timed=False)
+    assert untimed.step_train_seconds_p50 is None
+
+
+# --------------------------------------------------------------------------- over ranks
+
+
+def test_the_aggregate_takes_the_percentiles_of_the_rank_whose_time_is_tn():
+    def rank(r, epoch_s, train_s, p10, p50, p90):
+        return {"rank": r, "epoch": 2, "steps": 4, "images": 8, "epoch_seconds": epoch_s,
+                "train_seconds": train_s, P10: p10, P50: p50, P90: p90}
+
+    # rank 1 has the longest train_seconds (T(N)) though rank 0 has the longest epoch (loader waits)
+    agg = aggregate_epoch([rank(0, 9.0, 4.0, 0.9, 1.0, 1.1), rank(1, 8.0, 6.0, 1.2, 1.5, 2.4)])
+    assert agg["train_seconds"] == 6.0
+    assert (agg[P10], agg[P50], agg[P90]) == (1.2, 1.5, 2.4)  # not the means 1.05, 1.25, 1.75
+
+
+# --------------------------------------------------------------------------- repeats: plan, store, table
+
+
+def _tiny_sweep(**kw) -> sweep.Settings:
+    return profiles.settings(sweep.Settings, "quick", batch_sizes=(16,), width=2, train_images=64,
+                             test_images=20, epochs=1, reported_epoch=1, memory_cap_bytes=None,
+                             dataset="synthetic", **kw)
+
+
+def test_repeats_are_stored_configs_of_their_own_and_one_table_row(store):
+    lab = lab_for(store)
+    records = measure(lab, sweep.SWEEP_EXPERIMENT, _tiny_sweep(repeats=2), verbose=False)
+    stored = store.records(sweep.EXPERIMENT)
+    assert len(stored) == 2 and [r.config.get("repeat") for r in stored] == [None, 1]
+    times = [r.metrics["train_seconds"] for r in records]
+    table = sweep_tables.sweep_table(records)
+    assert len(table) == 1
+    row = table.iloc[0]
+    assert row["epoch-2 training (s)"] == pytest.approx(statistics.median(times))
+    assert row["spread_of"] == "min-max of 2 repeats"
+    assert row["spread_pct"] == pytest.approx(100 * (max(times) - min(times)) / statistics.median(times))
+    # repeats = 1 measures nothing new: the first repeat's record, stored without "repeat", is reused
+    again = measure(lab, sweep.SWEEP_EXPERIMENT, _tiny_sweep(repeats=1), verbose=False)
+    assert len(store.records(sweep.EXPERIMENT)) == 2 and again[0].metrics == records[0].metrics
+    one = sweep_tables.sweep_table(again).iloc[0]
+    assert one["spread_of"] == f"p10-p90 of {again[0].metrics['steps']} steps"
+
+
+def test_repeat_zero_keeps_the_ddp_and_dataparallel_keys():
+    s = profiles.settings(scaling.Settings, "quick", repeats=1)
+    gpu = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=8)
+    runs = make_plan(scaling.SCALING_EXPERIMENT, s, gpu, "full")
+    one = [r.config for r in runs]
+    two = [r.config for r in make_plan(scaling.SCALING_EXPERIMENT, profiles.settings(
+        scaling.Settings, "quick", repeats=2), gpu, "full")]
+    assert all("repeat" not in c for c in one)
+    assert [c for c in two if "repeat" not in c] == one
+    # every configuration that runs is measured twice; a row that says why it cannot run, once
+    assert len([c for c in two if c.get("repeat") == 1]) == len([r for r in runs if r.skip is None]) > 0
+    for c in two:  # the worker gives back the config it was given: the plan finds its record
+        if c["method"] == scaling.DDP:
+            assert RunConfig.from_config(c).config() == c
+
+
+# --------------------------------------------------------------------------- Tables 1 and 2 select it
+
+
+def _agg(devices, t, p10, p50, p90, repeat=0, steps=10):
+    cfg = {"method": "DDP", "record": "aggregate", "rank": None, "devices": devices, "backend": "gloo",
+           "device_type": "cpu", "batch_size": 32, **({"repeat": repeat} if repeat else {})}
+    return Record("scaling", cfg, {"train_seconds": t, "steps": steps, P10: p10, P50: p50, P90: p90})
+
+
+def test_table1_flags_a_speedup_within_the_spread_and_table2_a_comm_within_it():
+    # T(1) = 10 s with steps 0.9/1.0/1.1 -> 9..11 s; T(2) = 10.5 s with 0.95/1.05/1.15 -> 9.5..11.5 s: overlap
+    recs = [_agg(1, 10.0, 0.9, 1.0, 1.1), _agg(2, 10.5, 0.95, 1.05, 1.15)]
+    df = scaling_tables.scaling_frame(recs)
+    two = df[df["devices"] == 2].iloc[0]
+    assert two["spread_pct"] == pytest.approx(100 * 0.2 / 1.05) and two["spread_of"] == "p10-p90 of 10 steps"
+    assert two["spread_flag"] == scaling_tables.SPEEDUP_WITHIN_SPREAD
+    # T(2) = 5 s, 4.5..5.5 s: clearly faster, no flag
+    df = scaling_tables.scaling_frame([recs[0], _agg(2, 5.0, 0.45, 0.5, 0.55)])
+    assert df[df["devices"] == 2].iloc[0]["spread_flag"] is None
+    # Table 2: comm (a) = T(2) - T(1)/2 = 10.5 - 5 = 5.5 s > T(2)'s spread 10.5 x 0.2/1.05 = 2 s: no flag;
+    # T(2) = 5.2 s with steps 0.4/0.5/0.6: comm (a) = 0.2 s < its spread 5.2 x 0.4 = 2.08 s: flagged
+    s = profiles.settings(scaling.Settings, "quick")
+    rows = compute_vs_comm.compute_vs_comm_rows(recs, s)
+    assert compute_vs_comm.comm_within_spread(rows[0]) is None
+    assert rows[0].spread_seconds == pytest.approx(2.0)
+    rows = compute_vs_comm.compute_vs_comm_rows([recs[0], _agg(2, 5.2, 0.4, 0.5, 0.6)], s)
+    frame = compute_vs_comm.compute_vs_comm_frame(rows)
+    assert frame.iloc[0]["comm_a_seconds"] == pytest.approx(0.2)
+    assert frame.iloc[0]["spread_flag"] == compute_vs_comm.COMM_WITHIN_SPREAD
+    assert frame.iloc[0]["spread_pct"] == pytest.approx(40.0)
+
+
+def test_table1_row_of_repeats_is_their_median():
+    recs = [_agg(1, 10.0, 0.9, 1.0, 1.1), _agg(1, 12.0, 0.9, 1.0, 1.1, repeat=1),
+            _agg(1, 11.0, 0.9, 1.0, 1.1, repeat=2)]
+    merged = merge_repeats(recs)
+    assert len(merged) == 1 and "repeat" not in merged[0].config
+    row = scaling_tables.scaling_frame(recs).iloc[0]
+    assert row["epoch2_train_seconds"] == 11.0 and row["spread_of"] == "min-max of 3 repeats"
+    assert row["spread_pct"] == pytest.approx(100 * 2 / 11)
+
+
+@pytest.mark.slow
+def test_the_ddp_worker_stores_the_slowest_ranks_percentiles_for_each_repeat(store):
+    """Two gloo ranks under torchrun, REPEATS = 2: two stored aggregates, each with T(N)'s rank's spread."""
+    s = profiles.settings(scaling.Settings, "quick", batch_sizes=(8,), run_batch_sizes=(8,), devices=(2,),
+                          width=2, train_images=64, max_cpu_processes=2, timeout_s=300, dataset="synthetic",
+                          repeats=2)
+    records = measure(lab_for(store), scaling.SCALING_EXPERIMENT, s, verbose=False, machine=Machine(cores=2))
+    aggs = [r for r in records if r.config["record"] == "aggregate"]
+    assert [r.config.get("repeat") for r in aggs] == [None, 1] and all(r.status == "ok" for r in aggs)
+    for agg in aggs:
+        repeat = agg.config.get("repeat")
+        ranks = [r for r in records if r.config["record"] == "rank" and r.config.get("repeat") == repeat]
+        tn = max(ranks, key=lambda r: r.metrics["train_seconds"])
+        assert tn.metrics["train_seconds"] == agg.metrics["train_seconds"]
+        assert [agg.metrics[k] for k in STEP_PERCENTILE_KEYS] == [tn.metrics[k] for k in STEP_PERCENTILE_KEYS]
+        assert 0 < agg.metrics[P10] <= agg.metrics[P50] <= agg.metrics[P90]
+    row = scaling_tables.scaling_frame(records).iloc[0]
+    times = [a.metrics["train_seconds"] for a in aggs]
+    assert row["epoch2_train_seconds"] == pytest.approx(statistics.median(times))
+    assert row["spread_of"] == "min-max of 2 repeats"
