@@ -253,6 +253,7 @@ def pivot(df: pd.DataFrame, layout: Layout, method: str) -> Pivoted:
     header = ["GPUs"] + [f"{b}: {name}" for b in batches for _, name in layout.values]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     notes: dict[str, int] = {}
+    flags: dict[str, None] = {}  # the long table's spread_flag texts (a difference within the spread)
     rows: list[dict] = []
     missing = 0
     for n in layout.devices:
@@ -266,21 +267,29 @@ def pivot(df: pd.DataFrame, layout: Layout, method: str) -> Pivoted:
                              **{k: (row.get(c) if ok and _finite(row.get(c)) else None)
                                 for (c, _), k in zip(layout.values, layout.json_names, strict=True)},
                              **({"spread_pct": row.get("spread_pct") if ok and _finite(row.get("spread_pct"))
-                                 else None} if layout.spread else {})})
+                                 else None} if layout.spread else {}),
+                             "within_spread": bool(ok and isinstance(row.get("spread_flag"), str)
+                                                   and row.get("spread_flag"))})
             if not ok:
                 missing += 1
                 mark = notes.setdefault(status, len(notes) + 1)
                 cells += [f"n/a ({mark})"] + [""] * (len(layout.values) - 1)
                 continue
-            for c, _ in layout.values:
+            flag = row.get("spread_flag")
+            flagged = isinstance(flag, str) and bool(flag)
+            if flagged:
+                flags.setdefault(flag, None)
+            for i, (c, _) in enumerate(layout.values):
                 v = row.get(c)
                 text = format_number(v) if _finite(v) else "-"
                 if c == layout.spread and _finite(row.get("spread_pct")):
                     text += f" [{row['spread_pct']:.0f}%]"
-                cells.append(text)
+                cells.append(text + (" *" if flagged and i == len(layout.values) - 1 else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += [""] + [f"({i}) {s}" for s, i in notes.items()]
+    if flags:
+        lines += [""] + [f"\\* {f}" for f in flags]
     return Pivoted(lines, rows, missing)
 
 

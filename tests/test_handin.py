@@ -21,6 +21,7 @@ from lab_utils.questions import SECTIONS
 pytestmark = pytest.mark.timeout(60)
 
 DDP = "DDP (NCCL)"
+FLAG = "T(N)'s and T(1)'s ranges overlap: this speedup is not distinguishable from 1 at this spread"
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d4944415478da"
                     "63f8ffff3f0005fe02fea7d6a0c90000000049454e44ae426082")  # a 1x1 PNG
 
@@ -41,7 +42,8 @@ def _store(tmp_path: Path, monkeypatch, profile: str, gpu: bool, synthetic: bool
         for b, t in zip((32, 128), t1s, strict=True):
             t1.append({"method": DDP, "devices": n, "per_device_batch": b, "status": "ok",
                        "epoch2_train_seconds": t, "speedup": {32: 40.0, 128: 32.0}[b] / t,
-                       "spread_pct": 6.0, "spread_of": "p10-p90 of 97 steps"})
+                       "spread_pct": 6.0, "spread_of": "p10-p90 of 97 steps",
+                       "spread_flag": FLAG if (n, b) == (2, 128) else None})
     t1.append({"method": DDP, "devices": 4, "per_device_batch": 512, "status": "oom: CUDA out of memory"})
     _table(root, "scaling", t1, prov)
     _table(root, "compute_vs_comm", [
@@ -99,13 +101,16 @@ def test_table_1_has_rows_1_2_4_gpus_and_per_batch_time_and_speedup(tmp_path, mo
     head = " | ".join(f"{b}: time (s) | {b}: speedup" for b in (32, 128, 512))
     assert f"| GPUs | {head} |" in md
     assert "| 1 | 40 [6%] | 1 | 32 [6%] | 1 | n/a (1) |  |" in md
-    assert "| 2 | 21 [6%] | 1.905 | 17 [6%] | 1.882 | n/a (1) |  |" in md  # 40/21 and 32/17
+    assert "| 2 | 21 [6%] | 1.905 | 17 [6%] | 1.882 * | n/a (1) |  |" in md  # 40/21 and 32/17; flagged
+    assert f"\\* {FLAG}" in md
     assert "| 4 | 11 [6%] | 3.636 | 9 [6%] | 3.556 | n/a (2) |  |" in md
     assert "(2) oom: CUDA out of memory" in md and "spread of the time, p10-p90 of 97 steps" in md
     rows = {(r["gpus"], r["per_gpu_batch"]): r for r in hand.tables["table1"]}
     assert rows[(2, 32)]["seconds"] == 21.0 and rows[(2, 32)]["speedup"] == pytest.approx(40 / 21)
     assert rows[(4, 512)] == {"method": DDP, "gpus": 4, "per_gpu_batch": 512, "seconds": None,
-                              "speedup": None, "status": "oom: CUDA out of memory", "spread_pct": None}
+                              "speedup": None, "status": "oom: CUDA out of memory", "spread_pct": None,
+                              "within_spread": False}
+    assert rows[(2, 128)]["within_spread"] and not rows[(2, 32)]["within_spread"]
     assert (hand.out / "tables" / "scaling.csv").read_text() == (root / "tables" / "scaling.csv").read_text()
 
 

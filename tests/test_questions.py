@@ -325,14 +325,18 @@ def test_q7_ledger_at_4_x_512_by_hand():
 
 
 def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_path):
-    """README, "Handing in the report": report.md and figures/ travel in the student's folder; grading finds
-    the notebooks there and raises no problem for the report."""
+    """README, "Handing in": the hand-in folder (report.md, report.html, handin.json, figures/, tables/)
+    travels in the student's folder; grading finds the notebooks there and raises no problem for the rest."""
     from lab_utils.grading.submissions import find_submissions
 
     alice = tmp_path / "alice"
     (alice / "figures").mkdir(parents=True)
     (alice / "report.md").write_text("# Report\n")
     (alice / "figures" / "batch_sweep.png").write_bytes(b"\x89PNG")
+    (alice / "tables").mkdir()
+    (alice / "tables" / "scaling.csv").write_text("method,devices\n")
+    (alice / "report.html").write_text("<html></html>")
+    (alice / "handin.json").write_text("{}")
     (alice / "01_batch_size_sweep.ipynb").write_text("{}")
     (alice / "02_multi_gpu_scaling.ipynb").write_text("{}")
     subs = find_submissions(tmp_path, tmp_path / "staging")
@@ -343,4 +347,4 @@ def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_p
     [bob] = find_submissions(tmp_path, tmp_path / "staging2")[2:]
     assert (bob.student.name, bob.problem) == ("bob", "no notebook in the folder (report.md)")
     readme = README.read_text(encoding="utf-8")
-    assert "handed_in/<student>/report.md" in readme and "**Handing in the report.**" in readme
+    assert "handed_in/<student>/" in readme and "**Handing in**" in readme
