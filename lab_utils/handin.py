@@ -325,7 +325,9 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
     out: dict[str, list[dict]] = {}
     problems: list[str] = []
     caption = str(df["provenance"].iloc[0]) if "provenance" in df.columns else "provenance unknown"
-    spread_of = sorted({str(s) for s in df.get("spread_of", pd.Series(dtype=object)).dropna()})
+    # the kinds of spread in the table, counts left out ("p10-p90 of n steps"); each row's is in the CSV
+    spread_of = sorted({re.sub(r"\b\d+\b", "n", str(s)).replace("n step(s)", "n steps")
+                        for s in df.get("spread_of", pd.Series(dtype=object)).dropna()})
     for layout in LAYOUTS[name]:
         for method in df["method"].dropna().unique():
             if _rows(df[df["method"] == method], layout).empty:
@@ -334,7 +336,8 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
             lines += [f"**{layout.title}** · {method}", "", *t.markdown, ""]
             cap = f"_{layout.caption + ' · ' if layout.caption else ''}{caption}"
             if layout.spread:
-                cap += (f" · [x%]: spread of the time, {'; '.join(spread_of)}" if spread_of else
+                cap += (f" · [x%]: spread of the time ({'; '.join(spread_of)}: each row's in the CSV's "
+                        "spread_of)" if spread_of else
                         " · no spread stored (re-run the notebook with this version of the lab)")
             cap += f" · {t.missing} cell(s) not measured_" if t.missing else "_"
             lines += [cap, ""]

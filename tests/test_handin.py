@@ -104,7 +104,7 @@ def test_table_1_has_rows_1_2_4_gpus_and_per_batch_time_and_speedup(tmp_path, mo
     assert "| 2 | 21 [6%] | 1.905 | 17 [6%] | 1.882 * | n/a (1) |  |" in md  # 40/21 and 32/17; flagged
     assert f"\\* {FLAG}" in md
     assert "| 4 | 11 [6%] | 3.636 | 9 [6%] | 3.556 | n/a (2) |  |" in md
-    assert "(2) oom: CUDA out of memory" in md and "spread of the time, p10-p90 of 97 steps" in md
+    assert "(2) oom: CUDA out of memory" in md and "spread of the time (p10-p90 of n steps: each row" in md
     rows = {(r["gpus"], r["per_gpu_batch"]): r for r in hand.tables["table1"]}
     assert rows[(2, 32)]["seconds"] == 21.0 and rows[(2, 32)]["speedup"] == pytest.approx(40 / 21)
     assert rows[(4, 512)] == {"method": DDP, "gpus": 4, "per_gpu_batch": 512, "seconds": None,

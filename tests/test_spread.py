@@ -191,7 +191,8 @@ def test_repeats_are_stored_configs_of_their_own_and_one_table_row(store):
     again = measure(lab, sweep.SWEEP_EXPERIMENT, _tiny_sweep(repeats=1), verbose=False)
     assert len(store.records(sweep.EXPERIMENT)) == 2 and again[0].metrics == records[0].metrics
     one = sweep_tables.sweep_table(again).iloc[0]
-    assert one["spread_of"] == f"p10-p90 of {again[0].metrics['steps']} steps"
+    assert again[0].metrics["steps"] == 4  # below MIN_STEPS: the row says it has no spread
+    assert one["spread_of"] == "none: 4 step(s), fewer than 5" and one["spread_pct"] in ("", None)
 
 
 def test_repeat_zero_keeps_the_ddp_and_dataparallel_keys():
@@ -272,3 +273,18 @@ def test_the_ddp_worker_stores_the_slowest_ranks_percentiles_for_each_repeat(sto
     times = [a.metrics["train_seconds"] for a in aggs]
     assert row["epoch2_train_seconds"] == pytest.approx(statistics.median(times))
     assert row["spread_of"] == "min-max of 2 repeats"
+
+
+def test_fewer_than_five_steps_give_no_spread_and_no_flag():
+    """p10 and p90 of 4 steps are not a spread: the row says so, and nothing is judged against it."""
+    from lab_utils.core.spread import MIN_STEPS, ranges_overlap, time_spread
+
+    assert MIN_STEPS == 5
+    few = {"train_seconds": 4.0, "steps": 4, "step_train_seconds_p10": 0.5, "step_train_seconds_p50": 1.0,
+           "step_train_seconds_p90": 1.5}
+    s4 = time_spread([few])
+    assert s4.pct is None and s4.of == "none: 4 step(s), fewer than 5" and s4.width_seconds == 0
+    s5 = time_spread([{**few, "steps": 5}])
+    assert s5.pct == pytest.approx(100.0)  # (1.5 - 0.5) / 1.0
+    assert (s5.low_seconds, s5.high_seconds) == (2.0, 6.0)  # 4 x 0.5, 4 x 1.5
+    assert not ranges_overlap(s4, s5) and ranges_overlap(s5, s5)

@@ -4,7 +4,8 @@ carries it.
 - **One run**: the worker stores the 10th, 50th and 90th percentile of the reported epoch's per-step
   training times (:func:`step_percentiles`, called by :func:`lab_utils.core.loop.run_epoch`; an
   aggregate over ranks takes the slowest rank's, :mod:`lab_utils.core.ranks`). The spread is
-  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps".
+  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; with fewer than
+  :data:`MIN_STEPS` steps there is none, and ``spread_of`` says so.
 - **Repeats** (``REPEATS > 1`` in notebooks 01-03: each configuration measured that many times, each
   repeat a stored configuration of its own, ``config["repeat"]`` = 1, 2, ... for the second and later
   ones): the row's time is the MEDIAN of the repeats' ``train_seconds`` and the spread is
@@ -28,6 +29,8 @@ from lab_utils.core.records import Record, canonical_key
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
 #: The config field of a repeat (absent for the first measurement, so older keys stay valid).
 REPEAT = "repeat"
+#: Fewer optimizer steps give no one-run spread: the p10 and p90 of 2 steps are just those 2 steps.
+MIN_STEPS = 5
 #: What :func:`merge_repeats` adds to each merged record's metrics.
 SPREAD_KEYS = ("spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats")
 
@@ -86,13 +89,15 @@ def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_sec
     if p10 is None or p50 is None or p90 is None or not p50:
         return None
     steps = m.get("steps")
+    if steps is not None and steps < MIN_STEPS:  # the row says why it has no spread
+        return Spread(t, t, t, None, f"none: {steps} step(s), fewer than {MIN_STEPS}")
     return Spread(t, t * p10 / p50, t * p90 / p50, 100 * (p90 - p10) / p50,
                   f"p10-p90 of {steps} steps" if steps else "p10-p90 of the steps")
 
 
 def ranges_overlap(a: Spread | None, b: Spread | None) -> bool:
     """Whether two times' spreads overlap: their difference is not distinguishable at this spread."""
-    if a is None or b is None:
+    if a is None or b is None or a.pct is None or b.pct is None:  # no spread: nothing to judge
         return False
     return a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
 
