@@ -612,3 +612,22 @@ def test_a_student_entry_may_add_columns_flags_and_notes(tmp_path):
     assert (rows[0]["profile"], rows[1]["profile"]) == ("quick", "")
     assert rows[0]["flags"] == "quick profile: not the assignment's sizes" and rows[1]["flags"] == ""
     assert rows[0]["notes"] == "no submission of 02; handed in with the CPU profile"
+
+
+@pytest.mark.timeout(60)
+def test_consecutive_hand_graded_answers_each_keep_their_question():
+    """Otter writes one question's END and the next one's BEGIN into one cell (notebook 05: Q4.1, Q4.2, Q6
+    and Q7 in a row): each answer goes to its own question, stamped or not (the build stamps by the same
+    rule)."""
+    def md(text, answer=False):
+        return {"cell_type": "markdown", "metadata": {"tags": [nbs.ANSWER_TAG]} if answer else {},
+                "source": text}
+
+    cells = [md("<!-- BEGIN QUESTION -->\n\n**Q4.1 (graded by hand, 2 points).**"), md("first", True),
+             md("<!-- END QUESTION -->\n\n<!-- BEGIN QUESTION -->\n\n**Q4.2**"),
+             md(nbs.ANSWER_PLACEHOLDER, True),
+             md("<!-- END QUESTION -->\n\n<!-- BEGIN QUESTION -->\n\n**Q6**"), md("third", True),
+             md("<!-- END QUESTION -->\n\n"), md("not an answer")]
+    names = ["q05_accuracy", "q05_report", "q05_messages"]
+    assert nbs.answers({"cells": cells}, names) == {"q05_accuracy": "first", "q05_report": "",
+                                                    "q05_messages": "third"}
