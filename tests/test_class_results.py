@@ -77,6 +77,10 @@ def test_flags_name_quick_synthetic_cpu_other_version_and_no_handin(tmp_path):
     # a notebook version other than the bundle's, from the handin or from a notebook's stamp
     p = provenance.describe(full, "", {"00_environment": "old"}, MANIFEST)
     assert p.flags == ["other lab version (00: old (bundle: v00))"]
+    older, _ = provenance.read_handin(write_handin(tmp_path / "o", handin(versions={
+        "03_compute_vs_communication": "v02"})))      # the numbers came from an older 03 than handed in
+    p = provenance.describe(older, "", {"03_compute_vs_communication": "v03"}, MANIFEST)
+    assert p.flags == ["other lab version (03: v02 (bundle: v03))"]
     p = provenance.describe(None, "", {"03_compute_vs_communication": "v02"}, MANIFEST)
     assert p.flags == ["no handin.json", "other lab version (03: v02 (bundle: v03))"] and p.results == []
     assert p.columns == dict.fromkeys(provenance.COLUMNS, "")

@@ -165,7 +165,9 @@ def describe(handin: HandIn | None, why: str, stamps: dict[str, str], manifest: 
         flags.append(SYNTHETIC)
     if prov["device_type"] == "cpu":
         flags.append(CPU)
-    other = _other_versions({**handin.notebook_versions, **stamps}, manifest)
+    # the notebooks the numbers came from (handin.json) and those handed in (their stamps) may differ
+    other = list(dict.fromkeys(_other_versions(handin.notebook_versions, manifest)
+                               + _other_versions(stamps, manifest)))
     if other:
         flags.append(f"{OTHER_VERSION} ({'; '.join(other)})")
     notes = [f"handin.json: table row not used: {s}" for s in handin.skipped]
