@@ -16,6 +16,11 @@ For every submission (:mod:`~lab_utils.grading.submissions` finds them and their
 3. compare each answer with the bundle's expected answer here, outside the sandbox; a test cell
    earns its points when all its cases are right (as otter counts them).
 
+Each student's ``handin.json`` (``make report``'s: where the numbers came from, Tables 1 and 3), else
+the versions stamped in their notebooks, gives the row's profile, device, data and lab version and its
+flags (:mod:`~lab_utils.grading.provenance`); the class's numbers go to ``class_results.csv`` and
+``.png``, outliers named (:mod:`~lab_utils.grading.class_results`).
+
 Points come only from that comparison. An exercise whose code uses the lab's own functions (or
 reaches past itself: eval, files, introspection) scores 0 and is flagged "check by hand" with what
 the tests gave; a notebook that changes imported modules or reaches into them elsewhere is flagged
