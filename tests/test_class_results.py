@@ -48,7 +48,7 @@ def test_handin_json_is_checked_and_a_bad_one_is_one_sentence(tmp_path):
     assert len(got.results) == 4 and got.skipped == [
         "table1 row 1 (status ok) lacks method, gpus, per_gpu_batch or a number speedup"]
     no_device = handin()
-    del no_device["provenance"]["device_count"]
+    no_device["provenance"]["device_count"] = "four"
     newer = {**handin(), "format": 2}
     for data, said in (("{not json", "handin.json is not JSON (Expecting property name"),
                        ("[1, 2]", "handin.json is not a JSON object"),
@@ -81,6 +81,14 @@ def test_flags_name_quick_synthetic_cpu_other_version_and_no_handin(tmp_path):
         "03_compute_vs_communication": "v02"})))      # the numbers came from an older 03 than handed in
     p = provenance.describe(older, "", {"03_compute_vs_communication": "v03"}, MANIFEST)
     assert p.flags == ["other lab version (03: v02 (bundle: v03))"]
+    # as make report writes it: the data sets as a list; no measured record: nulls (flagged as no GPU)
+    empty = handin()
+    empty["provenance"].update(device_type=None, device=None, device_count=None,
+                               data=["CIFAR-10", "synthetic"])
+    got, why = provenance.read_handin(write_handin(tmp_path / "e", empty))
+    p = provenance.describe(got, why, {}, MANIFEST)
+    assert (p.columns["device"], p.columns["data"], p.flags) == ("unknown", "CIFAR-10, synthetic",
+                                                                 ["CPU (no GPU)"])
     p = provenance.describe(None, "", {"03_compute_vs_communication": "v02"}, MANIFEST)
     assert p.flags == ["no handin.json", "other lab version (03: v02 (bundle: v03))"] and p.results == []
     assert p.columns == dict.fromkeys(provenance.COLUMNS, "")

@@ -49,8 +49,9 @@ class HandIn:
 
     @property
     def device(self) -> str:
-        """``name x count`` (``NVIDIA A100-SXM4-40GB x 4``)."""
-        return f"{self.provenance['device']} x {self.provenance['device_count']}"
+        """``name x count`` (``NVIDIA A100-SXM4-40GB x 4``; the name alone when the count is unknown)."""
+        count = self.provenance["device_count"]
+        return f"{self.provenance['device']} x {count}" if count else self.provenance["device"]
 
 
 def _number(row: dict, key: str) -> float | None:
@@ -108,14 +109,21 @@ def read_handin(path: Path) -> tuple[HandIn | None, str]:
     prov, versions = data.get("provenance"), data.get("notebook_versions", {})
     if not isinstance(prov, dict):
         return None, f"handin.json has no provenance object ({redo})"
+    # make report writes null for what no measured record told (device_type, device, device_count) and
+    # the records' data sets as a list
+    sets = prov.get("data")
     wrong = [k for k, ok in (("profile", isinstance(prov.get("profile"), str)),
-                             ("device_type", prov.get("device_type") in ("cuda", "cpu")),
-                             ("device", isinstance(prov.get("device"), str)),
-                             ("device_count", _int(prov.get("device_count"))),
-                             ("data", isinstance(prov.get("data"), str)),
+                             ("device_type", prov.get("device_type") in ("cuda", "cpu", None)),
+                             ("device", prov.get("device") is None or isinstance(prov.get("device"), str)),
+                             ("device_count", prov.get("device_count") is None
+                              or _int(prov.get("device_count"))),
+                             ("data", isinstance(sets, str) or isinstance(sets, list)
+                              and all(isinstance(d, str) for d in sets)),
                              ("synthetic", isinstance(prov.get("synthetic"), bool))) if not ok]
     if wrong:
         return None, f"handin.json's provenance lacks or mistypes {', '.join(wrong)} ({redo})"
+    prov = {**prov, "data": sets if isinstance(sets, str) else ", ".join(sets) or "unknown",
+            "device": prov.get("device") or "unknown", "device_count": prov.get("device_count") or 0}
     if not isinstance(versions, dict) or not all(isinstance(v, str) for v in versions.values()):
         return None, f"handin.json's notebook_versions is not a map of notebook to version ({redo})"
     tables = data.get("tables", {})
@@ -163,7 +171,7 @@ def describe(handin: HandIn | None, why: str, stamps: dict[str, str], manifest: 
         flags.append(QUICK)
     if prov["synthetic"]:
         flags.append(SYNTHETIC)
-    if prov["device_type"] == "cpu":
+    if prov["device_type"] != "cuda":    # "cpu", or null: no measured record ran on a GPU
         flags.append(CPU)
     # the notebooks the numbers came from (handin.json) and those handed in (their stamps) may differ
     other = list(dict.fromkeys(_other_versions(handin.notebook_versions, manifest)
