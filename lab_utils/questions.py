@@ -132,9 +132,11 @@ SECTIONS: tuple[Section, ...] = (
             "Reading the table and the figures",
             "Loss and test accuracy at epoch 5 with 512 per GPU on 4 GPUs against 128 on 1 GPU.",
             ("large_batch",), ("large_batch_accuracy_epoch", "large_batch_accuracy_time"),
-            report=("After 5 epochs, how far is the large batch at lr 0.1 behind the reference (loss, "
-                    "train and test accuracy), and how many optimizer steps did each take? Which accuracy "
-                    "did the earlier cohort report?",)),
+            by_hand="q05_accuracy",
+            by_hand_asks="After 5 epochs, how far is the large batch at lr 0.1 behind the reference (loss, "
+                         "train and test accuracy), and how many optimizer steps did each take? Which "
+                         "accuracy did the earlier cohort report, and which of your columns do you set it "
+                         "beside? Quote the rows of your table."),
     Section("Q4.2", "Why the large batch falls behind, and how to improve it", "05_large_batch_training",
             "Why a large batch loses accuracy at a fixed learning rate and a fixed number of epochs",
             "Explain the gap (optimizer steps per epoch, learning rate per image, the noise of the "
@@ -158,18 +160,21 @@ SECTIONS: tuple[Section, ...] = (
             "Are gradients the only thing communicated? No.",
             "List what DDP communicates besides the gradients, with bytes per step for the spec "
             "ResNet-18.", ("comm_accounting", "comm_accounting_wire"),
-            report=("List what DDP communicates besides the gradients, with the bytes per step for the "
-                    "spec ResNet-18 (11,173,962 parameters). What would ZeRO-1, -2 and -3 add or save?",)),
+            by_hand="q05_messages",
+            by_hand_asks="List what DDP communicates besides the gradients, with the bytes per step for the "
+                         "spec ResNet-18 (11,173,962 parameters). What would ZeRO-1, -2 and -3 add or save? "
+                         "Quote the rows of your ledger."),
     Section("Q7", "At 4 GPUs x 512 per GPU, is communicating only the gradients enough?",
             "05_large_batch_training", "At 4 GPUs x 512 per GPU: is communicating only the gradients enough?",
             "Answer from the communication ledger at 4 x 512: what keeps the replicas identical, what else "
             "must cross the network, and what large-batch training needs beyond the gradients.",
             ("comm_gradients_only",),
-            report=("At 4 GPUs x 512 per GPU, is communicating only the gradients enough? Answer from the "
-                    "ledger: what keeps the weights identical, which other messages the run needs and what "
-                    "breaks without each (initial broadcast, BatchNorm buffers, loss and metric "
-                    "reductions), what the large-batch remedies (linear scaling, warm-up) need, and what "
-                    "share of the epoch's bytes is not gradients.",)),
+            by_hand="q05_gradients_only",
+            by_hand_asks="At 4 GPUs x 512 per GPU, is communicating only the gradients enough? Answer from "
+                         "the ledger: what keeps the weights identical, which other messages the run needs "
+                         "and what breaks without each (initial broadcast, BatchNorm buffers, loss and "
+                         "metric reductions), what the large-batch remedies (linear scaling, warm-up) need, "
+                         "and what share of the epoch's bytes is not gradients."),
     Section(PART2, "GPT trained with DDP and gradient accumulation", "06_gpt_ddp",
             "2 · Scaling over devices at a fixed per-device batch",
             "Scaling at a fixed per-device batch (strong or weak?), compute vs communication per rank, "
@@ -348,10 +353,14 @@ def for_your_report_markdown(notebook: str) -> str:
             lines += _wrapped(f"First, the formula. {s.first}", "- ", "  ")
         for q in s.report:
             lines += _wrapped(q, "- ", "  ")
-    for s in sections_for(notebook):
-        if s.by_hand:
-            lines += [""] + _wrapped(f"**{s.by_hand_label})** is answered in the cell below, in this "
-                                     "notebook, and graded there; the report does not ask it again.")
+    labels = [f"**{s.by_hand_label})**" for s in sections_for(notebook) if s.by_hand]
+    if len(labels) == 1:
+        lines += [""] + _wrapped(f"{labels[0]} is answered in the cell below, in this notebook, and graded "
+                                 "there; the report does not ask it again.")
+    elif labels:
+        lines += [""] + _wrapped(f"{', '.join(labels[:-1])} and {labels[-1]} are answered in the cells "
+                                 "below, in this notebook, each in its own cell, and graded there; the "
+                                 "report does not ask them again.")
     return "\n".join(lines)
 
 

@@ -19,7 +19,12 @@
 - ``hank.pdf``: a student who handed in no notebook;
 - ``correct`` students with ``correct_books`` solved, spread over the forms above (a folder, a zip
   of their own, Canvas members of a second bulk zip, a Moodle folder);
-- ``students.csv``, the roster: everyone above and two students who handed in nothing.
+- ``students.csv``, the roster: everyone above and two students who handed in nothing;
+- ``handin.json`` files (``make report``'s, tests/handin_files.py): Mallet's from a quick CPU run on
+  synthetic data; full runs on four A100s from Jane (a member of the Canvas zip), Peeker, Writer, the
+  folder-form correct students and Killer, whose speedups and GB/s are half the others' (the outlier
+  of the A100 group); Lee Ann's from two V100s (a group too small to judge), its notebook 03 stamped
+  with another version; Bob and the others hand in none.
 
 ``python tests/grading_class.py OUT --dist dist --correct 48`` writes the issue's class of 60
 (roster of 62) into OUT, to time ``make grade`` on it.
@@ -44,6 +49,7 @@ from grading_submissions import (
     with_function,
     write,
 )
+from handin_files import handin, write_handin
 
 from lab_utils.grading import notebooks as nbs
 
@@ -133,7 +139,8 @@ def make_class(dist: Path, root: Path, correct: int = 1,
         ("doejane_1001_5004_report.pdf", b"%PDF-1.4 the written report", later),
         ("doejane_1001_5006_02_multi_gpu_scaling-2.ipynb", good["02_multi_gpu_scaling"][:2000], latest),
         ("smithbob_1002_5003_04_allreduce_bandwidth.ipynb",
-         json.dumps(with_function(json.loads(good[NB04]), "q04_ring_bytes", RING_LOG2)), day)])
+         json.dumps(with_function(json.loads(good[NB04]), "q04_ring_bytes", RING_LOG2)), day),
+        ("doejane_1001_5008_handin.json", json.dumps(handin(scale=1.01)), later)])
     cls.students.update({"Doe, Jane": "1001", "Smith, Bob": "1002"})
     # Moodle: Lee Ann hands in 03, and 00 and 08 (no exercise)
     moodle = root / "Lee Ann_1003_assignsubmission_file_"
@@ -142,6 +149,8 @@ def make_class(dist: Path, root: Path, correct: int = 1,
     for extra in ("00_environment", "08_speed_limits"):
         write(moodle / f"{extra}.ipynb", student_notebook(dist, extra))
     cls.students["Ann Lee"] = "1003"
+    write_handin(moodle, handin(device="Tesla V100-SXM2-16GB", count=2,
+                                versions={"03_compute_vs_communication": "0ld"}))
 
     nb04 = json.loads(good[NB04])
     hostile_code = hostile(Path.home(), cls.classmate_file, dist / "grading" / f"{NB04}.json")
@@ -163,6 +172,9 @@ def make_class(dist: Path, root: Path, correct: int = 1,
         for book, nb in books.items():
             write(root / name / f"{book}.ipynb", nb)
         cls.students[name] = f"{1010 + i}"
+    write_handin(root / "Mallet, Max", handin(quick_cpu=True))
+    for name, scale in (("Peeker, Pat", 1.0), ("Writer, Wes", 1.02), ("Killer, Kim", 0.5)):
+        write_handin(root / name, handin(scale=scale))
 
     # broken files (Bea): each row must say why it could not be read
     bea = root / "Broken, Bea"
@@ -192,6 +204,7 @@ def make_class(dist: Path, root: Path, correct: int = 1,
         for book in correct_books:
             if form == 0:
                 write(root / name / f"{book}.ipynb", json.loads(good[book]))
+                write_handin(root / name, handin(scale=0.98))
             elif form == 3:
                 write(root / f"Student{i:02d} Correct_{sid}_assignsubmission_file_" / f"{book}.ipynb",
                       json.loads(good[book]))

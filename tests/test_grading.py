@@ -161,7 +161,7 @@ def test_every_case_of_every_bundle_runs_as_a_doctest(dist):
 def _by_student(path: Path) -> dict[str, dict]:
     """gradebook.csv by student, each question's column also under its otter name (``q02_speedup``)."""
     rows = read_csv(path / "gradebook.csv")
-    names = {questions.gradebook_column(q): q for q in [*EXERCISES, *(f"q0{n}_report" for n in range(1, 8))]}
+    names = {questions.gradebook_column(q): q for q in [*EXERCISES, *BY_HAND]}
     return {r["student"]: {**r, **{names[k]: v for k, v in r.items() if k in names}} for r in rows}
 
 
@@ -170,6 +170,7 @@ def _details(path: Path, student: str) -> dict[str, dict]:
 
 
 AUTOGRADED = sorted(q for q in EXERCISES)
+BY_HAND = sorted(s.by_hand for s in questions.SECTIONS if s.by_hand)   # q01_report ... q05_messages ...
 RING = "def ring_bytes_per_rank_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):\n"
 RING_LOG2 = ("import math\n\n\n" + RING
              + "    it = math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)\n"
@@ -252,7 +253,24 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
-    assert "My answer to q04_report" in feedback and "27 / 43" in feedback
+    assert "My answer to q04_report" in feedback and "27 / 49" in feedback   # 11 hand-graded x 2 points
+    # issue 35: Q6, hand-graded in notebook 05, reaches the gradebook, the feedback and the template
+    assert "Q4.1 accuracy (05, by hand)" in header and "Q7 gradients only (05, by hand)" in header
+    assert alice["Q6 messages (05, by hand)"] == "" and "no handin.json" in alice["flags"]
+    q6 = details["q05_messages"]
+    assert (q6["column"], q6["max_points"], q6["points"], q6["message"]) == \
+        ("Q6 messages (05, by hand)", "2.0", "", "graded by hand")
+    assert "**q05_messages** (not graded yet):\n\n> My answer to q05_messages: the table shows it." \
+        in feedback
+    template = read_csv(grades / "hand_points_template.csv")
+    assert [r["question"] for r in template] == [q for q in details if q in BY_HAND] and len(template) == 11
+    hand = tmp_path / "hand_q6.csv"
+    hand.write_text("student,question,points,comment\nalice,q05_messages,2,names the buffer broadcast\n")
+    r = make("fold", f"HAND={rel(hand)}", f"GRADES={rel(grades)}", timeout=120)
+    assert r.returncode == 0 and "folded 1 point(s)" in r.stdout, r.stdout + r.stderr
+    alice = _by_student(grades)["alice"]
+    assert float(alice["Q6 messages (05, by hand)"]) == 2 and float(alice["total"]) == 29
+    assert "Comment: names the buffer broadcast" in (grades / "feedback" / "alice.md").read_text()
 
     grades, out = runs["blank"]
     bob = _by_student(grades)["bob"]
@@ -260,8 +278,8 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     details = _details(grades, "bob")
     for q in AUTOGRADED:
         assert float(details[q]["points"]) == 0 and "not done yet" in details[q]["message"], details[q]
-    reports = [r for q, r in details.items() if q.endswith("_report")]
-    assert len(reports) == 8 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
+    reports = [r for q, r in details.items() if q in BY_HAND]
+    assert len(reports) == 11 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
     assert "> no answer" in (grades / "feedback" / "bob.md").read_text()
 
     grades, out = runs["cheats"]
@@ -634,3 +652,22 @@ def test_a_student_entry_may_add_columns_flags_and_notes(tmp_path):
     assert (rows[0]["profile"], rows[1]["profile"]) == ("quick", "")
     assert rows[0]["flags"] == "quick profile: not the assignment's sizes" and rows[1]["flags"] == ""
     assert rows[0]["notes"] == "no submission of 02; handed in with the CPU profile"
+
+
+@pytest.mark.timeout(60)
+def test_consecutive_hand_graded_answers_each_keep_their_question():
+    """Otter writes one question's END and the next one's BEGIN into one cell (notebook 05: Q4.1, Q4.2, Q6
+    and Q7 in a row): each answer goes to its own question, stamped or not (the build stamps by the same
+    rule)."""
+    def md(text, answer=False):
+        return {"cell_type": "markdown", "metadata": {"tags": [nbs.ANSWER_TAG]} if answer else {},
+                "source": text}
+
+    cells = [md("<!-- BEGIN QUESTION -->\n\n**Q4.1 (graded by hand, 2 points).**"), md("first", True),
+             md("<!-- END QUESTION -->\n\n<!-- BEGIN QUESTION -->\n\n**Q4.2**"),
+             md(nbs.ANSWER_PLACEHOLDER, True),
+             md("<!-- END QUESTION -->\n\n<!-- BEGIN QUESTION -->\n\n**Q6**"), md("third", True),
+             md("<!-- END QUESTION -->\n\n"), md("not an answer")]
+    names = ["q05_accuracy", "q05_report", "q05_messages"]
+    assert nbs.answers({"cells": cells}, names) == {"q05_accuracy": "first", "q05_report": "",
+                                                    "q05_messages": "third"}

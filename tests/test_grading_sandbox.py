@@ -288,5 +288,32 @@ def test_a_class_through_make_grade(dist, tmp_path):
     assert [float(book[s]["total"]) for s in cls.correct] == [4.0]
     assert float(book["Ann Lee"]["total"]) == 2
     assert "00, 08: nothing to grade (no exercise)" in notes["Ann Lee"]
+    # where the numbers came from (handin.json, else the notebooks' stamps): columns, flags, feedback
+    header = list(next(iter(book.values())))
+    assert header[-6:] == ["profile", "device", "data", "lab version", "flags", "notes"], header
+    mallet, good = book["Mallet, Max"], book[cls.correct[0]]
+    assert (mallet["profile"], mallet["device"]) == ("quick", "cpu (AMD EPYC) x 1")
+    for flag in ("quick profile", "synthetic data", "CPU (no GPU)"):
+        assert flag in mallet["flags"], mallet["flags"]
+        assert f"- flagged: {flag}" in (grades / "feedback" / "Mallet_Max.md").read_text()
+    assert (good["profile"], good["device"], good["data"], good["lab version"]) == \
+        ("full", "NVIDIA A100-SXM4-40GB x 4", "CIFAR-10", "0.1.0")
+    assert good["flags"] == "", good["flags"]        # a full GPU run on real data: no flag at all
+    assert book["Doe, Jane"]["device"] == "NVIDIA A100-SXM4-40GB x 4"     # from the Canvas zip
+    assert "no handin.json" in book["Smith, Bob"]["flags"] and book["Smith, Bob"]["profile"] == ""
+    assert "other lab version (03: 0ld (bundle: " in book["Ann Lee"]["flags"], book["Ann Lee"]["flags"]
+    # class_results: 7 hand-ins x (3 speedups + 2 GB/s); Killer's numbers, half the A100 group's, are named
+    with open(grades / "class_results.csv", newline="") as f:
+        results = list(csv.DictReader(f))
+    assert len(results) == 35 and {r["student"] for r in results} == {
+        "Mallet, Max", "Peeker, Pat", "Writer, Wes", "Killer, Kim", "Doe, Jane", "Ann Lee", cls.correct[0]}
+    flagged = {(r["student"], r["quantity"]) for r in results if r["outlier"] == "yes"}
+    assert flagged == {("Killer, Kim", "speedup"), ("Killer, Kim", "gb_per_s")}, flagged
+    small = {r["outlier"] for r in results if r["student"] in ("Ann Lee", "Mallet, Max")}
+    assert small == {"too few to judge"}
+    assert "outlier: Killer, Kim: speedup 0.925 for DDP (nccl), 2 GPU(s) x 128 on NVIDIA A100-SXM4-40GB " \
+           "(group median 1.85" in r.stdout, r.stdout
+    assert (grades / "class_results.png").stat().st_size > 10_000
+
     # nothing was written outside the sandbox
     assert not (home / ".grading_was_here").exists() and sorted(p.name for p in home.iterdir()) == home_before

@@ -252,11 +252,21 @@ def test_every_graded_question_has_its_assignment_question_and_gradebook_column(
             seen.append(name)
         for name in _manual_questions(nb):
             s = questions.section_of(name)
-            assert questions.gradebook_column(name) == f"{s.label} report ({number}, by hand)", name
+            short = name[4:].replace("_", " ")
+            assert questions.gradebook_column(name) == f"{s.label} {short} ({number}, by hand)", name
     assert sorted(seen) == sorted(EXERCISES) == sorted(q for s in questions.SECTIONS for q in s.exercises)
     assert questions.gradebook_column("q04_ring_bytes") == "Q3.2 ring bytes (04-b)"
     assert questions.gradebook_column("q05_set_epoch") == "Q5 set epoch (05-b)"
     assert questions.gradebook_column("q05_report") == "Q4.2 report (05, by hand)"
+    # issue 35: Q4.1, Q6 and Q7 have hand-graded slots of their own, each asked once (not in the report)
+    assert questions.gradebook_column("q05_accuracy") == "Q4.1 accuracy (05, by hand)"
+    assert questions.gradebook_column("q05_messages") == "Q6 messages (05, by hand)"
+    assert questions.gradebook_column("q05_gradients_only") == "Q7 gradients only (05, by hand)"
+    by_key = {s.key: s for s in questions.SECTIONS}
+    assert all(by_key[k].by_hand and not by_key[k].report for k in ("Q4.1", "Q6", "Q7"))
+    manual = _manual_questions(notebooks["05"])
+    assert {n: p for n, (p, _) in manual.items()} == {"q05_accuracy": 2, "q05_report": 2, "q05_messages": 2,
+                                                      "q05_gradients_only": 2}
     assert questions.gradebook_column("q99_unknown") == "q99_unknown"
 
 

@@ -187,12 +187,9 @@ def _stamp(nb: dict, master: nbs.Master, stem: str, version: str) -> None:
     current = None
     cells = nb["cells"]
     for i, c in enumerate(cells):
-        src = nbs.source(c)
-        if c["cell_type"] == "markdown" and "<!-- BEGIN QUESTION -->" in src:
-            current = next(manual, None)
-        if c["cell_type"] == "markdown" and "<!-- END QUESTION -->" in src:
-            current = None
         if nbs.ANSWER_TAG not in c.get("metadata", {}).get("tags", []):
+            if c["cell_type"] == "markdown":
+                current = nbs.question_after(nbs.source(c), current, manual)
             continue
         name = current
         if c["cell_type"] == "code":

@@ -16,6 +16,11 @@ For every submission (:mod:`~lab_utils.grading.submissions` finds them and their
 3. compare each answer with the bundle's expected answer here, outside the sandbox; a test cell
    earns its points when all its cases are right (as otter counts them).
 
+Each student's ``handin.json`` (``make report``'s: where the numbers came from, Tables 1 and 3), else
+the versions stamped in their notebooks, gives the row's profile, device, data and lab version and its
+flags (:mod:`~lab_utils.grading.provenance`); the class's numbers go to ``class_results.csv`` and
+``.png``, outliers named (:mod:`~lab_utils.grading.class_results`).
+
 Points come only from that comparison. An exercise whose code uses the lab's own functions (or
 reaches past itself: eval, files, introspection) scores 0 and is flagged "check by hand" with what
 the tests gave; a notebook that changes imported modules or reaches into them elsewhere is flagged
@@ -28,6 +33,7 @@ written all the same), else 0.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -40,7 +46,7 @@ from pathlib import Path
 
 from lab_utils import questions
 from lab_utils.core.errors import LabError
-from lab_utils.grading import gradebook, sandbox
+from lab_utils.grading import class_results, gradebook, provenance, sandbox
 from lab_utils.grading import notebooks as nbs
 from lab_utils.grading.build import DIST_DIR, load_manifest
 from lab_utils.grading.exercises import EXERCISES, NOT_DONE, explain, same
@@ -455,15 +461,16 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
     with tempfile.TemporaryDirectory(prefix="grade-staging-") as staging:
         found = find_submissions(subs_root, Path(staging))
         works, extras = [], []     # extras: files that are not notebooks (a PDF), listed in their rows
+        handins: list[Work] = []   # make report's handin.json: where each student's numbers came from
         for sub in found:
             s = sub.student
             if the_roster is not None:
                 s = the_roster.match(s) or s
             if not _match_student(student, s):
                 continue
-            (extras if sub.kind == "other" else works).append(Work(sub, s))
+            {"other": extras, "handin": handins}.get(sub.kind, works).append(Work(sub, s))
         on_roster = the_roster is not None and any(_match_student(student, r) for r in the_roster.students)
-        if student and not works and not extras and not on_roster:
+        if student and not works and not extras and not handins and not on_roster:
             raise LabError(f"No submission of a student named {student!r} in {submissions_dir}.")
         for w in works:
             prepare(w, manifest, specs)
@@ -488,8 +495,10 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
                 _print_line(w, manifest, specs, limits, use_sandbox)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             list(pool.map(run, to_run))
+        for h in handins:     # read while the staging folder (zip members) exists
+            h.record = dict(zip(("handin", "why"), provenance.read_handin(h.sub.path)))
     return _record(works, extras, manifest, specs, out, limits, use_sandbox, the_roster, student,
-                   time.perf_counter() - t_all, len(to_run), jobs)
+                   time.perf_counter() - t_all, len(to_run), jobs, handins)
 
 
 def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, use_sandbox: bool) -> None:
@@ -526,9 +535,35 @@ def new_entry(student: Student) -> dict:
             "notes": []}
 
 
+def _add_provenance(fresh: dict[str, dict], works: list[Work], handins: list[Work], manifest: dict) -> None:
+    """Each student's columns, flags and notes on where the numbers came from (their latest handin.json,
+    else the versions stamped in their notebooks), and the numbers class_results compares."""
+    latest: dict[str, list[Work]] = {}
+    for h in handins:
+        fresh.setdefault(h.student.key, new_entry(h.student))
+        latest.setdefault(h.student.key, []).append(h)
+    for key, s in fresh.items():
+        stamps = {}
+        for w in works:
+            meta = (w.nb or {}).get("metadata", {}).get(nbs.METADATA_KEY) if w.student.key == key else None
+            if w.book and isinstance(meta, dict) and isinstance(meta.get("version"), str):
+                stamps[w.book] = meta["version"]
+        mine = sorted(latest.get(key, []), key=lambda h: (h.sub.mtime, h.sub.resubmission, h.sub.file))
+        handin, why = (mine[-1].record["handin"], mine[-1].record["why"]) if mine else (None, "")
+        p = provenance.describe(handin, why, stamps, manifest)
+        if len(mine) > 1:
+            p.notes.append(f"handin.json: {mine[-1].sub.file} used (the latest); also handed in: "
+                           f"{', '.join(h.sub.file for h in mine[:-1])}")
+        s["columns"].update(p.columns)
+        s["flags"] += p.flags
+        s["notes"] += p.notes
+        s["provenance"] = {"device": p.device, "device_count": p.device_count, "profile": p.profile,
+                           "flags": p.flags, "results": [dataclasses.asdict(r) for r in p.results]}
+
+
 def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, out: Path,
             limits: sandbox.Limits, use_sandbox: bool, roster: Roster | None, only: str | None,
-            seconds: float, ran: int, jobs: int) -> int:
+            seconds: float, ran: int, jobs: int, handins: list[Work] = ()) -> int:
     """Merge this run into the gradebook, write it, print the summary; the exit status."""
     state = gradebook.load_state(out)
     previous = state["students"] if only else {}
@@ -560,6 +595,7 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             stopped.append(f"{w.student.name} {w.book}: {', '.join(rec['stopped'])}")
     for e in extras:
         fresh.setdefault(e.student.key, new_entry(e.student))["files"].append(e.sub.file)
+    _add_provenance(fresh, works, handins, manifest)
     known = {**manifest.get("ungraded", {}), **manifest["notebooks"]}
     for key in list(fresh):   # --student: notebooks not handed in again keep their grades
         s = fresh[key]
@@ -614,6 +650,7 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
     print(f"gradebook: {shown}/gradebook.csv (one row per student), details.csv, feedback/; points given "
           f"by hand: fill in {shown}/hand_points_template.csv, then python -m lab_utils fold FILE "
           f"--out {shown}")
+    print("\n".join(class_results.write(state, out, shown)))
     if failed:
         print(f"exit status 1: {len(failed)} submission(s) could not be graded (their rows say why)")
     return 1 if failed else 0

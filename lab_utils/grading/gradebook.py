@@ -15,7 +15,10 @@ the others. From it and ``<out>/hand_points.csv`` (points given by hand, folded 
   what the sandbox stopped, what the code asked for, how the notebook was recognised), what could
   not be read and why, files that are not notebooks, notebooks with nothing to grade. A student's
   entry may carry extra ``columns`` (written after ``possible``), ``flags`` and ``notes`` of its
-  own (:func:`lab_utils.grading.grade.new_entry`);
+  own (:func:`lab_utils.grading.grade.new_entry`): ``make grade`` adds ``profile``, ``device`` (name x
+  count), ``data`` and ``lab version`` from the student's ``handin.json``, and the flags quick profile,
+  synthetic data, CPU (no GPU), other lab version and no handin.json
+  (:mod:`lab_utils.grading.provenance`), which the feedback file repeats;
 - ``details.csv``: one row per student, notebook and question, with the file, the reason for
   every lost point, the "check by hand" flags and whether a sandbox was used;
 - ``feedback/<student>.md``: scores, reasons, the answers of the hand-graded questions ("no
@@ -158,6 +161,13 @@ def _question_rows(key: str, s: dict, hand: dict) -> list[dict]:
 def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
     lines = [f"# Feedback for {s['name']}" + (f" ({s['id']})" if s.get("id") else ""), "",
              f"Total so far: **{total:g} / {possible:g}** points.", ""]
+    shown = {k: v for k, v in s.get("columns", {}).items() if v not in ("", None)}
+    if shown or s.get("flags"):
+        lines += ["## Where your numbers came from", ""]
+        lines += [f"- {k}: {v}" for k, v in shown.items()]
+        lines += [f"- flagged: {f}" for f in s.get("flags", [])]
+        lines += [f"- {n}" for n in s.get("notes", [])]
+        lines.append("")
     for book, b in s["notebooks"].items():
         mine = [r for r in rows if r["notebook"] == book]
         auto = [r for r in mine if not r["manual"]]

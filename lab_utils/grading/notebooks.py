@@ -618,17 +618,23 @@ def answers(nb: dict, manual_questions: list[str]) -> dict[str, str]:
     current = None
     for c in nb.get("cells", []):
         src = source(c)
-        if c.get("cell_type") == "markdown" and "<!-- BEGIN QUESTION -->" in src:
-            current = next(order, None)
         tags = (c.get("metadata") or {}).get("tags") or []
         if ANSWER_TAG in tags:
             name = ((c.get("metadata") or {}).get(METADATA_KEY) or {}).get("question") or current
             text = src.strip()
             if name in out and text and text != ANSWER_PLACEHOLDER:
                 out[name] = (out[name] + "\n\n" + text).strip()
-        if c.get("cell_type") == "markdown" and "<!-- END QUESTION -->" in src:
-            current = None
+        elif c.get("cell_type") == "markdown":
+            current = question_after(src, current, order)
     return out
+
+
+def question_after(src: str, current: str | None, order) -> str | None:
+    """The hand-graded question open after a markdown cell: its ``<!-- BEGIN/END QUESTION -->`` marks in
+    the order they appear (otter writes one question's END and the next one's BEGIN into one cell)."""
+    for mark in re.findall(r"<!-- (BEGIN|END) QUESTION -->", src):
+        current = next(order, None) if mark == "BEGIN" else None
+    return current
 
 
 def check_cells_deleted(nb: dict, questions: list[str]) -> list[str]:

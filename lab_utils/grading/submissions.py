@@ -12,6 +12,11 @@ A submissions folder may hold, in any mix:
   download's members name their students; otherwise a zip belongs to the student it is named after
   or lies in the folder of. ``SUBMISSIONS`` may itself be a zip file.
 
+A student's ``handin.json`` (written by ``make report`` beside the report: where the numbers came
+from, Tables 1 and 3) is found in the student's folder (at any depth), as an LMS-named file
+(``doejane_1001_5007_handin.json``) or in a zip; it becomes a ``kind="handin"`` submission, read by
+:mod:`lab_utils.grading.provenance`.
+
 Files that are not notebooks (a report as PDF in a Canvas download, ``hank.pdf``) are not graded:
 they become ``kind="other"`` submissions of the student their name (or folder) belongs to, listed
 in that student's row. A file of a student's own folder other than a notebook (the written report,
@@ -40,6 +45,7 @@ RESUBMISSION = re.compile(r"-(\d+)$")
 MAX_MEMBER_BYTES = 50_000_000
 MAX_ZIP_BYTES = 1_000_000_000
 MAX_ZIP_MEMBERS = 5_000
+HANDIN = re.compile(r"^handin(-\d+)?\.json$")   # make report's handin.json (an LMS resubmission: -1, -2)
 
 
 def normalize(name: str) -> str:
@@ -72,7 +78,7 @@ class Submission:
     mtime: float
     resubmission: int = 0
     problem: str = ""     # why it cannot be graded at all ("" = a notebook to grade)
-    kind: str = "notebook"   # "notebook", or "other": a file that is not graded (a PDF), for the instructor
+    kind: str = "notebook"   # "notebook"; "handin": a handin.json; "other": a file not graded (a PDF)
 
 
 def parse_lms(name: str) -> tuple[Student | None, str]:
@@ -84,6 +90,11 @@ def parse_lms(name: str) -> tuple[Student | None, str]:
             rest = m.group("rest") or ""
             return Student(m.group("name"), m.group("uid")), rest
     return None, name
+
+
+def is_handin(original: str) -> bool:
+    """Whether a file (its name as the student gave it) is ``make report``'s ``handin.json``."""
+    return bool(HANDIN.match(Path(original).name))
 
 
 def _resubmission(original: str) -> int:
@@ -119,7 +130,7 @@ def _unpack(zip_path: Path, dest: Path, shown: str, keep_paths: bool = False) ->
             member = info.filename
             if info.is_dir() or "__MACOSX" in member or Path(member).name.startswith("."):
                 continue
-            if not member.endswith((".ipynb", ".zip")):
+            if not member.endswith((".ipynb", ".zip")) and not is_handin(parse_lms(Path(member).name)[1]):
                 out.others.append((member, f"{shown}!{member}"))
                 continue
             if info.file_size > MAX_MEMBER_BYTES or total + info.file_size > MAX_ZIP_BYTES:
@@ -181,7 +192,7 @@ def find_submissions(root: Path, staging: Path) -> list[Submission]:
             for m_path, m_shown, m_mtime in z.found:
                 add(m_path, m_shown, m_mtime, student, depth + 1)
             return
-        kind = "notebook" if path.suffix == ".ipynb" else "other"
+        kind = "notebook" if path.suffix == ".ipynb" else "handin" if is_handin(original) else "other"
         out.append(Submission(student, path, shown, original, mtime, _resubmission(original), kind=kind))
 
     prefix = ""
@@ -204,8 +215,8 @@ def find_submissions(root: Path, staging: Path) -> list[Submission]:
             # A student's folder may also hold the written report and its figures (README,
             # "Handing in"): only notebooks and zips are graded; the rest is the
             # instructor's to read, and is a problem only when the folder holds nothing to grade.
-            gradable = [p for p in files if p.suffix in (".ipynb", ".zip")]
-            if not gradable:
+            gradable = [p for p in files if p.suffix in (".ipynb", ".zip") or is_handin(p.name)]
+            if not any(p.suffix in (".ipynb", ".zip") for p in gradable):
                 others = ", ".join(p.name for p in files[:4]) or "empty"
                 out.append(Submission(owner, entry, prefix + entry.name + "/", "", entry.stat().st_mtime,
                                       problem=f"no notebook in the folder ({others})"))
