@@ -3,7 +3,8 @@
 One ordered list (:data:`SECTIONS`) is the single source for everything that names a question:
 
 - the README's question map (:func:`question_map_markdown`, pasted; a test keeps it equal),
-- the report template a student fills in (:func:`report_template`, idem),
+- the hand-in's ``report.md`` (:func:`lab_utils.handin.build`, ``make report``): its order, its tables,
+  its answer slots,
 - every notebook's "For your report" cell (:func:`for_your_report_markdown`, idem),
 - the questions each notebook's title names (:func:`labels_for`, also the time budget's column),
 - the order of ``results/<profile>/report.md`` (:func:`lab_utils.runner.write_report`): by
@@ -303,32 +304,6 @@ def question_map_markdown() -> str:
     return "\n".join(lines)
 
 
-def _by_hand_note(s: Section) -> str:
-    return (f"**{s.label}, graded by hand in notebook {s.notebook[:2]}** (`{s.by_hand}`, the cell "
-            f"\"{s.by_hand_label}\"): _{s.by_hand_asks}_ Answer it in that cell, which is handed in and "
-            "graded with the notebook; it is not asked again here.")
-
-
-def report_template() -> str:
-    """Markdown a student fills in: per question, the formula asked first (Q3.2), every table and figure
-    the question needs, where its hand-graded part is answered, and one slot per report question."""
-    lines = ["# Report: deep-learning training performance", "",
-             "Profile: `full` · GPUs: ... · date: ...", ""]
-    for s in SECTIONS:
-        lines += [f"## {s.heading}", "", f"_{s.asks}_", ""]
-        if s.first:
-            lines += [f"**First, the formula.** _{s.first}_", "", "**Formula:** ...", ""]
-        for t in s.tables:
-            lines += [f"<!-- paste results/<profile>/tables/{t}.md -->", ""]
-        for f in s.figures:
-            lines += [f"![{f}](figures/{f}.png)", ""]
-        if s.by_hand:
-            lines += [_by_hand_note(s), ""]
-        for i, q in enumerate(s.report, 1):
-            lines += [f"{i}. _{q}_", "", "   **Answer:** ...", ""]
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def _wrapped(text: str, first: str = "", rest: str = "") -> list[str]:
     """``text`` wrapped at 96 columns (Markdown renders it the same; the notebook's diff stays readable)."""
     return textwrap.wrap(text, 96, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False,
@@ -336,14 +311,15 @@ def _wrapped(text: str, first: str = "", rest: str = "") -> list[str]:
 
 
 def for_your_report_markdown(notebook: str) -> str:
-    """A notebook's "For your report" cell: per report section, what to paste and the questions answered in
-    the report (the template's own words), and which question is graded by hand in the cell below."""
+    """A notebook's "For your report" cell: per report section, the tables and figures ``make report`` puts
+    in and the questions answered in the report (the hand-in's own words), and which question is graded by
+    hand in the cell below."""
     lines = ["## For your report", ""]
-    lines += _wrapped("Your report follows the README's template (\"Questions: where each is answered, and "
-                      "the report template\"). From this notebook:")
+    lines += _wrapped("`make report` writes your report (README, \"Handing in\"): it puts in your tables and "
+                      "figures and leaves a slot for each of your answers. From this notebook:")
     for s in sections_for(notebook):
-        pastes = [f"`tables/{t}.md`" for t in s.tables] + [f"`figures/{f}.png`" for f in s.figures]
-        what = f"Paste {', '.join(pastes)} (from `results/<profile>/`)." if pastes else "Nothing to paste."
+        shown = [f"`tables/{t}`" for t in s.tables] + [f"`figures/{f}.png`" for f in s.figures]
+        what = f"In the report: {', '.join(shown)}." if shown else "No table or figure."
         end = "" if s.title.endswith("?") else "."
         then = " Then answer:" if s.report or s.first else ""
         lines += [""] + _wrapped(f"**{s.label}** · {s.title}{end} {what}{then}")

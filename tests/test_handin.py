@@ -196,3 +196,23 @@ def test_the_readme_says_how_to_hand_in_in_the_words_of_the_code():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = re.search(r"<!-- handin:start -->\n(.*?)\n<!-- handin:end -->", readme, re.S)
     assert block and block.group(1).strip() == handin.HOWTO.strip()
+
+
+def test_make_grade_reads_the_handin_json_make_report_writes(tmp_path, monkeypatch):
+    """The one format between the two: the reader of make grade (lab_utils/grading/provenance.py) takes the
+    file handin.build wrote, flags a quick CPU synthetic hand-in and none of a full GPU one, and gets its
+    Table 1 speedups and Table 3 GB/s for class_results."""
+    from lab_utils.grading import provenance as grading
+
+    quick_flags = [grading.QUICK, grading.SYNTHETIC, grading.CPU]
+    for profile, gpu, synthetic, flags in (("quick", False, True, quick_flags), ("full", True, False, [])):
+        base = tmp_path / profile
+        _store(base, monkeypatch, profile, gpu=gpu, synthetic=synthetic)
+        hand = handin.build(profile, labs=_labs(base, answered=True))
+        read, why = grading.read_handin(hand.out / "handin.json")
+        assert read is not None, why
+        seen = grading.describe(read, why, {}, {})
+        assert seen.flags == flags and seen.columns["profile"] == profile
+        speedups = {(r.gpus, r.per_gpu_batch): r.value for r in read.results if r.quantity == "speedup"}
+        assert speedups[(2, 32)] == pytest.approx(40 / 21) and (4, 512) not in speedups  # the OOM cell
+        assert {r.value for r in read.results if r.quantity == "gb_per_s"} == {7.5}

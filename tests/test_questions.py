@@ -85,8 +85,27 @@ def test_readme_question_map_rows_follow_the_table():
         assert all(w in title.lower() for w in ASSIGNMENT[key][1]), (key, title)
 
 
-def test_report_template_headings_follow_the_table():
-    heads = re.findall(r"^## (Q[\d.]+) · (.*) \(notebook (\d\d)\)$", _readme_block("report-template"), re.M)
+@pytest.fixture(scope="module")
+def handin_report(tmp_path_factory) -> str:
+    """The hand-in's report.md (`make report`) written from an empty result store: every heading and slot."""
+    import os
+
+    from lab_utils import handin
+
+    tmp = tmp_path_factory.mktemp("handin")
+    old = os.environ.get("LAB_RESULTS_DIR")
+    os.environ["LAB_RESULTS_DIR"] = str(tmp / "results")
+    try:
+        return (handin.build("full", out=tmp / "out", labs=tmp).out / "report.md").read_text()
+    finally:
+        if old is None:
+            os.environ.pop("LAB_RESULTS_DIR")
+        else:
+            os.environ["LAB_RESULTS_DIR"] = old
+
+
+def test_report_headings_follow_the_table(handin_report):
+    heads = re.findall(r"^## (Q[\d.]+) · (.*) \(notebook (\d\d)\)$", handin_report, re.M)
     assert [k for k, _, _ in heads] == list(ASSIGNMENT)
     for key, title, notebook in heads:
         assert notebook == ASSIGNMENT[key][0] and all(w in title.lower() for w in ASSIGNMENT[key][1])
@@ -154,10 +173,10 @@ def test_hand_graded_cells_are_labelled_with_their_question(notebooks):
             assert prompt.startswith(f"**{s.label} (graded by hand, {points} point")
 
 
-def test_for_your_report_cells_are_the_templates(notebooks):
-    """Each notebook asks in its "For your report" cell exactly what the README's template asks, and
+def test_for_your_report_cells_are_the_reports_slots(notebooks, handin_report):
+    """Each notebook asks in its "For your report" cell exactly what the hand-in's report.md asks, and
     names its hand-graded question instead of asking it twice."""
-    template = questions.report_template()
+    template = handin_report
     for number, nb in notebooks.items():
         cells = [c for c in nb.cells if c.cell_type == "markdown" and re.search(r"^## .*[Ff]or your report",
                                                                                c.source, re.M)]
@@ -173,21 +192,23 @@ def test_for_your_report_cells_are_the_templates(notebooks):
                 assert s.by_hand_asks not in want and not any(s.by_hand_asks in q for q in s.report)
 
 
-def test_template_holds_every_table_and_asks_each_answer_once():
-    text = questions.report_template()
-    assert text.count("**Answer:**") == sum(len(s.report) for s in questions.SECTIONS)
-    assert text.count("**Formula:**") == sum(1 for s in questions.SECTIONS if s.first)
-    parts = re.split(r"^## ", text, flags=re.M)[1:]
+def test_report_holds_every_table_and_asks_each_answer_once(handin_report):
+    from lab_utils.handin import LAYOUTS, PLACEHOLDER
+
+    text = handin_report
+    assert text.count(PLACEHOLDER) == sum(len(s.report) for s in questions.SECTIONS) + sum(
+        1 for s in questions.SECTIONS if s.first)  # one slot per report question, and the formula
+    parts = re.split(r"^## ", text, flags=re.M)[2:]  # after the provenance
     for s, part in zip(questions.SECTIONS, parts, strict=True):
         assert part.startswith(s.heading)
-        for t in s.tables:
-            assert f"tables/{t}.md -->" in part, (s.key, t)
+        for t in s.tables:  # not measured yet: each table says so, by name
+            assert f"tables/{t}.csv" in part if t in LAYOUTS else f"`tables/{t}` is not measured yet" in part
         if s.by_hand:
-            assert f"`{s.by_hand}`" in part and s.by_hand_asks in part and "not asked again" in part
+            assert part.count(s.by_hand_asks) == 1 and f"`{s.by_hand}`" in part and "Not answered yet" in part
     by_key = {s.key: s for s in questions.SECTIONS}
     assert {"scaling_fixed_global_batch", "scaling_definitions"} <= set(by_key["Q2"].tables)
     q32 = parts[list(by_key).index("Q3.2")]
-    assert q32.index("**Formula:**") < q32.index("<!-- paste")  # the formula first, as the assignment asks
+    assert q32.index("First, the formula") < q32.index("tables/allreduce_utilization")  # asked first
     gpt = next(s for s in questions.SECTIONS if s.notebook.startswith("06"))
     assert "gpt_rank_breakdown" in gpt.tables and "per-rank table" in gpt.by_hand_asks
 
@@ -350,11 +371,12 @@ def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_p
     (alice / "01_batch_size_sweep.ipynb").write_text("{}")
     (alice / "02_multi_gpu_scaling.ipynb").write_text("{}")
     subs = find_submissions(tmp_path, tmp_path / "staging")
-    assert [(s.student.name, s.path.name, s.problem) for s in subs] == [
-        ("alice", "01_batch_size_sweep.ipynb", ""), ("alice", "02_multi_gpu_scaling.ipynb", "")]
+    assert sorted((s.student.name, s.path.name, s.problem) for s in subs) == [
+        ("alice", "01_batch_size_sweep.ipynb", ""), ("alice", "02_multi_gpu_scaling.ipynb", ""),
+        ("alice", "handin.json", "")]  # the hand-in's provenance, which make grade reads
     (tmp_path / "bob").mkdir()
     (tmp_path / "bob" / "report.md").write_text("# only a report\n")
-    [bob] = find_submissions(tmp_path, tmp_path / "staging2")[2:]
+    [bob] = [s for s in find_submissions(tmp_path, tmp_path / "staging2") if s.student.name == "bob"]
     assert (bob.student.name, bob.problem) == ("bob", "no notebook in the folder (report.md)")
     readme = README.read_text(encoding="utf-8")
     assert "handed_in/<student>/" in readme and "**Handing in**" in readme
