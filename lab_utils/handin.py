@@ -378,7 +378,25 @@ def q32_formulas(tables_dir: Path) -> list[str]:
         if _finite(peak):
             text += f"; the benchmark's peak bus bandwidth: {format_number(peak)} GB/s"
         lines.append(text + (f" ({note})" if note.startswith("not a result") else "") + ".")
+    lines.append(f"- The link's nominal peak: {link_peak(tables_dir)}.")
     return lines + ["", f"_{fit['provenance'].iloc[0]}_" if "provenance" in fit.columns else "", ""]
+
+
+def link_peak(tables_dir: Path) -> str:
+    """The link's nominal one-direction bandwidth as notebook 04 stored it (``tables/allreduce_inputs``):
+    "300 GB/s (NVLink ...)", or "unknown (why)"."""
+    inputs = _read_csv(tables_dir / "allreduce_inputs.csv")
+    if inputs is None or "input" not in inputs.columns:
+        return "not stored yet (run notebook 04)"
+    hit = inputs[inputs["input"] == "link nominal bandwidth"]
+    if hit.empty:
+        return "not stored yet (run notebook 04)"
+    value, source = hit.iloc[0].get("value"), hit.iloc[0].get("source")
+    try:
+        text = f"{format_number(float(value))} GB/s"
+    except (TypeError, ValueError):  # "unknown": no nominal peak for this link
+        text = str(value)
+    return f"{text} ({source})" if isinstance(source, str) and source else text
 
 
 # --------------------------------------------------------------------------- the student's answers

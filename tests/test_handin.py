@@ -58,6 +58,8 @@ def _store(tmp_path: Path, monkeypatch, profile: str, gpu: bool, synthetic: bool
                                              ("(c) hook all-reduce", 12.0, 80.0))], prov)
     _table(root, "allreduce_fit", [{"ranks": 4, "alpha_us": 50.0, "B_gb_per_s": 10.0,
                                     "peak_busbw_gb_per_s": 15.0, "projection": "ok"}], prov)
+    _table(root, "allreduce_inputs", [{"input": "link nominal bandwidth", "value": "300",
+                                       "kind": "nominal", "source": "NVLink 3, 12 links"}], prov)
     (root / "figures").mkdir(parents=True)
     (root / "figures" / "scaling_speedup.png").write_bytes(PNG)
     hw = ({"device_type": "cuda", "device_name": "NVIDIA A100-SXM4-40GB", "device_count": 4} if gpu else
@@ -134,6 +136,7 @@ def test_q32_formula_gets_the_students_fit(tmp_path, monkeypatch):
     md = (handin.build("full", labs=_labs(tmp_path, answered=False)).out / "report.md").read_text()
     # P = 4: 2(P-1) = 6 latency steps, 2(P-1)/P = 6/4 of S crosses each link
     assert "T(S, 4) = 6 x 50 us + 6/4 x S / (10 GB/s); the benchmark's peak bus bandwidth: 15 GB/s" in md
+    assert "- The link's nominal peak: 300 GB/s (NVLink 3, 12 links)." in md
 
 
 def test_quick_cpu_synthetic_numbers_fail_the_check(tmp_path, monkeypatch, capsys):
