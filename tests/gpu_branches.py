@@ -324,6 +324,7 @@ def B(file: str, function: str, condition: str, what: str, test: str = "", *, n:
 
 
 BR = "test_gpu_branches.py::"
+HANDIN = "test_handin.py::"
 DF = "test_gpu_defects.py::"
 DR = "test_doctor.py::"
 FS = "test_gpu_first_session.py::"
@@ -572,6 +573,20 @@ INVENTORY: tuple[Branch, ...] = (
       reason=NCCL, doctor="06_gpt_scaling"),
     B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "pinned loader memory",
       reason=TENSORS, doctor="06_gpt_scaling", n=2),
+    # handin.py and grading/provenance.py read the device type STORED in records and handin.json (a
+    # string): both arms run on any machine, driven by hand-made records of a GPU and of a CPU run
+    B("handin.py", "Provenance.problems", "self.device_type != 'cuda'", "no GPU: not ready to hand in",
+      HANDIN + "test_quick_cpu_synthetic_numbers_fail_the_check", cuda_only=False),
+    B("handin.py", "provenance", "h.get('device_type') == 'cuda'", "the GPU records name the devices",
+      HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
+    B("handin.py", "provenance", "p.device_type == 'cuda'", "the CUDA version of a GPU run",
+      HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
+    B("handin.py", "provenance", "p.device_type == 'cuda'", "NCCL's version of a GPU run",
+      HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", n=2, cuda_only=False),
+    B("handin.py", "provenance", "sw.get('cudnn') and p.device_type == 'cuda'", "cuDNN's version, GPU run",
+      HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
+    B("grading/provenance.py", "describe", "prov['device_type'] != 'cuda'", "the CPU (no GPU) flag",
+      HANDIN + "test_make_grade_reads_the_handin_json_make_report_writes", cuda_only=False),
 )
 
 

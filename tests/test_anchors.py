@@ -277,8 +277,19 @@ def test_one_copy_of_each_anchor():
 
 # Numbers notebooks write next to an earlier report that are not the report's: the spec recipe (lr 0.1,
 # momentum 0.9, 11.2 M / 11,173,962 parameters, 44.7 MB / 44,695,848 B of fp32 gradients, 2,048 =
-# 4 x 512), DDP's first bucket (9.46 MB) and the quick model's gradient (0.4 MB).
-RECIPE = {"0.1", "0.9", "11.2", "11,173,962", "44.7", "44,695,848", "2,048", "9.46", "0.4"}
+# 4 x 512), DDP's first bucket (9.46 MB), the quick model's gradient (0.4 MB) and the optimizer steps of
+# 5 epochs at 128 on one GPU (1,955; test_optimizer_steps_of_the_recipe).
+RECIPE = {"0.1", "0.9", "11.2", "11,173,962", "44.7", "44,695,848", "2,048", "9.46", "0.4", "1,955"}
+
+
+def test_optimizer_steps_of_the_recipe():
+    """Notebook 05's grader notes: 5 epochs of CIFAR-10's 50,000 images take 5 x ceil(50,000 / 128) = 1,955
+    steps at 128 on one GPU, and 5 x ceil(12,500 / 512) = 125 at 512 per GPU on 4 (each rank 1/4 of the
+    images): 16 times fewer, about the ratio 2,048 / 128."""
+    from lab_utils.core.ring import iterations_per_epoch
+
+    assert 5 * iterations_per_epoch(50_000, 128) == 5 * 391 == 1955
+    assert 5 * iterations_per_epoch(50_000, 512, 4) == 5 * 25 == 125
 # Statements derived from the reports, each redone by hand in the tests above: first-cohort speedups
 # (1.784, 1.78-1.94, 3.55-3.77), notebook 04's worked example (1.325 s, 67.0 MB, 26.2 GB, 19.8 GB/s),
 # the Table 3 mistake (250.1 MB/s), the GPT speedups on the slowest rank (1.61, 2.68, 1.75, 2.95).
