@@ -46,7 +46,7 @@ test: venv     ## the test suite (CPU, offline)
 		$(PYTEST_ARGS)
 
 # make report                 the hand-in: results/<profile>/handin/{report.md,report.html,handin.json}
-# make report CHECK=1         ... and list what is not ready to hand in (exit 1 if anything is)
+# make report CHECK=1         ... and list what is not ready to hand in (make fails if anything is)
 CHECK ?=
 report: venv   ## write the hand-in from the stored results and your notebooks (README "Handing in")
 	$(PY) -m lab_utils report $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter 1 yes true,$(CHECK)),--check)

@@ -54,7 +54,7 @@ When your notebooks have run in the full profile on a GPU node, write the hand-i
 
 ```bash
 make report            # results/full/handin/: report.md, report.html, handin.json, figures/, tables/
-make report CHECK=1    # lists what is not ready to hand in; exits 1 if anything is
+make report CHECK=1    # lists what is not ready to hand in, and fails if anything is
 ```
 
 `report.md` follows the assignment: Q1 ... Q7, then the Part 2 project and the extras. It holds
