@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import errno
 import html
 import json
 import math
@@ -521,11 +522,12 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
                 problems.append(f"placeholder left: {s.label} {i} (`{sid}`)")
     _write(out, "\n".join(lines).rstrip() + "\n", copied)
     hand = HandIn(out, prov, tables, problems)
-    _write_json(out / "handin.json", {
-        "format": FORMAT, "lab_version": lab_utils.__version__, "notebook_versions": notebook_versions(labs),
-        "written": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "provenance": asdict(prov), "tables": tables, "problems": problems})
-    (out / "report.html").write_text(to_html(out / "report.md", problems), encoding="utf-8")
+    data = {"format": FORMAT, "lab_version": lab_utils.__version__,
+            "notebook_versions": notebook_versions(labs),
+            "written": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "provenance": asdict(prov), "tables": tables, "problems": problems}
+    _write_text(out / "handin.json", json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    _write_text(out / "report.html", to_html(out / "report.md", problems))
     return hand
 
 
@@ -540,15 +542,24 @@ def _write(out: Path, report: str, copied: list[Path]) -> None:
         tmp.write_text(report, encoding="utf-8")
         tmp.replace(out / "report.md")  # the student's answers in the old report.md stay whole until then
     except OSError as e:
-        raise LabError(f"could not write the hand-in folder {out}: {e.strerror or e}; free some space or "
-                       "choose another folder with --out.") from None
+        raise _write_failure(e, out) from None
 
 
-def _write_json(path: Path, data: dict) -> None:
+def _write_failure(e: OSError, out: Path) -> LabError:
+    """One sentence for a write of the hand-in that failed, naming the fix (a full disk, or the folder)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LabError(f"No space left on the device holding {out} ({e.strerror}): the hand-in was not "
+                        "written. Free space there, or write it elsewhere with --out DIR; the answers in "
+                        "your report.md are kept.")
+    return LabError(f"could not write the hand-in folder {out} ({e.strerror or e}); check that folder, or "
+                    "choose another with --out DIR.")
+
+
+def _write_text(path: Path, text: str) -> None:
     try:
-        path.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False, default=str) + "\n")
-    except (OSError, ValueError) as e:
-        raise LabError(f"could not write {path}: {e}.") from None
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise _write_failure(e, path.parent) from None
 
 
 def to_html(report: Path, problems: list[str]) -> str:
