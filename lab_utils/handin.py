@@ -475,6 +475,9 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
     answers = notebook_answers(labs)
     prov = provenance(store)
     problems = list(prov.problems())
+    if not any(Path(labs).glob("[0-9][0-9]_*.ipynb")):
+        problems.append(f"no notebook in {labs}: run make report in the lab's folder, or name yours with "
+                        "--labs")
     tables: dict[str, list[dict]] = {}
     copied: list[Path] = []
     lines = ["# Report: deep-learning training performance", "", "## Provenance", "", *prov.lines(), ""]

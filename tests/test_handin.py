@@ -187,6 +187,10 @@ def test_a_missing_table_is_named_and_an_unwritable_folder_is_one_sentence(tmp_p
     (root / "tables" / "compute_vs_comm.csv").unlink()
     hand = handin.build("full", labs=_labs(tmp_path, answered=True))
     assert "table missing: compute_vs_comm (run notebook 03_compute_vs_communication)" in hand.problems
+    assert not any(p.startswith("no notebook in") for p in hand.problems)
+    nowhere = handin.build("full", labs=tmp_path / "nowhere").problems
+    assert f"no notebook in {tmp_path / 'nowhere'}: run make report in the lab's folder, or name yours " \
+           "with --labs" in nowhere
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     assert cli(["report", "--profile", "full", "--out", str(blocker / "handin")]) == 2
