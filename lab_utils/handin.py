@@ -327,7 +327,7 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
     problems: list[str] = []
     caption = str(df["provenance"].iloc[0]) if "provenance" in df.columns else "provenance unknown"
     # the kinds of spread in the table, counts left out ("p10-p90 of n steps"); each row's is in the CSV
-    spread_of = sorted({re.sub(r"\b\d+\b", "n", str(s)).replace("n step(s)", "n steps")
+    spread_of = sorted({re.sub(r"\b\d+ (?=step|repeat)", "n ", str(s))
                         for s in df.get("spread_of", pd.Series(dtype=object)).dropna()})
     for layout in LAYOUTS[name]:
         for method in df["method"].dropna().unique():
