@@ -222,11 +222,7 @@ def _finite(x: Any) -> bool:
 
 
 def _batch_col(df: pd.DataFrame) -> str:
-    col = next((c for c in BATCH if c in df.columns), None)
-    if col is None:
-        raise LabError(f"a stored table has no per-device batch column ({' or '.join(BATCH)}): run its "
-                       "notebook again with this version of the lab.")
-    return col
+    return next(c for c in BATCH if c in df.columns)  # handout_tables checked that there is one
 
 
 def _rows(df: pd.DataFrame, layout: Layout) -> pd.DataFrame:
@@ -322,6 +318,11 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
         nb = _notebook_of(name)
         return ([f"_Not measured yet: `tables/{name}.csv` is missing. Run notebook {nb}._", ""], {},
                 [f"table missing: {name} (run notebook {nb})"])
+    if "devices" not in df.columns or not any(c in df.columns for c in BATCH):  # written by an older lab
+        nb = _notebook_of(name)
+        return ([f"_`tables/{name}.csv` lacks the devices or the per-device batch: run notebook {nb} again "
+                 "with this version of the lab._", ""], {},
+                [f"table from an older lab: {name} (run notebook {nb})"])
     lines: list[str] = []
     out: dict[str, list[dict]] = {}
     problems: list[str] = []

@@ -188,7 +188,9 @@ def test_a_missing_table_is_named_and_an_unwritable_folder_is_one_sentence(tmp_p
     hand = handin.build("full", labs=_labs(tmp_path, answered=True))
     assert "table missing: compute_vs_comm (run notebook 03_compute_vs_communication)" in hand.problems
     assert not any(p.startswith("no notebook in") for p in hand.problems)
+    pd.DataFrame([{"method": DDP, "batch": 32}]).to_csv(root / "tables" / "scaling.csv", index=False)  # older
     nowhere = handin.build("full", labs=tmp_path / "nowhere").problems
+    assert "table from an older lab: scaling (run notebook 02_multi_gpu_scaling)" in nowhere
     assert f"no notebook in {tmp_path / 'nowhere'}: run make report in the lab's folder, or name yours " \
            "with --labs" in nowhere
     blocker = tmp_path / "a_file"
