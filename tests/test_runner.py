@@ -280,21 +280,6 @@ def test_a_failed_write_leaves_the_old_copy_and_names_the_folder(tmp_path, monke
     assert [p.name for p in target.parent.iterdir()] == ["01_x.ipynb"]  # no temp file left
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 1 MiB tmpfs (root only: CI runs as root; skipped elsewhere)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_full_disk_is_one_sentence_and_keeps_stored_records(tmp_path, tiny_disk):
