@@ -312,7 +312,8 @@ def _read_csv(path: Path) -> pd.DataFrame | None:
 
 def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, list[dict]], list[str]]:
     """The handout layouts of the stored long table ``name``: Markdown lines, handin.json rows per table
-    key, and problems (the table is missing or holds unmeasured cells)."""
+    key, and problems (the table is missing, or was written by an older lab). A cell not measured is not a
+    problem: it says why in the table."""
     df = _read_csv(tables_dir / f"{name}.csv")
     if df is None or df.empty or "method" not in df.columns:
         nb = _notebook_of(name)
@@ -325,7 +326,6 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
                 [f"table from an older lab: {name} (run notebook {nb})"])
     lines: list[str] = []
     out: dict[str, list[dict]] = {}
-    problems: list[str] = []
     caption = str(df["provenance"].iloc[0]) if "provenance" in df.columns else "provenance unknown"
     # the kinds of spread in the table, counts left out ("p10-p90 of n steps"); each row's is in the CSV
     spread_of = sorted({re.sub(r"\b\d+ (?=step|repeat)", "n ", str(s))
@@ -346,7 +346,7 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
             if layout.key:
                 out.setdefault(layout.key, []).extend(t.rows)
     lines += [f"The long table, every column: [`tables/{name}.csv`](tables/{name}.csv).", ""]
-    return lines, out, problems
+    return lines, out, []
 
 
 def _notebook_of(table: str) -> str:
@@ -456,7 +456,7 @@ def notebook_versions(labs: Path) -> dict[str, str]:
 
 
 @dataclass
-class HandIn:
+class Written:
     """What :func:`build` wrote and what ``--check`` found."""
 
     out: Path
@@ -465,7 +465,7 @@ class HandIn:
     problems: list[str]
 
 
-def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS_DIR) -> HandIn:
+def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS_DIR) -> Written:
     """Write the hand-in folder (module docstring) from the profile's stored results; return what it found."""
     name, _why = config.resolve_profile_name(profile)
     store = ResultStore(name)
@@ -475,15 +475,16 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
     kept = kept_answers(out / "report.md")
     answers = notebook_answers(labs)
     prov = provenance(store)
-    problems = list(prov.problems())
+    not_assignment = prov.problems()
+    problems = list(not_assignment)
     if not any(Path(labs).glob("[0-9][0-9]_*.ipynb")):
         problems.append(f"no notebook in {labs}: run make report in the lab's folder, or name yours with "
                         "--labs")
     tables: dict[str, list[dict]] = {}
     copied: list[Path] = []
     lines = ["# Report: deep-learning training performance", "", "## Provenance", "", *prov.lines(), ""]
-    if prov.problems():
-        lines += ["> **Not the assignment's numbers:** " + "; ".join(prov.problems()) + ".", ""]
+    if not_assignment:
+        lines += ["> **Not the assignment's numbers:** " + "; ".join(not_assignment) + ".", ""]
     for s in SECTIONS:
         lines += [f"## {s.heading}", "", f"_{s.asks}_", ""]
         if s.first:
@@ -525,7 +526,7 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
             if kept.get(sid, PLACEHOLDER) == PLACEHOLDER and s.key != "Extra":  # the extras are optional
                 problems.append(f"placeholder left: {s.label} {i} (`{sid}`)")
     _write(out, "\n".join(lines).rstrip() + "\n", copied)
-    hand = HandIn(out, prov, tables, problems)
+    hand = Written(out, prov, tables, problems)
     data = {"format": FORMAT, "lab_version": lab_utils.__version__,
             "notebook_versions": notebook_versions(labs),
             "written": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
