@@ -160,7 +160,7 @@ def provenance(store: ResultStore) -> Provenance:
     sw = next((r.software for r in reversed(ok) if r.software), {})
     p.torch, p.cuda = sw.get("torch"), sw.get("cuda") if p.device_type == "cuda" else None
     p.cudnn = str(sw["cudnn"]) if sw.get("cudnn") and p.device_type == "cuda" else None
-    p.nccl = sw.get("nccl") or (_nccl_version() if p.device_type == "cuda" else None)
+    p.nccl = (sw.get("nccl") or _nccl_version()) if p.device_type == "cuda" else None  # NCCL: GPU runs only
     stamps = sorted(r.timestamp for r in ok if r.timestamp)
     if stamps:
         p.measured_from, p.measured_to = stamps[0], stamps[-1]

@@ -66,10 +66,15 @@ def _store(tmp_path: Path, monkeypatch, profile: str, gpu: bool, synthetic: bool
           {"device_type": "cpu", "device_name": "cpu (AMD EPYC)", "device_count": 2})
     rec = Record("scaling", {"devices": 4}, {"train_seconds": 9.0}, profile=profile, synthetic=synthetic,
                  dataset="synthetic CIFAR-10 stand-in" if synthetic else "CIFAR-10", hardware=hw,
-                 software={"torch": "2.11.0", "cuda": "12.8", "cudnn": 91002},
+                 software={"torch": "2.11.0", "cuda": "12.8", "cudnn": 91002, "nccl": "2.21.5"},
                  timestamp="2026-11-20T10:00:00+00:00")
     (root / "runs").mkdir(parents=True)
     (root / "runs" / "scaling.jsonl").write_text(rec.to_json() + "\n")
+    # a CPU row of the same run (notebook 07 times the CPU too): the GPU's records name the devices
+    cpu = Record("quantization", {"device": "cpu"}, {"ms": 1.0}, profile=profile, synthetic=synthetic,
+                 hardware={"device_type": "cpu", "device_name": "cpu (AMD EPYC)", "device_count": 1},
+                 timestamp="2026-11-20T10:05:00+00:00")
+    (root / "runs" / "quantization.jsonl").write_text(cpu.to_json() + "\n")
     return root
 
 
@@ -153,6 +158,7 @@ def test_quick_cpu_synthetic_numbers_fail_the_check(tmp_path, monkeypatch, capsy
     assert data["format"] == handin.FORMAT
     assert data["provenance"]["profile"] == "quick" and data["provenance"]["synthetic"] is True
     assert data["provenance"]["device_type"] == "cpu" and len(data["problems"]) == 3
+    assert [data["provenance"][k] for k in ("cuda", "cudnn", "nccl")] == [None, None, None]  # a CPU run
 
 
 def test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes(tmp_path, monkeypatch, capsys):
@@ -180,6 +186,7 @@ def test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes(tmp_path,
     assert "Not ready to hand in" not in page
     data = json.loads((out / "handin.json").read_text())
     assert data["problems"] == [] and data["provenance"]["cuda"] == "12.8"
+    assert data["provenance"]["cudnn"] == "91002" and data["provenance"]["nccl"] == "2.21.5"
 
 
 def test_a_missing_table_is_named_and_an_unwritable_folder_is_one_sentence(tmp_path, monkeypatch, capsys):
