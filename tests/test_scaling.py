@@ -281,7 +281,7 @@ def test_a_rank_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, mo
     import lab_utils.launcher as launcher
 
     s = profiles.settings(scaling.Settings, "quick", devices=(2,), run_batch_sizes=None,
-                          batch_sizes=(32, 128, 512), dataset="synthetic")
+                          batch_sizes=(32, 128, 512), dataset="synthetic", train_images=1024)  # 2 x 512 fits
     runs = [r for r in scaling.plan(s, Machine(gpus=2, gpu_name="Fake GPU", cores=8), "quick")
             if r.config["method"] == scaling.DDP]
 
