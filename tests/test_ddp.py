@@ -307,30 +307,39 @@ SLOW_S = 0.3       # seconds rank 1 sleeps per batch fetch
 SKEW_IMAGES, SKEW_BATCH = 192, 16   # 96 images per rank: k = 6 batches per epoch
 
 
-def _skew_launch(root: Path, slowed: bool, accumulation_steps: int = 1) -> dict:
+def _skew_config(slowed: bool, accumulation_steps: int = 1) -> RunConfig:
     knob = {"debug_slow_rank": 1, "debug_slow_loader_seconds": SLOW_S} if slowed else {}
-    args = RunConfig(devices=2, backend="gloo", batch_size=SKEW_BATCH, epochs=2, width=4,
+    return RunConfig(devices=2, backend="gloo", batch_size=SKEW_BATCH, epochs=2, width=4,
                      train_images=SKEW_IMAGES, test_images=SKEW_IMAGES, dataset="synthetic", num_workers=0,
                      accumulation_steps=accumulation_steps, **knob).validate()
-    job = {"experiment": "skew", "profile": "quick", "configs": [args.config()]}
-    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=150, threads_per_rank=1,
-                 log_dir=root / (("slow" if slowed else "normal") + f"_acc{accumulation_steps}"))
-    out = {"args": args}
-    for r in map(asdict, res.records):
-        out["agg" if r["config"]["record"] == "aggregate" else r["config"]["rank"]] = r
-    return out
 
 
 @pytest.fixture(scope="module")
-def skew_runs(tmp_path_factory):
-    """The same tiny 2-rank run twice: as is, and with rank 1's loader slowed by SLOW_S per batch."""
-    root = tmp_path_factory.mktemp("skew")
-    return _skew_launch(root, False), _skew_launch(root, True)
+def skew(tmp_path_factory) -> dict[str, dict]:
+    """The same tiny 2-rank run three times, in order, in one launch (one start-up, not three): as is
+    ("normal"), with rank 1's loader slowed by SLOW_S per batch ("slowed"), and slowed with 2
+    accumulation steps ("accumulation"). Each: its RunConfig ("args"), aggregate ("agg") and ranks (0, 1)."""
+    runs = {"normal": _skew_config(False), "slowed": _skew_config(True),
+            "accumulation": _skew_config(True, accumulation_steps=2)}
+    job = {"experiment": "skew", "profile": "quick", "configs": [a.config() for a in runs.values()]}
+    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=240, threads_per_rank=1,
+                 log_dir=tmp_path_factory.mktemp("skew"))
+    out: dict[str, dict] = {name: {"args": a} for name, a in runs.items()}
+
+    def run_of(config: dict) -> str:
+        plain = {k: v for k, v in config.items() if k not in ("record", "rank")}
+        return next(name for name, a in runs.items()
+                    if {k: v for k, v in a.config().items() if k not in ("record", "rank")} == plain)
+
+    for r in map(asdict, res.records):
+        out[run_of(r["config"])]["agg" if r["config"]["record"] == "aggregate" else r["config"]["rank"]] = r
+    assert all({"agg", 0, 1} <= set(run) for run in out.values()), {k: list(v) for k, v in out.items()}
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
+def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew):
     """Rank 1 sleeps SLOW_S in each of its k batch fetches of epoch 2 (k x SLOW_S = 1.8 s).
 
     - rank 1 bills the sleep to its own ``data_loading`` (at least k x SLOW_S);
@@ -344,7 +353,7 @@ def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
       epoch's whole training time (~0.2 s), so noise cannot fail it, while a leak of the wait
       would exceed it four times over.
     """
-    normal, slowed = skew_runs
+    normal, slowed = skew["normal"], skew["slowed"]
     k = slowed["agg"]["metrics"]["steps"]
     assert k == SKEW_IMAGES // 2 // SKEW_BATCH
     wait = k * SLOW_S
@@ -361,7 +370,7 @@ def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
     assert m["compute_seconds_max"] - m0["compute_seconds_max"] < 0.25 * wait
     # what T(N) would have been with the wait counted as training (the old bill)
     assert m["train_plus_skew_wait_seconds"] >= m["train_seconds"] + 0.7 * wait
-    for run in skew_runs:
+    for run in (normal, slowed):
         for r in (0, 1):
             p = run[r]["metrics"]
             total = sum(p[f"{ph}_seconds"] for ph in ("data_movement", "compute", "communication"))
@@ -369,15 +378,9 @@ def test_a_slow_loader_on_one_rank_shows_as_skew_wait_not_compute(skew_runs):
             assert p["skew_wait_seconds"] >= 0
 
 
-@pytest.fixture(scope="module")
-def skew_accumulation_run(tmp_path_factory):
-    """The slowed run again, with 2 accumulation steps (3 optimizer steps of 2 micro-batches per epoch)."""
-    return _skew_launch(tmp_path_factory.mktemp("skew_accumulation"), True, accumulation_steps=2)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_slow_loader_with_accumulation_shows_as_skew_wait_not_compute(skew_runs, skew_accumulation_run):
+def test_a_slow_loader_with_accumulation_shows_as_skew_wait_not_compute(skew):
     """Issue 25 (7): with accumulation, DDP broadcasts the BatchNorm buffers in the forward of each
     group's first micro-step (the one after a synchronizing forward). That collective sat outside
     the skew barrier (which came only before the all-reducing micro-step), so rank 0 waited there
@@ -387,8 +390,7 @@ def test_a_slow_loader_with_accumulation_shows_as_skew_wait_not_compute(skew_run
     1's k fetches is ``skew_wait`` (bounds as in the test above), and its compute stays within
     0.25 k S of the run without accumulation and without the slow loader.
     """
-    normal, _ = skew_runs
-    run = skew_accumulation_run
+    normal, run = skew["normal"], skew["accumulation"]
     m = run["agg"]["metrics"]
     k = m["micro_steps"]
     assert k == SKEW_IMAGES // 2 // SKEW_BATCH and m["steps"] == k // 2 and m["accumulation_steps"] == 2
