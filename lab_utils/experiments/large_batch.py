@@ -9,9 +9,12 @@ Q7 whether, at 4 x 512, communicating only the gradients is enough (from the sam
 and figures: :mod:`lab_utils.experiments.large_batch_tables` (Q4-Q5),
 :mod:`lab_utils.experiments.accounting_tables` (Q6-Q7).
 
-:func:`plan` trains ResNet-18 for the same number of epochs in five configurations, each a run of the
-DDP worker (:mod:`lab_utils.workers.ddp`, one launch each: a failed run is an error row and the others
-go on), evaluated on the test split after every epoch:
+:func:`plan` trains ResNet-18 for the same number of epochs in five configurations, runs of the DDP
+worker (:mod:`lab_utils.workers.ddp`), evaluated on the test split after every epoch: the reference in a
+launch of its own, the four large-batch runs in one launch (one start-up instead of four; they share
+their layout, so an out-of-memory in the first would recur in each: the others become rows "not tried";
+a run that fails otherwise is an error row, the runs after it in the launch are rows that say so, and
+all of them are measured the next time the notebook runs):
 
 1. **small batch (reference)**: ``small_batch`` on 1 device, lr 0.1 (the spec's recipe);
 2. **large batch, same lr**: ``large_batch_per_device`` on each of ``devices`` devices
@@ -90,7 +93,7 @@ class Settings:
     dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
     num_workers: int | None = None
     seed: int = 0
-    timeout_s: float = 3600.0
+    timeout_s: float = 3600.0  # one run's limit (seconds); the launch of the four large runs gets 4x
     threads_per_rank: int | None = 1  # CPU (gloo) runs only: one core per rank, the CPU's "device"
     cpu_processes: int = 2  # without GPUs: at most this many gloo processes, accumulation for the rest
     label: str = ""
@@ -174,8 +177,8 @@ def plan_devices(settings: Settings, machine: Machine) -> DevicePlan:
 
 
 def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
-    """The reference, the large batch at the same lr, and the three remedies (same epochs), each a DDP
-    run of its own (its own launch: one failing does not stop the others)."""
+    """The reference, the large batch at the same lr, and the three remedies (same epochs); the four
+    large-batch runs share one launch (group "large": one start-up, and the out-of-memory rule)."""
     s, d = settings, plan_devices(settings, machine)
     prof, b, w = get_profile(profile), s.large_batch_per_device, s.warmup_epochs
     n, k = d.large_devices, d.accumulation_steps
@@ -194,9 +197,10 @@ def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
             (f"+ warm-up + {s.decay} decay", n, b, "linear", w, s.decay, k))
     return [Run(EXPERIMENT, RunConfig(devices=devices, batch_size=batch, lr_rule=rule, warmup_epochs=warmup,
                                       decay=decay, accumulation_steps=acc, tag=name, **common).config(),
-                ddp, processes=devices, device=d.device, timeout_s=s.timeout_s, label=name,
-                threads=s.threads_per_rank if d.device == "cpu" else None)
-            for name, devices, batch, rule, warmup, decay, acc in runs]
+                ddp, processes=devices, device=d.device, label=name,
+                timeout_s=s.timeout_s * (1 if i == 0 else len(runs) - 1),
+                threads=s.threads_per_rank if d.device == "cpu" else None, group=None if i == 0 else "large")
+            for i, (name, devices, batch, rule, warmup, decay, acc) in enumerate(runs)]
 
 
 def plan_accounting(settings: Settings, machine: Machine, profile: str) -> list[Run]:
