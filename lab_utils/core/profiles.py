@@ -107,11 +107,10 @@ LARGE_BATCH = {
     # rank, 2 cores; final train loss / test accuracy, seed 0 then seed 1): the reference
     # 0.029 / 100% and 0.059 / 100%, the large batch at the same lr 1.58 / 36.2% and
     # 1.33 / 50.0%, linear scaling 0.31 / 82.4% and 0.097 / 93.8%, + warm-up 0.15 / 99.6% and
-    # 0.062 / 99.6%, + warm-up + cosine 0.31 / 97.4% and 0.071 / 99.8%. The five runs took 83 s
-    # (``python -m lab_utils measure large_batch --profile quick``, 2 cores, lightly loaded by
-    # other work), against 139 s for the previous values (3,072 images, 16 vs 4 x 64, width 8)
-    # run just before; about 36 s of each is start-up before any training (the command, five
-    # launches, each worker's data and model).
+    # 0.062 / 99.6%, + warm-up + cosine 0.31 / 97.4% and 0.071 / 99.8%. Time on 2 cores shared
+    # with other work (load average 1.5-2): notebook 05's measure cell 83-90 s, against 145 s for
+    # the previous values (3,072 images, 16 vs 4 x 64, width 8) run just before it; about 35 s of
+    # it is start-up before any training (five launches, each worker's data and model).
     "quick": dict(
         epochs=5, small_batch=8, large_batch_per_device=32, devices=4, width=4, lr=0.00625,
         train_images=1536, test_images=500, warmup_epochs=0.5, decay="cosine", timeout_s=600,
