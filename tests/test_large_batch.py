@@ -71,7 +71,7 @@ def test_plan_devices_uses_what_the_machine_has_and_says_so():
         assert "4 x 512 emulated with 2 devices x 2 accumulation steps" in two.note
     cpu = lb.plan_devices(_settings("quick"), CPU)
     assert (cpu.large_devices, cpu.backend, cpu.accumulation_steps, cpu.device) == (2, "gloo", 2, "cpu")
-    assert "gloo" in cpu.note and "4 x 64 emulated with 2 devices x 2 accumulation steps" in cpu.note
+    assert "gloo" in cpu.note and "4 x 32 emulated with 2 devices x 2 accumulation steps" in cpu.note
     runs = lb.plan(full, Machine(gpus=1, gpu_name="G"), "full")
     assert [r.config["global_batch"] for r in runs] == [128, 2048, 2048, 2048, 2048]
     assert [r.config.get("accumulation_steps", 1) for r in runs] == [1, 4, 4, 4, 4]
@@ -171,11 +171,11 @@ def test_table_rows_and_columns(store):
     recs, s, plan, runs = _fake_result(store, failed=True)
     t = lbt.large_batch_table(recs, s)
     assert list(t["configuration"]) == [r.label for r in runs]
-    assert list(t["global batch"]) == [16, 256, 256, 256, 256]
+    assert list(t["global batch"]) == [8, 128, 128, 128, 128]
     assert t.loc[0, "epoch-3 test accuracy %"] == pytest.approx(40.0)
     assert t.loc[0, "epoch time s"] == pytest.approx(2.0)  # epoch 3's (the record's)
     assert t.loc[0, "peak lr"] == 0.1 and math.isnan(t.loc[1, "peak lr"])  # the record's; none if it failed
-    assert t.loc[0, "optimizer steps"] == 3 * 3072 // 16
+    assert t.loc[0, "optimizer steps"] == 3 * 1536 // 8
     assert t.loc[1, "status"] == "error: rank 1 died"
     lbt.save_large_batch_table(store, recs, s, plan)
     text = (store.tables_dir / "large_batch.md").read_text()
@@ -197,9 +197,11 @@ def test_figures_are_saved(store):
         lbt.plot_accuracy(recs, s, "steps")
     curves = lbt.lr_curves(recs, s)
     warm = curves[runs[3].label]
-    # quick: reference lr 0.00625 at batch 16, linear rule x 256/16 = 0.1, 12 steps per epoch
+    # quick: reference lr 0.00625 at batch 8, linear rule x 128/8 = 0.1, 12 steps per epoch, warm-up
+    # over half an epoch (6 steps)
     assert warm[0] == pytest.approx(0.00625) and max(warm) == pytest.approx(0.1)
-    assert warm[6] == pytest.approx(0.00625 + (0.1 - 0.00625) * 6 / 12)  # half-way through the warm-up
+    assert warm[3] == pytest.approx(0.00625 + (0.1 - 0.00625) * 3 / 6)  # half-way through the warm-up
+    assert warm[5] < 0.1 and warm[6] == pytest.approx(0.1)  # the peak from step 6 on
     assert len(curves[runs[0].label]) == 3 * 192 and len(warm) == 3 * 12
 
 
@@ -402,11 +404,11 @@ def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
     t = lbt.large_batch_table(recs, s)
     assert t.loc[1, "epoch-3 train accuracy %"] == pytest.approx(63.4)
     assert t.loc[1, "epoch-3 test accuracy %"] == pytest.approx(50.0)
-    # quick on a CPU: 2 gloo processes x 2 accumulation steps x 64 = 256
+    # quick on a CPU: 2 gloo processes x 2 accumulation steps x 32 = 128
     assert t.loc[1, "vs assignment"] == (
-        "NOT 4 x 512: global batch 256, not 2048; 64 per device, not 512; 2 device(s) x 2 accumulation steps "
+        "NOT 4 x 512: global batch 128, not 2048; 32 per device, not 512; 2 device(s) x 2 accumulation steps "
         "EMULATE 4 devices; CPU processes, not GPUs")
-    assert t.loc[0, "vs assignment"].startswith("NOT 1 x 128: global batch 16, not 128")
+    assert t.loc[0, "vs assignment"].startswith("NOT 1 x 128: global batch 8, not 128")
     # the assignment's layouts on GPUs are not flagged; an emulation with the right batch still is
     def run(n, b, acc=1, tag="large batch, same lr"):
         return RunConfig(devices=n, backend="nccl", batch_size=b, accumulation_steps=acc, tag=tag)
