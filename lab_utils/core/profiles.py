@@ -110,9 +110,10 @@ LARGE_BATCH = {
     # 0.029 / 100% and 0.059 / 100%, the large batch at the same lr 1.58 / 36.2% and
     # 1.33 / 50.0%, linear scaling 0.31 / 82.4% and 0.097 / 93.8%, + warm-up 0.15 / 99.6% and
     # 0.062 / 99.6%, + warm-up + cosine 0.31 / 97.4% and 0.071 / 99.8%. Time on 2 cores shared
-    # with other work (load average 1.5-2): notebook 05's measure cell 83-90 s, against 145 s for
-    # the previous values (3,072 images, 16 vs 4 x 64, width 8) run just before it; about 35 s of
-    # it is start-up before any training (five launches, each worker's data and model).
+    # with other work (load average 1.5-2): notebook 05's measure cell 83-90 s with one launch per
+    # run, against 145 s for the previous values (3,072 images, 16 vs 4 x 64, width 8) run just
+    # before it; with the four large runs in one launch, `python -m lab_utils measure large_batch
+    # --profile quick` takes 54 s on 2 idle cores (77 s of CPU), the same numbers for seed 0.
     "quick": dict(
         epochs=5, small_batch=8, large_batch_per_device=32, devices=4, width=4, lr=0.00625,
         train_images=1536, test_images=500, warmup_epochs=0.5, decay="cosine", timeout_s=600,
