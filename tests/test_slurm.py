@@ -646,12 +646,12 @@ def test_experiment_resubmitted_measures_only_what_is_missing(cluster, two_proce
     """After a time limit, the same job submitted again continues: stored runs are not measured again."""
     job = two_process_job
     job_id, code = submit(cluster, "experiment.sbatch", "--gpus-per-node=0", "--cpus-per-task=2", "--",
-                          "scaling", "--set", "devices=2", "--set", "batch_sizes=32,512",
+                          "scaling", "--set", "devices=2", "--set", "batch_sizes=32,128",
                           env=job["env"], cwd=job["job_dir"])
     out, err = job_files(job["job_dir"], "lab-ddp", job_id)
     assert code == 0, out + err
-    assert "scaling: measured now: DDP 2 x 512" in out and "measuring DDP 2 x 32 " not in out
-    assert [r["config"]["batch_size"] for r in aggregates(job["results"])] == [32, 512]
+    assert "scaling: measured now: DDP 2 x 128" in out and "measuring DDP 2 x 32 " not in out
+    assert [r["config"]["batch_size"] for r in aggregates(job["results"])] == [32, 128]
 
 
 @pytest.mark.parametrize("gpus", [1, 4])
