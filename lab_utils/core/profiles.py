@@ -79,9 +79,10 @@ SCALING = {
     # gloo over 1, 2 and 4 single-thread processes; on 2 cores the 4 processes take turns
     # (oversubscribed, and Table 1 says so), which still runs every 4-device path. A global batch
     # larger than the subset (2 x 512, 4 x 512) is a row saying so. 512 images, not more: notebooks
-    # 02 and 03 train 13 configurations twice over (two epochs), and that is most of the quick
-    # lab's time after notebook 05. Buckets of 0.4 MB (25 MB x 176k / 11.2M) give the small model
-    # several buckets, as the full model has.
+    # 02 and 03 train 11 configurations (7 + 4) for two epochs each, and with 1,024 images they
+    # were the quick lab's largest time after notebook 05 (65 + 80 s in a loaded test run).
+    # Buckets of 0.4 MB (25 MB x 176k / 11.2M) give the small model several buckets, as the full
+    # model has.
     "quick": dict(
         run_batch_sizes=(32, 128, 512), width=8, train_images=512, max_cpu_processes=4,
         bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True, repeats=1,
