@@ -552,3 +552,11 @@ def test_hidden_cases_reject_the_public_answers(masters, specs, notebook, name):
             if failed:
                 return
     pytest.fail(f"{name}: the public answers pass every hidden test cell")
+
+
+def test_q09_ranks_time_out_before_the_graders_case_limit():
+    """A deadlocked average_gradients must end inside _average_call ("timed out", its forked ranks
+    killed), not at the grader's case alarm, which leaves them running: with room for forking them."""
+    from lab_utils.grading import exercises, sandbox
+
+    assert 10.0 <= exercises.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0

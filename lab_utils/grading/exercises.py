@@ -695,6 +695,13 @@ def _int8_float_twice(right, model, keep_in_float=()):
 # --------------------------------------------------------------------------- q09: data parallelism by hand
 
 
+# How long q09_average's forked gloo ranks get to meet and answer (s). Below the grader's case limit
+# (lab_utils.grading.sandbox.Limits.case_seconds, 20 s), so that a deadlocked answer (an all-reduce on
+# one rank only) ends here as "timed out" with its ranks killed, not at the case alarm with its ranks
+# left running; above the 10 s that `make student` once needed on a loaded node for the master's answers.
+RANKS_TIMEOUT_S = 15.0
+
+
 def _average_call(fn: Callable, case: dict) -> Any:
     """Case ``{"grads": [rank 0's gradients, rank 1's, ...]}`` (each a list of nested lists): ``fn`` runs
     in that many gloo ranks (:func:`lab_utils.core.handmade.run_in_ranks`, forked processes), each on its
@@ -707,9 +714,7 @@ def _average_call(fn: Callable, case: dict) -> Any:
         out = fn([torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]])
         return None if out is None else [t.tolist() if isinstance(t, torch.Tensor) else t for t in out]
 
-    # 30 s: a deadlocked answer (an all-reduce on one rank only) ends as "timed out"; forked gloo ranks
-    # on a loaded node (make student beside other jobs) can take over 10 s to meet, which is no mistake
-    answers = run_in_ranks(rank, len(case["grads"]), timeout_s=30.0)
+    answers = run_in_ranks(rank, len(case["grads"]), timeout_s=RANKS_TIMEOUT_S)
     for r, a in enumerate(answers):
         if isinstance(a, dict) and "error" in a:
             raise RuntimeError(f"on rank {r} of {len(answers)}: {a['error']}")
