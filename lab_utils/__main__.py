@@ -1,27 +1,9 @@
-"""The lab's command line: ``python -m lab_utils {run,measure,prepare,bench,info,doctor,...} ...``.
-
-- ``run [NOTEBOOK ...] [--profile quick|full] [--timeout S]``: execute notebooks headless
-  and write ``results/<profile>/report.md``.
-- ``measure NAME [--profile P] [--set KEY=VALUE ...] [--force] [--nodes N --job DIR [--collect]]``:
-  what a notebook measures, without the notebook: ``lab_utils.plan.measure`` of the experiment
-  NAME (``lab_utils.experiments.registry``) with the profile's settings and the overrides, into
-  the result store (the notebook then finds it there); one line per run. SLURM's job scripts
-  call it. ``--nodes``: the runs of one multi-node DDP launch as a job file for the torchrun
-  agents ``slurm/multinode.sbatch`` starts, then ``--collect`` stores their records.
-- ``prepare``: download CIFAR-10 and the text corpus into ``data/`` (needs internet).
-- ``bench NAME [args]``: benchmarks that print ratios measured side by side in one run
-  (``timers``, ``allreduce``, ``data``, ``train``, ``grading``).
-- ``info``: the machine, versions, chosen profile and data status.
-- ``doctor [--profile P] [--budget S] [--only NAMES]``: the first session on a new GPU node: checks
-  on the real machine what no CPU test can (``lab_utils.doctor``); exit 1 when a check fails.
-- ``student [--out DIR]``: build the student copy and the grading bundle (otter assign).
-- ``grade SUBMISSIONS [--bundle DIR] [--out DIR] [--roster CSV] [--student NAME] [--jobs N]
-  [--no-sandbox]``: grade handed-in notebooks, each in a sandbox, into a gradebook and feedback.
-- ``fold HAND_POINTS_CSV [--out DIR]``: fold points given by hand into the gradebook and feedback.
+"""The lab's command line: ``python -m lab_utils {run,measure,report,prepare,bench,info,doctor,student,
+grade,fold} ...`` (``--help`` on each says what it does and takes).
 
 Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
-node whose GPUs this torch cannot use: ``info`` and ``run`` stop before any work instead of
-running on the CPU (``lab_utils.core.environment.check_gpu_node``).
+node whose GPUs this torch cannot use: ``info``, ``run`` and ``measure`` stop before any work instead
+of running on the CPU (``lab_utils.core.environment.check_gpu_node``).
 """
 
 from __future__ import annotations
@@ -51,27 +33,14 @@ BENCHES = {
 }
 
 
-def _call(target: str, argv: list[str]) -> int:
-    module, func = target.split(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise LabError(f"This lab has no {module} ({e}); update the checkout.") from None
-    return int(getattr(mod, func)(argv) or 0)
-
-
 def _prepare(args) -> int:
     from pathlib import Path
 
-    from lab_utils.core import data
+    from lab_utils.core import data, text_data
 
     root = Path(args.data_dir) if args.data_dir else None
     path = data.prepare_cifar10(root)
     print(f"CIFAR-10 ready in {path}")
-    try:
-        text_data = importlib.import_module("lab_utils.core.text_data")
-    except ModuleNotFoundError:
-        return 0
     corpus = text_data.prepare_corpus(root)
     print(f"text corpus ready: {corpus}")
     return 0
@@ -129,24 +98,12 @@ def _measure(args) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print_runs(runs, records)
+    by_key = {rec.key: rec for rec in plan.aggregates(records)}
+    for run in runs:
+        print(plan.run_line(run.name, by_key.get(run.key)), flush=True)
     for name in dict.fromkeys(r.experiment for r in runs if r.skip is None):
         print(f"records: {lab.store.path(name)}")
     return 0
-
-
-def print_runs(runs, records) -> None:
-    """One line per run: its label, its record's status, and the training seconds or the reason."""
-    first = {}
-    for rec in records:
-        first.setdefault(rec.key, rec)
-    for run in runs:
-        rec = first.get(run.key)
-        status = rec.status if rec is not None else "missing"
-        seconds = rec.metrics.get("train_seconds") if rec is not None else None
-        detail = (f"train_seconds {seconds:.3f}" if isinstance(seconds, int | float) and status == "ok"
-                  else (rec.reason or "") if rec is not None else "no record")
-        print(f"  {run.name:<28} {status:<8} {detail}".rstrip(), flush=True)
 
 
 def _gpu_node_guard(profile: str | None) -> None:
@@ -344,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                 for k, (_, what) in BENCHES.items():
                     print(f"  {k:10s} {what}", file=sys.stderr)
                 return 2
-            return _call(BENCHES[args.name][0], args.args)
+            module, func = BENCHES[args.name][0].split(":")
+            return int(getattr(importlib.import_module(module), func)(args.args) or 0)
         if args.command == "info":
             return _info(args)
         if args.command == "doctor":

@@ -1,40 +1,28 @@
 """``python -m lab_utils doctor``: the first session on a new GPU node, checked in minutes.
 
-No machine of this project has a GPU: the tests run the lab's CUDA-only branches against a
-fake (tests/fake_gpu.py), which cannot show what only a real node can: that CUDA events
-agree with the host clock, that an out-of-memory error under a memory cap is caught and
-its memory given back, that bf16 is native, that NCCL moves data at the speed of the links,
-that ``torch.compile`` (Inductor/Triton) works, that the profiler sees GPU kernels (CUPTI),
-and that each notebook's own code runs: every experiment of :mod:`lab_utils.experiments.registry`
-measures its smallest full-profile plan (``experiment.doctor``) through :func:`lab_utils.plan.measure`,
-as the notebook does, into a scratch store, and its records are judged (phases sum to the step,
-0 <= exposed communication <= all-reduce <= step). This command
-checks exactly those, on the node, in at most about 10 minutes on 1-4 GPUs
-(``--budget``, default 600 s), and prints one table:
+The tests run the lab's CUDA-only branches against a fake GPU (tests/fake_gpu.py); this command checks,
+on the node, what only a real one can show: CUDA events agree with the host clock, an out-of-memory
+error under a memory cap is caught and its memory given back, bf16 is native, NCCL moves data at the
+links' speed, ``torch.compile`` works, and each notebook's own code runs: every experiment of
+:mod:`lab_utils.experiments.registry` measures its smallest full-profile plan (``experiment.doctor``)
+through :func:`lab_utils.plan.measure` into a scratch store, and its records are judged (phases sum to
+the step, 0 <= exposed communication <= all-reduce <= step). It prints one table
+(``| check | measured | expected | verdict |``) within ``--budget`` seconds (600), also written to
+``results/<profile>/doctor.md`` and ``doctor.json``. A verdict is ``ok``, ``warn`` (works, but a number
+to look at), ``fail`` (wrong numbers or a crash here: exit code 1) or ``skipped: <why>``.
 
-    | check | measured | expected | verdict |
-
-A verdict is ``ok``, ``warn`` (works, but a number to look at), ``fail`` (the lab would
-give wrong numbers or crash here: exit code 1) or ``skipped: <why>`` ("no GPU", "needs 2
-GPUs", ...). The table and every measured detail go to ``results/<profile>/doctor.md`` and
-``doctor.json`` for a bug report.
-
-Every check has a time limit. Those that touch CUDA run in a child process
-(``python -m lab_utils.doctor --child NAME``) that is killed at its limit, with every
-process it started (:func:`lab_utils.proc.run`), so a hung driver, NCCL or compiler ends as a
-``fail`` row and the doctor goes on; multi-GPU runs go through the launcher, whose timeout stops
-the whole ``torchrun`` tree. The doctor's own process never opens a CUDA context: it stands in for
-the notebook's kernel, and an experiment's row fails if it had.
-The checks that run in-process read ``nvidia-smi`` (bounded by its timeout) and time a
-fixed number of empty timer phases.
-
-On a machine without a GPU it runs what applies (versions, the timers' overhead), marks the
-rest ``skipped: no GPU`` and exits 0.
+Every check has a time limit. Those that touch CUDA run in a child process (``python -m
+lab_utils.doctor --child NAME``) stopped at its limit with everything it started
+(:func:`lab_utils.proc.run`), so a hung driver, NCCL or compiler is a ``fail`` row; multi-GPU runs go
+through the launcher, whose timeout stops the whole ``torchrun`` tree. The doctor's own process never
+opens a CUDA context: it stands in for the notebook's kernel. Without a GPU it runs what applies
+(versions, the timers' overhead), marks the rest ``skipped: no GPU`` and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -42,19 +30,23 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 from lab_utils import plan, proc
-from lab_utils.core import config, profiles
+from lab_utils.core import config, cuda_builds, data, hardware, memory, profiles, timing
+from lab_utils.core.environment import gpu_node_problem, software_stack
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import Machine as PlanMachine
-from lab_utils.experiments import registry
-from lab_utils.plan import Experiment, Run, aggregates, make_plan
+from lab_utils.experiments import comm, registry
+from lab_utils.plan import Experiment, aggregates, make_plan
 from lab_utils.store import ResultStore, _atomic_write_text
+from lab_utils.workers import fast_train
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -99,11 +91,6 @@ class Machine:
 
 def read_machine(profile: str | None = None) -> Machine:
     """This machine's GPUs, driver and MIG slices, from NVML and ``nvidia-smi`` (no CUDA context)."""
-    import torch
-
-    from lab_utils.core import cuda_builds, hardware
-    from lab_utils.core.environment import gpu_node_problem
-
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = hardware.visible_gpu_names() or []
     driver = cuda_builds.query_driver()
@@ -123,15 +110,11 @@ def read_machine(profile: str | None = None) -> Machine:
 
 
 def measure_versions(m: Machine) -> dict[str, Any]:
-    from lab_utils.core.environment import software_stack
-
     return {"stack": software_stack(), "driver": m.driver, "problem": m.problem}
 
 
 def judge_versions(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     stack = d["stack"]
-    import torch
-
     measured = (f"driver {d['driver'] or 'none'}, torch {torch.__version__}, CUDA {stack.get('torch CUDA')}, "
                 f"cuDNN {stack.get('cuDNN')}, NCCL {stack.get('NCCL')}")
     expected = "a torch build whose CUDA this driver runs, with kernels for these GPUs"
@@ -159,8 +142,6 @@ KERNEL_EXPECTED = 56.0
 def tiny_kernel(index: int) -> float:
     """One elementwise kernel and one reduction on GPU ``index`` (a torch without kernels for this GPU
     fails here with "no kernel image is available"); their result, :data:`KERNEL_EXPECTED` if right."""
-    import torch
-
     x = torch.arange(8, dtype=torch.float32, device=torch.device("cuda", index))
     return float((x * 2).sum().item())
 
@@ -168,10 +149,6 @@ def tiny_kernel(index: int) -> float:
 def measure_cuda_init(m: Machine, kernel: Callable[[int], float] = tiny_kernel) -> dict[str, Any]:
     """Initialize CUDA on every visible GPU: torch's names, capability and memory, and one kernel launched
     on each (``kernel(index)``, default :func:`tiny_kernel`), in a child process."""
-    import torch
-
-    from lab_utils.core import hardware
-
     smi = hardware.visible_gpu_names() or []
     out = []
     for i in range(torch.cuda.device_count()):
@@ -216,8 +193,6 @@ def judge_cuda_init(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
 def _matmul_workload(device: str, n: int = 2048, repeats: int = 20) -> tuple[Callable[[], None], float]:
     """A known workload: ``repeats`` fp32 matmuls of n x n (2 n^3 FLOPs each). Returns (run, FLOPs)."""
-    import torch
-
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
 
@@ -236,14 +211,10 @@ def measure_clock(m: Machine, workload: Callable[[], None] | None = None, flops:
     ``workload`` (default: fp32 matmuls with known FLOPs) runs once untimed, then ``repeats``
     times under each clock, alternating.
     """
-    import torch
-
-    from lab_utils.core.timing import synchronize
-
     if workload is None:
         workload, flops = _matmul_workload(device)
     workload()
-    synchronize(device)
+    timing.synchronize(device)
     events, host = [], []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -252,19 +223,13 @@ def measure_clock(m: Machine, workload: Callable[[], None] | None = None, flops:
         end.record()
         end.synchronize()
         events.append(start.elapsed_time(end) / 1e3)  # ms -> s
-        synchronize(device)
+        timing.synchronize(device)
         t0 = clock()
         workload()
-        synchronize(device)
+        timing.synchronize(device)
         host.append(clock() - t0)
     return {"event_seconds": statistics.median(events), "host_seconds": statistics.median(host),
-            "flops": flops, "device_name": _device_name(device)}
-
-
-def _device_name(device: str) -> str:
-    from lab_utils.core.hardware import device_name
-
-    return device_name(device)
+            "flops": flops, "device_name": hardware.device_name(device)}
 
 
 def judge_clock(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
@@ -272,11 +237,10 @@ def judge_clock(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     measured = f"events {ev * 1e3:.2f} ms, host clock {host * 1e3:.2f} ms"
     expected = "equal within 5 % + 0.5 ms"
     if d.get("flops"):
-        from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
-
         rate = d["flops"] / ev if ev > 0 else math.inf
         measured += f" ({rate / 1e12:.1f} TFLOP/s)"
-        peak = peak_flops_per_s(d.get("device_name"), fp32_training_precision(d.get("device_name")))
+        name = d.get("device_name")
+        peak = hardware.peak_flops_per_s(name, hardware.fp32_training_precision(name))
         if peak and rate > 1.05 * peak:  # faster than the hardware: the clock missed work
             return measured + f" > peak {peak / 1e12:.0f}", expected, "fail"
     if ev <= 0 or abs(ev - host) > 0.05 * host + 5e-4:
@@ -288,11 +252,9 @@ def measure_timer_overhead(m: Machine, device: str | None = None, phases: int = 
                            clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     """Seconds one empty :class:`~lab_utils.core.timing.PhaseTimer` phase costs (its two
     device synchronizations and clock reads), on an idle device."""
-    from lab_utils.core.timing import PhaseTimer, synchronize
-
     device = device or ("cuda" if m.gpus else "cpu")
-    timer = PhaseTimer(device)
-    synchronize(device)
+    timer = timing.PhaseTimer(device)
+    timing.synchronize(device)
     t0 = clock()
     for _ in range(phases):
         with timer.phase("compute"):
@@ -317,29 +279,25 @@ def measure_oom(m: Machine, device: str = "cuda", fraction: float = 0.05,
     """Cap the caching allocator at ``fraction`` of the GPU, allocate twice that: the lab's OOM path
     (:func:`~lab_utils.core.memory.catch_oom`) must turn it into a reason, and
     :func:`~lab_utils.core.memory.free_device_memory` must give the memory back. Bytes."""
-    import torch
-
-    from lab_utils.core.memory import catch_oom, free_device_memory, resolve_cuda_device, set_memory_fraction
-
-    dev = resolve_cuda_device(device)
+    dev = memory.resolve_cuda_device(device)
     if allocate is None:
         def allocate(nbytes: int) -> Any:
             return torch.empty(nbytes, dtype=torch.uint8, device=dev)
     total = torch.cuda.get_device_properties(dev).total_memory
     base_alloc = torch.cuda.memory_allocated(dev)
-    capped = set_memory_fraction(fraction, dev)[1]
+    capped = memory.set_memory_fraction(fraction, dev)[1]
     try:
         keep = allocate(int(total * fraction / 4))      # fits under the cap
-        with catch_oom() as oom:
+        with memory.catch_oom() as oom:
             big = allocate(int(total * fraction * 2))   # does not
             del big
         held = torch.cuda.memory_allocated(dev)
         del keep
-        free_device_memory(dev)
+        memory.free_device_memory(dev)
         after_alloc = torch.cuda.memory_allocated(dev)
         after_reserved = torch.cuda.memory_reserved(dev)
     finally:
-        set_memory_fraction(1.0, capped)
+        memory.set_memory_fraction(1.0, capped)
     return {"oom": bool(oom), "reason": oom.reason, "total_bytes": int(total), "fraction": fraction,
             "base_allocated_bytes": int(base_alloc), "held_after_oom_bytes": int(held),
             "allocated_after_free_bytes": int(after_alloc), "reserved_after_free_bytes": int(after_reserved)}
@@ -361,12 +319,8 @@ def judge_oom(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
 def measure_bf16(m: Machine, device: str = "cuda", math_device: str | None = None) -> dict[str, Any]:
     """Whether bf16 is native here (not emulated), and a bf16 matmul's error against fp32."""
-    import torch
-
-    from lab_utils.core.hardware import bf16_supported
-
-    native = bf16_supported(device)
-    out: dict[str, Any] = {"native": native, "device_name": _device_name(device)}
+    native = hardware.bf16_supported(device)
+    out: dict[str, Any] = {"native": native, "device_name": hardware.device_name(device)}
     if not native:
         cap = torch.cuda.get_device_capability(torch.device(device))
         out["capability"] = f"{cap[0]}.{cap[1]}"
@@ -391,8 +345,6 @@ def judge_bf16(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
 def measure_int8_mm(m: Machine, device: str = "cuda") -> dict[str, Any]:
     """``torch._int_mm`` (cuBLAS int8) at 17 rows against an int32 matmul; whether 8 rows are refused."""
-    import torch
-
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randint(-100, 100, (17, 64), dtype=torch.int8, generator=g)
     b = torch.randint(-100, 100, (64, 64), dtype=torch.int8, generator=g)
@@ -425,10 +377,7 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     ``backend`` replaces the planned one in every run (tests: gloo standing in for NCCL); the plan's
     own answer is kept in ``planned_backend``.
     """
-    from lab_utils.experiments import comm
-
-    here = PlanMachine.here()
-    machine = replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
+    machine = _plan_machine(m)
     full = profiles.settings(comm.Settings, "full")
     settings = replace(comm.doctor_settings(full), max_bytes=max_bytes, timeout_s=timeout_s)
     runs = [r for r in comm.plan_bench(settings, machine, "full") if r.skip is None]
@@ -438,8 +387,7 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     if backend:
         runs = [replace(r, config={**r.config, "backend": backend}, options={**r.options, "backend": backend},
                         device="cuda" if backend == "nccl" else "cpu") for r in runs]
-    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))
+    with _scratch_lab() as lab:
         records = plan.measure(lab, comm.ALLREDUCE_BENCH_EXPERIMENT, settings, force=True, verbose=False,
                                machine=machine, runs=runs)
     best = max(records, key=lambda r: r.metrics["busbw_gb_per_s"])
@@ -472,20 +420,25 @@ def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     return measured, expected, "ok" if got >= share else ("warn" if got >= share / 4 else "fail")
 
 
-# --------------------------------------------------------------------------- one step of each notebook
+def _plan_machine(m: Machine) -> PlanMachine:
+    """The machine the plans are made for: this one, with the doctor's GPU count and name."""
+    here = PlanMachine.here()
+    return replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
+
+
+@contextlib.contextmanager
+def _scratch_lab() -> Iterator[SimpleNamespace]:
+    """A full-profile session whose store is a temporary folder: nothing reaches the lab's results."""
+    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
+        yield SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))
 
 
 def measure_compile(m: Machine, device: str = "cuda") -> dict[str, Any]:
     """One ``torch.compile`` warm-up (Inductor/Triton) and a compiled step of the fast path."""
-    import torch
-
-    from lab_utils.core.data import device_loader, load_split
-    from lab_utils.workers import fast_train
-
     dev = torch.device(device)
     trainer = fast_train.build_trainer(fast_train.TrainOptions(loader="device", compile=True), 8, dev)
-    split = load_split(True, 256, "synthetic")
-    loader = device_loader(split, dev, 128, seed=0)
+    split = data.load_split(True, 256, "synthetic")
+    loader = data.device_loader(split, dev, 128, seed=0)
     warm = fast_train.warm_up(trainer, loader, 1)
     before = fast_train.compiled_graphs()
     ep = trainer.epoch(loader)
@@ -532,50 +485,6 @@ def timing_violations(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def judge_step(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
-    """A notebook step ran: what it measured, in one line."""
-    parts = [d.get("config", "")]
-    for key, fmt in (("train_seconds", "{:.2f} s"), ("seconds_per_step", "{:.3f} s/step"),
-                     ("peak_memory_bytes", "peak {:.2f} GiB"), ("images_per_s", "{:,.0f} img/s"),
-                     ("tokens_per_s", "{:,.0f} tok/s")):
-        v = d.get(key)
-        if isinstance(v, int | float):
-            parts.append(fmt.format(v / 2**30 if key == "peak_memory_bytes" else v))
-    expected = ("one short step of the full profile's smallest configuration runs; phases sum to the step; "
-                "0 <= exposed comm <= all-reduce <= step")
-    verdict = "ok"
-    if d.get("status") not in (None, "ok"):
-        parts.append(f"{d['status']}: {d.get('reason')}")
-        verdict = "fail"
-    for variant, text in (d.get("variants") or {}).items():
-        if text.startswith("error"):
-            parts.append(f"{variant} {text}")
-            verdict = "fail"
-    ok_variants = [v for v, t in (d.get("variants") or {}).items() if t.startswith("ok")]
-    if ok_variants:
-        parts.append("ran: " + ", ".join(ok_variants))
-    losses = [d.get(k) for k in ("loss", "test_loss") if d.get(k) is not None]
-    if any(not math.isfinite(v) for v in losses):
-        parts.append("loss not finite")
-        verdict = "fail"
-    broken = timing_violations(d)
-    if broken:
-        parts.append("timing broken: " + "; ".join(broken))
-        verdict = "fail"
-    if d.get("precision_note"):
-        parts.append(d["precision_note"])
-    if d.get("profiled_gpu_kernels") == 0:
-        parts.append("the profiler saw no GPU kernel (CUPTI not permitted?)")
-        verdict = "warn" if verdict == "ok" else verdict
-    return "; ".join(p for p in parts if p), expected, verdict
-
-
-# --------------------------------------------------------------------------- the list
-
-
-# --------------------------------------------------------------------------- the notebooks' own plans
-
-
 #: What an experiment's row expects (shown when it is skipped).
 EXPERIMENT_EXPECTED = ("the notebook's own plan at its smallest full-profile settings runs, each run's "
                        "timing keeps its invariants; no CUDA context in this process (the notebook's kernel)")
@@ -592,19 +501,14 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
     ``timeout_s`` seconds. This process stands in for the notebook's kernel: whether it had opened a
     CUDA context before the launches is recorded (on an EXCLUSIVE_PROCESS node that stops them).
     Returns each aggregate record's status, reason and timing figures (seconds)."""
-    here = PlanMachine.here()
-    machine = machine or replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
+    machine = machine or _plan_machine(m)
     settings = experiment.doctor(profiles.settings(experiment.settings, "full"))
     runs = make_plan(experiment, settings, machine, "full")
-    groups: dict[Any, list[Run]] = {}
-    for i, run in enumerate(runs):
-        groups.setdefault(run.group if run.group is not None else ("alone", i), []).append(run)
     deadline = time.monotonic() + timeout_s
     context = _cuda_initialized()
     out: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
-        lab = SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))
-        for members in groups.values():
+    with _scratch_lab() as lab:
+        for members in ([runs[i] for i in group] for group in plan.groups(runs)):
             left = deadline - time.monotonic()
             if left < 5:
                 out += [{"label": r.name, "status": "skipped", "reason": "not run: the check's time limit"}
@@ -615,8 +519,7 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
                 got = plan.measure(lab, experiment, settings, force=True, verbose=False, machine=machine,
                                    runs=bounded)
             except LaunchError as e:
-                why = str(e).strip().splitlines()[0][:200]
-                out += [{"label": r.name, "status": "error", "reason": why} for r in members]
+                out += [{"label": r.name, "status": "error", "reason": _first_line(e)} for r in members]
                 continue
             by_key = {rec.key: rec for rec in aggregates(got)}
             for r in members:
@@ -629,9 +532,11 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
             "compute_modes": list(m.compute_modes), "runs": out}
 
 
-def _cuda_initialized() -> bool:
-    import torch
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]
 
+
+def _cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized())
 
 
@@ -679,17 +584,7 @@ class Check:
     no_mig: bool = False           # cannot run on MIG slices
 
 
-def experiment_check(experiment: Experiment) -> Check:
-    """The row of one registered experiment: ``NN_name``, its plan measured in this process (the
-    launcher starts its GPU work), bounded by :data:`EXPERIMENT_TIMEOUT_S`."""
-    return Check(f"{experiment.notebook}_{experiment.name}",
-                 functools.partial(measure_experiment, experiment), judge_experiment, EXPERIMENT_EXPECTED,
-                 "launch", 1, EXPERIMENT_TIMEOUT_S)
-
-
-EXPERIMENT_TIMEOUT_S = 240.0
-
-BASE_CHECKS: tuple[Check, ...] = (
+CHECKS: tuple[Check, ...] = (
     Check("versions", measure_versions, judge_versions, "driver, torch, CUDA, cuDNN, NCCL", "here", 0, 60),
     Check("mig", measure_mig, judge_mig, "whole GPUs", "here", 1, 60),
     Check("cuda_init", measure_cuda_init, judge_cuda_init, "each GPU starts, names agree", timeout_s=90),
@@ -700,16 +595,11 @@ BASE_CHECKS: tuple[Check, ...] = (
     Check("int8_matmul", measure_int8_mm, judge_int8_mm, "cuBLAS int8 exact at 17 rows", timeout_s=90),
     Check("nccl_allreduce", measure_nccl, judge_nccl, "busbw >= 40 % of the link's nominal peak", "launch",
           2, 240, no_mig=True),
-)
-def notebook_checks(experiments: tuple[Experiment, ...] | None = None) -> tuple[Check, ...]:
-    """Each registered experiment's row (:func:`experiment_check`), in notebook order."""
-    experiments = registry.EXPERIMENTS if experiments is None else experiments
-    return tuple(experiment_check(e) for e in sorted(experiments, key=lambda e: e.notebook))
-
-
-CHECKS: tuple[Check, ...] = (
-    *BASE_CHECKS,
-    *notebook_checks(),
+    # each registered experiment's row, NN_name: its plan measured in this process (the launcher starts
+    # its GPU work)
+    *(Check(f"{e.notebook}_{e.name}", functools.partial(measure_experiment, e), judge_experiment,
+            EXPERIMENT_EXPECTED, "launch", 1, 240.0)
+      for e in sorted(registry.EXPERIMENTS, key=lambda e: e.notebook)),
     # last: a first Inductor/Triton compilation can take minutes; it must not crowd out the steps above
     Check("torch_compile", measure_compile, judge_compile, "compiles and steps", timeout_s=360),
 )
@@ -782,13 +672,11 @@ def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float =
             except proc.TimeLimit as e:
                 row = Row(c.name, str(e), c.expected, budget if cut else "fail")
             except LaunchError as e:
-                first = str(e).strip().splitlines()[0][:200]
-                timed_out = "did not finish within" in first
-                row = Row(c.name, f"launch failed: {first}", c.expected,
+                timed_out = "did not finish within" in _first_line(e)
+                row = Row(c.name, f"launch failed: {_first_line(e)}", c.expected,
                           budget if cut and timed_out else "fail", details={"error": str(e)})
             except Exception as e:  # a broken check is a failed check, never a traceback
-                first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-                row = Row(c.name, f"{type(e).__name__}: {first}", c.expected, "fail")
+                row = Row(c.name, f"{type(e).__name__}: {_first_line(e)}", c.expected, "fail")
         row.seconds = time.monotonic() - t0
         rows.append(row)
         if echo is not None:
@@ -811,19 +699,21 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[Row], seconds: float) -> str:
+    failed = [r.check for r in rows if r.failed]
+    return f"{len(rows)} checks in {seconds:.0f} s; " + (f"FAILED: {', '.join(failed)}" if failed
+                                                          else "no check failed")
+
+
 def write_report(rows: list[Row], m: Machine, seconds: float, root: Path) -> tuple[Path, Path]:
     """``doctor.md`` and ``doctor.json`` under ``root`` (``results/<profile>/``), each written atomically."""
-    from lab_utils.core.hardware import software_versions
-
     root.mkdir(parents=True, exist_ok=True)
-    failed = [r.check for r in rows if r.failed]
     head = (f"# lab doctor: {m.gpus} GPU(s){' x ' + m.name if m.name else ''}, driver {m.driver or 'none'}, "
-            f"profile {m.profile}\n\n{len(rows)} checks in {seconds:.0f} s; "
-            + (f"FAILED: {', '.join(failed)}" if failed else "no check failed") + "\n\n")
+            f"profile {m.profile}\n\n{summary(rows, seconds)}\n\n")
     md, js = root / "doctor.md", root / "doctor.json"
     _atomic_write_text(md, head + table(rows) + "\n")
-    payload = {"machine": asdict(m), "software": software_versions(), "seconds": seconds,
-               "failed": failed, "rows": [asdict(r) for r in rows]}
+    payload = {"machine": asdict(m), "software": hardware.software_versions(), "seconds": seconds,
+               "failed": [r.check for r in rows if r.failed], "rows": [asdict(r) for r in rows]}
     _atomic_write_text(js, json.dumps(payload, indent=2, default=str) + "\n")
     return md, js
 
@@ -862,13 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_checks(m, checks, a.budget, echo=echo)
     seconds = time.monotonic() - t0
     md, js = write_report(rows, m, seconds, config.results_dir(m.profile))
-    print()
-    print(table(rows))
-    failed = [r.check for r in rows if r.failed]
-    print(f"\n{len(rows)} checks in {seconds:.0f} s; "
-          + (f"FAILED: {', '.join(failed)}" if failed else "no check failed")
-          + f". Report: {md} and {js.name}")
-    return 1 if failed else 0
+    print(f"\n{table(rows)}\n\n{summary(rows, seconds)}. Report: {md} and {js.name}")
+    return 1 if any(r.failed for r in rows) else 0
 
 
 def _child(name: str, out: str | None, profile: str | None, device: str | None) -> int:
@@ -878,8 +763,7 @@ def _child(name: str, out: str | None, profile: str | None, device: str | None) 
         print(f"error: unknown doctor check {name!r} or no --out", file=sys.stderr)
         return 2
     m = read_machine(profile)
-    data = check.measure(m, device=device) if device else check.measure(m)
-    Path(out).write_text(json.dumps(data, default=str))
+    Path(out).write_text(json.dumps(check.measure(m, **({"device": device} if device else {})), default=str))
     return 0
 
 

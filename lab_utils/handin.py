@@ -1,27 +1,15 @@
 """The hand-in folder: ``python -m lab_utils report [--profile P] [--out DIR] [--check]`` (``make report``).
 
-It writes, into ``DIR`` (default ``results/<profile>/handin/``), what a student hands in beside the
-notebooks:
-
-- ``report.md``: the assignment's order (Q1 ... Q7, then the Part 2 project, then the extras;
-  :data:`lab_utils.questions.SECTIONS`), a provenance block at the top, and per question:
-  - Tables 1-3 in the handout's layout (rows = GPUs, columns = per-GPU batch x {time, speedup} and
-    so on), each with a one-line caption saying where its numbers came from, and beside them the
-    long tables as CSV (``tables/``);
-  - Q3.2's two formulas with the student's fitted alpha and B and the measured peak put in;
-  - the answer to each question graded by hand, taken from the student's notebook cell (it is
-    written once, there);
-  - one slot per question answered in the report. A slot is the text between
-    ``<!-- answer ID -->`` and ``<!-- /answer -->``; running ``make report`` again keeps what the
-    student wrote there and refreshes everything else.
-  - figures copied into ``figures/`` and linked relatively.
-- ``report.html``: the same, self-contained (figures embedded), to print to PDF from a browser.
-- ``handin.json``: the provenance and Tables 1-3 machine-readable (read by ``make grade``).
-
-Nothing here measures or recomputes a number: the tables' cells are the stored tables'
-(``results/<profile>/tables/<name>.csv``), reshaped. ``--check`` lists what is not ready to hand
-in (an unfilled slot, a missing table, a quick-profile, synthetic-data or CPU provenance, an
-unanswered hand-graded cell) and exits 1 if anything is.
+It writes into ``DIR`` (default ``results/<profile>/handin/``) what :data:`HOWTO` tells students:
+``report.md`` in the assignment's order (:data:`lab_utils.questions.SECTIONS`) with a provenance
+block, Tables 1-3 in the handout's layout (rows = GPUs, columns = per-GPU batch x {time, speedup}...)
+beside the long tables (``tables/``), Q3.2's formulas with the student's fit, the hand-graded answers
+taken from the notebooks, one slot per question answered in the report (between ``<!-- answer ID -->``
+and ``<!-- /answer -->``: kept when ``make report`` runs again), and the figures (``figures/``);
+``report.html``, the same self-contained; ``handin.json``, the provenance and Tables 1-3 (read by
+``make grade``). Nothing here measures or recomputes a number: the cells are the stored tables'
+(``results/<profile>/tables/<name>.csv``), reshaped. ``--check`` lists what is not ready to hand in
+and exits 1 if anything is.
 """
 
 from __future__ import annotations
@@ -525,19 +513,11 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
             lines += [f"{i}. _{q}_", "", *_slot(sid, kept), ""]
             if kept.get(sid, PLACEHOLDER) == PLACEHOLDER and s.key != "Extra":  # the extras are optional
                 problems.append(f"placeholder left: {s.label} {i} (`{sid}`)")
-    _write(out, "\n".join(lines).rstrip() + "\n", copied)
-    hand = Written(out, prov, tables, problems)
+    report = "\n".join(lines).rstrip() + "\n"
     data = {"format": FORMAT, "lab_version": lab_utils.__version__,
             "notebook_versions": notebook_versions(labs),
             "written": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "provenance": asdict(prov), "tables": tables, "problems": problems}
-    _write_text(out / "handin.json", json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
-    _write_text(out / "report.html", to_html(out / "report.md", problems))
-    return hand
-
-
-def _write(out: Path, report: str, copied: list[Path]) -> None:
-    """Write report.md and copy the figures and long tables beside it (a full disk: one sentence)."""
     try:
         for sub in ("figures", "tables"):
             (out / sub).mkdir(parents=True, exist_ok=True)
@@ -546,35 +526,28 @@ def _write(out: Path, report: str, copied: list[Path]) -> None:
         tmp = out / "report.md.tmp"
         tmp.write_text(report, encoding="utf-8")
         tmp.replace(out / "report.md")  # the student's answers in the old report.md stay whole until then
-    except OSError as e:
-        raise _write_failure(e, out) from None
+        (out / "handin.json").write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n",
+                                         encoding="utf-8")
+        (out / "report.html").write_text(to_html(report, out, problems), encoding="utf-8")
+    except OSError as e:  # one sentence naming the fix (a full disk, or the folder)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise LabError(f"No space left on the device holding {out} ({e.strerror}): the hand-in was not "
+                           "written. Free space there, or write it elsewhere with --out DIR; the answers in "
+                           "your report.md are kept.") from None
+        raise LabError(f"could not write the hand-in folder {out} ({e.strerror or e}); check that folder, or "
+                       "choose another with --out DIR.") from None
+    return Written(out, prov, tables, problems)
 
 
-def _write_failure(e: OSError, out: Path) -> LabError:
-    """One sentence for a write of the hand-in that failed, naming the fix (a full disk, or the folder)."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return LabError(f"No space left on the device holding {out} ({e.strerror}): the hand-in was not "
-                        "written. Free space there, or write it elsewhere with --out DIR; the answers in "
-                        "your report.md are kept.")
-    return LabError(f"could not write the hand-in folder {out} ({e.strerror or e}); check that folder, or "
-                    "choose another with --out DIR.")
-
-
-def _write_text(path: Path, text: str) -> None:
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise _write_failure(e, path.parent) from None
-
-
-def to_html(report: Path, problems: list[str]) -> str:
-    """``report.md`` as one self-contained HTML page: figures embedded as data URIs, for printing to PDF."""
+def to_html(report: str, out: Path, problems: list[str]) -> str:
+    """``report`` (report.md's text, in ``out``) as one self-contained HTML page: figures embedded as data
+    URIs, for printing to PDF."""
     import mistune
 
-    body = mistune.create_markdown(plugins=["table"], escape=False)(report.read_text(encoding="utf-8"))
+    body = mistune.create_markdown(plugins=["table"], escape=False)(report)
 
     def embed(m: re.Match) -> str:
-        path = report.parent / html.unescape(m["src"])
+        path = out / html.unescape(m["src"])
         if not path.is_file():
             return m[0]
         data = base64.b64encode(path.read_bytes()).decode()

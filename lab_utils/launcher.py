@@ -2,23 +2,16 @@
 
 A notebook cannot spawn workers defined in its own cells (they cannot be pickled into new
 processes), so every worker lives in a ``lab_utils.workers`` module and is started here as
-``python -m torch.distributed.run ... -m <module> <folder>/job.json``:
+``python -m torch.distributed.run ... -m <module> <folder>/job.json``. The job (what
+:class:`lab_utils.workers.harness.Job` holds) is the worker's only input; each rank's output goes to
+``<log_dir>/rank<R>.log``; torchrun is one child of :mod:`lab_utils.proc`, so a time limit, a failure,
+an interrupt or the caller leaving the loop stops the *whole* tree. When a rank fails, a
+:class:`LaunchError` says why, from the failure file it wrote (``oom`` or ``error``, its reason, which
+configuration) and its last log lines.
 
-- the **job** (a plain dict: what :class:`lab_utils.workers.harness.Job` holds) is written to
-  ``job.json`` in the launch's folder, with ``out`` (the records file) and ``folder`` filled in;
-  the worker reads it and nothing else (no command line to build or parse);
-- on a free local port (or a given rendezvous endpoint), each rank's stdout/stderr captured into
-  ``<log_dir>/rank<R>.log``;
-- as one child of :mod:`lab_utils.proc` (its own session, a mark every descendant inherits), so a
-  time limit, a failure, an interrupt or the caller leaving the loop stops the *whole* tree;
-- when any rank fails, the group is torn down and a :class:`LaunchError` says why: from the
-  failure file the rank wrote (``failure-rank<R>.json``: ``oom`` or ``error``, its reason, which
-  configuration; :func:`lab_utils.core.records.read_failures`), with the rank's last log lines.
-
-Rank 0 appends its records to the records file as whole JSON lines, one call per finished
-configuration (:func:`lab_utils.core.records.append_records`); :func:`stream` yields each as soon
-as its line is whole, while the run goes on. A failed run raises after yielding the records that
-were finished, so the caller can store them. Workers never write the result store.
+Rank 0 appends each finished configuration's records to the records file as whole JSON lines;
+:func:`stream` yields them as they come, and a failed run raises after yielding those, so the caller
+can store them. Workers never write the result store.
 """
 
 from __future__ import annotations
@@ -101,16 +94,13 @@ def stream(module: str, job: Mapping[str, Any], nproc: int = 2, timeout_s: float
            log_dir: str | Path | None = None, env: Mapping[str, str] | None = None,
            threads_per_rank: int | None = None, info: dict | None = None) -> Iterator[Record]:
     """Run ``job`` with ``module`` on ``nproc`` ranks under torchrun; yield rank 0's records as they
-    are written.
+    are written; :class:`LaunchError` (``.failure``: what the failing rank wrote, or None) when a rank
+    failed or the run outlived ``timeout_s`` (start-up included).
 
-    ``timeout_s`` bounds the whole run (start-up included). ``threads_per_rank`` sets
-    ``OMP_NUM_THREADS`` for CPU (gloo) runs; by default ``$OMP_NUM_THREADS`` when set, else the
-    cores are shared evenly. ``log_dir`` keeps the rank logs (an earlier run's there are removed
-    first); without it they go to the launch's temporary folder (``$TMPDIR/lab_ddp_*``, which also
-    holds the job, the records and torchrun's own folder), removed however the run ends: a
-    failure's error quotes the logs' last lines. ``info`` (a dict) receives the log folder, the
-    rank logs and the wall seconds. Raises :class:`LaunchError` (``.failure``: what the failing
-    rank wrote, or None) when a rank failed or the run timed out, after the finished records.
+    ``threads_per_rank``: ``OMP_NUM_THREADS`` for CPU (gloo) runs (default: ``$OMP_NUM_THREADS``, else
+    the cores shared evenly). ``log_dir`` keeps the rank logs; without it they go to the launch's
+    temporary folder (``$TMPDIR/lab_ddp_*``, with the job and records), removed however the run ends.
+    ``info`` (a dict) receives the log folder, the rank logs and the wall seconds.
     """
     check_positive_int(nproc, "number of processes (nproc)")
     if timeout_s <= 0:

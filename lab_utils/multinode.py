@@ -12,11 +12,10 @@ sees (global rank 0 may be on any node). So the job script keeps that launch::
     python -m lab_utils measure NAME --nodes N --job DIR --collect [--set ...]
 
 and everything else is the plan's: the runs are the experiment's own plan for a machine of N nodes'
-devices (:func:`runs_across`), the job is :class:`lab_utils.workers.harness.Job` (the worker reads
-it and nothing else: no command line), reuse is the store's (a resubmitted job measures only what is
-missing), and an out-of-memory ends the launch (the harness's rule) and is a stored row, after which
-the larger runs are not tried. Each configuration's ``tag`` is ``nodes=N``, so a 2-node x 1-GPU
-record is never taken for a 1-node x 2-GPU one.
+devices (:func:`runs_across`), the job is the harness's, reuse is the store's (a resubmitted job
+measures only what is missing), and an out-of-memory is a stored row after which the larger runs are
+not tried. Each configuration's ``tag`` is ``nodes=N``, so a 2-node x 1-GPU record is never taken for
+a 1-node x 2-GPU one.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.machine import Machine
 from lab_utils.core.records import Record, RecordsReader, jsonable, read_failures
 from lab_utils.launcher import write_job
-from lab_utils.plan import Experiment, Run, make_plan
+from lab_utils.plan import Experiment, Run, make_plan, run_line
 
 JOB_ENV = "job.env"  # WORKER and NPROC_PER_NODE, for the job script to source
 
@@ -140,9 +139,7 @@ def main(lab, experiment: Experiment, settings: Any, nodes: int, job: str | None
             raise LabError(f"{folder} holds no job.json: run measure with --nodes and --job first.")
         rows = collect(lab.store, folder, profile)
         for label, rec in rows:
-            seconds = rec.metrics.get("train_seconds")
-            detail = f"train_seconds {seconds:.3f}" if isinstance(seconds, int | float) else rec.reason or ""
-            print(f"  {label:<28} {rec.status:<8} {detail}".rstrip(), flush=True)
+            print(run_line(label, rec), flush=True)
         print(f"records: {lab.store.path(rows[0][1].experiment)}" if rows else "records: none")
         return 1 if any(r.status == "error" for _, r in rows) else 0
     runs = runs_across(experiment, settings, nodes, profile)

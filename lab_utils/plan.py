@@ -1,31 +1,25 @@
 """An experiment is a plan of runs, and THE ``measure`` that carries out any plan.
 
-Each notebook's experiment (:class:`Experiment`, one or more per module of
-:mod:`lab_utils.experiments`) says *what* to measure: ``plan(settings, machine, profile)`` returns
-a list of :class:`Run`, a pure function of the settings and the machine, so that the same plan
-serves the notebook, the time budget (a sum over it, made for a 4 x H100 node on any laptop),
-doctor (the smallest full-profile plan, on the node) and SLURM (``python -m lab_utils measure``).
-:func:`measure` says *how*, once for every experiment:
+An :class:`Experiment` says *what* to measure: ``plan(settings, machine, profile)`` returns a list of
+:class:`Run`, a pure function of the settings and the machine, so the same plan serves the notebook,
+the time budget, doctor and SLURM (``python -m lab_utils measure``). :func:`measure` says *how*, once
+for every experiment:
 
-1. **Placement** is the plan's: each run names its worker, its process count and its device. A
-   run that cannot run here carries ``skip`` ("needs 4 GPUs") and is a row that says so, never a
-   number; it is not stored, so a bigger machine measures it later.
-2. **Reuse**: a configuration stored from this machine's devices (the same device name and count,
-   :meth:`lab_utils.store.ResultStore.reusable`) is not measured again unless ``force``. A
-   ``together`` group (one comparison, measured side by side) is reused only whole, from one launch.
-3. **The launch**: the runs of one ``group`` still to measure go to their worker as ONE job (one
-   start-up), a JSON file (:mod:`lab_utils.launcher`, :class:`lab_utils.workers.harness.Job`).
-   GPU work always goes through ``torchrun``, so the notebook's kernel never opens a CUDA
+1. **Placement** is the plan's. A run that cannot run here carries ``skip`` ("needs 4 GPUs"): a row
+   that says so, never a number, not stored (a bigger machine measures it later).
+2. **Reuse**: a configuration stored from this machine's devices is not measured again unless
+   ``force``; a ``together`` group (one comparison) is reused only whole, from one launch.
+3. **The launch**: the runs of one ``group`` still to measure go to their worker as ONE JSON job (one
+   start-up). GPU work always goes through ``torchrun``, so the notebook's kernel never opens a CUDA
    context; ``in_process`` runs (CPU only) call the same worker code in this process.
-4. **Out of memory** ends its group: the group's later runs (larger batches) are rows "not tried:
-   <label> ran out of memory"; a stored ``oom`` does the same on resume.
-5. **Any other failure** stores an ``error`` record for the run it hit (measured again next time)
-   and the rest of its launch are rows that say so; the other groups go on, and one
+4. **Out of memory** ends its group: its later runs (larger batches) are rows "not tried: <label>
+   ran out of memory"; a stored ``oom`` does the same on resume.
+5. **Any other failure** stores an ``error`` record for its run (measured again next time); the rest
+   of its launch are rows that say so, the other groups go on, and one
    :class:`~lab_utils.core.errors.LaunchError` at the end names every failed run.
 
-Records travel one way: worker -> records file -> this process -> the store (the parent alone
-writes it) -> the caller. :func:`measure` returns every record of the plan, per-rank records
-included, in plan order (each run's aggregate first).
+Records travel one way: worker -> records file -> this process -> the store -> the caller, which gets
+every record of the plan, per-rank ones included, in plan order (each run's aggregate first).
 """
 
 from __future__ import annotations
@@ -54,31 +48,22 @@ __all__ = ["Experiment", "Run", "aggregates", "make_plan", "measure", "not_tried
 
 @dataclass(frozen=True)
 class Run:
-    """One configuration to measure: what keys its record, what executes it, and where.
-
-    ``config`` is the record's configuration (the store's resume key), exactly what the worker
-    receives. ``worker``: a module of :mod:`lab_utils.workers` (``run_config``; its name is what
-    torchrun starts). ``processes``: ranks; ``device``: "cuda" or "cpu", whose name and count a
-    stored record must match to be reused. Runs of one ``group`` share one launch, in plan order,
-    and the out-of-memory rule; ``together`` makes the group one comparison (reused only whole).
-    ``skip``: why it cannot run here (a row). ``in_process``: a CPU run executed in this process.
-    ``threads``: torch threads per process on a CPU. ``options``: the worker's inputs that are not
-    part of the key (a checkpoint path). ``label``: how progress lines and rows name the run.
-    """
+    """One configuration to measure: what keys its record, what executes it, and where. Runs of one
+    ``group`` share one launch, in plan order, and the out-of-memory rule."""
 
     experiment: str
-    config: dict[str, Any]
-    worker: ModuleType | None = None
-    processes: int = 1
-    device: str = "cpu"
+    config: dict[str, Any]             # the record's configuration (the resume key), what the worker gets
+    worker: ModuleType | None = None   # a module of lab_utils.workers (run_config), what torchrun starts
+    processes: int = 1                 # ranks
+    device: str = "cpu"                # "cuda" or "cpu": a stored record must match its name and count
     group: str | None = None
-    together: bool = False
-    skip: str | None = None
-    in_process: bool = False
-    threads: int | None = None
+    together: bool = False             # the group is one comparison (reused only whole)
+    skip: str | None = None            # why it cannot run here (a row)
+    in_process: bool = False           # a CPU run executed in this process
+    threads: int | None = None         # torch threads per process on a CPU
     timeout_s: float = 3600.0
-    options: dict[str, Any] = field(default_factory=dict)
-    label: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # worker inputs outside the key (a checkpoint)
+    label: str = ""                    # how progress lines and rows name the run
 
     @property
     def key(self) -> str:
@@ -131,6 +116,16 @@ def aggregates(records: Iterable[Record]) -> list[Record]:
     return [r for r in records if r.config.get("record") != "rank"]
 
 
+def run_line(label: str, rec: Record | None) -> str:
+    """A progress line: the run's label, its record's status, and the training seconds or the reason."""
+    if rec is None:
+        return f"  {label:<28} {'missing':<8} no record"
+    seconds = rec.metrics.get("train_seconds")
+    detail = f"train_seconds {seconds:.3f}" if isinstance(seconds, int | float) and rec.status == "ok" else (
+        rec.reason or "")
+    return f"  {label:<28} {rec.status:<8} {detail}".rstrip()
+
+
 def make_plan(experiment: Experiment, settings: Any, machine: Machine | None = None,
               profile: str = "full") -> list[Run]:
     """``experiment.plan`` on validated settings (``machine``: this one by default)."""
@@ -156,14 +151,13 @@ def measure(lab: Any, experiment: Experiment, settings: Any, force: bool = False
     for run in runs:
         if run.device == "cuda" and run.in_process:
             raise LabError(f"The plan marks {run.name} in_process on a GPU: GPU work runs through the "
-                           "launcher, "
-                           "never in the notebook's kernel.")
+                           "launcher, never in the notebook's kernel.")
         if run.worker is None and run.skip is None:
             raise LabError(f"Run {run.name} names no worker: the experiment's plan must give one.")
     results: dict[int, list[Record]] = {}
     failed: list[str] = []
     measured: list[str] = []
-    for members in _groups(runs):
+    for members in groups(runs):
         _group(lab.store, profile, runs, members, force, verbose, results, failed, measured)
     if verbose and runs:
         print(f"{experiment.name}: measured now: {', '.join(measured) or 'nothing (all from the store)'}",
@@ -175,7 +169,7 @@ def measure(lab: Any, experiment: Experiment, settings: Any, force: bool = False
     return [rec for i in range(len(runs)) for rec in results.get(i, [])]
 
 
-def _groups(runs: Sequence[Run]) -> list[list[int]]:
+def groups(runs: Sequence[Run]) -> list[list[int]]:
     """The runs' indices grouped by ``group`` (a run without one is alone), in plan order."""
     groups: dict[Any, list[int]] = {}
     for i, run in enumerate(runs):

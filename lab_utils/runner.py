@@ -2,17 +2,12 @@
 
 ``python -m lab_utils run [NOTEBOOK ...] [--profile quick|full] [--timeout SECONDS]``
 
-- Each notebook runs under nbclient in a kernel started from *this* interpreter
-  (``sys.executable -m ipykernel_launcher``), so the kernel sees the same ``.venv`` and
-  ``lab_utils`` as the command, whatever kernels the user has installed.
-- The working directory is ``labs/``; ``LAB_PROFILE`` and ``LAB_HEADLESS=1`` are
-  exported to the kernel.
-- The executed copy is saved under ``results/<profile>/executed/`` even when a cell
-  fails, and one line per notebook says its status and seconds.
-- ``results/<profile>/report.md`` collates the machine description, the notebooks'
-  statuses and every table and figure in ``results/<profile>/``, ordered by question
-  (:mod:`lab_utils.questions`), figures embedded as images.
-- On failure: notebook, cell number and error are printed; the exit code is non-zero.
+Each notebook runs under nbclient, in its own folder, in a kernel started from *this* interpreter (so
+it sees the same ``.venv`` whatever kernels are installed), with ``LAB_PROFILE`` and ``LAB_HEADLESS=1``.
+The executed copy is saved under ``results/<profile>/executed/`` even when a cell fails; one line per
+notebook says its status and seconds (a failure: its cell and error, and a non-zero exit code).
+``results/<profile>/report.md`` collates the machine, the statuses and every table and figure,
+ordered by question (:mod:`lab_utils.questions`).
 """
 
 from __future__ import annotations
@@ -36,7 +31,8 @@ from pathlib import Path
 
 from lab_utils import proc
 from lab_utils.core import config
-from lab_utils.core.errors import LabError, write_failure
+from lab_utils.core.errors import LabError, WriteError, write_failure
+from lab_utils.store import _atomic_write_text
 
 KERNEL_NAME = "lab-utils-python"
 
@@ -261,17 +257,12 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
                      stop: _StopSignals | None = None) -> NotebookResult:
     """Run one notebook in a fresh kernel; save the executed copy whatever happens.
 
-    - nbclient drives the kernel from a worker thread, with the asynchronous kernel manager
-      its event loop expects: its per-cell timeout (``timeout_s``) and its check that the
-      kernel is alive (about once a second) run there. This thread only watches, so a signal
-      (``stop``) is acted on within a fraction of a second.
-    - Every process the kernel started (torchrun and its ranks included, even those in a
-      session of their own or orphaned by a dead kernel) carries a marker in its environment,
-      and is stopped when the notebook ends, however it ends (:mod:`lab_utils.proc`: jupyter_client
-      starts the kernel, with this run's mark in its environment, and :func:`lab_utils.proc.stop`
-      ends the kernel and everything carrying the mark).
-    - When the executed copy cannot be written (a full disk), the result says so in
-      ``save_error`` (one sentence naming the folder); an older copy is left whole.
+    nbclient drives the kernel from a worker thread (its per-cell timeout ``timeout_s`` and its
+    is-the-kernel-alive check run there); this thread only watches, so a signal (``stop``) is acted on
+    within a fraction of a second. The kernel starts with this run's mark in its environment, so every
+    process it started (torchrun's ranks too, even in a session of their own or orphaned) is stopped
+    when the notebook ends, however it ends (:mod:`lab_utils.proc`). An executed copy that cannot be
+    written (a full disk) is ``save_error``, one sentence; an older copy is left whole.
     """
     import nbformat
     from nbclient import NotebookClient
@@ -351,11 +342,10 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
         stream=None) -> RunResults:
     """Execute notebooks headless, print one line each, write the report; return results.
 
-    SIGINT (Ctrl-C) and SIGTERM (``scancel``, a SLURM time limit) stop the notebook that is
-    running within seconds: its kernel and every process it started are stopped, its executed
-    copy is saved and the report written; ``RunResults.interrupted`` names the signal and no
-    further notebook starts. A copy or report that cannot be written (a full disk) ends the
-    run too, with ``RunResults.save_error`` saying why in one sentence.
+    SIGINT (Ctrl-C) and SIGTERM (``scancel``, a SLURM time limit) stop the running notebook within
+    seconds (its kernel and every process it started; its copy saved, the report written) and
+    ``RunResults.interrupted`` names the signal. A copy or report that cannot be written (a full
+    disk) ends the run too, ``RunResults.save_error`` saying why in one sentence.
     """
     stream = stream or sys.stdout
     profile_name, why = config.resolve_profile_name(profile)
@@ -406,9 +396,10 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
             print(f"report: {report}", file=stream, flush=True)
             print(f"hand-in: make report PROFILE={profile_name} (README, \"Handing in\")", file=stream,
                   flush=True)
-        except OSError as e:
-            results.save_error = results.save_error or write_failure(
-                e, config.results_dir(profile_name), "the report (report.md)")
+        except (OSError, WriteError) as e:  # a WriteError is one sentence already
+            results.save_error = results.save_error or (str(e) if isinstance(e, WriteError) else
+                                                        write_failure(e, config.results_dir(profile_name),
+                                                                      "the report (report.md)"))
     return results
 
 
@@ -420,7 +411,6 @@ def write_report(profile: str, results: Sequence[NotebookResult] = (), machine: 
     from lab_utils.core.hardware import describe_machine
 
     root = config.results_dir(profile)
-    root.mkdir(parents=True, exist_ok=True)
     m = machine or describe_machine()
     gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none"
     sw = m["software"]
@@ -440,24 +430,15 @@ def write_report(profile: str, results: Sequence[NotebookResult] = (), machine: 
             lines.append(f"| {r.notebook} | {r.status} | {r.seconds:.1f} | {err} |")
     lines += report_sections(root)
     path = root / "report.md"
-    tmp = path.with_suffix(".md.tmp")
-    try:
-        tmp.write_text("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except OSError:  # the caller says why in one sentence; an older report.md stays whole
-        tmp.unlink(missing_ok=True)
-        raise
+    root.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(path, "\n".join(lines) + "\n")  # an older report.md stays whole if this fails
     return path
 
 
 def report_sections(root: Path) -> list[str]:
-    """The report's body: tables and figures by question (:data:`lab_utils.questions.SECTIONS`).
-
-    Q1 ... Q7, then the Part 2 project, then the extras; each section holds its tables
-    (``tables/<name>.md``) and embeds its figures (``figures/<name>.png``, linked relative to
-    ``report.md``). Tables and figures no section names follow under "Other tables and
-    figures", so nothing a notebook saved is left out.
-    """
+    """The report's body: each section of :data:`lab_utils.questions.SECTIONS` with its tables
+    (``tables/<name>.md``) and figures (``figures/<name>.png``), then those no section names under
+    "Other tables and figures", so nothing a notebook saved is left out."""
     from lab_utils.questions import SECTIONS
 
     tables = {p.stem: p for p in sorted((root / "tables").glob("*.md"))}

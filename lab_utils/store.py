@@ -1,27 +1,19 @@
 """The result store: records are the unit of truth.
 
-Every measured configuration becomes one JSON record appended as one line to
-``results/<profile>/runs/<experiment>.jsonl``. A record carries its configuration, the
-profile, the hardware, the software versions, the cuDNN / matmul settings
-(:mod:`lab_utils.core.backends`), whether the data was synthetic, a
-timestamp, a status (``ok``, ``oom``, ``skipped``, ``error``), the reason when the
-status is not ``ok``, and the measured metrics.
+Every measured configuration becomes one JSON record (:class:`~lab_utils.core.records.Record`: its
+configuration, profile, hardware, software, backends, data, timestamp, status ``ok``/``oom``/
+``skipped``/``error``, reason and metrics) appended as one line to
+``results/<profile>/runs/<experiment>.jsonl``. :meth:`ResultStore.run_many` is the only way a record
+is written, by the parent process (workers hand theirs back through the launcher's records file). A
+configuration already stored is not measured again unless ``force=True`` (a notebook restarted after
+a dead kernel resumes where it stopped), but only when it was measured on this machine's devices (the
+same device name and count), so a results folder shared by A100, H100 and V100 partitions never mixes
+GPUs in one table. An append is one ``write`` of a whole line and an ``fsync`` under an exclusive
+lock: a crash never leaves a half record taken for a whole one (a torn last line is skipped, with a
+warning).
 
-:meth:`ResultStore.run` (and :meth:`ResultStore.run_many`, for configurations measured by one
-call) is the only way a record is written: the parent process writes, workers never do (they
-hand their records back through the launcher's records file, :mod:`lab_utils.core.records`).
-A configuration already in the store is not measured again unless ``force=True``, so a
-notebook restarted after a dead kernel resumes where it stopped; but only when it was
-measured on this machine's devices (:meth:`ResultStore.reusable`: the same device name and
-count), so a results folder shared by A100, H100 and V100 partitions never mixes GPUs in
-one table: a record from another GPU model is measured again here. Appends are one
-``write`` of a whole line followed by ``fsync`` under an exclusive lock, so a crash
-never leaves a half record that is taken for a whole one (a torn last line is skipped
-when reading, with a warning).
-
-Tables are built from records with pandas and saved as Markdown (through tabulate) and
-CSV under ``tables/``; figures as PNG under ``figures/``. Both carry a provenance label
-(profile, data, device) so that a pasted table cannot pass for something it is not.
+Tables are saved as Markdown and CSV under ``tables/``, figures as PNG under ``figures/``, each with a
+provenance label (profile, data, device) so that a pasted table cannot pass for something it is not.
 """
 
 from __future__ import annotations
@@ -32,8 +24,8 @@ import fcntl
 import json
 import os
 import re
-import uuid
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +44,7 @@ from lab_utils.core.records import (  # the record and its key live in core: wor
 
 __all__ = ["QUICK_WATERMARK", "REUSED", "SIGNIFICANT_DIGITS", "STATUSES", "Record", "ResultStore",
            "canonical_key", "display_table", "format_number", "formatted_frame", "is_percent_column",
-           "markdown_table", "provenance_label", "records_frame"]
+           "markdown_table", "provenance_label"]
 
 #: Drawn across every figure saved in the quick profile.
 QUICK_WATERMARK = "quick profile: mechanics, not results"
@@ -71,11 +63,6 @@ class ResultStore:
 
     >>> store = ResultStore("quick")
     >>> rec = store.run("batch_sweep", {"batch_size": 32}, measure)  # doctest: +SKIP
-
-    :meth:`run` (one configuration) and :meth:`run_many` (several, measured by one call)
-    are the only ways a record is written, in every experiment, so resuming after a dead
-    kernel works the same everywhere: a configuration already stored (and reusable here) is
-    not measured again unless ``force=True``.
     """
 
     def __init__(self, profile: str | config.Profile | None = None, root: Path | None = None):
@@ -124,11 +111,7 @@ class ResultStore:
 
     def latest(self, experiment: str) -> list[Record]:
         """One record per configuration: the most recent one."""
-        by_key: dict[str, Record] = {}
-        for r in self.records(experiment):
-            by_key.pop(r.key, None)  # keep insertion order of the newest
-            by_key[r.key] = r
-        return list(by_key.values())
+        return _newest_per_key(self.records(experiment))
 
     def latest_here(self, experiment: str, machine: Mapping[str, tuple[str, int | None]] | None = None
                     ) -> HereRecords:
@@ -141,52 +124,34 @@ class ResultStore:
         partitions holds, are left out and counted, so the table can say so (:meth:`HereRecords.note`).
         """
         machine = dict(machine) if machine is not None else this_machine()
-        kept, left = [], {}
+        kept, left = [], Counter()
         for r in self.records(experiment):
             if on_this_machine(r.hardware, machine):
                 kept.append(r)
             else:
                 hw = r.hardware or {}
-                what = f"{hw.get('device_name') or 'unknown devices'} x {hw.get('device_count', '?')}"
-                left[what] = left.get(what, 0) + 1
-        by_key: dict[str, Record] = {}
-        for r in kept:
-            by_key.pop(r.key, None)
-            by_key[r.key] = r
+                left[f"{hw.get('device_name') or 'unknown devices'} x {hw.get('device_count', '?')}"] += 1
         types = {(r.hardware or {}).get("device_type", "cpu") for r in kept} or set(machine)
-        return HereRecords(list(by_key.values()), describe_machine_devices(machine, types), left)
+        return HereRecords(_newest_per_key(kept), describe_machine_devices(machine, types), dict(left))
 
     def here_note(self, *experiments: str) -> str:
         """One sentence for a table built from ``experiments``: which devices' records it uses, and how
         many records of other devices it left out (:meth:`latest_here`)."""
         parts = [self.latest_here(e) for e in experiments]
-        left: dict[str, int] = {}
-        for h in parts:
-            for what, n in h.left_out.items():
-                left[what] = left.get(what, 0) + n
+        left = sum((Counter(h.left_out) for h in parts), Counter())
         devices = "; ".join(dict.fromkeys(h.devices for h in parts)) if parts else ""
-        return HereRecords([], devices, left).note()
+        return HereRecords([], devices, dict(left)).note()
 
     def get(self, experiment: str, cfg: Mapping[str, Any]) -> Record | None:
         """The most recent record for exactly this configuration, if any."""
         key = canonical_key(cfg)
-        found = None
-        for r in self.records(experiment):
-            if r.key == key:
-                found = r
-        return found
+        return next((r for r in reversed(self.records(experiment)) if r.key == key), None)
 
     def reusable(self, experiment: str, cfg: Mapping[str, Any],
                  hardware: Mapping[str, Any] | None = None) -> Record | None:
-        """The most recent record for ``cfg`` if :meth:`run` would reuse it, else None.
-
-        THE reuse check of the lab (:meth:`run` asks it for every configuration): the record's
-        status is one of :data:`REUSED` (an ``error`` is measured again) and it was measured
-        on these devices (:func:`same_devices`: the same device name and count). ``hardware``
-        is what a measurement of ``cfg`` would record here
-        (:func:`~lab_utils.core.hardware.hardware_summary` of its device type and count;
-        default: this machine's default device).
-        """
+        """THE reuse check of the lab: the most recent record for ``cfg`` if its status is one of
+        :data:`REUSED` and it was measured on the devices ``hardware`` names (:func:`same_devices`: the
+        same device name and count; default: this machine's default device), else None."""
         rec = self.get(experiment, cfg)
         if rec is None or rec.status not in REUSED:
             return None
@@ -217,7 +182,7 @@ class ResultStore:
 
     def run_many(self, experiment: str, cfgs: Sequence[Mapping[str, Any]],
                  measure: Callable[[list[dict[str, Any]]], Iterable[Record]], force: bool = False,
-                 hardware: Mapping[str, Any] | None = None, together: bool = False) -> list[Record | None]:
+                 hardware: Mapping[str, Any] | None = None) -> list[Record | None]:
         """:meth:`run` for several configurations measured by one call (one launch, one run).
 
         ``measure(todo)`` measures the configurations of ``todo`` (those not reusable, in
@@ -226,33 +191,18 @@ class ResultStore:
         ``todo`` (e.g. a DDP run's per-rank records beside its aggregate) is stored too.
         Returns, per configuration of ``cfgs``, its reused or new record, or None when
         ``measure`` yielded none for it (the caller says why in a row it does not store).
-
-        ``together=True``: the configurations are one comparison measured side by side (a
-        benchmark's rows): they are reused only when every one is reusable and all come
-        from one call (the same ``run_id``, which the store writes into their metrics);
-        otherwise all are measured again.
         """
         cfgs = [jsonable(dict(c)) for c in cfgs]
         keys = [canonical_key(c) for c in cfgs]
-        found: dict[str, Record] = {}
-        if not force:
-            for k, c in zip(keys, cfgs):
-                rec = self.reusable(experiment, c, hardware)
-                if rec is not None:
-                    found[k] = rec
-            runs = {r.metrics.get("run_id") for r in found.values()}
-            if together and (len(found) < len(keys) or len(runs) != 1):
-                found = {}
+        found = {} if force else {k: rec for k, c in zip(keys, cfgs)
+                                  if (rec := self.reusable(experiment, c, hardware)) is not None}
         todo = [c for k, c in zip(keys, cfgs) if k not in found]
         if todo:
-            run_id = uuid.uuid4().hex[:12] if together else None
             wanted = {canonical_key(c) for c in todo}
             for rec in measure(todo):
                 rec.experiment = experiment
                 rec.config = jsonable(dict(rec.config))
                 rec.metrics = jsonable(dict(rec.metrics))
-                if run_id is not None:
-                    rec.metrics["run_id"] = run_id
                 if not rec.hardware and hardware:
                     rec.hardware = dict(hardware)
                 self._append(rec)
@@ -300,11 +250,6 @@ class ResultStore:
         return record
 
     # -- tables and figures
-    def frame(self, experiment: str, latest: bool = True):
-        """Records flattened into a pandas DataFrame (``config.*`` and metrics as columns)."""
-        recs = self.latest(experiment) if latest else self.records(experiment)
-        return records_frame(recs)
-
     def save_table(self, df, name: str, records: Iterable[Record] | None = None,
                    title: str | None = None, notes: Iterable[str] = (),
                    digits: int = SIGNIFICANT_DIGITS) -> Path:
@@ -404,20 +349,13 @@ class HereRecords:
                 f"({', '.join(sorted(self.left_out))}).")
 
 
-def records_frame(records: Iterable[Record]):
-    """Flatten records into a DataFrame: one row per record."""
-    import pandas as pd
-
-    rows = []
+def _newest_per_key(records: Iterable[Record]) -> list[Record]:
+    """One record per configuration, the last one, in the order the newest were written."""
+    by_key: dict[str, Record] = {}
     for r in records:
-        row: dict[str, Any] = {"experiment": r.experiment, "status": r.status, "reason": r.reason,
-                               "profile": r.profile, "synthetic": r.synthetic, "dataset": r.dataset,
-                               "device": r.hardware.get("device_name"),
-                               "device_count": r.hardware.get("device_count"), "threads": r.threads}
-        row.update(r.config)
-        row.update(r.metrics)
-        rows.append(row)
-    return pd.DataFrame(rows)
+        by_key.pop(r.key, None)
+        by_key[r.key] = r
+    return list(by_key.values())
 
 
 def is_percent_column(name: Any) -> bool:

@@ -1,21 +1,11 @@
 """How long each notebook takes in the ``full`` profile on a GPU node: an estimate to book GPU hours by.
 
-No full-profile run of the lab on a GPU exists yet, so every number here is an
-**estimate (no GPU run yet)** (:mod:`lab_utils.core.estimates` holds the cost model and says
-every assumption), built from what the lab knows without one:
-
-- *what the full profile runs*: each experiment's own plan
-  (:func:`lab_utils.plan.make_plan` of :data:`lab_utils.experiments.registry.EXPERIMENTS` with the
-  full profile's settings, for :data:`lab_utils.core.machine.BUDGET_NODE`), so the estimate
-  follows the settings and the plans when they change: a notebook's time is the sum of
-  ``experiment.cost(run)`` over its runs, plus one start-up per launch group
-  (:data:`~lab_utils.core.estimates.LAUNCH_S`, or :data:`~lab_utils.core.estimates.IN_PROCESS_RUN_S`
-  for an in-process group) and :data:`~lab_utils.core.estimates.NOTEBOOK_START_S` per notebook;
-- notebooks run in order (01, 02, ...), so a run an earlier notebook already planned (notebook 03's
-  T(1), from notebook 02) is not counted again.
-
->>> budget_table()            # doctest: +SKIP  (one row per notebook, and a total)
->>> budget_line("01")         # doctest: +SKIP  (the one-line Markdown a notebook shows)
+No full-profile run of the lab on a GPU exists yet, so every number here is an **estimate (no GPU
+run yet)** (:mod:`lab_utils.core.estimates` holds the cost model and its assumptions). A notebook's
+time is the sum of ``experiment.cost(run)`` over each of its experiments' own full-profile plan for
+:data:`lab_utils.core.machine.BUDGET_NODE` (so it follows the settings and plans when they change),
+plus one start-up per launch group and one per notebook. Notebooks run in order, so a run an earlier
+notebook already planned (notebook 03's T(1), from notebook 02) is not counted again.
 """
 
 from __future__ import annotations
@@ -66,17 +56,14 @@ class Part:
 def notebook_parts(notebook: str) -> list[Part]:
     """The pieces of one notebook's estimated full-profile time: its start-up, then each launch
     group's start-up and runs (the registry's plans)."""
-    nb = _check(notebook)
-    return [Part("start-up", NOTEBOOK_START_S, 0, start_up=True), *_lab_parts().get(nb, [])]
+    return _lab_parts()[_check(notebook)]
 
 
 def _lab_parts() -> dict[str, list[Part]]:
-    """Every notebook's runs, in notebook order: a run an earlier notebook planned is not counted again."""
+    """Every notebook's parts, in notebook order: a run an earlier notebook planned is not counted again."""
     seen: set[tuple[str, str]] = set()
-    out: dict[str, list[Part]] = {}
-    for nb in notebooks():
-        out[nb] = [p for e in registry.for_notebook(nb) for p in plan_parts(e, seen)]
-    return out
+    return {nb: [Part("start-up", NOTEBOOK_START_S, 0, start_up=True),
+                 *(p for e in registry.for_notebook(nb) for p in plan_parts(e, seen))] for nb in notebooks()}
 
 
 #: A plan names the data it trains on, and resolving it fails where the data is missing (offline, before
@@ -92,15 +79,13 @@ def _budget_settings(experiment):
 
 
 def plan_parts(experiment, seen: set[tuple[str, str]] | None = None) -> list[Part]:
-    """``experiment``'s full-profile plan for the budget's node as parts: each run's
-    ``experiment.cost(run)`` and one start-up per launch group (``LAUNCH_S``, or ``IN_PROCESS_RUN_S``
-    for an in-process one). Runs that cannot run on that node (``skip``) and runs in ``seen`` (planned
-    by an earlier notebook, whose store this one reuses) are not counted; ``seen`` gets this plan's."""
+    """``experiment``'s full-profile plan for the budget's node as parts: each run's cost and one
+    start-up per launch group (``LAUNCH_S``, or ``IN_PROCESS_RUN_S`` in-process). Runs that cannot run
+    there (``skip``) and runs in ``seen`` (an earlier notebook's) are not counted; ``seen`` gets these."""
     seen = set() if seen is None else seen
     if experiment.cost is None:
         raise LabError(f"Experiment {experiment.name!r} has no cost(run): the time budget cannot sum its "
-                       "plan; "
-                       "give its Experiment a cost function (lab_utils/experiments/README.md).")
+                       "plan; give its Experiment a cost function (lab_utils/experiments/README.md).")
     runs = make_plan(experiment, _budget_settings(experiment), BUDGET_NODE, "full")
     parts: list[Part] = []
     started: set[object] = set()
@@ -153,7 +138,7 @@ def budget_table():
     lab = _lab_parts()  # the plans are made once for the whole table
     rows = []
     for nb, topic in notebooks().items():
-        parts = [Part("start-up", NOTEBOOK_START_S, 0, start_up=True), *lab.get(nb, [])]
+        parts = lab[nb]
         rows.append({"notebook": nb, "topic": topic, "answers": answers(nb), "GPUs": _gpus(nb, parts),
                      "estimated minutes": estimate_minutes(nb, parts),
                      "what takes the time": _largest(parts)})

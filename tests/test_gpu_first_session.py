@@ -337,24 +337,27 @@ def _machine(gpus: int = 2, **kw):
 
 
 def test_a_step_whose_timing_breaks_its_own_invariants_fails():
-    """judge_step only checked that a step ran with a finite loss. A timer on the wrong stream or device
-    gives phases that do not add up, or an exposed wait longer than the all-reduce it waits for."""
+    """A timer on the wrong stream or device gives phases that do not add up, or an exposed wait longer
+    than the all-reduce it waits for: an experiment's row with such a run fails."""
     from lab_utils import doctor
+
+    def judge_step(run, m):
+        return doctor.judge_experiment({"runs": [{"label": "step", "status": "ok", **run}]}, m)
 
     good = {"config": "DDP 2 x 32", "train_seconds": 1.0, "data_movement_seconds": 0.1,
             "compute_seconds": 0.8, "communication_seconds": 0.1, "exposed_comm_seconds": 0.1,
             "allreduce_seconds": 0.4, "loss": 2.3, "backend": "nccl"}
-    assert doctor.judge_step(good, _machine())[2] == "ok"
+    assert judge_step(good, _machine())[2] == "ok"
     gloo = {**good, "backend": "gloo", "exposed_comm_seconds": 0.6}   # gloo shares the cores with backward
-    assert doctor.judge_step(gloo, _machine())[2] == "ok"
+    assert judge_step(gloo, _machine())[2] == "ok"
     bad = {"phases do not add up": {"compute_seconds": 0.3},
            "exposed > all-reduce": {"exposed_comm_seconds": 0.6},
            "all-reduce > step": {"allreduce_seconds": 1.5, "exposed_comm_seconds": 0.1},
            "negative exposed": {"exposed_comm_seconds": -0.2}}
     for what, change in bad.items():
-        measured, _, verdict = doctor.judge_step({**good, **change}, _machine())
+        measured, _, verdict = judge_step({**good, **change}, _machine())
         assert verdict == "fail", (what, measured)
-    assert doctor.judge_step({**good, "exposed_comm_seconds": 0.41}, _machine())[2] == "ok"   # within noise
+    assert judge_step({**good, "exposed_comm_seconds": 0.41}, _machine())[2] == "ok"   # within noise
 
 
 def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_none():
