@@ -15,6 +15,7 @@ import json
 import signal
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from lab_utils.core.errors import LabError, LaunchError
 
@@ -34,8 +35,6 @@ BENCHES = {
 
 
 def _prepare(args) -> int:
-    from pathlib import Path
-
     from lab_utils.core import data, text_data
 
     root = Path(args.data_dir) if args.data_dir else None

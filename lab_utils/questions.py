@@ -283,11 +283,7 @@ def sections_for(notebook: str) -> list[Section]:
 
 def labels_for(notebook: str) -> str:
     """``"Q4.1, Q4.2, Q5, Q6, Q7"``: the questions a notebook answers, for its title cell."""
-    keys: list[str] = []
-    for s in sections_for(notebook):
-        if s.key not in keys:
-            keys.append(s.key)
-    return ", ".join(keys)
+    return ", ".join(dict.fromkeys(s.key for s in sections_for(notebook)))
 
 
 def question_map_markdown() -> str:

@@ -29,9 +29,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+from nbclient.exceptions import CellTimeoutError
+
 from lab_utils import proc
 from lab_utils.core import config
 from lab_utils.core.errors import LabError, WriteError, write_failure
+from lab_utils.questions import SECTIONS
 from lab_utils.store import _atomic_write_text
 
 KERNEL_NAME = "lab-utils-python"
@@ -117,11 +123,7 @@ def _kernelspec_dir() -> Path:
 
 def _failing_cell(nb) -> tuple[int | None, str | None]:
     """1-based code-cell number and 'Ename: evalue' of the first error output."""
-    n = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        n += 1
+    for n, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), start=1):
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 return n, f"{out.get('ename')}: {out.get('evalue')}"
@@ -193,8 +195,6 @@ def _kernel_manager(private: str):
     print. A Unix socket path must fit in 108 bytes (with the "-<port>" suffix); a long $TMPDIR
     (some clusters set one per job) falls back to TCP on the loopback interface.
     """
-    from jupyter_client.manager import AsyncKernelManager
-
     base = str(Path(private) / "kernel")
     if len(base) < 90:
         return AsyncKernelManager(kernel_name=KERNEL_NAME, transport="ipc", ip=base)
@@ -238,8 +238,6 @@ def _watch(worker: threading.Thread, stop: _StopSignals | None, token: str, km) 
 
 def _save_notebook(nb, path: Path) -> None:
     """Write ``nb`` to ``path`` atomically (temp file, fsync, rename): a full disk leaves the old copy."""
-    import nbformat
-
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,10 +262,6 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
     when the notebook ends, however it ends (:mod:`lab_utils.proc`). An executed copy that cannot be
     written (a full disk) is ``save_error``, one sentence; an older copy is left whole.
     """
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError
-
     nb = nbformat.read(str(path), as_version=4)
     executed = out_dir / path.name
     token = proc.new_token()
@@ -439,8 +433,6 @@ def report_sections(root: Path) -> list[str]:
     """The report's body: each section of :data:`lab_utils.questions.SECTIONS` with its tables
     (``tables/<name>.md``) and figures (``figures/<name>.png``), then those no section names under
     "Other tables and figures", so nothing a notebook saved is left out."""
-    from lab_utils.questions import SECTIONS
-
     tables = {p.stem: p for p in sorted((root / "tables").glob("*.md"))}
     figures = {p.stem: p for p in sorted((root / "figures").glob("*.png"))}
     if not tables and not figures:

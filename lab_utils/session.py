@@ -1,14 +1,9 @@
 """The first call of every notebook: which profile, where results go, which device.
 
-``lab = start(PROFILE)`` resolves the profile (explicit value, ``$LAB_PROFILE``, or
-automatic), prints one line saying which and why, and returns a :class:`LabSession`
-holding the profile, the result store and the device the notebook should use.
-
-Every experiment has the same shape (``lab_utils/experiments``): a ``Settings`` dataclass,
-``measure(lab, settings) -> list[Record]``, then tables, then figures. ``lab.settings(Settings,
-...)`` is the one way to get a profile's settings with the parameters cell's overrides, and
-:func:`session_for` the one way code that is not a notebook (a command line, a test, the
-doctor) gets a session.
+``lab = start(PROFILE)`` resolves the profile (explicit value, ``$LAB_PROFILE``, or automatic), prints
+one line saying which and why, and returns a :class:`LabSession`: the profile, the result store and the
+device. ``lab.settings(Settings, ...)`` is the one way to get a profile's settings with the parameters
+cell's overrides, and :func:`session_for` the one way code that is not a notebook gets a session.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ import datetime as _dt
 import errno
 import fcntl
 import json
+import math
+import numbers
 import os
 import re
 import warnings
@@ -33,7 +35,7 @@ from typing import Any
 
 from lab_utils.core import config
 from lab_utils.core.errors import LabError, WriteError, write_failure
-from lab_utils.core.hardware import hardware_summary, software_versions
+from lab_utils.core.hardware import device_name, gpu_count, hardware_summary, software_versions
 from lab_utils.core.records import (  # the record and its key live in core: workers build records too
     STATUSES,
     Record,
@@ -299,8 +301,6 @@ class ResultStore:
 def this_machine() -> dict[str, tuple[str, int | None]]:
     """This machine's devices by type: ``{"cuda": (GPU name, GPU count), "cpu": (CPU name, None)}``
     (the GPU named through nvidia-smi while CUDA is not initialised: no context is opened)."""
-    from lab_utils.core.hardware import device_name, gpu_count
-
     out: dict[str, tuple[str, int | None]] = {"cpu": (device_name("cpu"), None)}
     n = gpu_count()
     if n:
@@ -377,9 +377,6 @@ def format_number(value: Any, digits: int = SIGNIFICANT_DIGITS, percent: bool = 
     tiny or huge values use an exponent (``1.235e-07``). Integers, strings and booleans print as
     they are; a missing value (None, NaN) is an empty cell. ``percent`` appends ``%`` to numbers.
     """
-    import math
-    import numbers
-
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -440,8 +437,6 @@ def display_table(df, digits: int = SIGNIFICANT_DIGITS):
 
 
 def _mostly_numeric(series) -> bool:
-    import numbers
-
     vals = [v for v in series.tolist() if v is not None and v == v]
     return bool(vals) and all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in vals)
 
