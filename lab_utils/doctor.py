@@ -369,14 +369,10 @@ def judge_int8_mm(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
 
 def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = None,
                  max_bytes: int = 256 * 2 ** 20) -> dict[str, Any]:
-    """All-reduce on every GPU: notebook 04's benchmark plan (:func:`lab_utils.experiments.comm.plan_bench`,
-    its doctor settings, 1 MiB to ``max_bytes``), the run on the most ranks measured through
-    :func:`lab_utils.plan.measure` into a scratch store; busbw (GB/s, nccl-tests' definition) of the
-    best size against the link's nominal peak.
-
-    ``backend`` replaces the planned one in every run (tests: gloo standing in for NCCL); the plan's
-    own answer is kept in ``planned_backend``.
-    """
+    """All-reduce on every GPU: the run on the most ranks of notebook 04's benchmark plan (its doctor
+    settings, 1 MiB to ``max_bytes``) measured through :func:`lab_utils.plan.measure`; the best size's
+    busbw (GB/s, nccl-tests' definition) against the link's nominal peak. ``backend`` replaces the
+    planned one (tests: gloo standing in for NCCL), which is kept in ``planned_backend``."""
     machine = _plan_machine(m)
     full = profiles.settings(comm.Settings, "full")
     settings = replace(comm.doctor_settings(full), max_bytes=max_bytes, timeout_s=timeout_s)
@@ -495,12 +491,11 @@ _JUDGED = ("train_seconds", "data_movement_seconds", "compute_seconds", "communi
 
 def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 240.0,
                        machine: PlanMachine | None = None) -> dict[str, Any]:
-    """The notebook's own code: ``experiment.doctor(full settings)`` (its smallest full-profile
-    configuration) measured through :func:`lab_utils.plan.measure`, as the notebook measures it, into a
-    scratch store (nothing reaches the lab's results), one launch group after another within
-    ``timeout_s`` seconds. This process stands in for the notebook's kernel: whether it had opened a
-    CUDA context before the launches is recorded (on an EXCLUSIVE_PROCESS node that stops them).
-    Returns each aggregate record's status, reason and timing figures (seconds)."""
+    """The notebook's own code: ``experiment.doctor(full settings)`` measured through
+    :func:`lab_utils.plan.measure` as the notebook does, into a scratch store, one launch group after
+    another within ``timeout_s`` seconds; each aggregate record's status, reason and timing figures
+    (seconds). This process stands in for the notebook's kernel: whether it had opened a CUDA context
+    before the launches is recorded (on an EXCLUSIVE_PROCESS node that stops them)."""
     machine = machine or _plan_machine(m)
     settings = experiment.doctor(profiles.settings(experiment.settings, "full"))
     runs = make_plan(experiment, settings, machine, "full")
@@ -623,9 +618,8 @@ def skip_reason(check: Check, m: Machine) -> str | None:
 
 
 def run_child(cmd: list[str], timeout_s: float, out_file: Path, what: str = "") -> dict[str, Any]:
-    """Run ``cmd`` (it writes JSON to ``out_file``) through :func:`lab_utils.proc.run`: at ``timeout_s``
-    it and everything it started (marked, even outside its session: NCCL's proxy, a compiler daemon)
-    are stopped and :class:`lab_utils.proc.TimeLimit` is raised. A failed child raises
+    """Run ``cmd`` (it writes JSON to ``out_file``) through :func:`lab_utils.proc.run` (at ``timeout_s``
+    it and all it started are stopped: :class:`lab_utils.proc.TimeLimit`); a failed child raises
     ``RuntimeError`` with its last error line."""
     res = proc.run(cmd, timeout_s, text=True, what=what or "the check")
     if res.returncode != 0 or not out_file.exists():

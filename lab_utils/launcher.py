@@ -211,19 +211,18 @@ def _tail(path: Path, n: int = TAIL_LINES) -> str:
 
 def _quote_failure(rank: int | None, logs: dict[int, Path], agent_log: Path, shown=str) -> str:
     """The failing rank's last lines; torchrun's too when that log shows no error."""
+    torchrun = f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
     if rank is not None and rank in logs:
         text = f"Last lines of rank {rank} ({shown(logs[rank])}):\n{_tail(logs[rank])}"
         body = logs[rank].read_text(errors="replace")
-        if not any(w in body for w in ("Traceback", "Error", "error:")):
-            text += f"\nLast lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
-        return text
-    return f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
+        return text if any(w in body for w in ("Traceback", "Error", "error:")) else f"{text}\n{torchrun}"
+    return torchrun
 
 
 def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8, shown=str) -> str:
     """Every rank's last ``n`` lines (where each one was when the run was stopped)."""
     if not logs:
-        return f"Last lines of torchrun ({shown(agent_log)}):\n{_tail(agent_log)}"
+        return _quote_failure(None, logs, agent_log, shown)
     return "\n".join(f"Last lines of rank {r} ({shown(p)}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
 
 
