@@ -23,6 +23,7 @@ import math
 import re
 import shutil
 import socket
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,7 @@ def provenance(store: ResultStore) -> Provenance:
     p = Provenance(profile=store.profile)
     recs = [r for path in sorted(store.runs_dir.glob("*.jsonl")) for r in store.latest(path.stem)]
     ok = [r for r in recs if r.status == "ok"]
-    for r in recs:
-        if r.status != "ok":
-            p.not_measured[r.status] = p.not_measured.get(r.status, 0) + 1
+    p.not_measured = dict(Counter(r.status for r in recs if r.status != "ok"))
     p.records = len(ok)
     hw = [r.hardware for r in ok if r.hardware.get("device_name")]
     gpu = [h for h in hw if h.get("device_type") == "cuda"]

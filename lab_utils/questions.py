@@ -1,25 +1,13 @@
 """Which notebook, section, table and figure answers which question of the assignment.
 
-One ordered list (:data:`SECTIONS`) is the single source for everything that names a question:
-
-- the README's question map (:func:`question_map_markdown`, pasted; a test keeps it equal),
-- the hand-in's ``report.md`` (:func:`lab_utils.handin.build`, ``make report``): its order, its tables,
-  its answer slots,
-- every notebook's "For your report" cell (:func:`for_your_report_markdown`, idem),
-- the questions each notebook's title names (:func:`labels_for`, also the time budget's column),
-- the order of ``results/<profile>/report.md`` (:func:`lab_utils.runner.write_report`): by
-  question, Q1 ... Q7, then the Part 2 project, then the extras; each section with its
-  tables and figures.
-
-The assignment's numbering, as the earlier cohort's report answers it (SPEC.md): Q1 batch-size
-sweep; Q2 speedup on 1/2/4 GPUs, strong or weak scaling; Q3.1 compute vs communication
-(Table 2); Q3.2 ring all-reduce bandwidth utilization (the time formula, then Table 3); Q4.1
-large-batch loss and accuracy at epoch 5; Q4.2 why the large batch falls behind and how to
-improve it (linear learning-rate scaling, warm-up); Q5 ``DistributedSampler.set_epoch``; Q6 are
-gradients the only messages communicated; Q7 at 4 GPUs x 512 per GPU, is communicating only the
-gradients enough. The GPT (notebooks 06 and 07) is the *Part 2 project* an earlier cohort did
-(SPEC.md, Part 2), not a question of the assignment; notebook 08 is an extra. The lab's own
-exercises are named "Exercise NN-a", never with a number that could be the assignment's.
+One ordered list (:data:`SECTIONS`, the assignment's numbering as SPEC.md gives it) is the single
+source for everything that names a question: the README's question map (:func:`question_map_markdown`,
+a test keeps it equal), the hand-in (:func:`lab_utils.handin.build`), every notebook's "For your
+report" cell (:func:`for_your_report_markdown`), the questions each notebook's title names
+(:func:`labels_for`) and the order of ``results/<profile>/report.md``. The GPT (notebooks 06 and 07)
+is the *Part 2 project* an earlier cohort did, not a question of the assignment; the extras are not
+either. The lab's own exercises are named "Exercise NN-a", never with a number that could be the
+assignment's.
 
 **Where answers are written.** A question graded by hand (``by_hand``: its otter name) is
 answered once, in its notebook, in the cell under "<key> (graded by hand, N points)": the

@@ -18,6 +18,7 @@ provenance label (profile, data, device) so that a pasted table cannot pass for 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import errno
 import fcntl
@@ -241,10 +242,8 @@ class ResultStore:
             except OSError as e:
                 # Cut the torn line off again, so that the next append after space is freed
                 # starts on a fresh line and every record stored before stays readable.
-                try:
+                with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
-                except OSError:
-                    pass
                 raise WriteError(write_failure(e, p.parent, f"the {record.experiment} record")) from None
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -264,10 +263,8 @@ class ResultStore:
         label = provenance_label(records, self.profile)
         md_path = self.tables_dir / f"{name}.md"
         body = markdown_table(df, digits)
-        parts = [f"### {title or name}", "", f"_{label}_", "", body]
-        notes = list(notes)
-        if notes:
-            parts += [""] + [f"- {n}" for n in notes]
+        notes = [f"- {n}" for n in notes]
+        parts = [f"### {title or name}", "", f"_{label}_", "", body, *([""] + notes if notes else [])]
         _atomic_write_text(md_path, "\n".join(parts) + "\n")
         csv = df.copy()
         csv.insert(0, "provenance", label)
