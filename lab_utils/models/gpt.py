@@ -48,8 +48,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lab_utils.core.config import results_dir
 from lab_utils.core.errors import LabError
+from lab_utils.core.flops import count_flops
+from lab_utils.models.resnet import count_parameters as count_parameters  # one count for both models
 
 CHECKPOINT_FORMAT = "lab-gpt-v1"
 
@@ -76,13 +80,6 @@ class GPTConfig:
                            f"({self.n_head}); pick n_head among its divisors.")
         if not 0.0 <= self.dropout < 1.0:
             raise LabError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
@@ -266,16 +263,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters, each shared tensor counted once."""
-    seen, n = set(), 0
-    for p in model.parameters():  # parameters() already de-duplicates tied tensors
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            n += p.numel()
-    return n
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain :class:`GPT` inside DDP / DataParallel / torch.compile wrappers."""
     while True:
@@ -296,10 +283,6 @@ def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
     attention as zero); the math backend's matmuls are counted like the fused GPU ones.
     Gradients are cleared afterwards. FLOPs per token (forward + backward).
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from lab_utils.core.flops import count_flops
-
     gpt = unwrap(model)
     cfg = gpt.config
     t = cfg.block_size if seq_len is None else seq_len
@@ -315,9 +298,7 @@ def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
 
 def checkpoint_path(profile: str | None = None) -> Path:
     """``results/<profile>/checkpoints/gpt.pt``: where notebook 06 saves the trained GPT."""
-    from lab_utils.core import config
-
-    return config.results_dir(profile) / "checkpoints" / "gpt.pt"
+    return results_dir(profile) / "checkpoints" / "gpt.pt"
 
 
 def save_checkpoint(path: str | Path, model: nn.Module, vocab: str, corpus: str,
@@ -334,7 +315,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, vocab: str, corpus: str,
                        f"{gpt.config.vocab_size}; pass the vocabulary the model was trained with.")
     payload = {
         "format": CHECKPOINT_FORMAT,
-        "config": gpt.config.to_dict(),
+        "config": asdict(gpt.config),
         "model": {k: v.detach().cpu() for k, v in gpt.state_dict().items()},
         "vocab": vocab,
         "corpus": corpus,

@@ -1,6 +1,6 @@
 """Notebook 07's quality and speed measurements of one model: :func:`evaluate_lm` (mean next-token
 cross-entropy on held-out tokens, through the lab's one evaluation pass), :func:`greedy_decode`,
-:func:`time_decode` / :func:`time_interleaved` (synchronized wall-clock decoding, repetitions of
+:func:`time_interleaved` (synchronized wall-clock decoding, repetitions of
 several models interleaved) and the arithmetic intensity of a decoding step
 (:func:`weight_flops_per_byte`). Seconds; losses in nats per token.
 """
@@ -23,7 +23,7 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.timing import synchronize
 
 __all__ = ["DecodeTiming", "EvalResult", "evaluate_lm", "greedy_decode", "make_prompts",
-           "mean_context_tokens", "time_decode", "time_interleaved", "weight_flops_per_byte"]
+           "mean_context_tokens", "time_interleaved", "weight_flops_per_byte"]
 
 @dataclass
 class EvalResult:
@@ -161,41 +161,18 @@ def make_prompts(tokens: torch.Tensor, batch_size: int, prompt_tokens: int) -> t
     return tokens[:need].view(batch_size, prompt_tokens).clone()
 
 
-def time_decode(model: nn.Module, prompts: torch.Tensor, new_tokens: int, block_size: int,
-                device: str | torch.device, warmup: int = 1, repeats: int = 5,
-                clock: Callable[[], float] = time.perf_counter) -> DecodeTiming:
-    """Time :func:`greedy_decode` of ``new_tokens`` tokens after ``prompts`` (B, T0) on ``device``.
-
-    ``warmup`` untimed repetitions first (allocator, caches, lazy kernels, compilation),
-    then ``repeats`` timed ones; the device is synchronized before starting and before
-    stopping the clock of each repetition. Seconds per repetition.
-    """
-    check_positive_int(new_tokens, "new_tokens")
-    check_positive_int(repeats, "repeats")
-    dev = torch.device(device)
-    p = prompts.to(dev)
-    for _ in range(warmup):
-        greedy_decode(model, p, new_tokens, block_size)
-    timing = DecodeTiming(batch_size=int(p.shape[0]), new_tokens=new_tokens)
-    for _ in range(repeats):
-        synchronize(dev)
-        t0 = clock()
-        greedy_decode(model, p, new_tokens, block_size)
-        synchronize(dev)
-        timing.seconds.append(clock() - t0)
-    return timing
-
-
 def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_tokens: int, block_size: int,
                      device: str | torch.device, warmup: int = 1, repeats: int = 5,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, DecodeTiming | Exception]:
-    """:func:`time_decode` for several models, their repetitions interleaved.
+    """Time :func:`greedy_decode` of ``new_tokens`` tokens after ``prompts`` (B, T0) for several models on
+    ``device``, their repetitions interleaved. Seconds per repetition.
 
+    ``warmup`` untimed repetitions per model first (allocator, caches, lazy kernels, compilation).
+    The device is synchronized before starting and before stopping the clock of each repetition.
     Repetition ``r`` times every model once, in an order rotated by ``r``, so a change in
-    machine load or clock speed during the measurement hits every model alike instead of
-    whichever happened to be measured at the time (on a shared machine that matters more
-    than the number of repetitions). ``warmup`` untimed repetitions per model come first.
-    A model whose decoding raises gets the exception instead of a timing. Seconds.
+    machine load or clock speed during the measurement hits every model alike instead of whichever
+    happened to be measured at the time (on a shared machine that matters more than the number of
+    repetitions). A model whose decoding raises gets the exception instead of a timing.
     """
     check_positive_int(new_tokens, "new_tokens")
     check_positive_int(repeats, "repeats")
