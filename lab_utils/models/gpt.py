@@ -125,15 +125,14 @@ def matmul_parameter_count(cfg: GPTConfig) -> int:
     return cfg.n_layer * 12 * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd
 
 
-def train_flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
+def train_flops_per_token(cfg: GPTConfig) -> int:
     """Matmul FLOPs of one training step per token: 6 N_matmul + 12 L C T.
 
     6 = 2 FLOPs per multiply-accumulate x (1 forward + 2 backward); the second term is
     attention (QK^T and AV, counted over the full T x T square as the kernels compute
-    it). This is nanoGPT's 6N + 12LHQT estimate with N the matmul weights. FLOPs.
+    it; T = block_size). This is nanoGPT's 6N + 12LHQT estimate with N the matmul weights. FLOPs.
     """
-    t = cfg.block_size if seq_len is None else seq_len
-    return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * t
+    return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 # --------------------------------------------------------------------------- model
@@ -274,23 +273,20 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
-                                  batch_size: int = 1) -> float:
+def measure_train_flops_per_token(model: nn.Module) -> float:
     """Training FLOPs per token counted by ``torch.utils.flop_counter.FlopCounterMode``.
 
-    Runs forward + backward once on random tokens with the *math* attention backend,
-    because the counter has no formula for the fused CPU attention kernel (it would count
-    attention as zero); the math backend's matmuls are counted like the fused GPU ones.
+    Runs forward + backward once on one sequence of ``block_size`` random tokens with the *math*
+    attention backend, because the counter has no formula for the fused CPU attention kernel (it
+    would count attention as zero); the math backend's matmuls are counted like the fused GPU ones.
     Gradients are cleared afterwards. FLOPs per token (forward + backward).
     """
     gpt = unwrap(model)
     cfg = gpt.config
-    t = cfg.block_size if seq_len is None else seq_len
-    dev = next(gpt.parameters()).device
-    example = torch.randint(0, cfg.vocab_size, (batch_size, t), device=dev)
+    example = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), device=next(gpt.parameters()).device)
     with sdpa_kernel(SDPBackend.MATH):
         fc = count_flops(gpt, example)
-    return fc.train_flops / (batch_size * t)
+    return fc.train_flops / cfg.block_size
 
 
 # --------------------------------------------------------------------------- checkpoints

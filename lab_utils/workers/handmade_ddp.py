@@ -32,7 +32,6 @@ forward, loss, backward, gradient synchronization and the optimizer step, nothin
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.core.records import Record
 from lab_utils.core.ring import fit_alpha_beta
+from lab_utils.core.spread import percentile
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
 from lab_utils.workers.ddp import RunConfig, train_dataset
@@ -281,8 +281,8 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
 
 def _spread(name: str, values: list[float]) -> dict[str, float]:
     """Median, 10th and 90th percentile of ``values`` as ``name``, ``name_p10``, ``name_p90``."""
-    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-    return {name: statistics.median(values), f"{name}_p10": q[0], f"{name}_p90": q[-1]}
+    return {name: percentile(values, 50), f"{name}_p10": percentile(values, 10),
+            f"{name}_p90": percentile(values, 90)}
 
 
 def _trace(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
