@@ -69,7 +69,7 @@ from lab_utils.core.config import (
     get_profile,
     loader_worker_options,
 )
-from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
+from lab_utils.core.data import cifar10_dataset, test_transform, train_transform
 from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
@@ -184,19 +184,14 @@ class RunConfig:
 
 
 def train_dataset(args: RunConfig):
-    """The (resolved) training subset with the spec's train transforms."""
-    if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
-        return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
-    ds, _ = cifar10_dataset(True, "cifar10", train_transform())
+    """The (resolved) training subset with the spec's train transforms (synthetic: only its images built)."""
+    ds, _ = cifar10_dataset(True, args.dataset, train_transform(), size=args.train_images)
     return Subset(ds, range(args.train_images)) if args.train_images < len(ds) else ds
 
 
 def test_shard(args: RunConfig, rank: int, world: int):
     """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
-    if args.dataset == "synthetic":
-        ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
-    else:
-        ds, _ = cifar10_dataset(False, "cifar10", test_transform())
+    ds, _ = cifar10_dataset(False, args.dataset, test_transform(), size=args.test_images)
     return Subset(ds, range(rank, args.test_images, world))
 
 

@@ -23,7 +23,7 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.timing import synchronize
 
 __all__ = ["DecodeTiming", "EvalResult", "evaluate_lm", "greedy_decode", "make_prompts",
-           "mean_context_tokens", "time_interleaved", "weight_flops_per_byte"]
+           "mean_context_tokens", "median_min_max", "time_interleaved", "weight_flops_per_byte"]
 
 @dataclass
 class EvalResult:
@@ -121,35 +121,20 @@ class DecodeTiming:
     new_tokens: int
     seconds: list[float] = field(default_factory=list)
 
-    def _ms_per_token(self) -> list[float]:
+    @property
+    def ms_per_token(self) -> list[float]:
+        """Milliseconds per generated token, one per repetition."""
         return [s * 1000.0 / self.new_tokens for s in self.seconds]
 
-    def _tokens_per_s(self) -> list[float]:
+    @property
+    def tokens_per_s(self) -> list[float]:
+        """Tokens generated per second over the whole batch, one per repetition."""
         return [self.batch_size * self.new_tokens / s for s in self.seconds]
 
-    @property
-    def ms_per_token_median(self) -> float:
-        return statistics.median(self._ms_per_token())
 
-    @property
-    def ms_per_token_min(self) -> float:
-        return min(self._ms_per_token())
-
-    @property
-    def ms_per_token_max(self) -> float:
-        return max(self._ms_per_token())
-
-    @property
-    def tokens_per_s_median(self) -> float:
-        return statistics.median(self._tokens_per_s())
-
-    @property
-    def tokens_per_s_min(self) -> float:
-        return min(self._tokens_per_s())
-
-    @property
-    def tokens_per_s_max(self) -> float:
-        return max(self._tokens_per_s())
+def median_min_max(name: str, values: list[float]) -> dict[str, float]:
+    """``{name: median, name_min: min, name_max: max}`` of ``values`` (repetitions)."""
+    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
 def make_prompts(tokens: torch.Tensor, batch_size: int, prompt_tokens: int) -> torch.Tensor:
