@@ -264,13 +264,9 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain :class:`GPT` inside DDP / DataParallel / torch.compile wrappers."""
-    while True:
-        if hasattr(model, "module"):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
+    while isinstance(inner := getattr(model, "module", getattr(model, "_orig_mod", None)), nn.Module):
+        model = inner
+    return model
 
 
 def measure_train_flops_per_token(model: nn.Module) -> float:

@@ -26,10 +26,6 @@ from lab_utils.core.loop import EpochRecord, StepOptions, make_optimizer, run_ep
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
 
-__all__ = ["LOADERS", "SGD_IMPLS", "STEP_NAMES", "WATERFALL", "TrainOptions", "Trainer", "build_trainer",
-           "compiled_graphs", "peak_precision", "resolved_sgd", "to_device", "warm_up", "waterfall_steps"]
-
-
 #: SGD implementations and the optimizer arguments that choose them ("default": torch's choice).
 _SGD_KWARGS: dict[str, dict[str, bool]] = {"default": {}, "for-loop": {"foreach": False},
                                            "foreach": {"foreach": True}, "fused": {"fused": True}}

@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -314,11 +313,7 @@ def _seconds(timers: NestedTimers, name: str) -> float:
 
 def _all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     """Sum floats over ranks (identity with one process)."""
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    return [sum(col) for col in zip(*gather(values, ctx))]
 
 
 def rank_epoch(ep: EpochRecord, rank: int, block_size: int, validation_seconds: float) -> dict[str, Any]:

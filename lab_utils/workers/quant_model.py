@@ -23,9 +23,6 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from lab_utils.core.errors import LabError
 from lab_utils.workers.quant_variants import INT_MM_MIN_ROWS, check_variant, torchao_parts
 
-__all__ = ["float_layers", "float_layers_note", "int8_mm_shape_problem", "pad_int8_matmul_rows",
-           "payload_bytes", "quantize_model", "save_state_dict", "serialized_size_bytes"]
-
 #: torchao's int8 x int8 matmul on CUDA (``torchao.kernel.intmm.safe_int_mm``, used by
 #: ``Int8DynamicActivationInt8WeightConfig`` through ``int_scaled_matmul``, torchao 0.18)
 #: takes the cuBLAS ``torch._int_mm`` path only when K (``in_features``) and N

@@ -22,8 +22,6 @@ from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.timing import synchronize
 
-__all__ = ["DecodeTiming", "EvalResult", "evaluate_lm", "greedy_decode", "make_prompts",
-           "mean_context_tokens", "median_min_max", "time_interleaved", "weight_flops_per_byte"]
 
 @dataclass
 class EvalResult:
