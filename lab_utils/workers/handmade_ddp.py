@@ -57,6 +57,7 @@ from lab_utils.core.ring import fit_alpha_beta
 from lab_utils.core.spread import percentile
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
+from lab_utils.workers.allreduce_bench import measure_size
 from lab_utils.workers.ddp import RunConfig, train_dataset
 from lab_utils.workers.harness import Job, serve
 
@@ -223,22 +224,15 @@ BENCH_REPEATS = 3
 
 
 def _bench(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
-    """All-reduce seconds per message size on these ranks and their fit: per size, the mean over
-    ``iters`` all-reduces of the slowest rank, the best of :data:`BENCH_REPEATS` sweeps over the sizes (on
-    a shared CPU another process's burst can land in one sweep; the best one is the link's)."""
-    tensors = [torch.ones(size // 4, device=ctx.device) for size in config["sizes_bytes"]]
-    for t in tensors:
-        for _ in range(config["warmup"]):
-            dist.all_reduce(t)
-    times = [math.inf] * len(tensors)
+    """All-reduce seconds per message size on these ranks and their fit: per size, notebook 04's
+    :func:`~lab_utils.workers.allreduce_bench.measure_size` (the slowest rank's mean over ``iters``), the
+    best of :data:`BENCH_REPEATS` sweeps over the sizes (on a shared CPU another process's burst can land
+    in one sweep; the best one is the link's)."""
+    times = [math.inf] * len(config["sizes_bytes"])
     for _ in range(BENCH_REPEATS):
-        for i, t in enumerate(tensors):
-            _barrier(ctx.device)
-            t0 = time.perf_counter()
-            for _ in range(config["iters"]):
-                dist.all_reduce(t)
-            synchronize(ctx.device)
-            times[i] = min(times[i], max(gather((time.perf_counter() - t0) / config["iters"], ctx)))
+        for i, size in enumerate(config["sizes_bytes"]):
+            m = measure_size(size, config["iters"], config["warmup"], ctx.device, ctx.rank, ctx.world_size)
+            times[i] = min(times[i], m["time_us"] / 1e6)
     try:
         fit = fit_alpha_beta(config["sizes_bytes"], times, ctx.world_size).as_dict()
     except LabError as e:  # noisy timings (a loaded CPU): the run keeps its times, the tables say why
