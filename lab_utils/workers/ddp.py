@@ -326,11 +326,7 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
 def _probe(ddp, train_loader, comm_timer, comm_steps: int, ctx: DistContext) -> dict[str, Any] | None:
     """The ``no_sync`` probe after the last epoch, on the epoch's first batches (see comm_hooks)."""
     device = ctx.device
-    batches = []
-    for x, y in train_loader:
-        batches.append((x.to(device), y.to(device)))
-        if len(batches) >= comm_steps + 1:
-            break
+    batches = [(x.to(device), y.to(device)) for x, y in itertools.islice(train_loader, comm_steps + 1)]
     if batches:  # an epoch of one step: time its batch again (the probe does not train)
         batches = [batches[i % len(batches)] for i in range(comm_steps + 1)]
     counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps

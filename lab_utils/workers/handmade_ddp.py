@@ -31,6 +31,7 @@ forward, loss, backward, gradient synchronization and the optimizer step, nothin
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -102,11 +103,8 @@ def _batches(config: dict[str, Any], state: dict[str, Any], ctx: DistContext, ba
     sampler = DistributedSampler(state["train"], num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=config["seed"])
     torch.manual_seed(config["seed"] + ctx.rank)  # each rank its own augmentation, the same every run
-    out = []
-    for x, y in DataLoader(state["train"], batch_size=batch, sampler=sampler):
-        out.append((x.to(ctx.device), y.to(ctx.device)))
-        if len(out) == n:
-            break
+    loader = DataLoader(state["train"], batch_size=batch, sampler=sampler)
+    out = [(x.to(ctx.device), y.to(ctx.device)) for x, y in itertools.islice(loader, n)]
     return [out[i % len(out)] for i in range(n)]
 
 
