@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lab_utils.core.config import results_dir
+from lab_utils.core.config import check_positive_int, results_dir
 from lab_utils.core.errors import LabError
 from lab_utils.core.flops import count_flops
 from lab_utils.models.resnet import count_parameters as count_parameters  # one count for both models
@@ -72,9 +72,7 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise LabError(f"GPTConfig.{name} must be a whole number of at least 1, got {v!r}.")
+            check_positive_int(getattr(self, name), f"GPTConfig.{name}")
         if self.n_embd % self.n_head:
             raise LabError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head "
                            f"({self.n_head}); pick n_head among its divisors.")

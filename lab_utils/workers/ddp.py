@@ -36,11 +36,9 @@ of them but ``record`` and ``rank``).
   ``sample_order_head``: the sampler's first indices, to check ``set_epoch``), the reported epoch's
   values at the top level, and its ``comm_probe``.
 
-Per-rank phases (:func:`lab_utils.core.loop.train_steps`): ``skew_wait`` is the wait, in a barrier right
-after the data movement, for the slowest rank's loader (0 with one rank). Without that barrier a rank
-whose batch is ready early would wait for the slow loader inside backward's all-reduce, i.e. in
-``compute``. Records written before the skew phase existed have no ``skew_wait_seconds`` (tables show
-it blank) and their ``compute``/``train_seconds`` include that wait.
+Per-rank phases: :func:`lab_utils.core.loop.train_steps` (its ``skew_wait`` says why a rank's wait for the
+slowest loader is not ``compute``). Records written before the skew phase existed have no
+``skew_wait_seconds`` (tables show it blank) and their ``compute``/``train_seconds`` include that wait.
 """
 
 from __future__ import annotations

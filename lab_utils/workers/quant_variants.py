@@ -18,10 +18,6 @@ from torch import nn
 from lab_utils.core.config import check_choice
 from lab_utils.core.hardware import bf16_supported
 
-VARIANTS: tuple[str, ...] = ("fp32", "bf16", "ao_dynamic_int8", "torchao_int8_weight_only",
-                             "torchao_int8_dynamic")
-
-
 #: torchao configuration class of each torchao variant (looked up by name at run time).
 TORCHAO_CONFIGS = {
     "torchao_int8_weight_only": "Int8WeightOnlyConfig",
@@ -47,6 +43,7 @@ VARIANT_INFO: dict[str, _VariantInfo] = {
     "torchao_int8_dynamic": _VariantInfo("int8 dynamic act. + int8 weight, torchao "
                                         "Int8DynamicActivationInt8WeightConfig", "dynamic", 1),
 }
+VARIANTS: tuple[str, ...] = tuple(VARIANT_INFO)
 
 
 @dataclass(frozen=True)
