@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory
@@ -47,8 +46,6 @@ def evaluate_lm(model: nn.Module, tokens: torch.Tensor, block_size: int, batch_s
     The loss is the sum of per-token cross-entropies (computed in fp32 from the logits)
     divided by the number of predicted tokens; perplexity is ``exp(loss)``.
     """
-    check_positive_int(block_size, "block_size")
-    check_positive_int(batch_size, "eval batch size")
     data = tokens if max_tokens is None else tokens[:max_tokens]
     n_win = (data.numel() - 1) // block_size
     if n_win < 1:
@@ -157,8 +154,6 @@ def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_to
     happened to be measured at the time (on a shared machine that matters more than the number of
     repetitions). A model whose decoding raises gets the exception instead of a timing.
     """
-    check_positive_int(new_tokens, "new_tokens")
-    check_positive_int(repeats, "repeats")
     dev = torch.device(device)
     p = prompts.to(dev)
     out: dict[str, DecodeTiming | Exception] = {}
