@@ -105,14 +105,11 @@ def _cap_gpu_memory(c: dict[str, Any], device: torch.device) -> None:
         set_memory_fraction(min(fractions), device)
 
 
-def model_state_bytes(model: nn.Module, optimizer_slots: int = 1) -> int:
-    """Bytes of parameters + gradients + ``optimizer_slots`` optimizer states + buffers.
-
-    SGD with momentum keeps one state tensor per parameter (``optimizer_slots=1``).
-    """
+def model_state_bytes(model: nn.Module) -> int:
+    """Bytes of parameters + gradients + SGD's momentum (one state tensor per parameter) + buffers."""
     p = sum(t.numel() * t.element_size() for t in model.parameters())
     b = sum(t.numel() * t.element_size() for t in model.buffers())
-    return p * (2 + optimizer_slots) + b
+    return 3 * p + b
 
 
 class CpuMemoryCap:
