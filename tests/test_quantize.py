@@ -215,14 +215,15 @@ def test_uniform_logits_give_log_vocab_loss_and_vocab_perplexity():
         QT.evaluate_lm(ZeroLM(7), tokens[:5], 10, 3, "cpu")
 
 
-def test_time_decode_statistics_with_a_fake_clock():
+def test_decode_timing_statistics_with_a_fake_clock():
     ticks = iter([0.0, 2.0, 10.0, 13.0, 20.0, 24.0])  # repetitions of 2, 3 and 4 s
-    t = QT.time_decode(ZeroLM(5), torch.zeros(4, 3, dtype=torch.long), new_tokens=8, block_size=16,
-                      device="cpu", warmup=1, repeats=3, clock=lambda: next(ticks))
+    t = QT.time_interleaved({"m": ZeroLM(5)}, torch.zeros(4, 3, dtype=torch.long), new_tokens=8,
+                            block_size=16, device="cpu", warmup=1, repeats=3, clock=lambda: next(ticks))["m"]
     assert t.seconds == [2.0, 3.0, 4.0]
-    assert t.ms_per_token_median == pytest.approx(3.0 * 1000 / 8)
-    assert (t.ms_per_token_min, t.ms_per_token_max) == (pytest.approx(250.0), pytest.approx(500.0))
-    assert t.tokens_per_s_median == pytest.approx(4 * 8 / 3.0)
+    ms = QT.median_min_max("ms", t.ms_per_token)
+    assert ms["ms"] == pytest.approx(3.0 * 1000 / 8)
+    assert (ms["ms_min"], ms["ms_max"]) == (pytest.approx(250.0), pytest.approx(500.0))
+    assert QT.median_min_max("rate", t.tokens_per_s)["rate"] == pytest.approx(4 * 8 / 3.0)
 
 
 class LoggingLM(ZeroLM):

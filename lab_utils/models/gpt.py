@@ -48,8 +48,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from lab_utils.core.config import check_positive_int, results_dir
 from lab_utils.core.errors import LabError
+from lab_utils.core.flops import count_flops
+from lab_utils.models.resnet import count_parameters as count_parameters  # one count for both models
 
 CHECKPOINT_FORMAT = "lab-gpt-v1"
 
@@ -68,21 +72,12 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise LabError(f"GPTConfig.{name} must be a whole number of at least 1, got {v!r}.")
+            check_positive_int(getattr(self, name), f"GPTConfig.{name}")
         if self.n_embd % self.n_head:
             raise LabError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head "
                            f"({self.n_head}); pick n_head among its divisors.")
         if not 0.0 <= self.dropout < 1.0:
             raise LabError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}.")
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
@@ -128,15 +123,14 @@ def matmul_parameter_count(cfg: GPTConfig) -> int:
     return cfg.n_layer * 12 * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd
 
 
-def train_flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> int:
+def train_flops_per_token(cfg: GPTConfig) -> int:
     """Matmul FLOPs of one training step per token: 6 N_matmul + 12 L C T.
 
     6 = 2 FLOPs per multiply-accumulate x (1 forward + 2 backward); the second term is
     attention (QK^T and AV, counted over the full T x T square as the kernels compute
-    it). This is nanoGPT's 6N + 12LHQT estimate with N the matmul weights. FLOPs.
+    it; T = block_size). This is nanoGPT's 6N + 12LHQT estimate with N the matmul weights. FLOPs.
     """
-    t = cfg.block_size if seq_len is None else seq_len
-    return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * t
+    return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 # --------------------------------------------------------------------------- model
@@ -266,48 +260,27 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Trainable parameters, each shared tensor counted once."""
-    seen, n = set(), 0
-    for p in model.parameters():  # parameters() already de-duplicates tied tensors
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            n += p.numel()
-    return n
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain :class:`GPT` inside DDP / DataParallel / torch.compile wrappers."""
-    while True:
-        if hasattr(model, "module"):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
+    while isinstance(inner := getattr(model, "module", getattr(model, "_orig_mod", None)), nn.Module):
+        model = inner
+    return model
 
 
-def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
-                                  batch_size: int = 1) -> float:
+def measure_train_flops_per_token(model: nn.Module) -> float:
     """Training FLOPs per token counted by ``torch.utils.flop_counter.FlopCounterMode``.
 
-    Runs forward + backward once on random tokens with the *math* attention backend,
-    because the counter has no formula for the fused CPU attention kernel (it would count
-    attention as zero); the math backend's matmuls are counted like the fused GPU ones.
+    Runs forward + backward once on one sequence of ``block_size`` random tokens with the *math*
+    attention backend, because the counter has no formula for the fused CPU attention kernel (it
+    would count attention as zero); the math backend's matmuls are counted like the fused GPU ones.
     Gradients are cleared afterwards. FLOPs per token (forward + backward).
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from lab_utils.core.flops import count_flops
-
     gpt = unwrap(model)
     cfg = gpt.config
-    t = cfg.block_size if seq_len is None else seq_len
-    dev = next(gpt.parameters()).device
-    example = torch.randint(0, cfg.vocab_size, (batch_size, t), device=dev)
+    example = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), device=next(gpt.parameters()).device)
     with sdpa_kernel(SDPBackend.MATH):
         fc = count_flops(gpt, example)
-    return fc.train_flops / (batch_size * t)
+    return fc.train_flops / cfg.block_size
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -315,9 +288,7 @@ def measure_train_flops_per_token(model: nn.Module, seq_len: int | None = None,
 
 def checkpoint_path(profile: str | None = None) -> Path:
     """``results/<profile>/checkpoints/gpt.pt``: where notebook 06 saves the trained GPT."""
-    from lab_utils.core import config
-
-    return config.results_dir(profile) / "checkpoints" / "gpt.pt"
+    return results_dir(profile) / "checkpoints" / "gpt.pt"
 
 
 def save_checkpoint(path: str | Path, model: nn.Module, vocab: str, corpus: str,
@@ -334,7 +305,7 @@ def save_checkpoint(path: str | Path, model: nn.Module, vocab: str, corpus: str,
                        f"{gpt.config.vocab_size}; pass the vocabulary the model was trained with.")
     payload = {
         "format": CHECKPOINT_FORMAT,
-        "config": gpt.config.to_dict(),
+        "config": asdict(gpt.config),
         "model": {k: v.detach().cpu() for k, v in gpt.state_dict().items()},
         "vocab": vocab,
         "corpus": corpus,

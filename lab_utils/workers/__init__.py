@@ -1,5 +1,5 @@
-"""torchrun entry points: argv -> settings -> the core loop -> records.
+"""torchrun entry points, one shape (:mod:`lab_utils.workers.harness`): a JSON job -> core loop -> records.
 
-Each is started by :func:`lab_utils.launcher.launch` (``python -m lab_utils.workers.<name>``),
-one process per rank. They import the core, the models and the store, never an experiment.
+Each is started by :func:`lab_utils.plan.measure` (``python -m lab_utils.workers.<name> JOB.json``), one
+process per rank. They import the core and the models, never the store nor an experiment.
 """

@@ -156,10 +156,6 @@ class CommLedger:
         finally:
             self.muted = old
 
-    def get(self, phase: str, kind: str) -> tuple[int, int]:
-        """``(bytes, calls)`` of one phase and kind (0, 0 when none)."""
-        return self.bytes.get((phase, kind), 0), self.calls.get((phase, kind), 0)
-
     def as_rows(self) -> list[dict[str, Any]]:
         return [{"phase": p, "kind": k, "bytes": b, "calls": self.calls[(p, k)],
                  "bytes_by_src": dict(self.sent_by_src.get((p, k), {}))}

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from lab_utils.core.backends import apply_training_backends
-from lab_utils.core.config import check_positive_int
 from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import make_optimizer, train_steps
@@ -32,11 +31,8 @@ def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int
 
     Random inputs already on the device (no loader, no host-to-device copy); the device
     is synchronized before the clock starts and after the last step. ``warmup`` steps
-    (allocator, cuDNN autotuning) are not timed.
+    (allocator, cuDNN autotuning) are not timed. The values are checked by the plan's Settings.
     """
-    check_positive_int(width, "model width")
-    check_positive_int(batch_size, "batch size")
-    check_positive_int(steps, "timed steps")
     apply_training_backends()  # the same cuDNN settings as the runs this step time is compared with
     torch.manual_seed(seed)
     dev = torch.device(device)

@@ -36,15 +36,11 @@ BACKEND = "single process"
 TIME_RULE = "one process: epoch and training times of the whole DataParallel step"
 
 
-def run_config_for(args: RunConfig) -> RunConfig:
-    """``args`` (a DDP run's settings) as a DataParallel run: the method and backend changed, no
-    communication probe and no DDP buckets."""
-    return replace(args, method=METHOD, measure_comm=False, comm_steps=None, bucket_cap_mb=None)
-
-
 def dp_config(args: RunConfig) -> dict[str, Any]:
-    """A DataParallel record's config: the DDP worker's keys, with the method and backend changed."""
-    return {**run_config_for(args).config(), "backend": BACKEND, "device_type": "cuda"}
+    """A DataParallel record's config: the DDP worker's keys (``args``, a DDP run's settings), with the
+    method and backend changed, no communication probe and no DDP buckets."""
+    dp = replace(args, method=METHOD, measure_comm=False, comm_steps=None, bucket_cap_mb=None)
+    return {**dp.config(), "backend": BACKEND, "device_type": "cuda"}
 
 
 def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -> list[Record]:

@@ -2,118 +2,48 @@
 
 ``python -m torch.distributed.run --nproc-per-node N -m lab_utils.workers.ddp JOB.json``: a job of
 the lab's one worker protocol (:mod:`lab_utils.workers.harness`), written by
-:func:`lab_utils.plan.measure`. Each configuration of the job is a :class:`RunConfig` as a dict,
-the exact ``config`` of the records it gives (the store's resume key): per-device batch size,
-epochs, model width, data, learning-rate rule and schedule, evaluation, the communication probe,
-DDP's bucket size, gradient accumulation (``accumulation_steps`` micro-batches per optimizer step,
-the first K-1 under ``no_sync``: global batch = batch x world size x K) and a TEST KNOB
-(``debug_slow_rank`` / ``debug_slow_loader_seconds``: that rank's loader sleeps so long per batch;
-recorded in the config and a ``debug_note``, so a slowed run is never taken for a normal one).
-The configurations of one job run one after another in one process group (one start-up), each with
-a fresh model; the data sets are built once (:func:`prepare`).
+:func:`lab_utils.plan.measure`. Each configuration is a :class:`RunConfig` as a dict, the exact
+``config`` of its records (the store's resume key). Gradient accumulation: ``accumulation_steps``
+micro-batches per optimizer step, the first K-1 under ``no_sync`` (global batch = batch x world size x
+K). A TEST KNOB (``debug_slow_rank`` / ``debug_slow_loader_seconds``: that rank's loader sleeps so long
+per batch) is recorded in the config and a ``debug_note``, so a slowed run is never taken for a normal
+one. The configurations of a job run one after another in one process group, each with a fresh
+model; the data sets are built once (:func:`prepare`).
 
-What a run does: ``setup_rank_logging()`` first (each rank logs to its own file), then
-the process group (NCCL with ``LOCAL_RANK`` -> ``cuda:LOCAL_RANK`` when each rank has its
-own GPU; gloo on CPU otherwise), the data (train set sharded by ``DistributedSampler``
-with ``set_epoch(epoch)`` every epoch; test set split evenly by rank, no padding), the
-model (same seed on every rank; DDP broadcasts rank 0's parameters anyway), SGD with the
-spec's hyper-parameters and the lr schedule of :class:`lab_utils.core.schedules.LRSchedule`
-stepped every optimizer step. Each epoch of each rank is THE epoch driver,
-:func:`lab_utils.core.loop.run_epoch` (phases timed by :class:`lab_utils.core.timing.PhaseTimer`).
-At the end the per-rank results are gathered on every rank (``all_gather_object``); rank 0
-aggregates each epoch with :func:`lab_utils.core.ranks.aggregate_epoch` (the slowest rank
-defines T(N)), builds the records and appends them to ``--out``
-(:func:`lab_utils.core.records.append_records`), one batch size at a time. The worker never
-writes the result store: the parent stores what the launcher hands back.
+A run: the training set sharded by ``DistributedSampler`` (``set_epoch`` every epoch), the test set
+split evenly by rank (no padding); the same initial weights on every rank; SGD with the lr schedule of
+:func:`lab_utils.core.schedules.make_schedule` stepped every optimizer step; each epoch of each rank is
+THE epoch driver, :func:`lab_utils.core.loop.run_epoch`. The per-rank results are gathered
+(``all_gather_object``) and rank 0 builds the records; the worker never writes the result store.
 
-Record schema (stable: notebooks 02, 03, 05 and the Table 3 code read it)
-------------------------------------------------------------------------
-One **aggregate** record and one record **per rank**, all under the same experiment.
+Records (stable: notebooks 02, 03, 05 and the Table 3 code read them; every metric name is defined,
+with its unit, in the glossary :mod:`lab_utils.core.metrics`): one **aggregate** record and one record
+**per rank**, all under the same experiment. ``config`` is :meth:`RunConfig.config` (identical in all
+of them but ``record`` and ``rank``).
 
-``config`` (identical in all of them except ``record`` and ``rank``; see
-:meth:`WorkerArgs.record_config`): ``method`` ("DDP"), ``record`` ("aggregate" |
-"rank"), ``rank`` (None | r), ``devices`` (world size), ``backend`` ("nccl" | "gloo"),
-``device_type`` ("cuda" | "cpu"), ``batch_size`` (per device), ``global_batch``,
-``epochs``, ``width``, ``train_images``, ``test_images`` (resolved numbers),
-``dataset`` ("cifar10" | "synthetic", resolved), ``num_workers``, ``lr``, ``lr_rule``,
-``base_batch``, ``warmup_epochs``, ``decay``, ``eval``, ``measure_comm``,
-``comm_steps``, ``bucket_cap_mb``, ``seed``, ``tag``; ``global_batch`` = ``batch_size`` x
-``devices`` x accumulation steps. Only when used: ``accumulation_steps`` (> 1), ``repeat`` (r > 0:
-the (r+1)-th measurement of the configuration, :mod:`lab_utils.core.spread`),
-``debug_slow_rank`` and ``debug_slow_loader_seconds`` (absent otherwise, so the configs of
-ordinary runs and of records written before these options existed are unchanged).
+- Aggregate ``metrics``: ``epochs``, the per-epoch history, each epoch
+  :func:`lab_utils.core.ranks.aggregate_epoch` of the ranks' entries (the slowest rank defines T(N);
+  ``*_mean`` / ``*_max`` over ranks beside it) plus ``cumulative_train_seconds``; the reported (last)
+  epoch's entries copied to the top level with ``reported_epoch``; ``time_rule``; the run's
+  ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``, ``gradient_bytes``
+  (fp32), ``steps_per_epoch``, ``global_batch``, ``peak_lr``, ``warmup_steps``, ``accumulation_steps``,
+  ``batches_per_epoch``, ``startup_seconds`` (slowest rank: the data sets + this configuration's
+  loaders, model, DDP wrapper and optimizer; not the process start-up nor ``import torch``),
+  ``worker_seconds``; ``accumulation_note`` and ``debug_note`` when used. With ``measure_comm``: the
+  slowest rank's ``comm_probe`` (:mod:`lab_utils.core.comm_hooks`) and its (b), (c) and overlap per
+  epoch for the reported epoch (:func:`lab_utils.core.ranks.probe_seconds`), ``allreduce_buckets``.
+- Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's phases, loss and accuracy over its images,
+  ``sample_order_head``: the sampler's first indices, to check ``set_epoch``), the reported epoch's
+  values at the top level, and its ``comm_probe``.
 
-Aggregate ``metrics``:
-
-- ``epochs``: the per-epoch history, a list of dicts, one per epoch
-  (:func:`lab_utils.core.ranks.aggregate_epoch`):
-  ``epoch`` (1-based), ``steps`` (per rank, max), ``images`` (all ranks),
-  ``epoch_seconds`` (SLOWEST rank's wall time of the epoch, loader waits included),
-  ``epoch_seconds_mean``, ``epoch_seconds_min``, ``slowest_rank``,
-  ``train_seconds`` (slowest rank's data movement + compute + communication, neither
-  its own loader wait nor its skew wait: the spec's reported time), ``train_seconds_mean``,
-  ``train_plus_skew_wait_seconds`` (max over ranks of train + skew wait: about what
-  ``train_seconds`` was before the skew phase existed),
-  ``{data_loading,data_movement,compute,communication,skew_wait}_seconds`` (the slowest rank's),
-  ``..._mean`` and ``..._max``, ``fastest_rank``, ``imbalance`` (max / min epoch time),
-  ``micro_steps`` (batches per rank; = ``steps`` without accumulation),
-  ``images_per_s`` (images / train_seconds), ``train_loss``, ``train_accuracy``
-  (over all ranks' images), ``lr`` (lr of the epoch's last step), ``lr_first``,
-  ``elapsed_seconds`` (slowest rank: wall time from the start of epoch 1 to the end
-  of this epoch, evaluation included: for accuracy-vs-wall-clock plots),
-  ``cumulative_train_seconds`` (sum of ``train_seconds`` up to this epoch),
-  ``step_train_seconds_p10`` / ``_p50`` / ``_p90`` (percentiles of the per-step training time of
-  the rank whose ``train_seconds`` is T(N));
-  with ``--eval``: ``test_loss``, ``test_accuracy``, ``eval_seconds``;
-  with ``--measure-comm``: ``allreduce_seconds_mean`` / ``_max`` (method (c) summed
-  over the epoch's steps) and ``exposed_tail_seconds_mean`` / ``_max`` (the hook's
-  in-step estimate of (b), summed over the epoch's steps).
-- the reported (last) epoch's entries copied to the top level (``train_seconds``,
-  ``epoch_seconds``, ``test_accuracy``, ...), with ``reported_epoch``.
-- ``time_rule``: says that epoch/train times are the slowest rank's and ``*_mean``
-  are means over ranks.
-- ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``,
-  ``gradient_bytes`` (parameters x 4, fp32), ``steps_per_epoch``, ``global_batch``,
-  ``peak_lr``, ``warmup_steps``, ``accumulation_steps``, ``batches_per_epoch`` (per rank),
-  ``accumulation_note`` (only with accumulation: "4 x 512 emulated with 2 devices x 2
-  accumulation steps ..."), ``debug_note`` (only with the test knob),
-  ``startup_seconds`` (slowest rank: building the data
-  sets + this configuration's loaders, model, DDP wrapper and optimizer; the process
-  start-up and ``import torch`` are not included), ``worker_seconds`` (rank 0: the data
-  sets plus this configuration from set-up to the gathered results).
-- with ``--measure-comm``, from the probe after the last epoch (see
-  :mod:`lab_utils.core.comm_hooks`), means over ranks of per-step values:
-  ``comm_probe`` (dict of :class:`~lab_utils.core.comm_hooks.CommProbe` fields, rank means)
-  and per-epoch figures for the reported epoch:
-  ``exposed_comm_seconds`` (b: exposed per step x steps_per_epoch),
-  ``allreduce_seconds`` (c: hook all-reduce per step x steps_per_epoch, same probe steps),
-  ``overlap_seconds`` (c - b, >= 0), ``overlap_fraction``, ``exposed_tail_seconds``
-  (the hook's in-step estimate of b, summed over the reported epoch, rank mean),
-  ``allreduce_buckets``.
-
-Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's per-epoch phases:
-``epoch_seconds``, ``train_seconds``, ``{phase}_seconds``, ``steps``, ``images``,
-``train_loss`` / ``train_accuracy`` over that rank's images, ``sample_order_head``
-(first sampler indices of the epoch, to check ``set_epoch``), and with
-``--measure-comm`` ``allreduce_seconds``), the reported epoch's values at the top
-level, and ``comm_probe`` (that rank's probe) with ``--measure-comm``.
-
-Per-rank breakdown (see :func:`lab_utils.core.loop.train_steps`): ``data_loading`` = waiting on this rank's
-loader; ``data_movement`` = host-to-device copies; ``skew_wait`` = waiting, in a barrier
-right after the data movement, for the slowest rank's loader (one all-reduce of one
-float32 per optimizer step, whose own latency is counted here too; 0 with one rank);
-``compute`` = forward + loss + backward + optimizer step; ``communication`` = the exposed
-wait for the gradient all-reduce at the end of backward (only with ``--measure-comm``;
-without it that wait stays inside ``compute``) plus the end-of-epoch reduction of the
-loss/accuracy sums. ``train_seconds`` = data movement + compute + communication. Without
-the barrier a rank whose batch is ready early would wait for the slow loader inside
-backward's all-reduce, i.e. in ``compute``; T(1) has no peers and is unaffected. Records
-written before the skew phase existed have no ``skew_wait_seconds`` (tables show it blank)
-and their ``compute``/``train_seconds`` include that wait. All times in seconds.
+Per-rank phases: :func:`lab_utils.core.loop.train_steps` (its ``skew_wait`` says why a rank's wait for the
+slowest loader is not ``compute``). Records written before the skew phase existed have no
+``skew_wait_seconds`` (tables show it blank) and their ``compute``/``train_seconds`` include that wait.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 import time
@@ -137,7 +67,7 @@ from lab_utils.core.config import (
     get_profile,
     loader_worker_options,
 )
-from lab_utils.core.data import SyntheticCIFAR10, cifar10_dataset, test_transform, train_transform
+from lab_utils.core.data import cifar10_dataset, test_transform, train_transform
 from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
@@ -145,7 +75,7 @@ from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimiz
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
-from lab_utils.core.schedules import DECAYS, LRSchedule, scaled_lr
+from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
 from lab_utils.core.spread import REPEAT, STEP_PERCENTILE_KEYS
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18, count_parameters
@@ -154,9 +84,6 @@ from lab_utils.workers.harness import Job, serve
 SAMPLE_ORDER_HEAD = 8
 TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
              "cannot finish before every rank's all-reduce); *_mean are means over ranks")
-
-
-LR_RULES = ("fixed", "linear")
 
 
 @dataclass(frozen=True)
@@ -255,30 +182,20 @@ class RunConfig:
 
 
 def train_dataset(args: RunConfig):
-    """The (resolved) training subset with the spec's train transforms."""
-    if args.dataset == "synthetic":  # build only the images needed (image i does not depend on n)
-        return SyntheticCIFAR10(train=True, transform=train_transform(), size=args.train_images)
-    ds, _ = cifar10_dataset(True, "cifar10", train_transform())
+    """The (resolved) training subset with the spec's train transforms (synthetic: only its images built)."""
+    ds, _ = cifar10_dataset(True, args.dataset, train_transform(), size=args.train_images)
     return Subset(ds, range(args.train_images)) if args.train_images < len(ds) else ds
 
 
 def test_shard(args: RunConfig, rank: int, world: int):
     """This rank's share of the test subset: images rank, rank+world, ... (no padding, no duplicates)."""
-    if args.dataset == "synthetic":
-        ds = SyntheticCIFAR10(train=False, transform=test_transform(), size=args.test_images)
-    else:
-        ds, _ = cifar10_dataset(False, "cifar10", test_transform())
+    ds, _ = cifar10_dataset(False, args.dataset, test_transform(), size=args.test_images)
     return Subset(ds, range(rank, args.test_images, world))
 
 
 def sample_order_head(sampler, n: int = SAMPLE_ORDER_HEAD) -> list[int]:
     """The first ``n`` indices the sampler yields this epoch (after ``set_epoch``)."""
-    out = []
-    for i, idx in enumerate(iter(sampler)):
-        if i >= n:
-            break
-        out.append(int(idx))
-    return out
+    return [int(i) for i in itertools.islice(sampler, n)]
 
 
 # --------------------------------------------------------------------------- training
@@ -333,14 +250,10 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     # optimizer and lr schedule (per optimizer step; one step = accumulation_steps batches)
     batches_per_epoch = len(train_loader)
     steps_per_epoch = math.ceil(batches_per_epoch / args.accumulation_steps)
-    global_batch = args.batch_size * ctx.world_size * args.accumulation_steps
-    peak = args.lr if args.lr_rule == "fixed" else scaled_lr(args.lr, global_batch, args.base_batch)
-    total_steps = steps_per_epoch * args.epochs
-    warmup_steps = min(total_steps, round(args.warmup_epochs * steps_per_epoch))
-    schedule = LRSchedule(peak_lr=peak, total_steps=total_steps, warmup_steps=warmup_steps,
-                          warmup_start_lr=args.lr, decay=args.decay)
-    optimizer = make_optimizer(ddp, lr=peak)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lambda_for(peak))
+    schedule = make_schedule(args.lr, args.lr_rule, args.global_batch, args.base_batch, steps_per_epoch,
+                             args.epochs, args.warmup_epochs, args.decay)
+    optimizer = make_optimizer(ddp, lr=schedule.peak_lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.lambda_for(schedule.peak_lr))
     options = StepOptions(accumulation_steps=args.accumulation_steps, scheduler=scheduler,
                           comm_timer=comm_timer, skew_barrier=ctx.world_size > 1)
     slow = args.debug_slow_loader_seconds if args.debug_slow_rank == ctx.rank else None
@@ -381,9 +294,10 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     free_device_memory(device)  # gc.collect(), then empty_cache() on a GPU
     if ctx.rank != 0:
         return []
-    summary = {"n_params": n_params, "steps_per_epoch": steps_per_epoch, "global_batch": global_batch,
-               "accumulation_steps": args.accumulation_steps, "batches_per_epoch": batches_per_epoch,
-               "peak_lr": peak, "warmup_steps": warmup_steps,
+    summary = {"parameters": n_params, "gradient_bytes": n_params * 4, "steps_per_epoch": steps_per_epoch,
+               "global_batch": args.global_batch, "peak_lr": schedule.peak_lr,
+               "warmup_steps": schedule.warmup_steps, "accumulation_steps": args.accumulation_steps,
+               "batches_per_epoch": batches_per_epoch,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(config, job, args, ctx, gathered, summary)
 
@@ -410,11 +324,7 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
 def _probe(ddp, train_loader, comm_timer, comm_steps: int, ctx: DistContext) -> dict[str, Any] | None:
     """The ``no_sync`` probe after the last epoch, on the epoch's first batches (see comm_hooks)."""
     device = ctx.device
-    batches = []
-    for x, y in train_loader:
-        batches.append((x.to(device), y.to(device)))
-        if len(batches) >= comm_steps + 1:
-            break
+    batches = [(x.to(device), y.to(device)) for x, y in itertools.islice(train_loader, comm_steps + 1)]
     if batches:  # an epoch of one step: time its batch again (the probe does not train)
         batches = [batches[i % len(batches)] for i in range(comm_steps + 1)]
     counts: list[Any] = [None] * ctx.world_size  # every rank must run the same number of steps
@@ -478,22 +388,16 @@ def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistCo
     metrics.update({
         "reported_epoch": reported["epoch"], "epochs": history, "time_rule": TIME_RULE,
         "world_size": ctx.world_size, "backend": ctx.backend, "device_type": ctx.device.type,
-        "threads_per_rank": threads, "parameters": summary["n_params"],
-        "gradient_bytes": summary["n_params"] * 4, "steps_per_epoch": summary["steps_per_epoch"],
-        "global_batch": summary["global_batch"], "peak_lr": summary["peak_lr"],
-        "warmup_steps": summary["warmup_steps"],
-        "accumulation_steps": summary["accumulation_steps"],
-        "batches_per_epoch": summary["batches_per_epoch"],
+        "threads_per_rank": threads, **summary,
         "startup_seconds": max(g["startup_seconds"] for g in gathered),
-        "worker_seconds": summary["worker_seconds"],
     })
     probe = next((g["comm_probe"] for g in gathered if g["rank"] == reported["slowest_rank"]), None)
     if probe:  # (b), (c) and their overlap per epoch are the slowest rank's (aggregate_epoch), as T(N)
         metrics.update({"comm_probe": probe,
                         "allreduce_buckets": max(g["comm_probe"]["buckets"] for g in gathered)})
-    if summary["accumulation_steps"] > 1:
+    if args.accumulation_steps > 1:
         metrics["accumulation_note"] = accumulation_note(args.batch_size, ctx.world_size,
-                                                         summary["accumulation_steps"])
+                                                         args.accumulation_steps)
     if args.debug_slow_rank is not None:
         metrics["debug_note"] = (f"TEST KNOB: rank {args.debug_slow_rank}'s loader was slowed by "
                                  f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")

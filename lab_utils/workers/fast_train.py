@@ -26,11 +26,10 @@ from lab_utils.core.loop import EpochRecord, StepOptions, make_optimizer, run_ep
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
 
-__all__ = ["LOADERS", "SGD_IMPLS", "STEP_NAMES", "WATERFALL", "TrainOptions", "Trainer", "build_trainer",
-           "compiled_graphs", "peak_precision", "resolved_sgd", "to_device", "warm_up", "waterfall_steps"]
-
-
-SGD_IMPLS = ("default", "for-loop", "foreach", "fused")
+#: SGD implementations and the optimizer arguments that choose them ("default": torch's choice).
+_SGD_KWARGS: dict[str, dict[str, bool]] = {"default": {}, "for-loop": {"foreach": False},
+                                           "foreach": {"foreach": True}, "fused": {"fused": True}}
+SGD_IMPLS = tuple(_SGD_KWARGS)
 LOADERS = ("spec", "device")
 
 
@@ -110,15 +109,6 @@ def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None,
     return out
 
 
-def _make_sgd(model: nn.Module, impl: str = "default", lr: float = 0.1) -> torch.optim.SGD:
-    """The spec's SGD (momentum 0.9, weight decay 5e-4) with the chosen implementation."""
-    kw = {"default": {}, "for-loop": {"foreach": False}, "foreach": {"foreach": True},
-          "fused": {"fused": True}}
-    if impl not in kw:
-        raise LabError(f"Unknown SGD implementation {impl!r}; use one of: {', '.join(SGD_IMPLS)}.")
-    return make_optimizer(model, lr=lr, **kw[impl])
-
-
 def resolved_sgd(impl: str, device: torch.device) -> str:
     """What ``impl`` runs as: torch's default is foreach on CUDA and the for-loop on CPU."""
     if impl != "default":
@@ -180,7 +170,8 @@ def build_trainer(options: TrainOptions, width: int, device: torch.device | str,
     # last, partial batch) makes dynamo recompile with a symbolic batch size, and every batch of
     # the timed epoch would then run that dynamic-shape graph instead of the full batch's own.
     forward = torch.compile(model, dynamic=False) if options.compile else model
-    return Trainer(model=model, forward=forward, optimizer=_make_sgd(model, options.sgd, lr=lr),
+    optimizer = make_optimizer(model, lr=lr, **_SGD_KWARGS[options.sgd])  # the spec's SGD
+    return Trainer(model=model, forward=forward, optimizer=optimizer,
                    options=options, device=device, onednn_workaround=workaround)
 
 

@@ -105,17 +105,13 @@ def _trainer_and_loader(opts: TrainOptions, c: dict[str, Any], job: Job, split: 
 # --------------------------------------------------------------------------- the loader alone
 
 
-def time_loader(loader, device: torch.device, min_seconds: float = 0.0, warmup_batches: int = 1
-                ) -> dict[str, float]:
+def time_loader(loader, device: torch.device, min_seconds: float = 0.0) -> dict[str, float]:
     """Images/s of iterating ``loader`` (no model): full passes until ``min_seconds`` have elapsed.
 
-    ``warmup_batches`` are taken first and not timed (worker start-up). Each batch is
-    touched on the device (nothing else), and the device is synchronized at the end.
+    One batch is taken first and not timed (worker start-up). Each batch is touched on the
+    device (nothing else), and the device is synchronized at the end.
     """
-    it = iter(loader)
-    for _ in range(warmup_batches):
-        next(it, None)
-    del it
+    next(iter(loader), None)
     images = passes = 0
     synchronize(device)
     t0 = time.perf_counter()

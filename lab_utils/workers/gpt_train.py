@@ -12,22 +12,16 @@ every micro-step but the last runs forward *and* backward inside ``DDP.no_sync()
 forward time whether the coming backward all-reduces), and each micro-batch loss is divided by the
 steps, so the accumulated gradient is that of the mean loss (tested against one big batch).
 
-Every epoch of every rank is THE epoch driver, :func:`lab_utils.core.loop.run_epoch` (phases timed,
-the device synchronized at each boundary; names as :mod:`lab_utils.core.metrics` defines them:
-``epoch_seconds`` the training pass with loader waits, ``train_seconds`` without them, validation
-apart in ``validation_seconds``). Nested timers (:class:`~lab_utils.core.timing.NestedTimers`): run >
-epoch > training (forward, loss, backward) / validation. Under DDP a timing comm hook measures the
-exposed all-reduce wait (``communication_seconds``) and the time any all-reduce was in flight
-(``epoch_allreduce_seconds``); after each epoch the untimed ``no_sync`` probe gives each rank's
-(b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
+Every epoch of every rank is THE epoch driver, :func:`lab_utils.core.loop.run_epoch` (metric names as
+:mod:`lab_utils.core.metrics` defines them; validation apart in ``validation_seconds``). Nested timers
+(:class:`~lab_utils.core.timing.NestedTimers`): run > epoch > training / validation. Under DDP a timing
+comm hook measures the exposed all-reduce wait; after each epoch the untimed ``no_sync`` probe gives
+each rank's (b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
 
-Records (rank 0's): one **aggregate** (``config["record"] == "aggregate"``) whose epochs are
-:func:`lab_utils.core.ranks.aggregate_epoch` of the ranks' entries (the slowest rank's times and
-probe, the means beside them, tokens_per_s = all ranks' tokens / the slowest rank's train_seconds),
-with ``mfu`` (computed here alone), the run's model, FLOPs, precision, memory and the slowest rank's
-nested timers; and one record **per rank** (``{**config, "record": "rank", "rank": r}``) with that
-rank's entries and timers. An out-of-memory error is the harness's (an ``oom`` row, or under DDP the
-rank's failure file).
+Records (rank 0's): one **aggregate** whose epochs are :func:`lab_utils.core.ranks.aggregate_epoch` of
+the ranks' entries, with ``mfu`` (computed here alone), the run's model, FLOPs, precision, memory and
+the slowest rank's nested timers; and one record **per rank** (``{**config, "record": "rank", "rank":
+r}``). An out-of-memory error is the harness's (an ``oom`` row, or under DDP the rank's failure file).
 """
 
 from __future__ import annotations
@@ -39,7 +33,6 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -320,11 +313,7 @@ def _seconds(timers: NestedTimers, name: str) -> float:
 
 def _all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     """Sum floats over ranks (identity with one process)."""
-    if not dist.is_initialized():
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    return [sum(col) for col in zip(*gather(values, ctx))]
 
 
 def rank_epoch(ep: EpochRecord, rank: int, block_size: int, validation_seconds: float) -> dict[str, Any]:

@@ -31,8 +31,8 @@ forward, loss, backward, gradient synchronization and the optimizer step, nothin
 
 from __future__ import annotations
 
+import itertools
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -55,8 +55,10 @@ from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.core.records import Record
 from lab_utils.core.ring import fit_alpha_beta
+from lab_utils.core.spread import percentile
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18
+from lab_utils.workers.allreduce_bench import measure_size
 from lab_utils.workers.ddp import RunConfig, train_dataset
 from lab_utils.workers.harness import Job, serve
 
@@ -101,11 +103,8 @@ def _batches(config: dict[str, Any], state: dict[str, Any], ctx: DistContext, ba
     sampler = DistributedSampler(state["train"], num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True,
                                  seed=config["seed"])
     torch.manual_seed(config["seed"] + ctx.rank)  # each rank its own augmentation, the same every run
-    out = []
-    for x, y in DataLoader(state["train"], batch_size=batch, sampler=sampler):
-        out.append((x.to(ctx.device), y.to(ctx.device)))
-        if len(out) == n:
-            break
+    loader = DataLoader(state["train"], batch_size=batch, sampler=sampler)
+    out = [(x.to(ctx.device), y.to(ctx.device)) for x, y in itertools.islice(loader, n)]
     return [out[i % len(out)] for i in range(n)]
 
 
@@ -223,22 +222,15 @@ BENCH_REPEATS = 3
 
 
 def _bench(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
-    """All-reduce seconds per message size on these ranks and their fit: per size, the mean over
-    ``iters`` all-reduces of the slowest rank, the best of :data:`BENCH_REPEATS` sweeps over the sizes (on
-    a shared CPU another process's burst can land in one sweep; the best one is the link's)."""
-    tensors = [torch.ones(size // 4, device=ctx.device) for size in config["sizes_bytes"]]
-    for t in tensors:
-        for _ in range(config["warmup"]):
-            dist.all_reduce(t)
-    times = [math.inf] * len(tensors)
+    """All-reduce seconds per message size on these ranks and their fit: per size, notebook 04's
+    :func:`~lab_utils.workers.allreduce_bench.measure_size` (the slowest rank's mean over ``iters``), the
+    best of :data:`BENCH_REPEATS` sweeps over the sizes (on a shared CPU another process's burst can land
+    in one sweep; the best one is the link's)."""
+    times = [math.inf] * len(config["sizes_bytes"])
     for _ in range(BENCH_REPEATS):
-        for i, t in enumerate(tensors):
-            _barrier(ctx.device)
-            t0 = time.perf_counter()
-            for _ in range(config["iters"]):
-                dist.all_reduce(t)
-            synchronize(ctx.device)
-            times[i] = min(times[i], max(gather((time.perf_counter() - t0) / config["iters"], ctx)))
+        for i, size in enumerate(config["sizes_bytes"]):
+            m = measure_size(size, config["iters"], config["warmup"], ctx.device, ctx.rank, ctx.world_size)
+            times[i] = min(times[i], m["time_us"] / 1e6)
     try:
         fit = fit_alpha_beta(config["sizes_bytes"], times, ctx.world_size).as_dict()
     except LabError as e:  # noisy timings (a loaded CPU): the run keeps its times, the tables say why
@@ -281,8 +273,8 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
 
 def _spread(name: str, values: list[float]) -> dict[str, float]:
     """Median, 10th and 90th percentile of ``values`` as ``name``, ``name_p10``, ``name_p90``."""
-    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
-    return {name: statistics.median(values), f"{name}_p10": q[0], f"{name}_p90": q[-1]}
+    return {name: percentile(values, 50), f"{name}_p10": percentile(values, 10),
+            f"{name}_p90": percentile(values, 90)}
 
 
 def _trace(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:

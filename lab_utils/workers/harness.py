@@ -76,10 +76,7 @@ def oom_record(job: Job, config: Mapping[str, Any], reason: str, ctx: DistContex
 
 def execute(worker: ModuleType, job: Job, ctx: DistContext) -> Iterator[list[Record]]:
     """Run ``job``'s configurations in order with ``worker``; yield each one's records (rank 0's).
-
-    Out of memory in a single process yields that configuration's ``oom`` record and ends the job;
-    under DDP a failing rank writes its failure file and ends (see the module docstring).
-    """
+    Failures: the module docstring's rule."""
     prepare = getattr(worker, "prepare", None)
     with failure_ends_rank(ctx, job.folder, None):
         state = prepare(job, ctx) if prepare is not None else None

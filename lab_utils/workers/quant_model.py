@@ -18,12 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from lab_utils.core.errors import LabError
 from lab_utils.workers.quant_variants import INT_MM_MIN_ROWS, check_variant, torchao_parts
-
-__all__ = ["float_layers", "float_layers_note", "int8_mm_shape_problem", "pad_int8_matmul_rows",
-           "payload_bytes", "quantize_model", "save_state_dict", "serialized_size_bytes"]
 
 #: torchao's int8 x int8 matmul on CUDA (``torchao.kernel.intmm.safe_int_mm``, used by
 #: ``Int8DynamicActivationInt8WeightConfig`` through ``int_scaled_matmul``, torchao 0.18)
@@ -165,8 +163,6 @@ def _quantize_filter(kept: dict[str, str]):
 
 def _leaf_tensors(obj: Any) -> Iterable[torch.Tensor]:
     """Plain tensors inside a state dict: tensor subclasses are opened up, containers walked."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
     if isinstance(obj, torch.Tensor):
         if is_traceable_wrapper_subclass(obj):
             names, _ = obj.__tensor_flatten__()
@@ -174,11 +170,8 @@ def _leaf_tensors(obj: Any) -> Iterable[torch.Tensor]:
                 yield from _leaf_tensors(getattr(obj, n))
         else:
             yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _leaf_tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
+    elif isinstance(obj, dict | list | tuple):
+        for v in obj.values() if isinstance(obj, dict) else obj:
             yield from _leaf_tensors(v)
 
 

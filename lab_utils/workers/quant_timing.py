@@ -1,6 +1,6 @@
 """Notebook 07's quality and speed measurements of one model: :func:`evaluate_lm` (mean next-token
 cross-entropy on held-out tokens, through the lab's one evaluation pass), :func:`greedy_decode`,
-:func:`time_decode` / :func:`time_interleaved` (synchronized wall-clock decoding, repetitions of
+:func:`time_interleaved` (synchronized wall-clock decoding, repetitions of
 several models interleaved) and the arithmetic intensity of a decoding step
 (:func:`weight_flops_per_byte`). Seconds; losses in nats per token.
 """
@@ -16,14 +16,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lab_utils.core.config import check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.timing import synchronize
 
-__all__ = ["DecodeTiming", "EvalResult", "evaluate_lm", "greedy_decode", "make_prompts",
-           "mean_context_tokens", "time_decode", "time_interleaved", "weight_flops_per_byte"]
 
 @dataclass
 class EvalResult:
@@ -49,8 +46,6 @@ def evaluate_lm(model: nn.Module, tokens: torch.Tensor, block_size: int, batch_s
     The loss is the sum of per-token cross-entropies (computed in fp32 from the logits)
     divided by the number of predicted tokens; perplexity is ``exp(loss)``.
     """
-    check_positive_int(block_size, "block_size")
-    check_positive_int(batch_size, "eval batch size")
     data = tokens if max_tokens is None else tokens[:max_tokens]
     n_win = (data.numel() - 1) // block_size
     if n_win < 1:
@@ -121,35 +116,20 @@ class DecodeTiming:
     new_tokens: int
     seconds: list[float] = field(default_factory=list)
 
-    def _ms_per_token(self) -> list[float]:
+    @property
+    def ms_per_token(self) -> list[float]:
+        """Milliseconds per generated token, one per repetition."""
         return [s * 1000.0 / self.new_tokens for s in self.seconds]
 
-    def _tokens_per_s(self) -> list[float]:
+    @property
+    def tokens_per_s(self) -> list[float]:
+        """Tokens generated per second over the whole batch, one per repetition."""
         return [self.batch_size * self.new_tokens / s for s in self.seconds]
 
-    @property
-    def ms_per_token_median(self) -> float:
-        return statistics.median(self._ms_per_token())
 
-    @property
-    def ms_per_token_min(self) -> float:
-        return min(self._ms_per_token())
-
-    @property
-    def ms_per_token_max(self) -> float:
-        return max(self._ms_per_token())
-
-    @property
-    def tokens_per_s_median(self) -> float:
-        return statistics.median(self._tokens_per_s())
-
-    @property
-    def tokens_per_s_min(self) -> float:
-        return min(self._tokens_per_s())
-
-    @property
-    def tokens_per_s_max(self) -> float:
-        return max(self._tokens_per_s())
+def median_min_max(name: str, values: list[float]) -> dict[str, float]:
+    """``{name: median, name_min: min, name_max: max}`` of ``values`` (repetitions)."""
+    return {name: statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
 
 
 def make_prompts(tokens: torch.Tensor, batch_size: int, prompt_tokens: int) -> torch.Tensor:
@@ -161,44 +141,19 @@ def make_prompts(tokens: torch.Tensor, batch_size: int, prompt_tokens: int) -> t
     return tokens[:need].view(batch_size, prompt_tokens).clone()
 
 
-def time_decode(model: nn.Module, prompts: torch.Tensor, new_tokens: int, block_size: int,
-                device: str | torch.device, warmup: int = 1, repeats: int = 5,
-                clock: Callable[[], float] = time.perf_counter) -> DecodeTiming:
-    """Time :func:`greedy_decode` of ``new_tokens`` tokens after ``prompts`` (B, T0) on ``device``.
-
-    ``warmup`` untimed repetitions first (allocator, caches, lazy kernels, compilation),
-    then ``repeats`` timed ones; the device is synchronized before starting and before
-    stopping the clock of each repetition. Seconds per repetition.
-    """
-    check_positive_int(new_tokens, "new_tokens")
-    check_positive_int(repeats, "repeats")
-    dev = torch.device(device)
-    p = prompts.to(dev)
-    for _ in range(warmup):
-        greedy_decode(model, p, new_tokens, block_size)
-    timing = DecodeTiming(batch_size=int(p.shape[0]), new_tokens=new_tokens)
-    for _ in range(repeats):
-        synchronize(dev)
-        t0 = clock()
-        greedy_decode(model, p, new_tokens, block_size)
-        synchronize(dev)
-        timing.seconds.append(clock() - t0)
-    return timing
-
-
 def time_interleaved(models: dict[str, nn.Module], prompts: torch.Tensor, new_tokens: int, block_size: int,
                      device: str | torch.device, warmup: int = 1, repeats: int = 5,
                      clock: Callable[[], float] = time.perf_counter) -> dict[str, DecodeTiming | Exception]:
-    """:func:`time_decode` for several models, their repetitions interleaved.
+    """Time :func:`greedy_decode` of ``new_tokens`` tokens after ``prompts`` (B, T0) for several models on
+    ``device``, their repetitions interleaved. Seconds per repetition.
 
+    ``warmup`` untimed repetitions per model first (allocator, caches, lazy kernels, compilation).
+    The device is synchronized before starting and before stopping the clock of each repetition.
     Repetition ``r`` times every model once, in an order rotated by ``r``, so a change in
-    machine load or clock speed during the measurement hits every model alike instead of
-    whichever happened to be measured at the time (on a shared machine that matters more
-    than the number of repetitions). ``warmup`` untimed repetitions per model come first.
-    A model whose decoding raises gets the exception instead of a timing. Seconds.
+    machine load or clock speed during the measurement hits every model alike instead of whichever
+    happened to be measured at the time (on a shared machine that matters more than the number of
+    repetitions). A model whose decoding raises gets the exception instead of a timing.
     """
-    check_positive_int(new_tokens, "new_tokens")
-    check_positive_int(repeats, "repeats")
     dev = torch.device(device)
     p = prompts.to(dev)
     out: dict[str, DecodeTiming | Exception] = {}

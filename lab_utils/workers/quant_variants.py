@@ -16,16 +16,7 @@ import torch
 from torch import nn
 
 from lab_utils.core.config import check_choice
-from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import bf16_supported
-
-__all__ = ["INT_MM_MIN_ROWS", "TORCHAO_CONFIGS", "VARIANTS", "VARIANT_INFO", "Availability",
-           "ao_dynamic_status", "check_variant", "cpu_has_native_bf16", "int_mm_probe", "torchao_parts",
-           "torchao_version"]
-
-VARIANTS: tuple[str, ...] = ("fp32", "bf16", "ao_dynamic_int8", "torchao_int8_weight_only",
-                             "torchao_int8_dynamic")
-
 
 #: torchao configuration class of each torchao variant (looked up by name at run time).
 TORCHAO_CONFIGS = {
@@ -52,6 +43,7 @@ VARIANT_INFO: dict[str, _VariantInfo] = {
     "torchao_int8_dynamic": _VariantInfo("int8 dynamic act. + int8 weight, torchao "
                                         "Int8DynamicActivationInt8WeightConfig", "dynamic", 1),
 }
+VARIANTS: tuple[str, ...] = tuple(VARIANT_INFO)
 
 
 @dataclass(frozen=True)
@@ -239,10 +231,7 @@ _INT_MM_PAD_NOTE = (f"matmuls of <= 16 rows (batch-1 decoding) padded to {INT_MM
 
 def torchao_parts(variant: str):
     """``(torchao.quantization, the configuration class of variant)``, for a torchao variant that
-    :func:`check_variant` found available (else :class:`LabError` with its reason)."""
-    cls, reason = _torchao_config_class(variant)
-    if cls is None:
-        raise LabError(f"Variant {variant!r} cannot run here: {reason}.")
+    :func:`check_variant` found available (:func:`~lab_utils.workers.quant_model.quantize_model` checks)."""
     with _quiet_torchao_import():
         tq = importlib.import_module("torchao.quantization")
-    return tq, cls
+    return tq, getattr(tq, TORCHAO_CONFIGS[variant])

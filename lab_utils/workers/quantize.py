@@ -18,6 +18,7 @@ that cannot run here is a ``skipped`` row with the reason; one that fails is ``e
 from __future__ import annotations
 
 import hashlib
+import statistics
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -47,6 +48,7 @@ from lab_utils.workers.quant_timing import (
     evaluate_lm,
     make_prompts,
     mean_context_tokens,
+    median_min_max,
     time_interleaved,
     weight_flops_per_byte,
 )
@@ -176,13 +178,10 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str,
             if isinstance(a, Exception) or isinstance(b, Exception):  # freed in time_interleaved
                 _failure(rec, a if isinstance(a, Exception) else b)
                 continue
-            rec.metrics.update({
-                "ms_per_token_b1": a.ms_per_token_median, "ms_per_token_b1_min": a.ms_per_token_min,
-                "ms_per_token_b1_max": a.ms_per_token_max, "tokens_per_s_b1": a.tokens_per_s_median,
-                "tokens_per_s_large": b.tokens_per_s_median, "tokens_per_s_large_min": b.tokens_per_s_min,
-                "tokens_per_s_large_max": b.tokens_per_s_max, "seconds_b1": a.seconds,
-                "seconds_large": b.seconds,
-            })
+            rec.metrics.update(**median_min_max("ms_per_token_b1", a.ms_per_token),
+                               **median_min_max("tokens_per_s_large", b.tokens_per_s),
+                               tokens_per_s_b1=statistics.median(a.tokens_per_s), seconds_b1=a.seconds,
+                               seconds_large=b.seconds)
     return [records[v] for v in variants]
 
 

@@ -105,14 +105,11 @@ def _cap_gpu_memory(c: dict[str, Any], device: torch.device) -> None:
         set_memory_fraction(min(fractions), device)
 
 
-def model_state_bytes(model: nn.Module, optimizer_slots: int = 1) -> int:
-    """Bytes of parameters + gradients + ``optimizer_slots`` optimizer states + buffers.
-
-    SGD with momentum keeps one state tensor per parameter (``optimizer_slots=1``).
-    """
+def model_state_bytes(model: nn.Module) -> int:
+    """Bytes of parameters + gradients + SGD's momentum (one state tensor per parameter) + buffers."""
     p = sum(t.numel() * t.element_size() for t in model.parameters())
     b = sum(t.numel() * t.element_size() for t in model.buffers())
-    return p * (2 + optimizer_slots) + b
+    return 3 * p + b
 
 
 class CpuMemoryCap:
@@ -154,10 +151,6 @@ class CpuMemoryCap:
             self.peak_step_bytes = max(self.peak_step_bytes, self.step_bytes)
         return t
 
-    @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
     def _check(self, *_args) -> None:
         if self.step_bytes > self.cap_bytes:
             what = f"batch {self.batch_size}" if self.batch_size else "this batch"
@@ -176,7 +169,7 @@ class CpuMemoryCap:
                 f"{self.cap_bytes / 1e6:.0f} MB (memory_cap_bytes)")
         self._handles = [self.model.register_forward_pre_hook(self._reset)]
         self._handles += [m.register_forward_hook(self._check) for m in self.model.modules()]
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
 
