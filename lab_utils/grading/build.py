@@ -1,24 +1,12 @@
 """``make student``: the student edition and the grading bundle, from the master notebooks.
 
-For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` cell):
-
-1. every test cell's ``check(QUESTION, FUNCTION, [cases])`` is read (:func:`notebooks.parse_check`)
-   and each case's answer is computed by running **the master's own solution**, together with the
-   answer of each known mistake (:class:`exercises.Mistake`). A mistake that no public case tells
-   apart from the right answer, or no hidden case, stops the build: the student could not see it,
-   or it could score;
-2. the answers are written into the test cells (``expected=[...]``) of a copy of the master, and
-   ``otter assign`` makes the student notebook from that copy (solutions and hidden tests stripped;
-   public tests kept for ``grader.check``) and otter's autograder zip;
-3. the student notebook is stamped (notebook, lab version; each answer cell with its question)
-   and searched for any solution or hidden-test text. Notebooks without exercises (00, 08) are
-   copied, stamped too (``make grade`` recognises them: "nothing to grade").
-
-Writes ``<out>/student/``, a copy of the lab that students clone or unpack (``lab_utils``, the
-Makefile, requirements, the student notebooks in ``labs/``; no master, no test, no bundle), and
-``<out>/grading/`` (``manifest.json``, one ``NN_*.json`` per notebook with every case, its expected
-answer and the mistakes' answers, and otter's zips in ``otter/``, which ``make grade`` does not
-use: they are for ``otter run`` or Gradescope).
+For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` cell), each test
+cell's cases are answered by **the master's own solution** and by each known mistake
+(:func:`exercise_spec`, which stops the build when a mistake is not told apart by a public and a
+hidden case); the answers are written into the test cells of a copy, ``otter assign`` makes the
+student notebook from it, which is stamped and searched for solution or hidden-test text.
+Notebooks without exercises (00, 08) are stamped too. What ``<out>/student/`` and
+``<out>/grading/`` hold: README, "Instructor: exercises and grading", step 1.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ unscaled); in a smaller group the row says "too few to judge".
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from lab_utils.grading import gradebook
 
 K = 3.0
 MIN_GROUP = 3
@@ -118,13 +118,7 @@ def write(state: dict, out: Path, shown: str = "") -> list[str]:
     groups were too small to judge."""
     out = Path(out)
     rows = rows_of(state)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    tmp = out / "class_results.csv.tmp"
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, out / "class_results.csv")
+    gradebook.write_csv(out / "class_results.csv", COLUMNS, rows)
     figure = out / "class_results.png"
     if not rows:
         figure.unlink(missing_ok=True)

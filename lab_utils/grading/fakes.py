@@ -1,10 +1,4 @@
-"""Stand-ins that let an exercise be checked on any laptop (no GPU, no cluster).
-
-:class:`FakeAsyncDevice` is a pretend GPU with its own clock, for the step-timer exercise
-(``q01_step_timer``): like CUDA, a step *launches* its work and returns at once; the work runs
-later. A timer that does not synchronize measures the launch only (or bills the previous step's
-work to this one): the mistake of the earlier reports' timings, taken without synchronizing the GPU.
-"""
+"""Stand-ins that let an exercise be checked on any laptop (no GPU, no cluster)."""
 
 from __future__ import annotations
 

@@ -228,14 +228,9 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
     note = code.notes[0] if code.notes else ""
     defining = next((r for r in lines if r.get("defining")), None)
     if defining:
-        err = defining["error"]
-        why = _stopped(err, limits)
-        stopped += [why] if why else []
-        what = f"was stopped by {why}" if why else f"fails: {err.get('type', 'an error')}"
-        detail = err.get("message", "").strip()[:150]
-        detail = f": {detail}" if detail and err.get("type") != "CaseTimeLimit" else ""
-        return Verdict(0.0, _and(f"the code of {code.function} {what} before any case ran{detail}", note),
-                       stopped=stopped)
+        label = f"before any case ran, the code of {code.function}"
+        msg, why = _failed_case(label, defining["error"], False, limits)
+        return Verdict(0.0, _and(msg, note), stopped=[why] if why else [])
     ended = next((r["ended"] for r in lines if isinstance(r.get("ended"), dict)), None)
     got = {(r["t"], r["c"]): r for r in lines if "t" in r}
     earned, first, wrong, total = 0.0, "", 0, 0

@@ -1,15 +1,6 @@
-"""Reading notebooks without running them: master notebooks' otter blocks, and submissions.
-
-Masters (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` raw cell, otter assign v7 format):
-:func:`parse_master` returns each question's config, solution cell, test cells (each one
-``check(QUESTION, FUNCTION, [cases])`` call, :func:`parse_check`) and the text that must never
-reach a student.
-
-Submissions: :func:`extract_exercise` finds the function a question asks for and the top-level
-definitions, imports and constants it uses (nothing else of the notebook is ever run by the
-grader), and says what needs a human look (:func:`exercise_flags`: the lab's own code, ways to
-reach other code or files; :func:`monkeypatches`: assignments to attributes of imported modules
-or builtins anywhere in the notebook). :func:`answers` reads the hand-graded answer cells.
+"""Reading notebooks without running them: master notebooks' otter blocks (:func:`parse_master`), and
+submissions: the exercise function and what it uses (:func:`extract_exercise`), what needs a human
+look (:func:`exercise_flags`, :func:`monkeypatches`), the hand-graded answers (:func:`answers`).
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Running a submission's code where it can harm nothing: bubblewrap (``bwrap``) plus resource limits.
 
-Each submission runs :mod:`lab_utils.grading.child` in its own sandbox, which sees
-
-- the interpreter, the virtual environment and the lab's package (``lab_utils/`` only, not the
-  checkout around it), read-only, and ``/usr``;
-- its own notebook, copied into a private, size-limited folder (a tmpfs) that is its working
-  directory and its HOME; a private ``/tmp``;
-- nothing else: no other submission, no gradebook, no grading bundle (the job on its standard
-  input holds the cases' inputs, never their answers), no home folder, no network (its own
-  network namespace), no other process (its own process namespace).
-
-Limits (``resource``, set by a small launcher before ``bwrap`` starts, inherited by everything
-inside): CPU time, address space (memory), file size, number of processes; plus a wall-clock
-limit for the whole submission and one per case (in the child). When the grader runs as root, the
-child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so the process limit is
-enforced (the kernel does not count root's processes) and nothing it writes is root's.
-
-Without ``bwrap`` (or where it cannot create namespaces) :func:`probe` says why, and grading
-runs only with ``--no-sandbox``: the same child and limits in a private temporary folder, but
-with the instructor's rights (it could read or change their files and use the network). Every
-row graded that way says so.
+What the sandbox shows and which limits hold: README, "The sandbox". The limits (``resource``) are
+set by a small launcher before ``bwrap`` starts and inherited by everything inside; when the grader
+runs as root, the child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so that
+the process limit holds (the kernel does not count root's processes). Without ``bwrap``,
+:func:`probe` says why, and only ``--no-sandbox`` grades: the same child and limits in a private
+temporary folder, with the instructor's rights.
 """
 
 from __future__ import annotations
