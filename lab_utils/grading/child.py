@@ -19,18 +19,13 @@ submission's own prints go to ``output.txt`` in its private folder)::
 
 It holds no expected answer: the grader compares in its own process.
 
-**One process per question.** This process (the *server*) imports what the cases need, then
-forks one process per question; each question's code (its function and the imports, definitions
-and constants it uses, as extracted by :func:`lab_utils.grading.notebooks.extract_exercise`) runs
-only in its own process, which has run no other question's code: a question cannot rewire
-another's check (``torch.sys.modules[...].EXERCISES.update(...)`` changes only its own process).
-Each question process writes to a pipe of its own; the server passes on only the lines about that
-question, so it cannot write another question's results either. The server cannot be traced or
-read by them (not dumpable), adopts whatever they leave running (a child subreaper) and ends it
-before the next question starts. Each case runs under a time limit (an alarm in the question's
-process; code that ignores the alarm is killed by the server). An audit hook notes files, sockets
-and processes the submission's code asks for (the sandbox refuses them; this only names them in
-the gradebook).
+**One process per question**, forked from this one (the *server*, which imported what the cases
+need): a question's code runs where no other question's has, so it cannot rewire another's check
+(``torch.sys.modules[...].EXERCISES.update(...)`` changes only its own process), and it writes to a
+pipe of its own, from which the server passes on only the lines about that question. The server
+cannot be traced by them (not dumpable), adopts what they leave running (a subreaper) and ends it
+before the next question. A case that ignores its alarm is killed by the server. An audit hook
+names the files, sockets and processes the code asks for (the sandbox refuses them).
 """
 
 from __future__ import annotations

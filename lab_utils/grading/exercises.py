@@ -111,11 +111,9 @@ def difference(got: Any, want: Any, names: Sequence[str] = (), rel_tol: float = 
 
 @dataclass(frozen=True)
 class Mistake:
-    """A known wrong answer: ``wrong`` is a wrong version of the exercise's function (same
-    signature), or ``factor`` the right answer times a wrong unit (8 for bits instead of bytes).
-    ``given_right(right_answer, *args)`` computes the wrong answer from the right one and the
-    function's arguments (for a mistake that is one piece off the right answer).
-    ``name`` and ``why`` make the sentence a student reads: "<name>: <why>"."""
+    """A known wrong answer, named in the sentence "<name>: <why>": a wrong version of the function
+    (``wrong``, same signature), the right answer times a wrong unit (``factor``), or computed from the
+    right answer and the arguments (``given_right(right, *args)``: one piece off the right answer)."""
     name: str
     why: str
     wrong: Callable | None = None
@@ -130,15 +128,8 @@ def call_positional(fn: Callable, case: Sequence) -> Any:
 
 @dataclass(frozen=True)
 class Exercise:
-    """One autograded question.
-
-    ``name`` is the otter question name, ``function`` the function the student completes.
-    ``call(fn, case)`` runs ``fn`` on one case and returns the answer as plain data (None when
-    ``fn`` returned None); by default ``fn(*case)``. ``show(case)`` writes the call for a public
-    message. ``outputs`` names the values when the answer is a tuple. ``hint(got, want)`` may add
-    an exercise-specific reason when no known mistake matches ("" for none). ``needs`` lists the
-    modules its cases import (torch...): the grader loads them first, outside the cases' time limit.
-    """
+    """One autograded question (its fields: the package docstring). ``hint(got, want)`` may add an
+    exercise-specific reason when no known mistake matches ("" for none)."""
     name: str
     function: str
     mistakes: tuple[Mistake, ...] = ()
@@ -147,7 +138,7 @@ class Exercise:
     outputs: tuple[str, ...] = ()
     rel_tol: float = REL_TOL
     hint: Callable[[Any, Any], str] | None = None
-    needs: tuple[str, ...] = ()   # modules its cases import (loaded before the timed cases start)
+    needs: tuple[str, ...] = ()   # loaded by the grader before the timed cases start
 
     def run(self, fn: Callable, case: Any) -> Any:
         """The answer of ``fn`` on ``case`` (plain data; None = returned None)."""
@@ -204,12 +195,9 @@ OK = "ok"
 def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
             hidden: bool = False) -> str:
     """"" when ``function`` answers every case right, else one sentence on the first case it gets
-    wrong: "not done yet", a known mistake by name, how far off it is, or what it raised.
-
-    ``expected`` (the answers, in the order of ``cases``) is written in by the build from the
-    master's solution; without it (the master notebook itself) the answers are only computed.
-    ``hidden=True``: the sentence names the case by its number, never by its inputs.
-    """
+    wrong: "not done yet", a known mistake by name, how far off it is, or what it raised. The build
+    writes ``expected`` in (without it, in the master, the answers are only computed); ``hidden=True``
+    names a case by its number, never by its inputs."""
     ex = EXERCISES[question]
     if not callable(function):
         return f"{ex.function} is not a function ({type(function).__name__}): run the cell that defines it."
@@ -232,13 +220,8 @@ def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequen
 
 def check(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
           hidden: bool = False) -> None:
-    """A check cell: print ``ok`` when ``function`` answers every case right, else the one sentence of
-    :func:`verdict` (the case and what is wrong with it). Returns None.
-
-    Otter runs a check cell as a doctest whose expected output is ``ok`` (the build writes it in), so
-    a failure reads "Expected: ok / Got: <the sentence>", never a traceback; the student notebook's
-    ``grader`` (:class:`lab_utils.grading.checker.Notebook`) shows that sentence first.
-    """
+    """A check cell: print ``ok``, or the sentence of :func:`verdict`. Otter runs the cell as a doctest
+    expecting ``ok``, so a failure reads "Expected: ok / Got: <the sentence>", never a traceback."""
     print(verdict(question, function, cases, expected, hidden) or OK)
 
 
