@@ -42,6 +42,8 @@ import sys
 import time
 import traceback
 
+import psutil
+
 FILE_PREFIX = "<exercise "
 _proto = None
 _pid = os.getpid()
@@ -194,35 +196,15 @@ def _harden() -> None:
         pass
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (from /proc: the sandbox's own process namespace)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _end_all_below() -> None:
     """Kill and reap every process a question left behind (a fork bomb's too)."""
-    me = os.getpid()
+    me = psutil.Process()
     for _ in range(200):
-        pids = _descendants(me)
-        for pid in pids:
+        pids = me.children(recursive=True)
+        for p in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
+                p.kill()
+            except psutil.Error:
                 pass
         while True:
             try:

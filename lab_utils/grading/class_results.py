@@ -32,13 +32,13 @@ class Verdict:
     outlier: str        # "yes", "no" or TOO_FEW
 
 
-def mad_verdicts(values: list[float], k: float = K, min_group: int = MIN_GROUP) -> list[Verdict]:
-    """Each value's verdict within its group: beyond ``k`` MADs of the median, or too few to judge."""
+def mad_verdicts(values: list[float]) -> list[Verdict]:
+    """Each value's verdict within its group: beyond :data:`K` MADs of the median, or too few to judge."""
     med = statistics.median(values)
     mad = statistics.median(abs(v - med) for v in values)
-    if len(values) < min_group:
+    if len(values) < MIN_GROUP:
         return [Verdict(med, mad, TOO_FEW) for _ in values]
-    return [Verdict(med, mad, "yes" if abs(v - med) > k * mad else "no") for v in values]
+    return [Verdict(med, mad, "yes" if abs(v - med) > K * mad else "no") for v in values]
 
 
 def rows_of(state: dict) -> list[dict]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import signal
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -445,18 +445,17 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
             prepare(w, manifest, specs)
         works = _group(works)
         to_run = [w for w in works if w.book and any(not c.problem and not c.blank for c in w.code.values())]
-        slots = list(range(max(1, jobs)))
-        lock = threading.Lock()
+        slots: queue.SimpleQueue[int] = queue.SimpleQueue()   # each parallel run's user id (sandbox.UID_BASE)
+        for slot in range(max(1, jobs)):
+            slots.put(slot)
 
         def run(w: Work) -> None:
-            with lock:
-                slot = slots.pop()
+            slot = slots.get()
             try:
                 w.outcome = sandbox.run(job_for(w, specs[w.book]), w.sub.path, limits, slot=slot, jobs=jobs,
                                         sandbox=use_sandbox)
             finally:
-                with lock:
-                    slots.append(slot)
+                slots.put(slot)
             _print_line(w, manifest, specs, limits, use_sandbox)
 
         for w in works:

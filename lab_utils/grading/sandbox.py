@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 import lab_utils
 from lab_utils import proc
 
@@ -166,16 +168,9 @@ def bwrap_command(bwrap: str, notebook_fd: int | None, notebook_name: str, limit
 
 def _user_tasks() -> int:
     """Processes and threads of this user now (RLIMIT_NPROC counts them all)."""
-    uid, n = str(os.getuid()), 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [uid]:
-            n += int(fields.get("Threads", "1").strip() or 1)
-    return n
+    uid = os.getuid()
+    return sum(p.info["num_threads"] or 1 for p in psutil.process_iter(["uids", "num_threads"])
+               if p.info["uids"] and p.info["uids"].real == uid)
 
 
 def _rlimits(limits: Limits, jobs: int) -> list[str]:
