@@ -298,10 +298,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                 raise LabError(f"otter assign made {len(zips)} autograder zips for {path.name}, not 1.")
             shutil.copy(zips[0], grading / "otter" / f"{path.stem}-autograder.zip")
             prog = nbs.parse_program(nb)
-            blanks = {}
-            for st in prog.statements:
-                if hasattr(st.node, "name"):
-                    blanks[st.node.name] = nbs.function_dump(st.node)
+            blanks = {st.node.name: nbs.function_dump(st.node) for st in prog.statements
+                      if hasattr(st.node, "name")}
             for q in spec.values():
                 q["blank"] = blanks.get(q["function"], "")
                 for t in q["tests"]:
@@ -324,7 +322,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                   f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
     manifest["ungraded"] = {}
     for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
-        if path not in masters and not (student / "labs" / path.name).exists() and not nbs.is_master(path):
+        if not nbs.is_master(path):
             # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
             # as the lab's ("nothing to grade"), not mistaken for another course's
             nb = json.loads(path.read_text())

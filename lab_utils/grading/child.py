@@ -228,9 +228,7 @@ def _accept(line: bytes, name: str) -> dict | None:
         return None
     if "tried" in rec and isinstance(rec["tried"], str):
         return {"q": name, "tried": rec["tried"][:300]}
-    if rec.get("q") == name and ("t" in rec or rec.get("defining")):
-        return rec
-    if rec.get("q") == name and rec.get("end"):
+    if rec.get("q") == name and ("t" in rec or rec.get("defining") or rec.get("end")):
         return rec
     return None
 

@@ -151,15 +151,12 @@ class Exercise:
 
     def mistake_answer(self, mistake: Mistake, case: Any, want: Any) -> Any:
         """What ``mistake`` answers on ``case`` (None when it cannot be computed)."""
-        if mistake.wrong is not None:
+        given = mistake.given_right
+        wrong = mistake.wrong or (given and (lambda *a, **k: given(want, *a, **k)))
+        if wrong is not None:
             try:
-                return self.run(mistake.wrong, case)
+                return self.run(wrong, case)
             except Exception:  # a wrong formula may divide by zero where the right one does not
-                return None
-        if mistake.given_right is not None:
-            try:
-                return self.run(lambda *a, **k: mistake.given_right(want, *a, **k), case)
-            except Exception:
                 return None
         if mistake.factor is not None and _is_number(want):
             return want * mistake.factor

@@ -477,12 +477,10 @@ def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, us
     rec = w.record = notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits, use_sandbox)
     got = sum(q["points"] for q in rec["questions"].values() if not q["manual"])
     most = manifest["notebooks"][w.book]["auto_points"]
-    extra = "; ".join(x for x in [*([f"flagged: {rec['flagged'][0]['q']}: {rec['flagged'][0]['why']}"]
-                                    if rec["flagged"] else []),
-                                  *(["stopped: " + ", ".join(rec["stopped"])] if rec["stopped"] else [])])
+    extra = [f"; flagged: {f['q']}: {f['why']}" for f in rec["flagged"][:1]]
+    extra += ["; stopped: " + ", ".join(rec["stopped"])] if rec["stopped"] else []
     secs = f" in {rec['seconds']:.1f} s" if w.outcome else ""
-    print(f"{w.student.name:<20} {w.book:<28} {got:g}/{most:g} autograded{secs}"
-          + (f"; {extra}" if extra else ""), flush=True)
+    print(f"{w.student.name:<20} {w.book:<28} {got:g}/{most:g} autograded{secs}{''.join(extra)}", flush=True)
 
 
 def _earlier_key(previous: dict[str, dict], s: dict) -> str | None:

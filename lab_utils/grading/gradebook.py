@@ -157,8 +157,7 @@ def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
             lines.append(f"{'Graded file' if b['status'] == 'graded' else 'File'}: `{b['file']}`.")
         if b["status"] not in ("graded", "no submission"):
             lines.append(f"- {b['status']}")
-        for note in b.get("notes", []):
-            lines.append(f"- {note}")
+        lines += [f"- {note}" for note in b.get("notes", [])]
         if not b["questions"]:   # not graded (a file that could not be read, 00, 08): no table
             lines.append("")
             continue

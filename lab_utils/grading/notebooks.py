@@ -127,7 +127,6 @@ class Master:
     questions: list[MasterQuestion] = field(default_factory=list)
     secret_lines: set[str] = field(default_factory=set)   # solution and hidden-test lines
     hidden_lines: set[str] = field(default_factory=set)   # hidden-test lines only
-    public_text: str = ""                                  # everything a student may see
 
     def question(self, name: str) -> MasterQuestion:
         return next(q for q in self.questions if q.name == name)
@@ -241,8 +240,8 @@ def parse_master(path: Path) -> Master:
         q.points = total
         for t, p in zip(q.tests, per_test):
             t.points = p
-    master.public_text = "\n".join(public)
-    master.secret_lines = {s for s in master.secret_lines if s not in master.public_text}
+    public_text = "\n".join(public)   # everything a student may see
+    master.secret_lines = {s for s in master.secret_lines if s not in public_text}
     master.hidden_lines &= master.secret_lines
     return master
 

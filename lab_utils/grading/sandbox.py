@@ -31,6 +31,7 @@ SANDBOX_HOME = "/grading"          # the submission's private folder inside the 
 # grading run (two runs at once must not share a process count).
 UID_BASE = 2_100_000_000 + (os.getpid() % 100_000) * 64
 MAX_OUTPUT_BYTES = 4_000_000       # what the grader reads of a child's result stream
+CHILD = [sys.executable, "-I", "-B", "-m", "lab_utils.grading.child"]
 INSTALL_HINT = ("install bubblewrap (make sandbox, i.e. apt-get install bubblewrap; RHEL: dnf install "
                 "bubblewrap), or grade without a sandbox on purpose with --no-sandbox (make grade "
                 "GRADE_ARGS=--no-sandbox), knowing that the submissions' code then runs with your rights: it "
@@ -89,10 +90,6 @@ class Outcome:
     @property
     def internal(self) -> str:
         return next((r["internal"] for r in self.lines if "internal" in r), "")
-
-
-def find_bwrap() -> str | None:
-    return shutil.which("bwrap")
 
 
 def _is_root() -> bool:
@@ -179,13 +176,9 @@ def _rlimits(limits: Limits, jobs: int) -> list[str]:
             f"RLIMIT_FSIZE={limits.file_bytes}", f"RLIMIT_NPROC={nproc}", "RLIMIT_CORE=0"]
 
 
-def child_command() -> list[str]:
-    return [sys.executable, "-I", "-B", "-m", "lab_utils.grading.child"]
-
-
 def probe(limits: Limits = Limits()) -> str:
     """"" when a sandbox can be made here, else one sentence saying why not and what to do."""
-    bwrap = find_bwrap()
+    bwrap = shutil.which("bwrap")
     if bwrap is None:
         return f"bwrap is not installed: {INSTALL_HINT}"
     cmd = bwrap_command(bwrap, None, "", limits) + [sys.executable, "-I", "-S", "-c", "pass"]
@@ -223,12 +216,12 @@ def run(job: dict, notebook: Path, limits: Limits, slot: int = 0, jobs: int = 1,
     try:
         if sandbox:
             fd = os.open(notebook, os.O_RDONLY)
-            cmd = launch + bwrap_command(find_bwrap(), fd, notebook.name, limits) + child_command()
+            cmd = launch + bwrap_command(shutil.which("bwrap"), fd, notebook.name, limits) + CHILD
             cwd, env = "/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             tmp = tempfile.mkdtemp(prefix="grade-nosandbox-")
             shutil.copy(notebook, Path(tmp) / notebook.name)
-            cmd, cwd = launch + child_command(), tmp
+            cmd, cwd = launch + CHILD, tmp
             env = {"HOME": tmp, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": tmp,
                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         t0 = time.perf_counter()
