@@ -544,37 +544,20 @@ def _average_show(case: dict) -> str:
     return f"average_gradients on {len(case['grads'])} gloo ranks ({held})"
 
 
-def _average_sum_only(grads):
+def _average(grads, before=False, reduce=True, after="world"):
+    """Gradient averaging with one known mistake switched on (the right one with none): divide by the
+    world size ``before`` the all-reduce too, skip the all-reduce, or divide ``after`` it by 2 or not."""
     import torch.distributed as dist
 
+    world = dist.get_world_size()
     for g in grads:
-        dist.all_reduce(g)
+        if before:
+            g /= world
+        if reduce:
+            dist.all_reduce(g)
+        if after:
+            g /= world if after == "world" else after
     return grads
-
-
-def _average_twice(grads):
-    import torch.distributed as dist
-
-    for g in grads:
-        g /= dist.get_world_size()
-        dist.all_reduce(g)
-        g /= dist.get_world_size()
-    return grads
-
-
-def _average_by_two(grads):
-    import torch.distributed as dist
-
-    for g in grads:
-        dist.all_reduce(g)
-        g /= 2
-    return grads
-
-
-def _average_local(grads):
-    import torch.distributed as dist
-
-    return [g / dist.get_world_size() for g in grads]
 
 
 def _buckets(sizes, cap, forward=False, close_at_cap=False, drop_last=False, twice=False):
@@ -822,13 +805,13 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("summing without dividing", "an all-reduce adds the ranks' gradients: divide by the "
                     "number of ranks for their mean, the gradient of the global batch",
-                    wrong=_average_sum_only),
+                    wrong=lambda grads: _average(grads, after=None)),
             Mistake("dividing twice", "divide by the number of ranks once, before or after the all-reduce, "
-                    "not both", wrong=_average_twice),
+                    "not both", wrong=lambda grads: _average(grads, before=True)),
             Mistake("two ranks hard-coded", "divide by dist.get_world_size(), not by 2",
-                    wrong=_average_by_two),
+                    wrong=lambda grads: _average(grads, after=2)),
             Mistake("no all-reduce", "each rank divided its own gradient: the ranks never exchanged "
-                    "anything, so they still disagree", wrong=_average_local),
+                    "anything, so they still disagree", wrong=lambda grads: _average(grads, reduce=False)),
         )),
     Exercise(
         "q09_buckets", "assign_buckets",

@@ -160,9 +160,13 @@ def describe(handin: HandIn | None, why: str, stamps: dict[str, str], manifest: 
             flags.append(f"{OTHER_VERSION} ({'; '.join(other)})")
         return Provenance({c: "" for c in COLUMNS}, flags, notes, [])
     prov = handin.provenance
-    # device_type "cpu", or null: no measured record ran on a GPU
-    flags = [flag for flag, on in ((QUICK, prov["profile"] == "quick"), (SYNTHETIC, prov["synthetic"]),
-                                   (CPU, prov["device_type"] != "cuda")) if on]
+    flags = []
+    if prov["profile"] == "quick":
+        flags.append(QUICK)
+    if prov["synthetic"]:
+        flags.append(SYNTHETIC)
+    if prov["device_type"] != "cuda":    # "cpu", or null: no measured record ran on a GPU
+        flags.append(CPU)
     # the notebooks the numbers came from (handin.json) and those handed in (their stamps) may differ
     other = list(dict.fromkeys(_other_versions(handin.notebook_versions, manifest)
                                + _other_versions(stamps, manifest)))
