@@ -63,11 +63,8 @@ def read_hand_points(path: Path, state: dict) -> list[dict]:
     if not rows or not need <= {c.strip().lower() for c in rows[0] if c}:
         raise LabError(f"{path} needs the columns student, question, points (comment optional).")
     maxima = {q["name"]: q["points"] for q in state["questions"]}
-    by_name = {}
-    for key, s in state["students"].items():
-        for k in (s["name"], s.get("id") or None, key):
-            if k:
-                by_name[k.lower()] = key
+    by_name = {k.lower(): key for key, s in state["students"].items()
+               for k in (s["name"], s.get("id"), key) if k}
     out, problems = [], []
     for i, raw in enumerate(rows, start=2):
         r = {k.strip().lower(): (v or "").strip() for k, v in raw.items() if k}

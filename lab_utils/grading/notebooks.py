@@ -236,8 +236,7 @@ def parse_master(path: Path) -> Master:
                 if block and block[-1] == "TESTS":
                     master.hidden_lines.add(code)
     for q in master.questions:
-        total, per_test = _points(configs[q.name].get("points"), len(q.tests))
-        q.points = total
+        q.points, per_test = _points(configs[q.name].get("points"), len(q.tests))
         for t, p in zip(q.tests, per_test):
             t.points = p
     public_text = "\n".join(public)   # everything a student may see

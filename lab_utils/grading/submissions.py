@@ -243,10 +243,8 @@ def read_roster(path: Path) -> Roster:
                        f"{', '.join(rows[0])}.")
     students = []
     for r in rows:
-        if name_col:
-            name = (r.get(name_col) or "").strip()
-        else:
-            name = f"{r.get(first, '')} {r.get(last, '')}".strip()
+        name = (r.get(name_col) if name_col else f"{r.get(first, '')} {r.get(last, '')}") or ""
+        name = name.strip()
         sid = (r.get(id_col) or "").strip() if id_col else ""
         if name or sid:
             students.append(Student(name or sid, sid))
