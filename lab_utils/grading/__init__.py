@@ -1,18 +1,8 @@
 """Exercises that grade themselves: the student edition, the grading bundle, a sandboxed grader.
 
-The notebooks in ``labs/`` are the *master* notebooks (otter assign v7 format). The pieces:
-
-- :mod:`~lab_utils.grading.exercises`: each autograded question's :class:`Exercise` (how its
-  function is called, how answers compare, the known mistakes it names) and :func:`check`, the
-  call in every test cell;
-- :mod:`~lab_utils.grading.build` (``make student``): expected answers from the masters'
-  solutions, ``otter assign`` for the student notebooks, the student copy and the bundle;
-- :mod:`~lab_utils.grading.grade` (``make grade``): per submission, the exercise functions
-  (:mod:`~lab_utils.grading.notebooks` extracts them) run in a sandbox
-  (:mod:`~lab_utils.grading.sandbox`, :mod:`~lab_utils.grading.child`) and are compared with the
-  bundle's answers; :mod:`~lab_utils.grading.submissions` finds and names the files,
-  :mod:`~lab_utils.grading.gradebook` writes the gradebook and the feedback and folds in the
-  points given by hand.
+The notebooks in ``labs/`` are the *master* notebooks (otter assign v7 format):
+:mod:`~lab_utils.grading.build` makes the student edition and the bundle from them (``make
+student``), :mod:`~lab_utils.grading.grade` grades the handed-in copies (``make grade``).
 
 How an exercise is written (so that it is graded)
 -------------------------------------------------
@@ -66,11 +56,7 @@ How an exercise is written (so that it is graded)
    ``rel_tol`` are optional. Each :class:`Mistake` is a known wrong version of the function
    (``wrong=``) or a wrong unit factor (``factor=8`` for bits instead of bytes); a wrong answer
    equal to a mistake's is named in one sentence, without showing a hidden case's inputs.
-3. **Checks the build makes** (``make student`` stops with one sentence otherwise): the test
-   cells parse; the solution answers every case; every mistake differs from the right answer on
-   at least one public case (so the student's check catches it) and one hidden case (so it cannot
-   score); no solution or hidden-test line reaches the student copy.
-4. **Tests**: add the question to ``tests/test_exercises.py`` (``QUESTIONS``; a check of the
+3. **Tests**: add the question to ``tests/test_exercises.py`` (``QUESTIONS``; a check of the
    solution against the lab's own function in ``CHECKS``) and, when it adds a notebook, to the
    all-solved folder of ``tests/test_grading.py``; they then check it end to end.
 

@@ -1,17 +1,11 @@
 """``python -m lab_utils bench grading``: how long grading a class takes, with and without the sandbox.
 
-Grades ``--students`` copies of every graded notebook filled with the master's own solutions (so
-every copy must score full points: the run checks that too), once in the bwrap sandbox and once
-with ``--no-sandbox``, and prints for each
-
-- the wall time per notebook, and for ``--class-size`` students extrapolated linearly from that run
-  (``--jobs`` notebooks at a time), *at the load it ran under*: the load average before and after
-  (``os.getloadavg``, on this many cores) is printed beside it;
-- the CPU time per notebook (user + system of the grader and of every notebook's processes, as
-  each reports it), and the class's time on idle cores estimated from it (CPU time / cores): what
-  the same class takes on a machine that runs nothing else.
-
-The bundle is ``dist/grading`` (``make student``), built first when missing.
+Grades ``--students`` copies of every graded notebook filled with the master's own solutions (each
+must score full points), once in the bwrap sandbox and once with ``--no-sandbox``, and prints for each
+the wall time per notebook and for ``--class-size`` students extrapolated linearly, *at the load it ran
+under* (the load average before and after is printed beside it), and the CPU time per notebook (user
++ system of the grader and of every notebook's processes, as each reports it), with the class's time
+on idle cores estimated from it (CPU time / cores). The bundle (``dist/grading``) is built when missing.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """``make student``: the student edition and the grading bundle, from the master notebooks.
 
-For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` cell):
-
-1. every test cell's ``check(QUESTION, FUNCTION, [cases])`` is read (:func:`notebooks.parse_check`)
-   and each case's answer is computed by running **the master's own solution**, together with the
-   answer of each known mistake (:class:`exercises.Mistake`). A mistake that no public case tells
-   apart from the right answer, or no hidden case, stops the build: the student could not see it,
-   or it could score;
-2. the answers are written into the test cells (``expected=[...]``) of a copy of the master, and
-   ``otter assign`` makes the student notebook from that copy (solutions and hidden tests stripped;
-   public tests kept for ``grader.check``) and otter's autograder zip;
-3. the student notebook is stamped (notebook, lab version; each answer cell with its question)
-   and searched for any solution or hidden-test text. Notebooks without exercises (00, 08) are
-   copied, stamped too (``make grade`` recognises them: "nothing to grade").
-
-Writes ``<out>/student/``, a copy of the lab that students clone or unpack (``lab_utils``, the
-Makefile, requirements, the student notebooks in ``labs/``; no master, no test, no bundle), and
-``<out>/grading/`` (``manifest.json``, one ``NN_*.json`` per notebook with every case, its expected
-answer and the mistakes' answers, and otter's zips in ``otter/``, which ``make grade`` does not
-use: they are for ``otter run`` or Gradescope).
+For every master notebook (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` cell), each test
+cell's cases are answered by **the master's own solution** and by each known mistake
+(:func:`exercise_spec`, which stops the build when a mistake is not told apart by a public and a
+hidden case); the answers are written into the test cells of a copy, ``otter assign`` makes the
+student notebook from it, which is stamped and searched for solution or hidden-test text.
+Notebooks without exercises (00, 08) are stamped too. What ``<out>/student/`` and
+``<out>/grading/`` hold: README, "Instructor: exercises and grading", step 1.
 """
 
 from __future__ import annotations
@@ -310,10 +298,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                 raise LabError(f"otter assign made {len(zips)} autograder zips for {path.name}, not 1.")
             shutil.copy(zips[0], grading / "otter" / f"{path.stem}-autograder.zip")
             prog = nbs.parse_program(nb)
-            blanks = {}
-            for st in prog.statements:
-                if hasattr(st.node, "name"):
-                    blanks[st.node.name] = nbs.function_dump(st.node)
+            blanks = {st.node.name: nbs.function_dump(st.node) for st in prog.statements
+                      if hasattr(st.node, "name")}
             for q in spec.values():
                 q["blank"] = blanks.get(q["function"], "")
                 for t in q["tests"]:
@@ -336,7 +322,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                   f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
     manifest["ungraded"] = {}
     for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
-        if path not in masters and not (student / "labs" / path.name).exists() and not nbs.is_master(path):
+        if not nbs.is_master(path):
             # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
             # as the lab's ("nothing to grade"), not mistaken for another course's
             nb = json.loads(path.read_text())

@@ -1,13 +1,9 @@
 """The student notebook's ``grader``: otter's, with a failing check's sentence shown first.
 
-``make student`` puts ``grader = Notebook("NN_....ipynb")`` from this module in the first cell of
-every student notebook, instead of ``otter.Notebook``. It runs the same tests in the same way
-(otter's doctests, its log, its grading mode for ``otter run``); only what a check cell shows
-changes. Each test case runs :func:`lab_utils.grading.exercises.check`, which prints ``ok`` or one
-sentence (the case and what is wrong with it), and otter's doctest reports a failure as
-"Expected: ok / Got: <sentence>" under about ten lines of transcript. :class:`CheckResult` shows
-that sentence on top, one line per failing test case, and otter's transcript only when asked
-(``result.transcript()``, or folded away in JupyterLab).
+``make student`` puts ``grader = Notebook("NN_....ipynb")`` from this module in every student
+notebook. It runs otter's tests as otter does; only the display changes: otter reports a failed
+check as "Expected: ok / Got: <sentence>" under about ten lines of doctest transcript, and
+:class:`CheckResult` shows the sentence on top and the transcript only when asked.
 """
 
 from __future__ import annotations

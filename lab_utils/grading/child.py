@@ -19,18 +19,13 @@ submission's own prints go to ``output.txt`` in its private folder)::
 
 It holds no expected answer: the grader compares in its own process.
 
-**One process per question.** This process (the *server*) imports what the cases need, then
-forks one process per question; each question's code (its function and the imports, definitions
-and constants it uses, as extracted by :func:`lab_utils.grading.notebooks.extract_exercise`) runs
-only in its own process, which has run no other question's code: a question cannot rewire
-another's check (``torch.sys.modules[...].EXERCISES.update(...)`` changes only its own process).
-Each question process writes to a pipe of its own; the server passes on only the lines about that
-question, so it cannot write another question's results either. The server cannot be traced or
-read by them (not dumpable), adopts whatever they leave running (a child subreaper) and ends it
-before the next question starts. Each case runs under a time limit (an alarm in the question's
-process; code that ignores the alarm is killed by the server). An audit hook notes files, sockets
-and processes the submission's code asks for (the sandbox refuses them; this only names them in
-the gradebook).
+**One process per question**, forked from this one (the *server*, which imported what the cases
+need): a question's code runs where no other question's has, so it cannot rewire another's check
+(``torch.sys.modules[...].EXERCISES.update(...)`` changes only its own process), and it writes to a
+pipe of its own, from which the server passes on only the lines about that question. The server
+cannot be traced by them (not dumpable), adopts what they leave running (a subreaper) and ends it
+before the next question. A case that ignores its alarm is killed by the server. An audit hook
+names the files, sockets and processes the code asks for (the sandbox refuses them).
 """
 
 from __future__ import annotations
@@ -46,6 +41,8 @@ import signal
 import sys
 import time
 import traceback
+
+import psutil
 
 FILE_PREFIX = "<exercise "
 _proto = None
@@ -199,35 +196,15 @@ def _harden() -> None:
         pass
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (from /proc: the sandbox's own process namespace)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _end_all_below() -> None:
     """Kill and reap every process a question left behind (a fork bomb's too)."""
-    me = os.getpid()
+    me = psutil.Process()
     for _ in range(200):
-        pids = _descendants(me)
-        for pid in pids:
+        pids = me.children(recursive=True)
+        for p in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
+                p.kill()
+            except psutil.Error:
                 pass
         while True:
             try:
@@ -251,9 +228,7 @@ def _accept(line: bytes, name: str) -> dict | None:
         return None
     if "tried" in rec and isinstance(rec["tried"], str):
         return {"q": name, "tried": rec["tried"][:300]}
-    if rec.get("q") == name and ("t" in rec or rec.get("defining")):
-        return rec
-    if rec.get("q") == name and rec.get("end"):
+    if rec.get("q") == name and ("t" in rec or rec.get("defining") or rec.get("end")):
         return rec
     return None
 

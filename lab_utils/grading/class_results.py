@@ -10,12 +10,12 @@ unscaled); in a smaller group the row says "too few to judge".
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+
+from lab_utils.grading import gradebook
 
 K = 3.0
 MIN_GROUP = 3
@@ -32,13 +32,13 @@ class Verdict:
     outlier: str        # "yes", "no" or TOO_FEW
 
 
-def mad_verdicts(values: list[float], k: float = K, min_group: int = MIN_GROUP) -> list[Verdict]:
-    """Each value's verdict within its group: beyond ``k`` MADs of the median, or too few to judge."""
+def mad_verdicts(values: list[float]) -> list[Verdict]:
+    """Each value's verdict within its group: beyond :data:`K` MADs of the median, or too few to judge."""
     med = statistics.median(values)
     mad = statistics.median(abs(v - med) for v in values)
-    if len(values) < min_group:
+    if len(values) < MIN_GROUP:
         return [Verdict(med, mad, TOO_FEW) for _ in values]
-    return [Verdict(med, mad, "yes" if abs(v - med) > k * mad else "no") for v in values]
+    return [Verdict(med, mad, "yes" if abs(v - med) > K * mad else "no") for v in values]
 
 
 def rows_of(state: dict) -> list[dict]:
@@ -118,13 +118,7 @@ def write(state: dict, out: Path, shown: str = "") -> list[str]:
     groups were too small to judge."""
     out = Path(out)
     rows = rows_of(state)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore", lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    tmp = out / "class_results.csv.tmp"
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    os.replace(tmp, out / "class_results.csv")
+    gradebook.write_csv(out / "class_results.csv", COLUMNS, rows)
     figure = out / "class_results.png"
     if not rows:
         figure.unlink(missing_ok=True)

@@ -1,25 +1,8 @@
-"""The autograded exercises: how each is called, how an answer is compared, which mistakes it names.
-
-One :class:`Exercise` per otter question (``q04_ring_bytes`` ...), in :data:`EXERCISES`. The
-cases (inputs) live in the master notebook's test cells, as plain data: ``check(QUESTION,
-FUNCTION, [case, ...])``; the expected answers are computed from the master's solution when the
-bundle is built (:mod:`lab_utils.grading.build`). This module says what to do with a case:
-
-- :attr:`Exercise.run` calls the student's function on one case and returns the answer as
-  plain data (numbers, lists, dicts: what :func:`plain` makes of it), or ``None`` when the
-  function returned ``None`` (the blank student edition: "not done yet");
-- :func:`same` compares two answers (numbers with a relative tolerance);
-- :func:`explain` turns a wrong answer into one sentence. A :class:`Mistake` is a known wrong
-  version of the function (or a known wrong unit factor); when the student's answer equals a
-  mistake's answer, the sentence names the mistake. For a hidden case it never shows the inputs.
-
-:func:`check` is what the notebook's check cells call (the student's ``grader.check`` runs them
-as doctests): it prints ``ok``, or that sentence (:func:`verdict`), which the doctest then shows as
-"Expected: ok / Got: <sentence>". The grader
-(:mod:`lab_utils.grading.grade`) runs the same :attr:`Exercise.run` inside a sandbox and compares
-in its own process against the bundle's expected answers.
-
-Importing this module is cheap; torch is imported only by the cases that build a model.
+"""The autograded exercises (:data:`EXERCISES`, one per otter question): how each is called, how an
+answer is compared (:func:`same`), which known mistakes it names (:func:`explain`), and :func:`check`,
+the call in every check cell. The cases live in the master notebooks' test cells (the package
+docstring says how an exercise is written); the grader runs the same :meth:`Exercise.run` in its
+sandbox. Importing this module is cheap: torch is imported only by the cases that build a model.
 """
 
 from __future__ import annotations
@@ -128,11 +111,9 @@ def difference(got: Any, want: Any, names: Sequence[str] = (), rel_tol: float = 
 
 @dataclass(frozen=True)
 class Mistake:
-    """A known wrong answer: ``wrong`` is a wrong version of the exercise's function (same
-    signature), or ``factor`` the right answer times a wrong unit (8 for bits instead of bytes).
-    ``given_right(right_answer, *args)`` computes the wrong answer from the right one and the
-    function's arguments (for a mistake that is one piece off the right answer).
-    ``name`` and ``why`` make the sentence a student reads: "<name>: <why>"."""
+    """A known wrong answer, named in the sentence "<name>: <why>": a wrong version of the function
+    (``wrong``, same signature), the right answer times a wrong unit (``factor``), or computed from the
+    right answer and the arguments (``given_right(right, *args)``: one piece off the right answer)."""
     name: str
     why: str
     wrong: Callable | None = None
@@ -147,15 +128,8 @@ def call_positional(fn: Callable, case: Sequence) -> Any:
 
 @dataclass(frozen=True)
 class Exercise:
-    """One autograded question.
-
-    ``name`` is the otter question name, ``function`` the function the student completes.
-    ``call(fn, case)`` runs ``fn`` on one case and returns the answer as plain data (None when
-    ``fn`` returned None); by default ``fn(*case)``. ``show(case)`` writes the call for a public
-    message. ``outputs`` names the values when the answer is a tuple. ``hint(got, want)`` may add
-    an exercise-specific reason when no known mistake matches ("" for none). ``needs`` lists the
-    modules its cases import (torch...): the grader loads them first, outside the cases' time limit.
-    """
+    """One autograded question (its fields: the package docstring). ``hint(got, want)`` may add an
+    exercise-specific reason when no known mistake matches ("" for none)."""
     name: str
     function: str
     mistakes: tuple[Mistake, ...] = ()
@@ -164,7 +138,7 @@ class Exercise:
     outputs: tuple[str, ...] = ()
     rel_tol: float = REL_TOL
     hint: Callable[[Any, Any], str] | None = None
-    needs: tuple[str, ...] = ()   # modules its cases import (loaded before the timed cases start)
+    needs: tuple[str, ...] = ()   # loaded by the grader before the timed cases start
 
     def run(self, fn: Callable, case: Any) -> Any:
         """The answer of ``fn`` on ``case`` (plain data; None = returned None)."""
@@ -177,15 +151,12 @@ class Exercise:
 
     def mistake_answer(self, mistake: Mistake, case: Any, want: Any) -> Any:
         """What ``mistake`` answers on ``case`` (None when it cannot be computed)."""
-        if mistake.wrong is not None:
+        given = mistake.given_right
+        wrong = mistake.wrong or (given and (lambda *a, **k: given(want, *a, **k)))
+        if wrong is not None:
             try:
-                return self.run(mistake.wrong, case)
+                return self.run(wrong, case)
             except Exception:  # a wrong formula may divide by zero where the right one does not
-                return None
-        if mistake.given_right is not None:
-            try:
-                return self.run(lambda *a, **k: mistake.given_right(want, *a, **k), case)
-            except Exception:
                 return None
         if mistake.factor is not None and _is_number(want):
             return want * mistake.factor
@@ -221,12 +192,9 @@ OK = "ok"
 def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
             hidden: bool = False) -> str:
     """"" when ``function`` answers every case right, else one sentence on the first case it gets
-    wrong: "not done yet", a known mistake by name, how far off it is, or what it raised.
-
-    ``expected`` (the answers, in the order of ``cases``) is written in by the build from the
-    master's solution; without it (the master notebook itself) the answers are only computed.
-    ``hidden=True``: the sentence names the case by its number, never by its inputs.
-    """
+    wrong: "not done yet", a known mistake by name, how far off it is, or what it raised. The build
+    writes ``expected`` in (without it, in the master, the answers are only computed); ``hidden=True``
+    names a case by its number, never by its inputs."""
     ex = EXERCISES[question]
     if not callable(function):
         return f"{ex.function} is not a function ({type(function).__name__}): run the cell that defines it."
@@ -249,13 +217,8 @@ def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequen
 
 def check(question: str, function: Any, cases: Sequence[Any], expected: Sequence[Any] | None = None,
           hidden: bool = False) -> None:
-    """A check cell: print ``ok`` when ``function`` answers every case right, else the one sentence of
-    :func:`verdict` (the case and what is wrong with it). Returns None.
-
-    Otter runs a check cell as a doctest whose expected output is ``ok`` (the build writes it in), so
-    a failure reads "Expected: ok / Got: <the sentence>", never a traceback; the student notebook's
-    ``grader`` (:class:`lab_utils.grading.checker.Notebook`) shows that sentence first.
-    """
+    """A check cell: print ``ok``, or the sentence of :func:`verdict`. Otter runs the cell as a doctest
+    expecting ``ok``, so a failure reads "Expected: ok / Got: <the sentence>", never a traceback."""
     print(verdict(question, function, cases, expected, hidden) or OK)
 
 
@@ -408,26 +371,6 @@ def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=No
     return T.Compose([make[step]() for step in order])
 
 
-def _tf_normalize_first():
-    return _pipeline(("crop", "flip", "normalize", "tensor"))
-
-
-def _tf_augment_after_normalize():
-    return _pipeline(("tensor", "normalize", "crop", "flip"))
-
-
-def _tf_flip_first():
-    return _pipeline(("flip", "crop", "tensor", "normalize"))
-
-
-def _tf_no_padding():
-    return _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)
-
-
-def _tf_imagenet():
-    return _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN, std=IMAGENET_STD)
-
-
 # --------------------------------------------------------------------------- q04: bytes
 
 
@@ -446,10 +389,6 @@ def _resnet(case: dict):
     return model
 
 
-def _grad_bytes_call(fn: Callable, case: dict) -> Any:
-    return plain(fn(_resnet(case)))
-
-
 def _grad_bytes_show(case: dict) -> str:
     frozen = f", {' and '.join(case['frozen'])} frozen" if case.get("frozen") else ""
     classes = f", {case['classes']} classes" if case.get("classes", 10) != 10 else ""
@@ -457,51 +396,11 @@ def _grad_bytes_show(case: dict) -> str:
             f"{case.get('dtype', 'float32')}{frozen})")
 
 
-def _count_params(model):
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _four_bytes_each(model):
-    return sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
-
-
-def _frozen_counted(model):
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 BITS_FOR_BYTES = Mistake("bits for bytes", "that is bits; sizes here are in bytes (8 bits each)", factor=8.0)
 
 
 def _iterations(dataset_size, world_size, per_device_batch):
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
-
-
-def _ring_log2_tree(size_bytes, world_size, dataset_size, per_device_batch):
-    return _iterations(dataset_size, world_size, per_device_batch) * size_bytes * math.log2(world_size)
-
-
-def _ring_one_gradient(size_bytes, world_size, dataset_size, per_device_batch):
-    return _iterations(dataset_size, world_size, per_device_batch) * size_bytes
-
-
-def _ring_all_ranks(size_bytes, world_size, dataset_size, per_device_batch):
-    return _iterations(dataset_size, world_size, per_device_batch) * 2 * (world_size - 1) * size_bytes
-
-
-def _ring_whole_dataset(size_bytes, world_size, dataset_size, per_device_batch):
-    return math.ceil(dataset_size / per_device_batch) * 2 * (world_size - 1) / world_size * size_bytes
-
-
-def _ring_floor(size_bytes, world_size, dataset_size, per_device_batch):
-    return (dataset_size // world_size) // per_device_batch * 2 * (world_size - 1) / world_size * size_bytes
-
-
-def _ring_one_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):
-    return size_bytes
-
-
-def _ring_one_ring_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):
-    return 2 * (world_size - 1) / world_size * size_bytes
 
 
 # The earlier cohort's Table 3: one gradient's bytes over an epoch's communication time (SPEC.md).
@@ -515,43 +414,12 @@ _ONE_PER_EPOCH_WHY = (
     "steps per epoch")
 
 
-def _gbps_one_per_epoch(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
-    return gradient_bytes / comm_seconds / 1e9
-
-
-def _gbps_one_ring_per_epoch(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
-    return 2 * (world_size - 1) / world_size * gradient_bytes / comm_seconds / 1e9
-
-
-def _gbps_one_gradient_per_step(gradient_bytes, world_size, steps_per_epoch, comm_seconds):
-    return steps_per_epoch * gradient_bytes / comm_seconds / 1e9
-
-
-# --------------------------------------------------------------------------- q03: compute = T(N)
-
-
-def _compute_is_tn(t1, tn, n):
-    return tn, tn - t1 / n
-
-
-def _compute_is_tn_no_comm(t1, tn, n):
-    return tn, 0.0
-
-
 # --------------------------------------------------------------------------- q05: schedules, samplers
 
 
 def _lr_from_zero(step, base_lr, global_batch, base_batch, warmup_steps):
     peak = base_lr * global_batch / base_batch
     return peak * step / warmup_steps if step < warmup_steps else peak
-
-
-def _lr_unscaled(step, base_lr, global_batch, base_batch, warmup_steps):
-    return base_lr
-
-
-def _lr_no_warmup(step, base_lr, global_batch, base_batch, warmup_steps):
-    return base_lr * global_batch / base_batch
 
 
 def _lr_sqrt(step, base_lr, global_batch, base_batch, warmup_steps):
@@ -566,17 +434,9 @@ def _sampler(case: dict):
                               shuffle=True, seed=case.get("seed", 0))
 
 
-def _orders_call(fn: Callable, case: dict) -> Any:
-    return plain(fn(_sampler(case), case["epochs"]))
-
-
 def _orders_show(case: dict) -> str:
     return (f"epoch_orders(DistributedSampler(range({case['n']}), num_replicas={case['replicas']}, "
             f"rank={case['rank']}, seed={case.get('seed', 0)}), {case['epochs']})")
-
-
-def _orders_never_set(sampler, epochs):
-    return [[int(i) for i in sampler] for _ in range(epochs)]
 
 
 def _orders_set_after(sampler, epochs):
@@ -596,10 +456,6 @@ def _gpt_config(fields: dict):
     return GPTConfig(**fields)
 
 
-def _flops_call(fn: Callable, case: dict) -> Any:
-    return plain(fn(_gpt_config(case)))
-
-
 def _cfg_text(case: dict) -> str:
     return "GPTConfig(" + ", ".join(f"{k}={v!r}" for k, v in case.items()) + ")"
 
@@ -607,10 +463,6 @@ def _cfg_text(case: dict) -> str:
 def _flops_parameter_count(cfg):
     L, C, V, T = cfg.n_layer, cfg.n_embd, cfg.vocab_size, cfg.block_size
     return 6 * (V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C) + 12 * L * C * T
-
-
-def _flops_no_attention(cfg):
-    return 6 * (12 * cfg.n_layer * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd)
 
 
 def _flops_forward_only(cfg):
@@ -623,36 +475,18 @@ def _flops_no_head(cfg):
     return 6 * 12 * L * C * C + 12 * L * C * T
 
 
-def _mfu_one_device(flops_per_token, tokens_per_s, peak_flops_per_s, devices):
-    return flops_per_token * tokens_per_s / peak_flops_per_s
-
-
 # The earlier GPT report at batch 128 on 4 GPUs: T(1) over its slowest rank (SPEC.md: 2.95).
 _GPT_SLOWEST_128x4 = anchors.GPT_REPORTED_MEAN_SECONDS[(128, 1)] / max(anchors.GPT_RANK_SECONDS[(128, 4)])
 
 
-def _ranks_mean(rank_seconds):
-    return sum(rank_seconds) / len(rank_seconds)
-
-
-def _ranks_sum(rank_seconds):
-    return sum(rank_seconds)
-
-
-def _gpt(case: dict):
+def _int8_call(fn: Callable, case: dict) -> Any:
     import torch
 
     from lab_utils.models.gpt import GPT
 
     torch.manual_seed(0)
-    return GPT(_gpt_config(case["cfg"]))
-
-
-def _int8_call(fn: Callable, case: dict) -> Any:
-    model = _gpt(case)
-    if case.get("keep"):
-        return plain(fn(model, keep_in_float=tuple(case["keep"])))
-    return plain(fn(model))
+    model = GPT(_gpt_config(case["cfg"]))
+    return plain(fn(model, keep_in_float=tuple(case["keep"])) if case.get("keep") else fn(model))
 
 
 def _int8_show(case: dict) -> str:
@@ -674,22 +508,6 @@ def _tied_head_bytes(model):
         return 0
     shared = any(m is not head and getattr(m, "weight", None) is head.weight for m in model.modules())
     return head.weight.numel() * head.weight.element_size() if shared else 0
-
-
-def _int8_quarter(model, keep_in_float=()):
-    return sum(p.numel() * p.element_size() for p in model.parameters()) / 4
-
-
-def _int8_no_scales(right, model, keep_in_float=()):
-    return right - 5 * _quantized_rows(model, keep_in_float)
-
-
-def _int8_tied_once(right, model, keep_in_float=()):
-    return right - _tied_head_bytes(model) if "lm_head" not in keep_in_float else right
-
-
-def _int8_float_twice(right, model, keep_in_float=()):
-    return right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right
 
 
 # --------------------------------------------------------------------------- q09: data parallelism by hand
@@ -726,37 +544,20 @@ def _average_show(case: dict) -> str:
     return f"average_gradients on {len(case['grads'])} gloo ranks ({held})"
 
 
-def _average_sum_only(grads):
+def _average(grads, before=False, reduce=True, after="world"):
+    """Gradient averaging with one known mistake switched on (the right one with none): divide by the
+    world size ``before`` the all-reduce too, skip the all-reduce, or divide ``after`` it by 2 or not."""
     import torch.distributed as dist
 
+    world = dist.get_world_size()
     for g in grads:
-        dist.all_reduce(g)
+        if before:
+            g /= world
+        if reduce:
+            dist.all_reduce(g)
+        if after:
+            g /= world if after == "world" else after
     return grads
-
-
-def _average_twice(grads):
-    import torch.distributed as dist
-
-    for g in grads:
-        g /= dist.get_world_size()
-        dist.all_reduce(g)
-        g /= dist.get_world_size()
-    return grads
-
-
-def _average_by_two(grads):
-    import torch.distributed as dist
-
-    for g in grads:
-        dist.all_reduce(g)
-        g /= 2
-    return grads
-
-
-def _average_local(grads):
-    import torch.distributed as dist
-
-    return [g / dist.get_world_size() for g in grads]
 
 
 def _buckets(sizes, cap, forward=False, close_at_cap=False, drop_last=False, twice=False):
@@ -822,16 +623,21 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("Normalize before ToTensor", "Normalize works on a tensor and the dataset hands over "
                     "a PIL image, so it raises: ToTensor must come before Normalize",
-                    wrong=_tf_normalize_first),
+                    wrong=lambda: _pipeline(("crop", "flip", "normalize", "tensor"))),
             Mistake("crop and flip after Normalize", "it runs, but the crop's 4 pixels of padding are then 0 "
                     "in normalized units, the data set's mean colour, not black: crop and flip the PIL "
-                    "image, then ToTensor, then Normalize", wrong=_tf_augment_after_normalize),
+                    "image, then ToTensor, then Normalize",
+                    wrong=lambda: _pipeline(("tensor", "normalize", "crop", "flip"))),
             Mistake("flip before crop", "the assignment crops, then flips (the same kind of images, but "
-                    "not its pipeline: the same seed gives other images)", wrong=_tf_flip_first),
+                    "not its pipeline: the same seed gives other images)",
+                    wrong=lambda: _pipeline(("flip", "crop", "tensor", "normalize"))),
             Mistake("no padding", "RandomCrop(32) of a 32 x 32 image crops nothing: pad 4 pixels on each "
-                    "side (padding=4) so that the 32 x 32 crop shifts the image", wrong=_tf_no_padding),
+                    "side (padding=4) so that the 32 x 32 crop shifts the image",
+                    wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)),
             Mistake("ImageNet's mean and std", "those are ImageNet's statistics; normalize with CIFAR-10's "
-                    "per-channel mean and std, as the assignment gives them", wrong=_tf_imagenet),
+                    "per-channel mean and std, as the assignment gives them",
+                    wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN,
+                                           std=IMAGENET_STD)),
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
@@ -850,10 +656,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways; T(N) "
                     f"is the whole N-device epoch, communication included (the earlier cohort's Table 2 "
                     f"printed T(N) = {anchors.FIRST_COHORT_TABLE1_SECONDS[anchors.TABLE2_COMPUTE_IS_TN]} s, "
-                    "its Q2 time, as compute)", wrong=_compute_is_tn),
+                    "its Q2 time, as compute)", wrong=lambda t1, tn, n: (tn, tn - t1 / n)),
             Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways, and "
                     "communication is what T(N) takes beyond it, T(N) - T(1)/N: with compute = T(N) nothing "
-                    "is left for communication", wrong=_compute_is_tn_no_comm),
+                    "is left for communication", wrong=lambda t1, tn, n: (tn, 0.0)),
             Mistake("compute from T(N)/N", "the compute time on N devices is T(1)/N (the one-device work "
                     "split N ways), not T(N)/N", wrong=lambda t1, tn, n: (tn / n, tn - tn / n)),
             Mistake("negative communication clipped", "return T(N) - T(1)/N as is when it is negative: "
@@ -863,15 +669,18 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda t1, tn, n: (t1 / n, tn - t1)),
         )),
     Exercise(
-        "q04_gradient_bytes", "grad_bytes", call=_grad_bytes_call, show=_grad_bytes_show,
-        needs=("torch", "lab_utils.models"),
+        "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),
+        show=_grad_bytes_show, needs=("torch", "lab_utils.models"),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
-                    "bytes: elements x p.element_size() (4 for fp32)", wrong=_count_params),
+                    "bytes: elements x p.element_size() (4 for fp32)",
+                    wrong=lambda model: sum(p.numel() for p in model.parameters() if p.requires_grad)),
             Mistake("4 bytes per element whatever the dtype", "use each tensor's own element size "
-                    "(p.element_size()): bf16 gradients are 2 bytes", wrong=_four_bytes_each),
+                    "(p.element_size()): bf16 gradients are 2 bytes",
+                    wrong=lambda model: sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)),
             Mistake("frozen parameters counted", "a parameter that does not require grad has no gradient "
-                    "and is not all-reduced", wrong=_frozen_counted),
+                    "and is not all-reduced",
+                    wrong=lambda model: sum(p.numel() * p.element_size() for p in model.parameters())),
             BITS_FOR_BYTES,
         )),
     Exercise(
@@ -879,26 +688,31 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
                     "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
-                    wrong=_ring_log2_tree),
+                    wrong=lambda s, p, n, b: _iterations(n, p, b) * s * math.log2(p)),
             Mistake("one gradient per all-reduce", "each rank sends 2(P-1)/P x S (reduce-scatter, then "
-                    "all-gather), not S", wrong=_ring_one_gradient),
+                    "all-gather), not S", wrong=lambda s, p, n, b: _iterations(n, p, b) * s),
             Mistake("all ranks together", "2(P-1) x S is what all P ranks send together; one rank sends "
-                    "2(P-1)/P x S", wrong=_ring_all_ranks),
+                    "2(P-1)/P x S", wrong=lambda s, p, n, b: _iterations(n, p, b) * 2 * (p - 1) * s),
             Mistake("iterations over the whole data set", "each rank sees ceil(N/P) samples, so an epoch "
-                    "has ceil(ceil(N/P)/b) iterations, not ceil(N/b)", wrong=_ring_whole_dataset),
+                    "has ceil(ceil(N/P)/b) iterations, not ceil(N/b)",
+                    wrong=lambda s, p, n, b: math.ceil(n / b) * 2 * (p - 1) / p * s),
             Mistake("iterations rounded down", "the sampler pads to a multiple of P and the last partial "
-                    "batch is kept: round both divisions up", wrong=_ring_floor),
-            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_ring_one_per_epoch),
-            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_ring_one_ring_per_epoch),
+                    "batch is kept: round both divisions up",
+                    wrong=lambda s, p, n, b: (n // p) // b * 2 * (p - 1) / p * s),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=lambda s, p, n, b: s),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
+                    wrong=lambda s, p, n, b: 2 * (p - 1) / p * s),
             BITS_FOR_BYTES,
         )),
     Exercise(
         "q04_utilization", "achieved_gb_per_s",
         mistakes=(
-            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_gbps_one_per_epoch),
-            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY, wrong=_gbps_one_ring_per_epoch),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
+                    wrong=lambda s, p, steps, secs: s / secs / 1e9),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
+                    wrong=lambda s, p, steps, secs: 2 * (p - 1) / p * s / secs / 1e9),
             Mistake("one gradient per all-reduce", "in a ring all-reduce each rank sends 2(P-1)/P x S, not S "
-                    "(the two agree only at P = 2)", wrong=_gbps_one_gradient_per_step),
+                    "(the two agree only at P = 2)", wrong=lambda s, p, steps, secs: steps * s / secs / 1e9),
             Mistake("GiB for GB", "that is GiB/s (2^30 bytes); bandwidths here are decimal GB/s "
                     "(10^9 bytes), as nccl-tests reports", factor=1e9 / 2 ** 30),
             Mistake("MB for GB", "that is MB/s; divide bytes per second by 10^9 for GB/s", factor=1e3),
@@ -911,30 +725,32 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("warm-up from 0", "the warm-up starts at base_lr (the small-batch rate) at step 0, "
                     "not at 0 (Goyal et al. 2017)", wrong=_lr_from_zero),
             Mistake("no linear scaling", "the peak is base_lr x global_batch / base_batch (the linear "
-                    "scaling rule)", wrong=_lr_unscaled),
+                    "scaling rule)", wrong=lambda step, base_lr, batch, base_batch, warmup: base_lr),
             Mistake("no warm-up", "during the first warmup_steps steps the lr rises linearly from base_lr "
-                    "to the peak", wrong=_lr_no_warmup),
+                    "to the peak",
+                    wrong=lambda step, base_lr, batch, base_batch, warmup: base_lr * batch / base_batch),
             Mistake("square-root scaling", "the linear scaling rule multiplies by global_batch / base_batch, "
                     "not by its square root", wrong=_lr_sqrt),
         )),
     Exercise(
-        "q05_set_epoch", "epoch_orders", call=_orders_call, show=_orders_show,
-        needs=("torch.utils.data.distributed",),
+        "q05_set_epoch", "epoch_orders", call=lambda fn, case: plain(fn(_sampler(case), case["epochs"])),
+        show=_orders_show, needs=("torch.utils.data.distributed",),
         mistakes=(
             Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
-                    "sampler.set_epoch(epoch) at the start of each epoch", wrong=_orders_never_set),
+                    "sampler.set_epoch(epoch) at the start of each epoch",
+                    wrong=lambda sampler, epochs: [[int(i) for i in sampler] for _ in range(epochs)]),
             Mistake("set_epoch after the epoch", "each epoch gets the previous epoch's order: call "
                     "sampler.set_epoch(epoch) BEFORE iterating the sampler", wrong=_orders_set_after),
         )),
     Exercise(
-        "q06_flops_per_token", "flops_per_token", call=_flops_call, needs=("lab_utils.models.gpt",),
-        show=lambda case: f"flops_per_token({_cfg_text(case)})",
+        "q06_flops_per_token", "flops_per_token", call=lambda fn, case: plain(fn(_gpt_config(case))),
+        needs=("lab_utils.models.gpt",), show=lambda case: f"flops_per_token({_cfg_text(case)})",
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
                     "12LC^2 + VC: embeddings look up (they do not multiply), biases and LayerNorms add no "
                     "matmul FLOPs", wrong=_flops_parameter_count),
             Mistake("attention left out", "add attention's two T x T products: 12 L C T per token",
-                    wrong=_flops_no_attention),
+                    wrong=lambda cfg: 6 * (12 * cfg.n_layer * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd)),
             Mistake("forward only", "training does the forward pass and a backward pass of twice its cost: "
                     "6 FLOPs per weight per token, not 2", wrong=_flops_forward_only),
             Mistake("the head left out", "the tied head V x C is a matrix multiply too (it shares the "
@@ -945,7 +761,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
             Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "
-                    "of one device", wrong=_mfu_one_device),
+                    "of one device", wrong=lambda flops, tokens_per_s, peak, n: flops * tokens_per_s / peak),
         )),
     Exercise(
         "q06_rank_time", "run_epoch_seconds",
@@ -953,13 +769,14 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
                     "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
                     f"ranks (the earlier GPT report's mean made {_GPT_SLOWEST_128x4:.2f} look like "
-                    f"{anchors.GPT_REPORTED_SPEEDUPS[(128, 4)]:.2f})", wrong=_ranks_mean),
+                    f"{anchors.GPT_REPORTED_SPEEDUPS[(128, 4)]:.2f})",
+                    wrong=lambda ranks: sum(ranks) / len(ranks)),
             Mistake("the fastest rank", "a fast rank waits for the others at every all-reduce: the epoch "
                     "is over when the slowest rank is done", wrong=min),
             Mistake("rank 0's time", "rank 0 is not always the slowest (a slow loader or a busy device can "
                     "be on any rank): T(N) is the slowest rank's time", wrong=lambda ranks: ranks[0]),
             Mistake("all ranks added", "the ranks run at the same time, side by side: T(N) is a wall time, "
-                    "the slowest rank's, not the sum of their times", wrong=_ranks_sum),
+                    "the slowest rank's, not the sum of their times", wrong=sum),
         )),
     Exercise(
         "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
@@ -967,13 +784,20 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("int8 is 4x smaller", "only the Linear weights become int8 (plus a scale and a zero "
                     "point per row); embeddings, biases and LayerNorms stay in float, and the tied head "
-                    "gets its own int8 copy", wrong=_int8_quarter),
+                    "gets its own int8 copy",
+                    wrong=lambda model, keep_in_float=(): sum(p.nbytes for p in model.parameters()) / 4),
             Mistake("no scales or zero points", "each output row of a quantized weight also stores one fp32 "
-                    "scale and one int8 zero point (5 bytes per row)", given_right=_int8_no_scales),
+                    "scale and one int8 zero point (5 bytes per row)",
+                    given_right=lambda right, model, keep_in_float=(): (
+                        right - 5 * _quantized_rows(model, keep_in_float))),
             Mistake("the tied embedding counted once", "quantizing the head gives it its own int8 copy "
-                    "while the embedding it shared stays in float: count both", given_right=_int8_tied_once),
+                    "while the embedding it shared stays in float: count both",
+                    given_right=lambda right, model, keep_in_float=(): (
+                        right if "lm_head" in keep_in_float else right - _tied_head_bytes(model))),
             Mistake("a shared float tensor counted twice", "a tensor shared by two modules (the tied head "
-                    "and embedding, both kept in float) is stored once", given_right=_int8_float_twice),
+                    "and embedding, both kept in float) is stored once",
+                    given_right=lambda right, model, keep_in_float=(): (
+                        right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right)),
         )),
     Exercise(
         "q09_average", "average_gradients", call=_average_call, show=_average_show, rel_tol=1e-5,
@@ -981,13 +805,13 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         mistakes=(
             Mistake("summing without dividing", "an all-reduce adds the ranks' gradients: divide by the "
                     "number of ranks for their mean, the gradient of the global batch",
-                    wrong=_average_sum_only),
+                    wrong=lambda grads: _average(grads, after=None)),
             Mistake("dividing twice", "divide by the number of ranks once, before or after the all-reduce, "
-                    "not both", wrong=_average_twice),
+                    "not both", wrong=lambda grads: _average(grads, before=True)),
             Mistake("two ranks hard-coded", "divide by dist.get_world_size(), not by 2",
-                    wrong=_average_by_two),
+                    wrong=lambda grads: _average(grads, after=2)),
             Mistake("no all-reduce", "each rank divided its own gradient: the ranks never exchanged "
-                    "anything, so they still disagree", wrong=_average_local),
+                    "anything, so they still disagree", wrong=lambda grads: _average(grads, reduce=False)),
         )),
     Exercise(
         "q09_buckets", "assign_buckets",

@@ -1,10 +1,4 @@
-"""Stand-ins that let an exercise be checked on any laptop (no GPU, no cluster).
-
-:class:`FakeAsyncDevice` is a pretend GPU with its own clock, for the step-timer exercise
-(``q01_step_timer``): like CUDA, a step *launches* its work and returns at once; the work runs
-later. A timer that does not synchronize measures the launch only (or bills the previous step's
-work to this one): the mistake of the earlier reports' timings, taken without synchronizing the GPU.
-"""
+"""Stand-ins that let an exercise be checked on any laptop (no GPU, no cluster)."""
 
 from __future__ import annotations
 
@@ -12,23 +6,20 @@ from __future__ import annotations
 class FakeAsyncDevice:
     """A pretend GPU with a controllable clock, to test a step timer on the CPU.
 
-    A step *launches* its work and returns after ``launch_seconds`` of host time; the work runs
-    later, one kernel after another. ``sync()`` waits until all queued work is done
+    Like CUDA, a step *launches* its work and returns after ``launch_seconds`` of host time; the work
+    runs later, one kernel after another. ``sync()`` waits until all queued work is done
     (``torch.cuda.synchronize()``); ``clock()`` reads the host clock (``time.perf_counter()``).
-    ``queued_seconds`` is work still running from before the step (the previous step, a copy).
-
-    The right answer, :attr:`true_seconds`, is the time from "everything before the step has
-    finished" to "the step's own work has finished": ``launch_seconds + work_seconds``.
+    ``queued_seconds`` is work still running from before the step (the previous step, a copy). A
+    timer that does not synchronize measures the launch only, or bills that earlier work to the step;
+    the right answer is ``launch_seconds + work_seconds``.
     """
 
     def __init__(self, queued_seconds: float = 0.0, launch_seconds: float = 1e-4):
         self.now = 0.0
         self.busy_until = float(queued_seconds)
-        self.queued_seconds = float(queued_seconds)
         self.launch_seconds = float(launch_seconds)
         self.work_seconds = 0.0
         self.steps = 0
-        self.syncs = 0
 
     def clock(self) -> float:
         """The host clock, in seconds."""
@@ -36,7 +27,6 @@ class FakeAsyncDevice:
 
     def sync(self) -> None:
         """Wait until every queued piece of work has finished."""
-        self.syncs += 1
         self.now = max(self.now, self.busy_until)
 
     def step_fn(self, work_seconds: float):
@@ -49,8 +39,3 @@ class FakeAsyncDevice:
             self.busy_until = max(self.busy_until, self.now) + self.work_seconds
 
         return step
-
-    @property
-    def true_seconds(self) -> float:
-        """What a correct timer returns for one step: launch + the step's own work, in seconds."""
-        return self.launch_seconds + self.work_seconds

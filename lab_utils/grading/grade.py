@@ -1,34 +1,11 @@
-"""``make grade``: grade a folder of handed-in notebooks into a gradebook, each in a sandbox.
+"""``make grade``: grade a folder of handed-in notebooks into a gradebook (README, "Instructor:
+exercises and grading", step 3).
 
-For every submission (:mod:`~lab_utils.grading.submissions` finds them and their students):
-
-1. read it as data (never run it): which lab notebook it is (the stamp ``make student`` writes into
-   its metadata, else its title; a file name alone is not enough: another course's
-   ``04_linear_regression.ipynb`` is "not this lab's notebook"), the exercise functions and what
-   they use (:func:`notebooks.extract_exercise`), what needs a human look (the lab's own code in an
-   exercise, reaching other modules through ``torch.sys``..., changing imported modules), the
-   hand-graded answers. A file that cannot be read says why ("could not be read: ..."), filed
-   under the notebook its name suggests; a lab notebook without exercises (00, 08) is "nothing to
-   grade"; other files (a PDF) are listed in their student's row;
-2. run only the exercise functions, inside a sandbox (:mod:`~lab_utils.grading.sandbox`), each
-   question in a process of its own (:mod:`~lab_utils.grading.child`), on the bundle's cases; the
-   processes get the inputs only;
-3. compare each answer with the bundle's expected answer here, outside the sandbox; a test cell
-   earns its points when all its cases are right (as otter counts them).
-
-Each student's ``handin.json`` (``make report``'s: where the numbers came from, Tables 1 and 3), else
-the versions stamped in their notebooks, gives the row's profile, device, data and lab version and its
-flags (:mod:`~lab_utils.grading.provenance`); the class's numbers go to ``class_results.csv`` and
-``.png``, outliers named (:mod:`~lab_utils.grading.class_results`).
-
-Points come only from that comparison. An exercise whose code uses the lab's own functions (or
-reaches past itself: eval, files, introspection) scores 0 and is flagged "check by hand" with what
-the tests gave; a notebook that changes imported modules or reaches into them elsewhere is flagged
-(its points stand: grading never runs that code). Untouched exercises are "not done yet" without running.
-
-The run prints one line per notebook and a summary (graded, could not be graded, flagged, stopped
-by the sandbox, no submission) and returns 1 when a submission could not be graded (rows are
-written all the same), else 0.
+Each submission is read as data, never run (:func:`prepare`: which lab notebook it is, by its stamp
+or title; its exercise functions and what needs a human look); only the exercise functions run, in
+the sandbox, each question in a process of its own (:mod:`~lab_utils.grading.sandbox`), on the
+bundle's inputs; the answers are compared here (:func:`judge`): a test cell earns its points when
+all its cases are right. Exit status 1 when a submission could not be graded, else 0.
 """
 
 from __future__ import annotations
@@ -36,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import signal
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -251,14 +228,9 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
     note = code.notes[0] if code.notes else ""
     defining = next((r for r in lines if r.get("defining")), None)
     if defining:
-        err = defining["error"]
-        why = _stopped(err, limits)
-        stopped += [why] if why else []
-        what = f"was stopped by {why}" if why else f"fails: {err.get('type', 'an error')}"
-        detail = err.get("message", "").strip()[:150]
-        detail = f": {detail}" if detail and err.get("type") != "CaseTimeLimit" else ""
-        return Verdict(0.0, _and(f"the code of {code.function} {what} before any case ran{detail}", note),
-                       stopped=stopped)
+        label = f"before any case ran, the code of {code.function}"
+        msg, why = _failed_case(label, defining["error"], False, limits)
+        return Verdict(0.0, _and(msg, note), stopped=[why] if why else [])
     ended = next((r["ended"] for r in lines if isinstance(r.get("ended"), dict)), None)
     got = {(r["t"], r["c"]): r for r in lines if "t" in r}
     earned, first, wrong, total = 0.0, "", 0, 0
@@ -376,35 +348,32 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
             ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
 
 
-def failed_record(work: Work, info: dict | None) -> dict:
-    """A file that was not graded: its status says why (``could not be read: ...``, ``not this lab's
-    notebook: ...``); filed under a notebook (``info``), its questions score 0 and say so."""
-    questions = {}
-    for q in (info or {}).get("questions", []):
-        questions[q["name"]] = {"points": 0.0 if not q["manual"] else "", "max_points": q["points"],
-                                "manual": q["manual"], "flag": "", "answer": "",
-                                "message": f"not graded: {work.problem}"}
-    notes = [f"also handed in: {', '.join(work.others)}"] if work.others else []
-    return {"file": work.sub.file, "status": work.problem, "sandbox": "", "seconds": 0.0, "notes": notes,
-            "questions": questions, "flagged": [], "stopped": []}
-
-
 NOTHING_TO_GRADE = "nothing to grade (a lab notebook without exercises)"
 
 
-def nothing_record(work: Work) -> dict:
-    """A lab notebook without exercises (00, 08), recognised and not graded."""
-    notes = list(work.notes) + ([f"also handed in: {', '.join(work.others)}"] if work.others else [])
-    return {"file": work.sub.file, "status": NOTHING_TO_GRADE, "sandbox": "", "seconds": 0.0, "notes": notes,
-            "questions": {}, "flagged": [], "stopped": []}
+def _book(file: str, status: str, notes: list[str] = (), info: dict | None = None, message: str = "",
+          by_hand: float | str = "") -> dict:
+    """The record of a notebook that was not graded: each question of ``info`` scores 0 (a hand-graded
+    one ``by_hand``) with ``message``."""
+    questions = {q["name"]: {"points": by_hand if q["manual"] else 0.0, "max_points": q["points"],
+                             "manual": q["manual"], "flag": "", "answer": "", "message": message}
+                 for q in (info or {}).get("questions", [])}
+    return {"file": file, "status": status, "sandbox": "", "seconds": 0.0, "notes": list(notes),
+            "questions": questions, "flagged": [], "stopped": []}
+
+
+def _also(work: Work) -> list[str]:
+    return [f"also handed in: {', '.join(work.others)}"] if work.others else []
+
+
+def failed_record(work: Work, info: dict | None) -> dict:
+    """A file that was not graded: its status says why (``could not be read: ...``, ``not this lab's
+    notebook: ...``); filed under a notebook (``info``), its questions score 0 and say so."""
+    return _book(work.sub.file, work.problem, _also(work), info, f"not graded: {work.problem}")
 
 
 def missing_record(info: dict) -> dict:
-    questions = {q["name"]: {"points": 0.0, "max_points": q["points"],
-                             "manual": q["manual"], "flag": "", "answer": "", "message": "no submission"}
-                 for q in info["questions"]}
-    return {"file": "", "status": "no submission", "sandbox": "", "seconds": 0.0, "notes": ["no submission"],
-            "questions": questions, "flagged": [], "stopped": []}
+    return _book("", "no submission", ["no submission"], info, "no submission", by_hand=0.0)
 
 
 def _group(works: list[Work]) -> list[Work]:
@@ -476,18 +445,17 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
             prepare(w, manifest, specs)
         works = _group(works)
         to_run = [w for w in works if w.book and any(not c.problem and not c.blank for c in w.code.values())]
-        slots = list(range(max(1, jobs)))
-        lock = threading.Lock()
+        slots: queue.SimpleQueue[int] = queue.SimpleQueue()   # each parallel run's user id (sandbox.UID_BASE)
+        for slot in range(max(1, jobs)):
+            slots.put(slot)
 
         def run(w: Work) -> None:
-            with lock:
-                slot = slots.pop()
+            slot = slots.get()
             try:
                 w.outcome = sandbox.run(job_for(w, specs[w.book]), w.sub.path, limits, slot=slot, jobs=jobs,
                                         sandbox=use_sandbox)
             finally:
-                with lock:
-                    slots.append(slot)
+                slots.put(slot)
             _print_line(w, manifest, specs, limits, use_sandbox)
 
         for w in works:
@@ -509,12 +477,10 @@ def _print_line(w: Work, manifest: dict, specs: dict, limits: sandbox.Limits, us
     rec = w.record = notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits, use_sandbox)
     got = sum(q["points"] for q in rec["questions"].values() if not q["manual"])
     most = manifest["notebooks"][w.book]["auto_points"]
-    extra = "; ".join(x for x in [*([f"flagged: {rec['flagged'][0]['q']}: {rec['flagged'][0]['why']}"]
-                                    if rec["flagged"] else []),
-                                  *(["stopped: " + ", ".join(rec["stopped"])] if rec["stopped"] else [])])
+    extra = [f"; flagged: {f['q']}: {f['why']}" for f in rec["flagged"][:1]]
+    extra += ["; stopped: " + ", ".join(rec["stopped"])] if rec["stopped"] else []
     secs = f" in {rec['seconds']:.1f} s" if w.outcome else ""
-    print(f"{w.student.name:<20} {w.book:<28} {got:g}/{most:g} autograded{secs}"
-          + (f"; {extra}" if extra else ""), flush=True)
+    print(f"{w.student.name:<20} {w.book:<28} {got:g}/{most:g} autograded{secs}{''.join(extra)}", flush=True)
 
 
 def _earlier_key(previous: dict[str, dict], s: dict) -> str | None:
@@ -576,7 +542,7 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             failed.append(f"{w.student.name} ({w.sub.file}: {w.problem})")
             continue
         if w.nothing:
-            s["notebooks"][w.key] = nothing_record(w)
+            s["notebooks"][w.key] = _book(w.sub.file, NOTHING_TO_GRADE, w.notes + _also(w))
             nothing.append(f"{w.student.name} {w.book}")
             continue
         rec = w.record or notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits,
@@ -610,8 +576,7 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
     for s in fresh.values():    # handed in files, but no notebook at all
         if s["files"] and not s["notebooks"]:
             why = f"no notebook handed in, only {_few(s['files'])} (not graded: hand in the .ipynb files)"
-            s["notebooks"]["(no notebook)"] = {"file": "", "status": why, "sandbox": "", "seconds": 0.0,
-                                               "notes": [], "questions": {}, "flagged": [], "stopped": []}
+            s["notebooks"]["(no notebook)"] = _book("", why)
             failed.append(f"{s['name']} ({why})")
     if roster is not None:
         for r in roster.students:

@@ -1,34 +1,15 @@
-"""The gradebook: what grading found, kept in ``grading.json``; the CSVs and feedback made from it.
-
-``<out>/grading.json`` is the record of every graded student (per notebook: the file graded,
-the other files handed in, each question's points, message and flag, the hand-graded answers'
-text). A new run replaces the students it graded (``--student NAME``: only that one) and keeps
-the others. From it and ``<out>/hand_points.csv`` (points given by hand, folded in by
-``python -m lab_utils fold``) every output is rewritten:
-
-- ``gradebook.csv``: one row per student, one column per question, ``total`` and ``possible``:
-  the CSV an LMS imports (match students on the ``id`` column: Canvas user id, Moodle ID number,
-  or the roster's id). A question's column names the assignment's question it belongs to and where
-  it is (``Q3.2 ring bytes (04-b)``: Exercise 04-b; ``Q1 report (01, by hand)``; from
-  :func:`lab_utils.questions.gradebook_column`); ``details.csv`` has both names. ``flags`` and
-  ``notes`` say everything the row needs read: every notebook's notes (older files handed in,
-  what the sandbox stopped, what the code asked for, how the notebook was recognised), what could
-  not be read and why, files that are not notebooks, notebooks with nothing to grade. A student's
-  entry may carry extra ``columns`` (written after ``possible``), ``flags`` and ``notes`` of its
-  own (:func:`lab_utils.grading.grade.new_entry`): ``make grade`` adds ``profile``, ``device`` (name x
-  count), ``data`` and ``lab version`` from the student's ``handin.json``, and the flags quick profile,
-  synthetic data, CPU (no GPU), other lab version and no handin.json
-  (:mod:`lab_utils.grading.provenance`), which the feedback file repeats;
-- ``details.csv``: one row per student, notebook and question, with the file, the reason for
-  every lost point, the "check by hand" flags and whether a sandbox was used;
-- ``feedback/<student>.md``: scores, reasons, the answers of the hand-graded questions ("no
-  answer" when the cell was left as handed out), points and comments given by hand;
-- ``hand_points_template.csv``: the hand-graded questions to fill in, one row per student.
+"""The gradebook: what grading found, kept in ``<out>/grading.json``, and the files rewritten from it
+and ``<out>/hand_points.csv`` (points given by hand, ``python -m lab_utils fold``): ``gradebook.csv``,
+``details.csv``, ``feedback/<student>.md`` and ``hand_points_template.csv`` (their columns: README,
+"Instructor: exercises and grading", step 3). A new run replaces the students it graded and keeps
+the others. A student's entry may carry extra ``columns``, ``flags`` and ``notes`` of its own
+(:func:`lab_utils.grading.grade.new_entry`; ``make grade`` fills them from ``handin.json``).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -50,14 +31,13 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _csv_text(columns, rows) -> str:
-    import io
-
+def write_csv(path: Path, columns, rows) -> None:
+    """``rows`` (dicts; other keys ignored) as a CSV with a header, written atomically."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
-    return buf.getvalue()
+    _atomic_write(path, buf.getvalue())
 
 
 def load_state(out: Path) -> dict:
@@ -83,11 +63,8 @@ def read_hand_points(path: Path, state: dict) -> list[dict]:
     if not rows or not need <= {c.strip().lower() for c in rows[0] if c}:
         raise LabError(f"{path} needs the columns student, question, points (comment optional).")
     maxima = {q["name"]: q["points"] for q in state["questions"]}
-    by_name = {}
-    for key, s in state["students"].items():
-        for k in (s["name"], s.get("id") or None, key):
-            if k:
-                by_name[k.lower()] = key
+    by_name = {k.lower(): key for key, s in state["students"].items()
+               for k in (s["name"], s.get("id"), key) if k}
     out, problems = [], []
     for i, raw in enumerate(rows, start=2):
         r = {k.strip().lower(): (v or "").strip() for k, v in raw.items() if k}
@@ -134,7 +111,7 @@ def fold(hand_csv: Path, out: Path) -> int:
     hand = load_hand(out)
     for r in rows:
         hand[(r["student"], r["question"])] = r
-    _atomic_write(out / HAND, _csv_text(("student", "question", "points", "comment"), hand.values()))
+    write_csv(out / HAND, ("student", "question", "points", "comment"), hand.values())
     write_outputs(state, out)
     return len(rows)
 
@@ -177,8 +154,7 @@ def _feedback(s: dict, rows: list[dict], total: float, possible: float) -> str:
             lines.append(f"{'Graded file' if b['status'] == 'graded' else 'File'}: `{b['file']}`.")
         if b["status"] not in ("graded", "no submission"):
             lines.append(f"- {b['status']}")
-        for note in b.get("notes", []):
-            lines.append(f"- {note}")
+        lines += [f"- {note}" for note in b.get("notes", [])]
         if not b["questions"]:   # not graded (a file that could not be read, 00, 08): no table
             lines.append("")
             continue
@@ -261,8 +237,8 @@ def write_outputs(state: dict, out: Path) -> None:
                       "comment": hand.get((key, r["question"]), {}).get("comment", "")}
                      for r in rows if r["manual"] and r["status"] == "graded"]
         _atomic_write(out / "feedback" / f"{safe_name(s['name'])}.md", _feedback(s, rows, total, possible))
-    _atomic_write(out / "gradebook.csv", _csv_text(["student", "id", *(column[q] for q in order), "total",
-                                                    "possible", *extra, "flags", "notes"], wide))
-    _atomic_write(out / "details.csv", _csv_text(DETAIL_COLUMNS, details))
-    _atomic_write(out / "hand_points_template.csv", _csv_text(HAND_COLUMNS, template))
+    write_csv(out / "gradebook.csv", ["student", "id", *(column[q] for q in order), "total", "possible",
+                                      *extra, "flags", "notes"], wide)
+    write_csv(out / "details.csv", DETAIL_COLUMNS, details)
+    write_csv(out / "hand_points_template.csv", HAND_COLUMNS, template)
     _atomic_write(out / STATE, json.dumps(state, indent=1) + "\n")

@@ -1,15 +1,6 @@
-"""Reading notebooks without running them: master notebooks' otter blocks, and submissions.
-
-Masters (``labs/NN_*.ipynb`` with an ``# ASSIGNMENT CONFIG`` raw cell, otter assign v7 format):
-:func:`parse_master` returns each question's config, solution cell, test cells (each one
-``check(QUESTION, FUNCTION, [cases])`` call, :func:`parse_check`) and the text that must never
-reach a student.
-
-Submissions: :func:`extract_exercise` finds the function a question asks for and the top-level
-definitions, imports and constants it uses (nothing else of the notebook is ever run by the
-grader), and says what needs a human look (:func:`exercise_flags`: the lab's own code, ways to
-reach other code or files; :func:`monkeypatches`: assignments to attributes of imported modules
-or builtins anywhere in the notebook). :func:`answers` reads the hand-graded answer cells.
+"""Reading notebooks without running them: master notebooks' otter blocks (:func:`parse_master`), and
+submissions: the exercise function and what it uses (:func:`extract_exercise`), what needs a human
+look (:func:`exercise_flags`, :func:`monkeypatches`), the hand-graded answers (:func:`answers`).
 """
 
 from __future__ import annotations
@@ -136,7 +127,6 @@ class Master:
     questions: list[MasterQuestion] = field(default_factory=list)
     secret_lines: set[str] = field(default_factory=set)   # solution and hidden-test lines
     hidden_lines: set[str] = field(default_factory=set)   # hidden-test lines only
-    public_text: str = ""                                  # everything a student may see
 
     def question(self, name: str) -> MasterQuestion:
         return next(q for q in self.questions if q.name == name)
@@ -246,12 +236,11 @@ def parse_master(path: Path) -> Master:
                 if block and block[-1] == "TESTS":
                     master.hidden_lines.add(code)
     for q in master.questions:
-        total, per_test = _points(configs[q.name].get("points"), len(q.tests))
-        q.points = total
+        q.points, per_test = _points(configs[q.name].get("points"), len(q.tests))
         for t, p in zip(q.tests, per_test):
             t.points = p
-    master.public_text = "\n".join(public)
-    master.secret_lines = {s for s in master.secret_lines if s not in master.public_text}
+    public_text = "\n".join(public)   # everything a student may see
+    master.secret_lines = {s for s in master.secret_lines if s not in public_text}
     master.hidden_lines &= master.secret_lines
     return master
 
@@ -313,24 +302,34 @@ def _is_constant_expr(node: ast.AST) -> bool:
     return all(isinstance(n, _CONST_NODES) for n in ast.walk(node))
 
 
+def _targets(node: ast.AST) -> list[ast.AST]:
+    """What an assignment or ``del`` writes to, tuples, lists and starred targets unpacked."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        todo = list(node.targets)
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        todo = [node.target]
+    else:
+        return []
+    out = []
+    while todo:
+        t = todo.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            todo += t.elts
+        elif isinstance(t, ast.Starred):
+            todo.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
 def _bound_names(node: ast.stmt) -> list[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
-        names: list[str] = []
-        while targets:   # names, and names in tuples and lists; not x in x.attr = ... or x[i] = ...
-            t = targets.pop()
-            if isinstance(t, ast.Name):
-                names.append(t.id)
-            elif isinstance(t, (ast.Tuple, ast.List)):
-                targets += t.elts
-            elif isinstance(t, ast.Starred):
-                targets.append(t.value)
-        return names
-    return []
+    if isinstance(node, ast.Delete):
+        return []
+    return [t.id for t in _targets(node) if isinstance(t, ast.Name)]   # not x in x.attr = ... or x[i] = ...
 
 
 def _definable(node: ast.stmt) -> bool:
@@ -546,12 +545,7 @@ def _module_change(n: ast.AST, bound: set[str], modules: set[str]) -> str:
     = ...``, ``math.__dict__['isclose'] = ...``). Module settings (``plt.rcParams['font.size'] = 8``,
     ``os.environ.update(...)``, ``sys.path.append(...)``) are not changes.
     """
-    targets: list[ast.AST] = []
-    if isinstance(n, (ast.Assign, ast.Delete)):
-        targets = list(n.targets)
-    elif isinstance(n, (ast.AugAssign, ast.AnnAssign)):
-        targets = [n.target]
-    elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.args and n.func.id in ("setattr",
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.args and n.func.id in ("setattr",
                                                                                                  "delattr"):
         if _root_name(n.args[0]) in bound:
             attr = n.args[1].value if len(n.args) > 1 and isinstance(n.args[1], ast.Constant) else "?"
@@ -564,13 +558,8 @@ def _module_change(n: ast.AST, bound: set[str], modules: set[str]) -> str:
         if root in bound and (attrs or root not in modules) and (attrs or [root])[-1] not in SETTINGS:
             return f"calls {ast.unparse(n.func)}() on another module"
         return ""
-    while targets:   # the targets themselves (and in tuples): not x in x.attr[i] = ... or f(x.attr) = ...
-        t = targets.pop()
-        if isinstance(t, (ast.Tuple, ast.List)):
-            targets += t.elts
-        elif isinstance(t, ast.Starred):
-            targets.append(t.value)
-        elif isinstance(t, ast.Attribute) and _root_name(t) in bound:
+    for t in _targets(n):   # the targets themselves: not x in x.attr[i] = ... or f(x.attr) = ...
+        if isinstance(t, ast.Attribute) and _root_name(t) in bound:
             return f"assigns to {ast.unparse(t)}"
         elif isinstance(t, ast.Subscript) and _root_name(t) in bound:
             attrs = _path_attrs(t.value)

@@ -1,13 +1,6 @@
-"""Where a student's numbers came from: ``handin.json`` read and checked, and the gradebook's flags.
-
-``make report`` writes ``handin.json`` beside the student's report (format 1): the lab version, the
-version stamped in each notebook, the provenance of the measurements (profile, device type, name and
-count, data, software), Tables 1-3 as rows (a row whose status is not "ok" has null numbers) and the
-problems ``make report --check`` found. :func:`read_handin` checks it and returns a :class:`HandIn`,
-or why it cannot be used (one sentence: a missing or malformed file is a note in the row, never a
-crash). :func:`describe` turns it, or when none was handed in the notebooks' stamps, into the
-gradebook's columns (profile, device, data, lab version), its flags (quick profile, synthetic data,
-CPU (no GPU), other lab version, no handin.json) and notes.
+"""Where a student's numbers came from: ``handin.json`` (``make report``'s, format 1) read and checked
+(:func:`read_handin`: a missing or malformed file is one sentence in the row, never a crash), and
+the gradebook's columns, flags and notes from it, or from the notebooks' stamps (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -17,7 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = 1
+from lab_utils.handin import FORMAT
+
 MAX_BYTES = 5_000_000
 COLUMNS = ("profile", "device", "data", "lab version")
 # The flags, as the gradebook and the feedback name them.

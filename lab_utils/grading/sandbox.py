@@ -1,25 +1,11 @@
 """Running a submission's code where it can harm nothing: bubblewrap (``bwrap``) plus resource limits.
 
-Each submission runs :mod:`lab_utils.grading.child` in its own sandbox, which sees
-
-- the interpreter, the virtual environment and the lab's package (``lab_utils/`` only, not the
-  checkout around it), read-only, and ``/usr``;
-- its own notebook, copied into a private, size-limited folder (a tmpfs) that is its working
-  directory and its HOME; a private ``/tmp``;
-- nothing else: no other submission, no gradebook, no grading bundle (the job on its standard
-  input holds the cases' inputs, never their answers), no home folder, no network (its own
-  network namespace), no other process (its own process namespace).
-
-Limits (``resource``, set by a small launcher before ``bwrap`` starts, inherited by everything
-inside): CPU time, address space (memory), file size, number of processes; plus a wall-clock
-limit for the whole submission and one per case (in the child). When the grader runs as root, the
-child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so the process limit is
-enforced (the kernel does not count root's processes) and nothing it writes is root's.
-
-Without ``bwrap`` (or where it cannot create namespaces) :func:`probe` says why, and grading
-runs only with ``--no-sandbox``: the same child and limits in a private temporary folder, but
-with the instructor's rights (it could read or change their files and use the network). Every
-row graded that way says so.
+What the sandbox shows and which limits hold: README, "The sandbox". The limits (``resource``) are
+set by a small launcher before ``bwrap`` starts and inherited by everything inside; when the grader
+runs as root, the child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so that
+the process limit holds (the kernel does not count root's processes). Without ``bwrap``,
+:func:`probe` says why, and only ``--no-sandbox`` grades: the same child and limits in a private
+temporary folder, with the instructor's rights.
 """
 
 from __future__ import annotations
@@ -35,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 import lab_utils
 from lab_utils import proc
 
@@ -43,6 +31,7 @@ SANDBOX_HOME = "/grading"          # the submission's private folder inside the 
 # grading run (two runs at once must not share a process count).
 UID_BASE = 2_100_000_000 + (os.getpid() % 100_000) * 64
 MAX_OUTPUT_BYTES = 4_000_000       # what the grader reads of a child's result stream
+CHILD = [sys.executable, "-I", "-B", "-m", "lab_utils.grading.child"]
 INSTALL_HINT = ("install bubblewrap (make sandbox, i.e. apt-get install bubblewrap; RHEL: dnf install "
                 "bubblewrap), or grade without a sandbox on purpose with --no-sandbox (make grade "
                 "GRADE_ARGS=--no-sandbox), knowing that the submissions' code then runs with your rights: it "
@@ -101,10 +90,6 @@ class Outcome:
     @property
     def internal(self) -> str:
         return next((r["internal"] for r in self.lines if "internal" in r), "")
-
-
-def find_bwrap() -> str | None:
-    return shutil.which("bwrap")
 
 
 def _is_root() -> bool:
@@ -180,16 +165,9 @@ def bwrap_command(bwrap: str, notebook_fd: int | None, notebook_name: str, limit
 
 def _user_tasks() -> int:
     """Processes and threads of this user now (RLIMIT_NPROC counts them all)."""
-    uid, n = str(os.getuid()), 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        if fields.get("Uid", "").split()[:1] == [uid]:
-            n += int(fields.get("Threads", "1").strip() or 1)
-    return n
+    uid = os.getuid()
+    return sum(p.info["num_threads"] or 1 for p in psutil.process_iter(["uids", "num_threads"])
+               if p.info["uids"] and p.info["uids"].real == uid)
 
 
 def _rlimits(limits: Limits, jobs: int) -> list[str]:
@@ -198,13 +176,9 @@ def _rlimits(limits: Limits, jobs: int) -> list[str]:
             f"RLIMIT_FSIZE={limits.file_bytes}", f"RLIMIT_NPROC={nproc}", "RLIMIT_CORE=0"]
 
 
-def child_command() -> list[str]:
-    return [sys.executable, "-I", "-B", "-m", "lab_utils.grading.child"]
-
-
 def probe(limits: Limits = Limits()) -> str:
     """"" when a sandbox can be made here, else one sentence saying why not and what to do."""
-    bwrap = find_bwrap()
+    bwrap = shutil.which("bwrap")
     if bwrap is None:
         return f"bwrap is not installed: {INSTALL_HINT}"
     cmd = bwrap_command(bwrap, None, "", limits) + [sys.executable, "-I", "-S", "-c", "pass"]
@@ -242,12 +216,12 @@ def run(job: dict, notebook: Path, limits: Limits, slot: int = 0, jobs: int = 1,
     try:
         if sandbox:
             fd = os.open(notebook, os.O_RDONLY)
-            cmd = launch + bwrap_command(find_bwrap(), fd, notebook.name, limits) + child_command()
+            cmd = launch + bwrap_command(shutil.which("bwrap"), fd, notebook.name, limits) + CHILD
             cwd, env = "/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         else:
             tmp = tempfile.mkdtemp(prefix="grade-nosandbox-")
             shutil.copy(notebook, Path(tmp) / notebook.name)
-            cmd, cwd = launch + child_command(), tmp
+            cmd, cwd = launch + CHILD, tmp
             env = {"HOME": tmp, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": tmp,
                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         t0 = time.perf_counter()

@@ -1,30 +1,11 @@
 """Finding the handed-in notebooks: folders, zip files, LMS file names, the roster.
 
-A submissions folder may hold, in any mix:
-
-- ``<student>/*.ipynb``: one folder per student (the student is the folder's name);
-- ``<student>.ipynb``: one notebook per student (the student is the file's stem);
-- files named by an LMS export, which carry the student's id:
-  Canvas ``<name>[_LATE]_<user id>_<submission id>_<original name>.ipynb`` (a resubmission's
-  original name ends in ``-1``, ``-2``...), Moodle ``<Full Name>_<id>_assignsubmission_file_``
-  folders (or the same prefix on a file);
-- ``*.zip`` files, unpacked (only ``.ipynb`` and ``.zip`` members, sizes checked): a Canvas bulk
-  download's members name their students; otherwise a zip belongs to the student it is named after
-  or lies in the folder of. ``SUBMISSIONS`` may itself be a zip file.
-
-A student's ``handin.json`` (written by ``make report`` beside the report: where the numbers came
-from, Tables 1 and 3) is found in the student's folder (at any depth), as an LMS-named file
-(``doejane_1001_5007_handin.json``) or in a zip; it becomes a ``kind="handin"`` submission, read by
-:mod:`lab_utils.grading.provenance`.
-
-Files that are not notebooks (a report as PDF in a Canvas download, ``hank.pdf``) are not graded:
-they become ``kind="other"`` submissions of the student their name (or folder) belongs to, listed
-in that student's row. A file of a student's own folder other than a notebook (the written report,
-its figures) is not listed: the folder is the student's.
-
-Which lab notebook a file is comes from its metadata (see :mod:`lab_utils.grading.grade`), not
-from here. A roster (``--roster students.csv``) gives every student their LMS name and id, and
-lists the students who handed in nothing.
+The layouts read (student folders, ``<student>.ipynb``, Canvas and Moodle export names, zips): README,
+"Instructor: exercises and grading", step 2. A student's ``handin.json`` becomes a ``kind="handin"``
+submission (read by :mod:`lab_utils.grading.provenance`); a file that is not a notebook (a PDF in a
+Canvas download) a ``kind="other"`` one, listed in the student's row; a file of a student's own folder
+other than a notebook (the written report, its figures) is not listed. Which lab notebook a file is
+comes from its metadata (:mod:`lab_utils.grading.grade`), not from here.
 """
 
 from __future__ import annotations
@@ -83,12 +64,10 @@ class Submission:
 
 def parse_lms(name: str) -> tuple[Student | None, str]:
     """(student, original file name) from an LMS-exported name, or (None, name)."""
-    stem_rest = name
     for pattern in (CANVAS, MOODLE):
-        m = pattern.match(stem_rest)
+        m = pattern.match(name)
         if m:
-            rest = m.group("rest") or ""
-            return Student(m.group("name"), m.group("uid")), rest
+            return Student(m.group("name"), m.group("uid")), m.group("rest") or ""
     return None, name
 
 
@@ -264,10 +243,8 @@ def read_roster(path: Path) -> Roster:
                        f"{', '.join(rows[0])}.")
     students = []
     for r in rows:
-        if name_col:
-            name = (r.get(name_col) or "").strip()
-        else:
-            name = f"{r.get(first, '')} {r.get(last, '')}".strip()
+        name = (r.get(name_col) if name_col else f"{r.get(first, '')} {r.get(last, '')}") or ""
+        name = name.strip()
         sid = (r.get(id_col) or "").strip() if id_col else ""
         if name or sid:
             students.append(Student(name or sid, sid))
