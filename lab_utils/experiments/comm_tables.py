@@ -1,13 +1,6 @@
 """Notebook 04's tables and figures: the benchmark and its fit, the algorithms, DDP's buckets, Table 3
-(bandwidth utilization) and the projections to 8..1024 devices.
-
-Presentation of the records :func:`lab_utils.plan.measure` returns for
-:data:`lab_utils.experiments.comm.ALLREDUCE_BENCH_EXPERIMENT` and ``COMPUTE_STEP_EXPERIMENT``, and of
-notebook 03's (Table 3: :func:`lab_utils.experiments.compute_vs_comm.comm_measurements`).
-:func:`_fit_records` fits alpha and B by least squares on relative error (:mod:`lab_utils.core.ring`);
-:func:`_project_scaling` predicts epoch time, speedup and efficiency from the fit and a measured
-compute time per step, under the assumptions :data:`PROJECTION_ASSUMPTIONS` writes out.
-``python -m lab_utils bench allreduce`` is :func:`bench_main`.
+(bandwidth utilization, from notebook 03's records) and the projections to 8..1024 devices (under
+:data:`PROJECTION_ASSUMPTIONS`). ``python -m lab_utils bench allreduce`` is :func:`bench_main`.
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -100,7 +93,6 @@ def _ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
     if current:
         sizes.append(current)
     return sizes
-
 
 
 def _bench_frame(records: Iterable):
@@ -207,26 +199,6 @@ PROJECTION_ASSUMPTIONS = (
 )
 
 
-@dataclass
-class _ProjectionRow:
-    """Predicted epoch on ``devices`` ranks at per-device batch ``per_device_batch`` (seconds)."""
-
-    per_device_batch: int
-    devices: int
-    global_batch: int
-    steps_per_epoch: int
-    compute_seconds: float
-    comm_seconds_per_step: float
-    comm_seconds: float
-    epoch_seconds: float
-    epoch_seconds_full_overlap: float
-    speedup: float
-    efficiency: float
-    speedup_full_overlap: float
-    efficiency_full_overlap: float
-    comm_fraction: float
-
-
 def _epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size: int,
                           step_seconds: float) -> float:
     """Compute seconds of one rank's epoch: full steps at ``step_seconds``, the partial one pro rata."""
@@ -240,13 +212,12 @@ def _epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size:
 def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
                     compute_seconds_per_step: Mapping[int, float],
                     devices: Sequence[int] = Settings.projection_devices,
-                    bucket_bytes: float | None = DDP_BUCKET_BYTES) -> list[_ProjectionRow]:
-    """Predicted epoch time, speedup and efficiency on each device count (see PROJECTION_ASSUMPTIONS).
+                    bucket_bytes: float | None = DDP_BUCKET_BYTES):
+    """Predicted epoch (seconds), speedup T_epoch(1)/T_epoch(P) and efficiency speedup/P, one row per
+    (per-device batch, device count), as a DataFrame (see PROJECTION_ASSUMPTIONS).
+    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one step on one device."""
+    import pandas as pd
 
-    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one training
-    step on one device. Speedup is ``T_epoch(1) / T_epoch(P)`` (one device: no
-    communication), efficiency ``speedup / P``.
-    """
     check_positive_int(grad_bytes, "gradient bytes")
     if not compute_seconds_per_step:
         raise LabError("Projections need a measured compute time per step for at least one batch size.")
@@ -257,32 +228,21 @@ def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
             _check_world_size(p)
             steps = iterations_per_epoch(dataset_size, b, p)
             compute = _epoch_compute_seconds(dataset_size, b, p, t_step)
-            if p == 1:
-                comm_step = 0.0
-            elif bucket_bytes:
-                comm_step = bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
-                                                  bucket_bytes)
-            else:
-                comm_step = fit.predict_seconds(grad_bytes, p)
+            comm_step = (0.0 if p == 1 else fit.predict_seconds(grad_bytes, p) if not bucket_bytes else
+                         bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
+                                               bucket_bytes))
             comm = steps * comm_step
             epoch = compute + comm
             # Full overlap: each step costs max(compute, comm); the partial step is pro rata.
-            per_step_compute = compute / steps
-            overlap = steps * max(per_step_compute, comm_step)
-            rows.append(_ProjectionRow(
+            overlap = steps * max(compute / steps, comm_step)
+            rows.append(dict(
                 per_device_batch=b, devices=p, global_batch=b * p, steps_per_epoch=steps,
                 compute_seconds=compute, comm_seconds_per_step=comm_step, comm_seconds=comm,
                 epoch_seconds=epoch, epoch_seconds_full_overlap=overlap,
                 speedup=base / epoch, efficiency=base / epoch / p,
                 speedup_full_overlap=base / overlap, efficiency_full_overlap=base / overlap / p,
                 comm_fraction=comm / epoch if epoch else 0.0))
-    return rows
-
-
-def _projection_frame(rows: Iterable[_ProjectionRow]):
-    import pandas as pd
-
-    return pd.DataFrame([asdict(r) for r in rows])
+    return pd.DataFrame(rows)
 
 
 def _bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit]):
@@ -343,12 +303,11 @@ def _fit_verdict(fit: AlphaBetaFit | None, threshold: float = _MAX_FIT_RMS_ERROR
     return ""
 
 
-def _plot_projection(rows: Iterable[_ProjectionRow], verdict: str = ""):
+def _plot_projection(df, verdict: str = ""):
     """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds).
     A non-empty ``verdict`` (:func:`_fit_verdict`) is written across the axes and into the title."""
     import matplotlib.pyplot as plt
 
-    df = _projection_frame(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for b, g in df.groupby("per_device_batch"):
         line, = ax.semilogx(g.devices, g.efficiency, "o-", base=2, label=f"batch {b}/device, no overlap")
@@ -358,11 +317,9 @@ def _plot_projection(rows: Iterable[_ProjectionRow], verdict: str = ""):
     ax.set_ylabel("predicted efficiency = speedup / P")
     ax.set_ylim(0, 1.05)
     title = "Projected efficiency per epoch (ring all-reduce, fitted alpha and B)"
+    ax.set_title(title)
     if verdict:
         ax.set_title(f"{title}\n{verdict.upper()}", fontsize=10, color="#a03000")
-    else:
-        ax.set_title(title)
-    if verdict:
         ax.text(0.5, 0.5, verdict.upper(), transform=ax.transAxes, ha="center", va="center", fontsize=14,
                 color="#a03000", alpha=0.35, rotation=20)
     ax.grid(True, which="both", alpha=0.3)
@@ -377,15 +334,13 @@ def _gradient_bytes_table(grad_bytes: int, parameters: int, dataset_size: int, b
     """Per (devices, per-device batch): iterations and ring bytes per rank per step and per epoch."""
     import pandas as pd
 
-    rows = []
-    for p in devices:
-        for b in batch_sizes:
-            rows.append({"devices": p, "per_gpu_batch": b, "parameters": parameters, "grad_bytes": grad_bytes,
-                         "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
-                         "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
-                         "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
-                         "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"devices": p, "per_gpu_batch": b, "parameters": parameters,
+                          "grad_bytes": grad_bytes,
+                          "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
+                          "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
+                          "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
+                          "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)}
+                         for p in devices for b in batch_sizes])
 
 
 def _bench_table(records: Iterable):
@@ -400,15 +355,12 @@ def _bench_table(records: Iterable):
 def _fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None]):
     import pandas as pd
 
-    rows = []
-    for p, f in sorted(fits.items()):
-        rows.append({"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
-                     "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
-                     "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
-                     "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
-                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
-                     "projection": _fit_verdict(f) or "ok to project"})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
+                          "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
+                          "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
+                          "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
+                          "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
+                          "projection": _fit_verdict(f) or "ok to project"} for p, f in sorted(fits.items())])
 
 
 @dataclass
@@ -449,33 +401,26 @@ def _inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None
 
     df = _bench_frame(bench_records)
     backend = ", ".join(sorted(set(df.backend))) if len(df) else "none"
-    rows = [
-        {"input": "gradient bytes S", "value": "sum numel x element size over trainable params",
-         "kind": "computed exactly", "source": "model definition"},
-        {"input": "all-reduce time per size", "value": f"{len(df)} points, ranks {sorted(set(df.ranks))}",
-         "kind": "measured", "source": f"benchmark ({backend}), slowest rank, after warm-up"},
-    ]
-    for p, f in sorted(fits.items()):
-        rows.append({"input": f"alpha, B ({p} ranks)",
-                     "value": f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
-                     "kind": "fitted to measurements",
-                     "source": f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%"})
-    rows.append({"input": "link nominal bandwidth", "value": link.gb_per_s if link.gb_per_s else "unknown",
-                 "kind": "data sheet" if link.gb_per_s else "not available", "source": link.description})
+    rows = [("gradient bytes S", "sum numel x element size over trainable params", "computed exactly",
+             "model definition"),
+            ("all-reduce time per size", f"{len(df)} points, ranks {sorted(set(df.ranks))}", "measured",
+             f"benchmark ({backend}), slowest rank, after warm-up")]
+    rows += [(f"alpha, B ({p} ranks)", f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
+              "fitted to measurements", f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%")
+             for p, f in sorted(fits.items())]
+    rows.append(("link nominal bandwidth", link.gb_per_s or "unknown",
+                 "data sheet" if link.gb_per_s else "not available", link.description))
     if compute is not None:
-        steps = sorted(compute.seconds_per_step.items())
-        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in steps)
-        rows.append({"input": "compute seconds per step", "value": per,
-                     "kind": "measured", "source": compute.source})
-        rows.append({"input": "data set size for the projection", "value": compute.dataset_size,
-                     "kind": "assumed", "source": "CIFAR-10 training set"})
+        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in sorted(compute.seconds_per_step.items()))
+        rows += [("compute seconds per step", per, "measured", compute.source),
+                 ("data set size for the projection", compute.dataset_size, "assumed",
+                  "CIFAR-10 training set")]
     if ref_fit is not None:
-        rows.append({"input": "alpha, B at 8..1024 devices",
-                     "value": f"those fitted on {ref_fit.world_size} ranks",
-                     "kind": "assumed", "source": "no measurement beyond this machine exists"})
-    rows += [{"input": f"projection assumption {i + 1}", "value": a, "kind": "assumed",
-              "source": "comm_tables.PROJECTION_ASSUMPTIONS"} for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
-    return pd.DataFrame(rows)
+        rows.append(("alpha, B at 8..1024 devices", f"those fitted on {ref_fit.world_size} ranks", "assumed",
+                     "no measurement beyond this machine exists"))
+    rows += [(f"projection assumption {i + 1}", a, "assumed", "comm_tables.PROJECTION_ASSUMPTIONS")
+             for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
+    return pd.DataFrame(rows, columns=["input", "value", "kind", "source"])
 
 
 _SPEC_BATCH_SIZES = (32, 128, 512)
@@ -578,9 +523,8 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
 
     if fit is None or not compute.seconds_per_step:
         return None, None
-    rows = _project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
+    df = _project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
                            devices=devices)
-    df = _projection_frame(rows)
     verdict = _fit_verdict(fit, max_rms_error)
     df.insert(0, "status", verdict or "ok")
     recs = list(records) + list(compute.records)
@@ -592,7 +536,7 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
                      title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
                            + (f": {verdict.upper()}" if verdict else ""),
                      notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
-    fig = _plot_projection(rows, verdict)
+    fig = _plot_projection(df, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
     return df, fig
