@@ -67,10 +67,7 @@ def _blank(v: Any) -> Any:
 
 def waterfall_table(records: Sequence[Record]):
     """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec.
-
-    ``percent_of_peak`` says ``none (peak unknown)`` where the device has no peak in
-    :mod:`lab_utils.core.hardware`; rows that did not run have empty cells and their reason.
-    """
+    A device without a known peak says why in ``percent_of_peak``; a row that did not run, its reason."""
     import pandas as pd
 
     rows = []
@@ -80,14 +77,10 @@ def waterfall_table(records: Sequence[Record]):
         rows.append({
             "step": r.config["step"], "adds": ADDS.get(r.config["step"], ""),
             "images_per_s": _blank(m.get("epoch_images_per_s")),
-            "epoch_seconds": _blank(m.get("epoch_seconds")),
-            "warmup_seconds": _blank(m.get("warmup_seconds")),
-            "compile_seconds": _blank(m.get("compile_seconds")),
-            "achieved_tflops_per_s": _blank(m.get("achieved_tflops_per_s")),
+            **{k: _blank(m.get(k)) for k in ("epoch_seconds", "warmup_seconds", "compile_seconds",
+                                             "achieved_tflops_per_s")},
             "percent_of_peak": pct if pct is not None else (_no_peak(r) if m else ""),
-            "ratio_to_spec": _blank(m.get("ratio_to_spec")),
-            "status": status_text(r),
-        })
+            "ratio_to_spec": _blank(m.get("ratio_to_spec")), "status": status_text(r)})
     return pd.DataFrame(rows)
 
 
@@ -109,11 +102,10 @@ def waterfall_figure(records: Sequence[Record]):
     ax.set_yticks(ypos, names)
     top = max(secs) if any(secs) else 1.0
     for y, r, s in zip(ypos, recs, secs):
-        if r.status == "ok":
-            txt = f" {r.metrics['epoch_images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
-        else:
-            txt = f" {status_text(r)}"
-        ax.text(s, y, txt, va="center", fontsize=8)
+        ok = r.status == "ok"
+        txt = (f"{r.metrics['epoch_images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
+               if ok else status_text(r))
+        ax.text(s, y, f" {txt}", va="center", fontsize=8)
     ax.set_xlim(0, top * 1.6)
     images = recs[0].config.get("images") if recs else "?"
     ax.set_xlabel(f"seconds per epoch of {images} images (lower is better)")
@@ -217,16 +209,11 @@ def accuracy_table(records: Sequence[Record]):
     """One row per run of the accuracy check (the fast run's row: its gain over the spec run)."""
     import pandas as pd
 
-    rows = []
-    for r in records:
-        m = r.metrics
-        rows.append({"run": r.config.get("run"), "description": m.get("description"),
-                     "epochs": r.config.get("epochs"), "train_seconds": m.get("train_seconds"),
-                     "test_loss": m.get("test_loss"),
-                     "test_accuracy_percent": None if m.get("test_accuracy") is None
-                     else 100 * m["test_accuracy"],
-                     "status": status_text(r)})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([{"run": r.config.get("run"), "description": r.metrics.get("description"),
+                        "epochs": r.config.get("epochs"), "train_seconds": r.metrics.get("train_seconds"),
+                        "test_loss": r.metrics.get("test_loss"), "test_accuracy_percent":
+                        None if (a := r.metrics.get("test_accuracy")) is None else 100 * a,
+                        "status": status_text(r)} for r in records])
     gain = accuracy_gain_points(records)
     if gain is not None:
         df["difference_points"] = ["", gain]

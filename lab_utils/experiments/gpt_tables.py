@@ -1,8 +1,6 @@
-"""Notebook 06's tables and figure, from the records of :mod:`lab_utils.experiments.gpt`
-(``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``, ``gpt_accumulation``), and the
-earlier project's published per-rank numbers (SPEC.md, Part 2). Every function takes the records
-(and the :class:`~lab_utils.experiments.gpt.Settings` where a note needs them); metric names and
-units are those of :mod:`lab_utils.core.metrics`.
+"""Notebook 06's tables and figure (``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``,
+``gpt_accumulation``) from the records of :mod:`lab_utils.experiments.gpt`, and the earlier project's
+published per-rank numbers (SPEC.md, Part 2).
 """
 
 from __future__ import annotations
@@ -40,10 +38,8 @@ def _blanks(df):
 
 def earlier_report_frame():
     """The earlier project's per-rank table (:data:`lab_utils.core.anchors.GPT_RANK_SECONDS`) with its
-    speedups recomputed two ways: T(1)/T(N) with the report's mean over ranks (what it published,
-    three of them above N) and with the SLOWEST rank. Every step waits for the slowest rank, so that
-    is the epoch's real length. Seconds as published; speedups rounded to 2 decimals, as the report
-    gave them."""
+    speedup T(1)/T(N) on the report's mean over ranks (as published, three above N) and on the SLOWEST
+    rank, which every step waits for. Seconds as published; speedups to 2 decimals, as the report gave."""
     import pandas as pd
 
     ranks = max(len(t) for t in GPT_RANK_SECONDS.values())
@@ -244,11 +240,9 @@ def rank_table(records: Sequence[Record]):
     return _blanks(pd.DataFrame(rows))
 
 
-def _timer(m: dict, name: str) -> dict:
-    for row in m.get("timers", []):
-        if row["timer"] == name:
-            return row
-    return {"count": 0, "total_seconds": None, "mean_seconds": None}
+def _timer(m: dict, name: str, key: str) -> float | None:
+    """``key`` (total_seconds | mean_seconds) of the nested timer ``name``; None when it did not run."""
+    return next((row[key] for row in m.get("timers", []) if row["timer"] == name), None)
 
 
 def accumulation_table(records: Sequence[Record]):
@@ -263,20 +257,17 @@ def accumulation_table(records: Sequence[Record]):
         if r.status == "ok":
             m = r.metrics
             tr = "run/epoch/training"
+            row.update({col: _timer(m, name, "total_seconds") for col, name in (
+                ("whole run (s)", "run"), ("epochs (s)", "run/epoch"), ("training (s)", tr),
+                ("validation (s)", "run/epoch/validation"))})
+            for phase in ("forward", "loss", "backward"):
+                mean = _timer(m, f"{tr}/{phase}", "mean_seconds")
+                row[f"{phase} total (s)"] = _timer(m, f"{tr}/{phase}", "total_seconds")
+                row[f"{phase} mean (ms)"] = None if mean is None else 1e3 * mean
             row.update({
-                "whole run (s)": _timer(m, "run")["total_seconds"],
-                "epochs (s)": _timer(m, "run/epoch")["total_seconds"],
-                "training (s)": _timer(m, tr)["total_seconds"],
-                "validation (s)": _timer(m, "run/epoch/validation")["total_seconds"],
-                "forward total (s)": _timer(m, f"{tr}/forward")["total_seconds"],
-                "forward mean (ms)": _ms(_timer(m, f"{tr}/forward")["mean_seconds"]),
-                "loss total (s)": _timer(m, f"{tr}/loss")["total_seconds"],
-                "loss mean (ms)": _ms(_timer(m, f"{tr}/loss")["mean_seconds"]),
-                "backward total (s)": _timer(m, f"{tr}/backward")["total_seconds"],
-                "backward mean (ms)": _ms(_timer(m, f"{tr}/backward")["mean_seconds"]),
                 f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
                 "precision": precision_label(r),
-                "peak memory (GiB)": _gib(m.get("peak_memory_bytes")),
+                "peak memory (GiB)": None if (peak := m.get("peak_memory_bytes")) is None else peak / 2**30,
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
                                                       if m.get("saved_activation_bytes") else None),
                 "val loss": m["val_loss"], "reason": None})
@@ -284,14 +275,6 @@ def accumulation_table(records: Sequence[Record]):
             row["reason"] = r.reason
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
-
-
-def _ms(s: float | None) -> float | None:
-    return None if s is None else 1e3 * s
-
-
-def _gib(b: int | None) -> float | None:
-    return None if b is None else b / 2**30
 
 
 def plot_accumulation(records: Sequence[Record], settings: Settings):
@@ -390,7 +373,7 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
 
 
 def save_accumulation_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
-    """Plot tokens/s and memory against micro-batch, save it as ``gpt_accumulation.png``; return it."""
+    """:func:`plot_accumulation`, saved as ``gpt_accumulation.png``."""
     fig = plot_accumulation(records, settings)
     store.save_figure(fig, "gpt_accumulation", aggregates(records))
     return fig
