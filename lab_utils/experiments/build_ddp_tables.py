@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -82,17 +83,10 @@ def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, 
         own = rec.metrics["fit"]
         if "problem" in own:
             out[n] = (None, f"no fit: {own['problem']}")
-        else:
-            out[n] = (_Fit(**{k: own[k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
+        else:  # the two numbers of the stored fit that the prediction needs
+            out[n] = (SimpleNamespace(**{k: own[k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
                       f"this run's all-reduce timing ({len(rec.config['sizes_bytes'])} sizes)")
     return out
-
-
-class _Fit:
-    """The two numbers of a stored fit that the prediction needs."""
-
-    def __init__(self, alpha_seconds: float, bandwidth_bytes_per_s: float):
-        self.alpha_seconds, self.bandwidth_bytes_per_s = alpha_seconds, bandwidth_bytes_per_s
 
 
 def predictions(row: dict[str, Any], devices: int, found: dict[int, tuple[Any, str]]) -> dict[str, Any]:

@@ -1,13 +1,7 @@
-"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5, from the records :func:`lab_utils.plan.measure`
-returns for :data:`lab_utils.experiments.large_batch.LARGE_BATCH_EXPERIMENT` (this module only presents).
-
-Every function takes the records (the aggregate of each run in plan order, per-rank records beside
-them) and the :class:`~lab_utils.experiments.large_batch.Settings` they were measured with; a run's
-layout and lr rule are read back from its config (the DDP worker's, :class:`~lab_utils.workers.ddp.RunConfig`,
-the run's name its ``tag``). Tables: ``large_batch`` (:func:`save_large_batch_table`); figures
-``large_batch_accuracy_epoch``, ``large_batch_accuracy_time``, ``large_batch_lr`` (:func:`save_figures`);
-the ``set_epoch`` demonstration (:func:`set_epoch_table`, :func:`worker_sample_orders`). Metric names
-and units: :mod:`lab_utils.core.metrics`.
+"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5 from the records of
+:data:`lab_utils.experiments.large_batch.LARGE_BATCH_EXPERIMENT` (each run's aggregate in plan order, its
+per-rank records beside it; a run's layout and lr rule read back from its
+:class:`~lab_utils.workers.ddp.RunConfig`, its name the ``tag``), and the ``set_epoch`` demonstration.
 """
 
 from __future__ import annotations
@@ -55,7 +49,6 @@ ASKED_LARGE = (4, 512)
 
 
 def _runs(records: Sequence[Record]) -> list[tuple[RunConfig, Record]]:
-    """Each run's configuration and its aggregate record, in plan order."""
     return [(RunConfig.from_config(rec.config), rec) for rec in aggregates(records)]
 
 
@@ -173,11 +166,8 @@ def save_large_batch_table(store: ResultStore, records: Sequence[Record], settin
 def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = "epoch",
                   plan: DevicePlan | None = None):
     """Test accuracy (left) and training loss (right) of every run, against ``epoch`` or wall-clock ``time``.
-
-    The training loss is shown next to the accuracy because it is the cleaner signal of
-    how far optimization got (test accuracy after few steps also depends on how well the
-    BatchNorm running statistics have caught up with the weights).
-    """
+    The loss is the cleaner signal of how far optimization got (test accuracy after few steps also
+    depends on how far the BatchNorm running statistics have caught up with the weights)."""
     import matplotlib.pyplot as plt
 
     if against not in ("epoch", "time"):
@@ -246,11 +236,8 @@ def plot_lr(records: Sequence[Record], settings: Settings):
 
 def save_figures(store: ResultStore, records: Sequence[Record], settings: Settings,
                  plan: DevicePlan | None = None) -> list:
-    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures as PNG; return their paths.
-
-    The figures are closed after saving; a notebook shows the PNGs (``IPython.display.Image``),
-    which works the same interactively and headless (where matplotlib runs on Agg).
-    """
+    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures as PNG and close them; return their
+    paths (a notebook shows the PNGs, the same interactively and headless)."""
     import matplotlib.pyplot as plt
 
     paths = []
@@ -282,12 +269,8 @@ def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int =
 def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[str, Any]]:
     """The first sampler indices each rank drew per epoch in ``rec``'s run, from its per-rank records among
     ``records`` (the worker calls set_epoch)."""
-    rows = []
-    for r in records:
-        same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
-        if r.config.get("record") != "rank" or not same_run:
-            continue
-        for e in r.metrics.get("epochs", []):
-            rows.append({"rank": r.config.get("rank"), "epoch": e.get("epoch"),
-                         "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))})
-    return rows
+    ranks = [r for r in records if r.config.get("record") == "rank"
+             and all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))]
+    return [{"rank": r.config.get("rank"), "epoch": e.get("epoch"),
+             "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))}
+            for r in ranks for e in r.metrics.get("epochs", [])]
