@@ -12,9 +12,7 @@ Two plans of runs (:mod:`lab_utils.plan`), one :class:`Settings`:
   step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
   this process on a CPU.
 
-The formulas (gradient bytes, ring bytes, nccl-tests' algbw and busbw, the alpha-beta fit) are in
-:mod:`lab_utils.core.ring` (``comm.gradient_bytes`` and ``comm.ring_bytes_per_epoch`` are the two the
-notebook and its exercises call); tables, fit, Table 3 and projections in
+The formulas are in :mod:`lab_utils.core.ring`; tables, fit, Table 3 and projections in
 :mod:`lab_utils.experiments.comm_tables`.
 """
 

@@ -117,12 +117,9 @@ def format_bench(df) -> str:
 
 
 def _fit_records(records: Iterable, failures: dict[int, str] | None = None) -> dict[int, AlphaBetaFit]:
-    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records.
-
-    A rank count whose timings cannot be fitted (too few sizes, or timings that do not
-    grow with size, as happens when the largest message is still latency-bound on a
-    noisy machine) gets no fit; its reason goes into ``failures`` when given.
-    """
+    """One :class:`AlphaBetaFit` per rank count of the ok benchmark records. A rank count whose timings
+    cannot be fitted (too few sizes, or timings that do not grow with size: the largest message still
+    latency-bound on a noisy machine) gets none; its reason goes into ``failures`` when given."""
     df = _bench_frame(records)
     fits = {}
     for p, g in df.groupby("ranks"):
@@ -137,7 +134,7 @@ def _fit_records(records: Iterable, failures: dict[int, str] | None = None) -> d
 
 
 def _peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> float | None:
-    """The highest busbw the benchmark measured (on ``world_size`` ranks when given), or None."""
+    """The highest busbw measured (on ``world_size`` ranks when given), or None."""
     df = _bench_frame(records)
     if world_size is not None:
         df = df[df.ranks == world_size]
@@ -441,8 +438,7 @@ def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence
 
 @dataclass
 class BenchReport:
-    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count), figure and the
-    records measured (skipped rank counts aside)."""
+    """The benchmark's table, fits and peak busbw (GB/s) per rank count, figure, and records measured."""
 
     table: Any
     fits: dict[int, AlphaBetaFit]
@@ -513,12 +509,9 @@ def report_buckets(store, model, fits: Mapping[int, AlphaBetaFit], records: Sequ
 def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompute,
                       records: Sequence, devices: Sequence[int] = Settings.projection_devices,
                       max_rms_error: float = _MAX_FIT_RMS_ERROR):
-    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved).
-
-    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time. With a
-    fit whose rms relative error exceeds ``max_rms_error`` every row's ``status`` (and the
-    figure) says ``not a result: fit error X% rms > Y%``.
-    """
+    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved and returned;
+    ``(None, None)`` without a fit or a compute time). With a fit whose rms relative error exceeds
+    ``max_rms_error`` every row's ``status`` (and the figure) says ``not a result: fit error X% rms > Y%``."""
     import matplotlib.pyplot as plt
 
     if fit is None or not compute.seconds_per_step:
@@ -556,13 +549,9 @@ def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit
 
 @dataclass
 class CommMeasurement:
-    """Communication seconds for one (devices, per-GPU batch) from notebook 03, by source.
-
-    ``source`` names how the seconds were obtained (derived ``T(N) - T(1)/N``, exposed,
-    hook all-reduce total); ``seconds`` is per epoch; None with a ``reason`` when missing.
-    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to;
-    ``steps_per_epoch`` (the run's measured steps) overrides the formula's iterations.
-    """
+    """Communication seconds per epoch for one (devices, per-GPU batch) from notebook 03, by ``source``
+    (one of :data:`_COMM_SOURCES`); None with a ``reason`` when missing. ``steps_per_epoch`` (the run's
+    measured steps) overrides the formula's iterations."""
 
     devices: int
     per_device_batch: int
@@ -590,12 +579,10 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
                      link: LinkPeak | None = None) -> list[dict[str, Any]]:
     """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
 
-    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds)
-    (:func:`lab_utils.core.ring.achieved_gb_per_s`): the same quantity as nccl-tests' busbw, so it
-    is compared with the benchmark's peak busbw (``peak_busbw``: one number, or a mapping ranks ->
-    peak) and with the link's nominal one-direction bandwidth when known. A missing or
-    non-positive time gives no rate. A measurement on one device is refused (LabError): one
-    device communicates nothing, so it has no bandwidth.
+    Achieved GB/s = ring bytes sent per rank per epoch / communication seconds
+    (:func:`lab_utils.core.ring.achieved_gb_per_s`), the quantity nccl-tests calls busbw, so it is
+    compared with the benchmark's peak busbw (one number, or ranks -> peak) and the link's nominal
+    one-direction bandwidth. A missing or non-positive time gives no rate; one device is refused.
     """
     measurements = list(measurements)
     for m in measurements:

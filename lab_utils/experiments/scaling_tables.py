@@ -1,9 +1,6 @@
 """Notebook 02's tables and figure: Table 1 (time and speedup over devices), the speedup definitions,
-the serial fraction, strong vs weak scaling, the communication volume.
-
-Presentation of the records :func:`lab_utils.experiments.scaling.measure` returns (one aggregate
-per configuration). T(N) is the reported epoch's ``train_seconds`` of the slowest rank
-(:mod:`lab_utils.core.ranks`; definitions in :mod:`lab_utils.core.metrics`).
+the serial fraction, strong vs weak scaling, the communication volume. T(N) is the reported epoch's
+``train_seconds`` of the slowest rank (:mod:`lab_utils.core.metrics`).
 """
 
 from __future__ import annotations
@@ -41,9 +38,6 @@ def _ok(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if r.status == "ok"]
 
 
-
-
-
 def oversubscribed(rec: Record | None) -> str | None:
     """"4 processes x 1 thread on 2 cores" for a measured gloo run whose ranks had more torch
     threads than the machine had cores (they time-share the cores, so its times do not show
@@ -64,7 +58,6 @@ def method_label(method: str, backend: str | None, device_type: str | None) -> s
     if backend == "gloo" or device_type == "cpu":
         return "DDP (gloo, CPU processes)"
     return "DDP (NCCL, GPUs)"
-
 
 
 def _amdahl_speedup(serial_fraction: float, devices: int) -> float:
@@ -103,48 +96,37 @@ _SPEEDUP_DEFINITION_COLUMNS = ["method", "devices", "per_device_batch",
 def speedup_definitions_frame(table=None, dataset_size: int | None = None):
     """Q2's two speedup definitions side by side, per (method, N > 1, per-device batch): the lab's
     T(1)/T(N) on epoch times, the forum's N x t(1)/t(N) on step times (the scaled speedup), and the
-    forum's formula applied to epoch times. From Table 1 (:func:`scaling_frame`) when given, then the
-    earlier cohort's published Table 1 (:data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`),
-    whose steps per epoch are ceil(N_images / (N x b)): N x b images per optimizer step, whichever
-    parallel module ran it (its report does not say)."""
+    forum's formula on epoch times. From Table 1 (:func:`scaling_frame`) when given, then the earlier
+    cohort's published Table 1, whose steps per epoch are ceil(N_images / (N x b)) (N x b images per
+    optimizer step, whichever parallel module ran it: its report does not say)."""
     import pandas as pd
 
     rows = []
     if table is not None and len(table):
         ok = table[table["speedup"].notna() & (table["devices"] > 1)]
-        for _, r in ok.iterrows():
-            rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS,
-                                 (r["method"], r["devices"], r["per_device_batch"], r["speedup"],
-                                  r["scaled_speedup"], r["n_t1_over_tn_epoch"]), strict=True)))
-    images = dataset_size or CIFAR10_TRAIN_SIZE
-    for (n, b), tn in FIRST_COHORT_TABLE1_SECONDS.items():
-        if n == 1:
-            continue
-        t1 = FIRST_COHORT_TABLE1_SECONDS[(1, b)]
-        step1, step_n = t1 / global_batch_steps(b, images), tn / global_batch_steps(n * b, images)
-        values = (FIRST_COHORT_LABEL, n, b, speedup(t1, tn), scaled_speedup(step1, step_n, n),
-                  n * speedup(t1, tn))
-        rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
-    return pd.DataFrame(rows, columns=_SPEEDUP_DEFINITION_COLUMNS)
+        rows += ok[["method", "devices", "per_device_batch", "speedup", "scaled_speedup",
+                    "n_t1_over_tn_epoch"]].itertuples(index=False)
+    images, seconds = dataset_size or CIFAR10_TRAIN_SIZE, FIRST_COHORT_TABLE1_SECONDS
+    rows += [(FIRST_COHORT_LABEL, n, b, speedup(seconds[(1, b)], tn),
+              scaled_speedup(seconds[(1, b)] / global_batch_steps(b, images),
+                             tn / global_batch_steps(n * b, images), n), n * speedup(seconds[(1, b)], tn))
+             for (n, b), tn in seconds.items() if n != 1]
+    return pd.DataFrame([tuple(r) for r in rows], columns=_SPEEDUP_DEFINITION_COLUMNS)
 
 
 def save_speedup_definitions(store: ResultStore, records: Sequence[Record]):
     """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
     Table 1 and the earlier cohort, with :data:`_SPEEDUP_DEFINITIONS` as its notes; return it."""
     df = speedup_definitions_frame(scaling_frame(records))
-    store.save_table(blank_missing(df.copy()), "scaling_definitions",
-                     _ok(records),
+    store.save_table(blank_missing(df.copy()), "scaling_definitions", _ok(records),
                      title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
                      notes=list(_SPEEDUP_DEFINITIONS))
     return df
 
 
 def _karp_flatt_note(speedup: float | None, devices: int) -> str:
-    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it).
-
-    e < 0 exactly when the speedup exceeds N (super-linear); e > 1 exactly when the speedup
-    is below 1: N devices took LONGER than one. Neither is a serial fraction.
-    """
+    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it): e < 0 exactly when the
+    speedup exceeds N (super-linear), e > 1 exactly when it is below 1. Neither is a serial fraction."""
     if speedup is None or devices <= 1 or is_missing(speedup):
         return ""
     if speedup > devices:
@@ -166,16 +148,13 @@ def serial_fraction_frame(table, project_to: int = 8):
     ok = table[table["speedup"].notna() & (table["devices"] > 1)]
     for _, r in ok.iterrows():
         e = r["serial_fraction"]
-        row = {"method": r["method"], "devices": r["devices"], "per_device_batch": r["per_device_batch"],
-               "speedup": r["speedup"], "serial_fraction": e,
-               f"amdahl_speedup_at_{project_to}": None, f"gustafson_speedup_at_{project_to}": None,
-               "note": ""}
-        if e is not None and 0 <= e <= 1:
-            row[f"amdahl_speedup_at_{project_to}"] = _amdahl_speedup(e, project_to)
-            row[f"gustafson_speedup_at_{project_to}"] = _gustafson_speedup(e, project_to)
-        else:
-            row["note"] = _karp_flatt_note(float(r["speedup"]), int(r["devices"]))
-        rows.append(row)
+        fits = e is not None and 0 <= e <= 1
+        rows.append({**{k: r[k] for k in ("method", "devices", "per_device_batch", "speedup")},
+                     "serial_fraction": e,
+                     f"amdahl_speedup_at_{project_to}": _amdahl_speedup(e, project_to) if fits else None,
+                     f"gustafson_speedup_at_{project_to}": (_gustafson_speedup(e, project_to) if fits
+                                                             else None),
+                     "note": "" if fits else _karp_flatt_note(float(r["speedup"]), int(r["devices"]))})
     return pd.DataFrame(rows)
 
 
@@ -353,8 +332,7 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], incl
              f"on {OTHER_COHORT_RAN_ON[0]} ({OTHER_COHORT_RAN_ON[1] // OTHER_COHORT_RAN_ON[0]:,} per GPU; no "
              "time given).",
              *(f"{who}: {v}" for who, v in verdicts.items()), FIXED_GLOBAL_EXPLANATION]
-    store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch",
-                     _ok(records),
+    store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch", _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
                      notes=notes)
     return df, verdicts
@@ -395,7 +373,6 @@ def comm_volume_frame(records: Sequence[Record]):
     the images each device computes per step. Bytes are decimal (MB = 1e6)."""
     import pandas as pd
 
-
     rows = []
     for r in merge_repeats(records):
         c, m = r.config, r.metrics
@@ -412,26 +389,14 @@ def comm_volume_frame(records: Sequence[Record]):
 
 
 def scaling_frame(records: Sequence[Record]):
-    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
-
-    ``epoch2_train_seconds`` T(N) is the reported epoch's training time (slowest rank);
-    ``step_seconds`` t(N) = T(N) / steps. speedup = T(1)/T(N) (strong scaling of one
-    epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
-    per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
-    same method's one-device run with the same per-device batch.
-
-    With repeats the records of a configuration are merged first (:func:`lab_utils.core.spread.merge_repeats`:
-    T(N) is the median over the repeats). ``spread_pct`` / ``spread_of``: the spread of T(N) (one run: its
-    steps' p10-p90; repeats: their min-max); ``spread_flag``: T(N)'s and T(1)'s spreads overlap, so the
-    speedup is not distinguishable from 1 at this spread.
-    """
+    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch), each
+    column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
+    (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
     import pandas as pd
 
     aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
-    base = {}
-    for r in aggs:
-        if r.config["devices"] == 1 and r.status == "ok":
-            base[(r.config["method"], r.config["batch_size"])] = r
+    base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
+            if r.config["devices"] == 1 and r.status == "ok"}
     rows = []
     for r in aggs:
         c, m = r.config, r.metrics
@@ -461,12 +426,11 @@ def scaling_frame(records: Sequence[Record]):
             if steps and s1:
                 row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
         rows.append(row)
-    df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
-                                     "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
-                                     "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
-                                     "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
-                                     "oversubscribed", "spread_flag"])
-    return df
+    return pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
+                                       "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
+                                       "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
+                                       "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
+                                       "oversubscribed", "spread_flag"])
 
 
 SPEEDUP_WITHIN_SPREAD = "T(N) within T(1)'s spread: speedup not distinguishable from 1 at this spread"
@@ -506,7 +470,7 @@ _TABLE1_NOTES = [
 def scaling_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
     df = scaling_frame(records)
-    notes = list(_TABLE1_NOTES) + ["Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
+    notes = [*_TABLE1_NOTES, "Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
     if any(r.config.get("backend") == "gloo" for r in records):
         notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
                      "process, so these numbers show the mechanics, not GPU performance.")

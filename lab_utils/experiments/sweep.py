@@ -1,11 +1,7 @@
-"""Q1: the batch-size sweep on one device, up to the batch that no longer fits: the experiment.
-
-:class:`Settings` (values: :data:`lab_utils.core.profiles.SWEEP`) and :func:`plan`: one run of
-:mod:`lab_utils.workers.sweep` per batch size (32, 128, 512, ... growing x4), all one group: one
-launch on a GPU, in this process on a CPU, smallest first; after an out-of-memory the larger sizes
-are rows "not tried" (:func:`lab_utils.plan.measure`'s rule), as is a batch larger than the
-training set. What a run measures, and how out of memory is reached on purpose: the worker's
-docstring. Tables and figure: :mod:`lab_utils.experiments.sweep_tables`.
+"""Q1: the batch-size sweep on one device, up to the batch that no longer fits: one run of
+:mod:`lab_utils.workers.sweep` per batch size (32, 128, 512, ... growing x4), one group, smallest first;
+after an out-of-memory the larger sizes are rows "not tried". What a run measures, and how out of memory
+is reached on purpose: the worker's docstring. Tables and figure: :mod:`lab_utils.experiments.sweep_tables`.
 """
 
 from __future__ import annotations
