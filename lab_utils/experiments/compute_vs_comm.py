@@ -71,15 +71,12 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
                   status="ok" if rec.status == "ok" else (rec.reason or rec.status))
     if rec.status != "ok":
         return row
-    row.tn_seconds = value(rec, T_N)
+    row.tn_seconds, row.t1_seconds = value(rec, T_N), value(one, T_N)
     spread = spread_of_record(rec)
     if spread is not None:
         row.spread_pct, row.spread_of, row.spread_seconds = spread.pct, spread.of, spread.width_seconds
-    row.t1_seconds = value(one, T_N)
-    row.skew_wait_seconds = value(rec, "skew_wait_seconds_max")
-    row.oversubscribed = oversubscribed(rec)
-    row.steps_per_epoch = m.get("steps")
-    row.gradient_bytes = m.get("gradient_bytes")
+    row.skew_wait_seconds, row.oversubscribed = value(rec, "skew_wait_seconds_max"), oversubscribed(rec)
+    row.steps_per_epoch, row.gradient_bytes = m.get("steps"), m.get("gradient_bytes")
     if row.t1_seconds is None:
         row.status = "T(1) missing: run the one-device configuration (notebook 02)"
     else:

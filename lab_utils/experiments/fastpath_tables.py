@@ -263,10 +263,6 @@ def _machine(device: str | None) -> Machine:
     return replace(here, gpus=0, gpu_name=None, bf16=False) if device == "cpu" else here
 
 
-def _print_table(df) -> None:
-    print(df.to_markdown(index=False, floatfmt=".4g"))
-
-
 def bench_data_main(argv: list[str] | None = None) -> int:
     """``python -m lab_utils bench data``: spec DataLoader vs device-resident loader, images/s."""
     p = argparse.ArgumentParser(prog="python -m lab_utils bench data",
@@ -285,7 +281,7 @@ def bench_data_main(argv: list[str] | None = None) -> int:
     dev = recs[0].config["device"]
     print(f"profile {store.profile}, device {dev}, {recs[0].dataset}, batch {s.batch_size}, "
           f"cpu cores {recs[0].hardware.get('cpu_cores')}")
-    _print_table(data_table(recs))
+    print(data_table(recs).to_markdown(index=False, floatfmt=".4g"))
     print(f"ratio device / spec: {recs[1].metrics['ratio_to_spec']:.1f}x  "
           f"(recorded in {store.path('bench_data')})")
     return 0
@@ -321,6 +317,6 @@ def bench_train_main(argv: list[str] | None = None) -> int:
           f"{s.warmup_steps} warm-up steps")
     recs = measure(lab, WATERFALL_EXPERIMENT, s, force=True, machine=machine)
     print(f"data: {recs[0].dataset}")
-    _print_table(waterfall_table(recs).drop(columns=["adds"]))
+    print(waterfall_table(recs).drop(columns=["adds"]).to_markdown(index=False, floatfmt=".4g"))
     print(f"recorded in {store.path('bench_train')}")
     return 0

@@ -13,7 +13,7 @@ from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, value
-from lab_utils.core.speedup import speedup
+from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
@@ -110,13 +110,9 @@ def earlier_report_anomalies():
 
 def scaling_table(records: Sequence[Record]):
     """gpt_scaling: T(N) (the slowest rank's train_seconds), speedup T(1)/T(N), efficiency, what averaging
-    over ranks would say, and the speedup per token.
-
-    Runs on different device counts need not do the same work: ``drop_last`` batches per rank make, e.g.,
-    13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the speedup the table gives
-    the tokens each run trained and the speedup of the seconds per token (= of tokens/s: equal work), and
-    flags unequal work. Every speedup is :func:`lab_utils.core.speedup.speedup`.
-    """
+    over ranks would say, and, since ``drop_last`` batches per rank need not give every device count the
+    same work (:data:`_SCALING_TIME_BASIS`), the tokens trained and the speedup per token, flagged when
+    the work differs."""
     import pandas as pd
 
     aggs = aggregates(records)
@@ -132,7 +128,7 @@ def scaling_table(records: Sequence[Record]):
             per_token = speedup(value(one, T_N) / tokens1 if tokens1 else None, value(r, T_N) / tokens)
             row.update({
                 "backend": m["backend"] or "one process", "T(N): train (s), slowest rank": m[T_N],
-                "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
+                "speedup T1/TN": speed, "efficiency": efficiency(speed, n),
                 "speedup if averaged over ranks": speedup(value(one, "train_seconds_mean"),
                                                           value(r, "train_seconds_mean")),
                 "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
@@ -140,7 +136,7 @@ def scaling_table(records: Sequence[Record]):
                 "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens1 else None,
                 "speedup on tokens/s (equal work)": per_token,
-                "efficiency on tokens/s": per_token / n if per_token else None,
+                "efficiency on tokens/s": efficiency(per_token, n),
                 "work note": _unequal_work_note(tokens, tokens1, n)})
         else:
             row["reason"] = r.reason
@@ -223,9 +219,7 @@ def rank_table(records: Sequence[Record]):
     import pandas as pd
 
     rows = []
-    for agg in _ok(aggregates(records)):
-        if agg.config["devices"] == 1:
-            continue
+    for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
         ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
                  and r.config.get("record") == "rank"]
         m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}

@@ -203,13 +203,10 @@ def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = 
 def lr_curves(records: Sequence[Record], settings: Settings) -> dict[str, list[float]]:
     """The lr of every optimizer step of every run that trained, from its config and its steps per epoch
     through the schedule the worker uses (:func:`lab_utils.core.schedules.make_schedule`)."""
-    out = {}
-    for run, rec in _runs(records):
-        if rec.status == "ok":
-            sched = make_schedule(run.lr, run.lr_rule, run.global_batch, run.base_batch,
-                                  rec.metrics["steps_per_epoch"], run.epochs, run.warmup_epochs, run.decay)
-            out[run.tag] = [sched.lr_at(i) for i in range(sched.total_steps)]
-    return out
+    scheds = {run.tag: make_schedule(run.lr, run.lr_rule, run.global_batch, run.base_batch,
+                                     rec.metrics["steps_per_epoch"], run.epochs, run.warmup_epochs, run.decay)
+              for run, rec in _runs(records) if rec.status == "ok"}
+    return {tag: [s.lr_at(i) for i in range(s.total_steps)] for tag, s in scheds.items()}
 
 
 def plot_lr(records: Sequence[Record], settings: Settings):
@@ -255,15 +252,12 @@ def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int =
     """Each rank's index order per epoch, with and without ``set_epoch`` (a DataFrame)."""
     import pandas as pd
 
-    rows = []
-    for call in (True, False):
-        for epoch in range(epochs):
-            row: dict[str, Any] = {"set_epoch called": "yes" if call else "no", "epoch": epoch}
-            for r in range(num_replicas):
-                order = sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)[epoch]
-                row[f"rank {r} indices"] = " ".join(str(i) for i in order)
-            rows.append(row)
-    return pd.DataFrame(rows)
+    orders = {(call, r): sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)
+              for call in (True, False) for r in range(num_replicas)}
+    return pd.DataFrame([{"set_epoch called": "yes" if call else "no", "epoch": epoch,
+                          **{f"rank {r} indices": " ".join(str(i) for i in orders[call, r][epoch])
+                             for r in range(num_replicas)}}
+                         for call in (True, False) for epoch in range(epochs)])
 
 
 def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[str, Any]]:

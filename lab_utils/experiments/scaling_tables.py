@@ -189,19 +189,15 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
             row.update({"method": method, "devices": n, "global_batch": g, "strong_per_device_batch": g // n,
                         "weak_per_device_batch": g})
             t1, ts, tw = seconds.get((1, g)), seconds.get((n, g // n)), seconds.get((n, g))
-            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw})
+            strong, weak = speedup(t1, ts), speedup(t1, tw)
+            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw,
+                        "strong_speedup": strong, "strong_efficiency": efficiency(strong, n),
+                        "weak_speedup": weak, "weak_efficiency": efficiency(weak, n)})
             missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
                        for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
-            if t1 and ts:
-                row["strong_speedup"] = speedup(t1, ts)
-                row["strong_efficiency"] = efficiency(row["strong_speedup"], n)
-            if t1 and tw:
-                row["weak_speedup"] = speedup(t1, tw)
-                row["weak_efficiency"] = efficiency(row["weak_speedup"], n)
-            if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
+            if strong is not None and weak is not None:
                 row["status"] = "ok"
-                row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
-                                 else "weak" if row["strong_speedup"] < row["weak_speedup"] else "equal")
+                row["better"] = "strong" if strong > weak else "weak" if strong < weak else "equal"
             elif missing:
                 row["status"] = "no strong-scaling comparison: " + "; ".join(missing)
             else:
