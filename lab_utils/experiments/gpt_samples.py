@@ -88,17 +88,13 @@ def print_samples(df) -> None:
         print(f"[prompt] {row['prompt']}[model] {row['generated']}\n")
 
 
-def _markdown_safe(text: str) -> str:
-    """One-line text for a Markdown table cell: newlines shown as ⏎, pipes escaped."""
-    return text.replace("|", "\\|").replace("\n", " ⏎ ")
-
-
 def save_samples(store: ResultStore, df, record: Record | None = None):
-    """Save the samples table as ``gpt_samples`` (newlines shown as ⏎)."""
+    """Save the samples table as ``gpt_samples``, each text one line for its Markdown cell (newlines
+    shown as ⏎, pipes escaped)."""
     vocab_size = df.attrs["vocab_size"]
     table = df.copy()
     for c in ("prompt", "generated"):
-        table[c] = table[c].map(_markdown_safe)
+        table[c] = table[c].map(lambda text: text.replace("|", "\\|").replace("\n", " ⏎ "))
     store.save_table(table, "gpt_samples", [record] if record else None, title="GPT text samples",
                      notes=["Same prompt (the start of the validation text), temperature 0.8, seed 0.",
                             "Loss: mean next-character cross-entropy on validation batches (nats/char); "

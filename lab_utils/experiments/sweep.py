@@ -19,6 +19,7 @@ from lab_utils.core.config import (
     resolve_dataset,
     resolved_images,
 )
+from lab_utils.core.data import check_num_workers
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import device_name
 from lab_utils.core.machine import Machine
@@ -90,8 +91,8 @@ class Settings:
             check_positive_int(s.memory_cap_bytes, "memory cap (bytes)")
         if s.memory_fraction is not None:
             check_memory_fraction(s.memory_fraction)
-        if s.num_workers is not None and (not isinstance(s.num_workers, int) or s.num_workers < 0):
-            raise LabError(f"num_workers must be 0 or more, got {s.num_workers!r}.")
+        if s.num_workers is not None:
+            check_num_workers(s.num_workers)
         if s.dataset is not None:
             check_choice(s.dataset, DATASET_CHOICES, "dataset")
         return s
