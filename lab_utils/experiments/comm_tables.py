@@ -420,16 +420,13 @@ def _inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None
     return pd.DataFrame(rows, columns=["input", "value", "kind", "source"])
 
 
-_SPEC_BATCH_SIZES = (32, 128, 512)
-
-
-def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence[int] = _SPEC_BATCH_SIZES,
-                 devices: Sequence[int] = (2, 4, 8)):
-    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` (saved, returned)."""
-    df = _gradient_bytes_table(gradient_bytes(model), count_parameters(model), dataset_size, batch_sizes,
-                              devices)
+def report_bytes(store, model):
+    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` on all of CIFAR-10, at
+    the spec's batch sizes on 2, 4 and 8 devices (saved, returned)."""
+    df = _gradient_bytes_table(gradient_bytes(model), count_parameters(model), CIFAR10_TRAIN_IMAGES,
+                               (32, 128, 512), (2, 4, 8))
     store.save_table(df, "allreduce_bytes",
-                     title=f"Ring all-reduce bytes per rank ({dataset_size:,} images)",
+                     title=f"Ring all-reduce bytes per rank ({CIFAR10_TRAIN_IMAGES:,} images)",
                      notes=["bytes_per_rank = steps x 2(P-1)/P x grad_bytes; steps = ceil(ceil(N/P)/b).",
                             "if_params_were_bytes: the same formula fed the parameter count "
                             "(the 4x mistake)."])
@@ -478,13 +475,12 @@ def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
     return BenchReport(df, fits, peaks, ft, fig, records)
 
 
-def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence,
-                  world_sizes: Sequence[int] = (2, 4, 8, 64, 1024)):
+def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence):
     """Table ``allreduce_models``: ring vs tree vs an earlier student's log2 formula at the fitted
-    alpha, B (or None)."""
+    alpha, B on 2 to 1,024 ranks (None without a fit)."""
     if fit is None:
         return None
-    df = compare_algorithms(size_bytes, world_sizes, fit.alpha_seconds, fit.bandwidth_bytes_per_s)
+    df = compare_algorithms(size_bytes, (2, 4, 8, 64, 1024), fit.alpha_seconds, fit.bandwidth_bytes_per_s)
     store.save_table(df, "allreduce_models", records,
                      title=f"Modelled all-reduce of {size_bytes:,} B "
                            f"(alpha, B fitted on {fit.world_size} ranks)",

@@ -178,7 +178,7 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
     return df
 
 
-def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
+def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record]):
     """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP (labelled
     with the all-reduce time (c)). A negative (a) (T(N) < T(1)/N) is drawn as 0 and labelled."""
     import matplotlib.pyplot as plt
@@ -219,7 +219,7 @@ def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], na
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
-    path = store.save_figure(fig, name, records)
+    path = store.save_figure(fig, "compute_vs_comm", records)
     return fig, path
 
 

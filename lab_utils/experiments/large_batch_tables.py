@@ -99,11 +99,11 @@ def large_batch_table(records: Sequence[Record], settings: Settings):
     return pd.DataFrame(rows)
 
 
-def layout_flag(run: RunConfig, on_gpus: bool, asked: tuple[int, int] | None = None) -> str:
+def layout_flag(run: RunConfig, on_gpus: bool) -> str:
     """How a run's layout differs from the assignment's (4 GPUs x 512, or 1 GPU x 128 for the
     reference): "" when it is the asked one, else every difference, so that no number from
     another global batch or an accumulation emulation passes for the assignment's."""
-    want_n, want_b = asked or (ASKED_SMALL if run.tag.startswith("small batch") else ASKED_LARGE)
+    want_n, want_b = ASKED_SMALL if run.tag.startswith("small batch") else ASKED_LARGE
     diffs = []
     if run.global_batch != want_n * want_b:
         diffs.append(f"global batch {run.global_batch}, not {want_n * want_b}")

@@ -208,8 +208,7 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
 
 def fixed_global_batch_frame(records: Sequence[Record] | None = None,
                              seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
-    """:func:`_fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
-    or from a ``seconds`` table such as :data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`."""
+    """:func:`_fixed_global_batch_rows` from Table 1's records (one block per method) or ``seconds``."""
     import pandas as pd
 
     rows: list[dict] = []
@@ -260,12 +259,9 @@ FIXED_GLOBAL_EXPLANATION = (
 
 
 def _other_cohort_frame():
-    """The other cohort's DataParallel table as it was measured: a FIXED GLOBAL batch G split over
-    N GPUs (strong scaling), one row per (N > 1, G), in :func:`fixed_global_batch_frame`'s columns:
-    T(1, G), the per-GPU share G/N, T(N, G), speedup T(1, G)/T(N, G) and efficiency. It ran no
-    fixed-per-GPU-batch (weak) configuration, so its weak columns are blank and its status says so.
-    Its times are epoch wall-clock to the second with the loader included
-    (:data:`lab_utils.core.anchors.OTHER_COHORT_MEASURED`), not the assignment's training time."""
+    """The other cohort's DataParallel table as measured: a FIXED GLOBAL batch G split over N GPUs
+    (strong scaling), one row per (N > 1, G) in :func:`fixed_global_batch_frame`'s columns; it ran no
+    weak configuration, so those columns are blank and its status says so."""
     import pandas as pd
 
     rows = []
@@ -300,17 +296,16 @@ def _other_cohort_verdict(df=None) -> str:
             "the loader included, so set it beside this run's strong columns, not against its weak ones.")
 
 
-def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], include_anchors: bool = True):
-    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
-    run's rows, then the earlier cohort's Table 1 through the same arithmetic, then the other cohort's
-    fixed-global-batch runs as measured (:func:`_other_cohort_frame`: the only measured strong-scaling
-    data the lab quotes). Returns (DataFrame, {who: one-line verdict}) for this run and each cohort."""
+def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
+    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch``): this run's rows, the
+    earlier cohort's Table 1 through the same arithmetic, the other cohort's runs as measured. Returns
+    (DataFrame, {who: one-line verdict})."""
     import pandas as pd
 
     here = fixed_global_batch_frame(records)
     first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
     other = _other_cohort_frame()
-    df = pd.concat([here, first, other], ignore_index=True) if include_anchors else here
+    df = pd.concat([here, first, other], ignore_index=True)
     verdicts = {"This run": fixed_global_batch_verdict(here),
                 FIRST_COHORT_LABEL: fixed_global_batch_verdict(first),
                 OTHER_COHORT_LABEL: _other_cohort_verdict(other)}
@@ -335,16 +330,10 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], incl
 
 
 def anchor_frame():
-    """Both earlier cohorts' epoch times with their steps per epoch and speedups (sanity anchors, not
-    targets), each as what it measured:
-
-    - the earlier cohort's Table 1: per-GPU batch b fixed (global N x b), epoch-2 training seconds
-      with data I/O excluded; speedup T(1, b)/T(N, b); its report does not name the parallel module;
-    - the other cohort's DataParallel: global batch G fixed (G/N per GPU), epoch wall-clock to the
-      second with the loader included; speedup T(1, G)/T(N, G).
-
-    ``steps_per_epoch`` = ceil(50,000 / global batch); ``steps_logged`` is what the other cohort's
-    logs count where the report quotes them (1,563 at 32, 391 at 128)."""
+    """Both earlier cohorts' epoch times, steps per epoch (ceil(50,000 / global batch); ``steps_logged``:
+    what the other cohort's logs count) and speedups, sanity anchors, each as what it measured: the
+    earlier cohort's per-GPU batch b fixed, epoch-2 training seconds, T(1, b)/T(N, b); the other cohort's
+    global batch G fixed, epoch wall-clock with the loader, T(1, G)/T(N, G)."""
     import pandas as pd
 
     rows = []
@@ -476,8 +465,7 @@ def scaling_table(store: ResultStore, records: Sequence[Record], settings: Setti
     return df
 
 
-def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings,
-                   name: str = "scaling_speedup"):
+def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Speedup T(1)/T(N) against devices, one line per (method, per-device batch), with the ideal line."""
     import matplotlib.pyplot as plt
 
@@ -496,5 +484,5 @@ def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Sett
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the axis
-    path = store.save_figure(fig, name, _ok(records))
+    path = store.save_figure(fig, "scaling_speedup", _ok(records))
     return fig, path
