@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.experiments.large_batch import COMM_EXPERIMENT
 from lab_utils.experiments.large_batch_tables import ASKED_LARGE
@@ -101,8 +103,6 @@ def _whole(v: Any) -> Any:
 
 
 def _object_columns(df, columns):
-    import pandas as pd
-
     for c in columns:
         df[c] = pd.Series([_whole(v) for v in df[c]], index=df.index, dtype=object)
     return df
@@ -110,8 +110,6 @@ def _object_columns(df, columns):
 
 def comm_table(rec: Record):
     """The accounting as a DataFrame: what, when, collective, calls, bytes, expected, equal."""
-    import pandas as pd
-
     rows = [{"what": it.what, "when": it.when, "collective": it.collective, "calls": it.calls_per_occurrence,
              "payload bytes": it.payload_bytes, "expected bytes": it.expected_bytes,
              "expected from": it.expected_from, "equal": {True: "yes", False: "NO", None: ""}[it.matches]}
@@ -139,8 +137,6 @@ def wire_table(rec: Record):
     occurrence, as the worker summed them (:func:`lab_utils.workers.comm_accounting.wire_summary`). The
     excess is gloo's per-message headers and the control messages the payload count cannot see (shape
     check, bucket-order sync). None when not measured (NCCL)."""
-    import pandas as pd
-
     ranks = rec.metrics["ranks"]
     if not all(g.get("wire_measured") and g.get("wire") for g in ranks):
         return None
@@ -251,8 +247,6 @@ def gradients_only_table(rec: Record, epochs: int = 5):
     epochs x ceil(ceil(50,000 / 4) / 512). Payload bytes (what each rank hands to the
     collective; a ring all-reduce sends 2(P-1)/P of it per rank). Returns (DataFrame, verdict).
     """
-    import pandas as pd
-
     devices, per_device_batch = ASKED_LARGE
     steps = epochs * math.ceil(math.ceil(CIFAR10_TRAIN_SIZE / devices) / per_device_batch)
     times = {"run": 1, "step": steps, "epoch": epochs, "evaluation": epochs}

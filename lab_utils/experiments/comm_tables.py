@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from lab_utils.core import profiles
 from lab_utils.core.anchors import (
@@ -97,8 +98,6 @@ def _ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
 
 def _bench_frame(records: Iterable):
     """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
-    import pandas as pd
-
     cols = ["ranks", "backend", "size_bytes", "count", "type", "time_us", "algbw_gb_per_s", "busbw_gb_per_s"]
     rows = [(r.config["world_size"], r.config["backend"], r.config["size_bytes"], r.metrics["count"],
              r.config["dtype"], *(r.metrics[k] for k in cols[5:])) for r in records if r.status == "ok"]
@@ -213,8 +212,6 @@ def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
     """Predicted epoch (seconds), speedup T_epoch(1)/T_epoch(P) and efficiency speedup/P, one row per
     (per-device batch, device count), as a DataFrame (see PROJECTION_ASSUMPTIONS).
     ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one step on one device."""
-    import pandas as pd
-
     check_positive_int(grad_bytes, "gradient bytes")
     if not compute_seconds_per_step:
         raise LabError("Projections need a measured compute time per step for at least one batch size.")
@@ -244,8 +241,6 @@ def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
 
 def _bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit]):
     """Per DDP bucket: bytes and the fitted ring time / busbw on each benchmarked rank count."""
-    import pandas as pd
-
     rows = []
     for name, s in [*enumerate(bucket_sizes), ("one message", sum(bucket_sizes))]:
         row: dict[str, Any] = {"bucket": name, "bytes": int(s)}
@@ -329,8 +324,6 @@ def _plot_projection(df, verdict: str = ""):
 def _gradient_bytes_table(grad_bytes: int, parameters: int, dataset_size: int, batch_sizes: Sequence[int],
                          devices: Sequence[int]):
     """Per (devices, per-device batch): iterations and ring bytes per rank per step and per epoch."""
-    import pandas as pd
-
     return pd.DataFrame([{"devices": p, "per_gpu_batch": b, "parameters": parameters,
                           "grad_bytes": grad_bytes,
                           "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
@@ -350,8 +343,6 @@ def _bench_table(records: Iterable):
 
 
 def _fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None]):
-    import pandas as pd
-
     return pd.DataFrame([{"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
                           "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
                           "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
@@ -394,8 +385,6 @@ def projection_compute(records: Sequence, settings: Settings) -> _ProjectionComp
 def _inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
                  compute: _ProjectionCompute | None, link: LinkPeak, bench_records: Sequence):
     """Which inputs of notebook 04 were measured, and which were assumed."""
-    import pandas as pd
-
     df = _bench_frame(bench_records)
     backend = ", ".join(sorted(set(df.backend))) if len(df) else "none"
     rows = [("gradient bytes S", "sum numel x element size over trainable params", "computed exactly",
@@ -676,8 +665,6 @@ def _anchor_measurements(seconds: Mapping[tuple[int, int], float] = FIRST_COHORT
 def report_utilization(store, settings: Settings, bench: BenchReport, link: LinkPeak):
     """Table 3 ``allreduce_utilization`` from notebooks 02/03's records and the benchmark's peaks
     (saved, returned)."""
-    import pandas as pd
-
     rows = utilization_rows(_measurements(store, settings.table_devices), bench.peaks, link)
     rows += utilization_rows(_anchor_measurements(), None, None)  # their hardware: no peak here
     df = pd.DataFrame(rows)

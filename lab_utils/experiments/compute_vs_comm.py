@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pandas as pd
+
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.spread import merge_repeats, spread_of_record
@@ -91,8 +93,6 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
 
 def compute_vs_comm_frame(rows: Sequence[CommRow]):
     """Table 2 as a DataFrame (seconds per epoch; ratios unitless)."""
-    import pandas as pd
-
     out = []
     for r in rows:
         d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
@@ -232,8 +232,6 @@ def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: in
     """Per-rank phases of the reported epoch for one DDP configuration (seconds), then the aggregate's
     mean over ranks and slowest rank (the reported T(N)), as the worker computed them.
     ``skew_wait_seconds`` is blank for records written before the skew barrier existed."""
-    import pandas as pd
-
     phases = ("epoch_seconds", "train_seconds", "data_loading_seconds", "data_movement_seconds",
               "compute_seconds", "communication_seconds", "skew_wait_seconds")
     rows, agg = [], None

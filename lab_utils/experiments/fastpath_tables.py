@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core import data
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import mig_profile
@@ -33,8 +35,6 @@ ADDS = {name: what for name, what, _ in WATERFALL}
 
 def data_table(records: Sequence[Record]):
     """The bench data table: pipeline, where it runs, images (all passes), seconds, images/s, ratio."""
-    import pandas as pd
-
     names = {"spec": "spec: DataLoader, PIL transforms", "device": "device-resident loader"}
     rows = []
     for r in records:
@@ -68,8 +68,6 @@ def _blank(v: Any) -> Any:
 def waterfall_table(records: Sequence[Record]):
     """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec.
     A device without a known peak says why in ``percent_of_peak``; a row that did not run, its reason."""
-    import pandas as pd
-
     rows = []
     for r in sorted(records, key=lambda r: r.config.get("position", 0)):
         m = r.metrics if r.status == "ok" else {}
@@ -207,8 +205,6 @@ def accuracy_gain_points(records: Sequence[Record]) -> float | None:
 
 def accuracy_table(records: Sequence[Record]):
     """One row per run of the accuracy check (the fast run's row: its gain over the spec run)."""
-    import pandas as pd
-
     df = pd.DataFrame([{"run": r.config.get("run"), "description": r.metrics.get("description"),
                         "epochs": r.config.get("epochs"), "train_seconds": r.metrics.get("train_seconds"),
                         "test_loss": r.metrics.get("test_loss"), "test_accuracy_percent":
@@ -222,8 +218,6 @@ def accuracy_table(records: Sequence[Record]):
 
 def top_ops_table(records: Sequence[Record]):
     """The trace's top operators, in :func:`lab_utils.workers.fastpath.top_operators`' column order."""
-    import pandas as pd
-
     top = pd.DataFrame(records[0].metrics.get("top_ops") or [])
     return top[[c for c in ("operator", "calls", "self_ms", "percent", "self_cpu_ms") if c in top]]
 

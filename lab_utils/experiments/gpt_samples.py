@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pandas as pd
 import torch
 
 from lab_utils.core.errors import LabError
@@ -59,8 +60,6 @@ def validation_loss(model: GPT, splits: TextSplits, batches: int | None, batch_s
 def samples_before_after(lab: Any, settings: Settings):
     """A table: the untrained model and the trained checkpoint (``lab``'s profile) continuing the same
     prompt."""
-    import pandas as pd
-
     profile = session_for(lab).profile.name
     s = settings.validate()
     splits = _splits(s)
@@ -105,8 +104,6 @@ def save_samples(store: ResultStore, df, record: Record | None = None):
 
 def model_summary(settings: Settings):
     """A small table: the model's shape, parameters (formula and counted) and FLOPs per token."""
-    import pandas as pd
-
     s = settings.validate()
     splits = _splits(s)
     cfg = gpt_config(s.size, vocab_size=splits.vocab.size)

@@ -9,6 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
@@ -40,8 +42,6 @@ def earlier_report_frame():
     """The earlier project's per-rank table (:data:`lab_utils.core.anchors.GPT_RANK_SECONDS`) with its
     speedup T(1)/T(N) on the report's mean over ranks (as published, three above N) and on the SLOWEST
     rank, which every step waits for. Seconds as published; speedups to 2 decimals, as the report gave."""
-    import pandas as pd
-
     ranks = max(len(t) for t in GPT_RANK_SECONDS.values())
     rows = []
     for (b, n), times in sorted(GPT_RANK_SECONDS.items()):
@@ -75,8 +75,6 @@ def earlier_report_anomalies():
     numbers (:mod:`lab_utils.core.anchors`), why it cannot be right, and what this notebook does
     instead: super-linear speedups, a 1-GPU "communication" time, and accumulation timers that point
     at an unsynchronized GPU."""
-    import pandas as pd
-
     frame = earlier_report_frame()
     above = frame[(frame["GPUs"] > 1) & (frame["speedup on the mean (as reported)"] > frame["GPUs"])]
     superlinear = "; ".join(f"{r['speedup on the mean (as reported)']:.2f} on {r['GPUs']} GPUs at batch "
@@ -113,8 +111,6 @@ def scaling_table(records: Sequence[Record]):
     over ranks would say, and, since ``drop_last`` batches per rank need not give every device count the
     same work (:data:`_SCALING_TIME_BASIS`), the tokens trained and the speedup per token, flagged when
     the work differs."""
-    import pandas as pd
-
     aggs = aggregates(records)
     base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
     rows = []
@@ -185,8 +181,6 @@ _SCALING_TIME_BASIS = [
 def compute_comm_table(records: Sequence[Record]):
     """gpt_compute_vs_comm: measured compute and communication (hook and probe) of each run on N > 1
     devices, and the derived method on T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
-    import pandas as pd
-
     aggs = _ok(aggregates(records))
     base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
     rows = []
@@ -216,8 +210,6 @@ _PHASES = {"epoch (s)": "epoch_seconds", "training (s)": T_N, "data loading (s)"
 def rank_table(records: Sequence[Record]):
     """gpt_rank_breakdown: every rank's phases in the reported epoch (its per-rank record), the slowest
     marked, then the means over ranks the aggregate holds."""
-    import pandas as pd
-
     rows = []
     for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
         ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
@@ -241,8 +233,6 @@ def _timer(m: dict, name: str, key: str) -> float | None:
 
 def accumulation_table(records: Sequence[Record]):
     """gpt_accumulation: nested timers, tokens/s and memory per micro-batch."""
-    import pandas as pd
-
     rows = []
     for r in aggregates(records):
         c = r.config

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core.anchors import FIRST_COHORT_LARGE_BATCH
 from lab_utils.core.errors import LabError
 from lab_utils.core.machine import Machine
@@ -71,8 +73,6 @@ def rule_text(run: RunConfig) -> str:
 
 def large_batch_table(records: Sequence[Record], settings: Settings):
     """The ``large_batch`` table: one row per run (failed runs say why); every number the record's."""
-    import pandas as pd
-
     e = settings.epochs
     rows = []
     for run, rec in _runs(records):
@@ -123,8 +123,6 @@ def anchor_frame():
     """The earlier cohort's Q4.1 numbers as reported: a loss and an "Accuracy" after 5 epochs. Its
     report does not say whether they were measured on the training or the test set, so the frame
     does not either: set them beside both of this table's columns, and say which you compare."""
-    import pandas as pd
-
     return pd.DataFrame([{**r, "which set": "not stated in the report ('Accuracy')"} for r in ANCHOR_ROWS])
 
 
@@ -250,8 +248,6 @@ def save_figures(store: ResultStore, records: Sequence[Record], settings: Settin
 
 def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int = 2, seed: int = 0):
     """Each rank's index order per epoch, with and without ``set_epoch`` (a DataFrame)."""
-    import pandas as pd
-
     orders = {(call, r): sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)
               for call in (True, False) for r in range(num_replicas)}
     return pd.DataFrame([{"set_epoch called": "yes" if call else "no", "epoch": epoch,

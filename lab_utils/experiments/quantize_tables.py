@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core.speedup import speedup
 from lab_utils.experiments.quantize import Settings
 from lab_utils.workers.quant_timing import mean_context_tokens, weight_flops_per_byte
@@ -24,8 +26,6 @@ def quantization_table(records: Sequence) -> Any:
     min-max), large-batch throughput (median tokens/s, min-max), both speedups
     (:func:`lab_utils.core.speedup.speedup`), status, and a note (kernel, deprecation, or why not measured).
     """
-    import pandas as pd
-
     base = {r.config["device"]: r.metrics for r in records
             if r.config.get("variant") == "fp32" and r.status == "ok"}
     rows = []
@@ -120,8 +120,6 @@ def plot_quality_vs_speed(df):
 def availability_frame(records: Sequence):
     """What this stack offers, from the rows (the worker checked each variant where it ran): one row per
     (device, variant) with its kernel, note, or the reason it did not run."""
-    import pandas as pd
-
     rows = [{"device": r.config["device"], "variant": r.config["variant"],
              "method": VARIANT_INFO[r.config["variant"]].method, "available": r.status != "skipped",
              "kernel / reason": r.metrics.get("kernel") if r.status != "skipped" else r.reason,
@@ -132,8 +130,6 @@ def availability_frame(records: Sequence):
 def intensity_frame(settings: Settings, block_size: int):
     """Weight arithmetic intensity (FLOP per weight byte) of one decoding step at batch 1 and the CPU's and
     GPU's large batches, stored in fp32, bf16, int8; at the timed decoding's mean context (no KV cache)."""
-    import pandas as pd
-
     ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
     return pd.DataFrame([{"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
                           **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pandas as pd
+
 from lab_utils.core.anchors import (
     FIRST_COHORT_LABEL,
     FIRST_COHORT_MEASURED,
@@ -99,8 +101,6 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
     forum's formula on epoch times. From Table 1 (:func:`scaling_frame`) when given, then the earlier
     cohort's published Table 1, whose steps per epoch are ceil(N_images / (N x b)) (N x b images per
     optimizer step, whichever parallel module ran it: its report does not say)."""
-    import pandas as pd
-
     rows = []
     if table is not None and len(table):
         ok = table[table["speedup"].notna() & (table["devices"] > 1)]
@@ -142,8 +142,6 @@ def serial_fraction_frame(table, project_to: int = 8):
     Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
     below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
     fraction explains it."""
-    import pandas as pd
-
     rows = []
     ok = table[table["speedup"].notna() & (table["devices"] > 1)]
     for _, r in ok.iterrows():
@@ -209,8 +207,6 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
 def fixed_global_batch_frame(records: Sequence[Record] | None = None,
                              seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
     """:func:`_fixed_global_batch_rows` from Table 1's records (one block per method) or ``seconds``."""
-    import pandas as pd
-
     rows: list[dict] = []
     if seconds is not None:
         rows += _fixed_global_batch_rows(seconds, method=method)
@@ -262,8 +258,6 @@ def _other_cohort_frame():
     """The other cohort's DataParallel table as measured: a FIXED GLOBAL batch G split over N GPUs
     (strong scaling), one row per (N > 1, G) in :func:`fixed_global_batch_frame`'s columns; it ran no
     weak configuration, so those columns are blank and its status says so."""
-    import pandas as pd
-
     rows = []
     for (n, g), tn in sorted(OTHER_COHORT_SECONDS.items()):
         t1 = OTHER_COHORT_SECONDS.get((1, g))
@@ -300,8 +294,6 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
     """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch``): this run's rows, the
     earlier cohort's Table 1 through the same arithmetic, the other cohort's runs as measured. Returns
     (DataFrame, {who: one-line verdict})."""
-    import pandas as pd
-
     here = fixed_global_batch_frame(records)
     first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
     other = _other_cohort_frame()
@@ -334,8 +326,6 @@ def anchor_frame():
     what the other cohort's logs count) and speedups, sanity anchors, each as what it measured: the
     earlier cohort's per-GPU batch b fixed, epoch-2 training seconds, T(1, b)/T(N, b); the other cohort's
     global batch G fixed, epoch wall-clock with the loader, T(1, G)/T(N, G)."""
-    import pandas as pd
-
     rows = []
     for label, measured, table, fixed in (
             (FIRST_COHORT_LABEL, FIRST_COHORT_MEASURED, FIRST_COHORT_TABLE1_SECONDS, "per-GPU batch"),
@@ -356,8 +346,6 @@ def comm_volume_frame(records: Sequence[Record]):
     """Why small per-device batches scale badly: per stored N-device DDP run, the ring all-reduce
     bytes each rank sends per step and per epoch (2(N-1)/N x S, S = fp32 gradient bytes), next to
     the images each device computes per step. Bytes are decimal (MB = 1e6)."""
-    import pandas as pd
-
     rows = []
     for r in merge_repeats(records):
         c, m = r.config, r.metrics
@@ -377,8 +365,6 @@ def scaling_frame(records: Sequence[Record]):
     """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch), each
     column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
     (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
-    import pandas as pd
-
     aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
     base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
             if r.config["devices"] == 1 and r.status == "ok"}

@@ -8,6 +8,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import peak_flops_per_s
@@ -40,8 +42,6 @@ def _ok(records: Sequence[Record]) -> list[Record]:
 def sweep_table(records: Sequence[Record]):
     """The paste-able table: one row per batch size (with repeats: the median training time), the rows
     not measured with their status and reason; peak memory in GiB, or "not tracked on CPU"."""
-    import pandas as pd
-
     rows = []
     for r in merge_repeats(records):
         m = r.metrics if r.status == "ok" else {}
@@ -63,8 +63,6 @@ def sweep_table(records: Sequence[Record]):
 
 def phase_table(records: Sequence[Record]):
     """Where the reported epoch's time went, per measured batch size (seconds)."""
-    import pandas as pd
-
     columns = {"steps": "steps", "warm-up epoch training (s)": "warmup_train_seconds",
                "data loading (s)": "data_loading_seconds", "host-to-device (s)": "data_movement_seconds",
                "compute: fwd+bwd+step (s)": "compute_seconds", "reported training (s)": "train_seconds",
@@ -150,8 +148,6 @@ def _precision(records: Sequence[Record]) -> str:
 def flop_table(records: Sequence[Record]):
     """Achieved training FLOP/s per measured batch size and, on a known GPU, the percent of its peak:
     the records' ``train_tflops_per_s`` (training FLOPs per image x images/s) and ``percent_of_peak``."""
-    import pandas as pd
-
     precision = _precision(records)
     peak = peak_flops_per_s(_device(records), precision)
     return pd.DataFrame([{
@@ -185,8 +181,6 @@ def anchor_table(records: Sequence[Record], settings: Settings):
     """This run's epoch-2 training seconds next to the earlier cohort's (the 1-GPU row of its Table 1,
     unrounded, :mod:`lab_utils.core.anchors`). The ratio cohort / this run (>1: faster here) only when this
     run is the spec configuration (width 64, all 50,000 images); otherwise the column says why not."""
-    import pandas as pd
-
     s = settings
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in records}
