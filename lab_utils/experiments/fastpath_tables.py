@@ -291,10 +291,8 @@ def bench_train_main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=None, help="ResNet-18 width (quick 8, full 64 = spec)")
     p.add_argument("--warmup-steps", type=int, default=None)
     p.add_argument("--steps", default=None, help=f"comma-separated subset of: {','.join(STEP_NAMES)}")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="run the torch.compile step even in the quick profile")
-    g.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the torch.compile step (default: the profile's; quick: no)")
     p.add_argument("--row-timeout", type=float, default=None,
                    help="seconds one row may take before it is recorded as an error and the process "
                         "stops (quick 900, full 1800)")
