@@ -87,9 +87,9 @@ def comm_items(rec: Record) -> list[CommItem]:
     for phase, kind, per_step, what, when, collective, expected, source in spec:
         row, n = ledger.get((phase, kind)), steps if per_step else 1
         calls, payload = (None, None) if row is None else (row["calls"] / n, row["bytes"] / n)
-        if kind == ca.SHAPE_CHECK:
+        if kind == ca.SHAPE_CHECK:  # C++'s own messages: no payload the Python wrappers can count
             payload = None
-        elif (phase, kind) == ("step", ca.BROADCAST_COALESCED) and not on:
+        elif (phase, kind) == ("step", ca.BROADCAST_COALESCED) and not on:  # nothing broadcast per step
             calls, payload = 0, 0.0 if payload is None else payload
         items.append(CommItem(what, when, collective, calls, payload, expected, source))
     return items
