@@ -137,15 +137,11 @@ def sweep_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
     if rec is None:
         return pd.DataFrame()
     found, n = fits(store, records), rec.config["devices"]
-    rows = []
-    for row in rec.metrics["implementations"]:
-        if row["implementation"] != "bucketed":
-            continue
-        mb = row["bucket_mb"]
-        timing = {k: v for k, v in _timing(row).items() if k != "collectives"}   # = buckets
-        rows.append({"bucket_mb": "one bucket" if mb is None else mb, "buckets": len(row["messages"]),
-                     **timing, **predictions(row, n, found)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"bucket_mb": "one bucket" if row["bucket_mb"] is None else row["bucket_mb"],
+                          "buckets": len(row["messages"]),
+                          **{k: v for k, v in _timing(row).items() if k != "collectives"},   # = buckets
+                          **predictions(row, n, found)}
+                         for row in rec.metrics["implementations"] if row["implementation"] == "bucketed"])
 
 
 def sweep_figure(table: pd.DataFrame):
@@ -176,14 +172,13 @@ def check_table(records: Sequence[Record]) -> pd.DataFrame:
     rows = []
     for rec in _ok(records, "check"):
         for row in rec.metrics["implementations"]:
-            lossy = row["equal"] is None
-            tolerance = (f"{row['dtype']} gradients: lossy, not expected equal" if lossy
+            tolerance = (f"{row['dtype']} gradients: lossy, not expected equal" if row["equal"] is None
                          else f"{row['dtype']}: rtol {row['rtol']:g}, atol {row['atol']:g}")
             rows.append({"devices": rec.config["devices"],
                          "implementation": IMPLEMENTATIONS[row["implementation"]],
                          "steps": rec.metrics["check_steps"], "max_abs_diff": row["max_abs_diff"],
-                         "tolerance": tolerance,
-                         "equal": row["equal"], "last_step_loss": row["last_step_loss"],
+                         "tolerance": tolerance, "equal": row["equal"],
+                         "last_step_loss": row["last_step_loss"],
                          "optimizer_state_bytes_per_rank": max(row["sgd_state_bytes"])})
     return pd.DataFrame(rows + _not_measured(records, "check"))
 
