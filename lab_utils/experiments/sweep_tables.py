@@ -85,7 +85,6 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         f"Training (s): epoch {ep} of {settings.epochs} (epoch 1 is warm-up); host-to-device copies, "
         "forward, backward and optimizer step, synchronized; excludes waiting on the data loader "
         "(data loading column) and evaluation.",
-        "images/s = training images / training seconds of the reported epoch.",
         "spread_pct: the spread of the training time in % of it; spread_of says which: 'p10-p90 of S steps' "
         "(the reported epoch's per-step training times) or 'min-max of R repeats' (REPEATS > 1: the "
         "training time is then the median of the repeats). A difference between rows smaller than their "
