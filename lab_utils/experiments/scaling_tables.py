@@ -331,14 +331,14 @@ def anchor_frame():
             (FIRST_COHORT_LABEL, FIRST_COHORT_MEASURED, FIRST_COHORT_TABLE1_SECONDS, "per-GPU batch"),
             (OTHER_COHORT_LABEL, OTHER_COHORT_MEASURED, OTHER_COHORT_SECONDS, "global batch")):
         for (n, b), t in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            g = n * b if fixed == "per-GPU batch" else b
-            t1 = table.get((1, b))
-            per_gpu = b if fixed == "per-GPU batch" else other_cohort_per_gpu_batch(n, b)
-            logged = OTHER_COHORT_LOGGED_STEPS.get(g) if fixed == "global batch" else None
-            rows.append({"method": label, "fixed": fixed, "gpus": n, "per_gpu_batch": per_gpu,
-                         "global_batch": g, "steps_per_epoch": global_batch_steps(g), "steps_logged": logged,
-                         "epoch2_seconds": t, "speedup": speedup(t1, t),
-                         "efficiency": efficiency(speedup(t1, t), n), "measured": measured})
+            per_gpu_fixed, s = fixed == "per-GPU batch", speedup(table.get((1, b)), t)
+            g = n * b if per_gpu_fixed else b
+            rows.append({"method": label, "fixed": fixed, "gpus": n,
+                         "per_gpu_batch": b if per_gpu_fixed else other_cohort_per_gpu_batch(n, b),
+                         "global_batch": g, "steps_per_epoch": global_batch_steps(g),
+                         "steps_logged": None if per_gpu_fixed else OTHER_COHORT_LOGGED_STEPS.get(g),
+                         "epoch2_seconds": t, "speedup": s, "efficiency": efficiency(s, n),
+                         "measured": measured})
     return blank_missing(pd.DataFrame(rows))
 
 
