@@ -222,7 +222,7 @@ def test_projection_by_hand():
                             max_relative_error=0, n_points=3)
     rows = comm_tables._project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
                                 compute_seconds_per_step={100: 0.1}, devices=[1, 8], bucket_bytes=None)
-    one, eight = rows
+    one, eight = rows.itertuples()
     assert one.epoch_seconds == pytest.approx(1.0) and one.speedup == pytest.approx(1.0)
     # 8 ranks: 125 samples each -> 2 steps (100 + 25); compute 0.1 + 0.025 = 0.125 s
     assert eight.steps_per_epoch == 2 and eight.compute_seconds == pytest.approx(0.125)
@@ -238,11 +238,10 @@ def test_projection_by_hand():
 
 def test_projection_default_devices_and_buckets():
     fit = ring.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
-    rows = comm_tables._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
-    assert [r.devices for r in rows[:8]] == [8, 16, 32, 64, 128, 256, 512, 1024]
+    df = comm_tables._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
+    assert list(df.devices[:8]) == [8, 16, 32, 64, 128, 256, 512, 1024]
     expected = ring.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
-    assert rows[0].comm_seconds_per_step == pytest.approx(expected)
-    df = comm_tables._projection_frame(rows)
+    assert df.comm_seconds_per_step[0] == pytest.approx(expected)
     assert len(df) == 16 and (df.efficiency <= df.efficiency_full_overlap + 1e-12).all()
     with pytest.raises(LabError, match="compute time"):
         comm_tables._project_scaling(fit, S_RESNET18, 50_000, {})

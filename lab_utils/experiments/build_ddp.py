@@ -1,10 +1,6 @@
 """Notebook 09: data parallelism built by hand, checked against one process, timed against torch's DDP.
-
-The shape of every experiment (:mod:`lab_utils.plan`): :class:`Settings` (quick and full values in
-:data:`lab_utils.core.profiles.BUILD_DDP`), :func:`plan`, :func:`cost`, :func:`doctor_settings` and
-:data:`BUILD_DDP_EXPERIMENT`; the worker is :mod:`lab_utils.workers.handmade_ddp`, the four
-implementations :mod:`lab_utils.core.handmade`, the tables and figures
-:mod:`lab_utils.experiments.build_ddp_tables`.
+Worker: :mod:`lab_utils.workers.handmade_ddp`; the four implementations: :mod:`lab_utils.core.handmade`;
+tables and figures: :mod:`lab_utils.experiments.build_ddp_tables`.
 
 For each device count N (one launch, one group): the correctness check (K steps, every
 implementation against one process on the global batch), an all-reduce timing of a few sizes (this

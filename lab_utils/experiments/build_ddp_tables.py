@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -82,17 +83,10 @@ def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, 
         own = rec.metrics["fit"]
         if "problem" in own:
             out[n] = (None, f"no fit: {own['problem']}")
-        else:
-            out[n] = (_Fit(**{k: own[k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
+        else:  # the two numbers of the stored fit that the prediction needs
+            out[n] = (SimpleNamespace(**{k: own[k] for k in ("alpha_seconds", "bandwidth_bytes_per_s")}),
                       f"this run's all-reduce timing ({len(rec.config['sizes_bytes'])} sizes)")
     return out
-
-
-class _Fit:
-    """The two numbers of a stored fit that the prediction needs."""
-
-    def __init__(self, alpha_seconds: float, bandwidth_bytes_per_s: float):
-        self.alpha_seconds, self.bandwidth_bytes_per_s = alpha_seconds, bandwidth_bytes_per_s
 
 
 def predictions(row: dict[str, Any], devices: int, found: dict[int, tuple[Any, str]]) -> dict[str, Any]:
@@ -143,15 +137,11 @@ def sweep_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
     if rec is None:
         return pd.DataFrame()
     found, n = fits(store, records), rec.config["devices"]
-    rows = []
-    for row in rec.metrics["implementations"]:
-        if row["implementation"] != "bucketed":
-            continue
-        mb = row["bucket_mb"]
-        timing = {k: v for k, v in _timing(row).items() if k != "collectives"}   # = buckets
-        rows.append({"bucket_mb": "one bucket" if mb is None else mb, "buckets": len(row["messages"]),
-                     **timing, **predictions(row, n, found)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"bucket_mb": "one bucket" if row["bucket_mb"] is None else row["bucket_mb"],
+                          "buckets": len(row["messages"]),
+                          **{k: v for k, v in _timing(row).items() if k != "collectives"},   # = buckets
+                          **predictions(row, n, found)}
+                         for row in rec.metrics["implementations"] if row["implementation"] == "bucketed"])
 
 
 def sweep_figure(table: pd.DataFrame):
@@ -182,14 +172,13 @@ def check_table(records: Sequence[Record]) -> pd.DataFrame:
     rows = []
     for rec in _ok(records, "check"):
         for row in rec.metrics["implementations"]:
-            lossy = row["equal"] is None
-            tolerance = (f"{row['dtype']} gradients: lossy, not expected equal" if lossy
+            tolerance = (f"{row['dtype']} gradients: lossy, not expected equal" if row["equal"] is None
                          else f"{row['dtype']}: rtol {row['rtol']:g}, atol {row['atol']:g}")
             rows.append({"devices": rec.config["devices"],
                          "implementation": IMPLEMENTATIONS[row["implementation"]],
                          "steps": rec.metrics["check_steps"], "max_abs_diff": row["max_abs_diff"],
-                         "tolerance": tolerance,
-                         "equal": row["equal"], "last_step_loss": row["last_step_loss"],
+                         "tolerance": tolerance, "equal": row["equal"],
+                         "last_step_loss": row["last_step_loss"],
                          "optimizer_state_bytes_per_rank": max(row["sgd_state_bytes"])})
     return pd.DataFrame(rows + _not_measured(records, "check"))
 

@@ -12,16 +12,12 @@ Two plans of runs (:mod:`lab_utils.plan`), one :class:`Settings`:
   step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
   this process on a CPU.
 
-The formulas (gradient bytes, ring bytes, nccl-tests' algbw and busbw, the alpha-beta fit) are in
-:mod:`lab_utils.core.ring` (``comm.gradient_bytes`` and ``comm.ring_bytes_per_epoch`` are the two the
-notebook and its exercises call); tables, fit, Table 3 and projections in
+The formulas are in :mod:`lab_utils.core.ring`; tables, fit, Table 3 and projections in
 :mod:`lab_utils.experiments.comm_tables`.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass, replace
 
 from lab_utils.core import estimates, hardware, profiles
@@ -177,11 +173,9 @@ class LinkPeak:
 
 def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int | None = None,
                        pcie_width: int | None = None) -> LinkPeak:
-    """The nominal one-direction bandwidth of the link a ring uses, when it is known.
-
-    ``kind`` comes from :func:`lab_utils.core.hardware.classify_interconnect`. CPU processes (gloo over shared
-    memory / loopback), mixed topologies and unknown GPUs get no number.
-    """
+    """The nominal one-direction bandwidth of the link a ring uses (``kind``:
+    :func:`lab_utils.core.hardware.classify_interconnect`); CPU processes, mixed topologies and unknown GPUs
+    get no number."""
     if kind == "nvlink" and device_name:
         for pattern, gbps in _NVLINK_GB_PER_S:
             if pattern.lower() in device_name.lower():
@@ -203,23 +197,18 @@ def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int 
 
 
 def _pcie_link() -> tuple[int | None, int | None]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return None, None
+    """The first GPU's PCIe generation and width (nvidia-smi), or (None, None)."""
+    out = hardware._nvidia_smi("--query-gpu=pcie.link.gen.max,pcie.link.width.max",
+                               "--format=csv,noheader,nounits")
     try:
-        out = subprocess.run([exe, "--query-gpu=pcie.link.gen.max,pcie.link.width.max",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
-        gen, width = out.stdout.strip().splitlines()[0].split(",")
+        gen, width = (out or "").strip().splitlines()[0].split(",")
         return int(gen), int(width)
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+    except (ValueError, IndexError):
         return None, None
 
 
 def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
-    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width).
-
-    With fewer than 2 GPUs there is no GPU link to use: the benchmark runs CPU processes.
-    """
+    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width)."""
     count = hardware.gpu_count() if n_gpus is None else n_gpus
     if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
         return _nominal_link_peak("cpu", None)

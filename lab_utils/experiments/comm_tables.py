@@ -1,13 +1,6 @@
 """Notebook 04's tables and figures: the benchmark and its fit, the algorithms, DDP's buckets, Table 3
-(bandwidth utilization) and the projections to 8..1024 devices.
-
-Presentation of the records :func:`lab_utils.plan.measure` returns for
-:data:`lab_utils.experiments.comm.ALLREDUCE_BENCH_EXPERIMENT` and ``COMPUTE_STEP_EXPERIMENT``, and of
-notebook 03's (Table 3: :func:`lab_utils.experiments.compute_vs_comm.comm_measurements`).
-:func:`_fit_records` fits alpha and B by least squares on relative error (:mod:`lab_utils.core.ring`);
-:func:`_project_scaling` predicts epoch time, speedup and efficiency from the fit and a measured
-compute time per step, under the assumptions :data:`PROJECTION_ASSUMPTIONS` writes out.
-``python -m lab_utils bench allreduce`` is :func:`bench_main`.
+(bandwidth utilization, from notebook 03's records) and the projections to 8..1024 devices (under
+:data:`PROJECTION_ASSUMPTIONS`). ``python -m lab_utils bench allreduce`` is :func:`bench_main`.
 """
 
 from __future__ import annotations
@@ -16,10 +9,11 @@ import argparse
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from lab_utils.core import profiles
 from lab_utils.core.anchors import (
@@ -102,11 +96,8 @@ def _ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
     return sizes
 
 
-
 def _bench_frame(records: Iterable):
     """nccl-tests-like columns (size B, count, time us, algbw GB/s, busbw GB/s) from bench records."""
-    import pandas as pd
-
     cols = ["ranks", "backend", "size_bytes", "count", "type", "time_us", "algbw_gb_per_s", "busbw_gb_per_s"]
     rows = [(r.config["world_size"], r.config["backend"], r.config["size_bytes"], r.metrics["count"],
              r.config["dtype"], *(r.metrics[k] for k in cols[5:])) for r in records if r.status == "ok"]
@@ -125,12 +116,9 @@ def format_bench(df) -> str:
 
 
 def _fit_records(records: Iterable, failures: dict[int, str] | None = None) -> dict[int, AlphaBetaFit]:
-    """One :class:`AlphaBetaFit` per rank count found in ok benchmark records.
-
-    A rank count whose timings cannot be fitted (too few sizes, or timings that do not
-    grow with size, as happens when the largest message is still latency-bound on a
-    noisy machine) gets no fit; its reason goes into ``failures`` when given.
-    """
+    """One :class:`AlphaBetaFit` per rank count of the ok benchmark records. A rank count whose timings
+    cannot be fitted (too few sizes, or timings that do not grow with size: the largest message still
+    latency-bound on a noisy machine) gets none; its reason goes into ``failures`` when given."""
     df = _bench_frame(records)
     fits = {}
     for p, g in df.groupby("ranks"):
@@ -145,7 +133,7 @@ def _fit_records(records: Iterable, failures: dict[int, str] | None = None) -> d
 
 
 def _peak_busbw_gb_per_s(records: Iterable, world_size: int | None = None) -> float | None:
-    """The highest busbw the benchmark measured (on ``world_size`` ranks when given), or None."""
+    """The highest busbw measured (on ``world_size`` ranks when given), or None."""
     df = _bench_frame(records)
     if world_size is not None:
         df = df[df.ranks == world_size]
@@ -207,26 +195,6 @@ PROJECTION_ASSUMPTIONS = (
 )
 
 
-@dataclass
-class _ProjectionRow:
-    """Predicted epoch on ``devices`` ranks at per-device batch ``per_device_batch`` (seconds)."""
-
-    per_device_batch: int
-    devices: int
-    global_batch: int
-    steps_per_epoch: int
-    compute_seconds: float
-    comm_seconds_per_step: float
-    comm_seconds: float
-    epoch_seconds: float
-    epoch_seconds_full_overlap: float
-    speedup: float
-    efficiency: float
-    speedup_full_overlap: float
-    efficiency_full_overlap: float
-    comm_fraction: float
-
-
 def _epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size: int,
                           step_seconds: float) -> float:
     """Compute seconds of one rank's epoch: full steps at ``step_seconds``, the partial one pro rata."""
@@ -240,13 +208,10 @@ def _epoch_compute_seconds(dataset_size: int, per_device_batch: int, world_size:
 def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
                     compute_seconds_per_step: Mapping[int, float],
                     devices: Sequence[int] = Settings.projection_devices,
-                    bucket_bytes: float | None = DDP_BUCKET_BYTES) -> list[_ProjectionRow]:
-    """Predicted epoch time, speedup and efficiency on each device count (see PROJECTION_ASSUMPTIONS).
-
-    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one training
-    step on one device. Speedup is ``T_epoch(1) / T_epoch(P)`` (one device: no
-    communication), efficiency ``speedup / P``.
-    """
+                    bucket_bytes: float | None = DDP_BUCKET_BYTES):
+    """Predicted epoch (seconds), speedup T_epoch(1)/T_epoch(P) and efficiency speedup/P, one row per
+    (per-device batch, device count), as a DataFrame (see PROJECTION_ASSUMPTIONS).
+    ``compute_seconds_per_step`` maps per-device batch -> measured seconds of one step on one device."""
     check_positive_int(grad_bytes, "gradient bytes")
     if not compute_seconds_per_step:
         raise LabError("Projections need a measured compute time per step for at least one batch size.")
@@ -257,38 +222,25 @@ def _project_scaling(fit: AlphaBetaFit, grad_bytes: int, dataset_size: int,
             _check_world_size(p)
             steps = iterations_per_epoch(dataset_size, b, p)
             compute = _epoch_compute_seconds(dataset_size, b, p, t_step)
-            if p == 1:
-                comm_step = 0.0
-            elif bucket_bytes:
-                comm_step = bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
-                                                  bucket_bytes)
-            else:
-                comm_step = fit.predict_seconds(grad_bytes, p)
+            comm_step = (0.0 if p == 1 else fit.predict_seconds(grad_bytes, p) if not bucket_bytes else
+                         bucketed_ring_seconds(grad_bytes, p, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
+                                               bucket_bytes))
             comm = steps * comm_step
             epoch = compute + comm
             # Full overlap: each step costs max(compute, comm); the partial step is pro rata.
-            per_step_compute = compute / steps
-            overlap = steps * max(per_step_compute, comm_step)
-            rows.append(_ProjectionRow(
+            overlap = steps * max(compute / steps, comm_step)
+            rows.append(dict(
                 per_device_batch=b, devices=p, global_batch=b * p, steps_per_epoch=steps,
                 compute_seconds=compute, comm_seconds_per_step=comm_step, comm_seconds=comm,
                 epoch_seconds=epoch, epoch_seconds_full_overlap=overlap,
                 speedup=base / epoch, efficiency=base / epoch / p,
                 speedup_full_overlap=base / overlap, efficiency_full_overlap=base / overlap / p,
                 comm_fraction=comm / epoch if epoch else 0.0))
-    return rows
-
-
-def _projection_frame(rows: Iterable[_ProjectionRow]):
-    import pandas as pd
-
-    return pd.DataFrame([asdict(r) for r in rows])
+    return pd.DataFrame(rows)
 
 
 def _bucket_table(bucket_sizes: Sequence[int], fits: Mapping[int, AlphaBetaFit]):
     """Per DDP bucket: bytes and the fitted ring time / busbw on each benchmarked rank count."""
-    import pandas as pd
-
     rows = []
     for name, s in [*enumerate(bucket_sizes), ("one message", sum(bucket_sizes))]:
         row: dict[str, Any] = {"bucket": name, "bytes": int(s)}
@@ -343,12 +295,11 @@ def _fit_verdict(fit: AlphaBetaFit | None, threshold: float = _MAX_FIT_RMS_ERROR
     return ""
 
 
-def _plot_projection(rows: Iterable[_ProjectionRow], verdict: str = ""):
+def _plot_projection(df, verdict: str = ""):
     """Predicted efficiency against devices, one colour per per-device batch (both overlap bounds).
     A non-empty ``verdict`` (:func:`_fit_verdict`) is written across the axes and into the title."""
     import matplotlib.pyplot as plt
 
-    df = _projection_frame(rows)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for b, g in df.groupby("per_device_batch"):
         line, = ax.semilogx(g.devices, g.efficiency, "o-", base=2, label=f"batch {b}/device, no overlap")
@@ -358,11 +309,9 @@ def _plot_projection(rows: Iterable[_ProjectionRow], verdict: str = ""):
     ax.set_ylabel("predicted efficiency = speedup / P")
     ax.set_ylim(0, 1.05)
     title = "Projected efficiency per epoch (ring all-reduce, fitted alpha and B)"
+    ax.set_title(title)
     if verdict:
         ax.set_title(f"{title}\n{verdict.upper()}", fontsize=10, color="#a03000")
-    else:
-        ax.set_title(title)
-    if verdict:
         ax.text(0.5, 0.5, verdict.upper(), transform=ax.transAxes, ha="center", va="center", fontsize=14,
                 color="#a03000", alpha=0.35, rotation=20)
     ax.grid(True, which="both", alpha=0.3)
@@ -375,17 +324,13 @@ def _plot_projection(rows: Iterable[_ProjectionRow], verdict: str = ""):
 def _gradient_bytes_table(grad_bytes: int, parameters: int, dataset_size: int, batch_sizes: Sequence[int],
                          devices: Sequence[int]):
     """Per (devices, per-device batch): iterations and ring bytes per rank per step and per epoch."""
-    import pandas as pd
-
-    rows = []
-    for p in devices:
-        for b in batch_sizes:
-            rows.append({"devices": p, "per_gpu_batch": b, "parameters": parameters, "grad_bytes": grad_bytes,
-                         "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
-                         "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
-                         "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
-                         "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"devices": p, "per_gpu_batch": b, "parameters": parameters,
+                          "grad_bytes": grad_bytes,
+                          "steps_per_epoch": iterations_per_epoch(dataset_size, b, p),
+                          "bytes_per_rank_per_step": ring_bytes_per_rank(grad_bytes, p),
+                          "bytes_per_rank_per_epoch": ring_bytes_per_epoch(grad_bytes, p, dataset_size, b),
+                          "if_params_were_bytes": ring_bytes_per_epoch(parameters, p, dataset_size, b)}
+                         for p in devices for b in batch_sizes])
 
 
 def _bench_table(records: Iterable):
@@ -398,17 +343,12 @@ def _bench_table(records: Iterable):
 
 
 def _fit_table(fits: Mapping[int, AlphaBetaFit], peaks: Mapping[int, float | None]):
-    import pandas as pd
-
-    rows = []
-    for p, f in sorted(fits.items()):
-        rows.append({"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
-                     "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
-                     "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
-                     "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
-                     "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
-                     "projection": _fit_verdict(f) or "ok to project"})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"ranks": p, "alpha_us": f.alpha_seconds * 1e6,
+                          "alpha_stderr_us": f.alpha_stderr_seconds * 1e6, "B_gb_per_s": f.bandwidth_gb_per_s,
+                          "B_stderr_gb_per_s": f.bandwidth_stderr_bytes_per_s / GB,
+                          "rms_rel_error": f.rms_relative_error, "max_rel_error": f.max_relative_error,
+                          "peak_busbw_gb_per_s": peaks.get(p), "sizes": f.n_points,
+                          "projection": _fit_verdict(f) or "ok to project"} for p, f in sorted(fits.items())])
 
 
 @dataclass
@@ -445,49 +385,37 @@ def projection_compute(records: Sequence, settings: Settings) -> _ProjectionComp
 def _inputs_table(fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit | None,
                  compute: _ProjectionCompute | None, link: LinkPeak, bench_records: Sequence):
     """Which inputs of notebook 04 were measured, and which were assumed."""
-    import pandas as pd
-
     df = _bench_frame(bench_records)
     backend = ", ".join(sorted(set(df.backend))) if len(df) else "none"
-    rows = [
-        {"input": "gradient bytes S", "value": "sum numel x element size over trainable params",
-         "kind": "computed exactly", "source": "model definition"},
-        {"input": "all-reduce time per size", "value": f"{len(df)} points, ranks {sorted(set(df.ranks))}",
-         "kind": "measured", "source": f"benchmark ({backend}), slowest rank, after warm-up"},
-    ]
-    for p, f in sorted(fits.items()):
-        rows.append({"input": f"alpha, B ({p} ranks)",
-                     "value": f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
-                     "kind": "fitted to measurements",
-                     "source": f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%"})
-    rows.append({"input": "link nominal bandwidth", "value": link.gb_per_s if link.gb_per_s else "unknown",
-                 "kind": "data sheet" if link.gb_per_s else "not available", "source": link.description})
+    rows = [("gradient bytes S", "sum numel x element size over trainable params", "computed exactly",
+             "model definition"),
+            ("all-reduce time per size", f"{len(df)} points, ranks {sorted(set(df.ranks))}", "measured",
+             f"benchmark ({backend}), slowest rank, after warm-up")]
+    rows += [(f"alpha, B ({p} ranks)", f"{f.alpha_seconds * 1e6:.2f} us, {f.bandwidth_gb_per_s:.3f} GB/s",
+              "fitted to measurements", f"least squares, rms rel. error {100 * f.rms_relative_error:.1f}%")
+             for p, f in sorted(fits.items())]
+    rows.append(("link nominal bandwidth", link.gb_per_s or "unknown",
+                 "data sheet" if link.gb_per_s else "not available", link.description))
     if compute is not None:
-        steps = sorted(compute.seconds_per_step.items())
-        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in steps)
-        rows.append({"input": "compute seconds per step", "value": per,
-                     "kind": "measured", "source": compute.source})
-        rows.append({"input": "data set size for the projection", "value": compute.dataset_size,
-                     "kind": "assumed", "source": "CIFAR-10 training set"})
+        per = ", ".join(f"b={b}: {t * 1e3:.1f} ms" for b, t in sorted(compute.seconds_per_step.items()))
+        rows += [("compute seconds per step", per, "measured", compute.source),
+                 ("data set size for the projection", compute.dataset_size, "assumed",
+                  "CIFAR-10 training set")]
     if ref_fit is not None:
-        rows.append({"input": "alpha, B at 8..1024 devices",
-                     "value": f"those fitted on {ref_fit.world_size} ranks",
-                     "kind": "assumed", "source": "no measurement beyond this machine exists"})
-    rows += [{"input": f"projection assumption {i + 1}", "value": a, "kind": "assumed",
-              "source": "comm_tables.PROJECTION_ASSUMPTIONS"} for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
-    return pd.DataFrame(rows)
+        rows.append(("alpha, B at 8..1024 devices", f"those fitted on {ref_fit.world_size} ranks", "assumed",
+                     "no measurement beyond this machine exists"))
+    rows += [(f"projection assumption {i + 1}", a, "assumed", "comm_tables.PROJECTION_ASSUMPTIONS")
+             for i, a in enumerate(PROJECTION_ASSUMPTIONS)]
+    return pd.DataFrame(rows, columns=["input", "value", "kind", "source"])
 
 
-_SPEC_BATCH_SIZES = (32, 128, 512)
-
-
-def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence[int] = _SPEC_BATCH_SIZES,
-                 devices: Sequence[int] = (2, 4, 8)):
-    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` (saved, returned)."""
-    df = _gradient_bytes_table(gradient_bytes(model), count_parameters(model), dataset_size, batch_sizes,
-                              devices)
+def report_bytes(store, model):
+    """Table ``allreduce_bytes``: ring bytes per rank per step and epoch for ``model`` on all of CIFAR-10, at
+    the spec's batch sizes on 2, 4 and 8 devices (saved, returned)."""
+    df = _gradient_bytes_table(gradient_bytes(model), count_parameters(model), CIFAR10_TRAIN_IMAGES,
+                               (32, 128, 512), (2, 4, 8))
     store.save_table(df, "allreduce_bytes",
-                     title=f"Ring all-reduce bytes per rank ({dataset_size:,} images)",
+                     title=f"Ring all-reduce bytes per rank ({CIFAR10_TRAIN_IMAGES:,} images)",
                      notes=["bytes_per_rank = steps x 2(P-1)/P x grad_bytes; steps = ceil(ceil(N/P)/b).",
                             "if_params_were_bytes: the same formula fed the parameter count "
                             "(the 4x mistake)."])
@@ -496,8 +424,7 @@ def report_bytes(store, model, dataset_size: int = 50_000, batch_sizes: Sequence
 
 @dataclass
 class BenchReport:
-    """The benchmark's table, fits (per rank count), peak busbw (GB/s, per rank count), figure and the
-    records measured (skipped rank counts aside)."""
+    """The benchmark's table, fits and peak busbw (GB/s) per rank count, figure, and records measured."""
 
     table: Any
     fits: dict[int, AlphaBetaFit]
@@ -537,13 +464,12 @@ def report_bench(store, records: Sequence, link: LinkPeak) -> BenchReport:
     return BenchReport(df, fits, peaks, ft, fig, records)
 
 
-def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence,
-                  world_sizes: Sequence[int] = (2, 4, 8, 64, 1024)):
+def report_models(store, size_bytes: int, fit: AlphaBetaFit | None, records: Sequence):
     """Table ``allreduce_models``: ring vs tree vs an earlier student's log2 formula at the fitted
-    alpha, B (or None)."""
+    alpha, B on 2 to 1,024 ranks (None without a fit)."""
     if fit is None:
         return None
-    df = compare_algorithms(size_bytes, world_sizes, fit.alpha_seconds, fit.bandwidth_bytes_per_s)
+    df = compare_algorithms(size_bytes, (2, 4, 8, 64, 1024), fit.alpha_seconds, fit.bandwidth_bytes_per_s)
     store.save_table(df, "allreduce_models", records,
                      title=f"Modelled all-reduce of {size_bytes:,} B "
                            f"(alpha, B fitted on {fit.world_size} ranks)",
@@ -568,19 +494,15 @@ def report_buckets(store, model, fits: Mapping[int, AlphaBetaFit], records: Sequ
 def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompute,
                       records: Sequence, devices: Sequence[int] = Settings.projection_devices,
                       max_rms_error: float = _MAX_FIT_RMS_ERROR):
-    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved).
-
-    Returns ``(table, figure)``, or ``(None, None)`` without a fit or a compute time. With a
-    fit whose rms relative error exceeds ``max_rms_error`` every row's ``status`` (and the
-    figure) says ``not a result: fit error X% rms > Y%``.
-    """
+    """Table ``allreduce_projection`` and figure ``allreduce_projection_efficiency`` (saved and returned;
+    ``(None, None)`` without a fit or a compute time). With a fit whose rms relative error exceeds
+    ``max_rms_error`` every row's ``status`` (and the figure) says ``not a result: fit error X% rms > Y%``."""
     import matplotlib.pyplot as plt
 
     if fit is None or not compute.seconds_per_step:
         return None, None
-    rows = _project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
+    df = _project_scaling(fit, compute.grad_bytes, compute.dataset_size, compute.seconds_per_step,
                            devices=devices)
-    df = _projection_frame(rows)
     verdict = _fit_verdict(fit, max_rms_error)
     df.insert(0, "status", verdict or "ok")
     recs = list(records) + list(compute.records)
@@ -592,7 +514,7 @@ def report_projection(store, fit: AlphaBetaFit | None, compute: _ProjectionCompu
                      title=f"Projected epoch (ring, alpha and B fitted on {fit.world_size} ranks)"
                            + (f": {verdict.upper()}" if verdict else ""),
                      notes=[fit_note] + list(PROJECTION_ASSUMPTIONS) + [compute.description])
-    fig = _plot_projection(rows, verdict)
+    fig = _plot_projection(df, verdict)
     store.save_figure(fig, "allreduce_projection_efficiency", recs)
     plt.close(fig)
     return df, fig
@@ -612,13 +534,9 @@ def report_inputs(store, fits: Mapping[int, AlphaBetaFit], ref_fit: AlphaBetaFit
 
 @dataclass
 class CommMeasurement:
-    """Communication seconds for one (devices, per-GPU batch) from notebook 03, by source.
-
-    ``source`` names how the seconds were obtained (derived ``T(N) - T(1)/N``, exposed,
-    hook all-reduce total); ``seconds`` is per epoch; None with a ``reason`` when missing.
-    ``grad_bytes`` / ``dataset_size`` describe the run the seconds belong to;
-    ``steps_per_epoch`` (the run's measured steps) overrides the formula's iterations.
-    """
+    """Communication seconds per epoch for one (devices, per-GPU batch) from notebook 03, by ``source``
+    (one of :data:`_COMM_SOURCES`); None with a ``reason`` when missing. ``steps_per_epoch`` (the run's
+    measured steps) overrides the formula's iterations."""
 
     devices: int
     per_device_batch: int
@@ -646,12 +564,10 @@ def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mappin
                      link: LinkPeak | None = None) -> list[dict[str, Any]]:
     """Table 3 rows: bytes per rank per epoch, seconds, achieved GB/s and utilization percentages.
 
-    Achieved GB/s = (ring bytes sent per rank per epoch) / (communication seconds)
-    (:func:`lab_utils.core.ring.achieved_gb_per_s`): the same quantity as nccl-tests' busbw, so it
-    is compared with the benchmark's peak busbw (``peak_busbw``: one number, or a mapping ranks ->
-    peak) and with the link's nominal one-direction bandwidth when known. A missing or
-    non-positive time gives no rate. A measurement on one device is refused (LabError): one
-    device communicates nothing, so it has no bandwidth.
+    Achieved GB/s = ring bytes sent per rank per epoch / communication seconds
+    (:func:`lab_utils.core.ring.achieved_gb_per_s`), the quantity nccl-tests calls busbw, so it is
+    compared with the benchmark's peak busbw (one number, or ranks -> peak) and the link's nominal
+    one-direction bandwidth. A missing or non-positive time gives no rate; one device is refused.
     """
     measurements = list(measurements)
     for m in measurements:
@@ -749,8 +665,6 @@ def _anchor_measurements(seconds: Mapping[tuple[int, int], float] = FIRST_COHORT
 def report_utilization(store, settings: Settings, bench: BenchReport, link: LinkPeak):
     """Table 3 ``allreduce_utilization`` from notebooks 02/03's records and the benchmark's peaks
     (saved, returned)."""
-    import pandas as pd
-
     rows = utilization_rows(_measurements(store, settings.table_devices), bench.peaks, link)
     rows += utilization_rows(_anchor_measurements(), None, None)  # their hardware: no peak here
     df = pd.DataFrame(rows)

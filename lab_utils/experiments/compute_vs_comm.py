@@ -1,15 +1,13 @@
 """Notebook 03's tables and figure: Table 2 (compute vs communication per epoch, three ways), its
-bars, each rank's phases; and the interface Table 3 (notebook 04) reads.
-
-Presentation of the records :func:`lab_utils.experiments.scaling.measure_compute_vs_comm` returns:
-(a) the assignment's derivation from T(1) and T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`),
-(b) the exposed communication of the ``no_sync`` probe, (c) the all-reduce time of the comm hook.
+bars, each rank's phases; and :func:`comm_measurements`, the interface Table 3 (notebook 04) reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import pandas as pd
 
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
@@ -51,19 +49,12 @@ class CommRow:
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
                       methods: Sequence[str] = (DDP,)) -> list[CommRow]:
-    """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface).
-
-    (a) uses T(1) from ``scaling`` (same method, same per-device batch, one device) and
-    T(N) from ``compute_vs_comm`` (DDP) or ``scaling`` (DataParallel); (b) and (c) come
-    from the DDP worker's probe, scaled to the reported epoch's steps. Only records of this
-    machine's devices are paired (:meth:`~lab_utils.store.ResultStore.latest_here`).
-    """
-    ones = {}
-    # this machine's devices only (one rule, in the store); repeats merged (T = their median)
+    """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface):
+    T(1) from ``scaling`` (same method and per-device batch), T(N) from ``compute_vs_comm`` (DDP) or
+    ``scaling`` (DataParallel). Only this machine's devices' records (``latest_here``), repeats merged."""
     scaling = merge_repeats(store.latest_here(SCALING).records)
-    for r in scaling:
-        if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok":
-            ones[(r.config["method"], r.config["batch_size"], r.config.get("device_type"))] = r
+    ones = {(r.config["method"], r.config["batch_size"], r.config.get("device_type")): r for r in scaling
+            if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok"}
     recs = [r for r in merge_repeats(store.latest_here(COMPUTE_VS_COMM).records)
             if r.config.get("record") == "aggregate"]
     if DP in methods:
@@ -82,15 +73,12 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
                   status="ok" if rec.status == "ok" else (rec.reason or rec.status))
     if rec.status != "ok":
         return row
-    row.tn_seconds = value(rec, T_N)
+    row.tn_seconds, row.t1_seconds = value(rec, T_N), value(one, T_N)
     spread = spread_of_record(rec)
     if spread is not None:
         row.spread_pct, row.spread_of, row.spread_seconds = spread.pct, spread.of, spread.width_seconds
-    row.t1_seconds = value(one, T_N)
-    row.skew_wait_seconds = value(rec, "skew_wait_seconds_max")
-    row.oversubscribed = oversubscribed(rec)
-    row.steps_per_epoch = m.get("steps")
-    row.gradient_bytes = m.get("gradient_bytes")
+    row.skew_wait_seconds, row.oversubscribed = value(rec, "skew_wait_seconds_max"), oversubscribed(rec)
+    row.steps_per_epoch, row.gradient_bytes = m.get("steps"), m.get("gradient_bytes")
     if row.t1_seconds is None:
         row.status = "T(1) missing: run the one-device configuration (notebook 02)"
     else:
@@ -105,8 +93,6 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
 
 def compute_vs_comm_frame(rows: Sequence[CommRow]):
     """Table 2 as a DataFrame (seconds per epoch; ratios unitless)."""
-    import pandas as pd
-
     out = []
     for r in rows:
         d = {"method": r.method, "devices": r.devices, "per_device_batch": r.per_device_batch,
@@ -147,8 +133,6 @@ def comm_within_spread(row: CommRow) -> str | None:
 TABLE2_NOTES = [
     "All seconds are per epoch (epoch 2 of 2, slowest rank). (a) the assignment's derivation: "
     "compute = T(1)/N, comm = T(N) - T(1)/N (negative: faster than a perfect split, the assumption fails).",
-    "(b) exposed comm = (step with gradient sync - the same step under no_sync) x steps per epoch.",
-    "(c) all-reduce = time in which a bucket all-reduce was in flight (DDP comm hook) x steps per epoch.",
     "overlap = (c) - (b): all-reduce hidden behind backward; hidden_percent = overlap / (c).",
     f"exposed_noise_b_seconds: standard error of (b) over the probe's sync/no_sync pairs, per epoch. "
     f"noise_flag 'noise >= effect: not a result' when {NOISE_SIGMAS:g} x that error >= (b): then (b), the "
@@ -181,44 +165,35 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
     """Save Table 2 (``tables/compute_vs_comm.md`` + ``.csv``) and return it."""
     rows = compute_vs_comm_rows(records, settings)
     df = compute_vs_comm_frame(rows)
-    notes = list(TABLE2_NOTES) + ["Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; "
-                                  + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + "."]
+    notes = [TABLE2_NOTES[0], "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; "
+             + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + ".", *TABLE2_NOTES[1:]]
     if any(r.backend == "gloo" for r in rows):
         notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
                      "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
-    notes.append(f"settings: {settings.label}")
-    notes.append(store.here_note(SCALING, COMPUTE_VS_COMM))
+    notes += [f"settings: {settings.label}", store.here_note(SCALING, COMPUTE_VS_COMM)]
     store.save_table(blank_missing(df.copy()), "compute_vs_comm", [r for r in records if r.status == "ok"],
                      title="Table 2: compute vs communication per epoch", notes=notes)
     return df
 
 
-def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], name: str = "compute_vs_comm"):
-    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP.
-
-    A negative communication by (a) (T(N) < T(1)/N) is drawn as 0 and labelled, not
-    subtracted from the compute bar. DDP's (b) bars carry the all-reduce time (c) as a label.
-    """
+def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record]):
+    """Stacked bars per configuration: compute + communication by (a), and by (b) for DDP (labelled
+    with the all-reduce time (c)). A negative (a) (T(N) < T(1)/N) is drawn as 0 and labelled."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     ok = df[df["TN_seconds"].notna()]
-    labels, comp, comm, kinds, allreduce = [], [], [], [], []
+    bars = []  # (label, compute, communication, kind, all-reduce (c))
     for _, r in ok.iterrows():
         base = f"{_short_method(r['method'])} N={r['devices']}\n{r['per_device_batch']}/device"
-        if r["compute_a_seconds"] is not None and not is_missing(r["compute_a_seconds"]):
-            labels.append(base + "\nmethod (a)")
-            comp.append(float(r["compute_a_seconds"]))
-            comm.append(float(r["comm_a_seconds"]))
-            kinds.append("a")
-            allreduce.append(None)
-        if r["exposed_comm_b_seconds"] is not None and not is_missing(r["exposed_comm_b_seconds"]):
-            labels.append(base + "\nmethod (b)")
-            comp.append(float(r["TN_seconds"]) - float(r["exposed_comm_b_seconds"]))
-            comm.append(float(r["exposed_comm_b_seconds"]))
-            kinds.append("b")
+        if not is_missing(r["compute_a_seconds"]):
+            a = (float(r["compute_a_seconds"]), float(r["comm_a_seconds"]))
+            bars.append((base + "\nmethod (a)", *a, "a", None))
+        if not is_missing(b := r["exposed_comm_b_seconds"]):
             c = r["allreduce_c_seconds"]
-            allreduce.append(None if is_missing(c) else float(c))
+            bars.append((base + "\nmethod (b)", float(r["TN_seconds"]) - float(b), float(b), "b",
+                         None if is_missing(c) else float(c)))
+    labels, comp, comm, kinds, allreduce = (list(v) for v in zip(*bars)) if bars else ([],) * 5
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.4))
     x = np.arange(len(labels))
     shown = [max(0.0, v) for v in comm]
@@ -242,27 +217,19 @@ def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record], na
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the tick labels
-    path = store.save_figure(fig, name, records)
+    path = store.save_figure(fig, "compute_vs_comm", records)
     return fig, path
 
 
 def _short_method(label: str) -> str:
     """A tick label's method from a table's method label: "DP", "DDP" (NCCL) or "DDP gloo/CPU"."""
-    if label.startswith("DataParallel"):
-        return "DP"
-    return "DDP gloo/CPU" if "gloo" in label else "DDP"
+    return "DP" if label.startswith("DataParallel") else "DDP gloo/CPU" if "gloo" in label else "DDP"
 
 
 def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: int):
     """Per-rank phases of the reported epoch for one DDP configuration (seconds), then the aggregate's
-    rows as the worker computed them (:func:`lab_utils.core.ranks.aggregate_epoch`): the mean over
-    ranks and the slowest rank's values (the reported T(N) and its breakdown).
-
-    ``skew_wait_seconds`` (the rank's wait for the other ranks' loaders, not part of
-    ``train_seconds``) is blank for records written before the skew barrier existed.
-    """
-    import pandas as pd
-
+    mean over ranks and slowest rank (the reported T(N)), as the worker computed them.
+    ``skew_wait_seconds`` is blank for records written before the skew barrier existed."""
     phases = ("epoch_seconds", "train_seconds", "data_loading_seconds", "data_movement_seconds",
               "compute_seconds", "communication_seconds", "skew_wait_seconds")
     rows, agg = [], None
@@ -278,11 +245,9 @@ def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: in
         return pd.DataFrame()
     df = pd.DataFrame(rows).sort_values("rank")
     if agg is not None:
-        mean = {k: agg.get(f"{k}_mean") for k in phases}
-        slowest = {k: agg.get(k) for k in phases}
-        df = pd.concat([df, pd.DataFrame([{"rank": "mean", **mean},
+        df = pd.concat([df, pd.DataFrame([{"rank": "mean", **{k: agg.get(f"{k}_mean") for k in phases}},
                                           {"rank": f"slowest (rank {agg.get('slowest_rank')}, reported)",
-                                           **slowest}])], ignore_index=True)
+                                           **{k: agg.get(k) for k in phases}}])], ignore_index=True)
     for k in phases:
         df[k] = pd.to_numeric(df[k])  # None (not measured) -> NaN, a blank cell
     return df

@@ -9,14 +9,10 @@ adds the usual speed-ups one at a time, each recorded
 (:class:`~lab_utils.workers.fast_train.TrainOptions`): device loader, ``channels_last``, bf16
 autocast, fused SGD, ``torch.compile`` (compiled in the warm-up, never inside an epoch).
 
-Four experiments of :mod:`lab_utils.workers.fastpath` (what each measures and includes is said
-there), each group one side-by-side comparison in one launch, reused only whole (``together``):
-:data:`LOADER_EXPERIMENT` (``bench_data``: the loaders alone), :data:`WATERFALL_EXPERIMENT`
-(``bench_train``: the spec configuration, then each step added), :data:`TRACE_EXPERIMENT`
-(``fastpath_trace``) and :data:`ACCURACY_EXPERIMENT` (``fastpath_accuracy``: against the spec
-configuration) of ``fast_step``, which the notebook sets to its fastest waterfall row (None: the
-last step that runs here). Tables and ``python -m lab_utils bench data|train``:
-:mod:`lab_utils.experiments.fastpath_tables`.
+Four experiments of :mod:`lab_utils.workers.fastpath` (what each measures is said there), each group one
+side-by-side comparison in one launch, reused only whole: the loaders alone, the waterfall, a trace and
+the accuracy check of ``fast_step`` (the notebook's fastest waterfall row; None: the last that runs).
+Tables and ``python -m lab_utils bench data|train``: :mod:`lab_utils.experiments.fastpath_tables`.
 """
 
 from __future__ import annotations

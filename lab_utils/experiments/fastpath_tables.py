@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core import data
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import mig_profile
@@ -33,8 +35,6 @@ ADDS = {name: what for name, what, _ in WATERFALL}
 
 def data_table(records: Sequence[Record]):
     """The bench data table: pipeline, where it runs, images (all passes), seconds, images/s, ratio."""
-    import pandas as pd
-
     names = {"spec": "spec: DataLoader, PIL transforms", "device": "device-resident loader"}
     rows = []
     for r in records:
@@ -67,12 +67,7 @@ def _blank(v: Any) -> Any:
 
 def waterfall_table(records: Sequence[Record]):
     """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec.
-
-    ``percent_of_peak`` says ``none (peak unknown)`` where the device has no peak in
-    :mod:`lab_utils.core.hardware`; rows that did not run have empty cells and their reason.
-    """
-    import pandas as pd
-
+    A device without a known peak says why in ``percent_of_peak``; a row that did not run, its reason."""
     rows = []
     for r in sorted(records, key=lambda r: r.config.get("position", 0)):
         m = r.metrics if r.status == "ok" else {}
@@ -80,14 +75,10 @@ def waterfall_table(records: Sequence[Record]):
         rows.append({
             "step": r.config["step"], "adds": ADDS.get(r.config["step"], ""),
             "images_per_s": _blank(m.get("epoch_images_per_s")),
-            "epoch_seconds": _blank(m.get("epoch_seconds")),
-            "warmup_seconds": _blank(m.get("warmup_seconds")),
-            "compile_seconds": _blank(m.get("compile_seconds")),
-            "achieved_tflops_per_s": _blank(m.get("achieved_tflops_per_s")),
+            **{k: _blank(m.get(k)) for k in ("epoch_seconds", "warmup_seconds", "compile_seconds",
+                                             "achieved_tflops_per_s")},
             "percent_of_peak": pct if pct is not None else (_no_peak(r) if m else ""),
-            "ratio_to_spec": _blank(m.get("ratio_to_spec")),
-            "status": status_text(r),
-        })
+            "ratio_to_spec": _blank(m.get("ratio_to_spec")), "status": status_text(r)})
     return pd.DataFrame(rows)
 
 
@@ -109,11 +100,10 @@ def waterfall_figure(records: Sequence[Record]):
     ax.set_yticks(ypos, names)
     top = max(secs) if any(secs) else 1.0
     for y, r, s in zip(ypos, recs, secs):
-        if r.status == "ok":
-            txt = f" {r.metrics['epoch_images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
-        else:
-            txt = f" {status_text(r)}"
-        ax.text(s, y, txt, va="center", fontsize=8)
+        ok = r.status == "ok"
+        txt = (f"{r.metrics['epoch_images_per_s']:,.0f} img/s, x{r.metrics.get('ratio_to_spec') or 1:.2f}"
+               if ok else status_text(r))
+        ax.text(s, y, f" {txt}", va="center", fontsize=8)
     ax.set_xlim(0, top * 1.6)
     images = recs[0].config.get("images") if recs else "?"
     ax.set_xlabel(f"seconds per epoch of {images} images (lower is better)")
@@ -215,18 +205,11 @@ def accuracy_gain_points(records: Sequence[Record]) -> float | None:
 
 def accuracy_table(records: Sequence[Record]):
     """One row per run of the accuracy check (the fast run's row: its gain over the spec run)."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        m = r.metrics
-        rows.append({"run": r.config.get("run"), "description": m.get("description"),
-                     "epochs": r.config.get("epochs"), "train_seconds": m.get("train_seconds"),
-                     "test_loss": m.get("test_loss"),
-                     "test_accuracy_percent": None if m.get("test_accuracy") is None
-                     else 100 * m["test_accuracy"],
-                     "status": status_text(r)})
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame([{"run": r.config.get("run"), "description": r.metrics.get("description"),
+                        "epochs": r.config.get("epochs"), "train_seconds": r.metrics.get("train_seconds"),
+                        "test_loss": r.metrics.get("test_loss"), "test_accuracy_percent":
+                        None if (a := r.metrics.get("test_accuracy")) is None else 100 * a,
+                        "status": status_text(r)} for r in records])
     gain = accuracy_gain_points(records)
     if gain is not None:
         df["difference_points"] = ["", gain]
@@ -235,8 +218,6 @@ def accuracy_table(records: Sequence[Record]):
 
 def top_ops_table(records: Sequence[Record]):
     """The trace's top operators, in :func:`lab_utils.workers.fastpath.top_operators`' column order."""
-    import pandas as pd
-
     top = pd.DataFrame(records[0].metrics.get("top_ops") or [])
     return top[[c for c in ("operator", "calls", "self_ms", "percent", "self_cpu_ms") if c in top]]
 
@@ -276,10 +257,6 @@ def _machine(device: str | None) -> Machine:
     return replace(here, gpus=0, gpu_name=None, bf16=False) if device == "cpu" else here
 
 
-def _print_table(df) -> None:
-    print(df.to_markdown(index=False, floatfmt=".4g"))
-
-
 def bench_data_main(argv: list[str] | None = None) -> int:
     """``python -m lab_utils bench data``: spec DataLoader vs device-resident loader, images/s."""
     p = argparse.ArgumentParser(prog="python -m lab_utils bench data",
@@ -298,7 +275,7 @@ def bench_data_main(argv: list[str] | None = None) -> int:
     dev = recs[0].config["device"]
     print(f"profile {store.profile}, device {dev}, {recs[0].dataset}, batch {s.batch_size}, "
           f"cpu cores {recs[0].hardware.get('cpu_cores')}")
-    _print_table(data_table(recs))
+    print(data_table(recs).to_markdown(index=False, floatfmt=".4g"))
     print(f"ratio device / spec: {recs[1].metrics['ratio_to_spec']:.1f}x  "
           f"(recorded in {store.path('bench_data')})")
     return 0
@@ -314,10 +291,8 @@ def bench_train_main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=None, help="ResNet-18 width (quick 8, full 64 = spec)")
     p.add_argument("--warmup-steps", type=int, default=None)
     p.add_argument("--steps", default=None, help=f"comma-separated subset of: {','.join(STEP_NAMES)}")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--compile", dest="compile", action="store_true", default=None,
-                   help="run the torch.compile step even in the quick profile")
-    g.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the torch.compile step (default: the profile's; quick: no)")
     p.add_argument("--row-timeout", type=float, default=None,
                    help="seconds one row may take before it is recorded as an error and the process "
                         "stops (quick 900, full 1800)")
@@ -334,6 +309,6 @@ def bench_train_main(argv: list[str] | None = None) -> int:
           f"{s.warmup_steps} warm-up steps")
     recs = measure(lab, WATERFALL_EXPERIMENT, s, force=True, machine=machine)
     print(f"data: {recs[0].dataset}")
-    _print_table(waterfall_table(recs).drop(columns=["adds"]))
+    print(waterfall_table(recs).drop(columns=["adds"]).to_markdown(index=False, floatfmt=".4g"))
     print(f"recorded in {store.path('bench_train')}")
     return 0

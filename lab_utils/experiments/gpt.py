@@ -12,8 +12,7 @@ devices, gradient accumulation, and the model notebook 07 quantizes. Each is a p
 - ``gpt_train`` (:func:`plan_final`): the run on every device whose checkpoint
   (:func:`lab_utils.models.gpt.checkpoint_path`, a job option) notebook 07 uses.
 
-Knobs per profile: :class:`Settings` (values in :data:`lab_utils.core.profiles.GPT`). Tables:
-:mod:`lab_utils.experiments.gpt_tables`; model summary and samples: :mod:`lab_utils.experiments.gpt_samples`.
+Tables: :mod:`~lab_utils.experiments.gpt_tables`; samples: :mod:`~lab_utils.experiments.gpt_samples`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pandas as pd
 import torch
 
 from lab_utils.core.errors import LabError
@@ -59,8 +60,6 @@ def validation_loss(model: GPT, splits: TextSplits, batches: int | None, batch_s
 def samples_before_after(lab: Any, settings: Settings):
     """A table: the untrained model and the trained checkpoint (``lab``'s profile) continuing the same
     prompt."""
-    import pandas as pd
-
     profile = session_for(lab).profile.name
     s = settings.validate()
     splits = _splits(s)
@@ -88,17 +87,13 @@ def print_samples(df) -> None:
         print(f"[prompt] {row['prompt']}[model] {row['generated']}\n")
 
 
-def _markdown_safe(text: str) -> str:
-    """One-line text for a Markdown table cell: newlines shown as ⏎, pipes escaped."""
-    return text.replace("|", "\\|").replace("\n", " ⏎ ")
-
-
 def save_samples(store: ResultStore, df, record: Record | None = None):
-    """Save the samples table as ``gpt_samples`` (newlines shown as ⏎)."""
+    """Save the samples table as ``gpt_samples``, each text one line for its Markdown cell (newlines
+    shown as ⏎, pipes escaped)."""
     vocab_size = df.attrs["vocab_size"]
     table = df.copy()
     for c in ("prompt", "generated"):
-        table[c] = table[c].map(_markdown_safe)
+        table[c] = table[c].map(lambda text: text.replace("|", "\\|").replace("\n", " ⏎ "))
     store.save_table(table, "gpt_samples", [record] if record else None, title="GPT text samples",
                      notes=["Same prompt (the start of the validation text), temperature 0.8, seed 0.",
                             "Loss: mean next-character cross-entropy on validation batches (nats/char); "
@@ -109,8 +104,6 @@ def save_samples(store: ResultStore, df, record: Record | None = None):
 
 def model_summary(settings: Settings):
     """A small table: the model's shape, parameters (formula and counted) and FLOPs per token."""
-    import pandas as pd
-
     s = settings.validate()
     splits = _splits(s)
     cfg = gpt_config(s.size, vocab_size=splits.vocab.size)

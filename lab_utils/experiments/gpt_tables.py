@@ -1,8 +1,6 @@
-"""Notebook 06's tables and figure, from the records of :mod:`lab_utils.experiments.gpt`
-(``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``, ``gpt_accumulation``), and the
-earlier project's published per-rank numbers (SPEC.md, Part 2). Every function takes the records
-(and the :class:`~lab_utils.experiments.gpt.Settings` where a note needs them); metric names and
-units are those of :mod:`lab_utils.core.metrics`.
+"""Notebook 06's tables and figure (``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``,
+``gpt_accumulation``) from the records of :mod:`lab_utils.experiments.gpt`, and the earlier project's
+published per-rank numbers (SPEC.md, Part 2).
 """
 
 from __future__ import annotations
@@ -11,11 +9,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, value
-from lab_utils.core.speedup import speedup
+from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
@@ -40,12 +40,8 @@ def _blanks(df):
 
 def earlier_report_frame():
     """The earlier project's per-rank table (:data:`lab_utils.core.anchors.GPT_RANK_SECONDS`) with its
-    speedups recomputed two ways: T(1)/T(N) with the report's mean over ranks (what it published,
-    three of them above N) and with the SLOWEST rank. Every step waits for the slowest rank, so that
-    is the epoch's real length. Seconds as published; speedups rounded to 2 decimals, as the report
-    gave them."""
-    import pandas as pd
-
+    speedup T(1)/T(N) on the report's mean over ranks (as published, three above N) and on the SLOWEST
+    rank, which every step waits for. Seconds as published; speedups to 2 decimals, as the report gave."""
     ranks = max(len(t) for t in GPT_RANK_SECONDS.values())
     rows = []
     for (b, n), times in sorted(GPT_RANK_SECONDS.items()):
@@ -79,8 +75,6 @@ def earlier_report_anomalies():
     numbers (:mod:`lab_utils.core.anchors`), why it cannot be right, and what this notebook does
     instead: super-linear speedups, a 1-GPU "communication" time, and accumulation timers that point
     at an unsynchronized GPU."""
-    import pandas as pd
-
     frame = earlier_report_frame()
     above = frame[(frame["GPUs"] > 1) & (frame["speedup on the mean (as reported)"] > frame["GPUs"])]
     superlinear = "; ".join(f"{r['speedup on the mean (as reported)']:.2f} on {r['GPUs']} GPUs at batch "
@@ -114,15 +108,9 @@ def earlier_report_anomalies():
 
 def scaling_table(records: Sequence[Record]):
     """gpt_scaling: T(N) (the slowest rank's train_seconds), speedup T(1)/T(N), efficiency, what averaging
-    over ranks would say, and the speedup per token.
-
-    Runs on different device counts need not do the same work: ``drop_last`` batches per rank make, e.g.,
-    13 steps on one device (53,248 tokens) but 2 x 6 on two (49,152). So beside the speedup the table gives
-    the tokens each run trained and the speedup of the seconds per token (= of tokens/s: equal work), and
-    flags unequal work. Every speedup is :func:`lab_utils.core.speedup.speedup`.
-    """
-    import pandas as pd
-
+    over ranks would say, and, since ``drop_last`` batches per rank need not give every device count the
+    same work (:data:`_SCALING_TIME_BASIS`), the tokens trained and the speedup per token, flagged when
+    the work differs."""
     aggs = aggregates(records)
     base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
     rows = []
@@ -136,7 +124,7 @@ def scaling_table(records: Sequence[Record]):
             per_token = speedup(value(one, T_N) / tokens1 if tokens1 else None, value(r, T_N) / tokens)
             row.update({
                 "backend": m["backend"] or "one process", "T(N): train (s), slowest rank": m[T_N],
-                "speedup T1/TN": speed, "efficiency": speed / n if speed else None,
+                "speedup T1/TN": speed, "efficiency": efficiency(speed, n),
                 "speedup if averaged over ranks": speedup(value(one, "train_seconds_mean"),
                                                           value(r, "train_seconds_mean")),
                 "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
@@ -144,7 +132,7 @@ def scaling_table(records: Sequence[Record]):
                 "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens1 else None,
                 "speedup on tokens/s (equal work)": per_token,
-                "efficiency on tokens/s": per_token / n if per_token else None,
+                "efficiency on tokens/s": efficiency(per_token, n),
                 "work note": _unequal_work_note(tokens, tokens1, n)})
         else:
             row["reason"] = r.reason
@@ -193,8 +181,6 @@ _SCALING_TIME_BASIS = [
 def compute_comm_table(records: Sequence[Record]):
     """gpt_compute_vs_comm: measured compute and communication (hook and probe) of each run on N > 1
     devices, and the derived method on T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
-    import pandas as pd
-
     aggs = _ok(aggregates(records))
     base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
     rows = []
@@ -224,12 +210,8 @@ _PHASES = {"epoch (s)": "epoch_seconds", "training (s)": T_N, "data loading (s)"
 def rank_table(records: Sequence[Record]):
     """gpt_rank_breakdown: every rank's phases in the reported epoch (its per-rank record), the slowest
     marked, then the means over ranks the aggregate holds."""
-    import pandas as pd
-
     rows = []
-    for agg in _ok(aggregates(records)):
-        if agg.config["devices"] == 1:
-            continue
+    for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
         ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
                  and r.config.get("record") == "rank"]
         m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}
@@ -244,17 +226,13 @@ def rank_table(records: Sequence[Record]):
     return _blanks(pd.DataFrame(rows))
 
 
-def _timer(m: dict, name: str) -> dict:
-    for row in m.get("timers", []):
-        if row["timer"] == name:
-            return row
-    return {"count": 0, "total_seconds": None, "mean_seconds": None}
+def _timer(m: dict, name: str, key: str) -> float | None:
+    """``key`` (total_seconds | mean_seconds) of the nested timer ``name``; None when it did not run."""
+    return next((row[key] for row in m.get("timers", []) if row["timer"] == name), None)
 
 
 def accumulation_table(records: Sequence[Record]):
     """gpt_accumulation: nested timers, tokens/s and memory per micro-batch."""
-    import pandas as pd
-
     rows = []
     for r in aggregates(records):
         c = r.config
@@ -263,20 +241,17 @@ def accumulation_table(records: Sequence[Record]):
         if r.status == "ok":
             m = r.metrics
             tr = "run/epoch/training"
+            row.update({col: _timer(m, name, "total_seconds") for col, name in (
+                ("whole run (s)", "run"), ("epochs (s)", "run/epoch"), ("training (s)", tr),
+                ("validation (s)", "run/epoch/validation"))})
+            for phase in ("forward", "loss", "backward"):
+                mean = _timer(m, f"{tr}/{phase}", "mean_seconds")
+                row[f"{phase} total (s)"] = _timer(m, f"{tr}/{phase}", "total_seconds")
+                row[f"{phase} mean (ms)"] = None if mean is None else 1e3 * mean
             row.update({
-                "whole run (s)": _timer(m, "run")["total_seconds"],
-                "epochs (s)": _timer(m, "run/epoch")["total_seconds"],
-                "training (s)": _timer(m, tr)["total_seconds"],
-                "validation (s)": _timer(m, "run/epoch/validation")["total_seconds"],
-                "forward total (s)": _timer(m, f"{tr}/forward")["total_seconds"],
-                "forward mean (ms)": _ms(_timer(m, f"{tr}/forward")["mean_seconds"]),
-                "loss total (s)": _timer(m, f"{tr}/loss")["total_seconds"],
-                "loss mean (ms)": _ms(_timer(m, f"{tr}/loss")["mean_seconds"]),
-                "backward total (s)": _timer(m, f"{tr}/backward")["total_seconds"],
-                "backward mean (ms)": _ms(_timer(m, f"{tr}/backward")["mean_seconds"]),
                 f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
                 "precision": precision_label(r),
-                "peak memory (GiB)": _gib(m.get("peak_memory_bytes")),
+                "peak memory (GiB)": None if (peak := m.get("peak_memory_bytes")) is None else peak / 2**30,
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
                                                       if m.get("saved_activation_bytes") else None),
                 "val loss": m["val_loss"], "reason": None})
@@ -284,14 +259,6 @@ def accumulation_table(records: Sequence[Record]):
             row["reason"] = r.reason
         rows.append(row)
     return _blanks(pd.DataFrame(rows))
-
-
-def _ms(s: float | None) -> float | None:
-    return None if s is None else 1e3 * s
-
-
-def _gib(b: int | None) -> float | None:
-    return None if b is None else b / 2**30
 
 
 def plot_accumulation(records: Sequence[Record], settings: Settings):
@@ -390,7 +357,7 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
 
 
 def save_accumulation_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
-    """Plot tokens/s and memory against micro-batch, save it as ``gpt_accumulation.png``; return it."""
+    """:func:`plot_accumulation`, saved as ``gpt_accumulation.png``."""
     fig = plot_accumulation(records, settings)
     store.save_figure(fig, "gpt_accumulation", aggregates(records))
     return fig

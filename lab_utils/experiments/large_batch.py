@@ -1,20 +1,13 @@
-"""Q4.1-Q7: large-batch training, what it costs in accuracy, and how to win it back.
+"""Q4.1-Q7 (notebook 05): large-batch training, what it costs in accuracy, how to win it back, and what
+DDP communicates besides the gradients (:data:`COMM_ACCOUNTING_EXPERIMENT`, the ledger of
+:mod:`lab_utils.workers.comm_accounting`). Tables and figures:
+:mod:`~lab_utils.experiments.large_batch_tables` (Q4-Q5), :mod:`~lab_utils.experiments.accounting_tables`
+(Q6-Q7).
 
-Question map (notebook 05, :mod:`lab_utils.questions`): Q4.1 loss and accuracy after 5 epochs at
-4 x 512 vs 1 x 128 (:data:`LARGE_BATCH_EXPERIMENT`; table ``large_batch``); Q4.2 why the large batch
-falls behind and how to improve it (linear learning-rate scaling, warm-up, decay); Q5
-``DistributedSampler.set_epoch`` (:func:`sampler_epoch_orders`); Q6 what DDP communicates besides the
-gradients (:data:`COMM_ACCOUNTING_EXPERIMENT`, the ledger of :mod:`lab_utils.workers.comm_accounting`);
-Q7 whether, at 4 x 512, communicating only the gradients is enough (from the same ledger). Tables
-and figures: :mod:`lab_utils.experiments.large_batch_tables` (Q4-Q5),
-:mod:`lab_utils.experiments.accounting_tables` (Q6-Q7).
-
-:func:`plan` trains ResNet-18 for the same number of epochs in five configurations, runs of the DDP
-worker (:mod:`lab_utils.workers.ddp`), evaluated on the test split after every epoch: the reference in a
-launch of its own, the four large-batch runs in one launch (one start-up instead of four; they share
-their layout, so an out-of-memory in the first would recur in each: the others become rows "not tried";
-a run that fails otherwise is an error row, the runs after it in the launch are rows that say so, and
-all of them are measured the next time the notebook runs):
+:func:`plan` trains ResNet-18 for the same number of epochs in five configurations of the DDP worker,
+evaluated on the test split after every epoch: the reference in a launch of its own, the four large-batch
+runs in one launch (they share their layout, so an out-of-memory in the first would recur in each: the
+others become rows "not tried"):
 
 1. **small batch (reference)**: ``small_batch`` on 1 device, lr 0.1 (the spec's recipe);
 2. **large batch, same lr**: ``large_batch_per_device`` on each of ``devices`` devices
@@ -28,15 +21,10 @@ Every run sees the same images; a large batch therefore takes *fewer optimizer s
 batch / small batch times fewer): at a fixed lr the model moves less far and reaches a worse loss.
 The remedies change only the learning-rate rule.
 
-With fewer devices than asked (:func:`plan_devices`), the large runs keep the asked global batch
-(``devices`` x ``large_batch_per_device``) by **gradient accumulation**: d devices (the largest
-divisor of ``devices`` the machine has; without GPUs at most ``cpu_processes`` gloo processes) x
-k = ``devices`` / d accumulation steps (the first k - 1 micro-steps under ``no_sync()``, each loss
-divided by k). BatchNorm normalizes each micro-batch on its own, as each GPU does under DDP, so the
-gradients are those of the asked layout; its running statistics get k updates per step. Every
-table and figure says so.
-
-Times are seconds; bytes are bytes; accuracy is a fraction in records and a percentage in tables.
+With fewer devices than asked (:func:`plan_devices`) the large runs keep the global batch by gradient
+accumulation (the first micro-steps under ``no_sync()``, each loss divided by their number). BatchNorm
+normalizes each micro-batch on its own, as each GPU does under DDP, so the gradients are those of the
+asked layout; its running statistics get one update per micro-batch. Every table and figure says so.
 """
 
 from __future__ import annotations
@@ -245,13 +233,10 @@ COMM_ACCOUNTING_EXPERIMENT = Experiment(COMM_EXPERIMENT, "05", Settings, plan_ac
 
 def sampler_epoch_orders(dataset_size: int = 16, num_replicas: int = 2, rank: int = 0, epochs: int = 2,
                          call_set_epoch: bool = True, seed: int = 0) -> list[list[int]]:
-    """The indices ``DistributedSampler`` gives ``rank`` in each of ``epochs`` epochs.
-
-    Exactly what a training loop does: one sampler, iterated once per epoch, with
-    ``sampler.set_epoch(epoch)`` before each pass when ``call_set_epoch``. The sampler
-    shuffles with a generator seeded by ``seed + epoch``; without ``set_epoch`` the
-    epoch stays 0 and every epoch repeats the first one's order.
-    """
+    """The indices ``DistributedSampler`` gives ``rank`` in each of ``epochs`` epochs, as a training loop
+    does: one sampler iterated once per epoch, ``set_epoch(epoch)`` before each pass when
+    ``call_set_epoch``. It shuffles with a generator seeded by ``seed + epoch``: without ``set_epoch`` the
+    epoch stays 0 and every epoch repeats the first one's order."""
     from torch.utils.data.distributed import DistributedSampler
 
     check_positive_int(dataset_size, "dataset size")

@@ -1,19 +1,15 @@
-"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5, from the records :func:`lab_utils.plan.measure`
-returns for :data:`lab_utils.experiments.large_batch.LARGE_BATCH_EXPERIMENT` (this module only presents).
-
-Every function takes the records (the aggregate of each run in plan order, per-rank records beside
-them) and the :class:`~lab_utils.experiments.large_batch.Settings` they were measured with; a run's
-layout and lr rule are read back from its config (the DDP worker's, :class:`~lab_utils.workers.ddp.RunConfig`,
-the run's name its ``tag``). Tables: ``large_batch`` (:func:`save_large_batch_table`); figures
-``large_batch_accuracy_epoch``, ``large_batch_accuracy_time``, ``large_batch_lr`` (:func:`save_figures`);
-the ``set_epoch`` demonstration (:func:`set_epoch_table`, :func:`worker_sample_orders`). Metric names
-and units: :mod:`lab_utils.core.metrics`.
+"""Notebook 05's tables and figures for Q4.1, Q4.2 and Q5 from the records of
+:data:`lab_utils.experiments.large_batch.LARGE_BATCH_EXPERIMENT` (each run's aggregate in plan order, its
+per-rank records beside it; a run's layout and lr rule read back from its
+:class:`~lab_utils.workers.ddp.RunConfig`, its name the ``tag``), and the ``set_epoch`` demonstration.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import pandas as pd
 
 from lab_utils.core.anchors import FIRST_COHORT_LARGE_BATCH
 from lab_utils.core.errors import LabError
@@ -55,7 +51,6 @@ ASKED_LARGE = (4, 512)
 
 
 def _runs(records: Sequence[Record]) -> list[tuple[RunConfig, Record]]:
-    """Each run's configuration and its aggregate record, in plan order."""
     return [(RunConfig.from_config(rec.config), rec) for rec in aggregates(records)]
 
 
@@ -78,8 +73,6 @@ def rule_text(run: RunConfig) -> str:
 
 def large_batch_table(records: Sequence[Record], settings: Settings):
     """The ``large_batch`` table: one row per run (failed runs say why); every number the record's."""
-    import pandas as pd
-
     e = settings.epochs
     rows = []
     for run, rec in _runs(records):
@@ -106,11 +99,11 @@ def large_batch_table(records: Sequence[Record], settings: Settings):
     return pd.DataFrame(rows)
 
 
-def layout_flag(run: RunConfig, on_gpus: bool, asked: tuple[int, int] | None = None) -> str:
+def layout_flag(run: RunConfig, on_gpus: bool) -> str:
     """How a run's layout differs from the assignment's (4 GPUs x 512, or 1 GPU x 128 for the
     reference): "" when it is the asked one, else every difference, so that no number from
     another global batch or an accumulation emulation passes for the assignment's."""
-    want_n, want_b = asked or (ASKED_SMALL if run.tag.startswith("small batch") else ASKED_LARGE)
+    want_n, want_b = ASKED_SMALL if run.tag.startswith("small batch") else ASKED_LARGE
     diffs = []
     if run.global_batch != want_n * want_b:
         diffs.append(f"global batch {run.global_batch}, not {want_n * want_b}")
@@ -130,8 +123,6 @@ def anchor_frame():
     """The earlier cohort's Q4.1 numbers as reported: a loss and an "Accuracy" after 5 epochs. Its
     report does not say whether they were measured on the training or the test set, so the frame
     does not either: set them beside both of this table's columns, and say which you compare."""
-    import pandas as pd
-
     return pd.DataFrame([{**r, "which set": "not stated in the report ('Accuracy')"} for r in ANCHOR_ROWS])
 
 
@@ -173,11 +164,8 @@ def save_large_batch_table(store: ResultStore, records: Sequence[Record], settin
 def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = "epoch",
                   plan: DevicePlan | None = None):
     """Test accuracy (left) and training loss (right) of every run, against ``epoch`` or wall-clock ``time``.
-
-    The training loss is shown next to the accuracy because it is the cleaner signal of
-    how far optimization got (test accuracy after few steps also depends on how well the
-    BatchNorm running statistics have caught up with the weights).
-    """
+    The loss is the cleaner signal of how far optimization got (test accuracy after few steps also
+    depends on how far the BatchNorm running statistics have caught up with the weights)."""
     import matplotlib.pyplot as plt
 
     if against not in ("epoch", "time"):
@@ -213,13 +201,10 @@ def plot_accuracy(records: Sequence[Record], settings: Settings, against: str = 
 def lr_curves(records: Sequence[Record], settings: Settings) -> dict[str, list[float]]:
     """The lr of every optimizer step of every run that trained, from its config and its steps per epoch
     through the schedule the worker uses (:func:`lab_utils.core.schedules.make_schedule`)."""
-    out = {}
-    for run, rec in _runs(records):
-        if rec.status == "ok":
-            sched = make_schedule(run.lr, run.lr_rule, run.global_batch, run.base_batch,
-                                  rec.metrics["steps_per_epoch"], run.epochs, run.warmup_epochs, run.decay)
-            out[run.tag] = [sched.lr_at(i) for i in range(sched.total_steps)]
-    return out
+    scheds = {run.tag: make_schedule(run.lr, run.lr_rule, run.global_batch, run.base_batch,
+                                     rec.metrics["steps_per_epoch"], run.epochs, run.warmup_epochs, run.decay)
+              for run, rec in _runs(records) if rec.status == "ok"}
+    return {tag: [s.lr_at(i) for i in range(s.total_steps)] for tag, s in scheds.items()}
 
 
 def plot_lr(records: Sequence[Record], settings: Settings):
@@ -246,11 +231,8 @@ def plot_lr(records: Sequence[Record], settings: Settings):
 
 def save_figures(store: ResultStore, records: Sequence[Record], settings: Settings,
                  plan: DevicePlan | None = None) -> list:
-    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures as PNG; return their paths.
-
-    The figures are closed after saving; a notebook shows the PNGs (``IPython.display.Image``),
-    which works the same interactively and headless (where matplotlib runs on Agg).
-    """
+    """Save the accuracy-vs-epoch, accuracy-vs-time and lr figures as PNG and close them; return their
+    paths (a notebook shows the PNGs, the same interactively and headless)."""
     import matplotlib.pyplot as plt
 
     paths = []
@@ -266,28 +248,19 @@ def save_figures(store: ResultStore, records: Sequence[Record], settings: Settin
 
 def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int = 2, seed: int = 0):
     """Each rank's index order per epoch, with and without ``set_epoch`` (a DataFrame)."""
-    import pandas as pd
-
-    rows = []
-    for call in (True, False):
-        for epoch in range(epochs):
-            row: dict[str, Any] = {"set_epoch called": "yes" if call else "no", "epoch": epoch}
-            for r in range(num_replicas):
-                order = sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)[epoch]
-                row[f"rank {r} indices"] = " ".join(str(i) for i in order)
-            rows.append(row)
-    return pd.DataFrame(rows)
+    orders = {(call, r): sampler_epoch_orders(dataset_size, num_replicas, r, epochs, call, seed)
+              for call in (True, False) for r in range(num_replicas)}
+    return pd.DataFrame([{"set_epoch called": "yes" if call else "no", "epoch": epoch,
+                          **{f"rank {r} indices": " ".join(str(i) for i in orders[call, r][epoch])
+                             for r in range(num_replicas)}}
+                         for call in (True, False) for epoch in range(epochs)])
 
 
 def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[str, Any]]:
     """The first sampler indices each rank drew per epoch in ``rec``'s run, from its per-rank records among
     ``records`` (the worker calls set_epoch)."""
-    rows = []
-    for r in records:
-        same_run = all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))
-        if r.config.get("record") != "rank" or not same_run:
-            continue
-        for e in r.metrics.get("epochs", []):
-            rows.append({"rank": r.config.get("rank"), "epoch": e.get("epoch"),
-                         "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))})
-    return rows
+    ranks = [r for r in records if r.config.get("record") == "rank"
+             and all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))]
+    return [{"rank": r.config.get("rank"), "epoch": e.get("epoch"),
+             "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))}
+            for r in ranks for e in r.metrics.get("epochs", [])]

@@ -15,14 +15,9 @@ Each *variant* is one way of storing and running the model's ``nn.Linear`` layer
                             int8 weights per row and activations quantized per token on the fly.
 ==========================  =====================================================================
 
-The experiment's shape: :class:`Settings`, :func:`plan` (one run per (device, variant), the variants
-of a device one ``together`` group: measured side by side by :mod:`lab_utils.workers.quantize`,
-which says what a row holds), :func:`cost`, :func:`doctor_settings`, :data:`QUANTIZATION_EXPERIMENT`.
-The model is notebook 06's checkpoint, or one this notebook trains (:func:`model_checkpoint`).
-Below it: which variants can run (:mod:`~lab_utils.workers.quant_variants`), how one is made and
-sized (:mod:`~lab_utils.workers.quant_model`), its quality and decoding speed
-(:mod:`~lab_utils.workers.quant_timing`); above it the tables, figure and findings
-(:mod:`~lab_utils.experiments.quantize_tables`).
+The variants of a device are measured side by side by :mod:`lab_utils.workers.quantize` (which says
+what a row holds) on notebook 06's checkpoint, or one this notebook trains (:func:`model_checkpoint`).
+Tables, figure and findings: :mod:`~lab_utils.experiments.quantize_tables`.
 
 The GPT of this lab has no KV cache: every generated token re-runs the model over the whole
 context (cropped to ``block_size``), so a decoding step multiplies each weight matrix by ``batch x

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
+
 from lab_utils.core.speedup import speedup
 from lab_utils.experiments.quantize import Settings
 from lab_utils.workers.quant_timing import mean_context_tokens, weight_flops_per_byte
@@ -19,52 +21,35 @@ __all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs
 
 
 def quantization_table(records: Sequence) -> Any:
-    """One row per (device, variant) with speedups (:func:`lab_utils.core.speedup.speedup`) and loss increase
-    over fp32 on the same device.
-
-    Columns: sizes in bytes and as a fraction of fp32's file, val loss, its increase over
-    fp32 (nats per token), perplexity, batch-1 latency (median ms per token and min-max),
-    throughput at the large batch (median tokens/s and min-max), both speedups, status,
-    and a note (kernel, deprecation, or the reason a row was not measured).
+    """One row per (device, variant): sizes (bytes and fraction of fp32's file), val loss and its increase
+    over fp32 on the same device (nats per token), perplexity, batch-1 latency (median ms per token,
+    min-max), large-batch throughput (median tokens/s, min-max), both speedups
+    (:func:`lab_utils.core.speedup.speedup`), status, and a note (kernel, deprecation, or why not measured).
     """
-    import pandas as pd
-
-    base: dict[str, dict[str, Any]] = {}
-    for r in records:
-        if r.config.get("variant") == "fp32" and r.status == "ok":
-            base[r.config["device"]] = r.metrics
+    base = {r.config["device"]: r.metrics for r in records
+            if r.config.get("variant") == "fp32" and r.status == "ok"}
     rows = []
     for r in records:
-        m, dev = r.metrics, r.config.get("device")
-        b = base.get(dev)
-        ok = r.status == "ok"
-
-        def ratio(num, den):  # of sizes
-            return num / den if (num is not None and den) else None
-
-        note = r.reason if not ok else "; ".join(x for x in (m.get("kernel"), m.get("note")) if x)
+        ok, dev = r.status == "ok", r.config.get("device")
+        m, b = (r.metrics if ok else {}), base.get(dev) or {}
+        note = "; ".join(x for x in (m.get("kernel"), m.get("note")) if x) if ok else r.reason
         rows.append({
-            "device": dev,
-            "variant": r.config.get("variant"),
-            "method": m.get("method"),
-            "size_bytes": m.get("size_bytes") if ok else None,
-            "payload_bytes": m.get("payload_bytes") if ok else None,   # the tensors alone (Exercise 07-a)
-            "size_vs_fp32": ratio(m.get("size_bytes"), b and b.get("size_bytes")) if ok else None,
-            "val_loss": m.get("val_loss") if ok else None,
-            "loss_increase": (m["val_loss"] - b["val_loss"]) if ok and b else None,
-            "perplexity": m.get("perplexity") if ok else None,
-            "ms_per_token_b1": m.get("ms_per_token_b1") if ok else None,
+            "device": dev, "variant": r.config.get("variant"), "method": r.metrics.get("method"),
+            "size_bytes": m.get("size_bytes"),
+            "payload_bytes": m.get("payload_bytes"),   # the tensors alone (Exercise 07-a)
+            "size_vs_fp32": (m["size_bytes"] / b["size_bytes"]
+                             if m.get("size_bytes") is not None and b.get("size_bytes") else None),
+            "val_loss": m.get("val_loss"),
+            "loss_increase": m["val_loss"] - b["val_loss"] if ok and b else None,
+            "perplexity": m.get("perplexity"), "ms_per_token_b1": m.get("ms_per_token_b1"),
             "b1_min_max_ms": f"{m['ms_per_token_b1_min']:.3g}-{m['ms_per_token_b1_max']:.3g}" if ok else "",
-            "speedup_b1": speedup(b and b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
-            "large_batch": m.get("large_batch") if ok else None,
-            "tokens_per_s_large": m.get("tokens_per_s_large") if ok else None,
+            "speedup_b1": speedup(b.get("ms_per_token_b1"), m.get("ms_per_token_b1")) if ok else None,
+            "large_batch": m.get("large_batch"), "tokens_per_s_large": m.get("tokens_per_s_large"),
             "large_min_max_tok_s": (f"{m['tokens_per_s_large_min']:.4g}-{m['tokens_per_s_large_max']:.4g}"
                                     if ok else ""),
-            "speedup_large": (speedup(_inverse(b and b.get("tokens_per_s_large")),
-                                      _inverse(m.get("tokens_per_s_large"))) if ok else None),
-            "status": r.status,
-            "note": note or "",
-        })
+            "speedup_large": (speedup(*(_inverse(x.get("tokens_per_s_large")) for x in (b, m)))
+                              if ok else None),
+            "status": r.status, "note": note or ""})
     df = pd.DataFrame(rows)
     # Whole numbers stay whole in the Markdown/CSV (missing values as empty cells).
     for col in ("size_bytes", "payload_bytes", "large_batch"):
@@ -135,8 +120,6 @@ def plot_quality_vs_speed(df):
 def availability_frame(records: Sequence):
     """What this stack offers, from the rows (the worker checked each variant where it ran): one row per
     (device, variant) with its kernel, note, or the reason it did not run."""
-    import pandas as pd
-
     rows = [{"device": r.config["device"], "variant": r.config["variant"],
              "method": VARIANT_INFO[r.config["variant"]].method, "available": r.status != "skipped",
              "kernel / reason": r.metrics.get("kernel") if r.status != "skipped" else r.reason,
@@ -145,21 +128,14 @@ def availability_frame(records: Sequence):
 
 
 def intensity_frame(settings: Settings, block_size: int):
-    """Weight arithmetic intensity (FLOP per weight byte) of one decoding step, per storage format.
-
-    Rows: batch 1 and the large batches of the CPU and the GPU; columns: fp32, bf16, int8.
-    Uses the mean context of the timed decoding (no KV cache).
-    """
-    import pandas as pd
-
+    """Weight arithmetic intensity (FLOP per weight byte) of one decoding step at batch 1 and the CPU's and
+    GPU's large batches, stored in fp32, bf16, int8; at the timed decoding's mean context (no KV cache)."""
     ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
-    rows = []
-    for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
-                        ("large batch, GPU", settings.large_batch)):
-        rows.append({"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
-                     **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)
-                        for fmt, b in (("fp32", 4), ("bf16", 2), ("int8", 1))}})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
+                          **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)
+                             for fmt, b in (("fp32", 4), ("bf16", 2), ("int8", 1))}}
+                         for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
+                                             ("large batch, GPU", settings.large_batch))])
 
 
 def _fmt_x(v: float) -> str:
@@ -167,12 +143,9 @@ def _fmt_x(v: float) -> str:
 
 
 def findings(records: Sequence) -> list[str]:
-    """Sentences that state what *these* measurements show (nothing is asserted unmeasured).
-
-    Per device: each variant's size, loss increase and both speedups; the two int8
-    *dynamic* implementations side by side (the same arithmetic, different kernels);
-    the same variant on CPU and GPU; and a warning when repetitions varied a lot.
-    """
+    """Sentences that state what *these* measurements show (nothing unmeasured): per device each variant's
+    size, loss increase and speedups; the two int8 *dynamic* implementations side by side (same arithmetic,
+    different kernels); a variant on CPU and GPU; a warning when repetitions varied a lot."""
     df = quantization_table(records)
     ok = df[df["status"] == "ok"]
     out: list[str] = []
@@ -197,10 +170,8 @@ def findings(records: Sequence) -> list[str]:
             parts = [f"{_fmt_x(r['speedup_b1'])} at batch 1 and {_fmt_x(r['speedup_large'])} at batch "
                      f"{r['large_batch']} on {r['device']}" for _, r in sub.iterrows()]
             out.append(f"{variant} across devices: " + "; ".join(parts) + ".")
-    spreads = []
-    for r in records:
-        if r.status == "ok" and r.metrics.get("ms_per_token_b1_min"):
-            spreads.append(r.metrics["ms_per_token_b1_max"] / r.metrics["ms_per_token_b1_min"])
+    spreads = [r.metrics["ms_per_token_b1_max"] / r.metrics["ms_per_token_b1_min"] for r in records
+               if r.status == "ok" and r.metrics.get("ms_per_token_b1_min")]
     if spreads and max(spreads) > 1.5:
         out.append(f"Repetitions varied by up to {max(spreads):.1f}x (slowest / fastest at batch 1): the "
                    "machine was busy or clocks changed; trust only differences well beyond that spread, and "

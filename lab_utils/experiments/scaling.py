@@ -1,63 +1,24 @@
-"""Questions Q2 and Q3.1: scaling over 1/2/4 devices, and compute vs communication: the measurements.
+"""Questions Q2 and Q3.1: the plans of notebook 02 (scaling over 1/2/4 devices, Table 1) and notebook 03
+(compute vs communication, Table 2); their tables are in :mod:`~lab_utils.experiments.scaling_tables`
+and :mod:`~lab_utils.experiments.compute_vs_comm`.
 
-The shape of every experiment: :class:`Settings`, :func:`measure` (notebook 02) and
-:func:`measure_compute_vs_comm` (notebook 03) take the session and the settings and return
-records; the tables and figures are in :mod:`lab_utils.experiments.scaling_tables` (notebook
-02) and :mod:`lab_utils.experiments.compute_vs_comm` (notebook 03).
-
-Notebook 02 (:func:`measure`)
------------------------------
-For each device count N and per-device batch b (global batch N x b), ResNet-18 trains
-``epochs`` epochs; epoch ``epochs`` (2 of 2) is reported, as in notebook 01: its
-*training* time (host-to-device copies, forward, backward, all-reduce, optimizer step;
-waiting on the loader excluded, this rank's and, through the barrier after the data
+For each device count N and per-device batch b (global batch N x b), ResNet-18 trains ``epochs``
+epochs; the last (2 of 2) is reported: its *training* time (host-to-device copies, forward, backward,
+all-reduce, optimizer step; loader waits excluded, this rank's and, through the barrier after the data
 movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
 
-- **DDP** (``method="DDP"``): :mod:`lab_utils.workers.ddp` under ``torchrun`` through
-  :func:`lab_utils.launcher.launch`, one process per GPU with NCCL. All per-device batch
-  sizes of one N run in one launch (one start-up). T(1) is the same worker with one
-  process, so T(1) and T(N) go through the same code. Without enough GPUs the lab runs
-  DDP with **gloo over CPU processes** (one CPU thread each: a "device" is one core),
-  labelled so in the table (``backend`` gloo, ``device_type`` cpu).
-- **DataParallel** (``method="DataParallel"``): ``nn.DataParallel`` over N GPUs and the
-  global batch N x b (it splits each batch), in one process of its own
-  (:mod:`lab_utils.workers.dataparallel`, launched with ``nproc=1``: the notebook's kernel
-  opens no CUDA context). Only with GPUs.
-- A configuration that needs more GPUs than exist is a row ``needs N GPUs`` (status
-  ``skipped``), one that does not fit is ``OOM``; never a number. Those rows are not
-  stored, so a later run on a bigger node measures them.
+- **DDP**: :mod:`lab_utils.workers.ddp`, one process per GPU with NCCL, all batch sizes of one N in
+  one launch. T(1) is the same worker with one process, so T(1) and T(N) go through the same code.
+  Without enough GPUs: **gloo over CPU processes** (one thread each: a "device" is one core), labelled
+  so (``backend`` gloo, ``device_type`` cpu).
+- **DataParallel**: ``nn.DataParallel`` over N GPUs and the global batch, in a process of its own
+  (:mod:`lab_utils.workers.dataparallel`: the notebook's kernel opens no CUDA context). GPUs only.
+- A configuration that needs more GPUs than exist is a row ``needs N GPUs``, one that does not fit
+  ``OOM``; never a number, and not stored, so a later run on a bigger node measures it.
 
-Notebook 03 (:func:`measure_compute_vs_comm`)
----------------------------------------------
-DDP on N = 2 and 4 with ``--measure-comm``: communication measured three ways (see
-:mod:`lab_utils.core.comm_hooks`): (a) the assignment's derivation compute = T(1)/N,
-communication = T(N) - T(1)/N (T(1) from notebook 02's one-device run, run here when
-missing); (b) exposed communication from the ``no_sync`` probe; (c) total all-reduce
-time from the timing hook; overlap = (c) - (b).
-
-Record schema (stable; notebook 04's Table 3 reads it)
-------------------------------------------------------
-Experiments: ``scaling`` (notebook 02) and ``compute_vs_comm`` (notebook 03). Each
-holds the DDP worker's records (one aggregate + one per rank per configuration; the
-full schema is in :mod:`lab_utils.workers.ddp`'s docstring) and, with GPUs, DataParallel
-records. Select the aggregates with ``config["record"] == "aggregate"``. Keys used here:
-
-- ``config``: ``method`` ("DDP" | "DataParallel"), ``devices``, ``batch_size`` (per
-  device), ``global_batch``, ``backend`` ("nccl" | "gloo" | "single process"),
-  ``device_type`` ("cuda" | "cpu"), ``width``, ``train_images``, ``epochs``,
-  ``measure_comm`` (True in ``compute_vs_comm``), ``record``, ``rank``.
-- ``metrics``: ``train_seconds`` (reported epoch, slowest rank, seconds; neither loader
-  waits nor ``skew_wait``, the wait for the other ranks' loaders), ``skew_wait_seconds_max``
-  (absent in records written before the skew barrier: the tables show it blank),
-  ``epoch_seconds``, ``steps`` (per rank in the reported epoch), ``steps_per_epoch``,
-  ``parameters``, ``gradient_bytes`` (fp32 gradient size S in bytes),
-  ``epochs`` (per-epoch history), and in ``compute_vs_comm``: ``exposed_comm_seconds``
-  (b, per epoch), ``allreduce_seconds`` (c, per epoch), ``overlap_seconds``,
-  ``overlap_fraction``, ``comm_probe`` (per-step values).
-
-:func:`lab_utils.experiments.compute_vs_comm.comm_measurements` turns those records into one
-row per (devices, per-device batch) with the three communication figures in seconds per epoch,
-the steps per epoch and the gradient bytes: the stable interface for Table 3.
+Notebook 03 measures communication three ways on N = 2 and 4 (:mod:`lab_utils.core.comm_hooks`):
+(a) the assignment's T(N) - T(1)/N, (b) the exposed part from the ``no_sync`` probe, (c) the
+all-reduce time from the timing hook. The records' schema is in :mod:`lab_utils.workers.ddp`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """Notebook 02's tables and figure: Table 1 (time and speedup over devices), the speedup definitions,
-the serial fraction, strong vs weak scaling, the communication volume.
-
-Presentation of the records :func:`lab_utils.experiments.scaling.measure` returns (one aggregate
-per configuration). T(N) is the reported epoch's ``train_seconds`` of the slowest rank
-(:mod:`lab_utils.core.ranks`; definitions in :mod:`lab_utils.core.metrics`).
+the serial fraction, strong vs weak scaling, the communication volume. T(N) is the reported epoch's
+``train_seconds`` of the slowest rank (:mod:`lab_utils.core.metrics`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import pandas as pd
 
 from lab_utils.core.anchors import (
     FIRST_COHORT_LABEL,
@@ -41,9 +40,6 @@ def _ok(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if r.status == "ok"]
 
 
-
-
-
 def oversubscribed(rec: Record | None) -> str | None:
     """"4 processes x 1 thread on 2 cores" for a measured gloo run whose ranks had more torch
     threads than the machine had cores (they time-share the cores, so its times do not show
@@ -64,7 +60,6 @@ def method_label(method: str, backend: str | None, device_type: str | None) -> s
     if backend == "gloo" or device_type == "cpu":
         return "DDP (gloo, CPU processes)"
     return "DDP (NCCL, GPUs)"
-
 
 
 def _amdahl_speedup(serial_fraction: float, devices: int) -> float:
@@ -103,48 +98,35 @@ _SPEEDUP_DEFINITION_COLUMNS = ["method", "devices", "per_device_batch",
 def speedup_definitions_frame(table=None, dataset_size: int | None = None):
     """Q2's two speedup definitions side by side, per (method, N > 1, per-device batch): the lab's
     T(1)/T(N) on epoch times, the forum's N x t(1)/t(N) on step times (the scaled speedup), and the
-    forum's formula applied to epoch times. From Table 1 (:func:`scaling_frame`) when given, then the
-    earlier cohort's published Table 1 (:data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`),
-    whose steps per epoch are ceil(N_images / (N x b)): N x b images per optimizer step, whichever
-    parallel module ran it (its report does not say)."""
-    import pandas as pd
-
+    forum's formula on epoch times. From Table 1 (:func:`scaling_frame`) when given, then the earlier
+    cohort's published Table 1, whose steps per epoch are ceil(N_images / (N x b)) (N x b images per
+    optimizer step, whichever parallel module ran it: its report does not say)."""
     rows = []
     if table is not None and len(table):
         ok = table[table["speedup"].notna() & (table["devices"] > 1)]
-        for _, r in ok.iterrows():
-            rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS,
-                                 (r["method"], r["devices"], r["per_device_batch"], r["speedup"],
-                                  r["scaled_speedup"], r["n_t1_over_tn_epoch"]), strict=True)))
-    images = dataset_size or CIFAR10_TRAIN_SIZE
-    for (n, b), tn in FIRST_COHORT_TABLE1_SECONDS.items():
-        if n == 1:
-            continue
-        t1 = FIRST_COHORT_TABLE1_SECONDS[(1, b)]
-        step1, step_n = t1 / global_batch_steps(b, images), tn / global_batch_steps(n * b, images)
-        values = (FIRST_COHORT_LABEL, n, b, speedup(t1, tn), scaled_speedup(step1, step_n, n),
-                  n * speedup(t1, tn))
-        rows.append(dict(zip(_SPEEDUP_DEFINITION_COLUMNS, values, strict=True)))
-    return pd.DataFrame(rows, columns=_SPEEDUP_DEFINITION_COLUMNS)
+        rows += ok[["method", "devices", "per_device_batch", "speedup", "scaled_speedup",
+                    "n_t1_over_tn_epoch"]].itertuples(index=False)
+    images, seconds = dataset_size or CIFAR10_TRAIN_SIZE, FIRST_COHORT_TABLE1_SECONDS
+    rows += [(FIRST_COHORT_LABEL, n, b, speedup(seconds[(1, b)], tn),
+              scaled_speedup(seconds[(1, b)] / global_batch_steps(b, images),
+                             tn / global_batch_steps(n * b, images), n), n * speedup(seconds[(1, b)], tn))
+             for (n, b), tn in seconds.items() if n != 1]
+    return pd.DataFrame([tuple(r) for r in rows], columns=_SPEEDUP_DEFINITION_COLUMNS)
 
 
 def save_speedup_definitions(store: ResultStore, records: Sequence[Record]):
     """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
     Table 1 and the earlier cohort, with :data:`_SPEEDUP_DEFINITIONS` as its notes; return it."""
     df = speedup_definitions_frame(scaling_frame(records))
-    store.save_table(blank_missing(df.copy()), "scaling_definitions",
-                     _ok(records),
+    store.save_table(blank_missing(df.copy()), "scaling_definitions", _ok(records),
                      title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
                      notes=list(_SPEEDUP_DEFINITIONS))
     return df
 
 
 def _karp_flatt_note(speedup: float | None, devices: int) -> str:
-    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it).
-
-    e < 0 exactly when the speedup exceeds N (super-linear); e > 1 exactly when the speedup
-    is below 1: N devices took LONGER than one. Neither is a serial fraction.
-    """
+    """What a Karp-Flatt fraction outside [0, 1] means, in words ("" inside it): e < 0 exactly when the
+    speedup exceeds N (super-linear), e > 1 exactly when it is below 1. Neither is a serial fraction."""
     if speedup is None or devices <= 1 or is_missing(speedup):
         return ""
     if speedup > devices:
@@ -160,22 +142,17 @@ def serial_fraction_frame(table, project_to: int = 8):
     Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
     below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
     fraction explains it."""
-    import pandas as pd
-
     rows = []
     ok = table[table["speedup"].notna() & (table["devices"] > 1)]
     for _, r in ok.iterrows():
         e = r["serial_fraction"]
-        row = {"method": r["method"], "devices": r["devices"], "per_device_batch": r["per_device_batch"],
-               "speedup": r["speedup"], "serial_fraction": e,
-               f"amdahl_speedup_at_{project_to}": None, f"gustafson_speedup_at_{project_to}": None,
-               "note": ""}
-        if e is not None and 0 <= e <= 1:
-            row[f"amdahl_speedup_at_{project_to}"] = _amdahl_speedup(e, project_to)
-            row[f"gustafson_speedup_at_{project_to}"] = _gustafson_speedup(e, project_to)
-        else:
-            row["note"] = _karp_flatt_note(float(r["speedup"]), int(r["devices"]))
-        rows.append(row)
+        fits = e is not None and 0 <= e <= 1
+        rows.append({**{k: r[k] for k in ("method", "devices", "per_device_batch", "speedup")},
+                     "serial_fraction": e,
+                     f"amdahl_speedup_at_{project_to}": _amdahl_speedup(e, project_to) if fits else None,
+                     f"gustafson_speedup_at_{project_to}": (_gustafson_speedup(e, project_to) if fits
+                                                             else None),
+                     "note": "" if fits else _karp_flatt_note(float(r["speedup"]), int(r["devices"]))})
     return pd.DataFrame(rows)
 
 
@@ -210,19 +187,15 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
             row.update({"method": method, "devices": n, "global_batch": g, "strong_per_device_batch": g // n,
                         "weak_per_device_batch": g})
             t1, ts, tw = seconds.get((1, g)), seconds.get((n, g // n)), seconds.get((n, g))
-            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw})
+            strong, weak = speedup(t1, ts), speedup(t1, tw)
+            row.update({"T1_seconds": t1, "strong_TN_seconds": ts, "weak_TN_seconds": tw,
+                        "strong_speedup": strong, "strong_efficiency": efficiency(strong, n),
+                        "weak_speedup": weak, "weak_efficiency": efficiency(weak, n)})
             missing = [f"{k} x {b}: {reasons.get((k, b)) or 'not measured'}"
                        for k, b, t in ((1, g, t1), (n, g // n, ts)) if not t]
-            if t1 and ts:
-                row["strong_speedup"] = speedup(t1, ts)
-                row["strong_efficiency"] = efficiency(row["strong_speedup"], n)
-            if t1 and tw:
-                row["weak_speedup"] = speedup(t1, tw)
-                row["weak_efficiency"] = efficiency(row["weak_speedup"], n)
-            if row["strong_speedup"] is not None and row["weak_speedup"] is not None:
+            if strong is not None and weak is not None:
                 row["status"] = "ok"
-                row["better"] = ("strong" if row["strong_speedup"] > row["weak_speedup"]
-                                 else "weak" if row["strong_speedup"] < row["weak_speedup"] else "equal")
+                row["better"] = "strong" if strong > weak else "weak" if strong < weak else "equal"
             elif missing:
                 row["status"] = "no strong-scaling comparison: " + "; ".join(missing)
             else:
@@ -233,10 +206,7 @@ def _fixed_global_batch_rows(seconds: dict[tuple[int, int], float | None],
 
 def fixed_global_batch_frame(records: Sequence[Record] | None = None,
                              seconds: dict[tuple[int, int], float | None] | None = None, method: str = ""):
-    """:func:`_fixed_global_batch_rows` as a DataFrame, from Table 1's records (one block per method)
-    or from a ``seconds`` table such as :data:`lab_utils.core.anchors.FIRST_COHORT_TABLE1_SECONDS`."""
-    import pandas as pd
-
+    """:func:`_fixed_global_batch_rows` from Table 1's records (one block per method) or ``seconds``."""
     rows: list[dict] = []
     if seconds is not None:
         rows += _fixed_global_batch_rows(seconds, method=method)
@@ -285,14 +255,9 @@ FIXED_GLOBAL_EXPLANATION = (
 
 
 def _other_cohort_frame():
-    """The other cohort's DataParallel table as it was measured: a FIXED GLOBAL batch G split over
-    N GPUs (strong scaling), one row per (N > 1, G), in :func:`fixed_global_batch_frame`'s columns:
-    T(1, G), the per-GPU share G/N, T(N, G), speedup T(1, G)/T(N, G) and efficiency. It ran no
-    fixed-per-GPU-batch (weak) configuration, so its weak columns are blank and its status says so.
-    Its times are epoch wall-clock to the second with the loader included
-    (:data:`lab_utils.core.anchors.OTHER_COHORT_MEASURED`), not the assignment's training time."""
-    import pandas as pd
-
+    """The other cohort's DataParallel table as measured: a FIXED GLOBAL batch G split over N GPUs
+    (strong scaling), one row per (N > 1, G) in :func:`fixed_global_batch_frame`'s columns; it ran no
+    weak configuration, so those columns are blank and its status says so."""
     rows = []
     for (n, g), tn in sorted(OTHER_COHORT_SECONDS.items()):
         t1 = OTHER_COHORT_SECONDS.get((1, g))
@@ -325,17 +290,14 @@ def _other_cohort_verdict(df=None) -> str:
             "the loader included, so set it beside this run's strong columns, not against its weak ones.")
 
 
-def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], include_anchors: bool = True):
-    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch.md`` + ``.csv``): this
-    run's rows, then the earlier cohort's Table 1 through the same arithmetic, then the other cohort's
-    fixed-global-batch runs as measured (:func:`_other_cohort_frame`: the only measured strong-scaling
-    data the lab quotes). Returns (DataFrame, {who: one-line verdict}) for this run and each cohort."""
-    import pandas as pd
-
+def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
+    """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch``): this run's rows, the
+    earlier cohort's Table 1 through the same arithmetic, the other cohort's runs as measured. Returns
+    (DataFrame, {who: one-line verdict})."""
     here = fixed_global_batch_frame(records)
     first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
     other = _other_cohort_frame()
-    df = pd.concat([here, first, other], ignore_index=True) if include_anchors else here
+    df = pd.concat([here, first, other], ignore_index=True)
     verdicts = {"This run": fixed_global_batch_verdict(here),
                 FIRST_COHORT_LABEL: fixed_global_batch_verdict(first),
                 OTHER_COHORT_LABEL: _other_cohort_verdict(other)}
@@ -353,39 +315,30 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record], incl
              f"on {OTHER_COHORT_RAN_ON[0]} ({OTHER_COHORT_RAN_ON[1] // OTHER_COHORT_RAN_ON[0]:,} per GPU; no "
              "time given).",
              *(f"{who}: {v}" for who, v in verdicts.items()), FIXED_GLOBAL_EXPLANATION]
-    store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch",
-                     _ok(records),
+    store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch", _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
                      notes=notes)
     return df, verdicts
 
 
 def anchor_frame():
-    """Both earlier cohorts' epoch times with their steps per epoch and speedups (sanity anchors, not
-    targets), each as what it measured:
-
-    - the earlier cohort's Table 1: per-GPU batch b fixed (global N x b), epoch-2 training seconds
-      with data I/O excluded; speedup T(1, b)/T(N, b); its report does not name the parallel module;
-    - the other cohort's DataParallel: global batch G fixed (G/N per GPU), epoch wall-clock to the
-      second with the loader included; speedup T(1, G)/T(N, G).
-
-    ``steps_per_epoch`` = ceil(50,000 / global batch); ``steps_logged`` is what the other cohort's
-    logs count where the report quotes them (1,563 at 32, 391 at 128)."""
-    import pandas as pd
-
+    """Both earlier cohorts' epoch times, steps per epoch (ceil(50,000 / global batch); ``steps_logged``:
+    what the other cohort's logs count) and speedups, sanity anchors, each as what it measured: the
+    earlier cohort's per-GPU batch b fixed, epoch-2 training seconds, T(1, b)/T(N, b); the other cohort's
+    global batch G fixed, epoch wall-clock with the loader, T(1, G)/T(N, G)."""
     rows = []
     for label, measured, table, fixed in (
             (FIRST_COHORT_LABEL, FIRST_COHORT_MEASURED, FIRST_COHORT_TABLE1_SECONDS, "per-GPU batch"),
             (OTHER_COHORT_LABEL, OTHER_COHORT_MEASURED, OTHER_COHORT_SECONDS, "global batch")):
         for (n, b), t in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            g = n * b if fixed == "per-GPU batch" else b
-            t1 = table.get((1, b))
-            per_gpu = b if fixed == "per-GPU batch" else other_cohort_per_gpu_batch(n, b)
-            logged = OTHER_COHORT_LOGGED_STEPS.get(g) if fixed == "global batch" else None
-            rows.append({"method": label, "fixed": fixed, "gpus": n, "per_gpu_batch": per_gpu,
-                         "global_batch": g, "steps_per_epoch": global_batch_steps(g), "steps_logged": logged,
-                         "epoch2_seconds": t, "speedup": speedup(t1, t),
-                         "efficiency": efficiency(speedup(t1, t), n), "measured": measured})
+            per_gpu_fixed, s = fixed == "per-GPU batch", speedup(table.get((1, b)), t)
+            g = n * b if per_gpu_fixed else b
+            rows.append({"method": label, "fixed": fixed, "gpus": n,
+                         "per_gpu_batch": b if per_gpu_fixed else other_cohort_per_gpu_batch(n, b),
+                         "global_batch": g, "steps_per_epoch": global_batch_steps(g),
+                         "steps_logged": None if per_gpu_fixed else OTHER_COHORT_LOGGED_STEPS.get(g),
+                         "epoch2_seconds": t, "speedup": s, "efficiency": efficiency(s, n),
+                         "measured": measured})
     return blank_missing(pd.DataFrame(rows))
 
 
@@ -393,9 +346,6 @@ def comm_volume_frame(records: Sequence[Record]):
     """Why small per-device batches scale badly: per stored N-device DDP run, the ring all-reduce
     bytes each rank sends per step and per epoch (2(N-1)/N x S, S = fp32 gradient bytes), next to
     the images each device computes per step. Bytes are decimal (MB = 1e6)."""
-    import pandas as pd
-
-
     rows = []
     for r in merge_repeats(records):
         c, m = r.config, r.metrics
@@ -412,26 +362,12 @@ def comm_volume_frame(records: Sequence[Record]):
 
 
 def scaling_frame(records: Sequence[Record]):
-    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch).
-
-    ``epoch2_train_seconds`` T(N) is the reported epoch's training time (slowest rank);
-    ``step_seconds`` t(N) = T(N) / steps. speedup = T(1)/T(N) (strong scaling of one
-    epoch over the fixed data set); scaled_speedup = N x t(1)/t(N) (weak scaling: the work
-    per device per step is fixed; Gustafson); efficiency = speedup / N. T(1) is the
-    same method's one-device run with the same per-device batch.
-
-    With repeats the records of a configuration are merged first (:func:`lab_utils.core.spread.merge_repeats`:
-    T(N) is the median over the repeats). ``spread_pct`` / ``spread_of``: the spread of T(N) (one run: its
-    steps' p10-p90; repeats: their min-max); ``spread_flag``: T(N)'s and T(1)'s spreads overlap, so the
-    speedup is not distinguishable from 1 at this spread.
-    """
-    import pandas as pd
-
+    """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch), each
+    column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
+    (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
     aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
-    base = {}
-    for r in aggs:
-        if r.config["devices"] == 1 and r.status == "ok":
-            base[(r.config["method"], r.config["batch_size"])] = r
+    base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
+            if r.config["devices"] == 1 and r.status == "ok"}
     rows = []
     for r in aggs:
         c, m = r.config, r.metrics
@@ -461,12 +397,11 @@ def scaling_frame(records: Sequence[Record]):
             if steps and s1:
                 row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
         rows.append(row)
-    df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
-                                     "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
-                                     "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
-                                     "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
-                                     "oversubscribed", "spread_flag"])
-    return df
+    return pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
+                                       "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
+                                       "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
+                                       "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
+                                       "oversubscribed", "spread_flag"])
 
 
 SPEEDUP_WITHIN_SPREAD = "T(N) within T(1)'s spread: speedup not distinguishable from 1 at this spread"
@@ -506,7 +441,7 @@ _TABLE1_NOTES = [
 def scaling_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
     df = scaling_frame(records)
-    notes = list(_TABLE1_NOTES) + ["Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
+    notes = [*_TABLE1_NOTES, "Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
     if any(r.config.get("backend") == "gloo" for r in records):
         notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
                      "process, so these numbers show the mechanics, not GPU performance.")
@@ -516,8 +451,7 @@ def scaling_table(store: ResultStore, records: Sequence[Record], settings: Setti
     return df
 
 
-def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings,
-                   name: str = "scaling_speedup"):
+def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Speedup T(1)/T(N) against devices, one line per (method, per-device batch), with the ideal line."""
     import matplotlib.pyplot as plt
 
@@ -536,5 +470,5 @@ def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Sett
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout(rect=(0, 0.05, 1, 1))  # room for the provenance label below the axis
-    path = store.save_figure(fig, name, _ok(records))
+    path = store.save_figure(fig, "scaling_speedup", _ok(records))
     return fig, path

@@ -1,11 +1,7 @@
-"""Q1: the batch-size sweep on one device, up to the batch that no longer fits: the experiment.
-
-:class:`Settings` (values: :data:`lab_utils.core.profiles.SWEEP`) and :func:`plan`: one run of
-:mod:`lab_utils.workers.sweep` per batch size (32, 128, 512, ... growing x4), all one group: one
-launch on a GPU, in this process on a CPU, smallest first; after an out-of-memory the larger sizes
-are rows "not tried" (:func:`lab_utils.plan.measure`'s rule), as is a batch larger than the
-training set. What a run measures, and how out of memory is reached on purpose: the worker's
-docstring. Tables and figure: :mod:`lab_utils.experiments.sweep_tables`.
+"""Q1: the batch-size sweep on one device, up to the batch that no longer fits: one run of
+:mod:`lab_utils.workers.sweep` per batch size (32, 128, 512, ... growing x4), one group, smallest first;
+after an out-of-memory the larger sizes are rows "not tried". What a run measures, and how out of memory
+is reached on purpose: the worker's docstring. Tables and figure: :mod:`lab_utils.experiments.sweep_tables`.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ from lab_utils.core.config import (
     resolve_dataset,
     resolved_images,
 )
+from lab_utils.core.data import check_num_workers
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import device_name
 from lab_utils.core.machine import Machine
@@ -94,8 +91,8 @@ class Settings:
             check_positive_int(s.memory_cap_bytes, "memory cap (bytes)")
         if s.memory_fraction is not None:
             check_memory_fraction(s.memory_fraction)
-        if s.num_workers is not None and (not isinstance(s.num_workers, int) or s.num_workers < 0):
-            raise LabError(f"num_workers must be 0 or more, got {s.num_workers!r}.")
+        if s.num_workers is not None:
+            check_num_workers(s.num_workers)
         if s.dataset is not None:
             check_choice(s.dataset, DATASET_CHOICES, "dataset")
         return s

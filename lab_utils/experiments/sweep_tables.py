@@ -1,8 +1,5 @@
-"""Notebook 01's tables and figure: the batch-size sweep, where its time goes, its FLOP rate, the anchors.
-
-Presentation of the records :func:`lab_utils.plan.measure` returns for
-:data:`~lab_utils.experiments.sweep.SWEEP_EXPERIMENT` (one per batch size, final: the tables select
-and rename). The metric names are those of :mod:`lab_utils.core.metrics`.
+"""Notebook 01's tables and figure: the batch-size sweep, where its time goes, its FLOP rate, the anchors,
+from :data:`~lab_utils.experiments.sweep.SWEEP_EXPERIMENT`'s records (one per batch size, final).
 """
 
 from __future__ import annotations
@@ -10,6 +7,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from typing import Any
+
+import pandas as pd
 
 from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
@@ -20,9 +19,8 @@ from lab_utils.experiments.sweep import EXPERIMENT, SPEC_LR, Settings
 from lab_utils.models import flops_per_image
 from lab_utils.store import Record, ResultStore
 
-__all__ = ["anchor_table",
-           "flop_table", "largest_fitting_batch", "phase_table", "plot_sweep", "save_flop_table",
-           "save_tables", "sweep_table"]
+__all__ = ["anchor_table", "flop_table", "largest_fitting_batch", "phase_table", "plot_sweep",
+           "save_flop_table", "save_tables", "sweep_table"]
 
 
 def largest_fitting_batch(records: Sequence[Record]) -> int | None:
@@ -41,20 +39,9 @@ def _ok(records: Sequence[Record]) -> list[Record]:
     return [r for r in merge_repeats(records) if r.status == "ok"]
 
 
-def _gib(nbytes: int | None) -> float | None:
-    return None if nbytes is None else nbytes / 2**30
-
-
 def sweep_table(records: Sequence[Record]):
-    """The paste-able table: one row per batch size, status and reason for rows not measured.
-
-    Columns: batch size, epoch-2 training seconds, data-loading seconds, images/s, peak
-    memory (GiB, or "not tracked on CPU"), train loss, test accuracy, status, reason; after the
-    training time its spread (``spread_pct``, ``spread_of``: :mod:`lab_utils.core.spread`). With
-    repeats, one row per batch size: the training time is the median over the repeats.
-    """
-    import pandas as pd
-
+    """The paste-able table: one row per batch size (with repeats: the median training time), the rows
+    not measured with their status and reason; peak memory in GiB, or "not tracked on CPU"."""
     rows = []
     for r in merge_repeats(records):
         m = r.metrics if r.status == "ok" else {}
@@ -64,44 +51,25 @@ def sweep_table(records: Sequence[Record]):
         elif m.get("peak_memory_bytes") is None:
             peak = "not tracked on CPU" if on_cpu else "unknown"
         else:
-            peak = f"{_gib(m['peak_memory_bytes']):.2f}"
+            peak = f"{m['peak_memory_bytes'] / 2**30:.2f}"
         rows.append({
-            "batch size": r.config["batch_size"],
-            "epoch-2 training (s)": _num(m.get("train_seconds")),
-            "spread_pct": _num(m.get("spread_pct")),
-            "spread_of": m.get("spread_of") or "",
-            "data loading (s)": _num(m.get("data_loading_seconds")),
-            "images/s": _num(m.get("images_per_s")),
-            "peak memory (GiB)": peak,
-            "train loss": _num(m.get("loss")),
-            "test accuracy": _num(m.get("test_accuracy")),
-            "status": r.status,
-            "reason": r.reason or "",
-        })
+            "batch size": r.config["batch_size"], "epoch-2 training (s)": _num(m.get("train_seconds")),
+            "spread_pct": _num(m.get("spread_pct")), "spread_of": m.get("spread_of") or "",
+            "data loading (s)": _num(m.get("data_loading_seconds")), "images/s": _num(m.get("images_per_s")),
+            "peak memory (GiB)": peak, "train loss": _num(m.get("loss")),
+            "test accuracy": _num(m.get("test_accuracy")), "status": r.status, "reason": r.reason or ""})
     return pd.DataFrame(rows, dtype=object)
 
 
 def phase_table(records: Sequence[Record]):
     """Where the reported epoch's time went, per measured batch size (seconds)."""
-    import pandas as pd
-
-    rows = []
-    for r in merge_repeats(records):
-        if r.status != "ok":
-            continue
-        m = r.metrics
-        rows.append({
-            "batch size": r.config["batch_size"],
-            "steps": m["steps"],
-            "warm-up epoch training (s)": m["warmup_train_seconds"],
-            "data loading (s)": m["data_loading_seconds"],
-            "host-to-device (s)": m["data_movement_seconds"],
-            "compute: fwd+bwd+step (s)": m["compute_seconds"],
-            "reported training (s)": m["train_seconds"],
-            "whole epoch wall (s)": m["epoch_seconds"],
-            "ms per step": m.get("ms_per_step"),
-        })
-    return pd.DataFrame(rows)
+    columns = {"steps": "steps", "warm-up epoch training (s)": "warmup_train_seconds",
+               "data loading (s)": "data_loading_seconds", "host-to-device (s)": "data_movement_seconds",
+               "compute: fwd+bwd+step (s)": "compute_seconds", "reported training (s)": "train_seconds",
+               "whole epoch wall (s)": "epoch_seconds", "ms per step": "ms_per_step"}
+    return pd.DataFrame([{"batch size": r.config["batch_size"],
+                          **{c: r.metrics.get(k) for c, k in columns.items()}}
+                         for r in _ok(records)])
 
 
 def _num(v: Any) -> Any:
@@ -117,7 +85,6 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         f"Training (s): epoch {ep} of {settings.epochs} (epoch 1 is warm-up); host-to-device copies, "
         "forward, backward and optimizer step, synchronized; excludes waiting on the data loader "
         "(data loading column) and evaluation.",
-        "images/s = training images / training seconds of the reported epoch.",
         "spread_pct: the spread of the training time in % of it; spread_of says which: 'p10-p90 of S steps' "
         "(the reported epoch's per-step training times) or 'min-max of R repeats' (REPEATS > 1: the "
         "training time is then the median of the repeats). A difference between rows smaller than their "
@@ -128,8 +95,7 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         f"Learning rate {SPEC_LR} at every batch size (the spec's; not scaled), so accuracy at large "
         "batch is expected to drop: see notebook 05.",
     ]
-    store.save_table(table, EXPERIMENT, records, title="Batch-size sweep on one device",
-                     notes=notes)
+    store.save_table(table, EXPERIMENT, records, title="Batch-size sweep on one device", notes=notes)
     phases = phase_table(records)
     if len(phases):
         store.save_table(phases, f"{EXPERIMENT}_phases", _ok(records),
@@ -181,23 +147,14 @@ def _precision(records: Sequence[Record]) -> str:
 def flop_table(records: Sequence[Record]):
     """Achieved training FLOP/s per measured batch size and, on a known GPU, the percent of its peak:
     the records' ``train_tflops_per_s`` (training FLOPs per image x images/s) and ``percent_of_peak``."""
-    import pandas as pd
-
     precision = _precision(records)
     peak = peak_flops_per_s(_device(records), precision)
-    rows = []
-    for r in _ok(records):
-        m = r.metrics
-        flops = m.get("train_flops_per_image")
-        rows.append({
-            "batch size": r.config["batch_size"],
-            "images/s": m["images_per_s"],
-            "train GFLOP/image": "" if flops is None else flops / 1e9,
-            "achieved TFLOP/s": _num(m.get("train_tflops_per_s")),
-            f"peak TFLOP/s ({precision})": "" if peak is None else peak / 1e12,
-            "% of peak": _num(m.get("percent_of_peak")),
-        })
-    return pd.DataFrame(rows, dtype=object)
+    return pd.DataFrame([{
+        "batch size": r.config["batch_size"], "images/s": r.metrics["images_per_s"],
+        "train GFLOP/image": "" if (f := r.metrics.get("train_flops_per_image")) is None else f / 1e9,
+        "achieved TFLOP/s": _num(r.metrics.get("train_tflops_per_s")),
+        f"peak TFLOP/s ({precision})": "" if peak is None else peak / 1e12,
+        "% of peak": _num(r.metrics.get("percent_of_peak"))} for r in _ok(records)], dtype=object)
 
 
 def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Settings):
@@ -205,11 +162,9 @@ def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Set
     table = flop_table(records)
     device, precision = _device(records), _precision(records)
     peak = peak_flops_per_s(device, precision)
-    if peak is None:
-        why = (f"No % of peak: {device} is not in the peak-FLOP/s table of lab_utils.core.hardware "
-               "(CPUs never are), and a guessed peak would be a made-up number.")
-    else:
-        why = f"Peak {peak / 1e12:.0f} TFLOP/s is the data-sheet dense {precision} figure for {device}."
+    why = (f"No % of peak: {device} is not in the peak-FLOP/s table of lab_utils.core.hardware (CPUs never "
+           "are), and a guessed peak would be a made-up number." if peak is None else
+           f"Peak {peak / 1e12:.0f} TFLOP/s is the data-sheet dense {precision} figure for {device}.")
     flops = flops_per_image(settings.width)
     notes = [f"FLOPs counted by torch.utils.flop_counter on ResNet-18 width {flops.width}: forward "
              f"{flops.forward_flops / 1e9:.4g} GFLOP/image, forward+backward {flops.train_flops / 1e9:.4g} "
@@ -222,15 +177,9 @@ def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Set
 
 
 def anchor_table(records: Sequence[Record], settings: Settings):
-    """This run's epoch-2 training seconds next to the earlier cohort's, for the anchor batch sizes.
-
-    The cohort's numbers are the 1-GPU row of its Table 1, unrounded, from
-    :mod:`lab_utils.core.anchors` (SPEC.md prints them rounded too: 33.6, 34.0). The ratio
-    (cohort / this run, >1 means faster here) is given only when this run is the spec
-    configuration (width 64, all 50,000 images); otherwise the column says why not.
-    """
-    import pandas as pd
-
+    """This run's epoch-2 training seconds next to the earlier cohort's (the 1-GPU row of its Table 1,
+    unrounded, :mod:`lab_utils.core.anchors`). The ratio cohort / this run (>1: faster here) only when this
+    run is the spec configuration (width 64, all 50,000 images); otherwise the column says why not."""
     s = settings
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in records}
