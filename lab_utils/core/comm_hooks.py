@@ -67,15 +67,8 @@ class StepComm:
 class AllReduceTimer:
     """A DDP communication hook that all-reduces each bucket (like the default) and times it.
 
-    Usage::
-
-        timer = AllReduceTimer(ddp_model)      # registers the hook (before the first forward)
-        timer.begin_step()
-        loss = loss_fn(ddp_model(x), y); loss.backward()
-        timer.end_backward()
-        step = timer.finish_step()             # StepComm; waits for the device on GPU
-
-    A step in which the hook was not called (under ``no_sync``) gives zeros.
+    Registered before the first forward; per step: ``begin_step()``, forward and backward,
+    ``end_backward()``, then ``finish_step()`` (a :class:`StepComm`, zeros under ``no_sync``).
     """
 
     def __init__(self, ddp_model: nn.parallel.DistributedDataParallel, group=None):

@@ -58,8 +58,3 @@ def count_flops(model: nn.Module, example: torch.Tensor, backward: bool = True,
         model.zero_grad(set_to_none=True)
     model.train(was_training)
     return FlopCount(batch_size=int(example.shape[0]), forward_flops=fwd, backward_flops=bwd)
-
-
-def achieved_flops_per_s(flops_per_sample: float, samples_per_s: float) -> float:
-    """FLOP/s achieved = FLOPs per sample x samples per second."""
-    return flops_per_sample * samples_per_s

@@ -31,6 +31,7 @@ import datetime
 import os
 import pickle
 import select
+import shutil
 import signal
 import tempfile
 import time
@@ -77,12 +78,7 @@ def shard_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each rank's shard of ``numel`` elements: together they cover every element
     once, in order; sizes differ by at most one (the first ``numel % world_size`` ranks hold one more)."""
     base, extra = divmod(numel, world_size)
-    bounds, start = [], 0
-    for rank in range(world_size):
-        end = start + base + (1 if rank < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    return [(r * base + min(r, extra), (r + 1) * base + min(r + 1, extra)) for r in range(world_size)]
 
 
 class Local:
@@ -298,9 +294,7 @@ def run_in_ranks(fn: Callable[[int, int], Any], world_size: int, timeout_s: floa
         if got[fd] is None:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    for name in os.listdir(folder):
-        os.remove(os.path.join(folder, name))
-    os.rmdir(folder)
+    shutil.rmtree(folder)
     return [pickle.loads(got[fd]) if got[fd] else {"error": "timed out"} for fd in pipes]
 
 

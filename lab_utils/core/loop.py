@@ -343,11 +343,9 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     train_s = timer.training_seconds if timed else None
     images = sums.images
     peaks = [peak_memory(d) for d in devices]
-    phases = {f"{ph}_seconds": timer.seconds(ph) for ph in
-              ("data_loading", "data_movement", "compute", "communication", "skew_wait")}
     rec = EpochRecord(
         epoch=epoch, images=images, steps=sums.steps, micro_steps=sums.micro_steps,
-        epoch_seconds=epoch_seconds, train_seconds=train_s, **phases,
+        epoch_seconds=epoch_seconds, train_seconds=train_s, **timer.totals(),
         images_per_s=images / train_s if train_s else None,
         loss=float(sums.loss_sum) / max(images, 1),
         accuracy=float(sums.correct) / max(images, 1) if options.count_correct else math.nan,

@@ -39,16 +39,11 @@ UPSTREAM_REPORT = "uxlfoundation/oneDNN#6035"
 
 
 def affected_convs(model: nn.Module) -> list[str]:
-    """Names of the model's convolutions the defect can hit: 1x1, stride > 1, < 8 input channels.
-
-    Only unpadded ones (all the lab's models have): for those, the workaround is exact.
-    """
-    out = []
-    for name, m in model.named_modules():
-        if (isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and max(m.stride) > 1
-                and m.padding in ((0, 0), "valid") and m.in_channels // m.groups < AVX2_CHANNEL_BLOCK):
-            out.append(name)
-    return out
+    """Names of the model's convolutions the defect can hit: 1x1, stride > 1, < 8 input channels,
+    unpadded (as all the lab's are: for those the workaround is exact)."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and max(m.stride) > 1
+            and m.padding in ((0, 0), "valid") and m.in_channels // m.groups < AVX2_CHANNEL_BLOCK]
 
 
 def _subsample(stride: tuple[int, int]):
@@ -63,15 +58,11 @@ def _subsample(stride: tuple[int, int]):
 
 def apply_workaround(model: nn.Module, device: torch.device | str, channels_last_possible: bool
                      ) -> str | None:
-    """Rewrite ``model``'s affected convolutions (see the module docstring); return why, or ``None``.
-
-    ``channels_last_possible``: the model is trained channels-last, or compiled (whose CPU
-    backend may choose channels-last by itself). GPUs, channels-first eager training and
-    models without an affected convolution are left as they are (``None``).
-    """
-    if torch.device(device).type != "cpu" or not channels_last_possible:
-        return None
-    if not torch.backends.mkldnn.is_available():
+    """Rewrite ``model``'s affected convolutions (see the module docstring); return why, or ``None`` (left
+    as it is: a GPU, channels-first eager training, no affected convolution). ``channels_last_possible``:
+    trained channels-last, or compiled (whose CPU backend may choose channels-last by itself)."""
+    on_onednn = torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
+    if not on_onednn or not channels_last_possible:
         return None
     names = affected_convs(model)
     modules = dict(model.named_modules())

@@ -68,20 +68,16 @@ def _check_world_size(world_size: object) -> int:
     return check_positive_int(world_size, "world size (number of ranks P)")
 
 
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _check_nonneg(value: float, what: str) -> float:
-    if not _is_number(value) or value < 0:
-        raise LabError(f"{what} must be a finite number of at least 0, got {value!r}.")
+def _check_nonneg(value: float, what: str, above_zero: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or value < 0 or (above_zero and value == 0)):
+        raise LabError(f"{what} must be a finite number {'above 0' if above_zero else 'of at least 0'}, "
+                       f"got {value!r}.")
     return float(value)
 
 
 def _check_pos(value: float, what: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise LabError(f"{what} must be a finite number above 0, got {value!r}.")
-    return float(value)
+    return _check_nonneg(value, what, above_zero=True)
 
 
 def gradient_bytes(model) -> int:
@@ -332,10 +328,19 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
     else:
         cov = sigma2 * np.linalg.pinv(design.T @ design)
         var_a0, var_a1 = float(cov[0, 0]), float(cov[1, 1])
-    steps, bandwidth = 2 * (p - 1), bus_factor(p) / a1
-    return AlphaBetaFit(p, a0 / steps, bandwidth, math.sqrt(max(var_a0, 0.0)) / steps,
-                        bandwidth * math.sqrt(max(var_a1, 0.0)) / a1, float(np.sqrt(np.mean(resid**2))),
-                        float(np.max(np.abs(resid))), n, clamped)
+    steps = 2 * (p - 1)
+    bandwidth = bus_factor(p) / a1
+    return AlphaBetaFit(
+        world_size=p,
+        alpha_seconds=a0 / steps,
+        bandwidth_bytes_per_s=bandwidth,
+        alpha_stderr_seconds=math.sqrt(max(var_a0, 0.0)) / steps,
+        bandwidth_stderr_bytes_per_s=bandwidth * math.sqrt(max(var_a1, 0.0)) / a1,
+        rms_relative_error=float(np.sqrt(np.mean(resid**2))),
+        max_relative_error=float(np.max(np.abs(resid))),
+        n_points=n,
+        latency_clamped=clamped,
+    )
 
 
 # --------------------------------------------------------------------------- benchmark message sizes

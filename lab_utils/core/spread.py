@@ -108,33 +108,28 @@ def base_key(config: Mapping[str, Any]) -> str:
 
 
 def merge_repeats(records: Sequence[Record]) -> list[Record]:
-    """One record per configuration, in first-seen order, each with its spread in its metrics
-    (:data:`SPREAD_KEYS`: ``spread_pct``, ``spread_of``, the range in seconds and ``repeats``, the
-    number of ok measurements merged).
+    """One record per configuration (its config without ``repeat``), in first-seen order, with the
+    :data:`SPREAD_KEYS` in its metrics (``repeats``: the ok measurements merged).
 
-    The ok repeats of a configuration (equal configs apart from ``repeat``) become one record: the
-    metrics of the repeat whose ``train_seconds`` is the lower median, with ``train_seconds`` set to
-    the MEDIAN over the repeats (the row's time) and the spread of :func:`time_spread`. A configuration
-    with no ok repeat keeps its first record. Per-rank records (``config["record"] == "rank"``) of the
-    first measurement are kept as they are, those of later repeats left out. The config of a merged
-    record has no ``repeat``.
+    The ok repeats become the metrics of the one whose ``train_seconds`` is the lower median, with
+    ``train_seconds`` set to the MEDIAN over the repeats and the spread of :func:`time_spread`; with
+    no ok repeat, the first record. Per-rank records are kept for the first measurement only.
     """
     groups: dict[str, list[Record]] = {}
-    order: list[tuple[str, Record | None]] = []
+    order: list[str | Record] = []  # a configuration's key, or a per-rank record kept as it is
     for r in records:
         if r.config.get("record") == "rank":
             if not r.config.get(REPEAT):
-                order.append(("", r))
+                order.append(r)
             continue
         k = base_key(r.config)
         if k not in groups:
-            groups[k] = []
-            order.append((k, None))
-        groups[k].append(r)
+            order.append(k)
+        groups.setdefault(k, []).append(r)
     out = []
-    for k, rank_record in order:
-        if rank_record is not None:
-            out.append(rank_record)
+    for k in order:
+        if isinstance(k, Record):
+            out.append(k)
             continue
         group = groups[k]
         ok = [r for r in group if r.status == "ok"]

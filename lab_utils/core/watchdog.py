@@ -44,12 +44,9 @@ def expiry_message(what: str, seconds: float, fix: str) -> str:
 @contextlib.contextmanager
 def deadline(seconds: float | None, what: str, fix: str,
              on_expiry: Callable[[str], None] | None = None) -> Iterator[None]:
-    """End the process if the block runs longer than ``seconds`` (``None``: no limit).
-
-    ``what`` names the work ("the torch.compile warm-up of step 'compile'"), ``fix`` says
-    what to do about it. ``on_expiry(message)`` runs in the timer thread before the exit;
-    its own failure is printed, not raised.
-    """
+    """End the process if the block runs longer than ``seconds`` (``None``: no limit), saying that
+    ``what`` did not finish and the ``fix``; ``on_expiry(message)`` runs in the timer thread before
+    the exit (its own failure is printed, not raised)."""
     if seconds is None:
         yield
         return
