@@ -111,16 +111,9 @@ def arch_runs(compute_cap: str, archs: Iterable[str]) -> bool:
     kernel image is available".)
     """
     major, minor = (int(x) for x in compute_cap.split(".")[:2])
-    for arch in archs:
-        parsed = _arch_number(arch)
-        if parsed is None:
-            continue
-        kind, n = parsed
-        if kind == "sm" and n // 10 == major and n % 10 <= minor:
-            return True
-        if kind == "compute" and n <= major * 10 + minor:
-            return True
-    return False
+    parsed = [p for a in archs if (p := _arch_number(a))]
+    return any((kind == "sm" and n // 10 == major and n % 10 <= minor)
+               or (kind == "compute" and n <= major * 10 + minor) for kind, n in parsed)
 
 
 def arch_summary(archs: Sequence[str]) -> str:
@@ -176,11 +169,10 @@ def parse_version(text: str) -> Version:
 
 
 def version_satisfies(version: str, spec: str) -> bool:
-    """True when ``version`` meets every clause of ``spec`` (``">=2.4,<2.16"``, ``"==2.14.1"``).
+    """True when ``version`` meets every clause of ``spec`` (``">=2.4,<2.16"``; empty: anything).
 
-    Enough of PEP 440 for requirement ranges: ``== != >= <= > < ~=``, ``==X.*``; a local
-    label (``+cu126``) is ignored unless the clause names one; ``<V`` excludes V's
-    pre-releases. An empty spec accepts everything.
+    Enough of PEP 440 for requirement ranges: ``== != >= <= > < ~=``, ``==X.*``; a local label
+    (``+cu126``) is ignored unless the clause names one; ``<V`` excludes V's pre-releases.
     """
     v = parse_version(version)
     for clause in filter(None, (c.strip() for c in spec.split(","))):
@@ -229,11 +221,8 @@ def normalize(name: str) -> str:
 
 
 def read_requirements(path: str | Path) -> dict[str, str]:
-    """``{normalized name: version spec}`` from a requirements or constraints file.
-
-    Comments, options (``-r``, ``--index-url``) and environment markers are skipped; a
-    name without a version gets ``""``.
-    """
+    """``{normalized name: version spec}`` (``""`` for none) from a requirements or constraints file;
+    comments, options (``-r``, ``--index-url``) and environment markers are skipped."""
     out: dict[str, str] = {}
     for raw in Path(path).read_text(encoding="utf-8").splitlines():
         line = re.sub(r"(^|\s)#.*$", "", raw).strip()

@@ -208,16 +208,14 @@ def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [d.name for d in default]
-    names: list[str | None] = []
-    for token in (t.strip() for t in visible.split(",")):
-        if not token:
-            continue
-        if token.isdigit():
-            g = next((d for d in gpus if d.gpu_index == int(token)), None)
-            names.append(None if g is None else (migs[g.gpu_index][0].name if migs[g.gpu_index] else g.name))
-        else:
-            names.append(next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None))
-    return names
+
+    def named(token: str) -> str | None:
+        if not token.isdigit():
+            return next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None)
+        g = next((d for d in gpus if d.gpu_index == int(token)), None)
+        return None if g is None else (migs[g.gpu_index] or [g])[0].name
+
+    return [named(t.strip()) for t in visible.split(",") if t.strip()]
 
 
 def cpu_model() -> str:

@@ -72,8 +72,7 @@ class EpochRecord:
     accuracy: float                 # training accuracy over this process's samples (nan: not counted)
     peak_memory_bytes: int | None   # device memory high-water mark (the fullest GPU); None on CPU
     lr: float
-    # DataParallel: each GPU's high-water mark, in device_ids order (GPU 0 holds the gathered
-    # outputs and the master copy, the others their replicas); None for one device
+    # DataParallel: each GPU's peak, in device_ids order (GPU 0 also holds the gathered outputs)
     peak_memory_bytes_per_device: list[int] | None = None
     micro_steps: int = 0            # forward/backward passes (= batches); = steps without accumulation
     skew_wait_seconds: float = 0.0  # DDP: waiting in the barrier for the other ranks' loaders
