@@ -310,7 +310,8 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     synchronized at its ends; ``images_per_s`` = images / ``train_seconds``; the
     ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times.
 
-    ``timed=False`` (the fast path): no phase boundaries inside the pass, only ``epoch_seconds``.
+    ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase
+    boundaries inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default.
     ``global_sums``: one all-reduce of three float64 at the end (timed as ``communication``) gives
     ``global_loss``, ``global_accuracy`` and ``global_images`` over all ranks.
     """
