@@ -93,7 +93,9 @@ def bus_factor(world_size: int) -> float:
 
 def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
     """Bytes each rank sends in one ring all-reduce of ``size_bytes``: ``2(P-1)/P x S``."""
-    return bus_factor(world_size) * _check_nonneg(size_bytes, "message size in bytes")
+    s = _check_nonneg(size_bytes, "message size in bytes")
+    p = _check_world_size(world_size)
+    return 2 * (p - 1) * s / p
 
 
 def samples_per_rank(dataset_size: int, world_size: int) -> int:
@@ -235,7 +237,8 @@ def algbw_gb_per_s(size_bytes: float, seconds: float) -> float:
 
 def busbw_gb_per_s(algbw: float, world_size: int) -> float:
     """nccl-tests' all-reduce bus bandwidth ``algbw x 2(n-1)/n`` (same units as ``algbw``)."""
-    return algbw * bus_factor(world_size)
+    n = _check_world_size(world_size)
+    return algbw * 2 * (n - 1) / n
 
 
 # --------------------------------------------------------------------------- fit

@@ -1,19 +1,16 @@
 """The spread of a reported time, computed once: every time of Tables 1-3 (and notebook 01's sweep)
 carries it.
 
-- **One run**: the worker stores the 10th, 50th and 90th percentile of the reported epoch's per-step
-  training times (:func:`step_percentiles`, called by :func:`lab_utils.core.loop.run_epoch`; an
-  aggregate over ranks takes the slowest rank's, :mod:`lab_utils.core.ranks`). The spread is
-  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; with fewer than
-  :data:`MIN_STEPS` steps there is none, and ``spread_of`` says so.
-- **Repeats** (``REPEATS > 1`` in notebooks 01-03: each configuration measured that many times, each
-  repeat a stored configuration of its own, ``config["repeat"]`` = 1, 2, ... for the second and later
-  ones): the row's time is the MEDIAN of the repeats' ``train_seconds`` and the spread is
-  100 x (max - min) / median %, "min-max of R repeats".
+- **One run**: the 10th, 50th and 90th percentile of the reported epoch's per-step training times
+  (:func:`step_percentiles`, stored by :func:`lab_utils.core.loop.run_epoch`; over ranks, the slowest
+  rank's). The spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; none
+  with fewer than :data:`MIN_STEPS` steps, and ``spread_of`` says so.
+- **Repeats** (``REPEATS > 1`` in notebooks 01-03, each repeat a stored configuration of its own,
+  ``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
+  repeats' ``train_seconds``, the spread 100 x (max - min) / median %, "min-max of R repeats".
 
-:func:`time_spread` computes both; :func:`merge_repeats` turns a list of records into one record per
-configuration (the repeats merged, the spread added), which every table reads: tables select and
-rename, they do not recompute. Names: :mod:`lab_utils.core.metrics`.
+:func:`time_spread` computes both; :func:`merge_repeats` gives every table one record per
+configuration with its spread: tables select and rename, they do not recompute.
 """
 
 from __future__ import annotations
