@@ -306,18 +306,11 @@ def _from_nvidia_smi(exe: str, timeout_s: float) -> tuple[Driver | None, str]:
         if "no devices were found" in first[0].lower():
             return Driver(None, [], "nvidia-smi", note="nvidia-smi: no devices were found"), ""
         return None, f"nvidia-smi failed: {first[0]}"
-    gpus, version = [], None
-    for line in res.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4:
-            continue
-        try:
-            index = int(parts[0])
-        except ValueError:
-            continue
-        mem = int(parts[2]) if parts[2].isdigit() else None
-        gpus.append(DriverGPU(index=index, name=parts[1], memory_mib=mem))
-        version = version or parts[3]
+    rows = [p for p in ([x.strip() for x in line.split(",")] for line in res.stdout.strip().splitlines())
+            if len(p) >= 4 and p[0].isdigit()]
+    gpus = [DriverGPU(index=int(p[0]), name=p[1], memory_mib=int(p[2]) if p[2].isdigit() else None)
+            for p in rows]
+    version = next((p[3] for p in rows if p[3]), None)
     if not gpus:
         return Driver(version=None, gpus=[], source="nvidia-smi", note="nvidia-smi listed no GPUs"), ""
     driver = Driver(version=version, gpus=gpus, source="nvidia-smi")
