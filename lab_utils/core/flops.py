@@ -37,11 +37,8 @@ class FlopCount:
 
 def count_flops(model: nn.Module, example: torch.Tensor, backward: bool = True,
                 loss_fn=None) -> FlopCount:
-    """Count forward (and backward) FLOPs of ``model`` on ``example``.
-
-    ``loss_fn(output)`` gives the scalar to differentiate (default: ``output.float().sum()``,
-    whose own cost is not a matmul and so is not counted). Gradients are cleared after.
-    """
+    """Count forward (and backward) FLOPs of ``model`` on ``example``, differentiating ``loss_fn(output)``
+    (default ``output.float().sum()``: not a matmul, so not counted); gradients are cleared after."""
     from torch.utils.flop_counter import FlopCounterMode
 
     was_training = model.training

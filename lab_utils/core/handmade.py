@@ -138,10 +138,8 @@ class Flat(Local):
 
 class Bucketed(Local):
     """(c) Buckets of at most ``bucket_bytes``, each all-reduced asynchronously as soon as its last
-    gradient is ready (during backward); ``sync`` waits for all of them before the optimizer step.
-
-    Buckets are launched in bucket order only, so every rank issues its collectives in the same order
-    (a bucket completed early waits for the ones before it, as in DDP)."""
+    gradient is ready (during backward), in bucket order only, so every rank issues its collectives in
+    the same order (as in DDP); ``sync`` waits for all of them before the optimizer step."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, bucket_bytes: float):
         super().__init__(model, optimizer)
@@ -250,12 +248,10 @@ def bytes_sent_per_rank(messages: Sequence[Sequence[Any]], world_size: int) -> f
 
 def predicted_seconds(messages: Sequence[Sequence[Any]], world_size: int, alpha_seconds: float,
                       bandwidth_bytes_per_s: float, overlaps: bool) -> tuple[float, float]:
-    """(communication, exposed) seconds of one step by the ring's alpha-beta model.
-
-    Communication: every collective one after the other, ``2(P-1) alpha + 2(P-1)/P x S / B`` per
-    all-reduce, half per reduce-scatter or all-gather. Exposed: all of it, unless the collectives
-    ``overlaps`` backward (bucketed, DDP): then at least the last one, whose gradients are ready only
-    when backward ends (a lower bound: everything before it hidden)."""
+    """(communication, exposed) seconds of one step by the ring's alpha-beta model: every collective
+    one after the other, ``2(P-1) alpha + 2(P-1)/P x S / B`` per all-reduce, half per reduce-scatter or
+    all-gather; exposed is all of it, or where the collectives ``overlaps`` backward (bucketed, DDP) the
+    last one alone, whose gradients are ready only when backward ends (a lower bound)."""
     times = [ring_allreduce_seconds(size, world_size, alpha_seconds, bandwidth_bytes_per_s)
              * (1.0 if kind == ALL_REDUCE else 0.5) for kind, size in messages]
     total = sum(times)

@@ -121,10 +121,8 @@ def ring_bytes_per_epoch(size_bytes: float, world_size: int, dataset_size: int,
 def achieved_gb_per_s(size_bytes: float, world_size: int, steps_per_epoch: int, seconds: float) -> float:
     """Table 3's achieved bandwidth of one rank, in decimal GB/s: the bytes it sent in one epoch
     (``steps_per_epoch`` ring all-reduces of ``2(P-1)/P x S`` each) over the epoch's communication
-    ``seconds``. Comparable with nccl-tests' busbw.
-
-    One device sends nothing, so it has no bandwidth: ``world_size`` 1 is refused (an earlier
-    report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
+    ``seconds``, comparable with nccl-tests' busbw. One device sends nothing, so ``world_size`` 1 is
+    refused (an earlier report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
     """
     p = _check_world_size(world_size)
     if p < 2:
@@ -156,13 +154,9 @@ def ring_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: fl
 
 def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                           bandwidth_bytes_per_s: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
-    """All-reduce of ``size_bytes`` split into ``ceil(S / bucket)`` ring all-reduces (as DDP does).
-
-    The bandwidth term is unchanged; the latency term is paid once per bucket:
-    ``k x 2(P-1) alpha + 2(P-1)/P x S / B`` with ``k = ceil(S / bucket_bytes)``.
-    (Real DDP buckets follow parameter boundaries and a 1 MiB first bucket; this counts
-    the ideal split.)
-    """
+    """All-reduce of ``size_bytes`` split into ``k = ceil(S / bucket_bytes)`` ring all-reduces, as DDP
+    does: the latency term is paid once per bucket, ``k x 2(P-1) alpha + 2(P-1)/P x S / B`` (the ideal
+    split: real DDP buckets follow parameter boundaries and a 1 MiB first bucket)."""
     s, p, a, bw, _ = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
     k = max(1, math.ceil(s / _check_pos(bucket_bytes, "bucket size in bytes")))
     return k * 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
