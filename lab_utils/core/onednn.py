@@ -11,21 +11,17 @@ OpenMP threads spin), the process crashes, or the weight gradients are silently 
 (open as of this writing). CPUs with AVX-512 take another kernel and are not affected;
 the same gradients there match a float64 reference (checked while writing this).
 
-The lab hits it with a narrow ResNet-18 (``width`` below 8: its strided 1x1 shortcut
-convolutions then have 2 or 4 input channels) trained channels-last on a CPU: the fast
-path's ``channels_last`` step, or ``torch.compile``, whose CPU backend may switch
-convolutions to channels-last on its own. Reproduce it on any x86 CPU by capping oneDNN
-at AVX2: ``ONEDNN_MAX_CPU_ISA=AVX2 python -m lab_utils bench train --profile quick
---compile --width 2 --images 48 --batch-size 32 --steps spec,compile``.
+The lab hits it with a narrow ResNet-18 (``width`` below 8: its strided 1x1 shortcuts then have
+2 or 4 input channels) trained channels-last on a CPU (the fast path's ``channels_last`` step, or
+``torch.compile``, whose CPU backend may choose channels-last). Reproduce it on any x86 CPU:
+``ONEDNN_MAX_CPU_ISA=AVX2 python -m lab_utils bench train --profile quick --compile --width 2
+--images 48 --batch-size 32 --steps spec,compile``.
 
-The workaround does in the model what the faulty kernel does inside: a 1x1 convolution
-with stride s and no padding reads only every s-th row and column, so it equals a stride-1
-1x1 convolution of ``x[:, :, ::s, ::s]``. For an affected convolution on the CPU,
-:func:`apply_workaround` sets the stride to 1 and adds a forward pre-hook that takes that
-slice. Same weights, same outputs and gradients, no faulty kernel, and it survives
-``torch.compile`` (the hook is traced like the rest of the forward). Switching oneDNN off
-instead does not work with ``torch.compile``: its graphs expect oneDNN's output layouts.
-The row of a model changed this way says so (:func:`apply_workaround` returns the sentence).
+The workaround: a 1x1 convolution with stride s and no padding equals a stride-1 1x1 convolution
+of ``x[:, :, ::s, ::s]``, so :func:`apply_workaround` sets the stride to 1 and adds a forward
+pre-hook taking that slice: same weights, outputs and gradients, no faulty kernel, and it survives
+``torch.compile`` (switching oneDNN off does not: compiled graphs expect oneDNN's layouts). The
+row of a model changed this way says so (:func:`apply_workaround` returns the sentence).
 """
 
 from __future__ import annotations

@@ -5,13 +5,10 @@ A :class:`Record` is one measured (or deliberately not measured) configuration: 
 status (``ok``, ``oom``, ``skipped``, ``error``), the reason when not ``ok``, and where it
 was measured (profile, hardware, software, cuDNN/matmul settings, torch threads, data).
 
-Records travel one way (``DESIGN.md``, "Architecture"): a worker process builds them and
-rank 0 appends them to the file named by ``--out`` (:func:`append_records`: whole JSON
-lines, flushed and fsynced, one call per finished configuration, so a later failure keeps
-the earlier ones); the launcher reads that file while the run goes on
-(:class:`RecordsReader`) and hands the records to the parent, which alone writes the result
-store (:meth:`lab_utils.store.ResultStore.run`). A torn last line (rank 0 killed during a
-write) is not a record yet: it is read only once whole.
+Records travel one way (``DESIGN.md``, "Architecture"): a worker's rank 0 appends them to the
+file named by ``--out`` (:func:`append_records`), the launcher reads it while the run goes on
+(:class:`RecordsReader`; a torn last line is read only once whole) and hands them to the parent,
+which alone writes the result store (:meth:`lab_utils.store.ResultStore.run`).
 
 Nothing here imports the store, so the workers can build records without it.
 """
