@@ -267,23 +267,16 @@ def load_split(train: bool, images: int | None = None, dataset: str | None = Non
     (the synthetic arrays are ``SyntheticCIFAR10.data``)."""
     if images is not None:
         check_positive_int(images, "number of images")
-    kind = resolve_dataset(dataset, root)
     size = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
     n = size if images is None else min(images, size)
-    if kind == "synthetic":
-        global _warned_synthetic
-        if not _warned_synthetic and config.dataset_choice(dataset) == "auto":
-            warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
-                          "(run `make prepare` on a machine with internet for the real data).",
-                          stacklevel=2)
-            _warned_synthetic = True
-        x, y = synthetic_arrays(n, train)
-        return ArraySplit(images=x, labels=y.astype(np.int64), synthetic=True)
-    from torchvision.datasets import CIFAR10
-
-    ds = CIFAR10(str(root or config.data_dir()), train=train, download=False)
+    ds, synthetic = cifar10_dataset(train, dataset, root=root, size=n)
+    global _warned_synthetic
+    if synthetic and not _warned_synthetic and config.dataset_choice(dataset) == "auto":
+        warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
+                      "(run `make prepare` on a machine with internet for the real data).", stacklevel=2)
+        _warned_synthetic = True
     return ArraySplit(images=np.ascontiguousarray(ds.data[:n]),
-                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=False)
+                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=synthetic)
 
 
 def check_num_workers(num_workers: object) -> int:
