@@ -44,7 +44,6 @@ def test_a_cudnn9_allocation_failure_becomes_an_oom_row_not_a_crash(message):
     assert oom.reason == f"OOM: {message}"
     log = f"[rank1]: Traceback (most recent call last):\n[rank1]: RuntimeError: {message}\n"
     assert memory.mentions_out_of_memory(log)
-    assert memory.oom_reason_from_log(log) == f"OOM: [rank1]: RuntimeError: {message}"
 
 
 def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_not_the_log(tmp_path, fake_gpu):

@@ -3,27 +3,13 @@
 Two runs of the same model at the same batch size are only comparable when they use the
 same convolution and matmul algorithms. With ``torch.backends.cudnn.benchmark = True``
 cuDNN times the candidate algorithms for each new input shape on its first call and keeps
-the fastest; with ``False`` it takes a heuristic's choice, which is often slower. So a
-sweep that sets it and a scaling run that does not would time different kernels for the
-same configuration. Hence:
+the fastest (which is why every timed epoch or step comes after untimed warm-up work); with
+``False`` it takes a heuristic's choice, often slower. Hence every path that trains calls
+:func:`apply_training_backends` first (TF32 switches left at torch's defaults), and every
+record's ``backends`` field holds :func:`backend_settings`. :func:`pinned_threads` is the one
+way a path sets torch's CPU thread count for a block.
 
-- :func:`apply_training_backends` is called at the start of every path that trains
-  (the batch-size sweep, DataParallel, the DDP worker, the GPT trainer, the fast path,
-  the per-step compute measurement). It sets ``cudnn.benchmark`` (``True`` unless a
-  caller, e.g. the sweep's ``cudnn_benchmark`` setting, asks otherwise) and leaves the
-  TF32 switches at torch's defaults, which :func:`backend_settings` records.
-- :func:`backend_settings` reads the settings in force; :class:`lab_utils.store.Record`
-  fills its ``backends`` field with it when a record is built, so every record says
-  which settings its numbers were measured under.
-
-:func:`pinned_threads` is the one way a path sets torch's CPU thread count for a block (the
-sweep, DataParallel, the fast path's benchmarks, the in-process GPT run), restoring it after.
-
-The first steps after a new shape include cuDNN's autotuning, which is why every timed
-epoch or step in the lab comes after untimed warm-up work.
-
-``torch`` is imported inside the functions, as in :mod:`lab_utils.store`, so that
-importing the result store stays cheap for the command line.
+``torch`` is imported inside the functions, so that importing the store stays cheap for the CLI.
 """
 
 from __future__ import annotations
@@ -44,13 +30,8 @@ def _read(get: Callable[[], Any]) -> Any:
 
 
 def backend_settings() -> dict[str, Any]:
-    """The cuDNN and float32-matmul settings in force in this process.
-
-    Keys: ``cudnn_benchmark`` (autotuned convolution algorithms), ``cudnn_deterministic``,
-    ``cudnn_allow_tf32`` (TF32 tensor cores for fp32 convolutions, Ampere and later),
-    ``matmul_allow_tf32`` (TF32 for fp32 cuBLAS matmuls) and
-    ``float32_matmul_precision`` (``highest`` / ``high`` / ``medium``).
-    """
+    """The cuDNN and float32-matmul settings in force in this process (``*_allow_tf32``: TF32 tensor
+    cores for fp32 convolutions and cuBLAS matmuls, Ampere and later)."""
     import torch
 
     b = torch.backends
@@ -64,11 +45,8 @@ def backend_settings() -> dict[str, Any]:
 
 
 def apply_training_backends(cudnn_benchmark: bool = True) -> dict[str, Any]:
-    """Set the backend settings every training path uses; return :func:`backend_settings`.
-
-    Sets ``torch.backends.cudnn.benchmark`` to ``cudnn_benchmark`` (default ``True``:
-    autotuned convolutions, the fastest algorithm for each shape). Harmless on a CPU.
-    """
+    """Set ``torch.backends.cudnn.benchmark`` (default ``True``: autotuned convolutions; harmless on a
+    CPU); return :func:`backend_settings`."""
     import torch
 
     torch.backends.cudnn.benchmark = bool(cudnn_benchmark)
@@ -77,13 +55,9 @@ def apply_training_backends(cudnn_benchmark: bool = True) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def pinned_threads(threads: int | None) -> Iterator[int]:
-    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then
-    restore the previous count. Yields the count in effect inside the block.
-
-    The DDP workers of the quick profile run ``cpu_threads`` threads per process
-    (``OMP_NUM_THREADS`` through the launcher); DataParallel runs in the notebook's process,
-    whose default is one thread per core. Pinning it the same way keeps their timings comparable.
-    """
+    """Run the block with ``threads`` torch intra-op threads (None: leave torch's setting), then restore
+    the previous count; yields the count in effect. The quick profile's DDP workers run
+    ``cpu_threads`` per process, so the in-process paths pin theirs alike to stay comparable."""
     import torch
 
     before = torch.get_num_threads()

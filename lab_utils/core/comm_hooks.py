@@ -1,53 +1,30 @@
 """Measuring DDP's gradient communication: a timing comm hook and a ``no_sync`` probe.
 
-``DistributedDataParallel`` puts gradients into *buckets* (about 25 MB each) and starts
-an all-reduce for a bucket as soon as all of its gradients are computed, while
-``backward`` goes on computing the gradients of earlier layers. At the end of
-``backward`` DDP waits until every bucket's all-reduce is done. So part of the
-communication is hidden behind computation (*overlap*) and only the rest makes a step
-longer (*exposed* communication). This module measures both:
+DDP puts gradients into *buckets* (about 25 MB each) and all-reduces a bucket as soon as its
+gradients are computed, while ``backward`` goes on with earlier layers; at the end of ``backward``
+it waits for every bucket. Part of the communication is hidden behind computation (*overlap*),
+only the rest makes a step longer (*exposed*). All times are in seconds.
 
-(b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward +
-    loss + backward, no optimizer step) timed with gradient synchronization and under
-    ``ddp.no_sync()``, alternating, after a barrier each. ``exposed = mean(step with
-    sync) - mean(step under no_sync)``. It includes everything synchronization adds to
-    a step: the all-reduce time not hidden behind backward, waiting for the slowest
-    rank (a barrier precedes each step, so mostly the arrival skew inside the step),
-    copying gradients into and out of buckets, and the BatchNorm buffer broadcast DDP
-    does at the next forward after a synchronized step.
+(b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward, loss,
+    backward) timed with gradient sync and under ``ddp.no_sync()``, alternating, after a barrier
+    each: ``mean(sync) - mean(no_sync)``. It includes all that sync adds to a step: the all-reduce
+    not hidden behind backward, the arrival skew of the ranks, the copies into and out of
+    buckets, and the BatchNorm buffer broadcast at the next forward.
 
-(c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP communication hook): for
-    each bucket, the time from the moment its gradients are ready (the hook is called;
-    on GPU a CUDA event recorded on the compute stream, so it marks when the device
-    has *finished* those gradients) to the moment its all-reduce has completed (a
-    callback on the all-reduce's future: on GPU an event recorded on a stream that
-    waits for the NCCL kernel; on CPU/gloo a ``perf_counter`` taken in gloo's thread
-    when the work completes). A bucket's time therefore includes queueing behind
-    earlier buckets' all-reduces and waiting for the other ranks to reach the same
-    bucket, plus the reduction itself. ``allreduce_busy_seconds`` is the *union* of
-    these intervals (time during which at least one all-reduce is in flight), which
-    is what the lab calls (c); ``allreduce_sum_seconds`` adds the buckets' intervals
-    (larger when they overlap each other). The hook divides by the world size and
-    all-reduces, exactly like DDP's default hook, and does not block: the overlap with
-    backward is preserved.
+(c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP comm hook): per bucket, from its
+    gradients being ready (on GPU a CUDA event on the compute stream: the device *finished*
+    them) to its all-reduce completing (a callback on the future: on GPU an event behind the
+    NCCL kernel, on gloo a ``perf_counter`` in gloo's thread), so queueing behind earlier buckets
+    and waiting for the other ranks are in it. ``allreduce_busy_seconds``, the *union* of these
+    intervals, is (c); ``allreduce_sum_seconds`` adds them. The hook divides by the world size
+    and all-reduces like DDP's default one, without blocking: the overlap is preserved.
+    ``exposed_tail_seconds``, last bucket ready -> ``backward()`` returned, is an in-step
+    estimate of (b); the DDP worker reports it as its *communication* phase.
 
-The hook also splits each synchronized step: ``exposed_tail_seconds`` is the time
-from the last bucket becoming ready to ``backward()`` returning, i.e. the wait for
-all-reduces that were still running when the gradient computation had finished (an
-in-step estimate of (b) that needs no extra steps). The DDP worker reports it as the
-*communication* phase of its per-rank breakdown.
-
-**Overlap** = (c) - (b): all-reduce time that was hidden behind backward computation;
-``overlap_fraction`` = overlap / (c). With perfect overlap (b) is 0; with none, (b) is
-(c) (plus the small synchronization costs above, so (b) <= (c) holds within noise).
-On a CPU (gloo) the all-reduce runs in a gloo thread that competes with backward for the
-same core, so with several buckets the "hidden" all-reduce slows the computation down and
-(b) can exceed (c) by up to that computation's time (``tests/test_ddp.py`` measures this:
-with one bucket (b) = (c) within noise, with several the bound is looser on CPU).
-
-Neither figure includes DDP's one-off parameter broadcast at construction, nor the
-metric reductions of the training loop; those are counted by the worker separately.
-All times are in seconds.
+**Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) within noise, except
+on a CPU: gloo's thread competes with backward for the cores, so with several buckets (b) can
+exceed (c) by up to that computation (``tests/test_ddp.py`` measures it). Neither figure
+includes DDP's parameter broadcast at construction nor the loop's metric reductions.
 """
 
 from __future__ import annotations
@@ -67,17 +44,10 @@ from lab_utils.core.timing import synchronize
 
 def union_length(intervals: Sequence[tuple[float, float]]) -> float:
     """Total length covered by ``intervals`` (``(start, end)`` pairs, any order), overlaps counted once."""
-    total = 0.0
-    cur_start = cur_end = None
+    total, covered = 0.0, -math.inf  # covered: the right end of the union so far
     for start, end in sorted((s, e) for s, e in intervals if e > s):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
+        total += max(0.0, end - max(start, covered))
+        covered = max(covered, end)
     return total
 
 
@@ -97,15 +67,8 @@ class StepComm:
 class AllReduceTimer:
     """A DDP communication hook that all-reduces each bucket (like the default) and times it.
 
-    Usage::
-
-        timer = AllReduceTimer(ddp_model)      # registers the hook (before the first forward)
-        timer.begin_step()
-        loss = loss_fn(ddp_model(x), y); loss.backward()
-        timer.end_backward()
-        step = timer.finish_step()             # StepComm; waits for the device on GPU
-
-    A step in which the hook was not called (under ``no_sync``) gives zeros.
+    Registered before the first forward; per step: ``begin_step()``, forward and backward,
+    ``end_backward()``, then ``finish_step()`` (a :class:`StepComm`, zeros under ``no_sync``).
     """
 
     def __init__(self, ddp_model: nn.parallel.DistributedDataParallel, group=None):
@@ -181,12 +144,8 @@ class AllReduceTimer:
 
 @dataclass
 class CommProbe:
-    """Exposed communication (b) and all-reduce time (c) on the same steps, per step, seconds.
-
-    ``exposed_per_step_seconds`` is clamped at 0 (a negative difference is noise);
-    ``exposed_raw_per_step_seconds`` keeps the raw difference and ``noise_seconds`` the
-    standard error of the mean paired difference.
-    """
+    """Exposed communication (b) and all-reduce time (c) on the same steps, per step, seconds;
+    (b) is clamped at 0, the raw difference kept, ``noise_seconds`` its standard error."""
 
     steps: int
     sync_step_seconds: float
@@ -206,10 +165,8 @@ class CommProbe:
 
 
 def overlap_figures(exposed: float, allreduce: float) -> tuple[float, float | None]:
-    """``(overlap seconds, overlap fraction)`` from exposed (b) and total all-reduce (c) time.
-
-    overlap = max(0, c - b); fraction = overlap / c, clipped to [0, 1]; None when c is 0.
-    """
+    """``(max(0, c - b), that / c clipped to [0, 1] or None when c is 0)`` from exposed (b) and
+    total all-reduce (c) seconds."""
     overlap = max(0.0, allreduce - max(exposed, 0.0))
     if allreduce <= 0:
         return overlap, None
@@ -229,14 +186,11 @@ def _barrier(device: torch.device) -> None:
 def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: Sequence[tuple],
                        timer: AllReduceTimer, loss_fn: Callable | None = None,
                        warmup: int = 1) -> CommProbe:
-    """Time the same batches with and without gradient sync; see the module docstring.
+    """Time the same batches with and without gradient sync (the module docstring's (b) and (c)).
 
-    ``batches`` are ``(x, y)`` already on the model's device. Each batch is run twice
-    (sync and ``no_sync``, the order alternating between batches), after a barrier and
-    a device synchronization, with ``zero_grad`` before and no optimizer step, so the
-    model's parameters do not change (BatchNorm running statistics do). The first
-    ``warmup`` batches are run but not counted. Every rank must call this with the same
-    number of batches.
+    ``batches`` are ``(x, y)`` on the model's device, each run twice (the order alternating), with
+    no optimizer step: the parameters do not change (BatchNorm statistics do). The first ``warmup``
+    are not counted. Every rank must call this with the same number of batches.
     """
     if len(batches) <= warmup:
         raise ValueError(f"probe_exposed_comm needs more than {warmup} batches, got {len(batches)}")
@@ -263,15 +217,10 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
         return dt
 
     for i, (x, y) in enumerate(batches):
-        if i % 2 == 0:
-            s = one(x, y, True)
-            n = one(x, y, False)
-        else:
-            n = one(x, y, False)
-            s = one(x, y, True)
+        t = {sync: one(x, y, sync) for sync in ((True, False) if i % 2 == 0 else (False, True))}
         if i >= warmup:
-            sync_t.append(s)
-            nosync_t.append(n)
+            sync_t.append(t[True])
+            nosync_t.append(t[False])
         else:
             steps.clear()
     for p in ddp_model.parameters():
@@ -301,9 +250,8 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
 def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[float, float]:
     """The assignment's method (a): ``compute = T(1)/N``, ``communication = T(N) - T(1)/N``.
 
-    It assumes the N devices split the one-device work perfectly and that everything
-    else is communication; a negative value (T(N) < T(1)/N, super-linear) is returned
-    as is, because it shows the assumption failing.
+    It assumes a perfect split of the one-device work; a negative value (super-linear) is
+    returned as is, because it shows the assumption failing.
     """
     if devices < 1:
         raise ValueError(f"devices must be at least 1, got {devices}")
@@ -317,17 +265,8 @@ NOISE_SIGMAS = 2.0  # an effect counts when it exceeds 2 standard errors (about 
 
 def noise_flag(effect: float | None, noise: float | None, sigmas: float = NOISE_SIGMAS) -> str:
     """:data:`NOISE_FLAG` when ``sigmas`` x ``noise`` (a standard error, same units) is as large as
-    ``|effect|``; "" when the effect stands out, or when there is no noise estimate to judge by.
-
-    A row whose noise is as large as the effect it shows is not a result: repeat the
-    measurement, or report the spread instead of the number.
-    """
-    if effect is None or noise is None:
+    ``|effect|`` (not a result: repeat it, or report the spread); "" when the effect stands out or
+    there is no noise estimate to judge by."""
+    if effect is None or noise is None or math.isnan(effect) or math.isnan(noise):
         return ""
-    try:
-        e, n = abs(float(effect)), float(noise)
-    except (TypeError, ValueError):
-        return ""
-    if math.isnan(e) or math.isnan(n):
-        return ""
-    return NOISE_FLAG if sigmas * n >= e else ""
+    return NOISE_FLAG if sigmas * noise >= abs(effect) else ""

@@ -1,16 +1,9 @@
 """Profiles, paths and input checks.
 
-Two profiles exist:
-
-- ``quick``: for CPU machines and CI. Small data subsets and few steps, so the whole
-  lab runs in minutes on two cores. Every table it produces says ``quick``.
-- ``full``: the assignment as written (all 50,000 CIFAR-10 training images, the spec's
-  batch sizes and epochs). Meant for a GPU node.
-
-The profile is chosen automatically (``full`` when CUDA is available, else ``quick``);
-the environment variable ``LAB_PROFILE`` or an explicit argument overrides the choice.
-Every notebook's per-profile values live in :mod:`lab_utils.core.profiles`;
-this module holds what every experiment shares.
+The profile (``quick`` for CPU machines and CI, ``full`` the assignment as written on a GPU
+node; every notebook's values in :mod:`lab_utils.core.profiles`) is chosen automatically
+(``full`` when CUDA is available, else ``quick``); ``LAB_PROFILE`` or an explicit argument
+overrides the choice.
 """
 
 from __future__ import annotations
@@ -41,11 +34,8 @@ LOADER_TIMEOUT_S = 300.0
 
 
 def loader_worker_options(num_workers: int, pin_memory: bool) -> dict:
-    """The ``DataLoader`` keyword arguments every loader of the lab shares.
-
-    Worker processes persist across epochs (no re-spawn cost in a timed epoch), and each
-    batch wait is bounded by :data:`LOADER_TIMEOUT_S` (only meaningful with workers).
-    """
+    """The ``DataLoader`` keyword arguments every loader of the lab shares: workers persist across
+    epochs (no re-spawn in a timed epoch), each batch wait bounded by :data:`LOADER_TIMEOUT_S`."""
     return {"num_workers": num_workers, "pin_memory": pin_memory,
             "persistent_workers": num_workers > 0,
             "timeout": LOADER_TIMEOUT_S if num_workers > 0 else 0}
@@ -53,10 +43,7 @@ def loader_worker_options(num_workers: int, pin_memory: bool) -> dict:
 
 @dataclass(frozen=True)
 class Profile:
-    """Knobs shared by every experiment of one profile.
-
-    ``train_images`` / ``test_images`` of ``None`` mean the whole CIFAR-10 split.
-    """
+    """Knobs shared by every experiment of one profile (``None`` images: the whole CIFAR-10 split)."""
 
     name: str
     description: str
@@ -79,11 +66,8 @@ def cuda_available() -> bool:
 
 
 def resolve_profile_name(name: str | None = None) -> tuple[str, str]:
-    """Return ``(profile name, why it was chosen)``.
-
-    Precedence: explicit ``name`` > ``$LAB_PROFILE`` > automatic (``full`` with CUDA,
-    else ``quick``). ``"auto"`` anywhere means the automatic choice.
-    """
+    """``(profile name, why it was chosen)``: explicit ``name`` > ``$LAB_PROFILE`` > automatic
+    (``full`` with CUDA, else ``quick``); ``"auto"`` anywhere means the automatic choice."""
     if name is not None and name != "auto":
         return _checked(name, "given explicitly"), "given explicitly"
     env = os.environ.get(PROFILE_ENV, "").strip()
@@ -96,10 +80,8 @@ def resolve_profile_name(name: str | None = None) -> tuple[str, str]:
 
 def _checked(name: str, source: str) -> str:
     if name not in PROFILES:
-        valid = ", ".join(sorted(PROFILES))
-        raise LabError(
-            f"Unknown profile {name!r} ({source}); use one of: {valid} (or 'auto')."
-        )
+        raise LabError(f"Unknown profile {name!r} ({source}); use one of: {', '.join(sorted(PROFILES))} "
+                       "(or 'auto').")
     return name
 
 

@@ -1,32 +1,21 @@
 """Which torch build a node can run: the NVIDIA driver, and the CUDA variant that fits it.
 
-The lab's one table of torch builds (:data:`VARIANTS`, sources cited there) and the one way
-to read the driver (:func:`query_driver`), standard library only. Two users:
-
-- the lab at run time: :mod:`lab_utils.core.environment` names the fix when this torch cannot
-  use the node's GPUs, and ``python -m lab_utils doctor`` reports the driver;
-- the install script ``tools/cuda_wheels.py`` (run by ``make venv`` with the bare interpreter,
-  before the lab's packages exist), which imports this module from the checkout to choose the
-  build it installs (:func:`select_variant`).
-
-``requirements.txt`` and ``constraints.txt`` stay the source of truth: they give the
-ranges and the tested torch/torchvision pair; this module only decides *which build* of
-that pair a driver runs:
+The lab's one table of torch builds (:data:`VARIANTS`, sources cited there) and the one way to
+read the driver (:func:`query_driver`), standard library only: ``tools/cuda_wheels.py`` imports
+it before the lab's packages exist (``make venv``), and :mod:`lab_utils.core.environment` names
+the fix when this torch cannot use the node's GPUs. ``requirements.txt`` and ``constraints.txt``
+give the tested torch/torchvision pair; this module decides *which build* of it a driver runs:
 
 - no NVIDIA driver here (no ``nvidia-smi``, no ``/proc/driver/nvidia/version``): PyPI's build;
-- a driver: the newest CUDA build of the pair in :data:`VARIANTS` that this driver runs *and*
-  that has kernels for every GPU's compute capability (``nvidia-smi --query-gpu=compute_cap``;
-  each build's architecture list is in the table: a V100, sm_70, needs the CUDA 12.6 build);
-  PyPI's build when it fits, else PyTorch's wheel index for that variant
-  (``$LAB_PYTORCH_INDEX`` replaces ``https://download.pytorch.org/whl``: a site's mirror);
+- a driver: the newest CUDA build in :data:`VARIANTS` that it runs *and* that has kernels for
+  every GPU's compute capability (:func:`arch_runs`; a V100, sm_70, needs the CUDA 12.6 build):
+  PyPI's build when it fits, else PyTorch's wheel index (or ``$LAB_PYTORCH_INDEX``, a mirror);
 - ``TORCH_VARIANT=cu126|cu130|cu132|cpu|pypi|<index URL>|auto`` forces one.
-
-:func:`arch_runs` is the one rule for "this build has kernels for this GPU"; the run-time check
-(:mod:`lab_utils.core.environment`) applies it to ``torch.cuda.get_arch_list()``.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 import shutil
@@ -37,7 +26,6 @@ from pathlib import Path
 
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 NVIDIA_SMI_TIMEOUT_S = 10.0
-TORCH_PAIR = ("torch", "torchvision")
 
 
 # --------------------------------------------------------------------------- the table
@@ -45,15 +33,11 @@ TORCH_PAIR = ("torch", "torchvision")
 
 @dataclass(frozen=True)
 class Variant:
-    """One build of the tested torch release, as PyTorch publishes it.
-
-    ``name`` is both the folder of PyTorch's wheel index (``<PYTORCH_INDEX>/<name>``) and
-    the local version label of its wheels (``torch==2.14.1+cu126``). ``min_driver`` is
-    the oldest Linux driver that runs it (CUDA minor-version compatibility: the floor of
-    its CUDA major); ``toolkit_driver`` the driver its CUDA release shipped with, where
-    known. ``auto``: chosen automatically (only these are picked by driver version and GPU).
-    ``archs``: the build's architecture list as ``torch.cuda.get_arch_list()`` reports it
-    (``sm_XY``: kernels for compute capability X.Y; ``compute_XY``: PTX, compiled on load).
+    """One build of the tested torch release: ``name`` is its folder in PyTorch's wheel index and its
+    wheels' local label (``torch==2.14.1+cu126``); ``min_driver`` the oldest Linux driver that runs it
+    (the floor of its CUDA major), ``toolkit_driver`` the one its CUDA release shipped with; ``auto``:
+    picked by driver and GPU; ``archs`` as ``torch.cuda.get_arch_list()`` reports them (``sm_XY``:
+    kernels for compute capability X.Y; ``compute_XY``: PTX, compiled on load).
     """
 
     name: str
@@ -127,16 +111,9 @@ def arch_runs(compute_cap: str, archs: Iterable[str]) -> bool:
     kernel image is available".)
     """
     major, minor = (int(x) for x in compute_cap.split(".")[:2])
-    for arch in archs:
-        parsed = _arch_number(arch)
-        if parsed is None:
-            continue
-        kind, n = parsed
-        if kind == "sm" and n // 10 == major and n % 10 <= minor:
-            return True
-        if kind == "compute" and n <= major * 10 + minor:
-            return True
-    return False
+    parsed = [p for a in archs if (p := _arch_number(a))]
+    return any((kind == "sm" and n // 10 == major and n % 10 <= minor)
+               or (kind == "compute" and n <= major * 10 + minor) for kind, n in parsed)
 
 
 def arch_summary(archs: Sequence[str]) -> str:
@@ -153,10 +130,8 @@ def min_driver_for_cuda(cuda: str | None) -> str | None:
     """The oldest driver that runs a torch built for ``cuda`` (e.g. ``"13.0"``), if known."""
     if not cuda:
         return None
-    for v in VARIANTS:
-        if v.cuda == cuda:
-            return v.min_driver
-    return CUDA_MAJOR_MIN_DRIVER.get(cuda.split(".")[0])
+    known = next((v.min_driver for v in VARIANTS if v.cuda == cuda), None)
+    return known or CUDA_MAJOR_MIN_DRIVER.get(cuda.split(".")[0])
 
 
 # --------------------------------------------------------------------------- versions
@@ -193,16 +168,11 @@ def parse_version(text: str) -> Version:
                    post=bool(m["post"]), local=(m["local"] or "").lower())
 
 
-def _width(*versions: Version) -> int:
-    return max(len(v.release) for v in versions)
-
-
 def version_satisfies(version: str, spec: str) -> bool:
-    """True when ``version`` meets every clause of ``spec`` (``">=2.4,<2.16"``, ``"==2.14.1"``).
+    """True when ``version`` meets every clause of ``spec`` (``">=2.4,<2.16"``; empty: anything).
 
-    Enough of PEP 440 for requirement ranges: ``== != >= <= > < ~=``, ``==X.*``; a local
-    label (``+cu126``) is ignored unless the clause names one; ``<V`` excludes V's
-    pre-releases. An empty spec accepts everything.
+    Enough of PEP 440 for requirement ranges: ``== != >= <= > < ~=``, ``==X.*``; a local label
+    (``+cu126``) is ignored unless the clause names one; ``<V`` excludes V's pre-releases.
     """
     v = parse_version(version)
     for clause in filter(None, (c.strip() for c in spec.split(","))):
@@ -215,22 +185,21 @@ def version_satisfies(version: str, spec: str) -> bool:
     return True
 
 
+_ORDER = {">=": operator.ge, "<=": operator.le, ">": operator.gt}
+
+
 def _clause_holds(v: Version, op: str, target: str) -> bool:
     if op in ("==", "!=", "===") and target.endswith(".*"):
         prefix = tuple(int(p) for p in target[:-2].split("."))
         equal = v.release[:len(prefix)] + (0,) * max(0, len(prefix) - len(v.release)) == prefix
         return equal if op != "!=" else not equal
     t = parse_version(target)
-    w = _width(v, t)
+    w = max(len(v.release), len(t.release))
     if op in ("==", "===", "!="):
         equal = v.key(w) == t.key(w) and (not t.local or v.local == t.local)
         return equal if op != "!=" else not equal
-    if op == ">=":
-        return v.key(w) >= t.key(w)
-    if op == "<=":
-        return v.key(w) <= t.key(w)
-    if op == ">":
-        return v.key(w) > t.key(w)
+    if op in _ORDER:
+        return _ORDER[op](v.key(w), t.key(w))
     if op == "<":
         same_release = v.key(w)[:-1] == t.key(w)[:-1]
         return v.key(w) < t.key(w) and not (v.pre and same_release and not t.pre)
@@ -252,11 +221,8 @@ def normalize(name: str) -> str:
 
 
 def read_requirements(path: str | Path) -> dict[str, str]:
-    """``{normalized name: version spec}`` from a requirements or constraints file.
-
-    Comments, options (``-r``, ``--index-url``) and environment markers are skipped; a
-    name without a version gets ``""``.
-    """
+    """``{normalized name: version spec}`` (``""`` for none) from a requirements or constraints file;
+    comments, options (``-r``, ``--index-url``) and environment markers are skipped."""
     out: dict[str, str] = {}
     for raw in Path(path).read_text(encoding="utf-8").splitlines():
         line = re.sub(r"(^|\s)#.*$", "", raw).strip()
@@ -340,18 +306,11 @@ def _from_nvidia_smi(exe: str, timeout_s: float) -> tuple[Driver | None, str]:
         if "no devices were found" in first[0].lower():
             return Driver(None, [], "nvidia-smi", note="nvidia-smi: no devices were found"), ""
         return None, f"nvidia-smi failed: {first[0]}"
-    gpus, version = [], None
-    for line in res.stdout.strip().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4:
-            continue
-        try:
-            index = int(parts[0])
-        except ValueError:
-            continue
-        mem = int(parts[2]) if parts[2].isdigit() else None
-        gpus.append(DriverGPU(index=index, name=parts[1], memory_mib=mem))
-        version = version or parts[3]
+    rows = [p for p in ([x.strip() for x in line.split(",")] for line in res.stdout.strip().splitlines())
+            if len(p) >= 4 and p[0].isdigit()]
+    gpus = [DriverGPU(index=int(p[0]), name=p[1], memory_mib=int(p[2]) if p[2].isdigit() else None)
+            for p in rows]
+    version = next((p[3] for p in rows if p[3]), None)
     if not gpus:
         return Driver(version=None, gpus=[], source="nvidia-smi", note="nvidia-smi listed no GPUs"), ""
     driver = Driver(version=version, gpus=gpus, source="nvidia-smi")
@@ -499,6 +458,3 @@ def select_variant(driver_version: str | None, forced: str | None = None, tested
                     f"(the oldest, {oldest.name}, needs >= {oldest.min_driver}); ask your admins for a newer "
                     f"driver, or load the cluster's PyTorch module and run `make venv SYSTEM_TORCH=1`, "
                     f"or force a build with `make venv TORCH_VARIANT=cpu`.")
-
-
-# --------------------------------------------------------------------------- installing

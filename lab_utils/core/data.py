@@ -16,15 +16,13 @@ No download is attempted at training time (compute nodes are often offline);
 
 The synthetic stand-in has CIFAR's shapes and types (32x32 RGB uint8 images as PIL,
 10 classes, 50,000 / 10,000 images) and is deterministic. Each class is a stripe texture
-(2 orientations x 5 frequencies) under random phase, contrast, tint and noise, so a
-convolutional network learns it well above chance within an epoch or two, while
-neighbouring frequencies under noise keep it from being trivial. Every record built
-from it says ``synthetic``.
+(2 orientations x 5 frequencies) under random phase, contrast, tint and noise: a
+convolutional network learns it well above chance within an epoch or two, but not
+trivially. Every record built from it says ``synthetic``.
 
-The fast path (:mod:`lab_utils.experiments.fastpath`, notebook 08) reads a split as arrays
-(:func:`load_split`) and trains either from the spec loader (:func:`spec_loader`) or from
-:class:`DeviceLoader`, which keeps the uint8 images on the device and does the same
-augmentation batched there (its docstring says how it matches torchvision's).
+The fast path (notebook 08) reads a split as arrays (:func:`load_split`) and trains from the
+spec loader (:func:`spec_loader`) or from :class:`DeviceLoader` (the same augmentation,
+batched on the device).
 """
 
 from __future__ import annotations
@@ -79,14 +77,11 @@ def test_transform():
 
 
 def synthetic_arrays(n: int, train: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` deterministic CIFAR-shaped images (N, 32, 32, 3 uint8) and labels (N,).
-
-    Image ``i`` of a split is the same whatever ``n`` is, so subsets are prefixes.
-    """
-    # Class c is an oriented stripe pattern: orientation (horizontal or vertical, both
-    # unchanged by a horizontal flip) and spatial frequency (5 levels). Every image has
-    # a random phase, contrast, colour tint and pixel noise, so the class must be read
-    # from the texture, as a convolution does, not from fixed pixel values.
+    """``n`` deterministic CIFAR-shaped images (N, 32, 32, 3 uint8) and labels (N,); image ``i`` of
+    a split is the same whatever ``n`` is, so subsets are prefixes."""
+    # Class c: stripes, horizontal or vertical (both unchanged by a horizontal flip), at one of 5
+    # frequencies; random phase, contrast, tint and noise make the class a texture, as a
+    # convolution reads it, not fixed pixel values.
     freqs = np.array([1.5, 2.5, 3.5, 4.5, 5.5]) * 2 * np.pi / 32  # radians per pixel
     grid = np.arange(32, dtype=np.float32)
     chunk = 1000  # image i depends only on (split, i): subsets are prefixes
@@ -111,11 +106,8 @@ def synthetic_arrays(n: int, train: bool, seed: int = 0) -> tuple[np.ndarray, np
 
 
 class ArrayDataset(Dataset):
-    """Images held as a uint8 (N, 32, 32, 3) array, served as ``torchvision``'s CIFAR10 does.
-
-    ``__getitem__`` turns one image into a PIL image and applies the transform, so a
-    ``DataLoader`` over it does exactly the spec pipeline's per-image work.
-    """
+    """Images held as a uint8 (N, 32, 32, 3) array, served as ``torchvision``'s CIFAR10 does (one PIL
+    image per item, then the transform): the spec pipeline's per-image work."""
 
     def __init__(self, images: np.ndarray, labels, transform=None):
         self.data = images
@@ -152,11 +144,8 @@ class SyntheticCIFAR10(ArrayDataset):
 
 def cifar10_dataset(train: bool, dataset: str | None = None, transform=None,
                     root: Path | None = None, size: int | None = None) -> tuple[Dataset, bool]:
-    """A CIFAR-10 split (real or synthetic) and whether it is synthetic.
-
-    ``size`` only limits how many synthetic images are generated (a prefix of the full
-    split, so subsets are the same either way); the real split is always read whole.
-    """
+    """A CIFAR-10 split (real or synthetic) and whether it is synthetic; ``size`` limits only how
+    many synthetic images are generated (a prefix), the real split is read whole."""
     kind = resolve_dataset(dataset, root)
     if kind == "synthetic":
         return SyntheticCIFAR10(train=train, transform=transform, size=size), True
@@ -223,15 +212,6 @@ def make_loaders(batch_size: int = 128, test_batch_size: int = 100, num_workers:
                         train_images=len(train_ds), test_images=len(test_ds))  # type: ignore[arg-type]
 
 
-def profile_loaders(profile: config.Profile, batch_size: int | None = None, **kw) -> CifarLoaders:
-    """:func:`make_loaders` with a profile's subset sizes, workers and default batch sizes."""
-    kw.setdefault("num_workers", profile.num_workers)
-    kw.setdefault("train_images", profile.train_images)
-    kw.setdefault("test_images", profile.test_images)
-    kw.setdefault("test_batch_size", profile.test_batch_size)
-    return make_loaders(batch_size=batch_size or profile.train_batch_size, **kw)
-
-
 def dataset_status(root: Path | None = None) -> dict:
     """For notebook 00: is real CIFAR-10 here, and what to run if not."""
     present = cifar10_present(root)
@@ -262,7 +242,6 @@ def prepare_cifar10(root: Path | None = None) -> Path:
     return root / "cifar-10-batches-py"
 
 
-
 # ---------------------------------------------------- arrays and the device-resident loader
 
 
@@ -282,35 +261,22 @@ class ArraySplit:
         return "synthetic CIFAR-10 stand-in" if self.synthetic else "CIFAR-10"
 
 
-
 def load_split(train: bool, images: int | None = None, dataset: str | None = None,
                root: Path | None = None) -> ArraySplit:
-    """The first ``images`` images of a split (None: all), from the same sources as
-    :mod:`lab_utils.core.data`.
-
-    Real CIFAR-10 when it was prepared in ``data/`` (or ``dataset="cifar10"``), else the
-    synthetic stand-in's arrays (:func:`lab_utils.synthetic_arrays`, identical to
-    ``SyntheticCIFAR10.data``), marked ``synthetic``.
-    """
+    """The first ``images`` images of a split (None: all), from :func:`cifar10_dataset`'s sources
+    (the synthetic arrays are ``SyntheticCIFAR10.data``)."""
     if images is not None:
         check_positive_int(images, "number of images")
-    kind = resolve_dataset(dataset, root)
     size = CIFAR10_TRAIN_SIZE if train else CIFAR10_TEST_SIZE
     n = size if images is None else min(images, size)
-    if kind == "synthetic":
-        global _warned_synthetic
-        if not _warned_synthetic and config.dataset_choice(dataset) == "auto":
-            warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
-                          "(run `make prepare` on a machine with internet for the real data).",
-                          stacklevel=2)
-            _warned_synthetic = True
-        x, y = synthetic_arrays(n, train)
-        return ArraySplit(images=x, labels=y.astype(np.int64), synthetic=True)
-    from torchvision.datasets import CIFAR10
-
-    ds = CIFAR10(str(root or config.data_dir()), train=train, download=False)
+    ds, synthetic = cifar10_dataset(train, dataset, root=root, size=n)
+    global _warned_synthetic
+    if synthetic and not _warned_synthetic and config.dataset_choice(dataset) == "auto":
+        warnings.warn("CIFAR-10 is not in data/: using the synthetic stand-in "
+                      "(run `make prepare` on a machine with internet for the real data).", stacklevel=2)
+        _warned_synthetic = True
     return ArraySplit(images=np.ascontiguousarray(ds.data[:n]),
-                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=False)
+                      labels=np.asarray(ds.targets[:n], dtype=np.int64), synthetic=synthetic)
 
 
 def check_num_workers(num_workers: object) -> int:
@@ -337,25 +303,21 @@ def spec_loader(split: ArraySplit, batch_size: int = 128, num_workers: int = 2, 
 class DeviceLoader:
     """CIFAR-10 resident on ``device``: shuffling, crop, flip and normalization batched there.
 
-    The uint8 images are moved to the device once, zero-padded by ``padding`` pixels
-    and kept as one int32 per pixel (the C <= 4 channel bytes packed; 50,000 padded
-    CIFAR images: 320 MB). Each epoch draws a device permutation and, for every image,
-    a crop offset (rows and columns uniform over 0..2p) and a flip (probability 1/2),
-    from a generator on the device.
-    Each batch is then one ``index_select`` of pixels (crop and flip together), a
-    conversion to float32 and a per-channel multiply-add: ``(x/255 - mean) / std``
-    (the same ``ToTensor`` + ``Normalize`` arithmetic up to float rounding).
+    The uint8 images are moved to the device once, zero-padded by 4 pixels (RandomCrop's
+    ``padding=4``) and kept as one int32 per pixel (the 3 channel bytes packed; 50,000 padded
+    CIFAR images: 320 MB). Each epoch draws a device permutation and, for every image, a crop
+    offset (rows and columns uniform over 0..8) and a flip (probability 1/2). Each batch is then
+    one ``index_select`` of pixels (crop and flip together), a conversion to float32 and a
+    per-channel multiply-add: ``(x/255 - mean) / std`` (``ToTensor`` + ``Normalize`` up to float
+    rounding).
 
-    Iterating yields ``(x, y)`` on the device: x float32 (B, C, H, W), in channels_last
-    layout when ``channels_last``; y int64 (B,). ``augment=False`` gives the test
-    pipeline (ToTensor + Normalize, no padding); ``shuffle=False`` keeps the order.
+    Iterating yields ``(x, y)`` on the device: x float32 (B, C, H, W), channels_last layout when
+    ``channels_last``; y int64 (B,). ``augment=False``: the test pipeline (no padding).
     """
 
     def __init__(self, images: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor | Sequence[int],
                  batch_size: int = 128, device: torch.device | str = "cpu", augment: bool = True,
-                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, channels_last: bool = False,
-                 padding: int = 4, mean: Sequence[float] = CIFAR10_MEAN,
-                 std: Sequence[float] = CIFAR10_STD):
+                 shuffle: bool = True, drop_last: bool = False, seed: int = 0, channels_last: bool = False):
         check_batch_size(batch_size)
         x = torch.as_tensor(images)
         if x.dtype != torch.uint8 or x.dim() != 4:
@@ -366,24 +328,19 @@ class DeviceLoader:
         if y.shape != (x.shape[0],):
             raise LabError(f"Need one label per image: {x.shape[0]} images but labels of shape "
                            f"{tuple(y.shape)}.")
-        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-            raise LabError(f"padding must be a whole number >= 0, got {padding!r}.")
         if x.shape[0] == 0:
             raise LabError("DeviceLoader got no images; give at least one.")
+        n, h, w, c = x.shape
+        if c != 3:
+            raise LabError(f"DeviceLoader needs RGB images (3 channels, CIFAR's mean and std), got {c}.")
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.augment = augment
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.channels_last = channels_last
-        self.padding = padding if augment else 0
-        n, h, w, c = x.shape
         self.num_images, self.height, self.width, self.channels = int(n), int(h), int(w), int(c)
-        if len(mean) != c or len(std) != c:
-            raise LabError(f"mean and std need {c} values (one per channel), got {len(mean)} and {len(std)}.")
-        if c > 4:
-            raise LabError(f"DeviceLoader packs a pixel into 4 bytes, so at most 4 channels, got {c}.")
-        p = self.padding
+        p = 4 if augment else 0
         hp, wp = h + 2 * p, w + 2 * p
         self._plane = hp * wp  # pixels per padded image
         # Moved once; padded on the device (zeros, as RandomCrop's default fill). Each pixel's
@@ -404,17 +361,15 @@ class DeviceLoader:
         table = rows[:, None, None, :, None] * wp + cols[None, :, :, None, :]     # (k, k, 2, H, W)
         self._table = table.reshape(k * k * 2, h * w).to(self.device)
         self._offsets = k
-        scale = 1.0 / (255.0 * torch.tensor(std, dtype=torch.float32))
-        self._scale = scale.view(1, c, 1, 1).to(self.device)
-        self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std, dtype=torch.float32)
-                       ).view(1, c, 1, 1).to(self.device)
+        mean, std = torch.tensor(CIFAR10_MEAN), torch.tensor(CIFAR10_STD)
+        self._scale = (1.0 / (255.0 * std)).view(1, c, 1, 1).to(self.device)
+        self._shift = (-mean / std).view(1, c, 1, 1).to(self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
     def __len__(self) -> int:
-        if self.drop_last:
-            return self.num_images // self.batch_size
-        return math.ceil(self.num_images / self.batch_size)
+        return (self.num_images // self.batch_size if self.drop_last
+                else math.ceil(self.num_images / self.batch_size))
 
     def draw_epoch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One epoch's random choices: (order, dy, dx, flip), each of length N, on the device."""
@@ -431,10 +386,8 @@ class DeviceLoader:
 
     def batch(self, idx: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor,
               flip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images ``idx`` cropped at (``dy``, ``dx``) of the padded image, flipped where ``flip``, normalized.
-
-        All arguments are int64 tensors of shape (B,) on the device. Returns (x, y).
-        """
+        """(x, y) of images ``idx`` cropped at (``dy``, ``dx``) of the padded image, flipped where ``flip``,
+        normalized; all int64 tensors of shape (B,) on the device."""
         table_row = (dy * self._offsets + dx) * 2 + flip
         pix = self._table.index_select(0, table_row) + (idx * self._plane)[:, None]   # (B, H*W)
         b = idx.shape[0]

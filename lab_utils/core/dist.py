@@ -129,12 +129,9 @@ OOM_EXIT_CODE = 3
 
 
 def end_rank(message: str, code: int = 1) -> NoReturn:
-    """End this process now: ``message`` to stderr, then ``os._exit(code)``.
-
-    No ``finally`` block, no ``destroy_process_group``: with a peer waiting in a collective,
-    tearing the group down cleanly can block (NCCL waits for the pending work). torchrun sees
-    the rank exit and stops the other ranks at once.
-    """
+    """End this process now: ``message`` to stderr, then ``os._exit(code)``; no ``finally``, no
+    ``destroy_process_group`` (with a peer waiting in a collective, NCCL's teardown can block).
+    torchrun sees the rank exit and stops the other ranks at once."""
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
     os._exit(code)

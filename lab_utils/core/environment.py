@@ -33,6 +33,12 @@ from lab_utils.core.hardware import (
 )
 
 NO_DRIVER = "no NVIDIA driver on this machine (no nvidia-smi, no /proc/driver/nvidia/version)"
+SYSTEM_TORCH = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
+
+
+def _install(what: str, variant: str) -> str:
+    return (f"install {what} with `make venv TORCH_VARIANT={variant}` (on a machine with internet, such as "
+            f"the login node), or {SYSTEM_TORCH}")
 
 
 # --------------------------------------------------------------------------- GPU node check
@@ -59,29 +65,23 @@ def _cuda_phrase(torch_version: str, torch_cuda: str | None, driver: cuda_builds
 
 def _fix(torch_cuda: str | None, driver: cuda_builds.Driver) -> str:
     """The way out, for a torch that cannot use this driver's GPUs."""
-    system = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
     try:
         choice = cuda_builds.select_variant(driver.version)
     except cuda_builds.NoVariant:
-        return (f"this driver is too old for the lab's torch, so ask for a newer driver or {system}")
+        return f"this driver is too old for the lab's torch, so ask for a newer driver or {SYSTEM_TORCH}"
     need = cuda_builds.min_driver_for_cuda(torch_cuda)
     fits = need is None or not driver.version or cuda_builds.driver_at_least(driver.version, need)
     if torch_cuda and fits:
         return ("check that the job was given GPUs and CUDA_VISIBLE_DEVICES names them (a driver/library "
                 "mismatch shows in `nvidia-smi` and `python -c 'import torch; torch.cuda.init()'`), "
-                f"or {system}")
-    return (f"install the build for this driver with `make venv TORCH_VARIANT={choice.variant}` (on a "
-            f"machine with internet, such as the login node), or {system}")
+                f"or {SYSTEM_TORCH}")
+    return _install("the build for this driver", choice.variant)
 
 
 def arch_problem(driver: cuda_builds.Driver | None) -> tuple[str, str] | None:
-    """``(what is wrong, the fix)`` when torch sees the GPUs but its build has no kernels for one of them.
-
-    The GPUs' compute capabilities come from ``nvidia-smi`` (no CUDA context is opened), the build's
-    architectures from ``torch.cuda.get_arch_list()``; :func:`lab_utils.core.cuda_builds.arch_runs`
-    decides. torch itself only warns when no architecture of the GPU's *major* is in the list, so a
-    CUDA 13 build (sm_75 and later) passes its check on a V100 (sm_70).
-    """
+    """``(what is wrong, the fix)`` when torch sees the GPUs but its build has no kernels for one of them
+    (compute capabilities from ``nvidia-smi``, no CUDA context opened; :func:`cuda_builds.arch_runs`
+    decides). torch itself only compares the major, so a CUDA 13 build (sm_75+) passes on a V100."""
     import torch
 
     archs = torch.cuda.get_arch_list()
@@ -95,13 +95,11 @@ def arch_problem(driver: cuda_builds.Driver | None) -> tuple[str, str] | None:
     problem = (f"This node's {g.name} has compute capability {g.compute_cap} ({sm}), but torch "
                f"{_torch_build()[0]} has kernels for {', '.join(archs)} only, so every GPU operation would "
                "fail with 'no kernel image is available'")
-    system = "load your cluster's PyTorch module and run `rm -rf .venv && make venv SYSTEM_TORCH=1`"
     try:
         choice = cuda_builds.select_variant(driver.version, gpus=driver.gpus)
     except cuda_builds.NoVariant:
-        return problem, f"no build of the lab's torch has {sm} kernels, so {system}"
-    return problem, (f"install a build that has {sm} with `make venv TORCH_VARIANT={choice.variant}` (on a "
-                     f"machine with internet, such as the login node), or {system}")
+        return problem, f"no build of the lab's torch has {sm} kernels, so {SYSTEM_TORCH}"
+    return problem, _install(f"a build that has {sm}", choice.variant)
 
 
 def gpu_node_problem(driver: cuda_builds.Driver | None | str = "detect") -> tuple[str, str] | None:
@@ -211,15 +209,13 @@ def topology_summary(topo: str | None, driver: cuda_builds.Driver | None) -> str
     if n < 2:
         return "one GPU: no GPU-to-GPU link" if n == 1 else "unknown: `nvidia-smi topo -m` listed no GPUs"
     kind = classify_interconnect(topo, n)
+    if kind is None:
+        return "unknown: the `nvidia-smi topo -m` matrix could not be read"
     codes = sorted({r[j] for i, r in enumerate(gpu_rows) for j in range(n) if i != j and len(r) >= n})
-    shown = ", ".join(codes)
-    if kind == "nvlink":
-        return f"NVLink between every pair of the {n} GPUs ({shown})"
-    if kind == "pcie":
-        return f"PCIe only: no NVLink between the {n} GPUs ({shown})"
-    if kind == "mixed":
-        return f"mixed: NVLink between some pairs of the {n} GPUs only ({shown})"
-    return "unknown: the `nvidia-smi topo -m` matrix could not be read"
+    shown = f" ({', '.join(codes)})"
+    return {"nvlink": f"NVLink between every pair of the {n} GPUs{shown}",
+            "pcie": f"PCIe only: no NVLink between the {n} GPUs{shown}",
+            "mixed": f"mixed: NVLink between some pairs of the {n} GPUs only{shown}"}[kind]
 
 
 def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:

@@ -29,11 +29,8 @@ class WriteError(LabError):
 
 
 def write_failure(e: OSError, folder, what: str) -> str:
-    """One sentence for a failed write of ``what`` into ``folder``, naming the fix.
-
-    A full disk (ENOSPC) or an exceeded quota (EDQUOT) is the common case on a cluster's shared
-    file system; anything else names the OS error and the folder.
-    """
+    """One sentence for a failed write of ``what`` into ``folder``, naming the fix (a full disk or an
+    exceeded quota is the common case on a cluster's shared file system)."""
     import errno
 
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -33,8 +33,6 @@ RESNET_TRAIN_FLOPS_PER_IMAGE = 3.329e9
 RESNET_PEAK_FRACTION = 0.30
 #: A 10M-parameter character GPT is kernel-launch bound: a small fraction of the bf16 peak.
 GPT_PEAK_FRACTION = 0.05
-# The earlier cohorts' published epoch-2 seconds are read from lab_utils.core.anchors: the first
-# cohort's Table 1 by (GPUs, per-GPU batch), the other cohort's DataParallel by (GPUs, GLOBAL batch).
 _TOKENS = anchors.ACCUMULATION_TOKENS_PER_S
 _MB_SMALL, _MB_LARGE = min(_TOKENS), max(_TOKENS)
 #: Earlier GPT study: tokens/s grew ~7.6x from micro-batch 16 to 1024 (2.1k -> 16k): as mb^0.49.
@@ -94,16 +92,9 @@ def spec_epoch_seconds(devices: int, batch: int) -> float:
 
 
 def dp_epoch_seconds(devices: int, batch: int) -> float:
-    """Estimated seconds of one DataParallel epoch on ``devices`` GPUs at ``batch`` per GPU (global
-    batch ``devices x batch``): the larger of
-
-    - the 1-GPU spec-path epoch at the global batch: one process feeds every GPU through one loader,
-      so DataParallel is not assumed faster than one GPU fed the same batches;
-    - the other cohort's DataParallel epoch on this many GPUs (:data:`anchors.OTHER_COHORT_SECONDS`,
-      a fixed GLOBAL batch, wall-clock with the loader) at the nearest global batch it measured at or
-      below this one: its times fall as the global batch grows, so the nearest smaller one errs long.
-      Absent for a GPU count it did not run.
-    """
+    """Estimated seconds of one DataParallel epoch on ``devices`` GPUs at ``batch`` per GPU: the larger
+    of the 1-GPU spec-path epoch at the global batch and the other cohort's epoch on this many GPUs at
+    the nearest global batch at or below it (see :data:`ASSUMPTIONS`)."""
     global_batch = devices * batch
     floor = spec_epoch_seconds(1, global_batch)
     measured = sorted(g for n, g in _OTHER if n == devices and g <= global_batch)

@@ -37,11 +37,8 @@ class FlopCount:
 
 def count_flops(model: nn.Module, example: torch.Tensor, backward: bool = True,
                 loss_fn=None) -> FlopCount:
-    """Count forward (and backward) FLOPs of ``model`` on ``example``.
-
-    ``loss_fn(output)`` gives the scalar to differentiate (default: ``output.float().sum()``,
-    whose own cost is not a matmul and so is not counted). Gradients are cleared after.
-    """
+    """Count forward (and backward) FLOPs of ``model`` on ``example``, differentiating ``loss_fn(output)``
+    (default ``output.float().sum()``: not a matmul, so not counted); gradients are cleared after."""
     from torch.utils.flop_counter import FlopCounterMode
 
     was_training = model.training
@@ -58,8 +55,3 @@ def count_flops(model: nn.Module, example: torch.Tensor, backward: bool = True,
         model.zero_grad(set_to_none=True)
     model.train(was_training)
     return FlopCount(batch_size=int(example.shape[0]), forward_flops=fwd, backward_flops=bwd)
-
-
-def achieved_flops_per_s(flops_per_sample: float, samples_per_s: float) -> float:
-    """FLOP/s achieved = FLOPs per sample x samples per second."""
-    return flops_per_sample * samples_per_s

@@ -31,6 +31,7 @@ import datetime
 import os
 import pickle
 import select
+import shutil
 import signal
 import tempfile
 import time
@@ -77,12 +78,7 @@ def shard_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
     """``[start, end)`` of each rank's shard of ``numel`` elements: together they cover every element
     once, in order; sizes differ by at most one (the first ``numel % world_size`` ranks hold one more)."""
     base, extra = divmod(numel, world_size)
-    bounds, start = [], 0
-    for rank in range(world_size):
-        end = start + base + (1 if rank < extra else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
+    return [(r * base + min(r, extra), (r + 1) * base + min(r + 1, extra)) for r in range(world_size)]
 
 
 class Local:
@@ -142,10 +138,8 @@ class Flat(Local):
 
 class Bucketed(Local):
     """(c) Buckets of at most ``bucket_bytes``, each all-reduced asynchronously as soon as its last
-    gradient is ready (during backward); ``sync`` waits for all of them before the optimizer step.
-
-    Buckets are launched in bucket order only, so every rank issues its collectives in the same order
-    (a bucket completed early waits for the ones before it, as in DDP)."""
+    gradient is ready (during backward), in bucket order only, so every rank issues its collectives in
+    the same order (as in DDP); ``sync`` waits for all of them before the optimizer step."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, bucket_bytes: float):
         super().__init__(model, optimizer)
@@ -254,12 +248,10 @@ def bytes_sent_per_rank(messages: Sequence[Sequence[Any]], world_size: int) -> f
 
 def predicted_seconds(messages: Sequence[Sequence[Any]], world_size: int, alpha_seconds: float,
                       bandwidth_bytes_per_s: float, overlaps: bool) -> tuple[float, float]:
-    """(communication, exposed) seconds of one step by the ring's alpha-beta model.
-
-    Communication: every collective one after the other, ``2(P-1) alpha + 2(P-1)/P x S / B`` per
-    all-reduce, half per reduce-scatter or all-gather. Exposed: all of it, unless the collectives
-    ``overlaps`` backward (bucketed, DDP): then at least the last one, whose gradients are ready only
-    when backward ends (a lower bound: everything before it hidden)."""
+    """(communication, exposed) seconds of one step by the ring's alpha-beta model: every collective
+    one after the other, ``2(P-1) alpha + 2(P-1)/P x S / B`` per all-reduce, half per reduce-scatter or
+    all-gather; exposed is all of it, or where the collectives ``overlaps`` backward (bucketed, DDP) the
+    last one alone, whose gradients are ready only when backward ends (a lower bound)."""
     times = [ring_allreduce_seconds(size, world_size, alpha_seconds, bandwidth_bytes_per_s)
              * (1.0 if kind == ALL_REDUCE else 0.5) for kind, size in messages]
     total = sum(times)
@@ -298,9 +290,7 @@ def run_in_ranks(fn: Callable[[int, int], Any], world_size: int, timeout_s: floa
         if got[fd] is None:
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    for name in os.listdir(folder):
-        os.remove(os.path.join(folder, name))
-    os.rmdir(folder)
+    shutil.rmtree(folder)
     return [pickle.loads(got[fd]) if got[fd] else {"error": "timed out"} for fd in pipes]
 
 

@@ -24,9 +24,7 @@ from dataclasses import asdict, dataclass
 # Dense peak throughput in TFLOP/s per precision. "tf32" is what cuDNN uses for fp32
 # convolutions on Ampere and later unless torch.backends.cudnn.allow_tf32 is False.
 # Data sheets quote tensor-core figures "with sparsity": the dense figure is half.
-# The most specific pattern found in the device name wins (the longest: "H200 NVL"
-# over "H200"), and the table lists specific names first as well (NVL/PCIe before the
-# generic name, which is the SXM part).
+# The longest pattern found in the device name wins ("H200 NVL" over "H200", the SXM part).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
     ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
@@ -46,21 +44,15 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
 
 
 def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float | None:
-    """Dense peak FLOP/s of a GPU by its torch name, or ``None`` when unknown.
-
-    ``precision`` is one of ``fp32``, ``tf32``, ``bf16``, ``fp16``. Returns ``None`` for
-    CPUs, for GPUs not in the table, for MIG slices (:func:`peak_note`) and for precisions
-    the GPU lacks. When several
-    patterns of :data:`PEAK_TFLOPS` occur in the name, the longest (most specific) wins.
-    """
-    if not device_name or mig_profile(device_name):  # a MIG slice: see peak_note
+    """Dense peak FLOP/s of a GPU by its torch name at ``precision`` (``fp32``, ``tf32``, ``bf16``,
+    ``fp16``); ``None`` for CPUs, GPUs not in the table, MIG slices (:func:`peak_note`) and
+    precisions the GPU lacks."""
+    if not device_name or mig_profile(device_name):
         return None
-    name = device_name.lower()
-    found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if pattern.lower() in name]
+    found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if pattern.lower() in device_name.lower()]
     if not found:
         return None
-    _, peaks = max(found, key=lambda item: len(item[0]))  # "H200 NVL" beats "H200"
-    tflops = peaks.get(precision)
+    tflops = max(found, key=lambda item: len(item[0]))[1].get(precision)
     return tflops * 1e12 if tflops is not None else None
 
 
@@ -76,9 +68,8 @@ def mig_profile(device_name: str | None) -> str | None:
 def peak_note(device_name: str | None) -> str | None:
     """Why a GPU has no peak in this lab, in one phrase (``None`` when it has one, or is a CPU).
 
-    A MIG slice gets *no* peak (not the whole GPU's, not a guessed share): it has only
-    some of the GPU's SMs (1g is 14 of an A100's 108), and its exact share of the peak is
-    not in any data sheet the lab cites.
+    A MIG slice gets *no* peak, not a guessed share: it has some of the GPU's SMs (1g is 14 of an
+    A100's 108), and no data sheet the lab cites gives its share.
     """
     profile = mig_profile(device_name)
     if profile:
@@ -126,9 +117,7 @@ def fraction_of_peak(flops_per_s: float | None, device_name: str | None,
                      precision: str) -> float | None:
     """Achieved / peak, or ``None`` when either is unknown (never a guess)."""
     peak = peak_flops_per_s(device_name, precision)
-    if peak is None or flops_per_s is None:
-        return None
-    return flops_per_s / peak
+    return None if peak is None or flops_per_s is None else flops_per_s / peak
 
 
 @dataclass
@@ -187,10 +176,8 @@ class SmiDevice:
 
 
 def smi_devices(text: str | None = None) -> list[SmiDevice] | None:
-    """GPUs and MIG slices listed by ``nvidia-smi -L`` (``text``: its output; None asks it).
-
-    ``None`` when nvidia-smi is missing or fails. A GPU in MIG mode is followed by its slices.
-    """
+    """GPUs and MIG slices (after their GPU) listed by ``nvidia-smi -L`` (``text``: its output; None
+    asks it); ``None`` when nvidia-smi is missing or fails."""
     text = _nvidia_smi("-L") if text is None else text
     if text is None:
         return None
@@ -221,16 +208,14 @@ def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return [d.name for d in default]
-    names: list[str | None] = []
-    for token in (t.strip() for t in visible.split(",")):
-        if not token:
-            continue
-        if token.isdigit():
-            g = next((d for d in gpus if d.gpu_index == int(token)), None)
-            names.append(None if g is None else (migs[g.gpu_index][0].name if migs[g.gpu_index] else g.name))
-        else:
-            names.append(next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None))
-    return names
+
+    def named(token: str) -> str | None:
+        if not token.isdigit():
+            return next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None)
+        g = next((d for d in gpus if d.gpu_index == int(token)), None)
+        return None if g is None else (migs[g.gpu_index] or [g])[0].name
+
+    return [named(t.strip()) for t in visible.split(",") if t.strip()]
 
 
 def cpu_model() -> str:
@@ -369,20 +354,9 @@ def classify_interconnect(topo_text: str | None, n_gpus: int) -> str | None:
     has an ``NV#`` link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown."""
     if not topo_text or n_gpus < 2:
         return None
-    links: dict[int, list[str]] = {}
-    for raw in topo_text.splitlines():
-        line = _ANSI.sub("", raw).strip()
-        m = re.match(r"GPU(\d+)\s+(.*)$", line)
-        if not m:
-            continue
-        tokens = m.group(2).split()
-        links[int(m.group(1))] = tokens[:n_gpus]
+    lines = (re.match(r"GPU(\d+)\s+(.*)$", _ANSI.sub("", raw).strip()) for raw in topo_text.splitlines())
+    links = {int(m.group(1)): m.group(2).split()[:n_gpus] for m in lines if m}
     if any(i not in links or len(links[i]) < n_gpus for i in range(n_gpus)):
         return None
-    pairs = [links[i][j] for i in range(n_gpus) for j in range(n_gpus) if i != j]
-    nv = [tok.upper().startswith("NV") for tok in pairs]
-    if all(nv):
-        return "nvlink"
-    if not any(nv):
-        return "pcie"
-    return "mixed"
+    nv = [links[i][j].upper().startswith("NV") for i in range(n_gpus) for j in range(n_gpus) if i != j]
+    return "nvlink" if all(nv) else "mixed" if any(nv) else "pcie"

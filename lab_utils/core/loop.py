@@ -47,12 +47,9 @@ def default_device() -> torch.device:
 
 
 def wrap_data_parallel(model: nn.Module, device_ids: list[int] | None = None) -> nn.Module:
-    """``nn.DataParallel`` over ``device_ids`` (default: all visible GPUs).
-
-    Single-process: each step scatters the batch from GPU 0, replicates the model from
-    GPU 0, runs the replicas in threads and gathers outputs and gradients back onto
-    GPU 0. It is not a ring all-reduce.
-    """
+    """``nn.DataParallel`` over ``device_ids`` (default: all visible GPUs): one process scatters the
+    batch from GPU 0, replicates the model, runs the replicas in threads and gathers outputs and
+    gradients back onto GPU 0. It is not a ring all-reduce."""
     return nn.DataParallel(model, device_ids=device_ids)
 
 
@@ -75,8 +72,7 @@ class EpochRecord:
     accuracy: float                 # training accuracy over this process's samples (nan: not counted)
     peak_memory_bytes: int | None   # device memory high-water mark (the fullest GPU); None on CPU
     lr: float
-    # DataParallel: each GPU's high-water mark, in device_ids order (GPU 0 holds the gathered
-    # outputs and the master copy, the others their replicas); None for one device
+    # DataParallel: each GPU's peak, in device_ids order (GPU 0 also holds the gathered outputs)
     peak_memory_bytes_per_device: list[int] | None = None
     micro_steps: int = 0            # forward/backward passes (= batches); = steps without accumulation
     skew_wait_seconds: float = 0.0  # DDP: waiting in the barrier for the other ranks' loaders
@@ -128,10 +124,8 @@ def model_devices(model: nn.Module, device: torch.device) -> list[torch.device]:
 
 @dataclass
 class EpochSums:
-    """What :func:`train_steps` counted in one pass: images, optimizer steps, micro-steps
-    (forward/backward passes, = batches), the loss and correct-prediction sums of this rank
-    (float64 tensors on the device), with a comm timer the all-reduce seconds, and when timed each
-    optimizer step's training time (``step_train_seconds``, seconds, in step order)."""
+    """What :func:`train_steps` counted in one pass; the loss and correct sums are float64 tensors
+    on the device, ``step_train_seconds`` each optimizer step's training time when timed."""
 
     images: int
     steps: int
@@ -145,33 +139,20 @@ class EpochSums:
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop.
+    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop."""
 
-    ``accumulation_steps``: micro-batches per optimizer step. ``scheduler``: stepped after
-    every optimizer step. ``comm_timer``: a :class:`~lab_utils.core.comm_hooks.AllReduceTimer`
-    (moves the exposed all-reduce wait from compute to communication). ``skew_barrier``:
-    DDP's barrier before each micro-step that starts a collective (needs a process group).
-    ``autocast_dtype``: forward and loss under autocast, e.g. ``torch.bfloat16``.
-    ``count_correct``: argmax accuracy (off for language models). ``lr_at(step)``: the lr set
-    before each optimizer step, ``step`` counted from ``first_step``. ``max_steps``: stop after
-    that many optimizer steps. ``grad_clip``: max gradient norm. ``channels_last``: the
-    batch in the model's memory format. ``step_timers``: a
-    :class:`~lab_utils.core.timing.NestedTimers` for a forward/loss/backward/optimizer
-    breakdown inside ``compute`` (it synchronizes at each of those boundaries).
-    """
-
-    accumulation_steps: int = 1
-    scheduler: Any = None
-    comm_timer: Any = None
-    skew_barrier: bool = False
-    autocast_dtype: torch.dtype | None = None
-    count_correct: bool = True
-    lr_at: Callable[[int], float] | None = None
+    accumulation_steps: int = 1     # micro-batches per optimizer step
+    scheduler: Any = None           # stepped after every optimizer step
+    comm_timer: Any = None          # an AllReduceTimer: the exposed all-reduce wait moves to communication
+    skew_barrier: bool = False      # DDP's barrier before each micro-step that starts a collective
+    autocast_dtype: torch.dtype | None = None  # forward and loss under autocast, e.g. torch.bfloat16
+    count_correct: bool = True      # argmax accuracy (off for language models)
+    lr_at: Callable[[int], float] | None = None  # lr set before each optimizer step, counted from first_step
     first_step: int = 0
-    max_steps: int | None = None
-    grad_clip: float | None = None
-    channels_last: bool = False
-    step_timers: NestedTimers | None = None
+    max_steps: int | None = None    # stop after that many optimizer steps
+    grad_clip: float | None = None  # max gradient norm
+    channels_last: bool = False     # the batch in the model's memory format
+    step_timers: NestedTimers | None = None  # forward/loss/backward/optimizer inside compute (synchronizes)
 
 
 PLAIN = StepOptions()
@@ -322,23 +303,17 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     """THE epoch driver: one pass of :func:`train_steps` over ``batches``, clocked; this process's
     :class:`EpochRecord`.
 
-    The clock: peak memory reset on every device the model uses (all GPUs of an
-    ``nn.DataParallel``), the device synchronized, then ``epoch_seconds`` runs from the first
-    batch request to the end of the last step (device synchronized again), loader waits
-    included. ``train_seconds`` is the sum of the phases that are training
-    (:attr:`~lab_utils.core.timing.PhaseTimer.training_seconds`: data movement, compute,
-    communication; this rank's loader wait and, in DDP, its ``skew_wait`` for the other ranks'
-    loaders left out), each synchronized with the device at its ends. ``images_per_s`` =
-    images / ``train_seconds``. ``step_train_seconds_p10`` / ``_p50`` / ``_p90``: the 10th, 50th and
-    90th percentile of the per-step training times (:func:`train_steps`;
-    :func:`lab_utils.core.spread.step_percentiles`): the spread of a single run's time.
+    Peak memory is reset on every device the model uses (all GPUs of an ``nn.DataParallel``);
+    ``epoch_seconds`` runs from the first batch request to the end of the last step, device
+    synchronized at both ends, loader waits included. ``train_seconds`` sums the training phases
+    (data movement, compute, communication; the loader wait and DDP's ``skew_wait`` left out), each
+    synchronized at its ends; ``images_per_s`` = images / ``train_seconds``; the
+    ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times.
 
-    ``timed=False``: no phase boundaries inside the pass (the fast path: the host queues work
-    ahead as in real training); only ``epoch_seconds`` is measured, ``train_seconds`` is None.
-    ``global_sums``: at the end, the loss sum, correct count and samples are all-reduced over
-    the process group (one all-reduce of three float64, timed as ``communication``), giving
-    ``global_loss``, ``global_accuracy`` and ``global_images`` over all ranks. ``n_batches``
-    defaults to ``len(batches)`` (capped by ``options.max_steps`` x accumulation steps).
+    ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase
+    boundaries inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default.
+    ``global_sums``: one all-reduce of three float64 at the end (timed as ``communication``) gives
+    ``global_loss``, ``global_accuracy`` and ``global_images`` over all ranks.
     """
     device = torch.device(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
@@ -370,12 +345,7 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     peaks = [peak_memory(d) for d in devices]
     rec = EpochRecord(
         epoch=epoch, images=images, steps=sums.steps, micro_steps=sums.micro_steps,
-        epoch_seconds=epoch_seconds, train_seconds=train_s,
-        data_loading_seconds=timer.seconds("data_loading"),
-        data_movement_seconds=timer.seconds("data_movement"),
-        compute_seconds=timer.seconds("compute"),
-        communication_seconds=timer.seconds("communication"),
-        skew_wait_seconds=timer.seconds("skew_wait"),
+        epoch_seconds=epoch_seconds, train_seconds=train_s, **timer.totals(),
         images_per_s=images / train_s if train_s else None,
         loss=float(sums.loss_sum) / max(images, 1),
         accuracy=float(sums.correct) / max(images, 1) if options.count_correct else math.nan,

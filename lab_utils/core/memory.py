@@ -4,24 +4,14 @@ Out of memory is an expected result in this lab (the batch-size sweep grows the 
 until it no longer fits), so every path that can hit it handles it the same way, here:
 
 - :func:`is_out_of_memory` says whether an exception is an allocation failure:
-  ``torch.OutOfMemoryError`` (the caching allocator), and the ``RuntimeError`` s that
-  other allocators raise for the same reason (cuDNN 9's
-  ``CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED`` / ``..._HOST_ALLOCATION_FAILED``,
-  cuDNN 8's ``CUDNN_STATUS_ALLOC_FAILED`` and ``CUBLAS_STATUS_ALLOC_FAILED`` when cuDNN or
-  cuBLAS cannot get their workspace, cuDNN's "no engine / no valid algorithm" under
-  ``cudnn.benchmark`` when none fits the memory left, NCCL's ``Cuda failure 2 'out of memory'``,
-  ``CUDA error: out of memory`` from a raw ``cudaMalloc``, the CPU allocator's
-  ``can't allocate memory``): :data:`OOM_MARKERS`, each naming which allocation failed where the
-  message does not. Anything else is a bug and propagates.
-- :func:`catch_oom` is the one way to catch it: a context manager that swallows an
-  out-of-memory exception, keeps only its first line (``reason``) and lets everything
-  else through. The cleanup then runs *after* the ``with`` statement, never inside an
-  ``except`` block: while an ``except`` block runs, the exception's traceback holds
-  every frame of the failed call, and with them the batch, the activations and the
-  half-built autograd graph, so ``empty_cache()`` there cannot give that memory back.
-- :func:`free_device_memory` is that cleanup: ``gc.collect()`` (reference cycles of
-  the dropped model/optimizer) and, when CUDA is in use, ``torch.cuda.empty_cache()``
-  (hand the cached blocks back, so the next attempt starts from an empty allocator).
+  ``torch.OutOfMemoryError``, or a ``RuntimeError`` carrying one of :data:`OOM_MARKERS` (cuDNN,
+  cuBLAS, NCCL, raw CUDA and CPU allocators). Anything else is a bug and propagates.
+- :func:`catch_oom` is the one way to catch it: it swallows an out-of-memory exception and
+  keeps only its ``reason``. The cleanup then runs *after* the ``with`` statement, never in an
+  ``except`` block: there the traceback holds every frame of the failed call, with the batch,
+  the activations and the half-built autograd graph, so ``empty_cache()`` cannot free them.
+- :func:`free_device_memory` is that cleanup: ``gc.collect()`` (the dropped model's reference
+  cycles), then ``torch.cuda.empty_cache()`` so the next attempt starts from an empty allocator.
 
 The usual shape::
 
@@ -92,33 +82,10 @@ def mentions_out_of_memory(text: str) -> bool:
     return oom_marker(text) is not None
 
 
-def _reason(line: str, marker: OomMarker | None, limit: int) -> str:
-    line = line.strip()
-    line = line[: limit - 3] + "..." if len(line) > limit else line
-    return f"OOM ({marker.which}): {line}" if marker is not None and marker.which else f"OOM: {line}"
-
-
-def oom_reason_from_log(text: str, limit: int = 300) -> str:
-    """``"OOM: <the first log line that reports it>"`` for a row, from a failed rank's log
-    (``"OOM (<which>): ..."`` when the line does not say which allocation failed).
-
-    ``"OOM"`` alone when no single line carries a marker (the caller has already decided,
-    with :func:`mentions_out_of_memory`, that the text reports an allocation failure).
-    """
-    for line in text.splitlines():
-        marker = oom_marker(line)
-        if marker is not None:
-            return _reason(line, marker, limit)
-    return "OOM"
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
-    """True for an out-of-memory failure of the GPU or CPU allocators, cuDNN, cuBLAS or NCCL.
-
-    ``torch.OutOfMemoryError`` always; a ``RuntimeError`` (NCCL's ``DistBackendError`` is one)
-    when its message carries one of :data:`OOM_MARKERS`; never any other exception type (a
-    ``ValueError`` that mentions memory is still a bug).
-    """
+    """True for ``torch.OutOfMemoryError``, or a ``RuntimeError`` (NCCL's ``DistBackendError`` is
+    one) whose message carries one of :data:`OOM_MARKERS`; never another type (a ``ValueError``
+    that mentions memory is still a bug)."""
     if isinstance(exc, torch.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and mentions_out_of_memory(str(exc))
@@ -128,24 +95,18 @@ def oom_reason(exc: BaseException, limit: int = 300) -> str:
     """``"OOM: <the message's line that says so>"`` (at most ``limit`` characters of it), for a row;
     ``"OOM (<which>): ..."`` for a message that does not say which allocation failed (cuDNN's "no
     algorithm", NCCL's "Cuda failure"). The first line when no line carries a marker."""
-    text = str(exc).strip()
-    if not text:
-        return f"OOM: {type(exc).__name__}"
-    lines = text.splitlines()
-    for line in lines:
-        marker = oom_marker(line)
-        if marker is not None:
-            return _reason(line, marker, limit)
-    return _reason(lines[0], None, limit)
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    line, marker = next(((ln, m) for ln in lines if (m := oom_marker(ln))), (lines[0], None))
+    line = line.strip()
+    line = line[: limit - 3] + "..." if len(line) > limit else line
+    return f"OOM ({marker.which}): {line}" if marker is not None and marker.which else f"OOM: {line}"
 
 
 class catch_oom:  # lower case: used like a function, ``with catch_oom() as oom``
     """Swallow an out-of-memory exception raised in the ``with`` body; let others propagate.
 
-    After the body, ``bool(oom)`` says whether memory ran out and ``oom.reason`` is the
-    row's reason (:func:`oom_reason`). Only that string is kept: the exception and its
-    traceback are dropped when the ``with`` statement ends, so the frames of the failed
-    call (and the tensors they hold) can be freed by :func:`free_device_memory` after it.
+    ``bool(oom)``: memory ran out; ``oom.reason``: the row's reason (:func:`oom_reason`), the only
+    thing kept, so the failed call's frames and tensors can be freed after the ``with``.
     """
 
     def __init__(self) -> None:
@@ -201,11 +162,8 @@ def resolve_cuda_device(device: torch.device | str | int | None = None) -> torch
 
 
 def check_memory_fraction(fraction: object) -> float:
-    """``fraction`` as a ``float`` in (0, 1]; a :class:`LabError` naming the fix otherwise.
-
-    Ints (``1``) and numpy scalars are accepted and converted: torch itself raises
-    ``TypeError`` for anything that is not a Python ``float``.
-    """
+    """``fraction`` as a Python ``float`` in (0, 1] (torch raises ``TypeError`` for an int or a numpy
+    scalar); a :class:`LabError` naming the fix otherwise."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
         raise LabError(f"memory_fraction must be a number in (0, 1], got {fraction!r}; "
                        "e.g. 0.5 for half of the GPU.")
@@ -217,13 +175,9 @@ def check_memory_fraction(fraction: object) -> float:
 
 def set_memory_fraction(fraction: object, device: torch.device | str | int | None = None
                         ) -> tuple[float, torch.device]:
-    """Cap this process's CUDA caching allocator at ``fraction`` of ``device``'s memory.
-
-    The one place that calls ``torch.cuda.set_per_process_memory_fraction``: the fraction
-    is checked and made a ``float`` (:func:`check_memory_fraction`) and the device given
-    an index (:func:`resolve_cuda_device`). ``1.0`` lifts the cap. Returns
-    ``(fraction, device)`` as passed to torch, so the caller can lift the same cap later.
-    """
+    """Cap this process's CUDA caching allocator at ``fraction`` of ``device``'s memory (``1.0``
+    lifts it); the one caller of ``torch.cuda.set_per_process_memory_fraction``. Returns
+    ``(fraction, device)`` as passed to torch, so the caller can lift the same cap later."""
     value = check_memory_fraction(fraction)
     dev = resolve_cuda_device(device)
     torch.cuda.set_per_process_memory_fraction(value, dev)
@@ -231,12 +185,9 @@ def set_memory_fraction(fraction: object, device: torch.device | str | int | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m lab_utils.core.memory LOG``: exit 0 when the log reports out of memory, else 1.
-
-    The SLURM job scripts call this on a failed launch's log, so that they recognise an
-    allocation failure by the same markers as the lab (:data:`OOM_MARKERS`), not by a grep
-    of their own. A log that cannot be read counts as "no" (exit 1), with one line saying why.
-    """
+    """``python -m lab_utils.core.memory LOG``: exit 0 when the log reports out of memory, else 1
+    (also, with one line saying why, when it cannot be read). The SLURM job scripts call it so
+    that they recognise an allocation failure by :data:`OOM_MARKERS`, not by a grep of their own."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

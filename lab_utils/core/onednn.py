@@ -11,21 +11,17 @@ OpenMP threads spin), the process crashes, or the weight gradients are silently 
 (open as of this writing). CPUs with AVX-512 take another kernel and are not affected;
 the same gradients there match a float64 reference (checked while writing this).
 
-The lab hits it with a narrow ResNet-18 (``width`` below 8: its strided 1x1 shortcut
-convolutions then have 2 or 4 input channels) trained channels-last on a CPU: the fast
-path's ``channels_last`` step, or ``torch.compile``, whose CPU backend may switch
-convolutions to channels-last on its own. Reproduce it on any x86 CPU by capping oneDNN
-at AVX2: ``ONEDNN_MAX_CPU_ISA=AVX2 python -m lab_utils bench train --profile quick
---compile --width 2 --images 48 --batch-size 32 --steps spec,compile``.
+The lab hits it with a narrow ResNet-18 (``width`` below 8: its strided 1x1 shortcuts then have
+2 or 4 input channels) trained channels-last on a CPU (the fast path's ``channels_last`` step, or
+``torch.compile``, whose CPU backend may choose channels-last). Reproduce it on any x86 CPU:
+``ONEDNN_MAX_CPU_ISA=AVX2 python -m lab_utils bench train --profile quick --compile --width 2
+--images 48 --batch-size 32 --steps spec,compile``.
 
-The workaround does in the model what the faulty kernel does inside: a 1x1 convolution
-with stride s and no padding reads only every s-th row and column, so it equals a stride-1
-1x1 convolution of ``x[:, :, ::s, ::s]``. For an affected convolution on the CPU,
-:func:`apply_workaround` sets the stride to 1 and adds a forward pre-hook that takes that
-slice. Same weights, same outputs and gradients, no faulty kernel, and it survives
-``torch.compile`` (the hook is traced like the rest of the forward). Switching oneDNN off
-instead does not work with ``torch.compile``: its graphs expect oneDNN's output layouts.
-The row of a model changed this way says so (:func:`apply_workaround` returns the sentence).
+The workaround: a 1x1 convolution with stride s and no padding equals a stride-1 1x1 convolution
+of ``x[:, :, ::s, ::s]``, so :func:`apply_workaround` sets the stride to 1 and adds a forward
+pre-hook taking that slice: same weights, outputs and gradients, no faulty kernel, and it survives
+``torch.compile`` (switching oneDNN off does not: compiled graphs expect oneDNN's layouts). The
+row of a model changed this way says so (:func:`apply_workaround` returns the sentence).
 """
 
 from __future__ import annotations
@@ -39,16 +35,11 @@ UPSTREAM_REPORT = "uxlfoundation/oneDNN#6035"
 
 
 def affected_convs(model: nn.Module) -> list[str]:
-    """Names of the model's convolutions the defect can hit: 1x1, stride > 1, < 8 input channels.
-
-    Only unpadded ones (all the lab's models have): for those, the workaround is exact.
-    """
-    out = []
-    for name, m in model.named_modules():
-        if (isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and max(m.stride) > 1
-                and m.padding in ((0, 0), "valid") and m.in_channels // m.groups < AVX2_CHANNEL_BLOCK):
-            out.append(name)
-    return out
+    """Names of the model's convolutions the defect can hit: 1x1, stride > 1, < 8 input channels,
+    unpadded (as all the lab's are: for those the workaround is exact)."""
+    return [name for name, m in model.named_modules()
+            if isinstance(m, nn.Conv2d) and tuple(m.kernel_size) == (1, 1) and max(m.stride) > 1
+            and m.padding in ((0, 0), "valid") and m.in_channels // m.groups < AVX2_CHANNEL_BLOCK]
 
 
 def _subsample(stride: tuple[int, int]):
@@ -63,15 +54,11 @@ def _subsample(stride: tuple[int, int]):
 
 def apply_workaround(model: nn.Module, device: torch.device | str, channels_last_possible: bool
                      ) -> str | None:
-    """Rewrite ``model``'s affected convolutions (see the module docstring); return why, or ``None``.
-
-    ``channels_last_possible``: the model is trained channels-last, or compiled (whose CPU
-    backend may choose channels-last by itself). GPUs, channels-first eager training and
-    models without an affected convolution are left as they are (``None``).
-    """
-    if torch.device(device).type != "cpu" or not channels_last_possible:
-        return None
-    if not torch.backends.mkldnn.is_available():
+    """Rewrite ``model``'s affected convolutions (see the module docstring); return why, or ``None`` (left
+    as it is: a GPU, channels-first eager training, no affected convolution). ``channels_last_possible``:
+    trained channels-last, or compiled (whose CPU backend may choose channels-last by itself)."""
+    on_onednn = torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
+    if not on_onednn or not channels_last_possible:
         return None
     names = affected_convs(model)
     modules = dict(model.named_modules())

@@ -178,7 +178,6 @@ COMM_LAB = {
 }
 
 
-
 BUILD_DDP = {
     # CPU/CI: ResNet-18 at width 8 (176k parameters, 0.7 MB of gradients, the spec model's 62 tensors) on
     # gloo CPU processes of one thread, 2 and 4 of them (4 take turns on 2 cores: oversubscribed, the
@@ -228,14 +227,10 @@ def settings(cls: type[T], profile: str, /, **overrides: Any) -> T:
 
 
 def override(base: T, what: str | None = None, /, **overrides: Any) -> T:
-    """``base`` with every override whose value is not None applied, then validated.
-
-    This is the one function through which a notebook's parameters cell changes a
-    profile's values: ``None`` keeps the profile's value; a list becomes a tuple (and a
-    single string a 1-tuple where the field holds a tuple); an unknown name is rejected
-    in one sentence naming the valid ones (``what`` names the settings, e.g. "scaling");
-    the result's ``validate()`` (where the dataclass has one) checks it before any work
-    starts.
+    """``base`` with every override that is not None applied, then validated: the one way a notebook's
+    parameters cell changes a profile's values. A list becomes a tuple (a single string a 1-tuple
+    where the field holds one); an unknown name gets one sentence naming the valid ones (``what``
+    names the settings); the result's ``validate()``, if any, runs before any work starts.
     """
     cls = type(base)
     valid = {f.name for f in fields(cls)}  # type: ignore[arg-type]

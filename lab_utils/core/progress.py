@@ -21,11 +21,8 @@ def headless() -> bool:
 
 
 def progress(iterable, total: int | None = None, desc: str | None = None, **kw):
-    """``tqdm.auto.tqdm`` over ``iterable``; a disabled plain ``tqdm`` when :func:`headless`.
-
-    (The notebook flavour would warn about missing widgets in headless runs even when
-    disabled, so headless runs never construct it.)
-    """
+    """``tqdm.auto.tqdm`` over ``iterable``; a disabled plain ``tqdm`` when :func:`headless` (the
+    notebook flavour would warn about missing widgets even when disabled)."""
     if headless():
         from tqdm import tqdm
 

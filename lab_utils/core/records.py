@@ -5,13 +5,10 @@ A :class:`Record` is one measured (or deliberately not measured) configuration: 
 status (``ok``, ``oom``, ``skipped``, ``error``), the reason when not ``ok``, and where it
 was measured (profile, hardware, software, cuDNN/matmul settings, torch threads, data).
 
-Records travel one way (``DESIGN.md``, "Architecture"): a worker process builds them and
-rank 0 appends them to the file named by ``--out`` (:func:`append_records`: whole JSON
-lines, flushed and fsynced, one call per finished configuration, so a later failure keeps
-the earlier ones); the launcher reads that file while the run goes on
-(:class:`RecordsReader`) and hands the records to the parent, which alone writes the result
-store (:meth:`lab_utils.store.ResultStore.run`). A torn last line (rank 0 killed during a
-write) is not a record yet: it is read only once whole.
+Records travel one way (``DESIGN.md``, "Architecture"): a worker's rank 0 appends them to the
+file named by ``--out`` (:func:`append_records`), the launcher reads it while the run goes on
+(:class:`RecordsReader`; a torn last line is read only once whole) and hands them to the parent,
+which alone writes the result store (:meth:`lab_utils.store.ResultStore.run`).
 
 Nothing here imports the store, so the workers can build records without it.
 """
@@ -82,12 +79,10 @@ class Record:
     hardware: dict[str, Any] = field(default_factory=dict)
     software: dict[str, Any] = field(default_factory=dict)
     timestamp: str = ""
-    #: cuDNN / matmul settings in force when the record was built (in the measuring
-    #: process): see :mod:`lab_utils.core.backends`. ``{}`` for records stored before this field.
+    #: the measuring process's cuDNN / matmul settings (:mod:`lab_utils.core.backends`) and torch
+    #: intra-op threads (CPU timings depend on them), taken when the record is built; ``{}`` and
+    #: ``None`` in records stored before these fields existed.
     backends: dict[str, Any] = field(default_factory=backend_settings)
-    #: torch intra-op threads of the process that built the record (``torch.get_num_threads()``,
-    #: taken at build time like ``backends``). CPU timings depend on it. ``None``: stored before
-    #: the field existed.
     threads: int | None = field(default_factory=torch_threads)
 
     @property
@@ -100,17 +95,13 @@ class Record:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
         known = {f for f in cls.__dataclass_fields__}
-        # A stored record without ``backends`` predates the field: its settings are unknown,
-        # not those of the process reading it.
+        # a stored record without ``backends`` predates it: its settings are unknown, not the reader's
         return cls(**{"backends": {}, "threads": None, **{k: v for k, v in d.items() if k in known}})
 
 
 def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
-    """A stored record's ``hardware`` is ``here``'s: the same device name and device count.
-
-    A record without a device name (stored before the field existed, or a row that never
-    ran) does not match: its measurement cannot be tied to these devices.
-    """
+    """A stored record's ``hardware`` is ``here``'s: the same device name and device count (a record
+    without a device name, old or never run, cannot be tied to these devices: no match)."""
     name = stored.get("device_name")
     return bool(name) and name == here.get("device_name") and stored.get("device_count") == here.get(
         "device_count")
@@ -120,11 +111,8 @@ def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
 
 
 def append_records(path: str | Path | None, records: Iterable[Record]) -> None:
-    """Append ``records`` to ``path`` as whole JSON lines, flushed and fsynced (a worker's rank 0).
-
-    Called once per finished configuration, so the records of the configurations that
-    finished survive a failure of a later one. No ``path`` (a worker run by hand): nothing.
-    """
+    """Append ``records`` to ``path`` as whole JSON lines, flushed and fsynced (a worker's rank 0, once
+    per finished configuration: they survive a later one's failure). No ``path``: nothing."""
     if not path:
         return
     data = "".join(r.to_json() + "\n" for r in records).encode("utf-8")
@@ -137,11 +125,8 @@ def append_records(path: str | Path | None, records: Iterable[Record]) -> None:
 
 
 class RecordsReader:
-    """Reads the records appended to a file so far, each one once (the launcher's side).
-
-    :meth:`new` returns the records whose lines are whole since the last call; a line
-    still being written is left for the next call.
-    """
+    """Reads the records appended to a file so far, each one once (the launcher's side); a line still
+    being written is left for the next call of :meth:`new`."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -192,10 +177,8 @@ def write_rank_failure(folder: str | Path | None, rank: int, status: str, reason
         if _IN_PROCESS_SINK is not None:  # a run in this process: the plan stores it as the run's row
             _IN_PROCESS_SINK(data)
         return
-    try:
+    with contextlib.suppress(OSError):
         (Path(folder) / FAILURE_FILE.format(rank=rank)).write_text(json.dumps(data), encoding="utf-8")
-    except OSError:
-        pass
 
 
 def read_failures(folder: str | Path) -> list[dict[str, Any]]:

@@ -68,20 +68,16 @@ def _check_world_size(world_size: object) -> int:
     return check_positive_int(world_size, "world size (number of ranks P)")
 
 
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _check_nonneg(value: float, what: str) -> float:
-    if not _is_number(value) or value < 0:
-        raise LabError(f"{what} must be a finite number of at least 0, got {value!r}.")
+def _check_nonneg(value: float, what: str, above_zero: bool = False) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or value < 0 or (above_zero and value == 0)):
+        raise LabError(f"{what} must be a finite number {'above 0' if above_zero else 'of at least 0'}, "
+                       f"got {value!r}.")
     return float(value)
 
 
 def _check_pos(value: float, what: str) -> float:
-    if not _is_number(value) or value <= 0:
-        raise LabError(f"{what} must be a finite number above 0, got {value!r}.")
-    return float(value)
+    return _check_nonneg(value, what, above_zero=True)
 
 
 def gradient_bytes(model) -> int:
@@ -103,22 +99,14 @@ def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
 
 
 def samples_per_rank(dataset_size: int, world_size: int) -> int:
-    """Samples one rank sees per epoch under ``DistributedSampler(drop_last=False)``: ``ceil(N/P)``.
-
-    The sampler pads the index list with repeated samples up to ``P x ceil(N/P)`` so that
-    every rank gets the same count (and runs the same number of all-reduces).
-    """
-    n = check_positive_int(dataset_size, "data set size")
-    p = _check_world_size(world_size)
-    return -(-n // p)
+    """Samples one rank sees per epoch under ``DistributedSampler(drop_last=False)``: ``ceil(N/P)``
+    (the sampler pads with repeated samples so every rank runs the same number of all-reduces)."""
+    return -(-check_positive_int(dataset_size, "data set size") // _check_world_size(world_size))
 
 
 def iterations_per_epoch(dataset_size: int, per_device_batch: int, world_size: int = 1) -> int:
-    """Iterations (all-reduces) per epoch on each rank, the last partial batch included.
-
-    ``ceil(ceil(N/P) / b)``: the sampler's padded share, cut into batches of ``b`` by a
-    ``DataLoader(drop_last=False)``. Equal to ``ceil(N / (P x b))``.
-    """
+    """Iterations (all-reduces) per epoch on each rank, the last partial batch included:
+    ``ceil(ceil(N/P) / b)``, equal to ``ceil(N / (P x b))``."""
     b = check_positive_int(per_device_batch, "per-device batch size")
     return -(-samples_per_rank(dataset_size, world_size) // b)
 
@@ -133,10 +121,8 @@ def ring_bytes_per_epoch(size_bytes: float, world_size: int, dataset_size: int,
 def achieved_gb_per_s(size_bytes: float, world_size: int, steps_per_epoch: int, seconds: float) -> float:
     """Table 3's achieved bandwidth of one rank, in decimal GB/s: the bytes it sent in one epoch
     (``steps_per_epoch`` ring all-reduces of ``2(P-1)/P x S`` each) over the epoch's communication
-    ``seconds``. Comparable with nccl-tests' busbw.
-
-    One device sends nothing, so it has no bandwidth: ``world_size`` 1 is refused (an earlier
-    report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
+    ``seconds``, comparable with nccl-tests' busbw. One device sends nothing, so ``world_size`` 1 is
+    refused (an earlier report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
     """
     p = _check_world_size(world_size)
     if p < 2:
@@ -150,70 +136,57 @@ def achieved_gb_per_s(size_bytes: float, world_size: int, steps_per_epoch: int, 
 # --------------------------------------------------------------------------- time models
 
 
-def _log2_ceil(p: int) -> int:
-    return (p - 1).bit_length()  # ceil(log2 p) for p >= 1
+def _model_args(size_bytes: float, world_size: int, alpha_seconds: float,
+                bandwidth_bytes_per_s: float) -> tuple[float, int, float, float, int]:
+    """The time models' checked inputs (S, P, alpha, B) and ``ceil(log2 P)``."""
+    p = _check_world_size(world_size)
+    return (_check_nonneg(size_bytes, "message size in bytes"), p,
+            _check_nonneg(alpha_seconds, "alpha (seconds per step)"),
+            _check_pos(bandwidth_bytes_per_s, "bandwidth B (bytes/s)"), (p - 1).bit_length())
 
 
 def ring_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                            bandwidth_bytes_per_s: float) -> float:
     """Ring all-reduce time: ``2(P-1) alpha + 2(P-1)/P x S / B`` seconds."""
-    p = _check_world_size(world_size)
-    a = _check_nonneg(alpha_seconds, "alpha (seconds per step)")
-    bw = _check_pos(bandwidth_bytes_per_s, "bandwidth B (bytes/s)")
-    return 2 * (p - 1) * a + ring_bytes_per_rank(size_bytes, p) / bw
+    s, p, a, bw, _ = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
+    return 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
 
 
 def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                           bandwidth_bytes_per_s: float, bucket_bytes: float = DDP_BUCKET_BYTES) -> float:
-    """All-reduce of ``size_bytes`` split into ``ceil(S / bucket)`` ring all-reduces (as DDP does).
-
-    The bandwidth term is unchanged; the latency term is paid once per bucket:
-    ``k x 2(P-1) alpha + 2(P-1)/P x S / B`` with ``k = ceil(S / bucket_bytes)``.
-    (Real DDP buckets follow parameter boundaries and a 1 MiB first bucket; this counts
-    the ideal split.)
-    """
-    s = _check_nonneg(size_bytes, "message size in bytes")
-    cap = _check_pos(bucket_bytes, "bucket size in bytes")
-    k = max(1, math.ceil(s / cap))
-    p = _check_world_size(world_size)
-    return k * 2 * (p - 1) * _check_nonneg(alpha_seconds, "alpha") + ring_bytes_per_rank(s, p) / _check_pos(
-        bandwidth_bytes_per_s, "bandwidth B (bytes/s)")
+    """All-reduce of ``size_bytes`` split into ``k = ceil(S / bucket_bytes)`` ring all-reduces, as DDP
+    does: the latency term is paid once per bucket, ``k x 2(P-1) alpha + 2(P-1)/P x S / B`` (the ideal
+    split: real DDP buckets follow parameter boundaries and a 1 MiB first bucket)."""
+    s, p, a, bw, _ = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
+    k = max(1, math.ceil(s / _check_pos(bucket_bytes, "bucket size in bytes")))
+    return k * 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
 
 
 def tree_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                            bandwidth_bytes_per_s: float) -> float:
     """Binary-tree reduce then broadcast, whole message per hop: ``2 ceil(log2 P) (alpha + S/B)``."""
-    p = _check_world_size(world_size)
-    s = _check_nonneg(size_bytes, "message size in bytes")
-    hop = _check_nonneg(alpha_seconds, "alpha") + s / _check_pos(bandwidth_bytes_per_s, "bandwidth B")
-    return 2 * _log2_ceil(p) * hop
+    s, _, a, bw, log2p = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
+    return 2 * log2p * (a + s / bw)
 
 
 def recursive_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                                bandwidth_bytes_per_s: float) -> float:
     """Recursive doubling (pairwise exchange of the whole message): ``ceil(log2 P) (alpha + S/B)``."""
-    p = _check_world_size(world_size)
-    s = _check_nonneg(size_bytes, "message size in bytes")
-    hop = _check_nonneg(alpha_seconds, "alpha") + s / _check_pos(bandwidth_bytes_per_s, "bandwidth B")
-    return _log2_ceil(p) * hop
+    s, _, a, bw, log2p = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
+    return log2p * (a + s / bw)
 
 
 def halving_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                              bandwidth_bytes_per_s: float) -> float:
     """Recursive halving + doubling (Rabenseifner): ``2 ceil(log2 P) alpha + 2(P-1)/P x S / B``."""
-    p = _check_world_size(world_size)
-    a = _check_nonneg(alpha_seconds, "alpha")
-    return 2 * _log2_ceil(p) * a + ring_bytes_per_rank(size_bytes, p) / _check_pos(
-        bandwidth_bytes_per_s, "bandwidth B")
+    s, p, a, bw, log2p = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
+    return 2 * log2p * a + ring_bytes_per_rank(s, p) / bw
 
 
 def spec_log2_seconds(transfer_seconds: float, compute_seconds: float, world_size: int) -> float:
     """An earlier student's ``(transfer + compute) x log2(P)`` (not the spec's or the assignment's,
-    despite the function's old name): shown for comparison only.
-
-    It treats the all-reduce as log2(P) rounds that each move the *whole* gradient and
-    redo the compute, which is a tree at best, and is zero for P=1 but grows without
-    bound with P even for a bandwidth-optimal ring whose per-rank traffic is below 2S.
+    despite the function's old name), shown for comparison only: log2(P) rounds that each move the
+    *whole* gradient, a tree at best, unbounded in P where a ring's per-rank traffic stays below 2S.
     """
     p = _check_world_size(world_size)
     return (_check_nonneg(transfer_seconds, "transfer seconds")
@@ -228,19 +201,13 @@ ALGORITHMS = {
 }
 
 
-# An earlier student's report used (transfer + compute) x log2(P); it was never the spec's or the
-# assignment's formula (the assignment asks for the ring). The function keeps its old name.
 EARLIER_LOG2_COLUMN = "earlier student's (S/B)*log2(P) (ms)"
 
 
 def compare_algorithms(size_bytes: float, world_sizes: Iterable[int], alpha_seconds: float,
                        bandwidth_bytes_per_s: float):
-    """A DataFrame: modelled all-reduce seconds of each algorithm (and an earlier student's log2
-    formula, not the assignment's: the assignment asks for the ring) per P.
-
-    The earlier student's formula is evaluated with ``transfer = S / B`` and ``compute = 0`` (its most
-    favourable reading), so the difference to the ring is the model, not a compute term.
-    """
+    """A DataFrame: modelled all-reduce milliseconds of each algorithm per P, and the earlier student's
+    log2 formula at ``transfer = S / B``, ``compute = 0`` (its most favourable reading)."""
     import pandas as pd
 
     rows = []
@@ -273,12 +240,8 @@ def busbw_gb_per_s(algbw: float, world_size: int) -> float:
 
 @dataclass
 class AlphaBetaFit:
-    """Fitted ring model ``T(S, P) = 2(P-1) alpha + 2(P-1)/P x S / B`` for one rank count.
-
-    ``alpha_seconds``: latency per ring step; ``bandwidth_bytes_per_s``: B, the busbw the
-    model approaches for large messages. Errors: standard errors of the two parameters
-    (from the least-squares covariance) and the relative residuals of the timings.
-    """
+    """Fitted ring model ``T(S, P) = 2(P-1) alpha + 2(P-1)/P x S / B`` for one rank count: alpha per
+    ring step, B the busbw approached by large messages, their standard errors, the relative residuals."""
 
     world_size: int
     alpha_seconds: float
@@ -345,9 +308,8 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
     design = np.stack([np.ones_like(s), s], axis=1) * w[:, None]
     target = t * w  # = 1
     coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-    clamped = False
-    if coef[0] < 0:
-        clamped = True
+    clamped = bool(coef[0] < 0)
+    if clamped:
         a1 = float(np.dot(design[:, 1], target) / np.dot(design[:, 1], design[:, 1]))
         coef = np.array([0.0, a1])
     a0, a1 = float(coef[0]), float(coef[1])
@@ -359,14 +321,12 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
     dof = max(n - (1 if clamped else 2), 1)
     sigma2 = float(np.sum(resid**2)) / dof
     if clamped:
-        var_a0 = 0.0
-        var_a1 = sigma2 / float(np.dot(design[:, 1], design[:, 1]))
+        var_a0, var_a1 = 0.0, sigma2 / float(np.dot(design[:, 1], design[:, 1]))
     else:
         cov = sigma2 * np.linalg.pinv(design.T @ design)
         var_a0, var_a1 = float(cov[0, 0]), float(cov[1, 1])
     steps = 2 * (p - 1)
-    factor = steps / p
-    bandwidth = factor / a1
+    bandwidth = bus_factor(p) / a1
     return AlphaBetaFit(
         world_size=p,
         alpha_seconds=a0 / steps,
@@ -395,8 +355,4 @@ def message_sizes(min_bytes: int = 8, max_bytes: int = 8 * MIB) -> list[int]:
                        f"got {lo}; use e.g. 8.")
     if hi < lo:
         raise LabError(f"The largest message ({hi} B) is below the smallest ({lo} B); raise --max-bytes.")
-    out, s = [], lo
-    while s <= hi:
-        out.append(s)
-        s *= 2
-    return out
+    return [lo << k for k in range((hi // lo).bit_length())]

@@ -72,12 +72,9 @@ LR_RULES = ("fixed", "linear")
 
 def make_schedule(base_lr: float, lr_rule: str, global_batch: int, base_batch: int, steps_per_epoch: int,
                   epochs: int, warmup_epochs: float = 0.0, decay: str = "constant") -> LRSchedule:
-    """The schedule of a run, in epochs: what the DDP worker builds from its arguments.
-
-    Peak lr = ``base_lr`` (``fixed``) or ``scaled_lr(base_lr, global_batch, base_batch)``
-    (``linear``); warm-up from ``base_lr`` over ``round(warmup_epochs x steps_per_epoch)``
-    steps (Goyal et al. 2017 start the ramp at the small-batch lr); then ``decay``.
-    """
+    """The schedule of a run, in epochs, as the DDP worker builds it: peak lr ``base_lr`` (``fixed``) or
+    ``scaled_lr(...)`` (``linear``); warm-up from ``base_lr`` (Goyal et al. 2017 start the ramp at the
+    small-batch lr) over ``round(warmup_epochs x steps_per_epoch)`` steps; then ``decay``."""
     check_choice(lr_rule, LR_RULES, "lr rule")
     if steps_per_epoch <= 0 or epochs <= 0:
         raise LabError(f"steps_per_epoch ({steps_per_epoch}) and epochs ({epochs}) must be positive.")

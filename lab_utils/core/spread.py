@@ -1,19 +1,16 @@
 """The spread of a reported time, computed once: every time of Tables 1-3 (and notebook 01's sweep)
 carries it.
 
-- **One run**: the worker stores the 10th, 50th and 90th percentile of the reported epoch's per-step
-  training times (:func:`step_percentiles`, called by :func:`lab_utils.core.loop.run_epoch`; an
-  aggregate over ranks takes the slowest rank's, :mod:`lab_utils.core.ranks`). The spread is
-  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; with fewer than
-  :data:`MIN_STEPS` steps there is none, and ``spread_of`` says so.
-- **Repeats** (``REPEATS > 1`` in notebooks 01-03: each configuration measured that many times, each
-  repeat a stored configuration of its own, ``config["repeat"]`` = 1, 2, ... for the second and later
-  ones): the row's time is the MEDIAN of the repeats' ``train_seconds`` and the spread is
-  100 x (max - min) / median %, "min-max of R repeats".
+- **One run**: the 10th, 50th and 90th percentile of the reported epoch's per-step training times
+  (:func:`step_percentiles`, stored by :func:`lab_utils.core.loop.run_epoch`; over ranks, the slowest
+  rank's). The spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; none
+  with fewer than :data:`MIN_STEPS` steps, and ``spread_of`` says so.
+- **Repeats** (``REPEATS > 1`` in notebooks 01-03, each repeat a stored configuration of its own,
+  ``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
+  repeats' ``train_seconds``, the spread 100 x (max - min) / median %, "min-max of R repeats".
 
-:func:`time_spread` computes both; :func:`merge_repeats` turns a list of records into one record per
-configuration (the repeats merged, the spread added), which every table reads: tables select and
-rename, they do not recompute. Names: :mod:`lab_utils.core.metrics`.
+:func:`time_spread` computes both; :func:`merge_repeats` gives every table one record per
+configuration with its spread: tables select and rename, they do not recompute.
 """
 
 from __future__ import annotations
@@ -108,33 +105,28 @@ def base_key(config: Mapping[str, Any]) -> str:
 
 
 def merge_repeats(records: Sequence[Record]) -> list[Record]:
-    """One record per configuration, in first-seen order, each with its spread in its metrics
-    (:data:`SPREAD_KEYS`: ``spread_pct``, ``spread_of``, the range in seconds and ``repeats``, the
-    number of ok measurements merged).
+    """One record per configuration (its config without ``repeat``), in first-seen order, with the
+    :data:`SPREAD_KEYS` in its metrics (``repeats``: the ok measurements merged).
 
-    The ok repeats of a configuration (equal configs apart from ``repeat``) become one record: the
-    metrics of the repeat whose ``train_seconds`` is the lower median, with ``train_seconds`` set to
-    the MEDIAN over the repeats (the row's time) and the spread of :func:`time_spread`. A configuration
-    with no ok repeat keeps its first record. Per-rank records (``config["record"] == "rank"``) of the
-    first measurement are kept as they are, those of later repeats left out. The config of a merged
-    record has no ``repeat``.
+    The ok repeats become the metrics of the one whose ``train_seconds`` is the lower median, with
+    ``train_seconds`` set to the MEDIAN over the repeats and the spread of :func:`time_spread`; with
+    no ok repeat, the first record. Per-rank records are kept for the first measurement only.
     """
     groups: dict[str, list[Record]] = {}
-    order: list[tuple[str, Record | None]] = []
+    order: list[str | Record] = []  # a configuration's key, or a per-rank record kept as it is
     for r in records:
         if r.config.get("record") == "rank":
             if not r.config.get(REPEAT):
-                order.append(("", r))
+                order.append(r)
             continue
         k = base_key(r.config)
         if k not in groups:
-            groups[k] = []
-            order.append((k, None))
-        groups[k].append(r)
+            order.append(k)
+        groups.setdefault(k, []).append(r)
     out = []
-    for k, rank_record in order:
-        if rank_record is not None:
-            out.append(rank_record)
+    for k in order:
+        if isinstance(k, Record):
+            out.append(k)
             continue
         group = groups[k]
         ok = [r for r in group if r.status == "ok"]

@@ -5,20 +5,16 @@ Where the text comes from (``corpus=``, or ``$LAB_CORPUS``):
 - ``"shakespeare"``: tiny-Shakespeare (Karpathy's char-rnn ``input.txt``, 1,115,394
   bytes, SHA-256 checked) from ``data/tinyshakespeare.txt``, put there by
   ``python -m lab_utils prepare`` (:func:`prepare_corpus`) on a machine with internet;
-- ``"stdlib"``: an offline stand-in that exists wherever Python does: the source of the
-  standard library's top-level modules (sorted by file name, concatenated up to
-  :data:`STDLIB_CHARS` characters, non-ASCII characters replaced by ``?``). It is
-  deterministic for a given Python version, which its name records
-  (``python-stdlib-3.12.3``);
+- ``"stdlib"``: an offline stand-in that exists wherever Python does: the standard library's
+  top-level modules (sorted by name, up to :data:`STDLIB_CHARS` characters, non-ASCII as ``?``),
+  deterministic for the Python version its name records (``python-stdlib-3.12.3``);
 - ``"auto"`` (default): Shakespeare when prepared, else the stand-in with a warning.
 
-Records built from the stand-in are marked ``synthetic=True`` (the provenance label of a
-table then says *stand-in*) and every record's ``dataset`` names the corpus.
+Records built from the stand-in are marked ``synthetic=True`` (tables then say *stand-in*).
 
-The text is split 90/10 into train and validation by position (the first 90 %
-trains). A training example is a window of ``block_size + 1`` consecutive tokens: the
-input is its first ``block_size`` tokens and the target the same window shifted by one.
-:class:`TokenWindows` enumerates windows starting every ``stride`` tokens, so one epoch
+The first 90 % of the text trains, the rest validates. A training example is a window of
+``block_size + 1`` consecutive tokens: the input its first ``block_size``, the target the
+same shifted by one. :class:`TokenWindows` starts one every ``stride`` tokens, so an epoch
 is ``(len - block_size - 1) // stride + 1`` windows.
 """
 
@@ -30,7 +26,7 @@ import sys
 import sysconfig
 import urllib.request
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -70,11 +66,8 @@ class Corpus:
 
 
 def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
     with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def shakespeare_path(root: Path | None = None) -> Path:
@@ -88,12 +81,8 @@ def shakespeare_present(root: Path | None = None) -> bool:
 
 
 def prepare_corpus(root: Path | None = None, timeout_s: float = 60.0) -> Path:
-    """Download tiny-Shakespeare into ``root`` (default ``data/``) and verify its SHA-256.
-
-    Does nothing when a verified copy is already there. Tries each mirror in
-    :data:`SHAKESPEARE_URLS`; raises :class:`LabError` naming the fix when offline or
-    when the bytes do not match.
-    """
+    """Download tiny-Shakespeare into ``root`` (default ``data/``) from the first mirror that gives
+    the right SHA-256, unless a verified copy is there; :class:`LabError` naming the fix if none."""
     dest = shakespeare_path(root)
     if dest.exists() and sha256_of(dest) == SHAKESPEARE_SHA256:
         return dest
@@ -194,7 +183,7 @@ def load_corpus(corpus: str | None = None, root: Path | None = None, max_chars: 
     if max_chars is not None:
         if max_chars <= 0:
             raise LabError(f"max_chars must be positive, got {max_chars!r}.")
-        c = Corpus(name=c.name, text=c.text[:max_chars], source=c.source, synthetic=c.synthetic)
+        c = replace(c, text=c.text[:max_chars])
     return c
 
 
@@ -271,11 +260,8 @@ def load_splits(corpus: str | None = None, root: Path | None = None,
 
 
 class TokenWindows(Dataset):
-    """Windows of ``block_size + 1`` tokens starting every ``stride`` tokens.
-
-    Item ``i`` is ``(x, y)`` with ``x = data[s : s + block_size]`` and
-    ``y = data[s + 1 : s + block_size + 1]``, ``s = i * stride``.
-    """
+    """Windows of ``block_size + 1`` tokens starting every ``stride`` tokens: item ``i`` is
+    ``(data[s : s + block_size], data[s + 1 : s + block_size + 1])``, ``s = i * stride``."""
 
     def __init__(self, data: torch.Tensor, block_size: int, stride: int | None = None):
         config.check_positive_int(block_size, "block_size")
@@ -295,12 +281,3 @@ class TokenWindows(Dataset):
         s = i * self.stride
         w = self.data[s: s + self.block_size + 1]
         return w[:-1], w[1:]
-
-
-def random_batch(data: torch.Tensor, block_size: int, batch_size: int,
-                 generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch_size`` windows at random offsets (for quick evaluation and tests)."""
-    starts = torch.randint(0, data.numel() - block_size, (batch_size,), generator=generator)
-    x = torch.stack([data[s: s + block_size] for s in starts.tolist()])
-    y = torch.stack([data[s + 1: s + block_size + 1] for s in starts.tolist()])
-    return x, y

@@ -1,4 +1,4 @@
-"""Timers that are correct under CUDA asynchrony.
+"""Timers that are correct under CUDA asynchrony. All times are in seconds.
 
 A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around
 GPU work measures the *launch*, not the work, unless the host waits for the device.
@@ -6,19 +6,16 @@ Every timer here calls :func:`synchronize` at its boundaries (a no-op on the CPU
 phase's time includes all device work queued inside it. The price is that the phases do
 not overlap each other; that is what a per-phase breakdown means.
 
-- :class:`PhaseTimer` splits a training step into the four phases the lab reports:
-  ``data_loading`` (waiting on the loader), ``data_movement`` (host to device),
-  ``compute`` (forward, loss, backward, optimizer step) and ``communication``; the DDP
-  worker adds a fifth, ``skew_wait`` (waiting for the other ranks' loaders), which like
-  ``data_loading`` is not training time.
-- :class:`NestedTimers` keeps named, nested timers ("epoch/train/forward") with count,
-  total and mean, for the GPT notebook's breakdown.
-
-All times are in seconds.
+- :class:`PhaseTimer`: the phases of a training step, ``data_loading`` (waiting on the
+  loader), ``data_movement`` (host to device), ``compute`` (forward, loss, backward,
+  optimizer step), ``communication`` and, in DDP, ``skew_wait`` (waiting for the other ranks'
+  loaders, like ``data_loading`` not training time);
+- :class:`NestedTimers`: named, nested timers ("epoch/train/forward") for the GPT's breakdown.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -27,9 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 PHASES = ("data_loading", "data_movement", "compute", "communication")
-# Phases that are waiting for data, not training: this rank's loader, and (DDP) the other
-# ranks' loaders, seen as the wait in a barrier right after the data movement (``skew_wait``,
-# recorded only by the DDP worker). :attr:`PhaseTimer.training_seconds` leaves both out.
+# Waiting for data, not training: this rank's loader, and (DDP) the other ranks' loaders, seen as
+# the wait in a barrier after the data movement. PhaseTimer.training_seconds leaves both out.
 WAIT_PHASES = ("data_loading", "skew_wait")
 
 
@@ -72,20 +68,9 @@ class Stat:
 
 @dataclass
 class PhaseTimer:
-    """Per-phase wall time of a training loop, synchronized with the device.
-
-    Usage::
-
-        timer = PhaseTimer(device)
-        for x, y in timer.iterate(loader):          # time blocked on the loader
-            with timer.phase("data_movement"):
-                x, y = x.to(device), y.to(device)
-            with timer.phase("compute"):
-                ...forward, backward, step...
-
-    ``enabled=False`` turns every call into a cheap no-op (used to measure the timers'
-    own overhead).
-    """
+    """Per-phase wall time of a training loop, synchronized with the device: ``iterate(loader)``
+    times each batch wait, ``with timer.phase(name):`` a block. ``enabled=False`` makes every call
+    a cheap no-op (the untimed fast path, and the timers' own overhead)."""
 
     device: torch.device | str | None = None
     enabled: bool = True
@@ -134,11 +119,8 @@ class PhaseTimer:
 
 
 class NestedTimers:
-    """Named timers that nest: ``with t("epoch"): with t("forward"): ...``.
-
-    The full name of an inner timer is its path (``"epoch/forward"``). Each name keeps a
-    :class:`Stat`. Synchronizes ``device`` at both ends of each block.
-    """
+    """Named timers that nest: inside ``with t("epoch"):``, ``with t("forward"):`` is
+    ``"epoch/forward"``; each keeps a :class:`Stat`, synchronizing ``device`` at both ends."""
 
     def __init__(self, device: torch.device | str | None = None, enabled: bool = True):
         self.device = device
@@ -165,24 +147,13 @@ class NestedTimers:
 
 
 def measure_overhead(fn_with, fn_without, repeats: int = 5) -> dict[str, float]:
-    """Run two variants of the same work alternately and compare their median times.
+    """Median seconds of two variants of the same work, run alternately (which cancels slow drifts:
+    thermal, other load): ``{"with_seconds", "without_seconds", "ratio"}``, ratio with/without."""
+    def clock(fn) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
-    Returns ``{"with_seconds", "without_seconds", "ratio"}`` where ratio is
-    with/without. Alternating cancels slow drifts (thermal, other load).
-    """
-    with_t, without_t = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn_without()
-        without_t.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        fn_with()
-        with_t.append(time.perf_counter() - t0)
-    w, wo = _median(with_t), _median(without_t)
+    runs = [(clock(fn_without), clock(fn_with)) for _ in range(repeats)]
+    wo, w = (statistics.median(t) for t in zip(*runs))
     return {"with_seconds": w, "without_seconds": wo, "ratio": w / wo}
-
-
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

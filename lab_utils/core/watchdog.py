@@ -1,16 +1,11 @@
 """A time limit for in-process work that Python cannot interrupt.
 
-Most long waits in the lab are bounded where they happen:
-
-- a ``torchrun`` launch (DDP, collectives included) by :func:`lab_utils.launcher.launch`'s
-  ``timeout_s``, after which the whole process tree is stopped;
-- a ``DataLoader`` batch by :data:`lab_utils.core.config.LOADER_TIMEOUT_S`;
-- a notebook cell by the runner's ``--timeout``.
-
-What is left is work inside the current process that can block in native code:
-``torch.compile``'s warm-up and the timed epochs of the fast path (:mod:`lab_utils.experiments.fastpath`).
-An exception cannot interrupt a kernel stuck in C++, so the only way out is to end the
-process, after saying why. :func:`deadline` arms two watchdogs:
+Most long waits are bounded where they happen (a ``torchrun`` launch by the launcher's
+``timeout_s``, a ``DataLoader`` batch by :data:`lab_utils.core.config.LOADER_TIMEOUT_S`, a notebook
+cell by the runner's ``--timeout``). What is left is in-process work that can block in native code:
+``torch.compile``'s warm-up and the fast path's timed epochs. An exception cannot interrupt a kernel
+stuck in C++, so the only way out is to end the process, after saying why. :func:`deadline` arms
+two watchdogs:
 
 1. a Python timer thread. At the limit it prints one sentence (what did not finish, within
    how long, and what to do), calls ``on_expiry`` (e.g. to store an error row, so the run
@@ -44,12 +39,9 @@ def expiry_message(what: str, seconds: float, fix: str) -> str:
 @contextlib.contextmanager
 def deadline(seconds: float | None, what: str, fix: str,
              on_expiry: Callable[[str], None] | None = None) -> Iterator[None]:
-    """End the process if the block runs longer than ``seconds`` (``None``: no limit).
-
-    ``what`` names the work ("the torch.compile warm-up of step 'compile'"), ``fix`` says
-    what to do about it. ``on_expiry(message)`` runs in the timer thread before the exit;
-    its own failure is printed, not raised.
-    """
+    """End the process if the block runs longer than ``seconds`` (``None``: no limit), saying that
+    ``what`` did not finish and the ``fix``; ``on_expiry(message)`` runs in the timer thread before
+    the exit (its own failure is printed, not raised)."""
     if seconds is None:
         yield
         return
