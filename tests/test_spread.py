@@ -134,7 +134,10 @@ def test_loop_percentiles_bracket_the_mean_step_and_leave_loader_waits_out():
     rec = _epoch(_SlowOnce(slow_call=0, seconds=0.0), _SlowLoader(20, 0.02))
     p10, p50, p90 = (getattr(rec, k) for k in STEP_PERCENTILE_KEYS)
     assert rec.steps == 20 and 0 < p10 <= p50 <= p90
-    assert p10 <= rec.train_seconds / rec.steps <= p90 + 1e-9
+    # the percentiles are of the steps whose sum is train_seconds: p10 (position 1.9 of 0..19) is at most
+    # each of the 18 largest steps, p90 at most their sum. (The mean step need not lie below p90: one
+    # step delayed by a busy machine lifts the mean above it; that made this test flaky under load.)
+    assert 18 * p10 <= rec.train_seconds + 1e-9 and p90 <= rec.train_seconds
     assert p90 < 0.02  # the 20 ms loader sleep of every step is not in any step's training time
     assert rec.data_loading_seconds >= 20 * 0.02 * 0.9
 
