@@ -455,7 +455,7 @@ def provenance_label(records: Iterable[Record] | None, profile: str) -> str:
     elif datasets:
         parts.append(f"data: {', '.join(datasets)}")
     recs = [r for r in recs if r.status != "skipped"] or recs  # a row not measured ran on no device
-    devices = sorted({str(r.hardware.get("device_name")) for r in recs if r.hardware})
+    devices = sorted({str(r.hardware["device_name"]) for r in recs if (r.hardware or {}).get("device_name")})
     if devices:
         parts.append(f"device: {', '.join(devices)}")
     threads = sorted({r.threads for r in recs if r.threads is not None})

@@ -499,6 +499,9 @@ def test_accuracy_check_compares_two_runs(store):
     assert skipped[0].status == "skipped" and "accuracy_epochs is 0" in skipped[0].reason
     same = measure(lab_for(store), fastpath.ACCURACY_EXPERIMENT, replace(s, fast_step="spec"))
     assert same[0].status == "skipped" and "nothing to compare" in same[0].reason
+    # the same columns as a compared check's (tests/table_columns.json freezes them): the quick lab
+    # skips the check when timing noise makes the spec step the fastest
+    assert list(fastpath_tables.accuracy_table(same).columns) == list(table.columns)
 
 
 def test_cli_bench_data_and_bad_input(results_dir, capsys):

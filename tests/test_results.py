@@ -255,3 +255,15 @@ def test_a_table_on_a_full_disk_keeps_the_old_one(store, monkeypatch):
     monkeypatch.undo()
     assert (store.tables_dir / "t.md").read_text() == before
     assert sorted(p.name for p in store.tables_dir.iterdir()) == ["t.csv", "t.md"]
+
+
+def test_a_label_names_only_devices_a_record_ran_on():
+    """A skipped run's record holds hardware without a device name: the label leaves it out (it printed
+    "device: None" above the accuracy table when the quick lab skipped that check)."""
+    from lab_utils.store import provenance_label
+
+    ran = Record("exp", {"bs": 32}, {"t": 1.0}, hardware={"device_name": "cpu (x86)"})
+    skipped = Record("exp", {"bs": 64}, {}, status="skipped", reason="nothing to compare",
+                     hardware={"device_name": None})
+    assert "device: cpu (x86)" in provenance_label([ran, skipped], "quick")
+    assert "device" not in provenance_label([skipped], "quick")
