@@ -44,3 +44,28 @@ def test_fraction_of_peak():
 def test_summary_on_cpu():
     s = hardware.hardware_summary("cpu", 2)
     assert s["device_type"] == "cpu" and s["device_count"] == 2 and s["device_name"].startswith("cpu")
+
+
+def test_torchvision_version_is_the_packages_own_without_importing_it(tmp_path, monkeypatch):
+    """Records name torchvision's version with its build tag, read from the file (importing torchvision
+    costs a second of CPU in every process that writes a record); the metadata's when the file is gone."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    code = ("import sys; from lab_utils.core.hardware import software_versions; "
+            "v = software_versions()['torchvision']; print(v, 'torchvision' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = res.stdout.split()
+    import torchvision
+
+    assert out == [torchvision.__version__, "False"]   # e.g. 0.29.2+cu132, and never imported
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('a broken build')\n")
+    (fake / "version.py").write_text("__version__ = '9.9.9+cu999'\ngit_version = 'x'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torchvision")
+    assert hardware.torchvision_version() == "9.9.9+cu999"   # a broken torchvision still says which
+    (fake / "version.py").unlink()
+    assert hardware.torchvision_version() == importlib.metadata.version("torchvision")

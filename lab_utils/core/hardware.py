@@ -14,12 +14,15 @@ it launches DDP ranks, one of which would then have less memory than its peers.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import platform
 import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 # Dense peak throughput in TFLOP/s per precision. "tf32" is what cuDNN uses for fp32
 # convolutions on Ampere and later unless torch.backends.cudnn.allow_tf32 is False.
@@ -306,21 +309,38 @@ def cudnn_build_version() -> tuple[int | None, str | None]:
         return None, None
 
 
+def torchvision_version() -> str | None:
+    """The installed torchvision's version with its build tag (``0.29.2+cu132``), None without one.
+
+    Read from its ``version.py`` (the package's metadata lacks the tag), not by importing it: the import
+    loads ``torchvision.models``, about a second of CPU in every kernel, runner and worker that writes a
+    record and never uses torchvision otherwise.
+    """
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        spec = None
+    for folder in (spec and spec.submodule_search_locations) or ():
+        path = Path(folder) / "version.py"
+        text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if found:
+            return found.group(1)
+    try:
+        return importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def software_versions() -> dict[str, str | None]:
     """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
     import torch
 
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:  # a broken torchvision must not stop a record being written
-        tv = None
     cudnn = cudnn_build_version()[0]
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": tv,
+        "torchvision": torchvision_version(),
         "cuda": torch.version.cuda,
         "cudnn": str(cudnn) if cudnn else None,
     }
