@@ -56,7 +56,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils.core.backends import apply_training_backends
@@ -289,6 +288,10 @@ def run_accounting(c: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
 
         zero_state = zero_full_state = None
         if c["zero"]:
+            # imported here: torch.distributed.optim loads FSDP and DTensor (0.5 s), and every process that
+            # imports the experiments' registry (notebook kernels, measure, doctor) imports this module
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
             with ledger.in_phase("zero_construction"):
                 ddp2 = ddp_wrap(ResNet18(width=c["width"]).to(device))
             ddp2.register_comm_hook(None, counting_allreduce_hook(ledger))
