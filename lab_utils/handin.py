@@ -33,6 +33,7 @@ import pandas as pd
 import lab_utils
 from lab_utils.core import config
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import nccl_version
 from lab_utils.grading import notebooks as nbs
 from lab_utils.questions import SECTIONS, Section
 from lab_utils.store import ResultStore, format_number
@@ -117,17 +118,6 @@ class Provenance:
         ]
 
 
-def _nccl_version() -> str | None:
-    """This torch's NCCL version ("2.21.5"), None without NCCL (a CPU build); opens no CUDA context."""
-    try:
-        import torch
-
-        v = torch.cuda.nccl.version()
-    except Exception:  # a CPU build has no NCCL; any failure here means "not known"
-        return None
-    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-
-
 def provenance(store: ResultStore) -> Provenance:
     """The provenance of every record stored for the profile (the latest of each configuration)."""
     p = Provenance(profile=store.profile)
@@ -147,7 +137,7 @@ def provenance(store: ResultStore) -> Provenance:
     sw = next((r.software for r in reversed(ok) if r.software), {})
     p.torch, p.cuda = sw.get("torch"), sw.get("cuda") if p.device_type == "cuda" else None
     p.cudnn = str(sw["cudnn"]) if sw.get("cudnn") and p.device_type == "cuda" else None
-    p.nccl = (sw.get("nccl") or _nccl_version()) if p.device_type == "cuda" else None  # NCCL: GPU runs only
+    p.nccl = (sw.get("nccl") or nccl_version()) if p.device_type == "cuda" else None  # NCCL: GPU runs only
     stamps = sorted(r.timestamp for r in ok if r.timestamp)
     if stamps:
         p.measured_from, p.measured_to = stamps[0], stamps[-1]
@@ -429,7 +419,7 @@ def notebook_answers(labs: Path) -> dict[str, str]:
 def notebook_versions(labs: Path) -> dict[str, str]:
     """Each notebook's lab version: the stamp the student copy carries, else its cells' hash."""
     out = {}
-    for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(labs.glob(config.NOTEBOOK_GLOB)):
         nb, _why = nbs.read_notebook(path)
         stamp = ((nb or {}).get("metadata") or {}).get(nbs.METADATA_KEY) or {}
         try:
@@ -464,7 +454,7 @@ def build(profile: str | None = None, out: Path | None = None, labs: Path = LABS
     prov = provenance(store)
     not_assignment = prov.problems()
     problems = list(not_assignment)
-    if not any(Path(labs).glob("[0-9][0-9]_*.ipynb")):
+    if not any(Path(labs).glob(config.NOTEBOOK_GLOB)):
         problems.append(f"no notebook in {labs}: run make report in the lab's folder, or name yours with "
                         "--labs")
     tables: dict[str, list[dict]] = {}

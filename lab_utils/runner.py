@@ -88,7 +88,7 @@ STOP_WAIT_S = 8.0
 
 def all_notebooks() -> list[Path]:
     """The lab's notebooks in order (``labs/NN_*.ipynb``)."""
-    return sorted(config.labs_dir().glob("[0-9][0-9]_*.ipynb"))
+    return sorted(config.labs_dir().glob(config.NOTEBOOK_GLOB))
 
 
 def resolve_notebooks(names: Sequence[str]) -> list[Path]:

@@ -32,7 +32,7 @@ from lab_utils.plan import make_plan
 def notebooks() -> dict[str, str]:
     """``{"01": "batch size sweep", ...}``: every notebook of ``labs/`` and its topic (its file name)."""
     out = {}
-    for path in sorted(config.labs_dir().glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(config.labs_dir().glob(config.NOTEBOOK_GLOB)):
         number, _, topic = path.stem.partition("_")
         out[number] = topic.replace("_", " ")
     return out

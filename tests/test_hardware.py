@@ -69,3 +69,21 @@ def test_torchvision_version_is_the_packages_own_without_importing_it(tmp_path, 
     assert hardware.torchvision_version() == "9.9.9+cu999"   # a broken torchvision still says which
     (fake / "version.py").unlink()
     assert hardware.torchvision_version() == importlib.metadata.version("torchvision")
+
+
+def test_nccl_version_is_read_once_for_the_stack_and_the_handin(monkeypatch):
+    """One reader of torch's NCCL version, for notebook 00's software stack and the hand-in's provenance."""
+    import torch
+
+    from lab_utils.core import environment
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    assert hardware.nccl_version() == "2.21.5"
+    assert environment.software_stack(driver=None)["NCCL"] == "2.21.5"
+
+    def no_nccl():
+        raise RuntimeError("this torch was built without NCCL")
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", no_nccl)
+    assert hardware.nccl_version() is None
+    assert environment.software_stack(driver=None)["NCCL"] == "not available: this torch has no NCCL"

@@ -98,6 +98,9 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"  # a lab notebook: labs/NN_name.ipynb, run and graded in NN order
+
+
 def labs_dir() -> Path:
     return repo_root() / "labs"
 

@@ -28,6 +28,7 @@ from lab_utils.core.hardware import (
     cudnn_build_version,
     describe_machine,
     interconnect,
+    nccl_version,
     peak_flops_per_s,
     peak_note,
 )
@@ -178,12 +179,7 @@ def software_stack(driver: cuda_builds.Driver | None | str = "detect") -> dict[s
     cudnn = cudnn_version(raw) or (f"none: {cpu_build}" if not torch.version.cuda
                                    else "none: this torch has no cuDNN")
     out["cuDNN"] = f"not usable here: {refused}" if refused else cudnn
-    try:
-        raw = torch.cuda.nccl.version()
-        nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
-    except Exception as e:  # CPU-only builds have no NCCL
-        nccl = f"not available: this torch has no NCCL ({e.__class__.__name__})"
-    out["NCCL"] = nccl
+    out["NCCL"] = nccl_version() or "not available: this torch has no NCCL"
     return out
 
 

@@ -332,6 +332,17 @@ def torchvision_version() -> str | None:
         return None
 
 
+def nccl_version() -> str | None:
+    """This torch's NCCL version ("2.21.5"), None without NCCL (a CPU-only build); opens no CUDA context."""
+    import torch
+
+    try:
+        raw = torch.cuda.nccl.version()
+    except Exception:  # CPU-only builds have no NCCL; any failure here means "not known"
+        return None
+    return ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
+
+
 def software_versions() -> dict[str, str | None]:
     """Python, torch, torchvision, CUDA and cuDNN versions of this process."""
     import torch

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab_utils import handin, questions
+from lab_utils.core import config
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
 from lab_utils.grading.exercises import EXERCISES, OK, Exercise, same
@@ -74,7 +75,7 @@ def student_readme() -> str:
 
 def master_notebooks(labs_dir: Path = LABS_DIR) -> list[Path]:
     """The labs/NN_*.ipynb that carry an ``# ASSIGNMENT CONFIG`` cell, in order."""
-    return [p for p in sorted(Path(labs_dir).glob("[0-9][0-9]_*.ipynb")) if nbs.is_master(p)]
+    return [p for p in sorted(Path(labs_dir).glob(config.NOTEBOOK_GLOB)) if nbs.is_master(p)]
 
 
 def find_leaks(student_nb_text: str, master: nbs.Master) -> list[str]:
@@ -321,7 +322,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             print(f"built {path.name}: {len(master.questions)} questions, {n_cases} cases, version {version} "
                   f"(answers {t_cases:.1f} s, otter assign {t_assign:.1f} s)", flush=True)
     manifest["ungraded"] = {}
-    for path in sorted(labs.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(labs.glob(config.NOTEBOOK_GLOB)):
         if not nbs.is_master(path):
             # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
             # as the lab's ("nothing to grade"), not mistaken for another course's
