@@ -355,6 +355,20 @@ def test_missing_torchao_module_gives_a_reason(monkeypatch):
     assert QV.torchao_version() is None
 
 
+def test_torchao_version_is_the_packages_own_without_importing_it():
+    """Notebook 07's plan keys its runs by torchao's version, and every notebook's time-budget cell builds
+    that plan: the version is read without importing torchao (which loads torch._dynamo, ~3 s of CPU)."""
+    import subprocess
+
+    code = ("import sys; from lab_utils.time_budget import budget_line; budget_line('07'); "
+            "from lab_utils.workers.quant_variants import torchao_version; "
+            "print(torchao_version(), 'torchao' in sys.modules, 'torch._dynamo' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    import torchao
+
+    assert res.stdout.split() == [torchao.__version__, "False", "False"], res.stderr
+
+
 def test_missing_quantize_dynamic_and_cuda_only_rows(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", types.ModuleType("torch.ao.quantization"))
     a = Q.check_variant("ao_dynamic_int8", "cpu")

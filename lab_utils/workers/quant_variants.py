@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import logging
+import sys
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,13 +71,18 @@ def _quiet_torchao_import():
 
 
 def torchao_version() -> str | None:
-    """The installed torchao's version, or ``None`` when it cannot be imported."""
-    try:
-        with _quiet_torchao_import():
-            mod = importlib.import_module("torchao")
-    except ImportError:
+    """The installed torchao's version, ``None`` without one (or with its import blocked).
+
+    Read from the package's metadata, as torchao's own ``__version__`` is, not by importing it: the
+    import loads ``torch._dynamo`` (about 2.8 s of CPU), and notebook 07's plan, which every notebook's
+    time-budget cell builds, puts the version in its store key.
+    """
+    if "torchao" in sys.modules and sys.modules["torchao"] is None:  # blocked, as a missing module is
         return None
-    return str(getattr(mod, "__version__", "unknown"))
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _torchao_config_class(variant: str):
