@@ -41,7 +41,7 @@ import torch
 from lab_utils import plan, proc
 from lab_utils.core import config, cuda_builds, data, hardware, memory, profiles, timing
 from lab_utils.core.environment import gpu_node_problem, software_stack
-from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.errors import LabError, LaunchError, error_line, first_line
 from lab_utils.core.machine import Machine as PlanMachine
 from lab_utils.experiments import comm, registry
 from lab_utils.plan import Experiment, aggregates, make_plan
@@ -159,7 +159,7 @@ def measure_cuda_init(m: Machine, kernel: Callable[[int], float] = tiny_kernel) 
         try:
             g["kernel_result"] = kernel(i)
         except Exception as e:  # "no kernel image is available": the row says so
-            g["kernel_error"] = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            g["kernel_error"] = first_line(e, 160) or type(e).__name__
         out.append(g)
     return {"gpus": out}
 
@@ -354,7 +354,7 @@ def measure_int8_mm(m: Machine, device: str = "cuda") -> dict[str, Any]:
         torch._int_mm(a[:8].to(device), b.to(device))
         small = "accepted"
     except RuntimeError as e:
-        small = str(e).splitlines()[0][:120]
+        small = first_line(e, 120)
     return {"exact": exact, "eight_rows": small}
 
 
@@ -514,7 +514,7 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
                 got = plan.measure(lab, experiment, settings, force=True, verbose=False, machine=machine,
                                    runs=bounded)
             except LaunchError as e:
-                out += [{"label": r.name, "status": "error", "reason": _first_line(e)} for r in members]
+                out += [{"label": r.name, "status": "error", "reason": first_line(e)} for r in members]
                 continue
             by_key = {rec.key: rec for rec in aggregates(got)}
             for r in members:
@@ -525,10 +525,6 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
                             **{k: metrics.get(k) for k in _JUDGED if k in metrics}})
     return {"experiment": experiment.name, "notebook": experiment.notebook, "kernel_context": context,
             "compute_modes": list(m.compute_modes), "runs": out}
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
 
 
 def _cuda_initialized() -> bool:
@@ -666,11 +662,11 @@ def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float =
             except proc.TimeLimit as e:
                 row = Row(c.name, str(e), c.expected, budget if cut else "fail")
             except LaunchError as e:
-                timed_out = "did not finish within" in _first_line(e)
-                row = Row(c.name, f"launch failed: {_first_line(e)}", c.expected,
+                timed_out = "did not finish within" in first_line(e)
+                row = Row(c.name, f"launch failed: {first_line(e)}", c.expected,
                           budget if cut and timed_out else "fail", details={"error": str(e)})
             except Exception as e:  # a broken check is a failed check, never a traceback
-                row = Row(c.name, f"{type(e).__name__}: {_first_line(e)}", c.expected, "fail")
+                row = Row(c.name, error_line(e), c.expected, "fail")
         row.seconds = time.monotonic() - t0
         rows.append(row)
         if echo is not None:

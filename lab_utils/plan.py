@@ -35,7 +35,7 @@ import torch
 from lab_utils import launcher
 from lab_utils.core.backends import pinned_threads
 from lab_utils.core.dist import DistContext
-from lab_utils.core.errors import LabError, LaunchError
+from lab_utils.core.errors import LabError, LaunchError, first_line
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.machine import Machine
 from lab_utils.core.records import Record, canonical_key, failures_to, jsonable
@@ -291,7 +291,7 @@ def _launch(store: ResultStore, profile: str, todo: list[Run], together: bool,
     except LaunchError as e:
         if verbose:
             print(f"{first.experiment}: {e}", flush=True)
-        return got, e.failure or {"status": "error", "reason": str(e).splitlines()[0][:300]}
+        return got, e.failure or {"status": "error", "reason": first_line(e, 300)}
     return got, None
 
 

@@ -398,6 +398,25 @@ def test_deprecation_is_detected_and_labelled(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", real)
 
 
+def test_a_probe_failing_without_a_message_is_still_a_row(monkeypatch):
+    """An exception with an empty message (``RuntimeError()``) becomes a row naming its class, not an
+    IndexError from taking the first of no lines (core.errors.first_line, the one way to quote a line)."""
+    from lab_utils.core.errors import error_line, first_line
+
+    assert first_line(RuntimeError()) == "" and first_line(RuntimeError("  a\nb")) == "a"
+    assert error_line(RuntimeError()) == "RuntimeError" and error_line(KeyError("k")) == "KeyError: 'k'"
+    assert first_line("x" * 500, 120) == "x" * 120
+
+    def fails(model, *args, **kw):
+        raise RuntimeError()
+
+    fake = types.ModuleType("torch.ao.quantization")
+    fake.quantize_dynamic = fails
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", fake)
+    a = QV.ao_dynamic_status()
+    assert not a.ok and a.reason == "quantize_dynamic fails here: RuntimeError"
+
+
 def test_no_cuda_row_and_unknown_variant():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, first_line
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.memory import is_out_of_memory, oom_reason
 from lab_utils.core.records import write_rank_failure
@@ -38,7 +38,6 @@ class DistContext:
     local_world_size: int = 1
     backend: str | None = None        # "nccl" | "gloo"; None without a process group
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    initialized_here: bool = False    # this call created the process group
 
     @property
     def ddp(self) -> bool:
@@ -112,7 +111,7 @@ def init_distributed(backend: str = "auto", device: str = "auto", group_of_one: 
         if here:
             dist.init_process_group("gloo")
     return DistContext(rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-                       backend=backend, device=dev, initialized_here=here)
+                       backend=backend, device=dev)
 
 
 def gather(obj: Any, ctx: DistContext) -> list[Any]:
@@ -162,8 +161,7 @@ def failure_ends_rank(ctx: DistContext, folder: str | None = None, config_index:
     except Exception as e:
         if not ctx.ddp:
             raise
-        oom = is_out_of_memory(e)
-        first = (str(e).strip().splitlines() or [""])[0]
+        oom, first = is_out_of_memory(e), first_line(e, 300)
         write_rank_failure(folder, ctx.rank, "oom" if oom else "error",
                            oom_reason(e) if oom else f"{type(e).__name__}: {first}"[:300], config_index)
         if oom:

@@ -8,6 +8,18 @@ wrong and how to fix it, *before* any expensive work starts. It subclasses
 from __future__ import annotations
 
 
+def first_line(e: object, limit: int = 200) -> str:
+    """The first line of an exception's message (or of any text), stripped and cut to ``limit``
+    characters: what a row's reason or a one-line error quotes. ``""`` for an empty message."""
+    return (str(e).strip().splitlines() or [""])[0][:limit]
+
+
+def error_line(e: BaseException, limit: int = 200) -> str:
+    """``"<class>: <first line>"`` (:func:`first_line`), or the class alone for an empty message."""
+    first = first_line(e, limit)
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
 class LabError(ValueError):
     """Bad input or an unusable environment, explained in one sentence with the fix."""
 

@@ -152,7 +152,7 @@ def device_name(device: str | None = None) -> str:
     return f"cpu ({cpu_model()})"
 
 
-def _nvidia_smi(*args: str, timeout_s: float = 20) -> str | None:
+def nvidia_smi(*args: str, timeout_s: float = 20) -> str | None:
     """``nvidia-smi ARGS``'s output, or None (no nvidia-smi, an error, or no answer in ``timeout_s``)."""
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -181,7 +181,7 @@ class SmiDevice:
 def smi_devices(text: str | None = None) -> list[SmiDevice] | None:
     """GPUs and MIG slices (after their GPU) listed by ``nvidia-smi -L`` (``text``: its output; None
     asks it); ``None`` when nvidia-smi is missing or fails."""
-    text = _nvidia_smi("-L") if text is None else text
+    text = nvidia_smi("-L") if text is None else text
     if text is None:
         return None
     out: list[SmiDevice] = []
@@ -262,7 +262,7 @@ def cpu_cores() -> int:
 
 def interconnect() -> str | None:
     """``nvidia-smi topo -m`` output (NVLink / PCIe matrix), or None without nvidia-smi."""
-    out = _nvidia_smi("topo", "-m")
+    out = nvidia_smi("topo", "-m")
     return (out or "").strip() or None
 
 

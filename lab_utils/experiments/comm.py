@@ -198,7 +198,7 @@ def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int 
 
 def _pcie_link() -> tuple[int | None, int | None]:
     """The first GPU's PCIe generation and width (nvidia-smi), or (None, None)."""
-    out = hardware._nvidia_smi("--query-gpu=pcie.link.gen.max,pcie.link.width.max",
+    out = hardware.nvidia_smi("--query-gpu=pcie.link.gen.max,pcie.link.width.max",
                                "--format=csv,noheader,nounits")
     try:
         gen, width = (out or "").strip().splitlines()[0].split(",")

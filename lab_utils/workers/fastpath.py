@@ -39,6 +39,7 @@ from lab_utils.core import watchdog
 from lab_utils.core.backends import pinned_threads
 from lab_utils.core.data import ArraySplit, device_loader, load_split, spec_loader
 from lab_utils.core.dist import DistContext
+from lab_utils.core.errors import error_line
 from lab_utils.core.hardware import device_name, fraction_of_peak
 from lab_utils.core.loop import evaluate, peak_memory, reset_peak_memory
 from lab_utils.core.memory import is_out_of_memory
@@ -78,8 +79,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     except Exception as e:  # torch.compile can fail for reasons outside the lab (compiler, Triton)
         if not config.get("compile") or is_out_of_memory(e):
             raise
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        metrics, status, reason = {}, "error", f"torch.compile failed: {type(e).__name__}: {first}"
+        metrics, status, reason = {}, "error", f"torch.compile failed: {error_line(e)}"
     split: ArraySplit = state["train"]
     return [Record(job.experiment, dict(config), metrics, status=status, reason=reason, profile=job.profile,
                    synthetic=split.synthetic, dataset=split.dataset_name, hardware=ctx.hardware())]

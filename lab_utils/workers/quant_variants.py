@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from lab_utils.core.config import check_choice
+from lab_utils.core.errors import error_line, first_line
 from lab_utils.core.hardware import bf16_supported
 
 #: torchao configuration class of each torchao variant (looked up by name at run time).
@@ -126,14 +127,12 @@ def ao_dynamic_status() -> Availability:
             with torch.no_grad():
                 probe(torch.randn(2, 8))
         except Exception as e:  # a missing engine or kernel: the row says so
-            return Availability(False, f"quantize_dynamic fails here: {e.__class__.__name__}: "
-                                       f"{str(e).splitlines()[0][:160]}")
+            return Availability(False, f"quantize_dynamic fails here: {error_line(e, 160)}")
     dep = [w for w in caught if issubclass(w.category, DeprecationWarning | FutureWarning)
            or "deprecated" in str(w.message).lower()]
     note = None
     if dep:
-        first = str(dep[0].message).strip().splitlines()[0][:120]
-        note = f"deprecated upstream: torch {torch.__version__} warns '{first}'"
+        note = f"deprecated upstream: torch {torch.__version__} warns '{first_line(dep[0].message, 120)}'"
     return Availability(True, kernel=f"torch.ao dynamic quantized Linear, '{engine}' engine int8 GEMM",
                         note=note)
 
@@ -171,7 +170,7 @@ def check_variant(variant: str, device: str, disabled: Iterable[str] = ()) -> Av
         try:
             torch.ones(4, 4, dtype=torch.bfloat16) @ torch.ones(4, 4, dtype=torch.bfloat16)
         except RuntimeError as e:
-            return Availability(False, f"bf16 matmul fails on this CPU build: {str(e).splitlines()[0][:120]}")
+            return Availability(False, f"bf16 matmul fails on this CPU build: {first_line(e, 120)}")
         slow = ("this CPU lacks bf16 instructions (no avx512_bf16/amx_bf16): bf16 is converted to fp32 "
                 "inside the kernels")
         return Availability(True, kernel="aten bf16 GEMM (CPU)", note=None if cpu_has_native_bf16() else slow)
@@ -228,7 +227,7 @@ def int_mm_probe(device: str) -> str | None:
             exact = torch.equal(torch._int_mm(a, b).cpu(), a.cpu().int() @ b.cpu().int())
             _INT_MM_PROBES[key] = None if exact else "it computed a wrong product"
         except Exception as e:  # the row says what ran instead
-            _INT_MM_PROBES[key] = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:120]}"
+            _INT_MM_PROBES[key] = error_line(e, 120)
     return _INT_MM_PROBES[key]
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from lab_utils.core.dist import DistContext
-from lab_utils.core.errors import LabError
+from lab_utils.core.errors import LabError, error_line
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.memory import free_device_memory, is_out_of_memory, oom_reason
 from lab_utils.core.records import Record
@@ -118,8 +118,7 @@ def _failure(rec: Record, e: BaseException) -> None:
     if is_out_of_memory(e):
         rec.status, rec.reason = "oom", oom_reason(e, limit=200)
     else:  # a kernel missing on this machine: the row says which error
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        rec.status, rec.reason = "error", f"{e.__class__.__name__}: {first}"
+        rec.status, rec.reason = "error", error_line(e)
 
 
 def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str,
