@@ -59,14 +59,6 @@ def test_driver_535_installs_the_cu126_pair_from_pytorchs_index(capsys):
     assert f"-r {REPO / 'requirements.txt'} -c {REPO / 'constraints.txt'}" in out
 
 
-def test_pip_installs_without_byte_compiling(capsys):
-    """Every pip install of `make venv` skips byte-compiling (a third of the install's time): Python
-    compiles what a process imports on first use."""
-    for kw in ({"driver": None}, {"driver": Driver("535.183.01", A100)}):
-        installs = [line for line in _dry(capsys, **kw).splitlines() if " -m pip install " in line]
-        assert installs and all(line.endswith(" --no-compile") for line in installs), installs
-
-
 def test_driver_580_and_no_driver_install_as_before(capsys):
     out = _dry(capsys, driver=Driver("580.95.05", A100))
     assert "torch build: cu130 from PyPI (NVIDIA driver 580.95.05 runs CUDA 13.0" in out

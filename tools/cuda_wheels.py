@@ -137,10 +137,7 @@ def check_system_pair(seen: dict, requirements: dict[str, str]) -> list[str]:
 
 
 def _pip(python: str, *args: str, dry_run: bool = False, verb: str = "install") -> None:
-    # --no-compile: pip would byte-compile all ~12,800 modules of torch, the CUDA wheels and the rest
-    # (a third of the install's time); Python writes the .pyc of the few thousand a process imports
-    # on first use instead (measured: install 75 -> 52 s; the first `import torch` 0.3 s slower, once).
-    cmd = [python, "-m", "pip", verb, *args, *(["--no-compile"] if verb == "install" else [])]
+    cmd = [python, "-m", "pip", verb, *args]
     print("+ " + " ".join(cmd), flush=True)
     if dry_run:
         return
