@@ -10,7 +10,8 @@ PYTEST_ARGS ?=
 # make test runs the suite on TEST_WORKERS pytest-xdist workers, each taking a whole test file at a time
 # (module fixtures run once), the longest files first (tests/conftest.py); TEST_WORKERS=0: one process.
 # Three on two cores: many slow tests wait (time limits, SLURM's checks, a child's start), and a third
-# worker fills those waits (pytest took 740 s with three workers, 840 s with two, on the 2-core CI machine).
+# worker fills those waits (pytest took 740 s with three workers, 840 s with two, on the 2-core CI machine;
+# 677 s with three and 695 s with four once OpenMP's threads stopped spinning: tests/conftest.py).
 TEST_WORKERS ?= 3
 # Which torch build `make venv` installs (tools/cuda_wheels.py; README "Running on a
 # cluster"): by default the one this machine's NVIDIA driver runs (PyPI's without a driver).
