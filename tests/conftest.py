@@ -13,6 +13,7 @@ at a per-session folder. Each test that needs a clean store uses the ``store`` f
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 _SESSION_DIR = Path(tempfile.mkdtemp(prefix="lab_tests_"))
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)  # each pytest process (xdist: each worker)
 os.environ["LAB_RESULTS_DIR"] = str(_SESSION_DIR / "results")
 os.environ["LAB_DATA_DIR"] = str(_SESSION_DIR / "data")
 os.environ.setdefault("LAB_PROFILE", "quick")
