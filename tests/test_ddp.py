@@ -172,6 +172,10 @@ def test_two_rank_ddp_equals_one_process_on_the_global_batch(toy_run):
     assert any(not torch.allclose(a, b, atol=1e-6) for a, b in zip(ddp_params, half))
 
 
+#: Seconds a woken rank may wait for a core on an oversubscribed machine (a few scheduler slices).
+WAKE_S = 3e-3
+
+
 @pytest.mark.slow
 def test_three_comm_figures_on_a_toy_model(toy_run):
     """(a), (b), (c) are non-negative; (b) <= (c) within noise.
@@ -182,6 +186,11 @@ def test_three_comm_figures_on_a_toy_model(toy_run):
     thread competes with backward for the same core, so it may slow the overlapped
     computation down and (b) may exceed (c) by up to that computation's time: the bound
     is looser there, and the test says so.
+
+    Both bounds also allow :data:`WAKE_S` for the CI machine's oversubscription: a rank blocked on its
+    all-reduce may wait for a core after the all-reduce ends, which (b) counts and (c) does not (on CI's
+    2 cores shared with other tests: (b) 5.0 ms against (c) 1.9 ms with one bucket, where an idle
+    machine gives 4.9 ms against 3.8 ms).
     """
     out = toy_run[1]
     t1 = out["t1_step_seconds"]
@@ -198,11 +207,11 @@ def test_three_comm_figures_on_a_toy_model(toy_run):
         assert frac is None or 0 <= frac <= 1
     for p in one:
         assert p["buckets"] == 1
-        tolerance = 3 * p["noise_seconds"] + 0.1 * p["sync_step_seconds"] + 5e-4
+        tolerance = 3 * p["noise_seconds"] + 0.1 * p["sync_step_seconds"] + 5e-4 + WAKE_S
         assert p["exposed_raw_per_step_seconds"] <= p["allreduce_per_step_seconds"] + tolerance, p
     for p in several:
         assert p["buckets"] >= 2
-        tolerance = 3 * p["noise_seconds"] + p["nosync_step_seconds"] + 5e-4
+        tolerance = 3 * p["noise_seconds"] + p["nosync_step_seconds"] + 5e-4 + WAKE_S
         assert p["exposed_raw_per_step_seconds"] <= p["allreduce_per_step_seconds"] + tolerance, p
 
 
