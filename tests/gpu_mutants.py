@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "return torch.cuda.get_device_capability(index)[0] >= 8", "return torch.cuda.get_device_capability(index)[0] >= 7",
       "torch 2.4's capability rule off by one generation: Volta counted as bf16-native"),
     M("core/hardware.py", "cudnn_build_version", "torch.cuda.is_initialized()",
-      "            return None, str(e).strip().splitlines()[0][:160]", "            raise",
+      "            return None, first_line(e, 160)", "            raise",
       "cuDNN's refusal of the GPU escapes as a RuntimeError (doctor's versions row a traceback)"),
     M("core/hardware.py", "device_name", "torch.cuda.is_available()",
       '    if device is None:\n        device = "cuda" if torch.cuda.is_available() else "cpu"\n    dev = torch.device(device)',

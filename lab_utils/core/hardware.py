@@ -24,6 +24,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lab_utils.core.errors import first_line
+
 # Dense peak throughput in TFLOP/s per precision. "tf32" is what cuDNN uses for fp32
 # convolutions on Ampere and later unless torch.backends.cudnn.allow_tf32 is False.
 # Data sheets quote tensor-core figures "with sparsity": the dense figure is half.
@@ -300,7 +302,7 @@ def cudnn_build_version() -> tuple[int | None, str | None]:
         try:
             return torch.backends.cudnn.version(), None
         except RuntimeError as e:  # cuDNN 9.11+ on sm < 7.5
-            return None, str(e).strip().splitlines()[0][:160]
+            return None, first_line(e, 160)
     try:
         from torch._C import _cudnn
 
