@@ -662,8 +662,9 @@ def run_checks(m: Machine, checks: tuple[Check, ...] = CHECKS, budget_s: float =
             except proc.TimeLimit as e:
                 row = Row(c.name, str(e), c.expected, budget if cut else "fail")
             except LaunchError as e:
-                timed_out = "did not finish within" in first_line(e)
-                row = Row(c.name, f"launch failed: {first_line(e)}", c.expected,
+                first = first_line(e)
+                timed_out = "did not finish within" in first
+                row = Row(c.name, f"launch failed: {first}", c.expected,
                           budget if cut and timed_out else "fail", details={"error": str(e)})
             except Exception as e:  # a broken check is a failed check, never a traceback
                 row = Row(c.name, error_line(e), c.expected, "fail")
