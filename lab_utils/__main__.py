@@ -17,6 +17,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from lab_utils import proc
 from lab_utils.core.errors import LabError, LaunchError
 
 # Benchmarks live next to what they measure; each entry is "module:function(argv) -> int".
@@ -91,7 +92,6 @@ def _measure(args) -> int:
     runs = plan.make_plan(experiment, settings, profile=lab.profile.name)
     print(f"{experiment.name} (notebook {experiment.notebook}), profile {lab.profile.name}: "
           f"{len(runs)} run(s)", flush=True)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         records = plan.measure(lab, experiment, settings, force=args.force, runs=runs)
     except LaunchError as e:
@@ -280,13 +280,20 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     try:
         if args.command == "run":
-            from lab_utils import runner
+            # A signal while the runner loads (seconds) is noted, and the run ends with its line and report.
+            with proc.StopSignals() as stop:
+                from lab_utils import runner
 
-            _gpu_node_guard(args.profile)
-            return runner.main(args.notebooks, args.profile, args.timeout)
+                _gpu_node_guard(args.profile)
+                return runner.main(args.notebooks, args.profile, args.timeout, stop=stop)
         if args.command == "measure":
-            _gpu_node_guard(args.profile)
-            return _measure(args)
+            # from here on, not once torch has loaded (seconds): a SIGTERM then ends with its line too
+            previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+            try:
+                _gpu_node_guard(args.profile)
+                return _measure(args)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
         if args.command == "report":
             from lab_utils import handin
 

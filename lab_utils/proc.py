@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -170,3 +172,32 @@ def run(cmd: Sequence[str], timeout_s: float, *, input: str | bytes | None = Non
     finally:
         child.stop(grace_s)  # grandchildren that outlived it (a finished child: nothing to wait for)
     return subprocess.CompletedProcess(child.popen.args, child.popen.returncode, out, err)
+
+
+class StopSignals:
+    """SIGINT/SIGTERM handlers that only note the signal, for as long as the ``with`` block lasts.
+
+    The headless runner acts on it (``runner._watch``): it stops the kernel and everything it started,
+    saves the executed copy and ends with the shell's status (130, 143). ``python -m lab_utils run``
+    installs them first, before the runner loads (seconds on a busy node): SLURM's time-limit warning
+    can come at any moment, and a Python process without a handler dies at once, saying nothing.
+    Installed only in the main thread (Python delivers signals there); elsewhere the caller's stay.
+    """
+
+    def __init__(self) -> None:
+        self.signal: str | None = None  # "SIGINT" or "SIGTERM": the first that came
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -130,33 +131,6 @@ def _failing_cell(nb) -> tuple[int | None, str | None]:
     return None, None
 
 
-class _StopSignals:
-    """SIGINT/SIGTERM handlers for the length of a run: they only note the signal.
-
-    The run acts on it (:func:`_watch`): it stops the kernel and everything it started, saves
-    the executed copy and ends with the shell's status (130, 143). Installed only in the main
-    thread (Python delivers signals there); elsewhere the caller's handlers stay.
-    """
-
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self._saved: dict[int, object] = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._saved[sig] = signal.signal(sig, self._note)
-        return self
-
-    def _note(self, signum, frame) -> None:
-        if self.signal is None:
-            self.signal = signal.Signals(signum).name
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-
-
 class _RunningCell:
     """Which code cell the kernel is running (nbclient's ``on_cell_execute`` hook)."""
 
@@ -224,7 +198,7 @@ def _drive(client, env: dict[str, str], outcome: dict) -> None:
         outcome["error"] = e
 
 
-def _watch(worker: threading.Thread, stop: _StopSignals | None, token: str, km) -> str | None:
+def _watch(worker: threading.Thread, stop: proc.StopSignals | None, token: str, km) -> str | None:
     """Wait for the worker; on SIGINT/SIGTERM stop the kernel's processes and return the signal."""
     while worker.is_alive():
         worker.join(0.2)
@@ -252,7 +226,7 @@ def _save_notebook(nb, path: Path) -> None:
 
 
 def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
-                     stop: _StopSignals | None = None) -> NotebookResult:
+                     stop: proc.StopSignals | None = None) -> NotebookResult:
     """Run one notebook in a fresh kernel; save the executed copy whatever happens.
 
     nbclient drives the kernel from a worker thread (its per-cell timeout ``timeout_s`` and its
@@ -333,13 +307,15 @@ def execute_notebook(path: Path, profile: str, timeout_s: float, out_dir: Path,
 
 
 def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float = 3600,
-        stream=None) -> RunResults:
+        stream=None, stop: proc.StopSignals | None = None) -> RunResults:
     """Execute notebooks headless, print one line each, write the report; return results.
 
     SIGINT (Ctrl-C) and SIGTERM (``scancel``, a SLURM time limit) stop the running notebook within
     seconds (its kernel and every process it started; its copy saved, the report written) and
     ``RunResults.interrupted`` names the signal. A copy or report that cannot be written (a full
-    disk) ends the run too, ``RunResults.save_error`` saying why in one sentence.
+    disk) ends the run too, ``RunResults.save_error`` saying why in one sentence. ``stop``: handlers
+    installed earlier by the caller (``python -m lab_utils run`` installs them before this module loads),
+    with any signal they noted; by default the run installs its own.
     """
     stream = stream or sys.stdout
     profile_name, why = config.resolve_profile_name(profile)
@@ -359,7 +335,7 @@ def run(names: Sequence[str] = (), profile: str | None = None, timeout_s: float 
     # The signal handlers cover the whole run, from the machine's description (importing torch
     # takes seconds) to the report: a SIGTERM before or during a notebook ends the run with its
     # line and report; one that comes while the report is written is noted and the report finished.
-    with _StopSignals() as stop:
+    with contextlib.nullcontext(stop) if stop is not None else proc.StopSignals() as stop:
         try:
             from lab_utils.core.hardware import describe_machine
 
@@ -461,10 +437,11 @@ def report_sections(root: Path) -> list[str]:
     return lines
 
 
-def main(names: Sequence[str], profile: str | None, timeout_s: float) -> int:
+def main(names: Sequence[str], profile: str | None, timeout_s: float,
+         stop: proc.StopSignals | None = None) -> int:
     """``python -m lab_utils run``: 0 when every notebook ran, 1 when one failed or could not be
     saved, 130 / 143 when Ctrl-C / SIGTERM stopped the run (as shells expect)."""
-    results = run(names, profile, timeout_s)
+    results = run(names, profile, timeout_s, stop=stop)
     if results.save_error is not None and results.interrupted is None:
         print(f"error: {results.save_error}", file=sys.stderr)
         return 1

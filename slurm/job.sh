@@ -23,8 +23,17 @@ job_start() {
             | tee -a "$JOB_TXT"
     fi
     trap job_finish EXIT
-    trap 'exit 143' TERM  # before the command runs: stop here (job_finish writes the exit code)
-    trap 'exit 130' INT
+    trap 'job_stopped TERM 143' TERM  # before the command runs: stop here (job_finish writes the exit code)
+    trap 'job_stopped INT 130' INT
+}
+
+# A signal while none of the lab's commands runs (the job's set-up, or after its command ended): one line,
+# as the lab's commands give, then the shell's status for it.
+job_stopped() {
+    echo "SIG$1 received $(date +%FT%T.%3N%:z): no command of the lab running; the job stops" >> "$JOB_TXT"
+    echo "interrupted by SIG$1 outside the lab's command (while the job set up or wrapped up): nothing of" \
+        "the lab was running; records already stored are kept (run again to resume)." >&2
+    exit "$2"
 }
 
 # The EXIT trap: "finished ... with exit code N", then the lines in JOB_SUMMARY (an array).
@@ -68,8 +77,8 @@ run_forwarding() {
         if [ -z "$caught" ]; then break; fi
         stopped_by="$caught"
     done
-    trap 'exit 143' TERM
-    trap 'exit 130' INT
+    trap 'job_stopped TERM 143' TERM
+    trap 'job_stopped INT 130' INT
     if [ -n "$tailer" ]; then wait "$tailer" || true; fi
 }
 

@@ -47,6 +47,28 @@ def test_bad_input_is_one_sentence_before_any_work(argv, sentence, capsys, tmp_p
     assert "measuring" not in out and not (tmp_path / "quick").exists()
 
 
+@pytest.mark.timeout(120)
+def test_a_sigterm_before_torch_has_loaded_is_one_line(tmp_path):
+    """The handler is there from the command's first line, not once torch and the plan have loaded (seconds
+    on a busy node, where SLURM's time-limit warning can come): the signal comes from the GPU-node guard,
+    before torch is imported. Without the handler the process died from it, silently; and it is the
+    caller's again afterwards."""
+    code = ("import os, signal, sys\nfrom lab_utils import __main__ as cli\n"
+            "cli._gpu_node_guard = lambda profile: os.kill(os.getpid(), signal.SIGTERM)\n"
+            "code = cli.main(['measure', 'scaling', '--profile', 'quick'])\n"
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"
+            "assert 'torch' not in sys.modules\nsys.exit(code)\n")
+    env = dict(os.environ, LAB_RESULTS_DIR=str(tmp_path / "results"))
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=100)
+    assert res.returncode == 143, (res.returncode, res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [
+        "stopped by SIGTERM: the running launch and its processes were stopped; records already stored are "
+        "kept (run again to resume)."]
+    assert not (tmp_path / "results" / "quick" / "runs").exists() or \
+        not any(p.read_text().strip() for p in (tmp_path / "results" / "quick" / "runs").glob("*.jsonl"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_sigterm_stops_the_launch_and_leaves_nothing(tmp_path):

@@ -332,6 +332,25 @@ def test_a_signal_before_the_first_notebook_is_one_line_and_a_report(results_dir
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the caller's handler is back
 
 
+@pytest.mark.timeout(120)
+def test_a_signal_while_the_runner_loads_is_one_line_and_a_report(results_dir, tmp_path):
+    """``python -m lab_utils run`` notes SIGTERM from its first line, not once the runner has loaded
+    (seconds): a SLURM time-limit warning that came then killed the process with no line and no report
+    (tests/test_slurm.py's one-minute limit, once, on a slow node). Here the signal comes from the GPU-node
+    guard, which runs after the runner module is imported and before the run installs handlers itself."""
+    nb = _notebook(tmp_path / "97_never.ipynb", ["print('never started')"])
+    code = ("import os, signal, sys\nfrom lab_utils import __main__ as cli\n"
+            "cli._gpu_node_guard = lambda profile: os.kill(os.getpid(), signal.SIGTERM)\n"
+            f"sys.exit(cli.main(['run', {str(nb)!r}, '--profile', 'quick', '--timeout', '60']))\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "LAB_RESULTS_DIR": str(results_dir)})
+    assert res.returncode == 143, (res.returncode, res.stdout, res.stderr)
+    assert res.stderr.strip().splitlines() == [
+        "interrupted by SIGTERM before the first notebook: the kernel and its processes were stopped; "
+        "records already stored are kept (run again to resume)."]
+    assert "97_never" not in res.stdout and (results_dir / "quick" / "report.md").is_file()
+
+
 def test_exit_signals_are_described():
     assert runner.describe_exit(-9) == "killed (signal 9): out of memory?"
     assert runner.describe_exit(-11) == "crashed (signal 11, SIGSEGV)"
