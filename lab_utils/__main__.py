@@ -287,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 _gpu_node_guard(args.profile)
                 return runner.main(args.notebooks, args.profile, args.timeout, stop=stop)
         if args.command == "measure":
-            # from here on, not once torch has loaded (seconds): a SIGTERM then ends with its line too
+            # before the GPU-node guard and torch load (seconds): a SIGTERM while they do ends with the line
+            # too, instead of killing the process silently
             previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
             try:
                 _gpu_node_guard(args.profile)
