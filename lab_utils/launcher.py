@@ -30,7 +30,6 @@ from typing import Any
 
 from lab_utils import proc
 from lab_utils.core.config import check_positive_int
-from lab_utils.core.dist import free_port  # noqa: F401  (also launcher.free_port for callers)
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.hardware import cpu_cores
 from lab_utils.core.records import Record, RecordsReader, read_failures
@@ -53,7 +52,7 @@ class LaunchResult:
         return self.logs[rank].read_text(errors="replace") if rank in self.logs else ""
 
 
-def torchrun_command(module: str, args: Sequence[str], nproc: int, port: int,
+def torchrun_command(module: str, args: Sequence[str], nproc: int,
                      nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
                      agent_dir: str | Path | None = None) -> list[str]:
     """The ``torchrun`` command line (as ``python -m torch.distributed.run``).
@@ -67,8 +66,10 @@ def torchrun_command(module: str, args: Sequence[str], nproc: int, port: int,
     if rdzv is not None:  # multi-node: c10d rendezvous at host:port
         cmd += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}",
                 "--rdzv-id=lab", f"--node-rank={node_rank}"]
-    else:
-        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    else:  # one node: torchrun's store binds a port the system picks as it listens. A port chosen
+        # here and passed as --master-port can be taken by another process in the seconds torchrun
+        # takes to start (EADDRINUSE, exit code 1): it happened in this lab's own test suite.
+        cmd += ["--standalone", "--local-addr=127.0.0.1"]
     return cmd + ["-m", module, *args]
 
 
@@ -124,7 +125,7 @@ def _run(module: str, job: Mapping[str, Any], nproc: int, timeout_s: float, log_
     for old in [*log_root.glob("rank*.log"), log_root / "torchrun.log"]:
         old.unlink(missing_ok=True)  # rank logs are appended to: never quote a previous run
     job_file = write_job(job, scratch)
-    cmd = torchrun_command(module, [str(job_file)], nproc, free_port(), agent_dir=scratch / "torchrun")
+    cmd = torchrun_command(module, [str(job_file)], nproc, agent_dir=scratch / "torchrun")
     run_env = dict(os.environ if env is None else {**os.environ, **env})
     if threads_per_rank is not None:
         run_env["OMP_NUM_THREADS"] = str(threads_per_rank)
@@ -171,10 +172,14 @@ def _run(module: str, job: Mapping[str, Any], nproc: int, timeout_s: float, log_
         first = failures[0] if failures else None
         rank = first["rank"] if first else failing_rank(agent_log.read_text(errors="replace"), logs)
         why = f"{first['status']} on rank {first['rank']}: {first['reason']}; " if first else ""
+        # no rank wrote its failure (torchrun itself failed, or a rank died in C code): the row's
+        # reason is the log's error line, since the log goes with the temporary folder
+        failure = first or {"status": "error", "config_index": None,
+                            "reason": f"torchrun exit code {rc}: {error_in_log(rank, logs, agent_log)}"}
         raise LaunchError(
             f"The {nproc}-process run of {module} failed (torchrun exit code {rc}): {why}"
             f"fix the error below and re-run (records already stored are kept). "
-            + _quote_failure(rank, logs, agent_log, shown=shown), failure=first)
+            + _quote_failure(rank, logs, agent_log, shown=shown), failure=failure)
 
 
 def rank_logs(log_root: Path, nproc: int) -> dict[int, Path]:
@@ -199,6 +204,27 @@ def failing_rank(agent_text: str, logs: dict[int, Path]) -> int | None:
         except OSError:
             continue
     return None
+
+
+def error_in_log(rank: int | None, logs: dict[int, Path], agent_log: Path, limit: int = 300) -> str:
+    """The line that says what went wrong, cut to ``limit`` characters: the last line naming an error
+    in the failing rank's log; else in what torchrun's log holds before torchrun's own report (the
+    workers' output, or torchrun's own crash); else that part's last line; else the report's
+    ``failed (exitcode: ...)`` line (a rank killed by a signal)."""
+    def lines(path: Path) -> list[str]:
+        return [line.strip() for line in _tail(path, 10_000).splitlines() if line.strip()]
+
+    agent = lines(agent_log)
+    report = next((i for i, line in enumerate(agent) if "failed (exitcode:" in line
+                   or "ChildFailedError" in line), len(agent))
+    before = agent[:report]
+    rank_lines = lines(logs[rank]) if rank is not None and rank in logs else []
+    for part in (rank_lines, before):
+        named = [line for line in part if re.search(r"Error\b|Exception\b|\berror:", line)]
+        if named:
+            return named[-1][:limit]
+    summary = [re.sub(r"^.*\] ", "", line) for line in agent[report:] if "failed (exitcode:" in line]
+    return ((before or summary or rank_lines or ["(no log)"])[-1])[:limit]
 
 
 def _tail(path: Path, n: int = TAIL_LINES) -> str:

@@ -115,7 +115,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_ddp_with_sync_on_last_micro_step_equals_one_big_batch(tmp_path):
-    from lab_utils.launcher import free_port
+    from lab_utils.core.dist import free_port
 
     world = 2
     mp.spawn(_ddp_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import proc
+from lab_utils import launcher, proc
+from lab_utils.core import dist as labdist
 from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.launcher import failing_rank, launch, stream
+from lab_utils.launcher import error_in_log, failing_rank, launch, stream
 
 TESTS = Path(__file__).resolve().parent
 TOY = "ddp_toy_worker"
@@ -58,10 +60,17 @@ def assert_nothing_left(token: str) -> None:
 
 
 @pytest.mark.slow
-def test_launch_returns_rank0_records_and_splits_threads(tmp_path):
+def test_launch_returns_rank0_records_and_splits_threads(tmp_path, monkeypatch):
     token = uuid.uuid4().hex
-    res = launch(TOY, job("ok"), nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
-                 threads_per_rank=1)
+    # a port another process took after it was found free: the launch must not depend on it (a
+    # --master-port chosen before torchrun started failed a CI run with EADDRINUSE)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        for module in (labdist, launcher):
+            monkeypatch.setattr(module, "free_port", lambda: taken.getsockname()[1], raising=False)
+        res = launch(TOY, job("ok"), nproc=2, timeout_s=120, log_dir=tmp_path, env=toy_env(token),
+                     threads_per_rank=1)
     [rec] = res.records  # rank 0's, with every rank's view gathered
     assert [m["rank"] for m in rec.metrics["ranks"]] == [0, 1]
     assert all(m["world"] == 2 and m["omp"] == "1" for m in rec.metrics["ranks"])
@@ -139,6 +148,17 @@ def test_dead_rank_raises_with_its_log_and_leaves_nothing(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_launch_that_fails_outside_a_rank_gives_its_error_line_as_the_reason(tmp_path):
+    """No rank wrote a failure (here the worker module does not exist): the row's reason is the
+    log's error line, not the message's first line, whose log is gone with the temporary folder."""
+    with pytest.raises(LaunchError) as info:
+        launch("no_such_worker_module", job("ok"), nproc=1, timeout_s=120, threads_per_rank=1)
+    reason = info.value.failure["reason"]
+    assert reason.startswith("torchrun exit code 1: ") and "No module named no_such_worker_module" in reason
+    assert info.value.failure["status"] == "error" and info.value.failure["config_index"] is None
+
+
+@pytest.mark.slow
 def test_timeout_stops_every_process(tmp_path):
     token = uuid.uuid4().hex
     with pytest.raises(LaunchError, match="did not finish within 8 s") as info:
@@ -182,3 +202,30 @@ Root Cause (first observed failure):
     os.utime(first, (1000, 1000))
     os.utime(second, (1000.05, 1000.05))
     assert failing_rank(both, {0: second, 1: first}) == 1
+
+
+def test_the_error_line_of_a_launch_comes_from_the_log_that_has_it(tmp_path):
+    """The row's reason when no rank wrote its failure (each case as torchrun 2.14 prints it)."""
+    agent = tmp_path / "torchrun.log"
+    report = ("E1129 00:26:21.590000 16885 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+              "(exitcode: -9) local_rank: 0 (pid: 16892) of binary: /x/python\nTraceback (most recent call "
+              "last):\n  File \"run.py\", line 1142, in <module>\ntorch.distributed.elastic.multiprocessing."
+              "errors.ChildFailedError:\n=====\nRoot Cause (first observed failure):\n  exitcode  : -9\n")
+    # torchrun itself crashed before any rank started: its own last error
+    agent.write_text("Traceback (most recent call last):\n  File \"static_tcp_rendezvous.py\", line 67\n"
+                     "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+                     "local network address. port: 38939, code: -98, name: EADDRINUSE\n")
+    assert error_in_log(None, {}, agent).startswith("torch.distributed.DistNetworkError: The server socket")
+    # a rank's traceback went to the rank log: that, not torchrun's report
+    rank0 = tmp_path / "rank0.log"
+    rank0.write_text("epoch 1\nTraceback (most recent call last):\nRuntimeError: shapes do not match\nbye\n")
+    agent.write_text(report)
+    assert error_in_log(0, {0: rank0}, agent) == "RuntimeError: shapes do not match"
+    # a rank killed by a signal says nothing: torchrun's line with the exit code
+    rank0.write_text("epoch 1\nepoch 2\n")
+    assert error_in_log(0, {0: rank0}, agent).startswith("failed (exitcode: -9) local_rank: 0")
+    # output before torchrun's report (python -m with a missing module): its last line
+    agent.write_text("/x/python: No module named nope\n" + report)
+    assert error_in_log(None, {}, agent) == "/x/python: No module named nope"
+    assert error_in_log(None, {}, tmp_path / "missing.log") == "(no log)"
+    assert len(error_in_log(None, {}, agent, limit=10)) == 10

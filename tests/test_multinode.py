@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from lab_utils import proc
+from lab_utils.core.dist import free_port
 from lab_utils.core.records import RecordsReader
-from lab_utils.launcher import free_port, torchrun_command
+from lab_utils.launcher import torchrun_command
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def run_two_agents(job_dir: Path, env: dict[str, str]) -> list[str]:
     children, logs = [], []
     try:
         for node in range(2):
-            cmd = torchrun_command(values["WORKER"], [str(job_dir / "job.json")], nproc=1, port=0, nnodes=2,
+            cmd = torchrun_command(values["WORKER"], [str(job_dir / "job.json")], nproc=1, nnodes=2,
                                    node_rank=node, rdzv=rdzv, agent_dir=job_dir / f"torchrun{node}")
             logs.append(job_dir / f"agent{node}.log")
             with logs[-1].open("wb") as f:
