@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab_utils.core.dist import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 PACKAGES = ("slurm-wlm", "munge")
 APT_TIMEOUT_S = 300
@@ -50,12 +52,6 @@ ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 
 class SlurmUnavailable(RuntimeError):
     """SLURM cannot be started here; the message says why."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _missing(commands: tuple[str, ...]) -> list[str]:
@@ -275,7 +271,10 @@ def write_conf(root: Path, hostname: str, cpus: int, mem_mb: int, proctrack: str
     all of them are signalled at once) or ``linuxproc`` (processes tracked by parentage, so one
     that leaves the tree escapes the job).
     """
-    ctld_port, node_ports = _free_port(), [_free_port() for _ in range(1 + len(MULTI_NODES))]
+    ports: list[int] = []
+    for _ in range(2 + len(MULTI_NODES)):  # the daemons bind them seconds later: see free_port
+        ports.append(free_port(avoid=ports))
+    ctld_port, *node_ports = ports
     # slurmd drains a node whose configured memory exceeds what it finds: leave a margin.
     real_mb = max(1, int(mem_mb * 0.9))
     lines = [

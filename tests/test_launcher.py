@@ -229,3 +229,20 @@ def test_the_error_line_of_a_launch_comes_from_the_log_that_has_it(tmp_path):
     assert error_in_log(None, {}, agent) == "/x/python: No module named nope"
     assert error_in_log(None, {}, tmp_path / "missing.log") == "(no log)"
     assert len(error_in_log(None, {}, agent, limit=10)) == 10
+
+
+def test_a_free_port_is_free_below_the_ephemeral_range_and_not_one_to_avoid(monkeypatch):
+    """The kernel hands out ports of its ephemeral range to new connections at any time: a port for
+    a server that starts seconds later (torchrun, a SLURM daemon) is chosen below it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = labdist.free_port()
+    assert 10_000 <= port < low
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", labdist.free_port()))
+        taken.listen()
+        busy, avoided = taken.getsockname()[1], labdist.free_port()
+        chosen = labdist.free_port(avoid=[avoided])
+        draws = iter([busy, avoided, chosen])
+        monkeypatch.setattr(labdist.random, "SystemRandom",
+                            lambda: type("Draws", (), {"randrange": lambda self, a, b: next(draws)})())
+        assert labdist.free_port(avoid=[avoided]) == chosen  # the taken one and the avoided one skipped

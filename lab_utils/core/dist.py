@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -55,11 +56,30 @@ class DistContext:
         return hw
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a rendezvous on this machine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that is free now, for a server that binds it later (a rendezvous, a
+    daemon), other than those in ``avoid``.
+
+    Chosen at random below the kernel's ephemeral range: a port the kernel hands out (bind to port
+    0) may go to any new connection on this machine before that server binds it, and a server
+    started seconds later (torchrun, a SLURM daemon) then fails with EADDRINUSE.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: below the range every system uses
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(low, 10_001))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in avoid:
+            return port
+    raise LabError(f"No free TCP port found on 127.0.0.1 between 10000 and {low}; free some and re-run.")
 
 
 def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
