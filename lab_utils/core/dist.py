@@ -57,8 +57,8 @@ class DistContext:
 
 
 def free_port(avoid: Collection[int] = ()) -> int:
-    """A TCP port on 127.0.0.1 that is free now, for a server that binds it later (a rendezvous, a
-    daemon), other than those in ``avoid``.
+    """A TCP port free now on every address of this machine, for a server that binds it later (a
+    rendezvous, a daemon), other than those in ``avoid``.
 
     Chosen at random below the kernel's ephemeral range: a port the kernel hands out (bind to port
     0) may go to any new connection on this machine before that server binds it, and a server
@@ -74,12 +74,12 @@ def free_port(avoid: Collection[int] = ()) -> int:
         port = rng.randrange(10_000, max(low, 10_001))
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
-                s.bind(("127.0.0.1", port))
+                s.bind(("", port))
             except OSError:
                 continue
         if port not in avoid:
             return port
-    raise LabError(f"No free TCP port found on 127.0.0.1 between 10000 and {low}; free some and re-run.")
+    raise LabError(f"No free TCP port found between 10000 and {low}; free some and re-run.")
 
 
 def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
