@@ -49,7 +49,19 @@ SLURM_TIMEOUT_S = 900
 LONGEST_FIRST = ("test_notebooks.py", "test_slurm.py", "test_grading.py")
 
 
-_STARTED = time.monotonic()
+def _machine_cpu() -> tuple[float, float] | None:
+    """(busy, idle) CPU seconds of the whole machine since boot, from /proc/stat (Linux), else None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        user, nice, system, idle, iowait, irq, softirq, steal = fields
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / tick, (idle + iowait) / tick
+
+
+_STARTED, _MACHINE_AT_START = time.monotonic(), _machine_cpu()
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -61,14 +73,21 @@ def pytest_terminal_summary(terminalreporter, config):
 
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     user, system = sum(u.ru_utime for u in used), sum(u.ru_stime for u in used)
+    now = _machine_cpu()
+    if now is not None and _MACHINE_AT_START is not None:
+        busy, idle = (b - a for a, b in zip(_MACHINE_AT_START, now))
+        # the SLURM tests' jobs and daemons, and processes that outlive their parent, count here only
+        machine = f"; the machine's cores were busy {busy:,.0f} s of {busy + idle:,.0f} s"
+    else:
+        machine = ""
     start, total = time.perf_counter(), 0
     for i in range(10_000_000):  # the machine's speed, measured now that the suite has ended
         total += i
     loop = time.perf_counter() - start
     terminalreporter.write_line(
         f"suite CPU: {user + system:,.0f} s (user {user:,.0f} + system {system:,.0f}; pytest and every "
-        f"process it waited for, not SLURM's jobs) in {time.monotonic() - _STARTED:,.0f} s on "
-        f"{os.cpu_count()} cores; this machine adds 10 million numbers in Python in {loop:.2f} s")
+        f"process it waited for) in {time.monotonic() - _STARTED:,.0f} s on {os.cpu_count()} cores"
+        f"{machine}; this machine adds 10 million numbers in Python in {loop:.2f} s")
 
 
 def pytest_collection_modifyitems(config, items):
