@@ -68,7 +68,7 @@ def torchrun_command(module: str, args: Sequence[str], nproc: int,
                 "--rdzv-id=lab", f"--node-rank={node_rank}"]
     else:  # one node: torchrun's store binds a port the system picks as it listens. A port chosen
         # here and passed as --master-port can be taken by another process in the seconds torchrun
-        # takes to start (EADDRINUSE, exit code 1): it happened in this lab's own test suite.
+        # takes to start (EADDRINUSE, exit code 1), most likely what failed a CI run of this lab.
         cmd += ["--standalone", "--local-addr=127.0.0.1"]
     return cmd + ["-m", module, *args]
 

@@ -57,7 +57,7 @@ class DistContext:
 
 
 def free_port(avoid: Collection[int] = ()) -> int:
-    """A TCP port free now on every address of this machine, for a server that binds it later (a
+    """A TCP port free now on every IPv4 address of this machine, for a server that binds it later (a
     rendezvous, a daemon), other than those in ``avoid``.
 
     Chosen at random below the kernel's ephemeral range: a port the kernel hands out (bind to port
