@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -335,6 +337,27 @@ def test_bucketed_launches_every_bucket_during_backward_in_bucket_order():
     for launched, shapes, after in handmade.run_in_ranks(ranks, 2, timeout_s=50):
         assert launched == [0, 1, 2, 3] and after == []
         assert shapes == [[5], [5], [4], [4]]   # Linear bias, weight, then Conv bias, weight: last first
+
+
+@pytest.mark.timeout(60)
+def test_no_rank_exits_before_every_rank_has_answered(tmp_path):
+    """A rank that answers at once (a blank exercise raises on its first line) must not exit while a
+    peer is still at work: its closed sockets would fail the peer's gloo calls, its
+    ``init_process_group`` first (seen once in CI). Rank 1 answers a second after rank 0, then looks
+    at rank 0's process: it must still be running (sleeping), not exited (a zombie, or gone)."""
+    def ranks(rank, world):
+        if rank == 0:
+            (tmp_path / "rank0.pid").write_text(str(os.getpid()))
+            raise NotImplementedError("not done yet")
+        time.sleep(1.0)
+        pid = (tmp_path / "rank0.pid").read_text()
+        status = Path(f"/proc/{pid}/status")
+        return next(ln.split()[1] for ln in status.read_text().splitlines()
+                    if ln.startswith("State:")) if status.exists() else "gone"
+
+    first, second = handmade.run_in_ranks(ranks, 2)
+    assert "not done yet" in first["error"]
+    assert second in ("S", "R"), f"rank 0 was {second!r} while rank 1 still worked"
 
 
 @pytest.mark.slow

@@ -273,19 +273,28 @@ def run_in_ranks(fn: Callable[[int, int], Any], world_size: int, timeout_s: floa
 
     A rank that raises gives ``{"error": "<Type>: <message>"}``; one still running after ``timeout_s``
     is killed and gives ``{"error": "timed out"}``. Fork keeps whatever ``fn`` is (a notebook's
-    function too) without pickling it; nothing CUDA may have been initialized in this process."""
+    function too) without pickling it; nothing CUDA may have been initialized in this process.
+
+    No rank exits before every rank has answered: a rank that has answered waits for this process to
+    close ``release``. A rank that exits sooner closes its sockets, and a peer still inside
+    ``init_process_group`` then fails with gloo's "Connection closed by peer" (once in a loaded test
+    run: the blank exercise answers at once on rank 0)."""
     folder = tempfile.mkdtemp(prefix="lab-ranks-")
     pids, pipes = [], []
+    release, release_w = os.pipe()
     for rank in range(world_size):
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the rank: never returns into the caller's code
             os.close(read_fd)
-            _rank_main(fn, rank, world_size, os.path.join(folder, "store"), write_fd, timeout_s)
+            os.close(release_w)
+            _rank_main(fn, rank, world_size, os.path.join(folder, "store"), write_fd, release, timeout_s)
         os.close(write_fd)
         pids.append(pid)
         pipes.append(read_fd)
     got = _collect(pipes, time.monotonic() + timeout_s)
+    os.close(release_w)  # every rank that answered exits now
+    os.close(release)
     for pid, fd in zip(pids, pipes):
         if got[fd] is None:
             os.kill(pid, signal.SIGKILL)
@@ -295,7 +304,7 @@ def run_in_ranks(fn: Callable[[int, int], Any], world_size: int, timeout_s: floa
 
 
 def _rank_main(fn: Callable[[int, int], Any], rank: int, world: int, store: str, out_fd: int,
-               timeout_s: float) -> None:
+               release: int, timeout_s: float) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -313,6 +322,7 @@ def _rank_main(fn: Callable[[int, int], Any], rank: int, world: int, store: str,
         payload = pickle.dumps({"error": f"the result could not be sent back: {e}"[:300]})
     with os.fdopen(out_fd, "wb") as f:
         f.write(payload)
+    os.read(release, 1)  # returns when the parent closes its end: every rank has answered
     os._exit(0)
 
 
