@@ -90,6 +90,26 @@ def pytest_terminal_summary(terminalreporter, config):
         f"{machine}; this machine adds 10 million numbers in Python in {loop:.2f} s")
 
 
+#: ``LAB_TEST_CPU_LOG=<file>``: each test's share of the machine's CPU (its busy seconds, /proc/stat,
+#: setup and teardown included), a JSON line per test. Exact with one process (``make test
+#: TEST_WORKERS=0``), where every busy second of the machine belongs to the running test: that is how
+#: the suite's CPU per test file was measured (issue 34's closing notes).
+_CPU_LOG = os.environ.get("LAB_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before, t0 = _machine_cpu(), time.monotonic()
+    yield
+    after = _machine_cpu()
+    if _CPU_LOG and before is not None and after is not None:
+        import json
+
+        with open(_CPU_LOG, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "busy_s": round(after[0] - before[0], 2),
+                                "wall_s": round(time.monotonic() - t0, 2)}) + "\n")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
