@@ -17,7 +17,9 @@ it). Nothing outside the temporary folder is touched.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -105,6 +107,23 @@ def test_makefile_wiring():
     system = dry("-B", "SYSTEM_TORCH=1")
     assert "-m venv --system-site-packages .venv" in system and "--system-torch" in system
 
+
+@pytest.mark.timeout(120)
+def test_make_test_in_one_process_logs_each_tests_cpu_and_ends_with_the_suites(tmp_path):
+    """README (For developers), as written from the repository root, on one small test file:
+    `LAB_TEST_CPU_LOG=cpu.jsonl make test TEST_WORKERS=0` writes a line per test, and the run's last
+    line gives the suite's CPU and the machine's."""
+    log = tmp_path / "cpu.jsonl"
+    env = dict(os.environ, LAB_TEST_CPU_LOG=str(log))
+    res = subprocess.run(["make", "--no-print-directory", "test", "TEST_WORKERS=0",
+                          "PYTEST_ARGS=tests/test_schedules.py -p no:cacheprovider"],
+                         cwd=REPO, capture_output=True, text=True, timeout=110, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == int(re.search(r"(\d+) passed", res.stdout).group(1)) > 0
+    assert all(r["test"].startswith("tests/test_schedules.py::") and r["busy_s"] >= 0 for r in lines)
+    assert re.search(r"suite CPU: [\d,]+ s .* the machine's cores were busy [\d,]+ s of [\d,]+ s; "
+                     r"this machine adds 10 million numbers in Python in [\d.]+ s", res.stdout), res.stdout
 
 def test_a_system_pair_outside_the_ranges_is_refused():
     reqs = {"torch": ">=2.4,<2.16", "torchvision": ">=0.19,<0.31"}
