@@ -106,17 +106,20 @@ def _measure(args) -> int:
 
 
 def _gpu_node_guard(profile: str | None) -> None:
-    """Stop before any work when the driver reports GPUs that torch cannot use (LabError)."""
+    """Stop before any work when the driver reports GPUs that torch cannot use (LabError). An unknown
+    profile is refused first, before torch loads (seconds)."""
     from lab_utils.core import config
-    from lab_utils.core.environment import check_gpu_node
 
-    check_gpu_node(*config.resolve_profile_name(profile))
+    name, why = config.resolve_profile_name(profile)
+    from lab_utils.core.environment import check_gpu_node  # imports torch
+
+    check_gpu_node(name, why)
 
 
 def _info(args) -> int:
+    _gpu_node_guard(args.profile)
     from lab_utils.core import config, data, hardware
 
-    _gpu_node_guard(args.profile)
     name, why = config.resolve_profile_name(args.profile)
     out = {"profile": name, "why": why, "machine": hardware.describe_machine(),
            "dataset": data.dataset_status()}
@@ -284,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             with proc.StopSignals() as stop:
                 from lab_utils import runner
 
+                runner.resolve_notebooks(args.notebooks)  # a wrong name: one line before torch loads
                 _gpu_node_guard(args.profile)
                 return runner.main(args.notebooks, args.profile, args.timeout, stop=stop)
         if args.command == "measure":

@@ -83,6 +83,17 @@ def test_cli_bad_input_exits_2_without_traceback():
         assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_wrong_profile_or_notebook_is_refused_before_torch_loads():
+    """Before expensive work: a typo in --profile or a notebook's name is one line back at once, not
+    after importing torch (2-3 s of CPU)."""
+    code = ("import sys\nfrom lab_utils.__main__ import main\n"
+            "rc = main(sys.argv[1:])\nprint(rc, 'torch' in sys.modules)")
+    for args in (["run", "nope.ipynb"], ["run", "--profile", "fast"], ["info", "--profile", "x"],
+                 ["measure", "scaling", "--profile", "x"]):
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
+        assert proc.stdout.split() == ["2", "False"], (args, proc.stdout, proc.stderr)
+
+
 def test_a_bare_bench_lists_the_benchmarks():
     """`python -m lab_utils bench` as typed from the repository root names every benchmark."""
     from lab_utils.__main__ import BENCHES
