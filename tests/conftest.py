@@ -94,7 +94,8 @@ def pytest_terminal_summary(terminalreporter, config):
 #: setup and teardown included), a JSON line per test. Exact with one process (``make test
 #: TEST_WORKERS=0``), where every busy second of the machine belongs to the running test: that is how
 #: the suite's CPU per test file was measured (issue 34's closing notes).
-_CPU_LOG = os.environ.get("LAB_TEST_CPU_LOG")
+_CPU_LOG = os.environ.get("LAB_TEST_CPU_LOG") or None
+_CPU_LOG = _CPU_LOG and os.path.abspath(_CPU_LOG)  # where make test started: a test may change directory
 
 
 @pytest.hookimpl(hookwrapper=True)
