@@ -360,6 +360,34 @@ def test_no_rank_exits_before_every_rank_has_answered(tmp_path):
     assert second in ("S", "R"), f"rank 0 was {second!r} while rank 1 still worked"
 
 
+@pytest.mark.timeout(60)
+def test_ctrl_c_while_ranks_work_leaves_no_rank_behind(tmp_path):
+    """A kernel interrupt (KeyboardInterrupt in the parent) while one rank still works and another has
+    answered: both are ended and reaped before the interrupt propagates, none left waiting."""
+    import signal
+
+    def ranks(rank, world):
+        (tmp_path / f"rank{rank}.pid").write_text(str(os.getpid()))
+        if rank == 1:
+            time.sleep(30)
+        return rank
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 2.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            handmade.run_in_ranks(ranks, 2, timeout_s=20)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    left = [p for p in ("rank0.pid", "rank1.pid")
+            if Path(f"/proc/{(tmp_path / p).read_text()}").exists()]
+    assert left == []
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store):

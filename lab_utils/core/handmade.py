@@ -292,14 +292,17 @@ def run_in_ranks(fn: Callable[[int, int], Any], world_size: int, timeout_s: floa
         os.close(write_fd)
         pids.append(pid)
         pipes.append(read_fd)
-    got = _collect(pipes, time.monotonic() + timeout_s)
-    os.close(release_w)  # every rank that answered exits now
-    os.close(release)
-    for pid, fd in zip(pids, pipes):
-        if got[fd] is None:
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    shutil.rmtree(folder)
+    got: dict[int, bytes | None] = {}
+    try:
+        got = _collect(pipes, time.monotonic() + timeout_s)
+    finally:  # also on Ctrl-C (a kernel interrupt): no rank is left waiting for its release
+        os.close(release_w)  # every rank that answered exits now
+        os.close(release)
+        for pid, fd in zip(pids, pipes):
+            if got.get(fd) is None:
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        shutil.rmtree(folder)
     return [pickle.loads(got[fd]) if got[fd] else {"error": "timed out"} for fd in pipes]
 
 
