@@ -94,16 +94,19 @@ def pytest_terminal_summary(terminalreporter, config):
 #: setup and teardown included), a JSON line per test. Exact with one process (``make test
 #: TEST_WORKERS=0``), where every busy second of the machine belongs to the running test: that is how
 #: the suite's CPU per test file was measured (issue 34's closing notes).
-_CPU_LOG = os.environ.get("LAB_TEST_CPU_LOG") or None
-_CPU_LOG = _CPU_LOG and os.path.abspath(_CPU_LOG)  # where make test started: a test may change directory
+_CPU_LOG = os.environ.get("LAB_TEST_CPU_LOG")
+_CPU_LOG = os.path.abspath(_CPU_LOG) if _CPU_LOG else None  # where make test started: a test may chdir
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    if _CPU_LOG is None:  # not asked for: no /proc reads around every test
+        yield
+        return
     before, t0 = _machine_cpu(), time.monotonic()
     yield
     after = _machine_cpu()
-    if _CPU_LOG and before is not None and after is not None:
+    if before is not None and after is not None:
         import json
 
         with open(_CPU_LOG, "a") as f:
