@@ -218,6 +218,7 @@ def test_make_venv_system_torch_installs_no_torch(lab_copy):
     names = {p.name.split("-")[0].lower() for p in own.iterdir()}
     assert "labtiny" in names and "torchao" in names  # the rest was installed, torchao without its deps
     assert not names & {"torch", "torchvision"}, sorted(names)
+    assert_compiled(own, "labtiny")
     where = subprocess.run([str(venv / "bin" / "python"), "-c",
                             "import torch, torchvision; print(torch.__version__, torch.__file__)"],
                            env=env, capture_output=True, text=True, timeout=60)
@@ -276,6 +277,15 @@ def test_make_venv_on_a_v100_node_installs_a_build_with_sm70_and_says_why(lab_co
     assert "CUDA 13.0 builds (cu130) have sm_75 and later only" in line and "cu126 has sm_70" in line
     seen = cuda_wheels.probe(str(proj / ".venv" / "bin" / "python"))["dists"]
     assert (seen["torch"]["version"], seen["torchvision"]["version"]) == ("2.14.1+cu126", "0.29.2+cu126")
+    assert_compiled(next((proj / ".venv").glob("lib/python3*/site-packages")), "torch", "torchvision")
+
+
+def assert_compiled(site: Path, *packages: str) -> None:
+    """pip installs with --no-compile and make venv compiles afterwards (cuda_wheels.compile_venv): each
+    package's __init__ must have its .pyc, or every process compiles it again (PYTHONDONTWRITEBYTECODE)."""
+    for name in packages:
+        pyc = list((site / name / "__pycache__").glob("__init__.*.pyc"))
+        assert pyc, f"{name} was not byte-compiled: {sorted(p.name for p in (site / name).iterdir())}"
 
 
 @pytest.mark.slow
