@@ -125,6 +125,30 @@ def test_make_test_in_one_process_logs_each_tests_cpu_and_ends_with_the_suites(t
     assert re.search(r"suite CPU: [\d,]+ s .* the machine's cores were busy [\d,]+ s of [\d,]+ s; "
                      r"this machine adds 10 million numbers in Python in [\d.]+ s", res.stdout), res.stdout
 
+@pytest.mark.timeout(120)
+def test_the_venv_is_compiled_even_where_a_process_pool_cannot_start(tmp_path):
+    """compile_venv compiles on several processes; where none can start (a container without /dev/shm:
+    ProcessPoolExecutor raises), compileall fails as a whole, and the one-process pass compiles it all."""
+    site = tmp_path / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (site / "pkg" / "py312.py").write_text("def f[T](a): ...\n")  # as torch ships: never compiles on 3.11
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import concurrent.futures\n\n\n"
+        "def no_pool(*args, **kwargs):\n"
+        "    raise OSError(38, 'Function not implemented: no /dev/shm')\n\n\n"
+        "concurrent.futures.ProcessPoolExecutor = no_pool\n")
+    python = tmp_path / "python"  # answers the purelib question with `site`, runs compileall with the hook
+    python.write_text(f"#!/bin/sh\nif [ \"$1\" = -c ]; then echo {site}; exit 0; fi\n"
+                      f"PYTHONPATH={hook} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    cuda_wheels.compile_venv(str(python))
+    assert list((site / "pkg" / "__pycache__").glob("__init__.*.pyc"))
+    assert not list((site / "pkg" / "__pycache__").glob("py312.*.pyc"))
+
+
 def test_a_system_pair_outside_the_ranges_is_refused():
     reqs = {"torch": ">=2.4,<2.16", "torchvision": ">=0.19,<0.31"}
 
