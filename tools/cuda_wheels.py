@@ -137,8 +137,8 @@ def check_system_pair(seen: dict, requirements: dict[str, str]) -> list[str]:
 
 
 def _pip(python: str, *args: str, dry_run: bool = False, verb: str = "install") -> None:
-    # pip byte-compiles what it installs one file at a time (a third of the install's time); install()
-    # compiles the venv afterwards on every core instead (compile_venv). The .pyc files must exist:
+    # pip byte-compiles what it installs one file at a time (a third of the install's time); the install
+    # command compiles the venv afterwards on up to 8 cores instead (compile_venv). The .pyc files must exist:
     # where PYTHONDONTWRITEBYTECODE is set (this CI machine, some clusters' images) Python never writes
     # one itself, so every process compiled torch from source (make test 13 -> 21 min, 2026-11-26).
     cmd = [python, "-m", "pip", verb, *args, *(["--no-compile"] if verb == "install" else [])]
