@@ -105,22 +105,22 @@ def _measure(args) -> int:
     return 0
 
 
-def _gpu_node_guard(profile: str | None) -> None:
+def _gpu_node_guard(profile: str | None) -> tuple[str, str]:
     """Stop before any work when the driver reports GPUs that torch cannot use (LabError). An unknown
-    profile is refused first, before torch loads (seconds)."""
+    profile is refused first, before torch loads (seconds). Returns the profile's name and why."""
     from lab_utils.core import config
 
     name, why = config.resolve_profile_name(profile)
     from lab_utils.core.environment import check_gpu_node  # imports torch
 
     check_gpu_node(name, why)
+    return name, why
 
 
 def _info(args) -> int:
-    _gpu_node_guard(args.profile)
-    from lab_utils.core import config, data, hardware
+    name, why = _gpu_node_guard(args.profile)
+    from lab_utils.core import data, hardware
 
-    name, why = config.resolve_profile_name(args.profile)
     out = {"profile": name, "why": why, "machine": hardware.describe_machine(),
            "dataset": data.dataset_status()}
     print(json.dumps(out, indent=2, default=str))

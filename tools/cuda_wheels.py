@@ -165,12 +165,14 @@ def compile_venv(python: str, dry_run: bool = False) -> None:
                            f"{where.stderr.strip()[-500:]}")
     # At most 8 processes: a login node may show 128 cores to a user allowed a few GB of memory.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cmd = [python, "-m", "compileall", "-qq", "-j", str(min(cores, 8)), *sites]
-    print("+ " + " ".join(cmd), flush=True)
-    if not dry_run and subprocess.run(cmd, timeout=PIP_TIMEOUT_S, check=False).returncode != 0:
+    def compileall(processes: int) -> list[str]:
+        return [python, "-m", "compileall", "-qq", "-j", str(processes), *sites]
+
+    print("+ " + " ".join(compileall(min(cores, 8))), flush=True)
+    if not dry_run and subprocess.run(compileall(min(cores, 8)), timeout=PIP_TIMEOUT_S).returncode != 0:
         # Usually that one file; but where a process pool cannot start (no /dev/shm in some containers)
         # nothing was compiled. Once more on one process: ~2 s when only that file is left.
-        subprocess.run([*cmd[:4], "-j", "1", *sites], timeout=PIP_TIMEOUT_S, check=False)
+        subprocess.run(compileall(1), timeout=PIP_TIMEOUT_S)
 
 
 def _filtered(src: Path, drop: set[str], directory: str) -> Path:
