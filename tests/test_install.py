@@ -125,6 +125,7 @@ def test_make_test_in_one_process_logs_each_tests_cpu_and_ends_with_the_suites(t
     assert re.search(r"suite CPU: [\d,]+ s .* the machine's cores were busy [\d,]+ s of [\d,]+ s; "
                      r"this machine adds 10 million numbers in Python in [\d.]+ s", res.stdout), res.stdout
 
+
 @pytest.mark.timeout(120)
 def test_the_venv_is_compiled_even_where_a_process_pool_cannot_start(tmp_path):
     """compile_venv compiles on several processes; where none can start (a container without /dev/shm:

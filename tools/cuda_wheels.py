@@ -165,6 +165,7 @@ def compile_venv(python: str, dry_run: bool = False) -> None:
                            f"{where.stderr.strip()[-500:]}")
     # At most 8 processes: a login node may show 128 cores to a user allowed a few GB of memory.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
     def compileall(processes: int) -> list[str]:
         return [python, "-m", "compileall", "-qq", "-j", str(processes), *sites]
 
