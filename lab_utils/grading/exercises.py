@@ -139,6 +139,15 @@ class Exercise:
     rel_tol: float = REL_TOL
     hint: Callable[[Any, Any], str] | None = None
     needs: tuple[str, ...] = ()   # loaded by the grader before the timed cases start
+    # Claims that state the answer: none may be visible in the student copy before the exercise
+    # (matched case-insensitively, markdown emphasis removed; "re:..." is a regex).
+    giveaways: tuple[str, ...] = ()
+    # A find-the-bug exercise: the student copy starts from a buggy body (otter's PROMPT), one of the
+    # mistakes, which the check names while it is still there.
+    find_the_bug: bool = False
+    # The lab's own implementation(s) of the function ("lab_utils.core.speedup.speedup"): no show_source
+    # cell before the exercise may show them.
+    implemented_by: tuple[str, ...] = ()
 
     def run(self, fn: Callable, case: Any) -> Any:
         """The answer of ``fn`` on ``case`` (plain data; None = returned None)."""
