@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from lab_utils.grading.predict import NOT_DONE, error_pct, prediction_table
@@ -26,13 +27,13 @@ def test_rows_hold_measurement_model_prediction_and_errors():
     assert table["lab_model_error_pct"][0] == pytest.approx(-20.0)   # (20 - 25) / 25
     assert table["your_prediction_seconds"][0] == pytest.approx(22.0)
     assert table["your_error_pct"][0] == pytest.approx(-12.0)        # (22 - 25) / 25
-    assert table["your_error_pct"][1] is None                        # not measured: no error
+    assert pd.isna(table["your_error_pct"][1])                      # not measured: no error
 
 
 def test_a_blank_or_failing_prediction_says_so_and_the_table_still_builds():
     cases = [{"t1": 40.0, "n": 2}]
     blank = prediction_table(lambda t1, n: None, cases, [25.0], _model)
-    assert blank["your_prediction_seconds"][0] == NOT_DONE and blank["your_error_pct"][0] is None
+    assert blank["your_prediction_seconds"][0] == NOT_DONE and pd.isna(blank["your_error_pct"][0])
     failing = prediction_table(lambda t1, n: 1 / 0, cases, [25.0], _model, show=["n"])
     assert failing["your_prediction_seconds"][0].startswith("raised ZeroDivisionError")
     assert list(failing.columns)[0] == "n"
