@@ -213,9 +213,9 @@ def anchor_table(records: Sequence[Record], settings: Settings):
 
 #: The inputs of Exercise 01-c's function, in its order (the prediction table calls it with them).
 _MEMORY_INPUTS = ("batch_a", "peak_a_bytes", "batch_b", "peak_b_bytes", "batch", "limit_bytes")
-_GPU_PEAK = "torch.cuda.max_memory_allocated over the reported epoch"
+_GPU_PEAK = "GPU: max_memory_allocated"   # torch.cuda's high-water mark over the reported epoch
 _MEMORY_TITLE = "Peak memory: predicted before, measured after (Exercise 01-c)"
-_CPU_PEAK = "counted by the CPU memory cap (MEMORY_CAP_BYTES), the largest step"
+_CPU_PEAK = "CPU: counted under the cap"   # the largest step's bytes, counted by CpuMemoryCap
 
 
 def measured_peak_bytes(record: Record) -> tuple[int | None, str]:
@@ -306,8 +306,9 @@ def save_memory_table(store: ResultStore, table, records: Sequence[Record]):
     limit = _limit_bytes(records)
     notes = [f"Fitted to the peaks measured at batch {batch_a} and {batch_b}; lab model: the line through "
              "them (lab_utils.experiments.sweep.predict_peak_memory); yours: Exercise 01-c.",
-             f"Measured: {'; '.join(sorted(measured_as))}. MB = 1e6 bytes. A row that did not fit (oom) or "
-             "was not run has no measurement.",
+             f"Measured ({'; '.join(sorted(measured_as))}): on a GPU torch.cuda.max_memory_allocated over "
+             "the reported epoch, on a CPU the bytes of the largest step counted under MEMORY_CAP_BYTES. "
+             "MB = 1e6 bytes. A row that did not fit (oom) or was not run has no measurement.",
              f"Limit: {'none' if limit is None else f'{limit / 1e6:,.0f} MB'} (memory_limit_bytes)."]
     store.save_table(out, f"{EXPERIMENT}_memory", records, title=_MEMORY_TITLE, notes=notes)
     return out
