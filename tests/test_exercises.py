@@ -35,7 +35,7 @@ from lab_utils.questions import sections_for
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
 QUESTIONS = {
-    "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform"],
+    "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform", "q01_peak_memory"],
     "02_multi_gpu_scaling": ["q02_speedup"],
     "03_compute_vs_communication": ["q03_compute_comm"],
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"],
@@ -132,21 +132,36 @@ def _check_q01(f):
 
 
 def _check_q01_train_transform(f):
-    """The same pipeline as the lab's loaders (lab_utils.core.data.train_transform): the same transforms
-    with the same values, in the same order, and the same tensor from the same image and seed."""
+    """The lab's loaders' pipeline (lab_utils.core.data.train_transform) in the assignment's order, and the
+    solution's: the same transforms with the same values and the same images from every crop and flip."""
     from lab_utils.core import data
     from lab_utils.grading import exercises as E
 
     mine, lab = f(), data.train_transform()
-    steps = E._transform_steps(lab)
-    assert E._transform_steps(mine) == steps
-    assert [s[0] for s in steps] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]   # SPEC
-    assert steps[0][1]["padding"] == 4 and steps[0][1]["size"] == [32, 32] and steps[1][1]["p"] == 0.5
-    assert steps[3][1]["mean"] == list(data.CIFAR10_MEAN) == [0.4914, 0.4822, 0.4465]
-    assert steps[3][1]["std"] == list(data.CIFAR10_STD) == [0.2023, 0.1994, 0.2010]
-    for image, seed in ((0, 0), (9, 4), (17, 123)):
-        out = E._transformed(mine, {"image": image, "seed": seed})
-        assert out == E._transformed(lab, {"image": image, "seed": seed}) and out["shape"] == [3, 32, 32]
+    assert [type(t).__name__ for t in lab.transforms] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor",
+                                                         "Normalize"]   # SPEC.md's order
+    steps = dict(E._transform_steps(lab))
+    assert E._transform_steps(mine) == E._transform_steps(lab)
+    assert steps["RandomCrop"]["padding"] == [4] * 4 and steps["RandomCrop"]["size"] == [32, 32]
+    assert steps["RandomHorizontalFlip"]["p"] == 0.5
+    assert steps["Normalize"]["mean"] == list(data.CIFAR10_MEAN) == [0.4914, 0.4822, 0.4465]
+    assert steps["Normalize"]["std"] == list(data.CIFAR10_STD) == [0.2023, 0.1994, 0.2010]
+    for image in (0, 9, 17):
+        out = E._transformed(mine, {"image": image})
+        assert out == E._transformed(lab, {"image": image}) and out["shape"] == [3, 32, 32]
+        assert out["distinct"] == E.DRAWS == 162   # 9 x 9 crop offsets, flipped or not
+
+
+def _check_q01_peak_memory(f):
+    """The solution against the lab's own line (lab_utils.experiments.sweep.predict_peak_memory) on the
+    quick model's counted peaks (21,271,288 B at 32, 78,705,400 B at 128: 598,272 B per image) and a GPU's."""
+    from lab_utils.experiments.sweep import predict_peak_memory
+
+    for case in ((32, 21_271_288, 128, 78_705_400, 512, 450_000_000),
+                 (32, 523_000_000, 128, 1_413_000_000, 8192, 80e9), (128, 4e9, 512, 9e9, 2048, 16e9)):
+        mine, lab = f(*case), predict_peak_memory(*case)
+        assert math.isclose(mine[0], lab[0], rel_tol=1e-12) and mine[1] == lab[1], case
+    assert f(32, 21_271_288, 128, 78_705_400, 512, 450_000_000) == (308_441_848, 748)   # quick: 512
 
 
 def _check_q02(f):
@@ -317,6 +332,7 @@ def _check_q09_shards(f):
 
 CHECKS = {
     "q01_step_timer": _check_q01, "q01_train_transform": _check_q01_train_transform,
+    "q01_peak_memory": _check_q01_peak_memory,
     "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
     "q04_gradient_bytes": _check_q04_gradient_bytes, "q04_ring_bytes": _check_q04_ring_bytes,
     "q04_utilization": _check_q04_utilization, "q05_lr_schedule": _check_q05_lr_schedule,
