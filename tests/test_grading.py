@@ -249,7 +249,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     header = list(read_csv(grades / "gradebook.csv")[0])      # issue 35: the assignment's questions
     assert header[2:6] == ["Q1 step timer (01-a)", "Q1 train transform (01-b)", "Q1 report (01, by hand)",
                            "Q2 speedup (02-a)"], header
-    assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-b)" in header
+    assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-c)" in header
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
