@@ -707,7 +707,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),
         show=_grad_bytes_show, needs=("torch", "lab_utils.models"),
-        giveaways=("element_size", "re:numel\\s*(x|×|\\*)\\s*(the )?element", "undercounts the bytes 4x"),
+        giveaways=("re:element_?size", "re:numel\\s*(x|×)?\\s*(the )?element", "undercounts the bytes 4x"),
         implemented_by=("lab_utils.core.ring.gradient_bytes",),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
@@ -748,7 +748,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q04_utilization", "achieved_gb_per_s", find_the_bug=True,
         giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, "250.1 MB/s",
-                   "re:steps?\\s*(per epoch\\s*)?(x|×|\\*)\\s*2\\s*\\("),
+                   "re:steps?(\\s*per\\s*epoch)?\\s*(x|×)?\\s*2\\s*\\("),
         implemented_by=("lab_utils.core.ring.achieved_gb_per_s",),
         mistakes=(
             Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
@@ -765,7 +765,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q04_predicted_bandwidth", "predicted_gb_per_s",
-        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×|\\*)\\s*2\\s*\\(\\s*P\\s*-\\s*1\\s*\\)"),
+        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*P\\s*-\\s*1\\s*\\)"),
         implemented_by=("lab_utils.core.ring.predicted_allreduce_gb_per_s",),
         mistakes=(
             Mistake("latency left out", "each bucket's ring all-reduce also pays 2(P-1) alpha, so the rate "
@@ -783,8 +783,9 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q05_lr_schedule", "warmup_lr",
-        giveaways=("re:base_lr\\s*(x|×|\\*)\\s*global_batch\\s*/\\s*base_batch",
-                   "re:base_lr\\s*\\+\\s*\\(\\s*peak"),
+        # matched on the text without markdown emphasis: base_lr reads "baselr", x * y "x y"
+        giveaways=("re:base_?lr\\s*(x|×)?\\s*global_?batch\\s*/\\s*base_?batch",
+                   "re:base_?lr\\s*\\+\\s*\\(\\s*peak"),
         implemented_by=("lab_utils.core.schedules.LRSchedule", "lab_utils.core.schedules.scaled_lr",
                         "lab_utils.core.schedules.make_schedule"),
         mistakes=(
@@ -800,7 +801,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q05_recipe", "large_batch_recipe", outputs=("peak_lr", "warmup_steps"),
-        giveaways=("1.6 for 2,048", "re:0\\.1\\s*(x|×|\\*)\\s*2,?048\\s*/\\s*128", "re:(?<![\\d,])125 steps"),
+        giveaways=("1.6 for 2,048", "re:0\\.1\\s*(x|×)?\\s*2,?048\\s*/\\s*128", "re:(?<![\\d,])125 steps"),
         implemented_by=("lab_utils.core.schedules.linear_scaling_recipe",
                         "lab_utils.core.schedules.make_schedule"),
         mistakes=(
