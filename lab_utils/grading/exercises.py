@@ -412,8 +412,9 @@ def _iterations(dataset_size, world_size, per_device_batch):
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
 
 
-# "2(P-1)" in any form: the ring's step count, the heart of q04_ring_bytes' answer.
-_TWO_P_MINUS_1 = "re:2\\s*\\(\\s*P\\s*-\\s*1\\s*\\)"
+# "2(P-1)" in any form: the ring's step count, the heart of q04_ring_bytes' answer (phrases are matched on
+# lower-cased text: lab_utils.grading.giveaways.normalized).
+_TWO_P_MINUS_1 = "re:2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"
 
 
 def _predicted(buckets, p, alpha, bw_gb_per_s, latency=1.0):
@@ -723,7 +724,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q04_ring_bytes", "ring_bytes_per_rank_per_epoch", find_the_bug=True,
-        giveaways=(_TWO_P_MINUS_1, "re:\\(\\s*P\\s*-\\s*1\\s*\\)\\s*/\\s*P", "bandwidth-optimal"),
+        giveaways=(_TWO_P_MINUS_1, "re:\\(\\s*p\\s*-\\s*1\\s*\\)\\s*/\\s*p", "bandwidth-optimal"),
         implemented_by=("lab_utils.core.ring.ring_bytes_per_epoch",
                         "lab_utils.core.ring.ring_bytes_per_rank"),
         mistakes=(
@@ -765,7 +766,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q04_predicted_bandwidth", "predicted_gb_per_s",
-        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*P\\s*-\\s*1\\s*\\)"),
+        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"),
         implemented_by=("lab_utils.core.ring.predicted_allreduce_gb_per_s",),
         mistakes=(
             Mistake("latency left out", "each bucket's ring all-reduce also pays 2(P-1) alpha, so the rate "
