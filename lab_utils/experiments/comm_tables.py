@@ -703,9 +703,9 @@ def _trained_buckets(st: scaling.Settings) -> list[int]:
 def bandwidth_prediction_cases(store, settings: Settings, bench: BenchReport):
     """Exercise 04-d's predict-then-measure: per DDP configuration of Table 3, the case
     ``{bucket_bytes, world_size, alpha_seconds, bandwidth_gb_per_s}`` (the buckets of the model notebook 03
-    trained, the fit on that rank count or else the one on the most ranks), the measured (c) GB/s (None
-    where notebook 03 has none: its label says so) and a label. Returns (cases, measured, labels); empty
-    without a fit."""
+    trained, the fit on that rank count or else the one on the most ranks: the label then names it), the
+    measured (c) GB/s (None where notebook 03 has none: the label says so, Table 3 why) and a label.
+    Returns (cases, measured, labels); empty without a fit."""
     st = profiles.settings(scaling.Settings, store.profile)
     buckets = _trained_buckets(st)
     cases, measured, labels = [], [], []
@@ -719,6 +719,7 @@ def bandwidth_prediction_cases(store, settings: Settings, bench: BenchReport):
         cases.append({"bucket_bytes": buckets, "world_size": m.devices, "alpha_seconds": fit.alpha_seconds,
                       "bandwidth_gb_per_s": fit.bandwidth_gb_per_s})
         measured.append(row["achieved_gb_per_s"])
-        labels.append(f"{m.devices} x {m.per_device_batch} (fit on {fit.world_size} ranks)"
-                      + (": not measured (Table 3 says why)" if m.reason else ""))
+        labels.append(f"{m.devices} x {m.per_device_batch}"
+                      + (f" (fit on {fit.world_size})" if fit.world_size != m.devices else "")
+                      + (": not measured" if m.reason else ""))
     return cases, measured, labels
