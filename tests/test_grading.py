@@ -48,12 +48,11 @@ AUTO_POINTS = sum(q.points for b in BOOKS for q in nbs.parse_master(REPO / "labs
 
 
 def blank_says(name: str, message: str) -> bool:
-    """What an untouched exercise says: "not done yet", or for a find-the-bug exercise (its student copy
-    starts from an earlier report's function) the name of that bug, a known mistake."""
+    """What an untouched exercise says: "not done yet" (`make grade`: also a find-the-bug exercise's function
+    as handed out), or in its check the name of a find-the-bug exercise's bug, a known mistake."""
     ex = EXERCISES[name]
-    if ex.find_the_bug:
-        return any(m.name in message for m in ex.mistakes)
-    return "not done yet" in message
+    named = ex.find_the_bug and any(f"{m.name}: {m.why}" in message for m in ex.mistakes)
+    return "not done yet" in message or named
 
 
 def read_csv(path: Path) -> list[dict]:
