@@ -117,13 +117,14 @@ FIRST_COHORT_LARGE_BATCH: dict[str, LargeBatchAnchor] = {
 #: T(N) - T(1)/N. The key of the Table 1 entry it repeats.
 TABLE2_COMPUTE_IS_TN: tuple[int, int] = (2, 32)
 
-#: Its Table 3 mistake: ONE gradient's bytes divided by an epoch's communication time.
+#: Its bandwidth mistake: ONE gradient's bytes divided by an epoch's communication time.
 TABLE3_GRADIENT_BYTES = SPEC_GRADIENT_BYTES
-#: The two communication times its Q4.1 output prints, "Communication time for epoch" (s): 4 GPUs x 512
-#: and 1 GPU x 128 (where nothing is communicated).
+#: The epoch communication times (s) its Q4.1 output prints, 4 x 512 then 1 x 128; one gradient over
+#: each gives its printed bandwidths, to the rounding of its times.
 TABLE3_COMM_SECONDS: tuple[float, ...] = (0.1787, 1.4798)
-#: The bandwidths (MB/s) its Q4.1 output prints after them, in the same order: one gradient over each
-#: time. The first is also Table 3's 4 x 512 entry; Table 3 has no 1-GPU row.
+#: The bandwidths its Q4.1 output printed (MB/s), in the order of :data:`TABLE3_COMM_SECONDS`: the second
+#: is for 1 GPU, where nothing is communicated. Its Table 3 (2 and 4 GPUs, no 1-GPU row) has the first as
+#: its 4 x 512 entry; its other five entries are consistent with one gradient over times not shown.
 TABLE3_REPORTED_MB_PER_S: tuple[float, ...] = (250.10, 30.20)
 #: Table 3's entries (MB/s) that SPEC.md quotes, by (GPUs, per-GPU batch), as printed.
 TABLE3_PRINTED_MB_PER_S: dict[tuple[int, int], float] = {

@@ -533,18 +533,46 @@ def _iterations(dataset_size, world_size, per_device_batch):
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
 
 
+# "2(P-1)" in any form: the ring's step count, the heart of q04_ring_bytes' answer (phrases are matched on
+# lower-cased text: lab_utils.grading.giveaways.normalized).
+_TWO_P_MINUS_1 = "re:2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"
+
+
+def _predicted(buckets, p, alpha, bw_gb_per_s, latency=1.0):
+    """q04_predicted_bandwidth with ``latency`` x the ring's 2(P-1) alpha per bucket (1: the right one)."""
+    seconds = sum(latency * 2 * (p - 1) * alpha + 2 * (p - 1) / p * b / (bw_gb_per_s * 1e9) for b in buckets)
+    return sum(2 * (p - 1) / p * b for b in buckets) / seconds / 1e9
+
+
 # The earlier cohort's Table 3: one gradient's bytes over an epoch's communication time (SPEC.md).
+# The earlier cohort's 4 x 512 bandwidth: one gradient over its Q4.1 output's epoch communication time, the
+# 250.10 MB/s of its Q4.1 and of its Table 3 (SPEC.md).
 _T3_BYTES, _T3_SECONDS = anchors.TABLE3_GRADIENT_BYTES, anchors.TABLE3_COMM_SECONDS[0]
 _TABLE3 = f"{_T3_BYTES:,} B / {_T3_SECONDS} s = {_T3_BYTES / _T3_SECONDS / 1e6:.1f} MB/s"
 ONE_ALLREDUCE_PER_EPOCH = "one all-reduce per epoch"
 _ONE_PER_EPOCH_WHY = (
     "every step of the epoch ends with its own all-reduce, in which each rank sends 2(P-1)/P x S: an epoch "
-    "moves that once per step, not once (the earlier cohort's Table 3 divided one gradient per epoch by the "
-    f"epoch's time, {_TABLE3}, leaving out the steps and the ring's 2(P-1)/P), so the error grows with the "
-    "steps per epoch")
+    "moves that once per step, not once (the earlier cohort's 4 x 512 bandwidth, in its Q4.1 output and its "
+    f"Table 3, is one gradient over the epoch's communication time, {_TABLE3}, leaving out the steps and the "
+    "ring's 2(P-1)/P), so the error grows with the steps per epoch")
 
 
 # --------------------------------------------------------------------------- q05: schedules, samplers
+
+
+def _recipe(base_lr, base_batch, per_device_batch, devices, dataset_size, warmup_epochs, rule="linear",
+            steps="ddp"):
+    """q05_recipe with one known mistake switched on (``rule``: how the peak scales; ``steps``: how the
+    warm-up is counted); the right answer with the defaults."""
+    k = per_device_batch * devices / base_batch
+    scale = {"linear": k, "none": 1.0, "sqrt": math.sqrt(k), "per_device": per_device_batch / base_batch}
+    per_epoch = {"base": math.ceil(dataset_size / base_batch),
+                 "whole": math.ceil(dataset_size / per_device_batch),
+                 "floor": dataset_size // devices // per_device_batch,
+                 "epochs": 1}.get(steps, _iterations(dataset_size, devices, per_device_batch))
+    warm = warmup_epochs * per_epoch
+    return base_lr * scale[rule], (warmup_epochs if steps == "epochs" else int(warm) if steps == "truncate"
+                                   else round(warm))
 
 
 def _lr_from_zero(step, base_lr, global_batch, base_batch, warmup_steps):
@@ -819,6 +847,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),
         show=_grad_bytes_show, needs=("torch", "lab_utils.models"),
+        giveaways=("re:element_?size", "re:numel\\s*(x|×)?\\s*(the )?element", "undercounts the bytes 4x"),
+        implemented_by=("lab_utils.core.ring.gradient_bytes",),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
                     "bytes: elements x p.element_size() (4 for fp32)",
@@ -832,7 +862,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch",
+        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch", find_the_bug=True,
+        giveaways=(_TWO_P_MINUS_1, "re:\\(\\s*p\\s*-\\s*1\\s*\\)\\s*/\\s*p", "bandwidth-optimal"),
+        implemented_by=("lab_utils.core.ring.ring_bytes_per_epoch",
+                        "lab_utils.core.ring.ring_bytes_per_rank"),
         mistakes=(
             Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
                     "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
@@ -853,7 +886,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_utilization", "achieved_gb_per_s",
+        "q04_utilization", "achieved_gb_per_s", find_the_bug=True,
+        giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, "250.1 MB/s",
+                   "re:steps?(\\s*per\\s*epoch)?\\s*(x|×)?\\s*2\\s*\\("),
+        implemented_by=("lab_utils.core.ring.achieved_gb_per_s",),
         mistakes=(
             Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
                     wrong=lambda s, p, steps, secs: s / secs / 1e9),
@@ -868,7 +904,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("bytes per second", "divide bytes per second by 10^9 for decimal GB/s", factor=1e9),
         )),
     Exercise(
+        "q04_predicted_bandwidth", "predicted_gb_per_s",
+        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"),
+        implemented_by=("lab_utils.core.ring.predicted_allreduce_gb_per_s",),
+        mistakes=(
+            Mistake("latency left out", "each bucket's ring all-reduce also pays 2(P-1) alpha, so the rate "
+                    "stays below B; without it the prediction is B itself",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0)),
+            Mistake("one latency for all buckets", "DDP all-reduces each bucket separately, and every one "
+                    "pays the latency term 2(P-1) alpha",
+                    wrong=lambda b, p, a, bw: _predicted([sum(b)], p, a, bw)),
+            Mistake("P-1 latency steps", "a ring all-reduce takes 2(P-1) steps (P-1 of reduce-scatter, P-1 "
+                    "of all-gather), each paying alpha",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0.5)),
+            Mistake("algbw for busbw", "Table 3 counts the bytes one rank sends, 2(P-1)/P x each bucket "
+                    "(nccl-tests' busbw), not the bucket's size (algbw)",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw) * p / (2 * (p - 1))),
+        )),
+    Exercise(
         "q05_lr_schedule", "warmup_lr",
+        # matched on the text without markdown emphasis: base_lr reads "baselr", x * y "x y"
+        giveaways=("re:base_?lr\\s*(x|×)?\\s*global_?batch\\s*/\\s*base_?batch",
+                   "re:base_?lr\\s*\\+\\s*\\(\\s*peak"),
+        implemented_by=("lab_utils.core.schedules.LRSchedule", "lab_utils.core.schedules.scaled_lr",
+                        "lab_utils.core.schedules.make_schedule"),
         mistakes=(
             Mistake("warm-up from 0", "the warm-up starts at base_lr (the small-batch rate) at step 0, "
                     "not at 0 (Goyal et al. 2017)", wrong=_lr_from_zero),
@@ -881,8 +940,35 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "not by its square root", wrong=_lr_sqrt),
         )),
     Exercise(
+        "q05_recipe", "large_batch_recipe", outputs=("peak_lr", "warmup_steps"),
+        giveaways=("1.6 for 2,048", "re:0\\.1\\s*(x|×)?\\s*2,?048\\s*/\\s*128", "re:(?<![\\d,])125 steps"),
+        implemented_by=("lab_utils.core.schedules.linear_scaling_recipe",
+                        "lab_utils.core.schedules.make_schedule"),
+        mistakes=(
+            Mistake("no linear scaling", "the peak lr is base_lr x global batch / base_batch (the linear "
+                    "scaling rule), not the small-batch rate", wrong=lambda *a: _recipe(*a, rule="none")),
+            Mistake("square-root scaling", "the linear scaling rule multiplies by global batch / base_batch, "
+                    "not by its square root", wrong=lambda *a: _recipe(*a, rule="sqrt")),
+            Mistake("the per-device batch for the global batch", "the global batch is devices x per-device "
+                    "batch: scale by it", wrong=lambda *a: _recipe(*a, rule="per_device")),
+            Mistake("warm-up in the reference's steps", "the warm-up epochs count the LARGE run's optimizer "
+                    "steps, ceil(ceil(N/P)/b) per epoch, not the small batch's",
+                    wrong=lambda *a: _recipe(*a, steps="base")),
+            Mistake("every device on the whole data set", "DistributedSampler gives each device ceil(N/P) "
+                    "images: an epoch is ceil(ceil(N/P)/b) steps, not ceil(N/b)",
+                    wrong=lambda *a: _recipe(*a, steps="whole")),
+            Mistake("the last partial batch dropped", "the loader keeps the last partial batch: round both "
+                    "divisions up", wrong=lambda *a: _recipe(*a, steps="floor")),
+            Mistake("warm-up length in epochs", "return the warm-up in optimizer steps (epochs x steps per "
+                    "epoch), as the schedule counts it", wrong=lambda *a: _recipe(*a, steps="epochs")),
+            Mistake("warm-up rounded down", "round the warm-up to the nearest whole step, as the lab's "
+                    "schedule does", wrong=lambda *a: _recipe(*a, steps="truncate")),
+        )),
+    Exercise(
         "q05_set_epoch", "epoch_orders", call=lambda fn, case: plain(fn(_sampler(case), case["epochs"])),
         show=_orders_show, needs=("torch.utils.data.distributed",),
+        giveaways=("re:seed\\s*\\+\\s*epoch", "repeats epoch 0", "the same images in the same order"),
+        implemented_by=("lab_utils.experiments.large_batch.sampler_epoch_orders",),
         mistakes=(
             Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
                     "sampler.set_epoch(epoch) at the start of each epoch",
