@@ -6,9 +6,9 @@
 # SLURM stops a job's step with SIGTERM to every process of it (scancel, a time limit or its
 # warning passed on by the batch script, a requeue). This node then stops showing the log (what
 # torchrun prints as it is stopped, its tracebacks, stays in the log), says so in one line, at once
-# (before srun's --kill-on-bad-exit can end it, should another node end first), passes the signal
-# on to torchrun, waits for it and its ranks to end, and exits 143. A torchrun that fails by itself
-# has its output shown as it comes, and its exit code.
+# (srun may SIGKILL the step soon after: on scancel, or once another node's agent has exited, with
+# --kill-on-bad-exit), passes the signal on to torchrun, waits for it and its ranks to end, and
+# exits 143. A torchrun that fails by itself has its output shown as it comes, and its exit code.
 #
 #   bash slurm/agent.sh LOG_DIR COMMAND...         (from the lab's folder; COMMAND: the torchrun line)
 

@@ -658,12 +658,13 @@ def aggregates(results: Path) -> list[dict]:
 def two_process_job(cluster, tmp_path_factory):
     """The README's CPU line for experiment.sbatch, as written (2 CPUs, 2 gloo processes), submitted from
     the lab's folder: notebook 02's quick settings; SETTINGS (the script's setting) keeps it to batch 32.
-    Its output files are then moved to the fixture's job folder."""
+    Its output files are then moved to the fixture's job folder. Its $TMPDIR is a folder of its own."""
     tmp = tmp_path_factory.mktemp("exp2")
     job_dir = tmp / "jobs"
     job_dir.mkdir()
+    (tmp / "tmpdir").mkdir()
     env = cluster.env
-    env.update(LAB_RESULTS_DIR=str(tmp / "results"), SETTINGS="batch_sizes=32")
+    env.update(LAB_RESULTS_DIR=str(tmp / "results"), SETTINGS="batch_sizes=32", TMPDIR=str(tmp / "tmpdir"))
     env.pop("LAB_DIR", None)
     line = readme_line(r"^LAB_PROFILE=quick sbatch .*slurm/experiment\.sbatch")
     res = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
@@ -679,14 +680,15 @@ def two_process_job(cluster, tmp_path_factory):
     env.update(LAB_DIR=str(REPO), LAB_PROFILE="quick")
     del env["SETTINGS"]
     return {"job_id": job_id, "code": ended and ended[1], "job_dir": job_dir, "env": env,
-            "results": tmp / "results"}
+            "results": tmp / "results", "tmpdir_left": sorted(p.name for p in (tmp / "tmpdir").iterdir())}
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_experiment_job_from_the_readme_line(cluster, two_process_job):
     """The job is `python -m lab_utils measure scaling --set devices=2 --set batch_sizes=32`: one line per
-    run, the records in the store, the exit code in job.txt."""
+    run, the records in the store, the exit code in job.txt, nothing left in $TMPDIR (torch's compile
+    cache, which every rank makes, went to the job's folder and was removed)."""
     job = two_process_job
     out, err = job_files(job["job_dir"], "lab-ddp", job["job_id"])
     assert job["code"] == 0 and cluster.job_state(job["job_id"]) == "COMPLETED", out + err
@@ -704,6 +706,7 @@ def test_experiment_job_from_the_readme_line(cluster, two_process_job):
     assert json.loads((per_job / "machine.json").read_text())["profile"] == "quick"  # `lab_utils info`
     assert "exit code 0" in (per_job / "job.txt").read_text()
     assert "measuring DDP 2 x 32" in (per_job / "measure.log").read_text()
+    assert job["tmpdir_left"] == [] and not (per_job / "torchinductor").exists()
 
 
 @pytest.mark.slurm
