@@ -182,9 +182,10 @@ def _remove_stale_networks() -> None:
 def make_node_network(root: Path, hostname: str) -> NodeNetwork:
     """The namespaces, links and addresses of the two nodes (:class:`NodeNetwork`), or
     :class:`SlurmUnavailable` saying why not (made so far is removed first)."""
+    apt_install(("iproute2",), ("ip",))  # Debian's `ip`, as slurm-wlm and munge: installed when missing
     missing = [c for c in ("ip", "nsenter", "unshare", "mount") if shutil.which(c) is None]
     if missing:
-        raise SlurmUnavailable(f"{', '.join(missing)} not found")
+        raise SlurmUnavailable(f"{', '.join(missing)} not found on PATH")
     _remove_stale_networks()
     net = NodeNetwork(tag=f"lt{os.getpid()}", subnet=_free_subnet(), hostname=hostname,
                       hosts=root / "hosts")
