@@ -924,7 +924,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         implemented_by=("lab_utils.core.handmade.overlap_exposed_seconds",
                         "lab_utils.core.handmade.optimal_bucket_bytes"),
         show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={_fmt(v)}" for k, v in case.items()) + ")",
-        giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*T\s*/\s*k", "they queue from the first bucket on",
+        giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*t\s*/\s*k", "they queue from the first bucket on",
                    "a bucket's communication takes exactly as long as its computation"),
         mistakes=(
             Mistake("no overlap", "the all-reduces of the first k - 1 buckets run while backward goes on: "
