@@ -224,16 +224,14 @@ SECTIONS: tuple[Section, ...] = (
             ("build_ddp_check", "build_ddp_memory", "build_ddp", "build_ddp_buckets", "build_ddp_overlap",
              "build_ddp_bf16"),
             ("build_ddp_buckets", "build_ddp_trace"),
-            report=("Which implementation's step is slowest at each rank count, and which term of the "
-                    "alpha-beta model (alpha per message or bytes over bandwidth) accounts for its exposed "
-                    "communication? How much do overlap alone ((a) against (e)) and bucketing ((e) against "
-                    "(c)) save?",
-                    "In the merged trace (figure and JSON), where does each rank's all-reduce run relative "
-                    "to its backward, for (b), (c) and DDP? Is there a straggler?",
-                    "Your (d) is the paper's ZeRO-1. torch's ZeroRedundancyOptimizer keeps DDP's all-reduce "
-                    "and then broadcasts each rank's updated shard: how many bytes per step would one rank "
-                    "send with it at your rank counts, against (d)'s bytes_per_rank_per_step? From the "
-                    "memory table, when does sharding the optimizer state pay?"),
+            report=("Which implementation is slowest at each rank count, and which alpha-beta term "
+                    "explains its exposed communication? What do overlap alone ((a) against (e)) and "
+                    "bucketing ((e) against (c)) save?",
+                    "In the merged trace, where does each rank's all-reduce run relative to its backward, "
+                    "for (b), (c) and DDP? Is there a straggler?",
+                    "torch's ZeroRedundancyOptimizer all-reduces, then broadcasts each rank's updated shard: "
+                    "how many bytes per step would one rank send, against (d)'s? When does sharding the "
+                    "optimizer state pay (the memory table)?"),
             by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards", "q09_exposed"),
             by_hand_asks="Which implementation is fastest on your machine at each batch size, and why? Use "
                          "the step time with its spread, the exposed communication, the bytes sent and the "

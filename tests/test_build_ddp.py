@@ -593,30 +593,38 @@ def test_ctrl_c_while_ranks_work_leaves_no_rank_behind(tmp_path):
 @pytest.mark.timeout(240)
 def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store):
     """The notebook's path (measure -> launcher -> worker -> records -> tables) on 2 gloo ranks, a tiny
-    configuration: everything equal to one process, every implementation timed, the sweep, the bf16 rows,
-    one trace per rank merged; a second measure reuses every record."""
+    configuration: everything equal to one process, every implementation's memory, every implementation
+    timed ((c) and DDP with the same buckets at the same 0.05 MiB cap), the backward time, the sweep, the
+    bf16 rows, one trace per rank merged; a second measure reuses every record."""
     s = profiles.settings(build_ddp.Settings, "quick", devices=(2,), batch_sizes=(2,), width=4, steps=2,
-                          check_steps=2, check_batch=2, sweep_mb=(0.01,), trace_steps=1,
+                          check_steps=2, check_batch=2, bucket_cap_mb=0.05, sweep_mb=(0.01,), trace_steps=1,
                           bench_max_bytes=MIB, train_images=64)
     recs = measure("quick", build_ddp.BUILD_DDP_EXPERIMENT, s, machine=CPU2)
-    assert [r.status for r in recs] == ["ok"] * 5
+    assert [r.status for r in recs] == ["ok"] * 6
     check = T.check_table(recs)
-    assert T.check_verdict(check).startswith("passed") and len(check) == 6
+    assert T.check_verdict(check).startswith("passed") and len(check) == 7
+    memory = T.memory_table(recs)
+    assert len(memory) == 9 and (memory["peak_bytes"] >= memory["held_bytes"]).all()
+    main = next(r for r in recs if r.config["kind"] == "compare")
+    rows = {(r["implementation"], r["bucket_mb"]): r for r in main.metrics["implementations"]}
+    assert len(rows[("bucketed", 0.05)]["messages"]) > 1
+    assert rows[("bucketed", 0.05)]["messages"] == rows[("ddp", 0.05)]["messages"]   # DDP's own, logged
+    assert 0 < main.metrics["backward_seconds"] < max(r["step_seconds"] for r in rows.values())
     table = T.compare_table(store, recs)
     assert list(table["implementation"]) == [handmade_name for handmade_name in
-                                             ("no communication", "(a) naive", "(b) flat", "(c) bucketed",
-                                              "(d) ZeRO-1", "torch DDP")]
+                                             ("no communication", "(a) naive", "(e) per tensor, overlapped",
+                                              "(b) flat", "(c) bucketed", "(d) ZeRO-1 (paper)", "torch DDP")]
     assert (table["step_ms"] > 0).all()
     # the run's own alpha-beta fit (4 KiB ... 1 MiB on gloo), or, on a CPU too busy for one, a row saying so
     assert table["predicted_comm_ms"].notna().all() or table["fit"].str.startswith("no fit: ").all(), table
 
     by_name = table.set_index("implementation")
-    assert by_name.loc["(a) naive", "collectives"] == 62
+    assert {by_name.loc[n, "collectives"] for n in ("(a) naive", "(e) per tensor, overlapped")} == {62}
     grad = next(r for r in recs if r.config["kind"] == "compare").metrics["gradient_bytes"]   # S, fp32
-    for name in ("(a) naive", "(b) flat", "(c) bucketed", "torch DDP"):   # 2 ranks: 2(P-1)/P x S = S
+    for name in ("(a) naive", "(e) per tensor, overlapped", "(b) flat", "(c) bucketed", "torch DDP"):  # S
         assert by_name.loc[name, "bytes_per_rank_per_step"] == grad, name
-    assert grad <= by_name.loc["(d) ZeRO-1", "bytes_per_rank_per_step"] < grad + 2 * 4   # padded shards
-    assert len(T.sweep_table(store, recs)) == 2 and len(T.compression_table(recs)) == 2
+    assert grad <= by_name.loc["(d) ZeRO-1 (paper)", "bytes_per_rank_per_step"] < grad + 2 * 4   # padded
+    assert len(T.sweep_table(store, recs)) == 3 and len(T.compression_table(recs)) == 2
     out = T.merge_traces(recs, store.figures_dir / "build_ddp_trace.json")
     events = json.loads(Path(out).read_text())["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
@@ -656,9 +664,11 @@ def test_the_exercise_runs_on_gloo_ranks_inside_the_sandbox(tmp_path):
     out = sandbox.run(job, notebook, sandbox.Limits(wall_seconds=50), sandbox=True)
     answers = [r["answer"] for r in out.lines if "answer" in r]
     assert out.sandbox == "bwrap" and out.done and len(answers) == 4, (out.lines, out.stderr[-2000:])
-    assert answers[0] == [[[3.0, 4.0], [5.0]]] * 2
-    assert answers[1][0][0][0] == 4.0 and math.isclose(answers[1][0][0][1], 7 / 3, rel_tol=1e-6)
-    assert answers[2] == [[[6.0, 8.0], [10.0]]] * 2   # the sum: "summing without dividing"
+    given = "the tensors it was given"
+    assert answers[0] == [{"grads": [[3.0, 4.0], [5.0]], "returns": given}] * 2
+    first = answers[1][0]["grads"][0]
+    assert first[0] == 4.0 and math.isclose(first[1], 7 / 3, rel_tol=1e-6)
+    assert answers[2] == [{"grads": [[6.0, 8.0], [10.0]], "returns": given}] * 2   # summing without dividing
 
 
 @pytest.mark.slow
@@ -684,7 +694,8 @@ def test_alternative_answers_earn_every_case_and_the_prompts_demands_are_named()
             assert verdict(name, fn, cases, [c["expected"] for c in t["cases"]], t["hidden"]) == "", name
     public = [c for t in specs["q09_average"]["tests"] if not t["hidden"] for c in t["cases"]]
     cases, expected = [c["case"] for c in public], [c["expected"] for c in public]
-    copies = SOLUTION.replace("    for g in grads:", "    grads = [g.clone() for g in grads]\n    for g in grads:")
+    loop = "    for g in grads:"
+    copies = SOLUTION.replace(loop, "    grads = [g.clone() for g in grads]\n" + loop)
     no_return = SOLUTION.replace("    return grads\n", "")
     for code, named in ((copies, "new tensors, not in place"), (no_return, "the return missing")):
         ns = {}
