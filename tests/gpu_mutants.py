@@ -114,6 +114,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
       '"value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"', '"value": f"{g.name}, {mem}"',
       "a GPU torch cannot use listed as if the runs used it"),
+    # core/handmade.py
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "return MemoryUse(held, torch.cuda.max_memory_allocated(device) - start), it",
+      "return MemoryUse(held, torch.cuda.memory_allocated(device) - start), it",
+      "notebook 09's peak read as memory_allocated after the step (its temporaries gone)"),
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)", "        step(it)",
+      "the peak counter not reset before the measured step: the build's spike read as the step's peak"),
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "start = torch.cuda.memory_allocated(device)", "start = 0",
+      "what other code held before the build counted as the implementation's bytes"),
     # core/machine.py
     M("core/machine.py", "Machine.device", "self.gpus", 'return "cuda" if self.gpus else "cpu"', 'return "cpu"',
       "a GPU machine's one-device runs planned on the CPU"),
