@@ -147,11 +147,12 @@ def plan_accumulation(s: Settings, machine: Machine, profile: str) -> list[Run]:
 
 def plan_final(s: Settings, machine: Machine, profile: str) -> list[Run]:
     """Section 4: the model notebook 07 quantizes, trained on every device (the CPU: the gloo processes);
-    the checkpoint path is a job option, not part of the key. The notebook forces the run when the
-    checkpoint file is missing (a stored record alone does not bring it back)."""
+    the checkpoint path is a job option, not part of the key; no instrumented pass. The notebook forces the
+    run when the checkpoint file is missing (a stored record alone does not bring it back)."""
     n = machine.gpus or min(s.cpu_processes, machine.cores)
     return [train_run(TRAIN, s, machine, n, "final model", options={"save": str(checkpoint_path(profile))},
-                      batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps)]
+                      batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps,
+                      breakdown_steps=0)]  # its tables are 07's; no breakdown is read
 
 
 def cost(run: Run) -> float:
