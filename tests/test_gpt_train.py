@@ -171,8 +171,9 @@ def _rank(rank, epoch_s, bd_s, tokens=1000, comm=0.5, buckets=1):
              "exposed_comm_seconds": comm, "allreduce_seconds": 2 * comm, "overlap_fraction": 0.5,
              "peak_memory_bytes": None}
     breakdown = {"rank": rank, "steps": 2, "tokens": 200, "epoch_seconds": bd_s, "train_seconds": bd_s - 0.1,
-                 "data_loading_seconds": 0.1, "data_movement_seconds": 0.2, "compute_seconds": bd_s - 0.3 - comm,
-                 "communication_seconds": comm, "skew_wait_seconds": 0.0}
+                 "data_loading_seconds": 0.1, "data_movement_seconds": 0.2,
+                 "compute_seconds": bd_s - 0.3 - comm, "communication_seconds": comm,
+                 "skew_wait_seconds": 0.0}
     timers = [{"timer": "run", "count": 1, "total_seconds": 20.0 + rank, "mean_seconds": 20.0 + rank}]
     return {"epochs": [entry], "timers": timers, "comm_probe": {"buckets": buckets}, "breakdown": breakdown}
 
@@ -201,18 +202,20 @@ def test_the_records_take_the_slowest_rank_and_report_the_means():
     assert m["train_loss"] == 3.0 and m["val_loss"] == 1.9 and m["allreduce_buckets"] == 3
     assert m["timers"][0]["total_seconds"] == 21.0 and m["peak_memory_bytes"] is None
     assert [(r.config["record"], r.config["rank"]) for r in ranks] == [("rank", 0), ("rank", 1), ("rank", 2)]
-    assert ranks[2].metrics["train_loss_rank"] == 4.0 and ranks[2].metrics["breakdown"]["epoch_seconds"] == 2.0
+    assert ranks[2].metrics["train_loss_rank"] == 4.0
+    assert ranks[2].metrics["breakdown"]["epoch_seconds"] == 2.0
     assert ranks[2].metrics["timers"][0]["total_seconds"] == 22.0
     run["peak_flops_per_s"] = None
     assert build_records("gpt_scaling", cfg, run, gathered, {})[0].metrics["mfu"] is None
     for g in gathered:
         g["breakdown"] = None                                    # breakdown_steps=0: no breakdown, no ratio
-    assert {"breakdown", "timer_overhead_ratio"}.isdisjoint(build_records("gpt_train", cfg, run, gathered, {})[0]
-                                                            .metrics)
+    plain = build_records("gpt_train", cfg, run, gathered, {})[0].metrics
+    assert {"breakdown", "timer_overhead_ratio"}.isdisjoint(plain)
 
 
 def test_mfu_by_hand():
-    """lab_utils.core.flops.mfu: 70,928,640 FLOPs per token x 2.4e6 tokens/s on 4 x 989e12 = 1.70229e14 / 3.956e15 = 0.0430305."""
+    """lab_utils.core.flops.mfu: 70,928,640 FLOPs per token x 2.4e6 tokens/s on 4 x 989e12 = 1.70229e14 /
+    3.956e15 = 0.0430305."""
     from lab_utils.core.flops import mfu
 
     assert mfu(70_928_640, 2.4e6, 989e12, 4) == pytest.approx(0.0430305, rel=1e-5)
@@ -316,7 +319,7 @@ def test_tokens_per_s_come_from_a_pass_synchronized_only_at_its_ends(one_thread,
     (e1, s1), (e2, s2), (bd, sb) = passes
     assert (e1.micro_steps, e2.micro_steps, bd.micro_steps) == (12, 12, 8)
     assert s1 == s2 == 2                                      # the two ends of each epoch's pass
-    assert sb >= 8 * 8                                        # the instrumented pass: every phase, every timer
+    assert sb >= 8 * 8                          # the instrumented pass: every phase, every timer
     assert m["epoch_seconds"] == e2.epoch_seconds and m["tokens"] == 12 * 2 * 64
     assert m["epoch_tokens_per_s"] == pytest.approx(12 * 2 * 64 / e2.epoch_seconds)
     assert m["breakdown"]["epoch_seconds"] == bd.epoch_seconds and m["breakdown"]["steps"] == 2
@@ -490,7 +493,8 @@ def _scaling_records(n: int, bs: int, slowest: float, mean: float, comm: float =
 
     phases = {"data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.16,
               "communication_seconds": comm / 5, "skew_wait_seconds": 0.002}
-    bd = {"steps": 2, "epoch_allreduce_seconds": 0.08, **phases, **{f"{k}_mean": v for k, v in phases.items()}}
+    bd = {"steps": 2, "epoch_allreduce_seconds": 0.08, **phases,
+          **{f"{k}_mean": v for k, v in phases.items()}}
     cfg = TrainConfig(devices=n, batch_size=bs, corpus="stdlib").config()
     m = {"epoch_seconds": slowest, "epoch_seconds_mean": mean, "steps": 10, "validation_seconds_mean": 0.1,
          "backend": "gloo" if n > 1 else None, "slowest_rank": n - 1, "imbalance": slowest / mean,
@@ -524,8 +528,10 @@ def test_scaling_tables_by_hand():
     assert two["speedup if averaged over ranks"] == pytest.approx(2.0)  # averaging flatters: 2.0 > 1.67
     assert t[t["devices"] == 4].iloc[0]["reason"] == "needs 4 GPUs"
     c = gt.compute_comm_table(recs).iloc[0]
-    assert c["compute (s)"] == pytest.approx(0.8) and c["communication (s), exposed wait"] == pytest.approx(0.1)
-    assert c["comm / compute"] == pytest.approx(0.1 / 0.8) and c["all-reduce in flight (s)"] == pytest.approx(0.4)
+    assert c["compute (s)"] == pytest.approx(0.8)
+    assert c["communication (s), exposed wait"] == pytest.approx(0.1)
+    assert c["comm / compute"] == pytest.approx(0.1 / 0.8)
+    assert c["all-reduce in flight (s)"] == pytest.approx(0.4)
     assert c["derived compute T1/N (s)"] == pytest.approx(5.0)
     assert c["derived comm TN - T1/N (s)"] == pytest.approx(1.0)
     ranks = gt.rank_table(recs)
@@ -543,17 +549,19 @@ def test_the_accumulation_table_reads_the_instrumented_pass():
 
     timers = [{"timer": n, "count": c, "total_seconds": t, "mean_seconds": t / c} for n, c, t in (
         ("run", 1, 9.0), ("run/epoch/training", 2, 4.0), ("run/epoch/validation", 2, 1.0),
-        ("run/breakdown/forward", 8, 0.08), ("run/breakdown/loss", 8, 0.008), ("run/breakdown/backward", 8, 0.16),
-        ("run/breakdown/optimizer", 2, 0.01))]
+        ("run/breakdown/forward", 8, 0.08), ("run/breakdown/loss", 8, 0.008),
+        ("run/breakdown/backward", 8, 0.16), ("run/breakdown/optimizer", 2, 0.01))]
     cfg = TrainConfig(batch_size=16, accumulation_steps=4, corpus="stdlib").config()
     m = {"timers": timers, "reported_epoch": 2, "epoch_tokens_per_s": 5000.0, "mfu": 0.2,
          "timer_overhead_ratio": 1.5, "precision": "fp32", "peak_memory_bytes": None,
          "saved_activation_bytes": 2**20, "val_loss": 2.5}
     row = gt.accumulation_table([Record("gpt_accumulation", cfg, m)]).iloc[0]
     assert (row["whole run (s)"], row["training (s)"], row["validation (s)"]) == (9.0, 4.0, 1.0)
-    assert row["tokens/s (epoch 2)"] == 5000.0 and row["MFU"] == 0.2 and row["instrumented / plain step"] == 1.5
+    assert row["tokens/s (epoch 2)"] == 5000.0 and row["MFU"] == 0.2
+    assert row["instrumented / plain step"] == 1.5
     assert row["forward mean (ms)"] == pytest.approx(10.0) and row["loss mean (ms)"] == pytest.approx(1.0)
-    assert row["backward mean (ms)"] == pytest.approx(20.0) and row["optimizer mean (ms)"] == pytest.approx(5.0)
+    assert row["backward mean (ms)"] == pytest.approx(20.0)
+    assert row["optimizer mean (ms)"] == pytest.approx(5.0)
 
 
 def test_the_prediction_inputs_come_from_the_one_device_runs():
@@ -563,11 +571,12 @@ def test_the_prediction_inputs_come_from_the_one_device_runs():
     from lab_utils.store import Record
 
     scaling = [*_scaling_records(1, 64, 10.0, 10.0, tokens=10 * 64 * 32),
-               *_scaling_records(1, 128, 18.0, 18.0, tokens=10 * 128 * 32), *_scaling_records(2, 64, 6.0, 5.0)]
+               *_scaling_records(1, 128, 18.0, 18.0, tokens=10 * 128 * 32),
+               *_scaling_records(2, 64, 6.0, 5.0)]
     acc = [Record("gpt_accumulation", TrainConfig(devices=2, batch_size=8, accumulation_steps=16,
                                                   corpus="stdlib").config(), {"epoch_tokens_per_s": 3000.0}),
-           Record("gpt_accumulation", {"batch_size": 128, "accumulation_steps": 1, "devices": 2}, status="oom",
-                  reason="out of memory")]
+           Record("gpt_accumulation", {"batch_size": 128, "accumulation_steps": 1, "devices": 2},
+                  status="oom", reason="out of memory")]
     cases, measured, labels = gt.tokens_per_s_prediction(scaling, acc)
     assert cases[0] == {"batch_sizes": [64, 128], "step_seconds": [1.0, 1.8], "micro_batch": 8,
                         "effective_batch": 128, "block_size": 32}
