@@ -19,14 +19,17 @@ import pandas as pd
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
+from lab_utils.core.flops import mfu, predicted_tokens_per_s
 from lab_utils.core.metrics import value
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
+from lab_utils.grading.predict import prediction_table
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 
 __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_report_anomalies",
-           "earlier_report_frame", "earlier_report_note", "plot_accumulation", "rank_table",
+           "earlier_report_frame", "earlier_report_note", "earlier_report_ranks", "plot_accumulation",
+           "prediction_tables", "rank_table",
            "save_accumulation_figure", "save_accumulation_table", "save_scaling_tables", "scaling_table",
            "tokens_per_s_prediction"]
 
@@ -82,11 +85,12 @@ def earlier_report_note() -> str:
             + "; ".join(parts) + " (earlier_report_frame).")
 
 
-def earlier_report_anomalies():
+def earlier_report_anomalies(superlinear: bool = True):
     """Three things a careful reader of the earlier GPT reports notices, each with the report's own
     numbers (:mod:`lab_utils.core.anchors`), why it cannot be right, and what this notebook does
-    instead: super-linear speedups, a 1-GPU "communication" time, and accumulation timers that point
-    at an unsynchronized GPU."""
+    instead: super-linear speedups (left out with ``superlinear=False``: notebook 06 discusses them after
+    its exercise), a 1-GPU "communication" time, and accumulation timers that point at an unsynchronized
+    GPU."""
     frame = earlier_report_frame()
     above = frame[(frame["GPUs"] > 1) & (frame["speedup on the mean (as reported)"] > frame["GPUs"])]
     superlinear = "; ".join(f"{r['speedup on the mean (as reported)']:.2f} on {r['GPUs']} GPUs at batch "
@@ -117,14 +121,22 @@ def earlier_report_anomalies():
                           "(lab_utils.core.timing.timed), in a pass of its own: tokens/s come from a pass "
                           "synchronized only at its ends"},
     ]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows if superlinear else rows[1:]).reset_index(drop=True)
+
+
+def earlier_report_ranks():
+    """The earlier project's per-rank epoch times as published, its mean over ranks and the speedup it
+    reported on that mean (:func:`earlier_report_frame` without the recomputation on the slowest rank):
+    the data of notebook 06's hand-graded question."""
+    frame = earlier_report_frame()
+    return frame.drop(columns=["slowest rank (s)", "speedup on the slowest rank", "note"])
 
 
 def scaling_table(records: Sequence[Record]):
-    """gpt_scaling: T(N) (:data:`GPT_T_N`), speedup T(1)/T(N), efficiency, what averaging
-    over ranks would say, and, since ``drop_last`` batches per rank need not give every device count the
-    same work (:data:`_SCALING_TIME_BASIS`), the tokens trained and the speedup per token, flagged when
-    the work differs."""
+    """gpt_scaling: T(N) (:data:`GPT_T_N`), speedup T(1)/T(N), efficiency (no speedup on the mean over
+    ranks: the hand-graded question has the student recompute it), and, since ``drop_last`` batches per
+    rank need not give every device count the same work (:data:`_SCALING_TIME_BASIS`), the tokens trained
+    and the speedup per token, flagged when the work differs."""
     aggs = aggregates(records)
     base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
     rows = []
@@ -140,8 +152,6 @@ def scaling_table(records: Sequence[Record]):
             row.update({
                 "backend": m["backend"] or "one process", "T(N): epoch (s)": m[GPT_T_N],
                 "speedup T1/TN": speed, "efficiency": efficiency(speed, n),
-                "speedup if averaged over ranks": speedup(value(one, f"{GPT_T_N}_mean"),
-                                                          value(r, f"{GPT_T_N}_mean")),
                 "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
                 "tokens/s": m["epoch_tokens_per_s"], "MFU": _num(m["mfu"]), "precision": precision_label(r),
                 "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
@@ -183,10 +193,9 @@ _SCALING_TIME_BASIS = [
     "the reported epoch's training pass, run uninstrumented (the device synchronized at its two ends only; "
     "loader waits included, validation excluded). Notebooks 02 and 03 take T(N) = train_seconds instead, "
     "the sum of synchronized phases without the loader and skew waits; this GPT's instrumented pass has "
-    "those phases (gpt_rank_breakdown). 'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N; 'speedup "
-    "if averaged over ranks' divides the means over ranks (epoch_seconds_mean) instead. 'tokens/s': all "
-    "ranks' tokens / T(N) (epoch_tokens_per_s); MFU on it. 'speedup on tokens/s (equal work)' = "
-    "tokens/s(N) / tokens/s(1). Every speedup: lab_utils.core.speedup.speedup.",
+    "those phases (gpt_rank_breakdown). 'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N. "
+    "'tokens/s': all ranks' tokens / T(N) (epoch_tokens_per_s); MFU on it. 'speedup on tokens/s (equal "
+    "work)' = tokens/s(N) / tokens/s(1). Every speedup: lab_utils.core.speedup.speedup.",
     "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
     "one-device run's (drop_last batches per rank: e.g. 13 steps x 4,096 = 53,248 tokens on 1 device, "
     "2 x 6 x 4,096 = 49,152 on 2).",
@@ -326,6 +335,41 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     return cases, measured, labels
 
 
+def prediction_tables(predict, student_mfu, scaling: Sequence[Record], accumulation: Sequence[Record]):
+    """Exercise 06-d after the measurement: the student's ``predict`` (tokens/s per device) beside each
+    accumulation run's measurement and the lab's model (:func:`lab_utils.core.flops.predicted_tokens_per_s`),
+    and, where the runs have a peak FLOP/s, the MFU that prediction implies (through the student's
+    ``student_mfu`` of Exercise 06-b and the lab's :func:`lab_utils.core.flops.mfu`) beside the measured MFU.
+    A list of DataFrames (:func:`lab_utils.grading.predict.prediction_table`); a sentence instead of the MFU
+    table when no run has a peak (CPUs)."""
+    cases, measured, labels = tokens_per_s_prediction(scaling, accumulation)
+    if not cases:
+        return ["No prediction: the one-device scaling runs at two batch sizes were not measured."]
+    show = ["micro_batch", "effective_batch"]
+    out = [prediction_table(predict, cases, measured, predicted_tokens_per_s, show=show, labels=labels,
+                            unit="tokens_per_s")]
+    accs = aggregates(accumulation)  # the cases' order (tokens_per_s_prediction)
+    ok = [r for r in accs if r.status == "ok" and r.metrics.get("peak_flops_per_s")]
+    if not ok:
+        out.append("MFU: no peak FLOP/s for this device (a CPU or a GPU the lab's table lacks), so no MFU "
+                   "prediction.")
+        return out
+    known = {k: ok[0].metrics[k] for k in ("flops_per_token", "peak_flops_per_s")}
+
+    def lab(**c):
+        return mfu(known["flops_per_token"], predicted_tokens_per_s(**c), known["peak_flops_per_s"], 1)
+
+    def mine(**c):
+        tokens = predict(**c) if predict is not None else None
+        if tokens is None or student_mfu is None:
+            return None
+        return student_mfu(known["flops_per_token"], tokens, known["peak_flops_per_s"], 1)
+
+    measured_mfu = [r.metrics.get("mfu") if r.status == "ok" else None for r in accs]
+    out.append(prediction_table(mine, cases, measured_mfu, lab, show=show, labels=labels, unit="mfu"))
+    return out
+
+
 def plot_accumulation(records: Sequence[Record], settings: Settings):
     """Tokens/s and memory against micro-batch (log x), constant effective batch."""
     import matplotlib.pyplot as plt
@@ -365,8 +409,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
     scaling = scaling_table(records)
     notes = [f"{settings.label}; epoch {ep} of {ep} reported (epoch 1 warms up); an epoch is one pass "
              "over the training windows shared among the devices (strong scaling of the epoch).",
-             "T(N) = the SLOWEST rank's time; 'if averaged' divides by the mean over ranks instead, which "
-             "flatters the speedup.", *_SCALING_TIME_BASIS, earlier_report_note(), *precision_notes(recs)]
+             "T(N) = the SLOWEST rank's time (each step waits for it).", *_SCALING_TIME_BASIS,
+             earlier_report_note(), *precision_notes(recs)]
     threads = sorted({r.metrics["threads_per_rank"] for r in _ok(recs)
                       if r.metrics.get("device_type") == "cpu"})
     if threads:
