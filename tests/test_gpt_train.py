@@ -590,8 +590,10 @@ def test_the_prediction_tables_put_the_students_model_beside_the_measurement():
     """One-device steps: batch 64 in 1.0 s, 128 in 1.8 s (block 32): fixed 0.2 s, 390.6 us per token. The
     8 x 16 run on 1 device measured 1,000 tokens/s; the lab's model: 256 / (0.2 + 0.1) = 853.3 tokens/s. A
     student answer of 1,000 is 0 % off. With a peak, MFU = FLOPs per token x tokens/s / peak: the lab's
-    853.3 x 1e6 / 1e10 = 0.0853 beside the measured 0.1; a CPU run (no peak) gets a sentence instead."""
+    853.3 x 1e6 / 1e10 = 0.0853 beside the measured 0.1; a CPU run (no peak) has no MFU prediction."""
+    from lab_utils.core.flops import predicted_tokens_per_s
     from lab_utils.experiments import gpt_tables as gt
+    from lab_utils.grading.predict import prediction_table
     from lab_utils.store import Record
 
     scaling = [*_scaling_records(1, 64, 10.0, 10.0, tokens=10 * 64 * 32),
@@ -599,20 +601,17 @@ def test_the_prediction_tables_put_the_students_model_beside_the_measurement():
     cfg = TrainConfig(devices=1, batch_size=8, accumulation_steps=16, corpus="stdlib").config()
     run = {"epoch_tokens_per_s": 1000.0, "flops_per_token": 1e6, "peak_flops_per_s": None, "mfu": None}
     acc = [Record("gpt_accumulation", cfg, run)]
-    tokens, note = gt.prediction_tables(lambda **c: 1000.0, None, scaling, acc)
-    row = tokens.iloc[0]
+    cases, measured, labels = gt.tokens_per_s_prediction(scaling, acc)
+    row = prediction_table(lambda **c: 1000.0, cases, measured, predicted_tokens_per_s,
+                           unit="tokens_per_s").iloc[0]
     assert row["measured_tokens_per_s"] == 1000.0 and row["your_error_pct"] == 0.0
     assert row["lab_model_tokens_per_s"] == pytest.approx(256 / 0.3)
-    assert note.startswith("MFU: no peak FLOP/s")
+    assert gt.mfu_prediction(acc, lambda **c: 1000.0, None) is None
     run.update(peak_flops_per_s=1e10, mfu=0.1)
-    _, mfu_table = gt.prediction_tables(lambda **c: 1000.0, lambda f, t, p, n: f * t / (n * p), scaling,
-                                        [Record("gpt_accumulation", cfg, run)])
-    row = mfu_table.iloc[0]
-    assert row["measured_mfu"] == 0.1 and row["your_prediction_mfu"] == pytest.approx(0.1)
-    assert row["lab_model_mfu"] == pytest.approx(256 / 0.3 * 1e6 / 1e10)
-    blank = gt.prediction_tables(None, None, scaling, [Record("gpt_accumulation", cfg, run)])
-    assert blank[0].iloc[0]["your_prediction_tokens_per_s"] == "not done yet"
-    assert gt.prediction_tables(None, None, scaling[:1], [])[0].startswith("No prediction")
+    implied = gt.mfu_prediction(acc, lambda **c: 1000.0, lambda f, t, p, n: f * t / (n * p))
+    assert implied.measured == [0.1] and implied.student(**cases[0]) == pytest.approx(0.1)
+    assert implied.lab(**cases[0]) == pytest.approx(256 / 0.3 * 1e6 / 1e10)
+    assert gt.mfu_prediction(acc, None, None).student(**cases[0]) is None   # not done yet
 
 
 def test_the_speedup_of_every_table_by_hand():

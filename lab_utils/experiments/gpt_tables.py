@@ -11,7 +11,8 @@ steps).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -23,13 +24,12 @@ from lab_utils.core.flops import mfu, predicted_tokens_per_s
 from lab_utils.core.metrics import value
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
-from lab_utils.grading.predict import prediction_table
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 
 __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_report_anomalies",
-           "earlier_report_frame", "earlier_report_note", "earlier_report_ranks", "plot_accumulation",
-           "prediction_tables", "rank_table",
+           "earlier_report_frame", "earlier_report_note", "earlier_report_ranks", "mfu_prediction",
+           "plot_accumulation", "rank_table",
            "save_accumulation_figure", "save_accumulation_table", "save_scaling_tables", "scaling_table",
            "tokens_per_s_prediction"]
 
@@ -314,7 +314,8 @@ def accumulation_table(records: Sequence[Record]):
 
 def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Record]):
     """Exercise 06-d's cases from this run: ``(cases, measured, labels)`` for
-    :func:`lab_utils.grading.predict.prediction_table`. The inputs: the one-device scaling runs' seconds per
+    :func:`lab_utils.grading.predict.prediction_table` (the notebook's cell calls it, with the lab's model
+    :func:`lab_utils.core.flops.predicted_tokens_per_s`). The inputs: the one-device scaling runs' seconds per
     optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
     sizes; the measurement: each accumulation run's tokens/s per device. Empty lists when the one-device
     runs are missing."""
@@ -335,39 +336,36 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     return cases, measured, labels
 
 
-def prediction_tables(predict, student_mfu, scaling: Sequence[Record], accumulation: Sequence[Record]):
-    """Exercise 06-d after the measurement: the student's ``predict`` (tokens/s per device) beside each
-    accumulation run's measurement and the lab's model (:func:`lab_utils.core.flops.predicted_tokens_per_s`),
-    and, where the runs have a peak FLOP/s, the MFU that prediction implies (through the student's
-    ``student_mfu`` of Exercise 06-b and the lab's :func:`lab_utils.core.flops.mfu`) beside the measured MFU.
-    A list of DataFrames (:func:`lab_utils.grading.predict.prediction_table`); a sentence instead of the MFU
-    table when no run has a peak (CPUs)."""
-    cases, measured, labels = tokens_per_s_prediction(scaling, accumulation)
-    if not cases:
-        return ["No prediction: the one-device scaling runs at two batch sizes were not measured."]
-    show = ["micro_batch", "effective_batch"]
-    out = [prediction_table(predict, cases, measured, predicted_tokens_per_s, show=show, labels=labels,
-                            unit="tokens_per_s")]
-    accs = aggregates(accumulation)  # the cases' order (tokens_per_s_prediction)
+@dataclass(frozen=True)
+class MfuPrediction:
+    """Exercise 06-d's MFU columns: the measured MFU of each accumulation run (the cases' order), the lab's
+    model (the lab's tokens/s model through :func:`lab_utils.core.flops.mfu`) and the student's (their
+    tokens/s prediction through their Exercise 06-b), each called with a case's keywords."""
+
+    measured: list[float | None]
+    lab: Callable[..., float | None]
+    student: Callable[..., float | None]
+
+
+def mfu_prediction(accumulation: Sequence[Record], predict: Callable | None,
+                   student_mfu: Callable | None) -> MfuPrediction | None:
+    """The MFU a tokens/s prediction implies (one device: FLOPs per token x tokens/s / its peak), beside each
+    accumulation run's measured MFU; None when no run has a peak FLOP/s (a CPU, a GPU the lab's table
+    lacks): no MFU, never a guessed one."""
+    accs = aggregates(accumulation)  # the order of tokens_per_s_prediction's cases
     ok = [r for r in accs if r.status == "ok" and r.metrics.get("peak_flops_per_s")]
     if not ok:
-        out.append("MFU: no peak FLOP/s for this device (a CPU or a GPU the lab's table lacks), so no MFU "
-                   "prediction.")
-        return out
-    known = {k: ok[0].metrics[k] for k in ("flops_per_token", "peak_flops_per_s")}
+        return None
+    fpt, peak = ok[0].metrics["flops_per_token"], ok[0].metrics["peak_flops_per_s"]
 
-    def lab(**c):
-        return mfu(known["flops_per_token"], predicted_tokens_per_s(**c), known["peak_flops_per_s"], 1)
+    def lab(**case):
+        return mfu(fpt, predicted_tokens_per_s(**case), peak, 1)
 
-    def mine(**c):
-        tokens = predict(**c) if predict is not None else None
-        if tokens is None or student_mfu is None:
-            return None
-        return student_mfu(known["flops_per_token"], tokens, known["peak_flops_per_s"], 1)
+    def student(**case):
+        tokens = predict(**case) if predict is not None else None
+        return None if tokens is None or student_mfu is None else student_mfu(fpt, tokens, peak, 1)
 
-    measured_mfu = [r.metrics.get("mfu") if r.status == "ok" else None for r in accs]
-    out.append(prediction_table(mine, cases, measured_mfu, lab, show=show, labels=labels, unit="mfu"))
-    return out
+    return MfuPrediction([r.metrics.get("mfu") if r.status == "ok" else None for r in accs], lab, student)
 
 
 def plot_accumulation(records: Sequence[Record], settings: Settings):
