@@ -324,6 +324,7 @@ def test_tokens_per_s_come_from_a_pass_synchronized_only_at_its_ends(one_thread,
     assert m["epoch_tokens_per_s"] == pytest.approx(12 * 2 * 64 / e2.epoch_seconds)
     assert m["breakdown"]["epoch_seconds"] == bd.epoch_seconds and m["breakdown"]["steps"] == 2
     assert m["timer_overhead_ratio"] == pytest.approx((bd.epoch_seconds / 2) / (e2.epoch_seconds / 3))
+    assert bd.lr == 0.0 and e2.lr > 0    # warm-up (10) >= the 6 steps: lr_at(6) would be the peak lr
 
 
 def test_mfu_of_a_run_whose_answer_is_known(one_thread, monkeypatch):

@@ -19,8 +19,8 @@ waits included) gives ``epoch_tokens_per_s`` and the MFU. **Breakdown**: after t
 *instrumented* pass of ``breakdown_steps`` optimizer steps (phase timers, nested forward / loss / backward /
 optimizer timers, the timing comm hook and, under DDP, the loop's skew barrier, as in notebooks 02 and 03:
 each boundary synchronizes the device) gives where the time goes, per step, and ``timer_overhead_ratio``,
-what those synchronizations cost this run. It runs at the schedule's last lr (0 after the cosine decay:
-the weights do not change), so the reported loss and the checkpoint are the last epoch's. Nested timers
+what those synchronizations cost this run. It runs at lr 0 (AdamW then does all its work and changes no
+weight) after the last validation, so the reported loss and the model are the last epoch's. Nested timers
 (:class:`~lab_utils.core.timing.NestedTimers`): run > epoch > training / validation, run > breakdown >
 forward / loss / backward / optimizer. Under DDP, after each epoch the untimed ``no_sync`` probe gives each
 rank's (b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
@@ -318,9 +318,10 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
     breakdown = None
     if cfg.breakdown_steps > 0 and out:
         # the instrumented pass: every phase synchronized, the comm hook read, the skew barrier under DDP
-        # (as notebooks 02 and 03 time a step); at lr_at(total_steps), 0 after the cosine decay
+        # (as notebooks 02 and 03 time a step); at lr 0, so AdamW does all its work and changes no weight
         n_micro = min(cfg.breakdown_steps, per_epoch) * cfg.accumulation_steps
-        instrumented = replace(plain, comm_timer=comm_timer, skew_barrier=ctx.ddp, step_timers=timers)
+        instrumented = replace(plain, comm_timer=comm_timer, skew_barrier=ctx.ddp, step_timers=timers,
+                               lr_at=_zero_lr)
         sampler.set_epoch(cfg.epochs + 1)
         with timers("breakdown"):
             bd = run_epoch(model, itertools.islice(loader, n_micro), optimizer, device, epoch=cfg.epochs + 1,
@@ -328,6 +329,11 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
                            desc=f"rank {ctx.rank} breakdown")
         breakdown = breakdown_entry(bd, ctx.rank, unwrap(model).config.block_size)
     return out, probe, breakdown
+
+
+def _zero_lr(step: int) -> float:
+    """The instrumented pass's learning rate: AdamW with lr 0 computes its whole update and applies none."""
+    return 0.0
 
 
 def _keeping_last(batches, slot: list):
