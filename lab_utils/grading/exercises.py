@@ -1005,7 +1005,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q06_flops_per_token", "flops_per_token", call=lambda fn, case: plain(fn(_gpt_config(case))),
         needs=("lab_utils.models.gpt",), show=lambda case: f"flops_per_token({_cfg_text(case)})",
-        giveaways=("12LC^2 + VC", r"re:6\s*\(\s*12\s*L\s*C", "12LCT", "12 L C T", "70,928,640", "70928640"),
+        giveaways=("12LC^2 + VC", r"re:6\s*(\\,\s*)?\(\s*12\s*l\s*c", "12LCT", "12 L C T", "70,928,640",
+                   "70928640"),
         implemented_by=("lab_utils.models.gpt.train_flops_per_token",),
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
@@ -1020,7 +1021,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q06_mfu", "mfu",
-        giveaways=(r"re:devices\s*(x|\*|×)\s*(the\s+)?peak", "peak FLOP/s of all the devices",
+        giveaways=(r"re:devices\s*(x|×)?\s*(the\s+)?peak flop", "peak FLOP/s of all the devices",
+                   r"re:flops per token\s*(x|×)?\s*tokens/s\s*(/|over|divided by)",
                    r"re:divided?\s+by\s+(the\s+)?(number\s+of\s+)?devices"),
         implemented_by=("lab_utils.core.flops.mfu", "lab_utils.core.hardware.fraction_of_peak"),
         mistakes=(
@@ -1050,7 +1052,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q06_tokens_per_s", "predict_tokens_per_s", call=lambda fn, case: plain(fn(**case)),
         show=_tokens_show,
-        giveaways=(r"re:\bk\b\s+cancels", r"re:micro(_batch)?\s*(x|\*|×)\s*block(_size)?\s*/\s*\(\s*fixed",
+        giveaways=(r"re:\bk\b\s+cancels", r"re:micro(batch)?\s*(x|×)?\s*block(size)?\s*/\s*\(\s*fixed",
                    "independent of the accumulation steps"),
         implemented_by=("lab_utils.core.flops.predicted_tokens_per_s", "lab_utils.core.flops.step_time_line"),
         mistakes=(
