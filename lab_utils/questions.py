@@ -183,7 +183,8 @@ SECTIONS: tuple[Section, ...] = (
                     "and what happens to the communication share of the step?",
                     "Which micro-batch gives the best tokens/s, which the best whole-run time, and which "
                     "fits in memory with the effective batch you need?"),
-            by_hand="q06_report", exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time"),
+            by_hand="q06_report",
+            exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time", "q06_tokens_per_s"),
             by_hand_asks="Using the per-rank table, how far apart are the ranks? Recompute the speedup "
                          "with the mean over ranks instead of the slowest rank: by how much does it "
                          "flatter the result, and why is the slowest rank the right one? Do the same for "
@@ -191,10 +192,9 @@ SECTIONS: tuple[Section, ...] = (
     Section(PART2, "Int8 quantization of the GPT", "07_quantization", "What these measurements say",
             "Size, quality (loss) and speed of each variant on each device; when does int8 pay?",
             ("quantization",), ("quantization_quality_vs_speed",),
-            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and which of the mechanisms "
-                    "above explains it?",
-                    "From the intensity table and your GPU's `P/B`, predict which rows are memory-bound. "
-                    "Does the measurement agree?"),
+            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and why?",
+                    "With your GPU's `P/B` for each precision, which rows of the intensity table are "
+                    "memory-bound? Does the measurement agree?"),
             by_hand="q07_report", exercises=("q07_int8_size",),
             by_hand_asks="Which variant would you deploy for batch-1 chat on a CPU, and which for batch-64 "
                          "serving on the GPU? Quote the rows of your table that decide it (speed against "

@@ -442,9 +442,8 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/timing.py", "synchronize", "dev.type == 'cuda'", "torch.cuda.synchronize at every timer boundary",
       BR + "test_timers_synchronize_so_a_phase_includes_its_queued_device_work"),
     # experiments/bench_timers.py
-    B("experiments/bench_timers.py", "main", "gpu", "20 steps on a GPU", BENCH),
-    B("experiments/bench_timers.py", "main", "gpu", "batch 128 on a GPU", BENCH, n=2),
-    B("experiments/bench_timers.py", "main", "gpu", "width 64 on a GPU", BENCH, n=3),
+    B("experiments/bench_timers.py", "main", "device.type == 'cuda'",
+      "the GPU's models, batches and wall clock", BENCH),
     # experiments/comm.py
     B("experiments/comm.py", "plan_bench", "gpus >= 2", "NCCL, one rank per GPU, every GPU of the node too",
       COMM),

@@ -213,12 +213,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("core/timing.py", "synchronize", "dev.type == 'cuda'",
       "        torch.cuda.synchronize(dev)", "        pass", "drop a synchronize: the timer measures the launch"),
     # experiments/bench_timers.py
-    M("experiments/bench_timers.py", "main", "gpu", "(20 if gpu else 6)", "(2 if gpu else 6)",
-      "the benchmark's steps cut from 20 to 2"),
-    M("experiments/bench_timers.py", "main", "gpu", "(128 if gpu else 32)", "(8 if gpu else 32)",
-      "the batch cut from 128 to 8", n=2),
-    M("experiments/bench_timers.py", "main", "gpu", "(64 if gpu else 16)", "(16 if gpu else 16)",
-      "the model narrowed to width 16 on a GPU", n=3),
+    M("experiments/bench_timers.py", "main", "device.type == 'cuda'",
+      'sizes = GPU_SIZES if device.type == "cuda" else CPU_SIZES',
+      'sizes = CPU_SIZES if device.type == "cuda" else CPU_SIZES',
+      "the CPU's tiny models and CPU clock on a GPU"),
     # experiments/comm.py
     M("experiments/comm.py", "plan_bench", "gpus >= 2",
       "    if gpus >= 2:\n        backend, device, most", "    if gpus >= 1:\n        backend, device, most",

@@ -41,7 +41,7 @@ QUESTIONS = {
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization",
                                "q04_predicted_bandwidth"],
     "05_large_batch_training": ["q05_lr_schedule", "q05_recipe", "q05_set_epoch"],
-    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time"],
+    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time", "q06_tokens_per_s"],
     "07_quantization": ["q07_int8_size"],
     "09_build_ddp": ["q09_average", "q09_buckets", "q09_shards", "q09_exposed"],
 }
@@ -282,6 +282,7 @@ def _check_q06_flops_per_token(f):
 
 
 def _check_q06_mfu(f):
+    from lab_utils.core.flops import mfu
     from lab_utils.core.hardware import fraction_of_peak, peak_flops_per_s
 
     for fpt, tps, n, gpu, prec in ((6.1e7, 2.4e6, 4, "NVIDIA H100 80GB HBM3", "bf16"),
@@ -289,6 +290,8 @@ def _check_q06_mfu(f):
                                    (1.0e6, 1.0e4, 1, "NVIDIA H100 PCIe", "tf32")):
         lab = fraction_of_peak(fpt * tps / n, gpu, prec)
         assert math.isclose(f(fpt, tps, peak_flops_per_s(gpu, prec), n), lab, rel_tol=1e-12)
+        assert math.isclose(f(fpt, tps, peak_flops_per_s(gpu, prec), n),
+                            mfu(fpt, tps, peak_flops_per_s(gpu, prec), n), rel_tol=1e-12)  # the worker's
 
 
 def _check_q06_rank_time(f):
@@ -303,6 +306,20 @@ def _check_q06_rank_time(f):
     ranks = GPT_RANK_SECONDS
     speedups = [round(f(list(ranks[(b, 1)])) / f(list(ranks[(b, n)])), 2) for b in (64, 128) for n in (2, 4)]
     assert speedups == [1.61, 2.68, 1.75, 2.95]
+
+
+def _check_q06_tokens_per_s(f):
+    """The lab's model (lab_utils.core.flops.predicted_tokens_per_s, behind Exercise 06-d's table), and by
+    hand: 0.30 s at batch 64 and 0.50 s at 128 (block 256) are 0.10 s fixed + 12.2 us per token, so 16 x 64
+    micro-steps run at 4,096 tokens per 0.15 s = 27,306.7 tokens/s."""
+    from lab_utils.core.flops import predicted_tokens_per_s
+
+    for b, t, m, e, block in (([64, 128], [0.30, 0.50], 16, 1024, 256), ([128, 32], [0.9, 0.3], 8, 512, 64),
+                              ([2, 4], [0.002, 0.0031], 1, 8, 64), ([64, 128], [0.1, 0.18], 256, 256, 32)):
+        case = {"batch_sizes": b, "step_seconds": t, "micro_batch": m, "effective_batch": e,
+                "block_size": block}
+        assert math.isclose(f(**case), predicted_tokens_per_s(**case), rel_tol=1e-12)
+    assert math.isclose(f([64, 128], [0.30, 0.50], 16, 1024, 256), 4096 / 0.15, rel_tol=1e-12)
 
 
 def _check_q07_int8_size(f):
@@ -387,7 +404,8 @@ CHECKS = {
     "q04_utilization": _check_q04_utilization, "q04_predicted_bandwidth": _check_q04_predicted_bandwidth,
     "q05_lr_schedule": _check_q05_lr_schedule, "q05_recipe": _check_q05_recipe,
     "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
-    "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time, "q07_int8_size": _check_q07_int8_size,
+    "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time,
+    "q06_tokens_per_s": _check_q06_tokens_per_s, "q07_int8_size": _check_q07_int8_size,
     "q09_average": _check_q09_average, "q09_buckets": _check_q09_buckets, "q09_shards": _check_q09_shards,
     "q09_exposed": _check_q09_exposed,
 }

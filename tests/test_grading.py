@@ -2,7 +2,7 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (31 of 31 points on 18
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (35 of 35 points on 20
 questions), the same notebooks blank (0, "not done yet", or a find-the-bug exercise's bug by name), and
 cheats and known mistakes (the lab's own function called, ``math.isclose`` replaced: 0 or flagged, and the
 summary says so; the log2 tree, Normalize before ToTensor, the mean over ranks: 0, the mistake named).
@@ -42,7 +42,7 @@ from lab_utils.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_ARGS = [] if not sandbox.probe() else ["--no-sandbox"]   # the bookkeeping tests run either way
-# The autograded points of the masters (31 on 18 exercises when notebooks 04 and 05 got 04-d and 05-b).
+# The autograded points of the masters (35 on 20 exercises with 01-c, 04-d, 05-b and 06-d).
 AUTO_POINTS = sum(q.points for b in BOOKS for q in nbs.parse_master(REPO / "labs" / f"{b}.ipynb").questions
                   if not q.manual)
 
@@ -126,7 +126,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == AUTO_POINTS == 31 and len(auto) == len(EXERCISES) == 18
+    assert sum(q["points"] for q in auto) == AUTO_POINTS == 35 and len(auto) == len(EXERCISES) == 20
 
 
 # ------------------------------------------------------------------ the student copy makes students think

@@ -183,8 +183,17 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("sequences", "training sequences of the epoch (all ranks for an aggregate)", "count"),
     ("tokens_per_s", "training tokens / train_seconds (loader waits EXCLUDED); aggregate: all ranks' tokens "
      "/ the slowest rank's train_seconds", "tokens/s"),
-    ("mfu", "model FLOPs utilization: flops_per_token x tokens_per_s / (devices x peak FLOP/s); None where "
-     "the peak is unknown (CPUs)", "fraction"),
+    ("epoch_tokens_per_s", "the GPT: training tokens / epoch_seconds of an uninstrumented pass (device "
+     "synchronized at its two ends only, loader waits INCLUDED); aggregate: all ranks' tokens / the slowest "
+     "rank's epoch_seconds", "tokens/s"),
+    ("mfu", "model FLOPs utilization: flops_per_token x epoch_tokens_per_s / (devices x peak FLOP/s) "
+     "(lab_utils.core.flops.mfu); None where the peak is unknown (CPUs)", "fraction"),
+    ("breakdown", "the GPT: the instrumented pass after the last epoch (breakdown_steps optimizer steps, "
+     "every phase synchronized, the comm hook read, the skew barrier under DDP): its epoch entry (a "
+     "rank's) or their aggregate over ranks, seconds over the pass", "-"),
+    ("timer_overhead_ratio", "the GPT: the instrumented pass's epoch_seconds per optimizer step / the "
+     "reported uninstrumented epoch's (slowest ranks): what the timers' synchronizations cost the run",
+     "ratio"),
     ("flops_per_token", "training FLOPs per token, counted by FlopCounterMode", "FLOP"),
     ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
     ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
@@ -348,8 +357,10 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02, 03 and 06 (and every speedup built on it): an aggregate
-#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
+#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
+#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`). The GPT
+#: of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
+#: (:data:`lab_utils.experiments.gpt_tables.GPT_T_N`).
 T_N = "train_seconds"
 
 

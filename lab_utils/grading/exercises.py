@@ -637,6 +637,32 @@ def _flops_no_head(cfg):
     return 6 * 12 * L * C * C + 12 * L * C * T
 
 
+def _step_line(batch_sizes, step_seconds, block_size):
+    """(fixed seconds, seconds per token) through the two measured points (as
+    lab_utils.core.flops.step_time_line, written again here: this module imports no torch)."""
+    (b1, b2), (t1, t2) = batch_sizes, step_seconds
+    per_token = (t2 - t1) / ((b2 - b1) * block_size)
+    return t1 - b1 * block_size * per_token, per_token
+
+
+def _tokens_fixed_once(batch_sizes, step_seconds, micro_batch, effective_batch, block_size):
+    fixed, per_token = _step_line(batch_sizes, step_seconds, block_size)
+    return effective_batch * block_size / (fixed + effective_batch * block_size * per_token)
+
+
+def _tokens_one_rate(batch_sizes, step_seconds, micro_batch, effective_batch, block_size, which=max):
+    b = which(batch_sizes)
+    return b * block_size / step_seconds[list(batch_sizes).index(b)]
+
+
+_ONE_RATE_WHY = ("the measured step has a fixed part that does not shrink with the batch: fit t(b) = fixed + "
+                 "b x block_size x per_token through both points and use it at micro_batch")
+
+
+def _tokens_show(case: dict) -> str:
+    return "predict_tokens_per_s(" + ", ".join(f"{k}={v!r}" for k, v in case.items()) + ")"
+
+
 # The earlier GPT report at batch 128 on 4 GPUs: T(1) over its slowest rank (SPEC.md: 2.95).
 _GPT_SLOWEST_128x4 = anchors.GPT_REPORTED_MEAN_SECONDS[(128, 1)] / max(anchors.GPT_RANK_SECONDS[(128, 4)])
 
@@ -1034,6 +1060,9 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q06_flops_per_token", "flops_per_token", call=lambda fn, case: plain(fn(_gpt_config(case))),
         needs=("lab_utils.models.gpt",), show=lambda case: f"flops_per_token({_cfg_text(case)})",
+        giveaways=("12LC^2 + VC", r"re:6\s*(\\,\s*)?\(\s*12\s*l\s*c", "12LCT", "12 L C T", "70,928,640",
+                   "70928640"),
+        implemented_by=("lab_utils.models.gpt.train_flops_per_token",),
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
                     "12LC^2 + VC: embeddings look up (they do not multiply), biases and LayerNorms add no "
@@ -1047,13 +1076,21 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q06_mfu", "mfu",
+        giveaways=(r"re:devices\s*(x|×)?\s*(the\s+)?peak flop", "peak FLOP/s of all the devices",
+                   r"re:flops per token\s*(x|×)?\s*tokens/s\s*(/|over|divided by)",
+                   r"re:divided?\s+by\s+(the\s+)?(number\s+of\s+)?devices"),
+        implemented_by=("lab_utils.core.flops.mfu", "lab_utils.core.hardware.fraction_of_peak"),
         mistakes=(
             Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
             Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "
                     "of one device", wrong=lambda flops, tokens_per_s, peak, n: flops * tokens_per_s / peak),
         )),
     Exercise(
-        "q06_rank_time", "run_epoch_seconds",
+        "q06_rank_time", "run_epoch_seconds", find_the_bug=True,
+        giveaways=("max(rank_seconds)", "1.61 / 2.68", "1.75 / 2.95", "2082.29 / 706.41", "2,082.29 / 706.41",
+                   r"re:(took|taken|came) (them |its speedups )?from the mean over ranks",
+                   r"re:t\(n\) is the slowest rank"),
+        implemented_by=("lab_utils.core.ranks.aggregate_epoch",),
         mistakes=(
             Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
                     "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
@@ -1068,8 +1105,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "the slowest rank's, not the sum of their times", wrong=sum),
         )),
     Exercise(
+        "q06_tokens_per_s", "predict_tokens_per_s", call=lambda fn, case: plain(fn(**case)),
+        show=_tokens_show,
+        giveaways=(r"re:\bk\b\s+cancels", r"re:micro(batch)?\s*(x|×)?\s*block(size)?\s*/\s*\(\s*fixed",
+                   "independent of the accumulation steps"),
+        implemented_by=("lab_utils.core.flops.predicted_tokens_per_s", "lab_utils.core.flops.step_time_line"),
+        mistakes=(
+            Mistake("the fixed part once per optimizer step", "each of the k = effective_batch / micro_batch "
+                    "micro-steps runs its own forward and backward, so each pays the fixed part of the "
+                    "measured step (one micro-step per measured step): an optimizer step takes "
+                    "k x (fixed + micro_batch x block_size x per_token)", wrong=_tokens_fixed_once),
+            Mistake("one measured rate for every micro-batch", _ONE_RATE_WHY, wrong=_tokens_one_rate),
+            Mistake("one measured rate for every micro-batch", _ONE_RATE_WHY,
+                    wrong=lambda **case: _tokens_one_rate(**case, which=min)),
+            Mistake("sequences per second", "a sequence is block_size tokens: tokens/s = sequences/s x "
+                    "block_size", given_right=lambda right, **case: right / case["block_size"]),
+            Mistake("seconds per token", "that is the inverse: return tokens per second",
+                    given_right=lambda right, **case: 1.0 / right if right else None),
+        )),
+    Exercise(
         "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
         needs=("torch", "lab_utils.models.gpt"),
+        giveaways=(r"re:fp32 embedding and an int8 copy", r"re:not exactly 4x smaller",
+                   r"re:(the )?head gets? (its own|an) int8 copy and the embedding"),
+        implemented_by=("lab_utils.workers.quant_model.payload_bytes",),
         mistakes=(
             Mistake("int8 is 4x smaller", "only the Linear weights become int8 (plus a scale and a zero "
                     "point per row); embeddings, biases and LayerNorms stay in float, and the tied head "
