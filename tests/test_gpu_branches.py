@@ -121,10 +121,12 @@ def test_timers_synchronize_so_a_phase_includes_its_queued_device_work(fake_gpu,
 
 def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkeypatch):
     """The DDP communication hook's clock on a GPU: CUDA events (ms) turned into seconds, after a
-    device synchronization. The model is on the CPU (gloo); the timer takes its CUDA branch."""
+    device synchronization. The model is on the CPU (gloo computes the sums); the timer takes its CUDA
+    branch and each bucket's all-reduce takes 3 ms on the fake's NCCL stream, queued behind the compute
+    stream's work and timed from the bucket's readiness to the end of the collective (known answers)."""
     from lab_utils.core.comm_hooks import AllReduceTimer
 
-    gpu = fake_gpu()
+    gpu = fake_gpu(collective_seconds=0.003).nccl_streams(monkeypatch)
     labdist.init_distributed("gloo")
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
@@ -138,19 +140,20 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
 
     timer = AllReduceTimer(OnTheGPU())
     assert (timer.cuda, timer.device) == (True, torch.device("cuda", 0))
-    model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work after the first bucket
+    model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work before the bucket
     timer.begin_step()
     gpu.launch(0.010)                                                   # forward
     ddp(torch.ones(2, 4)).sum().backward()
     gpu.launch(0.004)                                                   # the tail DDP waits for
     timer.end_backward()
     step = timer.finish_step()
-    assert gpu.synchronize_calls[-1] == 0 and gpu.events_recorded >= 4
-    # the bucket was ready when the first layer's gradient was (0.012 s after the start; the
-    # all-reduce done at once on gloo); the tail is the 4 ms after it: seconds, not milliseconds
+    assert gpu.synchronize_calls[-1] == 0 and gpu.collectives == ["all_reduce"]
+    # the bucket was ready when the first layer's gradient was (0.012 s after the start); its
+    # all-reduce ran 3 ms on the NCCL stream; the tail is the 4 ms after it: seconds, not milliseconds
     assert step.buckets == 1
+    assert step.allreduce_busy_seconds == pytest.approx(0.003, abs=1e-9)
+    assert step.allreduce_sum_seconds == pytest.approx(0.003, abs=1e-9)
     assert step.exposed_tail_seconds == pytest.approx(0.004, abs=1e-9)
-    assert step.allreduce_busy_seconds == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatch):
