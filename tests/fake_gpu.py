@@ -821,7 +821,7 @@ class FakeGPU:
                 return gpu.on_device(real(*args, **kwargs), i)
             return make
 
-        for name in ("tensor", "zeros", "ones", "empty", "full", "randn", "arange"):
+        for name in ("tensor", "zeros", "ones", "empty", "full", "randn", "randint", "arange"):
             monkeypatch.setattr(torch, name, factory(getattr(torch, name)))
         real_to = torch.Tensor.to
 

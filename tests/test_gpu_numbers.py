@@ -431,3 +431,31 @@ def test_exposed_beyond_the_all_reduce_is_a_warning_beyond_the_noise_not_a_failu
     assert judge(exposed_comm_seconds=0.6, exposed_comm_noise_seconds=0.15)[2] == "ok"   # within 2 s.e.
     assert judge(compute_seconds=0.3)[2] == "fail"                                       # phases: a law
     assert judge(compute_seconds=0.3, exposed_comm_seconds=0.6)[2] == "fail"
+
+
+# --------------------------------------------------------------------------- the link tables' data sheets
+
+
+# NVLink per GPU and direction, decimal GB/s: the data sheet's total (both directions) / 2.
+NVLINK_DATA_SHEETS = {
+    "NVIDIA H100 NVL": 300.0,          # NVLink bridge: 600 GB/s
+    "NVIDIA H100 PCIe": 300.0,         # NVLink bridge: 600 GB/s
+    "NVIDIA H100 80GB HBM3": 450.0,    # SXM5, NVLink 4: 900 GB/s
+    "NVIDIA H200": 450.0,              # SXM: 900 GB/s
+    "NVIDIA H200 NVL": 450.0,          # 2- or 4-way NVLink bridge: 900 GB/s
+    "NVIDIA A100-SXM4-80GB": 300.0,    # NVLink 3: 600 GB/s
+    "Tesla V100-SXM2-32GB": 150.0,     # NVLink 2: 300 GB/s
+}
+# PCIe per lane and direction, decimal GB/s: GT/s x line encoding (8b/10b to gen2, 128b/130b from gen3) / 8
+PCIE_LANES = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
+
+
+@pytest.mark.parametrize("name", list(NVLINK_DATA_SHEETS))
+def test_link_peaks_are_the_data_sheets_per_direction_figures(name):
+    from lab_utils.experiments import comm
+
+    assert comm._nominal_link_peak(name, "nvlink").gb_per_s == NVLINK_DATA_SHEETS[name]
+    if name == "NVIDIA H100 NVL":   # once: every PCIe generation, at 16 lanes
+        for gen, lane in PCIE_LANES.items():
+            assert comm._nominal_link_peak(name, "pcie", gen, 16).gb_per_s == pytest.approx(16 * lane), gen
+    assert comm._nominal_link_peak("NVIDIA L40S", "nvlink").gb_per_s is None   # no NVLink: no number
