@@ -14,8 +14,9 @@ bug made a test hang: pytest was stopped), ``survived`` (every test passed: list
 ``survives`` reason when it is an equivalent mutant, else as a missing test), ``error`` (pytest could
 not run them, e.g. exit code 2-5). The mutants cover the inventory's decision sites and GPU lines
 (tests/gpu_branches.py: synchronizes, event records, peak resets, device indices, peak-table rows).
-tests/gpu_mutants_results.json keeps them by mutant (``Mutant.ident``, a digest of its file and text: a changed mutant is "not run" until the next
-run); tests/GPU_BRANCHES.md is then regenerated from the inventory, the mutants and the verdicts.
+tests/gpu_mutants_results.json keeps them by mutant (``Mutant.ident``, a digest of its file and text:
+a changed mutant is "not run" until the next run); tests/GPU_BRANCHES.md is then regenerated from the
+inventory, the mutants and the verdicts.
 
     python tools/mutants.py [--only TEXT] [--timeout S] [--list]
 
