@@ -432,6 +432,7 @@ CHOOSE = BR + "test_choose_backend_answers_nccl_with_a_gpu_per_rank"
 NO_GPU = BR + "test_asking_for_cuda_without_a_gpu_is_one_sentence"
 COPIES = BR + "test_host_to_device_copies_are_non_blocking_on_a_gpu"
 BDDP = "test_build_ddp.py::test_merged_trace_one_row_per_rank_and_the_lanes_of_cpu_and_gpu_traces"
+MEMORY_USE = "test_build_ddp.py::test_memory_use_on_a_gpu_reads_the_allocators_counters_from_before_the_build"
 MACHINE = BR + "test_the_machine_here_names_its_gpus_and_their_bf16"
 GPT_PLAN = BR + "test_gpt_runs_are_placed_on_the_gpus"
 SWEEP_PLAN = BR + "test_the_sweep_plan_on_a_gpu"
@@ -500,6 +501,10 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
+    # core/handmade.py: notebook 09's memory of each implementation
+    B("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "memory_allocated before the build and after the warm-up, max_memory_allocated over the measured step "
+      "after reset_peak_memory_stats", MEMORY_USE),
     # core/hardware.py
     B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",
@@ -706,6 +711,14 @@ INVENTORY: tuple[Branch, ...] = (
       PROBE),
     B("core/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
       "a probe step ends when its kernels and all-reduces do", PROBE),
+    # core/handmade.py: notebook 09's memory of each implementation
+    *(B("core/handmade.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
+      for n, what in ((1, "the device idle before the first counter is read"),
+                      (2, "the warm-up done before the held bytes are read"),
+                      (3, "the measured step done before its peak is read"))),
+    B("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+      "the measured GPU's peak reset before the measured step",
+      BR + "test_memory_use_resets_the_measured_gpus_peak"),
     # core/dist.py
     B("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
       "a rank's GPU is its LOCAL_RANK",

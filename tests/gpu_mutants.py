@@ -55,6 +55,10 @@ def M(file: str, function: str, condition: str, original: str, mutated: str, mod
     return Mutant((file, function, condition, n), original, mutated, models, tests, survives)
 
 
+#: Why a synchronize around the caching allocator's counters changes nothing.
+COUNTED_ON_THE_HOST = ("equivalent: the caching allocator counts memory_allocated and max_memory_allocated "
+                       "on the host, when a tensor is allocated and when it is freed, not when its kernels "
+                       "run, so a synchronize does not move them")
 #: Why a synchronize right after NCCL's barrier changes nothing (torch's ProcessGroupNCCL: the barrier's
 #: wait blocks the host on the current stream, which waited for every earlier collective).
 AFTER_NCCL_BARRIER = ("equivalent under NCCL: dist.barrier() blocks the host until the current stream, "
@@ -124,6 +128,17 @@ MUTANTS: tuple[Mutant, ...] = (
     M("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
       '"value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"', '"value": f"{g.name}, {mem}"',
       "a GPU torch cannot use listed as if the runs used it"),
+    # core/handmade.py
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "return MemoryUse(held, torch.cuda.max_memory_allocated(device) - start), it",
+      "return MemoryUse(held, torch.cuda.memory_allocated(device) - start), it",
+      "notebook 09's peak read as memory_allocated after the step (its temporaries gone)"),
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)", "        step(it)",
+      "the peak counter not reset before the measured step: the build's spike read as the step's peak"),
+    M("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "start = torch.cuda.memory_allocated(device)", "start = 0",
+      "what other code held before the build counted as the implementation's bytes"),
     # core/machine.py
     M("core/machine.py", "Machine.device", "self.gpus", 'return "cuda" if self.gpus else "cpu"', 'return "cpu"',
       "a GPU machine's one-device runs planned on the CPU"),
@@ -416,6 +431,19 @@ MUTANTS: tuple[Mutant, ...] = (
       "                loss_fn(ddp_model(x), y).backward()\n        synchronize(device)\n        dt",
       "                loss_fn(ddp_model(x), y).backward()\n        dt",
       "a probe step timed without waiting for its kernels and all-reduces: (b) reads the launches"),
+    # core/handmade.py
+    *(M("core/handmade.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
+        survives=COUNTED_ON_THE_HOST) for n, original, mutated, models in (
+          (1, "        torch.cuda.synchronize(device)\n        start", "        start",
+           "the memory counter read before the device is idle"),
+          (2, "            step(it)\n        torch.cuda.synchronize(device)\n        held",
+           "            step(it)\n        held", "the held bytes read before the warm-up's kernels end"),
+          (3, "        step(it)\n        torch.cuda.synchronize(device)\n        return MemoryUse",
+           "        step(it)\n        return MemoryUse", "the peak read before the measured step's kernels end"))),
+    M("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+      "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)",
+      "        torch.cuda.reset_peak_memory_stats()\n        step(it)",
+      "the current GPU's peak reset, not the measured one's: the build's spike read as the step's peak"),
     # core/dist.py
     M("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
       'dev = torch.device("cuda", local_rank)', 'dev = torch.device("cuda", rank)',

@@ -1113,3 +1113,24 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
     assert probe.exposed_per_step_seconds == pytest.approx(0.003)
     assert probe.allreduce_per_step_seconds == pytest.approx(0.003) and probe.buckets == 1
     assert probe.overlap_per_step_seconds == pytest.approx(0.0, abs=1e-9)
+
+
+def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
+    """Notebook 09's memory of an implementation on a rank's GPU 1 (GPU 0 current): the 8 MiB spike of the
+    build is not the measured step's peak (1 MiB kept + 3 MiB of temporaries)."""
+    from lab_utils.core import handmade
+
+    gpu = fake_gpu(count=2)
+    dev = torch.device("cuda", 1)
+
+    def build():
+        spike = gpu.tensor(8 * 2 ** 20, 1)
+        del spike
+        return [gpu.tensor(2 ** 20, 1)]
+
+    def step(held):
+        temporary = gpu.tensor(3 * 2 ** 20, 1)
+        del temporary
+
+    use, _ = handmade.memory_use(build, step, dev)
+    assert (use.held_bytes, use.peak_bytes) == (2 ** 20, 4 * 2 ** 20) and torch.cuda.current_device() == 0

@@ -107,6 +107,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "as step_train_seconds_p10", "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
+    ("memory_limit_bytes", "the memory a sweep run may hold: the GPU's total memory times the per-process "
+     "share set (memory_fraction, memory_cap_bytes), or the CPU memory cap; None on a CPU without a cap",
+     "bytes"),
     # ---------------------------------------------------------------- a row's time's spread (core.spread)
     ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
     ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "
@@ -222,7 +225,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- data parallelism by hand (notebook 09)
     ("implementations", "notebook 09: one entry per implementation of the configuration (its name, bucket_mb "
      "and the values below)", "-"),
-    ("implementation", "local (no communication) | naive | flat | bucketed | zero1 | ddp | ddp_bf16", "-"),
+    ("implementation", "local (no communication) | naive | per_tensor | flat | bucketed | zero1 | ddp | "
+     "ddp_bf16", "-"),
     ("bucket_mb", "bucket cap in MiB (2^20 bytes), as DDP's bucket_cap_mb; None: one bucket (bucketed) or "
      "none (the others)", "MiB"),
     ("check_steps", "K: steps of the correctness check", "count"),
@@ -246,7 +250,20 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("messages", "the collectives of one step: [kind, bytes of the buffer]", "-"),
     ("bytes_per_rank_per_step", "ring bytes one rank sends per step: 2(P-1)/P x S per all-reduce, half per "
      "reduce-scatter or all-gather", "bytes"),
-    ("overlaps", "the collectives start during backward (bucketed, DDP)", "-"),
+    ("overlaps", "the collectives start during backward (per_tensor, bucketed, DDP)", "-"),
+    ("backward_seconds", "notebook 09: the no-communication replica's backward pass alone (the loop's "
+     "backward timer, device synchronized at both ends), mean over the comparison's steps, the slowest "
+     "rank's", "s"),
+    ("optimizer", "the optimizer of a memory row: sgd (the recipe) or adam (torch's defaults)", "-"),
+    ("held_bytes", "notebook 09: tensor bytes an implementation keeps between steps on one rank (model, "
+     "gradients, optimizer state, its buffers), counted from before it was built; the largest over ranks",
+     "bytes"),
+    ("peak_bytes", "notebook 09: the most tensor bytes allocated at once during one step (held_bytes plus "
+     "activations and temporaries); GPU: max_memory_allocated, CPU: the profiler's allocation events; the "
+     "largest over ranks", "bytes"),
+    ("optimizer_state_bytes", "bytes of the tensors the optimizer keeps between steps on one rank (SGD's "
+     "momentum; Adam's two moments); the largest over ranks", "bytes"),
+    ("parameter_bytes", "bytes of the model's parameters (one copy)", "bytes"),
     ("tensors", "parameter tensors of the model (each one message for the naive all-reduce)", "count"),
     ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank's mean, "
      "best of 3 sweeps", "us"),

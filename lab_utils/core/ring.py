@@ -54,9 +54,13 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 GB = 1e9  # decimal, as nccl-tests reports GB/s
 
-# DDP's default bucket_cap_mb=25, which torch turns into 25 * 1024 * 1024 bytes; the first
-# bucket (the last layers' gradients, ready first) is capped at 1 MiB so that
-# communication can start early.
+# DDP's default bucket_cap_mb=25, which torch turns into 25 * 1024 * 1024 bytes. Only when bucket_cap_mb
+# is not given is the first bucket capped at 1 MiB (an explicit cap applies to every bucket). torch's
+# reason, where nn/parallel/distributed.py builds the Reducer: "we allow for a single small bucket for
+# parameters that are defined first, such that their gradients don't spill into a much larger bucket,
+# adding unnecessary latency after gradient computation finishes": tail latency after backward ends.
+# (DDP rebuilds its buckets after the first step in gradient-ready order, last layer first; the 1 MiB
+# cap then falls on the first bucket sent: ResNet-18's 9.46 + 26.49 + 8.74 MB.)
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
@@ -160,6 +164,22 @@ def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: flo
     s, p, a, bw, _ = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
     k = max(1, math.ceil(s / _check_pos(bucket_bytes, "bucket size in bytes")))
     return k * 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
+
+
+def predicted_allreduce_gb_per_s(bucket_bytes: Sequence[float], world_size: int, alpha_seconds: float,
+                                 bandwidth_gb_per_s: float) -> float:
+    """Notebook 04's prediction of Table 3's (c) rate, in decimal GB/s: what one rank sends for one step's
+    buckets (``2(P-1)/P x b`` each) over their ring all-reduces one after another, each its own
+    ``2(P-1) alpha + 2(P-1)/P x b / B``. Below ``B`` by the latency paid once per bucket; one rank refused."""
+    p = _check_world_size(world_size)
+    if p < 2:
+        raise LabError("A bandwidth needs at least 2 ranks: one device communicates nothing.")
+    sizes = [_check_pos(b, "bucket size in bytes") for b in bucket_bytes]
+    if not sizes:
+        raise LabError("Give the sizes of the step's buckets in bytes (at least one).")
+    bw = _check_pos(bandwidth_gb_per_s, "bandwidth B (GB/s)") * GB
+    seconds = sum(ring_allreduce_seconds(b, p, alpha_seconds, bw) for b in sizes)
+    return sum(ring_bytes_per_rank(b, p) for b in sizes) / seconds / GB
 
 
 def tree_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,

@@ -12,6 +12,7 @@ import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from lab_utils.core import anchors
@@ -19,6 +20,7 @@ from lab_utils.grading.fakes import FakeAsyncDevice
 
 NOT_DONE = "not done yet"
 REL_TOL = 1e-9
+ABS_TOL = 1e-12
 
 
 # --------------------------------------------------------------------------- answers as data
@@ -52,16 +54,16 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def same(got: Any, want: Any, rel_tol: float = REL_TOL) -> bool:
-    """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or 1e-12 near zero)."""
+def same(got: Any, want: Any, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
+    """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or ``abs_tol`` near zero)."""
     if _is_number(want):
-        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-12)
+        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(want, list):
         return (isinstance(got, list) and len(got) == len(want)
-                and all(same(g, w, rel_tol) for g, w in zip(got, want)))
+                and all(same(g, w, rel_tol, abs_tol) for g, w in zip(got, want)))
     if isinstance(want, dict):
         return (isinstance(got, dict) and got.keys() == want.keys()
-                and all(same(got[k], want[k], rel_tol) for k in want))
+                and all(same(got[k], want[k], rel_tol, abs_tol) for k in want))
     return type(got) is type(want) and got == want
 
 
@@ -137,6 +139,7 @@ class Exercise:
     show: Callable[[Any], str] | None = None
     outputs: tuple[str, ...] = ()
     rel_tol: float = REL_TOL
+    abs_tol: float = ABS_TOL   # numbers near 0 (a float32 answer's rounding: 1e-6 fits values up to ~10)
     hint: Callable[[Any, Any], str] | None = None
     needs: tuple[str, ...] = ()   # loaded by the grader before the timed cases start
     # Claims that state the answer: none may be visible in the student copy before the exercise
@@ -182,10 +185,11 @@ def explain(ex: Exercise, case: Any, got: Any, want: Any, mistake_answers: Seque
     """
     if got is None:
         return f"{NOT_DONE}: {ex.function} returns None; write its body."
-    if same(got, want, ex.rel_tol):
+    if same(got, want, ex.rel_tol, ex.abs_tol):
         return ""
     for m, answer in zip(ex.mistakes, mistake_answers):
-        if answer is not None and not same(answer, want, ex.rel_tol) and same(got, answer, ex.rel_tol):
+        if (answer is not None and not same(answer, want, ex.rel_tol, ex.abs_tol)
+                and same(got, answer, ex.rel_tol, ex.abs_tol)):
             numbers = "" if hidden else f" gives {_fmt(got)}, expected {_fmt(want)}"
             return f"{label}{numbers}: {m.name}: {m.why}."
     hint = ex.hint(got, want) if ex.hint else ""
@@ -218,7 +222,7 @@ def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequen
         if expected is None:
             continue
         want = expected[i]
-        if not same(got, want, ex.rel_tol):
+        if not same(got, want, ex.rel_tol, ex.abs_tol):
             mistakes = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
             return explain(ex, case, got, want, mistakes, label, hidden)
     return ""
@@ -290,81 +294,161 @@ def _timer_no_sync_before(step, sync, clock=time.perf_counter):
 # --------------------------------------------------------------------------- q01: the train transforms
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # a known mistake's values
+#: Crop offsets per axis of RandomCrop(32, padding=4) on a 32 x 32 image (0..8), and so the draws that
+#: enumerate every augmented image once: 9 x 9 offsets x (flipped, not flipped).
+CROP_OFFSETS = 9
+DRAWS = CROP_OFFSETS * CROP_OFFSETS * 2
+
+
+def _canonical_step(name: str, attrs: dict) -> list:
+    """One transform as data, spelled one way: a padding as [left, top, right, bottom], without
+    Normalize's ``inplace`` (it changes no value)."""
+    attrs = dict(attrs)
+    pad = attrs.get("padding")
+    if isinstance(pad, int):
+        attrs["padding"] = [pad] * 4
+    elif isinstance(pad, list) and len(pad) == 2:
+        attrs["padding"] = pad * 2
+    if isinstance(attrs.get("size"), int):
+        attrs["size"] = [attrs["size"]] * 2
+    if name == "Normalize":
+        attrs.pop("inplace", None)
+    return [name, attrs]
 
 
 def _transform_steps(pipeline: Any) -> Any:
-    """A transform pipeline as data: ``[[class name, {public attribute: value}], ...]`` in order."""
+    """The transforms of a pipeline as data, ``[[class name, {public attribute: value}], ...]``, sorted by
+    name: which four transforms with which values (the order is judged by what the pipeline outputs)."""
     steps = getattr(pipeline, "transforms", pipeline)
     if not isinstance(steps, (list, tuple)):
         return {"unsupported": type(pipeline).__name__}
-    return [[type(t).__name__, {k: plain(v) for k, v in sorted(getattr(t, "__dict__", {}).items())
-                                if not k.startswith("_") and k != "training"}] for t in steps]
+    out = [_canonical_step(type(t).__name__, {k: plain(v) for k, v in getattr(t, "__dict__", {}).items()
+                                              if not k.startswith("_") and k != "training"}) for t in steps]
+    return sorted(out, key=lambda step: step[0])
+
+
+class _EveryCropAndFlip:
+    """``torch.randint`` and ``torch.rand`` replaced, while in use, by two counters, so that
+    :data:`DRAWS` calls of a CIFAR train pipeline give every crop offset with and without the flip once.
+
+    Draw k (0 <= k < DRAWS) of a pipeline with one RandomCrop (two ``randint``: top, then left) and one
+    RandomHorizontalFlip (one ``rand``, flipped when below p) crops at offset (top, left) = divmod(k // 2,
+    9) and draws u = 0.5 (k % 2) + 0.5 (k // 2 + 0.5) / 81: flipped when k is even at p = 0.5, a share
+    that follows p otherwise. The streams are separate, so the draws of call k are the same whichever of
+    the crop and the flip runs first: two orders that make the same images make them draw for draw."""
+
+    def __init__(self) -> None:
+        self.ints = 0
+        self.uniforms = 0
+
+    def randint(self, *args, size=None, low=None, high=None, **_ignored):
+        import torch
+
+        if size is None and len(args) >= 2:        # randint(high, size) or randint(low, high, size)
+            *bounds, size = args
+        else:
+            bounds = list(args)
+        if high is None:
+            high = bounds.pop()
+        if low is None:
+            low = bounds.pop() if bounds else 0
+        k, which = divmod(self.ints, 2)
+        self.ints += 1
+        top, left = divmod((k // 2) % (CROP_OFFSETS * CROP_OFFSETS), CROP_OFFSETS)
+        value = low + (left if which else top) % max(int(high) - int(low), 1)
+        return torch.full(tuple(size) if isinstance(size, (list, tuple)) else (int(size),), value,
+                          dtype=torch.int64)
+
+    def rand(self, *size, **_ignored):
+        import torch
+
+        k = self.uniforms
+        self.uniforms += 1
+        u = 0.5 * (k % 2) + 0.5 * ((k // 2) % (DRAWS // 2) + 0.5) / (DRAWS // 2)
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple)) else size
+        return torch.full(shape or (1,), u)
+
+    def __enter__(self):
+        import torch
+
+        self._saved = torch.randint, torch.rand
+        torch.randint, torch.rand = self.randint, self.rand
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.randint, torch.rand = self._saved
 
 
 def _transformed(pipeline: Any, case: dict) -> Any:
-    """``pipeline`` applied to the case's random 32 x 32 RGB PIL image under torch seed ``seed``:
-    the tensor's shape, dtype, per-channel mean, and per-channel means weighted by column and by row
-    (they change when the image is cropped or flipped differently); ``{"error": type}`` if it raised."""
+    """Every augmented image ``pipeline`` makes of the case's random 32 x 32 RGB PIL image (:data:`DRAWS`
+    calls under :class:`_EveryCropAndFlip`), summarized: the tensors' shape and dtype, how many differ,
+    their per-channel mean, and per-channel means weighted by column and by row (they change when the
+    images are cropped, padded or flipped otherwise); ``{"error": type}`` if it raised."""
     import numpy as np
     import torch
     from PIL import Image
 
     pixels = np.random.default_rng(case["image"]).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGB")
     try:
-        with torch.random.fork_rng(devices=[]):   # the student's own random state is left alone
-            torch.manual_seed(case["seed"])
-            out = pipeline(Image.fromarray(pixels, "RGB"))
+        with _EveryCropAndFlip():
+            outs = [pipeline(image) for _ in range(DRAWS)]
     except Exception as e:  # Normalize before ToTensor raises on a PIL image: an answer, not a crash
         return {"error": type(e).__name__}
-    if not isinstance(out, torch.Tensor) or out.dim() != 3:
-        return {"returns": type(out).__name__, "shape": list(getattr(out, "shape", []))}
-    x = out.detach().double()
+    first = outs[0]
+    if not all(isinstance(o, torch.Tensor) and o.dim() == 3 and o.shape == first.shape for o in outs):
+        return {"returns": type(first).__name__, "shape": list(getattr(first, "shape", []))}
+    x = sum(o.detach().double() for o in outs) / len(outs)   # the mean image over the draws, C x H x W
     cols = torch.arange(1, x.shape[2] + 1, dtype=torch.float64) / x.shape[2]
     rows = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)[:, None] / x.shape[1]
-    return {"shape": list(x.shape), "dtype": str(out.dtype).removeprefix("torch."),
+    return {"shape": list(first.shape), "dtype": str(first.dtype).removeprefix("torch."),
+            "distinct": len({o.detach().cpu().numpy().tobytes() for o in outs}),
             "mean": x.mean(dim=(1, 2)).tolist(), "column_weighted": (x * cols).mean(dim=(1, 2)).tolist(),
             "row_weighted": (x * rows).mean(dim=(1, 2)).tolist()}
 
 
 def _transform_call(fn: Callable, case: dict) -> Any:
-    """Case ``{"image", "seed"}``: the transformed image (:func:`_transformed`); with ``"describe":
-    True`` (hidden cases) also the pipeline's steps, in order, with their arguments."""
+    """Case ``{"image"}``: the transforms (:func:`_transform_steps`, in any order) and every augmented
+    image of that random image (:func:`_transformed`). Any order whose images are the assignment's,
+    draw for draw, gives the assignment's answer."""
     pipeline = fn()
     if pipeline is None:
         return None
-    out = _transformed(pipeline, case)
-    return {"steps": _transform_steps(pipeline), "image": out} if case.get("describe") else out
+    return {"transforms": _transform_steps(pipeline), "images": _transformed(pipeline, case)}
 
 
 def _transform_show(case: dict) -> str:
-    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB) "
-            f"with torch seed {case['seed']}")
+    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB), every crop "
+            "offset with and without the flip")
 
 
 def _transform_hint(got: Any, want: Any) -> str:
     """What differs, in words (never the expected pipeline)."""
-    if isinstance(want, dict) and "steps" in want:
-        mine, right = (got.get("steps") if isinstance(got, dict) else None), want["steps"]
-        if not isinstance(mine, list):
-            return "it returns no list of transforms: return one transforms.Compose([...])"
-        if len(mine) != len(right):
-            return f"it has {len(mine)} transforms; the assignment's pipeline has {len(right)}"
-        if [s[0] for s in mine] != [s[0] for s in right]:
-            return "the transforms are not the assignment's, in the assignment's order"
-        for i, (m, r) in enumerate(zip(mine, right)):
-            if not same(m, r, 1e-6):
-                keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
-                return f"transform {i + 1} ({m[0]}) has other values: {', '.join(keys) or 'its arguments'}"
-        got, want = got.get("image"), want["image"]
+    if not isinstance(got, dict) or not isinstance(want, dict):
+        return ""
+    mine, right = got.get("transforms"), want["transforms"]
+    if not isinstance(mine, list) or not all(isinstance(m, list) and len(m) == 2 and isinstance(m[1], dict)
+                                             for m in mine):
+        return "it returns no list of transforms: return one transforms.Compose([...])"
+    if [m[0] for m in mine] != [r[0] for r in right]:
+        names = ", ".join(str(m[0]) for m in mine) or "none"
+        return f"its transforms are {names}, not the four the prompt names"
+    for m, r in zip(mine, right):
+        if not same(m, r, 1e-6):
+            keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
+            return f"{m[0]} has other values: {', '.join(keys) or 'its arguments'}"
+    got, want = got.get("images"), want["images"]
     if isinstance(got, dict) and "error" in got:
         return f"applied to a PIL image it raises {got['error']}"
     if isinstance(got, dict) and "returns" in got:
         return f"it returns a {got['returns']}, not a 3 x 32 x 32 tensor"
-    if isinstance(got, dict) and isinstance(want, dict) and got.get("shape") != want.get("shape"):
+    if isinstance(got, dict) and got.get("shape") != want.get("shape"):
         return f"the tensor's shape is {got.get('shape')}"
-    if isinstance(got, dict) and isinstance(want, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
-        return "the pixel values differ (normalization values, padding, or the order)"
-    return "the pixels are in other places (the crop, the flip, or their order)"
+    if isinstance(got, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
+        return "the pixel values differ (the padding's colour, or the normalization)"
+    return "the images are cropped or flipped otherwise"
 
 
 def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=None):
@@ -378,6 +462,47 @@ def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=No
     make = {"crop": lambda: T.RandomCrop(32, padding=padding), "flip": lambda: T.RandomHorizontalFlip(p=0.5),
             "tensor": T.ToTensor, "normalize": lambda: T.Normalize(mean, std)}
     return T.Compose([make[step]() for step in order])
+
+
+# --------------------------------------------------------------------------- q01: peak memory
+
+
+def _memory_line(batch_a, peak_a, batch_b, peak_b):
+    per_image = (peak_b - peak_a) / (batch_b - batch_a)
+    return peak_a - per_image * batch_a, per_image
+
+
+def _peak_through_zero(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    """A known mistake: the peak proportional to the batch, from the larger measurement alone."""
+    per_image = peak_b / batch_b
+    return per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_through_zero_small(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    """The same mistake from the smaller measurement."""
+    per_image = peak_a / batch_a
+    return per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_fixed_left_in_limit(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    fixed, per_image = _memory_line(batch_a, peak_a, batch_b, peak_b)
+    return fixed + per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_rounded_up(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    fixed, per_image = _memory_line(batch_a, peak_a, batch_b, peak_b)
+    return fixed + per_image * batch, math.ceil((limit - fixed) / per_image)
+
+
+def _peak_hint(got: Any, want: Any) -> str:
+    if isinstance(got, list) and len(got) == 2 and _is_number(got[1]) and got[1] != round(got[1]):
+        return "the largest batch is a whole number of images"
+    return ""
+
+
+_PROPORTIONAL = Mistake("no fixed part", "the peak is not proportional to the batch: the line through your "
+                        "two measurements does not pass through 0 bytes at batch 0; take its slope and its "
+                        "intercept from both", wrong=_peak_through_zero)
 
 
 # --------------------------------------------------------------------------- q04: bytes
@@ -412,18 +537,46 @@ def _iterations(dataset_size, world_size, per_device_batch):
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
 
 
+# "2(P-1)" in any form: the ring's step count, the heart of q04_ring_bytes' answer (phrases are matched on
+# lower-cased text: lab_utils.grading.giveaways.normalized).
+_TWO_P_MINUS_1 = "re:2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"
+
+
+def _predicted(buckets, p, alpha, bw_gb_per_s, latency=1.0):
+    """q04_predicted_bandwidth with ``latency`` x the ring's 2(P-1) alpha per bucket (1: the right one)."""
+    seconds = sum(latency * 2 * (p - 1) * alpha + 2 * (p - 1) / p * b / (bw_gb_per_s * 1e9) for b in buckets)
+    return sum(2 * (p - 1) / p * b for b in buckets) / seconds / 1e9
+
+
 # The earlier cohort's Table 3: one gradient's bytes over an epoch's communication time (SPEC.md).
+# The earlier cohort's 4 x 512 bandwidth: one gradient over its Q4.1 output's epoch communication time, the
+# 250.10 MB/s of its Q4.1 and of its Table 3 (SPEC.md).
 _T3_BYTES, _T3_SECONDS = anchors.TABLE3_GRADIENT_BYTES, anchors.TABLE3_COMM_SECONDS[0]
 _TABLE3 = f"{_T3_BYTES:,} B / {_T3_SECONDS} s = {_T3_BYTES / _T3_SECONDS / 1e6:.1f} MB/s"
 ONE_ALLREDUCE_PER_EPOCH = "one all-reduce per epoch"
 _ONE_PER_EPOCH_WHY = (
     "every step of the epoch ends with its own all-reduce, in which each rank sends 2(P-1)/P x S: an epoch "
-    "moves that once per step, not once (the earlier cohort's Table 3 divided one gradient per epoch by the "
-    f"epoch's time, {_TABLE3}, leaving out the steps and the ring's 2(P-1)/P), so the error grows with the "
-    "steps per epoch")
+    "moves that once per step, not once (the earlier cohort's 4 x 512 bandwidth, in its Q4.1 output and its "
+    f"Table 3, is one gradient over the epoch's communication time, {_TABLE3}, leaving out the steps and the "
+    "ring's 2(P-1)/P), so the error grows with the steps per epoch")
 
 
 # --------------------------------------------------------------------------- q05: schedules, samplers
+
+
+def _recipe(base_lr, base_batch, per_device_batch, devices, dataset_size, warmup_epochs, rule="linear",
+            steps="ddp"):
+    """q05_recipe with one known mistake switched on (``rule``: how the peak scales; ``steps``: how the
+    warm-up is counted); the right answer with the defaults."""
+    k = per_device_batch * devices / base_batch
+    scale = {"linear": k, "none": 1.0, "sqrt": math.sqrt(k), "per_device": per_device_batch / base_batch}
+    per_epoch = {"base": math.ceil(dataset_size / base_batch),
+                 "whole": math.ceil(dataset_size / per_device_batch),
+                 "floor": dataset_size // devices // per_device_batch,
+                 "epochs": 1}.get(steps, _iterations(dataset_size, devices, per_device_batch))
+    warm = warmup_epochs * per_epoch
+    return base_lr * scale[rule], (warmup_epochs if steps == "epochs" else int(warm) if steps == "truncate"
+                                   else round(warm))
 
 
 def _lr_from_zero(step, base_lr, global_batch, base_batch, warmup_steps):
@@ -532,14 +685,20 @@ RANKS_TIMEOUT_S = 15.0
 def _average_call(fn: Callable, case: dict) -> Any:
     """Case ``{"grads": [rank 0's gradients, rank 1's, ...]}`` (each a list of nested lists): ``fn`` runs
     in that many gloo ranks (:func:`lab_utils.core.handmade.run_in_ranks`, forked processes), each on its
-    own gradients as float32 tensors; the answer is every rank's returned gradients, as lists."""
+    own gradients as float32 tensors. The answer, per rank: ``{"grads": what the given tensors hold
+    afterwards, "returns": what fn returned}`` (:func:`_returned`); None (not done yet) when a rank's fn
+    returned None and changed nothing."""
     import torch
 
     from lab_utils.core.handmade import run_in_ranks
 
     def rank(r: int, world: int) -> Any:
-        out = fn([torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]])
-        return None if out is None else [t.tolist() if isinstance(t, torch.Tensor) else t for t in out]
+        given = [torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]]
+        before = [g.clone() for g in given]
+        out = fn(given)
+        if out is None and all(torch.equal(g, b) for g, b in zip(given, before)):
+            return None
+        return {"grads": [g.tolist() for g in given], "returns": _returned(out, given)}
 
     answers = run_in_ranks(rank, len(case["grads"]), timeout_s=RANKS_TIMEOUT_S)
     for r, a in enumerate(answers):
@@ -548,43 +707,88 @@ def _average_call(fn: Callable, case: dict) -> Any:
     return None if any(a is None for a in answers) else plain(answers)
 
 
+#: What q09_average's answer says it returned: the list it was given (or its tensors), or not.
+RETURNS_GRADS = "the tensors it was given"
+
+
+def _returned(out: Any, given: list) -> str:
+    if out is None:
+        return "None"
+    if isinstance(out, (list, tuple)) and len(out) == len(given) and all(o is g for o, g in zip(out, given)):
+        return RETURNS_GRADS
+    if isinstance(out, (list, tuple)) and all(hasattr(o, "shape") for o in out):
+        return "new tensors"
+    return f"a {type(out).__name__}"
+
+
 def _average_show(case: dict) -> str:
     held = "; ".join(f"rank {r} holds {g}" for r, g in enumerate(case["grads"]))
     return f"average_gradients on {len(case['grads'])} gloo ranks ({held})"
 
 
-def _average(grads, before=False, reduce=True, after="world"):
+def _average_hint(got: Any, want: Any) -> str:
+    """What the prompt requires and the answer lacks: the return value, then the work in place."""
+    if not (isinstance(got, list) and all(isinstance(r, dict) and "returns" in r for r in got)):
+        return ""
+    returns = {r["returns"] for r in got}
+    if "None" in returns:
+        return "average_gradients returns None: the prompt asks it to return grads, the list it was given"
+    if "new tensors" in returns:
+        return ("it returns new tensors: the prompt asks for the mean in place, in the tensors of grads "
+                "(g /= n changes g, g = g / n makes a new tensor), and grads returned")
+    if returns != {RETURNS_GRADS}:
+        return f"it returns {sorted(returns)[0]}: the prompt asks it to return grads, the list it was given"
+    return "the tensors of grads do not hold the mean over the ranks afterwards"
+
+
+def _average(grads, before=False, reduce=True, after="world", copy=False, give_back=True):
     """Gradient averaging with one known mistake switched on (the right one with none): divide by the
-    world size ``before`` the all-reduce too, skip the all-reduce, or divide ``after`` it by 2 or not."""
+    world size ``before`` the all-reduce too, skip the all-reduce, divide ``after`` it by 2 or not, work
+    on a ``copy`` (new tensors returned, the given ones unchanged), or forget to ``give_back`` grads."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    for g in grads:
+    work = [g.clone() for g in grads] if copy else grads
+    for g in work:
         if before:
             g /= world
         if reduce:
             dist.all_reduce(g)
         if after:
             g /= world if after == "world" else after
-    return grads
+    return work if give_back else None
 
 
-def _buckets(sizes, cap, forward=False, close_at_cap=False, drop_last=False, twice=False):
-    """Bucket assignment with one known mistake switched on (the right one with none)."""
+def _ddp_buckets(sizes, cap, first, forward=False, under=False, above=False, first_ignored=False,
+                 first_everywhere=False, drop_last=False):
+    """DDP's bucket rule with one known mistake switched on (the right one with none)."""
     order = range(len(sizes)) if forward else reversed(range(len(sizes)))
     buckets, current, filled = [], [], 0
     for i in order:
-        if current and not close_at_cap and filled + sizes[i] > cap:
+        limit = first if (first_everywhere or not buckets) and not first_ignored else cap
+        if under and current and filled + sizes[i] > limit:   # the stay-under rule: close BEFORE it
             buckets.append(current)
-            current, filled = ([i] if twice else []), 0
+            current, filled = [], 0
+            limit = cap
         current.append(i)
         filled += sizes[i]
-        if close_at_cap and filled >= cap:
+        if not under and (filled > limit if above else filled >= limit):
             buckets.append(current)
             current, filled = [], 0
     if current and not drop_last:
         buckets.append(current)
     return buckets
+
+
+def _exposed(bucket_bytes, gradient_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s,
+             backward_seconds, overlap=True, queue=True, floor=False, ring_steps=True):
+    """Exercise 09-d's exposed seconds with one known mistake switched on (the right one with none)."""
+    s, p, t = gradient_bytes, world_size, backward_seconds
+    k = max(1, math.floor(s / bucket_bytes) if floor else math.ceil(s / bucket_bytes))
+    c = (2 * (p - 1) if ring_steps else 1) * alpha_seconds + 2 * (p - 1) / p * (s / k) / bandwidth_bytes_per_s
+    if not overlap:
+        return k * c
+    return max(c, t / k + k * c - t) if queue else c
 
 
 def _shards_floor(numel, world_size):
@@ -618,6 +822,9 @@ def _shards_inclusive(numel, world_size):
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q01_step_timer", "time_step", call=_time_step_call, show=_time_step_show, hint=_time_step_hint,
+        implemented_by=("lab_utils.core.timing.timed", "lab_utils.core.loop.run_epoch"),
+        giveaways=("at both ends", "at its ends", "at each phase boundary", r"re:sync\(\)\s*(#[^\n]*)?start",
+                   "before the clock starts and after the step"),
         mistakes=(
             Mistake("the launch time only", "you read the clock before the device finished (on a GPU a "
                     "step only queues its kernels): call sync() after step() and before reading the clock",
@@ -629,17 +836,17 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q01_train_transform", "cifar10_train_transform", call=_transform_call, show=_transform_show,
         hint=_transform_hint, needs=("torchvision",), rel_tol=1e-6,
+        implemented_by=("lab_utils.core.data.train_transform",),
+        giveaways=("ToTensor must come before Normalize", "Normalize before ToTensor", "mean colour",
+                   "Normalize before the crop",
+                   r"re:RandomCrop[^;.]{0,40}RandomHorizontalFlip[^;.]{0,40}ToTensor[^;.]{0,40}Normalize"),
         mistakes=(
             Mistake("Normalize before ToTensor", "Normalize works on a tensor and the dataset hands over "
                     "a PIL image, so it raises: ToTensor must come before Normalize",
                     wrong=lambda: _pipeline(("crop", "flip", "normalize", "tensor"))),
-            Mistake("crop and flip after Normalize", "it runs, but the crop's 4 pixels of padding are then 0 "
-                    "in normalized units, the data set's mean colour, not black: crop and flip the PIL "
-                    "image, then ToTensor, then Normalize",
+            Mistake("Normalize before the crop", "it runs, but the crop then pads with 0 in normalized "
+                    "units, which is the data set's mean colour, not black: pad and crop before Normalize",
                     wrong=lambda: _pipeline(("tensor", "normalize", "crop", "flip"))),
-            Mistake("flip before crop", "the assignment crops, then flips (the same kind of images, but "
-                    "not its pipeline: the same seed gives other images)",
-                    wrong=lambda: _pipeline(("flip", "crop", "tensor", "normalize"))),
             Mistake("no padding", "RandomCrop(32) of a 32 x 32 image crops nothing: pad 4 pixels on each "
                     "side (padding=4) so that the 32 x 32 crop shifts the image",
                     wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)),
@@ -647,6 +854,21 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "per-channel mean and std, as the assignment gives them",
                     wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN,
                                            std=IMAGENET_STD)),
+        )),
+    Exercise(
+        "q01_peak_memory", "predict_peak_memory", outputs=("peak_bytes", "largest_batch"), hint=_peak_hint,
+        implemented_by=("lab_utils.experiments.sweep.predict_peak_memory",
+                        "lab_utils.experiments.sweep.memory_line", "lab_utils.experiments.sweep.MemoryLine"),
+        giveaways=("line through the two", "through your two measurements", r"re:limit\W*-\W*fixed",
+                   "round the largest batch down", "does not pass through 0"),
+        mistakes=(
+            _PROPORTIONAL,
+            Mistake(_PROPORTIONAL.name, _PROPORTIONAL.why, wrong=_peak_through_zero_small),
+            Mistake("the fixed part left in the limit", "the part of the peak that does not grow with the "
+                    "batch takes its share of the limit at every batch: only the limit minus that part is "
+                    "left for the images", wrong=_peak_fixed_left_in_limit),
+            Mistake("rounded up", "a batch whose predicted peak is over the limit does not fit: round the "
+                    "largest batch down", wrong=_peak_rounded_up),
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
@@ -680,6 +902,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),
         show=_grad_bytes_show, needs=("torch", "lab_utils.models"),
+        giveaways=("re:element_?size", "re:numel\\s*(x|×)?\\s*(the )?element", "undercounts the bytes 4x"),
+        implemented_by=("lab_utils.core.ring.gradient_bytes",),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
                     "bytes: elements x p.element_size() (4 for fp32)",
@@ -693,7 +917,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch",
+        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch", find_the_bug=True,
+        giveaways=(_TWO_P_MINUS_1, "re:\\(\\s*p\\s*-\\s*1\\s*\\)\\s*/\\s*p", "bandwidth-optimal"),
+        implemented_by=("lab_utils.core.ring.ring_bytes_per_epoch",
+                        "lab_utils.core.ring.ring_bytes_per_rank"),
         mistakes=(
             Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
                     "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
@@ -714,7 +941,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_utilization", "achieved_gb_per_s",
+        "q04_utilization", "achieved_gb_per_s", find_the_bug=True,
+        giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, "250.1 MB/s",
+                   "re:steps?(\\s*per\\s*epoch)?\\s*(x|×)?\\s*2\\s*\\("),
+        implemented_by=("lab_utils.core.ring.achieved_gb_per_s",),
         mistakes=(
             Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
                     wrong=lambda s, p, steps, secs: s / secs / 1e9),
@@ -729,7 +959,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("bytes per second", "divide bytes per second by 10^9 for decimal GB/s", factor=1e9),
         )),
     Exercise(
+        "q04_predicted_bandwidth", "predicted_gb_per_s",
+        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"),
+        implemented_by=("lab_utils.core.ring.predicted_allreduce_gb_per_s",),
+        mistakes=(
+            Mistake("latency left out", "each bucket's ring all-reduce also pays 2(P-1) alpha, so the rate "
+                    "stays below B; without it the prediction is B itself",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0)),
+            Mistake("one latency for all buckets", "DDP all-reduces each bucket separately, and every one "
+                    "pays the latency term 2(P-1) alpha",
+                    wrong=lambda b, p, a, bw: _predicted([sum(b)], p, a, bw)),
+            Mistake("P-1 latency steps", "a ring all-reduce takes 2(P-1) steps (P-1 of reduce-scatter, P-1 "
+                    "of all-gather), each paying alpha",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0.5)),
+            Mistake("algbw for busbw", "Table 3 counts the bytes one rank sends, 2(P-1)/P x each bucket "
+                    "(nccl-tests' busbw), not the bucket's size (algbw)",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw) * p / (2 * (p - 1))),
+        )),
+    Exercise(
         "q05_lr_schedule", "warmup_lr",
+        # matched on the text without markdown emphasis: base_lr reads "baselr", x * y "x y"
+        giveaways=("re:base_?lr\\s*(x|×)?\\s*global_?batch\\s*/\\s*base_?batch",
+                   "re:base_?lr\\s*\\+\\s*\\(\\s*peak"),
+        implemented_by=("lab_utils.core.schedules.LRSchedule", "lab_utils.core.schedules.scaled_lr",
+                        "lab_utils.core.schedules.make_schedule"),
         mistakes=(
             Mistake("warm-up from 0", "the warm-up starts at base_lr (the small-batch rate) at step 0, "
                     "not at 0 (Goyal et al. 2017)", wrong=_lr_from_zero),
@@ -742,8 +995,35 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "not by its square root", wrong=_lr_sqrt),
         )),
     Exercise(
+        "q05_recipe", "large_batch_recipe", outputs=("peak_lr", "warmup_steps"),
+        giveaways=("1.6 for 2,048", "re:0\\.1\\s*(x|×)?\\s*2,?048\\s*/\\s*128", "re:(?<![\\d,])125 steps"),
+        implemented_by=("lab_utils.core.schedules.linear_scaling_recipe",
+                        "lab_utils.core.schedules.make_schedule"),
+        mistakes=(
+            Mistake("no linear scaling", "the peak lr is base_lr x global batch / base_batch (the linear "
+                    "scaling rule), not the small-batch rate", wrong=lambda *a: _recipe(*a, rule="none")),
+            Mistake("square-root scaling", "the linear scaling rule multiplies by global batch / base_batch, "
+                    "not by its square root", wrong=lambda *a: _recipe(*a, rule="sqrt")),
+            Mistake("the per-device batch for the global batch", "the global batch is devices x per-device "
+                    "batch: scale by it", wrong=lambda *a: _recipe(*a, rule="per_device")),
+            Mistake("warm-up in the reference's steps", "the warm-up epochs count the LARGE run's optimizer "
+                    "steps, ceil(ceil(N/P)/b) per epoch, not the small batch's",
+                    wrong=lambda *a: _recipe(*a, steps="base")),
+            Mistake("every device on the whole data set", "DistributedSampler gives each device ceil(N/P) "
+                    "images: an epoch is ceil(ceil(N/P)/b) steps, not ceil(N/b)",
+                    wrong=lambda *a: _recipe(*a, steps="whole")),
+            Mistake("the last partial batch dropped", "the loader keeps the last partial batch: round both "
+                    "divisions up", wrong=lambda *a: _recipe(*a, steps="floor")),
+            Mistake("warm-up length in epochs", "return the warm-up in optimizer steps (epochs x steps per "
+                    "epoch), as the schedule counts it", wrong=lambda *a: _recipe(*a, steps="epochs")),
+            Mistake("warm-up rounded down", "round the warm-up to the nearest whole step, as the lab's "
+                    "schedule does", wrong=lambda *a: _recipe(*a, steps="truncate")),
+        )),
+    Exercise(
         "q05_set_epoch", "epoch_orders", call=lambda fn, case: plain(fn(_sampler(case), case["epochs"])),
         show=_orders_show, needs=("torch.utils.data.distributed",),
+        giveaways=("re:seed\\s*\\+\\s*epoch", "repeats epoch 0", "the same images in the same order"),
+        implemented_by=("lab_utils.experiments.large_batch.sampler_epoch_orders",),
         mistakes=(
             Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
                     "sampler.set_epoch(epoch) at the start of each epoch",
@@ -809,8 +1089,11 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                         right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right)),
         )),
     Exercise(
-        "q09_average", "average_gradients", call=_average_call, show=_average_show, rel_tol=1e-5,
-        needs=("torch", "torch.distributed", "lab_utils.core.handmade"),
+        "q09_average", "average_gradients", call=_average_call, show=_average_show, hint=_average_hint,
+        rel_tol=1e-5, abs_tol=1e-6, needs=("torch", "torch.distributed", "lab_utils.core.handmade"),
+        implemented_by=("lab_utils.core.handmade.Naive",),
+        giveaways=(r"re:/=\s*(dist\.)?get_?world_?size\(\)", r"re:grad /=\s*self\.world",
+                   "then divided by the number of ranks", "leaves the sum over ranks on every rank"),
         mistakes=(
             Mistake("summing without dividing", "an all-reduce adds the ranks' gradients: divide by the "
                     "number of ranks for their mean, the gradient of the global batch",
@@ -821,22 +1104,36 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda grads: _average(grads, after=2)),
             Mistake("no all-reduce", "each rank divided its own gradient: the ranks never exchanged "
                     "anything, so they still disagree", wrong=lambda grads: _average(grads, reduce=False)),
+            Mistake("new tensors, not in place", "the averages went into new tensors and grads kept this "
+                    "rank's own values: change the tensors of grads themselves (dist.all_reduce(g) and "
+                    "g /= n work in place) and return grads", wrong=lambda grads: _average(grads, copy=True)),
+            Mistake("the return missing", "grads hold the mean, but average_gradients returns None: the "
+                    "prompt asks it to return grads (end it with return grads)",
+                    wrong=lambda grads: _average(grads, give_back=False)),
         )),
     Exercise(
-        "q09_buckets", "assign_buckets",
+        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.core.handmade.assign_buckets",),
+        giveaways=(r"re:if filled\s*>=", r"re:for i in reversed\(range\(len\(sizes"),
         mistakes=(
             Mistake("forward order", "backward produces the LAST layer's gradient first: fill buckets from "
-                    "the last parameter backwards", wrong=lambda s, c: _buckets(s, c, forward=True)),
-            Mistake("a bucket over the cap", "start a new bucket BEFORE a parameter would take the bucket "
-                    "over the cap (only a parameter larger than the cap may stand alone above it)",
-                    wrong=lambda s, c: _buckets(s, c, close_at_cap=True)),
+                    "the last parameter backwards", wrong=partial(_ddp_buckets, forward=True)),
+            Mistake("the stay-under-the-cap rule", "closing a bucket BEFORE a parameter would take it over "
+                    "the cap is a valid design, but not DDP's, which this asks for: DDP adds the parameter, "
+                    "then closes the bucket once it holds at least its cap",
+                    wrong=partial(_ddp_buckets, under=True)),
+            Mistake("a full bucket left open", "a bucket that holds exactly its cap is full: DDP closes it "
+                    "once it reaches OR exceeds the cap (>=)", wrong=partial(_ddp_buckets, above=True)),
+            Mistake("the first cap ignored", "the first bucket (the first one sent) has its own cap, "
+                    "first_cap_bytes; every later one cap_bytes",
+                    wrong=partial(_ddp_buckets, first_ignored=True)),
+            Mistake("the first cap everywhere", "only the first bucket has first_cap_bytes; every later "
+                    "one closes at cap_bytes", wrong=partial(_ddp_buckets, first_everywhere=True)),
             Mistake("a parameter missed", "the last bucket, still open when the loop ends, holds parameters "
-                    "too: append it", wrong=lambda s, c: _buckets(s, c, drop_last=True)),
-            Mistake("a parameter counted twice", "the parameter that did not fit goes into the NEW bucket "
-                    "only, not also into the one just closed", wrong=lambda s, c: _buckets(s, c, twice=True)),
+                    "too: append it", wrong=partial(_ddp_buckets, drop_last=True)),
         )),
     Exercise(
-        "q09_shards", "shard_bounds",
+        "q09_shards", "shard_bounds", implemented_by=("lab_utils.core.handmade.shard_bounds",),
+        giveaways=(r"re:divmod\(numel,\s*world_?size\)", r"re:min\(r \+ 1, extra\)"),
         mistakes=(
             Mistake("the remainder dropped", "with numel // world_size elements per shard, the last numel % "
                     "world_size elements belong to no rank: no rank steps them", wrong=_shards_floor),
@@ -846,5 +1143,23 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "empty (sizes differ by more than one)", wrong=_shards_ceil),
             Mistake("end inclusive", "end is one past the shard's last element: shards [start, end) meet "
                     "without a gap", wrong=_shards_inclusive),
+        )),
+    Exercise(
+        "q09_exposed", "exposed_seconds", call=lambda fn, case: plain(fn(**case)), rel_tol=1e-6,
+        implemented_by=("lab_utils.core.handmade.overlap_exposed_seconds",
+                        "lab_utils.core.handmade.optimal_bucket_bytes"),
+        show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={_fmt(v)}" for k, v in case.items()) + ")",
+        giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*t\s*/\s*k", "they queue from the first bucket on",
+                   "a bucket's communication takes exactly as long as its computation"),
+        mistakes=(
+            Mistake("no overlap", "the all-reduces of the first k - 1 buckets run while backward goes on: "
+                    "not all k of them are exposed", wrong=partial(_exposed, overlap=False)),
+            Mistake("the last bucket only", "when a bucket's all-reduce takes longer than backward takes to "
+                    "make the next bucket, the all-reduces queue up and more than the last one is left "
+                    "after backward", wrong=partial(_exposed, queue=False)),
+            Mistake("buckets rounded down", "k = ceil(S / bucket_bytes): a partial last bucket is a bucket "
+                    "too", wrong=partial(_exposed, floor=True)),
+            Mistake("alpha once per all-reduce", "a ring all-reduce takes 2(P-1) steps, each paying alpha "
+                    "(notebook 04)", wrong=partial(_exposed, ring_steps=False)),
         )),
 )}
