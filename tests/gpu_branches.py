@@ -876,6 +876,8 @@ def markdown(results: dict | None = None) -> str:
     c, mc = counts(), mutant_counts(results)
     ran = (f"last run {results['ran_at']} at commit {results.get('commit', '?')}, "
            f"{results.get('seconds', 0) / 60:.0f} min" if results.get("ran_at") else "never run")
+    if results.get("ran_at") and results.get("only"):   # a partial run: the other verdicts are older
+        ran += f", only the mutants matching {results['only']!r}; the others' verdicts from earlier runs"
     lines = [
         "# CUDA-only sites, the bugs planted in them, and the tests that catch them",
         "",
