@@ -37,6 +37,16 @@ from lab_utils.core.records import Record, RecordsReader, read_failures
 TAIL_LINES = 25
 POLL_S = 0.2  # how often a running launch's records file is read
 JOB_FILE = "job.json"
+STAGE_FILE = "stage-rank{rank}.txt"   # where each rank is (mark_stage), read when a run is stopped
+
+
+def nccl_environment(log_root: Path) -> dict[str, str]:
+    """What every launch sets for NCCL unless the user set it: NCCL's warnings in the rank logs
+    (``NCCL_DEBUG=WARN``: a start-up that fails or hangs says why there, not nothing), and PyTorch's
+    flight recorder (its ring buffer is on by default, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` 2000) dumped
+    when a collective times out, into the log folder (``nccl_trace_rank_<R>``)."""
+    return {"NCCL_DEBUG": "WARN", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(log_root / "nccl_trace_rank_")}
 
 
 @dataclass
@@ -132,6 +142,8 @@ def _run(module: str, job: Mapping[str, Any], nproc: int, timeout_s: float, log_
     elif "OMP_NUM_THREADS" not in run_env:
         run_env["OMP_NUM_THREADS"] = str(max(1, cpu_cores() // nproc))
     run_env.update(PYTHONUNBUFFERED="1", LAB_RANK_LOG_DIR=str(log_root), LAB_HEADLESS="1")
+    for key, value in nccl_environment(log_root).items():
+        run_env.setdefault(key, value)
 
     def shown(path: Path) -> str:
         """How an error names a log: not by a path that is gone when the message is read."""
@@ -155,12 +167,14 @@ def _run(module: str, job: Mapping[str, Any], nproc: int, timeout_s: float, log_
                 if child.seconds() > timeout_s:
                     child.stop()
                     yield from reader.new()
+                    where = where_ranks_were(scratch, nproc)
                     raise LaunchError(
                         f"The {nproc}-process run of {module} did not finish within {timeout_s:.0f} s and "
-                        f"was stopped; raise the time limit or shrink the run. "
+                        f"was stopped{where and f' ({where})'}; raise the time limit or shrink the run. "
                         + _quote_all(rank_logs(log_root, nproc), agent_log, shown=shown),
-                        failure={"status": "error", "reason": f"did not finish within {timeout_s:.0f} s",
-                                 "config_index": None})
+                        failure={"status": "error", "config_index": None,
+                                 "reason": f"did not finish within {timeout_s:.0f} s"
+                                           + (where and f": {where}")})
         finally:  # normal exit, failure, interrupt, or the caller leaving the loop: nothing stays
             child.stop()
     logs = rank_logs(log_root, nproc)
@@ -252,7 +266,30 @@ def _quote_all(logs: dict[int, Path], agent_log: Path, n: int = 8, shown=str) ->
     return "\n".join(f"Last lines of rank {r} ({shown(p)}):\n{_tail(p, n)}" for r, p in sorted(logs.items()))
 
 
+def where_ranks_were(folder: Path, nproc: int) -> str:
+    """Where each rank of a stopped run was (:func:`mark_stage`), e.g. ``rank 0 in configuration 2 of 3;
+    rank 1 joining the process group (NCCL communicator)``; empty when no rank said."""
+    said = []
+    for r in range(nproc):
+        try:
+            stage = (folder / STAGE_FILE.format(rank=r)).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        said.append(f"rank {r} {stage}")
+    return "; ".join(said)
+
+
 # --------------------------------------------------------------------------- worker side
+
+
+def mark_stage(folder: str | Path | None, rank: int, stage: str) -> None:
+    """In a worker: say where this rank is now (``<folder>/stage-rank<R>.txt``, one line), so that a run
+    stopped at its time limit says where each rank hung (:func:`where_ranks_were`). Best effort."""
+    if folder:
+        try:
+            (Path(folder) / STAGE_FILE.format(rank=rank)).write_text(stage, encoding="utf-8")
+        except OSError:
+            pass
 
 
 def setup_rank_logging() -> Path | None:

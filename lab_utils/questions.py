@@ -208,14 +208,12 @@ SECTIONS: tuple[Section, ...] = (
             report=("Which single step of the waterfall gave the largest speed-up on your GPU, and why "
                     "that one?",
                     "Compare the spec loader's images/s (section 1) with the `device_loader` row's "
-                    "images/s (section 2). Were your batch-size and scaling numbers in notebooks 01-03 "
-                    "measuring the GPU or the loader? What would change in Tables 1-3 with the "
-                    "device-resident loader?",
-                    "The fastest row reaches some % of the GPU's peak. Using the top-operator table, name "
-                    "two things that keep it from 100 %.",
-                    "The device loader keeps the whole data set in GPU memory. When does that stop being "
-                    "possible, and what would you do instead (hint: DALI, decoding on the GPU, more "
-                    "workers, pre-processed uint8 shards)?")),
+                    "(section 2): did notebooks 01-03 measure the GPU or the loader? What would change in "
+                    "Tables 1-3?",
+                    "Name two things in the top-operator table that keep the fastest row from 100 % of "
+                    "peak.",
+                    "When can the data set no longer stay in GPU memory, and what then (DALI, decoding on "
+                    "the GPU, uint8 shards)?")),
     Section("Extra", "Projection to 8 ... 1024 GPUs", "04_allreduce_bandwidth",
             "7 · Projection to 8 … 1024 devices",
             "How does the fitted ring model scale the epoch past the hardware at hand?",

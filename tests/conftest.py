@@ -145,15 +145,21 @@ def store(results_dir):
 @pytest.fixture
 def fake_gpu(monkeypatch, tmp_path):
     """Make a :class:`fake_gpu.FakeGPU` (keyword arguments: its fields) and apply it: ``torch.cuda``
-    patched, and its ``nvidia-smi`` first on PATH. Undone after the test."""
+    patched, and its ``nvidia-smi`` first on PATH. Undone after the test, which fails if the lab sent
+    that nvidia-smi a query it does not answer."""
     from fake_gpu import FakeGPU
+
+    made: list[FakeGPU] = []
 
     def make(**fields) -> FakeGPU:
         gpu = FakeGPU(**fields).patch(monkeypatch)
         gpu.install_nvidia_smi(tmp_path / "fake_gpu_bin", monkeypatch)
+        made.append(gpu)
         return gpu
 
-    return make
+    yield make
+    for gpu in made:   # a query the fake nvidia-smi does not answer fails the test (tests/fake_gpu.py)
+        gpu.check_smi_queries()
 
 
 @pytest.fixture

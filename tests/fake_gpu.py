@@ -48,10 +48,33 @@ device that is small enough to reason about and strict where bugs hide:
 - **bf16**: ``is_bf16_supported(including_emulation=True)`` answers as torch 2.5+ does
   (True on sm70 through emulation, False there with ``including_emulation=False``);
   ``old_torch=True`` gives torch 2.4's signature, which takes no argument.
-- **nvidia-smi** (:meth:`FakeGPU.install_nvidia_smi`): a script on ``PATH`` that prints
-  the driver (``--query-gpu=...`` as :mod:`lab_utils.core.cuda_builds` asks, and the
-  banner), each GPU's compute capability and compute mode, the GPUs and MIG slices (``-L``)
-  and the topology (``topo -m``).
+- **nvidia-smi** (:meth:`FakeGPU.install_nvidia_smi`): a script on ``PATH`` that answers exactly
+  the queries the lab sends (:data:`SMI_QUERIES`): the driver and GPUs (``--query-gpu=...`` as
+  :mod:`lab_utils.core.cuda_builds` asks), each GPU's compute capability and compute mode, its PCIe
+  link (``pcie.link.gen.max``, ``pcie.link.width.max``), the GPUs and MIG slices (``-L``) and the
+  topology (``topo -m``), for every GPU of the node whatever ``CUDA_VISIBLE_DEVICES`` says (as
+  nvidia-smi does). Any other query exits 2 and is logged: the ``fake_gpu`` fixture then fails the
+  test (:meth:`FakeGPU.check_smi_queries`), so the lab cannot send a query nobody has answered.
+- **visible devices**: :attr:`FakeGPU.count` is the node's GPUs (nvidia-smi's); ``device_count()``
+  and every device index follow ``CUDA_VISIBLE_DEVICES`` (indices and ``GPU-``/``MIG-`` UUIDs; CUDA
+  stops at the first entry it cannot resolve), and CUDA enumerates **one MIG device per process**
+  (:meth:`FakeGPU.visible`).
+- **exclusive-process mode**: with ``compute_mode="Exclusive_Process"`` a context on a GPU already
+  held by another process fails as CUDA does ("CUDA-capable device(s) is/are busy or unavailable";
+  ``Prohibited``: every context fails). :meth:`FakeGPU.process` runs a block as another process (a
+  launched rank), with its own CUDA state.
+- **NCCL's streams** (:meth:`FakeGPU.nccl_streams`): each device has an NCCL stream; a collective
+  (``all_reduce``, ``broadcast``, ``barrier``, ...) waits there for the current stream, then queues
+  :attr:`FakeGPU.collective_seconds` (a number, or a function of the collective's name and bytes) and
+  returns at once, as ProcessGroupNCCL does. ``work.wait()``, a Future's ``wait()``/``value()`` and
+  ``then()`` order streams (the current stream, or the callback's, waits for the collective), they do
+  not block the host; a synchronous collective returns with the current stream waiting for it. So a
+  collective timed on the host without a device synchronize reads short. ``barrier`` blocks the host
+  until the current stream is done (ProcessGroupNCCL's barrier does).
+- **first-call costs** (:attr:`FakeGPU.first_call_seconds` > 0): the first ``conv2d`` or ``linear``
+  of each (shape, dtype, layout) costs that many host seconds on the fake clock (cuDNN's benchmark
+  search and the caching allocator's first ``cudaMalloc`` of a shape; :attr:`FakeGPU.first_calls`),
+  later calls of the same key nothing: a warm-up that misses a shape shows in the timed epoch.
 - **collectives**: :meth:`FakeGPU.gloo_for_nccl` makes ``init_process_group("nccl", ...)``
   create a gloo group instead and records what was asked (:attr:`FakeGPU.nccl_requests`):
   the code under test keeps taking its CUDA branch (``choose_backend`` answers nccl),
@@ -78,7 +101,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import textwrap
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,12 +129,27 @@ OOM_STYLES: dict[str, str] = {
     "cudnn_find": "FIND was unable to find an engine to execute this computation",
     # the legacy cuDNN API's algorithm search when every algorithm needs more memory than is left
     "cudnn_algo": "Unable to find a valid cuDNN algorithm to run convolution",
+    # cublasCreate / cudnnCreate at a library's first call on a full GPU (torch's words around theirs)
+    "cublas_init": "CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+    "cudnn_init": "cuDNN error: CUDNN_STATUS_NOT_INITIALIZED",
     # NCCL cannot allocate its buffers (torch.distributed.DistBackendError)
     "nccl": ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled cuda "
              "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.30.7\n"
              "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
              "Cuda failure 2 'out of memory'"),
 }
+
+#: Every nvidia-smi query the lab sends (lab_utils.core.cuda_builds, .hardware, lab_utils.experiments.comm),
+#: as its arguments joined by spaces -> the key of :meth:`FakeGPU.nvidia_smi_outputs` that answers it.
+SMI_QUERIES: dict[str, str] = {
+    "--query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits": "query",
+    "--query-gpu=index,compute_cap,compute_mode --format=csv,noheader": "caps",
+    "--query-gpu=index,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader,nounits": "pcie",
+    "-L": "list",
+    "topo -m": "topo",
+}
+#: What CUDA says when a context cannot be made on a device (cudaErrorDevicesUnavailable).
+BUSY = "CUDA error: CUDA-capable device(s) is/are busy or unavailable"
 
 NVLINK_TOPO_4 = (
     "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\x1b[0m\n"
@@ -219,6 +256,58 @@ class FakeEvent:
         return (end.at - self.at) * 1e3
 
 
+class FakeFuture:
+    """The Future of a collective on the fake NCCL stream (a CUDA Future: completed once queued).
+
+    ``wait()`` and ``value()`` make the current stream wait for the collective, not the host;
+    ``then(fn)`` runs ``fn`` at once on the host, with a callback stream current that waits for the
+    collective (so an event ``fn`` records is reached when the collective ends), and returns a
+    completed ``torch.futures.Future`` of its result (what a DDP comm hook must return)."""
+
+    def __init__(self, work: FakeWork, value: Any):
+        self.work, self._value = work, value
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> Any:
+        self.work.wait()
+        return self._value
+
+    def value(self) -> Any:
+        return self.wait()
+
+    def then(self, fn):
+        gpu = self.work.gpu
+        s = gpu.new_stream(self.work.device)
+        s.busy_until = max(s.busy_until, self.work.end)
+        with gpu.stream(s):
+            result = fn(self)
+        out = torch.futures.Future()
+        out.set_result(result)
+        return out
+
+
+class FakeWork:
+    """A collective's Work on the fake NCCL stream: it ends at :attr:`end` (fake seconds)."""
+
+    def __init__(self, gpu: FakeGPU, device: int, end: float, value: Any = None):
+        self.gpu, self.device, self.end, self.value = gpu, device, end, value
+
+    def wait(self, timeout: Any = None) -> bool:
+        """ProcessGroupNCCL's ``WorkNCCL::wait``: the current stream waits for the collective; the host
+        does not."""
+        cur = self.gpu.current_stream(self.device)
+        cur.busy_until = max(cur.busy_until, self.end)
+        return True
+
+    def is_completed(self) -> bool:
+        return self.gpu.clock.now >= self.end
+
+    def get_future(self) -> FakeFuture:
+        return FakeFuture(self, self.value)
+
+
 class DeviceMemory:
     """Memory on the fake device, given back to its caching allocator when this object goes."""
 
@@ -268,6 +357,11 @@ class FakeGPU:
     driver: str = "550.127.05"
     cuda_version: str = "12.4"
     compute_mode: str = "Default"      # nvidia-smi's compute mode: Default | Exclusive_Process | Prohibited
+    pcie: tuple[int, int] = (4, 16)    # each GPU's PCIe link (generation, lanes), nvidia-smi's .max
+    pcie_links: tuple[tuple[int, int], ...] | None = None   # per GPU (index order), overriding ``pcie``
+    # seconds each collective takes on the NCCL stream: a number, or f(name, bytes) (nccl_streams)
+    collective_seconds: Any = 0.0
+    first_call_seconds: float = 0.0    # > 0: host seconds of the first conv2d/linear of each shape
     arch_list: tuple[str, ...] | None = None   # torch.cuda.get_arch_list(); None: a build that has this GPU's
     topo: str | None = None            # nvidia-smi topo -m; default: all pairs NVLink (NV12)
     old_torch: bool = False            # is_bf16_supported() without the including_emulation argument
@@ -291,17 +385,54 @@ class FakeGPU:
     nccl_requests: list[dict[str, Any]] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     copies: list[tuple[int, bool]] = field(default_factory=list)   # to a GPU: (device, non_blocking)
+    process_name: str = "this process"  # who opens contexts now (process(): a launched rank)
+    first_calls: list[tuple] = field(default_factory=list)   # the (op, shape, dtype, layout) keys paid
 
     def __post_init__(self) -> None:
         if self.oom_style not in OOM_STYLES:
             raise ValueError(f"oom_style must be one of {sorted(OOM_STYLES)}, got {self.oom_style!r}")
         self._on_device: dict[int, tuple[weakref.ref, int]] = {}   # id(tensor) -> (the tensor, its GPU)
+        self._other_processes: dict[str, tuple[bool, set[int]]] = {}   # name -> (initialized, contexts)
+        self._nccl: dict[int, FakeStream] = {}
+        self._smi_dirs: list[Path] = []
 
     # ------------------------------------------------------------------ names
     @property
     def device_names(self) -> list[str]:
         """The names torch gives the visible devices (a MIG slice: ``<GPU> MIG <profile>``)."""
-        return [f"{self.name} MIG {self.mig}" if self.mig else self.name] * self.count
+        return [f"{self.name} MIG {self.mig}" if self.mig else self.name] * len(self.visible())
+
+    @staticmethod
+    def gpu_uuid(i: int) -> str:
+        return f"GPU-0000000{i}-1111-2222-3333-444444444444"
+
+    @staticmethod
+    def mig_uuid(i: int) -> str:
+        return f"MIG-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"
+
+    def visible(self) -> list[int]:
+        """The node's GPUs (nvidia-smi indices) this process's CUDA devices 0, 1, ... are, in order.
+
+        ``CUDA_VISIBLE_DEVICES`` as CUDA reads it: indices or (prefixes of) ``GPU-``/``MIG-`` UUIDs,
+        enumeration stopping at the first entry that names no device; a MIG device (a GPU of
+        :attr:`mig`, or a ``MIG-`` UUID) is enumerated alone, first come (one per process)."""
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        tokens = list(range(self.count)) if env is None else [t.strip() for t in env.split(",")]
+        out: list[int] = []
+        for t in tokens:
+            if isinstance(t, int):
+                i = t
+            elif t.isdigit():
+                i = int(t)
+            elif not t:
+                break
+            else:
+                i = next((j for j in range(self.count) if self.gpu_uuid(j).startswith(t)
+                          or (self.mig and self.mig_uuid(j).startswith(t))), -1)
+            if not 0 <= i < self.count or i in out:
+                break
+            out.append(i)
+        return out[:1] if self.mig else out
 
     @property
     def compute_cap(self) -> str:
@@ -333,15 +464,46 @@ class FakeGPU:
             i = device
         else:
             raise ValueError(f"{NO_INDEX}{device}")
-        if not 0 <= i < self.count:
+        if not 0 <= i < len(self.visible()):
             raise RuntimeError("CUDA error: invalid device ordinal")
         return i
 
     def _lazy_init(self) -> None:
         """What real torch's ``_lazy_init`` does here: CUDA is initialized, a context on the
-        current device is open."""
+        current device is open; under EXCLUSIVE_PROCESS not where another process holds one
+        (PROHIBITED: nowhere), as CUDA refuses it."""
+        if self.current not in self.contexts:
+            visible = self.visible()
+            physical = visible[self.current] if self.current < len(visible) else self.current
+            if self.compute_mode == "Prohibited" or (self.compute_mode == "Exclusive_Process"
+                                                     and physical in self.held_elsewhere()):
+                raise RuntimeError(BUSY)
         self.initialized = True
         self.contexts.add(self.current)
+
+    def held_elsewhere(self) -> set[int]:
+        """The node's GPUs (physical indices) on which another process holds a context."""
+        visible = self.visible()
+        return {visible[c] if c < len(visible) else c
+                for _, (_, contexts) in self._other_processes.items() for c in contexts}
+
+    @contextlib.contextmanager
+    def process(self, name: str, stays: bool = False):
+        """Run the block as process ``name`` (a launched rank): its own CUDA state (not initialized,
+        no context, device 0 current), while this process's contexts stay open on their GPUs. The
+        process ends with the block (its contexts close), unless it ``stays`` (then :meth:`process`
+        with the same name resumes it)."""
+        mine = (self.process_name, self.initialized, self.contexts, self.current)
+        self._other_processes[self.process_name] = (self.initialized, self.contexts)
+        self.process_name, self.current = name, 0
+        self.initialized, self.contexts = self._other_processes.pop(name, (False, set()))
+        try:
+            yield self
+        finally:
+            if stays:
+                self._other_processes[name] = (self.initialized, self.contexts)
+            self.process_name, self.initialized, self.contexts, self.current = mine
+            self._other_processes.pop(self.process_name, None)
 
     # ------------------------------------------------------------------ streams, async work and time
     def _streams_of(self, i: int) -> list[FakeStream]:
@@ -407,6 +569,30 @@ class FakeGPU:
 
     def event(self, enable_timing: bool = False) -> FakeEvent:
         return FakeEvent(self, enable_timing)
+
+    def nccl_stream(self, device: Any = None) -> FakeStream:
+        """The NCCL stream of ``device`` (one per device, among its streams: ``synchronize`` waits for it)."""
+        i = self.index(device)
+        if i not in self._nccl:
+            self._nccl[i] = FakeStream(self, i)
+            self._streams_of(i).append(self._nccl[i])
+        return self._nccl[i]
+
+    def collective_cost(self, name: str, nbytes: int) -> float:
+        """Seconds a collective ``name`` of ``nbytes`` takes (:attr:`collective_seconds`)."""
+        c = self.collective_seconds
+        return float(c(name, nbytes) if callable(c) else c)
+
+    def enqueue_collective(self, name: str, device: Any = None, nbytes: int = 0) -> FakeWork:
+        """What ProcessGroupNCCL does for one collective: its stream waits for the current stream, the
+        collective is queued there (:meth:`collective_cost`), and the host goes on at once."""
+        self._lazy_init()
+        i = self.index(device)
+        s = self.nccl_stream(i)
+        s.wait_stream(self.current_stream(i))
+        self.launch(self.collective_cost(name, nbytes), stream=s)
+        self.collectives.append(name)
+        return FakeWork(self, i, s.busy_until)
 
     # ------------------------------------------------------------------ memory
     def oom_error(self, style: str, nbytes: int = 0, device: int = 0) -> Exception:
@@ -540,8 +726,8 @@ class FakeGPU:
         """Replace ``torch.cuda``'s functions with this model's (undone by ``monkeypatch``)."""
         cuda = torch.cuda
         gpu = self
-        monkeypatch.setattr(cuda, "is_available", lambda: gpu.count > 0)
-        monkeypatch.setattr(cuda, "device_count", lambda: gpu.count)
+        monkeypatch.setattr(cuda, "is_available", lambda: len(gpu.visible()) > 0)
+        monkeypatch.setattr(cuda, "device_count", lambda: len(gpu.visible()))
         monkeypatch.setattr(cuda, "is_initialized", lambda: gpu.initialized)
         monkeypatch.setattr(cuda, "init", gpu._lazy_init)
         monkeypatch.setattr(cuda, "get_arch_list", lambda: list(gpu.built_archs()))
@@ -563,6 +749,36 @@ class FakeGPU:
         monkeypatch.setattr(cuda, "Event", Event)
         monkeypatch.setattr(cuda, "Stream", Stream)
         monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+        if self.first_call_seconds > 0:
+            self.first_call_costs(monkeypatch)
+        return self
+
+    def first_call_costs(self, monkeypatch) -> FakeGPU:
+        """``F.conv2d`` and ``F.linear`` pay :attr:`first_call_seconds` (host time, on the fake clock) the
+        first time they see an (input shape, dtype under autocast, memory layout): cuDNN's benchmark
+        search and the allocator's first blocks of a shape, which block the host. :meth:`patch` applies
+        it when :attr:`first_call_seconds` > 0; alone, it leaves ``torch.cuda`` as it is (CPU loaders)."""
+        import torch.nn.functional as F
+
+        gpu = self
+
+        def costed(op: str, real):
+            def call(x, *args, **kwargs):
+                kind = x.device.type
+                if kind not in ("cpu", "cuda"):   # meta tensors (FLOP counting): no kernel runs
+                    return real(x, *args, **kwargs)
+                dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+                layout = ("channels_last" if x.dim() == 4 and not x.is_contiguous()
+                          and x.is_contiguous(memory_format=torch.channels_last) else "contiguous")
+                key = (op, tuple(x.shape), str(dtype), layout)
+                if key not in gpu.first_calls:
+                    gpu.first_calls.append(key)
+                    gpu.clock.advance(gpu.first_call_seconds)
+                return real(x, *args, **kwargs)
+            return call
+
+        for op in ("conv2d", "linear"):
+            monkeypatch.setattr(F, op, costed(op, getattr(F, op)))
         return self
 
     # ------------------------------------------------------------------ tensors "on the GPU" (NCCL's view)
@@ -605,7 +821,7 @@ class FakeGPU:
                 return gpu.on_device(real(*args, **kwargs), i)
             return make
 
-        for name in ("tensor", "zeros", "ones", "empty", "full", "randn", "arange"):
+        for name in ("tensor", "zeros", "ones", "empty", "full", "randn", "randint", "arange"):
             monkeypatch.setattr(torch, name, factory(getattr(torch, name)))
         real_to = torch.Tensor.to
 
@@ -626,9 +842,60 @@ class FakeGPU:
 
         monkeypatch.setattr(torch.Tensor, "cuda", cuda)
 
+    #: The collectives :meth:`nccl_streams` puts on the NCCL stream (``barrier`` is one too).
+    COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                   "reduce_scatter_tensor")
+
+    def nccl_streams(self, monkeypatch, refuse_cpu: bool = False) -> FakeGPU:
+        """``torch.distributed``'s collectives run (their values: by the real backend, at once) and are
+        timed on the device's NCCL stream as ProcessGroupNCCL times them (:meth:`enqueue_collective`):
+        ``async_op=True`` returns a :class:`FakeWork`; without it the current stream waits for the
+        collective and the host does not. ``barrier`` then blocks the host until the current stream is
+        done. ``refuse_cpu``: a tensor not on a (fake) GPU is refused, as NCCL refuses it."""
+        import torch.distributed as dist
+
+        gpu = self
+
+        def timed(name: str):
+            collective = getattr(dist, name)
+
+            def run(*args: Any, async_op: bool = False, **kwargs: Any):
+                given = [a for x in (*args, *kwargs.values())
+                         for a in (x if isinstance(x, list | tuple) else [x])]
+                tensors = [t for t in given if isinstance(t, torch.Tensor)]
+                if refuse_cpu and [t for t in tensors if gpu.device_of(t) is None]:
+                    raise ValueError("Tensors must be CUDA and dense")   # ProcessGroupNCCL's own words
+                real = collective(*args, async_op=async_op, **kwargs)
+                if async_op and real is not None:
+                    real.wait()            # the values are there at once; the time is on the stream
+                where = next((d for t in tensors if (d := gpu.device_of(t)) is not None), None)
+                nbytes = max((t.numel() * t.element_size() for t in tensors), default=0)
+                work = gpu.enqueue_collective(name, where, nbytes)
+                work.value = tensors
+                if async_op:
+                    return work
+                work.wait()
+                return None
+            return run
+
+        def barrier(*args: Any, async_op: bool = False, **kwargs: Any):
+            ids = kwargs.pop("device_ids", None)   # a GPU index: gloo, running it here, has none
+            dist_barrier(*args, async_op=False, **kwargs)
+            work = gpu.enqueue_collective("barrier", ids[0] if ids else None, 4)
+            work.wait()
+            gpu.current_stream(work.device).synchronize()   # NCCL's barrier blocks the host
+            return work if async_op else None
+
+        dist_barrier = dist.barrier
+        for name in self.COLLECTIVES:
+            monkeypatch.setattr(dist, name, timed(name))
+        monkeypatch.setattr(dist, "barrier", barrier)
+        return self
+
     def gloo_for_nccl(self, monkeypatch) -> FakeGPU:
         """``init_process_group("nccl", device_id=...)`` makes a gloo group and records the request;
-        the collectives then refuse tensors that are not on a (fake) GPU, as NCCL does."""
+        the collectives then refuse tensors that are not on a (fake) GPU, as NCCL does, and are timed
+        on the NCCL streams (:meth:`nccl_streams`)."""
         import torch.distributed as dist
 
         real = dist.init_process_group
@@ -639,62 +906,64 @@ class FakeGPU:
             kwargs.pop("device_id", None)
             return real("gloo" if backend == "nccl" else backend, *args, **kwargs)
 
-        def on_gpu_only(name: str):
-            collective = getattr(dist, name)
-
-            def run(*args: Any, **kwargs: Any):
-                given = [a for x in (*args, *kwargs.values())
-                         for a in (x if isinstance(x, list | tuple) else [x])]
-                tensors = [t for t in given if isinstance(t, torch.Tensor)]
-                cpu = [t for t in tensors if gpu.device_of(t) is None]
-                if cpu:   # ProcessGroupNCCL's own words
-                    raise ValueError("Tensors must be CUDA and dense")
-                gpu.collectives.append(name)
-                return collective(*args, **kwargs)
-            return run
-
         monkeypatch.setattr(dist, "init_process_group", init_process_group)
-        for name in ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-                     "reduce_scatter_tensor"):
-            monkeypatch.setattr(dist, name, on_gpu_only(name))
+        self.nccl_streams(monkeypatch, refuse_cpu=True)
         self._tensor_factories(monkeypatch)
         return self
 
     # ------------------------------------------------------------------ nvidia-smi
     def nvidia_smi_outputs(self) -> dict[str, str]:
-        """What the fake ``nvidia-smi`` prints for each query."""
-        gib = self.total_memory // 2 ** 20
-        query = "".join(f"{i}, {self.name}, {gib}, {self.driver}\n" for i in range(self.count))
+        """What the fake ``nvidia-smi`` prints for each query (:data:`SMI_QUERIES`), for every GPU of
+        the node (nvidia-smi ignores ``CUDA_VISIBLE_DEVICES``)."""
+        mib = self.total_memory // 2 ** 20
+        query = "".join(f"{i}, {self.name}, {mib}, {self.driver}\n" for i in range(self.count))
         caps = "".join(f"{i}, {self.compute_cap}, {self.compute_mode}\n" for i in range(self.count))
+        links = self.pcie_links or (self.pcie,) * self.count
+        pcie = "".join(f"{i}, {gen}, {width}\n" for i, (gen, width) in enumerate(links[:self.count]))
         listing = ""
         for i in range(self.count):
-            listing += f"GPU {i}: {self.name} (UUID: GPU-0000000{i}-1111-2222-3333-444444444444)\n"
+            listing += f"GPU {i}: {self.name} (UUID: {self.gpu_uuid(i)})\n"
             if self.mig:
-                uuid = f"MIG-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"
-                listing += f"  MIG {self.mig:<10} Device  0: (UUID: {uuid})\n"
-        banner = (f"+------------------------------------------------------------------+\n"
-                  f"| NVIDIA-SMI {self.driver}   Driver Version: {self.driver}   CUDA Version: "
-                  f"{self.cuda_version} |\n")
+                listing += f"  MIG {self.mig:<10} Device  0: (UUID: {self.mig_uuid(i)})\n"
         topo = self.topo or topo_matrix(self.count)
-        return {"query": query, "caps": caps, "list": listing, "topo": topo, "banner": banner}
+        return {"query": query, "caps": caps, "pcie": pcie, "list": listing, "topo": topo}
 
     def install_nvidia_smi(self, bin_dir: Path, monkeypatch=None) -> Path:
-        """Write the fake ``nvidia-smi`` into ``bin_dir`` (and put it first on PATH with ``monkeypatch``)."""
+        """Write the fake ``nvidia-smi`` into ``bin_dir`` (and put it first on PATH with ``monkeypatch``).
+
+        It answers the queries of :data:`SMI_QUERIES` exactly; any other exits 2 with nvidia-smi's
+        words and appends its arguments to ``bin_dir/unknown_queries.txt``
+        (:meth:`check_smi_queries`)."""
         bin_dir.mkdir(parents=True, exist_ok=True)
         for key, text in self.nvidia_smi_outputs().items():
             (bin_dir / f"smi_{key}.txt").write_text(text)
+        cases = "".join(f'  "{args}") cat "{bin_dir}/smi_{key}.txt" ;;\n'
+                        for args, key in SMI_QUERIES.items())
         script = bin_dir / "nvidia-smi"
-        script.write_text(textwrap.dedent(f"""\
-            #!/bin/sh
-            case "$*" in
-              *--query-gpu=index,name,memory.total,driver_version*) cat "{bin_dir}/smi_query.txt" ;;
-              *--query-gpu=index,compute_cap,compute_mode*) cat "{bin_dir}/smi_caps.txt" ;;
-              "-L") cat "{bin_dir}/smi_list.txt" ;;
-              "topo -m") cat "{bin_dir}/smi_topo.txt" ;;
-              *) cat "{bin_dir}/smi_banner.txt" ;;
-            esac
-            """))
+        script.write_text(f"""#!/bin/sh
+case "$*" in
+{cases}  *) echo "$*" >> "{bin_dir}/unknown_queries.txt"
+     echo "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help." >&2
+     exit 2 ;;
+esac
+""")
         script.chmod(0o755)
+        self._smi_dirs.append(bin_dir)
         if monkeypatch is not None:
             monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
         return bin_dir
+
+    def unknown_smi_queries(self) -> list[str]:
+        """The queries the fake nvidia-smi was sent and does not answer (:data:`SMI_QUERIES`)."""
+        out = []
+        for d in self._smi_dirs:
+            log = d / "unknown_queries.txt"
+            out += log.read_text().splitlines() if log.exists() else []
+        return out
+
+    def check_smi_queries(self) -> None:
+        """Fail (AssertionError) if the lab sent nvidia-smi a query the fake does not answer: a new query
+        must be added to :data:`SMI_QUERIES` with the output a real nvidia-smi gives."""
+        unknown = self.unknown_smi_queries()
+        assert not unknown, ("the lab sent nvidia-smi queries tests/fake_gpu.py does not answer (add them "
+                             f"to SMI_QUERIES with a real nvidia-smi's output): {unknown}")

@@ -6,7 +6,7 @@ here with the reason no fake can run it honestly and the ``python -m lab_utils d
 that does on a node. tests/test_gpu_branches.py keeps this table equal to the code, and
 ``python tests/gpu_branches.py`` prints it as tests/GPU_BRANCHES.md.
 
-How branches are counted (:func:`scan`, by parsing ``lab_utils/``): a *decision site* is
+How sites are counted (:func:`scan`, by parsing ``lab_utils/``): a *decision site* is
 
 - an ``if`` / ``elif`` / ``while``, a conditional expression (``a if c else b``) or a
   comprehension's ``if`` whose condition depends on CUDA: it mentions ``torch.cuda``, the
@@ -14,6 +14,27 @@ How branches are counted (:func:`scan`, by parsing ``lab_utils/``): a *decision 
   assigned from such a condition in the same function (``cuda = device.type == "cuda"``);
 - a CUDA flag that never reaches a condition but is passed on as a value (``non_blocking =
   device.type == "cuda"``, ``pin_memory=torch.cuda.is_available()``).
+
+A *GPU line* (issue 49) is a line whose effect exists only on a GPU, taken wherever it is (an ``if``
+arm or not): the condition column holds the line's own text (``ast.unparse``):
+
+- ``sync``: a call of ``synchronize`` or ``_sync`` (:data:`SYNC_CALLS`: ``timing.synchronize``,
+  ``torch.cuda.synchronize``, a worker's own), each synchronize of a timer or a benchmark;
+- ``event``: an event's ``.record(...)`` in a function that makes a ``torch.cuda.Event`` (the stream
+  it is recorded on is in the line);
+- ``reset``: a reset of a peak statistic (:data:`RESET_CALLS`);
+- ``device``: a device index given to torch: ``torch.device("cuda", i)``, ``torch.cuda.set_device``,
+  a ``device_ids=`` / ``device_id=`` argument (:data:`DEVICE_KEYWORDS`);
+- ``peak``: a row of a module-level table of hardware peaks or link bandwidths, whose name ends in
+  ``_TFLOPS``, ``_GB_PER_S`` or ``_TB_PER_S`` (:data:`PEAK_SUFFIXES`), keyed ``NAME[row key]``.
+
+To add a GPU line (a synchronize in a new timer, a new peak table): write it, run
+``python -m pytest tests/test_gpu_branches.py -k inventory`` (it names the new site's key), add a
+:class:`Branch` for it to :data:`INVENTORY` (``B(file, function, the line's text, what it does,
+test, n=occurrence)``, or ``reason=`` and ``doctor=`` where no fake can run it), a realistic
+:class:`~gpu_mutants.Mutant` to tests/gpu_mutants.py and a test that fails on that bug; then
+``make mutants MUTANTS_ARGS="--only <file stem>"`` and ``python tests/gpu_branches.py >
+tests/GPU_BRANCHES.md``.
 
 ``lab_utils/core/cuda_builds.py`` (the driver -> torch build table; tests/test_gpu_node.py
 and tests/test_install.py) and ``lab_utils/doctor.py`` (the node's checks themselves;
@@ -24,8 +45,9 @@ a GPU, NCCL or CUDA initialized) or not (both arms run on any machine: input che
 A site is keyed by file, function, condition text and its occurrence in that function, so
 the table survives edits that move lines. ``python tests/gpu_branches.py --verify`` runs
 each named test under a line tracer and checks that it executes the branch's CUDA arm
-(``arm``: the first line of the ``if`` body or ``else``; for a conditional expression or a
-flag, the line of the condition, under the fake GPU).
+(``arm``: the first line of the ``if`` body or ``else``; for a conditional expression, a
+flag or a GPU line, the line itself under the fake GPU; a peak row has no line to run: the
+test must run its module's code, and its mutant decides).
 """
 
 from __future__ import annotations
@@ -36,6 +58,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +86,8 @@ class Site:
     condition: str     # ast.unparse of the condition (or of the flag's value)
     occurrence: int    # 1 for the first site with this condition in this function
     line: int
-    kind: str          # "if" (statement) | "expr" (conditional expression, comprehension) | "flag"
+    kind: str          # "if" | "expr" (conditional expression, comprehension) | "flag" | a GPU line's:
+    #                    "sync" | "event" | "reset" | "device" | "peak" (see the module's docstring)
     arm: tuple[int, int, int, int]   # source span of the CUDA arm: line, column, end line, end column
     negated: bool      # the CUDA side is the ``else`` arm (``if dev.type != "cuda"``, ``if not gpus``)
 
@@ -183,6 +207,7 @@ def _function_sites(rel: str, func: str, body: list[ast.stmt], out: list[Site], 
         if name not in used | nested_tests:   # a flag passed on as a value (non_blocking=..., pin_memory=...)
             found.append(("flag", node.value, node.value, False))
     found += [("flag", v, v, False) for v in values]
+    found += [(kind, node, node, False) for kind, node in _gpu_lines(body)]
     counts: Counter = Counter()
     for kind, t, arm, neg in sorted(found, key=lambda f: (f[1].lineno, f[1].col_offset)):
         cond = ast.unparse(t)
@@ -193,6 +218,66 @@ def _function_sites(rel: str, func: str, body: list[ast.stmt], out: list[Site], 
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+GPU_LINES = ("sync", "event", "reset", "device")   # kinds of GPU lines inside functions ("peak": tables)
+
+#: Calls that wait for the device (timing.synchronize, torch.cuda.synchronize, a worker's own _sync).
+SYNC_CALLS = {"synchronize", "_sync"}
+#: Calls that reset a peak statistic of the caching allocator (torch's, and the lab's wrapper).
+RESET_CALLS = {"reset_peak_memory_stats", "reset_max_memory_allocated", "reset_peak_memory"}
+#: Keyword arguments that give torch a GPU index (DDP's device_ids, init_process_group's device_id, ...).
+DEVICE_KEYWORDS = {"device_ids", "device_id"}
+#: Module-level tables of hardware peaks and link bandwidths, by the unit their name ends with.
+PEAK_SUFFIXES = ("_TFLOPS", "_GB_PER_S", "_TB_PER_S")
+
+
+def _callee(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def _gpu_lines(body: list[ast.stmt]) -> list[tuple[str, ast.AST]]:
+    """The lines of one function body whose effect exists only on a GPU (not decisions; see the module's
+    docstring): ``("sync", call)``, ``("event", record call)``, ``("reset", call)``, ``("device", node)``."""
+    out: list[tuple[str, ast.AST]] = []
+    nodes = list(_walk_own(body))
+    has_event = any(isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.cuda.Event" for n in nodes)
+    for n in nodes:
+        if isinstance(n, ast.Call):
+            name, text = _callee(n), ast.unparse(n.func)
+            if name in SYNC_CALLS:
+                out.append(("sync", n))
+            elif name in RESET_CALLS:
+                out.append(("reset", n))
+            elif has_event and name == "record":
+                out.append(("event", n))
+            elif text == "torch.cuda.set_device" or (
+                    text == "torch.device" and len(n.args) == 2 and isinstance(n.args[0], ast.Constant)
+                    and n.args[0].value == "cuda"):
+                out.append(("device", n))
+        elif isinstance(n, ast.keyword) and n.arg in DEVICE_KEYWORDS:
+            out.append(("device", n))
+    return out
+
+
+def _peak_rows(tree: ast.Module) -> list[tuple[str, ast.AST]]:
+    """Each row of a module-level peak or link table (a name ending in :data:`PEAK_SUFFIXES`, a list of
+    ``(pattern, value)`` rows or a dict): ``("NAME[key]", the row)``."""
+    out = []
+    for stmt in tree.body:
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+        if not (isinstance(target, ast.Name) and target.id.isupper() and target.id.endswith(PEAK_SUFFIXES)):
+            continue
+        value = stmt.value
+        if isinstance(value, ast.List | ast.Tuple):
+            rows = [(e.elts[0], e) for e in value.elts if isinstance(e, ast.Tuple) and e.elts]
+        elif isinstance(value, ast.Dict):
+            rows = [(k, ast.Tuple(elts=[k, v], lineno=k.lineno, col_offset=k.col_offset,
+                                  end_lineno=v.end_lineno, end_col_offset=v.end_col_offset))
+                    for k, v in zip(value.keys, value.values)]
+        else:
+            rows = []
+        out += [(f"{target.id}[{ast.unparse(key)}]", row) for key, row in rows]
+    return out
 
 
 def _walk_own(body: list[ast.stmt]):
@@ -232,6 +317,9 @@ def _file_sites(rel: str, tree: ast.Module, out: list[Site]) -> None:
 
     visit(tree, "", frozenset())
     _function_sites(rel, "<module>", tree.body, out, set())
+    for cond, row in _peak_rows(tree):
+        span = (row.lineno, row.col_offset, row.end_lineno or row.lineno, row.end_col_offset or 0)
+        out.append(Site(rel, "<module>", cond, 1, row.lineno, "peak", span, False))
 
 
 # --------------------------------------------------------------------------- checking the table against runs
@@ -257,8 +345,10 @@ def arm_ran(site: Site, run: dict[str, set]) -> bool:
     """Whether ``run`` (one test's trace) executed ``site``'s CUDA arm: an instruction inside the
     arm's source span; for a flag (a value passed on), its line under the fake GPU."""
     file = str(PKG / site.file)
-    if site.kind == "flag":
+    if site.kind in ("flag", *GPU_LINES):
         return (file, site.line) in run["fake"]
+    if site.kind == "peak":
+        return any(f == file for f, *_ in run["code"])
     l0, c0, l1, c1 = site.arm
     # an instruction whose whole source span lies inside the arm's (a conditional expression's own
     # jumps span the whole expression, which starts where its first arm does)
@@ -349,6 +439,21 @@ SWEEP_PLAN = BR + "test_the_sweep_plan_on_a_gpu"
 QUANT_PLAN = BR + "test_quantization_plans_on_a_gpu"
 FAST_PLAN = BR + "test_fast_path_plans_on_a_gpu"
 RUN = BR + "test_a_run_on_gpus_names_them_and_is_never_run_in_the_kernel"
+# the GPU lines' tests (issue 49)
+BARRIER = BR + "test_a_barrier_on_nccl_names_the_gpu_by_index"
+PROBE = BR + "test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce"
+JOIN = BR + "test_init_distributed_joins_nccl_on_its_own_gpu"
+PEAKS = "test_hardware.py::test_every_peak_is_its_data_sheets_dense_figure"
+LINKS = "test_gpu_numbers.py::test_link_peaks_are_the_data_sheets_per_direction_figures"
+DP_GPUS = BR + "test_dataparallel_gets_the_gpus_it_is_given"
+EPOCH = BR + "test_an_epoch_and_an_evaluation_time_exactly_their_device_work"
+PHASES = BR + "test_phase_timers_time_exactly_the_device_work_inside"
+AR_GPU = BR + "test_allreduce_worker_times_its_all_reduces_on_the_ranks_gpu"
+STEP = BR + "test_the_compute_step_times_its_steps_alone"
+WARM = BR + "test_the_warm_up_times_its_steps_alone"
+LOADER = BR + "test_the_loader_benchmark_times_its_batches_alone"
+HANDMADE = BR + "test_a_hand_made_replicas_step_is_timed_from_the_barrier_to_its_end"
+DECODE = BR + "test_interleaved_decoding_times_each_model_alone"
 
 INVENTORY: tuple[Branch, ...] = (
     # core/comm_hooks.py: DDP's communication hook and the no_sync probe
@@ -591,14 +696,140 @@ INVENTORY: tuple[Branch, ...] = (
       HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
     B("grading/provenance.py", "describe", "prov['device_type'] != 'cuda'", "the CPU (no GPU) flag",
       HANDIN + "test_make_grade_reads_the_handin_json_make_report_writes", cuda_only=False),
+
+    # ------------------------------------------------------------------ GPU lines (issue 49)
+    # core/comm_hooks.py
+    B("core/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
+      "the event on the current stream (in a callback: the stream that waits for NCCL)", EVENTS),
+    B("core/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
+      "waits for the rank's GPU before the events are read", EVENTS),
+    B("core/comm_hooks.py", "_barrier",
+      "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
+      "NCCL's barrier on the rank's GPU (no index: the current one)", BARRIER),
+    B("core/comm_hooks.py", "_barrier", "synchronize(device)", "the device idle before the probe's clock",
+      PROBE),
+    B("core/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
+      "a probe step ends when its kernels and all-reduces do", PROBE),
+    # core/handmade.py: notebook 09's memory of each implementation
+    *(B("core/handmade.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
+      for n, what in ((1, "the device idle before the first counter is read"),
+                      (2, "the warm-up done before the held bytes are read"),
+                      (3, "the measured step done before its peak is read"))),
+    B("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+      "the measured GPU's peak reset before the measured step",
+      BR + "test_memory_use_resets_the_measured_gpus_peak"),
+    # core/dist.py
+    B("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
+      "a rank's GPU is its LOCAL_RANK",
+      JOIN),
+    B("core/dist.py", "init_distributed", "torch.cuda.set_device(dev)", "the rank's GPU made current", JOIN),
+    B("core/dist.py", "init_distributed", "device_id=dev", "NCCL's communicator made now, on the rank's GPU",
+      JOIN),
+    # core/hardware.py: the peak table (tests/test_hardware.py pins every number to its data sheet)
+    *(B("core/hardware.py", "<module>", f"PEAK_TFLOPS[{pattern!r}]", f"{pattern}'s dense peaks", PEAKS)
+      for pattern in ("H100 NVL", "H100 PCIe", "H100", "H200 NVL", "H200", "A100", "L40S", "A10", "V100-SXM2",
+                      "V100-PCIE", "V100S", "RTX 8000", "T4")),
+    # core/loop.py
+    B("core/loop.py", "wrap_data_parallel", "device_ids=device_ids", "DataParallel on the GPUs it is given",
+      DP_GPUS),
+    B("core/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
+      "the peak of that GPU reset", BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
+    B("core/loop.py", "model_devices", "torch.device('cuda', i)", "each DataParallel replica's GPU by index",
+      DF + "test_dataparallel_peak_memory_is_every_gpus"),
+    B("core/loop.py", "run_epoch", "reset_peak_memory(d)", "every GPU's peak reset before the epoch",
+      BR + "test_an_epoch_reports_each_gpus_peak_of_that_epoch"),
+    B("core/loop.py", "run_epoch", "synchronize(device)", "the epoch's clock starts on an idle device",
+      EPOCH),
+    B("core/loop.py", "run_epoch", "synchronize(device)", "the epoch ends when its kernels do", EPOCH, n=2),
+    B("core/loop.py", "evaluate", "synchronize(device)", "the evaluation's clock starts on an idle device",
+      EPOCH),
+    B("core/loop.py", "evaluate", "synchronize(device)", "the evaluation ends when its kernels do",
+      EPOCH, n=2),
+    # core/memory.py
+    B("core/memory.py", "resolve_cuda_device", "torch.device('cuda', device)", "an int is that GPU's index",
+      BR + "test_memory_cap_and_cleanup_on_a_gpu"),
+    B("core/memory.py", "resolve_cuda_device", "torch.device('cuda', torch.cuda.current_device())",
+      "no index: the current GPU's", BR + "test_memory_cap_and_cleanup_on_a_gpu"),
+    # core/timing.py
+    B("core/timing.py", "synchronize", "torch.cuda.synchronize(dev)",
+      "waits for every stream of the device (NCCL's too)", PHASES),
+    B("core/timing.py", "timed", "synchronize(device)", "a timer starts on an idle device", PHASES),
+    B("core/timing.py", "timed", "synchronize(device)", "a timer ends when its kernels do", PHASES, n=2),
+    B("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+      "a batch wait starts when the step's kernels are done", PHASES),
+    B("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+      "a batch wait ends when the loader's kernels do", PHASES, n=2),
+    # experiments/comm.py: the link tables (tests/test_gpu_numbers.py pins each to its data sheet)
+    *(B("experiments/comm.py", "<module>", f"_NVLINK_GB_PER_S[{pattern!r}]",
+        f"{pattern}'s NVLink, per direction", LINKS)
+      for pattern in ("H100 NVL", "H100 PCIe", "H100", "H200", "A100", "V100")),
+    *(B("experiments/comm.py", "<module>", f"_PCIE_LANE_GB_PER_S[{gen}]",
+        f"a PCIe gen{gen} lane, per direction",
+        LINKS) for gen in range(1, 6)),
+    # workers
+    B("workers/allreduce_bench.py", "_sync", "torch.cuda.synchronize(device)", "waits for the rank's GPU",
+      AR_GPU),
+    B("workers/allreduce_bench.py", "measure_size", "_sync(device)", "the warm-up all-reduces done", AR_GPU),
+    B("workers/allreduce_bench.py", "measure_size", "_sync(device)", "the device idle when the clock starts",
+      AR_GPU, n=2),
+    B("workers/allreduce_bench.py", "measure_size", "_sync(device)",
+      "the clock stops when the all-reduces end",
+      AR_GPU, n=3),
+    B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "device_ids=[device.index] if cuda else None",
+      "DDP on the rank's GPU", reason=NCCL, doctor="05_comm_accounting"),
+    B("workers/comm_accounting.py", "run_accounting.steps", "torch.cuda.synchronize(device)",
+      "a ledger step ends when its collectives do", reason=NCCL, doctor="05_comm_accounting"),
+    B("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+      "the warm-up done before the clock starts", STEP),
+    B("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+      "the clock stops when the steps' kernels end", STEP, n=2),
+    B("workers/dataparallel.py", "run_config", "device_ids=list(range(n))", "DataParallel on GPUs 0..n-1",
+      DP_GPUS),
+    B("workers/ddp.py", "run_config", "device_ids=[device.index] if cuda else None", "DDP on the rank's GPU",
+      reason=NCCL, doctor="02_scaling"),
+    B("workers/ddp.py", "run_config", "synchronize(device)",
+      "start-up time includes DDP's parameter broadcast",
+      reason=NCCL, doctor="02_scaling"),
+    B("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+      "the warm-up starts on an idle device",
+      WARM),
+    B("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+      "the warm-up ends when its kernels do",
+      WARM, n=2),
+    B("workers/fastpath.py", "time_loader", "synchronize(device)", "the untimed first batch done", LOADER),
+    B("workers/fastpath.py", "time_loader", "synchronize(device)", "a pass ends when its kernels do", LOADER,
+      n=2),
+    B("workers/fastpath.py", "timed_epoch", "reset_peak_memory(device)", "the row's peak is its epoch's",
+      BR + "test_a_waterfall_rows_peak_memory_is_its_epochs"),
+    B("workers/fastpath.py", "_trace", "synchronize(dev)", "the trace holds the last step's kernels",
+      reason=CUPTI, doctor="08_fastpath_trace"),
+    B("workers/gpt_train.py", "_train", "device_ids=[ctx.local_rank] if device.type == 'cuda' else None",
+      "DDP on the rank's GPU", reason=NCCL, doctor="06_gpt_scaling"),
+    B("workers/handmade_ddp.py", "Replica.timed_step", "synchronize(device)",
+      "a step ends when its kernels do",
+      HANDMADE),
+    B("workers/handmade_ddp.py", "_barrier", "synchronize(device)", "the barrier's all-reduce done",
+      HANDMADE),
+    B("workers/handmade_ddp.py", "_trace", "synchronize(ctx.device)",
+      "each traced step's kernels in its range",
+      reason=CUPTI, doctor="09_build_ddp"),
+    B("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+      "a repetition starts on an idle device",
+      DECODE),
+    B("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+      "a repetition ends when its kernels do",
+      DECODE, n=2),
 )
 
 
 def counts() -> dict[str, int]:
-    """Sites, CUDA-only sites, and how many of those a test runs."""
+    """Sites, CUDA-only sites, how many of those a test runs, and the sites of each kind (``if``,
+    ``expr``, ``flag``: decisions; ``sync``, ``event``, ``reset``, ``device``, ``peak``: GPU lines)."""
     cuda = [b for b in INVENTORY if b.cuda_only]
+    kinds = Counter(s.kind for s in scan())
     return {"sites": len(INVENTORY), "cuda_only": len(cuda), "run": sum(1 for b in cuda if b.test),
-            "not_run": sum(1 for b in cuda if not b.test)}
+            "not_run": sum(1 for b in cuda if not b.test),
+            "decisions": sum(kinds[k] for k in ("if", "expr", "flag")), **kinds}
 
 
 # --------------------------------------------------------------------------- mutants (tests/gpu_mutants.py)
@@ -644,6 +875,8 @@ def markdown(results: dict | None = None) -> str:
     c, mc = counts(), mutant_counts(results)
     ran = (f"last run {results['ran_at']} at commit {results.get('commit', '?')}, "
            f"{results.get('seconds', 0) / 60:.0f} min" if results.get("ran_at") else "never run")
+    if results.get("ran_at") and results.get("only"):   # a partial run: the other verdicts are older
+        ran += f", only the mutants matching {results['only']!r}; the others' verdicts from earlier runs"
     lines = [
         "# CUDA-only sites, the bugs planted in them, and the tests that catch them",
         "",
@@ -654,14 +887,35 @@ def markdown(results: dict | None = None) -> str:
         "scanner finds is listed, every CUDA-only site has a mutant or a doctor check that runs its code,",
         "every mutant's original text is in its file once, this file is what the data gives).",
         "",
-        "**Sites.** A decision site is an `if`/`while`, a conditional expression or a comprehension's `if`",
-        "whose condition depends on CUDA (`torch.cuda`, `\"cuda\"`, `\"nccl\"`, a GPU count, or a local",
-        "flag set from such a test), or such a flag passed on as a value (`non_blocking=`, `pin_memory=`).",
-        "`core/cuda_builds.py` (the driver -> build table) and `doctor.py` (the node's checks) are not",
-        f"counted. The scanner found 108 sites at 09a7bdf; now {c['sites']} sites, {c['cuda_only']}",
-        f"CUDA-only (one arm runs only with a GPU, NCCL or CUDA initialized): {c['run']} run by a test",
-        f"against the fake GPU (tests/fake_gpu.py), {c['not_run']} left to `python -m lab_utils doctor`,",
-        "each with the reason and the check that runs its code on a node.",
+        *textwrap.wrap(
+            "**Sites.** A decision site is an `if`/`while`, a conditional expression or a comprehension's "
+            "`if` whose condition depends on CUDA (`torch.cuda`, `\"cuda\"`, `\"nccl\"`, a GPU count, or a "
+            "local flag set from such a test), or such a flag passed on as a value (`non_blocking=`, "
+            "`pin_memory=`). A GPU line (issue 49) is a line whose effect exists only on a GPU, wherever it "
+            "is: each synchronize of a timer or benchmark (`sync`), each event record and the stream it is "
+            "on (`event`), each reset of a peak statistic (`reset`), each device index given to torch "
+            "(`device`: `torch.device(\"cuda\", i)`, `set_device`, `device_ids=`, `device_id=`), each row of "
+            "a peak or link table (`peak`: a module-level name ending in `_TFLOPS`, `_GB_PER_S` or "
+            "`_TB_PER_S`); its site column is the line's own text. `core/cuda_builds.py` (the driver -> "
+            "build table) and `doctor.py` (the node's checks) are not counted. The scanner found 108 sites "
+            f"at 09a7bdf and 113 at e53e80e; now {c['decisions']} decision sites and "
+            f"{c['sites'] - c['decisions']} GPU lines ({c.get('sync', 0)} sync, {c.get('event', 0)} event, "
+            f"{c.get('reset', 0)} reset, {c.get('device', 0)} device, {c.get('peak', 0)} peak): "
+            f"{c['sites']} sites, {c['cuda_only']} CUDA-only (one arm runs only with a GPU, NCCL or CUDA "
+            f"initialized): {c['run']} run by a test against the fake GPU (tests/fake_gpu.py), "
+            f"{c['not_run']} left to `python -m lab_utils doctor`, each with the reason and the check that "
+            "runs its code on a node.", 100, break_on_hyphens=False),
+        "",
+        *textwrap.wrap(
+            "**Adding a site** (a synchronize in a new timer, a peak read on a GPU, a new peak table): the "
+            "scanner finds it and `tests/test_gpu_branches.py -k inventory` names its key (file, function, "
+            "the condition or the line's text, its occurrence in the function). Add a `B(...)` row for it "
+            "to `INVENTORY` in tests/gpu_branches.py (what its CUDA side does, and the test that runs it; "
+            "or `reason=` and `doctor=` where no fake can), a realistic bug for it to tests/gpu_mutants.py "
+            "(`M(...)`: its site, a text that occurs once in the file, what replaces it, the bug it models) "
+            "and a test that fails on that bug (a known answer on the fake GPU: the time it queued, the GPU "
+            "it used); then `make mutants MUTANTS_ARGS=\"--only <file stem>\"` and commit the three files.",
+            100, break_on_hyphens=False),
         "",
         "**Mutants.** A test that runs a line has not tested it: each tested site has at least one",
         "realistic bug written as data (tests/gpu_mutants.py), planted alone in a scratch copy of the",
@@ -669,9 +923,11 @@ def markdown(results: dict | None = None) -> str:
         f"**{mc['killed']} of {mc['mutants']} mutants killed ({mc['killed'] / max(mc['mutants'], 1):.0%})**, "
         f"{mc['survived']} survived, {mc['not_run']} not run, {mc['other']} other ({ran}).",
         "",
-        "| file | function | condition | the CUDA arm | mutant: the bug it models | tests | result |",
+        "| file | function | condition or GPU line | the CUDA arm | mutant: the bug it models | tests "
+        "| result |",
         "|---|---|---|---|---|---|---|",
     ]
+    kinds = {s.key: s.kind for s in scan()}
     by_site: dict[tuple, list] = {}
     for m in MUTANTS:
         by_site.setdefault(m.site, []).append(m)
@@ -679,6 +935,8 @@ def markdown(results: dict | None = None) -> str:
         if not b.cuda_only:
             continue
         n = f" (#{b.occurrence})" if b.occurrence > 1 else ""
+        kind = kinds.get(b.key)
+        n += f" ({kind})" if kind in (*GPU_LINES, "peak") else ""
         head = f"| {b.file} | `{b.function}` | `{_cell(b.condition)}`{n} | {_cell(b.what)} "
         if not b.test:
             lines.append(f"{head}| none here: {b.reason} | doctor `{b.doctor}` runs it on a node | doctor |")
@@ -689,6 +947,11 @@ def markdown(results: dict | None = None) -> str:
             by = f" by `{r['by']}`" if r.get("by") and verdict in KILLED else ""
             tests = ", ".join(f"`{t}`" for t in tests_of(m))
             lines.append(f"{head}| `{m.ident}`: {_cell(m.models)} | {tests} | {verdict}{by} |")
+    survivors = [m for m in MUTANTS if got.get(m.ident, {}).get("verdict") == "survived"]
+    lines += ["", f"Survivors of the last run ({len(survivors)}), and why:", ""]
+    lines += [f"- `{m.ident}` ({m.file}, `{m.site[1]}`): {_cell(m.models)}. Why: "
+              f"{_cell(m.survives) if m.survives else 'no test sees it: one is missing'}." for m in survivors]
+    lines += ["none"] if not survivors else []
     lines += ["", "Not CUDA-only (both arms run on any machine; tested all the same):", "",
               "| file | function | condition | what | test |", "|---|---|---|---|---|"]
     for b in INVENTORY:

@@ -10,7 +10,9 @@ that the check reaches the site). A mutant is
   instead of the peak, bf16 counted with emulation, ms taken for s, a constant changed, a CUDA flag
   forced to False, ...);
 - ``tests``: tests to run besides the site's own (``file.py::name``, in tests/), where another test is
-  the one that sees the bug.
+  the one that sees the bug;
+- ``survives``: for an equivalent mutant (its bug changes nothing the lab does, so no test can fail),
+  why; tests/GPU_BRANCHES.md lists every survivor with it.
 
 ``make mutants`` (tools/mutants.py) applies each mutant in a scratch copy of the repository, runs its
 tests with a time limit, stores the verdicts in tests/gpu_mutants_results.json and rewrites
@@ -33,6 +35,7 @@ class Mutant:
     mutated: str
     models: str
     tests: tuple[str, ...] = ()
+    survives: str = ""   # why no test can kill it (an equivalent mutant: the bug has no effect), if so
 
     @property
     def file(self) -> str:
@@ -48,8 +51,19 @@ class Mutant:
 
 
 def M(file: str, function: str, condition: str, original: str, mutated: str, models: str, *, n: int = 1,
-      tests: tuple[str, ...] = ()) -> Mutant:
-    return Mutant((file, function, condition, n), original, mutated, models, tests)
+      tests: tuple[str, ...] = (), survives: str = "") -> Mutant:
+    return Mutant((file, function, condition, n), original, mutated, models, tests, survives)
+
+
+#: Why a synchronize around the caching allocator's counters changes nothing.
+COUNTED_ON_THE_HOST = ("equivalent: the caching allocator counts memory_allocated and max_memory_allocated "
+                       "on the host, when a tensor is allocated and when it is freed, not when its kernels "
+                       "run, so a synchronize does not move them")
+#: Why a synchronize right after NCCL's barrier changes nothing (torch's ProcessGroupNCCL: the barrier's
+#: wait blocks the host on the current stream, which waited for every earlier collective).
+AFTER_NCCL_BARRIER = ("equivalent under NCCL: dist.barrier() blocks the host until the current stream, "
+                      "which has waited for every earlier collective, is done (ProcessGroupNCCL's "
+                      "WorkNCCL::synchronize for a barrier); nothing else is queued there")
 
 
 FS = "test_gpu_first_session.py::"
@@ -395,4 +409,189 @@ MUTANTS: tuple[Mutant, ...] = (
     M("workers/gpt_train.py", "device_peak", "device.type != 'cuda'",
       '    if dtype == "bf16":\n        precision = "bf16"', '    if dtype == "bf16":\n        precision = "fp16"',
       "the wrong precision's peak for bf16"),
+    # ------------------------------------------------------------------ GPU lines (issue 49)
+    # core/comm_hooks.py
+    M("core/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
+      "            ev.record()", "            ev.record(torch.cuda.default_stream(self.device))",
+      "the event recorded on the default stream, not the current one (a bucket's end read from the compute "
+      "stream, not from the callback's stream behind NCCL)"),
+    M("core/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
+      "            torch.cuda.synchronize(self.device)", "            torch.cuda.synchronize(0)",
+      "GPU 0 synchronized on every rank: a rank on GPU 1 reads events its device has not reached"),
+    M("core/comm_hooks.py", "_barrier",
+      "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
+      "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
+      "device_ids=[device.index or 0]", "a device without an index taken as GPU 0, not the rank's current GPU"),
+    M("core/comm_hooks.py", "_barrier", "synchronize(device)",
+      "        dist.barrier()\n    synchronize(device)", "        dist.barrier()",
+      "the device not synchronized after the probe's barrier", survives=AFTER_NCCL_BARRIER),
+    M("core/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
+      "                loss_fn(ddp_model(x), y).backward()\n        synchronize(device)\n        dt",
+      "                loss_fn(ddp_model(x), y).backward()\n        dt",
+      "a probe step timed without waiting for its kernels and all-reduces: (b) reads the launches"),
+    # core/handmade.py
+    *(M("core/handmade.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
+        survives=COUNTED_ON_THE_HOST) for n, original, mutated, models in (
+          (1, "        torch.cuda.synchronize(device)\n        start", "        start",
+           "the memory counter read before the device is idle"),
+          (2, "            step(it)\n        torch.cuda.synchronize(device)\n        held",
+           "            step(it)\n        held", "the held bytes read before the warm-up's kernels end"),
+          (3, "        step(it)\n        torch.cuda.synchronize(device)\n        return MemoryUse",
+           "        step(it)\n        return MemoryUse", "the peak read before the measured step's kernels end"))),
+    M("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+      "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)",
+      "        torch.cuda.reset_peak_memory_stats()\n        step(it)",
+      "the current GPU's peak reset, not the measured one's: the build's spike read as the step's peak"),
+    # core/dist.py
+    M("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
+      'dev = torch.device("cuda", local_rank)', 'dev = torch.device("cuda", rank)',
+      "the global rank taken for the GPU index (right on one node, wrong from the second on)"),
+    M("core/dist.py", "init_distributed", "torch.cuda.set_device(dev)",
+      "        torch.cuda.set_device(dev)\n", '        torch.cuda.set_device("cuda")\n',
+      "set_device given a device without an index (torch refuses it)"),
+    M("core/dist.py", "init_distributed", "device_id=dev",
+      'dist.init_process_group("nccl", device_id=dev)', 'dist.init_process_group("nccl")',
+      "no device_id: NCCL guesses the rank's GPU at the first collective (and the bound covers no init)"),
+    # core/hardware.py: the peak table
+    *(M("core/hardware.py", "<module>", f"PEAK_TFLOPS[{pattern!r}]", original, mutated, models) for
+      pattern, original, mutated, models in (
+          ("H100 NVL", '("H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0',
+           '("H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 1671.0', "the H100 NVL's bf16 with sparsity"),
+          ("H100 PCIe", '("H100 PCIe", {"fp32": 51.0, "tf32": 378.0', '("H100 PCIe", {"fp32": 51.0, "tf32": 756.0',
+           "the H100 PCIe's TF32 with sparsity"),
+          ("H100", '("H100", {"fp32": 67.0, "tf32": 495.0', '("H100", {"fp32": 67.0, "tf32": 989.0',
+           "the H100 SXM's TF32 with sparsity (MFU of an fp32 GPT run 2x too low)"),
+          ("H200 NVL", '("H200 NVL", {"fp32": 60.0', '("H200 NVL", {"fp32": 67.0', "the SXM part's FP32 for the NVL"),
+          ("H200", '("H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0',
+           '("H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 1979.0', "the H200's bf16 with sparsity"),
+          ("A100", '("A100", {"fp32": 19.5, "tf32": 156.0', '("A100", {"fp32": 19.5, "tf32": 312.0',
+           "the A100's TF32 with sparsity"),
+          ("L40S", '("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0',
+           '("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 733.0', "the L40S's bf16 with sparsity"),
+          ("A10", '("A10", {"fp32": 31.2, "tf32": 62.5', '("A10", {"fp32": 31.2, "tf32": 125.0',
+           "the A10's TF32 with sparsity"),
+          ("V100-SXM2", '("V100-SXM2", {"fp32": 15.7', '("V100-SXM2", {"fp32": 14.0', "the PCIe card's FP32 for SXM2"),
+          ("V100-PCIE", '("V100-PCIE", {"fp32": 14.0, "fp16": 112.0}', '("V100-PCIE", {"fp32": 15.7, "fp16": 125.0}',
+           "the SXM2's peaks for every V100 (MFU 11 % low on the PCIe card)"),
+          ("V100S", '("V100S", {"fp32": 16.4, "fp16": 130.0}', '("V100S", {"fp32": 16.4, "fp16": 125.0}',
+           "the SXM2's tensor peak for the V100S"),
+          ("RTX 8000", '("RTX 8000", {"fp32": 16.3, "fp16": 130.5}', '("RTX 8000", {"fp32": 16.3, "fp16": 261.0}',
+           "the Quadro RTX 8000's tensor figure doubled"),
+          ("T4", '("T4", {"fp32": 8.1, "fp16": 65.0}', '("T4", {"fp32": 8.1, "fp16": 130.0}',
+           "the T4's INT8 TOPS taken for its FP16 TFLOP/s"))),
+    # core/loop.py
+    M("core/loop.py", "wrap_data_parallel", "device_ids=device_ids",
+      "return nn.DataParallel(model, device_ids=device_ids)", "return nn.DataParallel(model)",
+      "DataParallel over every visible GPU, not the ones asked for"),
+    M("core/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
+      "torch.cuda.reset_peak_memory_stats(device)", "torch.cuda.reset_peak_memory_stats()",
+      "the current GPU's peak reset, not the given one's"),
+    M("core/loop.py", "model_devices", "torch.device('cuda', i)",
+      'return [torch.device("cuda", i) for i in model.device_ids]',
+      'return [torch.device("cuda") for i in model.device_ids]',
+      "a replica's device without its index: every replica read as the current GPU"),
+    M("core/loop.py", "run_epoch", "reset_peak_memory(d)",
+      "    for d in devices:\n        reset_peak_memory(d)", "    for d in devices:\n        reset_peak_memory(device)",
+      "only the first GPU's peak reset: DataParallel's other GPUs report an earlier epoch's peak"),
+    M("core/loop.py", "run_epoch", "synchronize(device)",
+      "    synchronize(device)\n    t_start = time.perf_counter()", "    t_start = time.perf_counter()",
+      "the epoch's clock started with earlier work still queued"),
+    M("core/loop.py", "run_epoch", "synchronize(device)",
+      "            glob = t.tolist()\n    synchronize(device)\n    epoch_seconds",
+      "            glob = t.tolist()\n    epoch_seconds",
+      "the fast path's epoch stopped without waiting for its kernels", n=2),
+    M("core/loop.py", "evaluate", "synchronize(device)",
+      "    synchronize(device)\n    t0 = time.perf_counter()\n    for i, (x, y) in enumerate(loader):",
+      "    t0 = time.perf_counter()\n    for i, (x, y) in enumerate(loader):",
+      "the evaluation's clock started with earlier work still queued"),
+    M("core/loop.py", "evaluate", "synchronize(device)",
+      "        count += y.numel()\n    synchronize(device)", "        count += y.numel()",
+      "the evaluation stopped without waiting for its kernels", n=2),
+    # core/memory.py
+    M("core/memory.py", "resolve_cuda_device", "torch.device('cuda', device)",
+      'device = torch.device("cuda", device)', 'device = torch.device("cuda")',
+      "an integer GPU index dropped: the current GPU's memory capped instead"),
+    M("core/memory.py", "resolve_cuda_device", "torch.device('cuda', torch.cuda.current_device())",
+      'dev = torch.device("cuda", torch.cuda.current_device())', 'dev = torch.device("cuda")',
+      "a device without an index passed on (torch's memory fraction refuses it)"),
+    # core/timing.py
+    M("core/timing.py", "synchronize", "torch.cuda.synchronize(dev)",
+      "        torch.cuda.synchronize(dev)", "        torch.cuda.current_stream(dev).synchronize()",
+      "only the current stream waited for: NCCL's stream (an all-reduce in flight) is not"),
+    M("core/timing.py", "timed", "synchronize(device)",
+      "    synchronize(device)\n    t0 = time.perf_counter()\n    try:", "    t0 = time.perf_counter()\n    try:",
+      "a timer started with earlier work still queued"),
+    M("core/timing.py", "timed", "synchronize(device)",
+      "        synchronize(device)\n        stat.add(", "        stat.add(",
+      "a timer stopped without waiting for its kernels", n=2),
+    M("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+      "                synchronize(self.device)\n                t0 = time.perf_counter()",
+      "                t0 = time.perf_counter()", "a batch wait started with the step's kernels still queued"),
+    M("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+      '                synchronize(self.device)\n                self.stats["data_loading"]',
+      '                self.stats["data_loading"]',
+      "a batch wait stopped before the device loader's kernels end (issue 49 defect 7)", n=2,
+      tests=("test_gpu_numbers.py::test_a_device_loaders_kernels_are_timed_as_data_loading",)),
+    # experiments/comm.py: the link tables
+    *(M("experiments/comm.py", "<module>", f"_NVLINK_GB_PER_S[{pattern!r}]", f'("{pattern}", {gbps}),',
+        f'("{pattern}", {2 * gbps}),', f"{pattern}'s bidirectional NVLink figure taken per direction")
+      for pattern, gbps in (("H100 NVL", 300.0), ("H100 PCIe", 300.0), ("H100", 450.0), ("H200", 450.0),
+                            ("A100", 300.0), ("V100", 150.0))),
+    *(M("experiments/comm.py", "<module>", f"_PCIE_LANE_GB_PER_S[{gen}]", f"{gen}: {real}", f"{gen}: {raw}",
+        f"PCIe gen{gen}'s raw signalling rate, the line encoding forgotten")
+      for gen, real, raw in ((1, 0.25, 0.3125), (2, 0.5, 0.625), (3, 0.985, 1.0), (4, 1.969, 2.0),
+                             (5, 3.938, 4.0))),
+    # workers
+    M("workers/allreduce_bench.py", "_sync", "torch.cuda.synchronize(device)",
+      "        torch.cuda.synchronize(device)", "        torch.cuda.synchronize(0)",
+      "GPU 0 synchronized on every rank: a rank on GPU 1 stops its clock at the launch"),
+    M("workers/allreduce_bench.py", "measure_size", "_sync(device)",
+      "    _sync(device)\n    dist.barrier()", "    dist.barrier()",
+      "the warm-up's all-reduces not waited for before the barrier", survives=AFTER_NCCL_BARRIER),
+    M("workers/allreduce_bench.py", "measure_size", "_sync(device)",
+      "    dist.barrier()\n    _sync(device)\n    start", "    dist.barrier()\n    start",
+      "the clock started right after the barrier, the device not synchronized", n=2,
+      survives=AFTER_NCCL_BARRIER),
+    M("workers/allreduce_bench.py", "measure_size", "_sync(device)",
+      "        dist.all_reduce(buf)\n    _sync(device)\n    per_op", "        dist.all_reduce(buf)\n    per_op",
+      "the clock stopped at the last launch, NCCL's stream still busy: a busbw above any link", n=3),
+    M("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+      "        run(warmup)\n    synchronize(dev)\n    start", "        run(warmup)\n    start",
+      "the warm-up's kernels still queued when the clock starts"),
+    M("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+      "    run(steps)\n    synchronize(dev)\n    return", "    run(steps)\n    return",
+      "the compute step's clock stopped at the last launch", n=2),
+    M("workers/dataparallel.py", "run_config", "device_ids=list(range(n))",
+      "dp = wrap_data_parallel(model, device_ids=list(range(n)))",
+      "dp = wrap_data_parallel(model, device_ids=list(range(torch.cuda.device_count())))",
+      "DataParallel over every visible GPU, not the row's n"),
+    M("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+      '    """\n    synchronize(trainer.device)\n    t0 = time.perf_counter()',
+      '    """\n    t0 = time.perf_counter()', "the warm-up's clock started with earlier work still queued"),
+    M("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+      "slow too\n    synchronize(trainer.device)", "slow too",
+      "the warm-up stopped at its last launch (its compilation and search land in the timed epoch)", n=2),
+    M("workers/fastpath.py", "time_loader", "synchronize(device)",
+      "    images = passes = 0\n    synchronize(device)", "    images = passes = 0",
+      "the untimed first batch's kernels inside the loader's time"),
+    M("workers/fastpath.py", "time_loader", "synchronize(device)",
+      "        passes += 1\n        synchronize(device)", "        passes += 1",
+      "a loader pass stopped at its last launch: the device loader's images/s too high", n=2),
+    M("workers/fastpath.py", "timed_epoch", "reset_peak_memory(device)",
+      "    reset_peak_memory(device)\n    before = compiled_graphs()", "    before = compiled_graphs()",
+      "the peak not reset after the warm-up: a row reports compilation's peak as the epoch's"),
+    M("workers/handmade_ddp.py", "Replica.timed_step", "synchronize(device)",
+      "        loss = self.step(batch, device)\n        synchronize(device)",
+      "        loss = self.step(batch, device)", "a hand-made step timed to its launch"),
+    M("workers/handmade_ddp.py", "_barrier", "synchronize(device)",
+      "    dist.all_reduce(torch.zeros(1, device=device))\n    synchronize(device)",
+      "    dist.all_reduce(torch.zeros(1, device=device))",
+      "the clock started while the barrier's all-reduce is still on NCCL's stream"),
+    M("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+      "                synchronize(dev)\n                t0 = clock()", "                t0 = clock()",
+      "a repetition's clock started with the previous model's kernels queued"),
+    M("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+      "                greedy_decode(models[name], p, new_tokens, block_size)\n                synchronize(dev)",
+      "                greedy_decode(models[name], p, new_tokens, block_size)",
+      "a repetition stopped at its last launch", n=2),
 )

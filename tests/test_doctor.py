@@ -191,14 +191,18 @@ def test_cuda_init_compares_torchs_names_with_nvidia_smis(two_a100, monkeypatch)
 
 
 def test_events_and_the_host_clock_agree_on_the_fake_device(two_a100):
-    """The workload is 20 ms of queued device work; both clocks must see all of it."""
+    """The workload is 20 ms of queued device work; both clocks must see all of it. Its fp32 matmuls run
+    true fp32 (torch.backends.cuda.matmul.allow_tf32 is off by default): 13 TFLOP/s is a realistic A100
+    rate, above its 19.5 TFLOP/s fp32 peak the clock missed work (tests/test_gpu_numbers.py: A100, H100,
+    V100 PCIe)."""
     m = doctor.read_machine()
-    d = doctor.measure_clock(m, workload=lambda: two_a100.launch(0.020), flops=2e12, clock=two_a100.clock)
+    d = doctor.measure_clock(m, workload=lambda: two_a100.launch(0.020), flops=2.6e11, clock=two_a100.clock)
     assert d["event_seconds"] == pytest.approx(0.020) and d["host_seconds"] == pytest.approx(0.020)
+    assert d["precision"] == "fp32"
     measured, _, verdict = doctor.judge_clock(d, m)
-    assert verdict == "ok" and "100.0 TFLOP/s" in measured
+    assert verdict == "ok" and "13.0 TFLOP/s fp32" in measured
     assert doctor.judge_clock({**d, "event_seconds": 0.001}, m)[2] == "fail"   # events missed the work
-    assert doctor.judge_clock({**d, "flops": 2e13}, m)[2] == "fail"             # 1000 TFLOP/s > A100's tf32
+    assert doctor.judge_clock({**d, "flops": 5e11}, m)[2] == "fail"             # 25 TFLOP/s > A100's fp32
 
 
 def test_timer_overhead_synchronizes_the_gpu_at_both_ends_of_each_phase(two_a100):
@@ -261,7 +265,7 @@ def test_the_nccl_check_runs_its_all_reduce_over_gloo_and_judges_it_against_nvli
     measured, expected, verdict = doctor.judge_nccl(d, m)
     share = d["busbw_gb_per_s"] / 300.0
     assert verdict == ("ok" if share >= 0.4 else "warn" if share >= 0.1 else "fail")
-    assert expected.startswith(">= 40 % of NVLink") and f"{share:.0%} of the link" in measured
+    assert expected.startswith(">= 40 % and <= 2x of NVLink") and f"{share:.0%} of the link" in measured
     assert doctor.judge_nccl({**d, "busbw_gb_per_s": 200.0}, m)[2] == "ok"
     assert doctor.judge_nccl({**d, "correct": False, "busbw_gb_per_s": 200.0}, m)[2] == "fail"
 
@@ -319,11 +323,13 @@ def test_an_experiment_row_is_judged_by_its_records():
     m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
     measured, _, verdict = doctor.judge_experiment(_exp_data(), m)
     assert verdict == "ok" and measured == "ran DDP 2 x 32 1.00 s; skipped DDP 4 x 32 (needs 4 GPUs)"
-    for bad in ({"compute_seconds": 0.3}, {"exposed_comm_seconds": 0.6}, {"allreduce_seconds": 1.5},
+    for bad in ({"compute_seconds": 0.3}, {"allreduce_seconds": 1.5},
                 {"train_loss": float("nan")}, {"status": "oom", "reason": "OOM: CUDA out of memory"},
                 {"status": "error", "reason": "no record"}):
         measured, _, verdict = doctor.judge_experiment(_exp_data(**bad), m)
         assert verdict == "fail" and "FAILED DDP 2 x 32" in measured, (bad, measured)
+    measured, _, verdict = doctor.judge_experiment(_exp_data(exposed_comm_seconds=0.6), m)   # an expectation
+    assert verdict == "warn" and "NOT AS EXPECTED DDP 2 x 32: exposed communication" in measured
     assert doctor.judge_experiment({**_exp_data(), "kernel_context": True}, m)[2] == "fail"
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from fake_gpu import ARCHS_CU126, GIB, MIB, OOM_STYLES, FakeGPU
 
 from lab_utils.core import dist as labdist
+from lab_utils.core.errors import LabError
 
 
 def test_each_device_has_its_own_streams_and_synchronize_waits_for_one_device(fake_gpu):
@@ -97,7 +98,8 @@ def test_every_out_of_memory_error_on_request(fake_gpu, style):
     assert type(e.value) is expected.get(style, RuntimeError)
     words = {"allocator": "CUDA out of memory. Tried to allocate 9.00 GiB",
              "cudnn_find": "FIND was unable to find an engine", "cudnn_algo": "Unable to find a valid cuDNN",
-             "nccl": "Cuda failure 2 'out of memory'"}
+             "nccl": "Cuda failure 2 'out of memory'", "cublas_init": "CUBLAS_STATUS_NOT_INITIALIZED",
+             "cudnn_init": "CUDNN_STATUS_NOT_INITIALIZED"}
     assert words[style] in str(e.value)
     assert torch.cuda.memory_allocated() == 0                      # nothing was held
 
@@ -124,3 +126,173 @@ def test_nvidia_smi_reports_compute_capability_and_mode_and_torch_its_build(tmp_
     out = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
     assert out.splitlines() == ["0, 7.0, Exclusive_Process", "1, 7.0, Exclusive_Process"]
     assert torch.cuda.get_arch_list() == list(ARCHS_CU126) and not gpu.initialized
+
+
+# --------------------------------------------------------------------------- NCCL's streams (issue 49)
+
+
+def test_a_collective_runs_on_the_nccl_stream_and_the_host_does_not_wait(fake_gpu, one_rank, monkeypatch):
+    """ProcessGroupNCCL queues a collective on its own stream, after the current stream's work, and
+    returns; work.wait(), a Future's wait() and then() order streams, not the host; only a synchronize
+    (or NCCL's barrier) blocks the host."""
+    gpu = fake_gpu(count=2, collective_seconds=0.005).gloo_for_nccl(monkeypatch)
+    ctx = labdist.init_distributed("nccl")
+    t = torch.ones(4, device=ctx.device)
+    start = gpu.clock.now
+    gpu.launch(0.010)                                          # compute queued before the all-reduce
+    work = dist.all_reduce(t, async_op=True)
+    assert gpu.clock.now == start and not work.is_completed()  # returned at once
+    assert gpu.nccl_stream(0).busy_until == pytest.approx(start + 0.015)   # after the compute
+    assert work.wait() and gpu.clock.now == start              # wait(): the current stream waits
+    assert torch.cuda.current_stream().busy_until == pytest.approx(start + 0.015)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+
+    def finished(f):
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()                                           # on the callback's stream
+        return end, f.value()
+
+    end, value = fut.then(finished).wait()                     # a real (completed) torch Future
+    assert end.at == pytest.approx(start + 0.020) and value == [t] and gpu.clock.now == start
+    dist.all_reduce(t)                                         # synchronous: the stream waits, not the host
+    assert gpu.clock.now == start
+    torch.cuda.synchronize(0)
+    assert gpu.clock.now == pytest.approx(start + 0.025)       # three collectives of 5 ms after 10 ms
+    gpu.launch(0.002)
+    dist.barrier(device_ids=[0])                               # NCCL's barrier blocks the host
+    assert gpu.clock.now == pytest.approx(start + 0.032)
+    assert gpu.collectives == ["all_reduce"] * 3 + ["barrier"]
+
+
+def test_a_collective_timed_without_a_synchronize_reads_short(fake_gpu, one_rank, monkeypatch):
+    """The bug the NCCL stream models: the all-reduce benchmark's clock stopped without synchronizing
+    the device reads the launch, not the all-reduce (before the fake had NCCL streams both read 0)."""
+    from lab_utils.workers import allreduce_bench
+
+    gpu = fake_gpu(count=1, collective_seconds=0.004).gloo_for_nccl(monkeypatch)
+    monkeypatch.setattr(allreduce_bench.time, "perf_counter", gpu.clock)
+    ctx = labdist.init_distributed("nccl")
+    good = allreduce_bench.measure_size(2 ** 20, 5, 2, ctx.device, 0, 1)
+    assert good["time_us"] == pytest.approx(4000.0) and good["correct"]
+    monkeypatch.setattr(allreduce_bench, "_sync", lambda device: None)   # the bug
+    with pytest.raises(LabError, match="time in seconds must be a finite number above 0, got 0.0"):
+        allreduce_bench.measure_size(2 ** 20, 5, 2, ctx.device, 0, 1)   # 0 s per all-reduce
+
+
+# --------------------------------------------------------------------------- first-call costs
+
+
+def test_the_first_call_of_each_shape_dtype_and_layout_costs_time_once(fake_gpu):
+    """cuDNN's benchmark search and the allocator's first blocks: paid once per (shape, dtype, layout)."""
+    gpu = fake_gpu(first_call_seconds=0.25)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    start = gpu.clock.now
+    conv(torch.ones(2, 3, 8, 8))
+    conv(torch.ones(2, 3, 8, 8))                               # the same key: free
+    assert gpu.clock.now - start == pytest.approx(0.25)
+    conv(torch.ones(1, 3, 8, 8))                               # a partial batch: a new shape
+    conv(torch.ones(2, 3, 8, 8).contiguous(memory_format=torch.channels_last))   # a new layout
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        conv(torch.ones(2, 3, 8, 8))                           # a new dtype (autocast's)
+    assert gpu.clock.now - start == pytest.approx(1.0) and len(gpu.first_calls) == 4
+
+
+def test_a_warm_up_that_misses_a_shape_shows_in_the_timed_epoch(fake_gpu, monkeypatch):
+    """The bug the first-call cost models: the fast path's warm-up without the last, partial batch puts
+    that shape's search in the timed epoch (the fast path warms it: tests/test_gpu_numbers.py)."""
+    from lab_utils.core import data
+    from lab_utils.workers import fast_train
+
+    gpu = fake_gpu(first_call_seconds=0.5)
+    monkeypatch.setattr(fast_train.time, "perf_counter", gpu.clock)
+    trainer = fast_train.build_trainer(fast_train.TrainOptions(loader="device"), 2, "cpu")
+    loader = data.device_loader(data.ArraySplit(*data.synthetic_arrays(12, True), synthetic=True),
+                                torch.device("cpu"), 8, seed=0)
+    fast_train.warm_up(trainer, loader, 1)                     # the bug: the 4-image batch is not warmed
+    assert trainer.epoch(loader).epoch_seconds > 0
+    fast_train.warm_up(trainer, loader, 1, remainder=4)
+    assert trainer.epoch(loader).epoch_seconds == 0.0
+
+
+# --------------------------------------------------------------------------- processes, visible devices, MIG
+
+
+def test_exclusive_process_mode_refuses_a_second_context_on_an_occupied_gpu(fake_gpu):
+    """CUDA's EXCLUSIVE_PROCESS: one context per GPU. The bug it models: a notebook kernel that opened a
+    context on GPU 0 before launching its ranks (the rank on GPU 0 then cannot start)."""
+    from fake_gpu import BUSY
+
+    gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
+    with gpu.process("rank 0"):
+        torch.cuda.set_device(0)                               # nobody holds GPU 0: fine
+    torch.cuda.get_device_properties(0)                        # this process (the kernel) opens GPU 0
+    with gpu.process("rank 1"):
+        torch.cuda.set_device(1)                               # another GPU: fine
+        torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="busy or unavailable") as e, gpu.process("rank 0"):
+        torch.cuda.set_device(0)
+    assert str(e.value) == BUSY and gpu.contexts == {0} and gpu.process_name == "this process"
+    shared = fake_gpu(count=1)                                 # the default mode shares a GPU
+    shared._lazy_init()
+    with shared.process("rank 0"):
+        torch.cuda.set_device(0)
+    with pytest.raises(RuntimeError, match="busy"):
+        fake_gpu(count=1, compute_mode="Prohibited")._lazy_init()
+
+
+def test_device_count_follows_cuda_visible_devices_and_mig_is_one_device_per_process(fake_gpu, monkeypatch):
+    gpu = fake_gpu(count=4)
+    assert torch.cuda.device_count() == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert torch.cuda.device_count() == 2 and gpu.visible() == [2, 3]
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.cuda.get_device_properties(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{gpu.gpu_uuid(3)[:12]},0,9,1")   # stops at the bad entry
+    assert gpu.visible() == [3, 0]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not torch.cuda.is_available()
+    mig = fake_gpu(count=2, name="NVIDIA A100-SXM4-40GB", mig="3g.20gb")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert torch.cuda.device_count() == 1                      # two slices listed, one enumerated
+    assert torch.cuda.get_device_name(0) == "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", f"{mig.mig_uuid(1)},{mig.mig_uuid(0)}")
+    assert mig.visible() == [1]
+
+
+def test_two_mig_slices_are_not_two_gpus_for_the_lab(fake_gpu):
+    """The bug one MIG device per process models: counting nvidia-smi's slices as GPUs would plan NCCL
+    between two slices, which CUDA never shows one process together."""
+    from lab_utils.core.machine import Machine
+
+    fake_gpu(count=2, name="NVIDIA A100-SXM4-40GB", mig="3g.20gb")
+    assert Machine.here().gpus == 1 and labdist.choose_backend("auto", 2) == "gloo"
+
+
+# --------------------------------------------------------------------------- nvidia-smi's queries
+
+
+def test_nvidia_smi_answers_every_query_the_lab_sends_and_no_other(fake_gpu):
+    """Every ``--query-gpu`` the lab's code contains is one the fake answers; an unknown one exits 2 and
+    fails the test at teardown (the fixture), instead of printing a banner the parser half-reads."""
+    import re
+    from pathlib import Path
+
+    from fake_gpu import SMI_QUERIES
+
+    from lab_utils.core import cuda_builds, hardware
+
+    pkg = Path(hardware.__file__).resolve().parent.parent
+    sent = {q for f in pkg.rglob("*.py") for q in re.findall(r'"(--query-gpu=[^"]+)"', f.read_text())}
+    answered = {q.split()[0] for q in SMI_QUERIES}
+    assert sent and sent <= answered, sent - answered
+    gpu = fake_gpu(count=2, pcie=(3, 16))
+    assert cuda_builds.query_driver().gpus[1].compute_mode == "Default"
+    assert len(hardware.smi_devices()) == 2 and "GPU1" in hardware.interconnect()
+    out = hardware.nvidia_smi("--query-gpu=index,pcie.link.gen.max,pcie.link.width.max",
+                              "--format=csv,noheader,nounits")
+    assert out.splitlines() == ["0, 3, 16", "1, 3, 16"]
+    gpu.check_smi_queries()
+    assert hardware.nvidia_smi("--query-gpu=pcie.link.gen.max", "--format=csv") is None   # unknown: exit 2
+    with pytest.raises(AssertionError, match="--query-gpu=pcie.link.gen.max --format=csv"):
+        gpu.check_smi_queries()
+    (gpu._smi_dirs[0] / "unknown_queries.txt").unlink()        # (this test's own unknown query)

@@ -120,38 +120,50 @@ def test_timers_synchronize_so_a_phase_includes_its_queued_device_work(fake_gpu,
     assert len(gpu.synchronize_calls) == n
 
 
-def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkeypatch):
+class OnTheGPU:
+    """A CPU DDP model as a GPU rank's timer sees it: its parameters on cuda:``index``."""
+
+    def __init__(self, ddp, index: int = 0):
+        self.ddp, self.index = ddp, index
+
+    def parameters(self):
+        yield SimpleNamespace(device=torch.device("cuda", self.index))
+
+    def register_comm_hook(self, state, hook):
+        self.ddp.register_comm_hook(state=state, hook=hook)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkeypatch, index):
     """The DDP communication hook's clock on a GPU: CUDA events (ms) turned into seconds, after a
-    device synchronization. The model is on the CPU (gloo); the timer takes its CUDA branch."""
+    synchronization of the rank's GPU. The model is on the CPU (gloo computes the sums); the timer takes
+    its CUDA branch and each bucket's all-reduce takes 3 ms on the fake's NCCL stream, queued behind the
+    compute stream's work and timed from the bucket's readiness to the end of the collective (its
+    callback's event is reached then), on GPU 0 and on a rank's GPU 1 (known answers)."""
     from lab_utils.core.comm_hooks import AllReduceTimer
 
-    gpu = fake_gpu()
+    gpu = fake_gpu(count=2, collective_seconds=0.003).nccl_streams(monkeypatch)
     labdist.init_distributed("gloo")
+    torch.cuda.set_device(index)          # what init_distributed does on a rank of GPU `index`
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
 
-    class OnTheGPU:   # the DDP model as a GPU rank's timer sees it: its parameters on cuda:0
-        def parameters(self):
-            yield SimpleNamespace(device=torch.device("cuda", 0))
-
-        def register_comm_hook(self, state, hook):
-            ddp.register_comm_hook(state=state, hook=hook)
-
-    timer = AllReduceTimer(OnTheGPU())
-    assert (timer.cuda, timer.device) == (True, torch.device("cuda", 0))
-    model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work after the first bucket
+    timer = AllReduceTimer(OnTheGPU(ddp, index))
+    assert (timer.cuda, timer.device) == (True, torch.device("cuda", index))
+    model[0].weight.register_hook(lambda g: gpu.launch(0.002) or g)   # backward work before the bucket
     timer.begin_step()
     gpu.launch(0.010)                                                   # forward
     ddp(torch.ones(2, 4)).sum().backward()
     gpu.launch(0.004)                                                   # the tail DDP waits for
     timer.end_backward()
     step = timer.finish_step()
-    assert gpu.synchronize_calls[-1] == 0 and gpu.events_recorded >= 4
-    # the bucket was ready when the first layer's gradient was (0.012 s after the start; the
-    # all-reduce done at once on gloo); the tail is the 4 ms after it: seconds, not milliseconds
+    assert gpu.synchronize_calls[-1] == index and gpu.collectives == ["all_reduce"]
+    # the bucket was ready when the first layer's gradient was (0.012 s after the start); its
+    # all-reduce ran 3 ms on the NCCL stream; the tail is the 4 ms after it: seconds, not milliseconds
     assert step.buckets == 1
+    assert step.allreduce_busy_seconds == pytest.approx(0.003, abs=1e-9)
+    assert step.allreduce_sum_seconds == pytest.approx(0.003, abs=1e-9)
     assert step.exposed_tail_seconds == pytest.approx(0.004, abs=1e-9)
-    assert step.allreduce_busy_seconds == pytest.approx(0.0, abs=1e-9)
 
 
 def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatch):
@@ -167,7 +179,9 @@ def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatc
     monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw) or real())
     comm_hooks._barrier(torch.device("cuda", 1))
     comm_hooks._barrier(torch.device("cuda"))      # no index: the current device
-    assert calls == [{"device_ids": [1]}, {"device_ids": [0]}]
+    torch.cuda.set_device(1)                       # a rank on GPU 1
+    comm_hooks._barrier(torch.device("cuda"))
+    assert calls == [{"device_ids": [1]}, {"device_ids": [0]}, {"device_ids": [1]}]
     assert all(isinstance(i, int) for c in calls for i in c["device_ids"])
 
 
@@ -702,10 +716,10 @@ def test_every_mutant_is_planted_in_its_site_and_every_site_has_one_or_a_doctor_
 
 
 def test_the_target_is_met_and_the_markdown_is_current():
-    """At least 85 % of the mutants killed at the last `make mutants` (a mutant changed since counts as not
+    """At least 95 % of the mutants killed at the last `make mutants` (a mutant changed since counts as not
     killed), and tests/GPU_BRANCHES.md is what the inventory, the mutants and the verdicts give."""
     c = inventory.mutant_counts()
-    assert c["killed"] >= 0.85 * c["mutants"], (c, "run `make mutants`")
+    assert c["killed"] >= 0.95 * c["mutants"], (c, "run `make mutants`")
     md = (TESTS / "GPU_BRANCHES.md").read_text()
     assert md == inventory.markdown(), "regenerate: python tests/gpu_branches.py > tests/GPU_BRANCHES.md"
 
@@ -776,10 +790,46 @@ def f(device, x):
     (tmp_path / "m.py").write_text(code)
     sites = {(s.function, s.condition, s.kind): s for s in inventory.scan(tmp_path)}
     assert set(sites) == {("f", "cuda", "if"), ("f", "device.type != 'cuda'", "if"), ("f", "gpus", "expr"),
-                          ("f", "torch.cuda.is_available()", "flag"), ("f.inner", "cuda", "if")}
+                          ("f", "torch.cuda.is_available()", "flag"), ("f.inner", "cuda", "if"),
+                          ("f", "torch.cuda.synchronize()", "sync")}
     assert sites[("f", "cuda", "if")].arm_line == 7
     negated = sites[("f", "device.type != 'cuda'", "if")]
     assert negated.arm_line == 10 and negated.negated
+
+
+def test_the_scanner_finds_the_lines_whose_effect_exists_only_on_a_gpu(tmp_path):
+    """Issue 49: synchronizes, event records, peak resets, device indices and peak-table rows are sites
+    wherever they are, an if's arm or not; a record() of something else is not."""
+    code = '''
+import torch
+PEAK_TFLOPS = [("X1", {"fp32": 1.0}), ("X2", {"fp32": 2.0})]
+_LANE_GB_PER_S = {1: 0.25}
+PEAK_FRACTION = 0.3
+def timer(device, local_rank, ledger):
+    synchronize(device)
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    torch.cuda.reset_peak_memory_stats(device)
+    dev = torch.device("cuda", local_rank)
+    torch.cuda.set_device(dev)
+    run(device_ids=[local_rank])
+    _sync(device)
+    synchronize(device)
+def other(ledger):
+    ledger.record()
+    torch.device("cuda")
+'''
+    (tmp_path / "m.py").write_text(code)
+    sites = {(s.function, s.condition, s.occurrence): s.kind for s in inventory.scan(tmp_path)}
+    assert sites == {
+        ("<module>", "PEAK_TFLOPS['X1']", 1): "peak", ("<module>", "PEAK_TFLOPS['X2']", 1): "peak",
+        ("<module>", "_LANE_GB_PER_S[1]", 1): "peak",
+        ("timer", "synchronize(device)", 1): "sync", ("timer", "synchronize(device)", 2): "sync",
+        ("timer", "_sync(device)", 1): "sync", ("timer", "ev.record()", 1): "event",
+        ("timer", "torch.cuda.reset_peak_memory_stats(device)", 1): "reset",
+        ("timer", "torch.device('cuda', local_rank)", 1): "device",
+        ("timer", "torch.cuda.set_device(dev)", 1): "device",
+        ("timer", "device_ids=[local_rank]", 1): "device"}
 
 
 def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
@@ -805,3 +855,285 @@ def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
     gpu.copies.clear()
     loop.run_epoch(model, batches, opt, torch.device("cpu"))
     assert gpu.copies == []                                          # the CPU: no copy to a GPU
+
+
+# --------------------------------------------------------------------------- GPU lines (issue 49): timed work
+
+
+class Busy(nn.Module):
+    """A model whose forward queues ``seconds`` of work on the fake GPU's current stream (its kernels)."""
+
+    def __init__(self, gpu, seconds: float, features: int = 12, classes: int = 3):
+        super().__init__()
+        self.gpu, self.seconds = gpu, seconds
+        self.fc = nn.Linear(features, classes)
+
+    def forward(self, x):
+        self.gpu.launch(self.seconds)
+        return self.fc(x.flatten(1))
+
+
+def _batches(n: int, batch: int = 4, features: int = 12) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(batch, features, generator=g), torch.randint(0, 3, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def test_phase_timers_time_exactly_the_device_work_inside(fake_gpu, one_rank, monkeypatch):
+    """A phase on a rank's GPU 1 holds its own queued work, none queued before it (1 s pending on that
+    GPU), the all-reduce NCCL runs on its own stream inside it (a device synchronize waits for every
+    stream), and each loader batch's kernels (iterate)."""
+    gpu = fake_gpu(count=2, collective_seconds=0.004).nccl_streams(monkeypatch)
+    monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
+    labdist.init_distributed("gloo")
+    torch.cuda.set_device(1)
+    timer = timing.PhaseTimer(torch.device("cuda", 1))
+    gpu.launch(1.0)                                   # earlier work still running on the rank's GPU
+    with timer.phase("compute"):
+        gpu.launch(0.020)
+    assert timer.seconds("compute") == pytest.approx(0.020)
+    with timer.phase("communication"):               # an all-reduce in flight: NCCL's stream
+        dist.all_reduce(torch.ones(3), async_op=True)
+    assert timer.seconds("communication") == pytest.approx(0.004)
+
+    def loader():
+        for _ in range(2):
+            gpu.launch(0.005)                         # the batch's augmentation kernels
+            yield "batch"
+
+    gpu.launch(0.5)                                   # the last step's work, not the loader's
+    for _ in timer.iterate(loader()):
+        gpu.launch(0.5)                               # each step's, not the next batch's either
+    assert timer.seconds("data_loading") == pytest.approx(0.010)
+    nested = timing.NestedTimers(torch.device("cuda", 1))
+    gpu.launch(2.0)
+    with nested("epoch"):
+        gpu.launch(0.1)
+    assert nested.stats["epoch"].total_seconds == pytest.approx(0.1)
+
+
+def test_an_epoch_and_an_evaluation_time_exactly_their_device_work(fake_gpu, monkeypatch):
+    """The fast path's epoch (timed=False: synchronized at its two ends only) and the evaluation loop on
+    a GPU: 10 ms of kernels per forward, 1 s of earlier work pending; their seconds are the forwards'."""
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
+    torch.manual_seed(0)
+    model = Busy(gpu, 0.010)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dev = torch.device("cuda", 0)
+    gpu.launch(1.0)
+    rec = loop.run_epoch(model, _batches(3), opt, dev, timed=False)
+    assert rec.epoch_seconds == pytest.approx(0.030)
+    gpu.launch(1.0)
+    ev = loop.evaluate(model, _batches(2), dev)
+    assert ev.seconds == pytest.approx(0.020)
+
+
+def test_an_epoch_reports_each_gpus_peak_of_that_epoch(fake_gpu, monkeypatch):
+    """DataParallel on GPUs 0 and 1: each GPU's peak is reset before the epoch, so an earlier 5 GiB
+    peak on GPU 1 is not this epoch's 1 GiB."""
+    gpu = fake_gpu(count=2).tensors_on_device(monkeypatch)
+    gpu.allocate(5 * 2 ** 30, 1)
+    gpu.release(5 * 2 ** 30, 1)                       # an earlier batch's peak on GPU 1
+    torch.manual_seed(0)
+    dp = nn.DataParallel(nn.Linear(12, 3), device_ids=[0, 1])
+
+    def forward(x):                                   # each replica's activations (no CUDA here)
+        held = [gpu.tensor(2 ** 29, 0), gpu.tensor(2 ** 30, 1)]
+        del held
+        return dp.module(x)
+
+    dp.forward = forward
+    rec = loop.run_epoch(dp, _batches(2), torch.optim.SGD(dp.parameters(), lr=0.1), torch.device("cuda", 0))
+    assert rec.peak_memory_bytes_per_device == [2 ** 29, 2 ** 30]
+
+
+def test_dataparallel_gets_the_gpus_it_is_given(fake_gpu, monkeypatch):
+    """Notebook 02's DataParallel row on 2 of a node's 4 GPUs: the model is replicated on GPUs 0 and 1,
+    not on every visible GPU."""
+    from lab_utils.workers import dataparallel, ddp
+    from lab_utils.workers.harness import Job
+
+    fake_gpu(count=4).tensors_on_device(monkeypatch)
+    assert loop.wrap_data_parallel(nn.Linear(2, 2), device_ids=[0, 1]).device_ids == [0, 1]
+    given = []
+
+    class Wrapped(Exception):
+        pass
+
+    def wrap(model, device_ids=None):
+        given.append(device_ids)
+        raise Wrapped
+
+    monkeypatch.setattr(dataparallel, "wrap_data_parallel", wrap)
+    args = ddp.RunConfig(devices=2, backend="nccl", batch_size=2, epochs=1, width=2, train_images=8,
+                         test_images=8, dataset="synthetic", num_workers=0)
+    with pytest.raises(Wrapped):
+        dataparallel.run_config(dataparallel.dp_config(args), Job("scaling", "quick", []), None, None)
+    assert given == [[0, 1]]
+
+
+def test_the_compute_step_times_its_steps_alone(fake_gpu, monkeypatch):
+    """Notebook 04's compute step on a GPU: 10 ms of kernels per step, 1 s of earlier work pending and a
+    warm-up step queued before the clock starts: 10 ms a step."""
+    from lab_utils.workers import compute_step
+
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    monkeypatch.setattr(compute_step.time, "perf_counter", gpu.clock)
+    monkeypatch.setattr(compute_step, "ResNet18", lambda width: Busy(gpu, 0.010, 3 * 32 * 32, 10))
+    gpu.launch(1.0)
+    seconds = compute_step.measure_compute_step_seconds(8, 4, "cuda:0", steps=3, warmup=1)
+    assert seconds == pytest.approx(0.010)
+
+
+def test_the_warm_up_times_its_steps_alone(fake_gpu, monkeypatch):
+    from lab_utils.workers import fast_train
+
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    monkeypatch.setattr(fast_train.time, "perf_counter", gpu.clock)
+    model = Busy(gpu, 0.010)
+    trainer = fast_train.Trainer(model, model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 fast_train.TrainOptions(), torch.device("cuda", 0))
+    gpu.launch(1.0)
+    assert fast_train.warm_up(trainer, _batches(3), 2) == pytest.approx(0.020)
+    gpu.launch(1.0)
+    assert fast_train.warm_up(trainer, _batches(3), 1, remainder=2) == pytest.approx(0.030)   # + 2 steps
+
+
+def test_the_loader_benchmark_times_its_batches_alone(fake_gpu, monkeypatch):
+    """Notebook 08's loader benchmark on a GPU: each batch's kernels (5 ms) are its time; the untimed first
+    batch and earlier work are not."""
+    from lab_utils.workers import fastpath
+
+    gpu = fake_gpu()
+    monkeypatch.setattr(fastpath.time, "perf_counter", gpu.clock)
+
+    class Loader:
+        def __iter__(self):
+            for _ in range(4):
+                gpu.launch(0.005)
+                yield torch.zeros(8, 1), torch.zeros(8)
+
+    gpu.launch(1.0)
+    m = fastpath.time_loader(Loader(), torch.device("cuda", 0))
+    assert (m["loader_images"], m["passes"]) == (32, 1)
+    assert m["seconds"] == pytest.approx(0.020) and m["loader_images_per_s"] == pytest.approx(1600.0)
+
+
+def test_a_waterfall_rows_peak_memory_is_its_epochs(fake_gpu, monkeypatch):
+    """The warm-up (compilation, the allocator's growth) may peak higher than the timed epoch: the row's
+    peak_memory_bytes is the epoch's, after a reset."""
+    from lab_utils.core.loop import EpochRecord
+    from lab_utils.workers import fastpath
+    from lab_utils.workers.fast_train import TrainOptions
+    from lab_utils.workers.harness import Job
+
+    gpu = fake_gpu(name=A100)
+    held = []
+
+    def warm_up(trainer, loader, steps, remainder=0):
+        held.append(gpu.tensor(6 * 2 ** 30))          # the warm-up's temporary peak
+        held.clear()
+        return 1.0
+
+    class Trainer:
+        onednn_workaround = None
+
+        def epoch(self, loader):
+            gpu.tensor(2 ** 30)                       # the epoch's activations
+            return EpochRecord(epoch=1, images=64, steps=2, epoch_seconds=0.5, train_seconds=None,
+                               data_loading_seconds=0.0, data_movement_seconds=0.0, compute_seconds=0.0,
+                               communication_seconds=0.0, images_per_s=None, loss=2.3, accuracy=0.1,
+                               peak_memory_bytes=None, lr=0.1)
+
+    monkeypatch.setattr(fastpath, "warm_up", warm_up)
+    monkeypatch.setattr(fastpath, "_trainer_and_loader", lambda *a: (Trainer(), None))
+    c = {"width": 4, "batch_size": 32, "warmup_steps": 1, **TrainOptions(loader="device").as_config()}
+    m = fastpath.timed_epoch(TrainOptions(loader="device"), c, Job("bench_train", "quick", [c]), [0] * 64,
+                             torch.device("cuda", 0))   # a split of 64 images
+    assert m["peak_memory_bytes"] == 2 ** 30
+
+
+def test_allreduce_worker_times_its_all_reduces_on_the_ranks_gpu(fake_gpu, one_rank, monkeypatch):
+    """The benchmark on a rank of GPU 1: 4 ms per all-reduce on its NCCL stream, the warm-up's excluded."""
+    from lab_utils.workers import allreduce_bench
+
+    gpu = fake_gpu(count=2, collective_seconds=0.004).gloo_for_nccl(monkeypatch)
+    monkeypatch.setattr(allreduce_bench.time, "perf_counter", gpu.clock)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    ctx = labdist.init_distributed("nccl")
+    assert ctx.device == torch.device("cuda", 1)
+    m = allreduce_bench.measure_size(2 ** 20, 5, 3, ctx.device, 0, 1)
+    assert m["time_us"] == pytest.approx(4000.0) and m["time_us_min_rank"] == pytest.approx(4000.0)
+    assert m["algbw_gb_per_s"] == pytest.approx(2 ** 20 / 0.004 / 1e9)
+
+
+def test_interleaved_decoding_times_each_model_alone(fake_gpu, monkeypatch):
+    """Notebook 07's decoding times on a GPU: each model's kernels (10 ms, 30 ms) are its repetition's time,
+    whatever ran before it."""
+    from lab_utils.workers import quant_timing
+
+    gpu = fake_gpu().tensors_on_device(monkeypatch)
+    cost = {"fp32": 0.010, "int8": 0.030}
+    monkeypatch.setattr(quant_timing, "greedy_decode", lambda m, p, n, b: gpu.launch(cost[m]))
+    gpu.launch(1.0)
+    prompts = torch.zeros(1, 4, dtype=torch.long)
+    out = quant_timing.time_interleaved({"fp32": "fp32", "int8": "int8"}, prompts, 2, 8, "cuda:0", warmup=1,
+                                        repeats=3, clock=gpu.clock)
+    assert out["fp32"].seconds == pytest.approx([0.010] * 3)
+    assert out["int8"].seconds == pytest.approx([0.030] * 3)
+
+
+def test_a_hand_made_replicas_step_is_timed_from_the_barrier_to_its_end(fake_gpu, one_rank, monkeypatch):
+    """Notebook 09's timed step on a GPU: the barrier's all-reduce (5 ms on NCCL's stream) is over before
+    the clock starts, and the step's kernels (10 ms) are in it."""
+    from lab_utils.workers import handmade_ddp
+
+    gpu = fake_gpu(count=1, collective_seconds=0.005).gloo_for_nccl(monkeypatch)
+    monkeypatch.setattr(handmade_ddp.time, "perf_counter", gpu.clock)
+    ctx = labdist.init_distributed("nccl")
+    replica = SimpleNamespace(step=lambda batch, device: gpu.launch(0.010) or torch.zeros(()))
+    seconds, _ = handmade_ddp.Replica.timed_step(replica, None, ctx.device)
+    assert seconds == pytest.approx(0.010)
+
+
+def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, one_rank, monkeypatch):
+    """(b) and (c) where the answer is known: a forward of 10 ms, one bucket whose all-reduce takes 3 ms on
+    NCCL's stream after it, nothing to hide it behind: sync steps 13 ms, no_sync steps 10 ms, (b) = (c) =
+    3 ms, no overlap."""
+    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+
+    gpu = fake_gpu(collective_seconds=0.003).nccl_streams(monkeypatch)
+    monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
+    labdist.init_distributed("gloo")
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Busy(gpu, 0.010))
+    timer = AllReduceTimer(OnTheGPU(ddp))
+    probe = probe_exposed_comm(ddp, _batches(4), timer, warmup=1)
+    assert probe.sync_step_seconds == pytest.approx(0.013)
+    assert probe.nosync_step_seconds == pytest.approx(0.010)
+    assert probe.exposed_per_step_seconds == pytest.approx(0.003)
+    assert probe.allreduce_per_step_seconds == pytest.approx(0.003) and probe.buckets == 1
+    assert probe.overlap_per_step_seconds == pytest.approx(0.0, abs=1e-9)
+
+
+def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
+    """Notebook 09's memory of an implementation on a rank's GPU 1 (GPU 0 current): the 8 MiB spike of the
+    build is not the measured step's peak (1 MiB kept + 3 MiB of temporaries)."""
+    from lab_utils.core import handmade
+
+    gpu = fake_gpu(count=2)
+    dev = torch.device("cuda", 1)
+
+    def build():
+        spike = gpu.tensor(8 * 2 ** 20, 1)
+        del spike
+        return [gpu.tensor(2 ** 20, 1)]
+
+    def step(held):
+        temporary = gpu.tensor(3 * 2 ** 20, 1)
+        del temporary
+
+    use, _ = handmade.memory_use(build, step, dev)
+    assert (use.held_bytes, use.peak_bytes) == (2 ** 20, 4 * 2 ** 20) and torch.cuda.current_device() == 0

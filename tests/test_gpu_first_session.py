@@ -337,8 +337,9 @@ def _machine(gpus: int = 2, **kw):
 
 
 def test_a_step_whose_timing_breaks_its_own_invariants_fails():
-    """A timer on the wrong stream or device gives phases that do not add up, or an exposed wait longer
-    than the all-reduce it waits for: an experiment's row with such a run fails."""
+    """A timer on the wrong stream or device gives phases that do not add up, or an all-reduce longer
+    than the step: an experiment's row with such a run fails. An exposed wait longer than the all-reduce,
+    or below 0, beyond the noise, is not as expected: a warning (issue 52 C7)."""
     from lab_utils import doctor
 
     def judge_step(run, m):
@@ -350,13 +351,13 @@ def test_a_step_whose_timing_breaks_its_own_invariants_fails():
     assert judge_step(good, _machine())[2] == "ok"
     gloo = {**good, "backend": "gloo", "exposed_comm_seconds": 0.6}   # gloo shares the cores with backward
     assert judge_step(gloo, _machine())[2] == "ok"
-    bad = {"phases do not add up": {"compute_seconds": 0.3},
-           "exposed > all-reduce": {"exposed_comm_seconds": 0.6},
-           "all-reduce > step": {"allreduce_seconds": 1.5, "exposed_comm_seconds": 0.1},
-           "negative exposed": {"exposed_comm_seconds": -0.2}}
-    for what, change in bad.items():
+    bad = {"phases do not add up": ({"compute_seconds": 0.3}, "fail"),
+           "exposed > all-reduce": ({"exposed_comm_seconds": 0.6}, "warn"),
+           "all-reduce > step": ({"allreduce_seconds": 1.5, "exposed_comm_seconds": 0.1}, "fail"),
+           "negative exposed": ({"exposed_comm_seconds": -0.2}, "warn")}
+    for what, (change, expected) in bad.items():
         measured, _, verdict = judge_step({**good, **change}, _machine())
-        assert verdict == "fail", (what, measured)
+        assert verdict == expected, (what, measured)
     assert judge_step({**good, "exposed_comm_seconds": 0.41}, _machine())[2] == "ok"   # within noise
 
 

@@ -1,21 +1,64 @@
+"""lab_utils.core.hardware: the peak table pinned against the vendors' data sheets, the machine's names."""
+
+import pytest
+
 from lab_utils.core import hardware
 
+# Every number of hardware.PEAK_TFLOPS, dense (no structured sparsity), TFLOP/s, from the part's NVIDIA
+# data sheet, keyed by a name torch gives that part. Ampere and later quote tensor figures "with
+# sparsity": the dense figure is half of it (A100: TF32 312* -> 156, BF16 624* -> 312).
+DATA_SHEETS: dict[str, tuple[str, dict[str, float]]] = {
+    "H100 SXM": ("NVIDIA H100 80GB HBM3", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),
+    "H100 PCIe": ("NVIDIA H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    "H100 NVL": ("NVIDIA H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
+    "H200 SXM": ("NVIDIA H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),
+    "H200 NVL": ("NVIDIA H200 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
+    "A100": ("NVIDIA A100-SXM4-80GB", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    "L40S": ("NVIDIA L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    "A10": ("NVIDIA A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    "V100 SXM2": ("Tesla V100-SXM2-16GB", {"fp32": 15.7, "fp16": 125.0}),
+    "V100 PCIe": ("Tesla V100-PCIE-32GB", {"fp32": 14.0, "fp16": 112.0}),
+    "V100S": ("Tesla V100S-PCIE-32GB", {"fp32": 16.4, "fp16": 130.0}),
+    "Quadro RTX 8000": ("Quadro RTX 8000", {"fp32": 16.3, "fp16": 130.5}),
+    "T4": ("Tesla T4", {"fp32": 8.1, "fp16": 65.0}),
+}
+NUMBERS = [(part, name, precision, tflops) for part, (name, peaks) in DATA_SHEETS.items()
+           for precision, tflops in peaks.items()]
 
-def test_peak_table_by_name():
-    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "bf16") == 989e12
-    assert hardware.peak_flops_per_s("NVIDIA H100 PCIe", "bf16") == 756e12
-    assert hardware.peak_flops_per_s("NVIDIA H200", "bf16") == 989e12
-    assert hardware.peak_flops_per_s("NVIDIA A100-SXM4-40GB", "bf16") == 312e12
-    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "tf32") == 495e12
-    assert hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "fp32") == 67e12
+
+@pytest.mark.parametrize("part, name, precision, tflops", NUMBERS,
+                         ids=[f"{part}-{precision}" for part, _, precision, _ in NUMBERS])
+def test_every_peak_is_its_data_sheets_dense_figure(part, name, precision, tflops):
+    assert hardware.peak_flops_per_s(name, precision) == tflops * 1e12, (part, precision)
+
+
+def test_the_table_has_exactly_the_data_sheets_rows_and_precisions():
+    """No row or precision in the table that the data sheets above do not pin (a new row needs its
+    numbers here); Volta and Turing have no bf16 or tf32."""
+    assert len(hardware.PEAK_TFLOPS) == len(DATA_SHEETS)
+    for part, (name, peaks) in DATA_SHEETS.items():
+        for precision in ("fp32", "tf32", "bf16", "fp16"):
+            if precision not in peaks:
+                assert hardware.peak_flops_per_s(name, precision) is None, (part, precision)
+    covered = {pattern for pattern, _ in hardware.PEAK_TFLOPS
+               for name, _ in DATA_SHEETS.values() if hardware._matches(pattern, name)}
+    assert covered == {pattern for pattern, _ in hardware.PEAK_TFLOPS}
+
+
+def test_each_v100_is_its_own_part():
+    """V100 PCIe, V100S and V100 SXM2 are distinct rows (MFU 11 % low on the PCIe card with the SXM2
+    peak); a V100 variant without a row, and names that only contain a row's pattern, get no peak."""
+    for name in ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB"):
+        assert hardware.peak_flops_per_s(name, "fp32") == 14.0e12
+    assert hardware.peak_flops_per_s("Tesla V100-SXM2-32GB", "fp16") == 125.0e12
+    assert hardware.peak_flops_per_s("Tesla V100S-PCIE-32GB", "fp16") == 130.0e12
+    for name in ("Tesla V100-FHHL-16GB", "NVIDIA A10G", "NVIDIA GH200 480GB", "NVIDIA L40"):
+        assert hardware.peak_flops_per_s(name, "fp32") is None, name
 
 
 def test_h200_nvl_is_not_the_sxm_part():
     assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "bf16") == 835e12
-    assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "tf32") == 418e12
-    assert hardware.peak_flops_per_s("NVIDIA H200 NVL", "fp32") == 60e12
     assert hardware.peak_flops_per_s("NVIDIA H200", "bf16") == 989e12
-    assert hardware.peak_flops_per_s("NVIDIA H100 NVL", "bf16") == 835e12
 
 
 def test_the_most_specific_pattern_wins_and_comes_first():
@@ -35,6 +78,26 @@ def test_unknown_device_has_no_peak():
     assert hardware.peak_flops_per_s(None) is None
     assert hardware.peak_flops_per_s("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
     assert hardware.fraction_of_peak(1e12, "cpu (x)", "fp32") is None
+
+
+def test_fp32_matmuls_take_tf32_only_where_torch_allows_it():
+    """torch.mm in fp32 runs true fp32 unless torch.backends.cuda.matmul.allow_tf32 (False by default);
+    cuDNN's convolutions take TF32 unless torch.backends.cudnn.allow_tf32 is False (True by default)."""
+    import torch
+
+    a100 = "NVIDIA A100-SXM4-80GB"
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        assert hardware.fp32_matmul_precision(a100) == "fp32"
+        assert hardware.fp32_training_precision(a100) == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert hardware.fp32_matmul_precision(a100) == "tf32"
+        assert hardware.fp32_matmul_precision("Tesla V100-PCIE-16GB") == "fp32"   # no TF32 on Volta
+        torch.backends.cudnn.allow_tf32 = False
+        assert hardware.fp32_training_precision(a100) == "fp32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
 def test_fraction_of_peak():

@@ -65,9 +65,14 @@ NCCL_OOM_LOG = (
     "[rank1]: Cuda failure 2 'out of memory'\n")
 
 
+NO_HANDLE = "its handle could not be created, no memory left"
+
+
 @pytest.mark.parametrize("style, which", [("allocator", None), ("cudnn_find", "cuDNN: no algorithm fits"),
                                           ("cudnn_algo", "cuDNN: no algorithm fits"),
-                                          ("nccl", "NCCL: a CUDA allocation failed")])
+                                          ("nccl", "NCCL: a CUDA allocation failed"),
+                                          ("cublas_init", f"cuBLAS: {NO_HANDLE}"),
+                                          ("cudnn_init", f"cuDNN: {NO_HANDLE}")])
 def test_cudnn_and_nccl_out_of_memory_are_rows_that_say_which(fake_gpu, style, which):
     """With cudnn.benchmark on, cuDNN reports memory it cannot get as "no engine / no valid algorithm";
     NCCL as "Cuda failure 2 'out of memory'" on a later line. Both are out of memory (a sweep's oom

@@ -10,10 +10,13 @@ a time limit, and the file is put back before the next one. First the same tests
 a verdict means nothing if they fail without a bug.
 
 Verdicts: ``killed`` (a test failed; the first failing test is kept), ``killed (time limit)`` (the
-bug made a test hang: pytest was stopped), ``survived`` (every test passed), ``error`` (pytest could
-not run them, e.g. exit code 2-5). tests/gpu_mutants_results.json keeps them by mutant
-(``Mutant.ident``, a digest of its file and text: a changed mutant is "not run" until the next
-run); tests/GPU_BRANCHES.md is then regenerated from the inventory, the mutants and the verdicts.
+bug made a test hang: pytest was stopped), ``survived`` (every test passed: listed with the mutant's
+``survives`` reason when it is an equivalent mutant, else as a missing test), ``error`` (pytest could
+not run them, e.g. exit code 2-5). The mutants cover the inventory's decision sites and GPU lines
+(tests/gpu_branches.py: synchronizes, event records, peak resets, device indices, peak-table rows).
+tests/gpu_mutants_results.json keeps them by mutant (``Mutant.ident``, a digest of its file and text:
+a changed mutant is "not run" until the next run); tests/GPU_BRANCHES.md is then regenerated from the
+inventory, the mutants and the verdicts.
 
     python tools/mutants.py [--only TEXT] [--timeout S] [--list]
 
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for m in MUTANTS:
         r = results["mutants"].get(m.ident, {})
         if r.get("verdict") == "survived":
-            print(f"  survived: {m.ident}: {m.models} ({', '.join(r.get('tests', []))})")
+            why = m.survives or "no reason given: a test that sees this bug is missing"
+            print(f"  survived: {m.ident}: {m.models} ({', '.join(r.get('tests', []))}); why: {why}")
     return 0
 
 

@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
+from lab_utils.core import watchdog
 from lab_utils.core.errors import LabError, first_line
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.memory import is_out_of_memory, oom_reason
@@ -92,13 +93,35 @@ def choose_backend(requested: str = "auto", local_world_size: int = 1) -> str:
     return "gloo"
 
 
-def init_distributed(backend: str = "auto", device: str = "auto", group_of_one: bool = True) -> DistContext:
+#: Seconds a rank may take to join an NCCL group (rendezvous and communicator initialization: seconds on
+#: a healthy node); past them it ends, saying so in its failure file (``LAB_NCCL_INIT_TIMEOUT_S``
+#: overrides). Without the bound, a start-up that hangs in NCCL (peer access, a network interface)
+#: waits for the run's time limit with nothing in the rank logs.
+NCCL_INIT_TIMEOUT_S = 300.0
+NCCL_INIT_FIX = ("see the NCCL WARN lines in the rank logs; check peer access between the GPUs (nvidia-smi "
+                 "topo -m; NCCL_P2P_DISABLE=1 to test) and the network interface (NCCL_SOCKET_IFNAME), or "
+                 "raise LAB_NCCL_INIT_TIMEOUT_S")
+
+
+def nccl_init_timeout_s() -> float:
+    """:data:`NCCL_INIT_TIMEOUT_S`, or ``$LAB_NCCL_INIT_TIMEOUT_S`` when it is a positive number."""
+    try:
+        value = float(os.environ.get("LAB_NCCL_INIT_TIMEOUT_S", ""))
+    except ValueError:
+        return NCCL_INIT_TIMEOUT_S
+    return value if value > 0 else NCCL_INIT_TIMEOUT_S
+
+
+def init_distributed(backend: str = "auto", device: str = "auto", group_of_one: bool = True,
+                     folder: str | None = None) -> DistContext:
     """Join the torchrun process group and return this rank's :class:`DistContext`.
 
     ``backend``: "auto" (:func:`choose_backend`), "nccl" or "gloo". ``device``: "auto",
     "cuda" (NCCL required) or "cpu" (gloo). Without torchrun (no ``RANK``), one process:
     with ``group_of_one`` it makes a process group of one on a free local port (so the
-    DDP code paths run unchanged); without, it returns a context with no group.
+    DDP code paths run unchanged); without, it returns a context with no group. Joining NCCL is
+    bounded by :func:`nccl_init_timeout_s`: past it the rank writes its failure file into
+    ``folder`` (where it hung, which GPU) and ends (:mod:`lab_utils.core.watchdog`).
     """
     if device == "cuda" and not torch.cuda.is_available():
         raise LabError("--device cuda was asked for but no CUDA device is visible; use --device auto or cpu.")
@@ -124,8 +147,17 @@ def init_distributed(backend: str = "auto", device: str = "auto", group_of_one: 
                            "GPUs are visible; start at most one process per GPU or use --backend gloo.")
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
-        if here:
-            dist.init_process_group("nccl", device_id=dev)
+        if here:  # with device_id the communicator is made now (eager), inside the bound
+            what = (f"joining NCCL (rendezvous and communicator initialization) on rank {rank} of {world}, "
+                    f"GPU {dev}")
+            limit = nccl_init_timeout_s()
+
+            def hung(message: str) -> None:
+                write_rank_failure(folder, rank, "error", f"{what} did not finish within {limit:g} s "
+                                   "(NCCL_DEBUG=WARN lines in its log say why)", None)
+
+            with watchdog.deadline(limit, what, NCCL_INIT_FIX, on_expiry=hung):
+                dist.init_process_group("nccl", device_id=dev)
     else:
         dev = torch.device("cpu")
         if here:
@@ -167,8 +199,10 @@ def failure_ends_rank(ctx: DistContext, folder: str | None = None, config_index:
 
     - Out of memory (any backend): a rank that swallowed its own out-of-memory error and went on to
       its next collective would no longer match its peers, one of which may still be inside DDP's
-      bucket all-reduce: the run would wait for the collective timeout (30 minutes by default). So
-      the rank prints the traceback and one line, and exits with :data:`OOM_EXIT_CODE`.
+      bucket all-reduce: the run would wait for the collective timeout (by default 10 minutes under
+      NCCL, 30 under gloo: ``torch.distributed.constants.default_pg_nccl_timeout`` and
+      ``default_pg_timeout``). So the rank prints the traceback and one line, and exits with
+      :data:`OOM_EXIT_CODE`.
     - Any other exception under NCCL: the worker's teardown would call ``destroy_process_group()``,
       which under NCCL can block while a peer waits in a collective, so the rank would never exit.
       It prints the traceback and ``<Error> on rank R of N: <message>`` and leaves with ``os._exit(1)``.

@@ -26,26 +26,45 @@ from pathlib import Path
 
 from lab_utils.core.errors import first_line
 
-# Dense peak throughput in TFLOP/s per precision. "tf32" is what cuDNN uses for fp32
-# convolutions on Ampere and later unless torch.backends.cudnn.allow_tf32 is False.
-# Data sheets quote tensor-core figures "with sparsity": the dense figure is half.
-# The longest pattern found in the device name wins ("H200 NVL" over "H200", the SXM part).
+# Dense peak throughput in TFLOP/s per precision, from each part's NVIDIA data sheet (tests/test_hardware.py
+# pins every number against it). "tf32" is what cuDNN uses for fp32 convolutions on Ampere and later
+# unless torch.backends.cudnn.allow_tf32 is False, and what fp32 matmuls use only when
+# torch.backends.cuda.matmul.allow_tf32 is True (off by default). Data sheets quote Ampere's and later
+# tensor-core figures "with sparsity": the dense figure is half. Volta and Turing have no bf16 or tf32.
+# A pattern matches the device name as a whole token (not inside a longer one: "A10" is not "A10G",
+# "H200" not "GH200"); the longest pattern found wins ("H200 NVL" over "H200", the SXM part). A name no
+# row matches (a V100 variant not listed, an A10G) has no peak: never a guessed one.
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    # H100 data sheet: SXM 67 / 989* / 1,979*; PCIe 51 / 756* / 1,513*; NVL 60 / 835* / 1,671*
+    # (FP32 / TF32 / BF16 = FP16, * with sparsity); the whitepaper's dense SXM5 figures 66.9 / 494.7 / 989.4
     ("H100 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
     ("H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
     ("H100", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),  # SXM5
-    # NVIDIA H200 data sheet (nvidia.com/en-us/data-center/h200, "H200 NVL" column):
-    # FP32 60 TFLOPS; TF32 835 and BF16/FP16 1,671 TFLOPS with sparsity -> 418 / 835 dense.
-    # The same figures as the H100 NVL row (a PCIe card, below the 700 W SXM part).
+    # H200 data sheet: SXM 67 / 989* / 1,979*; NVL (a PCIe card, below the 700 W SXM part) 60 / 835* / 1,671*
     ("H200 NVL", {"fp32": 60.0, "tf32": 418.0, "bf16": 835.0, "fp16": 835.0}),
     ("H200", {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0}),  # SXM
+    # A100 data sheet (40 and 80 GB, SXM and PCIe alike): 19.5 / 156 (312*) / 312 (624*)
     ("A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    # L40S data sheet: 91.6 / 183 (366*) / 362.05 (733*)
     ("L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0}),
+    # A10 data sheet: 31.2 / 62.5 (125*) / 125 (250*)
     ("A10", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
-    ("V100", {"fp32": 15.7, "fp16": 125.0}),  # SXM2; no bf16/tf32 on Volta
+    # V100 data sheet (dense: no sparsity on Volta), FP32 / tensor (fp16): SXM2 15.7 / 125,
+    # PCIe 14 / 112; V100S data sheet (PCIe): 16.4 / 130
+    ("V100-SXM2", {"fp32": 15.7, "fp16": 125.0}),
+    ("V100-PCIE", {"fp32": 14.0, "fp16": 112.0}),
+    ("V100S", {"fp32": 16.4, "fp16": 130.0}),
+    # Quadro RTX 8000 data sheet: FP32 16.3, tensor 130.5
     ("RTX 8000", {"fp32": 16.3, "fp16": 130.5}),
+    # T4 data sheet: FP32 8.1, mixed precision (FP16/FP32) 65
     ("T4", {"fp32": 8.1, "fp16": 65.0}),
 ]
+
+
+def _matches(pattern: str, device_name: str) -> bool:
+    """``pattern`` in ``device_name`` as a whole token (case-insensitive): not inside a longer name."""
+    token = rf"(?<![A-Za-z0-9]){re.escape(pattern)}(?![A-Za-z0-9])"
+    return re.search(token, device_name, re.IGNORECASE) is not None
 
 
 def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float | None:
@@ -54,7 +73,7 @@ def peak_flops_per_s(device_name: str | None, precision: str = "bf16") -> float 
     precisions the GPU lacks."""
     if not device_name or mig_profile(device_name):
         return None
-    found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if pattern.lower() in device_name.lower()]
+    found = [(pattern, peaks) for pattern, peaks in PEAK_TFLOPS if _matches(pattern, device_name)]
     if not found:
         return None
     tflops = max(found, key=lambda item: len(item[0]))[1].get(precision)
@@ -110,10 +129,22 @@ def bf16_supported(device) -> bool:
 
 
 def fp32_training_precision(device_name: str | None) -> str:
-    """The peak to compare an fp32 run against: ``tf32`` where cuDNN may use it."""
+    """The peak to compare an fp32 ResNet run against: ``tf32`` where cuDNN may use it for its
+    convolutions (``torch.backends.cudnn.allow_tf32``, True by default)."""
     import torch
 
     if device_name and peak_flops_per_s(device_name, "tf32") and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+def fp32_matmul_precision(device_name: str | None) -> str:
+    """The peak to compare fp32 matmuls (``torch.mm``, ``nn.Linear``) against: ``tf32`` only where
+    ``torch.backends.cuda.matmul.allow_tf32`` is True (False by default, unlike cuDNN's flag) and the
+    GPU has TF32; else ``fp32``."""
+    import torch
+
+    if device_name and peak_flops_per_s(device_name, "tf32") and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "fp32"
 
@@ -197,12 +228,14 @@ def smi_devices(text: str | None = None) -> list[SmiDevice] | None:
     return out
 
 
-def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
-    """The names of the CUDA devices this process sees, in CUDA's order, without a CUDA context.
+def visible_smi_devices(text: str | None = None) -> list[SmiDevice | None] | None:
+    """The ``nvidia-smi -L`` entry of each CUDA device this process sees, in CUDA's order, without a
+    CUDA context.
 
-    From ``nvidia-smi -L`` and ``CUDA_VISIBLE_DEVICES``: a GPU in MIG mode shows as its slices
-    (CUDA enumerates the slices, not the GPU); an index or UUID in ``CUDA_VISIBLE_DEVICES``
-    picks the entry it names (``None`` for one it cannot resolve). ``None`` without nvidia-smi.
+    nvidia-smi lists every GPU of the node, whatever ``CUDA_VISIBLE_DEVICES`` says: a GPU in MIG mode
+    shows as its slices (CUDA enumerates the slices, not the GPU); an index or UUID in
+    ``CUDA_VISIBLE_DEVICES`` picks the entry it names (``None`` for one it cannot resolve). ``None``
+    without nvidia-smi.
     """
     devices = smi_devices(text)
     if devices is None:
@@ -212,15 +245,30 @@ def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
     default = [x for g in gpus for x in (migs[g.gpu_index] or [g])]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return [d.name for d in default]
+        return list(default)
 
-    def named(token: str) -> str | None:
+    def named(token: str) -> SmiDevice | None:
         if not token.isdigit():
-            return next((d.name for d in devices if d.uuid == token or d.uuid.startswith(token)), None)
+            return next((d for d in devices if d.uuid == token or d.uuid.startswith(token)), None)
         g = next((d for d in gpus if d.gpu_index == int(token)), None)
-        return None if g is None else (migs[g.gpu_index] or [g])[0].name
+        return None if g is None else (migs[g.gpu_index] or [g])[0]
 
     return [named(t.strip()) for t in visible.split(",") if t.strip()]
+
+
+def visible_gpu_names(text: str | None = None) -> list[str | None] | None:
+    """The names of the CUDA devices this process sees, in CUDA's order (:func:`visible_smi_devices`;
+    ``None`` for an entry of ``CUDA_VISIBLE_DEVICES`` it cannot resolve); ``None`` without nvidia-smi."""
+    devices = visible_smi_devices(text)
+    return None if devices is None else [d.name if d else None for d in devices]
+
+
+def visible_gpu_indices(text: str | None = None) -> list[int | None] | None:
+    """nvidia-smi's index of the GPU behind each CUDA device this process sees (a MIG slice: its GPU's),
+    in CUDA's order: the rows and columns of ``nvidia-smi topo -m`` and of ``--query-gpu`` that are this
+    process's devices. ``None`` without nvidia-smi."""
+    devices = visible_smi_devices(text)
+    return None if devices is None else [d.gpu_index if d else None for d in devices]
 
 
 def cpu_model() -> str:
@@ -382,14 +430,17 @@ def describe_machine() -> dict:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def classify_interconnect(topo_text: str | None, n_gpus: int) -> str | None:
-    """From ``nvidia-smi topo -m``: ``"nvlink"`` when every pair of the first ``n_gpus`` GPUs
-    has an ``NV#`` link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown."""
-    if not topo_text or n_gpus < 2:
+def classify_interconnect(topo_text: str | None, n_gpus: int, indices: list[int] | None = None) -> str | None:
+    """From ``nvidia-smi topo -m``: ``"nvlink"`` when every pair of ``n_gpus`` GPUs has an ``NV#``
+    link, ``"pcie"`` when none has, ``"mixed"`` otherwise; None when unknown. The GPUs are nvidia-smi's
+    indices ``indices`` (this process's devices: :func:`visible_gpu_indices`; the matrix lists every GPU
+    of the node), by default its first ``n_gpus``."""
+    chosen = list(range(n_gpus) if indices is None else indices)[:n_gpus]
+    if not topo_text or n_gpus < 2 or len(chosen) < n_gpus:
         return None
     lines = (re.match(r"GPU(\d+)\s+(.*)$", _ANSI.sub("", raw).strip()) for raw in topo_text.splitlines())
-    links = {int(m.group(1)): m.group(2).split()[:n_gpus] for m in lines if m}
-    if any(i not in links or len(links[i]) < n_gpus for i in range(n_gpus)):
+    links = {int(m.group(1)): m.group(2).split() for m in lines if m}
+    if any(i not in links or len(links[i]) <= max(chosen) for i in chosen):
         return None
-    nv = [links[i][j].upper().startswith("NV") for i in range(n_gpus) for j in range(n_gpus) if i != j]
+    nv = [links[i][j].upper().startswith("NV") for i in chosen for j in chosen if i != j]
     return "nvlink" if all(nv) else "mixed" if any(nv) else "pcie"

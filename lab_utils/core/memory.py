@@ -60,6 +60,11 @@ OOM_MARKERS: tuple[OomMarker, ...] = (
     OomMarker("CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED"),
     OomMarker("CUDNN_STATUS_ALLOC_FAILED"),          # cuDNN 8 could not allocate its workspace
     OomMarker("CUBLAS_STATUS_ALLOC_FAILED"),         # cuBLAS could not allocate its workspace / handle
+    # a library's handle made at its first call on a full GPU: cublasCreate and cudnnCreate fail with
+    # NOT_INITIALIZED when the context cannot get the memory they need (a batch that filled the GPU
+    # before the first matmul or convolution)
+    OomMarker("CUBLAS_STATUS_NOT_INITIALIZED", "cuBLAS: its handle could not be created, no memory left"),
+    OomMarker("CUDNN_STATUS_NOT_INITIALIZED", "cuDNN: its handle could not be created, no memory left"),
     # cudnn.benchmark (notebooks 01 and 02 push into OOM with it on): when every convolution engine
     # or algorithm needs more workspace than is left, torch says it found none (cuDNN v8/v9 API and
     # the legacy API's algorithm search)

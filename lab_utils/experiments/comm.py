@@ -196,22 +196,34 @@ def _nominal_link_peak(device_name: str | None, kind: str | None, pcie_gen: int 
     return LinkPeak(None, "interconnect unknown: no nominal peak")
 
 
-def _pcie_link() -> tuple[int | None, int | None]:
-    """The first GPU's PCIe generation and width (nvidia-smi), or (None, None)."""
-    out = hardware.nvidia_smi("--query-gpu=pcie.link.gen.max,pcie.link.width.max",
+def _pcie_link(indices: list[int]) -> tuple[int | None, int | None]:
+    """The PCIe generation and width (nvidia-smi's ``.max``) of the slowest link among the GPUs of
+    nvidia-smi's ``indices`` (the ring is as fast as its slowest hop), or (None, None)."""
+    out = hardware.nvidia_smi("--query-gpu=index,pcie.link.gen.max,pcie.link.width.max",
                                "--format=csv,noheader,nounits")
-    try:
-        gen, width = (out or "").strip().splitlines()[0].split(",")
-        return int(gen), int(width)
-    except (ValueError, IndexError):
+    links = {}
+    for line in (out or "").strip().splitlines():
+        try:
+            index, gen, width = (int(v) for v in line.split(","))
+        except ValueError:  # "[N/A]" or a banner: not known
+            continue
+        links[index] = (gen, width)
+    known = [links[i] for i in indices if i in links and links[i][0] in _PCIE_LANE_GB_PER_S]
+    if not indices or len(known) < len(indices):
         return None, None
+    return min(known, key=lambda gw: _PCIE_LANE_GB_PER_S[gw[0]] * gw[1])
 
 
 def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
-    """The nominal link peak of this machine's GPUs (NVLink table, or PCIe gen x width)."""
+    """The nominal link peak between this process's first ``n_gpus`` GPUs (default: all it sees):
+    NVLink table, or PCIe gen x width. nvidia-smi lists every GPU of the node; the rows read are
+    those ``CUDA_VISIBLE_DEVICES`` maps this process's devices to (:func:`hardware.visible_gpu_indices`);
+    a device it cannot map has no known link."""
     count = hardware.gpu_count() if n_gpus is None else n_gpus
     if count < 2:  # the benchmark then runs gloo between CPU processes (see plan_bench)
         return _nominal_link_peak("cpu", None)
-    kind = hardware.classify_interconnect(hardware.interconnect(), count)
-    gen, width = _pcie_link() if kind == "pcie" else (None, None)
+    mapped = [i for i in (hardware.visible_gpu_indices() or [])[:count] if i is not None]
+    kind = (hardware.classify_interconnect(hardware.interconnect(), count, mapped) if len(mapped) == count
+            else None)
+    gen, width = _pcie_link(mapped) if kind == "pcie" else (None, None)
     return _nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)

@@ -44,8 +44,10 @@ __all__ = ["ACCURACY_EXPERIMENT", "LOADER_EXPERIMENT", "METRICS_VERSION", "TRACE
 #: old meaning are measured again, not reused. 2 (issue 26): images/s of a waterfall row is
 #: ``epoch_images_per_s`` (over epoch_seconds), the loader's ``loader_images_per_s``; the accuracy
 #: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase). 3 (issue 32): the
-#: loader benchmark's image count is ``loader_images`` (``images`` are always trained on).
-METRICS_VERSION = 3
+#: loader benchmark's image count is ``loader_images`` (``images`` are always trained on). 4 (issue 49):
+#: every waterfall row warms the epoch's last, partial batch shape too (before, only compiled rows did:
+#: the others timed cuDNN's algorithm search for it inside their epoch).
+METRICS_VERSION = 4
 
 
 @dataclass(frozen=True)

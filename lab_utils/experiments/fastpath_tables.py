@@ -128,8 +128,9 @@ def waterfall_notes(settings: Settings, records: Sequence[Record]) -> list[str]:
         f"batch {settings.batch_size}, same initial weights; each step keeps the changes of the rows "
         "above it.",
         "epoch_seconds: wall time of the pass, device synchronized at both ends only; waiting on the loader "
-        f"is included. warmup_seconds: the {settings.warmup_steps} untimed step(s) before it "
-        "(compile_seconds: the same, torch.compile's compilation included); never part of an epoch.",
+        f"is included. warmup_seconds: the {settings.warmup_steps} untimed step(s) before it and one at the "
+        "epoch's last, partial batch size, in every row (cuDNN's algorithm search, the allocator's growth; "
+        "compile_seconds: the same, torch.compile's compilation included); never part of an epoch.",
         "achieved TFLOP/s = FLOPs per image (FlopCounterMode: convolutions and matmuls, forward + backward) "
         "x images/s. percent_of_peak divides by the device's dense peak for the row's precision "
         "(bf16 rows: bf16; fp32 rows: TF32 where cuDNN uses it); none when the peak is unknown (CPUs).",

@@ -187,11 +187,14 @@ def to_device(x: torch.Tensor, y: torch.Tensor, device: torch.device,
 
 
 def warm_up(trainer: Trainer, loader, steps: int, remainder: int = 0) -> float:
-    """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0); return seconds.
+    """Run ``steps`` training steps (plus one at batch size ``remainder`` if > 0, then a full one
+    again); return seconds.
 
     This is where ``torch.compile`` compiles (both the full and the last, smaller batch
     shape, each its own static graph: :func:`build_trainer` compiles with ``dynamic=False``),
-    where cuDNN picks algorithms and the allocator grows, so none of it lands in a timed epoch.
+    where cuDNN's benchmark picks algorithms for each shape, dtype and layout, and the allocator
+    grows, so none of it lands in a timed epoch: pass the epoch's last batch size as ``remainder``
+    whether or not the model is compiled.
     """
     synchronize(trainer.device)
     t0 = time.perf_counter()

@@ -7,7 +7,9 @@ notebook's process. The job's experiment says what a configuration measures:
 - ``bench_data``: images/s of one loader alone, no model (:func:`time_loader`): the spec
   ``DataLoader`` (PIL transforms, ``num_workers`` processes) for one pass after an untimed batch;
   the device-resident loader for passes until ``data_min_seconds`` (one torch thread on a CPU).
-- ``bench_train``: one waterfall row: ``warmup_steps`` untimed steps (compilation happens there:
+- ``bench_train``: one waterfall row: ``warmup_steps`` untimed steps and one at the size of the
+  epoch's last, partial batch (each shape the epoch meets: compilation, cuDNN's algorithm search with
+  ``cudnn.benchmark`` and the allocator's first blocks happen there, for every row alike:
   ``warmup_seconds``), then one epoch timed with the device synchronized at its two ends only, so
   the host queues work ahead as in real training and the loader's waits are included
   (``epoch_seconds``); the FLOP rate and its percent of the device's peak (none when unknown). A
@@ -158,9 +160,12 @@ def _waterfall_row(c: dict[str, Any], job: Job, ctx: DistContext, state: dict[st
 
 def timed_epoch(opts: TrainOptions, c: dict[str, Any], job: Job, split: ArraySplit,
                  device: torch.device) -> dict[str, Any]:
-    """Warm up (both batch shapes when compiled), then one epoch synchronized at its ends only."""
+    """Warm up every batch shape of the epoch (the full one and the last, partial one: cuDNN's benchmark
+    cache, the allocator and torch.compile are keyed by shape, dtype and layout, so a shape first met in
+    the timed epoch would put its search there, in some rows and not in others), then one epoch
+    synchronized at its ends only."""
     trainer, loader = _trainer_and_loader(opts, c, job, split, device)
-    warm_s = warm_up(trainer, loader, c["warmup_steps"], len(split) % c["batch_size"] if opts.compile else 0)
+    warm_s = warm_up(trainer, loader, c["warmup_steps"], len(split) % c["batch_size"])
     reset_peak_memory(device)
     before = compiled_graphs()
     ep = trainer.epoch(loader)
@@ -193,7 +198,8 @@ def _trace(c: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any])
         # silences it; on a GPU its errors (e.g. no CUPTI permission) matter. A user's value wins.
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     trainer, loader = _trainer_and_loader(opts, c, job, state["train"], dev)
-    warm_s = warm_up(trainer, loader, max(job.options.get("warmup_steps", 1), 1))
+    warm_s = warm_up(trainer, loader, max(job.options.get("warmup_steps", 1), 1),
+                     len(state["train"]) % c["batch_size"])   # the traced steps may reach the last batch
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     done = 0
     with profile(activities=activities) as prof:

@@ -24,7 +24,10 @@ Failures, one rule for every worker:
 - **Any failure under DDP** (more than one rank): the rank writes its failure file (``oom`` or
   ``error``, which configuration) and, where a peer could be left waiting, ends at once
   (:func:`lab_utils.core.dist.failure_ends_rank`); torchrun stops the others and the launcher
-  reads the file, not the log's words.
+  reads the file, not the log's words. That holds for :func:`serve`'s own work too (rank 0's
+  append to the records file on a full or read-only disk, the final barrier): under NCCL,
+  ``destroy_process_group()`` with a peer waiting in a collective would block until the run's
+  time limit.
 
 :func:`execute` is also how the parent runs a CPU worker in its own process (``in_process``
 runs), so both paths share every line but the process boundary.
@@ -33,6 +36,7 @@ runs), so both paths share every line but the process boundary.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping
@@ -47,7 +51,7 @@ import torch.distributed as dist
 from lab_utils.core.dist import DistContext, failure_ends_rank, init_distributed
 from lab_utils.core.memory import catch_oom, free_device_memory
 from lab_utils.core.records import Record, append_records
-from lab_utils.launcher import setup_rank_logging
+from lab_utils.launcher import mark_stage, setup_rank_logging
 
 
 @dataclass
@@ -81,6 +85,7 @@ def execute(worker: ModuleType, job: Job, ctx: DistContext) -> Iterator[list[Rec
     with failure_ends_rank(ctx, job.folder, None):
         state = prepare(job, ctx) if prepare is not None else None
     for index, config in enumerate(job.configs):
+        mark_stage(job.folder, ctx.rank, f"in configuration {index + 1} of {len(job.configs)}")
         if ctx.ddp:
             with failure_ends_rank(ctx, job.folder, index):
                 records = worker.run_config(config, job, ctx, state)
@@ -103,15 +108,20 @@ def serve(worker: ModuleType, argv: list[str] | None = None) -> int:
               f"got {argv}", file=sys.stderr, flush=True)
         return 2
     job = Job.from_dict(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    rank = int(os.environ.get("RANK", "0"))
+    mark_stage(job.folder, rank, "joining the process group (NCCL: creating its communicator)")
     # one process driving several GPUs itself (DataParallel) needs no process group
-    ctx = (init_distributed(job.options.get("backend", "auto")) if job.options.get("process_group", True)
+    ctx = (init_distributed(job.options.get("backend", "auto"), folder=job.folder)
+           if job.options.get("process_group", True)
            else DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu")))
     try:
-        for records in execute(worker, job, ctx):
-            if records:
-                append_records(job.out, records)
-        if dist.is_initialized():
-            dist.barrier()
+        with failure_ends_rank(ctx, job.folder, None):   # under NCCL: no teardown with a peer waiting
+            for records in execute(worker, job, ctx):
+                if records:
+                    append_records(job.out, records)
+            mark_stage(job.folder, ctx.rank, "in the final barrier (waiting for the other ranks)")
+            if dist.is_initialized():
+                dist.barrier()
     except Exception:
         traceback.print_exc()
         return 1
