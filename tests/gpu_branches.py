@@ -718,6 +718,11 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "the measured GPU's peak reset before the measured step",
       BR + "test_memory_use_resets_the_measured_gpus_peak"),
+    # experiments/bench_timers.py: each arm of the paired timer overhead
+    B("experiments/bench_timers.py", "arms.timed", "synchronize(device)",
+      "the timed step ends when its kernels do", BR + "test_bench_timers_arms_end_when_the_gpus_step_does"),
+    B("experiments/bench_timers.py", "arms.plain", "synchronize(device)",
+      "the plain step ends when its kernels do", BR + "test_bench_timers_arms_end_when_the_gpus_step_does"),
     # core/dist.py
     B("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
       "a rank's GPU is its LOCAL_RANK",

@@ -410,6 +410,15 @@ MUTANTS: tuple[Mutant, ...] = (
       '    if dtype == "bf16":\n        precision = "bf16"', '    if dtype == "bf16":\n        precision = "fp16"',
       "the wrong precision's peak for bf16"),
     # ------------------------------------------------------------------ GPU lines (issue 49)
+    # experiments/bench_timers.py
+    M("experiments/bench_timers.py", "arms.timed", "synchronize(device)",
+      "                    StepOptions(count_correct=not gpt, step_timers=sub))\n        synchronize(device)",
+      "                    StepOptions(count_correct=not gpt, step_timers=sub))",
+      "the timed arm returns after the launch: the overhead ratio compares a launch with a whole step"),
+    M("experiments/bench_timers.py", "arms.plain", "synchronize(device)",
+      "StepOptions(count_correct=not gpt))\n        synchronize(device)",
+      "StepOptions(count_correct=not gpt))",
+      "the plain arm returns after the launch: the timers' overhead reads as if the step were free"),
     # core/comm_hooks.py
     M("core/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
       "            ev.record()", "            ev.record(torch.cuda.default_stream(self.device))",

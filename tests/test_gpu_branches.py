@@ -530,6 +530,29 @@ def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch, capsys):
     assert "clock: wall time" in capsys.readouterr().out
 
 
+def test_bench_timers_arms_end_when_the_gpus_step_does(fake_gpu, monkeypatch):
+    """Each arm of `bench timers` (the timed and the plain step) returns only when the step's kernels have
+    run on the GPU: a step that queues 0.25 s of work there takes 0.25 s of the (fake) host clock, so the
+    paired ratio compares two whole steps, not a step and a launch."""
+    from lab_utils.experiments import bench_timers
+
+    gpu = fake_gpu()
+
+    class OnTheFakeGPU(nn.Linear):   # no device memory in the fake: the model stays where it is
+        def to(self, *args, **kwargs):
+            return self
+
+    monkeypatch.setattr(bench_timers, "ResNet18", lambda width: OnTheFakeGPU(2, 2))
+    monkeypatch.setattr(bench_timers, "train_steps", lambda *a, **k: gpu.launch(0.25, 0))
+    timed, plain, _ = bench_timers.arms(bench_timers.Row("resnet", 2), torch.device("cuda", 0),
+                                        bench_timers.CPU_SIZES)
+    for arm in (plain, timed):
+        start = gpu.clock.now
+        arm()
+        assert gpu.clock.now - start == pytest.approx(0.25), arm.__name__
+        assert gpu.busy_until <= gpu.clock.now
+
+
 # --------------------------------------------------------------------------- plans made for a GPU node
 
 
