@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lab_utils.core.spread import NOISE_SIGMAS, within_noise
 from lab_utils.core.timing import synchronize
 
 
@@ -260,13 +261,10 @@ def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[fl
 
 
 NOISE_FLAG = "noise >= effect: not a result"
-NOISE_SIGMAS = 2.0  # an effect counts when it exceeds 2 standard errors (about a 95 % interval)
 
 
 def noise_flag(effect: float | None, noise: float | None, sigmas: float = NOISE_SIGMAS) -> str:
     """:data:`NOISE_FLAG` when ``sigmas`` x ``noise`` (a standard error, same units) is as large as
     ``|effect|`` (not a result: repeat it, or report the spread); "" when the effect stands out or
-    there is no noise estimate to judge by."""
-    if effect is None or noise is None or math.isnan(effect) or math.isnan(noise):
-        return ""
-    return NOISE_FLAG if sigmas * noise >= abs(effect) else ""
+    there is no noise estimate to judge by (:func:`lab_utils.core.spread.within_noise`)."""
+    return NOISE_FLAG if within_noise(effect, noise, sigmas=sigmas) else ""

@@ -26,7 +26,7 @@ from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import efficiency, karp_flatt, scaled_speedup, speedup
-from lab_utils.core.spread import merge_repeats, ranges_overlap, spread_of_record
+from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 
@@ -385,9 +385,9 @@ def scaling_frame(records: Sequence[Record]):
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
-               "oversubscribed": oversubscribed(r), "spread_flag": None}
-        if n > 1 and ranges_overlap(spread_of_record(r), spread_of_record(b1)):
-            row["spread_flag"] = SPEEDUP_WITHIN_SPREAD
+               "stderr_pct": value(r, "stderr_pct"), "oversubscribed": oversubscribed(r),
+               "speedup_noise_flag": speedup_noise_flag(spread_of_record(r), spread_of_record(b1)) if n > 1
+               else None}
         if tn and t1:
             row["speedup"] = speedup(t1, tn)
             row["n_t1_over_tn_epoch"] = n * row["speedup"]  # earlier reports' formula, kept to be questioned
@@ -401,17 +401,32 @@ def scaling_frame(records: Sequence[Record]):
                                        "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
                                        "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
                                        "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
-                                       "oversubscribed", "spread_flag"])
+                                       "stderr_pct", "oversubscribed", "speedup_noise_flag"])
 
 
-SPEEDUP_WITHIN_SPREAD = "T(N) within T(1)'s spread: speedup not distinguishable from 1 at this spread"
+SPEEDUP_NOT_DISTINGUISHABLE = ("|T(N) - T(1)| within 2 standard errors: speedup not distinguishable from 1 "
+                               "(within this run's step noise; run-to-run variation needs REPEATS >= 3)")
+
+
+def speedup_noise_flag(tn: Spread | None, t1: Spread | None) -> str | None:
+    """Table 1's ``speedup_noise_flag``: :data:`SPEEDUP_NOT_DISTINGUISHABLE` when T(N) - T(1) is within
+    2 standard errors of the two times combined (:func:`lab_utils.core.spread.within_noise`); None when
+    it stands out, or when either time has no standard error (too few steps, an older record)."""
+    if tn is None or t1 is None:
+        return None
+    return SPEEDUP_NOT_DISTINGUISHABLE if within_noise(tn.seconds - t1.seconds, tn.stderr_seconds,
+                                                       t1.stderr_seconds) else None
 
 _TABLE1_NOTES = [
-    "spread_pct: the spread of T(N) in % of it (spread_of says which: 'p10-p90 of S steps', the "
+    "spread_pct: how much the steps vary, in % of T(N) (spread_of says which: 'p10-p90 of S steps', the "
     "reported epoch's per-step training times of the slowest rank, or 'min-max of R repeats' with "
-    "REPEATS > 1, when T(N) is the median of the repeats). spread_flag: T(N)'s and T(1)'s ranges overlap, "
-    "so that row's speedup is not distinguishable from 1; a difference smaller than the spread is not "
-    "a result.",
+    "REPEATS > 1, when T(N) is the median of the repeats). It describes the steps; it is not the "
+    "uncertainty of T(N).",
+    "stderr_pct: the standard error of T(N), in % of it: one run, sd(step) x sqrt(S) (S steps taken as "
+    "independent; it knows nothing of run-to-run variation); with REPEATS > 1, stdev / sqrt(R) of the "
+    "repeats. speedup_noise_flag: |T(N) - T(1)| <= 2 x the two standard errors combined, so that row's "
+    "speedup is not distinguishable from 1. Blank: distinguishable, or no standard error (fewer than 5 "
+    "steps, or a record from before it was kept).",
     "oversubscribed: the gloo ranks had more threads than the machine has cores (quick: 4 single-thread "
     "processes on 2 cores), so they took turns on the cores: the row exercises the 4-device path, its "
     "times do not measure scaling.",

@@ -76,7 +76,7 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
-from lab_utils.core.spread import REPEAT, STEP_PERCENTILE_KEYS
+from lab_utils.core.spread import REPEAT, STEP_STAT_KEYS
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18, count_parameters
 from lab_utils.workers.harness import Job, serve
@@ -313,7 +313,7 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
         "train_loss_rank": ep.loss, "train_accuracy_rank": ep.accuracy,
         "train_loss": ep.global_loss, "train_accuracy": ep.global_accuracy, "global_images": ep.global_images,
         "lr_first": lr_first, "lr": lr, "sample_order_head": head,
-        **{k: getattr(ep, k) for k in STEP_PERCENTILE_KEYS},
+        **{k: getattr(ep, k) for k in STEP_STAT_KEYS},
     }
     if ep.allreduce_seconds is not None:  # the comm hook during the epoch itself (not the probe)
         rec["epoch_allreduce_seconds"] = ep.allreduce_seconds
