@@ -275,7 +275,7 @@ def pivot(df: pd.DataFrame, layout: Layout, method: str) -> Pivoted:
 
 
 def _flagged(row: dict, layout: Layout) -> bool:
-    """Whether the row's difference is marked not distinguishable (its ``layout.flag`` column holds a text)."""
+    """Whether the row's difference is marked not distinguishable (its ``layout.flag`` column has a text)."""
     flag = row.get(layout.flag) if layout.flag else None
     return isinstance(flag, str) and bool(flag)
 

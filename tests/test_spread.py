@@ -274,9 +274,9 @@ def test_table1_judges_the_speedup_by_the_standard_error_not_by_the_step_band():
         assert 0.44 < row["stderr_pct"] < 0.85 and row["spread_pct"] > 20
         assert (row["speedup_noise_flag"] == scaling_tables.SPEEDUP_NOT_DISTINGUISHABLE) is flagged, row
         # the step bands overlap in both cases: the old rule (a band overlap) flagged both
-        lo2, hi2 = t2.metrics["train_seconds"] * t2.metrics[P10] / t2.metrics[P50], \
-            t2.metrics["train_seconds"] * t2.metrics[P90] / t2.metrics[P50]
-        assert lo2 <= one * t1.metrics[P90] / t1.metrics[P50] and one * t1.metrics[P10] / t1.metrics[P50] <= hi2
+        m1, m2 = t1.metrics, t2.metrics
+        lo2, hi2 = (m2["train_seconds"] * m2[p] / m2[P50] for p in (P10, P90))
+        assert lo2 <= one * m1[P90] / m1[P50] and one * m1[P10] / m1[P50] <= hi2
     # no standard error (a record from before it was kept): nothing judged
     old = _agg(2, 20.0, 0.09, 0.1, 0.11, steps=196)
     assert scaling_tables.scaling_frame([t1, old]).query("devices == 2").iloc[0]["speedup_noise_flag"] is None

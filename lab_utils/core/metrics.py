@@ -106,7 +106,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("step_train_seconds_p90", "90th percentile of a step's training time over the epoch's optimizer steps, "
      "as step_train_seconds_p10", "s"),
     ("step_train_seconds_sd", "sample standard deviation of a step's training time over the epoch's "
-     "optimizer steps, as step_train_seconds_p10: sd x sqrt(steps) is the standard error of train_seconds", "s"),
+     "optimizer steps, as step_train_seconds_p10: sd x sqrt(steps) is the standard error of train_seconds",
+     "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
     # ---------------------------------------------------------------- a row's time's spread (core.spread)
