@@ -165,6 +165,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("overlap_fraction", "overlap_seconds / (c)", "fraction"),
     ("comm_probe", "the no_sync probe's per-step values (lab_utils.core.comm_hooks.CommProbe fields)", "-"),
     ("allreduce_buckets", "DDP gradient buckets seen by the comm hook", "count"),
+    ("bucket_bytes", "the bytes of each DDP gradient bucket, in the order DDP all-reduces them each step "
+     "(the first: the last layers' gradients, ready first; the last: the first layers', ready when "
+     "backward ends), as DDP rebuilt them after the first backward", "bytes"),
     ("gradient_bytes", "fp32 gradient size S = parameters x 4", "bytes"),
     ("parameters", "trainable parameters of the model", "count"),
     # ---------------------------------------------------------------- a DDP run (workers.ddp)
