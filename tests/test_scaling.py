@@ -155,12 +155,23 @@ def test_skew_wait_columns_new_and_old_records():
 
 
 def test_amdahl_gustafson_karp_flatt_by_hand():
-    assert scaling_tables._amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
-    assert scaling_tables._gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
-    from lab_utils.core.speedup import karp_flatt
+    from lab_utils.core.speedup import (
+        amdahl_speedup,
+        gustafson_serial_fraction,
+        gustafson_speedup,
+        karp_flatt,
+    )
 
-    assert karp_flatt(scaling_tables._amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
+    assert amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
+    assert gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
+    assert karp_flatt(amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
     assert karp_flatt(4.0, 4) == pytest.approx(0.0) and karp_flatt(1.0, 1) is None
+    # issue 52 C5: e = 0.1 of the one-device time is s = 0.1 / (0.1 + 0.9/4) = 0.1 / 0.325 = 0.3077 of the
+    # 4-device run's time; Gustafson with that s at N = 4 is the measured 3.0769 again, with e it was 3.7
+    s = gustafson_serial_fraction(0.1, 4)
+    assert s == pytest.approx(0.1 / 0.325)
+    assert gustafson_speedup(s, 4) == pytest.approx(amdahl_speedup(0.1, 4))
+    assert gustafson_serial_fraction(0.0, 4) == 0.0 and gustafson_serial_fraction(1.0, 4) == 1.0
 
 
 def test_serial_fraction_frame_projects_only_sensible_fractions():
@@ -169,7 +180,9 @@ def test_serial_fraction_frame_projects_only_sensible_fractions():
     two, four = sf.iloc[0], sf.iloc[1]
     assert two["serial_fraction"] == pytest.approx(0.15)
     assert two["amdahl_speedup_at_8"] == pytest.approx(1 / (0.15 + 0.85 / 8))
-    assert two["gustafson_speedup_at_8"] == pytest.approx(8 - 0.15 * 7)
+    # Gustafson takes the serial share of the 2-device run, s = 0.15 / (0.15 + 0.85/2) = 0.2609, not e
+    assert two["gustafson_serial_fraction"] == pytest.approx(0.15 / 0.575)
+    assert two["gustafson_speedup_at_8"] == pytest.approx(8 - 0.15 / 0.575 * 7)
     assert four["speedup"] > 4 and pd_missing(four["amdahl_speedup_at_8"]) and "super-linear" in four["note"]
 
 

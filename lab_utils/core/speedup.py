@@ -42,3 +42,24 @@ def karp_flatt(speedup_value: float | None, devices: int) -> float | None:
     if devices <= 1 or not speedup_value or speedup_value <= 0:
         return None
     return (1 / speedup_value - 1 / devices) / (1 - 1 / devices)
+
+
+def amdahl_speedup(serial_fraction: float, devices: int) -> float:
+    """Amdahl's law (a fixed problem): S(N) = 1 / (e + (1 - e)/N), e the serial share of the ONE-device
+    time (Karp-Flatt's e)."""
+    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
+
+
+def gustafson_serial_fraction(karp_flatt_e: float, devices: int) -> float:
+    """Gustafson's s from Karp-Flatt's e: s is the serial share of the N-DEVICE run's time, e that of the
+    one-device time, so s = e / (e + (1 - e)/N) (the serial part e, over the N-device time e + (1-e)/N,
+    both in units of T(1)). With that s, Gustafson's N - s(N - 1) at the measured N is the measured
+    speedup again: the two laws differ in what they hold fixed, not at the point measured."""
+    return karp_flatt_e / (karp_flatt_e + (1 - karp_flatt_e) / devices)
+
+
+def gustafson_speedup(serial_fraction: float, devices: int) -> float:
+    """Gustafson's scaled speedup (the problem grows with N, the run's time and its serial part fixed):
+    S(N) = N - s (N - 1), s the serial share of the parallel run's time
+    (:func:`gustafson_serial_fraction`)."""
+    return devices - serial_fraction * (devices - 1)

@@ -25,7 +25,15 @@ from lab_utils.core.anchors import (
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
 from lab_utils.core.ring import ring_bytes_per_rank
-from lab_utils.core.speedup import efficiency, karp_flatt, scaled_speedup, speedup
+from lab_utils.core.speedup import (
+    amdahl_speedup,
+    efficiency,
+    gustafson_serial_fraction,
+    gustafson_speedup,
+    karp_flatt,
+    scaled_speedup,
+    speedup,
+)
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
@@ -60,16 +68,6 @@ def method_label(method: str, backend: str | None, device_type: str | None) -> s
     if backend == "gloo" or device_type == "cpu":
         return "DDP (gloo, CPU processes)"
     return "DDP (NCCL, GPUs)"
-
-
-def _amdahl_speedup(serial_fraction: float, devices: int) -> float:
-    """Amdahl (fixed problem): S(N) = 1 / (e + (1 - e)/N)."""
-    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
-
-
-def _gustafson_speedup(serial_fraction: float, devices: int) -> float:
-    """Gustafson (problem grows with N, serial share e measured on N devices): S(N) = N - e (N - 1)."""
-    return devices - serial_fraction * (devices - 1)
 
 
 _SPEEDUP_DEFINITIONS: tuple[str, ...] = (
@@ -138,21 +136,23 @@ def _karp_flatt_note(speedup: float | None, devices: int) -> str:
 
 
 def serial_fraction_frame(table, project_to: int = 8):
-    """From Table 1: each N > 1 row's Karp-Flatt serial fraction e and what Amdahl and
-    Gustafson predict with that e at ``project_to`` devices. A speedup above N (e < 0) or
-    below 1 (e > 1: slower than one device) is flagged instead of projected: no serial
-    fraction explains it."""
+    """From Table 1: each N > 1 row's Karp-Flatt serial fraction e (the serial share of the one-device
+    time), Gustafson's s for the same run (the serial share of the N-device run's time,
+    :func:`~lab_utils.core.speedup.gustafson_serial_fraction`), and what each law predicts at
+    ``project_to`` devices: Amdahl with e (the same problem), Gustafson with s (a problem that grows with
+    N). At the measured N both give the measured speedup. A speedup above N (e < 0) or below 1 (e > 1:
+    slower than one device) is flagged instead of projected: no serial fraction explains it."""
     rows = []
     ok = table[table["speedup"].notna() & (table["devices"] > 1)]
     for _, r in ok.iterrows():
-        e = r["serial_fraction"]
+        e, n = r["serial_fraction"], int(r["devices"])
         fits = e is not None and 0 <= e <= 1
+        s = gustafson_serial_fraction(e, n) if fits else None
         rows.append({**{k: r[k] for k in ("method", "devices", "per_device_batch", "speedup")},
-                     "serial_fraction": e,
-                     f"amdahl_speedup_at_{project_to}": _amdahl_speedup(e, project_to) if fits else None,
-                     f"gustafson_speedup_at_{project_to}": (_gustafson_speedup(e, project_to) if fits
-                                                             else None),
-                     "note": "" if fits else _karp_flatt_note(float(r["speedup"]), int(r["devices"]))})
+                     "serial_fraction": e, "gustafson_serial_fraction": s,
+                     f"amdahl_speedup_at_{project_to}": amdahl_speedup(e, project_to) if fits else None,
+                     f"gustafson_speedup_at_{project_to}": gustafson_speedup(s, project_to) if fits else None,
+                     "note": "" if fits else _karp_flatt_note(float(r["speedup"]), n)})
     return pd.DataFrame(rows)
 
 
