@@ -500,3 +500,30 @@ def test_table2_flags_exposed_comm_within_its_noise():
     old = compute_vs_comm.compute_vs_comm_frame([compute_vs_comm.comm_row(
         agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5), one)])
     assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])
+
+
+def test_per_step_growth_of_the_cohort_by_hand():
+    """Issue 52 A1, the cohort's 2 x 32: t(1) = 41.30 s / 1,563 steps = 26.42 ms, t(2) = 23.15 s / 782 =
+    29.60 ms: 3.18 ms more per step, x 782 steps = 2.487 s; (a) = 23.15 - 41.30/2 = 2.50 s, the rest
+    (0.013 s) the last partial batch: (782 - 1563/2) x 26.42 ms. A cost paid by every step at N = 1 as at
+    N = 2 is not in it."""
+    from lab_utils.core.speedup import per_step_growth
+
+    g = per_step_growth(41.30, 1563, 23.15, 782, 2)
+    assert g.t1_step_seconds == pytest.approx(0.026424, abs=1e-6)
+    assert g.tn_step_seconds == pytest.approx(0.029604, abs=1e-6)
+    assert g.growth_seconds == pytest.approx(0.003180, abs=1e-6)
+    assert g.growth_per_epoch_seconds == pytest.approx(2.487, abs=1e-3)
+    assert g.partial_batch_seconds == pytest.approx(0.5 * 0.026424, abs=1e-6)
+    assert g.growth_per_epoch_seconds + g.partial_batch_seconds == pytest.approx(23.15 - 41.30 / 2)
+    # a fixed cost c added to every step of both runs changes nothing of the growth or of (a)
+    c = 0.010
+    h = per_step_growth(41.30 + 1563 * c, 1563, 23.15 + 782 * c, 782, 2)
+    assert h.growth_seconds == pytest.approx(g.growth_seconds)
+    df = scaling_tables.per_step_growth_frame().set_index(["devices", "per_device_batch"])
+    assert df.loc[(2, 32), "step_growth_ms"] == pytest.approx(3.180, abs=1e-3)
+    assert df.loc[(2, 32), "comm_a_seconds"] == pytest.approx(2.50)
+    assert df.loc[(2, 512), "efficiency"] > df.loc[(2, 128), "efficiency"] > df.loc[(2, 32), "efficiency"]
+    here = scaling_tables.per_step_growth_frame([agg("DDP", 1, 32, 40.0, 16), agg("DDP", 2, 32, 24.0, 8)])
+    mine = here.iloc[0]
+    assert mine["devices"] == 2 and mine["step_growth_ms"] == pytest.approx(3000 - 2500)  # 24/8 - 40/16 s

@@ -31,6 +31,7 @@ from lab_utils.core.speedup import (
     gustafson_serial_fraction,
     gustafson_speedup,
     karp_flatt,
+    per_step_growth,
     scaled_speedup,
     speedup,
 )
@@ -40,8 +41,8 @@ from lab_utils.store import Record, ResultStore
 
 __all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
            "fixed_global_batch_table", "fixed_global_batch_verdict", "method_label",
-           "oversubscribed", "save_speedup_definitions", "scaling_frame", "scaling_table",
-           "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
+           "oversubscribed", "per_step_growth_frame", "save_speedup_definitions", "scaling_frame",
+           "scaling_table", "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
@@ -340,6 +341,43 @@ def anchor_frame():
                          "epoch2_seconds": t, "speedup": s, "efficiency": efficiency(s, n),
                          "measured": measured})
     return blank_missing(pd.DataFrame(rows))
+
+
+_GROWTH_COLUMNS = ["method", "devices", "per_device_batch", "t1_step_ms", "tn_step_ms", "step_growth_ms",
+                   "efficiency", "steps_n", "steps_n_x_growth_seconds", "partial_batch_seconds",
+                   "comm_a_seconds"]
+
+
+def _growth_row(method: str, n: int, b: int, t1: float, steps1: int, tn: float, stepsn: int) -> dict:
+    g = per_step_growth(t1, steps1, tn, stepsn, n)
+    return dict(zip(_GROWTH_COLUMNS, (
+        method, n, b, 1e3 * g.t1_step_seconds, 1e3 * g.tn_step_seconds, 1e3 * g.growth_seconds,
+        g.t1_step_seconds / g.tn_step_seconds, stepsn, g.growth_per_epoch_seconds, g.partial_batch_seconds,
+        tn - t1 / n)))
+
+
+def per_step_growth_frame(records: Sequence[Record] | None = None):
+    """Why small per-device batches scale badly, per step (:func:`lab_utils.core.speedup.per_step_growth`):
+    for each N-device row of this run's Table 1 (from ``records``) and of the earlier cohort's, the step
+    time on one device t(1) and on N, t(N), what a step costs more on N (``step_growth_ms``), the
+    per-step efficiency t(1)/t(N) (= the epoch's efficiency up to the last partial batch), and (a) =
+    T(N) - T(1)/N = steps(N) x growth + the last partial batch's share. Milliseconds per step, seconds
+    per epoch."""
+    rows = []
+    aggs = [r for r in merge_repeats(records or []) if r.status == "ok"
+            and r.config.get("record", "aggregate") == "aggregate" and value(r, T_N)]
+    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
+    for r in aggs:
+        one = ones.get((r.config["method"], r.config["batch_size"]))
+        c = r.config
+        if c["devices"] > 1 and one is not None and r.metrics.get("steps") and one.metrics.get("steps"):
+            rows.append(_growth_row(method_label(c["method"], c.get("backend"), c.get("device_type")),
+                                    int(c["devices"]), int(c["batch_size"]), value(one, T_N),
+                                    int(one.metrics["steps"]), value(r, T_N), int(r.metrics["steps"])))
+    seconds = FIRST_COHORT_TABLE1_SECONDS
+    rows += [_growth_row(FIRST_COHORT_LABEL, n, b, seconds[(1, b)], global_batch_steps(b), tn,
+                         global_batch_steps(n * b)) for (n, b), tn in sorted(seconds.items()) if n > 1]
+    return pd.DataFrame(rows, columns=_GROWTH_COLUMNS)
 
 
 def comm_volume_frame(records: Sequence[Record]):
