@@ -18,7 +18,6 @@ from lab_utils.core.anchors import (
     OTHER_COHORT_LABEL,
     OTHER_COHORT_LOGGED_STEPS,
     OTHER_COHORT_MEASURED,
-    OTHER_COHORT_RAN_ON,
     OTHER_COHORT_SECONDS,
     global_batch_steps,
     other_cohort_per_gpu_batch,
@@ -313,9 +312,9 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
              f"{OTHER_COHORT_LABEL}: its framework's 'dp' strategy splits the batch over the GPUs, so its "
              f"batch G is the global one: its logs count {OTHER_COHORT_LOGGED_STEPS[32]:,} steps per epoch "
              f"at G = 32 and {OTHER_COHORT_LOGGED_STEPS[128]} at 128 on 1, 2 and 4 GPUs alike. Times: "
-             f"{OTHER_COHORT_MEASURED}. G = {OTHER_COHORT_DID_NOT_FIT[1]:,} did not fit on one GPU and ran "
-             f"on {OTHER_COHORT_RAN_ON[0]} ({OTHER_COHORT_RAN_ON[1] // OTHER_COHORT_RAN_ON[0]:,} per GPU; no "
-             "time given).",
+             f"{OTHER_COHORT_MEASURED}. G = {OTHER_COHORT_DID_NOT_FIT[1]:,} did not fit on one GPU (no "
+             "T(1, G)), so it has no row here; it did run on more GPUs (notebook 02, 'Compare with earlier "
+             "cohorts').",
              *(f"{who}: {v}" for who, v in verdicts.items()), FIXED_GLOBAL_EXPLANATION]
     store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch", _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
