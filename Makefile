@@ -23,7 +23,8 @@ TORCH_VARIANT ?=
 SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
-.PHONY: venv lab test prepare kernel lint report clean-results student grade fold sandbox doctor mutants
+.PHONY: venv lab test prepare kernel lint report clean-results student discussion grade fold sandbox doctor \
+	mutants
 
 venv: $(STAMP)
 
@@ -45,6 +46,7 @@ lab: venv      ## execute every notebook headless, then print where the report i
 	$(PY) -m lab_utils run $(NOTEBOOKS) $(if $(PROFILE),--profile $(PROFILE))
 
 test: venv     ## the test suite (CPU, offline)
+	@test -d tests || { echo "make test runs the lab's own test suite, which this copy does not hold."; exit 2; }
 	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) \
 		$(PYTEST_ARGS)
 
@@ -62,6 +64,7 @@ doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10
 #   make mutants MUTANTS_ARGS="--only comm_hooks"     only some mutants (the others keep their verdicts)
 MUTANTS_ARGS ?=
 mutants: venv  ## run the GPU path's mutants (tools/mutants.py), niced
+	@test -f tools/mutants.py || { echo "make mutants is for the lab's developers: this copy has no tools/mutants.py."; exit 2; }
 	nice -n 10 $(PY) tools/mutants.py $(MUTANTS_ARGS)
 
 prepare: venv  ## download CIFAR-10 and the text corpus into data/ (needs internet)
@@ -72,6 +75,8 @@ kernel: venv   ## register .venv as a Jupyter kernel for JupyterLab
 
 # Instructor (README "Instructor: exercises and grading"):
 #   make student                          student copy -> dist/student/, grading bundle -> dist/grading/
+#   make discussion                       the student copy with the discussion -> dist/discussion/ (after
+#                                         the deadline)
 #   make grade SUBMISSIONS=handed_in      each notebook graded in a bwrap sandbox -> grades/ (gradebook.csv,
 #                                         details.csv, feedback/); GRADE_ARGS="--roster students.csv" ...
 #   make fold HAND=points.csv             points given by hand -> totals and feedback in grades/
@@ -84,6 +89,9 @@ GRADE_ARGS  ?=
 SUDO        := $(if $(filter 0,$(shell id -u)),,sudo)
 student: venv  ## build the student copy and the grading bundle (otter assign)
 	$(PY) -m lab_utils student --out $(DIST)
+
+discussion: venv  ## the student copy with the discussion cells in (dist/discussion/): after the deadline
+	$(PY) -m lab_utils student --discussion --out $(DIST)
 
 grade: venv    ## grade a folder (or zip) of handed-in notebooks, each in a sandbox
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder_or_zip [GRADE_ARGS='--roster students.csv']"; exit 2; }

@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("student", help="build the student copy and the grading bundle (otter assign)",
                         description=STUDENT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     st.add_argument("--out", default="dist", help="output folder (default: dist): student/ and grading/")
+    st.add_argument("--discussion", action="store_true",
+                    help="build the post-deadline copy instead: the student copy with the discussion cells "
+                         "in, DIR/discussion/ (the grading bundle is left as it is)")
     st.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 01 02; default: every "
                                                  "notebook with an '# ASSIGNMENT CONFIG' cell)")
 
@@ -234,8 +237,12 @@ Every labs/NN_*.ipynb with an '# ASSIGNMENT CONFIG' cell is a master notebook (o
 format). The answers of every test case are computed from the master's own solution; otter assign
 then writes the student notebooks. Output:
   DIR/student/           what students get (clone or unpack): labs/ with the student notebooks
-                         (no solution, no hidden test; public checks for grader.check), lab_utils/,
-                         the Makefile and requirements; no master, no test, no bundle
+                         (no solution, no hidden test, no discussion: a cell the master tags
+                         "discussion" leaves one line "Discussed after the deadline."; public checks
+                         for grader.check), lab_utils/, the Makefile and requirements; no master, no
+                         test, no bundle
+  DIR/discussion/        with --discussion, instead: the same copy with the discussion cells in, to
+                         publish after the deadline (make discussion)
   DIR/grading/           the grading bundle (keep it): manifest.json, NN_*.json (every case with
                          its expected answer), otter/ (otter's autograder zips, for otter or
                          Gradescope; make grade does not use them)
@@ -323,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "student":
             from lab_utils.grading import build
 
-            build.build(args.out, notebooks=args.notebooks or None)
+            build.build(args.out, notebooks=args.notebooks or None, discussion=args.discussion)
             return 0
         if args.command == "grade":
             from lab_utils.grading import grade, sandbox

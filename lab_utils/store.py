@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab_utils import table_view
 from lab_utils.core import config
 from lab_utils.core.errors import LabError, WriteError, write_failure
 from lab_utils.core.hardware import device_name, gpu_count, hardware_summary, software_versions
@@ -269,6 +270,7 @@ class ResultStore:
         csv = df.copy()
         csv.insert(0, "provenance", label)
         _atomic_write_text(self.tables_dir / f"{name}.csv", csv.to_csv(index=False))
+        df.attrs[table_view.SAVED] = f"{self.tables_dir / name}.csv"   # the narrow view points at it
         return md_path
 
     def save_figure(self, fig, name: str, records: Iterable[Record] | None = None) -> Path:
@@ -415,22 +417,19 @@ def formatted_frame(df, digits: int = SIGNIFICANT_DIGITS):
     return out.reset_index(drop=True)
 
 
-def display_table(df, digits: int = SIGNIFICANT_DIGITS):
-    """A table for a notebook: ``digits`` significant digits, no index, ``%`` on percent columns.
+def display_table(df, digits: int = SIGNIFICANT_DIGITS, key=None):
+    """A table for a notebook: ``digits`` significant digits, no index, ``%`` on percent columns, numbers
+    right-aligned; in the narrow view of :func:`lab_utils.table_view.narrow_view` (long texts as notes
+    under it; a wide table shows the columns its maker listed in ``df.attrs["view"]`` and names the CSV
+    that holds the rest, or else is shown in parts that each repeat the ``key`` columns).
 
-    The same formatting rule as the saved ``tables/<name>.md`` (:meth:`ResultStore.save_table`),
-    so what a notebook shows and what the report holds agree. Returns a pandas ``Styler``
-    (numbers right-aligned, the index hidden); a notebook cell ending with it renders HTML.
+    The same formatting rule as the saved ``tables/<name>.md`` (:meth:`ResultStore.save_table`, which
+    keeps every column and every word), so what a notebook shows and what the report holds agree. A
+    notebook cell ending with the returned view renders it as HTML.
     """
-    text = formatted_frame(df, digits)
-    try:
-        styler = text.style.hide(axis="index")
-    except ImportError:  # Styler needs jinja2; without it the formatted frame still reads well
-        return text
     numeric = [c for c in df.columns if _mostly_numeric(df[c])]
-    if numeric:
-        styler = styler.set_properties(subset=numeric, **{"text-align": "right"})
-    return styler
+    return table_view.narrow_view(formatted_frame(df, digits), numeric, key=key,
+                                  view=df.attrs.get(table_view.VIEW), saved=df.attrs.get(table_view.SAVED))
 
 
 def _mostly_numeric(series) -> bool:

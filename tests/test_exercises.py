@@ -536,17 +536,20 @@ def _perturbed(x):
 
 @pytest.mark.parametrize("notebook,name", ALL)
 def test_blank_function_says_not_done_yet(masters, specs, notebook, name, capsys):
-    """The check cell prints one line: "not done yet" for the blank function, "ok" for the solution."""
-    from otter.assign.solutions import replace_solutions
-
+    """The check cell prints one line: "not done yet" for the blank function (for a find-the-bug exercise,
+    the handed-out body: the name of its bug), "ok" for the solution."""
     q = masters[notebook].question(name)
     ns: dict = {}
-    exec(compile("\n".join(replace_solutions(q.solution.split("\n"), "python")), f"<{name}>", "exec"), ns)
+    exec(compile(build.handed_out(q.solution), f"<{name}>", "exec"), ns)
     public = [t for t in specs[name]["tests"] if not t["hidden"]][0]
     cases = [c["case"] for c in public["cases"]]
     check(name, ns[EXERCISES[name].function], cases, [c["expected"] for c in public["cases"]])
     out = capsys.readouterr().out
-    assert out.startswith("not done yet") and out.count("\n") == 1, out
+    assert out.count("\n") == 1, out
+    if EXERCISES[name].find_the_bug:
+        assert any(f": {m.name}: " in out for m in EXERCISES[name].mistakes), out
+    else:
+        assert out.startswith("not done yet"), out
     check(name, solution(masters, notebook, name), cases, [c["expected"] for c in public["cases"]])
     assert capsys.readouterr().out == "ok\n"
 

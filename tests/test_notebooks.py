@@ -7,12 +7,15 @@ hold every table the notebooks promise. This is the instructors' path, on CPU.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from lab_utils.grading import build, giveaways
+from lab_utils.grading import notebooks as nbs
 from lab_utils.questions import SECTIONS
 from lab_utils.runner import all_notebooks
 
@@ -138,3 +141,18 @@ def test_make_report_after_the_quick_lab_writes_the_handin_and_check_refuses_it(
     assert check.returncode != 0
     assert "not ready: profile quick" in check.stdout and "not ready: data synthetic" in check.stdout
     assert "not ready: device cpu" in check.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1900)
+def test_no_output_a_student_sees_first_gives_a_graded_answer_away(lab_run):
+    """Issue 48: what the executed notebooks print or display above a graded question's answer cell (the
+    cells the student copy keeps: no discussion, no solution, no hidden test) and in earlier notebooks
+    names none of that question's give-aways."""
+    _, root = lab_run
+    masters = [nbs.parse_master(p) for p in build.master_notebooks()]
+    names = {m.path.stem: [q.name for q in m.questions] for m in masters}
+    books = [(p.stem, giveaways.master_view(json.loads(p.read_text())["cells"], names.get(p.stem, [])))
+             for p in sorted((root / "executed").glob("[0-9][0-9]_*.ipynb"))]
+    assert len(books) == len(all_notebooks())
+    assert giveaways.find_giveaways(books, giveaways.all_giveaways(masters), " (quick-profile output)") == []

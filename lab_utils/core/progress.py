@@ -1,8 +1,10 @@
 """Progress bars that stay quiet when headless.
 
-``tqdm.auto`` draws a widget in JupyterLab and a text bar in a terminal. In a notebook
-executed headless (``python -m lab_utils run`` sets ``LAB_HEADLESS=1``) or under a
-batch job, carriage-return bars would fill the saved output, so they are disabled.
+A text bar (plain ``tqdm`` on stdout), in JupyterLab as in a terminal: not ``tqdm.auto``'s widget,
+because a saved notebook keeps no widget state, so JupyterLab shows "Error displaying widget: model
+not found" for every bar when the notebook is opened again. In a notebook executed headless
+(``python -m lab_utils run`` sets ``LAB_HEADLESS=1``) or under a batch job, carriage-return bars
+would fill the saved output, so they are disabled.
 """
 
 from __future__ import annotations
@@ -21,12 +23,9 @@ def headless() -> bool:
 
 
 def progress(iterable, total: int | None = None, desc: str | None = None, **kw):
-    """``tqdm.auto.tqdm`` over ``iterable``; a disabled plain ``tqdm`` when :func:`headless` (the
-    notebook flavour would warn about missing widgets even when disabled)."""
+    """A text ``tqdm`` bar over ``iterable`` that clears itself when done; disabled when :func:`headless`."""
+    from tqdm import tqdm
+
     if headless():
-        from tqdm import tqdm
-
         return tqdm(iterable, total=total, desc=desc, disable=True, **kw)
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, total=total, desc=desc, leave=False, **kw)
+    return tqdm(iterable, total=total, desc=desc, leave=False, file=sys.stdout, mininterval=1.0, **kw)

@@ -26,7 +26,8 @@ from lab_utils import handin, questions
 from lab_utils.core import config
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.exercises import EXERCISES, OK, Exercise, same
+from lab_utils.grading.exercises import EXERCISES, OK, Exercise, Mistake, same
+from lab_utils.grading.giveaways import without_discussion
 
 REPO = Path(__file__).resolve().parents[2]
 LABS_DIR = REPO / "labs"
@@ -39,7 +40,7 @@ CHECK_OUTPUT = {"name": "stdout", "output_type": "stream", "text": [OK + "\n"]}
 LEAK_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# HIDDEN", "BEGIN TESTS", "END TESTS")
 # What a student gets besides the notebooks: the lab's code and how to install and run it.
 STUDENT_FILES = ("lab_utils", "Makefile", "requirements.txt", "constraints.txt", "pyproject.toml",
-                 "data/README.md", "slurm", ".gitignore")
+                 "data/README.md", "slurm", ".gitignore", "tools/cuda_wheels.py")
 STUDENT_README = """# Deep-learning training performance lab (student edition)
 
 ## Install (once, on the cluster's login node)
@@ -57,10 +58,19 @@ Start JupyterLab on a GPU node (`slurm/jupyter.sbatch`), open `labs/`, pick the 
 holds its knobs. Results are stored as they are measured: after a dead kernel or an expired
 session, run the notebook again and only what is missing runs.
 
-Exercises: complete the function under each "Exercise" heading and run the check cell below it
+To run a notebook headless instead (no browser; the executed copy goes to `results/<profile>/executed/`):
+
+```bash
+make lab NOTEBOOKS=labs/01_batch_size_sweep.ipynb
+```
+
+Exercises: complete the function under each "Exercise" heading (or, where the exercise hands you an
+earlier report's function, find its bug and fix it) and run the check cell below it
 (`grader.check(...)`): it says "not done yet", names the mistake, or passes. The instructor grades
-your functions with other values as well. Answer the questions marked "graded by hand" in the
-cell under them.
+your functions with other values as well. Where an exercise asks for a prediction, the notebook then
+measures the same quantity and shows your prediction beside it. Answer the questions marked "graded
+by hand" in the cell under them. A line "*Discussed after the deadline.*" stands where the lab's own
+discussion of a result goes: your instructor publishes it after the deadline.
 
 Without a GPU, the same notebooks run in a small CPU profile (`LAB_PROFILE=quick`): their numbers
 are not the assignment's, and every table and figure says so.
@@ -126,6 +136,8 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     fn = ns.get(ex.function)
     if not callable(fn):
         raise LabError(f"{where}: the solution cell defines no function {ex.function}.")
+    buggy = _handed_out_function(q, ex, where)
+    named = False   # a find-the-bug exercise: its handed-out body answers a public case as a known mistake
     tests, seen = [], {"public": [False] * len(ex.mistakes), "hidden": [False] * len(ex.mistakes)}
     for t in q.tests:
         try:
@@ -144,6 +156,10 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
             for i, a in enumerate(answers):
                 if a is not None and not same(a, want, ex.rel_tol):
                     seen["hidden" if t.hidden else "public"][i] = True
+            if buggy is not None and not t.hidden:
+                got = ex.mistake_answer(Mistake("handed out", "", wrong=buggy), case, want)
+                named = named or any(a is not None and not same(got, want, ex.rel_tol)
+                                     and same(got, a, ex.rel_tol) for a in answers)
             cases.append({"case": case, "expected": want, "mistakes": answers})
         tests.append({"hidden": t.hidden, "points": t.points, "cell": t.cell_index, "cases": cases,
                       "source": nbs.with_expected(t.source, call, [c["expected"] for c in cases], t.hidden)})
@@ -152,9 +168,37 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
             if not ok:
                 raise LabError(f"{where}: no {kind} case tells the known mistake '{m.name}' from the right "
                                f"answer; add a {kind} case where they differ.")
+    if buggy is not None and not named:
+        raise LabError(f"{where}: the handed-out (buggy) {ex.function} answers no public case as one of "
+                       "the known mistakes; the bug it carries must be a Mistake that a public case names.")
     if not any(t["hidden"] for t in tests) or not any(not t["hidden"] for t in tests) or q.points <= 0:
         raise LabError(f"{where}: an autograded question needs a public test cell, a hidden one, and points.")
     return {"function": ex.function, "points": q.points, "tests": tests}
+
+
+def handed_out(solution: str) -> str:
+    """A solution cell as the student copy hands it out: otter's rule (a ``# BEGIN PROMPT`` block's lines
+    kept, the solution's replaced by ``...`` or, with ``NO PROMPT``, dropped)."""
+    from otter.assign.solutions import replace_solutions
+
+    return "\n".join(replace_solutions(solution.split("\n"), "python"))
+
+
+def _handed_out_function(q: nbs.MasterQuestion, ex: Exercise, where: str):
+    """The buggy function a find-the-bug exercise hands out (None for other exercises)."""
+    has_prompt = "# BEGIN PROMPT" in q.solution
+    if has_prompt != ex.find_the_bug:
+        raise LabError(f"{where}: the Exercise says find_the_bug={ex.find_the_bug}, but its solution cell "
+                       f"{'has' if has_prompt else 'has no'} a '# BEGIN PROMPT' block (the buggy body handed "
+                       "out); make the two agree.")
+    if not has_prompt:
+        return None
+    ns: dict = {"__name__": "handed_out"}
+    try:
+        exec(compile(handed_out(q.solution), f"<{where} handed out>", "exec"), ns)
+    except Exception as e:
+        raise LabError(f"{where}: the handed-out cell fails to run ({type(e).__name__}: {e}).") from None
+    return ns.get(ex.function)
 
 
 def _use_lab_grader(nb: dict, name: str) -> None:
@@ -233,11 +277,15 @@ def tree_leaks(root: Path, masters: list[nbs.Master]) -> list[str]:
 
 
 def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
-          notebooks: list[str] | None = None, timeout_s: float = 300, jobs: int = 2) -> dict:
+          notebooks: list[str] | None = None, timeout_s: float = 300, jobs: int = 2,
+          discussion: bool = False) -> dict:
     """Build ``<out>/student/`` and ``<out>/grading/`` from the master notebooks; return the manifest.
 
     ``notebooks``: only these (stems, file names or ``NN`` prefixes). Raises :class:`LabError`
     when a master's exercise cannot be built or anything solution-like reaches the student copy.
+    The student copy leaves out the masters' discussion cells (a pointer line stays);
+    ``discussion=True`` builds the post-deadline copy with them in, ``<out>/discussion/``, and leaves
+    the grading bundle as it is.
     """
     out, labs = Path(out_dir).resolve(), Path(labs_dir).resolve()
     masters = master_notebooks(labs)
@@ -249,7 +297,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                        f"{notebooks}).")
     import otter
 
-    student, grading = out / "student", out / "grading"
+    student = out / ("discussion" if discussion else "student")
+    grading = out / ("grading" if not discussion else ".discussion-bundle")   # the latter removed below
     for d in (student, grading):
         shutil.rmtree(d, ignore_errors=True)
     (student / "labs").mkdir(parents=True)
@@ -268,6 +317,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                     cell = nb["cells"][t["cell"]]
                     cell["source"] = t["source"]
                     cell["outputs"] = [CHECK_OUTPUT]   # otter takes a test cell's output as what it expects
+            if not discussion:
+                nb["cells"] = without_discussion(nb["cells"])
             rewritten = Path(tmp) / "masters" / path.stem / path.name
             rewritten.parent.mkdir(parents=True)
             rewritten.write_text(json.dumps(nb, indent=1, ensure_ascii=False))
@@ -327,6 +378,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             # a notebook without exercises (00, 08): stamped too, so that one handed in is recognised
             # as the lab's ("nothing to grade"), not mistaken for another course's
             nb = json.loads(path.read_text())
+            if not discussion:
+                nb["cells"] = without_discussion(nb["cells"])
             version = nbs.notebook_version(path)
             nb.setdefault("metadata", {})[nbs.METADATA_KEY] = {"notebook": path.stem, "version": version}
             (student / "labs" / path.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
@@ -337,8 +390,13 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
         raise LabError(f"The student copy in {student} holds solution or hidden-test text: {leaks[:5]}.")
     versions = {k: v["version"] for k, v in manifest["notebooks"].items()}
     manifest["lab_version"] = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:12]
+    if discussion:
+        shutil.rmtree(grading, ignore_errors=True)
+        print(f"discussion copy: {student} (the student copy with the discussion: publish it after the "
+              "deadline)")
+        return manifest
     (grading / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    print(f"student copy:   {student} (hand it out; no solutions, no hidden tests)\n"
+    print(f"student copy:   {student} (hand it out; no solutions, no hidden tests, no discussion)\n"
           f"grading bundle: {grading} (keep it; lab version {manifest['lab_version']})")
     return manifest
 

@@ -222,6 +222,9 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
     if code.problem:
         return Verdict(0.0, code.problem)
     if code.blank:
+        if ex.find_the_bug:
+            return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out, bug and all; find the bug "
+                                "and fix it")
         return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out; write its body")
     lines = [r for r in (outcome.lines if outcome else []) if r.get("q") == q]
     stopped: list[str] = []

@@ -118,6 +118,7 @@ class MasterQuestion:
     points: float
     manual: bool
     solution: str = ""            # the SOLUTION block's code cell (autograded questions)
+    reference: str = ""           # the SOLUTION block's markdown (hand-graded: the reference answer)
     tests: list[TestCell] = field(default_factory=list)
 
 
@@ -207,6 +208,8 @@ def parse_master(path: Path) -> Master:
         secret: list[str] = []
         if block and block[-1] == "SOLUTION" and c["cell_type"] == "markdown":
             secret = src.split("\n")
+            if q is not None:
+                q.reference += src + "\n"
         elif block and block[-1] == "SOLUTION" and c["cell_type"] == "code" and q is not None:
             q.solution = src
             inside = False
