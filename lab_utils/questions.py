@@ -77,7 +77,7 @@ SECTIONS: tuple[Section, ...] = (
             "Strong or weak scaling? Amdahl and Gustafson",
             "Time and speedup per (GPUs, per-GPU batch). Is this strong or weak scaling? Would the "
             "other type of scaling be better or worse, and why?",
-            ("scaling", "scaling_definitions", "scaling_fixed_global_batch"), ("scaling_speedup",),
+            ("scaling", "scaling_fixed_global_batch"), ("scaling_speedup",),
             report=("At which per-device batch does scaling work best, and why do small batches scale worse?",
                     "DataParallel vs DDP (on GPUs): which is faster at each N, and what does DataParallel "
                     "do every step that DDP does not?",

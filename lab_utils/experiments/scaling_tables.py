@@ -294,7 +294,8 @@ def _other_cohort_verdict(df=None) -> str:
 def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
     """Save the strong-vs-weak comparison (``tables/scaling_fixed_global_batch``): this run's rows, the
     earlier cohort's Table 1 through the same arithmetic, the other cohort's runs as measured. Returns
-    (DataFrame, {who: one-line verdict})."""
+    (DataFrame, {who: one-line verdict}); the verdicts are not in the saved table (it goes into the
+    student's report, and they answer Q2)."""
     here = fixed_global_batch_frame(records)
     first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
     other = _other_cohort_frame()
@@ -314,8 +315,7 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
              f"at G = 32 and {OTHER_COHORT_LOGGED_STEPS[128]} at 128 on 1, 2 and 4 GPUs alike. Times: "
              f"{OTHER_COHORT_MEASURED}. G = {OTHER_COHORT_DID_NOT_FIT[1]:,} did not fit on one GPU (no "
              "T(1, G)), so it has no row here; it did run on more GPUs (notebook 02, 'Compare with earlier "
-             "cohorts').",
-             *(f"{who}: {v}" for who, v in verdicts.items()), FIXED_GLOBAL_EXPLANATION]
+             "cohorts')."]  # the verdicts and FIXED_GLOBAL_EXPLANATION answer Q2: the notebook's discussion
     store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch", _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
                      notes=notes)

@@ -664,7 +664,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
-        giveaways=("1.784", r"re:T\(1\)\s*/\s*T\(N\)"), implemented_by=("lab_utils.core.speedup.speedup",),
+        giveaways=("1.784", r"re:t\(1\)\s*/\s*t\(n\)"), implemented_by=("lab_utils.core.speedup.speedup",),
         mistakes=(
             Mistake("N x T(1)/T(N)", "on epoch times that counts N twice (each of the N devices already "
                     "does 1/N of the epoch); the speedup is T(1)/T(N)",
@@ -697,7 +697,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q03_compute_comm", "compute_and_comm", outputs=("compute_seconds", "comm_seconds"),
         find_the_bug=True,
-        giveaways=(r"re:compute[^.]{0,30}=\s*T\(1\)\s*/\s*N", r"re:T\(N\)\s*-\s*T\(1\)\s*/\s*N"),
+        giveaways=(r"re:compute[^.]{0,30}=\s*t\(1\)\s*/\s*n", r"re:t\(n\)\s*-\s*t\(1\)\s*/\s*n"),
         implemented_by=("lab_utils.core.comm_hooks.derived_comm",),
         mistakes=(
             Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways; T(N) "
@@ -717,7 +717,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q03_predict_comm", "predict_comm_seconds", outputs=("exposed_seconds", "allreduce_seconds"),
-        giveaways=(r"re:latency[^.]{0,40}(each|every|per) bucket", r"re:sum(med)? over (the |all )?buckets"),
+        giveaways=(r"re:\(c\) adds (every|each) bucket", r"re:\(b\)[^.]{0,20}(is|=) the last (one|bucket)",
+                   r"re:latency[^.]{0,40}(each|every|per) bucket"),
         implemented_by=("lab_utils.core.scaling_model.predicted_comm_seconds",),
         mistakes=(
             Mistake("(b) from the first bucket", "DDP all-reduces the first bucket (the last layers' "
