@@ -210,15 +210,19 @@ def _as_in_training(ddp_model: nn.parallel.DistributedDataParallel, sync: bool) 
 def ddp_bucket_bytes(ddp_model: nn.parallel.DistributedDataParallel) -> list[int] | None:
     """The bytes of each gradient bucket DDP all-reduces per step, in the order it starts them (the first
     holds the last layers' gradients, ready first; the last one, ready when backward ends, can never
-    hide), as DDP reports them in its logging data once it has rebuilt them in the order of the first
-    backward (from the third forward on; before, its initial buckets). None where this torch does not
-    report them."""
+    hide): the reducer's buckets as they are now (DDP rebuilds them in the order of the first backward),
+    else what its logging data reports. None where this torch shows neither (both are private APIs)."""
+    try:
+        buckets = ddp_model.reducer._get_zeros_like_grad_buckets()
+        return [int(b.buffer().numel() * b.buffer().element_size()) for b in buckets]
+    except (AttributeError, RuntimeError, TypeError):
+        pass
     get = getattr(ddp_model, "_get_ddp_logging_data", None)
     try:
         data = get() if callable(get) else {}
         sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
         return [int(b) for b in str(sizes).split(",")] if sizes else None
-    except (RuntimeError, ValueError, TypeError, AttributeError):  # a private API: absent or changed
+    except (RuntimeError, ValueError, TypeError, AttributeError):
         return None
 
 
