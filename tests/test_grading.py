@@ -2,7 +2,7 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (27 of 27 points on 16
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (31 of 31 points on 18
 questions), the same notebooks blank (0, "not done yet"), and cheats and known mistakes (the lab's
 own function called, ``math.isclose`` replaced: 0 or flagged, and the summary says so; the log2 tree,
 Normalize before ToTensor, the mean over ranks: 0, the mistake named). Every test case of every
@@ -105,13 +105,15 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
                   if nbs.ANSWER_TAG in c["metadata"].get("tags", [])}
         assert tagged == {q.name for q in master.questions}, tagged
         for c in nb["cells"]:
-            if nbs.ANSWER_TAG in c["metadata"].get("tags", []) and c["cell_type"] == "code":
+            q = (c["metadata"].get(nbs.METADATA_KEY) or {}).get("question")
+            if nbs.ANSWER_TAG in c["metadata"].get("tags", []) and c["cell_type"] == "code" \
+                    and not EXERCISES[q].find_the_bug:   # a find-the-bug cell hands out the buggy body
                 assert nbs.source(c).rstrip().endswith("..."), nbs.source(c)
         tests = nb["metadata"]["otter"]["tests"]
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == 27 and len(auto) == 16
+    assert sum(q["points"] for q in auto) == 31 and len(auto) == 18
 
 
 # ------------------------------------------------------------------ the student copy makes students think
@@ -279,8 +281,10 @@ def test_every_case_of_every_bundle_runs_as_a_doctest(dist):
                 failed = [r.message for r in test.test_case_results if not r.passed]
                 assert not failed, f"{book} {q.name}: {failed[0][-1500:]}"
                 test.run(_blank_namespace(nb, q.name))
-                for r in test.test_case_results:
-                    assert not r.passed and "not done yet" in r.message, r.message[-800:]
+                for r in test.test_case_results:   # a find-the-bug cell hands out the bug: it is named
+                    said = ([m.name for m in EXERCISES[q.name].mistakes] if EXERCISES[q.name].find_the_bug
+                            else ["not done yet"])
+                    assert not r.passed and any(w in r.message for w in said), r.message[-800:]
 
 
 # --------------------------------------------------------------------------- make grade, as documented
@@ -365,7 +369,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
 
     grades, out = runs["solved"]
     alice = _by_student(grades)["alice"]
-    assert float(alice["total"]) == 27.0, alice
+    assert float(alice["total"]) == 31.0, alice
     details = _details(grades, "alice")
     for q in AUTOGRADED:
         row = details[q]
@@ -381,7 +385,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
-    assert "My answer to q04_report" in feedback and "27 / 49" in feedback   # 11 hand-graded x 2 points
+    assert "My answer to q04_report" in feedback and "31 / 53" in feedback   # 11 hand-graded x 2 points
     # issue 35: Q6, hand-graded in notebook 05, reaches the gradebook, the feedback and the template
     assert "Q4.1 accuracy (05, by hand)" in header and "Q7 gradients only (05, by hand)" in header
     assert alice["Q6 messages (05, by hand)"] == "" and "no handin.json" in alice["flags"]
@@ -397,14 +401,14 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     r = make("fold", f"HAND={rel(hand)}", f"GRADES={rel(grades)}", timeout=120)
     assert r.returncode == 0 and "folded 1 point(s)" in r.stdout, r.stdout + r.stderr
     alice = _by_student(grades)["alice"]
-    assert float(alice["Q6 messages (05, by hand)"]) == 2 and float(alice["total"]) == 29
+    assert float(alice["Q6 messages (05, by hand)"]) == 2 and float(alice["total"]) == 33
     assert "Comment: names the buffer broadcast" in (grades / "feedback" / "alice.md").read_text()
 
     grades, out = runs["blank"]
     bob = _by_student(grades)["bob"]
     assert float(bob["total"]) == 0.0
     details = _details(grades, "bob")
-    for q in AUTOGRADED:
+    for q in AUTOGRADED:   # a find-the-bug cell as handed out is "not done yet" too
         assert float(details[q]["points"]) == 0 and "not done yet" in details[q]["message"], details[q]
     reports = [r for q, r in details.items() if q in BY_HAND]
     assert len(reports) == 11 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
@@ -489,7 +493,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     assert set(book) == {"Doe, Jane", "Smith, Bob", "Nobody, Ned", "hank"}
     jane, bob_row, ned = book["Doe, Jane"], book["Smith, Bob"], book["Nobody, Ned"]
     assert (jane["id"], bob_row["id"], ned["id"]) == ("1001", "1002", "1003")
-    assert (float(jane["q02_speedup"]), float(jane["q03_compute_comm"]), float(jane["total"])) == (2, 2, 4)
+    assert (float(jane["q02_speedup"]), float(jane["q03_compute_comm"]), float(jane["total"])) == (2, 2, 8)
     assert float(bob_row["q02_speedup"]) == 2 and float(bob_row["q03_compute_comm"]) == 0
     assert float(ned["total"]) == 0 and "no submission" in ned["notes"]
     jd = _details(grades, "Doe, Jane")
@@ -503,8 +507,8 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     r = _run_grade(rel(subs), *common, "--student", "1002")
     assert r.returncode == 0, r.stdout + r.stderr
     book = _by_student(grades)
-    assert float(book["Smith, Bob"]["q03_compute_comm"]) == 2 and float(book["Smith, Bob"]["total"]) == 4
-    assert float(book["Doe, Jane"]["total"]) == 4 and "Nobody, Ned" in book
+    assert float(book["Smith, Bob"]["q03_compute_comm"]) == 2 and float(book["Smith, Bob"]["total"]) == 8
+    assert float(book["Doe, Jane"]["total"]) == 8 and "Nobody, Ned" in book
 
     # points given by hand: folded into totals and feedback; a bad file changes nothing
     hand = tmp_path / "hand.csv"
@@ -514,7 +518,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "folded 2 point(s)" in r.stdout, r.stdout + r.stderr
     book = _by_student(grades)
-    assert float(book["Doe, Jane"]["q02_report"]) == 1.5 and float(book["Doe, Jane"]["total"]) == 5.5
+    assert float(book["Doe, Jane"]["q02_report"]) == 1.5 and float(book["Doe, Jane"]["total"]) == 9.5
     assert float(book["Smith, Bob"]["q03_compute_comm"]) == 1
     assert "clear reasoning" in (grades / "feedback" / "Doe_Jane.md").read_text()
     bad = tmp_path / "bad.csv"
@@ -525,7 +529,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     assert float(_by_student(grades)["Doe, Jane"]["q02_report"]) == 1.5
     # grading again keeps what was folded
     r = _run_grade(rel(subs), *common)
-    assert float(_by_student(grades)["Doe, Jane"]["total"]) == 5.5
+    assert float(_by_student(grades)["Doe, Jane"]["total"]) == 9.5
 
 
 @pytest.mark.slow
@@ -550,7 +554,7 @@ def test_regrading_one_student_without_the_roster_keeps_one_row(dist, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = read_csv(grades / "gradebook.csv")
     assert sorted((x["student"], x["id"]) for x in rows) == [("Doe, Jane", "1002"), ("alice", "1001")]
-    assert {x["student"]: float(x["total"]) for x in rows} == {"Doe, Jane": 2, "alice": 2}
+    assert {x["student"]: float(x["total"]) for x in rows} == {"Doe, Jane": 4, "alice": 4}
 
 
 @pytest.mark.timeout(120)
@@ -585,7 +589,7 @@ def test_without_bwrap_grading_needs_no_sandbox_on_purpose(dist, tmp_path):
     assert "WARNING: graded WITHOUT a sandbox" in r.stdout
     rows = read_csv(tmp_path / "grades" / "details.csv")
     assert {r["sandbox"] for r in rows} == {"none"}
-    assert float(_by_student(tmp_path / "grades")["alice"]["total"]) == 2
+    assert float(_by_student(tmp_path / "grades")["alice"]["total"]) == 4
     assert "graded without a sandbox" in _by_student(tmp_path / "grades")["alice"]["notes"]
 
 
@@ -723,7 +727,7 @@ def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
 @pytest.mark.timeout(600)
 def test_bench_grading_gives_its_load_and_cpu_time(dist):
     """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
-    CPU time, from which the class's time on idle cores is estimated; every copy scores 27/27."""
+    CPU time, from which the class's time on idle cores is estimated; every copy scores 31/31."""
     r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
                         rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)
     print(r.stdout, r.stderr)
@@ -733,7 +737,7 @@ def test_bench_grading_gives_its_load_and_cpu_time(dist):
     for line in lines:
         m = re.search(r"load average [\d.]+ -> [\d.]+ on \d+ cores\); CPU ([\d.]+) s per notebook; "
                       r"60 students x 8 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
-                      r"cores; all 27/27", line)
+                      r"cores; all 31/31", line)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
 
 
