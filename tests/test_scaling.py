@@ -601,3 +601,20 @@ def test_the_cohorts_printed_speedups_and_its_slip():
     # the others are the times' ratios cut (not rounded) to two decimals: 3.545 -> 3.54, 3.768 -> 3.76
     slips = [k for k in P if math.floor(100 * first.loc[k, "speedup"] + 1e-9) / 100 != P[k]]
     assert slips == [(2, 32)]
+
+
+def test_allreduce_lines_fit_the_benchmark_records():
+    """Timings of a ring with alpha = 10 us, B = 10 GB/s on 4 ranks give back its line (60 us, 6.67 GB/s);
+    a rank count with too few sizes has none."""
+    from lab_utils.core.ring import ring_allreduce_seconds
+    from lab_utils.experiments import scaling_predict
+
+    def bench(p, size):
+        t = ring_allreduce_seconds(size, p, 10e-6, 10e9)
+        return Record("allreduce_bench", {"world_size": p, "size_bytes": size}, {"time_us": t * 1e6})
+
+    recs = [bench(4, 8 << k) for k in range(0, 20, 3)] + [bench(2, 8), bench(2, 64)]
+    lines = scaling_predict.allreduce_lines(recs)
+    assert list(lines) == [4]
+    assert lines[4].latency_seconds == pytest.approx(60e-6)
+    assert lines[4].bandwidth_gb_per_s == pytest.approx(10 / 1.5)

@@ -16,7 +16,6 @@ from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
-from lab_utils.table_view import VIEW
 
 __all__ = ["CommRow", "comm_measurements", "comm_row", "compute_vs_comm_figure", "compute_vs_comm_frame",
            "compute_vs_comm_rows", "compute_vs_comm_table", "rank_breakdown_frame"]
@@ -124,11 +123,12 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
             "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "comm_a_stderr_seconds",
             "comm_a_noise_flag", "oversubscribed"]
     df = pd.DataFrame(out, columns=cols)
-    df.attrs[VIEW] = TABLE2_VIEW
+    df.attrs["view"] = TABLE2_VIEW
     return df
 
 
-#: Table 2 in a notebook (the narrow view): what a reader needs first; the CSV has every column.
+#: Table 2 in a notebook (``df.attrs["view"]``, lab_utils.table_view's narrow view): what a reader needs
+#: first; the CSV has every column.
 TABLE2_VIEW = ("method", "devices", "per_device_batch", "status", "TN_seconds", "compute_a_seconds",
                "comm_a_seconds", "comm_a_noise_flag", "exposed_comm_b_seconds", "noise_flag",
                "allreduce_c_seconds", "hidden_percent")

@@ -43,8 +43,8 @@ from lab_utils.workers.dataparallel import dp_config
 from lab_utils.workers.ddp import RunConfig
 
 __all__ = ["COMPUTE_VS_COMM", "COMPUTE_VS_COMM_EXPERIMENT", "DDP", "DP", "SCALING", "SCALING_EXPERIMENT",
-           "Placement", "Settings", "cost", "doctor_settings", "methods_here", "more_devices", "one_device",
-           "place", "plan", "plan_compute_vs_comm", "run_config"]
+           "Placement", "Settings", "cost", "doctor_settings", "methods_here", "place", "plan",
+           "plan_compute_vs_comm", "run_config"]
 
 SCALING = "scaling"
 COMPUTE_VS_COMM = "compute_vs_comm"
@@ -105,6 +105,14 @@ class Settings:
         if self.timeout_s <= 0:
             raise LabError(f"timeout_s must be positive, got {self.timeout_s}.")
         return self
+
+    def one_device(self) -> Settings:
+        """Notebook 02's first step: these settings with only the one-device runs (a prediction's inputs)."""
+        return replace(self, devices=(1,))
+
+    def more_devices(self) -> Settings:
+        """Notebook 02's second step: these settings with only the runs on more than one device."""
+        return replace(self, devices=tuple(n for n in self.devices if n > 1))
 
 
 profiles.register(Settings, profiles.SCALING, "scaling")
@@ -197,16 +205,6 @@ def _runs(settings: Settings, machine: Machine, profile: str, experiment: str, d
                                    label=f"{method} {n} x {b}" + (f" (repeat {r + 1})" if r else ""),
                                    options={"process_group": False} if method == DP else {}))
     return out
-
-
-def one_device(settings: Settings) -> Settings:
-    """Notebook 02's first step: ``settings`` with only the one-device runs (a prediction's inputs)."""
-    return replace(settings, devices=(1,))
-
-
-def more_devices(settings: Settings) -> Settings:
-    """Notebook 02's second step: ``settings`` with only the runs on more than one device."""
-    return replace(settings, devices=tuple(n for n in settings.devices if n > 1))
 
 
 def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:

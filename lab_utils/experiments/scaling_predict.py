@@ -16,11 +16,11 @@ from typing import Any
 
 import pandas as pd
 
+from lab_utils.core.errors import LabError
 from lab_utils.core.metrics import T_N, value
-from lab_utils.core.ring import iterations_per_epoch
+from lab_utils.core.ring import fit_alpha_beta, iterations_per_epoch
 from lab_utils.core.scaling_model import AllReduceLine
 from lab_utils.core.spread import merge_repeats
-from lab_utils.experiments.comm_tables import _fit_records
 from lab_utils.experiments.scaling import DDP
 from lab_utils.store import Record
 
@@ -28,10 +28,21 @@ __all__ = ["Cases", "allreduce_lines", "comm_cases", "component", "epoch_cases",
 
 
 def allreduce_lines(bench_records: Sequence[Record]) -> dict[int, AllReduceLine]:
-    """The all-reduce's fitted line per rank count of the benchmark's ok records (a rank count it could
-    not fit, or did not measure, has none)."""
-    return {p: AllReduceLine.from_fit(f) for p, f in _fit_records([r for r in bench_records
-                                                                    if r.status == "ok"]).items()}
+    """The all-reduce's fitted line (:func:`lab_utils.core.ring.fit_alpha_beta`, the fit of notebook 04's
+    table) per rank count of the benchmark's ok records: each size's mean time per all-reduce. A rank
+    count it did not measure, or whose timings cannot be fitted, has none."""
+    timings: dict[int, list[tuple[float, float]]] = {}
+    for r in bench_records:
+        if r.status == "ok":
+            timings.setdefault(int(r.config["world_size"]), []).append(
+                (float(r.config["size_bytes"]), float(r.metrics["time_us"]) * 1e-6))
+    lines = {}
+    for p, points in sorted(timings.items()):
+        try:
+            lines[p] = AllReduceLine.from_fit(fit_alpha_beta(*zip(*points), world_size=p))
+        except LabError:  # too few sizes, or timings that do not grow with the size
+            continue
+    return lines
 
 
 def _aggregates(records: Sequence[Record]) -> list[Record]:

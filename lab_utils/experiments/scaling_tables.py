@@ -38,7 +38,6 @@ from lab_utils.core.speedup import (
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
-from lab_utils.table_view import VIEW
 
 __all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
            "fixed_global_batch_table", "fixed_global_batch_verdict", "method_label",
@@ -224,7 +223,7 @@ def fixed_global_batch_frame(records: Sequence[Record] | None = None,
                     why[key] = str(r["status"])
             rows += _fixed_global_batch_rows(times, why, method=m)
     df = pd.DataFrame(rows, columns=_FIXED_GLOBAL_COLUMNS)
-    df.attrs[VIEW] = _FIXED_GLOBAL_VIEW
+    df.attrs["view"] = _FIXED_GLOBAL_VIEW
     return df
 
 
@@ -307,7 +306,7 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
     first = fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method=FIRST_COHORT_LABEL)
     other = _other_cohort_frame()
     df = pd.concat([here, first, other], ignore_index=True)
-    df.attrs[VIEW] = _FIXED_GLOBAL_VIEW
+    df.attrs["view"] = _FIXED_GLOBAL_VIEW
     verdicts = {"This run": fixed_global_batch_verdict(here),
                 FIRST_COHORT_LABEL: fixed_global_batch_verdict(first),
                 OTHER_COHORT_LABEL: _other_cohort_verdict(other)}
@@ -451,11 +450,12 @@ def scaling_frame(records: Sequence[Record]):
                                      "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
                                      "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
                                      "stderr_pct", "oversubscribed", "speedup_noise_flag"])
-    df.attrs[VIEW] = TABLE1_VIEW
+    df.attrs["view"] = TABLE1_VIEW
     return df
 
 
-#: Table 1 in a notebook (the narrow view): what a reader needs first; the CSV has every column.
+#: Table 1 in a notebook (``df.attrs["view"]``, lab_utils.table_view's narrow view): what a reader needs
+#: first; the CSV has every column.
 TABLE1_VIEW = ("method", "devices", "per_device_batch", "status", "epoch2_train_seconds", "stderr_pct",
                "speedup", "efficiency", "serial_fraction", "skew_wait_seconds", "speedup_noise_flag")
 
