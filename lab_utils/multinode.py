@@ -15,7 +15,13 @@ and everything else is the plan's: the runs are the experiment's own plan for a 
 devices (:func:`runs_across`), the job is the harness's, reuse is the store's (a resubmitted job
 measures only what is missing), and an out-of-memory is a stored row after which the larger runs are
 not tried. Each configuration's ``tag`` is ``nodes=N``, so a 2-node x 1-GPU record is never taken for
-a 1-node x 2-GPU one.
+a 1-node x 2-GPU one. Each rank runs the plan's torch threads (``THREADS_PER_RANK`` in job.env, the
+profile's ``cpu_threads`` for CPU processes), as the one-node launcher gives them, so that both
+set-ups do the same arithmetic whatever CPUs the job has.
+
+A launch that SLURM stopped (the job script then writes ``DIR/stopped``) is collected like any
+other: what global rank 0 finished is stored; the configuration it was on reads ``stopped`` (not
+stored, so a resubmitted job measures it), the ones after it "not run".
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from lab_utils.core.records import Record, RecordsReader, jsonable, read_failure
 from lab_utils.launcher import write_job
 from lab_utils.plan import Experiment, Run, make_plan, run_line
 
-JOB_ENV = "job.env"  # WORKER and NPROC_PER_NODE, for the job script to source
+JOB_ENV = "job.env"  # WORKER, NPROC_PER_NODE and THREADS_PER_RANK, for the job script to source
+STOPPED = "stopped"  # the job script's note that SLURM's signal stopped the launch (its name, a time)
 
 
 def runs_across(experiment: Experiment, settings: Any, nodes: int, profile: str,
@@ -64,9 +71,10 @@ def runs_across(experiment: Experiment, settings: Any, nodes: int, profile: str,
 def prepare(store, experiment: Experiment, runs: list[Run], folder: Path, profile: str,
             force: bool = False) -> list[Run]:
     """Write ``folder``/job.json (the runs not stored yet, smallest first; after a stored out-of-memory
-    none) and ``folder``/job.env; returns the runs written (none: no files, nothing to launch)."""
+    none) and ``folder``/job.env (``THREADS_PER_RANK`` empty when the plan leaves the threads to the
+    launch, as for GPUs); returns the runs written (none: no files, nothing to launch)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for old in [folder / "job.json", folder / JOB_ENV, folder / "records.jsonl",
+    for old in [folder / "job.json", folder / JOB_ENV, folder / "records.jsonl", folder / STOPPED,
                 *folder.glob("failure-rank*.json")]:
         old.unlink(missing_ok=True)  # never collect an earlier launch's records
     todo = []
@@ -86,8 +94,8 @@ def prepare(store, experiment: Experiment, runs: list[Run], folder: Path, profil
                    "worker": first.worker.__name__, "labels": [r.name for r in todo],
                    "hardware": jsonable(first.hardware())}, folder)
         (folder / JOB_ENV).write_text(f"WORKER={shlex.quote(first.worker.__name__)}\n"
-                                      f"NPROC_PER_NODE={first.processes // _nodes(first)}\n",
-                                      encoding="utf-8")
+                                      f"NPROC_PER_NODE={first.processes // _nodes(first)}\n"
+                                      f"THREADS_PER_RANK={first.threads or ''}\n", encoding="utf-8")
     return todo
 
 
@@ -97,8 +105,10 @@ def _nodes(run: Run) -> int:
 
 def collect(store, folder: Path, profile: str) -> list[tuple[str, Record]]:
     """Store what the agents wrote into ``folder``: every record of ``records.jsonl`` (per-rank ones too),
-    then, for the configuration a failure file names, an ``oom`` or ``error`` row; configurations after it
-    were never run (rows, not stored). Returns (label, row) per configuration of the job, in its order."""
+    then, for the first configuration without a record, a ``stopped`` row when SLURM stopped the launch
+    (``folder``/stopped; not stored, whatever a rank wrote as it was stopped), else for the one a failure
+    file names an ``oom`` or ``error`` row (stored); configurations after it were never run (rows, not
+    stored). Returns (label, row) per configuration of the job, in its order."""
     job = json.loads((folder / "job.json").read_text(encoding="utf-8"))
     configs, experiment = job["configs"], job["experiment"]
     got = RecordsReader(folder / "records.jsonl").new()
@@ -106,6 +116,8 @@ def collect(store, folder: Path, profile: str) -> list[tuple[str, Record]]:
               else [None] * len(configs))
     failures = read_failures(folder)
     failure = failures[0] if failures else None
+    stop = folder / STOPPED
+    stopped_by = (stop.read_text(encoding="utf-8").split() or ["a signal"])[0] if stop.is_file() else None
     rows, ended = [], None
     for i, (cfg, rec) in enumerate(zip(configs, stored, strict=True)):
         if rec is not None:
@@ -113,6 +125,11 @@ def collect(store, folder: Path, profile: str) -> list[tuple[str, Record]]:
         elif ended is not None:
             rows.append(Record(experiment, cfg, status="skipped", reason=f"not run: {ended}",
                                profile=profile))
+        elif stopped_by is not None:
+            rows.append(Record(experiment, cfg, status="stopped", profile=profile,
+                               reason=f"stopped by {stopped_by} (SLURM) before it finished; not stored: "
+                                      "submit again to measure it"))
+            ended = f"the job was stopped during configuration {i + 1}"
         elif failure is not None and failure.get("config_index") in (i, None):
             status = "oom" if failure.get("status") == "oom" else "error"
             row = Record(experiment, cfg, status=status, reason=failure.get("reason"), profile=profile,

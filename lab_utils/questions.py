@@ -61,15 +61,16 @@ PART2 = "Part 2 project (earlier cohort's GPT)"
 SECTIONS: tuple[Section, ...] = (
     Section("Setup", "The machine and software", "00_environment", "Profile",
             "Which GPUs, driver, CUDA, torch and data produced these numbers?", ("environment",)),
-    Section("Q1", "Batch-size sweep on one GPU", "01_batch_size_sweep", "Reading the curve",
+    Section("Q1", "Batch-size sweep on one GPU", "01_batch_size_sweep", "The sweep",
             "Epoch-2 training time (loader waits excluded) for batch 32, 128, 512, ... until the batch "
             "does not fit. Why does it fall, and where and why does it stop falling?",
-            ("batch_sweep", "batch_sweep_phases", "batch_sweep_flops"), ("batch_sweep",),
+            ("batch_sweep", "batch_sweep_phases", "batch_sweep_flops", "batch_sweep_memory"),
+            ("batch_sweep",),
             report=("What does the warm-up epoch absorb on your machine (compare the two epochs in the "
                     "phase table), and what is excluded from the reported time?",
                     "What fraction of the GPU's peak does the best batch size reach? Name two reasons it "
                     "is not higher."),
-            by_hand="q01_report", exercises=("q01_step_timer", "q01_train_transform"),
+            by_hand="q01_report", exercises=("q01_step_timer", "q01_train_transform", "q01_peak_memory"),
             by_hand_asks="From which batch size on does the epoch time stop improving on your machine, and "
                          "why there? Which batch size was the first that did not fit, and what fills the "
                          "memory at that size? Quote the numbers from your table."),
@@ -109,7 +110,8 @@ SECTIONS: tuple[Section, ...] = (
              "allreduce_models", "allreduce_buckets"), ("allreduce_busbw",),
             report=("The busbw figure: where does the latency-dominated regime end on this machine? How "
                     "big are DDP's buckets compared with that size?",),
-            by_hand="q04_report", exercises=("q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"),
+            by_hand="q04_report",
+            exercises=("q04_gradient_bytes", "q04_ring_bytes", "q04_utilization", "q04_predicted_bandwidth"),
             by_hand_asks="Table 3: give (a), the assignment's utilization, for DDP, then (c). Why do (a) "
                          "and (b) give different (even impossible) GB/s? What share of the benchmark's "
                          "peak did training reach, and what explains the gap? Quote your numbers.",
@@ -133,26 +135,29 @@ SECTIONS: tuple[Section, ...] = (
             ("large_batch",), ("large_batch_lr",),
             report=("At equal wall-clock time, which configuration is ahead? Would you pay for 4 GPUs to "
                     "train this model, and with which learning-rate rule?",),
-            by_hand="q05_report", exercises=("q05_lr_schedule",),
+            by_hand="q05_report", exercises=("q05_lr_schedule", "q05_recipe"),
             by_hand_asks="Why does the large batch at lr 0.1 fall behind the reference (one sentence, with "
                          "the optimizer steps of each run)? Which remedy closed most of the gap? Did "
                          "linear scaling alone work, and what happened in its first epoch? Quote the rows "
                          "of your table."),
     Section("Q5", "Why the epoch must be set on the DistributedSampler (set_epoch)",
             "05_large_batch_training",
-            "`set_epoch`: the same shuffle every epoch unless you ask for a new one",
+            "`set_epoch`: which images a rank sees in each epoch",
             "What goes wrong without set_epoch, and why does nothing crash?",
             report=("What goes wrong if `set_epoch` is not called, and why does nothing crash? Quote two "
                     "epochs' indices from the notebook's set_epoch table.",),
             exercises=("q05_set_epoch",)),
     Section("Q6", "Are gradients the only messages communicated across learners?", "05_large_batch_training",
-            "Are gradients the only thing communicated? No.",
+            "Are gradients the only thing communicated?",
             "List what DDP communicates besides the gradients, with bytes per step for the spec "
             "ResNet-18.", ("comm_accounting", "comm_accounting_wire"),
             by_hand="q05_messages",
             by_hand_asks="List what DDP communicates besides the gradients, with the bytes per step for the "
-                         "spec ResNet-18 (11,173,962 parameters). What would ZeRO-1, -2 and -3 add or save? "
-                         "Quote the rows of your ledger."),
+                         "spec ResNet-18 (11,173,962 parameters); quote the rows of your ledger. ZeRO-1 two "
+                         "ways: torch's ZeroRedundancyOptimizer (the ledger's ZeRO-1 rows) and the paper's "
+                         "(Rajbhandari et al. 2020, sec. 7.2.1: reduce-scatter the gradients, step each "
+                         "rank's shard, all-gather the parameters). How many bytes does one rank send per "
+                         "step in each, against DDP, and why do they differ? What does each save?"),
     Section("Q7", "At 4 GPUs x 512 per GPU, is communicating only the gradients enough?",
             "05_large_batch_training", "At 4 GPUs x 512 per GPU: is communicating only the gradients enough?",
             "Answer from the communication ledger at 4 x 512: what keeps the replicas identical, what else "

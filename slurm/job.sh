@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034  # status, stopped_by: set here for the scripts that source this file
-# How a job of this lab stops, and its job.txt: sourced by run_all.sbatch, experiment.sbatch and
-# multinode.sbatch (from the lab's folder, once they are in it).
+# How a job of this lab stops, and its job.txt: sourced by run_all.sbatch, experiment.sbatch,
+# multinode.sbatch and agent.sh (from the lab's folder, once they are in it).
 #
 # SLURM stops a job with SIGTERM, and SIGKILL KillWait seconds later (30 by default): at the time
 # limit (or earlier, to the batch shell alone, with #SBATCH --signal=B:TERM@<seconds>), on
@@ -36,10 +36,24 @@ job_stopped() {
     exit "$2"
 }
 
-# The EXIT trap: "finished ... with exit code N", then the lines in JOB_SUMMARY (an array).
+# job_torch_cache DIR: torch makes its compile cache, $TMPDIR/torchinductor_<user>/ (empty unless
+# something is compiled), in every process that imports torch._dynamo, as every DDP rank does. The
+# measure jobs compile nothing: the cache goes to DIR/torchinductor, removed when the job ends, so
+# that the job leaves nothing in $TMPDIR (a TORCHINDUCTOR_CACHE_DIR of yours is used and kept).
+JOB_CLEAN=()
+job_torch_cache() {
+    if [ -z "${TORCHINDUCTOR_CACHE_DIR:-}" ]; then
+        export TORCHINDUCTOR_CACHE_DIR="$1/torchinductor"
+        JOB_CLEAN+=("$TORCHINDUCTOR_CACHE_DIR")
+    fi
+}
+
+# The EXIT trap: "finished ... with exit code N", then the lines in JOB_SUMMARY (an array); the
+# folders in JOB_CLEAN removed.
 job_finish() {
     local code=$?
     trap '' TERM INT  # a second signal must not cut these lines short
+    if [ "${#JOB_CLEAN[@]}" -gt 0 ]; then rm -rf "${JOB_CLEAN[@]}"; fi
     {
         echo "finished $(date +%FT%T.%3N%:z) with exit code $code"
         if [ -n "${JOB_SUMMARY+set}" ]; then printf '%s\n' "${JOB_SUMMARY[@]}"; fi
@@ -48,19 +62,21 @@ job_finish() {
 }
 
 # run_forwarding [--log FILE] COMMAND...: run COMMAND in the background and wait for it, passing
-# SIGTERM and SIGINT on to it; sets `status` to its exit code (143 when a SIGTERM stopped it) and
-# `stopped_by` to the signal that came (empty if none). With --log, COMMAND's output goes to FILE
-# (replaced) and is shown live in the job's output too.
+# SIGTERM and SIGINT on to it (on_signal, each time one comes); sets `status` to its exit code (143
+# when a SIGTERM stopped it) and `stopped_by` to the signal that came (empty if none). With --log,
+# COMMAND's output goes to FILE (replaced) and is shown live in the job's output too, by the process
+# RUN_TAILER (which on_signal may end: what follows then stays in FILE alone).
 run_forwarding() {
-    local log="" pid tailer="" caught first=1 code
+    local log="" pid caught first=1 code
     if [ "$1" = --log ]; then log="$2"; shift 2; fi
     stopped_by=""
+    RUN_TAILER=""
     if [ -n "$log" ]; then
         : > "$log"  # there before tail opens it
         "$@" >> "$log" 2>&1 &
         pid=$!
         tail -n +1 -s 0.5 --pid="$pid" -F "$log" &
-        tailer=$!
+        RUN_TAILER=$!
     else
         "$@" &
         pid=$!
@@ -79,10 +95,10 @@ run_forwarding() {
     done
     trap 'job_stopped TERM 143' TERM
     trap 'job_stopped INT 130' INT
-    if [ -n "$tailer" ]; then wait "$tailer" || true; fi
+    if [ -n "$RUN_TAILER" ]; then wait "$RUN_TAILER" || true; fi
 }
 
-# A trap's work: one line with the time, then the signal to the command.
+# A trap's work: one line with the time, then the signal to the command (agent.sh has its own).
 on_signal() {
     echo "SIG$1 received $(date +%FT%T.%3N%:z): passed on to process $2; waiting for it to stop" | tee -a "$JOB_TXT"
     kill -"$1" "$2" 2>/dev/null || true

@@ -25,7 +25,7 @@ PKG = Path(__file__).resolve().parent.parent / "lab_utils"
 
 # Lowest first. A module may import its own layer and the layers below it.
 LAYERS = ["core", "models", "middle", "workers", "plan", "experiments", "top"]
-MIDDLE = {"store", "proc", "launcher", "session"}
+MIDDLE = {"store", "table_view", "proc", "launcher", "session"}
 
 
 def module_name(path: Path) -> str:

@@ -621,7 +621,7 @@ def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store)
                                         comm.LinkPeak(None, "unknown"))
     ddp = df[df["method"].str.startswith("DDP") & (df["per_gpu_batch"] == 32)].set_index("comm_source")
     assert ddp.loc[comm_tables._COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
-    assert ddp.loc[comm_tables._COMM_SOURCES[1], "q3_2"].startswith("not a rate")
+    assert ddp.loc[comm_tables._COMM_SOURCES[1], "q3_2"].startswith("not Q3.2's answer")
     assert ddp.loc[comm_tables._COMM_SOURCES[2], "q3_2"].startswith("check")
     dp_here = df[df["method"] == comm_tables._DP_ASSUMED_RING]
     assert len(dp_here) and dp_here["achieved_gb_per_s"].isna().all()      # no GPUs: no DataParallel run
@@ -659,3 +659,43 @@ def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     assert set(df["status"]) == {"ok"}
     ft = comm_tables._fit_table({2: bad, 4: good}, {})
     assert list(ft["projection"]) == ["not a result: fit error 48.5% rms > 25%", "ok to project"]
+
+
+# --------------------------------------------------------------------------- Exercise 04-d: predict
+
+
+def test_predicted_allreduce_bandwidth_by_hand():
+    """Buckets of 1e6 and 3e6 B on 4 ranks, alpha 10 us, B 2 GB/s: each bucket 2(P-1) = 6 steps x 10 us
+    plus 2(P-1)/P = 1.5 x b / 2e9: 60 + 750 us and 60 + 2250 us = 3120 us for 1.5 x 4e6 = 6e6 B sent,
+    1.923 GB/s. No latency: B itself; one message of 4e6 B: 60 + 3000 us."""
+    assert ring.predicted_allreduce_gb_per_s([1e6, 3e6], 4, 10e-6, 2.0) == pytest.approx(6e6 / 3120e-6 / 1e9)
+    assert ring.predicted_allreduce_gb_per_s([1e6, 3e6], 4, 0.0, 2.0) == pytest.approx(2.0)
+    assert ring.predicted_allreduce_gb_per_s([4e6], 4, 10e-6, 2.0) == pytest.approx(6e6 / 3060e-6 / 1e9)
+    # 2 ranks: 2 steps of alpha and S / B per bucket
+    assert ring.predicted_allreduce_gb_per_s([1e6], 2, 1e-4, 1.0) == pytest.approx(1e6 / 1.2e-3 / 1e9)
+    with pytest.raises(LabError, match="at least 2 ranks"):
+        ring.predicted_allreduce_gb_per_s([1e6], 1, 1e-5, 1.0)
+    with pytest.raises(LabError, match="buckets"):
+        ring.predicted_allreduce_gb_per_s([], 2, 1e-5, 1.0)
+
+
+def test_bandwidth_prediction_cases_from_notebook03_and_the_fit(store):
+    """Exercise 04-d's table: per DDP configuration of Table 3, the buckets notebook 03's model was sent in
+    (quick: an explicit 0.4 MB cap, so no small first bucket: 455,208 + 250,400 B of width 8's 705,608),
+    the fit on that rank count (else the one on the most ranks) and the measured (c) GB/s."""
+    grad = _nb03_store(store)
+    fit = ring.AlphaBetaFit(2, 1e-5, 1e9, 0, 0, 0, 0, 3)
+    bench = comm_tables.BenchReport(None, {2: fit}, {2: 0.1}, None, None, [])
+    settings = profiles.settings(comm.Settings, "quick")
+    cases, measured, labels = comm_tables.bandwidth_prediction_cases(store, settings, bench)
+    assert cases[0] == {"bucket_bytes": [455_208, 250_400], "world_size": 2, "alpha_seconds": 1e-5,
+                        "bandwidth_gb_per_s": 1.0}
+    assert sum(cases[0]["bucket_bytes"]) == grad
+    assert measured[0] == pytest.approx(16 * grad / 0.8 / 1e9)   # (c): 16 steps x 2(2-1)/2 x S over 0.8 s
+    assert labels[:2] == ["2 x 32", "2 x 128: not measured"]
+    assert len(cases) == 8 and all(m is None for m in measured[1:])   # 2 and 4 devices x 4 batches
+    four = [c for c, label in zip(cases, labels) if label.startswith("4 x")]
+    assert len(four) == 4 and all(c["world_size"] == 4 and c["alpha_seconds"] == 1e-5 for c in four)
+    assert labels[4] == "4 x 32 (fit on 2): not measured"   # no 4-rank fit: the one on 2 ranks
+    assert comm_tables.bandwidth_prediction_cases(store, settings, _bench_report({})) == ([], [], [])
+

@@ -35,11 +35,12 @@ from lab_utils.questions import sections_for
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
 QUESTIONS = {
-    "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform"],
+    "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform", "q01_peak_memory"],
     "02_multi_gpu_scaling": ["q02_speedup", "q02_predict_epoch"],
     "03_compute_vs_communication": ["q03_compute_comm", "q03_predict_comm"],
-    "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization"],
-    "05_large_batch_training": ["q05_lr_schedule", "q05_set_epoch"],
+    "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization",
+                               "q04_predicted_bandwidth"],
+    "05_large_batch_training": ["q05_lr_schedule", "q05_recipe", "q05_set_epoch"],
     "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time"],
     "07_quantization": ["q07_int8_size"],
     "09_build_ddp": ["q09_average", "q09_buckets", "q09_shards"],
@@ -132,21 +133,36 @@ def _check_q01(f):
 
 
 def _check_q01_train_transform(f):
-    """The same pipeline as the lab's loaders (lab_utils.core.data.train_transform): the same transforms
-    with the same values, in the same order, and the same tensor from the same image and seed."""
+    """The lab's loaders' pipeline (lab_utils.core.data.train_transform) in the assignment's order, and the
+    solution's: the same transforms with the same values and the same images from every crop and flip."""
     from lab_utils.core import data
     from lab_utils.grading import exercises as E
 
     mine, lab = f(), data.train_transform()
-    steps = E._transform_steps(lab)
-    assert E._transform_steps(mine) == steps
-    assert [s[0] for s in steps] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor", "Normalize"]   # SPEC
-    assert steps[0][1]["padding"] == 4 and steps[0][1]["size"] == [32, 32] and steps[1][1]["p"] == 0.5
-    assert steps[3][1]["mean"] == list(data.CIFAR10_MEAN) == [0.4914, 0.4822, 0.4465]
-    assert steps[3][1]["std"] == list(data.CIFAR10_STD) == [0.2023, 0.1994, 0.2010]
-    for image, seed in ((0, 0), (9, 4), (17, 123)):
-        out = E._transformed(mine, {"image": image, "seed": seed})
-        assert out == E._transformed(lab, {"image": image, "seed": seed}) and out["shape"] == [3, 32, 32]
+    assert [type(t).__name__ for t in lab.transforms] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor",
+                                                         "Normalize"]   # SPEC.md's order
+    steps = dict(E._transform_steps(lab))
+    assert E._transform_steps(mine) == E._transform_steps(lab)
+    assert steps["RandomCrop"]["padding"] == [4] * 4 and steps["RandomCrop"]["size"] == [32, 32]
+    assert steps["RandomHorizontalFlip"]["p"] == 0.5
+    assert steps["Normalize"]["mean"] == list(data.CIFAR10_MEAN) == [0.4914, 0.4822, 0.4465]
+    assert steps["Normalize"]["std"] == list(data.CIFAR10_STD) == [0.2023, 0.1994, 0.2010]
+    for image in (0, 9, 17):
+        out = E._transformed(mine, {"image": image})
+        assert out == E._transformed(lab, {"image": image}) and out["shape"] == [3, 32, 32]
+        assert out["distinct"] == E.DRAWS == 162   # 9 x 9 crop offsets, flipped or not
+
+
+def _check_q01_peak_memory(f):
+    """The solution against the lab's own line (lab_utils.experiments.sweep.predict_peak_memory) on the
+    quick model's counted peaks (21,271,288 B at 32, 78,705,400 B at 128: 598,272 B per image) and a GPU's."""
+    from lab_utils.experiments.sweep import predict_peak_memory
+
+    for case in ((32, 21_271_288, 128, 78_705_400, 512, 450_000_000),
+                 (32, 523_000_000, 128, 1_413_000_000, 8192, 80e9), (128, 4e9, 512, 9e9, 2048, 16e9)):
+        mine, lab = f(*case), predict_peak_memory(*case)
+        assert math.isclose(mine[0], lab[0], rel_tol=1e-12) and mine[1] == lab[1], case
+    assert f(32, 21_271_288, 128, 78_705_400, 512, 450_000_000) == (308_441_848, 748)   # quick: 512
 
 
 def _check_q02(f):
@@ -224,6 +240,34 @@ def _check_q04_utilization(f):
         assert math.isclose(got, row["achieved_gb_per_s"], rel_tol=1e-12)
     assert math.isclose(f(44_695_848, 2, 196, 1.07), 196 * 44_695_848 / 1.07 / 1e9, rel_tol=1e-12)
     assert round(f(44_695_848, 2, 196, 1.07), 4) == 8.1873
+
+
+def _check_q04_predicted_bandwidth(f):
+    """The lab's model (lab_utils.core.ring.predicted_allreduce_gb_per_s, the prediction table's reference);
+    by hand: 1e6 and 3e6 B on 4 ranks, alpha 10 us, B 2 GB/s: 6e6 B sent in 60 + 750 + 60 + 2250 us."""
+    from lab_utils.core import ring
+    from lab_utils.experiments import comm_tables
+    from lab_utils.models import ResNet18
+
+    buckets = comm_tables._ddp_bucket_sizes(ResNet18())
+    for b in (buckets, [705_608], [1, 2, 3], [4096] * 10):
+        for p, a, bw in ((2, 1e-5, 100.0), (4, 3e-5, 2.0), (8, 0.0, 10.0), (1024, 1e-6, 400.0)):
+            assert math.isclose(f(b, p, a, bw), ring.predicted_allreduce_gb_per_s(b, p, a, bw), rel_tol=1e-12)
+    assert math.isclose(f([1e6, 3e6], 4, 10e-6, 2.0), 6e6 / 3120e-6 / 1e9, rel_tol=1e-12)
+
+
+def _check_q05_recipe(f):
+    """The lab's recipe (lab_utils.core.schedules.linear_scaling_recipe, which the DDP worker's schedule
+    follows); by hand: the assignment's 4 x 512 from 0.1 at 128 with 2 warm-up epochs of 25 steps."""
+    from lab_utils.core import schedules
+
+    for case in ((0.1, 128, 512, 4, 50_000, 2.0), (0.00625, 8, 32, 4, 1_536, 0.5),
+                 (0.1, 128, 128, 1, 50_000, 0.0), (0.2, 256, 64, 16, 1_281_167, 5.0),
+                 (0.05, 64, 32, 8, 9_800, 1.3)):
+        lr, steps = f(*case)
+        want = schedules.linear_scaling_recipe(*case)
+        assert math.isclose(lr, want[0], rel_tol=1e-12) and steps == want[1]
+    assert tuple(f(0.1, 128, 512, 4, 50_000, 2.0)) == (1.6, 50)
 
 
 def _check_q05_lr_schedule(f):
@@ -336,10 +380,12 @@ def _check_q09_shards(f):
 
 CHECKS = {
     "q01_step_timer": _check_q01, "q01_train_transform": _check_q01_train_transform,
+    "q01_peak_memory": _check_q01_peak_memory,
     "q02_speedup": _check_q02, "q02_predict_epoch": _check_q02_predict_epoch,
     "q03_compute_comm": _check_q03, "q03_predict_comm": _check_q03_predict_comm,
     "q04_gradient_bytes": _check_q04_gradient_bytes, "q04_ring_bytes": _check_q04_ring_bytes,
-    "q04_utilization": _check_q04_utilization, "q05_lr_schedule": _check_q05_lr_schedule,
+    "q04_utilization": _check_q04_utilization, "q04_predicted_bandwidth": _check_q04_predicted_bandwidth,
+    "q05_lr_schedule": _check_q05_lr_schedule, "q05_recipe": _check_q05_recipe,
     "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
     "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time, "q07_int8_size": _check_q07_int8_size,
     "q09_average": _check_q09_average, "q09_buckets": _check_q09_buckets, "q09_shards": _check_q09_shards,
@@ -534,6 +580,14 @@ def _perturbed(x):
 # --------------------------------------------------------------------------- the student's side
 
 
+def _student_function(masters, notebook: str, name: str):
+    """The exercise's function as the student copy hands it out (blank, or a find-the-bug exercise's buggy
+    body)."""
+    ns: dict = {}
+    exec(compile(build.handed_out(masters[notebook].question(name).solution), f"<{name}>", "exec"), ns)
+    return ns[EXERCISES[name].function]
+
+
 @pytest.mark.parametrize("notebook,name", ALL)
 def test_blank_function_says_not_done_yet(masters, specs, notebook, name, capsys):
     """The check cell prints one line: "not done yet" for the blank function (for a find-the-bug exercise,
@@ -583,3 +637,23 @@ def test_q09_ranks_time_out_before_the_graders_case_limit():
     from lab_utils.grading import exercises, sandbox
 
     assert 10.0 <= exercises.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
+
+
+@pytest.mark.parametrize("notebook,name", ALL)
+def test_a_find_the_bug_exercise_starts_from_one_known_mistake(masters, specs, notebook, name):
+    """CONVENTIONS item 3: a find-the-bug exercise's student copy holds a live body (otter's PROMPT) that
+    answers every case as one of its known mistakes does, and scores on no hidden case; the other
+    exercises start blank (None)."""
+    ex, fn = EXERCISES[name], _student_function(masters, notebook, name)
+    cases = [(t["hidden"], c) for t in specs[name]["tests"] for c in t["cases"]]
+    answers = [ex.run(fn, c["case"]) for _, c in cases]
+    prompt = "# BEGIN PROMPT" in masters[notebook].question(name).solution
+    assert ex.find_the_bug == prompt, name
+    if not ex.find_the_bug:
+        assert answers == [None] * len(cases)
+        return
+    which = {i for i in range(len(ex.mistakes))
+             if all(same(a, c["mistakes"][i], ex.rel_tol) for a, (_, c) in zip(answers, cases))}
+    assert which, f"{name}: the starting body is none of the known mistakes"
+    assert not all(same(a, c["expected"], ex.rel_tol) for a, (hidden, c) in zip(answers, cases) if hidden)
+

@@ -2,12 +2,13 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (31 of 31 points on 18
-questions), the same notebooks blank (0, "not done yet"), and cheats and known mistakes (the lab's
-own function called, ``math.isclose`` replaced: 0 or flagged, and the summary says so; the log2 tree,
-Normalize before ToTensor, the mean over ranks: 0, the mistake named). Every test case of every
-bundle also runs the way otter runs it, as a doctest. The class gradebook (LMS file names, zips,
-duplicates, a roster, ``--student``, folding points given by hand) is checked on notebooks 02-03.
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (35 of 35 points on 20
+questions), the same notebooks blank (0, "not done yet", or a find-the-bug exercise's bug by name), and
+cheats and known mistakes (the lab's own function called, ``math.isclose`` replaced: 0 or flagged, and the
+summary says so; the log2 tree, Normalize before ToTensor, the mean over ranks: 0, the mistake named).
+Every test case of every bundle also runs the way otter runs it, as a doctest. The class gradebook (LMS
+file names, zips, duplicates, a roster, ``--student``, folding points given by hand) is checked on
+notebooks 02-03.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ from lab_utils.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_ARGS = [] if not sandbox.probe() else ["--no-sandbox"]   # the bookkeeping tests run either way
+# The autograded points of the masters (31 on 18 exercises when notebooks 04 and 05 got 04-d and 05-b).
+AUTO_POINTS = sum(q.points for b in BOOKS for q in nbs.parse_master(REPO / "labs" / f"{b}.ipynb").questions
+                  if not q.manual)
+
+
+def blank_says(name: str, message: str) -> bool:
+    """What an untouched exercise says: "not done yet" (`make grade`: also a find-the-bug exercise's function
+    as handed out), or in its check the name of a find-the-bug exercise's bug, a known mistake."""
+    ex = EXERCISES[name]
+    named = ex.find_the_bug and any(f"{m.name}: {m.why}" in message for m in ex.mistakes)
+    return "not done yet" in message or named
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -105,15 +117,16 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
                   if nbs.ANSWER_TAG in c["metadata"].get("tags", [])}
         assert tagged == {q.name for q in master.questions}, tagged
         for c in nb["cells"]:
-            q = (c["metadata"].get(nbs.METADATA_KEY) or {}).get("question")
-            if nbs.ANSWER_TAG in c["metadata"].get("tags", []) and c["cell_type"] == "code" \
-                    and not EXERCISES[q].find_the_bug:   # a find-the-bug cell hands out the buggy body
-                assert nbs.source(c).rstrip().endswith("..."), nbs.source(c)
+            question = (c["metadata"].get(nbs.METADATA_KEY) or {}).get("question")
+            if nbs.ANSWER_TAG in c["metadata"].get("tags", []) and c["cell_type"] == "code":
+                # blank, or (find the bug) the earlier report's body: live code, no "..."
+                blank = nbs.source(c).rstrip().endswith("...")
+                assert blank != EXERCISES[question].find_the_bug, nbs.source(c)
         tests = nb["metadata"]["otter"]["tests"]
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == 31 and len(auto) == 18
+    assert sum(q["points"] for q in auto) == AUTO_POINTS == 35 and len(auto) == len(EXERCISES) == 20
 
 
 # ------------------------------------------------------------------ the student copy makes students think
@@ -257,7 +270,8 @@ def _blank_namespace(nb: dict, name: str) -> dict:
 @pytest.mark.timeout(600)
 def test_every_case_of_every_bundle_runs_as_a_doctest(dist):
     """Otter runs test cells as doctests: with the master's solution every case passes (no stray
-    output), with the blank student function each says "not done yet"; the student notebook's
+    output), with the blank student function each says "not done yet" (a find-the-bug exercise's starting
+    function: its bug); the student notebook's
     checks are the bundle's public ones."""
     from otter.test_files import OKTestFile
 
@@ -281,10 +295,8 @@ def test_every_case_of_every_bundle_runs_as_a_doctest(dist):
                 failed = [r.message for r in test.test_case_results if not r.passed]
                 assert not failed, f"{book} {q.name}: {failed[0][-1500:]}"
                 test.run(_blank_namespace(nb, q.name))
-                for r in test.test_case_results:   # a find-the-bug cell hands out the bug: it is named
-                    said = ([m.name for m in EXERCISES[q.name].mistakes] if EXERCISES[q.name].find_the_bug
-                            else ["not done yet"])
-                    assert not r.passed and any(w in r.message for w in said), r.message[-800:]
+                for r in test.test_case_results:
+                    assert not r.passed and blank_says(q.name, r.message), r.message[-800:]
 
 
 # --------------------------------------------------------------------------- make grade, as documented
@@ -369,7 +381,7 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
 
     grades, out = runs["solved"]
     alice = _by_student(grades)["alice"]
-    assert float(alice["total"]) == 31.0, alice
+    assert float(alice["total"]) == AUTO_POINTS, alice
     details = _details(grades, "alice")
     for q in AUTOGRADED:
         row = details[q]
@@ -381,11 +393,12 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     header = list(read_csv(grades / "gradebook.csv")[0])      # issue 35: the assignment's questions
     assert header[2:6] == ["Q1 step timer (01-a)", "Q1 train transform (01-b)", "Q1 report (01, by hand)",
                            "Q2 speedup (02-a)"], header
-    assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-b)" in header
+    assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-c)" in header
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}
     feedback = (grades / "feedback" / "alice.md").read_text()
-    assert "My answer to q04_report" in feedback and "31 / 53" in feedback   # 11 hand-graded x 2 points
+    assert "My answer to q04_report" in feedback
+    assert f"{AUTO_POINTS:g} / {AUTO_POINTS + 22:g}" in feedback   # 11 hand-graded x 2 points
     # issue 35: Q6, hand-graded in notebook 05, reaches the gradebook, the feedback and the template
     assert "Q4.1 accuracy (05, by hand)" in header and "Q7 gradients only (05, by hand)" in header
     assert alice["Q6 messages (05, by hand)"] == "" and "no handin.json" in alice["flags"]
@@ -401,15 +414,15 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     r = make("fold", f"HAND={rel(hand)}", f"GRADES={rel(grades)}", timeout=120)
     assert r.returncode == 0 and "folded 1 point(s)" in r.stdout, r.stdout + r.stderr
     alice = _by_student(grades)["alice"]
-    assert float(alice["Q6 messages (05, by hand)"]) == 2 and float(alice["total"]) == 33
+    assert float(alice["Q6 messages (05, by hand)"]) == 2 and float(alice["total"]) == AUTO_POINTS + 2
     assert "Comment: names the buffer broadcast" in (grades / "feedback" / "alice.md").read_text()
 
     grades, out = runs["blank"]
     bob = _by_student(grades)["bob"]
     assert float(bob["total"]) == 0.0
     details = _details(grades, "bob")
-    for q in AUTOGRADED:   # a find-the-bug cell as handed out is "not done yet" too
-        assert float(details[q]["points"]) == 0 and "not done yet" in details[q]["message"], details[q]
+    for q in AUTOGRADED:
+        assert float(details[q]["points"]) == 0 and blank_says(q, details[q]["message"]), details[q]
     reports = [r for q, r in details.items() if q in BY_HAND]
     assert len(reports) == 11 and all(r["message"] == "no answer" and r["points"] == "" for r in reports)
     assert "> no answer" in (grades / "feedback" / "bob.md").read_text()
@@ -727,7 +740,7 @@ def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
 @pytest.mark.timeout(600)
 def test_bench_grading_gives_its_load_and_cpu_time(dist):
     """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
-    CPU time, from which the class's time on idle cores is estimated; every copy scores 31/31."""
+    CPU time, from which the class's time on idle cores is estimated; every copy scores full marks."""
     r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
                         rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)
     print(r.stdout, r.stderr)
@@ -737,7 +750,7 @@ def test_bench_grading_gives_its_load_and_cpu_time(dist):
     for line in lines:
         m = re.search(r"load average [\d.]+ -> [\d.]+ on \d+ cores\); CPU ([\d.]+) s per notebook; "
                       r"60 students x 8 notebooks: [\d.]+ min at this load, about ([\d.]+) min on \d idle "
-                      r"cores; all 31/31", line)
+                      rf"cores; all {AUTO_POINTS:g}/{AUTO_POINTS:g}", line)
         assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0, line
 
 

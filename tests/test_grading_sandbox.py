@@ -230,8 +230,8 @@ def test_a_class_through_make_grade(dist, tmp_path):
     assert float(ring["points"]) == 0 and "yours 0" in ring["message"], ring
     assert "the notebook reaches sys through torch.sys (code cell" in ring["flag"], ring
     assert float(grad["points"]) == 0 and "the exercise code reaches sys through torch.sys" in grad["flag"]
-    assert "Mallet, Max 04_allreduce_bandwidth q04_gradient_bytes, q04_ring_bytes, q04_utilization: the " \
-           "notebook reaches sys through torch.sys" in r.stdout
+    assert "Mallet, Max 04_allreduce_bandwidth q04_gradient_bytes, q04_ring_bytes, q04_utilization, " \
+           "q04_predicted_bandwidth: the notebook reaches sys through torch.sys" in r.stdout
 
     # a PDF in the Canvas bulk zip is filed under its student (and is no notebook to grade)
     assert "handed in, not notebooks (not graded): submissions.zip!doejane_1001_5004_report.pdf" in \
@@ -285,7 +285,7 @@ def test_a_class_through_make_grade(dist, tmp_path):
     assert "was not run: the submission's code ended the grading process (exit status" in killed, killed
 
     # each mistake loses exactly its points; correct work and 00/08 as expected
-    assert float(book["Smith, Bob"]["total"]) == 2 and "the log2 tree formula" in \
+    assert float(book["Smith, Bob"]["total"]) == 4 and "the log2 tree formula" in \
         rows[("Smith, Bob", "q04_ring_bytes")]["message"]
     assert [float(book[s]["total"]) for s in cls.correct] == [4.0]
     assert float(book["Ann Lee"]["total"]) == 2

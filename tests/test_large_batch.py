@@ -427,3 +427,24 @@ def test_q41_table_shows_train_and_test_accuracy_and_flags_layouts(store):
     assert "'Accuracy' 63.4%" in lbt.ANCHORS
     assert "does not say whether these are training or test" in lbt.ANCHORS
     assert "TRAINING" not in lbt.ANCHORS and "train accuracy" not in lbt.ANCHORS
+
+
+def test_recipe_cases_are_the_linear_runs_and_what_they_used(store):
+    """Exercise 05-b's table: one case per run with the linear rule (the three remedies), its layout as
+    asked (quick: 2 gloo ranks x 2 accumulation steps = 4 devices of 32), and its record's peak lr and
+    warm-up steps; ``output`` picks one of a prediction's outputs, None staying None."""
+    from lab_utils.core.schedules import linear_scaling_recipe
+
+    recs, s, plan, runs = _fake_result(store)
+    for r in recs:
+        r.metrics["warmup_steps"] = 6 if r.config["warmup_epochs"] else 0
+    cases, used, labels = lbt.recipe_cases(recs)
+    assert labels == [r.label for r in runs[2:]]
+    assert cases[0] == {"base_lr": 0.00625, "base_batch": 8, "per_device_batch": 32, "devices": 4,
+                        "dataset_size": 1536, "warmup_epochs": 0.0}
+    assert [c["warmup_epochs"] for c in cases] == [0.0, 0.5, 0.5] and used == [(0.1, 0), (0.1, 6), (0.1, 6)]
+    assert [linear_scaling_recipe(**c) for c in cases] == [(pytest.approx(0.1), w) for w in (0, 6, 6)]
+    steps = lbt.output(linear_scaling_recipe, 1)
+    assert [steps(**c) for c in cases] == [0, 6, 6]
+    assert lbt.output(None, 0) is None and lbt.output(lambda **kw: None, 0)(**cases[0]) is None
+

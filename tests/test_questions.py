@@ -278,7 +278,9 @@ def test_every_graded_question_has_its_assignment_question_and_gradebook_column(
             assert questions.gradebook_column(name) == f"{s.label} {short} ({number}, by hand)", name
     assert sorted(seen) == sorted(EXERCISES) == sorted(q for s in questions.SECTIONS for q in s.exercises)
     assert questions.gradebook_column("q04_ring_bytes") == "Q3.2 ring bytes (04-b)"
-    assert questions.gradebook_column("q05_set_epoch") == "Q5 set epoch (05-b)"
+    assert questions.gradebook_column("q05_set_epoch") == "Q5 set epoch (05-c)"
+    assert questions.gradebook_column("q05_recipe") == "Q4.2 recipe (05-b)"
+    assert questions.gradebook_column("q04_predicted_bandwidth") == "Q3.2 predicted bandwidth (04-d)"
     assert questions.gradebook_column("q05_report") == "Q4.2 report (05, by hand)"
     # issue 35: Q4.1, Q6 and Q7 have hand-graded slots of their own, each asked once (not in the report)
     assert questions.gradebook_column("q05_accuracy") == "Q4.1 accuracy (05, by hand)"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lab_utils.core.errors import LabError
-from lab_utils.core.schedules import LRSchedule, make_schedule, scaled_lr
+from lab_utils.core.schedules import LRSchedule, linear_scaling_recipe, make_schedule, scaled_lr
 
 
 def test_linear_scaling_rule_by_hand():
@@ -89,3 +89,31 @@ def test_make_schedule_refuses_bad_rule_and_warmup():
         make_schedule(0.1, "sqrt", 256, 32, 8, 5)
     with pytest.raises(LabError, match="warmup_epochs"):
         make_schedule(0.1, "linear", 256, 32, 8, 5, warmup_epochs=6)
+
+
+def test_linear_scaling_recipe_by_hand():
+    """Exercise 05-b's reference. The assignment: 4 x 512 = 2,048 from 0.1 at 128 -> 1.6;
+    ceil(ceil(50,000 / 4) / 512) = ceil(12,500 / 512) = 25 steps per epoch, 2 warm-up epochs -> 50 steps.
+    Goyal et al.: 256 x 32 = 8,192 from 0.1 at 256 -> 3.2; ceil(ceil(1,281,167 / 256) / 32) = ceil(5,005 / 32)
+    = 157, 5 epochs -> 785. Quick: 4 x 32 = 128 from 0.00625 at 8 -> 0.1; 12 steps, half an epoch -> 6.
+    1.3 x 39 = 50.7 -> 51."""
+    assert linear_scaling_recipe(0.1, 128, 512, 4, 50_000, 2.0) == (pytest.approx(1.6), 50)
+    assert linear_scaling_recipe(0.1, 256, 32, 256, 1_281_167, 5.0) == (pytest.approx(3.2), 785)
+    assert linear_scaling_recipe(0.00625, 8, 32, 4, 1_536, 0.5) == (pytest.approx(0.1), 6)
+    assert linear_scaling_recipe(0.05, 64, 32, 8, 9_800, 1.3) == (pytest.approx(0.2), 51)
+    assert linear_scaling_recipe(0.1, 128, 512, 4, 50_000, 0.0)[1] == 0
+
+
+@pytest.mark.parametrize("ranks,accumulation", [(4, 1), (2, 2), (1, 4)])
+@pytest.mark.parametrize("images,per_device,warmup",
+                         [(50_000, 512, 2.0), (1_536, 32, 0.5), (9_999, 96, 1.25)])
+def test_the_recipe_is_what_the_worker_schedules(ranks, accumulation, images, per_device, warmup):
+    """The DDP worker's schedule (its loader's batches per rank, ceil(ceil(N/n)/b), over the accumulation
+    steps) for 4 devices, real or emulated, has the recipe's peak and warm-up: the prediction table compares
+    like with like."""
+    batches = math.ceil(math.ceil(images / ranks) / per_device)
+    steps_per_epoch = math.ceil(batches / accumulation)
+    worker = make_schedule(0.1, "linear", per_device * 4, 128, steps_per_epoch, 5, warmup)
+    peak, warm = linear_scaling_recipe(0.1, 128, per_device, 4, images, warmup)
+    assert (worker.peak_lr, worker.warmup_steps) == (pytest.approx(peak), warm)
+

@@ -9,9 +9,11 @@ Jobs run on CPU in the ``quick`` profile with synthetic data (``tests/conftest.p
 ``LAB_DATA_DIR`` at an empty folder); each test gets its own results folder and submits
 from its own job folder, where the ``slurm-<name>-<jobid>.out/.err`` files land.
 
-The cluster tracks jobs with ``proctrack/cgroup`` where this machine allows it (as most
-clusters do: a stop signals every process of the job at once), else with ``proctrack/linuxproc``;
-``test_cluster_tracks_jobs_with_cgroups`` is skipped with the reason in the second case.
+The cluster tracks jobs with ``proctrack/cgroup`` and ``task/cgroup`` where this machine allows it
+(as most clusters do: a stop signals every process of the job at once), else with
+``proctrack/linuxproc``; ``test_cluster_tracks_jobs_with_cgroups`` is skipped with the reason in the
+second case. Its two-node partition is two ``slurmd`` in network namespaces of their own, at two
+addresses; where they cannot be made, the two-node tests are skipped with the reason.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from slurm_cluster import SlurmCluster, SlurmUnavailable, apt_install, start_clu
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted((REPO / "slurm").glob("*.sbatch"))
-SHELL_FILES = [*SCRIPTS, REPO / "slurm" / "job.sh"]  # job.sh: sourced by the scripts
+SHELL_FILES = [*SCRIPTS, REPO / "slurm" / "job.sh", REPO / "slurm" / "agent.sh"]  # sourced, run by srun
 JOB_TIMEOUT_S = 240
 
 # Tests that submit jobs are marked slurm and slow; the static checks are neither.
@@ -52,9 +54,17 @@ def cluster(tmp_path_factory) -> SlurmCluster:
         c = start_cluster(tmp_path_factory.mktemp("slurm") / "cluster")
     except SlurmUnavailable as e:
         pytest.skip(f"SLURM cannot be started here: {e}")
-    print(f"SLURM test cluster: proctrack/{c.proctrack} ({c.proctrack_why})")
+    two = (f"two nodes at {', '.join(f'{n} {a}' for n, a in c.network.addrs.items())}"
+           if c.network and not c.multi_why else f"no two nodes: {c.multi_why}")
+    print(f"SLURM test cluster: proctrack/{c.proctrack} ({c.proctrack_why}); {two}")
     yield c
     c.stop()
+
+
+def needs_two_nodes(cluster: SlurmCluster) -> None:
+    """Skip, saying why, where the cluster has no two nodes of their own (network namespaces)."""
+    if cluster.network is None or cluster.multi_why:
+        pytest.skip(f"the test cluster has no two nodes at two addresses here: {cluster.multi_why}")
 
 
 @pytest.fixture
@@ -162,8 +172,10 @@ def test_every_script_keeps_its_output_and_passes_sigterm_on():
         else:
             for needed in ("source slurm/job.sh", "job_start ", "run_forwarding "):
                 assert needed in text, (script.name, needed)
-    # the runner needs seconds to save the copy and the report: the time limit warns it first
-    assert re.search(r"^#SBATCH --signal=B:TERM@\d+$", (REPO / "slurm" / "run_all.sbatch").read_text(), re.M)
+    # the runner needs seconds to save the copy and the report, multinode.sbatch to store what its
+    # launch finished: the time limit warns them first
+    for name in ("run_all.sbatch", "multinode.sbatch"):
+        assert re.search(r"^#SBATCH --signal=B:TERM@\d+$", (REPO / "slurm" / name).read_text(), re.M), name
 
 
 @pytest.fixture
@@ -303,7 +315,7 @@ def test_unavailable_slurm_gives_a_reason(monkeypatch, tmp_path):
 
 
 def test_conf_describes_this_machine(tmp_path):
-    from slurm_cluster import write_conf
+    from slurm_cluster import NodeNetwork, write_conf
 
     conf = write_conf(tmp_path, "host1", 2, 24105).read_text()
     assert "NodeName=host1 NodeAddr=127.0.0.1" in conf and "CPUs=2 RealMemory=21694" in conf
@@ -311,7 +323,15 @@ def test_conf_describes_this_machine(tmp_path):
     assert "Gres" not in conf and "PartitionName=lab Nodes=host1 Default=YES" in conf
     assert f"AuthInfo=socket={tmp_path}/munge.socket" in conf
     assert "ProctrackType=proctrack/linuxproc" in conf and "KillWait=30" in conf
-    assert "ProctrackType=proctrack/cgroup" in write_conf(tmp_path, "host1", 2, 24105, "cgroup").read_text()
+    assert "SlurmctldHost=host1(127.0.0.1)" in conf and "multi" not in conf  # no two nodes: no partition
+    net = NodeNetwork(tag="lt1", subnet="10.231.7", hostname="host1", hosts=tmp_path / "hosts")
+    conf = write_conf(tmp_path, "host1", 2, 24105, "cgroup", net).read_text()
+    assert "ProctrackType=proctrack/cgroup" in conf and "TaskPlugin=task/cgroup,task/affinity" in conf
+    assert "SlurmctldHost=host1(10.231.7.1)" in conf  # where the nodes' namespaces reach slurmctld
+    assert re.search(r"^NodeName=labn1 NodeAddr=10\.231\.7\.2 Port=\d+ CPUs=2 ", conf, re.M)
+    assert re.search(r"^NodeName=labn2 NodeAddr=10\.231\.7\.3 Port=\d+ CPUs=2 ", conf, re.M)
+    assert "PartitionName=multi Nodes=labn1,labn2" in conf
+    assert net.command("labn1", ["slurmd"])[:2] == ["nsenter", "--net=/run/netns/lt1-labn1"]
 
 
 V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
@@ -348,7 +368,7 @@ def test_cgroup_plugin_is_chosen_from_the_mounts(monkeypatch, tmp_path):
                                               "Permission denied")
     monkeypatch.undo()
     text = write_cgroup_conf(tmp_path, "cgroup/v2").read_text()
-    assert "CgroupPlugin=cgroup/v2" in text and "IgnoreSystemd=yes" in text and "ConstrainCores=no" in text
+    assert "CgroupPlugin=cgroup/v2" in text and "IgnoreSystemd=yes" in text and "ConstrainCores=yes" in text
 
 
 def test_cluster_falls_back_to_linuxproc_and_says_why(monkeypatch, tmp_path):
@@ -365,10 +385,10 @@ def test_cluster_falls_back_to_linuxproc_and_says_why(monkeypatch, tmp_path):
         def check_cgroup_tracking(self):
             raise SlurmUnavailable("the probe job 1 is not in a cgroup of its own: '0::/'")
 
-        def stop(self):
+        def stop(self, keep_network=False):
             self.stopped = True
 
-    def fake_start(root, cgroup):
+    def fake_start(root, cgroup, network):
         started.append(cgroup)
         return Fake(cgroup)
 
@@ -376,12 +396,66 @@ def test_cluster_falls_back_to_linuxproc_and_says_why(monkeypatch, tmp_path):
     monkeypatch.setattr(slurm_cluster, "apt_install", lambda *a: None)
     monkeypatch.setattr(slurm_cluster, "cgroup_plugin", lambda: ("cgroup/v1", "cgroup v1"))
     monkeypatch.setattr(slurm_cluster, "_start", fake_start)
-    c = slurm_cluster.start_cluster(tmp_path)
+    c = slurm_cluster.start_cluster(tmp_path, two_nodes=False)
     assert started == ["cgroup/v1", None] and c.cgroup is None
     assert c.proctrack_why == ("proctrack/cgroup with cgroup/v1 did not track a job here: "
                                "the probe job 1 is not in a cgroup of its own: '0::/'")
     with pytest.raises(SlurmUnavailable, match="proctrack/cgroup impossible"):
-        slurm_cluster.start_cluster(tmp_path, proctrack="cgroup")
+        slurm_cluster.start_cluster(tmp_path, proctrack="cgroup", two_nodes=False)
+
+
+def test_cluster_without_two_nodes_of_their_own_starts_without_them_and_says_why(monkeypatch, tmp_path):
+    """No network namespaces here: the cluster starts without partition multi, and multi_why (what the
+    two-node tests skip with) says why. Namespaces made, but their nodes never came up: removed, and the
+    cluster started again without them. They came up, but the two-node probe job failed: that reason."""
+    import slurm_cluster
+
+    class Net:
+        removed = False
+
+        def remove(self):
+            self.removed = True
+
+    class Fake:
+        multi_why = ""
+
+        def __init__(self, network, probe_fails=False):
+            self.network, self.probe_fails = network, probe_fails
+
+        def check_two_nodes(self):
+            if self.probe_fails:
+                raise SlurmUnavailable("the two-node probe job 3 ended ('FAILED', 1)")
+
+    def no_net(root, hostname):
+        raise SlurmUnavailable("`ip netns add lt1-labn1` failed: Operation not permitted")
+
+    monkeypatch.setattr(slurm_cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(slurm_cluster, "apt_install", lambda *a: None)
+    monkeypatch.setattr(slurm_cluster, "make_node_network", no_net)
+    monkeypatch.setattr(slurm_cluster, "_start_tracked", lambda root, proctrack, network: Fake(network))
+    c = slurm_cluster.start_cluster(tmp_path)
+    assert c.network is None and c.multi_why == ("no network namespaces for two nodes here: `ip netns add "
+                                                 "lt1-labn1` failed: Operation not permitted")
+    net = Net()
+    tried: list = []
+
+    def nodes_never_idle(root, proctrack, network):
+        tried.append(network)
+        if network is not None:
+            raise SlurmUnavailable("nodes not idle after 60 s: {'labn1': 'down*'}")
+        return Fake(None)
+
+    monkeypatch.setattr(slurm_cluster, "make_node_network", lambda root, hostname: net)
+    monkeypatch.setattr(slurm_cluster, "_start_tracked", nodes_never_idle)
+    c = slurm_cluster.start_cluster(tmp_path)
+    assert tried == [net, None] and net.removed and c.network is None
+    assert c.multi_why == ("the two nodes in namespaces of their own did not start: nodes not idle after "
+                           "60 s: {'labn1': 'down*'}")
+    monkeypatch.setattr(slurm_cluster, "_start_tracked", lambda root, proctrack, network: Fake(network, True))
+    c = slurm_cluster.start_cluster(tmp_path)
+    assert c.network is net and c.multi_why == "the two-node probe job 3 ended ('FAILED', 1)"
+    with pytest.raises(pytest.skip.Exception, match="no two nodes at two addresses here: the two-node probe"):
+        needs_two_nodes(c)
 
 
 # ----------------------------------------------------------------- jobs on the cluster
@@ -390,15 +464,22 @@ def test_cluster_falls_back_to_linuxproc_and_says_why(monkeypatch, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_cluster_runs_a_job(cluster, tmp_path):
-    """The fixture's cluster itself: a one-line job on each partition."""
+    """The fixture's cluster itself: a one-line job on each partition; on the two nodes each task
+    sees its node's own hostname and network (its own address, no other)."""
     script = tmp_path / "hello.sh"
-    script.write_text("#!/bin/bash\nsrun hostname\n")
-    for extra in ([], ["--partition=multi", "--nodes=2", "--ntasks-per-node=1"]):
+    script.write_text("#!/bin/bash\nsrun bash -c 'echo $(hostname) $(hostname -I)'\n")
+    has_two = cluster.network is not None and not cluster.multi_why
+    two = [["--partition=multi", "--nodes=2", "--ntasks-per-node=1"]] if has_two else []
+    for extra in ([], *two):
         res = cluster.run("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *extra, str(script))
         job_id = res.stdout.strip()
         assert cluster.wait_job(job_id, 60) == ("COMPLETED", 0)
-        lines = (tmp_path / f"{job_id}.out").read_text().split()
-        assert len(lines) == (2 if extra else 1) and cluster.job_state(job_id) == "COMPLETED"
+        lines = sorted((tmp_path / f"{job_id}.out").read_text().splitlines())
+        assert cluster.job_state(job_id) == "COMPLETED"
+        if extra:
+            assert lines == [f"{node} {addr}" for node, addr in cluster.network.addrs.items()], lines
+        else:
+            assert len(lines) == 1 and lines[0].startswith(cluster.hostname), lines
 
 
 @pytest.mark.slurm
@@ -429,9 +510,11 @@ def test_cluster_tracks_jobs_with_cgroups(cluster, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
+    """The README's CPU-partition line for jupyter.sbatch, as written, from the lab's folder (its output
+    files sent to the test's folder by sbatch's SBATCH_OUTPUT and SBATCH_ERROR)."""
     job_dir, env = job_env
-    job_id, _ = submit(cluster, "jupyter.sbatch", "--gpus-per-node=0", "--cpus-per-task=1",
-                       env=env, cwd=job_dir, wait=False)
+    del env["LAB_DIR"]  # the lab is where it is submitted
+    job_id = submit_readme_line(r"^sbatch --gpus-per-node=0 .*slurm/jupyter\.sbatch", env, job_dir)
     out_file = job_dir / f"slurm-lab-jupyter-{job_id}.out"
     err_file = job_dir / f"slurm-lab-jupyter-{job_id}.err"
     try:
@@ -468,6 +551,7 @@ def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
                 time.sleep(0.5)
         assert status is not None and "started" in status, f"JupyterLab did not answer:\n{_outputs(job_dir)}"
         assert "JupyterLab" in err_file.read_text() or "Jupyter" in err_file.read_text()
+        assert cluster.job_info(job_id)["NumCPUs"] == "2"
     finally:
         cluster.run("scancel", job_id, check=False)
     deadline = time.monotonic() + 30
@@ -487,6 +571,19 @@ def readme_line(pattern: str) -> str:
     found = [line.split("  #")[0].strip() for line in section.splitlines() if re.search(pattern, line)]
     assert len(found) == 1, f"README: {len(found)} lines match {pattern!r}"
     return found[0]
+
+
+def submit_readme_line(pattern: str, env: dict[str, str], job_dir: Path) -> str:
+    """Run the README's line matching ``pattern``, as written, from the lab's folder; its output files go
+    to ``job_dir`` (sbatch's SBATCH_OUTPUT and SBATCH_ERROR, which the command line would override).
+    Returns the job id."""
+    line = readme_line(pattern)
+    env = dict(env, SBATCH_OUTPUT=str(job_dir / "slurm-%x-%j.out"),
+               SBATCH_ERROR=str(job_dir / "slurm-%x-%j.err"))
+    res = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    m = re.fullmatch(r"Submitted batch job (\d+)", res.stdout.strip())
+    assert res.returncode == 0 and m, (line, res.stdout, res.stderr)
+    return m.group(1)
 
 
 @pytest.mark.slurm
@@ -562,12 +659,13 @@ def aggregates(results: Path) -> list[dict]:
 def two_process_job(cluster, tmp_path_factory):
     """The README's CPU line for experiment.sbatch, as written (2 CPUs, 2 gloo processes), submitted from
     the lab's folder: notebook 02's quick settings; SETTINGS (the script's setting) keeps it to batch 32.
-    Its output files are then moved to the fixture's job folder."""
+    Its output files are then moved to the fixture's job folder. Its $TMPDIR is a folder of its own."""
     tmp = tmp_path_factory.mktemp("exp2")
     job_dir = tmp / "jobs"
     job_dir.mkdir()
+    (tmp / "tmpdir").mkdir()
     env = cluster.env
-    env.update(LAB_RESULTS_DIR=str(tmp / "results"), SETTINGS="batch_sizes=32")
+    env.update(LAB_RESULTS_DIR=str(tmp / "results"), SETTINGS="batch_sizes=32", TMPDIR=str(tmp / "tmpdir"))
     env.pop("LAB_DIR", None)
     line = readme_line(r"^LAB_PROFILE=quick sbatch .*slurm/experiment\.sbatch")
     res = subprocess.run(["bash", "-c", line], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
@@ -583,14 +681,15 @@ def two_process_job(cluster, tmp_path_factory):
     env.update(LAB_DIR=str(REPO), LAB_PROFILE="quick")
     del env["SETTINGS"]
     return {"job_id": job_id, "code": ended and ended[1], "job_dir": job_dir, "env": env,
-            "results": tmp / "results"}
+            "results": tmp / "results", "tmpdir_left": sorted(p.name for p in (tmp / "tmpdir").iterdir())}
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_experiment_job_from_the_readme_line(cluster, two_process_job):
     """The job is `python -m lab_utils measure scaling --set devices=2 --set batch_sizes=32`: one line per
-    run, the records in the store, the exit code in job.txt."""
+    run, the records in the store, the exit code in job.txt, nothing left in $TMPDIR (torch's compile
+    cache, which every rank makes, went to the job's folder and was removed)."""
     job = two_process_job
     out, err = job_files(job["job_dir"], "lab-ddp", job["job_id"])
     assert job["code"] == 0 and cluster.job_state(job["job_id"]) == "COMPLETED", out + err
@@ -608,6 +707,7 @@ def test_experiment_job_from_the_readme_line(cluster, two_process_job):
     assert json.loads((per_job / "machine.json").read_text())["profile"] == "quick"  # `lab_utils info`
     assert "exit code 0" in (per_job / "job.txt").read_text()
     assert "measuring DDP 2 x 32" in (per_job / "measure.log").read_text()
+    assert job["tmpdir_left"] == [] and not (per_job / "torchinductor").exists()
 
 
 @pytest.mark.slurm
@@ -718,31 +818,6 @@ def test_experiment_job_rejects_bad_input_before_work(cluster, job_env):
     assert "measuring" not in out
     job_txt = (Path(env["LAB_RESULTS_DIR"]) / "jobs" / job_id / "job.txt").read_text()
     assert re.search(r"^finished \S+ with exit code 2$", job_txt, re.M), job_txt
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_multinode_job_matches_two_processes_on_one_node(cluster, two_process_job, tmp_path):
-    """Two SLURM nodes x 1 process (c10d rendezvous on the first node) = 1 node x 2 processes."""
-    job_dir = tmp_path / "jobs"
-    job_dir.mkdir()
-    env = dict(two_process_job["env"], LAB_RESULTS_DIR=str(tmp_path / "results"))
-    job_id, code = submit(cluster, "multinode.sbatch", "--partition=multi", "--nodes=2", "--gpus-per-node=0",
-                          "--cpus-per-task=1", "--", "scaling", "--set", "batch_sizes=32", env=env,
-                          cwd=job_dir)
-    out, err = job_files(job_dir, "lab-multinode", job_id)
-    assert code == 0 and cluster.job_state(job_id) == "COMPLETED", out + err
-    assert "2 nodes (labn[1-2]) x 1 gloo processes = 2" in out
-    assert re.search(r"rendezvous: c10d at 127\.0\.0\.1:\d+ \(first node labn1\)", out)
-    assert re.search(r"^  DDP 2 x 32 +ok +train_seconds \d", out, re.M), out
-    [multi] = aggregates(tmp_path / "results")
-    single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 32)
-    assert multi["config"]["tag"] == "nodes=2"
-    assert multi["hardware"]["cpu_cores"] == 1  # each node's step: the 1 CPU per task the job asked for
-    assert {**multi["config"], "tag": ""} == single["config"]
-    for a, b in zip(multi["metrics"]["epochs"], single["metrics"]["epochs"], strict=True):
-        for k in ("train_loss", "train_accuracy", "images", "steps"):
-            assert a[k] == pytest.approx(b[k], rel=1e-6), k
 
 
 # ----------------------------------------------------------------- stopped jobs: a time limit, a requeue
@@ -904,7 +979,8 @@ def stops(cluster, tmp_path_factory) -> dict:
     print(f"proctrack/{cluster.proctrack} ({cluster.proctrack_why})")
     for key in ("limit", "warning", "requeue"):
         f = found[key]
-        print(f"{f['how']}: {f['seconds_signal_to_exit']} s from SIGTERM to exit; line: {f['lines']}; "
+        print(f"{f['how']}: {f['state']}, {f['seconds_signal_to_exit']} s from SIGTERM to exit; "
+              f"line: {f['lines']}; "
               f"copy written: {f['copy_written']}; report written: {f['report_written']} "
               f"({f['report_row']}); records {f['records_before']} -> {f['records_after']}, "
               f"{f.get('records_at_signal', '-')} at the signal; measured {f['measured']}")
@@ -1034,3 +1110,176 @@ def test_the_warning_while_the_runner_loads_stops_run_all_with_its_line(cluster,
         "interrupted by SIGTERM in 00_environment.ipynb")), err
     assert re.search(r"^finished \S+ with exit code 143$", job_txt.read_text(), re.M), job_txt.read_text()
     assert (results / "quick" / "report.md").is_file()
+
+
+# ----------------------------------------------------------------- multi-node DDP: two nodes, two addresses
+
+# One multinode.sbatch launch of notebook 02's batch 32, measured MULTI_REPEATS times (each repeat a
+# configuration of its own, ~2-4 s): the first is stored, then SLURM stops the launch during a later one.
+MULTI_REPEATS = 20
+MULTI_SETTINGS = f"batch_sizes=32 repeats={MULTI_REPEATS}"
+ROW = re.compile(r"^  (DDP 2 x 32(?: \(repeat \d+\))?) +(ok|stopped|skipped|error|missing) +(.*)$", re.M)
+
+
+def stop_multinode(cluster: SlurmCluster, job_id: str, run: dict, stop) -> dict:
+    """Wait until the job has stored its first configuration's records (its launch is on a later one),
+    ``stop(job_id)``, wait for its end; what it left, read at once."""
+    launch = run["results"] / "jobs" / job_id / "launch" / "records.jsonl"
+    _until(lambda: launch.is_file() and launch.stat().st_size > 0, JOB_TIMEOUT_S,
+           lambda: f"{cluster.job_info(job_id)}\n{_outputs(run['cwd'])}")
+    how = stop(job_id)
+    ended = cluster.wait_job(job_id, 180)
+    if ended is None:
+        cluster.run("scancel", job_id, check=False)
+    out, err = job_files(run["cwd"], "lab-multinode", job_id)
+    folder = run["results"] / "jobs" / job_id
+    job_txt = (folder / "job.txt").read_text()
+    signal_at = _time_in(job_txt, r"^SIGTERM received (\S+): ")
+    exited_at = _time_in(job_txt, r"^finished (\S+) with exit code \d+$")
+    return {
+        "how": how, "job_id": job_id, "ended": ended, "out": out, "err": err, "job_txt": job_txt,
+        "seconds_signal_to_exit": round(exited_at - signal_at, 2),
+        "rows": ROW.findall(out), "rows_in_job_txt": ROW.findall(job_txt),
+        "records": stored(run["results"]), "processes_left": marks.leftover(run["mark"], wait_s=5),
+        "tmpdir_left": sorted(p.name for p in run["tmpdir"].iterdir()),
+        "torchrun_logs": sorted(p.name for p in (folder / "torchrun").glob("*.log")),
+    }
+
+
+def multinode_run(cluster: SlurmCluster, tmp: Path) -> dict:
+    """A results folder, a submit folder and an empty $TMPDIR for one job; every process of the job
+    carries a mark (none may be left)."""
+    run = {"cwd": tmp / "jobs", "results": tmp / "results", "tmpdir": tmp / "tmpdir",
+           "mark": uuid.uuid4().hex}
+    run["cwd"].mkdir()
+    run["tmpdir"].mkdir()
+    run["env"] = dict(cluster.env, LAB_RESULTS_DIR=str(run["results"]), TMPDIR=str(run["tmpdir"]),
+                      SETTINGS=MULTI_SETTINGS, **{marks.MARKS_ENV: run["mark"]})
+    return run
+
+
+@pytest.fixture(scope="module")
+def multinode_limit(cluster, two_process_job, tmp_path_factory) -> dict:
+    """The README's CPU line for multinode.sbatch, as written (2 nodes, --cpus-per-task=2, the quick
+    profile), submitted from the lab's folder to partition multi (SBATCH_PARTITION); SETTINGS: the
+    one-node job's batch 32, MULTI_REPEATS times. Once its first configuration is stored, its time
+    limit is cut to what leaves 30-90 s, so that SLURM's next time-limit check (every 30 s) sends the
+    script's warning (--signal=B:TERM@60) during the launch: a real time limit, at a moment of the
+    launch instead of a random one (of the set-up, as often as not)."""
+    needs_two_nodes(cluster)
+    run = multinode_run(cluster, tmp_path_factory.mktemp("multi_limit"))
+    pattern = r"^LAB_PROFILE=quick sbatch .*slurm/multinode\.sbatch"
+    job_id = submit_readme_line(pattern, dict(run["env"], SBATCH_PARTITION="multi"), run["cwd"])
+
+    def cut_the_limit(job_id: str) -> str:
+        h, mnt, sec = (int(x) for x in cluster.job_info(job_id)["RunTime"].split(":")[-3:])
+        minutes = (h * 3600 + mnt * 60 + sec + 90) // 60
+        cluster.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}")
+        return f"time limit cut to {minutes} min at {h:02d}:{mnt:02d}:{sec:02d}"
+
+    found = stop_multinode(cluster, job_id, run, cut_the_limit)
+    found["line"] = readme_line(pattern)
+    found["state"] = cluster.job_state(job_id)
+    print(f"multinode, {found['how']}: {found['ended']}, {found['seconds_signal_to_exit']} s from SIGTERM to "
+          f"exit; rows: {[status for _, status, _ in found['rows']]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def multinode_cancelled(cluster, tmp_path_factory) -> dict:
+    """multinode.sbatch on the two nodes (1 CPU each), SETTINGS as above, cancelled (scancel: SIGTERM to
+    every process of the job at once) once its first configuration is stored."""
+    needs_two_nodes(cluster)
+    run = multinode_run(cluster, tmp_path_factory.mktemp("multi_scancel"))
+    env = dict(run["env"], LAB_DIR=str(REPO), LAB_PROFILE="quick")
+    job_id, _ = submit(cluster, "multinode.sbatch", "--partition=multi", "--nodes=2", "--gpus-per-node=0",
+                       "--cpus-per-task=1", env=env, cwd=run["cwd"], wait=False)
+
+    def cancel(job_id: str) -> str:
+        cluster.run("scancel", job_id)
+        return "scancel"
+
+    found = stop_multinode(cluster, job_id, run, cancel)
+    found["state"] = cluster.job_state(job_id)
+    print(f"multinode, scancel: {found['ended']}, {found['seconds_signal_to_exit']} s from SIGTERM to exit; "
+          f"rows: {[status for _, status, _ in found['rows']]}")
+    return found
+
+
+def assert_multinode_stopped(stop: dict) -> None:
+    """Each node said in one line that SLURM stopped it, nothing else said so, no traceback; what global
+    rank 0 finished is stored, the configuration it was on reads "stopped" (in the output and job.txt),
+    the rest "not run"; exit code 143 within KillWait of the signal; nothing left running or in $TMPDIR."""
+    out, err = stop["out"], stop["err"]
+    for node in ("labn1", "labn2"):
+        said = [line for line in out.splitlines() if line.startswith(f"{node}: ")]
+        assert len(said) == 1 and re.fullmatch(
+            rf"{node}: stopped by SLURM \(SIGTERM, \d\d:\d\d:\d\d\): its torchrun agent and ranks stop; "
+            rf"their output: \S+/torchrun/{node}\.log", said[0]), (node, out)
+    assert stop["torchrun_logs"] == ["labn1.log", "labn2.log"]  # one agent on each node
+    for word in ("Traceback", "Logging error"):  # torchrun's stay in its logs
+        assert word not in out and word not in err, (word, out, err)
+    statuses = [status for _, status, _ in stop["rows"]]
+    finished = statuses.index("stopped")
+    assert finished >= 1 and statuses == (["ok"] * finished + ["stopped"]
+                                          + ["skipped"] * (MULTI_REPEATS - finished - 1)), stop["rows"]
+    assert stop["rows"][finished][2] == ("stopped by SIGTERM (SLURM) before it finished; not stored: submit "
+                                         "again to measure it")
+    assert stop["rows_in_job_txt"] == stop["rows"]  # the job's own report says so too
+    aggregates_stored = [r for r in stop["records"] if r["config"]["record"] == "aggregate"]
+    assert [r["status"] for r in aggregates_stored] == ["ok"] * finished  # what it finished, no more
+    assert len(stop["records"]) == 3 * finished  # and each one's two ranks
+    assert re.search(r"^finished \S+ with exit code 143$", stop["job_txt"], re.M), stop["job_txt"]
+    assert 0 < stop["seconds_signal_to_exit"] < 30, stop["seconds_signal_to_exit"]  # before SLURM's SIGKILL
+    assert "CANCELLED AT" in err  # SLURM's own line, for a time limit's warning as for scancel
+    assert stop["processes_left"] == [] and stop["tmpdir_left"] == []
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_multinode_readme_line_with_two_cpus_per_task_gives_the_one_node_records(multinode_limit,
+                                                                                  two_process_job):
+    """The README's line, --cpus-per-task=2: each rank runs the profile's one thread, as the one-node job's
+    ranks (the README's experiment.sbatch line, also --cpus-per-task=2) do, so the first configuration's
+    records are the one-node job's: the same configuration but the tag, the same losses, accuracies and
+    parameter-derived figures. Over two nodes at two addresses: the rendezvous on the first's."""
+    job = multinode_limit
+    assert "--cpus-per-task=2" in job["line"]
+    assert re.search(r"^job \d+: 2 nodes \(labn\[1-2\]\) x 1 gloo processes = 2 \(GPUs per node: 0, CPUs per "
+                     r"node: 2\)$", job["out"], re.M), job["out"]
+    assert re.search(r"^rendezvous: c10d at 10\.231\.\d+\.2:\d+ \(first node labn1\)$", job["out"], re.M)
+    assert "launch: 1 process(es) per node of lab_utils.workers.ddp, 1 torch thread(s) each" in job["out"]
+    multi = [r for r in job["records"] if r["config"]["record"] == "aggregate"][0]
+    single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 32)
+    assert multi["config"]["tag"] == "nodes=2" and {**multi["config"], "tag": ""} == single["config"]
+    assert multi["hardware"]["cpu_cores"] == 2  # each node's step: the 2 CPUs per task the job asked for
+    for k in ("threads_per_rank", "parameters", "gradient_bytes", "steps_per_epoch", "global_batch",
+              "world_size", "backend"):
+        assert multi["metrics"][k] == single["metrics"][k], k
+    assert multi["metrics"]["threads_per_rank"] == 1
+    for a, b in zip(multi["metrics"]["epochs"], single["metrics"]["epochs"], strict=True):
+        for k in ("train_loss", "train_accuracy", "images", "steps"):
+            assert a[k] == pytest.approx(b[k], rel=1e-6), k
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_time_limit_stops_a_multinode_job_cleanly_and_stores_what_it_finished(multinode_limit):
+    """SLURM's time-limit warning (the script's --signal=B:TERM@60) to the batch shell alone: it passes the
+    signal on to the srun step's processes (srun itself would SIGKILL them). The job ends FAILED 143,
+    with SLURM's "CANCELLED AT" line, as the README says; TIMEOUT if SLURM's check came only at the limit."""
+    stop = multinode_limit
+    assert_multinode_stopped(stop)
+    assert "passed on to the launch on every node (scancel --signal=TERM); waiting" in stop["out"]
+    assert stop["state"] in ("FAILED", "TIMEOUT") and stop["ended"][1] == 143, stop["ended"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_scancel_stops_a_multinode_job_cleanly_and_stores_what_it_finished(multinode_cancelled):
+    stop = multinode_cancelled
+    assert_multinode_stopped(stop)
+    assert stop["state"] == "CANCELLED"

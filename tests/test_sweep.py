@@ -336,17 +336,24 @@ def test_profiles_follow_the_spec():
     assert quick.memory_cap_bytes and quick.width < 64 and quick.batch_sizes[0] == 32
 
 
-def test_anchor_table_compares_only_the_spec_configuration():
-    def rec(bs, seconds=None, status="ok"):
-        metrics = {"train_seconds": seconds} if seconds is not None else {}
+def test_anchor_table_shows_both_cohort_sets_and_compares_only_the_spec_configuration():
+    """Issue 52, A2: the first cohort's Q1 answer (epoch 1 and 2: 59.82 / 43.42, 39.07 / 36.85, 41.69 /
+    40.25 s) beside its Table 1's 1-GPU row (41.30 / 33.64 / 33.95 s), 5.1 / 9.5 / 18.6 % apart; this run's
+    two epochs; the ratio as the range over the two sets: 41.3 / 20.65 = 2.00 to 43.42 / 20.65 = 2.10."""
+    def rec(bs, seconds=None, status="ok", warm=None):
+        metrics = {"train_seconds": seconds, "warmup_train_seconds": warm} if seconds is not None else {}
         return Record(experiment="batch_sweep", config={"batch_size": bs}, metrics=metrics, status=status)
 
-    full = [rec(32, 20.65), rec(128, 16.8), rec(512, None, "oom")]
+    full = [rec(32, 20.65, warm=29.0), rec(128, 16.8, warm=17.5), rec(512, None, "oom")]
     t = sweep_tables.anchor_table(full, profiles.settings(sweep.Settings, "full"))
     assert list(t["batch size"]) == [32, 128, 512]
-    assert t["cohort / this run"][0] == pytest.approx(41.3 / 20.65)  # the cohort's 1-GPU row, SPEC.md
-    assert t["cohort / this run"][1] == pytest.approx(33.64 / 16.8)
-    assert list(t["cohort, 1 GPU (s)"]) == [41.3, 33.64, 33.95]  # unrounded (SPEC.md: also 33.6, 34.0)
+    assert list(t["cohort Q1: epoch 1 (s)"]) == [59.82, 39.07, 41.69]
+    assert list(t["cohort Q1: epoch 2 (s)"]) == [43.42, 36.85, 40.25]
+    assert list(t["cohort Table 1 (s)"]) == [41.3, 33.64, 33.95]
+    assert list(t["Q1 over Table 1 (%)"]) == [5.1, 9.5, 18.6]
+    assert list(t["this run: epoch 1 (s)"]) == [29.0, 17.5, ""]
+    assert list(t["this run: epoch 2 (s)"]) == [20.65, 16.8, ""]
+    assert list(t["cohort / this run"])[:2] == ["2.00-2.10", "2.00-2.19"]   # 33.64/16.8, 36.85/16.8
     assert t["cohort / this run"][2].startswith("not measured (oom")
     quick = profiles.settings(sweep.Settings, "quick")
     assert set(sweep_tables.anchor_table(full, quick)["cohort / this run"]) == {

@@ -110,6 +110,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
+    ("memory_limit_bytes", "the memory a sweep run may hold: the GPU's total memory times the per-process "
+     "share set (memory_fraction, memory_cap_bytes), or the CPU memory cap; None on a CPU without a cap",
+     "bytes"),
     # ---------------------------------------------------------------- a row's time's spread (core.spread)
     ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
     ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "

@@ -162,6 +162,22 @@ def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: flo
     return k * 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
 
 
+def predicted_allreduce_gb_per_s(bucket_bytes: Sequence[float], world_size: int, alpha_seconds: float,
+                                 bandwidth_gb_per_s: float) -> float:
+    """Notebook 04's prediction of Table 3's (c) rate, in decimal GB/s: what one rank sends for one step's
+    buckets (``2(P-1)/P x b`` each) over their ring all-reduces one after another, each its own
+    ``2(P-1) alpha + 2(P-1)/P x b / B``. Below ``B`` by the latency paid once per bucket; one rank refused."""
+    p = _check_world_size(world_size)
+    if p < 2:
+        raise LabError("A bandwidth needs at least 2 ranks: one device communicates nothing.")
+    sizes = [_check_pos(b, "bucket size in bytes") for b in bucket_bytes]
+    if not sizes:
+        raise LabError("Give the sizes of the step's buckets in bytes (at least one).")
+    bw = _check_pos(bandwidth_gb_per_s, "bandwidth B (GB/s)") * GB
+    seconds = sum(ring_allreduce_seconds(b, p, alpha_seconds, bw) for b in sizes)
+    return sum(ring_bytes_per_rank(b, p) for b in sizes) / seconds / GB
+
+
 def tree_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                            bandwidth_bytes_per_s: float) -> float:
     """Binary-tree reduce then broadcast, whole message per hop: ``2 ceil(log2 P) (alpha + S/B)``."""

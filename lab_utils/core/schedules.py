@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from lab_utils.core.config import check_choice
 from lab_utils.core.errors import LabError
+from lab_utils.core.ring import iterations_per_epoch
 
 DECAYS = ("constant", "cosine", "step")
 
@@ -82,6 +83,22 @@ def make_schedule(base_lr: float, lr_rule: str, global_batch: int, base_batch: i
         raise LabError(f"warmup_epochs must be between 0 and epochs ({epochs}), got {warmup_epochs}.")
     peak = base_lr if lr_rule == "fixed" else scaled_lr(base_lr, global_batch, base_batch)
     total = steps_per_epoch * epochs
-    warmup = min(total, round(warmup_epochs * steps_per_epoch))
+    warmup = min(total, warmup_steps(warmup_epochs, steps_per_epoch))
     return LRSchedule(peak_lr=peak, total_steps=total, warmup_steps=warmup, warmup_start_lr=base_lr,
                       decay=decay)
+
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Optimizer steps of a warm-up of ``warmup_epochs`` epochs: ``round(warmup_epochs x steps_per_epoch)``
+    (Goyal et al. 2017 give the warm-up in epochs; the lr changes per step)."""
+    return round(warmup_epochs * steps_per_epoch)
+
+
+def linear_scaling_recipe(base_lr: float, base_batch: int, per_device_batch: int, devices: int,
+                          dataset_size: int, warmup_epochs: float) -> tuple[float, int]:
+    """Notebook 05's prediction: the peak lr and the warm-up length in optimizer steps of a run on
+    ``devices`` x ``per_device_batch`` from the recipe ``base_lr`` at ``base_batch``: the linear scaling
+    rule on the global batch, and ``warmup_epochs`` of that run's steps (``ceil(ceil(N/P)/b)`` per
+    epoch, as ``DistributedSampler`` and the loader make them)."""
+    steps = iterations_per_epoch(dataset_size, per_device_batch, devices)
+    return scaled_lr(base_lr, per_device_batch * devices, base_batch), warmup_steps(warmup_epochs, steps)

@@ -232,8 +232,8 @@ NEEDS: tuple[Need, ...] = (
     Need("data order (DistributedSampler + set_epoch)", "every epoch", None, "0", "epoch",
          "no message: every rank draws the same permutation from seed + epoch (Q5) and keeps its shard"),
     Need("optimizer state (SGD momentum)", "every step", None, "0", "step",
-         "no message: replicated, identical because every update is (ZeRO shards it and then broadcasts "
-         "parameters, Q6)"),
+         "no message: replicated, identical because every update is (torch's ZeroRedundancyOptimizer "
+         "shards it and then broadcasts parameters, Q6)"),
 )
 
 

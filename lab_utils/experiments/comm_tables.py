@@ -30,6 +30,7 @@ from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     GB,
+    MIB,
     AlphaBetaFit,
     _check_pos,
     _check_world_size,
@@ -49,9 +50,10 @@ from lab_utils.models import ResNet18, count_parameters
 from lab_utils.plan import aggregates, make_plan, measure
 from lab_utils.store import ResultStore
 
-__all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bench_main", "format_bench",
-           "projection_compute", "report_bench", "report_buckets", "report_bytes", "report_inputs",
-           "report_models", "report_projection", "report_utilization", "utilization_rows"]
+__all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bandwidth_prediction_cases",
+           "bench_main", "format_bench", "projection_compute", "report_bench", "report_buckets",
+           "report_bytes", "report_inputs", "report_models", "report_projection", "report_utilization",
+           "utilization_rows"]
 
 _Q32_NOTE = (
     "Which GB/s answers Q3.2: (a). The assignment defines communication time as Q3.1's T(N) - T(1)/N and "
@@ -556,8 +558,8 @@ _COMM_SOURCES = ("(a) derived T(N)-T(1)/N", "(b) exposed (sync - no_sync)", "(c)
 # Which Table 3 GB/s answers Q3.2, and why (one entry per source; the table's ``q3_2`` column).
 _Q32_ROLE = dict(zip(_COMM_SOURCES, (
     "Q3.2 answer (the assignment's comm time, Q3.1's T(N) - T(1)/N)",
-    "not a rate: only the exposed part of the all-reduce",
-    "check: the all-reduce's own measured time (the network's real rate)")))
+    "not Q3.2's answer: notebook 03's exposed communication (b)",
+    "check: notebook 03's all-reduce time in flight (c)")))
 
 
 def utilization_rows(measurements: Iterable[CommMeasurement], peak_busbw: Mapping[int, float] | float | None,
@@ -686,3 +688,38 @@ def report_utilization(store, settings: Settings, bench: BenchReport, link: Link
                             f"link: {link.description}",
                             store.here_note(scaling.SCALING, scaling.COMPUTE_VS_COMM)])
     return df
+
+
+def _trained_buckets(st: scaling.Settings) -> list[int]:
+    """DDP's buckets of the model notebooks 02/03 train in this profile: an explicit ``bucket_cap_mb`` is
+    every bucket's cap (torch then has no small first bucket), else DDP's defaults (1 MiB, then 25 MiB)."""
+    model = ResNet18(width=st.width)
+    if st.bucket_cap_mb is None:
+        return _ddp_bucket_sizes(model)
+    cap = int(st.bucket_cap_mb * MIB)
+    return _ddp_bucket_sizes(model, cap, cap)
+
+
+def bandwidth_prediction_cases(store, settings: Settings, bench: BenchReport):
+    """Exercise 04-d's predict-then-measure: per DDP configuration of Table 3, the case
+    ``{bucket_bytes, world_size, alpha_seconds, bandwidth_gb_per_s}`` (the buckets of the model notebook 03
+    trained, the fit on that rank count or else the one on the most ranks: the label then names it), the
+    measured (c) GB/s (None where notebook 03 has none: the label says so, Table 3 why) and a label.
+    Returns (cases, measured, labels); empty without a fit."""
+    st = profiles.settings(scaling.Settings, store.profile)
+    buckets = _trained_buckets(st)
+    cases, measured, labels = [], [], []
+    if not bench.fits:
+        return cases, measured, labels
+    for m in _measurements(store, settings.table_devices):
+        if m.method == _DP_ASSUMED_RING or m.source not in (_COMM_SOURCES[2], "none"):
+            continue
+        fit = bench.fits.get(m.devices) or bench.reference_fit
+        row = utilization_rows([m], None)[0]
+        cases.append({"bucket_bytes": buckets, "world_size": m.devices, "alpha_seconds": fit.alpha_seconds,
+                      "bandwidth_gb_per_s": fit.bandwidth_gb_per_s})
+        measured.append(row["achieved_gb_per_s"])
+        labels.append(f"{m.devices} x {m.per_device_batch}"
+                      + (f" (fit on {fit.world_size})" if fit.world_size != m.devices else "")
+                      + (": not measured" if m.reason else ""))
+    return cases, measured, labels

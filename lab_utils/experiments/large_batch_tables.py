@@ -6,7 +6,7 @@ per-rank records beside it; a run's layout and lr rule read back from its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -26,8 +26,9 @@ from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.workers.ddp import RunConfig
 
-__all__ = ["ANCHORS", "ANCHOR_ROWS", "ASKED_LARGE", "ASKED_SMALL", "anchor_frame", "large_batch_table",
-           "layout_flag", "lr_curves", "plot_accuracy", "plot_lr", "rule_text", "save_figures",
+# ANCHOR_ROWS, ASKED_SMALL and plot_lr are used here only (at most 15 public names: test_architecture).
+__all__ = ["ANCHORS", "ASKED_LARGE", "RECIPE_OUTPUTS", "anchor_frame", "large_batch_table", "layout_flag",
+           "lr_curves", "output", "plot_accuracy", "recipe_cases", "rule_text", "save_figures",
            "save_large_batch_table", "set_epoch_table", "worker_sample_orders"]
 
 # The earlier cohort's Q4.1 (lab_utils.core.anchors): loss and "Accuracy" after 5 epochs, as printed.
@@ -264,3 +265,37 @@ def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[st
     return [{"rank": r.config.get("rank"), "epoch": e.get("epoch"),
              "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))}
             for r in ranks for e in r.metrics.get("epochs", [])]
+
+
+RECIPE_OUTPUTS = ("peak_lr", "warmup_steps")
+
+
+def recipe_cases(records: Sequence[Record]):
+    """Exercise 05-b's predict-then-measure: per run that trained with the linear scaling rule, the case
+    ``{base_lr, base_batch, per_device_batch, devices, dataset_size, warmup_epochs}`` (``devices``: the
+    layout asked, accumulation steps included), what its schedule used (its record's ``peak_lr`` and
+    ``warmup_steps``) and its name. Returns (cases, used, labels); ``used[i]`` follows
+    :data:`RECIPE_OUTPUTS`."""
+    cases, used, labels = [], [], []
+    for run, rec in _runs(records):
+        if run.lr_rule != "linear" or rec.status != "ok":
+            continue
+        cases.append({"base_lr": run.lr, "base_batch": run.base_batch, "per_device_batch": run.batch_size,
+                      "devices": run.devices * run.accumulation_steps, "dataset_size": run.train_images,
+                      "warmup_epochs": run.warmup_epochs})
+        used.append(tuple(rec.metrics.get(k) for k in RECIPE_OUTPUTS))
+        labels.append(run.tag)
+    return cases, used, labels
+
+
+def output(fn: Callable | None, index: int) -> Callable | None:
+    """``fn``'s ``index``-th output as a function of the same arguments (None for a blank ``fn``, and
+    None where ``fn`` returns None: the prediction table then says "not done yet")."""
+    if fn is None:
+        return None
+
+    def pick(**kwargs):
+        answer = fn(**kwargs)
+        return None if answer is None else answer[index]
+
+    return pick

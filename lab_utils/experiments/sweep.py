@@ -6,6 +6,7 @@ is reached on purpose: the worker's docstring. Tables and figure: :mod:`lab_util
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from lab_utils.core import config, estimates, profiles
@@ -29,8 +30,8 @@ from lab_utils.models import flops_per_image
 from lab_utils.plan import Experiment, Run
 from lab_utils.workers import sweep as worker
 
-__all__ = ["EXPERIMENT", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings", "cost", "doctor_settings",
-           "flops_per_image", "plan"]
+__all__ = ["EXPERIMENT", "MemoryLine", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings", "cost", "doctor_settings",
+           "fit_settings", "flops_per_image", "memory_line", "plan", "predict_peak_memory"]
 
 EXPERIMENT = "batch_sweep"
 SPEC_LR = 0.1
@@ -99,6 +100,52 @@ class Settings:
 
 
 profiles.register(Settings, profiles.SWEEP, "sweep")
+
+
+def fit_settings(settings: Settings) -> Settings:
+    """``settings`` with only its two smallest batch sizes: what Exercise 01-c's prediction is fitted to,
+    measured before the rest of the sweep (the same configurations, so the full sweep reuses them)."""
+    return replace(settings, batch_sizes=tuple(settings.batch_sizes[:2]))
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """Peak memory of a training step against the batch size, as a line: ``fixed_bytes`` (what does not
+    grow with the batch) + ``bytes_per_image`` x batch, both in bytes."""
+
+    fixed_bytes: float
+    bytes_per_image: float
+
+    def peak_bytes(self, batch: int) -> float:
+        """The line's peak at ``batch`` images (bytes)."""
+        return self.fixed_bytes + self.bytes_per_image * batch
+
+    def largest_batch(self, limit_bytes: float) -> int:
+        """The largest whole batch whose peak stays within ``limit_bytes`` (0 when the fixed part alone
+        does not fit)."""
+        return max(0, math.floor((limit_bytes - self.fixed_bytes) / self.bytes_per_image))
+
+
+def memory_line(batch_a: int, peak_a_bytes: float, batch_b: int, peak_b_bytes: float) -> MemoryLine:
+    """The line through two measured peaks (bytes) at two batch sizes: every extra image adds the same
+    bytes. One sentence when the two cannot make a line that grows."""
+    if batch_a == batch_b:
+        raise LabError(f"The memory line needs two different batch sizes, got {batch_a} twice; measure a "
+                       "second batch size.")
+    per_image = (peak_b_bytes - peak_a_bytes) / (batch_b - batch_a)
+    if per_image <= 0:
+        raise LabError(f"The peak memory does not grow from batch {batch_a} ({peak_a_bytes:,.0f} B) to "
+                       f"{batch_b} ({peak_b_bytes:,.0f} B), so it predicts no limit; check that both peaks "
+                       "were measured on the same device and model.")
+    return MemoryLine(peak_a_bytes - per_image * batch_a, per_image)
+
+
+def predict_peak_memory(batch_a: int, peak_a_bytes: float, batch_b: int, peak_b_bytes: float, batch: int,
+                        limit_bytes: float) -> tuple[float, int]:
+    """Exercise 01-c's reference: from the peaks measured at two batch sizes (bytes), the peak at ``batch``
+    (bytes) and the largest batch whose peak stays within ``limit_bytes``, on :func:`memory_line`."""
+    line = memory_line(batch_a, peak_a_bytes, batch_b, peak_b_bytes)
+    return line.peak_bytes(batch), line.largest_batch(limit_bytes)
 
 
 def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:

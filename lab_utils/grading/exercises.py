@@ -290,81 +290,161 @@ def _timer_no_sync_before(step, sync, clock=time.perf_counter):
 # --------------------------------------------------------------------------- q01: the train transforms
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # a known mistake's values
+#: Crop offsets per axis of RandomCrop(32, padding=4) on a 32 x 32 image (0..8), and so the draws that
+#: enumerate every augmented image once: 9 x 9 offsets x (flipped, not flipped).
+CROP_OFFSETS = 9
+DRAWS = CROP_OFFSETS * CROP_OFFSETS * 2
+
+
+def _canonical_step(name: str, attrs: dict) -> list:
+    """One transform as data, spelled one way: a padding as [left, top, right, bottom], without
+    Normalize's ``inplace`` (it changes no value)."""
+    attrs = dict(attrs)
+    pad = attrs.get("padding")
+    if isinstance(pad, int):
+        attrs["padding"] = [pad] * 4
+    elif isinstance(pad, list) and len(pad) == 2:
+        attrs["padding"] = pad * 2
+    if isinstance(attrs.get("size"), int):
+        attrs["size"] = [attrs["size"]] * 2
+    if name == "Normalize":
+        attrs.pop("inplace", None)
+    return [name, attrs]
 
 
 def _transform_steps(pipeline: Any) -> Any:
-    """A transform pipeline as data: ``[[class name, {public attribute: value}], ...]`` in order."""
+    """The transforms of a pipeline as data, ``[[class name, {public attribute: value}], ...]``, sorted by
+    name: which four transforms with which values (the order is judged by what the pipeline outputs)."""
     steps = getattr(pipeline, "transforms", pipeline)
     if not isinstance(steps, (list, tuple)):
         return {"unsupported": type(pipeline).__name__}
-    return [[type(t).__name__, {k: plain(v) for k, v in sorted(getattr(t, "__dict__", {}).items())
-                                if not k.startswith("_") and k != "training"}] for t in steps]
+    out = [_canonical_step(type(t).__name__, {k: plain(v) for k, v in getattr(t, "__dict__", {}).items()
+                                              if not k.startswith("_") and k != "training"}) for t in steps]
+    return sorted(out, key=lambda step: step[0])
+
+
+class _EveryCropAndFlip:
+    """``torch.randint`` and ``torch.rand`` replaced, while in use, by two counters, so that
+    :data:`DRAWS` calls of a CIFAR train pipeline give every crop offset with and without the flip once.
+
+    Draw k (0 <= k < DRAWS) of a pipeline with one RandomCrop (two ``randint``: top, then left) and one
+    RandomHorizontalFlip (one ``rand``, flipped when below p) crops at offset (top, left) = divmod(k // 2,
+    9) and draws u = 0.5 (k % 2) + 0.5 (k // 2 + 0.5) / 81: flipped when k is even at p = 0.5, a share
+    that follows p otherwise. The streams are separate, so the draws of call k are the same whichever of
+    the crop and the flip runs first: two orders that make the same images make them draw for draw."""
+
+    def __init__(self) -> None:
+        self.ints = 0
+        self.uniforms = 0
+
+    def randint(self, *args, size=None, low=None, high=None, **_ignored):
+        import torch
+
+        if size is None and len(args) >= 2:        # randint(high, size) or randint(low, high, size)
+            *bounds, size = args
+        else:
+            bounds = list(args)
+        if high is None:
+            high = bounds.pop()
+        if low is None:
+            low = bounds.pop() if bounds else 0
+        k, which = divmod(self.ints, 2)
+        self.ints += 1
+        top, left = divmod((k // 2) % (CROP_OFFSETS * CROP_OFFSETS), CROP_OFFSETS)
+        value = low + (left if which else top) % max(int(high) - int(low), 1)
+        return torch.full(tuple(size) if isinstance(size, (list, tuple)) else (int(size),), value,
+                          dtype=torch.int64)
+
+    def rand(self, *size, **_ignored):
+        import torch
+
+        k = self.uniforms
+        self.uniforms += 1
+        u = 0.5 * (k % 2) + 0.5 * ((k // 2) % (DRAWS // 2) + 0.5) / (DRAWS // 2)
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple)) else size
+        return torch.full(shape or (1,), u)
+
+    def __enter__(self):
+        import torch
+
+        self._saved = torch.randint, torch.rand
+        torch.randint, torch.rand = self.randint, self.rand
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        torch.randint, torch.rand = self._saved
 
 
 def _transformed(pipeline: Any, case: dict) -> Any:
-    """``pipeline`` applied to the case's random 32 x 32 RGB PIL image under torch seed ``seed``:
-    the tensor's shape, dtype, per-channel mean, and per-channel means weighted by column and by row
-    (they change when the image is cropped or flipped differently); ``{"error": type}`` if it raised."""
+    """Every augmented image ``pipeline`` makes of the case's random 32 x 32 RGB PIL image (:data:`DRAWS`
+    calls under :class:`_EveryCropAndFlip`), summarized: the tensors' shape and dtype, how many differ,
+    their per-channel mean, and per-channel means weighted by column and by row (they change when the
+    images are cropped, padded or flipped otherwise); ``{"error": type}`` if it raised."""
     import numpy as np
     import torch
     from PIL import Image
 
     pixels = np.random.default_rng(case["image"]).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGB")
     try:
-        with torch.random.fork_rng(devices=[]):   # the student's own random state is left alone
-            torch.manual_seed(case["seed"])
-            out = pipeline(Image.fromarray(pixels, "RGB"))
+        with _EveryCropAndFlip():
+            outs = [pipeline(image) for _ in range(DRAWS)]
     except Exception as e:  # Normalize before ToTensor raises on a PIL image: an answer, not a crash
         return {"error": type(e).__name__}
-    if not isinstance(out, torch.Tensor) or out.dim() != 3:
-        return {"returns": type(out).__name__, "shape": list(getattr(out, "shape", []))}
-    x = out.detach().double()
+    first = outs[0]
+    if not all(isinstance(o, torch.Tensor) and o.dim() == 3 and o.shape == first.shape for o in outs):
+        return {"returns": type(first).__name__, "shape": list(getattr(first, "shape", []))}
+    x = sum(o.detach().double() for o in outs) / len(outs)   # the mean image over the draws, C x H x W
     cols = torch.arange(1, x.shape[2] + 1, dtype=torch.float64) / x.shape[2]
     rows = torch.arange(1, x.shape[1] + 1, dtype=torch.float64)[:, None] / x.shape[1]
-    return {"shape": list(x.shape), "dtype": str(out.dtype).removeprefix("torch."),
+    return {"shape": list(first.shape), "dtype": str(first.dtype).removeprefix("torch."),
+            "distinct": len({o.detach().cpu().numpy().tobytes() for o in outs}),
             "mean": x.mean(dim=(1, 2)).tolist(), "column_weighted": (x * cols).mean(dim=(1, 2)).tolist(),
             "row_weighted": (x * rows).mean(dim=(1, 2)).tolist()}
 
 
 def _transform_call(fn: Callable, case: dict) -> Any:
-    """Case ``{"image", "seed"}``: the transformed image (:func:`_transformed`); with ``"describe":
-    True`` (hidden cases) also the pipeline's steps, in order, with their arguments."""
+    """Case ``{"image"}``: the transforms (:func:`_transform_steps`, in any order) and every augmented
+    image of that random image (:func:`_transformed`). Any order whose images are the assignment's,
+    draw for draw, gives the assignment's answer."""
     pipeline = fn()
     if pipeline is None:
         return None
-    out = _transformed(pipeline, case)
-    return {"steps": _transform_steps(pipeline), "image": out} if case.get("describe") else out
+    return {"transforms": _transform_steps(pipeline), "images": _transformed(pipeline, case)}
 
 
 def _transform_show(case: dict) -> str:
-    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB) "
-            f"with torch seed {case['seed']}")
+    return (f"cifar10_train_transform() applied to random image {case['image']} (32 x 32 RGB), every crop "
+            "offset with and without the flip")
 
 
 def _transform_hint(got: Any, want: Any) -> str:
     """What differs, in words (never the expected pipeline)."""
-    if isinstance(want, dict) and "steps" in want:
-        mine, right = (got.get("steps") if isinstance(got, dict) else None), want["steps"]
-        if not isinstance(mine, list):
-            return "it returns no list of transforms: return one transforms.Compose([...])"
-        if len(mine) != len(right):
-            return f"it has {len(mine)} transforms; the assignment's pipeline has {len(right)}"
-        if [s[0] for s in mine] != [s[0] for s in right]:
-            return "the transforms are not the assignment's, in the assignment's order"
-        for i, (m, r) in enumerate(zip(mine, right)):
-            if not same(m, r, 1e-6):
-                keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
-                return f"transform {i + 1} ({m[0]}) has other values: {', '.join(keys) or 'its arguments'}"
-        got, want = got.get("image"), want["image"]
+    if not isinstance(got, dict) or not isinstance(want, dict):
+        return ""
+    mine, right = got.get("transforms"), want["transforms"]
+    if not isinstance(mine, list) or not all(isinstance(m, list) and len(m) == 2 and isinstance(m[1], dict)
+                                             for m in mine):
+        return "it returns no list of transforms: return one transforms.Compose([...])"
+    if [m[0] for m in mine] != [r[0] for r in right]:
+        names = ", ".join(str(m[0]) for m in mine) or "none"
+        return f"its transforms are {names}, not the four the prompt names"
+    for m, r in zip(mine, right):
+        if not same(m, r, 1e-6):
+            keys = [k for k in r[1] if not same(m[1].get(k), r[1][k], 1e-6)]
+            return f"{m[0]} has other values: {', '.join(keys) or 'its arguments'}"
+    got, want = got.get("images"), want["images"]
     if isinstance(got, dict) and "error" in got:
         return f"applied to a PIL image it raises {got['error']}"
     if isinstance(got, dict) and "returns" in got:
         return f"it returns a {got['returns']}, not a 3 x 32 x 32 tensor"
-    if isinstance(got, dict) and isinstance(want, dict) and got.get("shape") != want.get("shape"):
+    if isinstance(got, dict) and got.get("shape") != want.get("shape"):
         return f"the tensor's shape is {got.get('shape')}"
-    if isinstance(got, dict) and isinstance(want, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
-        return "the pixel values differ (normalization values, padding, or the order)"
-    return "the pixels are in other places (the crop, the flip, or their order)"
+    if isinstance(got, dict) and not same(got.get("mean"), want.get("mean"), 1e-6):
+        return "the pixel values differ (the padding's colour, or the normalization)"
+    return "the images are cropped or flipped otherwise"
 
 
 def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=None):
@@ -378,6 +458,47 @@ def _pipeline(order: tuple[str, ...], padding: int | None = 4, mean=None, std=No
     make = {"crop": lambda: T.RandomCrop(32, padding=padding), "flip": lambda: T.RandomHorizontalFlip(p=0.5),
             "tensor": T.ToTensor, "normalize": lambda: T.Normalize(mean, std)}
     return T.Compose([make[step]() for step in order])
+
+
+# --------------------------------------------------------------------------- q01: peak memory
+
+
+def _memory_line(batch_a, peak_a, batch_b, peak_b):
+    per_image = (peak_b - peak_a) / (batch_b - batch_a)
+    return peak_a - per_image * batch_a, per_image
+
+
+def _peak_through_zero(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    """A known mistake: the peak proportional to the batch, from the larger measurement alone."""
+    per_image = peak_b / batch_b
+    return per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_through_zero_small(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    """The same mistake from the smaller measurement."""
+    per_image = peak_a / batch_a
+    return per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_fixed_left_in_limit(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    fixed, per_image = _memory_line(batch_a, peak_a, batch_b, peak_b)
+    return fixed + per_image * batch, math.floor(limit / per_image)
+
+
+def _peak_rounded_up(batch_a, peak_a, batch_b, peak_b, batch, limit):
+    fixed, per_image = _memory_line(batch_a, peak_a, batch_b, peak_b)
+    return fixed + per_image * batch, math.ceil((limit - fixed) / per_image)
+
+
+def _peak_hint(got: Any, want: Any) -> str:
+    if isinstance(got, list) and len(got) == 2 and _is_number(got[1]) and got[1] != round(got[1]):
+        return "the largest batch is a whole number of images"
+    return ""
+
+
+_PROPORTIONAL = Mistake("no fixed part", "the peak is not proportional to the batch: the line through your "
+                        "two measurements does not pass through 0 bytes at batch 0; take its slope and its "
+                        "intercept from both", wrong=_peak_through_zero)
 
 
 # --------------------------------------------------------------------------- q04: bytes
@@ -412,18 +533,46 @@ def _iterations(dataset_size, world_size, per_device_batch):
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
 
 
+# "2(P-1)" in any form: the ring's step count, the heart of q04_ring_bytes' answer (phrases are matched on
+# lower-cased text: lab_utils.grading.giveaways.normalized).
+_TWO_P_MINUS_1 = "re:2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"
+
+
+def _predicted(buckets, p, alpha, bw_gb_per_s, latency=1.0):
+    """q04_predicted_bandwidth with ``latency`` x the ring's 2(P-1) alpha per bucket (1: the right one)."""
+    seconds = sum(latency * 2 * (p - 1) * alpha + 2 * (p - 1) / p * b / (bw_gb_per_s * 1e9) for b in buckets)
+    return sum(2 * (p - 1) / p * b for b in buckets) / seconds / 1e9
+
+
 # The earlier cohort's Table 3: one gradient's bytes over an epoch's communication time (SPEC.md).
+# The earlier cohort's 4 x 512 bandwidth: one gradient over its Q4.1 output's epoch communication time, the
+# 250.10 MB/s of its Q4.1 and of its Table 3 (SPEC.md).
 _T3_BYTES, _T3_SECONDS = anchors.TABLE3_GRADIENT_BYTES, anchors.TABLE3_COMM_SECONDS[0]
 _TABLE3 = f"{_T3_BYTES:,} B / {_T3_SECONDS} s = {_T3_BYTES / _T3_SECONDS / 1e6:.1f} MB/s"
 ONE_ALLREDUCE_PER_EPOCH = "one all-reduce per epoch"
 _ONE_PER_EPOCH_WHY = (
     "every step of the epoch ends with its own all-reduce, in which each rank sends 2(P-1)/P x S: an epoch "
-    "moves that once per step, not once (the earlier cohort's Table 3 divided one gradient per epoch by the "
-    f"epoch's time, {_TABLE3}, leaving out the steps and the ring's 2(P-1)/P), so the error grows with the "
-    "steps per epoch")
+    "moves that once per step, not once (the earlier cohort's 4 x 512 bandwidth, in its Q4.1 output and its "
+    f"Table 3, is one gradient over the epoch's communication time, {_TABLE3}, leaving out the steps and the "
+    "ring's 2(P-1)/P), so the error grows with the steps per epoch")
 
 
 # --------------------------------------------------------------------------- q05: schedules, samplers
+
+
+def _recipe(base_lr, base_batch, per_device_batch, devices, dataset_size, warmup_epochs, rule="linear",
+            steps="ddp"):
+    """q05_recipe with one known mistake switched on (``rule``: how the peak scales; ``steps``: how the
+    warm-up is counted); the right answer with the defaults."""
+    k = per_device_batch * devices / base_batch
+    scale = {"linear": k, "none": 1.0, "sqrt": math.sqrt(k), "per_device": per_device_batch / base_batch}
+    per_epoch = {"base": math.ceil(dataset_size / base_batch),
+                 "whole": math.ceil(dataset_size / per_device_batch),
+                 "floor": dataset_size // devices // per_device_batch,
+                 "epochs": 1}.get(steps, _iterations(dataset_size, devices, per_device_batch))
+    warm = warmup_epochs * per_epoch
+    return base_lr * scale[rule], (warmup_epochs if steps == "epochs" else int(warm) if steps == "truncate"
+                                   else round(warm))
 
 
 def _lr_from_zero(step, base_lr, global_batch, base_batch, warmup_steps):
@@ -632,6 +781,9 @@ def _comm_pair(buckets, latency, gbps, steps, exposed_index=-1):
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q01_step_timer", "time_step", call=_time_step_call, show=_time_step_show, hint=_time_step_hint,
+        implemented_by=("lab_utils.core.timing.timed", "lab_utils.core.loop.run_epoch"),
+        giveaways=("at both ends", "at its ends", "at each phase boundary", r"re:sync\(\)\s*(#[^\n]*)?start",
+                   "before the clock starts and after the step"),
         mistakes=(
             Mistake("the launch time only", "you read the clock before the device finished (on a GPU a "
                     "step only queues its kernels): call sync() after step() and before reading the clock",
@@ -643,17 +795,17 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q01_train_transform", "cifar10_train_transform", call=_transform_call, show=_transform_show,
         hint=_transform_hint, needs=("torchvision",), rel_tol=1e-6,
+        implemented_by=("lab_utils.core.data.train_transform",),
+        giveaways=("ToTensor must come before Normalize", "Normalize before ToTensor", "mean colour",
+                   "Normalize before the crop",
+                   r"re:RandomCrop[^;.]{0,40}RandomHorizontalFlip[^;.]{0,40}ToTensor[^;.]{0,40}Normalize"),
         mistakes=(
             Mistake("Normalize before ToTensor", "Normalize works on a tensor and the dataset hands over "
                     "a PIL image, so it raises: ToTensor must come before Normalize",
                     wrong=lambda: _pipeline(("crop", "flip", "normalize", "tensor"))),
-            Mistake("crop and flip after Normalize", "it runs, but the crop's 4 pixels of padding are then 0 "
-                    "in normalized units, the data set's mean colour, not black: crop and flip the PIL "
-                    "image, then ToTensor, then Normalize",
+            Mistake("Normalize before the crop", "it runs, but the crop then pads with 0 in normalized "
+                    "units, which is the data set's mean colour, not black: pad and crop before Normalize",
                     wrong=lambda: _pipeline(("tensor", "normalize", "crop", "flip"))),
-            Mistake("flip before crop", "the assignment crops, then flips (the same kind of images, but "
-                    "not its pipeline: the same seed gives other images)",
-                    wrong=lambda: _pipeline(("flip", "crop", "tensor", "normalize"))),
             Mistake("no padding", "RandomCrop(32) of a 32 x 32 image crops nothing: pad 4 pixels on each "
                     "side (padding=4) so that the 32 x 32 crop shifts the image",
                     wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), padding=None)),
@@ -661,6 +813,21 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "per-channel mean and std, as the assignment gives them",
                     wrong=lambda: _pipeline(("crop", "flip", "tensor", "normalize"), mean=IMAGENET_MEAN,
                                            std=IMAGENET_STD)),
+        )),
+    Exercise(
+        "q01_peak_memory", "predict_peak_memory", outputs=("peak_bytes", "largest_batch"), hint=_peak_hint,
+        implemented_by=("lab_utils.experiments.sweep.predict_peak_memory",
+                        "lab_utils.experiments.sweep.memory_line", "lab_utils.experiments.sweep.MemoryLine"),
+        giveaways=("line through the two", "through your two measurements", r"re:limit\W*-\W*fixed",
+                   "round the largest batch down", "does not pass through 0"),
+        mistakes=(
+            _PROPORTIONAL,
+            Mistake(_PROPORTIONAL.name, _PROPORTIONAL.why, wrong=_peak_through_zero_small),
+            Mistake("the fixed part left in the limit", "the part of the peak that does not grow with the "
+                    "batch takes its share of the limit at every batch: only the limit minus that part is "
+                    "left for the images", wrong=_peak_fixed_left_in_limit),
+            Mistake("rounded up", "a batch whose predicted peak is over the limit does not fit: round the "
+                    "largest batch down", wrong=_peak_rounded_up),
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
@@ -740,6 +907,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),
         show=_grad_bytes_show, needs=("torch", "lab_utils.models"),
+        giveaways=("re:element_?size", "re:numel\\s*(x|×)?\\s*(the )?element", "undercounts the bytes 4x"),
+        implemented_by=("lab_utils.core.ring.gradient_bytes",),
         mistakes=(
             Mistake("parameters counted as bytes", "that is the parameter count; the all-reduce moves "
                     "bytes: elements x p.element_size() (4 for fp32)",
@@ -753,7 +922,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch",
+        "q04_ring_bytes", "ring_bytes_per_rank_per_epoch", find_the_bug=True,
+        giveaways=(_TWO_P_MINUS_1, "re:\\(\\s*p\\s*-\\s*1\\s*\\)\\s*/\\s*p", "bandwidth-optimal"),
+        implemented_by=("lab_utils.core.ring.ring_bytes_per_epoch",
+                        "lab_utils.core.ring.ring_bytes_per_rank"),
         mistakes=(
             Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
                     "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
@@ -774,7 +946,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             BITS_FOR_BYTES,
         )),
     Exercise(
-        "q04_utilization", "achieved_gb_per_s",
+        "q04_utilization", "achieved_gb_per_s", find_the_bug=True,
+        giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, "250.1 MB/s",
+                   "re:steps?(\\s*per\\s*epoch)?\\s*(x|×)?\\s*2\\s*\\("),
+        implemented_by=("lab_utils.core.ring.achieved_gb_per_s",),
         mistakes=(
             Mistake(ONE_ALLREDUCE_PER_EPOCH, _ONE_PER_EPOCH_WHY,
                     wrong=lambda s, p, steps, secs: s / secs / 1e9),
@@ -789,7 +964,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
             Mistake("bytes per second", "divide bytes per second by 10^9 for decimal GB/s", factor=1e9),
         )),
     Exercise(
+        "q04_predicted_bandwidth", "predicted_gb_per_s",
+        giveaways=("once per bucket", "re:(k|buckets)\\s*(x|×)?\\s*2\\s*\\(\\s*p\\s*-\\s*1\\s*\\)"),
+        implemented_by=("lab_utils.core.ring.predicted_allreduce_gb_per_s",),
+        mistakes=(
+            Mistake("latency left out", "each bucket's ring all-reduce also pays 2(P-1) alpha, so the rate "
+                    "stays below B; without it the prediction is B itself",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0)),
+            Mistake("one latency for all buckets", "DDP all-reduces each bucket separately, and every one "
+                    "pays the latency term 2(P-1) alpha",
+                    wrong=lambda b, p, a, bw: _predicted([sum(b)], p, a, bw)),
+            Mistake("P-1 latency steps", "a ring all-reduce takes 2(P-1) steps (P-1 of reduce-scatter, P-1 "
+                    "of all-gather), each paying alpha",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw, latency=0.5)),
+            Mistake("algbw for busbw", "Table 3 counts the bytes one rank sends, 2(P-1)/P x each bucket "
+                    "(nccl-tests' busbw), not the bucket's size (algbw)",
+                    wrong=lambda b, p, a, bw: _predicted(b, p, a, bw) * p / (2 * (p - 1))),
+        )),
+    Exercise(
         "q05_lr_schedule", "warmup_lr",
+        # matched on the text without markdown emphasis: base_lr reads "baselr", x * y "x y"
+        giveaways=("re:base_?lr\\s*(x|×)?\\s*global_?batch\\s*/\\s*base_?batch",
+                   "re:base_?lr\\s*\\+\\s*\\(\\s*peak"),
+        implemented_by=("lab_utils.core.schedules.LRSchedule", "lab_utils.core.schedules.scaled_lr",
+                        "lab_utils.core.schedules.make_schedule"),
         mistakes=(
             Mistake("warm-up from 0", "the warm-up starts at base_lr (the small-batch rate) at step 0, "
                     "not at 0 (Goyal et al. 2017)", wrong=_lr_from_zero),
@@ -802,8 +1000,35 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "not by its square root", wrong=_lr_sqrt),
         )),
     Exercise(
+        "q05_recipe", "large_batch_recipe", outputs=("peak_lr", "warmup_steps"),
+        giveaways=("1.6 for 2,048", "re:0\\.1\\s*(x|×)?\\s*2,?048\\s*/\\s*128", "re:(?<![\\d,])125 steps"),
+        implemented_by=("lab_utils.core.schedules.linear_scaling_recipe",
+                        "lab_utils.core.schedules.make_schedule"),
+        mistakes=(
+            Mistake("no linear scaling", "the peak lr is base_lr x global batch / base_batch (the linear "
+                    "scaling rule), not the small-batch rate", wrong=lambda *a: _recipe(*a, rule="none")),
+            Mistake("square-root scaling", "the linear scaling rule multiplies by global batch / base_batch, "
+                    "not by its square root", wrong=lambda *a: _recipe(*a, rule="sqrt")),
+            Mistake("the per-device batch for the global batch", "the global batch is devices x per-device "
+                    "batch: scale by it", wrong=lambda *a: _recipe(*a, rule="per_device")),
+            Mistake("warm-up in the reference's steps", "the warm-up epochs count the LARGE run's optimizer "
+                    "steps, ceil(ceil(N/P)/b) per epoch, not the small batch's",
+                    wrong=lambda *a: _recipe(*a, steps="base")),
+            Mistake("every device on the whole data set", "DistributedSampler gives each device ceil(N/P) "
+                    "images: an epoch is ceil(ceil(N/P)/b) steps, not ceil(N/b)",
+                    wrong=lambda *a: _recipe(*a, steps="whole")),
+            Mistake("the last partial batch dropped", "the loader keeps the last partial batch: round both "
+                    "divisions up", wrong=lambda *a: _recipe(*a, steps="floor")),
+            Mistake("warm-up length in epochs", "return the warm-up in optimizer steps (epochs x steps per "
+                    "epoch), as the schedule counts it", wrong=lambda *a: _recipe(*a, steps="epochs")),
+            Mistake("warm-up rounded down", "round the warm-up to the nearest whole step, as the lab's "
+                    "schedule does", wrong=lambda *a: _recipe(*a, steps="truncate")),
+        )),
+    Exercise(
         "q05_set_epoch", "epoch_orders", call=lambda fn, case: plain(fn(_sampler(case), case["epochs"])),
         show=_orders_show, needs=("torch.utils.data.distributed",),
+        giveaways=("re:seed\\s*\\+\\s*epoch", "repeats epoch 0", "the same images in the same order"),
+        implemented_by=("lab_utils.experiments.large_batch.sampler_epoch_orders",),
         mistakes=(
             Mistake("set_epoch never called", "every epoch repeats epoch 0's order: call "
                     "sampler.set_epoch(epoch) at the start of each epoch",
