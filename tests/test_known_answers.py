@@ -31,6 +31,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from test_spread import _SlowLoader  # batches whose fetch sleeps: a loader wait, in no step's time
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -238,22 +239,6 @@ class _Schedule(nn.Module):
         return self.lin(x)
 
 
-class _Loader:
-    def __init__(self, n: int, seconds: float):
-        g = torch.Generator().manual_seed(0)
-        self.batches = [(torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g))
-                        for _ in range(n)]
-        self.seconds = seconds
-
-    def __len__(self):
-        return len(self.batches)
-
-    def __iter__(self):
-        for b in self.batches:
-            time.sleep(self.seconds)   # a loader wait: in no step's training time
-            yield b
-
-
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_step_percentiles_and_sd_of_a_known_schedule(accumulation):
     """11 optimizer steps whose forwards sleep 0, 10, ..., 100 ms in a shuffled order (with accumulation 2
@@ -266,9 +251,9 @@ def test_step_percentiles_and_sd_of_a_known_schedule(accumulation):
     model = _Schedule(per_batch)
     opt = make_optimizer(model)
     options = StepOptions(accumulation_steps=accumulation)
-    run_epoch(model, _Loader(2, 0.0), opt, "cpu", options=options)  # warms up
+    run_epoch(model, _SlowLoader(2, 0.0), opt, "cpu", options=options)  # warms up
     model.calls = 0
-    rec = run_epoch(model, _Loader(11 * accumulation, 0.03), opt, "cpu", epoch=2, options=options)
+    rec = run_epoch(model, _SlowLoader(11 * accumulation, 0.03), opt, "cpu", epoch=2, options=options)
     p10, p50, p90 = (getattr(rec, k) for k in STEP_PERCENTILE_KEYS)
     assert rec.steps == 11
     for got, want in ((p10, 0.01), (p50, 0.05), (p90, 0.09)):
@@ -284,8 +269,8 @@ def test_step_percentiles_and_sd_of_a_known_schedule(accumulation):
 def _epoch_seconds(step_s: float, batches: int) -> float:
     model = _Schedule([step_s])
     opt = make_optimizer(model)
-    run_epoch(model, _Loader(2, 0.0), opt, "cpu")
-    return run_epoch(model, _Loader(batches, 0.0), opt, "cpu", epoch=2).train_seconds
+    run_epoch(model, _SlowLoader(2, 0.0), opt, "cpu")
+    return run_epoch(model, _SlowLoader(batches, 0.0), opt, "cpu", epoch=2).train_seconds
 
 
 def test_a_fixed_per_step_cost_cancels_in_a_and_raises_the_speedup():
