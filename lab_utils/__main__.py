@@ -23,7 +23,7 @@ from lab_utils.core.errors import LabError, LaunchError
 # Benchmarks live next to what they measure; each entry is "module:function(argv) -> int".
 BENCHES = {
     "timers": ("lab_utils.experiments.bench_timers:main",
-               "overhead of the phase timers on a training loop"),
+               "what the timers cost a training step (ResNet-18 and GPT, two batches): median paired ratio"),
     "allreduce": ("lab_utils.experiments.comm_tables:bench_main",
                   "all-reduce bandwidth (nccl-tests columns) under torchrun"),
     "data": ("lab_utils.experiments.fastpath_tables:bench_data_main",

@@ -183,7 +183,8 @@ SECTIONS: tuple[Section, ...] = (
                     "and what happens to the communication share of the step?",
                     "Which micro-batch gives the best tokens/s, which the best whole-run time, and which "
                     "fits in memory with the effective batch you need?"),
-            by_hand="q06_report", exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time"),
+            by_hand="q06_report",
+            exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time", "q06_tokens_per_s"),
             by_hand_asks="Using the per-rank table, how far apart are the ranks? Recompute the speedup "
                          "with the mean over ranks instead of the slowest rank: by how much does it "
                          "flatter the result, and why is the slowest rank the right one? Do the same for "
@@ -191,10 +192,9 @@ SECTIONS: tuple[Section, ...] = (
     Section(PART2, "Int8 quantization of the GPT", "07_quantization", "What these measurements say",
             "Size, quality (loss) and speed of each variant on each device; when does int8 pay?",
             ("quantization",), ("quantization_quality_vs_speed",),
-            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and which of the mechanisms "
-                    "above explains it?",
-                    "From the intensity table and your GPU's `P/B`, predict which rows are memory-bound. "
-                    "Does the measurement agree?"),
+            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and why?",
+                    "With your GPU's `P/B` for each precision, which rows of the intensity table are "
+                    "memory-bound? Does the measurement agree?"),
             by_hand="q07_report", exercises=("q07_int8_size",),
             by_hand_asks="Which variant would you deploy for batch-1 chat on a CPU, and which for batch-64 "
                          "serving on the GPU? Quote the rows of your table that decide it (speed against "
@@ -224,18 +224,20 @@ SECTIONS: tuple[Section, ...] = (
                     "term (latency or bandwidth) causes it? Why do larger per-GPU batches scale further? "
                     "Which assumption is the most optimistic for a real multi-node cluster?",)),
     Section("Extra", "Data parallelism built by hand", "09_build_ddp", "7 · Which is fastest here, and why",
-            "Naive, flat, bucketed and ZeRO-1 data parallelism checked against one process and timed against "
-            "torch's DDP and the alpha-beta model.",
-            ("build_ddp_check", "build_ddp", "build_ddp_buckets", "build_ddp_bf16"),
+            "Naive, per-tensor, flat, bucketed and ZeRO-1 data parallelism checked against one process and "
+            "timed against torch's DDP and the alpha-beta model.",
+            ("build_ddp_check", "build_ddp_memory", "build_ddp", "build_ddp_buckets", "build_ddp_overlap",
+             "build_ddp_bf16"),
             ("build_ddp_buckets", "build_ddp_trace"),
-            report=("Which implementation's step is slowest at each rank count, and which term of the "
-                    "alpha-beta model (alpha per message or bytes over bandwidth) accounts for its exposed "
-                    "communication? Compare the measured and the predicted milliseconds.",
-                    "In the merged trace (figure and JSON), where does each rank's all-reduce run relative "
-                    "to its backward, for (b), (c) and DDP? Is there a straggler?",
-                    "ZeRO-1 holds 1/N of the optimizer state per rank: what does it send per step compared "
-                    "with DDP, and what would ZeRO-2 and ZeRO-3 shard next?"),
-            by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards"),
+            report=("Which implementation is slowest at each rank count, and which alpha-beta term "
+                    "explains its exposed communication? What do overlap alone ((a) against (e)) and "
+                    "bucketing ((e) against (c)) save?",
+                    "In the merged trace, where does each rank's all-reduce run relative to its backward, "
+                    "for (b), (c) and DDP? Is there a straggler?",
+                    "torch's ZeroRedundancyOptimizer all-reduces, then broadcasts each rank's updated shard: "
+                    "how many bytes per step would one rank send, against (d)'s? When does sharding the "
+                    "optimizer state pay (the memory table)?"),
+            by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards", "q09_exposed"),
             by_hand_asks="Which implementation is fastest on your machine at each batch size, and why? Use "
                          "the step time with its spread, the exposed communication, the bytes sent and the "
                          "prediction; say whether the difference is larger than the spread."),

@@ -342,6 +342,7 @@ CHOOSE = BR + "test_choose_backend_answers_nccl_with_a_gpu_per_rank"
 NO_GPU = BR + "test_asking_for_cuda_without_a_gpu_is_one_sentence"
 COPIES = BR + "test_host_to_device_copies_are_non_blocking_on_a_gpu"
 BDDP = "test_build_ddp.py::test_merged_trace_one_row_per_rank_and_the_lanes_of_cpu_and_gpu_traces"
+MEMORY_USE = "test_build_ddp.py::test_memory_use_on_a_gpu_reads_the_allocators_counters_from_before_the_build"
 MACHINE = BR + "test_the_machine_here_names_its_gpus_and_their_bf16"
 GPT_PLAN = BR + "test_gpt_runs_are_placed_on_the_gpus"
 SWEEP_PLAN = BR + "test_the_sweep_plan_on_a_gpu"
@@ -395,6 +396,10 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
+    # core/handmade.py: notebook 09's memory of each implementation
+    B("core/handmade.py", "memory_use", "device.type == 'cuda'",
+      "memory_allocated before the build and after the warm-up, max_memory_allocated over the measured step "
+      "after reset_peak_memory_stats", MEMORY_USE),
     # core/hardware.py
     B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",
@@ -437,9 +442,8 @@ INVENTORY: tuple[Branch, ...] = (
     B("core/timing.py", "synchronize", "dev.type == 'cuda'", "torch.cuda.synchronize at every timer boundary",
       BR + "test_timers_synchronize_so_a_phase_includes_its_queued_device_work"),
     # experiments/bench_timers.py
-    B("experiments/bench_timers.py", "main", "gpu", "20 steps on a GPU", BENCH),
-    B("experiments/bench_timers.py", "main", "gpu", "batch 128 on a GPU", BENCH, n=2),
-    B("experiments/bench_timers.py", "main", "gpu", "width 64 on a GPU", BENCH, n=3),
+    B("experiments/bench_timers.py", "main", "device.type == 'cuda'",
+      "the GPU's models, batches and wall clock", BENCH),
     # experiments/comm.py
     B("experiments/comm.py", "plan_bench", "gpus >= 2", "NCCL, one rank per GPU, every GPU of the node too",
       COMM),

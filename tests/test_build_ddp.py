@@ -36,19 +36,37 @@ CPU2 = Machine(gpus=0, cores=2)
 # --------------------------------------------------------------------------- the pieces, by hand
 
 
-def test_bucket_assignment_by_hand_and_on_resnet18():
-    assert handmade.assign_buckets([100, 200, 300, 400], 500) == [[3], [2, 1], [0]]
-    assert handmade.assign_buckets([400, 100, 300, 200], 500) == [[3, 2], [1, 0]]  # exactly the cap fits
-    assert handmade.assign_buckets([100, 900, 100], 500) == [[2], [1], [0]]        # too large: alone
+def test_bucket_assignment_is_ddps_rule_by_hand():
+    """Add the parameter, then close the bucket once it holds at least its cap (the first bucket: its own
+    cap): a bucket can exceed its cap; one that holds exactly its cap is full."""
+    assert handmade.assign_buckets([100, 200, 300, 400], 500) == [[3, 2], [1, 0]]       # 700 > 500: closed
+    assert handmade.assign_buckets([400, 100, 300, 200], 500, 100) == [[3], [2, 1, 0]]  # first cap 100
+    assert handmade.assign_buckets([100, 900, 100, 250, 250], 500) == [[4, 3], [2, 1], [0]]  # 500 is full
+    assert handmade.assign_buckets([5, 5], 0) == [[1], [0]]                              # cap 0: per tensor
+    assert handmade.assign_buckets([5, 5], math.inf) == [[1, 0]]
+
+
+def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
+    """torch's compute_bucket_assignment_by_size (the pinned build's, given the parameters last first,
+    as DDP rebuilds its buckets in gradient-ready order), and the sizes the issue worked out for the spec
+    model: at an explicit 25 MiB cap 28.87 + 15.82 MB; DDP's default (1 MiB first) 9.46 + 26.49 + 8.74 MB.
+    The lab's old stay-under-the-cap rule made 19.44 + 25.26 MB at 25 MiB."""
+    import torch.distributed as dist
+
     from lab_utils.models import ResNet18
 
-    sizes = [p.numel() * p.element_size() for p in ResNet18(width=8).parameters()]
-    assert len(sizes) == 62 and sum(sizes) == 705_608
-    for cap in (16_000, 419_430):
-        buckets = handmade.assign_buckets(sizes, cap)
-        assert [i for b in buckets for i in b] == list(range(61, -1, -1))   # each once, last first
-        assert all(sum(sizes[i] for i in b) <= cap or len(b) == 1 for b in buckets)
-    assert handmade.assign_buckets(sizes, math.inf) == [list(range(61, -1, -1))]
+    for width, caps in ((8, ((16_000, 16_000), (419_430, 16_384), (705_608, 1), (1, 10**9))),
+                        (64, ((25 * MIB, 25 * MIB), (25 * MIB, MIB)))):
+        params = list(ResNet18(width=width).parameters())
+        sizes = [p.numel() * p.element_size() for p in params]
+        order = list(reversed(range(len(params))))
+        for cap, first in caps:
+            want, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [first, cap],
+                                                              [False] * len(params), order)
+            assert handmade.assign_buckets(sizes, cap, first) == [list(b) for b in want], (width, cap, first)
+    mb = {first: [round(sum(sizes[i] for i in b) / 1e6, 2)
+                  for b in handmade.assign_buckets(sizes, 25 * MIB, first)] for first in (25 * MIB, MIB)}
+    assert mb == {25 * MIB: [28.87, 15.82], MIB: [9.46, 26.49, 8.74]}
 
 
 def test_shard_bounds_by_hand():
@@ -58,6 +76,34 @@ def test_shard_bounds_by_hand():
     spec = handmade.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
     assert [e - s for s, e in spec] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]
     assert spec[-1][1] == 11_173_962
+
+
+def test_exposed_communication_model_by_hand():
+    """S = 100 MB, P = 2, alpha = 50 us (A = 2(P-1) alpha = 0.1 ms), B = 10 GB/s (W = S/B = 10 ms), T = 50 ms.
+    4 buckets of 25 MB: c = 0.1 + 2.5 = 2.6 ms <= T/k = 12.5 ms: only the last is left, 2.6 ms. 1,000
+    buckets of 100 kB: c = 0.11 ms > T/k = 0.05 ms: they queue, T/k + k c - T = 0.05 + 110 - 50 = 60.05 ms.
+    The best k is where c = T/k: k = (T - W) / A = 400 (250 kB buckets), exposing 0.125 ms."""
+    args = (100e6, 2, 5e-5, 1e10, 0.05)
+    assert math.isclose(handmade.overlap_exposed_seconds(25e6, *args), 2.6e-3)
+    assert math.isclose(handmade.overlap_exposed_seconds(1e5, *args), 60.05e-3)
+    assert handmade.overlap_exposed_seconds(30e6, *args) == handmade.overlap_exposed_seconds(25e6, *args)  # 4
+    assert handmade.optimal_bucket_bytes(*args) == 250e3
+    assert math.isclose(handmade.overlap_exposed_seconds(250e3, *args), 0.125e-3)
+    assert handmade.optimal_bucket_bytes(100e6, 2, 0.0, 1e10, 0.05) == 0.0    # no latency: smaller is better
+    # backward shorter than the bandwidth term: queued everywhere, best at k = sqrt(T/A) = sqrt(50) ~ 7
+    assert handmade.optimal_bucket_bytes(100e6, 2, 5e-5, 1e10, 0.005) == 100e6 / 7
+
+
+def test_the_best_bucket_is_the_models_minimum_over_whole_bucket_counts():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        s, p = rng.uniform(1e5, 1e9), rng.choice([2, 4, 8])
+        a, bw, t = rng.uniform(1e-6, 1e-3), rng.uniform(1e8, 1e11), rng.uniform(1e-3, 1.0)
+        k = round(s / handmade.optimal_bucket_bytes(s, p, a, bw, t))
+        exposed = [handmade._exposed_by_buckets(n, s, p, a, bw, t) for n in range(1, max(2 * k, 1000) + 1)]
+        assert math.isclose(exposed[k - 1], min(exposed), rel_tol=1e-12), (s, p, a, bw, t, k)
 
 
 def test_ring_bytes_and_the_alpha_beta_prediction_by_hand():
@@ -74,6 +120,56 @@ def test_ring_bytes_and_the_alpha_beta_prediction_by_hand():
     assert math.isclose(handmade.predicted_seconds(zero, 4, 1e-5, 1e9, False)[0], 1.56e-3)
     naive = [("all_reduce", 4)] * 62    # 62 tiny tensors: alpha 62 times
     assert math.isclose(handmade.predicted_seconds(naive, 2, 1e-5, 1e9, False)[0], 62 * (2e-5 + 4e-9))
+    # behind a backward of T: 4 equal buckets are the exercise's model; unequal ones queue by their bytes
+    equal = [("all_reduce", 25_000_000)] * 4
+    assert math.isclose(handmade.predicted_seconds(equal, 2, 5e-5, 1e10, True, 0.05)[1], 2.6e-3)
+    assert math.isclose(handmade.predicted_seconds([("all_reduce", 1e8)] * 1, 2, 5e-5, 1e10, True, 0.05)[1],
+                        10.1e-3)
+    # 90 MB ready at 45 ms takes 9.1 ms (ends 54.1 ms); the last 10 MB, ready at 50 ms, waits: ends 55.2 ms
+    two = [("all_reduce", 90_000_000), ("all_reduce", 10_000_000)]
+    assert math.isclose(handmade.predicted_seconds(two, 2, 5e-5, 1e10, True, 0.05)[1], 5.2e-3)
+
+
+def test_memory_use_on_a_cpu_counts_every_tensor_until_it_is_freed_on_any_thread():
+    """Known in advance: the implementation holds 1 MiB; its step holds 4 + 1 MiB at once, frees the 4 MiB
+    on another thread (as gloo's does when it holds a collective's tensor last), then allocates 2 MiB:
+    held 1 MiB, peak 6 MiB. Missing that free would read 1 + 7 = 8 MiB."""
+    import threading
+
+    def build():
+        return [torch.ones(MIB // 4)]
+
+    def step(held):
+        box = [torch.ones(MIB)]
+        small = torch.ones(MIB // 4)
+        t = threading.Thread(target=box.clear)
+        t.start()
+        t.join()
+        later = torch.ones(MIB // 2)
+        return small, later
+
+    use, held = handmade.memory_use(build, step, torch.device("cpu"), warm_steps=1)
+    assert (use.held_bytes, use.peak_bytes) == (MIB, 6 * MIB) and held[0].numel() == MIB // 4
+
+
+def test_memory_use_on_a_gpu_reads_the_allocators_counters_from_before_the_build(fake_gpu):
+    """On the (fake) GPU: 2 MiB held by someone else before, a 8 MiB spike while building (gone before the
+    measured step), 1 MiB kept, 3 MiB more during the measured step: held 1 MiB, peak 4 MiB."""
+    gpu = fake_gpu(count=1)
+    dev = torch.device("cuda", 0)
+    before = gpu.tensor(2 * MIB, 0)
+
+    def build():
+        spike = gpu.tensor(8 * MIB, 0)
+        del spike
+        return [gpu.tensor(MIB, 0)]
+
+    def step(held):
+        temporary = gpu.tensor(3 * MIB, 0)
+        del temporary
+
+    use, held = handmade.memory_use(build, step, dev)
+    assert (use.held_bytes, use.peak_bytes) == (MIB, 4 * MIB) and before and held
 
 
 def test_a_step_takes_the_slowest_rank():
@@ -87,38 +183,44 @@ def test_the_plan_on_two_cpu_cores_and_on_the_budget_node():
     quick = profiles.settings(build_ddp.Settings, "quick")
     runs = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, quick, CPU2, "quick")
     kinds = [(r.processes, r.config["kind"], r.config["batch_size"]) for r in runs]
-    assert kinds == [(2, "check", 4), (2, "bench", 4), (2, "compare", 4), (2, "compare", 16),
-                     (2, "compare", 16), (2, "trace", 16),
-                     (4, "check", 4), (4, "bench", 4), (4, "compare", 4), (4, "compare", 16)]
+    assert kinds == [(2, "check", 4), (2, "bench", 4), (2, "memory", 4), (2, "compare", 4),
+                     (2, "compare", 16), (2, "compare", 16), (2, "trace", 16), (4, "check", 4),
+                     (4, "bench", 4), (4, "memory", 4), (4, "compare", 4), (4, "compare", 16)]
     assert {r.group for r in runs} == {"build_ddp 2", "build_ddp 4"}
     assert all(r.device == "cpu" and r.config["backend"] == "gloo" and r.threads == 1 and not r.skip
                for r in runs)
-    sweep = runs[4].config["implementations"]
+    sweep = runs[5].config["implementations"]
     assert [m for n, m in sweep if n == "bucketed"] == [0.016, 0.08, 0.4, None] and sweep[-1][0] == "ddp_bf16"
-    assert runs[0].config["dtype"] == "float64" and runs[5].options["trace_dir"].endswith("quick/traces")
+    assert runs[0].config["dtype"] == "float64" and runs[6].options["trace_dir"].endswith("quick/traces")
+    assert runs[2].config["implementations"] == [
+        ["local", None, "sgd"], ["naive", None, "sgd"], ["per_tensor", None, "sgd"], ["flat", None, "sgd"],
+        ["bucketed", 0.4, "sgd"], ["zero1", None, "sgd"], ["ddp", 0.4, "sgd"], ["zero1", None, "adam"],
+        ["ddp", 0.4, "adam"]]
     full = profiles.settings(build_ddp.Settings, "full")
     here = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, CPU2, "full")
     assert {r.skip for r in here} == {"needs 2 GPUs", "needs 4 GPUs"}
     node = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, BUDGET_NODE, "full")
     assert all(r.device == "cuda" and r.config["backend"] == "nccl" and not r.skip for r in node)
-    assert len(node) == 12 and node[2].config["implementations"][3] == ["bucketed", 25.0]
+    assert len(node) == 14 and node[3].config["implementations"][4] == ["bucketed", 25.0]
     two_gpus = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, Machine(gpus=2, cores=16, gpu_name="G"),
                          "full")
     assert {(r.processes, r.skip, r.config["backend"]) for r in two_gpus} == {(2, None, "nccl"),
                                                                            (4, "needs 4 GPUs", "nccl")}
     doctor = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, build_ddp.doctor_settings(full), BUDGET_NODE, "full")
-    assert {r.processes for r in doctor} == {2} and len(doctor) == 5
+    assert {r.processes for r in doctor} == {2} and len(doctor) == 6
 
 
 def test_cost_by_hand():
     """A full-profile comparison at 512 per GPU: 3.329 GFLOP per image at 30 % of 495 TFLOP/s is 22.42 us
-    per image, 11.48 ms per step; (3 + 20) rounds x 6 implementations = 1.584 s. At 32 per GPU the 5 ms
-    floor of a launch-bound step wins: 0.69 s."""
+    per image, 11.48 ms per step; (3 + 20) rounds x 7 implementations and 20 more backward-timing steps
+    = 181 steps, 2.08 s. At 32 per GPU the 5 ms floor of a launch-bound step wins: 0.905 s. Memory at 32:
+    three steps of each of its 9 rows, 0.135 s."""
     full = profiles.settings(build_ddp.Settings, "full")
     node = make_plan(build_ddp.BUILD_DDP_EXPERIMENT, full, BUDGET_NODE, "full")
-    by_batch = {r.config["batch_size"]: r for r in node[2:5]}   # 2 ranks: the comparisons at 32, 128, 512
-    assert math.isclose(build_ddp.cost(by_batch[512]), 23 * 6 * 512 * 3.329e9 / (0.3 * 495e12), rel_tol=1e-3)
-    assert math.isclose(build_ddp.cost(by_batch[32]), 23 * 6 * 0.005)
+    by_batch = {r.config["batch_size"]: r for r in node[3:6]}   # 2 ranks: the comparisons at 32, 128, 512
+    assert math.isclose(build_ddp.cost(by_batch[512]), 181 * 512 * 3.329e9 / (0.3 * 495e12), rel_tol=1e-3)
+    assert math.isclose(build_ddp.cost(by_batch[32]), 181 * 0.005)
+    assert node[2].config["kind"] == "memory" and math.isclose(build_ddp.cost(node[2]), 27 * 0.005)
 
 
 def test_bad_settings_are_one_sentence_before_anything_runs():
@@ -156,7 +258,14 @@ def _records():
                                         _row("bucketed", [("all_reduce", 500)] * 2, 0.35, 0.05, 0.01, True),
                                         _row("bucketed", flat, 0.33, 0.03, None, True),
                                         _row("ddp", flat, 0.34, 0.04, 0.4, True),
-                                        _row("ddp_bf16", [("all_reduce", 500)], 0.32, 0.02, 0.4, True)]})
+                                        _row("ddp_bf16", [("all_reduce", 500)], 0.32, 0.02, 0.4, True)],
+                    "gradient_bytes": 1000, "backward_seconds": 3e-4})
+    memory_rows = [{"implementation": n, "bucket_mb": None, "optimizer": o, "held_bytes": h, "peak_bytes": p,
+                    "optimizer_state_bytes": st}
+                   for n, o, h, p, st in (("ddp", "sgd", 4000, 5000, 1000),
+                                          ("zero1", "adam", 3500, 6000, 1000))]
+    memory = Record("build_ddp", {**base, "kind": "memory", "batch_size": 4}, {"implementations": memory_rows,
+                                                                              "parameter_bytes": 1000})
     fit = {"alpha_seconds": 1e-4, "bandwidth_bytes_per_s": 1e8}
     bench = Record("build_ddp", {**base, "kind": "bench", "batch_size": 4,
                                  "sizes_bytes": [4096, 16384, 65536]},
@@ -170,7 +279,7 @@ def _records():
                                                                            "check_steps": 3})
     skipped = Record("build_ddp", {**base, "devices": 4, "kind": "compare", "batch_size": 4},
                      status="skipped", reason="needs 4 GPUs")
-    return [check, bench, main, sweep, skipped]
+    return [check, bench, memory, main, sweep, skipped]
 
 
 def test_tables_select_the_records_and_predict_with_the_fit_by_hand(store):
@@ -184,9 +293,24 @@ def test_tables_select_the_records_and_predict_with_the_fit_by_hand(store):
     assert table.loc["(b) flat", "fit"].startswith("this run's all-reduce timing")
     assert "not measured: needs 4 GPUs" in table.index
     sweep = T.sweep_table(store, recs)
-    assert list(sweep["bucket_mb"]) == [0.01, "one bucket"] and list(sweep["buckets"]) == [2, 1]
-    assert math.isclose(sweep["predicted_exposed_ms"][0], 0.205)
+    assert list(sweep["bucket_mb"]) == [0.01, "one bucket", 0.4] and list(sweep["buckets"]) == [2, 1, 1]
+    assert list(sweep["implementation"]) == ["(c) bucketed"] * 2 + ["torch DDP"]
+    assert list(sweep["bucket_sizes_mb"]) == ["0.0005 + 0.0005", "0.001", "0.001"]
+    # behind a 0.3 ms backward: the first 500 B ready at 0.15 ms, done at 0.355 ms; the second, ready at
+    # 0.3 ms, waits for it: done at 0.56 ms, 0.26 ms after backward (its own 0.205 ms is a lower bound)
+    assert math.isclose(sweep["predicted_exposed_ms"][0], 0.26)
     assert math.isclose(sweep["predicted_comm_ms"][0], 0.41)
+    cases, measured, labels = T.overlap_cases(store, recs)
+    assert labels == ["(c) at 0.01 MB", "(c), one bucket"] and measured == [0.05, 0.03]
+    assert [c["bucket_bytes"] for c in cases] == [0.01 * MIB, 1000] and cases[0]["backward_seconds"] == 3e-4
+    yours, one, best, lab_model = T.best_bucket_args(handmade.overlap_exposed_seconds, cases, measured)
+    assert best == [1000 / MIB] and "bucket_bytes" not in one[0]   # the sweep's best: one bucket
+    assert math.isclose(yours(**one[0]), lab_model(**one[0]))       # the lab's model, minimized both ways
+    assert T.best_bucket_args(lambda **c: None, cases, measured)[0](**one[0]) is None   # not done yet
+    mem = T.memory_table(recs).set_index(["implementation", "optimizer"])
+    assert mem.loc[("(d) ZeRO-1 (paper)", "adam"), "peak_bytes"] == 6000
+    assert mem.loc[("torch DDP", "sgd"), "optimizer_state_bytes_per_rank"] == 1000
+    assert T.notes(recs, "memory")[0].startswith("held_bytes") and T.notes(recs)[0].startswith("step_ms")
     comp = T.compression_table(recs).set_index("implementation")
     assert comp.loc["torch DDP, bf16 hook", "loss_after_k_steps"] == 2.6
     assert comp.loc["torch DDP, bf16 hook", "bytes_per_rank_per_step"] == 500
@@ -206,6 +330,7 @@ def test_timings_that_cannot_be_fitted_leave_the_rows_and_say_why(store):
     04's benchmark that cannot be fitted either falls back to this run's own fit."""
     recs = _records()
     bench = recs[1]
+    assert T.overlap_cases(store, [r for r in recs if r is not bench]) == ([], [], [])   # no fit: no cases
     bench.metrics["fit"] = {"problem": "The timings do not grow with message size, so B cannot be fitted"}
     table = T.compare_table(store, recs).set_index("implementation")
     why = "no fit: The timings do not grow with message size, so B cannot be fitted"
@@ -224,7 +349,7 @@ def test_timings_that_cannot_be_fitted_leave_the_rows_and_say_why(store):
 def test_the_check_passes_only_when_every_implementation_is_equal():
     recs = _records()
     table = T.check_table(recs)
-    assert T.check_verdict(table).startswith("passed: (a)-(d) and torch's DDP equal one process")
+    assert T.check_verdict(table).startswith("passed: (a)-(e) and torch's DDP equal one process")
     assert table.set_index("implementation").loc["torch DDP, bf16 hook", "tolerance"].startswith("bfloat16")
     recs[0].metrics["implementations"][1] = {**recs[0].metrics["implementations"][1], "equal": False,
                                              "max_abs_diff": 0.5}
@@ -298,11 +423,12 @@ def test_each_implementation_equals_one_process_on_two_gloo_ranks():
 
     def ranks(rank, world):
         out = {}
-        for name in ("naive", "flat", "bucketed", "zero1"):
+        for name in ("naive", "per_tensor", "flat", "bucketed", "zero1"):
             torch.manual_seed(0)
             model = _tiny()
             opt = make_optimizer(model)
-            sync = {"naive": handmade.Naive, "flat": handmade.Flat, "zero1": handmade.ZeroOne}.get(name)
+            sync = {"naive": handmade.Naive, "per_tensor": handmade.PerTensor, "flat": handmade.Flat,
+                    "zero1": handmade.ZeroOne}.get(name)
             sync = sync(model, opt) if sync else handmade.Bucketed(model, opt, 200)
             train_steps(model, [_batch(10 * s + rank) for s in range(steps)], steps, sync,
                         torch.nn.CrossEntropyLoss(), None, torch.device("cpu"))
@@ -315,7 +441,7 @@ def test_each_implementation_equals_one_process_on_two_gloo_ranks():
     full = sum(p.numel() for p in ref.parameters()) * 8   # 837 float64 momenta
     got = handmade.run_in_ranks(ranks, 2, timeout_s=50)
     for rank_out in got:
-        assert set(rank_out) == {"naive", "flat", "bucketed", "zero1"}, rank_out
+        assert set(rank_out) == {"naive", "per_tensor", "flat", "bucketed", "zero1"}, rank_out
         for name, (diff, close, state) in rank_out.items():
             assert close and diff < 1e-12, (name, diff)
             assert state == full or name == "zero1", (name, state)
@@ -335,8 +461,83 @@ def test_bucketed_launches_every_bucket_during_backward_in_bucket_order():
         return launched, [[p.shape[0] for p in b] for b in sync.buckets], sync.launched
 
     for launched, shapes, after in handmade.run_in_ranks(ranks, 2, timeout_s=50):
-        assert launched == [0, 1, 2, 3] and after == []
-        assert shapes == [[5], [5], [4], [4]]   # Linear bias, weight, then Conv bias, weight: last first
+        assert launched == [0, 1] and after == []
+        # DDP's rule at 200 B: Linear bias (40 B), then its weight takes the bucket over the cap, which
+        # closes; then Conv bias and weight: last first
+        assert shapes == [[5, 5], [4, 4]]
+
+
+@pytest.mark.slow
+def test_per_tensor_launches_every_tensor_during_backward_in_place_last_first():
+    """(e): one asynchronous all-reduce per gradient tensor, started by the hooks while backward runs
+    (before step()), in reverse parameter order, on the gradient itself (no copy)."""
+    def ranks(rank, world):
+        torch.manual_seed(0)
+        model = _tiny()
+        sync = handmade.PerTensor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = _batch(rank)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        launched = [(k, flat.data_ptr() == p.grad.data_ptr()) for (k, flat, _), p in
+                    zip(sync.launched, reversed(list(model.parameters())))]
+        sync.step()
+        return launched, sync.messages()
+
+    for launched, messages in handmade.run_in_ranks(ranks, 2, timeout_s=50):
+        assert launched == [(0, True), (1, True), (2, True), (3, True)]
+        # float64: Linear bias 5, weight 5 x 144, then Conv bias 4, weight 4 x 3 x 3 x 3 (8 bytes each)
+        assert messages == [("all_reduce", 40), ("all_reduce", 5760), ("all_reduce", 32), ("all_reduce", 864)]
+
+
+@pytest.mark.slow
+def test_every_implementation_starts_from_rank_0s_weights_and_buffers():
+    """As DDP does (B5): each rank seeds its own weights and BatchNorm statistics; once wrapped, every rank
+    holds rank 0's (the old classes relied on the seed and broadcast nothing)."""
+    def ranks(rank, world):
+        out = []
+        for make in (handmade.Local, handmade.Naive, handmade.PerTensor, handmade.Flat, handmade.ZeroOne,
+                     lambda m, o: handmade.Bucketed(m, o, 200)):
+            torch.manual_seed(rank)
+            model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).double()
+            model[1].running_mean.uniform_()
+            make(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            out.append(torch.cat([t.detach().reshape(-1).double() for t in model.state_dict().values()]))
+        return out
+
+    first, second = handmade.run_in_ranks(ranks, 2, timeout_s=50)
+    assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 6
+
+
+@pytest.mark.slow
+def test_memory_of_implementations_whose_bytes_are_known_in_advance():
+    """The tiny float64 model, S = 837 x 8 = 6,696 bytes, on 2 gloo ranks, with SGD's momentum: between
+    steps no communication holds 3S (weights, gradients, momentum); DDP 4S (its one bucket too); ZeRO-1
+    2S + its shard's momentum and gradient (419 x 8 each on rank 0, padded to 419: 2S + 6,704 bytes)."""
+    from lab_utils.core.loop import make_optimizer, train_steps
+
+    def ranks(rank, world):
+        batch = _batch(rank)
+        out = {}
+        for name, make in (("local", handmade.Local), ("zero1", handmade.ZeroOne), ("ddp", None)):
+            def build(make=make):
+                torch.manual_seed(0)
+                model = _tiny()
+                opt = make_optimizer(model)
+                if make is None:
+                    return torch.nn.parallel.DistributedDataParallel(model), opt
+                return model, make(model, opt)
+
+            def step(it):
+                train_steps(it[0], [batch], 1, it[1], torch.nn.CrossEntropyLoss(), None, torch.device("cpu"))
+
+            use, _ = handmade.memory_use(build, step, torch.device("cpu"))
+            out[name] = use
+        return out
+
+    s = 837 * 8
+    for rank, got in enumerate(handmade.run_in_ranks(ranks, 2, timeout_s=50)):
+        assert got["local"].held_bytes == 3 * s and got["ddp"].held_bytes == 4 * s, got
+        assert got["zero1"].held_bytes == 2 * s + (419 if rank == 0 else 418) * 8 + 419 * 8, got
+        assert all(u.peak_bytes > u.held_bytes for u in got.values())
 
 
 @pytest.mark.timeout(60)
@@ -392,30 +593,38 @@ def test_ctrl_c_while_ranks_work_leaves_no_rank_behind(tmp_path):
 @pytest.mark.timeout(240)
 def test_the_plan_through_torchrun_gives_every_table_and_the_merged_trace(store):
     """The notebook's path (measure -> launcher -> worker -> records -> tables) on 2 gloo ranks, a tiny
-    configuration: everything equal to one process, every implementation timed, the sweep, the bf16 rows,
-    one trace per rank merged; a second measure reuses every record."""
+    configuration: everything equal to one process, every implementation's memory, every implementation
+    timed ((c) and DDP with the same buckets at the same 0.05 MiB cap), the backward time, the sweep, the
+    bf16 rows, one trace per rank merged; a second measure reuses every record."""
     s = profiles.settings(build_ddp.Settings, "quick", devices=(2,), batch_sizes=(2,), width=4, steps=2,
-                          check_steps=2, check_batch=2, sweep_mb=(0.01,), trace_steps=1,
+                          check_steps=2, check_batch=2, bucket_cap_mb=0.05, sweep_mb=(0.01,), trace_steps=1,
                           bench_max_bytes=MIB, train_images=64)
     recs = measure("quick", build_ddp.BUILD_DDP_EXPERIMENT, s, machine=CPU2)
-    assert [r.status for r in recs] == ["ok"] * 5
+    assert [r.status for r in recs] == ["ok"] * 6
     check = T.check_table(recs)
-    assert T.check_verdict(check).startswith("passed") and len(check) == 6
+    assert T.check_verdict(check).startswith("passed") and len(check) == 7
+    memory = T.memory_table(recs)
+    assert len(memory) == 9 and (memory["peak_bytes"] >= memory["held_bytes"]).all()
+    main = next(r for r in recs if r.config["kind"] == "compare")
+    rows = {(r["implementation"], r["bucket_mb"]): r for r in main.metrics["implementations"]}
+    assert len(rows[("bucketed", 0.05)]["messages"]) > 1
+    assert rows[("bucketed", 0.05)]["messages"] == rows[("ddp", 0.05)]["messages"]   # DDP's own, logged
+    assert 0 < main.metrics["backward_seconds"] < max(r["step_seconds"] for r in rows.values())
     table = T.compare_table(store, recs)
     assert list(table["implementation"]) == [handmade_name for handmade_name in
-                                             ("no communication", "(a) naive", "(b) flat", "(c) bucketed",
-                                              "(d) ZeRO-1", "torch DDP")]
+                                             ("no communication", "(a) naive", "(e) per tensor, overlapped",
+                                              "(b) flat", "(c) bucketed", "(d) ZeRO-1 (paper)", "torch DDP")]
     assert (table["step_ms"] > 0).all()
     # the run's own alpha-beta fit (4 KiB ... 1 MiB on gloo), or, on a CPU too busy for one, a row saying so
     assert table["predicted_comm_ms"].notna().all() or table["fit"].str.startswith("no fit: ").all(), table
 
     by_name = table.set_index("implementation")
-    assert by_name.loc["(a) naive", "collectives"] == 62
+    assert {by_name.loc[n, "collectives"] for n in ("(a) naive", "(e) per tensor, overlapped")} == {62}
     grad = next(r for r in recs if r.config["kind"] == "compare").metrics["gradient_bytes"]   # S, fp32
-    for name in ("(a) naive", "(b) flat", "(c) bucketed", "torch DDP"):   # 2 ranks: 2(P-1)/P x S = S
+    for name in ("(a) naive", "(e) per tensor, overlapped", "(b) flat", "(c) bucketed", "torch DDP"):  # S
         assert by_name.loc[name, "bytes_per_rank_per_step"] == grad, name
-    assert grad <= by_name.loc["(d) ZeRO-1", "bytes_per_rank_per_step"] < grad + 2 * 4   # padded shards
-    assert len(T.sweep_table(store, recs)) == 2 and len(T.compression_table(recs)) == 2
+    assert grad <= by_name.loc["(d) ZeRO-1 (paper)", "bytes_per_rank_per_step"] < grad + 2 * 4   # padded
+    assert len(T.sweep_table(store, recs)) == 3 and len(T.compression_table(recs)) == 2
     out = T.merge_traces(recs, store.figures_dir / "build_ddp_trace.json")
     events = json.loads(Path(out).read_text())["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
@@ -455,6 +664,40 @@ def test_the_exercise_runs_on_gloo_ranks_inside_the_sandbox(tmp_path):
     out = sandbox.run(job, notebook, sandbox.Limits(wall_seconds=50), sandbox=True)
     answers = [r["answer"] for r in out.lines if "answer" in r]
     assert out.sandbox == "bwrap" and out.done and len(answers) == 4, (out.lines, out.stderr[-2000:])
-    assert answers[0] == [[[3.0, 4.0], [5.0]]] * 2
-    assert answers[1][0][0][0] == 4.0 and math.isclose(answers[1][0][0][1], 7 / 3, rel_tol=1e-6)
-    assert answers[2] == [[[6.0, 8.0], [10.0]]] * 2   # the sum: "summing without dividing"
+    given = "the tensors it was given"
+    assert answers[0] == [{"grads": [[3.0, 4.0], [5.0]], "returns": given}] * 2
+    first = answers[1][0]["grads"][0]
+    assert first[0] == 4.0 and math.isclose(first[1], 7 / 3, rel_tol=1e-6)
+    assert answers[2] == [{"grads": [[6.0, 8.0], [10.0]], "returns": given}] * 2   # summing without dividing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_alternative_answers_earn_every_case_and_the_prompts_demands_are_named():
+    """Each tests/alternatives/q09_*.py (another correct answer: dividing before the all-reduce, another
+    style of DDP's bucket rule, of the shards, a simulation of the exposed time) passes every public and
+    hidden case the build writes; an average that works on copies, or forgets its return, is told so."""
+    from lab_utils.grading import EXERCISES, build
+    from lab_utils.grading import notebooks as nbs
+    from lab_utils.grading.exercises import verdict
+
+    master = nbs.parse_master(Path(__file__).resolve().parent.parent / "labs" / "09_build_ddp.ipynb")
+    folder = Path(__file__).resolve().parent / "alternatives"
+    specs = {q.name: build.exercise_spec(master, q) for q in master.questions if not q.manual}
+    assert sorted(p.stem for p in folder.glob("q09_*.py")) == sorted(specs)
+    for name, spec in specs.items():
+        ns: dict = {}
+        exec(compile((folder / f"{name}.py").read_text(), name, "exec"), ns)
+        fn = ns[EXERCISES[name].function]
+        for t in spec["tests"]:
+            cases = [c["case"] for c in t["cases"]]
+            assert verdict(name, fn, cases, [c["expected"] for c in t["cases"]], t["hidden"]) == "", name
+    public = [c for t in specs["q09_average"]["tests"] if not t["hidden"] for c in t["cases"]]
+    cases, expected = [c["case"] for c in public], [c["expected"] for c in public]
+    loop = "    for g in grads:"
+    copies = SOLUTION.replace(loop, "    grads = [g.clone() for g in grads]\n" + loop)
+    no_return = SOLUTION.replace("    return grads\n", "")
+    for code, named in ((copies, "new tensors, not in place"), (no_return, "the return missing")):
+        ns = {}
+        exec(code, ns)
+        assert named in verdict("q09_average", ns["average_gradients"], cases, expected), named

@@ -41,9 +41,9 @@ QUESTIONS = {
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization",
                                "q04_predicted_bandwidth"],
     "05_large_batch_training": ["q05_lr_schedule", "q05_recipe", "q05_set_epoch"],
-    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time"],
+    "06_gpt_ddp": ["q06_flops_per_token", "q06_mfu", "q06_rank_time", "q06_tokens_per_s"],
     "07_quantization": ["q07_int8_size"],
-    "09_build_ddp": ["q09_average", "q09_buckets", "q09_shards"],
+    "09_build_ddp": ["q09_average", "q09_buckets", "q09_shards", "q09_exposed"],
 }
 # The questions graded by hand in each notebook (notebook 05: Q4.1, Q4.2, Q6 and Q7 each have one).
 MANUAL = {nb: [s.by_hand for s in sections_for(nb) if s.by_hand] for nb in QUESTIONS}
@@ -301,6 +301,7 @@ def _check_q06_flops_per_token(f):
 
 
 def _check_q06_mfu(f):
+    from lab_utils.core.flops import mfu
     from lab_utils.core.hardware import fraction_of_peak, peak_flops_per_s
 
     for fpt, tps, n, gpu, prec in ((6.1e7, 2.4e6, 4, "NVIDIA H100 80GB HBM3", "bf16"),
@@ -308,6 +309,8 @@ def _check_q06_mfu(f):
                                    (1.0e6, 1.0e4, 1, "NVIDIA H100 PCIe", "tf32")):
         lab = fraction_of_peak(fpt * tps / n, gpu, prec)
         assert math.isclose(f(fpt, tps, peak_flops_per_s(gpu, prec), n), lab, rel_tol=1e-12)
+        assert math.isclose(f(fpt, tps, peak_flops_per_s(gpu, prec), n),
+                            mfu(fpt, tps, peak_flops_per_s(gpu, prec), n), rel_tol=1e-12)  # the worker's
 
 
 def _check_q06_rank_time(f):
@@ -322,6 +325,20 @@ def _check_q06_rank_time(f):
     ranks = GPT_RANK_SECONDS
     speedups = [round(f(list(ranks[(b, 1)])) / f(list(ranks[(b, n)])), 2) for b in (64, 128) for n in (2, 4)]
     assert speedups == [1.61, 2.68, 1.75, 2.95]
+
+
+def _check_q06_tokens_per_s(f):
+    """The lab's model (lab_utils.core.flops.predicted_tokens_per_s, behind Exercise 06-d's table), and by
+    hand: 0.30 s at batch 64 and 0.50 s at 128 (block 256) are 0.10 s fixed + 12.2 us per token, so 16 x 64
+    micro-steps run at 4,096 tokens per 0.15 s = 27,306.7 tokens/s."""
+    from lab_utils.core.flops import predicted_tokens_per_s
+
+    for b, t, m, e, block in (([64, 128], [0.30, 0.50], 16, 1024, 256), ([128, 32], [0.9, 0.3], 8, 512, 64),
+                              ([2, 4], [0.002, 0.0031], 1, 8, 64), ([64, 128], [0.1, 0.18], 256, 256, 32)):
+        case = {"batch_sizes": b, "step_seconds": t, "micro_batch": m, "effective_batch": e,
+                "block_size": block}
+        assert math.isclose(f(**case), predicted_tokens_per_s(**case), rel_tol=1e-12)
+    assert math.isclose(f([64, 128], [0.30, 0.50], 16, 1024, 256), 4096 / 0.15, rel_tol=1e-12)
 
 
 def _check_q07_int8_size(f):
@@ -361,13 +378,21 @@ def _check_q09_average(f):
 
 
 def _check_q09_buckets(f):
+    """The solution is the lab's (c) and torch's own rule (DDP's compute_bucket_assignment_by_size, given
+    the parameters in ready order, last first): ResNet-18's 62 tensors at DDP's caps and others."""
+    import torch.distributed as dist
+
     from lab_utils.core.handmade import assign_buckets
     from lab_utils.models import ResNet18
 
-    sizes = [p.numel() * p.element_size() for p in ResNet18(width=8).parameters()]
-    for cap in (16_000, 419_430, 10**9):
-        assert f(sizes, cap) == assign_buckets(sizes, cap)
-        assert sorted(i for b in f(sizes, cap) for i in b) == list(range(62))
+    params = list(ResNet18(width=8).parameters())
+    sizes = [p.numel() * p.element_size() for p in params]
+    order = list(reversed(range(len(params))))
+    for cap, first in ((16_000, 16_000), (419_430, 16_384), (10**9, 10**9), (1, 1)):
+        torch_buckets, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [first, cap],
+                                                                   [False] * len(params), order)
+        assert f(sizes, cap, first) == assign_buckets(sizes, cap, first) == [list(b) for b in torch_buckets]
+        assert sorted(i for b in f(sizes, cap, first) for i in b) == list(range(62))
 
 
 def _check_q09_shards(f):
@@ -376,6 +401,18 @@ def _check_q09_shards(f):
     for n, p in ((11_173_962, 4), (176_402, 4), (7, 3), (3, 5)):
         assert [tuple(b) for b in f(n, p)] == shard_bounds(n, p)
     assert [e - s for s, e in f(11_173_962, 4)] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]  # by hand
+
+
+def _check_q09_exposed(f):
+    """The solution is the lab's model (handmade.overlap_exposed_seconds) on both sides of its kink, and
+    a bucket as large as the gradient exposes one whole all-reduce (notebook 04's ring time)."""
+    from lab_utils.core import handmade, ring
+
+    for b, s, p, a, bw, t in ((25e6, 100e6, 2, 5e-5, 1e10, 0.05), (1e6, 44_695_848, 4, 2e-5, 5e9, 0.01),
+                              (3e5, 7e6, 8, 1e-6, 1e11, 1e-3), (7e6, 7e6, 2, 1e-4, 1e9, 0.0)):
+        assert math.isclose(f(b, s, p, a, bw, t), handmade.overlap_exposed_seconds(b, s, p, a, bw, t),
+                            rel_tol=1e-12)
+    assert math.isclose(f(1e9, 1e8, 4, 1e-5, 1e10, 0.5), ring.ring_allreduce_seconds(1e8, 4, 1e-5, 1e10))
 
 
 CHECKS = {
@@ -387,8 +424,10 @@ CHECKS = {
     "q04_utilization": _check_q04_utilization, "q04_predicted_bandwidth": _check_q04_predicted_bandwidth,
     "q05_lr_schedule": _check_q05_lr_schedule, "q05_recipe": _check_q05_recipe,
     "q05_set_epoch": _check_q05_set_epoch, "q06_flops_per_token": _check_q06_flops_per_token,
-    "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time, "q07_int8_size": _check_q07_int8_size,
+    "q06_mfu": _check_q06_mfu, "q06_rank_time": _check_q06_rank_time,
+    "q06_tokens_per_s": _check_q06_tokens_per_s, "q07_int8_size": _check_q07_int8_size,
     "q09_average": _check_q09_average, "q09_buckets": _check_q09_buckets, "q09_shards": _check_q09_shards,
+    "q09_exposed": _check_q09_exposed,
 }
 
 

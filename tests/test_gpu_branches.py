@@ -8,6 +8,7 @@ time measured on the fake's clock. The last tests keep the inventory equal to th
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -494,23 +495,25 @@ def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
     assert gpu.synchronize_calls == [1]
 
 
-def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch):
-    """The benchmark's GPU defaults are chosen (model moving to the GPU is stopped there: no device here)."""
+def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch, capsys):
+    """The benchmark's GPU rows and clock are chosen (the step itself is stopped: no device memory here):
+    the spec ResNet-18 at batch 128 and 8, the small GPT at 64 and 4, on the wall clock."""
     from lab_utils.experiments import bench_timers
 
     fake_gpu()
-    chosen = {}
-    real_check = bench_timers.check_positive_int
+    seen = []
 
-    def stop(width):
+    def measure(row, device, sizes, pairs, seconds, clock):
+        seen.append((row.model, row.batch_size, sizes.resnet_width, sizes.gpt_size, clock))
         raise RuntimeError("stop: no device memory in the fake")
 
-    monkeypatch.setattr(bench_timers, "ResNet18", stop)
-    monkeypatch.setattr(bench_timers, "check_positive_int",
-                        lambda value, what: chosen.setdefault(what, value) and real_check(value, what))
+    monkeypatch.setattr(bench_timers, "measure", measure)
     with pytest.raises(RuntimeError, match="stop"):
         bench_timers.main([])
-    assert chosen == {"--steps": 20, "--batch-size": 128, "--width": 64, "--repeats": 5}
+    assert seen == [("resnet", 128, 64, "small", time.perf_counter)]
+    assert bench_timers.rows(bench_timers.GPU_SIZES) == [bench_timers.Row("resnet", 128), bench_timers.Row(
+        "resnet", 8), bench_timers.Row("gpt", 64), bench_timers.Row("gpt", 4)]
+    assert "clock: wall time" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- plans made for a GPU node

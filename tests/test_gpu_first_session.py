@@ -518,8 +518,8 @@ def test_the_gpt_tables_show_the_precision_that_ran():
     from lab_utils.store import Record
 
     note = "bf16 asked; Tesla V100-SXM2-16GB has no native bf16 (compute capability 8.0+), so fp32 ran"
-    m = {"train_seconds": 2.0, "train_seconds_mean": 2.0, "backend": None, "slowest_rank": 0, "tokens": 20,
-         "imbalance": 1.0, "tokens_per_s": 10.0, "mfu": None, "val_loss": 3.0, "precision": "fp32",
+    m = {"epoch_seconds": 2.0, "epoch_seconds_mean": 2.0, "backend": None, "slowest_rank": 0, "tokens": 20,
+         "imbalance": 1.0, "epoch_tokens_per_s": 10.0, "mfu": None, "val_loss": 3.0, "precision": "fp32",
          "precision_note": note}
     rec = Record(gpt.SCALING, {"batch_size": 8, "devices": 1, "dtype": "bf16"}, m)
     table = gpt_tables.scaling_table([rec])

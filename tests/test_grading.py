@@ -42,7 +42,7 @@ from lab_utils.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_ARGS = [] if not sandbox.probe() else ["--no-sandbox"]   # the bookkeeping tests run either way
-# The autograded points of the masters (31 on 18 exercises when notebooks 04 and 05 got 04-d and 05-b).
+# The autograded points of the masters (35 on 20 exercises with 01-c, 04-d, 05-b and 06-d).
 AUTO_POINTS = sum(q.points for b in BOOKS for q in nbs.parse_master(REPO / "labs" / f"{b}.ipynb").questions
                   if not q.manual)
 

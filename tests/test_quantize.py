@@ -263,6 +263,35 @@ def test_context_and_intensity_formulas():
         QT.weight_flops_per_byte(0, 1)
 
 
+def test_the_roofline_gives_each_row_its_own_precisions_ridge():
+    """Issue 52, B6. The full profile decodes 64 tokens after a 32-token prompt (block 256): mean context
+    63.5 tokens, no KV cache, so batch 1 multiplies each weight by 63.5 rows. On an H100 SXM (3.35 TB/s):
+    fp32 2 x 63.5 / 4 = 31.75 FLOP/B above its ridge 67 / 3.35 = 20: compute-bound; bf16 63.5 below 989 /
+    3.35 = 295.2: memory-bound; int8 weight-only multiplies in fp32: 127 above 20; int8 dynamic multiplies in
+    int8: 127 below 1979 / 3.35 = 590.7. At batch 64 every row is compute-bound. (With one bf16 ridge for
+    every row, as before, fp32 batch 1 read memory-bound.)"""
+    from lab_utils.core import profiles
+    from lab_utils.experiments import quantize as Q
+    from lab_utils.experiments import quantize_tables
+
+    assert QT.ridge_flops_per_byte("fp32") == pytest.approx(20.0, abs=0.01)
+    assert QT.ridge_flops_per_byte("bf16") == pytest.approx(295.2, abs=0.1)
+    assert QT.ridge_flops_per_byte("int8") == pytest.approx(590.7, abs=0.1)
+    with pytest.raises(LabError, match="fp32, bf16 or int8"):
+        QT.ridge_flops_per_byte("fp8")
+    s = profiles.settings(Q.Settings, "full")
+    df = quantize_tables.intensity_frame(s, 256).set_index(["decoding step", "variant"])
+    one = df.loc["batch 1"]
+    assert set(one["rows per matmul"]) == {63.5}
+    assert one.loc["fp32", "FLOP/byte"] == pytest.approx(31.75)
+    assert one["on an H100 SXM"].to_dict() == {
+        "fp32": "compute-bound", "bf16": "memory-bound", "ao_dynamic_int8": "memory-bound",
+        "torchao_int8_weight_only": "compute-bound", "torchao_int8_dynamic": "memory-bound"}
+    assert one.loc["torchao_int8_weight_only", "multiplies in"] == "fp32"
+    assert one.loc["bf16", "H100 SXM ridge (FLOP/byte)"] == pytest.approx(295.2, abs=0.1)
+    assert set(df.loc["large batch, GPU"]["on an H100 SXM"]) == {"compute-bound"}
+
+
 # --------------------------------------------------------------------------- unavailable paths
 
 

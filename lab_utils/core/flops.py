@@ -1,9 +1,14 @@
-"""FLOP counts measured with ``torch.utils.flop_counter.FlopCounterMode``.
+"""FLOP counts measured with ``torch.utils.flop_counter.FlopCounterMode``, and what they say about a run.
 
 The counter records the FLOPs of matrix multiplications and convolutions (2 FLOPs per
 multiply-accumulate) as the model actually runs, forward and backward. Element-wise
 work (BatchNorm, ReLU, softmax) is not counted; it is small in FLOPs but not in time,
 which is one reason achieved FLOP/s stays below peak.
+
+- :func:`mfu`: model FLOPs utilization, the one place the lab computes it (the GPT worker);
+- :func:`step_time_line` and :func:`predicted_tokens_per_s`: a step's time as a fixed part plus a part per
+  token, fitted to two measured batch sizes, and the tokens/s it predicts at another micro-batch
+  (notebook 06's predict-then-measure exercise).
 """
 
 from __future__ import annotations
@@ -55,3 +60,36 @@ def count_flops(model: nn.Module, example: torch.Tensor, backward: bool = True,
         model.zero_grad(set_to_none=True)
     model.train(was_training)
     return FlopCount(batch_size=int(example.shape[0]), forward_flops=fwd, backward_flops=bwd)
+
+
+def mfu(flops_per_token: float, tokens_per_s: float | None, peak_flops_per_s: float | None,
+        devices: int) -> float | None:
+    """Model FLOPs utilization, a fraction: ``flops_per_token x tokens_per_s`` (all devices' tokens per
+    second) over ``devices x peak_flops_per_s`` (one device's dense peak). None when the peak or the rate is
+    unknown (a CPU, a GPU the peak table lacks): never a guessed one."""
+    if peak_flops_per_s is None or tokens_per_s is None or not peak_flops_per_s > 0:
+        return None
+    return flops_per_token * tokens_per_s / (devices * peak_flops_per_s)
+
+
+def step_time_line(batch_sizes: list[int], step_seconds: list[float], block_size: int) -> tuple[float, float]:
+    """``(fixed_seconds, seconds_per_token)`` of the line through two measured (batch, seconds per step)
+    points, t(b) = fixed + b x block_size x per_token: the part of a step that does not grow with the batch
+    (launches, Python, the optimizer) and the part that does. One device, one micro-step per step."""
+    (b1, b2), (t1, t2) = batch_sizes, step_seconds
+    if b1 == b2:
+        raise ValueError("step_time_line needs two different batch sizes.")
+    per_token = (t2 - t1) / ((b2 - b1) * block_size)
+    return t1 - b1 * block_size * per_token, per_token
+
+
+def predicted_tokens_per_s(batch_sizes: list[int], step_seconds: list[float], micro_batch: int,
+                           effective_batch: int, block_size: int) -> float:
+    """Tokens per second of one device at ``micro_batch`` sequences per micro-step, accumulated to
+    ``effective_batch`` sequences per optimizer step, from :func:`step_time_line`: each of the k = effective /
+    micro micro-steps pays the fixed part and its tokens' part, so k cancels:
+    micro x block / (fixed + micro x block x per_token)."""
+    fixed, per_token = step_time_line(batch_sizes, step_seconds, block_size)
+    k = effective_batch // micro_batch
+    tokens = k * micro_batch * block_size
+    return tokens / (k * (fixed + micro_batch * block_size * per_token))

@@ -196,8 +196,17 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("sequences", "training sequences of the epoch (all ranks for an aggregate)", "count"),
     ("tokens_per_s", "training tokens / train_seconds (loader waits EXCLUDED); aggregate: all ranks' tokens "
      "/ the slowest rank's train_seconds", "tokens/s"),
-    ("mfu", "model FLOPs utilization: flops_per_token x tokens_per_s / (devices x peak FLOP/s); None where "
-     "the peak is unknown (CPUs)", "fraction"),
+    ("epoch_tokens_per_s", "the GPT: training tokens / epoch_seconds of an uninstrumented pass (device "
+     "synchronized at its two ends only, loader waits INCLUDED); aggregate: all ranks' tokens / the slowest "
+     "rank's epoch_seconds", "tokens/s"),
+    ("mfu", "model FLOPs utilization: flops_per_token x epoch_tokens_per_s / (devices x peak FLOP/s) "
+     "(lab_utils.core.flops.mfu); None where the peak is unknown (CPUs)", "fraction"),
+    ("breakdown", "the GPT: the instrumented pass after the last epoch (breakdown_steps optimizer steps, "
+     "every phase synchronized, the comm hook read, the skew barrier under DDP): its epoch entry (a "
+     "rank's) or their aggregate over ranks, seconds over the pass", "-"),
+    ("timer_overhead_ratio", "the GPT: the instrumented pass's epoch_seconds per optimizer step / the "
+     "reported uninstrumented epoch's (slowest ranks): what the timers' synchronizations cost the run",
+     "ratio"),
     ("flops_per_token", "training FLOPs per token, counted by FlopCounterMode", "FLOP"),
     ("flops_per_token_formula", "training FLOPs per token by 6N + 12LCT", "FLOP"),
     ("peak_flops_per_s", "the device's dense peak at the run's precision; None when unknown", "FLOP/s"),
@@ -238,7 +247,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- data parallelism by hand (notebook 09)
     ("implementations", "notebook 09: one entry per implementation of the configuration (its name, bucket_mb "
      "and the values below)", "-"),
-    ("implementation", "local (no communication) | naive | flat | bucketed | zero1 | ddp | ddp_bf16", "-"),
+    ("implementation", "local (no communication) | naive | per_tensor | flat | bucketed | zero1 | ddp | "
+     "ddp_bf16", "-"),
     ("bucket_mb", "bucket cap in MiB (2^20 bytes), as DDP's bucket_cap_mb; None: one bucket (bucketed) or "
      "none (the others)", "MiB"),
     ("check_steps", "K: steps of the correctness check", "count"),
@@ -262,7 +272,20 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("messages", "the collectives of one step: [kind, bytes of the buffer]", "-"),
     ("bytes_per_rank_per_step", "ring bytes one rank sends per step: 2(P-1)/P x S per all-reduce, half per "
      "reduce-scatter or all-gather", "bytes"),
-    ("overlaps", "the collectives start during backward (bucketed, DDP)", "-"),
+    ("overlaps", "the collectives start during backward (per_tensor, bucketed, DDP)", "-"),
+    ("backward_seconds", "notebook 09: the no-communication replica's backward pass alone (the loop's "
+     "backward timer, device synchronized at both ends), mean over the comparison's steps, the slowest "
+     "rank's", "s"),
+    ("optimizer", "the optimizer of a memory row: sgd (the recipe) or adam (torch's defaults)", "-"),
+    ("held_bytes", "notebook 09: tensor bytes an implementation keeps between steps on one rank (model, "
+     "gradients, optimizer state, its buffers), counted from before it was built; the largest over ranks",
+     "bytes"),
+    ("peak_bytes", "notebook 09: the most tensor bytes allocated at once during one step (held_bytes plus "
+     "activations and temporaries); GPU: max_memory_allocated, CPU: the profiler's allocation events; the "
+     "largest over ranks", "bytes"),
+    ("optimizer_state_bytes", "bytes of the tensors the optimizer keeps between steps on one rank (SGD's "
+     "momentum; Adam's two moments); the largest over ranks", "bytes"),
+    ("parameter_bytes", "bytes of the model's parameters (one copy)", "bytes"),
     ("tensors", "parameter tensors of the model (each one message for the naive all-reduce)", "count"),
     ("bench_time_us", "notebook 09's own all-reduce timing: microseconds per size, the slowest rank's mean, "
      "best of 3 sweeps", "us"),
@@ -347,8 +370,10 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02, 03 and 06 (and every speedup built on it): an aggregate
-#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
+#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
+#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`). The GPT
+#: of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
+#: (:data:`lab_utils.experiments.gpt_tables.GPT_T_N`).
 T_N = "train_seconds"
 
 

@@ -4,9 +4,10 @@ tables and figures: :mod:`lab_utils.experiments.build_ddp_tables`.
 
 For each device count N (one launch, one group): the correctness check (K steps, every
 implementation against one process on the global batch), an all-reduce timing of a few sizes (this
-run's own alpha-beta fit), one comparison per per-device batch (every implementation interleaved step
-by step), and for N = ``sweep_devices`` the bucket-size sweep of (c) with torch's DDP and its bf16
-compression hook beside it, and the per-rank profiler traces. Without enough GPUs the ranks are gloo
+run's own alpha-beta fit), each implementation's memory (with the recipe's SGD, and ZeRO-1 and DDP
+with Adam too), one comparison per per-device batch (every implementation interleaved step by step),
+and for N = ``sweep_devices`` the bucket-size sweep of (c) with torch's DDP and its bf16 compression
+hook beside it, and the per-rank profiler traces. Without enough GPUs the ranks are gloo
 CPU processes of ``cpu_threads`` threads (at most ``max_cpu_processes``), as in notebooks 02-03.
 """
 
@@ -27,7 +28,8 @@ from lab_utils.workers import handmade_ddp
 __all__ = ["BUILD_DDP", "BUILD_DDP_EXPERIMENT", "Settings", "cost", "doctor_settings", "plan"]
 
 BUILD_DDP = "build_ddp"
-_MAIN = ("local", "naive", "flat", "bucketed", "zero1", "ddp")   # the comparison table's rows
+_MAIN = ("local", "naive", "per_tensor", "flat", "bucketed", "zero1", "ddp")   # the comparison's rows
+_ADAM = ("zero1", "ddp")   # measured with Adam too: when sharding the optimizer state pays
 _TRACED = ("flat", "bucketed", "ddp")                             # (b), (c) and DDP under the profiler
 
 
@@ -85,8 +87,9 @@ profiles.register(Settings, profiles.BUILD_DDP, "build_ddp")
 
 
 def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
-    """Per device count N, one group (one launch): check, bench, a comparison per batch, and on
-    ``sweep_devices`` ranks the bucket sweep (with DDP and its bf16 hook) and the traces."""
+    """Per device count N, one group (one launch): check, bench, memory (at the smallest batch), a
+    comparison per batch, and on ``sweep_devices`` ranks the bucket sweep (with DDP and its bf16 hook) and
+    the traces."""
     images = settings.train_images or config.get_profile(profile).train_images
     common = {"width": settings.width, "seed": settings.seed, "dataset": resolve_dataset(settings.dataset),
               "train_images": config.resolved_images(images, CIFAR10_TRAIN_SIZE)}
@@ -104,6 +107,9 @@ def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
         sizes = [4096 * 4 ** k for k in range(12) if 4096 * 4 ** k <= settings.bench_max_bytes]
         runs.append(run("bench", "all-reduce timing", batch_size=settings.check_batch, sizes_bytes=sizes,
                         warmup=2, iters=10))
+        memory = [[*i, "sgd"] for i in impls] + [[*i, "adam"] for i in impls if i[0] in _ADAM]
+        runs.append(run("memory", f"memory at {n} x {min(settings.batch_sizes)}",
+                        batch_size=min(settings.batch_sizes), implementations=memory))
         for b in settings.batch_sizes:
             runs.append(run("compare", f"{n} x {b}", batch_size=b, warmup=timed[0], steps=timed[1],
                             implementations=impls))
@@ -139,15 +145,19 @@ def _step_seconds(batch: int, width: int) -> float:
 
 def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: its steps x :func:`_step_seconds`
-    (the check adds one process's K x N reference steps; the profiler triples its steps' time)."""
+    (the check adds one process's K x N reference steps; memory: three steps per implementation; a
+    comparison times the backward of ``steps`` more steps; the profiler triples its steps' time)."""
     c = run.config
     step = _step_seconds(c["batch_size"], c["width"])
     if c["kind"] == "bench":
         return 2.0
     if c["kind"] == "check":
         return c["steps"] * (len(c["implementations"]) + c["devices"]) * step
-    rounds = c["warmup"] + c["steps"] if c["kind"] == "compare" else 1 + 3 * c["steps"]
-    return rounds * len(c["implementations"]) * step + (5.0 if c["kind"] == "trace" else 0.0)
+    if c["kind"] == "memory":
+        return 3 * len(c["implementations"]) * step
+    if c["kind"] == "compare":
+        return ((c["warmup"] + c["steps"]) * len(c["implementations"]) + c["steps"]) * step
+    return (1 + 3 * c["steps"]) * len(c["implementations"]) * step + 5.0
 
 
 def doctor_settings(full: Settings) -> Settings:

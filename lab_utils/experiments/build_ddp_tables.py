@@ -3,7 +3,8 @@
 Tables select and rename what the worker measured (:mod:`lab_utils.workers.handmade_ddp`); the one
 number they add, the alpha-beta prediction, spans records (the fit comes from notebook 04's
 benchmark in the store, else from this run's own all-reduce timing) and is computed in one place,
-:func:`predictions`, with :func:`lab_utils.core.handmade.predicted_seconds`.
+:func:`predictions`, with :func:`lab_utils.core.handmade.predicted_seconds`; Exercise 09-d's inputs per
+bucket size come from :func:`overlap_cases`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.core.errors import LabError
-from lab_utils.core.handmade import predicted_seconds
-from lab_utils.core.ring import fit_alpha_beta
+from lab_utils.core.handmade import optimal_bucket_bytes, predicted_seconds
+from lab_utils.core.ring import MIB, fit_alpha_beta
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.workers.handmade_ddp import IMPLEMENTATIONS
 
-__all__ = ["check_table", "check_verdict", "compare_table", "compression_table", "fits", "merge_traces",
-           "notes", "sweep_figure", "sweep_table", "trace_figure"]
+__all__ = ["best_bucket_args", "check_table", "check_verdict", "compare_table", "compression_table", "fits",
+           "memory_table", "merge_traces", "notes", "overlap_cases", "sweep_figure", "sweep_table",
+           "trace_figure"]
 
 NO_FIT = "no fit: run notebook 04 first"
 _COMM = tuple(f"{backend}:{op}" for backend in ("gloo", "nccl")
@@ -42,17 +44,45 @@ def _not_measured(records: Sequence[Record], kind: str) -> list[dict[str, Any]]:
             for r in aggregates(records) if r.status != "ok" and r.config.get("kind") == kind]
 
 
-def notes(records: Sequence[Record]) -> list[str]:
-    """What every table of notebook 09 measured, and on what (CPU runs and oversubscription said)."""
-    out = ["step_ms: from a barrier to the end of the optimizer step (forward, loss, backward, gradient "
-           "sync, step; the batch already on the device), the slowest rank's, median over the timed steps; "
-           "p10 and p90 beside it. The implementations run interleaved, one step each per round.",
-           "comm_exposed_ms: per round, the step minus the no-communication step of the same round (each "
-           "rank steps on its own gradient); median and p10-p90 over the rounds (negative: noise).",
-           "bytes_per_rank_per_step: what one rank sends in ring collectives, 2(P-1)/P x S per all-reduce, "
-           "half that per reduce-scatter or all-gather; collectives: messages per step.",
-           "predicted_*_ms: the alpha-beta ring model, every collective one after the other; exposed = the "
-           "last collective only for (c) and DDP (everything before it hidden behind backward)."]
+#: What each table of notebook 09 measured (:func:`notes`).
+_TABLE_NOTES = {
+    "compare": [
+        "step_ms: from a barrier to the end of the optimizer step (forward, loss, backward, gradient "
+        "sync, step; the batch already on the device), the slowest rank's, median over the timed steps; "
+        "p10 and p90 beside it. The implementations run interleaved, one step each per round.",
+        "comm_exposed_ms: per round, the step minus the no-communication step of the same round (each "
+        "rank steps on its own gradient); median and p10-p90 over the rounds (negative: noise).",
+        "bytes_per_rank_per_step: what one rank sends in ring collectives, 2(P-1)/P x S per all-reduce, "
+        "half that per reduce-scatter or all-gather; collectives: messages per step.",
+        "predicted_*_ms: the alpha-beta ring model, every collective one after the other; exposed: all of"
+        " it, but for (e), (c) and DDP the queue behind backward (a collective starts once backward, "
+        "taking backward_seconds of the no-communication replica, has produced its bytes at a steady "
+        "rate, and once the one before it is done).",
+        "Not like for like: DDP broadcasts the BatchNorm buffers from rank 0 at the start of every "
+        "forward (inside its timed step), (a)-(e) do not (each rank keeps its own running statistics); "
+        "all start from rank 0's weights. (d)'s comm_exposed_ms also subtracts the update it no longer "
+        "does (it steps 1/N of the parameters, the no-communication step all of them).",
+        "(c) and DDP bucket by the same rule (torch's compute_bucket_assignment_by_size: last layer "
+        "first, a bucket closes once it reaches its cap); at the same explicit cap, the same buckets."],
+    "memory": [
+        "held_bytes: tensor bytes an implementation keeps between steps on one rank (model, gradients, "
+        "optimizer state, its buffers); peak_bytes: the most at once during one step; both counted from "
+        "before it was built, after two warm-up steps, the largest over ranks. GPU: "
+        "torch.cuda.memory_allocated and max_memory_allocated; CPU: every tensor an op creates, counted "
+        "until it is freed (handmade.memory_use). A collective's own buffers are not tensors of these ops"
+        " and are not counted."],
+    "overlap": [
+        "measured_seconds: (c)'s comm_exposed_seconds in the bucket sweep; lab_model_seconds: "
+        "handmade.overlap_exposed_seconds, equal buckets produced at a steady rate over backward_seconds "
+        "(the no-communication replica's backward, measured), all-reduces one at a time by the alpha-beta"
+        " fit; your_prediction_seconds: your exposed_seconds on the same inputs. The real buckets follow "
+        "parameter boundaries (bucket_sizes_mb in the sweep)."],
+}
+
+def notes(records: Sequence[Record], table: str = "compare") -> list[str]:
+    """What a table of notebook 09 measured (``table``: ``compare`` for the step tables, ``memory``,
+    ``overlap``), and on what (CPU runs and oversubscription said)."""
+    out = list(_TABLE_NOTES[table])
     cpu = [r for r in aggregates(records)
            if r.status == "ok" and (r.hardware or {}).get("device_type") == "cpu"]
     if cpu:
@@ -89,13 +119,15 @@ def fits(store: ResultStore, records: Sequence[Record]) -> dict[int, tuple[Any, 
     return out
 
 
-def predictions(row: dict[str, Any], devices: int, found: dict[int, tuple[Any, str]]) -> dict[str, Any]:
-    """THE prediction of one implementation's row: alpha-beta communication and exposed ms per step."""
+def predictions(row: dict[str, Any], devices: int, found: dict[int, tuple[Any, str]],
+                backward_seconds: float | None = None) -> dict[str, Any]:
+    """THE prediction of one implementation's row: alpha-beta communication and exposed ms per step
+    (exposed behind a backward of ``backward_seconds`` where the row overlaps)."""
     fit, source = found.get(devices, (None, NO_FIT))
     if fit is None:
         return {"predicted_comm_ms": None, "predicted_exposed_ms": None, "fit": source}
     comm, exposed = predicted_seconds(row["messages"], devices, fit.alpha_seconds, fit.bandwidth_bytes_per_s,
-                                      row["overlaps"])
+                                      row["overlaps"], backward_seconds)
     return {"predicted_comm_ms": 1e3 * comm, "predicted_exposed_ms": 1e3 * exposed, "fit": source}
 
 
@@ -120,7 +152,7 @@ def compare_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame
         for row in rec.metrics["implementations"]:
             rows.append({"devices": n, "per_device_batch": rec.config["batch_size"],
                          "implementation": IMPLEMENTATIONS[row["implementation"]], **_timing(row),
-                         **predictions(row, n, found)})
+                         **predictions(row, n, found, rec.metrics.get("backward_seconds"))})
     return pd.DataFrame(rows + _not_measured(records, "compare"))
 
 
@@ -130,18 +162,88 @@ def _sweep_record(records: Sequence[Record]) -> Record | None:
                 None)
 
 
+def _bucket_list_mb(messages: Sequence[Sequence[Any]]) -> str:
+    return " + ".join(f"{size / 1e6:.4g}" for _, size in messages)
+
+
 def sweep_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
-    """(c) at each bucket size (and one bucket), with the prediction: more buckets pay more alpha,
-    bigger ones leave more of the all-reduce after backward."""
+    """(c) at each bucket size (and one bucket), then DDP at the comparison's cap, each with its buckets
+    (MB, in the order sent) and the prediction: more buckets pay more alpha, bigger ones leave more of the
+    all-reduce after backward. (c) and DDP at the same cap: the same buckets."""
     rec = _sweep_record(records)
     if rec is None:
         return pd.DataFrame()
-    found, n = fits(store, records), rec.config["devices"]
-    return pd.DataFrame([{"bucket_mb": "one bucket" if row["bucket_mb"] is None else row["bucket_mb"],
+    found, n, backward = fits(store, records), rec.config["devices"], rec.metrics.get("backward_seconds")
+    return pd.DataFrame([{"implementation": IMPLEMENTATIONS[row["implementation"]],
+                          "bucket_mb": "one bucket" if row["bucket_mb"] is None else row["bucket_mb"],
                           "buckets": len(row["messages"]),
+                          "bucket_sizes_mb": _bucket_list_mb(row["messages"]),
                           **{k: v for k, v in _timing(row).items() if k != "collectives"},   # = buckets
-                          **predictions(row, n, found)}
-                         for row in rec.metrics["implementations"] if row["implementation"] == "bucketed"])
+                          **predictions(row, n, found, backward)}
+                         for row in rec.metrics["implementations"]
+                         if row["implementation"] in ("bucketed", "ddp")])
+
+
+def overlap_cases(store: ResultStore,
+                  records: Sequence[Record]) -> tuple[list[dict[str, Any]], list[float], list[str]]:
+    """Exercise 09-d's cases from the sweep: per (c) row, the inputs of
+    :func:`lab_utils.core.handmade.overlap_exposed_seconds` (its bucket cap, or the whole gradient for one
+    bucket; the gradient bytes; the ranks; the fit's alpha and bandwidth; the measured backward), its
+    measured ``comm_exposed_seconds`` and a label. Empty without a sweep, a fit or a backward time."""
+    rec = _sweep_record(records)
+    if rec is None:
+        return [], [], []
+    fit, _ = fits(store, records).get(rec.config["devices"], (None, NO_FIT))
+    backward = rec.metrics.get("backward_seconds")
+    if fit is None or backward is None:
+        return [], [], []
+    grad = rec.metrics["gradient_bytes"]
+    cases, measured, labels = [], [], []
+    for row in rec.metrics["implementations"]:
+        if row["implementation"] == "bucketed":
+            cap = grad if row["bucket_mb"] is None else row["bucket_mb"] * MIB
+            cases.append({"bucket_bytes": cap, "gradient_bytes": grad, "world_size": rec.config["devices"],
+                          "alpha_seconds": fit.alpha_seconds,
+                          "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s, "backward_seconds": backward})
+            measured.append(row["comm_exposed_seconds"])
+            labels.append("(c), one bucket" if row["bucket_mb"] is None
+                          else f"(c) at {row['bucket_mb']:g} MB")
+    return cases, measured, labels
+
+
+def best_bucket_args(exposed: Any, cases: Sequence[dict[str, Any]],
+                     measured: Sequence[float]) -> tuple[Any, list[dict[str, Any]], list[float], Any]:
+    """The arguments of a ``prediction_table`` of the best bucket size (MB of 2^20 bytes): the size with
+    the least exposed communication by ``exposed`` (a student's model of one bucket size: the best of
+    ``k`` equal buckets, k = 1 ... 4096; None while it returns None), the inputs (one case: those of
+    :func:`overlap_cases` but the bucket size), the sweep's best (measured) and the lab's model
+    (:func:`lab_utils.core.handmade.optimal_bucket_bytes`). Empty lists without cases."""
+    def yours(**c: Any) -> float | None:
+        tried = [(exposed(bucket_bytes=c["gradient_bytes"] / k, **c), k) for k in range(1, 4097)]
+        return None if any(t is None for t, _ in tried) else c["gradient_bytes"] / min(tried)[1] / MIB
+
+    def lab_model(**c: Any) -> float:
+        return optimal_bucket_bytes(**c) / MIB
+
+    if not cases:
+        return yours, [], [], lab_model
+    best = min(range(len(cases)), key=lambda i: measured[i])
+    case = {k: v for k, v in cases[0].items() if k != "bucket_bytes"}
+    return yours, [case], [cases[best]["bucket_bytes"] / MIB], lab_model
+
+
+def memory_table(records: Sequence[Record]) -> pd.DataFrame:
+    """Per rank count and implementation (with SGD, and ZeRO-1 and DDP with Adam too): the bytes it holds
+    between steps, its peak during a step and its optimizer state, one rank's (the largest over ranks)."""
+    rows = []
+    for rec in _ok(records, "memory"):
+        for row in rec.metrics["implementations"]:
+            rows.append({"devices": rec.config["devices"], "per_device_batch": rec.config["batch_size"],
+                         "implementation": IMPLEMENTATIONS[row["implementation"]],
+                         "optimizer": row["optimizer"],
+                         "held_bytes": row["held_bytes"], "peak_bytes": row["peak_bytes"],
+                         "optimizer_state_bytes_per_rank": row["optimizer_state_bytes"]})
+    return pd.DataFrame(rows + _not_measured(records, "memory"))
 
 
 def sweep_figure(table: pd.DataFrame):
@@ -149,7 +251,7 @@ def sweep_figure(table: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    t = table.sort_values("buckets")
+    t = table[table["implementation"] == IMPLEMENTATIONS["bucketed"]].sort_values("buckets")
     x = t["buckets"]
     ax.errorbar(x, t["comm_exposed_ms"], yerr=[t["comm_exposed_ms"] - t["comm_exposed_ms_p10"],
                                                t["comm_exposed_ms_p90"] - t["comm_exposed_ms"]],
@@ -195,7 +297,7 @@ def check_verdict(table: pd.DataFrame) -> str:
             f"{r.implementation} on {r.devices} ranks (max |diff| {r.max_abs_diff:.3g})"
             for r in wrong.itertuples()))
     ranks = sorted(judged["devices"].unique())
-    return (f"passed: (a)-(d) and torch's DDP equal one process trained on the global batch after "
+    return (f"passed: (a)-(e) and torch's DDP equal one process trained on the global batch after "
             f"{int(judged['steps'].iloc[0])} steps, on {', '.join(map(str, ranks))} ranks.")
 
 

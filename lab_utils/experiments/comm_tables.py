@@ -25,6 +25,7 @@ from lab_utils.core.anchors import (
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
+from lab_utils.core.handmade import assign_buckets
 from lab_utils.core.machine import Machine
 from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
@@ -77,25 +78,13 @@ _DP_ASSUMED_NOTE = (
 
 def _ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
                      first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
-    """Bytes of each gradient bucket DDP all-reduces per step, in the order they are sent.
-
-    After its first iteration DDP rebuilds its buckets in the order gradients become
-    ready, which for a feed-forward network is the reverse of ``model.parameters()``:
-    tensors are added to the current bucket until it holds at least the cap (1 MiB for
-    the first bucket, 25 MiB after), then a new bucket starts. A bucket may therefore
-    exceed its cap by its last tensor; a tensor is never split.
-    """
-    caps = [check_positive_int(first_bucket_bytes, "first bucket bytes"),
-            check_positive_int(bucket_bytes, "bucket bytes")]
-    sizes, current, k = [], 0, 0
-    for p in reversed([p for p in model.parameters() if p.requires_grad]):
-        current += p.numel() * p.element_size()
-        if current >= caps[min(k, len(caps) - 1)]:
-            sizes.append(current)
-            current, k = 0, k + 1
-    if current:
-        sizes.append(current)
-    return sizes
+    """Bytes of each gradient bucket DDP all-reduces per step, in the order they are sent: DDP's rule
+    (:func:`lab_utils.core.handmade.assign_buckets`: reverse order, a bucket closes once it holds at least
+    its cap, 1 MiB for the first and 25 MiB after by default), over the trainable parameters."""
+    sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    buckets = assign_buckets(sizes, check_positive_int(bucket_bytes, "bucket bytes"),
+                             check_positive_int(first_bucket_bytes, "first bucket bytes"))
+    return [sum(sizes[i] for i in bucket) for bucket in buckets]
 
 
 def _bench_frame(records: Iterable):

@@ -147,27 +147,32 @@ def plan_accumulation(s: Settings, machine: Machine, profile: str) -> list[Run]:
 
 def plan_final(s: Settings, machine: Machine, profile: str) -> list[Run]:
     """Section 4: the model notebook 07 quantizes, trained on every device (the CPU: the gloo processes);
-    the checkpoint path is a job option, not part of the key. The notebook forces the run when the
-    checkpoint file is missing (a stored record alone does not bring it back)."""
+    the checkpoint path is a job option, not part of the key; no instrumented pass. The notebook forces the
+    run when the checkpoint file is missing (a stored record alone does not bring it back)."""
     n = machine.gpus or min(s.cpu_processes, machine.cores)
     return [train_run(TRAIN, s, machine, n, "final model", options={"save": str(checkpoint_path(profile))},
-                      batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps)]
+                      batch_size=s.train_batch_size, epochs=s.train_epochs, max_steps=s.train_max_steps,
+                      breakdown_steps=0)]  # its tables are 07's; no breakdown is read
 
 
 def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: its training tokens (tiny-Shakespeare's
-    training windows x block x epochs, less under a step cap) x the model's FLOPs per token (6N + 12LCT) at
-    :func:`lab_utils.core.estimates.gpt_epoch_seconds`'s rate, plus 10 % for validation."""
+    training windows x block x epochs, less under a step cap, plus the instrumented pass's steps) x the
+    model's FLOPs per token (6N + 12LCT) at :func:`lab_utils.core.estimates.gpt_epoch_seconds`'s rate, plus
+    10 % for validation."""
     c = run.config
     mcfg = gpt_config(c["size"])
     block = mcfg.block_size
     windows = (int(TRAIN_FRACTION * estimates.TINY_SHAKESPEARE_CHARS) - block) // (c["stride"] or block)
     per_step = c["devices"] * c["batch_size"] * c["accumulation_steps"] * block
     tokens = c["epochs"] * windows * block
+    per_epoch = windows * block // per_step
     if c["steps_per_epoch"]:
         tokens = min(tokens, c["epochs"] * c["steps_per_epoch"] * per_step)
+        per_epoch = min(per_epoch, c["steps_per_epoch"])
     if c["max_steps"]:
         tokens = min(tokens, c["max_steps"] * per_step)
+    tokens += min(c.get("breakdown_steps", 0), per_epoch) * per_step
     flops = tokens * train_flops_per_token(mcfg)
     return 1.1 * estimates.gpt_epoch_seconds(flops, c["devices"], c["batch_size"])
 

@@ -1,12 +1,18 @@
 """Notebook 06's tables and figure (``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``,
-``gpt_accumulation``) from the records of :mod:`lab_utils.experiments.gpt`, and the earlier project's
-published per-rank numbers (SPEC.md, Part 2).
+``gpt_accumulation``) from the records of :mod:`lab_utils.experiments.gpt`, the earlier project's
+published per-rank numbers (SPEC.md, Part 2), and the inputs of Exercise 06-d's prediction.
+
+Two passes feed them (:mod:`lab_utils.workers.gpt_train`): times, speedups, tokens/s and MFU come from the
+uninstrumented epoch (:data:`GPT_T_N`); where the time goes (phases, forward / loss / backward, the comm
+hook) from the instrumented pass, per optimizer step (and, beside the epoch's other figures, x the epoch's
+steps).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -14,15 +20,24 @@ import pandas as pd
 from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
-from lab_utils.core.metrics import T_N, value
+from lab_utils.core.flops import mfu, predicted_tokens_per_s
+from lab_utils.core.metrics import value
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 
-__all__ = ["accumulation_table", "compute_comm_table", "earlier_report_anomalies",
-           "earlier_report_frame", "earlier_report_note", "plot_accumulation", "rank_table",
-           "save_accumulation_figure", "save_accumulation_table", "save_scaling_tables", "scaling_table"]
+__all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_report_anomalies",
+           "earlier_report_frame", "earlier_report_note", "earlier_report_ranks", "mfu_prediction",
+           "plot_accumulation", "rank_table",
+           "save_accumulation_figure", "save_accumulation_table", "save_scaling_tables", "scaling_table",
+           "tokens_per_s_prediction"]
+
+#: T(N) of the GPT: an aggregate's ``epoch_seconds``, the slowest rank's wall time of the uninstrumented
+#: pass (device synchronized at its two ends only, loader waits included). Notebooks 02 and 03's T(N) is
+#: ``train_seconds`` instead (lab_utils.core.metrics.T_N): the sum of synchronized phases, loader and skew
+#: waits excluded.
+GPT_T_N = "epoch_seconds"
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
@@ -70,11 +85,12 @@ def earlier_report_note() -> str:
             + "; ".join(parts) + " (earlier_report_frame).")
 
 
-def earlier_report_anomalies():
+def earlier_report_anomalies(superlinear: bool = True):
     """Three things a careful reader of the earlier GPT reports notices, each with the report's own
     numbers (:mod:`lab_utils.core.anchors`), why it cannot be right, and what this notebook does
-    instead: super-linear speedups, a 1-GPU "communication" time, and accumulation timers that point
-    at an unsynchronized GPU."""
+    instead: super-linear speedups (left out with ``superlinear=False``: notebook 06 discusses them after
+    its exercise), a 1-GPU "communication" time, and accumulation timers that point at an unsynchronized
+    GPU."""
     frame = earlier_report_frame()
     above = frame[(frame["GPUs"] > 1) & (frame["speedup on the mean (as reported)"] > frame["GPUs"])]
     superlinear = "; ".join(f"{r['speedup on the mean (as reported)']:.2f} on {r['GPUs']} GPUs at batch "
@@ -96,21 +112,31 @@ def earlier_report_anomalies():
         {"the report printed": f"a forward-pass mean of {fwd_lo:g}-{fwd_hi:g} ms, flat while the "
                                f"micro-batch grew {mb_hi // mb_lo}x from {mb_lo} to {mb_hi}, and a loss-"
                                f"computation mean growing from {loss[mb_lo]:g} to {loss[mb_hi]:g} ms",
-         "why it cannot be right": "the forward's work grows with the micro-batch; a CUDA launch returns "
-                                   "before the kernels run, so a timer read without synchronizing measures "
-                                   "the launch, and the next operation that waits (the loss) absorbs the "
-                                   "forward's time",
+         "why it cannot be right": "the forward's work grows with the micro-batch, its time did not; most "
+                                   "likely (an inference: the report shows no timer code) its timers were "
+                                   "read without synchronizing the GPU: a CUDA launch returns before the "
+                                   "kernels run, so such a timer measures the launch, and the next "
+                                   "operation that waits (the loss) absorbs the forward's time",
          "this notebook": "every phase timer synchronizes the device at both ends "
-                          "(lab_utils.core.timing.timed)"},
+                          "(lab_utils.core.timing.timed), in a pass of its own: tokens/s come from a pass "
+                          "synchronized only at its ends"},
     ]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows if superlinear else rows[1:]).reset_index(drop=True)
+
+
+def earlier_report_ranks():
+    """The earlier project's per-rank epoch times as published, its mean over ranks and the speedup it
+    reported on that mean (:func:`earlier_report_frame` without the recomputation on the slowest rank):
+    the data of notebook 06's hand-graded question."""
+    frame = earlier_report_frame()
+    return frame.drop(columns=["slowest rank (s)", "speedup on the slowest rank", "note"])
 
 
 def scaling_table(records: Sequence[Record]):
-    """gpt_scaling: T(N) (the slowest rank's train_seconds), speedup T(1)/T(N), efficiency, what averaging
-    over ranks would say, and, since ``drop_last`` batches per rank need not give every device count the
-    same work (:data:`_SCALING_TIME_BASIS`), the tokens trained and the speedup per token, flagged when
-    the work differs."""
+    """gpt_scaling: T(N) (:data:`GPT_T_N`), speedup T(1)/T(N), efficiency (no speedup on the mean over
+    ranks: the hand-graded question has the student recompute it), and, since ``drop_last`` batches per
+    rank need not give every device count the same work (:data:`_SCALING_TIME_BASIS`), the tokens trained
+    and the speedup per token, flagged when the work differs."""
     aggs = aggregates(records)
     base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
     rows = []
@@ -120,15 +146,14 @@ def scaling_table(records: Sequence[Record]):
         if r.status == "ok":
             m, one = r.metrics, base.get(bs)
             tokens, tokens1 = m.get("tokens"), one.metrics.get("tokens") if one else None
-            speed = speedup(value(one, T_N), value(r, T_N))
-            per_token = speedup(value(one, T_N) / tokens1 if tokens1 else None, value(r, T_N) / tokens)
+            speed = speedup(value(one, GPT_T_N), value(r, GPT_T_N))
+            t1, tn = value(one, GPT_T_N), value(r, GPT_T_N)
+            per_token = speedup(t1 / tokens1 if tokens1 else None, tn / tokens)
             row.update({
-                "backend": m["backend"] or "one process", "T(N): train (s), slowest rank": m[T_N],
+                "backend": m["backend"] or "one process", "T(N): epoch (s)": m[GPT_T_N],
                 "speedup T1/TN": speed, "efficiency": efficiency(speed, n),
-                "speedup if averaged over ranks": speedup(value(one, "train_seconds_mean"),
-                                                          value(r, "train_seconds_mean")),
                 "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
-                "tokens/s": m["tokens_per_s"], "MFU": _num(m["mfu"]), "precision": precision_label(r),
+                "tokens/s": m["epoch_tokens_per_s"], "MFU": _num(m["mfu"]), "precision": precision_label(r),
                 "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens1 else None,
                 "speedup on tokens/s (equal work)": per_token,
@@ -164,36 +189,51 @@ def _unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int)
 
 
 _SCALING_TIME_BASIS = [
-    "Time basis (names as in lab_utils.core.metrics): T(N) is train_seconds, the slowest rank's data "
-    "movement + compute + communication over the reported epoch (loader waits and validation EXCLUDED), "
-    "as T(N) in notebooks 02 and 03: the loader here only slices in-memory token windows, so its waits "
-    "measure the host, not the scaling (epoch_seconds, which includes them, is in gpt_rank_breakdown). "
-    "'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N; 'speedup if averaged over ranks' divides the "
-    "means over ranks (train_seconds_mean) instead. 'tokens/s': all ranks' tokens / T(N), the same basis; "
-    "'speedup on tokens/s (equal work)' = T(1)/T(N) per token = tokens/s(N) / tokens/s(1), independent of "
-    "how many tokens each run did. Every speedup: lab_utils.core.speedup.speedup.",
+    "Time basis (names as in lab_utils.core.metrics): T(N) is epoch_seconds, the slowest rank's wall time of "
+    "the reported epoch's training pass, run uninstrumented (the device synchronized at its two ends only; "
+    "loader waits included, validation excluded). Notebooks 02 and 03 take T(N) = train_seconds instead, "
+    "the sum of synchronized phases without the loader and skew waits; this GPT's instrumented pass has "
+    "those phases (gpt_rank_breakdown). 'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N. "
+    "'tokens/s': all ranks' tokens / T(N) (epoch_tokens_per_s); MFU on it. 'speedup on tokens/s (equal "
+    "work)' = tokens/s(N) / tokens/s(1). Every speedup: lab_utils.core.speedup.speedup.",
     "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
     "one-device run's (drop_last batches per rank: e.g. 13 steps x 4,096 = 53,248 tokens on 1 device, "
     "2 x 6 x 4,096 = 49,152 on 2).",
 ]
 
 
+def _per_epoch(m: dict, name: str) -> float | None:
+    """``name`` of the run's instrumented pass per optimizer step, x the reported epoch's steps (seconds);
+    None without a breakdown."""
+    bd = m.get("breakdown") or {}
+    v = bd.get(name)
+    return None if v is None or not bd.get("steps") else v / bd["steps"] * m["steps"]
+
+
+def _per_step_ms(bd: dict | None, name: str) -> float | None:
+    """``name`` of an instrumented pass in milliseconds per optimizer step; None without one."""
+    if not bd or bd.get(name) is None or not bd.get("steps"):
+        return None
+    return 1e3 * bd[name] / bd["steps"]
+
+
 def compute_comm_table(records: Sequence[Record]):
-    """gpt_compute_vs_comm: measured compute and communication (hook and probe) of each run on N > 1
-    devices, and the derived method on T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
+    """gpt_compute_vs_comm: measured compute and communication (the instrumented pass's, per step x the
+    reported epoch's steps; the probe's, likewise) of each run on N > 1 devices, and the derived method on
+    T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
     aggs = _ok(aggregates(records))
     base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
     rows = []
     for r in (r for r in aggs if r.config["devices"] > 1):
         m, n, one = r.metrics, r.config["devices"], base.get(r.config["batch_size"])
-        d_comp, d_comm = derived_comm(one.metrics[T_N], m[T_N], n) if one else (None, None)
-        comp, comm = m["compute_seconds"], m["communication_seconds"]
+        d_comp, d_comm = derived_comm(one.metrics[GPT_T_N], m[GPT_T_N], n) if one else (None, None)
+        comp, comm = _per_epoch(m, "compute_seconds"), _per_epoch(m, "communication_seconds")
         noise = _num(m.get("exposed_comm_noise_seconds"))
         rows.append({
             "per-device batch": r.config["batch_size"], "devices": n,
             "compute (s)": comp, "communication (s), exposed wait": comm,
-            "comm / compute": comm / comp if comp else None,
-            "all-reduce in flight (s)": m.get("epoch_allreduce_seconds"),
+            "comm / compute": comm / comp if comp and comm is not None else None,
+            "all-reduce in flight (s)": _per_epoch(m, "epoch_allreduce_seconds"),
             "exposed by no_sync probe (s)": m.get("exposed_comm_seconds"), "probe noise ± (s)": noise,
             "noise flag": noise_flag(m.get("exposed_comm_seconds"), noise),
             "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("allreduce_buckets"),
@@ -202,13 +242,14 @@ def compute_comm_table(records: Sequence[Record]):
     return _blanks(pd.DataFrame(rows))
 
 
-_PHASES = {"epoch (s)": "epoch_seconds", "training (s)": T_N, "data loading (s)": "data_loading_seconds",
-           "data movement (s)": "data_movement_seconds", "compute (s)": "compute_seconds",
-           "communication (s)": "communication_seconds", "validation (s)": "validation_seconds"}
+_BREAKDOWN_MS = {"data loading": "data_loading_seconds", "data movement": "data_movement_seconds",
+                 "compute": "compute_seconds", "communication": "communication_seconds",
+                 "skew wait": "skew_wait_seconds"}
 
 
 def rank_table(records: Sequence[Record]):
-    """gpt_rank_breakdown: every rank's phases in the reported epoch (its per-rank record), the slowest
+    """gpt_rank_breakdown: every rank's reported epoch (its per-rank record: the uninstrumented pass's wall
+    time, validation, loss) and its instrumented pass's phases in ms per optimizer step, the slowest rank
     marked, then the means over ranks the aggregate holds."""
     rows = []
     for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
@@ -218,10 +259,17 @@ def rank_table(records: Sequence[Record]):
         for rk in ranks:
             rows.append({**key, "rank": rk.config["rank"],
                          "slowest": "yes" if rk.config["rank"] == m["slowest_rank"] else "",
-                         **{col: rk.metrics[name] for col, name in _PHASES.items()},
+                         "epoch (s)": rk.metrics["epoch_seconds"],
+                         "validation (s)": rk.metrics["validation_seconds"],
+                         **{f"{col} (ms/step)": _per_step_ms(rk.metrics.get("breakdown"), name)
+                            for col, name in _BREAKDOWN_MS.items()},
                          "train loss": rk.metrics["train_loss_rank"]})
-        rows.append({**key, "rank": "mean", "slowest": "",
-                     **{col: m[f"{name}_mean"] for col, name in _PHASES.items()},
+        bd = m.get("breakdown") or {}
+        mean = {name: bd.get(f"{name}_mean") for name in _BREAKDOWN_MS.values()}
+        rows.append({**key, "rank": "mean", "slowest": "", "epoch (s)": m["epoch_seconds_mean"],
+                     "validation (s)": m["validation_seconds_mean"],
+                     **{f"{col} (ms/step)": _per_step_ms({**mean, "steps": bd.get("steps")}, name)
+                        for col, name in _BREAKDOWN_MS.items()},
                      "train loss": m["train_loss"]})
     return _blanks(pd.DataFrame(rows))
 
@@ -232,7 +280,10 @@ def _timer(m: dict, name: str, key: str) -> float | None:
 
 
 def accumulation_table(records: Sequence[Record]):
-    """gpt_accumulation: nested timers, tokens/s and memory per micro-batch."""
+    """gpt_accumulation: per micro-batch the nested timers of the run (the uninstrumented training passes,
+    validation), tokens/s and MFU of the reported epoch, the instrumented pass's forward / loss / backward
+    means per micro-step and optimizer mean per step, what the instrumentation cost (its time per step over
+    the plain pass's), and memory."""
     rows = []
     for r in aggregates(records):
         c = r.config
@@ -240,16 +291,16 @@ def accumulation_table(records: Sequence[Record]):
                                "devices": c["devices"], "status": r.status}
         if r.status == "ok":
             m = r.metrics
-            tr = "run/epoch/training"
             row.update({col: _timer(m, name, "total_seconds") for col, name in (
-                ("whole run (s)", "run"), ("epochs (s)", "run/epoch"), ("training (s)", tr),
+                ("whole run (s)", "run"), ("training (s)", "run/epoch/training"),
                 ("validation (s)", "run/epoch/validation"))})
-            for phase in ("forward", "loss", "backward"):
-                mean = _timer(m, f"{tr}/{phase}", "mean_seconds")
-                row[f"{phase} total (s)"] = _timer(m, f"{tr}/{phase}", "total_seconds")
+            row.update({f"tokens/s (epoch {m['reported_epoch']})": m["epoch_tokens_per_s"],
+                        "MFU": _num(m["mfu"])})
+            for phase in ("forward", "loss", "backward", "optimizer"):
+                mean = _timer(m, f"run/breakdown/{phase}", "mean_seconds")
                 row[f"{phase} mean (ms)"] = None if mean is None else 1e3 * mean
             row.update({
-                f"tokens/s (epoch {m['reported_epoch']})": m["tokens_per_s"],
+                "instrumented / plain step": _num(m.get("timer_overhead_ratio")),
                 "precision": precision_label(r),
                 "peak memory (GiB)": None if (peak := m.get("peak_memory_bytes")) is None else peak / 2**30,
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
@@ -261,6 +312,62 @@ def accumulation_table(records: Sequence[Record]):
     return _blanks(pd.DataFrame(rows))
 
 
+def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Record]):
+    """Exercise 06-d's cases from this run: ``(cases, measured, labels)`` for
+    :func:`lab_utils.grading.predict.prediction_table` (the notebook's cell calls it, with the lab's model
+    :func:`lab_utils.core.flops.predicted_tokens_per_s`). The inputs: the one-device scaling runs' seconds per
+    optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
+    sizes; the measurement: each accumulation run's tokens/s per device. Empty lists when the one-device
+    runs are missing."""
+    one = sorted((r for r in _ok(aggregates(scaling)) if r.config["devices"] == 1),
+                 key=lambda r: r.config["batch_size"])[:2]
+    if len(one) < 2:
+        return [], [], []
+    batches = [r.config["batch_size"] for r in one]
+    seconds = [r.metrics[GPT_T_N] / r.metrics["steps"] for r in one]
+    block = round(one[0].metrics["tokens"] / (one[0].metrics["steps"] * batches[0]))
+    cases, measured, labels = [], [], []
+    for r in aggregates(accumulation):
+        c = r.config
+        cases.append({"batch_sizes": batches, "step_seconds": seconds, "micro_batch": c["batch_size"],
+                      "effective_batch": c["batch_size"] * c["accumulation_steps"], "block_size": block})
+        measured.append(r.metrics["epoch_tokens_per_s"] / c["devices"] if r.status == "ok" else None)
+        labels.append(f"{c['batch_size']} x {c['accumulation_steps']} on {c['devices']}")
+    return cases, measured, labels
+
+
+@dataclass(frozen=True)
+class MfuPrediction:
+    """Exercise 06-d's MFU columns: the measured MFU of each accumulation run (the cases' order), the lab's
+    model (the lab's tokens/s model through :func:`lab_utils.core.flops.mfu`) and the student's (their
+    tokens/s prediction through their Exercise 06-b), each called with a case's keywords."""
+
+    measured: list[float | None]
+    lab: Callable[..., float | None]
+    student: Callable[..., float | None]
+
+
+def mfu_prediction(accumulation: Sequence[Record], predict: Callable | None,
+                   student_mfu: Callable | None) -> MfuPrediction | None:
+    """The MFU a tokens/s prediction implies (one device: FLOPs per token x tokens/s / its peak), beside each
+    accumulation run's measured MFU; None when no run has a peak FLOP/s (a CPU, a GPU the lab's table
+    lacks): no MFU, never a guessed one."""
+    accs = aggregates(accumulation)  # the order of tokens_per_s_prediction's cases
+    ok = [r for r in accs if r.status == "ok" and r.metrics.get("peak_flops_per_s")]
+    if not ok:
+        return None
+    fpt, peak = ok[0].metrics["flops_per_token"], ok[0].metrics["peak_flops_per_s"]
+
+    def lab(**case):
+        return mfu(fpt, predicted_tokens_per_s(**case), peak, 1)
+
+    def student(**case):
+        tokens = predict(**case) if predict is not None else None
+        return None if tokens is None or student_mfu is None else student_mfu(fpt, tokens, peak, 1)
+
+    return MfuPrediction([r.metrics.get("mfu") if r.status == "ok" else None for r in accs], lab, student)
+
+
 def plot_accumulation(records: Sequence[Record], settings: Settings):
     """Tokens/s and memory against micro-batch (log x), constant effective batch."""
     import matplotlib.pyplot as plt
@@ -269,8 +376,8 @@ def plot_accumulation(records: Sequence[Record], settings: Settings):
     ok = _ok(records)
     xs = [r.config["batch_size"] for r in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax1.plot(xs, [r.metrics["tokens_per_s"] for r in ok], "o-")
-    ax1.set_ylabel("training tokens/s (reported epoch)")
+    ax1.plot(xs, [r.metrics["epoch_tokens_per_s"] for r in ok], "o-")
+    ax1.set_ylabel("training tokens/s (reported epoch, uninstrumented)")
     gpu = [r.metrics.get("peak_memory_bytes") for r in ok]
     if ok and all(g is not None for g in gpu):
         ax2.plot(xs, [g / 2**30 for g in gpu], "o-", color="tab:red", label="peak GPU memory")
@@ -300,8 +407,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
     scaling = scaling_table(records)
     notes = [f"{settings.label}; epoch {ep} of {ep} reported (epoch 1 warms up); an epoch is one pass "
              "over the training windows shared among the devices (strong scaling of the epoch).",
-             "T(N) = the SLOWEST rank's time; 'if averaged' divides by the mean over ranks instead, which "
-             "flatters the speedup.", *_SCALING_TIME_BASIS, earlier_report_note(), *precision_notes(recs)]
+             "T(N) = the SLOWEST rank's time (each step waits for it).", *_SCALING_TIME_BASIS,
+             earlier_report_note(), *precision_notes(recs)]
     threads = sorted({r.metrics["threads_per_rank"] for r in _ok(recs)
                       if r.metrics.get("device_type") == "cpu"})
     if threads:
@@ -313,28 +420,32 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
     comm = compute_comm_table(records)
     store.save_table(comm, "gpt_compute_vs_comm", _ok(recs),
                      title="GPT: compute vs communication (measured)",
-                     notes=["compute = forward + loss + backward + optimizer minus the exposed wait; "
-                            "communication = the wait at the end of backward for all-reduces still running "
-                            "(timing comm hook, lab_utils.core.comm_hooks), summed over the epoch, "
-                            "slowest rank.",
+                     notes=["From the instrumented pass (every phase synchronized; its seconds per "
+                            "optimizer step x the reported epoch's steps), slowest rank: compute = forward + "
+                            "loss + backward + optimizer minus the exposed wait; communication = the wait at "
+                            "the end of backward for all-reduces still running (timing comm hook, "
+                            "lab_utils.core.comm_hooks).",
                             "all-reduce in flight: time any bucket's all-reduce was running during the "
-                            "epoch's steps (epoch_allreduce_seconds; mostly hidden behind backward); no_sync "
+                            "pass's steps (epoch_allreduce_seconds; mostly hidden behind backward); no_sync "
                             "probe: sync step minus no_sync step x steps (exposed_comm_seconds), with the "
                             "standard error of that difference (x steps) as its noise; overlap fraction: the "
                             "probe's, slowest rank.",
                             "noise flag 'noise >= effect: not a result': 2 x the probe noise >= the probe's "
                             "exposed time; then that time and the overlap fraction are not results (repeat "
                             "with more probe steps).",
-                            "derived: the assignment's method on T(N) = train_seconds, compute = T(1)/N and "
+                            "derived: the assignment's method on T(N) = epoch_seconds, compute = T(1)/N and "
                             "comm = T(N) - T(1)/N; "
                             "it calls every inefficiency communication and goes negative when "
                             "T(N) < T(1)/N."])
     ranks = rank_table(records)
     store.save_table(ranks, "gpt_rank_breakdown", _ok(recs),
                      title="GPT: per-rank breakdown of the reported epoch",
-                     notes=["Every rank's phases (seconds; its per-rank record); 'mean' is the average over "
-                            "ranks, which hides the slowest rank that everyone waits for. epoch = the "
-                            "training pass with loader waits; training = T(N)'s phases, without them."])
+                     notes=["Every rank's record: epoch = its uninstrumented training pass (loader waits "
+                            "included), validation; 'mean' is the average over ranks.",
+                            "ms/step: the rank's instrumented pass (lab_utils.workers.gpt_train, "
+                            "breakdown), each phase synchronized; skew wait = the loop's barrier before each "
+                            "synchronizing micro-step, waiting for the other ranks (as in notebooks 02 and "
+                            "03)."])
     return scaling, comm, ranks
 
 
@@ -346,8 +457,11 @@ def save_accumulation_table(store: ResultStore, records: Sequence[Record], setti
     notes = [f"{s.label}; effective batch {s.effective_batch} sequences per device = micro-batch x "
              "accumulation steps; gradients are all-reduced once per optimizer step (no_sync on the other "
              "micro-steps).",
-             "Nested timers of the slowest rank over the whole run (every epoch): run > epoch > training "
-             "(forward, loss, backward per micro-step) and validation; means are per micro-step.",
+             "Slowest rank. whole run, training (every epoch's uninstrumented pass), validation: nested "
+             "timers (s); tokens/s and MFU: the reported epoch, uninstrumented (synchronized at its ends).",
+             "forward, loss, backward: mean ms per micro-step, optimizer: per optimizer step, from the "
+             "instrumented pass (every timer synchronizes the device); instrumented / plain step: its wall "
+             "time per optimizer step over the reported epoch's, what those synchronizations cost.",
              "Peak memory: torch.cuda.max_memory_allocated (GPU only); activations: bytes autograd keeps for "
              "backward for one micro-batch (measured with saved-tensor hooks, any device).",
              *precision_notes(list(records))]

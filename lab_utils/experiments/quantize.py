@@ -141,7 +141,8 @@ def plan_fallback(s: Settings, machine: Machine, profile: str) -> list[Run]:
     CPU), saved to :func:`_fallback_path` (a job option)."""
     cfg = TrainConfig(device_type=machine.device, size=s.fallback_size, batch_size=s.fallback_batch_size,
                       max_steps=s.fallback_steps, steps_per_epoch=s.fallback_steps, val_batches=4,
-                      probe_steps=0, corpus=resolve_corpus(None), max_chars=s.fallback_max_chars).validate()
+                      probe_steps=0, breakdown_steps=0, corpus=resolve_corpus(None),
+                      max_chars=s.fallback_max_chars).validate()
     return [Run("gpt_fallback", cfg.config(), gpt_train, device=machine.device, in_process=machine.gpus == 0,
                 options={"save": str(_fallback_path(profile))}, label=f"fallback GPT {s.fallback_size}")]
 

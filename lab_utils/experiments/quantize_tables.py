@@ -13,7 +13,7 @@ import pandas as pd
 
 from lab_utils.core.speedup import speedup
 from lab_utils.experiments.quantize import Settings
-from lab_utils.workers.quant_timing import mean_context_tokens, weight_flops_per_byte
+from lab_utils.workers.quant_timing import mean_context_tokens, ridge_flops_per_byte, weight_flops_per_byte
 from lab_utils.workers.quant_variants import VARIANT_INFO
 
 __all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs_speed", "quantization_table",
@@ -128,14 +128,24 @@ def availability_frame(records: Sequence):
 
 
 def intensity_frame(settings: Settings, block_size: int):
-    """Weight arithmetic intensity (FLOP per weight byte) of one decoding step at batch 1 and the CPU's and
-    GPU's large batches, stored in fp32, bf16, int8; at the timed decoding's mean context (no KV cache)."""
+    """The roofline of one decoding step, a row per (step, variant): the rows each weight matrix multiplies
+    (batch x the timed decoding's mean context: no KV cache), the bytes per weight as stored, the precision
+    the matmul multiplies in (weight-only int8 dequantizes to the fp32 activations), the intensity against the
+    weights (FLOP per weight byte) and the reference H100 SXM's ridge for THAT precision
+    (:func:`~lab_utils.workers.quant_timing.ridge_flops_per_byte`), and which side of it the step is on."""
     ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
-    return pd.DataFrame([{"decoding step": what, "batch": batch, "rows per matmul": batch * ctx,
-                          **{f"{fmt} FLOP/byte": weight_flops_per_byte(batch * ctx, b)
-                             for fmt, b in (("fp32", 4), ("bf16", 2), ("int8", 1))}}
-                         for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
-                                             ("large batch, GPU", settings.large_batch))])
+    rows = []
+    for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),
+                        ("large batch, GPU", settings.large_batch)):
+        for v in settings.variants:
+            info = VARIANT_INFO[v]
+            intensity = weight_flops_per_byte(batch * ctx, info.bytes_per_weight)
+            ridge = ridge_flops_per_byte(info.arithmetic)
+            rows.append({"decoding step": what, "batch": batch, "rows per matmul": batch * ctx, "variant": v,
+                         "bytes per weight": info.bytes_per_weight, "multiplies in": info.arithmetic,
+                         "FLOP/byte": intensity, "H100 SXM ridge (FLOP/byte)": ridge,
+                         "on an H100 SXM": "compute-bound" if intensity > ridge else "memory-bound"})
+    return pd.DataFrame(rows)
 
 
 def _fmt_x(v: float) -> str:

@@ -154,7 +154,7 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
                 raise LabError(f"{where}: the master's solution answers {want!r} on {case!r}.")
             answers = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
             for i, a in enumerate(answers):
-                if a is not None and not same(a, want, ex.rel_tol):
+                if a is not None and not same(a, want, ex.rel_tol, ex.abs_tol):
                     seen["hidden" if t.hidden else "public"][i] = True
             if buggy is not None and not t.hidden:
                 got = ex.mistake_answer(Mistake("handed out", "", wrong=buggy), case, want)

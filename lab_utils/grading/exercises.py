@@ -12,6 +12,7 @@ import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from lab_utils.core import anchors
@@ -19,6 +20,7 @@ from lab_utils.grading.fakes import FakeAsyncDevice
 
 NOT_DONE = "not done yet"
 REL_TOL = 1e-9
+ABS_TOL = 1e-12
 
 
 # --------------------------------------------------------------------------- answers as data
@@ -52,16 +54,16 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def same(got: Any, want: Any, rel_tol: float = REL_TOL) -> bool:
-    """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or 1e-12 near zero)."""
+def same(got: Any, want: Any, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
+    """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or ``abs_tol`` near zero)."""
     if _is_number(want):
-        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=1e-12)
+        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(want, list):
         return (isinstance(got, list) and len(got) == len(want)
-                and all(same(g, w, rel_tol) for g, w in zip(got, want)))
+                and all(same(g, w, rel_tol, abs_tol) for g, w in zip(got, want)))
     if isinstance(want, dict):
         return (isinstance(got, dict) and got.keys() == want.keys()
-                and all(same(got[k], want[k], rel_tol) for k in want))
+                and all(same(got[k], want[k], rel_tol, abs_tol) for k in want))
     return type(got) is type(want) and got == want
 
 
@@ -137,6 +139,7 @@ class Exercise:
     show: Callable[[Any], str] | None = None
     outputs: tuple[str, ...] = ()
     rel_tol: float = REL_TOL
+    abs_tol: float = ABS_TOL   # numbers near 0 (a float32 answer's rounding: 1e-6 fits values up to ~10)
     hint: Callable[[Any, Any], str] | None = None
     needs: tuple[str, ...] = ()   # loaded by the grader before the timed cases start
     # Claims that state the answer: none may be visible in the student copy before the exercise
@@ -182,10 +185,11 @@ def explain(ex: Exercise, case: Any, got: Any, want: Any, mistake_answers: Seque
     """
     if got is None:
         return f"{NOT_DONE}: {ex.function} returns None; write its body."
-    if same(got, want, ex.rel_tol):
+    if same(got, want, ex.rel_tol, ex.abs_tol):
         return ""
     for m, answer in zip(ex.mistakes, mistake_answers):
-        if answer is not None and not same(answer, want, ex.rel_tol) and same(got, answer, ex.rel_tol):
+        if (answer is not None and not same(answer, want, ex.rel_tol, ex.abs_tol)
+                and same(got, answer, ex.rel_tol, ex.abs_tol)):
             numbers = "" if hidden else f" gives {_fmt(got)}, expected {_fmt(want)}"
             return f"{label}{numbers}: {m.name}: {m.why}."
     hint = ex.hint(got, want) if ex.hint else ""
@@ -218,7 +222,7 @@ def verdict(question: str, function: Any, cases: Sequence[Any], expected: Sequen
         if expected is None:
             continue
         want = expected[i]
-        if not same(got, want, ex.rel_tol):
+        if not same(got, want, ex.rel_tol, ex.abs_tol):
             mistakes = [ex.mistake_answer(m, case, want) for m in ex.mistakes]
             return explain(ex, case, got, want, mistakes, label, hidden)
     return ""
@@ -633,6 +637,32 @@ def _flops_no_head(cfg):
     return 6 * 12 * L * C * C + 12 * L * C * T
 
 
+def _step_line(batch_sizes, step_seconds, block_size):
+    """(fixed seconds, seconds per token) through the two measured points (as
+    lab_utils.core.flops.step_time_line, written again here: this module imports no torch)."""
+    (b1, b2), (t1, t2) = batch_sizes, step_seconds
+    per_token = (t2 - t1) / ((b2 - b1) * block_size)
+    return t1 - b1 * block_size * per_token, per_token
+
+
+def _tokens_fixed_once(batch_sizes, step_seconds, micro_batch, effective_batch, block_size):
+    fixed, per_token = _step_line(batch_sizes, step_seconds, block_size)
+    return effective_batch * block_size / (fixed + effective_batch * block_size * per_token)
+
+
+def _tokens_one_rate(batch_sizes, step_seconds, micro_batch, effective_batch, block_size, which=max):
+    b = which(batch_sizes)
+    return b * block_size / step_seconds[list(batch_sizes).index(b)]
+
+
+_ONE_RATE_WHY = ("the measured step has a fixed part that does not shrink with the batch: fit t(b) = fixed + "
+                 "b x block_size x per_token through both points and use it at micro_batch")
+
+
+def _tokens_show(case: dict) -> str:
+    return "predict_tokens_per_s(" + ", ".join(f"{k}={v!r}" for k, v in case.items()) + ")"
+
+
 # The earlier GPT report at batch 128 on 4 GPUs: T(1) over its slowest rank (SPEC.md: 2.95).
 _GPT_SLOWEST_128x4 = anchors.GPT_REPORTED_MEAN_SECONDS[(128, 1)] / max(anchors.GPT_RANK_SECONDS[(128, 4)])
 
@@ -681,14 +711,20 @@ RANKS_TIMEOUT_S = 15.0
 def _average_call(fn: Callable, case: dict) -> Any:
     """Case ``{"grads": [rank 0's gradients, rank 1's, ...]}`` (each a list of nested lists): ``fn`` runs
     in that many gloo ranks (:func:`lab_utils.core.handmade.run_in_ranks`, forked processes), each on its
-    own gradients as float32 tensors; the answer is every rank's returned gradients, as lists."""
+    own gradients as float32 tensors. The answer, per rank: ``{"grads": what the given tensors hold
+    afterwards, "returns": what fn returned}`` (:func:`_returned`); None (not done yet) when a rank's fn
+    returned None and changed nothing."""
     import torch
 
     from lab_utils.core.handmade import run_in_ranks
 
     def rank(r: int, world: int) -> Any:
-        out = fn([torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]])
-        return None if out is None else [t.tolist() if isinstance(t, torch.Tensor) else t for t in out]
+        given = [torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]]
+        before = [g.clone() for g in given]
+        out = fn(given)
+        if out is None and all(torch.equal(g, b) for g, b in zip(given, before)):
+            return None
+        return {"grads": [g.tolist() for g in given], "returns": _returned(out, given)}
 
     answers = run_in_ranks(rank, len(case["grads"]), timeout_s=RANKS_TIMEOUT_S)
     for r, a in enumerate(answers):
@@ -697,43 +733,88 @@ def _average_call(fn: Callable, case: dict) -> Any:
     return None if any(a is None for a in answers) else plain(answers)
 
 
+#: What q09_average's answer says it returned: the list it was given (or its tensors), or not.
+RETURNS_GRADS = "the tensors it was given"
+
+
+def _returned(out: Any, given: list) -> str:
+    if out is None:
+        return "None"
+    if isinstance(out, (list, tuple)) and len(out) == len(given) and all(o is g for o, g in zip(out, given)):
+        return RETURNS_GRADS
+    if isinstance(out, (list, tuple)) and all(hasattr(o, "shape") for o in out):
+        return "new tensors"
+    return f"a {type(out).__name__}"
+
+
 def _average_show(case: dict) -> str:
     held = "; ".join(f"rank {r} holds {g}" for r, g in enumerate(case["grads"]))
     return f"average_gradients on {len(case['grads'])} gloo ranks ({held})"
 
 
-def _average(grads, before=False, reduce=True, after="world"):
+def _average_hint(got: Any, want: Any) -> str:
+    """What the prompt requires and the answer lacks: the return value, then the work in place."""
+    if not (isinstance(got, list) and all(isinstance(r, dict) and "returns" in r for r in got)):
+        return ""
+    returns = {r["returns"] for r in got}
+    if "None" in returns:
+        return "average_gradients returns None: the prompt asks it to return grads, the list it was given"
+    if "new tensors" in returns:
+        return ("it returns new tensors: the prompt asks for the mean in place, in the tensors of grads "
+                "(g /= n changes g, g = g / n makes a new tensor), and grads returned")
+    if returns != {RETURNS_GRADS}:
+        return f"it returns {sorted(returns)[0]}: the prompt asks it to return grads, the list it was given"
+    return "the tensors of grads do not hold the mean over the ranks afterwards"
+
+
+def _average(grads, before=False, reduce=True, after="world", copy=False, give_back=True):
     """Gradient averaging with one known mistake switched on (the right one with none): divide by the
-    world size ``before`` the all-reduce too, skip the all-reduce, or divide ``after`` it by 2 or not."""
+    world size ``before`` the all-reduce too, skip the all-reduce, divide ``after`` it by 2 or not, work
+    on a ``copy`` (new tensors returned, the given ones unchanged), or forget to ``give_back`` grads."""
     import torch.distributed as dist
 
     world = dist.get_world_size()
-    for g in grads:
+    work = [g.clone() for g in grads] if copy else grads
+    for g in work:
         if before:
             g /= world
         if reduce:
             dist.all_reduce(g)
         if after:
             g /= world if after == "world" else after
-    return grads
+    return work if give_back else None
 
 
-def _buckets(sizes, cap, forward=False, close_at_cap=False, drop_last=False, twice=False):
-    """Bucket assignment with one known mistake switched on (the right one with none)."""
+def _ddp_buckets(sizes, cap, first, forward=False, under=False, above=False, first_ignored=False,
+                 first_everywhere=False, drop_last=False):
+    """DDP's bucket rule with one known mistake switched on (the right one with none)."""
     order = range(len(sizes)) if forward else reversed(range(len(sizes)))
     buckets, current, filled = [], [], 0
     for i in order:
-        if current and not close_at_cap and filled + sizes[i] > cap:
+        limit = first if (first_everywhere or not buckets) and not first_ignored else cap
+        if under and current and filled + sizes[i] > limit:   # the stay-under rule: close BEFORE it
             buckets.append(current)
-            current, filled = ([i] if twice else []), 0
+            current, filled = [], 0
+            limit = cap
         current.append(i)
         filled += sizes[i]
-        if close_at_cap and filled >= cap:
+        if not under and (filled > limit if above else filled >= limit):
             buckets.append(current)
             current, filled = [], 0
     if current and not drop_last:
         buckets.append(current)
     return buckets
+
+
+def _exposed(bucket_bytes, gradient_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s,
+             backward_seconds, overlap=True, queue=True, floor=False, ring_steps=True):
+    """Exercise 09-d's exposed seconds with one known mistake switched on (the right one with none)."""
+    s, p, t = gradient_bytes, world_size, backward_seconds
+    k = max(1, math.floor(s / bucket_bytes) if floor else math.ceil(s / bucket_bytes))
+    c = (2 * (p - 1) if ring_steps else 1) * alpha_seconds + 2 * (p - 1) / p * (s / k) / bandwidth_bytes_per_s
+    if not overlap:
+        return k * c
+    return max(c, t / k + k * c - t) if queue else c
 
 
 def _shards_floor(numel, world_size):
@@ -1039,6 +1120,9 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q06_flops_per_token", "flops_per_token", call=lambda fn, case: plain(fn(_gpt_config(case))),
         needs=("lab_utils.models.gpt",), show=lambda case: f"flops_per_token({_cfg_text(case)})",
+        giveaways=("12LC^2 + VC", r"re:6\s*(\\,\s*)?\(\s*12\s*l\s*c", "12LCT", "12 L C T", "70,928,640",
+                   "70928640"),
+        implemented_by=("lab_utils.models.gpt.train_flops_per_token",),
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
                     "12LC^2 + VC: embeddings look up (they do not multiply), biases and LayerNorms add no "
@@ -1052,13 +1136,21 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q06_mfu", "mfu",
+        giveaways=(r"re:devices\s*(x|×)?\s*(the\s+)?peak flop", "peak FLOP/s of all the devices",
+                   r"re:flops per token\s*(x|×)?\s*tokens/s\s*(/|over|divided by)",
+                   r"re:divided?\s+by\s+(the\s+)?(number\s+of\s+)?devices"),
+        implemented_by=("lab_utils.core.flops.mfu", "lab_utils.core.hardware.fraction_of_peak"),
         mistakes=(
             Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
             Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "
                     "of one device", wrong=lambda flops, tokens_per_s, peak, n: flops * tokens_per_s / peak),
         )),
     Exercise(
-        "q06_rank_time", "run_epoch_seconds",
+        "q06_rank_time", "run_epoch_seconds", find_the_bug=True,
+        giveaways=("max(rank_seconds)", "1.61 / 2.68", "1.75 / 2.95", "2082.29 / 706.41", "2,082.29 / 706.41",
+                   r"re:(took|taken|came) (them |its speedups )?from the mean over ranks",
+                   r"re:t\(n\) is the slowest rank"),
+        implemented_by=("lab_utils.core.ranks.aggregate_epoch",),
         mistakes=(
             Mistake("averaging ranks", "every step ends with an all-reduce that waits for the slowest rank, "
                     "so the epoch lasts as long as the slowest rank: T(N) is its time, not the mean over "
@@ -1073,8 +1165,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "the slowest rank's, not the sum of their times", wrong=sum),
         )),
     Exercise(
+        "q06_tokens_per_s", "predict_tokens_per_s", call=lambda fn, case: plain(fn(**case)),
+        show=_tokens_show,
+        giveaways=(r"re:\bk\b\s+cancels", r"re:micro(batch)?\s*(x|×)?\s*block(size)?\s*/\s*\(\s*fixed",
+                   "independent of the accumulation steps"),
+        implemented_by=("lab_utils.core.flops.predicted_tokens_per_s", "lab_utils.core.flops.step_time_line"),
+        mistakes=(
+            Mistake("the fixed part once per optimizer step", "each of the k = effective_batch / micro_batch "
+                    "micro-steps runs its own forward and backward, so each pays the fixed part of the "
+                    "measured step (one micro-step per measured step): an optimizer step takes "
+                    "k x (fixed + micro_batch x block_size x per_token)", wrong=_tokens_fixed_once),
+            Mistake("one measured rate for every micro-batch", _ONE_RATE_WHY, wrong=_tokens_one_rate),
+            Mistake("one measured rate for every micro-batch", _ONE_RATE_WHY,
+                    wrong=lambda **case: _tokens_one_rate(**case, which=min)),
+            Mistake("sequences per second", "a sequence is block_size tokens: tokens/s = sequences/s x "
+                    "block_size", given_right=lambda right, **case: right / case["block_size"]),
+            Mistake("seconds per token", "that is the inverse: return tokens per second",
+                    given_right=lambda right, **case: 1.0 / right if right else None),
+        )),
+    Exercise(
         "q07_int8_size", "int8_weight_only_bytes", call=_int8_call, show=_int8_show,
         needs=("torch", "lab_utils.models.gpt"),
+        giveaways=(r"re:fp32 embedding and an int8 copy", r"re:not exactly 4x smaller",
+                   r"re:(the )?head gets? (its own|an) int8 copy and the embedding"),
+        implemented_by=("lab_utils.workers.quant_model.payload_bytes",),
         mistakes=(
             Mistake("int8 is 4x smaller", "only the Linear weights become int8 (plus a scale and a zero "
                     "point per row); embeddings, biases and LayerNorms stay in float, and the tied head "
@@ -1094,8 +1208,11 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                         right + _tied_head_bytes(model) if "lm_head" in keep_in_float else right)),
         )),
     Exercise(
-        "q09_average", "average_gradients", call=_average_call, show=_average_show, rel_tol=1e-5,
-        needs=("torch", "torch.distributed", "lab_utils.core.handmade"),
+        "q09_average", "average_gradients", call=_average_call, show=_average_show, hint=_average_hint,
+        rel_tol=1e-5, abs_tol=1e-6, needs=("torch", "torch.distributed", "lab_utils.core.handmade"),
+        implemented_by=("lab_utils.core.handmade.Naive",),
+        giveaways=(r"re:/=\s*(dist\.)?get_?world_?size\(\)", r"re:grad /=\s*self\.world",
+                   "then divided by the number of ranks", "leaves the sum over ranks on every rank"),
         mistakes=(
             Mistake("summing without dividing", "an all-reduce adds the ranks' gradients: divide by the "
                     "number of ranks for their mean, the gradient of the global batch",
@@ -1106,22 +1223,36 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda grads: _average(grads, after=2)),
             Mistake("no all-reduce", "each rank divided its own gradient: the ranks never exchanged "
                     "anything, so they still disagree", wrong=lambda grads: _average(grads, reduce=False)),
+            Mistake("new tensors, not in place", "the averages went into new tensors and grads kept this "
+                    "rank's own values: change the tensors of grads themselves (dist.all_reduce(g) and "
+                    "g /= n work in place) and return grads", wrong=lambda grads: _average(grads, copy=True)),
+            Mistake("the return missing", "grads hold the mean, but average_gradients returns None: the "
+                    "prompt asks it to return grads (end it with return grads)",
+                    wrong=lambda grads: _average(grads, give_back=False)),
         )),
     Exercise(
-        "q09_buckets", "assign_buckets",
+        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.core.handmade.assign_buckets",),
+        giveaways=(r"re:if filled\s*>=", r"re:for i in reversed\(range\(len\(sizes"),
         mistakes=(
             Mistake("forward order", "backward produces the LAST layer's gradient first: fill buckets from "
-                    "the last parameter backwards", wrong=lambda s, c: _buckets(s, c, forward=True)),
-            Mistake("a bucket over the cap", "start a new bucket BEFORE a parameter would take the bucket "
-                    "over the cap (only a parameter larger than the cap may stand alone above it)",
-                    wrong=lambda s, c: _buckets(s, c, close_at_cap=True)),
+                    "the last parameter backwards", wrong=partial(_ddp_buckets, forward=True)),
+            Mistake("the stay-under-the-cap rule", "closing a bucket BEFORE a parameter would take it over "
+                    "the cap is a valid design, but not DDP's, which this asks for: DDP adds the parameter, "
+                    "then closes the bucket once it holds at least its cap",
+                    wrong=partial(_ddp_buckets, under=True)),
+            Mistake("a full bucket left open", "a bucket that holds exactly its cap is full: DDP closes it "
+                    "once it reaches OR exceeds the cap (>=)", wrong=partial(_ddp_buckets, above=True)),
+            Mistake("the first cap ignored", "the first bucket (the first one sent) has its own cap, "
+                    "first_cap_bytes; every later one cap_bytes",
+                    wrong=partial(_ddp_buckets, first_ignored=True)),
+            Mistake("the first cap everywhere", "only the first bucket has first_cap_bytes; every later "
+                    "one closes at cap_bytes", wrong=partial(_ddp_buckets, first_everywhere=True)),
             Mistake("a parameter missed", "the last bucket, still open when the loop ends, holds parameters "
-                    "too: append it", wrong=lambda s, c: _buckets(s, c, drop_last=True)),
-            Mistake("a parameter counted twice", "the parameter that did not fit goes into the NEW bucket "
-                    "only, not also into the one just closed", wrong=lambda s, c: _buckets(s, c, twice=True)),
+                    "too: append it", wrong=partial(_ddp_buckets, drop_last=True)),
         )),
     Exercise(
-        "q09_shards", "shard_bounds",
+        "q09_shards", "shard_bounds", implemented_by=("lab_utils.core.handmade.shard_bounds",),
+        giveaways=(r"re:divmod\(numel,\s*world_?size\)", r"re:min\(r \+ 1, extra\)"),
         mistakes=(
             Mistake("the remainder dropped", "with numel // world_size elements per shard, the last numel % "
                     "world_size elements belong to no rank: no rank steps them", wrong=_shards_floor),
@@ -1131,5 +1262,23 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "empty (sizes differ by more than one)", wrong=_shards_ceil),
             Mistake("end inclusive", "end is one past the shard's last element: shards [start, end) meet "
                     "without a gap", wrong=_shards_inclusive),
+        )),
+    Exercise(
+        "q09_exposed", "exposed_seconds", call=lambda fn, case: plain(fn(**case)), rel_tol=1e-6,
+        implemented_by=("lab_utils.core.handmade.overlap_exposed_seconds",
+                        "lab_utils.core.handmade.optimal_bucket_bytes"),
+        show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={_fmt(v)}" for k, v in case.items()) + ")",
+        giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*t\s*/\s*k", "they queue from the first bucket on",
+                   "a bucket's communication takes exactly as long as its computation"),
+        mistakes=(
+            Mistake("no overlap", "the all-reduces of the first k - 1 buckets run while backward goes on: "
+                    "not all k of them are exposed", wrong=partial(_exposed, overlap=False)),
+            Mistake("the last bucket only", "when a bucket's all-reduce takes longer than backward takes to "
+                    "make the next bucket, the all-reduces queue up and more than the last one is left "
+                    "after backward", wrong=partial(_exposed, queue=False)),
+            Mistake("buckets rounded down", "k = ceil(S / bucket_bytes): a partial last bucket is a bucket "
+                    "too", wrong=partial(_exposed, floor=True)),
+            Mistake("alpha once per all-reduce", "a ring all-reduce takes 2(P-1) steps, each paying alpha "
+                    "(notebook 04)", wrong=partial(_exposed, ring_steps=False)),
         )),
 )}

@@ -258,7 +258,7 @@ def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome 
                 msg, why = _failed_case(label, r["error"], hidden, limits)
                 stopped += [why] if why else []
                 ok_all = False
-            elif same(r["answer"], case["expected"], ex.rel_tol):
+            elif same(r["answer"], case["expected"], ex.rel_tol, ex.abs_tol):
                 continue
             else:
                 ok_all = False

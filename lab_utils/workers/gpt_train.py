@@ -12,16 +12,24 @@ every micro-step but the last runs forward *and* backward inside ``DDP.no_sync()
 forward time whether the coming backward all-reduces), and each micro-batch loss is divided by the
 steps, so the accumulated gradient is that of the mean loss (tested against one big batch).
 
-Every epoch of every rank is THE epoch driver, :func:`lab_utils.core.loop.run_epoch` (metric names as
-:mod:`lab_utils.core.metrics` defines them; validation apart in ``validation_seconds``). Nested timers
-(:class:`~lab_utils.core.timing.NestedTimers`): run > epoch > training / validation. Under DDP a timing
-comm hook measures the exposed all-reduce wait; after each epoch the untimed ``no_sync`` probe gives
-each rank's (b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
+Two passes, two purposes (issue 52, B3). **Throughput**: every epoch of every rank is THE epoch driver,
+:func:`lab_utils.core.loop.run_epoch`, *uninstrumented* (``timed=False``: the device synchronized only at
+the two ends of the pass, so the host queues work ahead as in real training); its ``epoch_seconds`` (loader
+waits included) gives ``epoch_tokens_per_s`` and the MFU. **Breakdown**: after the last epoch, one
+*instrumented* pass of ``breakdown_steps`` optimizer steps (phase timers, nested forward / loss / backward /
+optimizer timers, the timing comm hook and, under DDP, the loop's skew barrier, as in notebooks 02 and 03:
+each boundary synchronizes the device) gives where the time goes, per step, and ``timer_overhead_ratio``,
+what those synchronizations cost this run. It runs at lr 0 (AdamW then does all its work and changes no
+weight) after the last validation, so the reported loss and the model are the last epoch's. Nested timers
+(:class:`~lab_utils.core.timing.NestedTimers`): run > epoch > training / validation, run > breakdown >
+forward / loss / backward / optimizer. Under DDP, after each epoch the untimed ``no_sync`` probe gives each
+rank's (b), (c) and overlap (:func:`lab_utils.core.ranks.probe_seconds`).
 
 Records (rank 0's): one **aggregate** whose epochs are :func:`lab_utils.core.ranks.aggregate_epoch` of
-the ranks' entries, with ``mfu`` (computed here alone), the run's model, FLOPs, precision, memory and
-the slowest rank's nested timers; and one record **per rank** (``{**config, "record": "rank", "rank":
-r}``). An out-of-memory error is the harness's (an ``oom`` row, or under DDP the rank's failure file).
+the ranks' entries, with ``mfu`` (:func:`lab_utils.core.flops.mfu`, computed here alone), the run's model,
+FLOPs, precision, memory, the slowest rank's nested timers and the aggregated ``breakdown``; and one record
+**per rank** (``{**config, "record": "rank", "rank": r}``). An out-of-memory error is the harness's (an
+``oom`` row, or under DDP the rank's failure file).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import itertools
 import sys
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -42,6 +50,7 @@ from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
 from lab_utils.core.config import CORPUS_CHOICES, check_choice, check_positive_int, loader_worker_options
 from lab_utils.core.dist import DistContext, gather
 from lab_utils.core.errors import LabError
+from lab_utils.core.flops import mfu
 from lab_utils.core.hardware import bf16_supported, device_name, peak_flops_per_s, software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
@@ -49,6 +58,7 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import LRSchedule
+from lab_utils.core.spread import STEP_PERCENTILE_KEYS
 from lab_utils.core.text_data import TokenWindows, load_splits
 from lab_utils.core.timing import NestedTimers
 from lab_utils.models.gpt import (
@@ -65,7 +75,9 @@ from lab_utils.workers.harness import Job, serve
 
 #: Part of every key: bumped when a metric changes meaning, so older records are measured again, not
 #: reused. 3 (issue 34): allreduce_seconds is the probe's (c), per-rank records, speedups on train_seconds.
-METRICS_VERSION = 3
+#: 4 (issue 52, B3): throughput (epoch_seconds, epoch_tokens_per_s, mfu) from an uninstrumented pass; the
+#: phases, nested timers and comm hook from a separate instrumented pass (breakdown, timer_overhead_ratio).
+METRICS_VERSION = 4
 DTYPES = ("fp32", "bf16")
 
 
@@ -94,6 +106,7 @@ class TrainConfig:
     val_batches: int | None = 20          # per rank; None: the whole validation split
     val_batch_size: int = 32
     probe_steps: int = 3                  # sync/no_sync probe pairs per epoch (DDP), + 1 warm-up
+    breakdown_steps: int = 5              # optimizer steps of the instrumented pass (0: none), <= an epoch's
     seed: int = 0
     num_workers: int = 0
 
@@ -110,8 +123,8 @@ class TrainConfig:
         gpt_config(self.size)  # an unknown size: one sentence naming the sizes
         if not self.lr > 0:
             raise LabError(f"lr must be positive, got {self.lr!r}.")
-        if min(self.warmup_steps, self.probe_steps, self.num_workers) < 0:
-            raise LabError("warmup_steps, probe_steps and num_workers must be 0 or more.")
+        if min(self.warmup_steps, self.probe_steps, self.breakdown_steps, self.num_workers) < 0:
+            raise LabError("warmup_steps, probe_steps, breakdown_steps and num_workers must be 0 or more.")
         return self
 
     def config(self) -> dict[str, Any]:
@@ -223,7 +236,8 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -
                "device_name": name, "precision": precision, "precision_note": precision_note,
                "peak_flops_per_s": peak, "threads_per_rank": torch.get_num_threads()}
         del x0
-        epochs, probe = _train(cfg, dtype, ctx, model, train_ds, val_ds, per_epoch, total_steps, timers)
+        epochs, probe, breakdown = _train(cfg, dtype, ctx, model, train_ds, val_ds, per_epoch, total_steps,
+                                          timers)
     if job.options.get("save") and ctx.is_main:  # notebook 07 evaluates on the same split (max_chars)
         save_checkpoint(job.options["save"], model, splits.vocab.chars, splits.corpus_name,
                         {"val_loss": epochs[-1]["val_loss"], "train_loss": epochs[-1]["train_loss"],
@@ -232,7 +246,8 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -
         run["checkpoint"] = job.options["save"]
     del model
     free_device_memory(device)  # gc first (DDP's hooks hold cycles): the next configuration starts empty
-    gathered = gather({"epochs": epochs, "timers": timers.table(), "comm_probe": probe}, ctx)
+    gathered = gather({"epochs": epochs, "timers": timers.table(), "comm_probe": probe,
+                       "breakdown": breakdown}, ctx)
     if ctx.rank != 0:
         return []
     common = {"profile": job.profile, "synthetic": splits.synthetic, "dataset": splits.corpus_name,
@@ -241,9 +256,10 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -
 
 
 def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, train_ds, val_ds, per_epoch: int,
-           total_steps: int, timers: NestedTimers) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Every epoch through :func:`~lab_utils.core.loop.run_epoch`, validated and probed: this rank's
-    epoch entries and its last probe (None with one process)."""
+           total_steps: int, timers: NestedTimers):
+    """Every epoch through :func:`~lab_utils.core.loop.run_epoch` uninstrumented, validated and probed, then
+    the instrumented pass: this rank's epoch entries, its last probe (None with one process) and its
+    breakdown entry (None with ``breakdown_steps=0``)."""
     device = ctx.device
     comm_timer = None
     if ctx.ddp:
@@ -263,9 +279,11 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
     val_loader = DataLoader(val_ds, batch_size=cfg.val_batch_size, num_workers=0,
                             sampler=DistributedSampler(val_ds, num_replicas=ctx.world_size, rank=ctx.rank,
                                                        shuffle=False))
-    options = StepOptions(accumulation_steps=cfg.accumulation_steps, comm_timer=comm_timer,
-                          autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False,
-                          lr_at=schedule.lr_at, grad_clip=cfg.grad_clip or None, step_timers=timers)
+    # the throughput pass: nothing inside it synchronizes the device (the hook stays registered: it only
+    # records CUDA events, never waits for them)
+    plain = StepOptions(accumulation_steps=cfg.accumulation_steps,
+                        autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False,
+                        lr_at=schedule.lr_at, grad_clip=cfg.grad_clip or None)
     out: list[dict[str, Any]] = []
     probe = None
     step = 0
@@ -281,8 +299,8 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
         with timers("epoch"):
             with timers("training"):
                 ep = run_epoch(model, batches, optimizer, device, epoch=epoch, n_batches=n_micro,
-                               loss_fn=lm_loss, options=next_epoch(options, step), global_sums=True,
-                               desc=f"rank {ctx.rank} epoch {epoch}")
+                               loss_fn=lm_loss, options=next_epoch(plain, step), timed=False,
+                               global_sums=True, desc=f"rank {ctx.rank} epoch {epoch}")
             with timers("validation"):
                 v_sum, v_tok = evaluate(model, val_loader, device, cfg.val_batches, dtype)
         step += ep.steps
@@ -297,7 +315,25 @@ def _train(cfg: TrainConfig, dtype: str, ctx: DistContext, model: nn.Module, tra
         v_sum, v_tok = _all_reduce_sum([v_sum, float(v_tok)], ctx)
         mine["val_loss"] = v_sum / max(v_tok, 1)
         out.append(mine)
-    return out, probe
+    breakdown = None
+    if cfg.breakdown_steps > 0 and out:
+        # the instrumented pass: every phase synchronized, the comm hook read, the skew barrier under DDP
+        # (as notebooks 02 and 03 time a step); at lr 0, so AdamW does all its work and changes no weight
+        n_micro = min(cfg.breakdown_steps, per_epoch) * cfg.accumulation_steps
+        instrumented = replace(plain, comm_timer=comm_timer, skew_barrier=ctx.ddp, step_timers=timers,
+                               lr_at=_zero_lr)
+        sampler.set_epoch(cfg.epochs + 1)
+        with timers("breakdown"):
+            bd = run_epoch(model, itertools.islice(loader, n_micro), optimizer, device, epoch=cfg.epochs + 1,
+                           n_batches=n_micro, loss_fn=lm_loss, options=next_epoch(instrumented, step),
+                           desc=f"rank {ctx.rank} breakdown")
+        breakdown = breakdown_entry(bd, ctx.rank, unwrap(model).config.block_size)
+    return out, probe, breakdown
+
+
+def _zero_lr(step: int) -> float:
+    """The instrumented pass's learning rate: AdamW with lr 0 computes its whole update and applies none."""
+    return 0.0
 
 
 def _keeping_last(batches, slot: list):
@@ -317,30 +353,49 @@ def _all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
 
 
 def rank_epoch(ep: EpochRecord, rank: int, block_size: int, validation_seconds: float) -> dict[str, Any]:
-    """One rank's entry for one epoch, from its :class:`EpochRecord` (tokens = sequences x block)."""
+    """One rank's entry for one epoch of the uninstrumented pass, from its :class:`EpochRecord` (tokens =
+    sequences x block): its wall time, work, loss and memory; no phases (none were timed)."""
     return {
         "rank": rank, "epoch": ep.epoch, "steps": ep.steps, "micro_steps": ep.micro_steps,
         "sequences": ep.images, "tokens": ep.images * block_size,
-        "epoch_seconds": ep.epoch_seconds, "train_seconds": ep.train_seconds,
-        "validation_seconds": validation_seconds,
-        "data_loading_seconds": ep.data_loading_seconds, "data_movement_seconds": ep.data_movement_seconds,
-        "compute_seconds": ep.compute_seconds, "communication_seconds": ep.communication_seconds,
-        "epoch_allreduce_seconds": ep.allreduce_seconds,
+        "epoch_seconds": ep.epoch_seconds, "validation_seconds": validation_seconds,
         "train_loss": ep.global_loss if ep.global_loss is not None else ep.loss, "train_loss_rank": ep.loss,
         "peak_memory_bytes": ep.peak_memory_bytes, "lr": ep.lr,
     }
 
 
+def breakdown_entry(ep: EpochRecord, rank: int, block_size: int) -> dict[str, Any]:
+    """One rank's instrumented pass: its wall time, the synchronized phases (``train_seconds`` = data
+    movement + compute + communication, loader and skew waits apart), the comm hook's all-reduce time and
+    the spread of its steps, in seconds over the pass."""
+    return {
+        "rank": rank, "steps": ep.steps, "micro_steps": ep.micro_steps, "sequences": ep.images,
+        "tokens": ep.images * block_size, "epoch_seconds": ep.epoch_seconds,
+        "train_seconds": ep.train_seconds,
+        "data_loading_seconds": ep.data_loading_seconds, "data_movement_seconds": ep.data_movement_seconds,
+        "compute_seconds": ep.compute_seconds, "communication_seconds": ep.communication_seconds,
+        "skew_wait_seconds": ep.skew_wait_seconds, "epoch_allreduce_seconds": ep.allreduce_seconds,
+        **{k: getattr(ep, k) for k in STEP_PERCENTILE_KEYS},
+    }
+
+
+def throughput(per_rank: list[dict[str, Any]], flops_per_token: float, peak: float | None) -> dict[str, Any]:
+    """One uninstrumented epoch over the ranks (:func:`aggregate_epoch`: T(N) = the slowest rank's
+    ``epoch_seconds``), with ``epoch_tokens_per_s`` = all ranks' tokens / T(N) and its ``mfu``."""
+    agg = aggregate_epoch(per_rank)
+    agg.pop("tokens_per_s", None)  # over train_seconds, which an uninstrumented pass does not have
+    agg["epoch_tokens_per_s"] = agg["tokens"] / agg["epoch_seconds"] if agg["epoch_seconds"] > 0 else None
+    agg["mfu"] = mfu(flops_per_token, agg["epoch_tokens_per_s"], peak, len(per_rank))
+    return agg
+
+
 def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
                   gathered: list[dict[str, Any]], common: dict[str, Any]) -> list[Record]:
-    """Rank 0: the aggregate record (every epoch over the ranks, :func:`aggregate_epoch`, and the MFU of
-    each: FLOPs per token x tokens/s over all devices' peak) and one record per rank."""
-    history = []
-    for e in range(len(gathered[0]["epochs"])):
-        agg = aggregate_epoch([g["epochs"][e] for g in gathered])
-        peak = run["peak_flops_per_s"]
-        agg["mfu"] = run["flops_per_token"] * agg["tokens_per_s"] / (peak * len(gathered)) if peak else None
-        history.append(agg)
+    """Rank 0: the aggregate record (every epoch over the ranks, :func:`throughput`; the instrumented pass
+    aggregated the same way as ``breakdown``, and ``timer_overhead_ratio``, its wall time per optimizer step
+    over the reported epoch's) and one record per rank."""
+    history = [throughput([g["epochs"][e] for g in gathered], run["flops_per_token"], run["peak_flops_per_s"])
+               for e in range(len(gathered[0]["epochs"]))]
     reported = history[-1]
     slow = gathered[reported["slowest_rank"]]
     peaks = [e["peak_memory_bytes"] for g in gathered for e in g["epochs"]]
@@ -348,6 +403,11 @@ def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
     metrics.update(run, reported_epoch=reported["epoch"], epochs=history, timers=slow["timers"],
                    steps_done=sum(e["steps"] for e in history),
                    peak_memory_bytes=max(peaks) if None not in peaks else None)
+    if all(g.get("breakdown") for g in gathered):
+        bd = {k: v for k, v in aggregate_epoch([g["breakdown"] for g in gathered]).items() if k != "epoch"}
+        metrics["breakdown"] = bd
+        metrics["timer_overhead_ratio"] = ((bd["epoch_seconds"] / bd["steps"])
+                                           / (reported["epoch_seconds"] / reported["steps"]))
     if slow["comm_probe"]:
         metrics["allreduce_buckets"] = max(g["comm_probe"]["buckets"] for g in gathered)
     records = [Record(experiment, dict(config), metrics, **common)]
@@ -355,7 +415,7 @@ def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
         last = g["epochs"][-1]
         rm = {k: v for k, v in last.items() if k != "epoch"}
         rm.update(reported_epoch=last["epoch"], epochs=g["epochs"], timers=g["timers"],
-                  comm_probe=g["comm_probe"])
+                  comm_probe=g["comm_probe"], breakdown=g.get("breakdown"))
         records.append(Record(experiment, {**config, "record": "rank", "rank": r}, rm, **common))
     return records
 

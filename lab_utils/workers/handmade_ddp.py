@@ -16,12 +16,19 @@ configuration's ``kind``:
   state each rank holds (``sgd_state_bytes``, per rank).
 - ``bench``: this run's own all-reduce times on a few message sizes and their alpha-beta fit
   (:func:`lab_utils.core.ring.fit_alpha_beta`), for when notebook 04's fit is not in the store.
+- ``memory``: each implementation in turn, built from nothing, with SGD or Adam
+  (``implementations``: ``[name, bucket_mb, optimizer]``): :func:`~lab_utils.core.handmade.memory_use`
+  over two warm-up steps and one measured step, the largest over ranks (``held_bytes``,
+  ``peak_bytes``) and ``optimizer_state_bytes``.
 - ``compare``: the implementations side by side, interleaved step by step (round r runs every
   implementation once, in an order rotated each round, after a barrier), so machine noise hits them
   alike. Per implementation: ``step_seconds`` (median over the timed steps of the slowest rank's step;
   p10 and p90 beside it), ``comm_exposed_seconds`` (median over rounds of its step minus the
   no-communication step of the same round), the step's collectives (``messages``) and
-  ``bytes_per_rank_per_step``, the loss of the last step over all ranks and ``sgd_state_bytes``.
+  ``bytes_per_rank_per_step``, the loss of the last step over all ranks and ``sgd_state_bytes``. Then
+  ``backward_seconds``: the no-communication replica's backward alone (the loop's backward timer,
+  device synchronized at both ends; mean over ``steps`` more steps, the slowest rank's), the time the
+  overlapping implementations can hide communication behind.
 - ``trace``: ``torch.profiler`` on every rank over a few steps of (b), (c) and DDP, one Chrome trace per
   rank into ``options["trace_dir"]`` (the parent merges them; the record lists the files).
 
@@ -35,6 +42,7 @@ import itertools
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +64,7 @@ from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.core.records import Record
 from lab_utils.core.ring import fit_alpha_beta
 from lab_utils.core.spread import percentile
-from lab_utils.core.timing import synchronize
+from lab_utils.core.timing import NestedTimers, synchronize
 from lab_utils.models import ResNet18
 from lab_utils.workers.allreduce_bench import measure_size
 from lab_utils.workers.ddp import RunConfig, train_dataset
@@ -65,10 +73,10 @@ from lab_utils.workers.harness import Job, serve
 __all__ = ["IMPLEMENTATIONS", "Replica", "prepare", "run_config"]
 
 #: Implementation names of a configuration, and how tables call them.
-IMPLEMENTATIONS = {"local": "no communication", "naive": "(a) naive", "flat": "(b) flat",
-                   "bucketed": "(c) bucketed", "zero1": "(d) ZeRO-1", "ddp": "torch DDP",
-                   "ddp_bf16": "torch DDP, bf16 hook"}
-_OVERLAPPING = ("bucketed", "ddp", "ddp_bf16")
+IMPLEMENTATIONS = {"local": "no communication", "naive": "(a) naive",
+                   "per_tensor": "(e) per tensor, overlapped", "flat": "(b) flat", "bucketed": "(c) bucketed",
+                   "zero1": "(d) ZeRO-1 (paper)", "ddp": "torch DDP", "ddp_bf16": "torch DDP, bf16 hook"}
+_OVERLAPPING = ("per_tensor", "bucketed", "ddp", "ddp_bf16")
 MB = 2**20  # bucket sizes in MB as DDP's bucket_cap_mb counts them (2^20 bytes)
 
 
@@ -84,7 +92,7 @@ def prepare(job: Job, ctx: DistContext) -> dict[str, Any]:
 def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> list[Record]:
     """One configuration (see the module docstring); rank 0 returns its record."""
     kind = config["kind"]
-    run = {"check": _check, "bench": _bench, "compare": _compare, "trace": _trace}[kind]
+    run = {"check": _check, "bench": _bench, "memory": _memory, "compare": _compare, "trace": _trace}[kind]
     metrics = run(config, job, ctx, state)
     if ctx.rank != 0:
         return []
@@ -109,30 +117,33 @@ def _batches(config: dict[str, Any], state: dict[str, Any], ctx: DistContext, ba
 
 
 class Replica:
-    """One implementation's model and optimizer(-wrapper), trained by the lab's loop."""
+    """One implementation's model and optimizer(-wrapper), trained by the lab's loop: the recipe's SGD,
+    or Adam (``optimizer="adam"``, torch's defaults: two moments per parameter) to size the state."""
 
-    def __init__(self, name: str, bucket_mb: float | None, config: dict[str, Any], ctx: DistContext):
+    def __init__(self, name: str, bucket_mb: float | None, config: dict[str, Any], ctx: DistContext,
+                 optimizer: str = "sgd"):
         torch.manual_seed(config["seed"])  # the same initial weights on every rank and in every replica
         self.name, self.bucket_mb = name, bucket_mb
         self.model = _model(config, ctx)
-        optimizer = make_optimizer(self.model)
-        cap = (bucket_mb if bucket_mb is not None else float("inf")) * MB
+        params = self.model.parameters()
+        inner = torch.optim.Adam(params) if optimizer == "adam" else make_optimizer(self.model)
+        cap = int(bucket_mb * MB) if bucket_mb is not None else float("inf")   # as DDP rounds its cap
         self.net: nn.Module = self.model
         if name.startswith("ddp"):
             self.net = DistributedDataParallel(self.model, bucket_cap_mb=bucket_mb)
             if name == "ddp_bf16":
                 self.net.register_comm_hook(None, bf16_compress_hook)
-            self.optimizer: Any = optimizer
+            self.optimizer: Any = inner
         else:
-            make = {"local": handmade.Local, "naive": handmade.Naive, "flat": handmade.Flat,
-                    "zero1": handmade.ZeroOne}
-            self.optimizer = (handmade.Bucketed(self.model, optimizer, cap) if name == "bucketed"
-                              else make[name](self.model, optimizer))
+            make = {"local": handmade.Local, "naive": handmade.Naive, "per_tensor": handmade.PerTensor,
+                    "flat": handmade.Flat, "zero1": handmade.ZeroOne}
+            self.optimizer = (handmade.Bucketed(self.model, inner, cap) if name == "bucketed"
+                              else make[name](self.model, inner))
 
-    def step(self, batch: tuple, device: torch.device) -> torch.Tensor:
+    def step(self, batch: tuple, device: torch.device, options: StepOptions | None = None) -> torch.Tensor:
         """One training step through the lab's loop; its mean loss on this rank."""
         sums = train_steps(self.net, [batch], 1, self.optimizer, nn.CrossEntropyLoss(), None, device,
-                           StepOptions())
+                           options or StepOptions())
         return sums.loss_sum / sums.images
 
     def timed_step(self, batch: tuple, device: torch.device) -> tuple[float, torch.Tensor]:
@@ -238,6 +249,23 @@ def _bench(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, 
     return {"bench_time_us": [t * 1e6 for t in times], "fit": fit}
 
 
+def _memory(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
+    """Each implementation's bytes on this rank, built one at a time (module docstring)."""
+    batch = _batches(config, state, ctx, config["batch_size"], 1)[0]
+    rows = []
+    for name, bucket_mb, optimizer in config["implementations"]:
+        use, rep = handmade.memory_use(partial(Replica, name, bucket_mb, config, ctx, optimizer),
+                                       lambda r: r.step(batch, ctx.device), ctx.device)
+        state_bytes = handmade.optimizer_state_bytes(rep.optimizer)
+        per_rank = gather((use.held_bytes, use.peak_bytes, state_bytes), ctx)
+        del rep
+        rows.append({"implementation": name, "bucket_mb": bucket_mb, "optimizer": optimizer,
+                     **{k: max(r[i] for r in per_rank)
+                        for i, k in enumerate(("held_bytes", "peak_bytes", "optimizer_state_bytes"))}})
+    params = sum(p.numel() * p.element_size() for p in _model(config, ctx).parameters())
+    return {"implementations": rows, "parameter_bytes": params}
+
+
 def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, Any]) -> dict[str, Any]:
     """Every implementation, interleaved step by step (module docstring)."""
     warmup, steps = config["warmup"], config["steps"]
@@ -255,6 +283,7 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
     state_bytes = gather([handmade.optimizer_state_bytes(r.optimizer) for r in reps], ctx)
     slowest = [handmade.slowest_per_step([ranks[k] for ranks in every]) for k in range(len(reps))]
     base = next((s for s, r in zip(slowest, reps) if r.name == "local"), None)
+    backward = _backward_seconds(reps, batches[warmup:], ctx)
     rows = []
     for k, rep in enumerate(reps):
         msgs = rep.messages()
@@ -268,7 +297,21 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
         rows.append(row)
     params = list(reps[0].model.parameters())
     return {"implementations": rows, "timed_steps": steps, "parameters": sum(p.numel() for p in params),
-            "tensors": len(params), "gradient_bytes": sum(p.numel() * p.element_size() for p in params)}
+            "tensors": len(params), "gradient_bytes": sum(p.numel() * p.element_size() for p in params),
+            "backward_seconds": backward}
+
+
+def _backward_seconds(reps: list[Replica], batches: list, ctx: DistContext) -> float | None:
+    """The no-communication replica's backward pass alone, seconds: the loop's backward timer (device
+    synchronized at both ends) over one more step per batch, its mean; the slowest rank's. None
+    without that replica."""
+    local = next((r for r in reps if r.name == "local"), None)
+    if local is None:
+        return None
+    timers = NestedTimers(ctx.device)
+    for batch in batches:
+        local.step(batch, ctx.device, StepOptions(step_timers=timers))
+    return max(gather(timers.stats["backward"].mean_seconds, ctx))
 
 
 def _spread(name: str, values: list[float]) -> dict[str, float]:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lab_utils.core.errors import LabError
+from lab_utils.core.hardware import peak_flops_per_s
 from lab_utils.core.loop import evaluate
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.timing import synchronize
@@ -105,6 +106,23 @@ def weight_flops_per_byte(rows: float, bytes_per_weight: float) -> float:
     if rows <= 0 or bytes_per_weight <= 0:
         raise LabError("rows and bytes_per_weight must be positive.")
     return 2.0 * rows / bytes_per_weight
+
+
+#: The roofline's reference GPU, an H100 SXM: HBM3 bandwidth (data sheet, 3.35 TB/s) and the dense int8
+#: tensor-core peak (1,979 TOPS; 3,958 with sparsity); fp32 and bf16 peaks from lab_utils.core.hardware.
+H100_SXM = "NVIDIA H100 80GB HBM3"
+H100_SXM_BYTES_PER_S = 3.35e12
+H100_SXM_INT8_OPS_PER_S = 1979e12
+
+
+def ridge_flops_per_byte(arithmetic: str) -> float:
+    """The reference H100 SXM's ridge P / B for matmuls in ``arithmetic`` (``fp32``: 67e12 / 3.35e12 = 20,
+    ``bf16``: 295, ``int8``: 591 FLOP/byte): a step whose intensity is above it is compute-bound there, below
+    it memory-bound. Each precision has its own P, so its own ridge."""
+    peak = H100_SXM_INT8_OPS_PER_S if arithmetic == "int8" else peak_flops_per_s(H100_SXM, arithmetic)
+    if peak is None:
+        raise LabError(f"No H100 SXM peak for {arithmetic!r} arithmetic; use fp32, bf16 or int8.")
+    return peak / H100_SXM_BYTES_PER_S
 
 
 @dataclass

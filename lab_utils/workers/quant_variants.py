@@ -35,16 +35,17 @@ class _VariantInfo:
     label: str
     method: str             # "float", "weight-only", "dynamic"
     bytes_per_weight: int   # bytes per Linear weight element as stored (scales not counted)
+    arithmetic: str         # what the matmul multiplies in: weight-only dequantizes to the fp32 activations
 
 
 VARIANT_INFO: dict[str, _VariantInfo] = {
-    "fp32": _VariantInfo("fp32 (baseline)", "float", 4),
-    "bf16": _VariantInfo("bf16", "float", 2),
-    "ao_dynamic_int8": _VariantInfo("int8 dynamic, torch.ao quantize_dynamic", "dynamic", 1),
+    "fp32": _VariantInfo("fp32 (baseline)", "float", 4, "fp32"),
+    "bf16": _VariantInfo("bf16", "float", 2, "bf16"),
+    "ao_dynamic_int8": _VariantInfo("int8 dynamic, torch.ao quantize_dynamic", "dynamic", 1, "int8"),
     "torchao_int8_weight_only": _VariantInfo("int8 weight-only, torchao Int8WeightOnlyConfig",
-                                            "weight-only", 1),
+                                            "weight-only", 1, "fp32"),
     "torchao_int8_dynamic": _VariantInfo("int8 dynamic act. + int8 weight, torchao "
-                                        "Int8DynamicActivationInt8WeightConfig", "dynamic", 1),
+                                        "Int8DynamicActivationInt8WeightConfig", "dynamic", 1, "int8"),
 }
 VARIANTS: tuple[str, ...] = tuple(VARIANT_INFO)
 
