@@ -2,7 +2,7 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (35 of 35 points on 20
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (41 of 41 points on 23
 questions), the same notebooks blank (0, "not done yet", or a find-the-bug exercise's bug by name), and
 cheats and known mistakes (the lab's own function called, ``math.isclose`` replaced: 0 or flagged, and the
 summary says so; the log2 tree, Normalize before ToTensor, the mean over ranks: 0, the mistake named).
@@ -126,7 +126,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == AUTO_POINTS == 35 and len(auto) == len(EXERCISES) == 20
+    assert sum(q["points"] for q in auto) == AUTO_POINTS == 41 and len(auto) == len(EXERCISES) == 23
 
 
 # ------------------------------------------------------------------ the student copy makes students think
