@@ -158,6 +158,8 @@ class Layout:
     devices: tuple[int, ...] = (1, 2, 4)
     where: tuple[tuple[str, str], ...] = ()  # (column, value): the long table's rows this one takes
     spread: str = ""                      # the long column whose time carries the spread, if any
+    flag: str = ""                        # the long column whose text marks a difference within the noise
+    flag_on: str = ""                     # the column whose value gets the "*" (default: the last value)
     key: str = ""                         # handin.json's table name
     json_names: tuple[str, ...] = ()      # handin.json's name of each value
     caption: str = ""                     # what the columns are, under the table
@@ -171,15 +173,18 @@ UTILIZATION = ("GB/s: bytes each rank sends per epoch / the communication time; 
 LAYOUTS: dict[str, tuple[Layout, ...]] = {
     "scaling": (Layout("Table 1: epoch-2 training time T(N) and speedup T(1)/T(N)", "scaling",
                        (("epoch2_train_seconds", "time (s)"), ("speedup", "speedup")),
-                       spread="epoch2_train_seconds", key="table1", json_names=("seconds", "speedup")),),
+                       spread="epoch2_train_seconds", flag="speedup_noise_flag", key="table1",
+                       json_names=("seconds", "speedup")),),
     "compute_vs_comm": (
         Layout("Table 2 (a), the assignment's method: compute T(1)/N and communication T(N) - T(1)/N",
                "compute_vs_comm",
                (("compute_a_seconds", "compute (s)"), ("comm_a_seconds", "communication (s)")),
-               devices=(2, 4), key="table2", json_names=("compute_seconds", "comm_seconds")),
+               devices=(2, 4), flag="comm_a_noise_flag", key="table2",
+               json_names=("compute_seconds", "comm_seconds")),
         Layout("Table 2 (b) and (c), measured: exposed communication (b) and the all-reduce in flight (c)",
                "compute_vs_comm", (("exposed_comm_b_seconds", "(b) exposed (s)"),
-                                   ("allreduce_c_seconds", "(c) all-reduce (s)")), devices=(2, 4)),
+                                   ("allreduce_c_seconds", "(c) all-reduce (s)")), devices=(2, 4),
+               flag="noise_flag", flag_on="exposed_comm_b_seconds"),
     ),
     "allreduce_utilization": (
         Layout("Table 3 (a), the assignment's utilization: ring bytes / communication T(N) - T(1)/N",
@@ -220,14 +225,17 @@ class Pivoted:
 def pivot(df: pd.DataFrame, layout: Layout, method: str) -> Pivoted:
     """``df``'s rows of ``method`` in the handout's layout: one row per device count, per batch the
     ``layout.values`` columns. A configuration not measured shows its status as a numbered footnote;
-    a time with a stored spread shows it in brackets (``spread_pct``, ``spread_of``: see the caption)."""
+    a time with a stored spread shows it in brackets (``spread_pct``, ``spread_of``: see the caption); a
+    row whose ``layout.flag`` column holds a text (its difference is within 2 standard errors: not
+    distinguishable) gets a ``*`` on its ``layout.flag_on`` value (default: the last) and the text as a
+    footnote."""
     bcol = _batch_col(df)
     df = _rows(df[df["method"] == method], layout)
     batches = sorted(int(b) for b in df[bcol].dropna().unique())
     header = ["GPUs"] + [f"{b}: {name}" for b in batches for _, name in layout.values]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     notes: dict[str, int] = {}
-    flags: dict[str, None] = {}  # the long table's spread_flag texts (a difference within the spread)
+    flags: dict[str, None] = {}  # the long table's flag texts (a difference within the noise)
     rows: list[dict] = []
     missing = 0
     for n in layout.devices:
@@ -242,29 +250,34 @@ def pivot(df: pd.DataFrame, layout: Layout, method: str) -> Pivoted:
                                 for (c, _), k in zip(layout.values, layout.json_names, strict=True)},
                              **({"spread_pct": row.get("spread_pct") if ok and _finite(row.get("spread_pct"))
                                  else None} if layout.spread else {}),
-                             "within_spread": bool(ok and isinstance(row.get("spread_flag"), str)
-                                                   and row.get("spread_flag"))})
+                             "not_distinguishable": _flagged(row, layout) if ok else False})
             if not ok:
                 missing += 1
                 mark = notes.setdefault(status, len(notes) + 1)
                 cells += [f"n/a ({mark})"] + [""] * (len(layout.values) - 1)
                 continue
-            flag = row.get("spread_flag")
-            flagged = isinstance(flag, str) and bool(flag)
+            flagged = _flagged(row, layout)
             if flagged:
-                flags.setdefault(flag, None)
+                flags.setdefault(row[layout.flag], None)
             for i, (c, _) in enumerate(layout.values):
                 v = row.get(c)
                 text = format_number(v) if _finite(v) else "-"
                 if c == layout.spread and _finite(row.get("spread_pct")):
                     text += f" [{row['spread_pct']:.0f}%]"
-                cells.append(text + (" *" if flagged and i == len(layout.values) - 1 else ""))
+                marked = c == layout.flag_on if layout.flag_on else i == len(layout.values) - 1
+                cells.append(text + (" *" if flagged and marked else ""))
         lines.append("| " + " | ".join(cells) + " |")
     if notes:
         lines += [""] + [f"({i}) {s}" for s, i in notes.items()]
     if flags:
         lines += [""] + [f"\\* {f}" for f in flags]
     return Pivoted(lines, rows, missing)
+
+
+def _flagged(row: dict, layout: Layout) -> bool:
+    """Whether the row's difference is marked not distinguishable (its ``layout.flag`` column has a text)."""
+    flag = row.get(layout.flag) if layout.flag else None
+    return isinstance(flag, str) and bool(flag)
 
 
 def _row_status(row: dict | None, layout: Layout) -> tuple[bool, str]:
@@ -315,9 +328,12 @@ def handout_tables(tables_dir: Path, name: str) -> tuple[list[str], dict[str, li
             lines += [f"**{layout.title}** · {method}", "", *t.markdown, ""]
             cap = f"_{layout.caption + ' · ' if layout.caption else ''}{caption}"
             if layout.spread:
-                cap += (f" · [x%]: spread of the time ({'; '.join(spread_of)}: each row's in the CSV's "
-                        "spread_of)" if spread_of else
+                cap += (f" · [x%]: how the steps vary ({'; '.join(spread_of)}: each row's in the CSV's "
+                        "spread_of), not the uncertainty of the time" if spread_of else
                         " · no spread stored (re-run the notebook with this version of the lab)")
+            if layout.flag and any(line.startswith("\\* ") for line in t.markdown):
+                cap += (" · *: not distinguishable, judged by 2 standard errors of the times (their step "
+                        "noise, or their repeats; the CSV's stderr columns)")
             cap += f" · {t.missing} cell(s) not measured_" if t.missing else "_"
             lines += [cap, ""]
             if layout.key:

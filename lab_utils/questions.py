@@ -78,12 +78,12 @@ SECTIONS: tuple[Section, ...] = (
             "Strong or weak scaling? Amdahl and Gustafson",
             "Time and speedup per (GPUs, per-GPU batch). Is this strong or weak scaling? Would the "
             "other type of scaling be better or worse, and why?",
-            ("scaling", "scaling_definitions", "scaling_fixed_global_batch"), ("scaling_speedup",),
+            ("scaling", "scaling_fixed_global_batch"), ("scaling_speedup",),
             report=("At which per-device batch does scaling work best, and why do small batches scale worse?",
                     "DataParallel vs DDP (on GPUs): which is faster at each N, and what does DataParallel "
                     "do every step that DDP does not?",
                     "Why does the aggregate take the slowest rank's time rather than the mean?"),
-            by_hand="q02_report", exercises=("q02_speedup",),
+            by_hand="q02_report", exercises=("q02_speedup", "q02_predict_epoch"),
             by_hand_asks="Is Table 1 strong or weak scaling? Give both speedup definitions side by side: "
                          "the course forum's N x T(1)/T(N) (what must T(N) be for it to be the scaled "
                          "speedup, and what does it give on this lab's epoch times?) and the lab's "
@@ -98,7 +98,7 @@ SECTIONS: tuple[Section, ...] = (
             report=("How much of the all-reduce (c) is hidden behind backward, and why can it never all be "
                     "hidden?",
                     "How does the compute-to-communication ratio change with the per-device batch, and why?"),
-            by_hand="q03_report", exercises=("q03_compute_comm",),
+            by_hand="q03_report", exercises=("q03_compute_comm", "q03_predict_comm"),
             by_hand_asks="For one N and per-device batch of your Table 2: how much of the epoch is "
                          "communication by (a), and by (b)? Why do they differ, and what does it mean when "
                          "(a) is negative? Quote your numbers."),

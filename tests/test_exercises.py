@@ -36,8 +36,8 @@ LABS = Path(__file__).resolve().parent.parent / "labs"
 
 QUESTIONS = {
     "01_batch_size_sweep": ["q01_step_timer", "q01_train_transform", "q01_peak_memory"],
-    "02_multi_gpu_scaling": ["q02_speedup"],
-    "03_compute_vs_communication": ["q03_compute_comm"],
+    "02_multi_gpu_scaling": ["q02_speedup", "q02_predict_epoch"],
+    "03_compute_vs_communication": ["q03_compute_comm", "q03_predict_comm"],
     "04_allreduce_bandwidth": ["q04_gradient_bytes", "q04_ring_bytes", "q04_utilization",
                                "q04_predicted_bandwidth"],
     "05_large_batch_training": ["q05_lr_schedule", "q05_recipe", "q05_set_epoch"],
@@ -186,6 +186,25 @@ def _check_q03(f):
                       (10.0, 10.0, 1), (90.0, 2.0, 64)):
         mine, lab = f(t1, tn, n), derived_comm(t1, tn, n)
         assert all(math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12) for a, b in zip(mine, lab, strict=True))
+
+
+def _check_q02_predict_epoch(f):
+    from lab_utils.core.scaling_model import AllReduceLine, predicted_epoch_seconds
+
+    line = AllReduceLine(4, 60e-6, 10 / 1.5)
+    for case in ((0.02642, 782, 44_695_848, 50e-6, 10.0), (0.1, 49, 262_144, 0.0, 1.0),
+                 (0.5, 1, 0, 1e-3, 3.0),
+                 (0.08604, 98, 26_214_400, line.latency_seconds, line.bandwidth_gb_per_s)):
+        assert math.isclose(f(*case), predicted_epoch_seconds(*case), rel_tol=1e-12)
+
+
+def _check_q03_predict_comm(f):
+    from lab_utils.core.scaling_model import predicted_comm_seconds
+
+    for case in (([1e6, 3e6], 1e-4, 2.0, 10), ([26_268_672, 18_427_176], 60e-6, 6.67, 196),
+                 ([705_608], 0.0, 0.5, 1), ([1_049_600, 26_215_424, 17_430_824], 2e-5, 100.0, 49)):
+        mine, lab = f(*case), predicted_comm_seconds(*case)
+        assert all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(mine, lab, strict=True))
 
 
 def _check_q04_gradient_bytes(f):
@@ -399,7 +418,8 @@ def _check_q09_exposed(f):
 CHECKS = {
     "q01_step_timer": _check_q01, "q01_train_transform": _check_q01_train_transform,
     "q01_peak_memory": _check_q01_peak_memory,
-    "q02_speedup": _check_q02, "q03_compute_comm": _check_q03,
+    "q02_speedup": _check_q02, "q02_predict_epoch": _check_q02_predict_epoch,
+    "q03_compute_comm": _check_q03, "q03_predict_comm": _check_q03_predict_comm,
     "q04_gradient_bytes": _check_q04_gradient_bytes, "q04_ring_bytes": _check_q04_ring_bytes,
     "q04_utilization": _check_q04_utilization, "q04_predicted_bandwidth": _check_q04_predicted_bandwidth,
     "q05_lr_schedule": _check_q05_lr_schedule, "q05_recipe": _check_q05_recipe,

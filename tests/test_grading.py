@@ -2,7 +2,7 @@
 
 ``make student`` builds the student copy and the bundle once (every graded notebook, 01-07 and 09; about
 a minute on 2 cores); then, from the repository root with relative paths, ``make grade
-SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (35 of 35 points on 20
+SUBMISSIONS=...`` grades the folders the issue names: every exercise solved (41 of 41 points on 23
 questions), the same notebooks blank (0, "not done yet", or a find-the-bug exercise's bug by name), and
 cheats and known mistakes (the lab's own function called, ``math.isclose`` replaced: 0 or flagged, and the
 summary says so; the log2 tree, Normalize before ToTensor, the mean over ranks: 0, the mistake named).
@@ -126,7 +126,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
         assert all(not case["hidden"] for t in tests.values() for s in t["suites"] for case in s["cases"])
     bundle = json.loads((dist / "grading" / "manifest.json").read_text())
     auto = [q for b in bundle["notebooks"].values() for q in b["questions"] if not q["manual"]]
-    assert sum(q["points"] for q in auto) == AUTO_POINTS == 35 and len(auto) == len(EXERCISES) == 20
+    assert sum(q["points"] for q in auto) == AUTO_POINTS == 41 and len(auto) == len(EXERCISES) == 23
 
 
 # ------------------------------------------------------------------ the student copy makes students think
@@ -506,7 +506,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     assert set(book) == {"Doe, Jane", "Smith, Bob", "Nobody, Ned", "hank"}
     jane, bob_row, ned = book["Doe, Jane"], book["Smith, Bob"], book["Nobody, Ned"]
     assert (jane["id"], bob_row["id"], ned["id"]) == ("1001", "1002", "1003")
-    assert (float(jane["q02_speedup"]), float(jane["q03_compute_comm"]), float(jane["total"])) == (2, 2, 4)
+    assert (float(jane["q02_speedup"]), float(jane["q03_compute_comm"]), float(jane["total"])) == (2, 2, 8)
     assert float(bob_row["q02_speedup"]) == 2 and float(bob_row["q03_compute_comm"]) == 0
     assert float(ned["total"]) == 0 and "no submission" in ned["notes"]
     jd = _details(grades, "Doe, Jane")
@@ -520,8 +520,8 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     r = _run_grade(rel(subs), *common, "--student", "1002")
     assert r.returncode == 0, r.stdout + r.stderr
     book = _by_student(grades)
-    assert float(book["Smith, Bob"]["q03_compute_comm"]) == 2 and float(book["Smith, Bob"]["total"]) == 4
-    assert float(book["Doe, Jane"]["total"]) == 4 and "Nobody, Ned" in book
+    assert float(book["Smith, Bob"]["q03_compute_comm"]) == 2 and float(book["Smith, Bob"]["total"]) == 8
+    assert float(book["Doe, Jane"]["total"]) == 8 and "Nobody, Ned" in book
 
     # points given by hand: folded into totals and feedback; a bad file changes nothing
     hand = tmp_path / "hand.csv"
@@ -531,7 +531,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "folded 2 point(s)" in r.stdout, r.stdout + r.stderr
     book = _by_student(grades)
-    assert float(book["Doe, Jane"]["q02_report"]) == 1.5 and float(book["Doe, Jane"]["total"]) == 5.5
+    assert float(book["Doe, Jane"]["q02_report"]) == 1.5 and float(book["Doe, Jane"]["total"]) == 9.5
     assert float(book["Smith, Bob"]["q03_compute_comm"]) == 1
     assert "clear reasoning" in (grades / "feedback" / "Doe_Jane.md").read_text()
     bad = tmp_path / "bad.csv"
@@ -542,7 +542,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
     assert float(_by_student(grades)["Doe, Jane"]["q02_report"]) == 1.5
     # grading again keeps what was folded
     r = _run_grade(rel(subs), *common)
-    assert float(_by_student(grades)["Doe, Jane"]["total"]) == 5.5
+    assert float(_by_student(grades)["Doe, Jane"]["total"]) == 9.5
 
 
 @pytest.mark.slow
@@ -567,7 +567,7 @@ def test_regrading_one_student_without_the_roster_keeps_one_row(dist, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = read_csv(grades / "gradebook.csv")
     assert sorted((x["student"], x["id"]) for x in rows) == [("Doe, Jane", "1002"), ("alice", "1001")]
-    assert {x["student"]: float(x["total"]) for x in rows} == {"Doe, Jane": 2, "alice": 2}
+    assert {x["student"]: float(x["total"]) for x in rows} == {"Doe, Jane": 4, "alice": 4}
 
 
 @pytest.mark.timeout(120)
@@ -602,7 +602,7 @@ def test_without_bwrap_grading_needs_no_sandbox_on_purpose(dist, tmp_path):
     assert "WARNING: graded WITHOUT a sandbox" in r.stdout
     rows = read_csv(tmp_path / "grades" / "details.csv")
     assert {r["sandbox"] for r in rows} == {"none"}
-    assert float(_by_student(tmp_path / "grades")["alice"]["total"]) == 2
+    assert float(_by_student(tmp_path / "grades")["alice"]["total"]) == 4
     assert "graded without a sandbox" in _by_student(tmp_path / "grades")["alice"]["notes"]
 
 

@@ -21,7 +21,9 @@ from lab_utils.questions import SECTIONS
 pytestmark = pytest.mark.timeout(60)
 
 DDP = "DDP (NCCL)"
-FLAG = "T(N)'s and T(1)'s ranges overlap: this speedup is not distinguishable from 1 at this spread"
+FLAG = "|T(N) - T(1)| within 2 standard errors: speedup not distinguishable from 1"
+COMM_FLAG = "|comm (a)| within 2 standard errors: (a) not distinguishable from 0"
+B_FLAG = "noise >= effect: not a result"
 PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c4890000000d4944415478da"
                     "63f8ffff3f0005fe02fea7d6a0c90000000049454e44ae426082")  # a 1x1 PNG
 
@@ -43,12 +45,13 @@ def _store(tmp_path: Path, monkeypatch, profile: str, gpu: bool, synthetic: bool
             t1.append({"method": DDP, "devices": n, "per_device_batch": b, "status": "ok",
                        "epoch2_train_seconds": t, "speedup": {32: 40.0, 128: 32.0}[b] / t,
                        "spread_pct": 6.0, "spread_of": "p10-p90 of 97 steps",
-                       "spread_flag": FLAG if (n, b) == (2, 128) else None})
+                       "speedup_noise_flag": FLAG if (n, b) == (2, 128) else None})
     t1.append({"method": DDP, "devices": 4, "per_device_batch": 512, "status": "oom: CUDA out of memory"})
     _table(root, "scaling", t1, prov)
     _table(root, "compute_vs_comm", [
         {"method": DDP, "devices": n, "per_device_batch": 32, "status": "ok", "compute_a_seconds": 40.0 / n,
-         "comm_a_seconds": t - 40.0 / n, "exposed_comm_b_seconds": 0.5, "allreduce_c_seconds": 2.0}
+         "comm_a_seconds": t - 40.0 / n, "exposed_comm_b_seconds": 0.5, "allreduce_c_seconds": 2.0,
+         "comm_a_noise_flag": COMM_FLAG if n == 4 else None, "noise_flag": B_FLAG if n == 2 else None}
         for n, t in ((2, 21.0), (4, 11.0))], prov)
     _table(root, "allreduce_utilization", [
         {"method": DDP, "devices": n, "per_gpu_batch": 32, "comm_source": src, "achieved_gb_per_s": gb,
@@ -111,13 +114,14 @@ def test_table_1_has_rows_1_2_4_gpus_and_per_batch_time_and_speedup(tmp_path, mo
     assert "| 2 | 21 [6%] | 1.905 | 17 [6%] | 1.882 * | n/a (1) |  |" in md  # 40/21 and 32/17; flagged
     assert f"\\* {FLAG}" in md
     assert "| 4 | 11 [6%] | 3.636 | 9 [6%] | 3.556 | n/a (2) |  |" in md
-    assert "(2) oom: CUDA out of memory" in md and "spread of the time (p10-p90 of n steps: each row" in md
+    assert "(2) oom: CUDA out of memory" in md and "how the steps vary (p10-p90 of n steps: each row" in md
+    assert "*: not distinguishable, judged by 2 standard errors" in md
     rows = {(r["gpus"], r["per_gpu_batch"]): r for r in hand.tables["table1"]}
     assert rows[(2, 32)]["seconds"] == 21.0 and rows[(2, 32)]["speedup"] == pytest.approx(40 / 21)
     assert rows[(4, 512)] == {"method": DDP, "gpus": 4, "per_gpu_batch": 512, "seconds": None,
                               "speedup": None, "status": "oom: CUDA out of memory", "spread_pct": None,
-                              "within_spread": False}
-    assert rows[(2, 128)]["within_spread"] and not rows[(2, 32)]["within_spread"]
+                              "not_distinguishable": False}
+    assert rows[(2, 128)]["not_distinguishable"] and not rows[(2, 32)]["not_distinguishable"]
     assert (hand.out / "tables" / "scaling.csv").read_text() == (root / "tables" / "scaling.csv").read_text()
 
 
@@ -127,7 +131,10 @@ def test_tables_2_and_3_have_rows_2_and_4_gpus_and_table_3_is_method_a(tmp_path,
     md = (hand.out / "report.md").read_text()
     t2 = md.split("**Table 2 (a)")[1].split("**Table 2 (b)")[0]
     assert "| GPUs | 32: compute (s) | 32: communication (s) |" in t2
-    assert "| 2 | 20 | 1 |" in t2 and "| 4 | 10 | 1 |" in t2  # 40/2, 21 - 20; 40/4, 11 - 10
+    assert "| 2 | 20 | 1 |" in t2 and "| 4 | 10 | 1 * |" in t2  # 40/2, 21 - 20; 40/4, 11 - 10
+    assert f"\\* {COMM_FLAG}" in t2 and B_FLAG not in t2   # each table its own flag column
+    t2bc = md.split("**Table 2 (b)")[1].split("**Table 3")[0]
+    assert "| 2 | 0.5 * | 2 |" in t2bc and "| 4 | 0.5 | 2 |" in t2bc and f"\\* {B_FLAG}" in t2bc  # on (b)
     assert not re.search(r"^\| 1 \|", t2, re.M)  # no 1-GPU row
     t3 = md.split("**Table 3 (a)")[1].split("**Table 3 (c)")[0]
     assert "| 2 | 7.5 | 50 |" in t3 and "99" not in t3  # (b) is not a rate

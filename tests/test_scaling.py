@@ -155,12 +155,23 @@ def test_skew_wait_columns_new_and_old_records():
 
 
 def test_amdahl_gustafson_karp_flatt_by_hand():
-    assert scaling_tables._amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
-    assert scaling_tables._gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
-    from lab_utils.core.speedup import karp_flatt
+    from lab_utils.core.speedup import (
+        amdahl_speedup,
+        gustafson_serial_fraction,
+        gustafson_speedup,
+        karp_flatt,
+    )
 
-    assert karp_flatt(scaling_tables._amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
+    assert amdahl_speedup(0.1, 4) == pytest.approx(1 / (0.1 + 0.9 / 4))      # 3.0769
+    assert gustafson_speedup(0.1, 4) == pytest.approx(4 - 0.1 * 3)          # 3.7
+    assert karp_flatt(amdahl_speedup(0.1, 4), 4) == pytest.approx(0.1)  # inverse of Amdahl
     assert karp_flatt(4.0, 4) == pytest.approx(0.0) and karp_flatt(1.0, 1) is None
+    # issue 52 C5: e = 0.1 of the one-device time is s = 0.1 / (0.1 + 0.9/4) = 0.1 / 0.325 = 0.3077 of the
+    # 4-device run's time; Gustafson with that s at N = 4 is the measured 3.0769 again, with e it was 3.7
+    s = gustafson_serial_fraction(0.1, 4)
+    assert s == pytest.approx(0.1 / 0.325)
+    assert gustafson_speedup(s, 4) == pytest.approx(amdahl_speedup(0.1, 4))
+    assert gustafson_serial_fraction(0.0, 4) == 0.0 and gustafson_serial_fraction(1.0, 4) == 1.0
 
 
 def test_serial_fraction_frame_projects_only_sensible_fractions():
@@ -169,7 +180,9 @@ def test_serial_fraction_frame_projects_only_sensible_fractions():
     two, four = sf.iloc[0], sf.iloc[1]
     assert two["serial_fraction"] == pytest.approx(0.15)
     assert two["amdahl_speedup_at_8"] == pytest.approx(1 / (0.15 + 0.85 / 8))
-    assert two["gustafson_speedup_at_8"] == pytest.approx(8 - 0.15 * 7)
+    # Gustafson takes the serial share of the 2-device run, s = 0.15 / (0.15 + 0.85/2) = 0.2609, not e
+    assert two["gustafson_serial_fraction"] == pytest.approx(0.15 / 0.575)
+    assert two["gustafson_speedup_at_8"] == pytest.approx(8 - 0.15 / 0.575 * 7)
     assert four["speedup"] > 4 and pd_missing(four["amdahl_speedup_at_8"]) and "super-linear" in four["note"]
 
 
@@ -487,3 +500,121 @@ def test_table2_flags_exposed_comm_within_its_noise():
     old = compute_vs_comm.compute_vs_comm_frame([compute_vs_comm.comm_row(
         agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5), one)])
     assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])
+
+
+def test_per_step_growth_of_the_cohort_by_hand():
+    """Issue 52 A1, the cohort's 2 x 32: t(1) = 41.30 s / 1,563 steps = 26.42 ms, t(2) = 23.15 s / 782 =
+    29.60 ms: 3.18 ms more per step, x 782 steps = 2.487 s; (a) = 23.15 - 41.30/2 = 2.50 s, the rest
+    (0.013 s) the last partial batch: (782 - 1563/2) x 26.42 ms. A cost paid by every step at N = 1 as at
+    N = 2 is not in it."""
+    from lab_utils.core.speedup import per_step_growth
+
+    g = per_step_growth(41.30, 1563, 23.15, 782, 2)
+    assert g.t1_step_seconds == pytest.approx(0.026424, abs=1e-6)
+    assert g.tn_step_seconds == pytest.approx(0.029604, abs=1e-6)
+    assert g.growth_seconds == pytest.approx(0.003180, abs=1e-6)
+    assert g.growth_per_epoch_seconds == pytest.approx(2.487, abs=1e-3)
+    assert g.partial_batch_seconds == pytest.approx(0.5 * 0.026424, abs=1e-6)
+    assert g.growth_per_epoch_seconds + g.partial_batch_seconds == pytest.approx(23.15 - 41.30 / 2)
+    # a fixed cost c added to every step of both runs changes nothing of the growth or of (a)
+    c = 0.010
+    h = per_step_growth(41.30 + 1563 * c, 1563, 23.15 + 782 * c, 782, 2)
+    assert h.growth_seconds == pytest.approx(g.growth_seconds)
+    df = scaling_tables.per_step_growth_frame().set_index(["devices", "per_device_batch"])
+    assert df.loc[(2, 32), "step_growth_ms"] == pytest.approx(3.180, abs=1e-3)
+    assert df.loc[(2, 32), "comm_a_seconds"] == pytest.approx(2.50)
+    assert df.loc[(2, 512), "efficiency"] > df.loc[(2, 128), "efficiency"] > df.loc[(2, 32), "efficiency"]
+    here = scaling_tables.per_step_growth_frame([agg("DDP", 1, 32, 40.0, 16), agg("DDP", 2, 32, 24.0, 8)])
+    mine = here.iloc[0]
+    assert mine["devices"] == 2 and mine["step_growth_ms"] == pytest.approx(3000 - 2500)  # 24/8 - 40/16 s
+
+
+# ------------------------------------------------------------------------ predict, then measure (issue 48)
+
+
+def _line_p4():
+    """A ring fit at P = 4 with alpha = 10 us, B = 10 GB/s: t(S) = 6 x 10 us + 1.5 S / 1e10."""
+    from lab_utils.core.ring import AlphaBetaFit
+
+    return AlphaBetaFit(world_size=4, alpha_seconds=10e-6, bandwidth_bytes_per_s=10e9,
+                        alpha_stderr_seconds=0.0, bandwidth_stderr_bytes_per_s=0.0, rms_relative_error=0.05,
+                        max_relative_error=0.1, n_points=8)
+
+
+def test_allreduce_line_and_the_two_predictions_by_hand():
+    from lab_utils.core.scaling_model import AllReduceLine, predicted_comm_seconds, predicted_epoch_seconds
+
+    line = AllReduceLine.from_fit(_line_p4())
+    assert line.ranks == 4 and line.latency_seconds == pytest.approx(60e-6)   # 2(P-1) alpha
+    assert line.bandwidth_gb_per_s == pytest.approx(10 / 1.5)                 # 1 / slope, slope 1.5e-10 s/B
+    assert line.seconds(44_695_848) == pytest.approx(_line_p4().predict_seconds(44_695_848))
+    # 782 steps of 26.42 ms, each then waiting for 44,695,848 B at 60 us + 6.667 GB/s: 782 x 33.18 ms
+    t = predicted_epoch_seconds(0.02642, 782, 44_695_848, 60e-6, 10 / 1.5)
+    assert t == pytest.approx(782 * (0.02642 + 60e-6 + 44_695_848 * 1.5e-10))
+    assert predicted_epoch_seconds(0.02642, 1563, 0, 0.0, 1.0) == pytest.approx(1563 * 0.02642)
+    # buckets 1 MB and 3 MB at 100 us + 2 GB/s, 10 steps: (b) 10 x (100 us + 1.5 ms); (c) 10 x (200 us + 2 ms)
+    b, c = predicted_comm_seconds([1e6, 3e6], 1e-4, 2.0, 10)
+    assert b == pytest.approx(0.016) and c == pytest.approx(0.022)
+    with pytest.raises(ValueError):
+        predicted_comm_seconds([], 1e-4, 2.0, 10)
+
+
+def test_prediction_cases_from_records():
+    from lab_utils.core.scaling_model import AllReduceLine
+    from lab_utils.experiments import scaling_predict
+
+    line = AllReduceLine(2, 1e-4, 2.0)
+    one = agg("DDP", 1, 32, 40.0, 16, gradient_bytes=4_000_000, bucket_bytes=[3_000_000, 1_000_000])
+    one.config["train_images"] = 512
+    recs = [one, agg("DDP", 2, 32, 24.0, 8, gradient_bytes=4_000_000, bucket_bytes=[3_000_000, 1_000_000]),
+            agg("DDP", 4, 32, 14.0, 4, gradient_bytes=4_000_000)]
+    cases = scaling_predict.epoch_cases(recs, {2: line})
+    assert cases.labels == ["2 x 32: no overlap", "2 x 32: last bucket only"]
+    assert cases.measured == [24.0, 24.0]
+    assert cases.cases[0] == {"t1_step_seconds": 2.5, "steps": 8, "latency_seconds": 1e-4,
+                              "bandwidth_gb_per_s": 2.0, "exposed_bytes": 4_000_000}
+    assert cases.cases[1]["exposed_bytes"] == 1_000_000   # the last bucket DDP all-reduces
+    assert cases.skipped == ["4 x 32: no all-reduce fit at 4 ranks"] and "4 x 32" in cases.note()
+    inputs, fits = scaling_predict.inputs_frames(recs, {2: line}, (1, 2, 4))
+    row = inputs.iloc[0]
+    assert row["t1_step_seconds"] == 2.5 and row["steps_2"] == 8 and row["steps_4"] == 4  # ceil(128/32)
+    assert row["bucket_bytes"] == "3,000,000, 1,000,000" and list(fits["ranks"]) == [2]
+    comm = agg("DDP", 2, 32, 24.0, 8, bucket_bytes=[3_000_000, 1_000_000], exposed_comm_seconds=0.5,
+               allreduce_seconds=2.0)
+    b_cases, c_cases = scaling_predict.comm_cases([comm], {2: line})
+    assert b_cases.measured == [0.5] and c_cases.measured == [2.0] and b_cases.cases == c_cases.cases
+    assert b_cases.cases[0]["bucket_bytes"] == [3_000_000, 1_000_000] and b_cases.cases[0]["steps"] == 8
+    pair = scaling_predict.component(lambda **k: (1.0, 2.0), 1)
+    assert pair(x=1) == 2.0 and scaling_predict.component(lambda **k: None, 0)(x=1) is None
+    assert scaling_predict.component(None, 0) is None
+
+
+def test_the_cohorts_printed_speedups_and_its_slip():
+    """SPEC.md: the report printed 1.86/1.88/1.94 and 3.54/3.64/3.76; 41.30/23.15 = 1.784 (issue 52 C6)."""
+    from lab_utils.core.anchors import FIRST_COHORT_PRINTED_SPEEDUPS as P
+
+    assert [P[(2, b)] for b in (32, 128, 512)] == [1.86, 1.88, 1.94]
+    assert [P[(4, b)] for b in (32, 128, 512)] == [3.54, 3.64, 3.76]
+    df = scaling_tables.anchor_frame()
+    first = df[df["method"] == FIRST_COHORT_LABEL].set_index(["gpus", "per_gpu_batch"])
+    assert first.loc[(2, 32), "speedup"] == pytest.approx(1.784, abs=5e-4)
+    # the others are the times' ratios cut (not rounded) to two decimals: 3.545 -> 3.54, 3.768 -> 3.76
+    slips = [k for k in P if math.floor(100 * first.loc[k, "speedup"] + 1e-9) / 100 != P[k]]
+    assert slips == [(2, 32)]
+
+
+def test_allreduce_lines_fit_the_benchmark_records():
+    """Timings of a ring with alpha = 10 us, B = 10 GB/s on 4 ranks give back its line (60 us, 6.67 GB/s);
+    a rank count with too few sizes has none."""
+    from lab_utils.core.ring import ring_allreduce_seconds
+    from lab_utils.experiments import scaling_predict
+
+    def bench(p, size):
+        t = ring_allreduce_seconds(size, p, 10e-6, 10e9)
+        return Record("allreduce_bench", {"world_size": p, "size_bytes": size}, {"time_us": t * 1e6})
+
+    recs = [bench(4, 8 << k) for k in range(0, 20, 3)] + [bench(2, 8), bench(2, 64)]
+    lines = scaling_predict.allreduce_lines(recs)
+    assert list(lines) == [4]
+    assert lines[4].latency_seconds == pytest.approx(60e-6)
+    assert lines[4].bandwidth_gb_per_s == pytest.approx(10 / 1.5)

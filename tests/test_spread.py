@@ -3,6 +3,8 @@ slowest rank's percentiles in the aggregate, REPEATS through the plan and the st
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import time
 
@@ -19,10 +21,13 @@ from lab_utils.core.ranks import aggregate_epoch
 from lab_utils.core.records import Record
 from lab_utils.core.spread import (
     STEP_PERCENTILE_KEYS,
+    STEP_SD_KEY,
     merge_repeats,
     percentile,
     step_percentiles,
+    step_statistics,
     time_spread,
+    within_noise,
 )
 from lab_utils.core.timing import PhaseTimer
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables, sweep, sweep_tables
@@ -32,6 +37,7 @@ from lab_utils.workers.ddp import RunConfig
 pytestmark = pytest.mark.timeout(120)
 
 P10, P50, P90 = STEP_PERCENTILE_KEYS
+SD = STEP_SD_KEY
 
 
 # --------------------------------------------------------------------------- the function, by hand
@@ -65,10 +71,14 @@ def test_spread_over_repeats_by_hand():
 
 
 def test_every_new_name_is_in_the_glossary_with_its_unit():
-    units = {n: define(n).unit for n in (*STEP_PERCENTILE_KEYS, "spread_pct", "spread_of", "spread_flag",
-                                         "spread_low_seconds", "spread_high_seconds", "repeats")}
-    assert units == {P10: "s", P50: "s", P90: "s", "spread_pct": "%", "spread_of": "-", "spread_flag": "-",
-                     "spread_low_seconds": "s", "spread_high_seconds": "s", "repeats": "count"}
+    units = {n: define(n).unit for n in (*STEP_PERCENTILE_KEYS, SD, "spread_pct", "spread_of",
+                                         "speedup_noise_flag", "comm_a_noise_flag", "comm_a_stderr_seconds",
+                                         "stderr_seconds", "stderr_pct", "spread_low_seconds",
+                                         "spread_high_seconds", "repeats")}
+    assert units == {P10: "s", P50: "s", P90: "s", SD: "s", "spread_pct": "%", "spread_of": "-",
+                     "speedup_noise_flag": "-", "comm_a_noise_flag": "-", "comm_a_stderr_seconds": "s",
+                     "stderr_seconds": "s", "stderr_pct": "%", "spread_low_seconds": "s",
+                     "spread_high_seconds": "s", "repeats": "count"}
 
 
 # --------------------------------------------------------------------------- THE loop
@@ -217,33 +227,83 @@ def test_repeat_zero_keeps_the_ddp_and_dataparallel_keys():
 # --------------------------------------------------------------------------- Tables 1 and 2 select it
 
 
-def _agg(devices, t, p10, p50, p90, repeat=0, steps=10):
+def _agg(devices, t, p10, p50, p90, repeat=0, steps=10, sd=None):
     cfg = {"method": "DDP", "record": "aggregate", "rank": None, "devices": devices, "backend": "gloo",
            "device_type": "cpu", "batch_size": 32, **({"repeat": repeat} if repeat else {})}
-    return Record("scaling", cfg, {"train_seconds": t, "steps": steps, P10: p10, P50: p50, P90: p90})
+    return Record("scaling", cfg, {"train_seconds": t, "steps": steps, P10: p10, P50: p50, P90: p90,
+                                   **({SD: sd} if sd is not None else {})})
 
 
-def test_table1_flags_a_speedup_within_the_spread_and_table2_a_comm_within_it():
-    # T(1) = 10 s with steps 0.9/1.0/1.1 -> 9..11 s; T(2) = 10.5 s with 0.95/1.05/1.15 -> 9.5..11.5 s: overlap
-    recs = [_agg(1, 10.0, 0.9, 1.0, 1.1), _agg(2, 10.5, 0.95, 1.05, 1.15)]
-    df = scaling_tables.scaling_frame(recs)
-    two = df[df["devices"] == 2].iloc[0]
-    assert two["spread_pct"] == pytest.approx(100 * 0.2 / 1.05) and two["spread_of"] == "p10-p90 of 10 steps"
-    assert two["spread_flag"] == scaling_tables.SPEEDUP_WITHIN_SPREAD
-    # T(2) = 5 s, 4.5..5.5 s: clearly faster, no flag
-    df = scaling_tables.scaling_frame([recs[0], _agg(2, 5.0, 0.45, 0.5, 0.55)])
-    assert df[df["devices"] == 2].iloc[0]["spread_flag"] is None
-    # Table 2: comm (a) = T(2) - T(1)/2 = 10.5 - 5 = 5.5 s > T(2)'s spread 10.5 x 0.2/1.05 = 2 s: no flag;
-    # T(2) = 5.2 s with steps 0.4/0.5/0.6: comm (a) = 0.2 s < its spread 5.2 x 0.4 = 2.08 s: flagged
+def _steps(n: int, mean: float, cv: float, seed: int) -> list[float]:
+    """``n`` step times drawn around ``mean`` with a relative standard deviation ``cv`` (seeded)."""
+    rng = random.Random(seed)
+    return [rng.gauss(mean, cv * mean) for _ in range(n)]
+
+
+def _run(devices: int, steps: list[float]) -> Record:
+    """An aggregate record of one run whose epoch is ``steps`` (train_seconds their sum)."""
+    stats = step_statistics(steps)
+    return _agg(devices, sum(steps), stats[P10], stats[P50], stats[P90], steps=len(steps), sd=stats[SD])
+
+
+def test_391_steps_varying_by_10_percent_a_26_percent_band_and_a_half_percent_standard_error():
+    """Issue 52 B2: the p10-p90 band describes the steps; the total's standard error is per-step / sqrt(n)."""
+    steps = _steps(391, 0.1, 0.10, seed=1)
+    s = time_spread([_run(1, steps).metrics])
+    assert s.of == "p10-p90 of 391 steps"
+    assert 22 < s.pct < 30                        # 2 x 1.2816 x 10 % = 25.6 % for normal steps
+    assert s.stderr_pct == pytest.approx(100 * statistics.stdev(steps) * math.sqrt(391) / sum(steps))
+    assert 0.44 < s.stderr_pct < 0.58             # 10 % / sqrt(391) = 0.51 %
+    # repeats: the standard error of their mean, stdev / sqrt(R)
+    r = time_spread([{"train_seconds": 10.0}, {"train_seconds": 12.0}, {"train_seconds": 11.0}])
+    assert r.stderr_seconds == pytest.approx(1.0 / math.sqrt(3))
+
+
+def test_table1_judges_the_speedup_by_the_standard_error_not_by_the_step_band():
+    """T(1): 391 steps of 0.1 s +- 10 %; T(2): 196 steps of about 0.19 s +- 10 %, scaled so that T(2) is
+    0.974 x T(1) (a speedup of 1.027), then 0.998 x T(1). The p10-p90 bands (+-13 %) overlap in both cases,
+    which the old flag read as "not distinguishable from 1"; the standard errors (0.5 % and 0.7 % of the
+    times, 0.9 % combined) say that the 2.6 % difference stands out and the 0.2 % one does not."""
+    t1 = _run(1, _steps(391, 0.1, 0.10, seed=1))
+    one = t1.metrics["train_seconds"]
+    for factor, flagged in ((0.974, False), (0.998, True)):
+        two = _steps(196, 0.2, 0.10, seed=2)
+        scale = factor * one / sum(two)
+        t2 = _run(2, [x * scale for x in two])
+        row = scaling_tables.scaling_frame([t1, t2]).query("devices == 2").iloc[0]
+        assert 0.44 < row["stderr_pct"] < 0.85 and row["spread_pct"] > 20
+        assert (row["speedup_noise_flag"] == scaling_tables.SPEEDUP_NOT_DISTINGUISHABLE) is flagged, row
+        # the step bands overlap in both cases: the old rule (a band overlap) flagged both
+        m1, m2 = t1.metrics, t2.metrics
+        lo2, hi2 = (m2["train_seconds"] * m2[p] / m2[P50] for p in (P10, P90))
+        assert lo2 <= one * m1[P90] / m1[P50] and one * m1[P10] / m1[P50] <= hi2
+    # no standard error (a record from before it was kept): nothing judged
+    old = _agg(2, 20.0, 0.09, 0.1, 0.11, steps=196)
+    assert scaling_tables.scaling_frame([t1, old]).query("devices == 2").iloc[0]["speedup_noise_flag"] is None
+
+
+def test_table2_judges_comm_a_by_the_standard_errors_of_both_times():
+    """(a) = T(2) - T(1)/2 with se(a) = sqrt(se(T(2))^2 + (se(T(1))/2)^2), by hand: T(1) = 10 s, 100 steps of
+    sd 0.01 s (se 0.1 s); T(2) = 5.3 s, 50 steps of sd 0.02 s (se 0.1414 s): se(a) = sqrt(0.02 + 0.0025) =
+    0.15 s; (a) = 0.3 s = 2 x 0.15: not distinguishable (2 se >= |a|). T(2) = 5.4 s: (a) 0.4 s stands out."""
     s = profiles.settings(scaling.Settings, "quick")
-    rows = compute_vs_comm.compute_vs_comm_rows(recs, s)
-    assert compute_vs_comm.comm_within_spread(rows[0]) is None
-    assert rows[0].spread_seconds == pytest.approx(2.0)
-    rows = compute_vs_comm.compute_vs_comm_rows([recs[0], _agg(2, 5.2, 0.4, 0.5, 0.6)], s)
-    frame = compute_vs_comm.compute_vs_comm_frame(rows)
-    assert frame.iloc[0]["comm_a_seconds"] == pytest.approx(0.2)
-    assert frame.iloc[0]["spread_flag"] == compute_vs_comm.COMM_WITHIN_SPREAD
-    assert frame.iloc[0]["spread_pct"] == pytest.approx(40.0)
+    t1 = _agg(1, 10.0, 0.09, 0.1, 0.11, steps=100, sd=0.01)
+    for tn, flagged in ((5.3, True), (5.4, False), (4.7, True)):
+        rows = compute_vs_comm.compute_vs_comm_rows([t1, _agg(2, tn, 0.09, 0.1, 0.11, steps=50, sd=0.02)], s)
+        frame = compute_vs_comm.compute_vs_comm_frame(rows).iloc[0]
+        assert frame["comm_a_seconds"] == pytest.approx(tn - 5.0)
+        assert frame["comm_a_stderr_seconds"] == pytest.approx(math.sqrt(0.02 + 0.0025))
+        assert (frame["comm_a_noise_flag"] == compute_vs_comm.COMM_A_NOT_DISTINGUISHABLE) is flagged, tn
+    # the old rule: |(a)| = 0.4 s < T(N)'s p10-p90 band in seconds (5.4 x 0.2 = 1.08 s) flagged it
+    assert 0.4 < 5.4 * (0.11 - 0.09) / 0.1
+
+
+def test_within_noise_by_hand():
+    assert within_noise(0.5, 0.25) is True          # 2 x 0.25 >= 0.5
+    assert within_noise(0.5, 0.2) is False
+    assert within_noise(-0.5, 0.15, 0.2) is True     # 2 x sqrt(0.0225 + 0.04) = 0.5
+    assert within_noise(0.5, None) is None and within_noise(None, 0.1) is None
+    assert within_noise(0.5, 0.1, None) is None
 
 
 def test_table1_row_of_repeats_is_their_median():
@@ -280,14 +340,16 @@ def test_the_ddp_worker_stores_the_slowest_ranks_percentiles_for_each_repeat(sto
 
 def test_fewer_than_five_steps_give_no_spread_and_no_flag():
     """p10 and p90 of 4 steps are not a spread: the row says so, and nothing is judged against it."""
-    from lab_utils.core.spread import MIN_STEPS, ranges_overlap, time_spread
+    from lab_utils.core.spread import MIN_STEPS, time_spread
 
     assert MIN_STEPS == 5
     few = {"train_seconds": 4.0, "steps": 4, "step_train_seconds_p10": 0.5, "step_train_seconds_p50": 1.0,
-           "step_train_seconds_p90": 1.5}
+           "step_train_seconds_p90": 1.5, "step_train_seconds_sd": 0.4}
     s4 = time_spread([few])
     assert s4.pct is None and s4.of == "none: 4 step(s), fewer than 5" and s4.width_seconds == 0
+    assert s4.stderr_seconds is None  # nothing to judge a difference by
     s5 = time_spread([{**few, "steps": 5}])
     assert s5.pct == pytest.approx(100.0)  # (1.5 - 0.5) / 1.0
     assert (s5.low_seconds, s5.high_seconds) == (2.0, 6.0)  # 4 x 0.5, 4 x 1.5
-    assert not ranges_overlap(s4, s5) and ranges_overlap(s5, s5)
+    assert s5.stderr_seconds == pytest.approx(0.4 * math.sqrt(5))
+    assert scaling_tables.speedup_noise_flag(s4, s5) is None

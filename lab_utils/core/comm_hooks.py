@@ -6,10 +6,16 @@ it waits for every bucket. Part of the communication is hidden behind computatio
 only the rest makes a step longer (*exposed*). All times are in seconds.
 
 (b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward, loss,
-    backward) timed with gradient sync and under ``ddp.no_sync()``, alternating, after a barrier
-    each: ``mean(sync) - mean(no_sync)``. It includes all that sync adds to a step: the all-reduce
-    not hidden behind backward, the arrival skew of the ranks, the copies into and out of
-    buckets, and the BatchNorm buffer broadcast at the next forward.
+    backward) timed as a training step runs them and under ``ddp.no_sync()``, alternating, after a
+    barrier each: ``mean(sync) - mean(no_sync)``. It includes all that synchronization adds to a
+    training step: the all-reduce not hidden behind backward, the arrival skew of the ranks, the
+    copies into and out of buckets, and the BatchNorm buffer broadcast at the start of the forward.
+    DDP broadcasts the buffers only in a forward that follows a synchronized one
+    (``require_forward_param_sync``, set at the end of a synchronized forward and cleared at the end
+    of a ``no_sync`` one): every training step without accumulation broadcasts. The probe sets that
+    flag before each step (on for a synchronized step, off under ``no_sync``), so that each arm does
+    what its kind of step does in training; left to the order of the steps (sync, no_sync, no_sync,
+    sync, ...), half of each arm would broadcast and the broadcast would cancel out of (b).
 
 (c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP comm hook): per bucket, from its
     gradients being ready (on GPU a CUDA event on the compute stream: the device *finished*
@@ -21,9 +27,12 @@ only the rest makes a step longer (*exposed*). All times are in seconds.
     ``exposed_tail_seconds``, last bucket ready -> ``backward()`` returned, is an in-step
     estimate of (b); the DDP worker reports it as its *communication* phase.
 
-**Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) within noise, except
-on a CPU: gloo's thread competes with backward for the cores, so with several buckets (b) can
-exceed (c) by up to that computation (``tests/test_ddp.py`` measures it). Neither figure
+**Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) is an expectation, not a
+law: (b) also holds what (c) does not (the bucket copies, the buffer broadcast, the ranks' arrival
+skew), so with one bucket (nothing to overlap) or a tiny all-reduce (b) exceeds (c) by those; on a
+GPU, NCCL's kernels take SMs and memory bandwidth from the compute they overlap, which also counts
+in (b); on a CPU, gloo's thread competes with backward for the cores, so with several buckets (b)
+can exceed (c) by up to that computation (``tests/test_ddp.py`` measures it). Neither figure
 includes DDP's parameter broadcast at construction nor the loop's metric reductions.
 """
 
@@ -39,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lab_utils.core.spread import NOISE_SIGMAS, within_noise
 from lab_utils.core.timing import synchronize
 
 
@@ -96,6 +106,12 @@ class AllReduceTimer:
             return self._ref.elapsed_time(stamp) / 1e3  # ms -> s
         return stamp - self._ref
 
+    def _allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Start the bucket's all-reduce (the sum over ranks, in place) without waiting for it; the
+        Future completes with ``[tensor]`` when it is done. A test may replace it (a collective of a
+        known duration)."""
+        return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+
     def _hook(self, state, bucket):  # no annotations: DDP checks them and ours would be strings
         """Called by DDP with a ready bucket (``dist.GradBucket``); returns a Future of the result."""
         tensor = bucket.buffer()
@@ -103,7 +119,7 @@ class AllReduceTimer:
         self._ready.append(self._stamp())
         self._done.append(None)
         tensor.div_(self.world_size)
-        fut = dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
+        fut = self._allreduce(tensor)
 
         def _finished(f: torch.futures.Future) -> torch.Tensor:
             self._done[idx] = self._stamp()
@@ -183,14 +199,42 @@ def _barrier(device: torch.device) -> None:
     synchronize(device)
 
 
+def _as_in_training(ddp_model: nn.parallel.DistributedDataParallel, sync: bool) -> None:
+    """Make the next forward sync DDP's buffers as a training step of that kind does: a synchronized step
+    follows a synchronized one (buffers broadcast), a ``no_sync`` micro-step a ``no_sync`` one (none).
+    ``require_forward_param_sync`` is the attribute DDP itself sets at the end of each forward."""
+    if hasattr(ddp_model, "require_forward_param_sync"):
+        ddp_model.require_forward_param_sync = sync
+
+
+def ddp_bucket_bytes(ddp_model: nn.parallel.DistributedDataParallel) -> list[int] | None:
+    """The bytes of each gradient bucket DDP all-reduces per step, in the order it starts them (the first
+    holds the last layers' gradients, ready first; the last one, ready when backward ends, can never
+    hide): the reducer's buckets as they are now (DDP rebuilds them in the order of the first backward),
+    else what its logging data reports. None where this torch shows neither (both are private APIs)."""
+    try:
+        buckets = ddp_model.reducer._get_zeros_like_grad_buckets()
+        return [int(b.buffer().numel() * b.buffer().element_size()) for b in buckets]
+    except (AttributeError, RuntimeError, TypeError):
+        pass
+    get = getattr(ddp_model, "_get_ddp_logging_data", None)
+    try:
+        data = get() if callable(get) else {}
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+        return [int(b) for b in str(sizes).split(",")] if sizes else None
+    except (RuntimeError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: Sequence[tuple],
                        timer: AllReduceTimer, loss_fn: Callable | None = None,
                        warmup: int = 1) -> CommProbe:
     """Time the same batches with and without gradient sync (the module docstring's (b) and (c)).
 
     ``batches`` are ``(x, y)`` on the model's device, each run twice (the order alternating), with
-    no optimizer step: the parameters do not change (BatchNorm statistics do). The first ``warmup``
-    are not counted. Every rank must call this with the same number of batches.
+    no optimizer step: the parameters do not change (BatchNorm statistics do). A synchronized step
+    broadcasts the buffers first, as in training, a ``no_sync`` one does not (:func:`_as_in_training`).
+    The first ``warmup`` are not counted. Every rank must call this with the same number of batches.
     """
     if len(batches) <= warmup:
         raise ValueError(f"probe_exposed_comm needs more than {warmup} batches, got {len(batches)}")
@@ -201,6 +245,7 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
     def one(x, y, sync: bool) -> float:
         for p in ddp_model.parameters():
             p.grad = None
+        _as_in_training(ddp_model, sync)
         _barrier(device)
         t0 = time.perf_counter()
         if sync:
@@ -225,6 +270,7 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
             steps.clear()
     for p in ddp_model.parameters():
         p.grad = None
+    _as_in_training(ddp_model, True)  # the next forward broadcasts, as after any synchronized step
     diffs = [s - n for s, n in zip(sync_t, nosync_t)]
     raw = statistics.fmean(diffs)
     noise = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
@@ -260,13 +306,10 @@ def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[fl
 
 
 NOISE_FLAG = "noise >= effect: not a result"
-NOISE_SIGMAS = 2.0  # an effect counts when it exceeds 2 standard errors (about a 95 % interval)
 
 
 def noise_flag(effect: float | None, noise: float | None, sigmas: float = NOISE_SIGMAS) -> str:
     """:data:`NOISE_FLAG` when ``sigmas`` x ``noise`` (a standard error, same units) is as large as
     ``|effect|`` (not a result: repeat it, or report the spread); "" when the effect stands out or
-    there is no noise estimate to judge by."""
-    if effect is None or noise is None or math.isnan(effect) or math.isnan(noise):
-        return ""
-    return NOISE_FLAG if sigmas * noise >= abs(effect) else ""
+    there is no noise estimate to judge by (:func:`lab_utils.core.spread.within_noise`)."""
+    return NOISE_FLAG if within_noise(effect, noise, sigmas=sigmas) else ""

@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lab_utils.core.progress import progress
-from lab_utils.core.spread import step_percentiles
+from lab_utils.core.spread import step_statistics
 from lab_utils.core.timing import NestedTimers, PhaseTimer, synchronize
 
 
@@ -86,6 +86,7 @@ class EpochRecord:
     step_train_seconds_p10: float | None = None
     step_train_seconds_p50: float | None = None
     step_train_seconds_p90: float | None = None
+    step_train_seconds_sd: float | None = None  # their standard deviation: the total's standard error
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -308,7 +309,8 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     synchronized at both ends, loader waits included. ``train_seconds`` sums the training phases
     (data movement, compute, communication; the loader wait and DDP's ``skew_wait`` left out), each
     synchronized at its ends; ``images_per_s`` = images / ``train_seconds``; the
-    ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times.
+    ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times,
+    ``step_train_seconds_sd`` their standard deviation (the total's standard error: core.spread).
 
     ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase
     boundaries inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default.
@@ -352,7 +354,7 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
         peak_memory_bytes=max(peaks) if None not in peaks else None,
         lr=float(optimizer.param_groups[0]["lr"]),
         peak_memory_bytes_per_device=peaks if len(peaks) > 1 and None not in peaks else None,
-        **(step_percentiles(sums.step_train_seconds) if timed else {}),
+        **(step_statistics(sums.step_train_seconds) if timed else {}),
     )
     if options.comm_timer is not None:
         rec.allreduce_seconds, rec.exposed_tail_seconds = sums.allreduce_seconds, sums.exposed_tail_seconds

@@ -105,6 +105,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "optimizer steps, as step_train_seconds_p10", "s"),
     ("step_train_seconds_p90", "90th percentile of a step's training time over the epoch's optimizer steps, "
      "as step_train_seconds_p10", "s"),
+    ("step_train_seconds_sd", "sample standard deviation of a step's training time over the epoch's "
+     "optimizer steps, as step_train_seconds_p10: sd x sqrt(steps) is the standard error of train_seconds",
+     "s"),
     ("cpu_cap_peak_step_bytes", "CPU memory cap: the largest model state + saved activations of one step",
      "bytes"),
     ("memory_limit_bytes", "the memory a sweep run may hold: the GPU's total memory times the per-process "
@@ -121,9 +124,16 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "x p10/p50 of its step times", "s"),
     ("spread_high_seconds", "the high end of the row's time's spread: max over the repeats, or one run's "
      "time x p90/p50 of its step times", "s"),
-    ("spread_flag", "the difference a row reports is within the spread: Table 1, T(N)'s and T(1)'s spreads "
-     "overlap (the speedup is not distinguishable from 1); Table 2, |communication (a)| < T(N)'s spread in "
-     "seconds (a negative (a) usually is this). Blank: the difference is larger than the spread", "-"),
+    ("stderr_seconds", "the standard error of a row's time: one run, step_train_seconds_sd x sqrt(steps) "
+     "(steps taken as independent: no run-to-run variation in it); with repeats, stdev / sqrt(R) of the "
+     "repeats' train_seconds", "s"),
+    ("stderr_pct", "stderr_seconds in percent of the row's time", "%"),
+    ("speedup_noise_flag", "Table 1: |T(N) - T(1)| <= 2 x their standard errors combined, so the speedup is "
+     "not distinguishable from 1. Blank: distinguishable, or no standard error to judge by", "-"),
+    ("comm_a_stderr_seconds", "Table 2: the standard error of communication (a) = T(N) - T(1)/N, "
+     "sqrt(se(T(N))^2 + (se(T(1))/N)^2)", "s"),
+    ("comm_a_noise_flag", "Table 2: |communication (a)| <= 2 x comm_a_stderr_seconds, so (a) is not "
+     "distinguishable from 0. Blank: distinguishable, or no standard error to judge by", "-"),
     # ---------------------------------------------------------------- over ranks (core.ranks)
     ("world_size", "processes (ranks) of the run", "count"),
     ("slowest_rank", "the rank with the longest epoch_seconds: its breakdown is the aggregate's", "-"),
@@ -158,6 +168,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("overlap_fraction", "overlap_seconds / (c)", "fraction"),
     ("comm_probe", "the no_sync probe's per-step values (lab_utils.core.comm_hooks.CommProbe fields)", "-"),
     ("allreduce_buckets", "DDP gradient buckets seen by the comm hook", "count"),
+    ("bucket_bytes", "the bytes of each DDP gradient bucket, in the order DDP all-reduces them each step "
+     "(the first: the last layers' gradients, ready first; the last: the first layers', ready when "
+     "backward ends), as DDP rebuilt them after the first backward", "bytes"),
     ("gradient_bytes", "fp32 gradient size S = parameters x 4", "bytes"),
     ("parameters", "trainable parameters of the model", "count"),
     # ---------------------------------------------------------------- a DDP run (workers.ddp)

@@ -22,9 +22,10 @@ The rules (names defined in :mod:`lab_utils.core.metrics`):
   and ``micro_steps`` are the maximum (they are equal unless a rank's shard is shorter);
 - rates are global: ``images_per_s`` = all ranks' images / T(N), ``tokens_per_s``
   likewise (T(N) = the slowest rank's ``train_seconds``, loader waits excluded);
-- the spread of the per-step training times (``step_train_seconds_p10`` / ``_p50`` / ``_p90``) is
-  that of the rank whose ``train_seconds`` IS T(N) (the maximum), not a mean over ranks: the
-  spread of the reported time is the spread of that rank's steps;
+- the spread of the per-step training times (``step_train_seconds_p10`` / ``_p50`` / ``_p90``, and
+  their standard deviation ``step_train_seconds_sd``) is that of the rank whose ``train_seconds`` IS
+  T(N) (the maximum), not a mean over ranks: the spread of the reported time is the spread of that
+  rank's steps;
 - values that are already global (all-reduced) or the same on every rank (``train_loss``,
   ``train_accuracy``, ``lr``, ``test_loss``, ...) are taken from rank 0.
 """
@@ -37,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lab_utils.core.comm_hooks import overlap_figures
-from lab_utils.core.spread import STEP_PERCENTILE_KEYS
+from lab_utils.core.spread import STEP_PERCENTILE_KEYS, STEP_STAT_KEYS
 
 #: Time keys whose aggregate is the maximum over ranks (the others: the slowest rank's value).
 MAX_KEYS = ("epoch_seconds", "train_seconds", "eval_seconds", "elapsed_seconds")
@@ -98,7 +99,7 @@ def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     timed = [i for i, r in enumerate(per_rank) if number(r.get("train_seconds"))]
     if timed and any(k in first for k in STEP_PERCENTILE_KEYS):  # the spread of T(N): its own rank's steps
         tn_rank = max(timed, key=lambda i: float(per_rank[i]["train_seconds"]))
-        out.update({k: per_rank[tn_rank].get(k) for k in STEP_PERCENTILE_KEYS})
+        out.update({k: per_rank[tn_rank].get(k) for k in STEP_STAT_KEYS})
     if "train_seconds" in out and "skew_wait_seconds" in out:
         out["train_plus_skew_wait_seconds"] = max(
             float(r["train_seconds"]) + float(r.get("skew_wait_seconds") or 0) for r in per_rank)

@@ -9,6 +9,7 @@ says otherwise.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 def speedup(t1_seconds: float | None, tn_seconds: float | None) -> float | None:
@@ -42,3 +43,48 @@ def karp_flatt(speedup_value: float | None, devices: int) -> float | None:
     if devices <= 1 or not speedup_value or speedup_value <= 0:
         return None
     return (1 / speedup_value - 1 / devices) / (1 - 1 / devices)
+
+
+def amdahl_speedup(serial_fraction: float, devices: int) -> float:
+    """Amdahl's law (a fixed problem): S(N) = 1 / (e + (1 - e)/N), e the serial share of the ONE-device
+    time (Karp-Flatt's e)."""
+    return 1 / (serial_fraction + (1 - serial_fraction) / devices)
+
+
+def gustafson_serial_fraction(karp_flatt_e: float, devices: int) -> float:
+    """Gustafson's s from Karp-Flatt's e: s is the serial share of the N-DEVICE run's time, e that of the
+    one-device time, so s = e / (e + (1 - e)/N) (the serial part e, over the N-device time e + (1-e)/N,
+    both in units of T(1)). With that s, Gustafson's N - s(N - 1) at the measured N is the measured
+    speedup again: the two laws differ in what they hold fixed, not at the point measured."""
+    return karp_flatt_e / (karp_flatt_e + (1 - karp_flatt_e) / devices)
+
+
+def gustafson_speedup(serial_fraction: float, devices: int) -> float:
+    """Gustafson's scaled speedup (the problem grows with N, the run's time and its serial part fixed):
+    S(N) = N - s (N - 1), s the serial share of the parallel run's time
+    (:func:`gustafson_serial_fraction`)."""
+    return devices - serial_fraction * (devices - 1)
+
+
+@dataclass(frozen=True)
+class StepGrowth:
+    """What one step costs more on N devices than on one, at the same per-device batch (seconds).
+
+    With T(1) = steps(1) t(1), T(N) = steps(N) t(N) and steps(N) = steps(1)/N (up to the last partial
+    batch), the assignment's communication (a) = T(N) - T(1)/N is ``steps_n x growth_seconds`` plus
+    ``partial_batch_seconds`` = (steps(N) - steps(1)/N) t(1): a cost every step pays alike on one device
+    and on N cancels in it, and only what GROWS per step with N remains."""
+
+    t1_step_seconds: float
+    tn_step_seconds: float
+    growth_seconds: float         # t(N) - t(1)
+    steps_n: int
+    growth_per_epoch_seconds: float  # steps(N) x (t(N) - t(1))
+    partial_batch_seconds: float  # (steps(N) - steps(1)/N) x t(1)
+
+
+def per_step_growth(t1_seconds: float, steps_1: int, tn_seconds: float, steps_n: int,
+                    devices: int) -> StepGrowth:
+    """:class:`StepGrowth` from the epoch times T(1), T(N) (seconds) and their optimizer steps."""
+    t1, tn = t1_seconds / steps_1, tn_seconds / steps_n
+    return StepGrowth(t1, tn, tn - t1, steps_n, steps_n * (tn - t1), (steps_n - steps_1 / devices) * t1)

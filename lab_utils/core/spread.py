@@ -1,13 +1,26 @@
-"""The spread of a reported time, computed once: every time of Tables 1-3 (and notebook 01's sweep)
-carries it.
+"""The spread of a reported time and its standard error, computed once: every time of Tables 1-3 (and
+notebook 01's sweep) carries them.
+
+Two different questions, two numbers:
+
+- the **spread** describes the steps (or the repeats): how much one step's time varies. It is not the
+  uncertainty of the epoch's total.
+- the **standard error** of the row's time says how well the total is known: whether a difference
+  between two rows (a speedup against 1, communication (a) against 0) is a result
+  (:func:`within_noise`: not when :data:`NOISE_SIGMAS` standard errors reach it).
 
 - **One run**: the 10th, 50th and 90th percentile of the reported epoch's per-step training times
-  (:func:`step_percentiles`, stored by :func:`lab_utils.core.loop.run_epoch`; over ranks, the slowest
-  rank's). The spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; none
-  with fewer than :data:`MIN_STEPS` steps, and ``spread_of`` says so.
+  and their sample standard deviation sd (:func:`step_statistics`, stored by
+  :func:`lab_utils.core.loop.run_epoch`; over ranks, the T(N) rank's). The spread is
+  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; the total's standard error is
+  sd x sqrt(S) (S independent steps: relative to the total, the per-step variation / sqrt(S); 391
+  steps that vary by 10 % give a p10-p90 band of about 26 % and a standard error of about 0.5 %).
+  Both none with fewer than :data:`MIN_STEPS` steps, and ``spread_of`` says so. It knows nothing of
+  the run-to-run variation (another process on the node, clocks, the data order): that needs repeats.
 - **Repeats** (``REPEATS > 1`` in notebooks 01-03, each repeat a stored configuration of its own,
   ``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
-  repeats' ``train_seconds``, the spread 100 x (max - min) / median %, "min-max of R repeats".
+  repeats' ``train_seconds``, the spread 100 x (max - min) / median %, "min-max of R repeats"; the
+  standard error that of their mean, stdev / sqrt(R).
 
 :func:`time_spread` computes both; :func:`merge_repeats` gives every table one record per
 configuration with its spread: tables select and rename, they do not recompute.
@@ -15,6 +28,7 @@ configuration with its spread: tables select and rename, they do not recompute.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,12 +38,19 @@ from lab_utils.core.records import Record, canonical_key
 
 #: The per-step percentiles an epoch record holds (seconds), in the order p10, p50, p90.
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
+#: The sample standard deviation of the same per-step times (seconds): the total's standard error.
+STEP_SD_KEY = "step_train_seconds_sd"
+#: What an epoch record holds on its steps: the percentiles, then the standard deviation.
+STEP_STAT_KEYS = (*STEP_PERCENTILE_KEYS, STEP_SD_KEY)
 #: The config field of a repeat (absent for the first measurement, so older keys stay valid).
 REPEAT = "repeat"
 #: Fewer optimizer steps give no one-run spread: the p10 and p90 of 2 steps are just those 2 steps.
 MIN_STEPS = 5
 #: What :func:`merge_repeats` adds to each merged record's metrics.
-SPREAD_KEYS = ("spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats")
+SPREAD_KEYS = ("spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats",
+               "stderr_seconds", "stderr_pct")
+#: A difference counts when it exceeds this many standard errors (about a 95 % interval).
+NOISE_SIGMAS = 2.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -52,11 +73,20 @@ def step_percentiles(step_seconds: Sequence[float]) -> dict[str, float | None]:
     return {k: percentile(step_seconds, q) for k, q in zip(STEP_PERCENTILE_KEYS, (10, 50, 90), strict=True)}
 
 
+def step_statistics(step_seconds: Sequence[float]) -> dict[str, float | None]:
+    """:func:`step_percentiles` and the sample standard deviation of the step times (seconds, keyed
+    :data:`STEP_SD_KEY`; None with fewer than 2 steps): what :func:`lab_utils.core.loop.run_epoch`
+    stores for an epoch."""
+    sd = statistics.stdev(step_seconds) if len(step_seconds) > 1 else None
+    return {**step_percentiles(step_seconds), STEP_SD_KEY: sd}
+
+
 @dataclass(frozen=True)
 class Spread:
     """A row's time (seconds) and its spread: the range ``low_seconds``..``high_seconds`` around it,
     ``pct`` = 100 x (high - low) / the row's time (one run: 100 x (p90 - p10) / p50 of its step times,
-    the range being the epoch time scaled by p10/p50 and p90/p50), and ``of``: which spread it is."""
+    the range being the epoch time scaled by p10/p50 and p90/p50), and ``of``: which spread it is.
+    ``stderr_seconds``: the standard error of the row's time (module docstring; None: not known)."""
 
     seconds: float
     low_seconds: float
@@ -64,6 +94,14 @@ class Spread:
     pct: float | None
     of: str
     repeats: int = 1
+    stderr_seconds: float | None = None
+
+    @property
+    def stderr_pct(self) -> float | None:
+        """The standard error in % of the row's time (None: not known)."""
+        if self.stderr_seconds is None or not self.seconds:
+            return None
+        return 100 * self.stderr_seconds / self.seconds
 
     @property
     def width_seconds(self) -> float:
@@ -80,7 +118,8 @@ def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_sec
     if len(times) > 1:
         med = statistics.median(times)
         return Spread(med, min(times), max(times), 100 * (max(times) - min(times)) / med if med else None,
-                      f"min-max of {len(times)} repeats", repeats=len(times))
+                      f"min-max of {len(times)} repeats", repeats=len(times),
+                      stderr_seconds=statistics.stdev(times) / math.sqrt(len(times)))
     m, t = next(m for m in repeats if m.get(time_key) is not None), times[0]
     p10, p50, p90 = (m.get(k) for k in STEP_PERCENTILE_KEYS)
     if p10 is None or p50 is None or p90 is None or not p50:
@@ -88,15 +127,22 @@ def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_sec
     steps = m.get("steps")
     if steps is not None and steps < MIN_STEPS:  # the row says why it has no spread
         return Spread(t, t, t, None, f"none: {steps} step(s), fewer than {MIN_STEPS}")
+    sd = m.get(STEP_SD_KEY)  # None in records written before it was kept: no standard error
     return Spread(t, t * p10 / p50, t * p90 / p50, 100 * (p90 - p10) / p50,
-                  f"p10-p90 of {steps} steps" if steps else "p10-p90 of the steps")
+                  f"p10-p90 of {steps} steps" if steps else "p10-p90 of the steps",
+                  stderr_seconds=float(sd) * math.sqrt(steps) if sd is not None and steps else None)
 
 
-def ranges_overlap(a: Spread | None, b: Spread | None) -> bool:
-    """Whether two times' spreads overlap: their difference is not distinguishable at this spread."""
-    if a is None or b is None or a.pct is None or b.pct is None:  # no spread: nothing to judge
-        return False
-    return a.low_seconds <= b.high_seconds and b.low_seconds <= a.high_seconds
+def within_noise(effect: float | None, *stderrs: float | None, sigmas: float = NOISE_SIGMAS) -> bool | None:
+    """Whether ``effect`` (a difference, seconds) is within ``sigmas`` standard errors of 0: True when
+    ``sigmas`` x the combined standard error (the root of the sum of squares of ``stderrs``, those of
+    the independent times the difference is made of, each already scaled as it enters it) is as
+    large as ``|effect|``: not a result. None when the effect or any standard error is unknown."""
+    if effect is None or not stderrs or any(e is None for e in stderrs):
+        return None
+    if math.isnan(effect) or any(math.isnan(e) for e in stderrs):
+        return None
+    return sigmas * math.sqrt(sum(e * e for e in stderrs)) >= abs(effect)
 
 
 def base_key(config: Mapping[str, Any]) -> str:
@@ -146,7 +192,9 @@ def merge_repeats(records: Sequence[Record]) -> list[Record]:
             metrics["train_seconds"] = spread.seconds
         metrics.update({"spread_pct": spread and spread.pct, "spread_of": spread and spread.of,
                         "spread_low_seconds": spread and spread.low_seconds,
-                        "spread_high_seconds": spread and spread.high_seconds, "repeats": len(ok)})
+                        "spread_high_seconds": spread and spread.high_seconds, "repeats": len(ok),
+                        "stderr_seconds": spread and spread.stderr_seconds,
+                        "stderr_pct": spread and spread.stderr_pct})
         out.append(replace(rep, config=config, metrics=metrics))
     return out
 
@@ -158,5 +206,7 @@ def spread_of_record(record: Record | None) -> Spread | None:
     m = record.metrics
     if m.get("spread_low_seconds") is None or m.get("train_seconds") is None:
         return None
+    se = m.get("stderr_seconds")
     return Spread(float(m["train_seconds"]), float(m["spread_low_seconds"]), float(m["spread_high_seconds"]),
-                  m.get("spread_pct"), m.get("spread_of") or "", int(m.get("repeats") or 1))
+                  m.get("spread_pct"), m.get("spread_of") or "", int(m.get("repeats") or 1),
+                  None if se is None else float(se))

@@ -4,6 +4,7 @@ bars, each rank's phases; and :func:`comm_measurements`, the interface Table 3 (
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import pandas as pd
 
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
-from lab_utils.core.spread import merge_repeats, spread_of_record
+from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
@@ -42,9 +43,10 @@ class CommRow:
     skew_wait_seconds: float | None = None
     exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
     oversubscribed: str | None = None  # see :func:`oversubscribed`
-    spread_pct: float | None = None    # T(N)'s spread, % (lab_utils.core.spread)
+    spread_pct: float | None = None    # T(N)'s spread, % (lab_utils.core.spread): how the steps vary
     spread_of: str | None = None       # which spread: "p10-p90 of S steps" | "min-max of R repeats"
-    spread_seconds: float | None = None  # T(N)'s spread in seconds (high - low)
+    tn_stderr_seconds: float | None = None  # the standard error of T(N) (lab_utils.core.spread)
+    t1_stderr_seconds: float | None = None  # the standard error of T(1)
 
 
 def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
@@ -74,9 +76,11 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
     if rec.status != "ok":
         return row
     row.tn_seconds, row.t1_seconds = value(rec, T_N), value(one, T_N)
-    spread = spread_of_record(rec)
+    spread, spread1 = spread_of_record(rec), spread_of_record(one)
     if spread is not None:
-        row.spread_pct, row.spread_of, row.spread_seconds = spread.pct, spread.of, spread.width_seconds
+        row.spread_pct, row.spread_of, row.tn_stderr_seconds = spread.pct, spread.of, spread.stderr_seconds
+    if spread1 is not None:
+        row.t1_stderr_seconds = spread1.stderr_seconds
     row.skew_wait_seconds, row.oversubscribed = value(rec, "skew_wait_seconds_max"), oversubscribed(rec)
     row.steps_per_epoch, row.gradient_bytes = m.get("steps"), m.get("gradient_bytes")
     if row.t1_seconds is None:
@@ -106,7 +110,8 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
              "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
              "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
-             "oversubscribed": r.oversubscribed, "spread_flag": comm_within_spread(r)}
+             "comm_a_stderr_seconds": comm_a_stderr(r), "comm_a_noise_flag": comm_a_noise_flag(r),
+             "oversubscribed": r.oversubscribed}
         if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
             d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
         if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
@@ -115,19 +120,36 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds", "spread_pct",
             "spread_of", "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
             "allreduce_c_seconds", "overlap_c_minus_b_seconds", "hidden_percent", "compute_to_comm_b",
-            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "oversubscribed", "spread_flag"]
-    return pd.DataFrame(out, columns=cols)
+            "skew_wait_seconds", "exposed_noise_b_seconds", "noise_flag", "comm_a_stderr_seconds",
+            "comm_a_noise_flag", "oversubscribed"]
+    df = pd.DataFrame(out, columns=cols)
+    df.attrs["view"] = TABLE2_VIEW
+    return df
 
 
-COMM_WITHIN_SPREAD = "|comm (a)| < T(N)'s spread: (a) is not distinguishable from 0 at this spread"
+#: Table 2 in a notebook (``df.attrs["view"]``, lab_utils.table_view's narrow view): what a reader needs
+#: first; the CSV has every column.
+TABLE2_VIEW = ("method", "devices", "per_device_batch", "status", "TN_seconds", "compute_a_seconds",
+               "comm_a_seconds", "comm_a_noise_flag", "exposed_comm_b_seconds", "noise_flag",
+               "allreduce_c_seconds", "hidden_percent")
 
 
-def comm_within_spread(row: CommRow) -> str | None:
-    """Table 2's ``spread_flag``: the communication by (a) is smaller in magnitude than T(N)'s spread
-    in seconds (what a negative (a) usually is); None when it is larger, or either is unknown."""
-    if row.comm_a_seconds is None or row.spread_seconds is None:
+COMM_A_NOT_DISTINGUISHABLE = ("|comm (a)| within 2 standard errors: (a) not distinguishable from 0 (within "
+                              "the runs' step noise; run-to-run variation needs REPEATS >= 3)")
+
+
+def comm_a_stderr(row: CommRow) -> float | None:
+    """The standard error of (a) = T(N) - T(1)/N in seconds: sqrt(se(T(N))^2 + (se(T(1))/N)^2), the two
+    runs independent; None when either is unknown."""
+    if row.tn_stderr_seconds is None or row.t1_stderr_seconds is None:
         return None
-    return COMM_WITHIN_SPREAD if abs(row.comm_a_seconds) < row.spread_seconds else None
+    return math.hypot(row.tn_stderr_seconds, row.t1_stderr_seconds / row.devices)
+
+
+def comm_a_noise_flag(row: CommRow) -> str | None:
+    """Table 2's ``comm_a_noise_flag``: :data:`COMM_A_NOT_DISTINGUISHABLE` when |(a)| is within 2 standard
+    errors (:func:`lab_utils.core.spread.within_noise`); None when it stands out, or is not judged."""
+    return COMM_A_NOT_DISTINGUISHABLE if within_noise(row.comm_a_seconds, comm_a_stderr(row)) else None
 
 
 TABLE2_NOTES = [
@@ -139,9 +161,13 @@ TABLE2_NOTES = [
     "overlap and hidden_percent are not results (e.g. 100 % hidden at one batch and 0 % at another can both "
     "be noise); repeat with more comm_steps. Blank: records written before the noise was kept.",
     "compute_to_comm_a = compute (a) / comm (a); compute_to_comm_b = (T(N) - (b)) / (b).",
-    "spread_pct: the spread of T(N) in % of it (spread_of: 'p10-p90 of S steps' of the slowest rank, or "
-    "'min-max of R repeats' with REPEATS > 1, T(N) then the median). spread_flag: |comm (a)| is smaller "
-    "than T(N)'s spread in seconds, so (a) is not distinguishable from 0; a negative (a) usually is this.",
+    "spread_pct: how much T(N)'s steps vary, in % of it (spread_of: 'p10-p90 of S steps' of the slowest "
+    "rank, or 'min-max of R repeats' with REPEATS > 1, T(N) then the median); a description of the steps, "
+    "not the uncertainty of T(N).",
+    "comm_a_stderr_seconds: the standard error of (a), sqrt(se(T(N))^2 + (se(T(1))/N)^2), each time's from "
+    "its step times (sd x sqrt(steps), steps taken as independent) or, with REPEATS > 1, from its repeats. "
+    "comm_a_noise_flag: |(a)| <= 2 x that error, so (a) is not distinguishable from 0. Within one run it "
+    "knows nothing of run-to-run variation: repeat (REPEATS >= 3) before you read a small (a).",
     "oversubscribed: more gloo threads than cores (quick: 4 single-thread ranks on 2 cores); the ranks took "
     "turns on the cores, so the row exercises the path and its split is not a measurement of the network.",
     "T(N) excludes every rank's loader wait and skew wait (the wait for the slowest rank's loader, timed "

@@ -106,6 +106,14 @@ class Settings:
             raise LabError(f"timeout_s must be positive, got {self.timeout_s}.")
         return self
 
+    def one_device(self) -> Settings:
+        """Notebook 02's first step: these settings with only the one-device runs (a prediction's inputs)."""
+        return replace(self, devices=(1,))
+
+    def more_devices(self) -> Settings:
+        """Notebook 02's second step: these settings with only the runs on more than one device."""
+        return replace(self, devices=tuple(n for n in self.devices if n > 1))
+
 
 profiles.register(Settings, profiles.SCALING, "scaling")
 

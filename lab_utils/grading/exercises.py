@@ -842,6 +842,20 @@ def _shards_inclusive(numel, world_size):
     return out
 
 
+# --------------------------------------------------------------------------- q02, q03: an all-reduce
+
+
+def _wait(nbytes, latency, gbps, giga=1e9):
+    """One all-reduce of ``nbytes`` on the line: latency + bytes / (GB/s x ``giga``), seconds."""
+    return latency + nbytes / (gbps * giga)
+
+
+def _comm_pair(buckets, latency, gbps, steps, exposed_index=-1):
+    """(b) and (c) per epoch with bucket ``exposed_index`` the exposed one (a known mistake's variant)."""
+    each = [_wait(b, latency, gbps) for b in buckets]
+    return steps * each[exposed_index], steps * sum(each)
+
+
 # --------------------------------------------------------------------------- the registry
 
 
@@ -898,6 +912,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
+        giveaways=("1.784", r"re:t\(1\)\s*/\s*t\(n\)"), implemented_by=("lab_utils.core.speedup.speedup",),
         mistakes=(
             Mistake("N x T(1)/T(N)", "on epoch times that counts N twice (each of the N devices already "
                     "does 1/N of the epoch); the speedup is T(1)/T(N)",
@@ -908,7 +923,30 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda t1, tn, n: (t1 / tn, t1 / tn)),
         )),
     Exercise(
+        "q02_predict_epoch", "predict_epoch_seconds",
+        giveaways=(r"re:steps\s*(x|\*|×)\s*\(\s*t\(1\)\s*\+",
+                   r"re:t\(1\)\s*\+\s*(the\s*)?(latency|all-reduce)"),
+        implemented_by=("lab_utils.core.scaling_model.predicted_epoch_seconds",),
+        mistakes=(
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, "every step of the epoch waits for its own all-reduce of the "
+                    "gradient, not the epoch once (the earlier cohort's Table 3 mistake)",
+                    wrong=lambda t1, steps, nbytes, lat, gbps: steps * t1 + _wait(nbytes, lat, gbps)),
+            Mistake("the all-reduce left out", "each step computes what one device's step does AND waits "
+                    "for the exposed all-reduce", wrong=lambda t1, steps, nbytes, lat, gbps: steps * t1),
+            Mistake("the latency left out", "an all-reduce of any size costs at least the line's latency, "
+                    "once per all-reduce", wrong=lambda t1, steps, nbytes, lat, gbps: steps * (
+                        t1 + _wait(nbytes, 0.0, gbps))),
+            Mistake("GiB for GB", "the bandwidth is in decimal GB/s (10^9 bytes per second), not GiB/s",
+                    wrong=lambda t1, steps, nbytes, lat, gbps: steps * (
+                        t1 + _wait(nbytes, lat, gbps, 2**30))),
+            Mistake("bits for bytes", "exposed_bytes and GB/s both count bytes: no factor 8",
+                    wrong=lambda t1, steps, nbytes, lat, gbps: steps * (t1 + _wait(8 * nbytes, lat, gbps))),
+        )),
+    Exercise(
         "q03_compute_comm", "compute_and_comm", outputs=("compute_seconds", "comm_seconds"),
+        find_the_bug=True,
+        giveaways=(r"re:compute[^.]{0,30}=\s*t\(1\)\s*/\s*n", r"re:t\(n\)\s*-\s*t\(1\)\s*/\s*n"),
+        implemented_by=("lab_utils.core.comm_hooks.derived_comm",),
         mistakes=(
             Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways; T(N) "
                     f"is the whole N-device epoch, communication included (the earlier cohort's Table 2 "
@@ -924,6 +962,28 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda t1, tn, n: (t1 / n, max(tn - t1 / n, 0.0))),
             Mistake("T(N) - T(1)", "the communication is T(N) - T(1)/N, not T(N) - T(1)",
                     wrong=lambda t1, tn, n: (t1 / n, tn - t1)),
+        )),
+    Exercise(
+        "q03_predict_comm", "predict_comm_seconds", outputs=("exposed_seconds", "allreduce_seconds"),
+        giveaways=(r"re:\(c\) adds (every|each) bucket", r"re:\(b\)[^.]{0,20}(is|=) the last (one|bucket)",
+                   r"re:latency[^.]{0,40}(each|every|per) bucket"),
+        implemented_by=("lab_utils.core.scaling_model.predicted_comm_seconds",),
+        mistakes=(
+            Mistake("(b) from the first bucket", "DDP all-reduces the first bucket (the last layers' "
+                    "gradients) while backward still computes the others; the one that cannot hide is the "
+                    "LAST, ready when backward ends",
+                    wrong=lambda b, lat, gbps, steps: _comm_pair(b, lat, gbps, steps, 0)),
+            Mistake("(b) with no overlap", "(b) is what backward could NOT hide; every bucket but the last "
+                    "hides behind the rest of backward",
+                    wrong=lambda b, lat, gbps, steps: (_comm_pair(b, lat, gbps, steps)[1],) * 2),
+            Mistake("one latency for (c)", "each bucket is an all-reduce of its own and pays the latency: "
+                    "(c) adds one all-reduce per bucket, not one of all the bytes",
+                    wrong=lambda b, lat, gbps, steps: (_comm_pair(b, lat, gbps, steps)[0],
+                                                       steps * _wait(sum(b), lat, gbps))),
+            Mistake(ONE_ALLREDUCE_PER_EPOCH, "every step all-reduces its buckets: multiply by the epoch's "
+                    "steps", wrong=lambda b, lat, gbps, steps: _comm_pair(b, lat, gbps, 1)),
+            Mistake("GiB for GB", "the bandwidth is in decimal GB/s (10^9 bytes per second), not GiB/s",
+                    wrong=lambda b, lat, gbps, steps: _comm_pair(b, lat, gbps * 2**30 / 1e9, steps)),
         )),
     Exercise(
         "q04_gradient_bytes", "grad_bytes", call=lambda fn, case: plain(fn(_resnet(case))),

@@ -27,8 +27,10 @@ of them but ``record`` and ``rank``).
   epoch's entries copied to the top level with ``reported_epoch``; ``time_rule``; the run's
   ``world_size``, ``backend``, ``device_type``, ``threads_per_rank``, ``parameters``, ``gradient_bytes``
   (fp32), ``steps_per_epoch``, ``global_batch``, ``peak_lr``, ``warmup_steps``, ``accumulation_steps``,
-  ``batches_per_epoch``, ``startup_seconds`` (slowest rank: the data sets + this configuration's
-  loaders, model, DDP wrapper and optimizer; not the process start-up nor ``import torch``),
+  ``batches_per_epoch``, ``bucket_bytes`` (DDP's gradient buckets in the order it all-reduces them,
+  :func:`lab_utils.core.comm_hooks.ddp_bucket_bytes`), ``startup_seconds`` (slowest rank: the data
+  sets + this configuration's loaders, model, DDP wrapper and optimizer; not the process start-up nor
+  ``import torch``),
   ``worker_seconds``; ``accumulation_note`` and ``debug_note`` when used. With ``measure_comm``: the
   slowest rank's ``comm_probe`` (:mod:`lab_utils.core.comm_hooks`) and its (b), (c) and overlap per
   epoch for the reported epoch (:func:`lab_utils.core.ranks.probe_seconds`), ``allreduce_buckets``.
@@ -58,7 +60,7 @@ from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 from lab_utils.core.backends import apply_training_backends
-from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+from lab_utils.core.comm_hooks import AllReduceTimer, ddp_bucket_bytes, probe_exposed_comm
 from lab_utils.core.config import (
     DATASET_CHOICES,
     check_batch_size,
@@ -76,12 +78,16 @@ from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
-from lab_utils.core.spread import REPEAT, STEP_PERCENTILE_KEYS
+from lab_utils.core.spread import REPEAT, STEP_STAT_KEYS
 from lab_utils.core.timing import synchronize
 from lab_utils.models import ResNet18, count_parameters
 from lab_utils.workers.harness import Job, serve
 
 SAMPLE_ORDER_HEAD = 8
+#: The version of a communication record's metrics (``measure_comm``; in its config, so that a record
+#: from an older lab is measured again, not reused): 2 = (b) holds the BatchNorm buffer broadcast
+#: (issue 52 B1; version 1, without the key, had it cancel out).
+COMM_METRICS_VERSION = 2
 TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
              "cannot finish before every rank's all-reduce); *_mean are means over ranks")
 
@@ -151,7 +157,7 @@ class RunConfig:
     def config(self, record: str = "aggregate", rank: int | None = None) -> dict[str, Any]:
         """The records' ``config`` (stable: it is the resume key). ``accumulation_steps`` and the test
         knob appear only when used, so the keys of ordinary runs, and of records stored before these
-        options existed, stay what they were."""
+        options existed, stay what they were; a communication run carries ``metrics_version``."""
         cfg = {
             "method": self.method, "record": record, "rank": rank, "devices": self.devices,
             "backend": self.backend, "device_type": "cuda" if self.backend == "nccl" else "cpu",
@@ -163,6 +169,8 @@ class RunConfig:
             "comm_steps": self.comm_steps if self.measure_comm else None, "bucket_cap_mb": self.bucket_cap_mb,
             "seed": self.seed, "tag": self.tag,
         }
+        if self.measure_comm:
+            cfg["metrics_version"] = COMM_METRICS_VERSION
         if self.accumulation_steps != 1:
             cfg["accumulation_steps"] = self.accumulation_steps
         if self.repeat:
@@ -285,6 +293,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
         epochs[-1].update(probe_seconds(probe, epochs[-1]["steps"]))
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
+    buckets = ddp_bucket_bytes(ddp)  # as DDP rebuilt them in the first backward, the same on every rank
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, mine)
     # Everything that holds the model's memory goes before the cache is emptied: the LR
@@ -297,7 +306,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     summary = {"parameters": n_params, "gradient_bytes": n_params * 4, "steps_per_epoch": steps_per_epoch,
                "global_batch": args.global_batch, "peak_lr": schedule.peak_lr,
                "warmup_steps": schedule.warmup_steps, "accumulation_steps": args.accumulation_steps,
-               "batches_per_epoch": batches_per_epoch,
+               "batches_per_epoch": batches_per_epoch, "bucket_bytes": buckets,
                "worker_seconds": time.perf_counter() - t_config + data_seconds}
     return build_records(config, job, args, ctx, gathered, summary)
 
@@ -313,7 +322,7 @@ def rank_epoch(ep: EpochRecord, head: list[int], lr_first: float, lr: float) -> 
         "train_loss_rank": ep.loss, "train_accuracy_rank": ep.accuracy,
         "train_loss": ep.global_loss, "train_accuracy": ep.global_accuracy, "global_images": ep.global_images,
         "lr_first": lr_first, "lr": lr, "sample_order_head": head,
-        **{k: getattr(ep, k) for k in STEP_PERCENTILE_KEYS},
+        **{k: getattr(ep, k) for k in STEP_STAT_KEYS},
     }
     if ep.allreduce_seconds is not None:  # the comm hook during the epoch itself (not the probe)
         rec["epoch_allreduce_seconds"] = ep.allreduce_seconds
