@@ -88,7 +88,9 @@ class Experiment:
 
     ``cost(run)``: seconds one run takes on the budget's node (:data:`lab_utils.core.machine.BUDGET_NODE`),
     start-up excluded (the time budget adds it per launch). ``doctor(full_settings)``: the smallest
-    full-profile settings, which doctor measures on the node through :func:`measure`.
+    full-profile settings, which doctor measures on the node through :func:`measure`. ``also_in``: the
+    earlier notebooks that measure it too (notebook 02 runs notebook 04's all-reduce benchmark), where the
+    time budget counts its runs first.
     """
 
     name: str
@@ -98,6 +100,7 @@ class Experiment:
     cost: Callable[[Run], float] | None = None
     doctor: Callable[[Any], Any] | None = None
     title: str = ""
+    also_in: tuple[str, ...] = ()
 
 
 def skipped_row(run: Run, reason: str | None = None) -> Record:

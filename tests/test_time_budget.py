@@ -11,7 +11,7 @@ from lab_utils.core import estimates, profiles
 from lab_utils.core.config import repo_root
 from lab_utils.core.errors import LabError
 from lab_utils.core.machine import BUDGET_NODE
-from lab_utils.experiments import registry, scaling
+from lab_utils.experiments import comm, registry, scaling
 
 
 def test_table_has_every_notebook_and_a_total():
@@ -38,19 +38,26 @@ def test_spec_epoch_is_anchored_on_published_times():
 
 def test_a_registered_notebook_is_the_sum_over_its_plan_by_hand():
     """Notebook 02 on the budget's node (4 GPUs): DataParallel and DDP on 1, 2, 4 GPUs, 4 batch sizes each:
-    24 runs in 6 launch groups. Its minutes = (60 s + 6 x 40 s + the runs' costs) / 60, rounded up; the runs'
-    costs are 2 epochs at the anchors: e.g. DDP 1 x 32 = 2 x 41.3 s."""
+    24 runs in 6 launch groups; and notebook 04's all-reduce benchmark, which 02 runs first for its
+    prediction (56 sizes x rank counts in 2 launches). Its minutes = (60 s + 8 x 40 s + the runs' costs) / 60,
+    rounded up; the training runs' costs are 2 epochs at the anchors: e.g. DDP 1 x 32 = 2 x 41.3 s."""
     parts = tb.notebook_parts("02")
     runs = [p for p in parts if not p.start_up]
     starts = [p for p in parts if p.start_up]
-    assert len(runs) == 24 and len(starts) == 1 + 6
+    assert len(runs) == 24 + 56 and len(starts) == 1 + 6 + 2
     ddp_1_32 = next(p for p in runs if p.what == "DDP 1 x 32")
     assert ddp_1_32.seconds == pytest.approx(2 * 41.3) and ddp_1_32.gpus == 1
     full = profiles.settings(scaling.Settings, "full")
     costs = [scaling.cost(r) for r in plan.make_plan(scaling.SCALING_EXPERIMENT, full, BUDGET_NODE, "full")]
-    total = 60 + 6 * estimates.LAUNCH_S + sum(costs)
+    bench = comm.ALLREDUCE_BENCH_EXPERIMENT
+    bench_full = profiles.settings(comm.Settings, "full")
+    costs += [comm.cost(r) for r in plan.make_plan(bench, bench_full, BUDGET_NODE, "full")]
+    total = 60 + 8 * estimates.LAUNCH_S + sum(costs)
     assert sum(p.seconds for p in parts) == pytest.approx(total)
     assert tb.estimate_minutes("02") == -(-total // 60)
+    # notebook 04 then finds the benchmark stored: only its compute-step runs count there
+    only_04 = [p.what for p in tb.notebook_parts("04") if not p.start_up]
+    assert only_04 == ["batch 32", "batch 128", "batch 512"]
 
 
 def test_a_later_notebook_does_not_count_what_an_earlier_one_planned():

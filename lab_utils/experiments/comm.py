@@ -141,7 +141,8 @@ def doctor_settings(full: Settings) -> Settings:
 
 
 ALLREDUCE_BENCH_EXPERIMENT = Experiment(BENCH, "04", Settings, plan_bench, cost, doctor_settings,
-                                        "all-reduce benchmark (nccl-tests columns) and its fit")
+                                        "all-reduce benchmark (nccl-tests columns) and its fit",
+                                        also_in=("02",))   # 02 predicts T(N) from its fit
 COMPUTE_STEP_EXPERIMENT = Experiment(COMPUTE, "04", Settings, plan_compute, cost, doctor_settings,
                                      "compute seconds per training step (the projection's input)")
 

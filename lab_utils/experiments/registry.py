@@ -37,5 +37,7 @@ def by_name(name: str) -> Experiment:
 
 
 def for_notebook(notebook: str) -> tuple[Experiment, ...]:
-    """The experiments a notebook (``"02"``) measures, in the order it measures them."""
-    return tuple(e for e in EXPERIMENTS if e.notebook == notebook)
+    """The experiments a notebook (``"02"``) measures, in the order it measures them (its own, and those of
+    later notebooks it measures too: ``Experiment.also_in``)."""
+    return tuple(e for e in EXPERIMENTS if notebook in e.also_in) + \
+        tuple(e for e in EXPERIMENTS if e.notebook == notebook)
