@@ -14,6 +14,7 @@ from lab_utils.core.schedules import make_schedule
 from lab_utils.experiments import accounting_tables as at
 from lab_utils.experiments import large_batch as lb
 from lab_utils.experiments import large_batch_tables as lbt
+from lab_utils.grading.predict import one_output
 from lab_utils.plan import aggregates, measure
 from lab_utils.workers import ddp
 from lab_utils.workers.ddp import RunConfig
@@ -444,7 +445,7 @@ def test_recipe_cases_are_the_linear_runs_and_what_they_used(store):
                         "dataset_size": 1536, "warmup_epochs": 0.0}
     assert [c["warmup_epochs"] for c in cases] == [0.0, 0.5, 0.5] and used == [(0.1, 0), (0.1, 6), (0.1, 6)]
     assert [linear_scaling_recipe(**c) for c in cases] == [(pytest.approx(0.1), w) for w in (0, 6, 6)]
-    steps = lbt.output(linear_scaling_recipe, 1)
+    steps = one_output(linear_scaling_recipe, 1)
     assert [steps(**c) for c in cases] == [0, 6, 6]
-    assert lbt.output(None, 0) is None and lbt.output(lambda **kw: None, 0)(**cases[0]) is None
+    assert one_output(None, 0) is None and one_output(lambda **kw: None, 0)(**cases[0]) is None
 

@@ -15,6 +15,7 @@ from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import BUDGET_NODE, Machine
 from lab_utils.core.ranks import probe_seconds
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
+from lab_utils.grading.predict import one_output
 from lab_utils.plan import Experiment
 from lab_utils.store import Record
 
@@ -584,9 +585,9 @@ def test_prediction_cases_from_records():
     b_cases, c_cases = scaling_predict.comm_cases([comm], {2: line})
     assert b_cases.measured == [0.5] and c_cases.measured == [2.0] and b_cases.cases == c_cases.cases
     assert b_cases.cases[0]["bucket_bytes"] == [3_000_000, 1_000_000] and b_cases.cases[0]["steps"] == 8
-    pair = scaling_predict.component(lambda **k: (1.0, 2.0), 1)
-    assert pair(x=1) == 2.0 and scaling_predict.component(lambda **k: None, 0)(x=1) is None
-    assert scaling_predict.component(None, 0) is None
+    pair = one_output(lambda **k: (1.0, 2.0), 1)
+    assert pair(x=1) == 2.0 and one_output(lambda **k: None, 0)(x=1) is None
+    assert one_output(None, 0) is None
 
 
 def test_the_cohorts_printed_speedups_and_its_slip():

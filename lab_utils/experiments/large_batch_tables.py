@@ -6,7 +6,7 @@ per-rank records beside it; a run's layout and lr rule read back from its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
@@ -28,7 +28,7 @@ from lab_utils.workers.ddp import RunConfig
 
 # ANCHOR_ROWS, ASKED_SMALL and plot_lr are used here only (at most 15 public names: test_architecture).
 __all__ = ["ANCHORS", "ASKED_LARGE", "RECIPE_OUTPUTS", "anchor_frame", "large_batch_table", "layout_flag",
-           "lr_curves", "output", "plot_accuracy", "recipe_cases", "rule_text", "save_figures",
+           "lr_curves", "plot_accuracy", "recipe_cases", "rule_text", "save_figures",
            "save_large_batch_table", "set_epoch_table", "worker_sample_orders"]
 
 # The earlier cohort's Q4.1 (lab_utils.core.anchors): loss and "Accuracy" after 5 epochs, as printed.
@@ -286,16 +286,3 @@ def recipe_cases(records: Sequence[Record]):
         used.append(tuple(rec.metrics.get(k) for k in RECIPE_OUTPUTS))
         labels.append(run.tag)
     return cases, used, labels
-
-
-def output(fn: Callable | None, index: int) -> Callable | None:
-    """``fn``'s ``index``-th output as a function of the same arguments (None for a blank ``fn``, and
-    None where ``fn`` returns None: the prediction table then says "not done yet")."""
-    if fn is None:
-        return None
-
-    def pick(**kwargs):
-        answer = fn(**kwargs)
-        return None if answer is None else answer[index]
-
-    return pick

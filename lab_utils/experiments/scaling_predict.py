@@ -10,7 +10,7 @@ all-reduce's fitted line on each rank count (notebook 04's benchmark, measured f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ from lab_utils.core.spread import merge_repeats
 from lab_utils.experiments.scaling import DDP
 from lab_utils.store import Record
 
-__all__ = ["Cases", "allreduce_lines", "comm_cases", "component", "epoch_cases", "inputs_frames"]
+__all__ = ["Cases", "allreduce_lines", "comm_cases", "epoch_cases", "inputs_frames"]
 
 
 def allreduce_lines(bench_records: Sequence[Record]) -> dict[int, AllReduceLine]:
@@ -137,16 +137,3 @@ def comm_cases(records: Sequence[Record], lines: dict[int, AllReduceLine]) -> tu
             cases.measured.append(value(r, key))
             cases.labels.append(f"{n} x {b}")
     return b_cases, c_cases
-
-
-def component(fn: Callable | None, index: int) -> Callable | None:
-    """``fn``'s ``index``-th returned value as a function of the same arguments (None stays None: a blank
-    student function shows "not done yet")."""
-    if fn is None:
-        return None
-
-    def one(**kwargs):
-        got = fn(**kwargs)
-        return None if got is None else got[index]
-
-    return one

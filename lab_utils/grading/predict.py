@@ -39,6 +39,20 @@ def _call(fn: Callable | None, case: Mapping[str, Any]) -> tuple[float | None, s
         return None, f"returned a {type(value).__name__}, not a number"
 
 
+def one_output(fn: Callable | None, index: int) -> Callable | None:
+    """``fn``'s ``index``-th returned value as a function of the same keyword arguments, for a prediction
+    of several values (a learning rate and a warm-up; (b) and (c)): None stays None, and so does a None
+    answer, so that a blank student function shows "not done yet"."""
+    if fn is None:
+        return None
+
+    def one(**kwargs):
+        answer = fn(**kwargs)
+        return None if answer is None else answer[index]
+
+    return one
+
+
 def prediction_table(predict: Callable | None, cases: Sequence[Mapping[str, Any]],
                      measured: Sequence[float | None], reference: Callable, *,
                      show: Sequence[str] | None = None, labels: Sequence[str] | None = None,
