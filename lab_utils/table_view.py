@@ -32,6 +32,13 @@ LONG_TEXT = 36
 KEY_COLUMNS = 3
 
 
+def with_view(df, columns: Sequence[str]):
+    """``df`` with its narrow view set: the ``columns`` a notebook shows first when the whole table is too
+    wide (the rest stay in the saved CSV, which the view names). Returns ``df``."""
+    df.attrs[VIEW] = list(columns)
+    return df
+
+
 def _width(header: str, cells: Sequence[str]) -> int:
     """A column's width in characters: its widest cell, or its header's longest word (headers wrap at
     blanks), plus the padding between columns."""

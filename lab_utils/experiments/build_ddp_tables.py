@@ -22,7 +22,12 @@ from lab_utils.core.handmade import optimal_bucket_bytes, predicted_seconds
 from lab_utils.core.ring import MIB, fit_alpha_beta
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
+from lab_utils.table_view import with_view
 from lab_utils.workers.handmade_ddp import IMPLEMENTATIONS
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+COMPARE_VIEW = ("devices", "per_device_batch", "implementation", "step_ms", "comm_exposed_ms",
+                "collectives", "bytes_per_rank_per_step", "predicted_exposed_ms")
 
 __all__ = ["best_bucket_args", "check_table", "check_verdict", "compare_table", "compression_table", "fits",
            "memory_table", "merge_traces", "notes", "overlap_cases", "sweep_figure", "sweep_table",
@@ -153,7 +158,7 @@ def compare_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame
             rows.append({"devices": n, "per_device_batch": rec.config["batch_size"],
                          "implementation": IMPLEMENTATIONS[row["implementation"]], **_timing(row),
                          **predictions(row, n, found, rec.metrics.get("backward_seconds"))})
-    return pd.DataFrame(rows + _not_measured(records, "compare"))
+    return with_view(pd.DataFrame(rows + _not_measured(records, "compare")), COMPARE_VIEW)
 
 
 def _sweep_record(records: Sequence[Record]) -> Record | None:

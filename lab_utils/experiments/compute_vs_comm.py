@@ -16,6 +16,12 @@ from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
+from lab_utils.table_view import with_view
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+TABLE2_VIEW = ("method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds",
+               "compute_a_seconds", "comm_a_seconds", "comm_a_noise_flag", "exposed_comm_b_seconds",
+               "allreduce_c_seconds", "hidden_percent")
 
 __all__ = ["CommRow", "comm_measurements", "comm_row", "compute_vs_comm_figure", "compute_vs_comm_frame",
            "compute_vs_comm_rows", "compute_vs_comm_table", "rank_breakdown_frame"]
@@ -199,7 +205,7 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
     notes += [f"settings: {settings.label}", store.here_note(SCALING, COMPUTE_VS_COMM)]
     store.save_table(blank_missing(df.copy()), "compute_vs_comm", [r for r in records if r.status == "ok"],
                      title="Table 2: compute vs communication per epoch", notes=notes)
-    return df
+    return with_view(df, TABLE2_VIEW)
 
 
 def compute_vs_comm_figure(store: ResultStore, df, records: Sequence[Record]):

@@ -26,6 +26,14 @@ from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
+from lab_utils.table_view import with_view
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+SCALING_VIEW = ("per-device batch", "devices", "status", "T(N): epoch (s)", "speedup T1/TN", "efficiency",
+                "slowest rank", "tokens/s", "MFU")
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+ACCUMULATION_VIEW = ("micro-batch", "accumulation steps", "status", "whole run (s)", "training (s)",
+                     "tokens/s (epoch 2)", "MFU", "instrumented / plain step", "peak memory (GiB)")
 
 __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_report_anomalies",
            "earlier_report_frame", "earlier_report_note", "earlier_report_ranks", "mfu_prediction",
@@ -162,7 +170,7 @@ def scaling_table(records: Sequence[Record]):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return _blanks(pd.DataFrame(rows))
+    return with_view(_blanks(pd.DataFrame(rows)), SCALING_VIEW)
 
 
 def precision_label(rec: Record) -> str | None:
@@ -309,7 +317,7 @@ def accumulation_table(records: Sequence[Record]):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return _blanks(pd.DataFrame(rows))
+    return with_view(_blanks(pd.DataFrame(rows)), ACCUMULATION_VIEW)
 
 
 def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Record]):

@@ -24,7 +24,12 @@ from lab_utils.experiments.large_batch import (
 )
 from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
+from lab_utils.table_view import with_view
 from lab_utils.workers.ddp import RunConfig
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+LARGE_BATCH_VIEW = ("configuration", "devices", "global batch", "lr rule", "peak lr", "epoch-5 train loss",
+                    "epoch-5 test accuracy %", "epoch-5 train accuracy %", "epoch time s", "status")
 
 # ANCHOR_ROWS, ASKED_SMALL and plot_lr are used here only (at most 15 public names: test_architecture).
 __all__ = ["ANCHORS", "ASKED_LARGE", "RECIPE_OUTPUTS", "anchor_frame", "large_batch_table", "layout_flag",
@@ -97,7 +102,7 @@ def large_batch_table(records: Sequence[Record], settings: Settings):
             row["status"] = f"{rec.status}: {rec.reason}"
         row["vs assignment"] = layout_flag(run, rec.config.get("backend") == "nccl") or "as asked"
         rows.append(row)
-    return pd.DataFrame(rows)
+    return with_view(pd.DataFrame(rows), LARGE_BATCH_VIEW)
 
 
 def layout_flag(run: RunConfig, on_gpus: bool) -> str:

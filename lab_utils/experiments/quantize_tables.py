@@ -13,8 +13,13 @@ import pandas as pd
 
 from lab_utils.core.speedup import speedup
 from lab_utils.experiments.quantize import Settings
+from lab_utils.table_view import with_view
 from lab_utils.workers.quant_timing import mean_context_tokens, ridge_flops_per_byte, weight_flops_per_byte
 from lab_utils.workers.quant_variants import VARIANT_INFO
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+QUANTIZATION_VIEW = ("device", "variant", "status", "size_bytes", "size_vs_fp32", "val_loss",
+                     "ms_per_token_b1", "speedup_b1", "tokens_per_s_large", "speedup_large")
 
 __all__ = ["availability_frame", "findings", "intensity_frame", "plot_quality_vs_speed", "quantization_table",
            "table_notes"]
@@ -54,7 +59,7 @@ def quantization_table(records: Sequence) -> Any:
     # Whole numbers stay whole in the Markdown/CSV (missing values as empty cells).
     for col in ("size_bytes", "payload_bytes", "large_batch"):
         df[col] = df[col].astype("Int64").astype(object).where(df[col].notna(), "")
-    return df
+    return with_view(df, QUANTIZATION_VIEW)
 
 
 def _inverse(rate: float | None) -> float | None:

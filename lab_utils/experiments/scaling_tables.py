@@ -40,6 +40,15 @@ from lab_utils.core.speedup import (
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
+from lab_utils.table_view import with_view
+
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+TABLE1_VIEW = ("method", "devices", "per_device_batch", "status", "epoch2_train_seconds", "stderr_pct",
+               "step_seconds", "speedup", "scaled_speedup", "efficiency", "skew_wait_seconds",
+               "speedup_noise_flag")
+#: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
+FIXED_GLOBAL_VIEW = ("method", "devices", "global_batch", "status", "strong_TN_seconds", "strong_speedup",
+                     "strong_efficiency", "weak_TN_seconds", "weak_speedup", "weak_efficiency")
 
 __all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
            "fixed_global_batch_table", "fixed_global_batch_verdict", "method_label",
@@ -330,7 +339,7 @@ def fixed_global_batch_table(store: ResultStore, records: Sequence[Record]):
     store.save_table(blank_missing(df.copy()), "scaling_fixed_global_batch", _ok(records),
                      title="Q2: strong (fixed global batch) vs weak (fixed per-device batch) scaling",
                      notes=notes)
-    return df, verdicts
+    return with_view(df, FIXED_GLOBAL_VIEW), verdicts
 
 
 def anchor_frame():
@@ -523,7 +532,7 @@ def scaling_table(store: ResultStore, records: Sequence[Record], settings: Setti
     notes.append(f"settings: {settings.label}")
     store.save_table(blank_missing(df.copy()), "scaling", _ok(records),
                      title="Table 1: epoch-2 training time and speedup over devices", notes=notes)
-    return df
+    return with_view(df, TABLE1_VIEW)
 
 
 def speedup_figure(store: ResultStore, records: Sequence[Record], settings: Settings):
