@@ -391,8 +391,8 @@ def test_make_grade_solved_blank_and_cheats(dist, tmp_path):
     assert "nothing to grade, no exercise (2): alice 00_environment; alice 08_speed_limits" in out
     assert "00, 08: nothing to grade (no exercise)" in alice["notes"]
     header = list(read_csv(grades / "gradebook.csv")[0])      # issue 35: the assignment's questions
-    assert header[2:6] == ["Q1 step timer (01-a)", "Q1 train transform (01-b)", "Q1 report (01, by hand)",
-                           "Q2 speedup (02-a)"], header
+    assert header[2:7] == ["Q1 step timer (01-a)", "Q1 train transform (01-b)", "Q1 peak memory (01-c)",
+                           "Q1 report (01, by hand)", "Q2 speedup (02-a)"], header
     assert "Q3.2 ring bytes (04-b)" in header and "Q5 set epoch (05-c)" in header
     assert {r["column"] for r in read_csv(grades / "details.csv") if r["question"] == "q04_ring_bytes"} == \
         {"Q3.2 ring bytes (04-b)"}

@@ -52,7 +52,7 @@ FIXED_GLOBAL_VIEW = ("method", "devices", "global_batch", "status", "strong_TN_s
 
 __all__ = ["FIXED_GLOBAL_EXPLANATION", "anchor_frame", "comm_volume_frame", "fixed_global_batch_frame",
            "fixed_global_batch_table", "fixed_global_batch_verdict", "method_label",
-           "oversubscribed", "per_step_growth_frame", "save_speedup_definitions", "scaling_frame",
+           "oversubscribed", "per_step_growth_frame", "scaling_frame",
            "scaling_table", "serial_fraction_frame", "speedup_definitions_frame", "speedup_figure"]
 
 
@@ -82,24 +82,6 @@ def method_label(method: str, backend: str | None, device_type: str | None) -> s
     return "DDP (NCCL, GPUs)"
 
 
-_SPEEDUP_DEFINITIONS: tuple[str, ...] = (
-    "lab: T(1)/T(N) on epoch times. One epoch is a fixed amount of work (the whole training set, split "
-    "over the N devices), so this is STRONG scaling of the epoch (Amdahl): ideal N, efficiency = "
-    "speedup / N.",
-    "forum: N x T(1)/T(N), the definition a course forum suggested and an earlier report quotes, is "
-    "Gustafson's SCALED speedup (WEAK scaling): how much more work per second N devices do, valid when "
-    "T(N) is the time of N times the work of T(1), each device keeping its own share. Per step at a "
-    "fixed per-device batch that holds: N x t(1)/t(N), t = seconds per step (Table 1's scaled_speedup).",
-    "The forum's formula on this lab's EPOCH times counts N twice: an epoch's work does not grow with N "
-    "(it already has N times fewer steps), so N x T(1)/T(N) on epoch times is N x the speedup, a "
-    "'super-linear' figure that never happened (Table 1's n_t1_over_tn_epoch).",
-    "Why the lab reports T(1)/T(N): the assignment times an epoch of the fixed data set, that is the "
-    "time a user waits for the same training, and with the per-device batch fixed it EQUALS the forum's "
-    "scaled speedup on step times (up to the last partial batch). Each definition, applied to its own "
-    "T, gives the same number: an answer in either form is correct when it says which T it divides.",
-)
-
-
 _SPEEDUP_DEFINITION_COLUMNS = ["method", "devices", "per_device_batch",
                               "lab: T(1)/T(N), epoch (strong)", "forum: N x t(1)/t(N), step (scaled, weak)",
                               "forum's formula on epoch times: N x T(1)/T(N)"]
@@ -122,16 +104,6 @@ def speedup_definitions_frame(table=None, dataset_size: int | None = None):
                              tn / global_batch_steps(n * b, images), n), n * speedup(seconds[(1, b)], tn))
              for (n, b), tn in seconds.items() if n != 1]
     return pd.DataFrame([tuple(r) for r in rows], columns=_SPEEDUP_DEFINITION_COLUMNS)
-
-
-def save_speedup_definitions(store: ResultStore, records: Sequence[Record]):
-    """Save ``tables/scaling_definitions`` (md + csv): :func:`speedup_definitions_frame` of this run's
-    Table 1 and the earlier cohort, with :data:`_SPEEDUP_DEFINITIONS` as its notes; return it."""
-    df = speedup_definitions_frame(scaling_frame(records))
-    store.save_table(blank_missing(df.copy()), "scaling_definitions", _ok(records),
-                     title="Q2: the speedup definitions side by side (the course forum's and the lab's)",
-                     notes=list(_SPEEDUP_DEFINITIONS))
-    return df
 
 
 def _karp_flatt_note(speedup: float | None, devices: int) -> str:
