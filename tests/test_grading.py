@@ -257,6 +257,55 @@ def test_every_alternative_correct_answer_passes_its_check_and_earns_full_marks(
         assert float(row["points"]) == float(row["max_points"]) and row["message"] == "", row
 
 
+# --------------------------------------------------------------------------- Exercise 01-b
+
+Q01 = "01_batch_size_sweep"
+
+
+def _gradebook_rows(grades: Path) -> dict[tuple[str, str], dict]:
+    with open(grades / "details.csv", newline="") as f:
+        return {(r["student"], r["question"]): r for r in csv.DictReader(f)}
+
+
+NORMALIZE = "T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))"
+FLIP_FIRST = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
+              f"    return T.Compose([T.RandomHorizontalFlip(), T.RandomCrop(32, padding=4), T.ToTensor(),\n"
+              f"                      {NORMALIZE}])\n")
+NORMALIZE_BEFORE_CROP = ("from torchvision import transforms as T\n\n\ndef cifar10_train_transform():\n"
+                         f"    return T.Compose([T.ToTensor(), {NORMALIZE},\n"
+                         "                      T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()])\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_accepted_orders_and_alternatives_score_full_marks_through_make_grade(dist, tmp_path):
+    """`make student`, then `make grade` on notebook 01 handed in four ways: the master's solutions; every
+    exercise from tests/alternatives/ (01-b ToTensor first); 01-b with the flip before the crop; 01-b with
+    Normalize before the crop. The first three earn all 6 autograded points with no message; the last 0 on
+    01-b, named, and its other exercises their points."""
+    nb = solved(student_notebook(dist, Q01), Q01)
+    alt = nb
+    for q in ("q01_step_timer", "q01_train_transform", "q01_peak_memory"):
+        alt = with_function(alt, q, _alternative(q))
+    subs = tmp_path / "subs"
+    write(subs / "alice" / f"{Q01}.ipynb", nb)
+    write(subs / "tom" / f"{Q01}.ipynb", alt)
+    write(subs / "flo" / f"{Q01}.ipynb", with_function(nb, "q01_train_transform", FLIP_FIRST))
+    write(subs / "nora" / f"{Q01}.ipynb", with_function(nb, "q01_train_transform", NORMALIZE_BEFORE_CROP))
+    grades = tmp_path / "grades"
+    r = make("grade", f"SUBMISSIONS={rel(subs)}", f"DIST={rel(dist)}", f"GRADES={rel(grades)}",
+             f"GRADE_ARGS={' '.join(SANDBOX_ARGS)}", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = _gradebook_rows(grades)
+    for student in ("alice", "tom", "flo"):
+        for q in ("q01_step_timer", "q01_train_transform", "q01_peak_memory"):
+            row = rows[(student, q)]
+            assert float(row["points"]) == float(row["max_points"]) == 2 and row["message"] == "", row
+    nora = rows[("nora", "q01_train_transform")]
+    assert float(nora["points"]) == 0 and "Normalize before the crop" in nora["message"], nora
+    assert float(rows[("nora", "q01_peak_memory")]["points"]) == 2
+
+
 def _blank_namespace(nb: dict, name: str) -> dict:
     """The student's untouched answer cell of ``name``, run: the function returns None."""
     cell = next(c for c in nb["cells"] if c["cell_type"] == "code"
