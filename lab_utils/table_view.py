@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 #: About how many characters of table fit across a notebook in JupyterLab at its default font (a
 #: 1366-pixel screen with the file browser open shows about 1,000 pixels of output, about 6.7 pixels
-#: per character of a cell, measured in Chromium).
-WIDTH = 140
+#: per character of a cell, measured in Chromium; 140 left some tables 5% too wide).
+WIDTH = 130
 #: ``df.attrs`` keys: the columns of a table's narrow view, and where the whole table was saved.
 VIEW, SAVED = "view", "saved_csv"
 #: A cell text longer than this (characters) goes into a note under the table.
