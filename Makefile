@@ -13,8 +13,8 @@ PYTEST_ARGS ?=
 # worker fills those waits (pytest took 740 s with three workers, 840 s with two, on the 2-core CI machine;
 # 677 s with three and 695 s with four once OpenMP's threads stopped spinning: tests/conftest.py).
 TEST_WORKERS ?= 3
-# Which torch build `make venv` installs (tools/cuda_wheels.py; README "Running on a
-# cluster"): by default the one this machine's NVIDIA driver runs (PyPI's without a driver).
+# Which torch build `make venv` installs (tools/cuda_wheels.py; docs/cluster.md): by default the one
+# this machine's NVIDIA driver runs (PyPI's without a driver).
 #   make venv TORCH_VARIANT=cu126      force a build (cu126, cu130, cu132, cpu, pypi, an index URL;
 #                                      it sticks to .venv until TORCH_VARIANT=auto)
 #   make venv SYSTEM_TORCH=1           use the torch the interpreter already has (a cluster module):
@@ -24,7 +24,7 @@ SYSTEM_TORCH  ?=
 USE_SYSTEM    := $(filter 1 yes true,$(SYSTEM_TORCH))
 
 .PHONY: venv lab test prepare kernel lint report clean-results student discussion grade fold sandbox doctor \
-	mutants
+	mutants docs
 
 venv: $(STAMP)
 
@@ -56,7 +56,7 @@ CHECK ?=
 report: venv   ## write the hand-in from the stored results and your notebooks (README "Handing in")
 	$(PY) -m lab_utils report $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter 1 yes true,$(CHECK)),--check)
 
-doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; README)
+doctor: venv   ## first session on a GPU node: what no CPU test can check (<= 10 min; docs/instructor.md)
 	$(PY) -m lab_utils doctor $(if $(PROFILE),--profile $(PROFILE))
 
 # Plant each bug of tests/gpu_mutants.py, alone, in a scratch copy and run its site's tests; rewrites
@@ -73,7 +73,7 @@ prepare: venv  ## download CIFAR-10 and the text corpus into data/ (needs intern
 kernel: venv   ## register .venv as a Jupyter kernel for JupyterLab
 	$(PY) -m ipykernel install --user --name dl-perf-lab --display-name "DL performance lab (.venv)"
 
-# Instructor (README "Instructor: exercises and grading"):
+# Instructor (docs/grading.md):
 #   make student                          student copy -> dist/student/, grading bundle -> dist/grading/
 #   make discussion                       the student copy with the discussion -> dist/discussion/ (after
 #                                         the deadline)
@@ -104,6 +104,9 @@ fold: venv     ## fold points given by hand (CSV: student, question, points, com
 sandbox:       ## install bubblewrap, the sandbox make grade runs each submission in (Debian/Ubuntu)
 	@command -v bwrap >/dev/null && echo "bwrap is installed: $$(bwrap --version)" || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq bubblewrap; }
+
+docs: venv     ## write docs/generated/ (time budget, question map, hand-in) from the code; a test checks it
+	$(PY) -m lab_utils docs
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,5 @@
 """The lab's command line: ``python -m lab_utils {run,measure,report,prepare,bench,info,doctor,student,
-grade,fold} ...`` (``--help`` on each says what it does and takes).
+grade,fold,docs} ...`` (``--help`` on each says what it does and takes).
 
 Bad input is reported as one ``error:`` line (exit code 2), without a traceback. So is a GPU
 node whose GPUs this torch cannot use: ``info``, ``run`` and ``measure`` stop before any work instead
@@ -201,13 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--case-timeout", type=float, default=20,
                    help="seconds one case may take (an endless loop in a function; default: 20)")
     g.add_argument("--no-sandbox", action="store_true",
-                   help="grade without bwrap: the submissions' code runs with your rights (see README)")
+                   help="grade without bwrap: the submissions' code runs with your rights "
+                        "(see docs/grading.md)")
 
     fo = sub.add_parser("fold", help="fold points given by hand into the gradebook and feedback",
                         description=FOLD_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     fo.add_argument("hand_points", metavar="HAND_POINTS_CSV",
                     help="CSV: student, question, points[, comment]")
     fo.add_argument("--out", default="grades", help="the gradebook folder (default: grades)")
+
+    dc = sub.add_parser("docs", help="write docs/generated/ (time budget, question map, hand-in) from the "
+                                     "code", add_help=False)
+    dc.add_argument("args", nargs=argparse.REMAINDER, help="arguments for docs (--help)")
     return p
 
 
@@ -284,8 +289,8 @@ grading again keeps what was folded."""
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["doctor"]:  # its options (--only, --help) are the doctor's own parser's
-        args = argparse.Namespace(command="doctor", args=argv[1:])
+    if argv[:1] in (["doctor"], ["docs"]):  # their options (--only, --check, --help) are their own parsers'
+        args = argparse.Namespace(command=argv[0], args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
     try:
@@ -327,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             from lab_utils import doctor
 
             return doctor.main(args.args)
+        if args.command == "docs":
+            from lab_utils import docs
+
+            return docs.main(args.args)
         if args.command == "student":
             from lab_utils.grading import build
 

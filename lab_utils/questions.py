@@ -1,13 +1,13 @@
 """Which notebook, section, table and figure answers which question of the assignment.
 
-One ordered list (:data:`SECTIONS`, the assignment's numbering as SPEC.md gives it) is the single
-source for everything that names a question: the README's question map (:func:`question_map_markdown`,
-a test keeps it equal), the hand-in (:func:`lab_utils.handin.build`), every notebook's "For your
-report" cell (:func:`for_your_report_markdown`), the questions each notebook's title names
-(:func:`labels_for`) and the order of ``results/<profile>/report.md``. The GPT (notebooks 06 and 07)
-is the *Part 2 project* an earlier cohort did, not a question of the assignment; the extras are not
-either. The lab's own exercises are named "Exercise NN-a", never with a number that could be the
-assignment's.
+One ordered list (:data:`SECTIONS`, the assignment's numbering as SPEC.md gives it) is the single source
+for everything that names a question: the question map (:func:`question_map_markdown`,
+``docs/generated/question-map.md``, written by ``make docs``), the hand-in
+(:func:`lab_utils.handin.build`), every notebook's "For your report" cell
+(:func:`for_your_report_markdown`), the questions each notebook's title names (:func:`labels_for`) and the
+order of ``results/<profile>/report.md``. The GPT (notebooks 06 and 07) is the *Part 2 project* an earlier
+cohort did, not a question of the assignment; the extras are not either. The lab's own exercises are named
+"Exercise NN-a", never with a number that could be the assignment's.
 
 **Where answers are written.** A question graded by hand (``by_hand``: its otter name) is
 answered once, in its notebook, in the cell under "<key> (graded by hand, N points)": the
@@ -280,7 +280,8 @@ def labels_for(notebook: str) -> str:
 
 
 def question_map_markdown() -> str:
-    """The README's question map: question, notebook, section (cell), tables, figures, graded by hand."""
+    """The question map (``docs/generated/question-map.md``): question, notebook, section (cell), tables,
+    figures, graded by hand."""
     lines = ["| question | notebook | cell (section) | tables (`tables/<name>.md`) | figures "
              "(`figures/<name>.png`) | graded by hand in the notebook |", "|---|---|---|---|---|---|"]
     for s in SECTIONS:

@@ -39,7 +39,7 @@ def notebooks() -> dict[str, str]:
 
 
 def answers(notebook: str) -> str:
-    """``"Q4.1, Q4.2, Q5, Q6, Q7"``: what a notebook answers (the README's question map)."""
+    """``"Q4.1, Q4.2, Q5, Q6, Q7"``: what a notebook answers (the question map)."""
     return questions.labels_for(_check(notebook)).replace(questions.PART2, "Part 2 project")
 
 
@@ -150,7 +150,7 @@ def budget_table():
 
 
 def budget_markdown() -> str:
-    """:func:`budget_table` as the Markdown table the README carries (a test keeps them equal)."""
+    """:func:`budget_table` as Markdown (``make docs`` writes it into ``docs/generated/time-budget.md``)."""
     return budget_table().to_markdown(index=False)
 
 
@@ -160,4 +160,4 @@ def budget_line(notebook_number: str) -> str:
     parts = notebook_parts(nb)
     return (f"**Time budget (full profile, {NODE} node): ~{estimate_minutes(nb, parts)} min** for notebook "
             f"{nb} ({notebooks()[nb]}, GPUs: {_gpus(nb, parts)}), {LABEL}; the quick profile on a CPU takes "
-            "a few minutes. How it is estimated: README, *Time budget*.")
+            "a few minutes. How it is estimated: docs/generated/time-budget.md.")

@@ -24,13 +24,13 @@ BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communica
 
 
 def make(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    """``make ARGS`` from the repository root, as the README writes it."""
+    """``make ARGS`` from the repository root, as docs/grading.md writes it."""
     return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
 
 def rel(path: Path) -> str:
-    """``path`` relative to the repository root (the form the README's commands use)."""
+    """``path`` relative to the repository root (the form docs/grading.md's commands use)."""
     return os.path.relpath(path, REPO)
 
 

@@ -5,7 +5,7 @@
 and starts ``munged``, ``slurmctld`` and three ``slurmd`` daemons from it:
 
 - partition ``lab`` (the default): one node named after this machine, with
-  :data:`NODE_CPUS` (2) CPUs, the smallest node the README's jobs must start on, and
+  :data:`NODE_CPUS` (2) CPUs, the smallest node docs/cluster.md's jobs must start on, and
   ``RealMemory`` from ``/proc/meminfo`` (no GPUs, no gres);
 - partition ``multi``: two nodes ``labn1`` and ``labn2``, each a ``slurmd`` in network, UTS and
   mount namespaces of its own (:class:`NodeNetwork`): its own address on a bridge of this machine,

@@ -1,5 +1,6 @@
-"""The README's guard against synthetic data: ``LAB_DATASET=cifar10`` (and ``LAB_CORPUS=shakespeare``
-for the GPT's text) makes a missing data set an error, in one sentence, before anything is trained.
+"""The guard against synthetic data (docs/instructor.md, "Data"): ``LAB_DATASET=cifar10`` (and
+``LAB_CORPUS=shakespeare`` for the GPT's text) makes a missing data set an error, in one sentence, before
+anything is trained.
 
 It used to be ignored: every experiment's ``Settings.dataset`` defaulted to "auto", so the variable
 was never read, and ``LAB_DATASET=cifar10 LAB_DATA_DIR=<empty> python -m lab_utils run 01`` trained

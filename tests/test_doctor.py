@@ -40,7 +40,7 @@ def cpu_only():
 
 @pytest.mark.timeout(180)
 def test_doctor_on_this_cpu_skips_every_gpu_check_and_writes_both_files(tmp_path, cpu_only):
-    """As the README types it, from the repository root."""
+    """As docs/instructor.md types it, from the repository root."""
     res = subprocess.run([sys.executable, "-m", "lab_utils", "doctor"], cwd=REPO,
                          env=_env(tmp_path / "results"), capture_output=True, text=True, timeout=150)
     assert res.returncode == 0, res.stderr
@@ -65,7 +65,7 @@ def test_doctor_on_this_cpu_skips_every_gpu_check_and_writes_both_files(tmp_path
 
 @pytest.mark.timeout(240)
 def test_make_doctor(tmp_path, cpu_only):
-    """``make doctor`` (README, instructor path), when .venv is up to date."""
+    """``make doctor`` (docs/instructor.md, "Headless runs"), when .venv is up to date."""
     if subprocess.run(["make", "-q", "venv"], cwd=REPO, capture_output=True, timeout=60).returncode != 0:
         pytest.skip(".venv is not up to date: `make doctor` would install first")
     res = subprocess.run(["make", "doctor"], cwd=REPO, env=_env(tmp_path / "results"), capture_output=True,

@@ -78,12 +78,18 @@ def dist(tmp_path_factory) -> Path:
 def test_student_copy_carries_the_handin_and_every_file_its_notebooks_name(dist):
     """Issue 35: the student copy's README has the question map and how to hand in (`make report`); no
     sentence of a student notebook points at a file of the lab the copy does not hold, or at a README
-    section its README lacks."""
-    from lab_utils import handin
+    section its README lacks. Issue 50: the copy carries the pages its README and notebooks name
+    (docs/generated/, written fresh by the build, and docs/cluster.md), and no instructor's page."""
+    from lab_utils import docs, handin
 
     student = dist / "student"
     readme = (student / "README.md").read_text()
     assert handin.HOWTO.strip() in readme and questions.question_map_markdown() in readme
+    assert {p.name: p.read_text() for p in (student / "docs" / "generated").glob("*.md")} == docs.pages()
+    assert (student / "docs" / "cluster.md").read_text() == (REPO / "docs" / "cluster.md").read_text()
+    assert sorted(p.name for p in (student / "docs").glob("*.md")) == ["cluster.md"]
+    for name in re.findall(r"`(docs/[\w/.-]+)`", readme):
+        assert (student / name).is_file(), f"the student README names {name}, which the copy lacks"
     assert "report:" in (student / "Makefile").read_text()  # make report works there
     headings = set(re.findall(r"^#+ (.+)$", readme, re.M))
     for nb_path in sorted((student / "labs").glob("*.ipynb")):
@@ -603,7 +609,7 @@ def test_class_gradebook_lms_zip_duplicates_roster_regrade_and_fold(dist, tmp_pa
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_regrading_one_student_without_the_roster_keeps_one_row(dist, tmp_path):
-    """README: a first run with `--roster`, then `make grade ... GRADE_ARGS="--student 'Doe, Jane'"`
+    """docs/grading.md: a first run with `--roster`, then `make grade ... GRADE_ARGS="--student 'Doe, Jane'"`
     (no roster). A folder named after the student carries no id, so the regrade must find the row the
     roster made by name; it used to add a second "Doe, Jane" row without an id."""
     nb02 = student_notebook(dist, "02_multi_gpu_scaling")
@@ -794,7 +800,7 @@ def test_a_failing_check_shows_its_sentence_first(dist, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench_grading_gives_its_load_and_cpu_time(dist):
-    """README: `python -m lab_utils bench grading` gives each time with the load it ran under and the
+    """docs/grading.md: `python -m lab_utils bench grading` gives each time with the load it ran under and the
     CPU time, from which the class's time on idle cores is estimated; every copy scores full marks."""
     r = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "grading", "--students", "1", "--bundle",
                         rel(dist / "grading")], cwd=REPO, capture_output=True, text=True, timeout=500)

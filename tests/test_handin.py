@@ -230,12 +230,6 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_students_answers(tmp_path, mo
     assert (out / "report.md").read_text() == before  # the answers written so far are whole
 
 
-def test_the_readme_says_how_to_hand_in_in_the_words_of_the_code():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"<!-- handin:start -->\n(.*?)\n<!-- handin:end -->", readme, re.S)
-    assert block and block.group(1).strip() == handin.HOWTO.strip()
-
-
 def test_make_grade_reads_the_handin_json_make_report_writes(tmp_path, monkeypatch):
     """The one format between the two: the reader of make grade (lab_utils/grading/provenance.py) takes the
     file handin.build wrote, flags a quick CPU synthetic hand-in and none of a full GPU one, and gets its

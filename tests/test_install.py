@@ -110,7 +110,7 @@ def test_makefile_wiring():
 
 @pytest.mark.timeout(120)
 def test_make_test_in_one_process_logs_each_tests_cpu_and_ends_with_the_suites(tmp_path):
-    """README (For developers), as written from the repository root, on one small test file:
+    """docs/developing.md, as written from the repository root, on one small test file:
     `LAB_TEST_CPU_LOG=cpu.jsonl make test TEST_WORKERS=0` writes a line per test, and the run's last
     line gives the suite's CPU and the machine's."""
     log = tmp_path / "cpu.jsonl"

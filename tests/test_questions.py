@@ -3,10 +3,11 @@ question, and no lab label that could be read as the assignment's number.
 
 :data:`ASSIGNMENT` is the one table: the assignment's questions as the earlier cohort's report
 answers them (SPEC.md, "The assignment's own question numbers"), the notebook that answers each,
-and words its title must carry. It is checked against ``lab_utils.questions.SECTIONS``, the README's
-question map, notebook table and report template, every notebook's title, answering section,
-hand-graded cell and "For your report" cell, and the time budget's column. Nothing here runs a
-notebook: each test parses files (well under a second each).
+and words its title must carry. It is checked against ``lab_utils.questions.SECTIONS``, the question
+map ``make docs`` writes (docs/generated/question-map.md), the README's notebook table, the report
+template, every notebook's title, answering section, hand-graded cell and "For your report" cell,
+and the time budget's column. Nothing here runs a notebook: each test parses files (well under a
+second each).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ASSIGNMENT = {
 KEYS = set(ASSIGNMENT) | {"Q3", "Q4"}  # "Q3 and Q4 in two parts" may name the groups
 LABS = repo_root() / "labs"
 README = repo_root() / "README.md"
+QUESTION_MAP = repo_root() / "docs" / "generated" / "question-map.md"
 NOTEBOOKS = sorted(LABS.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -45,13 +47,6 @@ def _nb(path):
 @pytest.fixture(scope="module")
 def notebooks():
     return {p.name[:2]: _nb(p) for p in NOTEBOOKS}
-
-
-def _readme_block(name: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    m = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", text, re.S)
-    assert m, f"README.md lacks <!-- {name}:start --> ... <!-- {name}:end -->"
-    return m.group(1)
 
 
 def _words(text: str) -> str:
@@ -77,8 +72,10 @@ def test_sections_follow_the_assignment():
     assert "linear learning-rate scaling" in q42.asks and "warm-up" in q42.asks  # the remedies live in Q4.2
 
 
-def test_readme_question_map_rows_follow_the_table():
-    rows = re.findall(r"^\| \*\*(Q[\d.]+)\*\* (.*?) \| `(\d\d)_\w+` \|", _readme_block("question-map"), re.M)
+def test_the_question_map_rows_follow_the_table():
+    """The map `make docs` writes (tests/test_docs.py checks that docs/generated/ is current)."""
+    text = QUESTION_MAP.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| \*\*(Q[\d.]+)\*\* (.*?) \| `(\d\d)_\w+` \|", text, re.M)
     assert [k for k, _, _ in rows] == list(ASSIGNMENT)
     for key, title, notebook in rows:
         assert notebook == ASSIGNMENT[key][0]
@@ -221,7 +218,8 @@ FORBIDDEN = re.compile(r"\bQuestions?\s+\d|\bExercise\s+(?!\d\d-[a-z]\b)\d")
 
 
 def _texts():
-    yield "README.md", README.read_text(encoding="utf-8")
+    for path in [README, *sorted((repo_root() / "docs").rglob("*.md"))]:
+        yield str(path.relative_to(repo_root())), path.read_text(encoding="utf-8")
     for path in NOTEBOOKS:
         for i, c in enumerate(_nb(path).cells):
             yield f"{path.name} cell {i}", c.source
@@ -359,8 +357,9 @@ def test_q7_ledger_at_4_x_512_by_hand():
 
 
 def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_path):
-    """README, "Handing in": the hand-in folder (report.md, report.html, handin.json, figures/, tables/)
-    travels in the student's folder; grading finds the notebooks there and raises no problem for the rest."""
+    """docs/grading.md, "Handing in": the hand-in folder (report.md, report.html, handin.json, figures/,
+    tables/) travels in the student's folder; grading finds the notebooks there and raises no problem for
+    the rest."""
     from lab_utils.grading.submissions import find_submissions
 
     alice = tmp_path / "alice"
@@ -381,5 +380,5 @@ def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_p
     (tmp_path / "bob" / "report.md").write_text("# only a report\n")
     [bob] = [s for s in find_submissions(tmp_path, tmp_path / "staging2") if s.student.name == "bob"]
     assert (bob.student.name, bob.problem) == ("bob", "no notebook in the folder (report.md)")
-    readme = README.read_text(encoding="utf-8")
-    assert "handed_in/<student>/" in readme and "**Handing in**" in readme
+    grading = (repo_root() / "docs" / "grading.md").read_text(encoding="utf-8")
+    assert "handed_in/<student>/" in grading and "\n## Handing in\n" in grading

@@ -510,7 +510,7 @@ def test_cluster_tracks_jobs_with_cgroups(cluster, tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
-    """The README's CPU-partition line for jupyter.sbatch, as written, from the lab's folder (its output
+    """docs/cluster.md's CPU-partition line for jupyter.sbatch, as written, from the lab's folder (its output
     files sent to the test's folder by sbatch's SBATCH_OUTPUT and SBATCH_ERROR)."""
     job_dir, env = job_env
     del env["LAB_DIR"]  # the lab is where it is submitted
@@ -565,16 +565,16 @@ def test_jupyter_prints_tunnel_and_serves(cluster, job_env):
 
 
 def readme_line(pattern: str) -> str:
-    """The command line in the README's cluster section that matches ``pattern`` (comment cut off)."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("<!-- cluster:start -->"):text.index("<!-- cluster:end -->")]
-    found = [line.split("  #")[0].strip() for line in section.splitlines() if re.search(pattern, line)]
-    assert len(found) == 1, f"README: {len(found)} lines match {pattern!r}"
+    """The command line of docs/cluster.md (where the README sends cluster users) that matches ``pattern``
+    (comment cut off); the tests run it as written, from the repository root."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    found = [line.split("  #")[0].strip() for line in text.splitlines() if re.search(pattern, line)]
+    assert len(found) == 1, f"docs/cluster.md: {len(found)} lines match {pattern!r}"
     return found[0]
 
 
 def submit_readme_line(pattern: str, env: dict[str, str], job_dir: Path) -> str:
-    """Run the README's line matching ``pattern``, as written, from the lab's folder; its output files go
+    """Run docs/cluster.md's line matching ``pattern``, as written, from the lab's folder; its output files go
     to ``job_dir`` (sbatch's SBATCH_OUTPUT and SBATCH_ERROR, which the command line would override).
     Returns the job id."""
     line = readme_line(pattern)
@@ -590,7 +590,7 @@ def submit_readme_line(pattern: str, env: dict[str, str], job_dir: Path) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_readme_quick_run_all_line_starts_and_finishes_on_a_2_cpu_node(cluster, job_env):
-    """The README's CPU smoke test, as written, from the lab's folder, on the cluster's 2-CPU node
+    """docs/cluster.md's CPU smoke test, as written, from the lab's folder, on the cluster's 2-CPU node
     (a job asking the script's 16 CPUs would stay PENDING there). NOTEBOOKS (the script's setting)
     keeps it to notebook 00, to keep CI short; LAB_DIR is left to the script (the submit folder)."""
     line = readme_line(r"^LAB_PROFILE=quick sbatch .*slurm/run_all\.sbatch")
@@ -638,7 +638,7 @@ def test_run_all_fails_clearly_outside_the_lab(cluster, job_env, tmp_path):
 
 # experiment.sbatch runs `python -m lab_utils measure NAME --set ...`: notebook 02's experiment with its
 # quick settings; a tiny run (narrow ResNet-18, 128 synthetic images) for the jobs that only check the
-# plumbing. The 2-process job below runs the README's line.
+# plumbing. The 2-process job below runs docs/cluster.md's line.
 SMALL = ["--set", "batch_sizes=32", "--set", "epochs=1", "--set", "width=8", "--set", "train_images=128",
          "--set", "seed=3"]
 EXPERIMENT = "scaling"
@@ -657,7 +657,7 @@ def aggregates(results: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def two_process_job(cluster, tmp_path_factory):
-    """The README's CPU line for experiment.sbatch, as written (2 CPUs, 2 gloo processes), submitted from
+    """docs/cluster.md's CPU line for experiment.sbatch, as written (2 CPUs, 2 gloo processes), submitted from
     the lab's folder: notebook 02's quick settings; SETTINGS (the script's setting) keeps it to batch 32.
     Its output files are then moved to the fixture's job folder. Its $TMPDIR is a folder of its own."""
     tmp = tmp_path_factory.mktemp("exp2")
@@ -1160,7 +1160,7 @@ def multinode_run(cluster: SlurmCluster, tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def multinode_limit(cluster, two_process_job, tmp_path_factory) -> dict:
-    """The README's CPU line for multinode.sbatch, as written (2 nodes, --cpus-per-task=2, the quick
+    """docs/cluster.md's CPU line for multinode.sbatch, as written (2 nodes, --cpus-per-task=2, the quick
     profile), submitted from the lab's folder to partition multi (SBATCH_PARTITION); SETTINGS: the
     one-node job's batch 32, MULTI_REPEATS times. Once its first configuration is stored, its time
     limit is cut to what leaves 30-90 s, so that SLURM's next time-limit check (every 30 s) sends the
@@ -1240,8 +1240,8 @@ def assert_multinode_stopped(stop: dict) -> None:
 @pytest.mark.timeout(900)
 def test_multinode_readme_line_with_two_cpus_per_task_gives_the_one_node_records(multinode_limit,
                                                                                   two_process_job):
-    """The README's line, --cpus-per-task=2: each rank runs the profile's one thread, as the one-node job's
-    ranks (the README's experiment.sbatch line, also --cpus-per-task=2) do, so the first configuration's
+    """docs/cluster.md's line, --cpus-per-task=2: each rank runs the profile's one thread, as the
+    one-node job's ranks (its experiment.sbatch line, also --cpus-per-task=2) do, so the first configuration's
     records are the one-node job's: the same configuration but the tag, the same losses, accuracies and
     parameter-derived figures. Over two nodes at two addresses: the rendezvous on the first's."""
     job = multinode_limit
@@ -1269,7 +1269,8 @@ def test_multinode_readme_line_with_two_cpus_per_task_gives_the_one_node_records
 def test_a_time_limit_stops_a_multinode_job_cleanly_and_stores_what_it_finished(multinode_limit):
     """SLURM's time-limit warning (the script's --signal=B:TERM@60) to the batch shell alone: it passes the
     signal on to the srun step's processes (srun itself would SIGKILL them). The job ends FAILED 143,
-    with SLURM's "CANCELLED AT" line, as the README says; TIMEOUT if SLURM's check came only at the limit."""
+    with SLURM's "CANCELLED AT" line, as docs/cluster.md says; TIMEOUT if SLURM's check came only at the
+    limit."""
     stop = multinode_limit
     assert_multinode_stopped(stop)
     assert "passed on to the launch on every node (scancel --signal=TERM); waiting" in stop["out"]

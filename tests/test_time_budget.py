@@ -1,14 +1,12 @@
-"""The GPU time budget: one row per notebook, a sum over each experiment's own plan; the README carries the
-same table."""
+"""The GPU time budget: one row per notebook, a sum over each experiment's own plan; `make docs` writes the
+same table into docs/generated/time-budget.md (tests/test_docs.py checks it is current)."""
 
-import re
 
 import pytest
 
 from lab_utils import plan
 from lab_utils import time_budget as tb
 from lab_utils.core import estimates, profiles
-from lab_utils.core.config import repo_root
 from lab_utils.core.errors import LabError
 from lab_utils.core.machine import BUDGET_NODE
 from lab_utils.experiments import comm, registry, scaling
@@ -94,9 +92,3 @@ def test_budget_line_is_labelled_an_estimate():
         tb.budget_line("42")
 
 
-def test_readme_table_matches_the_function():
-    readme = (repo_root() / "README.md").read_text(encoding="utf-8")
-    m = re.search(r"<!-- time-budget:start -->\n(.*?)\n<!-- time-budget:end -->", readme, re.S)
-    assert m, "README.md lacks the time-budget block (<!-- time-budget:start --> ... end)"
-    assert m.group(1).strip() == tb.budget_markdown().strip(), (
-        "README's time budget is stale: paste lab_utils.time_budget.budget_markdown() between the markers")

@@ -55,5 +55,5 @@ def _native_bf16() -> bool:
     return bf16_supported("cuda")
 
 
-#: The node the time budget is for (README, "Time budget"): 4 x H100 SXM, bf16 native.
+#: The node the time budget is for (docs/instructor.md, "Time budget"): 4 x H100 SXM, bf16 native.
 BUDGET_NODE = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=64, bf16=True)

@@ -47,7 +47,7 @@ class Settings:
     ``memory_fraction`` (0 < f <= 1, GPU only) limit memory so that the out-of-memory
     path is reached on purpose; ``None`` (or 0) means no limit beyond the device's own.
     ``dataset``: auto | cifar10 | synthetic; None (the default) reads ``$LAB_DATASET`` (else auto),
-    so that ``LAB_DATASET=cifar10`` makes a missing CIFAR-10 an error, as the README says.
+    so that ``LAB_DATASET=cifar10`` makes a missing CIFAR-10 an error, as docs/instructor.md ("Data") says.
     """
 
     batch_sizes: tuple[int, ...]

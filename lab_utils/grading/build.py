@@ -6,7 +6,7 @@ cell's cases are answered by **the master's own solution** and by each known mis
 hidden case); the answers are written into the test cells of a copy, ``otter assign`` makes the
 student notebook from it, which is stamped and searched for solution or hidden-test text.
 Notebooks without exercises (00, 08) are stamped too. What ``<out>/student/`` and
-``<out>/grading/`` hold: README, "Instructor: exercises and grading", step 1.
+``<out>/grading/`` hold: ``docs/grading.md``, step 1.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lab_utils import handin, questions
+from lab_utils import docs, handin, questions
 from lab_utils.core import config
 from lab_utils.core.errors import LabError
 from lab_utils.grading import notebooks as nbs
@@ -38,9 +38,10 @@ MANIFEST = "manifest.json"
 CHECK_OUTPUT = {"name": "stdout", "output_type": "stream", "text": [OK + "\n"]}
 # Text that must never reach a student notebook (otter's own markers).
 LEAK_MARKERS = ("# BEGIN SOLUTION", "# END SOLUTION", "# HIDDEN", "BEGIN TESTS", "END TESTS")
-# What a student gets besides the notebooks: the lab's code and how to install and run it.
+# What a student gets besides the notebooks: the lab's code, how to install and run it, and the pages its
+# README and notebooks link to (docs/cluster.md; docs/generated/ is written fresh: lab_utils.docs).
 STUDENT_FILES = ("lab_utils", "Makefile", "requirements.txt", "constraints.txt", "pyproject.toml",
-                 "data/README.md", "slurm", ".gitignore", "tools/cuda_wheels.py")
+                 "data/README.md", "slurm", ".gitignore", "tools/cuda_wheels.py", "docs/cluster.md")
 STUDENT_README = """# Deep-learning training performance lab (student edition)
 
 ## Install (once, on the cluster's login node)
@@ -53,7 +54,8 @@ make kernel          # registers the Jupyter kernel "DL performance lab (.venv)"
 
 ## Work
 
-Start JupyterLab on a GPU node (`slurm/jupyter.sbatch`), open `labs/`, pick the kernel
+Start JupyterLab on a GPU node (`slurm/jupyter.sbatch`: `docs/cluster.md`, section 3, says how, and
+which torch build `make venv` chose and why), open `labs/`, pick the kernel
 "DL performance lab (.venv)" and run the notebooks in order. Each notebook's `parameters` cell
 holds its knobs. Results are stored as they are measured: after a dead kernel or an expired
 session, run the notebook again and only what is missing runs.
@@ -73,12 +75,14 @@ by hand" in the cell under them. A line "*Discussed after the deadline.*" stands
 discussion of a result goes: your instructor publishes it after the deadline.
 
 Without a GPU, the same notebooks run in a small CPU profile (`LAB_PROFILE=quick`): their numbers
-are not the assignment's, and every table and figure says so.
+are not the assignment's, and every table and figure says so. What each notebook costs in GPU time in
+the full profile: `docs/generated/time-budget.md`.
 """
 
 
 def student_readme() -> str:
-    """The student copy's README: install, work, the question map, and how to hand in (``make report``)."""
+    """The student copy's README: install, work, the question map, and how to hand in (``make report``): the
+    same text as ``docs/generated/question-map.md`` and ``handin.md``, which the copy carries too."""
     return (STUDENT_README + "\n## Questions: where each is answered\n\n" + questions.question_map_markdown()
             + "\n\n## Handing in\n\n" + handin.HOWTO)
 
@@ -127,7 +131,7 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     ex: Exercise | None = EXERCISES.get(q.name)
     if ex is None:
         raise LabError(f"{where}: no Exercise named {q.name} in lab_utils/grading/exercises.py; add one "
-                       "(README, 'Instructor: exercises and grading', how an exercise is written).")
+                       "(docs/grading.md, 'Writing an exercise').")
     ns: dict = {"__name__": "master_solution"}
     try:
         exec(compile(q.solution, f"<{where} solution>", "exec"), ns)
@@ -251,6 +255,7 @@ def _copy_student_files(repo: Path, dest: Path) -> None:
         elif src.exists():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
+    docs.write(dest / "docs" / "generated")
     (dest / "README.md").write_text(student_readme())
 
 

@@ -1,5 +1,5 @@
-"""``make grade``: grade a folder of handed-in notebooks into a gradebook (README, "Instructor:
-exercises and grading", step 3).
+"""``make grade``: grade a folder of handed-in notebooks into a gradebook (``docs/grading.md``,
+step 3).
 
 Each submission is read as data, never run (:func:`prepare`: which lab notebook it is, by its stamp
 or title; its exercise functions and what needs a human look); only the exercise functions run, in
@@ -413,7 +413,7 @@ def grade(submissions_dir: str | Path, bundle_dir: str | Path = DIST_DIR / "grad
     subs_root, bundle, out = (Path(p).expanduser().resolve() for p in (submissions_dir, bundle_dir, out_dir))
     if not subs_root.exists():
         raise LabError(f"{submissions_dir} does not exist: give the folder (or zip file) of handed-in "
-                       "notebooks (README, 'Instructor: exercises and grading').")
+                       "notebooks (docs/grading.md, step 2).")
     manifest = load_manifest(bundle)
     limits = limits or sandbox.Limits()
     specs = {book: json.loads((bundle / info["cases"]).read_text())

@@ -1,7 +1,7 @@
 """The gradebook: what grading found, kept in ``<out>/grading.json``, and the files rewritten from it
 and ``<out>/hand_points.csv`` (points given by hand, ``python -m lab_utils fold``): ``gradebook.csv``,
-``details.csv``, ``feedback/<student>.md`` and ``hand_points_template.csv`` (their columns: README,
-"Instructor: exercises and grading", step 3). A new run replaces the students it graded and keeps
+``details.csv``, ``feedback/<student>.md`` and ``hand_points_template.csv`` (their columns:
+``docs/grading.md``, step 3). A new run replaces the students it graded and keeps
 the others. A student's entry may carry extra ``columns``, ``flags`` and ``notes`` of its own
 (:func:`lab_utils.grading.grade.new_entry`; ``make grade`` fills them from ``handin.json``).
 """

@@ -1,11 +1,11 @@
 """Running a submission's code where it can harm nothing: bubblewrap (``bwrap``) plus resource limits.
 
-What the sandbox shows and which limits hold: README, "The sandbox". The limits (``resource``) are
-set by a small launcher before ``bwrap`` starts and inherited by everything inside; when the grader
-runs as root, the child drops to a user id of its own per parallel slot (:data:`UID_BASE`), so that
-the process limit holds (the kernel does not count root's processes). Without ``bwrap``,
-:func:`probe` says why, and only ``--no-sandbox`` grades: the same child and limits in a private
-temporary folder, with the instructor's rights.
+What the sandbox shows and which limits hold: ``docs/grading.md``, "The sandbox". The limits
+(``resource``) are set by a small launcher before ``bwrap`` starts and inherited by everything inside;
+when the grader runs as root, the child drops to a user id of its own per parallel slot
+(:data:`UID_BASE`), so that the process limit holds (the kernel does not count root's processes). Without
+``bwrap``, :func:`probe` says why, and only ``--no-sandbox`` grades: the same child and limits in a
+private temporary folder, with the instructor's rights.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def find_submissions(root: Path, staging: Path) -> list[Submission]:
             owner = lms or Student(entry.name)
             files = sorted(p for p in entry.rglob("*") if p.is_file() and ".ipynb_checkpoints" not in p.parts
                            and not p.name.startswith("."))
-            # A student's folder may also hold the written report and its figures (README,
+            # A student's folder may also hold the written report and its figures (docs/grading.md,
             # "Handing in"): only notebooks and zips are graded; the rest is the
             # instructor's to read, and is a problem only when the folder holds nothing to grade.
             gradable = [p for p in files if p.suffix in (".ipynb", ".zip") or is_handin(p.name)]
