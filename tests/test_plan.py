@@ -14,6 +14,7 @@ import pytest
 from lab_utils import plan
 from lab_utils.core.errors import LaunchError
 from lab_utils.core.machine import Machine
+from lab_utils.core.records import Record, aggregates, is_rank_record, ranks_of, run_key
 from lab_utils.plan import Experiment, Run
 
 TESTS = Path(__file__).resolve().parent
@@ -103,3 +104,17 @@ def test_gpu_work_is_never_planned_in_process(store):
                                                                     in_process=True)])
     with pytest.raises(Exception, match="GPU work runs through the launcher"):
         plan.measure("quick", bad, ToySettings())
+
+
+def test_one_rule_tells_a_runs_record_from_a_ranks():
+    """A DDP aggregate and a one-process worker's record (no "record" key: the sweep's) are their runs'
+    records; a rank's record is not, and belongs to its aggregate's run."""
+    agg = Record("scaling", {"record": "aggregate", "rank": None, "devices": 2, "batch_size": 32})
+    ranks = [Record("scaling", {**agg.config, "record": "rank", "rank": r}) for r in (0, 1)]
+    other = Record("scaling", {"record": "rank", "rank": 0, "devices": 2, "batch_size": 64})
+    sweep = Record("batch_sweep", {"batch_size": 32})
+    records = [agg, *ranks, other, sweep]
+    assert [is_rank_record(r) for r in records] == [False, True, True, True, False]
+    assert aggregates(records) == [agg, sweep] and plan.aggregates is aggregates
+    assert ranks_of(agg, records) == ranks and ranks_of(sweep, records) == []
+    assert {run_key(r) for r in ranks} == {agg.key}

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lab_utils.core.records import Record, canonical_key
+from lab_utils.core.records import Record, canonical_key, is_rank_record
 
 #: The per-step percentiles an epoch record holds (seconds), in the order p10, p50, p90.
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
@@ -161,7 +161,7 @@ def merge_repeats(records: Sequence[Record]) -> list[Record]:
     groups: dict[str, list[Record]] = {}
     order: list[str | Record] = []  # a configuration's key, or a per-rank record kept as it is
     for r in records:
-        if r.config.get("record") == "rank":
+        if is_rank_record(r):
             if not r.config.get(REPEAT):
                 order.append(r)
             continue

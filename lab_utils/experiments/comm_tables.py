@@ -27,6 +27,7 @@ from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.handmade import assign_buckets
 from lab_utils.core.machine import Machine
+from lab_utils.core.records import aggregates
 from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -48,7 +49,7 @@ from lab_utils.core.ring import (
 from lab_utils.experiments import compute_vs_comm, scaling
 from lab_utils.experiments.comm import ALLREDUCE_BENCH_EXPERIMENT, LinkPeak, Settings
 from lab_utils.models import ResNet18, count_parameters
-from lab_utils.plan import aggregates, make_plan, measure
+from lab_utils.plan import make_plan, measure
 from lab_utils.store import ResultStore
 
 __all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bandwidth_prediction_cases",

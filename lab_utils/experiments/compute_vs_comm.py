@@ -12,6 +12,7 @@ import pandas as pd
 
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
@@ -60,14 +61,12 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
     """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface):
     T(1) from ``scaling`` (same method and per-device batch), T(N) from ``compute_vs_comm`` (DDP) or
     ``scaling`` (DataParallel). Only this machine's devices' records (``latest_here``), repeats merged."""
-    scaling = merge_repeats(store.latest_here(SCALING).records)
+    scaling = aggregates(merge_repeats(store.latest_here(SCALING).records))
     ones = {(r.config["method"], r.config["batch_size"], r.config.get("device_type")): r for r in scaling
-            if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok"}
-    recs = [r for r in merge_repeats(store.latest_here(COMPUTE_VS_COMM).records)
-            if r.config.get("record") == "aggregate"]
+            if r.config["devices"] == 1 and r.status == "ok"}
+    recs = aggregates(merge_repeats(store.latest_here(COMPUTE_VS_COMM).records))
     if DP in methods:
-        recs += [r for r in scaling if r.config.get("record") == "aggregate"
-                 and r.config["method"] == DP and r.config["devices"] > 1]
+        recs += [r for r in scaling if r.config["method"] == DP and r.config["devices"] > 1]
     return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
             for r in recs if r.config["method"] in methods
             and (devices is None or r.config["devices"] in devices)]
@@ -187,7 +186,7 @@ def compute_vs_comm_rows(records: Sequence[Record], settings: Settings) -> list[
     """Table 2's rows in table order, including rows that did not run (with their reason): every
     N-device aggregate of ``settings.comm_devices`` with its one-device counterpart (same method,
     same per-device batch) from the same records."""
-    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
+    aggs = aggregates(merge_repeats(records))
     ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
     return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))) for r in aggs
             if r.config["devices"] != 1 and r.config["devices"] in settings.comm_devices]
@@ -269,7 +268,7 @@ def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: in
         c = r.config
         if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
             continue
-        if c.get("record") == "rank":
+        if is_rank_record(r):
             rows.append({"rank": c["rank"], **{k: r.metrics.get(k) for k in phases}})
         elif r.status == "ok":
             agg = r.metrics

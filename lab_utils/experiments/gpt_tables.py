@@ -22,9 +22,9 @@ from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.flops import mfu, predicted_tokens_per_s
 from lab_utils.core.metrics import value
+from lab_utils.core.records import aggregates, ranks_of
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
-from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
 
@@ -261,8 +261,7 @@ def rank_table(records: Sequence[Record]):
     marked, then the means over ranks the aggregate holds."""
     rows = []
     for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
-        ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
-                 and r.config.get("record") == "rank"]
+        ranks = ranks_of(agg, records)
         m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}
         for rk in ranks:
             rows.append({**key, "rank": rk.config["rank"],

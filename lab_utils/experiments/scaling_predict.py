@@ -18,6 +18,7 @@ import pandas as pd
 
 from lab_utils.core.errors import LabError
 from lab_utils.core.metrics import T_N, value
+from lab_utils.core.records import aggregates
 from lab_utils.core.ring import fit_alpha_beta, iterations_per_epoch
 from lab_utils.core.scaling_model import AllReduceLine
 from lab_utils.core.spread import merge_repeats
@@ -46,8 +47,7 @@ def allreduce_lines(bench_records: Sequence[Record]) -> dict[int, AllReduceLine]
 
 
 def _aggregates(records: Sequence[Record]) -> list[Record]:
-    return [r for r in merge_repeats(records) if r.status == "ok" and r.config.get("method") == DDP
-            and r.config.get("record", "aggregate") == "aggregate" and value(r, T_N)]
+    return [r for r in aggregates(merge_repeats(records)) if r.config.get("method") == DDP and value(r, T_N)]
 
 
 def _ones(records: Sequence[Record]) -> dict[int, Record]:

@@ -26,6 +26,7 @@ from lab_utils.core.anchors import (
 )
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import (
     amdahl_speedup,
@@ -359,8 +360,7 @@ def per_step_growth_frame(records: Sequence[Record] | None = None):
     T(N) - T(1)/N = steps(N) x growth + the last partial batch's share. Milliseconds per step, seconds
     per epoch."""
     rows = []
-    aggs = [r for r in merge_repeats(records or []) if r.status == "ok"
-            and r.config.get("record", "aggregate") == "aggregate" and value(r, T_N)]
+    aggs = [r for r in aggregates(merge_repeats(records or [])) if value(r, T_N)]
     ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
     for r in aggs:
         one = ones.get((r.config["method"], r.config["batch_size"]))
@@ -382,7 +382,7 @@ def comm_volume_frame(records: Sequence[Record]):
     rows = []
     for r in merge_repeats(records):
         c, m = r.config, r.metrics
-        if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
+        if r.status != "ok" or is_rank_record(r) or c["devices"] < 2:
             continue
         per_step = ring_bytes_per_rank(m["gradient_bytes"], c["devices"])
         rows.append({"method": method_label(c["method"], c.get("backend"), c.get("device_type")),
@@ -398,7 +398,7 @@ def scaling_frame(records: Sequence[Record]):
     """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch), each
     column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
     (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
-    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
+    aggs = aggregates(merge_repeats(records))
     base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
             if r.config["devices"] == 1 and r.status == "ok"}
     rows = []
