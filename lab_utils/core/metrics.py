@@ -392,11 +392,3 @@ def is_missing(v: Any) -> bool:
         return math.isnan(float(v))
     except (TypeError, ValueError):
         return True
-
-
-def blank_missing(df):
-    """Float columns as objects with None for missing numbers: the tables show an empty cell, not 'nan'."""
-    for c in df.columns:
-        if df[c].dtype.kind == "f":
-            df[c] = df[c].astype(object).where(df[c].notna(), None)
-    return df

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
-from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.metrics import T_N, is_missing, note, value
 from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
+from lab_utils.experiments.rows import blank_missing
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore

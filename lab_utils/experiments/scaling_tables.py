@@ -25,7 +25,7 @@ from lab_utils.core.anchors import (
     other_cohort_per_gpu_batch,
 )
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
-from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.metrics import T_N, is_missing, note, value
 from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import (
@@ -39,6 +39,7 @@ from lab_utils.core.speedup import (
     speedup,
 )
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
+from lab_utils.experiments.rows import blank_missing
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
