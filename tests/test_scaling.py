@@ -15,6 +15,7 @@ from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import BUDGET_NODE, Machine
 from lab_utils.core.ranks import probe_seconds
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
+from lab_utils.experiments.rows import one_device_runs, pair_key
 from lab_utils.grading.predict import one_output
 from lab_utils.plan import Experiment
 from lab_utils.store import Record
@@ -619,3 +620,21 @@ def test_allreduce_lines_fit_the_benchmark_records():
     assert list(lines) == [4]
     assert lines[4].latency_seconds == pytest.approx(60e-6)
     assert lines[4].bandwidth_gb_per_s == pytest.approx(10 / 1.5)
+
+
+def test_a_t_n_row_is_timed_against_the_one_device_run_of_its_method_batch_and_device_type():
+    """One baseline lookup (experiments.rows.one_device_runs) for Table 1, Table 2 and notebook 04: a gloo
+    CPU run's T(1) is the CPU one-device run's (40 s), not the GPU's (10 s) at the same batch. By hand:
+    speedup 40 / 25 = 1.6, compute (a) = 40 / 2 = 20 s, comm (a) = 25 - 20 = 5 s."""
+    def agg(devices, device_type, seconds):
+        cfg = {"method": scaling.DDP, "devices": devices, "batch_size": 32, "device_type": device_type,
+               "backend": "nccl" if device_type == "cuda" else "gloo", "record": "aggregate", "rank": None}
+        return Record("scaling", cfg, {"train_seconds": seconds, "steps": 10})
+
+    records = [agg(1, "cuda", 10.0), agg(1, "cpu", 40.0), agg(2, "cpu", 25.0)]
+    ones = one_device_runs(records)
+    assert ones[pair_key(records[2])] is records[1] and len(ones) == 2
+    df = scaling_tables.scaling_frame(records)
+    assert df["speedup"].tolist()[2] == pytest.approx(1.6)
+    row = compute_vs_comm.comm_row(records[2], ones.get(pair_key(records[2])))
+    assert (row.compute_a_seconds, row.comm_a_seconds) == pytest.approx((20.0, 5.0))

@@ -14,7 +14,7 @@ from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
 from lab_utils.core.metrics import T_N, is_missing, note, value
 from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
-from lab_utils.experiments.rows import blank_missing
+from lab_utils.experiments.rows import blank_missing, one_device_runs, pair_key
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
@@ -63,13 +63,11 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
     T(1) from ``scaling`` (same method and per-device batch), T(N) from ``compute_vs_comm`` (DDP) or
     ``scaling`` (DataParallel). Only this machine's devices' records (``latest_here``), repeats merged."""
     scaling = aggregates(merge_repeats(store.latest_here(SCALING).records))
-    ones = {(r.config["method"], r.config["batch_size"], r.config.get("device_type")): r for r in scaling
-            if r.config["devices"] == 1 and r.status == "ok"}
+    ones = one_device_runs(scaling)
     recs = aggregates(merge_repeats(store.latest_here(COMPUTE_VS_COMM).records))
     if DP in methods:
         recs += [r for r in scaling if r.config["method"] == DP and r.config["devices"] > 1]
-    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
-            for r in recs if r.config["method"] in methods
+    return [comm_row(r, ones.get(pair_key(r))) for r in recs if r.config["method"] in methods
             and (devices is None or r.config["devices"] in devices)]
 
 
@@ -188,8 +186,8 @@ def compute_vs_comm_rows(records: Sequence[Record], settings: Settings) -> list[
     N-device aggregate of ``settings.comm_devices`` with its one-device counterpart (same method,
     same per-device batch) from the same records."""
     aggs = aggregates(merge_repeats(records))
-    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
-    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))) for r in aggs
+    ones = one_device_runs(aggs)
+    return [comm_row(r, ones.get(pair_key(r))) for r in aggs
             if r.config["devices"] != 1 and r.config["devices"] in settings.comm_devices]
 
 

@@ -24,7 +24,7 @@ from lab_utils.core.metrics import value
 from lab_utils.core.records import aggregates, ranks_of
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
-from lab_utils.experiments.rows import blank, blank_missing
+from lab_utils.experiments.rows import blank, blank_missing, one_device_runs, pair_key
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
 
@@ -137,13 +137,13 @@ def scaling_table(records: Sequence[Record]):
     rank need not give every device count the same work (:data:`_SCALING_TIME_BASIS`), the tokens trained
     and the speedup per token, flagged when the work differs."""
     aggs = aggregates(records)
-    base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
+    ones = one_device_runs(aggs)
     rows = []
     for r in aggs:
         bs, n = r.config["batch_size"], r.config["devices"]
         row: dict[str, Any] = {"per-device batch": bs, "devices": n, "status": r.status}
         if r.status == "ok":
-            m, one = r.metrics, base.get(bs)
+            m, one = r.metrics, ones.get(pair_key(r))
             tokens, tokens1 = m.get("tokens"), one.metrics.get("tokens") if one else None
             speed = speedup(value(one, GPT_T_N), value(r, GPT_T_N))
             t1, tn = value(one, GPT_T_N), value(r, GPT_T_N)
@@ -221,10 +221,10 @@ def compute_comm_table(records: Sequence[Record]):
     reported epoch's steps; the probe's, likewise) of each run on N > 1 devices, and the derived method on
     T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
     aggs = _ok(aggregates(records))
-    base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
+    ones = one_device_runs(aggs)
     rows = []
     for r in (r for r in aggs if r.config["devices"] > 1):
-        m, n, one = r.metrics, r.config["devices"], base.get(r.config["batch_size"])
+        m, n, one = r.metrics, r.config["devices"], ones.get(pair_key(r))
         d_comp, d_comm = derived_comm(one.metrics[GPT_T_N], m[GPT_T_N], n) if one else (None, None)
         comp, comm = _per_epoch(m, "compute_seconds"), _per_epoch(m, "communication_seconds")
         noise = blank(m.get("exposed_comm_noise_seconds"))
@@ -317,8 +317,7 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
     sizes; the measurement: each accumulation run's tokens/s per device. Empty lists when the one-device
     runs are missing."""
-    one = sorted((r for r in _ok(aggregates(scaling)) if r.config["devices"] == 1),
-                 key=lambda r: r.config["batch_size"])[:2]
+    one = sorted(one_device_runs(scaling).values(), key=lambda r: r.config["batch_size"])[:2]
     if len(one) < 2:
         return [], [], []
     batches = [r.config["batch_size"] for r in one]

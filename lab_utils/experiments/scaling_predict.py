@@ -22,6 +22,7 @@ from lab_utils.core.records import aggregates
 from lab_utils.core.ring import fit_alpha_beta, iterations_per_epoch
 from lab_utils.core.scaling_model import AllReduceLine
 from lab_utils.core.spread import merge_repeats
+from lab_utils.experiments.rows import one_device_runs, pair_key
 from lab_utils.experiments.scaling import DDP
 from lab_utils.store import Record
 
@@ -52,7 +53,7 @@ def _aggregates(records: Sequence[Record]) -> list[Record]:
 
 def _ones(records: Sequence[Record]) -> dict[int, Record]:
     """The one-device DDP runs by per-device batch."""
-    return {int(r.config["batch_size"]): r for r in _aggregates(records) if r.config["devices"] == 1}
+    return {int(r.config["batch_size"]): r for r in one_device_runs(_aggregates(records)).values()}
 
 
 def inputs_frames(one_device_records: Sequence[Record], lines: dict[int, AllReduceLine],
@@ -93,12 +94,12 @@ def epoch_cases(records: Sequence[Record], lines: dict[int, AllReduceLine]) -> C
     """Exercise 02-b's prediction table: per N-device DDP run of Table 1 with a one-device run at its batch
     and an all-reduce line at its N, two rows, both measured T(N): the whole gradient exposed (no
     overlap), and only DDP's last bucket exposed (overlap at its best)."""
-    out, ones = Cases(), _ones(records)
+    out, ones = Cases(), one_device_runs(_aggregates(records))
     for r in _aggregates(records):
         n, b = int(r.config["devices"]), int(r.config["batch_size"])
         if n == 1:
             continue
-        one, line = ones.get(b), lines.get(n)
+        one, line = ones.get(pair_key(r)), lines.get(n)
         buckets = (one.metrics.get("bucket_bytes") if one else None) or r.metrics.get("bucket_bytes")
         why = ("no one-device run" if one is None else f"no all-reduce fit at {n} ranks" if line is None
                else "no bucket sizes in the record (measured by an older lab)" if not buckets else "")

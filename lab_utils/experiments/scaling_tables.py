@@ -39,7 +39,7 @@ from lab_utils.core.speedup import (
     speedup,
 )
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
-from lab_utils.experiments.rows import blank_missing
+from lab_utils.experiments.rows import blank_missing, one_device_runs, pair_key
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
@@ -362,9 +362,9 @@ def per_step_growth_frame(records: Sequence[Record] | None = None):
     per epoch."""
     rows = []
     aggs = [r for r in aggregates(merge_repeats(records or [])) if value(r, T_N)]
-    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
+    ones = one_device_runs(aggs)
     for r in aggs:
-        one = ones.get((r.config["method"], r.config["batch_size"]))
+        one = ones.get(pair_key(r))
         c = r.config
         if c["devices"] > 1 and one is not None and r.metrics.get("steps") and one.metrics.get("steps"):
             rows.append(_growth_row(method_label(c["method"], c.get("backend"), c.get("device_type")),
@@ -400,15 +400,14 @@ def scaling_frame(records: Sequence[Record]):
     column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
     (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
     aggs = aggregates(merge_repeats(records))
-    base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
-            if r.config["devices"] == 1 and r.status == "ok"}
+    ones = one_device_runs(aggs)
     rows = []
     for r in aggs:
         c, m = r.config, r.metrics
         n = int(c["devices"])
         tn = value(r, T_N)
         steps = m.get("steps") if r.status == "ok" else None
-        b1 = base.get((c["method"], c["batch_size"]))
+        b1 = ones.get(pair_key(r))
         t1 = value(b1, T_N)
         row = {"method": method_label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
                "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
