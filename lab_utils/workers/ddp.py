@@ -77,6 +77,7 @@ from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimiz
 from lab_utils.core.memory import free_device_memory
 from lab_utils.core.ranks import aggregate_epoch, probe_seconds
 from lab_utils.core.records import Record
+from lab_utils.core.ring import gradient_bytes
 from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
 from lab_utils.core.spread import REPEAT, STEP_STAT_KEYS
 from lab_utils.core.timing import synchronize
@@ -250,7 +251,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
     torch.manual_seed(args.seed)
     model = ResNet18(width=args.width).to(device)
-    n_params = count_parameters(model)
+    n_params, grad_bytes = count_parameters(model), gradient_bytes(model)
     ddp = DDP(model, device_ids=[device.index] if cuda else None,
               **({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}))
     torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
@@ -303,7 +304,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     free_device_memory(device)  # gc.collect(), then empty_cache() on a GPU
     if ctx.rank != 0:
         return []
-    summary = {"parameters": n_params, "gradient_bytes": n_params * 4, "steps_per_epoch": steps_per_epoch,
+    summary = {"parameters": n_params, "gradient_bytes": grad_bytes, "steps_per_epoch": steps_per_epoch,
                "global_batch": args.global_batch, "peak_lr": schedule.peak_lr,
                "warmup_steps": schedule.warmup_steps, "accumulation_steps": args.accumulation_steps,
                "batches_per_epoch": batches_per_epoch, "bucket_bytes": buckets,
