@@ -11,8 +11,10 @@ import pytest
 from lab_utils import plan
 from lab_utils.core import profiles
 from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
+from lab_utils.core.comm_hooks import compute_to_comm, hidden_percent
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.core.metrics import per_step
 from lab_utils.core.ranks import probe_seconds
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
 from lab_utils.experiments.rows import one_device_runs, pair_key
@@ -638,3 +640,25 @@ def test_a_t_n_row_is_timed_against_the_one_device_run_of_its_method_batch_and_d
     assert df["speedup"].tolist()[2] == pytest.approx(1.6)
     row = compute_vs_comm.comm_row(records[2], ones.get(pair_key(records[2])))
     assert (row.compute_a_seconds, row.comm_a_seconds) == pytest.approx((20.0, 5.0))
+
+
+def test_table_2_and_table_1_take_their_ratios_and_step_times_from_named_functions():
+    """By hand, T(1) = 40 s, T(N) = 25 s on 2 devices over 10 steps, (b) = 3 s exposed, (c) = 4 s in flight:
+    compute_to_comm_a = 20 / 5 = 4; compute_to_comm_b = (25 - 3) / 3 = 7.33; hidden_percent = 100 x (4 - 3)
+    / 4 = 25 %; Table 1's step_seconds t(N) = 25 / 10 = 2.5 s, and no ratio where comm (a) is not positive."""
+    def agg(devices, seconds, **m):
+        cfg = {"method": scaling.DDP, "devices": devices, "batch_size": 32, "device_type": "cpu",
+               "backend": "gloo", "record": "aggregate", "rank": None}
+        return Record("scaling", cfg, {"train_seconds": seconds, "steps": 10, **m})
+
+    one = agg(1, 40.0)
+    n = agg(2, 25.0, **probe_seconds({"exposed_per_step_seconds": 0.3, "allreduce_per_step_seconds": 0.4,
+                                      "noise_seconds": 0.01}, 10))
+    df = compute_vs_comm.compute_vs_comm_frame(compute_vs_comm.compute_vs_comm_rows(
+        [one, n], profiles.settings(scaling.Settings, "quick", comm_devices=(2,))))
+    got = df.iloc[0]
+    assert got["compute_to_comm_a"] == pytest.approx(4.0)
+    assert got["compute_to_comm_b"] == pytest.approx(22 / 3) and got["hidden_percent"] == pytest.approx(25.0)
+    assert scaling_tables.scaling_frame([one, n])["step_seconds"].tolist() == pytest.approx([4.0, 2.5])
+    assert compute_to_comm(20.0, 0.0) is None and compute_to_comm(20.0, -1.0) is None
+    assert hidden_percent(None) is None and per_step(Record("x", {}, {"train_seconds": 1.0})) is None

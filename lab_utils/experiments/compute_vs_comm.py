@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
+from lab_utils.core.comm_hooks import NOISE_SIGMAS, compute_to_comm, derived_comm, hidden_percent, noise_flag
 from lab_utils.core.metrics import T_N, is_missing, note, value
 from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
@@ -50,6 +50,9 @@ class CommRow:
     backend: str | None = None
     skew_wait_seconds: float | None = None
     exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
+    compute_to_comm_a: float | None = None  # compute (a) / comm (a)
+    compute_to_comm_b: float | None = None  # (T(N) - (b)) / (b)
+    hidden_percent: float | None = None     # 100 x overlap_fraction
     oversubscribed: str | None = None  # see :func:`oversubscribed`
     spread_pct: float | None = None    # T(N)'s spread, % (lab_utils.core.spread): how the steps vary
     spread_of: str | None = None       # which spread: "p10-p90 of S steps" | "min-max of R repeats"
@@ -91,11 +94,15 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
         row.status = "T(1) missing: run the one-device configuration (notebook 02)"
     else:
         row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
+        row.compute_to_comm_a = compute_to_comm(row.compute_a_seconds, row.comm_a_seconds)
     if "exposed_comm_seconds" in m:  # the worker's numbers, as measured (core.ranks.probe_seconds)
         row.exposed_b_seconds = m["exposed_comm_seconds"]
         row.allreduce_c_seconds = m["allreduce_seconds"]
         row.overlap_seconds, row.overlap_fraction = m.get("overlap_seconds"), m.get("overlap_fraction")
         row.exposed_noise_b_seconds = m.get("exposed_comm_noise_seconds")
+        row.hidden_percent = hidden_percent(row.overlap_fraction)
+        if row.tn_seconds is not None and (b := row.exposed_b_seconds) is not None:
+            row.compute_to_comm_b = compute_to_comm(row.tn_seconds - b, b)
     return row
 
 
@@ -107,19 +114,15 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
              "spread_pct": r.spread_pct, "spread_of": r.spread_of,
              "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
-             "compute_to_comm_a": None,
+             "compute_to_comm_a": r.compute_to_comm_a,
              "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
              "overlap_c_minus_b_seconds": r.overlap_seconds,
-             "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
-             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
+             "hidden_percent": r.hidden_percent,
+             "compute_to_comm_b": r.compute_to_comm_b, "skew_wait_seconds": r.skew_wait_seconds,
              "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
              "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
              "comm_a_stderr_seconds": comm_a_stderr(r), "comm_a_noise_flag": comm_a_noise_flag(r),
              "oversubscribed": r.oversubscribed}
-        if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
-            d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
-        if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
-            d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
         out.append(d)
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds", "spread_pct",
             "spread_of", "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",

@@ -20,7 +20,7 @@ from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.flops import mfu, predicted_tokens_per_s
-from lab_utils.core.metrics import value
+from lab_utils.core.metrics import per_step, value
 from lab_utils.core.records import aggregates, ranks_of
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
@@ -321,7 +321,7 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     if len(one) < 2:
         return [], [], []
     batches = [r.config["batch_size"] for r in one]
-    seconds = [r.metrics[GPT_T_N] / r.metrics["steps"] for r in one]
+    seconds = [per_step(r, GPT_T_N) for r in one]
     block = round(one[0].metrics["tokens"] / (one[0].metrics["steps"] * batches[0]))
     cases, measured, labels = [], [], []
     for r in aggregates(accumulation):

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.core.errors import LabError
-from lab_utils.core.metrics import T_N, value
+from lab_utils.core.metrics import T_N, per_step, value
 from lab_utils.core.records import aggregates
 from lab_utils.core.ring import fit_alpha_beta, iterations_per_epoch
 from lab_utils.core.scaling_model import AllReduceLine
@@ -65,7 +65,7 @@ def inputs_frames(one_device_records: Sequence[Record], lines: dict[int, AllRedu
     rows = []
     for b, r in sorted(_ones(one_device_records).items()):
         images, buckets = int(r.config["train_images"]), r.metrics.get("bucket_bytes") or []
-        rows.append({"per_device_batch": b, "t1_step_seconds": value(r, T_N) / r.metrics["steps"],
+        rows.append({"per_device_batch": b, "t1_step_seconds": per_step(r),
                      **{f"steps_{n}": iterations_per_epoch(images, b, n) for n in devices if n > 1},
                      "gradient_bytes": r.metrics.get("gradient_bytes"),
                      "bucket_bytes": ", ".join(f"{x:,}" for x in buckets) or None})
@@ -106,7 +106,7 @@ def epoch_cases(records: Sequence[Record], lines: dict[int, AllReduceLine]) -> C
         if why:
             out.skipped.append(f"{n} x {b}: {why}")
             continue
-        base = {"t1_step_seconds": value(one, T_N) / one.metrics["steps"], "steps": int(r.metrics["steps"]),
+        base = {"t1_step_seconds": per_step(one), "steps": int(r.metrics["steps"]),
                 "latency_seconds": line.latency_seconds, "bandwidth_gb_per_s": line.bandwidth_gb_per_s}
         for label, exposed in (("no overlap", r.metrics["gradient_bytes"]), ("last bucket only",
                                                                               buckets[-1])):

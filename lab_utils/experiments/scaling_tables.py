@@ -25,7 +25,7 @@ from lab_utils.core.anchors import (
     other_cohort_per_gpu_batch,
 )
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
-from lab_utils.core.metrics import T_N, is_missing, note, value
+from lab_utils.core.metrics import T_N, is_missing, note, per_step, value
 from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import (
@@ -403,10 +403,9 @@ def scaling_frame(records: Sequence[Record]):
     ones = one_device_runs(aggs)
     rows = []
     for r in aggs:
-        c, m = r.config, r.metrics
+        c = r.config
         n = int(c["devices"])
         tn = value(r, T_N)
-        steps = m.get("steps") if r.status == "ok" else None
         b1 = ones.get(pair_key(r))
         t1 = value(b1, T_N)
         row = {"method": method_label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
@@ -414,7 +413,7 @@ def scaling_frame(records: Sequence[Record]):
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "spread_pct": value(r, "spread_pct"),
                "spread_of": r.metrics.get("spread_of") if r.status == "ok" else None,
-               "step_seconds": tn / steps if tn and steps else None,
+               "step_seconds": per_step(r),
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
@@ -426,9 +425,7 @@ def scaling_frame(records: Sequence[Record]):
             row["n_t1_over_tn_epoch"] = n * row["speedup"]  # earlier reports' formula, kept to be questioned
             row["efficiency"] = efficiency(row["speedup"], n)
             row["serial_fraction"] = karp_flatt(row["speedup"], n)
-            s1 = b1.metrics.get("steps")
-            if steps and s1:
-                row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
+            row["scaled_speedup"] = scaled_speedup(per_step(b1), per_step(r), n)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
