@@ -16,6 +16,7 @@ from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import BUDGET_NODE, Machine
 from lab_utils.core.metrics import per_step
 from lab_utils.core.ranks import probe_seconds
+from lab_utils.core.spread import merge_repeats
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
 from lab_utils.experiments.rows import one_device_runs, pair_key
 from lab_utils.grading.predict import one_output
@@ -112,6 +113,12 @@ def agg(method, n, b, t, steps, status="ok", reason=None, backend="nccl", **metr
                   hardware={"device_name": "GPU X", "device_count": n})
 
 
+def merged(rec):
+    """A worker's record as a table's row holds it (core.spread.merge_repeats: one measurement, its
+    train_seconds_median is its train_seconds)."""
+    return merge_repeats([rec])[0]
+
+
 def test_table1_speedups_and_efficiency_by_hand():
     recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 12.5, 4),
             agg("DDP", 4, 512, None, None, status="skipped", reason="needs 4 GPUs"),
@@ -150,10 +157,10 @@ def test_skew_wait_columns_new_and_old_records():
     for key in (("DDP (NCCL, GPUs)", 2, 32), ("DataParallel (1 process, GPUs)", 2, 128)):
         assert pd_missing(df.loc[key]["skew_wait_seconds"])
         assert pd_missing(df.loc[key]["train_plus_skew_wait_seconds"])
-    row = compute_vs_comm.comm_row(recs[1], recs[0])
+    row = compute_vs_comm.comm_row(*merge_repeats([recs[1], recs[0]]))
     assert row.skew_wait_seconds == 3.0 and row.tn_seconds == 21.0
     assert row.comm_a_seconds == pytest.approx(21.0 - 20.0)  # the 3 s loader skew is not communication
-    assert compute_vs_comm.comm_row(recs[2], None).skew_wait_seconds is None
+    assert compute_vs_comm.comm_row(merged(recs[2]), None).skew_wait_seconds is None
     t2 = compute_vs_comm.compute_vs_comm_frame([row])
     assert t2.iloc[0]["skew_wait_seconds"] == 3.0
 
@@ -227,7 +234,7 @@ def test_table2_three_methods_by_hand():
     measured = probe_seconds(probe, 8)
     assert measured["exposed_comm_seconds"] == 1.0 and measured["allreduce_seconds"] == 2.5
     two = agg("DDP", 2, 128, 23.0, 8, gradient_bytes=44_695_848, **measured)
-    row = compute_vs_comm.comm_row(two, one)
+    row = compute_vs_comm.comm_row(merged(two), merged(one))
     assert (row.compute_a_seconds, row.comm_a_seconds) == (pytest.approx(20.0), pytest.approx(3.0))
     assert row.overlap_seconds == pytest.approx(1.5) and row.overlap_fraction == pytest.approx(0.6)
     df = compute_vs_comm.compute_vs_comm_frame([row])
@@ -236,11 +243,11 @@ def test_table2_three_methods_by_hand():
     assert r["hidden_percent"] == pytest.approx(60.0)
     assert r["compute_to_comm_b"] == pytest.approx((23 - 1) / 1)
     # without T(1) the derived split is not made up
-    lonely = compute_vs_comm.comm_row(two, None)
+    lonely = compute_vs_comm.comm_row(merged(two), None)
     assert lonely.compute_a_seconds is None and "T(1) missing" in lonely.status
     # a row that did not run stays a reason
     row = agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs")
-    skipped = compute_vs_comm.comm_row(row, one)
+    skipped = compute_vs_comm.comm_row(merged(row), merged(one))
     assert skipped.status == "needs 4 GPUs" and skipped.tn_seconds is None
 
 
@@ -497,12 +504,12 @@ def test_table2_flags_exposed_comm_within_its_noise():
         probe = {"exposed_per_step_seconds": 0.01, "allreduce_per_step_seconds": 0.5 / 16,
                  "noise_seconds": se}
         rec = agg("DDP", 2, 32, 6.0, 16, **probe_seconds(probe, 16))   # the worker's numbers
-        rows.append(compute_vs_comm.comm_row(rec, one))
+        rows.append(compute_vs_comm.comm_row(merged(rec), merged(one)))
     assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
     df = compute_vs_comm.compute_vs_comm_frame(rows)
     assert list(df["noise_flag"]) == ["noise >= effect: not a result", ""]
     old = compute_vs_comm.compute_vs_comm_frame([compute_vs_comm.comm_row(
-        agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5), one)])
+        merged(agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5)), merged(one))])
     assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])
 
 
@@ -638,7 +645,7 @@ def test_a_t_n_row_is_timed_against_the_one_device_run_of_its_method_batch_and_d
     assert ones[pair_key(records[2])] is records[1] and len(ones) == 2
     df = scaling_tables.scaling_frame(records)
     assert df["speedup"].tolist()[2] == pytest.approx(1.6)
-    row = compute_vs_comm.comm_row(records[2], ones.get(pair_key(records[2])))
+    row = compute_vs_comm.comm_row(merged(records[2]), merged(ones.get(pair_key(records[2]))))
     assert (row.compute_a_seconds, row.comm_a_seconds) == pytest.approx((20.0, 5.0))
 
 

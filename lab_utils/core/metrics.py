@@ -115,6 +115,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "bytes"),
     # ---------------------------------------------------------------- a row's time's spread (core.spread)
     ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
+    ("train_seconds_median", "a table row's time: the median over the row's ok repeats of their "
+     "train_seconds (one measurement: its own). Tables 1 and 2: T(N). The merged record's train_seconds "
+     "stays the repeat's whose phases it holds", "s"),
     ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "
      "per-step training times; with repeats, 100 x (max - min) / median of the repeats' train_seconds "
      "(the row's time is then that median). Tables 2 and 3: the spread of T(N)", "%"),
@@ -370,11 +373,12 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
-#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`). The GPT
-#: of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
+#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): a table row's
+#: ``train_seconds_median``, the median over its repeats (:func:`lab_utils.core.spread.merge_repeats`) of an
+#: aggregate record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
+#: The GPT of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
 #: (:data:`lab_utils.experiments.gpt_tables.GPT_T_N`).
-T_N = "train_seconds"
+T_N = "train_seconds_median"
 
 
 def value(record: Any, name: str) -> float | None:

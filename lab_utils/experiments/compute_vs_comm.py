@@ -75,7 +75,8 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
 
 
 def comm_row(rec: Record, one: Record | None) -> CommRow:
-    """Table 2's figures for one N-device record and its one-device counterpart."""
+    """Table 2's figures for one N-device row and its one-device counterpart, records as
+    :func:`lab_utils.core.spread.merge_repeats` gives them (T(N): their ``train_seconds_median``)."""
     c, m = rec.config, rec.metrics
     row = CommRow(method=method_label(c["method"], c.get("backend"), c.get("device_type")),
                   devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),
@@ -199,7 +200,8 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
     rows = compute_vs_comm_rows(records, settings)
     df = compute_vs_comm_frame(rows)
     notes = [TABLE2_NOTES[0], "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; "
-             + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + ".", *TABLE2_NOTES[1:]]
+             + note(T_N) + "; " + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + ".",
+             *TABLE2_NOTES[1:]]
     if any(r.backend == "gloo" for r in rows):
         notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
                      "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")

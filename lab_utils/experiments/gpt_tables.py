@@ -43,8 +43,8 @@ __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_repor
 
 #: T(N) of the GPT: an aggregate's ``epoch_seconds``, the slowest rank's wall time of the uninstrumented
 #: pass (device synchronized at its two ends only, loader waits included). Notebooks 02 and 03's T(N) is
-#: ``train_seconds`` instead (lab_utils.core.metrics.T_N): the sum of synchronized phases, loader and skew
-#: waits excluded.
+#: ``train_seconds`` instead (its median over repeats, lab_utils.core.metrics.T_N): the sum of
+#: synchronized phases, loader and skew waits excluded.
 GPT_T_N = "epoch_seconds"
 
 

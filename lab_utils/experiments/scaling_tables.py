@@ -494,7 +494,8 @@ _TABLE1_NOTES = [
 def scaling_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
     df = scaling_frame(records)
-    notes = [*_TABLE1_NOTES, "Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
+    notes = [*_TABLE1_NOTES,
+             "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note(T_N) + "."]
     if any(r.config.get("backend") == "gloo" for r in records):
         notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
                      "process, so these numbers show the mechanics, not GPU performance.")

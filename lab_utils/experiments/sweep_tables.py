@@ -17,7 +17,7 @@ from lab_utils.core.anchors import (
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import peak_flops_per_s
 from lab_utils.core.metrics import note
-from lab_utils.core.spread import merge_repeats
+from lab_utils.core.spread import TIME_MEDIAN, merge_repeats
 from lab_utils.experiments.rows import blank
 from lab_utils.experiments.sweep import EXPERIMENT, SPEC_LR, Settings, memory_line
 from lab_utils.models import flops_per_image
@@ -58,7 +58,7 @@ def sweep_table(records: Sequence[Record]):
         else:
             peak = f"{m['peak_memory_bytes'] / 2**30:.2f}"
         rows.append({
-            "batch size": r.config["batch_size"], "epoch-2 training (s)": blank(m.get("train_seconds")),
+            "batch size": r.config["batch_size"], "epoch-2 training (s)": blank(m.get(TIME_MEDIAN)),
             "spread_pct": blank(m.get("spread_pct")), "spread_of": m.get("spread_of") or "",
             "data loading (s)": blank(m.get("data_loading_seconds")),
             "images/s": blank(m.get("images_per_s")), "peak memory (GiB)": peak,
@@ -91,7 +91,8 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         "(the reported epoch's per-step training times) or 'min-max of R repeats' (REPEATS > 1: the "
         "training time is then the median of the repeats). A difference between rows smaller than their "
         "spread is not a result.",
-        "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note("images_per_s") + ".",
+        "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note(TIME_MEDIAN) + "; "
+        + note("images_per_s") + ".",
         "Peak memory: torch.cuda.max_memory_allocated during the reported epoch; not tracked on CPU.",
         "oom: the batch did not fit and larger ones were not tried; skipped rows say why.",
         f"Learning rate {SPEC_LR} at every batch size (the spec's; not scaled), so accuracy at large "
@@ -115,7 +116,7 @@ def plot_sweep(records: Sequence[Record], settings: Settings):
     xs = [r.config["batch_size"] for r in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     ep = settings.reported_epoch
-    ax1.plot(xs, [r.metrics["train_seconds"] for r in ok], "o-", label="training (reported)")
+    ax1.plot(xs, [r.metrics[TIME_MEDIAN] for r in ok], "o-", label="training (reported)")
     ax1.plot(xs, [r.metrics["data_loading_seconds"] for r in ok], "s--", label="loader wait (excluded)")
     ax1.set_ylabel(f"epoch {ep} time (s)")
     ax1.legend(fontsize=8)
@@ -192,7 +193,7 @@ def anchor_table(records: Sequence[Record], settings: Settings):
         q2 = FIRST_COHORT_TABLE1_SECONDS[(1, bs)]
         r = by_bs.get(bs)
         ok = r is not None and r.status == "ok"
-        mine = r.metrics["train_seconds"] if ok else None
+        mine = r.metrics[TIME_MEDIAN] if ok else None
         if not comparable:
             ratio: Any = "not comparable: reduced model/data"
         elif mine is None:
