@@ -70,12 +70,12 @@ from lab_utils.core.config import (
     loader_worker_options,
 )
 from lab_utils.core.data import cifar10_dataset, test_transform, train_transform
-from lab_utils.core.dist import DistContext
+from lab_utils.core.dist import DistContext, gather
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import free_device_memory
-from lab_utils.core.ranks import aggregate_epoch, probe_seconds
+from lab_utils.core.ranks import epochs_over_ranks, probe_seconds, run_records
 from lab_utils.core.records import Record
 from lab_utils.core.ring import gradient_bytes
 from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
@@ -295,8 +295,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
     buckets = ddp_bucket_bytes(ddp)  # as DDP rebuilt them in the first backward, the same on every rank
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, mine)
+    gathered = gather(mine, ctx)
     # Everything that holds the model's memory goes before the cache is emptied: the LR
     # scheduler holds the optimizer (and through it the parameters and momentum buffers), the
     # comm timer and the loaders' iterators the DDP module and pinned batches.
@@ -386,13 +385,11 @@ def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistCo
     threads = gathered[0].get("threads")
     if ctx.device.type == "cpu":
         hardware["threads_per_process"] = threads
-    history = []
+    history = epochs_over_ranks(gathered)
     cumulative = 0.0
-    for e in range(len(gathered[0]["epochs"])):
-        agg = aggregate_epoch([{**g["epochs"][e], "rank": g["rank"]} for g in gathered])
+    for agg in history:
         cumulative += agg["train_seconds"]
         agg["cumulative_train_seconds"] = cumulative
-        history.append(agg)
     reported = history[-1]
     metrics: dict[str, Any] = {k: v for k, v in reported.items() if k != "epoch"}
     metrics.update({
@@ -413,15 +410,9 @@ def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistCo
                                  f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")
     common = {"profile": job.profile, "synthetic": synthetic, "dataset": dataset_name,
               "hardware": hardware, "software": software_versions()}
-    records = [Record(job.experiment, dict(config), metrics, **common)]
-    for g in gathered:
-        last = g["epochs"][-1]
-        rmetrics = {k: v for k, v in last.items() if k not in ("epoch", "sample_order_head")}
-        rmetrics.update({"rank": g["rank"], "reported_epoch": last["epoch"], "epochs": g["epochs"],
-                         "startup_seconds": g["startup_seconds"], "comm_probe": g.get("comm_probe")})
-        records.append(Record(job.experiment, {**config, "record": "rank", "rank": g["rank"]}, rmetrics,
-                              **common))
-    return records
+    return run_records(job.experiment, config, metrics, gathered, common, drop=("sample_order_head",),
+                       rank_extra=lambda g: {"rank": g["rank"], "startup_seconds": g["startup_seconds"],
+                                             "comm_probe": g.get("comm_probe")})
 
 
 if __name__ == "__main__":
