@@ -25,7 +25,7 @@ every record of the plan, per-rank ones included, in plan order (each run's aggr
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
 from typing import Any
@@ -38,7 +38,7 @@ from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError, LaunchError, first_line
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.machine import Machine
-from lab_utils.core.records import Record, canonical_key, failures_to, jsonable
+from lab_utils.core.records import Record, aggregates, canonical_key, failures_to, jsonable, ranks_of, run_key
 from lab_utils.session import session_for
 from lab_utils.store import ResultStore
 from lab_utils.workers.harness import Job, execute
@@ -112,11 +112,6 @@ def skipped_row(run: Run, reason: str | None = None) -> Record:
 def not_tried(run: Run, oom: Run) -> Record:
     """The row of a run after ``oom``, an earlier run of its group, ran out of memory."""
     return skipped_row(run, f"not tried: {oom.label or 'a smaller configuration'} already ran out of memory")
-
-
-def aggregates(records: Iterable[Record]) -> list[Record]:
-    """The one record per run among ``records`` (per-rank records have ``config["record"] == "rank"``)."""
-    return [r for r in records if r.config.get("record") != "rank"]
 
 
 def run_line(label: str, rec: Record | None) -> str:
@@ -237,18 +232,8 @@ def _group(store: ResultStore, profile: str, runs: Sequence[Run], members: list[
 
 
 def _stored_ranks(store: ResultStore, run: Run) -> list[Record]:
-    """The per-rank records stored with a reused aggregate (its config, ``record`` "rank")."""
-    if run.config.get("record") != "aggregate":
-        return []
-    return [r for r in store.latest(run.experiment)
-            if r.config.get("record") == "rank" and _run_key(r) == run.key]
-
-
-def _run_key(rec: Record) -> str:
-    """The key of the run a record belongs to (a per-rank record: its run's aggregate)."""
-    if rec.config.get("record") == "rank":
-        return canonical_key({**rec.config, "record": "aggregate", "rank": None})
-    return rec.key
+    """The per-rank records stored with a reused run's record (none for a one-process worker's)."""
+    return ranks_of(run, store.latest(run.experiment))
 
 
 def _store(store: ResultStore, rec: Record) -> Record:
@@ -287,7 +272,7 @@ def _launch(store: ResultStore, profile: str, todo: list[Run], together: bool,
                     rec.metrics["run_id"] = run_id
                 rec.profile = rec.profile or profile
                 _store(store, rec)
-                key = _run_key(rec)
+                key = run_key(rec)
                 if key in keys:
                     group = got.setdefault(key, [])
                     group.insert(0 if rec.key == key else len(group), rec)

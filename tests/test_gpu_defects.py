@@ -23,6 +23,7 @@ from torch import nn
 
 from lab_utils.core import hardware, memory, profiles
 from lab_utils.core.errors import LaunchError
+from lab_utils.core.flops import mfu
 from lab_utils.store import Record, ResultStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -320,7 +321,7 @@ def test_a_mig_slice_gets_no_peak_and_says_why():
     assert hardware.peak_flops_per_s("NVIDIA A100-SXM4-40GB", "bf16") == 312e12
     for precision in ("fp32", "tf32", "bf16", "fp16"):
         assert hardware.peak_flops_per_s(MIG_NAME, precision) is None
-    assert hardware.fraction_of_peak(10e12, MIG_NAME, "bf16") is None
+    assert mfu(10e12, 1.0, hardware.peak_flops_per_s(MIG_NAME, "bf16"), 1) is None
     assert hardware.mig_profile(MIG_NAME) == "1g.5gb"
     assert "MIG slice 1g.5gb: no peak" in hardware.peak_note(MIG_NAME)
     assert hardware.peak_note("NVIDIA A100-SXM4-40GB") is None and hardware.peak_note("cpu (x)") is None

@@ -3,6 +3,7 @@
 import pytest
 
 from lab_utils.core import hardware
+from lab_utils.core.flops import mfu
 
 # Every number of hardware.PEAK_TFLOPS, dense (no structured sparsity), TFLOP/s, from the part's NVIDIA
 # data sheet, keyed by a name torch gives that part. Ampere and later quote tensor figures "with
@@ -77,7 +78,7 @@ def test_unknown_device_has_no_peak():
     assert hardware.peak_flops_per_s("Mystery GPU 9000", "bf16") is None
     assert hardware.peak_flops_per_s(None) is None
     assert hardware.peak_flops_per_s("Tesla V100-SXM2-16GB", "bf16") is None  # Volta has no bf16
-    assert hardware.fraction_of_peak(1e12, "cpu (x)", "fp32") is None
+    assert mfu(1e9, 1e3, hardware.peak_flops_per_s("cpu (x)", "fp32"), 1) is None
 
 
 def test_fp32_matmuls_take_tf32_only_where_torch_allows_it():
@@ -100,8 +101,13 @@ def test_fp32_matmuls_take_tf32_only_where_torch_allows_it():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-def test_fraction_of_peak():
-    assert hardware.fraction_of_peak(494.5e12, "NVIDIA H100 80GB HBM3", "bf16") == 0.5
+def test_fraction_of_peak_is_mfu_of_one_device():
+    """By hand: 494.5 TFLOP/s on an H100 SXM (989 TFLOP/s dense bf16) is half its peak; 4 devices at
+    1,978 TFLOP/s together, half theirs."""
+    peak = hardware.peak_flops_per_s("NVIDIA H100 80GB HBM3", "bf16")
+    assert peak == 989e12
+    assert mfu(494.5e9, 1e3, peak, 1) == pytest.approx(0.5)
+    assert mfu(1978e9, 1e3, peak, 4) == pytest.approx(0.5)
 
 
 def test_summary_on_cpu():

@@ -14,6 +14,8 @@ import pytest
 from lab_utils import plan
 from lab_utils.core.errors import LaunchError
 from lab_utils.core.machine import Machine
+from lab_utils.core.ranks import epochs_over_ranks, run_records
+from lab_utils.core.records import Record, aggregates, is_rank_record, ranks_of, run_key
 from lab_utils.plan import Experiment, Run
 
 TESTS = Path(__file__).resolve().parent
@@ -103,3 +105,41 @@ def test_gpu_work_is_never_planned_in_process(store):
                                                                     in_process=True)])
     with pytest.raises(Exception, match="GPU work runs through the launcher"):
         plan.measure("quick", bad, ToySettings())
+
+
+def test_one_rule_tells_a_runs_record_from_a_ranks():
+    """A DDP aggregate and a one-process worker's record (no "record" key: the sweep's) are their runs'
+    records; a rank's record is not, and belongs to its aggregate's run."""
+    agg = Record("scaling", {"record": "aggregate", "rank": None, "devices": 2, "batch_size": 32})
+    ranks = [Record("scaling", {**agg.config, "record": "rank", "rank": r}) for r in (0, 1)]
+    other = Record("scaling", {"record": "rank", "rank": 0, "devices": 2, "batch_size": 64})
+    sweep = Record("batch_sweep", {"batch_size": 32})
+    records = [agg, *ranks, other, sweep]
+    assert [is_rank_record(r) for r in records] == [False, True, True, True, False]
+    assert aggregates(records) == [agg, sweep] and plan.aggregates is aggregates
+    assert ranks_of(agg, records) == ranks and ranks_of(sweep, records) == []
+    assert {run_key(r) for r in ranks} == {agg.key}
+
+
+def test_one_rank_aggregation_path_for_every_ddp_worker():
+    """core.ranks.epochs_over_ranks and run_records, by hand: rank 0's epochs take 2 s and 4 s, rank 1's 3 s
+    and 1 s; epoch 1's T is rank 1's 3 s (mean 2.5 s), epoch 2's rank 0's 4 s; one record for the run and
+    one per rank, holding its last epoch (less ``drop``) and what the worker adds."""
+    def ep(e, seconds):
+        return {"epoch": e, "epoch_seconds": seconds, "train_seconds": seconds, "steps": 2, "images": 8,
+                "sample_order_head": [e]}
+
+    gathered = [{"epochs": [ep(1, 2.0), ep(2, 4.0)], "startup": 0.1},
+                {"epochs": [ep(1, 3.0), ep(2, 1.0)], "startup": 0.2}]
+    history = epochs_over_ranks(gathered)
+    assert [(h["slowest_rank"], h["epoch_seconds"], h["epoch_seconds_mean"]) for h in history] == [
+        (1, 3.0, 2.5), (0, 4.0, 2.5)]
+    assert history[0]["images"] == 16 and history[0]["images_per_s"] == 16 / 3.0
+    config = {"record": "aggregate", "rank": None, "devices": 2}
+    recs = run_records("scaling", config, {"train_seconds": 4.0}, gathered, {"profile": "quick"},
+                       rank_extra=lambda g: {"startup_seconds": g["startup"]}, drop=("sample_order_head",))
+    assert [r.config for r in recs] == [config, {**config, "record": "rank", "rank": 0},
+                                        {**config, "record": "rank", "rank": 1}]
+    assert recs[2].metrics == {"epoch_seconds": 1.0, "train_seconds": 1.0, "steps": 2, "images": 8,
+                               "reported_epoch": 2, "epochs": gathered[1]["epochs"], "startup_seconds": 0.2}
+    assert ranks_of(recs[0], recs) == recs[1:] and {r.profile for r in recs} == {"quick"}

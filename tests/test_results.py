@@ -9,7 +9,8 @@ import pytest
 from store_helpers import put
 
 from lab_utils.core.errors import LabError
-from lab_utils.store import Record, ResultStore, canonical_key
+from lab_utils.experiments.rows import blank, blank_missing
+from lab_utils.store import Record, ResultStore, canonical_key, markdown_table
 
 
 def test_canonical_key_ignores_order():
@@ -267,3 +268,17 @@ def test_a_label_names_only_devices_a_record_ran_on():
                      hardware={"device_name": None})
     assert "device: cpu (x86)" in provenance_label([ran, skipped], "quick")
     assert "device" not in provenance_label([skipped], "quick")
+
+
+def test_a_missing_value_is_one_blank_cell_in_every_table():
+    """rows.blank: None and NaN become None, every other value (0, "", a string) stays; blank_missing does
+    it to a frame's cells, and the saved table prints the blank as an empty cell in a right-aligned
+    (numeric) column."""
+    assert blank(None) is None and blank(float("nan")) is None
+    assert blank(0.0) == 0.0 and blank(0) == 0 and blank("") == "" and blank("oom") == "oom"
+    df = blank_missing(pd.DataFrame({"seconds": [1.5, float("nan")], "what": ["a", None], "n": [1, 2]}))
+    assert df["seconds"].tolist() == [1.5, None] and df["what"].tolist() == ["a", None]
+    assert df["n"].tolist() == [1, 2]
+    md = markdown_table(df)
+    assert md.splitlines()[1].split("|")[1].endswith(":")  # the seconds column: right-aligned, numbers
+    assert md.splitlines()[3].split("|")[1].strip() == "" and "nan" not in md and "None" not in md

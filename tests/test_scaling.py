@@ -11,10 +11,14 @@ import pytest
 from lab_utils import plan
 from lab_utils.core import profiles
 from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
+from lab_utils.core.comm_hooks import compute_to_comm, hidden_percent
 from lab_utils.core.errors import LabError, LaunchError
 from lab_utils.core.machine import BUDGET_NODE, Machine
+from lab_utils.core.metrics import per_step
 from lab_utils.core.ranks import probe_seconds
+from lab_utils.core.spread import merge_repeats
 from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
+from lab_utils.experiments.rows import one_device_runs, pair_key
 from lab_utils.grading.predict import one_output
 from lab_utils.plan import Experiment
 from lab_utils.store import Record
@@ -109,6 +113,12 @@ def agg(method, n, b, t, steps, status="ok", reason=None, backend="nccl", **metr
                   hardware={"device_name": "GPU X", "device_count": n})
 
 
+def merged(rec):
+    """A worker's record as a table's row holds it (core.spread.merge_repeats: one measurement, its
+    train_seconds_median is its train_seconds)."""
+    return merge_repeats([rec])[0]
+
+
 def test_table1_speedups_and_efficiency_by_hand():
     recs = [agg("DDP", 1, 128, 40.0, 16), agg("DDP", 2, 128, 23.0, 8), agg("DDP", 4, 128, 12.5, 4),
             agg("DDP", 4, 512, None, None, status="skipped", reason="needs 4 GPUs"),
@@ -147,10 +157,10 @@ def test_skew_wait_columns_new_and_old_records():
     for key in (("DDP (NCCL, GPUs)", 2, 32), ("DataParallel (1 process, GPUs)", 2, 128)):
         assert pd_missing(df.loc[key]["skew_wait_seconds"])
         assert pd_missing(df.loc[key]["train_plus_skew_wait_seconds"])
-    row = compute_vs_comm.comm_row(recs[1], recs[0])
+    row = compute_vs_comm.comm_row(*merge_repeats([recs[1], recs[0]]))
     assert row.skew_wait_seconds == 3.0 and row.tn_seconds == 21.0
     assert row.comm_a_seconds == pytest.approx(21.0 - 20.0)  # the 3 s loader skew is not communication
-    assert compute_vs_comm.comm_row(recs[2], None).skew_wait_seconds is None
+    assert compute_vs_comm.comm_row(merged(recs[2]), None).skew_wait_seconds is None
     t2 = compute_vs_comm.compute_vs_comm_frame([row])
     assert t2.iloc[0]["skew_wait_seconds"] == 3.0
 
@@ -224,7 +234,7 @@ def test_table2_three_methods_by_hand():
     measured = probe_seconds(probe, 8)
     assert measured["exposed_comm_seconds"] == 1.0 and measured["allreduce_seconds"] == 2.5
     two = agg("DDP", 2, 128, 23.0, 8, gradient_bytes=44_695_848, **measured)
-    row = compute_vs_comm.comm_row(two, one)
+    row = compute_vs_comm.comm_row(merged(two), merged(one))
     assert (row.compute_a_seconds, row.comm_a_seconds) == (pytest.approx(20.0), pytest.approx(3.0))
     assert row.overlap_seconds == pytest.approx(1.5) and row.overlap_fraction == pytest.approx(0.6)
     df = compute_vs_comm.compute_vs_comm_frame([row])
@@ -233,11 +243,11 @@ def test_table2_three_methods_by_hand():
     assert r["hidden_percent"] == pytest.approx(60.0)
     assert r["compute_to_comm_b"] == pytest.approx((23 - 1) / 1)
     # without T(1) the derived split is not made up
-    lonely = compute_vs_comm.comm_row(two, None)
+    lonely = compute_vs_comm.comm_row(merged(two), None)
     assert lonely.compute_a_seconds is None and "T(1) missing" in lonely.status
     # a row that did not run stays a reason
     row = agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs")
-    skipped = compute_vs_comm.comm_row(row, one)
+    skipped = compute_vs_comm.comm_row(merged(row), merged(one))
     assert skipped.status == "needs 4 GPUs" and skipped.tn_seconds is None
 
 
@@ -494,12 +504,12 @@ def test_table2_flags_exposed_comm_within_its_noise():
         probe = {"exposed_per_step_seconds": 0.01, "allreduce_per_step_seconds": 0.5 / 16,
                  "noise_seconds": se}
         rec = agg("DDP", 2, 32, 6.0, 16, **probe_seconds(probe, 16))   # the worker's numbers
-        rows.append(compute_vs_comm.comm_row(rec, one))
+        rows.append(compute_vs_comm.comm_row(merged(rec), merged(one)))
     assert rows[0].exposed_noise_b_seconds == pytest.approx(0.096)
     df = compute_vs_comm.compute_vs_comm_frame(rows)
     assert list(df["noise_flag"]) == ["noise >= effect: not a result", ""]
     old = compute_vs_comm.compute_vs_comm_frame([compute_vs_comm.comm_row(
-        agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5), one)])
+        merged(agg("DDP", 2, 32, 6.0, 16, exposed_comm_seconds=0.1, allreduce_seconds=0.5)), merged(one))])
     assert old.iloc[0]["noise_flag"] == "" and pd_missing(old.iloc[0]["exposed_noise_b_seconds"])
 
 
@@ -619,3 +629,43 @@ def test_allreduce_lines_fit_the_benchmark_records():
     assert list(lines) == [4]
     assert lines[4].latency_seconds == pytest.approx(60e-6)
     assert lines[4].bandwidth_gb_per_s == pytest.approx(10 / 1.5)
+
+
+def test_a_t_n_row_is_timed_against_the_one_device_run_of_its_method_batch_and_device_type():
+    """One baseline lookup (experiments.rows.one_device_runs) for Table 1, Table 2 and notebook 04: a gloo
+    CPU run's T(1) is the CPU one-device run's (40 s), not the GPU's (10 s) at the same batch. By hand:
+    speedup 40 / 25 = 1.6, compute (a) = 40 / 2 = 20 s, comm (a) = 25 - 20 = 5 s."""
+    def agg(devices, device_type, seconds):
+        cfg = {"method": scaling.DDP, "devices": devices, "batch_size": 32, "device_type": device_type,
+               "backend": "nccl" if device_type == "cuda" else "gloo", "record": "aggregate", "rank": None}
+        return Record("scaling", cfg, {"train_seconds": seconds, "steps": 10})
+
+    records = [agg(1, "cuda", 10.0), agg(1, "cpu", 40.0), agg(2, "cpu", 25.0)]
+    ones = one_device_runs(records)
+    assert ones[pair_key(records[2])] is records[1] and len(ones) == 2
+    df = scaling_tables.scaling_frame(records)
+    assert df["speedup"].tolist()[2] == pytest.approx(1.6)
+    row = compute_vs_comm.comm_row(merged(records[2]), merged(ones.get(pair_key(records[2]))))
+    assert (row.compute_a_seconds, row.comm_a_seconds) == pytest.approx((20.0, 5.0))
+
+
+def test_table_2_and_table_1_take_their_ratios_and_step_times_from_named_functions():
+    """By hand, T(1) = 40 s, T(N) = 25 s on 2 devices over 10 steps, (b) = 3 s exposed, (c) = 4 s in flight:
+    compute_to_comm_a = 20 / 5 = 4; compute_to_comm_b = (25 - 3) / 3 = 7.33; hidden_percent = 100 x (4 - 3)
+    / 4 = 25 %; Table 1's step_seconds t(N) = 25 / 10 = 2.5 s, and no ratio where comm (a) is not positive."""
+    def agg(devices, seconds, **m):
+        cfg = {"method": scaling.DDP, "devices": devices, "batch_size": 32, "device_type": "cpu",
+               "backend": "gloo", "record": "aggregate", "rank": None}
+        return Record("scaling", cfg, {"train_seconds": seconds, "steps": 10, **m})
+
+    one = agg(1, 40.0)
+    n = agg(2, 25.0, **probe_seconds({"exposed_per_step_seconds": 0.3, "allreduce_per_step_seconds": 0.4,
+                                      "noise_seconds": 0.01}, 10))
+    df = compute_vs_comm.compute_vs_comm_frame(compute_vs_comm.compute_vs_comm_rows(
+        [one, n], profiles.settings(scaling.Settings, "quick", comm_devices=(2,))))
+    got = df.iloc[0]
+    assert got["compute_to_comm_a"] == pytest.approx(4.0)
+    assert got["compute_to_comm_b"] == pytest.approx(22 / 3) and got["hidden_percent"] == pytest.approx(25.0)
+    assert scaling_tables.scaling_frame([one, n])["step_seconds"].tolist() == pytest.approx([4.0, 2.5])
+    assert compute_to_comm(20.0, 0.0) is None and compute_to_comm(20.0, -1.0) is None
+    assert hidden_percent(None) is None and per_step(Record("x", {}, {"train_seconds": 1.0})) is None

@@ -13,7 +13,7 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import profiles
+from lab_utils.core import metrics, profiles
 from lab_utils.core.loop import StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.core.machine import Machine
 from lab_utils.core.metrics import define
@@ -22,8 +22,10 @@ from lab_utils.core.records import Record
 from lab_utils.core.spread import (
     STEP_PERCENTILE_KEYS,
     STEP_SD_KEY,
+    TIME_MEDIAN,
     merge_repeats,
     percentile,
+    spread_of_record,
     step_percentiles,
     step_statistics,
     time_spread,
@@ -353,3 +355,15 @@ def test_fewer_than_five_steps_give_no_spread_and_no_flag():
     assert (s5.low_seconds, s5.high_seconds) == (2.0, 6.0)  # 4 x 0.5, 4 x 1.5
     assert s5.stderr_seconds == pytest.approx(0.4 * math.sqrt(5))
     assert scaling_tables.speedup_noise_flag(s4, s5) is None
+
+
+def test_the_median_over_repeats_has_a_name_of_its_own():
+    """Two repeats, 10 s and 12 s, by hand: the row's time train_seconds_median = 11 s (Table 1's T(N)); the
+    merged record holds the 10 s repeat's metrics (the lower median) with its own train_seconds, 10 s,
+    so its phases still add up to it."""
+    recs = [_agg(1, 10.0, 0.9, 1.0, 1.1), _agg(1, 12.0, 0.9, 1.0, 1.1, repeat=1)]
+    merged = merge_repeats(recs)[0]
+    assert merged.metrics[TIME_MEDIAN] == 11.0 and merged.metrics["train_seconds"] == 10.0
+    assert metrics.T_N == TIME_MEDIAN and define(TIME_MEDIAN).unit == "s"
+    assert scaling_tables.scaling_frame(recs)["epoch2_train_seconds"].tolist() == [11.0]
+    assert spread_of_record(merged).seconds == 11.0

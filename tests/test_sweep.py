@@ -253,7 +253,7 @@ def test_table_has_one_row_per_batch_size(oom_sweep):
     assert list(table["batch size"]) == list(SIZES)
     assert list(table["status"]) == ["ok", "ok", "oom", "skipped"]
     assert list(table["peak memory (GiB)"][:2]) == ["not tracked on CPU"] * 2
-    assert table["epoch-2 training (s)"][2] == "" and table["reason"][2].startswith("OOM")
+    assert table["epoch-2 training (s)"][2] is None and table["reason"][2].startswith("OOM")
     md = (store.tables_dir / "batch_sweep.md").read_text()
     assert "profile: quick" in md and "SYNTHETIC" in md and "| oom" in md
     csv = (store.tables_dir / "batch_sweep.csv").read_text().strip().splitlines()
@@ -270,7 +270,7 @@ def test_flop_table_selects_the_records_rate_and_has_no_percentage_on_a_cpu(oom_
     table, why = sweep_tables.save_flop_table(store, result, sweep.Settings(SIZES, WIDTH, TRAIN_IMAGES,
                                                                             TEST_IMAGES))
     assert list(table["achieved TFLOP/s"]) == [r.metrics["train_tflops_per_s"] for r in ok(result)]
-    assert list(table["% of peak"]) == ["", ""]
+    assert list(table["% of peak"]) == [None, None]
     assert "No % of peak" in why
     gpu = [replace(r, hardware={**r.hardware, "device_name": H100},
                    metrics={**r.metrics, "peak_precision": "tf32", "percent_of_peak": 1.5})
@@ -351,8 +351,8 @@ def test_anchor_table_shows_both_cohort_sets_and_compares_only_the_spec_configur
     assert list(t["cohort Q1: epoch 2 (s)"]) == [43.42, 36.85, 40.25]
     assert list(t["cohort Table 1 (s)"]) == [41.3, 33.64, 33.95]
     assert list(t["Q1 over Table 1 (%)"]) == [5.1, 9.5, 18.6]
-    assert list(t["this run: epoch 1 (s)"]) == [29.0, 17.5, ""]
-    assert list(t["this run: epoch 2 (s)"]) == [20.65, 16.8, ""]
+    assert list(t["this run: epoch 1 (s)"]) == [29.0, 17.5, None]
+    assert list(t["this run: epoch 2 (s)"]) == [20.65, 16.8, None]
     assert list(t["cohort / this run"])[:2] == ["2.00-2.10", "2.00-2.19"]   # 33.64/16.8, 36.85/16.8
     assert t["cohort / this run"][2].startswith("not measured (oom")
     quick = profiles.settings(sweep.Settings, "quick")

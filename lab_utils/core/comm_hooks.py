@@ -305,6 +305,21 @@ def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[fl
     return compute, tn_seconds - compute
 
 
+def compute_to_comm(compute_seconds: float | None, comm_seconds: float | None) -> float | None:
+    """Compute seconds per second of communication: ``compute / comm``; None when either is unknown or the
+    communication is not positive (no ratio to state). Table 2's (a): compute (a) / comm (a); its (b):
+    (T(N) - (b)) / (b)."""
+    if compute_seconds is None or comm_seconds is None or not comm_seconds > 0:
+        return None
+    return compute_seconds / comm_seconds
+
+
+def hidden_percent(overlap_fraction: float | None) -> float | None:
+    """The all-reduce's share hidden behind backward, in percent: 100 x ``overlap_fraction``
+    (:func:`overlap_figures`: ((c) - (b)) / (c)); None when unknown."""
+    return None if overlap_fraction is None else 100 * overlap_fraction
+
+
 NOISE_FLAG = "noise >= effect: not a result"
 
 

@@ -66,7 +66,8 @@ def mfu(flops_per_token: float, tokens_per_s: float | None, peak_flops_per_s: fl
         devices: int) -> float | None:
     """Model FLOPs utilization, a fraction: ``flops_per_token x tokens_per_s`` (all devices' tokens per
     second) over ``devices x peak_flops_per_s`` (one device's dense peak). None when the peak or the rate is
-    unknown (a CPU, a GPU the peak table lacks): never a guessed one."""
+    unknown (a CPU, a GPU the peak table lacks): never a guessed one. THE fraction of peak of every record:
+    the ResNet workers' ``percent_of_peak`` is 100 x ``mfu(flops_per_image, images_per_s, peak, 1)``."""
     if peak_flops_per_s is None or tokens_per_s is None or not peak_flops_per_s > 0:
         return None
     return flops_per_token * tokens_per_s / (devices * peak_flops_per_s)

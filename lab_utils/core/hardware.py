@@ -149,13 +149,6 @@ def fp32_matmul_precision(device_name: str | None) -> str:
     return "fp32"
 
 
-def fraction_of_peak(flops_per_s: float | None, device_name: str | None,
-                     precision: str) -> float | None:
-    """Achieved / peak, or ``None`` when either is unknown (never a guess)."""
-    peak = peak_flops_per_s(device_name, precision)
-    return None if peak is None or flops_per_s is None else flops_per_s / peak
-
-
 @dataclass
 class GPUInfo:
     index: int

@@ -115,6 +115,9 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
      "bytes"),
     # ---------------------------------------------------------------- a row's time's spread (core.spread)
     ("repeats", "measurements of one configuration merged into a table's row (REPEATS; ok ones)", "count"),
+    ("train_seconds_median", "a table row's time: the median over the row's ok repeats of their "
+     "train_seconds (one measurement: its own). Tables 1 and 2: T(N). The merged record's train_seconds "
+     "stays the repeat's whose phases it holds", "s"),
     ("spread_pct", "the spread of a row's time, in percent of it: one run, 100 x (p90 - p10) / p50 of its "
      "per-step training times; with repeats, 100 x (max - min) / median of the repeats' train_seconds "
      "(the row's time is then that median). Tables 2 and 3: the spread of T(N)", "%"),
@@ -370,11 +373,12 @@ def note(name: str) -> str:
     return f"{m.name}: {m.definition} ({m.unit})"
 
 
-#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): an aggregate
-#: record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`). The GPT
-#: of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
+#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): a table row's
+#: ``train_seconds_median``, the median over its repeats (:func:`lab_utils.core.spread.merge_repeats`) of an
+#: aggregate record's ``train_seconds``, the slowest rank's (:func:`lab_utils.core.ranks.aggregate_epoch`).
+#: The GPT of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
 #: (:data:`lab_utils.experiments.gpt_tables.GPT_T_N`).
-T_N = "train_seconds"
+T_N = "train_seconds_median"
 
 
 def value(record: Any, name: str) -> float | None:
@@ -386,17 +390,16 @@ def value(record: Any, name: str) -> float | None:
     return float(v) if v is not None else None
 
 
+def per_step(record: Any, name: str = T_N) -> float | None:
+    """The record's ``name`` (T(N) by default) per optimizer step: ``value(record, name) / steps``; None when
+    either is missing or the record is not ok. Table 1's ``step_seconds`` and every t(1) per step."""
+    v, steps = value(record, name), record.metrics.get("steps") if record is not None else None
+    return v / steps if v is not None and steps else None
+
+
 def is_missing(v: Any) -> bool:
     """None, NaN or not a number: a blank cell."""
     try:
         return math.isnan(float(v))
     except (TypeError, ValueError):
         return True
-
-
-def blank_missing(df):
-    """Float columns as objects with None for missing numbers: the tables show an empty cell, not 'nan'."""
-    for c in df.columns:
-        if df[c].dtype.kind == "f":
-            df[c] = df[c].astype(object).where(df[c].notna(), None)
-    return df

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lab_utils.core.comm_hooks import overlap_figures
+from lab_utils.core.records import RANK, Record
 from lab_utils.core.spread import STEP_PERCENTILE_KEYS, STEP_STAT_KEYS
 
 #: Time keys whose aggregate is the maximum over ranks (the others: the slowest rank's value).
@@ -108,6 +109,34 @@ def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if count in out:
             out[rate] = out[count] / t if t else math.nan
     return out
+
+
+def epochs_over_ranks(gathered: Sequence[Mapping[str, Any]],
+                      combine: Callable[[list[dict[str, Any]]], dict[str, Any]] = aggregate_epoch
+                      ) -> list[dict[str, Any]]:
+    """Every epoch over the ranks, THE path of every DDP worker: ``gathered`` holds each rank's results in
+    rank order (:func:`lab_utils.core.dist.gather`), its ``epochs`` one entry per epoch; epoch e is
+    ``combine`` (:func:`aggregate_epoch`, or a worker's wrapper of it) of the ranks' entries e, each named
+    by its ``rank``."""
+    return [combine([{**g["epochs"][e], "rank": r} for r, g in enumerate(gathered)])
+            for e in range(len(gathered[0]["epochs"]))]
+
+
+def run_records(experiment: str, config: Mapping[str, Any], metrics: dict[str, Any],
+                gathered: Sequence[Mapping[str, Any]], common: Mapping[str, Any],
+                rank_extra: Callable[[Mapping[str, Any]], Mapping[str, Any]], drop: Sequence[str] = ()
+                ) -> list[Record]:
+    """Rank 0's records of one DDP run: the run's record (``config``, ``metrics`` over the ranks) and one
+    per rank, ``{**config, "record": "rank", "rank": r}``, holding its reported (last) epoch's entry
+    (without ``epoch`` and ``drop``), ``reported_epoch``, every epoch and ``rank_extra(its results)``.
+    ``common``: the Record fields both share (profile, data, hardware)."""
+    records = [Record(experiment, dict(config), metrics, **common)]
+    for r, g in enumerate(gathered):
+        last = g["epochs"][-1]
+        m = {k: v for k, v in last.items() if k not in ("epoch", *drop)}
+        m.update(reported_epoch=last["epoch"], epochs=g["epochs"], **rank_extra(g))
+        records.append(Record(experiment, {**config, "record": RANK, "rank": r}, m, **common))
+    return records
 
 
 def probe_seconds(probe: Mapping[str, Any], steps: int) -> dict[str, Any]:

@@ -107,6 +107,37 @@ def same_devices(stored: Mapping[str, Any], here: Mapping[str, Any]) -> bool:
         "device_count")
 
 
+# --------------------------------------------------------------------------- a run's record and its ranks'
+
+#: How records are written: a DDP worker's rank 0 writes its run's record (``config["record"]``
+#: "aggregate", ``"rank"`` None) and one record per rank (``{**config, "record": "rank", "rank": r}``); a
+#: one-process worker (the sweep, the fast path, ...) writes one record with no ``"record"`` key. So the one
+#: rule: a record is a rank's when its ``config["record"]`` is "rank"; every other record is its run's.
+RANK = "rank"
+
+
+def is_rank_record(record: Record) -> bool:
+    """``record`` is one rank's (of a DDP run), not a run's own record (:data:`RANK`)."""
+    return record.config.get("record") == RANK
+
+
+def aggregates(records: Iterable[Record]) -> list[Record]:
+    """The one record per run among ``records``: all but the per-rank ones (:func:`is_rank_record`)."""
+    return [r for r in records if not is_rank_record(r)]
+
+
+def run_key(record: Record) -> str:
+    """The key of the run ``record`` belongs to: its own, or for a rank's record its run's record's."""
+    if is_rank_record(record):
+        return canonical_key({**record.config, "record": "aggregate", "rank": None})
+    return record.key
+
+
+def ranks_of(run: Any, records: Iterable[Record]) -> list[Record]:
+    """The per-rank records among ``records`` of ``run`` (a run's record, or anything with its ``key``)."""
+    return [r for r in records if is_rank_record(r) and run_key(r) == run.key]
+
+
 # --------------------------------------------------------------------------- the file protocol
 
 

@@ -19,8 +19,9 @@ Two different questions, two numbers:
   the run-to-run variation (another process on the node, clocks, the data order): that needs repeats.
 - **Repeats** (``REPEATS > 1`` in notebooks 01-03, each repeat a stored configuration of its own,
   ``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
-  repeats' ``train_seconds``, the spread 100 x (max - min) / median %, "min-max of R repeats"; the
-  standard error that of their mean, stdev / sqrt(R).
+  repeats' ``train_seconds`` (``train_seconds_median``, :data:`TIME_MEDIAN`), the spread
+  100 x (max - min) / median %, "min-max of R repeats"; the standard error that of their mean,
+  stdev / sqrt(R).
 
 :func:`time_spread` computes both; :func:`merge_repeats` gives every table one record per
 configuration with its spread: tables select and rename, they do not recompute.
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from lab_utils.core.records import Record, canonical_key
+from lab_utils.core.records import Record, canonical_key, is_rank_record
 
 #: The per-step percentiles an epoch record holds (seconds), in the order p10, p50, p90.
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
@@ -46,8 +47,11 @@ STEP_STAT_KEYS = (*STEP_PERCENTILE_KEYS, STEP_SD_KEY)
 REPEAT = "repeat"
 #: Fewer optimizer steps give no one-run spread: the p10 and p90 of 2 steps are just those 2 steps.
 MIN_STEPS = 5
+#: A table row's time, which :func:`merge_repeats` writes: the median over its ok repeats' ``train_seconds``
+#: (one measurement: its own). The record's ``train_seconds`` stays that of the repeat whose metrics it holds.
+TIME_MEDIAN = "train_seconds_median"
 #: What :func:`merge_repeats` adds to each merged record's metrics.
-SPREAD_KEYS = ("spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats",
+SPREAD_KEYS = (TIME_MEDIAN, "spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats",
                "stderr_seconds", "stderr_pct")
 #: A difference counts when it exceeds this many standard errors (about a 95 % interval).
 NOISE_SIGMAS = 2.0
@@ -154,14 +158,15 @@ def merge_repeats(records: Sequence[Record]) -> list[Record]:
     """One record per configuration (its config without ``repeat``), in first-seen order, with the
     :data:`SPREAD_KEYS` in its metrics (``repeats``: the ok measurements merged).
 
-    The ok repeats become the metrics of the one whose ``train_seconds`` is the lower median, with
-    ``train_seconds`` set to the MEDIAN over the repeats and the spread of :func:`time_spread`; with
-    no ok repeat, the first record. Per-rank records are kept for the first measurement only.
+    The ok repeats become the metrics of the one whose ``train_seconds`` is the lower median (its own
+    ``train_seconds`` kept, so its phases still add up to it), with :data:`TIME_MEDIAN`, the MEDIAN over
+    the repeats, and the spread of :func:`time_spread`; with no ok repeat, the first record. Per-rank
+    records are kept for the first measurement only.
     """
     groups: dict[str, list[Record]] = {}
     order: list[str | Record] = []  # a configuration's key, or a per-rank record kept as it is
     for r in records:
-        if r.config.get("record") == "rank":
+        if is_rank_record(r):
             if not r.config.get(REPEAT):
                 order.append(r)
             continue
@@ -182,15 +187,12 @@ def merge_repeats(records: Sequence[Record]) -> list[Record]:
             out.append(replace(first, config=config))
             continue
         spread = time_spread([r.metrics for r in ok])
-        rep = ok[0]
-        if len(ok) > 1:
-            timed = [r for r in ok if r.metrics.get("train_seconds") is not None]
-            low_median = statistics.median_low([r.metrics["train_seconds"] for r in timed]) if timed else None
-            rep = next((r for r in timed if r.metrics["train_seconds"] == low_median), ok[0])
+        times = [r.metrics["train_seconds"] for r in ok if r.metrics.get("train_seconds") is not None]
+        low_median = statistics.median_low(times) if times else None
+        rep = next((r for r in ok if r.metrics.get("train_seconds") == low_median), ok[0])
         metrics = dict(rep.metrics)
-        if spread is not None:
-            metrics["train_seconds"] = spread.seconds
-        metrics.update({"spread_pct": spread and spread.pct, "spread_of": spread and spread.of,
+        metrics.update({TIME_MEDIAN: statistics.median(times) if times else None,
+                        "spread_pct": spread and spread.pct, "spread_of": spread and spread.of,
                         "spread_low_seconds": spread and spread.low_seconds,
                         "spread_high_seconds": spread and spread.high_seconds, "repeats": len(ok),
                         "stderr_seconds": spread and spread.stderr_seconds,
@@ -204,9 +206,9 @@ def spread_of_record(record: Record | None) -> Spread | None:
     if record is None or record.status != "ok":
         return None
     m = record.metrics
-    if m.get("spread_low_seconds") is None or m.get("train_seconds") is None:
+    if m.get("spread_low_seconds") is None or m.get(TIME_MEDIAN) is None:
         return None
     se = m.get("stderr_seconds")
-    return Spread(float(m["train_seconds"]), float(m["spread_low_seconds"]), float(m["spread_high_seconds"]),
+    return Spread(float(m[TIME_MEDIAN]), float(m["spread_low_seconds"]), float(m["spread_high_seconds"]),
                   m.get("spread_pct"), m.get("spread_of") or "", int(m.get("repeats") or 1),
                   None if se is None else float(se))

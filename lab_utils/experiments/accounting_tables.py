@@ -16,6 +16,7 @@ import pandas as pd
 from lab_utils.core.data import CIFAR10_TRAIN_SIZE
 from lab_utils.experiments.large_batch import COMM_EXPERIMENT
 from lab_utils.experiments.large_batch_tables import ASKED_LARGE
+from lab_utils.experiments.rows import blank
 from lab_utils.models import ResNet18
 from lab_utils.store import Record, ResultStore
 from lab_utils.workers import comm_accounting as ca
@@ -97,7 +98,7 @@ def comm_items(rec: Record) -> list[CommItem]:
 
 def _whole(v: Any) -> Any:
     """Whole numbers as int, missing as None (so tables print 705608, not 7.056e+05)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if blank(v) is None:
         return None
     return int(round(v)) if float(v).is_integer() or abs(v) >= 100 else v
 

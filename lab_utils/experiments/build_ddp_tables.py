@@ -19,8 +19,8 @@ import pandas as pd
 
 from lab_utils.core.errors import LabError
 from lab_utils.core.handmade import optimal_bucket_bytes, predicted_seconds
+from lab_utils.core.records import aggregates
 from lab_utils.core.ring import MIB, fit_alpha_beta
-from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
 from lab_utils.workers.handmade_ddp import IMPLEMENTATIONS

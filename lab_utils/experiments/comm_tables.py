@@ -27,6 +27,7 @@ from lab_utils.core.config import CIFAR10_TRAIN_SIZE, check_positive_int
 from lab_utils.core.errors import LabError
 from lab_utils.core.handmade import assign_buckets
 from lab_utils.core.machine import Machine
+from lab_utils.core.records import aggregates
 from lab_utils.core.ring import (
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
@@ -47,8 +48,9 @@ from lab_utils.core.ring import (
 )
 from lab_utils.experiments import compute_vs_comm, scaling
 from lab_utils.experiments.comm import ALLREDUCE_BENCH_EXPERIMENT, LinkPeak, Settings
+from lab_utils.experiments.rows import blank_missing
 from lab_utils.models import ResNet18, count_parameters
-from lab_utils.plan import aggregates, make_plan, measure
+from lab_utils.plan import make_plan, measure
 from lab_utils.store import ResultStore
 
 __all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bandwidth_prediction_cases",
@@ -659,7 +661,7 @@ def report_utilization(store, settings: Settings, bench: BenchReport, link: Link
     rows = utilization_rows(_measurements(store, settings.table_devices), bench.peaks, link)
     rows += utilization_rows(_anchor_measurements(), None, None)  # their hardware: no peak here
     df = pd.DataFrame(rows)
-    df = df.astype(object).where(df.notna(), None)  # missing numbers print as blanks, not "nan"
+    df = blank_missing(df)
     nb03 = store.latest_here(scaling.COMPUTE_VS_COMM).records
     store.save_table(df, "allreduce_utilization", aggregates(nb03) + list(bench.records),
                      title="Table 3: all-reduce bandwidth utilization (Q3.2)",

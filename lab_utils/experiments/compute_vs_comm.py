@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from lab_utils.core.comm_hooks import NOISE_SIGMAS, derived_comm, noise_flag
-from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.comm_hooks import NOISE_SIGMAS, compute_to_comm, derived_comm, hidden_percent, noise_flag
+from lab_utils.core.metrics import T_N, is_missing, note, value
+from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.spread import merge_repeats, spread_of_record, within_noise
+from lab_utils.experiments.rows import blank_missing, one_device_runs, pair_key
 from lab_utils.experiments.scaling import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.scaling_tables import method_label, oversubscribed
 from lab_utils.store import Record, ResultStore
@@ -48,6 +50,9 @@ class CommRow:
     backend: str | None = None
     skew_wait_seconds: float | None = None
     exposed_noise_b_seconds: float | None = None  # standard error of (b), per epoch (probe pairs)
+    compute_to_comm_a: float | None = None  # compute (a) / comm (a)
+    compute_to_comm_b: float | None = None  # (T(N) - (b)) / (b)
+    hidden_percent: float | None = None     # 100 x overlap_fraction
     oversubscribed: str | None = None  # see :func:`oversubscribed`
     spread_pct: float | None = None    # T(N)'s spread, % (lab_utils.core.spread): how the steps vary
     spread_of: str | None = None       # which spread: "p10-p90 of S steps" | "min-max of R repeats"
@@ -60,21 +65,18 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
     """One :class:`CommRow` per stored N-device configuration of notebook 03 (the Table 3 interface):
     T(1) from ``scaling`` (same method and per-device batch), T(N) from ``compute_vs_comm`` (DDP) or
     ``scaling`` (DataParallel). Only this machine's devices' records (``latest_here``), repeats merged."""
-    scaling = merge_repeats(store.latest_here(SCALING).records)
-    ones = {(r.config["method"], r.config["batch_size"], r.config.get("device_type")): r for r in scaling
-            if r.config.get("record") == "aggregate" and r.config["devices"] == 1 and r.status == "ok"}
-    recs = [r for r in merge_repeats(store.latest_here(COMPUTE_VS_COMM).records)
-            if r.config.get("record") == "aggregate"]
+    scaling = aggregates(merge_repeats(store.latest_here(SCALING).records))
+    ones = one_device_runs(scaling)
+    recs = aggregates(merge_repeats(store.latest_here(COMPUTE_VS_COMM).records))
     if DP in methods:
-        recs += [r for r in scaling if r.config.get("record") == "aggregate"
-                 and r.config["method"] == DP and r.config["devices"] > 1]
-    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"], r.config.get("device_type"))))
-            for r in recs if r.config["method"] in methods
+        recs += [r for r in scaling if r.config["method"] == DP and r.config["devices"] > 1]
+    return [comm_row(r, ones.get(pair_key(r))) for r in recs if r.config["method"] in methods
             and (devices is None or r.config["devices"] in devices)]
 
 
 def comm_row(rec: Record, one: Record | None) -> CommRow:
-    """Table 2's figures for one N-device record and its one-device counterpart."""
+    """Table 2's figures for one N-device row and its one-device counterpart, records as
+    :func:`lab_utils.core.spread.merge_repeats` gives them (T(N): their ``train_seconds_median``)."""
     c, m = rec.config, rec.metrics
     row = CommRow(method=method_label(c["method"], c.get("backend"), c.get("device_type")),
                   devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),
@@ -93,11 +95,15 @@ def comm_row(rec: Record, one: Record | None) -> CommRow:
         row.status = "T(1) missing: run the one-device configuration (notebook 02)"
     else:
         row.compute_a_seconds, row.comm_a_seconds = derived_comm(row.t1_seconds, row.tn_seconds, row.devices)
+        row.compute_to_comm_a = compute_to_comm(row.compute_a_seconds, row.comm_a_seconds)
     if "exposed_comm_seconds" in m:  # the worker's numbers, as measured (core.ranks.probe_seconds)
         row.exposed_b_seconds = m["exposed_comm_seconds"]
         row.allreduce_c_seconds = m["allreduce_seconds"]
         row.overlap_seconds, row.overlap_fraction = m.get("overlap_seconds"), m.get("overlap_fraction")
         row.exposed_noise_b_seconds = m.get("exposed_comm_noise_seconds")
+        row.hidden_percent = hidden_percent(row.overlap_fraction)
+        if row.tn_seconds is not None and (b := row.exposed_b_seconds) is not None:
+            row.compute_to_comm_b = compute_to_comm(row.tn_seconds - b, b)
     return row
 
 
@@ -109,19 +115,15 @@ def compute_vs_comm_frame(rows: Sequence[CommRow]):
              "status": r.status, "T1_seconds": r.t1_seconds, "TN_seconds": r.tn_seconds,
              "spread_pct": r.spread_pct, "spread_of": r.spread_of,
              "compute_a_seconds": r.compute_a_seconds, "comm_a_seconds": r.comm_a_seconds,
-             "compute_to_comm_a": None,
+             "compute_to_comm_a": r.compute_to_comm_a,
              "exposed_comm_b_seconds": r.exposed_b_seconds, "allreduce_c_seconds": r.allreduce_c_seconds,
              "overlap_c_minus_b_seconds": r.overlap_seconds,
-             "hidden_percent": 100 * r.overlap_fraction if r.overlap_fraction is not None else None,
-             "compute_to_comm_b": None, "skew_wait_seconds": r.skew_wait_seconds,
+             "hidden_percent": r.hidden_percent,
+             "compute_to_comm_b": r.compute_to_comm_b, "skew_wait_seconds": r.skew_wait_seconds,
              "exposed_noise_b_seconds": r.exposed_noise_b_seconds,
              "noise_flag": noise_flag(r.exposed_b_seconds, r.exposed_noise_b_seconds),
              "comm_a_stderr_seconds": comm_a_stderr(r), "comm_a_noise_flag": comm_a_noise_flag(r),
              "oversubscribed": r.oversubscribed}
-        if r.compute_a_seconds is not None and r.comm_a_seconds and r.comm_a_seconds > 0:
-            d["compute_to_comm_a"] = r.compute_a_seconds / r.comm_a_seconds
-        if r.exposed_b_seconds and r.tn_seconds and r.exposed_b_seconds > 0:
-            d["compute_to_comm_b"] = (r.tn_seconds - r.exposed_b_seconds) / r.exposed_b_seconds
         out.append(d)
     cols = ["method", "devices", "per_device_batch", "status", "T1_seconds", "TN_seconds", "spread_pct",
             "spread_of", "compute_a_seconds", "comm_a_seconds", "compute_to_comm_a", "exposed_comm_b_seconds",
@@ -187,9 +189,9 @@ def compute_vs_comm_rows(records: Sequence[Record], settings: Settings) -> list[
     """Table 2's rows in table order, including rows that did not run (with their reason): every
     N-device aggregate of ``settings.comm_devices`` with its one-device counterpart (same method,
     same per-device batch) from the same records."""
-    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
-    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
-    return [comm_row(r, ones.get((r.config["method"], r.config["batch_size"]))) for r in aggs
+    aggs = aggregates(merge_repeats(records))
+    ones = one_device_runs(aggs)
+    return [comm_row(r, ones.get(pair_key(r))) for r in aggs
             if r.config["devices"] != 1 and r.config["devices"] in settings.comm_devices]
 
 
@@ -198,7 +200,8 @@ def compute_vs_comm_table(store: ResultStore, records: Sequence[Record], setting
     rows = compute_vs_comm_rows(records, settings)
     df = compute_vs_comm_frame(rows)
     notes = [TABLE2_NOTES[0], "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; "
-             + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + ".", *TABLE2_NOTES[1:]]
+             + note(T_N) + "; " + note("exposed_comm_seconds") + "; " + note("allreduce_seconds") + ".",
+             *TABLE2_NOTES[1:]]
     if any(r.backend == "gloo" for r in rows):
         notes.append("DDP (gloo, CPU processes): on a CPU the all-reduce thread competes with backward for "
                      "the same core, so (b) can exceed (c); on GPUs NCCL runs beside the compute kernels.")
@@ -269,7 +272,7 @@ def rank_breakdown_frame(records: Sequence[Record], devices: int, batch_size: in
         c = r.config
         if c.get("method") != DDP or c["devices"] != devices or c["batch_size"] != batch_size:
             continue
-        if c.get("record") == "rank":
+        if is_rank_record(r):
             rows.append({"rank": c["rank"], **{k: r.metrics.get(k) for k in phases}})
         elif r.status == "ok":
             agg = r.metrics

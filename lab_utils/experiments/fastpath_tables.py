@@ -7,11 +7,9 @@ bench data|train`` commands that measure and print them. Rates: ``loader_images_
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -20,6 +18,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import mig_profile
 from lab_utils.core.machine import Machine
 from lab_utils.experiments.fastpath import LOADER_EXPERIMENT, WATERFALL_EXPERIMENT, Settings
+from lab_utils.experiments.rows import blank
 from lab_utils.plan import measure
 from lab_utils.session import session_for
 from lab_utils.store import Record
@@ -60,11 +59,6 @@ def status_text(r: Record) -> str:
     return reason if reason.lower().startswith(r.status) else f"{r.status}: {reason}"
 
 
-def _blank(v: Any) -> Any:
-    """None/NaN as an empty cell (tabulate keeps the column numeric and prints nothing)."""
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-
 def waterfall_table(records: Sequence[Record]):
     """One row per step: what it adds, images/s, epoch seconds, TFLOP/s, % of peak, ratio to spec.
     A device without a known peak says why in ``percent_of_peak``; a row that did not run, its reason."""
@@ -74,11 +68,11 @@ def waterfall_table(records: Sequence[Record]):
         pct = m.get("percent_of_peak")
         rows.append({
             "step": r.config["step"], "adds": ADDS.get(r.config["step"], ""),
-            "images_per_s": _blank(m.get("epoch_images_per_s")),
-            **{k: _blank(m.get(k)) for k in ("epoch_seconds", "warmup_seconds", "compile_seconds",
+            "images_per_s": blank(m.get("epoch_images_per_s")),
+            **{k: blank(m.get(k)) for k in ("epoch_seconds", "warmup_seconds", "compile_seconds",
                                              "achieved_tflops_per_s")},
             "percent_of_peak": pct if pct is not None else (_no_peak(r) if m else ""),
-            "ratio_to_spec": _blank(m.get("ratio_to_spec")), "status": status_text(r)})
+            "ratio_to_spec": blank(m.get("ratio_to_spec")), "status": status_text(r)})
     return pd.DataFrame(rows)
 
 

@@ -10,7 +10,6 @@ steps).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +20,11 @@ from lab_utils.core import anchors
 from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.core.comm_hooks import derived_comm, noise_flag
 from lab_utils.core.flops import mfu, predicted_tokens_per_s
-from lab_utils.core.metrics import value
+from lab_utils.core.metrics import per_step, value
+from lab_utils.core.records import aggregates, ranks_of
 from lab_utils.core.speedup import efficiency, speedup
 from lab_utils.experiments.gpt import Settings
-from lab_utils.plan import aggregates
+from lab_utils.experiments.rows import blank, blank_missing, one_device_runs, pair_key
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
 
@@ -43,22 +43,13 @@ __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_repor
 
 #: T(N) of the GPT: an aggregate's ``epoch_seconds``, the slowest rank's wall time of the uninstrumented
 #: pass (device synchronized at its two ends only, loader waits included). Notebooks 02 and 03's T(N) is
-#: ``train_seconds`` instead (lab_utils.core.metrics.T_N): the sum of synchronized phases, loader and skew
-#: waits excluded.
+#: ``train_seconds`` instead (its median over repeats, lab_utils.core.metrics.T_N): the sum of
+#: synchronized phases, loader and skew waits excluded.
 GPT_T_N = "epoch_seconds"
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if r.status == "ok"]
-
-
-def _num(v: Any) -> Any:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
-
-
-def _blanks(df):
-    """Missing numbers print as blanks in the Markdown tables, not as 'nan'."""
-    return df.astype(object).where(df.notna(), None)
 
 
 def earlier_report_frame():
@@ -76,7 +67,7 @@ def earlier_report_frame():
                     "slowest rank (s)": slow, "speedup on the slowest rank": round(speedup(t1, slow), 2),
                     "note": "super-linear: speedup > N on the mean" if n > 1 and on_mean > n else ""})
         rows.append(row)
-    return _blanks(pd.DataFrame(rows))
+    return blank_missing(pd.DataFrame(rows))
 
 
 def earlier_report_note() -> str:
@@ -146,13 +137,13 @@ def scaling_table(records: Sequence[Record]):
     rank need not give every device count the same work (:data:`_SCALING_TIME_BASIS`), the tokens trained
     and the speedup per token, flagged when the work differs."""
     aggs = aggregates(records)
-    base = {r.config["batch_size"]: r for r in _ok(aggs) if r.config["devices"] == 1}
+    ones = one_device_runs(aggs)
     rows = []
     for r in aggs:
         bs, n = r.config["batch_size"], r.config["devices"]
         row: dict[str, Any] = {"per-device batch": bs, "devices": n, "status": r.status}
         if r.status == "ok":
-            m, one = r.metrics, base.get(bs)
+            m, one = r.metrics, ones.get(pair_key(r))
             tokens, tokens1 = m.get("tokens"), one.metrics.get("tokens") if one else None
             speed = speedup(value(one, GPT_T_N), value(r, GPT_T_N))
             t1, tn = value(one, GPT_T_N), value(r, GPT_T_N)
@@ -161,7 +152,7 @@ def scaling_table(records: Sequence[Record]):
                 "backend": m["backend"] or "one process", "T(N): epoch (s)": m[GPT_T_N],
                 "speedup T1/TN": speed, "efficiency": efficiency(speed, n),
                 "slowest rank": m["slowest_rank"], "imbalance max/min": m["imbalance"],
-                "tokens/s": m["epoch_tokens_per_s"], "MFU": _num(m["mfu"]), "precision": precision_label(r),
+                "tokens/s": m["epoch_tokens_per_s"], "MFU": blank(m["mfu"]), "precision": precision_label(r),
                 "val loss": m["val_loss"], "reason": None, "tokens trained (epoch)": tokens,
                 "work vs 1 device": tokens / tokens1 if tokens1 else None,
                 "speedup on tokens/s (equal work)": per_token,
@@ -170,7 +161,7 @@ def scaling_table(records: Sequence[Record]):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return with_view(_blanks(pd.DataFrame(rows)), SCALING_VIEW)
+    return with_view(blank_missing(pd.DataFrame(rows)), SCALING_VIEW)
 
 
 def precision_label(rec: Record) -> str | None:
@@ -230,13 +221,13 @@ def compute_comm_table(records: Sequence[Record]):
     reported epoch's steps; the probe's, likewise) of each run on N > 1 devices, and the derived method on
     T(N) (:func:`lab_utils.core.comm_hooks.derived_comm`)."""
     aggs = _ok(aggregates(records))
-    base = {r.config["batch_size"]: r for r in aggs if r.config["devices"] == 1}
+    ones = one_device_runs(aggs)
     rows = []
     for r in (r for r in aggs if r.config["devices"] > 1):
-        m, n, one = r.metrics, r.config["devices"], base.get(r.config["batch_size"])
+        m, n, one = r.metrics, r.config["devices"], ones.get(pair_key(r))
         d_comp, d_comm = derived_comm(one.metrics[GPT_T_N], m[GPT_T_N], n) if one else (None, None)
         comp, comm = _per_epoch(m, "compute_seconds"), _per_epoch(m, "communication_seconds")
-        noise = _num(m.get("exposed_comm_noise_seconds"))
+        noise = blank(m.get("exposed_comm_noise_seconds"))
         rows.append({
             "per-device batch": r.config["batch_size"], "devices": n,
             "compute (s)": comp, "communication (s), exposed wait": comm,
@@ -244,10 +235,10 @@ def compute_comm_table(records: Sequence[Record]):
             "all-reduce in flight (s)": _per_epoch(m, "epoch_allreduce_seconds"),
             "exposed by no_sync probe (s)": m.get("exposed_comm_seconds"), "probe noise ± (s)": noise,
             "noise flag": noise_flag(m.get("exposed_comm_seconds"), noise),
-            "overlap fraction": _num(m.get("overlap_fraction")), "buckets": m.get("allreduce_buckets"),
+            "overlap fraction": blank(m.get("overlap_fraction")), "buckets": m.get("allreduce_buckets"),
             "derived compute T1/N (s)": d_comp, "derived comm TN - T1/N (s)": d_comm,
         })
-    return _blanks(pd.DataFrame(rows))
+    return blank_missing(pd.DataFrame(rows))
 
 
 _BREAKDOWN_MS = {"data loading": "data_loading_seconds", "data movement": "data_movement_seconds",
@@ -261,8 +252,7 @@ def rank_table(records: Sequence[Record]):
     marked, then the means over ranks the aggregate holds."""
     rows = []
     for agg in (a for a in _ok(aggregates(records)) if a.config["devices"] > 1):
-        ranks = [r for r in records if {**r.config, "record": "aggregate", "rank": None} == agg.config
-                 and r.config.get("record") == "rank"]
+        ranks = ranks_of(agg, records)
         m, key = agg.metrics, {"per-device batch": agg.config["batch_size"], "devices": agg.config["devices"]}
         for rk in ranks:
             rows.append({**key, "rank": rk.config["rank"],
@@ -279,7 +269,7 @@ def rank_table(records: Sequence[Record]):
                      **{f"{col} (ms/step)": _per_step_ms({**mean, "steps": bd.get("steps")}, name)
                         for col, name in _BREAKDOWN_MS.items()},
                      "train loss": m["train_loss"]})
-    return _blanks(pd.DataFrame(rows))
+    return blank_missing(pd.DataFrame(rows))
 
 
 def _timer(m: dict, name: str, key: str) -> float | None:
@@ -303,12 +293,12 @@ def accumulation_table(records: Sequence[Record]):
                 ("whole run (s)", "run"), ("training (s)", "run/epoch/training"),
                 ("validation (s)", "run/epoch/validation"))})
             row.update({f"tokens/s (epoch {m['reported_epoch']})": m["epoch_tokens_per_s"],
-                        "MFU": _num(m["mfu"])})
+                        "MFU": blank(m["mfu"])})
             for phase in ("forward", "loss", "backward", "optimizer"):
                 mean = _timer(m, f"run/breakdown/{phase}", "mean_seconds")
                 row[f"{phase} mean (ms)"] = None if mean is None else 1e3 * mean
             row.update({
-                "instrumented / plain step": _num(m.get("timer_overhead_ratio")),
+                "instrumented / plain step": blank(m.get("timer_overhead_ratio")),
                 "precision": precision_label(r),
                 "peak memory (GiB)": None if (peak := m.get("peak_memory_bytes")) is None else peak / 2**30,
                 "activations per micro-batch (MiB)": (m["saved_activation_bytes"] / 2**20
@@ -317,7 +307,7 @@ def accumulation_table(records: Sequence[Record]):
         else:
             row["reason"] = r.reason
         rows.append(row)
-    return with_view(_blanks(pd.DataFrame(rows)), ACCUMULATION_VIEW)
+    return with_view(blank_missing(pd.DataFrame(rows)), ACCUMULATION_VIEW)
 
 
 def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Record]):
@@ -327,12 +317,11 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
     sizes; the measurement: each accumulation run's tokens/s per device. Empty lists when the one-device
     runs are missing."""
-    one = sorted((r for r in _ok(aggregates(scaling)) if r.config["devices"] == 1),
-                 key=lambda r: r.config["batch_size"])[:2]
+    one = sorted(one_device_runs(scaling).values(), key=lambda r: r.config["batch_size"])[:2]
     if len(one) < 2:
         return [], [], []
     batches = [r.config["batch_size"] for r in one]
-    seconds = [r.metrics[GPT_T_N] / r.metrics["steps"] for r in one]
+    seconds = [per_step(r, GPT_T_N) for r in one]
     block = round(one[0].metrics["tokens"] / (one[0].metrics["steps"] * batches[0]))
     cases, measured, labels = [], [], []
     for r in aggregates(accumulation):

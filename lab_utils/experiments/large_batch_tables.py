@@ -14,6 +14,7 @@ import pandas as pd
 from lab_utils.core.anchors import FIRST_COHORT_LARGE_BATCH
 from lab_utils.core.errors import LabError
 from lab_utils.core.machine import Machine
+from lab_utils.core.records import aggregates, ranks_of
 from lab_utils.core.schedules import make_schedule
 from lab_utils.experiments.large_batch import (
     EXPERIMENT,
@@ -22,7 +23,6 @@ from lab_utils.experiments.large_batch import (
     plan_devices,
     sampler_epoch_orders,
 )
-from lab_utils.plan import aggregates
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
 from lab_utils.workers.ddp import RunConfig
@@ -265,8 +265,7 @@ def set_epoch_table(dataset_size: int = 16, num_replicas: int = 2, epochs: int =
 def worker_sample_orders(records: Sequence[Record], rec: Record) -> list[dict[str, Any]]:
     """The first sampler indices each rank drew per epoch in ``rec``'s run, from its per-rank records among
     ``records`` (the worker calls set_epoch)."""
-    ranks = [r for r in records if r.config.get("record") == "rank"
-             and all(r.config.get(k) == v for k, v in rec.config.items() if k not in ("record", "rank"))]
+    ranks = ranks_of(rec, records)
     return [{"rank": r.config.get("rank"), "epoch": e.get("epoch"),
              "first indices": " ".join(str(i) for i in e.get("sample_order_head", []))}
             for r in ranks for e in r.metrics.get("epochs", [])]

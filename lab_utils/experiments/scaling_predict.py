@@ -17,10 +17,12 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.core.errors import LabError
-from lab_utils.core.metrics import T_N, value
+from lab_utils.core.metrics import T_N, per_step, value
+from lab_utils.core.records import aggregates
 from lab_utils.core.ring import fit_alpha_beta, iterations_per_epoch
 from lab_utils.core.scaling_model import AllReduceLine
 from lab_utils.core.spread import merge_repeats
+from lab_utils.experiments.rows import one_device_runs, pair_key
 from lab_utils.experiments.scaling import DDP
 from lab_utils.store import Record
 
@@ -46,13 +48,12 @@ def allreduce_lines(bench_records: Sequence[Record]) -> dict[int, AllReduceLine]
 
 
 def _aggregates(records: Sequence[Record]) -> list[Record]:
-    return [r for r in merge_repeats(records) if r.status == "ok" and r.config.get("method") == DDP
-            and r.config.get("record", "aggregate") == "aggregate" and value(r, T_N)]
+    return [r for r in aggregates(merge_repeats(records)) if r.config.get("method") == DDP and value(r, T_N)]
 
 
 def _ones(records: Sequence[Record]) -> dict[int, Record]:
     """The one-device DDP runs by per-device batch."""
-    return {int(r.config["batch_size"]): r for r in _aggregates(records) if r.config["devices"] == 1}
+    return {int(r.config["batch_size"]): r for r in one_device_runs(_aggregates(records)).values()}
 
 
 def inputs_frames(one_device_records: Sequence[Record], lines: dict[int, AllReduceLine],
@@ -64,7 +65,7 @@ def inputs_frames(one_device_records: Sequence[Record], lines: dict[int, AllRedu
     rows = []
     for b, r in sorted(_ones(one_device_records).items()):
         images, buckets = int(r.config["train_images"]), r.metrics.get("bucket_bytes") or []
-        rows.append({"per_device_batch": b, "t1_step_seconds": value(r, T_N) / r.metrics["steps"],
+        rows.append({"per_device_batch": b, "t1_step_seconds": per_step(r),
                      **{f"steps_{n}": iterations_per_epoch(images, b, n) for n in devices if n > 1},
                      "gradient_bytes": r.metrics.get("gradient_bytes"),
                      "bucket_bytes": ", ".join(f"{x:,}" for x in buckets) or None})
@@ -93,19 +94,19 @@ def epoch_cases(records: Sequence[Record], lines: dict[int, AllReduceLine]) -> C
     """Exercise 02-b's prediction table: per N-device DDP run of Table 1 with a one-device run at its batch
     and an all-reduce line at its N, two rows, both measured T(N): the whole gradient exposed (no
     overlap), and only DDP's last bucket exposed (overlap at its best)."""
-    out, ones = Cases(), _ones(records)
+    out, ones = Cases(), one_device_runs(_aggregates(records))
     for r in _aggregates(records):
         n, b = int(r.config["devices"]), int(r.config["batch_size"])
         if n == 1:
             continue
-        one, line = ones.get(b), lines.get(n)
+        one, line = ones.get(pair_key(r)), lines.get(n)
         buckets = (one.metrics.get("bucket_bytes") if one else None) or r.metrics.get("bucket_bytes")
         why = ("no one-device run" if one is None else f"no all-reduce fit at {n} ranks" if line is None
                else "no bucket sizes in the record (measured by an older lab)" if not buckets else "")
         if why:
             out.skipped.append(f"{n} x {b}: {why}")
             continue
-        base = {"t1_step_seconds": value(one, T_N) / one.metrics["steps"], "steps": int(r.metrics["steps"]),
+        base = {"t1_step_seconds": per_step(one), "steps": int(r.metrics["steps"]),
                 "latency_seconds": line.latency_seconds, "bandwidth_gb_per_s": line.bandwidth_gb_per_s}
         for label, exposed in (("no overlap", r.metrics["gradient_bytes"]), ("last bucket only",
                                                                               buckets[-1])):

@@ -25,7 +25,8 @@ from lab_utils.core.anchors import (
     other_cohort_per_gpu_batch,
 )
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
-from lab_utils.core.metrics import T_N, blank_missing, is_missing, note, value
+from lab_utils.core.metrics import T_N, is_missing, note, per_step, value
+from lab_utils.core.records import aggregates, is_rank_record
 from lab_utils.core.ring import ring_bytes_per_rank
 from lab_utils.core.speedup import (
     amdahl_speedup,
@@ -38,6 +39,7 @@ from lab_utils.core.speedup import (
     speedup,
 )
 from lab_utils.core.spread import Spread, merge_repeats, spread_of_record, within_noise
+from lab_utils.experiments.rows import blank_missing, one_device_runs, pair_key
 from lab_utils.experiments.scaling import DP, Settings
 from lab_utils.store import Record, ResultStore
 from lab_utils.table_view import with_view
@@ -359,11 +361,10 @@ def per_step_growth_frame(records: Sequence[Record] | None = None):
     T(N) - T(1)/N = steps(N) x growth + the last partial batch's share. Milliseconds per step, seconds
     per epoch."""
     rows = []
-    aggs = [r for r in merge_repeats(records or []) if r.status == "ok"
-            and r.config.get("record", "aggregate") == "aggregate" and value(r, T_N)]
-    ones = {(r.config["method"], r.config["batch_size"]): r for r in aggs if r.config["devices"] == 1}
+    aggs = [r for r in aggregates(merge_repeats(records or [])) if value(r, T_N)]
+    ones = one_device_runs(aggs)
     for r in aggs:
-        one = ones.get((r.config["method"], r.config["batch_size"]))
+        one = ones.get(pair_key(r))
         c = r.config
         if c["devices"] > 1 and one is not None and r.metrics.get("steps") and one.metrics.get("steps"):
             rows.append(_growth_row(method_label(c["method"], c.get("backend"), c.get("device_type")),
@@ -382,7 +383,7 @@ def comm_volume_frame(records: Sequence[Record]):
     rows = []
     for r in merge_repeats(records):
         c, m = r.config, r.metrics
-        if r.status != "ok" or c.get("record", "aggregate") != "aggregate" or c["devices"] < 2:
+        if r.status != "ok" or is_rank_record(r) or c["devices"] < 2:
             continue
         per_step = ring_bytes_per_rank(m["gradient_bytes"], c["devices"])
         rows.append({"method": method_label(c["method"], c.get("backend"), c.get("device_type")),
@@ -398,23 +399,21 @@ def scaling_frame(records: Sequence[Record]):
     """Table 1 as a DataFrame: time, both speedups and efficiency per (method, devices, batch), each
     column as :data:`_TABLE1_NOTES` defines it; with repeats, a configuration's records are merged first
     (T(N): their median). T(1) is the same method's one-device run with the same per-device batch."""
-    aggs = [r for r in merge_repeats(records) if r.config.get("record", "aggregate") == "aggregate"]
-    base = {(r.config["method"], r.config["batch_size"]): r for r in aggs
-            if r.config["devices"] == 1 and r.status == "ok"}
+    aggs = aggregates(merge_repeats(records))
+    ones = one_device_runs(aggs)
     rows = []
     for r in aggs:
-        c, m = r.config, r.metrics
+        c = r.config
         n = int(c["devices"])
         tn = value(r, T_N)
-        steps = m.get("steps") if r.status == "ok" else None
-        b1 = base.get((c["method"], c["batch_size"]))
+        b1 = ones.get(pair_key(r))
         t1 = value(b1, T_N)
         row = {"method": method_label(c["method"], c.get("backend"), c.get("device_type")), "devices": n,
                "per_device_batch": c["batch_size"], "global_batch": c["batch_size"] * n,
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "spread_pct": value(r, "spread_pct"),
                "spread_of": r.metrics.get("spread_of") if r.status == "ok" else None,
-               "step_seconds": tn / steps if tn and steps else None,
+               "step_seconds": per_step(r),
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
@@ -426,9 +425,7 @@ def scaling_frame(records: Sequence[Record]):
             row["n_t1_over_tn_epoch"] = n * row["speedup"]  # earlier reports' formula, kept to be questioned
             row["efficiency"] = efficiency(row["speedup"], n)
             row["serial_fraction"] = karp_flatt(row["speedup"], n)
-            s1 = b1.metrics.get("steps")
-            if steps and s1:
-                row["scaled_speedup"] = scaled_speedup(t1 / s1, tn / steps, n)
+            row["scaled_speedup"] = scaled_speedup(per_step(b1), per_step(r), n)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
                                      "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
@@ -497,7 +494,8 @@ _TABLE1_NOTES = [
 def scaling_table(store: ResultStore, records: Sequence[Record], settings: Settings):
     """Save Table 1 (``tables/scaling.md`` + ``.csv``) and return it."""
     df = scaling_frame(records)
-    notes = [*_TABLE1_NOTES, "Definitions (lab_utils.core.metrics): " + note(T_N) + "."]
+    notes = [*_TABLE1_NOTES,
+             "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note(T_N) + "."]
     if any(r.config.get("backend") == "gloo" for r in records):
         notes.append("DDP (gloo, CPU processes): no GPU here; each 'device' is one single-thread CPU "
                      "process, so these numbers show the mechanics, not GPU performance.")

@@ -4,7 +4,6 @@ from :data:`~lab_utils.experiments.sweep.SWEEP_EXPERIMENT`'s records (one per ba
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +17,8 @@ from lab_utils.core.anchors import (
 from lab_utils.core.config import CIFAR10_TRAIN_SIZE
 from lab_utils.core.hardware import peak_flops_per_s
 from lab_utils.core.metrics import note
-from lab_utils.core.spread import merge_repeats
+from lab_utils.core.spread import TIME_MEDIAN, merge_repeats
+from lab_utils.experiments.rows import blank
 from lab_utils.experiments.sweep import EXPERIMENT, SPEC_LR, Settings, memory_line
 from lab_utils.models import flops_per_image
 from lab_utils.store import Record, ResultStore
@@ -58,11 +58,12 @@ def sweep_table(records: Sequence[Record]):
         else:
             peak = f"{m['peak_memory_bytes'] / 2**30:.2f}"
         rows.append({
-            "batch size": r.config["batch_size"], "epoch-2 training (s)": _num(m.get("train_seconds")),
-            "spread_pct": _num(m.get("spread_pct")), "spread_of": m.get("spread_of") or "",
-            "data loading (s)": _num(m.get("data_loading_seconds")), "images/s": _num(m.get("images_per_s")),
-            "peak memory (GiB)": peak, "train loss": _num(m.get("loss")),
-            "test accuracy": _num(m.get("test_accuracy")), "status": r.status, "reason": r.reason or ""})
+            "batch size": r.config["batch_size"], "epoch-2 training (s)": blank(m.get(TIME_MEDIAN)),
+            "spread_pct": blank(m.get("spread_pct")), "spread_of": m.get("spread_of") or "",
+            "data loading (s)": blank(m.get("data_loading_seconds")),
+            "images/s": blank(m.get("images_per_s")), "peak memory (GiB)": peak,
+            "train loss": blank(m.get("loss")),
+            "test accuracy": blank(m.get("test_accuracy")), "status": r.status, "reason": r.reason or ""})
     return pd.DataFrame(rows, dtype=object)
 
 
@@ -75,10 +76,6 @@ def phase_table(records: Sequence[Record]):
     return pd.DataFrame([{"batch size": r.config["batch_size"],
                           **{c: r.metrics.get(k) for c, k in columns.items()}}
                          for r in _ok(records)])
-
-
-def _num(v: Any) -> Any:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
 
 def save_tables(store: ResultStore, records: Sequence[Record], settings: Settings):
@@ -94,7 +91,8 @@ def save_tables(store: ResultStore, records: Sequence[Record], settings: Setting
         "(the reported epoch's per-step training times) or 'min-max of R repeats' (REPEATS > 1: the "
         "training time is then the median of the repeats). A difference between rows smaller than their "
         "spread is not a result.",
-        "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note("images_per_s") + ".",
+        "Definitions (lab_utils.core.metrics): " + note("train_seconds") + "; " + note(TIME_MEDIAN) + "; "
+        + note("images_per_s") + ".",
         "Peak memory: torch.cuda.max_memory_allocated during the reported epoch; not tracked on CPU.",
         "oom: the batch did not fit and larger ones were not tried; skipped rows say why.",
         f"Learning rate {SPEC_LR} at every batch size (the spec's; not scaled), so accuracy at large "
@@ -118,7 +116,7 @@ def plot_sweep(records: Sequence[Record], settings: Settings):
     xs = [r.config["batch_size"] for r in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     ep = settings.reported_epoch
-    ax1.plot(xs, [r.metrics["train_seconds"] for r in ok], "o-", label="training (reported)")
+    ax1.plot(xs, [r.metrics[TIME_MEDIAN] for r in ok], "o-", label="training (reported)")
     ax1.plot(xs, [r.metrics["data_loading_seconds"] for r in ok], "s--", label="loader wait (excluded)")
     ax1.set_ylabel(f"epoch {ep} time (s)")
     ax1.legend(fontsize=8)
@@ -156,10 +154,10 @@ def flop_table(records: Sequence[Record]):
     peak = peak_flops_per_s(_device(records), precision)
     return pd.DataFrame([{
         "batch size": r.config["batch_size"], "images/s": r.metrics["images_per_s"],
-        "train GFLOP/image": "" if (f := r.metrics.get("train_flops_per_image")) is None else f / 1e9,
-        "achieved TFLOP/s": _num(r.metrics.get("train_tflops_per_s")),
-        f"peak TFLOP/s ({precision})": "" if peak is None else peak / 1e12,
-        "% of peak": _num(r.metrics.get("percent_of_peak"))} for r in _ok(records)], dtype=object)
+        "train GFLOP/image": None if (f := r.metrics.get("train_flops_per_image")) is None else f / 1e9,
+        "achieved TFLOP/s": blank(r.metrics.get("train_tflops_per_s")),
+        f"peak TFLOP/s ({precision})": None if peak is None else peak / 1e12,
+        "% of peak": blank(r.metrics.get("percent_of_peak"))} for r in _ok(records)], dtype=object)
 
 
 def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Settings):
@@ -195,7 +193,7 @@ def anchor_table(records: Sequence[Record], settings: Settings):
         q2 = FIRST_COHORT_TABLE1_SECONDS[(1, bs)]
         r = by_bs.get(bs)
         ok = r is not None and r.status == "ok"
-        mine = r.metrics["train_seconds"] if ok else None
+        mine = r.metrics[TIME_MEDIAN] if ok else None
         if not comparable:
             ratio: Any = "not comparable: reduced model/data"
         elif mine is None:
@@ -204,8 +202,8 @@ def anchor_table(records: Sequence[Record], settings: Settings):
             ratio = f"{min(q1, q2) / mine:.2f}-{max(q1, q2) / mine:.2f}"
         rows.append({"batch size": bs, "cohort Q1: epoch 1 (s)": q1_warm, "cohort Q1: epoch 2 (s)": q1,
                      "cohort Table 1 (s)": q2, "Q1 over Table 1 (%)": round(first_cohort_q1_over_q2(bs), 1),
-                     "this run: epoch 1 (s)": _num(r.metrics.get("warmup_train_seconds")) if ok else "",
-                     "this run: epoch 2 (s)": "" if mine is None else mine, "cohort / this run": ratio})
+                     "this run: epoch 1 (s)": blank(r.metrics.get("warmup_train_seconds")) if ok else None,
+                     "this run: epoch 2 (s)": mine, "cohort / this run": ratio})
     return pd.DataFrame(rows, dtype=object)
 
 

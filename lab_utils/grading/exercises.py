@@ -1139,7 +1139,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         giveaways=(r"re:devices\s*(x|×)?\s*(the\s+)?peak flop", "peak FLOP/s of all the devices",
                    r"re:flops per token\s*(x|×)?\s*tokens/s\s*(/|over|divided by)",
                    r"re:divided?\s+by\s+(the\s+)?(number\s+of\s+)?devices"),
-        implemented_by=("lab_utils.core.flops.mfu", "lab_utils.core.hardware.fraction_of_peak"),
+        implemented_by=("lab_utils.core.flops.mfu",),
         mistakes=(
             Mistake("a percentage", "MFU is a fraction here (0.42 for 42 %)", factor=100.0),
             Mistake("one device's peak", "tokens_per_s counts all devices: divide by devices x the peak "

@@ -27,6 +27,7 @@ from lab_utils.core.dist import DistContext
 from lab_utils.core.hardware import hardware_summary
 from lab_utils.core.loop import make_optimizer, run_epoch, wrap_data_parallel
 from lab_utils.core.records import Record
+from lab_utils.core.ring import gradient_bytes
 from lab_utils.models import ResNet18, count_parameters
 from lab_utils.workers.ddp import RunConfig
 from lab_utils.workers.harness import Job, serve
@@ -62,7 +63,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: Any) -
     metrics = {k: v for k, v in last.items() if k != "epoch"}
     metrics.update({"reported_epoch": last["epoch"], "epochs": history, "world_size": n,
                     "backend": BACKEND, "device_type": "cuda", "parameters": params,
-                    "threads_per_rank": torch.get_num_threads(), "gradient_bytes": 4 * params,
+                    "threads_per_rank": torch.get_num_threads(), "gradient_bytes": gradient_bytes(model),
                     "steps_per_epoch": last["steps"], "global_batch": args.batch_size * n,
                     "time_rule": TIME_RULE})
     return [Record(job.experiment, dict(config), metrics, profile=job.profile, synthetic=loaders.synthetic,

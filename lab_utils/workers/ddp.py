@@ -70,13 +70,14 @@ from lab_utils.core.config import (
     loader_worker_options,
 )
 from lab_utils.core.data import cifar10_dataset, test_transform, train_transform
-from lab_utils.core.dist import DistContext
+from lab_utils.core.dist import DistContext, gather
 from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import free_device_memory
-from lab_utils.core.ranks import aggregate_epoch, probe_seconds
+from lab_utils.core.ranks import epochs_over_ranks, probe_seconds, run_records
 from lab_utils.core.records import Record
+from lab_utils.core.ring import gradient_bytes
 from lab_utils.core.schedules import DECAYS, LR_RULES, make_schedule
 from lab_utils.core.spread import REPEAT, STEP_STAT_KEYS
 from lab_utils.core.timing import synchronize
@@ -250,7 +251,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     # model: identical initialisation on every rank (DDP also broadcasts rank 0's weights)
     torch.manual_seed(args.seed)
     model = ResNet18(width=args.width).to(device)
-    n_params = count_parameters(model)
+    n_params, grad_bytes = count_parameters(model), gradient_bytes(model)
     ddp = DDP(model, device_ids=[device.index] if cuda else None,
               **({} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}))
     torch.manual_seed(args.seed + 1000 * (ctx.rank + 1))  # different augmentation on each rank
@@ -294,8 +295,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     mine = {"rank": ctx.rank, "epochs": epochs, "startup_seconds": startup, "comm_probe": probe,
             "threads": torch.get_num_threads()}
     buckets = ddp_bucket_bytes(ddp)  # as DDP rebuilt them in the first backward, the same on every rank
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, mine)
+    gathered = gather(mine, ctx)
     # Everything that holds the model's memory goes before the cache is emptied: the LR
     # scheduler holds the optimizer (and through it the parameters and momentum buffers), the
     # comm timer and the loaders' iterators the DDP module and pinned batches.
@@ -303,7 +303,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[s
     free_device_memory(device)  # gc.collect(), then empty_cache() on a GPU
     if ctx.rank != 0:
         return []
-    summary = {"parameters": n_params, "gradient_bytes": n_params * 4, "steps_per_epoch": steps_per_epoch,
+    summary = {"parameters": n_params, "gradient_bytes": grad_bytes, "steps_per_epoch": steps_per_epoch,
                "global_batch": args.global_batch, "peak_lr": schedule.peak_lr,
                "warmup_steps": schedule.warmup_steps, "accumulation_steps": args.accumulation_steps,
                "batches_per_epoch": batches_per_epoch, "bucket_bytes": buckets,
@@ -385,13 +385,11 @@ def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistCo
     threads = gathered[0].get("threads")
     if ctx.device.type == "cpu":
         hardware["threads_per_process"] = threads
-    history = []
+    history = epochs_over_ranks(gathered)
     cumulative = 0.0
-    for e in range(len(gathered[0]["epochs"])):
-        agg = aggregate_epoch([{**g["epochs"][e], "rank": g["rank"]} for g in gathered])
+    for agg in history:
         cumulative += agg["train_seconds"]
         agg["cumulative_train_seconds"] = cumulative
-        history.append(agg)
     reported = history[-1]
     metrics: dict[str, Any] = {k: v for k, v in reported.items() if k != "epoch"}
     metrics.update({
@@ -412,15 +410,9 @@ def build_records(config: dict[str, Any], job: Job, args: RunConfig, ctx: DistCo
                                  f"{args.debug_slow_loader_seconds} s per batch; not a real measurement")
     common = {"profile": job.profile, "synthetic": synthetic, "dataset": dataset_name,
               "hardware": hardware, "software": software_versions()}
-    records = [Record(job.experiment, dict(config), metrics, **common)]
-    for g in gathered:
-        last = g["epochs"][-1]
-        rmetrics = {k: v for k, v in last.items() if k not in ("epoch", "sample_order_head")}
-        rmetrics.update({"rank": g["rank"], "reported_epoch": last["epoch"], "epochs": g["epochs"],
-                         "startup_seconds": g["startup_seconds"], "comm_probe": g.get("comm_probe")})
-        records.append(Record(job.experiment, {**config, "record": "rank", "rank": g["rank"]}, rmetrics,
-                              **common))
-    return records
+    return run_records(job.experiment, config, metrics, gathered, common, drop=("sample_order_head",),
+                       rank_extra=lambda g: {"rank": g["rank"], "startup_seconds": g["startup_seconds"],
+                                             "comm_probe": g.get("comm_probe")})
 
 
 if __name__ == "__main__":

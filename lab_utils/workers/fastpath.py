@@ -42,7 +42,8 @@ from lab_utils.core.backends import pinned_threads
 from lab_utils.core.data import ArraySplit, device_loader, load_split, spec_loader
 from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import error_line
-from lab_utils.core.hardware import device_name, fraction_of_peak
+from lab_utils.core.flops import mfu
+from lab_utils.core.hardware import device_name, peak_flops_per_s
 from lab_utils.core.loop import evaluate, peak_memory, reset_peak_memory
 from lab_utils.core.memory import is_out_of_memory
 from lab_utils.core.records import Record, write_rank_failure
@@ -174,7 +175,7 @@ def timed_epoch(opts: TrainOptions, c: dict[str, Any], job: Job, split: ArraySpl
     flops = flops_per_image(c["width"]).train_flops
     rate = ep.images / ep.epoch_seconds if ep.epoch_seconds > 0 else math.nan
     precision = peak_precision(opts, name)
-    frac = fraction_of_peak(flops * rate, name, precision)
+    frac = mfu(flops, rate, peak_flops_per_s(name, precision), 1)
     compiled = None if before is None or after is None else after - before
     return {"epoch_seconds": ep.epoch_seconds, "images": ep.images, "steps": ep.steps,
             "epoch_images_per_s": rate, "warmup_seconds": warm_s,

@@ -55,7 +55,7 @@ from lab_utils.core.hardware import bf16_supported, device_name, peak_flops_per_
 from lab_utils.core.loop import EpochRecord, StepOptions, next_epoch, run_epoch
 from lab_utils.core.loop import evaluate as loop_evaluate
 from lab_utils.core.memory import free_device_memory
-from lab_utils.core.ranks import aggregate_epoch, probe_seconds
+from lab_utils.core.ranks import aggregate_epoch, epochs_over_ranks, probe_seconds, run_records
 from lab_utils.core.records import Record
 from lab_utils.core.schedules import LRSchedule
 from lab_utils.core.spread import STEP_PERCENTILE_KEYS
@@ -394,8 +394,8 @@ def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
     """Rank 0: the aggregate record (every epoch over the ranks, :func:`throughput`; the instrumented pass
     aggregated the same way as ``breakdown``, and ``timer_overhead_ratio``, its wall time per optimizer step
     over the reported epoch's) and one record per rank."""
-    history = [throughput([g["epochs"][e] for g in gathered], run["flops_per_token"], run["peak_flops_per_s"])
-               for e in range(len(gathered[0]["epochs"]))]
+    history = epochs_over_ranks(gathered, lambda per_rank: throughput(per_rank, run["flops_per_token"],
+                                                                      run["peak_flops_per_s"]))
     reported = history[-1]
     slow = gathered[reported["slowest_rank"]]
     peaks = [e["peak_memory_bytes"] for g in gathered for e in g["epochs"]]
@@ -410,14 +410,9 @@ def build_records(experiment: str, config: dict[str, Any], run: dict[str, Any],
                                            / (reported["epoch_seconds"] / reported["steps"]))
     if slow["comm_probe"]:
         metrics["allreduce_buckets"] = max(g["comm_probe"]["buckets"] for g in gathered)
-    records = [Record(experiment, dict(config), metrics, **common)]
-    for r, g in enumerate(gathered):
-        last = g["epochs"][-1]
-        rm = {k: v for k, v in last.items() if k != "epoch"}
-        rm.update(reported_epoch=last["epoch"], epochs=g["epochs"], timers=g["timers"],
-                  comm_probe=g["comm_probe"], breakdown=g.get("breakdown"))
-        records.append(Record(experiment, {**config, "record": "rank", "rank": r}, rm, **common))
-    return records
+    return run_records(experiment, config, metrics, gathered, common,
+                       rank_extra=lambda g: {"timers": g["timers"], "comm_probe": g["comm_probe"],
+                                             "breakdown": g.get("breakdown")})
 
 
 if __name__ == "__main__":

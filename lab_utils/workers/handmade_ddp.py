@@ -62,7 +62,7 @@ from lab_utils.core.errors import LabError
 from lab_utils.core.hardware import software_versions
 from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.core.records import Record
-from lab_utils.core.ring import fit_alpha_beta
+from lab_utils.core.ring import fit_alpha_beta, gradient_bytes
 from lab_utils.core.spread import percentile
 from lab_utils.core.timing import NestedTimers, synchronize
 from lab_utils.models import ResNet18
@@ -297,7 +297,7 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
         rows.append(row)
     params = list(reps[0].model.parameters())
     return {"implementations": rows, "timed_steps": steps, "parameters": sum(p.numel() for p in params),
-            "tensors": len(params), "gradient_bytes": sum(p.numel() * p.element_size() for p in params),
+            "tensors": len(params), "gradient_bytes": gradient_bytes(reps[0].model),
             "backward_seconds": backward}
 
 

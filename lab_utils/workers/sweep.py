@@ -37,7 +37,8 @@ from lab_utils.core.config import get_profile, loader_worker_options
 from lab_utils.core.data import CifarLoaders, make_loaders
 from lab_utils.core.dist import DistContext
 from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import fp32_training_precision, fraction_of_peak
+from lab_utils.core.flops import mfu
+from lab_utils.core.hardware import fp32_training_precision, peak_flops_per_s
 from lab_utils.core.loop import evaluate, make_optimizer, run_epoch
 from lab_utils.core.memory import set_memory_fraction
 from lab_utils.core.records import Record
@@ -84,7 +85,7 @@ def run_config(config: dict[str, Any], job: Job, ctx: DistContext, base: CifarLo
     hardware = ctx.hardware()
     flops = flops_per_image(c["width"]).train_flops
     precision = fp32_training_precision(hardware["device_name"])
-    rate = fraction_of_peak(flops * rep.images_per_s, hardware["device_name"], precision)
+    rate = mfu(flops, rep.images_per_s, peak_flops_per_s(hardware["device_name"], precision), 1)
     metrics = {k: v for k, v in rep.as_dict().items() if k not in _ONE_PROCESS_ABSENT}
     metrics.update(
         batch_size=bs, reported_epoch=c["reported_epoch"], steps_per_epoch=rep.steps,
