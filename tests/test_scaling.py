@@ -128,7 +128,7 @@ def test_table1_speedups_and_efficiency_by_hand():
     assert two["speedup"] == pytest.approx(40 / 23)
     assert two["efficiency"] == pytest.approx(40 / 23 / 2)
     # per-step times: t(1) = 40/16 = 2.5 s, t(2) = 23/8 = 2.875 s -> 2 x 2.5 / 2.875
-    assert two["step_seconds"] == pytest.approx(2.875)
+    assert two["TN_seconds_per_step"] == pytest.approx(2.875)
     assert two["scaled_speedup"] == pytest.approx(2 * 2.5 / 2.875)
     assert two["n_t1_over_tn_epoch"] == pytest.approx(80 / 23)  # 2 x 40 / 23: N counted twice
     assert two["serial_fraction"] == pytest.approx((23 / 40 - 0.5) / 0.5)  # 0.15 by hand
@@ -652,7 +652,7 @@ def test_a_t_n_row_is_timed_against_the_one_device_run_of_its_method_batch_and_d
 def test_table_2_and_table_1_take_their_ratios_and_step_times_from_named_functions():
     """By hand, T(1) = 40 s, T(N) = 25 s on 2 devices over 10 steps, (b) = 3 s exposed, (c) = 4 s in flight:
     compute_to_comm_a = 20 / 5 = 4; compute_to_comm_b = (25 - 3) / 3 = 7.33; hidden_percent = 100 x (4 - 3)
-    / 4 = 25 %; Table 1's step_seconds t(N) = 25 / 10 = 2.5 s, and no ratio where comm (a) is not positive."""
+    / 4 = 25 %; Table 1's TN_seconds_per_step = 25 / 10 = 2.5 s; no ratio where comm (a) is not positive."""
     def agg(devices, seconds, **m):
         cfg = {"method": scaling.DDP, "devices": devices, "batch_size": 32, "device_type": "cpu",
                "backend": "gloo", "record": "aggregate", "rank": None}
@@ -666,6 +666,6 @@ def test_table_2_and_table_1_take_their_ratios_and_step_times_from_named_functio
     got = df.iloc[0]
     assert got["compute_to_comm_a"] == pytest.approx(4.0)
     assert got["compute_to_comm_b"] == pytest.approx(22 / 3) and got["hidden_percent"] == pytest.approx(25.0)
-    assert scaling_tables.scaling_frame([one, n])["step_seconds"].tolist() == pytest.approx([4.0, 2.5])
+    assert scaling_tables.scaling_frame([one, n])["TN_seconds_per_step"].tolist() == pytest.approx([4.0, 2.5])
     assert compute_to_comm(20.0, 0.0) is None and compute_to_comm(20.0, -1.0) is None
     assert hidden_percent(None) is None and per_step(Record("x", {}, {"train_seconds": 1.0})) is None

@@ -392,7 +392,7 @@ def value(record: Any, name: str) -> float | None:
 
 def per_step(record: Any, name: str = T_N) -> float | None:
     """The record's ``name`` (T(N) by default) per optimizer step: ``value(record, name) / steps``; None when
-    either is missing or the record is not ok. Table 1's ``step_seconds`` and every t(1) per step."""
+    either is missing or the record is not ok. Table 1's ``TN_seconds_per_step`` and every t(1) per step."""
     v, steps = value(record, name), record.metrics.get("steps") if record is not None else None
     return v / steps if v is not None and steps else None
 

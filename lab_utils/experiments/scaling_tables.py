@@ -46,7 +46,7 @@ from lab_utils.table_view import with_view
 
 #: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
 TABLE1_VIEW = ("method", "devices", "per_device_batch", "status", "epoch2_train_seconds", "stderr_pct",
-               "step_seconds", "speedup", "scaled_speedup", "efficiency", "skew_wait_seconds",
+               "TN_seconds_per_step", "speedup", "scaled_speedup", "efficiency", "skew_wait_seconds",
                "speedup_noise_flag")
 #: The columns a notebook shows when the whole table is too wide (lab_utils.table_view).
 FIXED_GLOBAL_VIEW = ("method", "devices", "global_batch", "status", "strong_TN_seconds", "strong_speedup",
@@ -413,7 +413,7 @@ def scaling_frame(records: Sequence[Record]):
                "status": "ok" if r.status == "ok" else (r.reason or r.status),
                "epoch2_train_seconds": tn, "spread_pct": value(r, "spread_pct"),
                "spread_of": r.metrics.get("spread_of") if r.status == "ok" else None,
-               "step_seconds": per_step(r),
+               "TN_seconds_per_step": per_step(r),
                "speedup": None, "scaled_speedup": None, "n_t1_over_tn_epoch": None, "efficiency": None,
                "serial_fraction": None, "skew_wait_seconds": value(r, "skew_wait_seconds_max"),
                "train_plus_skew_wait_seconds": value(r, "train_plus_skew_wait_seconds"),
@@ -428,7 +428,7 @@ def scaling_frame(records: Sequence[Record]):
             row["scaled_speedup"] = scaled_speedup(per_step(b1), per_step(r), n)
         rows.append(row)
     df = pd.DataFrame(rows, columns=["method", "devices", "per_device_batch", "global_batch", "status",
-                                     "epoch2_train_seconds", "spread_pct", "spread_of", "step_seconds",
+                                     "epoch2_train_seconds", "spread_pct", "spread_of", "TN_seconds_per_step",
                                      "speedup", "scaled_speedup", "n_t1_over_tn_epoch", "efficiency",
                                      "serial_fraction", "skew_wait_seconds", "train_plus_skew_wait_seconds",
                                      "stderr_pct", "oversubscribed", "speedup_noise_flag"])
