@@ -35,6 +35,7 @@ runs), so both paths share every line but the process boundary.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -114,6 +115,11 @@ def serve(worker: ModuleType, argv: list[str] | None = None) -> int:
     ctx = (init_distributed(job.options.get("backend", "auto"), folder=job.folder)
            if job.options.get("process_group", True)
            else DistContext(device=torch.device("cuda" if torch.cuda.is_available() else "cpu")))
+    # What the rank holds so far (torch, the worker's modules, the process group) lives as long as the
+    # rank: gc.freeze() takes it out of the cyclic collector's walk, so that the gc.collect() a
+    # configuration ends with (free_device_memory, handmade.memory_use) walks only what the job made
+    # since: 75 ms instead of 175 ms a call here, and nothing of the job is frozen (none exists yet).
+    gc.freeze()
     try:
         with failure_ends_rank(ctx, job.folder, None):   # under NCCL: no teardown with a peer waiting
             for records in execute(worker, job, ctx):
