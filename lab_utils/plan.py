@@ -268,8 +268,8 @@ def _launch(store: ResultStore, profile: str, todo: list[Run], together: bool,
     try:
         with failures_to(last_word):
             for rec in _records(first, job):
-                if run_id is not None:
-                    rec.metrics["run_id"] = run_id
+                if run_id is not None:  # fewer records with this run_id than group_runs: stopped part-way
+                    rec.metrics.update(run_id=run_id, group_runs=len(todo))
                 rec.profile = rec.profile or profile
                 _store(store, rec)
                 key = run_key(rec)

@@ -323,6 +323,7 @@ def test_a_devices_variants_are_measured_together_and_reused_whole(gpt_checkpoin
     assert [r.status for r in recs] == ["ok", "ok", "skipped"]
     assert recs[2].reason == Q.DISABLED and recs[0].config["model_id"] == QW.file_sha256(gpt_checkpoint)
     assert recs[0].metrics["run_id"] == recs[1].metrics["run_id"]   # one session: interleaved timings
+    assert [r.metrics["group_runs"] for r in recs[:2]] == [2, 2]     # the disabled variant is not run
     df = QTab.quantization_table(recs)
     fp, skipped = df.iloc[0], df.iloc[2]
     assert fp["speedup_b1"] == pytest.approx(1.0) and fp["size_vs_fp32"] == pytest.approx(1.0)
@@ -339,6 +340,7 @@ def test_a_devices_variants_are_measured_together_and_reused_whole(gpt_checkpoin
     both = measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT,
                    profiles.settings(Q.Settings, "quick", variants=("fp32", "ao_dynamic_int8"), **kw))
     assert both[0].metrics["run_id"] == both[1].metrics["run_id"] != recs[0].metrics["run_id"]
+    assert both[0].metrics["group_runs"] == 2
     assert len(store.records(Q.EXPERIMENT)) == 4
     measure(lab_for(store), Q.QUANTIZATION_EXPERIMENT, one, force=True)
     assert len(store.records(Q.EXPERIMENT)) == 5

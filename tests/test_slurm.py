@@ -992,11 +992,28 @@ def stops(cluster, tmp_path_factory) -> dict:
 
 
 def assert_kept_and_measured_once(before: dict[str, list[str]], after: dict[str, list[str]]) -> None:
-    """What was stored before is still there, unchanged, and no configuration is stored twice."""
+    """What was stored before is still there, unchanged, and no configuration is stored twice, but for
+    the plan's one exception (lab_utils.plan, "reuse"): a ``together`` group (one comparison, e.g. the
+    all-reduce benchmark's sizes of one rank count) is reused only whole, from one launch, so a launch
+    stopped part-way through its group is measured again whole. A configuration may then be stored
+    twice, when its earlier launch (``run_id``) stored fewer runs than its group holds (``group_runs``)."""
     for name, lines in before.items():
         assert after[name][:len(lines)] == lines, name
     keys = record_keys(after)
-    assert len(keys) == len(set(keys)), [k for k in keys if keys.count(k) > 1][:3]
+    twice = {k for k in keys if keys.count(k) > 1}
+    stored = [(name, json.loads(line)) for name, lines in after.items() for line in lines]
+    runs_of: dict[tuple[str, str], int] = {}  # (file, run_id) -> its aggregate records in the store
+    for name, rec in stored:
+        if (run_id := rec["metrics"].get("run_id")) is not None and rec["config"].get("record") != "rank":
+            runs_of[(name, run_id)] = runs_of.get((name, run_id), 0) + 1
+    for (name, rec), key in zip(stored, keys, strict=True):
+        if key in twice and rec is not [r for n, r in stored if (n, json.dumps(r["config"], sort_keys=True))
+                                        == key][-1]:  # an earlier copy: its launch must be incomplete
+            run_id, group = rec["metrics"].get("run_id"), rec["metrics"].get("group_runs")
+            assert run_id is not None and group is not None, f"{key} measured twice, outside a together group"
+            assert runs_of[(name, run_id)] < group, \
+                f"{key} measured again although its launch {run_id} had stored all {group} runs of its group"
+
 
 
 def assert_stopped_cleanly(stop: dict, in_notebook: bool = True) -> None:

@@ -237,6 +237,8 @@ _ENTRIES: tuple[tuple[str, str, str], ...] = (
     ("count", "fp32 elements in the message", "count"),
     ("note", "why a row runs where it runs, or what limits it, in words", "-"),
     ("run_id", "the store's id of one measurement session: rows compared side by side share it", "-"),
+    ("group_runs", "configurations of the together group that run_id's launch measured: a run_id with "
+     "fewer stored runs was stopped part-way, and its group is measured again whole", "count"),
     # ---------------------------------------------------------------- the communication ledger
     ("model_bytes", "the model's parameter and buffer sizes (ModelBytes fields)", "-"),
     ("ledger", "payload bytes and calls per (phase, collective)", "-"),
