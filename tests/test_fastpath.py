@@ -569,3 +569,18 @@ def test_a_row_past_its_time_limit_is_an_error_row_that_says_why(store):
     [row] = store.records("bench_train")
     assert (row.config["step"], row.status) == ("spec", "error")
     assert "waterfall row 'spec'" in row.reason and "raise --row-timeout" in row.reason
+
+
+def test_a_waterfall_row_on_a_known_gpu_gives_its_percent_of_peak(store, monkeypatch):
+    """The row's % of peak, by hand: FLOPs per image x images/s over ONE H100's dense peak at the row's
+    precision (a waterfall row runs on one device; the CPU stands in, named an H100)."""
+    from lab_utils.core.hardware import peak_flops_per_s
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(worker, "device_name", lambda device: h100)
+    [rec] = measure(lab_for(store), fastpath.WATERFALL_EXPERIMENT, tiny(steps=("spec",)))
+    m = rec.metrics
+    peak = peak_flops_per_s(h100, m["peak_precision"])
+    assert peak is not None and m["peak_precision"] in ("fp32", "tf32")
+    achieved = m["train_flops_per_image"] * m["epoch_images_per_s"]
+    assert m["percent_of_peak"] == pytest.approx(100 * achieved / peak)
