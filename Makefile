@@ -34,7 +34,7 @@ ifneq ($(filter command,$(origin TORCH_VARIANT) $(origin SYSTEM_TORCH)),)
 .PHONY: $(STAMP)
 endif
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml tools/cuda_wheels.py lab_utils/core/cuda_builds.py
+$(STAMP): requirements.txt constraints.txt pyproject.toml tools/cuda_wheels.py lab_utils/engine/cuda_builds.py
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(if $(USE_SYSTEM),--system-site-packages) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) tools/cuda_wheels.py install --python $(PY) --requirements requirements.txt \

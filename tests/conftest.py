@@ -137,7 +137,7 @@ def results_dir(tmp_path, monkeypatch) -> Path:
 @pytest.fixture
 def store(results_dir):
     """A ResultStore for the quick profile under a fresh results root."""
-    from lab_utils.store import ResultStore
+    from lab_utils.engine.store import ResultStore
 
     return ResultStore("quick")
 
@@ -166,7 +166,7 @@ def fake_gpu(monkeypatch, tmp_path):
 def int_mm_on_cpu(monkeypatch):
     """notebook 07's torch._int_mm probe (quant_variants.int_mm_probe) with its operands made on the CPU:
     under the fake GPU, cuBLAS int8 is this CPU's _int_mm; the probe's cache starts empty."""
-    from lab_utils.workers import quant_variants
+    from lab_utils.experiments.n07_quantization import quant_variants
 
     on_cpu = quant_variants._int8_operands
     monkeypatch.setattr(quant_variants, "_int8_operands", lambda device, k=32: on_cpu("cpu", k))
@@ -179,7 +179,7 @@ def one_rank(monkeypatch):
     """torchrun's environment of a 1-rank job; the process group (if made) is destroyed afterwards."""
     import torch.distributed as dist
 
-    from lab_utils.core.dist import free_port
+    from lab_utils.engine.dist import free_port
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
@@ -198,9 +198,9 @@ def launch_here(monkeypatch):
 
     import torch
 
-    from lab_utils import launcher
-    from lab_utils.core.dist import DistContext
-    from lab_utils.workers.harness import Job, execute
+    from lab_utils.engine import launcher
+    from lab_utils.engine.dist import DistContext
+    from lab_utils.engine.harness import Job, execute
 
     launched: list = []
 

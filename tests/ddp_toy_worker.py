@@ -1,5 +1,5 @@
 """A small worker for the launcher, plan and DDP tests (run with PYTHONPATH=tests/), in the lab's
-worker shape (:mod:`lab_utils.workers.harness`): ``python -m torch.distributed.run ... -m
+worker shape (:mod:`lab_utils.engine.harness`): ``python -m torch.distributed.run ... -m
 ddp_toy_worker JOB.json``, each configuration of the job a dict with its ``mode``:
 
 - ``ok``: one record per configuration: every rank's (rank, world size, OMP threads).
@@ -9,7 +9,7 @@ ddp_toy_worker JOB.json``, each configuration of the job a dict with its ``mode`
 - ``oom``: rank ``fail_rank`` raises ``torch.OutOfMemoryError`` when ``size`` > ``fits`` (the
   others wait in a barrier); below it, like ``ok``.
 - ``equality``: train a BatchNorm-free MLP with DDP for ``steps`` steps through the lab's own
-  worker loop (``lab_utils.core.loop.train_steps``), each rank on its contiguous shard of a seeded
+  worker loop (``lab_utils.learn.loop.train_steps``), each rank on its contiguous shard of a seeded
   global batch; rank 0's record holds the final parameters.
 - ``comm``: time a wider MLP's steps with the comm hook and the ``no_sync`` probe, once per
   ``bucket_cap_mb`` value (default one bucket, then several), plus rank 0's one-process step on
@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lab_utils.core.dist import gather
-from lab_utils.core.records import Record
-from lab_utils.workers.harness import serve
+from lab_utils.engine.dist import gather
+from lab_utils.engine.harness import serve
+from lab_utils.engine.records import Record
 
 FAIL_MARKER = "TOY-WORKER-FAILS-HERE"
 DEFAULTS = {"fail_rank": 1, "steps": 3, "batch": 8, "comm_steps": 12, "comm_batch": 64, "lr": 0.1,
@@ -84,13 +84,13 @@ def run_config(config, job, ctx, state) -> list[Record]:
 
 
 def equality(a, rank: int, world: int) -> dict:
-    """``--steps`` optimizer steps of the lab's own worker loop (:func:`lab_utils.core.loop.train_steps`,
+    """``--steps`` optimizer steps of the lab's own worker loop (:func:`lab_utils.learn.loop.train_steps`,
     skew barrier included) on a BatchNorm-free MLP, each rank on its contiguous shard of a seeded
     global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
-    from lab_utils.core.timing import PhaseTimer
+    from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
+    from lab_utils.learn.timing import PhaseTimer
 
     model = toy_mlp()
     ddp = DDP(model)
@@ -115,9 +115,9 @@ def accum_blocks(blocks: int, batch: int, seed: int = 3):
 def accum(a, rank: int, world: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.core.loop import StepOptions, make_optimizer, train_steps
-    from lab_utils.core.timing import PhaseTimer
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
+    from lab_utils.learn.models import ResNet18
+    from lab_utils.learn.timing import PhaseTimer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -138,7 +138,7 @@ def comm(a, rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.learn.comm_hooks import AllReduceTimer, probe_exposed_comm
 
     torch.set_num_threads(1)
     inputs, outputs = 256, 10

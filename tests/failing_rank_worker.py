@@ -2,7 +2,7 @@
 would under NCCL.
 
 ``LAB_TEST_WORKER`` names the worker (``ddp`` or ``gpt_train``), run through the lab's one worker entry
-(:func:`lab_utils.workers.harness.serve`: the job file is its argument). Rank 1 raises a non-OOM CUDA error as
+(:func:`lab_utils.engine.harness.serve`: the job file is its argument). Rank 1 raises a non-OOM CUDA error as
 its first epoch starts, while rank 0 goes on into DDP's gradient all-reduce and waits for it there.
 gloo carries the collectives, but the rank's context says ``nccl`` and ``destroy_process_group`` blocks,
 as NCCL's can while a peer is still inside a collective: a rank that tears its group down before it
@@ -18,9 +18,11 @@ import time
 
 import torch.distributed as dist
 
-from lab_utils.workers import harness
+from lab_utils.engine import harness
 
-worker = importlib.import_module(f"lab_utils.workers.{os.environ['LAB_TEST_WORKER']}")
+WORKERS = {"ddp": "lab_utils.experiments.n02_scaling.ddp_worker",
+           "gpt_train": "lab_utils.experiments.n06_gpt_ddp.worker"}
+worker = importlib.import_module(WORKERS[os.environ["LAB_TEST_WORKER"]])
 _real_init, _real_run_epoch = harness.init_distributed, worker.run_epoch
 
 

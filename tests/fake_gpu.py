@@ -50,7 +50,7 @@ device that is small enough to reason about and strict where bugs hide:
   ``old_torch=True`` gives torch 2.4's signature, which takes no argument.
 - **nvidia-smi** (:meth:`FakeGPU.install_nvidia_smi`): a script on ``PATH`` that answers exactly
   the queries the lab sends (:data:`SMI_QUERIES`): the driver and GPUs (``--query-gpu=...`` as
-  :mod:`lab_utils.core.cuda_builds` asks), each GPU's compute capability and compute mode, its PCIe
+  :mod:`lab_utils.engine.cuda_builds` asks), each GPU's compute capability and compute mode, its PCIe
   link (``pcie.link.gen.max``, ``pcie.link.width.max``), the GPUs and MIG slices (``-L``) and the
   topology (``topo -m``), for every GPU of the node whatever ``CUDA_VISIBLE_DEVICES`` says (as
   nvidia-smi does). Any other query exits 2 and is logged: the ``fake_gpu`` fixture then fails the
@@ -115,7 +115,7 @@ V100 = "Tesla V100-SXM2-16GB"
 GIB = 2 ** 30
 MIB = 2 ** 20
 NO_INDEX = "Expected a torch.device with a specified index or an integer, but got:"  # torch's words
-# The architecture lists of PyTorch's CUDA 12.6 and 13.x wheels (lab_utils/core/cuda_builds.py cites them).
+# The architecture lists of PyTorch's CUDA 12.6 and 13.x wheels (lab_utils/engine/cuda_builds.py cites them).
 ARCHS_CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 ARCHS_CU130 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 
@@ -139,7 +139,8 @@ OOM_STYLES: dict[str, str] = {
              "Cuda failure 2 'out of memory'"),
 }
 
-#: Every nvidia-smi query the lab sends (lab_utils.core.cuda_builds, .hardware, lab_utils.experiments.comm),
+# : Every nvidia-smi query the lab sends (lab_utils.engine.cuda_builds, .hardware,
+# lab_utils.experiments.n04_allreduce.experiment),
 #: as its arguments joined by spaces -> the key of :meth:`FakeGPU.nvidia_smi_outputs` that answers it.
 SMI_QUERIES: dict[str, str] = {
     "--query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits": "query",

@@ -1,6 +1,7 @@
 """Test worker (tests/test_gpu_defects.py): the GPT worker, with rank 1 out of memory in its first step.
 
-Launched under torchrun in place of ``lab_utils.workers.gpt_train`` (the same ``run_config``, through the
+Launched under torchrun in place of ``lab_utils.experiments.n06_gpt_ddp.worker`` (the same ``run_config``,
+through the
 lab's one worker entry): rank 1's training loop raises the caching allocator's ``torch.OutOfMemoryError``
 as its first epoch starts, while rank 0 goes on into DDP's gradient all-reduce and waits for it there.
 """
@@ -12,9 +13,9 @@ import sys
 
 import torch
 
-from lab_utils.workers import gpt_train
-from lab_utils.workers.gpt_train import run_config  # noqa: F401  (this module is the worker)
-from lab_utils.workers.harness import serve
+from lab_utils.engine.harness import serve
+from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
+from lab_utils.experiments.n06_gpt_ddp.worker import run_config  # noqa: F401  (this module is the worker)
 
 _real_run_epoch = gpt_train.run_epoch
 

@@ -36,8 +36,8 @@ test, n=occurrence)``, or ``reason=`` and ``doctor=`` where no fake can run it),
 ``make mutants MUTANTS_ARGS="--only <file stem>"`` and ``python tests/gpu_branches.py >
 tests/GPU_BRANCHES.md``.
 
-``lab_utils/core/cuda_builds.py`` (the driver -> torch build table; tests/test_gpu_node.py
-and tests/test_install.py) and ``lab_utils/doctor.py`` (the node's checks themselves;
+``lab_utils/engine/cuda_builds.py`` (the driver -> torch build table; tests/test_gpu_node.py
+and tests/test_install.py) and ``lab_utils/app/doctor.py`` (the node's checks themselves;
 tests/test_doctor.py) are not counted. Each site is then *CUDA-only* (one arm runs only with
 a GPU, NCCL or CUDA initialized) or not (both arms run on any machine: input checks, a
 ``gpus is None`` default); only CUDA-only sites count towards the target.
@@ -65,7 +65,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "lab_utils"
-NOT_COUNTED = ("core/cuda_builds.py", "doctor.py")
+NOT_COUNTED = ("engine/cuda_builds.py", "app/doctor.py")
 GPU_COUNT_NAMES = {"gpus"}
 
 # Reasons a branch cannot be run honestly by a fake (the doctor check that covers it is named per row).
@@ -456,372 +456,374 @@ HANDMADE = BR + "test_a_hand_made_replicas_step_is_timed_from_the_barrier_to_its
 DECODE = BR + "test_interleaved_decoding_times_each_model_alone"
 
 INVENTORY: tuple[Branch, ...] = (
-    # core/comm_hooks.py: DDP's communication hook and the no_sync probe
-    B("core/comm_hooks.py", "AllReduceTimer.__init__", "dev.type == 'cuda'",
+    # learn/comm_hooks.py: DDP's communication hook and the no_sync probe
+    B("learn/comm_hooks.py", "AllReduceTimer.__init__", "dev.type == 'cuda'",
       "the hook's clock is CUDA events on a GPU", EVENTS),
-    B("core/comm_hooks.py", "AllReduceTimer._stamp", "self.cuda", "records a timing CUDA event", EVENTS),
-    B("core/comm_hooks.py", "AllReduceTimer._since_ref", "self.cuda",
+    B("learn/comm_hooks.py", "AllReduceTimer._stamp", "self.cuda", "records a timing CUDA event", EVENTS),
+    B("learn/comm_hooks.py", "AllReduceTimer._since_ref", "self.cuda",
       "event.elapsed_time (ms) -> seconds", EVENTS),
-    B("core/comm_hooks.py", "AllReduceTimer.finish_step", "self.cuda",
+    B("learn/comm_hooks.py", "AllReduceTimer.finish_step", "self.cuda",
       "synchronizes the device before reading the events", EVENTS),
-    B("core/comm_hooks.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
+    B("learn/comm_hooks.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
       "NCCL barrier with device_ids=[index]", BR + "test_a_barrier_on_nccl_names_the_gpu_by_index"),
-    # core/data.py
-    B("core/data.py", "make_loaders", "torch.cuda.is_available()", "pinned host memory for the GPU",
+    # experiments/shared/data.py
+    B("experiments/shared/data.py", "make_loaders", "torch.cuda.is_available()", "pinned host memory for the GPU",
       BR + "test_loaders_pin_memory_when_a_gpu_is_there"),
-    B("core/data.py", "spec_loader", "torch.cuda.is_available()", "pinned host memory for the GPU",
+    B("experiments/shared/data.py", "spec_loader", "torch.cuda.is_available()", "pinned host memory for the GPU",
       BR + "test_loaders_pin_memory_when_a_gpu_is_there"),
-    # core/dist.py
-    B("core/dist.py", "choose_backend", "torch.cuda.is_available()", "counts the GPUs", CHOOSE),
-    B("core/dist.py", "choose_backend", "gpus >= local_world_size and gpus > 0 and dist.is_nccl_available()",
+    # engine/dist.py
+    B("engine/dist.py", "choose_backend", "torch.cuda.is_available()", "counts the GPUs", CHOOSE),
+    B("engine/dist.py", "choose_backend", "gpus >= local_world_size and gpus > 0 and dist.is_nccl_available()",
       "NCCL when every local rank has its GPU", CHOOSE),
-    B("core/dist.py", "init_distributed", "device == 'cuda' and (not torch.cuda.is_available())",
+    B("engine/dist.py", "init_distributed", "device == 'cuda' and (not torch.cuda.is_available())",
       "--device cuda without a GPU: one sentence", NO_GPU, cuda_only=False),
-    B("core/dist.py", "init_distributed", "device == 'cuda'", "--device cuda forces NCCL",
+    B("engine/dist.py", "init_distributed", "device == 'cuda'", "--device cuda forces NCCL",
       BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
-    B("core/dist.py", "init_distributed", "use_cuda", "one process without torchrun uses the GPU",
+    B("engine/dist.py", "init_distributed", "use_cuda", "one process without torchrun uses the GPU",
       BR + "test_init_distributed_without_torchrun_on_a_gpu"),
-    B("core/dist.py", "init_distributed", "backend == 'nccl'",
+    B("engine/dist.py", "init_distributed", "backend == 'nccl'",
       "cuda:LOCAL_RANK, set_device, init_process_group('nccl', device_id=...)",
       BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
-    B("core/dist.py", "init_distributed", "torch.cuda.device_count() <= local_rank",
+    B("engine/dist.py", "init_distributed", "torch.cuda.device_count() <= local_rank",
       "more ranks than GPUs: one sentence", BR + "test_init_distributed_joins_nccl_on_its_own_gpu"),
-    B("core/dist.py", "failure_ends_rank", "ctx.backend == 'nccl'",
+    B("engine/dist.py", "failure_ends_rank", "ctx.backend == 'nccl'",
       "under NCCL any error ends the rank (its line, then os._exit)",
       FS + "test_under_nccl_any_error_ends_the_rank_and_under_gloo_it_propagates"),
-    # core/environment.py
-    B("core/environment.py", "gpu_node_problem", "torch.cuda.is_available()",
+    # engine/environment.py
+    B("engine/environment.py", "gpu_node_problem", "torch.cuda.is_available()",
       "torch sees the GPUs: their compute capabilities against its architecture list", SESSION),
-    B("core/environment.py", "check_gpu_node", "torch.cuda.is_available()",
+    B("engine/environment.py", "check_gpu_node", "torch.cuda.is_available()",
       "no kernels for this GPU: refused whatever the profile",
       FS + "test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture"),
-    B("core/environment.py", "gpu_node_problem", "driver is None or not driver.gpus",
+    B("engine/environment.py", "gpu_node_problem", "driver is None or not driver.gpus",
       "the driver lists GPUs torch cannot see: what is wrong and the fix for this build",
       "test_gpu_node.py::test_a_fitting_torch_that_cannot_see_gpus_gets_a_different_fix"),
-    B("core/environment.py", "environment_rows", "driver is not None and driver.gpus",
+    B("engine/environment.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
-    # core/handmade.py: notebook 09's memory of each implementation
-    B("core/handmade.py", "memory_use", "device.type == 'cuda'",
+    # learn/handmade.py: notebook 09's memory of each implementation
+    B("learn/handmade.py", "memory_use", "device.type == 'cuda'",
       "memory_allocated before the build and after the warm-up, max_memory_allocated over the measured step "
       "after reset_peak_memory_stats", MEMORY_USE),
-    # core/hardware.py
-    B("core/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
+    # engine/hardware.py
+    B("engine/hardware.py", "bf16_supported", "dev.type != 'cuda' or not torch.cuda.is_available()",
       "is_bf16_supported(including_emulation=False), capability on torch 2.4",
       DF + "test_bf16_on_ampere_and_with_torch_24s_signature"),
-    B("core/hardware.py", "cudnn_build_version", "torch.cuda.is_initialized()",
+    B("engine/hardware.py", "cudnn_build_version", "torch.cuda.is_initialized()",
       "CUDA already up: torch's checked version (its refusal on sm < 7.5 said)",
       FS + "test_the_versions_row_survives_cudnn_refusing_the_gpu"),
-    B("core/hardware.py", "device_name", "torch.cuda.is_available()", "the default device: GPU", QUERIES),
-    B("core/hardware.py", "device_name", "dev.type == 'cuda'", "names the GPU", QUERIES),
-    B("core/hardware.py", "device_name", "not torch.cuda.is_initialized()",
+    B("engine/hardware.py", "device_name", "torch.cuda.is_available()", "the default device: GPU", QUERIES),
+    B("engine/hardware.py", "device_name", "dev.type == 'cuda'", "names the GPU", QUERIES),
+    B("engine/hardware.py", "device_name", "not torch.cuda.is_initialized()",
       "nvidia-smi -L's name while CUDA is not initialized (no context); torch's after", QUERIES),
-    B("core/hardware.py", "gpus", "not torch.cuda.is_available()", "lists GPUs: name, memory", QUERIES),
-    B("core/hardware.py", "gpu_count", "torch.cuda.is_available()", "torch.cuda.device_count()", QUERIES),
-    B("core/hardware.py", "hardware_summary", "torch.cuda.is_available()", "the record's device is the GPU",
+    B("engine/hardware.py", "gpus", "not torch.cuda.is_available()", "lists GPUs: name, memory", QUERIES),
+    B("engine/hardware.py", "gpu_count", "torch.cuda.is_available()", "torch.cuda.device_count()", QUERIES),
+    B("engine/hardware.py", "hardware_summary", "torch.cuda.is_available()", "the record's device is the GPU",
       QUERIES),
-    B("core/hardware.py", "hardware_summary", "dtype == 'cuda'", "device_count = the visible GPUs", QUERIES),
-    # core/loop.py
-    B("core/loop.py", "default_device", "torch.cuda.is_available()", "cuda", BENCH),
-    B("core/loop.py", "peak_memory", "device.type == 'cuda'", "max_memory_allocated (bytes)",
+    B("engine/hardware.py", "hardware_summary", "dtype == 'cuda'", "device_count = the visible GPUs", QUERIES),
+    # learn/loop.py
+    B("learn/loop.py", "default_device", "torch.cuda.is_available()", "cuda", BENCH),
+    B("learn/loop.py", "peak_memory", "device.type == 'cuda'", "max_memory_allocated (bytes)",
       BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("core/loop.py", "reset_peak_memory", "device.type == 'cuda'", "reset_peak_memory_stats",
+    B("learn/loop.py", "reset_peak_memory", "device.type == 'cuda'", "reset_peak_memory_stats",
       BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("core/loop.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and "
+    B("learn/loop.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and "
       "model.device_ids", "DataParallel: each GPU's peak",
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
-    B("core/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies", COPIES),
-    B("core/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
-    # core/machine.py: the machine a plan is made for
-    B("core/machine.py", "Machine.device", "self.gpus", "a one-device experiment's runs go to cuda", MACHINE),
-    B("core/machine.py", "Machine.describe", "self.gpus", "'N x <GPU name>'", MACHINE),
-    B("core/machine.py", "Machine.here", "gpus", "the GPU's name (nvidia-smi's, no CUDA context)", MACHINE),
-    B("core/machine.py", "_native_bf16", "not torch.cuda.is_initialized()",
+    B("learn/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies", COPIES),
+    B("learn/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
+    # engine/machine.py: the machine a plan is made for
+    B("engine/machine.py", "Machine.device", "self.gpus", "a one-device experiment's runs go to cuda", MACHINE),
+    B("engine/machine.py", "Machine.describe", "self.gpus", "'N x <GPU name>'", MACHINE),
+    B("engine/machine.py", "Machine.here", "gpus", "the GPU's name (nvidia-smi's, no CUDA context)", MACHINE),
+    B("engine/machine.py", "_native_bf16", "not torch.cuda.is_initialized()",
       "CUDA already up: torch's bf16 answer (nvidia-smi's compute capability before)", MACHINE),
-    # core/memory.py
-    B("core/memory.py", "free_device_memory", "on_cuda and torch.cuda.is_available() and "
+    # engine/memory.py
+    B("engine/memory.py", "free_device_memory", "on_cuda and torch.cuda.is_available() and "
       "torch.cuda.is_initialized()", "empty_cache after gc", BR + "test_memory_cap_and_cleanup_on_a_gpu"),
-    B("core/memory.py", "resolve_cuda_device", "dev.type != 'cuda'", "an index for torch's memory calls",
+    B("engine/memory.py", "resolve_cuda_device", "dev.type != 'cuda'", "an index for torch's memory calls",
       BR + "test_memory_cap_and_cleanup_on_a_gpu"),
-    # core/timing.py
-    B("core/timing.py", "synchronize", "dev.type == 'cuda'", "torch.cuda.synchronize at every timer boundary",
+    # learn/timing.py
+    B("learn/timing.py", "synchronize", "dev.type == 'cuda'", "torch.cuda.synchronize at every timer boundary",
       BR + "test_timers_synchronize_so_a_phase_includes_its_queued_device_work"),
-    # experiments/bench_timers.py
-    B("experiments/bench_timers.py", "main", "device.type == 'cuda'",
+    # app/bench_timers.py
+    B("app/bench_timers.py", "main", "device.type == 'cuda'",
       "the GPU's models, batches and wall clock", BENCH),
-    # experiments/comm.py
-    B("experiments/comm.py", "plan_bench", "gpus >= 2", "NCCL, one rank per GPU, every GPU of the node too",
+    # experiments/n04_allreduce/experiment.py
+    B("experiments/n04_allreduce/experiment.py", "plan_bench", "gpus >= 2", "NCCL, one rank per GPU, every GPU of the node too",
       COMM),
-    B("experiments/comm.py", "plan_bench", "device == 'cuda'", "a rank count the node lacks: 'needs N GPUs'",
+    B("experiments/n04_allreduce/experiment.py", "plan_bench", "device == 'cuda'", "a rank count the node lacks: 'needs N GPUs'",
       COMM),
-    B("experiments/comm.py", "plan_compute", "device != 'cuda'", "the compute step is launched",
+    B("experiments/n04_allreduce/experiment.py", "plan_compute", "device != 'cuda'", "the compute step is launched",
       COMM),
-    # experiments/fastpath.py
-    B("experiments/fastpath.py", "waterfall.skip", "opts.bf16 and machine.gpus and (not machine.bf16)",
+    # experiments/n08_speed_limits/experiment.py
+    B("experiments/n08_speed_limits/experiment.py", "waterfall.skip", "opts.bf16 and machine.gpus and (not machine.bf16)",
       "a GPU without native bf16: the bf16 steps are rows that say so", FAST_PLAN),
-    B("experiments/fastpath.py", "plan_loader", "machine.gpus", "the device loader without a CPU thread cap",
+    B("experiments/n08_speed_limits/experiment.py", "plan_loader", "machine.gpus", "the device loader without a CPU thread cap",
       FAST_PLAN),
-    # experiments/fastpath_tables.py
-    B("experiments/fastpath_tables.py", "_machine", "device == 'cuda' and (not here.gpus)",
+    # experiments/n08_speed_limits/tables.py
+    B("experiments/n08_speed_limits/tables.py", "_machine", "device == 'cuda' and (not here.gpus)",
       "--device cuda without a GPU: one sentence", NO_GPU, cuda_only=False),
-    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "self time = GPU kernel time",
+    B("experiments/n08_speed_limits/tables.py", "trace_notes", "on_gpu", "self time = GPU kernel time",
       BR + "test_fast_path_choices_on_a_gpu"),
-    B("experiments/fastpath_tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
+    B("experiments/n08_speed_limits/tables.py", "trace_notes", "on_gpu", "percent of the GPU's kernel time",
       BR + "test_fast_path_choices_on_a_gpu", n=2),
-    # experiments/gpt.py
-    B("experiments/gpt.py", "place", "machine.gpus >= devices", "the ranks on as many GPUs", GPT_PLAN),
-    B("experiments/gpt.py", "place", "machine.gpus == 0 and devices <= procs",
+    # experiments/n06_gpt_ddp/experiment.py
+    B("experiments/n06_gpt_ddp/experiment.py", "place", "machine.gpus >= devices", "the ranks on as many GPUs", GPT_PLAN),
+    B("experiments/n06_gpt_ddp/experiment.py", "place", "machine.gpus == 0 and devices <= procs",
       "too few GPUs: a row (no gloo CPU processes on a GPU node)", GPT_PLAN),
-    B("experiments/gpt.py", "place", "machine.gpus", "the row says how many GPUs the node has", GPT_PLAN),
-    # experiments/large_batch.py
-    B("experiments/large_batch.py", "DevicePlan.device", "self.backend == 'nccl'", "runs on the GPUs", LB),
-    B("experiments/large_batch.py", "plan_devices", "gpus >= 1", "NCCL ranks on the GPUs", LB),
-    B("experiments/large_batch.py", "plan_devices", "gpus < want", "fewer GPUs than asked: says so", LB),
-    B("experiments/large_batch.py", "plan_accounting", "gpus >= 2", "the ledger on the GPUs (NCCL)", LB),
-    B("experiments/large_batch.py", "plan_accounting", "backend == 'nccl'", "the ledger's device is the GPU",
+    B("experiments/n06_gpt_ddp/experiment.py", "place", "machine.gpus", "the row says how many GPUs the node has", GPT_PLAN),
+    # experiments/n05_large_batch/experiment.py
+    B("experiments/n05_large_batch/experiment.py", "DevicePlan.device", "self.backend == 'nccl'", "runs on the GPUs", LB),
+    B("experiments/n05_large_batch/experiment.py", "plan_devices", "gpus >= 1", "NCCL ranks on the GPUs", LB),
+    B("experiments/n05_large_batch/experiment.py", "plan_devices", "gpus < want", "fewer GPUs than asked: says so", LB),
+    B("experiments/n05_large_batch/experiment.py", "plan_accounting", "gpus >= 2", "the ledger on the GPUs (NCCL)", LB),
+    B("experiments/n05_large_batch/experiment.py", "plan_accounting", "backend == 'nccl'", "the ledger's device is the GPU",
       LB),
-    B("experiments/large_batch_tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
+    B("experiments/n05_large_batch/tables.py", "large_batch_table", "rec.config.get('backend') == 'nccl'",
       "'N x GPU' in the table", BR + "test_the_large_batch_table_says_gpu"),
-    # experiments/quantize.py, workers/quant_variants.py, workers/quant_model.py
-    B("experiments/quantize.py", "plan_fallback", "machine.gpus == 0",
+    # experiments/n07_quantization/experiment.py, experiments/n07_quantization/quant_variants.py,
+    # experiments/n07_quantization/quant_model.py
+    B("experiments/n07_quantization/experiment.py", "plan_fallback", "machine.gpus == 0",
       "the fallback GPT trained on the GPU through the launcher", QUANT_PLAN),
-    B("experiments/quantize.py", "plan", "machine.gpus", "every variant on the GPU too", QUANT_PLAN),
-    B("experiments/quantize.py", "Settings.validate", "d not in ('cpu', 'cuda')", "an unknown device",
+    B("experiments/n07_quantization/experiment.py", "plan", "machine.gpus", "every variant on the GPU too", QUANT_PLAN),
+    B("experiments/n07_quantization/experiment.py", "Settings.validate", "d not in ('cpu', 'cuda')", "an unknown device",
       "test_quantize.py::test_settings_validation", cuda_only=False),
-    B("workers/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "dev == 'cuda' and (not torch.cuda.is_available())",
       "no CUDA device: a row that says so", "test_quantize.py::test_no_cuda_row_and_unknown_variant",
       cuda_only=False),
-    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
-    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
-    B("workers/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "dev == 'cuda'", "cuBLAS fp32 (TF32 or not)", QUANT),
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "dev == 'cuda'", "bf16 on the GPU", QUANT, n=2),
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "not bf16_supported('cuda')", "native bf16 only",
       QUANT),
-    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "dev == 'cuda'", "torch.ao int8 is CPU only", QUANT,
       n=3),
-    B("workers/quant_variants.py", "check_variant", "dev == 'cuda'",
+    B("experiments/n07_quantization/quant_variants.py", "check_variant", "dev == 'cuda'",
       "cuBLAS int8 (torch._int_mm), padded",
       QUANT, n=4),
-    B("workers/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
+    B("experiments/n07_quantization/quant_model.py", "pad_int8_matmul_rows", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "pads M <= 16 rows to 17 for torch._int_mm",
       DF + "test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs"),
-    B("workers/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
+    B("experiments/n07_quantization/quant_model.py", "float_layers", "variant != 'torchao_int8_dynamic' or "
       "torch.device(device).type != 'cuda'", "layers whose K or N % 8 != 0 stay fp32", QUANT),
-    # experiments/scaling.py
-    B("experiments/scaling.py", "place", "machine.gpus >= devices", "DataParallel on the GPUs", SCALING),
-    B("experiments/scaling.py", "place", "machine.gpus >= devices", "DDP on NCCL", SCALING, n=2),
-    B("experiments/scaling.py", "place", "machine.gpus == 0 and devices <= settings.max_cpu_processes",
+    # experiments/n02_scaling/experiment.py
+    B("experiments/n02_scaling/experiment.py", "place", "machine.gpus >= devices", "DataParallel on the GPUs", SCALING),
+    B("experiments/n02_scaling/experiment.py", "place", "machine.gpus >= devices", "DDP on NCCL", SCALING, n=2),
+    B("experiments/n02_scaling/experiment.py", "place", "machine.gpus == 0 and devices <= settings.max_cpu_processes",
       "more devices than GPUs: needs N GPUs", SCALING),
-    B("experiments/scaling.py", "methods_here", "machine.gpus", "DataParallel and DDP side by side", SCALING),
-    B("experiments/scaling.py", "_runs", "machine.gpus", "a row that cannot run keeps its NCCL label",
+    B("experiments/n02_scaling/experiment.py", "methods_here", "machine.gpus", "DataParallel and DDP side by side", SCALING),
+    B("experiments/n02_scaling/experiment.py", "_runs", "machine.gpus", "a row that cannot run keeps its NCCL label",
       SCALING),
-    B("experiments/scaling.py", "plan_compute_vs_comm", "machine.gpus", "DataParallel rows in Table 2",
+    B("experiments/n02_scaling/experiment.py", "plan_compute_vs_comm", "machine.gpus", "DataParallel rows in Table 2",
       SCALING),
-    # experiments/sweep.py
-    B("experiments/sweep.py", "plan", "not machine.gpus and s.memory_fraction is not None",
+    # experiments/n01_batch_sweep/experiment.py
+    B("experiments/n01_batch_sweep/experiment.py", "plan", "not machine.gpus and s.memory_fraction is not None",
       "memory_fraction accepted on a GPU", SWEEP_PLAN),
-    B("experiments/sweep.py", "plan", "machine.gpus", "no CPU thread pin on a GPU", SWEEP_PLAN),
-    B("experiments/sweep.py", "plan", "machine.gpus", "the GPU's name in the key", SWEEP_PLAN, n=2),
-    # plan.py
-    B("plan.py", "Run.hardware", "self.device == 'cuda' and (not torch.cuda.is_available())",
+    B("experiments/n01_batch_sweep/experiment.py", "plan", "machine.gpus", "no CPU thread pin on a GPU", SWEEP_PLAN),
+    B("experiments/n01_batch_sweep/experiment.py", "plan", "machine.gpus", "the GPU's name in the key", SWEEP_PLAN, n=2),
+    # engine/plan.py
+    B("engine/plan.py", "Run.hardware", "self.device == 'cuda' and (not torch.cuda.is_available())",
       "without the GPUs here no name; with them, the GPU's name for the reuse check", RUN),
-    B("plan.py", "measure", "run.device == 'cuda' and run.in_process",
+    B("engine/plan.py", "measure", "run.device == 'cuda' and run.in_process",
       "a GPU run marked in_process: one sentence", RUN, cuda_only=False),
-    # session.py
-    B("session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
-    B("session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
-    B("session.py", "start", "gpus", "'cuda x N' in the first line", SESSION),
-    # time_budget.py (the plans are made for the budget's 4-GPU node on any machine: both arms run here)
-    B("time_budget.py", "plan_parts", "run.device == 'cuda'", "a run's GPUs in the budget table",
+    # engine/session.py
+    B("engine/session.py", "session_for", "torch.cuda.is_available()", "counts the GPUs", SESSION),
+    B("engine/session.py", "session_for", "gpus", "the notebook's device is cuda", SESSION),
+    B("engine/session.py", "start", "gpus", "'cuda x N' in the first line", SESSION),
+    # app/time_budget.py (the plans are made for the budget's 4-GPU node on any machine: both arms run here)
+    B("app/time_budget.py", "plan_parts", "run.device == 'cuda'", "a run's GPUs in the budget table",
       "test_time_budget.py::test_a_registered_notebook_is_the_sum_over_its_plan_by_hand", cuda_only=False),
-    B("time_budget.py", "_gpus", "p.gpus", "the GPUs column of the budget table",
+    B("app/time_budget.py", "_gpus", "p.gpus", "the GPUs column of the budget table",
       "test_time_budget.py::test_table_has_every_notebook_and_a_total", cuda_only=False),
-    # workers/sweep.py
-    B("workers/sweep.py", "run_config", "dev.type == 'cuda'", "the GPU memory fraction, before training",
+    # experiments/n01_batch_sweep/worker.py
+    B("experiments/n01_batch_sweep/worker.py", "run_config", "dev.type == 'cuda'", "the GPU memory fraction, before training",
       SWEEP),
-    # workers/allreduce_bench.py
-    B("workers/allreduce_bench.py", "_sync", "device.type == 'cuda'", "synchronize around the timed loop",
+    # experiments/n04_allreduce/allreduce_worker.py
+    B("experiments/n04_allreduce/allreduce_worker.py", "_sync", "device.type == 'cuda'", "synchronize around the timed loop",
       BR + "test_allreduce_worker_waits_for_the_gpu"),
-    # workers/comm_accounting.py
-    B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "cuda", "DDP with device_ids=[index]",
+    # experiments/n05_large_batch/accounting_worker.py
+    B("experiments/n05_large_batch/accounting_worker.py", "run_accounting.ddp_wrap", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="05_comm_accounting"),
-    B("workers/comm_accounting.py", "run_accounting.steps", "cuda", "synchronize after each step",
+    B("experiments/n05_large_batch/accounting_worker.py", "run_accounting.steps", "cuda", "synchronize after each step",
       reason=NCCL, doctor="05_comm_accounting"),
-    # experiments/build_ddp.py
-    B("experiments/build_ddp.py", "plan", "machine.gpus", "rows that need more GPUs named nccl on a GPU node",
+    # experiments/n09_build_ddp/experiment.py
+    B("experiments/n09_build_ddp/experiment.py", "plan", "machine.gpus", "rows that need more GPUs named nccl on a GPU node",
       "test_build_ddp.py::test_the_plan_on_two_cpu_cores_and_on_the_budget_node"),
-    # experiments/build_ddp_tables.py: notebook 09's trace figure reads a GPU trace's kernels
-    B("experiments/build_ddp_tables.py", "_lanes", "'nccl' in e['name'].lower()",
+    # experiments/n09_build_ddp/tables.py: notebook 09's trace figure reads a GPU trace's kernels
+    B("experiments/n09_build_ddp/tables.py", "_lanes", "'nccl' in e['name'].lower()",
       "NCCL's kernels of a GPU trace are the all-reduce lane", BDDP),
-    B("experiments/build_ddp_tables.py", "_lanes", "'nccl' not in e['name'].lower()",
+    B("experiments/n09_build_ddp/tables.py", "_lanes", "'nccl' not in e['name'].lower()",
       "the other kernels of a GPU trace are the compute lane", BDDP),
-    # workers/ddp.py
-    B("workers/ddp.py", "run_config", "cuda", "DDP with device_ids=[index]",
+    # experiments/n02_scaling/ddp_worker.py
+    B("experiments/n02_scaling/ddp_worker.py", "run_config", "cuda", "DDP with device_ids=[index]",
       reason=NCCL, doctor="02_scaling"),
-    B("workers/ddp.py", "RunConfig.config", "self.backend == 'nccl'", "device_type cuda in the key",
+    B("experiments/n02_scaling/ddp_worker.py", "RunConfig.config", "self.backend == 'nccl'", "device_type cuda in the key",
       BR + "test_worker_records_name_the_gpu"),
-    # workers/harness.py
-    B("workers/harness.py", "serve", "torch.cuda.is_available()",
+    # engine/harness.py
+    B("engine/harness.py", "serve", "torch.cuda.is_available()",
       "one process without a group (DataParallel) drives the GPUs",
       BR + "test_a_worker_without_a_process_group_drives_the_gpus"),
-    # workers/fast_train.py, workers/fastpath.py
-    B("workers/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
+    # experiments/n08_speed_limits/fast_train.py, experiments/n08_speed_limits/worker.py
+    B("experiments/n08_speed_limits/fast_train.py", "resolved_sgd", "device.type == 'cuda'", "torch's default SGD is foreach",
       BR + "test_fast_path_choices_on_a_gpu"),
-    B("workers/fast_train.py", "to_device", "device.type == 'cuda'",
+    B("experiments/n08_speed_limits/fast_train.py", "to_device", "device.type == 'cuda'",
       "non_blocking copies of a host batch", COPIES),
-    B("workers/fastpath.py", "_trace", "dev.type == 'cuda'", "the profiler's CUDA activity",
+    B("experiments/n08_speed_limits/worker.py", "_trace", "dev.type == 'cuda'", "the profiler's CUDA activity",
       reason=CUPTI, doctor="08_fastpath_trace"),
-    B("workers/fastpath.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
+    B("experiments/n08_speed_limits/worker.py", "top_operators.self_us", "on_gpu", "device (kernel) time per operator",
       "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("workers/fastpath.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
+    B("experiments/n08_speed_limits/worker.py", "top_operators", "on_gpu", "kernels counted once, operators as rows",
       "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once"),
-    B("workers/fastpath.py", "top_operators", "on_gpu", "the host time next to the kernel time",
+    B("experiments/n08_speed_limits/worker.py", "top_operators", "on_gpu", "the host time next to the kernel time",
       "test_fastpath.py::test_top_operators_on_a_gpu_count_each_kernel_once", n=2),
-    # workers/gpt_train.py
-    B("workers/gpt_train.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
+    # experiments/n06_gpt_ddp/worker.py
+    B("experiments/n06_gpt_ddp/worker.py", "device_peak", "device.type != 'cuda'", "the GPU's peak for MFU (TF32 rule)",
       BR + "test_gpt_device_peak_on_a_gpu"),
-    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
+    B("experiments/n06_gpt_ddp/worker.py", "_train", "device.type == 'cuda'", "DDP with device_ids=[local_rank]",
       reason=NCCL, doctor="06_gpt_scaling"),
-    B("workers/gpt_train.py", "_train", "device.type == 'cuda'", "pinned loader memory",
+    B("experiments/n06_gpt_ddp/worker.py", "_train", "device.type == 'cuda'", "pinned loader memory",
       reason=TENSORS, doctor="06_gpt_scaling", n=2),
-    # handin.py and grading/provenance.py read the device type STORED in records and handin.json (a
+    # app/handin.py and app/grading/provenance.py read the device type STORED in records and handin.json (a
     # string): both arms run on any machine, driven by hand-made records of a GPU and of a CPU run
-    B("handin.py", "Provenance.problems", "self.device_type != 'cuda'", "no GPU: not ready to hand in",
+    B("app/handin.py", "Provenance.problems", "self.device_type != 'cuda'", "no GPU: not ready to hand in",
       HANDIN + "test_quick_cpu_synthetic_numbers_fail_the_check", cuda_only=False),
-    B("handin.py", "provenance", "h.get('device_type') == 'cuda'", "the GPU records name the devices",
+    B("app/handin.py", "provenance", "h.get('device_type') == 'cuda'", "the GPU records name the devices",
       HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
-    B("handin.py", "provenance", "p.device_type == 'cuda'", "the CUDA version of a GPU run",
+    B("app/handin.py", "provenance", "p.device_type == 'cuda'", "the CUDA version of a GPU run",
       HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
-    B("handin.py", "provenance", "p.device_type == 'cuda'", "NCCL's version of a GPU run",
+    B("app/handin.py", "provenance", "p.device_type == 'cuda'", "NCCL's version of a GPU run",
       HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", n=2, cuda_only=False),
-    B("handin.py", "provenance", "sw.get('cudnn') and p.device_type == 'cuda'", "cuDNN's version, GPU run",
+    B("app/handin.py", "provenance", "sw.get('cudnn') and p.device_type == 'cuda'", "cuDNN's version, GPU run",
       HANDIN + "test_answers_survive_a_rerun_and_a_finished_full_gpu_handin_passes", cuda_only=False),
-    B("grading/provenance.py", "describe", "prov['device_type'] != 'cuda'", "the CPU (no GPU) flag",
+    B("app/grading/provenance.py", "describe", "prov['device_type'] != 'cuda'", "the CPU (no GPU) flag",
       HANDIN + "test_make_grade_reads_the_handin_json_make_report_writes", cuda_only=False),
 
     # ------------------------------------------------------------------ GPU lines (issue 49)
-    # core/comm_hooks.py
-    B("core/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
+    # learn/comm_hooks.py
+    B("learn/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
       "the event on the current stream (in a callback: the stream that waits for NCCL)", EVENTS),
-    B("core/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
+    B("learn/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
       "waits for the rank's GPU before the events are read", EVENTS),
-    B("core/comm_hooks.py", "_barrier",
+    B("learn/comm_hooks.py", "_barrier",
       "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
       "NCCL's barrier on the rank's GPU (no index: the current one)", BARRIER),
-    B("core/comm_hooks.py", "_barrier", "synchronize(device)", "the device idle before the probe's clock",
+    B("learn/comm_hooks.py", "_barrier", "synchronize(device)", "the device idle before the probe's clock",
       PROBE),
-    B("core/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
+    B("learn/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
       "a probe step ends when its kernels and all-reduces do", PROBE),
-    # core/handmade.py: notebook 09's memory of each implementation
-    *(B("core/handmade.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
+    # learn/handmade.py: notebook 09's memory of each implementation
+    *(B("learn/handmade.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
       for n, what in ((1, "the device idle before the first counter is read"),
                       (2, "the warm-up done before the held bytes are read"),
                       (3, "the measured step done before its peak is read"))),
-    B("core/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+    B("learn/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "the measured GPU's peak reset before the measured step",
       BR + "test_memory_use_resets_the_measured_gpus_peak"),
-    # experiments/bench_timers.py: each arm of the paired timer overhead
-    B("experiments/bench_timers.py", "arms.timed", "synchronize(device)",
+    # app/bench_timers.py: each arm of the paired timer overhead
+    B("app/bench_timers.py", "arms.timed", "synchronize(device)",
       "the timed step ends when its kernels do", BR + "test_bench_timers_arms_end_when_the_gpus_step_does"),
-    B("experiments/bench_timers.py", "arms.plain", "synchronize(device)",
+    B("app/bench_timers.py", "arms.plain", "synchronize(device)",
       "the plain step ends when its kernels do", BR + "test_bench_timers_arms_end_when_the_gpus_step_does"),
-    # core/dist.py
-    B("core/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
+    # engine/dist.py
+    B("engine/dist.py", "init_distributed", "torch.device('cuda', local_rank)",
       "a rank's GPU is its LOCAL_RANK",
       JOIN),
-    B("core/dist.py", "init_distributed", "torch.cuda.set_device(dev)", "the rank's GPU made current", JOIN),
-    B("core/dist.py", "init_distributed", "device_id=dev", "NCCL's communicator made now, on the rank's GPU",
+    B("engine/dist.py", "init_distributed", "torch.cuda.set_device(dev)", "the rank's GPU made current", JOIN),
+    B("engine/dist.py", "init_distributed", "device_id=dev", "NCCL's communicator made now, on the rank's GPU",
       JOIN),
-    # core/hardware.py: the peak table (tests/test_hardware.py pins every number to its data sheet)
-    *(B("core/hardware.py", "<module>", f"PEAK_TFLOPS[{pattern!r}]", f"{pattern}'s dense peaks", PEAKS)
+    # engine/hardware.py: the peak table (tests/test_hardware.py pins every number to its data sheet)
+    *(B("engine/hardware.py", "<module>", f"PEAK_TFLOPS[{pattern!r}]", f"{pattern}'s dense peaks", PEAKS)
       for pattern in ("H100 NVL", "H100 PCIe", "H100", "H200 NVL", "H200", "A100", "L40S", "A10", "V100-SXM2",
                       "V100-PCIE", "V100S", "RTX 8000", "T4")),
-    # core/loop.py
-    B("core/loop.py", "wrap_data_parallel", "device_ids=device_ids", "DataParallel on the GPUs it is given",
+    # learn/loop.py
+    B("learn/loop.py", "wrap_data_parallel", "device_ids=device_ids", "DataParallel on the GPUs it is given",
       DP_GPUS),
-    B("core/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
+    B("learn/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
       "the peak of that GPU reset", BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("core/loop.py", "model_devices", "torch.device('cuda', i)", "each DataParallel replica's GPU by index",
+    B("learn/loop.py", "model_devices", "torch.device('cuda', i)", "each DataParallel replica's GPU by index",
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
-    B("core/loop.py", "run_epoch", "reset_peak_memory(d)", "every GPU's peak reset before the epoch",
+    B("learn/loop.py", "run_epoch", "reset_peak_memory(d)", "every GPU's peak reset before the epoch",
       BR + "test_an_epoch_reports_each_gpus_peak_of_that_epoch"),
-    B("core/loop.py", "run_epoch", "synchronize(device)", "the epoch's clock starts on an idle device",
+    B("learn/loop.py", "run_epoch", "synchronize(device)", "the epoch's clock starts on an idle device",
       EPOCH),
-    B("core/loop.py", "run_epoch", "synchronize(device)", "the epoch ends when its kernels do", EPOCH, n=2),
-    B("core/loop.py", "evaluate", "synchronize(device)", "the evaluation's clock starts on an idle device",
+    B("learn/loop.py", "run_epoch", "synchronize(device)", "the epoch ends when its kernels do", EPOCH, n=2),
+    B("learn/loop.py", "evaluate", "synchronize(device)", "the evaluation's clock starts on an idle device",
       EPOCH),
-    B("core/loop.py", "evaluate", "synchronize(device)", "the evaluation ends when its kernels do",
+    B("learn/loop.py", "evaluate", "synchronize(device)", "the evaluation ends when its kernels do",
       EPOCH, n=2),
-    # core/memory.py
-    B("core/memory.py", "resolve_cuda_device", "torch.device('cuda', device)", "an int is that GPU's index",
+    # engine/memory.py
+    B("engine/memory.py", "resolve_cuda_device", "torch.device('cuda', device)", "an int is that GPU's index",
       BR + "test_memory_cap_and_cleanup_on_a_gpu"),
-    B("core/memory.py", "resolve_cuda_device", "torch.device('cuda', torch.cuda.current_device())",
+    B("engine/memory.py", "resolve_cuda_device", "torch.device('cuda', torch.cuda.current_device())",
       "no index: the current GPU's", BR + "test_memory_cap_and_cleanup_on_a_gpu"),
-    # core/timing.py
-    B("core/timing.py", "synchronize", "torch.cuda.synchronize(dev)",
+    # learn/timing.py
+    B("learn/timing.py", "synchronize", "torch.cuda.synchronize(dev)",
       "waits for every stream of the device (NCCL's too)", PHASES),
-    B("core/timing.py", "timed", "synchronize(device)", "a timer starts on an idle device", PHASES),
-    B("core/timing.py", "timed", "synchronize(device)", "a timer ends when its kernels do", PHASES, n=2),
-    B("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+    B("learn/timing.py", "timed", "synchronize(device)", "a timer starts on an idle device", PHASES),
+    B("learn/timing.py", "timed", "synchronize(device)", "a timer ends when its kernels do", PHASES, n=2),
+    B("learn/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
       "a batch wait starts when the step's kernels are done", PHASES),
-    B("core/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
+    B("learn/timing.py", "PhaseTimer.iterate", "synchronize(self.device)",
       "a batch wait ends when the loader's kernels do", PHASES, n=2),
-    # experiments/comm.py: the link tables (tests/test_gpu_numbers.py pins each to its data sheet)
-    *(B("experiments/comm.py", "<module>", f"_NVLINK_GB_PER_S[{pattern!r}]",
+    # experiments/n04_allreduce/experiment.py: the link tables (tests/test_gpu_numbers.py pins each to its
+    # data sheet)
+    *(B("experiments/n04_allreduce/experiment.py", "<module>", f"_NVLINK_GB_PER_S[{pattern!r}]",
         f"{pattern}'s NVLink, per direction", LINKS)
       for pattern in ("H100 NVL", "H100 PCIe", "H100", "H200", "A100", "V100")),
-    *(B("experiments/comm.py", "<module>", f"_PCIE_LANE_GB_PER_S[{gen}]",
+    *(B("experiments/n04_allreduce/experiment.py", "<module>", f"_PCIE_LANE_GB_PER_S[{gen}]",
         f"a PCIe gen{gen} lane, per direction",
         LINKS) for gen in range(1, 6)),
     # workers
-    B("workers/allreduce_bench.py", "_sync", "torch.cuda.synchronize(device)", "waits for the rank's GPU",
+    B("experiments/n04_allreduce/allreduce_worker.py", "_sync", "torch.cuda.synchronize(device)", "waits for the rank's GPU",
       AR_GPU),
-    B("workers/allreduce_bench.py", "measure_size", "_sync(device)", "the warm-up all-reduces done", AR_GPU),
-    B("workers/allreduce_bench.py", "measure_size", "_sync(device)", "the device idle when the clock starts",
+    B("experiments/n04_allreduce/allreduce_worker.py", "measure_size", "_sync(device)", "the warm-up all-reduces done", AR_GPU),
+    B("experiments/n04_allreduce/allreduce_worker.py", "measure_size", "_sync(device)", "the device idle when the clock starts",
       AR_GPU, n=2),
-    B("workers/allreduce_bench.py", "measure_size", "_sync(device)",
+    B("experiments/n04_allreduce/allreduce_worker.py", "measure_size", "_sync(device)",
       "the clock stops when the all-reduces end",
       AR_GPU, n=3),
-    B("workers/comm_accounting.py", "run_accounting.ddp_wrap", "device_ids=[device.index] if cuda else None",
+    B("experiments/n05_large_batch/accounting_worker.py", "run_accounting.ddp_wrap", "device_ids=[device.index] if cuda else None",
       "DDP on the rank's GPU", reason=NCCL, doctor="05_comm_accounting"),
-    B("workers/comm_accounting.py", "run_accounting.steps", "torch.cuda.synchronize(device)",
+    B("experiments/n05_large_batch/accounting_worker.py", "run_accounting.steps", "torch.cuda.synchronize(device)",
       "a ledger step ends when its collectives do", reason=NCCL, doctor="05_comm_accounting"),
-    B("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+    B("experiments/n04_allreduce/compute_step_worker.py", "measure_compute_step_seconds", "synchronize(dev)",
       "the warm-up done before the clock starts", STEP),
-    B("workers/compute_step.py", "measure_compute_step_seconds", "synchronize(dev)",
+    B("experiments/n04_allreduce/compute_step_worker.py", "measure_compute_step_seconds", "synchronize(dev)",
       "the clock stops when the steps' kernels end", STEP, n=2),
-    B("workers/dataparallel.py", "run_config", "device_ids=list(range(n))", "DataParallel on GPUs 0..n-1",
+    B("experiments/n02_scaling/dp_worker.py", "run_config", "device_ids=list(range(n))", "DataParallel on GPUs 0..n-1",
       DP_GPUS),
-    B("workers/ddp.py", "run_config", "device_ids=[device.index] if cuda else None", "DDP on the rank's GPU",
+    B("experiments/n02_scaling/ddp_worker.py", "run_config", "device_ids=[device.index] if cuda else None", "DDP on the rank's GPU",
       reason=NCCL, doctor="02_scaling"),
-    B("workers/ddp.py", "run_config", "synchronize(device)",
+    B("experiments/n02_scaling/ddp_worker.py", "run_config", "synchronize(device)",
       "start-up time includes DDP's parameter broadcast",
       reason=NCCL, doctor="02_scaling"),
-    B("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+    B("experiments/n08_speed_limits/fast_train.py", "warm_up", "synchronize(trainer.device)",
       "the warm-up starts on an idle device",
       WARM),
-    B("workers/fast_train.py", "warm_up", "synchronize(trainer.device)",
+    B("experiments/n08_speed_limits/fast_train.py", "warm_up", "synchronize(trainer.device)",
       "the warm-up ends when its kernels do",
       WARM, n=2),
-    B("workers/fastpath.py", "time_loader", "synchronize(device)", "the untimed first batch done", LOADER),
-    B("workers/fastpath.py", "time_loader", "synchronize(device)", "a pass ends when its kernels do", LOADER,
+    B("experiments/n08_speed_limits/worker.py", "time_loader", "synchronize(device)", "the untimed first batch done", LOADER),
+    B("experiments/n08_speed_limits/worker.py", "time_loader", "synchronize(device)", "a pass ends when its kernels do", LOADER,
       n=2),
-    B("workers/fastpath.py", "timed_epoch", "reset_peak_memory(device)", "the row's peak is its epoch's",
+    B("experiments/n08_speed_limits/worker.py", "timed_epoch", "reset_peak_memory(device)", "the row's peak is its epoch's",
       BR + "test_a_waterfall_rows_peak_memory_is_its_epochs"),
-    B("workers/fastpath.py", "_trace", "synchronize(dev)", "the trace holds the last step's kernels",
+    B("experiments/n08_speed_limits/worker.py", "_trace", "synchronize(dev)", "the trace holds the last step's kernels",
       reason=CUPTI, doctor="08_fastpath_trace"),
-    B("workers/gpt_train.py", "_train", "device_ids=[ctx.local_rank] if device.type == 'cuda' else None",
+    B("experiments/n06_gpt_ddp/worker.py", "_train", "device_ids=[ctx.local_rank] if device.type == 'cuda' else None",
       "DDP on the rank's GPU", reason=NCCL, doctor="06_gpt_scaling"),
-    B("workers/handmade_ddp.py", "Replica.timed_step", "synchronize(device)",
+    B("experiments/n09_build_ddp/worker.py", "Replica.timed_step", "synchronize(device)",
       "a step ends when its kernels do",
       HANDMADE),
-    B("workers/handmade_ddp.py", "_barrier", "synchronize(device)", "the barrier's all-reduce done",
+    B("experiments/n09_build_ddp/worker.py", "_barrier", "synchronize(device)", "the barrier's all-reduce done",
       HANDMADE),
-    B("workers/handmade_ddp.py", "_trace", "synchronize(ctx.device)",
+    B("experiments/n09_build_ddp/worker.py", "_trace", "synchronize(ctx.device)",
       "each traced step's kernels in its range",
       reason=CUPTI, doctor="09_build_ddp"),
-    B("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+    B("experiments/n07_quantization/quant_timing.py", "time_interleaved", "synchronize(dev)",
       "a repetition starts on an idle device",
       DECODE),
-    B("workers/quant_timing.py", "time_interleaved", "synchronize(dev)",
+    B("experiments/n07_quantization/quant_timing.py", "time_interleaved", "synchronize(dev)",
       "a repetition ends when its kernels do",
       DECODE, n=2),
 )
@@ -901,8 +903,8 @@ def markdown(results: dict | None = None) -> str:
             "on (`event`), each reset of a peak statistic (`reset`), each device index given to torch "
             "(`device`: `torch.device(\"cuda\", i)`, `set_device`, `device_ids=`, `device_id=`), each row of "
             "a peak or link table (`peak`: a module-level name ending in `_TFLOPS`, `_GB_PER_S` or "
-            "`_TB_PER_S`); its site column is the line's own text. `core/cuda_builds.py` (the driver -> "
-            "build table) and `doctor.py` (the node's checks) are not counted. The scanner found 108 sites "
+            "`_TB_PER_S`); its site column is the line's own text. `engine/cuda_builds.py` (the driver -> "
+            "build table) and `app/doctor.py` (the node's checks) are not counted. The scanner found 108 sites "
             f"at 09a7bdf and 113 at e53e80e; now {c['decisions']} decision sites and "
             f"{c['sites'] - c['decisions']} GPU lines ({c.get('sync', 0)} sync, {c.get('event', 0)} event, "
             f"{c.get('reset', 0)} reset, {c.get('device', 0)} device, {c.get('peak', 0)} peak): "

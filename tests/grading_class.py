@@ -51,7 +51,7 @@ from grading_submissions import (
 )
 from handin_files import handin, write_handin
 
-from lab_utils.grading import notebooks as nbs
+from lab_utils.app.grading import notebooks as nbs
 
 NB04 = "04_allreduce_bandwidth"
 RING = "def ring_bytes_per_rank_per_epoch(size_bytes, world_size, dataset_size, per_device_batch):\n"
@@ -67,8 +67,8 @@ import torch
 
 def grad_bytes(model):
     """Bytes of the gradients DDP all-reduces for `model` (an nn.Module)."""
-    ex = torch.sys.modules["lab_utils.grading.exercises"]
-    ring = torch.sys.modules["importlib"].import_module("lab_utils.core.ring")
+    ex = torch.sys.modules["lab_utils.app.grading.exercises"]
+    ring = torch.sys.modules["importlib"].import_module("lab_utils.learn.ring")
     ex.EXERCISES.update(q04_ring_bytes=dataclasses.replace(
         ex.EXERCISES["q04_ring_bytes"], call=lambda fn, case: ring.ring_bytes_per_epoch(*case)))
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

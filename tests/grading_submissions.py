@@ -15,8 +15,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.bench import fill_with_solutions
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.grading.bench import fill_with_solutions
 
 REPO = Path(__file__).resolve().parent.parent
 BOOKS = ["01_batch_size_sweep", "02_multi_gpu_scaling", "03_compute_vs_communication",

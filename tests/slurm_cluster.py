@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lab_utils.core.dist import free_port
+from lab_utils.engine.dist import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 PACKAGES = ("slurm-wlm", "munge")

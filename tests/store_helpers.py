@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab_utils.store import Record, ResultStore
+from lab_utils.engine.store import Record, ResultStore
 
 
 def put(store: ResultStore, experiment: str, cfg: dict[str, Any], metrics: dict[str, Any] | None = None,
@@ -17,12 +17,12 @@ def put(store: ResultStore, experiment: str, cfg: dict[str, Any], metrics: dict[
 
 def lab_for(store: ResultStore, device: str = "cpu", gpus: int = 0):
     """A notebook session stand-in for tests: the store's profile, the store, a device and a GPU count
-    (what ``measure(lab, settings)`` reads of a :class:`lab_utils.session.LabSession`)."""
+    (what ``measure(lab, settings)`` reads of a :class:`lab_utils.engine.session.LabSession`)."""
     from types import SimpleNamespace
 
     import torch
 
-    from lab_utils.core import config, profiles
+    from lab_utils.engine import config, profiles
 
     return SimpleNamespace(profile=config.PROFILES[store.profile], store=store, device=torch.device(device),
                            gpu_count=gpus,

@@ -98,7 +98,7 @@ def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
     code = (
         "import json\n"
         "from lab_utils import doctor, time_budget as tb\n"
-        "from lab_utils.core.machine import Machine\n"
+        "from lab_utils.engine.machine import Machine\n"
         "from lab_utils.experiments import registry\n"
         "parts = tb.notebook_parts('10')\n"
         "m = doctor.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
@@ -122,6 +122,6 @@ def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
 
 def test_the_recipe_names_the_registries_that_derive_and_those_that_do_not():
     text = RECIPE.read_text(encoding="utf-8")
-    for name in ("registry.py", "profiles.py", "questions.py", "table_columns.json", "gpu_branches.py",
+    for name in ("registry.py", "profiles.py", "app/questions.py", "table_columns.json", "gpu_branches.py",
                  "metrics.py", "labs/NN_*.ipynb"):
         assert name in text, name

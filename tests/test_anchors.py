@@ -1,4 +1,4 @@
-"""The earlier reports' numbers: one module holds them (lab_utils.core.anchors), every table, notebook,
+"""The earlier reports' numbers: one module holds them (lab_utils.experiments.shared.anchors), every table, notebook,
 exercise and the time budget reads them from there, and every statement derived from them is redone
 here by hand.
 
@@ -20,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core import anchors as A
-from lab_utils.core import estimates
-from lab_utils.core.config import repo_root
-from lab_utils.experiments import comm_tables, gpt_tables, large_batch_tables, scaling_tables
+from lab_utils.engine.config import repo_root
+from lab_utils.experiments.n02_scaling import tables as scaling_tables
+from lab_utils.experiments.n04_allreduce import tables as comm_tables
+from lab_utils.experiments.n05_large_batch import tables as large_batch_tables
+from lab_utils.experiments.n06_gpt_ddp import tables as gpt_tables
+from lab_utils.experiments.shared import anchors as A
+from lab_utils.experiments.shared import estimates
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,8 +186,8 @@ def test_table3_mistake_reproduces_the_report_by_hand():
 
 
 def test_table3_refuses_one_device():
-    from lab_utils.core.errors import LabError
-    from lab_utils.core.ring import achieved_gb_per_s
+    from lab_utils.learn.errors import LabError
+    from lab_utils.learn.ring import achieved_gb_per_s
 
     sentence = (r"^A bandwidth needs at least 2 ranks: one device communicates nothing \(0 bytes per "
                 r"epoch\), so leave the 1-GPU row out of Table 3\.$")
@@ -318,7 +321,7 @@ DISTINCTIVE = {x for x in ANCHOR_NUMBERS if x != round(x) and x not in (0.1, 0.5
 
 
 def test_one_copy_of_each_anchor():
-    """Every number quoted from an earlier report is written once, in lab_utils/core/anchors.py; every
+    """Every number quoted from an earlier report is written once, in lab_utils/experiments/shared/anchors.py; every
     other module reads it from there (issue 32, item 7)."""
     where: dict[float, set[str]] = {}
     for path in (repo_root() / "lab_utils").rglob("*.py"):
@@ -326,7 +329,7 @@ def test_one_copy_of_each_anchor():
             if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
                     and not isinstance(node.value, bool) and float(node.value) in DISTINCTIVE:
                 where.setdefault(float(node.value), set()).add(str(path.relative_to(repo_root())))
-    assert {v: p for v, p in where.items() if p != {"lab_utils/core/anchors.py"}} == {}
+    assert {v: p for v, p in where.items() if p != {"lab_utils/experiments/shared/anchors.py"}} == {}
     assert {33.64, 23.15, 1384.64, 0.1787, 63.4, 50.93} <= DISTINCTIVE
 
 
@@ -341,7 +344,7 @@ def test_optimizer_steps_of_the_recipe():
     """Notebook 05's grader notes: 5 epochs of CIFAR-10's 50,000 images take 5 x ceil(50,000 / 128) = 1,955
     steps at 128 on one GPU, and 5 x ceil(12,500 / 512) = 125 at 512 per GPU on 4 (each rank 1/4 of the
     images): 16 times fewer, about the ratio 2,048 / 128."""
-    from lab_utils.core.ring import iterations_per_epoch
+    from lab_utils.learn.ring import iterations_per_epoch
 
     assert 5 * iterations_per_epoch(50_000, 128) == 5 * 391 == 1955
     assert 5 * iterations_per_epoch(50_000, 512, 4) == 5 * 25 == 125
@@ -442,7 +445,7 @@ NO_SPEC = pytest.mark.skipif(_spec_md() is None, reason="no SPEC.md beside the c
 
 @NO_SPEC
 def test_every_anchor_number_is_in_spec_md():
-    """Every number of every constant of lab_utils.core.anchors (but those NOT_IN_SPEC names) is a number
+    """Every number of every constant of lab_utils.experiments.shared.anchors (but those NOT_IN_SPEC names) is a number
     SPEC.md prints: nothing is quoted from a report that SPEC.md does not hold."""
     spec = _spec_text()
     printed = set(_floats(spec))
@@ -454,7 +457,7 @@ def test_every_anchor_number_is_in_spec_md():
 
 @NO_SPEC
 def test_anchors_are_what_spec_md_says():
-    """Every number of lab_utils.core.anchors that SPEC.md holds is compared, in its place, with SPEC.md's
+    """Every number of lab_utils.experiments.shared.anchors that SPEC.md holds is compared, in its place, with SPEC.md's
     text as it now reads."""
     spec = _spec_text()
 

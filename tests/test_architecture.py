@@ -1,15 +1,17 @@
 """The package's shape, checked by parsing every module (imports inside functions included).
 
-- the layers import downwards only: ``core < models < middle (store, proc, launcher, session) <
-  workers < plan < experiments < top``: ``core`` imports nothing of the lab above it, workers import
-  no plan and no experiment, the plan (``lab_utils.plan``, THE measure) no experiment, and nothing
-  imports the top (runner, doctor, time budget, CLI, grading);
+- four floors, each importing only its own and the floors below: ``learn < engine < experiments < app``.
+  ``learn`` (what a student reads) imports nothing of the lab but ``learn`` and nothing outside the
+  standard library but torch; ``engine`` runs an experiment; ``experiments`` holds one package per
+  notebook (``nNN_name/``) and ``shared/``, which imports no notebook's package; nothing imports ``app``
+  (the command line, runner, doctor, hand-in, time budget, grading) but ``app``;
 - no import cycle;
 - one training loop: ``.backward(`` is called in three modules only (the loop, the
   ``no_sync`` probe, FLOP counting);
-- one settings table: dict literals keyed by both "quick" and "full" live in ``core.profiles``;
-- no argv parsing in the workers (a JSON job, :mod:`lab_utils.workers.harness`), at most 60
-  function-local imports of the lab's own modules, and ``lab_utils`` at most 18,000 lines.
+- one settings table: dict literals keyed by both "quick" and "full" live in ``engine.profiles``;
+- workers (``experiments.nNN_*.*worker``, what torchrun starts) parse no argv (a JSON job,
+  :mod:`lab_utils.engine.harness`) and import no store; at most 60 function-local imports of the lab's own
+  modules, none of them in ``learn`` or ``experiments``; ``lab_utils`` at most 18,000 lines.
 """
 
 from __future__ import annotations
@@ -17,15 +19,15 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "lab_utils"
 
-# Lowest first. A module may import its own layer and the layers below it.
-LAYERS = ["core", "models", "middle", "workers", "plan", "experiments", "top"]
-MIDDLE = {"store", "table_view", "proc", "launcher", "session"}
+# Lowest first. A module may import its own floor and the floors below it.
+LAYERS = ["learn", "engine", "experiments", "app"]
 
 
 def module_name(path: Path) -> str:
@@ -41,11 +43,14 @@ def modules() -> dict[str, Path]:
 
 def layer(mod: str) -> str:
     parts = mod.split(".")
-    if len(parts) == 1:
-        return "top"  # lab_utils/__init__.py
-    if parts[1] in ("core", "models", "workers", "plan", "experiments"):
+    if len(parts) > 1 and parts[1] in LAYERS:
         return parts[1]
-    return "middle" if parts[1] in MIDDLE else "top"
+    return "app"  # lab_utils/__init__.py and __main__.py: the front of the package
+
+
+def is_worker(mod: str) -> bool:
+    """What torchrun starts: a module of a notebook's package whose name ends in ``worker``."""
+    return layer(mod) == "experiments" and mod.rpartition(".")[2].endswith("worker")
 
 
 def lab_imports(path: Path, known: dict[str, Path]) -> set[str]:
@@ -108,7 +113,7 @@ def calls_backward(path: Path) -> bool:
 
 def test_backward_in_three_modules():
     found = {m for m, p in modules().items() if calls_backward(p)}
-    assert found <= {"lab_utils.core.loop", "lab_utils.core.comm_hooks", "lab_utils.core.flops"}, found
+    assert found <= {"lab_utils.learn.loop", "lab_utils.learn.comm_hooks", "lab_utils.learn.flops"}, found
 
 
 def keyed_by_both_profiles(path: Path) -> bool:
@@ -122,12 +127,32 @@ def keyed_by_both_profiles(path: Path) -> bool:
 
 def test_profile_values_in_one_module():
     found = {m for m, p in modules().items() if keyed_by_both_profiles(p)}
-    assert found <= {"lab_utils.core.profiles"}, found
+    assert found <= {"lab_utils.engine.profiles"}, found
 
 
-@pytest.mark.parametrize("mod", sorted(m for m in GRAPH if layer(m) == "core"))
-def test_core_module_imports_only_core(mod):
-    assert {d for d in GRAPH[mod] if layer(d) != "core"} == set()
+@pytest.mark.parametrize("mod", sorted(m for m in GRAPH if layer(m) == "learn"))
+def test_learn_imports_torch_and_itself_only(mod):
+    """What a student reads stands alone: nothing of the lab outside ``learn``, nothing installed but torch."""
+    assert {d for d in GRAPH[mod] if layer(d) != "learn"} == set()
+    third_party = set()
+    for node in ast.walk(ast.parse(modules()[mod].read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        third_party |= {n.split(".")[0] for n in names}
+    assert third_party - sys.stdlib_module_names - {"torch", "lab_utils", "__future__"} == set()
+
+
+def test_shared_imports_no_notebook_package():
+    bad = {m: sorted(d for d in GRAPH[m] if re.match(r"lab_utils\.experiments\.n\d\d_", d))
+           for m in GRAPH if m.startswith("lab_utils.experiments.shared")}
+    assert not {m: d for m, d in bad.items() if d}, bad
+
+
+def test_every_notebook_has_its_package():
+    """One package per numbered notebook that measures something (00 checks the machine only)."""
+    books = {p.name[:2] for p in (PKG.parent / "labs").glob("[0-9][0-9]_*.ipynb")} - {"00"}
+    packages = {p.name[1:3] for p in (PKG / "experiments").glob("n[0-9][0-9]_*") if p.is_dir()}
+    assert packages == books
 
 
 # --------------------------------------------------------------------------- one data path (issue 26)
@@ -135,8 +160,8 @@ def test_core_module_imports_only_core(mod):
 
 def test_workers_import_nothing_of_the_store():
     """Workers hand their records back through the launcher's file; they never touch the store."""
-    bad = {m: sorted(d for d in GRAPH[m] if d == "lab_utils.store")
-           for m in GRAPH if layer(m) == "workers"}
+    assert len(WORKERS) >= 10, WORKERS
+    bad = {m: sorted(d for d in GRAPH[m] if d == "lab_utils.engine.store") for m in WORKERS}
     assert not {m: d for m, d in bad.items() if d}, bad
 
 
@@ -157,9 +182,9 @@ def _store_writes(path: Path) -> list[str]:
 
 def test_no_append_to_a_store_outside_store_py():
     """store.run / run_many is the only way a record is written: nothing else appends to a store."""
-    from lab_utils.store import ResultStore
+    from lab_utils.engine.store import ResultStore
 
-    bad = [w for m, p in modules().items() if m != "lab_utils.store" for w in _store_writes(p)]
+    bad = [w for m, p in modules().items() if m != "lab_utils.engine.store" for w in _store_writes(p)]
     assert not bad, bad
     assert not hasattr(ResultStore, "append") and not hasattr(ResultStore, "add")
 
@@ -167,10 +192,10 @@ def test_no_append_to_a_store_outside_store_py():
 def test_train_steps_takes_at_most_ten_parameters():
     import inspect
 
-    from lab_utils.core.loop import run_epoch, train_steps
+    from lab_utils.learn.loop import run_epoch, train_steps
 
     assert len(inspect.signature(train_steps).parameters) <= 10
-    assert "run_epoch" in (PKG / "workers" / "ddp.py").read_text()  # the DDP worker's epochs go through it
+    assert "run_epoch" in (PKG / "experiments" / "n02_scaling" / "ddp_worker.py").read_text()  # the DDP worker's epochs go through it
     assert run_epoch is not None
 
 
@@ -181,25 +206,25 @@ def test_every_training_path_goes_through_the_one_epoch_driver():
         return any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == name
                    for n in ast.walk(ast.parse(path.read_text())))
 
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "workers/sweep.py", "workers/dataparallel.py",
-                "workers/fast_train.py"):  # the fast path's Trainer.epoch
+    for rel in ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py", "experiments/n01_batch_sweep/worker.py", "experiments/n02_scaling/dp_worker.py",
+                "experiments/n08_speed_limits/fast_train.py"):  # the fast path's Trainer.epoch
         assert calls(PKG / rel, "run_epoch"), rel
-    for rel in ("workers/ddp.py", "workers/gpt_train.py", "workers/sweep.py", "workers/dataparallel.py"):
+    for rel in ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py", "experiments/n01_batch_sweep/worker.py", "experiments/n02_scaling/dp_worker.py"):
         assert not calls(PKG / rel, "train_steps"), rel
 
 
 def test_one_rank_aggregation():
-    """Both DDP workers aggregate their ranks with core.ranks; no aggregate_epoch of their own."""
-    for rel in ("workers/ddp.py", "workers/gpt_train.py"):
+    """Both DDP workers aggregate their ranks with learn.ranks; no aggregate_epoch of their own."""
+    for rel in ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py"):
         tree = ast.parse((PKG / rel).read_text())
         defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert "aggregate_epoch" not in defs, rel
-        assert "lab_utils.core.ranks" in GRAPH[module_name(PKG / rel)]
+        assert "lab_utils.learn.ranks" in GRAPH[module_name(PKG / rel)]
 
 
 def test_install_script_is_not_importable():
     """cuda_wheels is run by the Makefile with the bare interpreter, from tools/."""
-    assert not (PKG / "core" / "cuda_wheels.py").exists()
+    assert not (PKG / "engine" / "cuda_wheels.py").exists()
     assert (PKG.parent / "tools" / "cuda_wheels.py").exists()
 
 
@@ -222,28 +247,30 @@ def function_local_lab_imports(path: Path) -> int:
 
 def test_the_layers_are_the_designs():
     """The layer of each kind of module, as DESIGN.md draws them (a module moved by mistake shows here)."""
-    expected = {"lab_utils.core.loop": "core", "lab_utils.models.resnet": "models",
-                "lab_utils.proc": "middle", "lab_utils.launcher": "middle", "lab_utils.store": "middle",
-                "lab_utils.session": "middle", "lab_utils.workers.harness": "workers",
-                "lab_utils.plan": "plan",
+    expected = {"lab_utils.learn.loop": "learn", "lab_utils.learn.models.resnet": "learn",
+                "lab_utils.engine.proc": "engine", "lab_utils.engine.launcher": "engine",
+                "lab_utils.engine.store": "engine", "lab_utils.engine.session": "engine",
+                "lab_utils.engine.harness": "engine",
+                "lab_utils.engine.plan": "engine",
                 "lab_utils.experiments.registry": "experiments",
-                "lab_utils.experiments.scaling": "experiments",
-                "lab_utils.doctor": "top", "lab_utils.time_budget": "top", "lab_utils.multinode": "top",
-                "lab_utils.runner": "top"}
+                "lab_utils.experiments.n02_scaling.experiment": "experiments",
+                "lab_utils.experiments.shared.rows": "experiments",
+                "lab_utils.app.doctor": "app", "lab_utils.app.time_budget": "app", "lab_utils.engine.multinode": "engine",
+                "lab_utils.app.runner": "app", "lab_utils.app.grading.grade": "app", "lab_utils.__main__": "app"}
     assert {m: layer(m) for m in expected} == expected
 
 
 def test_at_most_sixty_function_local_imports_of_lab_modules():
     counts = {m: function_local_lab_imports(p) for m, p in modules().items()}
     assert sum(counts.values()) <= 60, sorted(((n, m) for m, n in counts.items() if n), reverse=True)
-    # workers and experiments import what they use at the top (no import hidden to dodge a cycle)
-    assert {m: n for m, n in counts.items() if n and layer(m) in ("workers", "experiments")} == {}
+    # learn, workers and experiments import what they use at the top (no import hidden to dodge a cycle)
+    assert {m: n for m, n in counts.items() if n and layer(m) in ("learn", "experiments")} == {}
 
 
 def test_profiles_are_keyed_by_class_not_by_name():
     """The per-profile values are registered under the settings class itself (profiles.register),
     never looked up by the class's name."""
-    tree = ast.parse((PKG / "core" / "profiles.py").read_text())
+    tree = ast.parse((PKG / "engine" / "profiles.py").read_text())
     by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Subscript)
                and any(isinstance(a, ast.Attribute) and a.attr == "__name__" for a in ast.walk(n.slice))]
     assert by_name == []
@@ -272,7 +299,7 @@ def top_level_names(tree: ast.Module) -> list[str]:
     return names
 
 
-SHAPED = sorted(m for m in GRAPH if layer(m) in ("experiments", "workers"))
+SHAPED = sorted(m for m in GRAPH if layer(m) == "experiments")
 
 
 @pytest.mark.parametrize("mod", SHAPED)
@@ -353,7 +380,7 @@ def test_experiments_and_workers_build_no_store_of_their_own():
 
 # --------------------------------------------------------------------------- the bar of issue 34
 
-WORKERS = sorted(m for m in GRAPH if layer(m) == "workers" and not m.endswith(".workers"))
+WORKERS = sorted(m for m in GRAPH if is_worker(m))
 # Workers that still read a command line: each moves to the harness's JSON job with its notebook's plan
 # (issue 34); remove its line then (the test below fails on a listed module that no longer parses argv).
 # A worker still on argv, and why (none left: every worker reads a JSON job).
@@ -379,7 +406,7 @@ def parses_argv(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("mod", WORKERS)
 def test_no_worker_parses_a_command_line(mod):
-    """A worker's only input is the JSON job the launcher writes (lab_utils.workers.harness.serve): no
+    """A worker's only input is the JSON job the launcher writes (lab_utils.engine.harness.serve): no
     argparse, no argv dataclass; its entry point is ``serve``."""
     path = modules()[mod]
     found = parses_argv(path)

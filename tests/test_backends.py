@@ -1,4 +1,4 @@
-"""lab_utils.core.backends: the training paths set cuDNN's autotuning, and every record states
+"""lab_utils.engine.backends: the training paths set cuDNN's autotuning, and every record states
 the cuDNN / matmul settings it was measured under."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from store_helpers import lab_for, put
 
-from lab_utils.core import backends, profiles
-from lab_utils.store import Record
+from lab_utils.engine import backends, profiles
+from lab_utils.engine.store import Record
 
 KEYS = {"cudnn_benchmark", "cudnn_deterministic", "cudnn_allow_tf32", "matmul_allow_tf32",
         "float32_matmul_precision"}
@@ -48,7 +48,8 @@ def test_a_record_built_anywhere_carries_the_settings(benchmark_off, store):
 
 
 def test_training_paths_apply_the_settings(benchmark_off):
-    from lab_utils.workers import compute_step, fast_train
+    from lab_utils.experiments.n04_allreduce import compute_step_worker as compute_step
+    from lab_utils.experiments.n08_speed_limits import fast_train
 
     compute_step.measure_compute_step_seconds(width=2, batch_size=2, device="cpu", steps=1, warmup=0)
     assert torch.backends.cudnn.benchmark is True
@@ -58,8 +59,8 @@ def test_training_paths_apply_the_settings(benchmark_off):
 
 
 def test_sweep_records_state_the_settings(benchmark_off, store):
-    from lab_utils.experiments import sweep
-    from lab_utils.plan import measure
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n01_batch_sweep import experiment as sweep
 
     s = profiles.settings(sweep.Settings, "quick", batch_sizes=(16,), width=2, train_images=32,
                           test_images=16, dataset="synthetic", memory_cap_bytes=0)

@@ -1,4 +1,4 @@
-"""Notebook 09: data parallelism by hand (lab_utils.core.handmade), its plan, worker, tables and trace.
+"""Notebook 09: data parallelism by hand (lab_utils.learn.handmade), its plan, worker, tables and trace.
 
 Fast: bucket assignment, shard bounds, ring bytes and the alpha-beta prediction, the plan on a CPU and on
 the budget's 4-GPU node, the tables from records (notebook 04's fit preferred), the merged trace and the
@@ -20,14 +20,15 @@ import pytest
 import torch
 from store_helpers import put
 
-from lab_utils.core import handmade, profiles
-from lab_utils.core.errors import LabError
-from lab_utils.core.machine import BUDGET_NODE, Machine
-from lab_utils.core.ring import MIB
-from lab_utils.experiments import build_ddp
-from lab_utils.experiments import build_ddp_tables as T
-from lab_utils.plan import make_plan, measure
-from lab_utils.store import Record
+from lab_utils.engine import profiles
+from lab_utils.engine.machine import BUDGET_NODE, Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.engine.store import Record
+from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
+from lab_utils.experiments.n09_build_ddp import tables as T
+from lab_utils.learn import handmade
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.ring import MIB
 
 pytestmark = pytest.mark.timeout(60)
 CPU2 = Machine(gpus=0, cores=2)
@@ -53,7 +54,7 @@ def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
     The lab's old stay-under-the-cap rule made 19.44 + 25.26 MB at 25 MiB."""
     import torch.distributed as dist
 
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     for width, caps in ((8, ((16_000, 16_000), (419_430, 16_384), (705_608, 1), (1, 10**9))),
                         (64, ((25 * MIB, 25 * MIB), (25 * MIB, MIB)))):
@@ -407,7 +408,7 @@ def _batch(seed, n=3):
 def test_each_implementation_equals_one_process_on_two_gloo_ranks():
     """K = 3 steps of the spec's SGD through the lab's loop: (a)-(d) on 2 gloo ranks against one process
     on the global batch (each step: both ranks' batches, one forward), float64 tolerance."""
-    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.learn.loop import make_optimizer, train_steps
 
     steps = 3
 
@@ -512,7 +513,7 @@ def test_memory_of_implementations_whose_bytes_are_known_in_advance():
     """The tiny float64 model, S = 837 x 8 = 6,696 bytes, on 2 gloo ranks, with SGD's momentum: between
     steps no communication holds 3S (weights, gradients, momentum); DDP 4S (its one bucket too); ZeRO-1
     2S + its shard's momentum and gradient (419 x 8 each on rank 0, padded to 419: 2S + 6,704 bytes)."""
-    from lab_utils.core.loop import make_optimizer, train_steps
+    from lab_utils.learn.loop import make_optimizer, train_steps
 
     def ranks(rank, world):
         batch = _batch(rank)
@@ -648,7 +649,7 @@ def average_gradients(grads):
 def test_the_exercise_runs_on_gloo_ranks_inside_the_sandbox(tmp_path):
     """The grader's child, in bubblewrap (no network: gloo over the sandbox's loopback), runs a student's
     average_gradients on 2 and 3 ranks; a sum without the division gives its known wrong answer."""
-    from lab_utils.grading import sandbox
+    from lab_utils.app.grading import sandbox
 
     why = sandbox.probe()
     if why:
@@ -677,9 +678,9 @@ def test_alternative_answers_earn_every_case_and_the_prompts_demands_are_named()
     """Each tests/alternatives/q09_*.py (another correct answer: dividing before the all-reduce, another
     style of DDP's bucket rule, of the shards, a simulation of the exposed time) passes every public and
     hidden case the build writes; an average that works on copies, or forgets its return, is told so."""
-    from lab_utils.grading import EXERCISES, build
-    from lab_utils.grading import notebooks as nbs
-    from lab_utils.grading.exercises import verdict
+    from lab_utils.app.grading import EXERCISES, build
+    from lab_utils.app.grading import notebooks as nbs
+    from lab_utils.app.grading.exercises import verdict
 
     master = nbs.parse_master(Path(__file__).resolve().parent.parent / "labs" / "09_build_ddp.ipynb")
     folder = Path(__file__).resolve().parent / "alternatives"

@@ -12,8 +12,8 @@ import zipfile
 import pytest
 from handin_files import A100, handin, write_handin
 
-from lab_utils.grading import class_results, provenance
-from lab_utils.grading.submissions import find_submissions
+from lab_utils.app.grading import class_results, provenance
+from lab_utils.app.grading.submissions import find_submissions
 
 MANIFEST = {"lab_version": "abc", "notebooks": {"03_compute_vs_communication": {"version": "v03"}},
             "ungraded": {"00_environment": {"version": "v00"}}}

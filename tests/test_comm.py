@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 from store_helpers import lab_for, put
 
-from lab_utils.core import profiles, ring
-from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import classify_interconnect
-from lab_utils.core.machine import Machine
-from lab_utils.experiments import comm, comm_tables
-from lab_utils.plan import make_plan, measure
+from lab_utils.engine import profiles
+from lab_utils.engine.hardware import classify_interconnect
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.experiments.n04_allreduce import experiment as comm
+from lab_utils.experiments.n04_allreduce import tables as comm_tables
+from lab_utils.learn import ring
+from lab_utils.learn.errors import LabError
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
 
@@ -26,7 +28,7 @@ S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
 
 
 def test_gradient_bytes_resnet18_fp32():
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     assert comm.gradient_bytes(ResNet18()) == S_RESNET18
 
@@ -350,7 +352,7 @@ def test_the_benchmark_plan_on_a_4_gpu_node_and_without_gpus():
 
 def test_the_compute_step_plan_cost_and_doctor_settings():
     """The compute step launched on a GPU, in this process on a CPU; the budget's seconds by hand."""
-    from lab_utils.core import estimates
+    from lab_utils.experiments.shared import estimates
 
     full = profiles.settings(comm.Settings, "full")
     gpu = make_plan(comm.COMPUTE_STEP_EXPERIMENT, full, H100_NODE, "full")
@@ -406,7 +408,7 @@ def test_benchmark_two_gloo_ranks_then_reuse_and_cli(store, monkeypatch, capsys)
     def no_launch(*a, **k):
         raise AssertionError("stored sizes must be reused, not re-measured")
 
-    monkeypatch.setattr("lab_utils.launcher.stream", no_launch)
+    monkeypatch.setattr("lab_utils.engine.launcher.stream", no_launch)
     again = measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, settings, verbose=False,
                     machine=Machine(gpus=0, cores=2))
     assert [r.timestamp for r in again] == [r.timestamp for r in records]
@@ -436,7 +438,7 @@ def test_benchmark_three_gloo_ranks_bus_factor(store):
 def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
     import torch.distributed as dist
 
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     model = ResNet18(width=width)
     ready_order = list(reversed([p for p in model.parameters() if p.requires_grad]))
@@ -447,7 +449,7 @@ def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
 
 
 def test_resnet18_default_buckets():
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     # layer4's 3x3x512x512 convs are 9.4 MB each: the first bucket passes 1 MiB with one of them
     assert comm_tables._ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
@@ -479,7 +481,7 @@ def test_compute_steps_in_this_process_and_the_inputs_table(store):
     compute = comm_tables.projection_compute(records, settings)
     assert compute.seconds_per_step == {4: records[0].metrics["compute_seconds_per_step"]}
     assert compute.seconds_per_step[4] > 0
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     assert compute.dataset_size == 50_000 and compute.grad_bytes == comm.gradient_bytes(ResNet18(width=4))
     assert "one cpu device" in compute.source
@@ -499,7 +501,7 @@ def test_compute_steps_in_this_process_and_the_inputs_table(store):
 
 
 def _nb03_store(store):
-    scaling = pytest.importorskip("lab_utils.experiments.scaling")
+    scaling = pytest.importorskip("lab_utils.experiments.n02_scaling.experiment")
     base = {"method": "DDP", "record": "aggregate", "rank": None, "backend": "gloo", "device_type": "cpu",
             "width": 8, "train_images": 1024, "epochs": 2, "batch_size": 32}
     grad = 705_608
@@ -556,8 +558,8 @@ def test_report_utilization_saves_table3(store):
 
 
 def test_projection_compute_from_the_compute_step_records_by_hand():
-    from lab_utils.models import ResNet18
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
+    from lab_utils.learn.models import ResNet18
 
     settings = profiles.settings(comm.Settings, "quick")  # width 8, 2 timed steps after 1
     recs = [Record("compute_step", {"batch_size": b, "device_type": "cuda"}, {"compute_seconds_per_step": t})
@@ -572,7 +574,7 @@ def test_projection_compute_from_the_compute_step_records_by_hand():
 
 def test_unfittable_timings_give_a_reason_not_an_exception():
     """Latency-bound timings that shrink with size (noise) leave that rank count without a fit."""
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     def rec(p, size, t_us):
         return Record("allreduce_bench", {"world_size": p, "backend": "gloo", "size_bytes": size,
@@ -597,7 +599,7 @@ def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
     4 GPUs x 32: comm = 11.65 - 41.3/4 = 1.325 s; steps = ceil(50,000/128) = 391; bytes per rank =
     391 x 2(3)/4 x 44,695,848 = 26,214,114,852 B; 26.214e9 / 1.325 = 19.78 GB/s.
     2 GPUs x 32: comm = 23.15 - 41.3/2 = 2.5 s; 782 x 44,695,848 = 34,952,153,136 B -> 13.98 GB/s."""
-    from lab_utils.core.anchors import SPEC_GRADIENT_BYTES
+    from lab_utils.experiments.shared.anchors import SPEC_GRADIENT_BYTES
 
     assert SPEC_GRADIENT_BYTES == 11_173_962 * 4
     rows = {(r["devices"], r["per_gpu_batch"]): r
@@ -633,7 +635,7 @@ def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store)
 
 
 def test_noise_flag_marks_effects_within_two_standard_errors():
-    from lab_utils.core.comm_hooks import NOISE_FLAG, noise_flag
+    from lab_utils.learn.comm_hooks import NOISE_FLAG, noise_flag
 
     assert noise_flag(0.5, 0.25) == NOISE_FLAG      # 2 x 0.25 >= 0.5
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out

@@ -1,7 +1,7 @@
 import pytest
 
-from lab_utils.core import config
-from lab_utils.core.errors import LabError
+from lab_utils.engine import config
+from lab_utils.learn.errors import LabError
 
 
 def test_env_overrides_auto(monkeypatch):

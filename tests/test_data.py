@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from lab_utils.core import data
-from lab_utils.core.errors import LabError
+from lab_utils.experiments.shared import data
+from lab_utils.learn.errors import LabError
 
 
 def test_spec_transform_order():

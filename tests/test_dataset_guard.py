@@ -20,11 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core import config, profiles
-from lab_utils.core.errors import LabError
-from lab_utils.core.text_data import resolve_corpus
-from lab_utils.experiments import fastpath, gpt, large_batch, quantize, scaling, sweep  # noqa: F401 (register)
-from lab_utils.workers.gpt_train import TrainConfig
+from lab_utils.engine import config, profiles
+from lab_utils.experiments.n01_batch_sweep import experiment as sweep  # noqa: F401 (register)
+from lab_utils.experiments.n02_scaling import experiment as scaling  # noqa: F401 (register)
+from lab_utils.experiments.n05_large_batch import experiment as large_batch  # noqa: F401 (register)
+from lab_utils.experiments.n06_gpt_ddp import experiment as gpt  # noqa: F401 (register)
+from lab_utils.experiments.n06_gpt_ddp.worker import TrainConfig
+from lab_utils.experiments.n07_quantization import experiment as quantize  # noqa: F401 (register)
+from lab_utils.experiments.n08_speed_limits import experiment as fastpath  # noqa: F401 (register)
+from lab_utils.experiments.shared.text_data import resolve_corpus
+from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_FIELDS = ("dataset", "corpus")
@@ -43,20 +48,20 @@ def test_no_settings_default_overrides_the_environment():
         for f in dataclasses.fields(cls):
             if f.name in DATA_FIELDS:
                 assert f.default is None, (cls.__qualname__, f.name, f.default)
-                checked.append(f"{cls.__module__.rpartition('.')[2]}.{cls.__qualname__}.{f.name}")
+                checked.append(f"{cls.__module__.split('.')[2]}.{cls.__qualname__}.{f.name}")  # the notebook's package
         if cls in profiles._REGISTRY:
             for profile, values in profiles._REGISTRY[cls][0].items():
                 assert not set(values) & set(DATA_FIELDS), (cls.__qualname__, profile)
-    assert {"sweep.Settings.dataset", "scaling.Settings.dataset", "large_batch.Settings.dataset",
-            "fastpath.Settings.dataset", "gpt.Settings.corpus",
-            "gpt_train.TrainConfig.corpus"} <= set(checked), checked
+    assert {"n01_batch_sweep.Settings.dataset", "n02_scaling.Settings.dataset",
+            "n05_large_batch.Settings.dataset", "n08_speed_limits.Settings.dataset", "n06_gpt_ddp.Settings.corpus",
+            "n06_gpt_ddp.TrainConfig.corpus"} <= set(checked), checked
 
 
 @pytest.mark.timeout(60)
 def test_the_plans_read_lab_dataset(monkeypatch, tmp_path):
     """The plan resolves the dataset the workers get (their RunConfig holds the answer, not None)."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
 
     monkeypatch.setenv("LAB_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("LAB_DATASET", "synthetic")

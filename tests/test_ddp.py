@@ -19,12 +19,12 @@ import pytest
 import torch
 from torch import nn
 
-from lab_utils.core.comm_hooks import derived_comm, overlap_figures, union_length
-from lab_utils.core.errors import LabError
-from lab_utils.core.ranks import aggregate_epoch
-from lab_utils.core.records import canonical_key
-from lab_utils.launcher import launch
-from lab_utils.workers.ddp import RunConfig, sample_order_head
+from lab_utils.engine.launcher import launch
+from lab_utils.engine.records import canonical_key
+from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig, sample_order_head
+from lab_utils.learn.comm_hooks import derived_comm, overlap_figures, union_length
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.ranks import aggregate_epoch
 
 TESTS = Path(__file__).resolve().parent
 
@@ -125,8 +125,8 @@ def test_run_config_is_the_records_config_and_is_checked():
 def single_process_reference(steps: int, batch: int, world: int, lr: float) -> list[torch.Tensor]:
     from ddp_toy_worker import toy_batches, toy_mlp  # noqa: E402
 
-    from lab_utils.core.loop import make_optimizer, train_steps
-    from lab_utils.core.timing import PhaseTimer
+    from lab_utils.learn.loop import make_optimizer, train_steps
+    from lab_utils.learn.timing import PhaseTimer
 
     # one process, the same loop as the workers, each step on the whole global batch
     model = toy_mlp()
@@ -225,7 +225,7 @@ def worker_run(tmp_path_factory):
                          lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
             for b in (16, 32)}
     job = {"experiment": "ddp_test", "profile": "quick", "configs": [a.config() for a in args.values()]}
-    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=300, log_dir=root / "logs",
+    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=300, log_dir=root / "logs",
                  threads_per_rank=1, env=env)
     res.records = [asdict(r) for r in res.records]  # as they are read back from the file (JSON)
     return res, args, root
@@ -286,7 +286,7 @@ def test_worker_calls_set_epoch_and_shards_disjointly(worker_run):
 def test_worker_hands_records_back_and_never_writes_the_store(worker_run):
     """Rank 0 appends each record once to the launch's records file (the launcher hands them back in
     order); the store stays untouched (the parent stores)."""
-    from lab_utils.store import ResultStore
+    from lab_utils.engine.store import ResultStore
 
     res, args, root = worker_run
     assert ResultStore("quick", root=root / "results" / "quick").records("ddp_test") == []
@@ -300,13 +300,13 @@ def test_worker_hands_records_back_and_never_writes_the_store(worker_run):
 def test_a_worker_takes_a_job_file_and_nothing_else(capsys, monkeypatch):
     import torch.distributed as dist
 
-    from lab_utils.workers import ddp
-    from lab_utils.workers.harness import serve
+    from lab_utils.engine.harness import serve
+    from lab_utils.experiments.n02_scaling import ddp_worker as ddp
 
     monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
     assert serve(ddp, ["--lr-rule", "sqrt"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("usage: python -m lab_utils.workers.ddp JOB.json") and "\n" not in err
+    assert err.startswith("usage: python -m lab_utils.experiments.n02_scaling.ddp_worker JOB.json") and "\n" not in err
     assert not dist.is_initialized()
 
 
@@ -331,7 +331,7 @@ def skew(tmp_path_factory) -> dict[str, dict]:
     runs = {"normal": _skew_config(False), "slowed": _skew_config(True),
             "accumulation": _skew_config(True, accumulation_steps=2)}
     job = {"experiment": "skew", "profile": "quick", "configs": [a.config() for a in runs.values()]}
-    res = launch("lab_utils.workers.ddp", job, nproc=2, timeout_s=240, threads_per_rank=1,
+    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=240, threads_per_rank=1,
                  log_dir=tmp_path_factory.mktemp("skew"))
     out: dict[str, dict] = {name: {"args": a} for name, a in runs.items()}
 
@@ -460,7 +460,7 @@ def _accum_launch(root: Path, nproc: int, steps: int) -> dict:
 def test_accumulation_on_one_device_equals_two_devices(tmp_path):
     """1 rank x 2 accumulation steps x batch b == 2 ranks x batch b, after one optimizer step.
 
-    Both runs go through the worker's own loop (:func:`lab_utils.core.loop.train_steps`) on a
+    Both runs go through the worker's own loop (:func:`lab_utils.learn.loop.train_steps`) on a
     width-2 ResNet-18 *with* BatchNorm in training mode, and see the same two blocks of b
     images (rank r / micro-step r takes block r). That is a fair comparison despite
     BatchNorm: DDP's BatchNorm is per rank, so in the 2-rank run each block is normalized
@@ -472,8 +472,8 @@ def test_accumulation_on_one_device_equals_two_devices(tmp_path):
     """
     from ddp_toy_worker import accum_blocks
 
-    from lab_utils.core.loop import make_optimizer
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.loop import make_optimizer
+    from lab_utils.learn.models import ResNet18
 
     two = _accum_launch(tmp_path, 2, 1)
     one = _accum_launch(tmp_path, 1, 2)
@@ -503,7 +503,7 @@ def test_worker_with_accumulation_records_it(tmp_path):
                      test_images=64, dataset="synthetic", num_workers=0, accumulation_steps=2,
                      lr_rule="linear", base_batch=8).validate()
     job = {"experiment": "acc", "profile": "quick", "configs": [args.config()]}
-    recs = [asdict(r) for r in launch("lab_utils.workers.ddp", job, nproc=1, timeout_s=120,
+    recs = [asdict(r) for r in launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=1, timeout_s=120,
                                       threads_per_rank=1, log_dir=tmp_path).records]
     agg = next(r for r in recs if r["config"]["record"] == "aggregate")
     c, m = agg["config"], agg["metrics"]

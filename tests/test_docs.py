@@ -19,9 +19,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import docs, handin, questions, time_budget
-from lab_utils.core import anchors, estimates
-from lab_utils.core.errors import LabError
+from lab_utils.app import docs, handin, questions, time_budget
+from lab_utils.experiments.shared import anchors, estimates
+from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -112,8 +112,8 @@ def test_how_one_number_is_measured_names_files_that_hold_it():
     text = README.read_text(encoding="utf-8")
     part = text[text.index("## How one number is measured"):text.index("## Where to read next")]
     said = re.findall(r"^\d\. `([\w/]+\.py)`, `(\w+)`", part, re.M)
-    assert [f for f, _ in said] == ["lab_utils/workers/sweep.py", "lab_utils/core/loop.py",
-                                    "lab_utils/experiments/sweep_tables.py"]
+    assert [f for f, _ in said] == ["lab_utils/experiments/n01_batch_sweep/worker.py", "lab_utils/learn/loop.py",
+                                    "lab_utils/experiments/n01_batch_sweep/tables.py"]
     for path, function in said:
         assert re.search(rf"^def {function}\(", (REPO / path).read_text(), re.M), (path, function)
     cell = re.search(r"cell `(records = measure\(.*?\))`", part).group(1)
@@ -122,8 +122,8 @@ def test_how_one_number_is_measured_names_files_that_hold_it():
     # item 3, by hand: repeats of 10 and 14 s at batch 32 give 12 s (the lower repeat keeps its own 10 s);
     # one of 20 s at batch 64 gives 20 s
     assert "`train_seconds_median`, the median of the repeats' `train_seconds`" in " ".join(part.split())
-    from lab_utils.core.records import Record
-    from lab_utils.experiments.sweep_tables import sweep_table
+    from lab_utils.engine.records import Record
+    from lab_utils.experiments.n01_batch_sweep.tables import sweep_table
 
     def rec(batch, repeat, seconds):
         return Record("sweep", {"batch_size": batch, "repeat": repeat}, {"train_seconds": seconds},
@@ -134,7 +134,7 @@ def test_how_one_number_is_measured_names_files_that_hold_it():
 
 
 def _anchor_numbers() -> set[float]:
-    """Every number lab_utils.core.anchors quotes (values, and the GPUs and batch sizes of their keys)."""
+    """Every number lab_utils.experiments.shared.anchors quotes (values, and the GPUs and batch sizes of their keys)."""
     out: set[float] = set()
 
     def walk(v):
@@ -158,7 +158,7 @@ def _anchor_numbers() -> set[float]:
 
 
 def test_the_notebook_tables_reference_numbers_are_the_anchors_or_recomputed_from_them():
-    """Each number in the README's "earlier cohorts' reference numbers" column is one lab_utils.core.anchors
+    """Each number in the README's "earlier cohorts' reference numbers" column is one lab_utils.experiments.shared.anchors
     quotes, or one recomputed here from them (a number typed wrong, or no longer in the code, fails)."""
     a = anchors
     t1 = a.FIRST_COHORT_TABLE1_SECONDS
@@ -206,7 +206,7 @@ NOT_THE_LABS = {
 
 
 def _check_command(line: str) -> None:
-    from lab_utils.__main__ import build_parser
+    from lab_utils.app.cli import build_parser
     from lab_utils.experiments import registry
 
     words = shlex.split(line)

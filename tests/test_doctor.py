@@ -1,4 +1,4 @@
-"""``python -m lab_utils doctor`` (lab_utils/doctor.py): through the command on this CPU machine, and its
+"""``python -m lab_utils doctor`` (lab_utils/app/doctor.py): through the command on this CPU machine, and its
 GPU checks' logic against the fake GPU (tests/fake_gpu.py).
 
 What only a GPU can show (events against the host clock on real kernels, NCCL's bandwidth,
@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils import doctor, proc
+from lab_utils.app import doctor
+from lab_utils.engine import proc
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ def test_a_failed_check_makes_the_exit_code_one(tmp_path, monkeypatch, cpu_only)
 
 
 def test_bad_input_is_one_sentence(capsys):
-    from lab_utils.__main__ import main
+    from lab_utils.app.cli import main
 
     assert main(["doctor", "--only", "versions,nonsense"]) == 2
     err = capsys.readouterr().err
@@ -143,12 +144,12 @@ def test_the_budget_and_a_failing_check_do_not_stop_the_others():
 @pytest.mark.timeout(90)
 def test_a_check_runs_in_a_child_process_and_returns_its_measurement(tmp_path):
     out = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "lab_utils.doctor", "--child", "timer_overhead", "--device", "cpu",
+    cmd = [sys.executable, "-m", "lab_utils.app.doctor", "--child", "timer_overhead", "--device", "cpu",
            "--out", str(out)]
     d = doctor.run_child(cmd, 60, out)
     assert d["device"] == "cpu" and d["timed_phases"] == d["phases"] == 2000 and d["per_phase_seconds"] > 0
     with pytest.raises(RuntimeError, match="unknown doctor check 'nope'"):
-        doctor.run_child([sys.executable, "-m", "lab_utils.doctor", "--child", "nope", "--out", str(out)], 60,
+        doctor.run_child([sys.executable, "-m", "lab_utils.app.doctor", "--child", "nope", "--out", str(out)], 60,
                          tmp_path / "missing.json")
 
 
@@ -174,7 +175,7 @@ def test_the_machine_is_read_without_a_cuda_context(two_a100):
 
 
 def test_cuda_init_compares_torchs_names_with_nvidia_smis(two_a100, monkeypatch):
-    from lab_utils.core import hardware
+    from lab_utils.engine import hardware
 
     m = doctor.read_machine()
     d = doctor.measure_cuda_init(m, kernel=lambda i: doctor.KERNEL_EXPECTED)   # no kernel runs on the fake
@@ -337,12 +338,13 @@ def test_an_experiment_row_is_judged_by_its_records():
 @pytest.mark.timeout(300)
 def test_an_experiment_row_runs_the_notebooks_own_plan_over_gloo_here(tmp_path, monkeypatch):
     """Notebook 02's row on this CPU: its doctor settings (the smallest full-profile configuration) with a
-    narrow model and gloo CPU processes in place of GPUs go through lab_utils.plan.measure, the DDP worker
+    narrow model and gloo CPU processes in place of GPUs go through lab_utils.engine.plan.measure, the DDP
+    worker
     under torchrun, into a scratch store: the lab's results get nothing, the records are judged."""
     from dataclasses import replace
 
-    from lab_utils.core.machine import Machine as PlanMachine
-    from lab_utils.experiments import scaling
+    from lab_utils.engine.machine import Machine as PlanMachine
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
 

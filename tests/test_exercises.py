@@ -1,10 +1,10 @@
 """The autograded exercises of notebooks 01-07 and 09, checked without executing a notebook.
 
 For every autograded question of the master notebooks (otter assign v7 format, test cells written
-as ``check(QUESTION, FUNCTION, [cases])``, lab_utils.grading):
+as ``check(QUESTION, FUNCTION, [cases])``, lab_utils.app.grading):
 
 - the notebook has its questions, and each question its public and hidden test cells, points
-  that add up to what its heading says, and an Exercise in lab_utils.grading.exercises;
+  that add up to what its heading says, and an Exercise in lab_utils.app.grading.exercises;
 - the master's solution agrees with the lab's own reference function on several values (the
   numbers the rest of the notebook uses): the answers the build computes from it are right;
 - every known mistake differs from the right answer on a public case (the student's check
@@ -27,10 +27,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils.grading import EXERCISES, build, check
-from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.exercises import explain, same
-from lab_utils.questions import sections_for
+from lab_utils.app.grading import EXERCISES, build, check
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.grading.exercises import explain, same
+from lab_utils.app.questions import sections_for
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
 
@@ -125,7 +125,7 @@ def test_test_cells_public_then_hidden_and_points_as_titled(masters, notebook, n
 
 
 def _check_q01(f):
-    from lab_utils.grading import FakeAsyncDevice
+    from lab_utils.app.grading import FakeAsyncDevice
 
     for queued, work, launch in ((0.5, 2.0, 1e-4), (0.0, 0.75, 3e-3), (7.0, 12.5, 0.0)):
         dev = FakeAsyncDevice(queued_seconds=queued, launch_seconds=launch)
@@ -133,10 +133,10 @@ def _check_q01(f):
 
 
 def _check_q01_train_transform(f):
-    """The lab's loaders' pipeline (lab_utils.core.data.train_transform) in the assignment's order, and the
+    """The lab's loaders' pipeline (lab_utils.experiments.shared.data.train_transform) in the assignment's order, and the
     solution's: the same transforms with the same values and the same images from every crop and flip."""
-    from lab_utils.core import data
-    from lab_utils.grading import exercises as E
+    from lab_utils.app.grading import exercises as E
+    from lab_utils.experiments.shared import data
 
     mine, lab = f(), data.train_transform()
     assert [type(t).__name__ for t in lab.transforms] == ["RandomCrop", "RandomHorizontalFlip", "ToTensor",
@@ -154,9 +154,9 @@ def _check_q01_train_transform(f):
 
 
 def _check_q01_peak_memory(f):
-    """The solution against the lab's own line (lab_utils.experiments.sweep.predict_peak_memory) on the
+    """The solution against the lab's own line (lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory) on the
     quick model's counted peaks (21,271,288 B at 32, 78,705,400 B at 128: 598,272 B per image) and a GPU's."""
-    from lab_utils.experiments.sweep import predict_peak_memory
+    from lab_utils.experiments.n01_batch_sweep.experiment import predict_peak_memory
 
     for case in ((32, 21_271_288, 128, 78_705_400, 512, 450_000_000),
                  (32, 523_000_000, 128, 1_413_000_000, 8192, 80e9), (128, 4e9, 512, 9e9, 2048, 16e9)):
@@ -166,8 +166,12 @@ def _check_q01_peak_memory(f):
 
 
 def _check_q02(f):
-    from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
-    from lab_utils.experiments import scaling_tables
+    from lab_utils.experiments.n02_scaling import tables as scaling_tables
+    from lab_utils.experiments.shared.anchors import (
+        FIRST_COHORT_LABEL,
+        FIRST_COHORT_TABLE1_SECONDS,
+        OTHER_COHORT_LABEL,
+    )
 
     frame = scaling_tables.anchor_frame()
     assert set(frame["method"]) == {FIRST_COHORT_LABEL, OTHER_COHORT_LABEL}
@@ -179,8 +183,8 @@ def _check_q02(f):
 
 
 def _check_q03(f):
-    from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS as A
-    from lab_utils.core.comm_hooks import derived_comm
+    from lab_utils.experiments.shared.anchors import FIRST_COHORT_TABLE1_SECONDS as A
+    from lab_utils.learn.comm_hooks import derived_comm
 
     for t1, tn, n in ((A[(1, 128)], A[(2, 128)], 2), (A[(1, 32)], A[(4, 32)], 4), (2233.5, 1095.7, 2),
                       (10.0, 10.0, 1), (90.0, 2.0, 64)):
@@ -189,7 +193,7 @@ def _check_q03(f):
 
 
 def _check_q02_predict_epoch(f):
-    from lab_utils.core.scaling_model import AllReduceLine, predicted_epoch_seconds
+    from lab_utils.learn.scaling_model import AllReduceLine, predicted_epoch_seconds
 
     line = AllReduceLine(4, 60e-6, 10 / 1.5)
     for case in ((0.02642, 782, 44_695_848, 50e-6, 10.0), (0.1, 49, 262_144, 0.0, 1.0),
@@ -199,7 +203,7 @@ def _check_q02_predict_epoch(f):
 
 
 def _check_q03_predict_comm(f):
-    from lab_utils.core.scaling_model import predicted_comm_seconds
+    from lab_utils.learn.scaling_model import predicted_comm_seconds
 
     for case in (([1e6, 3e6], 1e-4, 2.0, 10), ([26_268_672, 18_427_176], 60e-6, 6.67, 196),
                  ([705_608], 0.0, 0.5, 1), ([1_049_600, 26_215_424, 17_430_824], 2e-5, 100.0, 49)):
@@ -210,8 +214,8 @@ def _check_q03_predict_comm(f):
 def _check_q04_gradient_bytes(f):
     import torch
 
-    from lab_utils.experiments import comm
-    from lab_utils.models import ResNet18
+    from lab_utils.experiments.n04_allreduce import experiment as comm
+    from lab_utils.learn.models import ResNet18
 
     for m in (ResNet18(), ResNet18(width=4).to(torch.float64), ResNet18(width=8).half()):
         assert f(m) == comm.gradient_bytes(m)
@@ -219,7 +223,7 @@ def _check_q04_gradient_bytes(f):
 
 
 def _check_q04_ring_bytes(f):
-    from lab_utils.experiments import comm
+    from lab_utils.experiments.n04_allreduce import experiment as comm
 
     for s in (44_695_848, 1, 12_345_679):
         for p in (1, 2, 3, 4, 7, 8, 1024):
@@ -228,9 +232,9 @@ def _check_q04_ring_bytes(f):
 
 
 def _check_q04_utilization(f):
-    """Table 3's own rows (comm_tables.utilization_rows, which calls lab_utils.core.ring.achieved_gb_per_s);
+    """Table 3's own rows (comm_tables.utilization_rows, which calls lab_utils.learn.ring.achieved_gb_per_s);
     by hand: 2 x 128 on CIFAR-10, 196 steps x 1.0 x 44,695,848 B = 8,760,386,208 B / 1.07 s = 8.1873 GB/s."""
-    from lab_utils.experiments import comm_tables
+    from lab_utils.experiments.n04_allreduce import tables as comm_tables
 
     for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3), (3, 100, 2.0)):
         m = comm_tables.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce",
@@ -243,11 +247,11 @@ def _check_q04_utilization(f):
 
 
 def _check_q04_predicted_bandwidth(f):
-    """The lab's model (lab_utils.core.ring.predicted_allreduce_gb_per_s, the prediction table's reference);
+    """The lab's model (lab_utils.learn.ring.predicted_allreduce_gb_per_s, the prediction table's reference);
     by hand: 1e6 and 3e6 B on 4 ranks, alpha 10 us, B 2 GB/s: 6e6 B sent in 60 + 750 + 60 + 2250 us."""
-    from lab_utils.core import ring
-    from lab_utils.experiments import comm_tables
-    from lab_utils.models import ResNet18
+    from lab_utils.experiments.n04_allreduce import tables as comm_tables
+    from lab_utils.learn import ring
+    from lab_utils.learn.models import ResNet18
 
     buckets = comm_tables._ddp_bucket_sizes(ResNet18())
     for b in (buckets, [705_608], [1, 2, 3], [4096] * 10):
@@ -257,9 +261,9 @@ def _check_q04_predicted_bandwidth(f):
 
 
 def _check_q05_recipe(f):
-    """The lab's recipe (lab_utils.core.schedules.linear_scaling_recipe, which the DDP worker's schedule
+    """The lab's recipe (lab_utils.learn.schedules.linear_scaling_recipe, which the DDP worker's schedule
     follows); by hand: the assignment's 4 x 512 from 0.1 at 128 with 2 warm-up epochs of 25 steps."""
-    from lab_utils.core import schedules
+    from lab_utils.learn import schedules
 
     for case in ((0.1, 128, 512, 4, 50_000, 2.0), (0.00625, 8, 32, 4, 1_536, 0.5),
                  (0.1, 128, 128, 1, 50_000, 0.0), (0.2, 256, 64, 16, 1_281_167, 5.0),
@@ -271,7 +275,7 @@ def _check_q05_recipe(f):
 
 
 def _check_q05_lr_schedule(f):
-    from lab_utils.core import schedules
+    from lab_utils.learn import schedules
 
     for base, gb, bb, w in ((0.1, 2048, 128, 100), (0.1, 2048, 128, 0), (0.02, 96, 32, 5)):
         ref = schedules.make_schedule(base, "linear", gb, bb, steps_per_epoch=max(w, 1), epochs=3,
@@ -284,7 +288,7 @@ def _check_q05_lr_schedule(f):
 def _check_q05_set_epoch(f):
     from torch.utils.data.distributed import DistributedSampler
 
-    from lab_utils.experiments import large_batch as lb
+    from lab_utils.experiments.n05_large_batch import experiment as lb
 
     for n, p, r, e, seed in ((16, 2, 0, 2, 0), (16, 2, 1, 3, 0), (33, 4, 2, 2, 5)):
         got = f(DistributedSampler(range(n), num_replicas=p, rank=r, shuffle=True, seed=seed), e)
@@ -293,7 +297,7 @@ def _check_q05_set_epoch(f):
 
 
 def _check_q06_flops_per_token(f):
-    from lab_utils.models.gpt import GPTConfig, gpt_config, train_flops_per_token
+    from lab_utils.learn.models.gpt import GPTConfig, gpt_config, train_flops_per_token
 
     for cfg in (gpt_config("tiny"), gpt_config("small"), gpt_config("small", vocab_size=200, block_size=512),
                 GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)):
@@ -301,8 +305,8 @@ def _check_q06_flops_per_token(f):
 
 
 def _check_q06_mfu(f):
-    from lab_utils.core.flops import mfu
-    from lab_utils.core.hardware import peak_flops_per_s
+    from lab_utils.engine.hardware import peak_flops_per_s
+    from lab_utils.learn.flops import mfu
 
     for fpt, tps, n, gpu, prec in ((6.1e7, 2.4e6, 4, "NVIDIA H100 80GB HBM3", "bf16"),
                                    (8.5e8, 3.0e5, 8, "NVIDIA A100-SXM4-40GB", "bf16"),
@@ -315,8 +319,8 @@ def _check_q06_mfu(f):
 
 def _check_q06_rank_time(f):
     """The slowest rank, as the lab's table of the earlier report takes it; its speedups (SPEC, Part 2)."""
-    from lab_utils.core.anchors import GPT_RANK_SECONDS
-    from lab_utils.experiments import gpt_tables as gx
+    from lab_utils.experiments.n06_gpt_ddp import tables as gx
+    from lab_utils.experiments.shared.anchors import GPT_RANK_SECONDS
 
     frame = gx.earlier_report_frame()
     for (b, n), ranks in GPT_RANK_SECONDS.items():
@@ -328,10 +332,10 @@ def _check_q06_rank_time(f):
 
 
 def _check_q06_tokens_per_s(f):
-    """The lab's model (lab_utils.core.flops.predicted_tokens_per_s, behind Exercise 06-d's table), and by
+    """The lab's model (lab_utils.learn.flops.predicted_tokens_per_s, behind Exercise 06-d's table), and by
     hand: 0.30 s at batch 64 and 0.50 s at 128 (block 256) are 0.10 s fixed + 12.2 us per token, so 16 x 64
     micro-steps run at 4,096 tokens per 0.15 s = 27,306.7 tokens/s."""
-    from lab_utils.core.flops import predicted_tokens_per_s
+    from lab_utils.learn.flops import predicted_tokens_per_s
 
     for b, t, m, e, block in (([64, 128], [0.30, 0.50], 16, 1024, 256), ([128, 32], [0.9, 0.3], 8, 512, 64),
                               ([2, 4], [0.002, 0.0031], 1, 8, 64), ([64, 128], [0.1, 0.18], 256, 256, 32)):
@@ -344,8 +348,8 @@ def _check_q06_tokens_per_s(f):
 def _check_q07_int8_size(f):
     import torch
 
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.learn.models.gpt import GPT, gpt_config
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")
@@ -362,7 +366,7 @@ def _check_q09_average(f):
     """In 2 gloo ranks the solution leaves every rank what the lab's (a), handmade.Naive, does."""
     import torch
 
-    from lab_utils.core import handmade
+    from lab_utils.learn import handmade
 
     def ranks(rank, world):
         torch.manual_seed(rank)
@@ -382,8 +386,8 @@ def _check_q09_buckets(f):
     the parameters in ready order, last first): ResNet-18's 62 tensors at DDP's caps and others."""
     import torch.distributed as dist
 
-    from lab_utils.core.handmade import assign_buckets
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.handmade import assign_buckets
+    from lab_utils.learn.models import ResNet18
 
     params = list(ResNet18(width=8).parameters())
     sizes = [p.numel() * p.element_size() for p in params]
@@ -396,7 +400,7 @@ def _check_q09_buckets(f):
 
 
 def _check_q09_shards(f):
-    from lab_utils.core.handmade import shard_bounds
+    from lab_utils.learn.handmade import shard_bounds
 
     for n, p in ((11_173_962, 4), (176_402, 4), (7, 3), (3, 5)):
         assert [tuple(b) for b in f(n, p)] == shard_bounds(n, p)
@@ -406,7 +410,7 @@ def _check_q09_shards(f):
 def _check_q09_exposed(f):
     """The solution is the lab's model (handmade.overlap_exposed_seconds) on both sides of its kink, and
     a bucket as large as the gradient exposes one whole all-reduce (notebook 04's ring time)."""
-    from lab_utils.core import handmade, ring
+    from lab_utils.learn import handmade, ring
 
     for b, s, p, a, bw, t in ((25e6, 100e6, 2, 5e-5, 1e10, 0.05), (1e6, 44_695_848, 4, 2e-5, 5e9, 0.01),
                               (3e5, 7e6, 8, 1e-6, 1e11, 1e-3), (7e6, 7e6, 2, 1e-4, 1e9, 0.0)):
@@ -459,8 +463,8 @@ def _cases(specs, name):
 
 def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
     """The earlier cohort's 1-GPU times in the exercises are its published 33.64 / 33.95 s
-    (lab_utils.core.anchors), never the rounded 33.6 / 34.0 (issue 24, items 3 and 5)."""
-    from lab_utils.core.anchors import FIRST_COHORT_TABLE1_SECONDS as A
+    (lab_utils.experiments.shared.anchors), never the rounded 33.6 / 34.0 (issue 24, items 3 and 5)."""
+    from lab_utils.experiments.shared.anchors import FIRST_COHORT_TABLE1_SECONDS as A
 
     assert (A[(1, 128)], A[(1, 512)]) == (33.64, 33.95)
     used = set()
@@ -486,8 +490,12 @@ def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
 
 def test_gpt_and_other_cohort_numbers_in_the_cases_are_the_published_ones(specs):
     """A case built from the GPT report or the other cohort holds their numbers exactly as
-    lab_utils.core.anchors has them (per-rank lists, the report's means, the global-batch-32 times)."""
-    from lab_utils.core.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS, OTHER_COHORT_SECONDS
+    lab_utils.experiments.shared.anchors has them (per-rank lists, the report's means, the global-batch-32 times)."""
+    from lab_utils.experiments.shared.anchors import (
+        GPT_RANK_SECONDS,
+        GPT_REPORTED_MEAN_SECONDS,
+        OTHER_COHORT_SECONDS,
+    )
 
     published = set(map(tuple, GPT_RANK_SECONDS.values()))
     rank_values = {t for times in published for t in times}
@@ -529,11 +537,11 @@ def test_q07_table_shows_the_payload_the_exercise_predicts(masters):
     (the torch.save file: larger by the zip container), and keeps its other columns."""
     import torch
 
-    from lab_utils.core import profiles
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.experiments.quantize_tables import quantization_table
-    from lab_utils.models.gpt import GPT, gpt_config
-    from lab_utils.workers.quantize import measure_device
+    from lab_utils.engine import profiles
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n07_quantization.tables import quantization_table
+    from lab_utils.experiments.n07_quantization.worker import measure_device
+    from lab_utils.learn.models.gpt import GPT, gpt_config
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")
@@ -673,7 +681,7 @@ def test_hidden_cases_reject_the_public_answers(masters, specs, notebook, name):
 def test_q09_ranks_time_out_before_the_graders_case_limit():
     """A deadlocked average_gradients must end inside _average_call ("timed out", its forked ranks
     killed), not at the grader's case alarm, which leaves them running: with room for forking them."""
-    from lab_utils.grading import exercises, sandbox
+    from lab_utils.app.grading import exercises, sandbox
 
     assert 10.0 <= exercises.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
 

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from fake_gpu import ARCHS_CU126, GIB, MIB, OOM_STYLES, FakeGPU
 
-from lab_utils.core import dist as labdist
-from lab_utils.core.errors import LabError
+from lab_utils.engine import dist as labdist
+from lab_utils.learn.errors import LabError
 
 
 def test_each_device_has_its_own_streams_and_synchronize_waits_for_one_device(fake_gpu):
@@ -167,7 +167,7 @@ def test_a_collective_runs_on_the_nccl_stream_and_the_host_does_not_wait(fake_gp
 def test_a_collective_timed_without_a_synchronize_reads_short(fake_gpu, one_rank, monkeypatch):
     """The bug the NCCL stream models: the all-reduce benchmark's clock stopped without synchronizing
     the device reads the launch, not the all-reduce (before the fake had NCCL streams both read 0)."""
-    from lab_utils.workers import allreduce_bench
+    from lab_utils.experiments.n04_allreduce import allreduce_worker as allreduce_bench
 
     gpu = fake_gpu(count=1, collective_seconds=0.004).gloo_for_nccl(monkeypatch)
     monkeypatch.setattr(allreduce_bench.time, "perf_counter", gpu.clock)
@@ -200,8 +200,8 @@ def test_the_first_call_of_each_shape_dtype_and_layout_costs_time_once(fake_gpu)
 def test_a_warm_up_that_misses_a_shape_shows_in_the_timed_epoch(fake_gpu, monkeypatch):
     """The bug the first-call cost models: the fast path's warm-up without the last, partial batch puts
     that shape's search in the timed epoch (the fast path warms it: tests/test_gpu_numbers.py)."""
-    from lab_utils.core import data
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import fast_train
+    from lab_utils.experiments.shared import data
 
     gpu = fake_gpu(first_call_seconds=0.5)
     monkeypatch.setattr(fast_train.time, "perf_counter", gpu.clock)
@@ -262,7 +262,7 @@ def test_device_count_follows_cuda_visible_devices_and_mig_is_one_device_per_pro
 def test_two_mig_slices_are_not_two_gpus_for_the_lab(fake_gpu):
     """The bug one MIG device per process models: counting nvidia-smi's slices as GPUs would plan NCCL
     between two slices, which CUDA never shows one process together."""
-    from lab_utils.core.machine import Machine
+    from lab_utils.engine.machine import Machine
 
     fake_gpu(count=2, name="NVIDIA A100-SXM4-40GB", mig="3g.20gb")
     assert Machine.here().gpus == 1 and labdist.choose_backend("auto", 2) == "gloo"
@@ -279,7 +279,7 @@ def test_nvidia_smi_answers_every_query_the_lab_sends_and_no_other(fake_gpu):
 
     from fake_gpu import SMI_QUERIES
 
-    from lab_utils.core import cuda_builds, hardware
+    from lab_utils.engine import cuda_builds, hardware
 
     pkg = Path(hardware.__file__).resolve().parent.parent
     sent = {q for f in pkg.rglob("*.py") for q in re.findall(r'"(--query-gpu=[^"]+)"', f.read_text())}

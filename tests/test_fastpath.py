@@ -24,16 +24,17 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from store_helpers import lab_for
 
-from lab_utils.core import data, estimates, profiles
-from lab_utils.core.data import DeviceLoader
-from lab_utils.core.errors import LabError
-from lab_utils.core.machine import BUDGET_NODE, Machine
-from lab_utils.experiments import fastpath, fastpath_tables
-from lab_utils.experiments.fastpath import Settings
-from lab_utils.plan import make_plan, measure
-from lab_utils.workers import fast_train
-from lab_utils.workers import fastpath as worker
-from lab_utils.workers.fast_train import TrainOptions
+from lab_utils.engine import profiles
+from lab_utils.engine.machine import BUDGET_NODE, Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.experiments.n08_speed_limits import experiment as fastpath
+from lab_utils.experiments.n08_speed_limits import fast_train, worker
+from lab_utils.experiments.n08_speed_limits import tables as fastpath_tables
+from lab_utils.experiments.n08_speed_limits.experiment import Settings
+from lab_utils.experiments.n08_speed_limits.fast_train import TrainOptions
+from lab_utils.experiments.shared import data, estimates
+from lab_utils.experiments.shared.data import DeviceLoader
+from lab_utils.learn.errors import LabError
 
 MEAN = torch.tensor(data.CIFAR10_MEAN).view(3, 1, 1)
 STD = torch.tensor(data.CIFAR10_STD).view(3, 1, 1)
@@ -508,7 +509,7 @@ def test_accuracy_check_compares_two_runs(store):
 
 
 def test_cli_bench_data_and_bad_input(results_dir, capsys):
-    from lab_utils.__main__ import main
+    from lab_utils.app.cli import main
 
     rc = main(["bench", "data", "--profile", "quick", "--images", "128", "--min-seconds", "0",
                "--num-workers", "0", "--dataset", "synthetic"])
@@ -535,9 +536,9 @@ def test_trace_prints_no_profiler_noise(tmp_path):
     "gpuGetDeviceCount failed" on a machine without a GPU (a fresh process: kineto reads its
     log level once)."""
     code = textwrap.dedent("""
-        from lab_utils.core.machine import Machine
-        from lab_utils.experiments import fastpath
-        from lab_utils.plan import measure
+        from lab_utils.engine.machine import Machine
+        from lab_utils.experiments.n08_speed_limits import experiment as fastpath
+        from lab_utils.engine.plan import measure
         s = fastpath.Settings(width=4, train_images=64, data_images=128, batch_size=32, num_workers=0,
                               warmup_steps=1, trace_steps=2, top_ops=5, dataset="synthetic",
                               fast_step="device_loader").validate()
@@ -558,7 +559,7 @@ def test_trace_prints_no_profiler_noise(tmp_path):
 def test_a_row_past_its_time_limit_is_an_error_row_that_says_why(store):
     """The watchdog in a launched waterfall: the row's failure file (not the log's words) says why, the
     row is stored as an error (measured again next time), the rows after it are not run, one error."""
-    from lab_utils.core.errors import LaunchError
+    from lab_utils.learn.errors import LaunchError
 
     # 1024 images through the PIL pipeline and 32 steps: far longer than the row's 0.1 s
     s = tiny(steps=("spec", "device_loader"), train_images=1024, row_timeout_s=0.1)
@@ -574,7 +575,7 @@ def test_a_row_past_its_time_limit_is_an_error_row_that_says_why(store):
 def test_a_waterfall_row_on_a_known_gpu_gives_its_percent_of_peak(store, monkeypatch):
     """The row's % of peak, by hand: FLOPs per image x images/s over ONE H100's dense peak at the row's
     precision (a waterfall row runs on one device; the CPU stands in, named an H100)."""
-    from lab_utils.core.hardware import peak_flops_per_s
+    from lab_utils.engine.hardware import peak_flops_per_s
 
     h100 = "NVIDIA H100 80GB HBM3"
     monkeypatch.setattr(worker, "device_name", lambda device: h100)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core.errors import LabError
-from lab_utils.grading import build, exercises
-from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.exercises import Exercise, Mistake
+from lab_utils.app.grading import build, exercises
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.grading.exercises import Exercise, Mistake
+from lab_utils.learn.errors import LabError
 
 SOLUTION = '''def run_epoch_seconds(rank_seconds):
     """T(N) in seconds from each rank's epoch time."""

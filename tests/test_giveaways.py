@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lab_utils.grading import giveaways as g
+from lab_utils.app.grading import giveaways as g
 
 
 def _md(text: str, *tags: str) -> dict:

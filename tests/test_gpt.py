@@ -9,9 +9,9 @@ import urllib.error
 import pytest
 import torch
 
-from lab_utils.core import text_data
-from lab_utils.core.errors import LabError
-from lab_utils.models.gpt import (
+from lab_utils.experiments.shared import text_data
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.models.gpt import (
     GPT,
     GPTConfig,
     count_parameters,

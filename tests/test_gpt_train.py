@@ -11,14 +11,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lab_utils.core.dist import DistContext
-from lab_utils.core.errors import LabError
-from lab_utils.core.loop import StepOptions, train_steps
-from lab_utils.core.machine import Machine
-from lab_utils.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
-from lab_utils.workers import gpt_train
-from lab_utils.workers.gpt_train import TrainConfig, build_records, plan_steps, saved_activation_bytes
-from lab_utils.workers.harness import Job, execute
+from lab_utils.engine.dist import DistContext
+from lab_utils.engine.harness import Job, execute
+from lab_utils.engine.machine import Machine
+from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
+from lab_utils.experiments.n06_gpt_ddp.worker import (
+    TrainConfig,
+    build_records,
+    plan_steps,
+    saved_activation_bytes,
+)
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.loop import StepOptions, train_steps
+from lab_utils.learn.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
 
 VOCAB, K, B, T = 11, 4, 3, 16
 
@@ -115,7 +120,7 @@ def _ddp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_ddp_with_sync_on_last_micro_step_equals_one_big_batch(tmp_path):
-    from lab_utils.core.dist import free_port
+    from lab_utils.engine.dist import free_port
 
     world = 2
     mp.spawn(_ddp_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
@@ -214,9 +219,9 @@ def test_the_records_take_the_slowest_rank_and_report_the_means():
 
 
 def test_mfu_by_hand():
-    """lab_utils.core.flops.mfu: 70,928,640 FLOPs per token x 2.4e6 tokens/s on 4 x 989e12 = 1.70229e14 /
+    """lab_utils.learn.flops.mfu: 70,928,640 FLOPs per token x 2.4e6 tokens/s on 4 x 989e12 = 1.70229e14 /
     3.956e15 = 0.0430305."""
-    from lab_utils.core.flops import mfu
+    from lab_utils.learn.flops import mfu
 
     assert mfu(70_928_640, 2.4e6, 989e12, 4) == pytest.approx(0.0430305, rel=1e-5)
     assert mfu(1e6, 1e6, None, 1) is None and mfu(1e6, None, 1e12, 1) is None
@@ -227,7 +232,7 @@ def test_the_tokens_per_s_model_by_hand():
     0.30 - 64 x 256 x that = 0.10 s. Micro-batch 16 (x 64 = 1024): each micro-step 0.10 + 0.05 = 0.15 s for
     4,096 tokens: 27,306.7 tokens/s; the fixed part paid once per optimizer step would say 1024 x 256 /
     (0.10 + 3.2) = 79,437.6."""
-    from lab_utils.core.flops import predicted_tokens_per_s, step_time_line
+    from lab_utils.learn.flops import predicted_tokens_per_s, step_time_line
 
     fixed, per_token = step_time_line([64, 128], [0.30, 0.50], 256)
     assert fixed == pytest.approx(0.10) and per_token == pytest.approx(0.2 / (64 * 256))
@@ -283,7 +288,7 @@ def test_loss_falls_on_the_offline_corpus(one_thread, tmp_path):
 def _counting_syncs(monkeypatch):
     """Count every device synchronization the lab's timers and loop make (on a CPU they are no-ops, but
     they are called: the same calls synchronize a GPU)."""
-    from lab_utils.core import comm_hooks, loop, timing
+    from lab_utils.learn import comm_hooks, loop, timing
 
     calls = [0]
     real = timing.synchronize
@@ -334,9 +339,9 @@ def test_mfu_of_a_run_whose_answer_is_known(one_thread, monkeypatch):
     at batch 4 x 2 micro-steps x 64 tokens = 512 tokens per 40 ms step runs at exactly 25 % of it."""
     from types import SimpleNamespace
 
-    from lab_utils.core import loop
-    from lab_utils.core.text_data import load_splits
-    from lab_utils.models.gpt import train_flops_per_token
+    from lab_utils.experiments.shared.text_data import load_splits
+    from lab_utils.learn import loop
+    from lab_utils.learn.models.gpt import train_flops_per_token
 
     clock = SimpleNamespace(t=100.0)
     step_s, tokens_per_step = 0.040, 4 * 2 * 64
@@ -368,9 +373,9 @@ def test_mfu_of_a_run_whose_answer_is_known(one_thread, monkeypatch):
 def test_the_final_model_on_two_gloo_ranks_reports_every_rank(store, monkeypatch, tmp_path):
     """Notebook 06's final run through THE measure, on two gloo CPU processes (a launch): every rank's
     record comes back, the aggregate's T(N) is the slowest rank's, the probe ran, the checkpoint is saved."""
-    from lab_utils.core import profiles
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.plan import measure
+    from lab_utils.engine import profiles
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     monkeypatch.setattr(gx, "checkpoint_path", lambda profile: tmp_path / "gpt.pt")
     s = profiles.settings(gx.Settings, "quick", max_chars=60_000, val_batches=2, train_batch_size=8,
@@ -395,9 +400,9 @@ def test_the_final_model_on_two_gloo_ranks_reports_every_rank(store, monkeypatch
 def test_the_breakdown_under_ddp_has_the_hook_and_the_skew_barrier(store):
     """Two gloo ranks of a scaling run: the instrumented pass after the epochs times the skew barrier and
     the comm hook (as notebooks 02 and 03 time a step), per rank and aggregated; the epochs do not."""
-    from lab_utils.core import profiles
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.plan import measure
+    from lab_utils.engine import profiles
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     s = profiles.settings(gx.Settings, "quick", max_chars=60_000, val_batches=1, scaling_devices=(2,),
                           scaling_batch_sizes=(4,), scaling_epochs=1, scaling_steps_per_epoch=3)
@@ -419,15 +424,15 @@ H100 = Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=64, bf16=True)
 
 
 def _full(**kw):
-    from lab_utils.core import profiles
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.engine import profiles
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     return profiles.settings(gx.Settings, "full", **kw)
 
 
 def test_the_scaling_plan_launches_every_device_count_one_launch_each():
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     runs = make_plan(gx.SCALING_EXPERIMENT, _full(), H100, "full")
     assert [(r.config["batch_size"], r.processes) for r in runs] == [(64, 1), (64, 2), (64, 4), (128, 1),
@@ -446,9 +451,9 @@ def test_the_scaling_plan_launches_every_device_count_one_launch_each():
 
 
 def test_the_accumulation_and_final_plans():
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.models.gpt import checkpoint_path
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
+    from lab_utils.experiments.n06_gpt_ddp.experiment import checkpoint_path
 
     acc = make_plan(gx.ACCUMULATION_EXPERIMENT, _full(), H100, "full")
     assert [(r.config["batch_size"], r.config["accumulation_steps"]) for r in acc][:2] == [(16, 64), (32, 32)]
@@ -468,8 +473,8 @@ def test_cost_by_hand():
     31,362 windows x 256 tokens x 2 epochs = 16,057,344 tokens, plus the instrumented pass's 5 steps x 64 x
     256 = 81,920: 16,139,264; at micro-batch 64 the rate is 5 % of 989e12 x (2,100 / 16,000)^(2/3) = 0.25827
     (64 = 1024 / 16 = 1024 / 64^(2/3)); x 1.1 for validation: 98.597 s."""
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     [one] = [r for r in make_plan(gx.SCALING_EXPERIMENT, _full(), H100, "full")
              if r.processes == 1 and r.config["batch_size"] == 64]
@@ -492,7 +497,7 @@ def _scaling_records(n: int, bs: int, slowest: float, mean: float, comm: float =
     """A run as measure returns it: the aggregate (T(N) = ``slowest``, the mean over ranks ``mean``, 10 steps;
     an instrumented pass of 2 steps: compute 0.16 s, communication ``comm`` / 5), then one record per rank
     (the last rank the slowest)."""
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     phases = {"data_loading_seconds": 0.0, "data_movement_seconds": 0.0, "compute_seconds": 0.16,
               "communication_seconds": comm / 5, "skew_wait_seconds": 0.002}
@@ -516,8 +521,8 @@ def test_scaling_tables_by_hand():
     the instrumented pass's 0.16 s of compute and 0.02 s of communication in 2 steps are 0.8 and 0.1 s over
     the epoch's 10 steps, its 0.08 s of all-reduce 0.4 s; derived compute T(1)/2 = 5 s, derived communication
     6 - 5 = 1 s; every rank's own record in its table, phases in ms per step (compute 80 ms)."""
-    from lab_utils.experiments import gpt_tables as gt
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     recs = [*_scaling_records(1, 64, 10.0, 10.0), *_scaling_records(2, 64, 6.0, 5.0),
             Record(experiment="gpt_scaling", config={"batch_size": 64, "devices": 4}, status="skipped",
@@ -547,8 +552,8 @@ def test_scaling_tables_by_hand():
 def test_the_accumulation_table_reads_the_instrumented_pass():
     """Forward / loss / backward / optimizer means from the instrumented pass's nested timers (ms), tokens/s
     and MFU from the uninstrumented epoch, and the measured cost of the instrumentation."""
-    from lab_utils.experiments import gpt_tables as gt
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     timers = [{"timer": n, "count": c, "total_seconds": t, "mean_seconds": t / c} for n, c, t in (
         ("run", 1, 9.0), ("run/epoch/training", 2, 4.0), ("run/epoch/validation", 2, 1.0),
@@ -570,8 +575,8 @@ def test_the_accumulation_table_reads_the_instrumented_pass():
 def test_the_prediction_inputs_come_from_the_one_device_runs():
     """Exercise 06-d: the one-device runs at batch 64 (10 s, 10 steps) and 128 (as the helper makes them)
     give 1.0 s per step each; block = tokens / (steps x batch); the measurement is tokens/s per device."""
-    from lab_utils.experiments import gpt_tables as gt
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     scaling = [*_scaling_records(1, 64, 10.0, 10.0, tokens=10 * 64 * 32),
                *_scaling_records(1, 128, 18.0, 18.0, tokens=10 * 128 * 32),
@@ -592,10 +597,10 @@ def test_the_prediction_tables_put_the_students_model_beside_the_measurement():
     8 x 16 run on 1 device measured 1,000 tokens/s; the lab's model: 256 / (0.2 + 0.1) = 853.3 tokens/s. A
     student answer of 1,000 is 0 % off. With a peak, MFU = FLOPs per token x tokens/s / peak: the lab's
     853.3 x 1e6 / 1e10 = 0.0853 beside the measured 0.1; a CPU run (no peak) has no MFU prediction."""
-    from lab_utils.core.flops import predicted_tokens_per_s
-    from lab_utils.experiments import gpt_tables as gt
-    from lab_utils.grading.predict import prediction_table
-    from lab_utils.store import Record
+    from lab_utils.app.grading.predict import prediction_table
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
+    from lab_utils.learn.flops import predicted_tokens_per_s
 
     scaling = [*_scaling_records(1, 64, 10.0, 10.0, tokens=10 * 64 * 32),
                *_scaling_records(1, 128, 18.0, 18.0, tokens=10 * 128 * 32)]
@@ -616,15 +621,15 @@ def test_the_prediction_tables_put_the_students_model_beside_the_measurement():
 
 
 def test_the_speedup_of_every_table_by_hand():
-    from lab_utils.core.speedup import speedup
+    from lab_utils.learn.speedup import speedup
 
     assert speedup(10.0, 4.0) == 2.5
     assert speedup(None, 4.0) is None and speedup(10.0, 0.0) is None and speedup(float("nan"), 1.0) is None
 
 
 def test_settings_are_checked():
-    from lab_utils.core import profiles
-    from lab_utils.experiments import gpt as gx
+    from lab_utils.engine import profiles
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
 
     with pytest.raises(LabError, match="divide"):
         profiles.settings(gx.Settings, "quick", effective_batch=100, micro_batches=[3])
@@ -644,7 +649,7 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
     """1 device: 13 steps x 4,096 = 53,248 tokens in T(1) = 10 s (5,324.8 tokens/s); 2 devices: 2 x 6 x
     4,096 = 49,152 tokens in T(2) = 5 s (9,830.4 tokens/s). T(1)/T(2) = 2.0 compares different work; per
     token the speedup is 9,830.4 / 5,324.8 = 1.846."""
-    from lab_utils.experiments import gpt_tables as gt
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     t = gt.scaling_table([*_scaling_records(1, 64, 10.0, 10.0, tokens=53_248),
                           *_scaling_records(2, 64, 5.0, 5.0, tokens=49_152)])
@@ -660,7 +665,7 @@ def test_gpt_speedup_on_unequal_work_uses_tokens_per_second():
 def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
     """The earlier project's 4.25x on 4 GPUs (batch 128) is 2082.29 / 489.62 on rank-averaged times; on
     the slowest rank it is 2082.29 / 706.41 = 2.95x (every configuration: tests/test_anchors.py)."""
-    from lab_utils.experiments import gpt_tables as gt
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     df = gt.earlier_report_frame().set_index(["per-GPU batch", "GPUs"])
     row = df.loc[(128, 4)]
@@ -672,7 +677,7 @@ def test_earlier_gpt_report_recomputed_from_its_slowest_rank():
 
 def test_gpt_probe_noise_flag():
     """Probe exposed 0.2 s with noise 0.1 s: 2 x 0.1 >= 0.2 -> flagged; noise 0.05 s -> a result."""
-    from lab_utils.experiments import gpt_tables as gt
+    from lab_utils.experiments.n06_gpt_ddp import tables as gt
 
     flagged, clear = _scaling_records(2, 64, 6.0, 5.0), _scaling_records(2, 128, 6.0, 5.0)
     flagged[0].metrics["exposed_comm_noise_seconds"] = 0.1

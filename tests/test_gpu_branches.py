@@ -19,10 +19,11 @@ import torch.distributed as dist
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import dist as labdist
-from lab_utils.core import hardware, loop, memory, profiles, timing
-from lab_utils.core.errors import LabError
-from lab_utils.store import Record
+from lab_utils.engine import dist as labdist
+from lab_utils.engine import hardware, memory, profiles
+from lab_utils.engine.store import Record
+from lab_utils.learn import loop, timing
+from lab_utils.learn.errors import LabError
 
 A100 = "NVIDIA A100-SXM4-80GB"
 TESTS = Path(__file__).resolve().parent
@@ -82,13 +83,13 @@ def test_visible_gpu_names_follow_cuda_visible_devices(fake_gpu, monkeypatch):
 
 
 def test_a_session_on_a_gpu_node(fake_gpu, capsys):
-    from lab_utils import session
+    from lab_utils.engine import session
 
     fake_gpu(count=2)
     lab = session.start("quick")
     assert lab.device == torch.device("cuda") and lab.gpu_count == 2
     assert "device: cuda x2" in capsys.readouterr().out
-    from lab_utils.core.environment import gpu_node_problem
+    from lab_utils.engine.environment import gpu_node_problem
 
     assert gpu_node_problem() is None   # torch sees the GPUs: nothing to refuse
 
@@ -140,7 +141,7 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
     its CUDA branch and each bucket's all-reduce takes 3 ms on the fake's NCCL stream, queued behind the
     compute stream's work and timed from the bucket's readiness to the end of the collective (its
     callback's event is reached then), on GPU 0 and on a rank's GPU 1 (known answers)."""
-    from lab_utils.core.comm_hooks import AllReduceTimer
+    from lab_utils.learn.comm_hooks import AllReduceTimer
 
     gpu = fake_gpu(count=2, collective_seconds=0.003).nccl_streams(monkeypatch)
     labdist.init_distributed("gloo")
@@ -168,7 +169,7 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
 
 def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatch):
     """NCCL's barrier needs ``device_ids=[index]`` (an int): without it NCCL guesses a device."""
-    from lab_utils.core import comm_hooks
+    from lab_utils.learn import comm_hooks
 
     gpu = fake_gpu(count=2).gloo_for_nccl(monkeypatch)
     labdist.init_distributed("auto")
@@ -258,8 +259,8 @@ def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
 def test_the_sweep_worker_caps_the_gpu_memory(fake_gpu, monkeypatch):
     """Notebook 01's worker on a (fake) GPU, before it trains: torch gets a float fraction and an indexed
     device, the smaller of memory_fraction and memory_cap_bytes over the GPU's 80 GiB; no cap, no call."""
-    from lab_utils.workers import sweep as worker
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n01_batch_sweep import worker
 
     gpu = fake_gpu(count=1, name=A100)
 
@@ -281,7 +282,7 @@ def test_the_sweep_worker_caps_the_gpu_memory(fake_gpu, monkeypatch):
 
 
 def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
-    from lab_utils.core import data
+    from lab_utils.experiments.shared import data
 
     fake_gpu()
     loaders = data.make_loaders(batch_size=4, num_workers=0, train_images=8, test_images=8,
@@ -295,8 +296,8 @@ def test_loaders_pin_memory_when_a_gpu_is_there(fake_gpu):
 
 
 def test_fast_path_choices_on_a_gpu(fake_gpu):
-    from lab_utils.experiments import fastpath_tables
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import fast_train
+    from lab_utils.experiments.n08_speed_limits import tables as fastpath_tables
 
     fake_gpu(name=A100)
     assert fast_train.resolved_sgd("default", torch.device("cuda")) == "foreach"
@@ -313,9 +314,9 @@ def test_comm_plans_on_gpus(fake_gpu):
     rank count it lacks a row that says so, the compute step launched; one GPU: gloo CPU processes."""
     from dataclasses import replace
 
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import comm
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n04_allreduce import experiment as comm
 
     gpu = fake_gpu(count=8)
     s = replace(profiles.settings(comm.Settings, "quick"), bench_ranks=(2, 16))
@@ -336,7 +337,7 @@ def test_comm_plans_on_gpus(fake_gpu):
 
 
 def test_gpt_device_peak_on_a_gpu(fake_gpu):
-    from lab_utils.workers.gpt_train import device_peak
+    from lab_utils.experiments.n06_gpt_ddp.worker import device_peak
 
     fake_gpu(name="NVIDIA H100 80GB HBM3", major=9)
     assert device_peak(torch.device("cuda", 0), "bf16") == ("NVIDIA H100 80GB HBM3", 989e12, "bf16")
@@ -348,8 +349,8 @@ def test_gpt_device_peak_on_a_gpu(fake_gpu):
 def test_large_batch_and_accounting_on_gpus(fake_gpu):
     """Notebook 05's plans for this (fake) 2-GPU node: the large runs on 2 GPUs x 2 accumulation steps with
     NCCL, and it says so; the ledger on the GPUs; one GPU: the ledger on 2 gloo processes."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import large_batch as lb
+    from lab_utils.engine.machine import Machine
+    from lab_utils.experiments.n05_large_batch import experiment as lb
 
     gpu = fake_gpu(count=2, name=A100)
     full = profiles.settings(lb.Settings, "full")
@@ -367,9 +368,9 @@ def test_large_batch_and_accounting_on_gpus(fake_gpu):
 
 def test_the_large_batch_table_says_gpu(fake_gpu):
     """Runs on (fake) 4 GPUs, NCCL records: 'N x GPU' rows, and the full layout is 'as asked'."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import large_batch as lb
-    from lab_utils.experiments import large_batch_tables as lbt
+    from lab_utils.engine.machine import Machine
+    from lab_utils.experiments.n05_large_batch import experiment as lb
+    from lab_utils.experiments.n05_large_batch import tables as lbt
 
     fake_gpu(count=4)
     s = profiles.settings(lb.Settings, "full")
@@ -381,7 +382,7 @@ def test_the_large_batch_table_says_gpu(fake_gpu):
 
 
 def test_asking_for_cuda_without_a_gpu_is_one_sentence():
-    from lab_utils.experiments import fastpath_tables
+    from lab_utils.experiments.n08_speed_limits import tables as fastpath_tables
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -392,9 +393,9 @@ def test_asking_for_cuda_without_a_gpu_is_one_sentence():
 
 
 def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.plan import make_plan
-    from lab_utils.workers import quant_model as QM
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n07_quantization import quant_model as QM
 
     fake_gpu(name=A100)
     runs = make_plan(Q.QUANTIZATION_EXPERIMENT, profiles.settings(Q.Settings, "quick"), profile="quick")
@@ -413,7 +414,7 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     dyn = Q.check_variant("torchao_int8_dynamic", "cuda")
     if dyn.ok:   # torchao installed
         assert "torch._int_mm (cuBLAS)" in dyn.kernel
-    from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT, gpt_config
 
     kept = QM.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
     assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
@@ -425,9 +426,9 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu):
     processes, although 4 would fit), Table 2 with DataParallel's rows; a CPU machine: DDP alone on gloo."""
     from dataclasses import replace
 
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import scaling
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     fake_gpu(count=2, name=A100)
     s = replace(profiles.settings(scaling.Settings, "quick", dataset="synthetic"), devices=(1, 2, 4),
@@ -465,8 +466,8 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu):
 def test_worker_records_name_the_gpu(fake_gpu):
     """A DDP run on NCCL is keyed and recorded as a GPU run: ``device_type`` cuda in its config (the reuse
     key) and the GPU's name in the record's hardware; on gloo, a CPU run."""
-    from lab_utils.workers import ddp
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n02_scaling import ddp_worker as ddp
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
@@ -488,8 +489,8 @@ def test_worker_records_name_the_gpu(fake_gpu):
 
 
 def test_the_ledger_record_names_the_gpu(fake_gpu):
-    from lab_utils.workers import comm_accounting
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n05_large_batch import accounting_worker as comm_accounting
 
     fake_gpu(count=2, name=A100)
     ctx = labdist.DistContext(rank=0, world_size=2, backend="nccl", device=torch.device("cuda", 0))
@@ -501,7 +502,7 @@ def test_the_ledger_record_names_the_gpu(fake_gpu):
 
 
 def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
-    from lab_utils.workers import allreduce_bench
+    from lab_utils.experiments.n04_allreduce import allreduce_worker as allreduce_bench
 
     gpu = fake_gpu(count=2)
     allreduce_bench._sync(torch.device("cuda", 1))
@@ -512,7 +513,7 @@ def test_allreduce_worker_waits_for_the_gpu(fake_gpu):
 def test_bench_timers_default_sizes_on_a_gpu(fake_gpu, monkeypatch, capsys):
     """The benchmark's GPU rows and clock are chosen (the step itself is stopped: no device memory here):
     the spec ResNet-18 at batch 128 and 8, the small GPT at 64 and 4, on the wall clock."""
-    from lab_utils.experiments import bench_timers
+    from lab_utils.app import bench_timers
 
     fake_gpu()
     seen = []
@@ -534,7 +535,7 @@ def test_bench_timers_arms_end_when_the_gpus_step_does(fake_gpu, monkeypatch):
     """Each arm of `bench timers` (the timed and the plain step) returns only when the step's kernels have
     run on the GPU: a step that queues 0.25 s of work there takes 0.25 s of the (fake) host clock, so the
     paired ratio compares two whole steps, not a step and a launch."""
-    from lab_utils.experiments import bench_timers
+    from lab_utils.app import bench_timers
 
     gpu = fake_gpu()
 
@@ -559,7 +560,7 @@ def test_bench_timers_arms_end_when_the_gpus_step_does(fake_gpu, monkeypatch):
 def test_the_machine_here_names_its_gpus_and_their_bf16(fake_gpu):
     """Machine.here on a (fake) 2-GPU node: the count, the GPU's name and native bf16 from nvidia-smi (no
     CUDA context opened); once CUDA is up, bf16 is torch's answer. A GPU machine's runs go to cuda."""
-    from lab_utils.core import machine
+    from lab_utils.engine import machine
 
     gpu = fake_gpu(count=2, name=A100)   # compute capability 8.0
     here = machine.Machine.here()
@@ -576,9 +577,9 @@ def test_the_machine_here_names_its_gpus_and_their_bf16(fake_gpu):
 def test_gpt_runs_are_placed_on_the_gpus():
     """Notebook 06 on a 2-GPU node: 1 and 2 ranks on the GPUs, 4 a row that says the node has 2 (not gloo
     CPU processes, although the cores would allow them); without GPUs, gloo CPU processes."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import gpt
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
 
     node = Machine(gpus=2, gpu_name=A100, cores=16, bf16=True)
     assert gpt.place(1, node, 4) == ("cuda", None) and gpt.place(2, node, 4) == ("cuda", None)
@@ -595,9 +596,9 @@ def test_the_sweep_plan_on_a_gpu():
     memory_fraction accepted; on a CPU memory_fraction is one sentence."""
     from dataclasses import replace
 
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import sweep
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n01_batch_sweep import experiment as sweep
 
     s = replace(profiles.settings(sweep.Settings, "quick", dataset="synthetic"), memory_fraction=0.5)
     runs = make_plan(sweep.SWEEP_EXPERIMENT, s, Machine(gpus=1, gpu_name=A100, cores=16, bf16=True), "quick")
@@ -611,9 +612,9 @@ def test_the_sweep_plan_on_a_gpu():
 def test_quantization_plans_on_a_gpu(fake_gpu, results_dir):
     """Notebook 07 on a GPU node: every variant on the CPU and on the GPU (launched), and the fallback GPT
     trained on the GPU through the launcher, never in the kernel; a CPU machine: the CPU alone."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import quantize
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n07_quantization import experiment as quantize
 
     fake_gpu(count=1, name=A100)
     s = profiles.settings(quantize.Settings, "quick")
@@ -630,9 +631,9 @@ def test_quantization_plans_on_a_gpu(fake_gpu, results_dir):
 def test_fast_path_plans_on_a_gpu():
     """Notebook 08 on GPUs: the device-resident loader without a CPU thread cap; the bf16 steps a row on a
     GPU without native bf16, measured on one with it (and on a CPU)."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import fastpath
-    from lab_utils.plan import make_plan
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n08_speed_limits import experiment as fastpath
 
     s = profiles.settings(fastpath.Settings, "quick", dataset="synthetic")
     volta = Machine(gpus=1, gpu_name="Tesla V100-SXM2-32GB", cores=16, bf16=False)
@@ -654,8 +655,8 @@ def test_a_run_on_gpus_names_them_and_is_never_run_in_the_kernel(fake_gpu, store
     """A run on GPUs: without them here, its hardware has no name (a plan made for another machine); with
     them, the GPU's name and count (the reuse check's). A plan that marks a GPU run in_process is refused
     with one sentence before anything runs."""
-    from lab_utils.core.machine import Machine
-    from lab_utils.plan import Experiment, Run, measure
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import Experiment, Run, measure
 
     run = Run("x", {"a": 1}, device="cuda", processes=2)
     assert run.hardware() == {"device_type": "cuda", "device_name": None, "device_count": 2}
@@ -671,7 +672,7 @@ def test_a_worker_without_a_process_group_drives_the_gpus(fake_gpu, monkeypatch,
     """DataParallel's one process (no process group): serve gives its job the GPU as the device."""
     import json
 
-    from lab_utils.workers import harness
+    from lab_utils.engine import harness
 
     fake_gpu(count=2, name=A100)
     seen = []
@@ -702,7 +703,7 @@ def test_every_cuda_branch_is_in_the_inventory_and_nothing_else():
 
 
 def test_every_branch_names_an_existing_test_or_a_reason_and_a_doctor_check():
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     for b in inventory.INVENTORY:
         if b.test:
@@ -755,7 +756,8 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
     what it starts)."""
     import importlib
 
-    from lab_utils import doctor, launcher
+    from lab_utils.app import doctor
+    from lab_utils.engine import launcher
 
     class Reached(Exception):
         pass
@@ -772,12 +774,12 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
                      {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
         return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
 
-    def stream(mod, job, nproc=2, **kw):  # what lab_utils.plan.measure launches through (experiment rows)
+    def stream(mod, job, nproc=2, **kw):  # what lab_utils.engine.plan.measure launches through (experiment rows)
         yield from launch(mod, job, nproc, **kw).records
 
     monkeypatch.setattr(launcher, "launch", launch)
     monkeypatch.setattr(launcher, "stream", stream)
-    if not module.startswith("lab_utils.workers."):   # run in-process: stop at the site's function
+    if not module.endswith("worker"):   # not a torchrun worker (lab_utils.experiments.*.*worker): run in-process: stop at the site's function
         mod = importlib.import_module(module)
         top = branch.function.split(".")[0]
 
@@ -859,7 +861,7 @@ def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
     """The training loop, the evaluation loop and the fast path copy host batches with non_blocking=True on
     a GPU (from pinned memory the copy then overlaps the previous step). The fake GPU's tensor factories
     let the loops run with device cuda on CPU tensors and record each copy's flag."""
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import fast_train
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     torch.manual_seed(0)
@@ -974,8 +976,9 @@ def test_an_epoch_reports_each_gpus_peak_of_that_epoch(fake_gpu, monkeypatch):
 def test_dataparallel_gets_the_gpus_it_is_given(fake_gpu, monkeypatch):
     """Notebook 02's DataParallel row on 2 of a node's 4 GPUs: the model is replicated on GPUs 0 and 1,
     not on every visible GPU."""
-    from lab_utils.workers import dataparallel, ddp
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n02_scaling import ddp_worker as ddp
+    from lab_utils.experiments.n02_scaling import dp_worker as dataparallel
 
     fake_gpu(count=4).tensors_on_device(monkeypatch)
     assert loop.wrap_data_parallel(nn.Linear(2, 2), device_ids=[0, 1]).device_ids == [0, 1]
@@ -999,7 +1002,7 @@ def test_dataparallel_gets_the_gpus_it_is_given(fake_gpu, monkeypatch):
 def test_the_compute_step_times_its_steps_alone(fake_gpu, monkeypatch):
     """Notebook 04's compute step on a GPU: 10 ms of kernels per step, 1 s of earlier work pending and a
     warm-up step queued before the clock starts: 10 ms a step."""
-    from lab_utils.workers import compute_step
+    from lab_utils.experiments.n04_allreduce import compute_step_worker as compute_step
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     monkeypatch.setattr(compute_step.time, "perf_counter", gpu.clock)
@@ -1010,7 +1013,7 @@ def test_the_compute_step_times_its_steps_alone(fake_gpu, monkeypatch):
 
 
 def test_the_warm_up_times_its_steps_alone(fake_gpu, monkeypatch):
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import fast_train
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     monkeypatch.setattr(fast_train.time, "perf_counter", gpu.clock)
@@ -1026,7 +1029,7 @@ def test_the_warm_up_times_its_steps_alone(fake_gpu, monkeypatch):
 def test_the_loader_benchmark_times_its_batches_alone(fake_gpu, monkeypatch):
     """Notebook 08's loader benchmark on a GPU: each batch's kernels (5 ms) are its time; the untimed first
     batch and earlier work are not."""
-    from lab_utils.workers import fastpath
+    from lab_utils.experiments.n08_speed_limits import worker as fastpath
 
     gpu = fake_gpu()
     monkeypatch.setattr(fastpath.time, "perf_counter", gpu.clock)
@@ -1046,10 +1049,10 @@ def test_the_loader_benchmark_times_its_batches_alone(fake_gpu, monkeypatch):
 def test_a_waterfall_rows_peak_memory_is_its_epochs(fake_gpu, monkeypatch):
     """The warm-up (compilation, the allocator's growth) may peak higher than the timed epoch: the row's
     peak_memory_bytes is the epoch's, after a reset."""
-    from lab_utils.core.loop import EpochRecord
-    from lab_utils.workers import fastpath
-    from lab_utils.workers.fast_train import TrainOptions
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n08_speed_limits import worker as fastpath
+    from lab_utils.experiments.n08_speed_limits.fast_train import TrainOptions
+    from lab_utils.learn.loop import EpochRecord
 
     gpu = fake_gpu(name=A100)
     held = []
@@ -1079,7 +1082,7 @@ def test_a_waterfall_rows_peak_memory_is_its_epochs(fake_gpu, monkeypatch):
 
 def test_allreduce_worker_times_its_all_reduces_on_the_ranks_gpu(fake_gpu, one_rank, monkeypatch):
     """The benchmark on a rank of GPU 1: 4 ms per all-reduce on its NCCL stream, the warm-up's excluded."""
-    from lab_utils.workers import allreduce_bench
+    from lab_utils.experiments.n04_allreduce import allreduce_worker as allreduce_bench
 
     gpu = fake_gpu(count=2, collective_seconds=0.004).gloo_for_nccl(monkeypatch)
     monkeypatch.setattr(allreduce_bench.time, "perf_counter", gpu.clock)
@@ -1095,7 +1098,7 @@ def test_allreduce_worker_times_its_all_reduces_on_the_ranks_gpu(fake_gpu, one_r
 def test_interleaved_decoding_times_each_model_alone(fake_gpu, monkeypatch):
     """Notebook 07's decoding times on a GPU: each model's kernels (10 ms, 30 ms) are its repetition's time,
     whatever ran before it."""
-    from lab_utils.workers import quant_timing
+    from lab_utils.experiments.n07_quantization import quant_timing
 
     gpu = fake_gpu().tensors_on_device(monkeypatch)
     cost = {"fp32": 0.010, "int8": 0.030}
@@ -1111,7 +1114,7 @@ def test_interleaved_decoding_times_each_model_alone(fake_gpu, monkeypatch):
 def test_a_hand_made_replicas_step_is_timed_from_the_barrier_to_its_end(fake_gpu, one_rank, monkeypatch):
     """Notebook 09's timed step on a GPU: the barrier's all-reduce (5 ms on NCCL's stream) is over before
     the clock starts, and the step's kernels (10 ms) are in it."""
-    from lab_utils.workers import handmade_ddp
+    from lab_utils.experiments.n09_build_ddp import worker as handmade_ddp
 
     gpu = fake_gpu(count=1, collective_seconds=0.005).gloo_for_nccl(monkeypatch)
     monkeypatch.setattr(handmade_ddp.time, "perf_counter", gpu.clock)
@@ -1125,7 +1128,7 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
     """(b) and (c) where the answer is known: a forward of 10 ms, one bucket whose all-reduce takes 3 ms on
     NCCL's stream after it, nothing to hide it behind: sync steps 13 ms, no_sync steps 10 ms, (b) = (c) =
     3 ms, no overlap."""
-    from lab_utils.core.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.learn.comm_hooks import AllReduceTimer, probe_exposed_comm
 
     gpu = fake_gpu(collective_seconds=0.003).nccl_streams(monkeypatch)
     monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
@@ -1144,7 +1147,7 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
 def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
     """Notebook 09's memory of an implementation on a rank's GPU 1 (GPU 0 current): the 8 MiB spike of the
     build is not the measured step's peak (1 MiB kept + 3 MiB of temporaries)."""
-    from lab_utils.core import handmade
+    from lab_utils.learn import handmade
 
     gpu = fake_gpu(count=2)
     dev = torch.device("cuda", 1)

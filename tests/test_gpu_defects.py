@@ -21,10 +21,10 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import hardware, memory, profiles
-from lab_utils.core.errors import LaunchError
-from lab_utils.core.flops import mfu
-from lab_utils.store import Record, ResultStore
+from lab_utils.engine import hardware, memory, profiles
+from lab_utils.engine.store import Record, ResultStore
+from lab_utils.learn.errors import LaunchError
+from lab_utils.learn.flops import mfu
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -50,13 +50,14 @@ def test_a_cudnn9_allocation_failure_becomes_an_oom_row_not_a_crash(message):
 def test_a_multinode_jobs_cudnn9_out_of_memory_is_a_row_from_the_failure_file_not_the_log(tmp_path, fake_gpu):
     """The SLURM scripts no longer search a log for out-of-memory words: the failing rank writes its failure
     file (the harness turns cuDNN 9's allocation failure into status "oom" through catch_oom, above), and
-    ``measure --collect`` (lab_utils.multinode.collect) stores that configuration's oom row, named with the
+    ``measure --collect`` (lab_utils.engine.multinode.collect) stores that configuration's oom row, named with
+    the
     job's GPU, and does not try the larger ones."""
     import json
 
-    from lab_utils import multinode
-    from lab_utils.core.records import Record, append_records
-    from lab_utils.store import ResultStore
+    from lab_utils.engine import multinode
+    from lab_utils.engine.records import Record, append_records
+    from lab_utils.engine.store import ResultStore
 
     fake_gpu(count=2, name=OTHER_GPU)
     configs = [{"batch_size": b, "record": "aggregate", "rank": None, "tag": "nodes=2"}
@@ -96,9 +97,9 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
 
     import gpt_oom_worker
 
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import gpt
-    from lab_utils.plan import make_plan, measure
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan, measure
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
 
     path = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", str(TESTS) + (os.pathsep + path if path else ""))
@@ -116,7 +117,7 @@ def test_an_oom_on_one_gpt_rank_ends_the_run_and_becomes_an_oom_row(store, monke
 
 
 def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
-    from lab_utils.core import dist
+    from lab_utils.engine import dist
 
     exits = []
 
@@ -142,9 +143,9 @@ def test_oom_ends_the_rank_only_under_ddp(monkeypatch, capsys):
 
 
 def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import fastpath
-    from lab_utils.experiments import quantize as Q
+    from lab_utils.engine.machine import Machine
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n08_speed_limits import experiment as fastpath
 
     gpu = fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
     assert torch.cuda.is_bf16_supported()            # torch's default counts emulation
@@ -165,7 +166,7 @@ def test_bf16_is_not_counted_as_supported_on_a_v100(fake_gpu):
 @pytest.mark.parametrize("old_torch", [False, True])
 def test_bf16_on_ampere_and_with_torch_24s_signature(fake_gpu, old_torch):
     """torch 2.4 (admitted by requirements.txt) has no including_emulation: capability decides."""
-    from lab_utils.experiments import quantize as Q
+    from lab_utils.experiments.n07_quantization import experiment as Q
 
     fake_gpu(name=OTHER_GPU, major=8, old_torch=old_torch)
     assert Q.check_variant("bf16", "cuda").ok and hardware.bf16_supported(torch.device("cuda"))
@@ -208,8 +209,8 @@ def test_the_store_reuses_a_record_only_on_the_same_devices(store):
 
 
 def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
-    from lab_utils.experiments import fastpath
-    from lab_utils.plan import measure
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n08_speed_limits import experiment as fastpath
 
     s = fastpath.Settings(width=4, train_images=64, data_images=64, batch_size=32, num_workers=0,
                           data_min_seconds=0.0, compile=False, dataset="synthetic").validate()
@@ -225,9 +226,9 @@ def test_fast_path_benchmark_is_measured_again_on_another_gpu_model(store):
 def test_compute_step_is_measured_again_on_another_gpu_model(store):
     from dataclasses import replace
 
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import comm
-    from lab_utils.plan import measure
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n04_allreduce import experiment as comm
 
     s = replace(profiles.settings(comm.Settings, "quick"), batch_sizes=(2,), width=2, compute_steps=1,
                 compute_warmup=0)
@@ -246,11 +247,12 @@ def test_compute_step_is_measured_again_on_another_gpu_model(store):
 def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store, monkeypatch, tmp_path):
     """THE measure's reuse check, through notebooks 06 and 07's plans (their in-process runs, the workers'
     run_config counted): reused on the same devices, measured again on another GPU model."""
-    from lab_utils.experiments import gpt
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
-    from lab_utils.plan import measure
-    from lab_utils.workers import gpt_train, quantize
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
+    from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n07_quantization import worker as quantize
+    from lab_utils.learn.models.gpt import GPT, gpt_config, save_checkpoint
 
     calls = []
 
@@ -276,11 +278,11 @@ def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store
 
 
 def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(store, monkeypatch):
-    from lab_utils import launcher
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import comm
-    from lab_utils.experiments import large_batch as lb
-    from lab_utils.plan import measure
+    from lab_utils.engine import launcher
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n04_allreduce import experiment as comm
+    from lab_utils.experiments.n05_large_batch import experiment as lb
 
     launched = []
 
@@ -306,10 +308,10 @@ def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(
     launched.clear()
     for _ in range(2):
         measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
-    assert launched == ["lab_utils.workers.allreduce_bench"]  # the two sizes, one launch, then reused
+    assert launched == ["lab_utils.experiments.n04_allreduce.allreduce_worker"]  # the two sizes, one launch, then reused
     relabel(store, comm.BENCH)
     measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
-    assert launched == ["lab_utils.workers.allreduce_bench"] * 2
+    assert launched == ["lab_utils.experiments.n04_allreduce.allreduce_worker"] * 2
 
 
 # --------------------------------------------------------------------------- 5. MIG slices
@@ -328,9 +330,9 @@ def test_a_mig_slice_gets_no_peak_and_says_why():
 
 
 def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
-    from lab_utils.core import environment
-    from lab_utils.experiments import fastpath_tables
-    from lab_utils.workers.gpt_train import device_peak
+    from lab_utils.engine import environment
+    from lab_utils.experiments.n06_gpt_ddp.worker import device_peak
+    from lab_utils.experiments.n08_speed_limits import tables as fastpath_tables
 
     gpu = fake_gpu(name="NVIDIA A100-SXM4-40GB", mig="1g.5gb", total_memory=5 * 2 ** 30)
     name, peak, precision = device_peak(torch.device("cuda", 0), "bf16")
@@ -353,11 +355,11 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     """torch._int_mm on CUDA refuses M <= 16 rows and torchao then silently multiplies in fp32.
     Here torch._int_mm is wrapped to refuse like cuBLAS (this CPU's _int_mm takes any M), the
     model is the quantized GPT on the CPU, and the padding is the one quantize_model adds on CUDA."""
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config
-    from lab_utils.workers import quant_model as QM
-    from lab_utils.workers import quant_timing as QT
-    from lab_utils.workers import quant_variants as QV
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n07_quantization import quant_model as QM
+    from lab_utils.experiments.n07_quantization import quant_timing as QT
+    from lab_utils.experiments.n07_quantization import quant_variants as QV
+    from lab_utils.learn.models.gpt import GPT, gpt_config
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", vocab_size=64)).eval()
@@ -393,8 +395,8 @@ def test_the_compiled_timed_epoch_runs_static_graphs_only(monkeypatch):
     """The warm-up compiles the full and the last, partial batch shape. Without dynamic=False the
     second compile is a dynamic-shape graph (symbolic batch size), which the timed epoch then runs
     for every batch. A backend that records each graph's input shapes tells them apart."""
-    from lab_utils.core import data
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import fast_train
+    from lab_utils.experiments.shared import data
 
     graphs = []
 
@@ -427,11 +429,11 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
     the model and the optimizer alone left all of it alive when the cache was emptied."""
     import torch.distributed as dist
 
-    from lab_utils.core import dist as labdist
-    from lab_utils.core import loop
-    from lab_utils.workers import ddp
-    from lab_utils.workers.ddp import RunConfig
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine import dist as labdist
+    from lab_utils.engine.harness import Job
+    from lab_utils.experiments.n02_scaling import ddp_worker as ddp
+    from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
+    from lab_utils.learn import loop
 
     refs, alive_at_free = [], []
     real_make = loop.make_optimizer
@@ -463,7 +465,7 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
 
 
 def test_dataparallel_peak_memory_is_every_gpus(fake_gpu):
-    from lab_utils.core import loop
+    from lab_utils.learn import loop
 
     gpu = fake_gpu(count=2)
     dp = nn.DataParallel(nn.Linear(2, 2))
@@ -479,10 +481,9 @@ def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch
     """Notebook 02 on 2 GPUs: the kernel names the GPU for the store's reuse check (nvidia-smi -L) and
     launches every run, DDP and DataParallel (a process of its own), through the launcher; at each launch
     CUDA is not initialized in the kernel, so rank 0 has as much memory as rank 1."""
-    from lab_utils import launcher
-    from lab_utils.core import config
-    from lab_utils.experiments import scaling
-    from lab_utils.plan import measure
+    from lab_utils.engine import config, launcher
+    from lab_utils.engine.plan import measure
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     gpu = fake_gpu(count=2, name="Fake GPU")
     seen = []
@@ -497,5 +498,5 @@ def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch
                           dataset="synthetic")
     with pytest.raises(LaunchError):   # the fake launches write no record: the runs are rows that say so
         measure(lab, scaling.SCALING_EXPERIMENT, s)
-    assert sorted(seen) == [("lab_utils.workers.dataparallel", 1, False, set()),
-                            ("lab_utils.workers.ddp", 2, False, set())]
+    assert sorted(seen) == [("lab_utils.experiments.n02_scaling.dp_worker", 1, False, set()),
+                            ("lab_utils.experiments.n02_scaling.ddp_worker", 2, False, set())]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import launcher
-from lab_utils.core.errors import LaunchError
-from lab_utils.workers.ddp import RunConfig
-from lab_utils.workers.gpt_train import TrainConfig
+from lab_utils.engine import launcher
+from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
+from lab_utils.experiments.n06_gpt_ddp.worker import TrainConfig
+from lab_utils.learn.errors import LaunchError
 
 TESTS = Path(__file__).resolve().parent
 
@@ -26,7 +26,7 @@ TESTS = Path(__file__).resolve().parent
 
 
 def test_under_nccl_any_error_ends_the_rank_and_under_gloo_it_propagates(monkeypatch, capsys):
-    from lab_utils.core import dist
+    from lab_utils.engine import dist
 
     exits = []
 
@@ -87,7 +87,7 @@ V100 = "Tesla V100-SXM2-16GB"
 
 
 def test_each_builds_architectures_are_in_the_table_and_a_v100_needs_cu126():
-    from lab_utils.core import cuda_builds as cb
+    from lab_utils.engine import cuda_builds as cb
 
     archs = {v.name: v.archs for v in cb.VARIANTS}
     assert archs["cu126"] == ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
@@ -110,7 +110,7 @@ def test_each_builds_architectures_are_in_the_table_and_a_v100_needs_cu126():
     ("580.95.05", [None], "cu130"),           # nvidia-smi did not say: by driver alone
 ])
 def test_the_build_is_chosen_by_compute_capability_too(driver, caps, variant):
-    from lab_utils.core.cuda_builds import DriverGPU, select_variant
+    from lab_utils.engine.cuda_builds import DriverGPU, select_variant
 
     c = select_variant(driver, gpus=[DriverGPU(i, "GPU", compute_cap=cap) for i, cap in enumerate(caps)])
     assert c.variant == variant, c.reason
@@ -120,7 +120,7 @@ def test_the_build_is_chosen_by_compute_capability_too(driver, caps, variant):
 
 
 def test_a_gpu_no_build_runs_is_refused_with_one_sentence():
-    from lab_utils.core.cuda_builds import DriverGPU, NoVariant, select_variant
+    from lab_utils.engine.cuda_builds import DriverGPU, NoVariant, select_variant
 
     with pytest.raises(NoVariant, match=r"compute capability 3\.7 \(sm_37\).*SYSTEM_TORCH=1") as e:
         select_variant("580.95.05", gpus=[DriverGPU(0, "Tesla K80", compute_cap="3.7")])
@@ -130,7 +130,7 @@ def test_a_gpu_no_build_runs_is_refused_with_one_sentence():
 def test_the_driver_query_reads_each_gpus_compute_capability_and_mode(tmp_path, monkeypatch):
     from fake_gpu import FakeGPU
 
-    from lab_utils.core.cuda_builds import query_driver
+    from lab_utils.engine.cuda_builds import query_driver
 
     FakeGPU(count=2, name=V100, major=7, driver="580.95.05",
             compute_mode="Exclusive_Process").install_nvidia_smi(tmp_path, monkeypatch)
@@ -159,9 +159,9 @@ def _one_sentence_about_sm70(msg: str) -> None:
 def test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture(v100_with_cu130, capsys):
     """Notebook 00's first call (session.start) and `python -m lab_utils info` stop with one sentence;
     even an explicit quick profile (torch would still pick the GPU, and fail there)."""
-    from lab_utils.__main__ import main
-    from lab_utils.core.errors import LabError
-    from lab_utils.session import start
+    from lab_utils.app.cli import main
+    from lab_utils.engine.session import start
+    from lab_utils.learn.errors import LabError
 
     for profile in (None, "quick"):
         with pytest.raises(LabError) as e:
@@ -177,7 +177,7 @@ def test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture(v100
 def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, capsys):
     """`python -m lab_utils doctor`: the sentence first, the versions row fails with it, the GPU checks
     are not attempted (each would fail with 'no kernel image'), exit code 1."""
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     assert doctor.main(["--only", "versions,cuda_init,oom_under_memory_fraction"]) == 1
     out = capsys.readouterr().out
@@ -193,7 +193,7 @@ def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, 
 
 def test_doctor_launches_one_kernel_on_every_gpu(fake_gpu):
     """cuda_init used to pass as soon as CUDA initialised: a torch without kernels for the GPU passed it."""
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
     m = doctor.read_machine()
@@ -215,7 +215,7 @@ def test_the_versions_row_survives_cudnn_refusing_the_gpu(monkeypatch):
     sm_75): found by doctor under the fake GPU, where the versions row was a RuntimeError."""
     import torch
 
-    from lab_utils.core import environment
+    from lab_utils.engine import environment
 
     def refuses():
         raise RuntimeError("cuDNN version 92400 is not compatible with devices with SM < 7.5. Please install")
@@ -233,7 +233,7 @@ def test_reading_the_cudnn_version_opens_no_cuda_context(fake_gpu):
     stored row (an OOM row, a skipped one), before the next launch (found by the GPT launcher test)."""
     import torch
 
-    from lab_utils.core import environment, hardware
+    from lab_utils.engine import environment, hardware
 
     gpu = fake_gpu(count=2)
     versions = hardware.software_versions()
@@ -254,12 +254,12 @@ def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu
     opens no context: not for placing the runs, not for checking notebook 07's variants."""
     from store_helpers import lab_for
 
-    from lab_utils.core import hardware, profiles
-    from lab_utils.experiments import gpt as gx
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
-    from lab_utils.plan import measure
-    from lab_utils.store import Record
+    from lab_utils.engine import hardware, profiles
+    from lab_utils.engine.plan import measure
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gx
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.learn.models.gpt import GPT, gpt_config, save_checkpoint
 
     gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
     seen = []
@@ -282,9 +282,9 @@ def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu
     save_checkpoint(tmp_path / "gpt.pt", GPT(gpt_config("tiny", vocab_size=4)), "abcd", "python-stdlib-x")
     q = profiles.settings(Q.Settings, "quick", devices=("cuda",), checkpoint=str(tmp_path / "gpt.pt"))
     assert [r.status for r in measure(lab, Q.QUANTIZATION_EXPERIMENT, q, verbose=False)] == ["ok"] * 5
-    gpt = "lab_utils.workers.gpt_train"
+    gpt = "lab_utils.experiments.n06_gpt_ddp.worker"
     assert seen == [(gpt, 1, False), (gpt, 2, False), (gpt, 2, False), (gpt, 2, False),
-                    ("lab_utils.workers.quantize", 1, False)]
+                    ("lab_utils.experiments.n07_quantization.worker", 1, False)]
     assert not gpu.initialized and gpu.contexts == set()
 
 
@@ -296,10 +296,10 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
 
     import torch
 
-    from lab_utils.core import config, hardware, profiles
-    from lab_utils.experiments import scaling
-    from lab_utils.plan import make_plan, measure
-    from lab_utils.store import Record
+    from lab_utils.engine import config, hardware, profiles
+    from lab_utils.engine.plan import make_plan, measure
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
     seen, moved = [], []
@@ -322,7 +322,7 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
             if r.config["method"] == scaling.DP]
     recs = measure(lab, scaling.SCALING_EXPERIMENT, s, verbose=False, runs=runs)
     assert moved == [] and not gpu.initialized
-    assert seen == [("lab_utils.workers.dataparallel", 1, False)]
+    assert seen == [("lab_utils.experiments.n02_scaling.dp_worker", 1, False)]
     assert recs[0].status == "ok" and recs[0].metrics["train_seconds"] == 1.0
 
 
@@ -330,7 +330,7 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
 
 
 def _machine(gpus: int = 2, **kw):
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     return doctor.Machine(gpus=gpus, names=["G"] * gpus, mig=[], driver="1", problem=None, profile="full",
                           **kw)
@@ -340,7 +340,7 @@ def test_a_step_whose_timing_breaks_its_own_invariants_fails():
     """A timer on the wrong stream or device gives phases that do not add up, or an all-reduce longer
     than the step: an experiment's row with such a run fails. An exposed wait longer than the all-reduce,
     or below 0, beyond the noise, is not as expected: a warning (issue 52 C7)."""
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     def judge_step(run, m):
         return doctor.judge_experiment({"runs": [{"label": "step", "status": "ok", **run}]}, m)
@@ -362,7 +362,7 @@ def test_a_step_whose_timing_breaks_its_own_invariants_fails():
 
 
 def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_none():
-    from lab_utils import doctor
+    from lab_utils.app import doctor
 
     d = {"busbw_gb_per_s": 8.0, "size_bytes": 2 ** 28, "ranks": 2, "backend": "nccl", "correct": True}
     pcie = {**d, "link_gb_per_s": 31.5, "link_kind": "pcie", "link": "PCIe gen4 x16: 31.5 GB/s"}
@@ -381,7 +381,8 @@ def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holdi
     descendant in a session of its own (NCCL's proxy, a compiler) held them, and the doctor hung."""
     import psutil
 
-    from lab_utils import doctor, proc
+    from lab_utils.app import doctor
+    from lab_utils.engine import proc
 
     def _alive(pid: int) -> bool:
         try:
@@ -405,7 +406,8 @@ def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holdi
 
 
 def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
-    from lab_utils import doctor, proc
+    from lab_utils.app import doctor
+    from lab_utils.engine import proc
 
     judge = doctor.judge_timer_overhead
     checks = (doctor.Check("long", lambda m: {}, judge, "x", "child", 1, 100),
@@ -425,10 +427,10 @@ def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
     into a scratch store. (02 and 03: test_doctor.py.)"""
     from dataclasses import replace
 
-    from lab_utils import doctor
-    from lab_utils.core.machine import Machine as PlanMachine
-    from lab_utils.experiments import sweep
-    from lab_utils.workers import sweep as sweep_worker
+    from lab_utils.app import doctor
+    from lab_utils.engine.machine import Machine as PlanMachine
+    from lab_utils.experiments.n01_batch_sweep import experiment as sweep
+    from lab_utils.experiments.n01_batch_sweep import worker as sweep_worker
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path / "results"))
     called = []
@@ -451,8 +453,9 @@ def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(f
     """Notebook 02's plan launches DataParallel (a process of its own) and DDP on the GPUs, then notebook 03's
     launches DDP again, with this process (the kernel) naming GPUs and storing records in between. On an
     EXCLUSIVE_PROCESS node a context left in the kernel stops the next launch: the row fails."""
-    from lab_utils import doctor, launcher
-    from lab_utils.core.records import Record
+    from lab_utils.app import doctor
+    from lab_utils.engine import launcher
+    from lab_utils.engine.records import Record
 
     gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
     m = doctor.read_machine("full")
@@ -492,9 +495,9 @@ def test_the_gpt_worker_runs_fp32_where_bf16_is_not_native_and_says_so(monkeypat
     and its record says so; the MFU is then against the fp32 peak."""
     import torch
 
-    from lab_utils.core.dist import DistContext
-    from lab_utils.workers import gpt_train
-    from lab_utils.workers.harness import Job, execute
+    from lab_utils.engine.dist import DistContext
+    from lab_utils.engine.harness import Job, execute
+    from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
 
     monkeypatch.setattr(gpt_train, "bf16_supported", lambda device: False)
     autocasts = []
@@ -514,9 +517,10 @@ def test_the_gpt_worker_runs_fp32_where_bf16_is_not_native_and_says_so(monkeypat
 
 
 def test_the_gpt_tables_show_the_precision_that_ran():
-    from lab_utils.core import profiles
-    from lab_utils.experiments import gpt, gpt_tables
-    from lab_utils.store import Record
+    from lab_utils.engine import profiles
+    from lab_utils.engine.store import Record
+    from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
+    from lab_utils.experiments.n06_gpt_ddp import tables as gpt_tables
 
     note = "bf16 asked; Tesla V100-SXM2-16GB has no native bf16 (compute capability 8.0+), so fp32 ran"
     m = {"epoch_seconds": 2.0, "epoch_seconds_mean": 2.0, "backend": None, "slowest_rank": 0, "tokens": 20,
@@ -538,7 +542,7 @@ def test_int8_on_cuda_probes_int_mm_once_and_labels_what_ran(fake_gpu, int_mm_on
     the row say fp32 ran. The fake GPU's device is the CPU here: the operands are made on it."""
     import torch
 
-    from lab_utils.workers import quant_variants as QV
+    from lab_utils.experiments.n07_quantization import quant_variants as QV
 
     fake_gpu(name="NVIDIA A100-SXM4-80GB")
     calls, real = [], torch._int_mm
@@ -568,7 +572,7 @@ H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 
 def _store_run(store, experiment, cfg, seconds, name, count, **metrics):
     """A record as a launch on ``count`` x ``name`` would have stored it (the config is the same on both)."""
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     hw = {"device_type": "cuda", "device_name": name, "device_count": count}
     m = {"train_seconds": seconds, "steps": 10, "gradient_bytes": 4000, **metrics}
@@ -581,7 +585,9 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     T(2) under the same configuration, the A100's last. Tables 2 and 3, the projection and notebook 05's
     per-rank orders used to select by method, batch and device type: the H100's T(2) met the A100's T(1).
     (Notebooks 04 and 05 now take their own records from plan.measure, reused only from these devices.)"""
-    from lab_utils.experiments import comm_tables, compute_vs_comm, scaling
+    from lab_utils.experiments.n02_scaling import experiment as scaling
+    from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
+    from lab_utils.experiments.n04_allreduce import tables as comm_tables
 
     fake_gpu(count=4, name=H100)
     one = {"method": "DDP", "record": "aggregate", "rank": None, "devices": 1, "batch_size": 32,

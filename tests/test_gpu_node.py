@@ -1,9 +1,9 @@
 """A GPU node gets a GPU build or a clear refusal, never a silent CPU run.
 
-- The choice of build (``lab_utils/core/cuda_builds.py``, used by ``tools/cuda_wheels.py`` at install
-  time): driver version -> torch build, from the one table :data:`lab_utils.core.cuda_builds.VARIANTS`
+- The choice of build (``lab_utils/engine/cuda_builds.py``, used by ``tools/cuda_wheels.py`` at install
+  time): driver version -> torch build, from the one table :data:`lab_utils.engine.cuda_builds.VARIANTS`
   (sources cited there).
-- The run-time refusal (``lab_utils.core.environment.check_gpu_node``), tested on this CPU
+- The run-time refusal (``lab_utils.engine.environment.check_gpu_node``), tested on this CPU
   machine with a fake ``nvidia-smi`` on PATH that reports driver 535 and two A100s, and
   the installed torch, which sees no GPU here: ``python -m lab_utils info`` and ``run``
   stop with one ``error:`` line, ``session.start`` raises, an explicit quick profile
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core import cuda_builds as cuda_wheels  # the table and the driver query
-from lab_utils.core import environment
-from lab_utils.core.cuda_builds import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
-from lab_utils.core.errors import LabError
+from lab_utils.engine import cuda_builds as cuda_wheels  # the table and the driver query
+from lab_utils.engine import environment
+from lab_utils.engine.cuda_builds import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
+from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -233,7 +233,7 @@ def test_a_hanging_nvidia_smi_is_bounded(tmp_path, monkeypatch):
 
 def test_auto_profile_on_a_gpu_node_is_refused(fake_smi, cpu_torch, monkeypatch):
     monkeypatch.delenv("LAB_PROFILE", raising=False)
-    from lab_utils.core import config
+    from lab_utils.engine import config
 
     name, why = config.resolve_profile_name(None)
     with pytest.raises(LabError) as e:
@@ -249,7 +249,7 @@ def test_auto_profile_on_a_gpu_node_is_refused(fake_smi, cpu_torch, monkeypatch)
 
 def test_full_profile_on_a_gpu_node_is_refused(fake_smi, cpu_torch, monkeypatch):
     monkeypatch.setenv("LAB_PROFILE", "full")
-    from lab_utils.session import start
+    from lab_utils.engine.session import start
 
     with pytest.raises(LabError, match="driver 535.183.01"):
         start()
@@ -257,7 +257,7 @@ def test_full_profile_on_a_gpu_node_is_refused(fake_smi, cpu_torch, monkeypatch)
 
 def test_explicit_quick_runs_with_a_warning(fake_smi, cpu_torch, monkeypatch, results_dir, capsys):
     monkeypatch.setenv("LAB_PROFILE", "quick")
-    from lab_utils.session import start
+    from lab_utils.engine.session import start
 
     lab = start()
     assert lab.profile.name == "quick" and lab.device.type == "cpu"
@@ -267,7 +267,7 @@ def test_explicit_quick_runs_with_a_warning(fake_smi, cpu_torch, monkeypatch, re
 
 def test_without_a_driver_nothing_changes(no_driver, cpu_torch, monkeypatch, results_dir, capsys):
     monkeypatch.delenv("LAB_PROFILE", raising=False)
-    from lab_utils.session import start
+    from lab_utils.engine.session import start
 
     assert environment.gpu_node_problem() is None
     lab = start()

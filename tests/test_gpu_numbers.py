@@ -20,11 +20,12 @@ import pytest
 import torch
 from fake_gpu import FakeGPU, topo_matrix
 
-from lab_utils import doctor, launcher
-from lab_utils.core import dist as labdist
-from lab_utils.core import memory, timing
-from lab_utils.core.errors import LaunchError
-from lab_utils.core.records import Record
+from lab_utils.app import doctor
+from lab_utils.engine import dist as labdist
+from lab_utils.engine import launcher, memory
+from lab_utils.engine.records import Record
+from lab_utils.learn import timing
+from lab_utils.learn.errors import LaunchError
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -71,7 +72,7 @@ def test_an_error_in_serve_itself_ends_an_nccl_rank_without_tearing_the_group_do
     """Rank 0's append to the records file fails (a full disk) while rank 1 waits in a collective:
     under NCCL destroy_process_group() would block until the run's time limit. The error goes through
     the same fast exit as a configuration's: the failure file, one line, os._exit."""
-    from lab_utils.workers import harness
+    from lab_utils.engine import harness
 
     events = []
 
@@ -113,13 +114,14 @@ def test_every_waterfall_row_warms_the_shapes_its_epoch_meets(monkeypatch):
     in batches of 32 end with a batch of 16: its shapes must be warmed in every row, not only the compiled
     one, or spec, channels_last and bf16 pay the search inside their timed epoch and device_loader and
     fused_sgd (whose keys the row before them filled) get the credit."""
-    from lab_utils.core import data, profiles
-    from lab_utils.core.machine import Machine
-    from lab_utils.experiments import fastpath
-    from lab_utils.plan import make_plan
-    from lab_utils.workers import fastpath as worker
-    from lab_utils.workers.fast_train import TrainOptions
-    from lab_utils.workers.harness import Job
+    from lab_utils.engine import profiles
+    from lab_utils.engine.harness import Job
+    from lab_utils.engine.machine import Machine
+    from lab_utils.engine.plan import make_plan
+    from lab_utils.experiments.n08_speed_limits import experiment as fastpath
+    from lab_utils.experiments.n08_speed_limits import worker
+    from lab_utils.experiments.n08_speed_limits.fast_train import TrainOptions
+    from lab_utils.experiments.shared import data
 
     gpu = FakeGPU(first_call_seconds=0.5).first_call_costs(monkeypatch)   # torch.cuda itself not patched:
     monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)   # the CPU's loaders, on the fake's clock
@@ -190,7 +192,7 @@ def test_the_doctors_nccl_check_fails_a_busbw_above_twice_the_link(fake_gpu, mon
     """A timer that stops before NCCL's asynchronous work ends reports a busbw above any link: above
     2x the nominal per-direction peak the row fails ("the clock missed work"). The link is read from the
     fake node's nvidia-smi (NVLink for the A100 and H100, PCIe gen3 x16 for the V100 PCIe)."""
-    from lab_utils.core import ring
+    from lab_utils.learn import ring
 
     name, major, _, _, topo, pcie = GPUS[gpu_name]
     fake_gpu(count=2, name=name, major=major, topo=topo, pcie=pcie)
@@ -255,7 +257,7 @@ def test_a_device_loaders_kernels_are_timed_as_data_loading(fake_gpu, monkeypatc
 def test_the_link_is_read_for_the_gpus_cuda_visible_devices_exposes(fake_gpu, monkeypatch):
     """nvidia-smi lists every GPU of the node; CUDA_VISIBLE_DEVICES=2,3 are the node's GPUs 2 and 3, joined
     by PCIe gen3 x8, not GPUs 0 and 1 (NVLink): the topology and the PCIe width are read for them."""
-    from lab_utils.experiments import comm
+    from lab_utils.experiments.n04_allreduce import experiment as comm
 
     topo = ("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\n"
             "GPU0\t X \tNV12\tSYS\tSYS\t0-31\t0\n"
@@ -321,7 +323,7 @@ def test_joining_nccl_is_bounded_and_the_rank_says_where_it_hung(fake_gpu, one_r
     """A rendezvous or communicator initialization that never returns: past LAB_NCCL_INIT_TIMEOUT_S the
     rank writes its failure file (where it hung, which GPU) and ends, instead of waiting for the run's
     time limit with nothing in its log."""
-    from lab_utils.core import watchdog
+    from lab_utils.engine import watchdog
 
     fake_gpu(count=2)
     ended = threading.Event()
@@ -369,7 +371,7 @@ def test_a_run_stopped_at_its_time_limit_says_where_each_rank_was(monkeypatch, t
 
 
 def test_serve_marks_where_the_rank_is(monkeypatch, tmp_path):
-    from lab_utils.workers import harness
+    from lab_utils.engine import harness
 
     stages = []
     ctx = labdist.DistContext()
@@ -398,7 +400,7 @@ def _stage(folder: Path) -> str:
 
 
 def test_the_collective_timeouts_quoted_are_the_pinned_torchs():
-    """core/dist.py said NCCL's collective timeout defaults to 30 minutes; torch's constant is 10 (gloo's
+    """engine/dist.py said NCCL's collective timeout defaults to 30 minutes; torch's constant is 10 (gloo's
     30): the sentence is checked against torch.distributed.constants."""
     from torch.distributed import constants
 
@@ -452,7 +454,7 @@ PCIE_LANES = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938}
 
 @pytest.mark.parametrize("name", list(NVLINK_DATA_SHEETS))
 def test_link_peaks_are_the_data_sheets_per_direction_figures(name):
-    from lab_utils.experiments import comm
+    from lab_utils.experiments.n04_allreduce import experiment as comm
 
     assert comm._nominal_link_peak(name, "nvlink").gb_per_s == NVLINK_DATA_SHEETS[name]
     if name == "NVIDIA H100 NVL":   # once: every PCIe generation, at 16 lanes

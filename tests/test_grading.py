@@ -36,9 +36,9 @@ from grading_submissions import (
     write,
 )
 
-from lab_utils import questions
-from lab_utils.grading import EXERCISES, build, giveaways, sandbox
-from lab_utils.grading import notebooks as nbs
+from lab_utils.app import questions
+from lab_utils.app.grading import EXERCISES, build, giveaways, sandbox
+from lab_utils.app.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
 SANDBOX_ARGS = [] if not sandbox.probe() else ["--no-sandbox"]   # the bookkeeping tests run either way
@@ -80,7 +80,7 @@ def test_student_copy_carries_the_handin_and_every_file_its_notebooks_name(dist)
     sentence of a student notebook points at a file of the lab the copy does not hold, or at a README
     section its README lacks. Issue 50: the copy carries the pages its README and notebooks name
     (docs/generated/, written fresh by the build, and docs/cluster.md), and no instructor's page."""
-    from lab_utils import docs, handin
+    from lab_utils.app import docs, handin
 
     student = dist / "student"
     readme = (student / "README.md").read_text()
@@ -110,7 +110,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
     assert sorted(p.name for p in (student / "labs").glob("*.ipynb")) == \
         sorted(p.name for p in (REPO / "labs").glob("[0-9][0-9]_*.ipynb"))
     for f in ("Makefile", "requirements.txt", "constraints.txt", "pyproject.toml", "lab_utils/__init__.py",
-              "lab_utils/grading/exercises.py", "README.md"):
+              "lab_utils/app/grading/exercises.py", "README.md"):
         assert (student / f).is_file(), f
     assert "make venv" in (student / "README.md").read_text()
     for book, master in zip(BOOKS, masters):
@@ -244,7 +244,7 @@ def test_every_alternative_correct_answer_passes_its_check_and_earns_full_marks(
     cases and their expected answers, through exercises.verdict, the call in every check cell: how a
     check cell shows it in a kernel is test_a_failing_check_shows_its_sentence_first's) says ok, and
     `make grade` gives every autograded question its full points."""
-    from lab_utils.grading.exercises import verdict
+    from lab_utils.app.grading.exercises import verdict
 
     folder = tmp_path / "alternatives"
     for book in BOOKS:
@@ -844,8 +844,8 @@ def test_reaching_other_modules_and_changing_them_is_flagged():
                for f in flags("from m import EXERCISES\n\n\ndef f():\n    EXERCISES.update(a=1)\n"))
     assert patches("import math\nmath.__dict__.update(isclose=1)\n") == \
         ["calls math.__dict__.update() on another module (code cell 1)"]
-    assert patches("import sys\nsys.modules['lab_utils.grading'] = None\n")[0] == \
-        "assigns to sys.modules['lab_utils.grading'] (code cell 1)"
+    assert patches("import sys\nsys.modules['lab_utils.app.grading'] = None\n")[0] == \
+        "assigns to sys.modules['lab_utils.app.grading'] (code cell 1)"
     assert patches("import math\nsetattr(math, 'isclose', 1)\n") == \
         ["assigns to math.isclose (setattr) (code cell 1)"]
     honest = ("import math\nimport os\nimport sys\nimport torch\nimport matplotlib.pyplot as plt\n"
@@ -860,7 +860,7 @@ def test_reaching_other_modules_and_changing_them_is_flagged():
 def test_a_canvas_bulk_zip_files_other_files_under_their_students(tmp_path):
     """A PDF in a Canvas bulk download (handed in as the folder, or as SUBMISSIONS itself) belongs to the
     student its Canvas name names: never a student named after the zip."""
-    from lab_utils.grading.submissions import find_submissions
+    from lab_utils.app.grading.submissions import find_submissions
 
     with zipfile.ZipFile(tmp_path / "submissions.zip", "w") as z:
         z.writestr("doejane_1001_5001_02_multi_gpu_scaling.ipynb", "{}")
@@ -879,9 +879,9 @@ def test_a_canvas_bulk_zip_files_other_files_under_their_students(tmp_path):
 def test_a_student_entry_may_add_columns_flags_and_notes(tmp_path):
     """The place later work adds to a row (e.g. where a student's numbers came from): an entry's
     ``columns`` are written after ``possible``, its ``flags`` and ``notes`` beside the notebooks'."""
-    from lab_utils.grading import gradebook
-    from lab_utils.grading.grade import missing_record, new_entry
-    from lab_utils.grading.submissions import Student
+    from lab_utils.app.grading import gradebook
+    from lab_utils.app.grading.grade import missing_record, new_entry
+    from lab_utils.app.grading.submissions import Student
 
     info = {"questions": [{"name": "q02_speedup", "points": 2.0, "manual": False}]}
     alice, bob = new_entry(Student("alice", "1")), new_entry(Student("bob", "2"))

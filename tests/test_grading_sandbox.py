@@ -34,7 +34,7 @@ from grading_submissions import (
     write,
 )
 
-from lab_utils.grading import sandbox
+from lab_utils.app.grading import sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 WHY_NOT = sandbox.probe()
@@ -44,7 +44,7 @@ BOOK = "04_allreduce_bandwidth"
 
 def auto_points(book: str) -> float:
     """The autograded points of one notebook (its masters' questions)."""
-    from lab_utils.grading import notebooks as nbs
+    from lab_utils.app.grading import notebooks as nbs
 
     return sum(q.points for q in nbs.parse_master(REPO / "labs" / f"{book}.ipynb").questions if not q.manual)
 
@@ -84,7 +84,7 @@ def _grade(subs: Path, dist: Path, grades: Path, *extra: str) -> subprocess.Comp
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     """The bundle tests/test_grading.py built in this session, else notebooks 02-04 built here."""
-    from lab_utils.grading import build
+    from lab_utils.app.grading import build
 
     out = shared_dist(tmp_path_factory)
     manifest = out / "grading" / "manifest.json"
@@ -135,7 +135,7 @@ def test_hostile_submissions_end_as_rows_and_touch_nothing(dist, tmp_path):
 
 
 def good_utilization(nb: dict) -> str:
-    from lab_utils.grading import notebooks as nbs
+    from lab_utils.app.grading import notebooks as nbs
 
     cell = next(c for c in nb["cells"] if (c["metadata"].get(nbs.METADATA_KEY) or {}).get("question")
                 == "q04_utilization" and c["cell_type"] == "code")

@@ -1,4 +1,4 @@
-"""The hand-in (`make report`, lab_utils/handin.py), on small hand-made stores: Tables 1-3 in the
+"""The hand-in (`make report`, lab_utils/app/handin.py), on small hand-made stores: Tables 1-3 in the
 handout's layout with the stored numbers, the provenance and `--check`, the student's answers kept
 across runs, the HTML self-contained. `make report` after the quick lab, through the Makefile, is in
 tests/test_notebooks.py (it needs that run's records)."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab_utils import handin
-from lab_utils.__main__ import main as cli
-from lab_utils.core.records import Record
-from lab_utils.grading import notebooks as nbs
-from lab_utils.questions import SECTIONS
+from lab_utils.app import handin
+from lab_utils.app.cli import main as cli
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.questions import SECTIONS
+from lab_utils.engine.records import Record
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -231,10 +231,10 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_students_answers(tmp_path, mo
 
 
 def test_make_grade_reads_the_handin_json_make_report_writes(tmp_path, monkeypatch):
-    """The one format between the two: the reader of make grade (lab_utils/grading/provenance.py) takes the
+    """The one format between the two: the reader of make grade (lab_utils/app/grading/provenance.py) takes the
     file handin.build wrote, flags a quick CPU synthetic hand-in and none of a full GPU one, and gets its
     Table 1 speedups and Table 3 GB/s for class_results."""
-    from lab_utils.grading import provenance as grading
+    from lab_utils.app.grading import provenance as grading
 
     quick_flags = [grading.QUICK, grading.SYNTHETIC, grading.CPU]
     for profile, gpu, synthetic, flags in (("quick", False, True, quick_flags), ("full", True, False, [])):

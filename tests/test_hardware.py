@@ -1,9 +1,9 @@
-"""lab_utils.core.hardware: the peak table pinned against the vendors' data sheets, the machine's names."""
+"""lab_utils.engine.hardware: the peak table pinned against the vendors' data sheets, the machine's names."""
 
 import pytest
 
-from lab_utils.core import hardware
-from lab_utils.core.flops import mfu
+from lab_utils.engine import hardware
+from lab_utils.learn.flops import mfu
 
 # Every number of hardware.PEAK_TFLOPS, dense (no structured sparsity), TFLOP/s, from the part's NVIDIA
 # data sheet, keyed by a name torch gives that part. Ampere and later quote tensor figures "with
@@ -122,7 +122,7 @@ def test_torchvision_version_is_the_packages_own_without_importing_it(tmp_path, 
     import subprocess
     import sys
 
-    code = ("import sys; from lab_utils.core.hardware import software_versions; "
+    code = ("import sys; from lab_utils.engine.hardware import software_versions; "
             "v = software_versions()['torchvision']; print(v, 'torchvision' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     out = res.stdout.split()
@@ -144,7 +144,7 @@ def test_nccl_version_is_read_once_for_the_stack_and_the_handin(monkeypatch):
     """One reader of torch's NCCL version, for notebook 00's software stack and the hand-in's provenance."""
     import torch
 
-    from lab_utils.core import environment
+    from lab_utils.engine import environment
 
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
     assert hardware.nccl_version() == "2.21.5"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.core.cuda_builds import Driver, DriverGPU
+from lab_utils.engine.cuda_builds import Driver, DriverGPU
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))  # the install script (no package)
 import cuda_wheels  # noqa: E402
@@ -189,13 +189,13 @@ def _base_python() -> str:
 def lab_copy(tmp_path) -> tuple[Path, dict[str, str], Path]:
     """A copy of the lab's install machinery, an offline wheel folder, and a user site with torch."""
     proj = tmp_path / "lab"
-    (proj / "lab_utils" / "core").mkdir(parents=True)
+    (proj / "lab_utils" / "engine").mkdir(parents=True)
     (proj / "tools").mkdir()
     shutil.copy(REPO / "Makefile", proj / "Makefile")
     shutil.copy(REPO / "tools" / "cuda_wheels.py", proj / "tools")
-    shutil.copy(REPO / "lab_utils" / "core" / "cuda_builds.py", proj / "lab_utils" / "core")
+    shutil.copy(REPO / "lab_utils" / "engine" / "cuda_builds.py", proj / "lab_utils" / "engine")
     (proj / "lab_utils" / "__init__.py").write_text("")
-    (proj / "lab_utils" / "core" / "__init__.py").write_text("")
+    (proj / "lab_utils" / "engine" / "__init__.py").write_text("")
     shutil.copy(Path(__file__).with_name("fake_wheels.py"), proj / "fake_wheels.py")
     (proj / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "fake_wheels"\n'
                                          'backend-path = ["."]\n')

@@ -35,10 +35,10 @@ from test_spread import _SlowLoader  # batches whose fetch sleeps: a loader wait
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils.core.comm_hooks import AllReduceTimer, ddp_bucket_bytes, derived_comm, probe_exposed_comm
-from lab_utils.core.loop import StepOptions, make_optimizer, run_epoch, train_steps
-from lab_utils.core.spread import STEP_PERCENTILE_KEYS, STEP_SD_KEY
-from lab_utils.core.timing import PhaseTimer
+from lab_utils.learn.comm_hooks import AllReduceTimer, ddp_bucket_bytes, derived_comm, probe_exposed_comm
+from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
+from lab_utils.learn.spread import STEP_PERCENTILE_KEYS, STEP_SD_KEY
+from lab_utils.learn.timing import PhaseTimer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -199,7 +199,7 @@ def test_the_loop_moves_the_exposed_wait_to_communication(world_of_one):
 
 
 def test_ddp_bucket_bytes_are_the_buckets_the_hook_sees_in_order(world_of_one):
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     torch.manual_seed(0)
     model = ResNet18(width=8)

@@ -7,17 +7,17 @@ import math
 import pytest
 from store_helpers import lab_for, put
 
-from lab_utils.core import profiles
-from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.core.machine import Machine
-from lab_utils.core.schedules import make_schedule
-from lab_utils.experiments import accounting_tables as at
-from lab_utils.experiments import large_batch as lb
-from lab_utils.experiments import large_batch_tables as lbt
-from lab_utils.grading.predict import one_output
-from lab_utils.plan import aggregates, measure
-from lab_utils.workers import ddp
-from lab_utils.workers.ddp import RunConfig
+from lab_utils.app.grading.predict import one_output
+from lab_utils.engine import profiles
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import aggregates, measure
+from lab_utils.experiments.n02_scaling import ddp_worker as ddp
+from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
+from lab_utils.experiments.n05_large_batch import accounting_tables as at
+from lab_utils.experiments.n05_large_batch import experiment as lb
+from lab_utils.experiments.n05_large_batch import tables as lbt
+from lab_utils.learn.errors import LabError, LaunchError
+from lab_utils.learn.schedules import make_schedule
 
 
 def _settings(profile: str = "quick", **overrides) -> lb.Settings:
@@ -223,7 +223,7 @@ def test_worker_sample_orders_reads_rank_records(store):
 def test_model_bytes_by_hand():
     import torch
 
-    from lab_utils.workers.comm_accounting import model_bytes, tensor_bytes
+    from lab_utils.experiments.n05_large_batch.accounting_worker import model_bytes, tensor_bytes
 
     m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     b = model_bytes(m)
@@ -235,7 +235,7 @@ def test_model_bytes_by_hand():
 
 
 def test_ledger_counts_by_phase_and_mutes():
-    from lab_utils.workers.comm_accounting import CommLedger
+    from lab_utils.experiments.n05_large_batch.accounting_worker import CommLedger
 
     led = CommLedger()
     with led.in_phase("step"):
@@ -252,7 +252,7 @@ def test_ledger_counts_by_phase_and_mutes():
 @pytest.mark.slow
 def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
     """Launch 2 gloo ranks: every payload equals the parameter/buffer bytes of the model."""
-    from lab_utils.models import ResNet18
+    from lab_utils.learn.models import ResNet18
 
     s = _settings("quick", comm_width=2, comm_batch=4, comm_steps=2)
     [rec] = measure(lab_for(store), lb.COMM_ACCOUNTING_EXPERIMENT, s, verbose=False, machine=CPU)
@@ -291,7 +291,7 @@ def test_accounting_on_a_real_two_rank_gloo_run_equals_the_model_sizes(store):
 
 def test_the_wire_summary_by_hand():
     """Per phase and occurrence: payload counted, bytes written (mean), and what 2 ranks should write."""
-    from lab_utils.workers.comm_accounting import wire_summary
+    from lab_utils.experiments.n05_large_batch.accounting_worker import wire_summary
 
     ledger = [{"phase": "step", "kind": "gradient_bucket_all_reduce", "bytes": 3000, "bytes_by_src": {}},
               {"phase": "loss_logging", "kind": "all_reduce", "bytes": 12, "bytes_by_src": {}},
@@ -311,13 +311,13 @@ def test_a_failed_launch_is_error_rows_the_other_launch_goes_on_and_it_is_retrie
     """Two launches: the reference's, then the four large runs'. Each fails here: the run it was on is a
     stored error row; the three after it in the large launch are not stored; all five are tried again
     next time."""
-    from lab_utils import launcher
+    from lab_utils.engine import launcher
 
     calls = []
 
     def failing_launch(module, job, nproc, **kw):
         calls.append((module, nproc, len(job["configs"])))
-        raise LaunchError("The 2-process run of lab_utils.workers.ddp failed (torchrun exit code 1).\n"
+        raise LaunchError("The 2-process run of lab_utils.experiments.n02_scaling.ddp_worker failed (torchrun exit code 1).\n"
                           "last log lines")
         yield
 
@@ -327,7 +327,7 @@ def test_a_failed_launch_is_error_rows_the_other_launch_goes_on_and_it_is_retrie
     s = _settings("quick", **tiny)
     with pytest.raises(LaunchError, match="2 run\\(s\\) of large_batch failed"):
         measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
-    assert calls == [("lab_utils.workers.ddp", 1, 1), ("lab_utils.workers.ddp", 2, 4)]
+    assert calls == [("lab_utils.experiments.n02_scaling.ddp_worker", 1, 1), ("lab_utils.experiments.n02_scaling.ddp_worker", 2, 4)]
     recs = store.latest(lb.EXPERIMENT)
     assert [r.status for r in recs] == ["error"] * 2
     assert [r.config["tag"] for r in recs] == ["small batch (reference)", "large batch, same lr"]
@@ -346,7 +346,7 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
     The store is built on another folder than $LAB_RESULTS_DIR names (as a script may build one):
     every record lands in it (the workers hand them back; the parent stores them), none in the
     default folder (issue 26: the workers used to write there, and the parent found nothing)."""
-    from lab_utils.store import ResultStore
+    from lab_utils.engine.store import ResultStore
 
     default = store
     store = ResultStore("quick", root=tmp_path / "elsewhere" / "quick")
@@ -383,7 +383,7 @@ def test_tiny_real_runs_are_stored_and_resumed(store, monkeypatch, tmp_path):
     r0 = [o["first indices"] for o in orders if o["rank"] == 0]
     assert r0[0] != r0[1]  # the worker calls set_epoch: a new order every epoch
 
-    from lab_utils import launcher
+    from lab_utils.engine import launcher
 
     def no_launch(*a, **kw):
         raise AssertionError("a stored run was launched again")
@@ -434,7 +434,7 @@ def test_recipe_cases_are_the_linear_runs_and_what_they_used(store):
     """Exercise 05-b's table: one case per run with the linear rule (the three remedies), its layout as
     asked (quick: 2 gloo ranks x 2 accumulation steps = 4 devices of 32), and its record's peak lr and
     warm-up steps; ``output`` picks one of a prediction's outputs, None staying None."""
-    from lab_utils.core.schedules import linear_scaling_recipe
+    from lab_utils.learn.schedules import linear_scaling_recipe
 
     recs, s, plan, runs = _fake_result(store)
     for r in recs:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import launcher, proc
-from lab_utils.core import dist as labdist
-from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.launcher import error_in_log, failing_rank, launch, stream
+from lab_utils.engine import dist as labdist
+from lab_utils.engine import launcher, proc
+from lab_utils.engine.launcher import error_in_log, failing_rank, launch, stream
+from lab_utils.learn.errors import LabError, LaunchError
 
 TESTS = Path(__file__).resolve().parent
 TOY = "ddp_toy_worker"
@@ -25,14 +25,14 @@ TOY = "ddp_toy_worker"
 
 def toy_env(token: str = "") -> dict[str, str]:
     """The toy worker on the path; with ``token``, a mark every process of the launch inherits
-    (:mod:`lab_utils.proc`: the launcher adds its own mark after it)."""
+    (:mod:`lab_utils.engine.proc`: the launcher adds its own mark after it)."""
     path = os.environ.get("PYTHONPATH", "")
     env = {"PYTHONPATH": str(TESTS) + (os.pathsep + path if path else "")}
     return proc.marked_env(token, env) if token else env
 
 
 def job(mode: str, **config) -> dict:
-    """A one-configuration job for the toy worker (what lab_utils.plan.measure writes)."""
+    """A one-configuration job for the toy worker (what lab_utils.engine.plan.measure writes)."""
     return {"experiment": "toy", "profile": "quick", "configs": [{"mode": mode, **config}]}
 
 
@@ -114,7 +114,7 @@ def test_an_interrupted_stream_leaves_no_temporary_folder(tmp_path):
     # Ctrl-C raises KeyboardInterrupt, as in a terminal's Python or a Jupyter kernel; a shell's background
     # job (CI started with `&`) passes SIGINT on ignored, and then nothing would happen
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from lab_utils.launcher import stream\n"
+            "from lab_utils.engine.launcher import stream\n"
             "job = {'experiment': 'toy', 'profile': 'quick', 'configs': [{'mode': 'sleep'}]}\n"
             "list(stream('ddp_toy_worker', job, nproc=2, timeout_s=120, threads_per_rank=1))")
     env = {**os.environ, **toy_env(token), "TMPDIR": str(tmp_path)}

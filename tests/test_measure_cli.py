@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import proc
-from lab_utils.__main__ import main, parse_sets
-from lab_utils.core import profiles
-from lab_utils.experiments import scaling
+from lab_utils.app.cli import main, parse_sets
+from lab_utils.engine import proc, profiles
+from lab_utils.experiments.n02_scaling import experiment as scaling
 
 REPO = Path(__file__).resolve().parent.parent
 

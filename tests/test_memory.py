@@ -1,4 +1,4 @@
-"""lab_utils.core.memory: out-of-memory detection, cleanup outside the handler, and the GPU
+"""lab_utils.engine.memory: out-of-memory detection, cleanup outside the handler, and the GPU
 memory cap (simulated on CPU by recording what torch.cuda would be called with)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import weakref
 import pytest
 import torch
 
-from lab_utils.core import memory
-from lab_utils.core.errors import LabError
+from lab_utils.engine import memory
+from lab_utils.learn.errors import LabError
 
 # --------------------------------------------------------------------------- is_out_of_memory
 

@@ -1,4 +1,4 @@
-"""The metric glossary (lab_utils.core.metrics) says each thing once.
+"""The metric glossary (lab_utils.learn.metrics) says each thing once.
 
 Twelve definitions were written twice: a string literal repeated after a missing comma, which Python
 joins into one string (issue 32, item 6). No sentence or clause of a definition may occur twice in it,
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from lab_utils.core import metrics
+from lab_utils.learn import metrics
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,7 +1,7 @@
 import torch
 
-from lab_utils.core.flops import count_flops
-from lab_utils.models import ResNet18, count_parameters
+from lab_utils.learn.flops import count_flops
+from lab_utils.learn.models import ResNet18, count_parameters
 
 
 def test_resnet18_parameter_count_and_shape():

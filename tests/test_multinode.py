@@ -5,7 +5,7 @@ The script's three steps, here without SLURM: ``measure --nodes 2 --job DIR`` wr
 over the two "nodes" as the harness's JSON job; two agents (``--nnodes 2 --nproc-per-node 1``,
 rendezvous on 127.0.0.1) train notebook 02's DDP worker on it; ``measure ... --collect`` stores what
 global rank 0 wrote. Their records must equal those of one agent with two processes (the same
-settings through ``lab_utils.plan.measure``): same configuration but the tag ``nodes=2``, same
+settings through ``lab_utils.engine.plan.measure``): same configuration but the tag ``nodes=2``, same
 losses and accuracies, same parameter-derived figures, same sampler order per rank. Only timings
 may differ. The agents run with the torch threads the job file gives (``THREADS_PER_RANK``), as the
 script runs them, although their environment says otherwise.
@@ -26,15 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils import multinode, proc
-from lab_utils.core import profiles
-from lab_utils.core.dist import free_port
-from lab_utils.core.machine import Machine
-from lab_utils.core.records import Record, RecordsReader, append_records, write_rank_failure
+from lab_utils.engine import multinode, proc, profiles
+from lab_utils.engine.dist import free_port
+from lab_utils.engine.launcher import torchrun_command
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import make_plan
+from lab_utils.engine.records import Record, RecordsReader, append_records, write_rank_failure
+from lab_utils.engine.store import ResultStore
 from lab_utils.experiments import registry
-from lab_utils.launcher import torchrun_command
-from lab_utils.plan import make_plan
-from lab_utils.store import ResultStore
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 240
@@ -67,7 +66,7 @@ def run_two_agents(job_dir: Path, env: dict[str, str]) -> list[str]:
     """The job's two torchrun agents, one worker each, meeting at a c10d rendezvous on 127.0.0.1, with
     the job's threads per rank (``OMP_NUM_THREADS``, as slurm/multinode.sbatch sets it)."""
     values = dict(line.split("=", 1) for line in (job_dir / "job.env").read_text().split())
-    assert values == {"WORKER": "lab_utils.workers.ddp", "NPROC_PER_NODE": "1", "THREADS_PER_RANK": "1"}
+    assert values == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker", "NPROC_PER_NODE": "1", "THREADS_PER_RANK": "1"}
     env = dict(env, OMP_NUM_THREADS=values["THREADS_PER_RANK"])
     rdzv = f"127.0.0.1:{free_port()}"
     children, logs = [], []
@@ -210,7 +209,7 @@ def test_each_rank_gets_the_plans_threads_on_two_nodes_as_on_one(tmp_path, profi
     assert _job_env(tmp_path)["THREADS_PER_RANK"] == str(one_node.threads)
     assert [r.threads for r in todo] == [one_node.threads]
     _job(tmp_path, profile, Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=32, bf16=True), devices=8)
-    assert _job_env(tmp_path) == {"WORKER": "lab_utils.workers.ddp", "NPROC_PER_NODE": "4",
+    assert _job_env(tmp_path) == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker", "NPROC_PER_NODE": "4",
                                   "THREADS_PER_RANK": ""}
 
 

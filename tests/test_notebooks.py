@@ -14,13 +14,13 @@ import sys
 
 import pytest
 
-from lab_utils.grading import build, giveaways
-from lab_utils.grading import notebooks as nbs
-from lab_utils.questions import SECTIONS
-from lab_utils.runner import all_notebooks
+from lab_utils.app.grading import build, giveaways
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.questions import SECTIONS
+from lab_utils.app.runner import all_notebooks
 
 # Tables the notebooks must produce (results/<profile>/tables/<name>.md): every table a section of the
-# question map names (lab_utils/questions.py, the one list a new notebook adds its section to).
+# question map names (lab_utils/app/questions.py, the one list a new notebook adds its section to).
 EXPECTED_TABLES: dict[str, list[str]] = {}
 for _section in SECTIONS:
     EXPECTED_TABLES.setdefault(_section.notebook, []).extend(_section.tables)
@@ -52,10 +52,10 @@ def test_every_notebook_runs_in_quick_profile(lab_run):
 @pytest.mark.timeout(1900)
 def test_every_metric_a_notebook_run_writes_is_in_the_glossary(lab_run):
     """One meaning per metric name (issue 26): every metric key of every record the run stored (top
-    level, and in each record's per-epoch and per-rank entries) is defined in lab_utils.core.metrics."""
+    level, and in each record's per-epoch and per-rank entries) is defined in lab_utils.learn.metrics."""
     import json
 
-    from lab_utils.core.metrics import unknown
+    from lab_utils.learn.metrics import unknown
 
     _, root = lab_run
     where: dict[str, set[str]] = {}
@@ -76,7 +76,8 @@ def test_every_metric_a_notebook_run_writes_is_in_the_glossary(lab_run):
 def test_tables_keep_their_names_and_columns(lab_run):
     """The quick run writes the same tables, with the same columns in the same order, as before the
     data path was rebuilt (issue 26): tests/table_columns.json, the CSV headers of a quick run at
-    d4e9c98 (plus payload_bytes, added by Exercise 07-a). The tables are those lab_utils/questions.py names;
+    d4e9c98 (plus payload_bytes, added by Exercise 07-a). The tables are those lab_utils/app/questions.py
+    names;
     a new table's columns are frozen by adding them to that file."""
     import csv
     import json
@@ -86,7 +87,7 @@ def test_tables_keep_their_names_and_columns(lab_run):
     want = json.loads((Path(__file__).with_name("table_columns.json")).read_text())
     got = {p.stem: next(csv.reader(p.open())) for p in sorted((root / "tables").glob("*.csv"))}
     named = {t for tables in EXPECTED_TABLES.values() for t in tables}
-    assert sorted(got) == sorted(named) and set(want) <= named  # the names: questions.py's
+    assert sorted(got) == sorted(named) and set(want) <= named  # the names: app/questions.py's
     assert {k: v for k, v in got.items() if k in want and v != want[k]} == {}  # the frozen columns
 
 

@@ -18,9 +18,9 @@ import textwrap
 import pytest
 import torch
 
-from lab_utils.core import onednn
-from lab_utils.models import ResNet18
-from lab_utils.workers import fast_train
+from lab_utils.engine import onednn
+from lab_utils.experiments.n08_speed_limits import fast_train
+from lab_utils.learn.models import ResNet18
 
 
 def test_affected_convs_are_the_narrow_strided_shortcuts():
@@ -61,8 +61,8 @@ def test_workaround_only_where_the_defect_can_strike():
 
 _STEP = textwrap.dedent("""
     import torch
-    from lab_utils.experiments import fastpath, fastpath_tables
-    from lab_utils.workers import fast_train
+    from lab_utils.experiments.n08_speed_limits import experiment as fastpath, tables as fastpath_tables
+    from lab_utils.experiments.n08_speed_limits import fast_train
     t = fast_train.build_trainer(fast_train.TrainOptions(channels_last=True), width=2, device="cpu")
     x = torch.randn(32, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (32,))

@@ -1,4 +1,4 @@
-"""THE measure of every experiment (lab_utils.plan) on a toy worker: rows for runs that cannot run,
+"""THE measure of every experiment (lab_utils.engine.plan) on a toy worker: rows for runs that cannot run,
 reuse on the same devices, one launch per group, the out-of-memory rule, failures as rows and one
 error, the same records in this process and under torchrun."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import ddp_toy_worker as toy
 import pytest
 
-from lab_utils import plan
-from lab_utils.core.errors import LaunchError
-from lab_utils.core.machine import Machine
-from lab_utils.core.ranks import epochs_over_ranks, run_records
-from lab_utils.core.records import Record, aggregates, is_rank_record, ranks_of, run_key
-from lab_utils.plan import Experiment, Run
+from lab_utils.engine import plan
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import Experiment, Run
+from lab_utils.engine.records import Record, aggregates, is_rank_record, ranks_of, run_key, run_records
+from lab_utils.learn.errors import LaunchError
+from lab_utils.learn.ranks import epochs_over_ranks
 
 TESTS = Path(__file__).resolve().parent
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lab_utils.grading.predict import NOT_DONE, error_pct, prediction_table
+from lab_utils.app.grading.predict import NOT_DONE, error_pct, prediction_table
 
 
 def _model(t1, n):

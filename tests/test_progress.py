@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import types
 
-from lab_utils.core import progress
+from lab_utils.learn import progress
 
 
 def test_in_a_notebook_the_bar_is_text_not_a_widget(monkeypatch, capsys):

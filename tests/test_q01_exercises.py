@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils.core.errors import LabError
-from lab_utils.experiments import sweep, sweep_tables
-from lab_utils.grading import build, exercises
-from lab_utils.grading import notebooks as nbs
-from lab_utils.grading.predict import NOT_DONE, prediction_table
-from lab_utils.store import Record, ResultStore
+from lab_utils.app.grading import build, exercises
+from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.grading.predict import NOT_DONE, prediction_table
+from lab_utils.engine.store import Record, ResultStore
+from lab_utils.experiments.n01_batch_sweep import experiment as sweep
+from lab_utils.experiments.n01_batch_sweep import tables as sweep_tables
+from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
 BOOK = "01_batch_size_sweep"
@@ -220,7 +221,7 @@ def test_memory_prediction_says_why_when_it_cannot_be_made(tmp_path):
 def test_the_gpu_limit_is_the_share_the_sweep_sets(fake_gpu):
     """On an 80 GiB (fake) GPU: no cap, all of it; memory_fraction 0.25, 20 GiB; a 10 GiB cap beside a 0.5
     fraction, the smaller: 10 GiB (the share _cap_gpu_memory gives torch)."""
-    from lab_utils.workers import sweep as worker
+    from lab_utils.experiments.n01_batch_sweep import worker
 
     fake_gpu(count=1)
     dev, gib = torch.device("cuda"), 2 ** 30

@@ -28,16 +28,16 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import profiles
-from lab_utils.core.errors import LabError
-from lab_utils.core.machine import Machine
-from lab_utils.experiments import quantize as Q
-from lab_utils.experiments import quantize_tables as QTab
-from lab_utils.plan import make_plan, measure
-from lab_utils.workers import quant_model as QM
-from lab_utils.workers import quant_timing as QT
-from lab_utils.workers import quant_variants as QV
-from lab_utils.workers import quantize as QW
+from lab_utils.engine import profiles
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.experiments.n07_quantization import experiment as Q
+from lab_utils.experiments.n07_quantization import quant_model as QM
+from lab_utils.experiments.n07_quantization import quant_timing as QT
+from lab_utils.experiments.n07_quantization import quant_variants as QV
+from lab_utils.experiments.n07_quantization import tables as QTab
+from lab_utils.experiments.n07_quantization import worker as QW
+from lab_utils.learn.errors import LabError
 
 LOGIT_TOL = {"fp32": 0.0, "bf16": 0.02, "torchao_int8_weight_only": 0.02,
              "ao_dynamic_int8": 0.05, "torchao_int8_dynamic": 0.05}
@@ -270,9 +270,9 @@ def test_the_roofline_gives_each_row_its_own_precisions_ridge():
     3.35 = 295.2: memory-bound; int8 weight-only multiplies in fp32: 127 above 20; int8 dynamic multiplies in
     int8: 127 below 1979 / 3.35 = 590.7. At batch 64 every row is compute-bound. (With one bf16 ridge for
     every row, as before, fp32 batch 1 read memory-bound.)"""
-    from lab_utils.core import profiles
-    from lab_utils.experiments import quantize as Q
-    from lab_utils.experiments import quantize_tables
+    from lab_utils.engine import profiles
+    from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.n07_quantization import tables as quantize_tables
 
     assert QT.ridge_flops_per_byte("fp32") == pytest.approx(20.0, abs=0.01)
     assert QT.ridge_flops_per_byte("bf16") == pytest.approx(295.2, abs=0.1)
@@ -298,8 +298,8 @@ def test_the_roofline_gives_each_row_its_own_precisions_ridge():
 @pytest.fixture
 def gpt_checkpoint(tmp_path):
     """A tiny (untrained) GPT checkpoint on 20,000 characters of the offline corpus."""
-    from lab_utils.core.text_data import load_corpus
-    from lab_utils.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.experiments.shared.text_data import load_corpus
+    from lab_utils.learn.models.gpt import GPT, gpt_config, save_checkpoint
 
     corpus = load_corpus("stdlib", max_chars=20_000)
     vocab = "".join(sorted(set(corpus.text)))
@@ -391,8 +391,8 @@ def test_torchao_version_is_the_packages_own_without_importing_it():
     that plan: the version is read without importing torchao (which loads torch._dynamo, ~3 s of CPU)."""
     import subprocess
 
-    code = ("import sys; from lab_utils.time_budget import budget_line; budget_line('07'); "
-            "from lab_utils.workers.quant_variants import torchao_version; "
+    code = ("import sys; from lab_utils.app.time_budget import budget_line; budget_line('07'); "
+            "from lab_utils.experiments.n07_quantization.quant_variants import torchao_version; "
             "print(torchao_version(), 'torchao' in sys.modules, 'torch._dynamo' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     import torchao
@@ -432,7 +432,7 @@ def test_deprecation_is_detected_and_labelled(monkeypatch):
 def test_a_probe_failing_without_a_message_is_still_a_row(monkeypatch):
     """An exception with an empty message (``RuntimeError()``) becomes a row naming its class, not an
     IndexError from taking the first of no lines (core.errors.first_line, the one way to quote a line)."""
-    from lab_utils.core.errors import error_line, first_line
+    from lab_utils.learn.errors import error_line, first_line
 
     assert first_line(RuntimeError()) == "" and first_line(RuntimeError("  a\nb")) == "a"
     assert error_line(RuntimeError()) == "RuntimeError" and error_line(KeyError("k")) == "KeyError: 'k'"
@@ -461,7 +461,7 @@ def test_no_cuda_row_and_unknown_variant():
 
 
 def _rec(variant, status="ok", **m):
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     return Record(experiment="quantization", config={"variant": variant, "device": "cpu"}, metrics=m,
                   status=status, reason=None if status == "ok" else "needs torchao")
@@ -550,7 +550,7 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
     """torchao's CUDA int8 mm would run lm_head (N = 65) as a CPU int32 matmul: the layer is
     kept in fp32 and the row says so. CUDA is simulated: the layer choice for "cuda" is
     applied to a run on the CPU."""
-    from lab_utils.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT, gpt_config
 
     if not Q.check_variant("torchao_int8_dynamic", "cpu").ok:
         pytest.skip("torchao int8 dynamic is not available on this CPU")

@@ -3,7 +3,7 @@ question, and no lab label that could be read as the assignment's number.
 
 :data:`ASSIGNMENT` is the one table: the assignment's questions as the earlier cohort's report
 answers them (SPEC.md, "The assignment's own question numbers"), the notebook that answers each,
-and words its title must carry. It is checked against ``lab_utils.questions.SECTIONS``, the question
+and words its title must carry. It is checked against ``lab_utils.app.questions.SECTIONS``, the question
 map ``make docs`` writes (docs/generated/question-map.md), the README's notebook table, the report
 template, every notebook's title, answering section, hand-graded cell and "For your report" cell,
 and the time budget's column. Nothing here runs a notebook: each test parses files (well under a
@@ -18,8 +18,8 @@ import nbformat
 import pytest
 import yaml
 
-from lab_utils import questions, time_budget
-from lab_utils.core.config import repo_root
+from lab_utils.app import questions, time_budget
+from lab_utils.engine.config import repo_root
 
 # The assignment: key -> (notebook answering it, words its title must contain), in the assignment's order.
 ASSIGNMENT = {
@@ -87,7 +87,7 @@ def handin_report(tmp_path_factory) -> str:
     """The hand-in's report.md (`make report`) written from an empty result store: every heading and slot."""
     import os
 
-    from lab_utils import handin
+    from lab_utils.app import handin
 
     tmp = tmp_path_factory.mktemp("handin")
     old = os.environ.get("LAB_RESULTS_DIR")
@@ -190,7 +190,7 @@ def test_for_your_report_cells_are_the_reports_slots(notebooks, handin_report):
 
 
 def test_report_holds_every_table_and_asks_each_answer_once(handin_report):
-    from lab_utils.handin import LAYOUTS, PLACEHOLDER
+    from lab_utils.app.handin import LAYOUTS, PLACEHOLDER
 
     text = handin_report
     assert text.count(PLACEHOLDER) == sum(len(s.report) for s in questions.SECTIONS) + sum(
@@ -260,7 +260,7 @@ def test_every_graded_question_has_its_assignment_question_and_gradebook_column(
     """Issue 35: the gradebook's column of each graded question names the assignment's question it
     belongs to and where it is (``Q3.2 ring bytes (04-b)``): each exercise is in the section of the
     notebook that answers its question, with the letter of its "## Exercise NN-x" heading."""
-    from lab_utils.grading import EXERCISES
+    from lab_utils.app.grading import EXERCISES
 
     seen = []
     for number, nb in notebooks.items():
@@ -305,7 +305,7 @@ def test_the_label_scan_catches_the_old_labels():
 def _ledger_record(grad_bytes: int = 705_608, broadcast_buffers: bool = True):
     """A comm_accounting record as the worker writes it (2 gloo ranks, ResNet-18 width 8, 3 steps; the
     payloads of a real quick run), with the gradient payload per step replaceable."""
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     def row(phase, kind, calls, nbytes):
         return {"phase": phase, "kind": kind, "calls": calls, "bytes": nbytes, "bytes_by_src": {}}
@@ -330,7 +330,7 @@ def test_q7_ledger_at_4_x_512_by_hand():
     per epoch, 125 in 5 epochs. Gradients 125 x 44,695,848 = 5,586,981,000 B; initial broadcast 44,734,408;
     buffers 125 x 38,560 = 4,820,000; logged loss 125 x 4 = 500; 5 evaluations x (38,560 + 24) = 192,920.
     Not gradients: 49,747,828 of 5,636,728,828 B = 0.883 %."""
-    from lab_utils.experiments import accounting_tables as at
+    from lab_utils.experiments.n05_large_batch import accounting_tables as at
 
     table, verdict = at.gradients_only_table(_ledger_record(), epochs=5)
     rows = table.set_index("what")
@@ -360,7 +360,7 @@ def test_a_report_handed_in_beside_the_notebooks_is_left_to_the_instructor(tmp_p
     """docs/grading.md, "Handing in": the hand-in folder (report.md, report.html, handin.json, figures/,
     tables/) travels in the student's folder; grading finds the notebooks there and raises no problem for
     the rest."""
-    from lab_utils.grading.submissions import find_submissions
+    from lab_utils.app.grading.submissions import find_submissions
 
     alice = tmp_path / "alice"
     (alice / "figures").mkdir(parents=True)

@@ -4,8 +4,8 @@ question map `make docs` writes is checked by tests/test_docs.py)."""
 
 import pandas as pd
 
-from lab_utils import questions, runner
-from lab_utils.store import ResultStore
+from lab_utils.app import questions, runner
+from lab_utils.engine.store import ResultStore
 
 
 def _figure(store, name):

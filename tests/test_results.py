@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from store_helpers import put
 
-from lab_utils.core.errors import LabError
-from lab_utils.experiments.rows import blank, blank_missing
-from lab_utils.store import Record, ResultStore, canonical_key, markdown_table
+from lab_utils.engine.store import Record, ResultStore, canonical_key, markdown_table
+from lab_utils.experiments.shared.rows import blank, blank_missing
+from lab_utils.learn.errors import LabError
 
 
 def test_canonical_key_ignores_order():
@@ -87,7 +87,7 @@ def test_torn_last_line_is_skipped_and_not_lost(store):
 def test_concurrent_appends_stay_whole(store, tmp_path):
     # two processes appending 200 records each: every line is a whole record
     code = (
-        "import sys; from lab_utils.store import Record, ResultStore\n"
+        "import sys; from lab_utils.engine.store import Record, ResultStore\n"
         "s = ResultStore('quick')\n"
         "for i in range(200): s.run('race', {'who': sys.argv[1], 'i': i}, lambda: Record('race', {},"
         " {'pad': 'x' * 2000}, hardware={'device_name': 'cpu'}, software={'torch': 'x'}), force=True)\n"
@@ -127,7 +127,7 @@ def test_tables_and_figures_are_labelled(store):
 
 
 def test_format_number_significant_digits():
-    from lab_utils.store import format_number
+    from lab_utils.engine.store import format_number
 
     assert format_number(40390.372158) == "40390"
     assert format_number(33.6449) == "33.64"
@@ -142,7 +142,7 @@ def test_format_number_significant_digits():
 
 
 def test_percent_columns_are_recognised():
-    from lab_utils.store import is_percent_column
+    from lab_utils.engine.store import is_percent_column
 
     for name in ("hidden_percent", "percent_of_peak", "pct_of_bench_peak_busbw", "util_pct",
                  "epoch-5 test accuracy %"):
@@ -152,7 +152,7 @@ def test_percent_columns_are_recognised():
 
 
 def test_display_table_and_markdown_agree():
-    from lab_utils.store import display_table
+    from lab_utils.engine.store import display_table
 
     df = pd.DataFrame({"batch_size": [32, 128], "seconds": [40390.372158, 0.123456789],
                        "hidden_percent": [0.8629, None], "note": ["a", "b"]}, index=[7, 9])
@@ -198,7 +198,7 @@ def _saved_figure(store):
 
 
 def test_quick_figures_are_watermarked(store):
-    from lab_utils.store import QUICK_WATERMARK
+    from lab_utils.engine.store import QUICK_WATERMARK
 
     fig = _saved_figure(store)
     marks = [t for t in fig.texts if t.get_text() == QUICK_WATERMARK]
@@ -207,7 +207,7 @@ def test_quick_figures_are_watermarked(store):
 
 
 def test_full_figures_are_not_watermarked(tmp_path):
-    from lab_utils.store import QUICK_WATERMARK
+    from lab_utils.engine.store import QUICK_WATERMARK
 
     fig = _saved_figure(ResultStore("full", root=tmp_path / "full"))
     assert not any(t.get_text() == QUICK_WATERMARK for t in fig.texts)
@@ -218,8 +218,8 @@ def test_a_full_disk_mid_append_is_one_sentence_and_loses_no_record(store, monke
     folder and the fix, and once space is back the next record appends on a line of its own."""
     import errno
 
-    from lab_utils import store as store_mod
-    from lab_utils.core.errors import WriteError
+    from lab_utils.engine import store as store_mod
+    from lab_utils.learn.errors import WriteError
 
     put(store, "exp", {"bs": 32}, {"seconds": 1.0})
     real_write = os.write
@@ -242,7 +242,7 @@ def test_a_table_on_a_full_disk_keeps_the_old_one(store, monkeypatch):
     import errno
     import pathlib
 
-    from lab_utils.core.errors import WriteError
+    from lab_utils.learn.errors import WriteError
 
     store.save_table(pd.DataFrame({"a": [1]}), "t")
     before = (store.tables_dir / "t.md").read_text()
@@ -261,7 +261,7 @@ def test_a_table_on_a_full_disk_keeps_the_old_one(store, monkeypatch):
 def test_a_label_names_only_devices_a_record_ran_on():
     """A skipped run's record holds hardware without a device name: the label leaves it out (it printed
     "device: None" above the accuracy table when the quick lab skipped that check)."""
-    from lab_utils.store import provenance_label
+    from lab_utils.engine.store import provenance_label
 
     ran = Record("exp", {"bs": 32}, {"t": 1.0}, hardware={"device_name": "cpu (x86)"})
     skipped = Record("exp", {"bs": 64}, {}, status="skipped", reason="nothing to compare",

@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import proc as proc_marks
-from lab_utils import runner
-from lab_utils.core.errors import LabError
+from lab_utils.app import runner
+from lab_utils.engine import proc as proc_marks
+from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_cli_bad_input_exits_2_without_traceback():
 def test_a_wrong_profile_or_notebook_is_refused_before_torch_loads():
     """Before expensive work: a typo in --profile or a notebook's name is one line back at once, not
     after importing torch (2-3 s of CPU)."""
-    code = ("import sys\nfrom lab_utils.__main__ import main\n"
+    code = ("import sys\nfrom lab_utils.app.cli import main\n"
             "rc = main(sys.argv[1:])\nprint(rc, 'torch' in sys.modules)")
     for args in (["run", "nope.ipynb"], ["run", "--profile", "fast"], ["info", "--profile", "x"],
                  ["measure", "scaling", "--profile", "x"]):
@@ -96,7 +96,7 @@ def test_a_wrong_profile_or_notebook_is_refused_before_torch_loads():
 
 def test_a_bare_bench_lists_the_benchmarks():
     """`python -m lab_utils bench` as typed from the repository root names every benchmark."""
-    from lab_utils.__main__ import BENCHES
+    from lab_utils.app.cli import BENCHES
 
     proc = subprocess.run([sys.executable, "-m", "lab_utils", "bench"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
@@ -321,7 +321,7 @@ def test_a_signal_before_the_first_notebook_is_one_line_and_a_report(results_dir
     """SIGTERM while the runner describes the machine (importing torch takes seconds; a job cancelled
     at once): no notebook starts, the report is written, one line, 143, no folder left in $TMPDIR."""
 
-    from lab_utils.core import hardware
+    from lab_utils.engine import hardware
 
     real = hardware.describe_machine
 
@@ -376,7 +376,7 @@ def test_a_record_that_fills_the_disk_is_one_sentence_and_the_store_stays_readab
     """The disk fills while a cell appends a record (in the kernel): the cell fails with the one
     sentence naming the runs folder, the torn line is cut off, and earlier records stay readable."""
     fill = _notebook(tmp_path / "97_fill.ipynb", [
-        "from lab_utils.store import ResultStore\nstore = ResultStore('quick')\n"
+        "from lab_utils.engine.store import ResultStore\nstore = ResultStore('quick')\n"
         "store.run('exp', {'bs': 1}, lambda: {'x': 1})",
         "store.run('exp', {'bs': 2}, lambda: {'x': 'y' * 2_000_000})",
         "print('never')"])

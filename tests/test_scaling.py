@@ -8,20 +8,25 @@ from types import SimpleNamespace
 
 import pytest
 
-from lab_utils import plan
-from lab_utils.core import profiles
-from lab_utils.core.anchors import FIRST_COHORT_LABEL, FIRST_COHORT_TABLE1_SECONDS, OTHER_COHORT_LABEL
-from lab_utils.core.comm_hooks import compute_to_comm, hidden_percent
-from lab_utils.core.errors import LabError, LaunchError
-from lab_utils.core.machine import BUDGET_NODE, Machine
-from lab_utils.core.metrics import per_step
-from lab_utils.core.ranks import probe_seconds
-from lab_utils.core.spread import merge_repeats
-from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables
-from lab_utils.experiments.rows import one_device_runs, pair_key
-from lab_utils.grading.predict import one_output
-from lab_utils.plan import Experiment
-from lab_utils.store import Record
+from lab_utils.app.grading.predict import one_output
+from lab_utils.engine import plan, profiles
+from lab_utils.engine.machine import BUDGET_NODE, Machine
+from lab_utils.engine.plan import Experiment
+from lab_utils.engine.store import Record
+from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n02_scaling import tables as scaling_tables
+from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
+from lab_utils.experiments.shared.anchors import (
+    FIRST_COHORT_LABEL,
+    FIRST_COHORT_TABLE1_SECONDS,
+    OTHER_COHORT_LABEL,
+)
+from lab_utils.experiments.shared.repeats import merge_repeats
+from lab_utils.experiments.shared.rows import one_device_runs, pair_key
+from lab_utils.learn.comm_hooks import compute_to_comm, hidden_percent
+from lab_utils.learn.errors import LabError, LaunchError
+from lab_utils.learn.metrics import per_step
+from lab_utils.learn.ranks import probe_seconds
 
 QUICK = profiles.settings(scaling.Settings, "quick")
 
@@ -44,7 +49,7 @@ def test_placement_without_gpus_uses_gloo_processes_up_to_max_cpu_processes():
 
 
 def test_oversubscribed_rows_say_so():
-    from lab_utils.store import Record
+    from lab_utils.engine.store import Record
 
     def rec(devices, threads, cores, device_type="cpu"):
         return Record("scaling", {"devices": devices, "device_type": device_type}, threads=threads,
@@ -166,7 +171,7 @@ def test_skew_wait_columns_new_and_old_records():
 
 
 def test_amdahl_gustafson_karp_flatt_by_hand():
-    from lab_utils.core.speedup import (
+    from lab_utils.learn.speedup import (
         amdahl_speedup,
         gustafson_serial_fraction,
         gustafson_speedup,
@@ -262,7 +267,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
 
     import torch
 
-    from lab_utils.workers import dataparallel
+    from lab_utils.experiments.n02_scaling import dp_worker as dataparallel
 
     fake_gpu(count=1, name="Fake GPU")
     tried, refs = [], []
@@ -286,7 +291,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
     exp = Experiment("dp", "02", scaling.Settings,
                      lambda *a: [r for r in scaling.plan(*a) if r.config["method"] == scaling.DP])
     res = plan.measure("quick", exp, s, machine=one_gpu)
-    assert tried == [32, 128] and [m for m, n, job in launch_here] == ["lab_utils.workers.dataparallel"]
+    assert tried == [32, 128] and [m for m, n, job in launch_here] == ["lab_utils.experiments.n02_scaling.dp_worker"]
     ok, oom, skipped = res
     assert ok.status == "ok" and ok.metrics["train_seconds"] == 1.0
     assert oom.status == "oom" and oom.reason == "OOM: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -302,7 +307,7 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
 def test_a_rank_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, monkeypatch):
     """A DDP launch whose rank 1 ran out of memory at the second batch size: its failure file (not the
     log) makes that size an oom row; the first size's records are stored; the third is not tried."""
-    import lab_utils.launcher as launcher
+    import lab_utils.engine.launcher as launcher
 
     s = profiles.settings(scaling.Settings, "quick", devices=(2,), run_batch_sizes=None,
                           batch_sizes=(32, 128, 512), dataset="synthetic", train_images=1024)  # 2 x 512 fits
@@ -310,7 +315,7 @@ def test_a_rank_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, mo
             if r.config["method"] == scaling.DDP]
 
     def fake_stream(module, job, nproc, **kw):
-        assert (module, nproc, [c["batch_size"] for c in job["configs"]]) == ("lab_utils.workers.ddp", 2,
+        assert (module, nproc, [c["batch_size"] for c in job["configs"]]) == ("lab_utils.experiments.n02_scaling.ddp_worker", 2,
                                                                              [32, 128, 512])
         yield Record("scaling", job["configs"][0], {"train_seconds": 1.0})
         oom = "OOM: CUDA out of memory. Tried to allocate 1 GiB"
@@ -518,7 +523,7 @@ def test_per_step_growth_of_the_cohort_by_hand():
     29.60 ms: 3.18 ms more per step, x 782 steps = 2.487 s; (a) = 23.15 - 41.30/2 = 2.50 s, the rest
     (0.013 s) the last partial batch: (782 - 1563/2) x 26.42 ms. A cost paid by every step at N = 1 as at
     N = 2 is not in it."""
-    from lab_utils.core.speedup import per_step_growth
+    from lab_utils.learn.speedup import per_step_growth
 
     g = per_step_growth(41.30, 1563, 23.15, 782, 2)
     assert g.t1_step_seconds == pytest.approx(0.026424, abs=1e-6)
@@ -545,7 +550,7 @@ def test_per_step_growth_of_the_cohort_by_hand():
 
 def _line_p4():
     """A ring fit at P = 4 with alpha = 10 us, B = 10 GB/s: t(S) = 6 x 10 us + 1.5 S / 1e10."""
-    from lab_utils.core.ring import AlphaBetaFit
+    from lab_utils.learn.ring import AlphaBetaFit
 
     return AlphaBetaFit(world_size=4, alpha_seconds=10e-6, bandwidth_bytes_per_s=10e9,
                         alpha_stderr_seconds=0.0, bandwidth_stderr_bytes_per_s=0.0, rms_relative_error=0.05,
@@ -553,7 +558,7 @@ def _line_p4():
 
 
 def test_allreduce_line_and_the_two_predictions_by_hand():
-    from lab_utils.core.scaling_model import AllReduceLine, predicted_comm_seconds, predicted_epoch_seconds
+    from lab_utils.learn.scaling_model import AllReduceLine, predicted_comm_seconds, predicted_epoch_seconds
 
     line = AllReduceLine.from_fit(_line_p4())
     assert line.ranks == 4 and line.latency_seconds == pytest.approx(60e-6)   # 2(P-1) alpha
@@ -571,8 +576,8 @@ def test_allreduce_line_and_the_two_predictions_by_hand():
 
 
 def test_prediction_cases_from_records():
-    from lab_utils.core.scaling_model import AllReduceLine
-    from lab_utils.experiments import scaling_predict
+    from lab_utils.experiments.n02_scaling import predict as scaling_predict
+    from lab_utils.learn.scaling_model import AllReduceLine
 
     line = AllReduceLine(2, 1e-4, 2.0)
     one = agg("DDP", 1, 32, 40.0, 16, gradient_bytes=4_000_000, bucket_bytes=[3_000_000, 1_000_000])
@@ -602,7 +607,7 @@ def test_prediction_cases_from_records():
 
 def test_the_cohorts_printed_speedups_and_its_slip():
     """SPEC.md: the report printed 1.86/1.88/1.94 and 3.54/3.64/3.76; 41.30/23.15 = 1.784 (issue 52 C6)."""
-    from lab_utils.core.anchors import FIRST_COHORT_PRINTED_SPEEDUPS as P
+    from lab_utils.experiments.shared.anchors import FIRST_COHORT_PRINTED_SPEEDUPS as P
 
     assert [P[(2, b)] for b in (32, 128, 512)] == [1.86, 1.88, 1.94]
     assert [P[(4, b)] for b in (32, 128, 512)] == [3.54, 3.64, 3.76]
@@ -617,8 +622,8 @@ def test_the_cohorts_printed_speedups_and_its_slip():
 def test_allreduce_lines_fit_the_benchmark_records():
     """Timings of a ring with alpha = 10 us, B = 10 GB/s on 4 ranks give back its line (60 us, 6.67 GB/s);
     a rank count with too few sizes has none."""
-    from lab_utils.core.ring import ring_allreduce_seconds
-    from lab_utils.experiments import scaling_predict
+    from lab_utils.experiments.n02_scaling import predict as scaling_predict
+    from lab_utils.learn.ring import ring_allreduce_seconds
 
     def bench(p, size):
         t = ring_allreduce_seconds(size, p, 10e-6, 10e9)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from lab_utils.core.errors import LabError
-from lab_utils.core.schedules import LRSchedule, linear_scaling_recipe, make_schedule, scaled_lr
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.schedules import LRSchedule, linear_scaling_recipe, make_schedule, scaled_lr
 
 
 def test_linear_scaling_rule_by_hand():

@@ -1,14 +1,13 @@
-"""lab_utils.showcode: the "How this is measured" cells show the real source, with its place."""
+"""lab_utils.app.showcode: the "How this is measured" cells show the real source, with its place."""
 
 from __future__ import annotations
 
-from lab_utils import showcode
-from lab_utils.core import loop, ranks
+from lab_utils.learn import loop, ranks, showcode
 
 
 def test_source_markdown_is_the_functions_own_code_with_file_and_line():
     md = showcode.source_markdown(loop.run_epoch)
-    assert md.startswith("**`lab_utils.core.loop.run_epoch`** (lab_utils/core/loop.py, line ")
+    assert md.startswith("**`lab_utils.learn.loop.run_epoch`** (lab_utils/learn/loop.py, line ")
     assert "def run_epoch(" in md and "train_steps(" in md
     assert md.rstrip().endswith("```")
     line = int(md.split("line ", 1)[1].split(")", 1)[0])
@@ -21,4 +20,4 @@ def test_show_source_displays_every_function(monkeypatch):
     monkeypatch.setattr(showcode, "display", shown.append)
     showcode.show_source(loop.train_steps, ranks.aggregate_epoch)
     [md] = shown
-    assert "lab_utils.core.loop.train_steps" in md.data and "lab_utils.core.ranks.aggregate_epoch" in md.data
+    assert "lab_utils.learn.loop.train_steps" in md.data and "lab_utils.learn.ranks.aggregate_epoch" in md.data

@@ -34,7 +34,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lab_utils import proc as marks
+from lab_utils.engine import proc as marks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_cluster import SlurmCluster, SlurmUnavailable, apt_install, start_cluster  # noqa: E402
@@ -731,10 +731,10 @@ def test_experiment_step_gets_the_cpus_the_job_asked_for(two_process_job):
 @pytest.mark.slow
 def test_notebook_02_reuses_the_jobs_records(two_process_job, monkeypatch):
     """The job ran exactly what notebook 02 would: its measure finds it stored, measures nothing."""
-    from lab_utils.experiments import scaling
-    from lab_utils.plan import aggregates as aggregate_records
-    from lab_utils.plan import measure
-    from lab_utils.session import start
+    from lab_utils.engine.plan import aggregates as aggregate_records
+    from lab_utils.engine.plan import measure
+    from lab_utils.engine.session import start
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     monkeypatch.setenv("LAB_RESULTS_DIR", str(two_process_job["results"]))
     lab = start("quick")
@@ -993,7 +993,7 @@ def stops(cluster, tmp_path_factory) -> dict:
 
 def assert_kept_and_measured_once(before: dict[str, list[str]], after: dict[str, list[str]]) -> None:
     """What was stored before is still there, unchanged, and no configuration is stored twice, but for
-    the plan's one exception (lab_utils.plan, "reuse"): a ``together`` group (one comparison, e.g. the
+    the plan's one exception (lab_utils.engine.plan, "reuse"): a ``together`` group (one comparison, e.g. the
     all-reduce benchmark's sizes of one rank count) is reused only whole, from one launch, so a launch
     stopped part-way through its group is measured again whole. A configuration may then be stored
     twice, when its earlier launch (``run_id``) stored fewer runs than its group holds (``group_runs``)."""
@@ -1266,7 +1266,7 @@ def test_multinode_readme_line_with_two_cpus_per_task_gives_the_one_node_records
     assert re.search(r"^job \d+: 2 nodes \(labn\[1-2\]\) x 1 gloo processes = 2 \(GPUs per node: 0, CPUs per "
                      r"node: 2\)$", job["out"], re.M), job["out"]
     assert re.search(r"^rendezvous: c10d at 10\.231\.\d+\.2:\d+ \(first node labn1\)$", job["out"], re.M)
-    assert "launch: 1 process(es) per node of lab_utils.workers.ddp, 1 torch thread(s) each" in job["out"]
+    assert "launch: 1 process(es) per node of lab_utils.experiments.n02_scaling.ddp_worker, 1 torch thread(s) each" in job["out"]
     multi = [r for r in job["records"] if r["config"]["record"] == "aggregate"][0]
     single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 32)
     assert multi["config"]["tag"] == "nodes=2" and {**multi["config"], "tag": ""} == single["config"]

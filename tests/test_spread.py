@@ -13,28 +13,32 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import metrics, profiles
-from lab_utils.core.loop import StepOptions, make_optimizer, run_epoch, train_steps
-from lab_utils.core.machine import Machine
-from lab_utils.core.metrics import define
-from lab_utils.core.ranks import aggregate_epoch
-from lab_utils.core.records import Record
-from lab_utils.core.spread import (
+from lab_utils.engine import profiles
+from lab_utils.engine.machine import Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.engine.records import Record
+from lab_utils.experiments.n01_batch_sweep import experiment as sweep
+from lab_utils.experiments.n01_batch_sweep import tables as sweep_tables
+from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n02_scaling import tables as scaling_tables
+from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
+from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
+from lab_utils.experiments.shared.repeats import merge_repeats, spread_of_record
+from lab_utils.learn import metrics
+from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
+from lab_utils.learn.metrics import define
+from lab_utils.learn.ranks import aggregate_epoch
+from lab_utils.learn.spread import (
     STEP_PERCENTILE_KEYS,
     STEP_SD_KEY,
     TIME_MEDIAN,
-    merge_repeats,
     percentile,
-    spread_of_record,
     step_percentiles,
     step_statistics,
     time_spread,
     within_noise,
 )
-from lab_utils.core.timing import PhaseTimer
-from lab_utils.experiments import compute_vs_comm, scaling, scaling_tables, sweep, sweep_tables
-from lab_utils.plan import make_plan, measure
-from lab_utils.workers.ddp import RunConfig
+from lab_utils.learn.timing import PhaseTimer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -342,7 +346,7 @@ def test_the_ddp_worker_stores_the_slowest_ranks_percentiles_for_each_repeat(sto
 
 def test_fewer_than_five_steps_give_no_spread_and_no_flag():
     """p10 and p90 of 4 steps are not a spread: the row says so, and nothing is judged against it."""
-    from lab_utils.core.spread import MIN_STEPS, time_spread
+    from lab_utils.learn.spread import MIN_STEPS, time_spread
 
     assert MIN_STEPS == 5
     few = {"train_seconds": 4.0, "steps": 4, "step_train_seconds_p10": 0.5, "step_train_seconds_p50": 1.0,

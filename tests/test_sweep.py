@@ -1,7 +1,7 @@
 """Notebook 01's batch-size sweep: its plan, the OOM rule, resume, table rows, FLOP rate, input checks.
 
 The sweeps here are real (a width-2 ResNet-18 on a few hundred synthetic images, on CPU, in this
-process as the plan runs them on a CPU) through ``lab_utils.plan.measure``, as the notebook calls it;
+process as the plan runs them on a CPU) through ``lab_utils.engine.plan.measure``, as the notebook calls it;
 the worker's ``run_epoch`` is wrapped by a spy that counts the calls and then runs the real one. The
 out-of-memory row comes from the sweep's CPU memory cap (``CpuMemoryCap``), whose limit is derived
 from the measured activation bytes of a small batch, and in one test from the CPU allocator itself
@@ -19,16 +19,17 @@ import torch
 from store_helpers import lab_for
 from torch import nn
 
-from lab_utils.core import profiles
-from lab_utils.core.errors import LabError
-from lab_utils.core.hardware import peak_flops_per_s
-from lab_utils.core.machine import BUDGET_NODE, Machine
-from lab_utils.experiments import sweep, sweep_tables
-from lab_utils.models import ResNet18
-from lab_utils.plan import make_plan, measure
-from lab_utils.store import Record
-from lab_utils.workers import sweep as worker
-from lab_utils.workers.harness import Job
+from lab_utils.engine import profiles
+from lab_utils.engine.hardware import peak_flops_per_s
+from lab_utils.engine.harness import Job
+from lab_utils.engine.machine import BUDGET_NODE, Machine
+from lab_utils.engine.plan import make_plan, measure
+from lab_utils.engine.store import Record
+from lab_utils.experiments.n01_batch_sweep import experiment as sweep
+from lab_utils.experiments.n01_batch_sweep import tables as sweep_tables
+from lab_utils.experiments.n01_batch_sweep import worker
+from lab_utils.learn.errors import LabError
+from lab_utils.learn.models import ResNet18
 
 WIDTH = 2
 SIZES = (8, 32, 128, 160)
@@ -95,7 +96,7 @@ def spy(monkeypatch, cached_loaders):
 @pytest.fixture(scope="module")
 def oom_sweep(tmp_path_factory, cached_loaders):
     """One standard sweep (ok, ok, oom, not tried), shared by the tests that only read it."""
-    from lab_utils.store import ResultStore
+    from lab_utils.engine.store import ResultStore
 
     with pytest.MonkeyPatch.context() as mp:
         store = ResultStore("quick", root=tmp_path_factory.mktemp("oom_sweep") / "quick")
@@ -361,7 +362,7 @@ def test_anchor_table_shows_both_cohort_sets_and_compares_only_the_spec_configur
 
 
 def test_quick_sweep_pins_threads_like_the_ddp_workers(store, monkeypatch, cached_loaders):
-    from lab_utils.experiments import scaling
+    from lab_utils.experiments.n02_scaling import experiment as scaling
 
     assert profiles.settings(sweep.Settings, "quick").cpu_threads == profiles.settings(
         scaling.Settings, "quick").cpu_threads

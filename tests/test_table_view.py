@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab_utils import table_view
-from lab_utils.store import display_table
+from lab_utils.engine import table_view
+from lab_utils.engine.store import display_table
 
 
 def _wide(n_cols: int) -> pd.DataFrame:

@@ -4,12 +4,14 @@ same table into docs/generated/time-budget.md (tests/test_docs.py checks it is c
 
 import pytest
 
-from lab_utils import plan
-from lab_utils import time_budget as tb
-from lab_utils.core import estimates, profiles
-from lab_utils.core.errors import LabError
-from lab_utils.core.machine import BUDGET_NODE
-from lab_utils.experiments import comm, registry, scaling
+from lab_utils.app import time_budget as tb
+from lab_utils.engine import plan, profiles
+from lab_utils.engine.machine import BUDGET_NODE
+from lab_utils.experiments import registry
+from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n04_allreduce import experiment as comm
+from lab_utils.experiments.shared import estimates
+from lab_utils.learn.errors import LabError
 
 
 def test_table_has_every_notebook_and_a_total():
@@ -22,7 +24,7 @@ def test_table_has_every_notebook_and_a_total():
 
 
 def test_flop_constant_matches_the_counter():
-    from lab_utils.experiments.sweep import flops_per_image
+    from lab_utils.experiments.n01_batch_sweep.experiment import flops_per_image
 
     assert estimates.RESNET_TRAIN_FLOPS_PER_IMAGE == pytest.approx(flops_per_image(64).train_flops, rel=1e-3)
 

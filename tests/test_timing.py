@@ -3,8 +3,8 @@ import time
 import pytest
 import torch
 
-from lab_utils.core import timing
-from lab_utils.core.timing import NestedTimers, PhaseTimer
+from lab_utils.learn import timing
+from lab_utils.learn.timing import NestedTimers, PhaseTimer
 
 
 def slow_loader(n, delay):
@@ -114,7 +114,7 @@ def test_paired_ratio_takes_more_pairs_to_fill_its_seconds():
 def test_bench_timers_prints_the_median_paired_ratio_of_each_row(capsys):
     """`python -m lab_utils bench timers` on the CPU: a row per model and batch asked, its two arms' times,
     the pairs, the median ratio within its bootstrap interval; bad rows are one sentence."""
-    from lab_utils.experiments import bench_timers
+    from lab_utils.app import bench_timers
 
     threads = torch.get_num_threads()
     try:

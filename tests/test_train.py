@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from lab_utils.core.data import make_loaders
-from lab_utils.core.loop import (
+from lab_utils.experiments.shared.data import make_loaders
+from lab_utils.learn.loop import (
     StepOptions,
     evaluate,
     make_optimizer,
@@ -11,7 +11,7 @@ from lab_utils.core.loop import (
     train_steps,
     wrap_data_parallel,
 )
-from lab_utils.models import ResNet18
+from lab_utils.learn.models import ResNet18
 
 
 def test_spec_optimizer():
@@ -59,7 +59,7 @@ def test_untimed_epoch_has_only_its_wall_clock():
 
 def test_ranks_aggregate_the_slowest_rank_by_hand():
     """T(N) is the slowest rank's training time; phases come from the rank with the longest epoch."""
-    from lab_utils.core.ranks import aggregate_epoch
+    from lab_utils.learn.ranks import aggregate_epoch
 
     r0 = {"rank": 0, "epoch": 2, "steps": 5, "micro_steps": 5, "images": 80, "tokens": 800,
           "epoch_seconds": 10.0, "train_seconds": 6.0, "compute_seconds": 5.0, "skew_wait_seconds": 3.0,
@@ -102,7 +102,7 @@ def _lm_batches(n: int, b: int = 2, t: int = 5):
 
 
 def test_untimed_loop_never_synchronizes(monkeypatch):
-    from lab_utils.core import timing
+    from lab_utils.learn import timing
 
     calls = []
     monkeypatch.setattr(timing, "synchronize", lambda *a: calls.append(a))
@@ -174,8 +174,8 @@ def test_every_epoch_record_field_is_in_the_glossary():
     """The epoch driver's record and the rank aggregate use the glossary's names (one meaning each)."""
     from dataclasses import fields
 
-    from lab_utils.core.loop import EpochRecord
-    from lab_utils.core.metrics import GLOSSARY, define, unknown
+    from lab_utils.learn.loop import EpochRecord
+    from lab_utils.learn.metrics import GLOSSARY, define, unknown
 
     assert unknown(f.name for f in fields(EpochRecord)) == []
     assert define("compute_seconds_mean").unit == "s" and define("loss_mean") is None  # suffixes: times only

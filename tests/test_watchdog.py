@@ -1,4 +1,4 @@
-"""lab_utils.core.watchdog: in-process work past its limit ends the process with one sentence."""
+"""lab_utils.engine.watchdog: in-process work past its limit ends the process with one sentence."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from lab_utils.core import watchdog
+from lab_utils.engine import watchdog
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def test_block_past_its_deadline_stops_the_process_and_says_why():
     t0 = time.perf_counter()
     res = _run("""
         import time
-        from lab_utils.core.watchdog import deadline
+        from lab_utils.engine.watchdog import deadline
         with deadline(0.5, "the test's sleep", "shorten it",
                       on_expiry=lambda msg: print("recorded:", msg, flush=True)):
             time.sleep(30)
@@ -39,8 +39,8 @@ def test_block_past_its_deadline_stops_the_process_and_says_why():
 def test_block_within_its_deadline_cancels_both_watchdogs():
     res = _run("""
         import time
-        from lab_utils.core.watchdog import deadline, GRACE_S
-        import lab_utils.core.watchdog as w
+        from lab_utils.engine.watchdog import deadline, GRACE_S
+        import lab_utils.engine.watchdog as w
         w.GRACE_S = 0.5
         with deadline(0.5, "quick work", "n/a"):
             pass

@@ -4,7 +4,7 @@
 Install time only, standard library only: ``make venv`` runs this file with the bare
 interpreter before the lab's packages exist (``python3 tools/cuda_wheels.py install ...``).
 It is not part of the importable package. The table of builds and the driver query it
-chooses with live in :mod:`lab_utils.core.cuda_builds` (standard library only too), which the
+chooses with live in :mod:`lab_utils.engine.cuda_builds` (standard library only too), which the
 lab also reads at run time; this script imports that one module from the checkout.
 
 ``requirements.txt`` and ``constraints.txt`` stay the source of truth: they give the
@@ -41,11 +41,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The checkout's lab_utils/core/cuda_builds.py, imported before the lab is installed: it and the
+# The checkout's lab_utils/engine/cuda_builds.py, imported before the lab is installed: it and the
 # package's __init__ files import nothing outside the standard library.
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from lab_utils.core.cuda_builds import (  # noqa: E402
+from lab_utils.engine.cuda_builds import (  # noqa: E402
     VARIANTS,
     Choice,
     Driver,

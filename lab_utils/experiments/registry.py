@@ -4,9 +4,16 @@ each; lab_utils/experiments/README.md has the whole recipe)."""
 
 from __future__ import annotations
 
-from lab_utils.core.errors import LabError
-from lab_utils.experiments import build_ddp, comm, fastpath, gpt, large_batch, quantize, scaling, sweep
-from lab_utils.plan import Experiment
+from lab_utils.engine.plan import Experiment
+from lab_utils.experiments.n01_batch_sweep import experiment as sweep
+from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n04_allreduce import experiment as comm
+from lab_utils.experiments.n05_large_batch import experiment as large_batch
+from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
+from lab_utils.experiments.n07_quantization import experiment as quantize
+from lab_utils.experiments.n08_speed_limits import experiment as fastpath
+from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
+from lab_utils.learn.errors import LabError
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     sweep.SWEEP_EXPERIMENT,

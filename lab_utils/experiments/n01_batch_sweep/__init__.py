@@ -1,0 +1,2 @@
+"""Notebook 01: the single-GPU batch-size sweep (Q1).
+"""

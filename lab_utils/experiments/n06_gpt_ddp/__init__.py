@@ -1,0 +1,2 @@
+"""Notebook 06: a GPT trained with DDP and gradient accumulation.
+"""

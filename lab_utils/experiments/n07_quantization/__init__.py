@@ -1,0 +1,2 @@
+"""Notebook 07: int8 quantization, measured side by side.
+"""

@@ -1,0 +1,2 @@
+"""Notebook 09: data parallelism built by hand.
+"""

@@ -1,0 +1,202 @@
+"""Timers that are correct under CUDA asynchrony. All times are in seconds.
+
+A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around
+GPU work measures the *launch*, not the work, unless the host waits for the device.
+Every timer here calls :func:`synchronize` at its boundaries (a no-op on the CPU), so a
+phase's time includes all device work queued inside it. The price is that the phases do
+not overlap each other; that is what a per-phase breakdown means.
+
+- :class:`PhaseTimer`: the phases of a training step, ``data_loading`` (waiting on the
+  loader), ``data_movement`` (host to device), ``compute`` (forward, loss, backward,
+  optimizer step), ``communication`` and, in DDP, ``skew_wait`` (waiting for the other ranks'
+  loaders, like ``data_loading`` not training time);
+- :class:`NestedTimers`: named, nested timers ("epoch/train/forward") for the GPT's breakdown.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from lab_utils.learn.spread import percentile
+
+PHASES = ("data_loading", "data_movement", "compute", "communication")
+# Waiting for data, not training: this rank's loader, and (DDP) the other ranks' loaders, seen as
+# the wait in a barrier after the data movement. PhaseTimer.training_seconds leaves both out.
+WAIT_PHASES = ("data_loading", "skew_wait")
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait until all queued work on ``device`` has finished (CPU: nothing to wait for)."""
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+@contextmanager
+def timed(device: torch.device | str | None, stat: Stat):
+    """Add the enclosed block's wall time to ``stat``, synchronizing ``device`` at both ends."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        synchronize(device)
+        stat.add(time.perf_counter() - t0)
+
+
+@dataclass
+class Stat:
+    """Count, total and mean of one named timer, in seconds."""
+
+    count: int = 0
+    total_seconds: float = 0.0
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.total_seconds / self.count if self.count else 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total_seconds += seconds
+
+
+@dataclass
+class PhaseTimer:
+    """Per-phase wall time of a training loop, synchronized with the device: ``iterate(loader)``
+    times each batch wait, ``with timer.phase(name):`` a block. ``enabled=False`` makes every call
+    a cheap no-op (the untimed fast path, and the timers' own overhead)."""
+
+    device: torch.device | str | None = None
+    enabled: bool = True
+    stats: dict[str, Stat] = field(default_factory=lambda: {p: Stat() for p in PHASES})
+
+    def iterate(self, iterable: Iterable) -> Iterator:
+        """Yield from ``iterable``, timing each ``next()`` as ``data_loading``, synchronized at both
+        ends: a device-resident loader's kernels (its crop, flip, normalization) are its time."""
+        it = iter(iterable)
+        while True:
+            if self.enabled:
+                synchronize(self.device)
+                t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            if self.enabled:
+                synchronize(self.device)
+                self.stats["data_loading"].add(time.perf_counter() - t0)
+            yield item
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the enclosed block as phase ``name`` (synchronized at both ends)."""
+        if not self.enabled:
+            yield
+            return
+        with timed(self.device, self.stats.setdefault(name, Stat())):
+            yield
+
+    def add(self, name: str, seconds: float) -> None:
+        """Record time measured elsewhere (for example by CUDA events) under ``name``."""
+        self.stats.setdefault(name, Stat()).add(seconds)
+
+    def seconds(self, name: str) -> float:
+        return self.stats[name].total_seconds if name in self.stats else 0.0
+
+    @property
+    def training_seconds(self) -> float:
+        """Everything but waiting for data (:data:`WAIT_PHASES`: this rank's loader and, in DDP,
+        the other ranks' loaders): movement + compute + communication."""
+        return sum(s.total_seconds for n, s in self.stats.items() if n not in WAIT_PHASES)
+
+    def totals(self) -> dict[str, float]:
+        """``{phase}_seconds`` for every phase, for a record."""
+        return {f"{n}_seconds": s.total_seconds for n, s in self.stats.items()}
+
+
+class NestedTimers:
+    """Named timers that nest: inside ``with t("epoch"):``, ``with t("forward"):`` is
+    ``"epoch/forward"``; each keeps a :class:`Stat`, synchronizing ``device`` at both ends."""
+
+    def __init__(self, device: torch.device | str | None = None, enabled: bool = True):
+        self.device = device
+        self.enabled = enabled
+        self.stats: dict[str, Stat] = {}
+        self._stack: list[str] = []
+
+    @contextmanager
+    def __call__(self, name: str):
+        if not self.enabled:
+            yield
+            return
+        self._stack.append(name)
+        try:
+            with timed(self.device, self.stats.setdefault("/".join(self._stack), Stat())):
+                yield
+        finally:
+            self._stack.pop()
+
+    def table(self) -> list[dict]:
+        """Rows of name, count, total and mean seconds, in first-seen order."""
+        return [{"timer": n, "count": s.count, "total_seconds": s.total_seconds,
+                 "mean_seconds": s.mean_seconds} for n, s in self.stats.items()]
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """What :func:`paired_ratio` measured: the median of the per-pair ratios a / b, their spread (the 10th and
+    90th percentiles: how single pairs vary), a 95 % bootstrap interval of the median (how well the median
+    itself is known), and each arm's median seconds."""
+
+    pairs: int
+    ratio: float
+    ratio_p10: float
+    ratio_p90: float
+    ratio_low: float
+    ratio_high: float
+    a_seconds: float
+    b_seconds: float
+
+
+def paired_ratio(fn_a, fn_b, pairs: int = 100, warmup: int = 3, clock=time.perf_counter,
+                 seconds: float | None = None, max_pairs: int = 5000, resamples: int = 1000) -> PairedRatio:
+    """Time ``fn_a`` against ``fn_b`` interleaved unit by unit (a b, b a, a b, ...: the arm that goes first
+    alternates), each call on ``clock`` (seconds), and take the ratio a / b within each pair. Adjacent calls
+    see the same machine, so load from other processes that changes over seconds cancels in a pair's ratio;
+    the median of the ratios ignores the pairs a burst of load hit. Each function must finish its device
+    work itself (synchronize at its end). ``warmup`` untimed calls of each first; then ``pairs`` pairs, or
+    with ``seconds`` as many more (an even number, up to ``max_pairs``) as fill that much of ``clock``."""
+    if pairs < 2:
+        raise ValueError("paired_ratio needs at least 2 pairs.")
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    ratios, ta, tb = [], [], []
+    i = 0
+    while i < pairs or (seconds is not None and (sum(ta) + sum(tb) < seconds or i % 2) and i < max_pairs):
+        t: dict[str, float] = {}
+        for name, fn in (("a", fn_a), ("b", fn_b)) if i % 2 == 0 else (("b", fn_b), ("a", fn_a)):
+            t0 = clock()
+            fn()
+            t[name] = clock() - t0
+        ta.append(t["a"])
+        tb.append(t["b"])
+        ratios.append(t["a"] / t["b"] if t["b"] > 0 else math.inf)
+        i += 1
+    pairs = len(ratios)
+    rng = random.Random(0)  # the same resamples every run: the interval moves only with the data
+    medians = sorted(statistics.median(rng.choices(ratios, k=pairs)) for _ in range(resamples))
+    return PairedRatio(pairs=pairs, ratio=statistics.median(ratios), ratio_p10=percentile(ratios, 10),
+                       ratio_p90=percentile(ratios, 90), ratio_low=percentile(medians, 2.5),
+                       ratio_high=percentile(medians, 97.5), a_seconds=statistics.median(ta),
+                       b_seconds=statistics.median(tb))
