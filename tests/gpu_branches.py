@@ -498,7 +498,7 @@ INVENTORY: tuple[Branch, ...] = (
     B("engine/environment.py", "gpu_node_problem", "driver is None or not driver.gpus",
       "the driver lists GPUs torch cannot see: what is wrong and the fix for this build",
       "test_gpu_node.py::test_a_fitting_torch_that_cannot_see_gpus_gets_a_different_fix"),
-    B("engine/environment.py", "environment_rows", "driver is not None and driver.gpus",
+    B("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
     # learn/handmade.py: notebook 09's memory of each implementation

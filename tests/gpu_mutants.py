@@ -43,11 +43,12 @@ class Mutant:
 
     @property
     def ident(self) -> str:
-        """A short, stable name: the file's stem, the function, and a digest of the change."""
+        """A short, stable name: the module (its path in lab_utils, dotted), the function, and a digest of
+        the change (not of the path: a module that moves keeps its mutants' verdicts under the new name)."""
         import hashlib
 
-        digest = hashlib.sha1(f"{self.file}\n{self.original}\n{self.mutated}".encode()).hexdigest()[:8]
-        return f"{self.file.rsplit('/', 1)[-1].removesuffix('.py')}.{self.site[1]}.{digest}"
+        digest = hashlib.sha1(f"{self.original}\n{self.mutated}".encode()).hexdigest()[:8]
+        return f"{self.file.removesuffix('.py').replace('/', '.')}.{self.site[1]}.{digest}"
 
 
 def M(file: str, function: str, condition: str, original: str, mutated: str, models: str, *, n: int = 1,
@@ -125,7 +126,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("engine/environment.py", "gpu_node_problem", "driver is None or not driver.gpus",
       "_fix(cuda, driver)", "_fix(None, driver)",
       "a CUDA build that is shown no GPU told to reinstall torch (the CPU-only build's fix)"),
-    M("engine/environment.py", "environment_rows", "driver is not None and driver.gpus",
+    M("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       '"value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"', '"value": f"{g.name}, {mem}"',
       "a GPU torch cannot use listed as if the runs used it"),
     # learn/handmade.py

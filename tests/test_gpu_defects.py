@@ -330,7 +330,7 @@ def test_a_mig_slice_gets_no_peak_and_says_why():
 
 
 def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
-    from lab_utils.engine import environment
+    from lab_utils.experiments.n00_environment.tables import environment_rows
     from lab_utils.experiments.n06_gpt_ddp.worker import device_peak
     from lab_utils.experiments.n08_speed_limits import tables as fastpath_tables
 
@@ -340,7 +340,7 @@ def test_a_mig_slice_is_named_as_torch_names_it_and_has_no_mfu(fake_gpu):
     gpu.initialized = False
     assert hardware.device_name("cuda") == MIG_NAME and not gpu.initialized  # nvidia-smi -L: no context
     assert hardware.visible_gpu_names() == [MIG_NAME]
-    rows = environment.environment_rows("quick", "test")
+    rows = environment_rows("quick", "test")
     gpu_rows = [r for r in rows if str(r.get("item", "")).startswith("GPU 0")]
     assert gpu_rows and "MIG slice 1g.5gb: no peak" in gpu_rows[0]["value"]
     rec = Record("bench_train", {"step": "spec", "position": 0}, metrics={"images_per_s": 1.0},

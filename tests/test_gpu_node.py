@@ -24,6 +24,7 @@ import pytest
 from lab_utils.engine import cuda_builds as cuda_wheels  # the table and the driver query
 from lab_utils.engine import environment
 from lab_utils.engine.cuda_builds import Driver, DriverGPU, NoVariant, select_variant, version_satisfies
+from lab_utils.experiments.n00_environment.tables import environment_rows
 from lab_utils.learn.errors import LabError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -357,7 +358,7 @@ def test_software_stack_names_every_piece_or_why_not(no_driver, cpu_torch):
 
 
 def test_environment_rows_on_a_gpu_node_torch_cannot_use(fake_smi, cpu_torch):
-    rows = {r["item"]: r["value"] for r in environment.environment_rows("given explicitly", "quick")}
+    rows = {r["item"]: r["value"] for r in environment_rows("given explicitly", "quick")}
     assert rows["NVIDIA driver"] == "535.183.01 (from nvidia-smi)"
     assert rows["GPU 0"] == "NVIDIA A100-SXM4-80GB, 80.0 GiB (listed by the driver; torch cannot use it)"
     assert rows["GPU topology"] == "NVLink between every pair of the 2 GPUs (NV12)"

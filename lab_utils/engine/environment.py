@@ -1,9 +1,10 @@
 """What notebook 00 reports, and the check that a GPU node never runs the lab on its CPU.
 
-- :func:`environment_rows`: the machine, the software stack every GPU number depends on
-  (NVIDIA driver, torch's CUDA, cuDNN and NCCL), the GPUs and how they are connected
-  (NVLink or only PCIe: notebook 04's projections depend on it), the profile and the
-  data. A piece that cannot be known says why (no driver, not in this container).
+- :func:`software_stack` and :func:`topology_summary`: the software stack every GPU number depends on
+  (NVIDIA driver, torch's CUDA, cuDNN and NCCL) and how the GPUs are connected (NVLink or only PCIe:
+  notebook 04's projections depend on it), which notebook 00's table shows
+  (:func:`lab_utils.experiments.n00_environment.tables.environment_rows`). A piece that cannot be known
+  says why (no driver, not in this container).
 - :func:`check_gpu_node`: when the NVIDIA driver reports GPUs but torch cannot use
   them (a torch built for a newer CUDA than the driver runs, or a CPU-only build), the
   lab would silently fall back to the CPU; when torch sees them but has no kernels for
@@ -25,13 +26,9 @@ from lab_utils.engine import cuda_builds
 from lab_utils.engine.hardware import (
     classify_interconnect,
     cudnn_build_version,
-    describe_machine,
     interconnect,
     nccl_version,
-    peak_flops_per_s,
-    peak_note,
 )
-from lab_utils.experiments.shared import data
 from lab_utils.learn.errors import LabError
 
 NO_DRIVER = "no NVIDIA driver on this machine (no nvidia-smi, no /proc/driver/nvidia/version)"
@@ -213,41 +210,6 @@ def topology_summary(topo: str | None, driver: cuda_builds.Driver | None) -> str
     return {"nvlink": f"NVLink between every pair of the {n} GPUs{shown}",
             "pcie": f"PCIe only: no NVLink between the {n} GPUs{shown}",
             "mixed": f"mixed: NVLink between some pairs of the {n} GPUs only{shown}"}[kind]
-
-
-def environment_rows(why_profile: str, profile: str) -> list[dict[str, str]]:
-    """Rows of (item, value) describing this machine and set-up, for a table."""
-    m = describe_machine()
-    driver = cuda_builds.query_driver()
-    sw = m["software"]
-    rows = [{"item": "profile", "value": f"{profile} ({why_profile})"}]
-    for item, value in software_stack(driver).items():
-        rows.append({"item": item, "value": value})
-    if m["gpus"]:
-        for g in m["gpus"]:
-            peak = peak_flops_per_s(g["name"], "bf16")
-            peak_s = (f"{peak / 1e12:.0f} TFLOP/s dense bf16" if peak
-                      else peak_note(g["name"]) or "peak unknown (no % of peak shown)")
-            rows.append({"item": f"GPU {g['index']}",
-                         "value": f"{g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB, {peak_s}"})
-    elif driver is not None and driver.gpus:
-        for g in driver.gpus:
-            mem = f"{g.memory_mib / 1024:.1f} GiB" if g.memory_mib else "memory unknown"
-            rows.append({"item": f"GPU {g.index}",
-                         "value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"})
-    else:
-        rows.append({"item": "GPUs", "value": "none: CPU only; DDP runs as gloo processes"})
-    rows.append({"item": "GPU topology", "value": topology_summary(m["interconnect"], driver)})
-    rows.append({"item": "CPU", "value": f"{m['cpu']} ({m['cpu_cores']} cores usable)"})
-    backends = [k for k, v in m["distributed_backends"].items() if v]
-    rows.append({"item": "distributed backends", "value": ", ".join(backends) or "none"})
-    for k in ("python", "torch", "torchvision"):
-        rows.append({"item": k, "value": str(sw.get(k))})
-    st = data.dataset_status()
-    rows.append({"item": "CIFAR-10", "value": "present in " + st["data_dir"] if st["cifar10_present"]
-                 else f"missing from {st['data_dir']}: using the SYNTHETIC stand-in; "
-                      f"to fix: {st['to_prepare']}"})
-    return rows
 
 
 def topology_text() -> str:

@@ -40,7 +40,7 @@ all-reduce times by least squares on relative error (:class:`AlphaBetaFit`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -218,26 +218,6 @@ ALGORITHMS = {
     "recursive doubling": recursive_doubling_seconds,
     "halving+doubling": halving_doubling_seconds,
 }
-
-
-EARLIER_LOG2_COLUMN = "earlier student's (S/B)*log2(P) (ms)"
-
-
-def compare_algorithms(size_bytes: float, world_sizes: Iterable[int], alpha_seconds: float,
-                       bandwidth_bytes_per_s: float):
-    """A DataFrame: modelled all-reduce milliseconds of each algorithm per P, and the earlier student's
-    log2 formula at ``transfer = S / B``, ``compute = 0`` (its most favourable reading)."""
-    import pandas as pd
-
-    rows = []
-    for p in world_sizes:
-        row: dict[str, Any] = {"devices": p, "message_bytes": int(size_bytes)}
-        for name, fn in ALGORITHMS.items():
-            row[f"{name} (ms)"] = 1e3 * fn(size_bytes, p, alpha_seconds, bandwidth_bytes_per_s)
-        row[EARLIER_LOG2_COLUMN] = 1e3 * spec_log2_seconds(size_bytes / bandwidth_bytes_per_s, 0.0, p)
-        row["ring bytes sent per rank"] = ring_bytes_per_rank(size_bytes, p)
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- nccl-tests metrics

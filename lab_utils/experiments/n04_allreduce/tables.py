@@ -40,6 +40,7 @@ from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.handmade import assign_buckets
 from lab_utils.learn.models import ResNet18, count_parameters
 from lab_utils.learn.ring import (
+    ALGORITHMS,
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     GB,
@@ -49,13 +50,13 @@ from lab_utils.learn.ring import (
     _check_world_size,
     achieved_gb_per_s,
     bucketed_ring_seconds,
-    compare_algorithms,
     fit_alpha_beta,
     gradient_bytes,
     iterations_per_epoch,
     ring_bytes_per_epoch,
     ring_bytes_per_rank,
     samples_per_rank,
+    spec_log2_seconds,
 )
 
 __all__ = ["PROJECTION_ASSUMPTIONS", "BenchReport", "CommMeasurement", "bandwidth_prediction_cases",
@@ -719,3 +720,23 @@ def bandwidth_prediction_cases(store, settings: Settings, bench: BenchReport):
                       + (f" (fit on {fit.world_size})" if fit.world_size != m.devices else "")
                       + (": not measured" if m.reason else ""))
     return cases, measured, labels
+
+
+EARLIER_LOG2_COLUMN = "earlier student's (S/B)*log2(P) (ms)"
+
+
+def compare_algorithms(size_bytes: float, world_sizes: Iterable[int], alpha_seconds: float,
+                       bandwidth_bytes_per_s: float):
+    """A DataFrame: modelled all-reduce milliseconds of each algorithm per P, and the earlier student's
+    log2 formula at ``transfer = S / B``, ``compute = 0`` (its most favourable reading)."""
+    import pandas as pd
+
+    rows = []
+    for p in world_sizes:
+        row: dict[str, Any] = {"devices": p, "message_bytes": int(size_bytes)}
+        for name, fn in ALGORITHMS.items():
+            row[f"{name} (ms)"] = 1e3 * fn(size_bytes, p, alpha_seconds, bandwidth_bytes_per_s)
+        row[EARLIER_LOG2_COLUMN] = 1e3 * spec_log2_seconds(size_bytes / bandwidth_bytes_per_s, 0.0, p)
+        row["ring bytes sent per rank"] = ring_bytes_per_rank(size_bytes, p)
+        rows.append(row)
+    return pd.DataFrame(rows)

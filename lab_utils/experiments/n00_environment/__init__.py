@@ -1,0 +1,1 @@
+"""Notebook 00: the machine and the software stack every GPU number depends on."""
