@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lab_utils.learn import loop, ranks, showcode
+from lab_utils.app import showcode
+from lab_utils.learn import loop, ranks
 
 
 def test_source_markdown_is_the_functions_own_code_with_file_and_line():
