@@ -1,6 +1,6 @@
-"""The earlier reports' numbers: one module holds them (lab_utils.experiments.shared.anchors), every table, notebook,
-exercise and the time budget reads them from there, and every statement derived from them is redone
-here by hand.
+"""The earlier reports' numbers: one module holds them (lab_utils.experiments.shared.anchors), every table,
+notebook, exercise and the time budget reads them from there, and every statement derived from them is
+redone here by hand.
 
 The published numbers are quoted below by hand from SPEC.md, so these tests run on a clean clone.
 Where SPEC.md is beside the checkout (``../shared/SPEC.md``, as in CI and in a worktree, or
@@ -321,8 +321,8 @@ DISTINCTIVE = {x for x in ANCHOR_NUMBERS if x != round(x) and x not in (0.1, 0.5
 
 
 def test_one_copy_of_each_anchor():
-    """Every number quoted from an earlier report is written once, in lab_utils/experiments/shared/anchors.py; every
-    other module reads it from there (issue 32, item 7)."""
+    """Every number quoted from an earlier report is written once, in lab_utils/experiments/shared/anchors.py;
+    every other module reads it from there (issue 32, item 7)."""
     where: dict[float, set[str]] = {}
     for path in (repo_root() / "lab_utils").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -445,8 +445,8 @@ NO_SPEC = pytest.mark.skipif(_spec_md() is None, reason="no SPEC.md beside the c
 
 @NO_SPEC
 def test_every_anchor_number_is_in_spec_md():
-    """Every number of every constant of lab_utils.experiments.shared.anchors (but those NOT_IN_SPEC names) is a number
-    SPEC.md prints: nothing is quoted from a report that SPEC.md does not hold."""
+    """Every number of every constant of lab_utils.experiments.shared.anchors (but those NOT_IN_SPEC names) is
+    a number SPEC.md prints: nothing is quoted from a report that SPEC.md does not hold."""
     spec = _spec_text()
     printed = set(_floats(spec))
     printed |= {x * 1e3 for x in _floats(" ".join(re.findall(r"\d+(?:\.\d+)?k\b", spec)))}   # 2.1k, 16k
@@ -457,8 +457,8 @@ def test_every_anchor_number_is_in_spec_md():
 
 @NO_SPEC
 def test_anchors_are_what_spec_md_says():
-    """Every number of lab_utils.experiments.shared.anchors that SPEC.md holds is compared, in its place, with SPEC.md's
-    text as it now reads."""
+    """Every number of lab_utils.experiments.shared.anchors that SPEC.md holds is compared, in its place, with
+    SPEC.md's text as it now reads."""
     spec = _spec_text()
 
     def grab(pattern: str) -> list[float]:

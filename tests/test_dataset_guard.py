@@ -48,13 +48,14 @@ def test_no_settings_default_overrides_the_environment():
         for f in dataclasses.fields(cls):
             if f.name in DATA_FIELDS:
                 assert f.default is None, (cls.__qualname__, f.name, f.default)
-                checked.append(f"{cls.__module__.split('.')[2]}.{cls.__qualname__}.{f.name}")  # the notebook's package
+                # the notebook's package
+                checked.append(f"{cls.__module__.split('.')[2]}.{cls.__qualname__}.{f.name}")
         if cls in profiles._REGISTRY:
             for profile, values in profiles._REGISTRY[cls][0].items():
                 assert not set(values) & set(DATA_FIELDS), (cls.__qualname__, profile)
     assert {"n01_batch_sweep.Settings.dataset", "n02_scaling.Settings.dataset",
-            "n05_large_batch.Settings.dataset", "n08_speed_limits.Settings.dataset", "n06_gpt_ddp.Settings.corpus",
-            "n06_gpt_ddp.TrainConfig.corpus"} <= set(checked), checked
+            "n05_large_batch.Settings.dataset", "n08_speed_limits.Settings.dataset",
+            "n06_gpt_ddp.Settings.corpus", "n06_gpt_ddp.TrainConfig.corpus"} <= set(checked), checked
 
 
 @pytest.mark.timeout(60)

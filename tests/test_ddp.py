@@ -225,8 +225,8 @@ def worker_run(tmp_path_factory):
                          lr_rule="linear", base_batch=32, warmup_epochs=1.0, bucket_cap_mb=0.05)
             for b in (16, 32)}
     job = {"experiment": "ddp_test", "profile": "quick", "configs": [a.config() for a in args.values()]}
-    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=300, log_dir=root / "logs",
-                 threads_per_rank=1, env=env)
+    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=300,
+                 log_dir=root / "logs", threads_per_rank=1, env=env)
     res.records = [asdict(r) for r in res.records]  # as they are read back from the file (JSON)
     return res, args, root
 
@@ -306,7 +306,8 @@ def test_a_worker_takes_a_job_file_and_nothing_else(capsys, monkeypatch):
     monkeypatch.delenv("LAB_RANK_LOG_DIR", raising=False)
     assert serve(ddp, ["--lr-rule", "sqrt"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("usage: python -m lab_utils.experiments.n02_scaling.ddp_worker JOB.json") and "\n" not in err
+    assert (err.startswith("usage: python -m lab_utils.experiments.n02_scaling.ddp_worker JOB.json")
+            and "\n" not in err)
     assert not dist.is_initialized()
 
 
@@ -331,8 +332,8 @@ def skew(tmp_path_factory) -> dict[str, dict]:
     runs = {"normal": _skew_config(False), "slowed": _skew_config(True),
             "accumulation": _skew_config(True, accumulation_steps=2)}
     job = {"experiment": "skew", "profile": "quick", "configs": [a.config() for a in runs.values()]}
-    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=240, threads_per_rank=1,
-                 log_dir=tmp_path_factory.mktemp("skew"))
+    res = launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=2, timeout_s=240,
+                 threads_per_rank=1, log_dir=tmp_path_factory.mktemp("skew"))
     out: dict[str, dict] = {name: {"args": a} for name, a in runs.items()}
 
     def run_of(config: dict) -> str:
@@ -503,8 +504,8 @@ def test_worker_with_accumulation_records_it(tmp_path):
                      test_images=64, dataset="synthetic", num_workers=0, accumulation_steps=2,
                      lr_rule="linear", base_batch=8).validate()
     job = {"experiment": "acc", "profile": "quick", "configs": [args.config()]}
-    recs = [asdict(r) for r in launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=1, timeout_s=120,
-                                      threads_per_rank=1, log_dir=tmp_path).records]
+    recs = [asdict(r) for r in launch("lab_utils.experiments.n02_scaling.ddp_worker", job, nproc=1,
+                                      timeout_s=120, threads_per_rank=1, log_dir=tmp_path).records]
     agg = next(r for r in recs if r["config"]["record"] == "aggregate")
     c, m = agg["config"], agg["metrics"]
     assert c == args.config()

@@ -112,7 +112,8 @@ def test_how_one_number_is_measured_names_files_that_hold_it():
     text = README.read_text(encoding="utf-8")
     part = text[text.index("## How one number is measured"):text.index("## Where to read next")]
     said = re.findall(r"^\d\. `([\w/]+\.py)`, `(\w+)`", part, re.M)
-    assert [f for f, _ in said] == ["lab_utils/experiments/n01_batch_sweep/worker.py", "lab_utils/learn/loop.py",
+    assert [f for f, _ in said] == ["lab_utils/experiments/n01_batch_sweep/worker.py",
+                                    "lab_utils/learn/loop.py",
                                     "lab_utils/experiments/n01_batch_sweep/tables.py"]
     for path, function in said:
         assert re.search(rf"^def {function}\(", (REPO / path).read_text(), re.M), (path, function)
@@ -134,7 +135,8 @@ def test_how_one_number_is_measured_names_files_that_hold_it():
 
 
 def _anchor_numbers() -> set[float]:
-    """Every number lab_utils.experiments.shared.anchors quotes (values, and the GPUs and batch sizes of their keys)."""
+    """Every number lab_utils.experiments.shared.anchors quotes (values, and the GPUs and batch sizes of
+    their keys)."""
     out: set[float] = set()
 
     def walk(v):
@@ -158,8 +160,9 @@ def _anchor_numbers() -> set[float]:
 
 
 def test_the_notebook_tables_reference_numbers_are_the_anchors_or_recomputed_from_them():
-    """Each number in the README's "earlier cohorts' reference numbers" column is one lab_utils.experiments.shared.anchors
-    quotes, or one recomputed here from them (a number typed wrong, or no longer in the code, fails)."""
+    """Each number in the README's "earlier cohorts' reference numbers" column is one
+    lab_utils.experiments.shared.anchors quotes, or one recomputed here from them (a number typed wrong, or
+    no longer in the code, fails)."""
     a = anchors
     t1 = a.FIRST_COHORT_TABLE1_SECONDS
     slowest = {(b, n): a.GPT_RANK_SECONDS[(b, 1)][0] / max(a.GPT_RANK_SECONDS[(b, n)]) for b in (64, 128)

@@ -149,8 +149,8 @@ def test_a_check_runs_in_a_child_process_and_returns_its_measurement(tmp_path):
     d = doctor.run_child(cmd, 60, out)
     assert d["device"] == "cpu" and d["timed_phases"] == d["phases"] == 2000 and d["per_phase_seconds"] > 0
     with pytest.raises(RuntimeError, match="unknown doctor check 'nope'"):
-        doctor.run_child([sys.executable, "-m", "lab_utils.app.doctor", "--child", "nope", "--out", str(out)], 60,
-                         tmp_path / "missing.json")
+        doctor.run_child([sys.executable, "-m", "lab_utils.app.doctor", "--child", "nope", "--out", str(out)],
+                         60, tmp_path / "missing.json")
 
 
 # --------------------------------------------------------------------------- GPU checks against the fake

@@ -133,8 +133,9 @@ def _check_q01(f):
 
 
 def _check_q01_train_transform(f):
-    """The lab's loaders' pipeline (lab_utils.experiments.shared.data.train_transform) in the assignment's order, and the
-    solution's: the same transforms with the same values and the same images from every crop and flip."""
+    """The lab's loaders' pipeline (lab_utils.experiments.shared.data.train_transform) in the assignment's
+    order, and the solution's: the same transforms with the same values and the same images from every crop
+    and flip."""
     from lab_utils.app.grading import exercises as E
     from lab_utils.experiments.shared import data
 
@@ -154,8 +155,9 @@ def _check_q01_train_transform(f):
 
 
 def _check_q01_peak_memory(f):
-    """The solution against the lab's own line (lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory) on the
-    quick model's counted peaks (21,271,288 B at 32, 78,705,400 B at 128: 598,272 B per image) and a GPU's."""
+    """The solution against the lab's own line
+    (lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory) on the quick model's counted
+    peaks (21,271,288 B at 32, 78,705,400 B at 128: 598,272 B per image) and a GPU's."""
     from lab_utils.experiments.n01_batch_sweep.experiment import predict_peak_memory
 
     for case in ((32, 21_271_288, 128, 78_705_400, 512, 450_000_000),
@@ -490,7 +492,8 @@ def test_cohort_anchors_in_the_cases_are_the_published_ones(specs):
 
 def test_gpt_and_other_cohort_numbers_in_the_cases_are_the_published_ones(specs):
     """A case built from the GPT report or the other cohort holds their numbers exactly as
-    lab_utils.experiments.shared.anchors has them (per-rank lists, the report's means, the global-batch-32 times)."""
+    lab_utils.experiments.shared.anchors has them (per-rank lists, the report's means, the global-batch-32
+    times)."""
     from lab_utils.experiments.shared.anchors import (
         GPT_RANK_SECONDS,
         GPT_REPORTED_MEAN_SECONDS,

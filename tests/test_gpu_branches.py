@@ -774,12 +774,14 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
                      {"busbw_gb_per_s": 1.0, "correct": True, "world_size": 2})
         return launcher.LaunchResult(records=[rec], log_dir=tmp_path, wall_seconds=0.0)
 
-    def stream(mod, job, nproc=2, **kw):  # what lab_utils.engine.plan.measure launches through (experiment rows)
+    # what lab_utils.engine.plan.measure launches through (experiment rows)
+    def stream(mod, job, nproc=2, **kw):
         yield from launch(mod, job, nproc, **kw).records
 
     monkeypatch.setattr(launcher, "launch", launch)
     monkeypatch.setattr(launcher, "stream", stream)
-    if not module.endswith("worker"):   # not a torchrun worker (lab_utils.experiments.*.*worker): run in-process: stop at the site's function
+    # not a torchrun worker (lab_utils.experiments.*.*worker): run in-process: stop at the site's function
+    if not module.endswith("worker"):
         mod = importlib.import_module(module)
         top = branch.function.split(".")[0]
 

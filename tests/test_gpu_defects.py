@@ -308,7 +308,8 @@ def test_large_batch_and_allreduce_rows_are_measured_again_on_another_gpu_model(
     launched.clear()
     for _ in range(2):
         measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
-    assert launched == ["lab_utils.experiments.n04_allreduce.allreduce_worker"]  # the two sizes, one launch, then reused
+    # the two sizes, one launch, then reused
+    assert launched == ["lab_utils.experiments.n04_allreduce.allreduce_worker"]
     relabel(store, comm.BENCH)
     measure(lab_for(store), comm.ALLREDUCE_BENCH_EXPERIMENT, bs, verbose=False, machine=cpu)
     assert launched == ["lab_utils.experiments.n04_allreduce.allreduce_worker"] * 2

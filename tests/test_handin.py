@@ -231,9 +231,9 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_students_answers(tmp_path, mo
 
 
 def test_make_grade_reads_the_handin_json_make_report_writes(tmp_path, monkeypatch):
-    """The one format between the two: the reader of make grade (lab_utils/app/grading/provenance.py) takes the
-    file handin.build wrote, flags a quick CPU synthetic hand-in and none of a full GPU one, and gets its
-    Table 1 speedups and Table 3 GB/s for class_results."""
+    """The one format between the two: the reader of make grade (lab_utils/app/grading/provenance.py) takes
+    the file handin.build wrote, flags a quick CPU synthetic hand-in and none of a full GPU one, and gets
+    its Table 1 speedups and Table 3 GB/s for class_results."""
     from lab_utils.app.grading import provenance as grading
 
     quick_flags = [grading.QUICK, grading.SYNTHETIC, grading.CPU]

@@ -317,7 +317,8 @@ def test_a_failed_launch_is_error_rows_the_other_launch_goes_on_and_it_is_retrie
 
     def failing_launch(module, job, nproc, **kw):
         calls.append((module, nproc, len(job["configs"])))
-        raise LaunchError("The 2-process run of lab_utils.experiments.n02_scaling.ddp_worker failed (torchrun exit code 1).\n"
+        raise LaunchError("The 2-process run of lab_utils.experiments.n02_scaling.ddp_worker failed "
+                          "(torchrun exit code 1).\n"
                           "last log lines")
         yield
 
@@ -327,7 +328,8 @@ def test_a_failed_launch_is_error_rows_the_other_launch_goes_on_and_it_is_retrie
     s = _settings("quick", **tiny)
     with pytest.raises(LaunchError, match="2 run\\(s\\) of large_batch failed"):
         measure(lab_for(store), lb.LARGE_BATCH_EXPERIMENT, s, verbose=False, machine=CPU)
-    assert calls == [("lab_utils.experiments.n02_scaling.ddp_worker", 1, 1), ("lab_utils.experiments.n02_scaling.ddp_worker", 2, 4)]
+    assert calls == [("lab_utils.experiments.n02_scaling.ddp_worker", 1, 1),
+                     ("lab_utils.experiments.n02_scaling.ddp_worker", 2, 4)]
     recs = store.latest(lb.EXPERIMENT)
     assert [r.status for r in recs] == ["error"] * 2
     assert [r.config["tag"] for r in recs] == ["small batch (reference)", "large batch, same lr"]

@@ -66,7 +66,8 @@ def run_two_agents(job_dir: Path, env: dict[str, str]) -> list[str]:
     """The job's two torchrun agents, one worker each, meeting at a c10d rendezvous on 127.0.0.1, with
     the job's threads per rank (``OMP_NUM_THREADS``, as slurm/multinode.sbatch sets it)."""
     values = dict(line.split("=", 1) for line in (job_dir / "job.env").read_text().split())
-    assert values == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker", "NPROC_PER_NODE": "1", "THREADS_PER_RANK": "1"}
+    assert values == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker", "NPROC_PER_NODE": "1",
+                      "THREADS_PER_RANK": "1"}
     env = dict(env, OMP_NUM_THREADS=values["THREADS_PER_RANK"])
     rdzv = f"127.0.0.1:{free_port()}"
     children, logs = [], []
@@ -209,8 +210,8 @@ def test_each_rank_gets_the_plans_threads_on_two_nodes_as_on_one(tmp_path, profi
     assert _job_env(tmp_path)["THREADS_PER_RANK"] == str(one_node.threads)
     assert [r.threads for r in todo] == [one_node.threads]
     _job(tmp_path, profile, Machine(gpus=4, gpu_name="NVIDIA H100 80GB HBM3", cores=32, bf16=True), devices=8)
-    assert _job_env(tmp_path) == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker", "NPROC_PER_NODE": "4",
-                                  "THREADS_PER_RANK": ""}
+    assert _job_env(tmp_path) == {"WORKER": "lab_utils.experiments.n02_scaling.ddp_worker",
+                                  "NPROC_PER_NODE": "4", "THREADS_PER_RANK": ""}
 
 
 def test_collect_of_a_stopped_launch_says_stopped_and_stores_what_finished(tmp_path):

@@ -291,7 +291,8 @@ def test_dataparallel_oom_is_a_row_and_larger_batches_are_not_tried(store, monke
     exp = Experiment("dp", "02", scaling.Settings,
                      lambda *a: [r for r in scaling.plan(*a) if r.config["method"] == scaling.DP])
     res = plan.measure("quick", exp, s, machine=one_gpu)
-    assert tried == [32, 128] and [m for m, n, job in launch_here] == ["lab_utils.experiments.n02_scaling.dp_worker"]
+    assert (tried == [32, 128]
+            and [m for m, n, job in launch_here] == ["lab_utils.experiments.n02_scaling.dp_worker"])
     ok, oom, skipped = res
     assert ok.status == "ok" and ok.metrics["train_seconds"] == 1.0
     assert oom.status == "oom" and oom.reason == "OOM: CUDA out of memory. Tried to allocate 2.00 GiB"
@@ -315,8 +316,8 @@ def test_a_rank_oom_in_a_launch_keeps_earlier_batches_and_skips_larger(store, mo
             if r.config["method"] == scaling.DDP]
 
     def fake_stream(module, job, nproc, **kw):
-        assert (module, nproc, [c["batch_size"] for c in job["configs"]]) == ("lab_utils.experiments.n02_scaling.ddp_worker", 2,
-                                                                             [32, 128, 512])
+        assert (module, nproc, [c["batch_size"] for c in job["configs"]]) == (
+            "lab_utils.experiments.n02_scaling.ddp_worker", 2, [32, 128, 512])
         yield Record("scaling", job["configs"][0], {"train_seconds": 1.0})
         oom = "OOM: CUDA out of memory. Tried to allocate 1 GiB"
         raise LaunchError("rank 1 failed", failure={"status": "oom", "rank": 1, "config_index": 1,

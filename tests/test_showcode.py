@@ -21,4 +21,5 @@ def test_show_source_displays_every_function(monkeypatch):
     monkeypatch.setattr(showcode, "display", shown.append)
     showcode.show_source(loop.train_steps, ranks.aggregate_epoch)
     [md] = shown
-    assert "lab_utils.learn.loop.train_steps" in md.data and "lab_utils.learn.ranks.aggregate_epoch" in md.data
+    assert ("lab_utils.learn.loop.train_steps" in md.data
+            and "lab_utils.learn.ranks.aggregate_epoch" in md.data)

@@ -1266,7 +1266,8 @@ def test_multinode_readme_line_with_two_cpus_per_task_gives_the_one_node_records
     assert re.search(r"^job \d+: 2 nodes \(labn\[1-2\]\) x 1 gloo processes = 2 \(GPUs per node: 0, CPUs per "
                      r"node: 2\)$", job["out"], re.M), job["out"]
     assert re.search(r"^rendezvous: c10d at 10\.231\.\d+\.2:\d+ \(first node labn1\)$", job["out"], re.M)
-    assert "launch: 1 process(es) per node of lab_utils.experiments.n02_scaling.ddp_worker, 1 torch thread(s) each" in job["out"]
+    assert ("launch: 1 process(es) per node of lab_utils.experiments.n02_scaling.ddp_worker, "
+            "1 torch thread(s) each" in job["out"])
     multi = [r for r in job["records"] if r["config"]["record"] == "aggregate"][0]
     single = next(r for r in aggregates(two_process_job["results"]) if r["config"]["batch_size"] == 32)
     assert multi["config"]["tag"] == "nodes=2" and {**multi["config"], "tag": ""} == single["config"]

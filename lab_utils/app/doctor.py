@@ -365,7 +365,8 @@ def measure_int8_mm(m: Machine, device: str = "cuda") -> dict[str, Any]:
     """``torch._int_mm`` (cuBLAS int8) at 17 rows against an int32 matmul; whether 8 rows are refused.
     Where cuBLASLt has no int8 kernel for this GPU (``CUBLAS_STATUS_NOT_SUPPORTED``, reported on sm_70)
     the 17-row call raises: ``unavailable`` says why, as notebook 07's probe does
-    (:func:`lab_utils.experiments.n07_quantization.quant_variants.int_mm_probe`), and its rows then say what ran instead."""
+    (:func:`lab_utils.experiments.n07_quantization.quant_variants.int_mm_probe`), and its rows then say
+    what ran instead."""
     g = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randint(-100, 100, (17, 64), dtype=torch.int8, generator=g)
     b = torch.randint(-100, 100, (64, 64), dtype=torch.int8, generator=g)
@@ -675,9 +676,9 @@ def skip_reason(check: Check, m: Machine) -> str | None:
 
 
 def run_child(cmd: list[str], timeout_s: float, out_file: Path, what: str = "") -> dict[str, Any]:
-    """Run ``cmd`` (it writes JSON to ``out_file``) through :func:`lab_utils.engine.proc.run` (at ``timeout_s``
-    it and all it started are stopped: :class:`lab_utils.engine.proc.TimeLimit`); a failed child raises
-    ``RuntimeError`` with its last error line."""
+    """Run ``cmd`` (it writes JSON to ``out_file``) through :func:`lab_utils.engine.proc.run` (at
+    ``timeout_s`` it and all it started are stopped: :class:`lab_utils.engine.proc.TimeLimit`); a failed
+    child raises ``RuntimeError`` with its last error line."""
     res = proc.run(cmd, timeout_s, text=True, what=what or "the check")
     if res.returncode != 0 or not out_file.exists():
         lines = [ln for ln in (res.stderr or "").strip().splitlines() if ln.strip()]

@@ -105,8 +105,8 @@ def serve(worker: ModuleType, argv: list[str] | None = None) -> int:
     setup_rank_logging()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not Path(argv[0]).is_file():
-        print(f"usage: python -m {worker.__name__} JOB.json (a job file written by lab_utils.engine.launcher); "
-              f"got {argv}", file=sys.stderr, flush=True)
+        print(f"usage: python -m {worker.__name__} JOB.json (a job file written by "
+              f"lab_utils.engine.launcher); got {argv}", file=sys.stderr, flush=True)
         return 2
     job = Job.from_dict(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
     rank = int(os.environ.get("RANK", "0"))

@@ -53,8 +53,8 @@ def _short(text: str, limit: int) -> str:
 
 @dataclass
 class TableView:
-    """What :func:`lab_utils.engine.store.display_table` returns: the table's parts (pandas ``Styler`` objects, or
-    frames without jinja2) and its notes. A notebook cell ending with it renders it as HTML."""
+    """What :func:`lab_utils.engine.store.display_table` returns: the table's parts (pandas ``Styler``
+    objects, or frames without jinja2) and its notes. A notebook cell ending with it renders it as HTML."""
     parts: list
     notes: list[str]
 

@@ -206,8 +206,8 @@ def _handed_out_function(q: nbs.MasterQuestion, ex: Exercise, where: str):
 
 
 def _use_lab_grader(nb: dict, name: str) -> None:
-    """Make the student notebook's ``grader`` :class:`lab_utils.app.grading.checker.Notebook` (otter's, showing
-    a failing check's sentence first) in the init cell otter assign wrote."""
+    """Make the student notebook's ``grader`` :class:`lab_utils.app.grading.checker.Notebook` (otter's,
+    showing a failing check's sentence first) in the init cell otter assign wrote."""
     otter_init = f'grader = otter.Notebook("{name}")'
     cells = [c for c in nb["cells"] if c["cell_type"] == "code" and otter_init in nbs.source(c)]
     if len(cells) != 1:

@@ -898,7 +898,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
     Exercise(
         "q01_peak_memory", "predict_peak_memory", outputs=("peak_bytes", "largest_batch"), hint=_peak_hint,
         implemented_by=("lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory",
-                        "lab_utils.experiments.n01_batch_sweep.experiment.memory_line", "lab_utils.experiments.n01_batch_sweep.experiment.MemoryLine"),
+                        "lab_utils.experiments.n01_batch_sweep.experiment.memory_line",
+                        "lab_utils.experiments.n01_batch_sweep.experiment.MemoryLine"),
         giveaways=("line through the two", "through your two measurements", r"re:limit\W*-\W*fixed",
                    "round the largest batch down", "does not pass through 0"),
         mistakes=(
@@ -1169,7 +1170,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         show=_tokens_show,
         giveaways=(r"re:\bk\b\s+cancels", r"re:micro(batch)?\s*(x|×)?\s*block(size)?\s*/\s*\(\s*fixed",
                    "independent of the accumulation steps"),
-        implemented_by=("lab_utils.learn.flops.predicted_tokens_per_s", "lab_utils.learn.flops.step_time_line"),
+        implemented_by=("lab_utils.learn.flops.predicted_tokens_per_s",
+                        "lab_utils.learn.flops.step_time_line"),
         mistakes=(
             Mistake("the fixed part once per optimizer step", "each of the k = effective_batch / micro_batch "
                     "micro-steps runs its own forward and backward, so each pays the fixed part of the "

@@ -180,7 +180,8 @@ def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
 
 def cost(run: Run) -> float:
     """Seconds of one batch size on the budget's node, start-up excluded: ``epochs`` spec-path epochs
-    on one GPU (:func:`lab_utils.experiments.shared.estimates.spec_epoch_seconds`) over its training images."""
+    on one GPU (:func:`lab_utils.experiments.shared.estimates.spec_epoch_seconds`) over its training
+    images."""
     c = run.config
     epoch = estimates.spec_epoch_seconds(1, c["batch_size"]) * c["train_images"] / CIFAR10_TRAIN_SIZE
     return c["epochs"] * epoch

@@ -306,7 +306,8 @@ def save_memory_table(store: ResultStore, table, records: Sequence[Record]):
     measured_as = {measured_peak_bytes(r)[1] for r in records if measured_peak_bytes(r)[0] is not None}
     limit = _limit_bytes(records)
     notes = [f"Fitted to the peaks measured at batch {batch_a} and {batch_b}; lab model: the line through "
-             "them (lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory); yours: Exercise 01-c.",
+             "them (lab_utils.experiments.n01_batch_sweep.experiment.predict_peak_memory); yours: "
+             "Exercise 01-c.",
              f"Measured ({'; '.join(sorted(measured_as))}): on a GPU torch.cuda.max_memory_allocated over "
              "the reported epoch, on a CPU the bytes of the largest step counted under MEMORY_CAP_BYTES. "
              "MB = 1e6 bytes. A row that did not fit (oom) or was not run has no measurement.",

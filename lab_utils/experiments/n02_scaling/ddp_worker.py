@@ -89,8 +89,8 @@ TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over r
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One ResNet-18 run (DDP here, DataParallel in :mod:`lab_utils.experiments.n02_scaling.dp_worker`), every value
-    resolved: what the plan writes, the worker reads, and the records' ``config`` holds.
+    """One ResNet-18 run (DDP here, DataParallel in :mod:`lab_utils.experiments.n02_scaling.dp_worker`),
+    every value resolved: what the plan writes, the worker reads, and the records' ``config`` holds.
 
     ``batch_size`` is per device; ``devices`` the world size; ``backend`` "nccl" (a GPU per rank) or
     "gloo" (CPU processes). ``train_images`` / ``test_images`` are counts, ``dataset`` "cifar10" or

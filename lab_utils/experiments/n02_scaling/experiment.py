@@ -229,7 +229,8 @@ def plan_compute_vs_comm(settings: Settings, machine: Machine, profile: str) -> 
 
 def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: ``epochs`` spec-path epochs
-    (:func:`lab_utils.experiments.shared.estimates.spec_epoch_seconds`); the probe of notebook 03 adds 0.1 epoch."""
+    (:func:`lab_utils.experiments.shared.estimates.spec_epoch_seconds`); the probe of notebook 03 adds
+    0.1 epoch."""
     c = run.config
     epochs = c["epochs"] + (0.1 if c.get("measure_comm") else 0.0)
     per_epoch = (estimates.dp_epoch_seconds(c["devices"], c["batch_size"]) if c["method"] == DP

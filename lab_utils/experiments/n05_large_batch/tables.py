@@ -161,7 +161,8 @@ def _notes(records: Sequence[Record], s: Settings, profile: str, plan: DevicePla
 def save_large_batch_table(store: ResultStore, records: Sequence[Record], settings: Settings,
                            plan: DevicePlan | None = None):
     """Save ``tables/large_batch.md`` and ``.csv``; return the DataFrame. ``plan``: the device plan the
-    runs were made with (None: this machine's, :func:`~lab_utils.experiments.n05_large_batch.experiment.plan_devices`)."""
+    runs were made with (None: this machine's,
+    :func:`~lab_utils.experiments.n05_large_batch.experiment.plan_devices`)."""
     plan = plan or plan_devices(settings, Machine.here())
     table = large_batch_table(records, settings)
     store.save_table(table, EXPERIMENT, list(records),

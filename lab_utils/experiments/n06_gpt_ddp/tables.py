@@ -55,9 +55,10 @@ def _ok(records: Sequence[Record]) -> list[Record]:
 
 
 def earlier_report_frame():
-    """The earlier project's per-rank table (:data:`lab_utils.experiments.shared.anchors.GPT_RANK_SECONDS`) with its
-    speedup T(1)/T(N) on the report's mean over ranks (as published, three above N) and on the SLOWEST
-    rank, which every step waits for. Seconds as published; speedups to 2 decimals, as the report gave."""
+    """The earlier project's per-rank table (:data:`lab_utils.experiments.shared.anchors.GPT_RANK_SECONDS`)
+    with its speedup T(1)/T(N) on the report's mean over ranks (as published, three above N) and on the
+    SLOWEST rank, which every step waits for. Seconds as published; speedups to 2 decimals, as the report
+    gave."""
     ranks = max(len(t) for t in GPT_RANK_SECONDS.values())
     rows = []
     for (b, n), times in sorted(GPT_RANK_SECONDS.items()):
@@ -190,11 +191,11 @@ def _unequal_work_note(tokens: int | None, tokens_one: int | None, devices: int)
 
 
 _SCALING_TIME_BASIS = [
-    "Time basis (names as in lab_utils.learn.metrics): T(N) is epoch_seconds, the slowest rank's wall time of "
-    "the reported epoch's training pass, run uninstrumented (the device synchronized at its two ends only; "
-    "loader waits included, validation excluded). Notebooks 02 and 03 take T(N) = train_seconds instead, "
-    "the sum of synchronized phases without the loader and skew waits; this GPT's instrumented pass has "
-    "those phases (gpt_rank_breakdown). 'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N. "
+    "Time basis (names as in lab_utils.learn.metrics): T(N) is epoch_seconds, the slowest rank's wall time "
+    "of the reported epoch's training pass, run uninstrumented (the device synchronized at its two ends "
+    "only; loader waits included, validation excluded). Notebooks 02 and 03 take T(N) = train_seconds "
+    "instead, the sum of synchronized phases without the loader and skew waits; this GPT's instrumented pass "
+    "has those phases (gpt_rank_breakdown). 'speedup T1/TN' = T(1)/T(N), 'efficiency' = speedup / N. "
     "'tokens/s': all ranks' tokens / T(N) (epoch_tokens_per_s); MFU on it. 'speedup on tokens/s (equal "
     "work)' = tokens/s(N) / tokens/s(1). Every speedup: lab_utils.learn.speedup.speedup.",
     "tokens trained (epoch): all ranks' tokens in the reported epoch; work vs 1 device: that / the "
@@ -442,7 +443,8 @@ def save_scaling_tables(store: ResultStore, records: Sequence[Record], settings:
                      title="GPT: per-rank breakdown of the reported epoch",
                      notes=["Every rank's record: epoch = its uninstrumented training pass (loader waits "
                             "included), validation; 'mean' is the average over ranks.",
-                            "ms/step: the rank's instrumented pass (lab_utils.experiments.n06_gpt_ddp.worker, "
+                            "ms/step: the rank's instrumented pass "
+                            "(lab_utils.experiments.n06_gpt_ddp.worker, "
                             "breakdown), each phase synchronized; skew wait = the loop's barrier before each "
                             "synchronizing micro-step, waiting for the other ranks (as in notebooks 02 and "
                             "03)."])

@@ -237,7 +237,8 @@ _INT_MM_PAD_NOTE = (f"matmuls of <= 16 rows (batch-1 decoding) padded to {INT_MM
 
 def torchao_parts(variant: str):
     """``(torchao.quantization, the configuration class of variant)``, for a torchao variant that
-    :func:`check_variant` found available (:func:`~lab_utils.experiments.n07_quantization.quant_model.quantize_model` checks)."""
+    :func:`check_variant` found available
+    (:func:`~lab_utils.experiments.n07_quantization.quant_model.quantize_model` checks)."""
     with _quiet_torchao_import():
         tq = importlib.import_module("torchao.quantization")
     return tq, getattr(tq, TORCHAO_CONFIGS[variant])

@@ -142,7 +142,8 @@ def intensity_frame(settings: Settings, block_size: int):
     (batch x the timed decoding's mean context: no KV cache), the bytes per weight as stored, the precision
     the matmul multiplies in (weight-only int8 dequantizes to the fp32 activations), the intensity against the
     weights (FLOP per weight byte) and the reference H100 SXM's ridge for THAT precision
-    (:func:`~lab_utils.experiments.n07_quantization.quant_timing.ridge_flops_per_byte`), and which side of it the step is on."""
+    (:func:`~lab_utils.experiments.n07_quantization.quant_timing.ridge_flops_per_byte`), and which side of
+    it the step is on."""
     ctx = mean_context_tokens(settings.prompt_tokens, settings.new_tokens, block_size)
     rows = []
     for what, batch in (("batch 1", 1), ("large batch, CPU", settings.cpu_large_batch),

@@ -55,7 +55,8 @@ METRICS_VERSION = 4
 
 @dataclass(frozen=True)
 class Settings:
-    """Per-profile knobs of notebook 08 and the two benchmarks (values: :data:`lab_utils.engine.profiles.FAST`).
+    """Per-profile knobs of notebook 08 and the two benchmarks (values:
+    :data:`lab_utils.engine.profiles.FAST`).
 
     ``train_images`` / ``data_images`` of None mean the whole training split.
     """

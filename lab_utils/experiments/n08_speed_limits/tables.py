@@ -1,5 +1,6 @@
-"""Notebook 08's tables, figure and summaries from the records of :mod:`lab_utils.experiments.n08_speed_limits.experiment`
-(``bench_data``, ``bench_train``, ``fastpath_trace``, ``fastpath_accuracy``), and the ``python -m lab_utils
+"""Notebook 08's tables, figure and summaries from the records of
+:mod:`lab_utils.experiments.n08_speed_limits.experiment` (``bench_data``, ``bench_train``, ``fastpath_trace``,
+``fastpath_accuracy``), and the ``python -m lab_utils
 bench data|train`` commands that measure and print them. Rates: ``loader_images_per_s`` (the loader alone),
 ``epoch_images_per_s`` (over the whole epoch, loader waits included); see :mod:`lab_utils.learn.metrics`.
 """
@@ -217,7 +218,8 @@ def accuracy_table(records: Sequence[Record]):
 
 
 def top_ops_table(records: Sequence[Record]):
-    """The trace's top operators, in :func:`lab_utils.experiments.n08_speed_limits.worker.top_operators`' column order."""
+    """The trace's top operators, in :func:`lab_utils.experiments.n08_speed_limits.worker.top_operators`'
+    column order."""
     top = pd.DataFrame(records[0].metrics.get("top_ops") or [])
     return top[[c for c in ("operator", "calls", "self_ms", "percent", "self_cpu_ms") if c in top]]
 
