@@ -2,7 +2,8 @@
 
 - four floors, each importing only its own and the floors below: ``learn < engine < experiments < app``.
   ``learn`` (what a student reads) imports nothing of the lab but ``learn`` and nothing outside the
-  standard library but torch (with numpy, and tqdm for the progress bar); ``engine`` runs an experiment; ``experiments`` holds one package per
+  standard library but torch (with numpy, and tqdm for the progress bar); ``engine`` runs an
+  experiment; ``experiments`` holds one package per
   notebook (``nNN_name/``) and ``shared/``, which imports no notebook's package; nothing imports ``app``
   (the command line, runner, doctor, hand-in, time budget, grading) but ``app``;
 - no import cycle;
@@ -132,15 +133,21 @@ def test_profile_values_in_one_module():
 
 @pytest.mark.parametrize("mod", sorted(m for m in GRAPH if layer(m) == "learn"))
 def test_learn_imports_torch_and_itself_only(mod):
-    """What a student reads stands alone: nothing of the lab outside ``learn``, nothing installed but torch."""
+    """What a student reads stands alone: nothing of the lab outside ``learn``, nothing installed but
+    torch."""
     assert {d for d in GRAPH[mod] if layer(d) != "learn"} == set()
     third_party = set()
     for node in ast.walk(ast.parse(modules()[mod].read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
         third_party |= {n.split(".")[0] for n in names}
     # numpy comes with torch (the ring's least squares); tqdm draws the loop's progress bar
-    assert third_party - sys.stdlib_module_names - {"torch", "numpy", "tqdm", "lab_utils", "__future__"} == set()
+    allowed = {"torch", "numpy", "tqdm", "lab_utils", "__future__"}
+    assert third_party - sys.stdlib_module_names - allowed == set()
 
 
 def test_shared_imports_no_notebook_package():
@@ -196,8 +203,13 @@ def test_train_steps_takes_at_most_ten_parameters():
     from lab_utils.learn.loop import run_epoch, train_steps
 
     assert len(inspect.signature(train_steps).parameters) <= 10
-    assert "run_epoch" in (PKG / "experiments" / "n02_scaling" / "ddp_worker.py").read_text()  # the DDP worker's epochs go through it
+    # the DDP worker's epochs go through it
+    assert "run_epoch" in (PKG / "experiments" / "n02_scaling" / "ddp_worker.py").read_text()
     assert run_epoch is not None
+
+
+EPOCH_WORKERS = ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py",
+                 "experiments/n01_batch_sweep/worker.py", "experiments/n02_scaling/dp_worker.py")
 
 
 def test_every_training_path_goes_through_the_one_epoch_driver():
@@ -207,10 +219,10 @@ def test_every_training_path_goes_through_the_one_epoch_driver():
         return any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == name
                    for n in ast.walk(ast.parse(path.read_text())))
 
-    for rel in ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py", "experiments/n01_batch_sweep/worker.py", "experiments/n02_scaling/dp_worker.py",
+    for rel in (*EPOCH_WORKERS,
                 "experiments/n08_speed_limits/fast_train.py"):  # the fast path's Trainer.epoch
         assert calls(PKG / rel, "run_epoch"), rel
-    for rel in ("experiments/n02_scaling/ddp_worker.py", "experiments/n06_gpt_ddp/worker.py", "experiments/n01_batch_sweep/worker.py", "experiments/n02_scaling/dp_worker.py"):
+    for rel in EPOCH_WORKERS:
         assert not calls(PKG / rel, "train_steps"), rel
 
 
@@ -256,8 +268,9 @@ def test_the_layers_are_the_designs():
                 "lab_utils.experiments.registry": "experiments",
                 "lab_utils.experiments.n02_scaling.experiment": "experiments",
                 "lab_utils.experiments.shared.rows": "experiments",
-                "lab_utils.app.doctor": "app", "lab_utils.app.time_budget": "app", "lab_utils.engine.multinode": "engine",
-                "lab_utils.app.runner": "app", "lab_utils.app.grading.grade": "app", "lab_utils.__main__": "app"}
+                "lab_utils.app.doctor": "app", "lab_utils.app.time_budget": "app",
+                "lab_utils.engine.multinode": "engine", "lab_utils.app.runner": "app",
+                "lab_utils.app.grading.grade": "app", "lab_utils.__main__": "app"}
     assert {m: layer(m) for m in expected} == expected
 
 
@@ -301,7 +314,8 @@ def top_level_names(tree: ast.Module) -> list[str]:
 
 
 # a notebook's modules and the registry (shared/ holds the tables of facts: anchors, data, estimates)
-SHAPED = sorted(m for m in GRAPH if layer(m) == "experiments" and not m.startswith("lab_utils.experiments.shared"))
+SHAPED = sorted(m for m in GRAPH
+                if layer(m) == "experiments" and not m.startswith("lab_utils.experiments.shared"))
 
 
 @pytest.mark.parametrize("mod", SHAPED)
