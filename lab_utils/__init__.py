@@ -1,17 +1,18 @@
 """lab_utils: the tested package behind the deep-learning training-performance lab.
 
-Notebooks in ``labs/`` stay thin and call into it. Its folders are its layers; each
-imports only the layers listed before it (``tests/test_architecture.py`` checks):
+Notebooks in ``labs/`` stay thin and call into it. It is laid out for its three readers, in four floors;
+each imports only its own floor and those below it (``tests/test_architecture.py`` checks):
 
-- :mod:`lab_utils.core`         what a student reads: the one training loop and evaluate,
-                                timers, the distributed context, ring formulas, data, machine
-- :mod:`lab_utils.learn.models`       the CIFAR ResNet-18 and the GPT of part 2
-- :mod:`lab_utils.engine.store`, :mod:`lab_utils.engine.launcher`, :mod:`lab_utils.profiles`
-                                the result store, torchrun launching, every notebook's quick/full values
-- :mod:`lab_utils.workers`      torchrun entry points (argv -> settings -> core loop -> records)
-- :mod:`lab_utils.experiments`  one module per notebook
-- the top: :mod:`lab_utils.app.runner` (headless execution, the report), ``python -m lab_utils``,
-  grading, the question map, time estimates
+- :mod:`lab_utils.learn`        what a student reads: the training loop, timers, rank aggregation,
+                                communication hooks, ring formulas, the hand-made DDP, FLOPs, the
+                                metrics glossary, the models; imports torch and itself only
+- :mod:`lab_utils.engine`       what runs an experiment: settings and profiles, the plan and its
+                                measure, torchrun launching, the worker harness, records and the store,
+                                the machine and its hardware
+- :mod:`lab_utils.experiments`  one package per notebook (``n01_batch_sweep`` ... ``n09_build_ddp``:
+                                its settings, plan, workers and tables), ``shared/`` and the registry
+- :mod:`lab_utils.app`          what instructors and the command line use: ``python -m lab_utils``,
+                                the headless runner, doctor, the hand-in, the time budget, grading
 """
 
 from lab_utils.learn.errors import LabError

@@ -499,5 +499,5 @@ def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch
                           dataset="synthetic")
     with pytest.raises(LaunchError):   # the fake launches write no record: the runs are rows that say so
         measure(lab, scaling.SCALING_EXPERIMENT, s)
-    assert sorted(seen) == [("lab_utils.experiments.n02_scaling.dp_worker", 1, False, set()),
-                            ("lab_utils.experiments.n02_scaling.ddp_worker", 2, False, set())]
+    assert sorted(seen) == [("lab_utils.experiments.n02_scaling.ddp_worker", 2, False, set()),
+                            ("lab_utils.experiments.n02_scaling.dp_worker", 1, False, set())]

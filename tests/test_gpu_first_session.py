@@ -475,8 +475,9 @@ def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(f
     assert [r.verdict for r in rows] == ["ok", "ok"], [r.measured for r in rows]
     # 02: DataParallel on 1 and 2 GPUs, DDP on 1 and 2 (4: a row "needs 4 GPUs"); 03: T(1), DataParallel and
     # DDP with the probe on 2 (its own scratch store: T(1) again)
-    assert seen == [("dataparallel", 1, False), ("dataparallel", 1, False), ("ddp", 1, False),
-                    ("ddp", 2, False), ("ddp", 1, False), ("dataparallel", 1, False), ("ddp", 2, False)]
+    dp, ddp = "dp_worker", "ddp_worker"
+    assert seen == [(dp, 1, False), (dp, 1, False), (ddp, 1, False),
+                    (ddp, 2, False), (ddp, 1, False), (dp, 1, False), (ddp, 2, False)]
     assert "compute mode Exclusive_Process" in rows[0].measured and "needs 4 GPUs" in rows[0].measured
     real = doctor._cuda_initialized       # a kernel that opened a context before the launches: the row fails
     monkeypatch.setattr(doctor, "_cuda_initialized", lambda: True)

@@ -52,7 +52,7 @@ def test_a_sigterm_before_torch_has_loaded_is_one_line(tmp_path):
     on a busy node, where SLURM's time-limit warning can come): the signal comes from the GPU-node guard,
     before torch is imported. Without the handler the process died from it, silently; and it is the
     caller's again afterwards."""
-    code = ("import os, signal, sys\nfrom lab_utils import __main__ as cli\n"
+    code = ("import os, signal, sys\nfrom lab_utils.app import cli\n"
             "cli._gpu_node_guard = lambda profile: os.kill(os.getpid(), signal.SIGTERM)\n"
             "code = cli.main(['measure', 'scaling', '--profile', 'quick'])\n"
             "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL\n"

@@ -350,7 +350,7 @@ def test_a_signal_while_the_runner_loads_is_one_line_and_a_report(results_dir, t
     (tests/test_slurm.py's one-minute limit, once, on a slow node). Here the signal comes from the GPU-node
     guard, which runs after the runner module is imported and before the run installs handlers itself."""
     nb = _notebook(tmp_path / "97_never.ipynb", ["print('never started')"])
-    code = ("import os, signal, sys\nfrom lab_utils import __main__ as cli\n"
+    code = ("import os, signal, sys\nfrom lab_utils.app import cli\n"
             "cli._gpu_node_guard = lambda profile: os.kill(os.getpid(), signal.SIGTERM)\n"
             f"sys.exit(cli.main(['run', {str(nb)!r}, '--profile', 'quick', '--timeout', '60']))\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=100,

@@ -59,7 +59,7 @@ CPU. Hand in the folder `results/full/handin/` (`report.html` prints to PDF from
 notebooks `labs/NN_*.ipynb`, as your instructor asks.
 """
 PLACEHOLDER = "_Write your answer here._"
-LABS_DIR = Path(__file__).resolve().parents[1] / "labs"
+LABS_DIR = Path(__file__).resolve().parents[2] / "labs"  # lab_utils/app/handin.py
 
 
 # --------------------------------------------------------------------------- provenance

@@ -23,7 +23,7 @@ def source_markdown(obj: Callable[..., Any] | type) -> str:
     lines, first = inspect.getsourcelines(target)
     path = Path(inspect.getsourcefile(target) or "?")
     try:
-        where = path.relative_to(Path(__file__).resolve().parent.parent)
+        where = path.relative_to(Path(__file__).resolve().parents[2])  # the checkout
     except ValueError:
         where = path
     name = f"{target.__module__}.{target.__qualname__}"

@@ -29,7 +29,7 @@ from lab_utils.app.grading.giveaways import without_discussion
 from lab_utils.engine import config
 from lab_utils.learn.errors import LabError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # lab_utils/app/grading/build.py
 LABS_DIR = REPO / "labs"
 DIST_DIR = REPO / "dist"
 MANIFEST = "manifest.json"

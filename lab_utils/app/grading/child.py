@@ -100,8 +100,9 @@ def _describe(event: str, args: tuple) -> str:
     return f"{event} {str(args[:1])[:80]}"
 
 
+_LAB_PKG = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab_utils/
 _LIBRARY = tuple(p for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, "/usr", "/proc/self", "/dev/null",
-                             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))} if p)
+                             _LAB_PKG} if p)
 
 
 def _library_read(event: str, args: tuple) -> bool:
