@@ -23,7 +23,9 @@ from lab_utils.experiments.n06_gpt_ddp.worker import (
 )
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, train_steps
-from lab_utils.learn.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
+from lab_utils.learn.models.gpt import GPT, lm_loss
+from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
+from lab_utils.learn.models.gpt_sizes import gpt_config
 
 VOCAB, K, B, T = 11, 4, 3, 16
 
@@ -341,7 +343,7 @@ def test_mfu_of_a_run_whose_answer_is_known(one_thread, monkeypatch):
 
     from lab_utils.experiments.shared.text_data import load_splits
     from lab_utils.learn import loop
-    from lab_utils.learn.models.gpt import train_flops_per_token
+    from lab_utils.learn.models.gpt_sizes import train_flops_per_token
 
     clock = SimpleNamespace(t=100.0)
     step_s, tokens_per_step = 0.040, 4 * 2 * 64
