@@ -142,9 +142,9 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             left = o.accumulation_steps if n_batches is None else n_batches - i
             group_size = max(1, min(o.accumulation_steps, left))
         last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
-        # the barrier comes before each micro-step that starts a collective: the last one (the
-        # gradient all-reduce in backward) and, with accumulation, the first one, whose forward
-        # DDP opens with a broadcast of the BatchNorm buffers
+        # DDP extension, the skew barrier: it comes before each micro-step that starts a collective: the
+        # last one (the gradient all-reduce in backward) and, with accumulation, the first one, whose
+        # forward DDP opens with a broadcast of the BatchNorm buffers
         if token is not None and (last or (pos == 0 and _forward_syncs_buffers(ddp))):
             with timer.phase("skew_wait"):
                 dist.all_reduce(token)
@@ -153,7 +153,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         with timer.phase("compute"):
             if pos == 0:
                 optimizer.zero_grad(set_to_none=True)
-            # DDP all-reduces in the backward of a forward run outside no_sync: only the last micro-step's
+            # DDP extension, accumulation: DDP all-reduces in the backward of a forward run outside
+            # no_sync: only the last micro-step's
             with ddp.no_sync() if not last and isinstance(ddp, DistributedDataParallel) else nullcontext():
                 with sub("forward"), autocast():
                     logits = ddp(x)
@@ -180,7 +181,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             sc = comm_timer.finish_step()
             out.allreduce_seconds += sc.allreduce_busy_seconds
             out.exposed_tail_seconds += sc.exposed_tail_seconds
-            # the exposed wait happened inside the compute phase: move it to communication
+            # DDP extension, comm timing: the exposed wait happened inside the compute phase: move it to
+            # communication
             timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
             timer.add("communication", sc.exposed_tail_seconds)
         out.images += int(y.shape[0])
