@@ -290,7 +290,7 @@ def test_loss_falls_on_the_offline_corpus(one_thread, tmp_path):
 def _counting_syncs(monkeypatch):
     """Count every device synchronization the lab's timers and loop make (on a CPU they are no-ops, but
     they are called: the same calls synchronize a GPU)."""
-    from lab_utils.learn import comm_hooks, loop, timing
+    from lab_utils.learn import comm_probe, evaluation, loop, timing
 
     calls = [0]
     real = timing.synchronize
@@ -299,7 +299,7 @@ def _counting_syncs(monkeypatch):
         calls[0] += 1
         real(device)
 
-    for module in (timing, loop, comm_hooks):
+    for module in (timing, loop, evaluation, comm_probe):
         monkeypatch.setattr(module, "synchronize", counted)
     return calls
 

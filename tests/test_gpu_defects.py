@@ -473,11 +473,11 @@ def test_dataparallel_peak_memory_is_every_gpus(fake_gpu):
 
     gpu = fake_gpu(count=2)
     dp = nn.DataParallel(nn.Linear(2, 2))
-    devices = devices.model_devices(dp, torch.device("cuda", 0))
-    assert devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    gpus = devices.model_devices(dp, torch.device("cuda", 0))
+    assert gpus == [torch.device("cuda", 0), torch.device("cuda", 1)]
     gpu.allocate(3 * 2 ** 30, 0)
     gpu.allocate(5 * 2 ** 30, 1)
-    assert [devices.peak_memory(d) for d in devices] == [3 * 2 ** 30, 5 * 2 ** 30]
+    assert [devices.peak_memory(d) for d in gpus] == [3 * 2 ** 30, 5 * 2 ** 30]
     assert devices.model_devices(nn.Linear(2, 2), torch.device("cuda", 0)) == [torch.device("cuda", 0)]
 
 
