@@ -138,7 +138,8 @@ def comm(a, rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from lab_utils.learn.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.learn.comm_hooks import AllReduceTimer
+    from lab_utils.learn.comm_probe import probe_exposed_comm
 
     torch.set_num_threads(1)
     inputs, outputs = 256, 10

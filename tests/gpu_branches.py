@@ -456,7 +456,7 @@ HANDMADE = BR + "test_a_hand_made_replicas_step_is_timed_from_the_barrier_to_its
 DECODE = BR + "test_interleaved_decoding_times_each_model_alone"
 
 INVENTORY: tuple[Branch, ...] = (
-    # learn/comm_hooks.py: DDP's communication hook and the no_sync probe
+    # learn/comm_hooks.py, learn/comm_probe.py: DDP's communication hook and the no_sync probe
     B("learn/comm_hooks.py", "AllReduceTimer.__init__", "dev.type == 'cuda'",
       "the hook's clock is CUDA events on a GPU", EVENTS),
     B("learn/comm_hooks.py", "AllReduceTimer._stamp", "self.cuda", "records a timing CUDA event", EVENTS),
@@ -464,7 +464,7 @@ INVENTORY: tuple[Branch, ...] = (
       "event.elapsed_time (ms) -> seconds", EVENTS),
     B("learn/comm_hooks.py", "AllReduceTimer.finish_step", "self.cuda",
       "synchronizes the device before reading the events", EVENTS),
-    B("learn/comm_hooks.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
+    B("learn/comm_probe.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
       "NCCL barrier with device_ids=[index]", BR + "test_a_barrier_on_nccl_names_the_gpu_by_index"),
     # experiments/shared/data.py
     B("experiments/shared/data.py", "make_loaders", "torch.cuda.is_available()", "pinned host memory for the GPU",
@@ -501,8 +501,8 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
-    # learn/handmade.py: notebook 09's memory of each implementation
-    B("learn/handmade.py", "memory_use", "device.type == 'cuda'",
+    # learn/replica_memory.py: notebook 09's memory of each implementation
+    B("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "memory_allocated before the build and after the warm-up, max_memory_allocated over the measured step "
       "after reset_peak_memory_stats", MEMORY_USE),
     # engine/hardware.py
@@ -521,17 +521,17 @@ INVENTORY: tuple[Branch, ...] = (
     B("engine/hardware.py", "hardware_summary", "torch.cuda.is_available()", "the record's device is the GPU",
       QUERIES),
     B("engine/hardware.py", "hardware_summary", "dtype == 'cuda'", "device_count = the visible GPUs", QUERIES),
-    # learn/loop.py
-    B("learn/loop.py", "default_device", "torch.cuda.is_available()", "cuda", BENCH),
-    B("learn/loop.py", "peak_memory", "device.type == 'cuda'", "max_memory_allocated (bytes)",
+    # learn/loop.py, learn/devices.py, learn/evaluation.py
+    B("learn/devices.py", "default_device", "torch.cuda.is_available()", "cuda", BENCH),
+    B("learn/devices.py", "peak_memory", "device.type == 'cuda'", "max_memory_allocated (bytes)",
       BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("learn/loop.py", "reset_peak_memory", "device.type == 'cuda'", "reset_peak_memory_stats",
+    B("learn/devices.py", "reset_peak_memory", "device.type == 'cuda'", "reset_peak_memory_stats",
       BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("learn/loop.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and "
+    B("learn/devices.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and "
       "model.device_ids", "DataParallel: each GPU's peak",
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
     B("learn/loop.py", "train_steps", "device.type == 'cuda'", "non_blocking host-to-device copies", COPIES),
-    B("learn/loop.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
+    B("learn/evaluation.py", "evaluate", "device.type == 'cuda'", "non_blocking copies from pinned memory", COPIES),
     # engine/machine.py: the machine a plan is made for
     B("engine/machine.py", "Machine.device", "self.gpus", "a one-device experiment's runs go to cuda", MACHINE),
     B("engine/machine.py", "Machine.describe", "self.gpus", "'N x <GPU name>'", MACHINE),
@@ -699,24 +699,24 @@ INVENTORY: tuple[Branch, ...] = (
       HANDIN + "test_make_grade_reads_the_handin_json_make_report_writes", cuda_only=False),
 
     # ------------------------------------------------------------------ GPU lines (issue 49)
-    # learn/comm_hooks.py
+    # learn/comm_hooks.py, learn/comm_probe.py
     B("learn/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
       "the event on the current stream (in a callback: the stream that waits for NCCL)", EVENTS),
     B("learn/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
       "waits for the rank's GPU before the events are read", EVENTS),
-    B("learn/comm_hooks.py", "_barrier",
+    B("learn/comm_probe.py", "_barrier",
       "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
       "NCCL's barrier on the rank's GPU (no index: the current one)", BARRIER),
-    B("learn/comm_hooks.py", "_barrier", "synchronize(device)", "the device idle before the probe's clock",
+    B("learn/comm_probe.py", "_barrier", "synchronize(device)", "the device idle before the probe's clock",
       PROBE),
-    B("learn/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
+    B("learn/comm_probe.py", "probe_exposed_comm.one", "synchronize(device)",
       "a probe step ends when its kernels and all-reduces do", PROBE),
-    # learn/handmade.py: notebook 09's memory of each implementation
-    *(B("learn/handmade.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
+    # learn/replica_memory.py: notebook 09's memory of each implementation
+    *(B("learn/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
       for n, what in ((1, "the device idle before the first counter is read"),
                       (2, "the warm-up done before the held bytes are read"),
                       (3, "the measured step done before its peak is read"))),
-    B("learn/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+    B("learn/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "the measured GPU's peak reset before the measured step",
       BR + "test_memory_use_resets_the_measured_gpus_peak"),
     # app/bench_timers.py: each arm of the paired timer overhead
@@ -735,21 +735,21 @@ INVENTORY: tuple[Branch, ...] = (
     *(B("engine/hardware.py", "<module>", f"PEAK_TFLOPS[{pattern!r}]", f"{pattern}'s dense peaks", PEAKS)
       for pattern in ("H100 NVL", "H100 PCIe", "H100", "H200 NVL", "H200", "A100", "L40S", "A10", "V100-SXM2",
                       "V100-PCIE", "V100S", "RTX 8000", "T4")),
-    # learn/loop.py
-    B("learn/loop.py", "wrap_data_parallel", "device_ids=device_ids", "DataParallel on the GPUs it is given",
+    # learn/loop.py, learn/devices.py, learn/evaluation.py
+    B("learn/devices.py", "wrap_data_parallel", "device_ids=device_ids", "DataParallel on the GPUs it is given",
       DP_GPUS),
-    B("learn/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
+    B("learn/devices.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
       "the peak of that GPU reset", BR + "test_peak_memory_is_read_and_reset_on_the_gpu"),
-    B("learn/loop.py", "model_devices", "torch.device('cuda', i)", "each DataParallel replica's GPU by index",
+    B("learn/devices.py", "model_devices", "torch.device('cuda', i)", "each DataParallel replica's GPU by index",
       DF + "test_dataparallel_peak_memory_is_every_gpus"),
     B("learn/loop.py", "run_epoch", "reset_peak_memory(d)", "every GPU's peak reset before the epoch",
       BR + "test_an_epoch_reports_each_gpus_peak_of_that_epoch"),
     B("learn/loop.py", "run_epoch", "synchronize(device)", "the epoch's clock starts on an idle device",
       EPOCH),
     B("learn/loop.py", "run_epoch", "synchronize(device)", "the epoch ends when its kernels do", EPOCH, n=2),
-    B("learn/loop.py", "evaluate", "synchronize(device)", "the evaluation's clock starts on an idle device",
+    B("learn/evaluation.py", "evaluate", "synchronize(device)", "the evaluation's clock starts on an idle device",
       EPOCH),
-    B("learn/loop.py", "evaluate", "synchronize(device)", "the evaluation ends when its kernels do",
+    B("learn/evaluation.py", "evaluate", "synchronize(device)", "the evaluation ends when its kernels do",
       EPOCH, n=2),
     # engine/memory.py
     B("engine/memory.py", "resolve_cuda_device", "torch.device('cuda', device)", "an int is that GPU's index",

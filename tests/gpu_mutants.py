@@ -70,7 +70,7 @@ AFTER_NCCL_BARRIER = ("equivalent under NCCL: dist.barrier() blocks the host unt
 FS = "test_gpu_first_session.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
-    # learn/comm_hooks.py
+    # learn/comm_hooks.py, learn/comm_probe.py
     M("learn/comm_hooks.py", "AllReduceTimer.__init__", "dev.type == 'cuda'",
       'self.cuda = dev.type == "cuda"', "self.cuda = False",
       "AllReduceTimer.cuda hard-coded to False: the host clock times asynchronous GPU work"),
@@ -83,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("learn/comm_hooks.py", "AllReduceTimer.finish_step", "self.cuda",
       "            torch.cuda.synchronize(self.device)\n", "            pass\n",
       "drop the synchronize: the events are read before the device reached them"),
-    M("learn/comm_hooks.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
+    M("learn/comm_probe.py", "_barrier", "device.type == 'cuda' and dist.get_backend() == 'nccl'",
       "dist.barrier(device_ids=[device.index if device.index is not None else torch.cuda.current_device()])",
       "dist.barrier(device_ids=[0])", "the wrong device index: every rank's barrier on GPU 0"),
     # experiments/shared/data.py
@@ -129,15 +129,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       '"value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"', '"value": f"{g.name}, {mem}"',
       "a GPU torch cannot use listed as if the runs used it"),
-    # learn/handmade.py
-    M("learn/handmade.py", "memory_use", "device.type == 'cuda'",
+    # learn/replica_memory.py
+    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "return MemoryUse(held, torch.cuda.max_memory_allocated(device) - start), it",
       "return MemoryUse(held, torch.cuda.memory_allocated(device) - start), it",
       "notebook 09's peak read as memory_allocated after the step (its temporaries gone)"),
-    M("learn/handmade.py", "memory_use", "device.type == 'cuda'",
+    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)", "        step(it)",
       "the peak counter not reset before the measured step: the build's spike read as the step's peak"),
-    M("learn/handmade.py", "memory_use", "device.type == 'cuda'",
+    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "start = torch.cuda.memory_allocated(device)", "start = 0",
       "what other code held before the build counted as the implementation's bytes"),
     # engine/machine.py
@@ -194,24 +194,24 @@ MUTANTS: tuple[Mutant, ...] = (
     M("engine/hardware.py", "hardware_summary", "dtype == 'cuda'",
       'device_count = gpu_count() if dtype == "cuda" else 1', "device_count = 1",
       "the device count of a GPU record fixed at 1"),
-    # learn/loop.py
-    M("learn/loop.py", "default_device", "torch.cuda.is_available()",
+    # learn/loop.py, learn/devices.py, learn/evaluation.py
+    M("learn/devices.py", "default_device", "torch.cuda.is_available()",
       'return torch.device("cuda" if torch.cuda.is_available() else "cpu")', 'return torch.device("cpu")',
       "the default device is the CPU on a GPU node"),
-    M("learn/loop.py", "peak_memory", "device.type == 'cuda'",
+    M("learn/devices.py", "peak_memory", "device.type == 'cuda'",
       "return int(torch.cuda.max_memory_allocated(device))", "return int(torch.cuda.memory_allocated(device))",
       "memory_allocated instead of the peak"),
-    M("learn/loop.py", "reset_peak_memory", "device.type == 'cuda'",
+    M("learn/devices.py", "reset_peak_memory", "device.type == 'cuda'",
       "        torch.cuda.reset_peak_memory_stats(device)\n\n\ndef model_devices",
       "        pass\n\n\ndef model_devices", "the peak counter never reset: a later batch reports an earlier peak"),
-    M("learn/loop.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and model.device_ids",
+    M("learn/devices.py", "model_devices", "isinstance(model, nn.DataParallel) and device.type == 'cuda' and model.device_ids",
       "return [torch.device(\"cuda\", i) for i in model.device_ids]", "return [device]",
       "DataParallel's peak read on GPU 0 only (the replicas' memory ignored)"),
     M("learn/loop.py", "train_steps", "device.type == 'cuda'",
       '    comm_timer = o.comm_timer\n    non_blocking = device.type == "cuda"',
       "    comm_timer = o.comm_timer\n    non_blocking = False",
       "blocking host-to-device copies: the copy of the next batch cannot overlap the step"),
-    M("learn/loop.py", "evaluate", "device.type == 'cuda'",
+    M("learn/evaluation.py", "evaluate", "device.type == 'cuda'",
       'non_blocking = device.type == "cuda"  # from pinned memory', "non_blocking = False  # from pinned memory",
       "blocking copies in the evaluation loop"),
     # engine/memory.py
@@ -420,7 +420,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "StepOptions(count_correct=not gpt))\n        synchronize(device)",
       "StepOptions(count_correct=not gpt))",
       "the plain arm returns after the launch: the timers' overhead reads as if the step were free"),
-    # learn/comm_hooks.py
+    # learn/comm_hooks.py, learn/comm_probe.py
     M("learn/comm_hooks.py", "AllReduceTimer._stamp", "ev.record()",
       "            ev.record()", "            ev.record(torch.cuda.default_stream(self.device))",
       "the event recorded on the default stream, not the current one (a bucket's end read from the compute "
@@ -428,19 +428,19 @@ MUTANTS: tuple[Mutant, ...] = (
     M("learn/comm_hooks.py", "AllReduceTimer.finish_step", "torch.cuda.synchronize(self.device)",
       "            torch.cuda.synchronize(self.device)", "            torch.cuda.synchronize(0)",
       "GPU 0 synchronized on every rank: a rank on GPU 1 reads events its device has not reached"),
-    M("learn/comm_hooks.py", "_barrier",
+    M("learn/comm_probe.py", "_barrier",
       "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
       "device_ids=[device.index if device.index is not None else torch.cuda.current_device()]",
       "device_ids=[device.index or 0]", "a device without an index taken as GPU 0, not the rank's current GPU"),
-    M("learn/comm_hooks.py", "_barrier", "synchronize(device)",
+    M("learn/comm_probe.py", "_barrier", "synchronize(device)",
       "        dist.barrier()\n    synchronize(device)", "        dist.barrier()",
       "the device not synchronized after the probe's barrier", survives=AFTER_NCCL_BARRIER),
-    M("learn/comm_hooks.py", "probe_exposed_comm.one", "synchronize(device)",
+    M("learn/comm_probe.py", "probe_exposed_comm.one", "synchronize(device)",
       "                loss_fn(ddp_model(x), y).backward()\n        synchronize(device)\n        dt",
       "                loss_fn(ddp_model(x), y).backward()\n        dt",
       "a probe step timed without waiting for its kernels and all-reduces: (b) reads the launches"),
-    # learn/handmade.py
-    *(M("learn/handmade.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
+    # learn/replica_memory.py
+    *(M("learn/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
         survives=COUNTED_ON_THE_HOST) for n, original, mutated, models in (
           (1, "        torch.cuda.synchronize(device)\n        start", "        start",
            "the memory counter read before the device is idle"),
@@ -448,7 +448,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            step(it)\n        held", "the held bytes read before the warm-up's kernels end"),
           (3, "        step(it)\n        torch.cuda.synchronize(device)\n        return MemoryUse",
            "        step(it)\n        return MemoryUse", "the peak read before the measured step's kernels end"))),
-    M("learn/handmade.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+    M("learn/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)",
       "        torch.cuda.reset_peak_memory_stats()\n        step(it)",
       "the current GPU's peak reset, not the measured one's: the build's spike read as the step's peak"),
@@ -489,14 +489,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "the Quadro RTX 8000's tensor figure doubled"),
           ("T4", '("T4", {"fp32": 8.1, "fp16": 65.0}', '("T4", {"fp32": 8.1, "fp16": 130.0}',
            "the T4's INT8 TOPS taken for its FP16 TFLOP/s"))),
-    # learn/loop.py
-    M("learn/loop.py", "wrap_data_parallel", "device_ids=device_ids",
+    # learn/loop.py, learn/devices.py, learn/evaluation.py
+    M("learn/devices.py", "wrap_data_parallel", "device_ids=device_ids",
       "return nn.DataParallel(model, device_ids=device_ids)", "return nn.DataParallel(model)",
       "DataParallel over every visible GPU, not the ones asked for"),
-    M("learn/loop.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
+    M("learn/devices.py", "reset_peak_memory", "torch.cuda.reset_peak_memory_stats(device)",
       "torch.cuda.reset_peak_memory_stats(device)", "torch.cuda.reset_peak_memory_stats()",
       "the current GPU's peak reset, not the given one's"),
-    M("learn/loop.py", "model_devices", "torch.device('cuda', i)",
+    M("learn/devices.py", "model_devices", "torch.device('cuda', i)",
       'return [torch.device("cuda", i) for i in model.device_ids]',
       'return [torch.device("cuda") for i in model.device_ids]',
       "a replica's device without its index: every replica read as the current GPU"),
@@ -510,11 +510,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "            glob = t.tolist()\n    synchronize(device)\n    epoch_seconds",
       "            glob = t.tolist()\n    epoch_seconds",
       "the fast path's epoch stopped without waiting for its kernels", n=2),
-    M("learn/loop.py", "evaluate", "synchronize(device)",
+    M("learn/evaluation.py", "evaluate", "synchronize(device)",
       "    synchronize(device)\n    t0 = time.perf_counter()\n    for i, (x, y) in enumerate(loader):",
       "    t0 = time.perf_counter()\n    for i, (x, y) in enumerate(loader):",
       "the evaluation's clock started with earlier work still queued"),
-    M("learn/loop.py", "evaluate", "synchronize(device)",
+    M("learn/evaluation.py", "evaluate", "synchronize(device)",
       "        count += y.numel()\n    synchronize(device)", "        count += y.numel()",
       "the evaluation stopped without waiting for its kernels", n=2),
     # engine/memory.py

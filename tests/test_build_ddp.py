@@ -20,13 +20,13 @@ import pytest
 import torch
 from store_helpers import put
 
-from lab_utils.engine import profiles
+from lab_utils.engine import fork_ranks, profiles
 from lab_utils.engine.machine import BUDGET_NODE, Machine
 from lab_utils.engine.plan import make_plan, measure
 from lab_utils.engine.store import Record
 from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
 from lab_utils.experiments.n09_build_ddp import tables as T
-from lab_utils.learn import handmade
+from lab_utils.learn import buckets, handmade, replica_memory, traffic
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.ring import MIB
 
@@ -40,11 +40,11 @@ CPU2 = Machine(gpus=0, cores=2)
 def test_bucket_assignment_is_ddps_rule_by_hand():
     """Add the parameter, then close the bucket once it holds at least its cap (the first bucket: its own
     cap): a bucket can exceed its cap; one that holds exactly its cap is full."""
-    assert handmade.assign_buckets([100, 200, 300, 400], 500) == [[3, 2], [1, 0]]       # 700 > 500: closed
-    assert handmade.assign_buckets([400, 100, 300, 200], 500, 100) == [[3], [2, 1, 0]]  # first cap 100
-    assert handmade.assign_buckets([100, 900, 100, 250, 250], 500) == [[4, 3], [2, 1], [0]]  # 500 is full
-    assert handmade.assign_buckets([5, 5], 0) == [[1], [0]]                              # cap 0: per tensor
-    assert handmade.assign_buckets([5, 5], math.inf) == [[1, 0]]
+    assert buckets.assign_buckets([100, 200, 300, 400], 500) == [[3, 2], [1, 0]]       # 700 > 500: closed
+    assert buckets.assign_buckets([400, 100, 300, 200], 500, 100) == [[3], [2, 1, 0]]  # first cap 100
+    assert buckets.assign_buckets([100, 900, 100, 250, 250], 500) == [[4, 3], [2, 1], [0]]  # 500 is full
+    assert buckets.assign_buckets([5, 5], 0) == [[1], [0]]                              # cap 0: per tensor
+    assert buckets.assign_buckets([5, 5], math.inf) == [[1, 0]]
 
 
 def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
@@ -64,17 +64,17 @@ def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
         for cap, first in caps:
             want, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [first, cap],
                                                               [False] * len(params), order)
-            assert handmade.assign_buckets(sizes, cap, first) == [list(b) for b in want], (width, cap, first)
+            assert buckets.assign_buckets(sizes, cap, first) == [list(b) for b in want], (width, cap, first)
     mb = {first: [round(sum(sizes[i] for i in b) / 1e6, 2)
-                  for b in handmade.assign_buckets(sizes, 25 * MIB, first)] for first in (25 * MIB, MIB)}
+                  for b in buckets.assign_buckets(sizes, 25 * MIB, first)] for first in (25 * MIB, MIB)}
     assert mb == {25 * MIB: [28.87, 15.82], MIB: [9.46, 26.49, 8.74]}
 
 
 def test_shard_bounds_by_hand():
-    assert handmade.shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
-    assert handmade.shard_bounds(12, 3) == [(0, 4), (4, 8), (8, 12)]
-    assert handmade.shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
-    spec = handmade.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
+    assert buckets.shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert buckets.shard_bounds(12, 3) == [(0, 4), (4, 8), (8, 12)]
+    assert buckets.shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    spec = buckets.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
     assert [e - s for s, e in spec] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]
     assert spec[-1][1] == 11_173_962
 
@@ -85,14 +85,14 @@ def test_exposed_communication_model_by_hand():
     buckets of 100 kB: c = 0.11 ms > T/k = 0.05 ms: they queue, T/k + k c - T = 0.05 + 110 - 50 = 60.05 ms.
     The best k is where c = T/k: k = (T - W) / A = 400 (250 kB buckets), exposing 0.125 ms."""
     args = (100e6, 2, 5e-5, 1e10, 0.05)
-    assert math.isclose(handmade.overlap_exposed_seconds(25e6, *args), 2.6e-3)
-    assert math.isclose(handmade.overlap_exposed_seconds(1e5, *args), 60.05e-3)
-    assert handmade.overlap_exposed_seconds(30e6, *args) == handmade.overlap_exposed_seconds(25e6, *args)  # 4
-    assert handmade.optimal_bucket_bytes(*args) == 250e3
-    assert math.isclose(handmade.overlap_exposed_seconds(250e3, *args), 0.125e-3)
-    assert handmade.optimal_bucket_bytes(100e6, 2, 0.0, 1e10, 0.05) == 0.0    # no latency: smaller is better
+    assert math.isclose(traffic.overlap_exposed_seconds(25e6, *args), 2.6e-3)
+    assert math.isclose(traffic.overlap_exposed_seconds(1e5, *args), 60.05e-3)
+    assert traffic.overlap_exposed_seconds(30e6, *args) == traffic.overlap_exposed_seconds(25e6, *args)  # 4
+    assert traffic.optimal_bucket_bytes(*args) == 250e3
+    assert math.isclose(traffic.overlap_exposed_seconds(250e3, *args), 0.125e-3)
+    assert traffic.optimal_bucket_bytes(100e6, 2, 0.0, 1e10, 0.05) == 0.0    # no latency: smaller is better
     # backward shorter than the bandwidth term: queued everywhere, best at k = sqrt(T/A) = sqrt(50) ~ 7
-    assert handmade.optimal_bucket_bytes(100e6, 2, 5e-5, 1e10, 0.005) == 100e6 / 7
+    assert traffic.optimal_bucket_bytes(100e6, 2, 5e-5, 1e10, 0.005) == 100e6 / 7
 
 
 def test_the_best_bucket_is_the_models_minimum_over_whole_bucket_counts():
@@ -102,8 +102,8 @@ def test_the_best_bucket_is_the_models_minimum_over_whole_bucket_counts():
     for _ in range(200):
         s, p = rng.uniform(1e5, 1e9), rng.choice([2, 4, 8])
         a, bw, t = rng.uniform(1e-6, 1e-3), rng.uniform(1e8, 1e11), rng.uniform(1e-3, 1.0)
-        k = round(s / handmade.optimal_bucket_bytes(s, p, a, bw, t))
-        exposed = [handmade._exposed_by_buckets(n, s, p, a, bw, t) for n in range(1, max(2 * k, 1000) + 1)]
+        k = round(s / traffic.optimal_bucket_bytes(s, p, a, bw, t))
+        exposed = [traffic._exposed_by_buckets(n, s, p, a, bw, t) for n in range(1, max(2 * k, 1000) + 1)]
         assert math.isclose(exposed[k - 1], min(exposed), rel_tol=1e-12), (s, p, a, bw, t, k)
 
 
@@ -111,24 +111,24 @@ def test_ring_bytes_and_the_alpha_beta_prediction_by_hand():
     """P = 4, alpha = 10 us, B = 1 GB/s. An all-reduce of 1 MB: 2 x 3 x 10 us + 1.5 x 1e6 / 1e9 s = 1.56 ms,
     1.5 MB sent per rank; a reduce-scatter or all-gather of it: half of each."""
     msgs = [("all_reduce", 1_000_000), ("all_reduce", 200_000)]
-    assert handmade.bytes_sent_per_rank(msgs, 4) == 1.5 * 1_200_000
-    total, exposed = handmade.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=False)
+    assert traffic.bytes_sent_per_rank(msgs, 4) == 1.5 * 1_200_000
+    total, exposed = traffic.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=False)
     assert math.isclose(total, 1.56e-3 + (6e-5 + 3e-4)) and exposed == total
-    total2, exposed2 = handmade.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=True)
+    total2, exposed2 = traffic.predicted_seconds(msgs, 4, 1e-5, 1e9, overlaps=True)
     assert total2 == total and math.isclose(exposed2, 6e-5 + 3e-4)        # the last bucket only
     zero = [("reduce_scatter", 1_000_000), ("all_gather", 1_000_000)]    # = one all-reduce of 1 MB
-    assert handmade.bytes_sent_per_rank(zero, 4) == 1.5e6
-    assert math.isclose(handmade.predicted_seconds(zero, 4, 1e-5, 1e9, False)[0], 1.56e-3)
+    assert traffic.bytes_sent_per_rank(zero, 4) == 1.5e6
+    assert math.isclose(traffic.predicted_seconds(zero, 4, 1e-5, 1e9, False)[0], 1.56e-3)
     naive = [("all_reduce", 4)] * 62    # 62 tiny tensors: alpha 62 times
-    assert math.isclose(handmade.predicted_seconds(naive, 2, 1e-5, 1e9, False)[0], 62 * (2e-5 + 4e-9))
+    assert math.isclose(traffic.predicted_seconds(naive, 2, 1e-5, 1e9, False)[0], 62 * (2e-5 + 4e-9))
     # behind a backward of T: 4 equal buckets are the exercise's model; unequal ones queue by their bytes
     equal = [("all_reduce", 25_000_000)] * 4
-    assert math.isclose(handmade.predicted_seconds(equal, 2, 5e-5, 1e10, True, 0.05)[1], 2.6e-3)
-    assert math.isclose(handmade.predicted_seconds([("all_reduce", 1e8)] * 1, 2, 5e-5, 1e10, True, 0.05)[1],
+    assert math.isclose(traffic.predicted_seconds(equal, 2, 5e-5, 1e10, True, 0.05)[1], 2.6e-3)
+    assert math.isclose(traffic.predicted_seconds([("all_reduce", 1e8)] * 1, 2, 5e-5, 1e10, True, 0.05)[1],
                         10.1e-3)
     # 90 MB ready at 45 ms takes 9.1 ms (ends 54.1 ms); the last 10 MB, ready at 50 ms, waits: ends 55.2 ms
     two = [("all_reduce", 90_000_000), ("all_reduce", 10_000_000)]
-    assert math.isclose(handmade.predicted_seconds(two, 2, 5e-5, 1e10, True, 0.05)[1], 5.2e-3)
+    assert math.isclose(traffic.predicted_seconds(two, 2, 5e-5, 1e10, True, 0.05)[1], 5.2e-3)
 
 
 def test_memory_use_on_a_cpu_counts_every_tensor_until_it_is_freed_on_any_thread():
@@ -149,7 +149,7 @@ def test_memory_use_on_a_cpu_counts_every_tensor_until_it_is_freed_on_any_thread
         later = torch.ones(MIB // 2)
         return small, later
 
-    use, held = handmade.memory_use(build, step, torch.device("cpu"), warm_steps=1)
+    use, held = replica_memory.memory_use(build, step, torch.device("cpu"), warm_steps=1)
     assert (use.held_bytes, use.peak_bytes) == (MIB, 6 * MIB) and held[0].numel() == MIB // 4
 
 
@@ -169,12 +169,12 @@ def test_memory_use_on_a_gpu_reads_the_allocators_counters_from_before_the_build
         temporary = gpu.tensor(3 * MIB, 0)
         del temporary
 
-    use, held = handmade.memory_use(build, step, dev)
+    use, held = replica_memory.memory_use(build, step, dev)
     assert (use.held_bytes, use.peak_bytes) == (MIB, 4 * MIB) and before and held
 
 
 def test_a_step_takes_the_slowest_rank():
-    assert handmade.slowest_per_step([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
+    assert traffic.slowest_per_step([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == [3.0, 5.0, 2.5]
 
 
 # --------------------------------------------------------------------------- the plan
@@ -239,7 +239,7 @@ def _row(name, messages, step, exposed, bucket_mb=None, overlaps=False):
               "comm_exposed_seconds": exposed, "comm_exposed_seconds_p10": exposed - 1e-3,
               "comm_exposed_seconds_p90": exposed + 1e-3}
     return {"implementation": name, "bucket_mb": bucket_mb, **spread, "messages": messages,
-            "bytes_per_rank_per_step": handmade.bytes_sent_per_rank(messages, 2), "overlaps": overlaps,
+            "bytes_per_rank_per_step": traffic.bytes_sent_per_rank(messages, 2), "overlaps": overlaps,
             "last_step_loss": 2.0, "sgd_state_bytes": 400}
 
 
@@ -304,7 +304,7 @@ def test_tables_select_the_records_and_predict_with_the_fit_by_hand(store):
     cases, measured, labels = T.overlap_cases(store, recs)
     assert labels == ["(c) at 0.01 MB", "(c), one bucket"] and measured == [0.05, 0.03]
     assert [c["bucket_bytes"] for c in cases] == [0.01 * MIB, 1000] and cases[0]["backward_seconds"] == 3e-4
-    yours, one, best, lab_model = T.best_bucket_args(handmade.overlap_exposed_seconds, cases, measured)
+    yours, one, best, lab_model = T.best_bucket_args(traffic.overlap_exposed_seconds, cases, measured)
     assert best == [1000 / MIB] and "bucket_bytes" not in one[0]   # the sweep's best: one bucket
     assert math.isclose(yours(**one[0]), lab_model(**one[0]))       # the lab's model, minimized both ways
     assert T.best_bucket_args(lambda **c: None, cases, measured)[0](**one[0]) is None   # not done yet
@@ -436,11 +436,11 @@ def test_each_implementation_equals_one_process_on_two_gloo_ranks():
             got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
             out[name] = (float((got - want).abs().max()),
                          bool(torch.allclose(got, want, *handmade.TOLERANCE["float64"])),
-                         handmade.optimizer_state_bytes(sync))
+                         replica_memory.optimizer_state_bytes(sync))
         return out
 
     full = sum(p.numel() for p in ref.parameters()) * 8   # 837 float64 momenta
-    got = handmade.run_in_ranks(ranks, 2, timeout_s=50)
+    got = fork_ranks.run_in_ranks(ranks, 2, timeout_s=50)
     for rank_out in got:
         assert set(rank_out) == {"naive", "per_tensor", "flat", "bucketed", "zero1"}, rank_out
         for name, (diff, close, state) in rank_out.items():
@@ -461,7 +461,7 @@ def test_bucketed_launches_every_bucket_during_backward_in_bucket_order():
         sync.step()
         return launched, [[p.shape[0] for p in b] for b in sync.buckets], sync.launched
 
-    for launched, shapes, after in handmade.run_in_ranks(ranks, 2, timeout_s=50):
+    for launched, shapes, after in fork_ranks.run_in_ranks(ranks, 2, timeout_s=50):
         assert launched == [0, 1] and after == []
         # DDP's rule at 200 B: Linear bias (40 B), then its weight takes the bucket over the cap, which
         # closes; then Conv bias and weight: last first
@@ -483,7 +483,7 @@ def test_per_tensor_launches_every_tensor_during_backward_in_place_last_first():
         sync.step()
         return launched, sync.messages()
 
-    for launched, messages in handmade.run_in_ranks(ranks, 2, timeout_s=50):
+    for launched, messages in fork_ranks.run_in_ranks(ranks, 2, timeout_s=50):
         assert launched == [(0, True), (1, True), (2, True), (3, True)]
         # float64: Linear bias 5, weight 5 x 144, then Conv bias 4, weight 4 x 3 x 3 x 3 (8 bytes each)
         assert messages == [("all_reduce", 40), ("all_reduce", 5760), ("all_reduce", 32), ("all_reduce", 864)]
@@ -504,7 +504,7 @@ def test_every_implementation_starts_from_rank_0s_weights_and_buffers():
             out.append(torch.cat([t.detach().reshape(-1).double() for t in model.state_dict().values()]))
         return out
 
-    first, second = handmade.run_in_ranks(ranks, 2, timeout_s=50)
+    first, second = fork_ranks.run_in_ranks(ranks, 2, timeout_s=50)
     assert all(torch.equal(a, b) for a, b in zip(first, second)) and len(first) == 6
 
 
@@ -530,12 +530,12 @@ def test_memory_of_implementations_whose_bytes_are_known_in_advance():
             def step(it):
                 train_steps(it[0], [batch], 1, it[1], torch.nn.CrossEntropyLoss(), None, torch.device("cpu"))
 
-            use, _ = handmade.memory_use(build, step, torch.device("cpu"))
+            use, _ = replica_memory.memory_use(build, step, torch.device("cpu"))
             out[name] = use
         return out
 
     s = 837 * 8
-    for rank, got in enumerate(handmade.run_in_ranks(ranks, 2, timeout_s=50)):
+    for rank, got in enumerate(fork_ranks.run_in_ranks(ranks, 2, timeout_s=50)):
         assert got["local"].held_bytes == 3 * s and got["ddp"].held_bytes == 4 * s, got
         assert got["zero1"].held_bytes == 2 * s + (419 if rank == 0 else 418) * 8 + 419 * 8, got
         assert all(u.peak_bytes > u.held_bytes for u in got.values())
@@ -557,7 +557,7 @@ def test_no_rank_exits_before_every_rank_has_answered(tmp_path):
         return next(ln.split()[1] for ln in status.read_text().splitlines()
                     if ln.startswith("State:")) if status.exists() else "gone"
 
-    first, second = handmade.run_in_ranks(ranks, 2)
+    first, second = fork_ranks.run_in_ranks(ranks, 2)
     assert "not done yet" in first["error"]
     assert second in ("S", "R"), f"rank 0 was {second!r} while rank 1 still worked"
 
@@ -581,7 +581,7 @@ def test_ctrl_c_while_ranks_work_leaves_no_rank_behind(tmp_path):
     signal.setitimer(signal.ITIMER_REAL, 2.0)
     try:
         with pytest.raises(KeyboardInterrupt):
-            handmade.run_in_ranks(ranks, 2, timeout_s=20)
+            fork_ranks.run_in_ranks(ranks, 2, timeout_s=20)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -18,7 +18,7 @@ from lab_utils.engine.machine import Machine
 from lab_utils.engine.plan import make_plan, measure
 from lab_utils.experiments.n04_allreduce import experiment as comm
 from lab_utils.experiments.n04_allreduce import tables as comm_tables
-from lab_utils.learn import ring
+from lab_utils.learn import alpha_beta, ring
 from lab_utils.learn.errors import LabError
 
 S_RESNET18 = 44_695_848  # 11,173,962 params x 4 bytes
@@ -148,23 +148,23 @@ def test_bad_inputs_raise_lab_error():
     with pytest.raises(LabError, match="per-device batch"):
         ring.iterations_per_epoch(100, 0, 2)
     with pytest.raises(LabError, match="multiple of 4"):
-        ring.message_sizes(6, 64)
+        alpha_beta.message_sizes(6, 64)
     with pytest.raises(LabError, match="max-bytes"):
-        ring.message_sizes(64, 8)
+        alpha_beta.message_sizes(64, 8)
 
 
 def test_message_sizes_double():
-    assert ring.message_sizes(8, 64) == [8, 16, 32, 64]
-    assert ring.message_sizes(8, 100) == [8, 16, 32, 64]
-    assert len(ring.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
-    assert ring.message_sizes(8, profiles.settings(comm.Settings, "full").max_bytes)[-1] == 2**30
+    assert alpha_beta.message_sizes(8, 64) == [8, 16, 32, 64]
+    assert alpha_beta.message_sizes(8, 100) == [8, 16, 32, 64]
+    assert len(alpha_beta.message_sizes(8, ring.GIB)) == 28  # 2^3 .. 2^30
+    assert alpha_beta.message_sizes(8, profiles.settings(comm.Settings, "full").max_bytes)[-1] == 2**30
 
 
 # --------------------------------------------------------------------------- fit
 
 
 def _synthetic(alpha, bw, p, noise=0.0, seed=0):
-    sizes = np.array(ring.message_sizes(8, ring.GIB), dtype=float)
+    sizes = np.array(alpha_beta.message_sizes(8, ring.GIB), dtype=float)
     t = np.array([ring.ring_allreduce_seconds(s, p, alpha, bw) for s in sizes])
     if noise:
         t = t * (1 + noise * np.random.default_rng(seed).standard_normal(len(t)))
@@ -173,7 +173,7 @@ def _synthetic(alpha, bw, p, noise=0.0, seed=0):
 
 def test_fit_recovers_exact_model():
     sizes, t = _synthetic(5e-6, 50e9, 4)
-    fit = ring.fit_alpha_beta(sizes, t, 4)
+    fit = alpha_beta.fit_alpha_beta(sizes, t, 4)
     assert fit.alpha_seconds == pytest.approx(5e-6, rel=1e-9)
     assert fit.bandwidth_bytes_per_s == pytest.approx(50e9, rel=1e-9)
     assert fit.rms_relative_error < 1e-9 and fit.max_relative_error < 1e-9
@@ -184,7 +184,7 @@ def test_fit_recovers_exact_model():
 
 def test_fit_recovers_model_under_noise_with_honest_errors():
     sizes, t = _synthetic(20e-6, 2e9, 2, noise=0.03, seed=1)
-    fit = ring.fit_alpha_beta(sizes, t, 2)
+    fit = alpha_beta.fit_alpha_beta(sizes, t, 2)
     assert fit.alpha_seconds == pytest.approx(20e-6, rel=0.05)
     assert fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.05)
     assert 0.01 < fit.rms_relative_error < 0.06
@@ -196,18 +196,18 @@ def test_fit_recovers_model_under_noise_with_honest_errors():
 def test_fit_clamps_negative_latency():
     sizes = np.array([1e6, 2e6, 4e6, 8e6])
     t = sizes / 1e9 - 1e-5  # a negative intercept
-    fit = ring.fit_alpha_beta(sizes, t, 2)
+    fit = alpha_beta.fit_alpha_beta(sizes, t, 2)
     assert fit.latency_clamped and fit.alpha_seconds == 0.0
     assert fit.bandwidth_bytes_per_s > 0
 
 
 def test_fit_rejects_bad_input():
     with pytest.raises(LabError, match="3 or more"):
-        ring.fit_alpha_beta([8, 16], [1e-5, 1e-5], 2)
+        alpha_beta.fit_alpha_beta([8, 16], [1e-5, 1e-5], 2)
     with pytest.raises(LabError, match="at least 2 ranks"):
-        ring.fit_alpha_beta([8, 16, 32], [1e-5] * 3, 1)
+        alpha_beta.fit_alpha_beta([8, 16, 32], [1e-5] * 3, 1)
     with pytest.raises(LabError, match="do not grow"):
-        ring.fit_alpha_beta([8, 16, 32], [3e-5, 2e-5, 1e-5], 2)
+        alpha_beta.fit_alpha_beta([8, 16, 32], [3e-5, 2e-5, 1e-5], 2)
 
 
 # --------------------------------------------------------------------------- projections
@@ -219,7 +219,7 @@ def test_epoch_compute_prorates_partial_step():
 
 
 def test_projection_by_hand():
-    fit = ring.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
+    fit = alpha_beta.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
                             alpha_stderr_seconds=0, bandwidth_stderr_bytes_per_s=0, rms_relative_error=0,
                             max_relative_error=0, n_points=3)
     rows = comm_tables._project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
@@ -239,7 +239,7 @@ def test_projection_by_hand():
 
 
 def test_projection_default_devices_and_buckets():
-    fit = ring.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
+    fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
     df = comm_tables._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
     assert list(df.devices[:8]) == [8, 16, 32, 64, 128, 256, 512, 1024]
     expected = ring.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
@@ -380,7 +380,7 @@ def test_the_compute_step_plan_cost_and_doctor_settings():
 def _check_bench(records, n):
     df = comm_tables._bench_frame(records)
     assert list(df.size_bytes) == sorted(df.size_bytes) and df.size_bytes.is_unique
-    assert list(df.size_bytes) == ring.message_sizes(8, int(df.size_bytes.max()))
+    assert list(df.size_bytes) == alpha_beta.message_sizes(8, int(df.size_bytes.max()))
     assert (df.time_us > 0).all() and (df.algbw_gb_per_s > 0).all() and (df.busbw_gb_per_s > 0).all()
     for r in records:
         assert r.status == "ok" and r.metrics["correct"] is True
@@ -453,7 +453,7 @@ def test_resnet18_default_buckets():
 
     # layer4's 3x3x512x512 convs are 9.4 MB each: the first bucket passes 1 MiB with one of them
     assert comm_tables._ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
-    fit = ring.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
+    fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
     df = comm_tables._bucket_table([9_461_800, 26_494_976, 8_739_072], {2: fit})
     assert list(df.bucket) == [0, 1, 2, "one message"] and df.bytes.iloc[-1] == S_RESNET18
     # 2 ranks: T = 2e-5 + S / 1e10; latency share = 2e-5 / T
@@ -488,7 +488,7 @@ def test_compute_steps_in_this_process_and_the_inputs_table(store):
     again = measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, settings, verbose=False,
                     machine=Machine(gpus=0, cores=2))
     assert again[0].timestamp == records[0].timestamp  # stored: not re-measured
-    fit = ring.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
+    fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
     df = comm_tables._inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
     kinds = dict(zip(df.input, df.kind))
     assert kinds["compute seconds per step"] == "measured"
@@ -635,7 +635,7 @@ def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store)
 
 
 def test_noise_flag_marks_effects_within_two_standard_errors():
-    from lab_utils.learn.comm_hooks import NOISE_FLAG, noise_flag
+    from lab_utils.learn.comm_probe import NOISE_FLAG, noise_flag
 
     assert noise_flag(0.5, 0.25) == NOISE_FLAG      # 2 x 0.25 >= 0.5
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out
@@ -648,7 +648,7 @@ def test_noise_flag_marks_effects_within_two_standard_errors():
 
 def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     sizes, t = _synthetic(20e-6, 2e9, 2)
-    good = ring.fit_alpha_beta(sizes, t, 2)
+    good = alpha_beta.fit_alpha_beta(sizes, t, 2)
     assert comm_tables._fit_verdict(good) == ""
     from dataclasses import replace
     bad = replace(good, rms_relative_error=0.485)
@@ -686,7 +686,7 @@ def test_bandwidth_prediction_cases_from_notebook03_and_the_fit(store):
     (quick: an explicit 0.4 MB cap, so no small first bucket: 455,208 + 250,400 B of width 8's 705,608),
     the fit on that rank count (else the one on the most ranks) and the measured (c) GB/s."""
     grad = _nb03_store(store)
-    fit = ring.AlphaBetaFit(2, 1e-5, 1e9, 0, 0, 0, 0, 3)
+    fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e9, 0, 0, 0, 0, 3)
     bench = comm_tables.BenchReport(None, {2: fit}, {2: 0.1}, None, None, [])
     settings = profiles.settings(comm.Settings, "quick")
     cases, measured, labels = comm_tables.bandwidth_prediction_cases(store, settings, bench)

@@ -22,7 +22,8 @@ from torch import nn
 from lab_utils.engine.launcher import launch
 from lab_utils.engine.records import canonical_key
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig, sample_order_head
-from lab_utils.learn.comm_hooks import derived_comm, overlap_figures, union_length
+from lab_utils.learn.comm_hooks import union_length
+from lab_utils.learn.comm_probe import derived_comm, overlap_figures
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.ranks import aggregate_epoch
 

@@ -186,7 +186,7 @@ def _check_q02(f):
 
 def _check_q03(f):
     from lab_utils.experiments.shared.anchors import FIRST_COHORT_TABLE1_SECONDS as A
-    from lab_utils.learn.comm_hooks import derived_comm
+    from lab_utils.learn.comm_probe import derived_comm
 
     for t1, tn, n in ((A[(1, 128)], A[(2, 128)], 2), (A[(1, 32)], A[(4, 32)], 4), (2233.5, 1095.7, 2),
                       (10.0, 10.0, 1), (90.0, 2.0, 64)):
@@ -299,7 +299,8 @@ def _check_q05_set_epoch(f):
 
 
 def _check_q06_flops_per_token(f):
-    from lab_utils.learn.models.gpt import GPTConfig, gpt_config, train_flops_per_token
+    from lab_utils.learn.models.gpt import GPTConfig
+    from lab_utils.learn.models.gpt_sizes import gpt_config, train_flops_per_token
 
     for cfg in (gpt_config("tiny"), gpt_config("small"), gpt_config("small", vocab_size=200, block_size=512),
                 GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768)):
@@ -351,7 +352,8 @@ def _check_q07_int8_size(f):
     import torch
 
     from lab_utils.experiments.n07_quantization import experiment as Q
-    from lab_utils.learn.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")
@@ -368,6 +370,7 @@ def _check_q09_average(f):
     """In 2 gloo ranks the solution leaves every rank what the lab's (a), handmade.Naive, does."""
     import torch
 
+    from lab_utils.engine import fork_ranks
     from lab_utils.learn import handmade
 
     def ranks(rank, world):
@@ -379,7 +382,7 @@ def _check_q09_average(f):
         handmade.Naive(model, torch.optim.SGD(model.parameters(), lr=0.1)).sync()
         return [a.tolist() for a in f(grads)], [p.grad.tolist() for p in model.parameters()]
 
-    for mine, lab in handmade.run_in_ranks(ranks, 2):
+    for mine, lab in fork_ranks.run_in_ranks(ranks, 2):
         assert mine == lab
 
 
@@ -388,7 +391,7 @@ def _check_q09_buckets(f):
     the parameters in ready order, last first): ResNet-18's 62 tensors at DDP's caps and others."""
     import torch.distributed as dist
 
-    from lab_utils.learn.handmade import assign_buckets
+    from lab_utils.learn.buckets import assign_buckets
     from lab_utils.learn.models import ResNet18
 
     params = list(ResNet18(width=8).parameters())
@@ -402,7 +405,7 @@ def _check_q09_buckets(f):
 
 
 def _check_q09_shards(f):
-    from lab_utils.learn.handmade import shard_bounds
+    from lab_utils.learn.buckets import shard_bounds
 
     for n, p in ((11_173_962, 4), (176_402, 4), (7, 3), (3, 5)):
         assert [tuple(b) for b in f(n, p)] == shard_bounds(n, p)
@@ -410,13 +413,13 @@ def _check_q09_shards(f):
 
 
 def _check_q09_exposed(f):
-    """The solution is the lab's model (handmade.overlap_exposed_seconds) on both sides of its kink, and
+    """The solution is the lab's model (traffic.overlap_exposed_seconds) on both sides of its kink, and
     a bucket as large as the gradient exposes one whole all-reduce (notebook 04's ring time)."""
-    from lab_utils.learn import handmade, ring
+    from lab_utils.learn import ring, traffic
 
     for b, s, p, a, bw, t in ((25e6, 100e6, 2, 5e-5, 1e10, 0.05), (1e6, 44_695_848, 4, 2e-5, 5e9, 0.01),
                               (3e5, 7e6, 8, 1e-6, 1e11, 1e-3), (7e6, 7e6, 2, 1e-4, 1e9, 0.0)):
-        assert math.isclose(f(b, s, p, a, bw, t), handmade.overlap_exposed_seconds(b, s, p, a, bw, t),
+        assert math.isclose(f(b, s, p, a, bw, t), traffic.overlap_exposed_seconds(b, s, p, a, bw, t),
                             rel_tol=1e-12)
     assert math.isclose(f(1e9, 1e8, 4, 1e-5, 1e10, 0.5), ring.ring_allreduce_seconds(1e8, 4, 1e-5, 1e10))
 
@@ -544,7 +547,8 @@ def test_q07_table_shows_the_payload_the_exercise_predicts(masters):
     from lab_utils.experiments.n07_quantization import experiment as Q
     from lab_utils.experiments.n07_quantization.tables import quantization_table
     from lab_utils.experiments.n07_quantization.worker import measure_device
-    from lab_utils.learn.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     if not Q.check_variant("torchao_int8_weight_only", "cpu").ok:
         pytest.skip("torchao int8 weight-only unavailable here")

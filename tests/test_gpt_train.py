@@ -23,7 +23,9 @@ from lab_utils.experiments.n06_gpt_ddp.worker import (
 )
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, train_steps
-from lab_utils.learn.models.gpt import GPT, gpt_config, lm_loss, load_checkpoint
+from lab_utils.learn.models.gpt import GPT, lm_loss
+from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
+from lab_utils.learn.models.gpt_sizes import gpt_config
 
 VOCAB, K, B, T = 11, 4, 3, 16
 
@@ -288,7 +290,7 @@ def test_loss_falls_on_the_offline_corpus(one_thread, tmp_path):
 def _counting_syncs(monkeypatch):
     """Count every device synchronization the lab's timers and loop make (on a CPU they are no-ops, but
     they are called: the same calls synchronize a GPU)."""
-    from lab_utils.learn import comm_hooks, loop, timing
+    from lab_utils.learn import comm_probe, evaluation, loop, timing
 
     calls = [0]
     real = timing.synchronize
@@ -297,7 +299,7 @@ def _counting_syncs(monkeypatch):
         calls[0] += 1
         real(device)
 
-    for module in (timing, loop, comm_hooks):
+    for module in (timing, loop, evaluation, comm_probe):
         monkeypatch.setattr(module, "synchronize", counted)
     return calls
 
@@ -341,7 +343,7 @@ def test_mfu_of_a_run_whose_answer_is_known(one_thread, monkeypatch):
 
     from lab_utils.experiments.shared.text_data import load_splits
     from lab_utils.learn import loop
-    from lab_utils.learn.models.gpt import train_flops_per_token
+    from lab_utils.learn.models.gpt_sizes import train_flops_per_token
 
     clock = SimpleNamespace(t=100.0)
     step_s, tokens_per_step = 0.040, 4 * 2 * 64

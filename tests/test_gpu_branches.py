@@ -22,7 +22,7 @@ from torch import nn
 from lab_utils.engine import dist as labdist
 from lab_utils.engine import hardware, memory, profiles
 from lab_utils.engine.store import Record
-from lab_utils.learn import loop, timing
+from lab_utils.learn import devices, evaluation, loop, timing
 from lab_utils.learn.errors import LabError
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -34,7 +34,7 @@ TESTS = Path(__file__).resolve().parent
 
 def test_device_queries_name_count_and_default_device(fake_gpu):
     gpu = fake_gpu(count=2, name=A100)
-    assert hardware.gpu_count() == 2 and loop.default_device() == torch.device("cuda")
+    assert hardware.gpu_count() == 2 and devices.default_device() == torch.device("cuda")
     assert [(g.index, g.name, g.memory_bytes) for g in hardware.gpus()] == [(0, A100, 80 * 2 ** 30),
                                                                              (1, A100, 80 * 2 ** 30)]
     gpu.initialized = False
@@ -169,7 +169,7 @@ def test_allreduce_timer_reads_cuda_events_in_seconds(fake_gpu, one_rank, monkey
 
 def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatch):
     """NCCL's barrier needs ``device_ids=[index]`` (an int): without it NCCL guesses a device."""
-    from lab_utils.learn import comm_hooks
+    from lab_utils.learn import comm_probe
 
     gpu = fake_gpu(count=2).gloo_for_nccl(monkeypatch)
     labdist.init_distributed("auto")
@@ -178,10 +178,10 @@ def test_a_barrier_on_nccl_names_the_gpu_by_index(fake_gpu, one_rank, monkeypatc
     calls = []
     real = dist.barrier
     monkeypatch.setattr(dist, "barrier", lambda **kw: calls.append(kw) or real())
-    comm_hooks._barrier(torch.device("cuda", 1))
-    comm_hooks._barrier(torch.device("cuda"))      # no index: the current device
+    comm_probe._barrier(torch.device("cuda", 1))
+    comm_probe._barrier(torch.device("cuda"))      # no index: the current device
     torch.cuda.set_device(1)                       # a rank on GPU 1
-    comm_hooks._barrier(torch.device("cuda"))
+    comm_probe._barrier(torch.device("cuda"))
     assert calls == [{"device_ids": [1]}, {"device_ids": [0]}, {"device_ids": [1]}]
     assert all(isinstance(i, int) for c in calls for i in c["device_ids"])
 
@@ -251,9 +251,9 @@ def test_peak_memory_is_read_and_reset_on_the_gpu(fake_gpu):
     gpu.allocate(3 * 2 ** 30, 1)
     gpu.release(2 * 2 ** 30, 1)
     dev = torch.device("cuda", 1)
-    assert loop.peak_memory(dev) == 3 * 2 ** 30 and isinstance(loop.peak_memory(dev), int)
-    loop.reset_peak_memory(dev)
-    assert loop.peak_memory(dev) == 2 ** 30 and loop.peak_memory(torch.device("cpu")) is None
+    assert devices.peak_memory(dev) == 3 * 2 ** 30 and isinstance(devices.peak_memory(dev), int)
+    devices.reset_peak_memory(dev)
+    assert devices.peak_memory(dev) == 2 ** 30 and devices.peak_memory(torch.device("cpu")) is None
 
 
 def test_the_sweep_worker_caps_the_gpu_memory(fake_gpu, monkeypatch):
@@ -414,7 +414,8 @@ def test_quantization_variants_on_a_gpu(fake_gpu, int_mm_on_cpu):
     dyn = Q.check_variant("torchao_int8_dynamic", "cuda")
     if dyn.ok:   # torchao installed
         assert "torch._int_mm (cuBLAS)" in dyn.kernel
-    from lab_utils.learn.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     kept = QM.float_layers(GPT(gpt_config("tiny", vocab_size=65)), "torchao_int8_dynamic", "cuda")
     assert kept == {"lm_head": "(N=65) kept in fp32: int8 mm needs N % 8 == 0"}
@@ -874,7 +875,7 @@ def test_host_to_device_copies_are_non_blocking_on_a_gpu(fake_gpu, monkeypatch):
     rec = loop.run_epoch(model, batches, opt, dev)
     assert rec.steps == 2 and gpu.copies == [(0, True)] * 4          # x and y of each batch
     gpu.copies.clear()
-    ev = loop.evaluate(model, batches, dev)
+    ev = evaluation.evaluate(model, batches, dev)
     assert ev.images == 8 and gpu.copies == [(0, True)] * 4
     gpu.copies.clear()
     fast_train.to_device(*batches[0], dev, channels_last=False)
@@ -952,7 +953,7 @@ def test_an_epoch_and_an_evaluation_time_exactly_their_device_work(fake_gpu, mon
     rec = loop.run_epoch(model, _batches(3), opt, dev, timed=False)
     assert rec.epoch_seconds == pytest.approx(0.030)
     gpu.launch(1.0)
-    ev = loop.evaluate(model, _batches(2), dev)
+    ev = evaluation.evaluate(model, _batches(2), dev)
     assert ev.seconds == pytest.approx(0.020)
 
 
@@ -983,7 +984,7 @@ def test_dataparallel_gets_the_gpus_it_is_given(fake_gpu, monkeypatch):
     from lab_utils.experiments.n02_scaling import dp_worker as dataparallel
 
     fake_gpu(count=4).tensors_on_device(monkeypatch)
-    assert loop.wrap_data_parallel(nn.Linear(2, 2), device_ids=[0, 1]).device_ids == [0, 1]
+    assert devices.wrap_data_parallel(nn.Linear(2, 2), device_ids=[0, 1]).device_ids == [0, 1]
     given = []
 
     class Wrapped(Exception):
@@ -1054,7 +1055,7 @@ def test_a_waterfall_rows_peak_memory_is_its_epochs(fake_gpu, monkeypatch):
     from lab_utils.engine.harness import Job
     from lab_utils.experiments.n08_speed_limits import worker as fastpath
     from lab_utils.experiments.n08_speed_limits.fast_train import TrainOptions
-    from lab_utils.learn.loop import EpochRecord
+    from lab_utils.learn.epoch_record import EpochRecord
 
     gpu = fake_gpu(name=A100)
     held = []
@@ -1130,7 +1131,8 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
     """(b) and (c) where the answer is known: a forward of 10 ms, one bucket whose all-reduce takes 3 ms on
     NCCL's stream after it, nothing to hide it behind: sync steps 13 ms, no_sync steps 10 ms, (b) = (c) =
     3 ms, no overlap."""
-    from lab_utils.learn.comm_hooks import AllReduceTimer, probe_exposed_comm
+    from lab_utils.learn.comm_hooks import AllReduceTimer
+    from lab_utils.learn.comm_probe import probe_exposed_comm
 
     gpu = fake_gpu(collective_seconds=0.003).nccl_streams(monkeypatch)
     monkeypatch.setattr(timing.time, "perf_counter", gpu.clock)
@@ -1149,7 +1151,7 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
 def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
     """Notebook 09's memory of an implementation on a rank's GPU 1 (GPU 0 current): the 8 MiB spike of the
     build is not the measured step's peak (1 MiB kept + 3 MiB of temporaries)."""
-    from lab_utils.learn import handmade
+    from lab_utils.learn import replica_memory
 
     gpu = fake_gpu(count=2)
     dev = torch.device("cuda", 1)
@@ -1163,5 +1165,5 @@ def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
         temporary = gpu.tensor(3 * 2 ** 20, 1)
         del temporary
 
-    use, _ = handmade.memory_use(build, step, dev)
+    use, _ = replica_memory.memory_use(build, step, dev)
     assert (use.held_bytes, use.peak_bytes) == (2 ** 20, 4 * 2 ** 20) and torch.cuda.current_device() == 0

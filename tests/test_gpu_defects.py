@@ -252,7 +252,9 @@ def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store
     from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
     from lab_utils.experiments.n07_quantization import experiment as Q
     from lab_utils.experiments.n07_quantization import worker as quantize
-    from lab_utils.learn.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     calls = []
 
@@ -360,7 +362,8 @@ def test_int8_matmuls_of_few_rows_are_padded_to_what_cublas_needs(monkeypatch, f
     from lab_utils.experiments.n07_quantization import quant_model as QM
     from lab_utils.experiments.n07_quantization import quant_timing as QT
     from lab_utils.experiments.n07_quantization import quant_variants as QV
-    from lab_utils.learn.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", vocab_size=64)).eval()
@@ -466,16 +469,16 @@ def test_the_ddp_worker_frees_the_optimizer_before_emptying_the_cache(monkeypatc
 
 
 def test_dataparallel_peak_memory_is_every_gpus(fake_gpu):
-    from lab_utils.learn import loop
+    from lab_utils.learn import devices
 
     gpu = fake_gpu(count=2)
     dp = nn.DataParallel(nn.Linear(2, 2))
-    devices = loop.model_devices(dp, torch.device("cuda", 0))
-    assert devices == [torch.device("cuda", 0), torch.device("cuda", 1)]
+    gpus = devices.model_devices(dp, torch.device("cuda", 0))
+    assert gpus == [torch.device("cuda", 0), torch.device("cuda", 1)]
     gpu.allocate(3 * 2 ** 30, 0)
     gpu.allocate(5 * 2 ** 30, 1)
-    assert [loop.peak_memory(d) for d in devices] == [3 * 2 ** 30, 5 * 2 ** 30]
-    assert loop.model_devices(nn.Linear(2, 2), torch.device("cuda", 0)) == [torch.device("cuda", 0)]
+    assert [devices.peak_memory(d) for d in gpus] == [3 * 2 ** 30, 5 * 2 ** 30]
+    assert devices.model_devices(nn.Linear(2, 2), torch.device("cuda", 0)) == [torch.device("cuda", 0)]
 
 
 def test_the_kernel_opens_no_cuda_context_before_ddp_launches(store, monkeypatch, fake_gpu):

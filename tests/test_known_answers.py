@@ -35,7 +35,8 @@ from test_spread import _SlowLoader  # batches whose fetch sleeps: a loader wait
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils.learn.comm_hooks import AllReduceTimer, ddp_bucket_bytes, derived_comm, probe_exposed_comm
+from lab_utils.learn.comm_hooks import AllReduceTimer, ddp_bucket_bytes
+from lab_utils.learn.comm_probe import derived_comm, probe_exposed_comm
 from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.learn.spread import STEP_PERCENTILE_KEYS, STEP_SD_KEY
 from lab_utils.learn.timing import PhaseTimer

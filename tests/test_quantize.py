@@ -299,7 +299,9 @@ def test_the_roofline_gives_each_row_its_own_precisions_ridge():
 def gpt_checkpoint(tmp_path):
     """A tiny (untrained) GPT checkpoint on 20,000 characters of the offline corpus."""
     from lab_utils.experiments.shared.text_data import load_corpus
-    from lab_utils.learn.models.gpt import GPT, gpt_config, save_checkpoint
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     corpus = load_corpus("stdlib", max_chars=20_000)
     vocab = "".join(sorted(set(corpus.text)))
@@ -550,7 +552,8 @@ def test_lm_head_with_65_outputs_stays_fp32_in_the_cuda_int8_dynamic_row(store, 
     """torchao's CUDA int8 mm would run lm_head (N = 65) as a CPU int32 matmul: the layer is
     kept in fp32 and the row says so. CUDA is simulated: the layer choice for "cuda" is
     applied to a run on the CPU."""
-    from lab_utils.learn.models.gpt import GPT, gpt_config
+    from lab_utils.learn.models.gpt import GPT
+    from lab_utils.learn.models.gpt_sizes import gpt_config
 
     if not Q.check_variant("torchao_int8_dynamic", "cpu").ok:
         pytest.skip("torchao int8 dynamic is not available on this CPU")

@@ -23,7 +23,7 @@ from lab_utils.experiments.shared.anchors import (
 )
 from lab_utils.experiments.shared.repeats import merge_repeats
 from lab_utils.experiments.shared.rows import one_device_runs, pair_key
-from lab_utils.learn.comm_hooks import compute_to_comm, hidden_percent
+from lab_utils.learn.comm_probe import compute_to_comm, hidden_percent
 from lab_utils.learn.errors import LabError, LaunchError
 from lab_utils.learn.metrics import per_step
 from lab_utils.learn.ranks import probe_seconds
@@ -551,7 +551,7 @@ def test_per_step_growth_of_the_cohort_by_hand():
 
 def _line_p4():
     """A ring fit at P = 4 with alpha = 10 us, B = 10 GB/s: t(S) = 6 x 10 us + 1.5 S / 1e10."""
-    from lab_utils.learn.ring import AlphaBetaFit
+    from lab_utils.learn.alpha_beta import AlphaBetaFit
 
     return AlphaBetaFit(world_size=4, alpha_seconds=10e-6, bandwidth_bytes_per_s=10e9,
                         alpha_stderr_seconds=0.0, bandwidth_stderr_bytes_per_s=0.0, rms_relative_error=0.05,

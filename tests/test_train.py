@@ -3,14 +3,9 @@ import math
 import torch
 
 from lab_utils.experiments.shared.data import make_loaders
-from lab_utils.learn.loop import (
-    StepOptions,
-    evaluate,
-    make_optimizer,
-    run_epoch,
-    train_steps,
-    wrap_data_parallel,
-)
+from lab_utils.learn.devices import wrap_data_parallel
+from lab_utils.learn.evaluation import evaluate
+from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.learn.models import ResNet18
 
 
@@ -174,7 +169,7 @@ def test_every_epoch_record_field_is_in_the_glossary():
     """The epoch driver's record and the rank aggregate use the glossary's names (one meaning each)."""
     from dataclasses import fields
 
-    from lab_utils.learn.loop import EpochRecord
+    from lab_utils.learn.epoch_record import EpochRecord
     from lab_utils.learn.metrics import GLOSSARY, define, unknown
 
     assert unknown(f.name for f in fields(EpochRecord)) == []

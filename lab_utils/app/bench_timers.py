@@ -25,10 +25,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lab_utils.learn.devices import default_device
 from lab_utils.learn.errors import check_positive_int
-from lab_utils.learn.loop import StepOptions, default_device, make_optimizer, train_steps
+from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.learn.models import ResNet18
-from lab_utils.learn.models.gpt import GPT, gpt_config, lm_loss
+from lab_utils.learn.models.gpt import GPT, lm_loss
+from lab_utils.learn.models.gpt_sizes import gpt_config
 from lab_utils.learn.timing import NestedTimers, PairedRatio, PhaseTimer, paired_ratio, synchronize
 
 

@@ -49,8 +49,8 @@ from lab_utils.experiments.n04_allreduce import experiment as comm
 from lab_utils.experiments.n08_speed_limits import fast_train
 from lab_utils.experiments.shared import data
 from lab_utils.learn import timing
-from lab_utils.learn.comm_hooks import NOISE_SIGMAS
 from lab_utils.learn.errors import LabError, LaunchError, error_line, first_line
+from lab_utils.learn.spread import NOISE_SIGMAS
 
 DEFAULT_BUDGET_S = 600.0
 NO_GPU = "skipped: no GPU"
@@ -523,7 +523,7 @@ def timing_expectations(d: dict[str, Any]) -> list[str]:
     holds the bucket copies and synchronization that (c) does not, so with one bucket, or with NCCL
     slowing the compute kernels, (b) > (c) happens; over gloo the all-reduce thread takes turns with
     backward on the same cores (Table 2 says so), so (b) <= (c) is not expected there. The noise: the
-    timers' tolerance, or :data:`~lab_utils.learn.comm_hooks.NOISE_SIGMAS` standard errors of (b)
+    timers' tolerance, or :data:`~lab_utils.learn.spread.NOISE_SIGMAS` standard errors of (b)
     (``exposed_comm_noise_seconds``), whichever is larger."""
     b, c = _num(d, "exposed_comm_seconds"), _num(d, "allreduce_seconds")
     noise = max(_tolerance(d), NOISE_SIGMAS * (_num(d, "exposed_comm_noise_seconds") or 0.0))

@@ -1,13 +1,17 @@
-"""THE step loop, THE epoch driver and THE evaluation: every path that trains goes through them.
+"""THE step loop and THE epoch driver: every path that trains goes through them.
 
-- :func:`train_steps` runs one pass of optimizer steps over some batches (its options, in
-  :class:`StepOptions`, cover gradient accumulation, the DDP skew barrier and comm timing,
-  autocast, lr per step, gradient clipping, channels_last, nested step timers);
+Read it in this order: the plain synchronized step first, then the DDP options as a marked extension.
+
+- :func:`train_steps` runs one pass of optimizer steps over some batches. With the default
+  :class:`StepOptions` (:data:`PLAIN`) it is the spec's plain step: copy the batch, forward, loss,
+  backward, optimizer step, each phase synchronized with the device. Its further options are the
+  extension: gradient accumulation, the DDP skew barrier and comm timing (the DDP options), autocast,
+  lr per step, gradient clipping, channels_last, nested step timers;
 - :func:`run_epoch` is the clock around it: one epoch of one process, measured as an
-  :class:`EpochRecord` (the DDP worker, the GPT worker, the batch-size sweep, DataParallel
-  and the fast path all call it; :mod:`lab_utils.learn.ranks` then aggregates the ranks'
-  records, the slowest rank defining T(N));
-- :func:`evaluate` is the one evaluation pass.
+  :class:`~lab_utils.learn.epoch_record.EpochRecord` (the DDP worker, the GPT worker, the batch-size
+  sweep, DataParallel and the fast path all call it; :mod:`lab_utils.learn.ranks` then aggregates the
+  ranks' records, the slowest rank defining T(N));
+- :func:`lab_utils.learn.evaluation.evaluate` is the one evaluation pass.
 
 The recipe is the assignment's: SGD (lr 0.1, momentum 0.9, weight decay 5e-4) and
 cross-entropy. What the reported training time (``train_seconds``) includes: host-to-device
@@ -22,7 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -31,6 +35,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from lab_utils.learn.devices import model_devices, peak_memory, reset_peak_memory
+from lab_utils.learn.epoch_record import EpochRecord, EpochSums
 from lab_utils.learn.progress import progress
 from lab_utils.learn.spread import step_statistics
 from lab_utils.learn.timing import NestedTimers, PhaseTimer, synchronize
@@ -42,105 +48,10 @@ def make_optimizer(model: nn.Module, lr: float = 0.1, momentum: float = 0.9,
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, **kw)
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def wrap_data_parallel(model: nn.Module, device_ids: list[int] | None = None) -> nn.Module:
-    """``nn.DataParallel`` over ``device_ids`` (default: all visible GPUs): one process scatters the
-    batch from GPU 0, replicates the model, runs the replicas in threads and gathers outputs and
-    gradients back onto GPU 0. It is not a ring all-reduce."""
-    return nn.DataParallel(model, device_ids=device_ids)
-
-
-@dataclass
-class EpochRecord:
-    """What one training epoch of one process measured (:func:`run_epoch`). Times are seconds,
-    memory bytes; every name is defined in :mod:`lab_utils.learn.metrics`."""
-
-    epoch: int
-    images: int                     # samples this process trained on (images, or sequences for a GPT)
-    steps: int                      # optimizer steps
-    epoch_seconds: float            # wall time of the whole pass, loader waits included, device synced
-    train_seconds: float | None     # movement + compute + communication (no loader wait); None untimed
-    data_loading_seconds: float
-    data_movement_seconds: float
-    compute_seconds: float
-    communication_seconds: float
-    images_per_s: float | None      # images / train_seconds (None untimed)
-    loss: float                     # mean training loss over this process's samples
-    accuracy: float                 # training accuracy over this process's samples (nan: not counted)
-    peak_memory_bytes: int | None   # device memory high-water mark (the fullest GPU); None on CPU
-    lr: float
-    # DataParallel: each GPU's peak, in device_ids order (GPU 0 also holds the gathered outputs)
-    peak_memory_bytes_per_device: list[int] | None = None
-    micro_steps: int = 0            # forward/backward passes (= batches); = steps without accumulation
-    skew_wait_seconds: float = 0.0  # DDP: waiting in the barrier for the other ranks' loaders
-    allreduce_seconds: float | None = None     # with a comm timer: all-reduce in flight, summed over steps
-    exposed_tail_seconds: float | None = None  # with a comm timer: exposed all-reduce wait, summed
-    # with global_sums: loss, accuracy and samples over ALL ranks (an all-reduce at the epoch's end)
-    global_loss: float | None = None
-    global_accuracy: float | None = None
-    global_images: int | None = None
-    # the spread of the epoch's per-step training time (seconds; None untimed): see train_steps
-    step_train_seconds_p10: float | None = None
-    step_train_seconds_p50: float | None = None
-    step_train_seconds_p90: float | None = None
-    step_train_seconds_sd: float | None = None  # their standard deviation: the total's standard error
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class EvalRecord:
-    loss: float
-    accuracy: float
-    images: int
-    seconds: float
-
-    def as_dict(self) -> dict:
-        return {f"test_{k}": v for k, v in asdict(self).items()}
-
-
-def peak_memory(device: torch.device) -> int | None:
-    """Device memory high-water mark since the last reset; None where not tracked (CPU)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return None
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def model_devices(model: nn.Module, device: torch.device) -> list[torch.device]:
-    """The devices a model's step allocates on: every GPU of an ``nn.DataParallel`` (its
-    ``device_ids``), else ``device`` alone."""
-    if isinstance(model, nn.DataParallel) and device.type == "cuda" and model.device_ids:
-        return [torch.device("cuda", i) for i in model.device_ids]  # DataParallel keeps them as ints
-    return [device]
-
-
-@dataclass
-class EpochSums:
-    """What :func:`train_steps` counted in one pass; the loss and correct sums are float64 tensors
-    on the device, ``step_train_seconds`` each optimizer step's training time when timed."""
-
-    images: int
-    steps: int
-    micro_steps: int
-    loss_sum: Any
-    correct: Any
-    allreduce_seconds: float = 0.0
-    exposed_tail_seconds: float = 0.0
-    step_train_seconds: list[float] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class StepOptions:
-    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop."""
+    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop. The DDP extension:
+    ``accumulation_steps``, ``comm_timer`` and ``skew_barrier``."""
 
     accumulation_steps: int = 1     # micro-batches per optimizer step
     scheduler: Any = None           # stepped after every optimizer step
@@ -231,9 +142,9 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             left = o.accumulation_steps if n_batches is None else n_batches - i
             group_size = max(1, min(o.accumulation_steps, left))
         last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
-        # the barrier comes before each micro-step that starts a collective: the last one (the
-        # gradient all-reduce in backward) and, with accumulation, the first one, whose forward
-        # DDP opens with a broadcast of the BatchNorm buffers
+        # DDP extension, the skew barrier: it comes before each micro-step that starts a collective: the
+        # last one (the gradient all-reduce in backward) and, with accumulation, the first one, whose
+        # forward DDP opens with a broadcast of the BatchNorm buffers
         if token is not None and (last or (pos == 0 and _forward_syncs_buffers(ddp))):
             with timer.phase("skew_wait"):
                 dist.all_reduce(token)
@@ -242,7 +153,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         with timer.phase("compute"):
             if pos == 0:
                 optimizer.zero_grad(set_to_none=True)
-            # DDP all-reduces in the backward of a forward run outside no_sync: only the last micro-step's
+            # DDP extension, accumulation: DDP all-reduces in the backward of a forward run outside
+            # no_sync: only the last micro-step's
             with ddp.no_sync() if not last and isinstance(ddp, DistributedDataParallel) else nullcontext():
                 with sub("forward"), autocast():
                     logits = ddp(x)
@@ -269,7 +181,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             sc = comm_timer.finish_step()
             out.allreduce_seconds += sc.allreduce_busy_seconds
             out.exposed_tail_seconds += sc.exposed_tail_seconds
-            # the exposed wait happened inside the compute phase: move it to communication
+            # DDP extension, comm timing: the exposed wait happened inside the compute phase: move it to
+            # communication
             timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
             timer.add("communication", sc.exposed_tail_seconds)
         out.images += int(y.shape[0])
@@ -310,7 +223,8 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     (data movement, compute, communication; the loader wait and DDP's ``skew_wait`` left out), each
     synchronized at its ends; ``images_per_s`` = images / ``train_seconds``; the
     ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times,
-    ``step_train_seconds_sd`` their standard deviation (the total's standard error: core.spread).
+    ``step_train_seconds_sd`` their standard deviation (the total's standard error:
+    :mod:`lab_utils.learn.spread`).
 
     ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase
     boundaries inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default.
@@ -368,49 +282,6 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
 def next_epoch(options: StepOptions, steps_done: int) -> StepOptions:
     """``options`` for the next epoch of a run: the lr schedule continues from ``steps_done``."""
     return replace(options, first_step=steps_done)
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device | str, *, loss_fn=None,
-             autocast_dtype: torch.dtype | None = None, max_batches: int | None = None,
-             count_correct: bool = True) -> EvalRecord:
-    """THE evaluation pass: mean loss and accuracy of ``model`` over ``loader`` in eval mode.
-
-    BatchNorm uses its running statistics, dropout is off; the model's training mode is
-    restored afterwards. ``loss_fn`` is a mean-reduced loss (default: cross-entropy); each
-    batch counts with ``y.numel()`` predictions (images, or tokens for a language model), so
-    ``loss`` is the mean over every prediction and ``images`` their number. Sums stay on the
-    device (one synchronization at the end). ``max_batches`` stops early; ``count_correct``
-    off skips the argmax accuracy (``nan``). ``seconds``: wall time, device synchronized.
-    """
-    device = torch.device(device)
-    loss_fn = loss_fn or nn.CrossEntropyLoss()
-    autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)
-                if autocast_dtype is not None else nullcontext)
-    was_training = model.training
-    model.eval()
-    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    correct = torch.zeros((), device=device, dtype=torch.float64)
-    count = 0
-    non_blocking = device.type == "cuda"  # from pinned memory the copy overlaps; the kernels wait for it
-    synchronize(device)
-    t0 = time.perf_counter()
-    for i, (x, y) in enumerate(loader):
-        if max_batches is not None and i >= max_batches:
-            break
-        x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-        with autocast():
-            out = model(x)
-            loss = loss_fn(out, y)
-        loss_sum += loss.double() * y.numel()
-        if count_correct:
-            correct += (out.argmax(-1) == y).sum().double()
-        count += y.numel()
-    synchronize(device)
-    model.train(was_training)
-    n = max(count, 1)
-    return EvalRecord(loss=float(loss_sum) / n, accuracy=float(correct) / n if count_correct else math.nan,
-                      images=count, seconds=time.perf_counter() - t0)
 
 
 def _len_or_none(loader) -> int | None:

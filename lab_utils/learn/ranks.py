@@ -4,7 +4,7 @@ Every optimizer step of DDP ends with an all-reduce that no rank can finish befo
 last rank arrives, so an epoch on N devices lasts as long as its slowest rank. Averaging
 the ranks' times (what an earlier report did, SPEC.md Part 2) hides that rank and can
 report a "super-linear" speedup that never happened. :func:`aggregate_epoch` turns the
-per-rank records of one epoch (:class:`lab_utils.learn.loop.EpochRecord` fields, as
+per-rank records of one epoch (:class:`lab_utils.learn.epoch_record.EpochRecord` fields, as
 dicts, plus whatever a worker adds) into one aggregate; the ResNet DDP worker (notebooks
 02, 03, 05) and the GPT worker (notebook 06) both use it.
 
@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from lab_utils.learn.comm_hooks import overlap_figures
+from lab_utils.learn.comm_probe import overlap_figures
 from lab_utils.learn.spread import STEP_PERCENTILE_KEYS, STEP_STAT_KEYS
 
 #: Time keys whose aggregate is the maximum over ranks (the others: the slowest rank's value).
@@ -122,9 +122,9 @@ def epochs_over_ranks(gathered: Sequence[Mapping[str, Any]],
 
 
 def probe_seconds(probe: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    """One rank's ``no_sync`` probe (:class:`lab_utils.learn.comm_hooks.CommProbe` fields, per step)
+    """One rank's ``no_sync`` probe (:class:`lab_utils.learn.comm_probe.CommProbe` fields, per step)
     scaled to an epoch of ``steps`` optimizer steps: (b) ``exposed_comm_seconds``, (c)
-    ``allreduce_seconds``, their overlap (:func:`~lab_utils.learn.comm_hooks.overlap_figures`) and the
+    ``allreduce_seconds``, their overlap (:func:`~lab_utils.learn.comm_probe.overlap_figures`) and the
     standard error of (b). A worker puts them in its rank's epoch entry, so that
     :func:`aggregate_epoch` takes them from the slowest rank, with the means beside them."""
     exposed = float(probe["exposed_per_step_seconds"]) * steps

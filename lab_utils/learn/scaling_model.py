@@ -2,7 +2,7 @@
 all-reduce's measured line: what notebooks 02 and 03 ask students to predict before they measure.
 
 **The all-reduce's line.** The benchmark (notebook 04's experiment, run from notebook 02) times one
-all-reduce per message size on P ranks; the fit (:func:`lab_utils.learn.ring.fit_alpha_beta`) is a
+all-reduce per message size on P ranks; the fit (:func:`lab_utils.learn.alpha_beta.fit_alpha_beta`) is a
 straight line in the message size S: ``t(S) = latency + S / bandwidth``. :class:`AllReduceLine` keeps
 that line as its two numbers at one rank count, ``latency_seconds`` (an empty message) and
 ``bandwidth_gb_per_s`` (decimal GB of message per second on top of it), without the ring's
@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lab_utils.learn.ring import GB, AlphaBetaFit
+from lab_utils.learn.alpha_beta import AlphaBetaFit
+from lab_utils.learn.ring import GB
 
 
 @dataclass(frozen=True)

@@ -710,13 +710,13 @@ RANKS_TIMEOUT_S = 15.0
 
 def _average_call(fn: Callable, case: dict) -> Any:
     """Case ``{"grads": [rank 0's gradients, rank 1's, ...]}`` (each a list of nested lists): ``fn`` runs
-    in that many gloo ranks (:func:`lab_utils.learn.handmade.run_in_ranks`, forked processes), each on its
+    in that many gloo ranks (:func:`lab_utils.engine.fork_ranks.run_in_ranks`, forked processes), each on its
     own gradients as float32 tensors. The answer, per rank: ``{"grads": what the given tensors hold
     afterwards, "returns": what fn returned}`` (:func:`_returned`); None (not done yet) when a rank's fn
     returned None and changed nothing."""
     import torch
 
-    from lab_utils.learn.handmade import run_in_ranks
+    from lab_utils.engine.fork_ranks import run_in_ranks
 
     def rank(r: int, world: int) -> Any:
         given = [torch.tensor(g, dtype=torch.float32) for g in case["grads"][r]]
@@ -947,7 +947,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         "q03_compute_comm", "compute_and_comm", outputs=("compute_seconds", "comm_seconds"),
         find_the_bug=True,
         giveaways=(r"re:compute[^.]{0,30}=\s*t\(1\)\s*/\s*n", r"re:t\(n\)\s*-\s*t\(1\)\s*/\s*n"),
-        implemented_by=("lab_utils.learn.comm_hooks.derived_comm",),
+        implemented_by=("lab_utils.learn.comm_probe.derived_comm",),
         mistakes=(
             Mistake("compute = T(N)", "the compute column is T(1)/N, the one-device work split N ways; T(N) "
                     f"is the whole N-device epoch, communication included (the earlier cohort's Table 2 "
@@ -1123,7 +1123,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         needs=("lab_utils.learn.models.gpt",), show=lambda case: f"flops_per_token({_cfg_text(case)})",
         giveaways=("12LC^2 + VC", r"re:6\s*(\\,\s*)?\(\s*12\s*l\s*c", "12LCT", "12 L C T", "70,928,640",
                    "70928640"),
-        implemented_by=("lab_utils.learn.models.gpt.train_flops_per_token",),
+        implemented_by=("lab_utils.learn.models.gpt_sizes.train_flops_per_token",),
         mistakes=(
             Mistake("6 x the parameter count", "N in 6N is the weights that take part in a matrix multiply, "
                     "12LC^2 + VC: embeddings look up (they do not multiply), biases and LayerNorms add no "
@@ -1233,7 +1233,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     wrong=lambda grads: _average(grads, give_back=False)),
         )),
     Exercise(
-        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.learn.handmade.assign_buckets",),
+        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.learn.buckets.assign_buckets",),
         giveaways=(r"re:if filled\s*>=", r"re:for i in reversed\(range\(len\(sizes"),
         mistakes=(
             Mistake("forward order", "backward produces the LAST layer's gradient first: fill buckets from "
@@ -1253,7 +1253,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
                     "too: append it", wrong=partial(_ddp_buckets, drop_last=True)),
         )),
     Exercise(
-        "q09_shards", "shard_bounds", implemented_by=("lab_utils.learn.handmade.shard_bounds",),
+        "q09_shards", "shard_bounds", implemented_by=("lab_utils.learn.buckets.shard_bounds",),
         giveaways=(r"re:divmod\(numel,\s*world_?size\)", r"re:min\(r \+ 1, extra\)"),
         mistakes=(
             Mistake("the remainder dropped", "with numel // world_size elements per shard, the last numel % "
@@ -1267,8 +1267,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in (
         )),
     Exercise(
         "q09_exposed", "exposed_seconds", call=lambda fn, case: plain(fn(**case)), rel_tol=1e-6,
-        implemented_by=("lab_utils.learn.handmade.overlap_exposed_seconds",
-                        "lab_utils.learn.handmade.optimal_bucket_bytes"),
+        implemented_by=("lab_utils.learn.traffic.overlap_exposed_seconds",
+                        "lab_utils.learn.traffic.optimal_bucket_bytes"),
         show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={_fmt(v)}" for k, v in case.items()) + ")",
         giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*t\s*/\s*k", "they queue from the first bucket on",
                    "a bucket's communication takes exactly as long as its computation"),

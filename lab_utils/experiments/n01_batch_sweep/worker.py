@@ -42,8 +42,9 @@ from lab_utils.engine.memory import set_memory_fraction
 from lab_utils.engine.records import Record
 from lab_utils.experiments.shared.data import CifarLoaders, make_loaders
 from lab_utils.learn.errors import LabError
+from lab_utils.learn.evaluation import evaluate
 from lab_utils.learn.flops import mfu
-from lab_utils.learn.loop import evaluate, make_optimizer, run_epoch
+from lab_utils.learn.loop import make_optimizer, run_epoch
 from lab_utils.learn.models import ResNet18, flops_per_image
 
 #: What an epoch of one process without a process group never has (not copied into the record).

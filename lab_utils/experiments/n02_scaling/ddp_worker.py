@@ -33,7 +33,7 @@ of them but ``record`` and ``rank``).
   sets + this configuration's loaders, model, DDP wrapper and optimizer; not the process start-up nor
   ``import torch``),
   ``worker_seconds``; ``accumulation_note`` and ``debug_note`` when used. With ``measure_comm``: the
-  slowest rank's ``comm_probe`` (:mod:`lab_utils.learn.comm_hooks`) and its (b), (c) and overlap per
+  slowest rank's ``comm_probe`` (:mod:`lab_utils.learn.comm_probe`) and its (b), (c) and overlap per
   epoch for the reported epoch (:func:`lab_utils.learn.ranks.probe_seconds`), ``allreduce_buckets``.
 - Per-rank ``metrics``: ``rank``, ``epochs`` (that rank's phases, loss and accuracy over its images,
   ``sample_order_head``: the sampler's first indices, to check ``set_epoch``), the reported epoch's
@@ -68,9 +68,12 @@ from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.memory import free_device_memory
 from lab_utils.engine.records import Record, run_records
 from lab_utils.experiments.shared.data import cifar10_dataset, test_transform, train_transform
-from lab_utils.learn.comm_hooks import AllReduceTimer, ddp_bucket_bytes, probe_exposed_comm
+from lab_utils.learn.comm_hooks import AllReduceTimer, ddp_bucket_bytes
+from lab_utils.learn.comm_probe import probe_exposed_comm
+from lab_utils.learn.epoch_record import EpochRecord
 from lab_utils.learn.errors import LabError, check_choice, check_positive_int
-from lab_utils.learn.loop import EpochRecord, StepOptions, evaluate, make_optimizer, run_epoch
+from lab_utils.learn.evaluation import evaluate
+from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch
 from lab_utils.learn.models import ResNet18, count_parameters
 from lab_utils.learn.ranks import epochs_over_ranks, probe_seconds
 from lab_utils.learn.ring import gradient_bytes

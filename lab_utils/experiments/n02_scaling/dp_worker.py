@@ -29,7 +29,8 @@ from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.records import Record
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
 from lab_utils.experiments.shared.data import make_loaders
-from lab_utils.learn.loop import make_optimizer, run_epoch, wrap_data_parallel
+from lab_utils.learn.devices import wrap_data_parallel
+from lab_utils.learn.loop import make_optimizer, run_epoch
 from lab_utils.learn.models import ResNet18, count_parameters
 from lab_utils.learn.ring import gradient_bytes
 

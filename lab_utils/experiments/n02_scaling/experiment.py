@@ -18,7 +18,7 @@ of one N in
 - A configuration that needs more GPUs than exist is a row ``needs N GPUs``, one that does not fit
   ``OOM``; never a number, and not stored, so a later run on a bigger node measures it.
 
-Notebook 03 measures communication three ways on N = 2 and 4 (:mod:`lab_utils.learn.comm_hooks`):
+Notebook 03 measures communication three ways on N = 2 and 4 (:mod:`lab_utils.learn.comm_probe`):
 (a) the assignment's T(N) - T(1)/N, (b) the exposed part from the ``no_sync`` probe, (c) the
 all-reduce time from the timing hook. The records' schema is in
 :mod:`lab_utils.experiments.n02_scaling.ddp_worker`.

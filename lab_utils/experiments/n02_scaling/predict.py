@@ -21,17 +21,18 @@ from lab_utils.engine.store import Record
 from lab_utils.experiments.n02_scaling.experiment import DDP
 from lab_utils.experiments.shared.repeats import merge_repeats
 from lab_utils.experiments.shared.rows import one_device_runs, pair_key
+from lab_utils.learn.alpha_beta import fit_alpha_beta
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.metrics import T_N, per_step, value
-from lab_utils.learn.ring import fit_alpha_beta, iterations_per_epoch
+from lab_utils.learn.ring import iterations_per_epoch
 from lab_utils.learn.scaling_model import AllReduceLine
 
 __all__ = ["Cases", "allreduce_lines", "comm_cases", "epoch_cases", "inputs_frames"]
 
 
 def allreduce_lines(bench_records: Sequence[Record]) -> dict[int, AllReduceLine]:
-    """The all-reduce's fitted line (:func:`lab_utils.learn.ring.fit_alpha_beta`, the fit of notebook 04's
-    table) per rank count of the benchmark's ok records: each size's mean time per all-reduce. A rank
+    """The all-reduce's fitted line (:func:`lab_utils.learn.alpha_beta.fit_alpha_beta`, the fit of notebook
+    04's table) per rank count of the benchmark's ok records: each size's mean time per all-reduce. A rank
     count it did not measure, or whose timings cannot be fitted, has none."""
     timings: dict[int, list[tuple[float, float]]] = {}
     for r in bench_records:

@@ -31,8 +31,9 @@ from lab_utils.engine.dist import DistContext
 from lab_utils.engine.hardware import software_versions
 from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.records import Record
+from lab_utils.learn.alpha_beta import ELEMENT_BYTES
 from lab_utils.learn.errors import LabError
-from lab_utils.learn.ring import ELEMENT_BYTES, algbw_gb_per_s, busbw_gb_per_s
+from lab_utils.learn.ring import algbw_gb_per_s, busbw_gb_per_s
 
 
 def _sync(device: torch.device) -> None:

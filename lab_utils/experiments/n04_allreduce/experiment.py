@@ -14,8 +14,8 @@ one training
   step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
   this process on a CPU.
 
-The formulas are in :mod:`lab_utils.learn.ring`; tables, fit, Table 3 and projections in
-:mod:`lab_utils.experiments.n04_allreduce.tables`.
+The formulas are in :mod:`lab_utils.learn.ring`, the fit in :mod:`lab_utils.learn.alpha_beta`; tables,
+fit, Table 3 and projections in :mod:`lab_utils.experiments.n04_allreduce.tables`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n04_allreduce import allreduce_worker as allreduce_bench
 from lab_utils.experiments.n04_allreduce import compute_step_worker as compute_step
 from lab_utils.experiments.shared import estimates
+from lab_utils.learn.alpha_beta import message_sizes
 from lab_utils.learn.errors import LabError, check_positive_int
-from lab_utils.learn.ring import GIB, MIB, message_sizes
+from lab_utils.learn.ring import GIB, MIB
 
 # The formulas notebook 04 and its exercises call as comm.<name> (re-exported from core.ring).
 from lab_utils.learn.ring import gradient_bytes as gradient_bytes

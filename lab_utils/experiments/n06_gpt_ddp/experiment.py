@@ -31,7 +31,7 @@ from lab_utils.experiments.n06_gpt_ddp.worker import TrainConfig
 from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.text_data import TRAIN_FRACTION, resolve_corpus
 from lab_utils.learn.errors import LabError, check_positive_int
-from lab_utils.learn.models.gpt import gpt_config, train_flops_per_token
+from lab_utils.learn.models.gpt_sizes import gpt_config, train_flops_per_token
 
 # checkpoint_path is also this module's: notebook 06 forces the final run when its file is missing
 __all__ = ["ACCUMULATION", "ACCUMULATION_EXPERIMENT", "SCALING", "SCALING_EXPERIMENT", "TRAIN",

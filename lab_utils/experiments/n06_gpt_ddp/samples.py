@@ -19,11 +19,10 @@ from lab_utils.experiments.n06_gpt_ddp.experiment import Settings, checkpoint_pa
 from lab_utils.experiments.n06_gpt_ddp.worker import evaluate
 from lab_utils.experiments.shared.text_data import TextSplits, TokenWindows, load_splits
 from lab_utils.learn.errors import LabError
-from lab_utils.learn.models.gpt import (
-    GPT,
-    count_parameters,
+from lab_utils.learn.models.gpt import GPT, count_parameters
+from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
+from lab_utils.learn.models.gpt_sizes import (
     gpt_config,
-    load_checkpoint,
     measure_train_flops_per_token,
     parameter_count,
     train_flops_per_token,
@@ -117,8 +116,8 @@ def model_summary(settings: Settings):
 
 def flops_table(settings: Settings):
     """The training FLOPs per token of the profile's model by the formula 6N + 12LCT
-    (:func:`lab_utils.learn.models.gpt.train_flops_per_token`) and counted by ``FlopCounterMode`` on the model
-    (Exercise 06-a's answer for it: notebook 06 shows it after the exercise)."""
+    (:func:`lab_utils.learn.models.gpt_sizes.train_flops_per_token`) and counted by ``FlopCounterMode`` on the
+    model (Exercise 06-a's answer for it: notebook 06 shows it after the exercise)."""
     s = settings.validate()
     cfg = gpt_config(s.size, vocab_size=_splits(s).vocab.size)
     return pd.DataFrame([{"size": s.size, "train FLOPs/token (6N+12LCT)": train_flops_per_token(cfg),

@@ -25,7 +25,7 @@ from lab_utils.experiments.n06_gpt_ddp.experiment import Settings
 from lab_utils.experiments.shared import anchors
 from lab_utils.experiments.shared.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
 from lab_utils.experiments.shared.rows import blank, blank_missing, one_device_runs, pair_key
-from lab_utils.learn.comm_hooks import derived_comm, noise_flag
+from lab_utils.learn.comm_probe import derived_comm, noise_flag
 from lab_utils.learn.flops import mfu, predicted_tokens_per_s
 from lab_utils.learn.metrics import per_step, value
 from lab_utils.learn.speedup import efficiency, speedup
@@ -222,7 +222,7 @@ def _per_step_ms(bd: dict | None, name: str) -> float | None:
 def compute_comm_table(records: Sequence[Record]):
     """gpt_compute_vs_comm: measured compute and communication (the instrumented pass's, per step x the
     reported epoch's steps; the probe's, likewise) of each run on N > 1 devices, and the derived method on
-    T(N) (:func:`lab_utils.learn.comm_hooks.derived_comm`)."""
+    T(N) (:func:`lab_utils.learn.comm_probe.derived_comm`)."""
     aggs = _ok(aggregates(records))
     ones = one_device_runs(aggs)
     rows = []

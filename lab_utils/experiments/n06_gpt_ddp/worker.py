@@ -54,21 +54,16 @@ from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.memory import free_device_memory
 from lab_utils.engine.records import Record, run_records
 from lab_utils.experiments.shared.text_data import TokenWindows, load_splits
-from lab_utils.learn.comm_hooks import AllReduceTimer, probe_exposed_comm
+from lab_utils.learn.comm_hooks import AllReduceTimer
+from lab_utils.learn.comm_probe import probe_exposed_comm
+from lab_utils.learn.epoch_record import EpochRecord
 from lab_utils.learn.errors import LabError, check_choice, check_positive_int
+from lab_utils.learn.evaluation import evaluate as loop_evaluate
 from lab_utils.learn.flops import mfu
-from lab_utils.learn.loop import EpochRecord, StepOptions, next_epoch, run_epoch
-from lab_utils.learn.loop import evaluate as loop_evaluate
-from lab_utils.learn.models.gpt import (
-    GPT,
-    count_parameters,
-    gpt_config,
-    lm_loss,
-    measure_train_flops_per_token,
-    save_checkpoint,
-    train_flops_per_token,
-    unwrap,
-)
+from lab_utils.learn.loop import StepOptions, next_epoch, run_epoch
+from lab_utils.learn.models.gpt import GPT, count_parameters, lm_loss, unwrap
+from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
+from lab_utils.learn.models.gpt_sizes import gpt_config, measure_train_flops_per_token, train_flops_per_token
 from lab_utils.learn.ranks import aggregate_epoch, epochs_over_ranks, probe_seconds
 from lab_utils.learn.schedules import LRSchedule
 from lab_utils.learn.spread import STEP_PERCENTILE_KEYS
@@ -176,7 +171,7 @@ def saved_activation_bytes(model: nn.Module, x: torch.Tensor, dtype: str = "fp32
 def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, max_batches: int | None,
              dtype: str = "fp32") -> tuple[float, int]:
     """Summed validation loss (nats) and token count over this rank's share of ``loader``
-    (the lab's one evaluation pass, :func:`lab_utils.learn.loop.evaluate`, over tokens)."""
+    (the lab's one evaluation pass, :func:`lab_utils.learn.evaluation.evaluate`, over tokens)."""
     ev = loop_evaluate(unwrap(model), loader, device, loss_fn=lm_loss, max_batches=max_batches,
                        autocast_dtype=torch.bfloat16 if dtype == "bf16" else None, count_correct=False)
     return ev.loss * ev.images, ev.images

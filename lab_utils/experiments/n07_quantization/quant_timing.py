@@ -19,7 +19,7 @@ from torch import nn
 from lab_utils.engine.hardware import peak_flops_per_s
 from lab_utils.engine.memory import free_device_memory
 from lab_utils.learn.errors import LabError
-from lab_utils.learn.loop import evaluate
+from lab_utils.learn.evaluation import evaluate
 from lab_utils.learn.timing import synchronize
 
 

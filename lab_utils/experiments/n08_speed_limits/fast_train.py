@@ -20,8 +20,9 @@ from lab_utils.engine import onednn
 from lab_utils.engine.backends import apply_training_backends
 from lab_utils.engine.hardware import fp32_training_precision
 from lab_utils.experiments.shared.data import check_num_workers
+from lab_utils.learn.epoch_record import EpochRecord
 from lab_utils.learn.errors import LabError, check_choice
-from lab_utils.learn.loop import EpochRecord, StepOptions, make_optimizer, run_epoch, train_steps
+from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.learn.models import ResNet18
 from lab_utils.learn.timing import synchronize
 

@@ -55,9 +55,10 @@ from lab_utils.experiments.n08_speed_limits.fast_train import (
     warm_up,
 )
 from lab_utils.experiments.shared.data import ArraySplit, device_loader, load_split, spec_loader
+from lab_utils.learn.devices import peak_memory, reset_peak_memory
 from lab_utils.learn.errors import error_line
+from lab_utils.learn.evaluation import evaluate
 from lab_utils.learn.flops import mfu
-from lab_utils.learn.loop import evaluate, peak_memory, reset_peak_memory
 from lab_utils.learn.models import flops_per_image
 from lab_utils.learn.schedules import LRSchedule
 from lab_utils.learn.timing import synchronize

@@ -3,7 +3,7 @@
 Tables select and rename what the worker measured (:mod:`lab_utils.experiments.n09_build_ddp.worker`); the one
 number they add, the alpha-beta prediction, spans records (the fit comes from notebook 04's
 benchmark in the store, else from this run's own all-reduce timing) and is computed in one place,
-:func:`predictions`, with :func:`lab_utils.learn.handmade.predicted_seconds`; Exercise 09-d's inputs per
+:func:`predictions`, with :func:`lab_utils.learn.traffic.predicted_seconds`; Exercise 09-d's inputs per
 bucket size come from :func:`overlap_cases`.
 """
 
@@ -21,9 +21,10 @@ from lab_utils.engine.records import aggregates
 from lab_utils.engine.store import Record, ResultStore
 from lab_utils.engine.table_view import with_view
 from lab_utils.experiments.n09_build_ddp.worker import IMPLEMENTATIONS
+from lab_utils.learn.alpha_beta import fit_alpha_beta
 from lab_utils.learn.errors import LabError
-from lab_utils.learn.handmade import optimal_bucket_bytes, predicted_seconds
-from lab_utils.learn.ring import MIB, fit_alpha_beta
+from lab_utils.learn.ring import MIB
+from lab_utils.learn.traffic import optimal_bucket_bytes, predicted_seconds
 
 #: The columns a notebook shows when the whole table is too wide (lab_utils.engine.table_view).
 COMPARE_VIEW = ("devices", "per_device_batch", "implementation", "step_ms", "comm_exposed_ms",
@@ -74,11 +75,11 @@ _TABLE_NOTES = {
         "optimizer state, its buffers); peak_bytes: the most at once during one step; both counted from "
         "before it was built, after two warm-up steps, the largest over ranks. GPU: "
         "torch.cuda.memory_allocated and max_memory_allocated; CPU: every tensor an op creates, counted "
-        "until it is freed (handmade.memory_use). A collective's own buffers are not tensors of these ops"
-        " and are not counted."],
+        "until it is freed (replica_memory.memory_use). A collective's own buffers are not tensors of these "
+        "ops and are not counted."],
     "overlap": [
         "measured_seconds: (c)'s comm_exposed_seconds in the bucket sweep; lab_model_seconds: "
-        "handmade.overlap_exposed_seconds, equal buckets produced at a steady rate over backward_seconds "
+        "traffic.overlap_exposed_seconds, equal buckets produced at a steady rate over backward_seconds "
         "(the no-communication replica's backward, measured), all-reduces one at a time by the alpha-beta"
         " fit; your_prediction_seconds: your exposed_seconds on the same inputs. The real buckets follow "
         "parameter boundaries (bucket_sizes_mb in the sweep)."],
@@ -192,7 +193,7 @@ def sweep_table(store: ResultStore, records: Sequence[Record]) -> pd.DataFrame:
 def overlap_cases(store: ResultStore,
                   records: Sequence[Record]) -> tuple[list[dict[str, Any]], list[float], list[str]]:
     """Exercise 09-d's cases from the sweep: per (c) row, the inputs of
-    :func:`lab_utils.learn.handmade.overlap_exposed_seconds` (its bucket cap, or the whole gradient for one
+    :func:`lab_utils.learn.traffic.overlap_exposed_seconds` (its bucket cap, or the whole gradient for one
     bucket; the gradient bytes; the ranks; the fit's alpha and bandwidth; the measured backward), its
     measured ``comm_exposed_seconds`` and a label. Empty without a sweep, a fit or a backward time."""
     rec = _sweep_record(records)
@@ -222,7 +223,7 @@ def best_bucket_args(exposed: Any, cases: Sequence[dict[str, Any]],
     the least exposed communication by ``exposed`` (a student's model of one bucket size: the best of
     ``k`` equal buckets, k = 1 ... 4096; None while it returns None), the inputs (one case: those of
     :func:`overlap_cases` but the bucket size), the sweep's best (measured) and the lab's model
-    (:func:`lab_utils.learn.handmade.optimal_bucket_bytes`). Empty lists without cases."""
+    (:func:`lab_utils.learn.traffic.optimal_bucket_bytes`). Empty lists without cases."""
     def yours(**c: Any) -> float | None:
         tried = [(exposed(bucket_bytes=c["gradient_bytes"] / k, **c), k) for k in range(1, 4097)]
         return None if any(t is None for t, _ in tried) else c["gradient_bytes"] / min(tried)[1] / MIB

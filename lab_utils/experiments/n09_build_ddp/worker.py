@@ -15,9 +15,9 @@ configuration's ``kind``:
   :data:`~lab_utils.learn.handmade.TOLERANCE` of the dtype the gradients travelled in; the optimizer
   state each rank holds (``sgd_state_bytes``, per rank).
 - ``bench``: this run's own all-reduce times on a few message sizes and their alpha-beta fit
-  (:func:`lab_utils.learn.ring.fit_alpha_beta`), for when notebook 04's fit is not in the store.
+  (:func:`lab_utils.learn.alpha_beta.fit_alpha_beta`), for when notebook 04's fit is not in the store.
 - ``memory``: each implementation in turn, built from nothing, with SGD or Adam
-  (``implementations``: ``[name, bucket_mb, optimizer]``): :func:`~lab_utils.learn.handmade.memory_use`
+  (``implementations``: ``[name, bucket_mb, optimizer]``): :func:`~lab_utils.learn.replica_memory.memory_use`
   over two warm-up steps and one measured step, the largest over ranks (``held_bytes``,
   ``peak_bytes``) and ``optimizer_state_bytes``.
 - ``compare``: the implementations side by side, interleaved step by step (round r runs every
@@ -62,11 +62,12 @@ from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.records import Record
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig, train_dataset
 from lab_utils.experiments.n04_allreduce.allreduce_worker import measure_size
-from lab_utils.learn import handmade
+from lab_utils.learn import handmade, replica_memory, traffic
+from lab_utils.learn.alpha_beta import fit_alpha_beta
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.learn.models import ResNet18
-from lab_utils.learn.ring import fit_alpha_beta, gradient_bytes
+from lab_utils.learn.ring import gradient_bytes
 from lab_utils.learn.spread import percentile
 from lab_utils.learn.timing import NestedTimers, synchronize
 
@@ -162,7 +163,7 @@ class Replica:
         listed = str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes", ""))
         sizes = [int(s) for s in listed.split(",") if s.strip()]
         half = 2 if self.name == "ddp_bf16" else 1   # the hook sends bf16: half the bytes
-        return [(handmade.ALL_REDUCE, s // half) for s in sizes]
+        return [(traffic.ALL_REDUCE, s // half) for s in sizes]
 
 
 def _model(config: dict[str, Any], ctx: DistContext) -> nn.Module:
@@ -215,7 +216,7 @@ def _check(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str, 
         mine = _flat_params(rep.model)
         diff = float((mine - reference).abs().max())
         close = bool(torch.allclose(mine, reference, rtol=rtol, atol=atol))
-        per_rank = gather((diff, close, handmade.optimizer_state_bytes(rep.optimizer)), ctx)
+        per_rank = gather((diff, close, replica_memory.optimizer_state_bytes(rep.optimizer)), ctx)
         lossy = name == "ddp_bf16"  # bf16 gradients: close, never equal
         rows.append({"implementation": name, "bucket_mb": bucket_mb,
                      "dtype": "bfloat16" if lossy else config["dtype"],
@@ -255,9 +256,9 @@ def _memory(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str,
     batch = _batches(config, state, ctx, config["batch_size"], 1)[0]
     rows = []
     for name, bucket_mb, optimizer in config["implementations"]:
-        use, rep = handmade.memory_use(partial(Replica, name, bucket_mb, config, ctx, optimizer),
+        use, rep = replica_memory.memory_use(partial(Replica, name, bucket_mb, config, ctx, optimizer),
                                        lambda r: r.step(batch, ctx.device), ctx.device)
-        state_bytes = handmade.optimizer_state_bytes(rep.optimizer)
+        state_bytes = replica_memory.optimizer_state_bytes(rep.optimizer)
         per_rank = gather((use.held_bytes, use.peak_bytes, state_bytes), ctx)
         del rep
         rows.append({"implementation": name, "bucket_mb": bucket_mb, "optimizer": optimizer,
@@ -281,8 +282,8 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
                 seconds[k].append(dt)
     every = gather(seconds, ctx)   # [rank][replica][step]
     last_losses = [_global_mean(loss, ctx) for loss in losses]
-    state_bytes = gather([handmade.optimizer_state_bytes(r.optimizer) for r in reps], ctx)
-    slowest = [handmade.slowest_per_step([ranks[k] for ranks in every]) for k in range(len(reps))]
+    state_bytes = gather([replica_memory.optimizer_state_bytes(r.optimizer) for r in reps], ctx)
+    slowest = [traffic.slowest_per_step([ranks[k] for ranks in every]) for k in range(len(reps))]
     base = next((s for s, r in zip(slowest, reps) if r.name == "local"), None)
     backward = _backward_seconds(reps, batches[warmup:], ctx)
     rows = []
@@ -290,7 +291,7 @@ def _compare(config: dict[str, Any], job: Job, ctx: DistContext, state: dict[str
         msgs = rep.messages()
         row = {"implementation": rep.name, "bucket_mb": rep.bucket_mb, **_spread("step_seconds", slowest[k]),
                "messages": msgs,
-               "bytes_per_rank_per_step": handmade.bytes_sent_per_rank(msgs, ctx.world_size),
+               "bytes_per_rank_per_step": traffic.bytes_sent_per_rank(msgs, ctx.world_size),
                "overlaps": rep.name in _OVERLAPPING, "last_step_loss": last_losses[k],
                "sgd_state_bytes": max(b[k] for b in state_bytes)}
         if base is not None:  # paired by round: the same batch, moments apart

@@ -14,47 +14,23 @@ Architecture (written for this lab; the layout follows the common GPT-2 recipe):
 ``forward(idx)`` returns logits of shape (batch, time, vocab); the loss is computed by
 the caller (:func:`lm_loss`) so that timers can separate forward, loss and backward.
 
-Sizes are named (:data:`GPT_SIZES`): ``tiny`` for the quick profile and tests, ``small``
-(about 10.7 M parameters with a 65-character vocabulary) as the default that trains
-usefully in minutes on one GPU. :func:`parameter_count` gives the exact count from the
-config (tested against the model).
-
-Checkpoint format (written by notebook 06, read by notebook 07)
----------------------------------------------------------------
-``results/<profile>/checkpoints/gpt.pt`` (:func:`checkpoint_path`), a ``torch.save``
-of a plain dict that ``torch.load(path, weights_only=True)`` accepts::
-
-    {
-        "format": "lab-gpt-v1",
-        "config": asdict(GPTConfig),          # ints, floats, bools
-        "model": state_dict,                  # fp32 tensors on CPU, tied weights stored once each key
-        "vocab": "\\n !&',-.3:;?AB...",       # str: character of each token id, in id order
-        "corpus": "tiny-shakespeare",         # which text it was trained on
-        "metrics": {"val_loss": 1.52, ...},   # floats/ints/strs measured at save time
-    }
-
-:func:`save_checkpoint` writes it atomically; :func:`load_checkpoint` returns the model
-(eval mode) and the dict.
+Sizes and formulas (named sizes, parameter and FLOP counts) are :mod:`lab_utils.learn.models.gpt_sizes`;
+the checkpoint format notebook 06 writes and notebook 07 reads,
+:mod:`lab_utils.learn.models.gpt_checkpoint`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lab_utils.learn.errors import LabError, check_positive_int
-from lab_utils.learn.flops import count_flops
 from lab_utils.learn.models.resnet import count_parameters as count_parameters  # one count for both models
-
-CHECKPOINT_FORMAT = "lab-gpt-v1"
 
 
 @dataclass(frozen=True)
@@ -82,54 +58,6 @@ class GPTConfig:
     def from_dict(cls, d: dict[str, Any]) -> GPTConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-#: Named sizes (everything but the vocabulary, which comes from the corpus).
-GPT_SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 64},
-    "small": {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384},
-}
-
-
-def gpt_config(size: str = "small", vocab_size: int = 65, **overrides: Any) -> GPTConfig:
-    """The :class:`GPTConfig` of a named size, with ``vocab_size`` and any overrides."""
-    if size not in GPT_SIZES:
-        raise LabError(f"Unknown GPT size {size!r}; use one of: {', '.join(GPT_SIZES)}.")
-    return GPTConfig(vocab_size=vocab_size, **{**GPT_SIZES[size], **overrides})
-
-
-# --------------------------------------------------------------------------- formulas
-
-
-def parameter_count(cfg: GPTConfig) -> int:
-    """Trainable parameters of :class:`GPT` for ``cfg`` (tied head counted once).
-
-    embeddings V*C + T*C; per block: two LayerNorms (2C each with bias, C without),
-    qkv C*3C (+3C), attention projection C*C (+C), MLP C*4C (+4C) and 4C*C (+C),
-    i.e. 12C^2 + 13C with biases, 12C^2 + 2C without; final LayerNorm 2C (or C).
-    """
-    c, ln = cfg.n_embd, (2 if cfg.bias else 1) * cfg.n_embd
-    linear_bias = (3 * c + c + 4 * c + c) if cfg.bias else 0
-    block = 12 * c * c + linear_bias + 2 * ln
-    return cfg.vocab_size * c + cfg.block_size * c + cfg.n_layer * block + ln
-
-
-def matmul_parameter_count(cfg: GPTConfig) -> int:
-    """Weights that take part in a matrix multiply per token: L*12C^2 + V*C (the head).
-
-    Embedding look-ups, biases and LayerNorms are excluded (no matmul).
-    """
-    return cfg.n_layer * 12 * cfg.n_embd ** 2 + cfg.vocab_size * cfg.n_embd
-
-
-def train_flops_per_token(cfg: GPTConfig) -> int:
-    """Matmul FLOPs of one training step per token: 6 N_matmul + 12 L C T.
-
-    6 = 2 FLOPs per multiply-accumulate x (1 forward + 2 backward); the second term is
-    attention (QK^T and AV, counted over the full T x T square as the kernels compute
-    it; T = block_size). This is nanoGPT's 6N + 12LHQT estimate with N the matmul weights. FLOPs.
-    """
-    return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
 # --------------------------------------------------------------------------- model
@@ -264,65 +192,3 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(inner := getattr(model, "module", getattr(model, "_orig_mod", None)), nn.Module):
         model = inner
     return model
-
-
-def measure_train_flops_per_token(model: nn.Module) -> float:
-    """Training FLOPs per token counted by ``torch.utils.flop_counter.FlopCounterMode``.
-
-    Runs forward + backward once on one sequence of ``block_size`` random tokens with the *math*
-    attention backend, because the counter has no formula for the fused CPU attention kernel (it
-    would count attention as zero); the math backend's matmuls are counted like the fused GPU ones.
-    Gradients are cleared afterwards. FLOPs per token (forward + backward).
-    """
-    gpt = unwrap(model)
-    cfg = gpt.config
-    example = torch.randint(0, cfg.vocab_size, (1, cfg.block_size), device=next(gpt.parameters()).device)
-    with sdpa_kernel(SDPBackend.MATH):
-        fc = count_flops(gpt, example)
-    return fc.train_flops / cfg.block_size
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(path: str | Path, model: nn.Module, vocab: str, corpus: str,
-                    metrics: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint dict described in the module docstring (atomically).
-
-    ``model`` may be wrapped (DDP, compile); tensors are saved on the CPU in their dtype.
-    """
-    gpt = unwrap(model)
-    if not isinstance(gpt, GPT):
-        raise LabError(f"save_checkpoint needs a GPT (possibly wrapped), got {type(gpt).__name__}.")
-    if len(vocab) != gpt.config.vocab_size:
-        raise LabError(f"vocab has {len(vocab)} characters but the model's vocab_size is "
-                       f"{gpt.config.vocab_size}; pass the vocabulary the model was trained with.")
-    payload = {
-        "format": CHECKPOINT_FORMAT,
-        "config": asdict(gpt.config),
-        "model": {k: v.detach().cpu() for k, v in gpt.state_dict().items()},
-        "vocab": vocab,
-        "corpus": corpus,
-        "metrics": dict(metrics or {}),
-    }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, dict[str, Any]]:
-    """Load a checkpoint saved by :func:`save_checkpoint`: ``(model in eval mode, dict)``."""
-    path = Path(path)
-    if not path.exists():
-        raise LabError(f"No GPT checkpoint at {path}; run notebook 06 (labs/06_gpt_ddp.ipynb) "
-                       "with the same profile first, it saves the trained model there.")
-    payload = torch.load(path, map_location=device, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise LabError(f"{path} is not a {CHECKPOINT_FORMAT} checkpoint; re-run notebook 06 to rewrite it.")
-    model = GPT(GPTConfig.from_dict(payload["config"])).to(device)
-    model.load_state_dict(payload["model"])
-    model.eval()
-    return model, payload

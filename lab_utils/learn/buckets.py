@@ -1,0 +1,41 @@
+"""How gradients are cut for communication: DDP's buckets and ZeRO's shards (notebook 09).
+
+:func:`assign_buckets` groups parameters into all-reduce buckets by DDP's own rule (what
+:class:`lab_utils.learn.handmade.Bucketed` sends); :func:`shard_bounds` cuts a flat buffer into one
+shard per rank (what :class:`lab_utils.learn.handmade.ZeroOne` reduce-scatters and all-gathers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def assign_buckets(sizes_bytes: Sequence[int], cap_bytes: float,
+                   first_cap_bytes: float | None = None) -> list[list[int]]:
+    """Parameter indices (``model.parameters()`` order) grouped into all-reduce buckets by DDP's rule.
+
+    torch's ``compute_bucket_assignment_by_size`` (reducer.cpp), as DDP applies it when it rebuilds its
+    buckets in the order gradients become ready: parameters in REVERSE order (backward produces the last
+    layer's gradient first); each is added to the open bucket, which closes once it holds at least its
+    cap, so a bucket can exceed its cap by its last tensor. The first bucket's cap is ``first_cap_bytes``
+    (DDP: 1 MiB when ``bucket_cap_mb`` is not given, else the same cap; None: ``cap_bytes``), every later
+    one ``cap_bytes``. Every index is in exactly one bucket; the last one may be below its cap."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i in reversed(range(len(sizes_bytes))):
+        current.append(i)
+        filled += sizes_bytes[i]
+        if filled >= (first_cap_bytes if not buckets and first_cap_bytes is not None else cap_bytes):
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def shard_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each rank's shard of ``numel`` elements: together they cover every element
+    once, in order; sizes differ by at most one (the first ``numel % world_size`` ranks hold one more)."""
+    base, extra = divmod(numel, world_size)
+    return [(r * base + min(r, extra), (r + 1) * base + min(r + 1, extra)) for r in range(world_size)]
