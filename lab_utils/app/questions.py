@@ -33,13 +33,13 @@ ASSIGNMENT_KEYS = ("Q1", "Q2", "Q3.1", "Q3.2", "Q4.1", "Q4.2", "Q5", "Q6", "Q7")
 REPORT_KEYS = ("Setup", *ASSIGNMENT_KEYS, PART2, "Extra")
 
 
-def _report_place(section: Section) -> tuple[int, int]:
+def _report_place(section: Section) -> tuple[int, bool, int]:
     """Where ``section`` goes in the report: its key's place in :data:`REPORT_KEYS`, then its ``order``
-    (the sort is stable: equal places keep notebook order)."""
+    (None: after those with one; the sort is stable, so equal places keep notebook order)."""
     if section.key not in REPORT_KEYS:
         raise LabError(f"Section key {section.key!r} of notebook {section.notebook} is not a part of the "
                        f"report; use one of: {', '.join(REPORT_KEYS)}.")
-    return REPORT_KEYS.index(section.key), section.order
+    return REPORT_KEYS.index(section.key), section.order is None, section.order or 0
 
 
 #: Every section of the report, in its order: each notebook's ``SECTIONS`` (its experiment module, read

@@ -26,8 +26,9 @@ class Section:
     by_hand_asks: str = ""        # what that notebook cell asks (its prompt after the label)
     first: str = ""               # asked before the tables (Q3.2: the all-reduce time formula)
     exercises: tuple[str, ...] = ()  # otter names of its autograded exercises, in notebook order
-    #: its place among the sections of the same key (the extras), smaller first; equal: notebook order
-    order: int = 0
+    #: its place among the sections of the same key (the extras), smaller first; None: after those that
+    #: have one. Equal places keep notebook order.
+    order: int | None = None
 
     @property
     def heading(self) -> str:
