@@ -9,7 +9,8 @@
 - no import cycle;
 - one training loop: ``.backward(`` is called in three modules only (the loop, the
   ``no_sync`` probe, FLOP counting);
-- one settings table: dict literals keyed by both "quick" and "full" live in ``engine.profiles``;
+- a settings class's profile values are its own ``QUICK`` and ``FULL`` (read by ``engine.profiles``); no
+  dict literal keyed by both "quick" and "full" anywhere;
 - workers (``experiments.nNN_*.*worker``, what torchrun starts) parse no argv (a JSON job,
   :mod:`lab_utils.engine.harness`) and import no store; at most 60 function-local imports of the lab's own
   modules, none of them in ``learn`` or ``experiments``; ``lab_utils`` at most 18,000 lines.
