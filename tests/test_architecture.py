@@ -189,6 +189,20 @@ def test_every_notebook_has_its_package():
     assert packages == books
 
 
+def test_the_registry_lists_every_notebooks_experiment_module_in_order():
+    """``registry.NOTEBOOKS`` is the one list of notebooks: each package's experiment module, in notebook
+    order, with its ``EXPERIMENTS`` and ``SECTIONS``, all of them that notebook's."""
+    from lab_utils.experiments import registry
+
+    packages = sorted(p.name for p in (PKG / "experiments").glob("n[0-9][0-9]_*") if p.is_dir())
+    expected = [f"lab_utils.experiments.{p}.experiment" for p in packages]
+    assert [m.__name__ for m in registry.NOTEBOOKS] == expected
+    for module, package in zip(registry.NOTEBOOKS, packages):
+        assert isinstance(module.EXPERIMENTS, tuple) and isinstance(module.SECTIONS, tuple), package
+        assert {e.notebook for e in module.EXPERIMENTS} <= {package[1:3]}, package
+        assert {s.notebook[:2] for s in module.SECTIONS} <= {package[1:3]}, package
+
+
 # --------------------------------------------------------------------------- one data path (issue 26)
 
 
