@@ -9,7 +9,8 @@
 - no import cycle;
 - one training loop: ``.backward(`` is called in three modules only (the loop, the
   ``no_sync`` probe, FLOP counting);
-- one settings table: dict literals keyed by both "quick" and "full" live in ``engine.profiles``;
+- a settings class's profile values are its own ``QUICK`` and ``FULL`` (read by ``engine.profiles``); no
+  dict literal keyed by both "quick" and "full" anywhere;
 - workers (``experiments.nNN_*.*worker``, what torchrun starts) parse no argv (a JSON job,
   :mod:`lab_utils.engine.harness`) and import no store; at most 60 function-local imports of the lab's own
   modules, none of them in ``learn`` or ``experiments``; ``lab_utils`` at most 18,000 lines.
@@ -148,9 +149,34 @@ def keyed_by_both_profiles(path: Path) -> bool:
     return False
 
 
-def test_profile_values_in_one_module():
+def class_profile_values(path: Path) -> dict[str, set[str]]:
+    """``{class name: which of QUICK and FULL it defines}`` for the classes of a module that define either,
+    each annotated ``ClassVar[dict[str, Any]]`` in the class body."""
+    out: dict[str, set[str]] = {}
+    for cls in ast.walk(ast.parse(path.read_text())):
+        if isinstance(cls, ast.ClassDef):
+            for node in cls.body:
+                if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") in ("QUICK", "FULL"):
+                    assert ast.unparse(node.annotation) == "ClassVar[dict[str, Any]]", (path, cls.name)
+                    out.setdefault(cls.name, set()).add(node.target.id)
+    return out
+
+
+def test_profile_values_on_their_class():
+    """A settings class's profile values are its own ``QUICK`` and ``FULL`` (class attributes next to its
+    fields, in its notebook's package); no dict literal keyed by both "quick" and "full" anywhere."""
     found = {m for m, p in modules().items() if keyed_by_both_profiles(p)}
-    assert found <= {"lab_utils.engine.profiles"}, found
+    assert found == set(), found
+    defined = {(m, c): attrs for m, p in modules().items() for c, attrs in class_profile_values(p).items()}
+    assert all(attrs == {"QUICK", "FULL"} for attrs in defined.values()), defined
+    from lab_utils.engine import profiles
+    from lab_utils.experiments import registry
+
+    registered = {(cls.__module__, cls.__qualname__): cls for cls in profiles._REGISTRY}
+    assert set(registered) == set(defined)  # every class with values is registered, and only those
+    for cls in registered.values():
+        assert profiles._REGISTRY[cls][0] == {"quick": cls.QUICK, "full": cls.FULL}
+    assert {e.settings for e in registry.EXPERIMENTS} <= set(profiles._REGISTRY)
 
 
 @pytest.mark.parametrize("mod", sorted(m for m in GRAPH if layer(m) == "learn"))
@@ -183,6 +209,20 @@ def test_every_notebook_has_its_package():
     books = {p.name[:2] for p in (PKG.parent / "labs").glob("[0-9][0-9]_*.ipynb")}
     packages = {p.name[1:3] for p in (PKG / "experiments").glob("n[0-9][0-9]_*") if p.is_dir()}
     assert packages == books
+
+
+def test_the_registry_lists_every_notebooks_experiment_module_in_order():
+    """``registry.NOTEBOOKS`` is the one list of notebooks: each package's experiment module, in notebook
+    order, with its ``EXPERIMENTS`` and ``SECTIONS``, all of them that notebook's."""
+    from lab_utils.experiments import registry
+
+    packages = sorted(p.name for p in (PKG / "experiments").glob("n[0-9][0-9]_*") if p.is_dir())
+    expected = [f"lab_utils.experiments.{p}.experiment" for p in packages]
+    assert [m.__name__ for m in registry.NOTEBOOKS] == expected
+    for module, package in zip(registry.NOTEBOOKS, packages):
+        assert isinstance(module.EXPERIMENTS, tuple) and isinstance(module.SECTIONS, tuple), package
+        assert {e.notebook for e in module.EXPERIMENTS} <= {package[1:3]}, package
+        assert {s.notebook[:2] for s in module.SECTIONS} <= {package[1:3]}, package
 
 
 # --------------------------------------------------------------------------- one data path (issue 26)
@@ -304,14 +344,20 @@ def test_at_most_sixty_function_local_imports_of_lab_modules():
 
 
 def test_profiles_are_keyed_by_class_not_by_name():
-    """The per-profile values are registered under the settings class itself (profiles.register),
-    never looked up by the class's name."""
+    """The per-profile values are registered under the settings class itself (profiles.register reads its
+    QUICK and FULL), never looked up by the class's name."""
     tree = ast.parse((PKG / "engine" / "profiles.py").read_text())
     by_name = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Subscript)
                and any(isinstance(a, ast.Attribute) and a.attr == "__name__" for a in ast.walk(n.slice))]
     assert by_name == []
     for mod, path in modules().items():  # nor by a name elsewhere: settings(cls, ...), not ("GPTSettings")
         assert "profiles.PROFILES[" not in path.read_text() or mod.endswith("profiles"), mod
+        tree = ast.parse(path.read_text())
+        classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+        for call in ast.walk(tree):  # a module registers a class of its own, by the class itself
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "profiles.register":
+                registered = call.args[0]
+                assert isinstance(registered, ast.Name) and registered.id in classes, (mod, ast.unparse(call))
 
 
 def public_names(path: Path) -> list[str]:
@@ -340,10 +386,14 @@ SHAPED = sorted(m for m in GRAPH
                 if layer(m) == "experiments" and not m.startswith("lab_utils.experiments.shared"))
 
 
+#: the names every notebook's experiment module has for the registry (not counted against its fifteen)
+NOTEBOOK_PROTOCOL = {"EXPERIMENTS", "SECTIONS"}
+
+
 @pytest.mark.parametrize("mod", SHAPED)
 def test_at_most_fifteen_public_names(mod):
-    names = public_names(modules()[mod])
-    assert len(set(names)) <= 15, (len(names), names)
+    names = set(public_names(modules()[mod])) - NOTEBOOK_PROTOCOL
+    assert len(names) <= 15, (len(names), sorted(names))
 
 
 @functools.cache

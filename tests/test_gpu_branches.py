@@ -430,6 +430,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu):
     from lab_utils.engine.machine import Machine
     from lab_utils.engine.plan import make_plan
     from lab_utils.experiments.n02_scaling import experiment as scaling
+    from lab_utils.experiments.n03_compute_vs_comm.experiment import COMPUTE_VS_COMM_EXPERIMENT
 
     fake_gpu(count=2, name=A100)
     s = replace(profiles.settings(scaling.Settings, "quick", dataset="synthetic"), devices=(1, 2, 4),
@@ -453,7 +454,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu):
         ("scaling", DDP, 1, "nccl", "cuda", "cuda", 1, None),
         ("scaling", DDP, 2, "nccl", "cuda", "cuda", 2, None),
         ("scaling", DDP, 4, "nccl", "cuda", "cuda", 4, "needs 4 GPUs")]
-    assert rows(scaling.COMPUTE_VS_COMM_EXPERIMENT, node) == [
+    assert rows(COMPUTE_VS_COMM_EXPERIMENT, node) == [
         ("scaling", DDP, 1, "nccl", "cuda", "cuda", 1, None),
         ("scaling", DP, 2, one, "cuda", "cuda", 1, None),
         ("compute_vs_comm", DDP, 2, "nccl", "cuda", "cuda", 2, None)]
@@ -461,7 +462,7 @@ def test_scaling_plans_and_rows_on_gpus(fake_gpu):
     assert scaling.methods_here(cpu) == (DDP,)
     assert {r[1:] for r in rows(scaling.SCALING_EXPERIMENT, cpu)} == {
         (DDP, n, "gloo", "cpu", "cpu", n, None) for n in (1, 2, 4)}
-    assert [r[1] for r in rows(scaling.COMPUTE_VS_COMM_EXPERIMENT, cpu)] == [DDP, DDP]
+    assert [r[1] for r in rows(COMPUTE_VS_COMM_EXPERIMENT, cpu)] == [DDP, DDP]
 
 
 def test_worker_records_name_the_gpu(fake_gpu):

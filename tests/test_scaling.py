@@ -16,6 +16,7 @@ from lab_utils.engine.store import Record
 from lab_utils.experiments.n02_scaling import experiment as scaling
 from lab_utils.experiments.n02_scaling import tables as scaling_tables
 from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
+from lab_utils.experiments.n03_compute_vs_comm.experiment import COMPUTE_VS_COMM_EXPERIMENT
 from lab_utils.experiments.shared.anchors import (
     FIRST_COHORT_LABEL,
     FIRST_COHORT_TABLE1_SECONDS,
@@ -354,7 +355,7 @@ def test_notebook_02_and_03_flow_on_two_cpu_processes(store):
     s = profiles.settings(scaling.Settings, "quick", batch_sizes=(8, 16, 32), run_batch_sizes=(8, 16),
                           devices=(1, 2), comm_devices=(2, 4), width=2, train_images=64, comm_steps=2,
                           max_cpu_processes=2, bucket_cap_mb=0.01, timeout_s=300, dataset="synthetic")
-    records = plan.measure("quick", scaling.COMPUTE_VS_COMM_EXPERIMENT, s, machine=Machine(cores=2))
+    records = plan.measure("quick", COMPUTE_VS_COMM_EXPERIMENT, s, machine=Machine(cores=2))
     aggs = plan.aggregates(records)
     one = [r for r in aggs if r.config["devices"] == 1]
     many = [r for r in aggs if r.config["devices"] > 1]

@@ -9,6 +9,7 @@ from lab_utils.engine import plan, profiles
 from lab_utils.engine.machine import BUDGET_NODE
 from lab_utils.experiments import registry
 from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n03_compute_vs_comm.experiment import COMPUTE_VS_COMM_EXPERIMENT
 from lab_utils.experiments.n04_allreduce import experiment as comm
 from lab_utils.experiments.shared import estimates
 from lab_utils.learn.errors import LabError
@@ -65,7 +66,7 @@ def test_a_later_notebook_does_not_count_what_an_earlier_one_planned():
     DDP runs with the communication probe (2 and 4 GPUs x 4 batch sizes, 2 launches) count."""
     runs = [p for p in tb.notebook_parts("03") if not p.start_up]
     assert len(runs) == 8 and {p.gpus for p in runs} == {2, 4}
-    alone = tb.plan_parts(scaling.COMPUTE_VS_COMM_EXPERIMENT)  # on its own it would count them all
+    alone = tb.plan_parts(COMPUTE_VS_COMM_EXPERIMENT)  # on its own it would count them all
     assert len([p for p in alone if not p.start_up]) > 8
 
 

@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
 MEASURE_HELP = """Measure one experiment's plan (what its notebook measures) into the result store.
 
 NAME is an experiment of lab_utils/experiments/registry.py (an unknown name lists them). Its settings
-are the profile's (lab_utils/engine/profiles.py), changed by --set KEY=VALUE: the value is read as a
+are the profile's (its Settings' QUICK or FULL), changed by --set KEY=VALUE: the value is read as a
 Python literal (32,128 is a tuple; a single value where the setting holds a tuple becomes one);
 None keeps the profile's value. The plan is made for this machine (its GPUs, or gloo CPU processes);
 what is already stored from the same devices is not measured again (--force measures it again);

@@ -19,7 +19,7 @@ from pathlib import Path
 from lab_utils.app import handin, questions, time_budget
 from lab_utils.experiments.shared import estimates
 
-GENERATED = Path(__file__).resolve().parents[2] / "docs" / "generated"  # the checkout's docs/
+GENERATED = Path(__file__).resolve().parents[2] / "docs" / "generated"
 #: The first line of every page: where it comes from, and that an edit by hand is overwritten.
 HEADER = "<!-- Written by `make docs` (python -m lab_utils docs) from {source}: edit that, not this page. -->"
 

@@ -1,9 +1,9 @@
 """Profiles, paths and input checks.
 
 The profile (``quick`` for CPU machines and CI, ``full`` the assignment as written on a GPU
-node; every notebook's values in :mod:`lab_utils.engine.profiles`) is chosen automatically
-(``full`` when CUDA is available, else ``quick``); ``LAB_PROFILE`` or an explicit argument
-overrides the choice.
+node; every settings class carries its values as ``QUICK`` and ``FULL``, read through
+:mod:`lab_utils.engine.profiles`) is chosen automatically (``full`` when CUDA is available, else
+``quick``); ``LAB_PROFILE`` or an explicit argument overrides the choice.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 from lab_utils.engine import profiles
 from lab_utils.learn.errors import LabError, check_choice, check_positive_int
@@ -53,9 +54,24 @@ class Profile:
     train_batch_size: int = 128
     test_batch_size: int = 100
 
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        name="quick",
+        description="CPU/CI profile: small data subsets and few steps, minutes on 2 cores",
+        train_images=1024,
+        test_images=500,
+        num_workers=0,
+    )
+    FULL: ClassVar[dict[str, Any]] = dict(
+        name="full",
+        description="the assignment as written: all of CIFAR-10, spec batch sizes and epochs",
+        train_images=None,
+        test_images=None,
+        num_workers=2,
+    )
 
-# Per-profile values: lab_utils.engine.profiles (one table for every notebook).
-PROFILES: dict[str, Profile] = profiles.table(profiles.register(Profile, profiles.PROFILE, "profile"))
+
+# Per-profile values: Profile.QUICK and Profile.FULL, registered (lab_utils.engine.profiles).
+PROFILES: dict[str, Profile] = profiles.table(profiles.register(Profile, "profile"))
 
 
 def cuda_available() -> bool:

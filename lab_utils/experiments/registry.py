@@ -1,38 +1,42 @@
-"""Every experiment of the lab, in notebook order: what the time budget sums, doctor runs on a GPU node
-and ``python -m lab_utils measure NAME`` measures. Adding a notebook adds its experiments here (one line
-each; lab_utils/experiments/README.md has the whole recipe)."""
+"""Every notebook of the lab, in notebook order (:data:`NOTEBOOKS`, the one list of them), and every
+experiment (:data:`EXPERIMENTS`): what the time budget sums, doctor runs on a GPU node and
+``python -m lab_utils measure NAME`` measures; each notebook's report sections
+(:data:`lab_utils.app.questions.SECTIONS`) come from here too. Adding a notebook adds its experiment module
+here (its import and one line of NOTEBOOKS; lab_utils/experiments/README.md has the whole recipe)."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from lab_utils.engine.plan import Experiment
-from lab_utils.experiments.n01_batch_sweep import experiment as sweep
-from lab_utils.experiments.n02_scaling import experiment as scaling
-from lab_utils.experiments.n04_allreduce import experiment as comm
-from lab_utils.experiments.n05_large_batch import experiment as large_batch
-from lab_utils.experiments.n06_gpt_ddp import experiment as gpt
-from lab_utils.experiments.n07_quantization import experiment as quantize
-from lab_utils.experiments.n08_speed_limits import experiment as fastpath
-from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
+from lab_utils.experiments.n00_environment import experiment as n00
+from lab_utils.experiments.n01_batch_sweep import experiment as n01
+from lab_utils.experiments.n02_scaling import experiment as n02
+from lab_utils.experiments.n03_compute_vs_comm import experiment as n03
+from lab_utils.experiments.n04_allreduce import experiment as n04
+from lab_utils.experiments.n05_large_batch import experiment as n05
+from lab_utils.experiments.n06_gpt_ddp import experiment as n06
+from lab_utils.experiments.n07_quantization import experiment as n07
+from lab_utils.experiments.n08_speed_limits import experiment as n08
+from lab_utils.experiments.n09_build_ddp import experiment as n09
 from lab_utils.learn.errors import LabError
 
-EXPERIMENTS: tuple[Experiment, ...] = (
-    sweep.SWEEP_EXPERIMENT,
-    scaling.SCALING_EXPERIMENT,
-    scaling.COMPUTE_VS_COMM_EXPERIMENT,
-    comm.ALLREDUCE_BENCH_EXPERIMENT,
-    comm.COMPUTE_STEP_EXPERIMENT,
-    large_batch.LARGE_BATCH_EXPERIMENT,
-    large_batch.COMM_ACCOUNTING_EXPERIMENT,
-    gpt.SCALING_EXPERIMENT,
-    gpt.ACCUMULATION_EXPERIMENT,
-    gpt.TRAIN_EXPERIMENT,
-    quantize.QUANTIZATION_EXPERIMENT,
-    fastpath.LOADER_EXPERIMENT,
-    fastpath.WATERFALL_EXPERIMENT,
-    fastpath.TRACE_EXPERIMENT,
-    fastpath.ACCURACY_EXPERIMENT,
-    build_ddp.BUILD_DDP_EXPERIMENT,
+#: every notebook's experiment module, in notebook order; each has ``EXPERIMENTS`` (its Experiments, in the
+#: order it measures them) and ``SECTIONS`` (its report sections)
+NOTEBOOKS: tuple[ModuleType, ...] = (
+    n00,
+    n01,
+    n02,
+    n03,
+    n04,
+    n05,
+    n06,
+    n07,
+    n08,
+    n09,
 )
+
+EXPERIMENTS: tuple[Experiment, ...] = tuple(e for notebook in NOTEBOOKS for e in notebook.EXPERIMENTS)
 
 
 def by_name(name: str) -> Experiment:

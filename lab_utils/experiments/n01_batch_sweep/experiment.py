@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from lab_utils.engine import config, profiles
 from lab_utils.engine.config import (
@@ -27,12 +28,14 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n01_batch_sweep import worker
 from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.data import check_num_workers
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_choice, check_positive_int
 from lab_utils.learn.models import flops_per_image
 from lab_utils.learn.spread import REPEAT
 
-__all__ = ["EXPERIMENT", "MemoryLine", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings", "cost", "doctor_settings",
-           "fit_settings", "flops_per_image", "memory_line", "plan", "predict_peak_memory"]
+__all__ = ["EXPERIMENT", "EXPERIMENTS", "MemoryLine", "SECTIONS", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings",
+           "cost", "doctor_settings", "fit_settings", "flops_per_image", "memory_line", "plan",
+           "predict_peak_memory"]
 
 EXPERIMENT = "batch_sweep"
 SPEC_LR = 0.1
@@ -40,7 +43,7 @@ SPEC_LR = 0.1
 
 @dataclass(frozen=True)
 class Settings:
-    """The sweep's knobs for one profile (values: :data:`lab_utils.engine.profiles.SWEEP`).
+    """The sweep's knobs for one profile (values: :attr:`QUICK` and :attr:`FULL` below).
 
     ``batch_sizes`` must grow (the sweep stops at the first one that does not fit).
     ``train_images`` / ``test_images`` of ``None`` mean the whole split. ``width`` is the
@@ -72,6 +75,21 @@ class Settings:
     #: median and the spread over the repeats (:mod:`lab_utils.learn.spread`)
     repeats: int = 1
 
+    # CPU/CI: a width-8 ResNet-18 (same family, 1/64 of the FLOPs) on 1,024 images; the
+    # 450 MB cap lets 32, 128 and 512 fit (308 MB at 512: 2.1 MB + 0.6 MB of saved activations
+    # per image at width 8) and makes 1024 run out of memory (615 MB), so the table shows the OOM
+    # row and Exercise 01-c's prediction from 32 and 128 meets one measured batch size (512).
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        batch_sizes=(32, 128, 512, 1024), width=8, train_images=1024, test_images=500,
+        memory_cap_bytes=450_000_000, cpu_threads=1, repeats=1,
+        label="quick: ResNet-18 width 8 on 1,024 images, 450 MB memory cap on CPU, 1 torch thread "
+              "(as each DDP worker of notebook 02)")
+    # The assignment: the spec model on all of CIFAR-10, 32 ... 32768 until it does not fit.
+    FULL: ClassVar[dict[str, Any]] = dict(
+        batch_sizes=(32, 128, 512, 2048, 8192, 32768), width=64, train_images=None, test_images=None,
+        repeats=1,
+        label="full: spec ResNet-18 (width 64) on all of CIFAR-10")
+
     def validate(self) -> Settings:
         """Reject settings the sweep cannot run, with one sentence naming the fix (a cap of 0: none)."""
         s = replace(self, memory_cap_bytes=None) if self.memory_cap_bytes == 0 else self
@@ -100,7 +118,7 @@ class Settings:
         return s
 
 
-profiles.register(Settings, profiles.SWEEP, "sweep")
+profiles.register(Settings, "sweep")
 
 
 def fit_settings(settings: Settings) -> Settings:
@@ -196,3 +214,24 @@ def doctor_settings(full: Settings) -> Settings:
 
 SWEEP_EXPERIMENT = Experiment(EXPERIMENT, "01", Settings, plan, cost, doctor_settings,
                               "the batch-size sweep on one device (Q1)")
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (SWEEP_EXPERIMENT,)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Q1", "Batch-size sweep on one GPU", "01_batch_size_sweep", "The sweep",
+            "Epoch-2 training time (loader waits excluded) for batch 32, 128, 512, ... until the batch "
+            "does not fit. Why does it fall, and where and why does it stop falling?",
+            ("batch_sweep", "batch_sweep_phases", "batch_sweep_flops", "batch_sweep_memory"),
+            ("batch_sweep",),
+            report=("What does the warm-up epoch absorb on your machine (compare the two epochs in the "
+                    "phase table), and what is excluded from the reported time?",
+                    "What fraction of the GPU's peak does the best batch size reach? Name two reasons it "
+                    "is not higher."),
+            by_hand="q01_report", exercises=("q01_step_timer", "q01_train_transform", "q01_peak_memory"),
+            by_hand_asks="From which batch size on does the epoch time stop improving on your machine, and "
+                         "why there? Which batch size was the first that did not fit, and what fills the "
+                         "memory at that size? Quote the numbers from your table."),
+)

@@ -1,6 +1,7 @@
 """Questions Q2 and Q3.1: the plans of notebook 02 (scaling over 1/2/4 devices, Table 1) and notebook 03
-(compute vs communication, Table 2); their tables are in :mod:`~lab_utils.experiments.n02_scaling.tables`
-and :mod:`~lab_utils.experiments.n03_compute_vs_comm.tables`.
+(compute vs communication, Table 2; its Experiment is in
+:mod:`~lab_utils.experiments.n03_compute_vs_comm.experiment`); their tables are in
+:mod:`~lab_utils.experiments.n02_scaling.tables` and :mod:`~lab_utils.experiments.n03_compute_vs_comm.tables`.
 
 For each device count N and per-device batch b (global batch N x b), ResNet-18 trains ``epochs``
 epochs; the last (2 of 2) is reported: its *training* time (host-to-device copies, forward, backward,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from lab_utils.engine import config, profiles
 from lab_utils.engine.config import (
@@ -44,10 +46,11 @@ from lab_utils.experiments.n02_scaling import dp_worker as dataparallel
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
 from lab_utils.experiments.n02_scaling.dp_worker import dp_config
 from lab_utils.experiments.shared import estimates
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 
-__all__ = ["COMPUTE_VS_COMM", "COMPUTE_VS_COMM_EXPERIMENT", "DDP", "DP", "SCALING", "SCALING_EXPERIMENT",
-           "Placement", "Settings", "cost", "doctor_settings", "methods_here", "place", "plan",
+__all__ = ["COMPUTE_VS_COMM", "DDP", "DP", "EXPERIMENTS", "Placement", "SCALING", "SCALING_EXPERIMENT",
+           "SECTIONS", "Settings", "cost", "doctor_settings", "methods_here", "place", "plan",
            "plan_compute_vs_comm", "run_config"]
 
 SCALING = "scaling"
@@ -93,6 +96,23 @@ class Settings:
     dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
     repeats: int = 1
 
+    # CPU/CI: ResNet-18 at width 8 (1/64 of the FLOPs, 176k parameters) on 512 images,
+    # gloo over 1, 2 and 4 single-thread processes; on 2 cores the 4 processes take turns
+    # (oversubscribed, and Table 1 says so), which still runs every 4-device path. A global batch
+    # larger than the subset (2 x 512, 4 x 512) is a row saying so. 512 images, not more: notebooks
+    # 02 and 03 train 11 configurations (7 + 4) for two epochs each, and with 1,024 images they
+    # were the quick lab's largest time after notebook 05 (65 + 80 s in a loaded test run).
+    # Buckets of 0.4 MB (25 MB x 176k / 11.2M) give the small model several buckets, as the full
+    # model has.
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        run_batch_sizes=(32, 128, 512), width=8, train_images=512, max_cpu_processes=4,
+        bucket_cap_mb=0.4, comm_steps=4, timeout_s=600, pin_threads=True, repeats=1,
+        label="quick: ResNet-18 width 8 on 512 images; gloo over single-thread CPU processes")
+    # The assignment: the spec model on all of CIFAR-10, 1/2/4 GPUs, 32 ... 2048 per GPU.
+    FULL: ClassVar[dict[str, Any]] = dict(
+        width=64, train_images=None, max_cpu_processes=0, comm_steps=10, timeout_s=3600, repeats=1,
+        label="full: spec ResNet-18 (width 64) on all of CIFAR-10")
+
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
         check_positive_int(self.repeats, "repeats (REPEATS)")
@@ -119,7 +139,7 @@ class Settings:
         return replace(self, devices=tuple(n for n in self.devices if n > 1))
 
 
-profiles.register(Settings, profiles.SCALING, "scaling")
+profiles.register(Settings, "scaling")
 
 
 # --------------------------------------------------------------------------- where each config runs
@@ -249,5 +269,27 @@ def doctor_settings(full: Settings) -> Settings:
 
 SCALING_EXPERIMENT = Experiment("scaling", "02", Settings, plan, cost, doctor_settings,
                                 "DataParallel and DDP on 1, 2 and 4 devices (Table 1)")
-COMPUTE_VS_COMM_EXPERIMENT = Experiment("compute_vs_comm", "03", Settings, plan_compute_vs_comm, cost,
-                                        doctor_settings, "compute vs communication (Table 2)")
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (SCALING_EXPERIMENT,)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Q2", "Speedup on 1, 2 and 4 GPUs (Table 1); strong or weak scaling", "02_multi_gpu_scaling",
+            "Strong or weak scaling? Amdahl and Gustafson",
+            "Time and speedup per (GPUs, per-GPU batch). Is this strong or weak scaling? Would the "
+            "other type of scaling be better or worse, and why?",
+            ("scaling", "scaling_fixed_global_batch"), ("scaling_speedup",),
+            report=("At which per-device batch does scaling work best, and why do small batches scale worse?",
+                    "DataParallel vs DDP (on GPUs): which is faster at each N, and what does DataParallel "
+                    "do every step that DDP does not?",
+                    "Why does the aggregate take the slowest rank's time rather than the mean?"),
+            by_hand="q02_report", exercises=("q02_speedup", "q02_predict_epoch"),
+            by_hand_asks="Is Table 1 strong or weak scaling? Give both speedup definitions side by side: "
+                         "the course forum's N x T(1)/T(N) (what must T(N) be for it to be the scaled "
+                         "speedup, and what does it give on this lab's epoch times?) and the lab's "
+                         "T(1)/T(N) (why the lab reports it). Would the other type of scaling be better or "
+                         "worse on your machine (the fixed-global-batch table), and why? Quote your "
+                         "numbers."),
+)

@@ -21,6 +21,7 @@ fit, Table 3 and projections in :mod:`lab_utils.experiments.n04_allreduce.tables
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from lab_utils.engine import hardware, profiles
 from lab_utils.engine.config import CIFAR10_TRAIN_SIZE, check_batch_sizes
@@ -29,6 +30,7 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n04_allreduce import allreduce_worker as allreduce_bench
 from lab_utils.experiments.n04_allreduce import compute_step_worker as compute_step
 from lab_utils.experiments.shared import estimates
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.alpha_beta import message_sizes
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.ring import GIB, MIB
@@ -37,9 +39,9 @@ from lab_utils.learn.ring import GIB, MIB
 from lab_utils.learn.ring import gradient_bytes as gradient_bytes
 from lab_utils.learn.ring import ring_bytes_per_epoch as ring_bytes_per_epoch
 
-__all__ = ["ALLREDUCE_BENCH_EXPERIMENT", "BENCH", "COMPUTE", "COMPUTE_STEP_EXPERIMENT", "LinkPeak",
-           "Settings", "cost", "detect_link_peak", "doctor_settings", "gradient_bytes", "plan_bench",
-           "plan_compute", "ring_bytes_per_epoch"]
+__all__ = ["ALLREDUCE_BENCH_EXPERIMENT", "BENCH", "COMPUTE", "COMPUTE_STEP_EXPERIMENT", "EXPERIMENTS",
+           "LinkPeak", "SECTIONS", "Settings", "cost", "detect_link_peak", "doctor_settings",
+           "gradient_bytes", "plan_bench", "plan_compute", "ring_bytes_per_epoch"]
 
 BENCH = "allreduce_bench"
 COMPUTE = "compute_step"
@@ -70,6 +72,16 @@ class Settings:
     projection_devices: tuple[int, ...] = tuple(2**k for k in range(3, 11))  # 8 ... 1024
     label: str = ""
 
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        bench_ranks=(2, 4), batch_sizes=(32,), width=8, compute_steps=2, compute_warmup=1,
+        max_bytes=8 * MIB, iters=10, warmup=3, timeout_s=300.0,
+        label="quick: gloo CPU processes, messages up to 8 MiB, ResNet-18 width 8")
+    FULL: ClassVar[dict[str, Any]] = dict(
+        bench_ranks=(2, 4), batch_sizes=(32, 128, 512), width=64, compute_steps=20, compute_warmup=5,
+        max_bytes=1 * GIB, iters=20, warmup=5, timeout_s=1800.0,
+        label="full: NCCL on the GPUs (gloo CPU processes with fewer than 2), "
+              "messages up to 1 GiB, the spec ResNet-18")
+
     def validate(self) -> Settings:
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
         for what in ("width", "compute_steps", "max_bytes", "min_bytes", "iters"):
@@ -83,7 +95,7 @@ class Settings:
         return self
 
 
-profiles.register(Settings, profiles.COMM_LAB, "notebook 04")
+profiles.register(Settings, "notebook 04")
 
 
 # --------------------------------------------------------------------------- the plans
@@ -233,3 +245,36 @@ def detect_link_peak(n_gpus: int | None = None) -> LinkPeak:
             else None)
     gen, width = _pcie_link(mapped) if kind == "pcie" else (None, None)
     return _nominal_link_peak(hardware.device_name("cuda"), kind, gen, width)
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (ALLREDUCE_BENCH_EXPERIMENT, COMPUTE_STEP_EXPERIMENT)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Q3.2", "Ring all-reduce bandwidth utilization (Table 3)", "04_allreduce_bandwidth",
+            "6 · Table 3: bandwidth utilization of the training runs",
+            "Bytes each rank sends per epoch (2(P-1)/P x S bytes per step, S in bytes), the achieved "
+            "bandwidth and its fraction of the measured peak.",
+            ("allreduce_utilization", "allreduce_bytes", "allreduce_fit", "allreduce_bench",
+             "allreduce_models", "allreduce_buckets"), ("allreduce_busbw",),
+            report=("The busbw figure: where does the latency-dominated regime end on this machine? How "
+                    "big are DDP's buckets compared with that size?",),
+            by_hand="q04_report",
+            exercises=("q04_gradient_bytes", "q04_ring_bytes", "q04_utilization", "q04_predicted_bandwidth"),
+            by_hand_asks="Table 3: give (a), the assignment's utilization, for DDP, then (c). Why do (a) "
+                         "and (b) give different (even impossible) GB/s? What share of the benchmark's "
+                         "peak did training reach, and what explains the gap? Quote your numbers.",
+            first="The all-reduce time formula, before the table (the assignment asks for it first): the "
+                  "time T(S, P) of a ring all-reduce of S bytes on P ranks, with latency alpha and "
+                  "bandwidth B, each term named, and the bytes each rank sends per step and per epoch (S "
+                  "in bytes, not parameters). Give your fitted alpha and B (`allreduce_fit`)."),
+    Section("Extra", "Projection to 8 ... 1024 GPUs", "04_allreduce_bandwidth",
+            "7 · Projection to 8 … 1024 devices",
+            "How does the fitted ring model scale the epoch past the hardware at hand?",
+            ("allreduce_projection", "allreduce_inputs"), ("allreduce_projection_efficiency",),
+            report=("At how many devices does efficiency drop below 50 % for each per-GPU batch, and which "
+                    "term (latency or bandwidth) causes it? Why do larger per-GPU batches scale further? "
+                    "Which assumption is the most optimistic for a real multi-node cluster?",),
+            order=2),
+)

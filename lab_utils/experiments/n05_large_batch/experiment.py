@@ -31,6 +31,7 @@ asked layout; its running statistics get one update per micro-batch. Every table
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from lab_utils.engine import profiles
 from lab_utils.engine.config import (
@@ -46,12 +47,13 @@ from lab_utils.experiments.n02_scaling import ddp_worker as ddp
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
 from lab_utils.experiments.n05_large_batch import accounting_worker as comm_accounting
 from lab_utils.experiments.shared import estimates
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.schedules import DECAYS
 
-__all__ = ["COMM_ACCOUNTING_EXPERIMENT", "COMM_EXPERIMENT", "EXPERIMENT", "LARGE_BATCH_EXPERIMENT", "SPEC_LR",
-           "DevicePlan", "Settings", "cost", "doctor_settings", "plan", "plan_accounting", "plan_devices",
-           "sampler_epoch_orders"]
+__all__ = ["COMM_ACCOUNTING_EXPERIMENT", "COMM_EXPERIMENT", "DevicePlan", "EXPERIMENT", "EXPERIMENTS",
+           "LARGE_BATCH_EXPERIMENT", "SECTIONS", "SPEC_LR", "Settings", "cost", "doctor_settings", "plan",
+           "plan_accounting", "plan_devices", "sampler_epoch_orders"]
 
 EXPERIMENT = "large_batch"
 COMM_EXPERIMENT = "comm_accounting"
@@ -93,6 +95,38 @@ class Settings:
     comm_steps: int = 3
     comm_timeout_s: float = 900.0
 
+    # CPU/CI: a width-4 ResNet-18 on 1,536 synthetic images; the reference is batch 8 on one
+    # gloo process, the large runs 4 x 32 = 128 (per-device batch x 4, as 4 x 512 in the
+    # assignment; 16x the reference, as 2048 = 16 x 128), emulated on 2 gloo processes x 2
+    # accumulation steps. 192 vs 12 optimizer steps per epoch. The reference lr is 0.00625, so
+    # that the linear rule gives the large runs lr 0.1 (x 128/8), the spec's value; lr 0.1 at
+    # batch 8 would be far above what this small model tolerates (scaled x16 it could only
+    # diverge). Sized for time (issue 34): the remedies need about 60 optimizer steps at lr 0.1
+    # to train, so the data is 12 large batches; batch 8 / 128 instead of 16 / 256 halves the
+    # images per run for the same steps, and width 4 costs ~0.6x width 8 per image and learned
+    # as fast per step here. Less data failed: 1,280 images left warm-up + cosine at 59% (seed 1),
+    # 1,024 the remedies at 65-83%; a 1-epoch warm-up (12 of 60 steps) left warm-up + cosine at
+    # 92% (seed 0). Checked with this layout (2 gloo ranks x 2 accumulation steps, one core per
+    # rank, 2 cores; final train loss / test accuracy, seed 0 then seed 1): the reference
+    # 0.029 / 100% and 0.059 / 100%, the large batch at the same lr 1.58 / 36.2% and
+    # 1.33 / 50.0%, linear scaling 0.31 / 82.4% and 0.097 / 93.8%, + warm-up 0.15 / 99.6% and
+    # 0.062 / 99.6%, + warm-up + cosine 0.31 / 97.4% and 0.071 / 99.8%. Time on 2 cores shared
+    # with other work (load average 1.5-2): notebook 05's measure cell 83-90 s with one launch per
+    # run, against 145 s for the previous values (3,072 images, 16 vs 4 x 64, width 8) run just
+    # before it; with the four large runs in one launch, `python -m lab_utils measure large_batch
+    # --profile quick` takes 54 s on 2 idle cores (77 s of CPU), the same numbers for seed 0.
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        epochs=5, small_batch=8, large_batch_per_device=32, devices=4, width=4, lr=0.00625,
+        train_images=1536, test_images=500, warmup_epochs=0.5, decay="cosine", timeout_s=600,
+        comm_width=8, comm_batch=8, comm_steps=3, comm_timeout_s=300,
+        label="quick: ResNet-18 width 4, 1,536 training images, batch 8 x 1 vs 4 x 32 = 128 "
+              "(16x, as 2048 = 16 x 128); reference lr 0.00625, so that the linear rule gives 0.1")
+    # The assignment: the spec model on all of CIFAR-10, 128 x 1 vs 512 x 4 GPUs.
+    FULL: ClassVar[dict[str, Any]] = dict(
+        epochs=5, small_batch=128, large_batch_per_device=512, devices=4, width=64,
+        train_images=None, test_images=None, warmup_epochs=2.0, decay="cosine", timeout_s=3600,
+        label="full: spec ResNet-18 on all of CIFAR-10, batch 128 x 1 vs 512 x 4 GPUs")
+
     def validate(self) -> Settings:
         """Reject settings that cannot run, with one sentence naming the fix."""
         s = self
@@ -119,7 +153,7 @@ class Settings:
         return s
 
 
-profiles.register(Settings, profiles.LARGE_BATCH, "large-batch")
+profiles.register(Settings, "large-batch")
 
 
 # --------------------------------------------------------------------------- the plans
@@ -255,3 +289,61 @@ def sampler_epoch_orders(dataset_size: int = 16, num_replicas: int = 2, rank: in
             sampler.set_epoch(epoch)
         orders.append([int(i) for i in sampler])
     return orders
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (LARGE_BATCH_EXPERIMENT, COMM_ACCOUNTING_EXPERIMENT)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Q4.1", "Large-batch accuracy after 5 epochs", "05_large_batch_training",
+            "Reading the table and the figures",
+            "Loss and test accuracy at epoch 5 with 512 per GPU on 4 GPUs against 128 on 1 GPU.",
+            ("large_batch",), ("large_batch_accuracy_epoch", "large_batch_accuracy_time"),
+            by_hand="q05_accuracy",
+            by_hand_asks="After 5 epochs, how far is the large batch at lr 0.1 behind the reference (loss, "
+                         "train and test accuracy), and how many optimizer steps did each take? Which "
+                         "accuracy did the earlier cohort report, and which of your columns do you set it "
+                         "beside? Quote the rows of your table."),
+    Section("Q4.2", "Why the large batch falls behind, and how to improve it", "05_large_batch_training",
+            "Why a large batch loses accuracy at a fixed learning rate and a fixed number of epochs",
+            "Explain the gap (optimizer steps per epoch, learning rate per image, the noise of the "
+            "gradient), then improve it: linear learning-rate scaling and warm-up (Goyal et al. 2017).",
+            ("large_batch",), ("large_batch_lr",),
+            report=("At equal wall-clock time, which configuration is ahead? Would you pay for 4 GPUs to "
+                    "train this model, and with which learning-rate rule?",),
+            by_hand="q05_report", exercises=("q05_lr_schedule", "q05_recipe"),
+            by_hand_asks="Why does the large batch at lr 0.1 fall behind the reference (one sentence, with "
+                         "the optimizer steps of each run)? Which remedy closed most of the gap? Did "
+                         "linear scaling alone work, and what happened in its first epoch? Quote the rows "
+                         "of your table."),
+    Section("Q5", "Why the epoch must be set on the DistributedSampler (set_epoch)",
+            "05_large_batch_training",
+            "`set_epoch`: which images a rank sees in each epoch",
+            "What goes wrong without set_epoch, and why does nothing crash?",
+            report=("What goes wrong if `set_epoch` is not called, and why does nothing crash? Quote two "
+                    "epochs' indices from the notebook's set_epoch table.",),
+            exercises=("q05_set_epoch",)),
+    Section("Q6", "Are gradients the only messages communicated across learners?", "05_large_batch_training",
+            "Are gradients the only thing communicated?",
+            "List what DDP communicates besides the gradients, with bytes per step for the spec "
+            "ResNet-18.", ("comm_accounting", "comm_accounting_wire"),
+            by_hand="q05_messages",
+            by_hand_asks="List what DDP communicates besides the gradients, with the bytes per step for the "
+                         "spec ResNet-18 (11,173,962 parameters); quote the rows of your ledger. ZeRO-1 two "
+                         "ways: torch's ZeroRedundancyOptimizer (the ledger's ZeRO-1 rows) and the paper's "
+                         "(Rajbhandari et al. 2020, sec. 7.2.1: reduce-scatter the gradients, step each "
+                         "rank's shard, all-gather the parameters). How many bytes does one rank send per "
+                         "step in each, against DDP, and why do they differ? What does each save?"),
+    Section("Q7", "At 4 GPUs x 512 per GPU, is communicating only the gradients enough?",
+            "05_large_batch_training", "At 4 GPUs x 512 per GPU: is communicating only the gradients enough?",
+            "Answer from the communication ledger at 4 x 512: what keeps the replicas identical, what else "
+            "must cross the network, and what large-batch training needs beyond the gradients.",
+            ("comm_gradients_only",),
+            by_hand="q05_gradients_only",
+            by_hand_asks="At 4 GPUs x 512 per GPU, is communicating only the gradients enough? Answer from "
+                         "the ledger: what keeps the weights identical, which other messages the run needs "
+                         "and what breaks without each (initial broadcast, BatchNorm buffers, loss and "
+                         "metric reductions), what the large-batch remedies (linear scaling, warm-up) need, "
+                         "and what share of the epoch's bytes is not gradients."),
+)

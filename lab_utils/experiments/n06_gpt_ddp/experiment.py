@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from lab_utils.engine import profiles
 from lab_utils.engine.config import check_batch_sizes, results_dir
@@ -29,14 +29,15 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
 from lab_utils.experiments.n06_gpt_ddp.worker import TrainConfig
 from lab_utils.experiments.shared import estimates
+from lab_utils.experiments.shared.sections import PART2, Section
 from lab_utils.experiments.shared.text_data import TRAIN_FRACTION, resolve_corpus
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.models.gpt_sizes import gpt_config, train_flops_per_token
 
 # checkpoint_path is also this module's: notebook 06 forces the final run when its file is missing
-__all__ = ["ACCUMULATION", "ACCUMULATION_EXPERIMENT", "SCALING", "SCALING_EXPERIMENT", "TRAIN",
-           "TRAIN_EXPERIMENT", "Settings", "checkpoint_path", "cost", "doctor_settings", "place", "plan",
-           "plan_accumulation", "plan_final", "train_run"]
+__all__ = ["ACCUMULATION", "ACCUMULATION_EXPERIMENT", "EXPERIMENTS", "SCALING", "SCALING_EXPERIMENT",
+           "SECTIONS", "Settings", "TRAIN", "TRAIN_EXPERIMENT", "checkpoint_path", "cost", "doctor_settings",
+           "place", "plan", "plan_accumulation", "plan_final", "train_run"]
 
 SCALING = "gpt_scaling"
 ACCUMULATION = "gpt_accumulation"
@@ -73,6 +74,15 @@ class Settings:
     sample_chars: int = 300
     timeout_s: float = 3600.0
 
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        size="tiny", dtype="fp32", lr=3e-3, max_chars=60_000,
+        scaling_epochs=2, effective_batch=128, micro_batches=(2, 4, 8, 16, 32, 64, 128),
+        accumulation_epochs=2, accumulation_steps_per_epoch=2,
+        train_batch_size=16, train_epochs=100, train_max_steps=150, sample_chars=200, timeout_s=600.0)
+    FULL: ClassVar[dict[str, Any]] = dict(
+        size="small", dtype="bf16", lr=1e-3, stride=32,
+        train_batch_size=64, train_epochs=2, sample_chars=500)
+
     @property
     def label(self) -> str:
         return f"GPT {self.size}, {self.dtype}"
@@ -99,7 +109,7 @@ class Settings:
                            **kw).validate()
 
 
-profiles.register(Settings, profiles.GPT, "GPT")
+profiles.register(Settings, "GPT")
 
 
 def place(devices: int, machine: Machine, cpu_processes: int) -> tuple[str, str | None]:
@@ -201,3 +211,31 @@ TRAIN_EXPERIMENT = Experiment(TRAIN, "06", Settings, plan_final, cost, doctor_se
 def checkpoint_path(profile: str | None = None) -> Path:
     """``results/<profile>/checkpoints/gpt.pt``: where notebook 06 saves the trained GPT."""
     return results_dir(profile) / "checkpoints" / "gpt.pt"
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (SCALING_EXPERIMENT, ACCUMULATION_EXPERIMENT, TRAIN_EXPERIMENT)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section(PART2, "GPT trained with DDP and gradient accumulation", "06_gpt_ddp",
+            "2 · Scaling over devices at a fixed per-device batch",
+            "Scaling at a fixed per-device batch (strong or weak?), compute vs communication per rank, "
+            "the gradient-accumulation trade-off.",
+            ("gpt_scaling", "gpt_rank_breakdown", "gpt_compute_vs_comm", "gpt_accumulation", "gpt_samples"),
+            ("gpt_accumulation",),
+            report=("Is the experiment in section 2 strong or weak scaling? What would the other one keep "
+                    "fixed, and which speedup formula (T(1)/T(N) or N x T(1)/T(N)) belongs to each?",
+                    "Compare the measured communication (exposed wait, in flight, no_sync probe) with the "
+                    "derived T(N) - T(1)/N. Which would you report, and why?",
+                    "With k accumulation steps, how many gradient all-reduces happen per optimizer step, "
+                    "and what happens to the communication share of the step?",
+                    "Which micro-batch gives the best tokens/s, which the best whole-run time, and which "
+                    "fits in memory with the effective batch you need?"),
+            by_hand="q06_report",
+            exercises=("q06_flops_per_token", "q06_mfu", "q06_rank_time", "q06_tokens_per_s"),
+            by_hand_asks="Using the per-rank table, how far apart are the ranks? Recompute the speedup "
+                         "with the mean over ranks instead of the slowest rank: by how much does it "
+                         "flatter the result, and why is the slowest rank the right one? Do the same for "
+                         "the earlier report's per-rank table. Quote your numbers."),
+)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -55,13 +55,14 @@ from lab_utils.experiments.n07_quantization.worker import (
     file_sha256,
     load_model_under_test,
 )
+from lab_utils.experiments.shared.sections import PART2, Section
 from lab_utils.experiments.shared.text_data import resolve_corpus
 from lab_utils.learn.errors import LabError, check_positive_int
 
 # VARIANTS, check_variant, quantize_model and payload_bytes are also this module's: notebook 07 and its
 # exercise call them as quantize.<name>.
-__all__ = ["EXPERIMENT", "QUANTIZATION_EXPERIMENT", "VARIANTS", "ModelUnderTest", "Settings",
-           "check_variant", "cost", "describe", "doctor_settings", "load_model_under_test",
+__all__ = ["EXPERIMENT", "EXPERIMENTS", "ModelUnderTest", "QUANTIZATION_EXPERIMENT", "SECTIONS", "Settings",
+           "VARIANTS", "check_variant", "cost", "describe", "doctor_settings", "load_model_under_test",
            "model_checkpoint", "payload_bytes", "plan", "quantize_model"]
 
 DISABLED = "disabled by configuration (the notebook's DISABLE parameter)"
@@ -99,6 +100,17 @@ class Settings:
     compile: bool = False
     checkpoint: str | None = None
 
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        eval_tokens=8192, eval_batch_size=32, prompt_tokens=8, new_tokens=16,
+        large_batch=16, cpu_large_batch=16, warmup=1, repeats=5,
+        fallback_size="tiny", fallback_steps=100, fallback_batch_size=16,
+        fallback_max_chars=200_000)
+    FULL: ClassVar[dict[str, Any]] = dict(
+        eval_tokens=65_536, eval_batch_size=32, prompt_tokens=32, new_tokens=64,
+        large_batch=64, cpu_large_batch=8, warmup=2, repeats=7,
+        fallback_size="small", fallback_steps=500, fallback_batch_size=32,
+        fallback_max_chars=None)
+
     def validate(self) -> Settings:
         """Raise :class:`LabError` on a bad knob, before anything is measured."""
         for name in ("eval_batch_size", "prompt_tokens", "new_tokens", "large_batch", "cpu_large_batch",
@@ -127,7 +139,7 @@ class Settings:
         return {k: getattr(self, k) for k in names}
 
 
-profiles.register(Settings, profiles.QUANT, "quantization")
+profiles.register(Settings, "quantization")
 
 
 # --------------------------------------------------------------------------- the model under test
@@ -227,3 +239,22 @@ def doctor_settings(full: Settings) -> Settings:
 
 QUANTIZATION_EXPERIMENT = Experiment(EXPERIMENT, "07", Settings, plan, cost, doctor_settings,
                                      "int8 / bf16 inference variants of the GPT")
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (QUANTIZATION_EXPERIMENT,)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section(PART2, "Int8 quantization of the GPT", "07_quantization", "What these measurements say",
+            "Size, quality (loss) and speed of each variant on each device; when does int8 pay?",
+            ("quantization",), ("quantization_quality_vs_speed",),
+            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and why?",
+                    "With your GPU's `P/B` for each precision, which rows of the intensity table are "
+                    "memory-bound? Does the measurement agree?"),
+            by_hand="q07_report", exercises=("q07_int8_size",),
+            by_hand_asks="Which variant would you deploy for batch-1 chat on a CPU, and which for batch-64 "
+                         "serving on the GPU? Quote the rows of your table that decide it (speed against "
+                         "fp32 on the same device, with its spread) and the loss increase you would "
+                         "accept."),
+)

@@ -21,7 +21,7 @@ Tables and ``python -m lab_utils bench data|train``: :mod:`lab_utils.experiments
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from lab_utils.engine import config, profiles
 from lab_utils.engine.config import (
@@ -37,11 +37,12 @@ from lab_utils.experiments.n08_speed_limits import worker
 from lab_utils.experiments.n08_speed_limits.fast_train import STEP_NAMES, TrainOptions, waterfall_steps
 from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.data import check_num_workers
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 
-__all__ = ["ACCURACY_EXPERIMENT", "LOADER_EXPERIMENT", "METRICS_VERSION", "TRACE_EXPERIMENT",
-           "WATERFALL_EXPERIMENT", "Settings", "cost", "doctor_settings", "fast_options", "plan_accuracy",
-           "plan_loader", "plan_trace", "plan_waterfall", "waterfall"]
+__all__ = ["ACCURACY_EXPERIMENT", "EXPERIMENTS", "LOADER_EXPERIMENT", "METRICS_VERSION", "SECTIONS",
+           "Settings", "TRACE_EXPERIMENT", "WATERFALL_EXPERIMENT", "cost", "doctor_settings", "fast_options",
+           "plan_accuracy", "plan_loader", "plan_trace", "plan_waterfall", "waterfall"]
 
 #: In every resume key of this module: bumped when a metric changes meaning, so that records of the
 #: old meaning are measured again, not reused. 2 (issue 26): images/s of a waterfall row is
@@ -56,7 +57,7 @@ METRICS_VERSION = 4
 @dataclass(frozen=True)
 class Settings:
     """Per-profile knobs of notebook 08 and the two benchmarks (values:
-    :data:`lab_utils.engine.profiles.FAST`).
+    :attr:`QUICK` and :attr:`FULL` below).
 
     ``train_images`` / ``data_images`` of None mean the whole training split.
     """
@@ -81,6 +82,19 @@ class Settings:
     row_timeout_s: float | None = 1800.0
     fast_step: str | None = None    # the step the trace and the accuracy check use (None: the last that runs)
 
+    # CPU/CI: a width-8 ResNet-18 on 512 images (4 timed steps of 128 per row); compile skipped
+    # (minutes on a CPU). The one-epoch accuracy check is at chance level at this size either way
+    # (1,024 images gave 14% and 7%): in quick it runs the path, it does not compare accuracies.
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        width=8, train_images=512, data_images=2048, warmup_steps=1,
+        data_min_seconds=0.5, compile=False, trace_steps=2, accuracy_epochs=1,
+        test_images=500, row_timeout_s=900.0)
+    # The assignment's model on all 50,000 images, every step, and an 8-epoch accuracy check.
+    FULL: ClassVar[dict[str, Any]] = dict(
+        width=64, train_images=None, data_images=None, warmup_steps=3,
+        data_min_seconds=2.0, compile=True, trace_steps=5, accuracy_epochs=8,
+        test_images=None)
+
     def validate(self) -> Settings:
         check_positive_int(self.width, "width")
         check_batch_size(self.batch_size)
@@ -104,7 +118,7 @@ class Settings:
         return self
 
 
-profiles.register(Settings, profiles.FAST, "fast-path")
+profiles.register(Settings, "fast-path")
 
 
 def waterfall(settings: Settings, machine: Machine, profile: str
@@ -240,3 +254,27 @@ TRACE_EXPERIMENT = Experiment("fastpath_trace", "08", Settings, plan_trace, cost
                               "a profiler trace of the fastest configuration")
 ACCURACY_EXPERIMENT = Experiment("fastpath_accuracy", "08", Settings, plan_accuracy, cost, doctor_settings,
                                  "test accuracy: the spec configuration vs the fastest")
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (LOADER_EXPERIMENT, WATERFALL_EXPERIMENT, TRACE_EXPERIMENT,
+                                       ACCURACY_EXPERIMENT)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Extra", "Speed limits of ResNet-18 on CIFAR-10", "08_speed_limits",
+            "5 · The lesson for notebooks 01-03",
+            "Which step of the waterfall gave the largest speed-up, and what bounds the spec path?",
+            ("fastpath_loader", "fastpath_waterfall", "fastpath_top_ops", "fastpath_accuracy"),
+            ("fastpath_waterfall",),
+            report=("Which single step of the waterfall gave the largest speed-up on your GPU, and why "
+                    "that one?",
+                    "Compare the spec loader's images/s (section 1) with the `device_loader` row's "
+                    "(section 2): did notebooks 01-03 measure the GPU or the loader? What would change in "
+                    "Tables 1-3?",
+                    "Name two things in the top-operator table that keep the fastest row from 100 % of "
+                    "peak.",
+                    "When can the data set no longer stay in GPU memory, and what then (DALI, decoding on "
+                    "the GPU, uint8 shards)?"),
+            order=1),
+)

@@ -15,7 +15,7 @@ CPU processes of ``cpu_threads`` threads (at most ``max_cpu_processes``), as in 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from lab_utils.engine import config, profiles
 from lab_utils.engine.config import CIFAR10_TRAIN_SIZE, check_batch_sizes, resolve_dataset
@@ -24,10 +24,12 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n02_scaling.experiment import DDP, place
 from lab_utils.experiments.n09_build_ddp import worker as handmade_ddp
 from lab_utils.experiments.shared import estimates
+from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.ring import MIB
 
-__all__ = ["BUILD_DDP", "BUILD_DDP_EXPERIMENT", "Settings", "cost", "doctor_settings", "plan"]
+__all__ = ["BUILD_DDP", "BUILD_DDP_EXPERIMENT", "EXPERIMENTS", "SECTIONS", "Settings", "cost",
+           "doctor_settings", "plan"]
 
 BUILD_DDP = "build_ddp"
 _MAIN = ("local", "naive", "per_tensor", "flat", "bucketed", "zero1", "ddp")   # the comparison's rows
@@ -68,6 +70,21 @@ class Settings:
     label: str = ""
     dataset: str | None = None   # auto | cifar10 | synthetic; None: $LAB_DATASET, else auto
 
+    # CPU/CI: ResNet-18 at width 8 (176k parameters, 0.7 MB of gradients, the spec model's 62 tensors) on
+    # gloo CPU processes of one thread, 2 and 4 of them (4 take turns on 2 cores: oversubscribed, the
+    # table says so). Bucket sizes scaled with the gradient (x 176k / 11.2M): DDP's 25 MB is 0.4 MB, the
+    # sweep's 1, 5, 25 MB are 0.016, 0.08, 0.4 MB; 100 MB would already be one bucket.
+    # Batches of 4 and 16 per rank keep the notebook near a minute on 2 cores (every round of the
+    # comparison steps every implementation once).
+    QUICK: ClassVar[dict[str, Any]] = dict(
+        batch_sizes=(4, 16), width=8, warmup=1, steps=4, check_steps=3, check_batch=4,
+        bucket_cap_mb=0.4, sweep_mb=(0.016, 0.08, 0.4), trace_steps=2, bench_max_bytes=4 * MIB,
+        max_cpu_processes=4, timeout_s=300.0,
+        label="quick: ResNet-18 width 8; gloo over single-thread CPU processes")
+    # The spec model on GPUs with NCCL: 2 and 4 ranks, 32 ... 512 per GPU, DDP's 25 MB buckets.
+    FULL: ClassVar[dict[str, Any]] = dict(
+        label="full: spec ResNet-18 (width 64) on CIFAR-10 batches, NCCL")
+
     def validate(self) -> Settings:
         check_batch_sizes(self.devices, "device counts")
         check_batch_sizes(self.batch_sizes, "per-device batch sizes")
@@ -85,7 +102,7 @@ class Settings:
         return self
 
 
-profiles.register(Settings, profiles.BUILD_DDP, "build_ddp")
+profiles.register(Settings, "build_ddp")
 
 
 def plan(settings: Settings, machine: Machine, profile: str) -> list[Run]:
@@ -172,3 +189,30 @@ def doctor_settings(full: Settings) -> Settings:
 
 BUILD_DDP_EXPERIMENT = Experiment(BUILD_DDP, "09", Settings, plan, cost, doctor_settings,
                                   "data parallelism by hand: naive, flat, bucketed, ZeRO-1 beside DDP")
+
+
+#: this notebook's experiments, in the order it measures them (the registry reads them)
+EXPERIMENTS: tuple[Experiment, ...] = (BUILD_DDP_EXPERIMENT,)
+
+#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
+SECTIONS: tuple[Section, ...] = (
+    Section("Extra", "Data parallelism built by hand", "09_build_ddp", "7 · Which is fastest here, and why",
+            "Naive, per-tensor, flat, bucketed and ZeRO-1 data parallelism checked against one process and "
+            "timed against torch's DDP and the alpha-beta model.",
+            ("build_ddp_check", "build_ddp_memory", "build_ddp", "build_ddp_buckets", "build_ddp_overlap",
+             "build_ddp_bf16"),
+            ("build_ddp_buckets", "build_ddp_trace"),
+            report=("Which implementation is slowest at each rank count, and which alpha-beta term "
+                    "explains its exposed communication? What do overlap alone ((a) against (e)) and "
+                    "bucketing ((e) against (c)) save?",
+                    "In the merged trace, where does each rank's all-reduce run relative to its backward, "
+                    "for (b), (c) and DDP? Is there a straggler?",
+                    "torch's ZeroRedundancyOptimizer all-reduces, then broadcasts each rank's updated shard: "
+                    "how many bytes per step would one rank send, against (d)'s? When does sharding the "
+                    "optimizer state pay (the memory table)?"),
+            by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards", "q09_exposed"),
+            by_hand_asks="Which implementation is fastest on your machine at each batch size, and why? Use "
+                         "the step time with its spread, the exposed communication, the bytes sent and the "
+                         "prediction; say whether the difference is larger than the spread.",
+            order=3),
+)
