@@ -29,7 +29,8 @@ import pytest
 
 from lab_utils.app.grading import EXERCISES, build, check
 from lab_utils.app.grading import notebooks as nbs
-from lab_utils.app.grading.exercises import explain, same
+from lab_utils.app.grading.exercises.answers import same
+from lab_utils.app.grading.exercises.exercise import explain
 from lab_utils.app.questions import sections_for
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
@@ -136,7 +137,7 @@ def _check_q01_train_transform(f):
     """The lab's loaders' pipeline (lab_utils.experiments.shared.data.train_transform) in the assignment's
     order, and the solution's: the same transforms with the same values and the same images from every crop
     and flip."""
-    from lab_utils.app.grading import exercises as E
+    from lab_utils.app.grading.exercises import batch_sweep as E
     from lab_utils.experiments.shared import data
 
     mine, lab = f(), data.train_transform()
@@ -684,9 +685,10 @@ def test_hidden_cases_reject_the_public_answers(masters, specs, notebook, name):
 def test_q09_ranks_time_out_before_the_graders_case_limit():
     """A deadlocked average_gradients must end inside _average_call ("timed out", its forked ranks
     killed), not at the grader's case alarm, which leaves them running: with room for forking them."""
-    from lab_utils.app.grading import exercises, sandbox
+    from lab_utils.app.grading import sandbox
+    from lab_utils.app.grading.exercises import build_ddp
 
-    assert 10.0 <= exercises.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
+    assert 10.0 <= build_ddp.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
 
 
 @pytest.mark.parametrize("notebook,name", ALL)

@@ -110,7 +110,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
     assert sorted(p.name for p in (student / "labs").glob("*.ipynb")) == \
         sorted(p.name for p in (REPO / "labs").glob("[0-9][0-9]_*.ipynb"))
     for f in ("Makefile", "requirements.txt", "constraints.txt", "pyproject.toml", "lab_utils/__init__.py",
-              "lab_utils/app/grading/exercises.py", "README.md"):
+              "lab_utils/app/grading/exercises/__init__.py", "README.md"):
         assert (student / f).is_file(), f
     assert "make venv" in (student / "README.md").read_text()
     for book, master in zip(BOOKS, masters):

@@ -24,7 +24,9 @@ from pathlib import Path
 
 from lab_utils.app import docs, handin, questions
 from lab_utils.app.grading import notebooks as nbs
-from lab_utils.app.grading.exercises import EXERCISES, OK, Exercise, Mistake, same
+from lab_utils.app.grading.exercises import EXERCISES, OK
+from lab_utils.app.grading.exercises.answers import same
+from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 from lab_utils.app.grading.giveaways import without_discussion
 from lab_utils.engine import config
 from lab_utils.learn.errors import LabError
@@ -130,7 +132,8 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     where = f"{master.path.name}, {q.name}"
     ex: Exercise | None = EXERCISES.get(q.name)
     if ex is None:
-        raise LabError(f"{where}: no Exercise named {q.name} in lab_utils/app/grading/exercises.py; add one "
+        raise LabError(f"{where}: no Exercise named {q.name} in "
+                       "lab_utils/app/grading/exercises/ (its notebook's module); add one "
                        "(docs/grading.md, 'Writing an exercise').")
     ns: dict = {"__name__": "master_solution"}
     try:

@@ -25,7 +25,9 @@ from lab_utils.app import questions
 from lab_utils.app.grading import class_results, gradebook, provenance, sandbox
 from lab_utils.app.grading import notebooks as nbs
 from lab_utils.app.grading.build import DIST_DIR, load_manifest
-from lab_utils.app.grading.exercises import EXERCISES, NOT_DONE, explain, same
+from lab_utils.app.grading.exercises import EXERCISES
+from lab_utils.app.grading.exercises.answers import same
+from lab_utils.app.grading.exercises.exercise import NOT_DONE, explain
 from lab_utils.app.grading.submissions import (
     Roster,
     Student,
