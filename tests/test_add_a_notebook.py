@@ -97,16 +97,17 @@ def test_the_time_budget_and_doctor_pick_the_new_experiment_up(lab_copy):
     measurement runs the notebook's own plan (here on this CPU, in this process)."""
     code = (
         "import json\n"
-        "from lab_utils import doctor, time_budget as tb\n"
+        "from lab_utils.app import doctor, doctor_checks, doctor_experiments, time_budget as tb\n"
         "from lab_utils.engine.machine import Machine\n"
         "from lab_utils.experiments import registry\n"
         "parts = tb.notebook_parts('10')\n"
-        "m = doctor.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
-        "d = doctor.measure_experiment(registry.by_name('toy'), m, machine=Machine(gpus=0, cores=1))\n"
+        "m = doctor_checks.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
+        "d = doctor_experiments.measure_experiment(registry.by_name('toy'), m,"
+        " machine=Machine(gpus=0, cores=1))\n"
         "print(json.dumps({'table': tb.budget_table().to_dict('records'),"
         " 'checks': [c.name for c in doctor.CHECKS],"
         " 'parts': [[p.what, p.seconds, p.start_up] for p in parts], 'doctor': d,"
-        " 'judged': doctor.judge_experiment(d, m)}))\n")
+        " 'judged': doctor_experiments.judge_experiment(d, m)}))\n")
     res = run(lab_copy, "-c", code)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
