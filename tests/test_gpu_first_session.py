@@ -590,7 +590,7 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     (Notebooks 04 and 05 now take their own records from plan.measure, reused only from these devices.)"""
     from lab_utils.experiments.n02_scaling import experiment as scaling
     from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
-    from lab_utils.experiments.n04_allreduce import tables as comm_tables
+    from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 
     fake_gpu(count=4, name=H100)
     one = {"method": "DDP", "record": "aggregate", "rank": None, "devices": 1, "batch_size": 32,
@@ -608,7 +608,7 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     assert here.note() == (f"Records of this machine's devices only ({H100}, up to 4): 1 record of other "
                            f"devices left out ({A100} x 1).")
     # Table 3 (notebook 04) reads notebook 03's records through the same rule: the H100's (a) = 6 - 10 / 2
-    derived = comm_tables._COMM_SOURCES[0]
-    [a] = [m for m in comm_tables._measurements(store, devices=(2,))
+    derived = comm_table3._COMM_SOURCES[0]
+    [a] = [m for m in comm_table3._measurements(store, devices=(2,))
            if (m.per_device_batch, m.source) == (32, derived) and m.method.startswith("DDP")]
     assert a.seconds == pytest.approx(1.0) and a.steps_per_epoch == 10
