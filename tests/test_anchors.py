@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab_utils.engine.config import repo_root
+from lab_utils.experiments.n02_scaling import strong_weak as scaling_strong_weak
 from lab_utils.experiments.n02_scaling import tables as scaling_tables
 from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 from lab_utils.experiments.n05_large_batch import tables as large_batch_tables
@@ -160,7 +161,7 @@ def test_other_cohort_is_a_fixed_global_batch_by_hand():
     assert all(A.global_batch_steps(g) == s for g, s in A.OTHER_COHORT_LOGGED_STEPS.items())
     assert A.global_batch_steps(2 * 32) == 782 != A.OTHER_COHORT_LOGGED_STEPS[32]
     assert A.other_cohort_per_gpu_batch(4, 32) == 8 and A.other_cohort_per_gpu_batch(2, 2048) == 1024
-    frame = scaling_tables._other_cohort_frame().set_index(["devices", "global_batch"])["strong_speedup"]
+    frame = scaling_strong_weak._other_cohort_frame().set_index(["devices", "global_batch"])["strong_speedup"]
     hand = {(2, 32): 0.5672, (4, 32): 0.3140, (2, 128): 0.8889, (4, 128): 0.5333, (2, 512): 1.4444,
             (4, 512): 1.1818, (2, 2048): 1.3000, (4, 2048): 1.1818}
     assert set(frame.index) == set(hand)

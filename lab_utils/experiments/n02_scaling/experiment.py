@@ -1,5 +1,6 @@
 """Questions Q2 and Q3.1: the plans of notebook 02 (scaling over 1/2/4 devices, Table 1) and notebook 03
 (compute vs communication, Table 2); their tables are in :mod:`~lab_utils.experiments.n02_scaling.tables`
+(Q2's strong vs weak scaling: :mod:`~lab_utils.experiments.n02_scaling.strong_weak`)
 and :mod:`~lab_utils.experiments.n03_compute_vs_comm.tables`.
 
 For each device count N and per-device batch b (global batch N x b), ResNet-18 trains ``epochs``
