@@ -358,7 +358,7 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     settings, 1 MiB to ``max_bytes``) measured through :func:`lab_utils.engine.plan.measure`; the best size's
     busbw (GB/s, nccl-tests' definition) against the link's nominal peak. ``backend`` replaces the
     planned one (tests: gloo standing in for NCCL), which is kept in ``planned_backend``."""
-    machine = _plan_machine(m)
+    machine = plan_machine(m)
     full = profiles.settings(comm.Settings, "full")
     settings = replace(comm.doctor_settings(full), max_bytes=max_bytes, timeout_s=timeout_s)
     runs = [r for r in comm.plan_bench(settings, machine, "full") if r.skip is None]
@@ -368,7 +368,7 @@ def measure_nccl(m: Machine, timeout_s: float = 240.0, backend: str | None = Non
     if backend:
         runs = [replace(r, config={**r.config, "backend": backend}, options={**r.options, "backend": backend},
                         device="cuda" if backend == "nccl" else "cpu") for r in runs]
-    with _scratch_lab() as lab:
+    with scratch_lab() as lab:
         records = plan.measure(lab, comm.ALLREDUCE_BENCH_EXPERIMENT, settings, force=True, verbose=False,
                                machine=machine, runs=runs)
     best = max(records, key=lambda r: r.metrics["busbw_gb_per_s"])
@@ -409,14 +409,14 @@ def judge_nccl(d: dict[str, Any], m: Machine) -> tuple[str, str, str]:
     return measured, expected, "ok" if got >= share else ("warn" if got >= share / 4 else "fail")
 
 
-def _plan_machine(m: Machine) -> PlanMachine:
+def plan_machine(m: Machine) -> PlanMachine:
     """The machine the plans are made for: this one, with the doctor's GPU count and name."""
     here = PlanMachine.here()
     return replace(here, gpus=m.gpus, gpu_name=m.name or here.gpu_name)
 
 
 @contextlib.contextmanager
-def _scratch_lab() -> Iterator[SimpleNamespace]:
+def scratch_lab() -> Iterator[SimpleNamespace]:
     """A full-profile session whose store is a temporary folder: nothing reaches the lab's results."""
     with tempfile.TemporaryDirectory(prefix="lab_doctor_store_") as tmp:
         yield SimpleNamespace(profile=config.PROFILES["full"], store=ResultStore("full", root=Path(tmp)))

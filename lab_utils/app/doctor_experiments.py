@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from lab_utils.app.doctor_checks import Machine, _plan_machine, _scratch_lab
+from lab_utils.app.doctor_checks import Machine, plan_machine, scratch_lab
 from lab_utils.engine import plan, profiles
 from lab_utils.engine.machine import Machine as PlanMachine
 from lab_utils.engine.plan import Experiment, aggregates, make_plan
@@ -84,13 +84,13 @@ def measure_experiment(experiment: Experiment, m: Machine, timeout_s: float = 24
     another within ``timeout_s`` seconds; each aggregate record's status, reason and timing figures
     (seconds). This process stands in for the notebook's kernel: whether it had opened a CUDA context
     before the launches is recorded (on an EXCLUSIVE_PROCESS node that stops them)."""
-    machine = machine or _plan_machine(m)
+    machine = machine or plan_machine(m)
     settings = experiment.doctor(profiles.settings(experiment.settings, "full"))
     runs = make_plan(experiment, settings, machine, "full")
     deadline = time.monotonic() + timeout_s
     context = _cuda_initialized()
     out: list[dict[str, Any]] = []
-    with _scratch_lab() as lab:
+    with scratch_lab() as lab:
         for members in ([runs[i] for i in group] for group in plan.groups(runs)):
             left = deadline - time.monotonic()
             if left < 5:

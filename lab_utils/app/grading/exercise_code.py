@@ -7,7 +7,7 @@ import ast
 import builtins
 from dataclasses import dataclass, field
 
-from lab_utils.app.grading.programs import Program, _bound_names, _definable, _free_names
+from lab_utils.app.grading.programs import Program, bound_names, definable, free_names
 from lab_utils.app.grading.reaching import exercise_flags
 
 
@@ -34,7 +34,7 @@ def extract_exercise(prog: Program, question: str, function: str, blank_dump: st
     out = ExerciseCode(question, function)
     last: dict[str, int] = {}
     for i, st in enumerate(prog.statements):
-        for name in _bound_names(st.node):
+        for name in bound_names(st.node):
             last[name] = i
     if function not in last:
         why = f"no function {function} in the notebook"
@@ -52,10 +52,10 @@ def extract_exercise(prog: Program, question: str, function: str, blank_dump: st
     keep, todo, unseen = {last[function]}, [top.node], set()
     while todo:
         node = todo.pop()
-        for name in sorted(_free_names(node)):
+        for name in sorted(free_names(node)):
             if name in last and last[name] not in keep and name != function:
                 st = prog.statements[last[name]]
-                if _definable(st.node):
+                if definable(st.node):
                     keep.add(last[name])
                     todo.append(st.node)
                 else:

@@ -31,13 +31,13 @@ from lab_utils.app.grading import notebooks as nbs
 from lab_utils.app.grading.build import DIST_DIR, load_manifest
 from lab_utils.app.grading.judge import (
     NOTHING_TO_GRADE,
-    _also,
-    _book,
-    _fatal,
-    _few,
+    also_handed_in,
     failed_record,
+    fatal_error,
+    few,
     missing_record,
     notebook_record,
+    ungraded_record,
 )
 from lab_utils.app.grading.submissions import (
     Roster,
@@ -220,12 +220,12 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             failed.append(f"{w.student.name} ({w.sub.file}: {w.problem})")
             continue
         if w.nothing:
-            s["notebooks"][w.key] = _book(w.sub.file, NOTHING_TO_GRADE, w.notes + _also(w))
+            s["notebooks"][w.key] = ungraded_record(w.sub.file, NOTHING_TO_GRADE, w.notes + also_handed_in(w))
             nothing.append(f"{w.student.name} {w.book}")
             continue
         rec = w.record or notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits,
                                           use_sandbox)
-        fatal, grader_failed = _fatal(w.outcome, limits)
+        fatal, grader_failed = fatal_error(w.outcome, limits)
         if grader_failed:
             rec["status"] = f"could not be graded: {fatal}"
             failed.append(f"{w.student.name} ({w.sub.file}: {fatal})")
@@ -253,8 +253,8 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             fresh[old] = fresh.pop(key)   # one row per student: the earlier run's
     for s in fresh.values():    # handed in files, but no notebook at all
         if s["files"] and not s["notebooks"]:
-            why = f"no notebook handed in, only {_few(s['files'])} (not graded: hand in the .ipynb files)"
-            s["notebooks"]["(no notebook)"] = _book("", why)
+            why = f"no notebook handed in, only {few(s['files'])} (not graded: hand in the .ipynb files)"
+            s["notebooks"]["(no notebook)"] = ungraded_record("", why)
             failed.append(f"{s['name']} ({why})")
     if roster is not None:
         for r in roster.students:

@@ -45,7 +45,7 @@ def _line(err: dict) -> str:
     return f" (line {err['line']} of the function)" if err.get("line") and err["line"] > 0 else ""
 
 
-def _few(items: list[str], n: int = 3) -> str:
+def few(items: list[str], n: int = 3) -> str:
     """The first ``n`` items, and how many more."""
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
@@ -166,7 +166,7 @@ def _tried(outcome: sandbox.Outcome | None) -> dict[str, list[str]]:
     return {q: list(dict.fromkeys(v)) for q, v in out.items()}
 
 
-def _fatal(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str, bool]:
+def fatal_error(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str, bool]:
     """(what ended the child early, whether the grader itself failed) ("", False when it finished)."""
     if outcome is None or outcome.done:
         return "", False
@@ -185,7 +185,7 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
     """The gradebook's record of one graded notebook."""
     questions, stopped, flagged = {}, [], []
     answers = nbs.answers(work.nb, [q["name"] for q in info["questions"] if q["manual"]])
-    fatal, _ = _fatal(work.outcome, limits)
+    fatal, _ = fatal_error(work.outcome, limits)
     tried = _tried(work.outcome)
     for q in info["questions"]:
         name = q["name"]
@@ -200,7 +200,7 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
             v.message = _and(v.message, fatal)
         flag = v.flag
         if work.patches:
-            flag = _and(flag, "check by hand: the notebook " + _few(work.patches))
+            flag = _and(flag, "check by hand: the notebook " + few(work.patches))
         if flag:
             flagged.append({"q": name, "why": flag.removeprefix("check by hand: ")})
         stopped += v.stopped
@@ -231,8 +231,8 @@ def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, 
 NOTHING_TO_GRADE = "nothing to grade (a lab notebook without exercises)"
 
 
-def _book(file: str, status: str, notes: list[str] = (), info: dict | None = None, message: str = "",
-          by_hand: float | str = "") -> dict:
+def ungraded_record(file: str, status: str, notes: list[str] = (), info: dict | None = None,
+                    message: str = "", by_hand: float | str = "") -> dict:
     """The record of a notebook that was not graded: each question of ``info`` scores 0 (a hand-graded
     one ``by_hand``) with ``message``."""
     questions = {q["name"]: {"points": by_hand if q["manual"] else 0.0, "max_points": q["points"],
@@ -242,15 +242,17 @@ def _book(file: str, status: str, notes: list[str] = (), info: dict | None = Non
             "questions": questions, "flagged": [], "stopped": []}
 
 
-def _also(work: Work) -> list[str]:
+def also_handed_in(work: Work) -> list[str]:
+    """The note naming the other files of this notebook a student handed in (none: [])."""
     return [f"also handed in: {', '.join(work.others)}"] if work.others else []
 
 
 def failed_record(work: Work, info: dict | None) -> dict:
     """A file that was not graded: its status says why (``could not be read: ...``, ``not this lab's
     notebook: ...``); filed under a notebook (``info``), its questions score 0 and say so."""
-    return _book(work.sub.file, work.problem, _also(work), info, f"not graded: {work.problem}")
+    return ungraded_record(work.sub.file, work.problem, also_handed_in(work), info,
+                           f"not graded: {work.problem}")
 
 
 def missing_record(info: dict) -> dict:
-    return _book("", "no submission", ["no submission"], info, "no submission", by_hand=0.0)
+    return ungraded_record("", "no submission", ["no submission"], info, "no submission", by_hand=0.0)

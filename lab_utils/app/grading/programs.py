@@ -65,7 +65,7 @@ def _is_constant_expr(node: ast.AST) -> bool:
     return all(isinstance(n, _CONST_NODES) for n in ast.walk(node))
 
 
-def _targets(node: ast.AST) -> list[ast.AST]:
+def assigned_targets(node: ast.AST) -> list[ast.AST]:
     """What an assignment or ``del`` writes to, tuples, lists and starred targets unpacked."""
     if isinstance(node, (ast.Assign, ast.Delete)):
         todo = list(node.targets)
@@ -85,17 +85,19 @@ def _targets(node: ast.AST) -> list[ast.AST]:
     return out
 
 
-def _bound_names(node: ast.stmt) -> list[str]:
+def bound_names(node: ast.stmt) -> list[str]:
+    """The names a top-level statement binds (imports, definitions, assignments to names)."""
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
     if isinstance(node, ast.Delete):
         return []
-    return [t.id for t in _targets(node) if isinstance(t, ast.Name)]   # not x in x.attr = ... or x[i] = ...
+    # not x in x.attr = ... or x[i] = ...
+    return [t.id for t in assigned_targets(node) if isinstance(t, ast.Name)]
 
 
-def _definable(node: ast.stmt) -> bool:
+def definable(node: ast.stmt) -> bool:
     """Statements the grader may run: imports, definitions, and constants."""
     if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return True
@@ -106,7 +108,7 @@ def _definable(node: ast.stmt) -> bool:
     return False
 
 
-def _free_names(node: ast.AST) -> set[str]:
+def free_names(node: ast.AST) -> set[str]:
     """Names a definition reads that it does not bind itself (a close over-approximation)."""
     loads, stores = set(), set()
     for n in ast.walk(node):
@@ -115,7 +117,7 @@ def _free_names(node: ast.AST) -> set[str]:
         elif isinstance(n, ast.arg):
             stores.add(n.arg)
         elif isinstance(n, (ast.Import, ast.ImportFrom)) and n is not node:
-            stores.update(_bound_names(n))
+            stores.update(bound_names(n))
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
             stores.add(n.name)
         elif isinstance(n, ast.ExceptHandler) and n.name:

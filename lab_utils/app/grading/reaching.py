@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from lab_utils.app.grading.programs import Program, _bound_names, _targets
+from lab_utils.app.grading.programs import Program, assigned_targets, bound_names
 
 # Modules and built-ins that reach other code, files, processes or the network: an exercise never
 # needs them, so their use is shown to the instructor ("check by hand").
@@ -41,9 +41,9 @@ def _imported(trees) -> tuple[set[str], set[str], set[str]]:
     for tree in trees:
         for n in ast.walk(tree):
             if isinstance(n, (ast.Import, ast.ImportFrom)):
-                bound.update(_bound_names(n))
+                bound.update(bound_names(n))
             if isinstance(n, ast.Import):
-                plain.update(_bound_names(n))
+                plain.update(bound_names(n))
                 sys_names.update(a.asname or a.name for a in n.names if a.name == "sys")
     return bound, plain, sys_names
 
@@ -144,7 +144,7 @@ def _module_change(n: ast.AST, bound: set[str], modules: set[str]) -> str:
         if root in bound and (attrs or root not in modules) and (attrs or [root])[-1] not in SETTINGS:
             return f"calls {ast.unparse(n.func)}() on another module"
         return ""
-    for t in _targets(n):   # the targets themselves: not x in x.attr[i] = ... or f(x.attr) = ...
+    for t in assigned_targets(n):   # the targets themselves: not x in x.attr[i] = ... or f(x.attr) = ...
         if isinstance(t, ast.Attribute) and _root_name(t) in bound:
             return f"assigns to {ast.unparse(t)}"
         elif isinstance(t, ast.Subscript) and _root_name(t) in bound:

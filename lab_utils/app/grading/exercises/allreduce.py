@@ -37,7 +37,8 @@ def _grad_bytes_show(case: dict) -> str:
 BITS_FOR_BYTES = Mistake("bits for bytes", "that is bits; sizes here are in bytes (8 bits each)", factor=8.0)
 
 
-def _iterations(dataset_size, world_size, per_device_batch):
+def epoch_iterations(dataset_size, world_size, per_device_batch):
+    """Steps of one rank's epoch: ceil(ceil(N/P)/b) (DistributedSampler pads, the last batch is kept)."""
     return math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)
 
 
@@ -184,11 +185,11 @@ EXERCISES: tuple[Exercise, ...] = (
         mistakes=(
             Mistake("the log2 tree formula", "a ring all-reduce sends 2(P-1)/P x S bytes per rank per "
                     "iteration, not S x log2(P) (a tree's step count; the two agree only at P = 2)",
-                    wrong=lambda s, p, n, b: _iterations(n, p, b) * s * math.log2(p)),
+                    wrong=lambda s, p, n, b: epoch_iterations(n, p, b) * s * math.log2(p)),
             Mistake("one gradient per all-reduce", "each rank sends 2(P-1)/P x S (reduce-scatter, then "
-                    "all-gather), not S", wrong=lambda s, p, n, b: _iterations(n, p, b) * s),
+                    "all-gather), not S", wrong=lambda s, p, n, b: epoch_iterations(n, p, b) * s),
             Mistake("all ranks together", "2(P-1) x S is what all P ranks send together; one rank sends "
-                    "2(P-1)/P x S", wrong=lambda s, p, n, b: _iterations(n, p, b) * 2 * (p - 1) * s),
+                    "2(P-1)/P x S", wrong=lambda s, p, n, b: epoch_iterations(n, p, b) * 2 * (p - 1) * s),
             Mistake("iterations over the whole data set", "each rank sees ceil(N/P) samples, so an epoch "
                     "has ceil(ceil(N/P)/b) iterations, not ceil(N/b)",
                     wrong=lambda s, p, n, b: math.ceil(n / b) * 2 * (p - 1) / p * s),

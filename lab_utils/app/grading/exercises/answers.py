@@ -37,14 +37,15 @@ def plain(value: Any, _depth: int = 0) -> Any:
     return {"unsupported": type(value).__name__}
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
+    """Whether ``x`` is an int or a float (a bool is not a number here)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def same(got: Any, want: Any, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> bool:
     """Whether answer ``got`` equals ``want`` (numbers within ``rel_tol``, or ``abs_tol`` near zero)."""
-    if _is_number(want):
-        return _is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
+    if is_number(want):
+        return is_number(got) and math.isclose(got, want, rel_tol=rel_tol, abs_tol=abs_tol)
     if isinstance(want, list):
         return (isinstance(got, list) and len(got) == len(want)
                 and all(same(g, w, rel_tol, abs_tol) for g, w in zip(got, want)))
@@ -54,8 +55,9 @@ def same(got: Any, want: Any, rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL
     return type(got) is type(want) and got == want
 
 
-def _kind(x: Any) -> str:
-    if _is_number(x):
+def kind(x: Any) -> str:
+    """What ``x`` is, in words ("a number", ...), for a sentence on a wrong answer."""
+    if is_number(x):
         return "a number"
     if isinstance(x, list):
         return f"{len(x)} values"
@@ -64,11 +66,12 @@ def _kind(x: Any) -> str:
     return f"a {type(x).__name__}"
 
 
-def _fmt(x: Any) -> str:
+def fmt(x: Any) -> str:
+    """``x`` as a message shows it (floats to 10 significant digits)."""
     if isinstance(x, float):
         return f"{x:.10g}"
-    if isinstance(x, list) and all(_is_number(v) for v in x):   # an answer of several numbers
-        text = "[" + ", ".join(_fmt(v) for v in x) + "]"
+    if isinstance(x, list) and all(is_number(v) for v in x):   # an answer of several numbers
+        text = "[" + ", ".join(fmt(v) for v in x) + "]"
     else:
         text = repr(x)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -76,7 +79,7 @@ def _fmt(x: Any) -> str:
 
 def difference(got: Any, want: Any, names: Sequence[str] = (), rel_tol: float = REL_TOL) -> str:
     """How ``got`` differs from ``want``, without showing ``want`` (safe for hidden cases)."""
-    if _is_number(want) and _is_number(got):
+    if is_number(want) and is_number(got):
         if want == 0:
             return f"yours is {got:.4g} where the answer is 0"
         return f"yours is {got / want:.4g} x the right value"
@@ -91,5 +94,5 @@ def difference(got: Any, want: Any, names: Sequence[str] = (), rel_tol: float = 
                 also = f" ({', '.join(right)} right)" if right else ""
                 return f"the {name} is wrong{also}: {difference(g, w, (), rel_tol)}"
     if type(got) is not type(want) or (isinstance(got, dict) and "unsupported" in got):
-        return f"it returns {_kind(got)}, expected {_kind(want)}"
+        return f"it returns {kind(got)}, expected {kind(want)}"
     return "the answer differs"

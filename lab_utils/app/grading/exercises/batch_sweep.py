@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lab_utils.app.grading.exercises.answers import _is_number, _kind, plain, same
+from lab_utils.app.grading.exercises.answers import is_number, kind, plain, same
 from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 from lab_utils.app.grading.fakes import FakeAsyncDevice
 
@@ -30,7 +30,7 @@ def _time_step_call(fn: Callable, case: dict) -> Any:
         t = plain(fn(step, lambda: None))
         if t is None:
             return None
-        return {"steps": len(calls), "plausible": _is_number(t) and case["real_sleep_s"] <= t < 2.0}
+        return {"steps": len(calls), "plausible": is_number(t) and case["real_sleep_s"] <= t < 2.0}
     dev = FakeAsyncDevice(queued_seconds=case["queued_s"], launch_seconds=case["launch_s"])
     t = plain(fn(dev.step_fn(case["work_s"]), dev.sync, dev.clock))
     return None if t is None else {"seconds": t, "steps": dev.steps}
@@ -50,8 +50,8 @@ def _time_step_hint(got: Any, want: Any) -> str:
         return f"call step() exactly once; it was called {got.get('steps')} times"
     if "plausible" in want:
         return "with the real clock (the clock argument left at its default) the time is not plausible"
-    if not _is_number(got.get("seconds")):
-        return f"return the seconds as a number, not {_kind(got.get('seconds'))}"
+    if not is_number(got.get("seconds")):
+        return f"return the seconds as a number, not {kind(got.get('seconds'))}"
     return ""
 
 
@@ -272,7 +272,7 @@ def _peak_rounded_up(batch_a, peak_a, batch_b, peak_b, batch, limit):
 
 
 def _peak_hint(got: Any, want: Any) -> str:
-    if isinstance(got, list) and len(got) == 2 and _is_number(got[1]) and got[1] != round(got[1]):
+    if isinstance(got, list) and len(got) == 2 and is_number(got[1]) and got[1] != round(got[1]):
         return "the largest batch is a whole number of images"
     return ""
 

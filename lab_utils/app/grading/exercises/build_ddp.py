@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from lab_utils.app.grading.exercises.answers import _fmt, plain
+from lab_utils.app.grading.exercises.answers import fmt, plain
 from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 
 # --------------------------------------------------------------------------- q09: data parallelism by hand
@@ -220,7 +220,7 @@ EXERCISES: tuple[Exercise, ...] = (
         "q09_exposed", "exposed_seconds", call=lambda fn, case: plain(fn(**case)), rel_tol=1e-6,
         implemented_by=("lab_utils.learn.handmade.overlap_exposed_seconds",
                         "lab_utils.learn.handmade.optimal_bucket_bytes"),
-        show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={_fmt(v)}" for k, v in case.items()) + ")",
+        show=lambda case: "exposed_seconds(" + ", ".join(f"{k}={fmt(v)}" for k, v in case.items()) + ")",
         giveaways=("T/k + k c - T", r"re:max\(\s*c\s*,\s*t\s*/\s*k", "they queue from the first bucket on",
                    "a bucket's communication takes exactly as long as its computation"),
         mistakes=(

@@ -10,9 +10,9 @@ from typing import Any
 from lab_utils.app.grading.exercises.answers import (
     ABS_TOL,
     REL_TOL,
-    _fmt,
-    _is_number,
     difference,
+    fmt,
+    is_number,
     plain,
     same,
 )
@@ -68,7 +68,7 @@ class Exercise:
     def describe(self, case: Any) -> str:
         if self.show is not None:
             return self.show(case)
-        return f"{self.function}({', '.join(_fmt(a) for a in case)})"
+        return f"{self.function}({', '.join(fmt(a) for a in case)})"
 
     def mistake_answer(self, mistake: Mistake, case: Any, want: Any) -> Any:
         """What ``mistake`` answers on ``case`` (None when it cannot be computed)."""
@@ -79,7 +79,7 @@ class Exercise:
                 return self.run(wrong, case)
             except Exception:  # a wrong formula may divide by zero where the right one does not
                 return None
-        if mistake.factor is not None and _is_number(want):
+        if mistake.factor is not None and is_number(want):
             return want * mistake.factor
         return None
 
@@ -99,9 +99,9 @@ def explain(ex: Exercise, case: Any, got: Any, want: Any, mistake_answers: Seque
     for m, answer in zip(ex.mistakes, mistake_answers):
         if (answer is not None and not same(answer, want, ex.rel_tol, ex.abs_tol)
                 and same(got, answer, ex.rel_tol, ex.abs_tol)):
-            numbers = "" if hidden else f" gives {_fmt(got)}, expected {_fmt(want)}"
+            numbers = "" if hidden else f" gives {fmt(got)}, expected {fmt(want)}"
             return f"{label}{numbers}: {m.name}: {m.why}."
     hint = ex.hint(got, want) if ex.hint else ""
     if hidden:
         return f"{label}: wrong answer ({hint or difference(got, want, ex.outputs, ex.rel_tol)})."
-    return f"{label}: yours {_fmt(got)}, expected {_fmt(want)}" + (f" ({hint})." if hint else ".")
+    return f"{label}: yours {fmt(got)}, expected {fmt(want)}" + (f" ({hint})." if hint else ".")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from lab_utils.app.grading.exercises.allreduce import _iterations
+from lab_utils.app.grading.exercises.allreduce import epoch_iterations
 from lab_utils.app.grading.exercises.answers import plain
 from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 
@@ -21,7 +21,7 @@ def _recipe(base_lr, base_batch, per_device_batch, devices, dataset_size, warmup
     per_epoch = {"base": math.ceil(dataset_size / base_batch),
                  "whole": math.ceil(dataset_size / per_device_batch),
                  "floor": dataset_size // devices // per_device_batch,
-                 "epochs": 1}.get(steps, _iterations(dataset_size, devices, per_device_batch))
+                 "epochs": 1}.get(steps, epoch_iterations(dataset_size, devices, per_device_batch))
     warm = warmup_epochs * per_epoch
     return base_lr * scale[rule], (warmup_epochs if steps == "epochs" else int(warm) if steps == "truncate"
                                    else round(warm))
