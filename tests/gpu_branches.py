@@ -37,8 +37,8 @@ test, n=occurrence)``, or ``reason=`` and ``doctor=`` where no fake can run it),
 tests/GPU_BRANCHES.md``.
 
 ``lab_utils/engine/cuda_builds.py`` (the driver -> torch build table; tests/test_gpu_node.py
-and tests/test_install.py) and ``lab_utils/app/doctor.py`` (the node's checks themselves;
-tests/test_doctor.py) are not counted. Each site is then *CUDA-only* (one arm runs only with
+and tests/test_install.py) and ``lab_utils/app/doctor.py``, ``doctor_checks.py`` and ``doctor_experiments.py``
+(the node's checks themselves; tests/test_doctor.py) are not counted. Each site is then *CUDA-only* (one arm runs only with
 a GPU, NCCL or CUDA initialized) or not (both arms run on any machine: input checks, a
 ``gpus is None`` default); only CUDA-only sites count towards the target.
 
@@ -65,7 +65,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PKG = REPO / "lab_utils"
-NOT_COUNTED = ("engine/cuda_builds.py", "app/doctor.py")
+NOT_COUNTED = ("engine/cuda_builds.py", "app/doctor.py", "app/doctor_checks.py", "app/doctor_experiments.py")
 GPU_COUNT_NAMES = {"gpus"}
 
 # Reasons a branch cannot be run honestly by a fake (the doctor check that covers it is named per row).
@@ -904,7 +904,8 @@ def markdown(results: dict | None = None) -> str:
             "(`device`: `torch.device(\"cuda\", i)`, `set_device`, `device_ids=`, `device_id=`), each row of "
             "a peak or link table (`peak`: a module-level name ending in `_TFLOPS`, `_GB_PER_S` or "
             "`_TB_PER_S`); its site column is the line's own text. `engine/cuda_builds.py` (the driver -> "
-            "build table) and `app/doctor.py` (the node's checks) are not counted. The scanner found 108 sites "
+            "build table) and `app/doctor.py`, `app/doctor_checks.py` and `app/doctor_experiments.py` (the node's "
+            "checks) are not counted. The scanner found 108 sites "
             f"at 09a7bdf and 113 at e53e80e; now {c['decisions']} decision sites and "
             f"{c['sites'] - c['decisions']} GPU lines ({c.get('sync', 0)} sync, {c.get('event', 0)} event, "
             f"{c.get('reset', 0)} reset, {c.get('device', 0)} device, {c.get('peak', 0)} peak): "

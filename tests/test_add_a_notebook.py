@@ -118,16 +118,17 @@ def test_the_time_budget_doctor_and_the_report_pick_the_new_notebook_up(lab_copy
     section (an extra without an ``order``: after the others), with its row in the question map."""
     code = (
         "import json\n"
-        "from lab_utils.app import doctor, questions, time_budget as tb\n"
+        "from lab_utils.app import doctor, doctor_checks, doctor_experiments, questions, time_budget as tb\n"
         "from lab_utils.engine.machine import Machine\n"
         "from lab_utils.experiments import registry\n"
         "parts = tb.notebook_parts('10')\n"
-        "m = doctor.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
-        "d = doctor.measure_experiment(registry.by_name('toy'), m, machine=Machine(gpus=0, cores=1))\n"
+        "m = doctor_checks.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile='full')\n"
+        "d = doctor_experiments.measure_experiment(registry.by_name('toy'), m,"
+        " machine=Machine(gpus=0, cores=1))\n"
         "print(json.dumps({'table': tb.budget_table().to_dict('records'),"
         " 'checks': [c.name for c in doctor.CHECKS],"
         " 'parts': [[p.what, p.seconds, p.start_up] for p in parts], 'doctor': d,"
-        " 'judged': doctor.judge_experiment(d, m), 'last': questions.SECTIONS[-1].notebook,"
+        " 'judged': doctor_experiments.judge_experiment(d, m), 'last': questions.SECTIONS[-1].notebook,"
         " 'map': questions.question_map_markdown(), 'toy': questions.sections_for('10')[0].tables}))\n")
     res = run(lab_copy, "-c", code)
     assert res.returncode == 0, res.stderr

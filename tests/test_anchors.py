@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from lab_utils.engine.config import repo_root
+from lab_utils.experiments.n02_scaling import strong_weak as scaling_strong_weak
 from lab_utils.experiments.n02_scaling import tables as scaling_tables
-from lab_utils.experiments.n04_allreduce import tables as comm_tables
+from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 from lab_utils.experiments.n05_large_batch import tables as large_batch_tables
 from lab_utils.experiments.n06_gpt_ddp import tables as gpt_tables
 from lab_utils.experiments.shared import anchors as A
@@ -160,7 +161,7 @@ def test_other_cohort_is_a_fixed_global_batch_by_hand():
     assert all(A.global_batch_steps(g) == s for g, s in A.OTHER_COHORT_LOGGED_STEPS.items())
     assert A.global_batch_steps(2 * 32) == 782 != A.OTHER_COHORT_LOGGED_STEPS[32]
     assert A.other_cohort_per_gpu_batch(4, 32) == 8 and A.other_cohort_per_gpu_batch(2, 2048) == 1024
-    frame = scaling_tables._other_cohort_frame().set_index(["devices", "global_batch"])["strong_speedup"]
+    frame = scaling_strong_weak._other_cohort_frame().set_index(["devices", "global_batch"])["strong_speedup"]
     hand = {(2, 32): 0.5672, (4, 32): 0.3140, (2, 128): 0.8889, (4, 128): 0.5333, (2, 512): 1.4444,
             (4, 512): 1.1818, (2, 2048): 1.3000, (4, 2048): 1.1818}
     assert set(frame.index) == set(hand)
@@ -181,8 +182,8 @@ def test_table3_mistake_reproduces_the_report_by_hand():
         lo, hi = s / ((printed + 0.005) * 1e6), s / ((printed - 0.005) * 1e6)   # times that print it
         assert lo <= t + 0.00005 + 1e-12 and t - 0.00005 <= hi, (t, lo, hi)    # and times printing as t
     # the right Table 3 for the same kind of run (2 GPUs x 128: 196 steps x 1.0 x S over comm (a) 1.05 s)
-    m = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)
-    assert comm_tables.utilization_rows([m], None)[0]["achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
+    m = comm_table3.CommMeasurement(2, 128, "(a)", 1.05, s, 50_000)
+    assert comm_table3.utilization_rows([m], None)[0]["achieved_gb_per_s"] == pytest.approx(8.3432, abs=1e-4)
 
 
 def test_table3_refuses_one_device():
@@ -193,11 +194,11 @@ def test_table3_refuses_one_device():
                 r"epoch\), so leave the 1-GPU row out of Table 3\.$")
     with pytest.raises(LabError, match=sentence):
         achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 1, 391, A.TABLE3_COMM_SECONDS[1])
-    one = comm_tables.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
-    two = comm_tables.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
+    one = comm_table3.CommMeasurement(1, 128, "(a)", 1.4798, A.TABLE3_GRADIENT_BYTES, 50_000)
+    two = comm_table3.CommMeasurement(2, 128, "(a)", 1.05, A.TABLE3_GRADIENT_BYTES, 50_000)
     with pytest.raises(LabError, match=r"Table 3 has no row for 1 device .*no bandwidth; measure 2 or "
                                        r"more\.$"):
-        comm_tables.utilization_rows([two, one], None)
+        comm_table3.utilization_rows([two, one], None)
     assert achieved_gb_per_s(A.TABLE3_GRADIENT_BYTES, 4, 391, 1.325) == pytest.approx(19.7842, abs=1e-4)
 
 
@@ -207,10 +208,10 @@ def test_table3_earlier_cohort_rows_by_hand():
     04's worked example): 11.65 - 41.3/4 = 1.325 s, 391 steps x 1.5 x S = 391 x 67.04 MB = 26.21 GB,
     19.78 GB/s. Labelled with the module not stated."""
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm_tables.utilization_rows(comm_tables._anchor_measurements(), None)}
+            for r in comm_table3.utilization_rows(comm_table3._anchor_measurements(), None)}
     assert set(rows) == {(n, b) for n in (2, 4) for b in (32, 128, 512)}
-    assert {r["method"] for r in rows.values()} == {comm_tables._ANCHOR_ASSUMED_RING}
-    assert "parallel module not stated" in comm_tables._ANCHOR_ASSUMED_RING
+    assert {r["method"] for r in rows.values()} == {comm_table3._ANCHOR_ASSUMED_RING}
+    assert "parallel module not stated" in comm_table3._ANCHOR_ASSUMED_RING
     two = rows[(2, 128)]
     assert two["comm_seconds"] == pytest.approx(1.05) and two["steps_per_epoch"] == 196
     assert two["bytes_per_rank_per_epoch"] == 8_760_386_208

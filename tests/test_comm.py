@@ -16,7 +16,10 @@ from lab_utils.engine import profiles
 from lab_utils.engine.hardware import classify_interconnect
 from lab_utils.engine.machine import Machine
 from lab_utils.engine.plan import make_plan, measure
+from lab_utils.experiments.n04_allreduce import algorithms as comm_algorithms
 from lab_utils.experiments.n04_allreduce import experiment as comm
+from lab_utils.experiments.n04_allreduce import projection as comm_projection
+from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 from lab_utils.experiments.n04_allreduce import tables as comm_tables
 from lab_utils.learn import alpha_beta, ring
 from lab_utils.learn.errors import LabError
@@ -123,10 +126,10 @@ def test_bucketed_ring_by_hand():
 
 
 def test_compare_algorithms_frame():
-    df = comm_tables.compare_algorithms(S, [2, 8], A, B)
+    df = comm_algorithms.compare_algorithms(S, [2, 8], A, B)
     assert list(df.devices) == [2, 8]
     assert df.loc[1, "ring (ms)"] == pytest.approx(1e3 * (14 * A + 1.75 * S / B))
-    assert df.loc[1, comm_tables.EARLIER_LOG2_COLUMN] == pytest.approx(1e3 * 3 * S / B)
+    assert df.loc[1, comm_algorithms.EARLIER_LOG2_COLUMN] == pytest.approx(1e3 * 3 * S / B)
 
 
 # --------------------------------------------------------------------------- nccl-tests
@@ -215,14 +218,14 @@ def test_fit_rejects_bad_input():
 
 def test_epoch_compute_prorates_partial_step():
     # 10 samples on 4 ranks -> 3 per rank; b=2: one full step + half a step
-    assert comm_tables._epoch_compute_seconds(10, 2, 4, 0.2) == pytest.approx(0.3)
+    assert comm_projection._epoch_compute_seconds(10, 2, 4, 0.2) == pytest.approx(0.3)
 
 
 def test_projection_by_hand():
     fit = alpha_beta.AlphaBetaFit(world_size=2, alpha_seconds=1e-3, bandwidth_bytes_per_s=1e9,
                             alpha_stderr_seconds=0, bandwidth_stderr_bytes_per_s=0, rms_relative_error=0,
                             max_relative_error=0, n_points=3)
-    rows = comm_tables._project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
+    rows = comm_projection._project_scaling(fit, grad_bytes=100_000_000, dataset_size=1000,
                                 compute_seconds_per_step={100: 0.1}, devices=[1, 8], bucket_bytes=None)
     one, eight = rows.itertuples()
     assert one.epoch_seconds == pytest.approx(1.0) and one.speedup == pytest.approx(1.0)
@@ -240,23 +243,23 @@ def test_projection_by_hand():
 
 def test_projection_default_devices_and_buckets():
     fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e11, 0, 0, 0, 0, 3)
-    df = comm_tables._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
+    df = comm_projection._project_scaling(fit, S_RESNET18, 50_000, {32: 0.01, 512: 0.1})
     assert list(df.devices[:8]) == [8, 16, 32, 64, 128, 256, 512, 1024]
     expected = ring.bucketed_ring_seconds(S_RESNET18, 8, 1e-5, 1e11)
     assert df.comm_seconds_per_step[0] == pytest.approx(expected)
     assert len(df) == 16 and (df.efficiency <= df.efficiency_full_overlap + 1e-12).all()
     with pytest.raises(LabError, match="compute time"):
-        comm_tables._project_scaling(fit, S_RESNET18, 50_000, {})
+        comm_projection._project_scaling(fit, S_RESNET18, 50_000, {})
 
 
 # --------------------------------------------------------------------------- Table 3 and links
 
 
 def test_utilization_rows_by_hand():
-    m = comm_tables.CommMeasurement(devices=2, per_device_batch=10, source="hook", seconds=1e-6,
+    m = comm_table3.CommMeasurement(devices=2, per_device_batch=10, source="hook", seconds=1e-6,
                                     grad_bytes=1000, dataset_size=100)
     link = comm.LinkPeak(20.0, "test link")
-    (row,) = comm_tables.utilization_rows([m], {2: 10.0}, link)
+    (row,) = comm_table3.utilization_rows([m], {2: 10.0}, link)
     # 50 samples per rank / 10 = 5 steps x 1000 bytes (2 ranks: factor 1) = 5000 bytes in 1 us = 5 GB/s
     assert row["bytes_per_rank_per_epoch"] == 5000
     assert row["achieved_gb_per_s"] == pytest.approx(5.0)
@@ -265,15 +268,15 @@ def test_utilization_rows_by_hand():
 
 
 def test_utilization_rows_missing_data_give_no_numbers():
-    missing = comm_tables.CommMeasurement(4, 32, "derived", None, 1000, 100, reason="run notebook 03 first")
-    negative = comm_tables.CommMeasurement(2, 32, "exposed", -0.01, 1000, 100)
-    rows = comm_tables.utilization_rows([missing, negative], {2: 10.0}, comm.LinkPeak(None, "unknown"))
+    missing = comm_table3.CommMeasurement(4, 32, "derived", None, 1000, 100, reason="run notebook 03 first")
+    negative = comm_table3.CommMeasurement(2, 32, "exposed", -0.01, 1000, 100)
+    rows = comm_table3.utilization_rows([missing, negative], {2: 10.0}, comm.LinkPeak(None, "unknown"))
     assert rows[0]["achieved_gb_per_s"] is None and rows[0]["note"] == "run notebook 03 first"
     assert rows[0]["pct_of_bench_peak_busbw"] is None
     assert rows[1]["achieved_gb_per_s"] is None and "noise" in rows[1]["note"]
     assert rows[1]["pct_of_link_nominal"] is None
     with pytest.raises(LabError, match="one device communicates nothing"):
-        comm_tables.utilization_rows([comm_tables.CommMeasurement(1, 32, "derived", 1.0, 1000, 100)], None)
+        comm_table3.utilization_rows([comm_table3.CommMeasurement(1, 32, "derived", 1.0, 1000, 100)], None)
 
 
 TOPO_NVLINK = """\x1b[4m\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\x1b[0m
@@ -378,7 +381,7 @@ def test_the_compute_step_plan_cost_and_doctor_settings():
 
 
 def _check_bench(records, n):
-    df = comm_tables._bench_frame(records)
+    df = comm_tables.bench_frame(records)
     assert list(df.size_bytes) == sorted(df.size_bytes) and df.size_bytes.is_unique
     assert list(df.size_bytes) == alpha_beta.message_sizes(8, int(df.size_bytes.max()))
     assert (df.time_us > 0).all() and (df.algbw_gb_per_s > 0).all() and (df.busbw_gb_per_s > 0).all()
@@ -444,7 +447,7 @@ def test_ddp_bucket_sizes_match_torch_assignment(width, caps):
     ready_order = list(reversed([p for p in model.parameters() if p.requires_grad]))
     idx, _ = dist._compute_bucket_assignment_by_size(ready_order, list(caps), [False] * len(ready_order))
     expected = [sum(ready_order[i].numel() * ready_order[i].element_size() for i in b) for b in idx]
-    sizes = comm_tables._ddp_bucket_sizes(model, bucket_bytes=caps[1], first_bucket_bytes=caps[0])
+    sizes = comm_tables.ddp_bucket_sizes(model, bucket_bytes=caps[1], first_bucket_bytes=caps[0])
     assert sizes == expected and sum(sizes) == comm.gradient_bytes(model)
 
 
@@ -452,7 +455,7 @@ def test_resnet18_default_buckets():
     from lab_utils.learn.models import ResNet18
 
     # layer4's 3x3x512x512 convs are 9.4 MB each: the first bucket passes 1 MiB with one of them
-    assert comm_tables._ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
+    assert comm_tables.ddp_bucket_sizes(ResNet18()) == [9_461_800, 26_494_976, 8_739_072]
     fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0, 0, 3)
     df = comm_tables._bucket_table([9_461_800, 26_494_976, 8_739_072], {2: fit})
     assert list(df.bucket) == [0, 1, 2, "one message"] and df.bytes.iloc[-1] == S_RESNET18
@@ -478,7 +481,7 @@ def test_compute_steps_in_this_process_and_the_inputs_table(store):
     records = measure(lab_for(store), comm.COMPUTE_STEP_EXPERIMENT, settings, verbose=False,
                       machine=Machine(gpus=0, cores=2))
     assert [(r.status, r.config["batch_size"], r.synthetic) for r in records] == [("ok", 4, True)]
-    compute = comm_tables.projection_compute(records, settings)
+    compute = comm_projection.projection_compute(records, settings)
     assert compute.seconds_per_step == {4: records[0].metrics["compute_seconds_per_step"]}
     assert compute.seconds_per_step[4] > 0
     from lab_utils.learn.models import ResNet18
@@ -489,12 +492,12 @@ def test_compute_steps_in_this_process_and_the_inputs_table(store):
                     machine=Machine(gpus=0, cores=2))
     assert again[0].timestamp == records[0].timestamp  # stored: not re-measured
     fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e10, 0, 0, 0.01, 0.02, 3)
-    df = comm_tables._inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
+    df = comm_projection._inputs_table({2: fit}, fit, compute, comm.LinkPeak(None, "unknown"), [])
     kinds = dict(zip(df.input, df.kind))
     assert kinds["compute seconds per step"] == "measured"
     assert kinds["alpha, B at 8..1024 devices"] == "assumed"
     assert kinds["link nominal bandwidth"] == "not available"
-    assert (df.kind == "assumed").sum() >= len(comm_tables.PROJECTION_ASSUMPTIONS)
+    assert (df.kind == "assumed").sum() >= len(comm_projection.PROJECTION_ASSUMPTIONS)
 
 
 # --------------------------------------------------------------------------- notebook 03's records -> Table 3
@@ -515,16 +518,16 @@ def _nb03_store(store):
 
 def test_table3_from_notebook03_records_by_hand(store):
     grad = _nb03_store(store)
-    ms = comm_tables._measurements(store, devices=(2, 4))
+    ms = comm_table3._measurements(store, devices=(2, 4))
     # quick grid: 2 and 4 devices x 32 ... 2048 per device; DDP: three sources for (2, 32), one "not
     # measured" row for each other pair; DataParallel: one (a) row each, none stored (no GPUs)
     assert len(ms) == (3 + 7) + 8
-    rows = comm_tables.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
-    ddp = [r for r in rows if r["method"] != comm_tables._DP_ASSUMED_RING]
+    rows = comm_table3.utilization_rows(ms, {2: 0.1}, comm.LinkPeak(None, "unknown"))
+    ddp = [r for r in rows if r["method"] != comm_table3._DP_ASSUMED_RING]
     measured = {r["comm_source"]: r for r in ddp if r["devices"] == 2 and r["per_gpu_batch"] == 32}
     bytes_epoch = 16 * grad  # 16 steps x 2(2-1)/2 x S
     assert all(r["bytes_per_rank_per_epoch"] == bytes_epoch for r in measured.values())
-    a, b, c = (measured[s] for s in comm_tables._COMM_SOURCES)
+    a, b, c = (measured[s] for s in comm_table3._COMM_SOURCES)
     assert a["comm_seconds"] == pytest.approx(1.0)  # T(2) - T(1)/2 = 6 - 10/2
     assert a["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 1.0 / 1e9)
     assert b["achieved_gb_per_s"] == pytest.approx(bytes_epoch / 0.5 / 1e9)
@@ -536,10 +539,10 @@ def test_table3_from_notebook03_records_by_hand(store):
 
 
 def test_table3_without_notebook03_says_run_it_first(store):
-    rows = comm_tables.utilization_rows(comm_tables._measurements(store, devices=(2, 4)), {2: 1.0})
-    ddp = [r for r in rows if r["method"] != comm_tables._DP_ASSUMED_RING]
+    rows = comm_table3.utilization_rows(comm_table3._measurements(store, devices=(2, 4)), {2: 1.0})
+    ddp = [r for r in rows if r["method"] != comm_table3._DP_ASSUMED_RING]
     assert len(ddp) == 8
-    assert all(r["note"] == comm_tables._NB03_MISSING and r["achieved_gb_per_s"] is None for r in ddp)
+    assert all(r["note"] == comm_table3._NB03_MISSING and r["achieved_gb_per_s"] is None for r in ddp)
     assert all(r["bytes_per_rank_per_epoch"] > 0 for r in rows)  # bytes are a formula, seconds are not
 
 
@@ -550,11 +553,11 @@ def _bench_report(peaks):
 def test_report_utilization_saves_table3(store):
     _nb03_store(store)
     settings = replace(profiles.settings(comm.Settings, "quick"), table_devices=(2,))
-    df = comm_tables.report_utilization(store, settings, _bench_report({2: 0.1}),
+    df = comm_table3.report_utilization(store, settings, _bench_report({2: 0.1}),
                                         comm.LinkPeak(None, "unknown"))
     assert (store.tables_dir / "allreduce_utilization.md").exists()
     assert (store.tables_dir / "allreduce_utilization.csv").exists()
-    assert set(df.comm_source) >= set(comm_tables._COMM_SOURCES)
+    assert set(df.comm_source) >= set(comm_table3._COMM_SOURCES)
 
 
 def test_projection_compute_from_the_compute_step_records_by_hand():
@@ -565,7 +568,7 @@ def test_projection_compute_from_the_compute_step_records_by_hand():
     recs = [Record("compute_step", {"batch_size": b, "device_type": "cuda"}, {"compute_seconds_per_step": t})
             for b, t in ((32, 0.01), (128, 0.03))]
     recs.append(Record("compute_step", {"batch_size": 512}, status="oom", reason="out of memory"))
-    compute = comm_tables.projection_compute(recs, settings)
+    compute = comm_projection.projection_compute(recs, settings)
     assert compute.seconds_per_step == {32: 0.01, 128: 0.03}  # the out-of-memory batch has no time
     assert compute.grad_bytes == 4 * 176_402 == comm.gradient_bytes(ResNet18(width=8))
     assert "one cuda device" in compute.source and "2 timed steps after 1 warm-up" in compute.source
@@ -603,7 +606,7 @@ def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
 
     assert SPEC_GRADIENT_BYTES == 11_173_962 * 4
     rows = {(r["devices"], r["per_gpu_batch"]): r
-            for r in comm_tables.utilization_rows(comm_tables._anchor_measurements(), None)}
+            for r in comm_table3.utilization_rows(comm_table3._anchor_measurements(), None)}
     four = rows[(4, 32)]
     assert four["steps_per_epoch"] == 391 and four["comm_seconds"] == pytest.approx(1.325)
     assert four["bytes_per_rank_per_epoch"] == pytest.approx(26_214_114_852)
@@ -612,20 +615,20 @@ def test_q32_earlier_cohort_under_the_ring_assumption_by_hand():
     assert two["bytes_per_rank_per_epoch"] == pytest.approx(34_952_153_136)
     assert two["achieved_gb_per_s"] == pytest.approx(13.981, abs=1e-3)
     assert all("ring ASSUMED" in r["method"] and "module not stated" in r["method"]
-               and r["comm_source"] == comm_tables._COMM_SOURCES[0] for r in rows.values())
+               and r["comm_source"] == comm_table3._COMM_SOURCES[0] for r in rows.values())
     assert all(r["q3_2"].startswith("Q3.2 answer") for r in rows.values())
 
 
 def test_table3_says_which_gb_per_s_answers_q32_and_has_dataparallel_rows(store):
     _nb03_store(store)
     settings = replace(profiles.settings(comm.Settings, "quick"), table_devices=(2,))
-    df = comm_tables.report_utilization(store, settings, _bench_report({2: 0.1}),
+    df = comm_table3.report_utilization(store, settings, _bench_report({2: 0.1}),
                                         comm.LinkPeak(None, "unknown"))
     ddp = df[df["method"].str.startswith("DDP") & (df["per_gpu_batch"] == 32)].set_index("comm_source")
-    assert ddp.loc[comm_tables._COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
-    assert ddp.loc[comm_tables._COMM_SOURCES[1], "q3_2"].startswith("not Q3.2's answer")
-    assert ddp.loc[comm_tables._COMM_SOURCES[2], "q3_2"].startswith("check")
-    dp_here = df[df["method"] == comm_tables._DP_ASSUMED_RING]
+    assert ddp.loc[comm_table3._COMM_SOURCES[0], "q3_2"].startswith("Q3.2 answer")
+    assert ddp.loc[comm_table3._COMM_SOURCES[1], "q3_2"].startswith("not Q3.2's answer")
+    assert ddp.loc[comm_table3._COMM_SOURCES[2], "q3_2"].startswith("check")
+    dp_here = df[df["method"] == comm_table3._DP_ASSUMED_RING]
     assert len(dp_here) and dp_here["achieved_gb_per_s"].isna().all()      # no GPUs: no DataParallel run
     assert all("needs 2 GPUs" in n for n in dp_here["note"])
     anchors = df[df["method"].str.contains("earlier cohort")]
@@ -641,23 +644,23 @@ def test_noise_flag_marks_effects_within_two_standard_errors():
     assert noise_flag(0.5, 0.2) == ""               # 0.4 < 0.5: the effect stands out
     assert noise_flag(0.0, 0.01) == NOISE_FLAG      # clamped to 0 with noise: not a result
     assert noise_flag(0.5, None) == "" and noise_flag(None, 0.1) == ""
-    m = comm_tables.CommMeasurement(2, 32, comm_tables._COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
-    (row,) = comm_tables.utilization_rows([m], None)
+    m = comm_table3.CommMeasurement(2, 32, comm_table3._COMM_SOURCES[1], 0.5, 1000, 100, noise_seconds=0.3)
+    (row,) = comm_table3.utilization_rows([m], None)
     assert row["noise_flag"] == NOISE_FLAG
 
 
 def test_projection_from_a_bad_fit_is_labelled_not_a_result(store):
     sizes, t = _synthetic(20e-6, 2e9, 2)
     good = alpha_beta.fit_alpha_beta(sizes, t, 2)
-    assert comm_tables._fit_verdict(good) == ""
+    assert comm_tables.fit_verdict(good) == ""
     from dataclasses import replace
     bad = replace(good, rms_relative_error=0.485)
-    assert comm_tables._fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
-    compute = comm_tables._ProjectionCompute({32: 0.01}, 44_695_848, 50_000, 64, "test")
-    df, fig = comm_tables.report_projection(store, bad, compute, [], devices=(8, 1024))
+    assert comm_tables.fit_verdict(bad) == "not a result: fit error 48.5% rms > 25%"
+    compute = comm_projection._ProjectionCompute({32: 0.01}, 44_695_848, 50_000, 64, "test")
+    df, fig = comm_projection.report_projection(store, bad, compute, [], devices=(8, 1024))
     assert set(df["status"]) == {"not a result: fit error 48.5% rms > 25%"}
     assert "NOT A RESULT" in (store.tables_dir / "allreduce_projection.md").read_text()
-    df, _ = comm_tables.report_projection(store, good, compute, [], devices=(8,))
+    df, _ = comm_projection.report_projection(store, good, compute, [], devices=(8,))
     assert set(df["status"]) == {"ok"}
     ft = comm_tables._fit_table({2: bad, 4: good}, {})
     assert list(ft["projection"]) == ["not a result: fit error 48.5% rms > 25%", "ok to project"]
@@ -689,7 +692,7 @@ def test_bandwidth_prediction_cases_from_notebook03_and_the_fit(store):
     fit = alpha_beta.AlphaBetaFit(2, 1e-5, 1e9, 0, 0, 0, 0, 3)
     bench = comm_tables.BenchReport(None, {2: fit}, {2: 0.1}, None, None, [])
     settings = profiles.settings(comm.Settings, "quick")
-    cases, measured, labels = comm_tables.bandwidth_prediction_cases(store, settings, bench)
+    cases, measured, labels = comm_table3.bandwidth_prediction_cases(store, settings, bench)
     assert cases[0] == {"bucket_bytes": [455_208, 250_400], "world_size": 2, "alpha_seconds": 1e-5,
                         "bandwidth_gb_per_s": 1.0}
     assert sum(cases[0]["bucket_bytes"]) == grad
@@ -699,5 +702,5 @@ def test_bandwidth_prediction_cases_from_notebook03_and_the_fit(store):
     four = [c for c, label in zip(cases, labels) if label.startswith("4 x")]
     assert len(four) == 4 and all(c["world_size"] == 4 and c["alpha_seconds"] == 1e-5 for c in four)
     assert labels[4] == "4 x 32 (fit on 2): not measured"   # no 4-rank fit: the one on 2 ranks
-    assert comm_tables.bandwidth_prediction_cases(store, settings, _bench_report({})) == ([], [], [])
+    assert comm_table3.bandwidth_prediction_cases(store, settings, _bench_report({})) == ([], [], [])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lab_utils.app import doctor
+from lab_utils.app import doctor, doctor_checks, doctor_experiments
 from lab_utils.engine import proc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,8 +117,8 @@ def test_a_hung_check_is_stopped_with_everything_it_started(tmp_path):
 def test_the_budget_and_a_failing_check_do_not_stop_the_others():
     """A check that hangs past its limit is a fail row, the next one runs; past the budget the rest are
     skipped."""
-    m = doctor.Machine(gpus=1, names=["G"], mig=[], driver="1", problem=None, profile="quick")
-    judge = doctor.judge_timer_overhead
+    m = doctor_checks.Machine(gpus=1, names=["G"], mig=[], driver="1", problem=None, profile="quick")
+    judge = doctor_checks.judge_timer_overhead
     checks = (doctor.Check("hangs", lambda m: {}, judge, "x", "child", 1, 5),
               doctor.Check("broken", lambda m: {}, judge, "x", "here", 0, 5),
               doctor.Check("fine", lambda m: {"per_phase_seconds": 1e-6, "phases": 1, "device": "cpu",
@@ -162,14 +162,14 @@ def two_a100(fake_gpu):
 
 
 def test_the_machine_is_read_without_a_cuda_context(two_a100):
-    m = doctor.read_machine("full")
+    m = doctor_checks.read_machine("full")
     a100 = "NVIDIA A100-SXM4-80GB"
     assert (m.gpus, m.names, m.mig, m.driver, m.problem) == (2, [a100] * 2, [], "550.127.05", None)
     assert not two_a100.initialized and two_a100.contexts == set()
-    assert doctor.judge_versions(doctor.measure_versions(m), m)[2] == "ok"
-    assert doctor.judge_mig(doctor.measure_mig(m), m)[2] == "ok"
+    assert doctor_checks.judge_versions(doctor_checks.measure_versions(m), m)[2] == "ok"
+    assert doctor_checks.judge_mig(doctor_checks.measure_mig(m), m)[2] == "ok"
     assert [doctor.skip_reason(c, m) for c in doctor.CHECKS] == [None] * len(doctor.CHECKS)
-    one = doctor.Machine(1, ["x"], [], "1", None, "full")
+    one = doctor_checks.Machine(1, ["x"], [], "1", None, "full")
     assert doctor.skip_reason(doctor.BY_NAME["nccl_allreduce"], one) == (
         "skipped: needs 2 GPUs (this machine has 1)")
 
@@ -177,18 +177,20 @@ def test_the_machine_is_read_without_a_cuda_context(two_a100):
 def test_cuda_init_compares_torchs_names_with_nvidia_smis(two_a100, monkeypatch):
     from lab_utils.engine import hardware
 
-    m = doctor.read_machine()
-    d = doctor.measure_cuda_init(m, kernel=lambda i: doctor.KERNEL_EXPECTED)   # no kernel runs on the fake
+    m = doctor_checks.read_machine()
+    # no kernel runs on the fake
+    d = doctor_checks.measure_cuda_init(m, kernel=lambda i: doctor_checks.KERNEL_EXPECTED)
     names = ["NVIDIA A100-SXM4-80GB"] * 2
     assert [g["torch_name"] for g in d["gpus"]] == [g["smi_name"] for g in d["gpus"]] == names
-    measured, _, verdict = doctor.judge_cuda_init(d, m)
+    measured, _, verdict = doctor_checks.judge_cuda_init(d, m)
     assert verdict == "ok" and measured.startswith("2 x NVIDIA A100-SXM4-80GB (sm 8.0), 80 GiB")
     monkeypatch.setattr(hardware, "visible_gpu_names", lambda text=None: ["NVIDIA A100 80GB PCIe"] * 2)
-    kernel = {"kernel": lambda i: doctor.KERNEL_EXPECTED}
-    measured, _, verdict = doctor.judge_cuda_init(doctor.measure_cuda_init(m, **kernel), m)
+    kernel = {"kernel": lambda i: doctor_checks.KERNEL_EXPECTED}
+    measured, _, verdict = doctor_checks.judge_cuda_init(doctor_checks.measure_cuda_init(m, **kernel), m)
     assert verdict == "fail" and "nvidia-smi says 'NVIDIA A100 80GB PCIe'" in measured
     two_a100.allocate(30 * 2 ** 30, 1)  # another process holds memory on GPU 1
-    assert doctor.judge_cuda_init(doctor.measure_cuda_init(m, **kernel), m)[2] in ("warn", "fail")
+    d = doctor_checks.measure_cuda_init(m, **kernel)
+    assert doctor_checks.judge_cuda_init(d, m)[2] in ("warn", "fail")
 
 
 def test_events_and_the_host_clock_agree_on_the_fake_device(two_a100):
@@ -196,59 +198,60 @@ def test_events_and_the_host_clock_agree_on_the_fake_device(two_a100):
     true fp32 (torch.backends.cuda.matmul.allow_tf32 is off by default): 13 TFLOP/s is a realistic A100
     rate, above its 19.5 TFLOP/s fp32 peak the clock missed work (tests/test_gpu_numbers.py: A100, H100,
     V100 PCIe)."""
-    m = doctor.read_machine()
-    d = doctor.measure_clock(m, workload=lambda: two_a100.launch(0.020), flops=2.6e11, clock=two_a100.clock)
+    m = doctor_checks.read_machine()
+    d = doctor_checks.measure_clock(m, workload=lambda: two_a100.launch(0.020), flops=2.6e11,
+                                    clock=two_a100.clock)
     assert d["event_seconds"] == pytest.approx(0.020) and d["host_seconds"] == pytest.approx(0.020)
     assert d["precision"] == "fp32"
-    measured, _, verdict = doctor.judge_clock(d, m)
+    measured, _, verdict = doctor_checks.judge_clock(d, m)
     assert verdict == "ok" and "13.0 TFLOP/s fp32" in measured
-    assert doctor.judge_clock({**d, "event_seconds": 0.001}, m)[2] == "fail"   # events missed the work
-    assert doctor.judge_clock({**d, "flops": 5e11}, m)[2] == "fail"             # 25 TFLOP/s > A100's fp32
+    assert doctor_checks.judge_clock({**d, "event_seconds": 0.001}, m)[2] == "fail"  # events missed the work
+    assert doctor_checks.judge_clock({**d, "flops": 5e11}, m)[2] == "fail"  # 25 TFLOP/s > A100's fp32
 
 
 def test_timer_overhead_synchronizes_the_gpu_at_both_ends_of_each_phase(two_a100):
-    m = doctor.read_machine()
+    m = doctor_checks.read_machine()
     before = len(two_a100.synchronize_calls)
-    d = doctor.measure_timer_overhead(m, device="cuda", phases=50, clock=two_a100.clock)
+    d = doctor_checks.measure_timer_overhead(m, device="cuda", phases=50, clock=two_a100.clock)
     assert len(two_a100.synchronize_calls) - before == 1 + 2 * 50
-    assert d["timed_phases"] == 50 and doctor.judge_timer_overhead(d, m)[2] == "ok"
-    assert doctor.judge_timer_overhead({**d, "per_phase_seconds": 5e-4}, m)[2] == "warn"
+    assert d["timed_phases"] == 50 and doctor_checks.judge_timer_overhead(d, m)[2] == "ok"
+    assert doctor_checks.judge_timer_overhead({**d, "per_phase_seconds": 5e-4}, m)[2] == "warn"
 
 
 def test_oom_under_a_memory_fraction_is_caught_and_the_memory_freed(two_a100):
     gpu = two_a100
-    m = doctor.read_machine()
-    d = doctor.measure_oom(m, allocate=gpu.tensor)
+    m = doctor_checks.read_machine()
+    d = doctor_checks.measure_oom(m, allocate=gpu.tensor)
     assert d["oom"] and d["reason"].startswith("OOM: CUDA out of memory. Tried to allocate 8.00 GiB")
     assert gpu.fraction_calls == [(0.05, 0), (1.0, 0)]       # a float and a device index, as torch needs
     assert d["allocated_after_free_bytes"] == 0 and d["reserved_after_free_bytes"] == 0
     assert gpu.empty_cache_calls == 1
-    measured, _, verdict = doctor.judge_oom(d, m)
+    measured, _, verdict = doctor_checks.judge_oom(d, m)
     assert verdict == "ok" and measured.startswith("oom: OOM: CUDA out of memory")
     leaked = []
-    d2 = doctor.measure_oom(m, allocate=lambda n: leaked.append(gpu.allocate(n)))  # never released
-    assert doctor.judge_oom(d2, m)[2] == "fail"
+    d2 = doctor_checks.measure_oom(m, allocate=lambda n: leaked.append(gpu.allocate(n)))  # never released
+    assert doctor_checks.judge_oom(d2, m)[2] == "fail"
 
 
 def test_bf16_is_checked_natively_or_skipped(fake_gpu):
     fake_gpu(name="Tesla V100-SXM2-16GB", major=7)
-    m = doctor.read_machine()
-    d = doctor.measure_bf16(m)
+    m = doctor_checks.read_machine()
+    d = doctor_checks.measure_bf16(m)
     assert d == {"native": False, "device_name": "Tesla V100-SXM2-16GB", "capability": "7.0"}
-    assert doctor.judge_bf16(d, m)[2] == "skipped: no native bf16 on this GPU"
+    assert doctor_checks.judge_bf16(d, m)[2] == "skipped: no native bf16 on this GPU"
     fake_gpu(name="NVIDIA H100 80GB HBM3", major=9)
-    d = doctor.measure_bf16(m, math_device="cpu")   # the decision on the (fake) GPU, the matmul here
-    assert d["native"] and d["relative_error"] < 1e-2 and doctor.judge_bf16(d, m)[2] == "ok"
+    d = doctor_checks.measure_bf16(m, math_device="cpu")   # the decision on the (fake) GPU, the matmul here
+    assert d["native"] and d["relative_error"] < 1e-2 and doctor_checks.judge_bf16(d, m)[2] == "ok"
 
 
 def test_a_mig_slice_is_a_warning_and_stops_the_multi_gpu_checks(fake_gpu):
     fake_gpu(count=1, name="NVIDIA A100-SXM4-40GB", mig="1g.5gb")
-    m = doctor.read_machine()
+    m = doctor_checks.read_machine()
     assert m.mig == ["1g.5gb"] and m.names == ["NVIDIA A100-SXM4-40GB MIG 1g.5gb"]
-    measured, _, verdict = doctor.judge_mig(doctor.measure_mig(m), m)
+    measured, _, verdict = doctor_checks.judge_mig(doctor_checks.measure_mig(m), m)
     assert verdict == "warn" and "MIG slice(s): 1g.5gb" in measured
     assert doctor.skip_reason(doctor.BY_NAME["nccl_allreduce"], m).startswith("skipped: needs 2 GPUs")
-    m2 = doctor.Machine(2, m.names * 2, ["1g.5gb"] * 2, "1", None, "full")
+    m2 = doctor_checks.Machine(2, m.names * 2, ["1g.5gb"] * 2, "1", None, "full")
     assert doctor.skip_reason(doctor.BY_NAME["nccl_allreduce"], m2).startswith("skipped: MIG slices")
 
 
@@ -258,27 +261,27 @@ def test_the_nccl_check_runs_its_all_reduce_over_gloo_and_judges_it_against_nvli
     """plan_bench answers nccl on the (fake) 2 GPUs; the launch runs the lab's benchmark worker with
     gloo standing in (subprocesses do not see the fake), and the verdict compares its busbw with
     the A100 NVLink's 300 GB/s from the fake topology."""
-    m = doctor.read_machine()
-    d = doctor.measure_nccl(m, timeout_s=120, backend="gloo", max_bytes=2 ** 20)
+    m = doctor_checks.read_machine()
+    d = doctor_checks.measure_nccl(m, timeout_s=120, backend="gloo", max_bytes=2 ** 20)
     assert d["planned_backend"] == "nccl" and d["backend"] == "gloo" and d["ranks"] == 2
     assert d["correct"] and d["size_bytes"] == 2 ** 20 and d["busbw_gb_per_s"] > 0
     assert d["link_gb_per_s"] == 300.0 and "NVLink" in d["link"]
-    measured, expected, verdict = doctor.judge_nccl(d, m)
+    measured, expected, verdict = doctor_checks.judge_nccl(d, m)
     share = d["busbw_gb_per_s"] / 300.0
     assert verdict == ("ok" if share >= 0.4 else "warn" if share >= 0.1 else "fail")
     assert expected.startswith(">= 40 % and <= 2x of NVLink") and f"{share:.0%} of the link" in measured
-    assert doctor.judge_nccl({**d, "busbw_gb_per_s": 200.0}, m)[2] == "ok"
-    assert doctor.judge_nccl({**d, "correct": False, "busbw_gb_per_s": 200.0}, m)[2] == "fail"
+    assert doctor_checks.judge_nccl({**d, "busbw_gb_per_s": 200.0}, m)[2] == "ok"
+    assert doctor_checks.judge_nccl({**d, "correct": False, "busbw_gb_per_s": 200.0}, m)[2] == "fail"
 
 
 def test_the_doctors_table_under_the_fake_gpu(two_a100, tmp_path):
     """The in-process GPU checks, each measured against the fake, judged and written as the command does."""
     gpu = two_a100
-    m = doctor.read_machine("full")
+    m = doctor_checks.read_machine("full")
     fakes = {"event_vs_host_clock": {"workload": lambda: gpu.launch(0.01), "flops": 1e11, "clock": gpu.clock},
              "timer_overhead": {"device": "cuda", "clock": gpu.clock},
              "oom_under_memory_fraction": {"allocate": gpu.tensor}, "bf16": {"math_device": "cpu"},
-             "cuda_init": {"kernel": lambda i: doctor.KERNEL_EXPECTED}}
+             "cuda_init": {"kernel": lambda i: doctor_checks.KERNEL_EXPECTED}}
     names = ["versions", "mig", "cuda_init", "event_vs_host_clock", "timer_overhead",
              "oom_under_memory_fraction", "bf16", "int8_matmul"]
 
@@ -321,17 +324,18 @@ def _exp_data(**run) -> dict:
 
 
 def test_an_experiment_row_is_judged_by_its_records():
-    m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
-    measured, _, verdict = doctor.judge_experiment(_exp_data(), m)
+    m = doctor_checks.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    measured, _, verdict = doctor_experiments.judge_experiment(_exp_data(), m)
     assert verdict == "ok" and measured == "ran DDP 2 x 32 1.00 s; skipped DDP 4 x 32 (needs 4 GPUs)"
     for bad in ({"compute_seconds": 0.3}, {"allreduce_seconds": 1.5},
                 {"train_loss": float("nan")}, {"status": "oom", "reason": "OOM: CUDA out of memory"},
                 {"status": "error", "reason": "no record"}):
-        measured, _, verdict = doctor.judge_experiment(_exp_data(**bad), m)
+        measured, _, verdict = doctor_experiments.judge_experiment(_exp_data(**bad), m)
         assert verdict == "fail" and "FAILED DDP 2 x 32" in measured, (bad, measured)
-    measured, _, verdict = doctor.judge_experiment(_exp_data(exposed_comm_seconds=0.6), m)   # an expectation
+    # an expectation
+    measured, _, verdict = doctor_experiments.judge_experiment(_exp_data(exposed_comm_seconds=0.6), m)
     assert verdict == "warn" and "NOT AS EXPECTED DDP 2 x 32: exposed communication" in measured
-    assert doctor.judge_experiment({**_exp_data(), "kernel_context": True}, m)[2] == "fail"
+    assert doctor_experiments.judge_experiment({**_exp_data(), "kernel_context": True}, m)[2] == "fail"
 
 
 @pytest.mark.slow
@@ -353,10 +357,10 @@ def test_an_experiment_row_runs_the_notebooks_own_plan_over_gloo_here(tmp_path, 
                        dataset="synthetic", num_workers=0)
 
     e = replace(scaling.SCALING_EXPERIMENT, doctor=small)
-    m = doctor.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile="full")
-    d = doctor.measure_experiment(e, m, timeout_s=240, machine=PlanMachine(gpus=0, cores=2))
+    m = doctor_checks.Machine(gpus=0, names=[], mig=[], driver=None, problem=None, profile="full")
+    d = doctor_experiments.measure_experiment(e, m, timeout_s=240, machine=PlanMachine(gpus=0, cores=2))
     assert [(r["label"], r["status"]) for r in d["runs"]] == [("DDP 1 x 32", "ok"), ("DDP 2 x 32", "ok")]
     assert all(r["train_seconds"] > 0 and r["backend"] == "gloo" for r in d["runs"])
-    measured, _, verdict = doctor.judge_experiment(d, m)
+    measured, _, verdict = doctor_experiments.judge_experiment(d, m)
     assert verdict == "ok" and measured.startswith("ran DDP 1 x 32"), measured
     assert not (tmp_path / "results").exists()

@@ -29,7 +29,8 @@ import pytest
 
 from lab_utils.app.grading import EXERCISES, build, check
 from lab_utils.app.grading import notebooks as nbs
-from lab_utils.app.grading.exercises import explain, same
+from lab_utils.app.grading.exercises.answers import same
+from lab_utils.app.grading.exercises.exercise import explain
 from lab_utils.app.questions import sections_for
 
 LABS = Path(__file__).resolve().parent.parent / "labs"
@@ -136,7 +137,7 @@ def _check_q01_train_transform(f):
     """The lab's loaders' pipeline (lab_utils.experiments.shared.data.train_transform) in the assignment's
     order, and the solution's: the same transforms with the same values and the same images from every crop
     and flip."""
-    from lab_utils.app.grading import exercises as E
+    from lab_utils.app.grading.exercises import batch_sweep as E
     from lab_utils.experiments.shared import data
 
     mine, lab = f(), data.train_transform()
@@ -234,14 +235,14 @@ def _check_q04_ring_bytes(f):
 
 
 def _check_q04_utilization(f):
-    """Table 3's own rows (comm_tables.utilization_rows, which calls lab_utils.learn.ring.achieved_gb_per_s);
+    """Table 3's own rows (comm_table3.utilization_rows, which calls lab_utils.learn.ring.achieved_gb_per_s);
     by hand: 2 x 128 on CIFAR-10, 196 steps x 1.0 x 44,695,848 B = 8,760,386,208 B / 1.07 s = 8.1873 GB/s."""
-    from lab_utils.experiments.n04_allreduce import tables as comm_tables
+    from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 
     for n, b, t in ((2, 128, 1.07), (4, 512, 0.51), (8, 32, 3e-3), (3, 100, 2.0)):
-        m = comm_tables.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce",
+        m = comm_table3.CommMeasurement(devices=n, per_device_batch=b, source="(c) hook all-reduce",
                                         seconds=t, grad_bytes=44_695_848, dataset_size=50_000)
-        row = comm_tables.utilization_rows([m], None)[0]
+        row = comm_table3.utilization_rows([m], None)[0]
         got = f(row["grad_bytes"], n, row["steps_per_epoch"], t)
         assert math.isclose(got, row["achieved_gb_per_s"], rel_tol=1e-12)
     assert math.isclose(f(44_695_848, 2, 196, 1.07), 196 * 44_695_848 / 1.07 / 1e9, rel_tol=1e-12)
@@ -255,7 +256,7 @@ def _check_q04_predicted_bandwidth(f):
     from lab_utils.learn import ring
     from lab_utils.learn.models import ResNet18
 
-    buckets = comm_tables._ddp_bucket_sizes(ResNet18())
+    buckets = comm_tables.ddp_bucket_sizes(ResNet18())
     for b in (buckets, [705_608], [1, 2, 3], [4096] * 10):
         for p, a, bw in ((2, 1e-5, 100.0), (4, 3e-5, 2.0), (8, 0.0, 10.0), (1024, 1e-6, 400.0)):
             assert math.isclose(f(b, p, a, bw), ring.predicted_allreduce_gb_per_s(b, p, a, bw), rel_tol=1e-12)
@@ -688,9 +689,10 @@ def test_hidden_cases_reject_the_public_answers(masters, specs, notebook, name):
 def test_q09_ranks_time_out_before_the_graders_case_limit():
     """A deadlocked average_gradients must end inside _average_call ("timed out", its forked ranks
     killed), not at the grader's case alarm, which leaves them running: with room for forking them."""
-    from lab_utils.app.grading import exercises, sandbox
+    from lab_utils.app.grading import sandbox
+    from lab_utils.app.grading.exercises import build_ddp
 
-    assert 10.0 <= exercises.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
+    assert 10.0 <= build_ddp.RANKS_TIMEOUT_S <= sandbox.Limits().case_seconds - 3.0
 
 
 @pytest.mark.parametrize("notebook,name", ALL)

@@ -9,7 +9,7 @@ import pytest
 
 from lab_utils.app.grading import build, exercises
 from lab_utils.app.grading import notebooks as nbs
-from lab_utils.app.grading.exercises import Exercise, Mistake
+from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 from lab_utils.learn.errors import LabError
 
 SOLUTION = '''def run_epoch_seconds(rank_seconds):

@@ -758,7 +758,7 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
     what it starts)."""
     import importlib
 
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor, doctor_checks, doctor_experiments
     from lab_utils.engine import launcher
 
     class Reached(Exception):
@@ -792,8 +792,9 @@ def test_a_site_left_to_the_doctor_is_run_by_its_check(branch, monkeypatch, tmp_
             raise Reached
 
         monkeypatch.setattr(mod, top, called)
-    m = doctor.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
-    if getattr(check.measure, "func", None) is doctor.measure_experiment:  # a registered experiment's row:
+    m = doctor_checks.Machine(gpus=2, names=["G", "G"], mig=[], driver="1", problem=None, profile="full")
+    # a registered experiment's row:
+    if getattr(check.measure, "func", None) is doctor_experiments.measure_experiment:
         fake_gpu(count=2)  # its plan names the GPUs (nvidia-smi, no CUDA context) for the reuse check
     with pytest.raises(Reached):
         check.measure(m, **({"timeout_s": 60} if check.where == "launch" else {"device": "cpu"}))

@@ -177,14 +177,14 @@ def test_notebook_00_and_info_refuse_a_torch_without_this_gpus_architecture(v100
 def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, capsys):
     """`python -m lab_utils doctor`: the sentence first, the versions row fails with it, the GPU checks
     are not attempted (each would fail with 'no kernel image'), exit code 1."""
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor, doctor_checks
 
     assert doctor.main(["--only", "versions,cuda_init,oom_under_memory_fraction"]) == 1
     out = capsys.readouterr().out
     first = out.splitlines()[1]
     assert first.startswith("error: ")
     _one_sentence_about_sm70(first[len("error: "):])
-    m = doctor.read_machine()
+    m = doctor_checks.read_machine()
     rows = doctor.run_checks(m, tuple(doctor.BY_NAME[n] for n in ("versions", "cuda_init")))
     assert rows[0].verdict == "fail" and "sm_70" in rows[0].measured
     assert rows[0].measured.startswith("driver 580.95.05, torch ")     # its versions, then the sentence
@@ -193,21 +193,22 @@ def test_doctor_refuses_a_torch_without_this_gpus_architecture(v100_with_cu130, 
 
 def test_doctor_launches_one_kernel_on_every_gpu(fake_gpu):
     """cuda_init used to pass as soon as CUDA initialised: a torch without kernels for the GPU passed it."""
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor_checks
 
     fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")
-    m = doctor.read_machine()
+    m = doctor_checks.read_machine()
     ran = []
-    d = doctor.measure_cuda_init(m, kernel=lambda i: ran.append(i) or doctor.KERNEL_EXPECTED)
-    assert ran == [0, 1] and doctor.judge_cuda_init(d, m)[2] == "ok"
+    d = doctor_checks.measure_cuda_init(m, kernel=lambda i: ran.append(i) or doctor_checks.KERNEL_EXPECTED)
+    assert ran == [0, 1] and doctor_checks.judge_cuda_init(d, m)[2] == "ok"
 
     def no_image(i):
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nmore")
 
-    measured, _, verdict = doctor.judge_cuda_init(doctor.measure_cuda_init(m, kernel=no_image), m)
+    d = doctor_checks.measure_cuda_init(m, kernel=no_image)
+    measured, _, verdict = doctor_checks.judge_cuda_init(d, m)
     assert verdict == "fail" and "GPU 0: CUDA error: no kernel image is available" in measured
-    wrong = doctor.measure_cuda_init(m, kernel=lambda i: 0.0)         # ran, but computed nonsense
-    assert doctor.judge_cuda_init(wrong, m)[2] == "fail"
+    wrong = doctor_checks.measure_cuda_init(m, kernel=lambda i: 0.0)         # ran, but computed nonsense
+    assert doctor_checks.judge_cuda_init(wrong, m)[2] == "fail"
 
 
 def test_the_versions_row_survives_cudnn_refusing_the_gpu(monkeypatch):
@@ -332,20 +333,20 @@ def test_dataparallel_runs_in_a_child_process_through_the_launcher(fake_gpu, sto
 
 
 def _machine(gpus: int = 2, **kw):
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor_checks
 
-    return doctor.Machine(gpus=gpus, names=["G"] * gpus, mig=[], driver="1", problem=None, profile="full",
-                          **kw)
+    return doctor_checks.Machine(gpus=gpus, names=["G"] * gpus, mig=[], driver="1", problem=None,
+                                 profile="full", **kw)
 
 
 def test_a_step_whose_timing_breaks_its_own_invariants_fails():
     """A timer on the wrong stream or device gives phases that do not add up, or an all-reduce longer
     than the step: an experiment's row with such a run fails. An exposed wait longer than the all-reduce,
     or below 0, beyond the noise, is not as expected: a warning (issue 52 C7)."""
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor_experiments
 
     def judge_step(run, m):
-        return doctor.judge_experiment({"runs": [{"label": "step", "status": "ok", **run}]}, m)
+        return doctor_experiments.judge_experiment({"runs": [{"label": "step", "status": "ok", **run}]}, m)
 
     good = {"config": "DDP 2 x 32", "train_seconds": 1.0, "data_movement_seconds": 0.1,
             "compute_seconds": 0.8, "communication_seconds": 0.1, "exposed_comm_seconds": 0.1,
@@ -364,16 +365,16 @@ def test_a_step_whose_timing_breaks_its_own_invariants_fails():
 
 
 def test_the_all_reduce_check_has_an_expectation_for_pcie_and_says_when_it_has_none():
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor_checks
 
     d = {"busbw_gb_per_s": 8.0, "size_bytes": 2 ** 28, "ranks": 2, "backend": "nccl", "correct": True}
     pcie = {**d, "link_gb_per_s": 31.5, "link_kind": "pcie", "link": "PCIe gen4 x16: 31.5 GB/s"}
-    measured, expected, verdict = doctor.judge_nccl(pcie, _machine())
+    measured, expected, verdict = doctor_checks.judge_nccl(pcie, _machine())
     assert verdict == "ok" and "25 %" in expected          # 8 / 31.5 = 25.4 % over PCIe: as expected
-    assert doctor.judge_nccl({**pcie, "busbw_gb_per_s": 4.0}, _machine())[2] == "warn"
+    assert doctor_checks.judge_nccl({**pcie, "busbw_gb_per_s": 4.0}, _machine())[2] == "warn"
     unknown = {**d, "link_gb_per_s": None, "link_kind": "mixed",
                "link": "mixed NVLink/PCIe topology: no nominal peak"}
-    measured, expected, verdict = doctor.judge_nccl(unknown, _machine())
+    measured, expected, verdict = doctor_checks.judge_nccl(unknown, _machine())
     assert verdict == "warn" and "no expectation" in measured and "mixed" in expected   # not a pass
 
 
@@ -408,10 +409,10 @@ def test_a_check_that_outlives_its_limit_is_stopped_even_with_a_descendant_holdi
 
 
 def test_a_check_cut_short_by_the_budget_is_skipped_not_failed():
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor, doctor_checks
     from lab_utils.engine import proc
 
-    judge = doctor.judge_timer_overhead
+    judge = doctor_checks.judge_timer_overhead
     checks = (doctor.Check("long", lambda m: {}, judge, "x", "child", 1, 100),
               doctor.Check("short", lambda m: {}, judge, "x", "child", 1, 5))
 
@@ -429,7 +430,7 @@ def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
     into a scratch store. (02 and 03: test_doctor.py.)"""
     from dataclasses import replace
 
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor_experiments
     from lab_utils.engine.machine import Machine as PlanMachine
     from lab_utils.experiments.n01_batch_sweep import experiment as sweep
     from lab_utils.experiments.n01_batch_sweep import worker as sweep_worker
@@ -444,10 +445,11 @@ def test_the_doctor_runs_notebook_01s_own_code(monkeypatch, tmp_path):
                        width=4, num_workers=0)
 
     e = replace(sweep.SWEEP_EXPERIMENT, doctor=small)
-    d = doctor.measure_experiment(e, _machine(0), timeout_s=120, machine=PlanMachine(gpus=0, cores=2))
+    d = doctor_experiments.measure_experiment(e, _machine(0), timeout_s=120,
+                                              machine=PlanMachine(gpus=0, cores=2))
     assert called == ["sweep"] and [r["status"] for r in d["runs"]] == ["ok"], d
     assert d["runs"][0]["train_seconds"] > 0
-    assert doctor.judge_experiment(d, _machine(0))[2] == "ok"
+    assert doctor_experiments.judge_experiment(d, _machine(0))[2] == "ok"
     assert not (tmp_path / "results").exists()              # nothing stored in the lab's results
 
 
@@ -455,12 +457,12 @@ def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(f
     """Notebook 02's plan launches DataParallel (a process of its own) and DDP on the GPUs, then notebook 03's
     launches DDP again, with this process (the kernel) naming GPUs and storing records in between. On an
     EXCLUSIVE_PROCESS node a context left in the kernel stops the next launch: the row fails."""
-    from lab_utils.app import doctor
+    from lab_utils.app import doctor, doctor_checks, doctor_experiments
     from lab_utils.engine import launcher
     from lab_utils.engine.records import Record
 
     gpu = fake_gpu(count=2, compute_mode="Exclusive_Process")
-    m = doctor.read_machine("full")
+    m = doctor_checks.read_machine("full")
     assert m.compute_modes == ["Exclusive_Process"] * 2
     seen = []
 
@@ -481,10 +483,11 @@ def test_the_doctor_reads_the_compute_mode_and_launches_in_the_notebooks_order(f
     assert seen == [(dp, 1, False), (dp, 1, False), (ddp, 1, False),
                     (ddp, 2, False), (ddp, 1, False), (dp, 1, False), (ddp, 2, False)]
     assert "compute mode Exclusive_Process" in rows[0].measured and "needs 4 GPUs" in rows[0].measured
-    real = doctor._cuda_initialized       # a kernel that opened a context before the launches: the row fails
-    monkeypatch.setattr(doctor, "_cuda_initialized", lambda: True)
+    # a kernel that opened a context before the launches: the row fails
+    real = doctor_experiments._cuda_initialized
+    monkeypatch.setattr(doctor_experiments, "_cuda_initialized", lambda: True)
     d = checks[0].measure(m, timeout_s=60)
-    measured, _, verdict = doctor.judge_experiment(d, m)
+    measured, _, verdict = doctor_experiments.judge_experiment(d, m)
     assert verdict == "fail" and "CUDA was initialised in this process" in measured
     assert real() is False and not gpu.initialized
 
@@ -590,7 +593,7 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     (Notebooks 04 and 05 now take their own records from plan.measure, reused only from these devices.)"""
     from lab_utils.experiments.n02_scaling import experiment as scaling
     from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
-    from lab_utils.experiments.n04_allreduce import tables as comm_tables
+    from lab_utils.experiments.n04_allreduce import table3 as comm_table3
 
     fake_gpu(count=4, name=H100)
     one = {"method": "DDP", "record": "aggregate", "rank": None, "devices": 1, "batch_size": 32,
@@ -608,7 +611,7 @@ def test_tables_pair_records_of_this_machines_gpus_only_and_say_so(fake_gpu, sto
     assert here.note() == (f"Records of this machine's devices only ({H100}, up to 4): 1 record of other "
                            f"devices left out ({A100} x 1).")
     # Table 3 (notebook 04) reads notebook 03's records through the same rule: the H100's (a) = 6 - 10 / 2
-    derived = comm_tables._COMM_SOURCES[0]
-    [a] = [m for m in comm_tables._measurements(store, devices=(2,))
+    derived = comm_table3._COMM_SOURCES[0]
+    [a] = [m for m in comm_table3._measurements(store, devices=(2,))
            if (m.per_device_batch, m.source) == (32, derived) and m.method.startswith("DDP")]
     assert a.seconds == pytest.approx(1.0) and a.steps_per_epoch == 10

@@ -20,9 +20,9 @@ import pytest
 import torch
 from fake_gpu import FakeGPU, topo_matrix
 
-from lab_utils.app import doctor
+from lab_utils.app import doctor, doctor_checks, doctor_experiments
 from lab_utils.engine import dist as labdist
-from lab_utils.engine import launcher, memory
+from lab_utils.engine import launcher, memory, plan
 from lab_utils.engine.records import Record
 from lab_utils.learn import timing
 from lab_utils.learn.errors import LaunchError
@@ -38,8 +38,8 @@ GPUS = {
 }
 
 
-def machine(name: str, gpus: int = 2) -> doctor.Machine:
-    return doctor.Machine(gpus=gpus, names=[name] * gpus, mig=[], driver="550.127.05", problem=None,
+def machine(name: str, gpus: int = 2) -> doctor_checks.Machine:
+    return doctor_checks.Machine(gpus=gpus, names=[name] * gpus, mig=[], driver="550.127.05", problem=None,
                           profile="full")
 
 
@@ -55,7 +55,7 @@ def test_the_doctor_skips_int8_where_cublas_has_none_instead_of_failing(fake_gpu
         raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling `cublasLtMatmul(ltHandle, "
                            "computeDesc.descriptor(), &alpha_val, mat1_ptr, Adesc.descriptor(), ...)`")
 
-    m = doctor.read_machine("full")
+    m = doctor_checks.read_machine("full")
     [row] = doctor.run_checks(m, (doctor.BY_NAME["int8_matmul"],), measure=lambda c, m, limit: c.measure(m))
     assert row.verdict == "ok" and row.measured.startswith("17 rows: exact")   # the CPU's _int_mm here
     monkeypatch.setattr(torch, "_int_mm", no_int8)
@@ -159,7 +159,7 @@ def test_the_doctors_clock_is_judged_against_the_fp32_matmul_peak(fake_gpu, gpu_
     (8x and 7x too loose) and the V100 PCIe's the SXM2's."""
     name, major, fp32, tf32, topo, _ = GPUS[gpu_name]
     gpu = fake_gpu(count=1, name=name, major=major)
-    m = doctor.read_machine("full")
+    m = doctor_checks.read_machine("full")
 
     def clock_row(tflops: float):
         seconds = 0.020   # the workload: 20 ms of queued device work with tflops x 20 ms of FLOPs
@@ -209,8 +209,8 @@ def test_the_doctors_nccl_check_fails_a_busbw_above_twice_the_link(fake_gpu, mon
                                                       r.processes), "correct": True}, profile="full"))
         return out
 
-    monkeypatch.setattr(doctor.plan, "measure", measured)
-    m = doctor.read_machine("full")
+    monkeypatch.setattr(plan, "measure", measured)
+    m = doctor_checks.read_machine("full")
 
     def nccl_row(share: float):
         busbw[:] = [share * link]
@@ -424,7 +424,7 @@ def test_exposed_beyond_the_all_reduce_is_a_warning_beyond_the_noise_not_a_failu
            "allreduce_seconds": 0.4, "backend": "nccl"}
 
     def judge(**change):
-        return doctor.judge_experiment({"runs": [{**run, **change}]}, m)
+        return doctor_experiments.judge_experiment({"runs": [{**run, **change}]}, m)
 
     assert judge()[2] == "ok"
     measured, _, verdict = judge(exposed_comm_seconds=0.6)

@@ -37,7 +37,7 @@ from grading_submissions import (
 )
 
 from lab_utils.app import questions
-from lab_utils.app.grading import EXERCISES, build, giveaways, sandbox
+from lab_utils.app.grading import EXERCISES, build, exercise_code, giveaways, programs, reaching, sandbox
 from lab_utils.app.grading import notebooks as nbs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def test_student_copy_holds_no_solution_and_no_hidden_test(dist):
     assert sorted(p.name for p in (student / "labs").glob("*.ipynb")) == \
         sorted(p.name for p in (REPO / "labs").glob("[0-9][0-9]_*.ipynb"))
     for f in ("Makefile", "requirements.txt", "constraints.txt", "pyproject.toml", "lab_utils/__init__.py",
-              "lab_utils/app/grading/exercises.py", "README.md"):
+              "lab_utils/app/grading/exercises/__init__.py", "README.md"):
         assert (student / f).is_file(), f
     assert "make venv" in (student / "README.md").read_text()
     for book, master in zip(BOOKS, masters):
@@ -226,8 +226,8 @@ def test_every_exercise_has_an_alternative_correct_answer_written_otherwise():
         for q in master.questions:
             if not q.manual:
                 alt = _alternative(q.name)
-                assert nbs.function_dump(_def(alt, EXERCISES[q.name].function)) != \
-                    nbs.function_dump(_def(q.solution, EXERCISES[q.name].function)), q.name
+                assert exercise_code.function_dump(_def(alt, EXERCISES[q.name].function)) != \
+                    exercise_code.function_dump(_def(q.solution, EXERCISES[q.name].function)), q.name
 
 
 def _def(source: str, name: str):
@@ -826,10 +826,11 @@ def test_reaching_other_modules_and_changing_them_is_flagged():
     import ast
 
     def flags(code: str) -> list[str]:
-        return nbs.exercise_flags(ast.parse(code).body, "f")
+        return reaching.exercise_flags(ast.parse(code).body, "f")
 
     def patches(code: str) -> list[str]:
-        return nbs.monkeypatches(nbs.parse_program({"cells": [{"cell_type": "code", "source": code}]}))
+        cells = {"cells": [{"cell_type": "code", "source": code}]}
+        return reaching.monkeypatches(programs.parse_program(cells))
 
     for reach, said in (("torch.sys.modules['x']", "reaches sys through torch.sys"),
                         ("np.os.listdir('/')", "reaches os through np.os"),

@@ -16,6 +16,8 @@ import torch
 
 from lab_utils.app.grading import build, exercises
 from lab_utils.app.grading import notebooks as nbs
+from lab_utils.app.grading.exercises import batch_sweep
+from lab_utils.app.grading.exercises.answers import same
 from lab_utils.app.grading.predict import NOT_DONE, prediction_table
 from lab_utils.engine.store import Record, ResultStore
 from lab_utils.experiments.n01_batch_sweep import experiment as sweep
@@ -60,7 +62,7 @@ def test_every_order_whose_images_are_the_assignments_earns_the_points(specs):
     ToTensor-first order 1 of 2 points (the hidden "describe" case)."""
     accepted, named = [], {}
     for order in itertools.permutations(ORDER):
-        sentences = _verdicts(specs, "q01_train_transform", lambda o=order: exercises._pipeline(o))
+        sentences = _verdicts(specs, "q01_train_transform", lambda o=order: batch_sweep._pipeline(o))
         if sentences == ["", "", ""]:
             accepted.append(order)
             continue
@@ -86,7 +88,7 @@ def test_the_check_enumerates_every_crop_and_flip_draw_for_draw():
     torch.manual_seed(5)
     before = torch.rand(3)
     torch.manual_seed(5)
-    with exercises._EveryCropAndFlip() as draws:
+    with batch_sweep._EveryCropAndFlip() as draws:
         offsets = [(int(draws.randint(0, 9, size=(1,))), int(draws.randint(0, 9, size=(1,))))
                    for _ in range(162)]
         flips = [bool(draws.rand(1) < 0.5) for _ in range(162)]
@@ -95,13 +97,13 @@ def test_the_check_enumerates_every_crop_and_flip_draw_for_draw():
     assert sorted(set(zip(offsets, flips))) == sorted(((i, j), f) for i in range(9) for j in range(9)
                                                          for f in (False, True))
     crop, flip, tensor = T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor()
-    a = exercises._transformed(T.Compose([crop, flip, tensor]), {"image": 3})
-    b = exercises._transformed(T.Compose([flip, tensor, crop]), {"image": 3})
-    c = exercises._transformed(T.Compose([crop, T.RandomHorizontalFlip(0.3), tensor]), {"image": 3})
+    a = batch_sweep._transformed(T.Compose([crop, flip, tensor]), {"image": 3})
+    b = batch_sweep._transformed(T.Compose([flip, tensor, crop]), {"image": 3})
+    c = batch_sweep._transformed(T.Compose([crop, T.RandomHorizontalFlip(0.3), tensor]), {"image": 3})
     assert a == b and a["distinct"] == 162
-    assert not exercises.same(a, c, 1e-6)
+    assert not same(a, c, 1e-6)
     normalize_first = T.Compose([T.Normalize((0.5,) * 3, (0.2,) * 3), T.ToTensor()])
-    assert exercises._transformed(normalize_first, {"image": 0}) == {"error": "TypeError"}
+    assert batch_sweep._transformed(normalize_first, {"image": 0}) == {"error": "TypeError"}
     assert torch.rand is RAND and torch.randint is RANDINT   # torch's own functions are back
 
 
@@ -118,7 +120,7 @@ def test_transforms_are_compared_as_what_they_do(specs):
                      T.Normalize(mean, std)])
     sentence = _verdicts(specs, "q01_train_transform", lambda: p03)[0]
     assert "RandomHorizontalFlip has other values: p" in sentence
-    imagenet = exercises._pipeline(ORDER, mean=exercises.IMAGENET_MEAN, std=exercises.IMAGENET_STD)
+    imagenet = batch_sweep._pipeline(ORDER, mean=batch_sweep.IMAGENET_MEAN, std=batch_sweep.IMAGENET_STD)
     assert "ImageNet's mean and std" in _verdicts(specs, "q01_train_transform", lambda: imagenet)[0]
 
 

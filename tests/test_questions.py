@@ -190,7 +190,8 @@ def test_for_your_report_cells_are_the_reports_slots(notebooks, handin_report):
 
 
 def test_report_holds_every_table_and_asks_each_answer_once(handin_report):
-    from lab_utils.app.handin import LAYOUTS, PLACEHOLDER
+    from lab_utils.app.handin import PLACEHOLDER
+    from lab_utils.app.handout import LAYOUTS
 
     text = handin_report
     assert text.count(PLACEHOLDER) == sum(len(s.report) for s in questions.SECTIONS) + sum(

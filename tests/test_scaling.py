@@ -14,6 +14,7 @@ from lab_utils.engine.machine import BUDGET_NODE, Machine
 from lab_utils.engine.plan import Experiment
 from lab_utils.engine.store import Record
 from lab_utils.experiments.n02_scaling import experiment as scaling
+from lab_utils.experiments.n02_scaling import strong_weak as scaling_strong_weak
 from lab_utils.experiments.n02_scaling import tables as scaling_tables
 from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
 from lab_utils.experiments.n03_compute_vs_comm.experiment import COMPUTE_VS_COMM_EXPERIMENT
@@ -420,7 +421,7 @@ def test_karp_flatt_on_a_slowdown_is_not_super_linear():
 def test_fixed_global_batch_comparison_from_the_spec_anchors():
     """1 GPU bs128 33.64 s vs 4 GPUs x 32 11.65 s: strong 33.64/11.65 = 2.888; weak (4 x 128, 9.23 s)
     33.64/9.23 = 3.645. 1 x 512 33.95 s vs 4 x 128 9.23 s: 3.678; weak 4 x 512 9.01 s: 3.768."""
-    df = scaling_tables.fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method="anchors")
+    df = scaling_strong_weak.fixed_global_batch_frame(seconds=FIRST_COHORT_TABLE1_SECONDS, method="anchors")
     df = df.set_index("global_batch")
     assert list(df.index) == [128, 512] and set(df["devices"]) == {4}
     assert df.loc[128, "strong_speedup"] == pytest.approx(2.888, abs=1e-3)
@@ -429,23 +430,24 @@ def test_fixed_global_batch_comparison_from_the_spec_anchors():
     assert df.loc[512, "strong_speedup"] == pytest.approx(3.678, abs=1e-3)
     assert df.loc[512, "weak_speedup"] == pytest.approx(3.768, abs=1e-3)
     assert set(df["better"]) == {"weak"}
-    verdict = scaling_tables.fixed_global_batch_verdict(df.reset_index())
+    verdict = scaling_strong_weak.fixed_global_batch_verdict(df.reset_index())
     assert verdict.startswith("Strong scaling (fixed global batch) would be WORSE") and "2.89x" in verdict
     # the verdict follows the numbers, it is not written in advance
-    flipped = scaling_tables.fixed_global_batch_frame(seconds={(1, 128): 40.0, (4, 32): 8.0, (4, 128): 12.0})
-    assert "BETTER" in scaling_tables.fixed_global_batch_verdict(flipped)
+    flipped = scaling_strong_weak.fixed_global_batch_frame(
+        seconds={(1, 128): 40.0, (4, 32): 8.0, (4, 128): 12.0})
+    assert "BETTER" in scaling_strong_weak.fixed_global_batch_verdict(flipped)
 
 
 def test_fixed_global_batch_rows_that_were_not_measured_say_why(store):
     recs = [agg("DDP", 1, 32, 4.0, 32, backend="gloo"), agg("DDP", 1, 128, 3.0, 8, backend="gloo"),
             agg("DDP", 4, 32, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo"),
             agg("DDP", 4, 128, None, None, status="skipped", reason="needs 4 GPUs", backend="gloo")]
-    df = scaling_tables.fixed_global_batch_frame(recs)
+    df = scaling_strong_weak.fixed_global_batch_frame(recs)
     assert len(df) == 1 and df.iloc[0]["global_batch"] == 128
     assert df.iloc[0]["status"] == "no strong-scaling comparison: 4 x 32: needs 4 GPUs"
     assert pd_missing(df.iloc[0]["strong_speedup"])
-    assert scaling_tables.fixed_global_batch_verdict(df).startswith("No verdict")
-    full, verdicts = scaling_tables.fixed_global_batch_table(store, recs)
+    assert scaling_strong_weak.fixed_global_batch_verdict(df).startswith("No verdict")
+    full, verdicts = scaling_strong_weak.fixed_global_batch_table(store, recs)
     assert list(verdicts) == ["This run", FIRST_COHORT_LABEL, OTHER_COHORT_LABEL]
     assert verdicts["This run"].startswith("No verdict") and "WORSE" in verdicts[FIRST_COHORT_LABEL]
     assert verdicts[OTHER_COHORT_LABEL].startswith("More GPUs were SLOWER at global batch 32 and 128")

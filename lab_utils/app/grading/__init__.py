@@ -42,7 +42,8 @@ How an exercise is written (so that it is graded)
    the student's check cell.
    Nothing after the exercise may use the student's function. Hand-graded questions are otter's
    ``manual: true`` blocks, as before.
-2. **The exercise** (:data:`lab_utils.app.grading.exercises.EXERCISES`): one entry, e.g.::
+2. **The exercise** (:data:`lab_utils.app.grading.exercises.EXERCISES`): one entry in its notebook's
+   module (``EXERCISES`` of e.g. :mod:`lab_utils.app.grading.exercises.gpt`), e.g.::
 
        Exercise("q06_rank_time", "run_epoch_seconds", mistakes=(
            Mistake("averaging ranks", "a step ends when the slowest rank is done: T(N) is the "
@@ -63,7 +64,8 @@ How an exercise is written (so that it is graded)
 Importing this package is cheap: it loads the exercises (torch only when a case builds a model).
 """
 
-from lab_utils.app.grading.exercises import EXERCISES, Exercise, Mistake, check
+from lab_utils.app.grading.exercises import EXERCISES, check
+from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 from lab_utils.app.grading.fakes import FakeAsyncDevice
 
 __all__ = ["EXERCISES", "Exercise", "FakeAsyncDevice", "Mistake", "check"]

@@ -23,8 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lab_utils.app import docs, handin, questions
+from lab_utils.app.grading import exercise_code, programs, reaching
 from lab_utils.app.grading import notebooks as nbs
-from lab_utils.app.grading.exercises import EXERCISES, OK, Exercise, Mistake, same
+from lab_utils.app.grading.exercises import EXERCISES, OK
+from lab_utils.app.grading.exercises.answers import same
+from lab_utils.app.grading.exercises.exercise import Exercise, Mistake
 from lab_utils.app.grading.giveaways import without_discussion
 from lab_utils.engine import config
 from lab_utils.learn.errors import LabError
@@ -130,7 +133,8 @@ def exercise_spec(master: nbs.Master, q: nbs.MasterQuestion) -> dict:
     where = f"{master.path.name}, {q.name}"
     ex: Exercise | None = EXERCISES.get(q.name)
     if ex is None:
-        raise LabError(f"{where}: no Exercise named {q.name} in lab_utils/app/grading/exercises.py; add one "
+        raise LabError(f"{where}: no Exercise named {q.name} in "
+                       "lab_utils/app/grading/exercises/ (its notebook's module); add one "
                        "(docs/grading.md, 'Writing an exercise').")
     ns: dict = {"__name__": "master_solution"}
     try:
@@ -354,8 +358,8 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
             if len(zips) != 1:
                 raise LabError(f"otter assign made {len(zips)} autograder zips for {path.name}, not 1.")
             shutil.copy(zips[0], grading / "otter" / f"{path.stem}-autograder.zip")
-            prog = nbs.parse_program(nb)
-            blanks = {st.node.name: nbs.function_dump(st.node) for st in prog.statements
+            prog = programs.parse_program(nb)
+            blanks = {st.node.name: exercise_code.function_dump(st.node) for st in prog.statements
                       if hasattr(st.node, "name")}
             for q in spec.values():
                 q["blank"] = blanks.get(q["function"], "")
@@ -372,7 +376,7 @@ def build(out_dir: str | Path = DIST_DIR, labs_dir: str | Path = LABS_DIR,
                 "otter_zip": f"otter/{path.stem}-autograder.zip", "questions": questions,
                 "auto_points": sum(q.points for q in master.questions if not q.manual),
                 "manual_points": sum(q.points for q in master.questions if q.manual),
-                "baseline_patches": sorted(nbs.patch_targets(nbs.monkeypatches(prog))),
+                "baseline_patches": sorted(reaching.patch_targets(reaching.monkeypatches(prog))),
             }
             n_cases = sum(len(t["cases"]) for q in spec.values() for t in q["tests"])
             print(f"built {path.name}: {len(master.questions)} questions, {n_cases} cases, version {version} "

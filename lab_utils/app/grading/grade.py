@@ -1,11 +1,12 @@
 """``make grade``: grade a folder of handed-in notebooks into a gradebook (``docs/grading.md``,
 step 3).
 
-Each submission is read as data, never run (:func:`prepare`: which lab notebook it is, by its stamp
-or title; its exercise functions and what needs a human look); only the exercise functions run, in
-the sandbox, each question in a process of its own (:mod:`~lab_utils.app.grading.sandbox`), on the
-bundle's inputs; the answers are compared here (:func:`judge`): a test cell earns its points when
-all its cases are right. Exit status 1 when a submission could not be graded, else 0.
+Each submission is read as data, never run (:func:`~lab_utils.app.grading.work.prepare`: which lab
+notebook it is, by its stamp or title; its exercise functions and what needs a human look); only the
+exercise functions run, in the sandbox, each question in a process of its own
+(:mod:`~lab_utils.app.grading.sandbox`), on the bundle's inputs; the answers are compared
+(:func:`~lab_utils.app.grading.judge.judge`): a test cell earns its points when all its cases are right.
+Exit status 1 when a submission could not be graded, else 0.
 """
 
 from __future__ import annotations
@@ -14,369 +15,43 @@ import dataclasses
 import json
 import os
 import queue
-import signal
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab_utils.app import questions
-from lab_utils.app.grading import class_results, gradebook, provenance, sandbox
+from lab_utils.app.grading import (
+    class_results,
+    gradebook,
+    provenance,
+    sandbox,
+)
 from lab_utils.app.grading import notebooks as nbs
 from lab_utils.app.grading.build import DIST_DIR, load_manifest
-from lab_utils.app.grading.exercises import EXERCISES, NOT_DONE, explain, same
+from lab_utils.app.grading.judge import (
+    NOTHING_TO_GRADE,
+    also_handed_in,
+    failed_record,
+    fatal_error,
+    few,
+    missing_record,
+    notebook_record,
+    ungraded_record,
+)
 from lab_utils.app.grading.submissions import (
     Roster,
     Student,
-    Submission,
     find_submissions,
     read_roster,
     same_name,
 )
+from lab_utils.app.grading.work import Work, job_for, prepare
 from lab_utils.learn.errors import LabError
 
 NO_SANDBOX_WARNING = ("WARNING: graded WITHOUT a sandbox (--no-sandbox): every submission's code ran with "
                       "your rights (it could read or change your files, other submissions and the bundle, "
                       "and use the network); every row is marked sandbox=none.")
-
-
-@dataclass
-class Work:
-    """One handed-in file to grade (or one that cannot be graded, with why)."""
-    sub: Submission
-    student: Student
-    book: str | None = None      # the lab notebook it is (stamp or title), once read
-    guess: str | None = None     # a file that could not be read: the lab notebook its name suggests
-    nb: dict | None = None
-    problem: str = ""            # why not graded: "could not be read: ...", "not this lab's notebook..."
-    nothing: bool = False        # a lab notebook without exercises (00, 08): nothing to grade
-    notes: list[str] = field(default_factory=list)
-    others: list[str] = field(default_factory=list)     # other files of this notebook, not graded
-    code: dict[str, nbs.ExerciseCode] = field(default_factory=dict)
-    patches: list[str] = field(default_factory=list)
-    outcome: sandbox.Outcome | None = None
-    record: dict | None = None
-
-    @property
-    def key(self) -> str:
-        """Where its record is filed in the student's gradebook entry: the notebook, else the file."""
-        return self.book or self.guess or f"(not graded) {self.sub.file}"
-
-
-def _by_name(original: str, books) -> str | None:
-    """The one lab notebook a file name suggests (``04_allreduce_bandwidth-1.ipynb``), else None."""
-    guess = [k for k in books if k in original or original.startswith(k[:3])]
-    return guess[0] if len(guess) == 1 else None
-
-
-def identify(nb: dict, sub: Submission, manifest: dict) -> tuple[str | None, list[str]]:
-    """Which lab notebook a submission is, and notes on it: its stamp (``make student`` writes it into
-    every notebook's metadata), else its title. (None, [why]) for a notebook that is not this lab's."""
-    known = {**manifest.get("ungraded", {}), **manifest["notebooks"]}
-    meta = nb.get("metadata", {}).get(nbs.METADATA_KEY)
-    name = meta.get("notebook") if isinstance(meta, dict) else None
-    if name in known:
-        if meta.get("version") != known[name]["version"]:
-            graded = ": graded against this bundle's cases, check by hand" if name in manifest["notebooks"] \
-                else ""
-            return name, [f"notebook from another lab version ({meta.get('version')}; this bundle has "
-                          f"{known[name]['version']}){graded}"]
-        return name, []
-    if name:
-        return None, [f"not this lab's notebook: its stamp names {name!r}, which this bundle does not have "
-                      f"({', '.join(sorted(known))}): a notebook of another version of the lab?"]
-    title = nbs.title(nb)
-    by_title = [k for k, v in known.items() if title and v.get("title") == title]
-    if len(by_title) == 1:
-        return by_title[0], [f"no {nbs.METADATA_KEY} stamp in its metadata (not saved from the student "
-                             f"copy's notebook?): recognised as {by_title[0]} by its title, check by hand"]
-    original = Path(sub.original or sub.path.name).name
-    looks = _by_name(original, known)
-    like = f"; its file name looks like {looks}'s, but a file name is not enough" if looks else ""
-    return None, [f"not this lab's notebook: no {nbs.METADATA_KEY} stamp in its metadata (every notebook of "
-                  f"the student copy has one) and its title is none of the lab's{like}"]
-
-
-def prepare(work: Work, manifest: dict, specs: dict) -> None:
-    """Read the submission (as data): notebook, exercise code, flags, notes."""
-    nb, why = (None, work.sub.problem) if work.sub.problem else nbs.read_notebook(work.sub.path)
-    if nb is None:   # filed under the notebook its name suggests: its row says why, not "no submission"
-        original = Path(work.sub.original or work.sub.path.name).name
-        work.problem, work.guess = f"could not be read: {why}", _by_name(original, manifest["notebooks"])
-        return
-    book, notes = identify(nb, work.sub, manifest)
-    if book is None:
-        work.problem = notes[0]
-        return
-    work.nb, work.book, work.notes = nb, book, notes
-    if book not in manifest["notebooks"]:
-        work.nothing = True
-        return
-    info, spec = manifest["notebooks"][book], specs[book]
-    prog = nbs.parse_program(nb)
-    auto = [q["name"] for q in info["questions"] if not q["manual"]]
-    for q in auto:
-        qs = spec["questions"][q]
-        work.code[q] = nbs.extract_exercise(prog, q, qs["function"], qs.get("blank", ""))
-    baseline = set(info.get("baseline_patches", []))
-    work.patches = [p for p in nbs.monkeypatches(prog) if p.rsplit(" (code cell", 1)[0] not in baseline]
-    deleted = nbs.check_cells_deleted(nb, auto)
-    if deleted:
-        work.notes.append(f"check cell of {', '.join(deleted)} deleted (graded all the same)")
-    work.notes += prog.syntax_errors
-
-
-def job_for(work: Work, spec: dict) -> dict:
-    """What the sandboxed child runs: each exercise's code and its cases' inputs (no answers)."""
-    questions = []
-    for q, code in work.code.items():
-        if code.problem or code.blank:
-            continue
-        tests = spec["questions"][q]["tests"]
-        cases = [[t, c, case["case"]] for t, test in enumerate(tests) for c, case in enumerate(test["cases"])]
-        first = code.source.split("\n").index(next(line for line in code.source.split("\n")
-                                                   if line.startswith(f"def {code.function}("))) + 1
-        questions.append({"name": q, "function": code.function, "code": code.source, "first_line": first,
-                          "cases": cases})
-    return {"questions": questions}
-
-
-def _stopped(err: dict, limits: sandbox.Limits) -> str:
-    """What the sandbox (or a limit) stopped, from an error the child reported ("" if none)."""
-    kind, code = err.get("type", ""), err.get("errno", "")
-    if kind == "CaseTimeLimit":
-        return f"the case time limit ({limits.case_seconds:g} s)"
-    if kind == "MemoryError":
-        return f"the memory limit ({limits.memory_bytes / 2 ** 30:g} GiB)"
-    if code == "EFBIG":
-        return f"the file size limit ({limits.file_bytes / 2 ** 20:g} MiB)"
-    if code == "ENOSPC":
-        return f"a full private folder ({limits.folder_bytes / 2 ** 20:g} MiB)"
-    if code == "EAGAIN" or kind == "BlockingIOError":
-        return "the process limit"
-    if code in ("ENETUNREACH", "ENETDOWN", "EHOSTUNREACH", "ECONNREFUSED") or kind == "gaierror":
-        return "the network (the sandbox has none)"
-    if code in ("EROFS", "EACCES", "EPERM"):
-        return "a write or read outside its folder (read-only or not allowed in the sandbox)"
-    if code == "ENOENT" and err.get("message", "").count("/") > 1:
-        return "a file outside its folder (not in the sandbox)"
-    return ""
-
-
-def _line(err: dict) -> str:
-    return f" (line {err['line']} of the function)" if err.get("line") and err["line"] > 0 else ""
-
-
-def _few(items: list[str], n: int = 3) -> str:
-    """The first ``n`` items, and how many more."""
-    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
-
-
-def _and(first: str, then: str) -> str:
-    """Two clauses as one sentence: ``first; then`` (no doubled punctuation, nothing for an empty part)."""
-    first = first.rstrip(" .;")
-    return f"{first}; {then}" if first and then else first or then
-
-
-def _failed_case(label: str, err: dict, hidden: bool, limits: sandbox.Limits) -> tuple[str, str]:
-    """(message, what stopped it or "") for a case that raised ``err``."""
-    why = _stopped(err, limits)
-    detail = err.get("message", "").strip()[:150]
-    detail = f": {detail}" if detail and not hidden and err.get("type") != "CaseTimeLimit" else ""
-    if why:
-        return f"{label} was stopped by {why}{_line(err)}{detail}", why
-    return f"{label} raised {err.get('type', 'an error')}{_line(err)}{detail}", ""
-
-
-def _ended(ended: dict, limits: sandbox.Limits) -> tuple[str, str]:
-    """(why a question's process gave no more answers, what stopped it or "")."""
-    how, code = ended.get("how"), ended.get("code")
-    if how == "timeout":
-        limit = f"the case time limit ({limits.case_seconds:g} s)"
-        return f"its code ran past {limit} and ignored the alarm; the grader ended its process", limit
-    if how == "signal":
-        try:
-            name = f" ({signal.Signals(code).name})"
-        except (ValueError, TypeError):
-            name = ""
-        why = "the CPU time limit" if code == signal.SIGXCPU else ""
-        return f"its process was killed by signal {code}{name}", why
-    status = f" (exit status {code})" if code is not None else ""
-    return f"its process ended early{status}: sys.exit, os._exit or a crash in the function", ""
-
-
-@dataclass
-class Verdict:
-    points: float
-    message: str
-    flag: str = ""
-    stopped: list[str] = field(default_factory=list)
-
-
-def judge(q: str, code: nbs.ExerciseCode, qspec: dict, outcome: sandbox.Outcome | None,
-          limits: sandbox.Limits, fatal: str = "") -> Verdict:
-    """Points and one sentence for one autograded question (``fatal``: what ended the grading of its
-    notebook early, the reason its cases without an answer were not run)."""
-    ex = EXERCISES[q]
-    if code.problem:
-        return Verdict(0.0, code.problem)
-    if code.blank:
-        if ex.find_the_bug:
-            return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out, bug and all; find the bug "
-                                "and fix it")
-        return Verdict(0.0, f"{NOT_DONE}: {code.function} is as handed out; write its body")
-    lines = [r for r in (outcome.lines if outcome else []) if r.get("q") == q]
-    stopped: list[str] = []
-    note = code.notes[0] if code.notes else ""
-    defining = next((r for r in lines if r.get("defining")), None)
-    if defining:
-        label = f"before any case ran, the code of {code.function}"
-        msg, why = _failed_case(label, defining["error"], False, limits)
-        return Verdict(0.0, _and(msg, note), stopped=[why] if why else [])
-    ended = next((r["ended"] for r in lines if isinstance(r.get("ended"), dict)), None)
-    got = {(r["t"], r["c"]): r for r in lines if "t" in r}
-    earned, first, wrong, total = 0.0, "", 0, 0
-    tests = qspec["tests"]
-    n_hidden, k_hidden = sum(len(t["cases"]) for t in tests if t["hidden"]), 0
-    for t, test in enumerate(tests):
-        ok_all = True
-        for c, case in enumerate(test["cases"]):
-            total += 1
-            r = got.get((t, c))
-            hidden = test["hidden"]
-            k_hidden += hidden
-            label = f"hidden case {k_hidden} of {n_hidden}" if hidden else ex.describe(case["case"])
-            if r is None and ended is not None:
-                text, why = _ended(ended, limits)
-                stopped += [why] if why else []
-                ok_all, msg = False, f"{label} gave no answer: {text}"
-            elif r is None:
-                why = fatal or "the sandbox stopped the submission first"
-                ok_all, msg = False, f"{label} was not run: {why}"
-            elif "error" in r:
-                msg, why = _failed_case(label, r["error"], hidden, limits)
-                stopped += [why] if why else []
-                ok_all = False
-            elif same(r["answer"], case["expected"], ex.rel_tol, ex.abs_tol):
-                continue
-            else:
-                ok_all = False
-                msg = explain(ex, case["case"], r["answer"], case["expected"], case["mistakes"], label,
-                              hidden)
-            wrong += 1
-            first = first or msg
-        if ok_all:
-            earned += test["points"]
-    if wrong:
-        first = _and(first, note)
-    count = "" if wrong == 1 else f" ({wrong} of {total} cases wrong)"
-    message = f"{first.rstrip(' .;')}{count}." if wrong else ""
-    verdict = Verdict(earned, message, stopped=list(dict.fromkeys(stopped)))
-    if code.flags:
-        verdict.flag = "check by hand: " + "; ".join(code.flags) + f" (the cases gave {earned:g} / " \
-                                                                   f"{qspec['points']:g}; 0 until checked)"
-        verdict.points = 0.0
-    return verdict
-
-
-def _tried(outcome: sandbox.Outcome | None) -> dict[str, list[str]]:
-    """What each question's code asked for (files, sockets, processes), all of it, by question."""
-    out: dict[str, list[str]] = {}
-    for r in outcome.lines if outcome else []:
-        if "tried" in r:
-            out.setdefault(str(r.get("q") or "the exercise code"), []).append(str(r["tried"]))
-    return {q: list(dict.fromkeys(v)) for q, v in out.items()}
-
-
-def _fatal(outcome: sandbox.Outcome | None, limits: sandbox.Limits) -> tuple[str, bool]:
-    """(what ended the child early, whether the grader itself failed) ("", False when it finished)."""
-    if outcome is None or outcome.done:
-        return "", False
-    if outcome.timed_out:
-        return f"stopped by the time limit ({limits.wall_seconds:g} s for the notebook)", False
-    if outcome.internal:
-        return f"the grader failed: {outcome.internal}", True
-    if not any(r.get("q") or r.get("tried") for r in outcome.lines):
-        err = (outcome.stderr.strip().splitlines() or [f"exit status {outcome.returncode}"])[-1]
-        return f"the grader could not run it: {err[:200]}", True
-    return (f"the submission's code ended the grading process (exit status {outcome.returncode}: it killed "
-            "the grader, crashed it or hit a limit)"), False
-
-
-def notebook_record(work: Work, info: dict, spec: dict, limits: sandbox.Limits, use_sandbox: bool) -> dict:
-    """The gradebook's record of one graded notebook."""
-    questions, stopped, flagged = {}, [], []
-    answers = nbs.answers(work.nb, [q["name"] for q in info["questions"] if q["manual"]])
-    fatal, _ = _fatal(work.outcome, limits)
-    tried = _tried(work.outcome)
-    for q in info["questions"]:
-        name = q["name"]
-        if q["manual"]:
-            questions[name] = {"points": "", "max_points": q["points"], "manual": True, "flag": "",
-                               "answer": answers.get(name, ""),
-                               "message": "graded by hand" if answers.get(name) else gradebook.NO_ANSWER}
-            continue
-        v = judge(name, work.code[name], spec["questions"][name], work.outcome, limits, fatal)
-        if fatal and fatal not in v.message and not v.message.startswith((NOT_DONE, "no function")) \
-                and v.points < q["points"]:
-            v.message = _and(v.message, fatal)
-        flag = v.flag
-        if work.patches:
-            flag = _and(flag, "check by hand: the notebook " + _few(work.patches))
-        if flag:
-            flagged.append({"q": name, "why": flag.removeprefix("check by hand: ")})
-        stopped += v.stopped
-        questions[name] = {"points": round(v.points, 6), "max_points": q["points"], "manual": False,
-                           "flag": flag, "message": v.message, "answer": ""}
-    notes = list(work.notes)
-    if work.others:
-        notes.append(f"also handed in, not graded (the latest readable file wins): {', '.join(work.others)}")
-    if tried:
-        how = ("in the sandbox only its own folder and a private /tmp are writable, both discarded; no other "
-               "file of this machine is visible but the lab's code, read-only") if use_sandbox \
-            else "no sandbox: whatever your account may do was allowed"
-        asked = "; ".join(f"{q}: " + ", ".join(whats) for q, whats in tried.items())
-        notes.append(f"the exercise code asked to {asked} ({how})")
-    if fatal:
-        notes.append(fatal)
-    if stopped:
-        notes.append("stopped by the sandbox or a limit: " + ", ".join(dict.fromkeys(stopped)))
-    ran = "" if work.outcome is None else "bwrap" if use_sandbox else "none"
-    return {"file": work.sub.file, "status": "graded", "sandbox": ran,
-            "seconds": round(work.outcome.seconds, 2) if work.outcome else 0.0,
-            "cpu_seconds": round(work.outcome.cpu_seconds, 2) if work.outcome else 0.0,
-            "notes": [n for n in notes if n],
-            "questions": questions, "flagged": flagged, "stopped": list(dict.fromkeys(stopped)) +
-            ([fatal.removeprefix("stopped by ")] if fatal and "time limit" in fatal else [])}
-
-
-NOTHING_TO_GRADE = "nothing to grade (a lab notebook without exercises)"
-
-
-def _book(file: str, status: str, notes: list[str] = (), info: dict | None = None, message: str = "",
-          by_hand: float | str = "") -> dict:
-    """The record of a notebook that was not graded: each question of ``info`` scores 0 (a hand-graded
-    one ``by_hand``) with ``message``."""
-    questions = {q["name"]: {"points": by_hand if q["manual"] else 0.0, "max_points": q["points"],
-                             "manual": q["manual"], "flag": "", "answer": "", "message": message}
-                 for q in (info or {}).get("questions", [])}
-    return {"file": file, "status": status, "sandbox": "", "seconds": 0.0, "notes": list(notes),
-            "questions": questions, "flagged": [], "stopped": []}
-
-
-def _also(work: Work) -> list[str]:
-    return [f"also handed in: {', '.join(work.others)}"] if work.others else []
-
-
-def failed_record(work: Work, info: dict | None) -> dict:
-    """A file that was not graded: its status says why (``could not be read: ...``, ``not this lab's
-    notebook: ...``); filed under a notebook (``info``), its questions score 0 and say so."""
-    return _book(work.sub.file, work.problem, _also(work), info, f"not graded: {work.problem}")
-
-
-def missing_record(info: dict) -> dict:
-    return _book("", "no submission", ["no submission"], info, "no submission", by_hand=0.0)
 
 
 def _group(works: list[Work]) -> list[Work]:
@@ -545,12 +220,12 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             failed.append(f"{w.student.name} ({w.sub.file}: {w.problem})")
             continue
         if w.nothing:
-            s["notebooks"][w.key] = _book(w.sub.file, NOTHING_TO_GRADE, w.notes + _also(w))
+            s["notebooks"][w.key] = ungraded_record(w.sub.file, NOTHING_TO_GRADE, w.notes + also_handed_in(w))
             nothing.append(f"{w.student.name} {w.book}")
             continue
         rec = w.record or notebook_record(w, manifest["notebooks"][w.book], specs[w.book], limits,
                                           use_sandbox)
-        fatal, grader_failed = _fatal(w.outcome, limits)
+        fatal, grader_failed = fatal_error(w.outcome, limits)
         if grader_failed:
             rec["status"] = f"could not be graded: {fatal}"
             failed.append(f"{w.student.name} ({w.sub.file}: {fatal})")
@@ -578,8 +253,8 @@ def _record(works: list[Work], extras: list[Work], manifest: dict, specs: dict, 
             fresh[old] = fresh.pop(key)   # one row per student: the earlier run's
     for s in fresh.values():    # handed in files, but no notebook at all
         if s["files"] and not s["notebooks"]:
-            why = f"no notebook handed in, only {_few(s['files'])} (not graded: hand in the .ipynb files)"
-            s["notebooks"]["(no notebook)"] = _book("", why)
+            why = f"no notebook handed in, only {few(s['files'])} (not graded: hand in the .ipynb files)"
+            s["notebooks"]["(no notebook)"] = ungraded_record("", why)
             failed.append(f"{s['name']} ({why})")
     if roster is not None:
         for r in roster.students:

@@ -1,7 +1,9 @@
 """Questions Q2 and Q3.1: the plans of notebook 02 (scaling over 1/2/4 devices, Table 1) and notebook 03
 (compute vs communication, Table 2; its Experiment is in
 :mod:`~lab_utils.experiments.n03_compute_vs_comm.experiment`); their tables are in
-:mod:`~lab_utils.experiments.n02_scaling.tables` and :mod:`~lab_utils.experiments.n03_compute_vs_comm.tables`.
+:mod:`~lab_utils.experiments.n02_scaling.tables` (Q2's strong vs weak scaling:
+:mod:`~lab_utils.experiments.n02_scaling.strong_weak`) and
+:mod:`~lab_utils.experiments.n03_compute_vs_comm.tables`.
 
 For each device count N and per-device batch b (global batch N x b), ResNet-18 trains ``epochs``
 epochs; the last (2 of 2) is reported: its *training* time (host-to-device copies, forward, backward,

@@ -14,8 +14,11 @@ one training
   step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
   this process on a CPU.
 
-The formulas are in :mod:`lab_utils.learn.ring`, the fit in :mod:`lab_utils.learn.alpha_beta`; tables,
-fit, Table 3 and projections in :mod:`lab_utils.experiments.n04_allreduce.tables`.
+The formulas are in :mod:`lab_utils.learn.ring`, the fit in :mod:`lab_utils.learn.alpha_beta`; the
+benchmark's tables and fit in :mod:`lab_utils.experiments.n04_allreduce.tables`, Table 3 in
+:mod:`~lab_utils.experiments.n04_allreduce.table3`, the projections in
+:mod:`~lab_utils.experiments.n04_allreduce.projection` and the algorithms in
+:mod:`~lab_utils.experiments.n04_allreduce.algorithms`.
 """
 
 from __future__ import annotations
