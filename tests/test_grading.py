@@ -380,7 +380,7 @@ RING = "def ring_bytes_per_rank_per_epoch(size_bytes, world_size, dataset_size, 
 RING_LOG2 = ("import math\n\n\n" + RING
              + "    it = math.ceil(math.ceil(dataset_size / world_size) / per_device_batch)\n"
              + "    return it * size_bytes * math.log2(world_size)\n")
-CALLS_THE_LAB = ("from lab_utils.experiments import comm\n\n\n" + RING
+CALLS_THE_LAB = ("from lab_utils.experiments.n04_allreduce import experiment as comm\n\n\n" + RING
                  + "    return comm.ring_bytes_per_epoch(size_bytes, world_size, dataset_size,\n"
                  + "                                     per_device_batch)\n")
 WRONG_GIB = UTILIZATION + RIGHT.replace("/ 1e9", "/ 2 ** 30")
