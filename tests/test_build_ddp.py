@@ -26,7 +26,7 @@ from lab_utils.engine.plan import make_plan, measure
 from lab_utils.engine.store import Record
 from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
 from lab_utils.experiments.n09_build_ddp import tables as T
-from lab_utils.learn import buckets, handmade, replica_memory, traffic
+from lab_utils.learn import bucketing, handmade, replica_memory, traffic
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.ring import MIB
 
@@ -40,11 +40,11 @@ CPU2 = Machine(gpus=0, cores=2)
 def test_bucket_assignment_is_ddps_rule_by_hand():
     """Add the parameter, then close the bucket once it holds at least its cap (the first bucket: its own
     cap): a bucket can exceed its cap; one that holds exactly its cap is full."""
-    assert buckets.assign_buckets([100, 200, 300, 400], 500) == [[3, 2], [1, 0]]       # 700 > 500: closed
-    assert buckets.assign_buckets([400, 100, 300, 200], 500, 100) == [[3], [2, 1, 0]]  # first cap 100
-    assert buckets.assign_buckets([100, 900, 100, 250, 250], 500) == [[4, 3], [2, 1], [0]]  # 500 is full
-    assert buckets.assign_buckets([5, 5], 0) == [[1], [0]]                              # cap 0: per tensor
-    assert buckets.assign_buckets([5, 5], math.inf) == [[1, 0]]
+    assert bucketing.assign_buckets([100, 200, 300, 400], 500) == [[3, 2], [1, 0]]       # 700 > 500: closed
+    assert bucketing.assign_buckets([400, 100, 300, 200], 500, 100) == [[3], [2, 1, 0]]  # first cap 100
+    assert bucketing.assign_buckets([100, 900, 100, 250, 250], 500) == [[4, 3], [2, 1], [0]]  # 500 is full
+    assert bucketing.assign_buckets([5, 5], 0) == [[1], [0]]                              # cap 0: per tensor
+    assert bucketing.assign_buckets([5, 5], math.inf) == [[1, 0]]
 
 
 def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
@@ -64,17 +64,17 @@ def test_bucket_assignment_equals_torchs_own_on_resnet18_and_at_ddps_caps():
         for cap, first in caps:
             want, _ = dist._compute_bucket_assignment_by_size([params[i] for i in order], [first, cap],
                                                               [False] * len(params), order)
-            assert buckets.assign_buckets(sizes, cap, first) == [list(b) for b in want], (width, cap, first)
+            assert bucketing.assign_buckets(sizes, cap, first) == [list(b) for b in want], (width, cap, first)
     mb = {first: [round(sum(sizes[i] for i in b) / 1e6, 2)
-                  for b in buckets.assign_buckets(sizes, 25 * MIB, first)] for first in (25 * MIB, MIB)}
+                  for b in bucketing.assign_buckets(sizes, 25 * MIB, first)] for first in (25 * MIB, MIB)}
     assert mb == {25 * MIB: [28.87, 15.82], MIB: [9.46, 26.49, 8.74]}
 
 
 def test_shard_bounds_by_hand():
-    assert buckets.shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
-    assert buckets.shard_bounds(12, 3) == [(0, 4), (4, 8), (8, 12)]
-    assert buckets.shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
-    spec = buckets.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
+    assert bucketing.shard_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert bucketing.shard_bounds(12, 3) == [(0, 4), (4, 8), (8, 12)]
+    assert bucketing.shard_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    spec = bucketing.shard_bounds(11_173_962, 4)   # 11,173,962 = 4 x 2,793,490 + 2
     assert [e - s for s, e in spec] == [2_793_491, 2_793_491, 2_793_490, 2_793_490]
     assert spec[-1][1] == 11_173_962
 

@@ -392,7 +392,7 @@ def _check_q09_buckets(f):
     the parameters in ready order, last first): ResNet-18's 62 tensors at DDP's caps and others."""
     import torch.distributed as dist
 
-    from lab_utils.learn.buckets import assign_buckets
+    from lab_utils.learn.bucketing import assign_buckets
     from lab_utils.learn.models import ResNet18
 
     params = list(ResNet18(width=8).parameters())
@@ -406,7 +406,7 @@ def _check_q09_buckets(f):
 
 
 def _check_q09_shards(f):
-    from lab_utils.learn.buckets import shard_bounds
+    from lab_utils.learn.bucketing import shard_bounds
 
     for n, p in ((11_173_962, 4), (176_402, 4), (7, 3), (3, 5)):
         assert [tuple(b) for b in f(n, p)] == shard_bounds(n, p)

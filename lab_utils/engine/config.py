@@ -21,8 +21,8 @@ RESULTS_ENV = "LAB_RESULTS_DIR"
 DATA_ENV = "LAB_DATA_DIR"
 DATASET_ENV = "LAB_DATASET"
 
-# The data sets' sizes and the choices of data (torch-free here, so that argument types such as
-# :mod:`lab_utils.workers.args` can check and resolve them without importing torch).
+# The data sets' sizes and the choices of data (torch-free here, so that settings can check and resolve
+# them without importing torch).
 CIFAR10_TRAIN_SIZE = 50_000
 CIFAR10_TEST_SIZE = 10_000
 DATASET_CHOICES = ("auto", "cifar10", "synthetic")

@@ -1,6 +1,6 @@
 """THE worker entry point: one job file in, records out, one loop over the job's configurations.
 
-Every worker module (``lab_utils.workers.<name>``) has the same shape::
+Every worker module (``lab_utils.experiments.nNN_name.*worker``) has the same shape::
 
     def prepare(job, ctx) -> state        # optional: what all configurations share (data sets)
     def run_config(config, job, ctx, state) -> list[Record]   # rank 0: its records; others: []
@@ -101,7 +101,8 @@ def execute(worker: ModuleType, job: Job, ctx: DistContext) -> Iterator[list[Rec
 
 
 def serve(worker: ModuleType, argv: list[str] | None = None) -> int:
-    """``python -m lab_utils.workers.<name> JOB.json``: run the job; rank 0 appends the records."""
+    """``python -m lab_utils.experiments.nNN_name.<worker> JOB.json``: run the job; rank 0 appends the
+    records."""
     setup_rank_logging()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not Path(argv[0]).is_file():

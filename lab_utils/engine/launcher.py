@@ -1,7 +1,8 @@
 """Start a worker under ``torchrun`` from a notebook or a script: a JSON job file in, records out.
 
 A notebook cannot spawn workers defined in its own cells (they cannot be pickled into new
-processes), so every worker lives in a ``lab_utils.workers`` module and is started here as
+processes), so every worker lives in a module of its notebook's package
+(``lab_utils.experiments.nNN_name.*worker``) and is started here as
 ``python -m torch.distributed.run ... -m <module> <folder>/job.json``. The job (what
 :class:`lab_utils.engine.harness.Job` holds) is the worker's only input; each rank's output goes to
 ``<log_dir>/rank<R>.log``; torchrun is one child of :mod:`lab_utils.engine.proc`, so a time limit, a failure,

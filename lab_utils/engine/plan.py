@@ -61,7 +61,7 @@ class Run:
 
     experiment: str
     config: dict[str, Any]             # the record's configuration (the resume key), what the worker gets
-    worker: ModuleType | None = None   # a module of lab_utils.workers (run_config), what torchrun starts
+    worker: ModuleType | None = None   # a worker module (run_config), what torchrun starts
     processes: int = 1                 # ranks
     device: str = "cpu"                # "cuda" or "cpu": a stored record must match its name and count
     group: str | None = None

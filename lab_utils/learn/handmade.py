@@ -11,12 +11,12 @@ is the global mean loss, for equal shares). The five ways differ only in how the
   adds;
 - (b) :class:`Flat`: every gradient copied into one flat buffer, one all-reduce, copied back: alpha
   once, but nothing starts before ``backward()`` has ended;
-- (c) :class:`Bucketed`: buckets by DDP's rule (:func:`~lab_utils.learn.buckets.assign_buckets`, last
+- (c) :class:`Bucketed`: buckets by DDP's rule (:func:`~lab_utils.learn.bucketing.assign_buckets`, last
   layers first); a gradient hook launches a bucket's all-reduce asynchronously as soon as its last
   gradient is ready, while backward goes on with earlier layers; the step waits for all of them;
 - (d) :class:`ZeroOne`: ZeRO stage 1 as the paper has it (Rajbhandari et al. 2020, sec. 7.2.1), the
   all-reduce split into its two halves, reduce-scatter (each rank gets the summed gradient of its own
-  shard, :func:`~lab_utils.learn.buckets.shard_bounds`) and all-gather (each rank hands out its updated
+  shard, :func:`~lab_utils.learn.bucketing.shard_bounds`) and all-gather (each rank hands out its updated
   shard), so the same bytes as DDP; in between each rank steps only its shard, so it keeps the optimizer
   state of 1/N of the parameters. (torch's ``ZeroRedundancyOptimizer`` is the other design: DDP's
   all-reduce, then a broadcast of each rank's updated shard: more bytes.)
@@ -27,7 +27,7 @@ training loop (:func:`lab_utils.learn.loop.train_steps`) drives it like any opti
 lists the collectives of one step (kind, bytes), from which :mod:`lab_utils.learn.traffic` computes
 the bytes one rank sends and the seconds the alpha-beta model of :mod:`lab_utils.learn.ring` predicts
 (Exercise 09-d's overlap model too). Their shared pieces live beside them: how gradients are cut
-(:mod:`lab_utils.learn.buckets`), the bytes an implementation holds and its peak in a step
+(:mod:`lab_utils.learn.bucketing`), the bytes an implementation holds and its peak in a step
 (:mod:`lab_utils.learn.replica_memory`); :func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a
 function in N forked gloo processes (the tests' and the graded exercises' way to check code on 2 ranks
 without torchrun).
@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lab_utils.learn.buckets import assign_buckets, shard_bounds
+from lab_utils.learn.bucketing import assign_buckets, shard_bounds
 from lab_utils.learn.traffic import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
 #: ``(rtol, atol)`` of ``torch.allclose`` by the parameters' dtype: an implementation equals one process

@@ -30,7 +30,7 @@ from lab_utils.experiments.shared.anchors import (
     CIFAR10_TRAIN_IMAGES,
 )
 from lab_utils.learn.alpha_beta import AlphaBetaFit, fit_alpha_beta
-from lab_utils.learn.buckets import assign_buckets
+from lab_utils.learn.bucketing import assign_buckets
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.models import count_parameters
 from lab_utils.learn.ring import (
@@ -50,7 +50,7 @@ __all__ = ["MAX_FIT_RMS_ERROR", "BenchReport", "bench_frame", "bench_main", "ddp
 def ddp_bucket_sizes(model, bucket_bytes: int = DDP_BUCKET_BYTES,
                      first_bucket_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[int]:
     """Bytes of each gradient bucket DDP all-reduces per step, in the order they are sent: DDP's rule
-    (:func:`lab_utils.learn.buckets.assign_buckets`: reverse order, a bucket closes once it holds at least
+    (:func:`lab_utils.learn.bucketing.assign_buckets`: reverse order, a bucket closes once it holds at least
     its cap, 1 MiB for the first and 25 MiB after by default), over the trainable parameters."""
     sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     buckets = assign_buckets(sizes, check_positive_int(bucket_bytes, "bucket bytes"),

@@ -184,7 +184,7 @@ EXERCISES: tuple[Exercise, ...] = (
                     wrong=lambda grads: _average(grads, give_back=False)),
         )),
     Exercise(
-        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.learn.buckets.assign_buckets",),
+        "q09_buckets", "assign_buckets", implemented_by=("lab_utils.learn.bucketing.assign_buckets",),
         giveaways=(r"re:if filled\s*>=", r"re:for i in reversed\(range\(len\(sizes"),
         mistakes=(
             Mistake("forward order", "backward produces the LAST layer's gradient first: fill buckets from "
@@ -204,7 +204,7 @@ EXERCISES: tuple[Exercise, ...] = (
                     "too: append it", wrong=partial(_ddp_buckets, drop_last=True)),
         )),
     Exercise(
-        "q09_shards", "shard_bounds", implemented_by=("lab_utils.learn.buckets.shard_bounds",),
+        "q09_shards", "shard_bounds", implemented_by=("lab_utils.learn.bucketing.shard_bounds",),
         giveaways=(r"re:divmod\(numel,\s*world_?size\)", r"re:min\(r \+ 1, extra\)"),
         mistakes=(
             Mistake("the remainder dropped", "with numel // world_size elements per shard, the last numel % "
