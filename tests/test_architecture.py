@@ -213,16 +213,21 @@ def test_every_notebook_has_its_package():
 
 def test_the_registry_lists_every_notebooks_experiment_module_in_order():
     """``registry.NOTEBOOKS`` is the one list of notebooks: each package's experiment module, in notebook
-    order, with its ``EXPERIMENTS`` and ``SECTIONS``, all of them that notebook's."""
+    order, with its ``EXPERIMENTS``; the package's ``__init__`` holds its ``SECTIONS``, all of them that
+    notebook's."""
+    from lab_utils.app import questions
     from lab_utils.experiments import registry
 
     packages = sorted(p.name for p in (PKG / "experiments").glob("n[0-9][0-9]_*") if p.is_dir())
     expected = [f"lab_utils.experiments.{p}.experiment" for p in packages]
     assert [m.__name__ for m in registry.NOTEBOOKS] == expected
-    for module, package in zip(registry.NOTEBOOKS, packages):
-        assert isinstance(module.EXPERIMENTS, tuple) and isinstance(module.SECTIONS, tuple), package
+    # the question map reads each package's SECTIONS (its __init__) from the same packages, without torch
+    assert [p.__name__ + ".experiment" for p in questions.PACKAGES] == expected
+    for module, init, package in zip(registry.NOTEBOOKS, questions.PACKAGES, packages):
+        assert isinstance(module.EXPERIMENTS, tuple) and isinstance(init.SECTIONS, tuple), package
         assert {e.notebook for e in module.EXPERIMENTS} <= {package[1:3]}, package
-        assert {s.notebook[:2] for s in module.SECTIONS} <= {package[1:3]}, package
+        assert {s.notebook[:2] for s in init.SECTIONS} <= {package[1:3]}, package
+        assert not hasattr(module, "SECTIONS"), package   # one place for a notebook's sections
 
 
 # --------------------------------------------------------------------------- one data path (issue 26)

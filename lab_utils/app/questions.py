@@ -1,13 +1,13 @@
 """Which notebook, section, table and figure answers which question of the assignment.
 
 One ordered list (:data:`SECTIONS`, the assignment's numbering as SPEC.md gives it, gathered from the
-``SECTIONS`` each notebook's experiment module defines) is the single source for everything that names a
-question: the question map (:func:`question_map_markdown`, ``docs/generated/question-map.md``, written by
-``make docs``), the hand-in (:func:`lab_utils.app.handin.build`), every notebook's "For your report" cell
-(:func:`for_your_report_markdown`), the questions each notebook's title names (:func:`labels_for`) and the
-order of ``results/<profile>/report.md``. The GPT (notebooks 06 and 07) is the *Part 2 project* an earlier
-cohort did, not a question of the assignment; the extras are not either. The lab's own exercises are named
-"Exercise NN-a", never with a number that could be the assignment's.
+``SECTIONS`` each notebook's package defines in its ``__init__``) is the single source for everything that
+names a question: the question map (:func:`question_map_markdown`, ``docs/generated/question-map.md``,
+written by ``make docs``), the hand-in (:func:`lab_utils.app.handin.build`), every notebook's "For your
+report" cell (:func:`for_your_report_markdown`), the questions each notebook's title names
+(:func:`labels_for`) and the order of ``results/<profile>/report.md``. The GPT (notebooks 06 and 07) is
+the *Part 2 project* an earlier cohort did, not a question of the assignment; the extras are not either.
+The lab's own exercises are named "Exercise NN-a", never with a number that could be the assignment's.
 
 **Where answers are written.** A question graded by hand (``by_hand``: its otter name) is
 answered once, in its notebook, in the cell under "<key> (graded by hand, N points)": the
@@ -20,9 +20,12 @@ names the notebook cell instead of asking the hand-graded question a second time
 
 from __future__ import annotations
 
+import pkgutil
+import re
 import textwrap
+from importlib import import_module
+from pathlib import Path
 
-from lab_utils.experiments import registry
 from lab_utils.experiments.shared.sections import PART2, Section
 from lab_utils.learn.errors import LabError
 
@@ -42,10 +45,19 @@ def _report_place(section: Section) -> tuple[int, bool, int]:
     return REPORT_KEYS.index(section.key), section.order is None, section.order or 0
 
 
-#: Every section of the report, in its order: each notebook's ``SECTIONS`` (its experiment module, read
-#: through :data:`lab_utils.experiments.registry.NOTEBOOKS`), ordered by :func:`_report_place`.
+#: Every notebook's package (``lab_utils/experiments/nNN_name/``), in notebook order. Its ``__init__`` holds
+#: the notebook's ``SECTIONS``; its experiment module is not imported, so the question map, the hand-in and
+#: the runner's report load without torch. The registry lists the same packages' experiment modules
+#: (tests/test_architecture.py checks that the two agree).
+_EXPERIMENTS_DIR = Path(__file__).resolve().parents[1] / "experiments"   # lab_utils/experiments/
+PACKAGES = tuple(import_module(f"lab_utils.experiments.{m.name}")
+                 for m in sorted(pkgutil.iter_modules([str(_EXPERIMENTS_DIR)]), key=lambda m: m.name)
+                 if m.ispkg and re.fullmatch(r"n\d\d_\w+", m.name))
+
+#: Every section of the report, in its order: each notebook package's ``SECTIONS``, ordered by
+#: :func:`_report_place`.
 SECTIONS: tuple[Section, ...] = tuple(sorted(
-    (s for notebook in registry.NOTEBOOKS for s in notebook.SECTIONS), key=_report_place))
+    (s for package in PACKAGES for s in package.SECTIONS), key=_report_place))
 
 
 def section_of(question: str) -> Section | None:

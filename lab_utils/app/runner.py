@@ -35,6 +35,7 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError
 
+from lab_utils.app.questions import SECTIONS
 from lab_utils.engine import config, proc
 from lab_utils.engine.store import _atomic_write_text
 from lab_utils.learn.errors import LabError, WriteError, write_failure
@@ -407,10 +408,6 @@ def report_sections(root: Path) -> list[str]:
     """The report's body: each section of :data:`lab_utils.app.questions.SECTIONS` with its tables
     (``tables/<name>.md``) and figures (``figures/<name>.png``), then those no section names under
     "Other tables and figures", so nothing a notebook saved is left out."""
-    # here, not at the top: the sections come from the notebooks' experiment modules (torch), and the
-    # runner refuses a wrong notebook or profile before torch loads
-    from lab_utils.app.questions import SECTIONS
-
     tables = {p.stem: p for p in sorted((root / "tables").glob("*.md"))}
     figures = {p.stem: p for p in sorted((root / "figures").glob("*.png"))}
     if not tables and not figures:

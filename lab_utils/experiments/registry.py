@@ -1,8 +1,8 @@
 """Every notebook of the lab, in notebook order (:data:`NOTEBOOKS`, the one list of them), and every
 experiment (:data:`EXPERIMENTS`): what the time budget sums, doctor runs on a GPU node and
-``python -m lab_utils measure NAME`` measures; each notebook's report sections
-(:data:`lab_utils.app.questions.SECTIONS`) come from here too. Adding a notebook adds its experiment module
-here (its import and one line of NOTEBOOKS; lab_utils/experiments/README.md has the whole recipe)."""
+``python -m lab_utils measure NAME`` measures (each notebook's report sections are in its package's
+``__init__``, which :data:`lab_utils.app.questions.SECTIONS` reads). Adding a notebook adds its experiment
+module here (its import and one line of NOTEBOOKS; lab_utils/experiments/README.md has the whole recipe)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from lab_utils.experiments.n09_build_ddp import experiment as n09
 from lab_utils.learn.errors import LabError
 
 #: every notebook's experiment module, in notebook order; each has ``EXPERIMENTS`` (its Experiments, in the
-#: order it measures them) and ``SECTIONS`` (its report sections)
+#: order it measures them)
 NOTEBOOKS: tuple[ModuleType, ...] = (
     n00,
     n01,

@@ -28,12 +28,11 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n01_batch_sweep import worker
 from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.data import check_num_workers
-from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_choice, check_positive_int
 from lab_utils.learn.models import flops_per_image
 from lab_utils.learn.spread import REPEAT
 
-__all__ = ["EXPERIMENT", "EXPERIMENTS", "MemoryLine", "SECTIONS", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings",
+__all__ = ["EXPERIMENT", "EXPERIMENTS", "MemoryLine", "SPEC_LR", "SWEEP_EXPERIMENT", "Settings",
            "cost", "doctor_settings", "fit_settings", "flops_per_image", "memory_line", "plan",
            "predict_peak_memory"]
 
@@ -218,20 +217,3 @@ SWEEP_EXPERIMENT = Experiment(EXPERIMENT, "01", Settings, plan, cost, doctor_set
 
 #: this notebook's experiments, in the order it measures them (the registry reads them)
 EXPERIMENTS: tuple[Experiment, ...] = (SWEEP_EXPERIMENT,)
-
-#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
-SECTIONS: tuple[Section, ...] = (
-    Section("Q1", "Batch-size sweep on one GPU", "01_batch_size_sweep", "The sweep",
-            "Epoch-2 training time (loader waits excluded) for batch 32, 128, 512, ... until the batch "
-            "does not fit. Why does it fall, and where and why does it stop falling?",
-            ("batch_sweep", "batch_sweep_phases", "batch_sweep_flops", "batch_sweep_memory"),
-            ("batch_sweep",),
-            report=("What does the warm-up epoch absorb on your machine (compare the two epochs in the "
-                    "phase table), and what is excluded from the reported time?",
-                    "What fraction of the GPU's peak does the best batch size reach? Name two reasons it "
-                    "is not higher."),
-            by_hand="q01_report", exercises=("q01_step_timer", "q01_train_transform", "q01_peak_memory"),
-            by_hand_asks="From which batch size on does the epoch time stop improving on your machine, and "
-                         "why there? Which batch size was the first that did not fit, and what fills the "
-                         "memory at that size? Quote the numbers from your table."),
-)

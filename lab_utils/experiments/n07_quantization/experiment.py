@@ -55,13 +55,12 @@ from lab_utils.experiments.n07_quantization.worker import (
     file_sha256,
     load_model_under_test,
 )
-from lab_utils.experiments.shared.sections import PART2, Section
 from lab_utils.experiments.shared.text_data import resolve_corpus
 from lab_utils.learn.errors import LabError, check_positive_int
 
 # VARIANTS, check_variant, quantize_model and payload_bytes are also this module's: notebook 07 and its
 # exercise call them as quantize.<name>.
-__all__ = ["EXPERIMENT", "EXPERIMENTS", "ModelUnderTest", "QUANTIZATION_EXPERIMENT", "SECTIONS", "Settings",
+__all__ = ["EXPERIMENT", "EXPERIMENTS", "ModelUnderTest", "QUANTIZATION_EXPERIMENT", "Settings",
            "VARIANTS", "check_variant", "cost", "describe", "doctor_settings", "load_model_under_test",
            "model_checkpoint", "payload_bytes", "plan", "quantize_model"]
 
@@ -243,18 +242,3 @@ QUANTIZATION_EXPERIMENT = Experiment(EXPERIMENT, "07", Settings, plan, cost, doc
 
 #: this notebook's experiments, in the order it measures them (the registry reads them)
 EXPERIMENTS: tuple[Experiment, ...] = (QUANTIZATION_EXPERIMENT,)
-
-#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
-SECTIONS: tuple[Section, ...] = (
-    Section(PART2, "Int8 quantization of the GPT", "07_quantization", "What these measurements say",
-            "Size, quality (loss) and speed of each variant on each device; when does int8 pay?",
-            ("quantization",), ("quantization_quality_vs_speed",),
-            report=("Re-run with `COMPILE=True` on the GPU: which rows change, and why?",
-                    "With your GPU's `P/B` for each precision, which rows of the intensity table are "
-                    "memory-bound? Does the measurement agree?"),
-            by_hand="q07_report", exercises=("q07_int8_size",),
-            by_hand_asks="Which variant would you deploy for batch-1 chat on a CPU, and which for batch-64 "
-                         "serving on the GPU? Quote the rows of your table that decide it (speed against "
-                         "fp32 on the same device, with its spread) and the loss increase you would "
-                         "accept."),
-)

@@ -37,10 +37,9 @@ from lab_utils.experiments.n08_speed_limits import worker
 from lab_utils.experiments.n08_speed_limits.fast_train import STEP_NAMES, TrainOptions, waterfall_steps
 from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.data import check_num_workers
-from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 
-__all__ = ["ACCURACY_EXPERIMENT", "EXPERIMENTS", "LOADER_EXPERIMENT", "METRICS_VERSION", "SECTIONS",
+__all__ = ["ACCURACY_EXPERIMENT", "EXPERIMENTS", "LOADER_EXPERIMENT", "METRICS_VERSION",
            "Settings", "TRACE_EXPERIMENT", "WATERFALL_EXPERIMENT", "cost", "doctor_settings", "fast_options",
            "plan_accuracy", "plan_loader", "plan_trace", "plan_waterfall", "waterfall"]
 
@@ -259,22 +258,3 @@ ACCURACY_EXPERIMENT = Experiment("fastpath_accuracy", "08", Settings, plan_accur
 #: this notebook's experiments, in the order it measures them (the registry reads them)
 EXPERIMENTS: tuple[Experiment, ...] = (LOADER_EXPERIMENT, WATERFALL_EXPERIMENT, TRACE_EXPERIMENT,
                                        ACCURACY_EXPERIMENT)
-
-#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
-SECTIONS: tuple[Section, ...] = (
-    Section("Extra", "Speed limits of ResNet-18 on CIFAR-10", "08_speed_limits",
-            "5 · The lesson for notebooks 01-03",
-            "Which step of the waterfall gave the largest speed-up, and what bounds the spec path?",
-            ("fastpath_loader", "fastpath_waterfall", "fastpath_top_ops", "fastpath_accuracy"),
-            ("fastpath_waterfall",),
-            report=("Which single step of the waterfall gave the largest speed-up on your GPU, and why "
-                    "that one?",
-                    "Compare the spec loader's images/s (section 1) with the `device_loader` row's "
-                    "(section 2): did notebooks 01-03 measure the GPU or the loader? What would change in "
-                    "Tables 1-3?",
-                    "Name two things in the top-operator table that keep the fastest row from 100 % of "
-                    "peak.",
-                    "When can the data set no longer stay in GPU memory, and what then (DALI, decoding on "
-                    "the GPU, uint8 shards)?"),
-            order=1),
-)

@@ -24,11 +24,10 @@ from lab_utils.engine.plan import Experiment, Run
 from lab_utils.experiments.n02_scaling.experiment import DDP, place
 from lab_utils.experiments.n09_build_ddp import worker as handmade_ddp
 from lab_utils.experiments.shared import estimates
-from lab_utils.experiments.shared.sections import Section
 from lab_utils.learn.errors import LabError, check_positive_int
 from lab_utils.learn.ring import MIB
 
-__all__ = ["BUILD_DDP", "BUILD_DDP_EXPERIMENT", "EXPERIMENTS", "SECTIONS", "Settings", "cost",
+__all__ = ["BUILD_DDP", "BUILD_DDP_EXPERIMENT", "EXPERIMENTS", "Settings", "cost",
            "doctor_settings", "plan"]
 
 BUILD_DDP = "build_ddp"
@@ -193,26 +192,3 @@ BUILD_DDP_EXPERIMENT = Experiment(BUILD_DDP, "09", Settings, plan, cost, doctor_
 
 #: this notebook's experiments, in the order it measures them (the registry reads them)
 EXPERIMENTS: tuple[Experiment, ...] = (BUILD_DDP_EXPERIMENT,)
-
-#: the report sections this notebook answers (lab_utils.app.questions.SECTIONS gathers them)
-SECTIONS: tuple[Section, ...] = (
-    Section("Extra", "Data parallelism built by hand", "09_build_ddp", "7 · Which is fastest here, and why",
-            "Naive, per-tensor, flat, bucketed and ZeRO-1 data parallelism checked against one process and "
-            "timed against torch's DDP and the alpha-beta model.",
-            ("build_ddp_check", "build_ddp_memory", "build_ddp", "build_ddp_buckets", "build_ddp_overlap",
-             "build_ddp_bf16"),
-            ("build_ddp_buckets", "build_ddp_trace"),
-            report=("Which implementation is slowest at each rank count, and which alpha-beta term "
-                    "explains its exposed communication? What do overlap alone ((a) against (e)) and "
-                    "bucketing ((e) against (c)) save?",
-                    "In the merged trace, where does each rank's all-reduce run relative to its backward, "
-                    "for (b), (c) and DDP? Is there a straggler?",
-                    "torch's ZeroRedundancyOptimizer all-reduces, then broadcasts each rank's updated shard: "
-                    "how many bytes per step would one rank send, against (d)'s? When does sharding the "
-                    "optimizer state pay (the memory table)?"),
-            by_hand="q09_report", exercises=("q09_average", "q09_buckets", "q09_shards", "q09_exposed"),
-            by_hand_asks="Which implementation is fastest on your machine at each batch size, and why? Use "
-                         "the step time with its spread, the exposed communication, the bytes sent and the "
-                         "prediction; say whether the difference is larger than the spread.",
-            order=3),
-)
