@@ -501,8 +501,8 @@ INVENTORY: tuple[Branch, ...] = (
     B("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       "the driver's GPUs listed, saying torch cannot use them",
       "test_gpu_node.py::test_environment_rows_on_a_gpu_node_torch_cannot_use"),
-    # learn/replica_memory.py: notebook 09's memory of each implementation
-    B("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
+    # experiments/n09_build_ddp/replica_memory.py: notebook 09's memory of each implementation
+    B("experiments/n09_build_ddp/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "memory_allocated before the build and after the warm-up, max_memory_allocated over the measured step "
       "after reset_peak_memory_stats", MEMORY_USE),
     # engine/hardware.py
@@ -711,12 +711,12 @@ INVENTORY: tuple[Branch, ...] = (
       PROBE),
     B("learn/comm_probe.py", "probe_exposed_comm.one", "synchronize(device)",
       "a probe step ends when its kernels and all-reduces do", PROBE),
-    # learn/replica_memory.py: notebook 09's memory of each implementation
-    *(B("learn/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
+    # experiments/n09_build_ddp/replica_memory.py: notebook 09's memory of each implementation
+    *(B("experiments/n09_build_ddp/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", what, MEMORY_USE, n=n)
       for n, what in ((1, "the device idle before the first counter is read"),
                       (2, "the warm-up done before the held bytes are read"),
                       (3, "the measured step done before its peak is read"))),
-    B("learn/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+    B("experiments/n09_build_ddp/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "the measured GPU's peak reset before the measured step",
       BR + "test_memory_use_resets_the_measured_gpus_peak"),
     # app/bench_timers.py: each arm of the paired timer overhead

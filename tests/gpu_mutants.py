@@ -129,15 +129,15 @@ MUTANTS: tuple[Mutant, ...] = (
     M("experiments/n00_environment/tables.py", "environment_rows", "driver is not None and driver.gpus",
       '"value": f"{g.name}, {mem} (listed by the driver; torch cannot use it)"', '"value": f"{g.name}, {mem}"',
       "a GPU torch cannot use listed as if the runs used it"),
-    # learn/replica_memory.py
-    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
+    # experiments/n09_build_ddp/replica_memory.py
+    M("experiments/n09_build_ddp/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "return MemoryUse(held, torch.cuda.max_memory_allocated(device) - start), it",
       "return MemoryUse(held, torch.cuda.memory_allocated(device) - start), it",
       "notebook 09's peak read as memory_allocated after the step (its temporaries gone)"),
-    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
+    M("experiments/n09_build_ddp/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)", "        step(it)",
       "the peak counter not reset before the measured step: the build's spike read as the step's peak"),
-    M("learn/replica_memory.py", "memory_use", "device.type == 'cuda'",
+    M("experiments/n09_build_ddp/replica_memory.py", "memory_use", "device.type == 'cuda'",
       "start = torch.cuda.memory_allocated(device)", "start = 0",
       "what other code held before the build counted as the implementation's bytes"),
     # engine/machine.py
@@ -439,8 +439,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "                loss_fn(ddp_model(x), y).backward()\n        synchronize(device)\n        dt",
       "                loss_fn(ddp_model(x), y).backward()\n        dt",
       "a probe step timed without waiting for its kernels and all-reduces: (b) reads the launches"),
-    # learn/replica_memory.py
-    *(M("learn/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
+    # experiments/n09_build_ddp/replica_memory.py
+    *(M("experiments/n09_build_ddp/replica_memory.py", "memory_use", "torch.cuda.synchronize(device)", original, mutated, models, n=n,
         survives=COUNTED_ON_THE_HOST) for n, original, mutated, models in (
           (1, "        torch.cuda.synchronize(device)\n        start", "        start",
            "the memory counter read before the device is idle"),
@@ -448,7 +448,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            step(it)\n        held", "the held bytes read before the warm-up's kernels end"),
           (3, "        step(it)\n        torch.cuda.synchronize(device)\n        return MemoryUse",
            "        step(it)\n        return MemoryUse", "the peak read before the measured step's kernels end"))),
-    M("learn/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
+    M("experiments/n09_build_ddp/replica_memory.py", "memory_use", "torch.cuda.reset_peak_memory_stats(device)",
       "        torch.cuda.reset_peak_memory_stats(device)\n        step(it)",
       "        torch.cuda.reset_peak_memory_stats()\n        step(it)",
       "the current GPU's peak reset, not the measured one's: the build's spike read as the step's peak"),

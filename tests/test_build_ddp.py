@@ -25,8 +25,9 @@ from lab_utils.engine.machine import BUDGET_NODE, Machine
 from lab_utils.engine.plan import make_plan, measure
 from lab_utils.engine.store import Record
 from lab_utils.experiments.n09_build_ddp import experiment as build_ddp
+from lab_utils.experiments.n09_build_ddp import replica_memory
 from lab_utils.experiments.n09_build_ddp import tables as T
-from lab_utils.learn import bucketing, handmade, replica_memory, traffic
+from lab_utils.learn import bucketing, handmade, traffic
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.ring import MIB
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lab_utils.experiments.shared import text_data
+from lab_utils.experiments.shared.gpt_checkpoint import load_checkpoint, save_checkpoint
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.models.gpt import GPT, GPTConfig, count_parameters, lm_loss
-from lab_utils.learn.models.gpt_checkpoint import load_checkpoint, save_checkpoint
 from lab_utils.learn.models.gpt_sizes import (
     gpt_config,
     measure_train_flops_per_token,

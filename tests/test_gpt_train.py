@@ -21,10 +21,10 @@ from lab_utils.experiments.n06_gpt_ddp.worker import (
     plan_steps,
     saved_activation_bytes,
 )
+from lab_utils.experiments.shared.gpt_checkpoint import load_checkpoint
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, train_steps
 from lab_utils.learn.models.gpt import GPT, lm_loss
-from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
 from lab_utils.learn.models.gpt_sizes import gpt_config
 
 VOCAB, K, B, T = 11, 4, 3, 16

@@ -1153,7 +1153,7 @@ def test_the_no_sync_probe_on_a_gpu_measures_the_exposed_all_reduce(fake_gpu, on
 def test_memory_use_resets_the_measured_gpus_peak(fake_gpu):
     """Notebook 09's memory of an implementation on a rank's GPU 1 (GPU 0 current): the 8 MiB spike of the
     build is not the measured step's peak (1 MiB kept + 3 MiB of temporaries)."""
-    from lab_utils.learn import replica_memory
+    from lab_utils.experiments.n09_build_ddp import replica_memory
 
     gpu = fake_gpu(count=2)
     dev = torch.device("cuda", 1)

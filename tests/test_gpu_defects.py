@@ -252,8 +252,8 @@ def test_gpt_and_quantization_rows_are_measured_again_on_another_gpu_model(store
     from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
     from lab_utils.experiments.n07_quantization import experiment as Q
     from lab_utils.experiments.n07_quantization import worker as quantize
+    from lab_utils.experiments.shared.gpt_checkpoint import save_checkpoint
     from lab_utils.learn.models.gpt import GPT
-    from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
     from lab_utils.learn.models.gpt_sizes import gpt_config
 
     calls = []

@@ -260,8 +260,8 @@ def test_the_gpts_one_gpu_run_goes_through_the_launcher_like_the_others(fake_gpu
     from lab_utils.engine.store import Record
     from lab_utils.experiments.n06_gpt_ddp import experiment as gx
     from lab_utils.experiments.n07_quantization import experiment as Q
+    from lab_utils.experiments.shared.gpt_checkpoint import save_checkpoint
     from lab_utils.learn.models.gpt import GPT
-    from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
     from lab_utils.learn.models.gpt_sizes import gpt_config
 
     gpu = fake_gpu(count=2, name="NVIDIA A100-SXM4-80GB")

@@ -298,9 +298,9 @@ def test_the_roofline_gives_each_row_its_own_precisions_ridge():
 @pytest.fixture
 def gpt_checkpoint(tmp_path):
     """A tiny (untrained) GPT checkpoint on 20,000 characters of the offline corpus."""
+    from lab_utils.experiments.shared.gpt_checkpoint import save_checkpoint
     from lab_utils.experiments.shared.text_data import load_corpus
     from lab_utils.learn.models.gpt import GPT
-    from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
     from lab_utils.learn.models.gpt_sizes import gpt_config
 
     corpus = load_corpus("stdlib", max_chars=20_000)

@@ -24,10 +24,9 @@ from lab_utils.experiments.shared.anchors import (
     OTHER_COHORT_LABEL,
 )
 from lab_utils.experiments.shared.repeats import merge_repeats
-from lab_utils.experiments.shared.rows import one_device_runs, pair_key
+from lab_utils.experiments.shared.rows import one_device_runs, pair_key, per_step
 from lab_utils.learn.comm_probe import compute_to_comm, hidden_percent
 from lab_utils.learn.errors import LabError, LaunchError
-from lab_utils.learn.metrics import per_step
 from lab_utils.learn.ranks import probe_seconds
 
 QUICK = profiles.settings(scaling.Settings, "quick")

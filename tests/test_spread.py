@@ -23,8 +23,8 @@ from lab_utils.experiments.n02_scaling import experiment as scaling
 from lab_utils.experiments.n02_scaling import tables as scaling_tables
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig
 from lab_utils.experiments.n03_compute_vs_comm import tables as compute_vs_comm
+from lab_utils.experiments.shared import rows
 from lab_utils.experiments.shared.repeats import merge_repeats, spread_of_record
-from lab_utils.learn import metrics
 from lab_utils.learn.loop import StepOptions, make_optimizer, run_epoch, train_steps
 from lab_utils.learn.metrics import define
 from lab_utils.learn.ranks import aggregate_epoch
@@ -368,6 +368,6 @@ def test_the_median_over_repeats_has_a_name_of_its_own():
     recs = [_agg(1, 10.0, 0.9, 1.0, 1.1), _agg(1, 12.0, 0.9, 1.0, 1.1, repeat=1)]
     merged = merge_repeats(recs)[0]
     assert merged.metrics[TIME_MEDIAN] == 11.0 and merged.metrics["train_seconds"] == 10.0
-    assert metrics.T_N == TIME_MEDIAN and define(TIME_MEDIAN).unit == "s"
+    assert rows.T_N == TIME_MEDIAN and define(TIME_MEDIAN).unit == "s"
     assert scaling_tables.scaling_frame(recs)["epoch2_train_seconds"].tolist() == [11.0]
     assert spread_of_record(merged).seconds == 11.0

@@ -3,6 +3,7 @@ import time
 import pytest
 import torch
 
+from lab_utils.app.paired_ratio import paired_ratio
 from lab_utils.learn import timing
 from lab_utils.learn.timing import NestedTimers, PhaseTimer
 
@@ -83,7 +84,7 @@ def test_paired_ratio_interleaves_and_survives_a_drifting_load():
     pairs' ratios are 2 x 1.02 and 2 / 1.02, and their median 2.0002; timing each arm in a block of its own
     (or always in the same order) would put the drift into the ratio."""
     clock = _LoadedClock()
-    r = timing.paired_ratio(clock.work("a", 2.0), clock.work("b", 1.0), pairs=40, warmup=1, clock=clock)
+    r = paired_ratio(clock.work("a", 2.0), clock.work("b", 1.0), pairs=40, warmup=1, clock=clock)
     assert clock.calls[:2] == ["a", "b"] and clock.calls[2:10] == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert r.pairs == 40 and r.ratio == pytest.approx((2 * 1.02 + 2 / 1.02) / 2, rel=1e-9)
     assert r.ratio_p10 == pytest.approx(2 / 1.02) and r.ratio_p90 == pytest.approx(2 * 1.02)
@@ -102,13 +103,13 @@ def test_paired_ratio_interleaves_and_survives_a_drifting_load():
 
 def test_paired_ratio_takes_more_pairs_to_fill_its_seconds():
     clock = _LoadedClock()
-    r = timing.paired_ratio(clock.work("a", 0.01), clock.work("b", 0.01), pairs=4, warmup=0, clock=clock,
+    r = paired_ratio(clock.work("a", 0.01), clock.work("b", 0.01), pairs=4, warmup=0, clock=clock,
                             seconds=1.0, max_pairs=500)
     assert r.pairs % 2 == 0 and 4 < r.pairs < 500
-    six = timing.paired_ratio(clock.work("a", 1), clock.work("b", 1), pairs=6, warmup=0, clock=clock)
+    six = paired_ratio(clock.work("a", 1), clock.work("b", 1), pairs=6, warmup=0, clock=clock)
     assert six.pairs == 6
     with pytest.raises(ValueError, match="2 pairs"):
-        timing.paired_ratio(clock.work("a", 1), clock.work("b", 1), pairs=1)
+        paired_ratio(clock.work("a", 1), clock.work("b", 1), pairs=1)
 
 
 def test_bench_timers_prints_the_median_paired_ratio_of_each_row(capsys):

@@ -5,7 +5,7 @@ step, on the same batch already in memory, runs through THE loop (:func:`lab_uti
 in two arms: *timed* with the timers a notebook uses (the ResNet: the phase timers of notebooks 01-03; the
 GPT: phase and nested forward / loss / backward / optimizer timers, notebook 06's instrumented pass), whose
 every boundary synchronizes the device, and *plain*, untimed, the device synchronized once at the end of
-the step. :func:`lab_utils.learn.timing.paired_ratio` interleaves the arms step by step (the arm that goes
+the step. :func:`lab_utils.app.paired_ratio.paired_ratio` interleaves the arms step by step (the arm that goes
 first alternates) and prints the median of the paired ratios timed / plain, the 10th-90th percentile of
 the pairs, and a 95 % bootstrap interval of the median.
 
@@ -25,13 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lab_utils.app.paired_ratio import PairedRatio, paired_ratio
 from lab_utils.learn.devices import default_device
 from lab_utils.learn.errors import check_positive_int
 from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.learn.models import ResNet18
 from lab_utils.learn.models.gpt import GPT, lm_loss
 from lab_utils.learn.models.gpt_sizes import gpt_config
-from lab_utils.learn.timing import NestedTimers, PairedRatio, PhaseTimer, paired_ratio, synchronize
+from lab_utils.learn.timing import NestedTimers, PhaseTimer, synchronize
 
 
 @dataclass(frozen=True)

@@ -26,11 +26,10 @@ broadcast when it is built); ``step()`` synchronizes the gradients, then steps; 
 training loop (:func:`lab_utils.learn.loop.train_steps`) drives it like any optimizer. ``messages()``
 lists the collectives of one step (kind, bytes), from which :mod:`lab_utils.learn.traffic` computes
 the bytes one rank sends and the seconds the alpha-beta model of :mod:`lab_utils.learn.ring` predicts
-(Exercise 09-d's overlap model too). Their shared pieces live beside them: how gradients are cut
-(:mod:`lab_utils.learn.bucketing`), the bytes an implementation holds and its peak in a step
-(:mod:`lab_utils.learn.replica_memory`); :func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a
-function in N forked gloo processes (the tests' and the graded exercises' way to check code on 2 ranks
-without torchrun).
+(Exercise 09-d's overlap model too); :mod:`lab_utils.learn.bucketing` cuts the gradients into buckets.
+Notebook 09's package measures the bytes each implementation holds (``replica_memory``), and
+:func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a function in N forked gloo processes (the tests'
+and the graded exercises' way to check code on 2 ranks without torchrun).
 """
 
 from __future__ import annotations
@@ -180,7 +179,7 @@ class ZeroOne(Local):
     the gradients (each rank receives the summed gradient of its shard), step the shard, all-gather the
     updated shards: together the bytes of one all-reduce. Shards are padded to the largest one for the
     two collectives (a padded copy of the gradients, and the gathered buffer: temporaries of about the
-    gradient's size each, which :func:`lab_utils.learn.replica_memory.memory_use` sees)."""
+    gradient's size each, which notebook 09's memory count sees)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)

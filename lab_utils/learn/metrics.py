@@ -24,10 +24,8 @@ nested structure described in the definition).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from lab_utils.learn import glossary_comm, glossary_runs, glossary_training
 
@@ -74,35 +72,3 @@ def note(name: str) -> str:
     if m is None:
         raise KeyError(f"{name!r} is not in lab_utils.learn.metrics; define it there first")
     return f"{m.name}: {m.definition} ({m.unit})"
-
-
-#: The metric that IS T(N) in notebooks 02 and 03 (and every speedup built on it): a table row's
-#: ``train_seconds_median``, the median over its repeats (:func:`lab_utils.learn.spread.merge_repeats`) of an
-#: aggregate record's ``train_seconds``, the slowest rank's (:func:`lab_utils.learn.ranks.aggregate_epoch`).
-#: The GPT of notebook 06 times an uninstrumented pass instead: its T(N) is ``epoch_seconds``
-#: (:data:`lab_utils.experiments.n06_gpt_ddp.tables.GPT_T_N`).
-T_N = "train_seconds_median"
-
-
-def value(record: Any, name: str) -> float | None:
-    """The number ``name`` of an ``ok`` record's metrics; None (a blank table cell) when the record
-    is missing, not ok, or does not hold it. ``value(rec, T_N)`` is T(N)."""
-    if record is None or getattr(record, "status", None) != "ok":
-        return None
-    v = record.metrics.get(name)
-    return float(v) if v is not None else None
-
-
-def per_step(record: Any, name: str = T_N) -> float | None:
-    """The record's ``name`` (T(N) by default) per optimizer step: ``value(record, name) / steps``; None when
-    either is missing or the record is not ok. Table 1's ``TN_seconds_per_step`` and every t(1) per step."""
-    v, steps = value(record, name), record.metrics.get("steps") if record is not None else None
-    return v / steps if v is not None and steps else None
-
-
-def is_missing(v: Any) -> bool:
-    """None, NaN or not a number: a blank cell."""
-    try:
-        return math.isnan(float(v))
-    except (TypeError, ValueError):
-        return True

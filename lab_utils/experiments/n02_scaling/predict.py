@@ -20,10 +20,9 @@ from lab_utils.engine.records import aggregates
 from lab_utils.engine.store import Record
 from lab_utils.experiments.n02_scaling.experiment import DDP
 from lab_utils.experiments.shared.repeats import merge_repeats
-from lab_utils.experiments.shared.rows import one_device_runs, pair_key
+from lab_utils.experiments.shared.rows import T_N, one_device_runs, pair_key, per_step, value
 from lab_utils.learn.alpha_beta import fit_alpha_beta
 from lab_utils.learn.errors import LabError
-from lab_utils.learn.metrics import T_N, per_step, value
 from lab_utils.learn.ring import iterations_per_epoch
 from lab_utils.learn.scaling_model import AllReduceLine
 

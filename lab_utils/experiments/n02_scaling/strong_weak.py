@@ -24,8 +24,7 @@ from lab_utils.experiments.shared.anchors import (
     OTHER_COHORT_SECONDS,
     other_cohort_per_gpu_batch,
 )
-from lab_utils.experiments.shared.rows import blank_missing
-from lab_utils.learn.metrics import is_missing
+from lab_utils.experiments.shared.rows import blank_missing, is_missing
 from lab_utils.learn.speedup import (
     efficiency,
     speedup,

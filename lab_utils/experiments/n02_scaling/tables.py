@@ -28,8 +28,16 @@ from lab_utils.experiments.shared.anchors import (
     other_cohort_per_gpu_batch,
 )
 from lab_utils.experiments.shared.repeats import merge_repeats, spread_of_record
-from lab_utils.experiments.shared.rows import blank_missing, one_device_runs, pair_key
-from lab_utils.learn.metrics import T_N, is_missing, note, per_step, value
+from lab_utils.experiments.shared.rows import (
+    T_N,
+    blank_missing,
+    is_missing,
+    one_device_runs,
+    pair_key,
+    per_step,
+    value,
+)
+from lab_utils.learn.metrics import note
 from lab_utils.learn.ring import ring_bytes_per_rank
 from lab_utils.learn.speedup import (
     amdahl_speedup,

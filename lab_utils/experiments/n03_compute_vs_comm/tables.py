@@ -16,9 +16,9 @@ from lab_utils.engine.table_view import with_view
 from lab_utils.experiments.n02_scaling.experiment import COMPUTE_VS_COMM, DDP, DP, SCALING, Settings
 from lab_utils.experiments.n02_scaling.tables import method_label, oversubscribed
 from lab_utils.experiments.shared.repeats import merge_repeats, spread_of_record
-from lab_utils.experiments.shared.rows import blank_missing, one_device_runs, pair_key
+from lab_utils.experiments.shared.rows import T_N, blank_missing, is_missing, one_device_runs, pair_key, value
 from lab_utils.learn.comm_probe import compute_to_comm, derived_comm, hidden_percent, noise_flag
-from lab_utils.learn.metrics import T_N, is_missing, note, value
+from lab_utils.learn.metrics import note
 from lab_utils.learn.spread import NOISE_SIGMAS, within_noise
 
 #: The columns a notebook shows when the whole table is too wide (lab_utils.engine.table_view).

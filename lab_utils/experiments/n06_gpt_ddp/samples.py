@@ -17,10 +17,10 @@ from lab_utils.engine.session import session_for
 from lab_utils.engine.store import Record, ResultStore
 from lab_utils.experiments.n06_gpt_ddp.experiment import Settings, checkpoint_path
 from lab_utils.experiments.n06_gpt_ddp.worker import evaluate
+from lab_utils.experiments.shared.gpt_checkpoint import load_checkpoint
 from lab_utils.experiments.shared.text_data import TextSplits, TokenWindows, load_splits
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.models.gpt import GPT, count_parameters
-from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
 from lab_utils.learn.models.gpt_sizes import (
     gpt_config,
     measure_train_flops_per_token,

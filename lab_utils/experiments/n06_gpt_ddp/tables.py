@@ -24,10 +24,9 @@ from lab_utils.engine.table_view import with_view
 from lab_utils.experiments.n06_gpt_ddp.experiment import Settings
 from lab_utils.experiments.shared import anchors
 from lab_utils.experiments.shared.anchors import GPT_RANK_SECONDS, GPT_REPORTED_MEAN_SECONDS
-from lab_utils.experiments.shared.rows import blank, blank_missing, one_device_runs, pair_key
+from lab_utils.experiments.shared.rows import blank, blank_missing, one_device_runs, pair_key, per_step, value
 from lab_utils.learn.comm_probe import derived_comm, noise_flag
 from lab_utils.learn.flops import mfu, predicted_tokens_per_s
-from lab_utils.learn.metrics import per_step, value
 from lab_utils.learn.speedup import efficiency, speedup
 
 #: The columns a notebook shows when the whole table is too wide (lab_utils.engine.table_view).
@@ -45,7 +44,7 @@ __all__ = ["GPT_T_N", "accumulation_table", "compute_comm_table", "earlier_repor
 
 #: T(N) of the GPT: an aggregate's ``epoch_seconds``, the slowest rank's wall time of the uninstrumented
 #: pass (device synchronized at its two ends only, loader waits included). Notebooks 02 and 03's T(N) is
-#: ``train_seconds`` instead (its median over repeats, lab_utils.learn.metrics.T_N): the sum of
+#: ``train_seconds`` instead (its median over repeats, lab_utils.experiments.shared.rows.T_N): the sum of
 #: synchronized phases, loader and skew waits excluded.
 GPT_T_N = "epoch_seconds"
 

@@ -53,6 +53,7 @@ from lab_utils.engine.hardware import bf16_supported, device_name, peak_flops_pe
 from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.memory import free_device_memory
 from lab_utils.engine.records import Record, run_records
+from lab_utils.experiments.shared.gpt_checkpoint import save_checkpoint
 from lab_utils.experiments.shared.text_data import TokenWindows, load_splits
 from lab_utils.learn.comm_hooks import AllReduceTimer
 from lab_utils.learn.comm_probe import probe_exposed_comm
@@ -62,7 +63,6 @@ from lab_utils.learn.evaluation import evaluate as loop_evaluate
 from lab_utils.learn.flops import mfu
 from lab_utils.learn.loop import StepOptions, next_epoch, run_epoch
 from lab_utils.learn.models.gpt import GPT, count_parameters, lm_loss, unwrap
-from lab_utils.learn.models.gpt_checkpoint import save_checkpoint
 from lab_utils.learn.models.gpt_sizes import gpt_config, measure_train_flops_per_token, train_flops_per_token
 from lab_utils.learn.ranks import aggregate_epoch, epochs_over_ranks, probe_seconds
 from lab_utils.learn.schedules import LRSchedule

@@ -51,9 +51,9 @@ from lab_utils.experiments.n07_quantization.quant_timing import (
     weight_flops_per_byte,
 )
 from lab_utils.experiments.n07_quantization.quant_variants import VARIANT_INFO, check_variant
+from lab_utils.experiments.shared.gpt_checkpoint import load_checkpoint
 from lab_utils.experiments.shared.text_data import TRAIN_FRACTION, CharVocab, load_corpus
 from lab_utils.learn.errors import LabError, error_line
-from lab_utils.learn.models.gpt_checkpoint import load_checkpoint
 
 EXPERIMENT = "quantization"
 

@@ -17,8 +17,8 @@ configuration's ``kind``:
 - ``bench``: this run's own all-reduce times on a few message sizes and their alpha-beta fit
   (:func:`lab_utils.learn.alpha_beta.fit_alpha_beta`), for when notebook 04's fit is not in the store.
 - ``memory``: each implementation in turn, built from nothing, with SGD or Adam
-  (``implementations``: ``[name, bucket_mb, optimizer]``): :func:`~lab_utils.learn.replica_memory.memory_use`
-  over two warm-up steps and one measured step, the largest over ranks (``held_bytes``,
+  (``implementations``: ``[name, bucket_mb, optimizer]``): :func:`.replica_memory.memory_use` over
+  two warm-up steps and one measured step, the largest over ranks (``held_bytes``,
   ``peak_bytes``) and ``optimizer_state_bytes``.
 - ``compare``: the implementations side by side, interleaved step by step (round r runs every
   implementation once, in an order rotated each round, after a barrier), so machine noise hits them
@@ -62,7 +62,8 @@ from lab_utils.engine.harness import Job, serve
 from lab_utils.engine.records import Record
 from lab_utils.experiments.n02_scaling.ddp_worker import RunConfig, train_dataset
 from lab_utils.experiments.n04_allreduce.allreduce_worker import measure_size
-from lab_utils.learn import handmade, replica_memory, traffic
+from lab_utils.experiments.n09_build_ddp import replica_memory
+from lab_utils.learn import handmade, traffic
 from lab_utils.learn.alpha_beta import fit_alpha_beta
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps

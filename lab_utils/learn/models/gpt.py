@@ -16,7 +16,7 @@ the caller (:func:`lm_loss`) so that timers can separate forward, loss and backw
 
 Sizes and formulas (named sizes, parameter and FLOP counts) are :mod:`lab_utils.learn.models.gpt_sizes`;
 the checkpoint format notebook 06 writes and notebook 07 reads,
-:mod:`lab_utils.learn.models.gpt_checkpoint`.
+:mod:`lab_utils.experiments.shared.gpt_checkpoint`.
 """
 
 from __future__ import annotations
