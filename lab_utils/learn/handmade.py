@@ -6,30 +6,21 @@ that step equals one process trained on the whole global batch (the mean of the 
 is the global mean loss, for equal shares). The five ways differ only in how the mean is computed:
 
 - (a) :class:`Naive`: one all-reduce per parameter tensor after ``backward()`` (62 for ResNet-18);
-- (e) :class:`PerTensor`: the same 62 all-reduces, each launched asynchronously as soon as its
-  gradient is ready, during backward: (a) - (e) is what overlap alone buys, (e) - (c) what bucketing
-  adds;
-- (b) :class:`Flat`: every gradient copied into one flat buffer, one all-reduce, copied back: alpha
-  once, but nothing starts before ``backward()`` has ended;
-- (c) :class:`Bucketed`: buckets by DDP's rule (:func:`~lab_utils.learn.bucketing.assign_buckets`, last
-  layers first); a gradient hook launches a bucket's all-reduce asynchronously as soon as its last
-  gradient is ready, while backward goes on with earlier layers; the step waits for all of them;
-- (d) :class:`ZeroOne`: ZeRO stage 1 as the paper has it (Rajbhandari et al. 2020, sec. 7.2.1), the
-  all-reduce split into its two halves, reduce-scatter (each rank gets the summed gradient of its own
-  shard, :func:`~lab_utils.learn.bucketing.shard_bounds`) and all-gather (each rank hands out its updated
-  shard), so the same bytes as DDP; in between each rank steps only its shard, so it keeps the optimizer
-  state of 1/N of the parameters. (torch's ``ZeroRedundancyOptimizer`` is the other design: DDP's
-  all-reduce, then a broadcast of each rank's updated shard: more bytes.)
+- (e) :class:`PerTensor`: the same 62, each started during backward: (a) - (e) is what overlap alone
+  buys, (e) - (c) what bucketing adds;
+- (b) :class:`Flat`: one all-reduce of all gradients: alpha once, but nothing starts before
+  ``backward()`` has ended;
+- (c) :class:`Bucketed`: DDP's buckets, each started during backward;
+- (d) :class:`ZeroOne`: ZeRO stage 1 (Rajbhandari et al. 2020, sec. 7.2.1): the all-reduce split into
+  reduce-scatter and all-gather, so the same bytes as DDP, and each rank keeps the optimizer state of
+  1/N of the parameters. (torch's ``ZeroRedundancyOptimizer`` is the other design: DDP's all-reduce,
+  then a broadcast of each rank's updated shard: more bytes.)
 
-Each is an optimizer wrapper that starts, as DDP does, from rank 0's parameters and buffers (one
-broadcast when it is built); ``step()`` synchronizes the gradients, then steps; the lab's one
-training loop (:func:`lab_utils.learn.loop.train_steps`) drives it like any optimizer. ``messages()``
-lists the collectives of one step (kind, bytes), from which :mod:`lab_utils.learn.traffic` computes
-the bytes one rank sends and the seconds the alpha-beta model of :mod:`lab_utils.learn.ring` predicts
-(Exercise 09-d's overlap model too); :mod:`lab_utils.learn.bucketing` cuts the gradients into buckets.
-Notebook 09's package measures the bytes each implementation holds (``replica_memory``), and
-:func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a function in N forked gloo processes (the tests'
-and the graded exercises' way to check code on 2 ranks without torchrun).
+Each is an optimizer wrapper (:class:`Local`) that the lab's one training loop
+(:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer. From ``messages()``
+:mod:`lab_utils.learn.traffic` computes the bytes one rank sends and the seconds the alpha-beta model
+predicts. :func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a function in N forked gloo processes
+(the tests' and the graded exercises' way to check code on 2 ranks without torchrun).
 """
 
 from __future__ import annotations
@@ -61,10 +52,10 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
 
 
 class Local:
-    """No gradient communication: each rank steps on its own gradient (the replicas drift apart). The
-    baseline a step with gradient synchronization is compared with (exposed communication). Like every
-    implementation here it starts from rank 0's weights (:func:`broadcast_from_rank0`, once, outside any
-    step)."""
+    """No gradient communication: each rank steps on its own gradient (the replicas drift apart), the
+    baseline a synchronizing step is compared with (exposed communication). Every implementation starts
+    from rank 0's weights (:func:`broadcast_from_rank0`, once, outside any step); ``step()`` synchronizes
+    the gradients, then steps."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -119,10 +110,11 @@ class Flat(Local):
 
 
 class Bucketed(Local):
-    """(c) Buckets by DDP's rule (:func:`assign_buckets`), each all-reduced asynchronously as soon as its
-    last gradient is ready (during backward), in bucket order only, so every rank issues its collectives
-    in the same order (as in DDP); ``sync`` waits for all of them before the optimizer step. A bucket of
-    one tensor is all-reduced in place, without a copy."""
+    """(c) Buckets by DDP's rule (:func:`assign_buckets`, last layers first), each all-reduced
+    asynchronously by a gradient hook as soon as its last gradient is ready, while backward goes on with
+    earlier layers; in bucket order only, so every rank issues its collectives in the same order (as in
+    DDP). ``sync`` waits for all of them before the optimizer step. A bucket of one tensor is all-reduced
+    in place, without a copy."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, bucket_bytes: float,
                  first_bucket_bytes: float | None = None):
@@ -165,9 +157,8 @@ class Bucketed(Local):
 
 
 class PerTensor(Bucketed):
-    """(e) (a)'s one all-reduce per gradient tensor, but each launched asynchronously as soon as that
-    gradient is ready, during backward, in place: (c) with buckets of one tensor each (a cap of 0
-    bytes closes every bucket at its first tensor)."""
+    """(e) (a)'s one all-reduce per gradient tensor, each launched asynchronously as soon as it is ready:
+    (c) with buckets of one tensor each (a cap of 0 bytes closes every bucket at its first tensor)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer, bucket_bytes=0)
@@ -177,9 +168,9 @@ class ZeroOne(Local):
     """(d) ZeRO-1 as the paper has it: the parameters live in one flat buffer cut into N shards
     (:func:`shard_bounds`); each rank keeps the optimizer state of its shard only. A step: reduce-scatter
     the gradients (each rank receives the summed gradient of its shard), step the shard, all-gather the
-    updated shards: together the bytes of one all-reduce. Shards are padded to the largest one for the
-    two collectives (a padded copy of the gradients, and the gathered buffer: temporaries of about the
-    gradient's size each, which notebook 09's memory count sees)."""
+    updated shards. Shards are padded to the largest one for the two collectives (a padded copy of the
+    gradients, and the gathered buffer: temporaries of about the gradient's size each, which notebook
+    09's memory count, ``replica_memory``, sees)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)

@@ -1,23 +1,11 @@
 """THE step loop and THE epoch driver: every path that trains goes through them.
 
 Read it in this order: the plain synchronized step first, then the DDP options as a marked extension.
-
-- :func:`train_steps` runs one pass of optimizer steps over some batches. With the default
-  :class:`StepOptions` (:data:`PLAIN`) it is the spec's plain step: copy the batch, forward, loss,
-  backward, optimizer step, each phase synchronized with the device. Its further options are the
-  extension: gradient accumulation, the DDP skew barrier and comm timing (the DDP options), autocast,
-  lr per step, gradient clipping, channels_last, nested step timers;
-- :func:`run_epoch` is the clock around it: one epoch of one process, measured as an
-  :class:`~lab_utils.learn.epoch_record.EpochRecord` (the DDP worker, the GPT worker, the batch-size
-  sweep, DataParallel and the fast path all call it; :mod:`lab_utils.learn.ranks` then aggregates the
-  ranks' records, the slowest rank defining T(N));
-- :func:`lab_utils.learn.evaluation.evaluate` is the one evaluation pass.
-
-The recipe is the assignment's: SGD (lr 0.1, momentum 0.9, weight decay 5e-4) and
-cross-entropy. What the reported training time (``train_seconds``) includes: host-to-device
-copies, forward, loss, backward and the optimizer step (``data_movement`` + ``compute`` +
-``communication``). What it excludes: waiting on the data loader (``data_loading``) and, in
-DDP, on the other ranks' loaders (``skew_wait``). Definitions: :mod:`lab_utils.learn.metrics`.
+:func:`train_steps` runs one pass of optimizer steps; :func:`run_epoch` is the clock around it, one
+epoch of one process (:mod:`lab_utils.learn.ranks` aggregates the ranks' records, the slowest rank
+defining T(N)); :func:`lab_utils.learn.evaluation.evaluate` is the one evaluation pass. The recipe is
+the assignment's: SGD (lr 0.1, momentum 0.9, weight decay 5e-4) and cross-entropy. Definitions of
+every number: :mod:`lab_utils.learn.metrics`.
 """
 
 from __future__ import annotations
@@ -74,48 +62,37 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
                 options: StepOptions = PLAIN) -> EpochSums:
     """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
 
-    Every path that trains goes through it, most through :func:`run_epoch`: the DDP ResNet
-    worker (notebooks 02, 03 and 05), the batch-size sweep and DataParallel (notebooks 01 and
-    02), the compute-step timing of notebook 04, the communication ledger, the GPT worker
-    (notebook 06) and the fast path (notebook 08). ``ddp`` is a DDP module or a plain one
-    (or any callable model, e.g. a compiled one); a plain one accumulates gradients locally
-    (there is nothing to synchronize) and cannot take the skew barrier. ``options``: see
-    :class:`StepOptions`.
+    Its callers, most through :func:`run_epoch`: the DDP ResNet worker (notebooks 02, 03, 05), the
+    batch-size sweep and DataParallel (01, 02), notebook 04's compute-step timing, the communication
+    ledger, the GPT worker (06) and the fast path (08). ``ddp`` is a DDP module or any callable model; a
+    plain one accumulates gradients locally and cannot take the skew barrier. With :data:`PLAIN` it is
+    the spec's plain step: copy the batch, forward, loss, backward, optimizer step.
 
-    ``timer=None`` runs untimed: no phase boundaries, so no device synchronization inside
-    the loop (the fast path synchronizes only at the ends of a pass).
+    ``timer`` (a :class:`~lab_utils.learn.timing.PhaseTimer`) times each phase in seconds, synchronized
+    with the device at its ends; ``timer=None`` runs untimed, with no device synchronization inside the
+    loop (the fast path synchronizes only at the ends of a pass). The phases:
 
-    Per batch, timed by ``timer`` (a :class:`lab_utils.learn.timing.PhaseTimer`; seconds):
-
-    - ``data_loading``: waiting for this rank's loader (``timer.iterate``);
+    - ``data_loading``: waiting for this rank's loader;
     - ``data_movement``: host-to-device copies of the batch;
-    - ``skew_wait`` (with ``skew_barrier``, before each micro-step that starts a collective):
-      a barrier across ranks, an all-reduce of one float32 (works on gloo and NCCL; the
-      timer synchronizes the device, so on CUDA it is waited for). A rank whose batch is
-      ready early waits here for the slowest rank's loader, instead of inside backward's
-      gradient all-reduce, where that wait used to be counted as compute. The micro-step
-      that all-reduces gets it, and with accumulation also the group's first micro-step:
-      its DDP forward broadcasts the BatchNorm buffers, a collective that would otherwise
-      absorb the wait for that batch. It costs one or two tiny collectives per optimizer
-      step; their own latency is in this phase too;
-    - ``compute``: forward, loss, backward (including DDP's gradient all-reduce, whose
-      exposed part ``comm_timer`` moves to ``communication``), optimizer step, lr step.
+    - ``skew_wait`` (``skew_barrier``): an all-reduce of one float32 across ranks (gloo and NCCL; on CUDA
+      the timer's synchronize waits for it). A rank whose batch is ready early waits here for the slowest
+      rank's loader, not inside backward's gradient all-reduce, where the wait would count as compute. It
+      comes before the micro-step that all-reduces and, with accumulation, before the group's first one,
+      whose DDP forward broadcasts the BatchNorm buffers (a collective that would absorb the wait). Its
+      own one or two tiny collectives per optimizer step are in this phase too;
+    - ``compute``: forward, loss, backward (with DDP's gradient all-reduce, whose exposed part
+      ``comm_timer`` moves to ``communication``), optimizer step, lr step.
 
-    Per optimizer step (when timed): ``step_train_seconds``, the step's training time, i.e. the
-    same phases ``train_seconds`` sums (data movement + compute + communication of the step's
-    micro-steps; its loader wait and skew wait left out): the growth of
-    :attr:`~lab_utils.learn.timing.PhaseTimer.training_seconds` from the end of the previous step to
-    the end of this one. Each phase is already synchronized with the device at its ends, so these
-    per-step times need no synchronization of their own, and they sum to the loop's training time.
+    ``step_train_seconds`` (when timed): each optimizer step's training time, the growth of
+    ``timer.training_seconds`` over the step. The phases are synchronized already, so these need no
+    synchronization of their own, and they sum to the loop's training time.
 
-    Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k
-    batches (the epoch's last group may be shorter). The first k - 1 micro-steps run
-    under ``ddp.no_sync()`` (gradients accumulate locally, nothing is communicated), the
-    last one all-reduces the sum; each micro-step's loss is divided by the group's size, so
-    the gradient is the mean over world x k micro-batches: that of one step on the global
-    batch world x k x batch, as long as each micro-batch is normalized on its own, which is
-    what DDP's per-rank BatchNorm does anyway. BatchNorm running statistics are not equal:
-    they get k updates per step (one per micro-batch) instead of one.
+    Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k batches (the epoch's
+    last group may be shorter). The first k - 1 micro-steps run under ``ddp.no_sync()`` (nothing is
+    communicated), the last all-reduces the sum; each loss is divided by the group's size, so the gradient
+    is that of one step on the global batch world x k x batch, as long as each micro-batch is normalized
+    on its own (as DDP's per-rank BatchNorm does). BatchNorm running statistics differ: they get k updates
+    per step instead of one.
     """
     o = options
     comm_timer = o.comm_timer
@@ -142,9 +119,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             left = o.accumulation_steps if n_batches is None else n_batches - i
             group_size = max(1, min(o.accumulation_steps, left))
         last = pos == group_size - 1  # this micro-step all-reduces and steps the optimizer
-        # DDP extension, the skew barrier: it comes before each micro-step that starts a collective: the
-        # last one (the gradient all-reduce in backward) and, with accumulation, the first one, whose
-        # forward DDP opens with a broadcast of the BatchNorm buffers
+        # DDP extension, the skew barrier: before each micro-step that starts a collective
         if token is not None and (last or (pos == 0 and _forward_syncs_buffers(ddp))):
             with timer.phase("skew_wait"):
                 dist.all_reduce(token)
@@ -153,8 +128,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
         with timer.phase("compute"):
             if pos == 0:
                 optimizer.zero_grad(set_to_none=True)
-            # DDP extension, accumulation: DDP all-reduces in the backward of a forward run outside
-            # no_sync: only the last micro-step's
+            # DDP extension, accumulation: only the last micro-step's backward all-reduces
             with ddp.no_sync() if not last and isinstance(ddp, DistributedDataParallel) else nullcontext():
                 with sub("forward"), autocast():
                     logits = ddp(x)
@@ -181,8 +155,7 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
             sc = comm_timer.finish_step()
             out.allreduce_seconds += sc.allreduce_busy_seconds
             out.exposed_tail_seconds += sc.exposed_tail_seconds
-            # DDP extension, comm timing: the exposed wait happened inside the compute phase: move it to
-            # communication
+            # DDP extension, comm timing: the exposed wait happened inside compute: move it to communication
             timer.stats["compute"].total_seconds -= sc.exposed_tail_seconds
             timer.add("communication", sc.exposed_tail_seconds)
         out.images += int(y.shape[0])
@@ -217,19 +190,18 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
     """THE epoch driver: one pass of :func:`train_steps` over ``batches``, clocked; this process's
     :class:`EpochRecord`.
 
-    Peak memory is reset on every device the model uses (all GPUs of an ``nn.DataParallel``);
-    ``epoch_seconds`` runs from the first batch request to the end of the last step, device
-    synchronized at both ends, loader waits included. ``train_seconds`` sums the training phases
-    (data movement, compute, communication; the loader wait and DDP's ``skew_wait`` left out), each
-    synchronized at its ends; ``images_per_s`` = images / ``train_seconds``; the
-    ``step_train_seconds_p10/_p50/_p90`` percentiles are the spread of the per-step training times,
-    ``step_train_seconds_sd`` their standard deviation (the total's standard error:
-    :mod:`lab_utils.learn.spread`).
+    Peak memory is reset on every device the model uses (all GPUs of an ``nn.DataParallel``).
+    ``epoch_seconds`` runs from the first batch request to the end of the last step, device synchronized
+    at both ends, loader waits included. ``train_seconds``, the reported training time, sums the training
+    phases: host-to-device copies, forward, loss, backward, optimizer step (``data_movement`` +
+    ``compute`` + ``communication``), leaving out the waits on this rank's loader (``data_loading``) and
+    DDP's on the other ranks' (``skew_wait``). ``images_per_s`` = images / ``train_seconds``; the
+    per-step spread and standard deviation: :mod:`lab_utils.learn.spread`.
 
-    ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase
-    boundaries inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default.
-    ``global_sums``: one all-reduce of three float64 at the end (timed as ``communication``) gives
-    ``global_loss``, ``global_accuracy`` and ``global_images`` over all ranks.
+    ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase boundaries
+    inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default. ``global_sums``:
+    one all-reduce of three float64 at the end (timed as ``communication``) gives ``global_loss``,
+    ``global_accuracy`` and ``global_images`` over all ranks.
     """
     device = torch.device(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss()

@@ -1,37 +1,14 @@
 """Ring all-reduce from first principles: bytes, time models, nccl-tests metrics.
 
-The formulas behind notebooks 02-04 (Tables 1-3): what a gradient weighs, what a ring
-all-reduce sends, how long it should take; the alpha-beta model fitted to a benchmark is
-:mod:`lab_utils.learn.alpha_beta`. Pure arithmetic on numbers, tested against values computed by hand;
+The formulas behind notebooks 02-04 (Tables 1-3): what a gradient weighs, what a ring all-reduce
+sends, how long it should take. Pure arithmetic on numbers, tested against values computed by hand;
+the alpha-beta fit to a benchmark is :mod:`lab_utils.learn.alpha_beta`, and
 :mod:`lab_utils.experiments.n04_allreduce.experiment` runs the benchmark and the projections on top of it.
 
-**Bytes.** The gradient of a model is ``S = sum(numel x element_size)`` bytes over the
-parameters that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; the
-parameter *count* is not a size). A ring all-reduce over ``P`` ranks is a reduce-scatter
-followed by an all-gather, ``P-1`` steps each, every step sending one ``S/P`` chunk, so
-each rank sends (and receives) ``2(P-1)/P x S`` bytes per all-reduce. Per epoch that is
-multiplied by the iterations each rank runs: ``DistributedSampler`` (``drop_last=False``)
-pads the data set by repeating samples until it divides evenly, giving every rank
-``ceil(N/P)`` samples, and the ``DataLoader`` keeps the last partial batch, so a rank runs
-``ceil(ceil(N/P)/b)`` iterations (which equals ``ceil(N/(P b))``).
-
-**Time models** (alpha: seconds per message step, B: bytes/s of one link direction):
-
-- ring: ``T = 2(P-1) alpha + 2(P-1)/P x S / B``: the bandwidth term hardly grows with P
-  (bandwidth-optimal), the latency term grows linearly (small messages, many ranks);
-- binary tree (reduce then broadcast, whole message per hop, no pipelining):
-  ``2 ceil(log2 P) (alpha + S/B)``;
-- recursive doubling: ``ceil(log2 P) (alpha + S/B)``: few steps, but the whole message
-  on every step;
-- recursive halving + doubling (Rabenseifner): ``2 log2 P alpha + 2(P-1)/P x S/B``;
-- an earlier student's formula, ``(transfer + compute) x log2(P)`` (not the
-  assignment's: the assignment asks for the ring), kept only to be compared: it is
-  neither a ring nor a correct tree model.
-
-**nccl-tests definitions** (``doc/PERFORMANCE.md``): ``algbw = S / t`` and, for
-all-reduce, ``busbw = algbw x 2(n-1)/n``, both in decimal GB/s (1e9 bytes/s). In the
-bandwidth-dominated regime busbw approaches B, so busbw is comparable across rank counts
-and with a link's nominal bandwidth.
+A ring all-reduce of S bytes over ``P`` ranks is a reduce-scatter followed by an all-gather, ``P-1``
+steps each, every step sending one ``S/P`` chunk. In the time models alpha is the seconds per message
+step and B the bytes/s of one link direction. nccl-tests' figures (``doc/PERFORMANCE.md``) are in
+decimal GB/s (1e9 bytes/s).
 """
 
 from __future__ import annotations
@@ -46,13 +23,12 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 GB = 1e9  # decimal, as nccl-tests reports GB/s
 
-# DDP's default bucket_cap_mb=25, which torch turns into 25 * 1024 * 1024 bytes. Only when bucket_cap_mb
-# is not given is the first bucket capped at 1 MiB (an explicit cap applies to every bucket). torch's
-# reason, where nn/parallel/distributed.py builds the Reducer: "we allow for a single small bucket for
-# parameters that are defined first, such that their gradients don't spill into a much larger bucket,
-# adding unnecessary latency after gradient computation finishes": tail latency after backward ends.
-# (DDP rebuilds its buckets after the first step in gradient-ready order, last layer first; the 1 MiB
-# cap then falls on the first bucket sent: ResNet-18's 9.46 + 26.49 + 8.74 MB.)
+# DDP's default bucket_cap_mb=25 (torch: 25 * 1024 * 1024 bytes). Only when bucket_cap_mb is not given is
+# the first bucket capped at 1 MiB, for torch's reason (nn/parallel/distributed.py, building the Reducer):
+# "we allow for a single small bucket for parameters that are defined first, such that their gradients
+# don't spill into a much larger bucket, adding unnecessary latency after gradient computation finishes".
+# DDP rebuilds its buckets after the first step in gradient-ready order, last layer first, so the 1 MiB
+# cap falls on the first bucket sent: ResNet-18's 9.46 + 26.49 + 8.74 MB.
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
@@ -77,7 +53,9 @@ def _check_pos(value: float, what: str) -> float:
 
 
 def gradient_bytes(model) -> int:
-    """Bytes of the gradients DDP all-reduces: sum of numel x element size over params requiring grad."""
+    """S, the bytes of the gradients DDP all-reduces: numel x element size summed over the parameters
+    that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; a parameter *count* is not
+    a size)."""
     return int(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
 
 
@@ -88,20 +66,20 @@ def bus_factor(world_size: int) -> float:
 
 
 def ring_bytes_per_rank(size_bytes: float, world_size: int) -> float:
-    """Bytes each rank sends in one ring all-reduce of ``size_bytes``: ``2(P-1)/P x S``."""
+    """Bytes each rank sends (and receives) in one ring all-reduce of ``size_bytes``: ``2(P-1)/P x S``."""
     s = _check_nonneg(size_bytes, "message size in bytes")
     p = _check_world_size(world_size)
     return 2 * (p - 1) * s / p
 
 
 def samples_per_rank(dataset_size: int, world_size: int) -> int:
-    """Samples one rank sees per epoch under ``DistributedSampler(drop_last=False)``: ``ceil(N/P)``
-    (the sampler pads with repeated samples so every rank runs the same number of all-reduces)."""
+    """Samples one rank sees per epoch under ``DistributedSampler(drop_last=False)``: ``ceil(N/P)`` (the
+    sampler pads the data set with repeated samples so every rank runs the same number of all-reduces)."""
     return -(-check_positive_int(dataset_size, "data set size") // _check_world_size(world_size))
 
 
 def iterations_per_epoch(dataset_size: int, per_device_batch: int, world_size: int = 1) -> int:
-    """Iterations (all-reduces) per epoch on each rank, the last partial batch included:
+    """Iterations (all-reduces) per epoch on each rank, the loader's last partial batch included:
     ``ceil(ceil(N/P) / b)``, equal to ``ceil(N / (P x b))``."""
     b = check_positive_int(per_device_batch, "per-device batch size")
     return -(-samples_per_rank(dataset_size, world_size) // b)
@@ -117,9 +95,7 @@ def ring_bytes_per_epoch(size_bytes: float, world_size: int, dataset_size: int,
 def achieved_gb_per_s(size_bytes: float, world_size: int, steps_per_epoch: int, seconds: float) -> float:
     """Table 3's achieved bandwidth of one rank, in decimal GB/s: the bytes it sent in one epoch
     (``steps_per_epoch`` ring all-reduces of ``2(P-1)/P x S`` each) over the epoch's communication
-    ``seconds``, comparable with nccl-tests' busbw. One device sends nothing, so ``world_size`` 1 is
-    refused (an earlier report gave a "bandwidth" for 1 GPU by dividing one gradient by a time).
-    """
+    ``seconds``, comparable with nccl-tests' busbw. ``world_size`` 1 is refused: one device sends nothing."""
     p = _check_world_size(world_size)
     if p < 2:
         raise LabError("A bandwidth needs at least 2 ranks: one device communicates nothing (0 bytes per "
@@ -143,7 +119,8 @@ def _model_args(size_bytes: float, world_size: int, alpha_seconds: float,
 
 def ring_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                            bandwidth_bytes_per_s: float) -> float:
-    """Ring all-reduce time: ``2(P-1) alpha + 2(P-1)/P x S / B`` seconds."""
+    """Ring all-reduce time: ``2(P-1) alpha + 2(P-1)/P x S / B`` seconds. The bandwidth term hardly grows
+    with P (bandwidth-optimal), the latency term grows linearly (small messages, many ranks)."""
     s, p, a, bw, _ = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
     return 2 * (p - 1) * a + ring_bytes_per_rank(s, p) / bw
 
@@ -183,7 +160,8 @@ def tree_allreduce_seconds(size_bytes: float, world_size: int, alpha_seconds: fl
 
 def recursive_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: float,
                                bandwidth_bytes_per_s: float) -> float:
-    """Recursive doubling (pairwise exchange of the whole message): ``ceil(log2 P) (alpha + S/B)``."""
+    """Recursive doubling (pairwise exchange): ``ceil(log2 P) (alpha + S/B)``: few steps, but the whole
+    message on every step."""
     s, _, a, bw, log2p = _model_args(size_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s)
     return log2p * (a + s / bw)
 
@@ -196,10 +174,9 @@ def halving_doubling_seconds(size_bytes: float, world_size: int, alpha_seconds: 
 
 
 def spec_log2_seconds(transfer_seconds: float, compute_seconds: float, world_size: int) -> float:
-    """An earlier student's ``(transfer + compute) x log2(P)`` (not the spec's or the assignment's,
-    despite the function's old name), shown for comparison only: log2(P) rounds that each move the
-    *whole* gradient, a tree at best, unbounded in P where a ring's per-rank traffic stays below 2S.
-    """
+    """An earlier student's ``(transfer + compute) x log2(P)`` (not the spec's or the assignment's, which
+    asks for the ring), for comparison only: log2(P) rounds that each move the *whole* gradient, neither a
+    ring nor a correct tree model, unbounded in P where a ring's per-rank traffic stays below 2S."""
     p = _check_world_size(world_size)
     return (_check_nonneg(transfer_seconds, "transfer seconds")
             + _check_nonneg(compute_seconds, "compute seconds")) * math.log2(p)
@@ -222,6 +199,8 @@ def algbw_gb_per_s(size_bytes: float, seconds: float) -> float:
 
 
 def busbw_gb_per_s(algbw: float, world_size: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth ``algbw x 2(n-1)/n`` (same units as ``algbw``)."""
+    """nccl-tests' all-reduce bus bandwidth ``algbw x 2(n-1)/n`` (same units as ``algbw``). In the
+    bandwidth-dominated regime it approaches B, so it is comparable across rank counts and with a link's
+    nominal bandwidth."""
     n = _check_world_size(world_size)
     return algbw * 2 * (n - 1) / n
