@@ -10,13 +10,9 @@ only the rest makes a step longer (*exposed*). All times are in seconds. The exp
     gradients being ready (on GPU a CUDA event on the compute stream: the device *finished*
     them) to its all-reduce completing (a callback on the future: on GPU an event behind the
     NCCL kernel, on gloo a ``perf_counter`` in gloo's thread), so queueing behind earlier buckets
-    and waiting for the other ranks are in it. ``allreduce_busy_seconds``, the *union* of these
-    intervals, is (c); ``allreduce_sum_seconds`` adds them. The hook divides by the world size
-    and all-reduces like DDP's default one, without blocking: the overlap is preserved.
-    ``exposed_tail_seconds``, last bucket ready -> ``backward()`` returned, is an in-step
-    estimate of (b); the DDP worker reports it as its *communication* phase.
-
-:func:`ddp_bucket_bytes` reads the sizes of the buckets DDP all-reduces.
+    and waiting for the other ranks are in it; (c) is the *union* of these intervals
+    (:class:`StepComm`). The hook divides by the world size and all-reduces like DDP's default
+    one, without blocking: the overlap is preserved.
 """
 
 from __future__ import annotations
@@ -47,7 +43,7 @@ class StepComm:
     buckets: int
     allreduce_busy_seconds: float   # union of the buckets' [ready, done] intervals: method (c)
     allreduce_sum_seconds: float    # sum of the buckets' intervals
-    exposed_tail_seconds: float     # last bucket ready -> backward() returned
+    exposed_tail_seconds: float     # last bucket ready -> backward() returned: an in-step estimate of (b)
 
     def as_dict(self) -> dict:
         return asdict(self)

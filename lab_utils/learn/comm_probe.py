@@ -1,19 +1,13 @@
 """Measuring DDP's gradient communication, (b): the ``no_sync`` probe, and the overlap (c) - (b).
 
-The all-reduce time (c) is :class:`lab_utils.learn.comm_hooks.AllReduceTimer`'s (a DDP comm hook; its
-module tells how DDP's buckets overlap backward). All times are in seconds.
+The all-reduce time (c) is :class:`lab_utils.learn.comm_hooks.AllReduceTimer`'s. All times are in seconds.
 
 (b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward, loss,
     backward) timed as a training step runs them and under ``ddp.no_sync()``, alternating, after a
     barrier each: ``mean(sync) - mean(no_sync)``. It includes all that synchronization adds to a
     training step: the all-reduce not hidden behind backward, the arrival skew of the ranks, the
-    copies into and out of buckets, and the BatchNorm buffer broadcast at the start of the forward.
-    DDP broadcasts the buffers only in a forward that follows a synchronized one
-    (``require_forward_param_sync``, set at the end of a synchronized forward and cleared at the end
-    of a ``no_sync`` one): every training step without accumulation broadcasts. The probe sets that
-    flag before each step (on for a synchronized step, off under ``no_sync``), so that each arm does
-    what its kind of step does in training; left to the order of the steps (sync, no_sync, no_sync,
-    sync, ...), half of each arm would broadcast and the broadcast would cancel out of (b).
+    copies into and out of buckets, and the BatchNorm buffer broadcast at the start of the forward
+    (:func:`_as_in_training`).
 
 **Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) is an expectation, not a
 law: (b) also holds what (c) does not (the bucket copies, the buffer broadcast, the ranks' arrival
@@ -86,9 +80,11 @@ def _barrier(device: torch.device) -> None:
 
 
 def _as_in_training(ddp_model: nn.parallel.DistributedDataParallel, sync: bool) -> None:
-    """Make the next forward sync DDP's buffers as a training step of that kind does: a synchronized step
-    follows a synchronized one (buffers broadcast), a ``no_sync`` micro-step a ``no_sync`` one (none).
-    ``require_forward_param_sync`` is the attribute DDP itself sets at the end of each forward."""
+    """Make the next forward broadcast DDP's buffers or not, as a training step of that kind does. DDP
+    broadcasts them only in a forward that follows a synchronized one (``require_forward_param_sync``, set
+    at the end of a synchronized forward, cleared at the end of a ``no_sync`` one), so every training step
+    without accumulation broadcasts. Left to the probe's order of steps (sync, no_sync, no_sync, sync,
+    ...), half of each arm would broadcast and the broadcast would cancel out of (b)."""
     if hasattr(ddp_model, "require_forward_param_sync"):
         ddp_model.require_forward_param_sync = sync
 
@@ -99,9 +95,8 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
     """Time the same batches with and without gradient sync (the module docstring's (b) and (c)).
 
     ``batches`` are ``(x, y)`` on the model's device, each run twice (the order alternating), with
-    no optimizer step: the parameters do not change (BatchNorm statistics do). A synchronized step
-    broadcasts the buffers first, as in training, a ``no_sync`` one does not (:func:`_as_in_training`).
-    The first ``warmup`` are not counted. Every rank must call this with the same number of batches.
+    no optimizer step: the parameters do not change (BatchNorm statistics do). The first ``warmup``
+    are not counted. Every rank must call this with the same number of batches.
     """
     if len(batches) <= warmup:
         raise ValueError(f"probe_exposed_comm needs more than {warmup} batches, got {len(batches)}")
@@ -161,11 +156,9 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
 
 
 def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[float, float]:
-    """The assignment's method (a): ``compute = T(1)/N``, ``communication = T(N) - T(1)/N``.
-
-    It assumes a perfect split of the one-device work; a negative value (super-linear) is
-    returned as is, because it shows the assumption failing.
-    """
+    """The assignment's method (a): ``compute = T(1)/N``, ``communication = T(N) - T(1)/N``, assuming a
+    perfect split of the one-device work; a negative value (super-linear) is returned as is, because it
+    shows the assumption failing."""
     if devices < 1:
         raise ValueError(f"devices must be at least 1, got {devices}")
     compute = t1_seconds / devices

@@ -1,33 +1,24 @@
 """One epoch over all ranks: the slowest rank defines T(N).
 
-Every optimizer step of DDP ends with an all-reduce that no rank can finish before the
-last rank arrives, so an epoch on N devices lasts as long as its slowest rank. Averaging
-the ranks' times (what an earlier report did, SPEC.md Part 2) hides that rank and can
-report a "super-linear" speedup that never happened. :func:`aggregate_epoch` turns the
-per-rank records of one epoch (:class:`lab_utils.learn.epoch_record.EpochRecord` fields, as
-dicts, plus whatever a worker adds) into one aggregate; the ResNet DDP worker (notebooks
-02, 03, 05) and the GPT worker (notebook 06) both use it.
+Every optimizer step of DDP ends with an all-reduce that no rank can finish before the last rank
+arrives, so an epoch on N devices lasts as long as its slowest rank. Averaging the ranks' times (what
+an earlier report did, SPEC.md Part 2) hides that rank and can report a "super-linear" speedup that
+never happened. :func:`aggregate_epoch` turns the per-rank records of one epoch
+(:class:`~lab_utils.learn.epoch_record.EpochRecord` fields, as dicts, plus whatever a worker adds) into
+one aggregate (names defined in :mod:`lab_utils.learn.metrics`):
 
-The rules (names defined in :mod:`lab_utils.learn.metrics`):
-
-- ``epoch_seconds`` and ``train_seconds`` are the MAXIMUM over ranks: T(N) is the
-  aggregate's ``train_seconds``. ``*_mean`` beside them is the mean over ranks (what
-  averaging would report), ``epoch_seconds_min`` the fastest rank's, ``imbalance`` the
-  ratio max / min of the epoch times, ``slowest_rank`` / ``fastest_rank`` say which;
-- every other ``*_seconds`` key (the phases, validation, ...) is the SLOWEST rank's value
-  (the rank with the longest epoch: its breakdown adds up to the epoch that was waited
-  for), with ``*_seconds_mean`` and ``*_seconds_max`` over ranks beside it;
-  ``eval_seconds`` and ``elapsed_seconds`` are maxima (every rank waits for the last);
-- counts of work (``images``, ``tokens``, ``sequences``) are summed over ranks, ``steps``
-  and ``micro_steps`` are the maximum (they are equal unless a rank's shard is shorter);
-- rates are global: ``images_per_s`` = all ranks' images / T(N), ``tokens_per_s``
-  likewise (T(N) = the slowest rank's ``train_seconds``, loader waits excluded);
-- the spread of the per-step training times (``step_train_seconds_p10`` / ``_p50`` / ``_p90``, and
-  their standard deviation ``step_train_seconds_sd``) is that of the rank whose ``train_seconds`` IS
-  T(N) (the maximum), not a mean over ranks: the spread of the reported time is the spread of that
-  rank's steps;
-- values that are already global (all-reduced) or the same on every rank (``train_loss``,
-  ``train_accuracy``, ``lr``, ``test_loss``, ...) are taken from rank 0.
+- ``epoch_seconds`` and ``train_seconds`` are the MAXIMUM over ranks: T(N) is the aggregate's
+  ``train_seconds``. ``*_mean`` beside them is the mean over ranks (what averaging would report),
+  ``epoch_seconds_min`` the fastest rank's, ``imbalance`` the ratio max / min of the epoch times,
+  ``slowest_rank`` / ``fastest_rank`` say which;
+- every other ``*_seconds`` key (the phases, validation, ...) is the SLOWEST rank's value (the rank
+  with the longest epoch: its breakdown adds up to the epoch that was waited for), with
+  ``*_seconds_mean`` and ``*_seconds_max`` over ranks beside it;
+- counts of work are summed, ``steps`` and ``micro_steps`` are the maximum (they are equal unless a
+  rank's shard is shorter); rates are global: all ranks' count / T(N);
+- the spread of the per-step training times is that of the rank whose ``train_seconds`` IS T(N), not a
+  mean over ranks: the spread of the reported time is the spread of that rank's steps;
+- values already global (all-reduced) or the same on every rank are taken from rank 0.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ from typing import Any
 from lab_utils.learn.comm_probe import overlap_figures
 from lab_utils.learn.spread import STEP_PERCENTILE_KEYS, STEP_STAT_KEYS
 
-#: Time keys whose aggregate is the maximum over ranks (the others: the slowest rank's value).
+#: Time keys whose aggregate is the maximum over ranks (every rank waits for the last).
 MAX_KEYS = ("epoch_seconds", "train_seconds", "eval_seconds", "elapsed_seconds")
 #: Counts of work, summed over ranks.
 SUM_KEYS = ("images", "tokens", "sequences")

@@ -1,9 +1,6 @@
-"""The numbers that span two runs: speedup, efficiency, scaled speedup, the serial fraction.
-
-Each is defined once here and every table calls it (a table selects and renames what records hold;
-what spans records is computed by one named function). Times in seconds; T(1) and T(N) are the
-reported epoch's ``train_seconds`` (the slowest rank's, :mod:`lab_utils.learn.ranks`) unless a table
-says otherwise.
+"""The numbers that span two runs, each defined once here and called by every table: speedup, efficiency,
+scaled speedup, the serial fraction. Times in seconds; T(1) and T(N) are the reported epoch's
+``train_seconds`` (the slowest rank's, :mod:`lab_utils.learn.ranks`) unless a table says otherwise.
 """
 
 from __future__ import annotations
@@ -35,11 +32,9 @@ def scaled_speedup(t1_step_seconds: float | None, tn_step_seconds: float | None,
 
 
 def karp_flatt(speedup_value: float | None, devices: int) -> float | None:
-    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N); None for N = 1.
-
-    Amdahl's law S = 1 / (e + (1 - e)/N) solved for e. A fraction that grows with N points at
-    overhead that grows with N (communication), not at a fixed serial part.
-    """
+    """The experimentally determined serial fraction e = (1/S - 1/N) / (1 - 1/N), Amdahl's law solved for
+    e; None for N = 1. An e that grows with N points at overhead that grows with N (communication), not
+    at a fixed serial part."""
     if devices <= 1 or not speedup_value or speedup_value <= 0:
         return None
     return (1 / speedup_value - 1 / devices) / (1 - 1 / devices)
@@ -68,12 +63,11 @@ def gustafson_speedup(serial_fraction: float, devices: int) -> float:
 
 @dataclass(frozen=True)
 class StepGrowth:
-    """What one step costs more on N devices than on one, at the same per-device batch (seconds).
-
-    With T(1) = steps(1) t(1), T(N) = steps(N) t(N) and steps(N) = steps(1)/N (up to the last partial
-    batch), the assignment's communication (a) = T(N) - T(1)/N is ``steps_n x growth_seconds`` plus
-    ``partial_batch_seconds`` = (steps(N) - steps(1)/N) t(1): a cost every step pays alike on one device
-    and on N cancels in it, and only what GROWS per step with N remains."""
+    """What one step costs more on N devices than on one, at the same per-device batch (seconds). With
+    T(1) = steps(1) t(1), T(N) = steps(N) t(N) and steps(N) = steps(1)/N (up to the last partial batch),
+    the assignment's communication (a) = T(N) - T(1)/N is ``growth_per_epoch_seconds`` plus
+    ``partial_batch_seconds``: a cost every step pays alike on one device and on N cancels in it, and
+    only what GROWS per step with N remains."""
 
     t1_step_seconds: float
     tn_step_seconds: float

@@ -1,30 +1,25 @@
 """The spread of a reported time and its standard error, computed once: every time of Tables 1-3 (and
-notebook 01's sweep) carries them.
+notebook 01's sweep) carries them. Two questions, two numbers:
 
-Two different questions, two numbers:
-
-- the **spread** describes the steps (or the repeats): how much one step's time varies. It is not the
-  uncertainty of the epoch's total.
+- the **spread** describes the steps (or the repeats): how much one step's time varies, not the
+  uncertainty of the epoch's total;
 - the **standard error** of the row's time says how well the total is known: whether a difference
-  between two rows (a speedup against 1, communication (a) against 0) is a result
-  (:func:`within_noise`: not when :data:`NOISE_SIGMAS` standard errors reach it).
+  between two rows (a speedup against 1, communication (a) against 0) is a result (:func:`within_noise`).
 
-- **One run**: the 10th, 50th and 90th percentile of the reported epoch's per-step training times
-  and their sample standard deviation sd (:func:`step_statistics`, stored by
-  :func:`lab_utils.learn.loop.run_epoch`; over ranks, the T(N) rank's). The spread is
-  100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; the total's standard error is
-  sd x sqrt(S) (S independent steps: relative to the total, the per-step variation / sqrt(S); 391
-  steps that vary by 10 % give a p10-p90 band of about 26 % and a standard error of about 0.5 %).
-  Both none with fewer than :data:`MIN_STEPS` steps, and ``spread_of`` says so. It knows nothing of
-  the run-to-run variation (another process on the node, clocks, the data order): that needs repeats.
-- **Repeats** (``REPEATS > 1`` in notebooks 01-03, each repeat a stored configuration of its own,
-  ``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
-  repeats' ``train_seconds`` (``train_seconds_median``, :data:`TIME_MEDIAN`), the spread
-  100 x (max - min) / median %, "min-max of R repeats"; the standard error that of their mean,
-  stdev / sqrt(R).
+**One run**: the per-step training times of the reported epoch (:func:`step_statistics`; over ranks,
+the T(N) rank's). The spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps";
+the total's standard error is sd x sqrt(S) (S independent steps: relative to the total, the per-step
+variation / sqrt(S); 391 steps that vary by 10 % give a p10-p90 band of about 26 % and a standard
+error of about 0.5 %). It knows nothing of the run-to-run variation (another process on the node,
+clocks, the data order): that needs repeats.
 
-:func:`time_spread` computes both; :func:`merge_repeats` gives every table one record per
-configuration with its spread: tables select and rename, they do not recompute.
+**Repeats** (``REPEATS > 1`` in notebooks 01-03, each a stored configuration of its own,
+``config["repeat"]`` = 1, 2, ... for the second and later): the row's time is the MEDIAN of the
+repeats' ``train_seconds`` (:data:`TIME_MEDIAN`), the spread 100 x (max - min) / median %, "min-max of
+R repeats", the standard error that of their mean, stdev / sqrt(R).
+
+:func:`time_spread` computes both; :func:`lab_utils.experiments.shared.repeats.merge_repeats` gives every
+table one record per configuration with its spread: tables select and rename, they do not recompute.
 """
 
 from __future__ import annotations
@@ -39,11 +34,11 @@ from typing import Any
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
 #: The sample standard deviation of the same per-step times (seconds): the total's standard error.
 STEP_SD_KEY = "step_train_seconds_sd"
-#: What an epoch record holds on its steps: the percentiles, then the standard deviation.
 STEP_STAT_KEYS = (*STEP_PERCENTILE_KEYS, STEP_SD_KEY)
 #: The config field of a repeat (absent for the first measurement, so older keys stay valid).
 REPEAT = "repeat"
-#: Fewer optimizer steps give no one-run spread: the p10 and p90 of 2 steps are just those 2 steps.
+#: Fewer optimizer steps give no one-run spread nor standard error (the p10 and p90 of 2 steps are just
+#: those 2 steps); the row's ``spread_of`` says so.
 MIN_STEPS = 5
 #: A table row's time, which :func:`merge_repeats` writes: the median over its ok repeats' ``train_seconds``
 #: (one measurement: its own). The record's ``train_seconds`` stays that of the repeat whose metrics it holds.
@@ -76,19 +71,17 @@ def step_percentiles(step_seconds: Sequence[float]) -> dict[str, float | None]:
 
 
 def step_statistics(step_seconds: Sequence[float]) -> dict[str, float | None]:
-    """:func:`step_percentiles` and the sample standard deviation of the step times (seconds, keyed
-    :data:`STEP_SD_KEY`; None with fewer than 2 steps): what :func:`lab_utils.learn.loop.run_epoch`
-    stores for an epoch."""
+    """What :func:`lab_utils.learn.loop.run_epoch` stores for an epoch: :func:`step_percentiles` and the
+    sample standard deviation of the step times (seconds, :data:`STEP_SD_KEY`; None under 2 steps)."""
     sd = statistics.stdev(step_seconds) if len(step_seconds) > 1 else None
     return {**step_percentiles(step_seconds), STEP_SD_KEY: sd}
 
 
 @dataclass(frozen=True)
 class Spread:
-    """A row's time (seconds) and its spread: the range ``low_seconds``..``high_seconds`` around it,
-    ``pct`` = 100 x (high - low) / the row's time (one run: 100 x (p90 - p10) / p50 of its step times,
-    the range being the epoch time scaled by p10/p50 and p90/p50), and ``of``: which spread it is.
-    ``stderr_seconds``: the standard error of the row's time (module docstring; None: not known)."""
+    """A row's time (seconds) and its spread: the range ``low_seconds``..``high_seconds`` around it (one
+    run: the time scaled by p10/p50 and p90/p50), ``pct`` = 100 x (high - low) / the row's time, ``of``:
+    which spread it is; ``stderr_seconds``: the standard error of the row's time (None: not known)."""
 
     seconds: float
     low_seconds: float
@@ -107,7 +100,7 @@ class Spread:
 
     @property
     def width_seconds(self) -> float:
-        """high - low, in seconds: the spread of the row's time."""
+        """high - low, in seconds."""
         return self.high_seconds - self.low_seconds
 
 
