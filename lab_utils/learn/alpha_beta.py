@@ -1,10 +1,7 @@
-"""The alpha-beta fit: the ring model fitted to a benchmark's all-reduce times (notebooks 02-04).
-
-:func:`fit_alpha_beta` fits alpha (seconds per ring step) and B (bytes/s of one link direction) of
-the ring model of :mod:`lab_utils.learn.ring`, ``T = 2(P-1) alpha + 2(P-1)/P x S / B``, to measured
-all-reduce times by least squares on relative error (:class:`AlphaBetaFit`); :func:`message_sizes`
-gives the benchmark's message sizes (bytes, doubling), as
-:mod:`lab_utils.experiments.n04_allreduce.experiment` runs it.
+"""The alpha-beta fit (notebooks 02-04): alpha (seconds per ring step) and B (bytes/s of one link
+direction) of the ring model of :mod:`lab_utils.learn.ring`, ``T = 2(P-1) alpha + 2(P-1)/P x S / B``,
+fitted to a benchmark's all-reduce times, and the message sizes the benchmark
+(:mod:`lab_utils.experiments.n04_allreduce.experiment`) runs.
 """
 
 from __future__ import annotations
@@ -22,8 +19,8 @@ from lab_utils.learn.ring import GB, MIB, algbw_gb_per_s, bus_factor, busbw_gb_p
 
 @dataclass
 class AlphaBetaFit:
-    """Fitted ring model ``T(S, P) = 2(P-1) alpha + 2(P-1)/P x S / B`` for one rank count: alpha per
-    ring step, B the busbw approached by large messages, their standard errors, the relative residuals."""
+    """The fitted ring model for one rank count: alpha per ring step, B the busbw approached by large
+    messages, their standard errors, the relative residuals."""
 
     world_size: int
     alpha_seconds: float

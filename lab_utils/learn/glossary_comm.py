@@ -1,6 +1,5 @@
-"""The glossary's communication entries: DDP's comm hook and no_sync probe, the all-reduce benchmark, the
-communication ledger, data parallelism by hand (notebook 09). Each entry is ``(name, definition, unit)``;
-:mod:`lab_utils.learn.metrics` is the glossary that holds them (its docstring gives the units)."""
+""":mod:`lab_utils.learn.metrics`' communication entries, ``(name, definition, unit)``: DDP's comm hook and
+no_sync probe, the all-reduce benchmark, the communication ledger, data parallelism by hand (notebook 09)."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------- communication (learn.comm_hooks, learn.comm_probe)

@@ -1,6 +1,5 @@
-"""The glossary's entries of whole runs: a DDP run, the GPT, the fast path, quantization. Each entry is
-``(name, definition, unit)``; :mod:`lab_utils.learn.metrics` is the glossary that holds them (its
-docstring gives the units)."""
+""":mod:`lab_utils.learn.metrics`' entries of whole runs, ``(name, definition, unit)``: a DDP run, the GPT,
+the fast path, quantization."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- a DDP run (workers.ddp)

@@ -1,6 +1,5 @@
-"""The glossary's training entries: one epoch, the spread of a row's time, the aggregate over ranks, the
-evaluation. Each entry is ``(name, definition, unit)``; :mod:`lab_utils.learn.metrics` is the glossary
-that holds them (its docstring gives the units)."""
+""":mod:`lab_utils.learn.metrics`' training entries, ``(name, definition, unit)``: one epoch, the spread of
+a row's time, the aggregate over ranks, the evaluation."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- one epoch (learn.loop.run_epoch)

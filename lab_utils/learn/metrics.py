@@ -1,20 +1,15 @@
 """The glossary: every metric name a record holds, its one definition, and its unit.
 
-One meaning per name, everywhere in the lab (a sweep record, a DDP rank, a GPT epoch, a
-table's note). A name that would mean something else gets another name: ``images_per_s``
-is always over ``train_seconds`` (loader waits excluded), the fast path's rate over the
-whole epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s`` (of its
-``loader_images``, where ``images`` are always trained on). ``tests/test_metrics_glossary.py``
-checks that no definition says the same thing twice. The entries are kept by topic:
-:mod:`lab_utils.learn.glossary_training` (an epoch, a row's spread, ranks, evaluation),
-:mod:`lab_utils.learn.glossary_comm` (communication, the benchmark, the ledger, notebook 09) and
-:mod:`lab_utils.learn.glossary_runs` (a DDP run, the GPT, the fast path, quantization).
-
-Aggregates over the ranks of a DDP run (:mod:`lab_utils.learn.ranks`) add a suffix to a time
-of this glossary: ``<name>_mean`` (the mean over ranks), ``<name>_max`` (the maximum),
-``<name>_min`` (the minimum); :func:`define` resolves them. ``tests/test_notebooks.py`` checks
-that every metric key a notebook run writes (top level, and in the ``epochs`` and ``ranks``
-lists) is defined here.
+One meaning per name, everywhere in the lab (a sweep record, a DDP rank, a GPT epoch, a table's note).
+A name that would mean something else gets another name: ``images_per_s`` is always over
+``train_seconds`` (loader waits excluded), the fast path's rate over the whole epoch is
+``epoch_images_per_s``, the loader's own ``loader_images_per_s`` (of its ``loader_images``, where
+``images`` are always trained on). The entries are kept by topic in :mod:`lab_utils.learn.glossary_training`,
+:mod:`lab_utils.learn.glossary_comm` and :mod:`lab_utils.learn.glossary_runs`; an aggregate over ranks
+(:mod:`lab_utils.learn.ranks`) adds ``_mean``, ``_max`` or ``_min`` to a time of the glossary, which
+:func:`define` resolves. ``tests/test_metrics_glossary.py`` checks that no definition says the same
+thing twice, ``tests/test_notebooks.py`` that every metric key a notebook run writes (top level, and in
+the ``epochs`` and ``ranks`` lists) is defined here.
 
 Units: ``s`` seconds, ``us`` microseconds, ``bytes`` (decimal multiples in tables: MB = 1e6),
 ``GB/s`` decimal (1e9, as nccl-tests), ``count``, ``fraction`` (0..1), ``%`` (0..100),

@@ -4,13 +4,9 @@ A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` 
 GPU work measures the *launch*, not the work, unless the host waits for the device.
 Every timer here calls :func:`synchronize` at its boundaries (a no-op on the CPU), so a
 phase's time includes all device work queued inside it. The price is that the phases do
-not overlap each other; that is what a per-phase breakdown means.
-
-- :class:`PhaseTimer`: the phases of a training step, ``data_loading`` (waiting on the
-  loader), ``data_movement`` (host to device), ``compute`` (forward, loss, backward,
-  optimizer step), ``communication`` and, in DDP, ``skew_wait`` (waiting for the other ranks'
-  loaders, like ``data_loading`` not training time);
-- :class:`NestedTimers`: named, nested timers ("epoch/train/forward") for the GPT's breakdown.
+not overlap each other; that is what a per-phase breakdown means. :class:`PhaseTimer` times
+the phases of a training step (:func:`lab_utils.learn.loop.train_steps` says what each holds),
+:class:`NestedTimers` named, nested ones ("epoch/train/forward") for the GPT's breakdown.
 """
 
 from __future__ import annotations
@@ -110,8 +106,7 @@ class PhaseTimer:
 
     @property
     def training_seconds(self) -> float:
-        """Everything but waiting for data (:data:`WAIT_PHASES`: this rank's loader and, in DDP,
-        the other ranks' loaders): movement + compute + communication."""
+        """Everything but waiting for data (:data:`WAIT_PHASES`): movement + compute + communication."""
         return sum(s.total_seconds for n, s in self.stats.items() if n not in WAIT_PHASES)
 
     def totals(self) -> dict[str, float]:

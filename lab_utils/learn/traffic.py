@@ -1,10 +1,8 @@
 """What one step of a hand-made DDP sends, and how long the alpha-beta model says it takes (notebook 09).
 
 An implementation's ``messages()`` (:mod:`lab_utils.learn.handmade`) lists the collectives of one step
-as ``(kind, bytes)``, the kind one of :data:`ALL_REDUCE`, :data:`REDUCE_SCATTER`, :data:`ALL_GATHER`.
-From them :func:`bytes_sent_per_rank` and :func:`predicted_seconds` (the ring's alpha-beta model of
-:mod:`lab_utils.learn.ring`) follow; :func:`overlap_exposed_seconds` and :func:`optimal_bucket_bytes`
-are that model for equal buckets (Exercise 09-d). Bytes, seconds, bytes per second.
+as ``(kind, bytes)``; :func:`overlap_exposed_seconds` and :func:`optimal_bucket_bytes` are the model
+for equal buckets (Exercise 09-d). Bytes, seconds, bytes per second.
 """
 
 from __future__ import annotations

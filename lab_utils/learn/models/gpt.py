@@ -1,22 +1,16 @@
-"""A small decoder-only GPT for character-level text (part 2 of the lab).
-
-Architecture (written for this lab; the layout follows the common GPT-2 recipe):
+"""A small decoder-only GPT for character-level text (part 2 of the lab), written for this lab in the
+common GPT-2 layout:
 
 - token embedding ``wte`` (vocab_size x n_embd) + learned position embedding ``wpe``
   (block_size x n_embd), dropout;
-- ``n_layer`` pre-norm blocks: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``, where
-  ``attn`` is causal multi-head self-attention through
-  ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` and ``mlp`` is
+- ``n_layer`` pre-norm blocks: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``, ``attn`` causal
+  multi-head self-attention through ``F.scaled_dot_product_attention(is_causal=True)``, ``mlp``
   Linear(C, 4C) -> GELU -> Linear(4C, C);
-- a final LayerNorm and an output head whose weight *is* the token embedding (tied), so
-  it adds no parameters.
+- a final LayerNorm and an output head whose weight *is* the token embedding (tied: no parameters).
 
-``forward(idx)`` returns logits of shape (batch, time, vocab); the loss is computed by
-the caller (:func:`lm_loss`) so that timers can separate forward, loss and backward.
-
-Sizes and formulas (named sizes, parameter and FLOP counts) are :mod:`lab_utils.learn.models.gpt_sizes`;
-the checkpoint format notebook 06 writes and notebook 07 reads,
-:mod:`lab_utils.experiments.shared.gpt_checkpoint`.
+The loss is computed by the caller (:func:`lm_loss`) so that timers can separate forward, loss and
+backward. Sizes, parameter and FLOP counts: :mod:`lab_utils.learn.models.gpt_sizes`; the checkpoint
+format notebook 06 writes and notebook 07 reads: :mod:`lab_utils.experiments.shared.gpt_checkpoint`.
 """
 
 from __future__ import annotations
@@ -153,12 +147,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T0); returns (B, T0 + new).
-
-        Each step feeds the last ``block_size`` tokens, takes the final position's
-        logits / ``temperature``, optionally keeps the ``top_k`` largest, and samples.
-        ``temperature`` 0 means greedy (argmax). Runs in eval mode and restores the mode.
-        """
+        """Append ``max_new_tokens`` sampled tokens to ``idx`` (B, T0); returns (B, T0 + new). Each step
+        feeds the last ``block_size`` tokens, takes the final position's logits / ``temperature``
+        (0: greedy, argmax), optionally keeps the ``top_k`` largest, and samples. Runs in eval mode and
+        restores the mode."""
         if temperature < 0:
             raise LabError(f"temperature must be >= 0, got {temperature!r}.")
         was_training = self.training
