@@ -1,8 +1,6 @@
-"""How gradients are cut for communication: DDP's buckets and ZeRO's shards (notebook 09).
-
-:func:`assign_buckets` groups parameters into all-reduce buckets by DDP's own rule (what
-:class:`lab_utils.learn.handmade.Bucketed` sends); :func:`shard_bounds` cuts a flat buffer into one
-shard per rank (what :class:`lab_utils.learn.handmade.ZeroOne` reduce-scatters and all-gathers).
+"""How gradients are cut for communication (notebook 09): DDP's all-reduce buckets
+(:func:`assign_buckets`, what :class:`lab_utils.learn.handmade.Bucketed` sends) and ZeRO's shards
+(:func:`shard_bounds`, what :class:`lab_utils.learn.handmade.ZeroOne` reduce-scatters and all-gathers).
 """
 
 from __future__ import annotations
@@ -12,14 +10,12 @@ from collections.abc import Sequence
 
 def assign_buckets(sizes_bytes: Sequence[int], cap_bytes: float,
                    first_cap_bytes: float | None = None) -> list[list[int]]:
-    """Parameter indices (``model.parameters()`` order) grouped into all-reduce buckets by DDP's rule.
-
-    torch's ``compute_bucket_assignment_by_size`` (reducer.cpp), as DDP applies it when it rebuilds its
+    """Parameter indices (``model.parameters()`` order) grouped into all-reduce buckets by DDP's rule,
+    torch's ``compute_bucket_assignment_by_size`` (reducer.cpp) as DDP applies it when it rebuilds its
     buckets in the order gradients become ready: parameters in REVERSE order (backward produces the last
-    layer's gradient first); each is added to the open bucket, which closes once it holds at least its
-    cap, so a bucket can exceed its cap by its last tensor. The first bucket's cap is ``first_cap_bytes``
-    (DDP: 1 MiB when ``bucket_cap_mb`` is not given, else the same cap; None: ``cap_bytes``), every later
-    one ``cap_bytes``. Every index is in exactly one bucket; the last one may be below its cap."""
+    layer's gradient first), each added to the open bucket, which closes once it holds at least its cap
+    (so a bucket can exceed it by its last tensor; the last may be below it). The first bucket's cap is
+    ``first_cap_bytes`` (None: ``cap_bytes``; DDP's: :data:`lab_utils.learn.ring.DDP_FIRST_BUCKET_BYTES`)."""
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0

@@ -1,8 +1,6 @@
-"""What one pass of the loop counts and what one epoch of one process measured.
-
-:class:`EpochSums` is what :func:`lab_utils.learn.loop.train_steps` returns; :class:`EpochRecord` is
-what :func:`lab_utils.learn.loop.run_epoch` makes of it (seconds, bytes; every name is defined in
-:mod:`lab_utils.learn.metrics`).
+"""What one pass of the loop counts (:class:`EpochSums`, from :func:`lab_utils.learn.loop.train_steps`)
+and what one epoch of one process measured (:class:`EpochRecord`, from
+:func:`lab_utils.learn.loop.run_epoch`); every name is defined in :mod:`lab_utils.learn.metrics`.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from typing import Any
 
 @dataclass
 class EpochRecord:
-    """What one training epoch of one process measured (:func:`lab_utils.learn.loop.run_epoch`). Times
-    are seconds, memory bytes; every name is defined in :mod:`lab_utils.learn.metrics`."""
+    """What one training epoch of one process measured. Times are seconds, memory bytes."""
 
     epoch: int
     images: int                     # samples this process trained on (images, or sequences for a GPT)

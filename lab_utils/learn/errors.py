@@ -1,7 +1,5 @@
-"""Errors the lab raises on purpose.
-
-Every check of user input raises :class:`LabError` with one sentence that says what is
-wrong and how to fix it, *before* any expensive work starts. It subclasses
+"""Errors the lab raises on purpose. Every check of user input raises :class:`LabError` with one
+sentence that says what is wrong and how to fix it, *before* any expensive work starts. It subclasses
 ``ValueError`` so callers that already catch bad values keep working.
 """
 
@@ -25,11 +23,9 @@ class LabError(ValueError):
 
 
 class LaunchError(LabError):
-    """A launched run failed: a rank died, or the run exceeded its time limit.
-
-    ``failure``: what the failing rank wrote before it ended (``status`` "oom" or "error",
-    ``reason``, ``rank``, ``config_index``: :func:`lab_utils.engine.records.read_failures`), or None.
-    """
+    """A launched run failed: a rank died, or the run exceeded its time limit. ``failure``: what the
+    failing rank wrote before it ended (``status`` "oom" or "error", ``reason``, ``rank``,
+    ``config_index``: :func:`lab_utils.engine.records.read_failures`), or None."""
 
     def __init__(self, message: str, failure: dict | None = None):
         super().__init__(message)

@@ -4,11 +4,6 @@ The counter records the FLOPs of matrix multiplications and convolutions (2 FLOP
 multiply-accumulate) as the model actually runs, forward and backward. Element-wise
 work (BatchNorm, ReLU, softmax) is not counted; it is small in FLOPs but not in time,
 which is one reason achieved FLOP/s stays below peak.
-
-- :func:`mfu`: model FLOPs utilization, the one place the lab computes it (the GPT worker);
-- :func:`step_time_line` and :func:`predicted_tokens_per_s`: a step's time as a fixed part plus a part per
-  token, fitted to two measured batch sizes, and the tokens/s it predicts at another micro-batch
-  (notebook 06's predict-then-measure exercise).
 """
 
 from __future__ import annotations
@@ -86,10 +81,10 @@ def step_time_line(batch_sizes: list[int], step_seconds: list[float], block_size
 
 def predicted_tokens_per_s(batch_sizes: list[int], step_seconds: list[float], micro_batch: int,
                            effective_batch: int, block_size: int) -> float:
-    """Tokens per second of one device at ``micro_batch`` sequences per micro-step, accumulated to
-    ``effective_batch`` sequences per optimizer step, from :func:`step_time_line`: each of the k = effective /
-    micro micro-steps pays the fixed part and its tokens' part, so k cancels:
-    micro x block / (fixed + micro x block x per_token)."""
+    """Notebook 06's predict-then-measure exercise: tokens per second of one device at ``micro_batch``
+    sequences per micro-step, accumulated to ``effective_batch`` per optimizer step, from
+    :func:`step_time_line`: each of the k = effective / micro micro-steps pays the fixed part and its
+    tokens' part, so k cancels: micro x block / (fixed + micro x block x per_token)."""
     fixed, per_token = step_time_line(batch_sizes, step_seconds, block_size)
     k = effective_batch // micro_batch
     tokens = k * micro_batch * block_size

@@ -72,27 +72,24 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
     with the device at its ends; ``timer=None`` runs untimed, with no device synchronization inside the
     loop (the fast path synchronizes only at the ends of a pass). The phases:
 
-    - ``data_loading``: waiting for this rank's loader;
-    - ``data_movement``: host-to-device copies of the batch;
+    - ``data_loading``: waiting for this rank's loader; ``data_movement``: host-to-device copies;
     - ``skew_wait`` (``skew_barrier``): an all-reduce of one float32 across ranks (gloo and NCCL; on CUDA
-      the timer's synchronize waits for it). A rank whose batch is ready early waits here for the slowest
-      rank's loader, not inside backward's gradient all-reduce, where the wait would count as compute. It
-      comes before the micro-step that all-reduces and, with accumulation, before the group's first one,
-      whose DDP forward broadcasts the BatchNorm buffers (a collective that would absorb the wait). Its
-      own one or two tiny collectives per optimizer step are in this phase too;
+      the timer's synchronize waits for it), so that a rank whose batch is ready early waits here for the
+      slowest rank's loader, not inside backward's gradient all-reduce, where the wait would count as
+      compute. It precedes the micro-step that all-reduces and, with accumulation, the group's first one,
+      whose DDP forward broadcasts the BatchNorm buffers (a collective that would absorb the wait); the
+      latency of these one or two tiny collectives per step is in this phase too;
     - ``compute``: forward, loss, backward (with DDP's gradient all-reduce, whose exposed part
       ``comm_timer`` moves to ``communication``), optimizer step, lr step.
 
-    ``step_train_seconds`` (when timed): each optimizer step's training time, the growth of
-    ``timer.training_seconds`` over the step. The phases are synchronized already, so these need no
-    synchronization of their own, and they sum to the loop's training time.
+    ``step_train_seconds`` (timed): each optimizer step's growth of ``timer.training_seconds``; the phases
+    being synchronized already, these need no synchronization of their own and sum to the training time.
 
     Gradient accumulation (``accumulation_steps`` = k > 1): one optimizer step per k batches (the epoch's
     last group may be shorter). The first k - 1 micro-steps run under ``ddp.no_sync()`` (nothing is
     communicated), the last all-reduces the sum; each loss is divided by the group's size, so the gradient
     is that of one step on the global batch world x k x batch, as long as each micro-batch is normalized
-    on its own (as DDP's per-rank BatchNorm does). BatchNorm running statistics differ: they get k updates
-    per step instead of one.
+    on its own (as DDP's per-rank BatchNorm does). BatchNorm's running statistics differ: k updates, not 1.
     """
     o = options
     comm_timer = o.comm_timer
@@ -188,16 +185,14 @@ def run_epoch(model, batches, optimizer, device: torch.device | str, *, epoch: i
               n_batches: int | None = None, loss_fn=None, options: StepOptions = PLAIN, timed: bool = True,
               global_sums: bool = False, desc: str | None = None) -> EpochRecord:
     """THE epoch driver: one pass of :func:`train_steps` over ``batches``, clocked; this process's
-    :class:`EpochRecord`.
+    :class:`EpochRecord`. Peak memory is reset on every device the model uses (all GPUs of an
+    ``nn.DataParallel``).
 
-    Peak memory is reset on every device the model uses (all GPUs of an ``nn.DataParallel``).
     ``epoch_seconds`` runs from the first batch request to the end of the last step, device synchronized
     at both ends, loader waits included. ``train_seconds``, the reported training time, sums the training
     phases: host-to-device copies, forward, loss, backward, optimizer step (``data_movement`` +
     ``compute`` + ``communication``), leaving out the waits on this rank's loader (``data_loading``) and
-    DDP's on the other ranks' (``skew_wait``). ``images_per_s`` = images / ``train_seconds``; the
-    per-step spread and standard deviation: :mod:`lab_utils.learn.spread`.
-
+    DDP's on the other ranks' (``skew_wait``). ``images_per_s`` = images / ``train_seconds``.
     ``timed=False`` (the fast path: the host queues work ahead, as in real training): no phase boundaries
     inside the pass, only ``epoch_seconds``. ``n_batches``: ``len(batches)`` by default. ``global_sums``:
     one all-reduce of three float64 at the end (timed as ``communication``) gives ``global_loss``,

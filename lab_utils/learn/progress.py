@@ -2,9 +2,8 @@
 
 A text bar (plain ``tqdm`` on stdout), in JupyterLab as in a terminal: not ``tqdm.auto``'s widget,
 because a saved notebook keeps no widget state, so JupyterLab shows "Error displaying widget: model
-not found" for every bar when the notebook is opened again. In a notebook executed headless
-(``python -m lab_utils run`` sets ``LAB_HEADLESS=1``) or under a batch job, carriage-return bars
-would fill the saved output, so they are disabled.
+not found" for every bar when the notebook is opened again. Headless (``python -m lab_utils run``
+sets ``LAB_HEADLESS=1``, or a batch job) carriage-return bars would fill the saved output: disabled.
 """
 
 from __future__ import annotations

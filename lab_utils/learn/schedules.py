@@ -1,12 +1,7 @@
-"""Learning-rate rules and schedules for large-batch training (Goyal et al. 2017).
-
-- Linear scaling rule: ``lr = base_lr x global_batch / base_batch`` (base 0.1 at 128).
-- Gradual warm-up: the lr rises linearly from ``base_lr`` (the small-batch value) to
-  the scaled lr over the first ``warmup_steps`` optimizer steps.
-- After warm-up: constant, cosine decay to 0, or step decay (x0.1 at given fractions).
-
-Schedules are functions of the optimizer step (0-based) returning the lr for that step,
-so they are exact per iteration and easy to test against hand-computed values.
+"""Learning-rate rules and schedules for large-batch training (Goyal et al. 2017): the linear scaling
+rule (:func:`scaled_lr`), a gradual warm-up from the small-batch lr, then constant, cosine decay to 0,
+or step decay (x0.1 at given fractions). Schedules are functions of the optimizer step (0-based)
+returning the lr for that step, so they are exact per iteration and easy to test by hand.
 """
 
 from __future__ import annotations
@@ -29,10 +24,8 @@ def scaled_lr(base_lr: float, global_batch: int, base_batch: int = 128) -> float
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """Peak lr, linear warm-up from ``warmup_start_lr`` over ``warmup_steps``, then a decay.
-
-    ``total_steps`` is the number of optimizer steps of the whole run (for cosine/step).
-    """
+    """Peak lr, linear warm-up from ``warmup_start_lr`` over ``warmup_steps``, then a decay over the rest
+    of the run's ``total_steps`` optimizer steps."""
 
     peak_lr: float
     total_steps: int

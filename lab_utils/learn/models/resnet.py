@@ -1,8 +1,6 @@
-"""The CIFAR-10 variant of ResNet-18 used by the assignment.
-
-Differences from the ImageNet ResNet-18: a 3x3 stride-1 stem convolution with 64
-channels and no max-pool (CIFAR images are only 32x32), a 4x4 average pool before the
-classifier, and 10 classes. It has exactly 11,173,962 trainable parameters.
+"""The CIFAR-10 variant of ResNet-18 used by the assignment. Differences from the ImageNet ResNet-18:
+a 3x3 stride-1 stem convolution with 64 channels and no max-pool (CIFAR images are only 32x32), a 4x4
+average pool before the classifier, and 10 classes. It has exactly 11,173,962 trainable parameters.
 """
 
 from __future__ import annotations
@@ -17,11 +15,8 @@ from lab_utils.learn.flops import count_flops
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 conv-BN layers with a residual connection.
-
-    The shortcut is the identity when shape is unchanged, otherwise a 1x1 conv + BN
-    (stride 2 halves the spatial size when the width doubles).
-    """
+    """Two 3x3 conv-BN layers with a residual connection: the identity when the shape is unchanged,
+    otherwise a 1x1 conv + BN (stride 2 halves the spatial size when the width doubles)."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1):
         super().__init__()
@@ -43,11 +38,8 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """CIFAR ResNet-18: stem, four stages of two BasicBlocks, 4x4 average pool, Linear.
-
-    ``width`` scales every stage's channels (64 gives the spec model); smaller widths
-    give a model of the same family for CPU profiles.
-    """
+    """CIFAR ResNet-18: stem, four stages of two BasicBlocks, 4x4 average pool, Linear. ``width`` scales
+    every stage's channels (64: the spec model; smaller: the same family for CPU profiles)."""
 
     def __init__(self, num_classes: int = 10, width: int = 64, blocks: tuple[int, ...] = (2, 2, 2, 2)):
         super().__init__()
