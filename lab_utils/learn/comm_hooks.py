@@ -1,18 +1,17 @@
-"""Measuring DDP's gradient communication, (c): a timing comm hook.
+"""Measuring DDP's gradient communication, (c): a timing comm hook. All times are in seconds.
 
-DDP puts gradients into *buckets* (about 25 MB each) and all-reduces a bucket as soon as its
-gradients are computed, while ``backward`` goes on with earlier layers; at the end of ``backward``
-it waits for every bucket. Part of the communication is hidden behind computation (*overlap*),
-only the rest makes a step longer (*exposed*). All times are in seconds. The exposed part (b), the
-``no_sync`` probe that measures it, and the overlap (c) - (b) are :mod:`lab_utils.learn.comm_probe`.
+DDP puts gradients into *buckets* (about 25 MB each) and all-reduces a bucket as soon as its gradients
+are computed, while ``backward`` goes on with earlier layers; at the end of ``backward`` it waits for
+every bucket. Part of the communication is hidden behind computation (*overlap*), only the rest makes a
+step longer (*exposed*): the exposed part (b), the ``no_sync`` probe that measures it, and the overlap
+(c) - (b) are :mod:`lab_utils.learn.comm_probe`.
 
-(c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP comm hook): per bucket, from its
-    gradients being ready (on GPU a CUDA event on the compute stream: the device *finished*
-    them) to its all-reduce completing (a callback on the future: on GPU an event behind the
-    NCCL kernel, on gloo a ``perf_counter`` in gloo's thread), so queueing behind earlier buckets
-    and waiting for the other ranks are in it; (c) is the *union* of these intervals
-    (:class:`StepComm`). The hook divides by the world size and all-reduces like DDP's default
-    one, without blocking: the overlap is preserved.
+(c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP comm hook): per bucket, from its gradients
+    being ready (on GPU a CUDA event on the compute stream: the device *finished* them) to its all-reduce
+    completing (a callback on the future: on GPU an event behind the NCCL kernel, on gloo a
+    ``perf_counter`` in gloo's thread), so queueing behind earlier buckets and waiting for the other ranks
+    are in it; (c) is the *union* of these intervals (:class:`StepComm`). The hook divides by the world
+    size and all-reduces like DDP's default one, without blocking: the overlap is preserved.
 """
 
 from __future__ import annotations
@@ -50,11 +49,9 @@ class StepComm:
 
 
 class AllReduceTimer:
-    """A DDP communication hook that all-reduces each bucket (like the default) and times it.
-
-    Registered before the first forward; per step: ``begin_step()``, forward and backward,
-    ``end_backward()``, then ``finish_step()`` (a :class:`StepComm`, zeros under ``no_sync``).
-    """
+    """A DDP communication hook that all-reduces each bucket (like the default) and times it. Registered
+    before the first forward; per step: ``begin_step()``, forward and backward, ``end_backward()``, then
+    ``finish_step()`` (a :class:`StepComm`, zeros under ``no_sync``)."""
 
     def __init__(self, ddp_model: nn.parallel.DistributedDataParallel, group=None):
         self.group = group

@@ -1,21 +1,19 @@
-"""Measuring DDP's gradient communication, (b): the ``no_sync`` probe, and the overlap (c) - (b).
+"""Measuring DDP's gradient communication, (b): the ``no_sync`` probe, and the overlap (c) - (b). All times
+are in seconds; the all-reduce time (c) is :class:`lab_utils.learn.comm_hooks.AllReduceTimer`'s.
 
-The all-reduce time (c) is :class:`lab_utils.learn.comm_hooks.AllReduceTimer`'s. All times are in seconds.
+(b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward, loss, backward)
+    timed as a training step runs them and under ``ddp.no_sync()``, alternating, after a barrier each:
+    ``mean(sync) - mean(no_sync)``. It includes all that synchronization adds to a training step: the
+    all-reduce not hidden behind backward, the arrival skew of the ranks, the copies into and out of
+    buckets, and the BatchNorm buffer broadcast at the start of the forward (:func:`_as_in_training`).
 
-(b) **exposed communication** (:func:`probe_exposed_comm`): the same steps (forward, loss,
-    backward) timed as a training step runs them and under ``ddp.no_sync()``, alternating, after a
-    barrier each: ``mean(sync) - mean(no_sync)``. It includes all that synchronization adds to a
-    training step: the all-reduce not hidden behind backward, the arrival skew of the ranks, the
-    copies into and out of buckets, and the BatchNorm buffer broadcast at the start of the forward
-    (:func:`_as_in_training`).
-
-**Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) is an expectation, not a
-law: (b) also holds what (c) does not (the bucket copies, the buffer broadcast, the ranks' arrival
-skew), so with one bucket (nothing to overlap) or a tiny all-reduce (b) exceeds (c) by those; on a
-GPU, NCCL's kernels take SMs and memory bandwidth from the compute they overlap, which also counts
-in (b); on a CPU, gloo's thread competes with backward for the cores, so with several buckets (b)
-can exceed (c) by up to that computation (``tests/test_ddp.py`` measures it). Neither figure
-includes DDP's parameter broadcast at construction nor the loop's metric reductions.
+**Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) is an expectation, not a law:
+(b) also holds what (c) does not (the bucket copies, the buffer broadcast, the arrival skew), so with one
+bucket (nothing to overlap) or a tiny all-reduce (b) exceeds (c) by those; on a GPU, NCCL's kernels take
+SMs and memory bandwidth from the compute they overlap, which also counts in (b); on a CPU, gloo's thread
+competes with backward for the cores, so with several buckets (b) can exceed (c) by up to that
+computation (``tests/test_ddp.py`` measures it). Neither figure includes DDP's parameter broadcast at
+construction nor the loop's metric reductions.
 
 The assignment's method (a), :func:`derived_comm`, needs no probe: it splits T(N) by T(1)/N
 (:func:`compute_to_comm`, :func:`hidden_percent` and :func:`noise_flag` give Table 2's figures).

@@ -29,15 +29,12 @@ class EvalRecord:
 def evaluate(model: nn.Module, loader, device: torch.device | str, *, loss_fn=None,
              autocast_dtype: torch.dtype | None = None, max_batches: int | None = None,
              count_correct: bool = True) -> EvalRecord:
-    """THE evaluation pass: mean loss and accuracy of ``model`` over ``loader`` in eval mode.
-
-    BatchNorm uses its running statistics, dropout is off; the model's training mode is
-    restored afterwards. ``loss_fn`` is a mean-reduced loss (default: cross-entropy); each
-    batch counts with ``y.numel()`` predictions (images, or tokens for a language model), so
-    ``loss`` is the mean over every prediction and ``images`` their number. Sums stay on the
-    device (one synchronization at the end). ``max_batches`` stops early; ``count_correct``
-    off skips the argmax accuracy (``nan``). ``seconds``: wall time, device synchronized.
-    """
+    """THE evaluation pass: BatchNorm uses its running statistics, dropout is off; the model's training
+    mode is restored afterwards. ``loss_fn`` is a mean-reduced loss (default: cross-entropy); each batch
+    counts with ``y.numel()`` predictions (images, or tokens for a language model), so ``loss`` is the
+    mean over every prediction and ``images`` their number. Sums stay on the device (one synchronization
+    at the end). ``max_batches`` stops early; ``count_correct`` off skips the argmax accuracy (``nan``).
+    ``seconds``: wall time, device synchronized at both ends."""
     device = torch.device(device)
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     autocast = (partial(torch.autocast, device_type=device.type, dtype=autocast_dtype)

@@ -1,9 +1,9 @@
 """Data parallelism by hand (notebook 09): five ways to keep N replicas of a model equal.
 
-After ``backward()`` every rank holds the gradient of ITS share of the global batch. If every rank
-replaces it with the mean over ranks before the optimizer step, all replicas take the same step, and
-that step equals one process trained on the whole global batch (the mean of the per-rank mean losses
-is the global mean loss, for equal shares). The five ways differ only in how the mean is computed:
+After ``backward()`` every rank holds the gradient of ITS share of the global batch. If every rank replaces
+it with the mean over ranks before the optimizer step, all replicas take the same step, and that step
+equals one process trained on the whole global batch (the mean of the per-rank mean losses is the global
+mean loss, for equal shares). The five ways differ only in how the mean is computed:
 
 - (a) :class:`Naive`: one all-reduce per parameter tensor after ``backward()`` (62 for ResNet-18);
 - (e) :class:`PerTensor`: the same 62, each started during backward: (a) - (e) is what overlap alone
@@ -17,10 +17,10 @@ is the global mean loss, for equal shares). The five ways differ only in how the
   then a broadcast of each rank's updated shard: more bytes.)
 
 Each is an optimizer wrapper (:class:`Local`) that the lab's one training loop
-(:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer. From ``messages()``
+(:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer; from its ``messages()``
 :mod:`lab_utils.learn.traffic` computes the bytes one rank sends and the seconds the alpha-beta model
-predicts. :func:`lab_utils.engine.fork_ranks.run_in_ranks` runs a function in N forked gloo processes
-(the tests' and the graded exercises' way to check code on 2 ranks without torchrun).
+predicts. The tests and graded exercises run them on 2 forked gloo ranks without torchrun
+(:func:`lab_utils.engine.fork_ranks.run_in_ranks`).
 """
 
 from __future__ import annotations

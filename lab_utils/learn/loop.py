@@ -62,9 +62,8 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
                 options: StepOptions = PLAIN) -> EpochSums:
     """THE training loop: one pass over ``batches`` (``n_batches`` of them, or None if unknown).
 
-    Its callers, most through :func:`run_epoch`: the DDP ResNet worker (notebooks 02, 03, 05), the
-    batch-size sweep and DataParallel (01, 02), notebook 04's compute-step timing, the communication
-    ledger, the GPT worker (06) and the fast path (08). ``ddp`` is a DDP module or any callable model; a
+    Callers, most through :func:`run_epoch`: the workers of notebooks 01-03, 05, 06 and 08, notebook 04's
+    compute-step timing and the communication ledger. ``ddp`` is a DDP module or any callable model; a
     plain one accumulates gradients locally and cannot take the skew barrier. With :data:`PLAIN` it is
     the spec's plain step: copy the batch, forward, loss, backward, optimizer step.
 

@@ -1,24 +1,20 @@
 """One epoch over all ranks: the slowest rank defines T(N).
 
-Every optimizer step of DDP ends with an all-reduce that no rank can finish before the last rank
-arrives, so an epoch on N devices lasts as long as its slowest rank. Averaging the ranks' times (what
-an earlier report did, SPEC.md Part 2) hides that rank and can report a "super-linear" speedup that
-never happened. :func:`aggregate_epoch` turns the per-rank records of one epoch
-(:class:`~lab_utils.learn.epoch_record.EpochRecord` fields, as dicts, plus whatever a worker adds) into
-one aggregate (names defined in :mod:`lab_utils.learn.metrics`):
+Every optimizer step of DDP ends with an all-reduce that no rank can finish before the last rank arrives,
+so an epoch on N devices lasts as long as its slowest rank. Averaging the ranks' times (what an earlier
+report did, SPEC.md Part 2) hides that rank and can report a "super-linear" speedup that never happened.
+:func:`aggregate_epoch` turns the per-rank records of one epoch (``EpochRecord`` fields as dicts, plus
+whatever a worker adds) into one aggregate (names defined in :mod:`lab_utils.learn.metrics`):
 
-- ``epoch_seconds`` and ``train_seconds`` are the MAXIMUM over ranks: T(N) is the aggregate's
-  ``train_seconds``. ``*_mean`` beside them is the mean over ranks (what averaging would report),
-  ``epoch_seconds_min`` the fastest rank's, ``imbalance`` the ratio max / min of the epoch times,
-  ``slowest_rank`` / ``fastest_rank`` say which;
-- every other ``*_seconds`` key (the phases, validation, ...) is the SLOWEST rank's value (the rank
-  with the longest epoch: its breakdown adds up to the epoch that was waited for), with
-  ``*_seconds_mean`` and ``*_seconds_max`` over ranks beside it;
-- counts of work are summed, ``steps`` and ``micro_steps`` are the maximum (they are equal unless a
-  rank's shard is shorter); rates are global: all ranks' count / T(N);
-- the spread of the per-step training times is that of the rank whose ``train_seconds`` IS T(N), not a
-  mean over ranks: the spread of the reported time is the spread of that rank's steps;
-- values already global (all-reduced) or the same on every rank are taken from rank 0.
+- ``epoch_seconds`` and ``train_seconds`` are the MAXIMUM over ranks (T(N) is the aggregate's
+  ``train_seconds``), with the mean over ranks beside them (``*_mean``, what averaging would report),
+  ``epoch_seconds_min``, ``imbalance`` = max / min of the epoch times, ``slowest_rank``/``fastest_rank``;
+- every other ``*_seconds`` key (the phases, validation, ...) is the SLOWEST rank's (the longest epoch's:
+  its breakdown adds up to the epoch that was waited for), with ``*_seconds_mean`` and ``*_seconds_max``;
+- counts of work (:data:`SUM_KEYS`) are summed, ``steps`` and ``micro_steps`` the maximum (equal unless a
+  rank's shard is shorter); rates (:data:`RATES`) are global: all ranks' count / T(N);
+- the per-step spread is that of the rank whose ``train_seconds`` IS T(N), not a mean over ranks;
+- values already global (all-reduced) or the same on every rank (:data:`SHARED_KEYS`) are rank 0's.
 """
 
 from __future__ import annotations
@@ -33,12 +29,9 @@ from lab_utils.learn.spread import STEP_PERCENTILE_KEYS, STEP_STAT_KEYS
 
 #: Time keys whose aggregate is the maximum over ranks (every rank waits for the last).
 MAX_KEYS = ("epoch_seconds", "train_seconds", "eval_seconds", "elapsed_seconds")
-#: Counts of work, summed over ranks.
 SUM_KEYS = ("images", "tokens", "sequences")
-#: Values already global (all-reduced) or equal on every rank: rank 0's.
 SHARED_KEYS = ("train_loss", "train_accuracy", "lr", "lr_first", "test_loss", "test_accuracy", "test_images",
                "global_images", "val_loss")
-#: Rates recomputed over all ranks: name -> the count it divides by T(N).
 RATES = {"images_per_s": "images", "tokens_per_s": "tokens"}
 #: Fractions of the slowest rank's own times: taken from that rank, like its times.
 SLOWEST_KEYS = ("overlap_fraction",)

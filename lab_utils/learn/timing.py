@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 PHASES = ("data_loading", "data_movement", "compute", "communication")
-# Waiting for data, not training: this rank's loader, and (DDP) the other ranks' loaders, seen as
-# the wait in a barrier after the data movement. PhaseTimer.training_seconds leaves both out.
+# Waiting for data, not training: this rank's loader, and (DDP) the other ranks', in a barrier.
 WAIT_PHASES = ("data_loading", "skew_wait")
 
 

@@ -26,13 +26,12 @@ def bytes_sent_per_rank(messages: Sequence[Sequence[Any]], world_size: int) -> f
 def predicted_seconds(messages: Sequence[Sequence[Any]], world_size: int, alpha_seconds: float,
                       bandwidth_bytes_per_s: float, overlaps: bool,
                       backward_seconds: float | None = None) -> tuple[float, float]:
-    """(communication, exposed) seconds of one step by the ring's alpha-beta model: every collective
-    one after the other, ``2(P-1) alpha + 2(P-1)/P x S / B`` per all-reduce, half per reduce-scatter or
-    all-gather. Exposed: all of it, unless the collectives ``overlaps`` backward (per tensor, bucketed,
-    DDP). Then, with ``backward_seconds`` T, the queue of :func:`overlap_exposed_seconds` over these
-    messages (a message can start once backward has produced its bytes, at a steady S bytes in T, and
-    once the one before it is done; exposed = the last one's end - T); without T, the last message
-    alone (a lower bound)."""
+    """(communication, exposed) seconds of one step by the ring's alpha-beta model, the collectives one
+    after the other (a reduce-scatter or all-gather half an all-reduce). Exposed: all of it, unless the
+    collectives ``overlaps`` backward (per tensor, bucketed, DDP); then, with ``backward_seconds`` T, a
+    message starts once backward has produced its bytes (S bytes at a steady rate over T) and the one
+    before it is done, and exposed = the last one's end - T; without T, the last message alone (a lower
+    bound)."""
     times = [ring_allreduce_seconds(size, world_size, alpha_seconds, bandwidth_bytes_per_s)
              * (1.0 if kind == ALL_REDUCE else 0.5) for kind, size in messages]
     total = sum(times)
