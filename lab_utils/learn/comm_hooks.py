@@ -79,9 +79,8 @@ class AllReduceTimer:
         return stamp - self._ref
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        """Start the bucket's all-reduce (the sum over ranks, in place) without waiting for it; the
-        Future completes with ``[tensor]`` when it is done. A test may replace it (a collective of a
-        known duration)."""
+        """Start the bucket's all-reduce (the sum over ranks, in place) without waiting; the Future completes
+        with ``[tensor]``. A test may replace it (a collective of a known duration)."""
         return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
     def _hook(self, state, bucket):  # no annotations: DDP checks them and ours would be strings

@@ -90,12 +90,9 @@ def _as_in_training(ddp_model: nn.parallel.DistributedDataParallel, sync: bool) 
 def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: Sequence[tuple],
                        timer: AllReduceTimer, loss_fn: Callable | None = None,
                        warmup: int = 1) -> CommProbe:
-    """Time the same batches with and without gradient sync (the module docstring's (b) and (c)).
-
-    ``batches`` are ``(x, y)`` on the model's device, each run twice (the order alternating), with
-    no optimizer step: the parameters do not change (BatchNorm statistics do). The first ``warmup``
-    are not counted. Every rank must call this with the same number of batches.
-    """
+    """(b) and (c) on the same ``batches``, ``(x, y)`` on the model's device, each run with and without
+    gradient sync (the order alternating) and no optimizer step: the parameters do not change (BatchNorm
+    statistics do). The first ``warmup`` are not counted. Every rank must call this with as many batches."""
     if len(batches) <= warmup:
         raise ValueError(f"probe_exposed_comm needs more than {warmup} batches, got {len(batches)}")
     loss_fn = loss_fn or nn.CrossEntropyLoss()

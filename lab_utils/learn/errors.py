@@ -1,6 +1,5 @@
-"""Errors the lab raises on purpose. Every check of user input raises :class:`LabError` with one
-sentence that says what is wrong and how to fix it, *before* any expensive work starts. It subclasses
-``ValueError`` so callers that already catch bad values keep working.
+"""Errors the lab raises on purpose. A check of user input raises :class:`LabError` *before* any expensive
+work starts; it subclasses ``ValueError`` so callers that already catch bad values keep working.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ def error_line(e: BaseException, limit: int = 200) -> str:
 
 
 class LabError(ValueError):
-    """Bad input or an unusable environment, explained in one sentence with the fix."""
+    """Bad input or an unusable environment, explained in one sentence: what is wrong and the fix."""
 
 
 class LaunchError(LabError):

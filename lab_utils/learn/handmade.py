@@ -111,10 +111,9 @@ class Flat(Local):
 
 class Bucketed(Local):
     """(c) Buckets by DDP's rule (:func:`assign_buckets`, last layers first), each all-reduced
-    asynchronously by a gradient hook as soon as its last gradient is ready, while backward goes on with
-    earlier layers; in bucket order only, so every rank issues its collectives in the same order (as in
-    DDP). ``sync`` waits for all of them before the optimizer step. A bucket of one tensor is all-reduced
-    in place, without a copy."""
+    asynchronously by a gradient hook once its last gradient is ready, while backward goes on, in bucket
+    order only so that every rank issues its collectives in the same order (as DDP does); ``sync`` waits
+    for all of them. A bucket of one tensor is all-reduced in place, without a copy."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, bucket_bytes: float,
                  first_bucket_bytes: float | None = None):
@@ -168,9 +167,8 @@ class ZeroOne(Local):
     """(d) ZeRO-1 as the paper has it: the parameters live in one flat buffer cut into N shards
     (:func:`shard_bounds`); each rank keeps the optimizer state of its shard only. A step: reduce-scatter
     the gradients (each rank receives the summed gradient of its shard), step the shard, all-gather the
-    updated shards. Shards are padded to the largest one for the two collectives (a padded copy of the
-    gradients, and the gathered buffer: temporaries of about the gradient's size each, which notebook
-    09's memory count, ``replica_memory``, sees)."""
+    updated shards. Both collectives pad the shards to the largest one: temporaries of about the
+    gradient's size each, which notebook 09's memory count (``replica_memory``) sees."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)

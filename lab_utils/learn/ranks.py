@@ -97,20 +97,17 @@ def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def epochs_over_ranks(gathered: Sequence[Mapping[str, Any]],
                       combine: Callable[[list[dict[str, Any]]], dict[str, Any]] = aggregate_epoch
                       ) -> list[dict[str, Any]]:
-    """Every epoch over the ranks, THE path of every DDP worker: ``gathered`` holds each rank's results in
-    rank order (:func:`lab_utils.engine.dist.gather`), its ``epochs`` one entry per epoch; epoch e is
-    ``combine`` (:func:`aggregate_epoch`, or a worker's wrapper of it) of the ranks' entries e, each named
-    by its ``rank``."""
+    """Every epoch over the ranks, THE path of every DDP worker: ``gathered`` holds each rank's results
+    (:func:`lab_utils.engine.dist.gather`) in rank order, one ``epochs`` entry per epoch; epoch e is
+    ``combine`` (:func:`aggregate_epoch`, or a worker's wrapper of it) of the ranks' entries e."""
     return [combine([{**g["epochs"][e], "rank": r} for r, g in enumerate(gathered)])
             for e in range(len(gathered[0]["epochs"]))]
 
 
 def probe_seconds(probe: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    """One rank's ``no_sync`` probe (:class:`lab_utils.learn.comm_probe.CommProbe` fields, per step)
-    scaled to an epoch of ``steps`` optimizer steps: (b) ``exposed_comm_seconds``, (c)
-    ``allreduce_seconds``, their overlap (:func:`~lab_utils.learn.comm_probe.overlap_figures`) and the
-    standard error of (b). A worker puts them in its rank's epoch entry, so that
-    :func:`aggregate_epoch` takes them from the slowest rank, with the means beside them."""
+    """One rank's ``no_sync`` probe (:class:`~lab_utils.learn.comm_probe.CommProbe`, per step) scaled to an
+    epoch of ``steps`` optimizer steps: (b), (c), their overlap and the standard error of (b). A worker
+    puts them in its rank's epoch entry, so :func:`aggregate_epoch` takes them from the slowest rank."""
     exposed = float(probe["exposed_per_step_seconds"]) * steps
     allreduce = float(probe["allreduce_per_step_seconds"]) * steps
     overlap, fraction = overlap_figures(exposed, allreduce)

@@ -30,8 +30,7 @@ class AllReduceLine:
 
     @classmethod
     def from_fit(cls, fit: AlphaBetaFit) -> AllReduceLine:
-        """The line of an alpha-beta fit at its rank count: its time of an empty message, and the bytes
-        per second its time grows by (1 / its slope)."""
+        """The line of an alpha-beta fit at its rank count: its empty message's time, 1 / slope in GB/s."""
         latency = fit.predict_seconds(0.0)
         per_byte = (fit.predict_seconds(GB) - latency) / GB
         return cls(fit.world_size, latency, 1 / per_byte / GB, fit.rms_relative_error)

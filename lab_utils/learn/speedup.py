@@ -55,9 +55,8 @@ def gustafson_serial_fraction(karp_flatt_e: float, devices: int) -> float:
 
 
 def gustafson_speedup(serial_fraction: float, devices: int) -> float:
-    """Gustafson's scaled speedup (the problem grows with N, the run's time and its serial part fixed):
-    S(N) = N - s (N - 1), s the serial share of the parallel run's time
-    (:func:`gustafson_serial_fraction`)."""
+    """Gustafson's scaled speedup (the problem grows with N, the run's time and its serial part fixed): S(N)
+    = N - s (N - 1), s the serial share of the parallel run's time (:func:`gustafson_serial_fraction`)."""
     return devices - serial_fraction * (devices - 1)
 
 

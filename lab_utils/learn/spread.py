@@ -126,10 +126,9 @@ def time_spread(repeats: Sequence[Mapping[str, Any]], time_key: str = "train_sec
 
 
 def within_noise(effect: float | None, *stderrs: float | None, sigmas: float = NOISE_SIGMAS) -> bool | None:
-    """Whether ``effect`` (a difference, seconds) is within ``sigmas`` standard errors of 0: True when
-    ``sigmas`` x the combined standard error (the root of the sum of squares of ``stderrs``, those of
-    the independent times the difference is made of, each already scaled as it enters it) is as
-    large as ``|effect|``: not a result. None when the effect or any standard error is unknown."""
+    """Whether ``effect`` (a difference, seconds) is within ``sigmas`` standard errors of 0, not a result:
+    the combined standard error is the root of the sum of squares of ``stderrs``, those of the independent
+    times the difference is made of (each scaled as it enters it). None when any of them is unknown."""
     if effect is None or not stderrs or any(e is None for e in stderrs):
         return None
     if math.isnan(effect) or any(math.isnan(e) for e in stderrs):

@@ -1,12 +1,10 @@
 """Timers that are correct under CUDA asynchrony. All times are in seconds.
 
-A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around
-GPU work measures the *launch*, not the work, unless the host waits for the device.
-Every timer here calls :func:`synchronize` at its boundaries (a no-op on the CPU), so a
-phase's time includes all device work queued inside it. The price is that the phases do
-not overlap each other; that is what a per-phase breakdown means. :class:`PhaseTimer` times
-the phases of a training step (:func:`lab_utils.learn.loop.train_steps` says what each holds),
-:class:`NestedTimers` named, nested ones ("epoch/train/forward") for the GPT's breakdown.
+A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around GPU work measures
+the *launch*, not the work, unless the host waits for the device. Every timer here calls
+:func:`synchronize` at its boundaries (a no-op on the CPU), so a phase's time includes all device work
+queued inside it. The price is that the phases do not overlap each other; that is what a per-phase
+breakdown means.
 """
 
 from __future__ import annotations
@@ -62,9 +60,9 @@ class Stat:
 
 @dataclass
 class PhaseTimer:
-    """Per-phase wall time of a training loop, synchronized with the device: ``iterate(loader)``
-    times each batch wait, ``with timer.phase(name):`` a block. ``enabled=False`` makes every call
-    a cheap no-op (the untimed fast path, and the timers' own overhead)."""
+    """Per-phase wall time of a training loop (the phases: :func:`lab_utils.learn.loop.train_steps`),
+    synchronized with the device: ``iterate(loader)`` times each batch wait, ``with timer.phase(name):`` a
+    block. ``enabled=False`` makes every call a cheap no-op (the untimed fast path, the timers' overhead)."""
 
     device: torch.device | str | None = None
     enabled: bool = True
@@ -114,8 +112,8 @@ class PhaseTimer:
 
 
 class NestedTimers:
-    """Named timers that nest: inside ``with t("epoch"):``, ``with t("forward"):`` is
-    ``"epoch/forward"``; each keeps a :class:`Stat`, synchronizing ``device`` at both ends."""
+    """Named timers that nest, for the GPT's breakdown: inside ``with t("epoch"):``, ``with t("forward"):``
+    is ``"epoch/forward"``; each keeps a :class:`Stat`, synchronizing ``device`` at both ends."""
 
     def __init__(self, device: torch.device | str | None = None, enabled: bool = True):
         self.device = device

@@ -90,6 +90,6 @@ def optimal_bucket_bytes(gradient_bytes: float, world_size: int, alpha_seconds: 
 
 
 def slowest_per_step(per_rank: Sequence[Sequence[float]]) -> list[float]:
-    """Each synchronized step's time: the slowest rank's (no rank finishes a collective before the last
-    one arrives, as :mod:`lab_utils.learn.ranks` says of epochs). ``per_rank[r][s]``: rank r, step s."""
+    """Each synchronized step's time: the slowest rank's (:mod:`lab_utils.learn.ranks` says why).
+    ``per_rank[r][s]``: rank r, step s."""
     return [max(step) for step in zip(*per_rank)]

@@ -1,11 +1,10 @@
 """A small decoder-only GPT for character-level text (part 2 of the lab), written for this lab in the
 common GPT-2 layout:
 
-- token embedding ``wte`` (vocab_size x n_embd) + learned position embedding ``wpe``
-  (block_size x n_embd), dropout;
-- ``n_layer`` pre-norm blocks: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``, ``attn`` causal
-  multi-head self-attention through ``F.scaled_dot_product_attention(is_causal=True)``, ``mlp``
-  Linear(C, 4C) -> GELU -> Linear(4C, C);
+- token embedding ``wte`` + learned position embedding ``wpe`` (block_size positions), dropout;
+- ``n_layer`` pre-norm blocks, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``: causal multi-head
+  attention through ``F.scaled_dot_product_attention(is_causal=True)``, an MLP Linear(C, 4C) -> GELU ->
+  Linear(4C, C);
 - a final LayerNorm and an output head whose weight *is* the token embedding (tied: no parameters).
 
 The loss is computed by the caller (:func:`lm_loss`) so that timers can separate forward, loss and
