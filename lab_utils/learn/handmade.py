@@ -3,18 +3,9 @@
 After ``backward()`` every rank holds the gradient of ITS share of the global batch. If every rank replaces
 it with the mean over ranks before the optimizer step, all replicas take the same step, and that step
 equals one process trained on the whole global batch (the mean of the per-rank mean losses is the global
-mean loss, for equal shares). The five ways differ only in how the mean is computed:
-
-- (a) :class:`Naive`: one all-reduce per parameter tensor after ``backward()`` (62 for ResNet-18);
-- (e) :class:`PerTensor`: the same 62, each started during backward: (a) - (e) is what overlap alone
-  buys, (e) - (c) what bucketing adds;
-- (b) :class:`Flat`: one all-reduce of all gradients: alpha once, but nothing starts before
-  ``backward()`` has ended;
-- (c) :class:`Bucketed`: DDP's buckets, each started during backward;
-- (d) :class:`ZeroOne`: ZeRO stage 1 (Rajbhandari et al. 2020, sec. 7.2.1): the all-reduce split into
-  reduce-scatter and all-gather, so the same bytes as DDP, and each rank keeps the optimizer state of
-  1/N of the parameters. (torch's ``ZeroRedundancyOptimizer`` is the other design: DDP's all-reduce,
-  then a broadcast of each rank's updated shard: more bytes.)
+mean loss, for equal shares). The five ways differ only in how the mean is computed: (a) :class:`Naive`,
+(b) :class:`Flat`, (c) :class:`Bucketed`, (d) :class:`ZeroOne` and (e) :class:`PerTensor`; (a) - (e) is
+what overlap alone buys, (e) - (c) what bucketing adds.
 
 Each is an optimizer wrapper (:class:`Local`) that the lab's one training loop
 (:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer; from its ``messages()``
@@ -83,7 +74,7 @@ class Local:
 
 
 class Naive(Local):
-    """(a) After backward, one all-reduce per gradient tensor, then divide by the number of ranks."""
+    """(a) After backward, one all-reduce per gradient tensor (62 for ResNet-18), then divide by the ranks."""
 
     def sync(self) -> None:
         for p in self.params:
@@ -95,7 +86,8 @@ class Naive(Local):
 
 
 class Flat(Local):
-    """(b) All gradients in one flat buffer, one all-reduce, then copied back."""
+    """(b) All gradients in one flat buffer, one all-reduce, then copied back: alpha once, but nothing
+    starts before ``backward()`` has ended."""
 
     def sync(self) -> None:
         grads = [p.grad for p in self.params]
@@ -164,11 +156,13 @@ class PerTensor(Bucketed):
 
 
 class ZeroOne(Local):
-    """(d) ZeRO-1 as the paper has it: the parameters live in one flat buffer cut into N shards
-    (:func:`shard_bounds`); each rank keeps the optimizer state of its shard only. A step: reduce-scatter
-    the gradients (each rank receives the summed gradient of its shard), step the shard, all-gather the
-    updated shards. Both collectives pad the shards to the largest one: temporaries of about the
-    gradient's size each, which notebook 09's memory count (``replica_memory``) sees."""
+    """(d) ZeRO stage 1 as the paper has it (Rajbhandari et al. 2020, sec. 7.2.1): the parameters live in
+    one flat buffer cut into N shards (:func:`shard_bounds`); each rank keeps the optimizer state of its
+    shard only. A step: reduce-scatter the gradients (each rank receives the summed gradient of its
+    shard), step the shard, all-gather the updated shards: the all-reduce's two halves, so the same bytes
+    as DDP. (torch's ``ZeroRedundancyOptimizer`` is the other design: DDP's all-reduce, then a broadcast
+    of each rank's updated shard: more bytes.) Both collectives pad the shards to the largest one:
+    temporaries of about the gradient's size each (notebook 09's ``replica_memory`` counts them)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)

@@ -23,12 +23,12 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 GB = 1e9  # decimal, as nccl-tests reports GB/s
 
-# DDP's default bucket_cap_mb=25 (torch: 25 * 1024 * 1024 bytes). Only when bucket_cap_mb is not given is
-# the first bucket capped at 1 MiB, for torch's reason (nn/parallel/distributed.py, building the Reducer):
-# "we allow for a single small bucket for parameters that are defined first, such that their gradients
-# don't spill into a much larger bucket, adding unnecessary latency after gradient computation finishes".
-# DDP rebuilds its buckets after the first step in gradient-ready order, last layer first, so the 1 MiB
-# cap falls on the first bucket sent: ResNet-18's 9.46 + 26.49 + 8.74 MB.
+# DDP's default bucket_cap_mb=25 (25 * 1024 * 1024 bytes); only when it is not given is the first bucket
+# capped at 1 MiB, for torch's reason (nn/parallel/distributed.py): "we allow for a single small bucket for
+# parameters that are defined first, such that their gradients don't spill into a much larger bucket,
+# adding unnecessary latency after gradient computation finishes". DDP rebuilds its buckets after the first
+# step in gradient-ready order, so the 1 MiB cap falls on the first bucket sent: ResNet-18's 9.46 + 26.49
+# + 8.74 MB.
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
@@ -138,8 +138,8 @@ def bucketed_ring_seconds(size_bytes: float, world_size: int, alpha_seconds: flo
 def predicted_allreduce_gb_per_s(bucket_bytes: Sequence[float], world_size: int, alpha_seconds: float,
                                  bandwidth_gb_per_s: float) -> float:
     """Notebook 04's prediction of Table 3's (c) rate, in decimal GB/s: what one rank sends for one step's
-    buckets (``2(P-1)/P x b`` each) over their ring all-reduces one after another, each its own
-    ``2(P-1) alpha + 2(P-1)/P x b / B``. Below ``B`` by the latency paid once per bucket; one rank refused."""
+    buckets over their ring all-reduces one after another. Below ``B`` by the latency paid once per
+    bucket; one rank refused."""
     p = _check_world_size(world_size)
     if p < 2:
         raise LabError("A bandwidth needs at least 2 ranks: one device communicates nothing.")

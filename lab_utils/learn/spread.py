@@ -11,8 +11,8 @@ sqrt(S); 391 steps that vary by 10 % give a p10-p90 band of about 26 % and a sta
 0.5 %). It knows nothing of the run-to-run variation (another process on the node, clocks, the data
 order): that needs repeats.
 
-**Repeats** (``REPEATS > 1`` in notebooks 01-03, each a stored configuration with ``config["repeat"]`` =
-1, 2, ... for the second and later): the row's time is the MEDIAN of their ``train_seconds``
+**Repeats** (``REPEATS > 1`` in notebooks 01-03, each a stored configuration of its own, :data:`REPEAT`
+= 1, 2, ... for the second and later): the row's time is the MEDIAN of their ``train_seconds``
 (:data:`TIME_MEDIAN`), the spread 100 x (max - min) / median %, "min-max of R repeats", the standard error
 that of their mean, stdev / sqrt(R). :func:`time_spread` computes both;
 :func:`lab_utils.experiments.shared.repeats.merge_repeats` gives every table one record per configuration
@@ -27,9 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: The per-step percentiles an epoch record holds (seconds), in the order p10, p50, p90.
 STEP_PERCENTILE_KEYS = ("step_train_seconds_p10", "step_train_seconds_p50", "step_train_seconds_p90")
-#: The sample standard deviation of the same per-step times (seconds): the total's standard error.
 STEP_SD_KEY = "step_train_seconds_sd"
 STEP_STAT_KEYS = (*STEP_PERCENTILE_KEYS, STEP_SD_KEY)
 #: The config field of a repeat (absent for the first measurement, so older keys stay valid).

@@ -58,10 +58,10 @@ def overlap_exposed_seconds(bucket_bytes: float, gradient_bytes: float, world_si
                             backward_seconds: float) -> float:
     """Exercise 09-d's model: the communication left after backward ends, in seconds, when the
     ``gradient_bytes`` S are cut into ``k = ceil(S / bucket_bytes)`` equal buckets, backward produces
-    them at a steady rate over ``backward_seconds`` T, and their ring all-reduces run one at a time,
-    each ``c = 2(P-1) alpha + 2(P-1)/P x (S/k) / B``. Bucket j is ready at ``jT/k``: if ``c <= T/k``
-    each all-reduce ends before the next bucket is ready and only the last is exposed (c); otherwise
-    they queue from the first bucket on and end at ``T/k + k c``. Exposed = ``max(c, T/k + k c - T)``."""
+    them at a steady rate over ``backward_seconds`` T, and their ring all-reduces (c each) run one at a
+    time. Bucket j is ready at ``jT/k``: if ``c <= T/k`` each all-reduce ends before the next bucket is
+    ready and only the last is exposed (c); otherwise they queue from the first bucket on and end at
+    ``T/k + k c``. Exposed = ``max(c, T/k + k c - T)``."""
     k = max(1, math.ceil(gradient_bytes / bucket_bytes))
     return _exposed_by_buckets(k, gradient_bytes, world_size, alpha_seconds, bandwidth_bytes_per_s,
                                backward_seconds)
