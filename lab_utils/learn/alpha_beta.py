@@ -116,9 +116,6 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
     )
 
 
-# --------------------------------------------------------------------------- benchmark message sizes
-
-
 ELEMENT_BYTES = 4  # the benchmark all-reduces float32 tensors, like DDP's fp32 gradients
 
 

@@ -8,12 +8,12 @@ are in seconds; the all-reduce time (c) is :class:`lab_utils.learn.comm_hooks.Al
     buckets, and the BatchNorm buffer broadcast at the start of the forward (:func:`_as_in_training`).
 
 **Overlap** = (c) - (b); ``overlap_fraction`` = overlap / (c). (b) <= (c) is an expectation, not a law:
-(b) also holds what (c) does not (the bucket copies, the buffer broadcast, the arrival skew), so with one
-bucket (nothing to overlap) or a tiny all-reduce (b) exceeds (c) by those; on a GPU, NCCL's kernels take
-SMs and memory bandwidth from the compute they overlap, which also counts in (b); on a CPU, gloo's thread
-competes with backward for the cores, so with several buckets (b) can exceed (c) by up to that
-computation (``tests/test_ddp.py`` measures it). Neither figure includes DDP's parameter broadcast at
-construction nor the loop's metric reductions.
+(b) also holds the skew, copies and broadcast above, which (c) does not, so with one bucket (nothing to
+overlap) or a tiny all-reduce (b) exceeds (c) by those; on a GPU, NCCL's kernels take SMs and memory
+bandwidth from the compute they overlap, which also counts in (b); on a CPU, gloo's thread competes with
+backward for the cores, so with several buckets (b) can exceed (c) by up to that computation
+(``tests/test_ddp.py`` measures it). Neither includes DDP's parameter broadcast at construction nor the
+loop's metric reductions.
 
 The assignment's method (a), :func:`derived_comm`, needs no probe: it splits T(N) by T(1)/N
 (:func:`compute_to_comm`, :func:`hidden_percent` and :func:`noise_flag` give Table 2's figures).

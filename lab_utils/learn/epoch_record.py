@@ -1,7 +1,5 @@
-"""What one pass of the loop counts (:class:`EpochSums`, from :func:`lab_utils.learn.loop.train_steps`)
-and what one epoch of one process measured (:class:`EpochRecord`, from
-:func:`lab_utils.learn.loop.run_epoch`); every name is defined in :mod:`lab_utils.learn.metrics`.
-"""
+"""The loop's counts (:class:`EpochSums`) and one epoch's measurements (:class:`EpochRecord`); every name
+is defined in :mod:`lab_utils.learn.metrics`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-""":mod:`lab_utils.learn.metrics`' communication entries, ``(name, definition, unit)``: DDP's comm hook and
-no_sync probe, the all-reduce benchmark, the communication ledger, data parallelism by hand (notebook 09)."""
+""":mod:`lab_utils.learn.metrics`' communication entries: DDP's comm hook and no_sync probe, the all-reduce
+benchmark, the communication ledger, data parallelism by hand (notebook 09)."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------- communication (learn.comm_hooks, learn.comm_probe)

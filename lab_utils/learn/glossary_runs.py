@@ -1,5 +1,4 @@
-""":mod:`lab_utils.learn.metrics`' entries of whole runs, ``(name, definition, unit)``: a DDP run, the GPT,
-the fast path, quantization."""
+""":mod:`lab_utils.learn.metrics`' entries of whole runs: a DDP run, the GPT, the fast path, quantization."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- a DDP run (workers.ddp)

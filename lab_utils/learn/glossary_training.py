@@ -1,5 +1,4 @@
-""":mod:`lab_utils.learn.metrics`' training entries, ``(name, definition, unit)``: one epoch, the spread of
-a row's time, the aggregate over ranks, the evaluation."""
+""":mod:`lab_utils.learn.metrics`' training entries: one epoch, a row's spread, ranks, the evaluation."""
 
 ENTRIES: tuple[tuple[str, str, str], ...] = (
     # ---------------------------------------------------------------- one epoch (learn.loop.run_epoch)

@@ -2,8 +2,8 @@
 
 A text bar (plain ``tqdm`` on stdout), in JupyterLab as in a terminal: not ``tqdm.auto``'s widget,
 because a saved notebook keeps no widget state, so JupyterLab shows "Error displaying widget: model
-not found" for every bar when the notebook is opened again. Headless (``python -m lab_utils run``
-sets ``LAB_HEADLESS=1``, or a batch job) carriage-return bars would fill the saved output: disabled.
+not found" for every bar when the notebook is opened again. When :func:`headless`, carriage-return
+bars would fill the saved output, so they are disabled.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 
 
 def headless() -> bool:
-    """True under ``python -m lab_utils run``, in workers, or without a terminal/notebook."""
+    """True under ``python -m lab_utils run`` (``LAB_HEADLESS=1``), in workers and batch jobs, or without
+    a terminal or notebook."""
     if os.environ.get("LAB_HEADLESS") == "1":
         return True
     if "ipykernel" in sys.modules:

@@ -1,8 +1,7 @@
 """Ring all-reduce from first principles: bytes, time models, nccl-tests metrics.
 
-The formulas behind notebooks 02-04 (Tables 1-3): what a gradient weighs, what a ring all-reduce
-sends, how long it should take. Pure arithmetic on numbers, tested against values computed by hand;
-the alpha-beta fit to a benchmark is :mod:`lab_utils.learn.alpha_beta`, and
+The formulas behind notebooks 02-04 (Tables 1-3), pure arithmetic tested against values computed by
+hand; the alpha-beta fit to a benchmark is :mod:`lab_utils.learn.alpha_beta`, and
 :mod:`lab_utils.experiments.n04_allreduce.experiment` runs the benchmark and the projections on top of it.
 
 A ring all-reduce of S bytes over ``P`` ranks is a reduce-scatter followed by an all-gather, ``P-1``

@@ -66,8 +66,7 @@ LR_RULES = ("fixed", "linear")
 def make_schedule(base_lr: float, lr_rule: str, global_batch: int, base_batch: int, steps_per_epoch: int,
                   epochs: int, warmup_epochs: float = 0.0, decay: str = "constant") -> LRSchedule:
     """The schedule of a run, in epochs, as the DDP worker builds it: peak lr ``base_lr`` (``fixed``) or
-    ``scaled_lr(...)`` (``linear``); warm-up from ``base_lr`` (Goyal et al. 2017 start the ramp at the
-    small-batch lr) over ``round(warmup_epochs x steps_per_epoch)`` steps; then ``decay``."""
+    ``scaled_lr(...)`` (``linear``), a warm-up from ``base_lr`` over :func:`warmup_steps`, then ``decay``."""
     check_choice(lr_rule, LR_RULES, "lr rule")
     if steps_per_epoch <= 0 or epochs <= 0:
         raise LabError(f"steps_per_epoch ({steps_per_epoch}) and epochs ({epochs}) must be positive.")
@@ -90,7 +89,6 @@ def linear_scaling_recipe(base_lr: float, base_batch: int, per_device_batch: int
                           dataset_size: int, warmup_epochs: float) -> tuple[float, int]:
     """Notebook 05's prediction: the peak lr and the warm-up length in optimizer steps of a run on
     ``devices`` x ``per_device_batch`` from the recipe ``base_lr`` at ``base_batch``: the linear scaling
-    rule on the global batch, and ``warmup_epochs`` of that run's steps (``ceil(ceil(N/P)/b)`` per
-    epoch, as ``DistributedSampler`` and the loader make them)."""
+    rule on the global batch, and ``warmup_epochs`` of that run's steps (:func:`iterations_per_epoch`)."""
     steps = iterations_per_epoch(dataset_size, per_device_batch, devices)
     return scaled_lr(base_lr, per_device_batch * devices, base_batch), warmup_steps(warmup_epochs, steps)

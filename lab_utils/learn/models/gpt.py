@@ -53,9 +53,6 @@ class GPTConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-# --------------------------------------------------------------------------- model
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()

@@ -1,8 +1,4 @@
-"""The GPT's named sizes and its formulas: parameters and training FLOPs per token.
-
-:data:`GPT_SIZES`: ``tiny`` for the quick profile and tests, ``small`` (about 10.7 M parameters with a
-65-character vocabulary) as the default that trains usefully in minutes on one GPU.
-"""
+"""The GPT's named sizes and its formulas: parameters and training FLOPs per token."""
 
 from __future__ import annotations
 
@@ -16,7 +12,9 @@ from lab_utils.learn.errors import LabError
 from lab_utils.learn.flops import count_flops
 from lab_utils.learn.models.gpt import GPTConfig, unwrap
 
-#: Named sizes (everything but the vocabulary, which comes from the corpus).
+#: Named sizes (everything but the vocabulary, which comes from the corpus): ``tiny`` for the quick profile
+#: and tests; ``small``, the default (about 10.7 M parameters with a 65-character vocabulary), trains
+#: usefully in minutes on one GPU.
 GPT_SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"block_size": 64, "n_layer": 2, "n_head": 2, "n_embd": 64},
     "small": {"block_size": 256, "n_layer": 6, "n_head": 6, "n_embd": 384},
@@ -28,9 +26,6 @@ def gpt_config(size: str = "small", vocab_size: int = 65, **overrides: Any) -> G
     if size not in GPT_SIZES:
         raise LabError(f"Unknown GPT size {size!r}; use one of: {', '.join(GPT_SIZES)}.")
     return GPTConfig(vocab_size=vocab_size, **{**GPT_SIZES[size], **overrides})
-
-
-# --------------------------------------------------------------------------- formulas
 
 
 def parameter_count(cfg: GPTConfig) -> int:
