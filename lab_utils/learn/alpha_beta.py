@@ -1,7 +1,6 @@
 """The alpha-beta fit (notebooks 02-04): alpha (seconds per ring step) and B (bytes/s of one link
-direction) of the ring model of :mod:`lab_utils.learn.ring`, ``T = 2(P-1) alpha + 2(P-1)/P x S / B``,
-fitted to a benchmark's all-reduce times, and the message sizes the benchmark
-(:mod:`lab_utils.experiments.n04_allreduce.experiment`) runs.
+direction) of :func:`lab_utils.learn.ring.ring_allreduce_seconds`, fitted to a benchmark's all-reduce
+times, and the message sizes the benchmark (:mod:`lab_utils.experiments.n04_allreduce.experiment`) runs.
 """
 
 from __future__ import annotations
@@ -61,12 +60,11 @@ class AlphaBetaFit:
 
 
 def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world_size: int) -> AlphaBetaFit:
-    """Least-squares fit of alpha and B to all-reduce timings on ``world_size`` ranks. The model is linear
-    in ``(a0, a1) = (2(P-1) alpha, 2(P-1)/P / B)``: ``t = a0 + a1 S``. Sizes span eight orders of
-    magnitude, so the residuals are *relative* (``(model - t) / t``): each size counts equally, not only
-    the largest. A negative intercept (noise, no visible latency floor) is clamped at 0 and the slope
-    refitted. Standard errors come from ``sigma^2 (A^T A)^-1`` with ``sigma^2 = RSS / (n - 2)``,
-    propagated to alpha and B."""
+    """Least-squares fit of alpha and B to all-reduce timings on ``world_size`` ranks. The model is linear in
+    ``(a0, a1) = (2(P-1) alpha, 2(P-1)/P / B)``: ``t = a0 + a1 S``. Sizes span eight orders of magnitude, so
+    the residuals are *relative* (``(model - t) / t``): each size counts equally, not only the largest. A
+    negative intercept (noise, no visible latency floor) is clamped at 0 and the slope refitted. Standard
+    errors come from ``sigma^2 (A^T A)^-1`` with ``sigma^2 = RSS / (n - 2)``, propagated to alpha and B."""
     p = check_positive_int(world_size, "world size (number of ranks P)")
     if p < 2:
         raise LabError("An all-reduce on one rank moves no data; fit timings measured on at least 2 ranks.")

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 def assign_buckets(sizes_bytes: Sequence[int], cap_bytes: float,
                    first_cap_bytes: float | None = None) -> list[list[int]]:
-    """Parameter indices (``model.parameters()`` order) grouped into all-reduce buckets by DDP's rule,
-    torch's ``compute_bucket_assignment_by_size`` (reducer.cpp) as DDP applies it when it rebuilds its
-    buckets in the order gradients become ready: parameters in REVERSE order (backward produces the last
-    layer's gradient first), each added to the open bucket, which closes once it holds at least its cap
-    (so a bucket can exceed it by its last tensor; the last may be below it). The first bucket's cap is
-    ``first_cap_bytes`` (None: ``cap_bytes``; DDP's: :data:`lab_utils.learn.ring.DDP_FIRST_BUCKET_BYTES`)."""
+    """Parameter indices (``model.parameters()`` order) in buckets by torch's
+    ``compute_bucket_assignment_by_size`` (reducer.cpp), as DDP applies it when it rebuilds its buckets in
+    gradient-ready order: parameters in REVERSE order (backward makes the last layer's gradient first), each
+    added to the open bucket, which closes once it holds at least its cap (so it can exceed it by its last
+    tensor; the last may be below it). The first bucket's cap is ``first_cap_bytes`` (None: ``cap_bytes``;
+    DDP's: :data:`lab_utils.learn.ring.DDP_FIRST_BUCKET_BYTES`)."""
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0

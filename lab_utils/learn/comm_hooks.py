@@ -3,8 +3,7 @@
 DDP puts gradients into *buckets* (about 25 MB each) and all-reduces a bucket as soon as its gradients
 are computed, while ``backward`` goes on with earlier layers; at the end of ``backward`` it waits for
 every bucket. Part of the communication is hidden behind computation (*overlap*), only the rest makes a
-step longer (*exposed*): the exposed part (b), the ``no_sync`` probe that measures it, and the overlap
-(c) - (b) are :mod:`lab_utils.learn.comm_probe`.
+step longer (*exposed*, (b): :mod:`lab_utils.learn.comm_probe`).
 
 (c) **total all-reduce time** (:class:`AllReduceTimer`, a DDP comm hook): per bucket, from its gradients
     being ready (on GPU a CUDA event on the compute stream: the device *finished* them) to its all-reduce

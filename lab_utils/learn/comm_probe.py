@@ -13,10 +13,7 @@ overlap) or a tiny all-reduce (b) exceeds (c) by those; on a GPU, NCCL's kernels
 bandwidth from the compute they overlap, which also counts in (b); on a CPU, gloo's thread competes with
 backward for the cores, so with several buckets (b) can exceed (c) by up to that computation
 (``tests/test_ddp.py`` measures it). Neither includes DDP's parameter broadcast at construction nor the
-loop's metric reductions.
-
-The assignment's method (a), :func:`derived_comm`, needs no probe: it splits T(N) by T(1)/N
-(:func:`compute_to_comm`, :func:`hidden_percent` and :func:`noise_flag` give Table 2's figures).
+loop's metric reductions. The assignment's method (a), :func:`derived_comm`, needs no probe.
 """
 
 from __future__ import annotations
@@ -78,11 +75,11 @@ def _barrier(device: torch.device) -> None:
 
 
 def _as_in_training(ddp_model: nn.parallel.DistributedDataParallel, sync: bool) -> None:
-    """Make the next forward broadcast DDP's buffers or not, as a training step of that kind does. DDP
-    broadcasts them only in a forward that follows a synchronized one (``require_forward_param_sync``, set
-    at the end of a synchronized forward, cleared at the end of a ``no_sync`` one), so every training step
-    without accumulation broadcasts. Left to the probe's order of steps (sync, no_sync, no_sync, sync,
-    ...), half of each arm would broadcast and the broadcast would cancel out of (b)."""
+    """Make the next forward broadcast DDP's buffers or not, as a training step of that kind does: DDP
+    broadcasts them in a forward that follows a synchronized one (``require_forward_param_sync``, set
+    after a synchronized forward, cleared after a ``no_sync`` one), so every step without accumulation
+    does. Left to the probe's order (sync, no_sync, no_sync, sync, ...), half of each arm would broadcast,
+    and the broadcast would cancel out of (b)."""
     if hasattr(ddp_model, "require_forward_param_sync"):
         ddp_model.require_forward_param_sync = sync
 
@@ -151,9 +148,9 @@ def probe_exposed_comm(ddp_model: nn.parallel.DistributedDataParallel, batches: 
 
 
 def derived_comm(t1_seconds: float, tn_seconds: float, devices: int) -> tuple[float, float]:
-    """The assignment's method (a): ``compute = T(1)/N``, ``communication = T(N) - T(1)/N``, assuming a
-    perfect split of the one-device work; a negative value (super-linear) is returned as is, because it
-    shows the assumption failing."""
+    """The assignment's method (a), Table 2's: ``compute = T(1)/N``, ``communication = T(N) - T(1)/N``,
+    assuming a perfect split of the one-device work; a negative value (super-linear) is returned as is,
+    because it shows the assumption failing."""
     if devices < 1:
         raise ValueError(f"devices must be at least 1, got {devices}")
     compute = t1_seconds / devices

@@ -1,9 +1,8 @@
 """FLOP counts measured with ``torch.utils.flop_counter.FlopCounterMode``, and what they say about a run.
 
-The counter records the FLOPs of matrix multiplications and convolutions (2 FLOPs per
-multiply-accumulate) as the model actually runs, forward and backward. Element-wise
-work (BatchNorm, ReLU, softmax) is not counted; it is small in FLOPs but not in time,
-which is one reason achieved FLOP/s stays below peak.
+The counter records the FLOPs of matrix multiplications and convolutions (2 FLOPs per multiply-accumulate) as
+the model actually runs, forward and backward. Element-wise work (BatchNorm, ReLU, softmax) is not counted; it
+is small in FLOPs but not in time, which is one reason achieved FLOP/s stays below peak.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ mean loss, for equal shares). The five ways differ only in how the mean is compu
 what overlap alone buys, (e) - (c) what bucketing adds.
 
 Each is an optimizer wrapper (:class:`Local`) that the lab's one training loop
-(:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer; from its ``messages()``
-:mod:`lab_utils.learn.traffic` computes the bytes one rank sends and the seconds the alpha-beta model
-predicts. The tests and graded exercises run them on 2 forked gloo ranks without torchrun
+(:func:`lab_utils.learn.loop.train_steps`) drives like any optimizer; :mod:`lab_utils.learn.traffic` models
+its ``messages()``. The tests and graded exercises run them on 2 forked gloo ranks without torchrun
 (:func:`lab_utils.engine.fork_ranks.run_in_ranks`).
 """
 
@@ -45,8 +44,7 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
 class Local:
     """No gradient communication: each rank steps on its own gradient (the replicas drift apart), the
     baseline a synchronizing step is compared with (exposed communication). Every implementation starts
-    from rank 0's weights (:func:`broadcast_from_rank0`, once, outside any step); ``step()`` synchronizes
-    the gradients, then steps."""
+    from rank 0's weights (:func:`broadcast_from_rank0`, when built); ``step()`` syncs, then steps."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         self.params = [p for p in model.parameters() if p.requires_grad]

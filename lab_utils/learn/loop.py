@@ -2,10 +2,8 @@
 
 Read it in this order: the plain synchronized step first, then the DDP options as a marked extension.
 :func:`train_steps` runs one pass of optimizer steps; :func:`run_epoch` is the clock around it, one
-epoch of one process (:mod:`lab_utils.learn.ranks` aggregates the ranks' records, the slowest rank
-defining T(N)); :func:`lab_utils.learn.evaluation.evaluate` is the one evaluation pass. The recipe is
-the assignment's: SGD (lr 0.1, momentum 0.9, weight decay 5e-4) and cross-entropy. Definitions of
-every number: :mod:`lab_utils.learn.metrics`.
+epoch of one process; :func:`lab_utils.learn.evaluation.evaluate` is the one evaluation pass.
+Definitions of every number: :mod:`lab_utils.learn.metrics`.
 """
 
 from __future__ import annotations
@@ -32,13 +30,13 @@ from lab_utils.learn.timing import NestedTimers, PhaseTimer, synchronize
 
 def make_optimizer(model: nn.Module, lr: float = 0.1, momentum: float = 0.9,
                    weight_decay: float = 5e-4, **kw) -> torch.optim.SGD:
-    """The spec's SGD."""
+    """The spec's SGD (the assignment's recipe, with cross-entropy)."""
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, **kw)
 
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop. The DDP extension:
+    """How :func:`train_steps` runs a pass; the defaults are the spec's plain loop, the DDP extension
     ``accumulation_steps``, ``comm_timer`` and ``skew_barrier``."""
 
     accumulation_steps: int = 1     # micro-batches per optimizer step
@@ -73,11 +71,10 @@ def train_steps(ddp, batches, n_batches: int | None, optimizer, loss_fn, timer, 
 
     - ``data_loading``: waiting for this rank's loader; ``data_movement``: host-to-device copies;
     - ``skew_wait`` (``skew_barrier``): an all-reduce of one float32 across ranks (gloo and NCCL; on CUDA
-      the timer's synchronize waits for it), so that a rank whose batch is ready early waits here for the
-      slowest rank's loader, not inside backward's gradient all-reduce, where the wait would count as
-      compute. It precedes the micro-step that all-reduces and, with accumulation, the group's first one,
-      whose DDP forward broadcasts the BatchNorm buffers (a collective that would absorb the wait); the
-      latency of these one or two tiny collectives per step is in this phase too;
+      the timer's synchronize waits for it) before the micro-step that all-reduces and, with accumulation,
+      the group's first one, whose DDP forward broadcasts the BatchNorm buffers. A rank whose batch is
+      ready early waits here for the slowest rank's loader, not inside a collective, where the wait would
+      count as compute; the latency of these one or two tiny all-reduces per step is in this phase too;
     - ``compute``: forward, loss, backward (with DDP's gradient all-reduce, whose exposed part
       ``comm_timer`` moves to ``communication``), optimizer step, lr step.
 

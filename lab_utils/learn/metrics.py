@@ -1,18 +1,17 @@
 """The glossary: every metric name a record holds, its one definition, and its unit.
 
-One meaning per name, everywhere in the lab: a name that would mean something else gets another name
-(``images_per_s`` is always over ``train_seconds``, loader waits excluded; the fast path's rate over the
-whole epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s``, of its ``loader_images``:
-``images`` are always trained on). The entries are kept by topic in ``glossary_training``,
-``glossary_comm`` and ``glossary_runs``; :func:`define` also resolves the ``_mean``, ``_max`` or ``_min``
-an aggregate over ranks (:mod:`lab_utils.learn.ranks`) adds to a time. ``tests/test_metrics_glossary.py``
-checks that no definition says the same thing twice, ``tests/test_notebooks.py`` that every metric key a
-notebook run writes is defined here.
+One meaning per name, everywhere in the lab; a name that would mean something else gets another:
+``images_per_s`` is always over ``train_seconds`` (loader waits excluded), the fast path's rate over the whole
+epoch is ``epoch_images_per_s``, the loader's own ``loader_images_per_s`` (of its ``loader_images``:
+``images`` are always trained on). The entries are kept by topic in ``glossary_training``, ``glossary_comm``
+and ``glossary_runs``; :func:`define` also resolves the ``_mean``, ``_max`` or ``_min`` an aggregate over
+ranks (:mod:`lab_utils.learn.ranks`) adds to a time. ``tests/test_metrics_glossary.py`` checks that no
+definition says the same thing twice, ``tests/test_notebooks.py`` that every metric key a notebook run writes
+is defined here.
 
-Units: ``s`` seconds, ``us`` microseconds, ``bytes`` (decimal multiples in tables: MB = 1e6), ``GB/s``
-decimal (1e9, as nccl-tests), ``count``, ``fraction`` (0..1), ``%`` (0..100), ``nats`` (natural-log
-cross-entropy), ``lr`` (a learning rate), ``-`` (text, a flag, or a nested structure described in the
-definition).
+Units: ``s`` seconds, ``us`` microseconds, ``bytes`` (decimal multiples in tables: MB = 1e6), ``GB/s`` decimal
+(1e9, as nccl-tests), ``count``, ``fraction`` (0..1), ``%`` (0..100), ``nats`` (natural-log cross-entropy),
+``lr`` (a learning rate), ``-`` (text, a flag, or a nested structure described in the definition).
 """
 
 from __future__ import annotations

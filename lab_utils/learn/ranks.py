@@ -38,9 +38,8 @@ SLOWEST_KEYS = ("overlap_fraction",)
 
 
 def aggregate_epoch(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One epoch's aggregate over ranks (module docstring): the slowest rank's times, with the
-    means and maxima over ranks beside them. ``per_rank`` holds one dict per rank, in rank
-    order (a ``rank`` key, when present, names it)."""
+    """One epoch's aggregate over ranks by the module docstring's rules; ``per_rank`` holds one dict per
+    rank, in rank order (a ``rank`` key, when present, names it)."""
     if not per_rank:
         raise ValueError("aggregate_epoch needs the records of at least one rank")
     first = per_rank[0]

@@ -1,13 +1,12 @@
 """Ring all-reduce from first principles: bytes, time models, nccl-tests metrics.
 
-The formulas behind notebooks 02-04 (Tables 1-3), pure arithmetic tested against values computed by
-hand; the alpha-beta fit to a benchmark is :mod:`lab_utils.learn.alpha_beta`, and
+The formulas behind notebooks 02-04 (Tables 1-3), pure arithmetic tested against values computed by hand; the
+alpha-beta fit to a benchmark is :mod:`lab_utils.learn.alpha_beta`, and
 :mod:`lab_utils.experiments.n04_allreduce.experiment` runs the benchmark and the projections on top of it.
 
-A ring all-reduce of S bytes over ``P`` ranks is a reduce-scatter followed by an all-gather, ``P-1``
-steps each, every step sending one ``S/P`` chunk. In the time models alpha is the seconds per message
-step and B the bytes/s of one link direction. nccl-tests' figures (``doc/PERFORMANCE.md``) are in
-decimal GB/s (1e9 bytes/s).
+A ring all-reduce of S bytes over ``P`` ranks is a reduce-scatter followed by an all-gather, ``P-1`` steps
+each, every step sending one ``S/P`` chunk. In the time models alpha is the seconds per message step and B the
+bytes/s of one link direction. nccl-tests' figures (``doc/PERFORMANCE.md``) are in decimal GB/s (1e9 bytes/s).
 """
 
 from __future__ import annotations
@@ -52,9 +51,8 @@ def _check_pos(value: float, what: str) -> float:
 
 
 def gradient_bytes(model) -> int:
-    """S, the bytes of the gradients DDP all-reduces: numel x element size summed over the parameters
-    that require grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; a parameter *count* is not
-    a size)."""
+    """S, the bytes of the gradients DDP all-reduces: numel x element size over the parameters that require
+    grad (ResNet-18 in fp32: 11,173,962 x 4 = 44,695,848 bytes; a parameter *count* is not a size)."""
     return int(sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
 
 

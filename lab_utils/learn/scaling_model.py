@@ -3,9 +3,9 @@ all-reduce's measured line: what notebooks 02 and 03 ask students to predict bef
 
 The benchmark (notebook 04's experiment, run from notebook 02) times one all-reduce per message size on
 P ranks; its fit (:func:`lab_utils.learn.alpha_beta.fit_alpha_beta`) is a straight line in the message
-size S, ``t(S) = latency + S / bandwidth`` (:class:`AllReduceLine`). With the per-device batch fixed, a
-step on N devices computes what a step on one device computes, t(1); DDP then all-reduces the gradient,
-and what of that all-reduce cannot hide behind backward makes each step longer.
+size (:class:`AllReduceLine`). With the per-device batch fixed, a step on N devices computes what a step
+on one device computes, t(1); DDP then all-reduces the gradient, and what of that all-reduce cannot hide
+behind backward makes each step longer.
 """
 
 from __future__ import annotations
@@ -47,11 +47,10 @@ def allreduce_seconds(size_bytes: float, latency_seconds: float, bandwidth_gb_pe
 
 def predicted_epoch_seconds(t1_step_seconds: float, steps: int, exposed_bytes: float, latency_seconds: float,
                             bandwidth_gb_per_s: float) -> float:
-    """T(N) predicted at a fixed per-device batch (seconds): ``steps`` steps of the N-device epoch, each
-    one device's step time ``t1_step_seconds`` and then an all-reduce of ``exposed_bytes`` that nothing
-    hides, ``T(N) = steps(N) x (t(1) + t(exposed_bytes))``. No overlap: the whole gradient is exposed;
-    with DDP's overlap at its best, only the last bucket (ready when backward ends). Exercise 02-b's
-    reference."""
+    """T(N) predicted at a fixed per-device batch (seconds): ``steps`` steps of the N-device epoch, each one
+    device's step time ``t1_step_seconds`` and then an all-reduce of ``exposed_bytes`` that nothing hides,
+    ``T(N) = steps(N) x (t(1) + t(exposed_bytes))``. No overlap: the whole gradient is exposed; with DDP's
+    overlap at its best, only the last bucket (ready when backward ends). Exercise 02-b's reference."""
     return steps * (t1_step_seconds + allreduce_seconds(exposed_bytes, latency_seconds, bandwidth_gb_per_s))
 
 

@@ -1,22 +1,20 @@
-"""The spread of a reported time and its standard error, computed once for every time of Tables 1-3 (and
-notebook 01's sweep). The **spread** describes the steps (or the repeats): how much one step's time varies,
-not the uncertainty of the epoch's total. The **standard error** of the row's time says how well the total
-is known: whether a difference between two rows (a speedup against 1, communication (a) against 0) is a
-result (:func:`within_noise`).
+"""The spread of a reported time and its standard error, computed once for every time of Tables 1-3 and
+notebook 01's sweep. The **spread** says how much one step's (or repeat's) time varies, not how uncertain the
+total is; the **standard error** says how well the row's total is known: whether a difference between two rows
+(a speedup against 1, communication (a) against 0) is a result (:func:`within_noise`).
 
 **One run** (the reported epoch's per-step training times, :func:`step_statistics`; over ranks, the T(N)
-rank's): the spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; the total's
-standard error is sd x sqrt(S) (S independent steps: relative to the total, the per-step variation /
-sqrt(S); 391 steps that vary by 10 % give a p10-p90 band of about 26 % and a standard error of about
-0.5 %). It knows nothing of the run-to-run variation (another process on the node, clocks, the data
-order): that needs repeats.
+rank's): the spread is 100 x (p90 - p10) / p50 % of the row's time, "p10-p90 of S steps"; the total's standard
+error is sd x sqrt(S) (S independent steps: relative to the total, the per-step variation / sqrt(S); 391 steps
+that vary by 10 % give a p10-p90 band of about 26 % and a standard error of about 0.5 %). It knows nothing of
+the run-to-run variation (another process on the node, clocks, the data order): that needs repeats.
 
-**Repeats** (``REPEATS > 1`` in notebooks 01-03, each a stored configuration of its own, :data:`REPEAT`
-= 1, 2, ... for the second and later): the row's time is the MEDIAN of their ``train_seconds``
+**Repeats** (``REPEATS > 1`` in notebooks 01-03, each a stored configuration of its own, :data:`REPEAT` = 1,
+2, ... for the second and later): the row's time is the MEDIAN of their ``train_seconds``
 (:data:`TIME_MEDIAN`), the spread 100 x (max - min) / median %, "min-max of R repeats", the standard error
 that of their mean, stdev / sqrt(R). :func:`time_spread` computes both;
-:func:`lab_utils.experiments.shared.repeats.merge_repeats` gives every table one record per configuration
-with its spread: tables select and rename, they do not recompute.
+:func:`lab_utils.experiments.shared.repeats.merge_repeats` gives every table one record per configuration with
+its spread: tables select and rename, they do not recompute.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Timers that are correct under CUDA asynchrony. All times are in seconds.
 
-A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around GPU work measures
-the *launch*, not the work, unless the host waits for the device. Every timer here calls
-:func:`synchronize` at its boundaries (a no-op on the CPU), so a phase's time includes all device work
-queued inside it. The price is that the phases do not overlap each other; that is what a per-phase
-breakdown means.
+A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around GPU work measures the
+*launch*, not the work, unless the host waits for the device. Every timer here calls :func:`synchronize` at
+its boundaries (a no-op on the CPU), so a phase's time includes all device work queued inside it. The price is
+that the phases do not overlap each other; that is what a per-phase breakdown means.
 """
 
 from __future__ import annotations

@@ -26,12 +26,11 @@ def bytes_sent_per_rank(messages: Sequence[Sequence[Any]], world_size: int) -> f
 def predicted_seconds(messages: Sequence[Sequence[Any]], world_size: int, alpha_seconds: float,
                       bandwidth_bytes_per_s: float, overlaps: bool,
                       backward_seconds: float | None = None) -> tuple[float, float]:
-    """(communication, exposed) seconds of one step by the ring's alpha-beta model, the collectives one
-    after the other (a reduce-scatter or all-gather half an all-reduce). Exposed: all of it, unless the
-    collectives ``overlaps`` backward (per tensor, bucketed, DDP); then, with ``backward_seconds`` T, a
-    message starts once backward has produced its bytes (S bytes at a steady rate over T) and the one
-    before it is done, and exposed = the last one's end - T; without T, the last message alone (a lower
-    bound)."""
+    """(communication, exposed) seconds of one step by the ring's alpha-beta model, the collectives one after
+    the other (a reduce-scatter or all-gather half an all-reduce). Exposed: all of it, unless the collectives
+    ``overlaps`` backward (per tensor, bucketed, DDP); then, with ``backward_seconds`` T, a message starts
+    once backward has produced its bytes (S bytes at a steady rate over T) and the one before it is done, and
+    exposed = the last one's end - T; without T, the last message alone (a lower bound)."""
     times = [ring_allreduce_seconds(size, world_size, alpha_seconds, bandwidth_bytes_per_s)
              * (1.0 if kind == ALL_REDUCE else 0.5) for kind, size in messages]
     total = sum(times)
@@ -69,14 +68,14 @@ def overlap_exposed_seconds(bucket_bytes: float, gradient_bytes: float, world_si
 
 def optimal_bucket_bytes(gradient_bytes: float, world_size: int, alpha_seconds: float,
                          bandwidth_bytes_per_s: float, backward_seconds: float) -> float:
-    """The bucket size ``S / k`` whose whole number of buckets k minimizes
-    :func:`overlap_exposed_seconds` (bytes). With ``A = 2(P-1) alpha`` and ``W = 2(P-1)/P x S / B``: while
-    a bucket's all-reduce is no longer than the backward time that makes the next one
-    (``A + W/k <= T/k``, i.e. up to ``k_c = (T - W) / A``), more buckets expose less (the last one,
-    ``A + W/k``); past ``k_c`` they queue and expose ``kA + W + T/k - T``, smallest at ``k = sqrt(T/A)``.
-    So the best k is ``max(k_c, sqrt(T/A), 1)``, rounded to the better neighbouring whole number: at
-    ``k_c`` a bucket's communication takes exactly as long as its computation (CS336's assumption is
-    this optimum). Without latency (alpha = 0) smaller buckets are always better: 0.0."""
+    """The bucket size ``S / k`` (bytes) whose whole number of buckets k minimizes
+    :func:`overlap_exposed_seconds`. With ``A = 2(P-1) alpha`` and ``W = 2(P-1)/P x S / B``: while a bucket's
+    all-reduce is no longer than the backward time that makes the next one (``A + W/k <= T/k``, up to
+    ``k_c = (T - W) / A``), more buckets expose less (the last one, ``A + W/k``); past ``k_c`` they queue and
+    expose ``kA + W + T/k - T``, smallest at ``k = sqrt(T/A)``. So the best k is ``max(k_c, sqrt(T/A), 1)``,
+    rounded to the better neighbouring whole number: at ``k_c`` a bucket's communication takes exactly as
+    long as its computation (CS336's assumption is this optimum). Without latency (alpha = 0) smaller
+    buckets are always better: 0.0."""
     a = 2 * (world_size - 1) * alpha_seconds
     if a <= 0:
         return 0.0

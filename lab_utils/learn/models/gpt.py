@@ -1,15 +1,13 @@
-"""A small decoder-only GPT for character-level text (part 2 of the lab), written for this lab in the
-common GPT-2 layout:
+"""A small decoder-only GPT for character-level text (part 2 of the lab), written for it in GPT-2's layout:
 
 - token embedding ``wte`` + learned position embedding ``wpe`` (block_size positions), dropout;
-- ``n_layer`` pre-norm blocks, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``: causal multi-head
-  attention through ``F.scaled_dot_product_attention(is_causal=True)``, an MLP Linear(C, 4C) -> GELU ->
-  Linear(4C, C);
+- ``n_layer`` pre-norm blocks, ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``: causal multi-head attention
+  through ``F.scaled_dot_product_attention(is_causal=True)``, an MLP Linear(C, 4C) -> GELU -> Linear(4C, C);
 - a final LayerNorm and an output head whose weight *is* the token embedding (tied: no parameters).
 
-The loss is computed by the caller (:func:`lm_loss`) so that timers can separate forward, loss and
-backward. Sizes, parameter and FLOP counts: :mod:`lab_utils.learn.models.gpt_sizes`; the checkpoint
-format notebook 06 writes and notebook 07 reads: :mod:`lab_utils.experiments.shared.gpt_checkpoint`.
+The loss is computed by the caller (:func:`lm_loss`) so that timers can separate forward, loss and backward.
+Sizes, parameter and FLOP counts: :mod:`lab_utils.learn.models.gpt_sizes`; the checkpoint format notebook 06
+writes and notebook 07 reads: :mod:`lab_utils.experiments.shared.gpt_checkpoint`.
 """
 
 from __future__ import annotations

@@ -46,10 +46,9 @@ def matmul_parameter_count(cfg: GPTConfig) -> int:
 
 
 def train_flops_per_token(cfg: GPTConfig) -> int:
-    """Matmul FLOPs of one training step per token: 6 N_matmul + 12 L C T, nanoGPT's 6N + 12LHQT estimate
-    with N the matmul weights. 6 = 2 FLOPs per multiply-accumulate x (1 forward + 2 backward); the
-    second term is attention (QK^T and AV over the full T x T square, as the kernels compute it;
-    T = block_size)."""
+    """Matmul FLOPs of one training step per token: 6 N_matmul + 12 L C T, nanoGPT's 6N + 12LHQT estimate with
+    N the matmul weights. 6 = 2 FLOPs per multiply-accumulate x (1 forward + 2 backward); the second term is
+    attention (QK^T and AV over the full T x T square, as the kernels compute it; T = block_size)."""
     return 6 * matmul_parameter_count(cfg) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
 
 
