@@ -64,7 +64,8 @@ def fit_alpha_beta(sizes_bytes: Sequence[float], seconds: Sequence[float], world
     ``(a0, a1) = (2(P-1) alpha, 2(P-1)/P / B)``: ``t = a0 + a1 S``. Sizes span eight orders of magnitude, so
     the residuals are *relative* (``(model - t) / t``): each size counts equally, not only the largest. A
     negative intercept (noise, no visible latency floor) is clamped at 0 and the slope refitted. Standard
-    errors come from ``sigma^2 (A^T A)^-1`` with ``sigma^2 = RSS / (n - 2)``, propagated to alpha and B."""
+    errors come from ``sigma^2 (A^T A)^-1`` with ``sigma^2 = RSS / (n - k)``, k the parameters fitted (2, or 1
+    once the intercept is clamped), propagated to alpha and B."""
     p = check_positive_int(world_size, "world size (number of ranks P)")
     if p < 2:
         raise LabError("An all-reduce on one rank moves no data; fit timings measured on at least 2 ranks.")
