@@ -35,6 +35,8 @@ from lab_utils.engine.dist import gather
 from lab_utils.engine.harness import serve
 from lab_utils.engine.records import Record
 
+METRICS_VERSION = 1  # every worker names its metrics' version (lab_utils.engine.plan.versioned)
+
 FAIL_MARKER = "TOY-WORKER-FAILS-HERE"
 DEFAULTS = {"fail_rank": 1, "steps": 3, "batch": 8, "comm_steps": 12, "comm_batch": 64, "lr": 0.1,
             "width": 512, "bucket_cap_mb": "25,0.25", "accum": 1, "seconds": 600, "size": 1, "fits": 1}

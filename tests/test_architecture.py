@@ -237,6 +237,19 @@ def test_workers_import_nothing_of_the_store():
     assert not {m: d for m, d in bad.items() if d}, bad
 
 
+def test_every_worker_names_the_version_of_its_metrics():
+    """Part of every record's key (lab_utils.engine.plan.versioned): a worker whose metric changes meaning
+    bumps it, and the older lab's records are measured again."""
+    missing = {}
+    for m in WORKERS:
+        tree = ast.parse(modules()[m].read_text())
+        values = [n.value for n in tree.body if isinstance(n, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "METRICS_VERSION" for t in n.targets)]
+        if not (len(values) == 1 and isinstance(values[0], ast.Constant) and type(values[0].value) is int):
+            missing[m] = [ast.unparse(v) for v in values]
+    assert missing == {}, missing
+
+
 def _store_writes(path: Path) -> list[str]:
     """Calls that write records outside :meth:`ResultStore.run`: ``<...store...>.append/add(...)``
     and any ``._append(...)``."""
@@ -388,8 +401,8 @@ SHAPED = sorted(m for m in GRAPH
                 if layer(m) == "experiments" and not m.startswith("lab_utils.experiments.shared"))
 
 
-#: the names every notebook's experiment module has for the registry (not counted against its fifteen)
-NOTEBOOK_PROTOCOL = {"EXPERIMENTS", "SECTIONS"}
+#: the names every notebook's modules have for the registry and the plan (not counted against their fifteen)
+NOTEBOOK_PROTOCOL = {"EXPERIMENTS", "SECTIONS", "METRICS_VERSION"}
 
 
 @pytest.mark.parametrize("mod", SHAPED)

@@ -363,7 +363,7 @@ def test_the_compute_step_plan_cost_and_doctor_settings():
     assert {r.group for r in gpu} == {"compute_step"}
     assert all(r.device == "cuda" and not r.in_process and r.options == {"process_group": False} for r in gpu)
     assert gpu[0].config == {"model": "resnet18", "width": 64, "batch_size": 32, "device_type": "cuda",
-                             "steps": 20, "warmup": 5}
+                             "steps": 20, "warmup": 5, "metrics_version": 1}  # the worker's (plan.versioned)
     cpu = make_plan(comm.COMPUTE_STEP_EXPERIMENT, full, Machine(gpus=0, cores=2), "full")
     assert all(r.device == "cpu" and r.in_process for r in cpu)
     # budget: 30 s per rank count for the 28 sizes (the time budget's value before the plans); a compute step

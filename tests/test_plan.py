@@ -15,7 +15,7 @@ from lab_utils.engine import plan
 from lab_utils.engine.machine import Machine
 from lab_utils.engine.plan import Experiment, Run
 from lab_utils.engine.records import Record, aggregates, is_rank_record, ranks_of, run_key, run_records
-from lab_utils.learn.errors import LaunchError
+from lab_utils.learn.errors import LabError, LaunchError
 from lab_utils.learn.ranks import epochs_over_ranks
 
 TESTS = Path(__file__).resolve().parent
@@ -64,6 +64,37 @@ def test_a_run_that_cannot_run_here_is_a_row_not_stored(store):
     recs = plan.measure("quick", TOY, ToySettings(needs_gpus=4), machine=Machine(gpus=0, cores=2))
     assert {(r.status, r.reason) for r in recs} == {("skipped", "needs 4 GPUs")}
     assert store.records("toy") == []
+
+
+def test_a_record_of_another_metrics_version_is_measured_again_and_the_table_shows_the_new(store, capsys,
+                                                                                         monkeypatch):
+    """The worker's METRICS_VERSION is part of every key (plan.versioned): a record an older lab stored
+    (another version, or none) is not reused; measure says why; one record per configuration is read."""
+    [first] = plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))
+    assert first.config["metrics_version"] == toy.METRICS_VERSION == 1
+    assert store.records("toy")[0].config["metrics_version"] == 1  # what the worker echoed, stored
+    monkeypatch.setattr(toy, "METRICS_VERSION", 2)  # a metric of the worker changed meaning
+    capsys.readouterr()
+    [again] = plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))
+    out = capsys.readouterr().out
+    assert "size 1: the stored record is from an older lab (metrics version 1, now 2): measured again" in out
+    assert again.config["metrics_version"] == 2 and len(store.records("toy")) == 2
+    assert [r.config["metrics_version"] for r in store.latest("toy")] == [2]  # one row per configuration
+    plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))  # the new record is reused
+    assert len(store.records("toy")) == 2
+    monkeypatch.delattr(toy, "METRICS_VERSION")
+    with pytest.raises(LabError, match="defines no METRICS_VERSION"):
+        plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))
+
+
+def test_a_record_stored_before_metrics_versions_is_measured_again(store, capsys):
+    from lab_utils.engine.records import Record
+
+    old = Record("toy", {"mode": "ok", "size": 1, "fits": 2, "fail_rank": 0}, {"x": 1.0}, profile="quick")
+    store.run_many("toy", [old.config], lambda todo: [old])
+    [rec] = plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))
+    assert "(metrics version none, now 1): measured again" in capsys.readouterr().out
+    assert rec.config["metrics_version"] == 1 and len(store.records("toy")) == 2
 
 
 def test_force_measures_again(store):

@@ -214,7 +214,7 @@ def test_the_plan_launches_one_gpu_group_and_runs_in_process_on_a_cpu():
         assert r.options["process_group"] is False and r.threads is None and r.skip is None
         assert set(r.config) == {"model", "width", "batch_size", "lr", "epochs", "reported_epoch",
                                  "train_images", "test_images", "dataset", "device", "num_workers",
-                                 "memory_cap_bytes", "memory_fraction", "cudnn_benchmark"}
+                                 "memory_cap_bytes", "memory_fraction", "cudnn_benchmark", "metrics_version"}
         assert r.config["device"] == H100 and r.config["train_images"] == 50_000 and r.config["lr"] == 0.1
     cpu = make_plan(sweep.SWEEP_EXPERIMENT, settings(), Machine(gpus=0, cores=2), "quick")
     assert all(r.in_process and r.device == "cpu" and r.threads == 1 and r.config["cpu_threads"] == 1

@@ -8,7 +8,9 @@ for every experiment:
 1. **Placement** is the plan's. A run that cannot run here carries ``skip`` ("needs 4 GPUs"): a row
    that says so, never a number, not stored (a bigger machine measures it later).
 2. **Reuse**: a configuration stored from this machine's devices is not measured again unless
-   ``force``; a ``together`` group (one comparison) is reused only whole, from one launch.
+   ``force``; a ``together`` group (one comparison) is reused only whole, from one launch. Every run's
+   config carries its worker's ``METRICS_VERSION`` (:func:`versioned`): a record an older lab stored,
+   under other meanings, is measured again, and ``measure`` says so.
 3. **The launch**: the runs of one ``group`` still to measure go to their worker as ONE JSON job (one
    start-up). GPU work always goes through ``torchrun``, so the notebook's kernel never opens a CUDA
    context; ``in_process`` runs (CPU only) call the same worker code in this process.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -39,9 +41,11 @@ from lab_utils.engine.hardware import hardware_summary
 from lab_utils.engine.harness import Job, execute
 from lab_utils.engine.machine import Machine
 from lab_utils.engine.records import (
+    METRICS_VERSION_KEY,
     Record,
     aggregates,
     canonical_key,
+    configuration_key,
     failures_to,
     jsonable,
     ranks_of,
@@ -51,7 +55,7 @@ from lab_utils.engine.session import session_for
 from lab_utils.engine.store import ResultStore
 from lab_utils.learn.errors import LabError, LaunchError, first_line
 
-__all__ = ["Experiment", "Run", "aggregates", "make_plan", "measure", "not_tried", "skipped_row"]
+__all__ = ["Experiment", "Run", "aggregates", "make_plan", "measure", "not_tried", "skipped_row", "versioned"]
 
 
 @dataclass(frozen=True)
@@ -134,10 +138,39 @@ def run_line(label: str, rec: Record | None) -> str:
 
 def make_plan(experiment: Experiment, settings: Any, machine: Machine | None = None,
               profile: str = "full") -> list[Run]:
-    """``experiment.plan`` on validated settings (``machine``: this one by default)."""
+    """``experiment.plan`` on validated settings (``machine``: this one by default), every run
+    :func:`versioned`."""
     validate = getattr(settings, "validate", None)
     settings = (validate() or settings) if callable(validate) else settings
-    return experiment.plan(settings, machine or Machine.here(), profile)
+    return [versioned(run) for run in experiment.plan(settings, machine or Machine.here(), profile)]
+
+
+def versioned(run: Run) -> Run:
+    """``run`` with ``metrics_version`` in its config (part of the resume key): its worker module's
+    ``METRICS_VERSION``, which a worker bumps when one of its metrics changes meaning, so that a record
+    stored under another version, or under none (a lab older than the key), is measured again, not
+    reused. A run without a worker (a row the plan gives) is returned as it is."""
+    if run.worker is None:
+        return run
+    version = getattr(run.worker, "METRICS_VERSION", None)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise LabError(f"Worker {run.worker.__name__} defines no METRICS_VERSION (an int): every worker "
+                       "names the version of its metrics, which is part of each record's key.")
+    if run.config.get(METRICS_VERSION_KEY) == version:
+        return run
+    return replace(run, config={**run.config, METRICS_VERSION_KEY: version})
+
+
+def _older_lab_line(store: ResultStore, run: Run) -> str | None:
+    """The sentence for a run whose configuration is stored only under another metrics version."""
+    want = configuration_key(run.config)
+    old = next((r for r in reversed(store.records(run.experiment))
+                if r.key != run.key and configuration_key(r.config) == want), None)
+    if old is None:
+        return None
+    was = old.config.get(METRICS_VERSION_KEY)
+    return (f"{run.experiment}: {run.name}: the stored record is from an older lab (metrics version "
+            f"{was if was is not None else 'none'}, now {run.config[METRICS_VERSION_KEY]}): measured again")
 
 
 # --------------------------------------------------------------------------- measure
@@ -152,8 +185,7 @@ def measure(lab: Any, experiment: Experiment, settings: Any, force: bool = False
     """
     lab = session_for(lab)
     profile = lab.profile.name
-    if runs is None:
-        runs = make_plan(experiment, settings, machine, profile)
+    runs = make_plan(experiment, settings, machine, profile) if runs is None else [versioned(r) for r in runs]
     for run in runs:
         if run.device == "cuda" and run.in_process:
             raise LabError(f"The plan marks {run.name} in_process on a GPU: GPU work runs through the "
@@ -198,6 +230,10 @@ def _group(store: ResultStore, profile: str, runs: Sequence[Run], members: list[
                                                         runs[i].hardware())) is not None}
     if together and (len(found) < len(live) or len({r.metrics.get("run_id") for r in found.values()}) > 1):
         found = {}
+    if verbose and not force:
+        for i in live:
+            if i not in found and (line := _older_lab_line(store, runs[i])) is not None:
+                print(line, flush=True)
     todo: list[int] = []
     oom: Run | None = None
     for i in live:  # the out-of-memory rule on what is stored: nothing after a stored oom is tried

@@ -54,6 +54,16 @@ def canonical_key(cfg: Mapping[str, Any]) -> str:
     return json.dumps(jsonable(dict(cfg)), sort_keys=True, separators=(",", ":"))
 
 
+#: The config key that names the version of a worker's metrics (:func:`lab_utils.engine.plan.versioned`).
+METRICS_VERSION_KEY = "metrics_version"
+
+
+def configuration_key(cfg: Mapping[str, Any]) -> str:
+    """What was configured, whichever lab measured it: the canonical key without ``metrics_version``.
+    Reuse needs the whole key (the same version); a table shows one record per configuration, the newest."""
+    return canonical_key({k: v for k, v in cfg.items() if k != METRICS_VERSION_KEY})
+
+
 def torch_threads() -> int | None:
     """torch's intra-op thread count in this process (None when torch cannot say)."""
     try:

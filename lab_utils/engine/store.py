@@ -40,6 +40,7 @@ from lab_utils.engine.records import (  # the record and its key live in core: w
     STATUSES,
     Record,
     canonical_key,
+    configuration_key,
     jsonable,
     same_devices,
 )
@@ -348,11 +349,14 @@ class HereRecords:
 
 
 def _newest_per_key(records: Iterable[Record]) -> list[Record]:
-    """One record per configuration, the last one, in the order the newest were written."""
+    """One record per configuration, the last one, in the order the newest were written. A configuration
+    measured again under a newer metrics version (:func:`~lab_utils.engine.records.configuration_key`) is
+    one configuration: the older lab's record is left out."""
     by_key: dict[str, Record] = {}
     for r in records:
-        by_key.pop(r.key, None)
-        by_key[r.key] = r
+        key = configuration_key(r.config)
+        by_key.pop(key, None)
+        by_key[key] = r
     return list(by_key.values())
 
 

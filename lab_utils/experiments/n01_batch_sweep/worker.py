@@ -47,6 +47,10 @@ from lab_utils.learn.flops import mfu
 from lab_utils.learn.loop import make_optimizer, run_epoch
 from lab_utils.learn.models import ResNet18, flops_per_image
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 #: What an epoch of one process without a process group never has (not copied into the record).
 _ONE_PROCESS_ABSENT = ("lr", "skew_wait_seconds", "allreduce_seconds", "exposed_tail_seconds", "global_loss",
                       "global_accuracy", "global_images")

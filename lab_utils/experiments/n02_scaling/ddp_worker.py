@@ -82,10 +82,11 @@ from lab_utils.learn.spread import REPEAT, STEP_STAT_KEYS
 from lab_utils.learn.timing import synchronize
 
 SAMPLE_ORDER_HEAD = 8
-#: The version of a communication record's metrics (``measure_comm``; in its config, so that a record
-#: from an older lab is measured again, not reused): 2 = (b) holds the BatchNorm buffer broadcast
-#: (issue 52 B1; version 1, without the key, had it cancel out).
-COMM_METRICS_VERSION = 2
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+#: 2 (issue 52 B1): a communication run's (b) holds the BatchNorm buffer broadcast (before, it cancelled
+#: out; only those runs carried the key then, the others had none).
+METRICS_VERSION = 2
 TIME_RULE = ("epoch_seconds and train_seconds are the SLOWEST rank's (max over ranks; the step "
              "cannot finish before every rank's all-reduce); *_mean are means over ranks")
 
@@ -153,9 +154,9 @@ class RunConfig:
         return self.batch_size * self.devices * self.accumulation_steps
 
     def config(self, record: str = "aggregate", rank: int | None = None) -> dict[str, Any]:
-        """The records' ``config`` (stable: it is the resume key). ``accumulation_steps`` and the test
-        knob appear only when used, so the keys of ordinary runs, and of records stored before these
-        options existed, stay what they were; a communication run carries ``metrics_version``."""
+        """The records' ``config`` (stable: it is the resume key; the plan adds the metrics version,
+        :func:`lab_utils.engine.plan.versioned`). ``accumulation_steps``, the repeat and the test knob
+        appear only when used."""
         cfg = {
             "method": self.method, "record": record, "rank": rank, "devices": self.devices,
             "backend": self.backend, "device_type": "cuda" if self.backend == "nccl" else "cpu",
@@ -167,8 +168,6 @@ class RunConfig:
             "comm_steps": self.comm_steps if self.measure_comm else None, "bucket_cap_mb": self.bucket_cap_mb,
             "seed": self.seed, "tag": self.tag,
         }
-        if self.measure_comm:
-            cfg["metrics_version"] = COMM_METRICS_VERSION
         if self.accumulation_steps != 1:
             cfg["accumulation_steps"] = self.accumulation_steps
         if self.repeat:

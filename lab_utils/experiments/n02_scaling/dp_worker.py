@@ -34,6 +34,10 @@ from lab_utils.learn.loop import make_optimizer, run_epoch
 from lab_utils.learn.models import ResNet18, count_parameters
 from lab_utils.learn.ring import gradient_bytes
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 METHOD = "DataParallel"
 BACKEND = "single process"
 TIME_RULE = "one process: epoch and training times of the whole DataParallel step"

@@ -35,6 +35,10 @@ from lab_utils.learn.alpha_beta import ELEMENT_BYTES
 from lab_utils.learn.errors import LabError
 from lab_utils.learn.ring import algbw_gb_per_s, busbw_gb_per_s
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":

@@ -25,6 +25,10 @@ from lab_utils.learn.loop import make_optimizer, train_steps
 from lab_utils.learn.models import ResNet18
 from lab_utils.learn.timing import synchronize
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 
 def measure_compute_step_seconds(width: int, batch_size: int, device, steps: int, warmup: int,
                                  seed: int = 0) -> float:

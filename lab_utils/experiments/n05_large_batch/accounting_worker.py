@@ -67,6 +67,10 @@ from lab_utils.learn.errors import LabError
 from lab_utils.learn.loop import StepOptions, make_optimizer, train_steps
 from lab_utils.learn.models import ResNet18
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 # Ledger kinds: which collective entry point carried the bytes.
 BROADCAST_COALESCED = "broadcast_coalesced"
 SHAPE_CHECK = "verify_params_across_processes"

@@ -69,8 +69,9 @@ from lab_utils.learn.schedules import LRSchedule
 from lab_utils.learn.spread import STEP_PERCENTILE_KEYS
 from lab_utils.learn.timing import NestedTimers
 
-#: Part of every key: bumped when a metric changes meaning, so older records are measured again, not
-#: reused. 3 (issue 34): allreduce_seconds is the probe's (c), per-rank records, speedups on train_seconds.
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so older records are measured again, not reused. 3 (issue 34):
+#: allreduce_seconds is the probe's (c), per-rank records, speedups on train_seconds.
 #: 4 (issue 52, B3): throughput (epoch_seconds, epoch_tokens_per_s, mfu) from an uninstrumented pass; the
 #: phases, nested timers and comm hook from a separate instrumented pass (breakdown, timer_overhead_ratio).
 METRICS_VERSION = 4
@@ -124,8 +125,9 @@ class TrainConfig:
         return self
 
     def config(self) -> dict[str, Any]:
-        """The records' ``config`` (the resume key): the fields, ``record``/``rank``, the metrics version."""
-        return {"record": "aggregate", "rank": None, **asdict(self), "metrics_version": METRICS_VERSION}
+        """The records' ``config`` (the resume key): the fields and ``record``/``rank`` (the plan adds the
+        metrics version, :func:`lab_utils.engine.plan.versioned`)."""
+        return {"record": "aggregate", "rank": None, **asdict(self)}
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> TrainConfig:

@@ -55,6 +55,10 @@ from lab_utils.experiments.shared.gpt_checkpoint import load_checkpoint
 from lab_utils.experiments.shared.text_data import TRAIN_FRACTION, CharVocab, load_corpus
 from lab_utils.learn.errors import LabError, error_line
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 EXPERIMENT = "quantization"
 
 

@@ -39,19 +39,9 @@ from lab_utils.experiments.shared import estimates
 from lab_utils.experiments.shared.data import check_num_workers
 from lab_utils.learn.errors import LabError, check_positive_int
 
-__all__ = ["ACCURACY_EXPERIMENT", "EXPERIMENTS", "LOADER_EXPERIMENT", "METRICS_VERSION",
+__all__ = ["ACCURACY_EXPERIMENT", "EXPERIMENTS", "LOADER_EXPERIMENT",
            "Settings", "TRACE_EXPERIMENT", "WATERFALL_EXPERIMENT", "cost", "doctor_settings", "fast_options",
            "plan_accuracy", "plan_loader", "plan_trace", "plan_waterfall", "waterfall"]
-
-#: In every resume key of this module: bumped when a metric changes meaning, so that records of the
-#: old meaning are measured again, not reused. 2 (issue 26): images/s of a waterfall row is
-#: ``epoch_images_per_s`` (over epoch_seconds), the loader's ``loader_images_per_s``; the accuracy
-#: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase). 3 (issue 32): the
-#: loader benchmark's image count is ``loader_images`` (``images`` are always trained on). 4 (issue 49):
-#: every waterfall row warms the epoch's last, partial batch shape too (before, only compiled rows did:
-#: the others timed cuDNN's algorithm search for it inside their epoch).
-METRICS_VERSION = 4
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -159,7 +149,7 @@ def plan_loader(settings: Settings, machine: Machine, profile: str) -> list[Run]
     """The spec ``DataLoader`` and the device-resident loader, the same images and batch size."""
     s = settings
     common = {"images": resolved_images(s.data_images, CIFAR10_TRAIN_SIZE), "batch_size": s.batch_size,
-              "device": machine.device, "metrics_version": METRICS_VERSION}
+              "device": machine.device}
     cfgs = [{"pipeline": "spec", "num_workers": s.num_workers, **common},
             {"pipeline": "device", "num_workers": 0, "cpu_threads": None if machine.gpus else 1, **common}]
     return [_run("bench_data", c, s, machine, f"{c['pipeline']} loader",
@@ -175,7 +165,7 @@ def plan_waterfall(settings: Settings, machine: Machine, profile: str) -> list[R
     return [_run("bench_train", {"step": name, "position": i, **opts.as_config(), "width": s.width,
                                  "images": resolved_images(s.train_images, CIFAR10_TRAIN_SIZE),
                                  "batch_size": s.batch_size, "warmup_steps": s.warmup_steps,
-                                 "device": machine.device, "metrics_version": METRICS_VERSION},
+                                 "device": machine.device},
                  s, machine, f"{name} row", {"row_timeout_s": s.row_timeout_s}, skip=why,
                  in_process=not launched, timeout_s=(s.row_timeout_s or 1800.0) * len(rows) + 600)
             for i, (name, _, opts, why) in enumerate(rows)]
@@ -204,7 +194,7 @@ def plan_accuracy(settings: Settings, machine: Machine, profile: str) -> list[Ru
     base = {"width": s.width, "images": resolved_images(s.train_images, CIFAR10_TRAIN_SIZE),
             "test_images": resolved_images(s.test_images, CIFAR10_TEST_SIZE), "batch_size": s.batch_size,
             "epochs": s.accuracy_epochs, "device": machine.device,
-            "schedule": "warm-up 1 epoch 0.01->0.1, cosine to 0", "metrics_version": METRICS_VERSION}
+            "schedule": "warm-up 1 epoch 0.01->0.1, cosine to 0"}
     if s.accuracy_epochs == 0 or fast == spec:
         why = ("accuracy_epochs is 0 in this profile" if s.accuracy_epochs == 0
                else "the fastest configuration here is the spec one: nothing to compare")

@@ -63,6 +63,16 @@ from lab_utils.learn.models import flops_per_image
 from lab_utils.learn.schedules import LRSchedule
 from lab_utils.learn.timing import synchronize
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that records of the old meaning are measured again, not reused.
+#: 2 (issue 26): images/s of a waterfall row is
+#: ``epoch_images_per_s`` (over epoch_seconds), the loader's ``loader_images_per_s``; the accuracy
+#: check's ``train_seconds`` excludes loader waits (its epochs are timed by phase). 3 (issue 32): the
+#: loader benchmark's image count is ``loader_images`` (``images`` are always trained on). 4 (issue 49):
+#: every waterfall row warms the epoch's last, partial batch shape too (before, only compiled rows did:
+#: the others timed cuDNN's algorithm search for it inside their epoch).
+METRICS_VERSION = 4
+
 #: The ``record_function`` labels the lab puts around its own code in a trace.
 TRACE_LABELS: tuple[str, ...] = ("data_loader", "train_step")
 

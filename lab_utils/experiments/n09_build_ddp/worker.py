@@ -72,6 +72,10 @@ from lab_utils.learn.ring import gradient_bytes
 from lab_utils.learn.spread import percentile
 from lab_utils.learn.timing import NestedTimers, synchronize
 
+#: The version of this worker's metrics, in every record's key (:func:`lab_utils.engine.plan.versioned`):
+#: bumped when a metric changes meaning, so that a record from an older lab is measured again, not reused.
+METRICS_VERSION = 1
+
 __all__ = ["IMPLEMENTATIONS", "Replica", "prepare", "run_config"]
 
 #: Implementation names of a configuration, and how tables call them.
