@@ -15,7 +15,10 @@ import torch
 
 from lab_utils.engine.harness import serve
 from lab_utils.experiments.n06_gpt_ddp import worker as gpt_train
-from lab_utils.experiments.n06_gpt_ddp.worker import run_config  # noqa: F401  (this module is the worker)
+from lab_utils.experiments.n06_gpt_ddp.worker import (  # noqa: F401  (this module is the worker)
+    METRICS_VERSION,
+    run_config,
+)
 
 _real_run_epoch = gpt_train.run_epoch
 
