@@ -5,6 +5,7 @@ error, the same records in this process and under torchrun."""
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,20 @@ def test_a_record_stored_before_metrics_versions_is_measured_again(store, capsys
     [rec] = plan.measure("quick", TOY, ToySettings(sizes=(1,), mode="ok"))
     assert "(metrics version none, now 1): measured again" in capsys.readouterr().out
     assert rec.config["metrics_version"] == 1 and len(store.records("toy")) == 2
+
+
+def test_the_older_lab_check_reads_the_stored_records_once_per_group(store, capsys, monkeypatch):
+    """Three configurations stored by an older lab: three sentences, one read of the records file."""
+    plan.measure("quick", TOY, ToySettings(sizes=(1, 2), mode="ok"))
+    monkeypatch.setattr(toy, "METRICS_VERSION", 2)
+    reads = []  # the function that read the records file, each time
+    real = type(store).records
+    monkeypatch.setattr(type(store), "records",
+                        lambda self, exp: reads.append(traceback.extract_stack()[-2].name) or real(self, exp))
+    capsys.readouterr()
+    plan.measure("quick", TOY, ToySettings(sizes=(1, 2), mode="ok"))
+    assert capsys.readouterr().out.count("from an older lab (metrics version 1, now 2)") == 2
+    assert reads.count("_group") == 1  # the check's one read (store.reusable reads once per run)
 
 
 def test_force_measures_again(store):

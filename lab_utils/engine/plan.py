@@ -161,11 +161,12 @@ def versioned(run: Run) -> Run:
     return replace(run, config={**run.config, METRICS_VERSION_KEY: version})
 
 
-def _older_lab_line(store: ResultStore, run: Run) -> str | None:
-    """The sentence for a run whose configuration is stored only under another metrics version."""
+def _older_lab_line(stored: Sequence[Record], run: Run) -> str | None:
+    """The sentence for a run whose configuration is among ``stored`` (its experiment's records) only
+    under another metrics version."""
     want = configuration_key(run.config)
-    old = next((r for r in reversed(store.records(run.experiment))
-                if r.key != run.key and configuration_key(r.config) == want), None)
+    old = next((r for r in reversed(stored) if r.key != run.key and configuration_key(r.config) == want),
+               None)
     if old is None:
         return None
     was = old.config.get(METRICS_VERSION_KEY)
@@ -230,9 +231,14 @@ def _group(store: ResultStore, profile: str, runs: Sequence[Run], members: list[
                                                         runs[i].hardware())) is not None}
     if together and (len(found) < len(live) or len({r.metrics.get("run_id") for r in found.values()}) > 1):
         found = {}
-    if verbose and not force:
-        for i in live:
-            if i not in found and (line := _older_lab_line(store, runs[i])) is not None:
+    unfound = [i for i in live if i not in found]
+    if verbose and not force and unfound:
+        stored: dict[str, list[Record]] = {}  # one read of each experiment's records for the group
+        for i in unfound:
+            exp = runs[i].experiment
+            if exp not in stored:
+                stored[exp] = store.records(exp)
+            if (line := _older_lab_line(stored[exp], runs[i])) is not None:
                 print(line, flush=True)
     todo: list[int] = []
     oom: Run | None = None
