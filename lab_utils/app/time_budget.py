@@ -1,12 +1,11 @@
 """How long each notebook takes in the ``full`` profile on a GPU node: an estimate to book GPU hours by.
 
-No full-profile run of the lab on a GPU exists yet, so every number here is an **estimate (no GPU
-run yet)** (:mod:`lab_utils.experiments.shared.estimates` holds the cost model and its assumptions). A
-notebook's
-time is the sum of ``experiment.cost(run)`` over each of its experiments' own full-profile plan for
-:data:`lab_utils.engine.machine.BUDGET_NODE` (so it follows the settings and plans when they change),
-plus one start-up per launch group and one per notebook. Notebooks run in order, so a run an earlier
-notebook already planned (notebook 03's T(1), from notebook 02) is not counted again.
+No full-profile run of the lab on a GPU exists yet, so every number here is an **estimate (no GPU run yet)**
+(:mod:`lab_utils.experiments.shared.estimates` holds the cost model and its assumptions). A notebook's time is
+the sum of ``experiment.cost(run)`` over each of its experiments' own full-profile plan for
+:data:`lab_utils.engine.machine.BUDGET_NODE` (so it follows the settings and plans when they change), plus one
+start-up per launch group and one per notebook. Notebooks run in order, so a run an earlier notebook already
+planned (notebook 03's T(1), from notebook 02) is not counted again.
 """
 
 from __future__ import annotations

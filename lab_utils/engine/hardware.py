@@ -225,10 +225,9 @@ def visible_smi_devices(text: str | None = None) -> list[SmiDevice | None] | Non
     """The ``nvidia-smi -L`` entry of each CUDA device this process sees, in CUDA's order, without a
     CUDA context.
 
-    nvidia-smi lists every GPU of the node, whatever ``CUDA_VISIBLE_DEVICES`` says: a GPU in MIG mode
-    shows as its slices (CUDA enumerates the slices, not the GPU); an index or UUID in
-    ``CUDA_VISIBLE_DEVICES`` picks the entry it names (``None`` for one it cannot resolve). ``None``
-    without nvidia-smi.
+    nvidia-smi lists every GPU of the node, whatever ``CUDA_VISIBLE_DEVICES`` says: a GPU in MIG mode shows as
+    its slices (CUDA enumerates the slices, not the GPU); an index or UUID in ``CUDA_VISIBLE_DEVICES`` picks
+    the entry it names (``None`` for one it cannot resolve). ``None`` without nvidia-smi.
     """
     devices = smi_devices(text)
     if devices is None:

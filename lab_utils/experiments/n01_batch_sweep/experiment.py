@@ -1,8 +1,7 @@
 """Q1: the batch-size sweep on one device, up to the batch that no longer fits: one run of
 :mod:`lab_utils.experiments.n01_batch_sweep.worker` per batch size (32, 128, 512, ... growing x4), one group,
-smallest first;
-after an out-of-memory the larger sizes are rows "not tried". What a run measures, and how out of memory
-is reached on purpose: the worker's docstring. Tables and figure:
+smallest first; after an out-of-memory the larger sizes are rows "not tried". What a run measures, and how out
+of memory is reached on purpose: the worker's docstring. Tables and figure:
 :mod:`lab_utils.experiments.n01_batch_sweep.tables`.
 """
 

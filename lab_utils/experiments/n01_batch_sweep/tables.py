@@ -184,10 +184,9 @@ def save_flop_table(store: ResultStore, records: Sequence[Record], settings: Set
 def anchor_table(records: Sequence[Record], settings: Settings):
     """This run's epoch-1 (warm-up) and epoch-2 training seconds next to the first cohort's two single-GPU
     sets (:mod:`lab_utils.experiments.shared.anchors`): its Q1 answer (epoch 1 and epoch 2) and the 1-GPU row
-    of its
-    Table 1, with how far its two epoch-2 times differ (``Q1 over Q2 (%)``). ``cohort / this run`` (> 1:
-    faster here) is the range over the two sets, only when this run is the spec configuration (width
-    64, all 50,000 images); otherwise the column says why not."""
+    of its Table 1, with how far its two epoch-2 times differ (``Q1 over Q2 (%)``). ``cohort / this run``
+    (> 1: faster here) is the range over the two sets, only when this run is the spec configuration
+    (width 64, all 50,000 images); otherwise the column says why not."""
     s = settings
     comparable = s.width == 64 and (s.train_images is None or s.train_images >= CIFAR10_TRAIN_SIZE)
     by_bs = {r.config["batch_size"]: r for r in merge_repeats(records)}

@@ -1,17 +1,16 @@
 """The batch-size sweep's worker (notebook 01): one configuration = one batch size, trained and evaluated.
 
-Launched like every GPU run (one process, no process group); on a CPU the plan runs it in the
-notebook's process. Each configuration is its record's config (written by
+Launched like every GPU run (one process, no process group); on a CPU the plan runs it in the notebook's
+process. Each configuration is its record's config (written by
 :func:`lab_utils.experiments.n01_batch_sweep.experiment.plan`): a fresh ResNet-18 of ``width`` (the same
-initial weights
-at every batch size) with the spec's SGD trains ``epochs`` epochs at ``batch_size`` through
-:func:`lab_utils.learn.loop.run_epoch` (epoch 1 warms up, epoch ``reported_epoch`` is reported),
-then one evaluation pass on the test split. The reported time is that epoch's ``train_seconds``:
-host-to-device copies, forward, loss, backward, optimizer step, each synchronized; the loader
-waits (``data_loading_seconds``) and the evaluation are not in it. Peak memory is
-``torch.cuda.max_memory_allocated`` of the reported epoch (None on a CPU; there the memory cap counts
-``cpu_cap_peak_step_bytes``), ``memory_limit_bytes`` what the run may hold. The FLOP rate is
-``train_flops_per_image`` x ``images_per_s`` against the device's peak (none when unknown).
+initial weights at every batch size) with the spec's SGD trains ``epochs`` epochs at ``batch_size`` through
+:func:`lab_utils.learn.loop.run_epoch` (epoch 1 warms up, epoch ``reported_epoch`` is reported), then one
+evaluation pass on the test split. The reported time is that epoch's ``train_seconds``: host-to-device copies,
+forward, loss, backward, optimizer step, each synchronized; the loader waits (``data_loading_seconds``) and
+the evaluation are not in it. Peak memory is ``torch.cuda.max_memory_allocated`` of the reported epoch (None
+on a CPU; there the memory cap counts ``cpu_cap_peak_step_bytes``), ``memory_limit_bytes`` what the run may
+hold. The FLOP rate is ``train_flops_per_image`` x ``images_per_s`` against the device's peak (none when
+unknown).
 
 Out of memory is a result: the harness turns it into the ``oom`` record and ends the job, and the
 plan's rule marks the larger batch sizes "not tried". To reach it on purpose:

@@ -1,15 +1,14 @@
 """The DDP training worker for ResNet-18 on CIFAR-10 (notebooks 02, 03, 05), run by ``torchrun``.
 
 ``python -m torch.distributed.run --nproc-per-node N -m lab_utils.experiments.n02_scaling.ddp_worker
-JOB.json``: a job of
-the lab's one worker protocol (:mod:`lab_utils.engine.harness`), written by
+JOB.json``: a job of the lab's one worker protocol (:mod:`lab_utils.engine.harness`), written by
 :func:`lab_utils.engine.plan.measure`. Each configuration is a :class:`RunConfig` as a dict, the exact
 ``config`` of its records (the store's resume key). Gradient accumulation: ``accumulation_steps``
-micro-batches per optimizer step, the first K-1 under ``no_sync`` (global batch = batch x world size x
-K). A TEST KNOB (``debug_slow_rank`` / ``debug_slow_loader_seconds``: that rank's loader sleeps so long
-per batch) is recorded in the config and a ``debug_note``, so a slowed run is never taken for a normal
-one. The configurations of a job run one after another in one process group, each with a fresh
-model; the data sets are built once (:func:`prepare`).
+micro-batches per optimizer step, the first K-1 under ``no_sync`` (global batch = batch x world size x K). A
+TEST KNOB (``debug_slow_rank`` / ``debug_slow_loader_seconds``: that rank's loader sleeps so long per batch)
+is recorded in the config and a ``debug_note``, so a slowed run is never taken for a normal one. The
+configurations of a job run one after another in one process group, each with a fresh model; the data sets are
+built once (:func:`prepare`).
 
 A run: the training set sharded by ``DistributedSampler`` (``set_epoch`` every epoch), the test set
 split evenly by rank (no padding); the same initial weights on every rank; SGD with the lr schedule of

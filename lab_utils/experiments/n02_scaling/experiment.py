@@ -11,10 +11,9 @@ all-reduce, optimizer step; loader waits excluded, this rank's and, through the 
 movement, the other ranks': ``skew_wait``, its own column), of the SLOWEST rank.
 
 - **DDP**: :mod:`lab_utils.experiments.n02_scaling.ddp_worker`, one process per GPU with NCCL, all batch sizes
-of one N in
-  one launch. T(1) is the same worker with one process, so T(1) and T(N) go through the same code.
-  Without enough GPUs: **gloo over CPU processes** (one thread each: a "device" is one core), labelled
-  so (``backend`` gloo, ``device_type`` cpu).
+  of one N in one launch. T(1) is the same worker with one process, so T(1) and T(N) go through the same code.
+  Without enough GPUs: **gloo over CPU processes** (one thread each: a "device" is one core), labelled so
+  (``backend`` gloo, ``device_type`` cpu).
 - **DataParallel**: ``nn.DataParallel`` over N GPUs and the global batch, in a process of its own
   (:mod:`lab_utils.experiments.n02_scaling.dp_worker`: the notebook's kernel opens no CUDA context). GPUs
   only.

@@ -1,9 +1,8 @@
 """The all-reduce benchmark worker, run on every rank under torchrun (:mod:`lab_utils.engine.harness`).
 
-Each configuration of the job is one fp32 message size (``world_size``, ``backend``,
-``size_bytes``, ``iters``, ``warmup``: :func:`lab_utils.experiments.n04_allreduce.experiment.plan_bench`).
-NCCL runs one
-rank per GPU, gloo CPU processes. For each size, :func:`measure_size`:
+Each configuration of the job is one fp32 message size (``world_size``, ``backend``, ``size_bytes``,
+``iters``, ``warmup``: :func:`lab_utils.experiments.n04_allreduce.experiment.plan_bench`). NCCL runs one rank
+per GPU, gloo CPU processes. For each size, :func:`measure_size`:
 
 1. correctness: every rank fills the buffer with ``rank + 1``; after a SUM all-reduce
    every element must equal ``P(P+1)/2``;

@@ -3,15 +3,12 @@
 Two plans of runs (:mod:`lab_utils.engine.plan`), one :class:`Settings`:
 
 - :data:`ALLREDUCE_BENCH_EXPERIMENT`: :mod:`lab_utils.experiments.n04_allreduce.allreduce_worker` on each rank
-count,
-  every fp32 message size from ``min_bytes`` to ``max_bytes`` a run, the sizes of one rank count
-  one ``together`` group (one launch, reused only whole). NCCL with a GPU per rank on 2+ GPUs, else
-  gloo between CPU processes (NCCL cannot put two ranks on one GPU); a rank count the machine lacks
-  is a row "needs N GPUs" (CPU: "needs N CPU cores": more processes than cores would time the
-  scheduler, not the all-reduce).
+  count, every fp32 message size from ``min_bytes`` to ``max_bytes`` a run, the sizes of one rank count one
+  ``together`` group (one launch, reused only whole). NCCL with a GPU per rank on 2+ GPUs, else gloo between
+  CPU processes (NCCL cannot put two ranks on one GPU); a rank count the machine lacks is a row "needs N GPUs"
+  (CPU: "needs N CPU cores": more processes than cores would time the scheduler, not the all-reduce).
 - :data:`COMPUTE_STEP_EXPERIMENT`: :mod:`lab_utils.experiments.n04_allreduce.compute_step_worker`, seconds of
-one training
-  step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
+  one training step of ResNet-18 per per-device batch (the projection's compute side), one launch on a GPU, in
   this process on a CPU.
 
 The formulas are in :mod:`lab_utils.learn.ring`, the fit in :mod:`lab_utils.learn.alpha_beta`; the

@@ -1,10 +1,8 @@
 """Notebook 05's tables for Q6 and Q7, from the record of
 :data:`lab_utils.experiments.n05_large_batch.experiment.COMM_ACCOUNTING_EXPERIMENT` (the ledger of a few DDP
-steps,
-:mod:`lab_utils.experiments.n05_large_batch.accounting_worker`): what DDP communicates besides the gradients,
-in bytes
-(``comm_accounting``, ``comm_accounting_wire``), and whether at 4 x 512 the gradients alone would be
-enough (``comm_gradients_only``). Payload bytes are what each rank hands to a collective.
+steps, :mod:`lab_utils.experiments.n05_large_batch.accounting_worker`): what DDP communicates besides the
+gradients, in bytes (``comm_accounting``, ``comm_accounting_wire``), and whether at 4 x 512 the gradients
+alone would be enough (``comm_gradients_only``). Payload bytes are what each rank hands to a collective.
 """
 
 from __future__ import annotations

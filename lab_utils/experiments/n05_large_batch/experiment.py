@@ -241,8 +241,7 @@ def plan_accounting(settings: Settings, machine: Machine, profile: str) -> list[
 def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: a training run is ``epochs`` spec-path
     epochs and test passes (:mod:`lab_utils.experiments.shared.estimates`); the ledger a few steps, model
-    builds and a
-    ZeRO-1 consolidation, about one launch's worth (``LAUNCH_S``)."""
+    builds and a ZeRO-1 consolidation, about one launch's worth (``LAUNCH_S``)."""
     c = run.config
     if run.experiment == COMM_EXPERIMENT:
         return estimates.LAUNCH_S

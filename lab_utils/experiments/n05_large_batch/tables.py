@@ -1,7 +1,6 @@
 """Notebook 05's tables and figures for Q4.1, Q4.2 and Q5 from the records of
 :data:`lab_utils.experiments.n05_large_batch.experiment.LARGE_BATCH_EXPERIMENT` (each run's aggregate in plan
-order, its
-per-rank records beside it; a run's layout and lr rule read back from its
+order, its per-rank records beside it; a run's layout and lr rule read back from its
 :class:`~lab_utils.experiments.n02_scaling.ddp_worker.RunConfig`, its name the ``tag``), and the ``set_epoch``
 demonstration.
 """

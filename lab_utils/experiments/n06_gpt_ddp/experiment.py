@@ -171,8 +171,7 @@ def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: its training tokens (tiny-Shakespeare's
     training windows x block x epochs, less under a step cap, plus the instrumented pass's steps) x the
     model's FLOPs per token (6N + 12LCT) at :func:`lab_utils.experiments.shared.estimates.gpt_epoch_seconds`'s
-    rate, plus
-    10 % for validation."""
+    rate, plus 10 % for validation."""
     c = run.config
     mcfg = gpt_config(c["size"])
     block = mcfg.block_size

@@ -1,13 +1,11 @@
 """Notebook 06's tables and figure (``gpt_scaling``, ``gpt_compute_vs_comm``, ``gpt_rank_breakdown``,
 ``gpt_accumulation``) from the records of :mod:`lab_utils.experiments.n06_gpt_ddp.experiment`, the earlier
-project's
-published per-rank numbers (SPEC.md, Part 2), and the inputs of Exercise 06-d's prediction.
+project's published per-rank numbers (SPEC.md, Part 2), and the inputs of Exercise 06-d's prediction.
 
 Two passes feed them (:mod:`lab_utils.experiments.n06_gpt_ddp.worker`): times, speedups, tokens/s and MFU come
-from the
-uninstrumented epoch (:data:`GPT_T_N`); where the time goes (phases, forward / loss / backward, the comm
-hook) from the instrumented pass, per optimizer step (and, beside the epoch's other figures, x the epoch's
-steps).
+from the uninstrumented epoch (:data:`GPT_T_N`); where the time goes (phases, forward / loss / backward, the
+comm hook) from the instrumented pass, per optimizer step (and, beside the epoch's other figures, x the
+epoch's steps).
 """
 
 from __future__ import annotations
@@ -316,8 +314,7 @@ def tokens_per_s_prediction(scaling: Sequence[Record], accumulation: Sequence[Re
     """Exercise 06-d's cases from this run: ``(cases, measured, labels)`` for
     :func:`lab_utils.app.grading.predict.prediction_table` (the notebook's cell calls it, with the lab's model
     :func:`lab_utils.learn.flops.predicted_tokens_per_s`). The inputs: the one-device scaling runs' seconds
-    per
-    optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
+    per optimizer step (the reported epoch's uninstrumented wall time / its steps) at the two smallest batch
     sizes; the measurement: each accumulation run's tokens/s per device. Empty lists when the one-device
     runs are missing."""
     one = sorted(one_device_runs(scaling).values(), key=lambda r: r.config["batch_size"])[:2]

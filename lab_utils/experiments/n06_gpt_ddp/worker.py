@@ -1,11 +1,10 @@
 """The GPT training worker (notebook 06; notebook 07's fallback model), run by ``torchrun``.
 
 ``python -m torch.distributed.run --nproc-per-node N -m lab_utils.experiments.n06_gpt_ddp.worker JOB.json``: a
-job
-of the lab's one worker protocol (:mod:`lab_utils.engine.harness`), written by
+job of the lab's one worker protocol (:mod:`lab_utils.engine.harness`), written by
 :func:`lab_utils.engine.plan.measure`. Each configuration is a :class:`TrainConfig` as a dict, the exact
-``config`` of its records; ``job.options["save"]`` (not part of the key): where rank 0 writes the
-trained checkpoint. CPU-only one-process runs may run in the caller's process (the same code).
+``config`` of its records; ``job.options["save"]`` (not part of the key): where rank 0 writes the trained
+checkpoint. CPU-only one-process runs may run in the caller's process (the same code).
 
 ``batch_size`` is the micro-batch *per rank* in sequences; one optimizer step sees ``batch_size x
 accumulation_steps x devices`` sequences of ``block_size`` tokens. Gradient accumulation done right:

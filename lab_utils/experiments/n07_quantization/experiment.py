@@ -16,9 +16,9 @@ Each *variant* is one way of storing and running the model's ``nn.Linear`` layer
 ==========================  =====================================================================
 
 The variants of a device are measured side by side by :mod:`lab_utils.experiments.n07_quantization.worker`
-(which says
-what a row holds) on notebook 06's checkpoint, or one this notebook trains (:func:`model_checkpoint`).
-Tables, figure and findings: :mod:`~lab_utils.experiments.n07_quantization.tables`.
+(which says what a row holds) on notebook 06's checkpoint, or one this notebook trains
+(:func:`model_checkpoint`). Tables, figure and findings:
+:mod:`~lab_utils.experiments.n07_quantization.tables`.
 
 The GPT of this lab has no KV cache: every generated token re-runs the model over the whole
 context (cropped to ``block_size``), so a decoding step multiplies each weight matrix by ``batch x

@@ -1,7 +1,6 @@
 """Notebook 07's table, figure and findings from the records of
 :data:`lab_utils.experiments.n07_quantization.experiment.QUANTIZATION_EXPERIMENT` (table ``quantization``,
-figure
-``quantization_quality_vs_speed``), and the availability and arithmetic-intensity tables of the
+figure ``quantization_quality_vs_speed``), and the availability and arithmetic-intensity tables of the
 settings. Sizes in bytes, losses in nats per token, latency in ms per token, throughput in tokens/s.
 """
 

@@ -1,13 +1,12 @@
 """Notebook 07's measuring worker: the GPT of a checkpoint and its int8 / bf16 variants on one device.
 
-A job of the lab's worker protocol (:mod:`lab_utils.engine.harness`): ``job.options["checkpoint"]``
-is the model (not part of a key), each configuration one (variant, device) row of
+A job of the lab's worker protocol (:mod:`lab_utils.engine.harness`): ``job.options["checkpoint"]`` is the
+model (not part of a key), each configuration one (variant, device) row of
 :func:`lab_utils.experiments.n07_quantization.experiment.plan`. The variants of a job are measured together,
-the first
-configuration's call doing all of them (:func:`measure_device`: their decoding repetitions
-interleaved), so every speedup compares rows measured side by side; the others return their rows.
-On a GPU it runs in a process of its own (the notebook's kernel opens no CUDA context: the variant
-checks, ``torch._int_mm``'s probe included, run here); on the CPU it may run in the caller's process.
+the first configuration's call doing all of them (:func:`measure_device`: their decoding repetitions
+interleaved), so every speedup compares rows measured side by side; the others return their rows. On a GPU it
+runs in a process of its own (the notebook's kernel opens no CUDA context: the variant checks,
+``torch._int_mm``'s probe included, run here); on the CPU it may run in the caller's process.
 
 What a row measures (the names of :mod:`lab_utils.learn.metrics`): ``size_bytes`` (``torch.save`` of the
 state dict) and ``payload_bytes`` (its tensors alone), ``val_loss`` and ``perplexity`` on the
@@ -131,9 +130,8 @@ def measure_device(mut: ModelUnderTest, variants: Sequence[str], device: str,
     """Measure ``variants`` on ``device`` in one session; one :class:`Record` each (config left empty).
 
     ``knobs``: :meth:`lab_utils.experiments.n07_quantization.experiment.Settings.measure_key`. For each
-    available
-    variant: quantize a copy, size it, score it on the held-out tokens; then time all of them together
-    with :func:`time_interleaved`, at batch 1 and at the large batch.
+    available variant: quantize a copy, size it, score it on the held-out tokens; then time all of them
+    together with :func:`time_interleaved`, at batch 1 and at the large batch.
     """
     dev = torch.device(device)
     big = knobs["cpu_large_batch"] if dev.type == "cpu" else knobs["large_batch"]

@@ -1,21 +1,19 @@
 """Notebook 08, the fast path: CIFAR-10 resident on the device, and switchable training options.
 
-Notebooks 01-03 train with the assignment's pipeline: a ``DataLoader`` whose worker processes turn
-every image into PIL, pad, crop, flip, convert and normalize it one at a time. The fast path keeps
-the uint8 data set on the device (moved once, :class:`~lab_utils.experiments.shared.data.DeviceLoader`) and
-does
-the same augmentation for a whole batch there (the same crop offsets, uniform over 0..8, and flips,
-probability 1/2; for a given offset and flip torchvision's result to float rounding: tested), then
-adds the usual speed-ups one at a time, each recorded
-(:class:`~lab_utils.experiments.n08_speed_limits.fast_train.TrainOptions`): device loader, ``channels_last``,
-bf16
-autocast, fused SGD, ``torch.compile`` (compiled in the warm-up, never inside an epoch).
+Notebooks 01-03 train with the assignment's pipeline: a ``DataLoader`` whose worker processes turn every image
+into PIL, pad, crop, flip, convert and normalize it one at a time. The fast path keeps the uint8 data set on
+the device (moved once, :class:`~lab_utils.experiments.shared.data.DeviceLoader`) and does the same
+augmentation for a whole batch there (the same crop offsets, uniform over 0..8, and flips, probability 1/2;
+for a given offset and flip torchvision's result to float rounding: tested), then adds the usual speed-ups one
+at a time, each recorded (:class:`~lab_utils.experiments.n08_speed_limits.fast_train.TrainOptions`): device
+loader, ``channels_last``, bf16 autocast, fused SGD, ``torch.compile`` (compiled in the warm-up, never inside
+an epoch).
 
 Four experiments of :mod:`lab_utils.experiments.n08_speed_limits.worker` (what each measures is said there),
-each group one
-side-by-side comparison in one launch, reused only whole: the loaders alone, the waterfall, a trace and
-the accuracy check of ``fast_step`` (the notebook's fastest waterfall row; None: the last that runs).
-Tables and ``python -m lab_utils bench data|train``: :mod:`lab_utils.experiments.n08_speed_limits.tables`.
+each group one side-by-side comparison in one launch, reused only whole: the loaders alone, the waterfall, a
+trace and the accuracy check of ``fast_step`` (the notebook's fastest waterfall row; None: the last that
+runs). Tables and ``python -m lab_utils bench data|train``:
+:mod:`lab_utils.experiments.n08_speed_limits.tables`.
 """
 
 from __future__ import annotations
@@ -206,8 +204,7 @@ def plan_accuracy(settings: Settings, machine: Machine, profile: str) -> list[Ru
 def cost(run: Run) -> float:
     """Seconds of one run on the budget's node, start-up excluded: a spec-path or fast-path epoch
     (:mod:`lab_utils.experiments.shared.estimates`) per trained epoch, ``COMPILE_S`` per compiled run; the
-    device
-    loader's ``data_min_seconds``; the accuracy check's epochs with a test pass (spec) or 1.2x
+    device loader's ``data_min_seconds``; the accuracy check's epochs with a test pass (spec) or 1.2x
     (phase-timed fast path)."""
     c = run.config
     if run.skip is not None:

@@ -90,9 +90,8 @@ def waterfall_steps(num_workers: int = 2, steps: Sequence[str] | None = None,
                     ) -> list[tuple[str, str, TrainOptions, str | None]]:
     """The cumulative waterfall: (step, what it adds, its options, why it cannot run here or None).
 
-    A step's options are those of the last step before it that runs, plus its one change; ``skip``
-    says why a step cannot run here (None: it runs). The spec step is always first (every ratio is
-    relative to it).
+    A step's options are those of the last step before it that runs, plus its one change; ``skip`` says why a
+    step cannot run here (None: it runs). The spec step is always first (every ratio is relative to it).
     """
     chosen = list(STEP_NAMES if steps is None else steps)
     unknown = [s for s in chosen if s not in STEP_NAMES]

@@ -1,13 +1,11 @@
 """How long one run takes on the time budget's node: the cost model every experiment's ``cost`` uses.
 
-No full-profile run of the lab on a GPU exists yet, so every number here is an **estimate (no GPU
-run yet)**: a spec-path ResNet-18 epoch is the larger of a FLOP estimate (training FLOPs / an
-assumed fraction of the GPU's peak, :mod:`lab_utils.engine.hardware`) and the epoch times earlier
-cohorts published (:mod:`lab_utils.experiments.shared.anchors`); the fast path and the GPT are FLOP-bound at
-an
-assumed fraction of the peak; fixed costs are per notebook, per launch, per compilation.
-:mod:`lab_utils.app.time_budget` sums them over each experiment's plan for :data:`BUDGET_NODE`
-(:data:`ASSUMPTIONS` says every assumption in words).
+No full-profile run of the lab on a GPU exists yet, so every number here is an **estimate (no GPU run yet)**:
+a spec-path ResNet-18 epoch is the larger of a FLOP estimate (training FLOPs / an assumed fraction of the
+GPU's peak, :mod:`lab_utils.engine.hardware`) and the epoch times earlier cohorts published
+(:mod:`lab_utils.experiments.shared.anchors`); the fast path and the GPT are FLOP-bound at an assumed fraction
+of the peak; fixed costs are per notebook, per launch, per compilation. :mod:`lab_utils.app.time_budget` sums
+them over each experiment's plan for :data:`BUDGET_NODE` (:data:`ASSUMPTIONS` says every assumption in words).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""The autograded exercises (:data:`EXERCISES`, one per otter question, gathered from one module per
-notebook or two: :mod:`.batch_sweep` (01), :mod:`.allreduce` (02 to 04), :mod:`.large_batch` (05),
-:mod:`.gpt` (06, 07), :mod:`.build_ddp` (09)) and :func:`check`, the call in every check cell. How each
-exercise is called and which known mistakes it names (:func:`~.exercise.explain`): :mod:`.exercise`; how an
-answer is compared (:func:`~.answers.same`): :mod:`.answers`. The cases live in the master notebooks' test
-cells (the package docstring says how an exercise is written); the grader runs the same
-:meth:`Exercise.run` in its sandbox. Importing this module is cheap: torch is imported only by the cases
-that build a model.
+"""The autograded exercises (:data:`EXERCISES`, one per otter question, gathered from one module per notebook
+or two: :mod:`.batch_sweep` (01), :mod:`.allreduce` (02 to 04), :mod:`.large_batch` (05), :mod:`.gpt` (06,
+07), :mod:`.build_ddp` (09)) and :func:`check`, the call in every check cell. How each exercise is called and
+which known mistakes it names (:func:`~.exercise.explain`): :mod:`.exercise`; how an answer is compared
+(:func:`~.answers.same`): :mod:`.answers`. The cases live in the master notebooks' test cells (the package
+docstring says how an exercise is written); the grader runs the same :meth:`Exercise.run` in its sandbox.
+Importing this module is cheap: torch is imported only by the cases that build a model.
 """
 
 from __future__ import annotations
