@@ -59,3 +59,22 @@ def test_the_master_view_skips_discussion_solutions_and_hidden_tests_and_reads_o
     assert "1.784" in seen.before["q"] and "prompt" in seen.before["q"]
     assert "strong per epoch" not in seen.whole and "the answer" not in seen.whole and "2.5" not in seen.whole
     assert "after" in seen.whole
+
+
+def test_the_speedup_give_away_is_the_stated_answer_not_a_measured_time_that_prints_alike():
+    """q02_speedup's public answer, 41.30 / 23.15 = 1.784 (efficiency 0.892), is given away when stated
+    or shown as its pair (the earlier-report row notebook 02 shows after the exercise); a measured 1.784 s
+    is not: notebook 01's quick phase table once printed one, and the lab-run test failed on it."""
+    from lab_utils.app.grading import EXERCISES
+
+    phrases = EXERCISES["q02_speedup"].giveaways
+
+    def given_away(text: str) -> bool:
+        return any(g.matches(p, g.normalized(text)) for p in phrases)
+
+    assert given_away("the first cohort's speedup: 41.30 / 23.15 = 1.784")
+    assert given_away("DataParallel  per-GPU batch    2          23.15   1.784            1.86      0.892")
+    assert given_away("speedup = T(1) / T(N)")
+    assert not given_away("       128     8                      1.784           0.1782          5.873e-05"
+                          "                     1.443                 1.443                1.622       180.3")
+    assert not given_away("11.7840 and 1.7845 and 0.892")

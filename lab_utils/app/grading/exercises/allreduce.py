@@ -87,7 +87,12 @@ def _comm_pair(buckets, latency, gbps, steps, exposed_index=-1):
 EXERCISES: tuple[Exercise, ...] = (
     Exercise(
         "q02_speedup", "speedup_and_efficiency", outputs=("speedup", "efficiency"),
-        giveaways=("1.784", r"re:t\(1\)\s*/\s*t\(n\)"), implemented_by=("lab_utils.learn.speedup.speedup",),
+        # The public case's answer is the first cohort's 41.30 / 23.15 = 1.784 (efficiency 0.892): stated
+        # ("= 1.784") or shown as the pair. A bare 1.784 is no give-away: a measured time can print as
+        # one (notebook 01's quick warm-up epoch once took 1.784 s).
+        giveaways=(r"re:=\s*1\.784(?!\d)", r"re:(?<![\d.])1\.784(?!\d).{0,60}(?<![\d.])0\.892(?!\d)",
+                   r"re:t\(1\)\s*/\s*t\(n\)"),
+        implemented_by=("lab_utils.learn.speedup.speedup",),
         mistakes=(
             Mistake("N x T(1)/T(N)", "on epoch times that counts N twice (each of the N devices already "
                     "does 1/N of the epoch); the speedup is T(1)/T(N)",
