@@ -78,3 +78,22 @@ def test_the_speedup_give_away_is_the_stated_answer_not_a_measured_time_that_pri
     assert not given_away("       128     8                      1.784           0.1782          5.873e-05"
                           "                     1.443                 1.443                1.622       180.3")
     assert not given_away("11.7840 and 1.7845 and 0.892")
+
+
+def test_a_numeric_give_away_is_not_found_inside_a_longer_number():
+    """A measured value can contain a give-away's digits (0.1955 s holds 1955): such a number gives
+    nothing away, the answer's own number does."""
+    from lab_utils.app.grading import EXERCISES, build
+    from lab_utils.app.grading import notebooks as nbs
+
+    found = g.all_giveaways([nbs.parse_master(p) for p in build.master_notebooks()])
+
+    def given_away(question: str, text: str) -> bool:
+        return any(g.matches(p, g.normalized(text)) for p in found[question])
+
+    assert found["q04_utilization"] == EXERCISES["q04_utilization"].giveaways
+    assert given_away("q05_accuracy", "125 steps instead of 1,955 at 128")
+    assert given_away("q05_accuracy", "about 1955 steps")
+    assert not given_away("q05_accuracy", "the all-reduce took 0.1955 s, the epoch 21955 ms")
+    assert given_away("q04_utilization", "it reached 250.1 MB/s")
+    assert not given_away("q04_utilization", "it reached 1250.1 MB/s")

@@ -208,7 +208,7 @@ EXERCISES: tuple[Exercise, ...] = (
         )),
     Exercise(
         "q04_utilization", "achieved_gb_per_s", find_the_bug=True,
-        giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, "250.1 MB/s",
+        giveaways=("one gradient per epoch", ONE_ALLREDUCE_PER_EPOCH, r"re:(?<![\d.])250\.1 mb/s",
                    "re:steps?(\\s*per\\s*epoch)?\\s*(x|×)?\\s*2\\s*\\("),
         implemented_by=("lab_utils.learn.ring.achieved_gb_per_s",),
         mistakes=(
