@@ -40,6 +40,9 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml tools/cuda_wheels.py l
 	$(PY) tools/cuda_wheels.py install --python $(PY) --requirements requirements.txt \
 		--constraints constraints.txt --variant "$(TORCH_VARIANT)" $(if $(USE_SYSTEM),--system-torch)
 	$(PY) -m pip install -q --no-deps -e .
+	@# The editable lab_utils is imported from this checkout, where PYTHONDONTWRITEBYTECODE (set on CI and
+	@# some clusters' images) keeps Python from caching it: every kernel, worker and rank compiled it again.
+	$(PY) -m compileall -qq lab_utils
 	@touch $(STAMP)
 
 lab: venv      ## execute every notebook headless, then print where the report is

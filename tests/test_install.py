@@ -214,8 +214,9 @@ def lab_copy(tmp_path) -> tuple[Path, dict[str, str], Path]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "MAKEFLAGS", "MAKELEVEL", "MFLAGS",
                         "TORCH_VARIANT", "SYSTEM_TORCH", "PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL")}
+    # PYTHONDONTWRITEBYTECODE as on CI: nothing is byte-compiled unless make venv compiles it.
     env.update(PYTHONUSERBASE=str(userbase), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(wheels),
-               PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+               PYTHONDONTWRITEBYTECODE="1", PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONNOUSERSITE", None)
     site = subprocess.run([_base_python(), "-c", "import site; print(site.getusersitepackages())"], env=env,
                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
@@ -244,6 +245,7 @@ def test_make_venv_system_torch_installs_no_torch(lab_copy):
     assert "labtiny" in names and "torchao" in names  # the rest was installed, torchao without its deps
     assert not names & {"torch", "torchvision"}, sorted(names)
     assert_compiled(own, "labtiny")
+    assert_compiled(proj, "lab_utils")  # the editable install's own source, imported from the checkout
     where = subprocess.run([str(venv / "bin" / "python"), "-c",
                             "import torch, torchvision; print(torch.__version__, torch.__file__)"],
                            env=env, capture_output=True, text=True, timeout=60)
