@@ -61,6 +61,10 @@ def test_the_master_view_skips_discussion_solutions_and_hidden_tests_and_reads_o
     assert "after" in seen.whole
 
 
+def _given_away(phrases, text: str) -> bool:
+    return any(g.matches(p, g.normalized(text)) for p in phrases)
+
+
 def test_the_speedup_give_away_is_the_stated_answer_not_a_measured_time_that_prints_alike():
     """q02_speedup's public answer, 41.30 / 23.15 = 1.784 (efficiency 0.892), is given away when stated
     or shown as its pair (the earlier-report row notebook 02 shows after the exercise); a measured 1.784 s
@@ -68,16 +72,14 @@ def test_the_speedup_give_away_is_the_stated_answer_not_a_measured_time_that_pri
     from lab_utils.app.grading import EXERCISES
 
     phrases = EXERCISES["q02_speedup"].giveaways
-
-    def given_away(text: str) -> bool:
-        return any(g.matches(p, g.normalized(text)) for p in phrases)
-
-    assert given_away("the first cohort's speedup: 41.30 / 23.15 = 1.784")
-    assert given_away("DataParallel  per-GPU batch    2          23.15   1.784            1.86      0.892")
-    assert given_away("speedup = T(1) / T(N)")
-    assert not given_away("       128     8                      1.784           0.1782          5.873e-05"
-                          "                     1.443                 1.443                1.622       180.3")
-    assert not given_away("11.7840 and 1.7845 and 0.892")
+    assert _given_away(phrases, "the first cohort's speedup: 41.30 / 23.15 = 1.784")
+    # notebook 02's earlier-report row (after the exercise), and notebook 01's measured phase row
+    earlier = "DataParallel  per-GPU batch    2          23.15   1.784            1.86      0.892"
+    measured = ("       128     8                      1.784           0.1782          5.873e-05"
+                "                     1.443                 1.443                1.622       180.3")
+    assert _given_away(phrases, earlier) and not _given_away(phrases, measured)
+    assert _given_away(phrases, "speedup = T(1) / T(N)")
+    assert not _given_away(phrases, "11.7840 and 1.7845 and 0.892")
 
 
 def test_a_numeric_give_away_is_not_found_inside_a_longer_number():
@@ -87,13 +89,10 @@ def test_a_numeric_give_away_is_not_found_inside_a_longer_number():
     from lab_utils.app.grading import notebooks as nbs
 
     found = g.all_giveaways([nbs.parse_master(p) for p in build.master_notebooks()])
-
-    def given_away(question: str, text: str) -> bool:
-        return any(g.matches(p, g.normalized(text)) for p in found[question])
-
-    assert found["q04_utilization"] == EXERCISES["q04_utilization"].giveaways
-    assert given_away("q05_accuracy", "125 steps instead of 1,955 at 128")
-    assert given_away("q05_accuracy", "about 1955 steps")
-    assert not given_away("q05_accuracy", "the all-reduce took 0.1955 s, the epoch 21955 ms")
-    assert given_away("q04_utilization", "it reached 250.1 MB/s")
-    assert not given_away("q04_utilization", "it reached 1250.1 MB/s")
+    accuracy, utilization = found["q05_accuracy"], found["q04_utilization"]
+    assert utilization == EXERCISES["q04_utilization"].giveaways
+    assert _given_away(accuracy, "125 steps instead of 1,955 at 128")
+    assert _given_away(accuracy, "about 1955 steps")
+    assert not _given_away(accuracy, "the all-reduce took 0.1955 s, the epoch 21955 ms")
+    assert _given_away(utilization, "it reached 250.1 MB/s")
+    assert not _given_away(utilization, "it reached 1250.1 MB/s")
