@@ -198,7 +198,9 @@ def test_a_dead_kernel_fails_its_notebook_within_seconds_and_the_next_runs(tmp_p
     code, out, err = _finish(proc)
     assert code == 1, (out, err)
     seconds, line = _line_seconds(out, "97_die.ipynb")
-    assert line.startswith("FAILED") and seconds < 10, line
+    # within seconds, not at the cell timeout (an hour by default); the seconds hold the kernel's start and
+    # stop too, about 4 s of them on a loaded CI machine (the timeout test's 6.0 s for a 2 s limit)
+    assert line.startswith("FAILED") and seconds < 30, line
     assert "cell 2: the kernel died: killed (signal 9): out of memory?" in line
     assert "ok     98_ok.ipynb" in out  # the next notebook ran
     assert err.strip().splitlines() == [
@@ -213,13 +215,17 @@ def test_a_dead_kernel_fails_its_notebook_within_seconds_and_the_next_runs(tmp_p
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_cell_timeout_stops_a_long_cell_and_its_children(tmp_path):
-    slow = _notebook(tmp_path / "97_slow.ipynb", [SPAWN_CHILD, "time.sleep(6)", "print('after')"])
+    slow = _notebook(tmp_path / "97_slow.ipynb", [SPAWN_CHILD, "time.sleep(120)", "print('after')"])
     proc, mark = _start_run(tmp_path, [slow], "--timeout", "2")
     code, out, err = _finish(proc)
     assert code == 1, (out, err)
     seconds, line = _line_seconds(out, "97_slow.ipynb")
     assert "cell 2: timed out after 2 s (--timeout 2); the kernel and its processes were stopped" in line
-    assert 1.9 < seconds < 5.5, line  # about 2 s, not the cell's 6 s
+    # The notebook's seconds hold the kernel's start and its stop too: 6.0 s once on a loaded CI machine
+    # (a 6-second cell then could not tell a stopped cell from one waited for). A 120-second cell can.
+    assert 1.9 < seconds < 60, line
+    executed = nbformat.read(str(tmp_path / "results" / "quick" / "executed" / "97_slow.ipynb"), as_version=4)
+    assert not executed.cells[2].get("outputs")  # the cell after the stopped one never ran
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert _leftovers(mark) == []
     assert _tmp_left(proc) == []
