@@ -295,3 +295,67 @@ def test_what_the_notebooks_and_the_code_name_is_there():
         have = _headings((REPO / page).read_text(encoding="utf-8"))
         assert all(s in have for s in sections), (page, sections)
     assert "How it is estimated: docs/generated/time-budget.md" in time_budget.budget_line("01")
+
+
+_ROLE = re.compile(r":(?:func|class|data|mod|meth|attr|obj|exc|const):`~?([A-Za-z_][\w.]*)`")
+_DOTTED = re.compile(r"\blab_utils(?:\.[A-Za-z_]\w*)+")
+
+
+def _resolves(name: str, module=None) -> bool:
+    """Whether ``name`` is an attribute path in ``module`` (or one of its classes), or an absolute one
+    (the longest importable prefix, then attributes)."""
+    import importlib
+
+    def walk(obj, parts):
+        for a in parts:
+            if not hasattr(obj, a):
+                return False
+            obj = getattr(obj, a)
+        return True
+
+    parts = name.split(".")
+    if module is not None and (walk(module, parts) or any(
+            walk(v, parts) for v in vars(module).values() if isinstance(v, type))):
+        return True
+    for i in range(len(parts), 0, -1):
+        try:
+            m = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return walk(m, parts[i:])
+    return False
+
+
+def _stale_references(path: Path, module=None) -> list[str]:
+    """The ``:func:``-style and ``lab_utils.x.y`` names in one file that name nothing (the README's
+    add-a-notebook example, ``n10_toy``/``nNN_name``, is a package still to be written)."""
+    text = path.read_text(encoding="utf-8")
+    names = set(_ROLE.findall(text)) | {m.rstrip(".") for m in _DOTTED.findall(text)}
+    return sorted(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: {n}" for n in names
+                  if "n10_toy" not in n and "nNN_" not in n and not _resolves(n, module))
+
+
+@pytest.mark.timeout(120)
+def test_every_name_the_code_notebooks_and_docs_give_exists():
+    """A docstring's ``:func:`merge_repeats``` or a notebook's ``lab_utils.learn.spread.x`` names a thing
+    that is there: a student who follows it finds it (after a move, the old path is caught here)."""
+    import importlib
+
+    stale = []
+    for path in sorted((REPO / "lab_utils").rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        stale += _stale_references(path, importlib.import_module(name))
+    for path in [README, *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "labs").glob("*.ipynb")),
+                 *sorted((REPO / "lab_utils").rglob("*.md"))]:
+        stale += _stale_references(path)
+    assert not stale, "names that name nothing:\n" + "\n".join(stale)
+
+
+def test_the_name_check_finds_a_moved_function(tmp_path):
+    page = tmp_path / "page.py"
+    page.write_text('"""See :func:`lab_utils.learn.spread.merge_repeats` and :func:`time_spread`, '
+                    'lab_utils.engine.records.Record and :class:`LabError`."""\n')
+    from lab_utils.learn import spread
+    assert [s.split(": ")[1] for s in _stale_references(page, spread)] == [
+        "LabError", "lab_utils.learn.spread.merge_repeats"]

@@ -175,7 +175,7 @@ def gather(obj: Any, ctx: DistContext) -> list[Any]:
     return out
 
 
-#: Exit code of a rank that ended itself after running out of memory (:func:`oom_ends_rank`).
+#: Exit code of a rank that ended itself after running out of memory (:func:`failure_ends_rank`).
 OOM_EXIT_CODE = 3
 
 

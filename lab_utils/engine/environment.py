@@ -10,10 +10,10 @@
   lab would silently fall back to the CPU; when torch sees them but has no kernels for
   their architecture (a CUDA 13 build on a V100), every GPU operation would fail with "no
   kernel image is available". ``session.start`` (notebook 00's first call), ``python -m
-  lab_utils info``, ``run`` and ``doctor`` call it first: it raises a :class:`LabError`
-  naming the driver or the architecture, torch's build and the fix, unless (in the first
-  case only) the quick profile was asked for explicitly, which then runs on the CPU with a
-  warning.
+  lab_utils info``, ``run`` and ``doctor`` call it first: it raises a
+  :class:`~lab_utils.learn.errors.LabError` naming the driver or the architecture, torch's build
+  and the fix, unless (in the first case only) the quick profile was asked for explicitly, which
+  then runs on the CPU with a warning.
 """
 
 from __future__ import annotations
@@ -123,8 +123,8 @@ def gpu_node_problem(driver: cuda_builds.Driver | None | str = "detect") -> tupl
 def check_gpu_node(profile: str, why: str, driver: cuda_builds.Driver | None | str = "detect") -> str | None:
     """Refuse a CPU run on a GPU node whose GPUs torch cannot use (see the module's doc).
 
-    ``profile``/``why`` as :func:`config.resolve_profile_name` returns them. Raises
-    :class:`LabError`; an explicitly requested quick profile gets the warning (printed
+    ``profile``/``why`` as :func:`lab_utils.engine.config.resolve_profile_name` returns them. Raises
+    :class:`~lab_utils.learn.errors.LabError`; an explicitly requested quick profile gets the warning (printed
     to stderr and returned) instead.
     """
     import torch

@@ -41,8 +41,8 @@ class LabSession:
 def start(profile: str | None = None, seed: int = 0, verbose: bool = True) -> LabSession:
     """Resolve the profile, seed torch, and return the notebook's :class:`LabSession`.
 
-    On a GPU node whose GPUs this torch cannot use, raises :class:`LabError` saying why and
-    how to fix it, instead of running on the CPU (an explicit quick profile only warns).
+    On a GPU node whose GPUs this torch cannot use, raises :class:`~lab_utils.learn.errors.LabError`
+    saying why and how to fix it, instead of running on the CPU (an explicit quick profile only warns).
     """
     name, why = config.resolve_profile_name(profile)
     check_gpu_node(name, why)

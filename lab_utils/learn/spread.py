@@ -33,10 +33,11 @@ REPEAT = "repeat"
 #: Fewer optimizer steps give no one-run spread nor standard error (the p10 and p90 of 2 steps are just
 #: those 2 steps); the row's ``spread_of`` says so.
 MIN_STEPS = 5
-#: A table row's time, which :func:`merge_repeats` writes: the median over its ok repeats' ``train_seconds``
-#: (one measurement: its own). The record's ``train_seconds`` stays that of the repeat whose metrics it holds.
+#: A table row's time, which :func:`~lab_utils.experiments.shared.repeats.merge_repeats` writes: the median
+#: over its ok repeats' ``train_seconds`` (one measurement: its own). The record's ``train_seconds`` stays
+#: that of the repeat whose metrics it holds.
 TIME_MEDIAN = "train_seconds_median"
-#: What :func:`merge_repeats` adds to each merged record's metrics.
+#: What :func:`~lab_utils.experiments.shared.repeats.merge_repeats` adds to each merged record's metrics.
 SPREAD_KEYS = (TIME_MEDIAN, "spread_pct", "spread_of", "spread_low_seconds", "spread_high_seconds", "repeats",
                "stderr_seconds", "stderr_pct")
 #: A difference counts when it exceeds this many standard errors (about a 95 % interval).

@@ -42,7 +42,8 @@ def _device(records: Sequence[Record]) -> str:
 
 
 def _ok(records: Sequence[Record]) -> list[Record]:
-    """The measured batch sizes, one record each (repeats merged by lab_utils.learn.spread.merge_repeats)."""
+    """The measured batch sizes, one record each (repeats merged by
+    :func:`~lab_utils.experiments.shared.repeats.merge_repeats`)."""
     return [r for r in merge_repeats(records) if r.status == "ok"]
 
 

@@ -77,7 +77,8 @@ def comm_measurements(store: ResultStore, devices: Sequence[int] | None = None,
 
 def comm_row(rec: Record, one: Record | None) -> CommRow:
     """Table 2's figures for one N-device row and its one-device counterpart, records as
-    :func:`lab_utils.learn.spread.merge_repeats` gives them (T(N): their ``train_seconds_median``)."""
+    :func:`~lab_utils.experiments.shared.repeats.merge_repeats` gives them (T(N): their
+    ``train_seconds_median``)."""
     c, m = rec.config, rec.metrics
     row = CommRow(method=method_label(c["method"], c.get("backend"), c.get("device_type")),
                   devices=int(c["devices"]), per_device_batch=int(c["batch_size"]), backend=c.get("backend"),

@@ -10,7 +10,7 @@ devices, gradient accumulation, and the model notebook 07 quantizes. Each is a p
 - ``gpt_accumulation`` (:func:`plan_accumulation`): a constant effective batch per device, micro-batch x
   accumulation steps, one group (after an out-of-memory the larger micro-batches are not tried).
 - ``gpt_train`` (:func:`plan_final`): the run on every device whose checkpoint
-  (:func:`lab_utils.learn.models.gpt.checkpoint_path`, a job option) notebook 07 uses.
+  (:func:`checkpoint_path`, a job option) notebook 07 uses.
 
 Tables: :mod:`~lab_utils.experiments.n06_gpt_ddp.tables`; samples:
 :mod:`~lab_utils.experiments.n06_gpt_ddp.samples`.

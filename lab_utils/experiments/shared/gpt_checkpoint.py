@@ -2,8 +2,9 @@
 
 Checkpoint format (written by notebook 06, read by notebook 07)
 ---------------------------------------------------------------
-``results/<profile>/checkpoints/gpt.pt`` (:func:`checkpoint_path`), a ``torch.save``
-of a plain dict that ``torch.load(path, weights_only=True)`` accepts::
+``results/<profile>/checkpoints/gpt.pt``
+(:func:`lab_utils.experiments.n06_gpt_ddp.experiment.checkpoint_path`), a ``torch.save`` of a
+plain dict that ``torch.load(path, weights_only=True)`` accepts::
 
     {
         "format": "lab-gpt-v1",

@@ -21,7 +21,7 @@ def base_key(config: Mapping[str, Any]) -> str:
 
 def merge_repeats(records: Sequence[Record]) -> list[Record]:
     """One record per configuration (its config without ``repeat``), in first-seen order, with the
-    :data:`SPREAD_KEYS` in its metrics (``repeats``: the ok measurements merged).
+    :data:`~lab_utils.learn.spread.SPREAD_KEYS` in its metrics (``repeats``: the ok measurements merged).
 
     The ok repeats become the metrics of the one whose ``train_seconds`` is the lower median (its own
     ``train_seconds`` kept, so its phases still add up to it), with :data:`TIME_MEDIAN`, the MEDIAN over

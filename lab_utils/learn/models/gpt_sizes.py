@@ -29,10 +29,10 @@ def gpt_config(size: str = "small", vocab_size: int = 65, **overrides: Any) -> G
 
 
 def parameter_count(cfg: GPTConfig) -> int:
-    """Trainable parameters of :class:`GPT` for ``cfg``, exact (tied head counted once): embeddings
-    V*C + T*C; per block two LayerNorms (2C each with bias, C without), qkv C*3C (+3C), attention
-    projection C*C (+C), MLP C*4C (+4C) and 4C*C (+C), i.e. 12C^2 + 13C with biases, 12C^2 + 2C
-    without; final LayerNorm 2C (or C)."""
+    """Trainable parameters of :class:`~lab_utils.learn.models.gpt.GPT` for ``cfg``, exact (tied head
+    counted once): embeddings V*C + T*C; per block two LayerNorms (2C each with bias, C without),
+    qkv C*3C (+3C), attention projection C*C (+C), MLP C*4C (+4C) and 4C*C (+C), i.e. 12C^2 + 13C
+    with biases, 12C^2 + 2C without; final LayerNorm 2C (or C)."""
     c, ln = cfg.n_embd, (2 if cfg.bias else 1) * cfg.n_embd
     linear_bias = (3 * c + c + 4 * c + c) if cfg.bias else 0
     block = 12 * c * c + linear_bias + 2 * ln
