@@ -11,6 +11,7 @@ arguments for ``sbatch`` (``tests/test_slurm.py`` submits the CPU lines as writt
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 import shlex
 import subprocess
@@ -304,8 +305,6 @@ _DOTTED = re.compile(r"\blab_utils(?:\.[A-Za-z_]\w*)+")
 def _resolves(name: str, module=None) -> bool:
     """Whether ``name`` is an attribute path in ``module`` (or one of its classes), or an absolute one
     (the longest importable prefix, then attributes)."""
-    import importlib
-
     def walk(obj, parts):
         for a in parts:
             if not hasattr(obj, a):
@@ -339,8 +338,6 @@ def _stale_references(path: Path, module=None) -> list[str]:
 def test_every_name_the_code_notebooks_and_docs_give_exists():
     """A docstring's ``:func:`merge_repeats``` or a notebook's ``lab_utils.learn.spread.x`` names a thing
     that is there: a student who follows it finds it (after a move, the old path is caught here)."""
-    import importlib
-
     stale = []
     for path in sorted((REPO / "lab_utils").rglob("*.py")):
         rel = path.relative_to(REPO).with_suffix("")
